@@ -1,0 +1,193 @@
+/* ref/base.c: see base.h. */
+#include "ref/base.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef M3_GIT
+#define M3_GIT "unknown"
+#endif
+
+const char *m3_status_str(m3_status s) {
+    switch (s) {
+    case M3_OK: return "ok";
+    case M3_ERR_IO: return "I/O error";
+    case M3_ERR_FORMAT: return "malformed input";
+    case M3_ERR_NOMEM: return "out of memory";
+    case M3_ERR_DEVICE: return "device error";
+    case M3_ERR_UNSUPPORTED: return "unsupported";
+    case M3_ERR_ARG: return "bad argument";
+    case M3_ERR_SHAPE: return "shape mismatch";
+    case M3_ERR_MISSING: return "missing";
+    case M3_ERR_NUMERIC: return "non-finite value";
+    }
+    return "unknown error";
+}
+
+static _Thread_local char err_buf[1024];
+
+m3_status m3_errorf(m3_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+    va_end(ap);
+    /* one line: a newline inside a message would break the CLI contract */
+    for (char *p = err_buf; *p; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
+    return s;
+}
+
+m3_status m3_error_context(m3_status s, const char *fmt, ...) {
+    char pre[256], old[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pre, sizeof pre, fmt, ap);
+    va_end(ap);
+    memcpy(old, err_buf, sizeof old - 1); /* err_buf is NUL-terminated; keep a prefix */
+    old[sizeof old - 1] = 0;
+    if (old[0])
+        snprintf(err_buf, sizeof err_buf, "%.255s: %.700s", pre, old);
+    else
+        snprintf(err_buf, sizeof err_buf, "%s: %s", pre, m3_status_str(s));
+    return s;
+}
+
+const char *m3_last_error(void) { return err_buf; }
+void m3_clear_error(void) { err_buf[0] = 0; }
+
+static int log_level(void) {
+    static int lvl = -1;
+    if (lvl < 0) {
+        const char *e = getenv("M3_LOG");
+        lvl = e ? atoi(e) : M3_LOG_WARN;
+    }
+    return lvl;
+}
+
+void m3_log(int level, const char *fmt, ...) {
+    if (level > log_level()) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(level == M3_LOG_WARN ? "m3: warning: " : "m3: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void m3_assert_fail(const char *file, int line, const char *expr, const char *fmt, ...) {
+    fprintf(stderr, "%s:%d: assertion failed: %s", file, line, expr);
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs(": ", stderr);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+    }
+    fputc('\n', stderr);
+    abort();
+}
+
+static const struct {
+    m3_dtype t;
+    const char *name;
+    int bits;
+} dtypes[] = {
+    {M3_DT_BOOL, "BOOL", 8},        {M3_DT_U8, "U8", 8},
+    {M3_DT_I8, "I8", 8},            {M3_DT_U16, "U16", 16},
+    {M3_DT_I16, "I16", 16},         {M3_DT_U32, "U32", 32},
+    {M3_DT_I32, "I32", 32},         {M3_DT_U64, "U64", 64},
+    {M3_DT_I64, "I64", 64},         {M3_DT_F16, "F16", 16},
+    {M3_DT_BF16, "BF16", 16},       {M3_DT_F32, "F32", 32},
+    {M3_DT_F64, "F64", 64},         {M3_DT_F8_E4M3, "F8_E4M3", 8},
+    {M3_DT_F8_E4M3FNUZ, "F8_E4M3FNUZ", 8}, {M3_DT_F8_E5M2, "F8_E5M2", 8},
+    {M3_DT_F8_E8M0, "F8_E8M0", 8},  {M3_DT_F4, "F4", 4},
+};
+
+const char *m3_dtype_name(m3_dtype t) {
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (dtypes[i].t == t) return dtypes[i].name;
+    return "INVALID";
+}
+
+m3_dtype m3_dtype_from_name(const char *name) {
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (strcmp(dtypes[i].name, name) == 0) return dtypes[i].t;
+    return M3_DT_INVALID;
+}
+
+int m3_dtype_bits(m3_dtype t) {
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (dtypes[i].t == t) return dtypes[i].bits;
+    return 0;
+}
+
+int64_t m3_shape_numel(const int64_t *shape, int rank) {
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        if (shape[i] < 0) return -1;
+        if (shape[i] != 0 && n > INT64_MAX / shape[i]) return -1;
+        n *= shape[i];
+    }
+    return n;
+}
+
+int64_t m3_tensor_numel(const m3_tensor *t) { return m3_shape_numel(t->shape, t->rank); }
+
+static atomic_int n_threads_cfg;
+
+int m3_threads(void) {
+    int n = atomic_load(&n_threads_cfg);
+    if (n > 0) return n;
+    const char *e = getenv("M3_THREADS");
+    n = e ? atoi(e) : 0;
+    if (n <= 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n <= 0) n = 1;
+    if (n > 256) n = 256;
+    atomic_store(&n_threads_cfg, n);
+    return n;
+}
+
+void m3_set_threads(int n) { atomic_store(&n_threads_cfg, n > 0 ? (n > 256 ? 256 : n) : 0); }
+
+typedef struct {
+    m3_row_fn fn;
+    void *ctx;
+    int64_t n;
+    atomic_llong next;
+} pf_job;
+
+static void *pf_worker(void *arg) {
+    pf_job *j = arg;
+    for (;;) {
+        int64_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->n) break;
+        j->fn(j->ctx, i);
+    }
+    return NULL;
+}
+
+void m3_parallel_for(int64_t n, m3_row_fn fn, void *ctx) {
+    int nt = m3_threads();
+    if (nt > n) nt = (int)n;
+    if (nt <= 1) {
+        for (int64_t i = 0; i < n; i++) fn(ctx, i);
+        return;
+    }
+    pf_job j = {.fn = fn, .ctx = ctx, .n = n};
+    atomic_init(&j.next, 0);
+    pthread_t th[256];
+    int started = 0;
+    for (int t = 1; t < nt; t++) {
+        if (pthread_create(&th[started], NULL, pf_worker, &j) != 0) break;
+        started++;
+    }
+    pf_worker(&j); /* the caller works too; if no thread started it does all rows */
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+}
+
+const char *m3_version_string(void) { return M3_VERSION " (git " M3_GIT ")"; }

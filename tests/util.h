@@ -1,0 +1,49 @@
+/* tests/util.h: shared test helpers. pcg32 PRNG (seed from M3_SEED, printed on failure),
+ * fillers, guarded host buffers, the test-filter hook, and fixture paths. */
+#ifndef M3_TEST_UTIL_H
+#define M3_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "ref/base.h"
+
+typedef struct { uint64_t state, inc; } m3_rng;
+
+uint64_t m3_test_seed(void);                 /* M3_SEED or a fixed default, printed once */
+void m3_rng_init(m3_rng *r, uint64_t seed, uint64_t stream);
+uint32_t m3_rng_u32(m3_rng *r);
+float m3_rng_uniform(m3_rng *r, float lo, float hi); /* [lo, hi) */
+float m3_rng_normal(m3_rng *r);                      /* Box-Muller, mean 0 sd 1 */
+void m3_fill_uniform(m3_rng *r, float *x, int64_t n, float lo, float hi);
+void m3_fill_normal(m3_rng *r, float *x, int64_t n, float sd);
+/* integer-valued in [-2^scale_bits, 2^scale_bits] (exact sums: CUTLASS int_scale) */
+void m3_fill_int(m3_rng *r, float *x, int64_t n, int scale_bits);
+
+/* Guarded buffer: canary words before and after; m3_guard_check() fails the test if
+ * either was overwritten. Poisoned (0xFF bytes: NaN for floats) on allocation. */
+void *m3_guard_alloc(size_t bytes);
+void m3_guard_check(const void *p);
+void m3_guard_free(void *p);
+
+/* Root of the shared material (spec, oracle fixture): M3_SHARED or ../shared. */
+const char *m3_shared_dir(void);
+/* Path of the built m3 binary: M3 env or build/m3. */
+const char *m3_bin(void);
+
+/* cmocka runner honouring M3_TEST_FILTER. */
+#define M3_RUN_TESTS(tests)                                                                       \
+    (cmocka_set_test_filter(getenv("M3_TEST_FILTER")),                                            \
+     cmocka_run_group_tests(tests, NULL, NULL))
+
+/* Fail the current test with a formatted message that includes the seed. */
+void m3_test_failf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Run a shell command, capture stdout+stderr (caller frees *out, may be NULL), return the
+ * exit status (or -1). */
+int m3_run_cmd(const char *cmd, char **out);
+
+#endif
