@@ -64,7 +64,8 @@ static void linear_same_for_any_thread_count(void **state) {
     (void)state;
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 100);
-    int T = 33, K = 1500, N = 300;
+    for (int T = 3; T <= 33; T += 30) { /* streamed-dot path (T <= 4) and sgemm path */
+    int K = 1500, N = 300;
     float *x = malloc(sizeof(float) * T * K), *wf = malloc(sizeof(float) * N * K);
     float *y1 = malloc(sizeof(float) * T * N), *y3 = malloc(sizeof(float) * T * N);
     m3_bf16 *w = malloc(2 * (size_t)N * K);
@@ -87,6 +88,7 @@ static void linear_same_for_any_thread_count(void **state) {
     }
     m3_set_threads(0);
     free(x), free(wf), free(y1), free(y3), free(w);
+    }
 }
 
 /* fp32 weights rounded on the fly == the same weights stored as bf16 (same tiling, same
