@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_tokenizer_fixture.py: the tokenizer fixtures of tests/cmp_tokenizer.c.
+r"""make_tokenizer_fixture.py: the tokenizer fixtures of tests/cmp_tokenizer.c.
 
 Needs the Hugging Face `tokenizers` package (run on the GPU machine, where it is installed).
 Trains a small byte-level BPE with `tokenizers` from make_arith.py problems plus a varied
@@ -24,6 +24,15 @@ Texts are generated from fixed seeds (deterministic for a given `tokenizers` ver
 trained merges may differ between versions, which is why the ids are committed).
 
     python3 make_tokenizer_fixture.py OUT_DIR [--n-cases 3000]
+
+Second mode, other split regexes over an existing small model (the vocab-600 model of
+split.json, with its pre-tokenizer replaced):
+  o200k.json, o200k_cases.jsonl   o200k-style regex (\p{Lu}\p{Ll}\p{Lt}\p{Lm}\p{Lo}\p{M}
+                                  classes, optional (?i:'s|...) suffixes), Isolated, then
+                                  ByteLevel(use_regex=false); added tokens as in gpt2.json
+  qwen2.json, qwen2_cases.jsonl   Qwen2-style regex (single \p{N} digits), Isolated + ByteLevel
+
+    python3 make_tokenizer_fixture.py OUT_DIR --regex-variants BASE.json [--n-cases 1000]
 """
 import json
 import os
@@ -159,8 +168,45 @@ def write(path, obj):
             f.write(obj)
 
 
+O200K = "|".join([
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"])
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def regex_variants(out, base_path, n):
+    from tokenizers import AddedToken, Tokenizer
+    base = json.load(open(base_path, encoding="utf-8"))
+    base["model"]["ignore_merges"] = False
+    texts = test_texts(n, "tok-regex-variants")
+    for name, pat, extra in [("o200k", O200K, True), ("qwen2", QWEN2, False)]:
+        j = json.loads(json.dumps(base))
+        j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pat}, "behavior": "Isolated",
+             "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+             "use_regex": False}]}
+        t = Tokenizer.from_str(json.dumps(j))
+        if extra:
+            t.add_tokens([AddedToken("<mask>", lstrip=True, rstrip=True, normalized=False),
+                          AddedToken("[DAY]", single_word=True, normalized=False),
+                          AddedToken("hello world", normalized=True)])
+        write(os.path.join(out, name + ".json"), t.to_str(pretty=False))
+        write(os.path.join(out, name + "_cases.jsonl"), cases(t, texts))
+
+
 def main():
     import tokenizers
+    if len(sys.argv) > 3 and sys.argv[2] == "--regex-variants":
+        n = int(sys.argv[4]) if len(sys.argv) > 4 else 1000
+        print("tokenizers", tokenizers.__version__)
+        regex_variants(sys.argv[1], sys.argv[3], n)
+        print("wrote", sorted(os.listdir(sys.argv[1])))
+        return
     from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
                             trainers)
     out = sys.argv[1]

@@ -5,7 +5,8 @@
  * decode of the first half of the ids == tokenizers' (partial UTF-8 -> U+FFFD as Rust's
  * from_utf8_lossy). Three configurations: cl100k-style Split + ByteLevel (list merges),
  * GPT-2 ByteLevel (legacy "a b" merges, added tokens with lstrip/rstrip/single_word/
- * normalized), and a Sequence of every Split behaviour + Digits + ignore_merges.
+ * normalized), a Sequence of every Split behaviour + Digits + ignore_merges, and the
+ * o200k-style and Qwen2-style split regexes.
  * The fixture lines are json.dumps output; a small reader below parses exactly that shape
  * (object of strings, integers and integer lists), keeping cJSON out of the tests. */
 #include <stdio.h>
@@ -215,6 +216,22 @@ static void split_behaviours_match(void **state) {
     assert_true(n >= 500);
 }
 
+/* other split regexes over the vocab-600 model: o200k-style letter-case classes with
+ * optional contraction suffixes (plus flagged added tokens), and Qwen2-style single digits */
+static void o200k_regex_matches(void **state) {
+    (void)state;
+    int64_t n = check_fixture("fixtures/tokenizer/o200k.json",
+                              "fixtures/tokenizer/o200k_cases.jsonl", false);
+    assert_true(n >= 500);
+}
+
+static void qwen2_regex_matches(void **state) {
+    (void)state;
+    int64_t n = check_fixture("fixtures/tokenizer/qwen2.json",
+                              "fixtures/tokenizer/qwen2_cases.jsonl", true);
+    assert_true(n >= 500);
+}
+
 static void api_edges(void **state) {
     (void)state;
     m3_tokenizer *t = NULL;
@@ -282,6 +299,8 @@ int main(void) {
         cmocka_unit_test(main_tokenizer_matches),
         cmocka_unit_test(gpt2_added_tokens_match),
         cmocka_unit_test(split_behaviours_match),
+        cmocka_unit_test(o200k_regex_matches),
+        cmocka_unit_test(qwen2_regex_matches),
         cmocka_unit_test(api_edges),
         cmocka_unit_test(bad_files_fail_cleanly),
     };
