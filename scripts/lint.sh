@@ -6,7 +6,7 @@ fence() { # pattern allowed-file...
   local pat=$1; shift
   local hits
   hits=$(git grep -lE "$pat" -- '*.c' '*.h' '*.hip' | grep -vxF -f <(printf '%s\n' "$@") || true)
-  if [ -n "$hits" ]; then echo "lint: '$pat' outside $*: $hits"; rc=1; fi
+  if [ -n "$hits" ]; then echo "lint: '$pat' outside $*:" $hits; rc=1; fi
 }
 fence '#include [<"]cblas\.h' ref/linear.c
 fence '#include [<"]hdf5\.h' compare/dump.c
