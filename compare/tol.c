@@ -10,11 +10,10 @@
  *    stage. 1e-3 allows that plus a few layers of free-running accumulation; a free-running
  *    bf16-vs-fp32 run drifts to ~5e-2 by the last layer and is meant to be flagged.
  *
- * TODO(json): the JSON reader uses cJSON directly until ref/json.h (h/modelio) lands;
- * then switch to it (scripts/lint.sh fences cJSON to ref/json.c). */
+ * The JSON is read through ref/json.h (the project's only cJSON access). */
 #include "compare/tol.h"
+#include "ref/json.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,20 +124,26 @@ int m3_tol_class(const m3_tol *t, const char *pa, const char *pb) {
     return is_fp32_profile(pa) && is_fp32_profile(pb) ? M3_TOL_FP32 : M3_TOL_LOWP;
 }
 
+static double jnum(const m3_json *j) {
+    double d = 0;
+    m3_json_double(j, &d);
+    return d;
+}
+
 /* A number, or a pair: 1e-4 sets both classes; {"fp32": x, "lowp": y} sets each. */
-static m3_status get_pair(const cJSON *v, double out[2], const char *name, const char *key,
+static m3_status get_pair(const m3_json *v, double out[2], const char *name, const char *key,
                           const char *stage) {
-    if (cJSON_IsNumber(v)) {
-        out[0] = out[1] = v->valuedouble;
+    if (m3_json_is_number(v)) {
+        out[0] = out[1] = jnum(v);
         return M3_OK;
     }
-    if (cJSON_IsObject(v)) {
-        for (const cJSON *c = v->child; c; c = c->next) {
-            int k = !strcmp(c->string, "fp32") ? 0 : !strcmp(c->string, "lowp") ? 1 : -1;
-            if (k < 0 || !cJSON_IsNumber(c))
+    if (m3_json_is_object(v)) {
+        for (const m3_json *c = m3_json_first(v); c; c = m3_json_next(c)) {
+            int k = !strcmp(m3_json_key(c), "fp32") ? 0 : !strcmp(m3_json_key(c), "lowp") ? 1 : -1;
+            if (k < 0 || !m3_json_is_number(c))
                 return m3_errorf(M3_ERR_FORMAT, "%s: stages.%s.%s: expected {\"fp32\": x, \"lowp\": y}",
                                  name, stage, key);
-            out[k] = c->valuedouble;
+            out[k] = jnum(c);
         }
         return M3_OK;
     }
@@ -146,66 +151,66 @@ static m3_status get_pair(const cJSON *v, double out[2], const char *name, const
                      name, stage, key);
 }
 
-static m3_status parse_stage(m3_tol *t, const cJSON *s, const char *name) {
-    if (!cJSON_IsObject(s))
-        return m3_errorf(M3_ERR_FORMAT, "%s: stages.%s: expected an object", name, s->string);
-    if (strlen(s->string) >= sizeof t->row[0].stage)
-        return m3_errorf(M3_ERR_FORMAT, "%s: stage name '%.40s...' too long", name, s->string);
+static m3_status parse_stage(m3_tol *t, const m3_json *s, const char *name) {
+    if (!m3_json_is_object(s))
+        return m3_errorf(M3_ERR_FORMAT, "%s: stages.%s: expected an object", name, m3_json_key(s));
+    if (strlen(m3_json_key(s)) >= sizeof t->row[0].stage)
+        return m3_errorf(M3_ERR_FORMAT, "%s: stage name '%.40s...' too long", name, m3_json_key(s));
     m3_tol_row *r = NULL;
     for (int i = 0; i < t->n; i++)
-        if (!strcmp(t->row[i].stage, s->string)) r = &t->row[i];
+        if (!strcmp(t->row[i].stage, m3_json_key(s))) r = &t->row[i];
     if (!r) { /* a new stage (extra tap): start from the "*" row */
         if (t->n == M3_TOL_MAX_ROWS)
             return m3_errorf(M3_ERR_FORMAT, "%s: more than %d tolerance rows", name, M3_TOL_MAX_ROWS);
         r = &t->row[t->n];
         *r = *m3_tol_find(t, "*");
         t->n++;
-        set_str(r->stage, sizeof r->stage, s->string);
+        set_str(r->stage, sizeof r->stage, m3_json_key(s));
     }
-    for (const cJSON *c = s->child; c; c = c->next) {
-        const char *k = c->string;
-        if (!strcmp(k, "nmse")) M3_TRY(get_pair(c, r->nmse, name, k, s->string));
-        else if (!strcmp(k, "flip")) M3_TRY(get_pair(c, r->flip, name, k, s->string));
-        else if (!strcmp(k, "kl_mean")) M3_TRY(get_pair(c, r->kl_mean, name, k, s->string));
-        else if (!strcmp(k, "top1_min")) M3_TRY(get_pair(c, r->top1_min, name, k, s->string));
-        else if (!strcmp(k, "tie_abs") && cJSON_IsNumber(c)) r->tie_abs = c->valuedouble;
-        else if (!strcmp(k, "tie_rel") && cJSON_IsNumber(c)) r->tie_rel = c->valuedouble;
-        else if (!strcmp(k, "reason") && cJSON_IsString(c)) set_str(r->reason, sizeof r->reason, c->valuestring);
+    for (const m3_json *c = m3_json_first(s); c; c = m3_json_next(c)) {
+        const char *k = m3_json_key(c);
+        if (!strcmp(k, "nmse")) M3_TRY(get_pair(c, r->nmse, name, k, m3_json_key(s)));
+        else if (!strcmp(k, "flip")) M3_TRY(get_pair(c, r->flip, name, k, m3_json_key(s)));
+        else if (!strcmp(k, "kl_mean")) M3_TRY(get_pair(c, r->kl_mean, name, k, m3_json_key(s)));
+        else if (!strcmp(k, "top1_min")) M3_TRY(get_pair(c, r->top1_min, name, k, m3_json_key(s)));
+        else if (!strcmp(k, "tie_abs") && m3_json_is_number(c)) r->tie_abs = jnum(c);
+        else if (!strcmp(k, "tie_rel") && m3_json_is_number(c)) r->tie_rel = jnum(c);
+        else if (!strcmp(k, "reason") && m3_json_is_string(c)) set_str(r->reason, sizeof r->reason, m3_json_str(c));
         else
             return m3_errorf(M3_ERR_FORMAT, "%s: stages.%s: unknown or mistyped key '%s' (known: "
-                             "nmse, flip, kl_mean, top1_min, tie_abs, tie_rel, reason)", name, s->string, k);
+                             "nmse, flip, kl_mean, top1_min, tie_abs, tie_rel, reason)", name, m3_json_key(s), k);
     }
     return M3_OK;
 }
 
 m3_status m3_tol_parse(m3_tol *t, const char *json, const char *name) {
     m3_tol_builtin(t);
-    cJSON *root = cJSON_Parse(json);
-    if (!root) return m3_errorf(M3_ERR_FORMAT, "%s: not valid JSON", name);
+    m3_json *root = NULL;
+    M3_TRY(m3_json_parse(&root, json, strlen(json), name)); /* records line and column */
     m3_status st = M3_OK;
-    if (!cJSON_IsObject(root)) {
+    if (!m3_json_is_object(root)) {
         st = m3_errorf(M3_ERR_FORMAT, "%s: expected a JSON object", name);
         goto done;
     }
-    for (const cJSON *c = root->child; c && st == M3_OK; c = c->next) {
-        if (!strcmp(c->string, "rel_floor") && cJSON_IsNumber(c) && c->valuedouble >= 0) {
-            t->rel_floor = c->valuedouble;
-        } else if (!strcmp(c->string, "class") && cJSON_IsString(c)) {
-            if (!strcmp(c->valuestring, "auto")) t->force_class = -1;
-            else if (!strcmp(c->valuestring, "fp32")) t->force_class = M3_TOL_FP32;
-            else if (!strcmp(c->valuestring, "lowp")) t->force_class = M3_TOL_LOWP;
+    for (const m3_json *c = m3_json_first(root); c && st == M3_OK; c = m3_json_next(c)) {
+        if (!strcmp(m3_json_key(c), "rel_floor") && m3_json_is_number(c) && jnum(c) >= 0) {
+            t->rel_floor = jnum(c);
+        } else if (!strcmp(m3_json_key(c), "class") && m3_json_is_string(c)) {
+            if (!strcmp(m3_json_str(c), "auto")) t->force_class = -1;
+            else if (!strcmp(m3_json_str(c), "fp32")) t->force_class = M3_TOL_FP32;
+            else if (!strcmp(m3_json_str(c), "lowp")) t->force_class = M3_TOL_LOWP;
             else st = m3_errorf(M3_ERR_FORMAT, "%s: class must be auto, fp32 or lowp", name);
-        } else if (!strcmp(c->string, "stages") && cJSON_IsObject(c)) {
-            for (const cJSON *s = c->child; s && st == M3_OK; s = s->next) st = parse_stage(t, s, name);
-        } else if (!strcmp(c->string, "comment")) {
+        } else if (!strcmp(m3_json_key(c), "stages") && m3_json_is_object(c)) {
+            for (const m3_json *s = m3_json_first(c); s && st == M3_OK; s = m3_json_next(s)) st = parse_stage(t, s, name);
+        } else if (!strcmp(m3_json_key(c), "comment")) {
             /* free text, ignored */
         } else {
             st = m3_errorf(M3_ERR_FORMAT, "%s: unknown or mistyped key '%s' (known: rel_floor, "
-                           "class, stages, comment)", name, c->string);
+                           "class, stages, comment)", name, m3_json_key(c));
         }
     }
 done:
-    cJSON_Delete(root);
+    m3_json_free(root);
     return st;
 }
 
