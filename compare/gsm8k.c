@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h> /* TEMPORARY: switch to ref/json.h when it lands (see read_object) */
+#include "ref/json.h"
 
 const char *m3_gsm8k_filter_name(m3_gsm8k_filter f) {
     M3_ASSERT(f >= 0 && f < M3_GSM8K_N_FILTER);
@@ -211,32 +211,32 @@ void m3_gsm8k_set_free(m3_gsm8k_set *s) {
     s->n = 0;
 }
 
-/* TEMPORARY cJSON use, the only one in this file: parse one JSONL line and copy the string
- * fields `keys` into val[0..n_keys). To be switched to ref/json.h (the project's single cJSON
- * wrapper, branch h/modelio) when it lands; nothing else here depends on cJSON. */
-static m3_status read_object(const char *line, const char *const *keys, int n_keys, char **val,
-                             const char *path, int64_t lineno) {
-    cJSON *o = cJSON_Parse(line);
+/* Parse one JSONL line (len bytes) and copy the string fields `keys` into val[0..n_keys).
+ * Any parse failure is reported as the line not being a JSON object (the message names the
+ * file and line, which is what a user needs to find it). */
+static m3_status read_object(const char *line, size_t len, const char *const *keys, int n_keys,
+                             char **val, const char *path, int64_t lineno) {
+    m3_json *o = NULL;
     m3_status st = M3_OK;
-    if (!o || !cJSON_IsObject(o)) {
+    if (m3_json_parse(&o, line, len, path) != M3_OK || !m3_json_is_object(o)) {
         st = m3_errorf(M3_ERR_FORMAT, "%s:%lld: not a JSON object", path, (long long)lineno);
         goto done;
     }
     for (int k = 0; k < n_keys; k++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[k]);
-        if (!cJSON_IsString(v)) {
+        const char *v = m3_json_str(m3_json_get(o, keys[k]));
+        if (!v) {
             st = m3_errorf(M3_ERR_FORMAT, "%s:%lld: missing string field \"%s\"", path,
                            (long long)lineno, keys[k]);
             goto done;
         }
-        val[k] = strdup(v->valuestring);
+        val[k] = strdup(v);
         if (!val[k]) {
             st = m3_errorf(M3_ERR_NOMEM, "%s: out of memory", path);
             goto done;
         }
     }
 done:
-    cJSON_Delete(o);
+    m3_json_free(o);
     return st;
 }
 
@@ -280,7 +280,7 @@ m3_status m3_gsm8k_read_jsonl(m3_gsm8k_rows *out, const char *path, const char *
         char **v = out->val + out->n * n_keys;
         for (int k = 0; k < n_keys; k++) v[k] = NULL;
         out->n++; /* counted first so a partial row is freed with the rest */
-        st = read_object(line, keys, n_keys, v, path, lineno);
+        st = read_object(line, (size_t)len, keys, n_keys, v, path, lineno);
         if (st) goto done;
     }
     if (ferror(f)) st = m3_errorf(M3_ERR_IO, "%s: read error", path);

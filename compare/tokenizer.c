@@ -15,10 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* TEMPORARY cJSON use (parsing tokenizer.json in tokenizer_parse below and its helpers):
- * to be switched to ref/json.h, the project's single cJSON wrapper (branch h/modelio), when
- * it lands. */
-#include <cjson/cJSON.h>
+#include "ref/json.h"
 
 enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS };
 enum { STEP_SPLIT, STEP_BYTELEVEL };
@@ -857,21 +854,29 @@ static m3_status compile(const m3_tokenizer *t, const char *pat, size_t len, boo
     return M3_OK;
 }
 
-/* -- TEMPORARY cJSON section (see the include): everything below reads the parse tree -- */
+/* -- tokenizer.json: everything below reads the parse tree (ref/json.h) ------------- */
 
-static bool jbool(const cJSON *o, const char *k, bool dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
+/* true/false only: unlike m3_json_get_bool, the numbers 0/1 are not flags here (serde
+ * refuses them for a bool field) and fall back to the default. */
+static bool jbool(const m3_json *o, const char *k, bool dflt) {
+    const m3_json *v = m3_json_get(o, k);
+    bool b;
+    return m3_json_is_bool(v) && m3_json_bool(v, &b) ? b : dflt;
 }
 
-static const char *jstr(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
+static const char *jstr(const m3_json *o, const char *k) { return m3_json_get_str(o, k, NULL); }
+
+static bool jnull(const m3_json *o, const char *k) {
+    const m3_json *v = m3_json_get(o, k);
+    return !v || m3_json_is_null(v);
 }
 
-static bool jnull(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return !v || cJSON_IsNull(v);
+/* a token id: an integral number in [0, 1e9] (fits int32) */
+static bool jid(const m3_json *v, int32_t *id) {
+    double d;
+    if (!m3_json_double(v, &d) || d < 0 || d > 1e9 || d != (double)(int32_t)d) return false;
+    *id = (int32_t)d;
+    return true;
 }
 
 static m3_status add_step(m3_tokenizer *t, step st) {
@@ -885,17 +890,17 @@ static m3_status add_step(m3_tokenizer *t, step st) {
     return M3_OK;
 }
 
-static m3_status parse_pretok(m3_tokenizer *t, const cJSON *pt, int depth) {
-    if (!pt || cJSON_IsNull(pt)) return M3_OK;
+static m3_status parse_pretok(m3_tokenizer *t, const m3_json *pt, int depth) {
+    if (!pt || m3_json_is_null(pt)) return M3_OK;
     const char *type = jstr(pt, "type");
     if (!type || depth > 8)
         return m3_errorf(M3_ERR_FORMAT, "%s: pre_tokenizer without a type", t->path);
     if (!strcmp(type, "Sequence")) {
-        const cJSON *l = cJSON_GetObjectItemCaseSensitive(pt, "pretokenizers");
-        if (!cJSON_IsArray(l))
+        const m3_json *l = m3_json_get(pt, "pretokenizers");
+        if (!m3_json_is_array(l))
             return m3_errorf(M3_ERR_FORMAT, "%s: Sequence pre_tokenizer without a list", t->path);
-        const cJSON *e;
-        cJSON_ArrayForEach(e, l) M3_TRY(parse_pretok(t, e, depth + 1));
+        const m3_json *e;
+        for (e = m3_json_first(l); e; e = m3_json_next(e)) M3_TRY(parse_pretok(t, e, depth + 1));
         return M3_OK;
     }
     step st = {0};
@@ -915,7 +920,7 @@ static m3_status parse_pretok(m3_tokenizer *t, const cJSON *pt, int depth) {
     }
     if (!strcmp(type, "Split")) {
         st.kind = STEP_SPLIT;
-        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(pt, "pattern");
+        const m3_json *pat = m3_json_get(pt, "pattern");
         const char *b = jstr(pt, "behavior");
         static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious",
                                             "MergedWithNext", "Contiguous"};
@@ -946,13 +951,13 @@ static m3_status merge_part(m3_tokenizer *t, const char *s, size_t n, int64_t i,
     return M3_OK;
 }
 
-static m3_status parse_model(m3_tokenizer *t, const cJSON *m) {
+static m3_status parse_model(m3_tokenizer *t, const m3_json *m) {
     const char *type = jstr(m, "type");
     if (type && strcmp(type, "BPE"))
         return m3_errorf(M3_ERR_UNSUPPORTED, "%s: model type '%s' not supported (BPE only)",
                          t->path, type);
-    const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(m, "dropout");
-    if (dropout && !cJSON_IsNull(dropout))
+    const m3_json *dropout = m3_json_get(m, "dropout");
+    if (dropout && !m3_json_is_null(dropout))
         return m3_errorf(M3_ERR_UNSUPPORTED, "%s: BPE dropout not supported", t->path);
     const char *csp = jstr(m, "continuing_subword_prefix"), *eow = jstr(m, "end_of_word_suffix");
     if ((csp && csp[0]) || (eow && eow[0]))
@@ -961,18 +966,18 @@ static m3_status parse_model(m3_tokenizer *t, const cJSON *m) {
     t->ignore_merges = jbool(m, "ignore_merges", false);
     t->byte_fallback = jbool(m, "byte_fallback", false);
     t->fuse_unk = jbool(m, "fuse_unk", false);
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
-    if (!cJSON_IsObject(vocab))
+    const m3_json *vocab = m3_json_get(m, "vocab");
+    if (!m3_json_is_object(vocab))
         return m3_errorf(M3_ERR_FORMAT, "%s: model.vocab is not an object", t->path);
-    const cJSON *e;
+    const m3_json *e;
     int64_t nv = 0;
     int32_t max_id = -1;
-    cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e9 ||
-            e->valuedouble != (double)(int32_t)e->valuedouble)
+    for (e = m3_json_first(vocab); e; e = m3_json_next(e)) {
+        int32_t id;
+        if (!jid(e, &id))
             return m3_errorf(M3_ERR_FORMAT, "%s: vocab entry '%s' has no valid id", t->path,
-                             e->string);
-        if ((int32_t)e->valuedouble > max_id) max_id = (int32_t)e->valuedouble;
+                             m3_json_key(e));
+        if (id > max_id) max_id = id;
         nv++;
     }
     t->n_vocab = max_id + 1;
@@ -982,24 +987,26 @@ static m3_status parse_model(m3_tokenizer *t, const cJSON *m) {
     t->vh = malloc(((size_t)t->vh_mask + 1) * sizeof *t->vh);
     if (!t->tok || !t->tok_len || !t->vh) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", t->path);
     memset(t->vh, 0xff, ((size_t)t->vh_mask + 1) * sizeof *t->vh);
-    cJSON_ArrayForEach(e, vocab) {
-        int32_t id = (int32_t)e->valuedouble;
+    for (e = m3_json_first(vocab); e; e = m3_json_next(e)) {
+        int32_t id = 0;
+        (void)jid(e, &id); /* valid: checked in the first pass */
+        const char *key = m3_json_key(e);
         if (t->tok[id])
             return m3_errorf(M3_ERR_FORMAT, "%s: id %d used twice in the vocab", t->path, id);
-        t->tok[id] = strdup(e->string);
+        t->tok[id] = strdup(key);
         if (!t->tok[id]) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", t->path);
-        t->tok_len[id] = (int)strlen(e->string);
+        t->tok_len[id] = (int)strlen(key);
         vocab_put(t, id);
     }
     const char *unk = jstr(m, "unk_token");
     t->unk_id = unk ? vocab_get(t, unk, strlen(unk)) : -1;
     if (unk && t->unk_id < 0)
         return m3_errorf(M3_ERR_FORMAT, "%s: unk_token '%s' not in the vocab", t->path, unk);
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
-    if (!merges || cJSON_IsNull(merges)) return M3_OK;
-    if (!cJSON_IsArray(merges))
+    const m3_json *merges = m3_json_get(m, "merges");
+    if (!merges || m3_json_is_null(merges)) return M3_OK;
+    if (!m3_json_is_array(merges))
         return m3_errorf(M3_ERR_FORMAT, "%s: model.merges is not a list", t->path);
-    int nm = cJSON_GetArraySize(merges);
+    int nm = m3_json_size(merges);
     t->m_mask = pow2_at_least((uint64_t)nm * 2 + 16) - 1;
     t->mk = malloc(((size_t)t->m_mask + 1) * sizeof *t->mk);
     t->mrank = malloc(((size_t)t->m_mask + 1) * sizeof *t->mrank);
@@ -1009,12 +1016,12 @@ static m3_status parse_model(m3_tokenizer *t, const cJSON *m) {
     int64_t i = 0;
     char *cat = NULL;
     m3_status rc = M3_OK;
-    cJSON_ArrayForEach(e, merges) {
+    for (e = m3_json_first(merges); e; e = m3_json_next(e)) {
         const char *a, *b;
         size_t la, lb;
-        if (cJSON_IsString(e)) {
+        if (m3_json_is_string(e)) {
             /* legacy "a b": exactly two parts separated by one space */
-            a = e->valuestring;
+            a = m3_json_str(e);
             const char *sp = strchr(a, ' ');
             if (!sp || strchr(sp + 1, ' ')) {
                 rc = m3_errorf(M3_ERR_FORMAT, "%s: merge %lld '%s' is not \"a b\"", t->path,
@@ -1024,11 +1031,8 @@ static m3_status parse_model(m3_tokenizer *t, const cJSON *m) {
             la = (size_t)(sp - a);
             b = sp + 1;
             lb = strlen(b);
-        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 &&
-                   cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(e, 1))) {
-            a = cJSON_GetArrayItem(e, 0)->valuestring;
-            b = cJSON_GetArrayItem(e, 1)->valuestring;
+        } else if (m3_json_is_array(e) && m3_json_size(e) == 2 &&
+                   (a = m3_json_str(m3_json_at(e, 0))) && (b = m3_json_str(m3_json_at(e, 1)))) {
             la = strlen(a);
             lb = strlen(b);
         } else {
@@ -1054,17 +1058,17 @@ static m3_status parse_model(m3_tokenizer *t, const cJSON *m) {
     return rc;
 }
 
-static m3_status parse_added(m3_tokenizer *t, const cJSON *l) {
-    if (!l || cJSON_IsNull(l)) return M3_OK;
-    if (!cJSON_IsArray(l)) return m3_errorf(M3_ERR_FORMAT, "%s: added_tokens is not a list", t->path);
-    int n = cJSON_GetArraySize(l);
+static m3_status parse_added(m3_tokenizer *t, const m3_json *l) {
+    if (!l || m3_json_is_null(l)) return M3_OK;
+    if (!m3_json_is_array(l)) return m3_errorf(M3_ERR_FORMAT, "%s: added_tokens is not a list", t->path);
+    int n = m3_json_size(l);
     t->added = calloc((size_t)n + 1, sizeof *t->added);
     if (!t->added) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", t->path);
-    const cJSON *e;
-    cJSON_ArrayForEach(e, l) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+    const m3_json *e;
+    for (e = m3_json_first(l); e; e = m3_json_next(e)) {
+        double id;
         const char *c = jstr(e, "content");
-        if (!c || !cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 1e9)
+        if (!c || !m3_json_double(m3_json_get(e, "id"), &id) || id < 0 || id > 1e9)
             return m3_errorf(M3_ERR_FORMAT, "%s: added_tokens entry %d lacks id/content",
                              t->path, t->n_added);
         added_tok *a = &t->added[t->n_added];
@@ -1072,7 +1076,7 @@ static m3_status parse_added(m3_tokenizer *t, const cJSON *l) {
         if (!a->s) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", t->path);
         t->n_added++;
         a->len = (int)strlen(c);
-        a->id = (int32_t)id->valuedouble;
+        a->id = (int32_t)id;
         a->special = jbool(e, "special", false);
         a->normalized = jbool(e, "normalized", !a->special);
         a->single_word = jbool(e, "single_word", false);
@@ -1095,41 +1099,43 @@ static m3_status parse_added(m3_tokenizer *t, const cJSON *l) {
     return M3_OK;
 }
 
-static m3_status tokenizer_parse(m3_tokenizer *t, const char *text) {
-    cJSON *root = cJSON_Parse(text);
+/* text: len bytes. Any parse failure is reported as "not a JSON object", as for a valid
+ * document of another type. */
+static m3_status tokenizer_parse(m3_tokenizer *t, const char *text, size_t len) {
+    m3_json *root = NULL;
     m3_status rc = M3_OK;
-    if (!cJSON_IsObject(root)) {
+    if (m3_json_parse(&root, text, len, t->path) != M3_OK || !m3_json_is_object(root)) {
         rc = m3_errorf(M3_ERR_FORMAT, "%s: not a JSON object", t->path);
         goto done;
     }
     if (!jnull(root, "normalizer")) {
         rc = m3_errorf(M3_ERR_UNSUPPORTED, "%s: normalizer '%s' not supported", t->path,
-                       jstr(cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "type")
-                           ? jstr(cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "type")
+                       jstr(m3_json_get(root, "normalizer"), "type")
+                           ? jstr(m3_json_get(root, "normalizer"), "type")
                            : "?");
         goto done;
     }
-    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    const m3_json *dec = m3_json_get(root, "decoder");
     const char *dt = jstr(dec, "type");
     if (!dt || strcmp(dt, "ByteLevel")) {
         rc = m3_errorf(M3_ERR_UNSUPPORTED, "%s: decoder '%s' not supported (ByteLevel only)",
                        t->path, dt ? dt : "null");
         goto done;
     }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (!cJSON_IsObject(model)) {
+    const m3_json *model = m3_json_get(root, "model");
+    if (!m3_json_is_object(model)) {
         rc = m3_errorf(M3_ERR_FORMAT, "%s: no model object", t->path);
         goto done;
     }
     if ((rc = parse_model(t, model))) goto done;
-    if ((rc = parse_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens")))) goto done;
-    if ((rc = parse_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), 0))) goto done;
+    if ((rc = parse_added(t, m3_json_get(root, "added_tokens")))) goto done;
+    if ((rc = parse_pretok(t, m3_json_get(root, "pre_tokenizer"), 0))) goto done;
 done:
-    cJSON_Delete(root);
+    m3_json_free(root);
     return rc;
 }
 
-/* -- end of the TEMPORARY cJSON section ------------------------------------------------ */
+/* -- end of the tokenizer.json section ------------------------------------------------- */
 
 m3_status m3_tokenizer_open(m3_tokenizer **out, const char *path) {
     *out = NULL;
@@ -1162,7 +1168,7 @@ m3_status m3_tokenizer_open(m3_tokenizer **out, const char *path) {
     }
     fclose(f);
     text[sz] = 0;
-    if ((rc = tokenizer_parse(t, text))) goto done;
+    if ((rc = tokenizer_parse(t, text, (size_t)sz))) goto done;
     /* one-character class tests: Rust regex \w (approximated by PCRE2 UCP classes) and \s */
     if ((rc = compile(t, word_class, strlen(word_class), false, &t->re_word)) ||
         (rc = compile(t, "\\s", 2, false, &t->re_space)))
