@@ -1,6 +1,16 @@
 /* gpu/m3_gpu.h: the C ABI of the GPU backend (plain C, no HIP types). Every entry point
  * m3_gpu_<component> has a reference twin m3_<component> in ref/ with the same argument
- * order; pointers named d_* are device pointers. */
+ * order; pointers named d_* are device pointers, h_* host pointers.
+ *
+ * Ownership: device memory comes only from the context's arena (m3_gpu_alloc); launchers
+ * never allocate. Ops are enqueued on the context's one stream and return once launched;
+ * m3_gpu_download/m3_gpu_sync wait for them. With M3_GPU_SYNC=1 in the environment every
+ * launcher synchronizes and checks, so an asynchronous fault is reported by the launcher
+ * that caused it.
+ *
+ * Errors: every runtime call and every launch is checked; a failure records one line
+ * ("gpu: rmsnorm_k launch: invalid configuration argument") and returns M3_ERR_DEVICE
+ * (M3_ERR_NOMEM when the arena is exhausted). Shape contract violations abort (M3_ASSERT). */
 #ifndef M3_GPU_H
 #define M3_GPU_H
 
@@ -11,12 +21,55 @@
 extern "C" {
 #endif
 
-typedef struct m3_gpu m3_gpu; /* context: device, stream, BLAS handle, arena */
+typedef struct m3_gpu m3_gpu; /* context: device, stream, BLAS handle, arena, timer events */
 
 /* true when this binary has the GPU backend compiled in */
 bool m3_gpu_compiled(void);
+
+/* Open device `device` (0-based): a non-blocking stream, a BLAS handle on it, and one device
+ * arena of M3_GPU_ARENA_MB MiB (environment; default: half the free device memory, at most
+ * 64 GiB). M3_ERR_DEVICE when there is no device. m3_gpu_close frees all of it; NULL ok. */
 m3_status m3_gpu_open(m3_gpu **g, int device);
-void m3_gpu_close(m3_gpu *g); /* NULL ok */
+void m3_gpu_close(m3_gpu *g);
+
+/* One line describing the device ("NVIDIA H200, sm_90, 132 CUs, warp 32, 139.8 GiB"). */
+const char *m3_gpu_describe(const m3_gpu *g);
+int m3_gpu_warp_size(const m3_gpu *g); /* the device's warp width (32 or 64) */
+
+/* ---- device arena: a bump allocator, released in stack order --------------------------
+ * m3_gpu_alloc returns `bytes` of device memory aligned to 256 bytes, valid until the arena
+ * is released below it. Contents are undefined (tests poison them). */
+m3_status m3_gpu_alloc(m3_gpu *g, void **d_p, size_t bytes);
+size_t m3_gpu_mark(const m3_gpu *g);           /* current top of the arena */
+void m3_gpu_release(m3_gpu *g, size_t mark);   /* free everything allocated after `mark` */
+size_t m3_gpu_arena_bytes(const m3_gpu *g);    /* capacity */
+
+/* ---- copies (ordered on the context stream) ---------------------------------------------
+ * upload returns once the copy is enqueued and h_src may be reused (staged synchronously);
+ * download waits for all earlier work on the stream, then for the copy. */
+m3_status m3_gpu_upload(m3_gpu *g, void *d_dst, const void *h_src, size_t bytes);
+m3_status m3_gpu_download(m3_gpu *g, void *h_dst, const void *d_src, size_t bytes);
+m3_status m3_gpu_copy(m3_gpu *g, void *d_dst, const void *d_src, size_t bytes);
+m3_status m3_gpu_memset(m3_gpu *g, void *d_dst, int byte, size_t bytes);
+m3_status m3_gpu_sync(m3_gpu *g); /* wait for the stream, report any pending fault */
+
+/* ---- timing: device events around enqueued work ---------------------------------------- */
+m3_status m3_gpu_timer_start(m3_gpu *g);
+m3_status m3_gpu_timer_stop(m3_gpu *g, float *ms); /* waits; ms since timer_start */
+
+/* ---- dense projection through the vendor BLAS -------------------------------------------
+ * y[T,N] = x[T,K] · W[N,K]^T (W row-major [out, in], as checkpoints store it), bf16 inputs,
+ * fp32 accumulation, one rounding of y to bf16 (or fp32 out for the _f32 variant). The
+ * reduction order is the library's; compare with NMSE, never bit for bit. Without a vendor
+ * BLAS (Debian hipcc) this returns M3_ERR_UNSUPPORTED. */
+m3_status m3_gpu_gemm_bf16(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                           int n_tok, int n_out, int n_in);
+m3_status m3_gpu_gemm_bf16_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                               int n_tok, int n_out, int n_in);
+
+/* ---- element-wise conversions (gpu/num.hip), bit-identical to ref/num/bf16.h ---------- */
+m3_status m3_gpu_f32_to_bf16(m3_gpu *g, m3_bf16 *d_y, const float *d_x, int64_t n); /* RNE */
+m3_status m3_gpu_bf16_to_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, int64_t n); /* exact */
 
 #ifdef __cplusplus
 }
