@@ -9,6 +9,7 @@
  * Also defined here, for both vendors:
  *   M3_WARP             threads per warp/wavefront: 64 on CDNA (gfx90a, gfx942, gfx950), 32 on NVIDIA
  *   M3_MAX_WARPS        upper bound of warps per block of <= 1024 threads for any M3_WARP (32)
+ *   M3_SYNCWARP()       orders shared-memory accesses among the lanes of one warp
  *   m3_warp_sum/max()   butterfly reductions over a full warp; every lane gets the result
  *   m3_block_sum/max()  reductions over a whole block (any blockDim.x that is a multiple of
  *                       M3_WARP), through a caller-provided shared array of M3_MAX_WARPS floats
@@ -51,6 +52,9 @@
 
 /* HIP 5.2 has only the mask-less shuffles; a wavefront always runs converged here. */
 #define M3_SHFL_XOR(v, lane_mask) __shfl_xor((v), (lane_mask))
+/* Order shared-memory accesses among the lanes of one wavefront (lockstep hardware; this
+ * stops the compiler from moving loads and stores across it). */
+#define M3_SYNCWARP() __builtin_amdgcn_wave_barrier()
 
 #else
 /* ---------------------------------------------------------- NVIDIA: HIP names -> CUDA --- */
@@ -118,6 +122,7 @@
 static inline const char *m3_blas_status_str(cublasStatus_t s) { return cublasGetStatusString(s); }
 
 #define M3_SHFL_XOR(v, lane_mask) __shfl_xor_sync(0xffffffffu, (v), (lane_mask))
+#define M3_SYNCWARP() __syncwarp()
 #endif
 
 #if defined(M3_HIP_AMD) && M3_HAVE_BLAS

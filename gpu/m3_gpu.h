@@ -16,6 +16,7 @@
 
 #include "ref/base.h"
 #include "ref/num/num.h"
+#include "ref/profile.h" /* the profile switches the twins take (a plain struct) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,6 +71,38 @@ m3_status m3_gpu_gemm_bf16_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, const 
 /* ---- element-wise conversions (gpu/num.hip), bit-identical to ref/num/bf16.h ---------- */
 m3_status m3_gpu_f32_to_bf16(m3_gpu *g, m3_bf16 *d_y, const float *d_x, int64_t n); /* RNE */
 m3_status m3_gpu_bf16_to_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, int64_t n); /* exact */
+
+/* ---- component twins -------------------------------------------------------------------
+ * Each m3_gpu_<x> takes the arguments of ref's m3_<x> in the same order, with device
+ * pointers and the context first. The plain name stores bf16 activations (what hf/atom
+ * production stores; it returns M3_ERR_UNSUPPORTED for a profile that keeps fp32); the _f32
+ * name stores fp32 and applies the profile's roundings in registers, for tight checks
+ * against the reference under any profile. */
+
+/* gpu/norm.hip, twin of ref/norm.h. y = (s*rho)*(1+w); rho = 1/sqrtf(mean(s^2)+eps).
+ * m3_gpu_rmsnorm: bf16 x -> bf16 y (one rounding). _f32: fp32 in and out, no rounding. */
+m3_status m3_gpu_rmsnorm(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                         int n_tok, int dim, float eps);
+m3_status m3_gpu_rmsnorm_f32(m3_gpu *g, float *d_y, const float *d_x, const m3_bf16 *d_w,
+                             int n_tok, int dim, float eps);
+/* resid [T,D] in/out (r on entry, s = r + h on exit), h may be NULL, y [T,D]; the profile's
+ * residual_bf16 / norm_reads_f32_sum / act_bf16 apply as in ref. y must not alias resid/h. */
+m3_status m3_gpu_rmsnorm_add(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
+                             const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                             const m3_profile *p);
+m3_status m3_gpu_rmsnorm_add_f32(m3_gpu *g, float *d_y, float *d_resid, const float *d_h,
+                                 const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                                 const m3_profile *p);
+
+/* gpu/rope.hip, twin of ref/rope.h m3_qk_norm_rope: per-head norm (shared w [Dh]) then
+ * partial NeoX rope of the first rot_dim dims, in place, rows of pitch ld; pos [T] device.
+ * rot_dim <= 256. The bf16 variant needs qk_round PER_OP or ONCE. */
+m3_status m3_gpu_qk_norm_rope(m3_gpu *g, m3_bf16 *d_x, int ld, const int32_t *d_pos, int n_tok,
+                              int n_head, int head_dim, const m3_bf16 *d_w, float eps,
+                              int rot_dim, float theta, const m3_profile *p);
+m3_status m3_gpu_qk_norm_rope_f32(m3_gpu *g, float *d_x, int ld, const int32_t *d_pos,
+                                  int n_tok, int n_head, int head_dim, const m3_bf16 *d_w,
+                                  float eps, int rot_dim, float theta, const m3_profile *p);
 
 #ifdef __cplusplus
 }

@@ -66,3 +66,42 @@ m3_status m3_gpu_bf16_to_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, int64_t 
     (void)g; (void)d_y; (void)d_x; (void)n;
     return NO_GPU("gpu convert");
 }
+
+m3_status m3_gpu_rmsnorm(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                         int n_tok, int dim, float eps) {
+    (void)g; (void)d_y; (void)d_x; (void)d_w; (void)n_tok; (void)dim; (void)eps;
+    return NO_GPU("gpu rmsnorm");
+}
+m3_status m3_gpu_rmsnorm_f32(m3_gpu *g, float *d_y, const float *d_x, const m3_bf16 *d_w,
+                             int n_tok, int dim, float eps) {
+    (void)g; (void)d_y; (void)d_x; (void)d_w; (void)n_tok; (void)dim; (void)eps;
+    return NO_GPU("gpu rmsnorm");
+}
+m3_status m3_gpu_rmsnorm_add(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
+                             const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                             const m3_profile *p) {
+    (void)g; (void)d_y; (void)d_resid; (void)d_h; (void)d_w; (void)n_tok; (void)dim; (void)eps;
+    (void)p;
+    return NO_GPU("gpu rmsnorm_add");
+}
+m3_status m3_gpu_rmsnorm_add_f32(m3_gpu *g, float *d_y, float *d_resid, const float *d_h,
+                                 const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                                 const m3_profile *p) {
+    (void)g; (void)d_y; (void)d_resid; (void)d_h; (void)d_w; (void)n_tok; (void)dim; (void)eps;
+    (void)p;
+    return NO_GPU("gpu rmsnorm_add");
+}
+m3_status m3_gpu_qk_norm_rope(m3_gpu *g, m3_bf16 *d_x, int ld, const int32_t *d_pos, int n_tok,
+                              int n_head, int head_dim, const m3_bf16 *d_w, float eps,
+                              int rot_dim, float theta, const m3_profile *p) {
+    (void)g; (void)d_x; (void)ld; (void)d_pos; (void)n_tok; (void)n_head; (void)head_dim;
+    (void)d_w; (void)eps; (void)rot_dim; (void)theta; (void)p;
+    return NO_GPU("gpu qk_norm_rope");
+}
+m3_status m3_gpu_qk_norm_rope_f32(m3_gpu *g, float *d_x, int ld, const int32_t *d_pos,
+                                  int n_tok, int n_head, int head_dim, const m3_bf16 *d_w,
+                                  float eps, int rot_dim, float theta, const m3_profile *p) {
+    (void)g; (void)d_x; (void)ld; (void)d_pos; (void)n_tok; (void)n_head; (void)head_dim;
+    (void)d_w; (void)eps; (void)rot_dim; (void)theta; (void)p;
+    return NO_GPU("gpu qk_norm_rope");
+}
