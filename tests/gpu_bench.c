@@ -1,0 +1,185 @@
+/* tests/gpu_bench.c: GPU timings against ceilings measured in the same run (METHOD.md):
+ * device-to-device copy bandwidth (bytes read + written) and the vendor BLAS bf16 GEMM rate
+ * on random data; then each kernel's time, the bytes it must move and the FLOPs it must do,
+ * as achieved GB/s and % of the copy ceiling. Timed with device events: warm-up, then the
+ * median of several batches. Inputs are random (never zeros). Runs only with M3_BENCH=1
+ * (scripts/bench-gpu.sh, scripts/device/gpu-run.sh); under `make test-gpu` every case skips.
+ * Output: one table row per measurement, "bench: <name> <ms> ms <GB/s> GB/s <pct>% ...". */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/gpu_test.h"
+
+static double g_copy_gbs;  /* measured ceiling, GB/s */
+static double g_gemm_tfs;  /* measured ceiling, TFLOP/s */
+
+static m3_gpu *bench_or_skip(void **state) {
+    const char *b = getenv("M3_BENCH");
+    if (!b || atoi(b) == 0) skip();
+    return gpu_or_skip(state);
+}
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over `batches` of the mean time of `reps` calls of fn, in ms. */
+typedef m3_status (*bench_fn)(m3_gpu *g, void *ctx);
+static double time_ms(m3_gpu *g, bench_fn fn, void *ctx, int reps, int batches) {
+    for (int i = 0; i < 3; i++) GPU_OK(fn(g, ctx));
+    GPU_OK(m3_gpu_sync(g));
+    float t[32];
+    if (batches > 32) batches = 32;
+    for (int b = 0; b < batches; b++) {
+        GPU_OK(m3_gpu_timer_start(g));
+        for (int i = 0; i < reps; i++) GPU_OK(fn(g, ctx));
+        GPU_OK(m3_gpu_timer_stop(g, &t[b]));
+        t[b] /= (float)reps;
+    }
+    qsort(t, batches, sizeof t[0], cmp_f);
+    return t[batches / 2];
+}
+
+static void report(const char *name, double ms, double bytes, double flops) {
+    double gbs = bytes / (ms * 1e-3) / 1e9, tfs = flops / (ms * 1e-3) / 1e12;
+    printf("bench: %-44s %9.4f ms %8.1f GB/s %5.1f%% of copy %8.2f TFLOP/s %5.1f%% of gemm\n",
+           name, ms, gbs, g_copy_gbs > 0 ? 100 * gbs / g_copy_gbs : 0, tfs,
+           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0);
+    fflush(stdout);
+}
+
+static void *rand_bf16(m3_gpu *g, m3_rng *r, int64_t n, float sd) {
+    float *h = malloc((size_t)n * sizeof *h);
+    assert_non_null(h);
+    m3_fill_normal(r, h, n, sd);
+    void *d = gpu_upload_bf16(g, h, n, NULL);
+    free(h);
+    return d;
+}
+
+/* ---- ceilings -------------------------------------------------------------------------- */
+typedef struct { void *dst; const void *src; size_t bytes; } copy_ctx;
+static m3_status do_copy(m3_gpu *g, void *c) {
+    copy_ctx *x = c;
+    return m3_gpu_copy(g, x->dst, x->src, x->bytes);
+}
+
+static void ceiling_copy(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    copy_ctx c;
+    c.bytes = (size_t)2 << 30; /* 2 GiB each way: far beyond the 60 MB L2 */
+    void *a, *b;
+    GPU_OK(m3_gpu_alloc(g, &a, c.bytes));
+    GPU_OK(m3_gpu_alloc(g, &b, c.bytes));
+    GPU_OK(m3_gpu_memset(g, a, 0x5A, c.bytes));
+    c.dst = b;
+    c.src = a;
+    double ms = time_ms(g, do_copy, &c, 5, 7);
+    g_copy_gbs = 2.0 * (double)c.bytes / (ms * 1e-3) / 1e9;
+    printf("bench: ceiling device copy 2 GiB: %.3f ms, %.1f GB/s (read + write)\n", ms, g_copy_gbs);
+}
+
+typedef struct { m3_bf16 *y; const m3_bf16 *x, *w; int T, N, K; } gemm_ctx;
+static m3_status do_gemm(m3_gpu *g, void *c) {
+    gemm_ctx *x = c;
+    return m3_gpu_gemm_bf16(g, x->y, x->x, x->w, x->T, x->N, x->K);
+}
+
+static void ceiling_gemm(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 900);
+    gemm_ctx c = {0};
+    c.T = c.N = c.K = 8192;
+    c.x = rand_bf16(g, &r, (int64_t)c.T * c.K, 1.0f);
+    c.w = rand_bf16(g, &r, (int64_t)c.N * c.K, 1.0f);
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.y, (size_t)c.T * c.N * 2));
+    double ms = time_ms(g, do_gemm, &c, 5, 7);
+    double fl = 2.0 * c.T * (double)c.N * c.K;
+    g_gemm_tfs = fl / (ms * 1e-3) / 1e12;
+    printf("bench: ceiling bf16 GEMM 8192^3 (random data): %.3f ms, %.1f TFLOP/s\n", ms, g_gemm_tfs);
+    /* the M3 shapes the model runs through the helper */
+    static const int shp[][3] = {{1, 9856, 6144}, {64, 9856, 6144}, {4096, 9856, 6144},
+                                 {4096, 6144, 8192}};
+    for (size_t i = 0; i < sizeof shp / sizeof shp[0]; i++) {
+        gemm_ctx d = c;
+        d.T = shp[i][0], d.N = shp[i][1], d.K = shp[i][2];
+        double t = time_ms(g, do_gemm, &d, 10, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "gemm_bf16 T=%d N=%d K=%d", d.T, d.N, d.K);
+        report(nm, t, 2.0 * ((double)d.T * d.K + (double)d.N * d.K + (double)d.T * d.N),
+               2.0 * d.T * (double)d.N * d.K);
+    }
+}
+
+/* ---- kernels --------------------------------------------------------------------------- */
+typedef struct { m3_bf16 *y, *res; const m3_bf16 *h, *w; int T, D; m3_profile p; } norm_ctx;
+static m3_status do_norm(m3_gpu *g, void *c) {
+    norm_ctx *x = c;
+    return m3_gpu_rmsnorm_add(g, x->y, x->res, x->h, x->w, x->T, x->D, 1e-6f, &x->p);
+}
+
+static void bench_rmsnorm_add(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 901);
+    static const int Ts[] = {1, 64, 4096, 16384};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        norm_ctx c;
+        c.T = Ts[i], c.D = 6144;
+        m3_profile_atom(&c.p);
+        int64_t n = (int64_t)c.T * c.D;
+        c.res = rand_bf16(g, &r, n, 1.0f);
+        c.h = rand_bf16(g, &r, n, 0.1f);
+        c.w = rand_bf16(g, &r, c.D, 0.1f);
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.y, n * 2));
+        double ms = time_ms(g, do_norm, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "rmsnorm_add bf16 atom T=%d D=6144", c.T);
+        /* read r, h; write resid, y (bf16); w is negligible */
+        report(nm, ms, 4.0 * 2.0 * (double)n, 4.0 * (double)n);
+    }
+}
+
+typedef struct { m3_bf16 *x; const int32_t *pos; const m3_bf16 *w; int T, ld, H; m3_profile p; } rope_ctx;
+static m3_status do_rope(m3_gpu *g, void *c) {
+    rope_ctx *x = c;
+    return m3_gpu_qk_norm_rope(g, x->x, x->ld, x->pos, x->T, x->H, 128, x->w, 1e-6f, 64, 5e6f,
+                               &x->p);
+}
+
+static void bench_qk_norm_rope(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 902);
+    static const int Ts[] = {1, 64, 4096, 16384};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        rope_ctx c;
+        c.T = Ts[i], c.ld = 9856, c.H = 64;
+        m3_profile_atom(&c.p);
+        c.x = rand_bf16(g, &r, (int64_t)c.T * c.ld, 1.0f);
+        c.w = rand_bf16(g, &r, 128, 0.1f);
+        int32_t *pos = malloc(c.T * sizeof *pos);
+        for (int t = 0; t < c.T; t++) pos[t] = 100000 + t;
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
+        GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
+        free(pos);
+        double ms = time_ms(g, do_rope, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64", c.T);
+        report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ceiling_copy),
+        cmocka_unit_test(ceiling_gemm),
+        cmocka_unit_test(bench_rmsnorm_add),
+        cmocka_unit_test(bench_qk_norm_rope),
+    };
+    return M3_RUN_GPU_TESTS(tests);
+}
