@@ -46,6 +46,45 @@ m3_status m3_gpu_launched_(m3_gpu *g, const char *kname, const char *file, int l
 }
 #endif
 
+/* ---- 16-byte vector access of bf16 / f32 rows (device) ----------------------------------
+ * m3_vec<TS>::N elements per 16-byte access; load converts to float, store rounds (bf16 RNE
+ * through ref/num/bf16.h). The caller guarantees 16-byte alignment of p + i. */
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#include "ref/num/bf16.h"
+template <typename TS> struct m3_vec;
+template <> struct m3_vec<float> {
+    enum { N = 4 };
+    static __device__ __forceinline__ void load(const float *p, int64_t i, float *v) {
+        float4 u = *reinterpret_cast<const float4 *>(p + i);
+        v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+    }
+    static __device__ __forceinline__ void store(float *p, int64_t i, const float *v) {
+        *reinterpret_cast<float4 *>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+};
+template <> struct m3_vec<m3_bf16> {
+    enum { N = 8 };
+    static __device__ __forceinline__ void load(const m3_bf16 *p, int64_t i, float *v) {
+        uint4 u = *reinterpret_cast<const uint4 *>(p + i);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) { /* little-endian: element 2k in the low half */
+            v[2 * k] = m3_bits_f32(w[k] << 16);
+            v[2 * k + 1] = m3_bits_f32(w[k] & 0xFFFF0000u);
+        }
+    }
+    static __device__ __forceinline__ void store(m3_bf16 *p, int64_t i, const float *v) {
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w[k] = (uint32_t)m3_f32_to_bf16(v[2 * k]) | ((uint32_t)m3_f32_to_bf16(v[2 * k + 1]) << 16);
+        *reinterpret_cast<uint4 *>(p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+#endif
+
+static inline bool m3_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 /* Grid size for n items of `per_block` each, capped so it fits a 1-D grid. */
 static inline unsigned m3_grid_1d(int64_t n, int per_block) {
     int64_t b = (n + per_block - 1) / per_block;

@@ -2,7 +2,13 @@
  * ref/norm.c (m3_rmsnorm, m3_rmsnorm_add). Tolerance: GPU_NMSE_F32 / GPU_NMSE_BF16
  * (tests/gpu_test.h until compare/tol.c has a "norm" row). Tests: tests/gpu_norm_rope.c.
  *
- * rmsnorm_k: one block per token row (256 threads: a multiple of M3_WARP on both vendors).
+ * rmsnorm_vec_k (the fast path: dim a multiple of 16 bytes' worth of elements, aligned rows,
+ *   dim <= 256 threads x NORM_MAXC chunks): one block per row, each thread keeps its chunks of
+ *   the row in registers between the two passes and moves 16 bytes per access.
+ * rmsnorm_k (any other shape): one block per token row (256 threads: a multiple of M3_WARP on
+ *   both vendors), the row kept in dynamic shared memory.
+ * Both compute the same function with the same per-element operations; only the order of
+ * the sum of squares differs (thread partials, then the block reduction).
  *   Pass 1 forms s = r + h (the profile's rounding), writes the new residual and keeps the
  *   value the norm reads in dynamic shared memory, summing s^2 per thread in fp32.
  *   A block reduction (warp butterflies, then warp partials) gives mu; rho = 1/sqrtf(mu+eps)
@@ -28,7 +34,20 @@ static __device__ __forceinline__ float rnd(bool on, float x) {
     return on ? m3_round_bf16(x) : x;
 }
 
+/* N consecutive bf16 weights (N = 8: 16 bytes, N = 4: 8 bytes) as floats, aligned access */
+template <int N> static __device__ __forceinline__ void load_w(const m3_bf16 *w, int64_t i, float *v);
+template <> __device__ __forceinline__ void load_w<8>(const m3_bf16 *w, int64_t i, float *v) {
+    m3_vec<m3_bf16>::load(w, i, v);
+}
+template <> __device__ __forceinline__ void load_w<4>(const m3_bf16 *w, int64_t i, float *v) {
+    uint2 u = *reinterpret_cast<const uint2 *>(w + i);
+    v[0] = m3_bits_f32(u.x << 16), v[1] = m3_bits_f32(u.x & 0xFFFF0000u);
+    v[2] = m3_bits_f32(u.y << 16), v[3] = m3_bits_f32(u.y & 0xFFFF0000u);
+}
+
 #define NORM_THREADS 256
+#define NORM_MAX_SHMEM (64 * 1024) /* generic path: D <= 16352 (CDNA's LDS is 64 KiB a block) */
+#define NORM_MAXC 4 /* 16-byte chunks per thread in the vector path: D <= 8192 bf16 */
 
 /* ---- kernels ---------------------------------------------------------------------------
  * resid: in/out residual (NULL for plain m3_rmsnorm, then x is read from `x`).
@@ -65,6 +84,54 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     }
 }
 
+template <typename TS>
+static __global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_vec_k(TS *M3_RESTRICT y, TS *resid, const TS *h, const TS *x,
+                  const m3_bf16 *M3_RESTRICT w, int dim, float eps, bool residual_bf16,
+                  bool norm_reads_f32_sum, bool y_bf16) {
+    typedef m3_vec<TS> V;
+    __shared__ float red[M3_MAX_WARPS];
+    const int64_t row = (int64_t)blockIdx.x * dim;
+    const int n_chunk = dim / V::N;
+    float s[NORM_MAXC][V::N];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NORM_MAXC; c++) {
+        const int ch = (int)threadIdx.x + c * NORM_THREADS;
+        if (ch >= n_chunk) break;
+        const int64_t i = row + (int64_t)ch * V::N;
+        if (resid) {
+            float r[V::N], hv[V::N], stored[V::N];
+            V::load(resid, i, r);
+            if (h) V::load(h, i, hv);
+#pragma unroll
+            for (int k = 0; k < V::N; k++) {
+                float sum = h ? r[k] + hv[k] : r[k];
+                stored[k] = rnd(residual_bf16, sum);
+                s[c][k] = norm_reads_f32_sum ? sum : stored[k]; /* see rmsnorm_k */
+            }
+            V::store(resid, i, stored);
+        } else {
+            V::load(x, i, s[c]);
+        }
+#pragma unroll
+        for (int k = 0; k < V::N; k++) ss += s[c][k] * s[c][k];
+    }
+    const float mu = m3_block_sum(ss, red) / (float)dim;
+    const float rho = 1.0f / sqrtf(mu + eps);
+#pragma unroll
+    for (int c = 0; c < NORM_MAXC; c++) {
+        const int ch = (int)threadIdx.x + c * NORM_THREADS;
+        if (ch >= n_chunk) break;
+        float wv[V::N], out[V::N];
+        load_w<V::N>(w, (int64_t)ch * V::N, wv);
+#pragma unroll
+        for (int k = 0; k < V::N; k++)
+            out[k] = rnd(y_bf16, (s[c][k] * rho) * (1.0f + wv[k]));
+        V::store(y, row + (int64_t)ch * V::N, out);
+    }
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 template <typename TS>
 static m3_status launch(m3_gpu *g, TS *d_y, TS *d_resid, const TS *d_h, const TS *d_x,
@@ -73,10 +140,23 @@ static m3_status launch(m3_gpu *g, TS *d_y, TS *d_resid, const TS *d_h, const TS
     M3_ASSERTF(n_tok >= 0 && dim > 0, "T=%d D=%d", n_tok, dim);
     M3_ASSERT(d_y && d_w && (d_resid || d_x));
     if (n_tok == 0) return M3_OK;
+    const int vn = m3_vec<TS>::N;
+    /* w is read as 16-byte bf16 chunks: aligned, and dim a multiple of 8 covers both paths */
+    const bool vec = dim % 8 == 0 && dim / vn <= NORM_THREADS * NORM_MAXC && m3_aligned16(d_y) &&
+                     m3_aligned16(d_w) && (!d_resid || m3_aligned16(d_resid)) &&
+                     (!d_h || m3_aligned16(d_h)) && (!d_x || m3_aligned16(d_x));
+    if (vec) {
+        rmsnorm_vec_k<TS><<<(unsigned)n_tok, NORM_THREADS, 0, g->stream>>>(
+            d_y, d_resid, d_h, d_x, d_w, dim, eps, residual_bf16, norm_reads_f32_sum, y_bf16);
+        M3_LAUNCHED(g, "rmsnorm_vec_k");
+        return M3_OK;
+    }
     size_t shmem = ((size_t)dim + M3_MAX_WARPS) * sizeof(float);
-    /* 48 KiB without opting in: dim <= 12256, which covers every M3 norm (6144, 128) */
-    if (shmem > 48 * 1024)
+    if (shmem > NORM_MAX_SHMEM)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu rmsnorm: dim %d exceeds the one-block row", dim);
+    if (shmem > 48 * 1024) /* above 48 KiB a kernel must opt in */
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)rmsnorm_k<TS>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)shmem));
     rmsnorm_k<TS><<<(unsigned)n_tok, NORM_THREADS, shmem, g->stream>>>(
         d_y, d_resid, d_h, d_x, d_w, dim, eps, residual_bf16, norm_reads_f32_sum, y_bf16);
     M3_LAUNCHED(g, "rmsnorm_k");

@@ -4,9 +4,11 @@
  *
  * qk_norm_rope_k: one block per token. The block first builds that position's cos/sin
  *   table in shared memory: a = f32(f32(p)*inv[i]) (or the f64 angle), cos/sin evaluated in
- *   double and rounded to fp32 (as the reference does), bf16 when the profile says. Then
- *   each warp takes whole heads: it stages the head in shared memory, reduces sum(e^2) with
- *   a warp butterfly, normalises ((e*rho)*(1+w)), and rotates pairs (i, i+R/2).
+ *   double and rounded to fp32 (as the reference does), bf16 when the profile says, and
+ *   stages the token's n_head*head_dim slice in shared memory with 16-byte loads (all loads
+ *   in flight at once). Then each warp takes whole heads: it reduces sum(e^2) with a warp
+ *   butterfly, normalises ((e*rho)*(1+w)), and rotates pairs (i, i+R/2) through registers.
+ *   Finally the block writes the slice back with 16-byte stores.
  *   Products and sums in the rotation use __fmul_rn/__fadd_rn: no FMA contraction, so the
  *   rotation itself rounds exactly like the reference (only the norm's sum order differs).
  * inv[i] is computed on the host exactly as ref's m3_rope_inv_freq does (p->rope_inv: torch's
@@ -26,6 +28,7 @@
 
 #define ROPE_THREADS 256
 #define ROPE_MAX_HALF 128 /* rot_dim <= 256 */
+#define ROPE_MAX_SHMEM (64 * 1024) /* the slice of one row: 64 x 128 fp32 = 32 KiB for q */
 
 typedef struct {
     float inv[ROPE_MAX_HALF];
@@ -57,61 +60,82 @@ static __device__ __forceinline__ float rnd(bool on, float x) {
     return on ? m3_round_bf16(x) : x;
 }
 
-/* ---- kernel ---------------------------------------------------------------------------- */
+/* ---- kernel ----------------------------------------------------------------------------
+ * Shared memory: c[half], s[half], then the token's n_head*head_dim slice as floats. */
+#define ROPE_MAXK 8 /* dims per lane: head_dim <= 8 * M3_WARP */
+
 template <typename TS>
 static __global__ void __launch_bounds__(ROPE_THREADS)
     qk_norm_rope_k(TS *x, int ld_x, const int32_t *M3_RESTRICT pos, int n_head, int head_dim,
                    const m3_bf16 *M3_RESTRICT w, float eps, int rot_dim, rope_inv_table inv,
-                   bool angle_f64, bool cs_bf16, int qk_round) {
-    extern __shared__ float sh[]; /* c[half] s[half] then one head_dim buffer per warp */
+                   bool angle_f64, bool cs_bf16, int qk_round, bool vec) {
+    extern __shared__ float sh[];
     const int half = rot_dim / 2;
-    float *c = sh, *s = sh + half;
+    float *c = sh, *s = sh + half, *row_sh = sh + 2 * half;
     const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
     const int n_warp = (int)blockDim.x / M3_WARP;
-    float *buf = sh + 2 * half + warp * head_dim;
+    const int n = n_head * head_dim;
     const int64_t row = (int64_t)blockIdx.x * ld_x;
     const int32_t p = pos[blockIdx.x];
     const bool per_op = qk_round == M3_QK_ROUND_PER_OP, once = qk_round == M3_QK_ROUND_ONCE;
+    typedef m3_vec<TS> V;
 
+    /* 1. cos/sin of this position; the whole slice into shared memory (16-byte loads) */
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double a = angle_f64 ? (double)p * (double)inv.inv[i]
                              : (double)__fmul_rn((float)p, inv.inv[i]);
         c[i] = rnd(cs_bf16, (float)cos(a));
         s[i] = rnd(cs_bf16, (float)sin(a));
     }
+    if (vec)
+        for (int i = threadIdx.x * V::N; i < n; i += blockDim.x * V::N) V::load(x, row + i, row_sh + i);
+    else
+        for (int i = threadIdx.x; i < n; i += blockDim.x) row_sh[i] = ld(x, row + i);
     __syncthreads();
 
-    for (int h = warp; h < n_head; h += n_warp) { /* warp-uniform loop: no block barriers */
-        const int64_t off = row + (int64_t)h * head_dim;
+    /* 2. one warp per head (warp-uniform loop, no block barriers inside) */
+    for (int h = warp; h < n_head; h += n_warp) {
+        float *e = row_sh + h * head_dim;
         float ss = 0.0f;
-        for (int d = lane; d < head_dim; d += M3_WARP) {
-            float v = ld(x, off + d);
-            buf[d] = v;
-            ss += v * v;
-        }
+        for (int d = lane; d < head_dim; d += M3_WARP) ss += e[d] * e[d];
         const float mu = m3_warp_sum(ss) / (float)head_dim;
         const float rho = 1.0f / sqrtf(mu + eps);
         for (int d = lane; d < head_dim; d += M3_WARP) /* each lane rewrites its own dims */
-            buf[d] = rnd(per_op, (buf[d] * rho) * (1.0f + m3_bf16_to_f32(w[d])));
+            e[d] = rnd(per_op, (e[d] * rho) * (1.0f + m3_bf16_to_f32(w[d])));
         M3_SYNCWARP(); /* the rotation reads the partner dim written by another lane */
-        for (int d = lane; d < head_dim; d += M3_WARP) {
-            float out;
+        float out[ROPE_MAXK];
+#pragma unroll
+        for (int k = 0; k < ROPE_MAXK; k++) {
+            const int d = lane + k * M3_WARP;
+            if (d >= head_dim) break;
             if (d < half) { /* e'[i] = e[i] c + (-e[i+h]) s */
-                float a1 = rnd(per_op, __fmul_rn(buf[d], c[d]));
-                float b1 = rnd(per_op, __fmul_rn(-buf[d + half], s[d]));
-                out = rnd(per_op, __fadd_rn(a1, b1));
+                float a1 = rnd(per_op, __fmul_rn(e[d], c[d]));
+                float b1 = rnd(per_op, __fmul_rn(-e[d + half], s[d]));
+                out[k] = rnd(per_op, __fadd_rn(a1, b1));
             } else if (d < rot_dim) { /* e'[i+h] = e[i+h] c + e[i] s */
                 const int i = d - half;
-                float a2 = rnd(per_op, __fmul_rn(buf[d], c[i]));
-                float b2 = rnd(per_op, __fmul_rn(buf[i], s[i]));
-                out = rnd(per_op, __fadd_rn(a2, b2));
+                float a2 = rnd(per_op, __fmul_rn(e[d], c[i]));
+                float b2 = rnd(per_op, __fmul_rn(e[i], s[i]));
+                out[k] = rnd(per_op, __fadd_rn(a2, b2));
             } else {
-                out = buf[d]; /* pass-through dims: normed (rounded under PER_OP) */
+                out[k] = e[d]; /* pass-through dims: normed (rounded under PER_OP) */
             }
-            st(x, off + d, rnd(once, out));
         }
-        M3_SYNCWARP(); /* buf is reused by this warp's next head */
+        M3_SYNCWARP(); /* every partner read is done before any lane overwrites */
+#pragma unroll
+        for (int k = 0; k < ROPE_MAXK; k++) {
+            const int d = lane + k * M3_WARP;
+            if (d >= head_dim) break;
+            e[d] = rnd(once, out[k]);
+        }
     }
+    __syncthreads();
+
+    /* 3. the slice back (16-byte stores; a bf16 store rounds) */
+    if (vec)
+        for (int i = threadIdx.x * V::N; i < n; i += blockDim.x * V::N) V::store(x, row + i, row_sh + i);
+    else
+        for (int i = threadIdx.x; i < n; i += blockDim.x) st(x, row + i, row_sh[i]);
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
@@ -131,13 +155,21 @@ static m3_status launch(m3_gpu *g, TS *d_x, int ld, const int32_t *d_pos, int n_
     rope_inv_table inv;
     memset(&inv, 0, sizeof inv);
     if (rot_dim > 0) rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
-    const int n_warp = ROPE_THREADS / M3_WARP;
-    size_t shmem = ((size_t)rot_dim + (size_t)n_warp * head_dim) * sizeof(float);
-    if (shmem > 48 * 1024)
-        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: head_dim %d too large", head_dim);
+    if (head_dim > ROPE_MAXK * M3_WARP)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: head_dim %d > %d", head_dim,
+                         ROPE_MAXK * M3_WARP);
+    size_t shmem = ((size_t)rot_dim + (size_t)n_head * head_dim) * sizeof(float);
+    if (shmem > ROPE_MAX_SHMEM)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d heads x %d do not fit one block",
+                         n_head, head_dim);
+    if (shmem > 48 * 1024) /* above 48 KiB a kernel must opt in */
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)qk_norm_rope_k<TS>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)shmem));
+    const int vn = m3_vec<TS>::N;
+    const bool vec = (n_head * head_dim) % vn == 0 && ld % vn == 0 && m3_aligned16(d_x);
     qk_norm_rope_k<TS><<<(unsigned)n_tok, ROPE_THREADS, shmem, g->stream>>>(
         d_x, ld, d_pos, n_head, head_dim, d_w, eps, rot_dim, inv,
-        p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16, (int)p->qk_round);
+        p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16, (int)p->qk_round, vec);
     M3_LAUNCHED(g, "qk_norm_rope_k");
     return M3_OK;
 }
