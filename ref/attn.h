@@ -45,6 +45,8 @@ typedef struct m3_attn_params {
 /* Fill params with scale = f32(1/sqrt(head_dim)). */
 void m3_attn_params_init(m3_attn_params *ap, int n_head, int n_kv_head, int head_dim);
 
+#define M3_ATTN_MIN_PART 64 /* smallest profile attn_partition accepted (asserted) */
+
 /* Scratch for one call: m3_threads() row slots of O(n_ctx + head_dim) floats each. A call
  * given fewer bytes uses as many slots as fit (at least one slot must fit: asserted). */
 size_t m3_attn_scratch_bytes(int n_ctx, const m3_attn_params *ap);

@@ -44,7 +44,7 @@ typedef struct m3_mlp_params {
 void m3_swiglu(float *a, const float *g, const float *u, int64_t n, float alpha, float limit,
                const m3_profile *p);
 
-/* Scratch for m3_mlp: 3*T*F floats (g, u, a). */
+/* Scratch for m3_mlp: 2*T*F floats (g, u; a overwrites g). */
 size_t m3_mlp_scratch_bytes(int n_tok, const m3_mlp_params *mp);
 
 /* y = MLP(x). y must not alias x. */

@@ -52,9 +52,10 @@ typedef struct m3_moe_weights {
     m3_mlp_weights shared;         /* shared expert (gate/up/down NULL when shared_ffn == 0) */
 } m3_moe_weights;
 
-/* logits [T, E] = router GEMM per p->router_dtype (see above). */
+/* logits [T, E] = router GEMM per p->router_dtype (see above). scratch: at least
+ * m3_moe_scratch_bytes(n_tok, mp) bytes (holds bf16(x) when the router runs in bf16). */
 void m3_moe_router_logits(float *logits, const float *x, int n_tok, const float *gate,
-                          const m3_moe_params *mp, const m3_profile *p);
+                          const m3_moe_params *mp, const m3_profile *p, void *scratch);
 
 /* Selection + renormalised weights from logits. ids/wts [T, K] in selection order
  * (value desc, id asc). margin [T] (may be NULL): (sigma+b) of the K-th minus the (K+1)-th
@@ -62,7 +63,8 @@ void m3_moe_router_logits(float *logits, const float *x, int n_tok, const float 
 void m3_moe_route(int32_t *ids, float *wts, float *margin, const float *logits,
                   const float *bias, int n_tok, const m3_moe_params *mp, const m3_profile *p);
 
-/* Scratch for m3_moe_experts: token lists plus one expert's g/u/a and input/output rows. */
+/* Scratch for m3_moe_router_logits and m3_moe_experts: token lists plus one expert's
+ * gathered input rows, g/u (a in place) and output rows: 2*T*D + 2*T*F floats + ints. */
 size_t m3_moe_scratch_bytes(int n_tok, const m3_moe_params *mp);
 
 /* y [T, D] = rsf * sum_k wts[t,k] * expert[ids[t,k]](x[t]) (routed part only, see above).

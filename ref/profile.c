@@ -123,7 +123,7 @@ m3_status m3_profile_set(m3_profile *p, const char *key, const char *v) {
     } else if (strcmp(key, "attn_partition") == 0) {
         char *end = NULL;
         long n = strtol(v, &end, 10);
-        if (!end || *end || end == v || n < 0 || n > (1L << 30)) goto bad;
+        if (!end || *end || end == v || n < 0 || (n > 0 && n < 64) || n > (1L << 30)) goto bad;
         p->attn_partition = (int)n;
     } else if (strcmp(key, "index_scale") == 0) {
         if (strcmp(v, "slog2e") == 0) p->index_scale = 0.127517432f;
