@@ -104,6 +104,27 @@ m3_status m3_gpu_qk_norm_rope_f32(m3_gpu *g, float *d_x, int ld, const int32_t *
                                   int n_tok, int n_head, int head_dim, const m3_bf16 *d_w,
                                   float eps, int rot_dim, float theta, const m3_profile *p);
 
+/* gpu/mlp.hip, twin of ref/mlp.h m3_swiglu: a = swiglu_oai(g, u) with p->swiglu's rounding
+ * (ref/num/act.h as device code). The bf16 variant needs swiglu PER_OP or ONCE. a may alias
+ * g or u. */
+m3_status m3_gpu_swiglu(m3_gpu *g, m3_bf16 *d_a, const m3_bf16 *d_g, const m3_bf16 *d_u,
+                        int64_t n, float alpha, float limit, const m3_profile *p);
+m3_status m3_gpu_swiglu_f32(m3_gpu *g, float *d_a, const float *d_g, const float *d_u, int64_t n,
+                            float alpha, float limit, const m3_profile *p);
+
+/* gpu/moe.hip, twins of ref/moe.h. The MoE params struct is ref's m3_moe_params. */
+struct m3_moe_params;
+/* ids/wts [T,K] in selection order (value desc, NaN highest, id asc), wts before
+ * routed_scaling_factor; margin [T] may be NULL; bias [E] fp32 may be NULL. E <= 256. */
+m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
+                           const float *d_logits, const float *d_bias, int n_tok,
+                           const struct m3_moe_params *mp, const m3_profile *p);
+/* logits [T,E] (bf16 values in fp32 storage) = bf16(x Wg^T), x bf16 [T,D], the gate held in
+ * bf16 (d_gate_bf16 [E,D], the caller's converted copy). router_dtype must be BF16. */
+m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_x, int n_tok,
+                                   const m3_bf16 *d_gate_bf16, const struct m3_moe_params *mp,
+                                   const m3_profile *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -105,3 +105,27 @@ m3_status m3_gpu_qk_norm_rope_f32(m3_gpu *g, float *d_x, int ld, const int32_t *
     (void)d_w; (void)eps; (void)rot_dim; (void)theta; (void)p;
     return NO_GPU("gpu qk_norm_rope");
 }
+
+m3_status m3_gpu_swiglu(m3_gpu *g, m3_bf16 *d_a, const m3_bf16 *d_g, const m3_bf16 *d_u,
+                        int64_t n, float alpha, float limit, const m3_profile *p) {
+    (void)g; (void)d_a; (void)d_g; (void)d_u; (void)n; (void)alpha; (void)limit; (void)p;
+    return NO_GPU("gpu swiglu");
+}
+m3_status m3_gpu_swiglu_f32(m3_gpu *g, float *d_a, const float *d_g, const float *d_u, int64_t n,
+                            float alpha, float limit, const m3_profile *p) {
+    (void)g; (void)d_a; (void)d_g; (void)d_u; (void)n; (void)alpha; (void)limit; (void)p;
+    return NO_GPU("gpu swiglu");
+}
+m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
+                           const float *d_logits, const float *d_bias, int n_tok,
+                           const struct m3_moe_params *mp, const m3_profile *p) {
+    (void)g; (void)d_ids; (void)d_wts; (void)d_margin; (void)d_logits; (void)d_bias; (void)n_tok;
+    (void)mp; (void)p;
+    return NO_GPU("gpu moe_route");
+}
+m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_x, int n_tok,
+                                   const m3_bf16 *d_gate_bf16, const struct m3_moe_params *mp,
+                                   const m3_profile *p) {
+    (void)g; (void)d_logits; (void)d_x; (void)n_tok; (void)d_gate_bf16; (void)mp; (void)p;
+    return NO_GPU("gpu router_logits");
+}
