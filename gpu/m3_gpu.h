@@ -125,6 +125,30 @@ m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_
                                    const m3_bf16 *d_gate_bf16, const struct m3_moe_params *mp,
                                    const m3_profile *p);
 
+/* gpu/attn.hip, twins of ref/attn.h (without ref's host scratch arguments). q [T, H*Dh]
+ * (row pitch ld_q), k, v [S_k, Hkv, Dh], pos [T] (< n_ctx), out [T, H*Dh]; sparse: topk
+ * [Hkv, T, width] (width <= 64), block Bs. Every rounding point of the profile (eager
+ * scores, bf16 P, bf16 output, atom partitions and selection order) as in ref. The bf16
+ * variants need attn_out_bf16. */
+struct m3_attn_params;
+m3_status m3_gpu_attn_dense(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                            const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                            int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                            const m3_profile *p);
+m3_status m3_gpu_attn_dense_f32(m3_gpu *g, float *d_out, const float *d_q, int ld_q,
+                                const float *d_k, const float *d_v, const int32_t *d_pos,
+                                int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                                const m3_profile *p);
+m3_status m3_gpu_attn_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                             const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                             int n_tok, int n_ctx, const int32_t *d_topk, int width, int block,
+                             const struct m3_attn_params *ap, const m3_profile *p);
+m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float *d_q, int ld_q,
+                                 const float *d_k, const float *d_v, const int32_t *d_pos,
+                                 int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                 int block, const struct m3_attn_params *ap,
+                                 const m3_profile *p);
+
 #ifdef __cplusplus
 }
 #endif
