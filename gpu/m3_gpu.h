@@ -149,6 +149,20 @@ m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float *d_q, int 
                                  int block, const struct m3_attn_params *ap,
                                  const m3_profile *p);
 
+/* gpu/indexer.hip, twin of ref/indexer.h m3_indexer_topk: iq [T, G*Di] (pitch ld_q), ik
+ * [S_k, Di], pos [T]; topk [G, T, W] (W = m3_indexer_width), scores [G, T, NB] (may be NULL:
+ * then an arena temporary), margin [G, T] (may be NULL), n_ties: a device int (may be NULL)
+ * counting rows with a tie straddling rank K. G <= 8, K <= 64. */
+struct m3_indexer_params;
+m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+                              int *d_n_ties, const m3_bf16 *d_iq, int ld_q, const m3_bf16 *d_ik,
+                              const int32_t *d_pos, int n_tok, int n_ctx,
+                              const struct m3_indexer_params *ip, const m3_profile *p);
+m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+                                  int *d_n_ties, const float *d_iq, int ld_q, const float *d_ik,
+                                  const int32_t *d_pos, int n_tok, int n_ctx,
+                                  const struct m3_indexer_params *ip, const m3_profile *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -163,3 +163,20 @@ m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float *d_q, int 
     (void)n_ctx; (void)d_topk; (void)width; (void)block; (void)ap; (void)p;
     return NO_GPU("gpu attention");
 }
+
+m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+                              int *d_n_ties, const m3_bf16 *d_iq, int ld_q, const m3_bf16 *d_ik,
+                              const int32_t *d_pos, int n_tok, int n_ctx,
+                              const struct m3_indexer_params *ip, const m3_profile *p) {
+    (void)g; (void)d_topk; (void)d_scores; (void)d_margin; (void)d_n_ties; (void)d_iq; (void)ld_q;
+    (void)d_ik; (void)d_pos; (void)n_tok; (void)n_ctx; (void)ip; (void)p;
+    return NO_GPU("gpu indexer");
+}
+m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+                                  int *d_n_ties, const float *d_iq, int ld_q, const float *d_ik,
+                                  const int32_t *d_pos, int n_tok, int n_ctx,
+                                  const struct m3_indexer_params *ip, const m3_profile *p) {
+    (void)g; (void)d_topk; (void)d_scores; (void)d_margin; (void)d_n_ties; (void)d_iq; (void)ld_q;
+    (void)d_ik; (void)d_pos; (void)n_tok; (void)n_ctx; (void)ip; (void)p;
+    return NO_GPU("gpu indexer");
+}
