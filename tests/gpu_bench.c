@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ref/attn.h"
+#include "ref/indexer.h"
+#include "ref/moe.h"
 #include "tests/gpu_test.h"
 
 static double g_copy_gbs;  /* measured ceiling, GB/s */
@@ -174,12 +177,172 @@ static void bench_qk_norm_rope(void **state) {
     }
 }
 
+typedef struct { m3_bf16 *a; const m3_bf16 *g, *u; int64_t n; m3_profile p; } swiglu_ctx;
+static m3_status do_swiglu(m3_gpu *g, void *c) {
+    swiglu_ctx *x = c;
+    return m3_gpu_swiglu(g, x->a, x->g, x->u, x->n, 1.702f, 7.0f, &x->p);
+}
+
+static void bench_swiglu(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 903);
+    static const int Ts[] = {1, 64, 4096};
+    for (size_t i = 0; i < 3; i++) {
+        swiglu_ctx c;
+        m3_profile_atom(&c.p);
+        c.n = (int64_t)Ts[i] * 12288;
+        c.g = rand_bf16(g, &r, c.n, 3.0f);
+        c.u = rand_bf16(g, &r, c.n, 3.0f);
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.a, c.n * 2));
+        double ms = time_ms(g, do_swiglu, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "swiglu bf16 atom T=%d F=12288", Ts[i]);
+        report(nm, ms, 3.0 * 2.0 * (double)c.n, 8.0 * (double)c.n);
+    }
+}
+
+typedef struct { int32_t *ids; float *w, *m; const float *l, *b; int T; m3_moe_params mp; m3_profile p; } route_ctx;
+static m3_status do_route(m3_gpu *g, void *c) {
+    route_ctx *x = c;
+    return m3_gpu_moe_route(g, x->ids, x->w, x->m, x->l, x->b, x->T, &x->mp, &x->p);
+}
+
+static void bench_moe_route(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 904);
+    static const int Ts[] = {1, 64, 4096};
+    for (size_t i = 0; i < 3; i++) {
+        route_ctx c;
+        memset(&c, 0, sizeof c);
+        m3_profile_atom(&c.p);
+        c.T = Ts[i], c.mp.n_expert = 128, c.mp.top_k = 4;
+        float *h = malloc((size_t)c.T * 128 * sizeof *h);
+        m3_fill_normal(&r, h, (int64_t)c.T * 128, 2.0f);
+        c.l = gpu_upload_f32(g, h, (int64_t)c.T * 128);
+        c.b = gpu_upload_f32(g, h, 128);
+        free(h);
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
+        double ms = time_ms(g, do_route, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
+        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+    }
+}
+
+typedef struct {
+    m3_bf16 *out; const m3_bf16 *q, *k, *v; const int32_t *pos, *topk;
+    int T, C, width; m3_attn_params ap; m3_profile p;
+} attn_ctx;
+static m3_status do_attn(m3_gpu *g, void *c) {
+    attn_ctx *x = c;
+    if (x->topk)
+        return m3_gpu_attn_sparse(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C,
+                                  x->topk, x->width, 128, &x->ap, &x->p);
+    return m3_gpu_attn_dense(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C, &x->ap, &x->p);
+}
+
+static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int prof) {
+    attn_ctx c;
+    memset(&c, 0, sizeof c);
+    if (prof == 1) m3_profile_hf(&c.p); else m3_profile_atom(&c.p);
+    m3_attn_params_init(&c.ap, 64, 4, 128);
+    c.T = T, c.C = C, c.width = 16;
+    c.q = rand_bf16(g, r, (int64_t)T * 64 * 128, 1.0f);
+    c.k = rand_bf16(g, r, (int64_t)C * 4 * 128, 1.0f);
+    c.v = rand_bf16(g, r, (int64_t)C * 4 * 128, 1.0f);
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.out, (size_t)T * 64 * 128 * 2));
+    int32_t *pos = malloc(T * sizeof *pos), *tk = malloc((size_t)4 * T * 16 * sizeof *tk);
+    double keys = 0;
+    for (int t = 0; t < T; t++) {
+        pos[t] = C - T + t;
+        int nb = pos[t] / 128 + 1;
+        keys += sparse ? (nb > 16 ? 15 * 128 + pos[t] % 128 + 1 : pos[t] + 1) : pos[t] + 1;
+    }
+    for (int i = 0; i < 4 * T * 16; i++) { /* 15 distinct full blocks + the own block */
+        int t = (i / 16) % T, nb = pos[t] / 128 + 1, slot = i % 16;
+        tk[i] = slot == 0 ? nb - 1 : (nb > 16 ? (int)((uint32_t)(slot * 997 + t) % (uint32_t)(nb - 1)) : slot - 1);
+        if (nb > 16 && slot > 0) tk[i] = (int)(((uint32_t)(nb - 1) / 15u) * (uint32_t)(slot - 1));
+    }
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, T * sizeof *pos));
+    GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, T * sizeof *pos));
+    if (sparse) {
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.topk, (size_t)4 * T * 16 * sizeof *tk));
+        GPU_OK(m3_gpu_upload(g, (void *)c.topk, tk, (size_t)4 * T * 16 * sizeof *tk));
+    }
+    free(pos);
+    free(tk);
+    double ms = time_ms(g, do_attn, &c, 3, 3);
+    char nm[96];
+    snprintf(nm, sizeof nm, "attn_%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense", c.p.name, T, C);
+    /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
+    double kvb = sparse ? keys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
+    report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
+}
+
+static void bench_attention(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 905);
+    attn_bench_case(g, &r, 1, 131072, true, 2);
+    attn_bench_case(g, &r, 64, 131072, true, 2);
+    attn_bench_case(g, &r, 1024, 1024, false, 1);
+}
+
+typedef struct {
+    int32_t *tk; float *sc; const m3_bf16 *iq, *ik; const int32_t *pos; int T, C;
+    m3_indexer_params ip; m3_profile p;
+} idx_ctx;
+static m3_status do_idx(m3_gpu *g, void *c) {
+    idx_ctx *x = c;
+    return m3_gpu_indexer_topk(g, x->tk, x->sc, NULL, NULL, x->iq, 512, x->ik, x->pos, x->T, x->C,
+                               &x->ip, &x->p);
+}
+
+static void bench_indexer(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 906);
+    static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 131072}, {8192, 8192}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        idx_ctx c;
+        memset(&c, 0, sizeof c);
+        m3_profile_atom(&c.p);
+        m3_indexer_params ip = {4, 128, 128, 16, 1, 0};
+        c.ip = ip;
+        c.T = cases[i][0], c.C = cases[i][1];
+        const int nbk = c.C / 128;
+        c.iq = rand_bf16(g, &r, (int64_t)c.T * 512, 1.0f);
+        c.ik = rand_bf16(g, &r, (int64_t)c.C * 128, 1.0f);
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.tk, (size_t)4 * c.T * 16 * 4));
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.sc, (size_t)4 * c.T * nbk * 4));
+        int32_t *pos = malloc(c.T * sizeof *pos);
+        double keys = 0;
+        for (int t = 0; t < c.T; t++) pos[t] = c.C - c.T + t, keys += pos[t] + 1;
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
+        GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
+        free(pos);
+        double ms = time_ms(g, do_idx, &c, 3, 5);
+        char nm[96];
+        snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d", c.T, c.C);
+        /* fewest bytes: the index keys once (prefill: once per kernel, not per token) */
+        report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ceiling_copy),
         cmocka_unit_test(ceiling_gemm),
         cmocka_unit_test(bench_rmsnorm_add),
         cmocka_unit_test(bench_qk_norm_rope),
+        cmocka_unit_test(bench_swiglu),
+        cmocka_unit_test(bench_moe_route),
+        cmocka_unit_test(bench_indexer),
+        cmocka_unit_test(bench_attention),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
