@@ -81,11 +81,14 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
     typedef m3_vec<TS> V;
 
     /* 1. cos/sin of this position; the whole slice into shared memory (16-byte loads) */
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    /* cos on threads [0, half), sin on [half, 2 half): the double-precision evaluations are
+     * the slowest step of a token, so they are spread over twice the threads */
+    for (int j = threadIdx.x; j < 2 * half; j += blockDim.x) {
+        const int i = j < half ? j : j - half;
         double a = angle_f64 ? (double)p * (double)inv.inv[i]
                              : (double)__fmul_rn((float)p, inv.inv[i]);
-        c[i] = rnd(cs_bf16, (float)cos(a));
-        s[i] = rnd(cs_bf16, (float)sin(a));
+        if (j < half) c[i] = rnd(cs_bf16, (float)cos(a));
+        else s[i] = rnd(cs_bf16, (float)sin(a));
     }
     if (vec)
         for (int i = threadIdx.x * V::N; i < n; i += blockDim.x * V::N) V::load(x, row + i, row_sh + i);

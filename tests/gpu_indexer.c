@@ -96,7 +96,11 @@ static void idx_case(m3_gpu *g, const idx_shape *s, int prof, bool bf16) {
             m3_test_failf("%s score %zu: gpu %g ref %g", what, i, (double)sc[i], (double)sc_ref[i]);
         }
     }
-    gpu_expect_nmse(sc_ref, sc, nf, GPU_NMSE_F32, what);
+    if (nf > 0)
+        gpu_expect_nmse(sc_ref, sc, nf, GPU_NMSE_F32, what);
+    else /* every candidate forced (nb == local blocks): the ids and forced values above are
+            the whole check */
+        printf("  %-58s all scores forced; ids and forced values identical\n", what);
     free(iq); free(ik); free(pos); free(tk_ref); free(tk); free(sc_ref); free(sc); free(mg_ref);
 }
 
@@ -105,7 +109,9 @@ static void indexer_topk_matches_ref(void **state) {
     static const idx_shape shapes[] = {
         {3, 4096, 4, 128, 128, 16, 1, 0, false},  /* decode rows: nb = 32 > K */
         {1, 9000, 4, 128, 128, 16, 1, 0, false},  /* partial last block */
-        {33, 33, 4, 128, 128, 16, 1, 0, true},    /* prefill, one block */
+        {33, 33, 4, 128, 128, 16, 1, 0, true},    /* prefill, one block: all forced */
+        {300, 300, 4, 128, 128, 16, 1, 0, true},  /* prefill over 3 blocks (nb <= K) */
+        {40, 2200, 4, 128, 128, 16, 1, 0, false}, /* rows crossing nb = K + 1 */
         {5, 1000, 3, 80, 64, 5, 2, 1, false},     /* odd, init block */
     };
     for (int prof = 0; prof < 3; prof++)
