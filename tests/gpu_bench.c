@@ -158,21 +158,24 @@ static void bench_qk_norm_rope(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 902);
-    static const int Ts[] = {1, 64, 4096, 16384};
+    static const int Ts[] = {1, 64, 4096, 16384, -16384};
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        /* -16384: the same rows at positions 0..T-1 (small angles), to see the cost of the
+         * double-precision cos/sin of large angles */
+        const bool small = Ts[i] < 0;
         rope_ctx c;
-        c.T = Ts[i], c.ld = 9856, c.H = 64;
+        c.T = small ? -Ts[i] : Ts[i], c.ld = 9856, c.H = 64;
         m3_profile_atom(&c.p);
         c.x = rand_bf16(g, &r, (int64_t)c.T * c.ld, 1.0f);
         c.w = rand_bf16(g, &r, 128, 0.1f);
         int32_t *pos = malloc(c.T * sizeof *pos);
-        for (int t = 0; t < c.T; t++) pos[t] = 100000 + t;
+        for (int t = 0; t < c.T; t++) pos[t] = (small ? 0 : 100000) + t;
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
         double ms = time_ms(g, do_rope, &c, 20, 7);
         char nm[96];
-        snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64", c.T);
+        snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
         report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
     }
 }

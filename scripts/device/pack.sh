@@ -7,7 +7,7 @@ set -euo pipefail
 dest=${1:-.dev/gpu}
 rm -rf "$dest"; mkdir -p "$dest/bin" "$dest/lib"
 cp build/tests/gpu_* "$dest/bin/"
-cp scripts/device/gpu-run.sh "$dest/"
+cp scripts/device/gpu-run.sh scripts/bench-gpu.sh scripts/bench_torch.py "$dest/"
 for b in "$dest"/bin/*; do
   ldd "$b" | awk '/=> \//{print $3}'
 done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux|libstdc\+\+|libgcc_s)[.-]' \
