@@ -8,6 +8,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 : "${BIN:=$here/bin}" "${OUT:=$here/out}"
 mkdir -p "$OUT"
+[ -f "$here/lib.tar.xz" ] && [ ! -d "$here/lib" ] && tar -C "$here" -xJf "$here/lib.tar.xz"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 what=${1:-all}
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1

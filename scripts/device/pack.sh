@@ -12,4 +12,8 @@ for b in "$dest"/bin/*; do
   ldd "$b" | awk '/=> \//{print $3}'
 done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux|libstdc\+\+|libgcc_s)[.-]' \
   | grep -Ev 'cuda|cublas|cudart' | while read -r l; do cp -L "$l" "$dest/lib/"; done
-du -sh "$dest"; ls "$dest/lib"
+# the device tool carries at most 64 MiB: strip the binaries, compress the libraries
+strip --strip-debug "$dest"/bin/*
+ls "$dest/lib"
+tar -C "$dest" -cJf "$dest/lib.tar.xz" lib && rm -rf "$dest/lib"
+du -sh "$dest"
