@@ -1,22 +1,167 @@
 /* gpu/m3_gpu.h: the C ABI of the GPU backend (plain C, no HIP types). Every entry point
  * m3_gpu_<component> has a reference twin m3_<component> in ref/ with the same argument
- * order; pointers named d_* are device pointers. */
+ * order; pointers named d_* are device pointers, h_* host pointers.
+ *
+ * Ownership: device memory comes only from the context's arena (m3_gpu_alloc); launchers
+ * never allocate. Ops are enqueued on the context's one stream and return once launched;
+ * m3_gpu_download/m3_gpu_sync wait for them. With M3_GPU_SYNC=1 in the environment every
+ * launcher synchronizes and checks, so an asynchronous fault is reported by the launcher
+ * that caused it.
+ *
+ * Errors: every runtime call and every launch is checked; a failure records one line
+ * ("gpu: rmsnorm_k launch: invalid configuration argument") and returns M3_ERR_DEVICE
+ * (M3_ERR_NOMEM when the arena is exhausted). Shape contract violations abort (M3_ASSERT). */
 #ifndef M3_GPU_H
 #define M3_GPU_H
 
 #include "ref/base.h"
 #include "ref/num/num.h"
+#include "ref/profile.h" /* the profile switches the twins take (a plain struct) */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct m3_gpu m3_gpu; /* context: device, stream, BLAS handle, arena */
+typedef struct m3_gpu m3_gpu; /* context: device, stream, BLAS handle, arena, timer events */
 
 /* true when this binary has the GPU backend compiled in */
 bool m3_gpu_compiled(void);
+
+/* Open device `device` (0-based): a non-blocking stream, a BLAS handle on it, and one device
+ * arena of M3_GPU_ARENA_MB MiB (environment; default: half the free device memory, at most
+ * 64 GiB). M3_ERR_DEVICE when there is no device. m3_gpu_close frees all of it; NULL ok. */
 m3_status m3_gpu_open(m3_gpu **g, int device);
-void m3_gpu_close(m3_gpu *g); /* NULL ok */
+void m3_gpu_close(m3_gpu *g);
+
+/* One line describing the device ("NVIDIA H200, sm_90, 132 CUs, warp 32, 139.8 GiB"). */
+const char *m3_gpu_describe(const m3_gpu *g);
+int m3_gpu_warp_size(const m3_gpu *g); /* the device's warp width (32 or 64) */
+
+/* ---- device arena: a bump allocator, released in stack order --------------------------
+ * m3_gpu_alloc returns `bytes` of device memory aligned to 256 bytes, valid until the arena
+ * is released below it. Contents are undefined (tests poison them). */
+m3_status m3_gpu_alloc(m3_gpu *g, void **d_p, size_t bytes);
+size_t m3_gpu_mark(const m3_gpu *g);           /* current top of the arena */
+void m3_gpu_release(m3_gpu *g, size_t mark);   /* free everything allocated after `mark` */
+size_t m3_gpu_arena_bytes(const m3_gpu *g);    /* capacity */
+
+/* ---- copies (ordered on the context stream) ---------------------------------------------
+ * upload returns once the copy is enqueued and h_src may be reused (staged synchronously);
+ * download waits for all earlier work on the stream, then for the copy. */
+m3_status m3_gpu_upload(m3_gpu *g, void *d_dst, const void *h_src, size_t bytes);
+m3_status m3_gpu_download(m3_gpu *g, void *h_dst, const void *d_src, size_t bytes);
+m3_status m3_gpu_copy(m3_gpu *g, void *d_dst, const void *d_src, size_t bytes);
+m3_status m3_gpu_memset(m3_gpu *g, void *d_dst, int byte, size_t bytes);
+m3_status m3_gpu_sync(m3_gpu *g); /* wait for the stream, report any pending fault */
+
+/* ---- timing: device events around enqueued work ---------------------------------------- */
+m3_status m3_gpu_timer_start(m3_gpu *g);
+m3_status m3_gpu_timer_stop(m3_gpu *g, float *ms); /* waits; ms since timer_start */
+
+/* ---- dense projection through the vendor BLAS -------------------------------------------
+ * y[T,N] = x[T,K] · W[N,K]^T (W row-major [out, in], as checkpoints store it), bf16 inputs,
+ * fp32 accumulation, one rounding of y to bf16 (or fp32 out for the _f32 variant). The
+ * reduction order is the library's; compare with NMSE, never bit for bit. Without a vendor
+ * BLAS (Debian hipcc) this returns M3_ERR_UNSUPPORTED. */
+m3_status m3_gpu_gemm_bf16(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                           int n_tok, int n_out, int n_in);
+m3_status m3_gpu_gemm_bf16_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                               int n_tok, int n_out, int n_in);
+
+/* ---- element-wise conversions (gpu/num.hip), bit-identical to ref/num/bf16.h ---------- */
+m3_status m3_gpu_f32_to_bf16(m3_gpu *g, m3_bf16 *d_y, const float *d_x, int64_t n); /* RNE */
+m3_status m3_gpu_bf16_to_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, int64_t n); /* exact */
+
+/* ---- component twins -------------------------------------------------------------------
+ * Each m3_gpu_<x> takes the arguments of ref's m3_<x> in the same order, with device
+ * pointers and the context first. The plain name stores bf16 activations (what hf/atom
+ * production stores; it returns M3_ERR_UNSUPPORTED for a profile that keeps fp32); the _f32
+ * name stores fp32 and applies the profile's roundings in registers, for tight checks
+ * against the reference under any profile. */
+
+/* gpu/norm.hip, twin of ref/norm.h. y = (s*rho)*(1+w); rho = 1/sqrtf(mean(s^2)+eps).
+ * m3_gpu_rmsnorm: bf16 x -> bf16 y (one rounding). _f32: fp32 in and out, no rounding. */
+m3_status m3_gpu_rmsnorm(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                         int n_tok, int dim, float eps);
+m3_status m3_gpu_rmsnorm_f32(m3_gpu *g, float *d_y, const float *d_x, const m3_bf16 *d_w,
+                             int n_tok, int dim, float eps);
+/* resid [T,D] in/out (r on entry, s = r + h on exit), h may be NULL, y [T,D]; the profile's
+ * residual_bf16 / norm_reads_f32_sum / act_bf16 apply as in ref. y must not alias resid/h. */
+m3_status m3_gpu_rmsnorm_add(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
+                             const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                             const m3_profile *p);
+m3_status m3_gpu_rmsnorm_add_f32(m3_gpu *g, float *d_y, float *d_resid, const float *d_h,
+                                 const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                                 const m3_profile *p);
+
+/* gpu/rope.hip, twin of ref/rope.h m3_qk_norm_rope: per-head norm (shared w [Dh]) then
+ * partial NeoX rope of the first rot_dim dims, in place, rows of pitch ld; pos [T] device.
+ * rot_dim <= 256. The bf16 variant needs qk_round PER_OP or ONCE. */
+m3_status m3_gpu_qk_norm_rope(m3_gpu *g, m3_bf16 *d_x, int ld, const int32_t *d_pos, int n_tok,
+                              int n_head, int head_dim, const m3_bf16 *d_w, float eps,
+                              int rot_dim, float theta, const m3_profile *p);
+m3_status m3_gpu_qk_norm_rope_f32(m3_gpu *g, float *d_x, int ld, const int32_t *d_pos,
+                                  int n_tok, int n_head, int head_dim, const m3_bf16 *d_w,
+                                  float eps, int rot_dim, float theta, const m3_profile *p);
+
+/* gpu/mlp.hip, twin of ref/mlp.h m3_swiglu: a = swiglu_oai(g, u) with p->swiglu's rounding
+ * (ref/num/act.h as device code). The bf16 variant needs swiglu PER_OP or ONCE. a may alias
+ * g or u. */
+m3_status m3_gpu_swiglu(m3_gpu *g, m3_bf16 *d_a, const m3_bf16 *d_g, const m3_bf16 *d_u,
+                        int64_t n, float alpha, float limit, const m3_profile *p);
+m3_status m3_gpu_swiglu_f32(m3_gpu *g, float *d_a, const float *d_g, const float *d_u, int64_t n,
+                            float alpha, float limit, const m3_profile *p);
+
+/* gpu/moe.hip, twins of ref/moe.h. The MoE params struct is ref's m3_moe_params. */
+struct m3_moe_params;
+/* ids/wts [T,K] in selection order (value desc, NaN highest, id asc), wts before
+ * routed_scaling_factor; margin [T] may be NULL; bias [E] fp32 may be NULL. E <= 256. */
+m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
+                           const float *d_logits, const float *d_bias, int n_tok,
+                           const struct m3_moe_params *mp, const m3_profile *p);
+/* logits [T,E] (bf16 values in fp32 storage) = bf16(x Wg^T), x bf16 [T,D], the gate held in
+ * bf16 (d_gate_bf16 [E,D], the caller's converted copy). router_dtype must be BF16. */
+m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_x, int n_tok,
+                                   const m3_bf16 *d_gate_bf16, const struct m3_moe_params *mp,
+                                   const m3_profile *p);
+
+/* gpu/attn.hip, twins of ref/attn.h (without ref's host scratch arguments). q [T, H*Dh]
+ * (row pitch ld_q), k, v [S_k, Hkv, Dh], pos [T] (< n_ctx), out [T, H*Dh]; sparse: topk
+ * [Hkv, T, width] (width <= 64), block Bs. Every rounding point of the profile (eager
+ * scores, bf16 P, bf16 output, atom partitions and selection order) as in ref. The bf16
+ * variants need attn_out_bf16. */
+struct m3_attn_params;
+m3_status m3_gpu_attn_dense(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                            const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                            int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                            const m3_profile *p);
+m3_status m3_gpu_attn_dense_f32(m3_gpu *g, float *d_out, const float *d_q, int ld_q,
+                                const float *d_k, const float *d_v, const int32_t *d_pos,
+                                int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                                const m3_profile *p);
+m3_status m3_gpu_attn_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                             const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                             int n_tok, int n_ctx, const int32_t *d_topk, int width, int block,
+                             const struct m3_attn_params *ap, const m3_profile *p);
+m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float *d_q, int ld_q,
+                                 const float *d_k, const float *d_v, const int32_t *d_pos,
+                                 int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                 int block, const struct m3_attn_params *ap,
+                                 const m3_profile *p);
+
+/* gpu/indexer.hip, twin of ref/indexer.h m3_indexer_topk: iq [T, G*Di] (pitch ld_q), ik
+ * [S_k, Di], pos [T]; topk [G, T, W] (W = m3_indexer_width), scores [G, T, NB] (may be NULL:
+ * then an arena temporary), margin [G, T] (may be NULL), n_ties: a device int (may be NULL)
+ * counting rows with a tie straddling rank K. G <= 8, K <= 64. */
+struct m3_indexer_params;
+m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+                              int *d_n_ties, const m3_bf16 *d_iq, int ld_q, const m3_bf16 *d_ik,
+                              const int32_t *d_pos, int n_tok, int n_ctx,
+                              const struct m3_indexer_params *ip, const m3_profile *p);
+m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+                                  int *d_n_ties, const float *d_iq, int ld_q, const float *d_ik,
+                                  const int32_t *d_pos, int n_tok, int n_ctx,
+                                  const struct m3_indexer_params *ip, const m3_profile *p);
 
 #ifdef __cplusplus
 }

@@ -1,13 +1,182 @@
-/* gpu/nogpu.c: linked into build/m3 when it is built without a GPU backend (plain `make`).
- * `make gpu` links the objects of gpu/ (.hip) instead. */
+/* gpu/nogpu.c: linked into build/m3 and the CPU tests when they are built without a GPU
+ * backend (plain `make`); `make gpu` links the objects of gpu/ (.hip) instead. Every entry
+ * point of gpu/m3_gpu.h exists here so callers link either way; m3_gpu_open fails with one
+ * clear line, so nothing past it is ever reached with a context. */
 #include "gpu/m3_gpu.h"
+
+#define NO_GPU(what) m3_errorf(M3_ERR_UNSUPPORTED, "%s: this m3 was built without a GPU backend (use make gpu)", what)
+
+bool m3_gpu_compiled(void) { return false; }
 
 m3_status m3_gpu_open(m3_gpu **g, int device) {
     (void)device;
     *g = NULL;
-    return m3_errorf(M3_ERR_UNSUPPORTED, "this m3 was built without a GPU backend (use make gpu)");
+    return NO_GPU("--backend gpu");
 }
 
 void m3_gpu_close(m3_gpu *g) { (void)g; }
+const char *m3_gpu_describe(const m3_gpu *g) { (void)g; return "no GPU backend"; }
+int m3_gpu_warp_size(const m3_gpu *g) { (void)g; return 0; }
 
-bool m3_gpu_compiled(void) { return false; }
+m3_status m3_gpu_alloc(m3_gpu *g, void **d_p, size_t bytes) {
+    (void)g; (void)bytes;
+    *d_p = NULL;
+    return NO_GPU("gpu alloc");
+}
+size_t m3_gpu_mark(const m3_gpu *g) { (void)g; return 0; }
+void m3_gpu_release(m3_gpu *g, size_t mark) { (void)g; (void)mark; }
+size_t m3_gpu_arena_bytes(const m3_gpu *g) { (void)g; return 0; }
+
+m3_status m3_gpu_upload(m3_gpu *g, void *d, const void *h, size_t n) {
+    (void)g; (void)d; (void)h; (void)n;
+    return NO_GPU("gpu upload");
+}
+m3_status m3_gpu_download(m3_gpu *g, void *h, const void *d, size_t n) {
+    (void)g; (void)d; (void)h; (void)n;
+    return NO_GPU("gpu download");
+}
+m3_status m3_gpu_copy(m3_gpu *g, void *d, const void *s, size_t n) {
+    (void)g; (void)d; (void)s; (void)n;
+    return NO_GPU("gpu copy");
+}
+m3_status m3_gpu_memset(m3_gpu *g, void *d, int b, size_t n) {
+    (void)g; (void)d; (void)b; (void)n;
+    return NO_GPU("gpu memset");
+}
+m3_status m3_gpu_sync(m3_gpu *g) { (void)g; return NO_GPU("gpu sync"); }
+m3_status m3_gpu_timer_start(m3_gpu *g) { (void)g; return NO_GPU("gpu timer"); }
+m3_status m3_gpu_timer_stop(m3_gpu *g, float *ms) { (void)g; *ms = 0; return NO_GPU("gpu timer"); }
+
+m3_status m3_gpu_gemm_bf16(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                           int n_tok, int n_out, int n_in) {
+    (void)g; (void)d_y; (void)d_x; (void)d_w; (void)n_tok; (void)n_out; (void)n_in;
+    return NO_GPU("gpu gemm");
+}
+m3_status m3_gpu_gemm_bf16_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                               int n_tok, int n_out, int n_in) {
+    (void)g; (void)d_y; (void)d_x; (void)d_w; (void)n_tok; (void)n_out; (void)n_in;
+    return NO_GPU("gpu gemm");
+}
+
+m3_status m3_gpu_f32_to_bf16(m3_gpu *g, m3_bf16 *d_y, const float *d_x, int64_t n) {
+    (void)g; (void)d_y; (void)d_x; (void)n;
+    return NO_GPU("gpu convert");
+}
+m3_status m3_gpu_bf16_to_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, int64_t n) {
+    (void)g; (void)d_y; (void)d_x; (void)n;
+    return NO_GPU("gpu convert");
+}
+
+m3_status m3_gpu_rmsnorm(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                         int n_tok, int dim, float eps) {
+    (void)g; (void)d_y; (void)d_x; (void)d_w; (void)n_tok; (void)dim; (void)eps;
+    return NO_GPU("gpu rmsnorm");
+}
+m3_status m3_gpu_rmsnorm_f32(m3_gpu *g, float *d_y, const float *d_x, const m3_bf16 *d_w,
+                             int n_tok, int dim, float eps) {
+    (void)g; (void)d_y; (void)d_x; (void)d_w; (void)n_tok; (void)dim; (void)eps;
+    return NO_GPU("gpu rmsnorm");
+}
+m3_status m3_gpu_rmsnorm_add(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
+                             const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                             const m3_profile *p) {
+    (void)g; (void)d_y; (void)d_resid; (void)d_h; (void)d_w; (void)n_tok; (void)dim; (void)eps;
+    (void)p;
+    return NO_GPU("gpu rmsnorm_add");
+}
+m3_status m3_gpu_rmsnorm_add_f32(m3_gpu *g, float *d_y, float *d_resid, const float *d_h,
+                                 const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                                 const m3_profile *p) {
+    (void)g; (void)d_y; (void)d_resid; (void)d_h; (void)d_w; (void)n_tok; (void)dim; (void)eps;
+    (void)p;
+    return NO_GPU("gpu rmsnorm_add");
+}
+m3_status m3_gpu_qk_norm_rope(m3_gpu *g, m3_bf16 *d_x, int ld, const int32_t *d_pos, int n_tok,
+                              int n_head, int head_dim, const m3_bf16 *d_w, float eps,
+                              int rot_dim, float theta, const m3_profile *p) {
+    (void)g; (void)d_x; (void)ld; (void)d_pos; (void)n_tok; (void)n_head; (void)head_dim;
+    (void)d_w; (void)eps; (void)rot_dim; (void)theta; (void)p;
+    return NO_GPU("gpu qk_norm_rope");
+}
+m3_status m3_gpu_qk_norm_rope_f32(m3_gpu *g, float *d_x, int ld, const int32_t *d_pos,
+                                  int n_tok, int n_head, int head_dim, const m3_bf16 *d_w,
+                                  float eps, int rot_dim, float theta, const m3_profile *p) {
+    (void)g; (void)d_x; (void)ld; (void)d_pos; (void)n_tok; (void)n_head; (void)head_dim;
+    (void)d_w; (void)eps; (void)rot_dim; (void)theta; (void)p;
+    return NO_GPU("gpu qk_norm_rope");
+}
+
+m3_status m3_gpu_swiglu(m3_gpu *g, m3_bf16 *d_a, const m3_bf16 *d_g, const m3_bf16 *d_u,
+                        int64_t n, float alpha, float limit, const m3_profile *p) {
+    (void)g; (void)d_a; (void)d_g; (void)d_u; (void)n; (void)alpha; (void)limit; (void)p;
+    return NO_GPU("gpu swiglu");
+}
+m3_status m3_gpu_swiglu_f32(m3_gpu *g, float *d_a, const float *d_g, const float *d_u, int64_t n,
+                            float alpha, float limit, const m3_profile *p) {
+    (void)g; (void)d_a; (void)d_g; (void)d_u; (void)n; (void)alpha; (void)limit; (void)p;
+    return NO_GPU("gpu swiglu");
+}
+m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
+                           const float *d_logits, const float *d_bias, int n_tok,
+                           const struct m3_moe_params *mp, const m3_profile *p) {
+    (void)g; (void)d_ids; (void)d_wts; (void)d_margin; (void)d_logits; (void)d_bias; (void)n_tok;
+    (void)mp; (void)p;
+    return NO_GPU("gpu moe_route");
+}
+m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_x, int n_tok,
+                                   const m3_bf16 *d_gate_bf16, const struct m3_moe_params *mp,
+                                   const m3_profile *p) {
+    (void)g; (void)d_logits; (void)d_x; (void)n_tok; (void)d_gate_bf16; (void)mp; (void)p;
+    return NO_GPU("gpu router_logits");
+}
+
+m3_status m3_gpu_attn_dense(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                            const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                            int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                            const m3_profile *p) {
+    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)d_k; (void)d_v; (void)d_pos; (void)n_tok;
+    (void)n_ctx; (void)ap; (void)p;
+    return NO_GPU("gpu attention");
+}
+m3_status m3_gpu_attn_dense_f32(m3_gpu *g, float *d_out, const float *d_q, int ld_q,
+                                const float *d_k, const float *d_v, const int32_t *d_pos,
+                                int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                                const m3_profile *p) {
+    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)d_k; (void)d_v; (void)d_pos; (void)n_tok;
+    (void)n_ctx; (void)ap; (void)p;
+    return NO_GPU("gpu attention");
+}
+m3_status m3_gpu_attn_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                             const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                             int n_tok, int n_ctx, const int32_t *d_topk, int width, int block,
+                             const struct m3_attn_params *ap, const m3_profile *p) {
+    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)d_k; (void)d_v; (void)d_pos; (void)n_tok;
+    (void)n_ctx; (void)d_topk; (void)width; (void)block; (void)ap; (void)p;
+    return NO_GPU("gpu attention");
+}
+m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float *d_q, int ld_q,
+                                 const float *d_k, const float *d_v, const int32_t *d_pos,
+                                 int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                 int block, const struct m3_attn_params *ap,
+                                 const m3_profile *p) {
+    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)d_k; (void)d_v; (void)d_pos; (void)n_tok;
+    (void)n_ctx; (void)d_topk; (void)width; (void)block; (void)ap; (void)p;
+    return NO_GPU("gpu attention");
+}
+
+m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+                              int *d_n_ties, const m3_bf16 *d_iq, int ld_q, const m3_bf16 *d_ik,
+                              const int32_t *d_pos, int n_tok, int n_ctx,
+                              const struct m3_indexer_params *ip, const m3_profile *p) {
+    (void)g; (void)d_topk; (void)d_scores; (void)d_margin; (void)d_n_ties; (void)d_iq; (void)ld_q;
+    (void)d_ik; (void)d_pos; (void)n_tok; (void)n_ctx; (void)ip; (void)p;
+    return NO_GPU("gpu indexer");
+}
+m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+                                  int *d_n_ties, const float *d_iq, int ld_q, const float *d_ik,
+                                  const int32_t *d_pos, int n_tok, int n_ctx,
+                                  const struct m3_indexer_params *ip, const m3_profile *p) {
+    (void)g; (void)d_topk; (void)d_scores; (void)d_margin; (void)d_n_ties; (void)d_iq; (void)ld_q;
+    (void)d_ik; (void)d_pos; (void)n_tok; (void)n_ctx; (void)ip; (void)p;
+    return NO_GPU("gpu indexer");
+}

@@ -1,0 +1,94 @@
+/* gpu/gpu_internal.h: what every .hip file under gpu/ shares and nothing outside gpu/ sees: the
+ * m3_gpu struct, the runtime-call check (M3_HIP_TRY) and the launch check (M3_LAUNCHED).
+ * Include after gpu/hip_compat.h. */
+#ifndef M3_GPU_INTERNAL_H
+#define M3_GPU_INTERNAL_H
+
+#include "gpu/hip_compat.h"
+#include "gpu/m3_gpu.h"
+
+struct m3_gpu {
+    int device;
+    int warp;        /* device warp width */
+    int n_sm;        /* multiprocessors / compute units */
+    int sync;        /* M3_GPU_SYNC=1: synchronize and check after every launch */
+    hipStream_t stream;
+#if M3_HAVE_BLAS
+    hipblasHandle_t blas;
+    int blas_ok;
+#endif
+    hipEvent_t t0, t1;
+    int events_ok;
+    unsigned char *arena; /* device */
+    size_t arena_cap, arena_top;
+    char desc[512];
+};
+
+/* Check a runtime call; on failure record "gpu: <file>:<line>: <call>: <reason>" and return
+ * M3_ERR_DEVICE from the calling function. */
+#define M3_HIP_TRY(call)                                                                          \
+    do {                                                                                          \
+        hipError_t m3_hip_e_ = (call);                                                            \
+        if (m3_hip_e_ != hipSuccess)                                                              \
+            return m3_gpu_fail_(m3_hip_e_, __FILE__, __LINE__, #call);                            \
+    } while (0)
+
+/* After a <<<>>> launch: pick up a launch error, and with M3_GPU_SYNC=1 also wait for the
+ * kernel and report a fault it raised, naming the kernel. Returns from the caller on error. */
+#define M3_LAUNCHED(g, kname) M3_TRY(m3_gpu_launched_((g), (kname), __FILE__, __LINE__))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+m3_status m3_gpu_fail_(hipError_t e, const char *file, int line, const char *what);
+m3_status m3_gpu_launched_(m3_gpu *g, const char *kname, const char *file, int line);
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- 16-byte vector access of bf16 / f32 rows (device) ----------------------------------
+ * m3_vec<TS>::N elements per 16-byte access; load converts to float, store rounds (bf16 RNE
+ * through ref/num/bf16.h). The caller guarantees 16-byte alignment of p + i. */
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#include "ref/num/bf16.h"
+template <typename TS> struct m3_vec;
+template <> struct m3_vec<float> {
+    enum { N = 4 };
+    static __device__ __forceinline__ void load(const float *p, int64_t i, float *v) {
+        float4 u = *reinterpret_cast<const float4 *>(p + i);
+        v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+    }
+    static __device__ __forceinline__ void store(float *p, int64_t i, const float *v) {
+        *reinterpret_cast<float4 *>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+};
+template <> struct m3_vec<m3_bf16> {
+    enum { N = 8 };
+    static __device__ __forceinline__ void load(const m3_bf16 *p, int64_t i, float *v) {
+        uint4 u = *reinterpret_cast<const uint4 *>(p + i);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) { /* little-endian: element 2k in the low half */
+            v[2 * k] = m3_bits_f32(w[k] << 16);
+            v[2 * k + 1] = m3_bits_f32(w[k] & 0xFFFF0000u);
+        }
+    }
+    static __device__ __forceinline__ void store(m3_bf16 *p, int64_t i, const float *v) {
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w[k] = (uint32_t)m3_f32_to_bf16(v[2 * k]) | ((uint32_t)m3_f32_to_bf16(v[2 * k + 1]) << 16);
+        *reinterpret_cast<uint4 *>(p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+#endif
+
+static inline bool m3_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Grid size for n items of `per_block` each, capped so it fits a 1-D grid. */
+static inline unsigned m3_grid_1d(int64_t n, int per_block) {
+    int64_t b = (n + per_block - 1) / per_block;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+#endif

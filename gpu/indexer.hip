@@ -1,0 +1,213 @@
+/* gpu/indexer.hip: the lightning indexer: block scores with the causal block max, forced
+ * local/init blocks and the top-k block selection, device twin of ref/indexer.c
+ * m3_indexer_topk (spec §3.8). Tolerance: block ids identical as sets except rows whose
+ * reference margin is a near-tie; scores GPU_NMSE_F32 (tests/gpu_indexer.c).
+ *
+ * idx_score_k: one block per (token, key block b <= b_p). The G index-query heads of the
+ *   token sit in shared memory; each warp takes keys j of the block (j <= p), lanes over
+ *   Di (coalesced key rows), so every key row is read once for all G heads; a warp
+ *   butterfly per head gives z = dot (times index_scale when it is not 1), then a block
+ *   max per head (NaN tracked apart: -1e30 or NaN per p->index_nan). Blocks past b_p are
+ *   -inf. Scores [G, T, NB] go to d_scores (the dump's index_scores).
+ * idx_select_k: one block per (g, t): forced init then local blocks (local wins), then K+1
+ *   rounds of a block arg-max over (score desc, NaN highest, id asc): the reference's
+ *   order; the extra round gives the margin S_(K) - S_(K+1) and the tie flag.
+ * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
+#include "gpu/hip_compat.h"
+#include "gpu/gpu_internal.h"
+#include "ref/indexer.h"
+#include "ref/num/bf16.h"
+
+#define IDX_THREADS 256
+#define IDX_MAX_G 8
+#define IDX_MAX_K 64
+
+/* ---- static device helpers ------------------------------------------------------------- */
+static __device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
+static __device__ __forceinline__ float ld(const m3_bf16 *p, int64_t i) {
+    return m3_bf16_to_f32(p[i]);
+}
+/* a ranks before b: score desc, NaN highest, id asc */
+static __device__ __forceinline__ bool before(float sa, int a, float sb, int b) {
+    bool na = isnan(sa), nb = isnan(sb);
+    if (na != nb) return na;
+    if (!na && sa != sb) return sa > sb;
+    return a < b;
+}
+
+/* ---- kernels --------------------------------------------------------------------------- */
+template <typename TS>
+static __global__ void __launch_bounds__(IDX_THREADS)
+    idx_score_k(float *M3_RESTRICT scores, const TS *M3_RESTRICT iq, int ld_q,
+                const TS *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+                int G, int Di, int B, float scale, bool nan_neg) {
+    extern __shared__ float q_sh[]; /* [G][Di] */
+    __shared__ float red[M3_MAX_WARPS];
+    const int t = (int)blockIdx.y, b = (int)blockIdx.x;
+    const int p = pos[t], nb = p / B + 1;
+    if (b >= nb) { /* past the causal end: -inf, as ref writes into the dump */
+        for (int g = threadIdx.x; g < G; g += blockDim.x)
+            scores[((int64_t)g * n_tok + t) * nbk + b] = -INFINITY;
+        return;
+    }
+    for (int i = threadIdx.x; i < G * Di; i += blockDim.x)
+        q_sh[i] = ld(iq, (int64_t)t * ld_q + i); /* heads are contiguous: g*Di + d */
+    __syncthreads();
+    const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
+    const int n_warp = (int)blockDim.x / M3_WARP;
+    float m[IDX_MAX_G], nan_seen = 0.0f;
+#pragma unroll
+    for (int g = 0; g < IDX_MAX_G; g++) m[g] = -INFINITY;
+    const int hi = min((b + 1) * B, p + 1);
+    for (int j = b * B + warp; j < hi; j += n_warp) {
+        float d[IDX_MAX_G];
+#pragma unroll
+        for (int g = 0; g < IDX_MAX_G; g++) d[g] = 0.0f;
+        for (int e = lane; e < Di; e += M3_WARP) {
+            const float kv = ld(ik, (int64_t)j * Di + e);
+#pragma unroll
+            for (int g = 0; g < IDX_MAX_G; g++)
+                if (g < G) d[g] += q_sh[g * Di + e] * kv;
+        }
+#pragma unroll
+        for (int g = 0; g < IDX_MAX_G; g++) {
+            if (g >= G) break;
+            float z = m3_warp_sum(d[g]);
+            if (scale != 1.0f) z *= scale;
+            if (isnan(z)) nan_seen = 1.0f;
+            else m[g] = fmaxf(m[g], z);
+        }
+    }
+    /* per-head block max (all threads take part in every reduction) */
+    const bool any_nan = m3_block_max(nan_seen, red) > 0.0f;
+#pragma unroll
+    for (int g = 0; g < IDX_MAX_G; g++) {
+        if (g >= G) break; /* uniform across the block: the reductions below stay matched */
+        float mg = m3_block_max(m[g], red);
+        if (threadIdx.x == 0) {
+            /* NaN: torch.max propagates it (NaN ranks highest); atom maps it to -1e30. The
+             * reference tracks it per head; a NaN key row is NaN for every head in practice. */
+            if (any_nan) mg = nan_neg ? -1e30f : NAN;
+            scores[((int64_t)g * n_tok + t) * nbk + b] = mg;
+        }
+    }
+}
+
+static __global__ void __launch_bounds__(IDX_THREADS)
+    idx_select_k(int32_t *M3_RESTRICT topk, float *M3_RESTRICT scores, float *M3_RESTRICT margin,
+                 int *M3_RESTRICT n_ties, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+                 int width, int B, int K, int local_blocks, int init_blocks, bool use_init,
+                 float init_boost, float local_boost, float tie_margin) {
+    __shared__ float red_v[M3_MAX_WARPS];
+    __shared__ int red_i[M3_MAX_WARPS];
+    __shared__ int chosen[IDX_MAX_K + 1];
+    __shared__ float chosen_v[IDX_MAX_K + 1];
+    const int g = (int)blockIdx.y, t = (int)blockIdx.x;
+    const int nb = pos[t] / B + 1;
+    float *S = scores + ((int64_t)g * n_tok + t) * nbk;
+    /* forced blocks: init first, then local (local wins on overlap) */
+    const int lo = nb - local_blocks > 0 ? nb - local_blocks : 0;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+        if (use_init && b < init_blocks) S[b] = init_boost;
+        if (b >= lo) S[b] = local_boost;
+    }
+    __syncthreads();
+    const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
+    const int n_warp = (int)blockDim.x / M3_WARP;
+    const int need = K + 1 < nb ? K + 1 : nb;
+    for (int r = 0; r < need; r++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+            bool taken = false;
+            for (int c = 0; c < r; c++) taken |= chosen[c] == b;
+            if (!taken && (bi < 0 || before(S[b], b, bv, bi))) bv = S[b], bi = b;
+        }
+        for (int m = M3_WARP / 2; m > 0; m >>= 1) {
+            float ov = M3_SHFL_XOR(bv, m);
+            int oi = M3_SHFL_XOR(bi, m);
+            if (oi >= 0 && (bi < 0 || before(ov, oi, bv, bi))) bv = ov, bi = oi;
+        }
+        if (lane == 0) red_v[warp] = bv, red_i[warp] = bi;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < n_warp; w++)
+                if (red_i[w] >= 0 && (bi < 0 || before(red_v[w], red_i[w], bv, bi)))
+                    bv = red_v[w], bi = red_i[w];
+            chosen[r] = bi, chosen_v[r] = bv;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const int keep = K < nb ? K : nb;
+        int32_t *out = topk + ((int64_t)g * n_tok + t) * width;
+        for (int r = 0; r < width; r++) out[r] = r < keep ? chosen[r] : -1;
+        float mg = INFINITY;
+        if (nb > K) {
+            const float a = chosen_v[K - 1], b2 = chosen_v[K];
+            mg = a - b2;
+            if (n_ties && ((a == b2) || (mg <= tie_margin))) atomicAdd(n_ties, 1);
+        }
+        if (margin) margin[(int64_t)g * n_tok + t] = mg;
+    }
+}
+
+/* ---- launchers ------------------------------------------------------------------------- */
+template <typename TS>
+static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+                        int *d_n_ties, const TS *d_iq, int ld_q, const TS *d_ik,
+                        const int32_t *d_pos, int n_tok, int n_ctx, const m3_indexer_params *ip,
+                        const m3_profile *p) {
+    M3_ASSERT(ip && p && n_tok >= 0 && n_ctx > 0 && ip->n_index_head > 0 && d_topk);
+    M3_ASSERT(ip->block > 0 && ip->topk > 0 && ip->local_blocks >= 0 && ip->init_blocks >= 0);
+    M3_ASSERT(ld_q >= ip->n_index_head * ip->index_head_dim && p->index_scale > 0.0f);
+    if (ip->n_index_head > IDX_MAX_G || ip->topk > IDX_MAX_K)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu indexer: G=%d > %d or K=%d > %d",
+                         ip->n_index_head, IDX_MAX_G, ip->topk, IDX_MAX_K);
+    if (d_n_ties) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
+    if (n_tok == 0) return M3_OK;
+    const int nbk = (n_ctx + ip->block - 1) / ip->block;
+    const int width = m3_indexer_width(n_ctx, ip, p);
+    const size_t mark = m3_gpu_mark(g);
+    float *S = d_scores;
+    if (!S) M3_TRY(m3_gpu_alloc(g, (void **)&S, (size_t)ip->n_index_head * n_tok * nbk * sizeof(float)));
+    const size_t shmem = (size_t)ip->n_index_head * ip->index_head_dim * sizeof(float);
+    if (shmem > 48 * 1024 || n_tok > 65535) {
+        m3_gpu_release(g, mark);
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu indexer: %d tokens or %zu bytes of queries",
+                         n_tok, shmem);
+    }
+    dim3 gs((unsigned)nbk, (unsigned)n_tok);
+    idx_score_k<TS><<<gs, IDX_THREADS, shmem, g->stream>>>(
+        S, d_iq, ld_q, d_ik, d_pos, n_tok, nbk, ip->n_index_head, ip->index_head_dim, ip->block,
+        p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+    m3_status s = m3_gpu_launched_(g, "idx_score_k", __FILE__, __LINE__);
+    if (s == M3_OK) {
+        dim3 gsel((unsigned)n_tok, (unsigned)ip->n_index_head);
+        idx_select_k<<<gsel, IDX_THREADS, 0, g->stream>>>(
+            d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, ip->block, ip->topk,
+            ip->local_blocks, ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost,
+            p->topk_tie_margin);
+        s = m3_gpu_launched_(g, "idx_select_k", __FILE__, __LINE__);
+    }
+    m3_gpu_release(g, mark); /* stream order keeps the temporary valid for its readers */
+    return s;
+}
+
+extern "C" m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_scores,
+                                         float *d_margin, int *d_n_ties, const m3_bf16 *d_iq,
+                                         int ld_q, const m3_bf16 *d_ik, const int32_t *d_pos,
+                                         int n_tok, int n_ctx, const m3_indexer_params *ip,
+                                         const m3_profile *p) {
+    return launch<m3_bf16>(g, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos, n_tok,
+                           n_ctx, ip, p);
+}
+
+extern "C" m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores,
+                                             float *d_margin, int *d_n_ties, const float *d_iq,
+                                             int ld_q, const float *d_ik, const int32_t *d_pos,
+                                             int n_tok, int n_ctx, const m3_indexer_params *ip,
+                                             const m3_profile *p) {
+    return launch<float>(g, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos, n_tok,
+                         n_ctx, ip, p);
+}

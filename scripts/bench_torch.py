@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Straightforward PyTorch versions of the m3kit GPU kernels, timed the same way as
+tests/gpu_bench.c (CUDA events, warm-up, median of batches), for the "x faster than
+PyTorch" column of docs/performance.md. Random bf16 inputs at the same M3 shapes. Prints
+"torch: <name> <ms> ms" lines that scripts/bench-gpu.sh puts beside the m3kit rows."""
+import torch
+
+dev = "cuda"
+torch.manual_seed(20261129)
+
+
+def timeit(fn, reps=20, batches=7):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(batches):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / reps)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def rmsnorm_add(r, h, w, eps=1e-6):  # atom: fp32 sum into the norm, bf16 residual
+    s = r.float() + h.float()
+    y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())
+    return y.bfloat16(), s.bfloat16()
+
+
+def qk_norm_rope(x, w, cos, sin, H=64, D=128, R=64, eps=1e-6):
+    T = x.shape[0]
+    q = x[:, : H * D].view(T, H, D).float()
+    q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())
+    a, b = q[..., : R // 2], q[..., R // 2 : R]
+    c, s = cos[:, None, :], sin[:, None, :]
+    rot = torch.cat([a * c - b * s, b * c + a * s, q[..., R:]], -1)
+    x[:, : H * D] = rot.reshape(T, H * D).bfloat16()
+
+
+def swiglu(g, u, alpha=1.702, limit=7.0):
+    g = g.float().clamp(max=limit)
+    u = u.float().clamp(-limit, limit)
+    return ((u + 1) * g * torch.sigmoid(alpha * g)).bfloat16()
+
+
+def route(logits, bias, k=4):
+    s = torch.sigmoid(logits)
+    _, ids = torch.topk(s + bias, k, dim=-1)
+    w = s.gather(-1, ids)
+    return ids, w / w.sum(-1, keepdim=True)
+
+
+def main():
+    bf = torch.bfloat16
+    for T in (1, 64, 4096, 16384):
+        r, h = torch.randn(T, 6144, device=dev, dtype=bf), torch.randn(T, 6144, device=dev, dtype=bf)
+        w = torch.randn(6144, device=dev, dtype=bf) * 0.1
+        print(f"torch: rmsnorm_add bf16 atom T={T} D=6144 {timeit(lambda: rmsnorm_add(r, h, w)):.4f} ms")
+    for T in (1, 64, 4096, 16384):
+        x = torch.randn(T, 9856, device=dev, dtype=bf)
+        w = torch.randn(128, device=dev, dtype=bf) * 0.1
+        pos = torch.arange(100000, 100000 + T, device=dev, dtype=torch.float32)
+        inv = 1.0 / (5e6 ** (torch.arange(0, 64, 2, device=dev, dtype=torch.float32) / 64))
+        ang = pos[:, None] * inv[None, :]
+        cos, sin = ang.cos().bfloat16().float(), ang.sin().bfloat16().float()
+        print(f"torch: qk_norm_rope bf16 atom q T={T} H=64 {timeit(lambda: qk_norm_rope(x, w, cos, sin)):.4f} ms")
+    for T in (1, 64, 4096):
+        g, u = torch.randn(T, 12288, device=dev, dtype=bf) * 3, torch.randn(T, 12288, device=dev, dtype=bf) * 3
+        print(f"torch: swiglu bf16 atom T={T} F=12288 {timeit(lambda: swiglu(g, u)):.4f} ms")
+    for T in (1, 64, 4096):
+        l, b = torch.randn(T, 128, device=dev) * 2, torch.randn(128, device=dev) * 0.1
+        print(f"torch: moe_route E=128 K=4 T={T} {timeit(lambda: route(l, b)):.4f} ms")
+    # indexer decode: scores of one token against the whole index-key history, block max, top-k
+    for T, C in ((1, 8192), (1, 131072), (1, 1048576), (64, 131072)):
+        iq = torch.randn(T, 4, 128, device=dev, dtype=bf)
+        ik = torch.randn(C, 128, device=dev, dtype=bf)
+
+        def idx():
+            z = torch.einsum("tgd,cd->gtc", iq.float(), ik.float())
+            sb = z.view(4, T, C // 128, 128).amax(-1)
+            sb[..., -1] = float("inf")
+            return torch.topk(sb, 16, dim=-1).indices
+        print(f"torch: indexer_topk bf16 atom T={T} C={C} {timeit(idx, reps=3, batches=5):.4f} ms")
+    # sparse decode: gather 16 blocks of K/V per KV head and attend (SDPA)
+    for T in (1, 64):
+        C = 131072
+        q = torch.randn(T, 64, 128, device=dev, dtype=bf)
+        k = torch.randn(C, 4, 128, device=dev, dtype=bf)
+        v = torch.randn(C, 4, 128, device=dev, dtype=bf)
+        blocks = torch.randint(0, C // 128 - 1, (T, 4, 16), device=dev)
+        blocks[..., 0] = C // 128 - 1
+        idx = (blocks[..., None] * 128 + torch.arange(128, device=dev)).view(T, 4, 2048)
+
+        def sp():
+            kk = k.permute(1, 0, 2)[torch.arange(4, device=dev)[None, :, None], idx]  # T,4,2048,128
+            vv = v.permute(1, 0, 2)[torch.arange(4, device=dev)[None, :, None], idx]
+            qq = q.view(T, 4, 16, 128)
+            return torch.nn.functional.scaled_dot_product_attention(qq, kk, vv)
+        print(f"torch: attn_sparse bf16 atom T={T} C={C} {timeit(sp, reps=3, batches=3):.4f} ms")
+    q = torch.randn(1, 64, 1024, 128, device=dev, dtype=bf)
+    k = torch.randn(1, 4, 1024, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
+    v = torch.randn(1, 4, 1024, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
+    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    print(f"torch: attn_dense bf16 hf T=1024 C=1024 {timeit(f, reps=3, batches=3):.4f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Here (the build machine): bundle the built gpu_* test binaries with the shared libraries
+# the GPU machine (Ubuntu 24.04, CUDA 13) may lack, into DEST (default .dev/gpu of the
+# checkout that the device tool sends), ready for: cd .dev/gpu && bash gpu-run.sh
+# Run `make gpu` first. CUDA's own libraries are not copied (the machine has them).
+set -euo pipefail
+dest=${1:-.dev/gpu}
+rm -rf "$dest"; mkdir -p "$dest/bin" "$dest/lib"
+cp build/tests/gpu_* "$dest/bin/"
+cp scripts/device/gpu-run.sh scripts/bench-gpu.sh scripts/bench_torch.py "$dest/"
+for b in "$dest"/bin/*; do
+  ldd "$b" | awk '/=> \//{print $3}'
+done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux|libstdc\+\+|libgcc_s)[.-]' \
+  | grep -Ev 'cuda|cublas|cudart' | while read -r l; do cp -L "$l" "$dest/lib/"; done
+# the device tool carries at most 64 MiB: strip the binaries, compress the libraries
+strip --strip-debug "$dest"/bin/*
+ls "$dest/lib"
+tar -C "$dest" -cJf "$dest/lib.tar.xz" lib && rm -rf "$dest/lib"
+du -sh "$dest"

@@ -1,0 +1,351 @@
+/* tests/gpu_bench.c: GPU timings against ceilings measured in the same run (METHOD.md):
+ * device-to-device copy bandwidth (bytes read + written) and the vendor BLAS bf16 GEMM rate
+ * on random data; then each kernel's time, the bytes it must move and the FLOPs it must do,
+ * as achieved GB/s and % of the copy ceiling. Timed with device events: warm-up, then the
+ * median of several batches. Inputs are random (never zeros). Runs only with M3_BENCH=1
+ * (scripts/bench-gpu.sh, scripts/device/gpu-run.sh); under `make test-gpu` every case skips.
+ * Output: one table row per measurement, "bench: <name> <ms> ms <GB/s> GB/s <pct>% ...". */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/attn.h"
+#include "ref/indexer.h"
+#include "ref/moe.h"
+#include "tests/gpu_test.h"
+
+static double g_copy_gbs;  /* measured ceiling, GB/s */
+static double g_gemm_tfs;  /* measured ceiling, TFLOP/s */
+
+static m3_gpu *bench_or_skip(void **state) {
+    const char *b = getenv("M3_BENCH");
+    if (!b || atoi(b) == 0) skip();
+    return gpu_or_skip(state);
+}
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over `batches` of the mean time of `reps` calls of fn, in ms. */
+typedef m3_status (*bench_fn)(m3_gpu *g, void *ctx);
+static double time_ms(m3_gpu *g, bench_fn fn, void *ctx, int reps, int batches) {
+    for (int i = 0; i < 3; i++) GPU_OK(fn(g, ctx));
+    GPU_OK(m3_gpu_sync(g));
+    float t[32];
+    if (batches > 32) batches = 32;
+    for (int b = 0; b < batches; b++) {
+        GPU_OK(m3_gpu_timer_start(g));
+        for (int i = 0; i < reps; i++) GPU_OK(fn(g, ctx));
+        GPU_OK(m3_gpu_timer_stop(g, &t[b]));
+        t[b] /= (float)reps;
+    }
+    qsort(t, batches, sizeof t[0], cmp_f);
+    return t[batches / 2];
+}
+
+static void report(const char *name, double ms, double bytes, double flops) {
+    double gbs = bytes / (ms * 1e-3) / 1e9, tfs = flops / (ms * 1e-3) / 1e12;
+    printf("bench: %-44s %9.4f ms %8.1f GB/s %5.1f%% of copy %8.2f TFLOP/s %5.1f%% of gemm\n",
+           name, ms, gbs, g_copy_gbs > 0 ? 100 * gbs / g_copy_gbs : 0, tfs,
+           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0);
+    fflush(stdout);
+}
+
+static void *rand_bf16(m3_gpu *g, m3_rng *r, int64_t n, float sd) {
+    float *h = malloc((size_t)n * sizeof *h);
+    assert_non_null(h);
+    m3_fill_normal(r, h, n, sd);
+    void *d = gpu_upload_bf16(g, h, n, NULL);
+    free(h);
+    return d;
+}
+
+/* ---- ceilings -------------------------------------------------------------------------- */
+typedef struct { void *dst; const void *src; size_t bytes; } copy_ctx;
+static m3_status do_copy(m3_gpu *g, void *c) {
+    copy_ctx *x = c;
+    return m3_gpu_copy(g, x->dst, x->src, x->bytes);
+}
+
+static void ceiling_copy(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    copy_ctx c;
+    c.bytes = (size_t)2 << 30; /* 2 GiB each way: far beyond the 60 MB L2 */
+    void *a, *b;
+    GPU_OK(m3_gpu_alloc(g, &a, c.bytes));
+    GPU_OK(m3_gpu_alloc(g, &b, c.bytes));
+    GPU_OK(m3_gpu_memset(g, a, 0x5A, c.bytes));
+    c.dst = b;
+    c.src = a;
+    double ms = time_ms(g, do_copy, &c, 5, 7);
+    g_copy_gbs = 2.0 * (double)c.bytes / (ms * 1e-3) / 1e9;
+    printf("bench: ceiling device copy 2 GiB: %.3f ms, %.1f GB/s (read + write)\n", ms, g_copy_gbs);
+}
+
+typedef struct { m3_bf16 *y; const m3_bf16 *x, *w; int T, N, K; } gemm_ctx;
+static m3_status do_gemm(m3_gpu *g, void *c) {
+    gemm_ctx *x = c;
+    return m3_gpu_gemm_bf16(g, x->y, x->x, x->w, x->T, x->N, x->K);
+}
+
+static void ceiling_gemm(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 900);
+    gemm_ctx c = {0};
+    c.T = c.N = c.K = 8192;
+    c.x = rand_bf16(g, &r, (int64_t)c.T * c.K, 1.0f);
+    c.w = rand_bf16(g, &r, (int64_t)c.N * c.K, 1.0f);
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.y, (size_t)c.T * c.N * 2));
+    double ms = time_ms(g, do_gemm, &c, 5, 7);
+    double fl = 2.0 * c.T * (double)c.N * c.K;
+    g_gemm_tfs = fl / (ms * 1e-3) / 1e12;
+    printf("bench: ceiling bf16 GEMM 8192^3 (random data): %.3f ms, %.1f TFLOP/s\n", ms, g_gemm_tfs);
+    /* the M3 shapes the model runs through the helper */
+    static const int shp[][3] = {{1, 9856, 6144}, {64, 9856, 6144}, {4096, 9856, 6144},
+                                 {4096, 6144, 8192}};
+    for (size_t i = 0; i < sizeof shp / sizeof shp[0]; i++) {
+        gemm_ctx d = c;
+        d.T = shp[i][0], d.N = shp[i][1], d.K = shp[i][2];
+        double t = time_ms(g, do_gemm, &d, 10, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "gemm_bf16 T=%d N=%d K=%d", d.T, d.N, d.K);
+        report(nm, t, 2.0 * ((double)d.T * d.K + (double)d.N * d.K + (double)d.T * d.N),
+               2.0 * d.T * (double)d.N * d.K);
+    }
+}
+
+/* ---- kernels --------------------------------------------------------------------------- */
+typedef struct { m3_bf16 *y, *res; const m3_bf16 *h, *w; int T, D; m3_profile p; } norm_ctx;
+static m3_status do_norm(m3_gpu *g, void *c) {
+    norm_ctx *x = c;
+    return m3_gpu_rmsnorm_add(g, x->y, x->res, x->h, x->w, x->T, x->D, 1e-6f, &x->p);
+}
+
+static void bench_rmsnorm_add(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 901);
+    static const int Ts[] = {1, 64, 4096, 16384};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        norm_ctx c;
+        c.T = Ts[i], c.D = 6144;
+        m3_profile_atom(&c.p);
+        int64_t n = (int64_t)c.T * c.D;
+        c.res = rand_bf16(g, &r, n, 1.0f);
+        c.h = rand_bf16(g, &r, n, 0.1f);
+        c.w = rand_bf16(g, &r, c.D, 0.1f);
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.y, n * 2));
+        double ms = time_ms(g, do_norm, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "rmsnorm_add bf16 atom T=%d D=6144", c.T);
+        /* read r, h; write resid, y (bf16); w is negligible */
+        report(nm, ms, 4.0 * 2.0 * (double)n, 4.0 * (double)n);
+    }
+}
+
+typedef struct { m3_bf16 *x; const int32_t *pos; const m3_bf16 *w; int T, ld, H; m3_profile p; } rope_ctx;
+static m3_status do_rope(m3_gpu *g, void *c) {
+    rope_ctx *x = c;
+    return m3_gpu_qk_norm_rope(g, x->x, x->ld, x->pos, x->T, x->H, 128, x->w, 1e-6f, 64, 5e6f,
+                               &x->p);
+}
+
+static void bench_qk_norm_rope(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 902);
+    static const int Ts[] = {1, 64, 4096, 16384, -16384};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        /* -16384: the same rows at positions 0..T-1 (small angles), to see the cost of the
+         * double-precision cos/sin of large angles */
+        const bool small = Ts[i] < 0;
+        rope_ctx c;
+        c.T = small ? -Ts[i] : Ts[i], c.ld = 9856, c.H = 64;
+        m3_profile_atom(&c.p);
+        c.x = rand_bf16(g, &r, (int64_t)c.T * c.ld, 1.0f);
+        c.w = rand_bf16(g, &r, 128, 0.1f);
+        int32_t *pos = malloc(c.T * sizeof *pos);
+        for (int t = 0; t < c.T; t++) pos[t] = (small ? 0 : 100000) + t;
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
+        GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
+        free(pos);
+        double ms = time_ms(g, do_rope, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
+        report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
+    }
+}
+
+typedef struct { m3_bf16 *a; const m3_bf16 *g, *u; int64_t n; m3_profile p; } swiglu_ctx;
+static m3_status do_swiglu(m3_gpu *g, void *c) {
+    swiglu_ctx *x = c;
+    return m3_gpu_swiglu(g, x->a, x->g, x->u, x->n, 1.702f, 7.0f, &x->p);
+}
+
+static void bench_swiglu(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 903);
+    static const int Ts[] = {1, 64, 4096};
+    for (size_t i = 0; i < 3; i++) {
+        swiglu_ctx c;
+        m3_profile_atom(&c.p);
+        c.n = (int64_t)Ts[i] * 12288;
+        c.g = rand_bf16(g, &r, c.n, 3.0f);
+        c.u = rand_bf16(g, &r, c.n, 3.0f);
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.a, c.n * 2));
+        double ms = time_ms(g, do_swiglu, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "swiglu bf16 atom T=%d F=12288", Ts[i]);
+        report(nm, ms, 3.0 * 2.0 * (double)c.n, 8.0 * (double)c.n);
+    }
+}
+
+typedef struct { int32_t *ids; float *w, *m; const float *l, *b; int T; m3_moe_params mp; m3_profile p; } route_ctx;
+static m3_status do_route(m3_gpu *g, void *c) {
+    route_ctx *x = c;
+    return m3_gpu_moe_route(g, x->ids, x->w, x->m, x->l, x->b, x->T, &x->mp, &x->p);
+}
+
+static void bench_moe_route(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 904);
+    static const int Ts[] = {1, 64, 4096};
+    for (size_t i = 0; i < 3; i++) {
+        route_ctx c;
+        memset(&c, 0, sizeof c);
+        m3_profile_atom(&c.p);
+        c.T = Ts[i], c.mp.n_expert = 128, c.mp.top_k = 4;
+        float *h = malloc((size_t)c.T * 128 * sizeof *h);
+        m3_fill_normal(&r, h, (int64_t)c.T * 128, 2.0f);
+        c.l = gpu_upload_f32(g, h, (int64_t)c.T * 128);
+        c.b = gpu_upload_f32(g, h, 128);
+        free(h);
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
+        double ms = time_ms(g, do_route, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
+        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+    }
+}
+
+typedef struct {
+    m3_bf16 *out; const m3_bf16 *q, *k, *v; const int32_t *pos, *topk;
+    int T, C, width; m3_attn_params ap; m3_profile p;
+} attn_ctx;
+static m3_status do_attn(m3_gpu *g, void *c) {
+    attn_ctx *x = c;
+    if (x->topk)
+        return m3_gpu_attn_sparse(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C,
+                                  x->topk, x->width, 128, &x->ap, &x->p);
+    return m3_gpu_attn_dense(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C, &x->ap, &x->p);
+}
+
+static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int prof) {
+    attn_ctx c;
+    memset(&c, 0, sizeof c);
+    if (prof == 1) m3_profile_hf(&c.p); else m3_profile_atom(&c.p);
+    m3_attn_params_init(&c.ap, 64, 4, 128);
+    c.T = T, c.C = C, c.width = 16;
+    c.q = rand_bf16(g, r, (int64_t)T * 64 * 128, 1.0f);
+    c.k = rand_bf16(g, r, (int64_t)C * 4 * 128, 1.0f);
+    c.v = rand_bf16(g, r, (int64_t)C * 4 * 128, 1.0f);
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.out, (size_t)T * 64 * 128 * 2));
+    int32_t *pos = malloc(T * sizeof *pos), *tk = malloc((size_t)4 * T * 16 * sizeof *tk);
+    double keys = 0;
+    for (int t = 0; t < T; t++) {
+        pos[t] = C - T + t;
+        int nb = pos[t] / 128 + 1;
+        keys += sparse ? (nb > 16 ? 15 * 128 + pos[t] % 128 + 1 : pos[t] + 1) : pos[t] + 1;
+    }
+    for (int i = 0; i < 4 * T * 16; i++) { /* 15 distinct full blocks + the own block */
+        int t = (i / 16) % T, nb = pos[t] / 128 + 1, slot = i % 16;
+        tk[i] = slot == 0 ? nb - 1 : (nb > 16 ? (int)((uint32_t)(slot * 997 + t) % (uint32_t)(nb - 1)) : slot - 1);
+        if (nb > 16 && slot > 0) tk[i] = (int)(((uint32_t)(nb - 1) / 15u) * (uint32_t)(slot - 1));
+    }
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, T * sizeof *pos));
+    GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, T * sizeof *pos));
+    if (sparse) {
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.topk, (size_t)4 * T * 16 * sizeof *tk));
+        GPU_OK(m3_gpu_upload(g, (void *)c.topk, tk, (size_t)4 * T * 16 * sizeof *tk));
+    }
+    free(pos);
+    free(tk);
+    double ms = time_ms(g, do_attn, &c, 3, 3);
+    char nm[96];
+    snprintf(nm, sizeof nm, "attn_%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense", c.p.name, T, C);
+    /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
+    double kvb = sparse ? keys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
+    report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
+}
+
+static void bench_attention(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 905);
+    attn_bench_case(g, &r, 1, 131072, true, 2);
+    attn_bench_case(g, &r, 64, 131072, true, 2);
+    attn_bench_case(g, &r, 1024, 1024, false, 1);
+}
+
+typedef struct {
+    int32_t *tk; float *sc; const m3_bf16 *iq, *ik; const int32_t *pos; int T, C;
+    m3_indexer_params ip; m3_profile p;
+} idx_ctx;
+static m3_status do_idx(m3_gpu *g, void *c) {
+    idx_ctx *x = c;
+    return m3_gpu_indexer_topk(g, x->tk, x->sc, NULL, NULL, x->iq, 512, x->ik, x->pos, x->T, x->C,
+                               &x->ip, &x->p);
+}
+
+static void bench_indexer(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 906);
+    static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 131072}, {8192, 8192}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        idx_ctx c;
+        memset(&c, 0, sizeof c);
+        m3_profile_atom(&c.p);
+        m3_indexer_params ip = {4, 128, 128, 16, 1, 0};
+        c.ip = ip;
+        c.T = cases[i][0], c.C = cases[i][1];
+        const int nbk = c.C / 128;
+        c.iq = rand_bf16(g, &r, (int64_t)c.T * 512, 1.0f);
+        c.ik = rand_bf16(g, &r, (int64_t)c.C * 128, 1.0f);
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.tk, (size_t)4 * c.T * 16 * 4));
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.sc, (size_t)4 * c.T * nbk * 4));
+        int32_t *pos = malloc(c.T * sizeof *pos);
+        double keys = 0;
+        for (int t = 0; t < c.T; t++) pos[t] = c.C - c.T + t, keys += pos[t] + 1;
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
+        GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
+        free(pos);
+        double ms = time_ms(g, do_idx, &c, 3, 5);
+        char nm[96];
+        snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d", c.T, c.C);
+        /* fewest bytes: the index keys once (prefill: once per kernel, not per token) */
+        report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ceiling_copy),
+        cmocka_unit_test(ceiling_gemm),
+        cmocka_unit_test(bench_rmsnorm_add),
+        cmocka_unit_test(bench_qk_norm_rope),
+        cmocka_unit_test(bench_swiglu),
+        cmocka_unit_test(bench_moe_route),
+        cmocka_unit_test(bench_indexer),
+        cmocka_unit_test(bench_attention),
+    };
+    return M3_RUN_GPU_TESTS(tests);
+}
