@@ -19,6 +19,10 @@
 #include "ref/num/mx.h"
 #include "tests/util.h"
 
+/* double-typed specials (NAN and INFINITY are float constants) */
+#define DNAN ((double)NAN)
+#define DINF ((double)INFINITY)
+
 /* ---- independent reference formats ----------------------------------------------------- */
 
 enum { TF_FN, TF_FNUZ, TF_E5M2, TF_E2M1, TF_FP16, TF_COUNT };
@@ -55,8 +59,8 @@ static double tf_decode(int f, unsigned c) {
     const tfmt *t = &TF[f];
     unsigned s = (c >> (t->nbits - 1)) & 1u;
     unsigned E = (c >> t->mbits) & ((1u << t->ebits) - 1), m = c & ((1u << t->mbits) - 1);
-    if (tf_is_nan(f, c)) return NAN;
-    if ((f == TF_E5M2 || f == TF_FP16) && E == 31) return s ? -INFINITY : INFINITY;
+    if (tf_is_nan(f, c)) return DNAN;
+    if ((f == TF_E5M2 || f == TF_FP16) && E == 31) return s ? -DINF : DINF;
     double v = E == 0 ? ldexp((double)m, 1 - t->bias - t->mbits)
                       : ldexp(1.0 + ldexp((double)m, -t->mbits), (int)E - t->bias);
     return s ? -v : v;
@@ -286,15 +290,15 @@ static void decode_every_code(void **state) {
     /* literal values from spec §5.2 / §5.4 */
     static const kv fn[] = {{0x00, 0.0}, {0x80, -0.0}, {0x01, 0x1p-9}, {0x07, 7 * 0x1p-9},
                             {0x08, 0x1p-6}, {0x38, 1.0}, {0x3F, 1.875}, {0x40, 2.0},
-                            {0x7E, 448.0}, {0xFE, -448.0}, {0x7F, NAN}, {0xFF, NAN},
+                            {0x7E, 448.0}, {0xFE, -448.0}, {0x7F, DNAN}, {0xFF, DNAN},
                             {0x77, 240.0}, {0x81, -0x1p-9}};
-    static const kv fnuz[] = {{0x00, 0.0}, {0x80, NAN}, {0x01, 0x1p-10}, {0x08, 0x1p-7},
+    static const kv fnuz[] = {{0x00, 0.0}, {0x80, DNAN}, {0x01, 0x1p-10}, {0x08, 0x1p-7},
                               {0x40, 1.0}, {0x7F, 240.0}, {0xFF, -240.0}, {0x7E, 224.0},
                               {0x81, -0x1p-10}};
     static const kv e5[] = {{0x00, 0.0}, {0x80, -0.0}, {0x01, 0x1p-16}, {0x04, 0x1p-14},
-                            {0x3C, 1.0}, {0x7B, 57344.0}, {0xFB, -57344.0}, {0x7C, INFINITY},
-                            {0xFC, -INFINITY}, {0x7D, NAN}, {0x7E, NAN}, {0x7F, NAN},
-                            {0xFD, NAN}, {0xFE, NAN}, {0xFF, NAN}, {0x03, 3 * 0x1p-16}};
+                            {0x3C, 1.0}, {0x7B, 57344.0}, {0xFB, -57344.0}, {0x7C, DINF},
+                            {0xFC, -DINF}, {0x7D, DNAN}, {0x7E, DNAN}, {0x7F, DNAN},
+                            {0xFD, DNAN}, {0xFE, DNAN}, {0xFF, DNAN}, {0x03, 3 * 0x1p-16}};
     static const kv fp4[] = {{0, 0.0}, {1, 0.5}, {2, 1.0}, {3, 1.5}, {4, 2.0}, {5, 3.0},
                              {6, 4.0}, {7, 6.0}, {8, -0.0}, {9, -0.5}, {10, -1.0}, {11, -1.5},
                              {12, -2.0}, {13, -3.0}, {14, -4.0}, {15, -6.0}};
