@@ -25,7 +25,8 @@
  *            = 2^19, e5m2 0x100000 = 2^20), clear the mantissa, read the biased exponent.
  *            e2m1: k+1 when amax/2^floor(log2 amax) >= 1.75; e4m3: >= 1.9375; e5m2: >= 1.875.
  *     RCEIL  k = ceil(log2(amax / max_elem)), computed exactly from the significands (no
- *            fp32 division; for normal amax it agrees with aiter's fp32 amax*(1/max) form).
+ *            fp32 division). Wherever fp32(amax * fp32(1/max)) is normal this equals aiter's
+ *            bit form of it (exponent + (mantissa != 0)); tests/ref_quant.c checks that.
  *     k is clamped to [-127, 127]; a subnormal amax always lands on the clamp (-127).
  *   Element i: code = encode(x_i / X) on the element grid with p->round (RNE or RNA), values
  *     past the element max per p->ovf (default and OCP: saturate; e2m1 always saturates).
