@@ -1,9 +1,9 @@
 /* ref/num/fp8.h: the three fp8 element types <-> binary32 (spec m3-numerics.md §5.2, §5.8).
  *
- *   kind        exp/man  bias  max finite    min normal  min subnormal  NaN           inf        -0
- *   e4m3fn      4/3      7     448   (0x7E)  2^-6        2^-9           0x7F, 0xFF    none       0x80
- *   e4m3fnuz    4/3      8     240   (0x7F)  2^-7        2^-10          0x80 only     none       none
- *   e5m2        5/2      15    57344 (0x7B)  2^-14       2^-16          exp 31, m!=0  0x7C/0xFC  0x80
+ *   kind      exp/man bias max finite    min normal min subnormal NaN          inf       -0
+ *   e4m3fn    4/3     7    448   (0x7E) 2^-6       2^-9          0x7F, 0xFF   none      0x80
+ *   e4m3fnuz  4/3     8    240   (0x7F) 2^-7       2^-10         0x80 only    none      none
+ *   e5m2      5/2     15   57344 (0x7B) 2^-14      2^-16         exp 31, m!=0 0x7C/0xFC 0x80
  *
  * Decode is exact for every code. Encode rounds |f| on the format's grid (ref/num/round.h)
  * with the tie rule given (RNE unless asked), including subnormals; results below half the

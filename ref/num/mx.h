@@ -90,9 +90,13 @@ M3_HD M3_INLINE void m3_fp4_set(uint8_t *packed, int64_t i, uint8_t code, bool h
 
 /* ---- MX parameters --------------------------------------------------------------------- */
 
-typedef enum m3_mx_elem { M3_MX_E2M1 = 0, M3_MX_E4M3FN = 1, M3_MX_E4M3FNUZ = 2, M3_MX_E5M2 = 3 } m3_mx_elem;
+typedef enum m3_mx_elem {
+    M3_MX_E2M1 = 0, M3_MX_E4M3FN = 1, M3_MX_E4M3FNUZ = 2, M3_MX_E5M2 = 3
+} m3_mx_elem;
 /* mx_scale */
-typedef enum m3_mx_scale_rule { M3_MX_SCALE_FLOOR = 0, M3_MX_SCALE_EVEN = 1, M3_MX_SCALE_RCEIL = 2 } m3_mx_scale_rule;
+typedef enum m3_mx_scale_rule {
+    M3_MX_SCALE_FLOOR = 0, M3_MX_SCALE_EVEN = 1, M3_MX_SCALE_RCEIL = 2
+} m3_mx_scale_rule;
 /* mx_round: values equal to m3_round's */
 typedef enum m3_mx_round { M3_MX_ROUND_RNE = 0, M3_MX_ROUND_RNA = 1 } m3_mx_round;
 /* mx_zero_block: scale byte of an amax == 0 block. §5.9's "min_scale" is byte 0 (2^-127,
@@ -126,7 +130,9 @@ M3_HD M3_INLINE m3_mx_params m3_mx_params_default(m3_mx_elem elem) {
 M3_HD M3_INLINE bool m3_mx_elem_is_fp4(m3_mx_elem e) { return e == M3_MX_E2M1; }
 /* the fp8 kind of an fp8 element type (undefined for e2m1) */
 M3_HD M3_INLINE m3_fp8_kind m3_mx_elem_fp8_kind(m3_mx_elem e) {
-    return e == M3_MX_E4M3FN ? M3_FP8_E4M3FN : (e == M3_MX_E4M3FNUZ ? M3_FP8_E4M3FNUZ : M3_FP8_E5M2);
+    return e == M3_MX_E4M3FN     ? M3_FP8_E4M3FN
+           : e == M3_MX_E4M3FNUZ ? M3_FP8_E4M3FNUZ
+                                 : M3_FP8_E5M2;
 }
 /* emax_elem: exponent of the largest power of two <= the element max */
 M3_HD M3_INLINE int m3_mx_elem_emax(m3_mx_elem e) {
