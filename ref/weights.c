@@ -1,5 +1,6 @@
 /* ref/weights.c: see weights.h. */
 #include "ref/weights.h"
+#include "ref/quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1084,9 +1085,18 @@ m3_status m3_tensor_rows_f32(const m3_tensor *t, int64_t row0, int64_t n_rows, f
 
 m3_status m3_linear_rows_f32(const m3_linear_w *lw, int64_t row0, int64_t n_rows, float *out) {
     if (lw->fmt == M3_WF_DENSE) return m3_tensor_rows_f32(&lw->w, row0, n_rows, out);
-    /* TODO(h/formats): MX dequantization goes through ref/num/mx.h + fp8.h (e2m1/e4m3 decode
-     * times 2^(e8m0 - 127)); those headers are being written on branch h/formats. */
-    return m3_errorf(M3_ERR_UNSUPPORTED,
-                     "%s dequantization is not available yet (needs ref/num/mx.h from h/formats)",
-                     lw->fmt == M3_WF_MXFP4 ? "MXFP4" : "MXFP8");
+    /* MX: w[n,k] = elem(code[n,k]) * 2^(scale[n, k/32] - 127), exact in f32 (spec §5.4-5.5).
+     * Decoding goes through the one format definition (ref/quant.c -> ref/num/mx.h). */
+    if (row0 < 0 || n_rows < 0 || row0 + n_rows > lw->rows)
+        return m3_errorf(M3_ERR_ARG, "linear rows [%lld, %lld) outside [0, %lld)", (long long)row0,
+                         (long long)(row0 + n_rows), (long long)lw->rows);
+    if (lw->cols > INT32_MAX || n_rows > INT32_MAX)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "MX linear too large for one call");
+    m3_mx_params p = m3_mx_params_default(lw->fmt == M3_WF_MXFP4 ? M3_MX_E2M1 : M3_MX_E4M3FN);
+    const int64_t code_row = m3_mx_row_bytes((int)lw->cols, &p);
+    const int64_t scale_row = m3_mx_n_blocks((int)lw->cols, &p);
+    const uint8_t *codes = (const uint8_t *)lw->w.data + row0 * code_row;
+    const m3_e8m0 *scales = (const m3_e8m0 *)lw->scale.data + row0 * scale_row;
+    m3_mx_dequantize(out, codes, scales, (int)n_rows, (int)lw->cols, &p);
+    return M3_OK;
 }

@@ -162,8 +162,8 @@ int64_t m3_weights_quant_mismatch(const m3_weights *w, const m3_config *cfg, cha
  * M3_ERR_UNSUPPORTED. */
 m3_status m3_tensor_rows_f32(const m3_tensor *t, int64_t row0, int64_t n_rows, float *out);
 /* Rows of a linear weight to f32 [n_rows, cols]. Dense: as m3_tensor_rows_f32.
- * MXFP4/MXFP8: TODO(h/formats) - dequantization must go through ref/num/mx.h and fp8.h,
- * which are not merged yet; until then this returns M3_ERR_UNSUPPORTED for MX formats. */
+ * MXFP4 / MXFP8 (e4m3fn): exact dequantization through ref/quant.h (blocks of 32 along the
+ * input dim, e8m0 scales; a 0xFF scale gives NaN for its block). */
 m3_status m3_linear_rows_f32(const m3_linear_w *lw, int64_t row0, int64_t n_rows, float *out);
 
 #ifdef __cplusplus

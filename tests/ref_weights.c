@@ -534,15 +534,47 @@ static void checkpoint_check(void **state) {
         m3_config_free(cq);
         free(txt);
     }
-    float row[32];
-    /* TODO(h/formats): MX dequantization lands with ref/num/mx.h */
-    assert_int_equal(m3_linear_rows_f32(&lw, 0, 1, row), M3_ERR_UNSUPPORTED);
+    /* MX dequantization against an independent decode of the stored bytes: e2m1 code
+     * (low nibble = even element) times 2^(scale - 127); scale 0xFF poisons the block */
+    {
+        float rows[3 * 32];
+        assert_int_equal(m3_linear_rows_f32(&lw, 5, 3, rows), M3_OK);
+        static const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+        const uint8_t *wc = lw.w.data, *sc = lw.scale.data;
+        for (int r = 0; r < 3; r++)
+            for (int k = 0; k < 32; k++) {
+                uint8_t byte = wc[(5 + r) * 16 + k / 2];
+                uint8_t code = (k & 1) ? byte >> 4 : byte & 15;
+                uint8_t sb = sc[(5 + r) * 1 + k / 32];
+                float v = (code & 8 ? -1.0f : 1.0f) * e2m1[code & 7] * ldexpf(1.0f, sb - 127);
+                float got = rows[r * 32 + k];
+                if (sb == 0xFF ? !isnan(got) : got != v)
+                    m3_test_failf("MXFP4 row %d col %d: got %g want %g", 5 + r, k, (double)got, (double)v);
+            }
+        assert_int_equal(m3_linear_rows_f32(&lw, 127, 2, rows), M3_ERR_ARG);
+    }
     m3_weights_close(w);
     assert_int_equal(m3_weights_open(&w, tpath("ck_mxfp8")), M3_OK);
     assert_int_equal(m3_weights_linear(w, M3_W_SHARED_GATE, 2, 0, &lw), M3_OK);
     assert_int_equal(lw.fmt, M3_WF_MXFP8);
     assert_true(lw.rows == 32 && lw.cols == 128 && lw.w.dtype == M3_DT_F8_E4M3);
     assert_true(lw.scale.dtype == M3_DT_F8_E8M0 && lw.scale.shape[1] == 4);
+    {
+        float rows[2 * 128];
+        assert_int_equal(m3_linear_rows_f32(&lw, 30, 2, rows), M3_OK);
+        const uint8_t *wc = lw.w.data, *sc = lw.scale.data;
+        for (int r = 0; r < 2; r++)
+            for (int k = 0; k < 128; k++) {
+                uint8_t c8 = wc[(30 + r) * 128 + k], sb = sc[(30 + r) * 4 + k / 32];
+                int e = (c8 >> 3) & 15, m = c8 & 7;
+                float mag = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m / 8.0f, -6);
+                float v = (c8 & 0x80 ? -mag : mag) * ldexpf(1.0f, sb - 127);
+                bool nan_code = (c8 & 0x7F) == 0x7F;
+                float got = rows[r * 128 + k];
+                if ((sb == 0xFF || nan_code) ? !isnan(got) : got != v)
+                    m3_test_failf("MXFP8 row %d col %d: got %g want %g", 30 + r, k, (double)got, (double)v);
+            }
+    }
     m3_weights_close(w);
     m3_config_free(c);
 }
