@@ -35,7 +35,7 @@ fi
 
 CJ_CFLAGS=$(pkg-config --cflags libcjson)
 CJ_LIBS=$(pkg-config --libs libcjson)
-SRC="ref/base.c ref/json.c ref/config.c ref/weights.c"
+SRC="ref/base.c ref/json.c ref/config.c ref/weights.c ref/quant.c"
 rc=0
 for t in safetensors config; do
   bin="$out/fuzz_$t"
