@@ -1,0 +1,153 @@
+/* ref/linear.c: see linear.h. The only file that includes <cblas.h>.
+ *
+ * Determinism: OpenBLAS is pinned to one thread whenever our linear paths run; our threads
+ * (m3_parallel_for) take whole tiles of M3_LINEAR_TILE_N output rows, and every tile walks
+ * K in the same fixed M3_LINEAR_TILE_K chunks with beta = 1 after the first chunk. The shape
+ * of every cblas call is therefore a function of (T, K, N) only, never of the thread count,
+ * so y is bit-identical for any m3_threads(). */
+#include "ref/linear.h"
+
+#include <cblas.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool m3_linear_naive(void) {
+    const char *e = getenv("M3_NAIVE_GEMM");
+    return e && e[0] == '1';
+}
+
+static atomic_int blas_threads_now; /* 0 = unknown */
+
+static void blas_pin(int n) {
+    if (atomic_load(&blas_threads_now) != n) {
+        openblas_set_num_threads(n);
+        atomic_store(&blas_threads_now, n);
+    }
+}
+
+void m3_blas_threads(int n) { blas_pin(n > 0 ? n : 1); }
+
+void m3_sgemm_nt(float *c, const float *a, const float *b, int m, int n, int k) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
+}
+
+float m3_dot_f32(const float *a, const float *b, int n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) s[l] += a[i + l] * b[i + l];
+    for (; i < n; i++) s[i & 7] += a[i] * b[i];
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+typedef struct {
+    float *y;
+    const float *x;
+    const void *w;
+    m3_wfmt fmt;
+    bool round_w; /* f32 weights rounded to bf16 on the fly */
+    int ldy, ldx, n_tok, n_in, n_out;
+    bool naive;
+} lin_job;
+
+/* bf16 -> fp32 bits, 16 at a time so that -O2's SLP vectoriser takes it. */
+static void cvt_bf16_row(uint32_t *d, const m3_bf16 *s, int n) {
+    int j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int l = 0; l < 16; l++) d[j + l] = (uint32_t)s[j + l] << 16;
+    for (; j < n; j++) d[j] = (uint32_t)s[j] << 16;
+}
+
+static float w_at(const lin_job *j, int n, int k) {
+    size_t o = (size_t)n * (size_t)j->n_in + (size_t)k;
+    if (j->fmt == M3_WFMT_BF16) return m3_bf16_to_f32(((const m3_bf16 *)j->w)[o]);
+    float v = ((const float *)j->w)[o];
+    return j->round_w ? m3_round_bf16(v) : v;
+}
+
+static void lin_tile(void *vctx, int64_t tile) {
+    const lin_job *j = vctx;
+    int n0 = (int)tile * M3_LINEAR_TILE_N;
+    int nt = j->n_out - n0 < M3_LINEAR_TILE_N ? j->n_out - n0 : M3_LINEAR_TILE_N;
+    if (j->naive) {
+        /* plain loops: fp32, k in index order (bit-exact reference for tests) */
+        for (int t = 0; t < j->n_tok; t++) {
+            const float *xr = j->x + (size_t)t * j->ldx;
+            for (int n = n0; n < n0 + nt; n++) {
+                float acc = 0.0f;
+                for (int k = 0; k < j->n_in; k++) acc += xr[k] * w_at(j, n, k);
+                j->y[(size_t)t * j->ldy + n] = acc;
+            }
+        }
+        return;
+    }
+    /* one tile of W converted to fp32, chunk by chunk along K: 256 KiB per thread in
+     * thread-local storage (not malloc'd per call, not on the stack) */
+    static _Thread_local uint32_t buf[M3_LINEAR_TILE_N * M3_LINEAR_TILE_K];
+    for (int k0 = 0; k0 < j->n_in; k0 += M3_LINEAR_TILE_K) {
+        int kc = j->n_in - k0 < M3_LINEAR_TILE_K ? j->n_in - k0 : M3_LINEAR_TILE_K;
+        const float *b;
+        int ldb;
+        if (j->fmt == M3_WFMT_BF16) {
+            const m3_bf16 *w = j->w;
+            for (int r = 0; r < nt; r++)
+                cvt_bf16_row(buf + (size_t)r * kc, w + (size_t)(n0 + r) * j->n_in + k0, kc);
+            b = (const float *)(const void *)buf;
+            ldb = kc;
+        } else if (j->round_w) {
+            const float *w = j->w;
+            float *fb = (float *)(void *)buf;
+            for (int r = 0; r < nt; r++)
+                for (int k = 0; k < kc; k++)
+                    fb[(size_t)r * kc + k] = m3_round_bf16(w[(size_t)(n0 + r) * j->n_in + k0 + k]);
+            b = fb;
+            ldb = kc;
+        } else {
+            b = (const float *)j->w + (size_t)n0 * j->n_in + k0;
+            ldb = j->n_in;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n_tok, nt, kc, 1.0f,
+                    j->x + k0, j->ldx, b, ldb, k0 == 0 ? 0.0f : 1.0f, j->y + n0, j->ldy);
+    }
+}
+
+static void lin_run(lin_job *j) {
+    M3_ASSERT(j->n_tok >= 0 && j->n_in > 0 && j->n_out > 0);
+    M3_ASSERTF(j->ldx >= j->n_in && j->ldy >= j->n_out, "ldx %d n_in %d ldy %d n_out %d",
+               j->ldx, j->n_in, j->ldy, j->n_out);
+    if (j->n_tok == 0) return;
+    j->naive = m3_linear_naive();
+    if (!j->naive) blas_pin(1);
+    int64_t n_tiles = (j->n_out + M3_LINEAR_TILE_N - 1) / M3_LINEAR_TILE_N;
+    m3_parallel_for(n_tiles, lin_tile, j);
+}
+
+void m3_linear_ld(float *y, int ldy, const float *x, int ldx, const m3_bf16 *w, int n_tok,
+                  int n_in, int n_out) {
+    lin_job j = {.y = y, .x = x, .w = w, .fmt = M3_WFMT_BF16, .ldy = ldy, .ldx = ldx,
+                 .n_tok = n_tok, .n_in = n_in, .n_out = n_out};
+    lin_run(&j);
+}
+
+void m3_linear(float *y, const float *x, const m3_bf16 *w, int n_tok, int n_in, int n_out) {
+    m3_linear_ld(y, n_out, x, n_in, w, n_tok, n_in, n_out);
+}
+
+void m3_linear_f32(float *y, int ldy, const float *x, int ldx, const float *w, bool w_as_bf16,
+                   int n_tok, int n_in, int n_out) {
+    lin_job j = {.y = y, .x = x, .w = w, .fmt = M3_WFMT_F32, .round_w = w_as_bf16, .ldy = ldy,
+                 .ldx = ldx, .n_tok = n_tok, .n_in = n_in, .n_out = n_out};
+    lin_run(&j);
+}
+
+void m3_linear_p(float *y, int ldy, const float *x, int ldx, const m3_wmat *w, int n_tok,
+                 const m3_profile *p) {
+    M3_ASSERT(w && p && w->data);
+    if (w->fmt == M3_WFMT_BF16)
+        m3_linear_ld(y, ldy, x, ldx, w->data, n_tok, w->n_in, w->n_out);
+    else
+        m3_linear_f32(y, ldy, x, ldx, w->data, false, n_tok, w->n_in, w->n_out);
+    if (p->act_bf16)
+        for (int t = 0; t < n_tok; t++) m3_round_bf16_n(y + (size_t)t * ldy, w->n_out);
+}

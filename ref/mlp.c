@@ -1,0 +1,38 @@
+/* ref/mlp.c: see mlp.h. */
+#include "ref/mlp.h"
+
+#include "ref/num/act.h"
+
+void m3_swiglu(float *a, const float *g, const float *u, int64_t n, float alpha, float limit,
+               const m3_profile *p) {
+    M3_ASSERT(n >= 0 && p);
+    switch (p->swiglu) {
+    case M3_SWIGLU_BF16_PER_OP:
+        for (int64_t i = 0; i < n; i++) a[i] = m3_swiglu_oai_bf16ops(g[i], u[i], alpha, limit);
+        break;
+    case M3_SWIGLU_BF16_ONCE:
+        for (int64_t i = 0; i < n; i++) a[i] = m3_round_bf16(m3_swiglu_oai(g[i], u[i], alpha, limit));
+        break;
+    default:
+        for (int64_t i = 0; i < n; i++) a[i] = m3_swiglu_oai(g[i], u[i], alpha, limit);
+    }
+}
+
+size_t m3_mlp_scratch_bytes(int n_tok, const m3_mlp_params *mp) {
+    return 2 * (size_t)n_tok * (size_t)mp->ffn * sizeof(float);
+}
+
+void m3_mlp(float *y, const float *x, int n_tok, const m3_mlp_weights *w, const m3_mlp_params *mp,
+            const m3_profile *p, void *scratch) {
+    M3_ASSERT(w && mp && p && n_tok >= 0 && mp->dim > 0 && mp->ffn > 0);
+    M3_ASSERT(w->gate && w->up && w->down && y != x);
+    if (n_tok == 0) return;
+    M3_ASSERT(scratch);
+    int D = mp->dim, F = mp->ffn;
+    float *g = scratch, *u = g + (size_t)n_tok * F;
+    m3_wmat wg = {w->fmt, w->gate, F, D}, wu = {w->fmt, w->up, F, D}, wd = {w->fmt, w->down, D, F};
+    m3_linear_p(g, F, x, D, &wg, n_tok, p); /* bf16 GEMM outputs under act_bf16 */
+    m3_linear_p(u, F, x, D, &wu, n_tok, p);
+    m3_swiglu(g, g, u, (int64_t)n_tok * F, mp->alpha, mp->limit, p);
+    m3_linear_p(y, D, g, F, &wd, n_tok, p);
+}
