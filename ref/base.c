@@ -138,6 +138,12 @@ int64_t m3_shape_numel(const int64_t *shape, int rank) {
 
 int64_t m3_tensor_numel(const m3_tensor *t) { return m3_shape_numel(t->shape, t->rank); }
 
+void m3_tensor_free(m3_tensor *t) {
+    if (!t) return;
+    free(t->data);
+    t->data = NULL;
+}
+
 static atomic_int n_threads_cfg;
 
 int m3_threads(void) {

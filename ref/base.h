@@ -83,6 +83,9 @@ typedef struct m3_tensor {
 } m3_tensor;
 
 int64_t m3_tensor_numel(const m3_tensor *t);
+/* Free t->data (which the producer allocated with malloc, e.g. m3_dump_read) and set it to
+ * NULL. NULL t is a no-op. */
+void m3_tensor_free(m3_tensor *t);
 /* Element count of a shape with overflow checks: -1 when a dim is negative or the product
  * overflows int64. */
 int64_t m3_shape_numel(const int64_t *shape, int rank);
