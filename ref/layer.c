@@ -469,6 +469,9 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
         float *ikc = cache->index_k + (size_t)n0 * Di;
         m3_linear_p(iq, G * Di, xn, D, &w->index_q, T, p);
         m3_linear_p(ikc, Di, xn, D, &w->index_k, T, p);
+        /* raw indexer projections: extra stages (not in the schema table) */
+        M3_TRY(tap(&tp, "index_q_proj", M3_DT_F32, iq, 2, T, G * Di, 0));
+        M3_TRY(tap(&tp, "index_k_proj", M3_DT_F32, ikc, 2, T, Di, 0));
         m3_qk_norm_rope(iq, G * Di, pos, T, G, Di, w->index_q_norm, c->rms_eps, c->rot_dim,
                         theta, p);
         m3_qk_norm_rope(ikc, Di, pos, T, 1, Di, w->index_k_norm, c->rms_eps, c->rot_dim, theta,
