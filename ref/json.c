@@ -108,7 +108,11 @@ bool m3_json_is_null(const m3_json *j) { return j && cJSON_IsNull(CJ(j)); }
 
 const m3_json *m3_json_get(const m3_json *obj, const char *key) {
     if (!m3_json_is_object(obj) || !key) return NULL;
-    return MJ(cJSON_GetObjectItemCaseSensitive(CJ(obj), key));
+    /* the LAST member of that name wins, as in Python's json (which wrote these files) */
+    const cJSON *hit = NULL;
+    for (const cJSON *c = CJ(obj)->child; c; c = c->next)
+        if (c->string && !strcmp(c->string, key)) hit = c;
+    return MJ(hit);
 }
 
 int m3_json_size(const m3_json *j) {
@@ -133,8 +137,8 @@ const char *m3_json_key(const m3_json *member) { return member ? CJ(member)->str
 bool m3_json_int(const m3_json *j, int64_t *out) {
     if (!m3_json_is_number(j)) return false;
     double d = CJ(j)->valuedouble;
-    /* 2^53: beyond it not every integer is representable, so the value may be rounded */
-    if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0) return false;
+    /* from 2^53 on not every integer is representable: the text may have been rounded */
+    if (!isfinite(d) || d != floor(d) || fabs(d) >= 9007199254740992.0) return false;
     *out = (int64_t)d;
     return true;
 }

@@ -9,8 +9,10 @@
  * Parse errors are recorded with m3_errorf as "<what>: invalid JSON at line L column C
  * (byte B)", one line, and M3_ERR_FORMAT is returned.
  *
+ * Duplicate member names: m3_json_get returns the last one (Python's json semantics).
+ *
  * Numbers: cJSON keeps every number as a double. m3_json_int() accepts only numbers that are
- * integral and within +-2^53 (exactly representable), so byte offsets of a 854 GB checkpoint
+ * integral and below 2^53 in magnitude (exactly representable), so byte offsets of a 854 GB checkpoint
  * (< 2^40) are exact and 1e300 or 1.5 is refused rather than silently truncated.
  *
  * Writing (m3_jw): pretty-prints one JSON document to a FILE*. Strings are escaped per RFC
@@ -58,7 +60,7 @@ const m3_json *m3_json_next(const m3_json *j);
 const char *m3_json_key(const m3_json *member); /* member name inside an object, else NULL */
 
 /* Scalars of a node. */
-bool m3_json_int(const m3_json *j, int64_t *out);  /* integral number within +-2^53 */
+bool m3_json_int(const m3_json *j, int64_t *out);  /* integral number, |v| < 2^53 */
 bool m3_json_double(const m3_json *j, double *out); /* any number */
 const char *m3_json_str(const m3_json *j);          /* string value or NULL (borrowed) */
 /* Typed member getters with defaults (absent, null or wrong type -> def). */

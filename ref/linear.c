@@ -41,6 +41,23 @@ float m3_dot_f32(const float *a, const float *b, int n) {
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
+/* m3_dot_f32's order with bf16 weights converted on the fly */
+static float dot_bf16(const float *a, const m3_bf16 *b, int n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) s[l] += a[i + l] * m3_bits_f32((uint32_t)b[i + l] << 16);
+    for (; i < n; i++) s[i & 7] += a[i] * m3_bf16_to_f32(b[i]);
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+/* m3_dot_f32's order with fp32 weights rounded to bf16 on the fly */
+static float dot_f32_rounded(const float *a, const float *b, int n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < n; i++) s[i & 7] += a[i] * m3_round_bf16(b[i]);
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
 typedef struct {
     float *y;
     const float *x;
@@ -80,6 +97,23 @@ static void lin_tile(void *vctx, int64_t tile) {
                 j->y[(size_t)t * j->ldy + n] = acc;
             }
         }
+        return;
+    }
+    if (j->n_tok <= M3_LINEAR_SMALL_T) {
+        /* few tokens (decode, routed experts at ~2 tokens each): the GEMM is bound by reading
+         * W, so stream each bf16 row once and dot it with every token (m3_dot order with the
+         * conversion fused); converting to fp32 and packing for sgemm would triple the
+         * traffic. Chosen by T only: still independent of the thread count. */
+        for (int n = n0; n < n0 + nt; n++)
+            for (int t = 0; t < j->n_tok; t++) {
+                const float *xr = j->x + (size_t)t * j->ldx;
+                size_t o = (size_t)n * j->n_in;
+                float v;
+                if (j->fmt == M3_WFMT_BF16) v = dot_bf16(xr, (const m3_bf16 *)j->w + o, j->n_in);
+                else if (j->round_w) v = dot_f32_rounded(xr, (const float *)j->w + o, j->n_in);
+                else v = m3_dot_f32(xr, (const float *)j->w + o, j->n_in);
+                j->y[(size_t)t * j->ldy + n] = v;
+            }
         return;
     }
     /* one tile of W converted to fp32, chunk by chunk along K: 256 KiB per thread in

@@ -9,7 +9,8 @@
  *   one thread; our threads take whole output-row tiles). The K reduction is never split
  *   across threads and the tile grid does not depend on the thread count, so y is
  *   bit-identical for any thread count. The order is OpenBLAS's (kernel dependent; K is
- *   accumulated tile by tile into y). M3_NAIVE_GEMM=1 (read at each call) selects plain
+ *   accumulated tile by tile into y). With T <= M3_LINEAR_SMALL_T each output is
+ *   m3_dot_f32's fixed 8-lane order instead (the path depends on T only). M3_NAIVE_GEMM=1 (read at each call) selects plain
  *   loops instead: sum over k = 0..K-1 in index order in fp32, for bit-exact tests.
  *   With integer-valued inputs whose partial sums stay below 2^24 both paths are exact.
  * Aliasing: y must not alias x or W.
@@ -31,6 +32,8 @@ extern "C" {
 
 #define M3_LINEAR_TILE_N 64  /* output rows of W per tile (one tile = one thread task) */
 #define M3_LINEAR_TILE_K 1024 /* input columns converted per step (fits L2 with x's block) */
+#define M3_LINEAR_SMALL_T 4   /* T <= this: streamed dot products (m3_dot_f32 order), no
+                                 sgemm: the GEMM is bound by reading W */
 
 /* Weight formats a component can take. Only the formats listed are implemented; MX/fp8
  * expert weights will add entries (and their dequant in ref/quant) with the quant issue. */

@@ -499,7 +499,9 @@ static bool ends(const char *s, const char *suf) {
 
 /* After all shards: sort by canonical name, refuse duplicates, set logical param counts. */
 static m3_status finish(m3_weights *w) {
-    if (w->n == 0) return m3_errorf(M3_ERR_FORMAT, "%s: the checkpoint holds no tensors", w->dir);
+    if (w->n == 0)
+        return m3_errorf(M3_ERR_FORMAT, "%s: the checkpoint holds no tensors",
+                         w->n_files == 1 ? w->files[0].path : w->dir);
     qsort(w->t, (size_t)w->n, sizeof *w->t, canon_cmp);
     w->bytes = 0;
     for (int64_t i = 0; i < w->n; i++) {
