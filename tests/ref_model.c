@@ -15,7 +15,8 @@
  *   hf replay (teacher-forced) vs transformers bf16: each layer's stages NMSE <= 1e-4 (a few
  *     bf16 ulps of the stage's own roundings, spec §10 measured ~1e-5), sets >= 98% (1 row in
  *     300 flips on a one-ulp router near-tie, spec §10);
- *   decode step vs full forward (fp32): logits NMSE <= 1e-10, same argmax. */
+ *   decode step vs full forward (fp32): logits NMSE <= 1e-10, same argmax (hf: the bf16
+ *   bound above, same argmax). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -358,7 +359,11 @@ static void decode_equals_full_forward(void **state) {
             m3_diff d = m3_diff_f32(row, last, V, V, 0.01);
             double e = m3_diff_nmse(&d);
             if (e > worst) worst = e;
-            if (!(e <= GATE_DECODE_NMSE))
+            /* fp32: the issue's gate. hf: a decode GEMM of one row may sum in another order
+             * than the prefill GEMM (ref/linear.h streamed-dot path for T <= 4), and one
+             * flipped bf16 rounding propagates, so only the per-stage bf16 bound applies */
+            double gate = pi == 0 ? GATE_DECODE_NMSE : GATE_HF_NMSE;
+            if (!(e <= gate))
                 fail_msg("%s decode step %d: logits NMSE %.3g vs full forward", profs[pi], i, e);
             assert_int_equal(next, m3_argmax(row, V));
         }
