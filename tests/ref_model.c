@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "compare/diff.h"
@@ -45,19 +46,34 @@ static bool exists(const char *p) {
     return stat(p, &st) == 0;
 }
 
+/* hf-tiny first, then every tiny-NAME/ with a model under fixtures/ (the project's own oracle
+ * fixtures) and under the shared fixtures, in name order */
+static int name_cmp(const void *a, const void *b) { return strcmp(a, b); }
+
+static void scan_dir(const char *root) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    char found[MAX_FIX][512];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < MAX_FIX) {
+        char p[1024];
+        if (strncmp(e->d_name, "tiny-", 5) != 0) continue;
+        snprintf(p, sizeof p, "%s/%s/model/config.json", root, e->d_name);
+        if (exists(p)) snprintf(found[n++], 512, "%s/%.200s", root, e->d_name);
+    }
+    closedir(d);
+    qsort(found, (size_t)n, sizeof found[0], name_cmp);
+    for (int i = 0; i < n && n_fix < MAX_FIX; i++) memcpy(fix_dir[n_fix++], found[i], 512);
+}
+
 static void find_fixtures(void) {
     if (n_fix) return;
     snprintf(fix_dir[n_fix++], 512, "%s/fixtures/hf-tiny", m3_shared_dir());
-    const char *names[] = {"tiny-moe", "tiny-deep", "tiny-dense", "tiny-sparse"};
-    char p[512];
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && n_fix < MAX_FIX; i++) {
-        snprintf(p, sizeof p, "fixtures/%s/model/config.json", names[i]);
-        if (exists(p)) snprintf(fix_dir[n_fix++], 512, "fixtures/%s", names[i]);
-        else {
-            snprintf(p, sizeof p, "%s/fixtures/%s/model/config.json", m3_shared_dir(), names[i]);
-            if (exists(p)) snprintf(fix_dir[n_fix++], 512, "%s/fixtures/%s", m3_shared_dir(), names[i]);
-        }
-    }
+    char shared_fx[512];
+    snprintf(shared_fx, sizeof shared_fx, "%s/fixtures", m3_shared_dir());
+    scan_dir("fixtures");
+    scan_dir(shared_fx);
 }
 
 /* ---- the comparing tap ------------------------------------------------------------------- */
