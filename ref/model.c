@@ -31,6 +31,19 @@ m3_status m3_model_open(m3_model **out, const char *dir, const char *override_js
         s = m3_config_apply_overrides(m->cfg, override_json);
         if (s) m3_error_context(s, "--override");
     }
+    if (!s) {
+        /* top-k reuse across sparse layers (spec §3.9) comes with the quant issue: refuse a
+         * config (or override) that asks for it rather than silently computing every layer */
+        bool *computes = calloc((size_t)m->cfg->n_layer, sizeof *computes);
+        if (!computes) s = m3_errorf(M3_ERR_NOMEM, "out of memory");
+        if (!s) s = m3_config_topk_schedule(m->cfg, computes);
+        for (int L = 0; !s && L < m->cfg->n_layer; L++)
+            if (m->cfg->layer_sparse[L] && !computes[L])
+                s = m3_errorf(M3_ERR_UNSUPPORTED, "%s: layer %d would reuse the top-k of an earlier "
+                              "layer (use_index_cache); top-k reuse is not implemented in the "
+                              "reference yet", m->cfg->path, L);
+        free(computes);
+    }
     if (!s) s = m3_weights_open(&m->w, dir);
     if (!s) s = m3_weights_check(m->w, m->cfg, NULL);
     if (!s) {

@@ -207,6 +207,11 @@ static void bad_inputs_exit_2(void **state) {
     expect_fail("fp8", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --topk-reuse 4", fx);
     expect_fail("topk-reuse", rc, out);
+    rc = m3(&out, "run --model %s/model --ids '1' --override '{\"use_index_cache\": true, "
+                  "\"index_topk_freq\": 2}'", fx);
+    expect_fail("top-k reuse", rc, out);
+    rc = m3(&out, "run --model %s/model --ids '1' --override '{\"no_such_key\": 1}'", fx);
+    expect_fail("no_such_key", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --profile bf17", fx);
     expect_fail("bf17", rc, out);
     rc = m3(&out, "run --model %s/model", fx);
