@@ -433,6 +433,18 @@ static void threads_bit_identical(void **state) {
     free(tok);
 }
 
+/* A fetch that corrupts the forced selections: mode 0 a wrong row count of index_topk,
+ * mode 1 a block id past the key blocks, mode 2 an expert id outside [0, E). */
+static int bad_mode;
+static m3_status fetch_bad(void *ctx, const char *key, m3_tensor *out) {
+    M3_TRY(fetch_dump(ctx, key, out));
+    const char *st = stage_of(key);
+    if (bad_mode == 0 && !strcmp(st, "index_topk")) out->shape[1] -= 1;
+    if (bad_mode == 1 && !strcmp(st, "index_topk")) ((int32_t *)out->data)[5] = 1000;
+    if (bad_mode == 2 && !strcmp(st, "expert_ids")) ((int32_t *)out->data)[3] = 8;
+    return M3_OK;
+}
+
 /* Replay with forced selections: the tapped index_topk / expert_ids are the reference's. */
 static void replay_forces_selection(void **state) {
     (void)state;
@@ -459,7 +471,17 @@ static void replay_forces_selection(void **state) {
         checked++;
     }
     assert_int_equal(checked, 6); /* 3 sparse layers, 3 MoE layers */
-    /* a forced selection of the wrong shape is an error, not a crash */
+    /* a forced selection of the wrong shape, or with ids out of range, is an error (not a
+     * crash) and leaves the caches as they were */
+    int n_past = m3_model_n_past(m);
+    hk.tap = NULL;
+    hk.fetch = fetch_bad;
+    for (bad_mode = 0; bad_mode < 3; bad_mode++) {
+        hk.fetch_ctx = d;
+        m3_status s = m3_model_forward(m, tok, NULL, n_tok, &hk, "", NULL, NULL);
+        if (s == M3_OK) fail_msg("bad forced selection mode %d accepted", bad_mode);
+        assert_int_equal(m3_model_n_past(m), n_past);
+    }
     cap_free(c);
     free(c);
     free(tok);
