@@ -15,8 +15,8 @@
 static m3_status fetch_ref(void *ctx, const char *key, m3_tensor *out) {
     m3_dump *d = ctx;
     if (!m3_dump_has(d, key))
-        return m3_errorf(M3_ERR_MISSING, "%s: no stage '%s' to teacher-force from",
-                         m3_dump_path(d), key);
+        return m3_errorf(M3_ERR_MISSING, "%s: no stage '%s' to teacher-force from", m3_dump_path(d),
+                         key);
     return m3_dump_read(d, key, out);
 }
 
@@ -58,22 +58,28 @@ int m3_cmd_replay(int argc, char **argv) {
     bool multi = !s && m3_dump_has(ref, "passes/0000/tokens");
     if (!s) {
         char key[64];
-        if (multi)
-            do snprintf(key, sizeof key, "passes/%04d/tokens", ++n_pass);
+        if (multi) do
+                snprintf(key, sizeof key, "passes/%04d/tokens", ++n_pass);
             while (m3_dump_has(ref, key));
         else if (m3_dump_has(ref, "tokens"))
             n_pass = 1;
         else
-            s = m3_errorf(M3_ERR_MISSING, "%s: no 'tokens' stage (neither at the root nor under "
-                          "passes/0000/)", o.from);
+            s = m3_errorf(M3_ERR_MISSING,
+                          "%s: no 'tokens' stage (neither at the root nor under "
+                          "passes/0000/)",
+                          o.from);
     }
     if (!s) {
         char variant[2048];
         m3_run_opts_variant(&o, &prof, variant, sizeof variant);
         s = m3_run_sink_open(&sink, &o, m3_model_config(m)->json_text, prof.name, variant);
     }
-    m3_hooks hk = {.tap = m3_run_sink_tap, .tap_ctx = sink, .fetch = fetch_ref,
-                   .fetch_ctx = ref, .force_input = true, .force_selection = o.ref_select};
+    m3_hooks hk = {.tap = m3_run_sink_tap,
+                   .tap_ctx = sink,
+                   .fetch = fetch_ref,
+                   .fetch_ctx = ref,
+                   .force_input = true,
+                   .force_selection = o.ref_select};
     for (int p = 0; !s && p < n_pass; p++) {
         char prefix[32] = "", key[64];
         if (multi) snprintf(prefix, sizeof prefix, "passes/%04d/", p);
@@ -89,8 +95,10 @@ int m3_cmd_replay(int argc, char **argv) {
                           prefix, np, nt);
         int32_t next = 0;
         if (!s) s = m3_model_forward(m, tok, pos, nt, &hk, prefix, NULL, &next);
-        if (s) m3_error_context(s, "%s: replaying %s", o.from, multi ? prefix : "the pass");
-        else printf("pass %d: %d tokens, next %d\n", p, nt, next);
+        if (s)
+            m3_error_context(s, "%s: replaying %s", o.from, multi ? prefix : "the pass");
+        else
+            printf("pass %d: %d tokens, next %d\n", p, nt, next);
         free(tok);
         free(pos);
         tok = pos = NULL;

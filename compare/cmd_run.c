@@ -62,7 +62,8 @@ int m3_cmd_run(int argc, char **argv) {
     }
     if (o.generate > 0) {
         printf("generated:");
-        for (int i = 0; i < o.generate; i++) printf(" %d", gen[i]);
+        for (int i = 0; i < o.generate; i++)
+            printf(" %d", gen[i]);
         printf("\nnext: %d\n", next);
     }
     if (sink) {

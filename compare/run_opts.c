@@ -52,8 +52,14 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
             *help = true;
             return 0;
         }
-        if (!strcmp(a, "--force")) { o->force = true; continue; }
-        if (replay && !strcmp(a, "--ref-select")) { o->ref_select = true; continue; }
+        if (!strcmp(a, "--force")) {
+            o->force = true;
+            continue;
+        }
+        if (replay && !strcmp(a, "--ref-select")) {
+            o->ref_select = true;
+            continue;
+        }
         if (strncmp(a, "--", 2) != 0)
             return m3_cli_fail("%s: unexpected argument '%s' (see m3 %s --help)", cmd, a, cmd);
         /* --flag value or --flag=value */
@@ -72,18 +78,30 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
             val = argv[++i];
         }
         long v;
-        if (!strcmp(name, "--model")) o->model = val;
-        else if (!replay && !strcmp(name, "--tokens")) o->tokens = val;
-        else if (!replay && !strcmp(name, "--ids")) o->ids = val;
-        else if (replay && !strcmp(name, "--from")) o->from = val;
-        else if (!strcmp(name, "--profile")) o->profile = val;
-        else if (!strcmp(name, "--backend")) o->backend = val;
-        else if (!strcmp(name, "--dump")) o->dump = val;
-        else if (!strcmp(name, "--override")) o->override = val;
-        else if (!strcmp(name, "--experts")) o->experts = val;
-        else if (!strcmp(name, "--kv-cache")) o->kv_cache = val;
-        else if (!strcmp(name, "--index-cache")) o->index_cache = val;
-        else if (!strcmp(name, "--topk-pattern")) o->topk_pattern = val;
+        if (!strcmp(name, "--model"))
+            o->model = val;
+        else if (!replay && !strcmp(name, "--tokens"))
+            o->tokens = val;
+        else if (!replay && !strcmp(name, "--ids"))
+            o->ids = val;
+        else if (replay && !strcmp(name, "--from"))
+            o->from = val;
+        else if (!strcmp(name, "--profile"))
+            o->profile = val;
+        else if (!strcmp(name, "--backend"))
+            o->backend = val;
+        else if (!strcmp(name, "--dump"))
+            o->dump = val;
+        else if (!strcmp(name, "--override"))
+            o->override = val;
+        else if (!strcmp(name, "--experts"))
+            o->experts = val;
+        else if (!strcmp(name, "--kv-cache"))
+            o->kv_cache = val;
+        else if (!strcmp(name, "--index-cache"))
+            o->index_cache = val;
+        else if (!strcmp(name, "--topk-pattern"))
+            o->topk_pattern = val;
         else if (!strcmp(name, "--topk-reuse")) {
             if (!parse_int(val, 1, 1 << 20, &v))
                 return m3_cli_fail("%s: --topk-reuse wants a positive integer, got '%s'", cmd, val);
@@ -126,8 +144,7 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
     if (o->kv_cache && strcmp(o->kv_cache, "bf16")) {
         if (strcmp(o->kv_cache, "fp8"))
             return m3_cli_fail("%s: --kv-cache must be bf16 or fp8, got '%s'", cmd, o->kv_cache);
-        return m3_cli_fail("%s: --kv-cache fp8 is not implemented in this build (only bf16)",
-                           cmd);
+        return m3_cli_fail("%s: --kv-cache fp8 is not implemented in this build (only bf16)", cmd);
     }
     if (o->index_cache && strcmp(o->index_cache, "bf16")) {
         if (strcmp(o->index_cache, "fp8"))
@@ -140,7 +157,8 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
         return m3_cli_fail("%s: give at most one of --topk-reuse and --topk-pattern", cmd);
     if (o->topk_reuse > 1)
         return m3_cli_fail("%s: --topk-reuse %d is not implemented in this build (only 1: every "
-                           "sparse layer computes its own top-k)", cmd, o->topk_reuse);
+                           "sparse layer computes its own top-k)",
+                           cmd, o->topk_reuse);
     if (o->topk_pattern)
         return m3_cli_fail("%s: --topk-pattern is not implemented in this build", cmd);
     return 0;
@@ -164,7 +182,8 @@ static m3_status parse_ids(const char *text, const char *what, int vocab, int32_
     if (!v) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", what);
     const char *p = text;
     for (;;) {
-        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ',') p++;
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ',')
+            p++;
         if (!*p) break;
         char *end;
         errno = 0;
@@ -175,12 +194,16 @@ static m3_status parse_ids(const char *text, const char *what, int vocab, int32_
         }
         if (x < 0 || x >= vocab) {
             free(v);
-            return m3_errorf(M3_ERR_ARG, "%s: token id %lld at position %d is outside the vocabulary [0, %d)",
+            return m3_errorf(M3_ERR_ARG,
+                             "%s: token id %lld at position %d is outside the vocabulary [0, %d)",
                              what, x, cnt, vocab);
         }
         if ((size_t)cnt == cap) {
             int32_t *nv = realloc(v, 2 * cap * sizeof *v);
-            if (!nv) { free(v); return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", what); }
+            if (!nv) {
+                free(v);
+                return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", what);
+            }
             v = nv;
             cap *= 2;
         }
@@ -206,7 +229,11 @@ m3_status m3_run_read_tokens(const m3_run_opts *o, int vocab, int32_t **ids, int
         len += k;
         if (cap - len < 2) {
             char *nb = realloc(buf, cap * 2);
-            if (!nb) { free(buf); buf = NULL; break; }
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
             buf = nb;
             cap *= 2;
         }
@@ -214,7 +241,10 @@ m3_status m3_run_read_tokens(const m3_run_opts *o, int vocab, int32_t **ids, int
     bool err = ferror(f);
     fclose(f);
     if (!buf) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", o->tokens);
-    if (err) { free(buf); return m3_errorf(M3_ERR_IO, "%s: read error", o->tokens); }
+    if (err) {
+        free(buf);
+        return m3_errorf(M3_ERR_IO, "%s: read error", o->tokens);
+    }
     buf[len] = 0;
     m3_status s = parse_ids(buf, o->tokens, vocab, ids, n);
     free(buf);
@@ -234,8 +264,7 @@ m3_status m3_run_sink_open(m3_run_sink **out, const m3_run_opts *o, const char *
     *out = NULL;
     m3_run_sink *s = calloc(1, sizeof *s);
     if (!s) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", o->dump);
-    m3_status st =
-        m3_dump_open(&s->d, o->dump, M3_DUMP_CREATE | (o->force ? M3_DUMP_FORCE : 0));
+    m3_status st = m3_dump_open(&s->d, o->dump, M3_DUMP_CREATE | (o->force ? M3_DUMP_FORCE : 0));
     if (st) {
         free(s);
         return st;

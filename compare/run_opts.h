@@ -20,12 +20,12 @@ typedef struct m3_run_opts {
     const char *from;     /* replay: --from REF.h5 */
     const char *override; /* --override JSON */
     const char *experts, *kv_cache, *index_cache, *topk_pattern; /* variant flags */
-    int topk_reuse;       /* --topk-reuse N (0: not given) */
-    int generate;         /* --generate N */
-    int threads;          /* --threads N (0: default) */
-    bool force;           /* --force: overwrite an existing dump */
-    bool ref_select;      /* replay: --ref-select, teacher-force index_topk / expert_ids */
-    char command[2048];   /* the command line, recorded in the dump */
+    int topk_reuse;                                              /* --topk-reuse N (0: not given) */
+    int generate;                                                /* --generate N */
+    int threads;                                                 /* --threads N (0: default) */
+    bool force;         /* --force: overwrite an existing dump */
+    bool ref_select;    /* replay: --ref-select, teacher-force index_topk / expert_ids */
+    char command[2048]; /* the command line, recorded in the dump */
 } m3_run_opts;
 
 /* Parse argv (argv[0] = subcommand). `replay` enables --from / --ref-select and forbids
@@ -49,6 +49,6 @@ m3_status m3_run_sink_open(m3_run_sink **s, const m3_run_opts *o, const char *co
                            const char *profile, const char *variant);
 m3_status m3_run_sink_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt);
 m3_status m3_run_sink_commit(m3_run_sink *s); /* closes, renames; frees s */
-void m3_run_sink_abort(m3_run_sink *s);      /* closes, removes the temp file; frees s */
+void m3_run_sink_abort(m3_run_sink *s);       /* closes, removes the temp file; frees s */
 
 #endif

@@ -74,7 +74,8 @@ static m3_status get_norm(m3_layer_weights *lw, m3_weights *w, m3_wrole role, in
         if (m3_bf16_to_f32(b[i]) != f[i] && !isnan(f[i]))
             s = m3_errorf(M3_ERR_UNSUPPORTED,
                           "tensor %s (%s): value %g at %d is not a bf16 number; norm weights "
-                          "are held in bf16", name, m3_dtype_name(t.dtype), (double)f[i], i);
+                          "are held in bf16",
+                          name, m3_dtype_name(t.dtype), (double)f[i], i);
     }
     free(f);
     if (s) {
@@ -88,8 +89,8 @@ static m3_status get_norm(m3_layer_weights *lw, m3_weights *w, m3_wrole role, in
 
 /* A linear [rows, cols] as an m3_wmat: BF16 and F32 borrowed, F16 converted to fp32 (exact);
  * `want_f32` forces fp32 (mixed-format MLP triples). */
-static m3_status get_lin(m3_layer_weights *lw, m3_weights *w, m3_wrole role, int layer,
-                         int expert, int rows, int cols, bool want_f32, m3_wmat *out) {
+static m3_status get_lin(m3_layer_weights *lw, m3_weights *w, m3_wrole role, int layer, int expert,
+                         int rows, int cols, bool want_f32, m3_wmat *out) {
     m3_linear_w l;
     char name[512];
     m3_weight_name(name, sizeof name, role, layer, expert);
@@ -97,7 +98,8 @@ static m3_status get_lin(m3_layer_weights *lw, m3_weights *w, m3_wrole role, int
     if (l.fmt != M3_WF_DENSE)
         return m3_errorf(M3_ERR_UNSUPPORTED,
                          "tensor %s is MX-quantized; quantized checkpoints are not supported by "
-                         "the reference yet", name);
+                         "the reference yet",
+                         name);
     if (l.rows != rows || l.cols != cols)
         return m3_errorf(M3_ERR_SHAPE, "tensor %s has shape [%lld, %lld], config implies [%d, %d]",
                          name, (long long)l.rows, (long long)l.cols, rows, cols);
@@ -127,9 +129,8 @@ static m3_status get_lin(m3_layer_weights *lw, m3_weights *w, m3_wrole role, int
 }
 
 /* The three matrices of a swiglu MLP in one format (bf16 when all three are stored bf16). */
-static m3_status get_mlp(m3_layer_weights *lw, m3_weights *w, m3_wrole rg, m3_wrole ru,
-                         m3_wrole rd, int layer, int expert, int dim, int ffn,
-                         m3_mlp_weights *out) {
+static m3_status get_mlp(m3_layer_weights *lw, m3_weights *w, m3_wrole rg, m3_wrole ru, m3_wrole rd,
+                         int layer, int expert, int dim, int ffn, m3_mlp_weights *out) {
     char name[512];
     bool all_bf16 = true;
     m3_wrole roles[3] = {rg, ru, rd};
@@ -178,17 +179,16 @@ static m3_status get_f32(m3_layer_weights *lw, m3_weights *w, m3_wrole role, int
     return M3_OK;
 }
 
-m3_status m3_layer_weights_load(m3_layer_weights *lw, m3_weights *w, const m3_config *c,
-                                int L) {
+m3_status m3_layer_weights_load(m3_layer_weights *lw, m3_weights *w, const m3_config *c, int L) {
     memset(lw, 0, sizeof *lw);
     lw->layer = L;
     lw->is_sparse = c->layer_sparse[L];
     lw->is_moe = c->layer_moe[L];
     int D = c->hidden, H = c->n_head, Hkv = c->n_kv_head, Dh = c->head_dim;
     m3_status s;
-#define TRY_(e)                                                                                   \
-    do {                                                                                          \
-        if ((s = (e)) != M3_OK) goto fail;                                                        \
+#define TRY_(e)                                                                                    \
+    do {                                                                                           \
+        if ((s = (e)) != M3_OK) goto fail;                                                         \
     } while (0)
     TRY_(get_norm(lw, w, M3_W_IN_NORM, L, D, &lw->in_norm));
     TRY_(get_norm(lw, w, M3_W_POST_NORM, L, D, &lw->post_norm));
@@ -213,8 +213,7 @@ m3_status m3_layer_weights_load(m3_layer_weights *lw, m3_weights *w, const m3_co
         TRY_(get_f32(lw, w, M3_W_ROUTER, L, (int64_t)E * D, &lw->moe.gate));
         char name[512];
         m3_weight_name(name, sizeof name, M3_W_ROUTER_BIAS, L, -1);
-        if (m3_weights_find(w, name))
-            TRY_(get_f32(lw, w, M3_W_ROUTER_BIAS, L, E, &lw->moe.bias));
+        if (m3_weights_find(w, name)) TRY_(get_f32(lw, w, M3_W_ROUTER_BIAS, L, E, &lw->moe.bias));
         lw->experts_owned = calloc((size_t)E, sizeof *lw->experts_owned);
         if (!lw->experts_owned) {
             s = m3_errorf(M3_ERR_NOMEM, "layer %d: out of memory", L);
@@ -237,7 +236,8 @@ fail:
 
 void m3_layer_weights_free(m3_layer_weights *lw) {
     if (!lw) return;
-    for (int i = 0; i < lw->n_owned; i++) free(lw->owned[i]);
+    for (int i = 0; i < lw->n_owned; i++)
+        free(lw->owned[i]);
     free(lw->experts_owned);
     lw->n_owned = 0;
     lw->experts_owned = NULL;
@@ -245,11 +245,11 @@ void m3_layer_weights_free(m3_layer_weights *lw) {
 
 /* ---- cache ----------------------------------------------------------------------------- */
 
-m3_status m3_layer_cache_reserve(m3_layer_cache *c, const m3_config *cfg, bool sparse,
-                                 int need) {
+m3_status m3_layer_cache_reserve(m3_layer_cache *c, const m3_config *cfg, bool sparse, int need) {
     if (need <= c->cap) return M3_OK;
     int cap = c->cap > 0 ? c->cap : 64;
-    while (cap < need) cap = cap > (1 << 29) ? need : cap * 2;
+    while (cap < need)
+        cap = cap > (1 << 29) ? need : cap * 2;
     size_t kv = (size_t)cfg->n_kv_head * (size_t)cfg->head_dim;
     float *k = realloc(c->k, (size_t)cap * kv * sizeof(float));
     if (!k) return m3_errorf(M3_ERR_NOMEM, "KV cache of %d tokens: out of memory", cap);
@@ -323,18 +323,18 @@ size_t m3_layer_scratch_bytes(const m3_config *c, int L, int T, int n_ctx) {
     layer_params(c, &ap, &ip, &mp, &dp);
     size_t t = (size_t)T, D = (size_t)c->hidden, QW = (size_t)c->n_head * c->head_dim;
     size_t f = sizeof(float), n = 0;
-    n += ALIGN_UP(t * D * f);      /* xn (attn_norm, then mlp_norm) */
-    n += ALIGN_UP(t * QW * f);     /* q_proj -> q */
-    n += ALIGN_UP(t * QW * f);     /* attn_out */
-    n += ALIGN_UP(t * D * f);      /* attn_proj; then the output tap */
+    n += ALIGN_UP(t * D * f);  /* xn (attn_norm, then mlp_norm) */
+    n += ALIGN_UP(t * QW * f); /* q_proj -> q */
+    n += ALIGN_UP(t * QW * f); /* attn_out */
+    n += ALIGN_UP(t * D * f);  /* attn_proj; then the output tap */
     n += ALIGN_UP(m3_attn_scratch_bytes(n_ctx, &ap));
     if (c->layer_sparse[L]) {
         size_t G = (size_t)c->index_n_heads, Di = (size_t)c->index_head_dim;
         size_t NB = ((size_t)n_ctx + (size_t)ip.block - 1) / (size_t)ip.block;
-        n += ALIGN_UP(t * G * Di * f);                           /* index_q */
+        n += ALIGN_UP(t * G * Di * f);                                                /* index_q */
         n += ALIGN_UP(G * t * (size_t)(ip.topk > 0 ? ip.topk : 1) * sizeof(int32_t)); /* topk */
-        n += ALIGN_UP(G * t * NB * f);                           /* index_scores */
-        n += ALIGN_UP(G * t * f);                                /* margin */
+        n += ALIGN_UP(G * t * NB * f); /* index_scores */
+        n += ALIGN_UP(G * t * f);      /* margin */
         n += ALIGN_UP(m3_indexer_scratch_bytes(n_ctx, &ip));
     }
     if (c->layer_moe[L]) {
@@ -359,8 +359,8 @@ typedef struct {
     const m3_profile *p;
 } tapper;
 
-static m3_status tap(const tapper *tp, const char *stage, m3_dtype dt, const void *data,
-                     int rank, int64_t d0, int64_t d1, int64_t d2) {
+static m3_status tap(const tapper *tp, const char *stage, m3_dtype dt, const void *data, int rank,
+                     int64_t d0, int64_t d1, int64_t d2) {
     if (!tp->h || !tp->h->tap) return M3_OK;
     char key[M3_KEY_MAX];
     m3_layer_key(key, tp->prefix, tp->n_layer, tp->layer, stage);
@@ -373,7 +373,9 @@ static m3_status tap(const tapper *tp, const char *stage, m3_dtype dt, const voi
     return s ? m3_error_context(s, "stage %s", key) : M3_OK;
 }
 
-static bool tapping(const m3_hooks *h) { return h && h->tap; }
+static bool tapping(const m3_hooks *h) {
+    return h && h->tap;
+}
 
 /* Fetch a forced selection of shape [d0, d1, *] (rank 3) or [d0, d1] (rank 2). */
 static m3_status fetch_sel(const tapper *tp, const char *stage, int rank, int64_t d0, int64_t d1,
@@ -387,10 +389,11 @@ static m3_status fetch_sel(const tapper *tp, const char *stage, int rank, int64_
         (rank == 3 && t->shape[2] < 1)) {
         free(t->data);
         t->data = NULL;
-        return m3_errorf(M3_ERR_SHAPE, "teacher-forced %s: expected int32 [%lld, %lld%s], got "
-                         "rank %d [%lld, %lld, ...]", key, (long long)d0, (long long)d1,
-                         rank == 3 ? ", K" : "", t->rank, (long long)t->shape[0],
-                         (long long)(t->rank > 1 ? t->shape[1] : 0));
+        return m3_errorf(M3_ERR_SHAPE,
+                         "teacher-forced %s: expected int32 [%lld, %lld%s], got "
+                         "rank %d [%lld, %lld, ...]",
+                         key, (long long)d0, (long long)d1, rank == 3 ? ", K" : "", t->rank,
+                         (long long)t->shape[0], (long long)(t->rank > 1 ? t->shape[1] : 0));
     }
     return M3_OK;
 }
@@ -407,7 +410,8 @@ static void forced_weights(float *wts, const int32_t *ids, const float *logits, 
             sig[k] = (e >= 0 && e < E) ? 1.0f / (1.0f + expf(-logits[(size_t)t * E + e])) : 0.0f;
             sum += sig[k];
         }
-        for (int k = 0; k < K; k++) wts[(size_t)t * K + k] = sig[k] / sum;
+        for (int k = 0; k < K; k++)
+            wts[(size_t)t * K + k] = sig[k] / sum;
     }
 }
 
@@ -420,9 +424,10 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
     const int QW = H * Dh, KW = Hkv * Dh, n0 = cache->n_past, n_ctx = n0 + T;
     for (int t = 0; t < T; t++)
         if (pos[t] != n0 + t)
-            return m3_errorf(M3_ERR_ARG, "layer %d: position %d of token %d; the contiguous "
-                             "cache needs positions %d..%d in order", L, pos[t], t, n0,
-                             n_ctx - 1);
+            return m3_errorf(M3_ERR_ARG,
+                             "layer %d: position %d of token %d; the contiguous "
+                             "cache needs positions %d..%d in order",
+                             L, pos[t], t, n0, n_ctx - 1);
     M3_ASSERT(cache->cap >= n_ctx);
     m3_attn_params ap;
     m3_indexer_params ip;
@@ -472,10 +477,9 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
         /* raw indexer projections: extra stages (not in the schema table) */
         M3_TRY(tap(&tp, "index_q_proj", M3_DT_F32, iq, 2, T, G * Di, 0));
         M3_TRY(tap(&tp, "index_k_proj", M3_DT_F32, ikc, 2, T, Di, 0));
-        m3_qk_norm_rope(iq, G * Di, pos, T, G, Di, w->index_q_norm, c->rms_eps, c->rot_dim,
-                        theta, p);
-        m3_qk_norm_rope(ikc, Di, pos, T, 1, Di, w->index_k_norm, c->rms_eps, c->rot_dim, theta,
+        m3_qk_norm_rope(iq, G * Di, pos, T, G, Di, w->index_q_norm, c->rms_eps, c->rot_dim, theta,
                         p);
+        m3_qk_norm_rope(ikc, Di, pos, T, 1, Di, w->index_k_norm, c->rms_eps, c->rot_dim, theta, p);
         M3_TRY(tap(&tp, "index_q", M3_DT_F32, iq, 3, T, G, Di));
         M3_TRY(tap(&tp, "index_k", M3_DT_F32, ikc, 2, T, Di, 0));
         int W = m3_indexer_width(n_ctx, &ip, p);
@@ -487,8 +491,9 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
         int n_ties = 0;
         m3_indexer_topk(topk, scores, margin, &n_ties, iq, G * Di, cache->index_k, pos, T, n_ctx,
                         &ip, p, is, is_bytes);
-        if (n_ties) m3_info("layer %d: %d (head, token) rows with a tie straddling rank %d", L,
-                            n_ties, ip.topk);
+        if (n_ties)
+            m3_info("layer %d: %d (head, token) rows with a tie straddling rank %d", L, n_ties,
+                    ip.topk);
         m3_tensor forced = {0};
         const int32_t *sel = topk;
         int sel_w = W;
@@ -500,16 +505,18 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
                 if (sel[i] < -1 || sel[i] >= NB) {
                     int bad = sel[i];
                     free(forced.data);
-                    return m3_errorf(M3_ERR_ARG, "teacher-forced layer %d index_topk: block id %d "
-                                     "outside [-1, %d)", L, bad, NB);
+                    return m3_errorf(M3_ERR_ARG,
+                                     "teacher-forced layer %d index_topk: block id %d "
+                                     "outside [-1, %d)",
+                                     L, bad, NB);
                 }
         }
         /* the stage is what attention used: the forced selection when teacher-forced */
         if (dump) s = tap(&tp, "index_scores", M3_DT_F32, scores, 3, G, T, NB);
         if (!s) s = tap(&tp, "index_topk", M3_DT_I32, sel, 3, G, T, sel_w);
         if (!s)
-            m3_attn_sparse(ao, q, QW, cache->k, cache->v, pos, T, n_ctx, sel, sel_w, ip.block,
-                           &ap, p, as, as_bytes);
+            m3_attn_sparse(ao, q, QW, cache->k, cache->v, pos, T, n_ctx, sel, sel_w, ip.block, &ap,
+                           p, as, as_bytes);
         free(forced.data);
         M3_TRY(s);
     } else {

@@ -52,13 +52,13 @@ extern "C" {
 typedef struct m3_layer_weights {
     int layer;
     bool is_sparse, is_moe;
-    const m3_bf16 *in_norm, *post_norm; /* [D] */
-    m3_wmat q, k, v, o;                 /* [H*Dh, D], [Hkv*Dh, D] x2, [D, H*Dh] */
-    const m3_bf16 *q_norm, *k_norm;     /* [Dh] */
-    m3_wmat index_q, index_k;           /* sparse: [G*Di, D], [Di, D] */
+    const m3_bf16 *in_norm, *post_norm;         /* [D] */
+    m3_wmat q, k, v, o;                         /* [H*Dh, D], [Hkv*Dh, D] x2, [D, H*Dh] */
+    const m3_bf16 *q_norm, *k_norm;             /* [Dh] */
+    m3_wmat index_q, index_k;                   /* sparse: [G*Di, D], [Di, D] */
     const m3_bf16 *index_q_norm, *index_k_norm; /* sparse: [Di] */
-    m3_mlp_weights mlp;                 /* dense MLP layers */
-    m3_moe_weights moe;                 /* MoE layers; moe.experts -> an owned [E] array */
+    m3_mlp_weights mlp;                         /* dense MLP layers */
+    m3_moe_weights moe;                         /* MoE layers; moe.experts -> an owned [E] array */
     /* owned */
     int n_owned;
     void *owned[32];

@@ -39,9 +39,11 @@ m3_status m3_model_open(m3_model **out, const char *dir, const char *override_js
         if (!s) s = m3_config_topk_schedule(m->cfg, computes);
         for (int L = 0; !s && L < m->cfg->n_layer; L++)
             if (m->cfg->layer_sparse[L] && !computes[L])
-                s = m3_errorf(M3_ERR_UNSUPPORTED, "%s: layer %d would reuse the top-k of an earlier "
+                s = m3_errorf(M3_ERR_UNSUPPORTED,
+                              "%s: layer %d would reuse the top-k of an earlier "
                               "layer (use_index_cache); top-k reuse is not implemented in the "
-                              "reference yet", m->cfg->path, L);
+                              "reference yet",
+                              m->cfg->path, L);
         free(computes);
     }
     if (!s) s = m3_weights_open(&m->w, dir);
@@ -61,7 +63,8 @@ m3_status m3_model_open(m3_model **out, const char *dir, const char *override_js
 void m3_model_close(m3_model *m) {
     if (!m) return;
     if (m->cache && m->cfg)
-        for (int L = 0; L < m->cfg->n_layer; L++) m3_layer_cache_free(&m->cache[L]);
+        for (int L = 0; L < m->cfg->n_layer; L++)
+            m3_layer_cache_free(&m->cache[L]);
     free(m->cache);
     free(m->scratch);
     m3_weights_close(m->w);
@@ -69,16 +72,25 @@ void m3_model_close(m3_model *m) {
     free(m);
 }
 
-const m3_config *m3_model_config(const m3_model *m) { return m->cfg; }
-const m3_profile *m3_model_profile(const m3_model *m) { return &m->p; }
-int m3_model_n_past(const m3_model *m) { return m->n_past; }
+const m3_config *m3_model_config(const m3_model *m) {
+    return m->cfg;
+}
+const m3_profile *m3_model_profile(const m3_model *m) {
+    return &m->p;
+}
+int m3_model_n_past(const m3_model *m) {
+    return m->n_past;
+}
 
 static void set_n_past(m3_model *m, int n) {
     m->n_past = n;
-    for (int L = 0; L < m->cfg->n_layer; L++) m->cache[L].n_past = n;
+    for (int L = 0; L < m->cfg->n_layer; L++)
+        m->cache[L].n_past = n;
 }
 
-void m3_model_reset(m3_model *m) { set_n_past(m, 0); }
+void m3_model_reset(m3_model *m) {
+    set_n_past(m, 0);
+}
 
 int32_t m3_argmax(const float *x, int n) {
     int32_t best = -1;
@@ -109,8 +121,10 @@ static m3_status fetch_rows(const m3_hooks *h, const char *key, float *x, int T,
     if (s) return m3_error_context(s, "teacher-forced %s", key);
     if (t.dtype != M3_DT_F32 || t.rank != 2 || t.shape[0] != T || t.shape[1] != D) {
         free(t.data);
-        return m3_errorf(M3_ERR_SHAPE, "teacher-forced %s: expected float [%d, %d], got rank %d "
-                         "[%lld, ...]", key, T, D, t.rank, (long long)t.shape[0]);
+        return m3_errorf(M3_ERR_SHAPE,
+                         "teacher-forced %s: expected float [%d, %d], got rank %d "
+                         "[%lld, ...]",
+                         key, T, D, t.rank, (long long)t.shape[0]);
     }
     memcpy(x, t.data, (size_t)T * (size_t)D * sizeof(float));
     free(t.data);
@@ -181,8 +195,7 @@ static m3_status embed_rows(m3_model *m, float *x, const int32_t *tok, int T) {
     if (t.rank != 2 || t.shape[0] != c->vocab || t.shape[1] != c->hidden)
         return m3_errorf(M3_ERR_SHAPE, "embed_tokens: shape disagrees with the config [%d, %d]",
                          c->vocab, c->hidden);
-    if (t.dtype == M3_DT_BF16)
-        return m3_embed(x, tok, T, t.data, c->vocab, c->hidden);
+    if (t.dtype == M3_DT_BF16) return m3_embed(x, tok, T, t.data, c->vocab, c->hidden);
     for (int i = 0; i < T; i++) /* ids were validated by the caller */
         M3_TRY(m3_tensor_rows_f32(&t, tok[i], 1, x + (size_t)i * c->hidden));
     return M3_OK;
@@ -196,8 +209,8 @@ static void drop_prefix(m3_model *m, const char *prefix) {
 /* ---- forward ----------------------------------------------------------------------------- */
 
 static m3_status forward(m3_model *m, const int32_t *tok, const int32_t *pos, int T,
-                         const m3_hooks *hk, const char *prefix, float *logits_last,
-                         int32_t *next, float *x, float *h) {
+                         const m3_hooks *hk, const char *prefix, float *logits_last, int32_t *next,
+                         float *x, float *h) {
     const m3_config *c = m->cfg;
     const m3_profile *p = &m->p;
     const int D = c->hidden, V = c->vocab, n_ctx = m->n_past + T;
@@ -292,20 +305,25 @@ m3_status m3_model_forward(m3_model *m, const int32_t *tok, const int32_t *pos_i
                          m->n_past, T, (long long)c->max_pos);
     for (int t = 0; t < T; t++) {
         if (tok[t] < 0 || tok[t] >= c->vocab)
-            return m3_errorf(M3_ERR_ARG, "token id %d at position %d is outside the vocabulary "
-                             "[0, %d)", tok[t], t, c->vocab);
+            return m3_errorf(M3_ERR_ARG,
+                             "token id %d at position %d is outside the vocabulary "
+                             "[0, %d)",
+                             tok[t], t, c->vocab);
         if (pos_in && pos_in[t] != m->n_past + t)
-            return m3_errorf(M3_ERR_ARG, "position %d of token %d: expected %d (positions must "
-                             "continue the cache without gaps)", pos_in[t], t, m->n_past + t);
+            return m3_errorf(M3_ERR_ARG,
+                             "position %d of token %d: expected %d (positions must "
+                             "continue the cache without gaps)",
+                             pos_in[t], t, m->n_past + t);
     }
     size_t n = (size_t)T * (size_t)c->hidden;
     float *x = malloc(n * sizeof(float)), *h = malloc(n * sizeof(float));
     int32_t *pos = malloc((size_t)T * sizeof *pos);
     m3_status s = M3_OK;
-    if (!x || !h || !pos) s = m3_errorf(M3_ERR_NOMEM, "activations [%d, %d]: out of memory", T,
-                                        c->hidden);
+    if (!x || !h || !pos)
+        s = m3_errorf(M3_ERR_NOMEM, "activations [%d, %d]: out of memory", T, c->hidden);
     if (!s) {
-        for (int t = 0; t < T; t++) pos[t] = m->n_past + t;
+        for (int t = 0; t < T; t++)
+            pos[t] = m->n_past + t;
         int n0 = m->n_past;
         s = forward(m, tok, pos, T, hk, prefix, logits_last, next, x, h);
         /* the caches are append-only: rolling n_past back undoes a failed pass */

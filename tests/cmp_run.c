@@ -57,8 +57,8 @@ static void run_writes_dump(void **state) {
     (void)state;
     char *out, path[400];
     snprintf(path, sizeof path, "%s/run.h5", tmp);
-    int rc = m3(&out, "run --model %s/model --tokens %s/tokens.txt --dump %s --threads 2", fx, fx,
-                path);
+    int rc =
+        m3(&out, "run --model %s/model --tokens %s/tokens.txt --dump %s --threads 2", fx, fx, path);
     if (rc) fail_msg("exit %d: %s", rc, out);
     assert_non_null(strstr(out, "next: "));
     free(out);
@@ -96,10 +96,19 @@ static void run_writes_dump(void **state) {
     int64_t v;
     assert_int_equal(m3_dump_get_attr_int(d, "format_version", &v), M3_OK);
     assert_int_equal(v, 1);
-    const char *keys[] = {"tokens", "positions", "embed", "layers/00/input", "layers/00/q",
-                          "layers/01/index_topk", "layers/01/index_q", "layers/03/expert_ids",
-                          "layers/03/expert_weights", "layers/03/shared_out", "layers/03/output",
-                          "final_norm", "logits"};
+    const char *keys[] = {"tokens",
+                          "positions",
+                          "embed",
+                          "layers/00/input",
+                          "layers/00/q",
+                          "layers/01/index_topk",
+                          "layers/01/index_q",
+                          "layers/03/expert_ids",
+                          "layers/03/expert_weights",
+                          "layers/03/shared_out",
+                          "layers/03/output",
+                          "final_norm",
+                          "logits"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!m3_dump_has(d, keys[i])) fail_msg("dump lacks %s", keys[i]);
     m3_tensor t;
@@ -162,8 +171,10 @@ static void replay_hf_against_bf16(void **state) {
     (void)state;
     char *out, path[400];
     snprintf(path, sizeof path, "%s/replay.h5", tmp);
-    int rc = m3(&out, "replay --model %s/model --from %s/hf_bf16.h5 --profile hf --ref-select "
-                      "--dump %s", fx, fx, path);
+    int rc = m3(&out,
+                "replay --model %s/model --from %s/hf_bf16.h5 --profile hf --ref-select "
+                "--dump %s",
+                fx, fx, path);
     if (rc) fail_msg("exit %d: %s", rc, out);
     free(out);
     rc = m3(&out, "compare %s/hf_bf16.h5 %s --quiet", fx, path);
@@ -207,8 +218,10 @@ static void bad_inputs_exit_2(void **state) {
     expect_fail("fp8", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --topk-reuse 4", fx);
     expect_fail("topk-reuse", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --override '{\"use_index_cache\": true, "
-                  "\"index_topk_freq\": 2}'", fx);
+    rc = m3(&out,
+            "run --model %s/model --ids '1' --override '{\"use_index_cache\": true, "
+            "\"index_topk_freq\": 2}'",
+            fx);
     expect_fail("top-k reuse", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --override '{\"no_such_key\": 1}'", fx);
     expect_fail("no_such_key", rc, out);

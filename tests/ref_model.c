@@ -29,10 +29,10 @@
 #include "ref/model.h"
 #include "tests/util.h"
 
-#define GATE_FP32_NMSE 1e-8
-#define GATE_FP32_AGREE 0.995
-#define GATE_HF_NMSE 1e-4
-#define GATE_HF_AGREE 0.98
+#define GATE_FP32_NMSE   1e-8
+#define GATE_FP32_AGREE  0.995
+#define GATE_HF_NMSE     1e-4
+#define GATE_HF_AGREE    0.98
 #define GATE_DECODE_NMSE 1e-10
 
 /* ---- fixtures ---------------------------------------------------------------------------- */
@@ -48,7 +48,9 @@ static bool exists(const char *p) {
 
 /* hf-tiny first, then every tiny-NAME/ with a model under fixtures/ (the project's own oracle
  * fixtures) and under the shared fixtures, in name order */
-static int name_cmp(const void *a, const void *b) { return strcmp(a, b); }
+static int name_cmp(const void *a, const void *b) {
+    return strcmp(a, b);
+}
 
 static void scan_dir(const char *root) {
     DIR *d = opendir(root);
@@ -64,7 +66,8 @@ static void scan_dir(const char *root) {
     }
     closedir(d);
     qsort(found, (size_t)n, sizeof found[0], name_cmp);
-    for (int i = 0; i < n && n_fix < MAX_FIX; i++) memcpy(fix_dir[n_fix++], found[i], 512);
+    for (int i = 0; i < n && n_fix < MAX_FIX; i++)
+        memcpy(fix_dir[n_fix++], found[i], 512);
 }
 
 static void find_fixtures(void) {
@@ -136,13 +139,15 @@ static m3_status cmp_tap(void *vctx, const char *key, const m3_tensor *t, const 
                 c->worst_agree = ag;
                 snprintf(c->worst_set_key, sizeof c->worst_set_key, "%s", key);
             }
-            if (ag < c->gate_agree) fail_once(c, "%s: set agreement %.4f < %.4f", key, ag, c->gate_agree);
+            if (ag < c->gate_agree)
+                fail_once(c, "%s: set agreement %.4f < %.4f", key, ag, c->gate_agree);
             c->n_set++;
         }
     } else if (t->dtype == M3_DT_F32 && r.dtype == M3_DT_F32) {
         const float *a = r.data, *b = t->data;
         int64_t n = nr;
-        if (!strcmp(st, "logits") && nr < nt) b += nt - nr; /* dump kept the last rows */
+        if (!strcmp(st, "logits") && nr < nt)
+            b += nt - nr; /* dump kept the last rows */
         else if (nr != nt) {
             fail_once(c, "%s: %lld elements vs %lld", key, (long long)nr, (long long)nt);
             n = 0;
@@ -227,8 +232,10 @@ static bool check_dump(const char *fdir, const char *file, const char *prof, boo
     bool multi = m3_dump_has(c->ref, "passes/0000/tokens");
     for (int pass = 0;; pass++) {
         char prefix[32] = "", key[64];
-        if (multi) snprintf(prefix, sizeof prefix, "passes/%04d/", pass);
-        else if (pass) break;
+        if (multi)
+            snprintf(prefix, sizeof prefix, "passes/%04d/", pass);
+        else if (pass)
+            break;
         snprintf(key, sizeof key, "%stokens", prefix);
         if (!m3_dump_has(c->ref, key)) break;
         int nt = 0;
@@ -250,10 +257,11 @@ static bool check_dump(const char *fdir, const char *file, const char *prof, boo
     free(c->our_ids);
     c->our_ids = NULL;
     printf("  %-40s %-5s %-6s: %d float stages, worst NMSE %.3g (%s); %d set stages, worst "
-           "agreement %.4f (%s)\n", path, prof, replay ? "replay" : "run", c->n_float,
-           c->worst_nmse, c->worst_key, c->n_set, c->worst_agree,
-           c->n_set ? c->worst_set_key : "-");
-    if (c->n_fail) fail_msg("%s (%s): %d failures; first: %s", path, prof, c->n_fail, c->first_fail);
+           "agreement %.4f (%s)\n",
+           path, prof, replay ? "replay" : "run", c->n_float, c->worst_nmse, c->worst_key, c->n_set,
+           c->worst_agree, c->n_set ? c->worst_set_key : "-");
+    if (c->n_fail)
+        fail_msg("%s (%s): %d failures; first: %s", path, prof, c->n_fail, c->first_fail);
     /* nothing vacuous: layer outputs and logits were compared */
     if (c->n_output == 0 || c->n_logits == 0)
         fail_msg("%s: no layer output / logits stage compared", path);
@@ -266,7 +274,8 @@ static void fp32_run_matches_transformers_fp32(void **state) {
     int done = 0;
     cmp_ctx c;
     for (int i = 0; i < n_fix; i++) {
-        if (check_dump(fix_dir[i], "hf_fp32.h5", "fp32", false, GATE_FP32_NMSE, GATE_FP32_AGREE, &c)) {
+        if (check_dump(fix_dir[i], "hf_fp32.h5", "fp32", false, GATE_FP32_NMSE, GATE_FP32_AGREE,
+                       &c)) {
             done++;
             if (c.n_set == 0) fail_msg("%s: no index_topk / expert_ids compared", fix_dir[i]);
         }
@@ -313,7 +322,8 @@ static m3_status cap_tap(void *vctx, const char *key, const m3_tensor *t, const 
 }
 
 static void cap_free(capture *c) {
-    for (int i = 0; i < c->n; i++) free(c->t[i].data);
+    for (int i = 0; i < c->n; i++)
+        free(c->t[i].data);
     c->n = 0;
 }
 
@@ -456,8 +466,12 @@ static void replay_forces_selection(void **state) {
     int32_t *tok = read_i32(d, "tokens", &n_tok);
     m3_model *m = open_tiny("hf");
     capture *c = calloc(1, sizeof *c);
-    m3_hooks hk = {.tap = cap_tap, .tap_ctx = c, .fetch = fetch_dump, .fetch_ctx = d,
-                   .force_input = true, .force_selection = true};
+    m3_hooks hk = {.tap = cap_tap,
+                   .tap_ctx = c,
+                   .fetch = fetch_dump,
+                   .fetch_ctx = d,
+                   .force_input = true,
+                   .force_selection = true};
     assert_int_equal(m3_model_forward(m, tok, NULL, n_tok, &hk, "", NULL, NULL), M3_OK);
     int checked = 0;
     for (int i = 0; i < c->n; i++) {
