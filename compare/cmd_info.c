@@ -164,6 +164,12 @@ int m3_cmd_info(int argc, char **argv) {
                     m3_weights_index_path(w), (long long)idx_total, (long long)bytes);
     if (n_unused > 0)
         add_warning(&warns, "%lld stored tensors are not used by the model", (long long)n_unused);
+    char qfirst[300];
+    int64_t n_qmis = m3_weights_quant_mismatch(w, cfg, qfirst, sizeof qfirst);
+    if (n_qmis > 0)
+        add_warning(&warns,
+                    "%lld linear modules are stored %s quantization_config says (first: %s)",
+                    (long long)n_qmis, "in another form than", qfirst);
     if (n_mtp > 0)
         add_warning(&warns, "%lld mtp.* tensors ignored (no MTP in the forward)", (long long)n_mtp);
     int64_t sum = 0;

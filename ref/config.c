@@ -230,6 +230,8 @@ static m3_status read_layers(ctx *x) {
 static m3_status read_overrides(const ctx *x, const m3_json *obj, const char *where,
                                 bool strict) {
     m3_config *c = x->cfg;
+    /* a bad value is a bad argument on the command line, a malformed file in config.json */
+    m3_status es = strict ? M3_ERR_ARG : M3_ERR_FORMAT;
     /* read into temporaries: a failed apply leaves cfg unchanged */
     bool uic = c->use_index_cache;
     int64_t freq = c->index_topk_freq, off = c->index_skip_topk_offset;
@@ -239,15 +241,15 @@ static m3_status read_overrides(const ctx *x, const m3_json *obj, const char *wh
         const char *k = m3_json_key(m);
         if (!strcmp(k, "use_index_cache")) {
             if (!m3_json_bool(m, &uic))
-                return m3_errorf(M3_ERR_ARG, "%s: %suse_index_cache must be true or false",
+                return m3_errorf(es, "%s: %suse_index_cache must be true or false",
                                  x->path, where);
         } else if (!strcmp(k, "index_topk_freq")) {
             if (!m3_json_int(m, &freq) || freq < 1 || freq > INT_MAX)
-                return m3_errorf(M3_ERR_ARG, "%s: %sindex_topk_freq must be an integer >= 1",
+                return m3_errorf(es, "%s: %sindex_topk_freq must be an integer >= 1",
                                  x->path, where);
         } else if (!strcmp(k, "index_skip_topk_offset")) {
             if (!m3_json_int(m, &off) || off < 0 || off > INT_MAX)
-                return m3_errorf(M3_ERR_ARG,
+                return m3_errorf(es,
                                  "%s: %sindex_skip_topk_offset must be an integer >= 0", x->path,
                                  where);
         } else if (!strcmp(k, "index_topk_pattern")) {
@@ -256,12 +258,12 @@ static m3_status read_overrides(const ctx *x, const m3_json *obj, const char *wh
             } else if (m3_json_str(m)) {
                 pat = m3_json_str(m);
             } else {
-                return m3_errorf(M3_ERR_ARG, "%s: %sindex_topk_pattern must be a string",
+                return m3_errorf(es, "%s: %sindex_topk_pattern must be a string",
                                  x->path, where);
             }
             pat_set = true;
         } else if (strict) {
-            return m3_errorf(M3_ERR_ARG,
+            return m3_errorf(es,
                              "%s: unknown override '%.60s' (known: use_index_cache, "
                              "index_topk_freq, index_topk_pattern, index_skip_topk_offset)",
                              x->path, k);

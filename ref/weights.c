@@ -1003,6 +1003,36 @@ m3_status m3_weights_check(const m3_weights *w, const m3_config *cfg, int64_t *n
     return s;
 }
 
+int64_t m3_weights_quant_mismatch(const m3_weights *w, const m3_config *cfg, char *first,
+                                  size_t cap) {
+    int64_t k = 0;
+    char name[512];
+    if (first && cap) first[0] = 0;
+    for (int role = 0; role < M3_W_ROLE_COUNT; role++) {
+        if (!m3_wrole_is_linear((m3_wrole)role)) continue;
+        int sc = roles[role].scope;
+        int nl = sc == SC_GLOBAL ? 1 : sc == SC_VLAYER ? cfg->vision.n_layer : cfg->n_layer;
+        int ne = sc == SC_EXPERT ? cfg->n_expert : 1;
+        for (int L = 0; L < nl; L++) {
+            int64_t shp[M3_MAX_RANK];
+            int rank;
+            if (!m3_weight_shape(cfg, (m3_wrole)role, L, shp, &rank)) continue;
+            for (int e = 0; e < ne; e++) {
+                int n = m3_weight_name(name, sizeof name, (m3_wrole)role, L, e);
+                const m3_tensor_info *t = find_canon(w, name);
+                if (!t) continue;
+                name[n - (int)strlen(".weight")] = 0; /* module name */
+                bool stored_q = !is_float_dt(t->dtype);
+                if (stored_q != m3_config_module_quantized(cfg, name)) {
+                    if (!k && first) snprintf(first, cap, "%s", name);
+                    k++;
+                }
+            }
+        }
+    }
+    return k;
+}
+
 /* ---- conversion ------------------------------------------------------------------------ */
 
 /* IEEE binary16 -> binary32, exact (every half is representable in float). */

@@ -150,6 +150,12 @@ m3_status m3_weights_linear(m3_weights *w, m3_wrole role, int layer, int expert,
  * tensors the model does not use (mtp.* excluded from that count). */
 m3_status m3_weights_check(const m3_weights *w, const m3_config *cfg, int64_t *n_unused);
 
+/* Number of linear modules whose stored form (dense vs MX) disagrees with the config's
+ * quantization_config (m3_config_module_quantized); the first one's module name goes to
+ * first (may be NULL). Informational: the stored form is what the model uses. */
+int64_t m3_weights_quant_mismatch(const m3_weights *w, const m3_config *cfg, char *first,
+                                  size_t cap);
+
 /* ---- conversion ------------------------------------------------------------------------ */
 /* Rows [row0, row0 + n_rows) of a tensor viewed as [shape[0], prod(shape[1:])] to f32
  * (caller-owned out, n_rows * cols floats). BF16, F16, F32: exact. Other dtypes:

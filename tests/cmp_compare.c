@@ -225,6 +225,15 @@ static void identical_pair_passes(void **state) {
     snprintf(cmd, sizeof cmd, "python3 -c \"import json,sys; d=json.load(open('%s')); "
              "sys.exit(0 if d['summary']['exit_code']==0 and len(d['stages'])==32 else 1)\"", P("r.json"));
     assert_int_equal(m3_run_cmd(cmd, NULL), 0);
+    /* m3 ls lists attributes and datasets with shapes */
+    snprintf(cmd, sizeof cmd, "%s ls %s", m3_bin(), P("a.h5"));
+    assert_int_equal(m3_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "producer"));
+    assert_non_null(strstr(out, "layers/03/index_topk"));
+    assert_non_null(strstr(out, "[2,8,4]"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s ls %s", m3_bin(), P("r.json"));
+    assert_int_equal(m3_run_cmd(cmd, NULL), 2);
 }
 
 static void first_bad_layer_exact_nmse(void **state) {

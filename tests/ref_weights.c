@@ -511,6 +511,29 @@ static void checkpoint_check(void **state) {
     const m3_tensor_info *t = m3_weights_find(w, "language_model.model.layers.1.block_sparse_moe.experts.5.w2.weight");
     assert_true(t->params == 128 * 32 && t->numel == 128 * 16);
     assert_true(m3_weights_find(w, "language_model.model.layers.1.block_sparse_moe.experts.5.w2.weight_scale")->params == 0);
+    /* stored form vs quantization_config: none in the tiny config -> every expert and shared
+     * linear disagrees (3 MoE layers x (8 experts x 3 + 3 shared)); a Quark config that
+     * excludes everything else agrees */
+    char first[300];
+    assert_int_equal(m3_weights_quant_mismatch(w, c, first, sizeof first), 3 * (8 * 3 + 3));
+    assert_string_equal(first, "language_model.model.layers.1.block_sparse_moe.shared_experts.gate_proj");
+    {
+        size_t L = c->json_len;
+        while (L && c->json_text[L - 1] != '}') L--;
+        const char *qc = ", \"quantization_config\": {\"quant_method\": \"quark\", "
+                         "\"global_quant_config\": {\"weight\": {\"dtype\": \"fp4\"}}, "
+                         "\"exclude\": [\"*lm_head\", \"*vision_tower*\", \"*projector*\", "
+                         "\"*patch_merge_mlp*\", \"*block_sparse_moe.gate\", \"*self_attn*\", "
+                         "\"*mlp.*\"]}}";
+        char *txt = malloc(L + strlen(qc) + 1);
+        memcpy(txt, c->json_text, L - 1);
+        strcpy(txt + L - 1, qc);
+        m3_config *cq = NULL;
+        if (m3_config_parse(&cq, txt, strlen(txt), "q.json")) m3_test_failf("%s", m3_last_error());
+        assert_int_equal(m3_weights_quant_mismatch(w, cq, NULL, 0), 0);
+        m3_config_free(cq);
+        free(txt);
+    }
     float row[32];
     /* TODO(h/formats): MX dequantization lands with ref/num/mx.h */
     assert_int_equal(m3_linear_rows_f32(&lw, 0, 1, row), M3_ERR_UNSUPPORTED);

@@ -8,7 +8,7 @@ B=${BUILD:-build}
 make -s "$B/libm3.a"
 mkdir -p "$B/bench"
 PKGS="openblas hdf5 cmocka libcjson libpcre2-8"
-cc -std=c11 -O2 -I. $(pkg-config --cflags $PKGS) -o "$B/bench/compare_bench" \
+cc -std=c11 -O2 -D_GNU_SOURCE -I. $(pkg-config --cflags $PKGS) -o "$B/bench/compare_bench" \
   scripts/bench.d/compare_bench.c "$B/libm3.a" $(pkg-config --libs $PKGS) -lpthread -lm
 tmp=$(mktemp -d "${M3_BENCH_TMP:-/tmp}/m3bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
