@@ -1,0 +1,302 @@
+/* compare/run_opts.c: see run_opts.h. */
+#include "compare/run_opts.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compare/cmd.h"
+
+static const char run_usage[] =
+    "usage: m3 run --model DIR (--tokens FILE | --ids \"1 2 3\") [--profile fp32|hf|atom]\n"
+    "              [--backend ref|gpu] [--dump OUT.h5] [--generate N] [--threads N]\n"
+    "              [--force] [--override JSON] [--experts bf16] [--kv-cache bf16]\n"
+    "              [--index-cache bf16] [--topk-reuse 1]\n"
+    "One forward pass over the tokens (prefill), then N greedy decode steps (--generate);\n"
+    "prints the greedy next token of the prefill and the generated ids. --dump writes every\n"
+    "stage (m3-dump/1; multi-pass runs under passes/PPPP/). See docs/cli.md.\n";
+
+static const char replay_usage[] =
+    "usage: m3 replay --model DIR --from REF.h5 --dump OUT.h5 [--profile fp32|hf|atom]\n"
+    "                 [--backend ref] [--ref-select] [--threads N] [--force] [--override JSON]\n"
+    "                 [variant flags as for m3 run]\n"
+    "Teacher-forced: every layer starts from REF's layers/NN/input (same tokens and\n"
+    "positions), so each layer's error is its own. --ref-select also takes REF's index_topk\n"
+    "and expert_ids. OUT has the same stages as a run. See docs/cli.md.\n";
+
+static bool parse_int(const char *s, long lo, long hi, long *v) {
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (errno || end == s || *end || x < lo || x > hi) return false;
+    *v = x;
+    return true;
+}
+
+int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *help) {
+    memset(o, 0, sizeof *o);
+    *help = false;
+    o->profile = "fp32";
+    o->backend = "ref";
+    /* the command line, for the dump's `command` attribute */
+    size_t len = (size_t)snprintf(o->command, sizeof o->command, "m3");
+    for (int i = 0; i < argc && len < sizeof o->command; i++)
+        len += (size_t)snprintf(o->command + len, sizeof o->command - len, " %s", argv[i]);
+
+    const char *cmd = replay ? "replay" : "run";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(replay ? replay_usage : run_usage, stdout);
+            *help = true;
+            return 0;
+        }
+        if (!strcmp(a, "--force")) {
+            o->force = true;
+            continue;
+        }
+        if (replay && !strcmp(a, "--ref-select")) {
+            o->ref_select = true;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return m3_cli_fail("%s: unexpected argument '%s' (see m3 %s --help)", cmd, a, cmd);
+        /* --flag value or --flag=value */
+        char name[64];
+        const char *val = NULL;
+        const char *eq = strchr(a, '=');
+        if (eq) {
+            size_t n = (size_t)(eq - a);
+            if (n >= sizeof name) return m3_cli_fail("%s: unknown option '%s'", cmd, a);
+            memcpy(name, a, n);
+            name[n] = 0;
+            val = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", a);
+            if (i + 1 >= argc) return m3_cli_fail("%s: option %s needs a value", cmd, a);
+            val = argv[++i];
+        }
+        long v;
+        if (!strcmp(name, "--model"))
+            o->model = val;
+        else if (!replay && !strcmp(name, "--tokens"))
+            o->tokens = val;
+        else if (!replay && !strcmp(name, "--ids"))
+            o->ids = val;
+        else if (replay && !strcmp(name, "--from"))
+            o->from = val;
+        else if (!strcmp(name, "--profile"))
+            o->profile = val;
+        else if (!strcmp(name, "--backend"))
+            o->backend = val;
+        else if (!strcmp(name, "--dump"))
+            o->dump = val;
+        else if (!strcmp(name, "--override"))
+            o->override = val;
+        else if (!strcmp(name, "--experts"))
+            o->experts = val;
+        else if (!strcmp(name, "--kv-cache"))
+            o->kv_cache = val;
+        else if (!strcmp(name, "--index-cache"))
+            o->index_cache = val;
+        else if (!strcmp(name, "--topk-pattern"))
+            o->topk_pattern = val;
+        else if (!strcmp(name, "--topk-reuse")) {
+            if (!parse_int(val, 1, 1 << 20, &v))
+                return m3_cli_fail("%s: --topk-reuse wants a positive integer, got '%s'", cmd, val);
+            o->topk_reuse = (int)v;
+        } else if (!replay && !strcmp(name, "--generate")) {
+            if (!parse_int(val, 0, 1 << 20, &v))
+                return m3_cli_fail("%s: --generate wants an integer >= 0, got '%s'", cmd, val);
+            o->generate = (int)v;
+        } else if (!strcmp(name, "--threads")) {
+            if (!parse_int(val, 1, 256, &v))
+                return m3_cli_fail("%s: --threads wants an integer in 1..256, got '%s'", cmd, val);
+            o->threads = (int)v;
+        } else
+            return m3_cli_fail("%s: unknown option '%s' (see m3 %s --help)", cmd, name, cmd);
+    }
+
+    if (!o->model) return m3_cli_fail("%s: --model DIR is required", cmd);
+    if (replay) {
+        if (!o->from) return m3_cli_fail("replay: --from REF.h5 is required");
+        if (!o->dump) return m3_cli_fail("replay: --dump OUT.h5 is required");
+    } else {
+        if (!o->tokens == !o->ids)
+            return m3_cli_fail("run: give exactly one of --tokens FILE and --ids \"1 2 3\"");
+    }
+    if (strcmp(o->profile, "fp32") && strcmp(o->profile, "hf") && strcmp(o->profile, "atom"))
+        return m3_cli_fail("%s: --profile must be fp32, hf or atom, got '%s'", cmd, o->profile);
+    if (strcmp(o->backend, "ref") && strcmp(o->backend, "gpu"))
+        return m3_cli_fail("%s: --backend must be ref or gpu, got '%s'", cmd, o->backend);
+
+    /* Variant flags: quantized experts, fp8 caches and top-k reuse are a later issue. The
+     * defaults (the checkpoint's own format, bf16 caches, no reuse) are accepted so that
+     * scripts can spell them out. */
+    if (o->experts && strcmp(o->experts, "bf16")) {
+        if (strcmp(o->experts, "mxfp4") && strcmp(o->experts, "mxfp8"))
+            return m3_cli_fail("%s: --experts must be bf16, mxfp4 or mxfp8, got '%s'", cmd,
+                               o->experts);
+        return m3_cli_fail("%s: --experts %s is not implemented in this build (only bf16)", cmd,
+                           o->experts);
+    }
+    if (o->kv_cache && strcmp(o->kv_cache, "bf16")) {
+        if (strcmp(o->kv_cache, "fp8"))
+            return m3_cli_fail("%s: --kv-cache must be bf16 or fp8, got '%s'", cmd, o->kv_cache);
+        return m3_cli_fail("%s: --kv-cache fp8 is not implemented in this build (only bf16)", cmd);
+    }
+    if (o->index_cache && strcmp(o->index_cache, "bf16")) {
+        if (strcmp(o->index_cache, "fp8"))
+            return m3_cli_fail("%s: --index-cache must be bf16 or fp8, got '%s'", cmd,
+                               o->index_cache);
+        return m3_cli_fail("%s: --index-cache fp8 is not implemented in this build (only bf16)",
+                           cmd);
+    }
+    if (o->topk_reuse && o->topk_pattern)
+        return m3_cli_fail("%s: give at most one of --topk-reuse and --topk-pattern", cmd);
+    if (o->topk_reuse > 1)
+        return m3_cli_fail("%s: --topk-reuse %d is not implemented in this build (only 1: every "
+                           "sparse layer computes its own top-k)",
+                           cmd, o->topk_reuse);
+    if (o->topk_pattern)
+        return m3_cli_fail("%s: --topk-pattern is not implemented in this build", cmd);
+    return 0;
+}
+
+void m3_run_opts_variant(const m3_run_opts *o, const m3_profile *p, char *buf, size_t n) {
+    char sw[1024];
+    m3_profile_json(p, sw, sizeof sw);
+    snprintf(buf, n,
+             "{\"experts\":\"bf16\",\"kv_cache\":\"bf16\",\"index_cache\":\"bf16\","
+             "\"topk_reuse\":1,\"cache_layout\":\"contiguous\",\"backend\":\"%s\","
+             "\"teacher_forced\":%s,\"ref_select\":%s,\"profile_switches\":%s}",
+             o->backend, o->from ? "true" : "false", o->ref_select ? "true" : "false", sw);
+}
+
+/* Parse whitespace-separated integers from `text`; `what` names the source in errors. */
+static m3_status parse_ids(const char *text, const char *what, int vocab, int32_t **ids, int *n) {
+    size_t cap = 64;
+    int cnt = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", what);
+    const char *p = text;
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ',')
+            p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (end == p || errno || (*end && !strchr(" \t\r\n,", *end))) {
+            free(v);
+            return m3_errorf(M3_ERR_FORMAT, "%s: token %d is not an integer", what, cnt);
+        }
+        if (x < 0 || x >= vocab) {
+            free(v);
+            return m3_errorf(M3_ERR_ARG,
+                             "%s: token id %lld at position %d is outside the vocabulary [0, %d)",
+                             what, x, cnt, vocab);
+        }
+        if ((size_t)cnt == cap) {
+            int32_t *nv = realloc(v, 2 * cap * sizeof *v);
+            if (!nv) {
+                free(v);
+                return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", what);
+            }
+            v = nv;
+            cap *= 2;
+        }
+        v[cnt++] = (int32_t)x;
+        p = end;
+    }
+    if (cnt == 0) {
+        free(v);
+        return m3_errorf(M3_ERR_FORMAT, "%s: no token ids", what);
+    }
+    *ids = v;
+    *n = cnt;
+    return M3_OK;
+}
+
+m3_status m3_run_read_tokens(const m3_run_opts *o, int vocab, int32_t **ids, int *n) {
+    if (o->ids) return parse_ids(o->ids, "--ids", vocab, ids, n);
+    FILE *f = fopen(o->tokens, "rb");
+    if (!f) return m3_errorf(M3_ERR_IO, "%s: cannot open: %s", o->tokens, strerror(errno));
+    size_t cap = 1 << 16, len = 0, k;
+    char *buf = malloc(cap);
+    while (buf && (k = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += k;
+        if (cap - len < 2) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", o->tokens);
+    if (err) {
+        free(buf);
+        return m3_errorf(M3_ERR_IO, "%s: read error", o->tokens);
+    }
+    buf[len] = 0;
+    m3_status s = parse_ids(buf, o->tokens, vocab, ids, n);
+    free(buf);
+    return s;
+}
+
+/* ---- dump sink ---------------------------------------------------------------------- */
+
+#include "compare/dump.h"
+
+struct m3_run_sink {
+    m3_dump *d;
+};
+
+m3_status m3_run_sink_open(m3_run_sink **out, const m3_run_opts *o, const char *config_json,
+                           const char *profile, const char *variant) {
+    *out = NULL;
+    m3_run_sink *s = calloc(1, sizeof *s);
+    if (!s) return m3_errorf(M3_ERR_NOMEM, "%s: out of memory", o->dump);
+    m3_status st = m3_dump_open(&s->d, o->dump, M3_DUMP_CREATE | (o->force ? M3_DUMP_FORCE : 0));
+    if (st) {
+        free(s);
+        return st;
+    }
+    char producer[160];
+    snprintf(producer, sizeof producer, "m3 ref %s", m3_version_string());
+    if ((st = m3_dump_set_attr_str(s->d, "producer", producer)) ||
+        (st = m3_dump_set_attr_str(s->d, "profile", profile)) ||
+        (st = m3_dump_set_attr_str(s->d, "model_config", config_json)) ||
+        (st = m3_dump_set_attr_str(s->d, "variant", variant)) ||
+        (st = m3_dump_set_attr_str(s->d, "command", o->command))) {
+        m3_run_sink_abort(s);
+        return st;
+    }
+    *out = s;
+    return M3_OK;
+}
+
+m3_status m3_run_sink_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt) {
+    m3_run_sink *s = ctx;
+    return m3_dump_write(s->d, key, t, dt);
+}
+
+m3_status m3_run_sink_commit(m3_run_sink *s) {
+    m3_status st = m3_dump_commit(s->d);
+    m3_dump_close(s->d); /* after a failed commit this deletes the tmp file */
+    free(s);
+    return st;
+}
+
+void m3_run_sink_abort(m3_run_sink *s) {
+    if (!s) return;
+    m3_dump_close(s->d);
+    free(s);
+}
