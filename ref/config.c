@@ -455,15 +455,17 @@ static m3_status read_vision(ctx *x) {
             return m3_errorf(M3_ERR_FORMAT, "%s: vision_config.layer_norm_eps must be > 0",
                              x->path);
     }
-    /* projector: P = projector_hidden_size (default: text hidden), merged = P * merge^2 */
+    /* projector: P = projector_hidden_size (default: text hidden); merged = H * merge^2 with H
+     * the TEXT hidden size: the projector maps each patch to H before 2x2 windows are
+     * concatenated (spec §6.6; a fixture with P != H stores merge_linear_1 as [P, 4H]) */
     M3_TRY(int_of(x, member(x->root, "projector_hidden_size"), "", "projector_hidden_size", 0,
                   MAX_DIM, c->hidden, &t));
     c->projector_hidden = (int)t;
-    int64_t derived = (int64_t)c->projector_hidden * v->merge * v->merge;
+    int64_t derived = (int64_t)c->hidden * v->merge * v->merge;
     M3_TRY(int_of(x, member(x->root, "merged_hidden_size"), "", "merged_hidden_size", 0,
                   (int64_t)MAX_DIM * 64, derived, &t));
     if (t != derived)
-        cfg_warn(c, "%s: merged_hidden_size %lld != projector_hidden_size * merge^2 = %lld (using "
+        cfg_warn(c, "%s: merged_hidden_size %lld != hidden_size * merge^2 = %lld (using "
                     "the derived value, as transformers does)", x->path, (long long)t,
                  (long long)derived);
     c->merged_hidden = (int)derived;

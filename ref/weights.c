@@ -857,8 +857,11 @@ bool m3_weight_shape(const m3_config *c, m3_wrole role, int L, int64_t *s, int *
     case M3_W_VIS_FC1_B: return vl && set1(s, r, v->inter);
     case M3_W_VIS_FC2_W: return vl && set2(s, r, Dv, v->inter);
     case M3_W_PROJ1_W: return set2(s, r, P, Dv);
-    case M3_W_PROJ1_B: case M3_W_PROJ2_B: case M3_W_MERGE1_B: return set1(s, r, P);
-    case M3_W_PROJ2_W: return set2(s, r, P, P);
+    case M3_W_PROJ1_B: case M3_W_MERGE1_B: return set1(s, r, P);
+    /* linear_2 maps the projector width back to the text width (checked on a fixture whose
+     * projector_hidden_size differs from hidden_size: linear_2 is [hidden, projector]) */
+    case M3_W_PROJ2_W: return set2(s, r, D, P);
+    case M3_W_PROJ2_B: return set1(s, r, D);
     case M3_W_MERGE1_W: return set2(s, r, P, c->merged_hidden);
     case M3_W_MERGE2_W: return set2(s, r, D, P);
     case M3_W_MERGE2_B: return set1(s, r, D);
