@@ -8,101 +8,18 @@
 #include <string.h>
 
 #include "compare/compare.h"
+#include "compare/svg.h"
 
-static void hesc(FILE *f, const char *s) {
-    for (; *s; s++) {
-        switch (*s) {
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '&': fputs("&amp;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f);
-        }
-    }
-}
-
-static const char *palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                                "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939",
-                                "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354",
-                                "#756bb1", "#636363"};
-#define N_PAL ((int)(sizeof palette / sizeof palette[0]))
-
-#define W 760
-#define H 300
-#define ML 60
-#define MR 170
-#define MT 20
-#define MB 40
-
-typedef struct {
-    char name[64];
-    int n;
-    double *x, *y;
-} series;
-
-/* Line chart; y values are plotted as given (callers pass log10 where wanted). */
-static void line_chart(FILE *f, const char *title, const char *ylabel, series *s, int ns,
-                       double ymin, double ymax, double xmax, const char *cls) {
-    if (ymax <= ymin) ymax = ymin + 1;
-    if (xmax <= 0) xmax = 1;
-    double pw = W - ML - MR, ph = H - MT - MB;
-    fprintf(f, "<figure><figcaption>");
-    hesc(f, title);
-    fprintf(f, "</figcaption>\n<svg class=\"%s\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
-               "height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">\n", cls, W, H, W, H);
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%g\" height=\"%g\" fill=\"#fafafa\" stroke=\"#999\"/>\n",
-            ML, MT, pw, ph);
-    for (int k = 0; k <= 4; k++) { /* y ticks */
-        double v = ymin + (ymax - ymin) * k / 4.0, y = MT + ph - ph * k / 4.0;
-        fprintf(f, "<line x1=\"%d\" x2=\"%g\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                   "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%.3g</text>\n",
-                ML, ML + pw, y, y, ML - 4, y + 4, v);
-    }
-    int xt = (int)xmax < 10 ? (int)xmax : 10;
-    for (int k = 0; k <= xt; k++) { /* x ticks */
-        double v = xmax * k / (xt ? xt : 1), x = ML + pw * v / xmax;
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%.0f</text>\n", x,
-                MT + (int)ph + 14, v);
-    }
-    fprintf(f, "<text x=\"%g\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">layer</text>\n",
-            ML + pw / 2, H - 6);
-    fprintf(f, "<text x=\"14\" y=\"%g\" font-size=\"12\" text-anchor=\"middle\" "
-               "transform=\"rotate(-90 14 %g)\">", MT + ph / 2, MT + ph / 2);
-    hesc(f, ylabel);
-    fputs("</text>\n", f);
-    for (int i = 0; i < ns; i++) {
-        const char *c = palette[i % N_PAL];
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", c);
-        for (int k = 0; k < s[i].n; k++) {
-            double yv = s[i].y[k] < ymin ? ymin : s[i].y[k] > ymax ? ymax : s[i].y[k];
-            fprintf(f, "%.1f,%.1f ", ML + pw * s[i].x[k] / xmax, MT + ph - ph * (yv - ymin) / (ymax - ymin));
-        }
-        fputs("\"/>\n", f);
-        for (int k = 0; k < s[i].n; k++) {
-            double yv = s[i].y[k] < ymin ? ymin : s[i].y[k] > ymax ? ymax : s[i].y[k];
-            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"><title>", ML + pw * s[i].x[k] / xmax,
-                    MT + ph - ph * (yv - ymin) / (ymax - ymin), c);
-            hesc(f, s[i].name);
-            fprintf(f, " layer %.0f: %.4g</title></circle>\n", s[i].x[k], s[i].y[k]);
-        }
-        fprintf(f, "<rect x=\"%g\" y=\"%d\" width=\"10\" height=\"10\" fill=\"%s\"/>"
-                   "<text x=\"%g\" y=\"%d\" font-size=\"11\">", ML + pw + 10, MT + 14 * i, c, ML + pw + 24,
-                MT + 14 * i + 9);
-        hesc(f, s[i].name);
-        fputs("</text>\n", f);
-    }
-    fputs("</svg></figure>\n", f);
-}
-
-static void free_series(series *s, int n) {
-    for (int i = 0; i < n; i++) free(s[i].x), free(s[i].y);
-    free(s);
-}
+#define W M3_SVG_W
+#define H M3_SVG_H
+#define ML M3_SVG_ML
+#define MT M3_SVG_MT
+#define MB M3_SVG_MB
 
 /* Collect per-layer series of one pass: float-like stages (sets = false) or set stages. */
-static int collect_series(const m3_cmp_report *r, int pass, bool sets, series **out, double *ymin,
+static int collect_series(const m3_cmp_report *r, int pass, bool sets, m3_svg_series **out, double *ymin,
                           double *ymax, double *xmax) {
-    series *s = calloc((size_t)r->n_items + 1, sizeof *s);
+    m3_svg_series *s = calloc((size_t)r->n_items + 1, sizeof *s);
     int ns = 0;
     *ymin = INFINITY, *ymax = -INFINITY, *xmax = 0;
     for (int i = 0; i < r->n_items; i++) {
@@ -155,7 +72,7 @@ static void histogram(FILE *f, const m3_cmp_report *r) {
     int nb = hi - lo + 1;
     double pw = W - ML - 20, ph = H - MT - MB, bw = pw / nb;
     fputs("<figure><figcaption>Histogram of |&#916;| (log2 bins) for the worst stage: ", f);
-    hesc(f, name);
+    m3_html_escape(f, name);
     fprintf(f, " (NMSE %.3g)</figcaption>\n<svg class=\"hist\" xmlns=\"http://www.w3.org/2000/svg\" "
                "width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">\n",
             m3_diff_nmse(&it->diff), W, H, W, H);
@@ -188,7 +105,7 @@ static void table(FILE *f, const m3_cmp_report *r) {
         const char *v = it->status == M3_CMP_FAIL ? "FAIL" : it->status == M3_CMP_PASS ? "ok"
                       : it->status == M3_CMP_ONLY_A ? "only in A" : "only in B";
         fprintf(f, "<tr class=\"%s\"><td>", cls);
-        hesc(f, name);
+        m3_html_escape(f, name);
         fprintf(f, "</td><td>%s</td><td>%s</td>", m3_stage_kind_name(it->kind), v);
         if (it->status == M3_CMP_ONLY_A || it->status == M3_CMP_ONLY_B) {
             fputs("<td colspan=\"7\"></td></tr>\n", f);
@@ -221,7 +138,7 @@ static void table(FILE *f, const m3_cmp_report *r) {
             fputs("</td>", f);
         }
         fputs("<td>", f);
-        hesc(f, it->why);
+        m3_html_escape(f, it->why);
         fputs("</td></tr>\n", f);
     }
     fputs("</tbody></table>\n", f);
@@ -237,17 +154,17 @@ m3_status m3_report_html(const m3_cmp_report *r, const char *path) {
           "tr.miss{background:#ffe}.verdict-ok{color:#080}.verdict-fail{color:#c00}figure{margin:1em 0}"
           "figcaption{font-weight:bold;margin-bottom:4px}code{background:#f4f4f4}</style>\n</head><body>\n"
           "<h1>m3 compare</h1>\n<p>A (reference): <code>", f);
-    hesc(f, r->path_a);
+    m3_html_escape(f, r->path_a);
     fputs("</code> &#8212; ", f);
-    hesc(f, r->producer_a);
+    m3_html_escape(f, r->producer_a);
     fputs(", profile ", f);
-    hesc(f, r->profile_a);
+    m3_html_escape(f, r->profile_a);
     fputs("<br>B: <code>", f);
-    hesc(f, r->path_b);
+    m3_html_escape(f, r->path_b);
     fputs("</code> &#8212; ", f);
-    hesc(f, r->producer_b);
+    m3_html_escape(f, r->producer_b);
     fputs(", profile ", f);
-    hesc(f, r->profile_b);
+    m3_html_escape(f, r->profile_b);
     fprintf(f, "<br>tolerance class %s</p>\n", r->tol_class == M3_TOL_FP32 ? "fp32" : "lowp");
     fprintf(f, "<h2 class=\"%s\">%s: %d stages compared, %d beyond tolerance, %d only in A, %d only in B</h2>\n",
             r->n_fail ? "verdict-fail" : "verdict-ok", r->n_fail ? "DIFFERENT" : "OK", r->n_pass + r->n_fail,
@@ -256,9 +173,9 @@ m3_status m3_report_html(const m3_cmp_report *r, const char *path) {
         char name[200];
         m3_cmp_item_name(r, &r->items[r->first_fail], name, sizeof name);
         fputs("<p>First stage beyond tolerance: <b>", f);
-        hesc(f, name);
+        m3_html_escape(f, name);
         fputs("</b>: ", f);
-        hesc(f, r->items[r->first_fail].why);
+        m3_html_escape(f, r->items[r->first_fail].why);
         fputs("</p>\n", f);
     }
     /* one pair of plots per pass (the first 8 passes) */
@@ -270,26 +187,26 @@ m3_status m3_report_html(const m3_cmp_report *r, const char *path) {
         if (seen) continue;
         shown++;
         char title[160];
-        series *s;
+        m3_svg_series *s;
         double ymin, ymax, xmax;
         int ns = collect_series(r, pass, false, &s, &ymin, &ymax, &xmax);
         if (ns) {
             snprintf(title, sizeof title, "Error against layer, pass %d: log10 NMSE per stage (-20 = exact)", pass);
-            line_chart(f, title, "log10 NMSE", s, ns, floor(ymin), ceil(ymax), xmax, "err");
+            m3_svg_line_chart(f, title, "log10 NMSE", s, ns, floor(ymin), ceil(ymax), xmax, "err");
         }
-        free_series(s, ns);
+        m3_svg_series_free(s, ns);
         ns = collect_series(r, pass, true, &s, &ymin, &ymax, &xmax);
         if (ns) {
             snprintf(title, sizeof title, "Set agreement against layer, pass %d: fraction of identical rows", pass);
-            line_chart(f, title, "agreement", s, ns, ymin < 0.9 ? floor(ymin * 10) / 10 : 0.9, 1.0, xmax, "sets");
+            m3_svg_line_chart(f, title, "agreement", s, ns, ymin < 0.9 ? floor(ymin * 10) / 10 : 0.9, 1.0, xmax, "sets");
         }
-        free_series(s, ns);
+        m3_svg_series_free(s, ns);
     }
     histogram(f, r);
     fputs("<h2>All stages (execution order)</h2>\n", f);
     table(f, r);
     fputs("<p>Metrics: docs/compare.md. Generated by m3 ", f);
-    hesc(f, m3_version_string());
+    m3_html_escape(f, m3_version_string());
     fputs(".</p>\n</body></html>\n", f);
     return m3_report_commit(f, tmp, path);
 }
