@@ -28,13 +28,12 @@ static const m3_attr_factor factors[] = {
      false, false},
     {"mxfp8", "fp32", "experts=mxfp8", "mlp_out", "MXFP8 routed + shared experts (spec §5.5)",
      false, false},
-    {"kv-fp8", "fp32", "kv_cache=fp8", "attn_out", "fp8 main KV cache, per-token scales (spec §4.7)",
-     false, false},
+    {"kv-fp8", "fp32", "kv_cache=fp8", "attn_out",
+     "fp8 main KV cache, per-token scales (spec §4.7)", false, false},
     {"index-fp8", "fp32", "index_cache=fp8", "index_scores",
      "fp8 index-key cache at unit scale (spec §4.8, §3.8)", false, false},
     {"topk-reuse", "fp32", "topk_reuse=4", "index_topk",
-     "sparse layers reuse the top-k of the last computing layer, freq 4 (spec §3.9)", false,
-     false},
+     "sparse layers reuse the top-k of the last computing layer, freq 4 (spec §3.9)", false, false},
     {"all", "atom", "experts=mxfp8,kv_cache=fp8,index_cache=fp8,topk_reuse=4", "output",
      "everything together: atom + the native recipe of spec §5.11 (MXFP8, fp8 KV and index, "
      "reuse 4)",
@@ -114,8 +113,7 @@ static bool want_capture(const base_ctx *b, const char *key) {
     if (!strcmp(key, "logits")) return true;
     if (!parse_layer_key(key, &L, st, sizeof st)) return false;
     if (!strcmp(st, "output")) return L == b->n_layer - 1;
-    return !strcmp(st, "input") || !strcmp(st, "router_logits") ||
-           (m3_attr_stage_find(st) >= 0);
+    return !strcmp(st, "input") || !strcmp(st, "router_logits") || (m3_attr_stage_find(st) >= 0);
 }
 
 static m3_status base_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt) {
@@ -163,7 +161,8 @@ static void base_free(base_ctx *b) {
 static m3_status base_fetch(void *ctx, const char *key, m3_tensor *out) {
     const base_ctx *b = ctx;
     const capture *c = cap_find(b, key);
-    if (!c) return m3_errorf(M3_ERR_MISSING, "baseline has no stage '%s' to teacher-force from", key);
+    if (!c)
+        return m3_errorf(M3_ERR_MISSING, "baseline has no stage '%s' to teacher-force from", key);
     *out = c->t;
     size_t bytes = (size_t)m3_tensor_numel(&c->t) * 4;
     out->data = malloc(bytes ? bytes : 1);
@@ -496,8 +495,8 @@ void m3_attr_verdict(const m3_attr_result *r, int mode, int L, char *buf, size_t
         if (!r->factor[f]->control && !r->factor[f]->combined && rank_value(r, f, mode, L) >= 0)
             idx[n++] = f;
     for (int i = 1; i < n; i++) /* by contribution, descending (stable: table order on ties) */
-        for (int j = i; j > 0 && rank_value(r, idx[j], mode, L) > rank_value(r, idx[j - 1], mode, L);
-             j--) {
+        for (int j = i;
+             j > 0 && rank_value(r, idx[j], mode, L) > rank_value(r, idx[j - 1], mode, L); j--) {
             int t = idx[j];
             idx[j] = idx[j - 1];
             idx[j - 1] = t;
@@ -530,7 +529,7 @@ void m3_attr_verdict(const m3_attr_result *r, int mode, int L, char *buf, size_t
                                   second * 2 <= top ? "dominates" : "leads");
     for (int i = 1; i < n && i < 3 && k >= 0 && (size_t)k < left; i++) {
         double e = rank_value(r, idx[i], mode, L);
-        k += snprintf(p + k, left - (size_t)k, "%s %s %.1e", i == 1 ? ";" : ",", r->factor[idx[i]]->name,
-                      e);
+        k += snprintf(p + k, left - (size_t)k, "%s %s %.1e", i == 1 ? ";" : ",",
+                      r->factor[idx[i]]->name, e);
     }
 }

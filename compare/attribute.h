@@ -73,15 +73,15 @@ typedef enum {
     M3_ATTR_OUTPUT,
     M3_ATTR_N_STAGE
 } m3_attr_stage;
-const char *m3_attr_stage_name(int s); /* "index_scores", ... */
-bool m3_attr_stage_is_set(int s);      /* index_topk, expert_ids */
+const char *m3_attr_stage_name(int s);    /* "index_scores", ... */
+bool m3_attr_stage_is_set(int s);         /* index_topk, expert_ids */
 int m3_attr_stage_find(const char *name); /* -1 when not a compared stage */
 
 /* One factor x mode x layer. */
 typedef struct m3_attr_cell {
-    bool present[M3_ATTR_N_STAGE]; /* the run reported the stage and the baseline has it */
-    m3_diff diff[M3_ATTR_N_STAGE];    /* float stages */
-    m3_setdiff set[M3_ATTR_N_STAGE];  /* set stages */
+    bool present[M3_ATTR_N_STAGE];   /* the run reported the stage and the baseline has it */
+    m3_diff diff[M3_ATTR_N_STAGE];   /* float stages */
+    m3_setdiff set[M3_ATTR_N_STAGE]; /* set stages */
 } m3_attr_cell;
 
 typedef struct m3_attr_logits {
@@ -96,7 +96,7 @@ typedef struct m3_attr_run {
     bool ran;
     m3_attr_cell *layer; /* [n_layer] */
     m3_attr_logits logits;
-    int32_t next;        /* greedy next token after the prompt */
+    int32_t next; /* greedy next token after the prompt */
     double seconds;
 } m3_attr_run;
 
@@ -106,12 +106,12 @@ typedef struct m3_attr_result {
     bool *layer_sparse, *layer_moe; /* [n_layer] */
     bool mode[M3_ATTR_N_MODE];      /* which modes ran */
     int n_factor;
-    const m3_attr_factor **factor;  /* [n_factor] rows of the table */
-    bool *available;                /* [n_factor] */
-    char (*why)[256];               /* [n_factor] unavailable: the reason */
-    char (*applied)[256];           /* [n_factor] the keys actually applied ("" none) */
-    char (*left_out)[256];          /* [n_factor] combined row: keys left out, "" none */
-    m3_attr_run *run;               /* [n_factor * M3_ATTR_N_MODE], run[f * 2 + mode] */
+    const m3_attr_factor **factor; /* [n_factor] rows of the table */
+    bool *available;               /* [n_factor] */
+    char (*why)[256];              /* [n_factor] unavailable: the reason */
+    char (*applied)[256];          /* [n_factor] the keys actually applied ("" none) */
+    char (*left_out)[256];         /* [n_factor] combined row: keys left out, "" none */
+    m3_attr_run *run;              /* [n_factor * M3_ATTR_N_MODE], run[f * 2 + mode] */
     int32_t base_next;
     size_t capture_bytes; /* baseline stages held in memory */
     double seconds;       /* wall time of everything */
@@ -124,7 +124,7 @@ typedef struct m3_attr_opts {
     int n_tok;
     const char *const *factors; /* names (m3_attr_factor_find); NULL: the whole table */
     int n_factors;
-    bool mode[M3_ATTR_N_MODE];  /* which modes to run (at least one) */
+    bool mode[M3_ATTR_N_MODE]; /* which modes to run (at least one) */
 } m3_attr_opts;
 
 /* Run the attribution. M3_OK with *out (free with m3_attr_result_free), or an error line:

@@ -15,15 +15,16 @@
 static void usage(FILE *f) {
     int n;
     const m3_attr_factor *t = m3_attr_factors(&n);
-    fprintf(f,
-            "usage: m3 attribute --model DIR (--tokens FILE | --ids \"1 2 3\")\n"
-            "                    [--factors NAME,...] [--mode free|forced|both] [--json OUT.json]\n"
-            "                    [--html OUT.html] [--threads N] [--override JSON]\n"
-            "                    [--color auto|always|never]\n"
-            "Runs the reference at the fp32 baseline and with each factor alone (and all together),\n"
-            "free-running and teacher-forced (every layer from the baseline's input), and reports per\n"
-            "layer how much each factor changes the layer output and the stages it acts on.\n"
-            "factors (default: all of them):\n");
+    fprintf(
+        f,
+        "usage: m3 attribute --model DIR (--tokens FILE | --ids \"1 2 3\")\n"
+        "                    [--factors NAME,...] [--mode free|forced|both] [--json OUT.json]\n"
+        "                    [--html OUT.html] [--threads N] [--override JSON]\n"
+        "                    [--color auto|always|never]\n"
+        "Runs the reference at the fp32 baseline and with each factor alone (and all together),\n"
+        "free-running and teacher-forced (every layer from the baseline's input), and reports per\n"
+        "layer how much each factor changes the layer output and the stages it acts on.\n"
+        "factors (default: all of them):\n");
     for (int i = 0; i < n; i++)
         fprintf(f, "  %-11s %s\n", t[i].name, t[i].about);
     fputs("See docs/attribute.md.\n", f);
@@ -65,18 +66,28 @@ int m3_cmd_attribute(int argc, char **argv) {
             if (i + 1 >= argc) return m3_cli_fail("attribute: option %s needs a value", a);
             val = argv[++i];
         }
-        if (!strcmp(name, "--model")) model = val;
-        else if (!strcmp(name, "--tokens")) tokens = val;
-        else if (!strcmp(name, "--ids")) ids = val;
-        else if (!strcmp(name, "--factors")) factors = val;
-        else if (!strcmp(name, "--mode")) mode = val;
-        else if (!strcmp(name, "--json")) json = val;
-        else if (!strcmp(name, "--html")) html = val;
-        else if (!strcmp(name, "--override")) override = val;
-        else if (!strcmp(name, "--color")) color = val;
+        if (!strcmp(name, "--model"))
+            model = val;
+        else if (!strcmp(name, "--tokens"))
+            tokens = val;
+        else if (!strcmp(name, "--ids"))
+            ids = val;
+        else if (!strcmp(name, "--factors"))
+            factors = val;
+        else if (!strcmp(name, "--mode"))
+            mode = val;
+        else if (!strcmp(name, "--json"))
+            json = val;
+        else if (!strcmp(name, "--html"))
+            html = val;
+        else if (!strcmp(name, "--override"))
+            override = val;
+        else if (!strcmp(name, "--color"))
+            color = val;
         else if (!strcmp(name, "--threads")) {
             if (!parse_threads(val, &threads))
-                return m3_cli_fail("attribute: --threads wants an integer in 1..256, got '%s'", val);
+                return m3_cli_fail("attribute: --threads wants an integer in 1..256, got '%s'",
+                                   val);
         } else
             return m3_cli_fail("attribute: unknown option '%s' (see m3 attribute --help)", name);
     }
@@ -98,11 +109,14 @@ int m3_cmd_attribute(int argc, char **argv) {
     if (factors) {
         if (strlen(factors) >= sizeof fbuf) return m3_cli_fail("attribute: --factors too long");
         snprintf(fbuf, sizeof fbuf, "%s", factors);
-        for (char *save = NULL, *t = strtok_r(fbuf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        for (char *save = NULL, *t = strtok_r(fbuf, ",", &save); t;
+             t = strtok_r(NULL, ",", &save)) {
             if (!m3_attr_factor_find(t))
-                return m3_cli_fail("attribute: --factors: unknown factor '%s' (see m3 attribute --help)", t);
+                return m3_cli_fail(
+                    "attribute: --factors: unknown factor '%s' (see m3 attribute --help)", t);
             for (int k = 0; k < nf; k++)
-                if (!strcmp(names[k], t)) return m3_cli_fail("attribute: --factors: '%s' given twice", t);
+                if (!strcmp(names[k], t))
+                    return m3_cli_fail("attribute: --factors: '%s' given twice", t);
             if (nf == 64) return m3_cli_fail("attribute: --factors: too many");
             names[nf++] = t;
         }

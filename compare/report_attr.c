@@ -60,7 +60,8 @@ static void text_table(FILE *f, const m3_attr_result *r, int mode, bool acts, bo
         double topv = 0;
         for (int k = 0; k < r->n_factor; k++) {
             if (r->factor[k]->control || r->factor[k]->combined) continue;
-            double e = m3_attr_nmse(r, k, mode, L, acts ? acts_stage(r->factor[k]) : M3_ATTR_OUTPUT);
+            double e =
+                m3_attr_nmse(r, k, mode, L, acts ? acts_stage(r->factor[k]) : M3_ATTR_OUTPUT);
             if (!isnan(e) && e > topv) topv = e, top = k;
         }
         fprintf(f, "%0*d %-15s", r->n_layer >= 100 ? 3 : 2, L, layer_kind(r, L));
@@ -127,11 +128,12 @@ void m3_attr_report_text(FILE *f, const m3_attr_result *r, bool color) {
     }
     for (int mode = 0; mode < M3_ATTR_N_MODE; mode++) {
         if (!r->mode[mode]) continue;
-        fprintf(f, "\n%s%s%s: %s\n", color ? "\033[1m" : "", m3_attr_mode_name(mode),
-                color ? "\033[0m" : "",
-                mode == M3_ATTR_FORCED
-                    ? "every layer starts from the baseline's layers/NN/input: each layer's own error"
-                    : "ordinary forward: each layer's error includes what earlier layers passed on");
+        fprintf(
+            f, "\n%s%s%s: %s\n", color ? "\033[1m" : "", m3_attr_mode_name(mode),
+            color ? "\033[0m" : "",
+            mode == M3_ATTR_FORCED
+                ? "every layer starts from the baseline's layers/NN/input: each layer's own error"
+                : "ordinary forward: each layer's error includes what earlier layers passed on");
         fputs("NMSE of layers/NN/output against the baseline (n/a: " UNAVAILABLE
               "; flips i/e: rows of index_topk / expert_ids whose set differs)\n",
               f);
@@ -151,13 +153,16 @@ void m3_attr_report_text(FILE *f, const m3_attr_result *r, bool color) {
             char b[32] = "n/a";
             if (run->ran && run->logits.present)
                 snprintf(b, sizeof b, "%.3f",
-                         run->logits.rows ? (double)run->logits.top1_agree / (double)run->logits.rows : 1.0);
+                         run->logits.rows
+                             ? (double)run->logits.top1_agree / (double)run->logits.rows
+                             : 1.0);
             fprintf(f, " %-*s", CW, b);
         }
         fputc('\n', f);
     }
     int vm = m3_attr_verdict_mode(r);
-    fprintf(f, "\nverdict (%s mode, layer output NMSE of the single factors):\n", m3_attr_mode_name(vm));
+    fprintf(f, "\nverdict (%s mode, layer output NMSE of the single factors):\n",
+            m3_attr_mode_name(vm));
     for (int L = 0; L < r->n_layer; L++) {
         char b[512];
         m3_attr_verdict(r, vm, L, b, sizeof b);
@@ -277,7 +282,9 @@ m3_status m3_attr_report_json(const m3_attr_result *r, const char *path) {
                     m3_jw_int(&w, "rows", run->logits.rows);
                     m3_jw_int(&w, "top1_agree", run->logits.top1_agree);
                     jnum(&w, "top1_agreement",
-                         run->logits.rows ? (double)run->logits.top1_agree / (double)run->logits.rows : 1.0);
+                         run->logits.rows
+                             ? (double)run->logits.top1_agree / (double)run->logits.rows
+                             : 1.0);
                     jnum(&w, "kl_mean", run->logits.kl_mean);
                     jnum(&w, "kl_max", run->logits.kl_max);
                     json_float(&w, "float", &run->logits.diff);
@@ -375,7 +382,8 @@ static void html_table(FILE *f, const m3_attr_result *r, int mode) {
                 int64_t fi = m3_attr_flips(r, k, mode, L, M3_ATTR_INDEX_TOPK),
                         fe = m3_attr_flips(r, k, mode, L, M3_ATTR_EXPERT_IDS);
                 if (fi || fe)
-                    fprintf(f, "<br><small>flips i %lld / e %lld</small>", (long long)fi, (long long)fe);
+                    fprintf(f, "<br><small>flips i %lld / e %lld</small>", (long long)fi,
+                            (long long)fe);
                 /* where the factor acts, when that is not the output */
                 int s = m3_attr_stage_find(r->factor[k]->acts);
                 if (s >= 0 && s != M3_ATTR_OUTPUT && !m3_attr_stage_is_set(s)) {
@@ -413,7 +421,8 @@ static void chart(FILE *f, const char *title, m3_svg_series *s, int ns, int n_la
             if (s[i].y[k] > ymax) ymax = s[i].y[k];
         }
     if (ns && ymin <= ymax)
-        m3_svg_line_chart(f, title, "log10 NMSE", s, ns, floor(ymin), ceil(ymax), n_layer - 1, "err");
+        m3_svg_line_chart(f, title, "log10 NMSE", s, ns, floor(ymin), ceil(ymax), n_layer - 1,
+                          "err");
 }
 
 /* Append the per-layer log10 NMSE of stage st of factor k in `mode` as one series. */
@@ -444,17 +453,22 @@ m3_status m3_attr_report_html(const m3_attr_result *r, const char *path) {
     char tmp[1024];
     FILE *f = m3_report_open(path, tmp, sizeof tmp);
     if (!f) return M3_ERR_IO;
-    fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>m3 attribute</title>\n"
-          "<style>body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;"
-          "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}"
-          "table.heat td{text-align:right;font-family:monospace}figure{margin:1em 0}"
-          "figcaption{font-weight:bold;margin-bottom:4px}code{background:#f4f4f4}.na{color:#888}</style>\n"
-          "</head><body>\n<h1>m3 attribute</h1>\n<p>Model <code>",
-          f);
+    fputs(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>m3 "
+        "attribute</title>\n"
+        "<style>body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;"
+        "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}"
+        "table.heat td{text-align:right;font-family:monospace}figure{margin:1em 0}"
+        "figcaption{font-weight:bold;margin-bottom:4px}code{background:#f4f4f4}.na{color:#888}</"
+        "style>\n"
+        "</head><body>\n<h1>m3 attribute</h1>\n<p>Model <code>",
+        f);
     m3_html_escape(f, r->model);
-    fprintf(f, "</code>, %d tokens, %d layers. Baseline: the fp32 reference (next token %d). "
-               "Each factor is run alone on top of the baseline; error = NMSE against the baseline.</p>\n",
-            r->n_tok, r->n_layer, r->base_next);
+    fprintf(
+        f,
+        "</code>, %d tokens, %d layers. Baseline: the fp32 reference (next token %d). "
+        "Each factor is run alone on top of the baseline; error = NMSE against the baseline.</p>\n",
+        r->n_tok, r->n_layer, r->base_next);
     fputs("<h2>Factors</h2>\n<table><thead><tr><th>factor</th><th>profile</th><th>variant keys</th>"
           "<th>acts at</th><th>what</th><th>status</th></tr></thead><tbody>\n",
           f);
@@ -505,22 +519,26 @@ m3_status m3_attr_report_html(const m3_attr_result *r, const char *path) {
     }
     for (int mode = 0; mode < M3_ATTR_N_MODE; mode++) {
         if (!r->mode[mode]) continue;
-        fprintf(f, "<h2>%s mode</h2>\n<p>%s Cells: NMSE of <code>layers/NN/output</code>; flips i / e: "
-                   "rows of index_topk / expert_ids whose set differs; the stage where the factor acts "
-                   "below.</p>\n",
-                m3_attr_mode_name(mode),
-                mode == M3_ATTR_FORCED ? "Every layer starts from the baseline's layers/NN/input: each "
-                                         "layer's error is its own."
-                                       : "Ordinary forward: errors accumulate over the layers.");
+        fprintf(
+            f,
+            "<h2>%s mode</h2>\n<p>%s Cells: NMSE of <code>layers/NN/output</code>; flips i / e: "
+            "rows of index_topk / expert_ids whose set differs; the stage where the factor acts "
+            "below.</p>\n",
+            m3_attr_mode_name(mode),
+            mode == M3_ATTR_FORCED ? "Every layer starts from the baseline's layers/NN/input: each "
+                                     "layer's error is its own."
+                                   : "Ordinary forward: errors accumulate over the layers.");
         html_table(f, r, mode);
         int ns = 0;
         for (int k = 0; k < r->n_factor; k++)
             if (r->available[k]) add_series(s, &ns, r, k, mode, M3_ATTR_OUTPUT, r->factor[k]->name);
         char title[200];
-        snprintf(title, sizeof title, "%s: layer output error against layer, all factors (-20 = exact)",
+        snprintf(title, sizeof title,
+                 "%s: layer output error against layer, all factors (-20 = exact)",
                  m3_attr_mode_name(mode));
         chart(f, title, s, ns, r->n_layer);
-        for (int i = 0; i < ns; i++) free(s[i].x), free(s[i].y);
+        for (int i = 0; i < ns; i++)
+            free(s[i].x), free(s[i].y);
         memset(s, 0, sizeof *s * (size_t)ns);
     }
     fputs("<h2>Error against layer per factor</h2>\n", f);
@@ -537,7 +555,8 @@ m3_status m3_attr_report_html(const m3_attr_result *r, const char *path) {
             for (int st = 0; st < M3_ATTR_N_STAGE; st++) {
                 if (m3_attr_stage_is_set(st)) continue;
                 char name[64];
-                snprintf(name, sizeof name, "%s (%s)", m3_attr_stage_name(st), m3_attr_mode_name(mode));
+                snprintf(name, sizeof name, "%s (%s)", m3_attr_stage_name(st),
+                         m3_attr_mode_name(mode));
                 add_series(s, &ns, r, k, mode, st, name);
             }
         }
@@ -545,7 +564,8 @@ m3_status m3_attr_report_html(const m3_attr_result *r, const char *path) {
         snprintf(title, sizeof title, "%s: log10 NMSE per stage against layer (-20 = exact)",
                  r->factor[k]->name);
         chart(f, title, s, ns, r->n_layer);
-        for (int i = 0; i < ns; i++) free(s[i].x), free(s[i].y);
+        for (int i = 0; i < ns; i++)
+            free(s[i].x), free(s[i].y);
         memset(s, 0, sizeof *s * (size_t)ns);
     }
     free(s);

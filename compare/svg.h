@@ -13,8 +13,8 @@ extern "C" {
 
 /* Chart geometry (pixels): width, height and the plot margins left/right/top/bottom. The
  * right margin holds the legend. */
-#define M3_SVG_W 760
-#define M3_SVG_H 300
+#define M3_SVG_W  760
+#define M3_SVG_H  300
 #define M3_SVG_ML 60
 #define M3_SVG_MR 170
 #define M3_SVG_MT 20

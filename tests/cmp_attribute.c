@@ -29,8 +29,8 @@ static char dir[64];
 typedef struct fixture {
     const char *name;
     char model[128], ids[1024], json[160], html[160], text_path[160];
-    char *text;     /* stdout of the run */
-    m3_json *doc;   /* parsed --json */
+    char *text;   /* stdout of the run */
+    m3_json *doc; /* parsed --json */
     int n_layer;
 } fixture;
 
@@ -85,8 +85,9 @@ static int setup(void **state) {
         snprintf(f->json, sizeof f->json, "%s/%s.json", dir, f->name);
         snprintf(f->html, sizeof f->html, "%s/%s.html", dir, f->name);
         char cmd[2048];
-        snprintf(cmd, sizeof cmd, "%s attribute --model %s --ids '%s' --json %s --html %s --threads 2",
-                 m3_bin(), f->model, f->ids, f->json, f->html);
+        snprintf(cmd, sizeof cmd,
+                 "%s attribute --model %s --ids '%s' --json %s --html %s --threads 2", m3_bin(),
+                 f->model, f->ids, f->json, f->html);
         int rc = m3_run_cmd(cmd, &f->text);
         if (rc != 0) {
             fprintf(stderr, "setup: %s -> %d: %s\n", cmd, rc, f->text ? f->text : "");
@@ -152,7 +153,8 @@ static int64_t flips(const fixture *f, const char *name, const char *mode, int L
 }
 
 static bool is_sparse(const fixture *f, int L) {
-    return m3_json_get_bool(m3_json_at(m3_json_get(f->doc, "layers"), L), "sparse_attention", false);
+    return m3_json_get_bool(m3_json_at(m3_json_get(f->doc, "layers"), L), "sparse_attention",
+                            false);
 }
 static bool is_moe(const fixture *f, int L) {
     return m3_json_get_bool(m3_json_at(m3_json_get(f->doc, "layers"), L), "moe", false);
@@ -178,8 +180,9 @@ static void control_row_is_exactly_zero(void **state) {
                     if (!stage(f, "fp32", modes[m], L, float_stages[s])) continue;
                     seen++;
                     if (nmse(f, "fp32", modes[m], L, float_stages[s]) != 0)
-                        m3_test_failf("%s: control %s layer %d %s NMSE %g != 0", f->name, modes[m], L,
-                                      float_stages[s], nmse(f, "fp32", modes[m], L, float_stages[s]));
+                        m3_test_failf("%s: control %s layer %d %s NMSE %g != 0", f->name, modes[m],
+                                      L, float_stages[s],
+                                      nmse(f, "fp32", modes[m], L, float_stages[s]));
                     assert_int_equal(m3_json_get_int(stage(f, "fp32", modes[m], L, float_stages[s]),
                                                      "nonfinite_mismatch", -1),
                                      0);
@@ -190,8 +193,8 @@ static void control_row_is_exactly_zero(void **state) {
                 if (is_sparse(f, L)) assert_non_null(stage(f, "fp32", modes[m], L, "index_topk"));
                 if (is_moe(f, L)) assert_non_null(stage(f, "fp32", modes[m], L, "expert_ids"));
             }
-            const m3_json *lg = m3_json_get(m3_json_get(m3_json_get(factor(f, "fp32"), "modes"), modes[m]),
-                                            "logits");
+            const m3_json *lg = m3_json_get(
+                m3_json_get(m3_json_get(factor(f, "fp32"), "modes"), modes[m]), "logits");
             assert_true(m3_json_get_double(lg, "kl_mean", -1) == 0);
             assert_int_equal(m3_json_get_int(lg, "top1_agree", -1), N_TOK);
         }
@@ -216,9 +219,11 @@ static void hf_error_is_nonzero_and_bounded(void **state) {
                 bool flipped = flips(f, "hf", modes[m], L, "index_topk") ||
                                flips(f, "hf", modes[m], L, "expert_ids");
                 if (!(e > 0 && e < 1))
-                    m3_test_failf("%s: hf %s layer %d NMSE %g not in (0, 1)", f->name, modes[m], L, e);
+                    m3_test_failf("%s: hf %s layer %d NMSE %g not in (0, 1)", f->name, modes[m], L,
+                                  e);
                 if (m == 1 && !flipped && e > bound)
-                    m3_test_failf("%s: hf forced layer %d NMSE %g > lowp bound %g", f->name, L, e, bound);
+                    m3_test_failf("%s: hf forced layer %d NMSE %g > lowp bound %g", f->name, L, e,
+                                  bound);
                 assert_int_equal(m3_json_get_int(stage(f, "hf", modes[m], L, "output"),
                                                  "nonfinite_mismatch", -1),
                                  0);
@@ -233,7 +238,8 @@ static void atom_differs_from_hf(void **state) {
         const fixture *f = &fx[i];
         assert_true(available(f, "atom"));
         for (int L = 0; L < f->n_layer; L++) {
-            double a = nmse(f, "atom", "forced", L, "output"), h = nmse(f, "hf", "forced", L, "output");
+            double a = nmse(f, "atom", "forced", L, "output"),
+                   h = nmse(f, "hf", "forced", L, "output");
             if (!(a > 0) || a == h)
                 m3_test_failf("%s: layer %d atom NMSE %g vs hf %g", f->name, L, a, h);
         }
@@ -282,10 +288,12 @@ static void forced_equals_replay_by_hand(void **state) {
             if (L < 0) continue;
             if (!strcmp(st, "index_topk") || !strcmp(st, "expert_ids")) {
                 const m3_json *set = m3_json_get(s, "set");
-                int64_t fl = m3_json_get_int(set, "rows", 0) - m3_json_get_int(set, "rows_equal", 0);
+                int64_t fl =
+                    m3_json_get_int(set, "rows", 0) - m3_json_get_int(set, "rows_equal", 0);
                 if (fl != flips(f, profiles[p], "forced", L, st))
-                    m3_test_failf("%s layer %d %s: replay %lld flips, attribute %lld", profiles[p], L, st,
-                                  (long long)fl, (long long)flips(f, profiles[p], "forced", L, st));
+                    m3_test_failf("%s layer %d %s: replay %lld flips, attribute %lld", profiles[p],
+                                  L, st, (long long)fl,
+                                  (long long)flips(f, profiles[p], "forced", L, st));
                 checked++;
                 continue;
             }
@@ -297,8 +305,8 @@ static void forced_equals_replay_by_hand(void **state) {
             assert_true(m3_json_double(m3_json_get(m3_json_get(s, "float"), "nmse"), &want));
             double got = nmse(f, profiles[p], "forced", L, st);
             if (fabs(got - want) > 1e-9 * fabs(want))
-                m3_test_failf("%s layer %d %s: replay NMSE %.17g, attribute forced %.17g", profiles[p], L,
-                              st, want, got);
+                m3_test_failf("%s layer %d %s: replay NMSE %.17g, attribute forced %.17g",
+                              profiles[p], L, st, want, got);
             checked++;
         }
         m3_json_free(c);
@@ -322,7 +330,8 @@ static void json_has_every_factor_and_layer(void **state) {
             const m3_json *fa = factor(f, t[k].name);
             bool av = m3_json_get_bool(fa, "available", false);
             for (int m = 0; m < 2; m++) {
-                const m3_json *ls = m3_json_get(m3_json_get(m3_json_get(fa, "modes"), modes[m]), "layers");
+                const m3_json *ls =
+                    m3_json_get(m3_json_get(m3_json_get(fa, "modes"), modes[m]), "layers");
                 assert_int_equal(m3_json_size(ls), f->n_layer);
                 for (int L = 0; L < f->n_layer; L++) {
                     const m3_json *l = m3_json_at(ls, L);
@@ -382,12 +391,13 @@ static void html_renders_in_chromium(void **state) {
     if (access("/usr/bin/chromium", X_OK) != 0) skip();
     const fixture *f = &fx[0];
     char cmd[2048], *out = NULL;
-    snprintf(cmd, sizeof cmd,
-             "prof=$(mktemp -d) && timeout 60 /usr/bin/chromium --headless --no-sandbox --disable-gpu "
-             "--disable-quic --no-first-run --disable-background-networking --disable-component-update "
-             "--disable-sync --user-data-dir=\"$prof\" --enable-logging=stderr --v=0 --dump-dom "
-             "'file://%s' >'%s/dom.html' 2>'%s/chromium.log'; rc=$?; rm -rf \"$prof\"; exit $rc",
-             f->html, dir, dir);
+    snprintf(
+        cmd, sizeof cmd,
+        "prof=$(mktemp -d) && timeout 60 /usr/bin/chromium --headless --no-sandbox --disable-gpu "
+        "--disable-quic --no-first-run --disable-background-networking --disable-component-update "
+        "--disable-sync --user-data-dir=\"$prof\" --enable-logging=stderr --v=0 --dump-dom "
+        "'file://%s' >'%s/dom.html' 2>'%s/chromium.log'; rc=$?; rm -rf \"$prof\"; exit $rc",
+        f->html, dir, dir);
     int rc = m3_run_cmd(cmd, &out);
     free(out);
     char p[160];
