@@ -529,7 +529,12 @@ void m3_attr_verdict(const m3_attr_result *r, int mode, int L, char *buf, size_t
                                   second * 2 <= top ? "dominates" : "leads");
     for (int i = 1; i < n && i < 3 && k >= 0 && (size_t)k < left; i++) {
         double e = rank_value(r, idx[i], mode, L);
-        k += snprintf(p + k, left - (size_t)k, "%s %s %.1e", i == 1 ? ";" : ",",
-                      r->factor[idx[i]]->name, e);
+        char num[32];
+        if (e == 0)
+            snprintf(num, sizeof num, "0");
+        else
+            snprintf(num, sizeof num, "%.1e", e);
+        k += snprintf(p + k, left - (size_t)k, "%s %s %s", i == 1 ? ";" : ",",
+                      r->factor[idx[i]]->name, num);
     }
 }

@@ -122,8 +122,8 @@ void m3_attr_report_text(FILE *f, const m3_attr_result *r, bool color) {
             fprintf(f, "  [%s%s: %s%s]", color ? "\033[2m" : "", UNAVAILABLE, r->why[k],
                     color ? "\033[0m" : "");
         else if (r->left_out[k][0])
-            fprintf(f, "  [applied: %s%s; left out, %s: %s]", fa->profile,
-                    r->applied[k][0] ? " + " : "", UNAVAILABLE, r->left_out[k]);
+            fprintf(f, "  [applied: %s%s%s; left out, %s: %s]", fa->profile,
+                    r->applied[k][0] ? " + " : "", r->applied[k], UNAVAILABLE, r->left_out[k]);
         fputc('\n', f);
     }
     for (int mode = 0; mode < M3_ATTR_N_MODE; mode++) {

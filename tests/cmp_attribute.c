@@ -10,7 +10,8 @@
  * self-contained and renders in headless Chromium (skip() without /usr/bin/chromium); bad
  * input exits 2 with one line. The variant factors' spec signatures (MX experts in mlp_out
  * and not attn_proj, fp8 KV in attention, index fp8 / reuse in index_topk or sparse-layer
- * attention only) are asserted when the factor is available and skip() otherwise. */
+ * attention only) are asserted when the factor is available and skip() otherwise; they were
+ * checked passing against trial merges of branches h/quant and h/cache. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -463,6 +464,8 @@ static void mx_experts_act_in_mlp_not_attention(void **state) {
                 assert_int_equal(flips(f, names[k], "forced", L, "index_topk"), 0);
                 if (is_moe(f, L) && !(nmse(f, names[k], "forced", L, "mlp_out") > 0))
                     m3_test_failf("%s: %s layer %d mlp_out unchanged", f->name, names[k], L);
+                /* a dense-MLP layer has no experts to quantize */
+                if (!is_moe(f, L)) assert_true(nmse(f, names[k], "forced", L, "output") == 0);
             }
         }
     if (!ran) skip(); /* experts=mxfp4/mxfp8 unavailable in this build */
@@ -479,6 +482,8 @@ static void kv_fp8_acts_in_attention(void **state) {
         ran++;
         for (int L = 0; L < f->n_layer; L++) {
             assert_int_equal(flips(f, "kv-fp8", "forced", L, "index_topk"), 0);
+            /* dense layers attend over the fresh k/v in prefill, not the cache (§3.10) */
+            if (!is_sparse(f, L)) assert_true(nmse(f, "kv-fp8", "forced", L, "attn_out") == 0);
             if (is_sparse(f, L)) {
                 assert_true(nmse(f, "kv-fp8", "forced", L, "index_scores") == 0);
                 if (!(nmse(f, "kv-fp8", "forced", L, "attn_out") > 0))
