@@ -185,4 +185,25 @@ static __device__ __forceinline__ float m3_block_max(float v, float *sh) {
 }
 #endif
 
+/* ---- tensor-core tile (device) ----------------------------------------------------------
+ * m3_mma_bf16_16816(c, a, b): c[16x8] += a[16x16] * b[16x8], bf16 inputs, fp32 accumulate,
+ * one warp (NVIDIA sm_80+ mma.sync.m16n8k16.row.col). Fragment layout per lane (g = lane/4,
+ * t = lane%4): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] =
+ * A[g+8][2t+8..]; b[0] = B[2t..2t+1][g], b[1] = B[2t+8..2t+9][g] (pairs packed low first);
+ * c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1].
+ * M3_HAVE_MMA is 1 only in an NVIDIA device pass for sm_80+; kernels keep a portable path
+ * (plain fp32 FMAs from shared memory) for AMD and for the host pass. */
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define M3_HAVE_MMA 1
+static __device__ __forceinline__ void m3_mma_bf16_16816(float *c, const uint32_t *a,
+                                                         const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#else
+#define M3_HAVE_MMA 0
+#endif
+
 #endif

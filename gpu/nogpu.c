@@ -130,6 +130,14 @@ m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_
     return NO_GPU("gpu router_logits");
 }
 
+m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int32_t *d_ids,
+                             const float *d_wts, int n_tok, const m3_gpu_experts *w,
+                             const struct m3_moe_params *mp, const m3_profile *p) {
+    (void)g; (void)d_y; (void)d_x; (void)d_ids; (void)d_wts; (void)n_tok; (void)w; (void)mp;
+    (void)p;
+    return NO_GPU("gpu moe_experts");
+}
+
 m3_status m3_gpu_attn_dense(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                             const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
                             int n_tok, int n_ctx, const struct m3_attn_params *ap,

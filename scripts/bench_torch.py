@@ -108,6 +108,61 @@ def main():
     f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     print(f"torch: attn_dense bf16 hf T=1024 C=1024 {timeit(f, reps=3, batches=3):.4f} ms")
 
+    moe_bench()
+
+
+def moe_bench(E=128, K=4, D=6144, F=3072):
+    """HF-style loop over the touched experts (index, GEMMs, swiglu, index_add_); MX weights
+    are dequantized to bf16 per touched expert first (what a plain PyTorch port does)."""
+    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device=dev)
+
+    def deq(codes, sc, fmt):
+        s = torch.exp2(sc.float() - 127).repeat_interleave(32, -1)
+        if fmt == "mxfp8":
+            v = codes.view(torch.float8_e4m3fn).float()
+        else:
+            v = torch.stack([lut[(codes & 15).long()], lut[(codes >> 4).long()]], -1).flatten(-2)
+        return (v * s).bfloat16()
+
+    for fmt in ("mxfp4", "mxfp8", "bf16"):
+        if fmt == "bf16":
+            W = [torch.randn(E, F, D, device=dev, dtype=torch.bfloat16) * 0.02,
+                 torch.randn(E, F, D, device=dev, dtype=torch.bfloat16) * 0.02,
+                 torch.randn(E, D, F, device=dev, dtype=torch.bfloat16) * 0.02]
+            S = [None] * 3
+        else:
+            cols = D if fmt == "mxfp8" else D // 2
+            W = [torch.randint(0, 256, (E, F, cols), device=dev, dtype=torch.uint8),
+                 torch.randint(0, 256, (E, F, cols), device=dev, dtype=torch.uint8),
+                 torch.randint(0, 256, (E, D, cols * F // D), device=dev, dtype=torch.uint8)]
+            S = [torch.randint(120, 130, (E, F, D // 32), device=dev, dtype=torch.uint8),
+                 torch.randint(120, 130, (E, F, D // 32), device=dev, dtype=torch.uint8),
+                 torch.randint(120, 130, (E, D, F // 32), device=dev, dtype=torch.uint8)]
+
+        def weights(e):
+            if fmt == "bf16":
+                return W[0][e], W[1][e], W[2][e]
+            return tuple(deq(W[i][e], S[i][e], fmt) for i in range(3))
+
+        for T in (1, 64, 4096):
+            x = torch.randn(T, D, device=dev, dtype=torch.bfloat16)
+            ids = torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(T)])
+            wts = torch.full((T, K), 0.25, device=dev)
+
+            def moe():
+                y = torch.zeros(T, D, device=dev)
+                for e in ids.unique().tolist():
+                    tok, slot = (ids == e).nonzero(as_tuple=True)
+                    wg, wu, wd = weights(e)
+                    h = x[tok]
+                    a = swiglu(h @ wg.T, h @ wu.T)
+                    y.index_add_(0, tok, (a @ wd.T).float() * wts[tok, slot, None])
+                return (2.0 * y).bfloat16()
+            big = T > 64
+            print(f"torch: moe_experts {fmt} atom T={T} {timeit(moe, reps=1 if big else 5, batches=3):.4f} ms")
+        del W, S
+        torch.cuda.empty_cache()
+
 
 if __name__ == "__main__":
     main()
