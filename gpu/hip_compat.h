@@ -60,6 +60,8 @@
 /* ---------------------------------------------------------- NVIDIA: HIP names -> CUDA --- */
 #define M3_HIP_NVIDIA 1
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #define M3_HAVE_BLAS 1
 
@@ -204,6 +206,25 @@ static __device__ __forceinline__ void m3_mma_bf16_16816(float *c, const uint32_
 }
 #else
 #define M3_HAVE_MMA 0
+#endif
+
+/* ---- fp8 e4m3fn decode (device) -----------------------------------------------------------
+ * M3_HAVE_FP8_CVT: NVIDIA sm_89+ converts two e4m3fn codes to two halves in one instruction
+ * (cvt.rn.f16x2.e4m3x2); every e4m3fn value, NaN included, is exact in fp16 and fp32, so this
+ * equals ref/num/fp8.h's m3_fp8_to_f32 code for code (tests/gpu_moe.c checks it through the
+ * MXFP8 GEMMs). m3_e4m3x4_to_f32 decodes the four codes of q (byte i = element i). Without
+ * the instruction it calls m3_fp8_to_f32 (include ref/num/fp8.h before using it). */
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define M3_HAVE_FP8_CVT 1
+static __device__ __forceinline__ void m3_e4m3x4_to_f32(uint32_t q, float *v) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(q & 0xFFFFu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(q >> 16), __NV_E4M3);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+}
+#else
+#define M3_HAVE_FP8_CVT 0
 #endif
 
 #endif

@@ -178,6 +178,24 @@ m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float *d_q, int 
                                  int block, const struct m3_attn_params *ap,
                                  const m3_profile *p);
 
+/* Fast attention (bf16 storage; the production path), same arguments as the faithful
+ * twins above. Online softmax with K/V staged once per KV group and shared by its H/Hkv
+ * query heads; P rounded to bf16 unnormalised for P.V, fp32 partials merged by log-sum-exp
+ * (spec §3.7's atom column): checked against the reference with the bf16 bound, not bit
+ * for bit (the faithful kernels are the device reference). sparse: flash-decoding, one
+ * block per (selected block, kv head, token) + a merge. dense: tensor cores (mma.sync) on
+ * NVIDIA, 4 tokens x 16 heads per block; elsewhere it runs the faithful kernel. Needs
+ * attn_out_bf16, H/Hkv <= 16, Dh % 16 == 0, Dh <= 128, ld_q % 8 == 0; sparse: block % 8 == 0. */
+m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                                  const m3_profile *p);
+m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                   int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                   int block, const struct m3_attn_params *ap,
+                                   const m3_profile *p);
+
 /* gpu/indexer.hip, twin of ref/indexer.h m3_indexer_topk: iq [T, G*Di] (pitch ld_q), ik
  * [S_k, Di], pos [T]; topk [G, T, W] (W = m3_indexer_width), scores [G, T, NB] (may be NULL:
  * then an arena temporary), margin [G, T] (may be NULL), n_ties: a device int (may be NULL)

@@ -161,6 +161,7 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
 #define SK_NT 4                /* input rows staged per pass in sk_k */
 #define SK_RPW_GU 2            /* output rows per warp, gate/up */
 #define SK_RPW_DN 4            /* output rows per warp, down */
+#define SK_UNR 3 /* weight loads issued ahead per lane: 3 x 16 B (D, F multiples of 3 steps) */
 #define EXP_MAX_E 1024
 #define EXP_MAX_K 8
 
@@ -201,8 +202,13 @@ static __device__ __forceinline__ void decode16(uint4 u, const float *lut, float
             w[2 * k + 1] = m3_bits_f32(q[k] & 0xFFFF0000u);
         }
     } else if (WF == M3_GPU_W_MXFP8) {
+#if M3_HAVE_FP8_CVT
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_e4m3x4_to_f32(q[k], w + 4 * k);
+#else
 #pragma unroll
         for (int k = 0; k < 16; k++) w[k] = lut[(q[k / 4] >> (8 * (k % 4))) & 0xFFu];
+#endif
     } else { /* low_even: element 2j in the low nibble of byte j */
 #pragma unroll
         for (int k = 0; k < 32; k++) w[k] = lut[(q[k / 8] >> (4 * (k % 8))) & 0xFu];
@@ -273,7 +279,7 @@ static __global__ void __launch_bounds__(1024)
  * MODE 1 (down): input rows are a's grouped rows, kdim = F, one matrix of nout = D rows;
  *   out = y_e [TK, D] (grouped rows), bf16(a Wd^T). */
 template <int WF, int MODE, int RPW>
-static __global__ void __launch_bounds__(EXP_THREADS)
+static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 blocks/SM */
     sk_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
@@ -310,15 +316,33 @@ static __global__ void __launch_bounds__(EXP_THREADS)
             float a0[SK_NT], a1[SK_NT];
 #pragma unroll
             for (int j = 0; j < SK_NT; j++) a0[j] = a1[j] = 0.0f;
-            for (int c = lane * EPL; c < kdim; c += M3_WARP * EPL) {
+            const int step = M3_WARP * EPL;
+            for (int cb = lane * EPL; cb < kdim; cb += SK_UNR * step) {
+                /* issue SK_UNR steps of loads before using any: more bytes in flight */
+                uint4 q0[SK_UNR], q1[SK_UNR];
+                m3_e8m0 e0[SK_UNR], e1[SK_UNR];
+#pragma unroll
+                for (int u = 0; u < SK_UNR; u++) {
+                    const int c = cb + u * step;
+                    if (c >= kdim) continue;
+                    q0[u] = *reinterpret_cast<const uint4 *>(p0 + wbytes<WF>((size_t)c));
+                    if (MODE == 0) q1[u] = *reinterpret_cast<const uint4 *>(p1 + wbytes<WF>((size_t)c));
+                    if (WF != M3_GPU_W_BF16) {
+                        e0[u] = s0[row * nsb + (size_t)c / 32];
+                        if (MODE == 0) e1[u] = s1[row * nsb + (size_t)c / 32];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < SK_UNR; u++) {
+                const int c = cb + u * step;
+                if (c >= kdim) continue;
                 float v0[EPL], v1[EPL];
-                decode16<WF>(*reinterpret_cast<const uint4 *>(p0 + wbytes<WF>((size_t)c)), lut, v0);
-                if (MODE == 0)
-                    decode16<WF>(*reinterpret_cast<const uint4 *>(p1 + wbytes<WF>((size_t)c)), lut, v1);
+                decode16<WF>(q0[u], lut, v0);
+                if (MODE == 0) decode16<WF>(q1[u], lut, v1);
                 float sc0 = 1.0f, sc1 = 1.0f; /* 2^(s-127): exact scaling of a block's partial */
                 if (WF != M3_GPU_W_BF16) {
-                    sc0 = m3_e8m0_to_f32(s0[row * nsb + (size_t)c / 32]);
-                    if (MODE == 0) sc1 = m3_e8m0_to_f32(s1[row * nsb + (size_t)c / 32]);
+                    sc0 = m3_e8m0_to_f32(e0[u]);
+                    if (MODE == 0) sc1 = m3_e8m0_to_f32(e1[u]);
                 }
 #pragma unroll
                 for (int j = 0; j < SK_NT; j++) {
@@ -336,6 +360,7 @@ static __global__ void __launch_bounds__(EXP_THREADS)
                     }
                     a0[j] += p0s * sc0;
                     if (MODE == 0) a1[j] += p1s * sc1;
+                }
                 }
             }
 #pragma unroll

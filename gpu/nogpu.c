@@ -138,6 +138,23 @@ m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const 
     return NO_GPU("gpu moe_experts");
 }
 
+m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                                  const m3_profile *p) {
+    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)d_k; (void)d_v; (void)d_pos; (void)n_tok;
+    (void)n_ctx; (void)ap; (void)p;
+    return NO_GPU("gpu attention");
+}
+m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                   int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                   int block, const struct m3_attn_params *ap,
+                                   const m3_profile *p) {
+    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)d_k; (void)d_v; (void)d_pos; (void)n_tok;
+    (void)n_ctx; (void)d_topk; (void)width; (void)block; (void)ap; (void)p;
+    return NO_GPU("gpu attention");
+}
 m3_status m3_gpu_attn_dense(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                             const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
                             int n_tok, int n_ctx, const struct m3_attn_params *ap,

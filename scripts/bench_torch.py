@@ -87,8 +87,7 @@ def main():
             return torch.topk(sb, 16, dim=-1).indices
         print(f"torch: indexer_topk bf16 atom T={T} C={C} {timeit(idx, reps=3, batches=5):.4f} ms")
     # sparse decode: gather 16 blocks of K/V per KV head and attend (SDPA)
-    for T in (1, 64):
-        C = 131072
+    for T, C in ((1, 131072), (64, 131072), (8192, 8192)):
         q = torch.randn(T, 64, 128, device=dev, dtype=bf)
         k = torch.randn(C, 4, 128, device=dev, dtype=bf)
         v = torch.randn(C, 4, 128, device=dev, dtype=bf)
@@ -107,6 +106,12 @@ def main():
     v = torch.randn(1, 4, 1024, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
     f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     print(f"torch: attn_dense bf16 hf T=1024 C=1024 {timeit(f, reps=3, batches=3):.4f} ms")
+    q = torch.randn(1, 64, 8192, 128, device=dev, dtype=bf)
+    k = torch.randn(1, 4, 8192, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
+    v = torch.randn(1, 4, 8192, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
+    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    print(f"torch: attn_dense bf16 atom T=8192 C=8192 {timeit(f, reps=3, batches=3):.4f} ms")
+    del q, k, v
 
     moe_bench()
 

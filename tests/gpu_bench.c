@@ -48,9 +48,10 @@ static double time_ms(m3_gpu *g, bench_fn fn, void *ctx, int reps, int batches) 
 
 static void report(const char *name, double ms, double bytes, double flops) {
     double gbs = bytes / (ms * 1e-3) / 1e9, tfs = flops / (ms * 1e-3) / 1e12;
-    printf("bench: %-44s %9.4f ms %8.1f GB/s %5.1f%% of copy %8.2f TFLOP/s %5.1f%% of gemm\n",
+    printf("bench: %-44s %9.4f ms %8.1f GB/s %5.1f%% of copy %8.2f TFLOP/s %5.1f%% of gemm "
+           "%.4g B %.4g FLOP\n",
            name, ms, gbs, g_copy_gbs > 0 ? 100 * gbs / g_copy_gbs : 0, tfs,
-           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0);
+           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0, bytes, flops);
     fflush(stdout);
 }
 
@@ -238,19 +239,27 @@ static void bench_moe_route(void **state) {
 
 typedef struct {
     m3_bf16 *out; const m3_bf16 *q, *k, *v; const int32_t *pos, *topk;
-    int T, C, width; m3_attn_params ap; m3_profile p;
+    int T, C, width; bool flash; m3_attn_params ap; m3_profile p;
 } attn_ctx;
 static m3_status do_attn(m3_gpu *g, void *c) {
     attn_ctx *x = c;
+    if (x->flash && x->topk)
+        return m3_gpu_attn_sparse_flash(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C,
+                                        x->topk, x->width, 128, &x->ap, &x->p);
+    if (x->flash)
+        return m3_gpu_attn_dense_flash(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C,
+                                       &x->ap, &x->p);
     if (x->topk)
         return m3_gpu_attn_sparse(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C,
                                   x->topk, x->width, 128, &x->ap, &x->p);
     return m3_gpu_attn_dense(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C, &x->ap, &x->p);
 }
 
-static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int prof) {
+static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int prof, bool flash) {
+    const size_t mark = m3_gpu_mark(g);
     attn_ctx c;
     memset(&c, 0, sizeof c);
+    c.flash = flash;
     if (prof == 1) m3_profile_hf(&c.p); else m3_profile_atom(&c.p);
     m3_attn_params_init(&c.ap, 64, 4, 128);
     c.T = T, c.C = C, c.width = 16;
@@ -278,21 +287,28 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     }
     free(pos);
     free(tk);
-    double ms = time_ms(g, do_attn, &c, 3, 3);
+    double ms = time_ms(g, do_attn, &c, flash ? 10 : 3, flash ? 5 : 3);
     char nm[96];
-    snprintf(nm, sizeof nm, "attn_%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense", c.p.name, T, C);
+    snprintf(nm, sizeof nm, "attn_%s%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense",
+             flash ? " flash" : "", c.p.name, T, C);
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
     double kvb = sparse ? keys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
+    m3_gpu_release(g, mark);
 }
 
 static void bench_attention(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 905);
-    attn_bench_case(g, &r, 1, 131072, true, 2);
-    attn_bench_case(g, &r, 64, 131072, true, 2);
-    attn_bench_case(g, &r, 1024, 1024, false, 1);
+    attn_bench_case(g, &r, 1, 131072, true, 2, false);
+    attn_bench_case(g, &r, 64, 131072, true, 2, false);
+    attn_bench_case(g, &r, 1024, 1024, false, 1, false);
+    attn_bench_case(g, &r, 1, 131072, true, 2, true);
+    attn_bench_case(g, &r, 64, 131072, true, 2, true);
+    attn_bench_case(g, &r, 8192, 8192, true, 2, true);
+    attn_bench_case(g, &r, 1024, 1024, false, 1, true);
+    attn_bench_case(g, &r, 8192, 8192, false, 2, true);
 }
 
 typedef struct {

@@ -26,6 +26,12 @@
 /* bf16 outputs: one rounding each side, at most half an ulp apart (2^-9 relative) only when
  * the fp32 values straddle a rounding midpoint: NMSE well under 1e-5. */
 #define GPU_NMSE_BF16 1e-5
+/* flash attention (gpu/attn.hip fast paths) against the reference: P is rounded to bf16 at
+ * exp(z - m) with a different m than the reference's normalised P (independent 2^-9
+ * relative errors, variance ~2 * 2^-18 / 3 ~ 2.5e-6 of the output when P is concentrated,
+ * less when spread), plus the bf16 output rounding on each side: the bf16 bound still
+ * holds with a 4x margin, so the same 1e-5 is kept (spec §3.7 atom column). */
+#define GPU_NMSE_FLASH 1e-5
 
 #define GPU_GUARD 256 /* bytes of canary on each side; keeps the payload 256-byte aligned */
 #define GPU_CANARY 0xA5
