@@ -305,6 +305,23 @@ extern "C" m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float
 #define FA_KT 64
 #define FA_MAX_DH 128
 
+/* shared-memory pitches (bf16 elements past Dh): the mma path wants 4-mod-32 word pitches
+ * (conflict-free fragments), the key-per-thread path an odd word pitch. Host-visible
+ * (M3_HIP_NVIDIA), so the launcher sizes the same layout the kernel uses. */
+#if defined(M3_HIP_NVIDIA)
+#define FD_KPAD 8
+#define FD_VPAD 8
+#else
+#define FD_KPAD 2
+#define FD_VPAD 0
+#endif
+
+static size_t fd_smem_bytes(int hq, int Dh, int block) {
+    return sizeof(float) * ((size_t)hq * Dh + (size_t)hq * block) +
+           sizeof(m3_bf16) * ((size_t)FD_MAX_HQ * (block + 8) + (size_t)block * (Dh + FD_KPAD) +
+                              (size_t)block * (Dh + FD_VPAD));
+}
+
 static __global__ void __launch_bounds__(FD_THREADS)
     sparse_part_k(float *M3_RESTRICT po, float *M3_RESTRICT pml, const m3_bf16 *M3_RESTRICT q,
                   int ld_q, const m3_bf16 *M3_RESTRICT k, const m3_bf16 *M3_RESTRICT v,
@@ -313,11 +330,12 @@ static __global__ void __launch_bounds__(FD_THREADS)
     extern __shared__ float fd_sh[];
     const int j = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const int hq = H / Hkv, tid = (int)threadIdx.x;
-    const int kp = Dh + 2; /* K row pitch (bf16): odd word pitch, conflict-free rows */
-    float *qs = fd_sh;                                   /* [hq][Dh] */
-    float *ps = qs + hq * Dh;                            /* [hq][block] scores, then P */
-    m3_bf16 *ks = reinterpret_cast<m3_bf16 *>(ps + hq * block); /* [block][kp] */
-    m3_bf16 *vs = ks + (size_t)block * kp + 8 - (block * kp) % 8; /* [block][Dh], 16 B aligned */
+    const int KP = Dh + FD_KPAD, VP = Dh + FD_VPAD, PP = block + 8;
+    float *qs = fd_sh;                                          /* [hq][Dh] */
+    float *ps = qs + hq * Dh;                                   /* [hq][block] scores */
+    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(ps + hq * block); /* [16][PP] bf16 P (mma) */
+    m3_bf16 *ks = pb + FD_MAX_HQ * PP;                          /* [block][KP] */
+    m3_bf16 *vs = ks + (size_t)block * KP;                      /* [block][VP] */
     const int p = pos[t], bp = p / block;
     const size_t slot = ((size_t)t * Hkv + g) * (width + 1) + j;
     int b = bp, nk = p - bp * block + 1;
@@ -335,22 +353,59 @@ static __global__ void __launch_bounds__(FD_THREADS)
         return; /* whole block */
     }
     const int key0 = b * block, dv8 = Dh / 8;
+    const int lane = tid % M3_WARP, warp = tid / M3_WARP;
     for (int i = tid; i < hq * Dh; i += FD_THREADS)
         qs[i] = m3_bf16_to_f32(q[(size_t)t * ld_q + (size_t)(g * hq) * Dh + i]);
-    for (int i = tid; i < nk * dv8; i += FD_THREADS) {
+    for (int i = tid; i < block * dv8; i += FD_THREADS) { /* rows past nk: zeros */
         const int r = i / dv8, c = i % dv8;
-        const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8;
-        const uint4 kv = *reinterpret_cast<const uint4 *>(k + src);
-        uint32_t *kd = reinterpret_cast<uint32_t *>(ks + (size_t)r * kp + c * 8); /* 4-byte aligned */
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+        if (r < nk) {
+            const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8;
+            kv = *reinterpret_cast<const uint4 *>(k + src);
+            vv = *reinterpret_cast<const uint4 *>(v + src);
+        }
+        uint32_t *kd = reinterpret_cast<uint32_t *>(ks + (size_t)r * KP + c * 8); /* 4-byte aligned */
         kd[0] = kv.x, kd[1] = kv.y, kd[2] = kv.z, kd[3] = kv.w;
-        *reinterpret_cast<uint4 *>(vs + (size_t)r * Dh + c * 8) = *reinterpret_cast<const uint4 *>(v + src);
+        *reinterpret_cast<uint4 *>(vs + (size_t)r * VP + c * 8) = vv;
     }
     __syncthreads();
+#if M3_HAVE_MMA
+    /* S = Q K^T on tensor cores: 16 rows = the group's heads, a warp per 8-key tile */
+    const int gq = lane / 4, tq = lane % 4;
+    uint32_t qa[FA_MAX_DH / 16][4];
+#pragma unroll
+    for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+        if (s2 >= Dh / 16) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i & 1) * 8, c = s2 * 16 + 2 * tq + (i >> 1) * 8;
+            const uint32_t lo = r < hq ? (uint32_t)m3_f32_to_bf16(qs[r * Dh + c]) : 0u; /* exact */
+            const uint32_t hi = r < hq ? (uint32_t)m3_f32_to_bf16(qs[r * Dh + c + 1]) : 0u;
+            qa[s2][i] = lo | (hi << 16);
+        }
+    }
+    for (int nt = warp; nt * 8 < nk; nt += FD_THREADS / 32) {
+        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+            if (s2 >= Dh / 16) break;
+            const m3_bf16 *kr = ks + (nt * 8 + gq) * KP + s2 * 16 + 2 * tq;
+            const uint32_t bfr[2] = {*reinterpret_cast<const uint32_t *>(kr),
+                                     *reinterpret_cast<const uint32_t *>(kr + 8)};
+            m3_mma_bf16_16816(c4, qa[s2], bfr);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i >> 1) * 8, key = nt * 8 + 2 * tq + (i & 1);
+            if (r < hq) ps[r * block + key] = eager ? m3_round_bf16(m3_round_bf16(c4[i]) * scale) : c4[i] * scale;
+        }
+    }
+#else
     for (int kk = tid; kk < nk; kk += FD_THREADS) { /* scores: a key per thread, every head */
         float acc[FD_MAX_HQ];
 #pragma unroll
         for (int h = 0; h < FD_MAX_HQ; h++) acc[h] = 0.0f;
-        const uint32_t *kr = reinterpret_cast<const uint32_t *>(ks + (size_t)kk * kp);
+        const uint32_t *kr = reinterpret_cast<const uint32_t *>(ks + (size_t)kk * KP);
         for (int d2 = 0; d2 < Dh / 2; d2++) {
             const uint32_t w = kr[d2];
             const float k0 = m3_bits_f32(w << 16), k1 = m3_bits_f32(w & 0xFFFF0000u);
@@ -365,22 +420,52 @@ static __global__ void __launch_bounds__(FD_THREADS)
         for (int h = 0; h < FD_MAX_HQ; h++)
             if (h < hq) ps[h * block + kk] = eager ? m3_round_bf16(m3_round_bf16(acc[h]) * scale) : acc[h] * scale;
     }
+#endif
     __syncthreads();
-    const int lane = tid % M3_WARP, warp = tid / M3_WARP;
-    for (int h = warp; h < hq; h += FD_THREADS / M3_WARP) { /* softmax of the range, per head */
+    for (int h = warp; h < FD_MAX_HQ; h += FD_THREADS / M3_WARP) { /* softmax per head */
+        if (h >= hq) { /* unused mma rows: zeros */
+            for (int kk = lane; kk < block; kk += M3_WARP) pb[h * PP + kk] = 0;
+            continue;
+        }
         float m = -INFINITY;
         for (int kk = lane; kk < nk; kk += M3_WARP) m = fmaxf(m, ps[h * block + kk]);
         m = m3_warp_max(m);
         float l = 0.0f;
-        for (int kk = lane; kk < nk; kk += M3_WARP) {
-            const float e = expf(ps[h * block + kk] - m);
-            l += e;
+        for (int kk = lane; kk < block; kk += M3_WARP) {
+            float e = 0.0f;
+            if (kk < nk) {
+                e = expf(ps[h * block + kk] - m);
+                l += e;
+            }
             ps[h * block + kk] = p_bf16 ? m3_round_bf16(e) : e;
+            pb[h * PP + kk] = m3_f32_to_bf16(e);
         }
         l = m3_warp_sum(l);
         if (lane == 0) pml[(slot * hq + h) * 2] = m, pml[(slot * hq + h) * 2 + 1] = l;
     }
     __syncthreads();
+#if M3_HAVE_MMA
+    /* O = P V on tensor cores: a warp per 8-dim tile, k-steps of 16 keys up to nk */
+    for (int ni = warp; ni < Dh / 8; ni += FD_THREADS / 32) {
+        float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int kk = 0; kk * 16 < nk; kk++) {
+            const m3_bf16 *pr = pb + gq * PP + kk * 16 + 2 * tq;
+            const uint32_t a[4] = {*reinterpret_cast<const uint32_t *>(pr),
+                                   *reinterpret_cast<const uint32_t *>(pr + 8 * PP),
+                                   *reinterpret_cast<const uint32_t *>(pr + 8),
+                                   *reinterpret_cast<const uint32_t *>(pr + 8 * PP + 8)};
+            const m3_bf16 *vr = vs + (kk * 16 + 2 * tq) * VP + ni * 8 + gq;
+            const uint32_t bfr[2] = {(uint32_t)vr[0] | ((uint32_t)vr[VP] << 16),
+                                     (uint32_t)vr[8 * VP] | ((uint32_t)vr[9 * VP] << 16)};
+            m3_mma_bf16_16816(o4, a, bfr);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i >> 1) * 8, d = ni * 8 + 2 * tq + (i & 1);
+            if (r < hq) po[(slot * hq + r) * Dh + d] = o4[i];
+        }
+    }
+#else
     for (int d = tid; d < Dh; d += FD_THREADS) { /* P.V: a dim per thread, every head */
         float o[FD_MAX_HQ];
 #pragma unroll
@@ -389,7 +474,7 @@ static __global__ void __launch_bounds__(FD_THREADS)
         for (; kk + 4 <= nk; kk += 4) {
             float vv[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) vv[i] = m3_bf16_to_f32(vs[(size_t)(kk + i) * Dh + d]);
+            for (int i = 0; i < 4; i++) vv[i] = m3_bf16_to_f32(vs[(size_t)(kk + i) * VP + d]);
 #pragma unroll
             for (int h = 0; h < FD_MAX_HQ; h++)
                 if (h < hq) {
@@ -398,7 +483,7 @@ static __global__ void __launch_bounds__(FD_THREADS)
                 }
         }
         for (; kk < nk; kk++) {
-            const float vv = m3_bf16_to_f32(vs[(size_t)kk * Dh + d]);
+            const float vv = m3_bf16_to_f32(vs[(size_t)kk * VP + d]);
 #pragma unroll
             for (int h = 0; h < FD_MAX_HQ; h++)
                 if (h < hq) o[h] += ps[h * block + kk] * vv;
@@ -407,6 +492,7 @@ static __global__ void __launch_bounds__(FD_THREADS)
         for (int h = 0; h < FD_MAX_HQ; h++)
             if (h < hq) po[(slot * hq + h) * Dh + d] = o[h];
     }
+#endif
 }
 
 static __global__ void __launch_bounds__(FD_THREADS)
@@ -598,8 +684,10 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
                                               const int32_t *d_topk, int width, int block,
                                               const m3_attn_params *ap, const m3_profile *p) {
     M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx));
-    M3_ASSERTF(width >= 0 && width < ATTN_MAX_RANGES && block > 0 && block % 8 == 0,
-               "width=%d block=%d", width, block);
+    M3_ASSERTF(width >= 0 && width < ATTN_MAX_RANGES, "width=%d", width);
+    if (block <= 0 || block % 16 || block > 256)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attn_sparse_flash: block %d (needs a multiple "
+                         "of 16, <= 256)", block);
     if (n_tok == 0) return M3_OK;
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
     const size_t mark = m3_gpu_mark(g);
@@ -611,9 +699,7 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
         m3_gpu_release(g, mark);
         return s;
     }
-    const int kp = Dh + 2;
-    const size_t sh = sizeof(float) * ((size_t)hq * Dh + (size_t)hq * block) +
-                      sizeof(m3_bf16) * ((size_t)block * kp + 8 + (size_t)block * Dh);
+    const size_t sh = fd_smem_bytes(hq, Dh, block);
     if (sh > 48 * 1024) {
         hipError_t e = hipFuncSetAttribute((const void *)sparse_part_k,
                                            hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh);
