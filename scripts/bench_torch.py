@@ -76,12 +76,15 @@ def main():
         l, b = torch.randn(T, 128, device=dev) * 2, torch.randn(128, device=dev) * 0.1
         print(f"torch: moe_route E=128 K=4 T={T} {timeit(lambda: route(l, b)):.4f} ms")
     # indexer decode: scores of one token against the whole index-key history, block max, top-k
-    for T, C in ((1, 8192), (1, 131072), (1, 1048576), (64, 131072)):
+    for T, C in ((1, 8192), (1, 131072), (1, 1048576), (64, 8192), (64, 131072), (64, 1048576), (8192, 8192)):
         iq = torch.randn(T, 4, 128, device=dev, dtype=bf)
         ik = torch.randn(C, 128, device=dev, dtype=bf)
+        keys, posv = torch.arange(C, device=dev), torch.arange(C - T, C, device=dev)
 
         def idx():
             z = torch.einsum("tgd,cd->gtc", iq.float(), ik.float())
+            if T > 1:  # causal: token t sits at position C - T + t
+                z = z.masked_fill(keys[None, None, :] > posv[None, :, None], float("-inf"))
             sb = z.view(4, T, C // 128, 128).amax(-1)
             sb[..., -1] = float("inf")
             return torch.topk(sb, 16, dim=-1).indices

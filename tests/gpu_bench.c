@@ -325,7 +325,7 @@ static void bench_indexer(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
-    static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 131072}, {8192, 8192}};
+    static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 8192}, {64, 131072}, {64, 1048576}, {8192, 8192}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         idx_ctx c;
         memset(&c, 0, sizeof c);
