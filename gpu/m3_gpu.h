@@ -196,6 +196,24 @@ m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q
                                    int block, const struct m3_attn_params *ap,
                                    const m3_profile *p);
 
+/* gpu/kvcache.hip: K/V rows into ATOM's paged KV cache of one layer (spec §4.1-4.3, §4.7).
+ * No ref twin (the reference keeps plain tensors): the contract is the spec's offsets and
+ * ref/quant.c's per-row fp8 quantization (tests/gpu_kvcache.c). k, v [T, Hkv*Dh] bf16 rows
+ * (pitches ld_k, ld_v: slices of the packed qkv row), slots [T] int64 (slot(p) of §4.1;
+ * negative = padding, skipped). page 128: the SHUFFLE view of dense layers; 16: the
+ * re-view of sparse layers. fp8: e4m3fn bytes, scale[(b*Hkv + h)*page + t] = amax/fp8_max
+ * over the row's bf16 values (1 when amax is 0), byte = cvt(v/scale) RNE, saturating. */
+typedef struct m3_gpu_kv_cache {
+    int page;             /* 128 or 16 */
+    bool fp8;             /* e4m3fn + per (token, head) fp32 scales; else bf16 */
+    float fp8_max;        /* 240 (Triton writers) or 448 (aiter on gfx950) */
+    void *k, *v;          /* device: [blocks, Hkv, Dh/x, page, x] and [blocks, Hkv, page/x, Dh, x] */
+    float *k_scale, *v_scale; /* device: [blocks, Hkv, page] (fp8 only) */
+} m3_gpu_kv_cache;
+m3_status m3_gpu_kv_cache_write(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k,
+                                int ld_k, const m3_bf16 *d_v, int ld_v, const int64_t *d_slots,
+                                int n_tok, int n_kv_head, int head_dim);
+
 /* gpu/indexer.hip, twin of ref/indexer.h m3_indexer_topk: iq [T, G*Di] (pitch ld_q), ik
  * [S_k, Di], pos [T]; topk [G, T, W] (W = m3_indexer_width), scores [G, T, NB] (may be NULL:
  * then an arena temporary), margin [G, T] (may be NULL), n_ties: a device int (may be NULL)

@@ -155,6 +155,13 @@ m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q
     (void)n_ctx; (void)d_topk; (void)width; (void)block; (void)ap; (void)p;
     return NO_GPU("gpu attention");
 }
+m3_status m3_gpu_kv_cache_write(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k,
+                                int ld_k, const m3_bf16 *d_v, int ld_v, const int64_t *d_slots,
+                                int n_tok, int n_kv_head, int head_dim) {
+    (void)g; (void)c; (void)d_k; (void)ld_k; (void)d_v; (void)ld_v; (void)d_slots; (void)n_tok;
+    (void)n_kv_head; (void)head_dim;
+    return NO_GPU("gpu kv_cache_write");
+}
 m3_status m3_gpu_attn_dense(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                             const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
                             int n_tok, int n_ctx, const struct m3_attn_params *ap,

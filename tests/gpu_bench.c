@@ -455,6 +455,47 @@ static void bench_moe_experts(void **state) {
     }
 }
 
+/* ---- KV cache write (prefill T = 4096 and decode T = 64, Hkv 4, Dh 128, page 128) -------- */
+typedef struct { m3_gpu_kv_cache c; const m3_bf16 *k, *v; const int64_t *slots; int T; } kv_ctx;
+static m3_status do_kv(m3_gpu *g, void *c) {
+    kv_ctx *x = c;
+    return m3_gpu_kv_cache_write(g, &x->c, x->k, 4 * 128, x->v, 4 * 128, x->slots, x->T, 4, 128);
+}
+
+static void bench_kv_cache_write(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 908);
+    static const int Ts[] = {64, 4096};
+    for (int fp8 = 0; fp8 < 2; fp8++)
+        for (size_t i = 0; i < 2; i++) {
+            const size_t mark = m3_gpu_mark(g);
+            kv_ctx c;
+            memset(&c, 0, sizeof c);
+            c.T = Ts[i];
+            const int64_t nslot = 65536; /* 512 blocks of 128 */
+            c.c.page = 128, c.c.fp8 = fp8 != 0, c.c.fp8_max = 240.0f;
+            const size_t cb = (size_t)nslot * 4 * 128 * (fp8 ? 1 : 2);
+            GPU_OK(m3_gpu_alloc(g, &c.c.k, cb));
+            GPU_OK(m3_gpu_alloc(g, &c.c.v, cb));
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.c.k_scale, (size_t)nslot * 4 * 4));
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.c.v_scale, (size_t)nslot * 4 * 4));
+            c.k = rand_bf16(g, &r, (int64_t)c.T * 512, 1.0f);
+            c.v = rand_bf16(g, &r, (int64_t)c.T * 512, 1.0f);
+            int64_t *sl = malloc((size_t)c.T * sizeof *sl);
+            for (int t = 0; t < c.T; t++) sl[t] = 1000 + t; /* consecutive positions */
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.slots, (size_t)c.T * sizeof *sl));
+            GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
+            free(sl);
+            double ms = time_ms(g, do_kv, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", c.T);
+            const double n = (double)c.T * 512 * 2; /* K and V elements */
+            report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            m3_gpu_release(g, mark);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ceiling_copy),
@@ -466,6 +507,7 @@ int main(void) {
         cmocka_unit_test(bench_indexer),
         cmocka_unit_test(bench_attention),
         cmocka_unit_test(bench_moe_experts),
+        cmocka_unit_test(bench_kv_cache_write),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
