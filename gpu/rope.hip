@@ -146,8 +146,8 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
 /* ---- row-parallel path (head_dim == 4 * M3_WARP, the M3 shape) --------------------------
  * rope_cs_k: the cos/sin table [T][R] (c then s) of every token, evaluated exactly as in
  *   qk_norm_rope_k (double from the fp32 angle, fp32, bf16 per profile).
- * rope_row_k: one warp per (token, head) row, 4 consecutive dims per lane (one 8- or 16-byte
- *   access): the row streams in and out with no block barrier, so the kernel runs at memory
+ * rope_row_k: one warp per ROPE_RPW (token, head) rows, 4 consecutive dims per lane (one 8-
+ *   or 16-byte access per row, all rows' loads issued first): the rows stream in and out with no block barrier, so the kernel runs at memory
  *   speed instead of at the latency of one block per token. The rotation partner of dim d
  *   (d +- R/2) sits in lane l ^ (R/8) at the same slot (R/8 a power of two), fetched with a
  *   shuffle. Same operations and rounding points as qk_norm_rope_k (only the warp's sum of
@@ -181,51 +181,64 @@ static __device__ __forceinline__ void st4(m3_bf16 *p, const float *v) {
                    (uint32_t)m3_f32_to_bf16(v[2]) | ((uint32_t)m3_f32_to_bf16(v[3]) << 16));
 }
 
+#define ROPE_RPW 4 /* rows per warp: their loads are all issued before any math */
 template <typename TS>
 static __global__ void __launch_bounds__(256)
     rope_row_k(TS *x, int ld_x, const float *M3_RESTRICT cs, int n_tok, int n_head,
                const m3_bf16 *M3_RESTRICT w, float eps, int rot_dim, int qk_round) {
     const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
-    const int64_t rowi = (int64_t)blockIdx.x * (blockDim.x / M3_WARP) + warp;
-    if (rowi >= (int64_t)n_tok * n_head) return; /* whole warp */
-    const int t = (int)(rowi / n_head), h = (int)(rowi % n_head), hd = 4 * M3_WARP;
+    const int64_t row0 = ((int64_t)blockIdx.x * (blockDim.x / M3_WARP) + warp) * ROPE_RPW;
+    const int64_t n_rows = (int64_t)n_tok * n_head;
+    if (row0 >= n_rows) return; /* whole warp */
+    const int hd = 4 * M3_WARP;
     const bool per_op = qk_round == M3_QK_ROUND_PER_OP, once = qk_round == M3_QK_ROUND_ONCE;
-    TS *px = x + (int64_t)t * ld_x + (int64_t)h * hd + lane * 4;
-    float e[4], wv[4];
-    ld4(px, e);
+    float e[ROPE_RPW][4], wv[4];
+    TS *px[ROPE_RPW];
+#pragma unroll
+    for (int r = 0; r < ROPE_RPW; r++) {
+        const int64_t ri = row0 + r < n_rows ? row0 + r : row0; /* tail: redo a valid row, no store */
+        px[r] = x + (ri / n_head) * ld_x + (ri % n_head) * hd + lane * 4;
+        ld4(px[r], e[r]);
+    }
     ld4(w + lane * 4, wv);
-    float ss = e[0] * e[0] + e[1] * e[1] + e[2] * e[2] + e[3] * e[3];
-    const float mu = m3_warp_sum(ss) / (float)hd;
-    const float rho = 1.0f / sqrtf(mu + eps);
 #pragma unroll
-    for (int k = 0; k < 4; k++) e[k] = rnd(per_op, (e[k] * rho) * (1.0f + wv[k]));
-    if (rot_dim > 0) { /* warp-uniform */
-        const int half = rot_dim / 2, pl = half / 4;
-        const float *c = cs + (size_t)t * rot_dim, *s = c + half;
-        float out[4];
+    for (int r = 0; r < ROPE_RPW; r++) {
+        const int64_t ri = row0 + r < n_rows ? row0 + r : row0;
+        const int t = (int)(ri / n_head);
+        float *ev = e[r];
+        const float ss = ev[0] * ev[0] + ev[1] * ev[1] + ev[2] * ev[2] + ev[3] * ev[3];
+        const float mu = m3_warp_sum(ss) / (float)hd;
+        const float rho = 1.0f / sqrtf(mu + eps);
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float pe = M3_SHFL_XOR(e[k], pl); /* the partner dim, same slot */
-            const int d = lane * 4 + k;
-            if (d < half) {
-                const float a1 = rnd(per_op, __fmul_rn(e[k], c[d]));
-                const float b1 = rnd(per_op, __fmul_rn(-pe, s[d]));
-                out[k] = rnd(per_op, __fadd_rn(a1, b1));
-            } else if (d < rot_dim) {
-                const int i = d - half;
-                const float a2 = rnd(per_op, __fmul_rn(e[k], c[i]));
-                const float b2 = rnd(per_op, __fmul_rn(pe, s[i]));
-                out[k] = rnd(per_op, __fadd_rn(a2, b2));
-            } else {
-                out[k] = e[k];
+        for (int k = 0; k < 4; k++) ev[k] = rnd(per_op, (ev[k] * rho) * (1.0f + wv[k]));
+        if (rot_dim > 0) { /* warp-uniform */
+            const int half = rot_dim / 2, pl = half / 4;
+            const float *c = cs + (size_t)t * rot_dim, *s = c + half;
+            float out[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float pe = M3_SHFL_XOR(ev[k], pl); /* the partner dim, same slot */
+                const int d = lane * 4 + k;
+                if (d < half) {
+                    const float a1 = rnd(per_op, __fmul_rn(ev[k], c[d]));
+                    const float b1 = rnd(per_op, __fmul_rn(-pe, s[d]));
+                    out[k] = rnd(per_op, __fadd_rn(a1, b1));
+                } else if (d < rot_dim) {
+                    const int i = d - half;
+                    const float a2 = rnd(per_op, __fmul_rn(ev[k], c[i]));
+                    const float b2 = rnd(per_op, __fmul_rn(pe, s[i]));
+                    out[k] = rnd(per_op, __fadd_rn(a2, b2));
+                } else {
+                    out[k] = ev[k];
+                }
             }
+#pragma unroll
+            for (int k = 0; k < 4; k++) ev[k] = out[k];
         }
 #pragma unroll
-        for (int k = 0; k < 4; k++) e[k] = out[k];
+        for (int k = 0; k < 4; k++) ev[k] = rnd(once, ev[k]);
+        if (row0 + r < n_rows) st4(px[r], ev);
     }
-#pragma unroll
-    for (int k = 0; k < 4; k++) e[k] = rnd(once, e[k]);
-    st4(px, e);
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
@@ -264,7 +277,7 @@ static m3_status launch(m3_gpu *g, TS *d_x, int ld, const int32_t *d_pos, int n_
                 return st0;
             }
         }
-        const int64_t rows = (int64_t)n_tok * n_head, rpb = 256 / M3_WARP;
+        const int64_t rows = (int64_t)n_tok * n_head, rpb = 256 / M3_WARP * ROPE_RPW;
         rope_row_k<TS><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, g->stream>>>(
             d_x, ld, cs, n_tok, n_head, d_w, eps, rot_dim, (int)p->qk_round);
         m3_status st1 = m3_gpu_launched_(g, "rope_row_k", __FILE__, __LINE__);

@@ -116,6 +116,8 @@ static void indexer_topk_matches_ref(void **state) {
         {40, 2200, 4, 128, 128, 16, 1, 0, false}, /* rows crossing nb = K + 1 */
         {5, 1000, 3, 80, 64, 5, 2, 1, false},     /* odd, init block */
         {70, 5000, 4, 128, 128, 16, 1, 0, false}, /* 5 token groups, last one partial */
+        {2, 40000, 4, 128, 128, 16, 1, 0, false}, /* nb > 256: two-stage selection */
+        {3, 20000, 3, 80, 64, 5, 2, 1, false},    /* two-stage, odd, init block */
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
