@@ -1,7 +1,5 @@
 /* gpu/rope.hip: fused per-head Gemma q/k norm + partial NeoX RoPE, device twin of
- * ref/rope.c m3_qk_norm_rope (spec §3.5, §3.6). Two paths: rope_row_k (below, a warp per
- * row, for head_dim == 4 * M3_WARP and R/8 a power of two: the M3 shapes) and this one
- * (a block per token, any shape). Tolerance: GPU_NMSE_F32 / GPU_NMSE_BF16
+ * ref/rope.c m3_qk_norm_rope (spec §3.5, §3.6). Tolerance: GPU_NMSE_F32 / GPU_NMSE_BF16
  * (tests/gpu_test.h until compare/tol.c has a "rope" row). Tests: tests/gpu_norm_rope.c.
  *
  * qk_norm_rope_k: one block per token. The block first builds that position's cos/sin
@@ -143,104 +141,6 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
         for (int i = threadIdx.x; i < n; i += blockDim.x) st(x, row + i, row_sh[i]);
 }
 
-/* ---- row-parallel path (head_dim == 4 * M3_WARP, the M3 shape) --------------------------
- * rope_cs_k: the cos/sin table [T][R] (c then s) of every token, evaluated exactly as in
- *   qk_norm_rope_k (double from the fp32 angle, fp32, bf16 per profile).
- * rope_row_k: one warp per ROPE_RPW (token, head) rows, 4 consecutive dims per lane (one 8-
- *   or 16-byte access per row, all rows' loads issued first): the rows stream in and out with no block barrier, so the kernel runs at memory
- *   speed instead of at the latency of one block per token. The rotation partner of dim d
- *   (d +- R/2) sits in lane l ^ (R/8) at the same slot (R/8 a power of two), fetched with a
- *   shuffle. Same operations and rounding points as qk_norm_rope_k (only the warp's sum of
- *   squares order differs, as there). */
-static __global__ void __launch_bounds__(128)
-    rope_cs_k(float *M3_RESTRICT cs, const int32_t *M3_RESTRICT pos, int rot_dim, rope_inv_table inv,
-              bool angle_f64, bool cs_bf16) {
-    const int t = (int)blockIdx.x, half = rot_dim / 2, p = pos[t];
-    for (int j = (int)threadIdx.x; j < 2 * half; j += (int)blockDim.x) {
-        const int i = j < half ? j : j - half;
-        const double a = angle_f64 ? (double)p * (double)inv.inv[i] : (double)__fmul_rn((float)p, inv.inv[i]);
-        cs[(size_t)t * rot_dim + j] = rnd(cs_bf16, j < half ? (float)cos(a) : (float)sin(a));
-    }
-}
-
-static __device__ __forceinline__ void ld4(const float *p, float *v) {
-    const float4 u = *reinterpret_cast<const float4 *>(p);
-    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-}
-static __device__ __forceinline__ void ld4(const m3_bf16 *p, float *v) {
-    const uint2 u = *reinterpret_cast<const uint2 *>(p);
-    v[0] = m3_bits_f32(u.x << 16), v[1] = m3_bits_f32(u.x & 0xFFFF0000u);
-    v[2] = m3_bits_f32(u.y << 16), v[3] = m3_bits_f32(u.y & 0xFFFF0000u);
-}
-static __device__ __forceinline__ void st4(float *p, const float *v) {
-    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-static __device__ __forceinline__ void st4(m3_bf16 *p, const float *v) {
-    *reinterpret_cast<uint2 *>(p) =
-        make_uint2((uint32_t)m3_f32_to_bf16(v[0]) | ((uint32_t)m3_f32_to_bf16(v[1]) << 16),
-                   (uint32_t)m3_f32_to_bf16(v[2]) | ((uint32_t)m3_f32_to_bf16(v[3]) << 16));
-}
-
-#define ROPE_RPW 4 /* rows per warp: their loads are all issued before any math */
-template <typename TS>
-static __global__ void __launch_bounds__(256)
-    rope_row_k(TS *x, int ld_x, const float *M3_RESTRICT cs, int n_tok, int n_head,
-               const m3_bf16 *M3_RESTRICT w, float eps, int rot_dim, int qk_round) {
-    const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
-    const int64_t row0 = ((int64_t)blockIdx.x * (blockDim.x / M3_WARP) + warp) * ROPE_RPW;
-    const int64_t n_rows = (int64_t)n_tok * n_head;
-    if (row0 >= n_rows) return; /* whole warp */
-    const int hd = 4 * M3_WARP;
-    const bool per_op = qk_round == M3_QK_ROUND_PER_OP, once = qk_round == M3_QK_ROUND_ONCE;
-    float e[ROPE_RPW][4], wv[4];
-    TS *px[ROPE_RPW];
-#pragma unroll
-    for (int r = 0; r < ROPE_RPW; r++) {
-        const int64_t ri = row0 + r < n_rows ? row0 + r : row0; /* tail: redo a valid row, no store */
-        px[r] = x + (ri / n_head) * ld_x + (ri % n_head) * hd + lane * 4;
-        ld4(px[r], e[r]);
-    }
-    ld4(w + lane * 4, wv);
-#pragma unroll
-    for (int r = 0; r < ROPE_RPW; r++) {
-        const int64_t ri = row0 + r < n_rows ? row0 + r : row0;
-        const int t = (int)(ri / n_head);
-        float *ev = e[r];
-        const float ss = ev[0] * ev[0] + ev[1] * ev[1] + ev[2] * ev[2] + ev[3] * ev[3];
-        const float mu = m3_warp_sum(ss) / (float)hd;
-        const float rho = 1.0f / sqrtf(mu + eps);
-#pragma unroll
-        for (int k = 0; k < 4; k++) ev[k] = rnd(per_op, (ev[k] * rho) * (1.0f + wv[k]));
-        if (rot_dim > 0) { /* warp-uniform */
-            const int half = rot_dim / 2, pl = half / 4;
-            const float *c = cs + (size_t)t * rot_dim, *s = c + half;
-            float out[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float pe = M3_SHFL_XOR(ev[k], pl); /* the partner dim, same slot */
-                const int d = lane * 4 + k;
-                if (d < half) {
-                    const float a1 = rnd(per_op, __fmul_rn(ev[k], c[d]));
-                    const float b1 = rnd(per_op, __fmul_rn(-pe, s[d]));
-                    out[k] = rnd(per_op, __fadd_rn(a1, b1));
-                } else if (d < rot_dim) {
-                    const int i = d - half;
-                    const float a2 = rnd(per_op, __fmul_rn(ev[k], c[i]));
-                    const float b2 = rnd(per_op, __fmul_rn(pe, s[i]));
-                    out[k] = rnd(per_op, __fadd_rn(a2, b2));
-                } else {
-                    out[k] = ev[k];
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++) ev[k] = out[k];
-        }
-#pragma unroll
-        for (int k = 0; k < 4; k++) ev[k] = rnd(once, ev[k]);
-        if (row0 + r < n_rows) st4(px[r], ev);
-    }
-}
-
 /* ---- launchers ------------------------------------------------------------------------- */
 template <typename TS>
 static m3_status launch(m3_gpu *g, TS *d_x, int ld, const int32_t *d_pos, int n_tok, int n_head,
@@ -261,29 +161,6 @@ static m3_status launch(m3_gpu *g, TS *d_x, int ld, const int32_t *d_pos, int n_
     if (head_dim > ROPE_MAXK * M3_WARP)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: head_dim %d > %d", head_dim,
                          ROPE_MAXK * M3_WARP);
-    const int half = rot_dim / 2;
-    if (head_dim == 4 * M3_WARP && half % 4 == 0 && (half == 0 || ((half / 4) & (half / 4 - 1)) == 0) &&
-        ld % 4 == 0 && m3_aligned16(d_x) && m3_aligned16(d_w)) {
-        const size_t mark = m3_gpu_mark(g);
-        float *cs = NULL;
-        if (rot_dim > 0) {
-            M3_TRY(m3_gpu_alloc(g, (void **)&cs, (size_t)n_tok * rot_dim * sizeof(float)));
-            rope_cs_k<<<(unsigned)n_tok, 128, 0, g->stream>>>(cs, d_pos, rot_dim, inv,
-                                                           p->rope_angle == M3_ROPE_ANGLE_F64,
-                                                           p->rope_cs_bf16);
-            m3_status st0 = m3_gpu_launched_(g, "rope_cs_k", __FILE__, __LINE__);
-            if (st0 != M3_OK) {
-                m3_gpu_release(g, mark);
-                return st0;
-            }
-        }
-        const int64_t rows = (int64_t)n_tok * n_head, rpb = 256 / M3_WARP * ROPE_RPW;
-        rope_row_k<TS><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, g->stream>>>(
-            d_x, ld, cs, n_tok, n_head, d_w, eps, rot_dim, (int)p->qk_round);
-        m3_status st1 = m3_gpu_launched_(g, "rope_row_k", __FILE__, __LINE__);
-        m3_gpu_release(g, mark); /* the table's readers are ordered before later work */
-        return st1;
-    }
     size_t shmem = ((size_t)rot_dim + (size_t)n_head * head_dim) * sizeof(float);
     if (shmem > ROPE_MAX_SHMEM)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d heads x %d do not fit one block",
