@@ -506,7 +506,7 @@ void m3_attr_verdict(const m3_attr_result *r, int mode, int L, char *buf, size_t
     char *p = buf + len;
     size_t left = cap - (size_t)len;
     if (n == 0) {
-        snprintf(p, left, "no single factor ran");
+        snprintf(p, left, "no single factor was run (only the control or the combined row)");
         return;
     }
     double top = rank_value(r, idx[0], mode, L);
