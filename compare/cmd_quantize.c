@@ -118,7 +118,8 @@ static char *quant_config(const char *src, bool fp4, const m3_variant *v) {
         "    \"producer\": \"m3 quantize\"\n  }\n";
     size_t head = (size_t)(end - src);
     /* drop trailing whitespace before the final brace */
-    while (head > 0 && strchr(" \t\r\n", src[head - 1])) head--;
+    while (head > 0 && strchr(" \t\r\n", src[head - 1]))
+        head--;
     size_t cap = head + strlen(fmt) + strlen(w) + strlen(in) + 16;
     char *out = malloc(cap);
     if (!out) return NULL;
@@ -157,8 +158,9 @@ static m3_status remove_out(const char *dir) {
         unlink(p);
     }
     if (rmdir(dir) != 0)
-        return m3_errorf(M3_ERR_IO, "%s: cannot replace it (%s; only a directory written by m3 "
-                                    "quantize is replaced)",
+        return m3_errorf(M3_ERR_IO,
+                         "%s: cannot replace it (%s; only a directory written by m3 "
+                         "quantize is replaced)",
                          dir, strerror(errno));
     return M3_OK;
 }
@@ -182,15 +184,20 @@ int m3_cmd_quantize(int argc, char **argv) {
         if (i + 1 >= argc) return m3_cli_fail("quantize: option %s needs a value", a);
         const char *val = argv[++i];
         m3_status s = M3_OK;
-        if (!strcmp(a, "--model")) model = val;
-        else if (!strcmp(a, "--out")) out = val;
+        if (!strcmp(a, "--model"))
+            model = val;
+        else if (!strcmp(a, "--out"))
+            out = val;
         else if (!strcmp(a, "--experts")) {
             if (strcmp(val, "mxfp4") && strcmp(val, "mxfp8"))
                 return m3_cli_fail("quantize: --experts must be mxfp4 or mxfp8, got '%s'", val);
             s = m3_variant_set(&v, "experts", val);
-        } else if (!strcmp(a, "--scale")) s = m3_variant_set(&v, "experts_scale", val);
-        else if (!strcmp(a, "--round")) s = m3_variant_set(&v, "experts_round", val);
-        else return m3_cli_fail("quantize: unknown option '%s' (see m3 quantize --help)", a);
+        } else if (!strcmp(a, "--scale"))
+            s = m3_variant_set(&v, "experts_scale", val);
+        else if (!strcmp(a, "--round"))
+            s = m3_variant_set(&v, "experts_round", val);
+        else
+            return m3_cli_fail("quantize: unknown option '%s' (see m3 quantize --help)", a);
         if (s) return m3_cli_fail("quantize: %s", m3_last_error());
     }
     if (!model || !out) return m3_cli_fail("quantize: --model DIR and --out DIR are required");
@@ -225,8 +232,8 @@ int m3_cmd_quantize(int argc, char **argv) {
             s = m3_st_add(sw, ti->name, ti->dtype, ti->rank, ti->shape, (size_t)ti->nbytes);
             continue;
         }
-        if (ti->rank != 2 || (ti->dtype != M3_DT_BF16 && ti->dtype != M3_DT_F32 &&
-                              ti->dtype != M3_DT_F16)) {
+        if (ti->rank != 2 ||
+            (ti->dtype != M3_DT_BF16 && ti->dtype != M3_DT_F32 && ti->dtype != M3_DT_F16)) {
             s = m3_errorf(M3_ERR_FORMAT, "%s: tensor %s is not a dense 2-D weight", model,
                           ti->name);
             break;

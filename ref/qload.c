@@ -38,7 +38,8 @@ m3_status m3_qstore_create(m3_qstore **out, const m3_variant *v) {
 
 void m3_qstore_free(m3_qstore *q) {
     if (!q) return;
-    for (int i = 0; i < q->n_own; i++) free(q->own[i]);
+    for (int i = 0; i < q->n_own; i++)
+        free(q->own[i]);
     free(q->own);
     free(q);
 }
@@ -63,11 +64,17 @@ m3_status m3_qload_mlp_fmt(m3_weights *w, m3_wrole rg, int L, int e, const m3_va
     M3_TRY(m3_weights_linear(w, rg, L, e, &lw));
     bool mx = lw.fmt != M3_WF_DENSE;
     switch (v->experts) {
-    case M3_EXPERTS_MXFP4: *fmt = M3_WFMT_MXFP4; break;
-    case M3_EXPERTS_MXFP8: *fmt = M3_WFMT_MXFP8; break;
-    case M3_EXPERTS_BF16: *fmt = mx ? M3_WFMT_F32 : M3_WFMT_BF16; break;
+    case M3_EXPERTS_MXFP4:
+        *fmt = M3_WFMT_MXFP4;
+        break;
+    case M3_EXPERTS_MXFP8:
+        *fmt = M3_WFMT_MXFP8;
+        break;
+    case M3_EXPERTS_BF16:
+        *fmt = mx ? M3_WFMT_F32 : M3_WFMT_BF16;
+        break;
     default: /* stored: whatever the checkpoint holds */
-        *fmt = lw.fmt == M3_WF_MXFP4 ? M3_WFMT_MXFP4
+        *fmt = lw.fmt == M3_WF_MXFP4   ? M3_WFMT_MXFP4
                : lw.fmt == M3_WF_MXFP8 ? M3_WFMT_MXFP8
                                        : M3_WFMT_BF16;
     }
@@ -133,8 +140,8 @@ static m3_status load_one(m3_qstore *q, m3_weights *w, m3_wrole role, int L, int
     return M3_OK;
 }
 
-m3_status m3_qload_mlp(m3_mlp_weights *out, m3_qstore *q, m3_weights *w, m3_wrole rg,
-                       m3_wrole ru, m3_wrole rd, int L, int e, int dim, int ffn, m3_wfmt fmt,
+m3_status m3_qload_mlp(m3_mlp_weights *out, m3_qstore *q, m3_weights *w, m3_wrole rg, m3_wrole ru,
+                       m3_wrole rd, int L, int e, int dim, int ffn, m3_wfmt fmt,
                        const m3_variant *v) {
     M3_ASSERT(fmt != M3_WFMT_BF16 && fmt != M3_WFMT_FP8_ROW);
     memset(out, 0, sizeof *out);
@@ -160,7 +167,8 @@ static m3_status ptpc_weight(m3_qstore *q, m3_wfmt fmt, const void *data, int N,
         return m3_errorf(M3_ERR_NOMEM, "ptpc weights [%d, %d]: out of memory", N, K);
     }
     if (fmt == M3_WFMT_BF16)
-        for (size_t i = 0; i < n; i++) f[i] = m3_bf16_to_f32(((const m3_bf16 *)data)[i]);
+        for (size_t i = 0; i < n; i++)
+            f[i] = m3_bf16_to_f32(((const m3_bf16 *)data)[i]);
     else if (fmt == M3_WFMT_F32)
         memcpy(f, data, n * sizeof *f);
     else {

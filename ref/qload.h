@@ -50,8 +50,8 @@ m3_status m3_qload_mlp_fmt(m3_weights *w, m3_wrole rg, int L, int e, const m3_va
 
 /* Load the three linears of a swiglu MLP in format fmt (not BF16) with its activation
  * specs (MX formats). dim D, ffn F as the config implies. */
-m3_status m3_qload_mlp(m3_mlp_weights *out, m3_qstore *q, m3_weights *w, m3_wrole rg,
-                       m3_wrole ru, m3_wrole rd, int L, int e, int dim, int ffn, m3_wfmt fmt,
+m3_status m3_qload_mlp(m3_mlp_weights *out, m3_qstore *q, m3_weights *w, m3_wrole rg, m3_wrole ru,
+                       m3_wrole rd, int L, int e, int dim, int ffn, m3_wfmt fmt,
                        const m3_variant *v);
 
 /* Replace a dense (BF16 / F32) projection by its ptpc fp8 form (FP8_ROW + q->ptpc). */

@@ -29,15 +29,18 @@ m3_status m3_st_writer_create(m3_st_writer **w) {
 
 void m3_st_writer_free(m3_st_writer *w) {
     if (!w) return;
-    for (int64_t i = 0; i < w->n; i++) free(w->e[i].name);
+    for (int64_t i = 0; i < w->n; i++)
+        free(w->e[i].name);
     free(w->e);
     free(w);
 }
 
-int64_t m3_st_count(const m3_st_writer *w) { return w->n; }
+int64_t m3_st_count(const m3_st_writer *w) {
+    return w->n;
+}
 
-m3_status m3_st_add(m3_st_writer *w, const char *name, m3_dtype dt, int rank,
-                    const int64_t *shape, size_t nbytes) {
+m3_status m3_st_add(m3_st_writer *w, const char *name, m3_dtype dt, int rank, const int64_t *shape,
+                    size_t nbytes) {
     M3_ASSERT(rank >= 0 && rank <= M3_MAX_RANK && name && name[0]);
     if (w->n == w->cap) {
         int64_t nc = w->cap ? 2 * w->cap : 256;
@@ -51,7 +54,8 @@ m3_status m3_st_add(m3_st_writer *w, const char *name, m3_dtype dt, int rank,
     if (!(e->name = strdup(name))) return m3_errorf(M3_ERR_NOMEM, "out of memory");
     e->dt = dt;
     e->rank = rank;
-    for (int i = 0; i < rank; i++) e->shape[i] = shape[i];
+    for (int i = 0; i < rank; i++)
+        e->shape[i] = shape[i];
     e->nbytes = nbytes;
     w->n++;
     return M3_OK;
@@ -96,9 +100,12 @@ static void sb_str(sbuf *b, const char *s) {
     sb_put(b, "\"");
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') sb_put(b, "\\%c", c);
-        else if (c < 0x20) sb_put(b, "\\u%04x", c);
-        else sb_put(b, "%c", c);
+        if (c == '"' || c == '\\')
+            sb_put(b, "\\%c", c);
+        else if (c < 0x20)
+            sb_put(b, "\\u%04x", c);
+        else
+            sb_put(b, "%c", c);
     }
     sb_put(b, "\"");
 }
@@ -127,13 +134,15 @@ m3_status m3_st_write(m3_st_writer *w, const char *path, const char *const (*met
         if (i || n_meta > 0) sb_put(&h, ",");
         sb_str(&h, e->name);
         sb_put(&h, ":{\"dtype\":\"%s\",\"shape\":[", m3_dtype_name(e->dt));
-        for (int r = 0; r < e->rank; r++) sb_put(&h, "%s%lld", r ? "," : "", (long long)e->shape[r]);
+        for (int r = 0; r < e->rank; r++)
+            sb_put(&h, "%s%lld", r ? "," : "", (long long)e->shape[r]);
         sb_put(&h, "],\"data_offsets\":[%zu,%zu]}", off, off + e->nbytes);
         off += e->nbytes;
         if (e->nbytes > maxb) maxb = e->nbytes;
     }
     sb_put(&h, "}");
-    while (!h.oom && (h.len % 8) != 0) sb_put(&h, " ");
+    while (!h.oom && (h.len % 8) != 0)
+        sb_put(&h, " ");
     if (h.oom) {
         free(h.s);
         return m3_errorf(M3_ERR_NOMEM, "%s: out of memory building the header", path);
@@ -146,19 +155,23 @@ m3_status m3_st_write(m3_st_writer *w, const char *path, const char *const (*met
     m3_status s = M3_OK;
     uint8_t *buf = malloc(maxb);
     FILE *f = buf ? fopen(tmp, "wb") : NULL;
-    if (!buf) s = m3_errorf(M3_ERR_NOMEM, "%s: out of memory (%zu bytes)", path, maxb);
-    else if (!f) s = m3_errorf(M3_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (!buf)
+        s = m3_errorf(M3_ERR_NOMEM, "%s: out of memory (%zu bytes)", path, maxb);
+    else if (!f)
+        s = m3_errorf(M3_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     if (!s) {
         uint8_t len8[8];
         uint64_t hl = h.len;
-        for (int i = 0; i < 8; i++) len8[i] = (uint8_t)(hl >> (8 * i));
+        for (int i = 0; i < 8; i++)
+            len8[i] = (uint8_t)(hl >> (8 * i));
         if (fwrite(len8, 1, 8, f) != 8 || fwrite(h.s, 1, h.len, f) != h.len)
             s = m3_errorf(M3_ERR_IO, "%s: write error: %s", tmp, strerror(errno));
     }
     for (int64_t i = 0; !s && i < w->n; i++) {
         size_t nb = w->e[i].nbytes;
         s = fill(ctx, i, buf, nb);
-        if (s) m3_error_context(s, "%s: tensor %s", path, w->e[i].name);
+        if (s)
+            m3_error_context(s, "%s: tensor %s", path, w->e[i].name);
         else if (nb && fwrite(buf, 1, nb, f) != nb)
             s = m3_errorf(M3_ERR_IO, "%s: write error: %s", tmp, strerror(errno));
     }

@@ -29,8 +29,8 @@ void m3_st_writer_free(m3_st_writer *w); /* NULL ok */
 
 /* Declare tensor number m3_st_count(w) (the index the fill callback receives). nbytes must
  * equal numel x element size (F4 / packed U8 as the caller means them); names unique. */
-m3_status m3_st_add(m3_st_writer *w, const char *name, m3_dtype dt, int rank,
-                    const int64_t *shape, size_t nbytes);
+m3_status m3_st_add(m3_st_writer *w, const char *name, m3_dtype dt, int rank, const int64_t *shape,
+                    size_t nbytes);
 int64_t m3_st_count(const m3_st_writer *w);
 
 /* Write PATH (via PATH.tmp + rename). metadata: string pairs for __metadata__ (may be NULL

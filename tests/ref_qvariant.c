@@ -22,9 +22,9 @@
 #include "tests/util.h"
 
 /* bounds on the per-layer NMSE of the stage a variant changes (see the header comment) */
-#define MXFP4_MLP_LO 7e-3   /* measured 3.0e-2 .. 3.6e-2 (weights only: T < 256) */
+#define MXFP4_MLP_LO 7e-3 /* measured 3.0e-2 .. 3.6e-2 (weights only: T < 256) */
 #define MXFP4_MLP_HI 1.5e-1
-#define MXFP8_MLP_LO 9e-4   /* measured 3.7e-3 .. 4.4e-3 (weights + e4m3 activations) */
+#define MXFP8_MLP_LO 9e-4 /* measured 3.7e-3 .. 4.4e-3 (weights + e4m3 activations) */
 #define MXFP8_MLP_HI 1.8e-2
 #define PTPC_PROJ_LO 2.5e-4 /* q_proj: measured 1.15e-3 .. 1.33e-3 (two e4m3 roundings) */
 #define PTPC_PROJ_HI 5.5e-3
@@ -34,9 +34,12 @@
 /* ---- fixtures and capture ---------------------------------------------------------------- */
 
 static void fixture_path(char *buf, size_t n, int i) {
-    if (i == 0) snprintf(buf, n, "fixtures/tiny-moe");
-    else if (i == 1) snprintf(buf, n, "fixtures/tiny-deep");
-    else snprintf(buf, n, "%s/fixtures/hf-tiny", m3_shared_dir());
+    if (i == 0)
+        snprintf(buf, n, "fixtures/tiny-moe");
+    else if (i == 1)
+        snprintf(buf, n, "fixtures/tiny-deep");
+    else
+        snprintf(buf, n, "%s/fixtures/hf-tiny", m3_shared_dir());
 }
 #define N_FIX 3
 
@@ -48,7 +51,8 @@ static int32_t *read_tokens(const char *fx, int *n) {
     int32_t *v = malloc(4096 * sizeof *v);
     int k = 0;
     long x;
-    while (k < 4096 && fscanf(f, " %ld", &x) == 1) v[k++] = (int32_t)x;
+    while (k < 4096 && fscanf(f, " %ld", &x) == 1)
+        v[k++] = (int32_t)x;
     fclose(f);
     assert_true(k > 0);
     *n = k;
@@ -75,7 +79,8 @@ static m3_status cap_tap(void *vctx, const char *key, const m3_tensor *t, const 
 }
 
 static void cap_free(capture *c) {
-    for (int i = 0; i < c->n; i++) free(c->t[i].data);
+    for (int i = 0; i < c->n; i++)
+        free(c->t[i].data);
     c->n = 0;
 }
 
@@ -164,9 +169,8 @@ static bool verbose(void) {
 /* Teacher-forced from the fp32 baseline: returns the mean over layers of the NMSE of stage
  * `stage` (MoE layers only when moe_only) and checks that `still` stays bit-identical on
  * every layer where the variant cannot act before it. */
-static double variant_error(const char *fx, const m3_variant *v, const char *stage,
-                            bool moe_only, const char *still, double lo, double hi,
-                            const char *what) {
+static double variant_error(const char *fx, const m3_variant *v, const char *stage, bool moe_only,
+                            const char *still, double lo, double hi, const char *what) {
     int T;
     int32_t *tok = read_tokens(fx, &T);
     m3_config *cfg = load_cfg(fx);
@@ -210,10 +214,10 @@ static void experts_mx_change_mlp_not_attention(void **state) {
         m3_variant_default(&v8);
         assert_int_equal(m3_variant_set(&v4, "experts", "mxfp4"), M3_OK);
         assert_int_equal(m3_variant_set(&v8, "experts", "mxfp8"), M3_OK);
-        double e4 = variant_error(fx, &v4, "mlp_out", true, "attn_proj", MXFP4_MLP_LO,
-                                  MXFP4_MLP_HI, "mxfp4");
-        double e8 = variant_error(fx, &v8, "mlp_out", true, "attn_proj", MXFP8_MLP_LO,
-                                  MXFP8_MLP_HI, "mxfp8");
+        double e4 = variant_error(fx, &v4, "mlp_out", true, "attn_proj", MXFP4_MLP_LO, MXFP4_MLP_HI,
+                                  "mxfp4");
+        double e8 = variant_error(fx, &v8, "mlp_out", true, "attn_proj", MXFP8_MLP_LO, MXFP8_MLP_HI,
+                                  "mxfp8");
         printf("%s: mean MoE mlp_out NMSE mxfp4 %.3g, mxfp8 %.3g\n", fx, e4, e8);
         assert_true(e8 < e4 / 4); /* 3 mantissa bits vs 1: far smaller */
     }
@@ -228,10 +232,10 @@ static void ptpc_changes_attention_projections(void **state) {
         m3_variant_default(&v);
         assert_int_equal(m3_variant_set(&v, "ptpc", "fp8"), M3_OK);
         /* attn_proj changes on every layer; q_proj too; attn_norm (its input) does not */
-        double eq = variant_error(fx, &v, "q_proj", false, "attn_norm", PTPC_PROJ_LO,
-                                  PTPC_PROJ_HI, "ptpc");
-        double e = variant_error(fx, &v, "attn_proj", false, NULL, PTPC_ATTN_LO, PTPC_ATTN_HI,
-                                 "ptpc");
+        double eq =
+            variant_error(fx, &v, "q_proj", false, "attn_norm", PTPC_PROJ_LO, PTPC_PROJ_HI, "ptpc");
+        double e =
+            variant_error(fx, &v, "attn_proj", false, NULL, PTPC_ATTN_LO, PTPC_ATTN_HI, "ptpc");
         printf("%s: mean attn_proj NMSE ptpc %.3g (q_proj %.3g)\n", fx, e, eq);
     }
 }
@@ -287,8 +291,10 @@ static void quark_roundtrip_same_weights(void **state) {
                 assert_int_equal(m3_layer_weights_load_v(&la, wa, cfg, L, &v, NULL), M3_OK);
                 assert_int_equal(m3_layer_weights_load_v(&lb, wb, cq, L, NULL, NULL), M3_OK);
                 for (int e = 0; e <= cfg->n_expert; e++) {
-                    const m3_mlp_weights *ma = e < cfg->n_expert ? &la.moe.experts[e] : &la.moe.shared;
-                    const m3_mlp_weights *mb = e < cfg->n_expert ? &lb.moe.experts[e] : &lb.moe.shared;
+                    const m3_mlp_weights *ma =
+                        e < cfg->n_expert ? &la.moe.experts[e] : &la.moe.shared;
+                    const m3_mlp_weights *mb =
+                        e < cfg->n_expert ? &lb.moe.experts[e] : &lb.moe.shared;
                     assert_int_equal(ma->fmt, fi ? M3_WFMT_MXFP8 : M3_WFMT_MXFP4);
                     assert_int_equal(mb->fmt, ma->fmt);
                     int F = e < cfg->n_expert ? cfg->expert_inter : cfg->shared_inter;
@@ -370,11 +376,13 @@ static void mxfp4_activation_switch_at_bound(void **state) {
     int32_t *tok = read_tokens(fx, &T);
     m3_config *cfg = load_cfg(fx);
     int L = 0;
-    while (!cfg->layer_moe[L]) L++;
+    while (!cfg->layer_moe[L])
+        L++;
     char k[128];
     layer_key(k, sizeof k, cfg, L, "mlp_out");
     capture *c[3];
-    for (int i = 0; i < 3; i++) c[i] = calloc(1, sizeof *c[i]);
+    for (int i = 0; i < 3; i++)
+        c[i] = calloc(1, sizeof *c[i]);
     for (int n = B - 1; n <= B; n++) {
         const char *bounds[3] = {"16", "0", "1"};
         for (int i = 0; i < 3; i++) {
@@ -388,9 +396,11 @@ static void mxfp4_activation_switch_at_bound(void **state) {
         if (verbose()) printf("  pass of %d tokens: ==never %d ==always %d\n", n, never, always);
         assert_true(n < B ? never : always);
         assert_false(n < B ? always : never);
-        for (int i = 0; i < 3; i++) cap_free(c[i]);
+        for (int i = 0; i < 3; i++)
+            cap_free(c[i]);
     }
-    for (int i = 0; i < 3; i++) free(c[i]);
+    for (int i = 0; i < 3; i++)
+        free(c[i]);
     free(tok);
     m3_config_free(cfg);
 }
@@ -443,8 +453,9 @@ static void shared_fusion_equals_unfused(void **state) {
                 double tol = ldexp(1.0, ilogbf(r2) - 8) + ldexp(1.0, ilogbf(ym) - 7);
                 if (fabs((double)ya[i] - (double)yb[i]) > tol) nd++;
             }
-            if (nd) fail_msg("%s: %s: %lld elements beyond the fusion rounding", profs[pi], k,
-                             (long long)nd);
+            if (nd)
+                fail_msg("%s: %s: %lld elements beyond the fusion rounding", profs[pi], k,
+                         (long long)nd);
             n++;
         }
         assert_true(n > 0);
@@ -471,9 +482,12 @@ static void ptpc_gemm_formula_and_zero_row(void **state) {
     m3_rng rng;
     m3_rng_init(&rng, m3_test_seed(), 11);
     float x[T * K], w[N * K];
-    for (int i = 0; i < T * K; i++) x[i] = m3_rng_uniform(&rng, -3.0f, 3.0f);
-    for (int i = 0; i < N * K; i++) w[i] = m3_rng_uniform(&rng, -0.5f, 0.5f);
-    for (int k = 0; k < K; k++) x[2 * K + k] = 0.0f; /* row 2: all zero */
+    for (int i = 0; i < T * K; i++)
+        x[i] = m3_rng_uniform(&rng, -3.0f, 3.0f);
+    for (int i = 0; i < N * K; i++)
+        w[i] = m3_rng_uniform(&rng, -0.5f, 0.5f);
+    for (int k = 0; k < K; k++)
+        x[2 * K + k] = 0.0f; /* row 2: all zero */
     for (int z = 0; z < 2; z++) {
         m3_variant v;
         m3_variant_default(&v);
@@ -502,8 +516,10 @@ static void ptpc_gemm_formula_and_zero_row(void **state) {
                 double want = acc * (double)sx * (double)((const float *)wq->scale)[n];
                 float got = y[t * N + n];
                 if (t == 2) {
-                    if (z == 0) assert_true(isnan(got));
-                    else assert_true(got == 0.0f); /* codes 0, s_x = 1 */
+                    if (z == 0)
+                        assert_true(isnan(got));
+                    else
+                        assert_true(got == 0.0f); /* codes 0, s_x = 1 */
                     continue;
                 }
                 /* fp32 accumulation of K products of 4-bit significands: a few ulps */
@@ -524,8 +540,10 @@ static void mx_gemm_equals_dequantized(void **state) {
     m3_rng rng;
     m3_rng_init(&rng, m3_test_seed(), 11);
     float x[T * K], w[N * K], wd[N * K], y1[T * N], y2[T * N];
-    for (int i = 0; i < T * K; i++) x[i] = m3_rng_uniform(&rng, -2.0f, 2.0f);
-    for (int i = 0; i < N * K; i++) w[i] = m3_rng_uniform(&rng, -1.0f, 1.0f);
+    for (int i = 0; i < T * K; i++)
+        x[i] = m3_rng_uniform(&rng, -2.0f, 2.0f);
+    for (int i = 0; i < N * K; i++)
+        w[i] = m3_rng_uniform(&rng, -1.0f, 1.0f);
     setenv("M3_NAIVE_GEMM", "1", 1);
     for (int fp4 = 0; fp4 < 2; fp4++) {
         m3_variant v;
