@@ -9,6 +9,7 @@
 #include "ref/base.h"
 #include "ref/profile.h"
 #include "ref/tap.h"
+#include "ref/variant.h"
 
 typedef struct m3_run_opts {
     const char *model;    /* --model DIR */
@@ -19,8 +20,7 @@ typedef struct m3_run_opts {
     const char *dump;     /* --dump OUT.h5 */
     const char *from;     /* replay: --from REF.h5 */
     const char *override; /* --override JSON */
-    const char *experts, *kv_cache, *index_cache, *topk_pattern; /* variant flags */
-    int topk_reuse;                                              /* --topk-reuse N (0: not given) */
+    m3_variant variant; /* every `--<key> value` whose key m3_variant_set accepts */
     int generate;                                                /* --generate N */
     int threads;                                                 /* --threads N (0: default) */
     bool force;         /* --force: overwrite an existing dump */
@@ -33,8 +33,9 @@ typedef struct m3_run_opts {
  * Returns 0 on success, else 2 after printing one error line. */
 int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *help);
 
-/* The "variant" JSON attribute of the dump: every run option that changes numerics. Writes
- * at most n bytes into buf. */
+/* The "variant" JSON attribute of the dump: every run option that changes numerics
+ * (m3_variant_json of o->variant plus backend, teacher forcing and the profile switches).
+ * Writes at most n bytes into buf. */
 void m3_run_opts_variant(const m3_run_opts *o, const m3_profile *p, char *buf, size_t n);
 
 /* Token ids from --tokens FILE or --ids STRING: *ids malloc'ed (caller frees), *n >= 1.

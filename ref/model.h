@@ -31,6 +31,7 @@
 #include "ref/layer.h"
 #include "ref/profile.h"
 #include "ref/tap.h"
+#include "ref/variant.h"
 #include "ref/weights.h"
 
 #ifdef __cplusplus
@@ -46,6 +47,13 @@ typedef struct m3_model m3_model;
 m3_status m3_model_open(m3_model **m, const char *model_dir, const char *override_json,
                         const m3_profile *p);
 void m3_model_close(m3_model *m); /* NULL ok */
+
+/* Run the model under a numerics variant (ref/variant.h; default: m3_variant_default). The
+ * variant is copied and m3_variant_check'ed; it takes effect from the next forward pass
+ * (weights are loaded per pass). The quantized-expert / ptpc parts act through
+ * m3_layer_weights_load_v (docs/quantization.md). */
+m3_status m3_model_set_variant(m3_model *m, const m3_variant *v);
+const m3_variant *m3_model_variant(const m3_model *m);
 
 const m3_config *m3_model_config(const m3_model *m);
 const m3_profile *m3_model_profile(const m3_model *m);

@@ -75,7 +75,7 @@ static void run_writes_dump(void **state) {
     assert_string_equal(s, "fp32");
     free(s);
     assert_int_equal(m3_dump_get_attr_str(d, "variant", &s), M3_OK);
-    assert_non_null(strstr(s, "\"experts\":\"bf16\""));
+    assert_non_null(strstr(s, "\"experts\":\"stored\""));
     free(s);
     assert_int_equal(m3_dump_get_attr_str(d, "command", &s), M3_OK);
     assert_non_null(strstr(s, "m3 run --model"));
@@ -212,8 +212,8 @@ static void bad_inputs_exit_2(void **state) {
     expect_fail("--ids", rc, out);
     rc = m3(&out, "run --model %s/model --tokens %s/none.txt --dump %s", fx, tmp, path);
     expect_fail("none.txt", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --experts mxfp4 --dump %s", fx, path);
-    expect_fail("mxfp4", rc, out);
+    rc = m3(&out, "run --model %s/model --ids '1' --experts mxfp5 --dump %s", fx, path);
+    expect_fail("mxfp5", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --kv-cache fp8", fx);
     expect_fail("fp8", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --topk-reuse 4", fx);
