@@ -291,21 +291,18 @@ static m3_status apply_keys(m3_variant *v, const char *keys, bool drop, char *ap
     return M3_OK;
 }
 
-/* The one place that hands a variant to the reference model. In this build ref/model.h takes
- * a profile only, so a non-default variant cannot reach the forward: it is refused as
- * M3_ERR_UNSUPPORTED (the factor is then "unavailable in this build"). The quantized-expert
- * and fp8-cache work (branches h/quant, h/cache) wires m3_variant into the model; this
- * function is what changes then. */
+/* The one place that hands a variant to the reference model (m3_model_set_variant, before
+ * the first forward). A variant the model cannot run comes back as M3_ERR_UNSUPPORTED and the
+ * factor is then "unavailable in this build". */
 static m3_status open_model(m3_model **m, const m3_attr_opts *o, const m3_profile *p,
                             const m3_variant *v) {
-    if (!m3_variant_is_default(v)) {
-        char js[1024];
-        m3_variant_json(v, js, sizeof js);
-        return m3_errorf(M3_ERR_UNSUPPORTED,
-                         "the reference model cannot apply numerics variants in this build (%s)",
-                         js);
+    M3_TRY(m3_model_open(m, o->model, o->override_json, p));
+    m3_status s = m3_model_set_variant(*m, v);
+    if (s) {
+        m3_model_close(*m);
+        *m = NULL;
     }
-    return m3_model_open(m, o->model, o->override_json, p);
+    return s;
 }
 
 static double now_s(void) {
