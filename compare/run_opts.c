@@ -11,11 +11,13 @@
 static const char run_usage[] =
     "usage: m3 run --model DIR (--tokens FILE | --ids \"1 2 3\") [--profile fp32|hf|atom]\n"
     "              [--backend ref|gpu] [--dump OUT.h5] [--generate N] [--threads N]\n"
-    "              [--force] [--override JSON] [--experts bf16] [--kv-cache bf16]\n"
-    "              [--index-cache bf16] [--topk-reuse 1]\n"
+    "              [--force] [--override JSON] [variant flags: --<key> VALUE]\n"
     "One forward pass over the tokens (prefill), then N greedy decode steps (--generate);\n"
     "prints the greedy next token of the prefill and the generated ids. --dump writes every\n"
-    "stage (m3-dump/1; multi-pass runs under passes/PPPP/). See docs/cli.md.\n";
+    "stage (m3-dump/1; multi-pass runs under passes/PPPP/). Variant flags (ref/variant.h):\n"
+    "--experts, --kv-cache bf16|fp8, --index-cache bf16|fp8, --cache-layout, --fp8-kind,\n"
+    "--fp8-overflow, --kv-fp8max, --index-q-fp8-prefill, --topk-reuse N, --topk-pattern S...,\n"
+    "--topk-skip-offset K, ... See docs/cli.md and docs/caches.md.\n";
 
 static const char replay_usage[] =
     "usage: m3 replay --model DIR --from REF.h5 --dump OUT.h5 [--profile fp32|hf|atom]\n"
@@ -36,6 +38,7 @@ static bool parse_int(const char *s, long lo, long hi, long *v) {
 
 int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *help) {
     memset(o, 0, sizeof *o);
+    m3_variant_default(&o->variant);
     *help = false;
     o->profile = "fp32";
     o->backend = "ref";
@@ -94,19 +97,7 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
             o->dump = val;
         else if (!strcmp(name, "--override"))
             o->override = val;
-        else if (!strcmp(name, "--experts"))
-            o->experts = val;
-        else if (!strcmp(name, "--kv-cache"))
-            o->kv_cache = val;
-        else if (!strcmp(name, "--index-cache"))
-            o->index_cache = val;
-        else if (!strcmp(name, "--topk-pattern"))
-            o->topk_pattern = val;
-        else if (!strcmp(name, "--topk-reuse")) {
-            if (!parse_int(val, 1, 1 << 20, &v))
-                return m3_cli_fail("%s: --topk-reuse wants a positive integer, got '%s'", cmd, val);
-            o->topk_reuse = (int)v;
-        } else if (!replay && !strcmp(name, "--generate")) {
+        else if (!replay && !strcmp(name, "--generate")) {
             if (!parse_int(val, 0, 1 << 20, &v))
                 return m3_cli_fail("%s: --generate wants an integer >= 0, got '%s'", cmd, val);
             o->generate = (int)v;
@@ -114,8 +105,15 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
             if (!parse_int(val, 1, 256, &v))
                 return m3_cli_fail("%s: --threads wants an integer in 1..256, got '%s'", cmd, val);
             o->threads = (int)v;
-        } else
-            return m3_cli_fail("%s: unknown option '%s' (see m3 %s --help)", cmd, name, cmd);
+        } else {
+            /* every other --key is a variant option, routed generically ('-' == '_') */
+            m3_status vs = m3_variant_set(&o->variant, name + 2, val);
+            if (vs == M3_ERR_ARG && strstr(m3_last_error(), "unknown variant option")) {
+                m3_clear_error();
+                return m3_cli_fail("%s: unknown option '%s' (see m3 %s --help)", cmd, name, cmd);
+            }
+            if (vs) return m3_cli_fail("%s: %s: %s", cmd, name, m3_last_error());
+        }
     }
 
     if (!o->model) return m3_cli_fail("%s: --model DIR is required", cmd);
@@ -131,47 +129,18 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
     if (strcmp(o->backend, "ref") && strcmp(o->backend, "gpu"))
         return m3_cli_fail("%s: --backend must be ref or gpu, got '%s'", cmd, o->backend);
 
-    /* Variant flags: quantized experts, fp8 caches and top-k reuse are a later issue. The
-     * defaults (the checkpoint's own format, bf16 caches, no reuse) are accepted so that
-     * scripts can spell them out. */
-    if (o->experts && strcmp(o->experts, "bf16")) {
-        if (strcmp(o->experts, "mxfp4") && strcmp(o->experts, "mxfp8"))
-            return m3_cli_fail("%s: --experts must be bf16, mxfp4 or mxfp8, got '%s'", cmd,
-                               o->experts);
-        return m3_cli_fail("%s: --experts %s is not implemented in this build (only bf16)", cmd,
-                           o->experts);
-    }
-    if (o->kv_cache && strcmp(o->kv_cache, "bf16")) {
-        if (strcmp(o->kv_cache, "fp8"))
-            return m3_cli_fail("%s: --kv-cache must be bf16 or fp8, got '%s'", cmd, o->kv_cache);
-        return m3_cli_fail("%s: --kv-cache fp8 is not implemented in this build (only bf16)", cmd);
-    }
-    if (o->index_cache && strcmp(o->index_cache, "bf16")) {
-        if (strcmp(o->index_cache, "fp8"))
-            return m3_cli_fail("%s: --index-cache must be bf16 or fp8, got '%s'", cmd,
-                               o->index_cache);
-        return m3_cli_fail("%s: --index-cache fp8 is not implemented in this build (only bf16)",
-                           cmd);
-    }
-    if (o->topk_reuse && o->topk_pattern)
-        return m3_cli_fail("%s: give at most one of --topk-reuse and --topk-pattern", cmd);
-    if (o->topk_reuse > 1)
-        return m3_cli_fail("%s: --topk-reuse %d is not implemented in this build (only 1: every "
-                           "sparse layer computes its own top-k)",
-                           cmd, o->topk_reuse);
-    if (o->topk_pattern)
-        return m3_cli_fail("%s: --topk-pattern is not implemented in this build", cmd);
+    if (m3_variant_check(&o->variant)) return m3_cli_fail("%s: %s", cmd, m3_last_error());
     return 0;
 }
 
 void m3_run_opts_variant(const m3_run_opts *o, const m3_profile *p, char *buf, size_t n) {
-    char sw[1024];
+    char sw[1024], var[2048];
     m3_profile_json(p, sw, sizeof sw);
-    snprintf(buf, n,
-             "{\"experts\":\"bf16\",\"kv_cache\":\"bf16\",\"index_cache\":\"bf16\","
-             "\"topk_reuse\":1,\"cache_layout\":\"contiguous\",\"backend\":\"%s\","
-             "\"teacher_forced\":%s,\"ref_select\":%s,\"profile_switches\":%s}",
-             o->backend, o->from ? "true" : "false", o->ref_select ? "true" : "false", sw);
+    int len = m3_variant_json(&o->variant, var, sizeof var);
+    if (len > 1 && (size_t)len < sizeof var) var[len - 1] = 0; /* drop the closing brace */
+    snprintf(buf, n, "%s,\"backend\":\"%s\",\"teacher_forced\":%s,\"ref_select\":%s,"
+                     "\"profile_switches\":%s}",
+             var, o->backend, o->from ? "true" : "false", o->ref_select ? "true" : "false", sw);
 }
 
 /* Parse whitespace-separated integers from `text`; `what` names the source in errors. */
