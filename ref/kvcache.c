@@ -64,7 +64,8 @@ int64_t m3_kv_off_v(const m3_kv_geom *g, m3_kv_view view, int64_t slot, int h, i
     const int x = g->x;
     if (view == M3_KV_VIEW_BLOCK) {
         int64_t b = slot / g->block, t = slot % g->block;
-        return b * g->v_stride + ((int64_t)h * cdiv(g->block, x) + t / x) * ((int64_t)g->head_dim * x) +
+        return b * g->v_stride +
+               ((int64_t)h * cdiv(g->block, x) + t / x) * ((int64_t)g->head_dim * x) +
                (int64_t)dim * x + t % x;
     }
     int ppb = g->block / g->page;
@@ -202,18 +203,23 @@ void m3_kv_layer_free(m3_kv_layer *kl) {
     kl->n_blocks = 0;
 }
 
-/* ---- element access --------------------------------------------------------------------------- */
+/* ---- element access ---------------------------------------------------------------------------
+ */
 
 static void put(uint8_t *base, m3_kv_elem e, int64_t off, float v, m3_fp8_kind kind,
                 m3_fp8_overflow ovf) {
     switch (e) {
-    case M3_KV_F32: memcpy(base + off * 4, &v, 4); break;
+    case M3_KV_F32:
+        memcpy(base + off * 4, &v, 4);
+        break;
     case M3_KV_BF16: {
         m3_bf16 b = m3_f32_to_bf16(v);
         memcpy(base + off * 2, &b, 2);
         break;
     }
-    case M3_KV_FP8: base[off] = m3_f32_to_fp8(v, kind, ovf); break;
+    case M3_KV_FP8:
+        base[off] = m3_f32_to_fp8(v, kind, ovf);
+        break;
     }
 }
 
@@ -229,7 +235,8 @@ static float get(const uint8_t *base, m3_kv_elem e, int64_t off, m3_fp8_kind kin
         memcpy(&b, base + off * 2, 2);
         return m3_bf16_to_f32(b);
     }
-    case M3_KV_FP8: return m3_fp8_to_f32(base[off], kind);
+    case M3_KV_FP8:
+        return m3_fp8_to_f32(base[off], kind);
     }
     return NAN;
 }
@@ -304,7 +311,8 @@ void m3_kv_index_read(const m3_kv_layer *kl, int64_t slot, float *dst) {
         dst[d] = get(kl->index_k, kl->index_elem, slot * kl->index_dim + d, kl->g.fp8_kind);
 }
 
-/* ---- sparse table ------------------------------------------------------------------------------ */
+/* ---- sparse table ------------------------------------------------------------------------------
+ */
 
 int m3_kv_sparse_table(int32_t *table, int *ctx, const int32_t *sel, int width, int p,
                        const m3_block_table *bt, const m3_kv_geom *g, int h, bool position_order) {

@@ -58,12 +58,12 @@ typedef struct m3_kv_geom {
     m3_kv_elem elem;
     m3_fp8_kind fp8_kind; /* elem == M3_KV_FP8 */
     /* derived by m3_kv_geom_init */
-    int elem_bytes, x;      /* 4/2/1 and 16 / elem_bytes */
-    int dx;                 /* ceil(Dh / x) */
-    int64_t k_block;        /* K elements per physical block (both views agree) */
-    int64_t v_block_dense;  /* V elements of one block in the page-Bs view */
-    int64_t v_page;         /* V elements of one page-P page */
-    int64_t v_stride;       /* V elements per physical block region: max of the two views */
+    int elem_bytes, x;     /* 4/2/1 and 16 / elem_bytes */
+    int dx;                /* ceil(Dh / x) */
+    int64_t k_block;       /* K elements per physical block (both views agree) */
+    int64_t v_block_dense; /* V elements of one block in the page-Bs view */
+    int64_t v_page;        /* V elements of one page-P page */
+    int64_t v_stride;      /* V elements per physical block region: max of the two views */
 } m3_kv_geom;
 
 /* Fill g (page = 0 picks the default P). Asserts positive dims and block % page == 0. */
@@ -109,9 +109,9 @@ typedef struct m3_kv_layer {
     uint8_t *k, *v;           /* [n_blocks * k_block], [n_blocks * v_stride] elements */
     float *k_scale, *v_scale; /* [n_blocks, Hkv, Bs] (fp8 only, else NULL) */
     /* index cache (sparse layers; index_dim 0 = none) */
-    int index_dim;            /* Di */
-    m3_kv_elem index_elem;    /* F32, BF16 or FP8 (unit scale, g.fp8_kind) */
-    uint8_t *index_k;         /* [n_blocks, Bs, Di] */
+    int index_dim;         /* Di */
+    m3_kv_elem index_elem; /* F32, BF16 or FP8 (unit scale, g.fp8_kind) */
+    uint8_t *index_k;      /* [n_blocks, Bs, Di] */
 } m3_kv_layer;
 
 /* Set up an empty layer (no storage yet). */
@@ -123,7 +123,7 @@ void m3_kv_layer_free(m3_kv_layer *kl); /* NULL ok */
 
 /* How an fp8 writer quantizes K (§4.7); V always takes amax over its own values. */
 typedef struct m3_kv_writer {
-    float fp8_max;    /* FP8_MAX of this writer: 240 or 448 (or the forced value) */
+    float fp8_max; /* FP8_MAX of this writer: 240 or 448 (or the forced value) */
     m3_fp8_overflow ovf;
 } m3_kv_writer;
 

@@ -23,8 +23,8 @@
 #define GATE_FP8_KV_ATTN_NMSE 1e-2
 /* fp8 index cache: fraction of (head, token) index_topk rows whose set changes. Unit-scale
  * e4m3 keys (2^-4 relative) move block scores by a few percent; only rows whose K-th and
- * K+1-th block scores are that close flip. Measured (atom, prefill 70 + 3 decode): hf-tiny 1.6%, tiny-deep 4.9%, tiny-moe 5.3% of rows
- * (docs/caches.md); gate 25%. */
+ * K+1-th block scores are that close flip. Measured (atom, prefill 70 + 3 decode): hf-tiny 1.6%,
+ * tiny-deep 4.9%, tiny-moe 5.3% of rows (docs/caches.md); gate 25%. */
 #define GATE_FP8_INDEX_FLIP 0.25
 
 /* ---- fixtures ---------------------------------------------------------------------------- */
@@ -48,7 +48,8 @@ static int32_t *read_tokens(const char *dir, int *n) {
     if (!f) fail_msg("%s: cannot open", p);
     int32_t *t = malloc(4096 * 4);
     int k = 0, v;
-    while (k < 4096 && fscanf(f, "%d", &v) == 1) t[k++] = v;
+    while (k < 4096 && fscanf(f, "%d", &v) == 1)
+        t[k++] = v;
     fclose(f);
     *n = k;
     assert_true(k >= 40);
@@ -101,7 +102,8 @@ static m3_status cap_tap(void *vctx, const char *key, const m3_tensor *t, const 
 }
 
 static void cap_free(capture *c) {
-    for (int i = 0; i < c->n; i++) free(c->t[i].data);
+    for (int i = 0; i < c->n; i++)
+        free(c->t[i].data);
     free(c->key);
     free(c->t);
     free(c);
@@ -203,12 +205,25 @@ static void paged_equals_contiguous(void **state) {
     }
 }
 
-/* ---- fp8 KV ----------------------------------------------------------------------------------- */
+/* ---- fp8 KV -----------------------------------------------------------------------------------
+ */
 
 static bool before_attention(const char *st) {
-    static const char *s[] = {"input", "attn_norm", "q_proj", "k_proj", "v_proj", "q", "k", "v",
-                              "index_q_proj", "index_k_proj", "index_q", "index_k",
-                              "index_scores", "index_topk", NULL};
+    static const char *s[] = {"input",
+                              "attn_norm",
+                              "q_proj",
+                              "k_proj",
+                              "v_proj",
+                              "q",
+                              "k",
+                              "v",
+                              "index_q_proj",
+                              "index_k_proj",
+                              "index_q",
+                              "index_k",
+                              "index_scores",
+                              "index_topk",
+                              NULL};
     for (int i = 0; s[i]; i++)
         if (!strcmp(st, s[i])) return true;
     return false;
@@ -244,15 +259,15 @@ static void fp8_kv_changes_attention_only(void **state) {
                 if (layer_of(ca->key[i]) < 0) continue;
                 assert_non_null(tb);
                 if (before_attention(st) && !same(&ca->t[i], tb))
-                    fail_msg("%s %s: fp8 KV changed %s (before attention)", fix_dir[f],
-                             profs[pi], ca->key[i]);
+                    fail_msg("%s %s: fp8 KV changed %s (before attention)", fix_dir[f], profs[pi],
+                             ca->key[i]);
                 if (strcmp(st, "attn_out") != 0) continue;
                 bool dense_prefill = !strncmp(ca->key[i], "passes/0000/", 12) &&
                                      !cfg->layer_sparse[layer_of(ca->key[i])];
                 double e = nmse(&ca->t[i], tb);
                 if (dense_prefill && e != 0)
-                    fail_msg("%s %s: %s changed: dense prefill must use the bf16 K/V",
-                             fix_dir[f], profs[pi], ca->key[i]);
+                    fail_msg("%s %s: %s changed: dense prefill must use the bf16 K/V", fix_dir[f],
+                             profs[pi], ca->key[i]);
                 if (e > 0) n_diff++;
                 if (e > worst) worst = e;
             }
@@ -315,7 +330,8 @@ static void fp8_index_cache(void **state) {
                 bool eq = true;
                 for (int u = 0; u < W && eq; u++) {
                     bool found = false;
-                    for (int v = 0; v < W; v++) found |= x[u] == y[v];
+                    for (int v = 0; v < W; v++)
+                        found |= x[u] == y[v];
                     eq = found;
                 }
                 rows++;
@@ -410,8 +426,9 @@ static void topk_reuse_schedules(void **state) {
         const char *v_pat[] = {"topk_pattern", "xSxS", NULL};
         const char *v_fp8[] = {"topk_reuse", "2", "kv_cache", "fp8", "index_cache", "fp8", NULL};
         const char *const *vs[] = {v_freq2, v_freq4, v_off1, v_pat, v_fp8, NULL};
-        const char *names[] = {"freq 2", "freq 4", "freq 2 offset 1", "pattern xSxS",
-                               "freq 2 + fp8 caches", "override freq 2"};
+        const char *names[] = {
+            "freq 2",         "freq 4", "freq 2 offset 1", "pattern xSxS", "freq 2 + fp8 caches",
+            "override freq 2"};
         for (int s = 0; s < 6; s++) {
             const char *ovr = s == 5 ? "{\"use_index_cache\": true, \"index_topk_freq\": 2}" : NULL;
             m = open_model(fix_dir[f], "atom", ovr, s < 5 ? vs[s] : NULL);
@@ -461,9 +478,9 @@ static void cli_variant_flags(void **state) {
     free(var);
     m3_dump_close(d);
     remove(dump);
-    const char *bad[] = {"--kv-cache fp9", "--no-such-flag 1", "--topk-reuse 0",
-                         "--kv-cache fp8 --cache-layout contiguous", "--topk-pattern Sx",
-                         "--topk-reuse 2 --topk-pattern xS"};
+    const char *bad[] = {"--kv-cache fp9",    "--no-such-flag 1",
+                         "--topk-reuse 0",    "--kv-cache fp8 --cache-layout contiguous",
+                         "--topk-pattern Sx", "--topk-reuse 2 --topk-pattern xS"};
     for (int i = 0; i < 6; i++) {
         snprintf(cmd, sizeof cmd, "%s run --model fixtures/tiny-deep/model --ids '1 2 3' %s",
                  m3_bin(), bad[i]);
@@ -476,10 +493,8 @@ static void cli_variant_flags(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(paged_equals_contiguous),
-        cmocka_unit_test(fp8_kv_changes_attention_only),
-        cmocka_unit_test(fp8_index_cache),
-        cmocka_unit_test(topk_reuse_schedules),
+        cmocka_unit_test(paged_equals_contiguous), cmocka_unit_test(fp8_kv_changes_attention_only),
+        cmocka_unit_test(fp8_index_cache),         cmocka_unit_test(topk_reuse_schedules),
         cmocka_unit_test(cli_variant_flags),
     };
     return M3_RUN_TESTS(tests);

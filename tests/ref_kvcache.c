@@ -156,7 +156,8 @@ static void page16_view_of_page128_bytes(void **state) {
             }
     assert_true(checked > 1000);
     /* the views really differ: some element moves */
-    assert_true(m3_kv_off_k(&g, M3_KV_VIEW_BLOCK, 17, 0, 9) != m3_kv_off_k(&g, M3_KV_VIEW_PAGE, 17, 0, 9));
+    assert_true(m3_kv_off_k(&g, M3_KV_VIEW_BLOCK, 17, 0, 9) !=
+                m3_kv_off_k(&g, M3_KV_VIEW_PAGE, 17, 0, 9));
     free(kr);
     free(vr);
     m3_kv_layer_free(&kl);
@@ -167,14 +168,17 @@ static void block_table_non_identity(void **state) {
     m3_block_table bt = {0};
     assert_int_equal(m3_block_table_reserve(&bt, 3), M3_OK);
     int identity = 0;
-    for (int b = 0; b < 3; b++) identity += bt.phys[b] == b;
+    for (int b = 0; b < 3; b++)
+        identity += bt.phys[b] == b;
     assert_true(identity < 3);
     int32_t before[3] = {bt.phys[0], bt.phys[1], bt.phys[2]};
     assert_int_equal(m3_block_table_reserve(&bt, 11), M3_OK);
-    for (int b = 0; b < 3; b++) assert_int_equal(bt.phys[b], before[b]); /* kept */
+    for (int b = 0; b < 3; b++)
+        assert_int_equal(bt.phys[b], before[b]); /* kept */
     for (int b = 0; b < 11; b++) {
         assert_true(bt.phys[b] >= 0 && bt.phys[b] < bt.n_pool);
-        for (int c = 0; c < b; c++) assert_true(bt.phys[b] != bt.phys[c]);
+        for (int c = 0; c < b; c++)
+            assert_true(bt.phys[b] != bt.phys[c]);
     }
     /* slot(p) = bt[p/128]*128 + p%128 */
     assert_int_equal(m3_block_table_slot(&bt, 128, 300), (int64_t)bt.phys[2] * 128 + 44);
@@ -201,7 +205,8 @@ static void sparse_table_expansion(void **state) {
         assert_int_equal(table[8 + j], (8 * 9 + j) * 4 + 3);  /* block 2 -> phys 9 */
         assert_int_equal(table[16 + j], (8 * 3 + j) * 4 + 3); /* own 7 -> phys 3, last */
     }
-    for (int i = 24; i < 40; i++) assert_int_equal(table[i], 0);
+    for (int i = 24; i < 40; i++)
+        assert_int_equal(table[i], 0);
     /* key 130 (< ctx) = entry 8 (block 2, page 0), offset 2 -> slot 9*128 + 2 */
     assert_int_equal(m3_kv_table_slot(table, &g, 130), 9 * 128 + 2);
     /* key 256 + 20 = own block at in-block offset 20 -> phys 3 slot 3*128 + 20 */
@@ -233,14 +238,15 @@ static void fp8_writer_rules(void **state) {
         float k[32], ka[32], v[32], got[16];
         for (int i = 0; i < 32; i++) {
             k[i] = m3_round_bf16(0.37f * (float)(i - 11));
-            ka[i] = 0.37f * (float)(i - 11); /* fp32 source */
+            ka[i] = 0.37f * (float)(i - 11);               /* fp32 source */
             v[i] = i < 16 ? 0.0f : (float)(i - 20) * 1.5f; /* head 0 all zero */
         }
         m3_kv_writer w = {.fp8_max = 448.0f, .ovf = M3_FP8_SATURATE};
         m3_kv_write(&kl, 21, k, ka, v, &w);
         for (int h = 0; h < 2; h++) {
             float amax = 0;
-            for (int d = 0; d < 16; d++) amax = fmaxf(amax, fabsf(ka[h * 16 + d]));
+            for (int d = 0; d < 16; d++)
+                amax = fmaxf(amax, fabsf(ka[h * 16 + d]));
             float ks = m3_kv_read_k(&kl, 21, h, got);
             assert_true(ks == amax / 448.0f);
             for (int d = 0; d < 16; d++)
@@ -248,12 +254,15 @@ static void fp8_writer_rules(void **state) {
                                                                   M3_FP8_SATURATE),
                                                     kinds[ki]));
             float vs = m3_kv_read_v(&kl, 21, h, got);
-            if (h == 0) assert_true(vs == 1.0f); /* amax 0 -> scale 1 */
-            else assert_true(vs == 16.5f / 448.0f); /* head 1: max |i - 20| * 1.5, i = 31 */
+            if (h == 0)
+                assert_true(vs == 1.0f); /* amax 0 -> scale 1 */
+            else
+                assert_true(vs == 16.5f / 448.0f); /* head 1: max |i - 20| * 1.5, i = 31 */
         }
         /* index keys: unit scale fp8 of the bf16-rounded value */
         float ik[16], back[16];
-        for (int d = 0; d < 16; d++) ik[d] = 0.1234567f * (float)(d - 8) + 1e-4f;
+        for (int d = 0; d < 16; d++)
+            ik[d] = 0.1234567f * (float)(d - 8) + 1e-4f;
         m3_kv_index_write(&kl, 5, ik, M3_FP8_SATURATE);
         m3_kv_index_read(&kl, 5, back);
         for (int d = 0; d < 16; d++)
@@ -285,7 +294,8 @@ static double paged_vs_contiguous(const acase *c, const m3_profile *p, m3_kv_ele
     m3_round_bf16_n(k, (int64_t)kn);
     m3_round_bf16_n(v, (int64_t)kn);
     int32_t *pos = malloc((size_t)c->T * 4);
-    for (int t = 0; t < c->T; t++) pos[t] = c->S - c->T + t;
+    for (int t = 0; t < c->T; t++)
+        pos[t] = c->S - c->T + t;
     int nb = (c->S + c->B - 1) / c->B;
     int32_t *topk = malloc((size_t)c->Hkv * c->T * c->K * 4);
     for (int g = 0; g < c->Hkv; g++)
@@ -299,7 +309,8 @@ static double paged_vs_contiguous(const acase *c, const m3_profile *p, m3_kv_ele
                 for (int tries = 0; tries < 50 && b < 0; tries++) {
                     int cand = (int)(m3_rng_u32(&r) % (uint32_t)nb);
                     bool ok = cand < bp;
-                    for (int j = 0; j < i && ok; j++) ok = row[j] != cand;
+                    for (int j = 0; j < i && ok; j++)
+                        ok = row[j] != cand;
                     if (ok) b = cand;
                 }
                 row[i] = b;
@@ -310,7 +321,8 @@ static double paged_vs_contiguous(const acase *c, const m3_profile *p, m3_kv_ele
     size_t sb = m3_attn_scratch_bytes(c->S, &ap);
     void *scr = malloc(sb);
     if (sparse)
-        m3_attn_sparse(o1, q, c->H * c->Dh, k, v, pos, c->T, c->S, topk, c->K, c->B, &ap, p, scr, sb);
+        m3_attn_sparse(o1, q, c->H * c->Dh, k, v, pos, c->T, c->S, topk, c->K, c->B, &ap, p, scr,
+                       sb);
     else
         m3_attn_dense(o1, q, c->H * c->Dh, k, v, pos, c->T, c->S, &ap, p, scr, sb);
     free(scr);
