@@ -125,6 +125,8 @@ m3_status m3_variant_check_cache(const m3_variant *v) {
         v->cache_layout != M3_LAYOUT_PAGED)
         return m3_errorf(M3_ERR_ARG, "fp8 caches exist only in the paged layout: drop "
                                      "cache_layout contiguous");
+    if (v->index_q_fp8_prefill == M3_TRI_ON && v->cache_layout != M3_LAYOUT_PAGED)
+        return m3_errorf(M3_ERR_ARG, "index_q_fp8_prefill on needs cache_layout paged");
     if (v->topk_skip_offset > 0 && v->topk_reuse <= 1)
         return m3_errorf(M3_ERR_ARG, "topk_skip_offset needs topk_reuse > 1");
     return M3_OK;
