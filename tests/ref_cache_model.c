@@ -282,6 +282,68 @@ static void fp8_kv_changes_attention_only(void **state) {
     }
 }
 
+/* The §4.7 writer table under atom is keyed on the layer type: forcing FP8_MAX 240 changes
+ * only the computing sparse layers (448 in the table) with e4m3fn, and nothing with e4m3fnuz
+ * (whose finfo max is 240 already). */
+static void fp8_writer_table_keys(void **state) {
+    (void)state;
+    find_fixtures();
+    const char *tab[] = {"kv_cache", "fp8", NULL};
+    const char *f240[] = {"kv_cache", "fp8", "kv_fp8max", "240", NULL};
+    const char *uz[] = {"kv_cache", "fp8", "fp8_kind", "e4m3fnuz", NULL};
+    const char *uz240[] = {"kv_cache", "fp8", "fp8_kind", "e4m3fnuz", "kv_fp8max", "240", NULL};
+    const char *reuse[] = {"topk_reuse", "2", NULL};
+    for (int f = 0; f < n_fix; f++) {
+        int n;
+        int32_t *tok = read_tokens(fix_dir[f], &n);
+        int T0 = n < 75 ? n - 5 : 70;
+        m3_model *r = open_model(fix_dir[f], "atom", NULL, reuse);
+        capture *cr = cap_new();
+        run_passes(r, tok, T0, 2, cr, NULL);
+        const char *const *vs[4] = {tab, f240, uz, uz240};
+        capture *c[4];
+        bool *comp = NULL;
+        for (int i = 0; i < 4; i++) {
+            /* with top-k reuse on, so that the reusing layers' 240 writer is covered too */
+            const char *kv[12];
+            int k = 0;
+            for (int j = 0; vs[i][j]; j++)
+                kv[k++] = vs[i][j];
+            kv[k++] = "topk_reuse";
+            kv[k++] = "2";
+            kv[k] = NULL;
+            m3_model *m = open_model(fix_dir[f], "atom", NULL, kv);
+            if (!comp) {
+                const m3_config *cfg = m3_model_config(m);
+                comp = calloc((size_t)cfg->n_layer, sizeof *comp);
+                assert_int_equal(m3_config_topk_schedule(cfg, comp), M3_OK);
+            }
+            c[i] = cap_new();
+            run_passes(m, tok, T0, 2, c[i], cr);
+            m3_model_close(m);
+        }
+        int n_changed = 0;
+        for (int i = 0; i < c[0]->n; i++) {
+            if (strcmp(stage_of(c[0]->key[i]), "attn_out") != 0) continue;
+            int L = layer_of(c[0]->key[i]);
+            bool a_same = same(&c[0]->t[i], cap_get(c[1], c[0]->key[i]));
+            if (!comp[L] && !a_same)
+                fail_msg("%s: %s changed by kv_fp8max 240 on a dense / reusing layer", fix_dir[f],
+                         c[0]->key[i]);
+            n_changed += !a_same;
+            if (!same(&c[2]->t[i], cap_get(c[3], c[0]->key[i])))
+                fail_msg("%s: e4m3fnuz %s changed by kv_fp8max 240", fix_dir[f], c[0]->key[i]);
+        }
+        assert_true(n_changed > 0);
+        for (int i = 0; i < 4; i++)
+            cap_free(c[i]);
+        cap_free(cr);
+        m3_model_close(r);
+        free(comp);
+        free(tok);
+    }
+}
+
 /* ---- fp8 index cache ---------------------------------------------------------------------- */
 
 static void fp8_index_cache(void **state) {
@@ -494,8 +556,8 @@ static void cli_variant_flags(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(paged_equals_contiguous), cmocka_unit_test(fp8_kv_changes_attention_only),
-        cmocka_unit_test(fp8_index_cache),         cmocka_unit_test(topk_reuse_schedules),
-        cmocka_unit_test(cli_variant_flags),
+        cmocka_unit_test(fp8_writer_table_keys),   cmocka_unit_test(fp8_index_cache),
+        cmocka_unit_test(topk_reuse_schedules),    cmocka_unit_test(cli_variant_flags),
     };
     return M3_RUN_TESTS(tests);
 }
