@@ -123,6 +123,11 @@ size_t m3_layer_paged_scratch_bytes(const m3_config *cfg, int layer, int n_tok, 
  *   order (see docs/dumps.md). With hooks->force_selection, index_topk (sparse layers) and
  *   expert_ids (MoE layers) are fetched from hooks->fetch under the same keys; the expert
  *   weights are then our router's weights of the forced experts, renormalised.
+ * Caches (docs/caches.md): with cache->paged the layer also writes its K/V (fp8 writer rules
+ *   of spec §4.7) and index keys into the paged storage, and reads through it (sparse layers
+ *   always, dense layers in decode, T == 1). A sparse layer with cache->reuse_topk skips index
+ *   norm / RoPE / insert / scoring and uses cache->share (the last computing sparse layer of
+ *   this pass; M3_ERR_ARG when there is none); a computing one records its selection there.
  * On return the cache holds n_past + T rows. Errors: tap/fetch failures, a forced selection
  * of the wrong shape or with ids out of range (M3_ERR_SHAPE / M3_ERR_ARG), a position that
  * is not n_past + t (M3_ERR_ARG). scratch: m3_layer_scratch_bytes(...) bytes, caller-owned. */
