@@ -14,6 +14,7 @@ int m3_cmd_attribute(int argc, char **argv);
 int m3_cmd_eval(int argc, char **argv);
 int m3_cmd_bench(int argc, char **argv);
 int m3_cmd_ls(int argc, char **argv);
+int m3_cmd_quantize(int argc, char **argv);
 
 /* Print "m3: <msg>" (msg from m3_last_error() when fmt is NULL) as one line on stderr,
  * return 2. */

@@ -54,6 +54,7 @@ int m3_cmd_replay(int argc, char **argv) {
     if (!s) s = m3_model_open(&m, o.model, o.override, &prof);
     if (!s) s = m3_model_set_variant(m, &o.variant);
     if (!s) m3_config_emit_warnings(m3_model_config(m));
+    if (!s) s = m3_model_set_variant(m, &o.variant);
     /* passes: passes/0000, passes/0001, ... or the root alone */
     int n_pass = 0;
     bool multi = !s && m3_dump_has(ref, "passes/0000/tokens");

@@ -30,6 +30,7 @@ int m3_cmd_run(int argc, char **argv) {
     m3_status s = m3_model_open(&m, o.model, o.override, &prof);
     if (!s) s = m3_model_set_variant(m, &o.variant);
     if (!s) m3_config_emit_warnings(m3_model_config(m));
+    if (!s) s = m3_model_set_variant(m, &o.variant);
     if (!s) s = m3_run_read_tokens(&o, m3_model_config(m)->vocab, &ids, &n_ids);
     if (!s && o.dump) {
         char variant[2048];

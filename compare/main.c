@@ -19,6 +19,7 @@ static const struct {
     {"eval", m3_cmd_eval, "accuracy evaluation (gsm8k)"},
     {"bench", m3_cmd_bench, "benchmarks against ceilings measured in the same run"},
     {"ls", m3_cmd_ls, "list the stages of a dump file"},
+    {"quantize", m3_cmd_quantize, "write a Quark MXFP4/MXFP8-expert copy of a bf16 checkpoint"},
 };
 
 int m3_cli_fail(const char *fmt, ...) {

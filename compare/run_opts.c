@@ -14,10 +14,11 @@ static const char run_usage[] =
     "              [--force] [--override JSON] [variant flags: --<key> VALUE]\n"
     "One forward pass over the tokens (prefill), then N greedy decode steps (--generate);\n"
     "prints the greedy next token of the prefill and the generated ids. --dump writes every\n"
-    "stage (m3-dump/1; multi-pass runs under passes/PPPP/). Variant flags (ref/variant.h):\n"
-    "--experts, --kv-cache bf16|fp8, --index-cache bf16|fp8, --cache-layout, --fp8-kind,\n"
-    "--fp8-overflow, --kv-fp8max, --index-q-fp8-prefill, --topk-reuse N, --topk-pattern S...,\n"
-    "--topk-skip-offset K, ... See docs/cli.md and docs/caches.md.\n";
+    "stage (m3-dump/1; multi-pass runs under passes/PPPP/). Variant flags (ref/variant.h,\n"
+    "docs/quantization.md): --experts bf16|mxfp4|mxfp8|stored, --experts-scale\n"
+    "floor|even|rceil, --experts-round rne|rna, --moe-act-bound N, --shared-fused\n"
+    "auto|on|off, --moe-stage2-act same|none, --ptpc off|fp8, --ptpc-zero-row nan|one, and\n"
+    "the cache keys (--kv-cache, --index-cache, --topk-reuse, ...: docs/caches.md). See docs/cli.md.\n";
 
 static const char replay_usage[] =
     "usage: m3 replay --model DIR --from REF.h5 --dump OUT.h5 [--profile fp32|hf|atom]\n"
@@ -106,13 +107,11 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
                 return m3_cli_fail("%s: --threads wants an integer in 1..256, got '%s'", cmd, val);
             o->threads = (int)v;
         } else {
-            /* every other --key is a variant option, routed generically ('-' == '_') */
+            /* anything else: a numerics variant key (ref/variant.h), '-' == '_' */
             m3_status vs = m3_variant_set(&o->variant, name + 2, val);
-            if (vs == M3_ERR_ARG && strstr(m3_last_error(), "unknown variant option")) {
-                m3_clear_error();
+            if (vs == M3_ERR_ARG && strstr(m3_last_error(), "unknown variant option"))
                 return m3_cli_fail("%s: unknown option '%s' (see m3 %s --help)", cmd, name, cmd);
-            }
-            if (vs) return m3_cli_fail("%s: %s: %s", cmd, name, m3_last_error());
+            if (vs) return m3_cli_fail("%s: %s", cmd, m3_last_error());
         }
     }
 
@@ -134,13 +133,16 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
 }
 
 void m3_run_opts_variant(const m3_run_opts *o, const m3_profile *p, char *buf, size_t n) {
-    char sw[1024], var[2048];
+    char sw[1024], va[2048];
     m3_profile_json(p, sw, sizeof sw);
-    int len = m3_variant_json(&o->variant, var, sizeof var);
-    if (len > 1 && (size_t)len < sizeof var) var[len - 1] = 0; /* drop the closing brace */
-    snprintf(buf, n, "%s,\"backend\":\"%s\",\"teacher_forced\":%s,\"ref_select\":%s,"
+    m3_variant_json(&o->variant, va, sizeof va);
+    /* va is "{...}": splice its members in front of the run's own */
+    size_t k = strlen(va);
+    if (k >= 2) va[k - 1] = 0;
+    snprintf(buf, n, "%s%s\"backend\":\"%s\",\"teacher_forced\":%s,\"ref_select\":%s,"
                      "\"profile_switches\":%s}",
-             var, o->backend, o->from ? "true" : "false", o->ref_select ? "true" : "false", sw);
+             va, k > 2 ? "," : "", o->backend, o->from ? "true" : "false",
+             o->ref_select ? "true" : "false", sw);
 }
 
 /* Parse whitespace-separated integers from `text`; `what` names the source in errors. */

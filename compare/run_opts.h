@@ -20,9 +20,9 @@ typedef struct m3_run_opts {
     const char *dump;     /* --dump OUT.h5 */
     const char *from;     /* replay: --from REF.h5 */
     const char *override; /* --override JSON */
-    m3_variant variant; /* every --<key> VALUE that m3_variant_set accepts ('-' == '_') */
-    int generate;       /* --generate N */
-    int threads;        /* --threads N (0: default) */
+    m3_variant variant; /* every `--<key> value` whose key m3_variant_set accepts */
+    int generate;                                                /* --generate N */
+    int threads;                                                 /* --threads N (0: default) */
     bool force;         /* --force: overwrite an existing dump */
     bool ref_select;    /* replay: --ref-select, teacher-force index_topk / expert_ids */
     char command[2048]; /* the command line, recorded in the dump */
@@ -34,8 +34,8 @@ typedef struct m3_run_opts {
 int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *help);
 
 /* The "variant" JSON attribute of the dump: every run option that changes numerics
- * (m3_variant_json, then backend, teacher forcing and the profile's switches). Writes at
- * most n bytes into buf. */
+ * (m3_variant_json of o->variant plus backend, teacher forcing and the profile switches).
+ * Writes at most n bytes into buf. */
 void m3_run_opts_variant(const m3_run_opts *o, const m3_profile *p, char *buf, size_t n);
 
 /* Token ids from --tokens FILE or --ids STRING: *ids malloc'ed (caller frees), *n >= 1.

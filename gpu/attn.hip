@@ -276,3 +276,466 @@ extern "C" m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float
     return launch<float>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx, d_topk, width, block,
                          ap, p);
 }
+
+/* ==== fast paths: online softmax, K/V shared by the query heads of a KV group ==============
+ * m3_gpu_attn_sparse_flash / m3_gpu_attn_dense_flash: production kernels (bf16 storage),
+ * checked against the CPU reference with GPU_NMSE_FLASH (tests/gpu_test.h) because their
+ * rounding points differ from the reference's in the way the spec §3.7 atom column allows:
+ * P is rounded to bf16 UNNORMALISED (exp(z - m) against the running or per-range max m)
+ * for the P.V product, the denominator sums the unrounded exponentials, partial outputs are
+ * fp32 and merged with fp32 log-sum-exp weights (no bf16 partitions), key order is free.
+ * Scores are fp32 (q.k)*s, or hf eager bf16(bf16(q.k)*s). The faithful kernels above stay
+ * as the device reference (bit-faithful rounding points, style B6).
+ *
+ * sparse_part_k (flash-decoding): one block per (range j, kv head g, token t); range j <
+ *   width is the selected block topk[g][t][j] (skipped when -1, >= the own block, or a
+ *   repeat of an earlier slot: duplicates count once), range `width` is the own block up to
+ *   pos[t]. The block's K and V rows are staged in shared memory once and used by all
+ *   hq = H/Hkv query heads; scores: one thread per key, all heads; softmax: one warp per
+ *   head; P.V: one thread per output dim, all heads. Writes (m, l, O) per head.
+ * sparse_merge_k: per (token, head), o = sum_j w_j O_j / sum_j w_j l_j, w_j = exp(m_j - M).
+ * dense_flash_k (NVIDIA mma.sync; elsewhere the launcher uses the faithful kernel): one
+ *   block per (4 consecutive tokens, kv head g), one warp per token whose 16 mma rows are
+ *   the group's query heads; K/V tiles of 64 keys in shared memory shared by the 4 warps;
+ *   S = Q K^T and O += P V on tensor cores (fp32 accumulate), P taken from the S registers
+ *   as bf16 A fragments, causal mask per token. */
+#define FD_THREADS 128
+#define FD_MAX_HQ 16
+#define FA_TOK 4
+#define FA_KT 64
+#define FA_MAX_DH 128
+
+/* shared-memory pitches (bf16 elements past Dh): the mma path wants 4-mod-32 word pitches
+ * (conflict-free fragments), the key-per-thread path an odd word pitch. Host-visible
+ * (M3_HIP_NVIDIA), so the launcher sizes the same layout the kernel uses. */
+#if defined(M3_HIP_NVIDIA)
+#define FD_KPAD 8
+#define FD_VPAD 8
+#else
+#define FD_KPAD 2
+#define FD_VPAD 0
+#endif
+
+static size_t fd_smem_bytes(int hq, int Dh, int block) {
+    return sizeof(float) * ((size_t)hq * Dh + (size_t)hq * block) +
+           sizeof(m3_bf16) * ((size_t)FD_MAX_HQ * (block + 8) + (size_t)block * (Dh + FD_KPAD) +
+                              (size_t)block * (Dh + FD_VPAD));
+}
+
+static __global__ void __launch_bounds__(FD_THREADS)
+    sparse_part_k(float *M3_RESTRICT po, float *M3_RESTRICT pml, const m3_bf16 *M3_RESTRICT q,
+                  int ld_q, const m3_bf16 *M3_RESTRICT k, const m3_bf16 *M3_RESTRICT v,
+                  const int32_t *M3_RESTRICT pos, const int32_t *M3_RESTRICT topk, int T, int width,
+                  int block, int H, int Hkv, int Dh, float scale, bool eager, bool p_bf16) {
+    extern __shared__ float fd_sh[];
+    const int j = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
+    const int hq = H / Hkv, tid = (int)threadIdx.x;
+    const int KP = Dh + FD_KPAD, VP = Dh + FD_VPAD, PP = block + 8;
+    float *qs = fd_sh;                                          /* [hq][Dh] */
+    float *ps = qs + hq * Dh;                                   /* [hq][block] scores */
+    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(ps + hq * block); /* [16][PP] bf16 P (mma) */
+    m3_bf16 *ks = pb + FD_MAX_HQ * PP;                          /* [block][KP] */
+    m3_bf16 *vs = ks + (size_t)block * KP;                      /* [block][VP] */
+    const int p = pos[t], bp = p / block;
+    const size_t slot = ((size_t)t * Hkv + g) * (width + 1) + j;
+    int b = bp, nk = p - bp * block + 1;
+    bool valid = true;
+    if (j < width) {
+        const int32_t *row = topk + ((size_t)g * T + t) * width;
+        b = row[j];
+        nk = block;
+        valid = b >= 0 && b < bp;
+        for (int i = 0; i < j && valid; i++)
+            if (row[i] == b) valid = false;
+    }
+    if (!valid) {
+        if (tid < hq) pml[(slot * hq + tid) * 2] = -INFINITY, pml[(slot * hq + tid) * 2 + 1] = 0.0f;
+        return; /* whole block */
+    }
+    const int key0 = b * block, dv8 = Dh / 8;
+    const int lane = tid % M3_WARP, warp = tid / M3_WARP;
+    for (int i = tid; i < hq * Dh; i += FD_THREADS)
+        qs[i] = m3_bf16_to_f32(q[(size_t)t * ld_q + (size_t)(g * hq) * Dh + i]);
+    for (int i = tid; i < block * dv8; i += FD_THREADS) { /* rows past nk: zeros */
+        const int r = i / dv8, c = i % dv8;
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+        if (r < nk) {
+            const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8;
+            kv = *reinterpret_cast<const uint4 *>(k + src);
+            vv = *reinterpret_cast<const uint4 *>(v + src);
+        }
+        uint32_t *kd = reinterpret_cast<uint32_t *>(ks + (size_t)r * KP + c * 8); /* 4-byte aligned */
+        kd[0] = kv.x, kd[1] = kv.y, kd[2] = kv.z, kd[3] = kv.w;
+        *reinterpret_cast<uint4 *>(vs + (size_t)r * VP + c * 8) = vv;
+    }
+    __syncthreads();
+#if M3_HAVE_MMA
+    /* S = Q K^T on tensor cores: 16 rows = the group's heads, a warp per 8-key tile */
+    const int gq = lane / 4, tq = lane % 4;
+    uint32_t qa[FA_MAX_DH / 16][4];
+#pragma unroll
+    for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+        if (s2 >= Dh / 16) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i & 1) * 8, c = s2 * 16 + 2 * tq + (i >> 1) * 8;
+            const uint32_t lo = r < hq ? (uint32_t)m3_f32_to_bf16(qs[r * Dh + c]) : 0u; /* exact */
+            const uint32_t hi = r < hq ? (uint32_t)m3_f32_to_bf16(qs[r * Dh + c + 1]) : 0u;
+            qa[s2][i] = lo | (hi << 16);
+        }
+    }
+    for (int nt = warp; nt * 8 < nk; nt += FD_THREADS / 32) {
+        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+            if (s2 >= Dh / 16) break;
+            const m3_bf16 *kr = ks + (nt * 8 + gq) * KP + s2 * 16 + 2 * tq;
+            const uint32_t bfr[2] = {*reinterpret_cast<const uint32_t *>(kr),
+                                     *reinterpret_cast<const uint32_t *>(kr + 8)};
+            m3_mma_bf16_16816(c4, qa[s2], bfr);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i >> 1) * 8, key = nt * 8 + 2 * tq + (i & 1);
+            if (r < hq) ps[r * block + key] = eager ? m3_round_bf16(m3_round_bf16(c4[i]) * scale) : c4[i] * scale;
+        }
+    }
+#else
+    for (int kk = tid; kk < nk; kk += FD_THREADS) { /* scores: a key per thread, every head */
+        float acc[FD_MAX_HQ];
+#pragma unroll
+        for (int h = 0; h < FD_MAX_HQ; h++) acc[h] = 0.0f;
+        const uint32_t *kr = reinterpret_cast<const uint32_t *>(ks + (size_t)kk * KP);
+        for (int d2 = 0; d2 < Dh / 2; d2++) {
+            const uint32_t w = kr[d2];
+            const float k0 = m3_bits_f32(w << 16), k1 = m3_bits_f32(w & 0xFFFF0000u);
+#pragma unroll
+            for (int h = 0; h < FD_MAX_HQ; h++)
+                if (h < hq) {
+                    const float2 qv = *reinterpret_cast<const float2 *>(qs + h * Dh + 2 * d2);
+                    acc[h] += qv.x * k0 + qv.y * k1;
+                }
+        }
+#pragma unroll
+        for (int h = 0; h < FD_MAX_HQ; h++)
+            if (h < hq) ps[h * block + kk] = eager ? m3_round_bf16(m3_round_bf16(acc[h]) * scale) : acc[h] * scale;
+    }
+#endif
+    __syncthreads();
+    for (int h = warp; h < FD_MAX_HQ; h += FD_THREADS / M3_WARP) { /* softmax per head */
+        if (h >= hq) { /* unused mma rows: zeros */
+            for (int kk = lane; kk < block; kk += M3_WARP) pb[h * PP + kk] = 0;
+            continue;
+        }
+        float m = -INFINITY;
+        for (int kk = lane; kk < nk; kk += M3_WARP) m = fmaxf(m, ps[h * block + kk]);
+        m = m3_warp_max(m);
+        float l = 0.0f;
+        for (int kk = lane; kk < block; kk += M3_WARP) {
+            float e = 0.0f;
+            if (kk < nk) {
+                e = expf(ps[h * block + kk] - m);
+                l += e;
+            }
+            ps[h * block + kk] = p_bf16 ? m3_round_bf16(e) : e;
+            pb[h * PP + kk] = m3_f32_to_bf16(e);
+        }
+        l = m3_warp_sum(l);
+        if (lane == 0) pml[(slot * hq + h) * 2] = m, pml[(slot * hq + h) * 2 + 1] = l;
+    }
+    __syncthreads();
+#if M3_HAVE_MMA
+    /* O = P V on tensor cores: a warp per 8-dim tile, k-steps of 16 keys up to nk */
+    for (int ni = warp; ni < Dh / 8; ni += FD_THREADS / 32) {
+        float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int kk = 0; kk * 16 < nk; kk++) {
+            const m3_bf16 *pr = pb + gq * PP + kk * 16 + 2 * tq;
+            const uint32_t a[4] = {*reinterpret_cast<const uint32_t *>(pr),
+                                   *reinterpret_cast<const uint32_t *>(pr + 8 * PP),
+                                   *reinterpret_cast<const uint32_t *>(pr + 8),
+                                   *reinterpret_cast<const uint32_t *>(pr + 8 * PP + 8)};
+            const m3_bf16 *vr = vs + (kk * 16 + 2 * tq) * VP + ni * 8 + gq;
+            const uint32_t bfr[2] = {(uint32_t)vr[0] | ((uint32_t)vr[VP] << 16),
+                                     (uint32_t)vr[8 * VP] | ((uint32_t)vr[9 * VP] << 16)};
+            m3_mma_bf16_16816(o4, a, bfr);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i >> 1) * 8, d = ni * 8 + 2 * tq + (i & 1);
+            if (r < hq) po[(slot * hq + r) * Dh + d] = o4[i];
+        }
+    }
+#else
+    for (int d = tid; d < Dh; d += FD_THREADS) { /* P.V: a dim per thread, every head */
+        float o[FD_MAX_HQ];
+#pragma unroll
+        for (int h = 0; h < FD_MAX_HQ; h++) o[h] = 0.0f;
+        int kk = 0;
+        for (; kk + 4 <= nk; kk += 4) {
+            float vv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) vv[i] = m3_bf16_to_f32(vs[(size_t)(kk + i) * VP + d]);
+#pragma unroll
+            for (int h = 0; h < FD_MAX_HQ; h++)
+                if (h < hq) {
+                    const float4 pv = *reinterpret_cast<const float4 *>(ps + h * block + kk);
+                    o[h] += pv.x * vv[0] + pv.y * vv[1] + pv.z * vv[2] + pv.w * vv[3];
+                }
+        }
+        for (; kk < nk; kk++) {
+            const float vv = m3_bf16_to_f32(vs[(size_t)kk * VP + d]);
+#pragma unroll
+            for (int h = 0; h < FD_MAX_HQ; h++)
+                if (h < hq) o[h] += ps[h * block + kk] * vv;
+        }
+#pragma unroll
+        for (int h = 0; h < FD_MAX_HQ; h++)
+            if (h < hq) po[(slot * hq + h) * Dh + d] = o[h];
+    }
+#endif
+}
+
+static __global__ void __launch_bounds__(FD_THREADS)
+    sparse_merge_k(m3_bf16 *M3_RESTRICT out, const float *M3_RESTRICT po, const float *M3_RESTRICT pml,
+                   int Hkv, int hq, int Dh, int nr) {
+    const int t = (int)blockIdx.x, hh = (int)blockIdx.y, g = hh / hq, h = hh % hq;
+    const size_t s0 = ((size_t)t * Hkv + g) * nr;
+    float M = -INFINITY;
+    for (int j = 0; j < nr; j++) {
+        const float l = pml[((s0 + j) * hq + h) * 2 + 1];
+        if (l > 0.0f) M = fmaxf(M, pml[((s0 + j) * hq + h) * 2]);
+    }
+    for (int d = (int)threadIdx.x; d < Dh; d += (int)blockDim.x) {
+        float num = 0.0f, den = 0.0f;
+        for (int j = 0; j < nr; j++) {
+            const size_t sl = (s0 + j) * hq + h;
+            const float l = pml[sl * 2 + 1];
+            if (!(l > 0.0f)) continue; /* a skipped range: its O was never written */
+            const float w = expf(pml[sl * 2] - M);
+            num += w * po[sl * Dh + d];
+            den += w * l;
+        }
+        out[(size_t)t * Hkv * hq * Dh + (size_t)hh * Dh + d] = m3_f32_to_bf16(num / den);
+    }
+}
+
+static __global__ void __launch_bounds__(FA_TOK * 32)
+    dense_flash_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
+                  const m3_bf16 *M3_RESTRICT k, const m3_bf16 *M3_RESTRICT v,
+                  const int32_t *M3_RESTRICT pos, int T, int n_ctx, int H, int Hkv, int Dh,
+                  float scale, bool eager) {
+#if M3_HAVE_MMA
+    __shared__ __align__(16) m3_bf16 ks[FA_KT * (FA_MAX_DH + 8)];
+    __shared__ __align__(16) m3_bf16 vs[FA_KT * (FA_MAX_DH + 8)];
+    __shared__ int kmax_sh;
+    const int KP = FA_MAX_DH + 8; /* row pitch: 68 words, conflict-free fragment loads */
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int g = (int)blockIdx.y, hq = H / Hkv, t = (int)blockIdx.x * FA_TOK + warp;
+    const bool active = t < T;
+    const int pt = active ? pos[t] : -1;
+    if (tid == 0) kmax_sh = -1;
+    __syncthreads();
+    if (lane == 0 && active) atomicMax(&kmax_sh, pt);
+    const int nks = Dh / 16, nvt = Dh / 8;
+    uint32_t qa[FA_MAX_DH / 16][4];
+    float o[FA_MAX_DH / 8][4];
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < FA_MAX_DH / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < FA_MAX_DH / 16; s++) {
+        if (s >= nks) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i & 1) * 8, c = s * 16 + 2 * tq + (i >> 1) * 8;
+            qa[s][i] = (active && r < hq)
+                           ? *reinterpret_cast<const uint32_t *>(q + (size_t)t * ld_q + (size_t)(g * hq + r) * Dh + c)
+                           : 0u;
+        }
+    }
+    __syncthreads();
+    const int kmax = kmax_sh, dv8 = Dh / 8;
+    for (int key0 = 0; key0 <= kmax; key0 += FA_KT) {
+        __syncthreads(); /* the previous tile's readers are done */
+        for (int i = tid; i < FA_KT * dv8; i += FA_TOK * 32) {
+            const int r = i / dv8, c = i % dv8, key = key0 + r;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (key < n_ctx) {
+                const size_t src = ((size_t)key * Hkv + g) * Dh + (size_t)c * 8;
+                kv = *reinterpret_cast<const uint4 *>(k + src);
+                vv = *reinterpret_cast<const uint4 *>(v + src);
+            }
+            *reinterpret_cast<uint4 *>(ks + r * KP + c * 8) = kv;
+            *reinterpret_cast<uint4 *>(vs + r * KP + c * 8) = vv;
+        }
+        __syncthreads();
+        if (!active || key0 > pt) continue;
+        float s[FA_KT / 8][4];
+#pragma unroll
+        for (int ni = 0; ni < FA_KT / 8; ni++) s[ni][0] = s[ni][1] = s[ni][2] = s[ni][3] = 0.0f;
+#pragma unroll
+        for (int ksi = 0; ksi < FA_MAX_DH / 16; ksi++) {
+            if (ksi >= nks) break;
+#pragma unroll
+            for (int ni = 0; ni < FA_KT / 8; ni++) {
+                const m3_bf16 *kr = ks + (ni * 8 + gq) * KP + ksi * 16 + 2 * tq;
+                const uint32_t bfr[2] = {*reinterpret_cast<const uint32_t *>(kr),
+                                         *reinterpret_cast<const uint32_t *>(kr + 8)};
+                m3_mma_bf16_16816(s[ni], qa[ksi], bfr);
+            }
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int ni = 0; ni < FA_KT / 8; ni++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int key = key0 + ni * 8 + 2 * tq + (i & 1);
+                float z = eager ? m3_round_bf16(m3_round_bf16(s[ni][i]) * scale) : s[ni][i] * scale;
+                if (key > pt) z = -INFINITY;
+                s[ni][i] = z;
+                mx[i >> 1] = fmaxf(mx[i >> 1], z);
+            }
+        float alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < 2; r++) { /* the 4 lanes of a quad hold one row */
+            mx[r] = fmaxf(mx[r], M3_SHFL_XOR(mx[r], 1));
+            mx[r] = fmaxf(mx[r], M3_SHFL_XOR(mx[r], 2));
+            const float mn = fmaxf(mrow[r], mx[r]);
+            alpha[r] = expf(mrow[r] - mn); /* 0 on the first tile (-inf) */
+            mrow[r] = mn;
+        }
+        uint32_t pa[FA_KT / 16][4];
+#pragma unroll
+        for (int ni = 0; ni < FA_KT / 8; ni++) {
+            float e[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                e[i] = expf(s[ni][i] - mrow[i >> 1]);
+                rs[i >> 1] += e[i];
+            }
+            /* A fragment of P (16 x 16 keys per k-step): S's n-tiles 2kk and 2kk+1 */
+            const uint32_t lo = (uint32_t)m3_f32_to_bf16(e[0]) | ((uint32_t)m3_f32_to_bf16(e[1]) << 16);
+            const uint32_t hi = (uint32_t)m3_f32_to_bf16(e[2]) | ((uint32_t)m3_f32_to_bf16(e[3]) << 16);
+            pa[ni / 2][(ni % 2) * 2] = lo;
+            pa[ni / 2][(ni % 2) * 2 + 1] = hi;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            rs[r] += M3_SHFL_XOR(rs[r], 1);
+            rs[r] += M3_SHFL_XOR(rs[r], 2);
+            lrow[r] = lrow[r] * alpha[r] + rs[r];
+        }
+#pragma unroll
+        for (int ni = 0; ni < FA_MAX_DH / 8; ni++) {
+            o[ni][0] *= alpha[0], o[ni][1] *= alpha[0], o[ni][2] *= alpha[1], o[ni][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < FA_KT / 16; kk++)
+#pragma unroll
+            for (int ni = 0; ni < FA_MAX_DH / 8; ni++) {
+                if (ni >= nvt) break;
+                const m3_bf16 *vr = vs + (kk * 16 + 2 * tq) * KP + ni * 8 + gq;
+                const uint32_t bfr[2] = {
+                    (uint32_t)vr[0] | ((uint32_t)vr[KP] << 16),
+                    (uint32_t)vr[8 * KP] | ((uint32_t)vr[9 * KP] << 16)};
+                m3_mma_bf16_16816(o[ni], pa[kk], bfr);
+            }
+    }
+    if (!active) return;
+#pragma unroll
+    for (int ni = 0; ni < FA_MAX_DH / 8; ni++) {
+        if (ni >= nvt) break;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = gq + r * 8;
+            if (row >= hq) continue;
+            const float inv = 1.0f / lrow[r];
+            const uint32_t w = (uint32_t)m3_f32_to_bf16(o[ni][2 * r] * inv) |
+                               ((uint32_t)m3_f32_to_bf16(o[ni][2 * r + 1] * inv) << 16);
+            *reinterpret_cast<uint32_t *>(out + (size_t)t * H * Dh + (size_t)(g * hq + row) * Dh +
+                                          ni * 8 + 2 * tq) = w;
+        }
+    }
+#else
+    (void)out; (void)q; (void)ld_q; (void)k; (void)v; (void)pos; (void)T; (void)n_ctx; (void)H;
+    (void)Hkv; (void)Dh; (void)scale; (void)eager;
+#endif
+}
+
+static m3_status flash_check(const m3_attn_params *ap, const m3_profile *p, int ld_q, int n_tok,
+                             int n_ctx) {
+    M3_ASSERT(ap && p && n_tok >= 0 && n_ctx > 0);
+    M3_ASSERTF(ap->n_head % ap->n_kv_head == 0 && ld_q >= ap->n_head * ap->head_dim,
+               "H=%d Hkv=%d ld_q=%d", ap->n_head, ap->n_kv_head, ld_q);
+    if (!p->attn_out_bf16)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attention flash: profile %s keeps fp32 outputs "
+                         "(use the _f32 faithful kernels)", p->name);
+    const int hq = ap->n_head / ap->n_kv_head;
+    if (hq > FD_MAX_HQ || ap->head_dim % 16 || ap->head_dim > FA_MAX_DH || ld_q % 8)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attention flash: H/Hkv=%d Dh=%d ld_q=%d (needs "
+                         "H/Hkv <= %d, Dh %% 16 == 0, Dh <= %d, ld_q %% 8 == 0)", hq, ap->head_dim,
+                         ld_q, FD_MAX_HQ, FA_MAX_DH);
+    return M3_OK;
+}
+
+extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
+                                              int ld_q, const m3_bf16 *d_k, const m3_bf16 *d_v,
+                                              const int32_t *d_pos, int n_tok, int n_ctx,
+                                              const int32_t *d_topk, int width, int block,
+                                              const m3_attn_params *ap, const m3_profile *p) {
+    M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx));
+    M3_ASSERTF(width >= 0 && width < ATTN_MAX_RANGES, "width=%d", width);
+    if (block <= 0 || block % 16 || block > 256)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attn_sparse_flash: block %d (needs a multiple "
+                         "of 16, <= 256)", block);
+    if (n_tok == 0) return M3_OK;
+    const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
+    const size_t mark = m3_gpu_mark(g);
+    const size_t nslot = (size_t)n_tok * Hkv * nr * hq;
+    float *po, *pml;
+    m3_status s = m3_gpu_alloc(g, (void **)&po, nslot * Dh * sizeof(float));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&pml, nslot * 2 * sizeof(float));
+    if (s != M3_OK) {
+        m3_gpu_release(g, mark);
+        return s;
+    }
+    const size_t sh = fd_smem_bytes(hq, Dh, block);
+    if (sh > 48 * 1024) {
+        hipError_t e = hipFuncSetAttribute((const void *)sparse_part_k,
+                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh);
+        if (e != hipSuccess) {
+            m3_gpu_release(g, mark);
+            return m3_gpu_fail_(e, __FILE__, __LINE__, "hipFuncSetAttribute(sparse_part_k)");
+        }
+    }
+    sparse_part_k<<<dim3((unsigned)nr, (unsigned)Hkv, (unsigned)n_tok), FD_THREADS, sh, g->stream>>>(
+        po, pml, d_q, ld_q, d_k, d_v, d_pos, d_topk, n_tok, width, block, H, Hkv, Dh, ap->scale,
+        p->attn_scores == M3_SCORES_BF16_EAGER, p->attn_p_bf16);
+    s = m3_gpu_launched_(g, "sparse_part_k", __FILE__, __LINE__);
+    if (s == M3_OK) {
+        sparse_merge_k<<<dim3((unsigned)n_tok, (unsigned)H), FD_THREADS, 0, g->stream>>>(
+            d_out, po, pml, Hkv, hq, Dh, nr);
+        s = m3_gpu_launched_(g, "sparse_merge_k", __FILE__, __LINE__);
+    }
+    m3_gpu_release(g, mark); /* later work on the stream runs after these kernels */
+    return s;
+}
+
+extern "C" m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
+                                             int ld_q, const m3_bf16 *d_k, const m3_bf16 *d_v,
+                                             const int32_t *d_pos, int n_tok, int n_ctx,
+                                             const m3_attn_params *ap, const m3_profile *p) {
+    M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx));
+    if (n_tok == 0) return M3_OK;
+#if defined(M3_HIP_NVIDIA)
+    dense_flash_k<<<dim3((unsigned)((n_tok + FA_TOK - 1) / FA_TOK), (unsigned)ap->n_kv_head),
+                    FA_TOK * 32, 0, g->stream>>>(d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx,
+                                                 ap->n_head, ap->n_kv_head, ap->head_dim, ap->scale,
+                                                 p->attn_scores == M3_SCORES_BF16_EAGER);
+    M3_LAUNCHED(g, "dense_flash_k");
+    return M3_OK;
+#else
+    /* no tensor-core kernel for this vendor yet: the portable faithful kernel */
+    return m3_gpu_attn_dense(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx, ap, p);
+#endif
+}

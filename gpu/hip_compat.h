@@ -60,6 +60,8 @@
 /* ---------------------------------------------------------- NVIDIA: HIP names -> CUDA --- */
 #define M3_HIP_NVIDIA 1
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #define M3_HAVE_BLAS 1
 
@@ -183,6 +185,46 @@ static __device__ __forceinline__ float m3_block_max(float v, float *sh) {
     float t = lane < n_warp ? sh[lane] : -INFINITY;
     return m3_warp_max(t);
 }
+#endif
+
+/* ---- tensor-core tile (device) ----------------------------------------------------------
+ * m3_mma_bf16_16816(c, a, b): c[16x8] += a[16x16] * b[16x8], bf16 inputs, fp32 accumulate,
+ * one warp (NVIDIA sm_80+ mma.sync.m16n8k16.row.col). Fragment layout per lane (g = lane/4,
+ * t = lane%4): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] =
+ * A[g+8][2t+8..]; b[0] = B[2t..2t+1][g], b[1] = B[2t+8..2t+9][g] (pairs packed low first);
+ * c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1].
+ * M3_HAVE_MMA is 1 only in an NVIDIA device pass for sm_80+; kernels keep a portable path
+ * (plain fp32 FMAs from shared memory) for AMD and for the host pass. */
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define M3_HAVE_MMA 1
+static __device__ __forceinline__ void m3_mma_bf16_16816(float *c, const uint32_t *a,
+                                                         const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#else
+#define M3_HAVE_MMA 0
+#endif
+
+/* ---- fp8 e4m3fn decode (device) -----------------------------------------------------------
+ * M3_HAVE_FP8_CVT: NVIDIA sm_89+ converts two e4m3fn codes to two halves in one instruction
+ * (cvt.rn.f16x2.e4m3x2); every e4m3fn value, NaN included, is exact in fp16 and fp32, so this
+ * equals ref/num/fp8.h's m3_fp8_to_f32 code for code (tests/gpu_moe.c checks it through the
+ * MXFP8 GEMMs). m3_e4m3x4_to_f32 decodes the four codes of q (byte i = element i). Without
+ * the instruction it calls m3_fp8_to_f32 (include ref/num/fp8.h before using it). */
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define M3_HAVE_FP8_CVT 1
+static __device__ __forceinline__ void m3_e4m3x4_to_f32(uint32_t q, float *v) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(q & 0xFFFFu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(q >> 16), __NV_E4M3);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+}
+#else
+#define M3_HAVE_FP8_CVT 0
 #endif
 
 #endif

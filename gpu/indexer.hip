@@ -93,6 +93,108 @@ static __global__ void __launch_bounds__(IDX_THREADS)
     }
 }
 
+/* idx_score_mma_k (NVIDIA mma.sync, bf16 path): one block per (group of 4*16/G tokens, key
+ * block b). The block's key rows are staged in shared memory ONCE and shared by every token
+ * of the group: each warp's 16 mma rows are (token, head) pairs of 16/G tokens, S = Q K^T on
+ * tensor cores (fp32 accumulate), then a masked max per row (keys j <= pos of the row's
+ * token), NaN tracked per row. scale > 0 is applied to the max: fl(d*s) is monotonic in d,
+ * so max_j fl(d_j*s) == fl(max_j d_j * s) exactly. Launched when G divides 16, Di % 16 == 0,
+ * Di <= 128, B % 8 == 0, B <= 128; otherwise idx_score_k. Tolerance GPU_NMSE_TC (tensor-core
+ * accumulation order). */
+#define ISM_THREADS 128
+#define ISM_MAX_DI 128
+#define ISM_MAX_B 128
+static __global__ void __launch_bounds__(ISM_THREADS)
+    idx_score_mma_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
+                    const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
+                    int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
+#if M3_HAVE_MMA
+    __shared__ __align__(16) m3_bf16 ks[ISM_MAX_B * (ISM_MAX_DI + 8)];
+    const int KP = Di + 8; /* 4-mod-32 word pitch for Di % 16 == 0: conflict-free fragments */
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int tpw = 16 / G, tpc = 4 * tpw, t0 = (int)blockIdx.x * tpc, b = (int)blockIdx.y;
+    int pmax = -1;
+    for (int i = 0; i < tpc; i++)
+        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
+        for (int i = tid; i < tpc * G; i += ISM_THREADS) {
+            const int tt = t0 + i / G, hh = i % G;
+            if (tt < n_tok) scores[((int64_t)hh * n_tok + tt) * nbk + b] = -INFINITY;
+        }
+        return; /* whole block */
+    }
+    const int dv8 = Di / 8;
+    for (int i = tid; i < B * dv8; i += ISM_THREADS) {
+        const int r = i / dv8, c = i % dv8, key = b * B + r;
+        uint4 kv = make_uint4(0, 0, 0, 0);
+        if (key < n_ctx && key <= pmax) kv = *reinterpret_cast<const uint4 *>(ik + (size_t)key * Di + c * 8);
+        *reinterpret_cast<uint4 *>(ks + r * KP + c * 8) = kv;
+    }
+    __syncthreads();
+    /* rows gq and gq+8 of this warp: token t0 + warp*tpw + row/G, head row%G */
+    int rt[2], rp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = gq + 8 * h;
+        rt[h] = t0 + warp * tpw + row / G;
+        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
+    }
+    uint32_t qa[ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+        if (s2 >= Di / 16) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i & 1, row = gq + 8 * h, c = s2 * 16 + 2 * tq + (i >> 1) * 8;
+            qa[s2][i] = rt[h] < n_tok ? *reinterpret_cast<const uint32_t *>(
+                                            iq + (size_t)rt[h] * ld_q + (size_t)(row % G) * Di + c)
+                                      : 0u;
+        }
+    }
+    float mx[2] = {-INFINITY, -INFINITY}, nan_seen[2] = {0.0f, 0.0f};
+    int wpmax = max(rp[0], rp[1]); /* warp-uniform bound: mma.sync needs converged lanes */
+    for (int m = 16; m > 0; m >>= 1) wpmax = max(wpmax, M3_SHFL_XOR(wpmax, m));
+    for (int nt = 0; nt < B / 8; nt++) {
+        if (b * B + nt * 8 > wpmax) break; /* keys past every row's position in the warp */
+        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+            if (s2 >= Di / 16) break;
+            const m3_bf16 *kr = ks + (nt * 8 + gq) * KP + s2 * 16 + 2 * tq;
+            const uint32_t bfr[2] = {*reinterpret_cast<const uint32_t *>(kr),
+                                     *reinterpret_cast<const uint32_t *>(kr + 8)};
+            m3_mma_bf16_16816(c4, qa[s2], bfr);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i >> 1, key = b * B + nt * 8 + 2 * tq + (i & 1);
+            if (key <= rp[h]) {
+                if (isnan(c4[i])) nan_seen[h] = 1.0f;
+                else mx[h] = fmaxf(mx[h], c4[i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
+        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
+        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 1));
+        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 2));
+        const int row = gq + 8 * h;
+        if (tq == 0 && rt[h] < n_tok) {
+            float z;
+            if (b > rp[h] / B) z = -INFINITY;
+            else if (nan_seen[h] > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? mx[h] * scale : mx[h];
+            scores[((int64_t)(row % G) * n_tok + rt[h]) * nbk + b] = z;
+        }
+    }
+#else
+    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
+    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg;
+#endif
+}
+
 static __global__ void __launch_bounds__(IDX_THREADS)
     idx_select_k(int32_t *M3_RESTRICT topk, float *M3_RESTRICT scores, float *M3_RESTRICT margin,
                  int *M3_RESTRICT n_ties, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
@@ -152,6 +254,111 @@ static __global__ void __launch_bounds__(IDX_THREADS)
     }
 }
 
+/* ---- two-stage selection for long histories ---------------------------------------------
+ * idx_select_k runs one block per (t, g) with K+1 arg-max rounds over all nb blocks: at 1M
+ * keys (nb = 8192) with T = 1 that is 4 blocks on a 132-SM device. idx_cand_k splits nb into
+ * chunks of IDX_CHUNK blocks (one per thread): forced values, then the chunk's top K+1 by the
+ * same rule (score desc, NaN highest, id asc). The global top K+1 is among the chunks' top
+ * K+1, and the rule is a total order, so idx_pick_k's K+1 rounds over the candidates give
+ * exactly the single-stage result. */
+#define IDX_CHUNK 256
+#define IDX_MAX_CAND 1024 /* candidates per (t, g): 4 per thread of idx_pick_k */
+
+static __device__ __forceinline__ void block_argmax(float &bv, int &bi, float *red_v, int *red_i) {
+    const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
+    const int n_warp = (int)blockDim.x / M3_WARP;
+    for (int m = M3_WARP / 2; m > 0; m >>= 1) {
+        const float ov = M3_SHFL_XOR(bv, m);
+        const int oi = M3_SHFL_XOR(bi, m);
+        if (oi >= 0 && (bi < 0 || before(ov, oi, bv, bi))) bv = ov, bi = oi;
+    }
+    if (lane == 0) red_v[warp] = bv, red_i[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < n_warp; w++)
+            if (red_i[w] >= 0 && (bi < 0 || before(red_v[w], red_i[w], bv, bi))) bv = red_v[w], bi = red_i[w];
+        red_v[M3_MAX_WARPS] = bv, red_i[M3_MAX_WARPS] = bi;
+    }
+    __syncthreads();
+    bv = red_v[M3_MAX_WARPS], bi = red_i[M3_MAX_WARPS];
+    __syncthreads(); /* red is reused by the next round */
+}
+
+static __global__ void __launch_bounds__(IDX_CHUNK)
+    idx_cand_k(float *M3_RESTRICT cand_v, int *M3_RESTRICT cand_i, float *M3_RESTRICT scores,
+               const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_chunk, int B, int K,
+               int local_blocks, int init_blocks, bool use_init, float init_boost, float local_boost) {
+    __shared__ float red_v[M3_MAX_WARPS + 1];
+    __shared__ int red_i[M3_MAX_WARPS + 1];
+    const int c = (int)blockIdx.x, t = (int)blockIdx.y, g = (int)blockIdx.z;
+    const int nb = pos[t] / B + 1, b = c * IDX_CHUNK + (int)threadIdx.x;
+    float *S = scores + ((int64_t)g * n_tok + t) * nbk;
+    const int lo = nb - local_blocks > 0 ? nb - local_blocks : 0;
+    bool taken = b >= nb;
+    float v = 0.0f;
+    if (!taken) { /* forced blocks: init first, then local (local wins on overlap) */
+        if (use_init && b < init_blocks) S[b] = init_boost;
+        if (b >= lo) S[b] = local_boost;
+        v = S[b];
+    }
+    const size_t base = (((size_t)g * n_tok + t) * n_chunk + c) * (size_t)(K + 1);
+    for (int r = 0; r < K + 1; r++) {
+        float bv = v;
+        int bi = taken ? -1 : b;
+        block_argmax(bv, bi, red_v, red_i);
+        if (bi == b) taken = true;
+        if (threadIdx.x == 0) cand_v[base + r] = bv, cand_i[base + r] = bi; /* -1: chunk exhausted */
+    }
+}
+
+static __global__ void __launch_bounds__(IDX_THREADS)
+    idx_pick_k(int32_t *M3_RESTRICT topk, float *M3_RESTRICT margin, int *M3_RESTRICT n_ties,
+               const float *M3_RESTRICT cand_v, const int *M3_RESTRICT cand_i,
+               const int32_t *M3_RESTRICT pos, int n_tok, int n_cand, int width, int B, int K,
+               float tie_margin) {
+    __shared__ float red_v[M3_MAX_WARPS + 1];
+    __shared__ int red_i[M3_MAX_WARPS + 1];
+    __shared__ int chosen[IDX_MAX_K + 1];
+    __shared__ float chosen_v[IDX_MAX_K + 1];
+    const int t = (int)blockIdx.x, g = (int)blockIdx.y;
+    const int nb = pos[t] / B + 1;
+    const size_t base = ((size_t)g * n_tok + t) * (size_t)n_cand;
+    float v[IDX_MAX_CAND / IDX_THREADS];
+    int id[IDX_MAX_CAND / IDX_THREADS];
+#pragma unroll
+    for (int i = 0; i < IDX_MAX_CAND / IDX_THREADS; i++) {
+        const int j = (int)threadIdx.x + i * IDX_THREADS;
+        id[i] = j < n_cand ? cand_i[base + j] : -1;
+        v[i] = j < n_cand ? cand_v[base + j] : 0.0f;
+    }
+    const int need = K + 1 < nb ? K + 1 : nb;
+    for (int r = 0; r < need; r++) {
+        float bv = 0.0f;
+        int bi = -1;
+#pragma unroll
+        for (int i = 0; i < IDX_MAX_CAND / IDX_THREADS; i++)
+            if (id[i] >= 0 && (bi < 0 || before(v[i], id[i], bv, bi))) bv = v[i], bi = id[i];
+        block_argmax(bv, bi, red_v, red_i);
+#pragma unroll
+        for (int i = 0; i < IDX_MAX_CAND / IDX_THREADS; i++)
+            if (id[i] == bi) id[i] = -1; /* taken */
+        if (threadIdx.x == 0) chosen[r] = bi, chosen_v[r] = bv;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* as idx_select_k */
+        const int keep = K < nb ? K : nb;
+        int32_t *out = topk + ((int64_t)g * n_tok + t) * width;
+        for (int r = 0; r < width; r++) out[r] = r < keep ? chosen[r] : -1;
+        float mg = INFINITY;
+        if (nb > K) {
+            const float a = chosen_v[K - 1], b2 = chosen_v[K];
+            mg = a - b2;
+            if (n_ties && ((a == b2) || (mg <= tie_margin))) atomicAdd(n_ties, 1);
+        }
+        if (margin) margin[(int64_t)g * n_tok + t] = mg;
+    }
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 template <typename TS>
 static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
@@ -177,12 +384,48 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu indexer: %d tokens or %zu bytes of queries",
                          n_tok, shmem);
     }
-    dim3 gs((unsigned)nbk, (unsigned)n_tok);
-    idx_score_k<TS><<<gs, IDX_THREADS, shmem, g->stream>>>(
-        S, d_iq, ld_q, d_ik, d_pos, n_tok, nbk, ip->n_index_head, ip->index_head_dim, ip->block,
-        p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
-    m3_status s = m3_gpu_launched_(g, "idx_score_k", __FILE__, __LINE__);
-    if (s == M3_OK) {
+    const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block;
+    m3_status s;
+#if defined(M3_HIP_NVIDIA)
+    const bool mma = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
+                     B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
+#else
+    const bool mma = false;
+#endif
+    if (mma) {
+        const int tpc = 4 * (16 / G);
+        dim3 gs((unsigned)((n_tok + tpc - 1) / tpc), (unsigned)nbk);
+        idx_score_mma_k<<<gs, ISM_THREADS, 0, g->stream>>>(
+            S, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk, n_ctx, G, Di,
+            B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+        s = m3_gpu_launched_(g, "idx_score_mma_k", __FILE__, __LINE__);
+    } else {
+        dim3 gs((unsigned)nbk, (unsigned)n_tok);
+        idx_score_k<TS><<<gs, IDX_THREADS, shmem, g->stream>>>(
+            S, d_iq, ld_q, d_ik, d_pos, n_tok, nbk, G, Di, B, p->index_scale,
+            p->index_nan == M3_INDEX_NAN_NEG);
+        s = m3_gpu_launched_(g, "idx_score_k", __FILE__, __LINE__);
+    }
+    const int n_chunk = (nbk + IDX_CHUNK - 1) / IDX_CHUNK, n_cand = n_chunk * (ip->topk + 1);
+    if (s == M3_OK && n_chunk > 1 && n_cand <= IDX_MAX_CAND) {
+        float *cv = NULL;
+        int *ci = NULL;
+        const size_t nc = (size_t)G * n_tok * n_cand;
+        s = m3_gpu_alloc(g, (void **)&cv, nc * sizeof(float));
+        if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ci, nc * sizeof(int));
+        if (s == M3_OK) {
+            idx_cand_k<<<dim3((unsigned)n_chunk, (unsigned)n_tok, (unsigned)G), IDX_CHUNK, 0, g->stream>>>(
+                cv, ci, S, d_pos, n_tok, nbk, n_chunk, B, ip->topk, ip->local_blocks,
+                ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost);
+            s = m3_gpu_launched_(g, "idx_cand_k", __FILE__, __LINE__);
+        }
+        if (s == M3_OK) {
+            idx_pick_k<<<dim3((unsigned)n_tok, (unsigned)G), IDX_THREADS, 0, g->stream>>>(
+                d_topk, d_margin, d_n_ties, cv, ci, d_pos, n_tok, n_cand, width, B, ip->topk,
+                p->topk_tie_margin);
+            s = m3_gpu_launched_(g, "idx_pick_k", __FILE__, __LINE__);
+        }
+    } else if (s == M3_OK) {
         dim3 gsel((unsigned)n_tok, (unsigned)ip->n_index_head);
         idx_select_k<<<gsel, IDX_THREADS, 0, g->stream>>>(
             d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, ip->block, ip->topk,

@@ -125,6 +125,35 @@ m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_
                                    const m3_bf16 *d_gate_bf16, const struct m3_moe_params *mp,
                                    const m3_profile *p);
 
+/* Routed experts of one layer on the device: all E experts in one array per matrix, each
+ * expert in checkpoint layout [out, in], so expert e's gate is gate + e*F*D elements.
+ *   BF16:  gate/up [E, F, D] bf16, down [E, D, F] bf16; scales unused (NULL).
+ *   MXFP8: codes e4m3fn, one byte per element, same shapes; scales e8m0 [E, F, D/32] for
+ *          gate/up and [E, D, F/32] for down (one per 32 consecutive elements along in).
+ *   MXFP4: codes e2m1 packed two per byte (element 2j in the low nibble of byte j, the
+ *          checkpoint's low_even order): gate/up [E, F, D/2] bytes, down [E, D, F/2]; scales
+ *          as MXFP8. Dequantization (ref/num/mx.h: code value * 2^(s-127)) is fused into the
+ *          GEMMs; no bf16 copy of the weights is ever made. */
+typedef enum m3_gpu_wfmt { M3_GPU_W_BF16 = 0, M3_GPU_W_MXFP8 = 1, M3_GPU_W_MXFP4 = 2 } m3_gpu_wfmt;
+typedef struct m3_gpu_experts {
+    m3_gpu_wfmt fmt;
+    const void *gate, *up, *down;           /* device, borrowed */
+    const m3_e8m0 *gate_s, *up_s, *down_s;  /* device, borrowed (MX only) */
+} m3_gpu_experts;
+
+/* Twin of ref's m3_moe_experts: y [T,D] bf16 = bf16(rsf * sum_k w_k MLP_{e_k}(x)) with the
+ * profile's rounding points (hf: bf16 products and running sum in ascending expert id;
+ * atom: fp32 sum in ascending id), x [T,D] bf16, ids/wts [T,K] device. Gate/up GEMMs with
+ * swiglu_oai fused in their epilogue (g, u rounded to bf16 first, as act_bf16 does), down
+ * GEMM, then the combine. Small batches (T*K <= 4E) run weight-streaming GEMV kernels;
+ * larger ones tensor-core tiles (mma.sync on NVIDIA, fp32 FMAs elsewhere), weights
+ * dequantized exactly to bf16 in shared memory. Needs a bf16-activation profile (hf, atom),
+ * D % 128 == 0, F % 64 == 0, E <= 1024, K <= 8. ids must be valid (ref validates them): an
+ * id outside [0, E) contributes nothing. Temporaries come from the arena. */
+m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int32_t *d_ids,
+                             const float *d_wts, int n_tok, const m3_gpu_experts *w,
+                             const struct m3_moe_params *mp, const m3_profile *p);
+
 /* gpu/attn.hip, twins of ref/attn.h (without ref's host scratch arguments). q [T, H*Dh]
  * (row pitch ld_q), k, v [S_k, Hkv, Dh], pos [T] (< n_ctx), out [T, H*Dh]; sparse: topk
  * [Hkv, T, width] (width <= 64), block Bs. Every rounding point of the profile (eager
@@ -148,6 +177,42 @@ m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float *d_q, int 
                                  int n_tok, int n_ctx, const int32_t *d_topk, int width,
                                  int block, const struct m3_attn_params *ap,
                                  const m3_profile *p);
+
+/* Fast attention (bf16 storage; the production path), same arguments as the faithful
+ * twins above. Online softmax with K/V staged once per KV group and shared by its H/Hkv
+ * query heads; P rounded to bf16 unnormalised for P.V, fp32 partials merged by log-sum-exp
+ * (spec §3.7's atom column): checked against the reference with the bf16 bound, not bit
+ * for bit (the faithful kernels are the device reference). sparse: flash-decoding, one
+ * block per (selected block, kv head, token) + a merge. dense: tensor cores (mma.sync) on
+ * NVIDIA, 4 tokens x 16 heads per block; elsewhere it runs the faithful kernel. Needs
+ * attn_out_bf16, H/Hkv <= 16, Dh % 16 == 0, Dh <= 128, ld_q % 8 == 0; sparse: block % 16 == 0, <= 256. */
+m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                                  const m3_profile *p);
+m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                   int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                   int block, const struct m3_attn_params *ap,
+                                   const m3_profile *p);
+
+/* gpu/kvcache.hip: K/V rows into ATOM's paged KV cache of one layer (spec §4.1-4.3, §4.7).
+ * No ref twin (the reference keeps plain tensors): the contract is the spec's offsets and
+ * ref/quant.c's per-row fp8 quantization (tests/gpu_kvcache.c). k, v [T, Hkv*Dh] bf16 rows
+ * (pitches ld_k, ld_v: slices of the packed qkv row), slots [T] int64 (slot(p) of §4.1;
+ * negative = padding, skipped). page 128: the SHUFFLE view of dense layers; 16: the
+ * re-view of sparse layers. fp8: e4m3fn bytes, scale[(b*Hkv + h)*page + t] = amax/fp8_max
+ * over the row's bf16 values (1 when amax is 0), byte = cvt(v/scale) RNE, saturating. */
+typedef struct m3_gpu_kv_cache {
+    int page;             /* 128 or 16 */
+    bool fp8;             /* e4m3fn + per (token, head) fp32 scales; else bf16 */
+    float fp8_max;        /* 240 (Triton writers) or 448 (aiter on gfx950) */
+    void *k, *v;          /* device: [blocks, Hkv, Dh/x, page, x] and [blocks, Hkv, page/x, Dh, x] */
+    float *k_scale, *v_scale; /* device: [blocks, Hkv, page] (fp8 only) */
+} m3_gpu_kv_cache;
+m3_status m3_gpu_kv_cache_write(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k,
+                                int ld_k, const m3_bf16 *d_v, int ld_v, const int64_t *d_slots,
+                                int n_tok, int n_kv_head, int head_dim);
 
 /* gpu/indexer.hip, twin of ref/indexer.h m3_indexer_topk: iq [T, G*Di] (pitch ld_q), ik
  * [S_k, Di], pos [T]; topk [G, T, W] (W = m3_indexer_width), scores [G, T, NB] (may be NULL:

@@ -15,6 +15,8 @@
 #include "ref/moe.h"
 #include "ref/num/act.h"
 #include "ref/num/bf16.h"
+#include "ref/num/fp8.h"
+#include "ref/num/mx.h"
 
 #define ROUTE_THREADS 128
 #define ROUTE_MAXK 8 /* experts per lane: E <= 8 * M3_WARP */
@@ -122,6 +124,627 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
     m3_status s = m3_gpu_gemm_bf16(g, (m3_bf16 *)tmp, d_x, d_gate_bf16, n_tok, mp->n_expert, mp->dim);
     if (s == M3_OK) s = m3_gpu_bf16_to_f32(g, d_logits, (const m3_bf16 *)tmp, (int64_t)n_tok * mp->n_expert);
     /* the temporary is released now: later work on the stream is ordered after its readers */
+    m3_gpu_release(g, mark);
+    return s;
+}
+
+/* ==== routed experts: m3_gpu_moe_experts (twin of ref's m3_moe_experts, spec §3.13) ========
+ * Tolerance: GPU_NMSE_BF16 on y against ref run on the same (dequantized, for MX) weights;
+ * the combine is bit-exact given equal expert outputs, so the only difference is the fp32
+ * reduction order of the GEMMs (bf16 roundings of g, u, a, y_e can flip). Tests:
+ * tests/gpu_moe.c. Kernels, in launch order:
+ *   group_k     one block: (token, slot) entries counted per expert, grouped rows assigned
+ *               (atomics: the row order inside an expert is arbitrary, which is harmless:
+ *               every row is computed independently and the combine orders by expert id),
+ *               the active expert list and the row-tile prefix for the tile kernels.
+ *   sk_k        small batches: one block per (active expert, run of output rows); the
+ *               expert's input rows (<= SK_NT at a time) staged in shared memory, each warp
+ *               streams whole weight rows with 16-byte loads and dots them with every staged
+ *               row. Weight-bandwidth bound, which is what decode is.
+ *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
+ *               block), register double buffering; weights dequantized exactly into bf16
+ *               in shared memory (a code times a power of two has at most 4 significant
+ *               bits, so bf16 holds it exactly unless it is below 2^-126), mma.sync on
+ *               NVIDIA, fp32 FMAs on the portable path.
+ *   Gate/up kernels compute g and u of the same rows and apply swiglu_oai in the epilogue
+ *   (g, u rounded to bf16 first: the act_bf16 GEMM outputs), storing a in bf16.
+ *   combine_k   one block per token: its K expert rows in ascending expert id, the
+ *               profile's combine (hf bf16 products and sum; atom fp32, unfused mul/add as
+ *               the reference), bf16(rsf * R). */
+#define EXP_THREADS 256
+#define EXP_WARPS (EXP_THREADS / M3_WARP)
+#define TILE_BM 64
+#define TILE_BN 128
+#define TILE_BK 32
+#define TILE_LDS (TILE_BK + 8) /* padded bf16 row: conflict-free fragment loads */
+#define TILE_CP (TILE_BN + 4)  /* fp32 epilogue row pitch */
+#define SK_NT 4                /* input rows staged per pass in sk_k */
+#define SK_RPW_GU 2            /* output rows per warp, gate/up */
+#define SK_RPW_DN 4            /* output rows per warp, down */
+#define SK_UNR 3 /* weight loads issued ahead per lane: 3 x 16 B (D, F multiples of 3 steps) */
+#define EXP_MAX_E 1024
+#define EXP_MAX_K 8
+
+/* grouping metadata, one int buffer: off[E+1] | act[E] | n_act[1] | tile_off[E+1] |
+ * ent[TK] (entry t*K+k of each grouped row) | row_of[TK] (grouped row of each entry, -1) */
+struct exp_meta {
+    const int32_t *off, *act, *n_act, *tile_off, *ent, *row_of;
+};
+
+/* format traits: bytes of 16 per lane hold EPL elements */
+template <int WF> struct wtraits;
+template <> struct wtraits<M3_GPU_W_BF16> { enum { EPL = 8 }; };
+template <> struct wtraits<M3_GPU_W_MXFP8> { enum { EPL = 16 }; };
+template <> struct wtraits<M3_GPU_W_MXFP4> { enum { EPL = 32 }; };
+
+/* byte offset of element c of a row of kdim elements, and the row's bytes */
+template <int WF> static __device__ __forceinline__ size_t wbytes(size_t n) {
+    return WF == M3_GPU_W_BF16 ? n * 2 : (WF == M3_GPU_W_MXFP8 ? n : n / 2);
+}
+
+/* decoding table: the element codes' values from ref/num (fp8 e4m3fn: 256, e2m1: 16) */
+template <int WF> static __device__ __forceinline__ void build_lut(float *lut) {
+    if (WF == M3_GPU_W_MXFP8)
+        for (int i = (int)threadIdx.x; i < 256; i += (int)blockDim.x)
+            lut[i] = m3_fp8_to_f32((m3_fp8)i, M3_FP8_E4M3FN);
+    else if (WF == M3_GPU_W_MXFP4)
+        for (int i = (int)threadIdx.x; i < 16; i += (int)blockDim.x) lut[i] = m3_fp4_to_f32((uint8_t)i);
+}
+
+/* 16 bytes of a weight row -> EPL unscaled element values */
+template <int WF>
+static __device__ __forceinline__ void decode16(uint4 u, const float *lut, float *w) {
+    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+    if (WF == M3_GPU_W_BF16) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[2 * k] = m3_bits_f32(q[k] << 16);
+            w[2 * k + 1] = m3_bits_f32(q[k] & 0xFFFF0000u);
+        }
+    } else if (WF == M3_GPU_W_MXFP8) {
+#if M3_HAVE_FP8_CVT
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_e4m3x4_to_f32(q[k], w + 4 * k);
+#else
+#pragma unroll
+        for (int k = 0; k < 16; k++) w[k] = lut[(q[k / 4] >> (8 * (k % 4))) & 0xFFu];
+#endif
+    } else { /* low_even: element 2j in the low nibble of byte j */
+#pragma unroll
+        for (int k = 0; k < 32; k++) w[k] = lut[(q[k / 8] >> (4 * (k % 8))) & 0xFu];
+    }
+}
+
+static __device__ __forceinline__ void bf16x8(uint4 u, float *v) {
+    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] = m3_bits_f32(q[k] << 16);
+        v[2 * k + 1] = m3_bits_f32(q[k] & 0xFFFF0000u);
+    }
+}
+
+static __device__ __forceinline__ float swiglu_act(float g, float u, float alpha, float limit,
+                                                   int mode) {
+    if (mode == M3_SWIGLU_BF16_PER_OP) return m3_swiglu_oai_bf16ops(g, u, alpha, limit);
+    float a = m3_swiglu_oai(g, u, alpha, limit);
+    return mode == M3_SWIGLU_BF16_ONCE ? m3_round_bf16(a) : a;
+}
+
+/* ---- grouping -------------------------------------------------------------------------- */
+static __global__ void __launch_bounds__(1024)
+    group_k(int32_t *meta, const int32_t *M3_RESTRICT ids, int TK, int E) {
+    __shared__ int cnt[EXP_MAX_E], cur[EXP_MAX_E];
+    int32_t *off = meta, *act = off + E + 1, *n_act = act + E, *tile_off = n_act + 1;
+    int32_t *ent = tile_off + E + 1, *row_of = ent + TK;
+    for (int e = (int)threadIdx.x; e < E; e += (int)blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = (int)threadIdx.x; i < TK; i += (int)blockDim.x) {
+        const int e = ids[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* E <= 1024: a serial scan is a few microseconds at most */
+        int o = 0, na = 0, to = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = o;
+            cur[e] = o;
+            if (cnt[e] > 0) {
+                act[na] = e;
+                tile_off[na] = to;
+                na++;
+                to += (cnt[e] + TILE_BM - 1) / TILE_BM;
+            }
+            o += cnt[e];
+        }
+        off[E] = o;
+        tile_off[na] = to;
+        *n_act = na;
+    }
+    __syncthreads();
+    for (int i = (int)threadIdx.x; i < TK; i += (int)blockDim.x) {
+        const int e = ids[i];
+        int r = -1;
+        if (e >= 0 && e < E) {
+            r = atomicAdd(&cur[e], 1);
+            ent[r] = i;
+        }
+        row_of[i] = r;
+    }
+}
+
+/* ---- small batches: weight-streaming GEMV ------------------------------------------------
+ * MODE 0 (gate/up): input rows are x rows of the grouped entries' tokens, kdim = D, two
+ *   weight matrices (gate, up) of nout = F rows; out = a [TK, F] (grouped rows).
+ * MODE 1 (down): input rows are a's grouped rows, kdim = F, one matrix of nout = D rows;
+ *   out = y_e [TK, D] (grouped rows), bf16(a Wd^T). */
+template <int WF, int MODE, int RPW>
+static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 blocks/SM */
+    sk_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
+         const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
+         const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
+         int smode, bool act_bf16) {
+    typedef wtraits<WF> W;
+    const int EPL = W::EPL;
+    extern __shared__ uint4 sk_dyn[];
+    m3_bf16 *xs = reinterpret_cast<m3_bf16 *>(sk_dyn); /* [nt][kdim] */
+    __shared__ float lut[256];
+    const int s = (int)blockIdx.x;
+    if (s >= *m.n_act) return; /* whole block */
+    build_lut<WF>(lut);
+    const int e = m.act[s], r0 = m.off[e], n = m.off[e + 1] - r0;
+    const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
+    const int obase = ((int)blockIdx.y * EXP_WARPS + warp) * RPW;
+    const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
+    const int nvec = kdim / 8;
+    for (int c0 = 0; c0 < n; c0 += nt) {
+        const int nc = n - c0 < nt ? n - c0 : nt;
+        __syncthreads(); /* the previous pass's readers are done with xs (and lut built) */
+        for (int v = (int)threadIdx.x; v < nc * nvec; v += (int)blockDim.x) {
+            const int j = v / nvec, q = v % nvec;
+            const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
+            reinterpret_cast<uint4 *>(xs)[(size_t)j * nvec + q] =
+                reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim)[q];
+        }
+        __syncthreads();
+        for (int rr = 0; rr < RPW; rr++) {
+            const int o = obase + rr;
+            if (o >= nout) break;
+            const size_t row = (size_t)e * nout + o;
+            const unsigned char *p0 = (const unsigned char *)w0 + row * rb;
+            const unsigned char *p1 = MODE == 0 ? (const unsigned char *)w1 + row * rb : p0;
+            float a0[SK_NT], a1[SK_NT];
+#pragma unroll
+            for (int j = 0; j < SK_NT; j++) a0[j] = a1[j] = 0.0f;
+            const int step = M3_WARP * EPL;
+            for (int cb = lane * EPL; cb < kdim; cb += SK_UNR * step) {
+                /* issue SK_UNR steps of loads before using any: more bytes in flight */
+                uint4 q0[SK_UNR], q1[SK_UNR];
+                m3_e8m0 e0[SK_UNR], e1[SK_UNR];
+#pragma unroll
+                for (int u = 0; u < SK_UNR; u++) {
+                    const int c = cb + u * step;
+                    if (c >= kdim) continue;
+                    q0[u] = *reinterpret_cast<const uint4 *>(p0 + wbytes<WF>((size_t)c));
+                    if (MODE == 0) q1[u] = *reinterpret_cast<const uint4 *>(p1 + wbytes<WF>((size_t)c));
+                    if (WF != M3_GPU_W_BF16) {
+                        e0[u] = s0[row * nsb + (size_t)c / 32];
+                        if (MODE == 0) e1[u] = s1[row * nsb + (size_t)c / 32];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < SK_UNR; u++) {
+                const int c = cb + u * step;
+                if (c >= kdim) continue;
+                float v0[EPL], v1[EPL];
+                decode16<WF>(q0[u], lut, v0);
+                if (MODE == 0) decode16<WF>(q1[u], lut, v1);
+                float sc0 = 1.0f, sc1 = 1.0f; /* 2^(s-127): exact scaling of a block's partial */
+                if (WF != M3_GPU_W_BF16) {
+                    sc0 = m3_e8m0_to_f32(e0[u]);
+                    if (MODE == 0) sc1 = m3_e8m0_to_f32(e1[u]);
+                }
+#pragma unroll
+                for (int j = 0; j < SK_NT; j++) {
+                    if (j >= nc) continue; /* (not break: keeps the loop unrollable) */
+                    float p0s = 0.0f, p1s = 0.0f;
+#pragma unroll
+                    for (int h = 0; h < EPL / 8; h++) {
+                        float xv[8];
+                        bf16x8(reinterpret_cast<const uint4 *>(xs + (size_t)j * kdim + c)[h], xv);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) {
+                            p0s += v0[h * 8 + i] * xv[i];
+                            if (MODE == 0) p1s += v1[h * 8 + i] * xv[i];
+                        }
+                    }
+                    a0[j] += p0s * sc0;
+                    if (MODE == 0) a1[j] += p1s * sc1;
+                }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < SK_NT; j++) {
+                if (j >= nc) continue;
+                const float g = m3_warp_sum(a0[j]);
+                const float u = MODE == 0 ? m3_warp_sum(a1[j]) : 0.0f;
+                if (lane == 0) {
+                    const size_t orow = (size_t)(r0 + c0 + j) * nout + o;
+                    if (MODE == 0) {
+                        const float gr = act_bf16 ? m3_round_bf16(g) : g;
+                        const float ur = act_bf16 ? m3_round_bf16(u) : u;
+                        out[orow] = m3_f32_to_bf16(swiglu_act(gr, ur, alpha, limit, smode));
+                    } else {
+                        out[orow] = m3_f32_to_bf16(g);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---- larger batches: tensor-core tiles ----------------------------------------------------
+ * Block (row tile, column tile): rows row0..row0+63 of one active expert's grouped rows;
+ * MODE 0: columns f0..f0+63 of gate (tile columns 0..63) and of up (64..127), out = a;
+ * MODE 1: columns d0..d0+127 of down, out = y_e. Warps 2 x 4, each 32 x 32. */
+struct tile_smem {
+    union {
+        struct {
+            m3_bf16 a[2][TILE_BM * TILE_LDS];
+            m3_bf16 b[2][TILE_BN * TILE_LDS];
+        } s;
+        float c[TILE_BM * TILE_CP];
+    } u;
+    float lut[256];
+    int src[TILE_BM];
+};
+
+template <int WF> struct bregs; /* the global loads of one k-step of the B tile */
+template <> struct bregs<M3_GPU_W_BF16> { uint4 v[2]; m3_e8m0 s; /* unused */ };
+template <> struct bregs<M3_GPU_W_MXFP8> { uint4 v[1]; m3_e8m0 s; };
+template <> struct bregs<M3_GPU_W_MXFP4> { uint4 v[1]; m3_e8m0 s; };
+
+/* weight row of tile column n */
+template <int MODE>
+static __device__ __forceinline__ size_t tile_wrow(int n, int e, int col0, int nout,
+                                                   const void *w0, const void *w1, const void **w) {
+    if (MODE == 0) {
+        *w = n < TILE_BN / 2 ? w0 : w1;
+        return (size_t)e * nout + col0 + (n % (TILE_BN / 2));
+    }
+    *w = w0;
+    return (size_t)e * nout + col0 + n;
+}
+
+template <int WF, int MODE>
+static __device__ __forceinline__ void tile_load_b(bregs<WF> &r, int k0, int e, int col0, int kdim,
+                                                   int nout, const void *w0, const void *w1,
+                                                   const m3_e8m0 *s0, const m3_e8m0 *s1) {
+    const int tid = (int)threadIdx.x;
+    const size_t rb = wbytes<WF>((size_t)kdim);
+    if (WF == M3_GPU_W_BF16) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int idx = tid + h * EXP_THREADS, n = idx / 4, part = idx % 4;
+            const void *w;
+            const size_t row = tile_wrow<MODE>(n, e, col0, nout, w0, w1, &w);
+            r.v[h] = *reinterpret_cast<const uint4 *>((const unsigned char *)w + row * rb +
+                                                      wbytes<WF>((size_t)k0 + part * 8));
+        }
+    } else {
+        const int per = WF == M3_GPU_W_MXFP8 ? 2 : 1; /* 16-byte pieces per row and k-step */
+        const int n = tid / per, part = tid % per;
+        if (n < TILE_BN) {
+            const void *w;
+            const size_t row = tile_wrow<MODE>(n, e, col0, nout, w0, w1, &w);
+            r.v[0] = *reinterpret_cast<const uint4 *>((const unsigned char *)w + row * rb +
+                                                      wbytes<WF>((size_t)k0) + (size_t)part * 16);
+            const m3_e8m0 *s = (MODE == 0 && n >= TILE_BN / 2) ? s1 : s0;
+            r.s = s[row * ((size_t)kdim / 32) + (size_t)k0 / 32];
+        }
+    }
+}
+
+template <int WF>
+static __device__ __forceinline__ void tile_store_b(const bregs<WF> &r, m3_bf16 *b, const float *lut) {
+    const int tid = (int)threadIdx.x;
+    if (WF == M3_GPU_W_BF16) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int idx = tid + h * EXP_THREADS, n = idx / 4, part = idx % 4;
+            *reinterpret_cast<uint4 *>(b + n * TILE_LDS + part * 8) = r.v[h];
+        }
+    } else {
+        const int per = WF == M3_GPU_W_MXFP8 ? 2 : 1;
+        const int n = tid / per, part = tid % per;
+        if (n >= TILE_BN) return;
+        const int EPL = wtraits<WF>::EPL;
+        float v[EPL];
+        decode16<WF>(r.v[0], lut, v);
+        const float sc = m3_e8m0_to_f32(r.s);
+        uint32_t q[EPL / 2];
+#pragma unroll
+        for (int i = 0; i < EPL / 2; i++) /* exact values: the top 16 bits are the bf16 */
+            q[i] = (m3_f32_bits(v[2 * i] * sc) >> 16) | (m3_f32_bits(v[2 * i + 1] * sc) & 0xFFFF0000u);
+        uint4 *dst = reinterpret_cast<uint4 *>(b + n * TILE_LDS + part * EPL);
+#pragma unroll
+        for (int i = 0; i < EPL / 8; i++) dst[i] = make_uint4(q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]);
+    }
+}
+
+/* acc: NVIDIA [mi 2][ni 4][4] mma layout; portable: element i*M3_WARP+lane of the 32x32 warp tile */
+static __device__ __forceinline__ void tile_mma(float *acc, const m3_bf16 *A, const m3_bf16 *B, int wm,
+                                                int wn, int lane) {
+#if M3_HAVE_MMA
+    const int gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int kk = 0; kk < TILE_BK; kk += 16) {
+        uint32_t af[2][4], bfr[4][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            const m3_bf16 *r = A + (wm * 32 + mi * 16 + gq) * TILE_LDS + kk + 2 * tq;
+            af[mi][0] = *reinterpret_cast<const uint32_t *>(r);
+            af[mi][1] = *reinterpret_cast<const uint32_t *>(r + 8 * TILE_LDS);
+            af[mi][2] = *reinterpret_cast<const uint32_t *>(r + 8);
+            af[mi][3] = *reinterpret_cast<const uint32_t *>(r + 8 * TILE_LDS + 8);
+        }
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            const m3_bf16 *c = B + (wn * 32 + ni * 8 + gq) * TILE_LDS + kk + 2 * tq;
+            bfr[ni][0] = *reinterpret_cast<const uint32_t *>(c);
+            bfr[ni][1] = *reinterpret_cast<const uint32_t *>(c + 8);
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) m3_mma_bf16_16816(acc + (mi * 4 + ni) * 4, af[mi], bfr[ni]);
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < 1024 / M3_WARP; i++) {
+        const int el = i * M3_WARP + lane, r = wm * 32 + el / 32, c = wn * 32 + el % 32;
+        float s = acc[i];
+        for (int k = 0; k < TILE_BK; k++)
+            s += m3_bf16_to_f32(A[r * TILE_LDS + k]) * m3_bf16_to_f32(B[c * TILE_LDS + k]);
+        acc[i] = s;
+    }
+#endif
+}
+
+static __device__ __forceinline__ void tile_acc_store(float *C, const float *acc, int wm, int wn,
+                                                      int lane) {
+#if M3_HAVE_MMA
+    const int gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            const float *a = acc + (mi * 4 + ni) * 4;
+            const int r = wm * 32 + mi * 16 + gq, c = wn * 32 + ni * 8 + 2 * tq;
+            C[r * TILE_CP + c] = a[0];
+            C[r * TILE_CP + c + 1] = a[1];
+            C[(r + 8) * TILE_CP + c] = a[2];
+            C[(r + 8) * TILE_CP + c + 1] = a[3];
+        }
+#else
+#pragma unroll
+    for (int i = 0; i < 1024 / M3_WARP; i++) {
+        const int el = i * M3_WARP + lane;
+        C[(wm * 32 + el / 32) * TILE_CP + wn * 32 + el % 32] = acc[i];
+    }
+#endif
+}
+
+template <int WF, int MODE>
+static __global__ void __launch_bounds__(EXP_THREADS)
+    tile_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
+           const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
+           const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
+           bool act_bf16) {
+    __shared__ tile_smem sm;
+    const int na = *m.n_act, bx = (int)blockIdx.x;
+    if (bx >= m.tile_off[na]) return; /* whole block */
+    int lo = 0, hi = na - 1; /* the slot s with tile_off[s] <= bx < tile_off[s+1] */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (m.tile_off[mid] <= bx) lo = mid;
+        else hi = mid - 1;
+    }
+    const int e = m.act[lo], r0 = m.off[e], n = m.off[e + 1] - r0;
+    const int row0 = (bx - m.tile_off[lo]) * TILE_BM;
+    const int col0 = (int)blockIdx.y * (MODE == 0 ? TILE_BN / 2 : TILE_BN);
+    const int tid = (int)threadIdx.x, lane = tid % M3_WARP, warp = tid / M3_WARP;
+    build_lut<WF>(sm.lut);
+    if (tid < TILE_BM) {
+        const int gr = row0 + tid;
+        sm.src[tid] = gr < n ? (MODE == 0 ? m.ent[r0 + gr] / K : r0 + gr) : -1;
+    }
+    __syncthreads();
+    const int wm = M3_WARP == 32 ? warp / 4 : 0, wn = M3_WARP == 32 ? warp % 4 : 0;
+    /* 4 warps of 64 (AMD) cover the 64 x 128 tile as 2 x 4 32x32 tiles, two each */
+    const int ar = tid / 4, apart = tid % 4;
+    const int asrc = sm.src[ar];
+    float acc[32], acc2[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) acc[i] = acc2[i] = 0.0f;
+    uint4 ra;
+    bregs<WF> rb;
+    const int nk = kdim / TILE_BK;
+    ra = asrc >= 0 ? *reinterpret_cast<const uint4 *>(ain + (size_t)asrc * kdim + apart * 8)
+                   : make_uint4(0, 0, 0, 0);
+    tile_load_b<WF, MODE>(rb, 0, e, col0, kdim, nout, w0, w1, s0, s1);
+    *reinterpret_cast<uint4 *>(sm.u.s.a[0] + ar * TILE_LDS + apart * 8) = ra;
+    tile_store_b<WF>(rb, sm.u.s.b[0], sm.lut);
+    __syncthreads();
+    for (int ks = 0; ks < nk; ks++) {
+        const int cur = ks & 1;
+        if (ks + 1 < nk) {
+            const int k0 = (ks + 1) * TILE_BK;
+            ra = asrc >= 0 ? *reinterpret_cast<const uint4 *>(ain + (size_t)asrc * kdim + k0 + apart * 8)
+                           : make_uint4(0, 0, 0, 0);
+            tile_load_b<WF, MODE>(rb, k0, e, col0, kdim, nout, w0, w1, s0, s1);
+        }
+        if (M3_WARP == 32) {
+            tile_mma(acc, sm.u.s.a[cur], sm.u.s.b[cur], wm, wn, lane);
+        } else { /* 4 wavefronts: each takes two of the eight 32x32 warp tiles */
+            tile_mma(acc, sm.u.s.a[cur], sm.u.s.b[cur], warp / 2, (warp % 2) * 2, lane);
+            tile_mma(acc2, sm.u.s.a[cur], sm.u.s.b[cur], warp / 2, (warp % 2) * 2 + 1, lane);
+        }
+        if (ks + 1 < nk) {
+            *reinterpret_cast<uint4 *>(sm.u.s.a[cur ^ 1] + ar * TILE_LDS + apart * 8) = ra;
+            tile_store_b<WF>(rb, sm.u.s.b[cur ^ 1], sm.lut);
+        }
+        __syncthreads();
+    }
+    /* the operand buffers are dead: the fp32 tile reuses their space */
+    if (M3_WARP == 32) {
+        tile_acc_store(sm.u.c, acc, wm, wn, lane);
+    } else {
+        tile_acc_store(sm.u.c, acc, warp / 2, (warp % 2) * 2, lane);
+        tile_acc_store(sm.u.c, acc2, warp / 2, (warp % 2) * 2 + 1, lane);
+    }
+    __syncthreads();
+    if (MODE == 0) {
+        for (int idx = tid; idx < TILE_BM * (TILE_BN / 2); idx += EXP_THREADS) {
+            const int r = idx / (TILE_BN / 2), j = idx % (TILE_BN / 2);
+            if (row0 + r >= n) break;
+            float gv = sm.u.c[r * TILE_CP + j], uv = sm.u.c[r * TILE_CP + TILE_BN / 2 + j];
+            if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+            out[(size_t)(r0 + row0 + r) * nout + col0 + j] =
+                m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+        }
+    } else {
+        for (int idx = tid; idx < TILE_BM * TILE_BN; idx += EXP_THREADS) {
+            const int r = idx / TILE_BN, j = idx % TILE_BN;
+            if (row0 + r >= n) break;
+            out[(size_t)(r0 + row0 + r) * nout + col0 + j] = m3_f32_to_bf16(sm.u.c[r * TILE_CP + j]);
+        }
+    }
+}
+
+/* ---- combine --------------------------------------------------------------------------- */
+static __global__ void __launch_bounds__(256)
+    combine_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
+              const float *M3_RESTRICT wts, const int32_t *M3_RESTRICT row_of, int K, int D,
+              float rsf, bool bf16_combine, bool rnd) {
+    const int t = (int)blockIdx.x;
+    int oid[EXP_MAX_K], orow[EXP_MAX_K];
+    float ow[EXP_MAX_K];
+    int nk = 0;
+    for (int k = 0; k < K; k++) { /* insertion by ascending expert id (K <= 8) */
+        const int i = t * K + k, r = row_of[i], id = ids[i];
+        if (r < 0) continue;
+        int j = nk++;
+        while (j > 0 && oid[j - 1] > id) {
+            oid[j] = oid[j - 1], orow[j] = orow[j - 1], ow[j] = ow[j - 1];
+            j--;
+        }
+        oid[j] = id, orow[j] = r, ow[j] = wts[i];
+    }
+    for (int v = (int)threadIdx.x; v < D / 8; v += (int)blockDim.x) {
+        float acc[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = 0.0f;
+        for (int j = 0; j < nk; j++) {
+            float ev[8];
+            bf16x8(reinterpret_cast<const uint4 *>(ye + (size_t)orow[j] * D)[v], ev);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (bf16_combine) acc[i] = m3_round_bf16(acc[i] + m3_round_bf16(ev[i] * ow[j]));
+                else acc[i] = __fadd_rn(acc[i], __fmul_rn(ev[i], ow[j])); /* unfused, as ref */
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = rnd ? m3_round_bf16(rsf * acc[i]) : rsf * acc[i];
+        m3_vec<m3_bf16>::store(y + (size_t)t * D, (int64_t)v * 8, acc);
+    }
+}
+
+/* ---- launcher -------------------------------------------------------------------------- */
+template <int WF>
+static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
+                             const exp_meta &m, int T, const m3_gpu_experts *w,
+                             const m3_moe_params *mp, const m3_profile *p) {
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
+    const int sm = (int)p->swiglu;
+    const bool ab16 = p->act_bf16;
+    const int slots = TK < E ? TK : E;
+    if (TK <= 4 * E) {
+        const int nt = T < SK_NT ? T : SK_NT;
+        size_t sh1 = (size_t)nt * D * 2, sh2 = (size_t)nt * F * 2;
+        /* past 48 KiB of shared memory (with the static 1 KiB table) a kernel must opt in */
+        if (sh1 + 1024 > 48 * 1024)
+            M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 0, SK_RPW_GU>,
+                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+        if (sh2 + 1024 > 48 * 1024)
+            M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 1, SK_RPW_DN>,
+                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+        dim3 g1((unsigned)slots, (unsigned)((F + EXP_WARPS * SK_RPW_GU - 1) / (EXP_WARPS * SK_RPW_GU)));
+        sk_k<WF, 0, SK_RPW_GU><<<g1, EXP_THREADS, sh1, g->stream>>>(
+            ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
+        M3_LAUNCHED(g, "sk_k gate/up");
+        dim3 g2((unsigned)slots, (unsigned)((D + EXP_WARPS * SK_RPW_DN - 1) / (EXP_WARPS * SK_RPW_DN)));
+        sk_k<WF, 1, SK_RPW_DN><<<g2, EXP_THREADS, sh2, g->stream>>>(
+            ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
+        M3_LAUNCHED(g, "sk_k down");
+    } else {
+        const unsigned tiles = (unsigned)(TK / TILE_BM + slots + 1); /* >= sum ceil(n_e/64) */
+        tile_k<WF, 0><<<dim3(tiles, (unsigned)(F / (TILE_BN / 2))), EXP_THREADS, 0, g->stream>>>(
+            ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
+        M3_LAUNCHED(g, "tile_k gate/up");
+        tile_k<WF, 1><<<dim3(tiles, (unsigned)(D / TILE_BN)), EXP_THREADS, 0, g->stream>>>(
+            ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
+        M3_LAUNCHED(g, "tile_k down");
+    }
+    return M3_OK;
+}
+
+extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x,
+                                        const int32_t *d_ids, const float *d_wts, int n_tok,
+                                        const m3_gpu_experts *w, const m3_moe_params *mp,
+                                        const m3_profile *p) {
+    M3_ASSERT(g && mp && p && w && n_tok >= 0 && d_y != d_x);
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
+    M3_ASSERTF(E > 0 && K >= 1 && K <= E && D > 0 && F > 0, "E=%d K=%d D=%d F=%d", E, K, D, F);
+    if (!p->act_bf16 || p->swiglu == M3_SWIGLU_F32)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu moe_experts: profile %s keeps fp32 activations "
+                         "(bf16 storage needs act_bf16)", p->name);
+    if (E > EXP_MAX_E || K > EXP_MAX_K || D % TILE_BN || F % (TILE_BN / 2))
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu moe_experts: E=%d K=%d D=%d F=%d (needs E <= %d, "
+                         "K <= %d, D %% %d == 0, F %% %d == 0)", E, K, D, F, EXP_MAX_E, EXP_MAX_K,
+                         TILE_BN, TILE_BN / 2);
+    if (w->fmt != M3_GPU_W_BF16 && (!w->gate_s || !w->up_s || !w->down_s))
+        return m3_errorf(M3_ERR_ARG, "gpu moe_experts: MX weights without scales");
+    M3_ASSERT(m3_aligned16(d_x) && m3_aligned16(d_y) && w->gate && w->up && w->down);
+    if (n_tok == 0) return M3_OK;
+    const int TK = n_tok * K;
+    const size_t mark = m3_gpu_mark(g);
+    int32_t *meta;
+    m3_bf16 *ab, *ye;
+    m3_status s = m3_gpu_alloc(g, (void **)&meta, sizeof(int32_t) * (3 * (size_t)E + 3 + 2 * (size_t)TK));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)TK * F);
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ye, sizeof(m3_bf16) * (size_t)TK * D);
+    if (s != M3_OK) {
+        m3_gpu_release(g, mark);
+        return s;
+    }
+    exp_meta m;
+    m.off = meta, m.act = m.off + E + 1, m.n_act = m.act + E, m.tile_off = m.n_act + 1;
+    m.ent = m.tile_off + E + 1, m.row_of = m.ent + TK;
+    group_k<<<1, 1024, 0, g->stream>>>(meta, d_ids, TK, E);
+    s = m3_gpu_launched_(g, "group_k", __FILE__, __LINE__);
+    if (s == M3_OK) {
+        if (w->fmt == M3_GPU_W_BF16) s = experts_run<M3_GPU_W_BF16>(g, ab, ye, d_x, m, n_tok, w, mp, p);
+        else if (w->fmt == M3_GPU_W_MXFP8) s = experts_run<M3_GPU_W_MXFP8>(g, ab, ye, d_x, m, n_tok, w, mp, p);
+        else s = experts_run<M3_GPU_W_MXFP4>(g, ab, ye, d_x, m, n_tok, w, mp, p);
+    }
+    if (s == M3_OK) {
+        const bool rnd = p->moe_bf16_combine || p->act_bf16;
+        combine_k<<<(unsigned)n_tok, 256, 0, g->stream>>>(d_y, ye, d_ids, d_wts, m.row_of, K, D,
+                                                         mp->routed_scale, p->moe_bf16_combine, rnd);
+        s = m3_gpu_launched_(g, "combine_k", __FILE__, __LINE__);
+    }
+    /* later work on the stream is ordered after these kernels: the space can be reused */
     m3_gpu_release(g, mark);
     return s;
 }

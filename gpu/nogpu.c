@@ -130,6 +130,38 @@ m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_
     return NO_GPU("gpu router_logits");
 }
 
+m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int32_t *d_ids,
+                             const float *d_wts, int n_tok, const m3_gpu_experts *w,
+                             const struct m3_moe_params *mp, const m3_profile *p) {
+    (void)g; (void)d_y; (void)d_x; (void)d_ids; (void)d_wts; (void)n_tok; (void)w; (void)mp;
+    (void)p;
+    return NO_GPU("gpu moe_experts");
+}
+
+m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, int n_ctx, const struct m3_attn_params *ap,
+                                  const m3_profile *p) {
+    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)d_k; (void)d_v; (void)d_pos; (void)n_tok;
+    (void)n_ctx; (void)ap; (void)p;
+    return NO_GPU("gpu attention");
+}
+m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                   int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                   int block, const struct m3_attn_params *ap,
+                                   const m3_profile *p) {
+    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)d_k; (void)d_v; (void)d_pos; (void)n_tok;
+    (void)n_ctx; (void)d_topk; (void)width; (void)block; (void)ap; (void)p;
+    return NO_GPU("gpu attention");
+}
+m3_status m3_gpu_kv_cache_write(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k,
+                                int ld_k, const m3_bf16 *d_v, int ld_v, const int64_t *d_slots,
+                                int n_tok, int n_kv_head, int head_dim) {
+    (void)g; (void)c; (void)d_k; (void)ld_k; (void)d_v; (void)ld_v; (void)d_slots; (void)n_tok;
+    (void)n_kv_head; (void)head_dim;
+    return NO_GPU("gpu kv_cache_write");
+}
 m3_status m3_gpu_attn_dense(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                             const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
                             int n_tok, int n_ctx, const struct m3_attn_params *ap,

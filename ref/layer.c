@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ref/norm.h"
+#include "ref/qload.h"
 #include "ref/rope.h"
 
 /* ---- keys and dtypes ------------------------------------------------------------------- */
@@ -180,7 +181,36 @@ static m3_status get_f32(m3_layer_weights *lw, m3_weights *w, m3_wrole role, int
 }
 
 m3_status m3_layer_weights_load(m3_layer_weights *lw, m3_weights *w, const m3_config *c, int L) {
+    return m3_layer_weights_load_v(lw, w, c, L, NULL, NULL);
+}
+
+/* An expert-like swiglu MLP (routed expert e, or shared with e = -1) in the variant's format:
+ * plain (get_mlp) or through ref/qload. *fmt: the format used. */
+static m3_status get_xmlp(m3_layer_weights *lw, m3_weights *w, m3_wrole rg, m3_wrole ru,
+                          m3_wrole rd, int L, int e, int D, int F, const m3_variant *v,
+                          m3_mlp_weights *out, m3_wfmt *fmt) {
+    M3_TRY(m3_qload_mlp_fmt(w, rg, L, e, v, fmt));
+    if (*fmt == M3_WFMT_BF16) return get_mlp(lw, w, rg, ru, rd, L, e, D, F, out);
+    if (!lw->qs) M3_TRY(m3_qstore_create(&lw->qs, v));
+    return m3_qload_mlp(out, lw->qs, w, rg, ru, rd, L, e, D, F, *fmt, v);
+}
+
+/* ptpc fp8 (spec §3.3): every dense projection of the layer, NOT the MoE (router, experts,
+ * shared), lm_head or embedding. */
+static m3_status ptpc_layer(m3_layer_weights *lw, const m3_config *c, const m3_variant *v) {
+    if (!lw->qs) M3_TRY(m3_qstore_create(&lw->qs, v));
+    m3_wmat *pr[] = {&lw->q, &lw->k, &lw->v, &lw->o, &lw->index_q, &lw->index_k};
+    for (int i = 0; i < (lw->is_sparse ? 6 : 4); i++) M3_TRY(m3_qload_ptpc(pr[i], lw->qs));
+    if (!lw->is_moe) M3_TRY(m3_qload_ptpc_mlp(&lw->mlp, lw->qs, c->hidden, c->dense_inter));
+    return M3_OK;
+}
+
+m3_status m3_layer_weights_load_v(m3_layer_weights *lw, m3_weights *w, const m3_config *c, int L,
+                                  const m3_variant *var, const m3_profile *prof) {
     memset(lw, 0, sizeof *lw);
+    m3_variant vdef;
+    m3_variant_default(&vdef);
+    const m3_variant *v = var ? var : &vdef;
     lw->layer = L;
     lw->is_sparse = c->layer_sparse[L];
     lw->is_moe = c->layer_moe[L];
@@ -219,14 +249,24 @@ m3_status m3_layer_weights_load(m3_layer_weights *lw, m3_weights *w, const m3_co
             s = m3_errorf(M3_ERR_NOMEM, "layer %d: out of memory", L);
             goto fail;
         }
-        for (int e = 0; e < E; e++)
-            TRY_(get_mlp(lw, w, M3_W_EXPERT_GATE, M3_W_EXPERT_UP, M3_W_EXPERT_DOWN, L, e, D,
-                         c->expert_inter, &lw->experts_owned[e]));
+        m3_wfmt xf = M3_WFMT_BF16, f;
+        for (int e = 0; e < E; e++) {
+            TRY_(get_xmlp(lw, w, M3_W_EXPERT_GATE, M3_W_EXPERT_UP, M3_W_EXPERT_DOWN, L, e, D,
+                          c->expert_inter, v, &lw->experts_owned[e], &f));
+            if (e == 0) xf = f;
+        }
         lw->moe.experts = lw->experts_owned;
         if (c->n_shared_experts > 0 && c->shared_inter > 0)
-            TRY_(get_mlp(lw, w, M3_W_SHARED_GATE, M3_W_SHARED_UP, M3_W_SHARED_DOWN, L, -1, D,
-                         c->shared_inter, &lw->moe.shared));
+            TRY_(get_xmlp(lw, w, M3_W_SHARED_GATE, M3_W_SHARED_UP, M3_W_SHARED_DOWN, L, -1, D,
+                          c->shared_inter, v, &lw->moe.shared, &f));
+        /* spec §3.14: ATOM fuses the shared expert when the experts are MX-quantized */
+        bool xq = xf == M3_WFMT_MXFP4 || xf == M3_WFMT_MXFP8;
+        lw->shared_fused = c->n_shared_experts > 0 && c->shared_inter > 0 &&
+                               (v->shared_fused == M3_TRI_ON ||
+                                (v->shared_fused == M3_TRI_AUTO && xq && prof &&
+                                 prof->id == M3_PROFILE_ATOM));
     }
+    if (v->ptpc) TRY_(ptpc_layer(lw, c, v));
 #undef TRY_
     return M3_OK;
 fail:
@@ -239,8 +279,10 @@ void m3_layer_weights_free(m3_layer_weights *lw) {
     for (int i = 0; i < lw->n_owned; i++)
         free(lw->owned[i]);
     free(lw->experts_owned);
+    m3_qstore_free(lw->qs);
     lw->n_owned = 0;
     lw->experts_owned = NULL;
+    lw->qs = NULL;
 }
 
 /* ---- cache ----------------------------------------------------------------------------- */
@@ -328,6 +370,7 @@ size_t m3_layer_scratch_bytes(const m3_config *c, int L, int T, int n_ctx) {
     n += ALIGN_UP(t * QW * f); /* attn_out */
     n += ALIGN_UP(t * D * f);  /* attn_proj; then the output tap */
     n += ALIGN_UP(m3_attn_scratch_bytes(n_ctx, &ap));
+    n += ALIGN_UP(m3_linear_q_scratch_bytes(T, (int)(QW > D ? QW : D))); /* ptpc activations */
     if (c->layer_sparse[L]) {
         size_t G = (size_t)c->index_n_heads, Di = (size_t)c->index_head_dim;
         size_t NB = ((size_t)n_ctx + (size_t)ip.block - 1) / (size_t)ip.block;
@@ -485,11 +528,12 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
     M3_TRY(tap(&tp, "attn_norm", M3_DT_F32, xn, 2, T, D, 0));
 
     float *q = take(&a, t_ * QW * sizeof(float));
+    void *qs = take(&a, m3_linear_q_scratch_bytes(T, QW > D ? QW : D)); /* ptpc activations */
     float *kc = cache->k + (size_t)n0 * KW; /* this pass's rows of the caches */
     float *vc = cache->v + (size_t)n0 * KW;
-    m3_linear_p(q, QW, xn, D, &w->q, T, p);
-    m3_linear_p(kc, KW, xn, D, &w->k, T, p);
-    m3_linear_p(vc, KW, xn, D, &w->v, T, p);
+    m3_linear_q(q, QW, xn, D, &w->q, T, T, p, qs);
+    m3_linear_q(kc, KW, xn, D, &w->k, T, T, p, qs);
+    m3_linear_q(vc, KW, xn, D, &w->v, T, T, p, qs);
     M3_TRY(tap(&tp, "q_proj", M3_DT_F32, q, 2, T, QW, 0));
     M3_TRY(tap(&tp, "k_proj", M3_DT_F32, kc, 2, T, KW, 0));
     M3_TRY(tap(&tp, "v_proj", M3_DT_F32, vc, 2, T, KW, 0));
@@ -551,8 +595,8 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
         /* a reusing layer computes the projections (the packed GEMM runs) but never inserts
          * into its index cache: its projection goes to scratch */
         float *ikc = reuse ? take(&a, t_ * Di * sizeof(float)) : cache->index_k + (size_t)n0 * Di;
-        m3_linear_p(iq, G * Di, xn, D, &w->index_q, T, p);
-        m3_linear_p(ikc, Di, xn, D, &w->index_k, T, p);
+        m3_linear_q(iq, G * Di, xn, D, &w->index_q, T, T, p, qs);
+        m3_linear_q(ikc, Di, xn, D, &w->index_k, T, T, p, qs);
         /* raw indexer projections: extra stages (not in the schema table) */
         M3_TRY(tap(&tp, "index_q_proj", M3_DT_F32, iq, 2, T, G * Di, 0));
         M3_TRY(tap(&tp, "index_k_proj", M3_DT_F32, ikc, 2, T, Di, 0));
@@ -651,7 +695,7 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
     }
     cache->n_past = n_ctx;
     M3_TRY(tap(&tp, "attn_out", M3_DT_F32, ao, 2, T, QW, 0));
-    m3_linear_p(ap_out, D, ao, QW, &w->o, T, p);
+    m3_linear_q(ap_out, D, ao, QW, &w->o, T, T, p, qs);
     M3_TRY(tap(&tp, "attn_proj", M3_DT_F32, ap_out, 2, T, D, 0));
 
     /* ---- MLP block: m = x + a (stored per profile), norm of it ---- */
@@ -680,10 +724,11 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
         }
         M3_TRY(tap(&tp, "expert_ids", M3_DT_I32, ids, 2, T, K, 0));
         M3_TRY(tap(&tp, "expert_weights", M3_DT_F32, wts, 2, T, K, 0));
-        s = m3_moe_experts(h, xn, ids, wts, T, &w->moe, &mp, p, ms);
+        s = (w->shared_fused ? m3_moe_experts_fused : m3_moe_experts)(h, xn, ids, wts, T, &w->moe,
+                                                                       &mp, p, ms);
         if (s) return m3_error_context(s, "layer %d", L);
         m3_mlp_params sp = m3_moe_shared_params(&mp);
-        if (sp.ffn > 0) {
+        if (sp.ffn > 0 && !w->shared_fused) { /* fused: inside m3_moe_experts */
             m3_mlp(sh, xn, T, &w->moe.shared, &sp, p, take(&a, m3_mlp_scratch_bytes(T, &sp)));
             M3_TRY(tap(&tp, "shared_out", M3_DT_F32, sh, 2, T, D, 0));
             m3_moe_add_shared(h, sh, (int64_t)t_ * D, p);

@@ -65,6 +65,9 @@ typedef struct m3_layer_weights {
     int n_owned;
     void *owned[32];
     m3_mlp_weights *experts_owned;
+    bool shared_fused;   /* the shared expert runs fused into the routed combine (§3.14) */
+    struct m3_qstore *qs; /* owned: quantized forms made for a variant (ref/qload.h); NULL when
+                            the variant changes nothing in this layer */
 } m3_layer_weights;
 
 /* Views of layer `layer`'s tensors. Nothing is read yet except where a conversion is needed
@@ -73,6 +76,15 @@ typedef struct m3_layer_weights {
 m3_status m3_layer_weights_load(m3_layer_weights *lw, m3_weights *w, const m3_config *cfg,
                                 int layer);
 void m3_layer_weights_free(m3_layer_weights *lw); /* NULL ok; frees owned buffers only */
+
+/* The same under a numerics variant (ref/variant.h, docs/quantization.md): experts
+ * (routed + shared) as MXFP4 / MXFP8 (stored or quantized on load) with their activation
+ * quantization, the shared-expert fusion (resolved here: shared_fused auto = on under the
+ * atom profile when the routed experts are MX), ptpc fp8 of the dense projections. Every
+ * decision lands in the weight structs, so m3_layer_forward needs no variant. v NULL =
+ * defaults (then equal to m3_layer_weights_load). */
+m3_status m3_layer_weights_load_v(m3_layer_weights *lw, m3_weights *w, const m3_config *cfg,
+                                  int layer, const m3_variant *v, const m3_profile *p);
 
 /* The top-k of the most recent computing sparse layer of the current pass (spec §3.9: a
  * reusing layer takes it, with the block table and ctx that follow from it). Owned by the

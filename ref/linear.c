@@ -62,6 +62,8 @@ typedef struct {
     float *y;
     const float *x;
     const void *w;
+    const void *scale;   /* MX: e8m0 [n_out, nb]; FP8_ROW: unused here (epilogue) */
+    m3_fp8_kind fp8kind; /* FP8_ROW codes */
     m3_wfmt fmt;
     bool round_w; /* f32 weights rounded to bf16 on the fly */
     int ldy, ldx, n_tok, n_in, n_out;
@@ -76,9 +78,26 @@ static void cvt_bf16_row(uint32_t *d, const m3_bf16 *s, int n) {
     for (; j < n; j++) d[j] = (uint32_t)s[j] << 16;
 }
 
+/* Exact fp32 value of a quantized weight element (MX: code x 2^scale; FP8_ROW: the code's
+ * value, the per-channel scale comes in the epilogue). */
+static float wq_at(const lin_job *j, int n, int k) {
+    if (j->fmt == M3_WFMT_FP8_ROW)
+        return m3_fp8_to_f32(((const uint8_t *)j->w)[(size_t)n * j->n_in + k], j->fp8kind);
+    int nb = (j->n_in + 31) / 32;
+    m3_e8m0 b = ((const m3_e8m0 *)j->scale)[(size_t)n * nb + k / 32];
+    if (j->fmt == M3_WFMT_MXFP4) {
+        const uint8_t *row = (const uint8_t *)j->w + (size_t)n * (size_t)((j->n_in + 1) / 2);
+        return m3_mx_decode(m3_fp4_get(row, k, false), b, M3_MX_E2M1);
+    }
+    return m3_mx_decode(((const uint8_t *)j->w)[(size_t)n * j->n_in + k], b, M3_MX_E4M3FN);
+}
+
+static bool fmt_quantized(m3_wfmt f) { return f != M3_WFMT_BF16 && f != M3_WFMT_F32; }
+
 static float w_at(const lin_job *j, int n, int k) {
     size_t o = (size_t)n * (size_t)j->n_in + (size_t)k;
     if (j->fmt == M3_WFMT_BF16) return m3_bf16_to_f32(((const m3_bf16 *)j->w)[o]);
+    if (fmt_quantized(j->fmt)) return wq_at(j, n, k);
     float v = ((const float *)j->w)[o];
     return j->round_w ? m3_round_bf16(v) : v;
 }
@@ -99,7 +118,7 @@ static void lin_tile(void *vctx, int64_t tile) {
         }
         return;
     }
-    if (j->n_tok <= M3_LINEAR_SMALL_T) {
+    if (j->n_tok <= M3_LINEAR_SMALL_T && !fmt_quantized(j->fmt)) {
         /* few tokens (decode, routed experts at ~2 tokens each): the GEMM is bound by reading
          * W, so stream each bf16 row once and dot it with every token (m3_dot order with the
          * conversion fused); converting to fp32 and packing for sgemm would triple the
@@ -128,6 +147,14 @@ static void lin_tile(void *vctx, int64_t tile) {
             for (int r = 0; r < nt; r++)
                 cvt_bf16_row(buf + (size_t)r * kc, w + (size_t)(n0 + r) * j->n_in + k0, kc);
             b = (const float *)(const void *)buf;
+            ldb = kc;
+        } else if (fmt_quantized(j->fmt)) {
+            /* quantized weights: decoded exactly, element by element (k0 is a multiple of
+             * the MX block: M3_LINEAR_TILE_K is a multiple of 32) */
+            float *fb = (float *)(void *)buf;
+            for (int r = 0; r < nt; r++)
+                for (int k = 0; k < kc; k++) fb[(size_t)r * kc + k] = wq_at(j, n0 + r, k0 + k);
+            b = fb;
             ldb = kc;
         } else if (j->round_w) {
             const float *w = j->w;
@@ -175,13 +202,102 @@ void m3_linear_f32(float *y, int ldy, const float *x, int ldx, const float *w, b
     lin_run(&j);
 }
 
+bool m3_actq_applies(const m3_actq *a, int n_pass) {
+    return a && a->kind != M3_ACTQ_NONE && n_pass >= a->min_pass;
+}
+
+static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+size_t m3_linear_q_scratch_bytes(int n_tok, int n_in) {
+    size_t T = (size_t)n_tok, K = (size_t)n_in;
+    return al64(T * K * sizeof(float)) + al64(T * sizeof(float)) + al64(T * K) + 64;
+}
+
+typedef struct {
+    float *xq;       /* [T, K] dense */
+    float *sx;       /* [T] (PTPC) */
+    uint8_t *codes;  /* [T, K] fp8 codes (PTPC) */
+    const float *x;
+    int ldx, K;
+    const m3_actq *a;
+} actq_job;
+
+/* One row of x: MX quantize-dequantize block by block, or ptpc codes (as values) + scale. */
+static void actq_row(void *vctx, int64_t t) {
+    const actq_job *j = vctx;
+    const float *xr = j->x + (size_t)t * j->ldx;
+    float *qr = j->xq + (size_t)t * j->K;
+    if (j->a->kind == M3_ACTQ_MX) {
+        const m3_mx_params *mp = &j->a->mx;
+        uint8_t c[256];
+        M3_ASSERT(mp->block >= 1 && mp->block <= 256);
+        for (int k0 = 0; k0 < j->K; k0 += mp->block) {
+            int n = j->K - k0 < mp->block ? j->K - k0 : mp->block;
+            m3_e8m0 b = m3_mx_quantize_block(c, xr + k0, n, mp);
+            for (int i = 0; i < n; i++) qr[k0 + i] = m3_mx_decode(c[i], b, mp->elem);
+        }
+    } else {
+        uint8_t *cr = j->codes + (size_t)t * j->K;
+        m3_fp8_quantize_rows(cr, &j->sx[t], xr, 1, j->K, &j->a->fp8);
+        for (int k = 0; k < j->K; k++) qr[k] = m3_fp8_to_f32(cr[k], j->a->fp8.kind);
+    }
+}
+
+void m3_linear_q(float *y, int ldy, const float *x, int ldx, const m3_wmat *w, int n_tok,
+                 int n_pass, const m3_profile *p, void *scratch) {
+    M3_ASSERT(w && p && w->data);
+    const int K = w->n_in, N = w->n_out;
+    const bool quant = fmt_quantized(w->fmt);
+    const m3_wq *wq = quant ? w->data : NULL;
+    const m3_actq *act = wq ? wq->act : NULL;
+    const float *xg = x;
+    int ldg = ldx;
+    const float *sx = NULL;
+    if (m3_actq_applies(act, n_pass) && n_tok > 0) {
+        M3_ASSERTF(scratch, "m3_linear_q: activation quantization needs scratch");
+        size_t T = (size_t)n_tok;
+        char *sc = scratch;
+        actq_job aj = {.xq = (float *)(void *)sc,
+                       .sx = (float *)(void *)(sc + al64(T * K * sizeof(float))),
+                       .codes = (uint8_t *)(sc + al64(T * K * sizeof(float)) +
+                                            al64(T * sizeof(float))),
+                       .x = x, .ldx = ldx, .K = K, .a = act};
+        /* ptpc rows are quantized one by one (m3_fp8_quantize_rows threads internally) */
+        if (act->kind == M3_ACTQ_PTPC)
+            for (int64_t t = 0; t < n_tok; t++) actq_row(&aj, t);
+        else
+            m3_parallel_for(n_tok, actq_row, &aj);
+        xg = aj.xq;
+        ldg = K;
+        if (act->kind == M3_ACTQ_PTPC) sx = aj.sx;
+    }
+    if (w->fmt == M3_WFMT_FP8_ROW)
+        M3_ASSERTF(act && act->kind == M3_ACTQ_PTPC, "FP8_ROW weight without ptpc activations");
+    lin_job j = {.y = y, .x = xg, .w = wq ? wq->codes : w->data, .scale = wq ? wq->scale : NULL,
+                 .fmt = w->fmt, .fp8kind = act ? act->fp8.kind : M3_FP8_E4M3FN, .ldy = ldy,
+                 .ldx = ldg, .n_tok = n_tok, .n_in = K, .n_out = N};
+    lin_run(&j);
+    if (w->fmt == M3_WFMT_FP8_ROW) {
+        /* epilogue: (acc * s_x[t]) * s_w[n], fp32 (spec §5.6; order UNVERIFIED) */
+        const float *sw = wq->scale;
+        for (int t = 0; t < n_tok; t++) {
+            float *yr = y + (size_t)t * ldy;
+            float s = sx ? sx[t] : 1.0f;
+            for (int n = 0; n < N; n++) yr[n] = (yr[n] * s) * sw[n];
+        }
+    }
+    if (p->act_bf16)
+        for (int t = 0; t < n_tok; t++) m3_round_bf16_n(y + (size_t)t * ldy, N);
+}
+
 void m3_linear_p(float *y, int ldy, const float *x, int ldx, const m3_wmat *w, int n_tok,
                  const m3_profile *p) {
     M3_ASSERT(w && p && w->data);
-    if (w->fmt == M3_WFMT_BF16)
+    if (w->fmt == M3_WFMT_BF16) {
         m3_linear_ld(y, ldy, x, ldx, w->data, n_tok, w->n_in, w->n_out);
-    else
-        m3_linear_f32(y, ldy, x, ldx, w->data, false, n_tok, w->n_in, w->n_out);
-    if (p->act_bf16)
-        for (int t = 0; t < n_tok; t++) m3_round_bf16_n(y + (size_t)t * ldy, w->n_out);
+        if (p->act_bf16)
+            for (int t = 0; t < n_tok; t++) m3_round_bf16_n(y + (size_t)t * ldy, w->n_out);
+        return;
+    }
+    m3_linear_q(y, ldy, x, ldx, w, n_tok, n_tok, p, NULL);
 }

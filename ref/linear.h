@@ -25,6 +25,7 @@
 #include "ref/base.h"
 #include "ref/num/bf16.h"
 #include "ref/profile.h"
+#include "ref/quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,17 +36,49 @@ extern "C" {
 #define M3_LINEAR_SMALL_T 4   /* T <= this: streamed dot products (m3_dot_f32 order), no
                                  sgemm: the GEMM is bound by reading W */
 
-/* Weight formats a component can take. Only the formats listed are implemented; MX/fp8
- * expert weights will add entries (and their dequant in ref/quant) with the quant issue. */
+/* Weight formats a component can take (docs/quantization.md). Quantized formats are decoded
+ * exactly to fp32 tile by tile inside the GEMM (ref/num/mx.h, ref/num/fp8.h): the GEMM sees
+ * the same fp32 values as a dense weight holding the dequantized numbers. */
 typedef enum {
-    M3_WFMT_BF16 = 0, /* m3_bf16 [N, K] (checkpoint storage) */
-    M3_WFMT_F32 = 1   /* float [N, K] (fp32 router / converted tensors) */
+    M3_WFMT_BF16 = 0,   /* m3_bf16 [N, K] (checkpoint storage) */
+    M3_WFMT_F32 = 1,    /* float [N, K] (fp32 router / converted tensors) */
+    M3_WFMT_MXFP4 = 2,  /* uint8 [N, ceil(K/2)] e2m1 pairs (element 2j in the low nibble) +
+                           scale e8m0 [N, ceil(K/32)] (spec §5.4) */
+    M3_WFMT_MXFP8 = 3,  /* e4m3fn bytes [N, K] + scale e8m0 [N, ceil(K/32)] (spec §5.5) */
+    M3_WFMT_FP8_ROW = 4 /* ptpc weight: fp8 codes [N, K] (kind act->fp8.kind) + scale float [N]
+                           (spec §5.6); its act must be M3_ACTQ_PTPC */
 } m3_wfmt;
 
-/* A borrowed weight matrix view: data points into the weights mmap or a caller buffer. */
+/* Activation quantization applied to x right before a GEMM (the serving path's dynamic
+ * activation quant). Rows of x are quantized along K (the contracted dim):
+ *   M3_ACTQ_MX    quantize-dequantize each row with mx (1x32 blocks, rceil in the serving
+ *                 paths): the GEMM then reads values exactly representable in the MX format.
+ *   M3_ACTQ_PTPC  per-token fp8 (fp8 params; spec §5.6): codes q_x and one scale s_x per row;
+ *                 the GEMM reads the code values and the epilogue scales:
+ *                 y = (sum_k q_x q_w) * s_x[t] * s_w[n], in that order (UNVERIFIED order).
+ * min_pass: the quantization applies only when the forward pass has >= min_pass tokens
+ *   (MXFP4's moe_act_bound, spec §5.11; 0 = always, INT_MAX = never). */
+typedef enum { M3_ACTQ_NONE = 0, M3_ACTQ_MX = 1, M3_ACTQ_PTPC = 2 } m3_actq_kind;
+typedef struct m3_actq {
+    m3_actq_kind kind;
+    int min_pass;
+    m3_mx_params mx;    /* M3_ACTQ_MX */
+    m3_fp8q_params fp8; /* M3_ACTQ_PTPC */
+} m3_actq;
+
+/* The stored form of a quantized weight matrix: what m3_wmat.data (and each matrix pointer
+ * of m3_mlp_weights) points to when the format is MXFP4 / MXFP8 / FP8_ROW. */
+typedef struct m3_wq {
+    const void *codes;  /* borrowed; MX / FP8_ROW codes as described at m3_wfmt */
+    const void *scale;  /* borrowed; MX: e8m0 [n_out, ceil(n_in/32)]; FP8_ROW: float [n_out] */
+    const m3_actq *act; /* borrowed; activation quantization before this GEMM; NULL = none */
+} m3_wq;
+
+/* A borrowed weight matrix view: data points into the weights mmap or a caller buffer;
+ * for the quantized formats it points to an m3_wq. */
 typedef struct m3_wmat {
     m3_wfmt fmt;
-    const void *data; /* borrowed; [n_out, n_in] row-major */
+    const void *data; /* borrowed; [n_out, n_in] row-major (BF16 / F32), or const m3_wq * */
     int n_out, n_in;
 } m3_wmat;
 
@@ -65,6 +98,21 @@ void m3_linear_f32(float *y, int ldy, const float *x, int ldx, const float *w, b
  * y = bf16(y) when p->act_bf16. This is what the model wiring calls for every projection. */
 void m3_linear_p(float *y, int ldy, const float *x, int ldx, const m3_wmat *w, int n_tok,
                  const m3_profile *p);
+
+/* Scratch for m3_linear_q with n_tok rows of n_in inputs (activation quantization). */
+size_t m3_linear_q_scratch_bytes(int n_tok, int n_in);
+
+/* m3_linear_p for any format and activation quantization: when the m3_wq's act applies
+ * (its kind is not NONE and n_pass >= act->min_pass) x is quantized into scratch first (x itself is not
+ * changed); FP8_ROW applies the per-channel (and per-token) scales after the fp32 GEMM; then
+ * the profile's output rounding. n_pass: tokens of the whole forward pass (not of one
+ * expert's share). scratch: m3_linear_q_scratch_bytes(n_tok, w->n_in) bytes (may be NULL
+ * when nothing is quantized). */
+void m3_linear_q(float *y, int ldy, const float *x, int ldx, const m3_wmat *w, int n_tok,
+                 int n_pass, const m3_profile *p, void *scratch);
+
+/* True when a quantizes activations in a pass of n_pass tokens (a may be NULL). */
+bool m3_actq_applies(const m3_actq *a, int n_pass);
 
 /* The reference dot product used by attention and the indexer (not by the GEMMs):
  * 8 interleaved fp32 partial sums (lane l takes i = l, l+8, ... in order), the tail

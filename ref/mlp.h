@@ -24,8 +24,10 @@ extern "C" {
 #endif
 
 /* Borrowed weights of one swiglu MLP (an expert, the shared expert or a dense MLP). All
- * three share one format. bf16 and f32 are implemented; the MX formats of quantized
- * checkpoints will be new m3_wfmt values with the quant issue. */
+ * three share one format (ref/linear.h m3_wfmt). For the quantized formats each pointer is
+ * a const m3_wq * (codes, scales and the activation quantization the serving path applies
+ * before that GEMM: x before gate/up, the swiglu output a before down;
+ * docs/quantization.md). */
 typedef struct m3_mlp_weights {
     m3_wfmt fmt;
     const void *gate; /* borrowed [F, D] (w1 / gate_proj) */
@@ -44,12 +46,17 @@ typedef struct m3_mlp_params {
 void m3_swiglu(float *a, const float *g, const float *u, int64_t n, float alpha, float limit,
                const m3_profile *p);
 
-/* Scratch for m3_mlp: 2*T*F floats (g, u; a overwrites g). */
+/* Scratch for m3_mlp / m3_mlp_pass: 2*T*F floats (g, u; a overwrites g) plus the
+ * activation-quantization scratch of m3_linear_q for max(D, F) inputs. */
 size_t m3_mlp_scratch_bytes(int n_tok, const m3_mlp_params *mp);
 
 /* y = MLP(x). y must not alias x. */
 void m3_mlp(float *y, const float *x, int n_tok, const m3_mlp_weights *w, const m3_mlp_params *mp,
             const m3_profile *p, void *scratch);
+/* The same for n_tok rows that belong to a forward pass of n_pass tokens (a routed expert's
+ * share): activation quantization with a token bound (MXFP4 moe_act_bound) looks at n_pass. */
+void m3_mlp_pass(float *y, const float *x, int n_tok, int n_pass, const m3_mlp_weights *w,
+                 const m3_mlp_params *mp, const m3_profile *p, void *scratch);
 
 #ifdef __cplusplus
 }

@@ -14,9 +14,9 @@ struct m3_model {
     m3_config *cfg;
     m3_weights *w;
     m3_profile p;
+    m3_variant v; /* numerics variant (m3_model_set_variant) */
     m3_layer_cache *cache; /* [n_layer] */
     /* caches and top-k reuse (docs/caches.md) */
-    m3_variant var;        /* m3_model_set_variant; defaults otherwise */
     bool *computes;        /* [n_layer] top-k schedule (m3_config_topk_schedule) */
     bool any_reuse;
     bool paged;
@@ -67,7 +67,7 @@ m3_status m3_model_set_variant(m3_model *m, const m3_variant *v) {
         M3_TRY(m3_config_apply_overrides(m->cfg, js));
     }
     M3_TRY(schedule(m));
-    m->var = *v;
+    m->v = *v;
     free_paged(m);
     if (v->cache_layout == M3_LAYOUT_PAGED) {
         /* "bf16" caches store what the profile holds: bf16 where k / v / index keys are rounded
@@ -97,7 +97,7 @@ m3_status m3_model_open(m3_model **out, const char *dir, const char *override_js
     m3_model *m = calloc(1, sizeof *m);
     if (!m) return m3_errorf(M3_ERR_NOMEM, "out of memory");
     m->p = *p;
-    m3_variant_default(&m->var);
+    m3_variant_default(&m->v);
     m3_status s = m3_config_load(&m->cfg, dir);
     if (!s && override_json) {
         s = m3_config_apply_overrides(m->cfg, override_json);
@@ -131,6 +131,10 @@ void m3_model_close(m3_model *m) {
     m3_weights_close(m->w);
     m3_config_free(m->cfg);
     free(m);
+}
+
+const m3_variant *m3_model_variant(const m3_model *m) {
+    return &m->v;
 }
 
 const m3_config *m3_model_config(const m3_model *m) {
@@ -308,7 +312,7 @@ static m3_status forward(m3_model *m, const int32_t *tok, const int32_t *pos, in
         if (m->paged) M3_TRY(m3_kv_layer_reserve(&m->kv[L], m->bt.n_pool));
         lc->paged = m->paged ? &m->kv[L] : NULL;
         lc->bt = &m->bt;
-        lc->variant = &m->var;
+        lc->variant = &m->v;
         lc->share = &m->share;
         lc->reuse_topk = c->layer_sparse[L] && !m->computes[L];
         if (force_in) {
@@ -317,7 +321,7 @@ static m3_status forward(m3_model *m, const int32_t *tok, const int32_t *pos, in
             h_pending = false;
         }
         m3_layer_weights lw;
-        M3_TRY(m3_layer_weights_load(&lw, m->w, c, L));
+        M3_TRY(m3_layer_weights_load_v(&lw, m->w, c, L, &m->v, &m->p));
         m3_status s = m3_layer_forward(x, h, &h_pending, T, pos, &lw, c, p, &m->cache[L], hk,
                                        prefix, m->scratch, m->scratch_bytes);
         m3_layer_weights_free(&lw);

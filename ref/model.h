@@ -51,12 +51,15 @@ m3_status m3_model_open(m3_model **m, const char *model_dir, const char *overrid
                         const m3_profile *p);
 void m3_model_close(m3_model *m); /* NULL ok */
 
-/* Apply a numerics variant (ref/variant.h): the cache keys take effect here (paged layout,
- * fp8 KV / index caches, top-k reuse flags, which override the config's use_index_cache
- * schedule); the caches are emptied. Call before the first forward. Errors: m3_variant_check,
- * or a schedule whose first sparse layer would reuse (M3_ERR_ARG); the model keeps its previous
- * variant then. docs/caches.md. */
+/* Run the model under a numerics variant (ref/variant.h; default: m3_variant_default). The
+ * variant is copied and m3_variant_check'ed. The quantized-expert / ptpc parts act through
+ * m3_layer_weights_load_v from the next forward pass (weights are loaded per pass;
+ * docs/quantization.md). The cache keys take effect here (paged layout, fp8 KV / index
+ * caches, top-k reuse flags, which override the config's use_index_cache schedule) and the
+ * caches are emptied: call it before the first forward (docs/caches.md). Errors:
+ * m3_variant_check, or a schedule whose first sparse layer would reuse (M3_ERR_ARG). */
 m3_status m3_model_set_variant(m3_model *m, const m3_variant *v);
+const m3_variant *m3_model_variant(const m3_model *m);
 
 const m3_config *m3_model_config(const m3_model *m);
 const m3_profile *m3_model_profile(const m3_model *m);

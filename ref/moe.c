@@ -12,7 +12,8 @@ size_t m3_moe_scratch_bytes(int n_tok, const m3_moe_params *mp) {
     M3_ASSERT(mp && n_tok >= 0);
     size_t T = (size_t)n_tok, D = (size_t)mp->dim;
     size_t F = (size_t)(mp->ffn > mp->shared_ffn ? mp->ffn : mp->shared_ffn);
-    size_t floats = align16(T * D) * 2 + align16(T * F) * 2;
+    m3_mlp_params ep = {mp->dim, (int)F, mp->alpha, mp->limit};
+    size_t floats = align16(T * D) * 2 + align16(m3_mlp_scratch_bytes(n_tok, &ep) / 4 + 16);
     size_t ints = align16((size_t)mp->n_expert + 1) + align16(T * (size_t)mp->top_k);
     return (floats + ints) * 4;
 }
@@ -84,11 +85,12 @@ void m3_moe_route(int32_t *ids, float *wts, float *margin, const float *logits,
     }
 }
 
-m3_status m3_moe_experts(float *y, const float *x, const int32_t *ids, const float *wts,
+static m3_status experts(float *y, const float *x, const int32_t *ids, const float *wts,
                          int n_tok, const m3_moe_weights *w, const m3_moe_params *mp,
-                         const m3_profile *p, void *scratch) {
+                         const m3_profile *p, void *scratch, bool fused) {
     M3_ASSERT(w && mp && p && n_tok >= 0 && y != x);
     int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
+    const int FS = mp->shared_ffn > F ? mp->shared_ffn : F;
     for (int t = 0; t < n_tok; t++)
         for (int k = 0; k < K; k++) {
             int e = ids[(size_t)t * K + k];
@@ -105,9 +107,10 @@ m3_status m3_moe_experts(float *y, const float *x, const int32_t *ids, const flo
     size_t T = (size_t)n_tok;
     float *xe = scratch;                   /* [T, D] gathered rows of one expert */
     float *ye = xe + align16(T * D);       /* [T, D] that expert's output rows */
-    float *g = ye + align16(T * D);        /* [T, F] gate, then a */
-    float *u = g + align16(T * F);         /* [T, F] up */
-    int32_t *off = (int32_t *)(u + align16(T * F)); /* [E+1] counting-sort offsets */
+    float *ms = ye + align16(T * D);       /* the expert MLP's scratch */
+    m3_mlp_params msp = {D, FS, mp->alpha, mp->limit};
+    int32_t *off = (int32_t *)(ms + align16(m3_mlp_scratch_bytes(n_tok, &msp) / 4 + 16));
+    /* [E+1] counting-sort offsets */
     int32_t *ent = off + align16((size_t)E + 1);    /* [T*K] (t*K + k), grouped by expert */
     /* group (token, slot) pairs by expert; within an expert, tokens ascend */
     memset(off, 0, sizeof(int32_t) * ((size_t)E + 1));
@@ -131,10 +134,11 @@ m3_status m3_moe_experts(float *y, const float *x, const int32_t *ids, const flo
             int t = ent[off[e] + r] / K;
             memcpy(xe + (size_t)r * D, x + (size_t)t * D, sizeof(float) * (size_t)D);
         }
-        m3_mlp(ye, xe, n, we, &ep, p, g); /* g, u contiguous: the mlp scratch */
+        m3_mlp_pass(ye, xe, n, n_tok, we, &ep, p, ms);
         for (int r = 0; r < n; r++) {
             int i = ent[off[e] + r], t = i / K;
-            float wk = wts[i];
+            /* fused shared expert: rsf folded into the routing weight */
+            float wk = fused ? wts[i] * mp->routed_scale : wts[i];
             float *yr = y + (size_t)t * D;
             const float *er = ye + (size_t)r * D;
             if (p->moe_bf16_combine)
@@ -143,8 +147,19 @@ m3_status m3_moe_experts(float *y, const float *x, const int32_t *ids, const flo
                 for (int d = 0; d < D; d++) yr[d] += er[d] * wk;
         }
     }
-    /* routed_scaling_factor multiplies the routed sum only; bf16(2R) is exact */
     bool rnd = p->moe_bf16_combine || p->act_bf16;
+    if (fused && mp->shared_ffn > 0) {
+        /* the shared expert as expert #E over every token, weight 1.0, added last */
+        m3_mlp_params sp = m3_moe_shared_params(mp);
+        m3_mlp_pass(ye, x, n_tok, n_tok, &w->shared, &sp, p, ms);
+        for (size_t i = 0; i < T * D; i++)
+            y[i] = p->moe_bf16_combine ? m3_round_bf16(y[i] + ye[i]) : y[i] + ye[i];
+    }
+    if (fused) {
+        for (size_t i = 0; i < T * D; i++) y[i] = m3_prof_rnd(rnd, y[i]);
+        return M3_OK;
+    }
+    /* routed_scaling_factor multiplies the routed sum only; bf16(2R) is exact */
     for (size_t i = 0; i < T * D; i++) y[i] = m3_prof_rnd(rnd, mp->routed_scale * y[i]);
     return M3_OK;
 }
@@ -152,4 +167,16 @@ m3_status m3_moe_experts(float *y, const float *x, const int32_t *ids, const flo
 void m3_moe_add_shared(float *y, const float *s, int64_t n, const m3_profile *p) {
     M3_ASSERT(n >= 0 && p);
     for (int64_t i = 0; i < n; i++) y[i] = m3_prof_rnd(p->act_bf16, y[i] + s[i]);
+}
+
+m3_status m3_moe_experts(float *y, const float *x, const int32_t *ids, const float *wts,
+                         int n_tok, const m3_moe_weights *w, const m3_moe_params *mp,
+                         const m3_profile *p, void *scratch) {
+    return experts(y, x, ids, wts, n_tok, w, mp, p, scratch, false);
+}
+
+m3_status m3_moe_experts_fused(float *y, const float *x, const int32_t *ids, const float *wts,
+                               int n_tok, const m3_moe_weights *w, const m3_moe_params *mp,
+                               const m3_profile *p, void *scratch) {
+    return experts(y, x, ids, wts, n_tok, w, mp, p, scratch, true);
 }

@@ -68,11 +68,23 @@ void m3_moe_route(int32_t *ids, float *wts, float *margin, const float *logits,
 size_t m3_moe_scratch_bytes(int n_tok, const m3_moe_params *mp);
 
 /* y [T, D] = rsf * sum_k wts[t,k] * expert[ids[t,k]](x[t]) (routed part only, see above).
+ * m3_moe_experts_fused (atom with quantized experts, spec §3.14, variant shared_fused): the
+ * shared expert is computed here as expert #E with weight 1.0 and the routed weights carry
+ * rsf (w_k * rsf, exact for rsf = 2); the caller then skips m3_mlp(shared) and
+ * m3_moe_add_shared: y = sum_k (rsf wts[t,k]) y_{e_k} + 1.0 * Shared(x[t]) summed in
+ * ascending id with the shared expert last (id E), no final x rsf; the rounding is the
+ * combine's (hf: per product and per step; otherwise one rounding of the sum under act_bf16
+ * instead of bf16(bf16(rsf R) + S)). Experts run through m3_mlp_pass with n_pass = n_tok,
+ * so activation quantization bounds see the whole pass.
  * ids/wts may come from a dump (teacher forcing). An id outside [0, E) or repeated within a
  * row returns M3_ERR_ARG (with a message) and leaves y unspecified. y must not alias x. */
 m3_status m3_moe_experts(float *y, const float *x, const int32_t *ids, const float *wts,
                          int n_tok, const m3_moe_weights *w, const m3_moe_params *mp,
                          const m3_profile *p, void *scratch);
+
+m3_status m3_moe_experts_fused(float *y, const float *x, const int32_t *ids, const float *wts,
+                               int n_tok, const m3_moe_weights *w, const m3_moe_params *mp,
+                               const m3_profile *p, void *scratch);
 
 /* The shared expert's params (dim, shared_ffn, alpha, limit) from the MoE params. */
 m3_mlp_params m3_moe_shared_params(const m3_moe_params *mp);

@@ -14,6 +14,7 @@
  *   shared_fused   auto | on | off                 atom: shared expert as expert E, w=1, x rsf
  *                                                  folded into routing weights (auto: on when
  *                                                  experts are quantized under atom)
+ *   moe_stage2_act same | none                    down input quantized like gate/up (same)
  *   ptpc           off | fp8                        online per-token/per-channel fp8 of the
  *                                                  dense projections (attention, dense MLP)
  *   ptpc_zero_row  nan | one
@@ -56,6 +57,9 @@ typedef struct m3_variant {
     m3_mx_round experts_round;
     int moe_act_bound;
     m3_tri shared_fused;
+    bool moe_stage2_plain; /* moe_stage2_act: false "same" (the down-projection input is
+                              quantized like the gate/up input, UNVERIFIED assumption), true
+                              "none" (it stays in the profile's precision) */
     bool ptpc;
     m3_ptpc_zero_row ptpc_zero_row;
     /* caches (ref/variant_cache.c) */

@@ -76,19 +76,21 @@ def main():
         l, b = torch.randn(T, 128, device=dev) * 2, torch.randn(128, device=dev) * 0.1
         print(f"torch: moe_route E=128 K=4 T={T} {timeit(lambda: route(l, b)):.4f} ms")
     # indexer decode: scores of one token against the whole index-key history, block max, top-k
-    for T, C in ((1, 8192), (1, 131072), (1, 1048576), (64, 131072)):
+    for T, C in ((1, 8192), (1, 131072), (1, 1048576), (64, 8192), (64, 131072), (64, 1048576), (8192, 8192)):
         iq = torch.randn(T, 4, 128, device=dev, dtype=bf)
         ik = torch.randn(C, 128, device=dev, dtype=bf)
+        keys, posv = torch.arange(C, device=dev), torch.arange(C - T, C, device=dev)
 
         def idx():
             z = torch.einsum("tgd,cd->gtc", iq.float(), ik.float())
+            if T > 1:  # causal: token t sits at position C - T + t
+                z = z.masked_fill(keys[None, None, :] > posv[None, :, None], float("-inf"))
             sb = z.view(4, T, C // 128, 128).amax(-1)
             sb[..., -1] = float("inf")
             return torch.topk(sb, 16, dim=-1).indices
         print(f"torch: indexer_topk bf16 atom T={T} C={C} {timeit(idx, reps=3, batches=5):.4f} ms")
     # sparse decode: gather 16 blocks of K/V per KV head and attend (SDPA)
-    for T in (1, 64):
-        C = 131072
+    for T, C in ((1, 131072), (64, 131072), (8192, 8192)):
         q = torch.randn(T, 64, 128, device=dev, dtype=bf)
         k = torch.randn(C, 4, 128, device=dev, dtype=bf)
         v = torch.randn(C, 4, 128, device=dev, dtype=bf)
@@ -107,6 +109,106 @@ def main():
     v = torch.randn(1, 4, 1024, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
     f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     print(f"torch: attn_dense bf16 hf T=1024 C=1024 {timeit(f, reps=3, batches=3):.4f} ms")
+    q = torch.randn(1, 64, 8192, 128, device=dev, dtype=bf)
+    k = torch.randn(1, 4, 8192, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
+    v = torch.randn(1, 4, 8192, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
+    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    print(f"torch: attn_dense bf16 atom T=8192 C=8192 {timeit(f, reps=3, batches=3):.4f} ms")
+    del q, k, v
+
+    kv_bench()
+    moe_bench()
+
+
+def kv_bench(Hkv=4, D=128, page=128):
+    """KV cache write into the page-128 SHUFFLE layout: offsets precomputed, per-row fp8
+    quantization (amax / 240, 1 for a zero row), scatter with index_put_."""
+    for fp8 in (False, True):
+        for T in (64, 4096):
+            x = 16 if fp8 else 8
+            nslot = 65536
+            k = torch.randn(T, Hkv * D, device=dev, dtype=torch.bfloat16)
+            v = torch.randn(T, Hkv * D, device=dev, dtype=torch.bfloat16)
+            slot = torch.arange(1000, 1000 + T, device=dev)
+            b, t = (slot // page)[:, None, None], (slot % page)[:, None, None]
+            h = torch.arange(Hkv, device=dev)[None, :, None]
+            i = torch.arange(D, device=dev)[None, None, :]
+            offk = ((b * Hkv + h) * (D // x) + i // x) * (page * x) + t * x + i % x
+            offv = ((b * Hkv + h) * (page // x) + t // x) * (D * x) + i * x + t % x
+            dt = torch.uint8 if fp8 else torch.bfloat16
+            kc = torch.zeros(nslot * Hkv * D, device=dev, dtype=dt)
+            vc = torch.zeros(nslot * Hkv * D, device=dev, dtype=dt)
+            ks = torch.zeros(nslot * Hkv, device=dev)
+            vs = torch.zeros(nslot * Hkv, device=dev)
+            so = ((b * Hkv + h) * page + t)[..., 0]
+
+            def write():
+                for src, cache, sc, off in ((k, kc, ks, offk), (v, vc, vs, offv)):
+                    r = src.view(T, Hkv, D)
+                    if fp8:
+                        rf = r.float()
+                        amax = rf.abs().amax(-1)
+                        s = torch.where(amax == 0, torch.ones_like(amax), amax / 240.0)
+                        q = (rf / s[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
+                        cache[off.flatten()] = q.flatten()
+                        sc[so.flatten()] = s.flatten()
+                    else:
+                        cache[off.flatten()] = r.flatten()
+            name = "fp8" if fp8 else "bf16"
+            print(f"torch: kv_cache_write {name} page128 T={T} {timeit(write):.4f} ms")
+
+
+def moe_bench(E=128, K=4, D=6144, F=3072):
+    """HF-style loop over the touched experts (index, GEMMs, swiglu, index_add_); MX weights
+    are dequantized to bf16 per touched expert first (what a plain PyTorch port does)."""
+    lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device=dev)
+
+    def deq(codes, sc, fmt):
+        s = torch.exp2(sc.float() - 127).repeat_interleave(32, -1)
+        if fmt == "mxfp8":
+            v = codes.view(torch.float8_e4m3fn).float()
+        else:
+            v = torch.stack([lut[(codes & 15).long()], lut[(codes >> 4).long()]], -1).flatten(-2)
+        return (v * s).bfloat16()
+
+    for fmt in ("mxfp4", "mxfp8", "bf16"):
+        if fmt == "bf16":
+            W = [torch.randn(E, F, D, device=dev, dtype=torch.bfloat16) * 0.02,
+                 torch.randn(E, F, D, device=dev, dtype=torch.bfloat16) * 0.02,
+                 torch.randn(E, D, F, device=dev, dtype=torch.bfloat16) * 0.02]
+            S = [None] * 3
+        else:
+            cols = D if fmt == "mxfp8" else D // 2
+            W = [torch.randint(0, 256, (E, F, cols), device=dev, dtype=torch.uint8),
+                 torch.randint(0, 256, (E, F, cols), device=dev, dtype=torch.uint8),
+                 torch.randint(0, 256, (E, D, cols * F // D), device=dev, dtype=torch.uint8)]
+            S = [torch.randint(120, 130, (E, F, D // 32), device=dev, dtype=torch.uint8),
+                 torch.randint(120, 130, (E, F, D // 32), device=dev, dtype=torch.uint8),
+                 torch.randint(120, 130, (E, D, F // 32), device=dev, dtype=torch.uint8)]
+
+        def weights(e):
+            if fmt == "bf16":
+                return W[0][e], W[1][e], W[2][e]
+            return tuple(deq(W[i][e], S[i][e], fmt) for i in range(3))
+
+        for T in (1, 64, 4096):
+            x = torch.randn(T, D, device=dev, dtype=torch.bfloat16)
+            ids = torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(T)])
+            wts = torch.full((T, K), 0.25, device=dev)
+
+            def moe():
+                y = torch.zeros(T, D, device=dev)
+                for e in ids.unique().tolist():
+                    tok, slot = (ids == e).nonzero(as_tuple=True)
+                    wg, wu, wd = weights(e)
+                    h = x[tok]
+                    a = swiglu(h @ wg.T, h @ wu.T)
+                    y.index_add_(0, tok, (a @ wd.T).float() * wts[tok, slot, None])
+                return (2.0 * y).bfloat16()
+            big = T > 64
+            print(f"torch: moe_experts {fmt} atom T={T} {timeit(moe, reps=1 if big else 5, batches=3):.4f} ms")
+        del W, S
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ integer, divisions are exact) so that a small model can learn them. The test spl
 only questions that do not occur in the train split.
 
     python3 scripts/make_arith.py --out-dir DIR [--n-train 20000] [--n-test 300] [--seed 1]
+                                  [--level full|easy]
 
 Determinism: only random.Random(seed) is used (its integer and choice algorithms are stable
 across Python 3 versions); the same arguments give byte-identical files.
@@ -136,10 +137,42 @@ def t_big(rng, c):
 TEMPLATES = [t_add_sub, t_mul, t_div, t_half_more, t_money, t_three_step, t_diff, t_big]
 
 
-def generate(rng, n, use_calc, exclude):
+# --level easy: what a model of a few MB trained for minutes can learn (scripts/train_tiny.py):
+# one fixed sentence shape, sums and differences of small numbers, one or two steps.
+def t_easy_add(rng, c):
+    n, it = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b = rng.randint(2, 30), rng.randint(1, 20)
+    q = f"{n} has {a} {it}. {n} gets {b} more {it}. How many {it} does {n} have now?"
+    return q, f"{n} has {calc(a, '+', b, a + b, c)} {it}.\n#### {a + b}"
+
+
+def t_easy_sub(rng, c):
+    n, it = rng.choice(NAMES), rng.choice(ITEMS)
+    a = rng.randint(5, 40)
+    g = rng.randint(1, a - 1)
+    q = f"{n} has {a} {it}. {n} gives away {g} {it}. How many {it} does {n} have now?"
+    return q, f"{n} has {calc(a, '-', g, a - g, c)} {it}.\n#### {a - g}"
+
+
+def t_easy_two(rng, c):
+    n, it = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b = rng.randint(2, 25), rng.randint(1, 15)
+    g = rng.randint(1, a + b - 1)
+    q = (f"{n} has {a} {it}. {n} gets {b} more {it} and then gives away {g} {it}. "
+         f"How many {it} does {n} have now?")
+    ans = (f"{n} has {calc(a, '+', b, a + b, c)} {it}.\n"
+           f"{n} has {calc(a + b, '-', g, a + b - g, c)} {it} left.\n#### {a + b - g}")
+    return q, ans
+
+
+EASY_TEMPLATES = [t_easy_add, t_easy_sub, t_easy_two]
+
+
+def generate(rng, n, use_calc, exclude, templates=None):
+    templates = templates or TEMPLATES
     out, seen = [], set(exclude)
     while len(out) < n:
-        q, a = rng.choice(TEMPLATES)(rng, use_calc)
+        q, a = rng.choice(templates)(rng, use_calc)
         if q in seen:
             continue
         seen.add(q)
@@ -162,14 +195,20 @@ def main():
     ap.add_argument("--n-test", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-calc", action="store_true", help="omit <<a op b=c>> annotations")
+    ap.add_argument("--level", choices=["full", "easy"], default="full",
+                    help="full: the eight templates; easy: 1-2 step sums/differences of small "
+                         "numbers in one sentence shape (for scripts/train_tiny.py)")
     args = ap.parse_args()
     if args.n_train < 0 or args.n_test < 0:
         sys.exit("make_arith.py: --n-train/--n-test must be >= 0")
     c = not args.no_calc
     # Separate streams: the test set does not change when --n-train changes.
-    test = generate(random.Random(f"test-{args.seed}"), args.n_test, c, ())
-    train = generate(random.Random(f"train-{args.seed}"), args.n_train, c,
-                     [r["question"] for r in test])
+    tpl = EASY_TEMPLATES if args.level == "easy" else TEMPLATES
+    # the full level keeps its original stream names, so its files do not change
+    tag = "easy-" if args.level == "easy" else ""
+    test = generate(random.Random(f"{tag}test-{args.seed}"), args.n_test, c, (), tpl)
+    train = generate(random.Random(f"{tag}train-{args.seed}"), args.n_train, c,
+                     [r["question"] for r in test], tpl)
     os.makedirs(args.out_dir, exist_ok=True)
     write_jsonl(os.path.join(args.out_dir, "train.jsonl"), train)
     write_jsonl(os.path.join(args.out_dir, "test.jsonl"), test)

@@ -215,8 +215,8 @@ static void bad_inputs_exit_2(void **state) {
     expect_fail("--ids", rc, out);
     rc = m3(&out, "run --model %s/model --tokens %s/none.txt --dump %s", fx, tmp, path);
     expect_fail("none.txt", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --experts mxfp4 --dump %s", fx, path);
-    expect_fail("mxfp4", rc, out);
+    rc = m3(&out, "run --model %s/model --ids '1' --experts mxfp5 --dump %s", fx, path);
+    expect_fail("mxfp5", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --kv-cache fp9", fx);
     expect_fail("fp9", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --topk-reuse 0", fx);

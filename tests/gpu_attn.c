@@ -3,7 +3,8 @@
  * (random ids, -1 padding, duplicates, the own block present or absent), under every
  * profile (fp32; hf eager scores, position order; atom partitions of 256 and selection
  * order). Shapes: M3 (H = 64, Hkv = 4, Dh = 128, Bs = 128, width 16) and odd (H = 6,
- * Hkv = 3, Dh = 80, T = 1, 3, 33). Bounds GPU_NMSE_F32 (fp32) / GPU_NMSE_BF16. */
+ * Hkv = 3, Dh = 80, T = 1, 3, 33). Bounds GPU_NMSE_F32 (fp32) / GPU_NMSE_BF16; the flash
+ * kernels (hf, atom) GPU_NMSE_FLASH. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +90,17 @@ static void attn_case(m3_gpu *g, const attn_shape *s, int prof) {
         gpu_guard_check(g, dout, no * sizeof(m3_bf16), "attention bf16 out");
         snprintf(name, sizeof name, what, " bf16");
         gpu_expect_nmse(ref, got, no, GPU_NMSE_BF16, name);
+        /* the flash kernels: other rounding points (unnormalised bf16 P, fp32 LSE merge) */
+        dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+        if (s->width)
+            GPU_OK(m3_gpu_attn_sparse_flash(g, dout, dq, ldq, dk, dv, dpos, T, C, dtopk, s->width,
+                                            s->block, &ap, &p));
+        else
+            GPU_OK(m3_gpu_attn_dense_flash(g, dout, dq, ldq, dk, dv, dpos, T, C, &ap, &p));
+        gpu_download_bf16(g, got, dout, no);
+        gpu_guard_check(g, dout, no * sizeof(m3_bf16), "attention flash out");
+        snprintf(name, sizeof name, what, " flash");
+        gpu_expect_nmse(ref, got, no, GPU_NMSE_FLASH, name);
     }
     float *dq = gpu_upload_f32(g, q, nq), *dk = gpu_upload_f32(g, k, nkv), *dv = gpu_upload_f32(g, v, nkv);
     float *dout = gpu_guard_alloc(g, no * sizeof(float));
@@ -111,6 +123,7 @@ static void attn_dense_matches_ref(void **state) {
         {1, 2000, 64, 4, 128, 0, 0},  /* decode, 8 partitions */
         {3, 5, 6, 3, 80, 0, 0},       /* odd */
         {33, 33, 64, 4, 128, 0, 0},   /* plain causal prefill */
+        {70, 200, 64, 4, 128, 0, 0},  /* several 64-key tiles, tokens in several blocks */
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) attn_case(g, &shapes[i], prof);

@@ -48,9 +48,10 @@ static double time_ms(m3_gpu *g, bench_fn fn, void *ctx, int reps, int batches) 
 
 static void report(const char *name, double ms, double bytes, double flops) {
     double gbs = bytes / (ms * 1e-3) / 1e9, tfs = flops / (ms * 1e-3) / 1e12;
-    printf("bench: %-44s %9.4f ms %8.1f GB/s %5.1f%% of copy %8.2f TFLOP/s %5.1f%% of gemm\n",
+    printf("bench: %-44s %9.4f ms %8.1f GB/s %5.1f%% of copy %8.2f TFLOP/s %5.1f%% of gemm "
+           "%.4g B %.4g FLOP\n",
            name, ms, gbs, g_copy_gbs > 0 ? 100 * gbs / g_copy_gbs : 0, tfs,
-           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0);
+           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0, bytes, flops);
     fflush(stdout);
 }
 
@@ -238,19 +239,27 @@ static void bench_moe_route(void **state) {
 
 typedef struct {
     m3_bf16 *out; const m3_bf16 *q, *k, *v; const int32_t *pos, *topk;
-    int T, C, width; m3_attn_params ap; m3_profile p;
+    int T, C, width; bool flash; m3_attn_params ap; m3_profile p;
 } attn_ctx;
 static m3_status do_attn(m3_gpu *g, void *c) {
     attn_ctx *x = c;
+    if (x->flash && x->topk)
+        return m3_gpu_attn_sparse_flash(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C,
+                                        x->topk, x->width, 128, &x->ap, &x->p);
+    if (x->flash)
+        return m3_gpu_attn_dense_flash(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C,
+                                       &x->ap, &x->p);
     if (x->topk)
         return m3_gpu_attn_sparse(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C,
                                   x->topk, x->width, 128, &x->ap, &x->p);
     return m3_gpu_attn_dense(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C, &x->ap, &x->p);
 }
 
-static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int prof) {
+static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int prof, bool flash) {
+    const size_t mark = m3_gpu_mark(g);
     attn_ctx c;
     memset(&c, 0, sizeof c);
+    c.flash = flash;
     if (prof == 1) m3_profile_hf(&c.p); else m3_profile_atom(&c.p);
     m3_attn_params_init(&c.ap, 64, 4, 128);
     c.T = T, c.C = C, c.width = 16;
@@ -278,21 +287,28 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     }
     free(pos);
     free(tk);
-    double ms = time_ms(g, do_attn, &c, 3, 3);
+    double ms = time_ms(g, do_attn, &c, flash ? 10 : 3, flash ? 5 : 3);
     char nm[96];
-    snprintf(nm, sizeof nm, "attn_%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense", c.p.name, T, C);
+    snprintf(nm, sizeof nm, "attn_%s%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense",
+             flash ? " flash" : "", c.p.name, T, C);
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
     double kvb = sparse ? keys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
+    m3_gpu_release(g, mark);
 }
 
 static void bench_attention(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 905);
-    attn_bench_case(g, &r, 1, 131072, true, 2);
-    attn_bench_case(g, &r, 64, 131072, true, 2);
-    attn_bench_case(g, &r, 1024, 1024, false, 1);
+    attn_bench_case(g, &r, 1, 131072, true, 2, false);
+    attn_bench_case(g, &r, 64, 131072, true, 2, false);
+    attn_bench_case(g, &r, 1024, 1024, false, 1, false);
+    attn_bench_case(g, &r, 1, 131072, true, 2, true);
+    attn_bench_case(g, &r, 64, 131072, true, 2, true);
+    attn_bench_case(g, &r, 8192, 8192, true, 2, true);
+    attn_bench_case(g, &r, 1024, 1024, false, 1, true);
+    attn_bench_case(g, &r, 8192, 8192, false, 2, true);
 }
 
 typedef struct {
@@ -309,7 +325,7 @@ static void bench_indexer(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
-    static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 131072}, {8192, 8192}};
+    static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 8192}, {64, 131072}, {64, 1048576}, {8192, 8192}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         idx_ctx c;
         memset(&c, 0, sizeof c);
@@ -336,6 +352,150 @@ static void bench_indexer(void **state) {
     }
 }
 
+/* ---- routed experts (M3 dims: E 128, K 4, D 6144, F 3072) ------------------------------
+ * Weights are a 64 MiB random host chunk replicated on the device (valid codes: no fp8 NaN;
+ * scales 2^-7..2^2): uploading 14 GB of fresh randoms would cost minutes of device time and
+ * the kernels' speed does not depend on the values beyond their spread. Bytes counted: the
+ * touched experts' codes + scales, x and y, and the a / y_e intermediates (written, read). */
+static void fill_dev(m3_gpu *g, void *dst, size_t bytes, const void *d_chunk, size_t chunk) {
+    for (size_t o = 0; o < bytes; o += chunk)
+        GPU_OK(m3_gpu_copy(g, (unsigned char *)dst + o, d_chunk, bytes - o < chunk ? bytes - o : chunk));
+}
+
+typedef struct {
+    m3_bf16 *y; const m3_bf16 *x; const int32_t *ids; const float *wts; int T;
+    m3_gpu_experts w; m3_moe_params mp; m3_profile p;
+} exp_ctx;
+static m3_status do_experts(m3_gpu *g, void *c) {
+    exp_ctx *x = c;
+    return m3_gpu_moe_experts(g, x->y, x->x, x->ids, x->wts, x->T, &x->w, &x->mp, &x->p);
+}
+
+static void bench_moe_experts(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 907);
+    const int E = 128, K = 4, D = 6144, F = 3072;
+    const size_t chunk = (size_t)64 << 20;
+    unsigned char *h = malloc(chunk);
+    assert_non_null(h);
+    void *c_codes, *c_bf16, *c_scales;
+    for (size_t i = 0; i < chunk; i++) { /* fp8 / fp4 codes: any byte but the e4m3fn NaNs */
+        unsigned char b = (unsigned char)m3_rng_u32(&r);
+        h[i] = (b & 0x7F) == 0x7F ? (unsigned char)(b ^ 1) : b;
+    }
+    GPU_OK(m3_gpu_alloc(g, &c_codes, chunk));
+    GPU_OK(m3_gpu_upload(g, c_codes, h, chunk));
+    for (size_t i = 0; i < chunk / 2; i++)
+        ((m3_bf16 *)h)[i] = m3_f32_to_bf16(0.02f * m3_rng_normal(&r));
+    GPU_OK(m3_gpu_alloc(g, &c_bf16, chunk));
+    GPU_OK(m3_gpu_upload(g, c_bf16, h, chunk));
+    for (size_t i = 0; i < chunk; i++) h[i] = (unsigned char)(120 + m3_rng_u32(&r) % 10);
+    GPU_OK(m3_gpu_alloc(g, &c_scales, chunk));
+    GPU_OK(m3_gpu_upload(g, c_scales, h, chunk));
+    free(h);
+    const size_t n = (size_t)E * F * D; /* elements per matrix */
+    static const int Ts[] = {1, 64, 4096};
+    for (int f = 2; f >= 0; f--) { /* mxfp4, mxfp8, bf16 */
+        const size_t mark = m3_gpu_mark(g);
+        exp_ctx c;
+        memset(&c, 0, sizeof c);
+        m3_profile_atom(&c.p);
+        c.mp.n_expert = E, c.mp.top_k = K, c.mp.dim = D, c.mp.ffn = F, c.mp.routed_scale = 2.0f;
+        c.mp.alpha = 1.702f, c.mp.limit = 7.0f;
+        c.w.fmt = (m3_gpu_wfmt)f;
+        const size_t cb = f == 0 ? n * 2 : (f == 1 ? n : n / 2), sb = f == 0 ? 0 : n / 32;
+        void *m[3], *sc[3];
+        for (int i = 0; i < 3; i++) {
+            GPU_OK(m3_gpu_alloc(g, &m[i], cb));
+            fill_dev(g, m[i], cb, f == 0 ? c_bf16 : c_codes, chunk);
+            sc[i] = NULL;
+            if (sb) {
+                GPU_OK(m3_gpu_alloc(g, &sc[i], sb));
+                fill_dev(g, sc[i], sb, c_scales, chunk);
+            }
+        }
+        c.w.gate = m[0], c.w.up = m[1], c.w.down = m[2];
+        c.w.gate_s = sc[0], c.w.up_s = sc[1], c.w.down_s = sc[2];
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const size_t tmark = m3_gpu_mark(g);
+            c.T = Ts[ti];
+            int32_t *ids = malloc((size_t)c.T * K * sizeof *ids);
+            float *wts = malloc((size_t)c.T * K * sizeof *wts);
+            int used[128] = {0}, n_used = 0;
+            for (int t = 0; t < c.T; t++) {
+                int perm[128];
+                for (int e = 0; e < E; e++) perm[e] = e;
+                for (int k = 0; k < K; k++) {
+                    int j = k + (int)(m3_rng_u32(&r) % (uint32_t)(E - k)), tmp = perm[k];
+                    perm[k] = perm[j], perm[j] = tmp;
+                    ids[t * K + k] = perm[k];
+                    wts[t * K + k] = 0.25f;
+                    if (!used[perm[k]]++) n_used++;
+                }
+            }
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * K * sizeof *ids));
+            GPU_OK(m3_gpu_upload(g, (void *)c.ids, ids, (size_t)c.T * K * sizeof *ids));
+            c.wts = gpu_upload_f32(g, wts, (int64_t)c.T * K);
+            c.x = rand_bf16(g, &r, (int64_t)c.T * D, 1.0f);
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.y, (size_t)c.T * D * 2));
+            free(ids);
+            free(wts);
+            double ms = time_ms(g, do_experts, &c, c.T > 64 ? 3 : 20, c.T > 64 ? 3 : 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "moe_experts %s atom T=%d", f == 0 ? "bf16" : (f == 1 ? "mxfp8" : "mxfp4"), c.T);
+            const double wbytes = 3.0 * (double)(cb + sb) / E * n_used;
+            const double tk = (double)c.T * K;
+            const double io = (double)c.T * D * 2 * 2 + tk * F * 2 * 2 + tk * D * 2 * 2;
+            printf("bench: (%s: %d experts touched, %.1f MB of weights)\n", nm, n_used, wbytes / 1e6);
+            report(nm, ms, wbytes + io, tk * 6.0 * D * F);
+            m3_gpu_release(g, tmark);
+        }
+        m3_gpu_release(g, mark);
+    }
+}
+
+/* ---- KV cache write (prefill T = 4096 and decode T = 64, Hkv 4, Dh 128, page 128) -------- */
+typedef struct { m3_gpu_kv_cache c; const m3_bf16 *k, *v; const int64_t *slots; int T; } kv_ctx;
+static m3_status do_kv(m3_gpu *g, void *c) {
+    kv_ctx *x = c;
+    return m3_gpu_kv_cache_write(g, &x->c, x->k, 4 * 128, x->v, 4 * 128, x->slots, x->T, 4, 128);
+}
+
+static void bench_kv_cache_write(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 908);
+    static const int Ts[] = {64, 4096};
+    for (int fp8 = 0; fp8 < 2; fp8++)
+        for (size_t i = 0; i < 2; i++) {
+            const size_t mark = m3_gpu_mark(g);
+            kv_ctx c;
+            memset(&c, 0, sizeof c);
+            c.T = Ts[i];
+            const int64_t nslot = 65536; /* 512 blocks of 128 */
+            c.c.page = 128, c.c.fp8 = fp8 != 0, c.c.fp8_max = 240.0f;
+            const size_t cb = (size_t)nslot * 4 * 128 * (fp8 ? 1 : 2);
+            GPU_OK(m3_gpu_alloc(g, &c.c.k, cb));
+            GPU_OK(m3_gpu_alloc(g, &c.c.v, cb));
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.c.k_scale, (size_t)nslot * 4 * 4));
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.c.v_scale, (size_t)nslot * 4 * 4));
+            c.k = rand_bf16(g, &r, (int64_t)c.T * 512, 1.0f);
+            c.v = rand_bf16(g, &r, (int64_t)c.T * 512, 1.0f);
+            int64_t *sl = malloc((size_t)c.T * sizeof *sl);
+            for (int t = 0; t < c.T; t++) sl[t] = 1000 + t; /* consecutive positions */
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.slots, (size_t)c.T * sizeof *sl));
+            GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
+            free(sl);
+            double ms = time_ms(g, do_kv, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", c.T);
+            const double n = (double)c.T * 512 * 2; /* K and V elements */
+            report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            m3_gpu_release(g, mark);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ceiling_copy),
@@ -346,6 +506,8 @@ int main(void) {
         cmocka_unit_test(bench_moe_route),
         cmocka_unit_test(bench_indexer),
         cmocka_unit_test(bench_attention),
+        cmocka_unit_test(bench_moe_experts),
+        cmocka_unit_test(bench_kv_cache_write),
     };
     return M3_RUN_GPU_TESTS(tests);
 }

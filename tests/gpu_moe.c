@@ -12,6 +12,7 @@
 
 #include "ref/mlp.h"
 #include "ref/moe.h"
+#include "ref/quant.h"
 #include "tests/gpu_test.h"
 
 /* |sel_K - sel_K+1| below which a different K-th expert is a tie, not an error: sel is
@@ -191,12 +192,198 @@ static void router_logits_match_ref(void **state) {
     }
 }
 
+/* ---- routed experts ------------------------------------------------------------------------
+ * m3_gpu_moe_experts against ref's m3_moe_experts. bf16 weights: the same bf16 arrays on both
+ * sides. MX weights: random f32 weights (rows scaled by 2^-3..2^3 so block scales vary)
+ * quantized with ref/quant.c (scale rule EVEN, the checkpoint rule), uploaded as codes +
+ * scales; the reference runs on m3_mx_dequantize's f32 values (exact, ref/num/mx.h), so the
+ * two sides compute the same math and only the fp32 reduction order differs. Bound:
+ * GPU_NMSE_BF16 (one bf16 rounding of g/u/a/y_e per side, occasionally flipped). */
+typedef struct {
+    int E, D, F;
+    float *gate, *up, *down; /* f32 masters [E,F,D], [E,F,D], [E,D,F] */
+} exp_master;
+
+static void master_make(exp_master *w, int E, int D, int F, uint64_t stream) {
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), stream);
+    w->E = E, w->D = D, w->F = F;
+    const int64_t n = (int64_t)E * F * D;
+    w->gate = malloc(n * sizeof(float));
+    w->up = malloc(n * sizeof(float));
+    w->down = malloc(n * sizeof(float));
+    assert_true(w->gate && w->up && w->down);
+    float *mats[3] = {w->gate, w->up, w->down};
+    const int cols[3] = {D, D, F};
+    const float amp = 2.0f / sqrtf((float)D);
+    for (int m = 0; m < 3; m++) {
+        m3_fill_uniform(&r, mats[m], n, -amp, amp);
+        const int64_t rows = n / cols[m];
+        for (int64_t i = 0; i < rows; i++) { /* per-row magnitude: varied block scales */
+            const float f = ldexpf(1.0f, (int)(m3_rng_u32(&r) % 7) - 3);
+            for (int c = 0; c < cols[m]; c++) mats[m][i * cols[m] + c] *= f;
+        }
+    }
+}
+
+static void master_free(exp_master *w) {
+    free(w->gate); free(w->up); free(w->down);
+}
+
+static const char *fmt_name(m3_gpu_wfmt f) {
+    return f == M3_GPU_W_BF16 ? "bf16" : (f == M3_GPU_W_MXFP8 ? "mxfp8" : "mxfp4");
+}
+
+/* Device copy of one matrix in format f, and the host values the reference must use
+ * (written into ref_vals: bf16-rounded or MX-dequantized f32). */
+static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows, int cols,
+                       const void **d_codes, const m3_e8m0 **d_scales, float *ref_vals) {
+    const int64_t n = rows * cols;
+    if (f == M3_GPU_W_BF16) {
+        *d_codes = gpu_upload_bf16(g, src, n, ref_vals);
+        *d_scales = NULL;
+        return;
+    }
+    m3_mx_params mx = m3_mx_params_default(f == M3_GPU_W_MXFP8 ? M3_MX_E4M3FN : M3_MX_E2M1);
+    const int64_t rb = m3_mx_row_bytes(cols, &mx), nb = m3_mx_n_blocks(cols, &mx);
+    uint8_t *codes = malloc((size_t)(rows * rb));
+    m3_e8m0 *sc = malloc((size_t)(rows * nb));
+    assert_true(codes && sc);
+    assert_true(rows <= INT32_MAX);
+    m3_mx_quantize(codes, sc, src, (int)rows, cols, &mx);
+    m3_mx_dequantize(ref_vals, codes, sc, (int)rows, cols, &mx);
+    void *dc, *ds;
+    GPU_OK(m3_gpu_alloc(g, &dc, (size_t)(rows * rb)));
+    GPU_OK(m3_gpu_upload(g, dc, codes, (size_t)(rows * rb)));
+    GPU_OK(m3_gpu_alloc(g, &ds, (size_t)(rows * nb)));
+    GPU_OK(m3_gpu_upload(g, ds, sc, (size_t)(rows * nb)));
+    *d_codes = dc;
+    *d_scales = ds;
+    free(codes);
+    free(sc);
+}
+
+static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_wfmt fmt, int prof) {
+    const int E = wm->E, D = wm->D, F = wm->F;
+    m3_profile p;
+    profile_of(&p, prof);
+    m3_moe_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.n_expert = E, mp.top_k = K, mp.dim = D, mp.ffn = F, mp.routed_scale = 2.0f;
+    mp.alpha = 1.702f, mp.limit = 7.0f;
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 800 + (uint64_t)T * 7 + (uint64_t)fmt * 3 + (uint64_t)prof);
+    const size_t mark = m3_gpu_mark(g);
+    /* weights in the case's format; the reference's values */
+    const int64_t ngu = (int64_t)E * F * D;
+    float *rg = malloc(ngu * sizeof(float)), *ru = malloc(ngu * sizeof(float)), *rd = malloc(ngu * sizeof(float));
+    assert_true(rg && ru && rd);
+    m3_gpu_experts dw;
+    memset(&dw, 0, sizeof dw);
+    dw.fmt = fmt;
+    weights_to(g, fmt, wm->gate, (int64_t)E * F, D, &dw.gate, &dw.gate_s, rg);
+    weights_to(g, fmt, wm->up, (int64_t)E * F, D, &dw.up, &dw.up_s, ru);
+    weights_to(g, fmt, wm->down, (int64_t)E * D, F, &dw.down, &dw.down_s, rd);
+    m3_mlp_weights *ex = calloc((size_t)E, sizeof *ex);
+    for (int e = 0; e < E; e++) {
+        ex[e].fmt = M3_WFMT_F32;
+        ex[e].gate = rg + (size_t)e * F * D;
+        ex[e].up = ru + (size_t)e * F * D;
+        ex[e].down = rd + (size_t)e * D * F;
+    }
+    m3_moe_weights w;
+    memset(&w, 0, sizeof w);
+    w.experts = ex;
+    /* inputs: bf16-valued x, K distinct experts per token, positive weights summing to 1 */
+    float *x = malloc((size_t)T * D * sizeof *x), *ref = malloc((size_t)T * D * sizeof *ref);
+    float *got = malloc((size_t)T * D * sizeof *got), *wts = malloc((size_t)T * K * sizeof *wts);
+    int32_t *ids = malloc((size_t)T * K * sizeof *ids);
+    m3_fill_normal(&r, x, (int64_t)T * D, 1.0f);
+    for (int t = 0; t < T; t++) {
+        int perm[1024];
+        for (int e = 0; e < E; e++) perm[e] = e;
+        float sum = 0;
+        for (int k = 0; k < K; k++) {
+            int j = k + (int)(m3_rng_u32(&r) % (uint32_t)(E - k)), tmp = perm[k];
+            perm[k] = perm[j], perm[j] = tmp;
+            ids[(size_t)t * K + k] = perm[k];
+            wts[(size_t)t * K + k] = m3_rng_uniform(&r, 0.05f, 1.0f);
+            sum += wts[(size_t)t * K + k];
+        }
+        for (int k = 0; k < K; k++) wts[(size_t)t * K + k] /= sum;
+    }
+    m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
+    int32_t *dids;
+    GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
+    GPU_OK(m3_gpu_upload(g, dids, ids, (size_t)T * K * sizeof *ids));
+    float *dwts = gpu_upload_f32(g, wts, (int64_t)T * K);
+    m3_bf16 *dy = gpu_guard_alloc(g, (size_t)T * D * sizeof(m3_bf16));
+    void *scratch = malloc(m3_moe_scratch_bytes(T, &mp));
+    assert_int_equal(m3_moe_experts(ref, x, ids, wts, T, &w, &mp, &p, scratch), M3_OK);
+    GPU_OK(m3_gpu_moe_experts(g, dy, dx, dids, dwts, T, &dw, &mp, &p));
+    gpu_download_bf16(g, got, dy, (int64_t)T * D);
+    gpu_guard_check(g, dy, (size_t)T * D * sizeof(m3_bf16), "moe_experts y");
+    char what[128];
+    snprintf(what, sizeof what, "moe_experts %s(%s,T=%d,E=%d,K=%d,D=%d,F=%d,%s)", fmt_name(fmt),
+             p.name, T, E, K, D, F, T * K <= 4 * E ? "gemv" : "tiles");
+    gpu_expect_nmse(ref, got, (int64_t)T * D, GPU_NMSE_BF16, what);
+    m3_gpu_release(g, mark);
+    free(rg); free(ru); free(rd); free(ex); free(x); free(ref); free(got); free(wts); free(ids);
+    free(scratch);
+}
+
+static void moe_experts_small(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 8, 256, 192, 810);
+    static const int Ts[] = {1, 5, 13, 37, 300}; /* gemv (1, 5, 13: >4 rows an expert) and tiles */
+    for (int f = 0; f < 3; f++)
+        for (int prof = 1; prof < 3; prof++)
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+                experts_case(g, &wm, Ts[i], 2, (m3_gpu_wfmt)f, prof);
+    master_free(&wm);
+}
+
+/* M3 dims D = 6144, F = 3072 (E = 4 keeps the host reference small): decode (gemv) and a
+ * 40-token batch (tiles: 160 entries > 4E). */
+static void moe_experts_m3_dims(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 4, 6144, 3072, 820);
+    for (int f = 0; f < 3; f++) {
+        experts_case(g, &wm, 1, 4, (m3_gpu_wfmt)f, 2);
+        experts_case(g, &wm, 40, 4, (m3_gpu_wfmt)f, 2);
+    }
+    experts_case(g, &wm, 3, 2, M3_GPU_W_BF16, 1);
+    master_free(&wm);
+}
+
+/* fp32 activations have no bf16 kernel: a clear M3_ERR_UNSUPPORTED, nothing written. */
+static void moe_experts_fp32_unsupported(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    m3_profile p;
+    m3_profile_fp32(&p);
+    m3_moe_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.n_expert = 8, mp.top_k = 2, mp.dim = 256, mp.ffn = 192, mp.routed_scale = 2.0f;
+    m3_gpu_experts dw;
+    memset(&dw, 0, sizeof dw);
+    void *buf;
+    GPU_OK(m3_gpu_alloc(g, &buf, 4096));
+    dw.gate = dw.up = dw.down = buf;
+    assert_int_equal(m3_gpu_moe_experts(g, buf, (const m3_bf16 *)buf + 1024, buf, buf, 1, &dw, &mp, &p),
+                     M3_ERR_UNSUPPORTED);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(swiglu_matches_ref),
         cmocka_unit_test(moe_route_matches_ref),
         cmocka_unit_test(moe_route_ties_go_to_lower_id),
         cmocka_unit_test(router_logits_match_ref),
+        cmocka_unit_test(moe_experts_small),
+        cmocka_unit_test(moe_experts_m3_dims),
+        cmocka_unit_test(moe_experts_fp32_unsupported),
     };
     return M3_RUN_GPU_TESTS(tests);
 }

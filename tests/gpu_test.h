@@ -26,6 +26,19 @@
 /* bf16 outputs: one rounding each side, at most half an ulp apart (2^-9 relative) only when
  * the fp32 values straddle a rounding midpoint: NMSE well under 1e-5. */
 #define GPU_NMSE_BF16 1e-5
+/* flash attention (gpu/attn.hip fast paths) against the reference: the two sides round at
+ * different points (spec §3.7 atom column), so their bf16 roundings are independent: P
+ * (reference: normalised; flash: exp(z - m) before the division) and the output (each side
+ * rounds its own fp32 value). Each is a relative error of up to 2^-9, rms ~1.1e-3 to 1.5e-3
+ * over a binade, i.e. ~1.5e-6 to 2.5e-6 of NMSE per rounding, ~1e-5 for the four; measured
+ * on the H200 (2026-11-29): 7.2e-6 .. 1.07e-5 over all cases. 3e-5 keeps a margin and still
+ * fails a systematically lost or doubled key (NMSE ~1/n per affected row, n keys). */
+#define GPU_NMSE_FLASH 3e-5
+/* fp32 results of bf16 products accumulated on tensor cores (mma.sync): exact products, but
+ * the hardware's own addition order and rounding inside each k-step (not IEEE round-to-
+ * nearest per add): ~1e-6 relative per dot of 128 terms after cancellation, NMSE ~1e-10 to
+ * 1e-9; 1e-8 bounds it. */
+#define GPU_NMSE_TC 1e-8
 
 #define GPU_GUARD 256 /* bytes of canary on each side; keeps the payload 256-byte aligned */
 #define GPU_CANARY 0xA5

@@ -29,6 +29,6 @@ done | tee "$OUT/summary.txt"
 for f in "$logs"/*.log; do echo "==== $(basename "$f")"; cat "$f"; done > "$OUT/tests.log"
 grep -h 'nmse\|all scores forced\|near-tie' "$logs"/*.log > "$OUT/nmse.txt" 2>/dev/null
 if [ "$what" = all ] && [ -x "$BIN/gpu_bench" ]; then
-  BIN="$BIN" OUT="$OUT" timeout 400 bash "$here/bench-gpu.sh" 2>&1 | tee "$OUT/bench.txt"
+  BIN="$BIN" OUT="$OUT" DOC="$OUT/performance.md" timeout 500 bash "$here/bench-gpu.sh" 2>&1 | tee "$OUT/bench.txt"
 fi
 cat "$OUT/summary.txt" | tail -12

@@ -1,0 +1,136 @@
+/* tests/gpu_kvcache.c: gpu/kvcache.hip (m3_gpu_kv_cache_write) against the spec's layout
+ * formulas (§4.2 page-128 SHUFFLE, §4.3 page-16 re-view) applied here on the host, and the
+ * fp8 rows quantized by ref/quant.c (m3_fp8_quantize_rows: DIV, saturate, zero row -> 1).
+ * The whole cache (untouched bytes included: they keep a fill pattern) and every scale must
+ * be identical byte for byte. Cases: bf16 and fp8 (fp8_max 240 and 448), both pages, Hkv 4,
+ * Dh 128 (M3) and Hkv 3, Dh 64 (odd), scattered slots over several blocks, a padding slot
+ * (-1), a zero row (scale 1) and a row of large values. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/quant.h"
+#include "tests/gpu_test.h"
+
+#define KV_FILL 0xEE
+
+static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float fp8_max) {
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 1100 + (uint64_t)T * 5 + (uint64_t)page + (fp8 ? 7 : 0) +
+                                        (uint64_t)fp8_max);
+    const int n_blk128 = 6, ld = Hkv * Dh + 24; /* padded pitch: slices of a packed row */
+    const int64_t n_slots = (int64_t)n_blk128 * 128;
+    const int es = fp8 ? 1 : 2, x = 16 / es;
+    const size_t cache_bytes = (size_t)n_slots * Hkv * Dh * es, scale_n = (size_t)n_slots * Hkv;
+    float *k = malloc((size_t)T * ld * sizeof *k), *v = malloc((size_t)T * ld * sizeof *v);
+    m3_fill_normal(&r, k, (int64_t)T * ld, 2.0f);
+    m3_fill_normal(&r, v, (int64_t)T * ld, 2.0f);
+    for (int d = 0; d < Dh; d++) k[(size_t)1 * ld + d] = 0.0f;        /* token 1 head 0: zeros */
+    for (int d = 0; d < Dh; d++) v[(size_t)2 * ld + Dh + d] *= 300.0f; /* token 2 head 1: large */
+    /* distinct random slots; token 3 is padding */
+    int64_t *slots = malloc(T * sizeof *slots);
+    for (int t = 0; t < T; t++) {
+        bool again;
+        do {
+            slots[t] = (int64_t)(m3_rng_u32(&r) % (uint32_t)n_slots);
+            again = false;
+            for (int u = 0; u < t; u++) again |= slots[u] == slots[t];
+        } while (again);
+    }
+    if (T > 3) slots[3] = -1;
+    m3_bf16 *dk = gpu_upload_bf16(g, k, (int64_t)T * ld, k); /* k, v now hold the bf16 values */
+    m3_bf16 *dv = gpu_upload_bf16(g, v, (int64_t)T * ld, v);
+    void *dslots;
+    GPU_OK(m3_gpu_alloc(g, &dslots, T * sizeof *slots));
+    GPU_OK(m3_gpu_upload(g, dslots, slots, T * sizeof *slots));
+    m3_gpu_kv_cache c;
+    memset(&c, 0, sizeof c);
+    c.page = page, c.fp8 = fp8, c.fp8_max = fp8_max;
+    c.k = gpu_guard_alloc(g, cache_bytes);
+    c.v = gpu_guard_alloc(g, cache_bytes);
+    GPU_OK(m3_gpu_memset(g, c.k, KV_FILL, cache_bytes));
+    GPU_OK(m3_gpu_memset(g, c.v, KV_FILL, cache_bytes));
+    if (fp8) {
+        c.k_scale = gpu_guard_alloc(g, scale_n * sizeof(float));
+        c.v_scale = gpu_guard_alloc(g, scale_n * sizeof(float));
+        GPU_OK(m3_gpu_memset(g, c.k_scale, KV_FILL, scale_n * sizeof(float)));
+        GPU_OK(m3_gpu_memset(g, c.v_scale, KV_FILL, scale_n * sizeof(float)));
+    }
+    GPU_OK(m3_gpu_kv_cache_write(g, &c, dk, ld, dv, ld, dslots, T, Hkv, Dh));
+    /* expected bytes */
+    unsigned char *ek = malloc(cache_bytes), *ev = malloc(cache_bytes);
+    unsigned char *gk = malloc(cache_bytes), *gv = malloc(cache_bytes);
+    float *eks = malloc(scale_n * sizeof(float)), *evs = malloc(scale_n * sizeof(float));
+    float *gks = malloc(scale_n * sizeof(float)), *gvs = malloc(scale_n * sizeof(float));
+    memset(ek, KV_FILL, cache_bytes);
+    memset(ev, KV_FILL, cache_bytes);
+    memset(eks, KV_FILL, scale_n * sizeof(float));
+    memset(evs, KV_FILL, scale_n * sizeof(float));
+    m3_fp8q_params qp = m3_fp8q_params_default(M3_FP8_E4M3FN);
+    qp.zero_row = M3_PTPC_ZERO_ONE, qp.fp8_max = fp8_max;
+    m3_fp8 codes[2][512];
+    for (int t = 0; t < T; t++) {
+        if (slots[t] < 0) continue;
+        const int64_t b = slots[t] / page, tt = slots[t] % page;
+        for (int h = 0; h < Hkv; h++) {
+            const float *row[2] = {k + (size_t)t * ld + (size_t)h * Dh, v + (size_t)t * ld + (size_t)h * Dh};
+            float sc[2] = {1.0f, 1.0f};
+            if (fp8)
+                for (int w = 0; w < 2; w++) m3_fp8_quantize_rows(codes[w], &sc[w], row[w], 1, Dh, &qp);
+            const int64_t so = (b * Hkv + h) * page + tt;
+            if (fp8) memcpy(eks + so, &sc[0], 4), memcpy(evs + so, &sc[1], 4);
+            for (int i = 0; i < Dh; i++) {
+                const int64_t ok = ((b * Hkv + h) * (Dh / x) + i / x) * ((int64_t)page * x) + tt * x + i % x;
+                const int64_t ov = ((b * Hkv + h) * (page / x) + tt / x) * ((int64_t)Dh * x) + (int64_t)i * x + tt % x;
+                if (fp8) {
+                    ek[ok] = codes[0][i];
+                    ev[ov] = codes[1][i];
+                } else {
+                    const m3_bf16 bk = m3_f32_to_bf16(row[0][i]), bv = m3_f32_to_bf16(row[1][i]);
+                    memcpy(ek + ok * 2, &bk, 2);
+                    memcpy(ev + ov * 2, &bv, 2);
+                }
+            }
+        }
+    }
+    GPU_OK(m3_gpu_download(g, gk, c.k, cache_bytes));
+    GPU_OK(m3_gpu_download(g, gv, c.v, cache_bytes));
+    gpu_guard_check(g, c.k, cache_bytes, "k cache");
+    gpu_guard_check(g, c.v, cache_bytes, "v cache");
+    char what[128];
+    snprintf(what, sizeof what, "kv_cache_write(%s,page=%d,max=%g,T=%d,Hkv=%d,Dh=%d)",
+             fp8 ? "fp8" : "bf16", page, (double)fp8_max, T, Hkv, Dh);
+    size_t bad = 0;
+    for (size_t i = 0; i < cache_bytes; i++) bad += (gk[i] != ek[i]) + (gv[i] != ev[i]);
+    if (fp8) {
+        GPU_OK(m3_gpu_download(g, gks, c.k_scale, scale_n * sizeof(float)));
+        GPU_OK(m3_gpu_download(g, gvs, c.v_scale, scale_n * sizeof(float)));
+        gpu_guard_check(g, c.k_scale, scale_n * sizeof(float), "k scales");
+        gpu_guard_check(g, c.v_scale, scale_n * sizeof(float), "v scales");
+        bad += memcmp(gks, eks, scale_n * sizeof(float)) != 0;
+        bad += memcmp(gvs, evs, scale_n * sizeof(float)) != 0;
+    }
+    printf("  %-58s %zu differing bytes / scale arrays\n", what, bad);
+    if (bad) m3_test_failf("%s: %zu bytes (or scale arrays) differ from the spec layout", what, bad);
+    free(k); free(v); free(slots); free(ek); free(ev); free(gk); free(gv);
+    free(eks); free(evs); free(gks); free(gvs);
+}
+
+static void kv_cache_write_matches_layout(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    for (int page = 128; page >= 16; page /= 8) {
+        kv_case(g, 37, 4, 128, page, false, 0.0f);
+        kv_case(g, 37, 4, 128, page, true, 240.0f);
+        kv_case(g, 37, 4, 128, page, true, 448.0f);
+        kv_case(g, 5, 3, 64, page, true, 240.0f);
+        kv_case(g, 5, 3, 64, page, false, 0.0f);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(kv_cache_write_matches_layout),
+    };
+    return M3_RUN_GPU_TESTS(tests);
+}
