@@ -13,6 +13,7 @@
 #include "ref/attn.h"
 #include "ref/kvcache.h"
 #include "ref/profile.h"
+#include "ref/quant.h"
 #include "tests/util.h"
 
 /* fp8 KV attention vs the same attention over the bf16 K/V: NMSE of the output. e4m3 keeps 3
@@ -395,15 +396,52 @@ static void paged_attention_fp8_bounded(void **state) {
     }
 }
 
+/* The cache writer and ref/quant.c's row quantizer (which the GPU cache-write test uses as its
+ * oracle) are the same §4.7 rule: DIV arithmetic, amax 0 -> scale 1, RNE, overflow policy. */
+static void writer_matches_row_quantizer(void **state) {
+    (void)state;
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 3);
+    m3_kv_geom g;
+    m3_kv_geom_init(&g, 4, 128, 128, 16, M3_KV_FP8, M3_FP8_E4M3FN);
+    m3_kv_layer kl;
+    m3_kv_layer_init(&kl, &g, M3_KV_VIEW_BLOCK, 0, M3_KV_BF16);
+    assert_int_equal(m3_kv_layer_reserve(&kl, 1), M3_OK);
+    float k[512], v[512], got[128];
+    m3_fp8 q[512];
+    float sc[4];
+    const float maxes[2] = {240.0f, 448.0f};
+    for (int mi = 0; mi < 2; mi++)
+        for (int it = 0; it < 50; it++) {
+            m3_fill_normal(&r, k, 512, 3.0f);
+            m3_fill_normal(&r, v, 512, 3.0f);
+            for (int d = 0; d < 128; d++)
+                v[128 + d] = 0.0f;       /* head 1: zero row */
+            if (it == 7) v[300] = 1e30f; /* overflow-sized outlier */
+            m3_kv_writer w = {.fp8_max = maxes[mi], .ovf = M3_FP8_SATURATE};
+            int slot = (it * 37) % 128;
+            m3_kv_write(&kl, slot, k, k, v, &w);
+            m3_fp8q_params qp = m3_fp8q_params_default(M3_FP8_E4M3FN);
+            qp.fp8_max = maxes[mi];
+            qp.zero_row = M3_PTPC_ZERO_ONE;
+            qp.arith = M3_FP8Q_DIV;
+            m3_fp8_quantize_rows(q, sc, v, 4, 128, &qp);
+            for (int h = 0; h < 4; h++) {
+                float s = m3_kv_read_v(&kl, slot, h, got);
+                assert_true(s == sc[h]);
+                for (int d = 0; d < 128; d++)
+                    assert_true(got[d] == m3_fp8_to_f32(q[h * 128 + d], M3_FP8_E4M3FN));
+            }
+        }
+    m3_kv_layer_free(&kl);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(offsets_match_spec),
-        cmocka_unit_test(views_are_bijections),
-        cmocka_unit_test(page16_view_of_page128_bytes),
-        cmocka_unit_test(block_table_non_identity),
-        cmocka_unit_test(sparse_table_expansion),
-        cmocka_unit_test(fp8_writer_rules),
-        cmocka_unit_test(paged_attention_bit_exact),
+        cmocka_unit_test(offsets_match_spec),           cmocka_unit_test(views_are_bijections),
+        cmocka_unit_test(page16_view_of_page128_bytes), cmocka_unit_test(block_table_non_identity),
+        cmocka_unit_test(sparse_table_expansion),       cmocka_unit_test(fp8_writer_rules),
+        cmocka_unit_test(writer_matches_row_quantizer), cmocka_unit_test(paged_attention_bit_exact),
         cmocka_unit_test(paged_attention_fp8_bounded),
     };
     return M3_RUN_TESTS(tests);
