@@ -161,7 +161,9 @@ static void gather_paged(const attn_job *j, float *pbuf, int t, int g, key_rows 
     r->tile = j->topk ? G->page : G->block;
 }
 
-static void attn_row(const attn_job *j, float *slot, int t, int h) {
+/* One (token, head) row. Paged reads: *kg holds the gathered keys of (t, kv group of h);
+ * gather them only when !gathered (the heads of one group share them). */
+static void attn_row(const attn_job *j, float *slot, int t, int h, key_rows *kg, bool gathered) {
     const m3_attn_params *ap = j->ap;
     const m3_profile *p = j->p;
     int Dh = ap->head_dim, Hkv = ap->n_kv_head, g = h / (ap->n_head / Hkv);
@@ -180,7 +182,8 @@ static void attn_row(const attn_job *j, float *slot, int t, int h) {
         float *pbuf = slot + slot_floats_p(j->n_ctx, Dh, M3_ATTN_MIN_PART);
         float *q8 = pbuf + 2 * (size_t)j->n_ctx * Dh + 2 * (size_t)j->n_ctx;
         acc = q8 + Dh;
-        gather_paged(j, pbuf, t, g, &kr, q8);
+        if (!gathered) gather_paged(j, pbuf, t, g, kg, q8);
+        kr = *kg;
         if (kr.ks) { /* §4.9 step 1: the fp8 kernel casts Q to fp8 with no scale */
             for (int d = 0; d < Dh; d++)
                 q8[d] = m3_round_fp8(qv[d], j->pg->kl->g.fp8_kind, j->pg->ovf);
@@ -282,10 +285,20 @@ static void attn_row(const attn_job *j, float *slot, int t, int h) {
 static void attn_slot(void *vctx, int64_t s) {
     const attn_job *j = vctx;
     float *slot = j->scratch + (size_t)s * j->slot_f;
+    key_rows kg;
+    if (j->pg) {
+        /* paged: units of (token, kv group); the group's heads reuse one gather of its keys */
+        const int Hkv = j->ap->n_kv_head, grp = j->ap->n_head / Hkv;
+        int64_t units = (int64_t)j->n_tok * Hkv;
+        for (int64_t u = s; u < units; u += j->n_slots)
+            for (int i = 0; i < grp; i++)
+                attn_row(j, slot, (int)(u / Hkv), (int)(u % Hkv) * grp + i, &kg, i > 0);
+        return;
+    }
     int64_t rows = (int64_t)j->n_tok * j->ap->n_head;
     /* strided rows: causal rows get longer with t, so interleave them across slots */
     for (int64_t row = s; row < rows; row += j->n_slots)
-        attn_row(j, slot, (int)(row / j->ap->n_head), (int)(row % j->ap->n_head));
+        attn_row(j, slot, (int)(row / j->ap->n_head), (int)(row % j->ap->n_head), &kg, false);
 }
 
 static void attn_run(attn_job *j, void *scratch, size_t scratch_bytes) {
@@ -312,7 +325,7 @@ static void attn_run(attn_job *j, void *scratch, size_t scratch_bytes) {
     size_t ns = scratch_bytes / (j->slot_f * sizeof(float));
     M3_ASSERTF(scratch && ns >= 1, "attention scratch %zu bytes < one slot %zu", scratch_bytes,
                j->slot_f * sizeof(float));
-    int64_t rows = (int64_t)j->n_tok * ap->n_head;
+    int64_t rows = (int64_t)j->n_tok * (j->pg ? ap->n_kv_head : ap->n_head);
     if ((int64_t)ns > rows) ns = (size_t)rows;
     j->n_slots = (int)ns;
     j->scratch = scratch;

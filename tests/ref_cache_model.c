@@ -205,6 +205,31 @@ static void paged_equals_contiguous(void **state) {
     }
 }
 
+/* Paged fp8 runs (gathers shared by a KV group's heads) are bit-identical for 1 and 3
+ * threads. */
+static void paged_threads_bit_identical(void **state) {
+    (void)state;
+    find_fixtures();
+    const char *kv[] = {"kv_cache", "fp8", "index_cache", "fp8", "topk_reuse", "2", NULL};
+    int n;
+    int32_t *tok = read_tokens(fix_dir[n_fix - 1], &n);
+    capture *c[2];
+    for (int i = 0; i < 2; i++) {
+        m3_set_threads(i == 0 ? 1 : 3);
+        m3_model *m = open_model(fix_dir[n_fix - 1], "atom", NULL, kv);
+        c[i] = cap_new();
+        run_passes(m, tok, 60, 2, c[i], NULL);
+        m3_model_close(m);
+    }
+    m3_set_threads(0);
+    assert_int_equal(c[0]->n, c[1]->n);
+    for (int i = 0; i < c[0]->n; i++)
+        if (!same(&c[0]->t[i], &c[1]->t[i]))
+            fail_msg("%s differs for 1 vs 3 threads", c[0]->key[i]);
+    cap_free(c[0]), cap_free(c[1]);
+    free(tok);
+}
+
 /* ---- fp8 KV -----------------------------------------------------------------------------------
  */
 
@@ -555,9 +580,13 @@ static void cli_variant_flags(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(paged_equals_contiguous), cmocka_unit_test(fp8_kv_changes_attention_only),
-        cmocka_unit_test(fp8_writer_table_keys),   cmocka_unit_test(fp8_index_cache),
-        cmocka_unit_test(topk_reuse_schedules),    cmocka_unit_test(cli_variant_flags),
+        cmocka_unit_test(paged_equals_contiguous),
+        cmocka_unit_test(paged_threads_bit_identical),
+        cmocka_unit_test(fp8_kv_changes_attention_only),
+        cmocka_unit_test(fp8_writer_table_keys),
+        cmocka_unit_test(fp8_index_cache),
+        cmocka_unit_test(topk_reuse_schedules),
+        cmocka_unit_test(cli_variant_flags),
     };
     return M3_RUN_TESTS(tests);
 }
