@@ -52,6 +52,7 @@ int m3_cmd_replay(int argc, char **argv) {
     int32_t *tok = NULL, *pos = NULL;
     m3_status s = m3_dump_open(&ref, o.from, M3_DUMP_READ);
     if (!s) s = m3_model_open(&m, o.model, o.override, &prof);
+    if (!s) s = m3_model_set_variant(m, &o.variant);
     if (!s) m3_config_emit_warnings(m3_model_config(m));
     if (!s) s = m3_model_set_variant(m, &o.variant);
     /* passes: passes/0000, passes/0001, ... or the root alone */

@@ -28,6 +28,7 @@ int m3_cmd_run(int argc, char **argv) {
     int32_t *ids = NULL, *gen = NULL;
     int n_ids = 0;
     m3_status s = m3_model_open(&m, o.model, o.override, &prof);
+    if (!s) s = m3_model_set_variant(m, &o.variant);
     if (!s) m3_config_emit_warnings(m3_model_config(m));
     if (!s) s = m3_model_set_variant(m, &o.variant);
     if (!s) s = m3_run_read_tokens(&o, m3_model_config(m)->vocab, &ids, &n_ids);

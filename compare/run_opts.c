@@ -18,7 +18,7 @@ static const char run_usage[] =
     "docs/quantization.md): --experts bf16|mxfp4|mxfp8|stored, --experts-scale\n"
     "floor|even|rceil, --experts-round rne|rna, --moe-act-bound N, --shared-fused\n"
     "auto|on|off, --moe-stage2-act same|none, --ptpc off|fp8, --ptpc-zero-row nan|one, and\n"
-    "the cache keys (--kv-cache, --index-cache, --topk-reuse, ...). See docs/cli.md.\n";
+    "the cache keys (--kv-cache, --index-cache, --topk-reuse, ...: docs/caches.md). See docs/cli.md.\n";
 
 static const char replay_usage[] =
     "usage: m3 replay --model DIR --from REF.h5 --dump OUT.h5 [--profile fp32|hf|atom]\n"

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "ref/base.h"
+#include "ref/kvcache.h"
 #include "ref/profile.h"
 
 #ifdef __cplusplus
@@ -64,6 +65,36 @@ void m3_attn_sparse(float *out, const float *q, int ld_q, const float *k, const 
                     const int32_t *pos, int n_tok, int n_ctx, const int32_t *topk, int width,
                     int block, const m3_attn_params *ap, const m3_profile *p, void *scratch,
                     size_t scratch_bytes);
+
+/* ---- paged reads (spec §4, docs/caches.md) ------------------------------------------------- */
+
+/* Where a paged attention reads its keys: one layer's paged storage (its view decides the
+ * addressing: page-Bs for dense layers, page-P for sparse ones) and the sequence's block
+ * table. fp8_pa: with fp8 elements, emulate the fp8 paged-attention kernel (§4.9: Q cast to
+ * fp8 without a scale, the K scale folded into the score, the P.V rescale per tile of keys,
+ * tile = the view's page); otherwise fp8 elements are dequantized on read (fp32(byte)*scale)
+ * and the usual math runs. ovf: the fp8 overflow policy of those casts. */
+typedef struct m3_attn_paged_src {
+    const m3_kv_layer *kl;
+    const m3_block_table *bt;
+    bool fp8_pa;
+    m3_fp8_overflow ovf;
+} m3_attn_paged_src;
+
+/* Scratch for m3_attn_paged: as m3_attn_scratch_bytes plus the gathered rows of a slot. */
+size_t m3_attn_paged_scratch_bytes(int n_ctx, int width, const m3_attn_params *ap,
+                                   const m3_kv_geom *g);
+
+/* Causal GQA attention reading K/V through the paged cache. topk == NULL: dense, keys
+ * 0..pos[t] at slot(k) (page-Bs view). Otherwise sparse: per (token, kv head) the selected
+ * blocks are expanded by m3_kv_sparse_table (full blocks in selection order, or ascending
+ * ids under M3_ATTN_ORDER_POSITION; own block last; ctx truncation) and the keys k < ctx
+ * are read through the page-P view. With bf16 / fp32 elements the result is bit-identical
+ * to m3_attn_dense / m3_attn_sparse over the same values (same key order, same math). */
+void m3_attn_paged(float *out, const float *q, int ld_q, const m3_attn_paged_src *src,
+                   const int32_t *pos, int n_tok, int n_ctx, const int32_t *topk, int width,
+                   const m3_attn_params *ap, const m3_profile *p, void *scratch,
+                   size_t scratch_bytes);
 
 #ifdef __cplusplus
 }

@@ -393,6 +393,27 @@ size_t m3_layer_scratch_bytes(const m3_config *c, int L, int T, int n_ctx) {
     return n + 64;
 }
 
+size_t m3_layer_paged_scratch_bytes(const m3_config *c, int L, int T, int n_ctx) {
+    m3_attn_params ap;
+    m3_indexer_params ip;
+    m3_moe_params mp;
+    m3_mlp_params dp;
+    layer_params(c, &ap, &ip, &mp, &dp);
+    size_t t = (size_t)T, f = sizeof(float), n = 0;
+    size_t KW = (size_t)c->n_kv_head * c->head_dim;
+    m3_kv_geom g;
+    m3_kv_geom_init(&g, c->n_kv_head, c->head_dim, c->index_block, 0, M3_KV_BF16, M3_FP8_E4M3FN);
+    n += ALIGN_UP(t * KW * f); /* fp32 k before its rounding (fp8 writers) */
+    n += ALIGN_UP(m3_attn_paged_scratch_bytes(n_ctx, ip.topk, &ap, &g));
+    if (c->layer_sparse[L]) {
+        size_t G = (size_t)c->index_n_heads, Di = (size_t)c->index_head_dim;
+        n += ALIGN_UP((size_t)n_ctx * Di * f); /* index keys gathered through the cache */
+        n += ALIGN_UP(t * G * Di * f);         /* fp8 index query (prefill) */
+        n += ALIGN_UP(t * Di * f);             /* reuse layers: index_k projection */
+    }
+    return n + 64;
+}
+
 /* ---- forward --------------------------------------------------------------------------- */
 
 typedef struct {
@@ -458,6 +479,22 @@ static void forced_weights(float *wts, const int32_t *ids, const float *logits, 
     }
 }
 
+/* Record the selection a computing sparse layer used, for the reusing layers after it. */
+static m3_status share_topk(m3_topk_share *sh, int L, const int32_t *sel, int G, int T, int W) {
+    size_t n = (size_t)G * (size_t)T * (size_t)W;
+    if (n > sh->cap) {
+        int32_t *p = realloc(sh->topk, n * sizeof *p);
+        if (!p) return m3_errorf(M3_ERR_NOMEM, "top-k of layer %d: out of memory", L);
+        sh->topk = p;
+        sh->cap = n;
+    }
+    memcpy(sh->topk, sel, n * sizeof *sel);
+    sh->layer = L;
+    sh->n_tok = T;
+    sh->width = W;
+    return M3_OK;
+}
+
 m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int32_t *pos,
                            const m3_layer_weights *w, const m3_config *c, const m3_profile *p,
                            m3_layer_cache *cache, const m3_hooks *hooks, const char *prefix,
@@ -502,42 +539,121 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
     M3_TRY(tap(&tp, "v_proj", M3_DT_F32, vc, 2, T, KW, 0));
     float theta = (float)c->rope_theta;
     m3_qk_norm_rope(q, QW, pos, T, H, Dh, w->q_norm, c->rms_eps, c->rot_dim, theta, p);
-    m3_qk_norm_rope(kc, KW, pos, T, Hkv, Dh, w->k_norm, c->rms_eps, c->rot_dim, theta, p);
+    /* paged caches: the fp8 writers of the atom profile quantize from the fp32 k of the fused
+     * norm + rope (spec §4.7); with qk_round ONCE that is the same computation before its one
+     * rounding, so run it unrounded, keep it, then round exactly as ONCE does */
+    m3_kv_layer *pkv = cache->paged;
+    const m3_variant *var = cache->variant;
+    const bool fp8kv = pkv && pkv->g.elem == M3_KV_FP8;
+    const bool atom_writer = p->qk_round == M3_QK_ROUND_ONCE;
+    const bool reuse = w->is_sparse && cache->reuse_topk;
+    float *kf = NULL;
+    if (fp8kv && atom_writer) {
+        m3_profile pn = *p;
+        pn.qk_round = M3_QK_ROUND_NONE;
+        m3_qk_norm_rope(kc, KW, pos, T, Hkv, Dh, w->k_norm, c->rms_eps, c->rot_dim, theta, &pn);
+        kf = take(&a, t_ * KW * sizeof(float));
+        memcpy(kf, kc, t_ * KW * sizeof(float));
+        m3_round_bf16_n(kc, (int64_t)t_ * KW);
+    } else {
+        m3_qk_norm_rope(kc, KW, pos, T, Hkv, Dh, w->k_norm, c->rms_eps, c->rot_dim, theta, p);
+    }
     M3_TRY(tap(&tp, "q", M3_DT_F32, q, 3, T, H, Dh));
     M3_TRY(tap(&tp, "k", M3_DT_F32, kc, 3, T, Hkv, Dh));
     M3_TRY(tap(&tp, "v", M3_DT_F32, vc, 3, T, Hkv, Dh));
+    const m3_fp8_overflow ovf = var ? var->fp8_overflow : M3_FP8_SATURATE;
+    if (pkv) {
+        /* the writer of this layer type (spec §4.7; docs/caches.md): atom dense and reuse
+         * layers 240 from the fp32 k, computing sparse layers the fp8 kind's max from bf16(e')
+         * with the amax of the fp32 e'; other profiles the kind's max from the k they hold */
+        m3_kv_writer wr = {.fp8_max = m3_fp8_max(pkv->g.fp8_kind), .ovf = ovf};
+        const float *kval = kc, *kamax = kc;
+        if (kf) {
+            kamax = kf;
+            if (!w->is_sparse || reuse) {
+                wr.fp8_max = 240.0f;
+                kval = kf;
+            }
+        }
+        if (var && var->kv_fp8max > 0) wr.fp8_max = (float)var->kv_fp8max;
+        for (int t = 0; t < T; t++)
+            m3_kv_write(pkv, m3_block_table_slot(cache->bt, pkv->g.block, pos[t]),
+                        kval + (size_t)t * KW, kamax + (size_t)t * KW, vc + (size_t)t * KW, &wr);
+    }
+    m3_attn_paged_src psrc = {.kl = pkv, .bt = cache->bt, .fp8_pa = p->attn_partition > 0,
+                              .ovf = ovf};
 
     float *ao = take(&a, t_ * QW * sizeof(float));
     float *ap_out = take(&a, t_ * D * sizeof(float));
-    size_t as_bytes = m3_attn_scratch_bytes(n_ctx, &ap);
+    size_t as_bytes = pkv ? m3_attn_paged_scratch_bytes(n_ctx, ip.topk, &ap, &pkv->g)
+                          : m3_attn_scratch_bytes(n_ctx, &ap);
     void *as = take(&a, as_bytes);
     if (w->is_sparse) {
         const int G = c->index_n_heads, Di = c->index_head_dim;
         const int NB = (n_ctx + ip.block - 1) / ip.block;
         float *iq = take(&a, t_ * G * Di * sizeof(float));
-        float *ikc = cache->index_k + (size_t)n0 * Di;
+        /* a reusing layer computes the projections (the packed GEMM runs) but never inserts
+         * into its index cache: its projection goes to scratch */
+        float *ikc = reuse ? take(&a, t_ * Di * sizeof(float)) : cache->index_k + (size_t)n0 * Di;
         m3_linear_q(iq, G * Di, xn, D, &w->index_q, T, T, p, qs);
         m3_linear_q(ikc, Di, xn, D, &w->index_k, T, T, p, qs);
         /* raw indexer projections: extra stages (not in the schema table) */
         M3_TRY(tap(&tp, "index_q_proj", M3_DT_F32, iq, 2, T, G * Di, 0));
         M3_TRY(tap(&tp, "index_k_proj", M3_DT_F32, ikc, 2, T, Di, 0));
-        m3_qk_norm_rope(iq, G * Di, pos, T, G, Di, w->index_q_norm, c->rms_eps, c->rot_dim, theta,
-                        p);
-        m3_qk_norm_rope(ikc, Di, pos, T, 1, Di, w->index_k_norm, c->rms_eps, c->rot_dim, theta, p);
-        M3_TRY(tap(&tp, "index_q", M3_DT_F32, iq, 3, T, G, Di));
-        M3_TRY(tap(&tp, "index_k", M3_DT_F32, ikc, 2, T, Di, 0));
         int W = m3_indexer_width(n_ctx, &ip, p);
         int32_t *topk = take(&a, (size_t)G * t_ * (size_t)(ip.topk > 0 ? ip.topk : 1) * 4);
         float *scores = take(&a, (size_t)G * t_ * (size_t)NB * sizeof(float));
         float *margin = take(&a, (size_t)G * t_ * sizeof(float));
         size_t is_bytes = m3_indexer_scratch_bytes(n_ctx, &ip);
         void *is = take(&a, is_bytes);
-        int n_ties = 0;
-        m3_indexer_topk(topk, scores, margin, &n_ties, iq, G * Di, cache->index_k, pos, T, n_ctx,
-                        &ip, p, is, is_bytes);
-        if (n_ties)
-            m3_info("layer %d: %d (head, token) rows with a tie straddling rank %d", L, n_ties,
-                    ip.topk);
+        if (!reuse) {
+            m3_qk_norm_rope(iq, G * Di, pos, T, G, Di, w->index_q_norm, c->rms_eps, c->rot_dim,
+                            theta, p);
+            m3_qk_norm_rope(ikc, Di, pos, T, 1, Di, w->index_k_norm, c->rms_eps, c->rot_dim,
+                            theta, p);
+            M3_TRY(tap(&tp, "index_q", M3_DT_F32, iq, 3, T, G, Di));
+            M3_TRY(tap(&tp, "index_k", M3_DT_F32, ikc, 2, T, Di, 0));
+            const float *ik_all = cache->index_k, *iq_use = iq;
+            if (pkv) {
+                /* insert, then read every key back through the index cache (§4.5, §4.8) */
+                for (int t = 0; t < T; t++)
+                    m3_kv_index_write(pkv, m3_block_table_slot(cache->bt, pkv->g.block, pos[t]),
+                                      ikc + (size_t)t * Di, ovf);
+                float *ikg = take(&a, (size_t)n_ctx * Di * sizeof(float));
+                for (int j = 0; j < n_ctx; j++)
+                    m3_kv_index_read(pkv, m3_block_table_slot(cache->bt, pkv->g.block, j),
+                                     ikg + (size_t)j * Di);
+                ik_all = ikg;
+                /* fp8 index cache: prefill casts the query to fp8 without a scale (an fp8 x fp8
+                 * dot, fp32 accumulation); decode keeps it (§3.8, §9.9) */
+                if (T > 1 && var && m3_variant_index_q_fp8(var)) {
+                    float *iq8 = take(&a, t_ * G * Di * sizeof(float));
+                    for (size_t i = 0; i < t_ * G * Di; i++)
+                        iq8[i] = m3_round_fp8(iq[i], pkv->g.fp8_kind, ovf);
+                    iq_use = iq8;
+                }
+            }
+            int n_ties = 0;
+            m3_indexer_topk(topk, scores, margin, &n_ties, iq_use, G * Di, ik_all, pos, T, n_ctx,
+                            &ip, p, is, is_bytes);
+            if (n_ties)
+                m3_info("layer %d: %d (head, token) rows with a tie straddling rank %d", L, n_ties,
+                        ip.topk);
+        } else {
+            /* spec §3.9: the top-k of the most recent computing sparse layer of this pass */
+            const m3_topk_share *sh = cache->share;
+            M3_ASSERT(sh);
+            if (sh->layer < 0 || sh->n_tok != T)
+                return m3_errorf(M3_ERR_ARG,
+                                 "layer %d reuses the top-k of an earlier sparse layer, but no "
+                                 "sparse layer computed one in this pass",
+                                 L);
+            if (sh->width > ip.topk)
+                return m3_errorf(M3_ERR_SHAPE, "layer %d: reused top-k width %d > %d", L, sh->width,
+                                 ip.topk);
+            W = sh->width;
+            memcpy(topk, sh->topk, (size_t)G * t_ * (size_t)W * 4);
+        }
         m3_tensor forced = {0};
         const int32_t *sel = topk;
         int sel_w = W;
@@ -555,14 +671,25 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
                                      L, bad, NB);
                 }
         }
-        /* the stage is what attention used: the forced selection when teacher-forced */
-        if (dump) s = tap(&tp, "index_scores", M3_DT_F32, scores, 3, G, T, NB);
+        /* the stage is what attention used: the forced selection when teacher-forced; a
+         * reusing layer has no scores of its own */
+        if (dump && !reuse) s = tap(&tp, "index_scores", M3_DT_F32, scores, 3, G, T, NB);
         if (!s) s = tap(&tp, "index_topk", M3_DT_I32, sel, 3, G, T, sel_w);
-        if (!s)
+        if (!s && pkv && sel_w > ip.topk)
+            s = m3_errorf(M3_ERR_SHAPE, "layer %d: index_topk width %d > top-k %d", L, sel_w,
+                          ip.topk);
+        if (!s && !reuse && cache->share) s = share_topk(cache->share, L, sel, G, T, sel_w);
+        if (!s && pkv) /* sparse layers read the cache in prefill and decode (§3.10) */
+            m3_attn_paged(ao, q, QW, &psrc, pos, T, n_ctx, sel, sel_w, &ap, p, as, as_bytes);
+        else if (!s)
             m3_attn_sparse(ao, q, QW, cache->k, cache->v, pos, T, n_ctx, sel, sel_w, ip.block, &ap,
                            p, as, as_bytes);
         free(forced.data);
         M3_TRY(s);
+    } else if (pkv && T == 1) {
+        /* dense decode reads the paged cache; dense prefill runs on the chunk's own
+         * (unquantized) K/V, as ATOM's flash-attention prefill does (§3.7, §9.12) */
+        m3_attn_paged(ao, q, QW, &psrc, pos, T, n_ctx, NULL, 0, &ap, p, as, as_bytes);
     } else {
         m3_attn_dense(ao, q, QW, cache->k, cache->v, pos, T, n_ctx, &ap, p, as, as_bytes);
     }

@@ -34,6 +34,7 @@
 #include "ref/base.h"
 #include "ref/config.h"
 #include "ref/indexer.h"
+#include "ref/kvcache.h"
 #include "ref/linear.h"
 #include "ref/mlp.h"
 #include "ref/moe.h"
@@ -85,14 +86,34 @@ void m3_layer_weights_free(m3_layer_weights *lw); /* NULL ok; frees owned buffer
 m3_status m3_layer_weights_load_v(m3_layer_weights *lw, m3_weights *w, const m3_config *cfg,
                                   int layer, const m3_variant *v, const m3_profile *p);
 
-/* A layer's caches, contiguous (the paged / fp8 layouts of spec §4 come with the quant
- * issue). Values are held exactly as attention reads them: k after norm + RoPE, v raw, both
- * already rounded by the profile; index_k after its norm + RoPE. Owned by the model. */
+/* The top-k of the most recent computing sparse layer of the current pass (spec §3.9: a
+ * reusing layer takes it, with the block table and ctx that follow from it). Owned by the
+ * model, reset (layer = -1) at the start of every pass; topk is malloc'ed and grown by the
+ * computing layer. */
+typedef struct m3_topk_share {
+    int layer;     /* -1: no sparse layer has computed in this pass yet */
+    int n_tok, width;
+    int32_t *topk; /* [G, T, width] */
+    size_t cap;    /* int32 entries allocated */
+} m3_topk_share;
+
+/* A layer's caches. The contiguous arrays always exist; they hold values exactly as
+ * attention reads them in the contiguous layout: k after norm + RoPE, v raw, both already
+ * rounded by the profile; index_k after its norm + RoPE. With cache_layout paged (spec §4,
+ * docs/caches.md) the model also attaches the paged storage, which the layer writes with
+ * the writer rules of §4.7 and through which attention reads in decode (dense layers) and in
+ * every pass (sparse layers), and the indexer reads its keys. Owned by the model. */
 typedef struct m3_layer_cache {
     int cap;        /* C: rows allocated */
     int n_past;     /* rows filled (= next absolute position) */
     float *k, *v;   /* [C, Hkv, Dh] */
     float *index_k; /* [C, Di]; NULL on full-attention layers */
+    /* paged caches and top-k reuse (set by the model; all NULL / false = contiguous only) */
+    m3_kv_layer *paged;          /* this layer's paged K/V (+ index keys); NULL: contiguous */
+    const m3_block_table *bt;    /* the sequence's block table (all layers share it) */
+    const m3_variant *variant;   /* fp8 kind, overflow, kv_fp8max, index q rule; NULL: defaults */
+    m3_topk_share *share;        /* required on sparse layers when reuse_topk */
+    bool reuse_topk;             /* sparse layer that reuses share's top-k (spec §3.9) */
 } m3_layer_cache;
 
 /* Grow the cache to hold at least `need` rows (contents kept). M3_ERR_NOMEM on failure. */
@@ -102,6 +123,8 @@ void m3_layer_cache_free(m3_layer_cache *c); /* NULL ok */
 /* Scratch bytes for m3_layer_forward of layer `layer` over n_tok tokens with a cache of
  * n_ctx = n_past + n_tok rows. */
 size_t m3_layer_scratch_bytes(const m3_config *cfg, int layer, int n_tok, int n_ctx);
+/* Extra scratch bytes when the layer's cache is paged (add to m3_layer_scratch_bytes). */
+size_t m3_layer_paged_scratch_bytes(const m3_config *cfg, int layer, int n_tok, int n_ctx);
 
 /* One layer over a pass of n_tok tokens at positions pos[t] = cache->n_past + t.
  *   x [T, D]  in: the stored residual r entering the layer; out: m = r' + a (see above).
@@ -112,6 +135,11 @@ size_t m3_layer_scratch_bytes(const m3_config *cfg, int layer, int n_tok, int n_
  *   order (see docs/dumps.md). With hooks->force_selection, index_topk (sparse layers) and
  *   expert_ids (MoE layers) are fetched from hooks->fetch under the same keys; the expert
  *   weights are then our router's weights of the forced experts, renormalised.
+ * Caches (docs/caches.md): with cache->paged the layer also writes its K/V (fp8 writer rules
+ *   of spec §4.7) and index keys into the paged storage, and reads through it (sparse layers
+ *   always, dense layers in decode, T == 1). A sparse layer with cache->reuse_topk skips index
+ *   norm / RoPE / insert / scoring and uses cache->share (the last computing sparse layer of
+ *   this pass; M3_ERR_ARG when there is none); a computing one records its selection there.
  * On return the cache holds n_past + T rows. Errors: tap/fetch failures, a forced selection
  * of the wrong shape or with ids out of range (M3_ERR_SHAPE / M3_ERR_ARG), a position that
  * is not n_past + t (M3_ERR_ARG). scratch: m3_layer_scratch_bytes(...) bytes, caller-owned. */

@@ -16,10 +16,80 @@ struct m3_model {
     m3_profile p;
     m3_variant v; /* numerics variant (m3_model_set_variant) */
     m3_layer_cache *cache; /* [n_layer] */
+    /* caches and top-k reuse (docs/caches.md) */
+    bool *computes;        /* [n_layer] top-k schedule (m3_config_topk_schedule) */
+    bool any_reuse;
+    bool paged;
+    m3_block_table bt;     /* the sequence's block table (paged layout) */
+    m3_kv_layer *kv;       /* [n_layer] paged storage, NULL when contiguous */
+    m3_topk_share share;
     int n_past;
     void *scratch;
     size_t scratch_bytes;
 };
+
+/* The top-k schedule of the config (spec §3.9), and which layers reuse. */
+static m3_status schedule(m3_model *m) {
+    free(m->computes);
+    m->computes = calloc((size_t)m->cfg->n_layer, sizeof *m->computes);
+    if (!m->computes) return m3_errorf(M3_ERR_NOMEM, "out of memory");
+    M3_TRY(m3_config_topk_schedule(m->cfg, m->computes));
+    m->any_reuse = false;
+    for (int L = 0; L < m->cfg->n_layer; L++)
+        if (m->cfg->layer_sparse[L] && !m->computes[L]) m->any_reuse = true;
+    return M3_OK;
+}
+
+static void free_paged(m3_model *m) {
+    if (m->kv)
+        for (int L = 0; L < m->cfg->n_layer; L++)
+            m3_kv_layer_free(&m->kv[L]);
+    free(m->kv);
+    m->kv = NULL;
+    m3_block_table_free(&m->bt);
+    m->paged = false;
+}
+
+m3_status m3_model_set_variant(m3_model *m, const m3_variant *v) {
+    const m3_config *c = m->cfg;
+    M3_TRY(m3_variant_check(v));
+    /* top-k reuse flags override the config's (and --override's) schedule */
+    if (v->topk_reuse > 1 || v->topk_pattern[0]) {
+        char js[256];
+        if (v->topk_pattern[0])
+            snprintf(js, sizeof js, "{\"use_index_cache\":true,\"index_topk_pattern\":\"%s\"}",
+                     v->topk_pattern);
+        else
+            snprintf(js, sizeof js,
+                     "{\"use_index_cache\":true,\"index_topk_freq\":%d,"
+                     "\"index_skip_topk_offset\":%d,\"index_topk_pattern\":null}",
+                     v->topk_reuse, v->topk_skip_offset);
+        M3_TRY(m3_config_apply_overrides(m->cfg, js));
+    }
+    M3_TRY(schedule(m));
+    m->v = *v;
+    free_paged(m);
+    if (v->cache_layout == M3_LAYOUT_PAGED) {
+        /* "bf16" caches store what the profile holds: bf16 where k / v / index keys are rounded
+         * (hf, atom), fp32 under the fp32 profile, so the layout alone never changes a number */
+        m3_kv_elem kv_el = v->kv_cache == M3_CACHE_FP8 ? M3_KV_FP8
+                           : (m->p.act_bf16 && m->p.qk_round != M3_QK_ROUND_NONE) ? M3_KV_BF16
+                                                                                  : M3_KV_F32;
+        m3_kv_elem ix_el = v->index_cache == M3_CACHE_FP8 ? M3_KV_FP8
+                           : m->p.qk_round != M3_QK_ROUND_NONE                  ? M3_KV_BF16
+                                                                                  : M3_KV_F32;
+        m->kv = calloc((size_t)c->n_layer, sizeof *m->kv);
+        if (!m->kv) return m3_errorf(M3_ERR_NOMEM, "out of memory");
+        m3_kv_geom g;
+        m3_kv_geom_init(&g, c->n_kv_head, c->head_dim, c->index_block, 0, kv_el, v->fp8_kind);
+        for (int L = 0; L < c->n_layer; L++)
+            m3_kv_layer_init(&m->kv[L], &g, c->layer_sparse[L] ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK,
+                             c->layer_sparse[L] ? c->index_head_dim : 0, ix_el);
+        m->paged = true;
+    }
+    m3_model_reset(m);
+    return M3_OK;
+}
 
 m3_status m3_model_open(m3_model **out, const char *dir, const char *override_json,
                         const m3_profile *p) {
@@ -33,21 +103,7 @@ m3_status m3_model_open(m3_model **out, const char *dir, const char *override_js
         s = m3_config_apply_overrides(m->cfg, override_json);
         if (s) m3_error_context(s, "--override");
     }
-    if (!s) {
-        /* top-k reuse across sparse layers (spec §3.9) comes with the quant issue: refuse a
-         * config (or override) that asks for it rather than silently computing every layer */
-        bool *computes = calloc((size_t)m->cfg->n_layer, sizeof *computes);
-        if (!computes) s = m3_errorf(M3_ERR_NOMEM, "out of memory");
-        if (!s) s = m3_config_topk_schedule(m->cfg, computes);
-        for (int L = 0; !s && L < m->cfg->n_layer; L++)
-            if (m->cfg->layer_sparse[L] && !computes[L])
-                s = m3_errorf(M3_ERR_UNSUPPORTED,
-                              "%s: layer %d would reuse the top-k of an earlier "
-                              "layer (use_index_cache); top-k reuse is not implemented in the "
-                              "reference yet",
-                              m->cfg->path, L);
-        free(computes);
-    }
+    if (!s) s = schedule(m);
     if (!s) s = m3_weights_open(&m->w, dir);
     if (!s) s = m3_weights_check(m->w, m->cfg, NULL);
     if (!s) {
@@ -68,16 +124,13 @@ void m3_model_close(m3_model *m) {
         for (int L = 0; L < m->cfg->n_layer; L++)
             m3_layer_cache_free(&m->cache[L]);
     free(m->cache);
+    if (m->cfg) free_paged(m);
+    free(m->computes);
+    free(m->share.topk);
     free(m->scratch);
     m3_weights_close(m->w);
     m3_config_free(m->cfg);
     free(m);
-}
-
-m3_status m3_model_set_variant(m3_model *m, const m3_variant *v) {
-    M3_TRY(m3_variant_check(v));
-    m->v = *v;
-    return M3_OK;
 }
 
 const m3_variant *m3_model_variant(const m3_model *m) {
@@ -239,6 +292,7 @@ static m3_status forward(m3_model *m, const int32_t *tok, const int32_t *pos, in
     size_t need = 0;
     for (int L = 0; L < c->n_layer; L++) {
         size_t b = m3_layer_scratch_bytes(c, L, T, n_ctx);
+        if (m->paged || m->any_reuse) b += m3_layer_paged_scratch_bytes(c, L, T, n_ctx);
         if (b > need) need = b;
     }
     if (need > m->scratch_bytes) {
@@ -248,10 +302,19 @@ static m3_status forward(m3_model *m, const int32_t *tok, const int32_t *pos, in
         if (!m->scratch) return m3_errorf(M3_ERR_NOMEM, "layer scratch of %zu bytes", need);
     }
 
+    if (m->paged) M3_TRY(m3_block_table_reserve(&m->bt, (n_ctx + c->index_block - 1) / c->index_block));
+    m->share.layer = -1; /* top-k reuse never crosses passes (spec §3.9) */
     bool h_pending = false;
     char key[M3_KEY_MAX], pfx[96];
     for (int L = 0; L < c->n_layer; L++) {
-        M3_TRY(m3_layer_cache_reserve(&m->cache[L], c, c->layer_sparse[L], n_ctx));
+        m3_layer_cache *lc = &m->cache[L];
+        M3_TRY(m3_layer_cache_reserve(lc, c, c->layer_sparse[L], n_ctx));
+        if (m->paged) M3_TRY(m3_kv_layer_reserve(&m->kv[L], m->bt.n_pool));
+        lc->paged = m->paged ? &m->kv[L] : NULL;
+        lc->bt = &m->bt;
+        lc->variant = &m->v;
+        lc->share = &m->share;
+        lc->reuse_topk = c->layer_sparse[L] && !m->computes[L];
         if (force_in) {
             m3_layer_key(key, prefix, c->n_layer, L, "input");
             M3_TRY(fetch_rows(hk, key, x, T, D));

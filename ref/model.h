@@ -8,8 +8,11 @@
  *   their pages released (m3_weights_drop) right after, so peak memory is about one layer's
  *   weights plus activations and caches, whatever the checkpoint size. Same for the
  *   embedding and lm_head.
- * Caches: contiguous per layer, held as attention reads them (spec §4 paged / fp8 layouts
- *   come with the quant issue). A pass at positions n_past..n_past+T-1 extends them; a decode
+ * Caches: contiguous per layer, held as attention reads them; with a paged variant
+ *   (m3_model_set_variant) also the paged SHUFFLE layouts of spec §4 with one block table
+ *   (ref/kvcache.h, docs/caches.md). Top-k reuse (config use_index_cache or the variant's
+ *   topk_* keys, spec §3.9): reusing sparse layers take the top-k of the most recent
+ *   computing sparse layer of the same pass. A pass at positions n_past..n_past+T-1 extends them; a decode
  *   step is a pass of one token. Because every row of every component is computed the same
  *   way whatever T is, a decode step's logits equal those of a full forward over the longer
  *   sequence up to GEMM blocking effects (fp32: NMSE <= 1e-10 in the tests).
@@ -49,9 +52,12 @@ m3_status m3_model_open(m3_model **m, const char *model_dir, const char *overrid
 void m3_model_close(m3_model *m); /* NULL ok */
 
 /* Run the model under a numerics variant (ref/variant.h; default: m3_variant_default). The
- * variant is copied and m3_variant_check'ed; it takes effect from the next forward pass
- * (weights are loaded per pass). The quantized-expert / ptpc parts act through
- * m3_layer_weights_load_v (docs/quantization.md). */
+ * variant is copied and m3_variant_check'ed. The quantized-expert / ptpc parts act through
+ * m3_layer_weights_load_v from the next forward pass (weights are loaded per pass;
+ * docs/quantization.md). The cache keys take effect here (paged layout, fp8 KV / index
+ * caches, top-k reuse flags, which override the config's use_index_cache schedule) and the
+ * caches are emptied: call it before the first forward (docs/caches.md). Errors:
+ * m3_variant_check, or a schedule whose first sparse layer would reuse (M3_ERR_ARG). */
 m3_status m3_model_set_variant(m3_model *m, const m3_variant *v);
 const m3_variant *m3_model_variant(const m3_model *m);
 

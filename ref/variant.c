@@ -33,7 +33,7 @@ m3_status m3_variant_set(m3_variant *v, const char *key, const char *value) {
 m3_status m3_variant_check(const m3_variant *v) {
     if (v->topk_reuse > 1 && v->topk_pattern[0])
         return m3_errorf(M3_ERR_ARG, "give at most one of topk_reuse and topk_pattern");
-    return M3_OK;
+    return m3_variant_check_cache(v);
 }
 
 int m3_variant_json(const m3_variant *v, char *buf, size_t n) {

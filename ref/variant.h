@@ -94,6 +94,10 @@ m3_status m3_variant_set_quant(m3_variant *v, const char *key, const char *value
 m3_status m3_variant_set_cache(m3_variant *v, const char *key, const char *value);
 int m3_variant_json_quant(const m3_variant *v, char *buf, size_t n);
 int m3_variant_json_cache(const m3_variant *v, char *buf, size_t n);
+/* Cross-field checks of the cache keys (called by m3_variant_check). */
+m3_status m3_variant_check_cache(const m3_variant *v);
+/* index_q_fp8_prefill resolved: auto -> on exactly when index_cache is fp8. */
+bool m3_variant_index_q_fp8(const m3_variant *v);
 
 #ifdef __cplusplus
 }

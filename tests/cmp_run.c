@@ -75,7 +75,10 @@ static void run_writes_dump(void **state) {
     assert_string_equal(s, "fp32");
     free(s);
     assert_int_equal(m3_dump_get_attr_str(d, "variant", &s), M3_OK);
+    /* the default variant (ref/variant.h): experts as stored, bf16 contiguous caches */
     assert_non_null(strstr(s, "\"experts\":\"stored\""));
+    assert_non_null(strstr(s, "\"kv_cache\":\"bf16\""));
+    assert_non_null(strstr(s, "\"cache_layout\":\"contiguous\""));
     free(s);
     assert_int_equal(m3_dump_get_attr_str(d, "command", &s), M3_OK);
     assert_non_null(strstr(s, "m3 run --model"));
@@ -214,15 +217,15 @@ static void bad_inputs_exit_2(void **state) {
     expect_fail("none.txt", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --experts mxfp5 --dump %s", fx, path);
     expect_fail("mxfp5", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --kv-cache fp8", fx);
-    expect_fail("fp8", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --topk-reuse 4", fx);
-    expect_fail("topk-reuse", rc, out);
+    rc = m3(&out, "run --model %s/model --ids '1' --kv-cache fp9", fx);
+    expect_fail("fp9", rc, out);
+    rc = m3(&out, "run --model %s/model --ids '1' --topk-reuse 0", fx);
+    expect_fail("topk", rc, out);
     rc = m3(&out,
             "run --model %s/model --ids '1' --override '{\"use_index_cache\": true, "
-            "\"index_topk_freq\": 2}'",
+            "\"index_topk_pattern\": \"Sx\"}'",
             fx);
-    expect_fail("top-k reuse", rc, out);
+    expect_fail("index_topk_pattern", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --override '{\"no_such_key\": 1}'", fx);
     expect_fail("no_such_key", rc, out);
     rc = m3(&out, "run --model %s/model --ids '1' --profile bf17", fx);
