@@ -10,8 +10,8 @@
  * self-contained and renders in headless Chromium (skip() without /usr/bin/chromium); bad
  * input exits 2 with one line. The variant factors' spec signatures (MX experts in mlp_out
  * and not attn_proj, fp8 KV in attention, index fp8 / reuse in index_topk or sparse-layer
- * attention only) are asserted when the factor is available and skip() otherwise; they were
- * checked passing against trial merges of branches h/quant and h/cache. */
+ * attention only) are asserted when the factor is available (every one is, since h/quant and
+ * h/cache landed) and skip() in a build that cannot run it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
