@@ -549,6 +549,5 @@ int main(void) {
         cmocka_unit_test(thread_count_does_not_change_numbers),
         cmocka_unit_test(transformers_fixture),
     };
-    cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, m3_tmpdir_setup, m3_tmpdir_teardown);
+    return M3_RUN_TESTS_IN_TMPDIR(tests);
 }

@@ -132,6 +132,5 @@ int main(void) {
         cmocka_unit_test(report_is_self_contained),
         cmocka_unit_test(renders_in_chromium),
     };
-    cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, m3_tmpdir_setup, m3_tmpdir_teardown);
+    return M3_RUN_TESTS_IN_TMPDIR(tests);
 }

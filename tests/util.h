@@ -56,6 +56,11 @@ int m3_tmpdir_teardown(void **state);
 const char *m3_tmpdir(void);
 const char *m3_tmp_path(const char *name);
 
+/* M3_RUN_TESTS with the scratch directory made before the first test, removed after the last */
+#define M3_RUN_TESTS_IN_TMPDIR(tests)                                                             \
+    (cmocka_set_test_filter(getenv("M3_TEST_FILTER")),                                            \
+     cmocka_run_group_tests(tests, m3_tmpdir_setup, m3_tmpdir_teardown))
+
 /* ---- running the reference model over a fixture --------------------------------------- */
 
 struct m3_model;
