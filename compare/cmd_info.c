@@ -10,7 +10,6 @@
  * parameters. active_per_token = attention + sparse_indexer + dense_mlp + router_and_norms +
  * shared_experts + routed_experts * top_k / n_expert + lm_head (the tied embedding when
  * tie_word_embeddings); the embedding lookup is excluded. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,24 +66,6 @@ static const char *commas(char *buf, long long v) {
     return buf;
 }
 
-typedef struct {
-    int n;
-    char **s;
-} strlist;
-
-static void add_warning(strlist *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void add_warning(strlist *l, const char *fmt, ...) {
-    char buf[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    char **ns = realloc(l->s, (size_t)(l->n + 1) * sizeof *ns);
-    if (!ns) return;
-    l->s = ns;
-    if ((l->s[l->n] = strdup(buf))) l->n++;
-}
-
 static void usage(FILE *f) {
     fputs("usage: m3 info MODEL_DIR [--json] [--override JSON]\n"
           "  Parameter, checkpoint and KV-cache accounting from config.json and the safetensors\n"
@@ -124,7 +105,8 @@ int m3_cmd_info(int argc, char **argv) {
     m3_config *cfg = NULL;
     m3_weights *w = NULL;
     bool *computes = NULL;
-    strlist warns = {0, NULL};
+    char **warns = NULL; /* m3_warnings_addf list */
+    int n_warns = 0;
     int rc = 2;
     if (m3_config_load(&cfg, dir)) goto fail;
     if (override && m3_config_apply_overrides(cfg, override)) goto fail;
@@ -154,24 +136,27 @@ int m3_cmd_info(int argc, char **argv) {
     int n_compute = 0;
     for (int L = 0; L < cfg->n_layer; L++) n_compute += computes[L];
 
-    for (int i = 0; i < cfg->n_warnings; i++) add_warning(&warns, "%s", cfg->warnings[i]);
+    for (int i = 0; i < cfg->n_warnings; i++)
+        m3_warnings_addf(&warns, &n_warns, "%s", cfg->warnings[i]);
     for (int i = 0; i < m3_weights_n_warnings(w); i++)
-        add_warning(&warns, "%s", m3_weights_warning(w, i));
+        m3_warnings_addf(&warns, &n_warns, "%s", m3_weights_warning(w, i));
     if (idx_total >= 0 && idx_total != bytes)
-        add_warning(&warns,
-                    "%s: metadata.total_size %lld != the tensors' %lld bytes (never size buffers "
-                    "from it)",
-                    m3_weights_index_path(w), (long long)idx_total, (long long)bytes);
+        m3_warnings_addf(&warns, &n_warns,
+                         "%s: metadata.total_size %lld != the tensors' %lld bytes (never size "
+                         "buffers from it)",
+                         m3_weights_index_path(w), (long long)idx_total, (long long)bytes);
     if (n_unused > 0)
-        add_warning(&warns, "%lld stored tensors are not used by the model", (long long)n_unused);
+        m3_warnings_addf(&warns, &n_warns, "%lld stored tensors are not used by the model",
+                         (long long)n_unused);
     char qfirst[300];
     int64_t n_qmis = m3_weights_quant_mismatch(w, cfg, qfirst, sizeof qfirst);
     if (n_qmis > 0)
-        add_warning(&warns,
-                    "%lld linear modules are stored %s quantization_config says (first: %s)",
-                    (long long)n_qmis, "in another form than", qfirst);
+        m3_warnings_addf(&warns, &n_warns,
+                         "%lld linear modules are stored %s quantization_config says (first: %s)",
+                         (long long)n_qmis, "in another form than", qfirst);
     if (n_mtp > 0)
-        add_warning(&warns, "%lld mtp.* tensors ignored (no MTP in the forward)", (long long)n_mtp);
+        m3_warnings_addf(&warns, &n_warns, "%lld mtp.* tensors ignored (no MTP in the forward)",
+                         (long long)n_mtp);
     int64_t sum = 0;
     for (int c = 0; c < C_COUNT; c++) sum += comp[c];
     M3_ASSERT(sum == total);
@@ -217,7 +202,7 @@ int m3_cmd_info(int argc, char **argv) {
         m3_jw_int(&j, "mx_scale_bytes", scale_bytes);
         m3_jw_str(&j, "quantization", qname);
         m3_jw_array(&j, "warnings");
-        for (int i = 0; i < warns.n; i++) m3_jw_str(&j, NULL, warns.s[i]);
+        for (int i = 0; i < n_warns; i++) m3_jw_str(&j, NULL, warns[i]);
         m3_jw_end(&j);
         m3_jw_end(&j);
         m3_jw_object(&j, "kv_cache");
@@ -278,9 +263,9 @@ int m3_cmd_info(int argc, char **argv) {
                commas(a, kv.bf16), (double)kv.bf16 / 1024.0, commas(b, kv.fp8),
                (double)kv.fp8 / 1024.0, commas((char[40]){0}, kv.fp8_scales),
                commas((char[40]){0}, kv.fp8_all));
-        if (warns.n) {
+        if (n_warns) {
             printf("\nwarnings\n");
-            for (int i = 0; i < warns.n; i++) printf("  - %s\n", warns.s[i]);
+            for (int i = 0; i < n_warns; i++) printf("  - %s\n", warns[i]);
         }
     }
     rc = 0;
@@ -288,8 +273,8 @@ int m3_cmd_info(int argc, char **argv) {
 fail:
     rc = m3_cli_fail(NULL);
 done:
-    for (int i = 0; i < warns.n; i++) free(warns.s[i]);
-    free(warns.s);
+    for (int i = 0; i < n_warns; i++) free(warns[i]);
+    free(warns);
     free(computes);
     m3_weights_close(w);
     m3_config_free(cfg);

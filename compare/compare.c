@@ -129,6 +129,25 @@ static m3_status grow(void **p, size_t *cap, size_t bytes) {
     return M3_OK;
 }
 
+/* Rows per streamed chunk when one row takes row_bytes: CHUNK_BYTES worth, within [1, rows]. */
+static int64_t chunk_rows_of(int64_t rows, int64_t row_bytes) {
+    int64_t k = CHUNK_BYTES / (row_bytes > 0 ? row_bytes : 1);
+    if (k < 1) k = 1;
+    if (k > rows) k = rows;
+    return k;
+}
+
+/* Plan for streaming a stage of rows x row_elems 4-byte values from A and B: rows per chunk,
+ * with both chunk buffers grown to hold one chunk (its size in *bytes unless NULL). */
+static m3_status plan_chunks(ctx *c, int64_t rows, int64_t row_elems, int64_t *chunk_rows,
+                             size_t *bytes) {
+    *chunk_rows = chunk_rows_of(rows, row_elems * 4);
+    size_t b = (size_t)(*chunk_rows * row_elems) * 4;
+    if (bytes) *bytes = b;
+    M3_TRY(grow((void **)&c->ba, &c->cap_a, b));
+    return grow((void **)&c->bb, &c->cap_b, b);
+}
+
 static void shape_str(const m3_tensor *t, char *buf, size_t cap) {
     size_t k = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < t->rank && k < cap; i++)
@@ -188,12 +207,8 @@ static m3_status cmp_float(ctx *c, m3_cmp_item *it, const m3_tensor *ma, bool lo
     if (numel == 0) return M3_OK;
     int64_t row_elems = numel / rows;
     int64_t inner = ma->rank ? ma->shape[ma->rank - 1] : 1;
-    int64_t chunk_rows = CHUNK_BYTES / (row_elems * 4);
-    if (chunk_rows < 1) chunk_rows = 1;
-    if (chunk_rows > rows) chunk_rows = rows;
-    size_t bytes = (size_t)(chunk_rows * row_elems) * 4;
-    M3_TRY(grow((void **)&c->ba, &c->cap_a, bytes));
-    M3_TRY(grow((void **)&c->bb, &c->cap_b, bytes));
+    int64_t chunk_rows;
+    M3_TRY(plan_chunks(c, rows, row_elems, &chunk_rows, NULL));
     int64_t block = logits ? inner : (BLOCK_ELEMS / inner) * inner;
     if (block < inner) block = inner;
     int64_t max_parts = (chunk_rows * row_elems + block - 1) / block;
@@ -267,12 +282,8 @@ static m3_status cmp_exact(ctx *c, m3_cmp_item *it, const m3_tensor *ma) {
     it->exact_mismatch = 0;
     it->exact_first = -1;
     if (numel == 0) return M3_OK;
-    int64_t row_elems = numel / rows, chunk_rows = CHUNK_BYTES / (row_elems * 4);
-    if (chunk_rows < 1) chunk_rows = 1;
-    if (chunk_rows > rows) chunk_rows = rows;
-    size_t bytes = (size_t)(chunk_rows * row_elems) * 4;
-    M3_TRY(grow((void **)&c->ba, &c->cap_a, bytes));
-    M3_TRY(grow((void **)&c->bb, &c->cap_b, bytes));
+    int64_t row_elems = numel / rows, chunk_rows;
+    M3_TRY(plan_chunks(c, rows, row_elems, &chunk_rows, NULL));
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
         int64_t nr = rows - r0 < chunk_rows ? rows - r0 : chunk_rows;
         M3_TRY(m3_dump_read_rows(c->a, it->key_a, r0, nr, c->ba));
@@ -341,9 +352,7 @@ static m3_status cmp_set(ctx *c, m3_cmp_item *it, const m3_tensor *ma, const m3_
     }
     it->set_scored = n_score > 0;
     int64_t per_row_bytes = sets_per_row * (wa + wb + n_score) * 4;
-    int64_t chunk_rows = CHUNK_BYTES / (per_row_bytes > 0 ? per_row_bytes : 1);
-    if (chunk_rows < 1) chunk_rows = 1;
-    if (chunk_rows > rows) chunk_rows = rows;
+    int64_t chunk_rows = chunk_rows_of(rows, per_row_bytes);
     m3_status st = M3_OK;
     if ((st = grow((void **)&c->ba, &c->cap_a, (size_t)(chunk_rows * sets_per_row * wa) * 4)) ||
         (st = grow((void **)&c->bb, &c->cap_b, (size_t)(chunk_rows * sets_per_row * wb) * 4)) ||
@@ -392,12 +401,9 @@ static m3_status cmp_weights(ctx *c, m3_cmp_item *it, const m3_tensor *ma) {
     int64_t numel = m3_tensor_numel(ma), rows = rows_of(ma);
     if (numel == 0) return M3_OK;
     int w = (int)ma->shape[ma->rank - 1];
-    int64_t row_elems = numel / rows, chunk_rows = CHUNK_BYTES / (row_elems * 4);
-    if (chunk_rows < 1) chunk_rows = 1;
-    if (chunk_rows > rows) chunk_rows = rows;
-    size_t bytes = (size_t)(chunk_rows * row_elems) * 4;
-    M3_TRY(grow((void **)&c->ba, &c->cap_a, bytes));
-    M3_TRY(grow((void **)&c->bb, &c->cap_b, bytes));
+    int64_t row_elems = numel / rows, chunk_rows;
+    size_t bytes;
+    M3_TRY(plan_chunks(c, rows, row_elems, &chunk_rows, &bytes));
     M3_TRY(grow((void **)&c->ia, &c->cap_ia, bytes));
     M3_TRY(grow((void **)&c->ib, &c->cap_ib, bytes));
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
@@ -696,17 +702,22 @@ void m3_cmp_item_name(const m3_cmp_report *r, const m3_cmp_item *it, char *buf, 
         snprintf(buf, cap, "%s%s", pre, it->stage);
 }
 
+int64_t m3_cmp_unravel(const m3_cmp_item *it, int64_t flat, int64_t idx[M3_MAX_RANK]) {
+    for (int i = it->rank - 1; i >= 0; i--) {
+        int64_t d = it->shape[i] > 0 ? it->shape[i] : 1;
+        idx[i] = flat % d;
+        flat /= d;
+    }
+    return flat;
+}
+
 void m3_cmp_format_index(const m3_cmp_item *it, int64_t flat, char *buf, size_t cap) {
     if (flat < 0) {
         snprintf(buf, cap, "-");
         return;
     }
     int64_t idx[M3_MAX_RANK];
-    for (int i = it->rank - 1; i >= 0; i--) {
-        int64_t d = it->shape[i] > 0 ? it->shape[i] : 1;
-        idx[i] = flat % d;
-        flat /= d;
-    }
+    flat = m3_cmp_unravel(it, flat, idx);
     size_t k = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < it->rank && k < cap; i++)
         k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? "," : "", (long long)idx[i]);

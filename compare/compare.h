@@ -85,6 +85,10 @@ int m3_cmp_exit_code(const m3_cmp_report *r);
 /* Display name of an item: "layers/07/attn_out" (2-digit layers, 3 when >= 100),
  * prefixed "passes/PPPP/" when the report has several passes. */
 void m3_cmp_item_name(const m3_cmp_report *r, const m3_cmp_item *it, char *buf, size_t cap);
+/* Row-major multi-index idx[0..rank) of flat element index flat >= 0 in the item's shape (a
+ * 0-length dimension counts as 1). Returns what is left of flat past the shape: flat itself
+ * for a rank-0 item, 0 when flat is inside the shape. */
+int64_t m3_cmp_unravel(const m3_cmp_item *it, int64_t flat, int64_t idx[M3_MAX_RANK]);
 /* "[t, h]"-style multi-index of a flat index in the item's shape. */
 void m3_cmp_format_index(const m3_cmp_item *it, int64_t flat, char *buf, size_t cap);
 /* The primary error number of an item for plots: NMSE (float kinds), 1 - agreement (sets),

@@ -49,46 +49,45 @@ const char *m3_dump_path(const m3_dump *d) { return d->path; }
 
 /* ---- attributes ---------------------------------------------------------------------- */
 
-static m3_status attr_read_int(m3_dump *d, hid_t obj, const char *name, int64_t *out) {
-    m3_status st = M3_OK;
-    hid_t a = -1, t = -1, sp = -1;
+/* Open attribute `name` of obj and check that it holds one value of class cls (`what` names
+ * it in the error). *a, *t, *sp get what was opened (-1 otherwise); the caller closes them
+ * with attr_close on success and failure alike. */
+static m3_status attr_open_scalar(m3_dump *d, hid_t obj, const char *name, H5T_class_t cls,
+                                  const char *what, hid_t *a, hid_t *t, hid_t *sp) {
+    *a = *t = *sp = -1;
     if (H5Aexists(obj, name) <= 0)
         return m3_errorf(M3_ERR_MISSING, "%s: no attribute '%s'", d->path, name);
-    a = H5Aopen(obj, name, H5P_DEFAULT);
-    if (a < 0) { st = m3_errorf(M3_ERR_FORMAT, "%s: cannot open attribute '%s'", d->path, name); goto done; }
-    t = H5Aget_type(a);
-    sp = H5Aget_space(a);
-    if (t < 0 || sp < 0 || H5Tget_class(t) != H5T_INTEGER || H5Sget_simple_extent_npoints(sp) != 1) {
-        st = m3_errorf(M3_ERR_FORMAT, "%s: attribute '%s' is not an integer scalar", d->path, name);
-        goto done;
-    }
-    long long v = 0;
-    if (H5Aread(a, H5T_NATIVE_LLONG, &v) < 0) {
-        st = m3_errorf(M3_ERR_FORMAT, "%s: cannot read attribute '%s'", d->path, name);
-        goto done;
-    }
-    *out = (int64_t)v;
-done:
+    *a = H5Aopen(obj, name, H5P_DEFAULT);
+    if (*a < 0) return m3_errorf(M3_ERR_FORMAT, "%s: cannot open attribute '%s'", d->path, name);
+    *t = H5Aget_type(*a);
+    *sp = H5Aget_space(*a);
+    if (*t < 0 || *sp < 0 || H5Tget_class(*t) != cls || H5Sget_simple_extent_npoints(*sp) != 1)
+        return m3_errorf(M3_ERR_FORMAT, "%s: attribute '%s' is not %s", d->path, name, what);
+    return M3_OK;
+}
+
+static void attr_close(hid_t a, hid_t t, hid_t sp) {
     if (sp >= 0) H5Sclose(sp);
     if (t >= 0) H5Tclose(t);
     if (a >= 0) H5Aclose(a);
+}
+
+static m3_status attr_read_int(m3_dump *d, hid_t obj, const char *name, int64_t *out) {
+    hid_t a, t, sp;
+    m3_status st = attr_open_scalar(d, obj, name, H5T_INTEGER, "an integer scalar", &a, &t, &sp);
+    long long v = 0;
+    if (st == M3_OK && H5Aread(a, H5T_NATIVE_LLONG, &v) < 0)
+        st = m3_errorf(M3_ERR_FORMAT, "%s: cannot read attribute '%s'", d->path, name);
+    if (st == M3_OK) *out = (int64_t)v;
+    attr_close(a, t, sp);
     return st;
 }
 
 static m3_status attr_read_str(m3_dump *d, hid_t obj, const char *name, char **out) {
-    m3_status st = M3_OK;
-    hid_t a = -1, t = -1, sp = -1, mt = -1;
+    hid_t a, t, sp, mt = -1;
     *out = NULL;
-    if (H5Aexists(obj, name) <= 0)
-        return m3_errorf(M3_ERR_MISSING, "%s: no attribute '%s'", d->path, name);
-    a = H5Aopen(obj, name, H5P_DEFAULT);
-    if (a < 0) { st = m3_errorf(M3_ERR_FORMAT, "%s: cannot open attribute '%s'", d->path, name); goto done; }
-    t = H5Aget_type(a);
-    sp = H5Aget_space(a);
-    if (t < 0 || sp < 0 || H5Tget_class(t) != H5T_STRING || H5Sget_simple_extent_npoints(sp) != 1) {
-        st = m3_errorf(M3_ERR_FORMAT, "%s: attribute '%s' is not a string", d->path, name);
-        goto done;
-    }
+    m3_status st = attr_open_scalar(d, obj, name, H5T_STRING, "a string", &a, &t, &sp);
+    if (st != M3_OK) goto done;
     if (H5Tis_variable_str(t) > 0) {
         mt = H5Tcopy(H5T_C_S1);
         H5Tset_size(mt, H5T_VARIABLE);
@@ -117,9 +116,7 @@ static m3_status attr_read_str(m3_dump *d, hid_t obj, const char *name, char **o
     if (!*out) st = m3_errorf(M3_ERR_NOMEM, "%s: out of memory", d->path);
 done:
     if (mt >= 0) H5Tclose(mt);
-    if (sp >= 0) H5Sclose(sp);
-    if (t >= 0) H5Tclose(t);
-    if (a >= 0) H5Aclose(a);
+    attr_close(a, t, sp);
     return st;
 }
 
@@ -586,9 +583,7 @@ m3_status m3_dump_get_dset_attr_ints(m3_dump *d, const char *key, const char *na
     *vals = (int64_t *)v; /* long long and int64_t are both 64-bit here */
     *n = (int64_t)np;
 done:
-    if (sp >= 0) H5Sclose(sp);
-    if (t >= 0) H5Tclose(t);
-    if (a >= 0) H5Aclose(a);
+    attr_close(a, t, sp);
     H5Oclose(o);
     return st;
 }
@@ -630,9 +625,7 @@ m3_status m3_dump_attr_text(m3_dump *d, const char *key, const char *name, char 
         *out = xstrdup("<unsupported attribute type>");
     }
 done:
-    if (sp >= 0) H5Sclose(sp);
-    if (t >= 0) H5Tclose(t);
-    if (a >= 0) H5Aclose(a);
+    attr_close(a, t, sp);
     H5Oclose(o);
     return st;
 }

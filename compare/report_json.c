@@ -29,14 +29,21 @@ static void jidx(FILE *f, const m3_cmp_item *it, int64_t flat) {
         return;
     }
     int64_t idx[M3_MAX_RANK];
-    for (int i = it->rank - 1; i >= 0; i--) {
-        int64_t d = it->shape[i] > 0 ? it->shape[i] : 1;
-        idx[i] = flat % d;
-        flat /= d;
-    }
+    m3_cmp_unravel(it, flat, idx);
     fputc('[', f);
     for (int i = 0; i < it->rank; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)idx[i]);
     fputc(']', f);
+}
+
+/* `, "key": value` */
+static void jfield(FILE *f, const char *key, double v) {
+    fprintf(f, ", \"%s\": ", key);
+    jnum(f, v);
+}
+
+static void jfield_idx(FILE *f, const m3_cmp_item *it, const char *key, int64_t flat) {
+    fprintf(f, ", \"%s\": ", key);
+    jidx(f, it, flat);
 }
 
 static const char *status_name(m3_cmp_status s) {
@@ -76,18 +83,12 @@ static void item(FILE *f, const m3_cmp_report *r, const m3_cmp_item *it) {
     int c = r->tol_class;
     fputs(", \"tolerance\": {\"row\": ", f);
     jstr(f, t->stage);
-    fputs(", \"nmse\": ", f);
-    jnum(f, t->nmse[c]);
-    fputs(", \"flip\": ", f);
-    jnum(f, t->flip[c]);
-    fputs(", \"kl_mean\": ", f);
-    jnum(f, t->kl_mean[c]);
-    fputs(", \"top1_min\": ", f);
-    jnum(f, t->top1_min[c]);
-    fputs(", \"tie_abs\": ", f);
-    jnum(f, t->tie_abs);
-    fputs(", \"tie_rel\": ", f);
-    jnum(f, t->tie_rel);
+    jfield(f, "nmse", t->nmse[c]);
+    jfield(f, "flip", t->flip[c]);
+    jfield(f, "kl_mean", t->kl_mean[c]);
+    jfield(f, "top1_min", t->top1_min[c]);
+    jfield(f, "tie_abs", t->tie_abs);
+    jfield(f, "tie_rel", t->tie_rel);
     fputs(", \"reason\": ", f);
     jstr(f, t->reason);
     fputs("}", f);
@@ -102,10 +103,8 @@ static void item(FILE *f, const m3_cmp_report *r, const m3_cmp_item *it) {
         fprintf(f, ", \"set\": {\"rows\": %lld, \"rows_equal\": %lld, \"agreement\": ", (long long)s->rows,
                 (long long)s->rows_equal);
         jnum(f, m3_setdiff_agree(s));
-        fputs(", \"jaccard_mean\": ", f);
-        jnum(f, m3_setdiff_jaccard(s));
-        fputs(", \"recall\": ", f);
-        jnum(f, m3_setdiff_recall(s));
+        jfield(f, "jaccard_mean", m3_setdiff_jaccard(s));
+        jfield(f, "recall", m3_setdiff_recall(s));
         fprintf(f, ", \"width_a\": %lld, \"width_b\": %lld, \"flips_near_tie\": %lld, \"flips_real\": %lld, "
                    "\"flips_unscored\": %lld, \"scored\": %s, \"first_flip_row\": %lld, "
                    "\"first_real_row\": %lld, \"min_flip_margin\": ",
@@ -121,33 +120,22 @@ static void item(FILE *f, const m3_cmp_report *r, const m3_cmp_item *it) {
     fprintf(f, ", \"float\": {\"n\": %lld, \"n_compared\": %lld, \"nmse\": ", (long long)d->n,
             (long long)d->n_cmp);
     jnum(f, m3_diff_nmse(d));
-    fputs(", \"sqnr_db\": ", f);
-    jnum(f, m3_diff_sqnr_db(d));
-    fputs(", \"cosine\": ", f);
-    jnum(f, m3_diff_cosine(d));
-    fputs(", \"max_abs\": ", f);
-    jnum(f, d->max_abs);
-    fputs(", \"max_abs_index\": ", f);
-    jidx(f, it, d->max_abs_idx);
-    fputs(", \"max_abs_a\": ", f);
-    jnum(f, (double)d->max_abs_a);
-    fputs(", \"max_abs_b\": ", f);
-    jnum(f, (double)d->max_abs_b);
-    fputs(", \"rel_mean\": ", f);
-    jnum(f, m3_diff_mean_rel(d));
-    fputs(", \"rel_max\": ", f);
-    jnum(f, d->max_rel);
-    fputs(", \"rel_max_index\": ", f);
-    jidx(f, it, d->max_rel_idx);
+    jfield(f, "sqnr_db", m3_diff_sqnr_db(d));
+    jfield(f, "cosine", m3_diff_cosine(d));
+    jfield(f, "max_abs", d->max_abs);
+    jfield_idx(f, it, "max_abs_index", d->max_abs_idx);
+    jfield(f, "max_abs_a", (double)d->max_abs_a);
+    jfield(f, "max_abs_b", (double)d->max_abs_b);
+    jfield(f, "rel_mean", m3_diff_mean_rel(d));
+    jfield(f, "rel_max", d->max_rel);
+    jfield_idx(f, it, "rel_max_index", d->max_rel_idx);
     fprintf(f, ", \"nan_a\": %lld, \"nan_b\": %lld, \"inf_a\": %lld, \"inf_b\": %lld, "
                "\"nonfinite_mismatch\": %lld, \"first_nonfinite_mismatch\": ",
             (long long)d->nan_a, (long long)d->nan_b, (long long)d->inf_a, (long long)d->inf_b,
             (long long)d->nonfinite_mismatch);
     jidx(f, it, d->first_mismatch);
-    fputs(", \"sum_sq_err\": ", f);
-    jnum(f, d->sse);
-    fputs(", \"sum_sq_a\": ", f);
-    jnum(f, d->saa);
+    jfield(f, "sum_sq_err", d->sse);
+    jfield(f, "sum_sq_a", d->saa);
     fputs(", \"abs_diff_hist_log2\": [", f);
     for (int k = 0; k < M3_DIFF_HIST_BINS; k++) fprintf(f, "%s%lld", k ? ", " : "", (long long)d->hist[k]);
     fputs("]", f);
@@ -158,19 +146,14 @@ static void item(FILE *f, const m3_cmp_report *r, const m3_cmp_item *it) {
         fprintf(f, ", \"logits\": {\"positions\": %lld, \"top1_agree\": %lld, \"top1_agreement\": ",
                 (long long)L->rows, (long long)L->top1_agree);
         jnum(f, L->rows ? (double)L->top1_agree / (double)L->rows : 1.0);
-        fputs(", \"kl_mean\": ", f);
-        jnum(f, L->kl_mean);
-        fputs(", \"kl_median\": ", f);
-        jnum(f, L->kl_median);
-        fputs(", \"kl_p99\": ", f);
-        jnum(f, L->kl_p99);
-        fputs(", \"kl_max\": ", f);
-        jnum(f, L->kl_max);
+        jfield(f, "kl_mean", L->kl_mean);
+        jfield(f, "kl_median", L->kl_median);
+        jfield(f, "kl_p99", L->kl_p99);
+        jfield(f, "kl_max", L->kl_max);
         fprintf(f, ", \"kl_max_position\": %lld, \"kl_nan\": %lld, \"dp_mean\": ", (long long)L->kl_max_row,
                 (long long)L->kl_nan);
         jnum(f, L->dp_mean);
-        fputs(", \"dp_max_abs\": ", f);
-        jnum(f, L->dp_max_abs);
+        jfield(f, "dp_max_abs", L->dp_max_abs);
         fputs("}", f);
     }
     fputs("}", f);

@@ -126,25 +126,31 @@ static uint32_t pow2_at_least(uint64_t n) {
 
 /* ---- UTF-8 -------------------------------------------------------------------------- */
 
-/* Length of a valid UTF-8 sequence at s (n bytes available), 0 if invalid. Rust's rules:
- * no overlongs, no surrogates, <= U+10FFFF. */
-static int utf8_valid_len(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    int need;
-    unsigned lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) need = 1;
-    else if (c >= 0xe0 && c <= 0xef) {
-        need = 2;
-        if (c == 0xe0) lo = 0xa0;
-        if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        need = 3;
-        if (c == 0xf0) lo = 0x90;
-        if (c == 0xf4) hi = 0x8f;
-    } else {
-        return 0;
+/* Continuation bytes a UTF-8 sequence led by byte c needs (0 for ASCII, -1 when c cannot
+ * lead one), and the range [*lo, *hi] its first continuation byte must fall in. Rust's
+ * rules: no overlongs, no surrogates, <= U+10FFFF. */
+static int utf8_lead(unsigned c, unsigned *lo, unsigned *hi) {
+    *lo = 0x80, *hi = 0xbf;
+    if (c < 0x80) return 0;
+    if (c >= 0xc2 && c <= 0xdf) return 1;
+    if (c >= 0xe0 && c <= 0xef) {
+        if (c == 0xe0) *lo = 0xa0;
+        if (c == 0xed) *hi = 0x9f;
+        return 2;
     }
+    if (c >= 0xf0 && c <= 0xf4) {
+        if (c == 0xf0) *lo = 0x90;
+        if (c == 0xf4) *hi = 0x8f;
+        return 3;
+    }
+    return -1;
+}
+
+/* Length of a valid UTF-8 sequence at s (n bytes available), 0 if invalid. */
+static int utf8_valid_len(const unsigned char *s, size_t n) {
+    unsigned lo, hi;
+    int need = utf8_lead(s[0], &lo, &hi);
+    if (need <= 0) return need + 1; /* ASCII: 1; no lead byte: 0 */
     if (n < (size_t)need + 1) return 0;
     if (s[1] < lo || s[1] > hi) return 0;
     for (int i = 2; i <= need; i++)
@@ -155,21 +161,9 @@ static int utf8_valid_len(const unsigned char *s, size_t n) {
 /* Length of the maximal invalid prefix at s (String::from_utf8_lossy replaces it with one
  * U+FFFD): the lead byte plus the continuation bytes that were still acceptable. */
 static int utf8_invalid_len(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    int need;
-    unsigned lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) need = 1;
-    else if (c >= 0xe0 && c <= 0xef) {
-        need = 2;
-        if (c == 0xe0) lo = 0xa0;
-        if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        need = 3;
-        if (c == 0xf0) lo = 0x90;
-        if (c == 0xf4) hi = 0x8f;
-    } else {
-        return 1;
-    }
+    unsigned lo, hi;
+    int need = utf8_lead(s[0], &lo, &hi);
+    if (need <= 0) return 1;
     int k = 1;
     if (k < (int)n && s[1] >= lo && s[1] <= hi) {
         k = 2;

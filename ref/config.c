@@ -25,19 +25,25 @@ typedef struct {
     const char *tcname; /* "text_config." or "" (for messages) */
 } ctx;
 
-static void cfg_warn(m3_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void cfg_warn(m3_config *c, const char *fmt, ...) {
-    char buf[512];
+void m3_warnings_addf(char ***list, int *n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    int len = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    char **nw = realloc(c->warnings, (size_t)(c->n_warnings + 1) * sizeof *nw);
-    if (!nw) return; /* a lost warning is not worth failing the load */
-    c->warnings = nw;
-    c->warnings[c->n_warnings] = strdup(buf);
-    if (c->warnings[c->n_warnings]) c->n_warnings++;
+    char *line = len < 0 ? NULL : malloc((size_t)len + 1);
+    char **nl = line ? realloc(*list, (size_t)(*n + 1) * sizeof *nl) : NULL;
+    if (!nl) {
+        free(line);
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(line, (size_t)len + 1, fmt, ap);
+    va_end(ap);
+    *list = nl;
+    nl[(*n)++] = line;
 }
+
+#define cfg_warn(c, ...) m3_warnings_addf(&(c)->warnings, &(c)->n_warnings, __VA_ARGS__)
 
 /* A member treated as absent when JSON null. */
 static const m3_json *member(const m3_json *obj, const char *key) {

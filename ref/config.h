@@ -155,6 +155,12 @@ void m3_config_free(m3_config *cfg); /* NULL ok */
 /* Print the collected warnings through m3_warn (one line each). */
 void m3_config_emit_warnings(const m3_config *cfg);
 
+/* Append one formatted line to a list of owned strings (*list of *n entries), the form of
+ * m3_config.warnings; also used by other collectors of non-fatal findings (m3 info). A line
+ * that cannot be allocated is dropped: a lost warning is not worth failing a load for. */
+void m3_warnings_addf(char ***list, int *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Top-k reuse schedule (spec §3.9). computes[L] (caller-owned, n_layer entries) is true when
  * layer L is a sparse layer that computes its own top-k, false for reuse layers and for
  * full-attention layers. Without use_index_cache every sparse layer computes.

@@ -15,29 +15,6 @@
 #include "compare/dump.h"
 #include "tests/util.h"
 
-static char dir[64];
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/m3_cmp_compare_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static const char *P(const char *name) {
-    static char buf[8][160];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
-
 enum { T0 = 8, HD = 16, E = 8, KE = 2, G = 2, KB = 4, V = 32 };
 
 typedef struct {
@@ -201,9 +178,9 @@ static void identical_pair_passes(void **state) {
     (void)state;
     spec a = base(), b = base();
     b.b_side = true;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
-    m3_cmp_report *r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
+    m3_cmp_report *r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     assert_int_equal(r->n_fail, 0);
     assert_int_equal(r->first_fail, -1);
     assert_int_equal(r->n_pass, 4 + 4 * 7); /* tokens, positions, embed, logits + 7 per layer */
@@ -211,28 +188,30 @@ static void identical_pair_passes(void **state) {
     assert_true(r->bytes > 0);
     m3_cmp_report_free(r);
     char cmd[1024], *out = NULL;
-    snprintf(cmd, sizeof cmd, "%s compare %s %s --json %s --junit %s", m3_bin(), P("a.h5"), P("b.h5"),
-             P("r.json"), P("r.xml"));
+    snprintf(cmd, sizeof cmd, "%s compare %s %s --json %s --junit %s", m3_bin(),
+             m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), m3_tmp_path("r.json"), m3_tmp_path("r.xml"));
     int rc = m3_run_cmd(cmd, &out);
     if (rc != 0) m3_test_failf("rc %d: %s", rc, out);
     assert_non_null(strstr(out, "OK: 32 stages compared, 0 beyond tolerance"));
     assert_null(strstr(out, "\033[")); /* piped: no colour */
     free(out);
-    assert_int_equal(access(P("r.json"), R_OK), 0);
-    assert_int_equal(access(P("r.xml"), R_OK), 0);
-    assert_int_not_equal(access(P("r.json.tmp"), F_OK), 0);
+    assert_int_equal(access(m3_tmp_path("r.json"), R_OK), 0);
+    assert_int_equal(access(m3_tmp_path("r.xml"), R_OK), 0);
+    assert_int_not_equal(access(m3_tmp_path("r.json.tmp"), F_OK), 0);
     /* the JSON parses (python3 is a build dependency) and carries the summary */
-    snprintf(cmd, sizeof cmd, "python3 -c \"import json,sys; d=json.load(open('%s')); "
-             "sys.exit(0 if d['summary']['exit_code']==0 and len(d['stages'])==32 else 1)\"", P("r.json"));
+    snprintf(cmd, sizeof cmd,
+             "python3 -c \"import json,sys; d=json.load(open('%s')); "
+             "sys.exit(0 if d['summary']['exit_code']==0 and len(d['stages'])==32 else 1)\"",
+             m3_tmp_path("r.json"));
     assert_int_equal(m3_run_cmd(cmd, NULL), 0);
     /* m3 ls lists attributes and datasets with shapes */
-    snprintf(cmd, sizeof cmd, "%s ls %s", m3_bin(), P("a.h5"));
+    snprintf(cmd, sizeof cmd, "%s ls %s", m3_bin(), m3_tmp_path("a.h5"));
     assert_int_equal(m3_run_cmd(cmd, &out), 0);
     assert_non_null(strstr(out, "producer"));
     assert_non_null(strstr(out, "layers/03/index_topk"));
     assert_non_null(strstr(out, "[2,8,4]"));
     free(out);
-    snprintf(cmd, sizeof cmd, "%s ls %s", m3_bin(), P("r.json"));
+    snprintf(cmd, sizeof cmd, "%s ls %s", m3_bin(), m3_tmp_path("r.json"));
     assert_int_equal(m3_run_cmd(cmd, NULL), 2);
 }
 
@@ -241,9 +220,9 @@ static void first_bad_layer_exact_nmse(void **state) {
     spec a = base(), b = base();
     b.b_side = true;
     b.perturb_layer = 2;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
-    m3_cmp_report *r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
+    m3_cmp_report *r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     assert_true(r->first_fail >= 0);
     char name[200];
     m3_cmp_item_name(r, &r->items[r->first_fail], name, sizeof name);
@@ -251,7 +230,7 @@ static void first_bad_layer_exact_nmse(void **state) {
     /* NMSE = n·0.25 / Σa², exact for integer-valued a: recompute Σa² from the file */
     m3_dump *d;
     m3_tensor t;
-    assert_int_equal(m3_dump_open(&d, P("a.h5"), M3_DUMP_READ), M3_OK);
+    assert_int_equal(m3_dump_open(&d, m3_tmp_path("a.h5"), M3_DUMP_READ), M3_OK);
     assert_int_equal(m3_dump_read(d, "layers/02/attn_out", &t), M3_OK);
     double saa = 0;
     for (int i = 0; i < T0 * HD; i++) saa += (double)((float *)t.data)[i] * (double)((float *)t.data)[i];
@@ -265,7 +244,8 @@ static void first_bad_layer_exact_nmse(void **state) {
     assert_int_equal(m3_cmp_exit_code(r), 1);
     m3_cmp_report_free(r);
     char cmd[1024], *out = NULL;
-    snprintf(cmd, sizeof cmd, "%s compare %s %s --quiet", m3_bin(), P("a.h5"), P("b.h5"));
+    snprintf(cmd, sizeof cmd, "%s compare %s %s --quiet", m3_bin(), m3_tmp_path("a.h5"),
+             m3_tmp_path("b.h5"));
     assert_int_equal(m3_run_cmd(cmd, &out), 1);
     assert_non_null(strstr(out, "first beyond tolerance: layers/02/attn_out: NMSE"));
     free(out);
@@ -275,9 +255,9 @@ static void reordered_and_narrower_sets_agree(void **state) {
     (void)state;
     spec a = base(), b = base();
     b.b_side = b.reorder_sets = b.narrow_topk = true;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
-    m3_cmp_report *r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
+    m3_cmp_report *r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     assert_int_equal(r->n_fail, 0);
     const m3_cmp_item *it = find(r, "layers/01/index_topk");
     assert_int_equal(it->width_b, KB - 1);
@@ -292,9 +272,9 @@ static void flipped_set_fails_near_tie_does_not(void **state) {
     (void)state;
     spec a = base(), b = base();
     b.b_side = b.flip_expert = true;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
-    m3_cmp_report *r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
+    m3_cmp_report *r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     const m3_cmp_item *it = find(r, "layers/02/expert_ids");
     assert_int_equal(it->status, M3_CMP_FAIL);
     assert_int_equal(it->set.flips_real, 1);
@@ -307,9 +287,9 @@ static void flipped_set_fails_near_tie_does_not(void **state) {
     spec ta = base(), tb = base();
     ta.tie_flip = true;
     tb.b_side = tb.tie_flip = true;
-    write_dump(P("a.h5"), &ta);
-    write_dump(P("b.h5"), &tb);
-    r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &ta);
+    write_dump(m3_tmp_path("b.h5"), &tb);
+    r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     it = find(r, "layers/00/expert_ids");
     assert_int_equal(it->set.flips_tie, 1);
     assert_int_equal(it->set.flips_real, 0);
@@ -322,9 +302,9 @@ static void nan_in_b_fails(void **state) {
     (void)state;
     spec a = base(), b = base();
     b.b_side = b.nan_attn = true;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
-    m3_cmp_report *r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
+    m3_cmp_report *r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     const m3_cmp_item *it = find(r, "layers/01/attn_out");
     assert_int_equal(it->status, M3_CMP_FAIL);
     assert_int_equal(it->diff.nan_b, 1);
@@ -339,9 +319,9 @@ static void stages_on_one_side_are_reported(void **state) {
     spec a = base(), b = base();
     a.extra_tap = true;
     b.b_side = b.drop_attn1 = true;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
-    m3_cmp_report *r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
+    m3_cmp_report *r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     assert_int_equal(r->n_only_a, 2);
     assert_int_equal(r->n_only_b, 0);
     assert_int_equal(find(r, "layers/01/attn_out")->status, M3_CMP_ONLY_A);
@@ -349,7 +329,7 @@ static void stages_on_one_side_are_reported(void **state) {
     assert_int_equal(m3_cmp_exit_code(r), 0);
     m3_cmp_report_free(r);
     /* reversed roles: only in B */
-    r = run(P("b.h5"), P("a.h5"), -1);
+    r = run(m3_tmp_path("b.h5"), m3_tmp_path("a.h5"), -1);
     assert_int_equal(r->n_only_b, 2);
     m3_cmp_report_free(r);
 }
@@ -359,17 +339,18 @@ static void different_token_counts_exit_2(void **state) {
     spec a = base(), b = base();
     b.b_side = true;
     b.T = T0 + 3;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
     char cmd[1024], *out = NULL;
-    snprintf(cmd, sizeof cmd, "%s compare %s %s --json %s", m3_bin(), P("a.h5"), P("b.h5"), P("t.json"));
+    snprintf(cmd, sizeof cmd, "%s compare %s %s --json %s", m3_bin(), m3_tmp_path("a.h5"),
+             m3_tmp_path("b.h5"), m3_tmp_path("t.json"));
     assert_int_equal(m3_run_cmd(cmd, &out), 2);
     assert_non_null(strstr(out, "different token counts"));
     assert_non_null(strstr(out, "T=8"));
     assert_non_null(strstr(out, "T=11"));
     assert_int_equal((int)(strchr(out, '\n') - out) + 1, (int)strlen(out)); /* one line */
     free(out);
-    assert_int_not_equal(access(P("t.json"), F_OK), 0); /* no output file */
+    assert_int_not_equal(access(m3_tmp_path("t.json"), F_OK), 0); /* no output file */
 }
 
 static void three_digit_layers(void **state) {
@@ -379,9 +360,9 @@ static void three_digit_layers(void **state) {
     a.n_layers = b.n_layers = 101;
     b.b_side = true;
     b.perturb_layer = 100;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
-    m3_cmp_report *r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
+    m3_cmp_report *r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     assert_int_equal(r->n_items, 101);
     char name[200];
     m3_cmp_item_name(r, &r->items[r->first_fail], name, sizeof name);
@@ -392,9 +373,9 @@ static void three_digit_layers(void **state) {
     a.n_layers = b.n_layers = 12;
     b.perturb_layer = -1;
     b.name_layers = 100;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
-    r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
+    r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     assert_int_equal(r->n_items, 12);
     assert_int_equal(r->n_pass, 12);
     assert_string_equal(r->items[11].key_b, "layers/011/output");
@@ -408,9 +389,9 @@ static void multi_pass(void **state) {
     a.n_layers = b.n_layers = 2;
     b.b_side = true;
     b.perturb_logits_pass = 1;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
-    m3_cmp_report *r = run(P("a.h5"), P("b.h5"), -1);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
+    m3_cmp_report *r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     char name[200];
     m3_cmp_item_name(r, &r->items[r->first_fail], name, sizeof name);
     assert_string_equal(name, "passes/0001/logits");
@@ -418,60 +399,64 @@ static void multi_pass(void **state) {
     const m3_cmp_item *it = find(r, "passes/0001/logits");
     assert_true(it->logit.kl_mean > 0 && it->logit.rows == T0);
     m3_cmp_report_free(r);
-    r = run(P("a.h5"), P("b.h5"), 0);
+    r = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), 0);
     assert_int_equal(r->n_fail, 0);
     m3_cmp_report_free(r);
     /* a single-pass root is pass 0 of a multi-pass file */
     spec c = base();
     c.n_layers = 2;
-    write_dump(P("c.h5"), &c);
-    r = run(P("c.h5"), P("a.h5"), -1);
+    write_dump(m3_tmp_path("c.h5"), &c);
+    r = run(m3_tmp_path("c.h5"), m3_tmp_path("a.h5"), -1);
     assert_int_equal(r->n_fail, 0);
     assert_int_equal(r->n_only_b, 2 * (4 + 2 * 7));
     m3_cmp_report_free(r);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s compare %s %s --pass 2 --quiet", m3_bin(), P("a.h5"), P("b.h5"));
+    snprintf(cmd, sizeof cmd, "%s compare %s %s --pass 2 --quiet", m3_bin(), m3_tmp_path("a.h5"),
+             m3_tmp_path("b.h5"));
     assert_int_equal(m3_run_cmd(cmd, NULL), 0);
 }
 
 static void bad_inputs_exit_2(void **state) {
     (void)state;
     spec a = base();
-    write_dump(P("a.h5"), &a);
-    FILE *f = fopen(P("junk.h5"), "w");
+    write_dump(m3_tmp_path("a.h5"), &a);
+    FILE *f = fopen(m3_tmp_path("junk.h5"), "w");
     fputs("<html>not a dump</html>\n", f);
     fclose(f);
     /* truncated copy of a */
-    FILE *in = fopen(P("a.h5"), "rb");
+    FILE *in = fopen(m3_tmp_path("a.h5"), "rb");
     char buf[4096];
     size_t n = fread(buf, 1, sizeof buf, in);
     fclose(in);
-    f = fopen(P("trunc.h5"), "wb");
+    f = fopen(m3_tmp_path("trunc.h5"), "wb");
     fwrite(buf, 1, n / 2, f);
     fclose(f);
     const char *bad[] = {"junk.h5", "trunc.h5", "absent.h5"};
     for (int i = 0; i < 3; i++) {
         char cmd[1024], *out = NULL;
-        snprintf(cmd, sizeof cmd, "%s compare %s %s --html %s", m3_bin(), P("a.h5"), P(bad[i]), P("x.html"));
+        snprintf(cmd, sizeof cmd, "%s compare %s %s --html %s", m3_bin(), m3_tmp_path("a.h5"),
+                 m3_tmp_path(bad[i]), m3_tmp_path("x.html"));
         int rc = m3_run_cmd(cmd, &out);
         if (rc != 2) m3_test_failf("%s: rc %d: %s", bad[i], rc, out);
         assert_non_null(strstr(out, bad[i]));
         assert_int_equal(out[0] == 'm' && out[1] == '3' && out[2] == ':', 1);
         assert_int_equal((int)(strchr(out, '\n') - out) + 1, (int)strlen(out));
         free(out);
-        assert_int_not_equal(access(P("x.html"), F_OK), 0);
+        assert_int_not_equal(access(m3_tmp_path("x.html"), F_OK), 0);
     }
     char cmd[1024], *out = NULL;
-    f = fopen(P("bad.json"), "w");
+    f = fopen(m3_tmp_path("bad.json"), "w");
     fputs("{\"stages\": {\"attn_out\": {\"nmse_max\": 1}}}", f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s compare %s %s --tol %s", m3_bin(), P("a.h5"), P("a.h5"), P("bad.json"));
+    snprintf(cmd, sizeof cmd, "%s compare %s %s --tol %s", m3_bin(), m3_tmp_path("a.h5"),
+             m3_tmp_path("a.h5"), m3_tmp_path("bad.json"));
     assert_int_equal(m3_run_cmd(cmd, &out), 2);
     assert_non_null(strstr(out, "nmse_max"));
     free(out);
-    snprintf(cmd, sizeof cmd, "%s compare %s", m3_bin(), P("a.h5"));
+    snprintf(cmd, sizeof cmd, "%s compare %s", m3_bin(), m3_tmp_path("a.h5"));
     assert_int_equal(m3_run_cmd(cmd, NULL), 2);
-    snprintf(cmd, sizeof cmd, "%s compare %s %s --bogus", m3_bin(), P("a.h5"), P("a.h5"));
+    snprintf(cmd, sizeof cmd, "%s compare %s %s --bogus", m3_bin(), m3_tmp_path("a.h5"),
+             m3_tmp_path("a.h5"));
     assert_int_equal(m3_run_cmd(cmd, NULL), 2);
 }
 
@@ -481,12 +466,12 @@ static void thread_count_does_not_change_numbers(void **state) {
     a.T = b.T = 700; /* several parallel blocks per stage */
     b.b_side = true;
     b.perturb_layer = 1;
-    write_dump(P("a.h5"), &a);
-    write_dump(P("b.h5"), &b);
+    write_dump(m3_tmp_path("a.h5"), &a);
+    write_dump(m3_tmp_path("b.h5"), &b);
     m3_set_threads(1);
-    m3_cmp_report *r1 = run(P("a.h5"), P("b.h5"), -1);
+    m3_cmp_report *r1 = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     m3_set_threads(2);
-    m3_cmp_report *r2 = run(P("a.h5"), P("b.h5"), -1);
+    m3_cmp_report *r2 = run(m3_tmp_path("a.h5"), m3_tmp_path("b.h5"), -1);
     m3_set_threads(0);
     assert_int_equal(r1->n_items, r2->n_items);
     for (int i = 0; i < r1->n_items; i++) {
@@ -533,7 +518,7 @@ static void transformers_fixture(void **state) {
     free(out);
     /* a --tol file that accepts free-running bf16 drift turns it into exit 0: every stage
      * of the table gets the loose row */
-    FILE *f = fopen(P("loose.json"), "w");
+    FILE *f = fopen(m3_tmp_path("loose.json"), "w");
     fputs("{\"comment\": \"accept free-running bf16 drift\", \"class\": \"lowp\", \"stages\": {", f);
     int ns;
     const m3_stage *tab = m3_stages(&ns);
@@ -542,7 +527,8 @@ static void transformers_fixture(void **state) {
                 tab[i].name);
     fputs("\"*\": {\"nmse\": 0.1}}}", f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s compare %s %s --quiet --tol %s", m3_bin(), f32, b16, P("loose.json"));
+    snprintf(cmd, sizeof cmd, "%s compare %s %s --quiet --tol %s", m3_bin(), f32, b16,
+             m3_tmp_path("loose.json"));
     int rc = m3_run_cmd(cmd, &out);
     if (rc != 0) m3_test_failf("loose tolerance: rc %d: %s", rc, out);
     free(out);
@@ -563,6 +549,5 @@ int main(void) {
         cmocka_unit_test(thread_count_does_not_change_numbers),
         cmocka_unit_test(transformers_fixture),
     };
-    cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return M3_RUN_TESTS_IN_TMPDIR(tests);
 }

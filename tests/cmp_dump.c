@@ -11,23 +11,6 @@
 #include "compare/dump.h"
 #include "tests/util.h"
 
-static char dir[64];
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/m3_cmp_dump_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", dir, name); }
-
 static bool exists(const char *p) {
     struct stat sb;
     return stat(p, &sb) == 0;
@@ -35,8 +18,7 @@ static bool exists(const char *p) {
 
 static void round_trip(void **state) {
     (void)state;
-    char p[128];
-    path_in(p, sizeof p, "rt.h5");
+    const char *p = m3_tmp_path("rt.h5");
     m3_dump *d;
     assert_int_equal(m3_dump_open(&d, p, M3_DUMP_CREATE), M3_OK);
     assert_int_equal(m3_dump_set_attr_str(d, "producer", "m3 test"), M3_OK);
@@ -106,8 +88,7 @@ static void rows_stream_across_chunks(void **state) {
     (void)state;
     /* 3000 x 130 floats = 1.56 MB: two ~1 MiB chunks along the rows */
     const int R = 3000, C = 130;
-    char p[128];
-    path_in(p, sizeof p, "rows.h5");
+    const char *p = m3_tmp_path("rows.h5");
     float *x = malloc(sizeof(float) * (size_t)R * C), *y = malloc(sizeof(float) * (size_t)R * C);
     for (int i = 0; i < R * C; i++) x[i] = (float)(i % 9973) - 17.5f;
     for (int gz = 0; gz < 2; gz++) {
@@ -151,8 +132,8 @@ static void key_names(void **state) {
 
 static void create_is_crash_safe(void **state) {
     (void)state;
-    char p[128], tmp[140];
-    path_in(p, sizeof p, "safe.h5");
+    const char *p = m3_tmp_path("safe.h5");
+    char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", p);
     float x[2] = {1, 2};
     m3_tensor t = {.dtype = M3_DT_F32, .rank = 1, .shape = {2}, .data = x};
@@ -180,19 +161,17 @@ static void create_is_crash_safe(void **state) {
 
 static void bad_files(void **state) {
     (void)state;
-    char p[128];
     m3_dump *d;
-    path_in(p, sizeof p, "text.h5");
+    const char *p = m3_tmp_path("text.h5");
     FILE *f = fopen(p, "w");
     fputs("this is not HDF5\n", f);
     fclose(f);
     assert_int_equal(m3_dump_open(&d, p, M3_DUMP_READ), M3_ERR_FORMAT);
     assert_non_null(strstr(m3_last_error(), "not an HDF5 file"));
-    path_in(p, sizeof p, "absent.h5");
+    p = m3_tmp_path("absent.h5");
     assert_int_equal(m3_dump_open(&d, p, M3_DUMP_READ), M3_ERR_IO);
     /* truncated: the first half of a valid dump */
-    char full[128];
-    path_in(full, sizeof full, "full.h5");
+    const char *full = m3_tmp_path("full.h5");
     float *x = calloc(20000, sizeof(float));
     m3_tensor t = {.dtype = M3_DT_F32, .rank = 2, .shape = {100, 200}, .data = x};
     assert_int_equal(m3_dump_open(&d, full, M3_DUMP_CREATE), M3_OK);
@@ -210,7 +189,7 @@ static void bad_files(void **state) {
     fclose(f);
     for (int cut = 0; cut < 3; cut++) {
         long keep = cut == 0 ? 1000 : cut == 1 ? n / 2 : n - 100;
-        path_in(p, sizeof p, "trunc.h5");
+        p = m3_tmp_path("trunc.h5");
         f = fopen(p, "wb");
         fwrite(buf, 1, (size_t)keep, f);
         fclose(f);
@@ -257,6 +236,5 @@ int main(void) {
         cmocka_unit_test(bad_files),
         cmocka_unit_test(reads_the_transformers_fixture),
     };
-    cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return M3_RUN_TESTS_IN_TMPDIR(tests);
 }

@@ -10,21 +10,6 @@
 #include "compare/dump.h"
 #include "tests/util.h"
 
-static char dir[64];
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/m3_cmp_html_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
 /* A small pair with float, set and logits stages over 3 layers; B drifts with depth and
  * flips one expert set in layer 2. */
 static void write_pair(const char *pa, const char *pb) {
@@ -84,9 +69,9 @@ static int count(const char *s, const char *needle) {
 
 static void make_report(char *html, size_t cap) {
     char pa[128], pb[128], cmd[1024];
-    snprintf(pa, sizeof pa, "%s/a.h5", dir);
-    snprintf(pb, sizeof pb, "%s/b.h5", dir);
-    snprintf(html, cap, "%s/report.html", dir);
+    snprintf(pa, sizeof pa, "%s/a.h5", m3_tmpdir());
+    snprintf(pb, sizeof pb, "%s/b.h5", m3_tmpdir());
+    snprintf(html, cap, "%s/report.html", m3_tmpdir());
     write_pair(pa, pb);
     snprintf(cmd, sizeof cmd, "%s compare %s %s --html %s --quiet", m3_bin(), pa, pb, html);
     int rc = m3_run_cmd(cmd, NULL);
@@ -123,14 +108,14 @@ static void renders_in_chromium(void **state) {
              "--disable-quic --no-first-run --disable-background-networking --disable-component-update "
              "--disable-sync --user-data-dir=\"$prof\" --enable-logging=stderr --v=0 --dump-dom "
              "'file://%s' >'%s/dom.html' 2>'%s/chromium.log'; rc=$?; rm -rf \"$prof\"; exit $rc",
-             html, dir, dir);
+             html, m3_tmpdir(), m3_tmpdir());
     int rc = m3_run_cmd(cmd, &out);
     free(out);
     char p[160];
-    snprintf(p, sizeof p, "%s/chromium.log", dir);
+    snprintf(p, sizeof p, "%s/chromium.log", m3_tmpdir());
     char *log = slurp(p);
     if (rc != 0) m3_test_failf("chromium exit %d: %.2000s", rc, log);
-    snprintf(p, sizeof p, "%s/dom.html", dir);
+    snprintf(p, sizeof p, "%s/dom.html", m3_tmpdir());
     char *dom = slurp(p);
     assert_int_equal(count(dom, "<svg"), 3);
     assert_true(count(dom, "<circle") >= 6);
@@ -147,6 +132,5 @@ int main(void) {
         cmocka_unit_test(report_is_self_contained),
         cmocka_unit_test(renders_in_chromium),
     };
-    cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return M3_RUN_TESTS_IN_TMPDIR(tests);
 }

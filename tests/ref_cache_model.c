@@ -41,88 +41,20 @@ static void find_fixtures(void) {
         if (stat(own[i], &st) == 0) snprintf(fix_dir[n_fix++], 512, "%s", own[i]);
 }
 
+/* the fixture's prompt: long enough for a prefill of 40+ and decode steps */
 static int32_t *read_tokens(const char *dir, int *n) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/tokens.txt", dir);
-    FILE *f = fopen(p, "r");
-    if (!f) fail_msg("%s: cannot open", p);
-    int32_t *t = malloc(4096 * 4);
-    int k = 0, v;
-    while (k < 4096 && fscanf(f, "%d", &v) == 1)
-        t[k++] = v;
-    fclose(f);
-    *n = k;
-    assert_true(k >= 40);
+    int32_t *t = m3_read_tokens(dir, n);
+    assert_true(*n >= 40);
     return t;
 }
 
 static m3_model *open_model(const char *dir, const char *prof, const char *override,
                             const char *const *kv) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/model", dir);
-    m3_profile pr;
-    assert_int_equal(m3_profile_by_name(&pr, prof), M3_OK);
-    m3_model *m = NULL;
-    if (m3_model_open(&m, p, override, &pr)) fail_msg("%s", m3_last_error());
     m3_variant v;
     m3_variant_default(&v);
     for (int i = 0; kv && kv[i]; i += 2)
         if (m3_variant_set(&v, kv[i], kv[i + 1])) fail_msg("%s", m3_last_error());
-    if (m3_model_set_variant(m, &v)) fail_msg("%s", m3_last_error());
-    return m;
-}
-
-/* ---- in-memory capture (and a fetch over it for teacher forcing) --------------------------- */
-
-#define CAP_MAX 4096
-typedef struct {
-    int n;
-    char (*key)[112];
-    m3_tensor *t;
-} capture;
-
-static capture *cap_new(void) {
-    capture *c = calloc(1, sizeof *c);
-    c->key = calloc(CAP_MAX, sizeof *c->key);
-    c->t = calloc(CAP_MAX, sizeof *c->t);
-    return c;
-}
-
-static m3_status cap_tap(void *vctx, const char *key, const m3_tensor *t, const char *dt) {
-    (void)dt;
-    capture *c = vctx;
-    M3_ASSERT(c->n < CAP_MAX);
-    snprintf(c->key[c->n], 112, "%s", key);
-    c->t[c->n] = *t;
-    size_t b = (size_t)m3_tensor_numel(t) * 4;
-    c->t[c->n].data = malloc(b ? b : 1);
-    memcpy(c->t[c->n].data, t->data, b);
-    c->n++;
-    return M3_OK;
-}
-
-static void cap_free(capture *c) {
-    for (int i = 0; i < c->n; i++)
-        free(c->t[i].data);
-    free(c->key);
-    free(c->t);
-    free(c);
-}
-
-static const m3_tensor *cap_get(const capture *c, const char *key) {
-    for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->key[i], key)) return &c->t[i];
-    return NULL;
-}
-
-static m3_status cap_fetch(void *vctx, const char *key, m3_tensor *out) {
-    const m3_tensor *t = cap_get(vctx, key);
-    if (!t) return m3_errorf(M3_ERR_MISSING, "capture: no %s", key);
-    *out = *t;
-    size_t b = (size_t)m3_tensor_numel(t) * 4;
-    out->data = malloc(b);
-    memcpy(out->data, t->data, b);
-    return M3_OK;
+    return m3_test_open_model(dir, prof, override, &v);
 }
 
 static double nmse(const m3_tensor *a, const m3_tensor *b) {
@@ -145,11 +77,11 @@ static bool same(const m3_tensor *a, const m3_tensor *b) {
 
 /* Prefill T0 tokens then n_dec single-token passes, each under passes/PPPP/. With `from`,
  * every layer is teacher-forced from it (force_input). */
-static void run_passes(m3_model *m, const int32_t *tok, int T0, int n_dec, capture *into,
-                       capture *from) {
-    m3_hooks hk = {.tap = cap_tap, .tap_ctx = into};
+static void run_passes(m3_model *m, const int32_t *tok, int T0, int n_dec, m3_capture *into,
+                       m3_capture *from) {
+    m3_hooks hk = {.tap = m3_capture_tap, .tap_ctx = into};
     if (from) {
-        hk.fetch = cap_fetch;
+        hk.fetch = m3_capture_fetch;
         hk.fetch_ctx = from;
         hk.force_input = true;
     }
@@ -186,7 +118,7 @@ static void paged_equals_contiguous(void **state) {
         for (int pi = 0; pi < 3; pi++) {
             m3_model *a = open_model(fix_dir[f], profs[pi], NULL, NULL);
             m3_model *b = open_model(fix_dir[f], profs[pi], NULL, paged);
-            capture *ca = cap_new(), *cb = cap_new();
+            m3_capture *ca = m3_capture_create(), *cb = m3_capture_create();
             run_passes(a, tok, T0, 4, ca, NULL);
             run_passes(b, tok, T0, 4, cb, NULL);
             assert_int_equal(ca->n, cb->n);
@@ -198,7 +130,7 @@ static void paged_equals_contiguous(void **state) {
             }
             printf("  %s %s: prefill %d + 4 decode, %d stages bit-identical paged vs contiguous\n",
                    fix_dir[f], profs[pi], T0, ca->n);
-            cap_free(ca), cap_free(cb);
+            m3_capture_free(ca), m3_capture_free(cb);
             m3_model_close(a), m3_model_close(b);
         }
         free(tok);
@@ -213,11 +145,11 @@ static void paged_threads_bit_identical(void **state) {
     const char *kv[] = {"kv_cache", "fp8", "index_cache", "fp8", "topk_reuse", "2", NULL};
     int n;
     int32_t *tok = read_tokens(fix_dir[n_fix - 1], &n);
-    capture *c[2];
+    m3_capture *c[2];
     for (int i = 0; i < 2; i++) {
         m3_set_threads(i == 0 ? 1 : 3);
         m3_model *m = open_model(fix_dir[n_fix - 1], "atom", NULL, kv);
-        c[i] = cap_new();
+        c[i] = m3_capture_create();
         run_passes(m, tok, 60, 2, c[i], NULL);
         m3_model_close(m);
     }
@@ -226,7 +158,7 @@ static void paged_threads_bit_identical(void **state) {
     for (int i = 0; i < c[0]->n; i++)
         if (!same(&c[0]->t[i], &c[1]->t[i]))
             fail_msg("%s differs for 1 vs 3 threads", c[0]->key[i]);
-    cap_free(c[0]), cap_free(c[1]);
+    m3_capture_free(c[0]), m3_capture_free(c[1]);
     free(tok);
 }
 
@@ -270,17 +202,18 @@ static void fp8_kv_changes_attention_only(void **state) {
             m3_model *a = open_model(fix_dir[f], profs[pi], NULL, NULL);
             m3_model *b = open_model(fix_dir[f], profs[pi], NULL, fp8);
             const m3_config *cfg = m3_model_config(a);
-            capture *cr = cap_new(), *ca = cap_new(), *cb = cap_new();
+            m3_capture *cr = m3_capture_create(), *ca = m3_capture_create(),
+                       *cb = m3_capture_create();
             run_passes(r, tok, T0, 3, cr, NULL);
             run_passes(a, tok, T0, 3, ca, cr);
             run_passes(b, tok, T0, 3, cb, cr);
-            cap_free(cr);
+            m3_capture_free(cr);
             m3_model_close(r);
             double worst = 0;
             int n_diff = 0;
             for (int i = 0; i < ca->n; i++) {
                 const char *st = stage_of(ca->key[i]);
-                const m3_tensor *tb = cap_get(cb, ca->key[i]);
+                const m3_tensor *tb = m3_capture_get(cb, ca->key[i]);
                 if (layer_of(ca->key[i]) < 0) continue;
                 assert_non_null(tb);
                 if (before_attention(st) && !same(&ca->t[i], tb))
@@ -300,7 +233,7 @@ static void fp8_kv_changes_attention_only(void **state) {
                    fix_dir[f], profs[pi], worst, n_diff);
             assert_true(n_diff > 0);
             assert_true(worst <= GATE_FP8_KV_ATTN_NMSE);
-            cap_free(ca), cap_free(cb);
+            m3_capture_free(ca), m3_capture_free(cb);
             m3_model_close(a), m3_model_close(b);
         }
         free(tok);
@@ -323,10 +256,10 @@ static void fp8_writer_table_keys(void **state) {
         int32_t *tok = read_tokens(fix_dir[f], &n);
         int T0 = n < 75 ? n - 5 : 70;
         m3_model *r = open_model(fix_dir[f], "atom", NULL, reuse);
-        capture *cr = cap_new();
+        m3_capture *cr = m3_capture_create();
         run_passes(r, tok, T0, 2, cr, NULL);
         const char *const *vs[4] = {tab, f240, uz, uz240};
-        capture *c[4];
+        m3_capture *c[4];
         bool *comp = NULL;
         for (int i = 0; i < 4; i++) {
             /* with top-k reuse on, so that the reusing layers' 240 writer is covered too */
@@ -343,7 +276,7 @@ static void fp8_writer_table_keys(void **state) {
                 comp = calloc((size_t)cfg->n_layer, sizeof *comp);
                 assert_int_equal(m3_config_topk_schedule(cfg, comp), M3_OK);
             }
-            c[i] = cap_new();
+            c[i] = m3_capture_create();
             run_passes(m, tok, T0, 2, c[i], cr);
             m3_model_close(m);
         }
@@ -351,18 +284,18 @@ static void fp8_writer_table_keys(void **state) {
         for (int i = 0; i < c[0]->n; i++) {
             if (strcmp(stage_of(c[0]->key[i]), "attn_out") != 0) continue;
             int L = layer_of(c[0]->key[i]);
-            bool a_same = same(&c[0]->t[i], cap_get(c[1], c[0]->key[i]));
+            bool a_same = same(&c[0]->t[i], m3_capture_get(c[1], c[0]->key[i]));
             if (!comp[L] && !a_same)
                 fail_msg("%s: %s changed by kv_fp8max 240 on a dense / reusing layer", fix_dir[f],
                          c[0]->key[i]);
             n_changed += !a_same;
-            if (!same(&c[2]->t[i], cap_get(c[3], c[0]->key[i])))
+            if (!same(&c[2]->t[i], m3_capture_get(c[3], c[0]->key[i])))
                 fail_msg("%s: e4m3fnuz %s changed by kv_fp8max 240", fix_dir[f], c[0]->key[i]);
         }
         assert_true(n_changed > 0);
         for (int i = 0; i < 4; i++)
-            cap_free(c[i]);
-        cap_free(cr);
+            m3_capture_free(c[i]);
+        m3_capture_free(cr);
         m3_model_close(r);
         free(comp);
         free(tok);
@@ -385,12 +318,13 @@ static void fp8_index_cache(void **state) {
         m3_model *a = open_model(fix_dir[f], "atom", NULL, NULL);
         m3_model *b = open_model(fix_dir[f], "atom", NULL, fp8);
         m3_model *c = open_model(fix_dir[f], "atom", NULL, fp8_noq);
-        capture *cr = cap_new(), *ca = cap_new(), *cb = cap_new(), *cc = cap_new();
+        m3_capture *cr = m3_capture_create(), *ca = m3_capture_create(),
+                   *cb = m3_capture_create(), *cc = m3_capture_create();
         run_passes(r, tok, T0, 3, cr, NULL);
         run_passes(a, tok, T0, 3, ca, cr);
         run_passes(b, tok, T0, 3, cb, cr);
         run_passes(c, tok, T0, 3, cc, cr);
-        cap_free(cr);
+        m3_capture_free(cr);
         m3_model_close(r);
         int64_t rows = 0, flips = 0;
         bool prefill_asym = false, decode_same = true;
@@ -399,16 +333,17 @@ static void fp8_index_cache(void **state) {
             bool prefill = !strncmp(ca->key[i], "passes/0000/", 12);
             if ((!strcmp(st, "q") || !strcmp(st, "k") || !strcmp(st, "v") ||
                  !strcmp(st, "index_q") || !strcmp(st, "index_k")) &&
-                !same(&ca->t[i], cap_get(cb, ca->key[i])))
+                !same(&ca->t[i], m3_capture_get(cb, ca->key[i])))
                 fail_msg("%s: fp8 index cache changed %s", fix_dir[f], ca->key[i]);
             if (!strcmp(st, "index_scores")) {
-                const m3_tensor *sb = cap_get(cb, ca->key[i]), *sc = cap_get(cc, ca->key[i]);
+                const m3_tensor *sb = m3_capture_get(cb, ca->key[i]),
+                                *sc = m3_capture_get(cc, ca->key[i]);
                 /* prefill casts the index query to fp8 (b) or not (c); decode never does */
                 if (prefill && !same(sb, sc)) prefill_asym = true;
                 if (!prefill && !same(sb, sc)) decode_same = false;
             }
             if (strcmp(st, "index_topk") != 0) continue;
-            const m3_tensor *ta = &ca->t[i], *tb = cap_get(cb, ca->key[i]);
+            const m3_tensor *ta = &ca->t[i], *tb = m3_capture_get(cb, ca->key[i]);
             int W = (int)ta->shape[2];
             int64_t R = m3_tensor_numel(ta) / W;
             for (int64_t row = 0; row < R; row++) {
@@ -434,7 +369,7 @@ static void fp8_index_cache(void **state) {
         assert_true(frac <= GATE_FP8_INDEX_FLIP);
         assert_true(prefill_asym);
         assert_true(decode_same);
-        cap_free(ca), cap_free(cb), cap_free(cc);
+        m3_capture_free(ca), m3_capture_free(cb), m3_capture_free(cc);
         m3_model_close(a), m3_model_close(b), m3_model_close(c);
         free(tok);
     }
@@ -445,7 +380,7 @@ static void fp8_index_cache(void **state) {
 /* Check one run against the model's schedule: reusing layers carry exactly the top-k of the
  * most recent computing layer of the same pass and have no index_scores; computing layers
  * have their scores. Returns the number of reusing layers seen (over passes). */
-static int check_reuse(const char *what, m3_model *m, const capture *c, int n_pass) {
+static int check_reuse(const char *what, m3_model *m, const m3_capture *c, int n_pass) {
     const m3_config *cfg = m3_model_config(m);
     bool *comp = calloc((size_t)cfg->n_layer, sizeof *comp);
     assert_int_equal(m3_config_topk_schedule(cfg, comp), M3_OK);
@@ -456,10 +391,10 @@ static int check_reuse(const char *what, m3_model *m, const capture *c, int n_pa
         for (int L = 0; L < cfg->n_layer; L++) {
             if (!cfg->layer_sparse[L]) continue;
             snprintf(key, sizeof key, "passes/%04d/layers/%02d/index_topk", p, L);
-            const m3_tensor *t = cap_get(c, key);
+            const m3_tensor *t = m3_capture_get(c, key);
             assert_non_null(t);
             snprintf(key, sizeof key, "passes/%04d/layers/%02d/index_scores", p, L);
-            bool has_scores = cap_get(c, key) != NULL;
+            bool has_scores = m3_capture_get(c, key) != NULL;
             if (comp[L]) {
                 if (!has_scores) fail_msg("%s: computing layer %d has no index_scores", what, L);
                 last = L;
@@ -469,10 +404,11 @@ static int check_reuse(const char *what, m3_model *m, const capture *c, int n_pa
             assert_true(last >= 0);
             if (has_scores) fail_msg("%s: reusing layer %d has index_scores", what, L);
             snprintf(key, sizeof key, "passes/%04d/layers/%02d/index_topk", p, last);
-            if (!same(t, cap_get(c, key)))
+            if (!same(t, m3_capture_get(c, key)))
                 fail_msg("%s: pass %d layer %d does not carry layer %d's top-k", what, p, L, last);
             snprintf(key, sizeof key, "passes/%04d/layers/%02d/index_k_proj", p, L);
-            if (!cap_get(c, key)) fail_msg("%s: reusing layer %d skipped its projections", what, L);
+            if (!m3_capture_get(c, key))
+                fail_msg("%s: reusing layer %d skipped its projections", what, L);
         }
     }
     free(comp);
@@ -488,7 +424,7 @@ static void topk_reuse_schedules(void **state) {
         int T0 = n < 75 ? n - 5 : 70;
         /* reuse off: every sparse layer computes its own (and they do differ somewhere) */
         m3_model *m = open_model(fix_dir[f], "atom", NULL, NULL);
-        capture *c0 = cap_new();
+        m3_capture *c0 = m3_capture_create();
         run_passes(m, tok, T0, 2, c0, NULL);
         assert_int_equal(check_reuse("reuse off", m, c0, 3), 0);
         const m3_config *cfg = m3_model_config(m);
@@ -499,7 +435,7 @@ static void topk_reuse_schedules(void **state) {
             if (prev >= 0) {
                 snprintf(k1, sizeof k1, "passes/0000/layers/%02d/index_topk", prev);
                 snprintf(k2, sizeof k2, "passes/0000/layers/%02d/index_topk", L);
-                n_differ += !same(cap_get(c0, k1), cap_get(c0, k2));
+                n_differ += !same(m3_capture_get(c0, k1), m3_capture_get(c0, k2));
             }
             prev = L;
         }
@@ -519,16 +455,16 @@ static void topk_reuse_schedules(void **state) {
         for (int s = 0; s < 6; s++) {
             const char *ovr = s == 5 ? "{\"use_index_cache\": true, \"index_topk_freq\": 2}" : NULL;
             m = open_model(fix_dir[f], "atom", ovr, s < 5 ? vs[s] : NULL);
-            capture *c = cap_new();
+            m3_capture *c = m3_capture_create();
             run_passes(m, tok, T0, 2, c, NULL);
             int nr = check_reuse(names[s], m, c, 3);
             printf("  %s %s: %d reusing (layer, pass) pairs carry the computing layer's top-k\n",
                    fix_dir[f], names[s], nr);
             assert_true(nr > 0);
-            cap_free(c);
+            m3_capture_free(c);
             m3_model_close(m);
         }
-        cap_free(c0);
+        m3_capture_free(c0);
         free(tok);
     }
     /* a pattern whose first sparse layer reuses is refused */

@@ -300,39 +300,6 @@ static void hf_replay_matches_transformers_bf16(void **state) {
     assert_true(done >= 1);
 }
 
-/* ---- in-memory capture ------------------------------------------------------------------- */
-
-typedef struct {
-    int n;
-    char key[512][96];
-    m3_tensor t[512];
-} capture;
-
-static m3_status cap_tap(void *vctx, const char *key, const m3_tensor *t, const char *dt) {
-    (void)dt;
-    capture *c = vctx;
-    M3_ASSERT(c->n < 512);
-    snprintf(c->key[c->n], 96, "%s", key);
-    c->t[c->n] = *t;
-    size_t b = (size_t)m3_tensor_numel(t) * 4;
-    c->t[c->n].data = malloc(b);
-    memcpy(c->t[c->n].data, t->data, b);
-    c->n++;
-    return M3_OK;
-}
-
-static void cap_free(capture *c) {
-    for (int i = 0; i < c->n; i++)
-        free(c->t[i].data);
-    c->n = 0;
-}
-
-static const m3_tensor *cap_get(const capture *c, const char *key) {
-    for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->key[i], key)) return &c->t[i];
-    return NULL;
-}
-
 static int32_t *fixture_tokens(int *n) {
     char p[512];
     snprintf(p, sizeof p, "%s/fixtures/hf-tiny/hf_fp32.h5", m3_shared_dir());
@@ -346,12 +313,8 @@ static int32_t *fixture_tokens(int *n) {
 
 static m3_model *open_tiny(const char *prof) {
     char p[512];
-    snprintf(p, sizeof p, "%s/fixtures/hf-tiny/model", m3_shared_dir());
-    m3_profile pr;
-    assert_int_equal(m3_profile_by_name(&pr, prof), M3_OK);
-    m3_model *m = NULL;
-    if (m3_model_open(&m, p, NULL, &pr)) fail_msg("%s", m3_last_error());
-    return m;
+    snprintf(p, sizeof p, "%s/fixtures/hf-tiny", m3_shared_dir());
+    return m3_test_open_model(p, prof, NULL, NULL);
 }
 
 /* Prefill T0 tokens, then decode 5 single tokens; each decode step's logits must equal row
@@ -367,10 +330,10 @@ static void decode_equals_full_forward(void **state) {
     for (int pi = 0; pi < 2; pi++) {
         m3_model *m = open_tiny(profs[pi]);
         int V = m3_model_config(m)->vocab;
-        capture *full = calloc(1, sizeof *full);
-        m3_hooks hk = {.tap = cap_tap, .tap_ctx = full};
+        m3_capture *full = m3_capture_create();
+        m3_hooks hk = {.tap = m3_capture_tap, .tap_ctx = full};
         assert_int_equal(m3_model_forward(m, tok, NULL, T0 + N, &hk, "", NULL, NULL), M3_OK);
-        const m3_tensor *lg = cap_get(full, "logits");
+        const m3_tensor *lg = m3_capture_get(full, "logits");
         assert_non_null(lg);
         m3_model_reset(m);
         float *last = malloc((size_t)V * sizeof *last);
@@ -396,8 +359,7 @@ static void decode_equals_full_forward(void **state) {
         printf("  decode vs full forward (%s, T0=%d, %d steps): worst logits NMSE %.3g\n",
                profs[pi], T0, N, worst);
         free(last);
-        cap_free(full);
-        free(full);
+        m3_capture_free(full);
         m3_model_close(m);
     }
     free(tok);
@@ -410,12 +372,12 @@ static void threads_bit_identical(void **state) {
     int32_t *tok = fixture_tokens(&n_tok);
     const char *profs[] = {"fp32", "hf"};
     for (int pi = 0; pi < 2; pi++) {
-        capture *ref = calloc(1, sizeof *ref), *got = calloc(1, sizeof *got);
+        m3_capture *ref = m3_capture_create(), *got = m3_capture_create();
         for (int th = 1; th <= 3; th++) {
             m3_set_threads(th);
-            capture *c = th == 1 ? ref : got;
+            m3_capture *c = th == 1 ? ref : got;
             m3_model *m = open_tiny(profs[pi]);
-            m3_hooks hk = {.tap = cap_tap, .tap_ctx = c};
+            m3_hooks hk = {.tap = m3_capture_tap, .tap_ctx = c};
             assert_int_equal(m3_model_forward(m, tok, NULL, n_tok - 1, &hk, "p0/", NULL, NULL),
                              M3_OK);
             assert_int_equal(m3_model_forward(m, &tok[n_tok - 1], NULL, 1, &hk, "p1/", NULL, NULL),
@@ -431,13 +393,12 @@ static void threads_bit_identical(void **state) {
                     fail_msg("%s: stage %s differs between 1 and %d threads", profs[pi],
                              ref->key[i], th);
             }
-            cap_free(got);
+            m3_capture_clear(got);
         }
         printf("  %s: %d stages bit-identical for 1, 2, 3 threads\n", profs[pi], ref->n);
         assert_true(ref->n > 50);
-        cap_free(ref);
-        free(ref);
-        free(got);
+        m3_capture_free(ref);
+        m3_capture_free(got);
     }
     m3_set_threads(0);
     free(tok);
@@ -465,8 +426,8 @@ static void replay_forces_selection(void **state) {
     int n_tok = 0;
     int32_t *tok = read_i32(d, "tokens", &n_tok);
     m3_model *m = open_tiny("hf");
-    capture *c = calloc(1, sizeof *c);
-    m3_hooks hk = {.tap = cap_tap,
+    m3_capture *c = m3_capture_create();
+    m3_hooks hk = {.tap = m3_capture_tap,
                    .tap_ctx = c,
                    .fetch = fetch_dump,
                    .fetch_ctx = d,
@@ -496,8 +457,7 @@ static void replay_forces_selection(void **state) {
         if (s == M3_OK) fail_msg("bad forced selection mode %d accepted", bad_mode);
         assert_int_equal(m3_model_n_past(m), n_past);
     }
-    cap_free(c);
-    free(c);
+    m3_capture_free(c);
     free(tok);
     m3_model_close(m);
     m3_dump_close(d);

@@ -31,7 +31,7 @@
 #define PTPC_ATTN_LO 7.5e-4 /* attn_proj: 3.2e-3 (dense) .. 5.1e-2 (sparse: the quantized */
 #define PTPC_ATTN_HI 2.1e-1 /* index projections flip near-tie top-k blocks) */
 
-/* ---- fixtures and capture ---------------------------------------------------------------- */
+/* ---- fixtures and runs ----------------------------------------------------------------------- */
 
 static void fixture_path(char *buf, size_t n, int i) {
     if (i == 0)
@@ -43,89 +43,25 @@ static void fixture_path(char *buf, size_t n, int i) {
 }
 #define N_FIX 3
 
-static int32_t *read_tokens(const char *fx, int *n) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/tokens.txt", fx);
-    FILE *f = fopen(p, "r");
-    if (!f) fail_msg("cannot open %s", p);
-    int32_t *v = malloc(4096 * sizeof *v);
-    int k = 0;
-    long x;
-    while (k < 4096 && fscanf(f, " %ld", &x) == 1)
-        v[k++] = (int32_t)x;
-    fclose(f);
-    assert_true(k > 0);
-    *n = k;
-    return v;
-}
-
-typedef struct {
-    int n;
-    char key[1024][96];
-    m3_tensor t[1024];
-} capture;
-
-static m3_status cap_tap(void *vctx, const char *key, const m3_tensor *t, const char *dt) {
-    (void)dt;
-    capture *c = vctx;
-    M3_ASSERT(c->n < 1024);
-    snprintf(c->key[c->n], 96, "%s", key);
-    c->t[c->n] = *t;
-    size_t b = (size_t)m3_tensor_numel(t) * 4;
-    c->t[c->n].data = malloc(b);
-    memcpy(c->t[c->n].data, t->data, b);
-    c->n++;
-    return M3_OK;
-}
-
-static void cap_free(capture *c) {
-    for (int i = 0; i < c->n; i++)
-        free(c->t[i].data);
-    c->n = 0;
-}
-
-static const m3_tensor *cap_get(const capture *c, const char *key) {
-    for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->key[i], key)) return &c->t[i];
-    return NULL;
-}
-
-/* teacher forcing from a capture */
-static m3_status cap_fetch(void *vctx, const char *key, m3_tensor *out) {
-    const m3_tensor *t = cap_get(vctx, key);
-    if (!t) return m3_errorf(M3_ERR_MISSING, "no stage %s", key);
-    *out = *t;
-    size_t b = (size_t)m3_tensor_numel(t) * 4;
-    out->data = malloc(b);
-    memcpy(out->data, t->data, b);
-    return M3_OK;
-}
-
 /* One pass of tokens under profile/variant; captures every stage. base: teacher-forcing
  * source (NULL: free-running). */
-static void run(capture *c, const char *fx, const char *prof, const m3_variant *v,
-                const int32_t *tok, int T, capture *base) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/model", fx);
-    m3_profile pr;
-    assert_int_equal(m3_profile_by_name(&pr, prof), M3_OK);
-    m3_model *m = NULL;
-    if (m3_model_open(&m, p, NULL, &pr)) fail_msg("%s", m3_last_error());
-    if (v && m3_model_set_variant(m, v)) fail_msg("%s", m3_last_error());
-    m3_hooks hk = {.tap = cap_tap, .tap_ctx = c};
+static void run(m3_capture *c, const char *fx, const char *prof, const m3_variant *v,
+                const int32_t *tok, int T, m3_capture *base) {
+    m3_model *m = m3_test_open_model(fx, prof, NULL, v);
+    m3_hooks hk = {.tap = m3_capture_tap, .tap_ctx = c};
     if (base) {
-        hk.fetch = cap_fetch;
+        hk.fetch = m3_capture_fetch;
         hk.fetch_ctx = base;
         hk.force_input = true;
     }
-    c->n = 0;
+    m3_capture_clear(c);
     if (m3_model_forward(m, tok, NULL, T, &hk, "", NULL, NULL)) fail_msg("%s", m3_last_error());
     m3_model_close(m);
 }
 
 /* NMSE of stage key of b against a (a is the reference); -1 when a stage is missing */
-static double nmse(const capture *a, const capture *b, const char *key) {
-    const m3_tensor *x = cap_get(a, key), *y = cap_get(b, key);
+static double nmse(const m3_capture *a, const m3_capture *b, const char *key) {
+    const m3_tensor *x = m3_capture_get(a, key), *y = m3_capture_get(b, key);
     if (!x || !y) return -1;
     assert_int_equal(m3_tensor_numel(x), m3_tensor_numel(y));
     double num = 0, den = 0;
@@ -139,8 +75,8 @@ static double nmse(const capture *a, const capture *b, const char *key) {
     return num / den;
 }
 
-static bool identical(const capture *a, const capture *b, const char *key) {
-    const m3_tensor *x = cap_get(a, key), *y = cap_get(b, key);
+static bool identical(const m3_capture *a, const m3_capture *b, const char *key) {
+    const m3_tensor *x = m3_capture_get(a, key), *y = m3_capture_get(b, key);
     assert_non_null(x);
     assert_non_null(y);
     return m3_tensor_numel(x) == m3_tensor_numel(y) &&
@@ -172,9 +108,9 @@ static bool verbose(void) {
 static double variant_error(const char *fx, const m3_variant *v, const char *stage, bool moe_only,
                             const char *still, double lo, double hi, const char *what) {
     int T;
-    int32_t *tok = read_tokens(fx, &T);
+    int32_t *tok = m3_read_tokens(fx, &T);
     m3_config *cfg = load_cfg(fx);
-    capture *base = calloc(1, sizeof *base), *var = calloc(1, sizeof *var);
+    m3_capture *base = m3_capture_create(), *var = m3_capture_create();
     run(base, fx, "fp32", NULL, tok, T, NULL);
     run(var, fx, "fp32", v, tok, T, base);
     double sum = 0;
@@ -195,10 +131,8 @@ static double variant_error(const char *fx, const m3_variant *v, const char *sta
         }
     }
     assert_true(n > 0);
-    cap_free(base);
-    cap_free(var);
-    free(base);
-    free(var);
+    m3_capture_free(base);
+    m3_capture_free(var);
     free(tok);
     m3_config_free(cfg);
     return sum / n;
@@ -330,12 +264,12 @@ static void quark_roundtrip_same_run(void **state) {
         fixture_path(fx, sizeof fx, f);
         quantize_to(fx, "mxfp4", q, sizeof q);
         int T;
-        int32_t *tok = read_tokens(fx, &T);
+        int32_t *tok = m3_read_tokens(fx, &T);
         m3_variant v;
         m3_variant_default(&v);
         assert_int_equal(m3_variant_set(&v, "experts", "mxfp4"), M3_OK);
         assert_int_equal(m3_variant_set(&v, "moe_act_bound", "64"), M3_OK); /* A4W4 too */
-        capture *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+        m3_capture *a = m3_capture_create(), *b = m3_capture_create();
         run(a, fx, "atom", &v, tok, T, NULL);
         /* the copy, as stored (the default variant), with the same bound */
         m3_variant vs;
@@ -356,10 +290,8 @@ static void quark_roundtrip_same_run(void **state) {
             assert_string_equal(a->key[i], b->key[i]);
             if (!identical(a, b, a->key[i])) fail_msg("%s: stage %s differs", fx, a->key[i]);
         }
-        cap_free(a);
-        cap_free(b);
-        free(a);
-        free(b);
+        m3_capture_free(a);
+        m3_capture_free(b);
         free(tok);
     }
 }
@@ -373,16 +305,16 @@ static void mxfp4_activation_switch_at_bound(void **state) {
     const char *fx = "fixtures/tiny-moe";
     const int B = 16;
     int T;
-    int32_t *tok = read_tokens(fx, &T);
+    int32_t *tok = m3_read_tokens(fx, &T);
     m3_config *cfg = load_cfg(fx);
     int L = 0;
     while (!cfg->layer_moe[L])
         L++;
     char k[128];
     layer_key(k, sizeof k, cfg, L, "mlp_out");
-    capture *c[3];
+    m3_capture *c[3];
     for (int i = 0; i < 3; i++)
-        c[i] = calloc(1, sizeof *c[i]);
+        c[i] = m3_capture_create();
     for (int n = B - 1; n <= B; n++) {
         const char *bounds[3] = {"16", "0", "1"};
         for (int i = 0; i < 3; i++) {
@@ -397,10 +329,10 @@ static void mxfp4_activation_switch_at_bound(void **state) {
         assert_true(n < B ? never : always);
         assert_false(n < B ? always : never);
         for (int i = 0; i < 3; i++)
-            cap_free(c[i]);
+            m3_capture_clear(c[i]);
     }
     for (int i = 0; i < 3; i++)
-        free(c[i]);
+        m3_capture_free(c[i]);
     free(tok);
     m3_config_free(cfg);
 }
@@ -414,12 +346,12 @@ static void shared_fusion_equals_unfused(void **state) {
     (void)state;
     const char *fx = "fixtures/tiny-moe";
     int T;
-    int32_t *tok = read_tokens(fx, &T);
+    int32_t *tok = m3_read_tokens(fx, &T);
     m3_config *cfg = load_cfg(fx);
     const char *profs[2] = {"fp32", "atom"};
     for (int pi = 0; pi < 2; pi++) {
-        capture *base = calloc(1, sizeof *base), *on = calloc(1, sizeof *on),
-                *off = calloc(1, sizeof *off), *au = calloc(1, sizeof *au);
+        m3_capture *base = m3_capture_create(), *on = m3_capture_create(),
+                *off = m3_capture_create(), *au = m3_capture_create();
         m3_variant v;
         m3_variant_default(&v);
         assert_int_equal(m3_variant_set(&v, "experts", "mxfp4"), M3_OK);
@@ -436,11 +368,12 @@ static void shared_fusion_equals_unfused(void **state) {
             char k[128], ks[128];
             layer_key(k, sizeof k, cfg, L, "mlp_out");
             layer_key(ks, sizeof ks, cfg, L, "shared_out");
-            assert_null(cap_get(on, ks)); /* fused: no separate shared expert stage */
-            assert_non_null(cap_get(off, ks));
+            assert_null(m3_capture_get(on, ks)); /* fused: no separate shared expert stage */
+            assert_non_null(m3_capture_get(off, ks));
             /* auto: fused under atom only */
             assert_true(pi == 1 ? identical(au, on, k) : identical(au, off, k));
-            const m3_tensor *a = cap_get(on, k), *b = cap_get(off, k), *s = cap_get(off, ks);
+            const m3_tensor *a = m3_capture_get(on, k), *b = m3_capture_get(off, k),
+                            *s = m3_capture_get(off, ks);
             const float *ya = a->data, *yb = b->data, *ys = s->data;
             int64_t nd = 0;
             for (int64_t i = 0; i < m3_tensor_numel(a); i++) {
@@ -459,14 +392,10 @@ static void shared_fusion_equals_unfused(void **state) {
             n++;
         }
         assert_true(n > 0);
-        cap_free(base);
-        cap_free(on);
-        cap_free(off);
-        cap_free(au);
-        free(base);
-        free(on);
-        free(off);
-        free(au);
+        m3_capture_free(base);
+        m3_capture_free(on);
+        m3_capture_free(off);
+        m3_capture_free(au);
     }
     free(tok);
     m3_config_free(cfg);

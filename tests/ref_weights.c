@@ -16,32 +16,9 @@
 #include "ref/weights.h"
 #include "tests/util.h"
 
-static char tmpdir[256];
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/m3_ref_weights.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static const char *tpath(const char *rel) {
-    static char p[4][1024];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", tmpdir, rel);
-    return p[k];
-}
-
 static void mkdir_p(const char *rel) {
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s/%s'", tmpdir, rel);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", m3_tmp_path(rel));
     assert_int_equal(system(cmd), 0);
 }
 
@@ -268,20 +245,22 @@ static void header_validation(void **state) {
         {"{\"\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, -1, "empty tensor name"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *p = tpath("bad.safetensors");
+        const char *p = m3_tmp_path("bad.safetensors");
         write_raw(p, cases[i].hdr, cases[i].data_len, cases[i].declared, false);
         expect_open_fails(p, M3_ERR_FORMAT, cases[i].want);
         /* the message names the file */
         assert_non_null(strstr(m3_last_error(), "bad.safetensors"));
     }
     /* a file shorter than 8 bytes */
-    FILE *f = fopen(tpath("short.safetensors"), "wb");
+    FILE *f = fopen(m3_tmp_path("short.safetensors"), "wb");
     fputs("abc", f);
     fclose(f);
-    expect_open_fails(tpath("short.safetensors"), M3_ERR_FORMAT, "too short for a safetensors header");
-    expect_open_fails(tpath("nonexistent"), M3_ERR_IO, "no such file");
+    expect_open_fails(m3_tmp_path("short.safetensors"), M3_ERR_FORMAT,
+                      "too short for a safetensors header");
+    expect_open_fails(m3_tmp_path("nonexistent"), M3_ERR_IO, "no such file");
     mkdir_p("empty");
-    expect_open_fails(tpath("empty"), M3_ERR_MISSING, "no model.safetensors or model.safetensors.index.json");
+    expect_open_fails(m3_tmp_path("empty"), M3_ERR_MISSING,
+                      "no model.safetensors or model.safetensors.index.json");
 }
 
 static void dtypes_and_padding(void **state) {
@@ -297,9 +276,9 @@ static void dtypes_and_padding(void **state) {
         e[i] = (ent){nm[i], names[i], 2, {3, 4}};
     }
     e[17] = (ent){"zero", "BF16", 2, {0, 7}};
-    write_st(tpath("dt.safetensors"), e, 18, true);
+    write_st(m3_tmp_path("dt.safetensors"), e, 18, true);
     m3_weights *w = NULL;
-    if (m3_weights_open(&w, tpath("dt.safetensors"))) m3_test_failf("%s", m3_last_error());
+    if (m3_weights_open(&w, m3_tmp_path("dt.safetensors"))) m3_test_failf("%s", m3_last_error());
     assert_int_equal(m3_weights_n_tensors(w), 18);
     const m3_tensor_info *t = m3_weights_find(w, "t16");
     assert_int_equal(t->dtype, M3_DT_F4);
@@ -313,9 +292,10 @@ static void dtypes_and_padding(void **state) {
     assert_int_equal(((unsigned char *)v.data)[0], (unsigned char)((base * 7 + 1) & 0xFF));
     m3_weights_close(w);
     /* trailing spaces after the JSON (alignment padding) are fine */
-    write_raw(tpath("pad.safetensors"),
-              "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}       ", 2, -1, false);
-    assert_int_equal(m3_weights_open(&w, tpath("pad.safetensors")), M3_OK);
+    write_raw(m3_tmp_path("pad.safetensors"),
+              "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}       ", 2, -1,
+              false);
+    assert_int_equal(m3_weights_open(&w, m3_tmp_path("pad.safetensors")), M3_OK);
     m3_weights_close(w);
 }
 
@@ -332,18 +312,18 @@ static void aliases_and_shards(void **state) {
     (void)state;
     mkdir_p("single");
     mkdir_p("sharded");
-    write_st(tpath("single/model.safetensors"), shard_ents, 6, true);
-    write_st(tpath("sharded/a.safetensors"), shard_ents, 3, true);
-    write_st(tpath("sharded/b.safetensors"), shard_ents + 3, 3, true);
-    FILE *f = fopen(tpath("sharded/model.safetensors.index.json"), "w");
+    write_st(m3_tmp_path("single/model.safetensors"), shard_ents, 6, true);
+    write_st(m3_tmp_path("sharded/a.safetensors"), shard_ents, 3, true);
+    write_st(m3_tmp_path("sharded/b.safetensors"), shard_ents + 3, 3, true);
+    FILE *f = fopen(m3_tmp_path("sharded/model.safetensors.index.json"), "w");
     fprintf(f, "{\"metadata\": {\"total_size\": 12345}, \"weight_map\": {");
     for (int i = 0; i < 6; i++)
         fprintf(f, "%s\"%s\": \"%s\"", i ? ", " : "", shard_ents[i].name, i < 3 ? "a.safetensors" : "b.safetensors");
     fprintf(f, "}}");
     fclose(f);
     m3_weights *ws = NULL, *wm = NULL;
-    if (m3_weights_open(&ws, tpath("single"))) m3_test_failf("%s", m3_last_error());
-    if (m3_weights_open(&wm, tpath("sharded"))) m3_test_failf("%s", m3_last_error());
+    if (m3_weights_open(&ws, m3_tmp_path("single"))) m3_test_failf("%s", m3_last_error());
+    if (m3_weights_open(&wm, m3_tmp_path("sharded"))) m3_test_failf("%s", m3_last_error());
     assert_int_equal(m3_weights_n_files(ws), 1);
     assert_int_equal(m3_weights_n_files(wm), 2);
     assert_int_equal(m3_weights_n_tensors(ws), 6);
@@ -382,7 +362,7 @@ static void aliases_and_shards(void **state) {
     m3_weights_close(wm);
     /* index problems */
     mkdir_p("badidx");
-    write_st(tpath("badidx/a.safetensors"), shard_ents, 3, false);
+    write_st(m3_tmp_path("badidx/a.safetensors"), shard_ents, 3, false);
     struct { const char *idx; m3_status st; const char *want; } cases[] = {
         {"{\"weight_map\": {\"language_model.model.embed_tokens.weight\": \"a.safetensors\", \"x.weight\": \"a.safetensors\"}}",
          M3_ERR_FORMAT, "tensor 'x.weight' listed in weight_map is not in a.safetensors"},
@@ -394,16 +374,16 @@ static void aliases_and_shards(void **state) {
         {"{\"weight_map\": ", M3_ERR_FORMAT, "invalid JSON"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        f = fopen(tpath("badidx/model.safetensors.index.json"), "w");
+        f = fopen(m3_tmp_path("badidx/model.safetensors.index.json"), "w");
         fputs(cases[i].idx, f);
         fclose(f);
-        expect_open_fails(tpath("badidx"), cases[i].st, cases[i].want);
+        expect_open_fails(m3_tmp_path("badidx"), cases[i].st, cases[i].want);
     }
     /* a shard tensor missing from weight_map is only a warning */
-    f = fopen(tpath("badidx/model.safetensors.index.json"), "w");
+    f = fopen(m3_tmp_path("badidx/model.safetensors.index.json"), "w");
     fputs("{\"weight_map\": {\"language_model.model.embed_tokens.weight\": \"a.safetensors\"}}", f);
     fclose(f);
-    assert_int_equal(m3_weights_open(&wm, tpath("badidx")), M3_OK);
+    assert_int_equal(m3_weights_open(&wm, m3_tmp_path("badidx")), M3_OK);
     assert_int_equal(m3_weights_n_warnings(wm), 1);
     assert_non_null(strstr(m3_weights_warning(wm, 0), "2 tensors in the shards are not listed"));
     m3_weights_close(wm);
@@ -457,14 +437,14 @@ static void write_ckpt(const m3_config *c, const char *dir, const char *skip, co
     }
     char p[300];
     snprintf(p, sizeof p, "%.200s/model.safetensors", dir);
-    write_st(tpath(p), e, n, false);
+    write_st(m3_tmp_path(p), e, n, false);
     free(e);
     free(names);
 }
 
 static void check_reports(const m3_config *c, const char *dir, m3_status st, const char *want) {
     m3_weights *w = NULL;
-    if (m3_weights_open(&w, tpath(dir))) m3_test_failf("%s: %s", dir, m3_last_error());
+    if (m3_weights_open(&w, m3_tmp_path(dir))) m3_test_failf("%s: %s", dir, m3_last_error());
     m3_clear_error();
     m3_status s = m3_weights_check(w, c, NULL);
     if (s != st || (want && !strstr(m3_last_error(), want)))
@@ -501,7 +481,7 @@ static void checkpoint_check(void **state) {
 
     /* quantized tensor views: logical shape, stored forms, params */
     m3_weights *w = NULL;
-    assert_int_equal(m3_weights_open(&w, tpath("ck_mxfp4")), M3_OK);
+    assert_int_equal(m3_weights_open(&w, m3_tmp_path("ck_mxfp4")), M3_OK);
     m3_linear_w lw;
     assert_int_equal(m3_weights_linear(w, M3_W_EXPERT_DOWN, 1, 5, &lw), M3_OK);
     assert_int_equal(lw.fmt, M3_WF_MXFP4);
@@ -554,7 +534,7 @@ static void checkpoint_check(void **state) {
         assert_int_equal(m3_linear_rows_f32(&lw, 127, 2, rows), M3_ERR_ARG);
     }
     m3_weights_close(w);
-    assert_int_equal(m3_weights_open(&w, tpath("ck_mxfp8")), M3_OK);
+    assert_int_equal(m3_weights_open(&w, m3_tmp_path("ck_mxfp8")), M3_OK);
     assert_int_equal(m3_weights_linear(w, M3_W_SHARED_GATE, 2, 0, &lw), M3_OK);
     assert_int_equal(lw.fmt, M3_WF_MXFP8);
     assert_true(lw.rows == 32 && lw.cols == 128 && lw.w.dtype == M3_DT_F8_E4M3);
@@ -588,6 +568,5 @@ int main(void) {
         cmocka_unit_test(aliases_and_shards),
         cmocka_unit_test(checkpoint_check),
     };
-    cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return M3_RUN_TESTS_IN_TMPDIR(tests);
 }

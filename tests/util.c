@@ -1,10 +1,13 @@
 /* tests/util.c: see util.h. */
 #include "tests/util.h"
 
+#include <errno.h> /* program_invocation_short_name (GNU) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "ref/model.h"
 
 uint64_t m3_test_seed(void) {
     static uint64_t seed;
@@ -138,4 +141,126 @@ int m3_run_cmd(const char *cmd, char **out) {
     if (out) *out = buf; else free(buf);
     if (st == -1) return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char tmpdir[256];
+
+int m3_tmpdir_setup(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/m3_%s_XXXXXX", program_invocation_short_name);
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+int m3_tmpdir_teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+const char *m3_tmpdir(void) {
+    return tmpdir;
+}
+
+const char *m3_tmp_path(const char *name) {
+    static char buf[8][1024];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
+    return buf[k];
+}
+
+int32_t *m3_read_tokens(const char *dir, int *n) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/tokens.txt", dir);
+    FILE *f = fopen(p, "r");
+    if (!f) fail_msg("%s: cannot open", p);
+    int32_t *t = malloc(4096 * sizeof *t);
+    assert_non_null(t);
+    int k = 0;
+    long v;
+    while (k < 4096 && fscanf(f, " %ld", &v) == 1)
+        t[k++] = (int32_t)v;
+    fclose(f);
+    if (k == 0) fail_msg("%s: no tokens", p);
+    *n = k;
+    return t;
+}
+
+m3_model *m3_test_open_model(const char *dir, const char *prof, const char *override,
+                             const m3_variant *v) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/model", dir);
+    m3_profile pr;
+    assert_int_equal(m3_profile_by_name(&pr, prof), M3_OK);
+    m3_model *m = NULL;
+    if (m3_model_open(&m, p, override, &pr)) fail_msg("%s", m3_last_error());
+    if (v && m3_model_set_variant(m, v)) fail_msg("%s", m3_last_error());
+    return m;
+}
+
+_Static_assert(M3_KEY_MAX == 128, "m3_capture keys hold M3_KEY_MAX bytes");
+
+m3_capture *m3_capture_create(void) {
+    m3_capture *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    return c;
+}
+
+void m3_capture_clear(m3_capture *c) {
+    for (int i = 0; i < c->n; i++)
+        free(c->t[i].data);
+    c->n = 0;
+}
+
+void m3_capture_free(m3_capture *c) {
+    if (!c) return;
+    m3_capture_clear(c);
+    free(c->key);
+    free(c->t);
+    free(c);
+}
+
+/* a copy of t's 4-byte elements (malloc'ed, at least 1 byte so an empty stage is not NULL) */
+static void *copy_data(const m3_tensor *t) {
+    size_t b = (size_t)m3_tensor_numel(t) * 4;
+    void *d = malloc(b ? b : 1);
+    M3_ASSERT(d);
+    memcpy(d, t->data, b);
+    return d;
+}
+
+m3_status m3_capture_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt) {
+    (void)dt;
+    m3_capture *c = ctx;
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 256;
+        char(*nk)[128] = realloc(c->key, (size_t)cap * sizeof *nk);
+        M3_ASSERT(nk);
+        c->key = nk;
+        m3_tensor *nt = realloc(c->t, (size_t)cap * sizeof *nt);
+        M3_ASSERT(nt);
+        c->t = nt;
+        c->cap = cap;
+    }
+    M3_ASSERT(strlen(key) < sizeof c->key[0]);
+    snprintf(c->key[c->n], sizeof c->key[0], "%s", key);
+    c->t[c->n] = *t;
+    c->t[c->n].data = copy_data(t);
+    c->n++;
+    return M3_OK;
+}
+
+const m3_tensor *m3_capture_get(const m3_capture *c, const char *key) {
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->key[i], key)) return &c->t[i];
+    return NULL;
+}
+
+m3_status m3_capture_fetch(void *ctx, const char *key, m3_tensor *out) {
+    const m3_tensor *t = m3_capture_get(ctx, key);
+    if (!t) return m3_errorf(M3_ERR_MISSING, "capture: no stage %s", key);
+    *out = *t;
+    out->data = copy_data(t);
+    return M3_OK;
 }
