@@ -4,6 +4,7 @@
 #   1. m3 run    --profile fp32  vs the transformers float32 forward (hf_fp32.h5)
 #   2. m3 replay --profile hf    vs the transformers bf16 forward (hf_bf16.h5), teacher-forced
 #   3. m3 run --generate: greedy decode through the KV / index caches
+#   4. m3 attribute: which numerics factor dominates each layer's error
 # The tables are condensed from `m3 compare` (its full report: m3 compare A.h5 B.h5).
 set -euo pipefail
 : "${M3:=build/m3}"
@@ -68,3 +69,14 @@ for f in "${fixtures[@]}"; do
   echo "== greedy decode, 8 steps through the caches"
   "$M3" run --model "$f/model" --tokens "$tok" --generate 8
 done
+
+# 4. Where does a serving engine's error come from? m3 attribute runs the reference at the
+#    fp32 baseline and with each numerics factor alone (profiles, MX experts, fp8 caches,
+#    top-k reuse) and all together, teacher-forced, and names the dominant factor per layer.
+f=fixtures/tiny-deep
+if [ -f "$f/model/config.json" ]; then
+  echo
+  echo "######## m3 attribute on $f (first 48 tokens, teacher-forced)"
+  "$M3" attribute --model "$f/model" --ids "$(tr -s ' \n' ' ' < "$f/tokens.txt" | cut -d' ' -f1-48)" \
+    --mode forced --color never
+fi
