@@ -407,21 +407,21 @@ static void cli_run_replay_compare(void **state) {
         snprintf(ra, sizeof ra, "%s/%s_cli_replay_ref.h5", tmpdir, fx);
         snprintf(rb, sizeof rb, "%s/%s_cli_replay_gpu.h5", tmpdir, fx);
         char *out;
-        expect_rc0(m3cli(&out, "run --model %s --tokens %s --profile hf --dump %s --force",
-                         model_dir, toks, a),
-                   out, "m3 run --backend ref");
-        expect_rc0(m3cli(&out, "run --backend %s --model %s --tokens %s --profile hf --dump %s --force",
-                         be, model_dir, toks, b),
-                   out, "m3 run --backend gpu");
-        int rc = m3cli(&out, "compare %s %s --quiet", a, b);
+        int rc = m3cli(&out, "run --model %s --tokens %s --profile hf --dump %s --force",
+                         model_dir, toks, a);
+        expect_rc0(rc, out, "m3 run --backend ref");
+        rc = m3cli(&out, "run --backend %s --model %s --tokens %s --profile hf --dump %s --force",
+                         be, model_dir, toks, b);
+        expect_rc0(rc, out, "m3 run --backend gpu");
+        rc = m3cli(&out, "compare %s %s --quiet", a, b);
         printf("  %s: m3 compare ref gpu (run): exit %d: %s", fx, rc, out);
         expect_rc0(rc, out, "m3 compare (run)");
-        expect_rc0(m3cli(&out, "replay --model %s --from %s --profile hf --dump %s --force",
-                         model_dir, from, ra),
-                   out, "m3 replay --backend ref");
-        expect_rc0(m3cli(&out, "replay --backend %s --model %s --from %s --profile hf --dump %s --force",
-                         be, model_dir, from, rb),
-                   out, "m3 replay --backend gpu");
+        rc = m3cli(&out, "replay --model %s --from %s --profile hf --dump %s --force",
+                         model_dir, from, ra);
+        expect_rc0(rc, out, "m3 replay --backend ref");
+        rc = m3cli(&out, "replay --backend %s --model %s --from %s --profile hf --dump %s --force",
+                         be, model_dir, from, rb);
+        expect_rc0(rc, out, "m3 replay --backend gpu");
         rc = m3cli(&out, "compare %s %s --quiet", ra, rb);
         printf("  %s: m3 compare ref gpu (replay): exit %d: %s", fx, rc, out);
         expect_rc0(rc, out, "m3 compare (replay)");

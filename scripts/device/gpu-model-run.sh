@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from a bundle made by scripts/device/pack.sh: the whole-model test
-# first (gpu_model: needs bin/m3 and fixtures/ of the bundle), then the kernel tests, each
+# first (gpu_model: runs bin/m3, reads the checkout's fixtures/), then the kernel tests, each
 # with a time limit, logs into $OUT (few files: gpu_model.log, kernels.log, device.txt).
 # Usage: cd .dev/gpu && bash gpu-model-run.sh [SECONDS_FOR_GPU_MODEL] [SECONDS_PER_KERNEL_TEST]
 set -uo pipefail
@@ -8,8 +8,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 : "${OUT:=$here/out}"
 mkdir -p "$OUT"
 [ -f "$here/lib.tar.xz" ] && [ ! -d "$here/lib" ] && tar -C "$here" -xJf "$here/lib.tar.xz"
+[ -f "$here/bin.tar.xz" ] && [ ! -d "$here/bin" ] && tar -C "$here" -xJf "$here/bin.tar.xz"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export M3="$here/bin/m3" M3_FIXTURES="$here/fixtures" CMOCKA_MESSAGE_OUTPUT=stdout
+export M3="$here/bin/m3" CMOCKA_MESSAGE_OUTPUT=stdout
+# the checkout's fixtures (the bundle sits in .dev/gpu of it) unless bundled (FIXTURES=1)
+if [ -d "$here/fixtures" ]; then export M3_FIXTURES="$here/fixtures"
+else export M3_FIXTURES="$(cd "$here/../.." && pwd)/fixtures"; fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
   ldd "$here/bin/gpu_model" "$M3" | grep -i "not found"; } > "$OUT/device.txt"
 cd "$here"
