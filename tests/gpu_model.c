@@ -13,7 +13,8 @@
  * Cases: prefill under hf (bf16 storage, and fp32 storage), fp32 profile; prefill + 4 decode
  * steps (hf, fp32) over the same token sequence; teacher-forced replay from the fixture's
  * transformers dump (hf, hf --ref-select, fp32); flash attention (hf); argument errors; the
- * CLI (`m3 run/replay --backend gpu --dump`, then `m3 compare` exit 0).
+ * CLI (`m3 run/replay --backend gpu --dump`, then `m3 compare` exit 0: run under fp32 and
+ * under hf with fp32 storage, replay under hf with bf16 storage).
  * Without a device every test skips. M3_GPU_MODEL_HARNESS=ref swaps the GPU model for a
  * second reference model, which checks this file's own plumbing on a CPU box. */
 #include <stdarg.h>
@@ -144,12 +145,19 @@ static int32_t *prompt(const char *fx, int *n) {
  * backend, writing every stage to `path`. */
 static void run_to_dump(m3_gpu *g, bool gpu, const char *fx, const char *profile,
                         const m3_gpu_model_opts *o, const int32_t *tok, int n_prompt, int n_total,
-                        const char *path) {
+                        const char *sel_from, const char *path) {
     model m;
     model_open(&m, g, gpu, fx, profile, o);
     if (m.gm) GPU_OK(m3_gpu_model_reserve(m.gm, n_total));
     m3_dump *d = dump_create(path, gpu && !harness_ref ? "m3 gpu test" : "m3 ref test", profile);
     m3_hooks hk = {.tap = dump_tap, .tap_ctx = d};
+    m3_dump *src = NULL;
+    if (sel_from) { /* the discrete choices (index_topk, expert_ids) of another run */
+        GPU_OK(m3_dump_open(&src, sel_from, M3_DUMP_READ));
+        hk.fetch = fetch_dump;
+        hk.fetch_ctx = src;
+        hk.force_selection = true;
+    }
     char prefix[32] = "";
     if (n_total > n_prompt) snprintf(prefix, sizeof prefix, "passes/%04d/", 0);
     int32_t next = -1;
@@ -160,6 +168,7 @@ static void run_to_dump(m3_gpu *g, bool gpu, const char *fx, const char *profile
     }
     GPU_OK(m3_dump_commit(d));
     m3_dump_close(d);
+    m3_dump_close(src);
     model_close(&m);
 }
 
@@ -197,17 +206,28 @@ typedef struct {
     bool is_set;
 } stage_sum;
 
-static void expect_agree(const char *ref_path, const char *gpu_path, const char *what) {
+/* until_tie: a free run under bf16 storage may flip a selection on a near-tie of the
+ * reference scores (the comparator reports it as a tie flip, not a failure); the flipped
+ * (head, token) row then attends over other blocks and every later stage legitimately moves
+ * (measured on the H200: layer 1 of tiny-moe, one row of 256, attn_out NMSE 3.1e-3). Such a
+ * run is gated up to and including the first index-set stage with a tie flip, and reported
+ * after it; the same run with the reference's selections forced is gated in full. */
+static void expect_agree_mode(const char *ref_path, const char *gpu_path, const char *what,
+                              bool until_tie) {
     m3_tol tol;
     m3_tol_builtin(&tol);
     m3_cmp_opts co = {.pass = -1};
     m3_cmp_report *r = NULL;
     GPU_OK(m3_compare_dumps(&r, ref_path, gpu_path, &tol, &co));
     stage_sum sum[64];
-    int ns = 0, n_output = 0, n_logits = 0, n_topk = 0, n_ids = 0;
+    int ns = 0, n_output = 0, n_logits = 0, n_topk = 0, n_ids = 0, n_gated_fail = 0;
+    char tie_at[200] = "";
     for (int i = 0; i < r->n_items; i++) {
         const m3_cmp_item *it = &r->items[i];
         if (it->status != M3_CMP_PASS && it->status != M3_CMP_FAIL) continue;
+        if (it->status == M3_CMP_FAIL && !tie_at[0]) n_gated_fail++;
+        if (until_tie && !tie_at[0] && it->kind == M3_STAGE_INDEX_SET && it->set.flips_tie > 0)
+            m3_cmp_item_name(r, it, tie_at, sizeof tie_at);
         if (!strcmp(it->stage, "output")) n_output++;
         if (!strcmp(it->stage, "logits")) n_logits++;
         if (!strcmp(it->stage, "index_topk")) n_topk++;
@@ -234,7 +254,13 @@ static void expect_agree(const char *ref_path, const char *gpu_path, const char 
         printf("    %-16s x%-3d %s %.3e\n", sum[j].stage, sum[j].n,
                sum[j].is_set ? "min agreement" : "worst nmse   ", sum[j].worst);
     fflush(stdout);
-    const int rc = m3_cmp_exit_code(r);
+    int rc = m3_cmp_exit_code(r);
+    if (until_tie && tie_at[0]) {
+        printf("    gated up to %s (first near-tie selection flip): %d failed before it; %d "
+               "stages beyond tolerance in all (reported)\n",
+               tie_at, n_gated_fail, r->n_fail);
+        rc = n_gated_fail ? 1 : 0;
+    }
     if (rc != 0 || r->n_only_a || r->n_only_b) m3_report_text(stdout, r, false, false);
     const int n_fail = r->n_fail, only_a = r->n_only_a, only_b = r->n_only_b;
     m3_cmp_report_free(r);
@@ -247,9 +273,15 @@ static void expect_agree(const char *ref_path, const char *gpu_path, const char 
                       what, n_output, n_logits, n_topk, n_ids);
 }
 
+static void expect_agree(const char *ref_path, const char *gpu_path, const char *what) {
+    expect_agree_mode(ref_path, gpu_path, what, false);
+}
+
 /* ---- cases ------------------------------------------------------------------------------- */
+/* free: gate the free run in full (fp32 storage, fp32 profile) or until its first near-tie
+ * flip plus a run with the reference's selections forced, gated in full (bf16 storage). */
 static void run_case(void **state, const char *profile, const m3_gpu_model_opts *o,
-                     const char *tag, int n_gen) {
+                     const char *tag, int n_gen, bool free_full) {
     m3_gpu *g = need_gpu(state);
     for (int f = 0; f < N_FIX; f++) {
         const char *fx = fixtures[f];
@@ -274,48 +306,55 @@ static void run_case(void **state, const char *profile, const m3_gpu_model_opts 
         snprintf(a, sizeof a, "%s/%s_%s_ref.h5", tmpdir, fx, tag);
         snprintf(b, sizeof b, "%s/%s_%s_gpu.h5", tmpdir, fx, tag);
         snprintf(what, sizeof what, "%s %s (%d tokens + %d decode steps)", fx, tag, n, n_gen);
-        run_to_dump(g, false, fx, profile, o, tok, n, n + n_gen, a);
-        run_to_dump(g, true, fx, profile, o, tok, n, n + n_gen, b);
-        expect_agree(a, b, what);
+        run_to_dump(g, false, fx, profile, o, tok, n, n + n_gen, NULL, a);
+        run_to_dump(g, true, fx, profile, o, tok, n, n + n_gen, NULL, b);
+        expect_agree_mode(a, b, what, !free_full);
+        if (!free_full) {
+            char c[512];
+            snprintf(c, sizeof c, "%s/%s_%s_gpu_refsel.h5", tmpdir, fx, tag);
+            snprintf(what, sizeof what, "%s %s, selections of the ref run forced", fx, tag);
+            run_to_dump(g, true, fx, profile, o, tok, n, n + n_gen, a, c);
+            expect_agree(a, c, what);
+        }
         free(tok);
     }
 }
 
 static void model_run_hf(void **state) {
-    run_case(state, "hf", NULL, "run_hf", 0);
+    run_case(state, "hf", NULL, "run_hf", 0, false);
 }
 
 static void model_run_hf_f32_storage(void **state) {
     m3_gpu_model_opts o;
     m3_gpu_model_opts_default(&o);
     o.f32_storage = true;
-    run_case(state, "hf", &o, "run_hf_f32storage", 0);
+    run_case(state, "hf", &o, "run_hf_f32storage", 0, true);
 }
 
 static void model_run_fp32(void **state) {
-    run_case(state, "fp32", NULL, "run_fp32", 0);
+    run_case(state, "fp32", NULL, "run_fp32", 0, true);
 }
 
 static void model_decode_hf(void **state) {
-    run_case(state, "hf", NULL, "decode_hf", 4);
+    run_case(state, "hf", NULL, "decode_hf", 4, false);
 }
 
 static void model_decode_fp32(void **state) {
-    run_case(state, "fp32", NULL, "decode_fp32", 4);
+    run_case(state, "fp32", NULL, "decode_fp32", 4, true);
 }
 
 static void model_run_hf_flash(void **state) {
     m3_gpu_model_opts o;
     m3_gpu_model_opts_default(&o);
     o.flash = true;
-    run_case(state, "hf", &o, "run_hf_flash", 0);
+    run_case(state, "hf", &o, "run_hf_flash", 0, false);
 }
 
 static void model_run_hf_streamed(void **state) {
     m3_gpu_model_opts o;
     m3_gpu_model_opts_default(&o);
     o.resident = 0;
-    run_case(state, "hf", &o, "run_hf_streamed", 2);
+    run_case(state, "hf", &o, "run_hf_streamed", 2, false);
 }
 
 static void replay_case(void **state, const char *profile, const char *src, bool sel,
@@ -406,16 +445,25 @@ static void cli_run_replay_compare(void **state) {
         snprintf(b, sizeof b, "%s/%s_cli_gpu.h5", tmpdir, fx);
         snprintf(ra, sizeof ra, "%s/%s_cli_replay_ref.h5", tmpdir, fx);
         snprintf(rb, sizeof rb, "%s/%s_cli_replay_gpu.h5", tmpdir, fx);
+        /* free runs gated in full: the fp32 profile, and hf through the fp32-storage path
+         * (the bf16-storage free run can flip a selection on a near-tie, see until_tie) */
         char *out;
-        int rc = m3cli(&out, "run --model %s --tokens %s --profile hf --dump %s --force",
-                         model_dir, toks, a);
-        expect_rc0(rc, out, "m3 run --backend ref");
-        rc = m3cli(&out, "run --backend %s --model %s --tokens %s --profile hf --dump %s --force",
-                         be, model_dir, toks, b);
-        expect_rc0(rc, out, "m3 run --backend gpu");
-        rc = m3cli(&out, "compare %s %s --quiet", a, b);
-        printf("  %s: m3 compare ref gpu (run): exit %d: %s", fx, rc, out);
-        expect_rc0(rc, out, "m3 compare (run)");
+        int rc;
+        const char *profs[2] = {"fp32", "hf"};
+        for (int k = 0; k < 2; k++) {
+            if (k == 1) setenv("M3_GPU_STORAGE", "f32", 1);
+            rc = m3cli(&out, "run --model %s --tokens %s --profile %s --dump %s --force",
+                       model_dir, toks, profs[k], a);
+            expect_rc0(rc, out, "m3 run --backend ref");
+            rc = m3cli(&out, "run --backend %s --model %s --tokens %s --profile %s --dump %s --force",
+                       be, model_dir, toks, profs[k], b);
+            expect_rc0(rc, out, "m3 run --backend gpu");
+            unsetenv("M3_GPU_STORAGE");
+            rc = m3cli(&out, "compare %s %s --quiet", a, b);
+            printf("  %s: m3 compare ref gpu (run, %s%s): exit %d: %s", fx, profs[k],
+                   k ? ", M3_GPU_STORAGE=f32" : "", rc, out);
+            expect_rc0(rc, out, "m3 compare (run)");
+        }
         rc = m3cli(&out, "replay --model %s --from %s --profile hf --dump %s --force",
                          model_dir, from, ra);
         expect_rc0(rc, out, "m3 replay --backend ref");
