@@ -9,7 +9,7 @@
 #include "compare/cmd.h"
 #include "compare/dump.h"
 #include "compare/run_opts.h"
-#include "ref/model.h"
+#include "gpu/m3_gpu.h"
 
 /* m3_fetch_fn over the reference dump */
 static m3_status fetch_ref(void *ctx, const char *key, m3_tensor *out) {
@@ -39,22 +39,19 @@ int m3_cmd_replay(int argc, char **argv) {
     bool help;
     int rc = m3_run_opts_parse(&o, argc, argv, true, &help);
     if (rc || help) return rc;
-    if (strcmp(o.backend, "ref"))
-        return m3_cli_fail("replay: --backend %s is not wired to m3 replay in this build yet",
-                           o.backend);
+    if (!strcmp(o.backend, "gpu") && !m3_gpu_compiled())
+        return m3_cli_fail("replay: this m3 was built without a GPU backend (use make gpu)");
     if (o.threads) m3_set_threads(o.threads);
     m3_profile prof;
     if (m3_profile_by_name(&prof, o.profile)) return m3_cli_fail(NULL);
 
     m3_dump *ref = NULL;
-    m3_model *m = NULL;
+    m3_run_model *m = NULL;
     m3_run_sink *sink = NULL;
     int32_t *tok = NULL, *pos = NULL;
     m3_status s = m3_dump_open(&ref, o.from, M3_DUMP_READ);
-    if (!s) s = m3_model_open(&m, o.model, o.override, &prof);
-    if (!s) s = m3_model_set_variant(m, &o.variant);
-    if (!s) m3_config_emit_warnings(m3_model_config(m));
-    if (!s) s = m3_model_set_variant(m, &o.variant);
+    if (!s) s = m3_run_model_open(&m, &o, &prof);
+    if (!s) m3_config_emit_warnings(m3_run_model_config(m));
     /* passes: passes/0000, passes/0001, ... or the root alone */
     int n_pass = 0;
     bool multi = !s && m3_dump_has(ref, "passes/0000/tokens");
@@ -71,10 +68,25 @@ int m3_cmd_replay(int argc, char **argv) {
                           "passes/0000/)",
                           o.from);
     }
+    /* every pass extends the caches: size them for the whole replay first */
+    int n_total = 0;
+    for (int p = 0; !s && p < n_pass; p++) {
+        char key[64];
+        int nt;
+        if (multi)
+            snprintf(key, sizeof key, "passes/%04d/tokens", p);
+        else
+            snprintf(key, sizeof key, "tokens");
+        s = read_ids(ref, key, &tok, &nt);
+        free(tok);
+        tok = NULL;
+        n_total += s ? 0 : nt;
+    }
+    if (!s) s = m3_run_model_reserve(m, n_total);
     if (!s) {
         char variant[2048];
         m3_run_opts_variant(&o, &prof, variant, sizeof variant);
-        s = m3_run_sink_open(&sink, &o, m3_model_config(m)->json_text, prof.name, variant);
+        s = m3_run_sink_open(&sink, &o, m3_run_model_config(m)->json_text, prof.name, variant);
     }
     m3_hooks hk = {.tap = m3_run_sink_tap,
                    .tap_ctx = sink,
@@ -96,7 +108,7 @@ int m3_cmd_replay(int argc, char **argv) {
             s = m3_errorf(M3_ERR_FORMAT, "%s: %spositions has %d entries for %d tokens", o.from,
                           prefix, np, nt);
         int32_t next = 0;
-        if (!s) s = m3_model_forward(m, tok, pos, nt, &hk, prefix, NULL, &next);
+        if (!s) s = m3_run_model_forward(m, tok, pos, nt, &hk, prefix, NULL, &next);
         if (s)
             m3_error_context(s, "%s: replaying %s", o.from, multi ? prefix : "the pass");
         else
@@ -111,7 +123,7 @@ int m3_cmd_replay(int argc, char **argv) {
         if (!s) printf("dump: %s\n", o.dump);
     }
     m3_run_sink_abort(sink);
-    m3_model_close(m);
+    m3_run_model_close(m);
     m3_dump_close(ref);
     fflush(stdout);
     return s ? m3_cli_fail(NULL) : 0;

@@ -8,34 +8,30 @@
 #include "compare/cmd.h"
 #include "compare/run_opts.h"
 #include "gpu/m3_gpu.h"
-#include "ref/model.h"
 
 int m3_cmd_run(int argc, char **argv) {
     m3_run_opts o;
     bool help;
     int rc = m3_run_opts_parse(&o, argc, argv, false, &help);
     if (rc || help) return rc;
-    if (!strcmp(o.backend, "gpu"))
-        return m3_cli_fail(m3_gpu_compiled()
-                               ? "run: --backend gpu is not wired to m3 run in this build yet"
-                               : "run: this m3 was built without a GPU backend (use make gpu)");
+    if (!strcmp(o.backend, "gpu") && !m3_gpu_compiled())
+        return m3_cli_fail("run: this m3 was built without a GPU backend (use make gpu)");
     if (o.threads) m3_set_threads(o.threads);
     m3_profile prof;
     if (m3_profile_by_name(&prof, o.profile)) return m3_cli_fail(NULL);
 
-    m3_model *m = NULL;
+    m3_run_model *m = NULL;
     m3_run_sink *sink = NULL;
     int32_t *ids = NULL, *gen = NULL;
     int n_ids = 0;
-    m3_status s = m3_model_open(&m, o.model, o.override, &prof);
-    if (!s) s = m3_model_set_variant(m, &o.variant);
-    if (!s) m3_config_emit_warnings(m3_model_config(m));
-    if (!s) s = m3_model_set_variant(m, &o.variant);
-    if (!s) s = m3_run_read_tokens(&o, m3_model_config(m)->vocab, &ids, &n_ids);
+    m3_status s = m3_run_model_open(&m, &o, &prof);
+    if (!s) m3_config_emit_warnings(m3_run_model_config(m));
+    if (!s) s = m3_run_read_tokens(&o, m3_run_model_config(m)->vocab, &ids, &n_ids);
+    if (!s) s = m3_run_model_reserve(m, n_ids + o.generate);
     if (!s && o.dump) {
         char variant[2048];
         m3_run_opts_variant(&o, &prof, variant, sizeof variant);
-        s = m3_run_sink_open(&sink, &o, m3_model_config(m)->json_text, prof.name, variant);
+        s = m3_run_sink_open(&sink, &o, m3_run_model_config(m)->json_text, prof.name, variant);
     }
     if (!s && o.generate > 0) {
         gen = malloc((size_t)o.generate * sizeof *gen);
@@ -52,14 +48,14 @@ int m3_cmd_run(int argc, char **argv) {
     char prefix[32] = "";
     if (o.generate > 0) snprintf(prefix, sizeof prefix, "passes/%04d/", 0);
     int32_t next = 0;
-    s = m3_model_forward(m, ids, NULL, n_ids, &hk, prefix, NULL, &next);
+    s = m3_run_model_forward(m, ids, NULL, n_ids, &hk, prefix, NULL, &next);
     if (s) goto done;
     printf("prompt: %d tokens; next: %d\n", n_ids, next);
     for (int i = 0; i < o.generate; i++) {
         /* decode step i+1 feeds the greedy token of the previous pass */
         gen[i] = next;
         snprintf(prefix, sizeof prefix, "passes/%04d/", i + 1);
-        s = m3_model_forward(m, &gen[i], NULL, 1, &hk, prefix, NULL, &next);
+        s = m3_run_model_forward(m, &gen[i], NULL, 1, &hk, prefix, NULL, &next);
         if (s) goto done;
     }
     if (o.generate > 0) {
@@ -75,7 +71,7 @@ int m3_cmd_run(int argc, char **argv) {
     }
 done:
     m3_run_sink_abort(sink);
-    m3_model_close(m);
+    m3_run_model_close(m);
     free(ids);
     free(gen);
     fflush(stdout);

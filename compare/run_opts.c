@@ -1,5 +1,6 @@
 /* compare/run_opts.c: see run_opts.h. */
 #include "compare/run_opts.h"
+#include "ref/variant.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -22,7 +23,7 @@ static const char run_usage[] =
 
 static const char replay_usage[] =
     "usage: m3 replay --model DIR --from REF.h5 --dump OUT.h5 [--profile fp32|hf|atom]\n"
-    "                 [--backend ref] [--ref-select] [--threads N] [--force] [--override JSON]\n"
+    "                 [--backend ref|gpu] [--ref-select] [--threads N] [--force] [--override JSON]\n"
     "                 [variant flags as for m3 run]\n"
     "Teacher-forced: every layer starts from REF's layers/NN/input (same tokens and\n"
     "positions), so each layer's error is its own. --ref-select also takes REF's index_topk\n"
@@ -241,7 +242,7 @@ m3_status m3_run_sink_open(m3_run_sink **out, const m3_run_opts *o, const char *
         return st;
     }
     char producer[160];
-    snprintf(producer, sizeof producer, "m3 ref %s", m3_version_string());
+    snprintf(producer, sizeof producer, "m3 %s %s", o->backend, m3_version_string());
     if ((st = m3_dump_set_attr_str(s->d, "producer", producer)) ||
         (st = m3_dump_set_attr_str(s->d, "profile", profile)) ||
         (st = m3_dump_set_attr_str(s->d, "model_config", config_json)) ||
@@ -270,4 +271,67 @@ void m3_run_sink_abort(m3_run_sink *s) {
     if (!s) return;
     m3_dump_close(s->d);
     free(s);
+}
+
+/* ---- the model behind --backend ------------------------------------------------------ */
+
+#include "gpu/m3_gpu.h"
+#include "ref/model.h"
+
+struct m3_run_model {
+    m3_model *ref;
+    m3_gpu *g;
+    m3_gpu_model *gm;
+};
+
+m3_status m3_run_model_open(m3_run_model **out, const m3_run_opts *o, const m3_profile *p) {
+    *out = NULL;
+    m3_run_model *rm = calloc(1, sizeof *rm);
+    if (!rm) return m3_errorf(M3_ERR_NOMEM, "out of memory");
+    m3_status s;
+    if (!strcmp(o->backend, "gpu")) {
+        /* the GPU forward runs the plain variant only (quantized / paged paths: GPU issue) */
+        if (!m3_variant_is_default(&o->variant)) {
+            free(rm);
+            return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu runs the default variant only "
+                                                 "(no MX experts, fp8 caches, ptpc or top-k reuse yet)");
+        }
+        m3_gpu_model_opts go;
+        m3_gpu_model_opts_default(&go);
+        s = m3_gpu_open(&rm->g, 0);
+        if (!s) s = m3_gpu_model_open(&rm->gm, rm->g, o->model, o->override, p, &go);
+    } else {
+        s = m3_model_open(&rm->ref, o->model, o->override, p);
+        if (!s) s = m3_model_set_variant(rm->ref, &o->variant);
+    }
+    if (s) {
+        m3_run_model_close(rm);
+        return s;
+    }
+    *out = rm;
+    return M3_OK;
+}
+
+const m3_config *m3_run_model_config(const m3_run_model *rm) {
+    return rm->gm ? m3_gpu_model_config(rm->gm) : m3_model_config(rm->ref);
+}
+
+m3_status m3_run_model_reserve(m3_run_model *rm, int n_ctx) {
+    return rm->gm ? m3_gpu_model_reserve(rm->gm, n_ctx) : M3_OK;
+}
+
+m3_status m3_run_model_forward(m3_run_model *rm, const int32_t *tokens, const int32_t *pos,
+                               int n_tok, const m3_hooks *hooks, const char *prefix,
+                               float *logits_last, int32_t *next) {
+    if (rm->gm)
+        return m3_gpu_model_forward(rm->gm, tokens, pos, n_tok, hooks, prefix, logits_last, next);
+    return m3_model_forward(rm->ref, tokens, pos, n_tok, hooks, prefix, logits_last, next);
+}
+
+void m3_run_model_close(m3_run_model *rm) {
+    if (!rm) return;
+    m3_gpu_model_close(rm->gm);
+    m3_gpu_close(rm->g);
+    m3_model_close(rm->ref);
+    free(rm);
 }

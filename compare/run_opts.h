@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "ref/base.h"
+#include "ref/config.h"
 #include "ref/profile.h"
 #include "ref/tap.h"
 #include "ref/variant.h"
@@ -51,5 +52,19 @@ m3_status m3_run_sink_open(m3_run_sink **s, const m3_run_opts *o, const char *co
 m3_status m3_run_sink_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt);
 m3_status m3_run_sink_commit(m3_run_sink *s); /* closes, renames; frees s */
 void m3_run_sink_abort(m3_run_sink *s);       /* closes, removes the temp file; frees s */
+
+/* The model behind --backend: ref's m3_model or the GPU's m3_gpu_model (device 0, options
+ * from the environment: m3_gpu_model_opts_default), one interface for both commands.
+ * Opening the gpu backend in a build without one fails with one line (M3_ERR_UNSUPPORTED). */
+typedef struct m3_run_model m3_run_model;
+m3_status m3_run_model_open(m3_run_model **rm, const m3_run_opts *o, const m3_profile *p);
+const m3_config *m3_run_model_config(const m3_run_model *rm);
+/* Size the caches for n_ctx tokens before the first pass (the GPU's caches cannot grow once
+ * filled; a no-op for ref). */
+m3_status m3_run_model_reserve(m3_run_model *rm, int n_ctx);
+m3_status m3_run_model_forward(m3_run_model *rm, const int32_t *tokens, const int32_t *pos,
+                               int n_tok, const m3_hooks *hooks, const char *prefix,
+                               float *logits_last, int32_t *next);
+void m3_run_model_close(m3_run_model *rm); /* NULL ok */
 
 #endif

@@ -208,14 +208,15 @@ extern "C" m3_status m3_gpu_timer_stop(m3_gpu *g, float *ms) {
 /* ---- GEMM through the vendor BLAS -------------------------------------------------------
  * Row-major y[T,N] = x[T,K]·W[N,K]^T is, in the BLAS's column-major view, y^T = W^T·x^T with
  * W seen as a K×N matrix (ld K) and x as K×T (ld K): op(A)=T on W, op(B)=N on x. */
-static m3_status gemm(m3_gpu *g, void *d_y, int y_type, const m3_bf16 *d_x, const m3_bf16 *d_w,
-                      int n_tok, int n_out, int n_in) {
+static m3_status gemm(m3_gpu *g, void *d_y, int y_type, const void *d_x, const void *d_w,
+                      int in_type, int n_tok, int n_out, int n_in) {
     M3_ASSERTF(n_tok >= 0 && n_out > 0 && n_in > 0, "T=%d N=%d K=%d", n_tok, n_out, n_in);
     if (n_tok == 0) return M3_OK;
 #if M3_HAVE_BLAS
     const float one = 1.0f, zero = 0.0f;
     hipblasStatus_t s = hipblasGemmEx(g->blas, HIPBLAS_OP_T, HIPBLAS_OP_N, n_out, n_tok, n_in,
-                                      &one, d_w, M3_BLAS_R_16BF, n_in, d_x, M3_BLAS_R_16BF, n_in,
+                                      &one, d_w, (decltype(M3_BLAS_R_32F))in_type, n_in, d_x,
+                                      (decltype(M3_BLAS_R_32F))in_type, n_in,
                                       &zero, d_y, (decltype(M3_BLAS_R_32F))y_type, n_out,
                                       M3_BLAS_COMPUTE_32F, M3_BLAS_GEMM_DEFAULT);
     if (s != HIPBLAS_STATUS_SUCCESS)
@@ -224,7 +225,7 @@ static m3_status gemm(m3_gpu *g, void *d_y, int y_type, const m3_bf16 *d_x, cons
     M3_LAUNCHED(g, "blas gemm");
     return M3_OK;
 #else
-    (void)g; (void)d_y; (void)y_type; (void)d_x; (void)d_w;
+    (void)g; (void)d_y; (void)y_type; (void)d_x; (void)d_w; (void)in_type;
     return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: built without a vendor BLAS (GEMM T=%d N=%d K=%d)",
                      n_tok, n_out, n_in);
 #endif
@@ -233,17 +234,28 @@ static m3_status gemm(m3_gpu *g, void *d_y, int y_type, const m3_bf16 *d_x, cons
 extern "C" m3_status m3_gpu_gemm_bf16(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x,
                                       const m3_bf16 *d_w, int n_tok, int n_out, int n_in) {
 #if M3_HAVE_BLAS
-    return gemm(g, d_y, (int)M3_BLAS_R_16BF, d_x, d_w, n_tok, n_out, n_in);
+    return gemm(g, d_y, (int)M3_BLAS_R_16BF, d_x, d_w, (int)M3_BLAS_R_16BF, n_tok, n_out, n_in);
 #else
-    return gemm(g, d_y, 0, d_x, d_w, n_tok, n_out, n_in);
+    return gemm(g, d_y, 0, d_x, d_w, 0, n_tok, n_out, n_in);
 #endif
 }
 
 extern "C" m3_status m3_gpu_gemm_bf16_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x,
                                           const m3_bf16 *d_w, int n_tok, int n_out, int n_in) {
 #if M3_HAVE_BLAS
-    return gemm(g, d_y, (int)M3_BLAS_R_32F, d_x, d_w, n_tok, n_out, n_in);
+    return gemm(g, d_y, (int)M3_BLAS_R_32F, d_x, d_w, (int)M3_BLAS_R_16BF, n_tok, n_out, n_in);
 #else
-    return gemm(g, d_y, 1, d_x, d_w, n_tok, n_out, n_in);
+    return gemm(g, d_y, 1, d_x, d_w, 0, n_tok, n_out, n_in);
+#endif
+}
+
+/* fp32 x fp32 -> fp32 with CUBLAS_COMPUTE_32F: true fp32 products and sums (no TF32: the
+ * handle keeps the default math mode), the fp32 profile's GEMM. */
+extern "C" m3_status m3_gpu_gemm_f32(m3_gpu *g, float *d_y, const float *d_x, const float *d_w,
+                                     int n_tok, int n_out, int n_in) {
+#if M3_HAVE_BLAS
+    return gemm(g, d_y, (int)M3_BLAS_R_32F, d_x, d_w, (int)M3_BLAS_R_32F, n_tok, n_out, n_in);
+#else
+    return gemm(g, d_y, 1, d_x, d_w, 1, n_tok, n_out, n_in);
 #endif
 }

@@ -46,6 +46,28 @@ m3_status m3_gpu_launched_(m3_gpu *g, const char *kname, const char *file, int l
 }
 #endif
 
+/* ---- host wiring helpers of the whole model (defined in gpu/layer.hip, used by
+ * gpu/model.hip), overloaded on the activation storage type ------------------------------
+ * dl_/ul_: device <-> host fp32 (bf16 widened exactly / rounded RNE); linear_: y = x W^T in
+ * the storage type (bf16 GEMM, or fp32 GEMM + the act_bf16 rounding); norm_add_: the
+ * rmsnorm_add twin; upload_mat_: n checkpoint elements (fmt an m3_wfmt) into dst. */
+#ifdef __cplusplus
+m3_status m3_gpu_dl_(m3_gpu *g, float *h, const float *d, size_t n);
+m3_status m3_gpu_dl_(m3_gpu *g, float *h, const m3_bf16 *d, size_t n);
+m3_status m3_gpu_ul_(m3_gpu *g, float *d, const float *h, size_t n);
+m3_status m3_gpu_ul_(m3_gpu *g, m3_bf16 *d, const float *h, size_t n);
+m3_status m3_gpu_linear_(m3_gpu *g, m3_bf16 *y, const m3_bf16 *x, const void *w, int T, int N,
+                         int K, const m3_profile *p);
+m3_status m3_gpu_linear_(m3_gpu *g, float *y, const float *x, const void *w, int T, int N, int K,
+                         const m3_profile *p);
+m3_status m3_gpu_norm_add_(m3_gpu *g, m3_bf16 *y, m3_bf16 *r, const m3_bf16 *h, const m3_bf16 *w,
+                           int T, int D, float eps, const m3_profile *p);
+m3_status m3_gpu_norm_add_(m3_gpu *g, float *y, float *r, const float *h, const m3_bf16 *w, int T,
+                           int D, float eps, const m3_profile *p);
+m3_status m3_gpu_upload_mat_(m3_gpu *g, void *dst, bool bf16, int fmt, const void *src, size_t n,
+                             const char *what);
+#endif
+
 /* ---- 16-byte vector access of bf16 / f32 rows (device) ----------------------------------
  * m3_vec<TS>::N elements per 16-byte access; load converts to float, store rounds (bf16 RNE
  * through ref/num/bf16.h). The caller guarantees 16-byte alignment of p + i. */

@@ -17,6 +17,7 @@
 #include "ref/base.h"
 #include "ref/num/num.h"
 #include "ref/profile.h" /* the profile switches the twins take (a plain struct) */
+#include "ref/tap.h"     /* m3_hooks: stage taps and teacher forcing of the whole model */
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,6 +68,9 @@ m3_status m3_gpu_gemm_bf16(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const m3
                            int n_tok, int n_out, int n_in);
 m3_status m3_gpu_gemm_bf16_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, const m3_bf16 *d_w,
                                int n_tok, int n_out, int n_in);
+/* fp32 x and W, fp32 y, true fp32 math (no TF32): the fp32 profile's projections. */
+m3_status m3_gpu_gemm_f32(m3_gpu *g, float *d_y, const float *d_x, const float *d_w, int n_tok,
+                          int n_out, int n_in);
 
 /* ---- element-wise conversions (gpu/num.hip), bit-identical to ref/num/bf16.h ---------- */
 m3_status m3_gpu_f32_to_bf16(m3_gpu *g, m3_bf16 *d_y, const float *d_x, int64_t n); /* RNE */
@@ -227,6 +231,88 @@ m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores, f
                                   int *d_n_ties, const float *d_iq, int ld_q, const float *d_ik,
                                   const int32_t *d_pos, int n_tok, int n_ctx,
                                   const struct m3_indexer_params *ip, const m3_profile *p);
+
+
+/* ---- whole model: gpu/layer.hip, gpu/model.hip, twins of ref/layer.h and ref/model.h ----
+ * Activation storage: bf16 when the profile stores bf16 everywhere the bf16 kernels need it
+ * (act_bf16, residual_bf16, qk_round != NONE, attn_out_bf16, swiglu != F32: hf, atom), fp32
+ * otherwise (fp32 profile). The fp32-storage path calls the _f32 twins, which apply every
+ * rounding point of any profile in registers, and rounds GEMM outputs when act_bf16: it is
+ * the faithful path for every profile (M3_GPU_STORAGE=f32 forces it). Caches hold the
+ * storage type. Stages are downloaded, widened to fp32 and handed to hooks->tap exactly as
+ * ref reports them (same keys, shapes, produced dtypes, order). */
+struct m3_config;
+struct m3_layer_weights;
+
+/* One layer's weights on the device (host struct of device pointers into the arena). */
+typedef struct m3_gpu_layer_weights m3_gpu_layer_weights;
+/* One layer's KV / index cache on the device: [cap, Hkv, Dh] k and v, [cap, Di] index_k
+ * (sparse layers), in the storage type. Owned by the caller (arena memory). */
+typedef struct m3_gpu_layer_cache {
+    int cap, n_past;
+    bool bf16;
+    void *k, *v, *index_k;
+} m3_gpu_layer_cache;
+
+/* Options of the whole-model forward. */
+typedef struct m3_gpu_model_opts {
+    bool flash;        /* attention through the *_flash kernels where their shape contract
+                          holds (bf16 storage); elsewhere the faithful kernels */
+    bool f32_storage;  /* fp32 activations and caches whatever the profile */
+    int resident;      /* 1 keep every layer's weights on the device, 0 upload each layer
+                          per pass (streaming, as ref), -1 auto (resident when they fit in
+                          half the arena) */
+} m3_gpu_model_opts;
+/* Defaults, then the environment: M3_GPU_ATTN=flash|faithful, M3_GPU_STORAGE=f32|auto,
+ * M3_GPU_RESIDENT=0|1. */
+void m3_gpu_model_opts_default(m3_gpu_model_opts *o);
+
+/* Device bytes m3_gpu_layer_weights_upload takes for layer `layer` (an upper bound). */
+size_t m3_gpu_layer_weights_bytes(const struct m3_config *c, int layer, bool bf16);
+/* Upload ref's host views of one layer (ref/layer.h m3_layer_weights_load) into the arena.
+ * bf16 storage needs bf16 linears (M3_ERR_UNSUPPORTED names the tensor otherwise); fp32
+ * storage widens them exactly. The router gate is held per p->router_dtype. Free the host
+ * struct with m3_gpu_layer_weights_free; the device memory goes with the arena release. */
+m3_status m3_gpu_layer_weights_upload(m3_gpu *g, m3_gpu_layer_weights **out,
+                                      const struct m3_layer_weights *hw,
+                                      const struct m3_config *c, const m3_profile *p, bool bf16);
+void m3_gpu_layer_weights_free(m3_gpu_layer_weights *w); /* NULL ok */
+/* Allocate a layer's cache of `cap` rows from the arena (n_past = 0). */
+m3_status m3_gpu_layer_cache_alloc(m3_gpu *g, m3_gpu_layer_cache *c, const struct m3_config *cfg,
+                                   bool sparse, int cap, bool bf16);
+
+/* Twin of ref's m3_layer_forward: x, h [T, D] device in the storage type (same in/out
+ * contract as ref: x the stored residual, h the pending FFN output), d_pos [T] device and
+ * h_pos [T] host (both n_past + t). Temporaries come from the arena and are released before
+ * return. Teacher-forced selections (hooks->force_selection) are fetched on the host,
+ * checked as ref checks them and uploaded. */
+m3_status m3_gpu_layer_forward(m3_gpu *g, void *d_x, void *d_h, bool *h_pending, int n_tok,
+                               const int32_t *d_pos, const int32_t *h_pos,
+                               const m3_gpu_layer_weights *w, const struct m3_config *c,
+                               const m3_profile *p, m3_gpu_layer_cache *cache,
+                               const m3_hooks *hooks, const char *prefix,
+                               const m3_gpu_model_opts *o);
+
+/* The whole model on one device, twin of ref/model.h. It owns the context's arena above the
+ * mark at open: resident weights, then the caches, then each pass's temporaries. */
+typedef struct m3_gpu_model m3_gpu_model;
+m3_status m3_gpu_model_open(m3_gpu_model **m, m3_gpu *g, const char *model_dir,
+                            const char *override_json, const m3_profile *p,
+                            const m3_gpu_model_opts *o);
+void m3_gpu_model_close(m3_gpu_model *m); /* NULL ok; releases the arena to its open mark */
+const struct m3_config *m3_gpu_model_config(const m3_gpu_model *m);
+int m3_gpu_model_n_past(const m3_gpu_model *m);
+void m3_gpu_model_reset(m3_gpu_model *m);
+/* "bfloat16" or "float32": the activation storage chosen at open. */
+const char *m3_gpu_model_storage(const m3_gpu_model *m);
+/* Size the caches for n_ctx tokens. Allowed while the caches are empty (a forward at
+ * n_past 0 reserves what it needs); a pass that would outgrow filled caches fails with
+ * M3_ERR_ARG, so a decode loop reserves prompt + steps first. */
+m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx);
+/* Twin of m3_model_forward (same arguments, same stages, same cache semantics). */
+m3_status m3_gpu_model_forward(m3_gpu_model *m, const int32_t *tokens, const int32_t *pos,
+                               int n_tok, const m3_hooks *hooks, const char *prefix,
+                               float *logits_last, int32_t *next);
 
 #ifdef __cplusplus
 }

@@ -212,3 +212,66 @@ m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores, f
     (void)d_ik; (void)d_pos; (void)n_tok; (void)n_ctx; (void)ip; (void)p;
     return NO_GPU("gpu indexer");
 }
+
+m3_status m3_gpu_gemm_f32(m3_gpu *g, float *d_y, const float *d_x, const float *d_w, int n_tok,
+                          int n_out, int n_in) {
+    (void)g; (void)d_y; (void)d_x; (void)d_w; (void)n_tok; (void)n_out; (void)n_in;
+    return NO_GPU("gpu gemm");
+}
+
+/* ---- whole model ---- */
+void m3_gpu_model_opts_default(m3_gpu_model_opts *o) {
+    o->flash = false;
+    o->f32_storage = false;
+    o->resident = -1;
+}
+size_t m3_gpu_layer_weights_bytes(const struct m3_config *c, int layer, bool bf16) {
+    (void)c; (void)layer; (void)bf16;
+    return 0;
+}
+m3_status m3_gpu_layer_weights_upload(m3_gpu *g, m3_gpu_layer_weights **out,
+                                      const struct m3_layer_weights *hw,
+                                      const struct m3_config *c, const m3_profile *p, bool bf16) {
+    (void)g; (void)hw; (void)c; (void)p; (void)bf16;
+    *out = NULL;
+    return NO_GPU("gpu layer weights");
+}
+void m3_gpu_layer_weights_free(m3_gpu_layer_weights *w) { (void)w; }
+m3_status m3_gpu_layer_cache_alloc(m3_gpu *g, m3_gpu_layer_cache *c, const struct m3_config *cfg,
+                                   bool sparse, int cap, bool bf16) {
+    (void)g; (void)c; (void)cfg; (void)sparse; (void)cap; (void)bf16;
+    return NO_GPU("gpu layer cache");
+}
+m3_status m3_gpu_layer_forward(m3_gpu *g, void *d_x, void *d_h, bool *h_pending, int n_tok,
+                               const int32_t *d_pos, const int32_t *h_pos,
+                               const m3_gpu_layer_weights *w, const struct m3_config *c,
+                               const m3_profile *p, m3_gpu_layer_cache *cache,
+                               const m3_hooks *hooks, const char *prefix,
+                               const m3_gpu_model_opts *o) {
+    (void)g; (void)d_x; (void)d_h; (void)h_pending; (void)n_tok; (void)d_pos; (void)h_pos;
+    (void)w; (void)c; (void)p; (void)cache; (void)hooks; (void)prefix; (void)o;
+    return NO_GPU("gpu layer");
+}
+m3_status m3_gpu_model_open(m3_gpu_model **m, m3_gpu *g, const char *model_dir,
+                            const char *override_json, const m3_profile *p,
+                            const m3_gpu_model_opts *o) {
+    (void)g; (void)model_dir; (void)override_json; (void)p; (void)o;
+    *m = NULL;
+    return NO_GPU("--backend gpu");
+}
+void m3_gpu_model_close(m3_gpu_model *m) { (void)m; }
+const struct m3_config *m3_gpu_model_config(const m3_gpu_model *m) { (void)m; return NULL; }
+int m3_gpu_model_n_past(const m3_gpu_model *m) { (void)m; return 0; }
+void m3_gpu_model_reset(m3_gpu_model *m) { (void)m; }
+const char *m3_gpu_model_storage(const m3_gpu_model *m) { (void)m; return "none"; }
+m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx) {
+    (void)m; (void)n_ctx;
+    return NO_GPU("--backend gpu");
+}
+m3_status m3_gpu_model_forward(m3_gpu_model *m, const int32_t *tokens, const int32_t *pos,
+                               int n_tok, const m3_hooks *hooks, const char *prefix,
+                               float *logits_last, int32_t *next) {
+    (void)m; (void)tokens; (void)pos; (void)n_tok; (void)hooks; (void)prefix; (void)logits_last;
+    (void)next;
+    return NO_GPU("--backend gpu");
+}

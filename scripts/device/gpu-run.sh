@@ -9,7 +9,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 : "${BIN:=$here/bin}" "${OUT:=$here/out}"
 mkdir -p "$OUT"
 [ -f "$here/lib.tar.xz" ] && [ ! -d "$here/lib" ] && tar -C "$here" -xJf "$here/lib.tar.xz"
+[ -f "$here/bin.tar.xz" ] && [ ! -d "$here/bin" ] && tar -C "$here" -xJf "$here/bin.tar.xz"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# tests/gpu_model.c runs build/m3 and reads the tiny fixtures (both bundled by pack.sh)
+[ -x "$BIN/m3" ] && export M3="$BIN/m3"
+if [ -d "$here/fixtures" ]; then export M3_FIXTURES="$here/fixtures"
+elif [ -d "$here/../../fixtures" ]; then export M3_FIXTURES="$here/../../fixtures"; fi
 what=${1:-all}
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
   for b in "$BIN"/gpu_*; do ldd "$b" | grep -i "not found"; done; } | tee "$OUT/device.txt"

@@ -1,0 +1,873 @@
+/* gpu/layer.hip: one decoder layer on the device, twin of ref/layer.c (spec §3): weight
+ * upload, the device KV / index cache, and the wiring of the component kernels in ref's
+ * order, with ref's dump taps and teacher-forcing points. Wiring only, as ref/layer.c: every
+ * number comes from a component kernel (gpu/norm, rope, attn, indexer, moe, mlp) or the
+ * vendor GEMM; the few kernels here are the glue ref does in plain loops (a GEMM output
+ * rounding, the routed + shared add) and the generic routed-expert path for shapes the
+ * tiled m3_gpu_moe_experts does not take (D % 128, F % 64: the tiny fixtures).
+ *
+ * Storage (m3_gpu.h): TS = m3_bf16 (bf16 kernels, production) or float (the _f32 twins,
+ * every profile's rounding points applied in registers). Both are instantiated from one
+ * template, so the two paths cannot drift apart in wiring.
+ * Numerics against ref: GEMM reduction order is cuBLAS's (NMSE, never bit for bit), the
+ * generic expert dots are sequential fp32 sums (ref: OpenBLAS / m3_dot_f32 order); every
+ * rounding point is the component's. Taps download the stage, widen it to fp32 and call
+ * hooks->tap with ref's key, shape and produced dtype (m3_stage_dtype).
+ * Tests: tests/gpu_model.c (whole model against ref through the comparison engine). */
+#include "gpu/hip_compat.h"
+#include "gpu/gpu_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/attn.h"
+#include "ref/config.h"
+#include "ref/indexer.h"
+#include "ref/layer.h"
+#include "ref/moe.h"
+#include "ref/norm.h"
+#include "ref/num/act.h"
+#include "ref/num/bf16.h"
+
+#define GLUE_THREADS 128
+#define GEN_MAX_K 64 /* generic expert combine: experts per token */
+
+struct m3_gpu_layer_weights {
+    int layer;
+    bool sparse, moe, bf16, has_shared;
+    const m3_bf16 *in_norm, *post_norm, *q_norm, *k_norm, *iq_norm, *ik_norm; /* bf16 [n] */
+    const void *q, *k, *v, *o, *iq, *ik;   /* TS [out, in] */
+    const void *mg, *mu, *md;              /* dense MLP, TS */
+    const void *eg, *eu, *ed;              /* experts stacked: [E,F,D] x2, [E,D,F], TS */
+    const void *sg, *su, *sd;              /* shared expert, TS */
+    const float *gate_f32;                 /* router gate [E, D] (router_dtype F32) */
+    const m3_bf16 *gate_bf16;              /* router gate held in bf16 (router_dtype BF16) */
+    const float *bias;                     /* [E] fp32 or NULL */
+};
+
+/* ---- glue kernels ------------------------------------------------------------------------ */
+static __device__ __forceinline__ float ldv(const float *p, size_t i) { return p[i]; }
+static __device__ __forceinline__ float ldv(const m3_bf16 *p, size_t i) { return m3_bf16_to_f32(p[i]); }
+static __device__ __forceinline__ void stv(float *p, size_t i, float v) { p[i] = v; }
+static __device__ __forceinline__ void stv(m3_bf16 *p, size_t i, float v) { p[i] = m3_f32_to_bf16(v); }
+
+static __device__ __forceinline__ float swiglu_mode(float g, float u, float alpha, float limit,
+                                                    int mode) {
+    if (mode == M3_SWIGLU_BF16_PER_OP) return m3_swiglu_oai_bf16ops(g, u, alpha, limit);
+    const float a = m3_swiglu_oai(g, u, alpha, limit);
+    return mode == M3_SWIGLU_BF16_ONCE ? m3_round_bf16(a) : a;
+}
+
+/* x = bf16(x): the act_bf16 rounding of an fp32-storage GEMM output */
+static __global__ void __launch_bounds__(GLUE_THREADS) round_k(float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = m3_round_bf16(x[i]);
+}
+
+/* y = y + s, rounded to bf16 when rnd (ref m3_moe_add_shared) */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS) add_k(TS *y, const TS *s, int64_t n, bool rnd) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = __fadd_rn(ldv(y, i), ldv(s, i));
+        stv(y, i, rnd ? m3_round_bf16(v) : v);
+    }
+}
+
+/* Generic routed experts, entry i = t*K + k (the tiled kernels' shape contract aside, this
+ * is ref's m3_mlp per (token, expert) pair): a[i, f] = swiglu(g, u) with g, u the fp32 dots
+ * of x[t] with row f of the expert's gate / up (rounded to bf16 under act_bf16, as
+ * m3_linear_p), sequential order over D. An id outside [0, E) gives a = 0 (ref rejects such
+ * ids before any math; the wiring checks teacher-forced ids on the host). */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    gen_gu_k(TS *a, const TS *x, const int32_t *ids, const TS *wg, const TS *wu, int K, int E,
+             int D, int F, float alpha, float limit, int mode, bool act_bf16) {
+    const int i = (int)blockIdx.x, f = (int)(blockIdx.y * blockDim.x + threadIdx.x);
+    if (f >= F) return;
+    const int e = ids[i], t = i / K;
+    float out = 0.0f;
+    if (e >= 0 && e < E) {
+        const TS *xr = x + (size_t)t * D;
+        const TS *gr = wg + ((size_t)e * F + f) * D, *ur = wu + ((size_t)e * F + f) * D;
+        float gv = 0.0f, uv = 0.0f;
+        for (int d = 0; d < D; d++) {
+            const float xv = ldv(xr, d);
+            gv = __fadd_rn(gv, __fmul_rn(xv, ldv(gr, d)));
+            uv = __fadd_rn(uv, __fmul_rn(xv, ldv(ur, d)));
+        }
+        if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+        out = swiglu_mode(gv, uv, alpha, limit, mode);
+    }
+    stv(a, (size_t)i * F + f, out);
+}
+
+/* ye[i, d] = a[i] . down_e[d] (fp32, sequential over F), bf16 under act_bf16 */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    gen_down_k(TS *ye, const TS *a, const int32_t *ids, const TS *wd, int E, int D, int F,
+               bool act_bf16) {
+    const int i = (int)blockIdx.x, d = (int)(blockIdx.y * blockDim.x + threadIdx.x);
+    if (d >= D) return;
+    const int e = ids[i];
+    float acc = 0.0f;
+    if (e >= 0 && e < E) {
+        const TS *ar = a + (size_t)i * F, *wr = wd + ((size_t)e * D + d) * F;
+        for (int f = 0; f < F; f++) acc = __fadd_rn(acc, __fmul_rn(ldv(ar, f), ldv(wr, f)));
+        if (act_bf16) acc = m3_round_bf16(acc);
+    }
+    stv(ye, (size_t)i * D + d, acc);
+}
+
+/* y[t] = rnd(rsf * R), R = sum_k w_k ye_k in ascending expert id (ref m3_moe_experts):
+ * hf: bf16(R + bf16(ye * w)) per step; otherwise unfused fp32 mul and add. */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    gen_combine_k(TS *y, const TS *ye, const int32_t *ids, const float *wts, int K, int E, int D,
+                  float rsf, bool bf16_combine, bool rnd) {
+    const int t = (int)blockIdx.x;
+    int ord[GEN_MAX_K];
+    int n = 0;
+    for (int k = 0; k < K; k++) { /* insertion by ascending id (stable for equal ids) */
+        const int id = ids[t * K + k];
+        if (id < 0 || id >= E) continue;
+        int j = n++;
+        while (j > 0 && ids[t * K + ord[j - 1]] > id) {
+            ord[j] = ord[j - 1];
+            j--;
+        }
+        ord[j] = k;
+    }
+    for (int d = (int)threadIdx.x; d < D; d += (int)blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < n; j++) {
+            const int i = t * K + ord[j];
+            const float prod = __fmul_rn(ldv(ye, (size_t)i * D + d), wts[i]);
+            acc = bf16_combine ? m3_round_bf16(acc + m3_round_bf16(prod)) : __fadd_rn(acc, prod);
+        }
+        const float v = __fmul_rn(rsf, acc);
+        stv(y, (size_t)t * D + d, rnd ? m3_round_bf16(v) : v);
+    }
+}
+
+/* ---- host wiring helpers (declared in gpu_internal.h, used by gpu/model.hip) ---------- */
+m3_status m3_gpu_dl_(m3_gpu *g, float *h, const float *d, size_t n) {
+    return m3_gpu_download(g, h, d, n * sizeof(float));
+}
+m3_status m3_gpu_dl_(m3_gpu *g, float *h, const m3_bf16 *d, size_t n) {
+    m3_bf16 *tmp = (m3_bf16 *)malloc(n * sizeof *tmp + 1);
+    if (!tmp) return m3_errorf(M3_ERR_NOMEM, "gpu: download of %zu values: out of memory", n);
+    m3_status s = m3_gpu_download(g, tmp, d, n * sizeof *tmp);
+    for (size_t i = 0; s == M3_OK && i < n; i++) h[i] = m3_bf16_to_f32(tmp[i]);
+    free(tmp);
+    return s;
+}
+m3_status m3_gpu_ul_(m3_gpu *g, float *d, const float *h, size_t n) {
+    return m3_gpu_upload(g, d, h, n * sizeof(float));
+}
+m3_status m3_gpu_ul_(m3_gpu *g, m3_bf16 *d, const float *h, size_t n) {
+    m3_bf16 *tmp = (m3_bf16 *)malloc(n * sizeof *tmp + 1);
+    if (!tmp) return m3_errorf(M3_ERR_NOMEM, "gpu: upload of %zu values: out of memory", n);
+    for (size_t i = 0; i < n; i++) tmp[i] = m3_f32_to_bf16(h[i]);
+    m3_status s = m3_gpu_upload(g, d, tmp, n * sizeof *tmp);
+    free(tmp);
+    return s;
+}
+
+m3_status m3_gpu_linear_(m3_gpu *g, m3_bf16 *y, const m3_bf16 *x, const void *w, int T, int N,
+                         int K, const m3_profile *p) {
+    (void)p; /* bf16 storage implies act_bf16: the GEMM's one rounding is the profile's */
+    return m3_gpu_gemm_bf16(g, y, x, (const m3_bf16 *)w, T, N, K);
+}
+m3_status m3_gpu_linear_(m3_gpu *g, float *y, const float *x, const void *w, int T, int N, int K,
+                         const m3_profile *p) {
+    M3_TRY(m3_gpu_gemm_f32(g, y, x, (const float *)w, T, N, K));
+    if (p->act_bf16 && T > 0) {
+        const int64_t n = (int64_t)T * N;
+        round_k<<<m3_grid_1d(n < 65536 * 4 ? n : 65536 * 4, GLUE_THREADS), GLUE_THREADS, 0,
+                  g->stream>>>(y, n);
+        M3_LAUNCHED(g, "round_k");
+    }
+    return M3_OK;
+}
+
+m3_status m3_gpu_norm_add_(m3_gpu *g, m3_bf16 *y, m3_bf16 *r, const m3_bf16 *h, const m3_bf16 *w,
+                           int T, int D, float eps, const m3_profile *p) {
+    return m3_gpu_rmsnorm_add(g, y, r, h, w, T, D, eps, p);
+}
+m3_status m3_gpu_norm_add_(m3_gpu *g, float *y, float *r, const float *h, const m3_bf16 *w, int T,
+                           int D, float eps, const m3_profile *p) {
+    return m3_gpu_rmsnorm_add_f32(g, y, r, h, w, T, D, eps, p);
+}
+
+/* n elements of a checkpoint matrix (fmt M3_WFMT_BF16 / F32) into dst in the storage type.
+ * bf16 storage takes bf16 only (rounding fp32 weights would change the math); fp32 storage
+ * widens bf16 exactly on the device through an arena temporary. */
+m3_status m3_gpu_upload_mat_(m3_gpu *g, void *dst, bool bf16, int fmt, const void *src, size_t n,
+                             const char *what) {
+    if (bf16) {
+        if (fmt != M3_WFMT_BF16)
+            return m3_errorf(M3_ERR_UNSUPPORTED,
+                             "gpu: %s is not stored in bf16; the bf16-storage path takes bf16 "
+                             "weights only (use M3_GPU_STORAGE=f32)",
+                             what);
+        return m3_gpu_upload(g, dst, src, n * sizeof(m3_bf16));
+    }
+    if (fmt == M3_WFMT_F32) return m3_gpu_upload(g, dst, src, n * sizeof(float));
+    const size_t mark = m3_gpu_mark(g);
+    void *tmp;
+    M3_TRY(m3_gpu_alloc(g, &tmp, n * sizeof(m3_bf16)));
+    m3_status s = m3_gpu_upload(g, tmp, src, n * sizeof(m3_bf16));
+    if (s == M3_OK) s = m3_gpu_bf16_to_f32(g, (float *)dst, (const m3_bf16 *)tmp, (int64_t)n);
+    if (s == M3_OK) s = m3_gpu_sync(g); /* the temporary is reused by the next allocation */
+    m3_gpu_release(g, mark);
+    return s;
+}
+
+/* ---- weights ----------------------------------------------------------------------------- */
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+extern "C" size_t m3_gpu_layer_weights_bytes(const m3_config *c, int L, bool bf16) {
+    const size_t es = bf16 ? 2 : 4, D = (size_t)c->hidden, Dh = (size_t)c->head_dim;
+    const size_t QW = (size_t)c->n_head * Dh, KW = (size_t)c->n_kv_head * Dh;
+    size_t n = 2 * al256(D * 2) + 2 * al256(Dh * 2);
+    n += al256(QW * D * es) + 2 * al256(KW * D * es) + al256(D * QW * es);
+    if (c->layer_sparse[L]) {
+        const size_t G = (size_t)c->index_n_heads, Di = (size_t)c->index_head_dim;
+        n += al256(G * Di * D * es) + al256(Di * D * es) + 2 * al256(Di * 2);
+    }
+    if (!c->layer_moe[L]) {
+        n += 3 * al256((size_t)c->dense_inter * D * es);
+    } else {
+        const size_t E = (size_t)c->n_expert, F = (size_t)c->expert_inter;
+        n += 2 * al256(E * D * 4) + al256(E * 4);
+        n += 3 * al256(E * F * D * es);
+        if (c->n_shared_experts > 0 && c->shared_inter > 0)
+            n += 3 * al256((size_t)c->shared_inter * D * es);
+    }
+    /* + one widening temporary (fp32 storage) of the largest matrix */
+    return n + (bf16 ? 0 : al256((size_t)c->n_expert * c->expert_inter * D * 2 + QW * D * 2)) + 4096;
+}
+
+static m3_status up_norm(m3_gpu *g, const m3_bf16 **d, const m3_bf16 *h, int n) {
+    void *p;
+    M3_TRY(m3_gpu_alloc(g, &p, (size_t)n * sizeof(m3_bf16)));
+    M3_TRY(m3_gpu_upload(g, p, h, (size_t)n * sizeof(m3_bf16)));
+    *d = (const m3_bf16 *)p;
+    return M3_OK;
+}
+
+static m3_status up_mat(m3_gpu *g, const void **d, bool bf16, const m3_wmat *wm, int L,
+                        const char *name) {
+    const size_t n = (size_t)wm->n_out * (size_t)wm->n_in;
+    void *p;
+    M3_TRY(m3_gpu_alloc(g, &p, n * (bf16 ? 2 : 4)));
+    char what[96];
+    snprintf(what, sizeof what, "layer %d %s", L, name);
+    M3_TRY(m3_gpu_upload_mat_(g, p, bf16, (int)wm->fmt, wm->data, n, what));
+    *d = p;
+    return M3_OK;
+}
+
+static m3_status up_mlp(m3_gpu *g, const void **dg, const void **du, const void **dd, bool bf16,
+                        const m3_mlp_weights *mw, int D, int F, int L, const char *name) {
+    m3_wmat wg = {mw->fmt, mw->gate, F, D}, wu = {mw->fmt, mw->up, F, D},
+            wd = {mw->fmt, mw->down, D, F};
+    char nm[64];
+    snprintf(nm, sizeof nm, "%s gate_proj", name);
+    M3_TRY(up_mat(g, dg, bf16, &wg, L, nm));
+    snprintf(nm, sizeof nm, "%s up_proj", name);
+    M3_TRY(up_mat(g, du, bf16, &wu, L, nm));
+    snprintf(nm, sizeof nm, "%s down_proj", name);
+    return up_mat(g, dd, bf16, &wd, L, nm);
+}
+
+static m3_status upload_weights(m3_gpu *g, m3_gpu_layer_weights *w, const m3_layer_weights *hw,
+                                const m3_config *c, const m3_profile *p) {
+    const int L = hw->layer, D = c->hidden, Dh = c->head_dim;
+    const bool b = w->bf16;
+    M3_TRY(up_norm(g, &w->in_norm, hw->in_norm, D));
+    M3_TRY(up_norm(g, &w->post_norm, hw->post_norm, D));
+    M3_TRY(up_norm(g, &w->q_norm, hw->q_norm, Dh));
+    M3_TRY(up_norm(g, &w->k_norm, hw->k_norm, Dh));
+    M3_TRY(up_mat(g, &w->q, b, &hw->q, L, "q_proj"));
+    M3_TRY(up_mat(g, &w->k, b, &hw->k, L, "k_proj"));
+    M3_TRY(up_mat(g, &w->v, b, &hw->v, L, "v_proj"));
+    M3_TRY(up_mat(g, &w->o, b, &hw->o, L, "o_proj"));
+    if (w->sparse) {
+        const int Di = c->index_head_dim;
+        M3_TRY(up_mat(g, &w->iq, b, &hw->index_q, L, "index q_proj"));
+        M3_TRY(up_mat(g, &w->ik, b, &hw->index_k, L, "index k_proj"));
+        M3_TRY(up_norm(g, &w->iq_norm, hw->index_q_norm, Di));
+        M3_TRY(up_norm(g, &w->ik_norm, hw->index_k_norm, Di));
+    }
+    if (!w->moe)
+        return up_mlp(g, &w->mg, &w->mu, &w->md, b, &hw->mlp, D, c->dense_inter, L, "mlp");
+    const int E = c->n_expert, F = c->expert_inter;
+    const size_t es = b ? 2 : 4, nm = (size_t)F * D;
+    void *gate, *bias = NULL;
+    if (p->router_dtype == M3_DT_BF16) {
+        /* the gate held in bf16 (ref: m3_linear_f32 with w_as_bf16) */
+        m3_bf16 *hb = (m3_bf16 *)malloc((size_t)E * D * sizeof *hb);
+        if (!hb) return m3_errorf(M3_ERR_NOMEM, "layer %d router: out of memory", L);
+        for (size_t i = 0; i < (size_t)E * D; i++) hb[i] = m3_f32_to_bf16(hw->moe.gate[i]);
+        m3_status s = m3_gpu_alloc(g, &gate, (size_t)E * D * sizeof *hb);
+        if (s == M3_OK) s = m3_gpu_upload(g, gate, hb, (size_t)E * D * sizeof *hb);
+        free(hb);
+        M3_TRY(s);
+        w->gate_bf16 = (const m3_bf16 *)gate;
+    } else {
+        M3_TRY(m3_gpu_alloc(g, &gate, (size_t)E * D * sizeof(float)));
+        M3_TRY(m3_gpu_upload(g, gate, hw->moe.gate, (size_t)E * D * sizeof(float)));
+        w->gate_f32 = (const float *)gate;
+    }
+    if (hw->moe.bias) {
+        M3_TRY(m3_gpu_alloc(g, &bias, (size_t)E * sizeof(float)));
+        M3_TRY(m3_gpu_upload(g, bias, hw->moe.bias, (size_t)E * sizeof(float)));
+        w->bias = (const float *)bias;
+    }
+    void *eg, *eu, *ed;
+    M3_TRY(m3_gpu_alloc(g, &eg, (size_t)E * nm * es));
+    M3_TRY(m3_gpu_alloc(g, &eu, (size_t)E * nm * es));
+    M3_TRY(m3_gpu_alloc(g, &ed, (size_t)E * nm * es));
+    for (int e = 0; e < E; e++) {
+        const m3_mlp_weights *x = &hw->moe.experts[e];
+        char what[96];
+        snprintf(what, sizeof what, "layer %d expert %d", L, e);
+        M3_TRY(m3_gpu_upload_mat_(g, (char *)eg + (size_t)e * nm * es, b, (int)x->fmt, x->gate, nm, what));
+        M3_TRY(m3_gpu_upload_mat_(g, (char *)eu + (size_t)e * nm * es, b, (int)x->fmt, x->up, nm, what));
+        M3_TRY(m3_gpu_upload_mat_(g, (char *)ed + (size_t)e * nm * es, b, (int)x->fmt, x->down, nm, what));
+    }
+    w->eg = eg, w->eu = eu, w->ed = ed;
+    w->has_shared = c->n_shared_experts > 0 && c->shared_inter > 0;
+    if (w->has_shared)
+        M3_TRY(up_mlp(g, &w->sg, &w->su, &w->sd, b, &hw->moe.shared, D, c->shared_inter, L,
+                      "shared expert"));
+    return M3_OK;
+}
+
+extern "C" m3_status m3_gpu_layer_weights_upload(m3_gpu *g, m3_gpu_layer_weights **out,
+                                                 const m3_layer_weights *hw, const m3_config *c,
+                                                 const m3_profile *p, bool bf16) {
+    *out = NULL;
+    m3_gpu_layer_weights *w = (m3_gpu_layer_weights *)calloc(1, sizeof *w);
+    if (!w) return m3_errorf(M3_ERR_NOMEM, "out of memory");
+    w->layer = hw->layer;
+    w->sparse = hw->is_sparse;
+    w->moe = hw->is_moe;
+    w->bf16 = bf16;
+    m3_status s = upload_weights(g, w, hw, c, p);
+    if (s != M3_OK) {
+        free(w);
+        return m3_error_context(s, "uploading layer %d", hw->layer);
+    }
+    *out = w;
+    return M3_OK;
+}
+
+extern "C" void m3_gpu_layer_weights_free(m3_gpu_layer_weights *w) { free(w); }
+
+extern "C" m3_status m3_gpu_layer_cache_alloc(m3_gpu *g, m3_gpu_layer_cache *c,
+                                              const m3_config *cfg, bool sparse, int cap,
+                                              bool bf16) {
+    memset(c, 0, sizeof *c);
+    const size_t es = bf16 ? 2 : 4, kv = (size_t)cfg->n_kv_head * cfg->head_dim;
+    M3_TRY(m3_gpu_alloc(g, &c->k, (size_t)cap * kv * es));
+    M3_TRY(m3_gpu_alloc(g, &c->v, (size_t)cap * kv * es));
+    if (sparse) M3_TRY(m3_gpu_alloc(g, &c->index_k, (size_t)cap * cfg->index_head_dim * es));
+    c->cap = cap;
+    c->bf16 = bf16;
+    return M3_OK;
+}
+
+/* ---- component overloads by storage type ------------------------------------------------ */
+static m3_status rope(m3_gpu *g, m3_bf16 *x, int ld, const int32_t *pos, int T, int nh, int hd,
+                      const m3_bf16 *w, float eps, int rot, float theta, const m3_profile *p) {
+    return m3_gpu_qk_norm_rope(g, x, ld, pos, T, nh, hd, w, eps, rot, theta, p);
+}
+static m3_status rope(m3_gpu *g, float *x, int ld, const int32_t *pos, int T, int nh, int hd,
+                      const m3_bf16 *w, float eps, int rot, float theta, const m3_profile *p) {
+    return m3_gpu_qk_norm_rope_f32(g, x, ld, pos, T, nh, hd, w, eps, rot, theta, p);
+}
+static m3_status swiglu(m3_gpu *g, m3_bf16 *a, const m3_bf16 *gt, const m3_bf16 *u, int64_t n,
+                        float al, float li, const m3_profile *p) {
+    return m3_gpu_swiglu(g, a, gt, u, n, al, li, p);
+}
+static m3_status swiglu(m3_gpu *g, float *a, const float *gt, const float *u, int64_t n, float al,
+                        float li, const m3_profile *p) {
+    return m3_gpu_swiglu_f32(g, a, gt, u, n, al, li, p);
+}
+
+/* flash kernels' shape contract (gpu/m3_gpu.h); outside it the faithful kernel runs */
+static bool flash_ok(const m3_attn_params *ap, int ld_q) {
+    const int hq = ap->n_head / ap->n_kv_head;
+    return hq <= 16 && ap->head_dim % 16 == 0 && ap->head_dim <= 128 && ld_q % 8 == 0;
+}
+static m3_status attn_dense(m3_gpu *g, m3_bf16 *out, const m3_bf16 *q, int ld, const m3_bf16 *k,
+                            const m3_bf16 *v, const int32_t *pos, int T, int n_ctx,
+                            const m3_attn_params *ap, const m3_profile *p, bool flash) {
+    if (flash && flash_ok(ap, ld))
+        return m3_gpu_attn_dense_flash(g, out, q, ld, k, v, pos, T, n_ctx, ap, p);
+    return m3_gpu_attn_dense(g, out, q, ld, k, v, pos, T, n_ctx, ap, p);
+}
+static m3_status attn_dense(m3_gpu *g, float *out, const float *q, int ld, const float *k,
+                            const float *v, const int32_t *pos, int T, int n_ctx,
+                            const m3_attn_params *ap, const m3_profile *p, bool flash) {
+    (void)flash;
+    return m3_gpu_attn_dense_f32(g, out, q, ld, k, v, pos, T, n_ctx, ap, p);
+}
+static m3_status attn_sparse(m3_gpu *g, m3_bf16 *out, const m3_bf16 *q, int ld, const m3_bf16 *k,
+                             const m3_bf16 *v, const int32_t *pos, int T, int n_ctx,
+                             const int32_t *sel, int width, int block, const m3_attn_params *ap,
+                             const m3_profile *p, bool flash) {
+    if (flash && flash_ok(ap, ld) && block % 16 == 0 && block <= 256)
+        return m3_gpu_attn_sparse_flash(g, out, q, ld, k, v, pos, T, n_ctx, sel, width, block, ap,
+                                        p);
+    return m3_gpu_attn_sparse(g, out, q, ld, k, v, pos, T, n_ctx, sel, width, block, ap, p);
+}
+static m3_status attn_sparse(m3_gpu *g, float *out, const float *q, int ld, const float *k,
+                             const float *v, const int32_t *pos, int T, int n_ctx,
+                             const int32_t *sel, int width, int block, const m3_attn_params *ap,
+                             const m3_profile *p, bool flash) {
+    (void)flash;
+    return m3_gpu_attn_sparse_f32(g, out, q, ld, k, v, pos, T, n_ctx, sel, width, block, ap, p);
+}
+static m3_status indexer(m3_gpu *g, int32_t *topk, float *scores, int *ties, const m3_bf16 *iq,
+                         int ld, const m3_bf16 *ik, const int32_t *pos, int T, int n_ctx,
+                         const m3_indexer_params *ip, const m3_profile *p) {
+    return m3_gpu_indexer_topk(g, topk, scores, NULL, ties, iq, ld, ik, pos, T, n_ctx, ip, p);
+}
+static m3_status indexer(m3_gpu *g, int32_t *topk, float *scores, int *ties, const float *iq,
+                         int ld, const float *ik, const int32_t *pos, int T, int n_ctx,
+                         const m3_indexer_params *ip, const m3_profile *p) {
+    return m3_gpu_indexer_topk_f32(g, topk, scores, NULL, ties, iq, ld, ik, pos, T, n_ctx, ip, p);
+}
+
+/* The tiled expert kernels where their contract holds (bf16 storage); false: not taken. */
+static bool tiled_experts(m3_gpu *g, m3_status *s, m3_bf16 *y, const m3_bf16 *x,
+                          const int32_t *ids, const float *wts, int T,
+                          const m3_gpu_layer_weights *w, const m3_moe_params *mp,
+                          const m3_profile *p) {
+    if (mp->dim % 128 || mp->ffn % 64 || mp->n_expert > 1024 || mp->top_k > 8 ||
+        !p->act_bf16 || p->swiglu == M3_SWIGLU_F32)
+        return false;
+    m3_gpu_experts ew;
+    memset(&ew, 0, sizeof ew);
+    ew.fmt = M3_GPU_W_BF16;
+    ew.gate = w->eg, ew.up = w->eu, ew.down = w->ed;
+    *s = m3_gpu_moe_experts(g, y, x, ids, wts, T, &ew, mp, p);
+    return true;
+}
+static bool tiled_experts(m3_gpu *, m3_status *, float *, const float *, const int32_t *,
+                          const float *, int, const m3_gpu_layer_weights *, const m3_moe_params *,
+                          const m3_profile *) {
+    return false;
+}
+
+template <typename TS>
+static m3_status experts(m3_gpu *g, TS *y, const TS *x, const int32_t *ids, const float *wts,
+                         int T, const m3_gpu_layer_weights *w, const m3_moe_params *mp,
+                         const m3_profile *p) {
+    m3_status s = M3_OK;
+    if (tiled_experts(g, &s, y, x, ids, wts, T, w, mp, p)) return s;
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
+    if (K > GEN_MAX_K)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu experts: top_k %d > %d", K, GEN_MAX_K);
+    if (T == 0) return M3_OK;
+    const size_t mark = m3_gpu_mark(g);
+    TS *a, *ye;
+    s = m3_gpu_alloc(g, (void **)&a, (size_t)TK * F * sizeof(TS));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ye, (size_t)TK * D * sizeof(TS));
+    if (s == M3_OK) {
+        dim3 g1((unsigned)TK, (unsigned)((F + GLUE_THREADS - 1) / GLUE_THREADS));
+        gen_gu_k<TS><<<g1, GLUE_THREADS, 0, g->stream>>>(a, x, ids, (const TS *)w->eg,
+                                                         (const TS *)w->eu, K, E, D, F, mp->alpha,
+                                                         mp->limit, (int)p->swiglu, p->act_bf16);
+        s = m3_gpu_launched_(g, "gen_gu_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        dim3 g2((unsigned)TK, (unsigned)((D + GLUE_THREADS - 1) / GLUE_THREADS));
+        gen_down_k<TS><<<g2, GLUE_THREADS, 0, g->stream>>>(ye, a, ids, (const TS *)w->ed, E, D, F,
+                                                           p->act_bf16);
+        s = m3_gpu_launched_(g, "gen_down_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        gen_combine_k<TS><<<(unsigned)T, GLUE_THREADS, 0, g->stream>>>(
+            y, ye, ids, wts, K, E, D, mp->routed_scale, p->moe_bf16_combine,
+            p->moe_bf16_combine || p->act_bf16);
+        s = m3_gpu_launched_(g, "gen_combine_k", __FILE__, __LINE__);
+    }
+    m3_gpu_release(g, mark); /* later work is stream-ordered after these kernels */
+    return s;
+}
+
+/* y = MLP(x): ref m3_mlp (gate, up GEMMs rounded per profile, swiglu, down GEMM) */
+template <typename TS>
+static m3_status mlp(m3_gpu *g, TS *y, const TS *x, int T, const void *wg, const void *wu,
+                     const void *wd, int D, int F, float alpha, float limit, const m3_profile *p) {
+    if (T == 0) return M3_OK;
+    const size_t mark = m3_gpu_mark(g);
+    TS *gb, *ub;
+    m3_status s = m3_gpu_alloc(g, (void **)&gb, (size_t)T * F * sizeof(TS));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ub, (size_t)T * F * sizeof(TS));
+    if (s == M3_OK) s = m3_gpu_linear_(g, gb, x, wg, T, F, D, p);
+    if (s == M3_OK) s = m3_gpu_linear_(g, ub, x, wu, T, F, D, p);
+    if (s == M3_OK) s = swiglu(g, gb, gb, ub, (int64_t)T * F, alpha, limit, p);
+    if (s == M3_OK) s = m3_gpu_linear_(g, y, gb, wd, T, D, F, p);
+    m3_gpu_release(g, mark);
+    return s;
+}
+
+/* ---- taps and teacher forcing ----------------------------------------------------------- */
+typedef struct {
+    m3_gpu *g;
+    const m3_hooks *h;
+    const char *prefix;
+    int n_layer, layer;
+    const m3_profile *p;
+} tapper;
+
+static m3_status tap_host(const tapper *tp, const char *stage, m3_dtype dt, const void *data,
+                          int rank, int64_t d0, int64_t d1, int64_t d2) {
+    if (!tp->h || !tp->h->tap) return M3_OK;
+    char key[M3_KEY_MAX];
+    m3_layer_key(key, tp->prefix, tp->n_layer, tp->layer, stage);
+    m3_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.rank = rank;
+    t.data = (void *)data;
+    t.shape[0] = d0;
+    t.shape[1] = d1;
+    t.shape[2] = d2;
+    const char *pd = dt == M3_DT_I32 ? "int32" : m3_stage_dtype(tp->p, stage);
+    m3_status s = tp->h->tap(tp->h->tap_ctx, key, &t, pd);
+    return s ? m3_error_context(s, "stage %s", key) : M3_OK;
+}
+
+static int64_t numel3(int rank, int64_t d0, int64_t d1, int64_t d2) {
+    return d0 * (rank >= 2 ? d1 : 1) * (rank >= 3 ? d2 : 1);
+}
+
+/* download a device stage (storage type, fp32 or int32) and tap it */
+template <typename TD>
+static m3_status tap_dev(const tapper *tp, const char *stage, const TD *d, int rank, int64_t d0,
+                         int64_t d1, int64_t d2) {
+    if (!tp->h || !tp->h->tap) return M3_OK;
+    const size_t n = (size_t)numel3(rank, d0, d1, d2);
+    float *hbuf = (float *)malloc(n * sizeof(float) + 1);
+    if (!hbuf) return m3_errorf(M3_ERR_NOMEM, "stage %s: out of memory", stage);
+    m3_status s = m3_gpu_dl_(tp->g, hbuf, d, n);
+    if (s == M3_OK) s = tap_host(tp, stage, M3_DT_F32, hbuf, rank, d0, d1, d2);
+    free(hbuf);
+    return s;
+}
+static m3_status tap_dev_i32(const tapper *tp, const char *stage, const int32_t *d, int rank,
+                             int64_t d0, int64_t d1, int64_t d2) {
+    if (!tp->h || !tp->h->tap) return M3_OK;
+    const size_t n = (size_t)numel3(rank, d0, d1, d2);
+    int32_t *hbuf = (int32_t *)malloc(n * sizeof(int32_t) + 1);
+    if (!hbuf) return m3_errorf(M3_ERR_NOMEM, "stage %s: out of memory", stage);
+    m3_status s = m3_gpu_download(tp->g, hbuf, d, n * sizeof(int32_t));
+    if (s == M3_OK) s = tap_host(tp, stage, M3_DT_I32, hbuf, rank, d0, d1, d2);
+    free(hbuf);
+    return s;
+}
+
+/* a teacher-forced selection int32 [d0, d1(, w)] (ref layer.c fetch_sel) */
+static m3_status fetch_sel(const tapper *tp, const char *stage, int rank, int64_t d0, int64_t d1,
+                           m3_tensor *t) {
+    char key[M3_KEY_MAX];
+    m3_layer_key(key, tp->prefix, tp->n_layer, tp->layer, stage);
+    memset(t, 0, sizeof *t);
+    m3_status s = tp->h->fetch(tp->h->fetch_ctx, key, t);
+    if (s) return m3_error_context(s, "teacher-forced %s", key);
+    if (t->dtype != M3_DT_I32 || t->rank != rank || t->shape[0] != d0 || t->shape[1] != d1 ||
+        (rank == 3 && t->shape[2] < 1)) {
+        free(t->data);
+        t->data = NULL;
+        return m3_errorf(M3_ERR_SHAPE,
+                         "teacher-forced %s: expected int32 [%lld, %lld%s], got rank %d "
+                         "[%lld, %lld, ...]",
+                         key, (long long)d0, (long long)d1, rank == 3 ? ", K" : "", t->rank,
+                         (long long)t->shape[0], (long long)(t->rank > 1 ? t->shape[1] : 0));
+    }
+    return M3_OK;
+}
+
+static m3_status upload_i32(m3_gpu *g, int32_t **d, const int32_t *h, size_t n) {
+    M3_TRY(m3_gpu_alloc(g, (void **)d, n * sizeof(int32_t)));
+    return m3_gpu_upload(g, *d, h, n * sizeof(int32_t));
+}
+
+/* ---- forward ----------------------------------------------------------------------------- */
+template <typename TS>
+static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, const int32_t *d_pos,
+                               const int32_t *h_pos, const m3_gpu_layer_weights *w,
+                               const m3_config *c, const m3_profile *p, m3_gpu_layer_cache *cache,
+                               const m3_hooks *hooks, const char *prefix,
+                               const m3_gpu_model_opts *o) {
+    const int L = w->layer, D = c->hidden, H = c->n_head, Hkv = c->n_kv_head, Dh = c->head_dim;
+    const int QW = H * Dh, KW = Hkv * Dh, n0 = cache->n_past, n_ctx = n0 + T;
+    const size_t t_ = (size_t)T;
+    m3_attn_params ap;
+    m3_attn_params_init(&ap, H, Hkv, Dh);
+    m3_indexer_params ip;
+    ip.n_index_head = c->index_n_heads;
+    ip.index_head_dim = c->index_head_dim;
+    ip.block = c->index_block;
+    ip.topk = c->index_topk;
+    ip.local_blocks = c->index_local;
+    ip.init_blocks = c->index_init;
+    m3_moe_params mp;
+    mp.n_expert = c->n_expert;
+    mp.top_k = c->top_k;
+    mp.dim = D;
+    mp.ffn = c->expert_inter;
+    mp.shared_ffn = c->n_shared_experts > 0 ? c->shared_inter : 0;
+    mp.routed_scale = c->routed_scale;
+    mp.alpha = c->swiglu_alpha;
+    mp.limit = c->swiglu_limit;
+    const tapper tpv = {g, hooks, prefix, c->n_layer, L, p};
+    const tapper *tp = &tpv;
+    const bool dump = hooks && hooks->tap;
+    const bool force_sel = hooks && hooks->force_selection && hooks->fetch;
+    const float eps = c->rms_eps, theta = (float)c->rope_theta;
+    const int R = c->rot_dim;
+    TS *kc = (TS *)cache->k + (size_t)n0 * KW, *vc = (TS *)cache->v + (size_t)n0 * KW;
+
+    /* ---- attention block ---- */
+    TS *xn, *q, *ao, *apo;
+    M3_TRY(m3_gpu_alloc(g, (void **)&xn, t_ * D * sizeof(TS)));
+    M3_TRY(m3_gpu_alloc(g, (void **)&q, t_ * QW * sizeof(TS)));
+    M3_TRY(m3_gpu_alloc(g, (void **)&ao, t_ * QW * sizeof(TS)));
+    M3_TRY(m3_gpu_alloc(g, (void **)&apo, t_ * D * sizeof(TS)));
+    M3_TRY(m3_gpu_norm_add_(g, xn, x, *h_pending ? h : NULL, w->in_norm, T, D, eps, p));
+    *h_pending = false;
+    M3_TRY(tap_dev(tp, "input", x, 2, T, D, 0));
+    M3_TRY(tap_dev(tp, "attn_norm", xn, 2, T, D, 0));
+
+    M3_TRY(m3_gpu_linear_(g, q, xn, w->q, T, QW, D, p));
+    M3_TRY(m3_gpu_linear_(g, kc, xn, w->k, T, KW, D, p));
+    M3_TRY(m3_gpu_linear_(g, vc, xn, w->v, T, KW, D, p));
+    M3_TRY(tap_dev(tp, "q_proj", q, 2, T, QW, 0));
+    M3_TRY(tap_dev(tp, "k_proj", kc, 2, T, KW, 0));
+    M3_TRY(tap_dev(tp, "v_proj", vc, 2, T, KW, 0));
+    M3_TRY(rope(g, q, QW, d_pos, T, H, Dh, w->q_norm, eps, R, theta, p));
+    M3_TRY(rope(g, kc, KW, d_pos, T, Hkv, Dh, w->k_norm, eps, R, theta, p));
+    M3_TRY(tap_dev(tp, "q", q, 3, T, H, Dh));
+    M3_TRY(tap_dev(tp, "k", kc, 3, T, Hkv, Dh));
+    M3_TRY(tap_dev(tp, "v", vc, 3, T, Hkv, Dh));
+
+    if (w->sparse) {
+        const int G = c->index_n_heads, Di = c->index_head_dim;
+        const int NB = (n_ctx + ip.block - 1) / ip.block;
+        TS *iq, *ikc = (TS *)cache->index_k + (size_t)n0 * Di;
+        M3_TRY(m3_gpu_alloc(g, (void **)&iq, t_ * G * Di * sizeof(TS)));
+        M3_TRY(m3_gpu_linear_(g, iq, xn, w->iq, T, G * Di, D, p));
+        M3_TRY(m3_gpu_linear_(g, ikc, xn, w->ik, T, Di, D, p));
+        M3_TRY(tap_dev(tp, "index_q_proj", iq, 2, T, G * Di, 0));
+        M3_TRY(tap_dev(tp, "index_k_proj", ikc, 2, T, Di, 0));
+        M3_TRY(rope(g, iq, G * Di, d_pos, T, G, Di, w->iq_norm, eps, R, theta, p));
+        M3_TRY(rope(g, ikc, Di, d_pos, T, 1, Di, w->ik_norm, eps, R, theta, p));
+        M3_TRY(tap_dev(tp, "index_q", iq, 3, T, G, Di));
+        M3_TRY(tap_dev(tp, "index_k", ikc, 2, T, Di, 0));
+        const int W = m3_indexer_width(n_ctx, &ip, p);
+        int32_t *topk;
+        float *scores;
+        int *ties;
+        M3_TRY(m3_gpu_alloc(g, (void **)&topk, (size_t)G * t_ * (W > 0 ? W : 1) * sizeof(int32_t)));
+        M3_TRY(m3_gpu_alloc(g, (void **)&scores, (size_t)G * t_ * NB * sizeof(float)));
+        M3_TRY(m3_gpu_alloc(g, (void **)&ties, sizeof(int)));
+        M3_TRY(m3_gpu_memset(g, ties, 0, sizeof(int)));
+        M3_TRY(indexer(g, topk, scores, ties, iq, G * Di, (const TS *)cache->index_k, d_pos, T,
+                       n_ctx, &ip, p));
+        int n_ties = 0;
+        M3_TRY(m3_gpu_download(g, &n_ties, ties, sizeof n_ties));
+        if (n_ties)
+            m3_info("layer %d: %d (head, token) rows with a tie straddling rank %d", L, n_ties,
+                    ip.topk);
+        const int32_t *sel = topk;
+        int sel_w = W;
+        m3_tensor forced;
+        memset(&forced, 0, sizeof forced);
+        if (force_sel) {
+            M3_TRY(fetch_sel(tp, "index_topk", 3, G, T, &forced));
+            sel_w = (int)forced.shape[2];
+            const int32_t *fs = (const int32_t *)forced.data;
+            for (int64_t i = 0; i < (int64_t)G * T * sel_w; i++)
+                if (fs[i] < -1 || fs[i] >= NB) {
+                    const int bad = fs[i];
+                    free(forced.data);
+                    return m3_errorf(M3_ERR_ARG,
+                                     "teacher-forced layer %d index_topk: block id %d outside "
+                                     "[-1, %d)",
+                                     L, bad, NB);
+                }
+            int32_t *dsel = NULL;
+            m3_status s = upload_i32(g, &dsel, fs, (size_t)G * T * sel_w);
+            if (s) {
+                free(forced.data);
+                return s;
+            }
+            sel = dsel;
+        }
+        /* the stage is what attention used: the forced selection when teacher-forced */
+        m3_status s = M3_OK;
+        if (dump) s = tap_dev(tp, "index_scores", scores, 3, G, T, NB);
+        if (!s && force_sel)
+            s = tap_host(tp, "index_topk", M3_DT_I32, forced.data, 3, G, T, sel_w);
+        else if (!s)
+            s = tap_dev_i32(tp, "index_topk", sel, 3, G, T, sel_w);
+        free(forced.data);
+        M3_TRY(s);
+        M3_TRY(attn_sparse(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
+                           n_ctx, sel, sel_w, ip.block, &ap, p, o->flash));
+    } else {
+        M3_TRY(attn_dense(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
+                          n_ctx, &ap, p, o->flash));
+    }
+    cache->n_past = n_ctx;
+    M3_TRY(tap_dev(tp, "attn_out", ao, 2, T, QW, 0));
+    M3_TRY(m3_gpu_linear_(g, apo, ao, w->o, T, D, QW, p));
+    M3_TRY(tap_dev(tp, "attn_proj", apo, 2, T, D, 0));
+
+    /* ---- MLP block ---- */
+    M3_TRY(m3_gpu_norm_add_(g, xn, x, apo, w->post_norm, T, D, eps, p));
+    M3_TRY(tap_dev(tp, "mlp_norm", xn, 2, T, D, 0));
+    if (!w->moe) {
+        M3_TRY(mlp(g, h, xn, T, w->mg, w->mu, w->md, D, c->dense_inter, c->swiglu_alpha,
+                   c->swiglu_limit, p));
+    } else {
+        const int E = c->n_expert, K = c->top_k;
+        float *logits, *wts;
+        int32_t *ids;
+        M3_TRY(m3_gpu_alloc(g, (void **)&logits, t_ * E * sizeof(float)));
+        M3_TRY(m3_gpu_alloc(g, (void **)&ids, t_ * K * sizeof(int32_t)));
+        M3_TRY(m3_gpu_alloc(g, (void **)&wts, t_ * K * sizeof(float)));
+        if (p->router_dtype == M3_DT_BF16) {
+            const m3_bf16 *xb = (const m3_bf16 *)xn;
+            if (sizeof(TS) == 4) { /* ref casts x to bf16 (RNE) */
+                m3_bf16 *tmp;
+                M3_TRY(m3_gpu_alloc(g, (void **)&tmp, t_ * D * sizeof(m3_bf16)));
+                M3_TRY(m3_gpu_f32_to_bf16(g, tmp, (const float *)xn, (int64_t)T * D));
+                xb = tmp;
+            }
+            M3_TRY(m3_gpu_moe_router_logits(g, logits, xb, T, w->gate_bf16, &mp, p));
+        } else {
+            const float *xf = (const float *)xn;
+            if (sizeof(TS) == 2) { /* fp32 router over bf16 activations: widen exactly */
+                float *tmp;
+                M3_TRY(m3_gpu_alloc(g, (void **)&tmp, t_ * D * sizeof(float)));
+                M3_TRY(m3_gpu_bf16_to_f32(g, tmp, (const m3_bf16 *)xn, (int64_t)T * D));
+                xf = tmp;
+            }
+            M3_TRY(m3_gpu_gemm_f32(g, logits, xf, w->gate_f32, T, E, D));
+        }
+        M3_TRY(tap_dev(tp, "router_logits", logits, 2, T, E, 0));
+        M3_TRY(m3_gpu_moe_route(g, ids, wts, NULL, logits, w->bias, T, &mp, p));
+        if (force_sel) {
+            m3_tensor forced;
+            M3_TRY(fetch_sel(tp, "expert_ids", 2, T, K, &forced));
+            const int32_t *fi = (const int32_t *)forced.data;
+            m3_status s = M3_OK;
+            for (int t = 0; !s && t < T; t++)
+                for (int k = 0; !s && k < K; k++) {
+                    const int e = fi[(size_t)t * K + k];
+                    if (e < 0 || e >= E)
+                        s = m3_errorf(M3_ERR_ARG, "layer %d: expert_ids[%d][%d] = %d outside [0, %d)",
+                                      L, t, k, e, E);
+                    for (int k2 = 0; !s && k2 < k; k2++)
+                        if (fi[(size_t)t * K + k2] == e)
+                            s = m3_errorf(M3_ERR_ARG, "layer %d: expert_ids[%d]: expert %d selected twice",
+                                          L, t, e);
+                }
+            /* our router's weights of the forced experts, renormalised (ref forced_weights) */
+            float *hl = NULL, *hw = NULL;
+            if (!s) {
+                hl = (float *)malloc(t_ * E * sizeof(float));
+                hw = (float *)malloc(t_ * K * sizeof(float));
+                if (!hl || !hw) s = m3_errorf(M3_ERR_NOMEM, "layer %d: out of memory", L);
+            }
+            if (!s) s = m3_gpu_download(g, hl, logits, t_ * E * sizeof(float));
+            for (int t = 0; !s && t < T; t++) {
+                float sig[GEN_MAX_K], sum = 0.0f;
+                for (int k = 0; k < K && k < GEN_MAX_K; k++) {
+                    sig[k] = 1.0f / (1.0f + expf(-hl[(size_t)t * E + fi[(size_t)t * K + k]]));
+                    sum += sig[k];
+                }
+                for (int k = 0; k < K && k < GEN_MAX_K; k++) hw[(size_t)t * K + k] = sig[k] / sum;
+            }
+            if (!s) s = m3_gpu_upload(g, ids, fi, t_ * K * sizeof(int32_t));
+            if (!s) s = m3_gpu_upload(g, wts, hw, t_ * K * sizeof(float));
+            free(hl);
+            free(hw);
+            free(forced.data);
+            M3_TRY(s);
+        }
+        M3_TRY(tap_dev_i32(tp, "expert_ids", ids, 2, T, K, 0));
+        M3_TRY(tap_dev(tp, "expert_weights", wts, 2, T, K, 0));
+        M3_TRY(experts(g, h, xn, ids, wts, T, w, &mp, p));
+        if (w->has_shared) {
+            TS *sh;
+            M3_TRY(m3_gpu_alloc(g, (void **)&sh, t_ * D * sizeof(TS)));
+            M3_TRY(mlp(g, sh, xn, T, w->sg, w->su, w->sd, D, c->shared_inter, c->swiglu_alpha,
+                       c->swiglu_limit, p));
+            M3_TRY(tap_dev(tp, "shared_out", sh, 2, T, D, 0));
+            const int64_t n = (int64_t)T * D;
+            add_k<TS><<<m3_grid_1d(n < 65536 * 4 ? n : 65536 * 4, GLUE_THREADS), GLUE_THREADS, 0,
+                        g->stream>>>(h, sh, n, p->act_bf16);
+            M3_LAUNCHED(g, "add_k");
+        }
+    }
+    *h_pending = true;
+    M3_TRY(tap_dev(tp, "mlp_out", h, 2, T, D, 0));
+    if (dump) {
+        /* the stored x_{L+1} = r + f with ref's residual rounding, computed on the host from
+         * the device's x and h (the next input norm forms the same sum on the device) */
+        const size_t n = t_ * D;
+        float *hx = (float *)malloc(n * sizeof(float)), *hh = (float *)malloc(n * sizeof(float));
+        m3_status s = hx && hh ? M3_OK : m3_errorf(M3_ERR_NOMEM, "layer %d: out of memory", L);
+        if (!s) s = m3_gpu_dl_(g, hx, x, n);
+        if (!s) s = m3_gpu_dl_(g, hh, h, n);
+        if (!s) {
+            m3_residual_add(hx, hx, hh, (int64_t)n, p);
+            s = tap_host(tp, "output", M3_DT_F32, hx, 2, T, D, 0);
+        }
+        free(hx);
+        free(hh);
+        M3_TRY(s);
+    }
+    return M3_OK;
+}
+
+extern "C" m3_status m3_gpu_layer_forward(m3_gpu *g, void *d_x, void *d_h, bool *h_pending,
+                                          int n_tok, const int32_t *d_pos, const int32_t *h_pos,
+                                          const m3_gpu_layer_weights *w, const m3_config *c,
+                                          const m3_profile *p, m3_gpu_layer_cache *cache,
+                                          const m3_hooks *hooks, const char *prefix,
+                                          const m3_gpu_model_opts *o) {
+    M3_ASSERT(g && d_x && d_h && h_pending && d_pos && h_pos && w && c && p && cache && o);
+    M3_ASSERT(n_tok > 0 && w->bf16 == cache->bf16);
+    const int L = w->layer, n0 = cache->n_past, n_ctx = n0 + n_tok;
+    for (int t = 0; t < n_tok; t++)
+        if (h_pos[t] != n0 + t)
+            return m3_errorf(M3_ERR_ARG,
+                             "layer %d: position %d of token %d; the contiguous cache needs "
+                             "positions %d..%d in order",
+                             L, h_pos[t], t, n0, n_ctx - 1);
+    if (n_ctx > cache->cap)
+        return m3_errorf(M3_ERR_ARG, "layer %d: %d tokens exceed the device cache of %d rows", L,
+                         n_ctx, cache->cap);
+    const size_t mark = m3_gpu_mark(g);
+    m3_status s =
+        w->bf16 ? layer_forward(g, (m3_bf16 *)d_x, (m3_bf16 *)d_h, h_pending, n_tok, d_pos, h_pos,
+                                w, c, p, cache, hooks, prefix, o)
+                : layer_forward(g, (float *)d_x, (float *)d_h, h_pending, n_tok, d_pos, h_pos, w,
+                                c, p, cache, hooks, prefix, o);
+    /* temporaries: later work on the stream is ordered after their readers */
+    m3_gpu_release(g, mark);
+    return s ? m3_error_context(s, "layer %d", L) : M3_OK;
+}

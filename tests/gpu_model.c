@@ -1,0 +1,512 @@
+/* tests/gpu_model.c: the whole model on the device (gpu/model.hip, gpu/layer.hip) against the
+ * CPU reference (ref/model.c), through the comparison engine (compare/compare.h) and its
+ * built-in tolerance table (compare/tol.c: the gates live there, none is hard-coded here).
+ *
+ * Fixtures: fixtures/tiny-moe and fixtures/tiny-deep (M3_FIXTURES=DIR to look elsewhere):
+ * hidden 64 / 48, head_dim 16 / 12, expert width 32 / 16, so the generic expert path and the
+ * CUDA-core indexer run next to the tiled / tensor-core ones. For each fixture and case both
+ * backends write an m3-dump/1 file of every stage (same tap protocol), then
+ * m3_compare_dumps(ref, gpu) must pass (exit code 0), every stage must be on both sides (no
+ * stage only in one dump) and the key stages (layer outputs, index_topk, expert_ids,
+ * logits) must have been compared, so nothing passes vacuously. One line per stage class
+ * with its worst NMSE (float stages) or lowest set agreement (index sets) is printed.
+ * Cases: prefill under hf (bf16 storage, and fp32 storage), fp32 profile; prefill + 4 decode
+ * steps (hf, fp32) over the same token sequence; teacher-forced replay from the fixture's
+ * transformers dump (hf, hf --ref-select, fp32); flash attention (hf); argument errors; the
+ * CLI (`m3 run/replay --backend gpu --dump`, then `m3 compare` exit 0: run under fp32 and
+ * under hf with fp32 storage, replay under hf with bf16 storage).
+ * Without a device every test skips. M3_GPU_MODEL_HARNESS=ref swaps the GPU model for a
+ * second reference model, which checks this file's own plumbing on a CPU box. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "compare/compare.h"
+#include "compare/dump.h"
+#include "ref/model.h"
+#include "tests/gpu_test.h"
+
+static char tmpdir[256];
+static bool harness_ref; /* candidate = ref (plumbing check without a device) */
+static const char *fixtures[] = {"tiny-moe", "tiny-deep"};
+#define N_FIX 2
+
+static const char *fix_root(void) {
+    const char *e = getenv("M3_FIXTURES");
+    return e && *e ? e : "fixtures";
+}
+
+static void fix_path(char *buf, size_t cap, const char *fx, const char *what) {
+    snprintf(buf, cap, "%s/%s/%s", fix_root(), fx, what);
+}
+
+static int setup(void **state) {
+    gpu_group_setup(state);
+    const char *h = getenv("M3_GPU_MODEL_HARNESS");
+    harness_ref = h && !strcmp(h, "ref");
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/m3_gpu_model_XXXXXX");
+    if (!mkdtemp(tmpdir)) return -1;
+    return 0;
+}
+
+static int teardown(void **state) {
+    gpu_group_teardown(state);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* The device context, or skip; with the harness switch a NULL context is fine. */
+static m3_gpu *need_gpu(void **state) {
+    if (harness_ref) {
+        if (*state) m3_gpu_release((m3_gpu *)*state, 0);
+        return (m3_gpu *)*state;
+    }
+    return gpu_or_skip(state);
+}
+
+/* ---- one model of either backend ---------------------------------------------------------- */
+typedef struct {
+    m3_model *ref;
+    m3_gpu_model *gm;
+} model;
+
+static void model_open(model *m, m3_gpu *g, bool gpu, const char *fx, const char *profile,
+                       const m3_gpu_model_opts *o) {
+    memset(m, 0, sizeof *m);
+    char dir[512];
+    fix_path(dir, sizeof dir, fx, "model");
+    m3_profile p;
+    GPU_OK(m3_profile_by_name(&p, profile));
+    if (gpu && !harness_ref) {
+        m3_gpu_model_opts d;
+        m3_gpu_model_opts_default(&d);
+        GPU_OK(m3_gpu_model_open(&m->gm, g, dir, NULL, &p, o ? o : &d));
+    } else {
+        GPU_OK(m3_model_open(&m->ref, dir, NULL, &p));
+    }
+}
+
+static void model_close(model *m) {
+    m3_gpu_model_close(m->gm);
+    m3_model_close(m->ref);
+}
+
+static m3_status model_forward(model *m, const int32_t *tok, int T, const m3_hooks *hk,
+                               const char *prefix, int32_t *next) {
+    if (m->gm) return m3_gpu_model_forward(m->gm, tok, NULL, T, hk, prefix, NULL, next);
+    return m3_model_forward(m->ref, tok, NULL, T, hk, prefix, NULL, next);
+}
+
+/* ---- dumps ------------------------------------------------------------------------------- */
+static m3_status dump_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt) {
+    return m3_dump_write((m3_dump *)ctx, key, t, dt);
+}
+
+static m3_status fetch_dump(void *ctx, const char *key, m3_tensor *out) {
+    m3_dump *d = ctx;
+    if (!m3_dump_has(d, key))
+        return m3_errorf(M3_ERR_MISSING, "%s: no stage '%s'", m3_dump_path(d), key);
+    return m3_dump_read(d, key, out);
+}
+
+static m3_dump *dump_create(const char *path, const char *producer, const char *profile) {
+    m3_dump *d = NULL;
+    GPU_OK(m3_dump_open(&d, path, M3_DUMP_CREATE | M3_DUMP_FORCE));
+    GPU_OK(m3_dump_set_attr_str(d, "producer", producer));
+    GPU_OK(m3_dump_set_attr_str(d, "profile", profile));
+    return d;
+}
+
+/* int32 vector stage of a dump (tokens) */
+static int32_t *read_ids(const char *path, const char *key, int *n) {
+    m3_dump *d = NULL;
+    GPU_OK(m3_dump_open(&d, path, M3_DUMP_READ));
+    m3_tensor t = {0};
+    GPU_OK(m3_dump_read(d, key, &t));
+    m3_dump_close(d);
+    if (t.dtype != M3_DT_I32 || t.rank != 1) m3_test_failf("%s %s: not an int32 vector", path, key);
+    *n = (int)t.shape[0];
+    return t.data;
+}
+
+/* The fixture's prompt (the transformers dump's tokens), plus n_gen decode tokens chosen by
+ * the reference under `profile` (both backends then run the same sequence). */
+static int32_t *prompt(const char *fx, int *n) {
+    char p[512];
+    fix_path(p, sizeof p, fx, "hf_bf16.h5");
+    return read_ids(p, "tokens", n);
+}
+
+/* Run the sequence (prefill of n_prompt tokens, then one pass per remaining token) on one
+ * backend, writing every stage to `path`. */
+static void run_to_dump(m3_gpu *g, bool gpu, const char *fx, const char *profile,
+                        const m3_gpu_model_opts *o, const int32_t *tok, int n_prompt, int n_total,
+                        const char *sel_from, const char *path) {
+    model m;
+    model_open(&m, g, gpu, fx, profile, o);
+    if (m.gm) GPU_OK(m3_gpu_model_reserve(m.gm, n_total));
+    m3_dump *d = dump_create(path, gpu && !harness_ref ? "m3 gpu test" : "m3 ref test", profile);
+    m3_hooks hk = {.tap = dump_tap, .tap_ctx = d};
+    m3_dump *src = NULL;
+    if (sel_from) { /* the discrete choices (index_topk, expert_ids) of another run */
+        GPU_OK(m3_dump_open(&src, sel_from, M3_DUMP_READ));
+        hk.fetch = fetch_dump;
+        hk.fetch_ctx = src;
+        hk.force_selection = true;
+    }
+    char prefix[32] = "";
+    if (n_total > n_prompt) snprintf(prefix, sizeof prefix, "passes/%04d/", 0);
+    int32_t next = -1;
+    GPU_OK(model_forward(&m, tok, n_prompt, &hk, prefix, &next));
+    for (int i = n_prompt; i < n_total; i++) {
+        snprintf(prefix, sizeof prefix, "passes/%04d/", i - n_prompt + 1);
+        GPU_OK(model_forward(&m, &tok[i], 1, &hk, prefix, &next));
+    }
+    GPU_OK(m3_dump_commit(d));
+    m3_dump_close(d);
+    m3_dump_close(src);
+    model_close(&m);
+}
+
+/* Teacher-forced replay of the single-pass dump `from` on one backend. */
+static void replay_to_dump(m3_gpu *g, bool gpu, const char *fx, const char *profile,
+                           const char *from, bool ref_select, const m3_gpu_model_opts *o,
+                           const char *path) {
+    int T;
+    int32_t *tok = read_ids(from, "tokens", &T);
+    model m;
+    model_open(&m, g, gpu, fx, profile, o);
+    m3_dump *src = NULL;
+    GPU_OK(m3_dump_open(&src, from, M3_DUMP_READ));
+    m3_dump *d = dump_create(path, gpu && !harness_ref ? "m3 gpu test" : "m3 ref test", profile);
+    m3_hooks hk = {.tap = dump_tap,
+                   .tap_ctx = d,
+                   .fetch = fetch_dump,
+                   .fetch_ctx = src,
+                   .force_input = true,
+                   .force_selection = ref_select};
+    int32_t next;
+    GPU_OK(model_forward(&m, tok, T, &hk, "", &next));
+    GPU_OK(m3_dump_commit(d));
+    m3_dump_close(d);
+    m3_dump_close(src);
+    model_close(&m);
+    free(tok);
+}
+
+/* ---- the verdict ------------------------------------------------------------------------- */
+typedef struct {
+    char stage[64];
+    int n;
+    double worst; /* NMSE, or lowest agreement for sets */
+    bool is_set;
+} stage_sum;
+
+/* until_tie: a free run under bf16 storage may flip a selection on a near-tie of the
+ * reference scores (the comparator reports it as a tie flip, not a failure); the flipped
+ * (head, token) row then attends over other blocks and every later stage legitimately moves
+ * (measured on the H200: layer 1 of tiny-moe, one row of 256, attn_out NMSE 3.1e-3). Such a
+ * run is gated up to and including the first index-set stage with a tie flip, and reported
+ * after it; the same run with the reference's selections forced is gated in full. */
+static void expect_agree_mode(const char *ref_path, const char *gpu_path, const char *what,
+                              bool until_tie) {
+    m3_tol tol;
+    m3_tol_builtin(&tol);
+    m3_cmp_opts co = {.pass = -1};
+    m3_cmp_report *r = NULL;
+    GPU_OK(m3_compare_dumps(&r, ref_path, gpu_path, &tol, &co));
+    stage_sum sum[64];
+    int ns = 0, n_output = 0, n_logits = 0, n_topk = 0, n_ids = 0, n_gated_fail = 0;
+    char tie_at[200] = "";
+    for (int i = 0; i < r->n_items; i++) {
+        const m3_cmp_item *it = &r->items[i];
+        if (it->status != M3_CMP_PASS && it->status != M3_CMP_FAIL) continue;
+        if (it->status == M3_CMP_FAIL && !tie_at[0]) n_gated_fail++;
+        if (until_tie && !tie_at[0] && it->kind == M3_STAGE_INDEX_SET && it->set.flips_tie > 0)
+            m3_cmp_item_name(r, it, tie_at, sizeof tie_at);
+        if (!strcmp(it->stage, "output")) n_output++;
+        if (!strcmp(it->stage, "logits")) n_logits++;
+        if (!strcmp(it->stage, "index_topk")) n_topk++;
+        if (!strcmp(it->stage, "expert_ids")) n_ids++;
+        if (it->kind == M3_STAGE_EXACT) continue;
+        const bool is_set = it->kind == M3_STAGE_INDEX_SET;
+        const double v = is_set ? m3_setdiff_agree(&it->set) : m3_diff_nmse(&it->diff);
+        int j = 0;
+        while (j < ns && strcmp(sum[j].stage, it->stage)) j++;
+        if (j == ns) {
+            if (ns == 64) continue;
+            snprintf(sum[ns].stage, sizeof sum[ns].stage, "%s", it->stage);
+            sum[ns].n = 0;
+            sum[ns].worst = is_set ? 1.0 : 0.0;
+            sum[ns].is_set = is_set;
+            ns++;
+        }
+        sum[j].n++;
+        if (is_set ? v < sum[j].worst : !(v <= sum[j].worst)) sum[j].worst = v;
+    }
+    printf("  %s: %d stages compared, %d failed (tolerance class %s)\n", what,
+           r->n_pass + r->n_fail, r->n_fail, r->tol_class == M3_TOL_FP32 ? "fp32" : "lowp");
+    for (int j = 0; j < ns; j++)
+        printf("    %-16s x%-3d %s %.3e\n", sum[j].stage, sum[j].n,
+               sum[j].is_set ? "min agreement" : "worst nmse   ", sum[j].worst);
+    fflush(stdout);
+    int rc = m3_cmp_exit_code(r);
+    if (until_tie && tie_at[0]) {
+        printf("    gated up to %s (first near-tie selection flip): %d failed before it; %d "
+               "stages beyond tolerance in all (reported)\n",
+               tie_at, n_gated_fail, r->n_fail);
+        rc = n_gated_fail ? 1 : 0;
+    }
+    if (rc != 0 || r->n_only_a || r->n_only_b) m3_report_text(stdout, r, false, false);
+    const int n_fail = r->n_fail, only_a = r->n_only_a, only_b = r->n_only_b;
+    m3_cmp_report_free(r);
+    if (rc != 0) m3_test_failf("%s: m3 compare verdict %d (%d stages failed)", what, rc, n_fail);
+    if (only_a || only_b)
+        m3_test_failf("%s: %d stages only in ref, %d only in gpu", what, only_a, only_b);
+    if (!n_output || !n_logits || !n_topk || !n_ids)
+        m3_test_failf("%s: key stages not compared (output %d, logits %d, index_topk %d, "
+                      "expert_ids %d)",
+                      what, n_output, n_logits, n_topk, n_ids);
+}
+
+static void expect_agree(const char *ref_path, const char *gpu_path, const char *what) {
+    expect_agree_mode(ref_path, gpu_path, what, false);
+}
+
+/* ---- cases ------------------------------------------------------------------------------- */
+/* free: gate the free run in full (fp32 storage, fp32 profile) or until its first near-tie
+ * flip plus a run with the reference's selections forced, gated in full (bf16 storage). */
+static void run_case(void **state, const char *profile, const m3_gpu_model_opts *o,
+                     const char *tag, int n_gen, bool free_full) {
+    m3_gpu *g = need_gpu(state);
+    for (int f = 0; f < N_FIX; f++) {
+        const char *fx = fixtures[f];
+        int n;
+        int32_t *p = prompt(fx, &n);
+        int32_t *tok = malloc((size_t)(n + n_gen) * sizeof *tok);
+        assert_non_null(tok);
+        memcpy(tok, p, (size_t)n * sizeof *tok);
+        free(p);
+        if (n_gen > 0) { /* the reference's greedy continuation, fed to both backends */
+            model m;
+            model_open(&m, g, false, fx, profile, NULL);
+            int32_t next;
+            GPU_OK(model_forward(&m, tok, n, NULL, NULL, &next));
+            for (int i = 0; i < n_gen; i++) {
+                tok[n + i] = next;
+                GPU_OK(model_forward(&m, &tok[n + i], 1, NULL, NULL, &next));
+            }
+            model_close(&m);
+        }
+        char a[512], b[512], what[160];
+        snprintf(a, sizeof a, "%s/%s_%s_ref.h5", tmpdir, fx, tag);
+        snprintf(b, sizeof b, "%s/%s_%s_gpu.h5", tmpdir, fx, tag);
+        snprintf(what, sizeof what, "%s %s (%d tokens + %d decode steps)", fx, tag, n, n_gen);
+        run_to_dump(g, false, fx, profile, o, tok, n, n + n_gen, NULL, a);
+        run_to_dump(g, true, fx, profile, o, tok, n, n + n_gen, NULL, b);
+        expect_agree_mode(a, b, what, !free_full);
+        if (!free_full) {
+            char c[512];
+            snprintf(c, sizeof c, "%s/%s_%s_gpu_refsel.h5", tmpdir, fx, tag);
+            snprintf(what, sizeof what, "%s %s, selections of the ref run forced", fx, tag);
+            run_to_dump(g, true, fx, profile, o, tok, n, n + n_gen, a, c);
+            expect_agree(a, c, what);
+        }
+        free(tok);
+    }
+}
+
+static void model_run_hf(void **state) {
+    run_case(state, "hf", NULL, "run_hf", 0, false);
+}
+
+static void model_run_hf_f32_storage(void **state) {
+    m3_gpu_model_opts o;
+    m3_gpu_model_opts_default(&o);
+    o.f32_storage = true;
+    run_case(state, "hf", &o, "run_hf_f32storage", 0, true);
+}
+
+static void model_run_fp32(void **state) {
+    run_case(state, "fp32", NULL, "run_fp32", 0, true);
+}
+
+static void model_decode_hf(void **state) {
+    run_case(state, "hf", NULL, "decode_hf", 4, false);
+}
+
+static void model_decode_fp32(void **state) {
+    run_case(state, "fp32", NULL, "decode_fp32", 4, true);
+}
+
+static void model_run_hf_flash(void **state) {
+    m3_gpu_model_opts o;
+    m3_gpu_model_opts_default(&o);
+    o.flash = true;
+    run_case(state, "hf", &o, "run_hf_flash", 0, false);
+}
+
+static void model_run_hf_streamed(void **state) {
+    m3_gpu_model_opts o;
+    m3_gpu_model_opts_default(&o);
+    o.resident = 0;
+    run_case(state, "hf", &o, "run_hf_streamed", 2, false);
+}
+
+static void replay_case(void **state, const char *profile, const char *src, bool sel,
+                        const char *tag) {
+    m3_gpu *g = need_gpu(state);
+    for (int f = 0; f < N_FIX; f++) {
+        const char *fx = fixtures[f];
+        char from[512], a[512], b[512], what[160];
+        fix_path(from, sizeof from, fx, src);
+        snprintf(a, sizeof a, "%s/%s_%s_ref.h5", tmpdir, fx, tag);
+        snprintf(b, sizeof b, "%s/%s_%s_gpu.h5", tmpdir, fx, tag);
+        snprintf(what, sizeof what, "%s %s (teacher-forced from %s)", fx, tag, src);
+        replay_to_dump(g, false, fx, profile, from, sel, NULL, a);
+        replay_to_dump(g, true, fx, profile, from, sel, NULL, b);
+        expect_agree(a, b, what);
+    }
+}
+
+static void model_replay_hf(void **state) {
+    replay_case(state, "hf", "hf_bf16.h5", false, "replay_hf");
+}
+
+static void model_replay_hf_ref_select(void **state) {
+    replay_case(state, "hf", "hf_bf16.h5", true, "replay_hf_refselect");
+}
+
+static void model_replay_fp32(void **state) {
+    replay_case(state, "fp32", "hf_fp32.h5", false, "replay_fp32");
+}
+
+/* Bad arguments: one error line, status returned, caches untouched. */
+static void model_errors(void **state) {
+    m3_gpu *g = need_gpu(state);
+    if (harness_ref) skip();
+    model m;
+    model_open(&m, g, true, "tiny-moe", "hf", NULL);
+    int32_t tok[4] = {1, 2, 3, 4}, bad = 1 << 20, next;
+    assert_int_equal(m3_gpu_model_forward(m.gm, &bad, NULL, 1, NULL, NULL, NULL, &next),
+                     M3_ERR_ARG);
+    printf("  bad token: %s\n", m3_last_error());
+    int32_t pos[2] = {0, 5};
+    assert_int_equal(m3_gpu_model_forward(m.gm, tok, pos, 2, NULL, NULL, NULL, &next), M3_ERR_ARG);
+    printf("  bad positions: %s\n", m3_last_error());
+    GPU_OK(m3_gpu_model_reserve(m.gm, 3));
+    GPU_OK(m3_gpu_model_forward(m.gm, tok, NULL, 2, NULL, NULL, NULL, &next));
+    assert_int_equal(m3_gpu_model_n_past(m.gm), 2);
+    /* the reserve rounds up to 64 rows: fill them, then one more must be refused */
+    int32_t *many = calloc(64, sizeof *many);
+    assert_non_null(many);
+    GPU_OK(m3_gpu_model_forward(m.gm, many, NULL, 62, NULL, NULL, NULL, &next));
+    assert_int_equal(m3_gpu_model_n_past(m.gm), 64);
+    assert_int_equal(m3_gpu_model_forward(m.gm, tok, NULL, 1, NULL, NULL, NULL, &next), M3_ERR_ARG);
+    printf("  past the cache: %s\n", m3_last_error());
+    assert_int_equal(m3_gpu_model_n_past(m.gm), 64);
+    m3_gpu_model_reset(m.gm);
+    GPU_OK(m3_gpu_model_forward(m.gm, tok, NULL, 4, NULL, NULL, NULL, &next));
+    free(many);
+    model_close(&m);
+}
+
+/* ---- the command line -------------------------------------------------------------------- */
+static int m3cli(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int m3cli(char **out, const char *fmt, ...) {
+    char args[4096], cmd[4400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", m3_bin(), args);
+    return m3_run_cmd(cmd, out);
+}
+
+static void expect_rc0(int rc, char *out, const char *what) {
+    if (rc != 0) m3_test_failf("%s: exit %d: %s", what, rc, out);
+    free(out);
+}
+
+static void cli_run_replay_compare(void **state) {
+    need_gpu(state);
+    const char *be = harness_ref ? "ref" : "gpu";
+    for (int f = 0; f < N_FIX; f++) {
+        const char *fx = fixtures[f];
+        char model_dir[512], toks[512], from[512], a[512], b[512], ra[512], rb[512];
+        fix_path(model_dir, sizeof model_dir, fx, "model");
+        fix_path(toks, sizeof toks, fx, "tokens.txt");
+        fix_path(from, sizeof from, fx, "hf_bf16.h5");
+        snprintf(a, sizeof a, "%s/%s_cli_ref.h5", tmpdir, fx);
+        snprintf(b, sizeof b, "%s/%s_cli_gpu.h5", tmpdir, fx);
+        snprintf(ra, sizeof ra, "%s/%s_cli_replay_ref.h5", tmpdir, fx);
+        snprintf(rb, sizeof rb, "%s/%s_cli_replay_gpu.h5", tmpdir, fx);
+        /* free runs gated in full: the fp32 profile, and hf through the fp32-storage path
+         * (the bf16-storage free run can flip a selection on a near-tie, see until_tie) */
+        char *out;
+        int rc;
+        const char *profs[2] = {"fp32", "hf"};
+        for (int k = 0; k < 2; k++) {
+            if (k == 1) setenv("M3_GPU_STORAGE", "f32", 1);
+            rc = m3cli(&out, "run --model %s --tokens %s --profile %s --dump %s --force",
+                       model_dir, toks, profs[k], a);
+            expect_rc0(rc, out, "m3 run --backend ref");
+            rc = m3cli(&out, "run --backend %s --model %s --tokens %s --profile %s --dump %s --force",
+                       be, model_dir, toks, profs[k], b);
+            expect_rc0(rc, out, "m3 run --backend gpu");
+            unsetenv("M3_GPU_STORAGE");
+            rc = m3cli(&out, "compare %s %s --quiet", a, b);
+            printf("  %s: m3 compare ref gpu (run, %s%s): exit %d: %s", fx, profs[k],
+                   k ? ", M3_GPU_STORAGE=f32" : "", rc, out);
+            expect_rc0(rc, out, "m3 compare (run)");
+        }
+        rc = m3cli(&out, "replay --model %s --from %s --profile hf --dump %s --force",
+                         model_dir, from, ra);
+        expect_rc0(rc, out, "m3 replay --backend ref");
+        rc = m3cli(&out, "replay --backend %s --model %s --from %s --profile hf --dump %s --force",
+                         be, model_dir, from, rb);
+        expect_rc0(rc, out, "m3 replay --backend gpu");
+        rc = m3cli(&out, "compare %s %s --quiet", ra, rb);
+        printf("  %s: m3 compare ref gpu (replay): exit %d: %s", fx, rc, out);
+        expect_rc0(rc, out, "m3 compare (replay)");
+        /* the producer names the backend */
+        m3_dump *d = NULL;
+        char *prod = NULL;
+        GPU_OK(m3_dump_open(&d, b, M3_DUMP_READ));
+        GPU_OK(m3_dump_get_attr_str(d, "producer", &prod));
+        m3_dump_close(d);
+        char want[16];
+        snprintf(want, sizeof want, "m3 %s ", be);
+        if (strncmp(prod, want, strlen(want)) != 0)
+            m3_test_failf("producer '%s' does not start with '%s'", prod, want);
+        free(prod);
+        /* decode from the command line */
+        rc = m3cli(&out, "run --backend %s --model %s --tokens %s --profile hf --generate 3",
+                   be, model_dir, toks);
+        printf("  %s: m3 run --generate 3: %s", fx, out);
+        expect_rc0(rc, out, "m3 run --generate");
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(model_run_hf),
+        cmocka_unit_test(model_run_hf_f32_storage),
+        cmocka_unit_test(model_run_fp32),
+        cmocka_unit_test(model_decode_hf),
+        cmocka_unit_test(model_decode_fp32),
+        cmocka_unit_test(model_replay_hf),
+        cmocka_unit_test(model_replay_hf_ref_select),
+        cmocka_unit_test(model_replay_fp32),
+        cmocka_unit_test(model_run_hf_flash),
+        cmocka_unit_test(model_run_hf_streamed),
+        cmocka_unit_test(model_errors),
+        cmocka_unit_test(cli_run_replay_compare),
+    };
+    cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
