@@ -767,6 +767,7 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
             M3_TRY(m3_gpu_gemm_f32(g, logits, xf, w->gate_f32, T, E, D));
         }
         M3_TRY(tap_dev(tp, "router_logits", logits, 2, T, E, 0));
+        if (w->bias) M3_TRY(tap_dev(tp, "router_bias", w->bias, 1, E, 0, 0)); /* as ref: extra stage */
         M3_TRY(m3_gpu_moe_route(g, ids, wts, NULL, logits, w->bias, T, &mp, p));
         if (force_sel) {
             m3_tensor forced;

@@ -716,7 +716,7 @@ m3_status m3_layer_forward(float *x, float *h, bool *h_pending, int T, const int
         M3_TRY(tap(&tp, "router_logits", M3_DT_F32, logits, 2, T, E, 0));
         /* the selection bias is not a schema stage; dumping it lets m3 compare score expert
          * flips as sigmoid(logit) + bias, the quantity the router actually ranks */
-        M3_TRY(tap(&tp, "router_bias", M3_DT_F32, w->moe.bias, 1, E, 0, 0));
+        if (w->moe.bias) M3_TRY(tap(&tp, "router_bias", M3_DT_F32, w->moe.bias, 1, E, 0, 0));
         m3_moe_route(ids, wts, margin, logits, w->moe.bias, T, &mp, p);
         if (hooks && hooks->force_selection && hooks->fetch) {
             m3_tensor forced;
