@@ -118,6 +118,7 @@ typedef struct {
     double *kl, *dp; /* per logits row of the whole dataset */
     int64_t *ta, *tb;
     int64_t bytes;
+    int64_t off_a, off_b; /* first row read from A / B (logits aligned by position) */
 } ctx;
 
 static m3_status grow(void **p, size_t *cap, size_t bytes) {
@@ -229,8 +230,8 @@ static m3_status cmp_float(ctx *c, m3_cmp_item *it, const m3_tensor *ma, bool lo
     }
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
         int64_t nr = rows - r0 < chunk_rows ? rows - r0 : chunk_rows;
-        M3_TRY(m3_dump_read_rows(c->a, it->key_a, r0, nr, c->ba));
-        M3_TRY(m3_dump_read_rows(c->b, it->key_b, r0, nr, c->bb));
+        M3_TRY(m3_dump_read_rows(c->a, it->key_a, c->off_a + r0, nr, c->ba));
+        M3_TRY(m3_dump_read_rows(c->b, it->key_b, c->off_b + r0, nr, c->bb));
         int64_t n = nr * row_elems;
         c->bytes += 2 * n * 4;
         float_job j = {.a = c->ba, .b = c->bb, .n = n, .inner = inner, .block = block,
@@ -510,6 +511,78 @@ static void get_attr(m3_dump *d, const char *name, char *out, size_t cap) {
     m3_clear_error();
 }
 
+/* The absolute positions of a logits dataset's rows: its "positions" attribute when the
+ * producer kept only some rows (dump-schema: [t,V] with attribute positions), else the
+ * pass's `positions` stage, else 0..rows-1. *pos malloc'd. */
+static m3_status logit_positions(m3_dump *d, const char *key, int64_t rows, int64_t **pos) {
+    int64_t n = 0;
+    *pos = NULL;
+    if (m3_dump_get_dset_attr_ints(d, key, "positions", pos, &n) == M3_OK) {
+        if (n != rows) {
+            free(*pos);
+            *pos = NULL;
+            return m3_errorf(M3_ERR_FORMAT, "%s: attribute positions has %lld entries for %lld rows",
+                             key, (long long)n, (long long)rows);
+        }
+        return M3_OK;
+    }
+    m3_clear_error();
+    *pos = malloc(sizeof(int64_t) * (size_t)(rows ? rows : 1));
+    if (!*pos) return m3_errorf(M3_ERR_NOMEM, "out of memory");
+    char pkey[512];
+    sibling(pkey, sizeof pkey, key, "positions");
+    m3_tensor t = {0};
+    if (m3_dump_has(d, pkey) && m3_dump_read(d, pkey, &t) == M3_OK && t.dtype == M3_DT_I32 &&
+        t.rank == 1 && t.shape[0] == rows) {
+        for (int64_t i = 0; i < rows; i++) (*pos)[i] = ((const int32_t *)t.data)[i];
+    } else {
+        for (int64_t i = 0; i < rows; i++) (*pos)[i] = i;
+    }
+    m3_tensor_free(&t);
+    m3_clear_error();
+    return M3_OK;
+}
+
+/* Logits of different row counts: compare the rows whose positions both dumps hold. They must
+ * form one run of consecutive positions on both sides (a producer keeps the last t rows);
+ * sets c->off_a / c->off_b and shrinks ma to the common rows. */
+static m3_status align_logits(ctx *c, m3_cmp_report *r, m3_cmp_item *it, m3_tensor *ma,
+                              const m3_tensor *mb) {
+    int64_t *pa = NULL, *pb = NULL;
+    m3_status st = logit_positions(c->a, it->key_a, ma->shape[0], &pa);
+    if (!st) st = logit_positions(c->b, it->key_b, mb->shape[0], &pb);
+    int64_t ia = -1, ib = -1, n = 0;
+    if (!st) { /* first common position, then the common run */
+        for (int64_t i = 0; i < ma->shape[0] && ia < 0; i++)
+            for (int64_t k = 0; k < mb->shape[0]; k++)
+                if (pa[i] == pb[k]) {
+                    ia = i, ib = k;
+                    break;
+                }
+        while (ia >= 0 && ia + n < ma->shape[0] && ib + n < mb->shape[0] &&
+               pa[ia + n] == pb[ib + n])
+            n++;
+        int64_t common = 0; /* every shared position must lie in that run */
+        for (int64_t i = 0; i < ma->shape[0]; i++)
+            for (int64_t k = 0; k < mb->shape[0]; k++) common += pa[i] == pb[k];
+        if (n == 0)
+            st = m3_errorf(M3_ERR_SHAPE, "%s: the logits of %s and %s share no position", it->key_a,
+                           r->path_a, r->path_b);
+        else if (common != n)
+            st = m3_errorf(M3_ERR_SHAPE, "%s: the positions the two dumps' logits share are not "
+                           "one consecutive run", it->key_a);
+    }
+    if (!st) {
+        c->off_a = ia;
+        c->off_b = ib;
+        ma->shape[0] = n;
+        it->shape[0] = n;
+    }
+    free(pa);
+    free(pb);
+    return st;
+}
+
 static m3_status compare_item(ctx *c, m3_cmp_report *r, m3_cmp_item *it) {
     m3_tensor ma, mb;
     M3_TRY(m3_dump_info(c->a, it->key_a, &ma));
@@ -532,6 +605,12 @@ static m3_status compare_item(ctx *c, m3_cmp_report *r, m3_cmp_item *it) {
         return m3_errorf(M3_ERR_FORMAT, "%s: %s in %s but %s in %s", it->key_a,
                          ma.dtype == M3_DT_F32 ? "float" : "int32", r->path_a,
                          mb.dtype == M3_DT_F32 ? "float" : "int32", r->path_b);
+    c->off_a = c->off_b = 0;
+    if (it->kind == M3_STAGE_LOGITS && ma.rank == 2 && mb.rank == 2 &&
+        ma.shape[1] == mb.shape[1] && ma.shape[0] != mb.shape[0]) {
+        M3_TRY(align_logits(c, r, it, &ma, &mb));
+        return cmp_float(c, it, &ma, true);
+    }
     if (!same_shape(&ma, &mb)) {
         if (!strcmp(it->stage, "tokens") && ma.rank == 1 && mb.rank == 1)
             return m3_errorf(M3_ERR_SHAPE, "different token counts: %s has T=%lld, %s has T=%lld "

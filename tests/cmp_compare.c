@@ -534,6 +534,36 @@ static void transformers_fixture(void **state) {
     free(out);
 }
 
+/* A producer may keep only the last t logits rows, naming their absolute positions in the
+ * dataset attribute `positions` (dump-schema); tiny-deep's transformers dumps keep 32 of 128.
+ * Our full [T,V] logits are aligned to those rows, not refused for their row count. */
+static void logits_aligned_by_positions(void **state) {
+    (void)state;
+    const char *ref = "fixtures/tiny-deep/hf_fp32.h5";
+    if (access(ref, R_OK)) skip();
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s run --model fixtures/tiny-deep/model --tokens fixtures/tiny-deep/tokens.txt "
+             "--dump %s --force",
+             m3_bin(), m3_tmp_path("full.h5"));
+    assert_int_equal(m3_run_cmd(cmd, NULL), 0);
+    m3_cmp_report *r = run(m3_tmp_path("full.h5"), ref, -1);
+    const m3_cmp_item *lg = find(r, "logits");
+    assert_int_equal(lg->logit.rows, 32);
+    assert_int_equal(lg->status, M3_CMP_PASS);
+    assert_true(m3_diff_nmse(&lg->diff) > 0 && m3_diff_nmse(&lg->diff) < 1e-10);
+    assert_int_equal(lg->logit.top1_agree, 32);
+    m3_cmp_report_free(r);
+    /* and symmetric: the narrow dump as A */
+    r = run(ref, m3_tmp_path("full.h5"), -1);
+    assert_int_equal(find(r, "logits")->logit.rows, 32);
+    m3_cmp_report_free(r);
+    snprintf(cmd, sizeof cmd, "%s compare %s %s --quiet", m3_bin(), m3_tmp_path("full.h5"), ref);
+    int rc = m3_run_cmd(cmd, &out);
+    if (rc != 0) m3_test_failf("compare full vs last-32 logits: rc %d: %s", rc, out);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(identical_pair_passes),
@@ -548,6 +578,7 @@ int main(void) {
         cmocka_unit_test(bad_inputs_exit_2),
         cmocka_unit_test(thread_count_does_not_change_numbers),
         cmocka_unit_test(transformers_fixture),
+        cmocka_unit_test(logits_aligned_by_positions),
     };
     return M3_RUN_TESTS_IN_TMPDIR(tests);
 }
