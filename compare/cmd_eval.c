@@ -1141,9 +1141,10 @@ static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
 }
 
 int m3_cmd_eval(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(usage_text, argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) return m3_cli_fail("eval: need a task: m3 eval gsm8k ... (see m3 eval --help)");
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(usage_text, stdout);
+        return 0;
     }
     if (strcmp(argv[1], "gsm8k"))
         return m3_cli_fail("eval: unknown task '%s' (only gsm8k)", argv[1]);
