@@ -30,9 +30,9 @@ int m3_cmd_run(int argc, char **argv) {
     if (!s) s = m3_run_read_tokens(&o, m3_run_model_config(m)->vocab, &ids, &n_ids);
     /* the whole run must fit the positions: fail now, not after n decode steps */
     if (!s && (int64_t)n_ids + o.generate > m3_run_model_config(m)->max_pos)
-        s = m3_errorf(M3_ERR_ARG,
-                      "run: %d prompt tokens + --generate %d exceed max_position_embeddings %lld",
-                      n_ids, o.generate, (long long)m3_run_model_config(m)->max_pos);
+        s = m3_errorf(M3_ERR_ARG, "run: %d prompt tokens%s exceed max_position_embeddings %lld",
+                      n_ids, o.generate ? " + --generate N" : "",
+                      (long long)m3_run_model_config(m)->max_pos);
     if (!s) s = m3_run_model_reserve(m, n_ids + o.generate);
     if (!s && o.dump) {
         char variant[2048];

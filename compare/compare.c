@@ -645,7 +645,8 @@ m3_status m3_compare_dumps(m3_cmp_report **out, const char *path_a, const char *
         }
         if (!(it->scope == M3_SCOPE_GLOBAL && !strcmp(it->stage, "tokens")))
             if ((st = compare_item(&c, r, it))) {
-                m3_error_context(st, "%s", it->key_a);
+                /* most messages name the stage already */
+                if (!strstr(m3_last_error(), it->key_a)) m3_error_context(st, "%s", it->key_a);
                 goto done;
             }
         judge(r, it, r->tol_class);
