@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "compare/cmd.h"
 
@@ -347,6 +348,11 @@ struct m3_run_model {
 
 m3_status m3_run_model_open(m3_run_model **out, const m3_run_opts *o, const m3_profile *p) {
     *out = NULL;
+    /* a file here would be read as config.json or an index and fail with a puzzling message */
+    struct stat st;
+    if (stat(o->model, &st) == 0 && !S_ISDIR(st.st_mode))
+        return m3_errorf(M3_ERR_ARG, "--model %s: not a directory (give the checkpoint directory "
+                         "holding config.json and the safetensors)", o->model);
     m3_run_model *rm = calloc(1, sizeof *rm);
     if (!rm) return m3_errorf(M3_ERR_NOMEM, "out of memory");
     m3_status s;

@@ -80,6 +80,8 @@ static const row rows[] = {
     {"cfg_layers_huge", RUN "--model c_layers_huge", 2, "num_hidden_layers = 100000 is out of range", NULL},
 
     /* ---- weights ---- */
+    {"run_model_is_file", "$M3 run --model good/config.json --ids 1", 2, "--model good/config.json: not a directory", NULL},
+    {"replay_model_is_file", "$M3 replay --model good/model.safetensors --from ref.h5 --dump o.h5", 2, "not a directory", "o.h5"},
     {"run_model_missing", "$M3 run --model nope --ids 1", 2, "nope: no such file", NULL},
     {"run_st_truncated", "$M3 run --model st_trunc --ids 1", 2, "st_trunc/model.safetensors: tensor", NULL},
     {"run_st_empty", "$M3 run --model st_empty --ids 1", 2, "too short for a safetensors header", NULL},
