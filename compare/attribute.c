@@ -119,6 +119,17 @@ static bool want_capture(const base_ctx *b, const char *key) {
 static m3_status base_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt) {
     (void)dt;
     base_ctx *b = ctx;
+    /* every factor is measured against the baseline: a NaN there would read as "no error"
+     * (NaN agrees with NaN). index_scores holds +Inf for forced blocks by construction. */
+    if (t->dtype == M3_DT_F32 && !strstr(key, "index_scores")) {
+        const float *x = t->data;
+        for (int64_t i = 0, n = m3_tensor_numel(t); i < n; i++)
+            if (!isfinite(x[i]))
+                return m3_errorf(M3_ERR_NUMERIC,
+                                 "%s at flat index %lld: the baseline must be finite "
+                                 "(non-finite weights? m3 run --dump shows where it starts)",
+                                 isnan(x[i]) ? "NaN" : "Inf", (long long)i);
+    }
     if (!want_capture(b, key)) return M3_OK;
     if (t->dtype != M3_DT_F32 && t->dtype != M3_DT_I32)
         return m3_errorf(M3_ERR_FORMAT, "baseline stage %s: unexpected dtype", key);

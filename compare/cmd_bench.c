@@ -17,6 +17,7 @@
  * Ceiling: cblas_sgemm in fp32 with OpenBLAS's own threads (as many as ours), on the
  * q_proj shape (T x 6144 x 8192), best of 3; and at the mean tokens-per-expert shape for
  * the expert stage (which is weight-bandwidth bound at T = 64). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,26 +94,56 @@ static int measure_ceiling(double *big, double *small, const m3_bf16 *wq, const 
     return 0;
 }
 
+static const char bench_usage[] =
+    "usage: m3 bench ref [--tokens T] [--ctx C] [--threads N] [--profile fp32|hf|atom] [--pool P]\n"
+    "                    [--reps R]\n"
+    "One MiniMax-M3-sized sparse MoE layer through the reference (T tokens at positions\n"
+    "C-T..C-1, an expert pool of P), timed per component against a cblas_sgemm ceiling\n"
+    "measured in the same run. Defaults: T 64, C 4096, P 8, R 2, all cores.\n";
+
+/* strict integer option value in [lo, hi] */
+static bool bench_int(const char *v, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) return false;
+    *out = (int)x;
+    return true;
+}
+
 int m3_cmd_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(bench_usage, stdout);
+            return 0;
+        }
     if (argc < 2 || strcmp(argv[1], "ref") != 0)
         return m3_cli_fail("bench: usage: m3 bench ref [--tokens T] [--ctx C] [--threads N] "
-                           "[--profile fp32|hf|atom] [--pool P]");
-    int T = 64, C = 4096, pool = 8, reps = 2;
+                           "[--profile fp32|hf|atom] [--pool P] (see m3 bench --help)");
+    int T = 64, C = 4096, pool = 8, reps = 2, threads = 0;
     const char *prof_name = "fp32";
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int *dst = !strcmp(a, "--tokens")    ? &T
+                   : !strcmp(a, "--ctx")     ? &C
+                   : !strcmp(a, "--threads") ? &threads
+                   : !strcmp(a, "--pool")    ? &pool
+                   : !strcmp(a, "--reps")    ? &reps
+                                             : NULL;
+        if (!dst && strcmp(a, "--profile"))
+            return m3_cli_fail("bench: unknown option '%s' (see m3 bench --help)", a);
         if (!v) return m3_cli_fail("bench: %s needs a value", a);
-        if (strcmp(a, "--tokens") == 0) T = atoi(v);
-        else if (strcmp(a, "--ctx") == 0) C = atoi(v);
-        else if (strcmp(a, "--threads") == 0) m3_set_threads(atoi(v));
-        else if (strcmp(a, "--profile") == 0) prof_name = v;
-        else if (strcmp(a, "--pool") == 0) pool = atoi(v);
-        else if (strcmp(a, "--reps") == 0) reps = atoi(v);
-        else return m3_cli_fail("bench: unknown option '%s'", a);
         i++;
+        if (!dst) {
+            prof_name = v;
+            continue;
+        }
+        long hi = dst == &threads ? 256 : dst == &pool ? 128 : 1 << 20;
+        if (!bench_int(v, 1, hi, dst))
+            return m3_cli_fail("bench: %s wants an integer in 1..%ld, got '%s'", a, hi, v);
     }
-    if (T < 1 || C < T || pool < 1 || pool > 128 || reps < 1)
-        return m3_cli_fail("bench: need 1 <= tokens <= ctx, 1 <= pool <= 128, reps >= 1");
+    if (C < T) return m3_cli_fail("bench: --tokens %d exceeds --ctx %d", T, C);
+    if (threads) m3_set_threads(threads);
     m3_profile prof;
     if (m3_profile_by_name(&prof, prof_name) != M3_OK) return m3_cli_fail(NULL);
 

@@ -87,6 +87,25 @@ typedef struct {
     const char *path;
 } out_file;
 
+/* An output path that can never be written (empty, a directory, in a missing directory):
+ * found before the evaluation runs, not when its result is written hours later. */
+static m3_status out_check(const char *path) {
+    if (!path) return M3_OK;
+    if (!path[0]) return m3_errorf(M3_ERR_ARG, "empty output file name");
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return m3_errorf(M3_ERR_IO, "%s: is a directory", path);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        slash[slash == dir ? 1 : 0] = 0;
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            return m3_errorf(M3_ERR_IO, "%s: cannot create: %s is not a directory", path, dir);
+    }
+    return M3_OK;
+}
+
 static m3_status out_open(out_file *o, const char *path) {
     o->path = path;
     if (snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof o->tmp)
@@ -1141,9 +1160,10 @@ static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
 }
 
 int m3_cmd_eval(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(usage_text, argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) return m3_cli_fail("eval: need a task: m3 eval gsm8k ... (see m3 eval --help)");
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(usage_text, stdout);
+        return 0;
     }
     if (strcmp(argv[1], "gsm8k"))
         return m3_cli_fail("eval: unknown task '%s' (only gsm8k)", argv[1]);
@@ -1212,6 +1232,7 @@ int m3_cmd_eval(int argc, char **argv) {
             return m3_cli_fail("eval gsm8k: unknown option '%s' (see --help)", o);
         }
     }
+    if (out_check(a.json) || out_check(a.samples) || out_check(prompts)) return m3_cli_fail(NULL);
     if (n_files) {
         if (a.model || a.data || prompts)
             return m3_cli_fail("eval gsm8k: --responses scores existing responses; it takes "

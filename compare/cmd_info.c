@@ -97,10 +97,7 @@ int m3_cmd_info(int argc, char **argv) {
             dir = argv[i];
         }
     }
-    if (!dir) {
-        usage(stderr);
-        return 2;
-    }
+    if (!dir) return m3_cli_fail("info: need a MODEL_DIR (see m3 info --help)");
 
     m3_config *cfg = NULL;
     m3_weights *w = NULL;

@@ -7,6 +7,7 @@
  * (name, dtype, shape, bytes). config.json gets a Quark quantization_config with the real
  * MXFP4 checkpoint's exclude globs. The output directory appears only when complete
  * (written as OUT.tmp, then renamed). */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,10 +149,38 @@ static m3_status copy_file(const char *from, const char *to) {
     return write_file(to, buf, n);
 }
 
+/* M3_OK when `dir` does not exist, or is a directory holding nothing but the files this
+ * command writes (out_files): only such a directory may be replaced. Checked before
+ * anything is deleted, so a refused --force leaves every file where it was. */
+static m3_status check_replaceable(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0) return M3_OK;
+    if (!S_ISDIR(st.st_mode))
+        return m3_errorf(M3_ERR_IO, "%s: not a directory; only a directory written by m3 "
+                                    "quantize is replaced", dir);
+    DIR *d = opendir(dir);
+    if (!d) return m3_errorf(M3_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
+    struct dirent *e;
+    m3_status s = M3_OK;
+    while (!s && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        bool ours = false;
+        for (size_t i = 0; i < sizeof out_files / sizeof out_files[0]; i++)
+            ours |= !strcmp(e->d_name, out_files[i]);
+        if (!ours)
+            s = m3_errorf(M3_ERR_IO, "%s: holds '%s'; only a directory written by m3 quantize "
+                                     "is replaced",
+                          dir, e->d_name);
+    }
+    closedir(d);
+    return s;
+}
+
 /* remove a directory holding only our files; M3_OK when it does not exist */
 static m3_status remove_out(const char *dir) {
     struct stat st;
     if (stat(dir, &st) != 0) return M3_OK;
+    M3_TRY(check_replaceable(dir));
     char p[4200];
     for (size_t i = 0; i < sizeof out_files / sizeof out_files[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, out_files[i]);
@@ -201,6 +230,7 @@ int m3_cmd_quantize(int argc, char **argv) {
         if (s) return m3_cli_fail("quantize: %s", m3_last_error());
     }
     if (!model || !out) return m3_cli_fail("quantize: --model DIR and --out DIR are required");
+    if (!out[0]) return m3_cli_fail("quantize: --out: empty directory name");
     const bool fp4 = v.experts == M3_EXPERTS_MXFP4;
 
     m3_config *cfg = NULL;
@@ -219,6 +249,12 @@ int m3_cmd_quantize(int argc, char **argv) {
     if (!s) s = m3_weights_check(w, cfg, NULL);
     if (!s && !force && stat(out, &st) == 0)
         s = m3_errorf(M3_ERR_IO, "%s exists (use --force to replace it)", out);
+    /* --force replaces only an earlier output, and never the checkpoint being read */
+    struct stat st_model;
+    if (!s && stat(out, &st) == 0 && stat(model, &st_model) == 0 && st.st_dev == st_model.st_dev &&
+        st.st_ino == st_model.st_ino)
+        s = m3_errorf(M3_ERR_ARG, "%s: --out is the --model directory", out);
+    if (!s && force) s = check_replaceable(out);
     if (!s) s = m3_st_writer_create(&sw);
     int64_t nt = w ? m3_weights_n_tensors(w) : 0, n_q = 0;
     if (!s && !(c.e = calloc((size_t)(2 * nt + 1), sizeof *c.e)))

@@ -88,8 +88,10 @@ int m3_cmd_replay(int argc, char **argv) {
         m3_run_opts_variant(&o, &prof, variant, sizeof variant);
         s = m3_run_sink_open(&sink, &o, m3_run_model_config(m)->json_text, prof.name, variant);
     }
-    m3_hooks hk = {.tap = m3_run_sink_tap,
-                   .tap_ctx = sink,
+    /* every stage passes the finiteness guard on its way to the sink */
+    m3_run_guard guard = {.next = m3_run_sink_tap, .next_ctx = sink, .allow = o.allow_nonfinite};
+    m3_hooks hk = {.tap = m3_run_guard_tap,
+                   .tap_ctx = &guard,
                    .fetch = fetch_ref,
                    .fetch_ctx = ref,
                    .force_input = true,
@@ -109,7 +111,9 @@ int m3_cmd_replay(int argc, char **argv) {
                           prefix, np, nt);
         int32_t next = 0;
         if (!s) s = m3_run_model_forward(m, tok, pos, nt, &hk, prefix, NULL, &next);
-        if (s)
+        if (s == M3_ERR_NUMERIC && guard.first[0])
+            s = m3_run_guard_status(&guard, s); /* ours, not REF's */
+        else if (s)
             m3_error_context(s, "%s: replaying %s", o.from, multi ? prefix : "the pass");
         else
             printf("pass %d: %d tokens, next %d\n", p, nt, next);
@@ -122,6 +126,7 @@ int m3_cmd_replay(int argc, char **argv) {
         sink = NULL;
         if (!s) printf("dump: %s\n", o.dump);
     }
+    if (!s) m3_run_guard_warn(&guard);
     m3_run_sink_abort(sink);
     m3_run_model_close(m);
     m3_dump_close(ref);

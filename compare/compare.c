@@ -1,10 +1,12 @@
 /* compare/compare.c: the comparison engine (see compare.h). */
 #include "compare/compare.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -722,7 +724,8 @@ m3_status m3_compare_dumps(m3_cmp_report **out, const char *path_a, const char *
         }
         if (!(it->scope == M3_SCOPE_GLOBAL && !strcmp(it->stage, "tokens")))
             if ((st = compare_item(&c, r, it))) {
-                m3_error_context(st, "%s", it->key_a);
+                /* most messages name the stage already */
+                if (!strstr(m3_last_error(), it->key_a)) m3_error_context(st, "%s", it->key_a);
                 goto done;
             }
         judge(r, it, r->tol_class);
@@ -807,9 +810,19 @@ void m3_cmp_format_index(const m3_cmp_item *it, int64_t flat, char *buf, size_t 
 /* ---- output files -------------------------------------------------------------------- */
 
 FILE *m3_report_open(const char *path, char *tmp, size_t cap) {
+    struct stat sb;
+    if (!path[0]) {
+        m3_errorf(M3_ERR_ARG, "empty output file name");
+        return NULL;
+    }
+    /* a directory could never be replaced by the rename at commit: say so now */
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        m3_errorf(M3_ERR_IO, "%s: is a directory", path);
+        return NULL;
+    }
     snprintf(tmp, cap, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
-    if (!f) m3_errorf(M3_ERR_IO, "%s: cannot create", tmp);
+    if (!f) m3_errorf(M3_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
     return f;
 }
 
@@ -821,8 +834,9 @@ m3_status m3_report_commit(FILE *f, const char *tmp, const char *path) {
         return m3_errorf(M3_ERR_IO, "%s: write failed (disk full?)", tmp);
     }
     if (rename(tmp, path) != 0) {
+        int e = errno;
         unlink(tmp);
-        return m3_errorf(M3_ERR_IO, "%s: cannot rename to %s", tmp, path);
+        return m3_errorf(M3_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(e));
     }
     return M3_OK;
 }

@@ -4,6 +4,7 @@
  * and the one long-lived dataset handle (the streaming cache) is closed by m3_dump_close. */
 #include "compare/dump.h"
 
+#include <errno.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,6 +188,13 @@ m3_status m3_dump_open(m3_dump **out, const char *path, int flags) {
     d->path = xstrdup(path);
     if (!d->path) { st = m3_errorf(M3_ERR_NOMEM, "%s: out of memory", path); goto fail; }
     if (flags & M3_DUMP_CREATE) {
+        struct stat sb;
+        if (!path[0]) { st = m3_errorf(M3_ERR_ARG, "empty output file name"); goto fail; }
+        /* a directory could never be replaced by the rename at commit: say so before the run */
+        if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            st = m3_errorf(M3_ERR_IO, "%s: is a directory", path);
+            goto fail;
+        }
         if (file_exists(path) && !(flags & M3_DUMP_FORCE)) {
             st = m3_errorf(M3_ERR_IO, "%s: already exists (use --force to overwrite)", path);
             goto fail;
@@ -195,8 +203,13 @@ m3_status m3_dump_open(m3_dump **out, const char *path, int flags) {
         d->tmp_path = malloc(n);
         if (!d->tmp_path) { st = m3_errorf(M3_ERR_NOMEM, "%s: out of memory", path); goto fail; }
         snprintf(d->tmp_path, n, "%s.tmp", path);
+        errno = 0;
         d->file = H5Fcreate(d->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-        if (d->file < 0) { st = m3_errorf(M3_ERR_IO, "%s: cannot create", d->tmp_path); goto fail; }
+        if (d->file < 0) {
+            st = m3_errorf(M3_ERR_IO, "%s: cannot create %s: %s", path, d->tmp_path,
+                           errno ? strerror(errno) : "HDF5 error");
+            goto fail;
+        }
         st = attr_write_str(d, d->file, "format", M3_DUMP_FORMAT);
         if (st == M3_OK) st = m3_dump_set_attr_int(d, "format_version", M3_DUMP_FORMAT_VERSION);
         if (st != M3_OK) goto fail;
@@ -252,7 +265,8 @@ m3_status m3_dump_commit(m3_dump *d) {
         st = m3_errorf(M3_ERR_IO, "%s: close failed", d->tmp_path);
     d->file = -1;
     if (st == M3_OK && rename(d->tmp_path, d->path) != 0)
-        st = m3_errorf(M3_ERR_IO, "%s: cannot rename to %s", d->tmp_path, d->path);
+        st = m3_errorf(M3_ERR_IO, "%s: cannot rename %s into place: %s", d->path, d->tmp_path,
+                       strerror(errno));
     if (st != M3_OK) {
         unlink(d->tmp_path);
         return st;

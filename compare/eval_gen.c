@@ -2,6 +2,7 @@
 #include "compare/eval_gen.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,18 @@ static char *first_stop(char *text, const m3_gen_opts *o) {
     return best;
 }
 
+/* A NaN / Inf logit means broken weights or an overflow: greedy argmax would still pick a
+ * token and the eval would score garbage as if the model had answered. */
+static m3_status check_logits(const float *x, int V, int n_gen) {
+    for (int i = 0; i < V; i++)
+        if (!isfinite(x[i]))
+            return m3_errorf(M3_ERR_NUMERIC,
+                             "generate: logit %d is %s after %d generated tokens (non-finite "
+                             "weights or activations; m3 run --dump finds the first such stage)",
+                             i, isnan(x[i]) ? "NaN" : "Inf", n_gen);
+    return M3_OK;
+}
+
 m3_status m3_generate_greedy(m3_model *m, const m3_tokenizer *t, const int32_t *prompt,
                              int n_prompt, const m3_gen_opts *o, m3_gen_result *r) {
     memset(r, 0, sizeof *r);
@@ -133,10 +146,17 @@ m3_status m3_generate_greedy(m3_model *m, const m3_tokenizer *t, const int32_t *
         return m3_errorf(M3_ERR_ARG, "generate: empty prompt or max_gen_toks < 1");
     r->tokens = malloc((size_t)o->max_gen_toks * sizeof *r->tokens);
     if (!r->tokens) return m3_errorf(M3_ERR_NOMEM, "out of memory");
+    const int V = m3_model_config(m)->vocab;
+    float *logits = malloc((size_t)V * sizeof *logits);
+    if (!logits) {
+        m3_gen_result_free(r);
+        return m3_errorf(M3_ERR_NOMEM, "out of memory");
+    }
     m3_model_reset(m);
     int32_t next = 0;
     double t0 = now_s();
-    m3_status s = m3_model_forward(m, prompt, NULL, n_prompt, NULL, "", NULL, &next);
+    m3_status s = m3_model_forward(m, prompt, NULL, n_prompt, NULL, "", logits, &next);
+    if (!s) s = check_logits(logits, V, 0);
     r->prefill_s = now_s() - t0;
     r->stop = M3_GEN_STOP_MAX;
     while (!s) {
@@ -160,7 +180,8 @@ m3_status m3_generate_greedy(m3_model *m, const m3_tokenizer *t, const int32_t *
         }
         if (r->n_tokens == o->max_gen_toks) break;
         t0 = now_s();
-        s = m3_model_forward(m, &r->tokens[r->n_tokens - 1], NULL, 1, NULL, "", NULL, &next);
+        s = m3_model_forward(m, &r->tokens[r->n_tokens - 1], NULL, 1, NULL, "", logits, &next);
+        if (!s) s = check_logits(logits, V, r->n_tokens);
         r->decode_s += now_s() - t0;
         r->n_decode++;
     }
@@ -168,6 +189,7 @@ m3_status m3_generate_greedy(m3_model *m, const m3_tokenizer *t, const int32_t *
         r->text = calloc(1, 1); /* nothing kept: an empty response */
         if (!r->text) s = m3_errorf(M3_ERR_NOMEM, "out of memory");
     }
+    free(logits);
     if (s) m3_gen_result_free(r);
     return s;
 }

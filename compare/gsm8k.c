@@ -211,6 +211,27 @@ void m3_gsm8k_set_free(m3_gsm8k_set *s) {
     s->n = 0;
 }
 
+/* Byte offset of the first invalid UTF-8 sequence in s[0, n) (overlong forms, surrogates and
+ * code points above U+10FFFF are invalid, RFC 3629), or -1 when it is all valid. */
+static int64_t utf8_bad_at(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        int k = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2
+                : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+        if (k < 0 || i + (size_t)k >= n + (k ? 0 : 1)) return (int64_t)i;
+        /* the second byte's range excludes overlongs, surrogates and > U+10FFFF */
+        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+        unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        for (int j = 1; j <= k; j++) {
+            unsigned b = s[i + (size_t)j];
+            if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xBF)) return (int64_t)i;
+        }
+        i += (size_t)k + 1;
+    }
+    return -1;
+}
+
 /* Parse one JSONL line (len bytes) and copy the string fields `keys` into val[0..n_keys).
  * Any parse failure is reported as the line not being a JSON object (the message names the
  * file and line, which is what a user needs to find it). */
@@ -218,6 +239,11 @@ static m3_status read_object(const char *line, size_t len, const char *const *ke
                              char **val, const char *path, int64_t lineno) {
     m3_json *o = NULL;
     m3_status st = M3_OK;
+    /* JSON text is UTF-8 (RFC 8259); other bytes would be scored and echoed into --samples */
+    int64_t bad = utf8_bad_at((const unsigned char *)line, len);
+    if (bad >= 0)
+        return m3_errorf(M3_ERR_FORMAT, "%s:%lld: not valid UTF-8 (byte %lld of the line)", path,
+                         (long long)lineno, (long long)bad);
     if (m3_json_parse(&o, line, len, path) != M3_OK || !m3_json_is_object(o)) {
         st = m3_errorf(M3_ERR_FORMAT, "%s:%lld: not a JSON object", path, (long long)lineno);
         goto done;

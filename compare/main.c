@@ -60,7 +60,14 @@ int main(int argc, char **argv) {
         printf("m3 %s\n", m3_version_string());
         return 0;
     }
-    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        if (strcmp(argv[1], cmds[i].name)) continue;
+        /* `m3 X --version` is the binary's version, whatever X parses */
+        if (argc == 3 && !strcmp(argv[2], "--version")) {
+            printf("m3 %s\n", m3_version_string());
+            return 0;
+        }
+        return cmds[i].fn(argc - 1, argv + 1);
+    }
     return m3_cli_fail("unknown command '%s' (see m3 --help)", argv[1]);
 }

@@ -6,24 +6,29 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "compare/cmd.h"
 
 static const char run_usage[] =
     "usage: m3 run --model DIR (--tokens FILE | --ids \"1 2 3\") [--profile fp32|hf|atom]\n"
     "              [--backend ref|gpu] [--dump OUT.h5] [--generate N] [--threads N]\n"
-    "              [--force] [--override JSON] [variant flags: --<key> VALUE]\n"
+    "              [--force] [--allow-nonfinite] [--override JSON]\n"
+    "              [variant flags: --<key> VALUE]\n"
     "One forward pass over the tokens (prefill), then N greedy decode steps (--generate);\n"
     "prints the greedy next token of the prefill and the generated ids. --dump writes every\n"
     "stage (m3-dump/1; multi-pass runs under passes/PPPP/). Variant flags (ref/variant.h,\n"
     "docs/quantization.md): --experts bf16|mxfp4|mxfp8|stored, --experts-scale\n"
     "floor|even|rceil, --experts-round rne|rna, --moe-act-bound N, --shared-fused\n"
     "auto|on|off, --moe-stage2-act same|none, --ptpc off|fp8, --ptpc-zero-row nan|one, and\n"
-    "the cache keys (--kv-cache, --index-cache, --topk-reuse, ...: docs/caches.md). See docs/cli.md.\n";
+    "the cache keys (--kv-cache, --index-cache, --topk-reuse, ...: docs/caches.md). A NaN or\n"
+    "Inf in a dumped stage or in the last logits exits 2 naming it, unless --allow-nonfinite.\n"
+    "See docs/cli.md.\n";
 
 static const char replay_usage[] =
     "usage: m3 replay --model DIR --from REF.h5 --dump OUT.h5 [--profile fp32|hf|atom]\n"
-    "                 [--backend ref|gpu] [--ref-select] [--threads N] [--force] [--override JSON]\n"
+    "                 [--backend ref|gpu] [--ref-select] [--threads N] [--force]\n"
+    "                 [--allow-nonfinite] [--override JSON]\n"
     "                 [variant flags as for m3 run]\n"
     "Teacher-forced: every layer starts from REF's layers/NN/input (same tokens and\n"
     "positions), so each layer's error is its own. --ref-select also takes REF's index_topk\n"
@@ -59,6 +64,10 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
         }
         if (!strcmp(a, "--force")) {
             o->force = true;
+            continue;
+        }
+        if (!strcmp(a, "--allow-nonfinite")) {
+            o->allow_nonfinite = true;
             continue;
         }
         if (replay && !strcmp(a, "--ref-select")) {
@@ -273,6 +282,59 @@ void m3_run_sink_abort(m3_run_sink *s) {
     free(s);
 }
 
+/* ---- finiteness guard -------------------------------------------------------------- */
+
+#include <math.h>
+
+static bool note_nonfinite(m3_run_guard *g, const char *key, const float *x, int rank,
+                           const int64_t *shape) {
+    int64_t n = m3_shape_numel(shape, rank);
+    bool inf_ok = strstr(key, "index_scores") != NULL;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(x[i]) || (!inf_ok && isinf(x[i]))) {
+            if (g->first[0]) return true; /* keep the first */
+            char sh[64] = "";
+            size_t k = 0;
+            for (int r = 0; r < rank && k < sizeof sh; r++)
+                k += (size_t)snprintf(sh + k, sizeof sh - k, "%s%lld", r ? ", " : "",
+                                      (long long)shape[r]);
+            snprintf(g->first, sizeof g->first, "%s in stage %s at flat index %lld of [%s]",
+                     isnan(x[i]) ? "NaN" : x[i] > 0 ? "+Inf" : "-Inf", key, (long long)i, sh);
+            return true;
+        }
+    }
+    return false;
+}
+
+static m3_status guard_fail(const m3_run_guard *g) {
+    return m3_errorf(M3_ERR_NUMERIC, "non-finite activations: the first is %s (%s--allow-nonfinite "
+                     "runs on)", g->first, g->next ? "" : "--dump finds the first such stage; ");
+}
+
+m3_status m3_run_guard_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt) {
+    m3_run_guard *g = ctx;
+    if (t->dtype == M3_DT_F32 && note_nonfinite(g, key, t->data, t->rank, t->shape) && !g->allow)
+        return guard_fail(g);
+    return g->next ? g->next(g->next_ctx, key, t, dt) : M3_OK;
+}
+
+m3_status m3_run_guard_logits(m3_run_guard *g, const char *prefix, const float *logits, int V) {
+    char key[64];
+    snprintf(key, sizeof key, "%slogits (last position)", prefix);
+    int64_t shape[1] = {V};
+    if (note_nonfinite(g, key, logits, 1, shape) && !g->allow) return guard_fail(g);
+    return M3_OK;
+}
+
+m3_status m3_run_guard_status(const m3_run_guard *g, m3_status s) {
+    /* the forward prefixes context ("stage X: ", the REF file) that would misplace it */
+    return s == M3_ERR_NUMERIC && g->first[0] && !g->allow ? guard_fail(g) : s;
+}
+
+void m3_run_guard_warn(const m3_run_guard *g) {
+    if (g->first[0]) m3_warn("non-finite activations: the first is %s", g->first);
+}
+
 /* ---- the model behind --backend ------------------------------------------------------ */
 
 #include "gpu/m3_gpu.h"
@@ -286,6 +348,11 @@ struct m3_run_model {
 
 m3_status m3_run_model_open(m3_run_model **out, const m3_run_opts *o, const m3_profile *p) {
     *out = NULL;
+    /* a file here would be read as config.json or an index and fail with a puzzling message */
+    struct stat st;
+    if (stat(o->model, &st) == 0 && !S_ISDIR(st.st_mode))
+        return m3_errorf(M3_ERR_ARG, "--model %s: not a directory (give the checkpoint directory "
+                         "holding config.json and the safetensors)", o->model);
     m3_run_model *rm = calloc(1, sizeof *rm);
     if (!rm) return m3_errorf(M3_ERR_NOMEM, "out of memory");
     m3_status s;

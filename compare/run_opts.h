@@ -26,6 +26,8 @@ typedef struct m3_run_opts {
     int threads;                                                 /* --threads N (0: default) */
     bool force;         /* --force: overwrite an existing dump */
     bool ref_select;    /* replay: --ref-select, teacher-force index_topk / expert_ids */
+    bool allow_nonfinite; /* --allow-nonfinite: NaN / Inf in a stage or the logits is a
+                             warning, not an error (the dump is written) */
     char command[2048]; /* the command line, recorded in the dump */
 } m3_run_opts;
 
@@ -52,6 +54,28 @@ m3_status m3_run_sink_open(m3_run_sink **s, const m3_run_opts *o, const char *co
 m3_status m3_run_sink_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt);
 m3_status m3_run_sink_commit(m3_run_sink *s); /* closes, renames; frees s */
 void m3_run_sink_abort(m3_run_sink *s);       /* closes, removes the temp file; frees s */
+
+/* The finiteness guard. A run whose activations turn NaN (NaN / Inf weights, overflow) must
+ * not end in a plausible-looking success: by default it fails with one line naming the first
+ * non-finite stage. m3_run_guard_tap wraps the dump sink's tap (next may be NULL) and checks
+ * every float stage as it is produced: NaN anywhere, or +-Inf anywhere but index_scores
+ * (whose forced blocks are +Inf by construction). Without a dump no stage is tapped (tapping
+ * makes the reference materialise every logits row), so only the last position's logits are
+ * checked, by m3_run_guard_logits. With allow (--allow-nonfinite) both only record the first
+ * finding; m3_run_guard_warn prints it as one warning line. */
+typedef struct m3_run_guard {
+    m3_tap_fn next; /* the sink's tap, or NULL */
+    void *next_ctx;
+    bool allow;
+    char first[192]; /* "NaN in stage KEY at flat index i of [shape]"; "" while all finite */
+} m3_run_guard;
+m3_status m3_run_guard_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt);
+/* logits: the last position's V logits of the pass under `prefix` ("" or "passes/PPPP/") */
+m3_status m3_run_guard_logits(m3_run_guard *g, const char *prefix, const float *logits, int V);
+/* s after a failed forward: the guard's own line again when the guard stopped it (the
+ * forward adds context that would misplace the finding), else s unchanged */
+m3_status m3_run_guard_status(const m3_run_guard *g, m3_status s);
+void m3_run_guard_warn(const m3_run_guard *g);
 
 /* The model behind --backend: ref's m3_model or the GPU's m3_gpu_model (device 0, options
  * from the environment: m3_gpu_model_opts_default), one interface for both commands.

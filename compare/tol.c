@@ -130,10 +130,21 @@ static double jnum(const m3_json *j) {
     return d;
 }
 
+/* A tolerance is a finite number >= 0 (fractions: <= 1). A negative, NaN or 1e400 (= Inf)
+ * bound would silently fail or pass every stage. */
+static m3_status check_bound(double x, const char *name, const char *key, const char *stage) {
+    double hi = !strcmp(key, "flip") || !strcmp(key, "top1_min") ? 1.0 : HUGE_VAL;
+    if (!(x >= 0 && isfinite(x) && x <= hi))
+        return m3_errorf(M3_ERR_FORMAT, "%s: stages.%s.%s = %g: expected a finite number in %s",
+                         name, stage, key, x, hi == 1.0 ? "[0, 1]" : "[0, inf)");
+    return M3_OK;
+}
+
 /* A number, or a pair: 1e-4 sets both classes; {"fp32": x, "lowp": y} sets each. */
 static m3_status get_pair(const m3_json *v, double out[2], const char *name, const char *key,
                           const char *stage) {
     if (m3_json_is_number(v)) {
+        M3_TRY(check_bound(jnum(v), name, key, stage));
         out[0] = out[1] = jnum(v);
         return M3_OK;
     }
@@ -143,6 +154,7 @@ static m3_status get_pair(const m3_json *v, double out[2], const char *name, con
             if (k < 0 || !m3_json_is_number(c))
                 return m3_errorf(M3_ERR_FORMAT, "%s: stages.%s.%s: expected {\"fp32\": x, \"lowp\": y}",
                                  name, stage, key);
+            M3_TRY(check_bound(jnum(c), name, key, stage));
             out[k] = jnum(c);
         }
         return M3_OK;
@@ -173,8 +185,13 @@ static m3_status parse_stage(m3_tol *t, const m3_json *s, const char *name) {
         else if (!strcmp(k, "flip")) M3_TRY(get_pair(c, r->flip, name, k, m3_json_key(s)));
         else if (!strcmp(k, "kl_mean")) M3_TRY(get_pair(c, r->kl_mean, name, k, m3_json_key(s)));
         else if (!strcmp(k, "top1_min")) M3_TRY(get_pair(c, r->top1_min, name, k, m3_json_key(s)));
-        else if (!strcmp(k, "tie_abs") && m3_json_is_number(c)) r->tie_abs = jnum(c);
-        else if (!strcmp(k, "tie_rel") && m3_json_is_number(c)) r->tie_rel = jnum(c);
+        else if (!strcmp(k, "tie_abs") && m3_json_is_number(c)) {
+            M3_TRY(check_bound(jnum(c), name, k, m3_json_key(s)));
+            r->tie_abs = jnum(c);
+        } else if (!strcmp(k, "tie_rel") && m3_json_is_number(c)) {
+            M3_TRY(check_bound(jnum(c), name, k, m3_json_key(s)));
+            r->tie_rel = jnum(c);
+        }
         else if (!strcmp(k, "reason") && m3_json_is_string(c)) set_str(r->reason, sizeof r->reason, m3_json_str(c));
         else
             return m3_errorf(M3_ERR_FORMAT, "%s: stages.%s: unknown or mistyped key '%s' (known: "

@@ -23,6 +23,8 @@ typedef struct {
     const m3_json *rp;   /* rope_parameters of the text model (may be NULL) */
     const char *path;
     const char *tcname; /* "text_config." or "" (for messages) */
+    /* the JSON values of the fp32 scalars, for validate()'s messages */
+    double rms_eps_json, swiglu_alpha_json, swiglu_limit_json, routed_scale_json;
 } ctx;
 
 void m3_warnings_addf(char ***list, int *n, const char *fmt, ...) {
@@ -515,10 +517,20 @@ static m3_status validate(const ctx *x) {
                          "%s: rotary width int(head_dim %d * partial_rotary_factor %g) = %d must "
                          "be even and in (0, head_dim]",
                          p, c->head_dim, c->partial_rotary, c->rot_dim);
-    if (!(c->rms_eps > 0.0f)) return m3_errorf(M3_ERR_FORMAT, "%s: rms_norm_eps must be > 0", p);
-    if (!(c->rope_theta > 0.0)) return m3_errorf(M3_ERR_FORMAT, "%s: rope theta must be > 0", p);
-    if (!(c->swiglu_limit > 0.0f))
-        return m3_errorf(M3_ERR_FORMAT, "%s: swiglu_limit must be > 0", p);
+    /* the model computes with these in fp32 (rope theta too, ref/layer.c): a value that is
+     * finite in JSON but 0 or Inf once rounded to fp32 would silently give NaN or 0 */
+#define F32POS(v, name)                                                                           \
+    if (!((float)(v) > 0.0f && isfinite((float)(v))))                                             \
+    return m3_errorf(M3_ERR_FORMAT, "%s: %s = %g must be > 0 and finite in float32", p, name,      \
+                     (double)(v))
+    F32POS(x->rms_eps_json, "rms_norm_eps");
+    F32POS(c->rope_theta, "rope_theta");
+    F32POS(x->swiglu_limit_json, "swiglu_limit");
+    F32POS(x->routed_scale_json, "routed_scaling_factor");
+#undef F32POS
+    if (!isfinite(c->swiglu_alpha))
+        return m3_errorf(M3_ERR_FORMAT, "%s: swiglu_alpha = %g must be finite in float32", p,
+                         x->swiglu_alpha_json);
     if (c->n_moe > 0) {
         POS(c->expert_inter, "intermediate_size");
         POS(c->n_expert, "num_local_experts");
@@ -587,6 +599,7 @@ static m3_status parse_into(m3_config *c, const m3_json *root, const char *path)
     c->max_pos = mp;
     double d;
     M3_TRY(text_num(&x, "rms_norm_eps", 1e-6, &d));
+    x.rms_eps_json = d;
     c->rms_eps = (float)d; /* the model uses f32(eps) = 9.99999997e-07 */
     /* rope theta: rope_parameters.rope_theta, then rope_theta, default 5e6 (HF) */
     const m3_json *j = member(x.rp, "rope_theta");
@@ -611,8 +624,10 @@ static m3_status parse_into(m3_config *c, const m3_json *root, const char *path)
                     "rotary_dim is ignored (as in transformers and ATOM)",
                  path, c->rotary_dim_key, c->rot_dim);
     M3_TRY(text_num(&x, "swiglu_alpha", 1.702, &d));
+    x.swiglu_alpha_json = d;
     c->swiglu_alpha = (float)d;
     M3_TRY(text_num(&x, "swiglu_limit", 7.0, &d));
+    x.swiglu_limit_json = d;
     c->swiglu_limit = (float)d;
     M3_TRY(text_int(&x, "dense_intermediate_size", 0, MAX_DIM, 0, &c->dense_inter));
     M3_TRY(text_int(&x, "intermediate_size", 0, MAX_DIM, 0, &c->expert_inter));
@@ -624,6 +639,7 @@ static m3_status parse_into(m3_config *c, const m3_json *root, const char *path)
     M3_TRY(text_int(&x, ek, 0, 1 << 16, 0, &c->n_expert));
     M3_TRY(text_int(&x, "num_experts_per_tok", 0, 1 << 16, 0, &c->top_k));
     M3_TRY(text_num(&x, "routed_scaling_factor", 1.0, &d));
+    x.routed_scale_json = d;
     c->routed_scale = (float)d;
     bool b;
     M3_TRY(bool_of(&x, text_get(&x, "tie_word_embeddings", &where), where, "tie_word_embeddings",
