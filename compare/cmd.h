@@ -16,6 +16,9 @@ int m3_cmd_bench(int argc, char **argv);
 int m3_cmd_ls(int argc, char **argv);
 int m3_cmd_quantize(int argc, char **argv);
 
+/* Strict integer option value: the whole string is a base-10 integer in [lo, hi]. */
+bool m3_cli_int(const char *s, long lo, long hi, long *out);
+
 /* Print "m3: <msg>" (msg from m3_last_error() when fmt is NULL) as one line on stderr,
  * return 2. */
 int m3_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

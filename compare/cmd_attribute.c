@@ -31,10 +31,8 @@ static void usage(FILE *f) {
 }
 
 static bool parse_threads(const char *s, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < 1 || v > 256) return false;
+    long v;
+    if (!m3_cli_int(s, 1, 256, &v)) return false;
     *out = (int)v;
     return true;
 }

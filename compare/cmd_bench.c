@@ -103,10 +103,8 @@ static const char bench_usage[] =
 
 /* strict integer option value in [lo, hi] */
 static bool bench_int(const char *v, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) return false;
+    long x;
+    if (!m3_cli_int(v, lo, hi, &x)) return false;
     *out = (int)x;
     return true;
 }

@@ -37,9 +37,8 @@ int m3_cmd_compare(int argc, char **argv) {
         else if (!strcmp(a, "--color") && has) color = argv[++i];
         else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) quiet = true;
         else if (!strcmp(a, "--pass") && has) {
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*end || v < 0 || v > 9999) return m3_cli_fail("compare: --pass wants 0..9999, got '%s'", argv[i]);
+            long v;
+            if (!m3_cli_int(argv[++i], 0, 9999, &v)) return m3_cli_fail("compare: --pass wants 0..9999, got '%s'", argv[i]);
             opts.pass = (int)v;
         } else if (a[0] == '-' && a[1]) {
             return m3_cli_fail("compare: unknown option or missing value: %s (see m3 compare --help)", a);

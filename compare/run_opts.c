@@ -34,14 +34,6 @@ static const char replay_usage[] =
     "positions), so each layer's error is its own. --ref-select also takes REF's index_topk\n"
     "and expert_ids. OUT has the same stages as a run. See docs/cli.md.\n";
 
-static bool parse_int(const char *s, long lo, long hi, long *v) {
-    char *end;
-    errno = 0;
-    long x = strtol(s, &end, 10);
-    if (errno || end == s || *end || x < lo || x > hi) return false;
-    *v = x;
-    return true;
-}
 
 int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *help) {
     memset(o, 0, sizeof *o);
@@ -109,11 +101,11 @@ int m3_run_opts_parse(m3_run_opts *o, int argc, char **argv, bool replay, bool *
         else if (!strcmp(name, "--override"))
             o->override = val;
         else if (!replay && !strcmp(name, "--generate")) {
-            if (!parse_int(val, 0, 1 << 20, &v))
+            if (!m3_cli_int(val, 0, 1 << 20, &v))
                 return m3_cli_fail("%s: --generate wants an integer >= 0, got '%s'", cmd, val);
             o->generate = (int)v;
         } else if (!strcmp(name, "--threads")) {
-            if (!parse_int(val, 1, 256, &v))
+            if (!m3_cli_int(val, 1, 256, &v))
                 return m3_cli_fail("%s: --threads wants an integer in 1..256, got '%s'", cmd, val);
             o->threads = (int)v;
         } else {
