@@ -349,16 +349,11 @@ m3_status m3_run_model_open(m3_run_model **out, const m3_run_opts *o, const m3_p
     if (!rm) return m3_errorf(M3_ERR_NOMEM, "out of memory");
     m3_status s;
     if (!strcmp(o->backend, "gpu")) {
-        /* the GPU forward runs the plain variant only (quantized / paged paths: GPU issue) */
-        if (!m3_variant_is_default(&o->variant)) {
-            free(rm);
-            return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu runs the default variant only "
-                                                 "(no MX experts, fp8 caches, ptpc or top-k reuse yet)");
-        }
         m3_gpu_model_opts go;
         m3_gpu_model_opts_default(&go);
         s = m3_gpu_open(&rm->g, 0);
         if (!s) s = m3_gpu_model_open(&rm->gm, rm->g, o->model, o->override, p, &go);
+        if (!s) s = m3_gpu_model_set_variant(rm->gm, &o->variant);
     } else {
         s = m3_model_open(&rm->ref, o->model, o->override, p);
         if (!s) s = m3_model_set_variant(rm->ref, &o->variant);
@@ -386,6 +381,17 @@ m3_status m3_run_model_forward(m3_run_model *rm, const int32_t *tokens, const in
         return m3_gpu_model_forward(rm->gm, tokens, pos, n_tok, hooks, prefix, logits_last, next);
     return m3_model_forward(rm->ref, tokens, pos, n_tok, hooks, prefix, logits_last, next);
 }
+
+int m3_run_model_n_past(const m3_run_model *rm) {
+    return rm->gm ? m3_gpu_model_n_past(rm->gm) : m3_model_n_past(rm->ref);
+}
+
+void m3_run_model_reset(m3_run_model *rm) {
+    if (rm->gm) m3_gpu_model_reset(rm->gm);
+    else m3_model_reset(rm->ref);
+}
+
+const char *m3_run_model_backend(const m3_run_model *rm) { return rm->gm ? "gpu" : "ref"; }
 
 void m3_run_model_close(m3_run_model *rm) {
     if (!rm) return;

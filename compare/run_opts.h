@@ -89,6 +89,9 @@ m3_status m3_run_model_reserve(m3_run_model *rm, int n_ctx);
 m3_status m3_run_model_forward(m3_run_model *rm, const int32_t *tokens, const int32_t *pos,
                                int n_tok, const m3_hooks *hooks, const char *prefix,
                                float *logits_last, int32_t *next);
+int m3_run_model_n_past(const m3_run_model *rm); /* tokens in the caches */
+void m3_run_model_reset(m3_run_model *rm);        /* empty the caches (next pass at 0) */
+const char *m3_run_model_backend(const m3_run_model *rm); /* "ref" or "gpu" */
 void m3_run_model_close(m3_run_model *rm); /* NULL ok */
 
 #endif

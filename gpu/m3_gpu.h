@@ -303,6 +303,11 @@ void m3_gpu_model_close(m3_gpu_model *m); /* NULL ok; releases the arena to its 
 const struct m3_config *m3_gpu_model_config(const m3_gpu_model *m);
 int m3_gpu_model_n_past(const m3_gpu_model *m);
 void m3_gpu_model_reset(m3_gpu_model *m);
+/* Twin of m3_model_set_variant: the numerics variant (ref/variant.h) of later passes; call it
+ * before the first forward (the caches are emptied). Keys the GPU forward does not implement
+ * fail with M3_ERR_UNSUPPORTED naming them; the model keeps its previous variant then. */
+struct m3_variant;
+m3_status m3_gpu_model_set_variant(m3_gpu_model *m, const struct m3_variant *v);
 /* "bfloat16" or "float32": the activation storage chosen at open. */
 const char *m3_gpu_model_storage(const m3_gpu_model *m);
 /* Size the caches for n_ctx tokens. Allowed while the caches are empty (a forward at

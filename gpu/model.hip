@@ -67,6 +67,20 @@ static void set_n_past(m3_gpu_model *m, int n) {
 }
 extern "C" void m3_gpu_model_reset(m3_gpu_model *m) { set_n_past(m, 0); }
 
+extern "C" m3_status m3_gpu_model_set_variant(m3_gpu_model *m, const m3_variant *v) {
+    M3_TRY(m3_variant_check(v));
+    /* the plain variant only so far: MX experts, fp8 caches, ptpc, paged layout and top-k
+     * reuse have kernels (gpu/moe.hip, gpu/kvcache.hip) but are not wired into the forward */
+    if (!m3_variant_is_default(v)) {
+        char js[1024];
+        m3_variant_json(v, js, sizeof js);
+        return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu: variant %s is not implemented on "
+                         "the GPU yet (the default variant is)", js);
+    }
+    set_n_past(m, 0);
+    return M3_OK;
+}
+
 static void drop_prefix(m3_gpu_model *m, const char *prefix) {
     /* releasing pages is an optimisation: a failure only costs memory */
     if (m3_weights_drop(m->w, prefix) != M3_OK) m3_clear_error();

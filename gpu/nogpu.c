@@ -275,3 +275,8 @@ m3_status m3_gpu_model_forward(m3_gpu_model *m, const int32_t *tokens, const int
     (void)next;
     return NO_GPU("--backend gpu");
 }
+
+m3_status m3_gpu_model_set_variant(m3_gpu_model *m, const struct m3_variant *v) {
+    (void)m; (void)v;
+    return NO_GPU("gpu model");
+}
