@@ -3,9 +3,23 @@
 tests/gpu_bench.c (CUDA events, warm-up, median of batches), for the "x faster than
 PyTorch" column of docs/performance.md. Random bf16 inputs at the same M3 shapes. Prints
 "torch: <name> <ms> ms" lines that scripts/bench-gpu.sh puts beside the m3kit rows."""
+import sys
+
 import torch
 
 dev = "cuda"
+# optional arguments: substrings of row names; only matching rows are timed
+ONLY = sys.argv[1:]
+
+
+def want(name):
+    return not ONLY or any(o in name for o in ONLY)
+
+
+def report(name, run, tag="torch"):
+    """time and print one row unless --only filters it out"""
+    if want(name):
+        print(f"{tag}: {name} {run():.4f} ms", flush=True)
 torch.manual_seed(20261129)
 
 
@@ -60,7 +74,7 @@ def main():
     for T in (1, 64, 4096, 16384):
         r, h = torch.randn(T, 6144, device=dev, dtype=bf), torch.randn(T, 6144, device=dev, dtype=bf)
         w = torch.randn(6144, device=dev, dtype=bf) * 0.1
-        print(f"torch: rmsnorm_add bf16 atom T={T} D=6144 {timeit(lambda: rmsnorm_add(r, h, w)):.4f} ms")
+        report(f"rmsnorm_add bf16 atom T={T} D=6144", lambda: timeit(lambda: rmsnorm_add(r, h, w)))
     for T in (1, 64, 4096, 16384):
         x = torch.randn(T, 9856, device=dev, dtype=bf)
         w = torch.randn(128, device=dev, dtype=bf) * 0.1
@@ -68,13 +82,13 @@ def main():
         inv = 1.0 / (5e6 ** (torch.arange(0, 64, 2, device=dev, dtype=torch.float32) / 64))
         ang = pos[:, None] * inv[None, :]
         cos, sin = ang.cos().bfloat16().float(), ang.sin().bfloat16().float()
-        print(f"torch: qk_norm_rope bf16 atom q T={T} H=64 {timeit(lambda: qk_norm_rope(x, w, cos, sin)):.4f} ms")
+        report(f"qk_norm_rope bf16 atom q T={T} H=64", lambda: timeit(lambda: qk_norm_rope(x, w, cos, sin)))
     for T in (1, 64, 4096):
         g, u = torch.randn(T, 12288, device=dev, dtype=bf) * 3, torch.randn(T, 12288, device=dev, dtype=bf) * 3
-        print(f"torch: swiglu bf16 atom T={T} F=12288 {timeit(lambda: swiglu(g, u)):.4f} ms")
+        report(f"swiglu bf16 atom T={T} F=12288", lambda: timeit(lambda: swiglu(g, u)))
     for T in (1, 64, 4096):
         l, b = torch.randn(T, 128, device=dev) * 2, torch.randn(128, device=dev) * 0.1
-        print(f"torch: moe_route E=128 K=4 T={T} {timeit(lambda: route(l, b)):.4f} ms")
+        report(f"moe_route E=128 K=4 T={T}", lambda: timeit(lambda: route(l, b)))
     # indexer decode: scores of one token against the whole index-key history, block max, top-k
     for T, C in ((1, 8192), (1, 131072), (1, 1048576), (64, 8192), (64, 131072), (64, 1048576), (8192, 8192)):
         iq = torch.randn(T, 4, 128, device=dev, dtype=bf)
@@ -88,7 +102,7 @@ def main():
             sb = z.view(4, T, C // 128, 128).amax(-1)
             sb[..., -1] = float("inf")
             return torch.topk(sb, 16, dim=-1).indices
-        print(f"torch: indexer_topk bf16 atom T={T} C={C} {timeit(idx, reps=3, batches=5):.4f} ms")
+        report(f"indexer_topk bf16 atom T={T} C={C}", lambda: timeit(idx, reps=3, batches=5))
     # sparse decode: gather 16 blocks of K/V per KV head and attend (SDPA)
     for T, C in ((1, 131072), (64, 131072), (8192, 8192)):
         q = torch.randn(T, 64, 128, device=dev, dtype=bf)
@@ -103,21 +117,32 @@ def main():
             vv = v.permute(1, 0, 2)[torch.arange(4, device=dev)[None, :, None], idx]
             qq = q.view(T, 4, 16, 128)
             return torch.nn.functional.scaled_dot_product_attention(qq, kk, vv)
-        print(f"torch: attn_sparse bf16 atom T={T} C={C} {timeit(sp, reps=3, batches=3):.4f} ms")
-    q = torch.randn(1, 64, 1024, 128, device=dev, dtype=bf)
-    k = torch.randn(1, 4, 1024, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
-    v = torch.randn(1, 4, 1024, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
-    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    print(f"torch: attn_dense bf16 hf T=1024 C=1024 {timeit(f, reps=3, batches=3):.4f} ms")
-    q = torch.randn(1, 64, 8192, 128, device=dev, dtype=bf)
-    k = torch.randn(1, 4, 8192, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
-    v = torch.randn(1, 4, 8192, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
-    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    print(f"torch: attn_dense bf16 atom T=8192 C=8192 {timeit(f, reps=3, batches=3):.4f} ms")
-    del q, k, v
+        report(f"attn_sparse bf16 atom T={T} C={C}", lambda: timeit(sp, reps=3, batches=3))
+    for name, T in (("attn_dense bf16 hf T=1024 C=1024", 1024),
+                    ("attn_dense bf16 atom T=8192 C=8192", 8192)):
+        if not want(name):
+            continue
+        q = torch.randn(1, 64, T, 128, device=dev, dtype=bf)
+        k = torch.randn(1, 4, T, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
+        v = torch.randn(1, 4, T, 128, device=dev, dtype=bf).repeat_interleave(16, 1)
+        mask = torch.full((T, T), float("-inf"), device=dev, dtype=bf).triu(1)
 
-    kv_bench()
-    moe_bench()
+        def eager():
+            # transformers' eager_attention_forward: bf16 scores, additive causal mask,
+            # fp32 softmax cast back, bf16 P.V
+            a = torch.matmul(q, k.transpose(2, 3)) * (128 ** -0.5) + mask
+            a = torch.softmax(a, dim=-1, dtype=torch.float32).to(bf)
+            return torch.matmul(a, v)
+        sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        report(name, lambda: timeit(eager, reps=3, batches=3))
+        report(name, lambda: timeit(sdpa, reps=3, batches=3), tag="sdpa")
+        del q, k, v, mask
+        torch.cuda.empty_cache()
+
+    if want("kv_cache_write"):
+        kv_bench()
+    if want("moe_experts"):
+        moe_bench()
 
 
 def kv_bench(Hkv=4, D=128, page=128):
@@ -155,7 +180,7 @@ def kv_bench(Hkv=4, D=128, page=128):
                     else:
                         cache[off.flatten()] = r.flatten()
             name = "fp8" if fp8 else "bf16"
-            print(f"torch: kv_cache_write {name} page128 T={T} {timeit(write):.4f} ms")
+            report(f"kv_cache_write {name} page128 T={T}", lambda: timeit(write))
 
 
 def moe_bench(E=128, K=4, D=6144, F=3072):
@@ -206,7 +231,7 @@ def moe_bench(E=128, K=4, D=6144, F=3072):
                     y.index_add_(0, tok, (a @ wd.T).float() * wts[tok, slot, None])
                 return (2.0 * y).bfloat16()
             big = T > 64
-            print(f"torch: moe_experts {fmt} atom T={T} {timeit(moe, reps=1 if big else 5, batches=3):.4f} ms")
+            report(f"moe_experts {fmt} atom T={T}", lambda: timeit(moe, reps=1 if big else 5, batches=3))
         del W, S
         torch.cuda.empty_cache()
 

@@ -509,5 +509,21 @@ int main(void) {
         cmocka_unit_test(bench_moe_experts),
         cmocka_unit_test(bench_kv_cache_write),
     };
-    return M3_RUN_GPU_TESTS(tests);
+    /* M3_BENCH_ONLY=moe_experts,attention times the benches whose name contains one of the
+     * comma-separated words; the two ceilings always run (every row is a % of them) */
+    const char *only = getenv("M3_BENCH_ONLY");
+    struct CMUnitTest pick[sizeof tests / sizeof tests[0]];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        bool take = !only || !*only || !strncmp(tests[i].name, "ceiling_", 8);
+        for (const char *w = only; !take && w && *w;) {
+            size_t l = strcspn(w, ",");
+            char word[64];
+            snprintf(word, sizeof word, "%.*s", (int)(l < 63 ? l : 63), w);
+            take = l > 0 && strstr(tests[i].name, word) != NULL;
+            w += l + (w[l] == ',');
+        }
+        if (take) pick[n++] = tests[i];
+    }
+    return _cmocka_run_group_tests("gpu_bench", pick, n, gpu_group_setup, gpu_group_teardown);
 }
