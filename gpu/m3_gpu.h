@@ -143,6 +143,13 @@ typedef struct m3_gpu_experts {
     m3_gpu_wfmt fmt;
     const void *gate, *up, *down;           /* device, borrowed */
     const m3_e8m0 *gate_s, *up_s, *down_s;  /* device, borrowed (MX only) */
+    /* Activation quantization (ref/linear.h m3_actq, host structs, borrowed): act_in before
+     * the gate/up GEMMs (rows of x along D), act_mid before the down GEMM (rows of the swiglu
+     * output along F), as ref's m3_wq.act of the experts' gate/up and down matrices. NULL =
+     * none. Each applies when n_pass >= its min_pass (m3_actq_applies). Zero-initialise the
+     * struct: NULL / 0 keep the plain behaviour. */
+    const struct m3_actq *act_in, *act_mid;
+    int n_pass; /* tokens of the whole forward pass (MXFP4's moe_act_bound); 0 = n_tok */
 } m3_gpu_experts;
 
 /* Twin of ref's m3_moe_experts: y [T,D] bf16 = bf16(rsf * sum_k w_k MLP_{e_k}(x)) with the
