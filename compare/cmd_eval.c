@@ -10,9 +10,11 @@
  *                 [--variants fp32,hf,...] [--backend ref|gpu] [--samples OUT.jsonl]
  *                 [--json OUT.json] [--max-gen-toks 256] [--fewshot train.jsonl]
  *                 [--threads N] [--min-accuracy X]
- *       Greedy generation through the reference model for every variant, then the same
- *       scoring and pairing, plus the first token position where two variants' generations
- *       diverge. The samples file is appended per item (header line = the settings); a rerun
+ *       Greedy generation for every variant through --backend (ref: the CPU reference
+ *       model; gpu: the device model, compare/run_opts.h), then the same scoring and pairing,
+ *       plus the first token position where two variants' generations diverge, and per
+ *       variant the prefill / decode tokens per second and wall time. Every variant is
+ *       applied to the backend before anything is written: one it refuses is exit 2. The samples file is appended per item (header line = the settings); a rerun
  *       with the same --samples skips the items it already holds.
  *   m3 eval gsm8k --data test.jsonl [--fewshot F] [--num-fewshot K] [--limit N]
  *                 --write-prompts OUT.jsonl
@@ -28,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "compare/cmd.h"
@@ -54,10 +57,13 @@ static const char *const usage_text =
     "text after its stop sequences) per line, scored with lm-eval's gsm8k filters\n"
     "(strict-match, flexible-extract) and exact_match. Several files are compared with the\n"
     "first (exact McNemar test on paired outcomes, changed answers).\n"
-    "--model: greedy generation with DIR's tokenizer.json through the reference model, stop\n"
-    "at \"Question:\" / EOS / --max-gen-toks. Variants: fp32, hf, atom and '+'-joined\n"
-    "modifiers mxfp8, mxfp4, kv-fp8, index-fp8, topk-reuseN (default base atom). --samples\n"
-    "is appended per item and resumed when rerun with the same settings.\n";
+    "--model: greedy generation with DIR's tokenizer.json through --backend (ref: the CPU\n"
+    "reference, default; gpu: the device model of a `make gpu` build), stop at \"Question:\"\n"
+    "/ EOS / --max-gen-toks. Variants: fp32, hf, atom and '+'-joined modifiers mxfp8,\n"
+    "mxfp4, kv-fp8, index-fp8, topk-reuseN (default base atom); a variant the backend does\n"
+    "not run is refused before anything is written. Prints per variant the prefill and\n"
+    "decode tokens per second and the wall time. --samples is appended per item and resumed\n"
+    "when rerun with the same settings (backend included).\n";
 
 /* ---- output helpers ----------------------------------------------------------------- */
 
@@ -230,14 +236,21 @@ static paired pair_with(const scored *a, const scored *b) {
     return p;
 }
 
-/* Generation figures of one variant (generation path only). */
+/* Generation figures of one variant (generation path only). prefill_s / decode_s sum the
+ * per-item pass times, resumed items with their recorded times (the samples file ties them
+ * to the same backend); load_s and wall_s are this run's: opening the model (weights
+ * uploaded on the GPU) and the variant's whole generation loop. */
 typedef struct {
     bool have;
-    const char *profile, *keys;
+    const char *profile, *keys, *backend;
+    char device[128];
     int64_t prompt_tokens, gen_tokens, decode_passes, resumed;
     int64_t stops[3]; /* by m3_gen_stop */
-    double prefill_s, decode_s;
+    double prefill_s, decode_s, load_s, wall_s;
 } gen_stats;
+
+/* a / b, NaN when b is 0 (json_num writes null, the table "-") */
+static double rate(double a, double b) { return b > 0 ? a / b : (double)NAN; }
 
 static void json_variant(FILE *f, const scored *s, const gen_stats *g, const paired *p,
                          const char *ref_name) {
@@ -264,6 +277,10 @@ static void json_variant(FILE *f, const scored *s, const gen_stats *g, const pai
         json_str(f, g->profile);
         fputs(", \"variant_keys\": ", f);
         json_str(f, g->keys);
+        fputs(", \"backend\": ", f);
+        json_str(f, g->backend);
+        fputs(", \"device\": ", f);
+        json_str(f, g->device);
         fprintf(f, ", \"prompt_tokens\": %lld, \"generated_tokens\": %lld, \"decode_passes\": "
                 "%lld, \"resumed_items\": %lld, \"stops\": {\"eos\": %lld, \"stop_string\": "
                 "%lld, \"max_gen_toks\": %lld}, \"prefill_s\": ",
@@ -275,11 +292,15 @@ static void json_variant(FILE *f, const scored *s, const gen_stats *g, const pai
         fputs(", \"decode_s\": ", f);
         json_num(f, g->decode_s);
         fputs(", \"prefill_tokens_per_s\": ", f);
-        json_num(f, (double)g->prompt_tokens / g->prefill_s);
+        json_num(f, rate((double)g->prompt_tokens, g->prefill_s));
         fputs(", \"decode_tokens_per_s\": ", f);
-        json_num(f, (double)g->decode_passes / g->decode_s);
+        json_num(f, rate((double)g->decode_passes, g->decode_s));
         fputs(", \"generated_tokens_per_s\": ", f);
-        json_num(f, (double)g->gen_tokens / (g->prefill_s + g->decode_s));
+        json_num(f, rate((double)g->gen_tokens, g->prefill_s + g->decode_s));
+        fputs(", \"load_s\": ", f);
+        json_num(f, g->load_s);
+        fputs(", \"wall_s\": ", f);
+        json_num(f, g->wall_s);
         fputc('}', f);
     }
     if (p) {
@@ -686,8 +707,8 @@ static bool json_equal(const m3_json *a, const m3_json *b) {
 
 /* Append one finished item to the samples file (one write of one whole line). */
 static m3_status append_sample(FILE *f, const char *path, const m3_eval_variant *v,
-                               int64_t doc, const prompt_set *ps, const char *target,
-                               const records *r, int n_prompt) {
+                               const char *backend, int64_t doc, const prompt_set *ps,
+                               const char *target, const records *r, int n_prompt) {
     char *line = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&line, &len);
@@ -698,6 +719,8 @@ static m3_status append_sample(FILE *f, const char *path, const m3_eval_variant 
     json_str(m, v->profile.name);
     fputs(", \"variant_keys\": ", m);
     json_str(m, v->keys);
+    fputs(", \"backend\": ", m);
+    json_str(m, backend);
     fprintf(m, ", \"doc_id\": %lld, \"shots\": [", (long long)doc);
     for (int j = 0; j < ps->k; j++)
         fprintf(m, "%s%lld", j ? ", " : "", (long long)ps->shots[doc * ps->k + j]);
@@ -893,12 +916,44 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Apply every variant to the backend before anything is written, so that a variant it
+ * refuses (the GPU's forward does not implement every key yet) ends the run with that one
+ * line and no output file. Variants of one profile share an open model (set_variant); the
+ * order is reversed so that the model left open is a fresh open of vars[0], the first one
+ * generated (*fresh true), which then needs no second open. The probe model's state after
+ * set_variant is not used for generation: every generated variant runs on a fresh open. */
+static m3_status probe_variants(m3_run_model **m, const gen_args *a, const m3_eval_variant *vars,
+                                int n_var, bool *fresh, double *load_s) {
+    *m = NULL;
+    *fresh = false;
+    for (int v = n_var - 1; v >= 0; v--) {
+        if (*m && !strcmp(vars[v].profile.name, vars[v + 1].profile.name)) {
+            m3_status s = m3_run_model_set_variant(*m, &vars[v].variant);
+            if (s) return m3_error_context(s, "variant '%s'", vars[v].name);
+            *fresh = false;
+            continue;
+        }
+        m3_run_model_close(*m);
+        *m = NULL;
+        double t0 = now_s();
+        M3_TRY(m3_eval_model_open(m, a->model, a->backend, &vars[v]));
+        *load_s = now_s() - t0;
+        *fresh = true;
+    }
+    return M3_OK;
+}
+
 static int run_generate(const gen_args *a) {
-    if (!strcmp(a->backend, "gpu"))
-        return m3_cli_fail("eval gsm8k: --backend gpu: not available in this build (%s)",
-                           m3_gpu_compiled() ? "the GPU backend has no model forward yet"
-                                             : "built without a GPU backend, and it has no "
-                                               "model forward yet");
+    /* a build without the GPU backend: one line, before any input is read */
+    if (!strcmp(a->backend, "gpu") && !m3_gpu_compiled())
+        return m3_cli_fail("eval gsm8k: --backend gpu: this m3 was built without a GPU backend "
+                           "(make gpu builds one)");
     /* every variant is resolved before anything else happens */
     m3_eval_variant vars[MAX_FILES];
     int n_var = 0;
@@ -925,7 +980,7 @@ static int run_generate(const gen_args *a) {
     m3_gsm8k_set test = {0}, train = {0};
     prompt_set ps = {0};
     m3_tokenizer *tk = NULL;
-    m3_model *m = NULL;
+    m3_run_model *m = NULL;
     int32_t **pids = NULL;
     int *npids = NULL;
     char *settings = NULL;
@@ -954,8 +1009,17 @@ static int run_generate(const gen_args *a) {
         goto done;
     snprintf(path, sizeof path, "%s/tokenizer.json", a->model);
     if (m3_tokenizer_open(&tk, path)) goto done;
-    if (m3_model_open(&m, a->model, NULL, &vars[0].profile)) goto done;
-    const m3_config *cfg = m3_model_config(m);
+    bool fresh;
+    double load0 = 0;
+    if (probe_variants(&m, a, vars, n_var, &fresh, &load0)) goto done;
+    if (!fresh) {
+        m3_run_model_close(m);
+        m = NULL;
+        double t0 = now_s();
+        if (m3_eval_model_open(&m, a->model, a->backend, &vars[0])) goto done;
+        load0 = now_s() - t0;
+    }
+    const m3_config *cfg = m3_run_model_config(m); /* valid while m is (used before the loop) */
     m3_config_emit_warnings(cfg);
 
     /* stops as lm-eval's gsm8k task: the strings, and EOS (HF generate stops at it) */
@@ -994,6 +1058,13 @@ static int run_generate(const gen_args *a) {
                 goto done;
             }
     }
+    int max_prompt = 0;
+    for (int64_t i = 0; i < n; i++) max_prompt = npids[i] > max_prompt ? npids[i] : max_prompt;
+    /* the longest item's context once, so that no item makes the GPU re-lay its caches */
+    if (m3_run_model_reserve(m, max_prompt + a->max_gen_toks)) {
+        m3_error_context(M3_ERR_IO, "variant '%s'", vars[0].name);
+        goto done;
+    }
     if (make_settings(&settings, a, cfg, stop_ids, n_stop_ids, stop_strings, 3)) goto done;
     for (int v = 0; v < n_var; v++)
         if (records_init(&rec[v], n)) goto done;
@@ -1004,11 +1075,21 @@ static int run_generate(const gen_args *a) {
     bool tty = isatty(STDERR_FILENO);
     for (int v = 0; v < n_var; v++) {
         records *r = &rec[v];
+        gen_stats *gv = &gs[v];
+        double t_var = now_s();
+        gv->load_s = load0;
         if (v > 0) {
-            m3_model_close(m);
+            m3_run_model_close(m);
             m = NULL;
-            if (m3_model_open(&m, a->model, NULL, &vars[v].profile)) goto done;
+            if (m3_eval_model_open(&m, a->model, a->backend, &vars[v])) goto done;
+            gv->load_s = now_s() - t_var;
+            if (m3_run_model_reserve(m, max_prompt + a->max_gen_toks)) {
+                m3_error_context(M3_ERR_IO, "variant '%s'", vars[v].name);
+                goto done;
+            }
         }
+        gv->backend = m3_run_model_backend(m);
+        snprintf(gv->device, sizeof gv->device, "%s", m3_run_model_device(m));
         int64_t done_n = 0, correct = 0, toks = 0;
         double secs = 0;
         for (int64_t i = 0; i < n; i++) {
@@ -1028,8 +1109,8 @@ static int run_generate(const gen_args *a) {
                 r->decode_s[i] = g.decode_s;
                 toks += g.n_tokens;
                 secs += g.prefill_s + g.decode_s;
-                if (sf && append_sample(sf, a->samples, &vars[v], i, &ps, test.items[i].answer,
-                                        r, npids[i]))
+                if (sf && append_sample(sf, a->samples, &vars[v], gv->backend, i, &ps,
+                                        test.items[i].answer, r, npids[i]))
                     goto done;
             }
             done_n++;
@@ -1041,6 +1122,7 @@ static int run_generate(const gen_args *a) {
             }
             progress(tty, vars[v].name, done_n, n, correct, done_n, secs > 0 ? toks / secs : 0);
         }
+        gv->wall_s = now_s() - t_var + (v == 0 ? load0 : 0); /* vars[0] opened before */
     }
 
     /* scoring, pairing, figures */
@@ -1091,21 +1173,24 @@ static int run_generate(const gen_args *a) {
            "model %s, backend %s\n",
            (long long)n, a->data, a->num_fewshot, a->fewshot ? a->fewshot : "the data file",
            a->max_gen_toks, a->model, a->backend);
-    printf("%-20s %-20s %-20s %9s %10s %10s\n", "variant", "flexible-extract", "strict-match",
-           "invalid", "prefill/s", "decode/s");
+    printf("%-20s %-20s %-20s %9s %11s %10s %8s\n", "variant", "flexible-extract",
+           "strict-match", "invalid", "prefill/s", "decode/s", "wall s");
     for (int v = 0; v < n_var; v++) {
         char fx[32], st[32];
         snprintf(fx, sizeof fx, "%.4f ± %.4f", sc[v].acc[M3_GSM8K_FLEXIBLE],
                  sc[v].se[M3_GSM8K_FLEXIBLE]);
         snprintf(st, sizeof st, "%.4f ± %.4f", sc[v].acc[M3_GSM8K_STRICT],
                  sc[v].se[M3_GSM8K_STRICT]);
-        printf("%-20s %-21s %-21s %9lld %10.1f %10.1f\n", vars[v].name, fx, st,
+        printf("%-20s %-21s %-21s %9lld %11.1f %10.1f %8.2f\n", vars[v].name, fx, st,
                (long long)sc[v].n_invalid[M3_GSM8K_STRICT],
-               (double)gs[v].prompt_tokens / gs[v].prefill_s,
-               (double)gs[v].decode_passes / gs[v].decode_s);
+               rate((double)gs[v].prompt_tokens, gs[v].prefill_s),
+               rate((double)gs[v].decode_passes, gs[v].decode_s), gs[v].wall_s);
     }
-    printf("(stderr = sample std / sqrt(n); invalid = no \"#### N\" in the response; "
-           "tokens/s over all items, resumed ones with their recorded times)\n");
+    printf("(stderr = sample std / sqrt(n); invalid = no \"#### N\" in the response;\n"
+           " prefill/s = prompt tokens per second of the prefill passes, decode/s = tokens per\n"
+           " second of the batch-1 decode passes, over all items, resumed ones with their\n"
+           " recorded times; wall s = this run's model open + generation; device: %s)\n",
+           gs[0].device);
     if (n_var > 1) {
         printf("\npaired against %s (exact McNemar, two-sided; changed = extracted answer "
                "differs; diverged = generated ids differ):\n", vars[0].name);
@@ -1140,7 +1225,7 @@ done:
     free(pids);
     free(npids);
     free(settings);
-    m3_model_close(m);
+    m3_run_model_close(m);
     m3_tokenizer_close(tk);
     prompt_set_free(&ps);
     m3_gsm8k_set_free(&test);

@@ -91,11 +91,19 @@ m3_status m3_eval_variant_resolve(m3_eval_variant *out, const char *name) {
     }
     m3_status s = m3_variant_check(&out->variant);
     if (s) return m3_error_context(s, "variant '%s'", name);
-    /* The one place that says what the model can apply: ref/model.h takes a profile only. */
-    if (!m3_variant_is_default(&out->variant))
-        return m3_errorf(M3_ERR_UNSUPPORTED, "variant '%s' (%s): the reference model does not "
-                         "apply numerics variants in this build (ref/model.h takes a profile "
-                         "only)", name, out->keys);
+    return M3_OK;
+}
+
+m3_status m3_eval_model_open(m3_run_model **rm, const char *model_dir, const char *backend,
+                             const m3_eval_variant *v) {
+    m3_run_opts o;
+    memset(&o, 0, sizeof o);
+    o.model = model_dir;
+    o.backend = backend;
+    o.profile = v->profile.name;
+    o.variant = v->variant;
+    m3_status s = m3_run_model_open(rm, &o, &v->profile);
+    if (s) return m3_error_context(s, "variant '%s' on --backend %s", v->name, backend);
     return M3_OK;
 }
 
@@ -139,23 +147,31 @@ static m3_status check_logits(const float *x, int V, int n_gen) {
     return M3_OK;
 }
 
-m3_status m3_generate_greedy(m3_model *m, const m3_tokenizer *t, const int32_t *prompt,
+m3_status m3_generate_greedy(m3_run_model *m, const m3_tokenizer *t, const int32_t *prompt,
                              int n_prompt, const m3_gen_opts *o, m3_gen_result *r) {
     memset(r, 0, sizeof *r);
     if (n_prompt < 1 || o->max_gen_toks < 1)
         return m3_errorf(M3_ERR_ARG, "generate: empty prompt or max_gen_toks < 1");
     r->tokens = malloc((size_t)o->max_gen_toks * sizeof *r->tokens);
     if (!r->tokens) return m3_errorf(M3_ERR_NOMEM, "out of memory");
-    const int V = m3_model_config(m)->vocab;
+    const int V = m3_run_model_config(m)->vocab;
     float *logits = malloc((size_t)V * sizeof *logits);
     if (!logits) {
         m3_gen_result_free(r);
         return m3_errorf(M3_ERR_NOMEM, "out of memory");
     }
-    m3_model_reset(m);
+    m3_run_model_reset(m);
+    /* the GPU's caches cannot grow once filled: the whole context first (no-op on ref, and
+     * on the GPU when an earlier item already reserved as much) */
+    m3_status s = m3_run_model_reserve(m, n_prompt + o->max_gen_toks);
+    if (s) {
+        free(logits);
+        m3_gen_result_free(r);
+        return s;
+    }
     int32_t next = 0;
     double t0 = now_s();
-    m3_status s = m3_model_forward(m, prompt, NULL, n_prompt, NULL, "", logits, &next);
+    s = m3_run_model_forward(m, prompt, NULL, n_prompt, NULL, "", logits, &next);
     if (!s) s = check_logits(logits, V, 0);
     r->prefill_s = now_s() - t0;
     r->stop = M3_GEN_STOP_MAX;
@@ -180,7 +196,8 @@ m3_status m3_generate_greedy(m3_model *m, const m3_tokenizer *t, const int32_t *
         }
         if (r->n_tokens == o->max_gen_toks) break;
         t0 = now_s();
-        s = m3_model_forward(m, &r->tokens[r->n_tokens - 1], NULL, 1, NULL, "", logits, &next);
+        s = m3_run_model_forward(m, &r->tokens[r->n_tokens - 1], NULL, 1, NULL, "", logits,
+                                 &next);
         if (!s) s = check_logits(logits, V, r->n_tokens);
         r->decode_s += now_s() - t0;
         r->n_decode++;

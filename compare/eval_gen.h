@@ -10,26 +10,34 @@
  *              kv-fp8      kv_cache=fp8         index-fp8  index_cache=fp8
  *              topk-reuseN topk_reuse=N (N >= 1)
  * e.g. "fp32", "hf", "atom", "mxfp4" (= atom+mxfp4), "hf+mxfp8+kv-fp8".
- * Keys go through m3_variant_set (ref/variant.h), so a variant that this build cannot run
- * yet fails there with M3_ERR_UNSUPPORTED before any generation starts.
+ * Keys go through m3_variant_set (ref/variant.h), so a key that this build does not know
+ * fails there with M3_ERR_UNSUPPORTED. Whether a backend can RUN the variant is its own
+ * decision, made when the variant is applied to the model (m3_run_model_open /
+ * m3_run_model_set_variant: the GPU refuses what its forward does not implement yet).
  *
- * Generation (lm-eval HFLM generate_until with greedy decoding): prefill the prompt ids
- * from an empty cache, then one decode step per new token. Before a token is kept it is
+ * Generation (lm-eval HFLM generate_until with greedy decoding) through either backend
+ * (compare/run_opts.h's m3_run_model: ref's m3_model or the GPU's m3_gpu_model): reserve
+ * the caches for prompt + max_gen_toks, prefill the prompt ids from an empty cache, then one
+ * decode step per new token. Before a token is kept it is
  * checked against the stop ids (EOS and the stop strings that are single special tokens):
  * such a token ends generation and is not part of the output. After each kept token the
  * generated ids are decoded (skip_special_tokens, as lm-eval's tok_decode) and the text is
  * searched for every stop string; at a hit generation ends and the response is cut at the
  * earliest occurrence of any stop string (lm-eval: s.split(term)[0] for each term). At
  * max_gen_toks kept tokens generation ends. The last token is never fed to the model
- * (nothing reads its logits). */
+ * (nothing reads its logits).
+ * Timing: wall clock around each forward call, which returns only when the logits are on
+ * the host (the GPU forward synchronises its stream), so prefill_s / decode_s are
+ * end-to-end pass times on either backend: prefill tokens/s = n_prompt / prefill_s, decode
+ * tokens/s = n_decode / decode_s (batch 1, one token per pass). */
 #ifndef M3_EVAL_GEN_H
 #define M3_EVAL_GEN_H
 
 #include <stdint.h>
 
+#include "compare/run_opts.h"
 #include "compare/tokenizer.h"
 #include "ref/base.h"
-#include "ref/model.h"
 #include "ref/profile.h"
 #include "ref/variant.h"
 
@@ -45,11 +53,17 @@ typedef struct {
 } m3_eval_variant;
 
 /* Resolve a variant name (grammar above). Unknown base or modifier, bad N, a modifier given
- * twice: M3_ERR_ARG; a key this build cannot run: M3_ERR_UNSUPPORTED (m3_variant_set's).
- * Then checks that the reference model can apply the result: ref/model.h takes a profile
- * only, so any non-default variant is M3_ERR_UNSUPPORTED until the model takes variants.
- * Errors are one line naming the variant. */
+ * twice: M3_ERR_ARG; a key ref/variant.h does not know: M3_ERR_UNSUPPORTED; a combination
+ * m3_variant_check refuses: its status. Errors are one line naming the variant. Whether a
+ * backend runs it is checked when it is applied (m3_eval_variant_apply). */
 m3_status m3_eval_variant_resolve(m3_eval_variant *out, const char *name);
+
+/* Open the model of --backend for variant v (its profile and keys; backend "ref" or
+ * "gpu"): m3_run_model_open with a m3_run_opts built here. A backend that cannot run the
+ * variant fails with its one line (M3_ERR_UNSUPPORTED on the GPU), prefixed by the variant
+ * name. *rm is NULL on error. */
+m3_status m3_eval_model_open(m3_run_model **rm, const char *model_dir, const char *backend,
+                             const m3_eval_variant *v);
 
 typedef enum {
     M3_GEN_STOP_MAX = 0,    /* max_gen_toks reached */
@@ -77,9 +91,10 @@ typedef struct {
     int n_decode;      /* decode passes run (n_tokens - 1 at most) */
 } m3_gen_result;
 
-/* Greedy generation for one prompt (m3_model_reset first). n_prompt >= 1. On error the
- * result is freed and zeroed; the model's caches must be reset before reuse. */
-m3_status m3_generate_greedy(m3_model *m, const m3_tokenizer *t, const int32_t *prompt,
+/* Greedy generation for one prompt (m3_run_model_reset, then m3_run_model_reserve of
+ * n_prompt + max_gen_toks first). n_prompt >= 1. On error the result is freed and zeroed;
+ * the model's caches must be reset before reuse. */
+m3_status m3_generate_greedy(m3_run_model *m, const m3_tokenizer *t, const int32_t *prompt,
                              int n_prompt, const m3_gen_opts *o, m3_gen_result *r);
 void m3_gen_result_free(m3_gen_result *r);
 

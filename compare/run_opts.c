@@ -336,6 +336,7 @@ struct m3_run_model {
     m3_model *ref;
     m3_gpu *g;
     m3_gpu_model *gm;
+    char device[64]; /* m3_run_model_device of the ref backend (set at open) */
 };
 
 m3_status m3_run_model_open(m3_run_model **out, const m3_run_opts *o, const m3_profile *p) {
@@ -357,6 +358,7 @@ m3_status m3_run_model_open(m3_run_model **out, const m3_run_opts *o, const m3_p
     } else {
         s = m3_model_open(&rm->ref, o->model, o->override, p);
         if (!s) s = m3_model_set_variant(rm->ref, &o->variant);
+        snprintf(rm->device, sizeof rm->device, "cpu reference, %d threads", m3_threads());
     }
     if (s) {
         m3_run_model_close(rm);
@@ -392,6 +394,14 @@ void m3_run_model_reset(m3_run_model *rm) {
 }
 
 const char *m3_run_model_backend(const m3_run_model *rm) { return rm->gm ? "gpu" : "ref"; }
+
+m3_status m3_run_model_set_variant(m3_run_model *rm, const m3_variant *v) {
+    return rm->gm ? m3_gpu_model_set_variant(rm->gm, v) : m3_model_set_variant(rm->ref, v);
+}
+
+const char *m3_run_model_device(const m3_run_model *rm) {
+    return rm->g ? m3_gpu_describe(rm->g) : rm->device;
+}
 
 void m3_run_model_close(m3_run_model *rm) {
     if (!rm) return;

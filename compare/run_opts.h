@@ -1,6 +1,7 @@
 /* compare/run_opts.h: the options `m3 run` and `m3 replay` share (shared spec/cli.md), their
- * parsing and validation, and the dump sink both commands write through. Internal to the two
- * commands (compare/cmd_run.c, compare/cmd_replay.c); no other part includes it. */
+ * parsing and validation, and the dump sink both commands write through. Internal to the
+ * commands (compare/cmd_run.c, compare/cmd_replay.c, compare/cmd_attribute.c; `m3 eval`
+ * opens its models through m3_run_model, compare/eval_gen.h). */
 #ifndef M3_RUN_OPTS_H
 #define M3_RUN_OPTS_H
 
@@ -92,6 +93,13 @@ m3_status m3_run_model_forward(m3_run_model *rm, const int32_t *tokens, const in
 int m3_run_model_n_past(const m3_run_model *rm); /* tokens in the caches */
 void m3_run_model_reset(m3_run_model *rm);        /* empty the caches (next pass at 0) */
 const char *m3_run_model_backend(const m3_run_model *rm); /* "ref" or "gpu" */
+/* Apply another numerics variant to the open model (m3_model_set_variant or
+ * m3_gpu_model_set_variant; the caches are emptied). A variant the backend refuses fails
+ * with its one line and the model keeps its previous variant, so `m3 eval` can try every
+ * variant of a run before it writes anything. */
+m3_status m3_run_model_set_variant(m3_run_model *rm, const m3_variant *v);
+/* One line for records: "cpu reference, N threads" or the device (m3_gpu_describe). */
+const char *m3_run_model_device(const m3_run_model *rm);
 void m3_run_model_close(m3_run_model *rm); /* NULL ok */
 
 #endif
