@@ -103,8 +103,11 @@ m3_status m3_eval_model_open(m3_run_model **rm, const char *model_dir, const cha
     o.profile = v->profile.name;
     o.variant = v->variant;
     m3_status s = m3_run_model_open(rm, &o, &v->profile);
-    if (s) return m3_error_context(s, "variant '%s' on --backend %s", v->name, backend);
-    return M3_OK;
+    /* name the variant where it is the cause (refused keys, a schedule the model rejects),
+     * not in front of an unreadable checkpoint or a missing device */
+    if (s == M3_ERR_UNSUPPORTED || s == M3_ERR_ARG)
+        return m3_error_context(s, "variant '%s'", v->name);
+    return s;
 }
 
 /* ---- generation --------------------------------------------------------------------- */

@@ -60,8 +60,9 @@ m3_status m3_eval_variant_resolve(m3_eval_variant *out, const char *name);
 
 /* Open the model of --backend for variant v (its profile and keys; backend "ref" or
  * "gpu"): m3_run_model_open with a m3_run_opts built here. A backend that cannot run the
- * variant fails with its one line (M3_ERR_UNSUPPORTED on the GPU), prefixed by the variant
- * name. *rm is NULL on error. */
+ * variant fails with its one line (M3_ERR_UNSUPPORTED on the GPU, M3_ERR_ARG for a top-k
+ * schedule ref rejects), prefixed by "variant 'NAME': "; other errors (checkpoint, device)
+ * come unprefixed. *rm is NULL on error. */
 m3_status m3_eval_model_open(m3_run_model **rm, const char *model_dir, const char *backend,
                              const m3_eval_variant *v);
 
