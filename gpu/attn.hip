@@ -367,7 +367,8 @@ static __device__ __forceinline__ void round_bf16x2(float &a, float &b) {
  * [hq][block] fp32 | pb | ks [block][Dh+2] (odd word pitch: a key per thread) | vs [block][Dh]. */
 static __host__ __device__ size_t fd_ks_bytes(int hq, int Dh, int block) {
 #if defined(M3_HIP_NVIDIA)
-    const size_t kb = (size_t)block * (Dh + 8) * sizeof(m3_bf16), sb = (size_t)hq * block * sizeof(float);
+    const size_t kb = (size_t)block * (Dh + 8) * sizeof(m3_bf16),
+                 sb = (size_t)hq * block * sizeof(float);
     return ((kb > sb ? kb : sb) + 15) / 16 * 16;
 #else
     (void)hq;
@@ -385,7 +386,8 @@ static size_t fd_smem_bytes(int hq, int Dh, int block) {
 #if defined(M3_HIP_NVIDIA)
     return pb + fd_ks_bytes(hq, Dh, block) + vs;
 #else
-    return sizeof(float) * ((size_t)hq * Dh + (size_t)hq * block) + pb + fd_ks_bytes(hq, Dh, block) + vs;
+    return sizeof(float) * ((size_t)hq * Dh + (size_t)hq * block) + pb +
+           fd_ks_bytes(hq, Dh, block) + vs;
 #endif
 }
 
@@ -436,13 +438,15 @@ static __global__ void __launch_bounds__(FD_THREADS)
     for (int i = tid; i < block * dv8; i += FD_THREADS) {
         const int r = i / dv8, c = i % dv8;
         const bool in = r < nk;
-        cp16(ks + (size_t)r * KP + c * 8, in ? k + ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8 : k, in);
+        const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8;
+        cp16(ks + (size_t)r * KP + c * 8, in ? k + src : k, in);
     }
     cp_commit();
     for (int i = tid; i < block * dv8; i += FD_THREADS) {
         const int r = i / dv8, c = i % dv8;
         const bool in = r < nk;
-        cp16(vs + (size_t)r * VP + c * 8, in ? v + ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8 : v, in);
+        const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8;
+        cp16(vs + (size_t)r * VP + c * 8, in ? v + src : v, in);
     }
     cp_commit();
     /* Q A fragments (16 rows = the group's heads; rows past hq zero) straight from global */
@@ -484,7 +488,9 @@ static __global__ void __launch_bounds__(FD_THREADS)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = gq + (i >> 1) * 8, key = nt * 8 + 2 * tq + (i & 1);
-            if (r < hq) ps[r * block + key] = eager ? m3_round_bf16(m3_round_bf16(c4[u][i]) * scale) : c4[u][i] * scale;
+            if (r < hq)
+                ps[r * block + key] = eager ? m3_round_bf16(m3_round_bf16(c4[u][i]) * scale)
+                                            : c4[u][i] * scale;
         }
     }
 #else
@@ -661,7 +667,8 @@ static __global__ void __launch_bounds__(FA_TOK * 32, 2)
     for (int i = tid; i < FA_TOK * 16 * dv8; i += FA_TOK * 32) {
         const int r = i / dv8, c = i % dv8, tok = t0 + r / 16, h = r % 16;
         const bool in = tok < T && h < hq;
-        cp16(qs + r * FA_P + c * 8, in ? q + (size_t)tok * ld_q + (size_t)(g * hq + h) * Dh + c * 8 : q, in);
+        const size_t src = (size_t)tok * ld_q + (size_t)(g * hq + h) * Dh + (size_t)c * 8;
+        cp16(qs + r * FA_P + c * 8, in ? q + src : q, in);
     }
     __syncthreads();
     const int kmax = kmax_sh, ntile = kmax / FA_KT + 1;
@@ -682,8 +689,9 @@ static __global__ void __launch_bounds__(FA_TOK * 32, 2)
 #pragma unroll
     for (int i = 0; i < FA_MAX_DH / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}; /* lrow: this lane's columns */
-    /* ldmatrix row/column offsets of this lane: A (Q: matrix i rows +8(i&1), cols +8(i>>1));
-     * B of two n-tiles from K (keys +8(i>>1), dims +8(i&1)); V.trans (keys +8(i&1), dims +8(i>>1)) */
+    /* ldmatrix row/column offsets of this lane (matrix i = lane/8): A from Q (rows +8(i&1),
+     * cols +8(i>>1)); B of two n-tiles from K (keys +8(i>>1), dims +8(i&1)); from V with
+     * .trans (keys +8(i&1), dims +8(i>>1)) */
     const int l7 = lane & 7, b3 = (lane >> 3) & 1, b4 = lane >> 4;
     const m3_bf16 *qw = qs + (warp * 16 + l7 + b3 * 8) * FA_P + b4 * 8;
     const int koff = (l7 + b4 * 8) * FA_P + b3 * 8, voff = (l7 + b3 * 8) * FA_P + b4 * 8;
@@ -758,7 +766,8 @@ static __global__ void __launch_bounds__(FA_TOK * 32, 2)
             }
 #pragma unroll
             for (int ni = 0; ni < FA_MAX_DH / 8; ni++) {
-                o[ni][0] *= alpha[0], o[ni][1] *= alpha[0], o[ni][2] *= alpha[1], o[ni][3] *= alpha[1];
+                o[ni][0] *= alpha[0], o[ni][1] *= alpha[0];
+                o[ni][2] *= alpha[1], o[ni][3] *= alpha[1];
             }
 #pragma unroll
             for (int kk = 0; kk < FA_KT / 16; kk++)
