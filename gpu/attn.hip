@@ -287,39 +287,108 @@ extern "C" m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float
  * Scores are fp32 (q.k)*s, or hf eager bf16(bf16(q.k)*s). The faithful kernels above stay
  * as the device reference (bit-faithful rounding points, style B6).
  *
- * sparse_part_k (flash-decoding): one block per (range j, kv head g, token t); range j <
- *   width is the selected block topk[g][t][j] (skipped when -1, >= the own block, or a
- *   repeat of an earlier slot: duplicates count once), range `width` is the own block up to
- *   pos[t]. The block's K and V rows are staged in shared memory once and used by all
- *   hq = H/Hkv query heads; scores: one thread per key, all heads; softmax: one warp per
- *   head; P.V: one thread per output dim, all heads. Writes (m, l, O) per head.
+ * sparse_part_k (flash-decoding, split over the selected blocks): one block per (range j,
+ *   kv head g, token t); range j < width is the selected block topk[g][t][j] (skipped when
+ *   -1, >= the own block, or a repeat of an earlier slot: duplicates count once), range
+ *   `width` is the own block up to pos[t]. All hq = H/Hkv query heads of the group use the
+ *   block's K and V once. NVIDIA (mma.sync): K and V rows go to shared memory by cp.async in
+ *   two commit groups, so S = Q K^T (Q fragments straight from global, 16 rows = the heads,
+ *   a warp per 8-key n-tile) runs while V is still in flight; the fp32 scores then reuse K's
+ *   shared memory (72 KB per block at Dh = 128, Bs = 128: three blocks per SM), one warp per
+ *   head does the softmax, and O = P V takes V's B fragments with ldmatrix.trans. Elsewhere:
+ *   scores a key per thread, P.V a dim per thread, all heads. Writes (m, l, O) per head.
  * sparse_merge_k: per (token, head), o = sum_j w_j O_j / sum_j w_j l_j, w_j = exp(m_j - M).
- * dense_flash_k (NVIDIA mma.sync; elsewhere the launcher uses the faithful kernel): one
- *   block per (4 consecutive tokens, kv head g), one warp per token whose 16 mma rows are
- *   the group's query heads; K/V tiles of 64 keys in shared memory shared by the 4 warps;
- *   S = Q K^T and O += P V on tensor cores (fp32 accumulate), P taken from the S registers
- *   as bf16 A fragments, causal mask per token. */
+ * dense_flash_k (NVIDIA mma.sync, FlashAttention-2 style; elsewhere the launcher uses the
+ *   faithful kernel): one block per (FA_TOK = 8 consecutive tokens, kv head g), a warp per
+ *   token whose 16 mma rows are the group's query heads (GQA: a K/V tile feeds 8 x 16 query
+ *   rows). Q (block's 128 rows) and K/V tiles of FA_KT = 64 keys sit in shared memory,
+ *   K/V double-buffered by cp.async (tile i+1 loads while tile i is computed); fragments by
+ *   ldmatrix (V transposed by ldmatrix.trans). Per tile: S = Q K^T (fp32), scores in the
+ *   log2 domain (z log2(e)), running max / sum per row (online softmax, fp32), P = bf16 of
+ *   exp2(z - m) packed straight from the S registers into A fragments, O = O alpha + P V
+ *   (fp32). Causal: tiles past the block's last position are not loaded, a warp skips
+ *   tiles past its own position and masks only its diagonal tile. Blocks are launched
+ *   heaviest (last tokens) first so the causal tail does not straggle. */
 #define FD_THREADS 128
 #define FD_MAX_HQ 16
-#define FA_TOK 4
+#define FD_MAX_NT 8 /* 8-key n-tiles per warp in sparse_part_k: block <= 256 = 8 x 8 x 4 warps */
+#define FA_TOK 8
 #define FA_KT 64
 #define FA_MAX_DH 128
+#define FA_P (FA_MAX_DH + 8) /* row pitch (bf16): 272 bytes, conflict-free ldmatrix rows */
 
-/* shared-memory pitches (bf16 elements past Dh): the mma path wants 4-mod-32 word pitches
- * (conflict-free fragments), the key-per-thread path an odd word pitch. Host-visible
- * (M3_HIP_NVIDIA), so the launcher sizes the same layout the kernel uses. */
-#if defined(M3_HIP_NVIDIA)
-#define FD_KPAD 8
-#define FD_VPAD 8
-#else
-#define FD_KPAD 2
-#define FD_VPAD 0
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && !M3_HAVE_MMA
+#error "gpu/attn.hip: the flash kernels need mma.sync (sm_80 or newer) on NVIDIA"
 #endif
 
+#if M3_HAVE_MMA
+/* cp.async / ldmatrix / cvt (sm_80+), local to this file. */
+static __device__ __forceinline__ uint32_t sh_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+/* 16 bytes global -> shared, asynchronously; `full` false writes 16 zero bytes instead. */
+static __device__ __forceinline__ void cp16(void *dst, const void *src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sh_u32(dst)), "l"(src),
+                 "r"(full ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/* four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i; register i of a
+ * lane holds matrix i's (row lane/4, cols 2(lane%4)..+1), or with .trans (rows 2(lane%4)..+1,
+ * col lane/4): exactly the mma A/B fragment layouts of gpu/hip_compat.h. */
+static __device__ __forceinline__ void ldsm4(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sh_u32(p)));
+}
+static __device__ __forceinline__ void ldsm4t(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sh_u32(p)));
+}
+/* two floats -> two bf16 (round to nearest even, = m3_f32_to_bf16 for finite values), lo
+ * in the low half */
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+/* a = bf16(a), b = bf16(b) as floats (one cvt for both) */
+static __device__ __forceinline__ void round_bf16x2(float &a, float &b) {
+    const uint32_t d = pack_bf16(a, b);
+    a = __uint_as_float(d << 16), b = __uint_as_float(d & 0xFFFF0000u);
+}
+#endif
+
+/* sparse_part_k's shared memory. NVIDIA: pb [16][block+8] bf16 P | ks [block][Dh+8] bf16
+ * (later the fp32 scores [hq][block]) | vs [block][Dh+8]. Elsewhere: qs [hq][Dh] fp32 | ps
+ * [hq][block] fp32 | pb | ks [block][Dh+2] (odd word pitch: a key per thread) | vs [block][Dh]. */
+static __host__ __device__ size_t fd_ks_bytes(int hq, int Dh, int block) {
+#if defined(M3_HIP_NVIDIA)
+    const size_t kb = (size_t)block * (Dh + 8) * sizeof(m3_bf16),
+                 sb = (size_t)hq * block * sizeof(float);
+    return ((kb > sb ? kb : sb) + 15) / 16 * 16;
+#else
+    (void)hq;
+    return (size_t)block * (Dh + 2) * sizeof(m3_bf16);
+#endif
+}
+#if defined(M3_HIP_NVIDIA)
+#define FD_VPAD 8 /* 272-byte rows at Dh = 128: conflict-free ldmatrix */
+#else
+#define FD_VPAD 0
+#endif
 static size_t fd_smem_bytes(int hq, int Dh, int block) {
-    return sizeof(float) * ((size_t)hq * Dh + (size_t)hq * block) +
-           sizeof(m3_bf16) * ((size_t)FD_MAX_HQ * (block + 8) + (size_t)block * (Dh + FD_KPAD) +
-                              (size_t)block * (Dh + FD_VPAD));
+    const size_t pb = (size_t)FD_MAX_HQ * (block + 8) * sizeof(m3_bf16),
+                 vs = (size_t)block * (Dh + FD_VPAD) * sizeof(m3_bf16);
+#if defined(M3_HIP_NVIDIA)
+    return pb + fd_ks_bytes(hq, Dh, block) + vs;
+#else
+    return sizeof(float) * ((size_t)hq * Dh + (size_t)hq * block) + pb +
+           fd_ks_bytes(hq, Dh, block) + vs;
+#endif
 }
 
 static __global__ void __launch_bounds__(FD_THREADS)
@@ -327,15 +396,25 @@ static __global__ void __launch_bounds__(FD_THREADS)
                   int ld_q, const m3_bf16 *M3_RESTRICT k, const m3_bf16 *M3_RESTRICT v,
                   const int32_t *M3_RESTRICT pos, const int32_t *M3_RESTRICT topk, int T, int width,
                   int block, int H, int Hkv, int Dh, float scale, bool eager, bool p_bf16) {
-    extern __shared__ float fd_sh[];
+    extern __shared__ __align__(16) unsigned char fd_raw[];
     const int j = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const int hq = H / Hkv, tid = (int)threadIdx.x;
-    const int KP = Dh + FD_KPAD, VP = Dh + FD_VPAD, PP = block + 8;
-    float *qs = fd_sh;                                          /* [hq][Dh] */
-    float *ps = qs + hq * Dh;                                   /* [hq][block] scores */
-    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(ps + hq * block); /* [16][PP] bf16 P (mma) */
-    m3_bf16 *ks = pb + FD_MAX_HQ * PP;                          /* [block][KP] */
-    m3_bf16 *vs = ks + (size_t)block * KP;                      /* [block][VP] */
+    const int VP = Dh + FD_VPAD, PP = block + 8;
+#if M3_HAVE_MMA
+    const int KP = Dh + 8;
+    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(fd_raw);                  /* [16][PP] bf16 P */
+    m3_bf16 *ks = pb + FD_MAX_HQ * PP;                                  /* [block][KP] */
+    float *ps = reinterpret_cast<float *>(ks);                          /* [hq][block], after S */
+    m3_bf16 *vs = reinterpret_cast<m3_bf16 *>(reinterpret_cast<unsigned char *>(ks) +
+                                              fd_ks_bytes(hq, Dh, block)); /* [block][VP] */
+#else
+    const int KP = Dh + 2;
+    float *qs = reinterpret_cast<float *>(fd_raw);                      /* [hq][Dh] */
+    float *ps = qs + hq * Dh;                                           /* [hq][block] scores */
+    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(ps + hq * block);         /* [16][PP] bf16 P */
+    m3_bf16 *ks = pb + FD_MAX_HQ * PP;                                  /* [block][KP] */
+    m3_bf16 *vs = ks + (size_t)block * KP;                              /* [block][VP] */
+#endif
     const int p = pos[t], bp = p / block;
     const size_t slot = ((size_t)t * Hkv + g) * (width + 1) + j;
     int b = bp, nk = p - bp * block + 1;
@@ -354,6 +433,67 @@ static __global__ void __launch_bounds__(FD_THREADS)
     }
     const int key0 = b * block, dv8 = Dh / 8;
     const int lane = tid % M3_WARP, warp = tid / M3_WARP;
+#if M3_HAVE_MMA
+    /* K rows, then V rows (rows past nk: zeros), as two cp.async groups */
+    for (int i = tid; i < block * dv8; i += FD_THREADS) {
+        const int r = i / dv8, c = i % dv8;
+        const bool in = r < nk;
+        const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8;
+        cp16(ks + (size_t)r * KP + c * 8, in ? k + src : k, in);
+    }
+    cp_commit();
+    for (int i = tid; i < block * dv8; i += FD_THREADS) {
+        const int r = i / dv8, c = i % dv8;
+        const bool in = r < nk;
+        const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8;
+        cp16(vs + (size_t)r * VP + c * 8, in ? v + src : v, in);
+    }
+    cp_commit();
+    /* Q A fragments (16 rows = the group's heads; rows past hq zero) straight from global */
+    const int gq = lane / 4, tq = lane % 4;
+    uint32_t qa[FA_MAX_DH / 16][4];
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)(g * hq) * Dh;
+#pragma unroll
+    for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+        if (s2 >= Dh / 16) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i & 1) * 8, c = s2 * 16 + 2 * tq + (i >> 1) * 8;
+            qa[s2][i] = r < hq ? *reinterpret_cast<const uint32_t *>(qg + (size_t)r * Dh + c) : 0u;
+        }
+    }
+    cp_wait<1>(); /* this thread's K copies landed */
+    __syncthreads();
+    /* S = Q K^T: a warp per 8-key n-tile, kept in registers until every warp is done with K */
+    float c4[FD_MAX_NT][4];
+#pragma unroll
+    for (int u = 0; u < FD_MAX_NT; u++) {
+        c4[u][0] = c4[u][1] = c4[u][2] = c4[u][3] = 0.0f;
+        const int nt = warp + u * (FD_THREADS / 32);
+        if (nt * 8 >= nk) continue;
+#pragma unroll
+        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+            if (s2 >= Dh / 16) break;
+            const m3_bf16 *kr = ks + (nt * 8 + gq) * KP + s2 * 16 + 2 * tq;
+            const uint32_t bfr[2] = {*reinterpret_cast<const uint32_t *>(kr),
+                                     *reinterpret_cast<const uint32_t *>(kr + 8)};
+            m3_mma_bf16_16816(c4[u], qa[s2], bfr);
+        }
+    }
+    __syncthreads(); /* K is dead: its space takes the fp32 scores */
+#pragma unroll
+    for (int u = 0; u < FD_MAX_NT; u++) {
+        const int nt = warp + u * (FD_THREADS / 32);
+        if (nt * 8 >= nk) continue;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i >> 1) * 8, key = nt * 8 + 2 * tq + (i & 1);
+            if (r < hq)
+                ps[r * block + key] = eager ? m3_round_bf16(m3_round_bf16(c4[u][i]) * scale)
+                                            : c4[u][i] * scale;
+        }
+    }
+#else
     for (int i = tid; i < hq * Dh; i += FD_THREADS)
         qs[i] = m3_bf16_to_f32(q[(size_t)t * ld_q + (size_t)(g * hq) * Dh + i]);
     for (int i = tid; i < block * dv8; i += FD_THREADS) { /* rows past nk: zeros */
@@ -369,38 +509,6 @@ static __global__ void __launch_bounds__(FD_THREADS)
         *reinterpret_cast<uint4 *>(vs + (size_t)r * VP + c * 8) = vv;
     }
     __syncthreads();
-#if M3_HAVE_MMA
-    /* S = Q K^T on tensor cores: 16 rows = the group's heads, a warp per 8-key tile */
-    const int gq = lane / 4, tq = lane % 4;
-    uint32_t qa[FA_MAX_DH / 16][4];
-#pragma unroll
-    for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
-        if (s2 >= Dh / 16) break;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = gq + (i & 1) * 8, c = s2 * 16 + 2 * tq + (i >> 1) * 8;
-            const uint32_t lo = r < hq ? (uint32_t)m3_f32_to_bf16(qs[r * Dh + c]) : 0u; /* exact */
-            const uint32_t hi = r < hq ? (uint32_t)m3_f32_to_bf16(qs[r * Dh + c + 1]) : 0u;
-            qa[s2][i] = lo | (hi << 16);
-        }
-    }
-    for (int nt = warp; nt * 8 < nk; nt += FD_THREADS / 32) {
-        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
-            if (s2 >= Dh / 16) break;
-            const m3_bf16 *kr = ks + (nt * 8 + gq) * KP + s2 * 16 + 2 * tq;
-            const uint32_t bfr[2] = {*reinterpret_cast<const uint32_t *>(kr),
-                                     *reinterpret_cast<const uint32_t *>(kr + 8)};
-            m3_mma_bf16_16816(c4, qa[s2], bfr);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = gq + (i >> 1) * 8, key = nt * 8 + 2 * tq + (i & 1);
-            if (r < hq) ps[r * block + key] = eager ? m3_round_bf16(m3_round_bf16(c4[i]) * scale) : c4[i] * scale;
-        }
-    }
-#else
     for (int kk = tid; kk < nk; kk += FD_THREADS) { /* scores: a key per thread, every head */
         float acc[FD_MAX_HQ];
 #pragma unroll
@@ -437,35 +545,46 @@ static __global__ void __launch_bounds__(FD_THREADS)
                 e = expf(ps[h * block + kk] - m);
                 l += e;
             }
+#if !M3_HAVE_MMA
             ps[h * block + kk] = p_bf16 ? m3_round_bf16(e) : e;
+#endif
             pb[h * PP + kk] = m3_f32_to_bf16(e);
         }
         l = m3_warp_sum(l);
         if (lane == 0) pml[(slot * hq + h) * 2] = m, pml[(slot * hq + h) * 2 + 1] = l;
     }
-    __syncthreads();
 #if M3_HAVE_MMA
-    /* O = P V on tensor cores: a warp per 8-dim tile, k-steps of 16 keys up to nk */
-    for (int ni = warp; ni < Dh / 8; ni += FD_THREADS / 32) {
-        float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    (void)p_bf16; /* P is bf16 on tensor cores either way */
+    cp_wait<0>(); /* V landed */
+    __syncthreads();
+    /* O = P V: a warp per 16-dim pair of n-tiles, k-steps of 16 keys up to nk; V's B
+     * fragments for both n-tiles in one ldmatrix.trans (matrix i: keys +8(i&1), dims +8(i>>1)) */
+    const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
+    for (int np = warp; np < Dh / 16; np += FD_THREADS / 32) {
+        float o4[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         for (int kk = 0; kk * 16 < nk; kk++) {
             const m3_bf16 *pr = pb + gq * PP + kk * 16 + 2 * tq;
             const uint32_t a[4] = {*reinterpret_cast<const uint32_t *>(pr),
                                    *reinterpret_cast<const uint32_t *>(pr + 8 * PP),
                                    *reinterpret_cast<const uint32_t *>(pr + 8),
                                    *reinterpret_cast<const uint32_t *>(pr + 8 * PP + 8)};
-            const m3_bf16 *vr = vs + (kk * 16 + 2 * tq) * VP + ni * 8 + gq;
-            const uint32_t bfr[2] = {(uint32_t)vr[0] | ((uint32_t)vr[VP] << 16),
-                                     (uint32_t)vr[8 * VP] | ((uint32_t)vr[9 * VP] << 16)};
-            m3_mma_bf16_16816(o4, a, bfr);
+            uint32_t bv[4];
+            ldsm4t(bv, vs + (size_t)(kk * 16 + lr) * VP + np * 16 + lc);
+            m3_mma_bf16_16816(o4[0], a, bv);
+            m3_mma_bf16_16816(o4[1], a, bv + 2);
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = gq + (i >> 1) * 8, d = ni * 8 + 2 * tq + (i & 1);
-            if (r < hq) po[(slot * hq + r) * Dh + d] = o4[i];
-        }
+        for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+            for (int r2 = 0; r2 < 2; r2++) {
+                const int r = gq + r2 * 8, d = np * 16 + h2 * 8 + 2 * tq;
+                if (r < hq)
+                    *reinterpret_cast<float2 *>(po + (slot * hq + r) * Dh + d) =
+                        make_float2(o4[h2][2 * r2], o4[h2][2 * r2 + 1]);
+            }
     }
 #else
+    __syncthreads();
     for (int d = tid; d < Dh; d += FD_THREADS) { /* P.V: a dim per thread, every head */
         float o[FD_MAX_HQ];
 #pragma unroll
@@ -519,141 +638,169 @@ static __global__ void __launch_bounds__(FD_THREADS)
     }
 }
 
-static __global__ void __launch_bounds__(FA_TOK * 32)
+#if defined(M3_HIP_NVIDIA) /* elsewhere m3_gpu_attn_dense_flash runs the faithful kernel */
+/* dense_flash_k's shared memory: Q [FA_TOK*16][FA_P] | K [2][FA_KT][FA_P] | V [2][FA_KT][FA_P] */
+#define FA_SMEM ((size_t)(FA_TOK * 16 + 4 * FA_KT) * FA_P * sizeof(m3_bf16))
+
+static __global__ void __launch_bounds__(FA_TOK * 32, 2)
     dense_flash_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                   const m3_bf16 *M3_RESTRICT k, const m3_bf16 *M3_RESTRICT v,
                   const int32_t *M3_RESTRICT pos, int T, int n_ctx, int H, int Hkv, int Dh,
                   float scale, bool eager) {
 #if M3_HAVE_MMA
-    __shared__ __align__(16) m3_bf16 ks[FA_KT * (FA_MAX_DH + 8)];
-    __shared__ __align__(16) m3_bf16 vs[FA_KT * (FA_MAX_DH + 8)];
+    extern __shared__ __align__(16) unsigned char fa_raw[];
+    m3_bf16 *qs = reinterpret_cast<m3_bf16 *>(fa_raw); /* [FA_TOK*16][FA_P] */
+    m3_bf16 *ks = qs + FA_TOK * 16 * FA_P;              /* [2][FA_KT][FA_P] */
+    m3_bf16 *vs = ks + 2 * FA_KT * FA_P;                /* [2][FA_KT][FA_P] */
     __shared__ int kmax_sh;
-    const int KP = FA_MAX_DH + 8; /* row pitch: 68 words, conflict-free fragment loads */
+    const float L2E = 1.4426950408889634f; /* log2(e): exp(x) = exp2(x log2 e) */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
-    const int g = (int)blockIdx.y, hq = H / Hkv, t = (int)blockIdx.x * FA_TOK + warp;
+    const int g = (int)blockIdx.y, hq = H / Hkv;
+    const int t0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * FA_TOK; /* heaviest tiles first */
+    const int t = t0 + warp, dv8 = Dh / 8, nks = Dh / 16;
     const bool active = t < T;
-    const int pt = active ? pos[t] : -1;
+    const int lim = active ? min(pos[t], n_ctx - 1) : -1; /* last key this token sees */
     if (tid == 0) kmax_sh = -1;
     __syncthreads();
-    if (lane == 0 && active) atomicMax(&kmax_sh, pt);
-    const int nks = Dh / 16, nvt = Dh / 8;
-    uint32_t qa[FA_MAX_DH / 16][4];
-    float o[FA_MAX_DH / 8][4];
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < FA_MAX_DH / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < FA_MAX_DH / 16; s++) {
-        if (s >= nks) break;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = gq + (i & 1) * 8, c = s * 16 + 2 * tq + (i >> 1) * 8;
-            qa[s][i] = (active && r < hq)
-                           ? *reinterpret_cast<const uint32_t *>(q + (size_t)t * ld_q + (size_t)(g * hq + r) * Dh + c)
-                           : 0u;
-        }
+    if (lane == 0 && active) atomicMax(&kmax_sh, lim);
+    /* Q rows of the block: row w*16 + h = token t0 + w, head g*hq + h (zeros past hq / T) */
+    for (int i = tid; i < FA_TOK * 16 * dv8; i += FA_TOK * 32) {
+        const int r = i / dv8, c = i % dv8, tok = t0 + r / 16, h = r % 16;
+        const bool in = tok < T && h < hq;
+        const size_t src = (size_t)tok * ld_q + (size_t)(g * hq + h) * Dh + (size_t)c * 8;
+        cp16(qs + r * FA_P + c * 8, in ? q + src : q, in);
     }
     __syncthreads();
-    const int kmax = kmax_sh, dv8 = Dh / 8;
-    for (int key0 = 0; key0 <= kmax; key0 += FA_KT) {
-        __syncthreads(); /* the previous tile's readers are done */
+    const int kmax = kmax_sh, ntile = kmax / FA_KT + 1;
+    /* K/V tile `it` into stage st (keys past n_ctx: zeros, and masked) */
+    auto load_kv = [&](int it, int st) {
         for (int i = tid; i < FA_KT * dv8; i += FA_TOK * 32) {
-            const int r = i / dv8, c = i % dv8, key = key0 + r;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (key < n_ctx) {
-                const size_t src = ((size_t)key * Hkv + g) * Dh + (size_t)c * 8;
-                kv = *reinterpret_cast<const uint4 *>(k + src);
-                vv = *reinterpret_cast<const uint4 *>(v + src);
-            }
-            *reinterpret_cast<uint4 *>(ks + r * KP + c * 8) = kv;
-            *reinterpret_cast<uint4 *>(vs + r * KP + c * 8) = vv;
+            const int r = i / dv8, c = i % dv8, key = it * FA_KT + r;
+            const bool in = key < n_ctx;
+            const size_t src = ((size_t)key * Hkv + g) * Dh + (size_t)c * 8;
+            cp16(ks + (st * FA_KT + r) * FA_P + c * 8, in ? k + src : k, in);
+            cp16(vs + (st * FA_KT + r) * FA_P + c * 8, in ? v + src : v, in);
         }
+    };
+    load_kv(0, 0);
+    cp_commit(); /* group 0: Q and tile 0 */
+
+    float o[FA_MAX_DH / 8][4];
+#pragma unroll
+    for (int i = 0; i < FA_MAX_DH / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}; /* lrow: this lane's columns */
+    /* ldmatrix row/column offsets of this lane (matrix i = lane/8): A from Q (rows +8(i&1),
+     * cols +8(i>>1)); B of two n-tiles from K (keys +8(i>>1), dims +8(i&1)); from V with
+     * .trans (keys +8(i&1), dims +8(i>>1)) */
+    const int l7 = lane & 7, b3 = (lane >> 3) & 1, b4 = lane >> 4;
+    const m3_bf16 *qw = qs + (warp * 16 + l7 + b3 * 8) * FA_P + b4 * 8;
+    const int koff = (l7 + b4 * 8) * FA_P + b3 * 8, voff = (l7 + b3 * 8) * FA_P + b4 * 8;
+    const float zs = eager ? L2E : scale * L2E;
+
+    for (int it = 0; it < ntile; it++) {
+        if (it + 1 < ntile) load_kv(it + 1, (it + 1) & 1);
+        cp_commit(); /* possibly empty: keeps the wait count uniform */
+        cp_wait<1>(); /* tile it (and Q) landed for this thread */
         __syncthreads();
-        if (!active || key0 > pt) continue;
-        float s[FA_KT / 8][4];
+        const int key0 = it * FA_KT;
+        if (active && key0 <= lim) {
+            const m3_bf16 *kst = ks + (it & 1) * FA_KT * FA_P, *vst = vs + (it & 1) * FA_KT * FA_P;
+            float s[FA_KT / 8][4];
 #pragma unroll
-        for (int ni = 0; ni < FA_KT / 8; ni++) s[ni][0] = s[ni][1] = s[ni][2] = s[ni][3] = 0.0f;
+            for (int ni = 0; ni < FA_KT / 8; ni++) s[ni][0] = s[ni][1] = s[ni][2] = s[ni][3] = 0.0f;
 #pragma unroll
-        for (int ksi = 0; ksi < FA_MAX_DH / 16; ksi++) {
-            if (ksi >= nks) break;
+            for (int ksi = 0; ksi < FA_MAX_DH / 16; ksi++) {
+                if (ksi >= nks) break;
+                uint32_t qa[4];
+                ldsm4(qa, qw + ksi * 16);
+#pragma unroll
+                for (int np = 0; np < FA_KT / 16; np++) {
+                    uint32_t kb[4];
+                    ldsm4(kb, kst + np * 16 * FA_P + koff + ksi * 16);
+                    m3_mma_bf16_16816(s[2 * np], qa, kb);
+                    m3_mma_bf16_16816(s[2 * np + 1], qa, kb + 2);
+                }
+            }
+            /* scores in the log2 domain; mask keys past lim (only the diagonal tile) */
+            const bool diag = key0 + FA_KT - 1 > lim;
+            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int ni = 0; ni < FA_KT / 8; ni++) {
-                const m3_bf16 *kr = ks + (ni * 8 + gq) * KP + ksi * 16 + 2 * tq;
-                const uint32_t bfr[2] = {*reinterpret_cast<const uint32_t *>(kr),
-                                         *reinterpret_cast<const uint32_t *>(kr + 8)};
-                m3_mma_bf16_16816(s[ni], qa[ksi], bfr);
+                if (eager) { /* bf16(bf16(q.k) * s), two at a time (cvt.rn = m3_round_bf16) */
+#pragma unroll
+                    for (int i = 0; i < 4; i += 2) {
+                        round_bf16x2(s[ni][i], s[ni][i + 1]);
+                        s[ni][i] *= scale, s[ni][i + 1] *= scale;
+                        round_bf16x2(s[ni][i], s[ni][i + 1]);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float z = s[ni][i] * zs;
+                    if (diag && key0 + ni * 8 + 2 * tq + (i & 1) > lim) z = -INFINITY;
+                    s[ni][i] = z;
+                    mx[i >> 1] = fmaxf(mx[i >> 1], z);
+                }
             }
-        }
-        float mx[2] = {-INFINITY, -INFINITY};
+            float alpha[2];
 #pragma unroll
-        for (int ni = 0; ni < FA_KT / 8; ni++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int key = key0 + ni * 8 + 2 * tq + (i & 1);
-                float z = eager ? m3_round_bf16(m3_round_bf16(s[ni][i]) * scale) : s[ni][i] * scale;
-                if (key > pt) z = -INFINITY;
-                s[ni][i] = z;
-                mx[i >> 1] = fmaxf(mx[i >> 1], z);
+            for (int r = 0; r < 2; r++) { /* the 4 lanes of a quad hold one row */
+                mx[r] = fmaxf(mx[r], M3_SHFL_XOR(mx[r], 1));
+                mx[r] = fmaxf(mx[r], M3_SHFL_XOR(mx[r], 2));
+                const float mn = fmaxf(mrow[r], mx[r]); /* finite: key0 <= lim is unmasked */
+                alpha[r] = exp2f(mrow[r] - mn);         /* 0 on the first tile (-inf) */
+                mrow[r] = mn;
+                lrow[r] *= alpha[r];
             }
-        float alpha[2], rs[2] = {0.0f, 0.0f};
+            uint32_t pa[FA_KT / 16][4];
 #pragma unroll
-        for (int r = 0; r < 2; r++) { /* the 4 lanes of a quad hold one row */
-            mx[r] = fmaxf(mx[r], M3_SHFL_XOR(mx[r], 1));
-            mx[r] = fmaxf(mx[r], M3_SHFL_XOR(mx[r], 2));
-            const float mn = fmaxf(mrow[r], mx[r]);
-            alpha[r] = expf(mrow[r] - mn); /* 0 on the first tile (-inf) */
-            mrow[r] = mn;
-        }
-        uint32_t pa[FA_KT / 16][4];
-#pragma unroll
-        for (int ni = 0; ni < FA_KT / 8; ni++) {
-            float e[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                e[i] = expf(s[ni][i] - mrow[i >> 1]);
-                rs[i >> 1] += e[i];
+            for (int ni = 0; ni < FA_KT / 8; ni++) {
+                const float e0 = exp2f(s[ni][0] - mrow[0]), e1 = exp2f(s[ni][1] - mrow[0]);
+                const float e2 = exp2f(s[ni][2] - mrow[1]), e3 = exp2f(s[ni][3] - mrow[1]);
+                lrow[0] += e0 + e1;
+                lrow[1] += e2 + e3;
+                /* A fragment of P for k-step ni/2: n-tile 2kk -> a0 (row g), a1 (row g+8);
+                 * n-tile 2kk+1 -> a2, a3 */
+                pa[ni / 2][(ni % 2) * 2] = pack_bf16(e0, e1);
+                pa[ni / 2][(ni % 2) * 2 + 1] = pack_bf16(e2, e3);
             }
-            /* A fragment of P (16 x 16 keys per k-step): S's n-tiles 2kk and 2kk+1 */
-            const uint32_t lo = (uint32_t)m3_f32_to_bf16(e[0]) | ((uint32_t)m3_f32_to_bf16(e[1]) << 16);
-            const uint32_t hi = (uint32_t)m3_f32_to_bf16(e[2]) | ((uint32_t)m3_f32_to_bf16(e[3]) << 16);
-            pa[ni / 2][(ni % 2) * 2] = lo;
-            pa[ni / 2][(ni % 2) * 2 + 1] = hi;
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            rs[r] += M3_SHFL_XOR(rs[r], 1);
-            rs[r] += M3_SHFL_XOR(rs[r], 2);
-            lrow[r] = lrow[r] * alpha[r] + rs[r];
-        }
-#pragma unroll
-        for (int ni = 0; ni < FA_MAX_DH / 8; ni++) {
-            o[ni][0] *= alpha[0], o[ni][1] *= alpha[0], o[ni][2] *= alpha[1], o[ni][3] *= alpha[1];
-        }
-#pragma unroll
-        for (int kk = 0; kk < FA_KT / 16; kk++)
 #pragma unroll
             for (int ni = 0; ni < FA_MAX_DH / 8; ni++) {
-                if (ni >= nvt) break;
-                const m3_bf16 *vr = vs + (kk * 16 + 2 * tq) * KP + ni * 8 + gq;
-                const uint32_t bfr[2] = {
-                    (uint32_t)vr[0] | ((uint32_t)vr[KP] << 16),
-                    (uint32_t)vr[8 * KP] | ((uint32_t)vr[9 * KP] << 16)};
-                m3_mma_bf16_16816(o[ni], pa[kk], bfr);
+                o[ni][0] *= alpha[0], o[ni][1] *= alpha[0];
+                o[ni][2] *= alpha[1], o[ni][3] *= alpha[1];
             }
+#pragma unroll
+            for (int kk = 0; kk < FA_KT / 16; kk++)
+#pragma unroll
+                for (int np = 0; np < FA_MAX_DH / 16; np++) {
+                    if (np >= nks) break;
+                    uint32_t vb[4];
+                    ldsm4t(vb, vst + kk * 16 * FA_P + voff + np * 16);
+                    m3_mma_bf16_16816(o[2 * np], pa[kk], vb);
+                    m3_mma_bf16_16816(o[2 * np + 1], pa[kk], vb + 2);
+                }
+        }
+        __syncthreads(); /* stage it&1 is refilled by the next iteration */
     }
+    cp_wait<0>();
     if (!active) return;
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lrow[r] += M3_SHFL_XOR(lrow[r], 1);
+        lrow[r] += M3_SHFL_XOR(lrow[r], 2);
+        inv[r] = 1.0f / lrow[r];
+    }
 #pragma unroll
     for (int ni = 0; ni < FA_MAX_DH / 8; ni++) {
-        if (ni >= nvt) break;
+        if (ni >= 2 * nks) break;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int row = gq + r * 8;
-            if (row >= hq) continue;
-            const float inv = 1.0f / lrow[r];
-            const uint32_t w = (uint32_t)m3_f32_to_bf16(o[ni][2 * r] * inv) |
-                               ((uint32_t)m3_f32_to_bf16(o[ni][2 * r + 1] * inv) << 16);
-            *reinterpret_cast<uint32_t *>(out + (size_t)t * H * Dh + (size_t)(g * hq + row) * Dh +
-                                          ni * 8 + 2 * tq) = w;
+            if (row < hq)
+                *reinterpret_cast<uint32_t *>(out + (size_t)t * H * Dh + (size_t)(g * hq + row) * Dh +
+                                              ni * 8 + 2 * tq) =
+                    pack_bf16(o[ni][2 * r] * inv[r], o[ni][2 * r + 1] * inv[r]);
         }
     }
 #else
@@ -661,9 +808,10 @@ static __global__ void __launch_bounds__(FA_TOK * 32)
     (void)Hkv; (void)Dh; (void)scale; (void)eager;
 #endif
 }
+#endif
 
 static m3_status flash_check(const m3_attn_params *ap, const m3_profile *p, int ld_q, int n_tok,
-                             int n_ctx) {
+                             int n_ctx, const void *q, const void *k, const void *v) {
     M3_ASSERT(ap && p && n_tok >= 0 && n_ctx > 0);
     M3_ASSERTF(ap->n_head % ap->n_kv_head == 0 && ld_q >= ap->n_head * ap->head_dim,
                "H=%d Hkv=%d ld_q=%d", ap->n_head, ap->n_kv_head, ld_q);
@@ -675,6 +823,16 @@ static m3_status flash_check(const m3_attn_params *ap, const m3_profile *p, int 
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attention flash: H/Hkv=%d Dh=%d ld_q=%d (needs "
                          "H/Hkv <= %d, Dh %% 16 == 0, Dh <= %d, ld_q %% 8 == 0)", hq, ap->head_dim,
                          ld_q, FD_MAX_HQ, FA_MAX_DH);
+    if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16) /* 16-byte copies */
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attention flash: q/k/v not 16-byte aligned");
+    return M3_OK;
+}
+
+/* Raise a kernel's dynamic shared-memory limit past the default 48 KB. */
+static m3_status smem_limit(const void *fn, size_t bytes, const char *name) {
+    if (bytes <= 48 * 1024) return M3_OK;
+    hipError_t e = hipFuncSetAttribute(fn, hipFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != hipSuccess) return m3_gpu_fail_(e, __FILE__, __LINE__, name);
     return M3_OK;
 }
 
@@ -683,13 +841,15 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
                                               const int32_t *d_pos, int n_tok, int n_ctx,
                                               const int32_t *d_topk, int width, int block,
                                               const m3_attn_params *ap, const m3_profile *p) {
-    M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx));
+    M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx, d_q, d_k, d_v));
     M3_ASSERTF(width >= 0 && width < ATTN_MAX_RANGES, "width=%d", width);
     if (block <= 0 || block % 16 || block > 256)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attn_sparse_flash: block %d (needs a multiple "
                          "of 16, <= 256)", block);
     if (n_tok == 0) return M3_OK;
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
+    const size_t sh = fd_smem_bytes(hq, Dh, block);
+    M3_TRY(smem_limit((const void *)sparse_part_k, sh, "hipFuncSetAttribute(sparse_part_k)"));
     const size_t mark = m3_gpu_mark(g);
     const size_t nslot = (size_t)n_tok * Hkv * nr * hq;
     float *po, *pml;
@@ -698,15 +858,6 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
     if (s != M3_OK) {
         m3_gpu_release(g, mark);
         return s;
-    }
-    const size_t sh = fd_smem_bytes(hq, Dh, block);
-    if (sh > 48 * 1024) {
-        hipError_t e = hipFuncSetAttribute((const void *)sparse_part_k,
-                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh);
-        if (e != hipSuccess) {
-            m3_gpu_release(g, mark);
-            return m3_gpu_fail_(e, __FILE__, __LINE__, "hipFuncSetAttribute(sparse_part_k)");
-        }
     }
     sparse_part_k<<<dim3((unsigned)nr, (unsigned)Hkv, (unsigned)n_tok), FD_THREADS, sh, g->stream>>>(
         po, pml, d_q, ld_q, d_k, d_v, d_pos, d_topk, n_tok, width, block, H, Hkv, Dh, ap->scale,
@@ -725,13 +876,15 @@ extern "C" m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3
                                              int ld_q, const m3_bf16 *d_k, const m3_bf16 *d_v,
                                              const int32_t *d_pos, int n_tok, int n_ctx,
                                              const m3_attn_params *ap, const m3_profile *p) {
-    M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx));
+    M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx, d_q, d_k, d_v));
     if (n_tok == 0) return M3_OK;
 #if defined(M3_HIP_NVIDIA)
+    M3_TRY(smem_limit((const void *)dense_flash_k, FA_SMEM, "hipFuncSetAttribute(dense_flash_k)"));
     dense_flash_k<<<dim3((unsigned)((n_tok + FA_TOK - 1) / FA_TOK), (unsigned)ap->n_kv_head),
-                    FA_TOK * 32, 0, g->stream>>>(d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx,
-                                                 ap->n_head, ap->n_kv_head, ap->head_dim, ap->scale,
-                                                 p->attn_scores == M3_SCORES_BF16_EAGER);
+                    FA_TOK * 32, FA_SMEM, g->stream>>>(d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx,
+                                                       ap->n_head, ap->n_kv_head, ap->head_dim,
+                                                       ap->scale,
+                                                       p->attn_scores == M3_SCORES_BF16_EAGER);
     M3_LAUNCHED(g, "dense_flash_k");
     return M3_OK;
 #else

@@ -195,8 +195,9 @@ m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float *d_q, int 
  * (spec §3.7's atom column): checked against the reference with the bf16 bound, not bit
  * for bit (the faithful kernels are the device reference). sparse: flash-decoding, one
  * block per (selected block, kv head, token) + a merge. dense: tensor cores (mma.sync) on
- * NVIDIA, 4 tokens x 16 heads per block; elsewhere it runs the faithful kernel. Needs
- * attn_out_bf16, H/Hkv <= 16, Dh % 16 == 0, Dh <= 128, ld_q % 8 == 0; sparse: block % 16 == 0, <= 256. */
+ * NVIDIA (FA2 style: 8 tokens x 16 heads per block, cp.async double-buffered K/V tiles);
+ * elsewhere it runs the faithful kernel. Needs attn_out_bf16, H/Hkv <= 16, Dh % 16 == 0,
+ * Dh <= 128, ld_q % 8 == 0, d_q/d_k/d_v 16-byte aligned; sparse: block % 16 == 0, <= 256. */
 m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
                                   int n_tok, int n_ctx, const struct m3_attn_params *ap,

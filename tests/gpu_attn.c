@@ -3,8 +3,10 @@
  * (random ids, -1 padding, duplicates, the own block present or absent), under every
  * profile (fp32; hf eager scores, position order; atom partitions of 256 and selection
  * order). Shapes: M3 (H = 64, Hkv = 4, Dh = 128, Bs = 128, width 16) and odd (H = 6,
- * Hkv = 3, Dh = 80, T = 1, 3, 33). Bounds GPU_NMSE_F32 (fp32) / GPU_NMSE_BF16; the flash
- * kernels (hf, atom) GPU_NMSE_FLASH. */
+ * Hkv = 3, Dh = 80, T = 1, 3, 33, 131; H = 8, Hkv = 2, Dh = 64), scattered (unsorted,
+ * repeated) positions for the dense kernels. Bounds GPU_NMSE_F32 (fp32) / GPU_NMSE_BF16; the
+ * flash kernels (hf, atom) GPU_NMSE_FLASH, and each flash kernel run twice must agree bit for
+ * bit. Outputs are guarded and poisoned (tests/gpu_test.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +24,7 @@ static void profile_of(m3_profile *p, int which) {
 typedef struct {
     int T, n_ctx, H, Hkv, Dh;
     int width, block; /* width 0: dense */
+    int scatter;      /* 1: random positions in [0, n_ctx) (unsorted, repeats) */
 } attn_shape;
 
 static void attn_case(m3_gpu *g, const attn_shape *s, int prof) {
@@ -40,7 +43,8 @@ static void attn_case(m3_gpu *g, const attn_shape *s, int prof) {
     m3_fill_normal(&r, q, nq, 1.0f);
     m3_fill_normal(&r, k, nkv, 1.0f);
     m3_fill_normal(&r, v, nkv, 1.0f);
-    for (int t = 0; t < T; t++) pos[t] = C - T + t; /* the last T positions of the history */
+    for (int t = 0; t < T; t++) /* the last T positions of the history, or scattered */
+        pos[t] = s->scatter ? (int32_t)(m3_rng_u32(&r) % (uint32_t)C) : C - T + t;
     int32_t *topk = NULL;
     if (s->width) {
         topk = malloc((size_t)s->Hkv * T * s->width * sizeof *topk);
@@ -101,6 +105,20 @@ static void attn_case(m3_gpu *g, const attn_shape *s, int prof) {
         gpu_guard_check(g, dout, no * sizeof(m3_bf16), "attention flash out");
         snprintf(name, sizeof name, what, " flash");
         gpu_expect_nmse(ref, got, no, GPU_NMSE_FLASH, name);
+        /* a second run into a fresh poisoned buffer must agree bit for bit (a race or a read
+         * of unwritten shared memory shows up as a moving result) */
+        m3_bf16 *dout2 = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+        if (s->width)
+            GPU_OK(m3_gpu_attn_sparse_flash(g, dout2, dq, ldq, dk, dv, dpos, T, C, dtopk, s->width,
+                                            s->block, &ap, &p));
+        else
+            GPU_OK(m3_gpu_attn_dense_flash(g, dout2, dq, ldq, dk, dv, dpos, T, C, &ap, &p));
+        float *got2 = malloc(no * sizeof *got2);
+        gpu_download_bf16(g, got2, dout2, no);
+        gpu_guard_check(g, dout2, no * sizeof(m3_bf16), "attention flash out (rerun)");
+        if (memcmp(got, got2, no * sizeof *got))
+            m3_test_failf("%s: two runs differ (race?)", name);
+        free(got2);
     }
     float *dq = gpu_upload_f32(g, q, nq), *dk = gpu_upload_f32(g, k, nkv), *dv = gpu_upload_f32(g, v, nkv);
     float *dout = gpu_guard_alloc(g, no * sizeof(float));
@@ -119,11 +137,14 @@ static void attn_case(m3_gpu *g, const attn_shape *s, int prof) {
 static void attn_dense_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const attn_shape shapes[] = {
-        {33, 300, 64, 4, 128, 0, 0},  /* prefill of 33 after 267 cached (2 atom partitions) */
-        {1, 2000, 64, 4, 128, 0, 0},  /* decode, 8 partitions */
-        {3, 5, 6, 3, 80, 0, 0},       /* odd */
-        {33, 33, 64, 4, 128, 0, 0},   /* plain causal prefill */
-        {70, 200, 64, 4, 128, 0, 0},  /* several 64-key tiles, tokens in several blocks */
+        {33, 300, 64, 4, 128, 0, 0, 0},  /* prefill of 33 after 267 cached (2 atom partitions) */
+        {1, 2000, 64, 4, 128, 0, 0, 0},  /* decode, 8 partitions */
+        {3, 5, 6, 3, 80, 0, 0, 0},       /* odd */
+        {33, 33, 64, 4, 128, 0, 0, 0},   /* plain causal prefill */
+        {70, 200, 64, 4, 128, 0, 0, 0},  /* several 64-key tiles, tokens in several blocks */
+        {131, 600, 64, 4, 128, 0, 0, 0}, /* 10 key tiles, 17 token blocks (last one partial) */
+        {40, 700, 64, 4, 128, 0, 0, 1}, /* scattered positions: blocks span many tiles */
+        {19, 150, 8, 2, 64, 0, 0, 1},   /* odd: hq = 4, Dh = 64, scattered */
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) attn_case(g, &shapes[i], prof);
@@ -132,9 +153,9 @@ static void attn_dense_matches_ref(void **state) {
 static void attn_sparse_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const attn_shape shapes[] = {
-        {3, 4096, 64, 4, 128, 16, 128}, /* decode-like rows near the end of a 4K history */
-        {1, 9000, 64, 4, 128, 16, 128},
-        {33, 700, 6, 3, 80, 5, 64},     /* odd */
+        {3, 4096, 64, 4, 128, 16, 128, 0}, /* decode-like rows near the end of a 4K history */
+        {1, 9000, 64, 4, 128, 16, 128, 0},
+        {33, 700, 6, 3, 80, 5, 64, 0},     /* odd */
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) attn_case(g, &shapes[i], prof);
