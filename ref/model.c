@@ -26,7 +26,22 @@ struct m3_model {
     int n_past;
     void *scratch;
     size_t scratch_bytes;
+    /* Resident weights: a checkpoint small enough (M3_REF_RESIDENT, see m3_model_open) keeps
+     * each layer's loaded weights (and their quantize-on-load copies) across passes instead
+     * of loading, converting and releasing them per pass: decode of a tiny model is then
+     * bound by its math, not by re-reading the file. Numbers are identical either way (the
+     * same load function builds the same views). */
+    bool resident;
+    m3_layer_weights *lw; /* [n_layer] when resident */
+    bool *lw_ok;          /* [n_layer] lw[L] holds the current variant's weights */
 };
+
+static void free_resident(m3_model *m) {
+    if (m->lw)
+        for (int L = 0; L < m->cfg->n_layer; L++)
+            if (m->lw_ok[L]) m3_layer_weights_free(&m->lw[L]);
+    if (m->lw_ok) memset(m->lw_ok, 0, (size_t)m->cfg->n_layer * sizeof *m->lw_ok);
+}
 
 /* The top-k schedule of the config (spec §3.9), and which layers reuse. */
 static m3_status schedule(m3_model *m) {
@@ -68,6 +83,7 @@ m3_status m3_model_set_variant(m3_model *m, const m3_variant *v) {
     }
     M3_TRY(schedule(m));
     m->v = *v;
+    free_resident(m); /* quantized experts are built per variant */
     free_paged(m);
     if (v->cache_layout == M3_LAYOUT_PAGED) {
         /* "bf16" caches store what the profile holds: bf16 where k / v / index keys are rounded
@@ -110,6 +126,19 @@ m3_status m3_model_open(m3_model **out, const char *dir, const char *override_js
         m->cache = calloc((size_t)m->cfg->n_layer, sizeof *m->cache);
         if (!m->cache) s = m3_errorf(M3_ERR_NOMEM, "out of memory");
     }
+    if (!s) {
+        /* M3_REF_RESIDENT=1 / 0 forces; by default a checkpoint of at most 512 MiB stays
+         * resident (tiny and test models; the real one streams layer by layer) */
+        const char *r = getenv("M3_REF_RESIDENT");
+        m->resident = r && (!strcmp(r, "0") || !strcmp(r, "1"))
+                          ? r[0] == '1'
+                          : m3_weights_bytes(m->w) <= ((int64_t)512 << 20);
+        if (m->resident) {
+            m->lw = calloc((size_t)m->cfg->n_layer, sizeof *m->lw);
+            m->lw_ok = calloc((size_t)m->cfg->n_layer, sizeof *m->lw_ok);
+            if (!m->lw || !m->lw_ok) s = m3_errorf(M3_ERR_NOMEM, "out of memory");
+        }
+    }
     if (s) {
         m3_model_close(m);
         return s;
@@ -125,6 +154,9 @@ void m3_model_close(m3_model *m) {
             m3_layer_cache_free(&m->cache[L]);
     free(m->cache);
     if (m->cfg) free_paged(m);
+    if (m->cfg) free_resident(m);
+    free(m->lw);
+    free(m->lw_ok);
     free(m->computes);
     free(m->share.topk);
     free(m->scratch);
@@ -267,6 +299,7 @@ static m3_status embed_rows(m3_model *m, float *x, const int32_t *tok, int T) {
 }
 
 static void drop_prefix(m3_model *m, const char *prefix) {
+    if (m->resident) return; /* kept views point into these pages */
     /* releasing pages is an optimisation: a failure only costs memory */
     if (m3_weights_drop(m->w, prefix) != M3_OK) m3_clear_error();
 }
@@ -320,13 +353,23 @@ static m3_status forward(m3_model *m, const int32_t *tok, const int32_t *pos, in
             M3_TRY(fetch_rows(hk, key, x, T, D));
             h_pending = false;
         }
-        m3_layer_weights lw;
-        M3_TRY(m3_layer_weights_load_v(&lw, m->w, c, L, &m->v, &m->p));
-        m3_status s = m3_layer_forward(x, h, &h_pending, T, pos, &lw, c, p, &m->cache[L], hk,
+        m3_layer_weights lw_pass, *lw = &lw_pass;
+        if (m->resident) {
+            lw = &m->lw[L];
+            if (!m->lw_ok[L]) {
+                M3_TRY(m3_layer_weights_load_v(lw, m->w, c, L, &m->v, &m->p));
+                m->lw_ok[L] = true;
+            }
+        } else {
+            M3_TRY(m3_layer_weights_load_v(lw, m->w, c, L, &m->v, &m->p));
+        }
+        m3_status s = m3_layer_forward(x, h, &h_pending, T, pos, lw, c, p, &m->cache[L], hk,
                                        prefix, m->scratch, m->scratch_bytes);
-        m3_layer_weights_free(&lw);
-        snprintf(pfx, sizeof pfx, "language_model.model.layers.%d.", L);
-        drop_prefix(m, pfx);
+        if (!m->resident) {
+            m3_layer_weights_free(lw);
+            snprintf(pfx, sizeof pfx, "language_model.model.layers.%d.", L);
+            drop_prefix(m, pfx);
+        }
         M3_TRY(s);
     }
     if (force_in) {

@@ -7,7 +7,9 @@
  * Streaming: a layer's weights are viewed (m3_layer_weights_load) just before it runs and
  *   their pages released (m3_weights_drop) right after, so peak memory is about one layer's
  *   weights plus activations and caches, whatever the checkpoint size. Same for the
- *   embedding and lm_head.
+ *   embedding and lm_head. A checkpoint of at most 512 MiB (or any, with M3_REF_RESIDENT=1;
+ *   never with M3_REF_RESIDENT=0) keeps its loaded layers across passes instead: the same
+ *   views, so the same numbers, without re-reading the file per decode step.
  * Caches: contiguous per layer, held as attention reads them; with a paged variant
  *   (m3_model_set_variant) also the paged SHUFFLE layouts of spec §4 with one block table
  *   (ref/kvcache.h, docs/caches.md). Top-k reuse (config use_index_cache or the variant's
