@@ -87,6 +87,9 @@ def build_model(torch, transformers, args, vocab, eos_id):
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": args.hidden // 4,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                             "partial_rotary_factor": 0.5},
+        # transformers' attention rotates min(rotary_dim, head_dim * factor) channels; the
+        # config class defaults rotary_dim to 64, so set the width it really uses
+        "rotary_dim": (args.hidden // 4) // 2,
         "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
         "layer_types": L, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
         # block 8 x top-4 = 32 keys for the sparse layers: a 5-shot prompt (~300 tokens) is
