@@ -12,6 +12,7 @@
  *   reference's exact operation order; only expf may differ by an ulp (device libm). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "ref/linear.h" /* m3_actq, m3_actq_applies (host) */
 #include "ref/moe.h"
 #include "ref/num/act.h"
 #include "ref/num/bf16.h"
@@ -664,7 +665,7 @@ static __global__ void __launch_bounds__(256)
 template <int WF>
 static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                              const exp_meta &m, int T, const m3_gpu_experts *w,
-                             const m3_moe_params *mp, const m3_profile *p) {
+                             const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
     const int sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
@@ -683,6 +684,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         sk_k<WF, 0, SK_RPW_GU><<<g1, EXP_THREADS, sh1, g->stream>>>(
             ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
         M3_LAUNCHED(g, "sk_k gate/up");
+        if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
         dim3 g2((unsigned)slots, (unsigned)((D + EXP_WARPS * SK_RPW_DN - 1) / (EXP_WARPS * SK_RPW_DN)));
         sk_k<WF, 1, SK_RPW_DN><<<g2, EXP_THREADS, sh2, g->stream>>>(
             ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
@@ -692,6 +694,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         tile_k<WF, 0><<<dim3(tiles, (unsigned)(F / (TILE_BN / 2))), EXP_THREADS, 0, g->stream>>>(
             ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
         M3_LAUNCHED(g, "tile_k gate/up");
+        if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
         tile_k<WF, 1><<<dim3(tiles, (unsigned)(D / TILE_BN)), EXP_THREADS, 0, g->stream>>>(
             ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
         M3_LAUNCHED(g, "tile_k down");
@@ -715,15 +718,33 @@ extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *
                          TILE_BN, TILE_BN / 2);
     if (w->fmt != M3_GPU_W_BF16 && (!w->gate_s || !w->up_s || !w->down_s))
         return m3_errorf(M3_ERR_ARG, "gpu moe_experts: MX weights without scales");
+    /* activation quantization, as ref's m3_linear_q decides it: per GEMM, on the whole pass */
+    const int n_pass = w->n_pass > 0 ? w->n_pass : n_tok;
+    const m3_actq *aq[2] = {m3_actq_applies(w->act_in, n_pass) ? w->act_in : NULL,
+                            m3_actq_applies(w->act_mid, n_pass) ? w->act_mid : NULL};
+    for (int i = 0; i < 2; i++) {
+        if (!aq[i]) continue;
+        if (aq[i]->kind != M3_ACTQ_MX)
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu moe_experts: per-token fp8 (ptpc) activation "
+                             "quantization of routed experts is not built (MX only)");
+        if (aq[i]->mx.block != 32)
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu moe_experts: MX activation block %d (needs 32)",
+                             aq[i]->mx.block);
+    }
     M3_ASSERT(m3_aligned16(d_x) && m3_aligned16(d_y) && w->gate && w->up && w->down);
     if (n_tok == 0) return M3_OK;
     const int TK = n_tok * K;
     const size_t mark = m3_gpu_mark(g);
     int32_t *meta;
-    m3_bf16 *ab, *ye;
+    m3_bf16 *ab, *ye, *xq = NULL;
     m3_status s = m3_gpu_alloc(g, (void **)&meta, sizeof(int32_t) * (3 * (size_t)E + 3 + 2 * (size_t)TK));
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)TK * F);
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ye, sizeof(m3_bf16) * (size_t)TK * D);
+    if (s == M3_OK && aq[0]) s = m3_gpu_alloc(g, (void **)&xq, sizeof(m3_bf16) * (size_t)n_tok * D);
+    /* x rows quantized once for all their experts (ref quantizes each expert's gathered copy
+     * of the same rows: the same values) */
+    if (s == M3_OK && aq[0]) s = m3_gpu_mx_qdq_bf16(g, xq, d_x, n_tok, D, &aq[0]->mx);
+    if (xq) d_x = xq;
     if (s != M3_OK) {
         m3_gpu_release(g, mark);
         return s;
@@ -734,9 +755,10 @@ extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *
     group_k<<<1, 1024, 0, g->stream>>>(meta, d_ids, TK, E);
     s = m3_gpu_launched_(g, "group_k", __FILE__, __LINE__);
     if (s == M3_OK) {
-        if (w->fmt == M3_GPU_W_BF16) s = experts_run<M3_GPU_W_BF16>(g, ab, ye, d_x, m, n_tok, w, mp, p);
-        else if (w->fmt == M3_GPU_W_MXFP8) s = experts_run<M3_GPU_W_MXFP8>(g, ab, ye, d_x, m, n_tok, w, mp, p);
-        else s = experts_run<M3_GPU_W_MXFP4>(g, ab, ye, d_x, m, n_tok, w, mp, p);
+        const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
+        if (w->fmt == M3_GPU_W_BF16) s = experts_run<M3_GPU_W_BF16>(g, ab, ye, d_x, m, n_tok, w, mp, p, mid);
+        else if (w->fmt == M3_GPU_W_MXFP8) s = experts_run<M3_GPU_W_MXFP8>(g, ab, ye, d_x, m, n_tok, w, mp, p, mid);
+        else s = experts_run<M3_GPU_W_MXFP4>(g, ab, ye, d_x, m, n_tok, w, mp, p, mid);
     }
     if (s == M3_OK) {
         const bool rnd = p->moe_bf16_combine || p->act_bf16;
