@@ -162,7 +162,7 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
 #define SK_NT 4                /* input rows staged per pass in sk_k (sk_rows' NC <= 4) */
 #define SK_RPW_GU 2            /* output rows per warp, gate/up (4 weight rows) */
 #define SK_RPW_DN 4            /* output rows per warp, down */
-#define SK_UNR 2 /* steps of loads issued ahead per lane: SK_UNR x MR x 16 B (see sk_rows) */
+#define SK_UNR 2 /* steps of loads issued ahead per lane: 2 x MR x 16 B */
 #define EXP_MAX_E 1024
 #define EXP_MAX_K 8
 
@@ -309,16 +309,14 @@ static __global__ void __launch_bounds__(1024)
  * staged input rows of this pass, 1..SK_NT) is a template argument, so a decode step with one
  * token does no work for absent ones. Partial sums run per 16-byte piece (one MX block or
  * half of one) and are scaled by its power of two (exact). */
-template <int WF, int MODE, int RPW, int NC, int NTMAX>
+template <int WF, int MODE, int RPW, int NC>
 static __device__ __forceinline__ void sk_rows(m3_bf16 *M3_RESTRICT out, const m3_bf16 *xs, int e,
                                                int orow0, int obase, const void *w0, const void *w1,
                                                const m3_e8m0 *s0, const m3_e8m0 *s1, int kdim,
                                                int nout, const float *lut, float alpha, float limit,
                                                int smode, bool act_bf16, int lane) {
     const int EPL = wtraits<WF>::EPL, MR = MODE == 0 ? 2 * RPW : RPW;
-    /* steps of loads in flight: registers left after the sums of NC tokens (NC = 1 only in
-     * the T = 1 kernel: there the loads are all the work, and fewer round trips per row) */
-    const int UNR = NC == 1 && NTMAX == 1 ? SK_UNR + 1 : (NC <= 2 ? SK_UNR : 1);
+    const int UNR = NC <= 2 ? SK_UNR : 1; /* (3-4 tokens: registers go to the sums instead) */
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
     const unsigned char *pw[MR];
     const m3_e8m0 *ps[MR];
@@ -409,9 +407,7 @@ static __device__ __forceinline__ void sk_rows(m3_bf16 *M3_RESTRICT out, const m
  * 3- and 4-row variants in the same kernel (ptxas spills) */
 template <int WF> struct sk_nt { enum { N = WF == M3_GPU_W_BF16 ? SK_NT : 2 }; };
 
-/* NTMAX: the most input rows of a pass (sk_nt, or 1 when every expert has one row: T = 1,
- * whose registers then hold more loads in flight) */
-template <int WF, int MODE, int RPW, int NTMAX>
+template <int WF, int MODE, int RPW>
 static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 blocks/SM */
     sk_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -426,7 +422,7 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
     const int e = m.act[s], r0 = m.off[e], n = m.off[e + 1] - r0;
     const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
     const int obase = ((int)blockIdx.y * EXP_WARPS + warp) * RPW;
-    const int nvec = kdim / 8;
+    const int nvec = kdim / 8, NTMAX = sk_nt<WF>::N;
     for (int c0 = 0; c0 < n; c0 += nt) {
         const int nc = n - c0 < nt ? n - c0 : nt;
         __syncthreads(); /* the previous pass's readers are done with xs (and lut built) */
@@ -439,12 +435,12 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
         __syncthreads();
         if (obase >= nout) continue; /* (after the barriers: every warp takes part in them) */
 #define SK_ROWS(NC_)                                                                               \
-    sk_rows<WF, MODE, RPW, NC_, NTMAX>(out, xs, e, r0 + c0, obase, w0, w1, s0, s1, kdim, nout, lut,      \
+    sk_rows<WF, MODE, RPW, NC_>(out, xs, e, r0 + c0, obase, w0, w1, s0, s1, kdim, nout, lut,      \
                                 alpha, limit, smode, act_bf16, lane)
-        if (NTMAX == 1 || nc == 1) SK_ROWS(1);
-        else if (NTMAX == 2 || nc == 2) SK_ROWS(NTMAX < 2 ? 1 : 2);
-        else if (nc == 3) SK_ROWS(NTMAX < 4 ? 1 : 3); /* (NTMAX < 4: never reached) */
-        else SK_ROWS(NTMAX < 4 ? 1 : 4);
+        if (nc == 1) SK_ROWS(1);
+        else if (NTMAX == 2 || nc == 2) SK_ROWS(2);
+        else if (nc == 3) SK_ROWS(NTMAX == 2 ? 2 : 3); /* (NTMAX 2: never reached) */
+        else SK_ROWS(NTMAX == 2 ? 2 : 4);
 #undef SK_ROWS
     }
 }
@@ -614,44 +610,6 @@ static __device__ __forceinline__ void tile_acc_store(float *C, const float *acc
 #endif
 }
 
-/* the block's fp32 tile C (row pitch TILE_CP) -> out: MODE 0 swiglu(g, u) of the gate (columns
- * 0..63) and up (64..127) halves, MODE 1 bf16(y_e); rows past the expert's n are skipped */
-template <int MODE>
-static __device__ __forceinline__ void tile_epilogue(m3_bf16 *M3_RESTRICT out, const float *C, int n,
-                                                     int r0, int row0, int col0, int nout,
-                                                     float alpha, float limit, int smode,
-                                                     bool act_bf16, int tid) {
-    if (MODE == 0) {
-        for (int idx = tid; idx < TILE_BM * (TILE_BN / 2); idx += EXP_THREADS) {
-            const int r = idx / (TILE_BN / 2), j = idx % (TILE_BN / 2);
-            if (row0 + r >= n) break;
-            float gv = C[r * TILE_CP + j], uv = C[r * TILE_CP + TILE_BN / 2 + j];
-            if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-            out[(size_t)(r0 + row0 + r) * nout + col0 + j] =
-                m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
-        }
-    } else {
-        for (int idx = tid; idx < TILE_BM * TILE_BN; idx += EXP_THREADS) {
-            const int r = idx / TILE_BN, j = idx % TILE_BN;
-            if (row0 + r >= n) break;
-            out[(size_t)(r0 + row0 + r) * nout + col0 + j] = m3_f32_to_bf16(C[r * TILE_CP + j]);
-        }
-    }
-}
-
-/* the expert slot of row tile bx (tile_off[s] <= bx < tile_off[s+1]); -1 past the last */
-static __device__ __forceinline__ int tile_slot(const exp_meta &m, int bx) {
-    const int na = *m.n_act;
-    if (bx >= m.tile_off[na]) return -1;
-    int lo = 0, hi = na - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (m.tile_off[mid] <= bx) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 template <int WF, int MODE>
 static __global__ void __launch_bounds__(EXP_THREADS)
     tile_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
@@ -721,122 +679,22 @@ static __global__ void __launch_bounds__(EXP_THREADS)
         tile_acc_store(sm.u.c, acc2, warp / 2, (warp % 2) * 2 + 1, lane);
     }
     __syncthreads();
-    tile_epilogue<MODE>(out, sm.u.c, n, r0, row0, col0, nout, alpha, limit, smode, act_bf16, tid);
-}
-
-/* ---- bf16 weights, larger batches: a 3-stage copy pipeline ---------------------------------
- * The same tiles, warps, mma and epilogue as tile_k, but with nothing to decode the operands go
- * straight from global to shared memory: on NVIDIA with cp.async (16 bytes per thread and
- * copy; padding rows of a partial tile are zero-filled), two k-steps in flight while the
- * third is multiplied, one barrier per k-step. Elsewhere (no cp.async: AMD) the same schedule
- * with plain synchronous copies. */
-struct alignas(16) tile_smem3 {
-    union {
-        struct {
-            m3_bf16 a[3][TILE_BM * TILE_LDS];
-            m3_bf16 b[3][TILE_BN * TILE_LDS];
-        } s;
-        float c[TILE_BM * TILE_CP];
-    } u;
-    int src[TILE_BM];
-};
-
-/* 16 bytes global -> shared; valid == false writes zeros (g must still be a valid address) */
-static __device__ __forceinline__ void cp16(m3_bf16 *sdst, const m3_bf16 *g, bool valid) {
-#if M3_HAVE_MMA
-    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(valid ? 16 : 0));
-#else
-    *reinterpret_cast<uint4 *>(sdst) = valid ? *reinterpret_cast<const uint4 *>(g) : make_uint4(0, 0, 0, 0);
-#endif
-}
-static __device__ __forceinline__ void cp_commit() {
-#if M3_HAVE_MMA
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-/* wait until at most one committed group of this thread is still in flight */
-static __device__ __forceinline__ void cp_wait1() {
-#if M3_HAVE_MMA
-    asm volatile("cp.async.wait_group 1;\n" ::);
-#endif
-}
-static __device__ __forceinline__ void cp_wait0() {
-#if M3_HAVE_MMA
-    asm volatile("cp.async.wait_group 0;\n" ::);
-#endif
-}
-
-template <int MODE>
-static __global__ void __launch_bounds__(EXP_THREADS)
-    tile_bf16_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
-                const m3_bf16 *M3_RESTRICT w0, const m3_bf16 *M3_RESTRICT w1, int kdim, int nout,
-                float alpha, float limit, int smode, bool act_bf16) {
-    __shared__ tile_smem3 sm;
-    const int bx = (int)blockIdx.x, slot = tile_slot(m, bx);
-    if (slot < 0) return; /* whole block */
-    const int e = m.act[slot], r0 = m.off[e], n = m.off[e + 1] - r0;
-    const int row0 = (bx - m.tile_off[slot]) * TILE_BM;
-    const int col0 = (int)blockIdx.y * (MODE == 0 ? TILE_BN / 2 : TILE_BN);
-    const int tid = (int)threadIdx.x, lane = tid % M3_WARP, warp = tid / M3_WARP;
-    if (tid < TILE_BM) {
-        const int gr = row0 + tid;
-        sm.src[tid] = gr < n ? (MODE == 0 ? m.ent[r0 + gr] / K : r0 + gr) : -1;
-    }
-    __syncthreads();
-    /* this thread's copies per k-step: one 16-byte piece of A, two of B */
-    const int ar = tid / 4, apart = tid % 4, asrc = sm.src[ar];
-    const m3_bf16 *pa = ain + (size_t)(asrc >= 0 ? asrc : 0) * kdim + apart * 8;
-    const m3_bf16 *pb[2];
-    int boff[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int idx = tid + h * EXP_THREADS, nn = idx / 4, part = idx % 4;
-        const void *w;
-        const size_t row = tile_wrow<MODE>(nn, e, col0, nout, w0, w1, &w);
-        pb[h] = (const m3_bf16 *)w + row * kdim + part * 8;
-        boff[h] = nn * TILE_LDS + part * 8;
-    }
-    const int aoff = ar * TILE_LDS + apart * 8, nk = kdim / TILE_BK;
-#define TILE3_ISSUE(ks, st)                                                                        \
-    do {                                                                                           \
-        const int k0_ = (ks) * TILE_BK;                                                            \
-        cp16(sm.u.s.a[st] + aoff, pa + k0_, asrc >= 0);                                            \
-        cp16(sm.u.s.b[st] + boff[0], pb[0] + k0_, true);                                           \
-        cp16(sm.u.s.b[st] + boff[1], pb[1] + k0_, true);                                           \
-    } while (0)
-    TILE3_ISSUE(0, 0);
-    cp_commit();
-    if (nk > 1) TILE3_ISSUE(1, 1);
-    cp_commit();
-    const int wm = M3_WARP == 32 ? warp / 4 : 0, wn = M3_WARP == 32 ? warp % 4 : 0;
-    float acc[32], acc2[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++) acc[i] = acc2[i] = 0.0f;
-    for (int ks = 0; ks < nk; ks++) {
-        cp_wait1();      /* this thread's copies of k-step ks have landed */
-        __syncthreads(); /* everyone's have; and stage (ks+2)%3 (read in ks-1) is free */
-        if (ks + 2 < nk) TILE3_ISSUE(ks + 2, (ks + 2) % 3);
-        cp_commit(); /* (an empty group near the end keeps the count uniform) */
-        const int st = ks % 3;
-        if (M3_WARP == 32) {
-            tile_mma(acc, sm.u.s.a[st], sm.u.s.b[st], wm, wn, lane);
-        } else {
-            tile_mma(acc, sm.u.s.a[st], sm.u.s.b[st], warp / 2, (warp % 2) * 2, lane);
-            tile_mma(acc2, sm.u.s.a[st], sm.u.s.b[st], warp / 2, (warp % 2) * 2 + 1, lane);
+    if (MODE == 0) {
+        for (int idx = tid; idx < TILE_BM * (TILE_BN / 2); idx += EXP_THREADS) {
+            const int r = idx / (TILE_BN / 2), j = idx % (TILE_BN / 2);
+            if (row0 + r >= n) break;
+            float gv = sm.u.c[r * TILE_CP + j], uv = sm.u.c[r * TILE_CP + TILE_BN / 2 + j];
+            if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+            out[(size_t)(r0 + row0 + r) * nout + col0 + j] =
+                m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+        }
+    } else {
+        for (int idx = tid; idx < TILE_BM * TILE_BN; idx += EXP_THREADS) {
+            const int r = idx / TILE_BN, j = idx % TILE_BN;
+            if (row0 + r >= n) break;
+            out[(size_t)(r0 + row0 + r) * nout + col0 + j] = m3_f32_to_bf16(sm.u.c[r * TILE_CP + j]);
         }
     }
-#undef TILE3_ISSUE
-    cp_wait0();
-    __syncthreads(); /* the operand stages are dead: the fp32 tile reuses their space */
-    if (M3_WARP == 32) {
-        tile_acc_store(sm.u.c, acc, wm, wn, lane);
-    } else {
-        tile_acc_store(sm.u.c, acc, warp / 2, (warp % 2) * 2, lane);
-        tile_acc_store(sm.u.c, acc2, warp / 2, (warp % 2) * 2 + 1, lane);
-    }
-    __syncthreads();
-    tile_epilogue<MODE>(out, sm.u.c, n, r0, row0, col0, nout, alpha, limit, smode, act_bf16, tid);
 }
 
 /* ---- combine --------------------------------------------------------------------------- */
@@ -878,34 +736,6 @@ static __global__ void __launch_bounds__(256)
 }
 
 /* ---- launcher -------------------------------------------------------------------------- */
-template <int WF, int NTMAX>
-static m3_status sk_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
-                        int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                        const m3_mx_params *mid) {
-    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
-    const int sm = (int)p->swiglu, slots = TK < E ? TK : E;
-    const bool ab16 = p->act_bf16;
-    const int nt = T < NTMAX ? T : NTMAX;
-    size_t sh1 = (size_t)nt * D * 2, sh2 = (size_t)nt * F * 2;
-    /* past 48 KiB of shared memory (with the static 1 KiB table) a kernel must opt in */
-    if (sh1 + 1024 > 48 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 0, SK_RPW_GU, NTMAX>,
-                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    if (sh2 + 1024 > 48 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 1, SK_RPW_DN, NTMAX>,
-                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    dim3 g1((unsigned)slots, (unsigned)((F + EXP_WARPS * SK_RPW_GU - 1) / (EXP_WARPS * SK_RPW_GU)));
-    sk_k<WF, 0, SK_RPW_GU, NTMAX><<<g1, EXP_THREADS, sh1, g->stream>>>(
-        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
-    M3_LAUNCHED(g, "sk_k gate/up");
-    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    dim3 g2((unsigned)slots, (unsigned)((D + EXP_WARPS * SK_RPW_DN - 1) / (EXP_WARPS * SK_RPW_DN)));
-    sk_k<WF, 1, SK_RPW_DN, NTMAX><<<g2, EXP_THREADS, sh2, g->stream>>>(
-        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
-    M3_LAUNCHED(g, "sk_k down");
-    return M3_OK;
-}
-
 template <int WF>
 static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                              const exp_meta &m, int T, const m3_gpu_experts *w,
@@ -915,22 +745,26 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     const bool ab16 = p->act_bf16;
     const int slots = TK < E ? TK : E;
     if (TK <= 4 * E) {
-        if (T == 1) return sk_run<WF, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-        return sk_run<WF, sk_nt<WF>::N>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-    }
-    {
+        const int nt = T < sk_nt<WF>::N ? T : sk_nt<WF>::N;
+        size_t sh1 = (size_t)nt * D * 2, sh2 = (size_t)nt * F * 2;
+        /* past 48 KiB of shared memory (with the static 1 KiB table) a kernel must opt in */
+        if (sh1 + 1024 > 48 * 1024)
+            M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 0, SK_RPW_GU>,
+                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+        if (sh2 + 1024 > 48 * 1024)
+            M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 1, SK_RPW_DN>,
+                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+        dim3 g1((unsigned)slots, (unsigned)((F + EXP_WARPS * SK_RPW_GU - 1) / (EXP_WARPS * SK_RPW_GU)));
+        sk_k<WF, 0, SK_RPW_GU><<<g1, EXP_THREADS, sh1, g->stream>>>(
+            ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
+        M3_LAUNCHED(g, "sk_k gate/up");
+        if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
+        dim3 g2((unsigned)slots, (unsigned)((D + EXP_WARPS * SK_RPW_DN - 1) / (EXP_WARPS * SK_RPW_DN)));
+        sk_k<WF, 1, SK_RPW_DN><<<g2, EXP_THREADS, sh2, g->stream>>>(
+            ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
+        M3_LAUNCHED(g, "sk_k down");
+    } else {
         const unsigned tiles = (unsigned)(TK / TILE_BM + slots + 1); /* >= sum ceil(n_e/64) */
-        if (WF == M3_GPU_W_BF16) { /* cp.async pipeline (plain copies where there is none) */
-            const m3_bf16 *wg = (const m3_bf16 *)w->gate, *wu = (const m3_bf16 *)w->up;
-            tile_bf16_k<0><<<dim3(tiles, (unsigned)(F / (TILE_BN / 2))), EXP_THREADS, 0, g->stream>>>(
-                ab, d_x, m, K, wg, wu, D, F, mp->alpha, mp->limit, sm, ab16);
-            M3_LAUNCHED(g, "tile_bf16_k gate/up");
-            if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-            tile_bf16_k<1><<<dim3(tiles, (unsigned)(D / TILE_BN)), EXP_THREADS, 0, g->stream>>>(
-                ye, ab, m, K, (const m3_bf16 *)w->down, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
-            M3_LAUNCHED(g, "tile_bf16_k down");
-            return M3_OK;
-        }
         tile_k<WF, 0><<<dim3(tiles, (unsigned)(F / (TILE_BN / 2))), EXP_THREADS, 0, g->stream>>>(
             ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
         M3_LAUNCHED(g, "tile_k gate/up");
