@@ -132,26 +132,35 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
 /* ==== routed experts: m3_gpu_moe_experts (twin of ref's m3_moe_experts, spec §3.13) ========
  * Tolerance: GPU_NMSE_BF16 on y against ref run on the same (dequantized, for MX) weights;
  * the combine is bit-exact given equal expert outputs, so the only difference is the fp32
- * reduction order of the GEMMs (bf16 roundings of g, u, a, y_e can flip). Tests:
- * tests/gpu_moe.c. Kernels, in launch order:
+ * reduction order of the GEMMs (bf16 roundings of g, u, a, y_e can flip). With activation
+ * quantization (w->act_in / act_mid, ref's m3_wq.act) the same bound against ref on the same
+ * m3_wq weights + act: x is quantized bit-identically (gpu/quant.hip), a from each side's own
+ * swiglu output, so a flipped bf16 of a can move one element by one MX step (rare; measured
+ * worst 7.2e-9). Tests: tests/gpu_moe.c. Kernels, in launch order:
  *   group_k     one block: (token, slot) entries counted per expert, grouped rows assigned
  *               (atomics: the row order inside an expert is arbitrary, which is harmless:
  *               every row is computed independently and the combine orders by expert id),
  *               the active expert list and the row-tile prefix for the tile kernels.
+ *   mx_qdq_k    (act_in applies) x rows quantize-dequantized once, before gate/up.
  *   sk_k        small batches: one block per (active expert, run of output rows); the
- *               expert's input rows (<= SK_NT at a time) staged in shared memory, each warp
- *               streams whole weight rows with 16-byte loads and dots them with every staged
- *               row. Weight-bandwidth bound, which is what decode is.
+ *               expert's input rows (<= 4 bf16 / 2 MX at a time) staged in shared memory;
+ *               each warp streams 4 weight rows together (gate+up of 2 rows, or 4 down rows),
+ *               2 steps of 16-byte loads in flight per row, every staged 8 input values
+ *               widened once for all 4 rows; the pass's row count is a template argument
+ *               (sk_rows<NC>). Weight-bandwidth bound, which is what decode is.
  *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
  *               block), register double buffering; weights dequantized exactly into bf16
  *               in shared memory (a code times a power of two has at most 4 significant
- *               bits, so bf16 holds it exactly unless it is below 2^-126), mma.sync on
- *               NVIDIA, fp32 FMAs on the portable path.
+ *               bits, so bf16 holds it exactly unless it is below 2^-126), mma.sync with
+ *               ldmatrix fragments on NVIDIA, fp32 FMAs on the portable path.
  *   Gate/up kernels compute g and u of the same rows and apply swiglu_oai in the epilogue
  *   (g, u rounded to bf16 first: the act_bf16 GEMM outputs), storing a in bf16.
+ *   mx_qdq_k    (act_mid applies) a quantize-dequantized in place, before down.
  *   combine_k   one block per token: its K expert rows in ascending expert id, the
  *               profile's combine (hf bf16 products and sum; atom fp32, unfused mul/add as
- *               the reference), bf16(rsf * R). */
+ *               the reference), bf16(rsf * R).
+ * MX decode: MXFP8 through the sm_89+ e4m3 conversion; MXFP4 the same way after re-laying
+ * each e2m1 code as an e4m3 byte (value x 2^-6, FP4_WMUL), table lookups elsewhere. */
 #define EXP_THREADS 256
 #define EXP_WARPS (EXP_THREADS / M3_WARP)
 #define TILE_BM 64
