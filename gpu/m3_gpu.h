@@ -160,10 +160,22 @@ typedef struct m3_gpu_experts {
  * larger ones tensor-core tiles (mma.sync on NVIDIA, fp32 FMAs elsewhere), weights
  * dequantized exactly to bf16 in shared memory. Needs a bf16-activation profile (hf, atom),
  * D % 128 == 0, F % 64 == 0, E <= 1024, K <= 8. ids must be valid (ref validates them): an
- * id outside [0, E) contributes nothing. Temporaries come from the arena. */
+ * id outside [0, E) contributes nothing. Temporaries come from the arena.
+ * Activation quantization (w->act_in / act_mid when they apply for n_pass): M3_ACTQ_MX with
+ * block 32 only, bit-identical to ref's (m3_gpu_mx_qdq_bf16 on x rows along D, and on the
+ * swiglu output rows along F); M3_ACTQ_PTPC returns M3_ERR_UNSUPPORTED. */
 m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int32_t *d_ids,
                              const float *d_wts, int n_tok, const m3_gpu_experts *w,
                              const struct m3_moe_params *mp, const m3_profile *p);
+
+/* gpu/quant.hip, twin of ref/quant.c m3_mx_quantize + m3_mx_dequantize on bf16 rows:
+ * y [rows, cols] = the MX quantize-dequantize of x along cols with mx (ref/num/mx.h: any
+ * element type, scale rule, rounding, overflow and zero-block rule), stored as bf16 (exact for
+ * bf16 inputs; NaN blocks stay NaN). Bit-identical to ref. Needs mx->block == 32 and
+ * cols % 32 == 0 (else M3_ERR_UNSUPPORTED); x, y 16-byte aligned; y may alias x. */
+struct m3_mx_params;
+m3_status m3_gpu_mx_qdq_bf16(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, int64_t rows, int cols,
+                             const struct m3_mx_params *mx);
 
 /* gpu/attn.hip, twins of ref/attn.h (without ref's host scratch arguments). q [T, H*Dh]
  * (row pitch ld_q), k, v [S_k, Hkv, Dh], pos [T] (< n_ctx), out [T, H*Dh]; sparse: topk

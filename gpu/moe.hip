@@ -12,6 +12,7 @@
  *   reference's exact operation order; only expf may differ by an ulp (device libm). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "ref/linear.h" /* m3_actq, m3_actq_applies (host) */
 #include "ref/moe.h"
 #include "ref/num/act.h"
 #include "ref/num/bf16.h"
@@ -131,26 +132,35 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
 /* ==== routed experts: m3_gpu_moe_experts (twin of ref's m3_moe_experts, spec §3.13) ========
  * Tolerance: GPU_NMSE_BF16 on y against ref run on the same (dequantized, for MX) weights;
  * the combine is bit-exact given equal expert outputs, so the only difference is the fp32
- * reduction order of the GEMMs (bf16 roundings of g, u, a, y_e can flip). Tests:
- * tests/gpu_moe.c. Kernels, in launch order:
+ * reduction order of the GEMMs (bf16 roundings of g, u, a, y_e can flip). With activation
+ * quantization (w->act_in / act_mid, ref's m3_wq.act) the same bound against ref on the same
+ * m3_wq weights + act: x is quantized bit-identically (gpu/quant.hip), a from each side's own
+ * swiglu output, so a flipped bf16 of a can move one element by one MX step (rare; measured
+ * worst 7.2e-9). Tests: tests/gpu_moe.c. Kernels, in launch order:
  *   group_k     one block: (token, slot) entries counted per expert, grouped rows assigned
  *               (atomics: the row order inside an expert is arbitrary, which is harmless:
  *               every row is computed independently and the combine orders by expert id),
  *               the active expert list and the row-tile prefix for the tile kernels.
+ *   mx_qdq_k    (act_in applies) x rows quantize-dequantized once, before gate/up.
  *   sk_k        small batches: one block per (active expert, run of output rows); the
- *               expert's input rows (<= SK_NT at a time) staged in shared memory, each warp
- *               streams whole weight rows with 16-byte loads and dots them with every staged
- *               row. Weight-bandwidth bound, which is what decode is.
+ *               expert's input rows (<= 4 bf16 / 2 MX at a time) staged in shared memory;
+ *               each warp streams 4 weight rows together (gate+up of 2 rows, or 4 down rows),
+ *               2 steps of 16-byte loads in flight per row, every staged 8 input values
+ *               widened once for all 4 rows; the pass's row count is a template argument
+ *               (sk_rows<NC>). Weight-bandwidth bound, which is what decode is.
  *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
  *               block), register double buffering; weights dequantized exactly into bf16
  *               in shared memory (a code times a power of two has at most 4 significant
- *               bits, so bf16 holds it exactly unless it is below 2^-126), mma.sync on
- *               NVIDIA, fp32 FMAs on the portable path.
+ *               bits, so bf16 holds it exactly unless it is below 2^-126), mma.sync with
+ *               ldmatrix fragments on NVIDIA, fp32 FMAs on the portable path.
  *   Gate/up kernels compute g and u of the same rows and apply swiglu_oai in the epilogue
  *   (g, u rounded to bf16 first: the act_bf16 GEMM outputs), storing a in bf16.
+ *   mx_qdq_k    (act_mid applies) a quantize-dequantized in place, before down.
  *   combine_k   one block per token: its K expert rows in ascending expert id, the
  *               profile's combine (hf bf16 products and sum; atom fp32, unfused mul/add as
- *               the reference), bf16(rsf * R). */
+ *               the reference), bf16(rsf * R).
+ * MX decode: MXFP8 through the sm_89+ e4m3 conversion; MXFP4 the same way after re-laying
+ * each e2m1 code as an e4m3 byte (value x 2^-6, FP4_WMUL), table lookups elsewhere. */
 #define EXP_THREADS 256
 #define EXP_WARPS (EXP_THREADS / M3_WARP)
 #define TILE_BM 64
@@ -158,10 +168,10 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
 #define TILE_BK 32
 #define TILE_LDS (TILE_BK + 8) /* padded bf16 row: conflict-free fragment loads */
 #define TILE_CP (TILE_BN + 4)  /* fp32 epilogue row pitch */
-#define SK_NT 4                /* input rows staged per pass in sk_k */
-#define SK_RPW_GU 2            /* output rows per warp, gate/up */
+#define SK_NT 4                /* input rows staged per pass in sk_k (sk_rows' NC <= 4) */
+#define SK_RPW_GU 2            /* output rows per warp, gate/up (4 weight rows) */
 #define SK_RPW_DN 4            /* output rows per warp, down */
-#define SK_UNR 3 /* weight loads issued ahead per lane: 3 x 16 B (D, F multiples of 3 steps) */
+#define SK_UNR 2 /* steps of loads issued ahead per lane: 2 x MR x 16 B */
 #define EXP_MAX_E 1024
 #define EXP_MAX_K 8
 
@@ -184,6 +194,9 @@ template <int WF> static __device__ __forceinline__ size_t wbytes(size_t n) {
 
 /* decoding table: the element codes' values from ref/num (fp8 e4m3fn: 256, e2m1: 16) */
 template <int WF> static __device__ __forceinline__ void build_lut(float *lut) {
+#if M3_HAVE_FP8_CVT
+    return; /* both MX formats decode through the conversion instruction */
+#endif
     if (WF == M3_GPU_W_MXFP8)
         for (int i = (int)threadIdx.x; i < 256; i += (int)blockDim.x)
             lut[i] = m3_fp8_to_f32((m3_fp8)i, M3_FP8_E4M3FN);
@@ -191,9 +204,21 @@ template <int WF> static __device__ __forceinline__ void build_lut(float *lut) {
         for (int i = (int)threadIdx.x; i < 16; i += (int)blockDim.x) lut[i] = m3_fp4_to_f32((uint8_t)i);
 }
 
-/* 16 bytes of a weight row -> EPL unscaled element values */
+/* MXFP4 codes decoded without a table (NVIDIA sm_89+): an e2m1 code s|e1 e0|m re-laid as the
+ * e4m3fn byte s|0 0 e1 e0|m 0 0 has the value 2^-6 x the e2m1 value, subnormals included
+ * (e = 0: 2^-6 x m/2), and never a NaN code; the hardware converts 4 such bytes in two
+ * instructions. Callers multiply by FP4_WMUL (64, exact) with the block scale. Elsewhere the
+ * shared table of exact values (FP4_WMUL 1). */
+#if M3_HAVE_FP8_CVT
+#define FP4_WMUL 64.0f
+#else
+#define FP4_WMUL 1.0f
+#endif
+
+/* elements 8h .. 8h+7 of a 16-byte weight piece (EPL elements), unscaled (fp4: x 2^-6 on the
+ * fast path, see FP4_WMUL) */
 template <int WF>
-static __device__ __forceinline__ void decode16(uint4 u, const float *lut, float *w) {
+static __device__ __forceinline__ void decode8(uint4 u, int h, const float *lut, float *w) {
     const uint32_t q[4] = {u.x, u.y, u.z, u.w};
     if (WF == M3_GPU_W_BF16) {
 #pragma unroll
@@ -203,15 +228,24 @@ static __device__ __forceinline__ void decode16(uint4 u, const float *lut, float
         }
     } else if (WF == M3_GPU_W_MXFP8) {
 #if M3_HAVE_FP8_CVT
-#pragma unroll
-        for (int k = 0; k < 4; k++) m3_e4m3x4_to_f32(q[k], w + 4 * k);
+        m3_e4m3x4_to_f32(q[2 * h], w);
+        m3_e4m3x4_to_f32(q[2 * h + 1], w + 4);
 #else
 #pragma unroll
-        for (int k = 0; k < 16; k++) w[k] = lut[(q[k / 4] >> (8 * (k % 4))) & 0xFFu];
+        for (int k = 0; k < 8; k++) w[k] = lut[(q[2 * h + k / 4] >> (8 * (k % 4))) & 0xFFu];
 #endif
-    } else { /* low_even: element 2j in the low nibble of byte j */
+    } else {
+        const uint32_t v = q[h]; /* low_even: element 2j in the low nibble of byte j */
+#if M3_HAVE_FP8_CVT
+        float a[4], b[4];
+        m3_e4m3x4_to_f32(((v << 2) & 0x1C1C1C1Cu) | ((v << 4) & 0x80808080u), a); /* even */
+        m3_e4m3x4_to_f32(((v >> 2) & 0x1C1C1C1Cu) | (v & 0x80808080u), b);        /* odd */
 #pragma unroll
-        for (int k = 0; k < 32; k++) w[k] = lut[(q[k / 8] >> (4 * (k % 8))) & 0xFu];
+        for (int k = 0; k < 4; k++) w[2 * k] = a[k], w[2 * k + 1] = b[k];
+#else
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = lut[(v >> (4 * k)) & 0xFu];
+#endif
     }
 }
 
@@ -277,15 +311,117 @@ static __global__ void __launch_bounds__(1024)
  * MODE 0 (gate/up): input rows are x rows of the grouped entries' tokens, kdim = D, two
  *   weight matrices (gate, up) of nout = F rows; out = a [TK, F] (grouped rows).
  * MODE 1 (down): input rows are a's grouped rows, kdim = F, one matrix of nout = D rows;
- *   out = y_e [TK, D] (grouped rows), bf16(a Wd^T). */
+ *   out = y_e [TK, D] (grouped rows), bf16(a Wd^T).
+ * A warp owns RPW output rows, i.e. MR = 2 RPW (gate/up) or RPW (down) weight rows, and
+ * streams them together: per step each lane issues SK_UNR x MR 16-byte loads before using
+ * any, and every 8 staged input values (loaded and widened once) serve all MR rows. NC (the
+ * staged input rows of this pass, 1..SK_NT) is a template argument, so a decode step with one
+ * token does no work for absent ones. Partial sums run per 16-byte piece (one MX block or
+ * half of one) and are scaled by its power of two (exact). */
+template <int WF, int MODE, int RPW, int NC>
+static __device__ __forceinline__ void sk_rows(m3_bf16 *M3_RESTRICT out, const m3_bf16 *xs, int e,
+                                               int orow0, int obase, const void *w0, const void *w1,
+                                               const m3_e8m0 *s0, const m3_e8m0 *s1, int kdim,
+                                               int nout, const float *lut, float alpha, float limit,
+                                               int smode, bool act_bf16, int lane) {
+    const int EPL = wtraits<WF>::EPL, MR = MODE == 0 ? 2 * RPW : RPW;
+    const int UNR = NC <= 2 ? SK_UNR : 1; /* (3-4 tokens: registers go to the sums instead) */
+    const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
+    const unsigned char *pw[MR];
+    const m3_e8m0 *ps[MR];
+#pragma unroll
+    for (int i = 0; i < MR; i++) {
+        int o = obase + (MODE == 0 ? i / 2 : i);
+        o = o < nout ? o : nout - 1; /* past the end: a valid row, its result is dropped */
+        const size_t row = (size_t)e * nout + o;
+        const bool second = MODE == 0 && (i & 1);
+        pw[i] = (const unsigned char *)(second ? w1 : w0) + row * rb;
+        ps[i] = (second ? s1 : s0) + row * nsb;
+    }
+    float acc[MR][NC];
+#pragma unroll
+    for (int i = 0; i < MR; i++)
+#pragma unroll
+        for (int j = 0; j < NC; j++) acc[i][j] = 0.0f;
+    const int step = M3_WARP * EPL;
+    const float pre = WF == M3_GPU_W_MXFP4 ? FP4_WMUL : 1.0f;
+    for (int cb = lane * EPL; cb < kdim; cb += UNR * step) {
+        uint4 q[UNR][MR];
+        m3_e8m0 sc[UNR][MR];
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+            const int c = cb + u * step;
+            if (c >= kdim) continue;
+#pragma unroll
+            for (int i = 0; i < MR; i++) {
+                q[u][i] = *reinterpret_cast<const uint4 *>(pw[i] + wbytes<WF>((size_t)c));
+                if (WF != M3_GPU_W_BF16) sc[u][i] = ps[i][c / 32];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+            const int c = cb + u * step;
+            if (c >= kdim) continue;
+            float part[MR][NC];
+#pragma unroll
+            for (int i = 0; i < MR; i++)
+#pragma unroll
+                for (int j = 0; j < NC; j++) part[i][j] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < EPL / 8; h++) {
+                float xv[NC][8];
+#pragma unroll
+                for (int j = 0; j < NC; j++)
+                    bf16x8(reinterpret_cast<const uint4 *>(xs + (size_t)j * kdim + c)[h], xv[j]);
+#pragma unroll
+                for (int i = 0; i < MR; i++) {
+                    float w[8];
+                    decode8<WF>(q[u][i], h, lut, w);
+#pragma unroll
+                    for (int j = 0; j < NC; j++)
+#pragma unroll
+                        for (int k = 0; k < 8; k++) part[i][j] += w[k] * xv[j][k];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < MR; i++) {
+                const float f = WF == M3_GPU_W_BF16 ? 1.0f : m3_e8m0_to_f32(sc[u][i]);
+#pragma unroll
+                for (int j = 0; j < NC; j++) acc[i][j] += WF == M3_GPU_W_BF16 ? part[i][j] : part[i][j] * pre * f;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const int o = obase + r;
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            const size_t orow = (size_t)(orow0 + j) * nout + o;
+            if (MODE == 0) {
+                const float g = m3_warp_sum(acc[2 * r][j]), u = m3_warp_sum(acc[2 * r + 1][j]);
+                if (lane == 0 && o < nout) {
+                    const float gr = act_bf16 ? m3_round_bf16(g) : g;
+                    const float ur = act_bf16 ? m3_round_bf16(u) : u;
+                    out[orow] = m3_f32_to_bf16(swiglu_act(gr, ur, alpha, limit, smode));
+                }
+            } else {
+                const float y = m3_warp_sum(acc[r][j]);
+                if (lane == 0 && o < nout) out[orow] = m3_f32_to_bf16(y);
+            }
+        }
+    }
+}
+
+/* input rows per pass: 4 for bf16; 2 for MX, whose decode leaves no registers for the
+ * 3- and 4-row variants in the same kernel (ptxas spills) */
+template <int WF> struct sk_nt { enum { N = WF == M3_GPU_W_BF16 ? SK_NT : 2 }; };
+
 template <int WF, int MODE, int RPW>
 static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 blocks/SM */
     sk_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
          int smode, bool act_bf16) {
-    typedef wtraits<WF> W;
-    const int EPL = W::EPL;
     extern __shared__ uint4 sk_dyn[];
     m3_bf16 *xs = reinterpret_cast<m3_bf16 *>(sk_dyn); /* [nt][kdim] */
     __shared__ float lut[256];
@@ -295,8 +431,7 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
     const int e = m.act[s], r0 = m.off[e], n = m.off[e + 1] - r0;
     const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
     const int obase = ((int)blockIdx.y * EXP_WARPS + warp) * RPW;
-    const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
-    const int nvec = kdim / 8;
+    const int nvec = kdim / 8, NTMAX = sk_nt<WF>::N;
     for (int c0 = 0; c0 < n; c0 += nt) {
         const int nc = n - c0 < nt ? n - c0 : nt;
         __syncthreads(); /* the previous pass's readers are done with xs (and lut built) */
@@ -307,79 +442,15 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
                 reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim)[q];
         }
         __syncthreads();
-        for (int rr = 0; rr < RPW; rr++) {
-            const int o = obase + rr;
-            if (o >= nout) break;
-            const size_t row = (size_t)e * nout + o;
-            const unsigned char *p0 = (const unsigned char *)w0 + row * rb;
-            const unsigned char *p1 = MODE == 0 ? (const unsigned char *)w1 + row * rb : p0;
-            float a0[SK_NT], a1[SK_NT];
-#pragma unroll
-            for (int j = 0; j < SK_NT; j++) a0[j] = a1[j] = 0.0f;
-            const int step = M3_WARP * EPL;
-            for (int cb = lane * EPL; cb < kdim; cb += SK_UNR * step) {
-                /* issue SK_UNR steps of loads before using any: more bytes in flight */
-                uint4 q0[SK_UNR], q1[SK_UNR];
-                m3_e8m0 e0[SK_UNR], e1[SK_UNR];
-#pragma unroll
-                for (int u = 0; u < SK_UNR; u++) {
-                    const int c = cb + u * step;
-                    if (c >= kdim) continue;
-                    q0[u] = *reinterpret_cast<const uint4 *>(p0 + wbytes<WF>((size_t)c));
-                    if (MODE == 0) q1[u] = *reinterpret_cast<const uint4 *>(p1 + wbytes<WF>((size_t)c));
-                    if (WF != M3_GPU_W_BF16) {
-                        e0[u] = s0[row * nsb + (size_t)c / 32];
-                        if (MODE == 0) e1[u] = s1[row * nsb + (size_t)c / 32];
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < SK_UNR; u++) {
-                const int c = cb + u * step;
-                if (c >= kdim) continue;
-                float v0[EPL], v1[EPL];
-                decode16<WF>(q0[u], lut, v0);
-                if (MODE == 0) decode16<WF>(q1[u], lut, v1);
-                float sc0 = 1.0f, sc1 = 1.0f; /* 2^(s-127): exact scaling of a block's partial */
-                if (WF != M3_GPU_W_BF16) {
-                    sc0 = m3_e8m0_to_f32(e0[u]);
-                    if (MODE == 0) sc1 = m3_e8m0_to_f32(e1[u]);
-                }
-#pragma unroll
-                for (int j = 0; j < SK_NT; j++) {
-                    if (j >= nc) continue; /* (not break: keeps the loop unrollable) */
-                    float p0s = 0.0f, p1s = 0.0f;
-#pragma unroll
-                    for (int h = 0; h < EPL / 8; h++) {
-                        float xv[8];
-                        bf16x8(reinterpret_cast<const uint4 *>(xs + (size_t)j * kdim + c)[h], xv);
-#pragma unroll
-                        for (int i = 0; i < 8; i++) {
-                            p0s += v0[h * 8 + i] * xv[i];
-                            if (MODE == 0) p1s += v1[h * 8 + i] * xv[i];
-                        }
-                    }
-                    a0[j] += p0s * sc0;
-                    if (MODE == 0) a1[j] += p1s * sc1;
-                }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < SK_NT; j++) {
-                if (j >= nc) continue;
-                const float g = m3_warp_sum(a0[j]);
-                const float u = MODE == 0 ? m3_warp_sum(a1[j]) : 0.0f;
-                if (lane == 0) {
-                    const size_t orow = (size_t)(r0 + c0 + j) * nout + o;
-                    if (MODE == 0) {
-                        const float gr = act_bf16 ? m3_round_bf16(g) : g;
-                        const float ur = act_bf16 ? m3_round_bf16(u) : u;
-                        out[orow] = m3_f32_to_bf16(swiglu_act(gr, ur, alpha, limit, smode));
-                    } else {
-                        out[orow] = m3_f32_to_bf16(g);
-                    }
-                }
-            }
-        }
+        if (obase >= nout) continue; /* (after the barriers: every warp takes part in them) */
+#define SK_ROWS(NC_)                                                                               \
+    sk_rows<WF, MODE, RPW, NC_>(out, xs, e, r0 + c0, obase, w0, w1, s0, s1, kdim, nout, lut,      \
+                                alpha, limit, smode, act_bf16, lane)
+        if (nc == 1) SK_ROWS(1);
+        else if (NTMAX == 2 || nc == 2) SK_ROWS(2);
+        else if (nc == 3) SK_ROWS(NTMAX == 2 ? 2 : 3); /* (NTMAX 2: never reached) */
+        else SK_ROWS(NTMAX == 2 ? 2 : 4);
+#undef SK_ROWS
     }
 }
 
@@ -387,7 +458,7 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
  * Block (row tile, column tile): rows row0..row0+63 of one active expert's grouped rows;
  * MODE 0: columns f0..f0+63 of gate (tile columns 0..63) and of up (64..127), out = a;
  * MODE 1: columns d0..d0+127 of down, out = y_e. Warps 2 x 4, each 32 x 32. */
-struct tile_smem {
+struct alignas(16) tile_smem { /* 16-byte rows: uint4 stores, ldmatrix */
     union {
         struct {
             m3_bf16 a[2][TILE_BM * TILE_LDS];
@@ -460,39 +531,52 @@ static __device__ __forceinline__ void tile_store_b(const bregs<WF> &r, m3_bf16 
         if (n >= TILE_BN) return;
         const int EPL = wtraits<WF>::EPL;
         float v[EPL];
-        decode16<WF>(r.v[0], lut, v);
+#pragma unroll
+        for (int h = 0; h < EPL / 8; h++) decode8<WF>(r.v[0], h, lut, v + 8 * h);
         const float sc = m3_e8m0_to_f32(r.s);
+        const float pre = WF == M3_GPU_W_MXFP4 ? FP4_WMUL : 1.0f; /* exact, before the scale */
         uint32_t q[EPL / 2];
 #pragma unroll
         for (int i = 0; i < EPL / 2; i++) /* exact values: the top 16 bits are the bf16 */
-            q[i] = (m3_f32_bits(v[2 * i] * sc) >> 16) | (m3_f32_bits(v[2 * i + 1] * sc) & 0xFFFF0000u);
+            q[i] = (m3_f32_bits(v[2 * i] * pre * sc) >> 16) |
+                   (m3_f32_bits(v[2 * i + 1] * pre * sc) & 0xFFFF0000u);
         uint4 *dst = reinterpret_cast<uint4 *>(b + n * TILE_LDS + part * EPL);
 #pragma unroll
         for (int i = 0; i < EPL / 8; i++) dst[i] = make_uint4(q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]);
     }
 }
 
-/* acc: NVIDIA [mi 2][ni 4][4] mma layout; portable: element i*M3_WARP+lane of the 32x32 warp tile */
+#if M3_HAVE_MMA
+/* ldmatrix .x4: lanes 8m..8m+7 give the row addresses of 8x8 matrix m (16-byte rows); lane l
+ * receives r[m] = matrix m's row l/4, elements 2(l%4), 2(l%4)+1: the mma fragment layout. */
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const m3_bf16 *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+#endif
+
+/* acc: NVIDIA [mi 2][ni 4][4] mma layout; portable: element i*M3_WARP+lane of the 32x32 warp tile.
+ * NVIDIA fragments come from ldmatrix (4 instructions per 8 mma instead of 16 32-bit loads):
+ * A matrices (rows +0/+8) x (k +0/+8), B matrices (n +0..7 | +8..15) x (k +0/+8); the padded
+ * 80-byte rows put the 8 row addresses of a matrix in 8 distinct 16-byte bank groups. */
 static __device__ __forceinline__ void tile_mma(float *acc, const m3_bf16 *A, const m3_bf16 *B, int wm,
                                                 int wn, int lane) {
 #if M3_HAVE_MMA
-    const int gq = lane / 4, tq = lane % 4;
+    const int mx = lane / 8, rr = lane % 8;
 #pragma unroll
     for (int kk = 0; kk < TILE_BK; kk += 16) {
         uint32_t af[2][4], bfr[4][2];
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++) {
-            const m3_bf16 *r = A + (wm * 32 + mi * 16 + gq) * TILE_LDS + kk + 2 * tq;
-            af[mi][0] = *reinterpret_cast<const uint32_t *>(r);
-            af[mi][1] = *reinterpret_cast<const uint32_t *>(r + 8 * TILE_LDS);
-            af[mi][2] = *reinterpret_cast<const uint32_t *>(r + 8);
-            af[mi][3] = *reinterpret_cast<const uint32_t *>(r + 8 * TILE_LDS + 8);
-        }
+        for (int mi = 0; mi < 2; mi++)
+            ldsm_x4(af[mi], A + (wm * 32 + mi * 16 + (mx & 1) * 8 + rr) * TILE_LDS + kk + (mx >> 1) * 8);
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
-            const m3_bf16 *c = B + (wn * 32 + ni * 8 + gq) * TILE_LDS + kk + 2 * tq;
-            bfr[ni][0] = *reinterpret_cast<const uint32_t *>(c);
-            bfr[ni][1] = *reinterpret_cast<const uint32_t *>(c + 8);
+        for (int np = 0; np < 2; np++) {
+            uint32_t t[4];
+            ldsm_x4(t, B + (wn * 32 + np * 16 + (mx >> 1) * 8 + rr) * TILE_LDS + kk + (mx & 1) * 8);
+            bfr[2 * np][0] = t[0], bfr[2 * np][1] = t[1];
+            bfr[2 * np + 1][0] = t[2], bfr[2 * np + 1][1] = t[3];
         }
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
@@ -664,13 +748,13 @@ static __global__ void __launch_bounds__(256)
 template <int WF>
 static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                              const exp_meta &m, int T, const m3_gpu_experts *w,
-                             const m3_moe_params *mp, const m3_profile *p) {
+                             const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
     const int sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
     const int slots = TK < E ? TK : E;
     if (TK <= 4 * E) {
-        const int nt = T < SK_NT ? T : SK_NT;
+        const int nt = T < sk_nt<WF>::N ? T : sk_nt<WF>::N;
         size_t sh1 = (size_t)nt * D * 2, sh2 = (size_t)nt * F * 2;
         /* past 48 KiB of shared memory (with the static 1 KiB table) a kernel must opt in */
         if (sh1 + 1024 > 48 * 1024)
@@ -683,6 +767,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         sk_k<WF, 0, SK_RPW_GU><<<g1, EXP_THREADS, sh1, g->stream>>>(
             ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
         M3_LAUNCHED(g, "sk_k gate/up");
+        if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
         dim3 g2((unsigned)slots, (unsigned)((D + EXP_WARPS * SK_RPW_DN - 1) / (EXP_WARPS * SK_RPW_DN)));
         sk_k<WF, 1, SK_RPW_DN><<<g2, EXP_THREADS, sh2, g->stream>>>(
             ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
@@ -692,6 +777,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         tile_k<WF, 0><<<dim3(tiles, (unsigned)(F / (TILE_BN / 2))), EXP_THREADS, 0, g->stream>>>(
             ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
         M3_LAUNCHED(g, "tile_k gate/up");
+        if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
         tile_k<WF, 1><<<dim3(tiles, (unsigned)(D / TILE_BN)), EXP_THREADS, 0, g->stream>>>(
             ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
         M3_LAUNCHED(g, "tile_k down");
@@ -715,15 +801,33 @@ extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *
                          TILE_BN, TILE_BN / 2);
     if (w->fmt != M3_GPU_W_BF16 && (!w->gate_s || !w->up_s || !w->down_s))
         return m3_errorf(M3_ERR_ARG, "gpu moe_experts: MX weights without scales");
+    /* activation quantization, as ref's m3_linear_q decides it: per GEMM, on the whole pass */
+    const int n_pass = w->n_pass > 0 ? w->n_pass : n_tok;
+    const m3_actq *aq[2] = {m3_actq_applies(w->act_in, n_pass) ? w->act_in : NULL,
+                            m3_actq_applies(w->act_mid, n_pass) ? w->act_mid : NULL};
+    for (int i = 0; i < 2; i++) {
+        if (!aq[i]) continue;
+        if (aq[i]->kind != M3_ACTQ_MX)
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu moe_experts: per-token fp8 (ptpc) activation "
+                             "quantization of routed experts is not built (MX only)");
+        if (aq[i]->mx.block != 32)
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu moe_experts: MX activation block %d (needs 32)",
+                             aq[i]->mx.block);
+    }
     M3_ASSERT(m3_aligned16(d_x) && m3_aligned16(d_y) && w->gate && w->up && w->down);
     if (n_tok == 0) return M3_OK;
     const int TK = n_tok * K;
     const size_t mark = m3_gpu_mark(g);
     int32_t *meta;
-    m3_bf16 *ab, *ye;
+    m3_bf16 *ab, *ye, *xq = NULL;
     m3_status s = m3_gpu_alloc(g, (void **)&meta, sizeof(int32_t) * (3 * (size_t)E + 3 + 2 * (size_t)TK));
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)TK * F);
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ye, sizeof(m3_bf16) * (size_t)TK * D);
+    if (s == M3_OK && aq[0]) s = m3_gpu_alloc(g, (void **)&xq, sizeof(m3_bf16) * (size_t)n_tok * D);
+    /* x rows quantized once for all their experts (ref quantizes each expert's gathered copy
+     * of the same rows: the same values) */
+    if (s == M3_OK && aq[0]) s = m3_gpu_mx_qdq_bf16(g, xq, d_x, n_tok, D, &aq[0]->mx);
+    if (xq) d_x = xq;
     if (s != M3_OK) {
         m3_gpu_release(g, mark);
         return s;
@@ -734,9 +838,10 @@ extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *
     group_k<<<1, 1024, 0, g->stream>>>(meta, d_ids, TK, E);
     s = m3_gpu_launched_(g, "group_k", __FILE__, __LINE__);
     if (s == M3_OK) {
-        if (w->fmt == M3_GPU_W_BF16) s = experts_run<M3_GPU_W_BF16>(g, ab, ye, d_x, m, n_tok, w, mp, p);
-        else if (w->fmt == M3_GPU_W_MXFP8) s = experts_run<M3_GPU_W_MXFP8>(g, ab, ye, d_x, m, n_tok, w, mp, p);
-        else s = experts_run<M3_GPU_W_MXFP4>(g, ab, ye, d_x, m, n_tok, w, mp, p);
+        const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
+        if (w->fmt == M3_GPU_W_BF16) s = experts_run<M3_GPU_W_BF16>(g, ab, ye, d_x, m, n_tok, w, mp, p, mid);
+        else if (w->fmt == M3_GPU_W_MXFP8) s = experts_run<M3_GPU_W_MXFP8>(g, ab, ye, d_x, m, n_tok, w, mp, p, mid);
+        else s = experts_run<M3_GPU_W_MXFP4>(g, ab, ye, d_x, m, n_tok, w, mp, p, mid);
     }
     if (s == M3_OK) {
         const bool rnd = p->moe_bf16_combine || p->act_bf16;

@@ -449,6 +449,22 @@ static void bench_moe_experts(void **state) {
             const double io = (double)c.T * D * 2 * 2 + tk * F * 2 * 2 + tk * D * 2 * 2;
             printf("bench: (%s: %d experts touched, %.1f MB of weights)\n", nm, n_used, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
+            /* the serving configuration: MX activations (rceil) before gate/up and before down;
+             * MXFP8 always, MXFP4 from moe_act_bound (256) tokens on. Same bytes and FLOPs
+             * counted (the quantize passes are overhead of this op). */
+            if (f != 0 && (f == 1 || c.T >= 256)) {
+                m3_actq act;
+                memset(&act, 0, sizeof act);
+                act.kind = M3_ACTQ_MX;
+                act.min_pass = f == 1 ? 0 : 256;
+                act.mx = m3_mx_params_default(f == 1 ? M3_MX_E4M3FN : M3_MX_E2M1);
+                act.mx.scale = M3_MX_SCALE_RCEIL;
+                c.w.act_in = c.w.act_mid = &act;
+                ms = time_ms(g, do_experts, &c, c.T > 64 ? 3 : 20, c.T > 64 ? 3 : 7);
+                snprintf(nm, sizeof nm, "moe_experts %s+act atom T=%d", f == 1 ? "mxfp8" : "mxfp4", c.T);
+                report(nm, ms, wbytes + io, tk * 6.0 * D * F);
+                c.w.act_in = c.w.act_mid = NULL;
+            }
             m3_gpu_release(g, tmark);
         }
         m3_gpu_release(g, mark);

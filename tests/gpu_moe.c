@@ -237,7 +237,8 @@ static const char *fmt_name(m3_gpu_wfmt f) {
 /* Device copy of one matrix in format f, and the host values the reference must use
  * (written into ref_vals: bf16-rounded or MX-dequantized f32). */
 static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows, int cols,
-                       const void **d_codes, const m3_e8m0 **d_scales, float *ref_vals) {
+                       const void **d_codes, const m3_e8m0 **d_scales, float *ref_vals,
+                       uint8_t **h_codes, m3_e8m0 **h_scales) {
     const int64_t n = rows * cols;
     if (f == M3_GPU_W_BF16) {
         *d_codes = gpu_upload_bf16(g, src, n, ref_vals);
@@ -259,8 +260,13 @@ static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows,
     GPU_OK(m3_gpu_upload(g, ds, sc, (size_t)(rows * nb)));
     *d_codes = dc;
     *d_scales = ds;
-    free(codes);
-    free(sc);
+    if (h_codes) { /* the caller keeps the host copies (ref on m3_wq weights) */
+        *h_codes = codes;
+        *h_scales = sc;
+    } else {
+        free(codes);
+        free(sc);
+    }
 }
 
 static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_wfmt fmt, int prof) {
@@ -281,9 +287,9 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     m3_gpu_experts dw;
     memset(&dw, 0, sizeof dw);
     dw.fmt = fmt;
-    weights_to(g, fmt, wm->gate, (int64_t)E * F, D, &dw.gate, &dw.gate_s, rg);
-    weights_to(g, fmt, wm->up, (int64_t)E * F, D, &dw.up, &dw.up_s, ru);
-    weights_to(g, fmt, wm->down, (int64_t)E * D, F, &dw.down, &dw.down_s, rd);
+    weights_to(g, fmt, wm->gate, (int64_t)E * F, D, &dw.gate, &dw.gate_s, rg, NULL, NULL);
+    weights_to(g, fmt, wm->up, (int64_t)E * F, D, &dw.up, &dw.up_s, ru, NULL, NULL);
+    weights_to(g, fmt, wm->down, (int64_t)E * D, F, &dw.down, &dw.down_s, rd, NULL, NULL);
     m3_mlp_weights *ex = calloc((size_t)E, sizeof *ex);
     for (int e = 0; e < E; e++) {
         ex[e].fmt = M3_WFMT_F32;
@@ -358,6 +364,204 @@ static void moe_experts_m3_dims(void **state) {
     master_free(&wm);
 }
 
+/* ---- routed experts with activation quantization ------------------------------------------
+ * ref's quantized-expert path: m3_mlp_weights of format MXFP8 / MXFP4 whose m3_wq carry the
+ * codes, the e8m0 scales and the act (what ref/qload.c builds: MX rceil activations, e4m3fn
+ * for MXFP8 experts, e2m1 for MXFP4 experts from moe_act_bound tokens on; act_mid NULL for
+ * moe_stage2_act=none); the device gets the same codes, scales and m3_actq structs. Both sides
+ * quantize bit-identically (tests/gpu_quant.c) and x is identical, so the gate/up inputs agree
+ * exactly; the down inputs are quantized from each side's own swiglu output, which can differ
+ * by a bf16 flip (GEMM reduction order) and then, rarely, by one MX grid step. Bound:
+ * GPU_NMSE_BF16, the same as without activation quantization. Not vacuous: ref with the act
+ * against ref on the same weights without it must differ by > 10x the bound where the act
+ * applies, and be bit-identical where the pass is below the bound. */
+static m3_actq act_mx(m3_mx_elem el, int min_pass) {
+    m3_actq a;
+    memset(&a, 0, sizeof a);
+    a.kind = M3_ACTQ_MX;
+    a.min_pass = min_pass;
+    a.mx = m3_mx_params_default(el);
+    a.mx.scale = M3_MX_SCALE_RCEIL; /* the serving paths' runtime rule (spec §5.4) */
+    return a;
+}
+
+static void experts_act_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_wfmt fmt,
+                             int prof, const m3_actq *ain, const m3_actq *amid) {
+    const int E = wm->E, D = wm->D, F = wm->F;
+    m3_profile p;
+    profile_of(&p, prof);
+    m3_moe_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.n_expert = E, mp.top_k = K, mp.dim = D, mp.ffn = F, mp.routed_scale = 2.0f;
+    mp.alpha = 1.702f, mp.limit = 7.0f;
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 900 + (uint64_t)T * 7 + (uint64_t)fmt * 3 + (uint64_t)prof);
+    const size_t mark = m3_gpu_mark(g);
+    const int64_t ngu = (int64_t)E * F * D;
+    float *deq = malloc(ngu * sizeof(float)); /* dequantized values: unused here */
+    assert_non_null(deq);
+    m3_gpu_experts dw;
+    memset(&dw, 0, sizeof dw);
+    dw.fmt = fmt;
+    uint8_t *hc[3];
+    m3_e8m0 *hs[3];
+    weights_to(g, fmt, wm->gate, (int64_t)E * F, D, &dw.gate, &dw.gate_s, deq, &hc[0], &hs[0]);
+    weights_to(g, fmt, wm->up, (int64_t)E * F, D, &dw.up, &dw.up_s, deq, &hc[1], &hs[1]);
+    weights_to(g, fmt, wm->down, (int64_t)E * D, F, &dw.down, &dw.down_s, deq, &hc[2], &hs[2]);
+    free(deq);
+    const int64_t rbD = fmt == M3_GPU_W_MXFP8 ? D : D / 2, rbF = fmt == M3_GPU_W_MXFP8 ? F : F / 2;
+    m3_wq *wq = calloc((size_t)E * 6, sizeof *wq); /* [act | no act][gate, up, down][E] */
+    m3_mlp_weights *ex = calloc((size_t)E * 2, sizeof *ex);
+    assert_true(wq && ex);
+    for (int v = 0; v < 2; v++)
+        for (int e = 0; e < E; e++) {
+            m3_wq *q = wq + (size_t)v * 3 * E;
+            q[e] = (m3_wq){hc[0] + (size_t)e * F * rbD, hs[0] + (size_t)e * F * (D / 32), v ? NULL : ain};
+            q[E + e] = (m3_wq){hc[1] + (size_t)e * F * rbD, hs[1] + (size_t)e * F * (D / 32), v ? NULL : ain};
+            q[2 * E + e] = (m3_wq){hc[2] + (size_t)e * D * rbF, hs[2] + (size_t)e * D * (F / 32), v ? NULL : amid};
+            m3_mlp_weights *x = &ex[(size_t)v * E + e];
+            x->fmt = fmt == M3_GPU_W_MXFP8 ? M3_WFMT_MXFP8 : M3_WFMT_MXFP4;
+            x->gate = &q[e], x->up = &q[E + e], x->down = &q[2 * E + e];
+        }
+    m3_moe_weights w_act, w_plain;
+    memset(&w_act, 0, sizeof w_act);
+    memset(&w_plain, 0, sizeof w_plain);
+    w_act.experts = ex;
+    w_plain.experts = ex + E;
+    float *x = malloc((size_t)T * D * sizeof *x), *ref = malloc((size_t)T * D * sizeof *ref);
+    float *plain = malloc((size_t)T * D * sizeof *plain), *wts = malloc((size_t)T * K * sizeof *wts);
+    int32_t *ids = malloc((size_t)T * K * sizeof *ids);
+    assert_true(x && ref && plain && wts && ids);
+    m3_fill_normal(&r, x, (int64_t)T * D, 1.0f);
+    for (int t = 0; t < T; t++) {
+        int perm[1024];
+        for (int e = 0; e < E; e++) perm[e] = e;
+        float sum = 0;
+        for (int k = 0; k < K; k++) {
+            int j = k + (int)(m3_rng_u32(&r) % (uint32_t)(E - k)), tmp = perm[k];
+            perm[k] = perm[j], perm[j] = tmp;
+            ids[(size_t)t * K + k] = perm[k];
+            wts[(size_t)t * K + k] = m3_rng_uniform(&r, 0.05f, 1.0f);
+            sum += wts[(size_t)t * K + k];
+        }
+        for (int k = 0; k < K; k++) wts[(size_t)t * K + k] /= sum;
+    }
+    m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
+    int32_t *dids;
+    GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
+    GPU_OK(m3_gpu_upload(g, dids, ids, (size_t)T * K * sizeof *ids));
+    float *dwts = gpu_upload_f32(g, wts, (int64_t)T * K);
+    void *scratch = malloc(m3_moe_scratch_bytes(T, &mp));
+    assert_non_null(scratch);
+    assert_int_equal(m3_moe_experts(ref, x, ids, wts, T, &w_act, &mp, &p, scratch), M3_OK);
+    assert_int_equal(m3_moe_experts(plain, x, ids, wts, T, &w_plain, &mp, &p, scratch), M3_OK);
+    const bool applies = m3_actq_applies(ain, T) || m3_actq_applies(amid, T);
+    char what[160];
+    snprintf(what, sizeof what, "moe_experts %s+act(in %s%s, mid %s)(%s,T=%d,E=%d,D=%d,F=%d,%s)",
+             fmt_name(fmt), ain ? (ain->mx.elem == M3_MX_E2M1 ? "e2m1" : "e4m3") : "-",
+             ain && ain->min_pass ? (m3_actq_applies(ain, T) ? ">=bound" : "<bound") : "",
+             amid ? (amid->mx.elem == M3_MX_E2M1 ? "e2m1" : "e4m3") : "-", p.name, T, E, D, F,
+             T * K <= 4 * E ? "gemv" : "tiles");
+    if (applies) {
+        const double eff = gpu_nmse(ref, plain, (int64_t)T * D, what);
+        printf("  %-58s act effect on ref %.2e\n", what, eff);
+        if (!(eff > 10 * GPU_NMSE_BF16)) m3_test_failf("%s: the act changed ref by only %.2e (vacuous)", what, eff);
+    } else if (memcmp(ref, plain, (size_t)T * D * sizeof *ref)) {
+        m3_test_failf("%s: below the pass bound ref must equal the unquantized run", what);
+    }
+    dw.act_in = ain, dw.act_mid = amid;
+    m3_bf16 *dy = gpu_guard_alloc(g, (size_t)T * D * sizeof(m3_bf16));
+    float *got = malloc((size_t)T * D * sizeof *got);
+    assert_non_null(got);
+    GPU_OK(m3_gpu_moe_experts(g, dy, dx, dids, dwts, T, &dw, &mp, &p));
+    gpu_download_bf16(g, got, dy, (int64_t)T * D);
+    gpu_guard_check(g, dy, (size_t)T * D * sizeof(m3_bf16), "moe_experts act y");
+    gpu_expect_nmse(ref, got, (int64_t)T * D, GPU_NMSE_BF16, what);
+    if (ain && ain->min_pass > T) {
+        /* n_pass decides, not n_tok: a share of a pass at the bound is quantized exactly as
+         * with the bound at 0 */
+        m3_actq in0 = *ain, mid0;
+        in0.min_pass = 0;
+        if (amid) mid0 = *amid, mid0.min_pass = 0;
+        float *got2 = malloc((size_t)T * D * sizeof *got2), *got3 = malloc((size_t)T * D * sizeof *got3);
+        assert_true(got2 && got3);
+        dw.n_pass = ain->min_pass;
+        GPU_OK(m3_gpu_moe_experts(g, dy, dx, dids, dwts, T, &dw, &mp, &p));
+        gpu_download_bf16(g, got2, dy, (int64_t)T * D);
+        dw.n_pass = 0, dw.act_in = &in0, dw.act_mid = amid ? &mid0 : NULL;
+        GPU_OK(m3_gpu_moe_experts(g, dy, dx, dids, dwts, T, &dw, &mp, &p));
+        gpu_download_bf16(g, got3, dy, (int64_t)T * D);
+        if (memcmp(got2, got3, (size_t)T * D * sizeof *got2))
+            m3_test_failf("%s: n_pass = bound differs from bound 0", what);
+        if (!memcmp(got2, got, (size_t)T * D * sizeof *got2))
+            m3_test_failf("%s: n_pass = bound changed nothing", what);
+        printf("  %-58s n_pass=%d: quantized, equal to bound 0\n", what, ain->min_pass);
+        free(got2); free(got3);
+    }
+    m3_gpu_release(g, mark);
+    for (int i = 0; i < 3; i++) free(hc[i]), free(hs[i]);
+    free(wq); free(ex); free(x); free(ref); free(plain); free(wts); free(ids); free(scratch); free(got);
+}
+
+static void moe_experts_act_small(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 8, 256, 192, 830);
+    const m3_actq a8 = act_mx(M3_MX_E4M3FN, 0), a4 = act_mx(M3_MX_E2M1, 16);
+    static const int Ts[] = {1, 5, 37, 300}; /* gemv (1, 5) and tiles (37, 300) */
+    for (int prof = 1; prof < 3; prof++)
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+            experts_act_case(g, &wm, Ts[i], 2, M3_GPU_W_MXFP8, prof, &a8, &a8);
+            experts_act_case(g, &wm, Ts[i], 2, M3_GPU_W_MXFP4, prof, &a4, &a4); /* bound 16 */
+        }
+    /* moe_stage2_act=none: only the gate/up input is quantized */
+    experts_act_case(g, &wm, 37, 2, M3_GPU_W_MXFP8, 2, &a8, NULL);
+    experts_act_case(g, &wm, 5, 2, M3_GPU_W_MXFP4, 2, &a4, NULL);
+    master_free(&wm);
+}
+
+/* M3 dims (E = 4 keeps the host reference small): MXFP8 + e4m3 act decode and batch,
+ * MXFP4 + e2m1 act at a bound of 16 on both sides of it */
+static void moe_experts_act_m3_dims(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 4, 6144, 3072, 840);
+    const m3_actq a8 = act_mx(M3_MX_E4M3FN, 0), a4 = act_mx(M3_MX_E2M1, 16);
+    experts_act_case(g, &wm, 1, 4, M3_GPU_W_MXFP8, 2, &a8, &a8);
+    experts_act_case(g, &wm, 40, 4, M3_GPU_W_MXFP8, 2, &a8, &a8);
+    experts_act_case(g, &wm, 3, 4, M3_GPU_W_MXFP4, 2, &a4, &a4);
+    experts_act_case(g, &wm, 40, 4, M3_GPU_W_MXFP4, 1, &a4, &a4);
+    master_free(&wm);
+}
+
+/* ptpc (per-token fp8) activations for routed experts are not built: M3_ERR_UNSUPPORTED */
+static void moe_experts_ptpc_unsupported(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    m3_profile p;
+    m3_profile_atom(&p);
+    m3_moe_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.n_expert = 8, mp.top_k = 2, mp.dim = 256, mp.ffn = 192, mp.routed_scale = 2.0f;
+    m3_actq a;
+    memset(&a, 0, sizeof a);
+    a.kind = M3_ACTQ_PTPC;
+    a.fp8 = m3_fp8q_params_default(M3_FP8_E4M3FN);
+    m3_gpu_experts dw;
+    memset(&dw, 0, sizeof dw);
+    void *buf;
+    GPU_OK(m3_gpu_alloc(g, &buf, 4096));
+    dw.gate = dw.up = dw.down = buf;
+    dw.act_in = &a;
+    assert_int_equal(m3_gpu_moe_experts(g, buf, (const m3_bf16 *)buf + 1024, buf, buf, 1, &dw, &mp, &p),
+                     M3_ERR_UNSUPPORTED);
+    dw.act_in = NULL, dw.act_mid = &a;
+    assert_int_equal(m3_gpu_moe_experts(g, buf, (const m3_bf16 *)buf + 1024, buf, buf, 1, &dw, &mp, &p),
+                     M3_ERR_UNSUPPORTED);
+    a.min_pass = 2; /* a ptpc act that does not apply to this pass is no obstacle */
+    assert_int_equal(m3_gpu_moe_experts(g, buf, (const m3_bf16 *)buf + 1024, buf, buf, 0, &dw, &mp, &p),
+                     M3_OK);
+}
+
 /* fp32 activations have no bf16 kernel: a clear M3_ERR_UNSUPPORTED, nothing written. */
 static void moe_experts_fp32_unsupported(void **state) {
     m3_gpu *g = gpu_or_skip(state);
@@ -384,6 +588,9 @@ int main(void) {
         cmocka_unit_test(moe_experts_small),
         cmocka_unit_test(moe_experts_m3_dims),
         cmocka_unit_test(moe_experts_fp32_unsupported),
+        cmocka_unit_test(moe_experts_act_small),
+        cmocka_unit_test(moe_experts_act_m3_dims),
+        cmocka_unit_test(moe_experts_ptpc_unsupported),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
