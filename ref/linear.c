@@ -68,7 +68,42 @@ typedef struct {
     bool round_w; /* f32 weights rounded to bf16 on the fly */
     int ldy, ldx, n_tok, n_in, n_out;
     bool naive;
+    float lut[256]; /* quantized formats: the element value of every code (filled by
+                       lin_job_lut), so a tile decodes with one lookup and one multiply
+                       per element, the same product as m3_mx_decode */
 } lin_job;
+
+static void lin_job_lut(lin_job *j) {
+    for (int c = 0; c < 256; c++)
+        j->lut[c] = j->fmt == M3_WFMT_FP8_ROW ? m3_fp8_to_f32((uint8_t)c, j->fp8kind)
+                    : j->fmt == M3_WFMT_MXFP4 ? m3_mx_elem_decode((uint8_t)(c & 0xF), M3_MX_E2M1)
+                    : j->fmt == M3_WFMT_MXFP8 ? m3_mx_elem_decode((uint8_t)c, M3_MX_E4M3FN)
+                                              : 0.0f;
+}
+
+/* Row n, elements [k0, k0 + kc) of a quantized weight, decoded exactly into out: per MX block
+ * one scale (m3_e8m0_to_f32) times the code values; bit-identical to wq_at element by
+ * element. k0 is a multiple of 32. */
+static void wq_row(const lin_job *j, int n, int k0, int kc, float *out) {
+    if (j->fmt == M3_WFMT_FP8_ROW) {
+        const uint8_t *row = (const uint8_t *)j->w + (size_t)n * j->n_in + k0;
+        for (int k = 0; k < kc; k++) out[k] = j->lut[row[k]];
+        return;
+    }
+    const int nb = (j->n_in + 31) / 32;
+    const m3_e8m0 *sc = (const m3_e8m0 *)j->scale + (size_t)n * nb;
+    for (int b0 = 0; b0 < kc; b0 += 32) {
+        const int k = k0 + b0, m = kc - b0 < 32 ? kc - b0 : 32;
+        const float s = m3_e8m0_to_f32(sc[k / 32]);
+        if (j->fmt == M3_WFMT_MXFP4) {
+            const uint8_t *row = (const uint8_t *)j->w + (size_t)n * (size_t)((j->n_in + 1) / 2);
+            for (int i = 0; i < m; i++) out[b0 + i] = j->lut[m3_fp4_get(row, k + i, false)] * s;
+        } else {
+            const uint8_t *row = (const uint8_t *)j->w + (size_t)n * j->n_in + k;
+            for (int i = 0; i < m; i++) out[b0 + i] = j->lut[row[i]] * s;
+        }
+    }
+}
 
 /* bf16 -> fp32 bits, 16 at a time so that -O2's SLP vectoriser takes it. */
 static void cvt_bf16_row(uint32_t *d, const m3_bf16 *s, int n) {
@@ -152,8 +187,7 @@ static void lin_tile(void *vctx, int64_t tile) {
             /* quantized weights: decoded exactly, element by element (k0 is a multiple of
              * the MX block: M3_LINEAR_TILE_K is a multiple of 32) */
             float *fb = (float *)(void *)buf;
-            for (int r = 0; r < nt; r++)
-                for (int k = 0; k < kc; k++) fb[(size_t)r * kc + k] = wq_at(j, n0 + r, k0 + k);
+            for (int r = 0; r < nt; r++) wq_row(j, n0 + r, k0, kc, fb + (size_t)r * kc);
             b = fb;
             ldb = kc;
         } else if (j->round_w) {
@@ -276,6 +310,7 @@ void m3_linear_q(float *y, int ldy, const float *x, int ldx, const m3_wmat *w, i
     lin_job j = {.y = y, .x = xg, .w = wq ? wq->codes : w->data, .scale = wq ? wq->scale : NULL,
                  .fmt = w->fmt, .fp8kind = act ? act->fp8.kind : M3_FP8_E4M3FN, .ldy = ldy,
                  .ldx = ldg, .n_tok = n_tok, .n_in = K, .n_out = N};
+    if (fmt_quantized(w->fmt)) lin_job_lut(&j);
     lin_run(&j);
     if (w->fmt == M3_WFMT_FP8_ROW) {
         /* epilogue: (acc * s_x[t]) * s_w[n], fp32 (spec §5.6; order UNVERIFIED) */
