@@ -20,7 +20,7 @@
 #   and the throughput are real).
 # DATA_FILE: GSM8K-style JSONL (default fixtures/arith/test.jsonl); VARIANTS: comma list
 #   (default hf); LIMIT: items (default 20).
-# Environment: NUM_FEWSHOT (5), MAX_GEN_TOKS (64), T_GPU / T_REF seconds per run (60 / 60),
+# Environment: NUM_FEWSHOT (5), FEWSHOT (a shots file), MAX_GEN_TOKS (64), T_GPU / T_REF seconds per run (60 / 60),
 #   THREADS for the ref backend (all cores), BACKENDS ("gpu ref").
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -61,6 +61,8 @@ variants=${3:-hf}
 limit=${4:-20}
 common=(--model "$model" --data "$data" --limit "$limit" --num-fewshot "${NUM_FEWSHOT:-5}"
         --max-gen-toks "${MAX_GEN_TOKS:-64}")
+# FEWSHOT=FILE: the shots' source (default: the data file itself, as m3 eval does)
+[ -n "${FEWSHOT:-}" ] && common+=(--fewshot "$(find_path "$FEWSHOT")")
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   ldd "$m3" | grep -i "not found"
