@@ -29,6 +29,7 @@
 #include "ref/norm.h"
 #include "ref/num/act.h"
 #include "ref/num/bf16.h"
+#include "ref/num/fp8.h"
 #include "ref/num/mx.h"
 #include "ref/qload.h"
 #include "ref/quant.h"
@@ -235,6 +236,75 @@ static __global__ void __launch_bounds__(GLUE_THREADS)
         ids2[i] = k < K ? ids[t * K + k] : E;
         wts2[i] = k < K ? __fmul_rn(wts[t * K + k], rsf) : 1.0f;
     }
+}
+
+/* ---- fp8 caches (ref/kvcache.c writers and readers, spec §4.7-4.8) ---------------------- */
+/* K and V rows of this pass into the fp8 cache: one thread per (token, head, K or V) row.
+ * amax NaN-sticky (ref amax_of), scale = amax / fp8_max (1 when amax is 0), byte =
+ * cvt(value / scale) with a true fp32 division, RNE, the overflow rule. */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    kv8_write_k(uint8_t *k8, uint8_t *v8, float *ks, float *vs, const TS *k, const TS *v, int T,
+                int Hkv, int Dh, float fp8_max, int kind, int ovf) {
+    const int64_t n = (int64_t)T * Hkv * 2;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const bool is_v = (i & 1) != 0;
+        const int64_t row = i >> 1; /* t * Hkv + h */
+        const TS *src = (is_v ? v : k) + (size_t)row * Dh;
+        float a = 0.0f;
+        for (int d = 0; d < Dh; d++) {
+            const float x = fabsf(ldv(src, d));
+            if (x > a || x != x) a = x;
+        }
+        const float sc = a == 0.0f ? 1.0f : __fdiv_rn(a, fp8_max);
+        (is_v ? vs : ks)[row] = sc;
+        uint8_t *dst = (is_v ? v8 : k8) + (size_t)row * Dh;
+        for (int d = 0; d < Dh; d++)
+            dst[d] = m3_f32_to_fp8(__fdiv_rn(ldv(src, d), sc), (m3_fp8_kind)kind,
+                                   (m3_fp8_overflow)ovf);
+    }
+}
+
+/* dequantized K or V rows: out = fp32(byte) * scale (ref gather_paged) */
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    kv8_deq_k(float *out, const uint8_t *c, const float *sc, int64_t rows, int Dh, int kind) {
+    const int64_t n = rows * Dh;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __fmul_rn(m3_fp8_to_f32(c[i], (m3_fp8_kind)kind), sc[i / Dh]);
+}
+
+/* index keys into the fp8 index cache: cvt(bf16(key)), unit scale (ref m3_kv_index_write) */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    ix8_write_k(uint8_t *dst, const TS *ik, int64_t n, int kind, int ovf) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = m3_f32_to_fp8(m3_round_bf16(ldv(ik, i)), (m3_fp8_kind)kind, (m3_fp8_overflow)ovf);
+}
+
+/* fp8 code values as fp32 (unit scale) */
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    fp8_deq_k(float *out, const uint8_t *c, int64_t n, int kind) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = m3_fp8_to_f32(c[i], (m3_fp8_kind)kind);
+}
+
+/* y = fp8 rounding of x as fp32 (round_fp8 = 0: a plain widening) */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    widen_k(float *y, const TS *x, int64_t n, bool round_fp8, int kind, int ovf) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = ldv(x, i);
+        y[i] = round_fp8 ? m3_round_fp8(v, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) : v;
+    }
+}
+
+static unsigned glue_grid(int64_t n) {
+    return m3_grid_1d(n < 65536 * 4 ? n : 65536 * 4, GLUE_THREADS);
 }
 
 /* ---- host wiring helpers (declared in gpu_internal.h, used by gpu/model.hip) ---------- */
@@ -641,6 +711,115 @@ static m3_status indexer(m3_gpu *g, int32_t *topk, float *scores, int *ties, con
     return m3_gpu_indexer_topk_f32(g, topk, scores, NULL, ties, iq, ld, ik, pos, T, n_ctx, ip, p);
 }
 
+/* ---- fp8 caches and paged reads (docs/caches.md; ref/layer.c under a paged cache) ------ */
+static m3_fp8_kind cache_kind(const m3_gpu_layer_cache *c) {
+    return c->variant ? c->variant->fp8_kind : M3_FP8_E4M3FN;
+}
+static m3_fp8_overflow cache_ovf(const m3_gpu_layer_cache *c) {
+    return c->variant ? c->variant->fp8_overflow : M3_FP8_SATURATE;
+}
+
+/* this pass's K / V rows [T, Hkv, Dh] into the fp8 cache rows n0.. (hf / fp32 writers:
+ * FP8_MAX of the fp8 kind, or kv_fp8max when forced; the k the profile holds) */
+template <typename TS>
+static m3_status kv8_write(m3_gpu *g, m3_gpu_layer_cache *c, int n0, int T, const TS *k,
+                           const TS *v, int Hkv, int Dh) {
+    const m3_variant *var = c->variant;
+    const m3_fp8_kind kind = cache_kind(c);
+    const float fmax = var && var->kv_fp8max > 0 ? (float)var->kv_fp8max : m3_fp8_max(kind);
+    const size_t r0 = (size_t)n0 * Hkv;
+    kv8_write_k<TS><<<glue_grid((int64_t)T * Hkv * 2), GLUE_THREADS, 0, g->stream>>>(
+        c->k8 + r0 * Dh, c->v8 + r0 * Dh, c->ks8 + r0, c->vs8 + r0, k, v, T, Hkv, Dh, fmax,
+        (int)kind, (int)cache_ovf(c));
+    M3_LAUNCHED(g, "kv8_write_k");
+    return M3_OK;
+}
+
+/* this pass's index keys [T, Di] into the fp8 index cache rows n0.. */
+template <typename TS>
+static m3_status ix8_write(m3_gpu *g, m3_gpu_layer_cache *c, int n0, int T, const TS *ik, int Di) {
+    const int64_t n = (int64_t)T * Di;
+    ix8_write_k<TS><<<glue_grid(n), GLUE_THREADS, 0, g->stream>>>(
+        c->ik8 + (size_t)n0 * Di, ik, n, (int)cache_kind(c), (int)cache_ovf(c));
+    M3_LAUNCHED(g, "ix8_write_k");
+    return M3_OK;
+}
+
+/* Attention over the dequantized fp8 cache (rows 0..n_ctx-1): ref's m3_attn_paged without
+ * the §4.9 emulation (hf / fp32: dequantize on read, then the profile's dense or sparse
+ * math), through the faithful fp32 kernels; q [T, H*Dh] (pitch H*Dh) widened exactly, the
+ * output (bf16-valued under attn_out_bf16) narrowed exactly for bf16 storage. */
+template <typename TS>
+static m3_status attn_fp8(m3_gpu *g, TS *out, const TS *q, const m3_gpu_layer_cache *c,
+                          const int32_t *pos, int T, int n_ctx, const int32_t *sel, int width,
+                          int block, const m3_attn_params *ap, const m3_profile *p) {
+    const int Hkv = ap->n_kv_head, Dh = ap->head_dim, QW = ap->n_head * Dh;
+    const int64_t rows = (int64_t)n_ctx * Hkv, nq = (int64_t)T * QW;
+    const int kind = (int)cache_kind(c);
+    const bool narrow = sizeof(TS) == 2;
+    const size_t mark = m3_gpu_mark(g);
+    float *kd = NULL, *vd = NULL, *qf = NULL, *of = NULL;
+    m3_status s = m3_gpu_alloc(g, (void **)&kd, (size_t)(rows * Dh) * sizeof(float));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&vd, (size_t)(rows * Dh) * sizeof(float));
+    if (s == M3_OK) {
+        kv8_deq_k<<<glue_grid(rows * Dh), GLUE_THREADS, 0, g->stream>>>(kd, c->k8, c->ks8, rows, Dh, kind);
+        s = m3_gpu_launched_(g, "kv8_deq_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        kv8_deq_k<<<glue_grid(rows * Dh), GLUE_THREADS, 0, g->stream>>>(vd, c->v8, c->vs8, rows, Dh, kind);
+        s = m3_gpu_launched_(g, "kv8_deq_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK && narrow) {
+        s = m3_gpu_alloc(g, (void **)&qf, (size_t)nq * sizeof(float));
+        if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&of, (size_t)nq * sizeof(float));
+        if (s == M3_OK) {
+            widen_k<TS><<<glue_grid(nq), GLUE_THREADS, 0, g->stream>>>(qf, q, nq, false, 0, 0);
+            s = m3_gpu_launched_(g, "widen_k", __FILE__, __LINE__);
+        }
+    } else if (s == M3_OK) {
+        qf = (float *)(void *)q, of = (float *)(void *)out;
+    }
+    if (s == M3_OK)
+        s = sel ? m3_gpu_attn_sparse_f32(g, of, qf, QW, kd, vd, pos, T, n_ctx, sel, width, block,
+                                         ap, p)
+                : m3_gpu_attn_dense_f32(g, of, qf, QW, kd, vd, pos, T, n_ctx, ap, p);
+    if (s == M3_OK && narrow) s = m3_gpu_f32_to_bf16(g, (m3_bf16 *)(void *)out, of, nq);
+    m3_gpu_release(g, mark); /* later work is stream-ordered after these kernels */
+    return s;
+}
+
+/* The indexer over fp32 sources (ref under a paged cache): keys read back through the fp8
+ * index cache (or the stored keys widened), the query cast to fp8 (q8: prefill with
+ * index_q_fp8_prefill) or widened, then the faithful fp32 indexer. */
+template <typename TS>
+static m3_status indexer_paged(m3_gpu *g, int32_t *topk, float *scores, int *ties, const TS *iq,
+                               const m3_gpu_layer_cache *c, const int32_t *pos, int T, int n_ctx,
+                               const m3_indexer_params *ip, const m3_profile *p, bool q8) {
+    const int Di = ip->index_head_dim, QI = ip->n_index_head * Di;
+    const int64_t nk = (int64_t)n_ctx * Di, nq = (int64_t)T * QI;
+    const int kind = (int)cache_kind(c), ovf = (int)cache_ovf(c);
+    const size_t mark = m3_gpu_mark(g);
+    float *ikf = NULL, *iqf = NULL;
+    m3_status s = m3_gpu_alloc(g, (void **)&ikf, (size_t)nk * sizeof(float));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&iqf, (size_t)nq * sizeof(float));
+    if (s == M3_OK) {
+        if (c->ik8)
+            fp8_deq_k<<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(ikf, c->ik8, nk, kind);
+        else
+            widen_k<TS><<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(
+                ikf, (const TS *)c->index_k, nk, false, 0, 0);
+        s = m3_gpu_launched_(g, "index key read", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        widen_k<TS><<<glue_grid(nq), GLUE_THREADS, 0, g->stream>>>(iqf, iq, nq, q8, kind, ovf);
+        s = m3_gpu_launched_(g, "widen_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK)
+        s = m3_gpu_indexer_topk_f32(g, topk, scores, NULL, ties, iqf, QI, ikf, pos, T, n_ctx, ip, p);
+    m3_gpu_release(g, mark);
+    return s;
+}
+
 /* The tiled expert kernels where their contract holds (bf16 storage); false: not taken. A
  * fused shared expert rides along as expert E (ids / wts [T, K+1], weight 1, the routed
  * weights times rsf, routed_scale 1: ref m3_moe_experts_fused's sum, same order) when it is
@@ -984,6 +1163,7 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     M3_TRY(tap_dev(tp, "q", q, 3, T, H, Dh));
     M3_TRY(tap_dev(tp, "k", kc, 3, T, Hkv, Dh));
     M3_TRY(tap_dev(tp, "v", vc, 3, T, Hkv, Dh));
+    if (cache->k8) M3_TRY(kv8_write(g, cache, n0, T, kc, vc, Hkv, Dh));
 
     if (w->sparse) {
         const int G = c->index_n_heads, Di = c->index_head_dim;
@@ -1011,8 +1191,16 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
             M3_TRY(m3_gpu_alloc(g, (void **)&scores, (size_t)G * t_ * NB * sizeof(float)));
             M3_TRY(m3_gpu_alloc(g, (void **)&ties, sizeof(int)));
             M3_TRY(m3_gpu_memset(g, ties, 0, sizeof(int)));
-            M3_TRY(indexer(g, topk, scores, ties, iq, G * Di, (const TS *)cache->index_k, d_pos, T,
-                           n_ctx, &ip, p));
+            if (cache->ik8) M3_TRY(ix8_write(g, cache, n0, T, ikc, Di));
+            /* paged caches: keys read back through the index cache; the prefill's query cast
+             * to fp8 when the variant says so (ref §3.8, §9.9) */
+            const bool q8 = cache->paged && T > 1 && cache->variant &&
+                            m3_variant_index_q_fp8(cache->variant);
+            if (cache->ik8 || q8)
+                M3_TRY(indexer_paged(g, topk, scores, ties, iq, cache, d_pos, T, n_ctx, &ip, p, q8));
+            else
+                M3_TRY(indexer(g, topk, scores, ties, iq, G * Di, (const TS *)cache->index_k, d_pos,
+                               T, n_ctx, &ip, p));
             int n_ties = 0;
             M3_TRY(m3_gpu_download(g, &n_ties, ties, sizeof n_ties));
             if (n_ties)
@@ -1068,6 +1256,9 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
             s = tap_dev_i32(tp, "index_topk", sel, 3, G, T, sel_w);
         free(forced.data);
         M3_TRY(s);
+        if (cache->paged && sel_w > ip.topk)
+            return m3_errorf(M3_ERR_SHAPE, "layer %d: index_topk width %d > top-k %d", L, sel_w,
+                             ip.topk);
         if (!reuse && cache->share) { /* record what attention uses, for the reusing layers */
             m3_gpu_topk_share *sh = cache->share;
             const size_t n = (size_t)G * t_ * (size_t)sel_w;
@@ -1077,8 +1268,15 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
             sh->n_tok = T;
             sh->width = sel_w;
         }
-        M3_TRY(attn_sparse(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
-                           n_ctx, sel, sel_w, ip.block, &ap, p, o->flash));
+        if (cache->k8) /* sparse layers read the fp8 cache in prefill and decode (§3.10) */
+            M3_TRY(attn_fp8(g, ao, q, cache, d_pos, T, n_ctx, sel, sel_w, ip.block, &ap, p));
+        else
+            M3_TRY(attn_sparse(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
+                               n_ctx, sel, sel_w, ip.block, &ap, p, o->flash));
+    } else if (cache->k8 && T == 1) {
+        /* dense decode reads the fp8 cache; dense prefill the chunk's own unquantized K/V, as
+         * ATOM's flash-attention prefill (§3.7, §9.12) */
+        M3_TRY(attn_fp8(g, ao, q, cache, d_pos, T, n_ctx, (const int32_t *)NULL, 0, 0, &ap, p));
     } else {
         M3_TRY(attn_dense(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
                           n_ctx, &ap, p, o->flash));

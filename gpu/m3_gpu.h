@@ -266,6 +266,23 @@ typedef struct m3_gpu_layer_cache {
      * (when not NULL). Zero = every sparse layer computes. */
     m3_gpu_topk_share *share;
     bool reuse_topk;
+    /* paged-cache reads and fp8 caches (ref/variant.h, docs/caches.md), set by the model from
+     * its variant (all NULL / false = the plain contiguous caches):
+     *   k8, v8 [cap, Hkv, Dh] fp8 bytes + ks8, vs8 [cap, Hkv] fp32 scales: the fp8 KV cache,
+     *     written beside k / v by ref's writer rule (§4.7: scale = amax / FP8_MAX, byte =
+     *     cvt(value / scale)); dense decode passes and sparse layers attend over its
+     *     dequantized values fp32(byte) * scale, dense prefill over the unquantized k / v;
+     *   ik8 [cap, Di] fp8 bytes at unit scale (§4.8: cvt(bf16(key))): the fp8 index cache the
+     *     indexer reads;
+     *   paged: cache_layout paged (the prefill's index query is cast to fp8 when the variant
+     *     says so, as ref does on paged caches only). The device keeps every cache in the
+     *     contiguous [S, ...] layout: ref's paged reads give the same numbers as contiguous
+     *     ones (same bytes and scales per (token, head); ref's tests: paged bf16 == contiguous bit
+     *     for bit in every profile). */
+    uint8_t *k8, *v8, *ik8;
+    float *ks8, *vs8;
+    const struct m3_variant *variant; /* fp8 kind, overflow, kv_fp8max, index q rule */
+    bool paged;
 } m3_gpu_layer_cache;
 /* The selection of the most recent computing sparse layer of the current pass. */
 struct m3_gpu_topk_share {

@@ -81,18 +81,19 @@ static m3_status schedule(m3_gpu_model *m) {
 static m3_status upload_all(m3_gpu_model *m);
 
 /* The variant keys the GPU forward implements: the expert keys (quantize on load with ref's
- * own code, MX activation quantization, the fused shared expert), the fp8 element kind and
- * overflow rule of that quantization, and top-k reuse. The rest fail naming the key. */
-static m3_status variant_supported(const m3_variant *v) {
-    const char *bad = v->ptpc                                 ? "ptpc"
-                      : v->kv_cache == M3_CACHE_FP8           ? "kv_cache"
-                      : v->index_cache == M3_CACHE_FP8        ? "index_cache"
-                      : v->cache_layout == M3_LAYOUT_PAGED    ? "cache_layout"
-                      : v->index_q_fp8_prefill == M3_TRI_ON   ? "index_q_fp8_prefill"
-                                                              : NULL;
-    if (bad)
-        return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu: variant key %s is not implemented on "
-                         "the GPU (the expert keys and top-k reuse are)", bad);
+ * own code, MX activation quantization, the fused shared expert), the caches under the hf /
+ * fp32 writers (fp8 KV, fp8 index cache, paged reads, fp8 kind / overflow / kv_fp8max, the
+ * prefill index query cast), and top-k reuse. The rest fail naming the key. */
+static m3_status variant_supported(const m3_variant *v, const m3_profile *p) {
+    if (v->ptpc)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu: variant key ptpc is not implemented "
+                         "on the GPU (per-token fp8 activations of the dense projections)");
+    /* atom's fp8 KV writers quantize the unrounded fp32 k of dense / reusing layers and its
+     * attention emulates the fp8 paged-attention kernel (§4.7, §4.9): no device kernels */
+    if (v->kv_cache == M3_CACHE_FP8 && (p->attn_partition > 0 || p->qk_round == M3_QK_ROUND_ONCE))
+        return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu: variant key kv_cache fp8 under the "
+                         "%s profile (fp32-k writers, fp8 paged-attention emulation) is not "
+                         "implemented on the GPU (hf and fp32 are)", p->name ? p->name : "given");
     return M3_OK;
 }
 
@@ -106,7 +107,7 @@ static bool same_weights(const m3_variant *a, const m3_variant *b) {
 
 extern "C" m3_status m3_gpu_model_set_variant(m3_gpu_model *m, const m3_variant *v) {
     M3_TRY(m3_variant_check(v));
-    M3_TRY(variant_supported(v));
+    M3_TRY(variant_supported(v, &m->p));
     /* top-k reuse flags override the config's (and --override's) schedule, as ref */
     if (v->topk_reuse > 1 || v->topk_pattern[0]) {
         char js[256];
@@ -124,6 +125,10 @@ extern "C" m3_status m3_gpu_model_set_variant(m3_gpu_model *m, const m3_variant 
     const bool reupload = !same_weights(&m->v, v);
     m->v = *v;
     set_n_past(m, 0);
+    /* the caches are made again by the next reserve, in the variant's forms */
+    m3_gpu_release(m->g, m->mark_caches);
+    memset(m->cache, 0, (size_t)m->cfg->n_layer * sizeof *m->cache);
+    m->cap = 0;
     if (reupload) {
         /* the weights under the new variant: drop everything above the open mark (resident
          * weights, caches) and upload again; a failure leaves the model unusable */
@@ -334,6 +339,24 @@ extern "C" void m3_gpu_model_close(m3_gpu_model *m) {
     free(m);
 }
 
+/* the variant's parts of a layer cache: fp8 K/V and index caches, paged reads */
+static m3_status cache_variant(m3_gpu_model *m, m3_gpu_layer_cache *lc, bool sparse, int cap) {
+    const m3_config *c = m->cfg;
+    const m3_variant *v = &m->v;
+    lc->variant = v;
+    lc->paged = v->cache_layout == M3_LAYOUT_PAGED;
+    const size_t rows = (size_t)cap * (size_t)c->n_kv_head;
+    if (v->kv_cache == M3_CACHE_FP8) {
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->k8, rows * (size_t)c->head_dim));
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->v8, rows * (size_t)c->head_dim));
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->ks8, rows * sizeof(float)));
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->vs8, rows * sizeof(float)));
+    }
+    if (sparse && v->index_cache == M3_CACHE_FP8)
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->ik8, (size_t)cap * (size_t)c->index_head_dim));
+    return M3_OK;
+}
+
 extern "C" m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx) {
     if (n_ctx <= m->cap) return M3_OK;
     if (m->n_past > 0)
@@ -349,6 +372,7 @@ extern "C" m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx) {
     for (int L = 0; L < c->n_layer; L++) {
         m3_status s = m3_gpu_layer_cache_alloc(m->g, &m->cache[L], c, c->layer_sparse[L], cap,
                                                m->bf16);
+        if (!s) s = cache_variant(m, &m->cache[L], c->layer_sparse[L], cap);
         if (s) {
             m3_gpu_release(m->g, m->mark_caches);
             memset(m->cache, 0, (size_t)c->n_layer * sizeof *m->cache);
@@ -422,7 +446,8 @@ static m3_status forward(m3_gpu_model *m, const int32_t *tok, const int32_t *pos
     /* top-k reuse never crosses passes (spec §3.9): a fresh share per pass, sized for a
      * selection of top-k blocks per (index head, token) */
     m->share.layer = -1;
-    m->share.cap = (size_t)c->index_n_heads * (size_t)T * (size_t)(c->index_topk > 0 ? c->index_topk : 1);
+    m->share.cap = (size_t)(c->index_n_heads > 0 ? c->index_n_heads : 1) * (size_t)T *
+                   (size_t)(c->index_topk > 0 ? c->index_topk : 1);
     M3_TRY(m3_gpu_alloc(g, (void **)&m->share.topk, m->share.cap * sizeof(int32_t)));
     bool h_pending = false;
     char key[M3_KEY_MAX];

@@ -564,27 +564,44 @@ static void variant_run_hf_f32_storage(void **state) {
     run_case_v(state, "hf", &o, &v, "variant_mxfp4_hf_f32storage", 0, true);
 }
 
-/* Keys the GPU does not implement: M3_ERR_UNSUPPORTED naming the key; the model still runs. */
+static void variant_caches_hf(void **state) {
+    /* fp8 KV (dense decode and sparse layers read it) and fp8 index cache, paged reads */
+    m3_variant v;
+    variant_from(&v, "kv_cache=fp8 index_cache=fp8");
+    run_case_v(state, "hf", NULL, &v, "variant_fp8caches_hf", 3, false);
+}
+
+static void variant_caches_hf_f32_storage(void **state) {
+    /* e4m3fnuz elements with a forced FP8_MAX; bf16 index cache with the prefill's fp8 query */
+    m3_gpu_model_opts o;
+    m3_gpu_model_opts_default(&o);
+    o.f32_storage = true;
+    m3_variant v;
+    variant_from(&v, "kv_cache=fp8 fp8_kind=e4m3fnuz kv_fp8max=448 index_q_fp8_prefill=on "
+                     "topk_reuse=2");
+    run_case_v(state, "hf", &o, &v, "variant_fp8kv_fnuz_hf_f32storage", 2, false);
+}
+
+/* Keys the GPU does not implement: M3_ERR_UNSUPPORTED naming the key; the model keeps its
+ * previous variant and still runs. */
 static void variant_refused(void **state) {
     m3_gpu *g = need_gpu(state);
     if (harness_ref) skip();
-    model m;
-    model_open(&m, g, true, "tiny-moe", "hf", NULL);
-    static const char *specs[][2] = {{"ptpc=fp8", "ptpc"},
-                                     {"kv_cache=fp8", "kv_cache"},
-                                     {"index_cache=fp8", "index_cache"},
-                                     {"cache_layout=paged", "cache_layout"}};
-    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+    static const char *cases[][3] = {{"hf", "ptpc=fp8", "ptpc"},
+                                     {"atom", "kv_cache=fp8", "kv_cache"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        model m;
+        model_open(&m, g, true, "tiny-moe", cases[i][0], NULL);
         m3_variant v;
-        variant_from(&v, specs[i][0]);
+        variant_from(&v, cases[i][1]);
         assert_int_equal(m3_gpu_model_set_variant(m.gm, &v), M3_ERR_UNSUPPORTED);
-        printf("  %s: %s\n", specs[i][0], m3_last_error());
-        if (!strstr(m3_last_error(), specs[i][1]))
-            m3_test_failf("%s: the error does not name the key: %s", specs[i][0], m3_last_error());
+        printf("  %s, %s: %s\n", cases[i][0], cases[i][1], m3_last_error());
+        if (!strstr(m3_last_error(), cases[i][2]))
+            m3_test_failf("%s: the error does not name the key: %s", cases[i][1], m3_last_error());
+        int32_t tok[3] = {1, 2, 3}, next;
+        GPU_OK(m3_gpu_model_forward(m.gm, tok, NULL, 3, NULL, NULL, NULL, &next));
+        model_close(&m);
     }
-    int32_t tok[3] = {1, 2, 3}, next;
-    GPU_OK(m3_gpu_model_forward(m.gm, tok, NULL, 3, NULL, NULL, NULL, &next));
-    model_close(&m);
 }
 
 /* Bad arguments: one error line, status returned, caches untouched. */
@@ -708,8 +725,9 @@ static void cli_variants(void **state) {
         {"mxfp4_act_fused", "fp32",
          "--experts mxfp4 --moe-act-bound 1 --shared-fused on --experts-scale floor",
          "hf_fp32.h5"},
-        {"mxfp4_topk_reuse", "hf", "--experts mxfp4 --moe-act-bound 1 --topk-reuse 2",
-         "hf_bf16.h5"},
+        {"mxfp4_topk_reuse_paged", "hf",
+         "--experts mxfp4 --moe-act-bound 1 --topk-reuse 2 --cache-layout paged", "hf_bf16.h5"},
+        {"fp8_caches", "hf", "--kv-cache fp8 --index-cache fp8", "hf_bf16.h5"},
     };
     for (int f = 0; f < N_FIX; f++)
         for (size_t i = 0; i < sizeof vc / sizeof vc[0]; i++) {
@@ -767,6 +785,8 @@ int main(void) {
         cmocka_unit_test(variant_decode_hf),
         cmocka_unit_test(variant_decode_fp32),
         cmocka_unit_test(variant_run_hf_f32_storage),
+        cmocka_unit_test(variant_caches_hf),
+        cmocka_unit_test(variant_caches_hf_f32_storage),
         cmocka_unit_test(variant_refused),
         cmocka_unit_test(cli_variants),
     };
