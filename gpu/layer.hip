@@ -43,6 +43,10 @@ struct m3_gpu_layer_weights {
     const m3_bf16 *in_norm, *post_norm, *q_norm, *k_norm, *iq_norm, *ik_norm; /* bf16 [n] */
     const void *q, *k, *v, *o, *iq, *ik;   /* TS [out, in] */
     const void *mg, *mu, *md;              /* dense MLP, TS */
+    /* ptpc (ref m3_qload_ptpc): the matrices above hold fp8 code values (exact in the storage
+     * type), these their per-output-channel scales [out]; NULL = a plain projection */
+    const float *q_s, *k_s, *v_s, *o_s, *iq_s, *ik_s, *mg_s, *mu_s, *md_s;
+    m3_actq ptpc;                          /* per-token fp8 activations (ref's q->ptpc) */
     /* Experts stacked, [E(+1), F, D] x2 and [E(+1), D, F]: TS (BF16), or MX codes [rows,
      * row_bytes] with e8m0 scales [rows, ceil(in/32)] (ref's quantize-on-load codes, as
      * m3_layer_weights_load_v made them). Slot E holds the shared expert when it runs fused
@@ -307,6 +311,62 @@ static unsigned glue_grid(int64_t n) {
     return m3_grid_1d(n < 65536 * 4 ? n : 65536 * 4, GLUE_THREADS);
 }
 
+/* ---- ptpc (ref linear.c m3_linear_q with an FP8_ROW weight, ref/quant.c rows) ---------- */
+/* Per-token fp8 of x [T, K], one block per row: amax (NaN sticky, exact in any order), s =
+ * amax * (1/FP8_MAX) (RCP) or amax / FP8_MAX (DIV), 1 for a zero row under zero_row one;
+ * q = cvt(x * (1/s)) (RCP) or cvt(x / s); xq gets the code values (exact in bf16), sx[t] = s. */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    ptpc_act_k(TS *xq, float *sx, const TS *x, int K, int kind, int ovf, bool zero_one, bool rcp,
+               float fp8_max) {
+    __shared__ float sm[GLUE_THREADS];
+    __shared__ int sn[GLUE_THREADS];
+    const int t = (int)blockIdx.x, tid = (int)threadIdx.x;
+    const TS *xr = x + (size_t)t * K;
+    float a = 0.0f;
+    int nan = 0;
+    for (int j = tid; j < K; j += GLUE_THREADS) {
+        const float v = fabsf(ldv(xr, j));
+        if (v != v) nan = 1;
+        else a = fmaxf(a, v);
+    }
+    sm[tid] = a;
+    sn[tid] = nan;
+    __syncthreads();
+    for (int h = GLUE_THREADS / 2; h > 0; h >>= 1) {
+        if (tid < h) {
+            sm[tid] = fmaxf(sm[tid], sm[tid + h]);
+            sn[tid] |= sn[tid + h];
+        }
+        __syncthreads();
+    }
+    const float amax = sn[0] ? __int_as_float(0x7FC00000) : sm[0];
+    float s;
+    if (amax == 0.0f && zero_one) s = 1.0f;
+    else if (rcp) s = __fmul_rn(amax, __fdiv_rn(1.0f, fp8_max));
+    else s = __fdiv_rn(amax, fp8_max);
+    if (tid == 0) sx[t] = s;
+    const float rs = __fdiv_rn(1.0f, s);
+    for (int j = tid; j < K; j += GLUE_THREADS) {
+        const float v = ldv(xr, j);
+        const m3_fp8 c = m3_f32_to_fp8(rcp ? __fmul_rn(v, rs) : __fdiv_rn(v, s), (m3_fp8_kind)kind,
+                                       (m3_fp8_overflow)ovf);
+        stv(xq, (size_t)t * K + j, m3_fp8_to_f32(c, (m3_fp8_kind)kind));
+    }
+}
+
+/* y = rnd((acc * s_x[t]) * s_w[n]) (ref's epilogue order), bf16 under act_bf16 */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    ptpc_epi_k(TS *y, const float *acc, const float *sx, const float *sw, int T, int N, bool rnd) {
+    const int64_t n = (int64_t)T * N;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = __fmul_rn(__fmul_rn(acc[i], sx[i / N]), sw[i % N]);
+        stv(y, (size_t)i, rnd ? m3_round_bf16(v) : v);
+    }
+}
+
 /* ---- host wiring helpers (declared in gpu_internal.h, used by gpu/model.hip) ---------- */
 m3_status m3_gpu_dl_(m3_gpu *g, float *h, const float *d, size_t n) {
     return m3_gpu_download(g, h, d, n * sizeof(float));
@@ -414,8 +474,47 @@ static m3_status up_norm(m3_gpu *g, const m3_bf16 **d, const m3_bf16 *h, int n) 
     return M3_OK;
 }
 
+/* a ptpc projection (ref m3_qload_ptpc: an m3_wq of fp8 codes [N, K] and scales [N], with
+ * per-token fp8 activations): the code values, exact in bf16 and fp32, as a storage-type
+ * matrix the vendor GEMM reads, the scales apart (the epilogue applies them) */
+static m3_status up_ptpc(m3_gpu *g, const void **d, const float **ds, m3_actq *act, bool bf16,
+                         const m3_wmat *wm) {
+    const m3_wq *q = (const m3_wq *)wm->data;
+    if (!q->act || q->act->kind != M3_ACTQ_PTPC)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: an fp8 per-channel weight without ptpc "
+                         "activations");
+    const size_t N = (size_t)wm->n_out, n = N * (size_t)wm->n_in, es = bf16 ? 2 : 4;
+    const m3_fp8 *codes = (const m3_fp8 *)q->codes;
+    const m3_fp8_kind kind = q->act->fp8.kind;
+    void *h = malloc(n * es + 1), *p, *sp;
+    if (!h) return m3_errorf(M3_ERR_NOMEM, "ptpc weights: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const float v = m3_fp8_to_f32(codes[i], kind);
+        if (bf16) ((m3_bf16 *)h)[i] = m3_f32_to_bf16(v); /* exact: 3 mantissa bits */
+        else ((float *)h)[i] = v;
+    }
+    m3_status s = m3_gpu_alloc(g, &p, n * es);
+    if (s == M3_OK) s = m3_gpu_upload(g, p, h, n * es);
+    free(h);
+    M3_TRY(s);
+    M3_TRY(m3_gpu_alloc(g, &sp, N * sizeof(float)));
+    M3_TRY(m3_gpu_upload(g, sp, q->scale, N * sizeof(float)));
+    *d = p;
+    *ds = (const float *)sp;
+    *act = *q->act;
+    return M3_OK;
+}
+
+/* a dense matrix into the storage type; ds / act (may be NULL) take a ptpc matrix */
 static m3_status up_mat(m3_gpu *g, const void **d, bool bf16, const m3_wmat *wm, int L,
-                        const char *name) {
+                        const char *name, const float **ds = NULL, m3_actq *act = NULL) {
+    if (ds) *ds = NULL;
+    if (wm->fmt == M3_WFMT_FP8_ROW) {
+        if (!ds || !act)
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: layer %d %s: fp8 per-channel weights "
+                             "here", L, name);
+        return up_ptpc(g, d, ds, act, bf16, wm);
+    }
     const size_t n = (size_t)wm->n_out * (size_t)wm->n_in;
     void *p;
     M3_TRY(m3_gpu_alloc(g, &p, n * (bf16 ? 2 : 4)));
@@ -427,16 +526,18 @@ static m3_status up_mat(m3_gpu *g, const void **d, bool bf16, const m3_wmat *wm,
 }
 
 static m3_status up_mlp(m3_gpu *g, const void **dg, const void **du, const void **dd, bool bf16,
-                        const m3_mlp_weights *mw, int D, int F, int L, const char *name) {
+                        const m3_mlp_weights *mw, int D, int F, int L, const char *name,
+                        const float **sg = NULL, const float **su = NULL,
+                        const float **sd = NULL, m3_actq *act = NULL) {
     m3_wmat wg = {mw->fmt, mw->gate, F, D}, wu = {mw->fmt, mw->up, F, D},
             wd = {mw->fmt, mw->down, D, F};
     char nm[64];
     snprintf(nm, sizeof nm, "%s gate_proj", name);
-    M3_TRY(up_mat(g, dg, bf16, &wg, L, nm));
+    M3_TRY(up_mat(g, dg, bf16, &wg, L, nm, sg, act));
     snprintf(nm, sizeof nm, "%s up_proj", name);
-    M3_TRY(up_mat(g, du, bf16, &wu, L, nm));
+    M3_TRY(up_mat(g, du, bf16, &wu, L, nm, su, act));
     snprintf(nm, sizeof nm, "%s down_proj", name);
-    return up_mat(g, dd, bf16, &wd, L, nm);
+    return up_mat(g, dd, bf16, &wd, L, nm, sd, act);
 }
 
 /* MX shapes: bytes per row of `in` elements, scale blocks per row (32-element blocks) */
@@ -500,19 +601,20 @@ static m3_status upload_weights(m3_gpu *g, m3_gpu_layer_weights *w, const m3_lay
     M3_TRY(up_norm(g, &w->post_norm, hw->post_norm, D));
     M3_TRY(up_norm(g, &w->q_norm, hw->q_norm, Dh));
     M3_TRY(up_norm(g, &w->k_norm, hw->k_norm, Dh));
-    M3_TRY(up_mat(g, &w->q, b, &hw->q, L, "q_proj"));
-    M3_TRY(up_mat(g, &w->k, b, &hw->k, L, "k_proj"));
-    M3_TRY(up_mat(g, &w->v, b, &hw->v, L, "v_proj"));
-    M3_TRY(up_mat(g, &w->o, b, &hw->o, L, "o_proj"));
+    M3_TRY(up_mat(g, &w->q, b, &hw->q, L, "q_proj", &w->q_s, &w->ptpc));
+    M3_TRY(up_mat(g, &w->k, b, &hw->k, L, "k_proj", &w->k_s, &w->ptpc));
+    M3_TRY(up_mat(g, &w->v, b, &hw->v, L, "v_proj", &w->v_s, &w->ptpc));
+    M3_TRY(up_mat(g, &w->o, b, &hw->o, L, "o_proj", &w->o_s, &w->ptpc));
     if (w->sparse) {
         const int Di = c->index_head_dim;
-        M3_TRY(up_mat(g, &w->iq, b, &hw->index_q, L, "index q_proj"));
-        M3_TRY(up_mat(g, &w->ik, b, &hw->index_k, L, "index k_proj"));
+        M3_TRY(up_mat(g, &w->iq, b, &hw->index_q, L, "index q_proj", &w->iq_s, &w->ptpc));
+        M3_TRY(up_mat(g, &w->ik, b, &hw->index_k, L, "index k_proj", &w->ik_s, &w->ptpc));
         M3_TRY(up_norm(g, &w->iq_norm, hw->index_q_norm, Di));
         M3_TRY(up_norm(g, &w->ik_norm, hw->index_k_norm, Di));
     }
     if (!w->moe)
-        return up_mlp(g, &w->mg, &w->mu, &w->md, b, &hw->mlp, D, c->dense_inter, L, "mlp");
+        return up_mlp(g, &w->mg, &w->mu, &w->md, b, &hw->mlp, D, c->dense_inter, L, "mlp",
+                      &w->mg_s, &w->mu_s, &w->md_s, &w->ptpc);
     const int E = c->n_expert, F = c->expert_inter;
     const size_t es = b ? 2 : 4, nm = (size_t)F * D;
     void *gate, *bias = NULL;
@@ -820,6 +922,43 @@ static m3_status indexer_paged(m3_gpu *g, int32_t *topk, float *scores, int *tie
     return s;
 }
 
+/* A dense projection y [T, N] = x [T, K] W^T: the plain GEMM, or ptpc (sw != NULL): x
+ * quantized per token to fp8 code values, the vendor GEMM of code values (exact products, fp32
+ * accumulation), then (acc * s_x) * s_w and the profile's rounding (ref m3_linear_q). */
+template <typename TS>
+static m3_status proj(m3_gpu *g, TS *y, const TS *x, const void *w, const float *sw,
+                      const m3_actq *act, int T, int N, int K, const m3_profile *p) {
+    if (!sw) return m3_gpu_linear_(g, y, x, w, T, N, K, p);
+    if (T == 0) return M3_OK;
+    const size_t mark = m3_gpu_mark(g);
+    TS *xq;
+    float *sx, *acc;
+    m3_status s = m3_gpu_alloc(g, (void **)&xq, (size_t)T * K * sizeof(TS));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&sx, (size_t)T * sizeof(float));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&acc, (size_t)T * N * sizeof(float));
+    if (s == M3_OK) {
+        const m3_fp8q_params *f = &act->fp8;
+        ptpc_act_k<TS><<<(unsigned)T, GLUE_THREADS, 0, g->stream>>>(
+            xq, sx, x, K, (int)f->kind, (int)f->ovf, f->zero_row == M3_PTPC_ZERO_ONE,
+            f->arith == M3_FP8Q_RCP, f->fp8_max);
+        s = m3_gpu_launched_(g, "ptpc_act_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        if (sizeof(TS) == 2)
+            s = m3_gpu_gemm_bf16_f32(g, acc, (const m3_bf16 *)(const void *)xq,
+                                     (const m3_bf16 *)w, T, N, K);
+        else
+            s = m3_gpu_gemm_f32(g, acc, (const float *)(const void *)xq, (const float *)w, T, N, K);
+    }
+    if (s == M3_OK) {
+        ptpc_epi_k<TS><<<glue_grid((int64_t)T * N), GLUE_THREADS, 0, g->stream>>>(
+            y, acc, sx, sw, T, N, p->act_bf16);
+        s = m3_gpu_launched_(g, "ptpc_epi_k", __FILE__, __LINE__);
+    }
+    m3_gpu_release(g, mark); /* later work is stream-ordered after these kernels */
+    return s;
+}
+
 /* The tiled expert kernels where their contract holds (bf16 storage); false: not taken. A
  * fused shared expert rides along as expert E (ids / wts [T, K+1], weight 1, the routed
  * weights times rsf, routed_scale 1: ref m3_moe_experts_fused's sum, same order) when it is
@@ -937,7 +1076,9 @@ static m3_status gen_mlp(m3_gpu *g, TS *ye, const TS *x, const int32_t *ids, int
 
 template <typename TS>
 static m3_status mlp(m3_gpu *g, TS *y, const TS *x, int T, const void *wg, const void *wu,
-                     const void *wd, int D, int F, float alpha, float limit, const m3_profile *p);
+                     const void *wd, int D, int F, float alpha, float limit, const m3_profile *p,
+                     const float *sg = NULL, const float *su = NULL, const float *sd = NULL,
+                     const m3_actq *act = NULL);
 
 /* The shared expert's output sh [T, D]: the dense GEMM path for plain weights in their own
  * arrays (ref m3_mlp), else the generic MLP (MX weights, or the shared expert as slot E). */
@@ -1006,19 +1147,21 @@ static m3_status experts(m3_gpu *g, TS *y, const TS *x, const int32_t *ids, cons
     return s;
 }
 
-/* y = MLP(x): ref m3_mlp (gate, up GEMMs rounded per profile, swiglu, down GEMM) */
+/* y = MLP(x): ref m3_mlp (gate, up GEMMs rounded per profile, swiglu, down GEMM); sg, su,
+ * sd: ptpc scales of the three matrices (NULL: plain) */
 template <typename TS>
 static m3_status mlp(m3_gpu *g, TS *y, const TS *x, int T, const void *wg, const void *wu,
-                     const void *wd, int D, int F, float alpha, float limit, const m3_profile *p) {
+                     const void *wd, int D, int F, float alpha, float limit, const m3_profile *p,
+                     const float *sg, const float *su, const float *sd, const m3_actq *act) {
     if (T == 0) return M3_OK;
     const size_t mark = m3_gpu_mark(g);
     TS *gb, *ub;
     m3_status s = m3_gpu_alloc(g, (void **)&gb, (size_t)T * F * sizeof(TS));
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ub, (size_t)T * F * sizeof(TS));
-    if (s == M3_OK) s = m3_gpu_linear_(g, gb, x, wg, T, F, D, p);
-    if (s == M3_OK) s = m3_gpu_linear_(g, ub, x, wu, T, F, D, p);
+    if (s == M3_OK) s = proj(g, gb, x, wg, sg, act, T, F, D, p);
+    if (s == M3_OK) s = proj(g, ub, x, wu, su, act, T, F, D, p);
     if (s == M3_OK) s = swiglu(g, gb, gb, ub, (int64_t)T * F, alpha, limit, p);
-    if (s == M3_OK) s = m3_gpu_linear_(g, y, gb, wd, T, D, F, p);
+    if (s == M3_OK) s = proj(g, y, gb, wd, sd, act, T, D, F, p);
     m3_gpu_release(g, mark);
     return s;
 }
@@ -1152,9 +1295,10 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     M3_TRY(tap_dev(tp, "input", x, 2, T, D, 0));
     M3_TRY(tap_dev(tp, "attn_norm", xn, 2, T, D, 0));
 
-    M3_TRY(m3_gpu_linear_(g, q, xn, w->q, T, QW, D, p));
-    M3_TRY(m3_gpu_linear_(g, kc, xn, w->k, T, KW, D, p));
-    M3_TRY(m3_gpu_linear_(g, vc, xn, w->v, T, KW, D, p));
+    const m3_actq *pq = &w->ptpc;
+    M3_TRY(proj(g, q, xn, w->q, w->q_s, pq, T, QW, D, p));
+    M3_TRY(proj(g, kc, xn, w->k, w->k_s, pq, T, KW, D, p));
+    M3_TRY(proj(g, vc, xn, w->v, w->v_s, pq, T, KW, D, p));
     M3_TRY(tap_dev(tp, "q_proj", q, 2, T, QW, 0));
     M3_TRY(tap_dev(tp, "k_proj", kc, 2, T, KW, 0));
     M3_TRY(tap_dev(tp, "v_proj", vc, 2, T, KW, 0));
@@ -1174,8 +1318,8 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
         /* a reusing layer computes the projections (as ref: the packed GEMM runs) but never
          * inserts into its index cache: its key projection goes to a temporary */
         if (reuse) M3_TRY(m3_gpu_alloc(g, (void **)&ikc, t_ * Di * sizeof(TS)));
-        M3_TRY(m3_gpu_linear_(g, iq, xn, w->iq, T, G * Di, D, p));
-        M3_TRY(m3_gpu_linear_(g, ikc, xn, w->ik, T, Di, D, p));
+        M3_TRY(proj(g, iq, xn, w->iq, w->iq_s, pq, T, G * Di, D, p));
+        M3_TRY(proj(g, ikc, xn, w->ik, w->ik_s, pq, T, Di, D, p));
         M3_TRY(tap_dev(tp, "index_q_proj", iq, 2, T, G * Di, 0));
         M3_TRY(tap_dev(tp, "index_k_proj", ikc, 2, T, Di, 0));
         int W = m3_indexer_width(n_ctx, &ip, p);
@@ -1283,7 +1427,7 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     }
     cache->n_past = n_ctx;
     M3_TRY(tap_dev(tp, "attn_out", ao, 2, T, QW, 0));
-    M3_TRY(m3_gpu_linear_(g, apo, ao, w->o, T, D, QW, p));
+    M3_TRY(proj(g, apo, ao, w->o, w->o_s, pq, T, D, QW, p));
     M3_TRY(tap_dev(tp, "attn_proj", apo, 2, T, D, 0));
 
     /* ---- MLP block ---- */
@@ -1291,7 +1435,7 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     M3_TRY(tap_dev(tp, "mlp_norm", xn, 2, T, D, 0));
     if (!w->moe) {
         M3_TRY(mlp(g, h, xn, T, w->mg, w->mu, w->md, D, c->dense_inter, c->swiglu_alpha,
-                   c->swiglu_limit, p));
+                   c->swiglu_limit, p, w->mg_s, w->mu_s, w->md_s, pq));
     } else {
         const int E = c->n_expert, K = c->top_k;
         float *logits, *wts;

@@ -83,11 +83,8 @@ static m3_status upload_all(m3_gpu_model *m);
 /* The variant keys the GPU forward implements: the expert keys (quantize on load with ref's
  * own code, MX activation quantization, the fused shared expert), the caches under the hf /
  * fp32 writers (fp8 KV, fp8 index cache, paged reads, fp8 kind / overflow / kv_fp8max, the
- * prefill index query cast), and top-k reuse. The rest fail naming the key. */
+ * prefill index query cast), ptpc, and top-k reuse. The rest fail naming the key. */
 static m3_status variant_supported(const m3_variant *v, const m3_profile *p) {
-    if (v->ptpc)
-        return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu: variant key ptpc is not implemented "
-                         "on the GPU (per-token fp8 activations of the dense projections)");
     /* atom's fp8 KV writers quantize the unrounded fp32 k of dense / reusing layers and its
      * attention emulates the fp8 paged-attention kernel (§4.7, §4.9): no device kernels */
     if (v->kv_cache == M3_CACHE_FP8 && (p->attn_partition > 0 || p->qk_round == M3_QK_ROUND_ONCE))

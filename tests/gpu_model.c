@@ -550,9 +550,12 @@ static void variant_decode_hf(void **state) {
 }
 
 static void variant_decode_fp32(void **state) {
+    /* fp32 class, gated in full: MX weights only (moe_act_bound 0: no activation
+     * quantization, whose codes could flip on an ulp of accumulation order) */
     m3_variant v;
-    variant_from(&v, "experts=mxfp8 experts_scale=floor moe_stage2_act=none topk_reuse=3");
-    run_case_v(state, "fp32", NULL, &v, "variant_mxfp8_fp32", 3, true);
+    variant_from(&v, "experts=mxfp4 moe_act_bound=0 experts_scale=floor shared_fused=on "
+                     "topk_reuse=3");
+    run_case_v(state, "fp32", NULL, &v, "variant_mxfp4_fp32", 3, true);
 }
 
 static void variant_run_hf_f32_storage(void **state) {
@@ -582,13 +585,19 @@ static void variant_caches_hf_f32_storage(void **state) {
     run_case_v(state, "hf", &o, &v, "variant_fp8kv_fnuz_hf_f32storage", 2, false);
 }
 
+static void variant_ptpc_hf(void **state) {
+    /* per-token / per-channel fp8 of every dense projection (attention, indexer, dense MLP) */
+    m3_variant v;
+    variant_from(&v, "ptpc=fp8 ptpc_zero_row=one");
+    run_case_v(state, "hf", NULL, &v, "variant_ptpc_hf", 2, false);
+}
+
 /* Keys the GPU does not implement: M3_ERR_UNSUPPORTED naming the key; the model keeps its
  * previous variant and still runs. */
 static void variant_refused(void **state) {
     m3_gpu *g = need_gpu(state);
     if (harness_ref) skip();
-    static const char *cases[][3] = {{"hf", "ptpc=fp8", "ptpc"},
-                                     {"atom", "kv_cache=fp8", "kv_cache"}};
+    static const char *cases[][3] = {{"atom", "kv_cache=fp8", "kv_cache"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         model m;
         model_open(&m, g, true, "tiny-moe", cases[i][0], NULL);
@@ -722,12 +731,13 @@ static void cli_variants(void **state) {
         const char *tag, *profile, *flags, *from;
     } vc[] = {
         {"mxfp8", "hf", "--experts mxfp8", "hf_bf16.h5"},
-        {"mxfp4_act_fused", "fp32",
-         "--experts mxfp4 --moe-act-bound 1 --shared-fused on --experts-scale floor",
-         "hf_fp32.h5"},
+        /* fp32 class: weights only (an activation quantized next to a rounding boundary
+         * could flip on an ulp of accumulation order; the hf cases cover activations) */
+        {"mxfp4_fused_fp32", "fp32", "--experts mxfp4 --moe-act-bound 0 --shared-fused on "
+         "--experts-scale floor", "hf_fp32.h5"},
         {"mxfp4_topk_reuse_paged", "hf",
          "--experts mxfp4 --moe-act-bound 1 --topk-reuse 2 --cache-layout paged", "hf_bf16.h5"},
-        {"fp8_caches", "hf", "--kv-cache fp8 --index-cache fp8", "hf_bf16.h5"},
+        {"fp8_caches_ptpc", "hf", "--kv-cache fp8 --index-cache fp8 --ptpc fp8", "hf_bf16.h5"},
     };
     for (int f = 0; f < N_FIX; f++)
         for (size_t i = 0; i < sizeof vc / sizeof vc[0]; i++) {
@@ -787,6 +797,7 @@ int main(void) {
         cmocka_unit_test(variant_run_hf_f32_storage),
         cmocka_unit_test(variant_caches_hf),
         cmocka_unit_test(variant_caches_hf_f32_storage),
+        cmocka_unit_test(variant_ptpc_hf),
         cmocka_unit_test(variant_refused),
         cmocka_unit_test(cli_variants),
     };
