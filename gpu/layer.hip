@@ -29,6 +29,10 @@
 #include "ref/norm.h"
 #include "ref/num/act.h"
 #include "ref/num/bf16.h"
+#include "ref/num/fp8.h"
+#include "ref/num/mx.h"
+#include "ref/qload.h"
+#include "ref/quant.h"
 
 #define GLUE_THREADS 128
 #define GEN_MAX_K 64 /* generic expert combine: experts per token */
@@ -39,8 +43,25 @@ struct m3_gpu_layer_weights {
     const m3_bf16 *in_norm, *post_norm, *q_norm, *k_norm, *iq_norm, *ik_norm; /* bf16 [n] */
     const void *q, *k, *v, *o, *iq, *ik;   /* TS [out, in] */
     const void *mg, *mu, *md;              /* dense MLP, TS */
-    const void *eg, *eu, *ed;              /* experts stacked: [E,F,D] x2, [E,D,F], TS */
-    const void *sg, *su, *sd;              /* shared expert, TS */
+    /* ptpc (ref m3_qload_ptpc): the matrices above hold fp8 code values (exact in the storage
+     * type), these their per-output-channel scales [out]; NULL = a plain projection */
+    const float *q_s, *k_s, *v_s, *o_s, *iq_s, *ik_s, *mg_s, *mu_s, *md_s;
+    m3_actq ptpc;                          /* per-token fp8 activations (ref's q->ptpc) */
+    /* Experts stacked, [E(+1), F, D] x2 and [E(+1), D, F]: TS (BF16), or MX codes [rows,
+     * row_bytes] with e8m0 scales [rows, ceil(in/32)] (ref's quantize-on-load codes, as
+     * m3_layer_weights_load_v made them). Slot E holds the shared expert when it runs fused
+     * and has the routed width (shared_slot); the tiled kernels then take it as expert E. */
+    m3_gpu_wfmt efmt;
+    const void *eg, *eu, *ed;
+    const m3_e8m0 *egs, *eus, *eds;
+    const void *sg, *su, *sd;              /* shared expert (own arrays): TS or MX codes */
+    const m3_e8m0 *sgs, *sus, *sds;
+    m3_gpu_wfmt sfmt;
+    bool shared_fused;                     /* ref's lw->shared_fused (spec §3.14) */
+    bool shared_slot;                      /* the shared expert is slot E of the expert arrays */
+    int n_expert;                          /* E */
+    /* activation quantization of the MX experts (copies of ref's m3_wq.act; kind NONE = none) */
+    m3_actq act_in, act_mid;
     const float *gate_f32;                 /* router gate [E, D] (router_dtype F32) */
     const m3_bf16 *gate_bf16;              /* router gate held in bf16 (router_dtype BF16) */
     const float *bias;                     /* [E] fp32 or NULL */
@@ -76,27 +97,73 @@ static __global__ void __launch_bounds__(GLUE_THREADS) add_k(TS *y, const TS *s,
     }
 }
 
-/* Generic routed experts, entry i = t*K + k (the tiled kernels' shape contract aside, this
- * is ref's m3_mlp per (token, expert) pair): a[i, f] = swiglu(g, u) with g, u the fp32 dots
- * of x[t] with row f of the expert's gate / up (rounded to bf16 under act_bf16, as
- * m3_linear_p), sequential order over D. An id outside [0, E) gives a = 0 (ref rejects such
- * ids before any math; the wiring checks teacher-forced ids on the host). */
+/* One weight matrix of the generic expert path, [rows, K] with expert e's row r at row
+ * e*N + r: TS elements (BF16 = the storage type), or MX codes (rb bytes per row; e2m1 pairs
+ * low nibble first, or e4m3fn bytes) with e8m0 scales [rows, nb] of 32-element blocks along
+ * K, decoded exactly as ref's GEMM decodes them (ref/num/mx.h: code value * 2^(s-127)). */
+struct gen_w {
+    int fmt; /* m3_gpu_wfmt */
+    const void *p;
+    const m3_e8m0 *s;
+    int64_t rb;
+    int nb;
+};
+
 template <typename TS>
+static __device__ __forceinline__ float wat(const gen_w &w, size_t row, int K, int k) {
+    if (w.fmt == M3_GPU_W_BF16) return ldv((const TS *)w.p, row * (size_t)K + (size_t)k);
+    const uint8_t *cr = (const uint8_t *)w.p + row * (size_t)w.rb;
+    const m3_e8m0 b = w.s[row * (size_t)w.nb + (size_t)(k / 32)];
+    if (w.fmt == M3_GPU_W_MXFP4) return m3_mx_decode(m3_fp4_get(cr, k, false), b, M3_MX_E2M1);
+    return m3_mx_decode(cr[k], b, M3_MX_E4M3FN);
+}
+
+static const m3_actq *act_or_null(const m3_actq *a) { return a->kind == M3_ACTQ_NONE ? NULL : a; }
+
+/* MX activation quantization (ref linear.c actq_row): each row of x [rows, n] quantized and
+ * dequantized block by block along n with ref's own block code (m3_mx_quantize_block), into
+ * fp32 xq. One thread per block. */
+#define ACTQ_MAX_BLOCK 32
+template <typename TX>
 static __global__ void __launch_bounds__(GLUE_THREADS)
-    gen_gu_k(TS *a, const TS *x, const int32_t *ids, const TS *wg, const TS *wu, int K, int E,
-             int D, int F, float alpha, float limit, int mode, bool act_bf16) {
+    actq_mx_k(float *xq, const TX *x, int64_t rows, int n, m3_mx_params mp) {
+    const int nbk = (n + mp.block - 1) / mp.block;
+    const int64_t total = rows * nbk;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / nbk;
+        const int k0 = (int)(i % nbk) * mp.block;
+        const int m = n - k0 < mp.block ? n - k0 : mp.block;
+        float v[ACTQ_MAX_BLOCK];
+        uint8_t c[ACTQ_MAX_BLOCK];
+        for (int j = 0; j < m; j++) v[j] = ldv(x, (size_t)r * n + k0 + j);
+        const m3_e8m0 b = m3_mx_quantize_block(c, v, m, &mp);
+        for (int j = 0; j < m; j++) xq[(size_t)r * n + k0 + j] = m3_mx_decode(c[j], b, mp.elem);
+    }
+}
+
+/* Generic routed experts, entry i = t*K + k (the tiled kernels' shape contract aside, this
+ * is ref's m3_mlp_pass per (token, expert) pair): a[i, f] = swiglu(g, u) with g, u the fp32
+ * dots of x[t] (TX: the storage type, or fp32 after activation quantization) with row f of
+ * the expert's gate / up (rounded to bf16 under act_bf16, as m3_linear_q), sequential order
+ * over D. An id outside [0, E) gives a = 0 (ref rejects such ids before any math; the wiring
+ * checks teacher-forced ids on the host). */
+template <typename TS, typename TX>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    gen_gu_k(TS *a, const TX *x, const int32_t *ids, gen_w wg, gen_w wu, int K, int E, int D,
+             int F, float alpha, float limit, int mode, bool act_bf16) {
     const int i = (int)blockIdx.x, f = (int)(blockIdx.y * blockDim.x + threadIdx.x);
     if (f >= F) return;
     const int e = ids[i], t = i / K;
     float out = 0.0f;
     if (e >= 0 && e < E) {
-        const TS *xr = x + (size_t)t * D;
-        const TS *gr = wg + ((size_t)e * F + f) * D, *ur = wu + ((size_t)e * F + f) * D;
+        const TX *xr = x + (size_t)t * D;
+        const size_t row = (size_t)e * F + f;
         float gv = 0.0f, uv = 0.0f;
         for (int d = 0; d < D; d++) {
             const float xv = ldv(xr, d);
-            gv = __fadd_rn(gv, __fmul_rn(xv, ldv(gr, d)));
-            uv = __fadd_rn(uv, __fmul_rn(xv, ldv(ur, d)));
+            gv = __fadd_rn(gv, __fmul_rn(xv, wat<TS>(wg, row, D, d)));
+            uv = __fadd_rn(uv, __fmul_rn(xv, wat<TS>(wu, row, D, d)));
         }
         if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
         out = swiglu_mode(gv, uv, alpha, limit, mode);
@@ -105,28 +172,31 @@ static __global__ void __launch_bounds__(GLUE_THREADS)
 }
 
 /* ye[i, d] = a[i] . down_e[d] (fp32, sequential over F), bf16 under act_bf16 */
-template <typename TS>
+template <typename TS, typename TX>
 static __global__ void __launch_bounds__(GLUE_THREADS)
-    gen_down_k(TS *ye, const TS *a, const int32_t *ids, const TS *wd, int E, int D, int F,
+    gen_down_k(TS *ye, const TX *a, const int32_t *ids, gen_w wd, int E, int D, int F,
                bool act_bf16) {
     const int i = (int)blockIdx.x, d = (int)(blockIdx.y * blockDim.x + threadIdx.x);
     if (d >= D) return;
     const int e = ids[i];
     float acc = 0.0f;
     if (e >= 0 && e < E) {
-        const TS *ar = a + (size_t)i * F, *wr = wd + ((size_t)e * D + d) * F;
-        for (int f = 0; f < F; f++) acc = __fadd_rn(acc, __fmul_rn(ldv(ar, f), ldv(wr, f)));
+        const TX *ar = a + (size_t)i * F;
+        const size_t row = (size_t)e * D + d;
+        for (int f = 0; f < F; f++) acc = __fadd_rn(acc, __fmul_rn(ldv(ar, f), wat<TS>(wd, row, F, f)));
         if (act_bf16) acc = m3_round_bf16(acc);
     }
     stv(ye, (size_t)i * D + d, acc);
 }
 
 /* y[t] = rnd(rsf * R), R = sum_k w_k ye_k in ascending expert id (ref m3_moe_experts):
- * hf: bf16(R + bf16(ye * w)) per step; otherwise unfused fp32 mul and add. */
+ * hf: bf16(R + bf16(ye * w)) per step; otherwise unfused fp32 mul and add. fused (ref
+ * m3_moe_experts_fused, spec §3.14): the weights are w_k * rsf (one fp32 product), the
+ * shared expert's output sh [T, D] is added last with weight 1 (as expert E), no final rsf. */
 template <typename TS>
 static __global__ void __launch_bounds__(GLUE_THREADS)
     gen_combine_k(TS *y, const TS *ye, const int32_t *ids, const float *wts, int K, int E, int D,
-                  float rsf, bool bf16_combine, bool rnd) {
+                  float rsf, bool bf16_combine, bool rnd, bool fused, const TS *sh) {
     const int t = (int)blockIdx.x;
     int ord[GEN_MAX_K];
     int n = 0;
@@ -144,11 +214,156 @@ static __global__ void __launch_bounds__(GLUE_THREADS)
         float acc = 0.0f;
         for (int j = 0; j < n; j++) {
             const int i = t * K + ord[j];
-            const float prod = __fmul_rn(ldv(ye, (size_t)i * D + d), wts[i]);
+            const float wk = fused ? __fmul_rn(wts[i], rsf) : wts[i];
+            const float prod = __fmul_rn(ldv(ye, (size_t)i * D + d), wk);
             acc = bf16_combine ? m3_round_bf16(acc + m3_round_bf16(prod)) : __fadd_rn(acc, prod);
         }
-        const float v = __fmul_rn(rsf, acc);
+        if (sh) {
+            const float sv = ldv(sh, (size_t)t * D + d);
+            acc = bf16_combine ? m3_round_bf16(acc + sv) : __fadd_rn(acc, sv);
+        }
+        const float v = fused ? acc : __fmul_rn(rsf, acc);
         stv(y, (size_t)t * D + d, rnd ? m3_round_bf16(v) : v);
+    }
+}
+
+/* fused shared expert on the tiled kernels: ids/wts [T, K+1], entry K the shared expert (id
+ * E, weight 1), the routed weights w * rsf (ref m3_moe_experts_fused) */
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    fuse_sel_k(int32_t *ids2, float *wts2, const int32_t *ids, const float *wts, int T, int K,
+               int E, float rsf) {
+    const int64_t n = (int64_t)T * (K + 1);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / (K + 1);
+        const int k = (int)(i % (K + 1));
+        ids2[i] = k < K ? ids[t * K + k] : E;
+        wts2[i] = k < K ? __fmul_rn(wts[t * K + k], rsf) : 1.0f;
+    }
+}
+
+/* ---- fp8 caches (ref/kvcache.c writers and readers, spec §4.7-4.8) ---------------------- */
+/* K and V rows of this pass into the fp8 cache: one thread per (token, head, K or V) row.
+ * amax NaN-sticky (ref amax_of), scale = amax / fp8_max (1 when amax is 0), byte =
+ * cvt(value / scale) with a true fp32 division, RNE, the overflow rule. */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    kv8_write_k(uint8_t *k8, uint8_t *v8, float *ks, float *vs, const TS *k, const TS *v, int T,
+                int Hkv, int Dh, float fp8_max, int kind, int ovf) {
+    const int64_t n = (int64_t)T * Hkv * 2;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const bool is_v = (i & 1) != 0;
+        const int64_t row = i >> 1; /* t * Hkv + h */
+        const TS *src = (is_v ? v : k) + (size_t)row * Dh;
+        float a = 0.0f;
+        for (int d = 0; d < Dh; d++) {
+            const float x = fabsf(ldv(src, d));
+            if (x > a || x != x) a = x;
+        }
+        const float sc = a == 0.0f ? 1.0f : __fdiv_rn(a, fp8_max);
+        (is_v ? vs : ks)[row] = sc;
+        uint8_t *dst = (is_v ? v8 : k8) + (size_t)row * Dh;
+        for (int d = 0; d < Dh; d++)
+            dst[d] = m3_f32_to_fp8(__fdiv_rn(ldv(src, d), sc), (m3_fp8_kind)kind,
+                                   (m3_fp8_overflow)ovf);
+    }
+}
+
+/* dequantized K or V rows: out = fp32(byte) * scale (ref gather_paged) */
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    kv8_deq_k(float *out, const uint8_t *c, const float *sc, int64_t rows, int Dh, int kind) {
+    const int64_t n = rows * Dh;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __fmul_rn(m3_fp8_to_f32(c[i], (m3_fp8_kind)kind), sc[i / Dh]);
+}
+
+/* index keys into the fp8 index cache: cvt(bf16(key)), unit scale (ref m3_kv_index_write) */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    ix8_write_k(uint8_t *dst, const TS *ik, int64_t n, int kind, int ovf) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = m3_f32_to_fp8(m3_round_bf16(ldv(ik, i)), (m3_fp8_kind)kind, (m3_fp8_overflow)ovf);
+}
+
+/* fp8 code values as fp32 (unit scale) */
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    fp8_deq_k(float *out, const uint8_t *c, int64_t n, int kind) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = m3_fp8_to_f32(c[i], (m3_fp8_kind)kind);
+}
+
+/* y = fp8 rounding of x as fp32 (round_fp8 = 0: a plain widening) */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    widen_k(float *y, const TS *x, int64_t n, bool round_fp8, int kind, int ovf) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = ldv(x, i);
+        y[i] = round_fp8 ? m3_round_fp8(v, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) : v;
+    }
+}
+
+static unsigned glue_grid(int64_t n) {
+    return m3_grid_1d(n < 65536 * 4 ? n : 65536 * 4, GLUE_THREADS);
+}
+
+/* ---- ptpc (ref linear.c m3_linear_q with an FP8_ROW weight, ref/quant.c rows) ---------- */
+/* Per-token fp8 of x [T, K], one block per row: amax (NaN sticky, exact in any order), s =
+ * amax * (1/FP8_MAX) (RCP) or amax / FP8_MAX (DIV), 1 for a zero row under zero_row one;
+ * q = cvt(x * (1/s)) (RCP) or cvt(x / s); xq gets the code values (exact in bf16), sx[t] = s. */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    ptpc_act_k(TS *xq, float *sx, const TS *x, int K, int kind, int ovf, bool zero_one, bool rcp,
+               float fp8_max) {
+    __shared__ float sm[GLUE_THREADS];
+    __shared__ int sn[GLUE_THREADS];
+    const int t = (int)blockIdx.x, tid = (int)threadIdx.x;
+    const TS *xr = x + (size_t)t * K;
+    float a = 0.0f;
+    int nan = 0;
+    for (int j = tid; j < K; j += GLUE_THREADS) {
+        const float v = fabsf(ldv(xr, j));
+        if (v != v) nan = 1;
+        else a = fmaxf(a, v);
+    }
+    sm[tid] = a;
+    sn[tid] = nan;
+    __syncthreads();
+    for (int h = GLUE_THREADS / 2; h > 0; h >>= 1) {
+        if (tid < h) {
+            sm[tid] = fmaxf(sm[tid], sm[tid + h]);
+            sn[tid] |= sn[tid + h];
+        }
+        __syncthreads();
+    }
+    const float amax = sn[0] ? __int_as_float(0x7FC00000) : sm[0];
+    float s;
+    if (amax == 0.0f && zero_one) s = 1.0f;
+    else if (rcp) s = __fmul_rn(amax, __fdiv_rn(1.0f, fp8_max));
+    else s = __fdiv_rn(amax, fp8_max);
+    if (tid == 0) sx[t] = s;
+    const float rs = __fdiv_rn(1.0f, s);
+    for (int j = tid; j < K; j += GLUE_THREADS) {
+        const float v = ldv(xr, j);
+        const m3_fp8 c = m3_f32_to_fp8(rcp ? __fmul_rn(v, rs) : __fdiv_rn(v, s), (m3_fp8_kind)kind,
+                                       (m3_fp8_overflow)ovf);
+        stv(xq, (size_t)t * K + j, m3_fp8_to_f32(c, (m3_fp8_kind)kind));
+    }
+}
+
+/* y = rnd((acc * s_x[t]) * s_w[n]) (ref's epilogue order), bf16 under act_bf16 */
+template <typename TS>
+static __global__ void __launch_bounds__(GLUE_THREADS)
+    ptpc_epi_k(TS *y, const float *acc, const float *sx, const float *sw, int T, int N, bool rnd) {
+    const int64_t n = (int64_t)T * N;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = __fmul_rn(__fmul_rn(acc[i], sx[i / N]), sw[i % N]);
+        stv(y, (size_t)i, rnd ? m3_round_bf16(v) : v);
     }
 }
 
@@ -259,8 +474,47 @@ static m3_status up_norm(m3_gpu *g, const m3_bf16 **d, const m3_bf16 *h, int n) 
     return M3_OK;
 }
 
+/* a ptpc projection (ref m3_qload_ptpc: an m3_wq of fp8 codes [N, K] and scales [N], with
+ * per-token fp8 activations): the code values, exact in bf16 and fp32, as a storage-type
+ * matrix the vendor GEMM reads, the scales apart (the epilogue applies them) */
+static m3_status up_ptpc(m3_gpu *g, const void **d, const float **ds, m3_actq *act, bool bf16,
+                         const m3_wmat *wm) {
+    const m3_wq *q = (const m3_wq *)wm->data;
+    if (!q->act || q->act->kind != M3_ACTQ_PTPC)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: an fp8 per-channel weight without ptpc "
+                         "activations");
+    const size_t N = (size_t)wm->n_out, n = N * (size_t)wm->n_in, es = bf16 ? 2 : 4;
+    const m3_fp8 *codes = (const m3_fp8 *)q->codes;
+    const m3_fp8_kind kind = q->act->fp8.kind;
+    void *h = malloc(n * es + 1), *p, *sp;
+    if (!h) return m3_errorf(M3_ERR_NOMEM, "ptpc weights: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const float v = m3_fp8_to_f32(codes[i], kind);
+        if (bf16) ((m3_bf16 *)h)[i] = m3_f32_to_bf16(v); /* exact: 3 mantissa bits */
+        else ((float *)h)[i] = v;
+    }
+    m3_status s = m3_gpu_alloc(g, &p, n * es);
+    if (s == M3_OK) s = m3_gpu_upload(g, p, h, n * es);
+    free(h);
+    M3_TRY(s);
+    M3_TRY(m3_gpu_alloc(g, &sp, N * sizeof(float)));
+    M3_TRY(m3_gpu_upload(g, sp, q->scale, N * sizeof(float)));
+    *d = p;
+    *ds = (const float *)sp;
+    *act = *q->act;
+    return M3_OK;
+}
+
+/* a dense matrix into the storage type; ds / act (may be NULL) take a ptpc matrix */
 static m3_status up_mat(m3_gpu *g, const void **d, bool bf16, const m3_wmat *wm, int L,
-                        const char *name) {
+                        const char *name, const float **ds = NULL, m3_actq *act = NULL) {
+    if (ds) *ds = NULL;
+    if (wm->fmt == M3_WFMT_FP8_ROW) {
+        if (!ds || !act)
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: layer %d %s: fp8 per-channel weights "
+                             "here", L, name);
+        return up_ptpc(g, d, ds, act, bf16, wm);
+    }
     const size_t n = (size_t)wm->n_out * (size_t)wm->n_in;
     void *p;
     M3_TRY(m3_gpu_alloc(g, &p, n * (bf16 ? 2 : 4)));
@@ -272,16 +526,71 @@ static m3_status up_mat(m3_gpu *g, const void **d, bool bf16, const m3_wmat *wm,
 }
 
 static m3_status up_mlp(m3_gpu *g, const void **dg, const void **du, const void **dd, bool bf16,
-                        const m3_mlp_weights *mw, int D, int F, int L, const char *name) {
+                        const m3_mlp_weights *mw, int D, int F, int L, const char *name,
+                        const float **sg = NULL, const float **su = NULL,
+                        const float **sd = NULL, m3_actq *act = NULL) {
     m3_wmat wg = {mw->fmt, mw->gate, F, D}, wu = {mw->fmt, mw->up, F, D},
             wd = {mw->fmt, mw->down, D, F};
     char nm[64];
     snprintf(nm, sizeof nm, "%s gate_proj", name);
-    M3_TRY(up_mat(g, dg, bf16, &wg, L, nm));
+    M3_TRY(up_mat(g, dg, bf16, &wg, L, nm, sg, act));
     snprintf(nm, sizeof nm, "%s up_proj", name);
-    M3_TRY(up_mat(g, du, bf16, &wu, L, nm));
+    M3_TRY(up_mat(g, du, bf16, &wu, L, nm, su, act));
     snprintf(nm, sizeof nm, "%s down_proj", name);
-    return up_mat(g, dd, bf16, &wd, L, nm);
+    return up_mat(g, dd, bf16, &wd, L, nm, sd, act);
+}
+
+/* MX shapes: bytes per row of `in` elements, scale blocks per row (32-element blocks) */
+static int64_t mx_rb(m3_gpu_wfmt f, int in) { return f == M3_GPU_W_MXFP4 ? (in + 1) / 2 : in; }
+static int mx_nb(int in) { return (in + 31) / 32; }
+
+/* one MX matrix (ref's m3_wq: codes + e8m0 scales, [n_out, n_in]) into dst + slot offsets */
+static m3_status up_mx_mat(m3_gpu *g, void *codes, m3_e8m0 *scales, const void *wq_p,
+                           m3_gpu_wfmt f, int n_out, int n_in) {
+    const m3_wq *q = (const m3_wq *)wq_p;
+    M3_TRY(m3_gpu_upload(g, codes, q->codes, (size_t)n_out * (size_t)mx_rb(f, n_in)));
+    return m3_gpu_upload(g, scales, q->scale, (size_t)n_out * (size_t)mx_nb(n_in));
+}
+
+/* the three MX matrices of a swiglu MLP (D = dim, F = ffn) into their own arrays */
+static m3_status up_mx_mlp(m3_gpu *g, const void **dg, const void **du, const void **dd,
+                           const m3_e8m0 **sg, const m3_e8m0 **su, const m3_e8m0 **sd,
+                           const m3_mlp_weights *mw, m3_gpu_wfmt f, int D, int F) {
+    void *c[3], *sc[3];
+    const int64_t cb[3] = {F * mx_rb(f, D), F * mx_rb(f, D), D * mx_rb(f, F)};
+    const int64_t sb[3] = {(int64_t)F * mx_nb(D), (int64_t)F * mx_nb(D), (int64_t)D * mx_nb(F)};
+    const void *src[3] = {mw->gate, mw->up, mw->down};
+    for (int i = 0; i < 3; i++) {
+        M3_TRY(m3_gpu_alloc(g, &c[i], (size_t)cb[i]));
+        M3_TRY(m3_gpu_alloc(g, &sc[i], (size_t)sb[i]));
+        M3_TRY(up_mx_mat(g, c[i], (m3_e8m0 *)sc[i], src[i], f, i < 2 ? F : D, i < 2 ? D : F));
+    }
+    *dg = c[0], *du = c[1], *dd = c[2];
+    *sg = (const m3_e8m0 *)sc[0], *su = (const m3_e8m0 *)sc[1], *sd = (const m3_e8m0 *)sc[2];
+    return M3_OK;
+}
+
+/* the routed MX experts stacked (slot E: the fused shared expert when shared_slot) */
+static m3_status up_mx_stack(m3_gpu *g, m3_gpu_layer_weights *w, const m3_layer_weights *hw,
+                             const m3_config *c, int nslot) {
+    const int E = c->n_expert, D = c->hidden, F = c->expert_inter;
+    const m3_gpu_wfmt f = w->efmt;
+    const size_t cgu = (size_t)F * mx_rb(f, D), cd = (size_t)D * mx_rb(f, F);
+    const size_t sgu = (size_t)F * mx_nb(D), sd = (size_t)D * mx_nb(F);
+    void *p[6];
+    const size_t per[6] = {cgu, cgu, cd, sgu, sgu, sd};
+    for (int i = 0; i < 6; i++) M3_TRY(m3_gpu_alloc(g, &p[i], per[i] * (size_t)nslot));
+    for (int e = 0; e < nslot; e++) {
+        const m3_mlp_weights *x = e < E ? &hw->moe.experts[e] : &hw->moe.shared;
+        const void *src[3] = {x->gate, x->up, x->down};
+        for (int i = 0; i < 3; i++)
+            M3_TRY(up_mx_mat(g, (char *)p[i] + (size_t)e * per[i],
+                             (m3_e8m0 *)p[3 + i] + (size_t)e * per[3 + i], src[i], f,
+                             i < 2 ? F : D, i < 2 ? D : F));
+    }
+    w->eg = p[0], w->eu = p[1], w->ed = p[2];
+    w->egs = (const m3_e8m0 *)p[3], w->eus = (const m3_e8m0 *)p[4], w->eds = (const m3_e8m0 *)p[5];
+    return M3_OK;
 }
 
 static m3_status upload_weights(m3_gpu *g, m3_gpu_layer_weights *w, const m3_layer_weights *hw,
@@ -292,19 +601,20 @@ static m3_status upload_weights(m3_gpu *g, m3_gpu_layer_weights *w, const m3_lay
     M3_TRY(up_norm(g, &w->post_norm, hw->post_norm, D));
     M3_TRY(up_norm(g, &w->q_norm, hw->q_norm, Dh));
     M3_TRY(up_norm(g, &w->k_norm, hw->k_norm, Dh));
-    M3_TRY(up_mat(g, &w->q, b, &hw->q, L, "q_proj"));
-    M3_TRY(up_mat(g, &w->k, b, &hw->k, L, "k_proj"));
-    M3_TRY(up_mat(g, &w->v, b, &hw->v, L, "v_proj"));
-    M3_TRY(up_mat(g, &w->o, b, &hw->o, L, "o_proj"));
+    M3_TRY(up_mat(g, &w->q, b, &hw->q, L, "q_proj", &w->q_s, &w->ptpc));
+    M3_TRY(up_mat(g, &w->k, b, &hw->k, L, "k_proj", &w->k_s, &w->ptpc));
+    M3_TRY(up_mat(g, &w->v, b, &hw->v, L, "v_proj", &w->v_s, &w->ptpc));
+    M3_TRY(up_mat(g, &w->o, b, &hw->o, L, "o_proj", &w->o_s, &w->ptpc));
     if (w->sparse) {
         const int Di = c->index_head_dim;
-        M3_TRY(up_mat(g, &w->iq, b, &hw->index_q, L, "index q_proj"));
-        M3_TRY(up_mat(g, &w->ik, b, &hw->index_k, L, "index k_proj"));
+        M3_TRY(up_mat(g, &w->iq, b, &hw->index_q, L, "index q_proj", &w->iq_s, &w->ptpc));
+        M3_TRY(up_mat(g, &w->ik, b, &hw->index_k, L, "index k_proj", &w->ik_s, &w->ptpc));
         M3_TRY(up_norm(g, &w->iq_norm, hw->index_q_norm, Di));
         M3_TRY(up_norm(g, &w->ik_norm, hw->index_k_norm, Di));
     }
     if (!w->moe)
-        return up_mlp(g, &w->mg, &w->mu, &w->md, b, &hw->mlp, D, c->dense_inter, L, "mlp");
+        return up_mlp(g, &w->mg, &w->mu, &w->md, b, &hw->mlp, D, c->dense_inter, L, "mlp",
+                      &w->mg_s, &w->mu_s, &w->md_s, &w->ptpc);
     const int E = c->n_expert, F = c->expert_inter;
     const size_t es = b ? 2 : 4, nm = (size_t)F * D;
     void *gate, *bias = NULL;
@@ -328,24 +638,60 @@ static m3_status upload_weights(m3_gpu *g, m3_gpu_layer_weights *w, const m3_lay
         M3_TRY(m3_gpu_upload(g, bias, hw->moe.bias, (size_t)E * sizeof(float)));
         w->bias = (const float *)bias;
     }
-    void *eg, *eu, *ed;
-    M3_TRY(m3_gpu_alloc(g, &eg, (size_t)E * nm * es));
-    M3_TRY(m3_gpu_alloc(g, &eu, (size_t)E * nm * es));
-    M3_TRY(m3_gpu_alloc(g, &ed, (size_t)E * nm * es));
-    for (int e = 0; e < E; e++) {
-        const m3_mlp_weights *x = &hw->moe.experts[e];
-        char what[96];
-        snprintf(what, sizeof what, "layer %d expert %d", L, e);
-        M3_TRY(m3_gpu_upload_mat_(g, (char *)eg + (size_t)e * nm * es, b, (int)x->fmt, x->gate, nm, what));
-        M3_TRY(m3_gpu_upload_mat_(g, (char *)eu + (size_t)e * nm * es, b, (int)x->fmt, x->up, nm, what));
-        M3_TRY(m3_gpu_upload_mat_(g, (char *)ed + (size_t)e * nm * es, b, (int)x->fmt, x->down, nm, what));
-    }
-    w->eg = eg, w->eu = eu, w->ed = ed;
+    const m3_mlp_weights *x0 = &hw->moe.experts[0];
+    const bool mx = x0->fmt == M3_WFMT_MXFP4 || x0->fmt == M3_WFMT_MXFP8;
+    for (int e = 1; e < E; e++)
+        if (hw->moe.experts[e].fmt != x0->fmt)
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: layer %d: experts 0 and %d are held in "
+                             "different formats", L, e);
     w->has_shared = c->n_shared_experts > 0 && c->shared_inter > 0;
-    if (w->has_shared)
-        M3_TRY(up_mlp(g, &w->sg, &w->su, &w->sd, b, &hw->moe.shared, D, c->shared_inter, L,
-                      "shared expert"));
-    return M3_OK;
+    w->shared_fused = w->has_shared && hw->shared_fused;
+    w->shared_slot = w->shared_fused && c->shared_inter == F && hw->moe.shared.fmt == x0->fmt;
+    const int nslot = E + (w->shared_slot ? 1 : 0);
+    w->n_expert = E;
+    if (mx) {
+        w->efmt = x0->fmt == M3_WFMT_MXFP4 ? M3_GPU_W_MXFP4 : M3_GPU_W_MXFP8;
+        const m3_wq *qg = (const m3_wq *)x0->gate, *qd = (const m3_wq *)x0->down;
+        for (int i = 0; i < 2; i++) {
+            const m3_actq *a = i ? qd->act : qg->act;
+            m3_actq *dst = i ? &w->act_mid : &w->act_in;
+            memset(dst, 0, sizeof *dst);
+            if (!a || a->kind == M3_ACTQ_NONE) continue;
+            if (a->kind != M3_ACTQ_MX || a->mx.block < 1 || a->mx.block > ACTQ_MAX_BLOCK)
+                return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: layer %d: expert activation "
+                                 "quantization other than MX blocks of <= %d", L, ACTQ_MAX_BLOCK);
+            *dst = *a;
+        }
+        M3_TRY(up_mx_stack(g, w, hw, c, nslot));
+    } else {
+        w->efmt = M3_GPU_W_BF16;
+        void *eg, *eu, *ed;
+        M3_TRY(m3_gpu_alloc(g, &eg, (size_t)nslot * nm * es));
+        M3_TRY(m3_gpu_alloc(g, &eu, (size_t)nslot * nm * es));
+        M3_TRY(m3_gpu_alloc(g, &ed, (size_t)nslot * nm * es));
+        for (int e = 0; e < nslot; e++) {
+            const m3_mlp_weights *x = e < E ? &hw->moe.experts[e] : &hw->moe.shared;
+            char what[96];
+            snprintf(what, sizeof what, "layer %d expert %d", L, e);
+            M3_TRY(m3_gpu_upload_mat_(g, (char *)eg + (size_t)e * nm * es, b, (int)x->fmt, x->gate, nm, what));
+            M3_TRY(m3_gpu_upload_mat_(g, (char *)eu + (size_t)e * nm * es, b, (int)x->fmt, x->up, nm, what));
+            M3_TRY(m3_gpu_upload_mat_(g, (char *)ed + (size_t)e * nm * es, b, (int)x->fmt, x->down, nm, what));
+        }
+        w->eg = eg, w->eu = eu, w->ed = ed;
+    }
+    w->sfmt = w->efmt;
+    if (!w->has_shared || w->shared_slot) return M3_OK;
+    const m3_mlp_weights *sw = &hw->moe.shared;
+    if (sw->fmt == M3_WFMT_MXFP4 || sw->fmt == M3_WFMT_MXFP8) {
+        w->sfmt = sw->fmt == M3_WFMT_MXFP4 ? M3_GPU_W_MXFP4 : M3_GPU_W_MXFP8;
+        if (w->sfmt != w->efmt)
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: layer %d: shared and routed experts in "
+                             "different MX formats", L);
+        return up_mx_mlp(g, &w->sg, &w->su, &w->sd, &w->sgs, &w->sus, &w->sds, sw, w->sfmt, D,
+                         c->shared_inter);
+    }
+    w->sfmt = M3_GPU_W_BF16;
+    return up_mlp(g, &w->sg, &w->su, &w->sd, b, sw, D, c->shared_inter, L, "shared expert");
 }
 
 extern "C" m3_status m3_gpu_layer_weights_upload(m3_gpu *g, m3_gpu_layer_weights **out,
@@ -368,6 +714,28 @@ extern "C" m3_status m3_gpu_layer_weights_upload(m3_gpu *g, m3_gpu_layer_weights
 }
 
 extern "C" void m3_gpu_layer_weights_free(m3_gpu_layer_weights *w) { free(w); }
+
+extern "C" m3_status m3_gpu_layer_weights_experts(const m3_gpu_layer_weights *w,
+                                                  m3_gpu_experts *out, int *n_slot,
+                                                  m3_gpu_experts *shared) {
+    memset(out, 0, sizeof *out);
+    if (shared) memset(shared, 0, sizeof *shared);
+    if (!w->moe) return m3_errorf(M3_ERR_ARG, "gpu: layer %d has a dense MLP, no experts", w->layer);
+    out->fmt = w->efmt;
+    out->gate = w->eg, out->up = w->eu, out->down = w->ed;
+    out->gate_s = w->egs, out->up_s = w->eus, out->down_s = w->eds;
+    out->act_in = act_or_null(&w->act_in);
+    out->act_mid = act_or_null(&w->act_mid);
+    if (n_slot) *n_slot = w->n_expert + (w->shared_slot ? 1 : 0);
+    if (shared && w->has_shared && !w->shared_slot) {
+        shared->fmt = w->sfmt;
+        shared->gate = w->sg, shared->up = w->su, shared->down = w->sd;
+        shared->gate_s = w->sgs, shared->up_s = w->sus, shared->down_s = w->sds;
+        shared->act_in = out->act_in;
+        shared->act_mid = out->act_mid;
+    }
+    return M3_OK;
+}
 
 extern "C" m3_status m3_gpu_layer_cache_alloc(m3_gpu *g, m3_gpu_layer_cache *c,
                                               const m3_config *cfg, bool sparse, int cap,
@@ -445,19 +813,198 @@ static m3_status indexer(m3_gpu *g, int32_t *topk, float *scores, int *ties, con
     return m3_gpu_indexer_topk_f32(g, topk, scores, NULL, ties, iq, ld, ik, pos, T, n_ctx, ip, p);
 }
 
-/* The tiled expert kernels where their contract holds (bf16 storage); false: not taken. */
+/* ---- fp8 caches and paged reads (docs/caches.md; ref/layer.c under a paged cache) ------ */
+static m3_fp8_kind cache_kind(const m3_gpu_layer_cache *c) {
+    return c->variant ? c->variant->fp8_kind : M3_FP8_E4M3FN;
+}
+static m3_fp8_overflow cache_ovf(const m3_gpu_layer_cache *c) {
+    return c->variant ? c->variant->fp8_overflow : M3_FP8_SATURATE;
+}
+
+/* this pass's K / V rows [T, Hkv, Dh] into the fp8 cache rows n0.. (hf / fp32 writers:
+ * FP8_MAX of the fp8 kind, or kv_fp8max when forced; the k the profile holds) */
+template <typename TS>
+static m3_status kv8_write(m3_gpu *g, m3_gpu_layer_cache *c, int n0, int T, const TS *k,
+                           const TS *v, int Hkv, int Dh) {
+    const m3_variant *var = c->variant;
+    const m3_fp8_kind kind = cache_kind(c);
+    const float fmax = var && var->kv_fp8max > 0 ? (float)var->kv_fp8max : m3_fp8_max(kind);
+    const size_t r0 = (size_t)n0 * Hkv;
+    kv8_write_k<TS><<<glue_grid((int64_t)T * Hkv * 2), GLUE_THREADS, 0, g->stream>>>(
+        c->k8 + r0 * Dh, c->v8 + r0 * Dh, c->ks8 + r0, c->vs8 + r0, k, v, T, Hkv, Dh, fmax,
+        (int)kind, (int)cache_ovf(c));
+    M3_LAUNCHED(g, "kv8_write_k");
+    return M3_OK;
+}
+
+/* this pass's index keys [T, Di] into the fp8 index cache rows n0.. */
+template <typename TS>
+static m3_status ix8_write(m3_gpu *g, m3_gpu_layer_cache *c, int n0, int T, const TS *ik, int Di) {
+    const int64_t n = (int64_t)T * Di;
+    ix8_write_k<TS><<<glue_grid(n), GLUE_THREADS, 0, g->stream>>>(
+        c->ik8 + (size_t)n0 * Di, ik, n, (int)cache_kind(c), (int)cache_ovf(c));
+    M3_LAUNCHED(g, "ix8_write_k");
+    return M3_OK;
+}
+
+/* Attention over the dequantized fp8 cache (rows 0..n_ctx-1): ref's m3_attn_paged without
+ * the §4.9 emulation (hf / fp32: dequantize on read, then the profile's dense or sparse
+ * math), through the faithful fp32 kernels; q [T, H*Dh] (pitch H*Dh) widened exactly, the
+ * output (bf16-valued under attn_out_bf16) narrowed exactly for bf16 storage. */
+template <typename TS>
+static m3_status attn_fp8(m3_gpu *g, TS *out, const TS *q, const m3_gpu_layer_cache *c,
+                          const int32_t *pos, int T, int n_ctx, const int32_t *sel, int width,
+                          int block, const m3_attn_params *ap, const m3_profile *p) {
+    const int Hkv = ap->n_kv_head, Dh = ap->head_dim, QW = ap->n_head * Dh;
+    const int64_t rows = (int64_t)n_ctx * Hkv, nq = (int64_t)T * QW;
+    const int kind = (int)cache_kind(c);
+    const bool narrow = sizeof(TS) == 2;
+    const size_t mark = m3_gpu_mark(g);
+    float *kd = NULL, *vd = NULL, *qf = NULL, *of = NULL;
+    m3_status s = m3_gpu_alloc(g, (void **)&kd, (size_t)(rows * Dh) * sizeof(float));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&vd, (size_t)(rows * Dh) * sizeof(float));
+    if (s == M3_OK) {
+        kv8_deq_k<<<glue_grid(rows * Dh), GLUE_THREADS, 0, g->stream>>>(kd, c->k8, c->ks8, rows, Dh, kind);
+        s = m3_gpu_launched_(g, "kv8_deq_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        kv8_deq_k<<<glue_grid(rows * Dh), GLUE_THREADS, 0, g->stream>>>(vd, c->v8, c->vs8, rows, Dh, kind);
+        s = m3_gpu_launched_(g, "kv8_deq_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK && narrow) {
+        s = m3_gpu_alloc(g, (void **)&qf, (size_t)nq * sizeof(float));
+        if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&of, (size_t)nq * sizeof(float));
+        if (s == M3_OK) {
+            widen_k<TS><<<glue_grid(nq), GLUE_THREADS, 0, g->stream>>>(qf, q, nq, false, 0, 0);
+            s = m3_gpu_launched_(g, "widen_k", __FILE__, __LINE__);
+        }
+    } else if (s == M3_OK) {
+        qf = (float *)(void *)q, of = (float *)(void *)out;
+    }
+    if (s == M3_OK)
+        s = sel ? m3_gpu_attn_sparse_f32(g, of, qf, QW, kd, vd, pos, T, n_ctx, sel, width, block,
+                                         ap, p)
+                : m3_gpu_attn_dense_f32(g, of, qf, QW, kd, vd, pos, T, n_ctx, ap, p);
+    if (s == M3_OK && narrow) s = m3_gpu_f32_to_bf16(g, (m3_bf16 *)(void *)out, of, nq);
+    m3_gpu_release(g, mark); /* later work is stream-ordered after these kernels */
+    return s;
+}
+
+/* The indexer over fp32 sources (ref under a paged cache): keys read back through the fp8
+ * index cache (or the stored keys widened), the query cast to fp8 (q8: prefill with
+ * index_q_fp8_prefill) or widened, then the faithful fp32 indexer. */
+template <typename TS>
+static m3_status indexer_paged(m3_gpu *g, int32_t *topk, float *scores, int *ties, const TS *iq,
+                               const m3_gpu_layer_cache *c, const int32_t *pos, int T, int n_ctx,
+                               const m3_indexer_params *ip, const m3_profile *p, bool q8) {
+    const int Di = ip->index_head_dim, QI = ip->n_index_head * Di;
+    const int64_t nk = (int64_t)n_ctx * Di, nq = (int64_t)T * QI;
+    const int kind = (int)cache_kind(c), ovf = (int)cache_ovf(c);
+    const size_t mark = m3_gpu_mark(g);
+    float *ikf = NULL, *iqf = NULL;
+    m3_status s = m3_gpu_alloc(g, (void **)&ikf, (size_t)nk * sizeof(float));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&iqf, (size_t)nq * sizeof(float));
+    if (s == M3_OK) {
+        if (c->ik8)
+            fp8_deq_k<<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(ikf, c->ik8, nk, kind);
+        else
+            widen_k<TS><<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(
+                ikf, (const TS *)c->index_k, nk, false, 0, 0);
+        s = m3_gpu_launched_(g, "index key read", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        widen_k<TS><<<glue_grid(nq), GLUE_THREADS, 0, g->stream>>>(iqf, iq, nq, q8, kind, ovf);
+        s = m3_gpu_launched_(g, "widen_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK)
+        s = m3_gpu_indexer_topk_f32(g, topk, scores, NULL, ties, iqf, QI, ikf, pos, T, n_ctx, ip, p);
+    m3_gpu_release(g, mark);
+    return s;
+}
+
+/* A dense projection y [T, N] = x [T, K] W^T: the plain GEMM, or ptpc (sw != NULL): x
+ * quantized per token to fp8 code values, the vendor GEMM of code values (exact products, fp32
+ * accumulation), then (acc * s_x) * s_w and the profile's rounding (ref m3_linear_q). */
+template <typename TS>
+static m3_status proj(m3_gpu *g, TS *y, const TS *x, const void *w, const float *sw,
+                      const m3_actq *act, int T, int N, int K, const m3_profile *p) {
+    if (!sw) return m3_gpu_linear_(g, y, x, w, T, N, K, p);
+    if (T == 0) return M3_OK;
+    const size_t mark = m3_gpu_mark(g);
+    TS *xq;
+    float *sx, *acc;
+    m3_status s = m3_gpu_alloc(g, (void **)&xq, (size_t)T * K * sizeof(TS));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&sx, (size_t)T * sizeof(float));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&acc, (size_t)T * N * sizeof(float));
+    if (s == M3_OK) {
+        const m3_fp8q_params *f = &act->fp8;
+        ptpc_act_k<TS><<<(unsigned)T, GLUE_THREADS, 0, g->stream>>>(
+            xq, sx, x, K, (int)f->kind, (int)f->ovf, f->zero_row == M3_PTPC_ZERO_ONE,
+            f->arith == M3_FP8Q_RCP, f->fp8_max);
+        s = m3_gpu_launched_(g, "ptpc_act_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        if (sizeof(TS) == 2)
+            s = m3_gpu_gemm_bf16_f32(g, acc, (const m3_bf16 *)(const void *)xq,
+                                     (const m3_bf16 *)w, T, N, K);
+        else
+            s = m3_gpu_gemm_f32(g, acc, (const float *)(const void *)xq, (const float *)w, T, N, K);
+    }
+    if (s == M3_OK) {
+        ptpc_epi_k<TS><<<glue_grid((int64_t)T * N), GLUE_THREADS, 0, g->stream>>>(
+            y, acc, sx, sw, T, N, p->act_bf16);
+        s = m3_gpu_launched_(g, "ptpc_epi_k", __FILE__, __LINE__);
+    }
+    m3_gpu_release(g, mark); /* later work is stream-ordered after these kernels */
+    return s;
+}
+
+/* The tiled expert kernels where their contract holds (bf16 storage); false: not taken. A
+ * fused shared expert rides along as expert E (ids / wts [T, K+1], weight 1, the routed
+ * weights times rsf, routed_scale 1: ref m3_moe_experts_fused's sum, same order) when it is
+ * slot E of the expert arrays; otherwise the generic path runs. */
 static bool tiled_experts(m3_gpu *g, m3_status *s, m3_bf16 *y, const m3_bf16 *x,
                           const int32_t *ids, const float *wts, int T,
                           const m3_gpu_layer_weights *w, const m3_moe_params *mp,
                           const m3_profile *p) {
-    if (mp->dim % 128 || mp->ffn % 64 || mp->n_expert > 1024 || mp->top_k > 8 ||
-        !p->act_bf16 || p->swiglu == M3_SWIGLU_F32)
+    const bool fused = w->shared_fused;
+    if (fused && !w->shared_slot) return false;
+    const int E = mp->n_expert + (fused ? 1 : 0), K = mp->top_k + (fused ? 1 : 0);
+    if (mp->dim % 128 || mp->ffn % 64 || E > 1024 || K > 8 || !p->act_bf16 ||
+        p->swiglu == M3_SWIGLU_F32)
         return false;
     m3_gpu_experts ew;
     memset(&ew, 0, sizeof ew);
-    ew.fmt = M3_GPU_W_BF16;
+    ew.fmt = w->efmt;
     ew.gate = w->eg, ew.up = w->eu, ew.down = w->ed;
-    *s = m3_gpu_moe_experts(g, y, x, ids, wts, T, &ew, mp, p);
+    ew.gate_s = w->egs, ew.up_s = w->eus, ew.down_s = w->eds;
+    ew.act_in = act_or_null(&w->act_in);
+    ew.act_mid = act_or_null(&w->act_mid);
+    ew.n_pass = T;
+    if (!fused) {
+        *s = m3_gpu_moe_experts(g, y, x, ids, wts, T, &ew, mp, p);
+        return true;
+    }
+    const size_t mark = m3_gpu_mark(g);
+    int32_t *ids2;
+    float *wts2;
+    *s = m3_gpu_alloc(g, (void **)&ids2, (size_t)T * K * sizeof(int32_t));
+    if (*s == M3_OK) *s = m3_gpu_alloc(g, (void **)&wts2, (size_t)T * K * sizeof(float));
+    if (*s == M3_OK) {
+        const int64_t n = (int64_t)T * K;
+        fuse_sel_k<<<m3_grid_1d(n, GLUE_THREADS), GLUE_THREADS, 0, g->stream>>>(
+            ids2, wts2, ids, wts, T, mp->top_k, mp->n_expert, mp->routed_scale);
+        *s = m3_gpu_launched_(g, "fuse_sel_k", __FILE__, __LINE__);
+    }
+    if (*s == M3_OK) {
+        m3_moe_params m2 = *mp;
+        m2.n_expert = E;
+        m2.top_k = K;
+        m2.routed_scale = 1.0f; /* folded into wts2; bf16(1 * S) = bf16(S) */
+        m2.shared_ffn = 0;
+        *s = m3_gpu_moe_experts(g, y, x, ids2, wts2, T, &ew, &m2, p);
+    }
+    m3_gpu_release(g, mark); /* later work is stream-ordered after these kernels */
     return true;
 }
 static bool tiled_experts(m3_gpu *, m3_status *, float *, const float *, const int32_t *,
@@ -466,10 +1013,112 @@ static bool tiled_experts(m3_gpu *, m3_status *, float *, const float *, const i
     return false;
 }
 
+/* the weight matrices of the expert arrays (BF16: TS elements) */
+static void expert_w(const m3_gpu_layer_weights *w, int D, int F, gen_w *wg, gen_w *wu,
+                     gen_w *wd) {
+    *wg = {(int)w->efmt, w->eg, w->egs, mx_rb(w->efmt, D), mx_nb(D)};
+    *wu = {(int)w->efmt, w->eu, w->eus, mx_rb(w->efmt, D), mx_nb(D)};
+    *wd = {(int)w->efmt, w->ed, w->eds, mx_rb(w->efmt, F), mx_nb(F)};
+}
+
+/* Generic expert MLPs: ye[i] = MLP_{ids[i]}(x[i / K]) for the T*K entries i, weights ids[i]
+ * of the arrays (E experts), with the MX activation quantization of ref's m3_linear_q (x
+ * before gate/up, the swiglu output before down) when it applies to a pass of n_pass tokens. */
+template <typename TS>
+static m3_status gen_mlp(m3_gpu *g, TS *ye, const TS *x, const int32_t *ids, int T, int K, int E,
+                         int D, int F, const gen_w &wg, const gen_w &wu, const gen_w &wd,
+                         const m3_actq *ain, const m3_actq *amid, int n_pass, float alpha,
+                         float limit, const m3_profile *p) {
+    const int TK = T * K;
+    if (TK == 0) return M3_OK;
+    const bool qin = m3_actq_applies(ain, n_pass), qmid = m3_actq_applies(amid, n_pass);
+    const size_t mark = m3_gpu_mark(g);
+    TS *a;
+    float *xq = NULL, *aq = NULL;
+    m3_status s = m3_gpu_alloc(g, (void **)&a, (size_t)TK * F * sizeof(TS));
+    if (s == M3_OK && qin) s = m3_gpu_alloc(g, (void **)&xq, (size_t)T * D * sizeof(float));
+    if (s == M3_OK && qmid) s = m3_gpu_alloc(g, (void **)&aq, (size_t)TK * F * sizeof(float));
+    if (s == M3_OK && qin) {
+        const int64_t nb = (int64_t)T * ((D + ain->mx.block - 1) / ain->mx.block);
+        actq_mx_k<TS><<<m3_grid_1d(nb, GLUE_THREADS), GLUE_THREADS, 0, g->stream>>>(xq, x, T, D,
+                                                                                     ain->mx);
+        s = m3_gpu_launched_(g, "actq_mx_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        dim3 g1((unsigned)TK, (unsigned)((F + GLUE_THREADS - 1) / GLUE_THREADS));
+        if (qin)
+            gen_gu_k<TS, float><<<g1, GLUE_THREADS, 0, g->stream>>>(
+                a, xq, ids, wg, wu, K, E, D, F, alpha, limit, (int)p->swiglu, p->act_bf16);
+        else
+            gen_gu_k<TS, TS><<<g1, GLUE_THREADS, 0, g->stream>>>(
+                a, x, ids, wg, wu, K, E, D, F, alpha, limit, (int)p->swiglu, p->act_bf16);
+        s = m3_gpu_launched_(g, "gen_gu_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK && qmid) {
+        const int64_t nb = (int64_t)TK * ((F + amid->mx.block - 1) / amid->mx.block);
+        actq_mx_k<TS><<<m3_grid_1d(nb, GLUE_THREADS), GLUE_THREADS, 0, g->stream>>>(aq, a, TK, F,
+                                                                                     amid->mx);
+        s = m3_gpu_launched_(g, "actq_mx_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) {
+        dim3 g2((unsigned)TK, (unsigned)((D + GLUE_THREADS - 1) / GLUE_THREADS));
+        if (qmid)
+            gen_down_k<TS, float><<<g2, GLUE_THREADS, 0, g->stream>>>(ye, aq, ids, wd, E, D, F,
+                                                                      p->act_bf16);
+        else
+            gen_down_k<TS, TS><<<g2, GLUE_THREADS, 0, g->stream>>>(ye, a, ids, wd, E, D, F,
+                                                                   p->act_bf16);
+        s = m3_gpu_launched_(g, "gen_down_k", __FILE__, __LINE__);
+    }
+    m3_gpu_release(g, mark); /* later work is stream-ordered after these kernels */
+    return s;
+}
+
+template <typename TS>
+static m3_status mlp(m3_gpu *g, TS *y, const TS *x, int T, const void *wg, const void *wu,
+                     const void *wd, int D, int F, float alpha, float limit, const m3_profile *p,
+                     const float *sg = NULL, const float *su = NULL, const float *sd = NULL,
+                     const m3_actq *act = NULL);
+
+/* The shared expert's output sh [T, D]: the dense GEMM path for plain weights in their own
+ * arrays (ref m3_mlp), else the generic MLP (MX weights, or the shared expert as slot E). */
+template <typename TS>
+static m3_status shared_mlp(m3_gpu *g, TS *sh, const TS *x, int T, const m3_gpu_layer_weights *w,
+                            const m3_config *c, const m3_profile *p) {
+    const int D = c->hidden, FS = c->shared_inter;
+    if (w->sfmt == M3_GPU_W_BF16 && !w->shared_slot)
+        return mlp(g, sh, x, T, w->sg, w->su, w->sd, D, FS, c->swiglu_alpha, c->swiglu_limit, p);
+    gen_w wg, wu, wd;
+    int id = 0, E = 1;
+    if (w->shared_slot) {
+        expert_w(w, D, FS, &wg, &wu, &wd);
+        id = c->n_expert;
+        E = c->n_expert + 1;
+    } else {
+        wg = {(int)w->sfmt, w->sg, w->sgs, mx_rb(w->sfmt, D), mx_nb(D)};
+        wu = {(int)w->sfmt, w->su, w->sus, mx_rb(w->sfmt, D), mx_nb(D)};
+        wd = {(int)w->sfmt, w->sd, w->sds, mx_rb(w->sfmt, FS), mx_nb(FS)};
+    }
+    const size_t mark = m3_gpu_mark(g);
+    int32_t *ids;
+    int32_t *h = (int32_t *)malloc((size_t)T * sizeof *h + 1);
+    if (!h) return m3_errorf(M3_ERR_NOMEM, "shared expert: out of memory");
+    for (int t = 0; t < T; t++) h[t] = id;
+    m3_status s = m3_gpu_alloc(g, (void **)&ids, (size_t)T * sizeof *ids);
+    if (s == M3_OK) s = m3_gpu_upload(g, ids, h, (size_t)T * sizeof *ids);
+    free(h);
+    if (s == M3_OK)
+        s = gen_mlp(g, sh, x, ids, T, 1, E, D, FS, wg, wu, wd, act_or_null(&w->act_in),
+                    act_or_null(&w->act_mid), T, c->swiglu_alpha, c->swiglu_limit, p);
+    m3_gpu_release(g, mark);
+    return s;
+}
+
+/* Routed experts (+ the fused shared expert): y [T, D], ref m3_moe_experts(_fused). */
 template <typename TS>
 static m3_status experts(m3_gpu *g, TS *y, const TS *x, const int32_t *ids, const float *wts,
                          int T, const m3_gpu_layer_weights *w, const m3_moe_params *mp,
-                         const m3_profile *p) {
+                         const m3_config *c, const m3_profile *p) {
     m3_status s = M3_OK;
     if (tiled_experts(g, &s, y, x, ids, wts, T, w, mp, p)) return s;
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
@@ -477,45 +1126,42 @@ static m3_status experts(m3_gpu *g, TS *y, const TS *x, const int32_t *ids, cons
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu experts: top_k %d > %d", K, GEN_MAX_K);
     if (T == 0) return M3_OK;
     const size_t mark = m3_gpu_mark(g);
-    TS *a, *ye;
-    s = m3_gpu_alloc(g, (void **)&a, (size_t)TK * F * sizeof(TS));
-    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ye, (size_t)TK * D * sizeof(TS));
-    if (s == M3_OK) {
-        dim3 g1((unsigned)TK, (unsigned)((F + GLUE_THREADS - 1) / GLUE_THREADS));
-        gen_gu_k<TS><<<g1, GLUE_THREADS, 0, g->stream>>>(a, x, ids, (const TS *)w->eg,
-                                                         (const TS *)w->eu, K, E, D, F, mp->alpha,
-                                                         mp->limit, (int)p->swiglu, p->act_bf16);
-        s = m3_gpu_launched_(g, "gen_gu_k", __FILE__, __LINE__);
-    }
-    if (s == M3_OK) {
-        dim3 g2((unsigned)TK, (unsigned)((D + GLUE_THREADS - 1) / GLUE_THREADS));
-        gen_down_k<TS><<<g2, GLUE_THREADS, 0, g->stream>>>(ye, a, ids, (const TS *)w->ed, E, D, F,
-                                                           p->act_bf16);
-        s = m3_gpu_launched_(g, "gen_down_k", __FILE__, __LINE__);
+    TS *ye, *sh = NULL;
+    gen_w wg, wu, wd;
+    expert_w(w, D, F, &wg, &wu, &wd);
+    s = m3_gpu_alloc(g, (void **)&ye, (size_t)TK * D * sizeof(TS));
+    if (s == M3_OK)
+        s = gen_mlp(g, ye, x, ids, T, K, E, D, F, wg, wu, wd, act_or_null(&w->act_in),
+                    act_or_null(&w->act_mid), T, mp->alpha, mp->limit, p);
+    if (s == M3_OK && w->shared_fused) {
+        s = m3_gpu_alloc(g, (void **)&sh, (size_t)T * D * sizeof(TS));
+        if (s == M3_OK) s = shared_mlp(g, sh, x, T, w, c, p);
     }
     if (s == M3_OK) {
         gen_combine_k<TS><<<(unsigned)T, GLUE_THREADS, 0, g->stream>>>(
             y, ye, ids, wts, K, E, D, mp->routed_scale, p->moe_bf16_combine,
-            p->moe_bf16_combine || p->act_bf16);
+            p->moe_bf16_combine || p->act_bf16, w->shared_fused, sh);
         s = m3_gpu_launched_(g, "gen_combine_k", __FILE__, __LINE__);
     }
     m3_gpu_release(g, mark); /* later work is stream-ordered after these kernels */
     return s;
 }
 
-/* y = MLP(x): ref m3_mlp (gate, up GEMMs rounded per profile, swiglu, down GEMM) */
+/* y = MLP(x): ref m3_mlp (gate, up GEMMs rounded per profile, swiglu, down GEMM); sg, su,
+ * sd: ptpc scales of the three matrices (NULL: plain) */
 template <typename TS>
 static m3_status mlp(m3_gpu *g, TS *y, const TS *x, int T, const void *wg, const void *wu,
-                     const void *wd, int D, int F, float alpha, float limit, const m3_profile *p) {
+                     const void *wd, int D, int F, float alpha, float limit, const m3_profile *p,
+                     const float *sg, const float *su, const float *sd, const m3_actq *act) {
     if (T == 0) return M3_OK;
     const size_t mark = m3_gpu_mark(g);
     TS *gb, *ub;
     m3_status s = m3_gpu_alloc(g, (void **)&gb, (size_t)T * F * sizeof(TS));
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ub, (size_t)T * F * sizeof(TS));
-    if (s == M3_OK) s = m3_gpu_linear_(g, gb, x, wg, T, F, D, p);
-    if (s == M3_OK) s = m3_gpu_linear_(g, ub, x, wu, T, F, D, p);
+    if (s == M3_OK) s = proj(g, gb, x, wg, sg, act, T, F, D, p);
+    if (s == M3_OK) s = proj(g, ub, x, wu, su, act, T, F, D, p);
     if (s == M3_OK) s = swiglu(g, gb, gb, ub, (int64_t)T * F, alpha, limit, p);
-    if (s == M3_OK) s = m3_gpu_linear_(g, y, gb, wd, T, D, F, p);
+    if (s == M3_OK) s = proj(g, y, gb, wd, sd, act, T, D, F, p);
     m3_gpu_release(g, mark);
     return s;
 }
@@ -649,9 +1295,10 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     M3_TRY(tap_dev(tp, "input", x, 2, T, D, 0));
     M3_TRY(tap_dev(tp, "attn_norm", xn, 2, T, D, 0));
 
-    M3_TRY(m3_gpu_linear_(g, q, xn, w->q, T, QW, D, p));
-    M3_TRY(m3_gpu_linear_(g, kc, xn, w->k, T, KW, D, p));
-    M3_TRY(m3_gpu_linear_(g, vc, xn, w->v, T, KW, D, p));
+    const m3_actq *pq = &w->ptpc;
+    M3_TRY(proj(g, q, xn, w->q, w->q_s, pq, T, QW, D, p));
+    M3_TRY(proj(g, kc, xn, w->k, w->k_s, pq, T, KW, D, p));
+    M3_TRY(proj(g, vc, xn, w->v, w->v_s, pq, T, KW, D, p));
     M3_TRY(tap_dev(tp, "q_proj", q, 2, T, QW, 0));
     M3_TRY(tap_dev(tp, "k_proj", kc, 2, T, KW, 0));
     M3_TRY(tap_dev(tp, "v_proj", vc, 2, T, KW, 0));
@@ -660,35 +1307,64 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     M3_TRY(tap_dev(tp, "q", q, 3, T, H, Dh));
     M3_TRY(tap_dev(tp, "k", kc, 3, T, Hkv, Dh));
     M3_TRY(tap_dev(tp, "v", vc, 3, T, Hkv, Dh));
+    if (cache->k8) M3_TRY(kv8_write(g, cache, n0, T, kc, vc, Hkv, Dh));
 
     if (w->sparse) {
         const int G = c->index_n_heads, Di = c->index_head_dim;
         const int NB = (n_ctx + ip.block - 1) / ip.block;
+        const bool reuse = cache->reuse_topk;
         TS *iq, *ikc = (TS *)cache->index_k + (size_t)n0 * Di;
         M3_TRY(m3_gpu_alloc(g, (void **)&iq, t_ * G * Di * sizeof(TS)));
-        M3_TRY(m3_gpu_linear_(g, iq, xn, w->iq, T, G * Di, D, p));
-        M3_TRY(m3_gpu_linear_(g, ikc, xn, w->ik, T, Di, D, p));
+        /* a reusing layer computes the projections (as ref: the packed GEMM runs) but never
+         * inserts into its index cache: its key projection goes to a temporary */
+        if (reuse) M3_TRY(m3_gpu_alloc(g, (void **)&ikc, t_ * Di * sizeof(TS)));
+        M3_TRY(proj(g, iq, xn, w->iq, w->iq_s, pq, T, G * Di, D, p));
+        M3_TRY(proj(g, ikc, xn, w->ik, w->ik_s, pq, T, Di, D, p));
         M3_TRY(tap_dev(tp, "index_q_proj", iq, 2, T, G * Di, 0));
         M3_TRY(tap_dev(tp, "index_k_proj", ikc, 2, T, Di, 0));
-        M3_TRY(rope(g, iq, G * Di, d_pos, T, G, Di, w->iq_norm, eps, R, theta, p));
-        M3_TRY(rope(g, ikc, Di, d_pos, T, 1, Di, w->ik_norm, eps, R, theta, p));
-        M3_TRY(tap_dev(tp, "index_q", iq, 3, T, G, Di));
-        M3_TRY(tap_dev(tp, "index_k", ikc, 2, T, Di, 0));
-        const int W = m3_indexer_width(n_ctx, &ip, p);
-        int32_t *topk;
-        float *scores;
-        int *ties;
-        M3_TRY(m3_gpu_alloc(g, (void **)&topk, (size_t)G * t_ * (W > 0 ? W : 1) * sizeof(int32_t)));
-        M3_TRY(m3_gpu_alloc(g, (void **)&scores, (size_t)G * t_ * NB * sizeof(float)));
-        M3_TRY(m3_gpu_alloc(g, (void **)&ties, sizeof(int)));
-        M3_TRY(m3_gpu_memset(g, ties, 0, sizeof(int)));
-        M3_TRY(indexer(g, topk, scores, ties, iq, G * Di, (const TS *)cache->index_k, d_pos, T,
-                       n_ctx, &ip, p));
-        int n_ties = 0;
-        M3_TRY(m3_gpu_download(g, &n_ties, ties, sizeof n_ties));
-        if (n_ties)
-            m3_info("layer %d: %d (head, token) rows with a tie straddling rank %d", L, n_ties,
-                    ip.topk);
+        int W = m3_indexer_width(n_ctx, &ip, p);
+        int32_t *topk = NULL;
+        float *scores = NULL;
+        if (!reuse) {
+            M3_TRY(rope(g, iq, G * Di, d_pos, T, G, Di, w->iq_norm, eps, R, theta, p));
+            M3_TRY(rope(g, ikc, Di, d_pos, T, 1, Di, w->ik_norm, eps, R, theta, p));
+            M3_TRY(tap_dev(tp, "index_q", iq, 3, T, G, Di));
+            M3_TRY(tap_dev(tp, "index_k", ikc, 2, T, Di, 0));
+            int *ties;
+            M3_TRY(m3_gpu_alloc(g, (void **)&topk, (size_t)G * t_ * (W > 0 ? W : 1) * sizeof(int32_t)));
+            M3_TRY(m3_gpu_alloc(g, (void **)&scores, (size_t)G * t_ * NB * sizeof(float)));
+            M3_TRY(m3_gpu_alloc(g, (void **)&ties, sizeof(int)));
+            M3_TRY(m3_gpu_memset(g, ties, 0, sizeof(int)));
+            if (cache->ik8) M3_TRY(ix8_write(g, cache, n0, T, ikc, Di));
+            /* paged caches: keys read back through the index cache; the prefill's query cast
+             * to fp8 when the variant says so (ref §3.8, §9.9) */
+            const bool q8 = cache->paged && T > 1 && cache->variant &&
+                            m3_variant_index_q_fp8(cache->variant);
+            if (cache->ik8 || q8)
+                M3_TRY(indexer_paged(g, topk, scores, ties, iq, cache, d_pos, T, n_ctx, &ip, p, q8));
+            else
+                M3_TRY(indexer(g, topk, scores, ties, iq, G * Di, (const TS *)cache->index_k, d_pos,
+                               T, n_ctx, &ip, p));
+            int n_ties = 0;
+            M3_TRY(m3_gpu_download(g, &n_ties, ties, sizeof n_ties));
+            if (n_ties)
+                m3_info("layer %d: %d (head, token) rows with a tie straddling rank %d", L, n_ties,
+                        ip.topk);
+        } else {
+            /* spec §3.9: the top-k of the most recent computing sparse layer of this pass */
+            const m3_gpu_topk_share *sh = cache->share;
+            M3_ASSERT(sh);
+            if (sh->layer < 0 || sh->n_tok != T)
+                return m3_errorf(M3_ERR_ARG,
+                                 "layer %d reuses the top-k of an earlier sparse layer, but no "
+                                 "sparse layer computed one in this pass",
+                                 L);
+            if (sh->width > ip.topk)
+                return m3_errorf(M3_ERR_SHAPE, "layer %d: reused top-k width %d > %d", L, sh->width,
+                                 ip.topk);
+            W = sh->width;
+            topk = sh->topk;
+        }
         const int32_t *sel = topk;
         int sel_w = W;
         m3_tensor forced;
@@ -714,24 +1390,44 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
             }
             sel = dsel;
         }
-        /* the stage is what attention used: the forced selection when teacher-forced */
+        /* the stage is what attention used: the forced selection when teacher-forced; a
+         * reusing layer has no scores of its own */
         m3_status s = M3_OK;
-        if (dump) s = tap_dev(tp, "index_scores", scores, 3, G, T, NB);
+        if (dump && !reuse) s = tap_dev(tp, "index_scores", scores, 3, G, T, NB);
         if (!s && force_sel)
             s = tap_host(tp, "index_topk", M3_DT_I32, forced.data, 3, G, T, sel_w);
         else if (!s)
             s = tap_dev_i32(tp, "index_topk", sel, 3, G, T, sel_w);
         free(forced.data);
         M3_TRY(s);
-        M3_TRY(attn_sparse(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
-                           n_ctx, sel, sel_w, ip.block, &ap, p, o->flash));
+        if (cache->paged && sel_w > ip.topk)
+            return m3_errorf(M3_ERR_SHAPE, "layer %d: index_topk width %d > top-k %d", L, sel_w,
+                             ip.topk);
+        if (!reuse && cache->share) { /* record what attention uses, for the reusing layers */
+            m3_gpu_topk_share *sh = cache->share;
+            const size_t n = (size_t)G * t_ * (size_t)sel_w;
+            /* a selection wider than top-k (forced) is refused by the reusing layer, as ref */
+            if (n <= sh->cap) M3_TRY(m3_gpu_copy(g, sh->topk, sel, n * sizeof(int32_t)));
+            sh->layer = L;
+            sh->n_tok = T;
+            sh->width = sel_w;
+        }
+        if (cache->k8) /* sparse layers read the fp8 cache in prefill and decode (§3.10) */
+            M3_TRY(attn_fp8(g, ao, q, cache, d_pos, T, n_ctx, sel, sel_w, ip.block, &ap, p));
+        else
+            M3_TRY(attn_sparse(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
+                               n_ctx, sel, sel_w, ip.block, &ap, p, o->flash));
+    } else if (cache->k8 && T == 1) {
+        /* dense decode reads the fp8 cache; dense prefill the chunk's own unquantized K/V, as
+         * ATOM's flash-attention prefill (§3.7, §9.12) */
+        M3_TRY(attn_fp8(g, ao, q, cache, d_pos, T, n_ctx, (const int32_t *)NULL, 0, 0, &ap, p));
     } else {
         M3_TRY(attn_dense(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
                           n_ctx, &ap, p, o->flash));
     }
     cache->n_past = n_ctx;
     M3_TRY(tap_dev(tp, "attn_out", ao, 2, T, QW, 0));
-    M3_TRY(m3_gpu_linear_(g, apo, ao, w->o, T, D, QW, p));
+    M3_TRY(proj(g, apo, ao, w->o, w->o_s, pq, T, D, QW, p));
     M3_TRY(tap_dev(tp, "attn_proj", apo, 2, T, D, 0));
 
     /* ---- MLP block ---- */
@@ -739,7 +1435,7 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     M3_TRY(tap_dev(tp, "mlp_norm", xn, 2, T, D, 0));
     if (!w->moe) {
         M3_TRY(mlp(g, h, xn, T, w->mg, w->mu, w->md, D, c->dense_inter, c->swiglu_alpha,
-                   c->swiglu_limit, p));
+                   c->swiglu_limit, p, w->mg_s, w->mu_s, w->md_s, pq));
     } else {
         const int E = c->n_expert, K = c->top_k;
         float *logits, *wts;
@@ -810,12 +1506,11 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
         }
         M3_TRY(tap_dev_i32(tp, "expert_ids", ids, 2, T, K, 0));
         M3_TRY(tap_dev(tp, "expert_weights", wts, 2, T, K, 0));
-        M3_TRY(experts(g, h, xn, ids, wts, T, w, &mp, p));
-        if (w->has_shared) {
+        M3_TRY(experts(g, h, xn, ids, wts, T, w, &mp, c, p));
+        if (w->has_shared && !w->shared_fused) { /* fused: inside experts() */
             TS *sh;
             M3_TRY(m3_gpu_alloc(g, (void **)&sh, t_ * D * sizeof(TS)));
-            M3_TRY(mlp(g, sh, xn, T, w->sg, w->su, w->sd, D, c->shared_inter, c->swiglu_alpha,
-                       c->swiglu_limit, p));
+            M3_TRY(shared_mlp(g, sh, xn, T, w, c, p));
             M3_TRY(tap_dev(tp, "shared_out", sh, 2, T, D, 0));
             const int64_t n = (int64_t)T * D;
             add_k<TS><<<m3_grid_1d(n < 65536 * 4 ? n : 65536 * 4, GLUE_THREADS), GLUE_THREADS, 0,

@@ -268,11 +268,42 @@ struct m3_layer_weights;
 typedef struct m3_gpu_layer_weights m3_gpu_layer_weights;
 /* One layer's KV / index cache on the device: [cap, Hkv, Dh] k and v, [cap, Di] index_k
  * (sparse layers), in the storage type. Owned by the caller (arena memory). */
+typedef struct m3_gpu_topk_share m3_gpu_topk_share;
 typedef struct m3_gpu_layer_cache {
     int cap, n_past;
     bool bf16;
     void *k, *v, *index_k;
+    /* top-k reuse (spec §3.9, twin of ref's m3_layer_cache share / reuse_topk), set per pass
+     * by the model: a sparse layer with reuse_topk skips index norm / RoPE / cache insert /
+     * scoring and takes share's selection; a computing one records its selection in share
+     * (when not NULL). Zero = every sparse layer computes. */
+    m3_gpu_topk_share *share;
+    bool reuse_topk;
+    /* paged-cache reads and fp8 caches (ref/variant.h, docs/caches.md), set by the model from
+     * its variant (all NULL / false = the plain contiguous caches):
+     *   k8, v8 [cap, Hkv, Dh] fp8 bytes + ks8, vs8 [cap, Hkv] fp32 scales: the fp8 KV cache,
+     *     written beside k / v by ref's writer rule (§4.7: scale = amax / FP8_MAX, byte =
+     *     cvt(value / scale)); dense decode passes and sparse layers attend over its
+     *     dequantized values fp32(byte) * scale, dense prefill over the unquantized k / v;
+     *   ik8 [cap, Di] fp8 bytes at unit scale (§4.8: cvt(bf16(key))): the fp8 index cache the
+     *     indexer reads;
+     *   paged: cache_layout paged (the prefill's index query is cast to fp8 when the variant
+     *     says so, as ref does on paged caches only). The device keeps every cache in the
+     *     contiguous [S, ...] layout: ref's paged reads give the same numbers as contiguous
+     *     ones (same bytes and scales per (token, head); ref's tests: paged bf16 == contiguous bit
+     *     for bit in every profile). */
+    uint8_t *k8, *v8, *ik8;
+    float *ks8, *vs8;
+    const struct m3_variant *variant; /* fp8 kind, overflow, kv_fp8max, index q rule */
+    bool paged;
 } m3_gpu_layer_cache;
+/* The selection of the most recent computing sparse layer of the current pass. */
+struct m3_gpu_topk_share {
+    int layer;      /* -1: no sparse layer computed one in this pass yet */
+    int n_tok, width;
+    int32_t *topk;  /* device [G, T, width] (arena memory of the pass) */
+    size_t cap;     /* int32 entries topk holds */
+};
 
 /* Options of the whole-model forward. */
 typedef struct m3_gpu_model_opts {
@@ -297,6 +328,14 @@ m3_status m3_gpu_layer_weights_upload(m3_gpu *g, m3_gpu_layer_weights **out,
                                       const struct m3_layer_weights *hw,
                                       const struct m3_config *c, const m3_profile *p, bool bf16);
 void m3_gpu_layer_weights_free(m3_gpu_layer_weights *w); /* NULL ok */
+/* The routed experts of an uploaded MoE layer as m3_gpu_moe_experts takes them (device
+ * pointers: codes / scales of MX formats, in ref's layout and bytes; act_in / act_mid the
+ * layer's activation quantization, n_pass 0), E experts (+ the fused shared expert as slot E
+ * when it has the routed width: *n_slot = E + 1). shared (may be NULL): the shared expert's
+ * own arrays in the same form ([Fs, D] x2, [D, Fs]); all NULL when there is none or it is
+ * slot E. M3_ERR_ARG for a dense-MLP layer. */
+m3_status m3_gpu_layer_weights_experts(const m3_gpu_layer_weights *w, m3_gpu_experts *routed,
+                                       int *n_slot, m3_gpu_experts *shared);
 /* Allocate a layer's cache of `cap` rows from the arena (n_past = 0). */
 m3_status m3_gpu_layer_cache_alloc(m3_gpu *g, m3_gpu_layer_cache *c, const struct m3_config *cfg,
                                    bool sparse, int cap, bool bf16);

@@ -42,6 +42,9 @@ struct m3_gpu_model {
     const m3_bf16 *final_norm; /* [D] */
     m3_gpu_layer_cache *cache; /* [n_layer] */
     int cap, n_past;
+    m3_variant v;              /* numerics variant (m3_gpu_model_set_variant) */
+    bool *computes;            /* [n_layer] top-k schedule (m3_config_topk_schedule) */
+    m3_gpu_topk_share share;   /* top-k reuse within a pass (device memory of the pass) */
 };
 
 extern "C" void m3_gpu_model_opts_default(m3_gpu_model_opts *o) {
@@ -67,17 +70,77 @@ static void set_n_past(m3_gpu_model *m, int n) {
 }
 extern "C" void m3_gpu_model_reset(m3_gpu_model *m) { set_n_past(m, 0); }
 
+/* The top-k schedule of the config (spec §3.9): which sparse layers compute their own. */
+static m3_status schedule(m3_gpu_model *m) {
+    free(m->computes);
+    m->computes = (bool *)calloc((size_t)m->cfg->n_layer, sizeof *m->computes);
+    if (!m->computes) return m3_errorf(M3_ERR_NOMEM, "out of memory");
+    return m3_config_topk_schedule(m->cfg, m->computes);
+}
+
+static m3_status upload_all(m3_gpu_model *m);
+
+/* The variant keys the GPU forward implements: the expert keys (quantize on load with ref's
+ * own code, MX activation quantization, the fused shared expert), the caches under the hf /
+ * fp32 writers (fp8 KV, fp8 index cache, paged reads, fp8 kind / overflow / kv_fp8max, the
+ * prefill index query cast), ptpc, and top-k reuse. The rest fail naming the key. */
+static m3_status variant_supported(const m3_variant *v, const m3_profile *p) {
+    /* atom's fp8 KV writers quantize the unrounded fp32 k of dense / reusing layers and its
+     * attention emulates the fp8 paged-attention kernel (§4.7, §4.9): no device kernels */
+    if (v->kv_cache == M3_CACHE_FP8 && (p->attn_partition > 0 || p->qk_round == M3_QK_ROUND_ONCE))
+        return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu: variant key kv_cache fp8 under the "
+                         "%s profile (fp32-k writers, fp8 paged-attention emulation) is not "
+                         "implemented on the GPU (hf and fp32 are)", p->name ? p->name : "given");
+    return M3_OK;
+}
+
+/* the part of a variant that changes the uploaded weights */
+static bool same_weights(const m3_variant *a, const m3_variant *b) {
+    char x[1024], y[1024];
+    m3_variant_json_quant(a, x, sizeof x);
+    m3_variant_json_quant(b, y, sizeof y);
+    return strcmp(x, y) == 0;
+}
+
 extern "C" m3_status m3_gpu_model_set_variant(m3_gpu_model *m, const m3_variant *v) {
     M3_TRY(m3_variant_check(v));
-    /* the plain variant only so far: MX experts, fp8 caches, ptpc, paged layout and top-k
-     * reuse have kernels (gpu/moe.hip, gpu/kvcache.hip) but are not wired into the forward */
-    if (!m3_variant_is_default(v)) {
-        char js[1024];
-        m3_variant_json(v, js, sizeof js);
-        return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu: variant %s is not implemented on "
-                         "the GPU yet (the default variant is)", js);
+    M3_TRY(variant_supported(v, &m->p));
+    /* top-k reuse flags override the config's (and --override's) schedule, as ref */
+    if (v->topk_reuse > 1 || v->topk_pattern[0]) {
+        char js[256];
+        if (v->topk_pattern[0])
+            snprintf(js, sizeof js, "{\"use_index_cache\":true,\"index_topk_pattern\":\"%s\"}",
+                     v->topk_pattern);
+        else
+            snprintf(js, sizeof js,
+                     "{\"use_index_cache\":true,\"index_topk_freq\":%d,"
+                     "\"index_skip_topk_offset\":%d,\"index_topk_pattern\":null}",
+                     v->topk_reuse, v->topk_skip_offset);
+        M3_TRY(m3_config_apply_overrides(m->cfg, js));
     }
+    M3_TRY(schedule(m));
+    const bool reupload = !same_weights(&m->v, v);
+    m->v = *v;
     set_n_past(m, 0);
+    /* the caches are made again by the next reserve, in the variant's forms */
+    m3_gpu_release(m->g, m->mark_caches);
+    memset(m->cache, 0, (size_t)m->cfg->n_layer * sizeof *m->cache);
+    m->cap = 0;
+    if (reupload) {
+        /* the weights under the new variant: drop everything above the open mark (resident
+         * weights, caches) and upload again; a failure leaves the model unusable */
+        if (m->lw)
+            for (int L = 0; L < m->cfg->n_layer; L++) {
+                m3_gpu_layer_weights_free(m->lw[L]);
+                m->lw[L] = NULL;
+            }
+        m->head = NULL;
+        m->final_norm = NULL;
+        m3_gpu_release(m->g, m->mark_open);
+        memset(m->cache, 0, (size_t)m->cfg->n_layer * sizeof *m->cache);
+        m->cap = 0;
+        M3_TRY(upload_all(m));
+    }
     return M3_OK;
 }
 
@@ -184,7 +247,9 @@ static m3_status embed_rows(m3_gpu_model *m, float *x, const int32_t *tok, int T
 /* one layer's weights: host views -> device (the caller releases the arena after use) */
 static m3_status upload_layer(m3_gpu_model *m, int L, m3_gpu_layer_weights **out) {
     m3_layer_weights hw;
-    M3_TRY(m3_layer_weights_load(&hw, m->w, m->cfg, L));
+    /* the variant's forms (quantized experts made on load by ref's own code, the fused
+     * shared expert decision): the same host structs ref's forward runs on */
+    M3_TRY(m3_layer_weights_load_v(&hw, m->w, m->cfg, L, &m->v, &m->p));
     m3_status s = m3_gpu_layer_weights_upload(m->g, out, &hw, m->cfg, &m->p, m->bf16);
     m3_layer_weights_free(&hw);
     char pfx[96];
@@ -207,25 +272,19 @@ static m3_status open_model(m3_gpu_model *m, const char *dir, const char *overri
         if (s) return m3_error_context(s, "--override");
     }
     const m3_config *c = m->cfg;
-    /* top-k reuse across sparse layers is not implemented (same refusal as ref) */
-    bool *computes = (bool *)calloc((size_t)c->n_layer, sizeof *computes);
-    if (!computes) return m3_errorf(M3_ERR_NOMEM, "out of memory");
-    m3_status s = m3_config_topk_schedule(c, computes);
-    for (int L = 0; !s && L < c->n_layer; L++)
-        if (c->layer_sparse[L] && !computes[L])
-            s = m3_errorf(M3_ERR_UNSUPPORTED,
-                          "%s: layer %d would reuse the top-k of an earlier layer "
-                          "(use_index_cache); top-k reuse is not implemented yet",
-                          c->path, L);
-    free(computes);
-    M3_TRY(s);
+    M3_TRY(schedule(m));
     M3_TRY(m3_weights_open(&m->w, dir));
     M3_TRY(m3_weights_check(m->w, c, NULL));
     m->cache = (m3_gpu_layer_cache *)calloc((size_t)c->n_layer, sizeof *m->cache);
     m->lw = (m3_gpu_layer_weights **)calloc((size_t)c->n_layer, sizeof *m->lw);
     if (!m->cache || !m->lw) return m3_errorf(M3_ERR_NOMEM, "out of memory");
-
     m->mark_open = m3_gpu_mark(m->g);
+    return upload_all(m);
+}
+
+/* final norm, then every layer and lm_head when they fit (resident); marks the caches */
+static m3_status upload_all(m3_gpu_model *m) {
+    const m3_config *c = m->cfg;
     M3_TRY(upload_final_norm(m));
     size_t need = (size_t)c->vocab * c->hidden * (m->bf16 ? 2 : 4);
     for (int L = 0; L < c->n_layer; L++) need += m3_gpu_layer_weights_bytes(c, L, m->bf16);
@@ -250,6 +309,7 @@ extern "C" m3_status m3_gpu_model_open(m3_gpu_model **out, m3_gpu *g, const char
     if (!m) return m3_errorf(M3_ERR_NOMEM, "out of memory");
     m->g = g;
     m->p = *p;
+    m3_variant_default(&m->v);
     if (o) m->o = *o;
     else m3_gpu_model_opts_default(&m->o);
     m->bf16 = !m->o.f32_storage && bf16_storage_fits(p);
@@ -269,10 +329,29 @@ extern "C" void m3_gpu_model_close(m3_gpu_model *m) {
         for (int L = 0; L < m->cfg->n_layer; L++) m3_gpu_layer_weights_free(m->lw[L]);
     free(m->lw);
     free(m->cache);
+    free(m->computes);
     m3_gpu_release(m->g, m->mark_open);
     m3_weights_close(m->w);
     m3_config_free(m->cfg);
     free(m);
+}
+
+/* the variant's parts of a layer cache: fp8 K/V and index caches, paged reads */
+static m3_status cache_variant(m3_gpu_model *m, m3_gpu_layer_cache *lc, bool sparse, int cap) {
+    const m3_config *c = m->cfg;
+    const m3_variant *v = &m->v;
+    lc->variant = v;
+    lc->paged = v->cache_layout == M3_LAYOUT_PAGED;
+    const size_t rows = (size_t)cap * (size_t)c->n_kv_head;
+    if (v->kv_cache == M3_CACHE_FP8) {
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->k8, rows * (size_t)c->head_dim));
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->v8, rows * (size_t)c->head_dim));
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->ks8, rows * sizeof(float)));
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->vs8, rows * sizeof(float)));
+    }
+    if (sparse && v->index_cache == M3_CACHE_FP8)
+        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->ik8, (size_t)cap * (size_t)c->index_head_dim));
+    return M3_OK;
 }
 
 extern "C" m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx) {
@@ -290,6 +369,7 @@ extern "C" m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx) {
     for (int L = 0; L < c->n_layer; L++) {
         m3_status s = m3_gpu_layer_cache_alloc(m->g, &m->cache[L], c, c->layer_sparse[L], cap,
                                                m->bf16);
+        if (!s) s = cache_variant(m, &m->cache[L], c->layer_sparse[L], cap);
         if (s) {
             m3_gpu_release(m->g, m->mark_caches);
             memset(m->cache, 0, (size_t)c->n_layer * sizeof *m->cache);
@@ -360,9 +440,17 @@ static m3_status forward(m3_gpu_model *m, const int32_t *tok, const int32_t *pos
     M3_TRY(m3_gpu_ul_(g, x, hx, n));
     M3_TRY(tap_g(hk, prefix, "embed", M3_DT_F32, hx, 2, T, D, m3_stage_dtype(p, "embed")));
 
+    /* top-k reuse never crosses passes (spec §3.9): a fresh share per pass, sized for a
+     * selection of top-k blocks per (index head, token) */
+    m->share.layer = -1;
+    m->share.cap = (size_t)(c->index_n_heads > 0 ? c->index_n_heads : 1) * (size_t)T *
+                   (size_t)(c->index_topk > 0 ? c->index_topk : 1);
+    M3_TRY(m3_gpu_alloc(g, (void **)&m->share.topk, m->share.cap * sizeof(int32_t)));
     bool h_pending = false;
     char key[M3_KEY_MAX];
     for (int L = 0; L < c->n_layer; L++) {
+        m->cache[L].share = &m->share;
+        m->cache[L].reuse_topk = c->layer_sparse[L] && !m->computes[L];
         if (force_in) {
             m3_layer_key(key, prefix, c->n_layer, L, "input");
             M3_TRY(fetch_rows(hk, key, hx, T, D));

@@ -237,6 +237,11 @@ m3_status m3_gpu_layer_weights_upload(m3_gpu *g, m3_gpu_layer_weights **out,
     return NO_GPU("gpu layer weights");
 }
 void m3_gpu_layer_weights_free(m3_gpu_layer_weights *w) { (void)w; }
+m3_status m3_gpu_layer_weights_experts(const m3_gpu_layer_weights *w, m3_gpu_experts *routed,
+                                       int *n_slot, m3_gpu_experts *shared) {
+    (void)w; (void)routed; (void)n_slot; (void)shared;
+    return NO_GPU("gpu layer weights");
+}
 m3_status m3_gpu_layer_cache_alloc(m3_gpu *g, m3_gpu_layer_cache *c, const struct m3_config *cfg,
                                    bool sparse, int cap, bool bf16) {
     (void)g; (void)c; (void)cfg; (void)sparse; (void)cap; (void)bf16;
