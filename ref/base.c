@@ -164,36 +164,108 @@ typedef struct {
     m3_row_fn fn;
     void *ctx;
     int64_t n;
+    int nt; /* threads this job may use, the caller included */
     atomic_llong next;
 } pf_job;
 
-static void *pf_worker(void *arg) {
-    pf_job *j = arg;
+static void pf_rows(pf_job *j) {
     for (;;) {
         int64_t i = atomic_fetch_add(&j->next, 1);
         if (i >= j->n) break;
         j->fn(j->ctx, i);
     }
+}
+
+/* A persistent pool: creating threads per call cost more than the work of a decode step's
+ * small ops (a tiny model decoded 7x slower on 2 threads than on 1). Workers sleep on a
+ * condition variable between jobs; one job at a time (submit_mu); a parallel_for issued
+ * from inside a job runs serially in its thread (in_job), so nesting cannot deadlock. Which
+ * thread takes which row never changes a number: rows are independent by contract. */
+static struct {
+    pthread_mutex_t mu, submit_mu;
+    pthread_cond_t go, done;
+    int n_workers;
+    uint64_t gen;   /* job generation */
+    pf_job *job;
+    int pending;    /* workers that have not finished the current generation */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0};
+static _Thread_local bool in_job;
+
+typedef struct {
+    int w;         /* worker w is thread w + 1 of a job */
+    uint64_t seen; /* the generation current when it was created (before its first job) */
+} pool_arg;
+
+static void *pool_worker(void *arg) {
+    const pool_arg a = *(const pool_arg *)arg;
+    free(arg);
+    const int w = a.w;
+    in_job = true;
+    pthread_mutex_lock(&pool.mu);
+    uint64_t seen = a.seen;
+    for (;;) {
+        while (pool.gen == seen) pthread_cond_wait(&pool.go, &pool.mu);
+        seen = pool.gen;
+        pf_job *j = pool.job;
+        pthread_mutex_unlock(&pool.mu);
+        if (w + 1 < j->nt) pf_rows(j);
+        pthread_mutex_lock(&pool.mu);
+        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+    }
     return NULL;
+}
+
+/* Grow the pool to `want` workers (under submit_mu); returns how many exist. */
+static int pool_grow(int want) {
+    pthread_mutex_lock(&pool.mu);
+    while (pool.n_workers < want) {
+        pthread_t th;
+        pthread_attr_t at;
+        pool_arg *a = malloc(sizeof *a);
+        if (!a) break;
+        a->w = pool.n_workers;
+        a->seen = pool.gen; /* read under mu: the next job's gen++ happens after this */
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&th, &at, pool_worker, a);
+        pthread_attr_destroy(&at);
+        if (rc != 0) {
+            free(a);
+            break; /* fewer threads: the caller does the rest */
+        }
+        pool.n_workers++;
+    }
+    int n = pool.n_workers;
+    pthread_mutex_unlock(&pool.mu);
+    return n;
 }
 
 void m3_parallel_for(int64_t n, m3_row_fn fn, void *ctx) {
     int nt = m3_threads();
     if (nt > n) nt = (int)n;
-    if (nt <= 1) {
+    if (nt <= 1 || in_job) {
         for (int64_t i = 0; i < n; i++) fn(ctx, i);
         return;
     }
-    pf_job j = {.fn = fn, .ctx = ctx, .n = n};
+    pthread_mutex_lock(&pool.submit_mu);
+    int nw = pool_grow(nt - 1);
+    pf_job j = {.fn = fn, .ctx = ctx, .n = n, .nt = nw + 1 < nt ? nw + 1 : nt};
     atomic_init(&j.next, 0);
-    pthread_t th[256];
-    int started = 0;
-    for (int t = 1; t < nt; t++) {
-        if (pthread_create(&th[started], NULL, pf_worker, &j) != 0) break;
-        started++;
-    }
-    pf_worker(&j); /* the caller works too; if no thread started it does all rows */
-    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    pthread_mutex_lock(&pool.mu);
+    pool.job = &j;
+    pool.pending = nw;
+    pool.gen++;
+    pthread_cond_broadcast(&pool.go);
+    pthread_mutex_unlock(&pool.mu);
+    in_job = true;
+    pf_rows(&j); /* the caller works too */
+    in_job = false;
+    pthread_mutex_lock(&pool.mu);
+    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.mu);
+    pool.job = NULL;
+    pthread_mutex_unlock(&pool.mu);
+    pthread_mutex_unlock(&pool.submit_mu);
 }
 
 const char *m3_version_string(void) { return M3_VERSION " (git " M3_GIT ")"; }
