@@ -75,6 +75,18 @@ m3_status m3_gpu_gemm_f32(m3_gpu *g, float *d_y, const float *d_x, const float *
 /* ---- element-wise conversions (gpu/num.hip), bit-identical to ref/num/bf16.h ---------- */
 m3_status m3_gpu_f32_to_bf16(m3_gpu *g, m3_bf16 *d_y, const float *d_x, int64_t n); /* RNE */
 m3_status m3_gpu_bf16_to_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, int64_t n); /* exact */
+/* Every scalar conversion of ref/num on the device (gpu/num_ops.h, op an m3_num_op, param its
+ * options): out[i] = m3_num_apply(op, param, u_i), u_i = d_in[i] when d_in is given, else
+ * start + i*stride (mod 2^32). For host-vs-device bit equality (tests/gpu_num.c). */
+m3_status m3_gpu_num_sweep(m3_gpu *g, uint32_t *d_out, const uint32_t *d_in, int op, int param,
+                           uint32_t start, uint32_t stride, int64_t n);
+/* MX block quantization on the device, twin of ref/num/mx.h m3_mx_quantize_block +
+ * m3_mx_dequantize_block: x [n_blocks * p->block] fp32, codes one per element, scales
+ * [n_blocks], y the dequantized values. */
+struct m3_mx_params;
+m3_status m3_gpu_mx_quantize_blocks(m3_gpu *g, uint8_t *d_codes, m3_e8m0 *d_scales, float *d_y,
+                                    const float *d_x, int64_t n_blocks,
+                                    const struct m3_mx_params *p);
 
 /* ---- component twins -------------------------------------------------------------------
  * Each m3_gpu_<x> takes the arguments of ref's m3_<x> in the same order, with device

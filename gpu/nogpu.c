@@ -62,6 +62,17 @@ m3_status m3_gpu_f32_to_bf16(m3_gpu *g, m3_bf16 *d_y, const float *d_x, int64_t 
     (void)g; (void)d_y; (void)d_x; (void)n;
     return NO_GPU("gpu convert");
 }
+m3_status m3_gpu_num_sweep(m3_gpu *g, uint32_t *d_out, const uint32_t *d_in, int op, int param,
+                           uint32_t start, uint32_t stride, int64_t n) {
+    (void)g; (void)d_out; (void)d_in; (void)op; (void)param; (void)start; (void)stride; (void)n;
+    return NO_GPU("gpu num sweep");
+}
+m3_status m3_gpu_mx_quantize_blocks(m3_gpu *g, uint8_t *d_codes, m3_e8m0 *d_scales, float *d_y,
+                                    const float *d_x, int64_t n_blocks,
+                                    const struct m3_mx_params *p) {
+    (void)g; (void)d_codes; (void)d_scales; (void)d_y; (void)d_x; (void)n_blocks; (void)p;
+    return NO_GPU("gpu mx quantize");
+}
 m3_status m3_gpu_bf16_to_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_x, int64_t n) {
     (void)g; (void)d_y; (void)d_x; (void)n;
     return NO_GPU("gpu convert");

@@ -1,9 +1,14 @@
 /* gpu/num.hip: element-wise format conversions on the device, twins of ref/num/bf16.h's
  * scalar functions (the same header code runs here as device code, so results are bit for
  * bit those of the host). Tests: tests/gpu_base.c (exhaustive over bf16, random + special
- * fp32 inputs). */
+ * fp32 inputs).
+ * m3_gpu_num_sweep / m3_gpu_mx_quantize_blocks: every scalar conversion of ref/num
+ * (gpu/num_ops.h's switch) and MX block quantization run as device code, for the host-vs-
+ * device bit-equality test tests/gpu_num.c. Grid-stride, one input word (or block) per
+ * thread; compiled without fast-math or flush-to-zero (e8m0 byte 0 is an fp32 subnormal). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "gpu/num_ops.h"
 #include "ref/num/bf16.h"
 
 static __global__ void f32_to_bf16_k(m3_bf16 *M3_RESTRICT y, const float *M3_RESTRICT x,
@@ -39,5 +44,46 @@ extern "C" m3_status m3_gpu_bf16_to_f32(m3_gpu *g, float *d_y, const m3_bf16 *d_
     if (n == 0) return M3_OK;
     bf16_to_f32_k<<<stride_grid(g, n, 256), 256, 0, g->stream>>>(d_y, d_x, n);
     M3_LAUNCHED(g, "bf16_to_f32_k");
+    return M3_OK;
+}
+
+static __global__ void num_sweep_k(uint32_t *M3_RESTRICT out, const uint32_t *M3_RESTRICT in,
+                                   int op, int param, uint32_t start, uint32_t stride, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const uint32_t u = in ? in[i] : start + (uint32_t)i * stride; /* mod 2^32 */
+        out[i] = m3_num_apply(op, param, u);
+    }
+}
+
+static __global__ void mx_blocks_k(uint8_t *M3_RESTRICT codes, m3_e8m0 *M3_RESTRICT scales,
+                                   float *M3_RESTRICT y, const float *M3_RESTRICT x,
+                                   int64_t n_blocks, m3_mx_params p) {
+    for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < n_blocks;
+         b += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = b * p.block;
+        scales[b] = m3_mx_quantize_block(codes + o, x + o, p.block, &p);
+        m3_mx_dequantize_block(y + o, codes + o, scales[b], p.block, &p);
+    }
+}
+
+extern "C" m3_status m3_gpu_num_sweep(m3_gpu *g, uint32_t *d_out, const uint32_t *d_in, int op,
+                                      int param, uint32_t start, uint32_t stride, int64_t n) {
+    M3_ASSERT(g && d_out && n >= 0 && op >= 0 && op < M3_NUM_N_OPS);
+    if (n == 0) return M3_OK;
+    num_sweep_k<<<stride_grid(g, n, 256), 256, 0, g->stream>>>(d_out, d_in, op, param, start,
+                                                              stride, n);
+    M3_LAUNCHED(g, "num_sweep_k");
+    return M3_OK;
+}
+
+extern "C" m3_status m3_gpu_mx_quantize_blocks(m3_gpu *g, uint8_t *d_codes, m3_e8m0 *d_scales,
+                                               float *d_y, const float *d_x, int64_t n_blocks,
+                                               const struct m3_mx_params *p) {
+    M3_ASSERT(g && p && p->block > 0 && n_blocks >= 0 && d_codes && d_scales && d_y && d_x);
+    if (n_blocks == 0) return M3_OK;
+    mx_blocks_k<<<stride_grid(g, n_blocks, 128), 128, 0, g->stream>>>(d_codes, d_scales, d_y, d_x,
+                                                                     n_blocks, *p);
+    M3_LAUNCHED(g, "mx_blocks_k");
     return M3_OK;
 }
