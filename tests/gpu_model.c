@@ -236,11 +236,30 @@ typedef enum { GATE_FULL = 0, GATE_UNTIL_TIE, GATE_UNTIL_FLIP } gate_mode;
  * rule (measured on the H200: fp8 index cache, tiny-moe, free hf run: 4 of 256 rows with real
  * flips at layer 3 while every earlier stage agreed); the teacher-forced run of the same
  * sequence is the strict gate there. */
+/* Activation quantization under the fp32 profile: the GPU's fp32 sums differ from ref's in
+ * the last bit (reduction order), and an MX code decision sitting on a rounding boundary then
+ * takes the neighbouring code: one element moves by a whole code step (e4m3: 2^-3 of its
+ * block's scale). Measured on the H200 (tiny-deep, --experts mxfp8, free fp32 run): one row
+ * element flipped, shared_out NMSE 5.5e-8 and mlp_out 4.4e-8 of layer 5 against the fp32
+ * class's 1e-9, every stage before it at <= 2e-10. ACTQ_FP32_NMSE bounds some tens of such
+ * flips while a wrong scale rule, rounding or block (NMSE 1e-3..5e-2, tests/gpu_moe.c)
+ * still fails by orders of magnitude. */
+#define ACTQ_FP32_NMSE 1e-6
+static bool actq_fp32; /* set by the tests whose variant quantizes activations under fp32 */
+
+static void tol_for_case(m3_tol *tol) {
+    m3_tol_builtin(tol);
+    if (!actq_fp32) return;
+    for (int i = 0; i < tol->n; i++)
+        if (tol->row[i].nmse[M3_TOL_FP32] < ACTQ_FP32_NMSE)
+            tol->row[i].nmse[M3_TOL_FP32] = ACTQ_FP32_NMSE;
+}
+
 static void expect_agree_mode(const char *ref_path, const char *gpu_path, const char *what,
                               gate_mode mode) {
     const bool until_tie = mode != GATE_FULL;
     m3_tol tol;
-    m3_tol_builtin(&tol);
+    tol_for_case(&tol);
     m3_cmp_opts co = {.pass = -1};
     m3_cmp_report *r = NULL;
     GPU_OK(m3_compare_dumps(&r, ref_path, gpu_path, &tol, &co));
@@ -578,14 +597,18 @@ static void variant_decode_fp32(void **state) {
     m3_variant v;
     variant_from(&v, "experts=mxfp4 moe_act_bound=2 experts_scale=floor shared_fused=on "
                      "topk_reuse=3");
+    actq_fp32 = true;
     run_case_v(state, "fp32", NULL, &v, "variant_mxfp4_fp32", 3, true);
+    actq_fp32 = false;
 }
 
 static void variant_mxfp8_fp32(void **state) {
     /* MXFP8 weights, e4m3 activations on every pass before gate/up, none before down */
     m3_variant v;
     variant_from(&v, "experts=mxfp8 experts_scale=floor moe_stage2_act=none");
+    actq_fp32 = true;
     run_case_v(state, "fp32", NULL, &v, "variant_mxfp8_fp32", 1, true);
+    actq_fp32 = false;
 }
 
 static void variant_run_hf_f32_storage(void **state) {
@@ -754,6 +777,24 @@ static void cli_run_replay_compare(void **state) {
  * (exit 0 under the built-in tolerances: fp32 class for the fp32 profile, lowp for hf). Free
  * runs under hf go through the fp32-storage path (the bf16-storage free run can flip a
  * near-tie selection, see until_tie); replays run the bf16 storage. */
+/* The --tol file of the CLI cases that quantize activations under fp32: every row of the
+ * built-in table with its fp32 NMSE raised to ACTQ_FP32_NMSE (why: tol_for_case). */
+static void write_actq_tol(const char *path) {
+    m3_tol t;
+    actq_fp32 = true;
+    tol_for_case(&t);
+    actq_fp32 = false;
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"comment\": \"fp32 with MX activation quantization: one code flip per "
+               "boundary tie (tests/gpu_model.c)\", \"stages\": {");
+    for (int i = 0; i < t.n; i++)
+        fprintf(f, "%s\"%s\": {\"nmse\": {\"fp32\": %.17g, \"lowp\": %.17g}}", i ? ", " : "",
+                t.row[i].stage, t.row[i].nmse[M3_TOL_FP32], t.row[i].nmse[M3_TOL_LOWP]);
+    fprintf(f, "}}\n");
+    fclose(f);
+}
+
 static void cli_variants(void **state) {
     need_gpu(state);
     const char *be = harness_ref ? "ref" : "gpu";
@@ -792,7 +833,13 @@ static void cli_variants(void **state) {
                        "--force", be, model_dir, toks, vc[i].profile, vc[i].flags, b);
             unsetenv("M3_GPU_STORAGE");
             expect_rc0(rc, out, "m3 run --backend gpu (variant)");
-            rc = m3cli(&out, "compare %s %s --quiet", a, b);
+            const bool aq = !strcmp(vc[i].profile, "fp32"); /* these quantize activations */
+            char tolf[600] = "";
+            if (aq) {
+                snprintf(tolf, sizeof tolf, "--tol %s/actq_fp32_tol.json", tmpdir);
+                write_actq_tol(tolf + 6);
+            }
+            rc = m3cli(&out, "compare %s %s --quiet %s", a, b, tolf);
             printf("  %s %s (%s%s): m3 compare ref gpu (run): exit %d: %s", fx, vc[i].flags,
                    vc[i].profile, f32st ? ", M3_GPU_STORAGE=f32" : "", rc, out);
             expect_rc0(rc, out, "m3 compare (variant run)");
@@ -803,7 +850,7 @@ static void cli_variants(void **state) {
                        "%s --force", be, model_dir, from, vc[i].profile, vc[i].flags,
                        vc[i].replay_flags, rb);
             expect_rc0(rc, out, "m3 replay --backend gpu (variant)");
-            rc = m3cli(&out, "compare %s %s --quiet", ra, rb);
+            rc = m3cli(&out, "compare %s %s --quiet %s", ra, rb, tolf);
             printf("  %s %s (%s%s%s): m3 compare ref gpu (replay): exit %d: %s", fx, vc[i].flags,
                    vc[i].profile, vc[i].replay_flags[0] ? ", " : "", vc[i].replay_flags, rc, out);
             expect_rc0(rc, out, "m3 compare (variant replay)");
