@@ -241,18 +241,24 @@ typedef enum { GATE_FULL = 0, GATE_UNTIL_TIE, GATE_UNTIL_FLIP } gate_mode;
  * takes the neighbouring code: one element moves by a whole code step (e4m3: 2^-3 of its
  * block's scale). Measured on the H200 (tiny-deep, --experts mxfp8, free fp32 run): one row
  * element flipped, shared_out NMSE 5.5e-8 and mlp_out 4.4e-8 of layer 5 against the fp32
- * class's 1e-9, every stage before it at <= 2e-10. ACTQ_FP32_NMSE bounds some tens of such
- * flips while a wrong scale rule, rounding or block (NMSE 1e-3..5e-2, tests/gpu_moe.c)
- * still fails by orders of magnitude. */
-#define ACTQ_FP32_NMSE 1e-6
+ * class's 1e-9, every stage before it at <= 2e-10; the CLI free run of the same variant
+ * (other token count, flips in several rows carried through three MoE layers) reached
+ * shared_out 1.29e-5 at layer 5. ACTQ_FP32_NMSE = 1e-4 sits above that while a wrong scale
+ * rule, rounding or block (NMSE 1e-3..5e-2 per expert call, tests/gpu_moe.c) still fails. */
+#define ACTQ_FP32_NMSE 1e-4
 static bool actq_fp32; /* set by the tests whose variant quantizes activations under fp32 */
 
 static void tol_for_case(m3_tol *tol) {
     m3_tol_builtin(tol);
     if (!actq_fp32) return;
-    for (int i = 0; i < tol->n; i++)
+    for (int i = 0; i < tol->n; i++) {
         if (tol->row[i].nmse[M3_TOL_FP32] < ACTQ_FP32_NMSE)
             tol->row[i].nmse[M3_TOL_FP32] = ACTQ_FP32_NMSE;
+        /* the logits' mean KL moves like their NMSE (measured: 5.9e-9 beside NMSE 1.2e-8) */
+        if (tol->row[i].kl_mean[M3_TOL_FP32] > 0 &&
+            tol->row[i].kl_mean[M3_TOL_FP32] < ACTQ_FP32_NMSE)
+            tol->row[i].kl_mean[M3_TOL_FP32] = ACTQ_FP32_NMSE;
+    }
 }
 
 static void expect_agree_mode(const char *ref_path, const char *gpu_path, const char *what,
@@ -788,9 +794,14 @@ static void write_actq_tol(const char *path) {
     assert_non_null(f);
     fprintf(f, "{\"comment\": \"fp32 with MX activation quantization: one code flip per "
                "boundary tie (tests/gpu_model.c)\", \"stages\": {");
-    for (int i = 0; i < t.n; i++)
-        fprintf(f, "%s\"%s\": {\"nmse\": {\"fp32\": %.17g, \"lowp\": %.17g}}", i ? ", " : "",
+    for (int i = 0; i < t.n; i++) {
+        fprintf(f, "%s\"%s\": {\"nmse\": {\"fp32\": %.17g, \"lowp\": %.17g}", i ? ", " : "",
                 t.row[i].stage, t.row[i].nmse[M3_TOL_FP32], t.row[i].nmse[M3_TOL_LOWP]);
+        if (t.row[i].kl_mean[M3_TOL_FP32] > 0)
+            fprintf(f, ", \"kl_mean\": {\"fp32\": %.17g, \"lowp\": %.17g}",
+                    t.row[i].kl_mean[M3_TOL_FP32], t.row[i].kl_mean[M3_TOL_LOWP]);
+        fprintf(f, "}");
+    }
     fprintf(f, "}}\n");
     fclose(f);
 }
