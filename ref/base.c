@@ -177,20 +177,30 @@ static void pf_rows(pf_job *j) {
 }
 
 /* A persistent pool: creating threads per call cost more than the work of a decode step's
- * small ops (a tiny model decoded 7x slower on 2 threads than on 1). Workers sleep on a
- * condition variable between jobs; one job at a time (submit_mu); a parallel_for issued
- * from inside a job runs serially in its thread (in_job), so nesting cannot deadlock. Which
- * thread takes which row never changes a number: rows are independent by contract. */
+ * small ops (a tiny model decoded 7x slower on 2 threads than on 1). Between jobs a worker
+ * spins briefly on the job generation (a decode step issues the next job within
+ * microseconds), then sleeps on a condition variable; the caller likewise spins briefly
+ * before sleeping until the job's last worker is done. One job at a time (submit_mu); a
+ * parallel_for issued from inside a job runs serially in its thread (in_job), so nesting
+ * cannot deadlock. Which thread takes which row never changes a number: rows are
+ * independent by contract. */
+#define POOL_SPIN 20000 /* polls (~tens of microseconds) before sleeping */
 static struct {
     pthread_mutex_t mu, submit_mu;
     pthread_cond_t go, done;
     int n_workers;
-    uint64_t gen;   /* job generation */
-    pf_job *job;
-    int pending;    /* workers that have not finished the current generation */
+    atomic_uint_fast64_t gen; /* job generation: changes under mu, polled without it */
+    pf_job *job;              /* valid for the current generation (set before gen++) */
+    atomic_int pending;       /* workers that have not finished the current generation */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
           PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0};
 static _Thread_local bool in_job;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
 
 typedef struct {
     int w;         /* worker w is thread w + 1 of a job */
@@ -200,18 +210,27 @@ typedef struct {
 static void *pool_worker(void *arg) {
     const pool_arg a = *(const pool_arg *)arg;
     free(arg);
-    const int w = a.w;
     in_job = true;
-    pthread_mutex_lock(&pool.mu);
     uint64_t seen = a.seen;
     for (;;) {
-        while (pool.gen == seen) pthread_cond_wait(&pool.go, &pool.mu);
-        seen = pool.gen;
-        pf_job *j = pool.job;
-        pthread_mutex_unlock(&pool.mu);
-        if (w + 1 < j->nt) pf_rows(j);
-        pthread_mutex_lock(&pool.mu);
-        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+        uint64_t g = atomic_load(&pool.gen);
+        for (int i = 0; g == seen && i < POOL_SPIN; i++) {
+            cpu_relax();
+            g = atomic_load(&pool.gen);
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&pool.mu);
+            while ((g = atomic_load(&pool.gen)) == seen) pthread_cond_wait(&pool.go, &pool.mu);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = g;
+        pf_job *j = pool.job; /* published before the gen increment that was just seen */
+        if (a.w + 1 < j->nt) pf_rows(j);
+        if (atomic_fetch_sub(&pool.pending, 1) == 1) {
+            pthread_mutex_lock(&pool.mu); /* the caller checks pending under mu */
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.mu);
+        }
     }
     return NULL;
 }
@@ -225,7 +244,7 @@ static int pool_grow(int want) {
         pool_arg *a = malloc(sizeof *a);
         if (!a) break;
         a->w = pool.n_workers;
-        a->seen = pool.gen; /* read under mu: the next job's gen++ happens after this */
+        a->seen = atomic_load(&pool.gen); /* under mu: the next job's gen++ comes after */
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         int rc = pthread_create(&th, &at, pool_worker, a);
@@ -254,17 +273,19 @@ void m3_parallel_for(int64_t n, m3_row_fn fn, void *ctx) {
     atomic_init(&j.next, 0);
     pthread_mutex_lock(&pool.mu);
     pool.job = &j;
-    pool.pending = nw;
-    pool.gen++;
+    atomic_store(&pool.pending, nw);
+    atomic_fetch_add(&pool.gen, 1);
     pthread_cond_broadcast(&pool.go);
     pthread_mutex_unlock(&pool.mu);
     in_job = true;
     pf_rows(&j); /* the caller works too */
     in_job = false;
-    pthread_mutex_lock(&pool.mu);
-    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.mu);
-    pool.job = NULL;
-    pthread_mutex_unlock(&pool.mu);
+    for (int i = 0; atomic_load(&pool.pending) > 0 && i < POOL_SPIN; i++) cpu_relax();
+    if (atomic_load(&pool.pending) > 0) {
+        pthread_mutex_lock(&pool.mu);
+        while (atomic_load(&pool.pending) > 0) pthread_cond_wait(&pool.done, &pool.mu);
+        pthread_mutex_unlock(&pool.mu);
+    }
     pthread_mutex_unlock(&pool.submit_mu);
 }
 
