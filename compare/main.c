@@ -22,21 +22,6 @@ static const struct {
     {"quantize", m3_cmd_quantize, "write a Quark MXFP4/MXFP8-expert copy of a bf16 checkpoint"},
 };
 
-int m3_cli_fail(const char *fmt, ...) {
-    fputs("m3: ", stderr);
-    if (fmt) {
-        va_list ap;
-        va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
-        va_end(ap);
-    } else {
-        const char *e = m3_last_error();
-        fputs(e[0] ? e : "unknown error", stderr);
-    }
-    fputc('\n', stderr);
-    return 2;
-}
-
 static void usage(FILE *f) {
     fprintf(f, "usage: m3 <command> [options]\n\n"
                "MiniMax-M3 numerics verification toolkit, version %s\n\ncommands:\n",

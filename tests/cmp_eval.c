@@ -26,22 +26,6 @@
 
 #define TMP "build/test-tmp/cmp_eval"
 
-/* compare/run_opts.c (reached through m3_eval_model_open) reports option errors with the
- * CLI's m3_cli_fail, which lives in compare/main.c, outside libm3.a: the same behaviour here
- * (one "m3: " line on stderr, exit code 2). */
-int m3_cli_fail(const char *fmt, ...) {
-    fputs("m3: ", stderr);
-    if (fmt) {
-        va_list ap;
-        va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
-        va_end(ap);
-    } else {
-        fputs(m3_last_error(), stderr);
-    }
-    fputc('\n', stderr);
-    return 2;
-}
 
 static char model_dir[512];
 

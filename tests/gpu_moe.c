@@ -269,6 +269,24 @@ static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows,
     }
 }
 
+/* ids [T,K]: K distinct experts per token (a partial Fisher-Yates draw); wts [T,K] positive,
+ * summing to 1 per token. E <= 1024. */
+static void random_routing(m3_rng *r, int32_t *ids, float *wts, int T, int E, int K) {
+    for (int t = 0; t < T; t++) {
+        int perm[1024];
+        for (int e = 0; e < E; e++) perm[e] = e;
+        float sum = 0;
+        for (int k = 0; k < K; k++) {
+            int j = k + (int)(m3_rng_u32(r) % (uint32_t)(E - k)), tmp = perm[k];
+            perm[k] = perm[j], perm[j] = tmp;
+            ids[(size_t)t * K + k] = perm[k];
+            wts[(size_t)t * K + k] = m3_rng_uniform(r, 0.05f, 1.0f);
+            sum += wts[(size_t)t * K + k];
+        }
+        for (int k = 0; k < K; k++) wts[(size_t)t * K + k] /= sum;
+    }
+}
+
 static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_wfmt fmt, int prof) {
     const int E = wm->E, D = wm->D, F = wm->F;
     m3_profile p;
@@ -305,19 +323,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     float *got = malloc((size_t)T * D * sizeof *got), *wts = malloc((size_t)T * K * sizeof *wts);
     int32_t *ids = malloc((size_t)T * K * sizeof *ids);
     m3_fill_normal(&r, x, (int64_t)T * D, 1.0f);
-    for (int t = 0; t < T; t++) {
-        int perm[1024];
-        for (int e = 0; e < E; e++) perm[e] = e;
-        float sum = 0;
-        for (int k = 0; k < K; k++) {
-            int j = k + (int)(m3_rng_u32(&r) % (uint32_t)(E - k)), tmp = perm[k];
-            perm[k] = perm[j], perm[j] = tmp;
-            ids[(size_t)t * K + k] = perm[k];
-            wts[(size_t)t * K + k] = m3_rng_uniform(&r, 0.05f, 1.0f);
-            sum += wts[(size_t)t * K + k];
-        }
-        for (int k = 0; k < K; k++) wts[(size_t)t * K + k] /= sum;
-    }
+    random_routing(&r, ids, wts, T, E, K);
     m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
     int32_t *dids;
     GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
@@ -433,19 +439,7 @@ static void experts_act_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_g
     int32_t *ids = malloc((size_t)T * K * sizeof *ids);
     assert_true(x && ref && plain && wts && ids);
     m3_fill_normal(&r, x, (int64_t)T * D, 1.0f);
-    for (int t = 0; t < T; t++) {
-        int perm[1024];
-        for (int e = 0; e < E; e++) perm[e] = e;
-        float sum = 0;
-        for (int k = 0; k < K; k++) {
-            int j = k + (int)(m3_rng_u32(&r) % (uint32_t)(E - k)), tmp = perm[k];
-            perm[k] = perm[j], perm[j] = tmp;
-            ids[(size_t)t * K + k] = perm[k];
-            wts[(size_t)t * K + k] = m3_rng_uniform(&r, 0.05f, 1.0f);
-            sum += wts[(size_t)t * K + k];
-        }
-        for (int k = 0; k < K; k++) wts[(size_t)t * K + k] /= sum;
-    }
+    random_routing(&r, ids, wts, T, E, K);
     m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
     int32_t *dids;
     GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
