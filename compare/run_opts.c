@@ -358,7 +358,8 @@ m3_status m3_run_model_open(m3_run_model **out, const m3_run_opts *o, const m3_p
     } else {
         s = m3_model_open(&rm->ref, o->model, o->override, p);
         if (!s) s = m3_model_set_variant(rm->ref, &o->variant);
-        snprintf(rm->device, sizeof rm->device, "cpu reference, %d threads", m3_threads());
+        snprintf(rm->device, sizeof rm->device, "cpu reference, %d thread%s", m3_threads(),
+                 m3_threads() == 1 ? "" : "s");
     }
     if (s) {
         m3_run_model_close(rm);

@@ -5,6 +5,7 @@
 #   2. m3 replay --profile hf    vs the transformers bf16 forward (hf_bf16.h5), teacher-forced
 #   3. m3 run --generate: greedy decode through the KV / index caches
 #   4. m3 attribute: which numerics factor dominates each layer's error
+#   5. m3 eval gsm8k: the trained fixtures/arith-model under fp32, mxfp4 and an fp8 KV cache
 # The tables are condensed from `m3 compare` (its full report: m3 compare A.h5 B.h5).
 set -euo pipefail
 : "${M3:=build/m3}"
@@ -79,4 +80,16 @@ if [ -f "$f/model/config.json" ]; then
   echo "######## m3 attribute on $f (first 48 tokens, teacher-forced)"
   "$M3" attribute --model "$f/model" --ids "$(tr -s ' \n' ' ' < "$f/tokens.txt" | cut -d' ' -f1-48)" \
     --mode forced --color never
+fi
+
+# 5. Does a variant change answers? m3 eval gsm8k on the committed trained model
+#    (fixtures/arith-model, README there): 5-shot greedy generation through the caches,
+#    lm-eval's strict-match / flexible-extract scoring, and the paired McNemar test per
+#    variant against the first. 20 held-out items here; the README has all 300.
+f=fixtures/arith-model
+if [ -f "$f/config.json" ]; then
+  echo
+  echo "######## m3 eval gsm8k on $f (20 held-out items, fp32 vs mxfp4 vs atom + fp8 KV cache)"
+  "$M3" eval gsm8k --model "$f" --data "$f/test.jsonl" --fewshot "$f/fewshot.jsonl" \
+    --limit 20 --max-gen-toks 128 --threads 1 --variants fp32,mxfp4,kv-fp8
 fi
