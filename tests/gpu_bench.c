@@ -84,6 +84,12 @@ static void ceiling_copy(void **state) {
     double ms = time_ms(g, do_copy, &c, 5, 7);
     g_copy_gbs = 2.0 * (double)c.bytes / (ms * 1e-3) / 1e9;
     printf("bench: ceiling device copy 2 GiB: %.3f ms, %.1f GB/s (read + write)\n", ms, g_copy_gbs);
+    /* The floor under any op: the same copy of 4 KiB (one launch, no bandwidth to speak of).
+     * A memory-bound op of B bytes cannot beat floor + B / copy; rows of a few MB are
+     * latency bound and their % of copy says little (scripts/bench-gpu.sh's "% attain"). */
+    c.bytes = 4096;
+    double fl = time_ms(g, do_copy, &c, 20, 7);
+    printf("bench: floor device copy 4 KiB: %.4f ms\n", fl);
 }
 
 typedef struct { m3_bf16 *y; const m3_bf16 *x, *w; int T, N, K; } gemm_ctx;
