@@ -666,7 +666,9 @@ m3_status m3_compare_dumps(m3_cmp_report **out, const char *path_a, const char *
     get_attr(c.b, "producer", r->producer_b, sizeof r->producer_b);
     get_attr(c.a, "profile", r->profile_a, sizeof r->profile_a);
     get_attr(c.b, "profile", r->profile_b, sizeof r->profile_b);
-    r->tol_class = m3_tol_class(tol, r->profile_a, r->profile_b);
+    get_attr(c.a, "variant", r->variant_a, sizeof r->variant_a);
+    get_attr(c.b, "variant", r->variant_b, sizeof r->variant_b);
+    r->tol_class = m3_tol_class(tol, r->profile_a, r->profile_b, r->variant_a, r->variant_b);
     if ((st = m3_dump_list(c.a, &ka, &nka)) || (st = m3_dump_list(c.b, &kb, &nkb))) goto done;
     if ((st = collect(c.a, ka, nka, &ia, &na)) || (st = collect(c.b, kb, nkb, &ib, &nb))) goto done;
     r->items = calloc((size_t)(na + nb + 1), sizeof *r->items);

@@ -58,6 +58,7 @@ typedef struct m3_cmp_item {
 typedef struct m3_cmp_report {
     char path_a[512], path_b[512];
     char producer_a[160], producer_b[160], profile_a[64], profile_b[64];
+    char variant_a[1024], variant_b[1024]; /* the dumps' `variant` attributes ("" if none) */
     int tol_class; /* M3_TOL_FP32 / M3_TOL_LOWP */
     double rel_floor;
     m3_cmp_item *items;

@@ -165,7 +165,7 @@ m3_status m3_report_html(const m3_cmp_report *r, const char *path) {
     m3_html_escape(f, r->producer_b);
     fputs(", profile ", f);
     m3_html_escape(f, r->profile_b);
-    fprintf(f, "<br>tolerance class %s</p>\n", r->tol_class == M3_TOL_FP32 ? "fp32" : "lowp");
+    fprintf(f, "<br>tolerance class %s</p>\n", m3_tol_class_name(r->tol_class));
     fprintf(f, "<h2 class=\"%s\">%s: %d stages compared, %d beyond tolerance, %d only in A, %d only in B</h2>\n",
             r->n_fail ? "verdict-fail" : "verdict-ok", r->n_fail ? "DIFFERENT" : "OK", r->n_pass + r->n_fail,
             r->n_fail, r->n_only_a, r->n_only_b);

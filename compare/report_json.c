@@ -169,13 +169,17 @@ m3_status m3_report_json(const m3_cmp_report *r, const char *path) {
     jstr(f, r->producer_a);
     fputs(", \"profile\": ", f);
     jstr(f, r->profile_a);
+    fputs(", \"variant\": ", f);
+    jstr(f, r->variant_a);
     fputs("},\n  \"b\": {\"path\": ", f);
     jstr(f, r->path_b);
     fputs(", \"producer\": ", f);
     jstr(f, r->producer_b);
     fputs(", \"profile\": ", f);
     jstr(f, r->profile_b);
-    fprintf(f, "},\n  \"tolerance_class\": \"%s\", \"rel_floor\": ", r->tol_class == M3_TOL_FP32 ? "fp32" : "lowp");
+    fputs(", \"variant\": ", f);
+    jstr(f, r->variant_b);
+    fprintf(f, "},\n  \"tolerance_class\": \"%s\", \"rel_floor\": ", m3_tol_class_name(r->tol_class));
     jnum(f, r->rel_floor);
     fprintf(f, ",\n  \"summary\": {\"compared\": %d, \"passed\": %d, \"failed\": %d, \"only_a\": %d, "
                "\"only_b\": %d, \"exit_code\": %d, \"first_fail\": ",

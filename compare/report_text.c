@@ -83,7 +83,7 @@ void m3_report_text(FILE *f, const m3_cmp_report *r, bool color, bool quiet) {
                 color ? RESET : "", r->path_a, r->producer_a, r->profile_a, color ? BOLD : "",
                 color ? RESET : "", r->path_b, r->producer_b, r->profile_b);
         fprintf(f, "tolerance class: %s (rel-error floor %.3g x row RMS)\n\n",
-                r->tol_class == M3_TOL_FP32 ? "fp32" : "lowp", r->rel_floor);
+                m3_tol_class_name(r->tol_class), r->rel_floor);
         for (int i = 0; i < r->n_items; i++) line(f, r, &r->items[i], color);
         fputc('\n', f);
     }

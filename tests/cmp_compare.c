@@ -13,6 +13,7 @@
 
 #include "compare/compare.h"
 #include "compare/dump.h"
+#include "ref/variant.h"
 #include "tests/util.h"
 
 enum { T0 = 8, HD = 16, E = 8, KE = 2, G = 2, KB = 4, V = 32 };
@@ -25,6 +26,8 @@ typedef struct {
     bool reorder_sets, narrow_topk, flip_expert, tie_flip, nan_attn, drop_attn1, extra_tap;
     int perturb_logits_pass;  /* -1 none */
     bool minimal;             /* only layers/NN/output */
+    float perturb;            /* the amount added at perturb_layer (0: 0.5) */
+    const char *variant;      /* `variant` attribute (NULL: none) */
 } spec;
 
 static void put(m3_dump *d, int pass, int layer, int nl, const char *stage, m3_dtype dt, int rank,
@@ -54,6 +57,8 @@ static void write_dump(const char *path, const spec *s) {
     assert_int_equal(m3_dump_open(&d, path, M3_DUMP_CREATE | M3_DUMP_FORCE), M3_OK);
     assert_int_equal(m3_dump_set_attr_str(d, "producer", s->b_side ? "test B" : "test A"), M3_OK);
     assert_int_equal(m3_dump_set_attr_str(d, "profile", "fp32"), M3_OK);
+    if (s->variant) assert_int_equal(m3_dump_set_attr_str(d, "variant", s->variant), M3_OK);
+    const float dp = s->perturb != 0 ? s->perturb : 0.5f;
     int T = s->T, nl = s->name_layers ? s->name_layers : s->n_layers;
     m3_rng r;
     float *h = malloc(sizeof(float) * T * HD), *lg = malloc(sizeof(float) * T * E),
@@ -79,16 +84,16 @@ static void write_dump(const char *path, const spec *s) {
             bool bad = s->b_side && s->perturb_layer >= 0;
             if (s->minimal) {
                 if (bad && L >= s->perturb_layer)
-                    for (int i = 0; i < T * HD; i++) h[i] += 0.5f;
+                    for (int i = 0; i < T * HD; i++) h[i] += dp;
                 put(d, pass, L, nl, "output", M3_DT_F32, 2, sTH, h);
                 continue;
             }
             if (bad && L > s->perturb_layer)
-                for (int i = 0; i < T * HD; i++) h[i] += 0.5f;
+                for (int i = 0; i < T * HD; i++) h[i] += dp;
             put(d, pass, L, nl, "input", M3_DT_F32, 2, sTH, h);
             m3_fill_int(&r, h, T * HD, 3);
             if (bad && L >= s->perturb_layer)
-                for (int i = 0; i < T * HD; i++) h[i] += 0.5f;
+                for (int i = 0; i < T * HD; i++) h[i] += dp;
             if (s->b_side && s->nan_attn && L == 1) h[3 * HD + 5] = NAN;
             if (!(s->b_side && s->drop_attn1 && L == 1)) put(d, pass, L, nl, "attn_out", M3_DT_F32, 2, sTH, h);
             if (!s->b_side && s->extra_tap && L == 0) put(d, pass, L, nl, "kv_cache_k_fp8", M3_DT_F32, 2, sTH, h);
@@ -134,7 +139,7 @@ static void write_dump(const char *path, const spec *s) {
             put(d, pass, L, nl, "index_topk", M3_DT_I32, 3, sG, tk);
             m3_fill_int(&r, h, T * HD, 3);
             if (bad && L >= s->perturb_layer)
-                for (int i = 0; i < T * HD; i++) h[i] += 0.5f;
+                for (int i = 0; i < T * HD; i++) h[i] += dp;
             put(d, pass, L, nl, "output", M3_DT_F32, 2, sTH, h);
         }
         if (!s->minimal) {
@@ -484,6 +489,52 @@ static void thread_count_does_not_change_numbers(void **state) {
     m3_cmp_report_free(r2);
 }
 
+/* fp32 dumps whose variant quantizes online (MX activations, ptpc, fp8 caches) are judged by
+ * the fp32q class: a one-code-step difference (NMSE ~2.5e-5 here, integer data +- 0.01) fails
+ * the fp32 class and passes fp32q; the same pair without the variant attribute fails. */
+static void fp32q_class_from_variant(void **state) {
+    (void)state;
+    m3_variant v;
+    char vj[2048];
+    m3_variant_default(&v);
+    assert_int_equal(m3_variant_set(&v, "experts", "mxfp8"), M3_OK);
+    m3_variant_json(&v, vj, sizeof vj);
+    spec a = base(), b = base();
+    b.b_side = true, b.perturb_layer = 1, b.perturb = 0.01f;
+    write_dump(m3_tmp_path("q_plain_a.h5"), &a);
+    write_dump(m3_tmp_path("q_plain_b.h5"), &b);
+    a.variant = b.variant = vj;
+    write_dump(m3_tmp_path("q_a.h5"), &a);
+    write_dump(m3_tmp_path("q_b.h5"), &b);
+    m3_cmp_report *r = run(m3_tmp_path("q_plain_a.h5"), m3_tmp_path("q_plain_b.h5"), -1);
+    assert_int_equal(r->tol_class, M3_TOL_FP32);
+    assert_true(r->n_fail > 0);
+    const m3_cmp_item *ao = find(r, "layers/01/attn_out");
+    const double nm = m3_diff_nmse(&ao->diff);
+    printf("  layers/01/attn_out NMSE %.3g (fp32 bound 1e-9, fp32q 1e-4)\n", nm);
+    assert_true(nm > 1e-6 && nm < 1e-4);
+    m3_cmp_report_free(r);
+    r = run(m3_tmp_path("q_a.h5"), m3_tmp_path("q_b.h5"), -1);
+    assert_int_equal(r->tol_class, M3_TOL_FP32Q);
+    assert_int_equal(r->n_fail, 0);
+    assert_string_equal(r->variant_a, vj);
+    m3_cmp_report_free(r);
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s compare %s %s --json %s", m3_bin(), m3_tmp_path("q_a.h5"),
+             m3_tmp_path("q_b.h5"), m3_tmp_path("q.json"));
+    int rc = m3_run_cmd(cmd, &out);
+    if (rc != 0) m3_test_failf("rc %d: %s", rc, out);
+    assert_non_null(strstr(out, "fp32q"));
+    free(out);
+    static char js[1 << 16];
+    FILE *f = fopen(m3_tmp_path("q.json"), "rb");
+    assert_non_null(f);
+    js[fread(js, 1, sizeof js - 1, f)] = 0;
+    fclose(f);
+    assert_non_null(strstr(js, "\"tolerance_class\": \"fp32q\""));
+    assert_non_null(strstr(js, "\"variant\": \"{"));
+}
+
 static void transformers_fixture(void **state) {
     (void)state;
     char f32[512], b16[512], cmd[2048], *out = NULL;
@@ -577,6 +628,7 @@ int main(void) {
         cmocka_unit_test(multi_pass),
         cmocka_unit_test(bad_inputs_exit_2),
         cmocka_unit_test(thread_count_does_not_change_numbers),
+        cmocka_unit_test(fp32q_class_from_variant),
         cmocka_unit_test(transformers_fixture),
         cmocka_unit_test(logits_aligned_by_positions),
     };

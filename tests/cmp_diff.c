@@ -9,6 +9,7 @@
 
 #include "compare/diff.h"
 #include "compare/tol.h"
+#include "ref/variant.h"
 #include "tests/util.h"
 
 static void nmse_exact(void **state) {
@@ -180,9 +181,45 @@ static void tolerance_table(void **state) {
     for (int i = 0; i < t.n; i++) assert_true(strlen(t.row[i].reason) > 20); /* every row says why */
     assert_string_equal(m3_tol_find(&t, "attn_out")->stage, "attn_out");
     assert_string_equal(m3_tol_find(&t, "kv_cache_k_fp8")->stage, "*");
-    assert_int_equal(m3_tol_class(&t, "fp32", "fp32"), M3_TOL_FP32);
-    assert_int_equal(m3_tol_class(&t, "fp32", "bf16"), M3_TOL_LOWP);
-    assert_int_equal(m3_tol_class(&t, NULL, "fp32"), M3_TOL_LOWP);
+    assert_int_equal(m3_tol_class(&t, "fp32", "fp32", NULL, NULL), M3_TOL_FP32);
+    assert_int_equal(m3_tol_class(&t, "fp32", "bf16", NULL, NULL), M3_TOL_LOWP);
+    assert_int_equal(m3_tol_class(&t, NULL, "fp32", NULL, NULL), M3_TOL_LOWP);
+    /* online quantization in either fp32 run: the fp32q class (variants as m3_variant_json
+     * writes them); plain variants and MXFP4 weights without activations stay fp32 */
+    m3_variant v;
+    char plain[2048], q[2048];
+    m3_variant_default(&v);
+    m3_variant_json(&v, plain, sizeof plain);
+    assert_false(m3_tol_variant_quantizes(plain));
+    assert_int_equal(m3_tol_class(&t, "fp32", "fp32", plain, plain), M3_TOL_FP32);
+    static const char *const kv[][2] = {{"experts", "mxfp8"}, {"ptpc", "fp8"},
+                                        {"kv_cache", "fp8"}, {"index_cache", "fp8"}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        m3_variant_default(&v);
+        assert_int_equal(m3_variant_set(&v, kv[i][0], kv[i][1]), M3_OK);
+        m3_variant_json(&v, q, sizeof q);
+        assert_true(m3_tol_variant_quantizes(q));
+        assert_int_equal(m3_tol_class(&t, "fp32", "fp32", plain, q), M3_TOL_FP32Q);
+        assert_int_equal(m3_tol_class(&t, "fp32", "fp32", q, NULL), M3_TOL_FP32Q);
+        assert_int_equal(m3_tol_class(&t, "hf", "fp32", q, q), M3_TOL_LOWP);
+    }
+    m3_variant_default(&v);
+    assert_int_equal(m3_variant_set(&v, "experts", "mxfp4"), M3_OK);
+    assert_int_equal(m3_variant_set(&v, "moe_act_bound", "0"), M3_OK);
+    m3_variant_json(&v, q, sizeof q);
+    assert_false(m3_tol_variant_quantizes(q)); /* weights only */
+    assert_int_equal(m3_variant_set(&v, "moe_act_bound", "1"), M3_OK);
+    m3_variant_json(&v, q, sizeof q);
+    assert_true(m3_tol_variant_quantizes(q));
+    assert_string_equal(m3_tol_class_name(M3_TOL_FP32Q), "fp32q");
+    /* fp32q bounds: the fp32 row with a 1e-4 floor on NMSE / KL; sets, top-1, embed and the
+     * exact stages as fp32 */
+    const m3_tol_row *mo = m3_tol_find(&t, "mlp_out"), *lg = m3_tol_find(&t, "logits");
+    assert_true(mo->nmse[M3_TOL_FP32Q] == 1e-4 && mo->nmse[M3_TOL_FP32] == 1e-9);
+    assert_true(lg->kl_mean[M3_TOL_FP32Q] == 1e-4 && lg->top1_min[M3_TOL_FP32Q] == 0.99);
+    assert_true(m3_tol_find(&t, "embed")->nmse[M3_TOL_FP32Q] == 1e-12);
+    assert_true(m3_tol_find(&t, "tokens")->nmse[M3_TOL_FP32Q] == 0);
+    assert_true(m3_tol_find(&t, "expert_ids")->flip[M3_TOL_FP32Q] == 0);
     assert_int_equal(m3_tol_parse(&t, "{\"class\": \"lowp\", \"rel_floor\": 0.5, \"stages\": {"
                                       "\"attn_out\": {\"nmse\": 0.25}, \"mlp_out\": {\"nmse\": "
                                       "{\"fp32\": 1e-12, \"lowp\": 0.125}}, \"my_tap\": {\"flip\": 0.5}}}",
@@ -192,7 +229,18 @@ static void tolerance_table(void **state) {
     assert_true(m3_tol_find(&t, "mlp_out")->nmse[1] == 0.125);
     assert_true(m3_tol_find(&t, "my_tap")->flip[1] == 0.5);
     assert_true(t.rel_floor == 0.5);
-    assert_int_equal(m3_tol_class(&t, "fp32", "fp32"), M3_TOL_LOWP);
+    assert_int_equal(m3_tol_class(&t, "fp32", "fp32", NULL, NULL), M3_TOL_LOWP);
+    /* an fp32 value carries to fp32q through its floor unless fp32q is given */
+    assert_true(m3_tol_find(&t, "mlp_out")->nmse[M3_TOL_FP32Q] == 1e-4);
+    assert_int_equal(m3_tol_parse(&t, "{\"class\": \"fp32q\", \"stages\": {\"mlp_out\": {\"nmse\": "
+                                      "{\"fp32\": 1e-3, \"fp32q\": 2e-3}}, \"q\": {\"nmse\": {\"fp32\": 1e-3}}}}",
+                                  "t.json"),
+                     M3_OK);
+    assert_int_equal(m3_tol_class(&t, "fp32", "fp32", NULL, NULL), M3_TOL_FP32Q);
+    assert_true(m3_tol_find(&t, "mlp_out")->nmse[M3_TOL_FP32Q] == 2e-3);
+    assert_true(m3_tol_find(&t, "q")->nmse[M3_TOL_FP32Q] == 1e-3);
+    assert_int_equal(m3_tol_parse(&t, "{\"stages\": {\"q\": {\"nmse\": {\"fp33\": 1}}}}", "t.json"),
+                     M3_ERR_FORMAT);
     /* typos are errors, never silently ignored */
     assert_int_equal(m3_tol_parse(&t, "{\"stages\": {\"attn_out\": {\"nmsee\": 1}}}", "t.json"), M3_ERR_FORMAT);
     assert_non_null(strstr(m3_last_error(), "nmsee"));
