@@ -17,6 +17,7 @@
  * under hf with fp32 storage, replay under hf with bf16 storage).
  * Without a device every test skips. M3_GPU_MODEL_HARNESS=ref swaps the GPU model for a
  * second reference model, which checks this file's own plumbing on a CPU box. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@
 #include "compare/dump.h"
 #include "ref/model.h"
 #include "ref/qload.h"
+#include "ref/st_write.h"
 #include "ref/quant.h"
 #include "ref/variant.h"
 #include "tests/gpu_test.h"
@@ -37,7 +39,10 @@ static bool harness_ref; /* candidate = ref (plumbing check without a device) */
 static const char *fixtures[] = {"tiny-moe", "tiny-deep"};
 #define N_FIX 2
 
+static const char *fix_root_override; /* the generated checkpoints of the tiled cases */
+
 static const char *fix_root(void) {
+    if (fix_root_override) return fix_root_override;
     const char *e = getenv("M3_FIXTURES");
     return e && *e ? e : "fixtures";
 }
@@ -707,6 +712,222 @@ static void variant_fp8caches_atom_f32_storage(void **state) {
     forced_pair = false;
 }
 
+/* ---- the tiled expert path in a whole model --------------------------------------------
+ * The fixtures (hidden 64 / 48, expert width 32 / 16) take the generic expert path; the tiled
+ * / GEMV kernels of m3_gpu_moe_experts need D % 128 == 0 and F % 64 == 0 (bf16 storage). So a
+ * random checkpoint with tiny-moe's layout but hidden 128, expert and shared width 64 (the
+ * shared expert can ride as slot E), three MoE layers of four (full, sparse x3), is written
+ * into the test's temp dir (ref/st_write.h; config.json = tiny-moe's with those sizes), and
+ * runs ref vs gpu under MX experts with MX activation quantization: a 40-token prefill
+ * (T*K = 80 > 4E: the tensor-core tiles) and 2 decode steps (T*K = 2: the GEMV kernels).
+ * Gate: free run up to its first flipped selection, the teacher-forced run in full (a 1-ulp
+ * bf16 difference of a MoE input can flip an MX activation code, see variant_decode_hf). */
+#define TL_D 128
+#define TL_F 64
+#define TL_V 512
+#define TL_L 4
+
+typedef struct {
+    int64_t n;
+    m3_dtype dt;
+    float sd, mean;
+} tl_tensor;
+
+static m3_status tl_fill(void *ctx, int64_t i, uint8_t *buf, size_t nbytes) {
+    const tl_tensor *t = (const tl_tensor *)ctx + i;
+    m3_rng r;
+    m3_rng_init(&r, 4242, 1000 + (uint64_t)i);
+    float *x = malloc((size_t)t->n * sizeof *x);
+    if (!x) return m3_errorf(M3_ERR_NOMEM, "tiled checkpoint: out of memory");
+    m3_fill_normal(&r, x, t->n, t->sd);
+    for (int64_t j = 0; j < t->n; j++) {
+        x[j] += t->mean;
+        if (t->dt == M3_DT_BF16) {
+            m3_bf16 b = m3_f32_to_bf16(x[j]);
+            memcpy(buf + 2 * j, &b, 2);
+        } else {
+            memcpy(buf + 4 * j, &x[j], 4);
+        }
+    }
+    (void)nbytes;
+    free(x);
+    return M3_OK;
+}
+
+/* replace the first occurrence of `from` in the heap string *s by `to` (must exist) */
+static void str_sub(char **s, const char *from, const char *to) {
+    char *at = strstr(*s, from);
+    if (!at) m3_test_failf("tiny-moe config.json: '%s' not found", from);
+    size_t a = (size_t)(at - *s), n = strlen(*s) + strlen(to) - strlen(from) + 1;
+    char *r = malloc(n);
+    assert_non_null(r);
+    memcpy(r, *s, a);
+    strcpy(r + a, to);
+    strcat(r, at + strlen(from));
+    free(*s);
+    *s = r;
+}
+
+/* tmpdir/tiled/model: config.json + model.safetensors (written once per test binary run) */
+static const char *tiled_checkpoint(void) {
+    static char root[300];
+    if (root[0]) return root;
+    char dir[400], path[500];
+    snprintf(root, sizeof root, "%s/fx", tmpdir);
+    snprintf(dir, sizeof dir, "%s/tiled", root);
+    mkdir(root, 0755);
+    mkdir(dir, 0755);
+    snprintf(dir, sizeof dir, "%s/tiled/model", root);
+    mkdir(dir, 0755);
+    /* config: tiny-moe's, with the tiled sizes */
+    char src[512];
+    snprintf(src, sizeof src, "%s/tiny-moe/model/config.json", getenv("M3_FIXTURES") && *getenv("M3_FIXTURES") ? getenv("M3_FIXTURES") : "fixtures");
+    FILE *f = fopen(src, "rb");
+    if (!f) m3_test_failf("%s: cannot open", src);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *cfg = calloc((size_t)n + 1, 1);
+    assert_non_null(cfg);
+    if (fread(cfg, 1, (size_t)n, f) != (size_t)n) m3_test_failf("%s: short read", src);
+    fclose(f);
+    str_sub(&cfg, "\"hidden_size\": 64,", "\"hidden_size\": 128,");
+    str_sub(&cfg, "\"intermediate_size\": 32,", "\"intermediate_size\": 64,");
+    str_sub(&cfg, "\"shared_intermediate_size\": 32,", "\"shared_intermediate_size\": 64,");
+    str_sub(&cfg, "\"dense\",\n      \"dense\",", "\"dense\",\n      \"sparse\",");
+    /* text only: without vision_config the checkpoint needs no vision tensors (the last
+     * top-level member of tiny-moe's config) */
+    char *vis = strstr(cfg, ",\n  \"vision_config\"");
+    if (!vis) m3_test_failf("tiny-moe config.json: no vision_config member");
+    strcpy(vis, "\n}\n");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(cfg, f);
+    fclose(f);
+    free(cfg);
+    /* tensors: names and shapes as tiny-moe's language model, random values */
+    const int D = TL_D, F = TL_F, H = 8, Hkv = 2, Dh = 16, G = 2, Di = 16, E = 8;
+    const bool sparse[TL_L] = {false, true, true, true}, moe[TL_L] = {false, true, true, true};
+    m3_st_writer *w = NULL;
+    GPU_OK(m3_st_writer_create(&w));
+    tl_tensor ts[200];
+    int nt = 0;
+    char name[200];
+    const char *lm = "language_model.model.";
+#define TL_ADD(dt_, sd_, mean_, rank_, d0_, d1_, ...)                                              \
+    do {                                                                                          \
+        snprintf(name, sizeof name, __VA_ARGS__);                                                 \
+        const int64_t shp_[2] = {(d0_), (d1_)};                                                   \
+        const int64_t n_ = (d0_) * ((rank_) > 1 ? (d1_) : 1);                                     \
+        ts[nt] = (tl_tensor){n_, (dt_), (sd_), (mean_)};                                           \
+        GPU_OK(m3_st_add(w, name, (dt_), (rank_), shp_,                                           \
+                         (size_t)n_ * ((dt_) == M3_DT_BF16 ? 2 : 4)));                            \
+        nt++;                                                                                     \
+    } while (0)
+    const float sdD = 1.0f / sqrtf((float)D), sdF = 1.0f / sqrtf((float)F);
+    TL_ADD(M3_DT_BF16, 1.0f, 0.0f, 2, TL_V, D, "%sembed_tokens.weight", lm);
+    TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, TL_V, D, "language_model.lm_head.weight");
+    TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, D, 0, "%snorm.weight", lm);
+    for (int L = 0; L < TL_L; L++) {
+        char pl[96];
+        snprintf(pl, sizeof pl, "%slayers.%d.", lm, L);
+        TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, D, 0, "%sinput_layernorm.weight", pl);
+        TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, D, 0, "%spost_attention_layernorm.weight", pl);
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, H * Dh, D, "%sself_attn.q_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, Hkv * Dh, D, "%sself_attn.k_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, Hkv * Dh, D, "%sself_attn.v_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, 1.0f / sqrtf((float)(H * Dh)), 0.0f, 2, D, H * Dh,
+               "%sself_attn.o_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, Dh, 0, "%sself_attn.q_norm.weight", pl);
+        TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, Dh, 0, "%sself_attn.k_norm.weight", pl);
+        if (sparse[L]) {
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, G * Di, D, "%sself_attn.index_q_proj.weight", pl);
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, Di, D, "%sself_attn.index_k_proj.weight", pl);
+            TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, Di, 0, "%sself_attn.index_q_norm.weight", pl);
+            TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, Di, 0, "%sself_attn.index_k_norm.weight", pl);
+        }
+        if (!moe[L]) {
+            /* dense_intermediate_size 128 (tiny-moe's) */
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, 128, D, "%sblock_sparse_moe.gate_proj.weight", pl);
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, 128, D, "%sblock_sparse_moe.up_proj.weight", pl);
+            TL_ADD(M3_DT_BF16, 1.0f / sqrtf(128.0f), 0.0f, 2, D, 128,
+                   "%sblock_sparse_moe.down_proj.weight", pl);
+            continue;
+        }
+        TL_ADD(M3_DT_F32, sdD, 0.0f, 2, E, D, "%sblock_sparse_moe.gate.weight", pl);
+        TL_ADD(M3_DT_F32, 0.01f, 0.0f, 1, E, 0, "%sblock_sparse_moe.e_score_correction_bias", pl);
+        for (int e = 0; e < E; e++) {
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, F, D, "%sblock_sparse_moe.experts.%d.w1.weight", pl, e);
+            TL_ADD(M3_DT_BF16, sdF, 0.0f, 2, D, F, "%sblock_sparse_moe.experts.%d.w2.weight", pl, e);
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, F, D, "%sblock_sparse_moe.experts.%d.w3.weight", pl, e);
+        }
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, F, D, "%sblock_sparse_moe.shared_experts.gate_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, F, D, "%sblock_sparse_moe.shared_experts.up_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, sdF, 0.0f, 2, D, F, "%sblock_sparse_moe.shared_experts.down_proj.weight", pl);
+    }
+#undef TL_ADD
+    static const char *const meta[1][2] = {{"format", "pt"}};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    GPU_OK(m3_st_write(w, path, meta, 1, tl_fill, ts));
+    m3_st_writer_free(w);
+    return root;
+}
+
+static void tiled_case(void **state, const char *profile, const char *spec, const char *tag) {
+    m3_gpu *g = need_gpu(state);
+    fix_root_override = tiled_checkpoint();
+    m3_variant v;
+    variant_from(&v, spec);
+    const int n = 40, n_gen = 2;
+    int32_t tok[64];
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 77);
+    for (int i = 0; i < n; i++) tok[i] = 3 + (int32_t)(m3_rng_u32(&r) % (TL_V - 3));
+    model m; /* the reference's greedy continuation, fed to both backends */
+    model_open_v(&m, g, false, "tiled", profile, NULL, &v);
+    int32_t next;
+    GPU_OK(model_forward(&m, tok, n, NULL, NULL, &next));
+    for (int i = 0; i < n_gen; i++) {
+        tok[n + i] = next;
+        GPU_OK(model_forward(&m, &tok[n + i], 1, NULL, NULL, &next));
+    }
+    model_close(&m);
+    char a[512], b[512], c[512], cr[512], what[200];
+    snprintf(a, sizeof a, "%s/tiled_%s_ref.h5", tmpdir, tag);
+    snprintf(b, sizeof b, "%s/tiled_%s_gpu.h5", tmpdir, tag);
+    snprintf(c, sizeof c, "%s/tiled_%s_gpu_forced.h5", tmpdir, tag);
+    snprintf(cr, sizeof cr, "%s/tiled_%s_ref_forced.h5", tmpdir, tag);
+    snprintf(what, sizeof what, "tiled D=%d F=%d %s %s (%d tokens + %d decode steps)", TL_D, TL_F,
+             profile, spec, n, n_gen);
+    run_to_dump(g, false, "tiled", profile, NULL, &v, tok, n, n + n_gen, NULL, false, a);
+    run_to_dump(g, true, "tiled", profile, NULL, &v, tok, n, n + n_gen, NULL, false, b);
+    expect_agree_mode(a, b, what, GATE_UNTIL_FLIP);
+    snprintf(what, sizeof what, "tiled D=%d F=%d %s %s, teacher-forced (every pass)", TL_D, TL_F,
+             profile, spec);
+    run_to_dump(g, true, "tiled", profile, NULL, &v, tok, n, n + n_gen, a, true, c);
+    /* atom: compared with ref forced the same way (forced_pair) */
+    const bool pair = !strcmp(profile, "atom");
+    if (pair) run_to_dump(g, false, "tiled", profile, NULL, &v, tok, n, n + n_gen, a, true, cr);
+    expect_agree(pair ? cr : a, c, what);
+    fix_root_override = NULL;
+}
+
+static void tiled_mxfp8_hf(void **state) {
+    /* MXFP8 weights, e4m3 activations before gate/up and down (every pass) */
+    tiled_case(state, "hf", "experts=mxfp8", "mxfp8_hf");
+}
+
+static void tiled_mxfp4_hf(void **state) {
+    /* MXFP4 weights and activations from 1 token on, the shared expert fused as slot E */
+    tiled_case(state, "hf", "experts=mxfp4 moe_act_bound=1 shared_fused=on", "mxfp4_hf");
+}
+
+static void tiled_mxfp4_atom(void **state) {
+    /* atom: shared expert fused (auto under MX experts), fp32 combine, activations on */
+    tiled_case(state, "atom", "experts=mxfp4 moe_act_bound=1", "mxfp4_atom");
+}
+
 /* Bad arguments: one error line, status returned, caches untouched. */
 static void model_errors(void **state) {
     m3_gpu *g = need_gpu(state);
@@ -932,6 +1153,9 @@ int main(void) {
         cmocka_unit_test(variant_fp8kv_atom),
         cmocka_unit_test(variant_fp8caches_atom_f32_storage),
         cmocka_unit_test(cli_variants),
+        cmocka_unit_test(tiled_mxfp8_hf),
+        cmocka_unit_test(tiled_mxfp4_hf),
+        cmocka_unit_test(tiled_mxfp4_atom),
     };
     cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
