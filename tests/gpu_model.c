@@ -14,7 +14,10 @@
  * steps (hf, fp32) over the same token sequence; teacher-forced replay from the fixture's
  * transformers dump (hf, hf --ref-select, fp32); flash attention (hf); argument errors; the
  * CLI (`m3 run/replay --backend gpu --dump`, then `m3 compare` exit 0: run under fp32 and
- * under hf with fp32 storage, replay under hf with bf16 storage).
+ * under hf with fp32 storage, replay under hf with bf16 storage). Variant cases (numerics
+ * variants, ref/variant.h): MX experts and activations, top-k reuse, fp8 / paged caches under
+ * hf and atom (atom's paged fp8 KV cache: the three §4.7 writers and the §4.9 emulation), the
+ * tiled expert path on a generated hidden-128 checkpoint, and their CLI runs.
  * Without a device every test skips. M3_GPU_MODEL_HARNESS=ref swaps the GPU model for a
  * second reference model, which checks this file's own plumbing on a CPU box. */
 #include <math.h>
