@@ -892,3 +892,335 @@ extern "C" m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     return m3_gpu_attn_dense(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx, ap, p);
 #endif
 }
+
+/* ==== paged attention: m3_gpu_attn_paged, twin of ref's m3_attn_paged ======================
+ * K/V are read through one layer's paged cache (gpu/kv_paged.h: ref's addressing of the
+ * page-Bs SHUFFLE view and the page-P re-view, padding included) and a device block table.
+ * attn_paged_k: one block per (token, query head), PG_THREADS threads, the faithful
+ *   formulation of ref's attn_row with its accumulation order everywhere it matters:
+ *   - key list (thread 0): dense keys 0..p, key k at slot(k); sparse: ref's
+ *     m3_kv_sparse_table (valid ids b <= p/Bs, full blocks in selection order or sorted by
+ *     id under position order, the own block last when selected, duplicates kept, ctx
+ *     truncation), key k at bt[blist[k / Bs]] * Bs + k % Bs (= m3_kv_table_slot);
+ *   - scores: one thread per key, m3_dot_f32's 8-lane order with unfused fp32 multiplies
+ *     and adds (ref is built with -ffp-contract=off); fp8 elements are dequantized
+ *     (fp32(byte) * scale) unless fp8_pa, which casts Q to fp8 (no scale) and folds the K
+ *     scale into the score: z = (q8 . k8) * s * k_scale (§4.9);
+ *   - per partition (attn_partition keys, or all keys): max, then the denominator summed by
+ *     one thread in key order, then P.V with each thread owning dims and adding keys in
+ *     order; fp8_pa: per tile of keys (the view's page) M = max v_scale, P' = fp8(P *
+ *     v_scale * FP8_MAX / (M + 1e-8)), acc = sum P' v8, o += acc * (M / FP8_MAX);
+ *     partitions stored rnd(o / l) and merged in partition order with w = l exp(m - M);
+ *   - exp in double rounded to fp32 (ref calls glibc's expf, within 0.502 ulp of exact).
+ *   Keys live in shared-memory chunks of ch keys (ch = attn_partition when partitioned, so a
+ *   partition is scored once; otherwise 256, a multiple of the fp8 tile), rescored per pass
+ *   only when one partition spans several chunks. */
+#include "gpu/kv_paged.h"
+
+#define PG_THREADS 128
+#define PG_MAX_SEL 256 /* ref's m3_kv_sparse_table bound on the top-k width */
+#define PG_CHUNK 256
+
+typedef struct {
+    int n_head, n_kv_head, head_dim;
+    int part; /* attn_partition; 0: one partition of all keys */
+    int ch;   /* keys per shared-memory chunk */
+    int tile; /* fp8 P.V rescale tile (keys) */
+    float scale, fmax;
+    bool eager, p_bf16, out_bf16, sel_order, pa, fp8;
+} pg_cfg;
+
+static __device__ __forceinline__ float pg_exp(float x) { return (float)exp((double)x); }
+
+/* slot of the i-th key in accumulation order */
+static __device__ __forceinline__ int64_t pg_slot(const m3_gpu_attn_paged_src &s, const int *blist,
+                                                  bool sparse, int i) {
+    const int Bs = s.g.block;
+    if (!sparse) return m3_dkv_slot(s.bt, Bs, i);
+    return (int64_t)s.bt[blist[i / Bs]] * Bs + i % Bs;
+}
+
+/* Scores z, slots sl and V scales vsc of keys a..b-1 (chunk-relative), then a barrier. */
+static __device__ void pg_load(const m3_gpu_attn_paged_src &s, const pg_cfg &c, const int *blist,
+                               bool sparse, int gq, const float *q_sh, int64_t *sl, float *z,
+                               float *vsc, int a, int b) {
+    __syncthreads(); /* earlier readers of the chunk arrays are done */
+    const int Dh = c.head_dim;
+    for (int i = a + (int)threadIdx.x; i < b; i += (int)blockDim.x) {
+        const int64_t slot = pg_slot(s, blist, sparse, i);
+        float ks = 1.0f, vs = 1.0f;
+        if (c.fp8) {
+            const int64_t so = m3_dkv_off_scale(s.g, s.view, slot, gq);
+            ks = s.k_scale[so];
+            vs = s.v_scale[so];
+        }
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int e = 0; e < Dh; e++) { /* m3_dot_f32: lane e & 7, tail included */
+            float kv = m3_dkv_get(s.k, s.g, m3_dkv_off_k(s.g, s.view, slot, gq, e));
+            if (c.fp8 && !c.pa) kv = __fmul_rn(kv, ks);
+            acc[e & 7] = __fadd_rn(acc[e & 7], __fmul_rn(q_sh[e], kv));
+        }
+        const float d = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+        float zz;
+        if (c.pa) zz = __fmul_rn(__fmul_rn(d, c.scale), ks); /* §4.9 step 2 */
+        else if (c.eager) zz = m3_round_bf16(__fmul_rn(m3_round_bf16(d), c.scale));
+        else zz = __fmul_rn(d, c.scale);
+        sl[i - a] = slot;
+        z[i - a] = zz;
+        vsc[i - a] = vs;
+    }
+    __syncthreads();
+}
+
+template <typename TS>
+static __global__ void __launch_bounds__(PG_THREADS)
+    attn_paged_k(TS *M3_RESTRICT out, const TS *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
+                 const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk,
+                 int width, pg_cfg c) {
+    extern __shared__ int64_t pg_sh[];
+    int64_t *sl = pg_sh;                  /* [ch] slots of the chunk's keys */
+    float *z = (float *)(sl + c.ch);      /* [ch] scores */
+    float *pb = z + c.ch;                 /* [ch] P (or P') */
+    float *vsc = pb + c.ch;               /* [ch] V scales */
+    float *mt = vsc + c.ch;               /* [ch] per-tile max V scale */
+    float *q_sh = mt + c.ch;              /* [Dh] */
+    float *o_p = q_sh + c.head_dim;       /* [Dh] partition accumulator */
+    float *o_f = o_p + c.head_dim;        /* [Dh] merged output */
+    __shared__ int blist[PG_MAX_SEL];
+    __shared__ int n_sh;
+    __shared__ float den_sh;
+    __shared__ float red[M3_MAX_WARPS];
+
+    const int t = (int)blockIdx.x / c.n_head, h = (int)blockIdx.x % c.n_head;
+    const int gq = h / (c.n_head / c.n_kv_head);
+    const int p = pos[t], Bs = s.g.block, Dh = c.head_dim;
+    const int tid = (int)threadIdx.x, nth = (int)blockDim.x;
+    const bool sparse = topk != NULL;
+    if (tid == 0) {
+        int n;
+        if (!sparse) {
+            n = p + 1;
+        } else { /* ref m3_kv_sparse_table */
+            const int bp = p / Bs;
+            const int32_t *sel = topk + ((int64_t)gq * n_tok + t) * width;
+            int nf = 0;
+            bool tail = false;
+            for (int i = 0; i < width; i++) {
+                const int b = sel[i];
+                if (b < 0 || b > bp) continue; /* -1 padding and future blocks */
+                if (b == bp) tail = true;
+                else blist[nf++] = b;
+            }
+            if (!c.sel_order) /* position order: insertion sort of the ids */
+                for (int a = 1; a < nf; a++)
+                    for (int j = a; j > 0 && blist[j - 1] > blist[j]; j--) {
+                        const int x = blist[j];
+                        blist[j] = blist[j - 1], blist[j - 1] = x;
+                    }
+            if (tail) {
+                blist[nf] = bp;
+                n = nf * Bs + (p - Bs * bp + 1);
+            } else {
+                n = nf * Bs < p + 1 ? nf * Bs : p + 1;
+            }
+        }
+        n_sh = n;
+    }
+    const TS *qr = q + (int64_t)t * ld_q + (int64_t)h * Dh;
+    for (int d = tid; d < Dh; d += nth) {
+        const float v = ld(qr, d);
+        /* §4.9 step 1: the fp8 kernel casts Q to fp8 with no scale */
+        q_sh[d] = c.pa ? m3_round_fp8(v, s.g.fp8_kind, s.ovf) : v;
+        o_p[d] = 0.0f;
+        o_f[d] = 0.0f;
+    }
+    __syncthreads();
+    const int n = n_sh;
+    TS *orow = out + ((int64_t)t * c.n_head + h) * Dh;
+    if (n <= 0) { /* no key (ref asserts): a visible NaN row */
+        for (int d = tid; d < Dh; d += nth) st(orow, d, NAN);
+        return;
+    }
+    const int part = c.part > 0 ? c.part : n, n_part = (n + part - 1) / part;
+    int ca = -1, cb = -1; /* the chunk in shared memory (uniform over the block) */
+#define PG_ENSURE(a_, b_)                                                                          \
+    do {                                                                                          \
+        if ((a_) != ca || (b_) != cb) {                                                           \
+            pg_load(s, c, blist, sparse, gq, q_sh, sl, z, vsc, (a_), (b_));                       \
+            ca = (a_), cb = (b_);                                                                 \
+        }                                                                                         \
+    } while (0)
+
+    /* the global max (the merge's M = max of the partition maxima) */
+    float Mg = -INFINITY;
+    if (n_part > 1)
+        for (int a = 0; a < n; a += c.ch) {
+            const int b = min(a + c.ch, n);
+            PG_ENSURE(a, b);
+            float m = -INFINITY;
+            for (int i = tid; i < b - a; i += nth) m = fmaxf(m, z[i]);
+            Mg = fmaxf(Mg, m3_block_max(m, red));
+        }
+    float wsum = 0.0f;
+    for (int pi = 0; pi < n_part; pi++) {
+        const int i0 = pi * part, i1 = min(i0 + part, n);
+        float m = -INFINITY;
+        for (int a = i0; a < i1; a += c.ch) {
+            const int b = min(a + c.ch, i1);
+            PG_ENSURE(a, b);
+            float lm = -INFINITY;
+            for (int i = tid; i < b - a; i += nth) lm = fmaxf(lm, z[i]);
+            m = fmaxf(m, m3_block_max(lm, red));
+        }
+        /* the denominator: exponentials in parallel, summed by one thread in key order */
+        float den = 0.0f;
+        for (int a = i0; a < i1; a += c.ch) {
+            const int b = min(a + c.ch, i1);
+            PG_ENSURE(a, b);
+            for (int i = tid; i < b - a; i += nth) pb[i] = pg_exp(z[i] - m);
+            __syncthreads();
+            if (tid == 0)
+                for (int i = 0; i < b - a; i++) den += pb[i];
+            __syncthreads();
+        }
+        if (tid == 0) den_sh = den;
+        __syncthreads();
+        den = den_sh;
+        /* P.V, keys in order for every dim a thread owns */
+        for (int d = tid; d < Dh; d += nth) o_p[d] = 0.0f;
+        for (int a = i0; a < i1; a += c.ch) {
+            const int b = min(a + c.ch, i1), nk = b - a;
+            PG_ENSURE(a, b);
+            if (!c.pa) {
+                for (int i = tid; i < nk; i += nth) {
+                    const float e = pg_exp(z[i] - m);
+                    /* partitioned: unnormalised P, normalised per partition below */
+                    pb[i] = rnd(c.p_bf16, n_part > 1 ? e : __fdiv_rn(e, den));
+                }
+                __syncthreads();
+                for (int d = tid; d < Dh; d += nth) {
+                    float acc = o_p[d];
+                    for (int i = 0; i < nk; i++) {
+                        float vv = m3_dkv_get(s.v, s.g, m3_dkv_off_v(s.g, s.view, sl[i], gq, d));
+                        if (c.fp8) vv = __fmul_rn(vv, vsc[i]); /* plain dequantization */
+                        acc = __fadd_rn(acc, __fmul_rn(pb[i], vv));
+                    }
+                    o_p[d] = acc;
+                }
+                __syncthreads();
+            } else {
+                /* §4.9 step 4 per tile of keys (relative to the partition start: chunks
+                 * start on tile boundaries, see the launcher) */
+                const int nt = (nk + c.tile - 1) / c.tile;
+                for (int j = tid; j < nt; j += nth) {
+                    float M = 0.0f;
+                    for (int i = j * c.tile; i < min((j + 1) * c.tile, nk); i++)
+                        if (vsc[i] > M) M = vsc[i];
+                    mt[j] = M;
+                }
+                __syncthreads();
+                for (int i = tid; i < nk; i += nth) {
+                    const float e = pg_exp(z[i] - m), M = mt[i / c.tile];
+                    const float x = __fdiv_rn(__fmul_rn(__fmul_rn(e, vsc[i]), c.fmax), __fadd_rn(M, 1e-8f));
+                    pb[i] = m3_round_fp8(x, s.g.fp8_kind, s.ovf);
+                }
+                __syncthreads();
+                for (int d = tid; d < Dh; d += nth) {
+                    float o = o_p[d];
+                    for (int j = 0; j < nt; j++) {
+                        float acc = 0.0f;
+                        for (int i = j * c.tile; i < min((j + 1) * c.tile, nk); i++) {
+                            const float vv = m3_dkv_get(s.v, s.g, m3_dkv_off_v(s.g, s.view, sl[i], gq, d));
+                            acc = __fadd_rn(acc, __fmul_rn(pb[i], vv));
+                        }
+                        o = __fadd_rn(o, __fmul_rn(acc, __fdiv_rn(mt[j], c.fmax)));
+                    }
+                    o_p[d] = o;
+                }
+                __syncthreads();
+            }
+        }
+        if (n_part == 1) {
+            for (int d = tid; d < Dh; d += nth)
+                st(orow, d, rnd(c.out_bf16, c.pa ? __fdiv_rn(o_p[d], den) : o_p[d]));
+            return;
+        }
+        /* partition output stored rnd(o / l), merged in partition order with fp32 weights */
+        const float w = __fmul_rn(den, pg_exp(m - Mg));
+        wsum = __fadd_rn(wsum, w);
+        for (int d = tid; d < Dh; d += nth)
+            o_f[d] = __fadd_rn(o_f[d], __fmul_rn(w, rnd(c.out_bf16, __fdiv_rn(o_p[d], den))));
+    }
+#undef PG_ENSURE
+    for (int d = tid; d < Dh; d += nth) st(orow, d, rnd(c.out_bf16, __fdiv_rn(o_f[d], wsum)));
+}
+
+template <typename TS>
+static m3_status launch_paged(m3_gpu *g, TS *d_out, const TS *d_q, int ld_q,
+                              const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
+                              int n_ctx, const int32_t *d_topk, int width,
+                              const m3_attn_params *ap, const m3_profile *p) {
+    M3_ASSERT(g && src && ap && p && n_tok >= 0 && n_ctx > 0);
+    M3_ASSERTF(ap->n_head % ap->n_kv_head == 0 && ld_q >= ap->n_head * ap->head_dim,
+               "H=%d Hkv=%d Dh=%d ld_q=%d", ap->n_head, ap->n_kv_head, ap->head_dim, ld_q);
+    M3_ASSERTF(src->g.head_dim == ap->head_dim && src->g.n_kv == ap->n_kv_head,
+               "paged cache geometry Hkv=%d Dh=%d, attention Hkv=%d Dh=%d", src->g.n_kv,
+               src->g.head_dim, ap->n_kv_head, ap->head_dim);
+    M3_ASSERTF(p->attn_partition == 0 || p->attn_partition >= M3_ATTN_MIN_PART,
+               "attn_partition %d < %d", p->attn_partition, M3_ATTN_MIN_PART);
+    M3_ASSERT(!d_topk || width > 0);
+    if (ap->head_dim > ATTN_MAX_DH)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention: head_dim %d > %d", ap->head_dim,
+                         ATTN_MAX_DH);
+    if (d_topk && width > PG_MAX_SEL)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention: top-k width %d > %d", width,
+                         PG_MAX_SEL);
+    const bool fp8 = src->g.elem == M3_KV_FP8;
+    if (fp8 && (!src->k_scale || !src->v_scale))
+        return m3_errorf(M3_ERR_ARG, "gpu paged attention: fp8 cache without scales");
+    M3_ASSERT(src->k && src->v && src->bt && d_pos && d_q && d_out);
+    if (n_tok == 0) return M3_OK;
+    pg_cfg c;
+    c.n_head = ap->n_head, c.n_kv_head = ap->n_kv_head, c.head_dim = ap->head_dim;
+    c.scale = ap->scale;
+    c.eager = p->attn_scores == M3_SCORES_BF16_EAGER;
+    c.p_bf16 = p->attn_p_bf16, c.out_bf16 = p->attn_out_bf16;
+    c.sel_order = p->attn_order == M3_ATTN_ORDER_SELECTION;
+    c.fp8 = fp8;
+    c.pa = fp8 && src->fp8_pa;
+    c.fmax = fp8 ? m3_fp8_max(src->g.fp8_kind) : 0.0f;
+    c.tile = d_topk ? src->g.page : src->g.block; /* ref: the view's page */
+    c.part = p->attn_partition;
+    /* a partition is one chunk; unpartitioned chunks start on fp8 tile boundaries */
+    c.ch = c.part > 0 ? c.part
+           : c.pa     ? c.tile * ((PG_CHUNK + c.tile - 1) / c.tile)
+                      : PG_CHUNK;
+    const size_t shmem = (size_t)c.ch * (sizeof(int64_t) + 4 * sizeof(float)) +
+                         3 * (size_t)c.head_dim * sizeof(float);
+    if (shmem > 48 * 1024)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention: chunk of %d keys too large", c.ch);
+    const int64_t rows = (int64_t)n_tok * ap->n_head;
+    if (rows > 0x7FFFFFFF)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention: %lld rows", (long long)rows);
+    attn_paged_k<TS><<<(unsigned)rows, PG_THREADS, shmem, g->stream>>>(
+        d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, c);
+    M3_LAUNCHED(g, "attn_paged_k");
+    return M3_OK;
+}
+
+extern "C" m3_status m3_gpu_attn_paged(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                       const m3_gpu_attn_paged_src *src, const int32_t *d_pos,
+                                       int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                       const m3_attn_params *ap, const m3_profile *p) {
+    if (!p->attn_out_bf16)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attention: profile %s keeps fp32: use _f32", p->name);
+    return launch_paged<m3_bf16>(g, d_out, d_q, ld_q, src, d_pos, n_tok, n_ctx, d_topk, width, ap, p);
+}
+
+extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int ld_q,
+                                           const m3_gpu_attn_paged_src *src,
+                                           const int32_t *d_pos, int n_tok, int n_ctx,
+                                           const int32_t *d_topk, int width,
+                                           const m3_attn_params *ap, const m3_profile *p) {
+    return launch_paged<float>(g, d_out, d_q, ld_q, src, d_pos, n_tok, n_ctx, d_topk, width, ap, p);
+}

@@ -16,6 +16,7 @@
  * Tests: tests/gpu_model.c (whole model against ref through the comparison engine). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "gpu/kv_paged.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,41 +243,61 @@ static __global__ void __launch_bounds__(GLUE_THREADS)
     }
 }
 
-/* ---- fp8 caches (ref/kvcache.c writers and readers, spec §4.7-4.8) ---------------------- */
-/* K and V rows of this pass into the fp8 cache: one thread per (token, head, K or V) row.
- * amax NaN-sticky (ref amax_of), scale = amax / fp8_max (1 when amax is 0), byte =
- * cvt(value / scale) with a true fp32 division, RNE, the overflow rule. */
+/* ---- paged caches (ref/kvcache.c writers, spec §4.1-4.3, §4.7-4.8) ------------------------ */
+/* This pass's K / V rows into the paged storage (ref m3_kv_write at slot(pos[t]) through the
+ * block table; gpu/kv_paged.h addressing, any geometry): one thread per (token, head, K or
+ * V) row. K stores kf (the unrounded fp32 k: atom's dense / reusing writers) when kval_f32,
+ * else k; its fp8 amax comes from kf when kamax_f32 (atom's computing sparse writer), else
+ * from the stored values; V from v. fp8: amax NaN-sticky (ref amax_of), scale = amax /
+ * fp8_max (1 when amax is 0), byte = cvt(value / scale) with a true fp32 division, RNE, the
+ * overflow rule; bf16 elements RNE, fp32 as is. gpu/kvcache.hip's m3_gpu_kv_cache_write covers
+ * none of atom's K writers (it quantizes the bf16 k with its own amax, e4m3fn, page 128 / 16
+ * and Dh % x == 0 only, where the tiny fixtures have Bs = 8, P = 1, Dh = 12 / 16), hence
+ * this kernel. */
 template <typename TS>
 static __global__ void __launch_bounds__(GLUE_THREADS)
-    kv8_write_k(uint8_t *k8, uint8_t *v8, float *ks, float *vs, const TS *k, const TS *v, int T,
-                int Hkv, int Dh, float fp8_max, int kind, int ovf) {
+    kvp_write_k(m3_gpu_attn_paged_src c, const TS *k, const float *kf, const TS *v,
+                const int32_t *pos, int T, float fp8_max, bool kval_f32, bool kamax_f32) {
+    void *kd = (void *)c.k, *vd = (void *)c.v; /* the layer's own storage */
+    float *ksc = (float *)c.k_scale, *vsc = (float *)c.v_scale;
+    const int Hkv = c.g.n_kv, Dh = c.g.head_dim;
     const int64_t n = (int64_t)T * Hkv * 2;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const bool is_v = (i & 1) != 0;
         const int64_t row = i >> 1; /* t * Hkv + h */
-        const TS *src = (is_v ? v : k) + (size_t)row * Dh;
-        float a = 0.0f;
-        for (int d = 0; d < Dh; d++) {
-            const float x = fabsf(ldv(src, d));
-            if (x > a || x != x) a = x;
+        const int t = (int)(row / Hkv), h = (int)(row % Hkv);
+        const int64_t slot = m3_dkv_slot(c.bt, c.g.block, pos[t]);
+        const size_t o = (size_t)row * Dh;
+        const bool vf = !is_v && kval_f32, af = !is_v && kamax_f32;
+        const TS *src = is_v ? v : k;
+        float sc = 1.0f;
+        if (c.g.elem == M3_KV_FP8) {
+            float a = 0.0f;
+            for (int d = 0; d < Dh; d++) {
+                const float x = fabsf(af ? kf[o + d] : ldv(src, o + d));
+                if (x > a || x != x) a = x; /* NaN poisons the scale, as max() would */
+            }
+            sc = a == 0.0f ? 1.0f : __fdiv_rn(a, fp8_max);
+            (is_v ? vsc : ksc)[m3_dkv_off_scale(c.g, c.view, slot, h)] = sc;
         }
-        const float sc = a == 0.0f ? 1.0f : __fdiv_rn(a, fp8_max);
-        (is_v ? vs : ks)[row] = sc;
-        uint8_t *dst = (is_v ? v8 : k8) + (size_t)row * Dh;
-        for (int d = 0; d < Dh; d++)
-            dst[d] = m3_f32_to_fp8(__fdiv_rn(ldv(src, d), sc), (m3_fp8_kind)kind,
-                                   (m3_fp8_overflow)ovf);
+        for (int d = 0; d < Dh; d++) {
+            float x = vf ? kf[o + d] : ldv(src, o + d);
+            if (c.g.elem == M3_KV_FP8) x = __fdiv_rn(x, sc);
+            const int64_t off = is_v ? m3_dkv_off_v(c.g, c.view, slot, h, d)
+                                     : m3_dkv_off_k(c.g, c.view, slot, h, d);
+            m3_dkv_put(is_v ? vd : kd, c.g, off, x, c.ovf);
+        }
     }
 }
 
-/* dequantized K or V rows: out = fp32(byte) * scale (ref gather_paged) */
+/* fp32 rows rounded to bf16 values in the storage type (atom: k after its one rounding) */
+template <typename TS>
 static __global__ void __launch_bounds__(GLUE_THREADS)
-    kv8_deq_k(float *out, const uint8_t *c, const float *sc, int64_t rows, int Dh, int kind) {
-    const int64_t n = rows * Dh;
+    round_bf16_k(TS *y, const float *x, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = __fmul_rn(m3_fp8_to_f32(c[i], (m3_fp8_kind)kind), sc[i / Dh]);
+        stv(y, (size_t)i, m3_round_bf16(x[i]));
 }
 
 /* index keys into the fp8 index cache: cvt(bf16(key)), unit scale (ref m3_kv_index_write) */
@@ -821,19 +842,27 @@ static m3_fp8_overflow cache_ovf(const m3_gpu_layer_cache *c) {
     return c->variant ? c->variant->fp8_overflow : M3_FP8_SATURATE;
 }
 
-/* this pass's K / V rows [T, Hkv, Dh] into the fp8 cache rows n0.. (hf / fp32 writers:
- * FP8_MAX of the fp8 kind, or kv_fp8max when forced; the k the profile holds) */
+/* this pass's K / V rows [T, Hkv, Dh] into the paged storage at slot(pos[t]): ref's writer
+ * of this layer type (§4.7, docs/caches.md): kf != NULL (atom with an fp8 cache): dense and
+ * reusing layers quantize kf with FP8_MAX 240, computing sparse layers the bf16 k with the
+ * kind's maximum and kf's amax; otherwise the kind's maximum from the k the profile holds;
+ * kv_fp8max forces the maximum of every writer. */
 template <typename TS>
-static m3_status kv8_write(m3_gpu *g, m3_gpu_layer_cache *c, int n0, int T, const TS *k,
-                           const TS *v, int Hkv, int Dh) {
+static m3_status kvp_write(m3_gpu *g, m3_gpu_layer_cache *c, const int32_t *d_pos, int T,
+                           const TS *k, const float *kf, const TS *v, bool dense_or_reuse) {
     const m3_variant *var = c->variant;
-    const m3_fp8_kind kind = cache_kind(c);
-    const float fmax = var && var->kv_fp8max > 0 ? (float)var->kv_fp8max : m3_fp8_max(kind);
-    const size_t r0 = (size_t)n0 * Hkv;
-    kv8_write_k<TS><<<glue_grid((int64_t)T * Hkv * 2), GLUE_THREADS, 0, g->stream>>>(
-        c->k8 + r0 * Dh, c->v8 + r0 * Dh, c->ks8 + r0, c->vs8 + r0, k, v, T, Hkv, Dh, fmax,
-        (int)kind, (int)cache_ovf(c));
-    M3_LAUNCHED(g, "kv8_write_k");
+    float fmax = c->kv.g.elem == M3_KV_FP8 ? m3_fp8_max(c->kv.g.fp8_kind) : 1.0f;
+    bool kval_f32 = false;
+    if (kf && dense_or_reuse) {
+        fmax = 240.0f;
+        kval_f32 = true;
+    }
+    if (var && var->kv_fp8max > 0) fmax = (float)var->kv_fp8max;
+    m3_gpu_attn_paged_src src = c->kv;
+    src.ovf = cache_ovf(c);
+    kvp_write_k<TS><<<glue_grid((int64_t)T * c->kv.g.n_kv * 2), GLUE_THREADS, 0, g->stream>>>(
+        src, k, kf, v, d_pos, T, fmax, kval_f32, kf != NULL);
+    M3_LAUNCHED(g, "kvp_write_k");
     return M3_OK;
 }
 
@@ -847,47 +876,25 @@ static m3_status ix8_write(m3_gpu *g, m3_gpu_layer_cache *c, int n0, int T, cons
     return M3_OK;
 }
 
-/* Attention over the dequantized fp8 cache (rows 0..n_ctx-1): ref's m3_attn_paged without
- * the §4.9 emulation (hf / fp32: dequantize on read, then the profile's dense or sparse
- * math), through the faithful fp32 kernels; q [T, H*Dh] (pitch H*Dh) widened exactly, the
- * output (bf16-valued under attn_out_bf16) narrowed exactly for bf16 storage. */
-template <typename TS>
-static m3_status attn_fp8(m3_gpu *g, TS *out, const TS *q, const m3_gpu_layer_cache *c,
-                          const int32_t *pos, int T, int n_ctx, const int32_t *sel, int width,
-                          int block, const m3_attn_params *ap, const m3_profile *p) {
-    const int Hkv = ap->n_kv_head, Dh = ap->head_dim, QW = ap->n_head * Dh;
-    const int64_t rows = (int64_t)n_ctx * Hkv, nq = (int64_t)T * QW;
-    const int kind = (int)cache_kind(c);
-    const bool narrow = sizeof(TS) == 2;
-    const size_t mark = m3_gpu_mark(g);
-    float *kd = NULL, *vd = NULL, *qf = NULL, *of = NULL;
-    m3_status s = m3_gpu_alloc(g, (void **)&kd, (size_t)(rows * Dh) * sizeof(float));
-    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&vd, (size_t)(rows * Dh) * sizeof(float));
-    if (s == M3_OK) {
-        kv8_deq_k<<<glue_grid(rows * Dh), GLUE_THREADS, 0, g->stream>>>(kd, c->k8, c->ks8, rows, Dh, kind);
-        s = m3_gpu_launched_(g, "kv8_deq_k", __FILE__, __LINE__);
-    }
-    if (s == M3_OK) {
-        kv8_deq_k<<<glue_grid(rows * Dh), GLUE_THREADS, 0, g->stream>>>(vd, c->v8, c->vs8, rows, Dh, kind);
-        s = m3_gpu_launched_(g, "kv8_deq_k", __FILE__, __LINE__);
-    }
-    if (s == M3_OK && narrow) {
-        s = m3_gpu_alloc(g, (void **)&qf, (size_t)nq * sizeof(float));
-        if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&of, (size_t)nq * sizeof(float));
-        if (s == M3_OK) {
-            widen_k<TS><<<glue_grid(nq), GLUE_THREADS, 0, g->stream>>>(qf, q, nq, false, 0, 0);
-            s = m3_gpu_launched_(g, "widen_k", __FILE__, __LINE__);
-        }
-    } else if (s == M3_OK) {
-        qf = (float *)(void *)q, of = (float *)(void *)out;
-    }
-    if (s == M3_OK)
-        s = sel ? m3_gpu_attn_sparse_f32(g, of, qf, QW, kd, vd, pos, T, n_ctx, sel, width, block,
-                                         ap, p)
-                : m3_gpu_attn_dense_f32(g, of, qf, QW, kd, vd, pos, T, n_ctx, ap, p);
-    if (s == M3_OK && narrow) s = m3_gpu_f32_to_bf16(g, (m3_bf16 *)(void *)out, of, nq);
-    m3_gpu_release(g, mark); /* later work is stream-ordered after these kernels */
-    return s;
+/* Attention through the paged storage (ref m3_attn_paged): fp8_pa under a partitioned
+ * profile (atom), as ref's layer sets it. sel NULL: dense. */
+static m3_status attn_paged(m3_gpu *g, m3_bf16 *out, const m3_bf16 *q, const m3_gpu_layer_cache *c,
+                            const int32_t *pos, int T, int n_ctx, const int32_t *sel, int width,
+                            const m3_attn_params *ap, const m3_profile *p) {
+    m3_gpu_attn_paged_src src = c->kv;
+    src.fp8_pa = p->attn_partition > 0;
+    src.ovf = cache_ovf(c);
+    return m3_gpu_attn_paged(g, out, q, ap->n_head * ap->head_dim, &src, pos, T, n_ctx, sel, width,
+                             ap, p);
+}
+static m3_status attn_paged(m3_gpu *g, float *out, const float *q, const m3_gpu_layer_cache *c,
+                            const int32_t *pos, int T, int n_ctx, const int32_t *sel, int width,
+                            const m3_attn_params *ap, const m3_profile *p) {
+    m3_gpu_attn_paged_src src = c->kv;
+    src.fp8_pa = p->attn_partition > 0;
+    src.ovf = cache_ovf(c);
+    return m3_gpu_attn_paged_f32(g, out, q, ap->n_head * ap->head_dim, &src, pos, T, n_ctx, sel,
+                                 width, ap, p);
 }
 
 /* The indexer over fp32 sources (ref under a paged cache): keys read back through the fp8
@@ -1303,11 +1310,29 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     M3_TRY(tap_dev(tp, "k_proj", kc, 2, T, KW, 0));
     M3_TRY(tap_dev(tp, "v_proj", vc, 2, T, KW, 0));
     M3_TRY(rope(g, q, QW, d_pos, T, H, Dh, w->q_norm, eps, R, theta, p));
-    M3_TRY(rope(g, kc, KW, d_pos, T, Hkv, Dh, w->k_norm, eps, R, theta, p));
+    /* paged caches: atom's fp8 writers quantize from the fp32 k of the fused norm + rope
+     * (spec §4.7); with qk_round ONCE that is the same computation before its one rounding,
+     * so run it unrounded (fp32 twin), keep it, then round exactly as ONCE does (ref) */
+    const bool pkv = cache->kv.k != NULL;
+    const bool reuse_l = w->sparse && cache->reuse_topk;
+    float *kf = NULL;
+    if (pkv && cache->kv.g.elem == M3_KV_FP8 && p->qk_round == M3_QK_ROUND_ONCE) {
+        const int64_t nk = (int64_t)T * KW;
+        M3_TRY(m3_gpu_alloc(g, (void **)&kf, (size_t)nk * sizeof(float)));
+        widen_k<TS><<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(kf, kc, nk, false, 0, 0);
+        M3_LAUNCHED(g, "widen_k");
+        m3_profile pn = *p;
+        pn.qk_round = M3_QK_ROUND_NONE;
+        M3_TRY(m3_gpu_qk_norm_rope_f32(g, kf, KW, d_pos, T, Hkv, Dh, w->k_norm, eps, R, theta, &pn));
+        round_bf16_k<TS><<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(kc, kf, nk);
+        M3_LAUNCHED(g, "round_bf16_k");
+    } else {
+        M3_TRY(rope(g, kc, KW, d_pos, T, Hkv, Dh, w->k_norm, eps, R, theta, p));
+    }
     M3_TRY(tap_dev(tp, "q", q, 3, T, H, Dh));
     M3_TRY(tap_dev(tp, "k", kc, 3, T, Hkv, Dh));
     M3_TRY(tap_dev(tp, "v", vc, 3, T, Hkv, Dh));
-    if (cache->k8) M3_TRY(kv8_write(g, cache, n0, T, kc, vc, Hkv, Dh));
+    if (pkv) M3_TRY(kvp_write(g, cache, d_pos, T, kc, kf, vc, !w->sparse || reuse_l));
 
     if (w->sparse) {
         const int G = c->index_n_heads, Di = c->index_head_dim;
@@ -1412,15 +1437,15 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
             sh->n_tok = T;
             sh->width = sel_w;
         }
-        if (cache->k8) /* sparse layers read the fp8 cache in prefill and decode (§3.10) */
-            M3_TRY(attn_fp8(g, ao, q, cache, d_pos, T, n_ctx, sel, sel_w, ip.block, &ap, p));
+        if (pkv) /* sparse layers read the paged cache in prefill and decode (§3.10) */
+            M3_TRY(attn_paged(g, ao, q, cache, d_pos, T, n_ctx, sel, sel_w, &ap, p));
         else
             M3_TRY(attn_sparse(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
                                n_ctx, sel, sel_w, ip.block, &ap, p, o->flash));
-    } else if (cache->k8 && T == 1) {
-        /* dense decode reads the fp8 cache; dense prefill the chunk's own unquantized K/V, as
+    } else if (pkv && T == 1) {
+        /* dense decode reads the paged cache; dense prefill the chunk's own unquantized K/V, as
          * ATOM's flash-attention prefill (§3.7, §9.12) */
-        M3_TRY(attn_fp8(g, ao, q, cache, d_pos, T, n_ctx, (const int32_t *)NULL, 0, 0, &ap, p));
+        M3_TRY(attn_paged(g, ao, q, cache, d_pos, T, n_ctx, (const int32_t *)NULL, 0, &ap, p));
     } else {
         M3_TRY(attn_dense(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
                           n_ctx, &ap, p, o->flash));

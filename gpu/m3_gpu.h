@@ -15,6 +15,7 @@
 #define M3_GPU_H
 
 #include "ref/base.h"
+#include "ref/kvcache.h" /* m3_kv_geom / m3_kv_view: the paged-cache geometry (plain C) */
 #include "ref/num/num.h"
 #include "ref/profile.h" /* the profile switches the twins take (a plain struct) */
 #include "ref/tap.h"     /* m3_hooks: stage taps and teacher forcing of the whole model */
@@ -232,6 +233,39 @@ m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q
                                    int block, const struct m3_attn_params *ap,
                                    const m3_profile *p);
 
+/* Paged attention, twin of ref/attn.h m3_attn_paged: causal GQA attention reading K/V
+ * through one layer's paged cache (spec §4.1-§4.4, §4.9; docs/caches.md) on the device. The
+ * source is ref's m3_attn_paged_src made of device arrays: the storage of ref's m3_kv_layer
+ * (same geometry, same bytes: page-Bs SHUFFLE view of dense layers, page-P re-view of sparse
+ * ones, tiny-geometry padding included) and the sequence's block table. */
+typedef struct m3_gpu_attn_paged_src {
+    m3_kv_geom g;             /* ref's geometry (m3_kv_geom_init) */
+    m3_kv_view view;          /* the layer's view: decides the addressing */
+    const void *k, *v;        /* device: [n_blocks * k_block], [n_blocks * v_stride] elements */
+    const float *k_scale, *v_scale; /* device: [n_blocks, Hkv, Bs] (fp8 elements only) */
+    const int32_t *bt;        /* device: logical block -> physical block, [n_logical] */
+    int n_logical;
+    bool fp8_pa;              /* fp8 elements: the §4.9 paged-attention emulation */
+    m3_fp8_overflow ovf;      /* of the emulation's fp8 casts (Q, P') */
+} m3_gpu_attn_paged_src;
+/* q [T, H*Dh] (pitch ld_q), pos [T] device (< n_ctx), topk [Hkv, T, width] device or NULL
+ * (dense: keys 0..pos[t]; sparse: m3_kv_sparse_table's expansion, keys k < ctx through the
+ * page-P view; width <= 256). One block per (token, query head), every rounding point of
+ * ref's (Q cast to fp8 without scale, K scale folded into the score, P' = fp8(P * v_scale *
+ * FP8_MAX / (M + 1e-8)) per tile of keys (tile = the view's page), partitions of
+ * attn_partition keys stored bf16 and merged with fp32 log-sum-exp weights). Scores use
+ * m3_dot_f32's 8-lane order with unfused fp32 operations and exp runs in double, rounded to
+ * fp32: results are ref's bit for bit except where an exp differs from glibc's expf in its
+ * last bit. The bf16 variant needs attn_out_bf16; head_dim <= 256. */
+m3_status m3_gpu_attn_paged(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
+                            int n_ctx, const int32_t *d_topk, int width,
+                            const struct m3_attn_params *ap, const m3_profile *p);
+m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int ld_q,
+                                const m3_gpu_attn_paged_src *src, const int32_t *d_pos,
+                                int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                const struct m3_attn_params *ap, const m3_profile *p);
+
 /* gpu/kvcache.hip: K/V rows into ATOM's paged KV cache of one layer (spec §4.1-4.3, §4.7).
  * No ref twin (the reference keeps plain tensors): the contract is the spec's offsets and
  * ref/quant.c's per-row fp8 quantization (tests/gpu_kvcache.c). k, v [T, Hkv*Dh] bf16 rows
@@ -293,19 +327,22 @@ typedef struct m3_gpu_layer_cache {
     bool reuse_topk;
     /* paged-cache reads and fp8 caches (ref/variant.h, docs/caches.md), set by the model from
      * its variant (all NULL / false = the plain contiguous caches):
-     *   k8, v8 [cap, Hkv, Dh] fp8 bytes + ks8, vs8 [cap, Hkv] fp32 scales: the fp8 KV cache,
-     *     written beside k / v by ref's writer rule (§4.7: scale = amax / FP8_MAX, byte =
-     *     cvt(value / scale)); dense decode passes and sparse layers attend over its
-     *     dequantized values fp32(byte) * scale, dense prefill over the unquantized k / v;
+     *   kv: cache_layout paged: this layer's paged KV storage (ref's m3_kv_layer on the
+     *     device: page-Bs SHUFFLE view for dense layers, page-P re-view for sparse ones; bf16,
+     *     fp32 or fp8 elements with per (token, head) scales; kv.bt the sequence's block
+     *     table, shared by the layers). Every pass writes its K/V rows into it by ref's writer
+     *     rule (§4.7: atom dense / reusing layers quantize the unrounded fp32 k with FP8_MAX
+     *     240, atom computing sparse layers bf16(k) with the kind's maximum and the fp32 amax,
+     *     other profiles the k they hold); sparse layers (prefill and decode) and dense decode
+     *     passes attend through it (m3_gpu_attn_paged), dense prefill over the unquantized
+     *     contiguous k / v, as ref. kv.k == NULL: none;
      *   ik8 [cap, Di] fp8 bytes at unit scale (§4.8: cvt(bf16(key))): the fp8 index cache the
-     *     indexer reads;
+     *     indexer reads (kept in the contiguous layout: ref's paged index reads give the same
+     *     values per position);
      *   paged: cache_layout paged (the prefill's index query is cast to fp8 when the variant
-     *     says so, as ref does on paged caches only). The device keeps every cache in the
-     *     contiguous [S, ...] layout: ref's paged reads give the same numbers as contiguous
-     *     ones (same bytes and scales per (token, head); ref's tests: paged bf16 == contiguous bit
-     *     for bit in every profile). */
-    uint8_t *k8, *v8, *ik8;
-    float *ks8, *vs8;
+     *     says so, as ref does on paged caches only). */
+    m3_gpu_attn_paged_src kv;
+    uint8_t *ik8;
     const struct m3_variant *variant; /* fp8 kind, overflow, kv_fp8max, index q rule */
     bool paged;
 } m3_gpu_layer_cache;

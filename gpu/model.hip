@@ -45,6 +45,8 @@ struct m3_gpu_model {
     m3_variant v;              /* numerics variant (m3_gpu_model_set_variant) */
     bool *computes;            /* [n_layer] top-k schedule (m3_config_topk_schedule) */
     m3_gpu_topk_share share;   /* top-k reuse within a pass (device memory of the pass) */
+    int32_t *bt;               /* paged caches: the sequence's block table [n_blocks] (device) */
+    int n_blocks;
 };
 
 extern "C" void m3_gpu_model_opts_default(m3_gpu_model_opts *o) {
@@ -80,20 +82,6 @@ static m3_status schedule(m3_gpu_model *m) {
 
 static m3_status upload_all(m3_gpu_model *m);
 
-/* The variant keys the GPU forward implements: the expert keys (quantize on load with ref's
- * own code, MX activation quantization, the fused shared expert), the caches under the hf /
- * fp32 writers (fp8 KV, fp8 index cache, paged reads, fp8 kind / overflow / kv_fp8max, the
- * prefill index query cast), ptpc, and top-k reuse. The rest fail naming the key. */
-static m3_status variant_supported(const m3_variant *v, const m3_profile *p) {
-    /* atom's fp8 KV writers quantize the unrounded fp32 k of dense / reusing layers and its
-     * attention emulates the fp8 paged-attention kernel (§4.7, §4.9): no device kernels */
-    if (v->kv_cache == M3_CACHE_FP8 && (p->attn_partition > 0 || p->qk_round == M3_QK_ROUND_ONCE))
-        return m3_errorf(M3_ERR_UNSUPPORTED, "--backend gpu: variant key kv_cache fp8 under the "
-                         "%s profile (fp32-k writers, fp8 paged-attention emulation) is not "
-                         "implemented on the GPU (hf and fp32 are)", p->name ? p->name : "given");
-    return M3_OK;
-}
-
 /* the part of a variant that changes the uploaded weights */
 static bool same_weights(const m3_variant *a, const m3_variant *b) {
     char x[1024], y[1024];
@@ -103,8 +91,8 @@ static bool same_weights(const m3_variant *a, const m3_variant *b) {
 }
 
 extern "C" m3_status m3_gpu_model_set_variant(m3_gpu_model *m, const m3_variant *v) {
+    /* every variant key is implemented on the device (docs/gpu.md "Numerics variants") */
     M3_TRY(m3_variant_check(v));
-    M3_TRY(variant_supported(v, &m->p));
     /* top-k reuse flags override the config's (and --override's) schedule, as ref */
     if (v->topk_reuse > 1 || v->topk_pattern[0]) {
         char js[256];
@@ -336,18 +324,62 @@ extern "C" void m3_gpu_model_close(m3_gpu_model *m) {
     free(m);
 }
 
-/* the variant's parts of a layer cache: fp8 K/V and index caches, paged reads */
+/* cache_layout paged: the block table of a sequence of cap tokens, logical block b -> physical
+ * n_blocks-1-b (descending, as ref's pool hands blocks out: a reader that confuses logical and
+ * physical ids reads the wrong bytes at once) */
+static m3_status block_table(m3_gpu_model *m, int cap) {
+    const int Bs = m->cfg->index_block, nb = (cap + Bs - 1) / Bs;
+    int32_t *h = (int32_t *)malloc((size_t)nb * sizeof *h);
+    if (!h) return m3_errorf(M3_ERR_NOMEM, "block table of %d blocks: out of memory", nb);
+    for (int b = 0; b < nb; b++) h[b] = nb - 1 - b;
+    m3_status s = m3_gpu_alloc(m->g, (void **)&m->bt, (size_t)nb * sizeof *h);
+    if (!s) s = m3_gpu_upload(m->g, m->bt, h, (size_t)nb * sizeof *h);
+    free(h);
+    m->n_blocks = nb;
+    return s;
+}
+
+/* the variant's parts of a layer cache: the paged KV storage (ref's m3_kv_layer: element type
+ * and geometry as ref/model.c chooses them), the fp8 index cache, paged reads */
 static m3_status cache_variant(m3_gpu_model *m, m3_gpu_layer_cache *lc, bool sparse, int cap) {
     const m3_config *c = m->cfg;
     const m3_variant *v = &m->v;
     lc->variant = v;
     lc->paged = v->cache_layout == M3_LAYOUT_PAGED;
-    const size_t rows = (size_t)cap * (size_t)c->n_kv_head;
-    if (v->kv_cache == M3_CACHE_FP8) {
-        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->k8, rows * (size_t)c->head_dim));
-        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->v8, rows * (size_t)c->head_dim));
-        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->ks8, rows * sizeof(float)));
-        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->vs8, rows * sizeof(float)));
+    if (lc->paged) {
+        /* "bf16" caches store what the profile holds (ref): bf16 where k / v are rounded */
+        const m3_kv_elem el = v->kv_cache == M3_CACHE_FP8 ? M3_KV_FP8
+                              : (m->p.act_bf16 && m->p.qk_round != M3_QK_ROUND_NONE) ? M3_KV_BF16
+                                                                                    : M3_KV_F32;
+        m3_gpu_attn_paged_src *kv = &lc->kv;
+        m3_kv_geom_init(&kv->g, c->n_kv_head, c->head_dim, c->index_block, 0, el, v->fp8_kind);
+        kv->view = sparse ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK;
+        kv->bt = m->bt;
+        kv->n_logical = m->n_blocks;
+        const size_t nb = (size_t)m->n_blocks, eb = (size_t)kv->g.elem_bytes;
+        const size_t kb = nb * (size_t)kv->g.k_block * eb, vb = nb * (size_t)kv->g.v_stride * eb;
+        void *k = NULL, *vv = NULL;
+        M3_TRY(m3_gpu_alloc(m->g, &k, kb));
+        M3_TRY(m3_gpu_alloc(m->g, &vv, vb));
+        /* zero-filled as ref's: padding elements stay 0 */
+        M3_TRY(m3_gpu_memset(m->g, k, 0, kb));
+        M3_TRY(m3_gpu_memset(m->g, vv, 0, vb));
+        kv->k = k;
+        kv->v = vv;
+        if (el == M3_KV_FP8) {
+            const size_t ns = nb * (size_t)c->n_kv_head * (size_t)c->index_block;
+            float *ks = NULL, *vs = NULL, *ones = (float *)malloc(ns * sizeof(float));
+            if (!ones) return m3_errorf(M3_ERR_NOMEM, "fp8 cache scales: out of memory");
+            for (size_t i = 0; i < ns; i++) ones[i] = 1.0f; /* ref's unwritten scale */
+            m3_status s = m3_gpu_alloc(m->g, (void **)&ks, ns * sizeof(float));
+            if (!s) s = m3_gpu_alloc(m->g, (void **)&vs, ns * sizeof(float));
+            if (!s) s = m3_gpu_upload(m->g, ks, ones, ns * sizeof(float));
+            if (!s) s = m3_gpu_upload(m->g, vs, ones, ns * sizeof(float));
+            free(ones);
+            M3_TRY(s);
+            kv->k_scale = ks;
+            kv->v_scale = vs;
+        }
     }
     if (sparse && v->index_cache == M3_CACHE_FP8)
         M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->ik8, (size_t)cap * (size_t)c->index_head_dim));
@@ -366,6 +398,15 @@ extern "C" m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx) {
     while (cap < n_ctx) cap = cap > (1 << 29) ? n_ctx : cap * 2;
     m3_gpu_release(m->g, m->mark_caches);
     m->cap = 0;
+    m->bt = NULL;
+    m->n_blocks = 0;
+    if (m->v.cache_layout == M3_LAYOUT_PAGED) {
+        m3_status s = block_table(m, cap);
+        if (s) {
+            m3_gpu_release(m->g, m->mark_caches);
+            return m3_error_context(s, "KV cache of %d tokens", cap);
+        }
+    }
     for (int L = 0; L < c->n_layer; L++) {
         m3_status s = m3_gpu_layer_cache_alloc(m->g, &m->cache[L], c, c->layer_sparse[L], cap,
                                                m->bf16);

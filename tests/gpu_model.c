@@ -14,9 +14,13 @@
  * steps (hf, fp32) over the same token sequence; teacher-forced replay from the fixture's
  * transformers dump (hf, hf --ref-select, fp32); flash attention (hf); argument errors; the
  * CLI (`m3 run/replay --backend gpu --dump`, then `m3 compare` exit 0: run under fp32 and
- * under hf with fp32 storage, replay under hf with bf16 storage).
+ * under hf with fp32 storage, replay under hf with bf16 storage). Variant cases (numerics
+ * variants, ref/variant.h): MX experts and activations, top-k reuse, fp8 / paged caches under
+ * hf and atom (atom's paged fp8 KV cache: the three §4.7 writers and the §4.9 emulation), the
+ * tiled expert path on a generated hidden-128 checkpoint, and their CLI runs.
  * Without a device every test skips. M3_GPU_MODEL_HARNESS=ref swaps the GPU model for a
  * second reference model, which checks this file's own plumbing on a CPU box. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +32,7 @@
 #include "compare/dump.h"
 #include "ref/model.h"
 #include "ref/qload.h"
+#include "ref/st_write.h"
 #include "ref/quant.h"
 #include "ref/variant.h"
 #include "tests/gpu_test.h"
@@ -37,7 +42,10 @@ static bool harness_ref; /* candidate = ref (plumbing check without a device) */
 static const char *fixtures[] = {"tiny-moe", "tiny-deep"};
 #define N_FIX 2
 
+static const char *fix_root_override; /* the generated checkpoints of the tiled cases */
+
 static const char *fix_root(void) {
+    if (fix_root_override) return fix_root_override;
     const char *e = getenv("M3_FIXTURES");
     return e && *e ? e : "fixtures";
 }
@@ -228,7 +236,10 @@ typedef struct {
  * gated in full: it measures each layer's own error. Forcing the selections alone is not
  * enough for decode: the free-running bf16 drift of earlier layers and passes accumulates
  * (measured on the H200: tiny-deep passes/0004/layers/05/mlp_out, one row, NMSE 1.04e-3). */
-typedef enum { GATE_FULL = 0, GATE_UNTIL_TIE, GATE_UNTIL_FLIP } gate_mode;
+/* GATE_REPORT: nothing gated but the dump's structure (every stage on both sides, the key
+ * stages compared); the stage classes and the tolerance verdict are printed. For free runs
+ * whose drift MX activation codes amplify beyond the lowp bounds (tiled_case). */
+typedef enum { GATE_FULL = 0, GATE_UNTIL_TIE, GATE_UNTIL_FLIP, GATE_REPORT } gate_mode;
 
 /* GATE_UNTIL_FLIP: as until_tie, but up to (not including) the first set stage with any
  * flip. Variant runs quantize (MX / fp8 codes): a 1-ulp bf16 difference of an input can become
@@ -263,7 +274,7 @@ static void tol_for_case(m3_tol *tol) {
 
 static void expect_agree_mode(const char *ref_path, const char *gpu_path, const char *what,
                               gate_mode mode) {
-    const bool until_tie = mode != GATE_FULL;
+    const bool until_tie = mode == GATE_UNTIL_TIE || mode == GATE_UNTIL_FLIP;
     m3_tol tol;
     tol_for_case(&tol);
     m3_cmp_opts co = {.pass = -1};
@@ -309,6 +320,10 @@ static void expect_agree_mode(const char *ref_path, const char *gpu_path, const 
                sum[j].is_set ? "min agreement" : "worst nmse   ", sum[j].worst);
     fflush(stdout);
     int rc = m3_cmp_exit_code(r);
+    if (mode == GATE_REPORT) {
+        printf("    report only (not gated): %d stages beyond tolerance\n", r->n_fail);
+        rc = 0;
+    }
     if (until_tie && tie_at[0]) {
         printf("    gated up to %s (first %sselection flip): %d failed before it; %d "
                "stages beyond tolerance in all (reported)\n",
@@ -332,6 +347,16 @@ static void expect_agree(const char *ref_path, const char *gpu_path, const char 
 }
 
 /* ---- cases ------------------------------------------------------------------------------- */
+/* forced_pair: the teacher-forced candidate run is compared with the reference forced the
+ * same way, not with the free reference run. Under atom the fused add + norm normalises the
+ * fp32 sum r + h (norm_reads_f32_sum) while a forced layer input is the stored bf16 residual,
+ * so a forced run differs from the free one by bf16 ulps of every norm input even on ref
+ * itself; an fp8 KV cache turns those into code steps: ref forced against ref free measured
+ * attn_out NMSE 1.1e-3..2.3e-3 at reusing / decode layers of tiny-moe (kv_cache fp8
+ * topk_reuse 2, CPU, 2026-11-29), beyond the lowp 1e-3. Both forced runs take the same
+ * inputs and selections, so they measure each layer's own device error. */
+static bool forced_pair;
+
 /* free: gate the free run in full (fp32 storage, fp32 profile) or until its first near-tie
  * flip plus a run teacher-forced by the reference run, gated in full (bf16 storage). */
 static void run_case_v(void **state, const char *profile, const m3_gpu_model_opts *o,
@@ -364,12 +389,18 @@ static void run_case_v(void **state, const char *profile, const m3_gpu_model_opt
         run_to_dump(g, true, fx, profile, o, v, tok, n, n + n_gen, NULL, false, b);
         expect_agree_mode(a, b, what, free_full ? GATE_FULL : v ? GATE_UNTIL_FLIP : GATE_UNTIL_TIE);
         if (!free_full) {
-            char c[512];
+            char c[512], cr[512];
             snprintf(c, sizeof c, "%s/%s_%s_gpu_forced.h5", tmpdir, fx, tag);
-            snprintf(what, sizeof what, "%s %s, teacher-forced by the ref run (every pass)", fx,
-                     tag);
+            snprintf(what, sizeof what, "%s %s, teacher-forced by the ref run (every pass)%s", fx,
+                     tag, forced_pair ? ", against ref forced the same way" : "");
             run_to_dump(g, true, fx, profile, o, v, tok, n, n + n_gen, a, true, c);
-            expect_agree(a, c, what);
+            if (forced_pair) {
+                snprintf(cr, sizeof cr, "%s/%s_%s_ref_forced.h5", tmpdir, fx, tag);
+                run_to_dump(g, false, fx, profile, o, v, tok, n, n + n_gen, a, true, cr);
+                expect_agree(cr, c, what);
+            } else {
+                expect_agree(a, c, what);
+            }
         }
         free(tok);
     }
@@ -651,25 +682,268 @@ static void variant_ptpc_hf(void **state) {
     run_case_v(state, "hf", NULL, &v, "variant_ptpc_hf", 2, false);
 }
 
-/* Keys the GPU does not implement: M3_ERR_UNSUPPORTED naming the key; the model keeps its
- * previous variant and still runs. */
-static void variant_refused(void **state) {
-    m3_gpu *g = need_gpu(state);
-    if (harness_ref) skip();
-    static const char *cases[][3] = {{"atom", "kv_cache=fp8", "kv_cache"}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        model m;
-        model_open(&m, g, true, "tiny-moe", cases[i][0], NULL);
-        m3_variant v;
-        variant_from(&v, cases[i][1]);
-        assert_int_equal(m3_gpu_model_set_variant(m.gm, &v), M3_ERR_UNSUPPORTED);
-        printf("  %s, %s: %s\n", cases[i][0], cases[i][1], m3_last_error());
-        if (!strstr(m3_last_error(), cases[i][2]))
-            m3_test_failf("%s: the error does not name the key: %s", cases[i][1], m3_last_error());
-        int32_t tok[3] = {1, 2, 3}, next;
-        GPU_OK(m3_gpu_model_forward(m.gm, tok, NULL, 3, NULL, NULL, NULL, &next));
-        model_close(&m);
+/* The atom profile on the device: the plain caches (the baseline of the atom variant cases
+ * below), then ATOM's paged KV cache (gpu/layer.hip + m3_gpu_attn_paged: page-Bs SHUFFLE view
+ * of dense layers, page-P re-view of sparse ones, read through a block table) with bf16
+ * elements, and with fp8 elements: all three §4.7 writers (dense layers and reusing sparse
+ * layers quantize the unrounded fp32 k with FP8_MAX 240, computing sparse layers bf16(k) with
+ * the kind's maximum and the fp32 amax: topk_reuse 2 makes reusing layers) and the §4.9
+ * fp8 paged-attention emulation of every sparse layer and every dense decode pass. Free
+ * runs gated to the first selection flip (fp8 codes turn a 1-ulp difference into a code
+ * step, see GATE_UNTIL_FLIP), the same sequence teacher-forced by the ref run gated in full. */
+static void model_decode_atom(void **state) {
+    forced_pair = true;
+    run_case(state, "atom", NULL, "decode_atom", 2, false);
+    forced_pair = false;
+}
+
+static void variant_paged_atom(void **state) {
+    m3_variant v;
+    variant_from(&v, "cache_layout=paged");
+    forced_pair = true;
+    run_case_v(state, "atom", NULL, &v, "variant_paged_atom", 3, false);
+    forced_pair = false;
+}
+
+static void variant_fp8kv_atom(void **state) {
+    m3_variant v;
+    variant_from(&v, "kv_cache=fp8 topk_reuse=2");
+    forced_pair = true;
+    run_case_v(state, "atom", NULL, &v, "variant_fp8kv_atom", 3, false);
+    forced_pair = false;
+}
+
+static void variant_fp8caches_atom_f32_storage(void **state) {
+    /* the fp32-storage path (the _f32 twins), fp8 index cache too, e4m3fnuz (FP8_MAX 240
+     * for every writer) */
+    m3_gpu_model_opts o;
+    m3_gpu_model_opts_default(&o);
+    o.f32_storage = true;
+    m3_variant v;
+    variant_from(&v, "kv_cache=fp8 index_cache=fp8 fp8_kind=e4m3fnuz topk_reuse=2");
+    forced_pair = true;
+    run_case_v(state, "atom", &o, &v, "variant_fp8caches_fnuz_atom_f32storage", 2, false);
+    forced_pair = false;
+}
+
+/* ---- the tiled expert path in a whole model --------------------------------------------
+ * The fixtures (hidden 64 / 48, expert width 32 / 16) take the generic expert path; the tiled
+ * / GEMV kernels of m3_gpu_moe_experts need D % 128 == 0 and F % 64 == 0 (bf16 storage). So a
+ * random checkpoint with tiny-moe's layout but hidden 128, expert and shared width 64 (the
+ * shared expert can ride as slot E), three MoE layers of four (full, sparse x3), is written
+ * into the test's temp dir (ref/st_write.h; config.json = tiny-moe's with those sizes), and
+ * runs ref vs gpu under MX experts with MX activation quantization: a 40-token prefill
+ * (T*K = 80 > 4E: the tensor-core tiles) and 2 decode steps (T*K = 2: the GEMV kernels).
+ * Gate: the teacher-forced runs of both backends (every layer input and selection from the
+ * free ref run) in full; the free run is reported, not gated: a 1-ulp bf16 difference of a MoE
+ * input can flip an MX activation code (see variant_decode_hf), and the free hf runs moved
+ * past the lowp bound with no flipped selection (H200, 2026-11-29: --experts mxfp8 passes/0001
+ * layers/03/shared_out NMSE 1.6e-3; mxfp4 act from 1 token, passes/0000/layers/03/mlp_out
+ * 5.5e-3, one element 1.97 -> 3.75) while the forced atom run agreed to mlp_out 1.5e-8. */
+#define TL_D 128
+#define TL_F 64
+#define TL_V 512
+#define TL_L 4
+
+typedef struct {
+    int64_t n;
+    m3_dtype dt;
+    float sd, mean;
+} tl_tensor;
+
+static m3_status tl_fill(void *ctx, int64_t i, uint8_t *buf, size_t nbytes) {
+    const tl_tensor *t = (const tl_tensor *)ctx + i;
+    m3_rng r;
+    m3_rng_init(&r, 4242, 1000 + (uint64_t)i);
+    float *x = malloc((size_t)t->n * sizeof *x);
+    if (!x) return m3_errorf(M3_ERR_NOMEM, "tiled checkpoint: out of memory");
+    m3_fill_normal(&r, x, t->n, t->sd);
+    for (int64_t j = 0; j < t->n; j++) {
+        x[j] += t->mean;
+        if (t->dt == M3_DT_BF16) {
+            m3_bf16 b = m3_f32_to_bf16(x[j]);
+            memcpy(buf + 2 * j, &b, 2);
+        } else {
+            memcpy(buf + 4 * j, &x[j], 4);
+        }
     }
+    (void)nbytes;
+    free(x);
+    return M3_OK;
+}
+
+/* replace the first occurrence of `from` in the heap string *s by `to` (must exist) */
+static void str_sub(char **s, const char *from, const char *to) {
+    char *at = strstr(*s, from);
+    if (!at) m3_test_failf("tiny-moe config.json: '%s' not found", from);
+    size_t a = (size_t)(at - *s), n = strlen(*s) + strlen(to) - strlen(from) + 1;
+    char *r = malloc(n);
+    assert_non_null(r);
+    memcpy(r, *s, a);
+    strcpy(r + a, to);
+    strcat(r, at + strlen(from));
+    free(*s);
+    *s = r;
+}
+
+/* tmpdir/tiled/model: config.json + model.safetensors (written once per test binary run) */
+static const char *tiled_checkpoint(void) {
+    static char root[300];
+    if (root[0]) return root;
+    char dir[400], path[500];
+    snprintf(root, sizeof root, "%s/fx", tmpdir);
+    snprintf(dir, sizeof dir, "%s/tiled", root);
+    mkdir(root, 0755);
+    mkdir(dir, 0755);
+    snprintf(dir, sizeof dir, "%s/tiled/model", root);
+    mkdir(dir, 0755);
+    /* config: tiny-moe's, with the tiled sizes */
+    char src[512];
+    snprintf(src, sizeof src, "%s/tiny-moe/model/config.json", getenv("M3_FIXTURES") && *getenv("M3_FIXTURES") ? getenv("M3_FIXTURES") : "fixtures");
+    FILE *f = fopen(src, "rb");
+    if (!f) m3_test_failf("%s: cannot open", src);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *cfg = calloc((size_t)n + 1, 1);
+    assert_non_null(cfg);
+    if (fread(cfg, 1, (size_t)n, f) != (size_t)n) m3_test_failf("%s: short read", src);
+    fclose(f);
+    str_sub(&cfg, "\"hidden_size\": 64,", "\"hidden_size\": 128,");
+    str_sub(&cfg, "\"intermediate_size\": 32,", "\"intermediate_size\": 64,");
+    str_sub(&cfg, "\"shared_intermediate_size\": 32,", "\"shared_intermediate_size\": 64,");
+    str_sub(&cfg, "\"dense\",\n      \"dense\",", "\"dense\",\n      \"sparse\",");
+    /* text only: without vision_config the checkpoint needs no vision tensors (the last
+     * top-level member of tiny-moe's config) */
+    char *vis = strstr(cfg, ",\n  \"vision_config\"");
+    if (!vis) m3_test_failf("tiny-moe config.json: no vision_config member");
+    strcpy(vis, "\n}\n");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(cfg, f);
+    fclose(f);
+    free(cfg);
+    /* tensors: names and shapes as tiny-moe's language model, random values */
+    const int D = TL_D, F = TL_F, H = 8, Hkv = 2, Dh = 16, G = 2, Di = 16, E = 8;
+    const bool sparse[TL_L] = {false, true, true, true}, moe[TL_L] = {false, true, true, true};
+    m3_st_writer *w = NULL;
+    GPU_OK(m3_st_writer_create(&w));
+    tl_tensor ts[200];
+    int nt = 0;
+    char name[200];
+    const char *lm = "language_model.model.";
+#define TL_ADD(dt_, sd_, mean_, rank_, d0_, d1_, ...)                                              \
+    do {                                                                                          \
+        snprintf(name, sizeof name, __VA_ARGS__);                                                 \
+        const int64_t shp_[2] = {(d0_), (d1_)};                                                   \
+        const int64_t n_ = (d0_) * ((rank_) > 1 ? (d1_) : 1);                                     \
+        ts[nt] = (tl_tensor){n_, (dt_), (sd_), (mean_)};                                           \
+        GPU_OK(m3_st_add(w, name, (dt_), (rank_), shp_,                                           \
+                         (size_t)n_ * ((dt_) == M3_DT_BF16 ? 2 : 4)));                            \
+        nt++;                                                                                     \
+    } while (0)
+    const float sdD = 1.0f / sqrtf((float)D), sdF = 1.0f / sqrtf((float)F);
+    TL_ADD(M3_DT_BF16, 1.0f, 0.0f, 2, TL_V, D, "%sembed_tokens.weight", lm);
+    TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, TL_V, D, "language_model.lm_head.weight");
+    TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, D, 0, "%snorm.weight", lm);
+    for (int L = 0; L < TL_L; L++) {
+        char pl[96];
+        snprintf(pl, sizeof pl, "%slayers.%d.", lm, L);
+        TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, D, 0, "%sinput_layernorm.weight", pl);
+        TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, D, 0, "%spost_attention_layernorm.weight", pl);
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, H * Dh, D, "%sself_attn.q_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, Hkv * Dh, D, "%sself_attn.k_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, Hkv * Dh, D, "%sself_attn.v_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, 1.0f / sqrtf((float)(H * Dh)), 0.0f, 2, D, H * Dh,
+               "%sself_attn.o_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, Dh, 0, "%sself_attn.q_norm.weight", pl);
+        TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, Dh, 0, "%sself_attn.k_norm.weight", pl);
+        if (sparse[L]) {
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, G * Di, D, "%sself_attn.index_q_proj.weight", pl);
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, Di, D, "%sself_attn.index_k_proj.weight", pl);
+            TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, Di, 0, "%sself_attn.index_q_norm.weight", pl);
+            TL_ADD(M3_DT_BF16, 0.1f, 0.0f, 1, Di, 0, "%sself_attn.index_k_norm.weight", pl);
+        }
+        if (!moe[L]) {
+            /* dense_intermediate_size 128 (tiny-moe's) */
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, 128, D, "%sblock_sparse_moe.gate_proj.weight", pl);
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, 128, D, "%sblock_sparse_moe.up_proj.weight", pl);
+            TL_ADD(M3_DT_BF16, 1.0f / sqrtf(128.0f), 0.0f, 2, D, 128,
+                   "%sblock_sparse_moe.down_proj.weight", pl);
+            continue;
+        }
+        TL_ADD(M3_DT_F32, sdD, 0.0f, 2, E, D, "%sblock_sparse_moe.gate.weight", pl);
+        TL_ADD(M3_DT_F32, 0.01f, 0.0f, 1, E, 0, "%sblock_sparse_moe.e_score_correction_bias", pl);
+        for (int e = 0; e < E; e++) {
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, F, D, "%sblock_sparse_moe.experts.%d.w1.weight", pl, e);
+            TL_ADD(M3_DT_BF16, sdF, 0.0f, 2, D, F, "%sblock_sparse_moe.experts.%d.w2.weight", pl, e);
+            TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, F, D, "%sblock_sparse_moe.experts.%d.w3.weight", pl, e);
+        }
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, F, D, "%sblock_sparse_moe.shared_experts.gate_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, sdD, 0.0f, 2, F, D, "%sblock_sparse_moe.shared_experts.up_proj.weight", pl);
+        TL_ADD(M3_DT_BF16, sdF, 0.0f, 2, D, F, "%sblock_sparse_moe.shared_experts.down_proj.weight", pl);
+    }
+#undef TL_ADD
+    static const char *const meta[1][2] = {{"format", "pt"}};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    GPU_OK(m3_st_write(w, path, meta, 1, tl_fill, ts));
+    m3_st_writer_free(w);
+    return root;
+}
+
+static void tiled_case(void **state, const char *profile, const char *spec, const char *tag) {
+    m3_gpu *g = need_gpu(state);
+    fix_root_override = tiled_checkpoint();
+    m3_variant v;
+    variant_from(&v, spec);
+    const int n = 40, n_gen = 2;
+    int32_t tok[64];
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 77);
+    for (int i = 0; i < n; i++) tok[i] = 3 + (int32_t)(m3_rng_u32(&r) % (TL_V - 3));
+    model m; /* the reference's greedy continuation, fed to both backends */
+    model_open_v(&m, g, false, "tiled", profile, NULL, &v);
+    int32_t next;
+    GPU_OK(model_forward(&m, tok, n, NULL, NULL, &next));
+    for (int i = 0; i < n_gen; i++) {
+        tok[n + i] = next;
+        GPU_OK(model_forward(&m, &tok[n + i], 1, NULL, NULL, &next));
+    }
+    model_close(&m);
+    char a[512], b[512], c[512], cr[512], what[200];
+    snprintf(a, sizeof a, "%s/tiled_%s_ref.h5", tmpdir, tag);
+    snprintf(b, sizeof b, "%s/tiled_%s_gpu.h5", tmpdir, tag);
+    snprintf(c, sizeof c, "%s/tiled_%s_gpu_forced.h5", tmpdir, tag);
+    snprintf(cr, sizeof cr, "%s/tiled_%s_ref_forced.h5", tmpdir, tag);
+    snprintf(what, sizeof what, "tiled D=%d F=%d %s %s (%d tokens + %d decode steps)", TL_D, TL_F,
+             profile, spec, n, n_gen);
+    run_to_dump(g, false, "tiled", profile, NULL, &v, tok, n, n + n_gen, NULL, false, a);
+    run_to_dump(g, true, "tiled", profile, NULL, &v, tok, n, n + n_gen, NULL, false, b);
+    expect_agree_mode(a, b, what, GATE_REPORT);
+    snprintf(what, sizeof what, "tiled D=%d F=%d %s %s, teacher-forced (every pass), both sides",
+             TL_D, TL_F, profile, spec);
+    run_to_dump(g, true, "tiled", profile, NULL, &v, tok, n, n + n_gen, a, true, c);
+    /* compared with ref forced the same way (forced_pair: needed under atom, the same as the
+     * free ref run under hf) */
+    run_to_dump(g, false, "tiled", profile, NULL, &v, tok, n, n + n_gen, a, true, cr);
+    expect_agree(cr, c, what);
+    fix_root_override = NULL;
+}
+
+static void tiled_mxfp8_hf(void **state) {
+    /* MXFP8 weights, e4m3 activations before gate/up and down (every pass) */
+    tiled_case(state, "hf", "experts=mxfp8", "mxfp8_hf");
+}
+
+static void tiled_mxfp4_hf(void **state) {
+    /* MXFP4 weights and activations from 1 token on, the shared expert fused as slot E */
+    tiled_case(state, "hf", "experts=mxfp4 moe_act_bound=1 shared_fused=on", "mxfp4_hf");
+}
+
+static void tiled_mxfp4_atom(void **state) {
+    /* atom: shared expert fused (auto under MX experts), fp32 combine, activations on */
+    tiled_case(state, "atom", "experts=mxfp4 moe_act_bound=1", "mxfp4_atom");
 }
 
 /* Bad arguments: one error line, status returned, caches untouched. */
@@ -812,16 +1086,24 @@ static void cli_variants(void **state) {
     /* activation quantization under fp32 only (see variant_decode_hf); the fp8-cache replay
      * takes the transformers dump's selections (--ref-select) on both sides, since an fp8
      * index cache can turn a 1-ulp difference into a real selection flip */
+    /* run_report: the free run's compare is printed, not gated: atom's fp8 paged attention
+     * casts Q to fp8 without a scale and P' to fp8, so the last-bit GEMM differences of the
+     * fp32-storage path become code steps (H200, 2026-11-29, tiny-moe --kv-cache fp8
+     * --topk-reuse 2: layers/03/attn_out NMSE 1.58e-3, tiny-deep within tolerance); its replay
+     * takes the transformers selections and is gated */
     static const struct {
         const char *tag, *profile, *flags, *from, *replay_flags;
+        bool run_report;
     } vc[] = {
-        {"mxfp8_fp32", "fp32", "--experts mxfp8 --experts-scale floor", "hf_fp32.h5", ""},
+        {"mxfp8_fp32", "fp32", "--experts mxfp8 --experts-scale floor", "hf_fp32.h5", "", false},
         {"mxfp4_act_fused_fp32", "fp32", "--experts mxfp4 --moe-act-bound 1 --shared-fused on",
-         "hf_fp32.h5", ""},
+         "hf_fp32.h5", "", false},
         {"mxfp4_reuse_paged_hf", "hf", "--experts mxfp4 --topk-reuse 2 --cache-layout paged",
-         "hf_bf16.h5", ""},
+         "hf_bf16.h5", "", false},
         {"fp8_caches_ptpc_hf", "hf", "--kv-cache fp8 --index-cache fp8 --ptpc fp8", "hf_bf16.h5",
-         "--ref-select"},
+         "--ref-select", false},
+        {"fp8kv_reuse_atom", "atom", "--kv-cache fp8 --topk-reuse 2", "hf_bf16.h5",
+         "--ref-select", true},
     };
     for (int f = 0; f < N_FIX; f++)
         for (size_t i = 0; i < sizeof vc / sizeof vc[0]; i++) {
@@ -851,8 +1133,10 @@ static void cli_variants(void **state) {
                 write_actq_tol(tolf + 6);
             }
             rc = m3cli(&out, "compare %s %s --quiet %s", a, b, tolf);
-            printf("  %s %s (%s%s): m3 compare ref gpu (run): exit %d: %s", fx, vc[i].flags,
-                   vc[i].profile, f32st ? ", M3_GPU_STORAGE=f32" : "", rc, out);
+            printf("  %s %s (%s%s): m3 compare ref gpu (run%s): exit %d: %s", fx, vc[i].flags,
+                   vc[i].profile, f32st ? ", M3_GPU_STORAGE=f32" : "",
+                   vc[i].run_report ? ", reported" : "", rc, out);
+            if (vc[i].run_report && rc == 1) rc = 0; /* beyond tolerance: reported above */
             expect_rc0(rc, out, "m3 compare (variant run)");
             rc = m3cli(&out, "replay --model %s --from %s --profile %s %s %s --dump %s --force",
                        model_dir, from, vc[i].profile, vc[i].flags, vc[i].replay_flags, ra);
@@ -890,8 +1174,14 @@ int main(void) {
         cmocka_unit_test(variant_caches_hf),
         cmocka_unit_test(variant_caches_hf_f32_storage),
         cmocka_unit_test(variant_ptpc_hf),
-        cmocka_unit_test(variant_refused),
+        cmocka_unit_test(model_decode_atom),
+        cmocka_unit_test(variant_paged_atom),
+        cmocka_unit_test(variant_fp8kv_atom),
+        cmocka_unit_test(variant_fp8caches_atom_f32_storage),
         cmocka_unit_test(cli_variants),
+        cmocka_unit_test(tiled_mxfp8_hf),
+        cmocka_unit_test(tiled_mxfp4_hf),
+        cmocka_unit_test(tiled_mxfp4_atom),
     };
     cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
