@@ -8,6 +8,7 @@
  *   device and host results may differ by an ulp or two (noted in docs/gpu.md). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "gpu/mem16.h"
 #include "ref/num/act.h"
 #include "ref/num/bf16.h"
 
@@ -44,6 +45,85 @@ static __global__ void swiglu_k(TS *a, const TS *gt, const TS *up, int64_t n, fl
     }
 }
 
+/* swiglu_vec_k (bf16 storage, 16-byte aligned, n a multiple of 8): the same per-element
+ * operations as swiglu_k with the rounding mode a compile-time constant; each thread loads
+ * CPT chunks (chunk base + c*256 of its block's span, coalesced) before computing and storing
+ * any of them. NC: g and u through the read-only path (only when a aliases neither). CS:
+ * streaming stores. GS: grid-stride over spans (a grid of a few blocks per multiprocessor),
+ * else one span per block. */
+template <int MODE, int CPT, bool NC, bool CS, bool GS>
+static __global__ void __launch_bounds__(256)
+    swiglu_vec_k(m3_bf16 *a, const m3_bf16 *gt, const m3_bf16 *up, int64_t n_chunk, float alpha,
+                 float limit) {
+    enum { N = 8 };
+    const int64_t span = 256 * CPT;
+    for (int64_t base = (int64_t)blockIdx.x * span + threadIdx.x; base < n_chunk;
+         base += GS ? (int64_t)gridDim.x * span : n_chunk) {
+        uint4 gr[CPT], ur[CPT];
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            const int64_t ci = base + c * 256;
+            if (ci >= n_chunk) continue;
+            gr[c] = NC ? m3_ld16_ro(gt + ci * N) : m3_ld16(gt + ci * N);
+            ur[c] = NC ? m3_ld16_ro(up + ci * N) : m3_ld16(up + ci * N);
+        }
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            const int64_t ci = base + c * 256;
+            if (ci >= n_chunk) continue;
+            float gv[N], uv[N], av[N];
+            m3_unpack16<m3_bf16>(gr[c], gv);
+            m3_unpack16<m3_bf16>(ur[c], uv);
+#pragma unroll
+            for (int k = 0; k < N; k++) av[k] = act(gv[k], uv[k], alpha, limit, MODE);
+            const uint4 o = m3_pack16<m3_bf16>(av);
+            if (CS) m3_st16_cs(a + ci * N, o);
+            else m3_st16(a + ci * N, o);
+        }
+    }
+}
+
+/* Variants (m3_elem_variant(), gpu/mem16.h; every variant computes the same bytes): 0 swiglu_k; 1..5
+ * swiglu_vec_k: 1 one chunk a thread; 2 two; 3 four; 4 = 2 with streaming stores; 5 = 2
+ * grid-stride over 8 blocks a multiprocessor; 6 = 1 with streaming stores. */
+
+static bool overlaps(const void *a, const void *b, size_t bytes) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + bytes && y < x + bytes;
+}
+
+template <int MODE, bool NC>
+static m3_status launch_vec(m3_gpu *g, int var, m3_bf16 *d_a, const m3_bf16 *d_g,
+                            const m3_bf16 *d_u, int64_t n_chunk, float alpha, float limit) {
+    const int cpt = var == 2 || var == 4 || var == 5 ? 2 : var == 3 ? 4 : 1;
+    unsigned blocks = m3_grid_1d(n_chunk, 256 * cpt);
+    hipStream_t st = g->stream;
+    switch (var) {
+    case 2:
+        swiglu_vec_k<MODE, 2, NC, false, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
+        break;
+    case 3:
+        swiglu_vec_k<MODE, 4, NC, false, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
+        break;
+    case 4:
+        swiglu_vec_k<MODE, 2, NC, true, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
+        break;
+    case 5: {
+        const unsigned cap = (unsigned)g->n_sm * 8u;
+        swiglu_vec_k<MODE, 2, NC, false, true><<<blocks < cap ? blocks : cap, 256, 0, st>>>(
+            d_a, d_g, d_u, n_chunk, alpha, limit);
+        break;
+    }
+    case 6:
+        swiglu_vec_k<MODE, 1, NC, true, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
+        break;
+    default:
+        swiglu_vec_k<MODE, 1, NC, false, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
+    }
+    M3_LAUNCHED(g, "swiglu_vec_k");
+    return M3_OK;
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 template <typename TS>
 static m3_status launch(m3_gpu *g, TS *d_a, const TS *d_g, const TS *d_u, int64_t n, float alpha,
@@ -64,6 +144,20 @@ extern "C" m3_status m3_gpu_swiglu(m3_gpu *g, m3_bf16 *d_a, const m3_bf16 *d_g, 
     if (p->swiglu == M3_SWIGLU_F32)
         return m3_errorf(M3_ERR_UNSUPPORTED,
                          "gpu swiglu: profile %s keeps fp32 activations: use the _f32 path", p->name);
+    M3_ASSERT(n >= 0 && d_a && d_g && d_u);
+    const int var = m3_elem_variant();
+    if (n > 0 && var != 0 && n % 8 == 0 && m3_aligned16(d_a) && m3_aligned16(d_g) &&
+        m3_aligned16(d_u)) {
+        const size_t bytes = (size_t)n * sizeof(m3_bf16);
+        const bool nc = !overlaps(d_a, d_g, bytes) && !overlaps(d_a, d_u, bytes);
+        const bool per_op = p->swiglu == M3_SWIGLU_BF16_PER_OP;
+        m3_status (*fn)(m3_gpu *, int, m3_bf16 *, const m3_bf16 *, const m3_bf16 *, int64_t, float,
+                        float) = per_op ? (nc ? launch_vec<M3_SWIGLU_BF16_PER_OP, true>
+                                              : launch_vec<M3_SWIGLU_BF16_PER_OP, false>)
+                                        : (nc ? launch_vec<M3_SWIGLU_BF16_ONCE, true>
+                                              : launch_vec<M3_SWIGLU_BF16_ONCE, false>);
+        return fn(g, var, d_a, d_g, d_u, n / 8, alpha, limit);
+    }
     return launch<m3_bf16>(g, d_a, d_g, d_u, n, alpha, limit, p);
 }
 

@@ -19,6 +19,7 @@
  *   reference: the sum of squares order (and FMA contraction in it), i.e. fp32 rounding only. */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "gpu/mem16.h"
 #include "ref/num/bf16.h"
 
 /* ---- static device helpers ------------------------------------------------------------- */
@@ -132,6 +133,158 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     }
 }
 
+/* rmsnorm_row_k (bf16 storage, the production path; dim/8 chunks <= 256 x CPT): the same
+ * thread layout and operation order as rmsnorm_vec_k (thread t of a row owns chunks t, t+256,
+ * ..., sums its squares chunk by chunk, then the same warp butterflies and warp-partials
+ * butterfly), so the bytes are identical; only the memory schedule differs:
+ *   every load of the thread's chunks (resid, h) is issued before its first store, kept as
+ *   raw 16-byte words (4 registers a chunk, not 8 floats), h through the read-only path;
+ *   one barrier (the reduction array is written once); w read after the barrier (L2-resident,
+ *   12 KiB) or with the first loads (C::WFIRST); C::CS: streaming stores for resid and y.
+ * MODE: ROW_PLAIN (y = norm(x)), ROW_ADD (resid += h), ROW_ADD_NOH (h NULL: s = r).
+ * C::ROWS rows per block (NORM_THREADS threads each); CPT chunks per thread; C::MINB resident
+ * blocks a multiprocessor must fit (caps the registers); C::SMEM: the row's fp32 values parked
+ * in shared memory between the passes instead of registers. */
+enum { ROW_PLAIN, ROW_ADD, ROW_ADD_NOH };
+template <int ROWS_, bool CS_, bool WFIRST_, int MINB_, bool SMEM_> struct row_cfg {
+    static constexpr int ROWS = ROWS_, MINB = MINB_;
+    static constexpr bool CS = CS_, WFIRST = WFIRST_, SMEM = SMEM_;
+};
+
+template <int CPT, int MODE, class C>
+static __global__ void __launch_bounds__(NORM_THREADS *C::ROWS, C::MINB)
+    rmsnorm_row_k(m3_bf16 *M3_RESTRICT y, m3_bf16 *resid, const m3_bf16 *h, const m3_bf16 *x,
+                  const m3_bf16 *M3_RESTRICT w, int n_tok, int dim, float eps,
+                  bool norm_reads_f32_sum) {
+    enum { N = 8 };
+    __shared__ float red[C::ROWS][M3_MAX_WARPS];
+    /* float4 [ROWS][CPT][2][NORM_THREADS]: each thread reads back only what it wrote */
+    __shared__ float4 srow[C::SMEM ? C::ROWS * CPT * 2 * NORM_THREADS : 1];
+    const int t = (int)threadIdx.x % NORM_THREADS, grp = (int)threadIdx.x / NORM_THREADS;
+    const int64_t tok = (int64_t)blockIdx.x * C::ROWS + grp;
+    const bool live = tok < n_tok; /* a dead group still takes part in the barrier */
+    const int64_t row = tok * dim;
+    const int n_chunk = dim / N;
+    uint4 ra[CPT], ha[CPT], wa[CPT];
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int ch = t + c * NORM_THREADS;
+        if (!live || (c == CPT - 1 && ch >= n_chunk)) continue;
+        const int64_t i = row + (int64_t)ch * N;
+        if (MODE != ROW_PLAIN) {
+            ra[c] = m3_ld16(resid + i); /* written back below: not the read-only path */
+            if (MODE == ROW_ADD) ha[c] = m3_ld16_ro(h + i);
+        } else {
+            ra[c] = m3_ld16(x + i); /* y may alias x */
+        }
+        if (C::WFIRST) wa[c] = m3_ld16_ro(w + (int64_t)ch * N);
+    }
+    float s[CPT][N];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int ch = t + c * NORM_THREADS;
+        if (!live || (c == CPT - 1 && ch >= n_chunk)) continue;
+        if (MODE != ROW_PLAIN) {
+            float r[N], hv[N], stored[N];
+            m3_unpack16<m3_bf16>(ra[c], r);
+            if (MODE == ROW_ADD) m3_unpack16<m3_bf16>(ha[c], hv);
+#pragma unroll
+            for (int k = 0; k < N; k++) {
+                float sum = MODE == ROW_ADD ? r[k] + hv[k] : r[k];
+                stored[k] = m3_round_bf16(sum);
+                s[c][k] = norm_reads_f32_sum ? sum : stored[k]; /* see rmsnorm_k */
+            }
+            const uint4 o = m3_pack16<m3_bf16>(stored);
+            if (C::CS) m3_st16_cs(resid + row + (int64_t)ch * N, o);
+            else m3_st16(resid + row + (int64_t)ch * N, o);
+        } else {
+            m3_unpack16<m3_bf16>(ra[c], s[c]);
+        }
+#pragma unroll
+        for (int k = 0; k < N; k++) ss += s[c][k] * s[c][k];
+        if (C::SMEM) {
+            float4 *q = srow + ((grp * CPT + c) * 2) * NORM_THREADS + t;
+            q[0] = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
+            q[NORM_THREADS] = make_float4(s[c][4], s[c][5], s[c][6], s[c][7]);
+        }
+    }
+    /* m3_block_sum's order over this row's NORM_THREADS threads, with its one needed barrier */
+    const int lane = t % M3_WARP, wid = t / M3_WARP;
+    const float v = m3_warp_sum(ss);
+    if (lane == 0) red[grp][wid] = v;
+    __syncthreads();
+    const float tot = m3_warp_sum(lane < NORM_THREADS / M3_WARP ? red[grp][lane] : 0.0f);
+    const float mu = tot / (float)dim;
+    const float rho = 1.0f / sqrtf(mu + eps);
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int ch = t + c * NORM_THREADS;
+        if (!live || (c == CPT - 1 && ch >= n_chunk)) continue;
+        float wv[N], out[N];
+        m3_unpack16<m3_bf16>(C::WFIRST ? wa[c] : m3_ld16_ro(w + (int64_t)ch * N), wv);
+        if (C::SMEM) {
+            const float4 *q = srow + ((grp * CPT + c) * 2) * NORM_THREADS + t;
+            const float4 lo = q[0], hi = q[NORM_THREADS];
+            s[c][0] = lo.x, s[c][1] = lo.y, s[c][2] = lo.z, s[c][3] = lo.w;
+            s[c][4] = hi.x, s[c][5] = hi.y, s[c][6] = hi.z, s[c][7] = hi.w;
+        }
+#pragma unroll
+        for (int k = 0; k < N; k++) out[k] = m3_round_bf16((s[c][k] * rho) * (1.0f + wv[k]));
+        const uint4 o = m3_pack16<m3_bf16>(out);
+        if (C::CS) m3_st16_cs(y + row + (int64_t)ch * N, o);
+        else m3_st16(y + row + (int64_t)ch * N, o);
+    }
+}
+
+/* Variants (m3_elem_variant(), gpu/mem16.h; for measuring the memory schedule in one run; every
+ * variant computes the same bytes): 0 rmsnorm_vec_k; rmsnorm_row_k: 1 plain stores;
+ * 2 streaming stores; 3 = 2 with two rows a block; 4 = 2 with w loaded first; 5, 6 = 2 with the
+ * registers capped for 6 or 8 resident blocks a multiprocessor; 7, 8, 9 = 2, 5, 6 with the
+ * row's values in shared memory. Variants 1, 3..9 apply to 3 chunks a thread (D = 6144). */
+
+template <int CPT, int MODE, class C>
+static m3_status launch_cfg(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
+                            const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                            bool f32_sum) {
+    const unsigned blocks = ((unsigned)n_tok + C::ROWS - 1) / C::ROWS;
+    rmsnorm_row_k<CPT, MODE, C><<<blocks, NORM_THREADS * C::ROWS, 0, g->stream>>>(
+        d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, f32_sum);
+    M3_LAUNCHED(g, "rmsnorm_row_k");
+    return M3_OK;
+}
+
+template <int CPT, int MODE>
+static m3_status launch_row(m3_gpu *g, int var, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
+                            const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps,
+                            bool f32_sum) {
+#define ROW_CFG(rows, cs, wfirst, minb, smem)                                                    \
+    launch_cfg<CPT, MODE, row_cfg<rows, cs, wfirst, minb, smem>>(g, d_y, d_resid, d_h, d_x, d_w, \
+                                                                 n_tok, dim, eps, f32_sum)
+    if (CPT == 3) switch (var) {
+        case 1: return ROW_CFG(1, false, false, 1, false);
+        case 3: return ROW_CFG(2, true, false, 1, false);
+        case 4: return ROW_CFG(1, true, true, 1, false);
+        case 5: return ROW_CFG(1, true, false, 6, false);
+        case 6: return ROW_CFG(1, true, false, 8, false);
+        case 7: return ROW_CFG(1, true, false, 1, true);
+        case 8: return ROW_CFG(1, true, false, 6, true);
+        case 9: return ROW_CFG(1, true, false, 8, true);
+        default: break;
+        }
+    return ROW_CFG(1, true, false, 1, false);
+#undef ROW_CFG
+}
+
+template <int CPT>
+static m3_status launch_row_cpt(m3_gpu *g, int var, m3_bf16 *d_y, m3_bf16 *d_resid,
+                                const m3_bf16 *d_h, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                                int n_tok, int dim, float eps, bool f32_sum) {
+    if (!d_resid) return launch_row<CPT, ROW_PLAIN>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, f32_sum);
+    if (!d_h) return launch_row<CPT, ROW_ADD_NOH>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, f32_sum);
+    return launch_row<CPT, ROW_ADD>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, f32_sum);
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 template <typename TS>
 static m3_status launch(m3_gpu *g, TS *d_y, TS *d_resid, const TS *d_h, const TS *d_x,
@@ -145,6 +298,18 @@ static m3_status launch(m3_gpu *g, TS *d_y, TS *d_resid, const TS *d_h, const TS
     const bool vec = dim % 8 == 0 && dim / vn <= NORM_THREADS * NORM_MAXC && m3_aligned16(d_y) &&
                      m3_aligned16(d_w) && (!d_resid || m3_aligned16(d_resid)) &&
                      (!d_h || m3_aligned16(d_h)) && (!d_x || m3_aligned16(d_x));
+    if constexpr (sizeof(TS) == 2) { /* bf16 storage: every rounding is the store's */
+        const int var = m3_elem_variant();
+        if (vec && var != 0) {
+            M3_ASSERT(!d_resid || residual_bf16);
+            const int cpt = (dim / vn + NORM_THREADS - 1) / NORM_THREADS;
+            m3_status (*fn)(m3_gpu *, int, m3_bf16 *, m3_bf16 *, const m3_bf16 *, const m3_bf16 *,
+                            const m3_bf16 *, int, int, float, bool) =
+                cpt == 1 ? launch_row_cpt<1> : cpt == 2 ? launch_row_cpt<2>
+                         : cpt == 3 ? launch_row_cpt<3> : launch_row_cpt<4>;
+            return fn(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, norm_reads_f32_sum);
+        }
+    }
     if (vec) {
         rmsnorm_vec_k<TS><<<(unsigned)n_tok, NORM_THREADS, 0, g->stream>>>(
             d_y, d_resid, d_h, d_x, d_w, dim, eps, residual_bf16, norm_reads_f32_sum, y_bf16);
