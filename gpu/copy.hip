@@ -12,15 +12,15 @@
 #include "gpu/gpu_internal.h"
 #include "gpu/mem16.h"
 
-static int g_elem_variant = -1;
+static int g_elem_variant = -2; /* -2: not read yet; -1: each kernel's default */
 
-extern "C" void m3_gpu_set_elem_variant(int v) { g_elem_variant = v < 0 ? -1 : v; }
+extern "C" void m3_gpu_set_elem_variant(int v) { g_elem_variant = v < 0 ? -2 : v; }
 
 int m3_elem_variant(void) {
-    if (g_elem_variant < 0) { /* the environment, read once */
+    if (g_elem_variant == -2) { /* the environment, read once */
         const char *e = getenv("M3_ELEM_VARIANT");
         const int v = e && *e ? atoi(e) : M3_ELEM_DEFAULT;
-        g_elem_variant = v < 0 ? 0 : v;
+        g_elem_variant = v < 0 ? -1 : v;
     }
     return g_elem_variant;
 }

@@ -15,8 +15,9 @@
 #define M3_GPU_MEM16_H
 
 /* The element-wise kernels' variant (gpu/copy.hip): m3_gpu_set_elem_variant's value, else
- * M3_ELEM_VARIANT from the environment (read once), else M3_ELEM_DEFAULT. */
-#define M3_ELEM_DEFAULT 2
+ * M3_ELEM_VARIANT from the environment (read once), else M3_ELEM_DEFAULT (-1: each kernel's own
+ * default, gpu/norm.hip and gpu/mlp.hip say which). */
+#define M3_ELEM_DEFAULT (-1)
 int m3_elem_variant(void);
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
@@ -48,6 +49,13 @@ static __device__ __forceinline__ void m3_st16_cs(void *p, uint4 v) {
 static __device__ __forceinline__ uint4 m3_ld16_ro(const void *p) { return m3_ld16(p); }
 static __device__ __forceinline__ void m3_st16_cs(void *p, uint4 v) { m3_st16(p, v); }
 #endif
+
+/* m3_pack16_bf16_hw(v): m3_pack16<m3_bf16>(v) through the hardware's round-to-nearest-even
+ * conversion (NVIDIA sm_80+ cvt.rn.bf16x2.f32, two values an instruction), the same bits for
+ * every non-NaN value (finite, subnormal, overflow to inf); the hardware writes a canonical
+ * NaN where ref/num/bf16.h keeps the sign and payload, so a chunk holding a NaN takes the
+ * exact software pack. Elsewhere: the software pack. */
+static __device__ __forceinline__ uint4 m3_pack16_bf16_hw(const float *v);
 
 template <typename TS> struct m3_chunk;
 template <> struct m3_chunk<float> {
@@ -81,6 +89,22 @@ template <> __device__ __forceinline__ uint4 m3_pack16<m3_bf16>(const float *v) 
     for (int k = 0; k < 4; k++)
         w[k] = (uint32_t)m3_f32_to_bf16(v[2 * k]) | ((uint32_t)m3_f32_to_bf16(v[2 * k + 1]) << 16);
     return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+static __device__ __forceinline__ uint4 m3_pack16_bf16_hw(const float *v) {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    bool nan = false;
+#pragma unroll
+    for (int k = 0; k < 8; k++) nan |= v[k] != v[k];
+    if (__builtin_expect(nan, 0)) return m3_pack16<m3_bf16>(v);
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) /* first operand -> high half */
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(v[2 * k + 1]), "f"(v[2 * k]));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+#else
+    return m3_pack16<m3_bf16>(v);
+#endif
 }
 #endif
 

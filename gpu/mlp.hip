@@ -51,8 +51,8 @@ static __global__ void swiglu_k(TS *a, const TS *gt, const TS *up, int64_t n, fl
  * any of them. NC: g and u through the read-only path (only when a aliases neither). CS:
  * streaming stores. GS: grid-stride over spans (a grid of a few blocks per multiprocessor),
  * else one span per block. */
-template <int MODE, int CPT, bool NC, bool CS, bool GS>
-static __global__ void __launch_bounds__(256)
+template <int MODE, int CPT, bool NC, bool CS, bool GS, int MINB, bool HWCVT>
+static __global__ void __launch_bounds__(256, MINB)
     swiglu_vec_k(m3_bf16 *a, const m3_bf16 *gt, const m3_bf16 *up, int64_t n_chunk, float alpha,
                  float limit) {
     enum { N = 8 };
@@ -75,17 +75,22 @@ static __global__ void __launch_bounds__(256)
             m3_unpack16<m3_bf16>(gr[c], gv);
             m3_unpack16<m3_bf16>(ur[c], uv);
 #pragma unroll
-            for (int k = 0; k < N; k++) av[k] = act(gv[k], uv[k], alpha, limit, MODE);
-            const uint4 o = m3_pack16<m3_bf16>(av);
+            for (int k = 0; k < N; k++) /* ONCE: the pack's rounding is the one rounding */
+                av[k] = MODE == M3_SWIGLU_BF16_ONCE ? m3_swiglu_oai(gv[k], uv[k], alpha, limit)
+                                                    : act(gv[k], uv[k], alpha, limit, MODE);
+            const uint4 o = HWCVT ? m3_pack16_bf16_hw(av) : m3_pack16<m3_bf16>(av);
             if (CS) m3_st16_cs(a + ci * N, o);
             else m3_st16(a + ci * N, o);
         }
     }
 }
 
-/* Variants (m3_elem_variant(), gpu/mem16.h; every variant computes the same bytes): 0 swiglu_k; 1..5
- * swiglu_vec_k: 1 one chunk a thread; 2 two; 3 four; 4 = 2 with streaming stores; 5 = 2
- * grid-stride over 8 blocks a multiprocessor; 6 = 1 with streaming stores. */
+/* Variants (m3_elem_variant(), gpu/mem16.h; every variant computes the same bytes): 0 swiglu_k;
+ * swiglu_vec_k: 1 one chunk a thread; 2 two; 3 four; 4 two with streaming stores (the default,
+ * or 6 when one-chunk threads would not fill one wave of the chip); 5 = 2 grid-stride over 8 blocks a multiprocessor; 6 = 1 with streaming stores; 7 four
+ * with streaming stores; 8 = 4 with the registers capped for 8 resident blocks; 9 = 8
+ * grid-stride; 10, 11, 12, 13 = 4, 6, 8, 7 with the hardware bf16 conversion
+ * (m3_pack16_bf16_hw). Numbers not listed take the default. */
 
 static bool overlaps(const void *a, const void *b, size_t bytes) {
     const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
@@ -95,31 +100,35 @@ static bool overlaps(const void *a, const void *b, size_t bytes) {
 template <int MODE, bool NC>
 static m3_status launch_vec(m3_gpu *g, int var, m3_bf16 *d_a, const m3_bf16 *d_g,
                             const m3_bf16 *d_u, int64_t n_chunk, float alpha, float limit) {
-    const int cpt = var == 2 || var == 4 || var == 5 ? 2 : var == 3 ? 4 : 1;
+    const int cpt = var == 1 || var == 6 || var == 11 ? 1
+                    : var == 3 || var == 7 || var == 13   ? 4
+                    : var < 0 && n_chunk <= (int64_t)g->n_sm * 2048 ? 1
+                                                                    : 2;
     unsigned blocks = m3_grid_1d(n_chunk, 256 * cpt);
     hipStream_t st = g->stream;
+#define SWIGLU_VEC(cpt, cs, gs, minb, hw)                                                          \
+    swiglu_vec_k<MODE, cpt, NC, cs, gs, minb, hw><<<gs && blocks > cap ? cap : blocks, 256, 0, st>>>(  \
+        d_a, d_g, d_u, n_chunk, alpha, limit)
+    const unsigned cap = (unsigned)g->n_sm * 8u;
     switch (var) {
-    case 2:
-        swiglu_vec_k<MODE, 2, NC, false, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
-        break;
-    case 3:
-        swiglu_vec_k<MODE, 4, NC, false, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
-        break;
-    case 4:
-        swiglu_vec_k<MODE, 2, NC, true, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
-        break;
-    case 5: {
-        const unsigned cap = (unsigned)g->n_sm * 8u;
-        swiglu_vec_k<MODE, 2, NC, false, true><<<blocks < cap ? blocks : cap, 256, 0, st>>>(
-            d_a, d_g, d_u, n_chunk, alpha, limit);
-        break;
+    case 1: SWIGLU_VEC(1, false, false, 1, false); break;
+    case 2: SWIGLU_VEC(2, false, false, 1, false); break;
+    case 3: SWIGLU_VEC(4, false, false, 1, false); break;
+    case 5: SWIGLU_VEC(2, false, true, 1, false); break;
+    case 6: SWIGLU_VEC(1, true, false, 1, false); break;
+    case 7: SWIGLU_VEC(4, true, false, 1, false); break;
+    case 8: SWIGLU_VEC(2, true, false, 8, false); break;
+    case 9: SWIGLU_VEC(2, true, true, 8, false); break;
+    case 10: SWIGLU_VEC(2, true, false, 1, true); break;
+    case 11: SWIGLU_VEC(1, true, false, 1, true); break;
+    case 12: SWIGLU_VEC(2, true, false, 8, true); break;
+    case 13: SWIGLU_VEC(4, true, false, 1, true); break;
+    case 4: SWIGLU_VEC(2, true, false, 1, false); break;
+    default: /* less than a wave of one-chunk threads (T = 64): one chunk, more blocks */
+        if (cpt == 1) SWIGLU_VEC(1, true, false, 1, false);
+        else SWIGLU_VEC(2, true, false, 1, false);
     }
-    case 6:
-        swiglu_vec_k<MODE, 1, NC, true, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
-        break;
-    default:
-        swiglu_vec_k<MODE, 1, NC, false, false><<<blocks, 256, 0, st>>>(d_a, d_g, d_u, n_chunk, alpha, limit);
-    }
+#undef SWIGLU_VEC
     M3_LAUNCHED(g, "swiglu_vec_k");
     return M3_OK;
 }

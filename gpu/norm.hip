@@ -140,7 +140,9 @@ static __global__ void __launch_bounds__(NORM_THREADS)
  *   every load of the thread's chunks (resid, h) is issued before its first store, kept as
  *   raw 16-byte words (4 registers a chunk, not 8 floats), h through the read-only path;
  *   one barrier (the reduction array is written once); w read after the barrier (L2-resident,
- *   12 KiB) or with the first loads (C::WFIRST); C::CS: streaming stores for resid and y.
+ *   12 KiB) or with the first loads (C::WFIRST); C::CS: streaming stores for resid and y;
+ *   the bf16 rounding of the stored values is the pack's (one rounding: the result is the
+ *   same, RNE rounding being idempotent). F32SUM: p->norm_reads_f32_sum.
  * MODE: ROW_PLAIN (y = norm(x)), ROW_ADD (resid += h), ROW_ADD_NOH (h NULL: s = r).
  * C::ROWS rows per block (NORM_THREADS threads each); CPT chunks per thread; C::MINB resident
  * blocks a multiprocessor must fit (caps the registers); C::SMEM: the row's fp32 values parked
@@ -151,11 +153,10 @@ template <int ROWS_, bool CS_, bool WFIRST_, int MINB_, bool SMEM_> struct row_c
     static constexpr bool CS = CS_, WFIRST = WFIRST_, SMEM = SMEM_;
 };
 
-template <int CPT, int MODE, class C>
+template <int CPT, int MODE, bool F32SUM, class C>
 static __global__ void __launch_bounds__(NORM_THREADS *C::ROWS, C::MINB)
     rmsnorm_row_k(m3_bf16 *M3_RESTRICT y, m3_bf16 *resid, const m3_bf16 *h, const m3_bf16 *x,
-                  const m3_bf16 *M3_RESTRICT w, int n_tok, int dim, float eps,
-                  bool norm_reads_f32_sum) {
+                  const m3_bf16 *M3_RESTRICT w, int n_tok, int dim, float eps) {
     enum { N = 8 };
     __shared__ float red[C::ROWS][M3_MAX_WARPS];
     /* float4 [ROWS][CPT][2][NORM_THREADS]: each thread reads back only what it wrote */
@@ -192,8 +193,8 @@ static __global__ void __launch_bounds__(NORM_THREADS *C::ROWS, C::MINB)
 #pragma unroll
             for (int k = 0; k < N; k++) {
                 float sum = MODE == ROW_ADD ? r[k] + hv[k] : r[k];
-                stored[k] = m3_round_bf16(sum);
-                s[c][k] = norm_reads_f32_sum ? sum : stored[k]; /* see rmsnorm_k */
+                stored[k] = sum; /* the pack rounds it to bf16 */
+                s[c][k] = F32SUM ? sum : m3_round_bf16(sum); /* see rmsnorm_k */
             }
             const uint4 o = m3_pack16<m3_bf16>(stored);
             if (C::CS) m3_st16_cs(resid + row + (int64_t)ch * N, o);
@@ -230,59 +231,170 @@ static __global__ void __launch_bounds__(NORM_THREADS *C::ROWS, C::MINB)
             s[c][4] = hi.x, s[c][5] = hi.y, s[c][6] = hi.z, s[c][7] = hi.w;
         }
 #pragma unroll
-        for (int k = 0; k < N; k++) out[k] = m3_round_bf16((s[c][k] * rho) * (1.0f + wv[k]));
+        for (int k = 0; k < N; k++) out[k] = (s[c][k] * rho) * (1.0f + wv[k]); /* pack rounds */
         const uint4 o = m3_pack16<m3_bf16>(out);
         if (C::CS) m3_st16_cs(y + row + (int64_t)ch * N, o);
         else m3_st16(y + row + (int64_t)ch * N, o);
     }
 }
 
-/* Variants (m3_elem_variant(), gpu/mem16.h; for measuring the memory schedule in one run; every
- * variant computes the same bytes): 0 rmsnorm_vec_k; rmsnorm_row_k: 1 plain stores;
- * 2 streaming stores; 3 = 2 with two rows a block; 4 = 2 with w loaded first; 5, 6 = 2 with the
- * registers capped for 6 or 8 resident blocks a multiprocessor; 7, 8, 9 = 2, 5, 6 with the
- * row's values in shared memory. Variants 1, 3..9 apply to 3 chunks a thread (D = 6144). */
+/* rmsnorm_pers_k: rmsnorm_row_k's per-row work (one row per NORM_THREADS threads, streaming
+ * stores) in a persistent grid: block b takes rows b, b + gridDim.x, ... and issues the next
+ * row's loads right after its first pass over the current row, so they are in flight during
+ * the reduction barrier and the second pass. The reduction array is double-buffered by row
+ * parity (a thread may write row i+1's partial while a slower one still reads row i's; it
+ * cannot get two rows ahead past the barrier), so one barrier a row. SMEM as in row_cfg. */
+template <int CPT, int MODE, bool F32SUM, int MINB, bool SMEM>
+static __global__ void __launch_bounds__(NORM_THREADS, MINB)
+    rmsnorm_pers_k(m3_bf16 *M3_RESTRICT y, m3_bf16 *resid, const m3_bf16 *h, const m3_bf16 *x,
+                   const m3_bf16 *M3_RESTRICT w, int n_tok, int dim, float eps) {
+    enum { N = 8 };
+    __shared__ float red[2][M3_MAX_WARPS];
+    __shared__ float4 srow[SMEM ? CPT * 2 * NORM_THREADS : 1];
+    const int t = (int)threadIdx.x;
+    const int n_chunk = dim / N;
+    uint4 ra[CPT], ha[CPT];
+    int64_t tok = blockIdx.x;
+#define PERS_LOAD(tk)                                                                             \
+    _Pragma("unroll") for (int c = 0; c < CPT; c++) {                                           \
+        const int ch = t + c * NORM_THREADS;                                                      \
+        if (c == CPT - 1 && ch >= n_chunk) continue;                                              \
+        const int64_t i = (tk) * dim + (int64_t)ch * N;                                           \
+        if (MODE != ROW_PLAIN) {                                                                  \
+            ra[c] = m3_ld16(resid + i);                                                           \
+            if (MODE == ROW_ADD) ha[c] = m3_ld16_ro(h + i);                                       \
+        } else {                                                                                  \
+            ra[c] = m3_ld16(x + i);                                                               \
+        }                                                                                         \
+    }
+    if (tok < n_tok) PERS_LOAD(tok)
+    for (int it = 0; tok < n_tok; it++, tok += gridDim.x) {
+        const int64_t row = tok * dim;
+        float s[CPT][N];
+        float ss = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            const int ch = t + c * NORM_THREADS;
+            if (c == CPT - 1 && ch >= n_chunk) continue;
+            if (MODE != ROW_PLAIN) {
+                float r[N], hv[N], stored[N];
+                m3_unpack16<m3_bf16>(ra[c], r);
+                if (MODE == ROW_ADD) m3_unpack16<m3_bf16>(ha[c], hv);
+#pragma unroll
+                for (int k = 0; k < N; k++) {
+                    float sum = MODE == ROW_ADD ? r[k] + hv[k] : r[k];
+                    stored[k] = sum; /* the pack rounds it to bf16 */
+                    s[c][k] = F32SUM ? sum : m3_round_bf16(sum); /* see rmsnorm_k */
+                }
+                m3_st16_cs(resid + row + (int64_t)ch * N, m3_pack16<m3_bf16>(stored));
+            } else {
+                m3_unpack16<m3_bf16>(ra[c], s[c]);
+            }
+#pragma unroll
+            for (int k = 0; k < N; k++) ss += s[c][k] * s[c][k];
+            if (SMEM) {
+                float4 *q = srow + c * 2 * NORM_THREADS + t;
+                q[0] = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
+                q[NORM_THREADS] = make_float4(s[c][4], s[c][5], s[c][6], s[c][7]);
+            }
+        }
+        const int64_t next = tok + gridDim.x;
+        if (next < n_tok) PERS_LOAD(next)
+        const int lane = t % M3_WARP, wid = t / M3_WARP;
+        const float v = m3_warp_sum(ss);
+        if (lane == 0) red[it & 1][wid] = v;
+        __syncthreads();
+        const float tot = m3_warp_sum(lane < NORM_THREADS / M3_WARP ? red[it & 1][lane] : 0.0f);
+        const float mu = tot / (float)dim;
+        const float rho = 1.0f / sqrtf(mu + eps);
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            const int ch = t + c * NORM_THREADS;
+            if (c == CPT - 1 && ch >= n_chunk) continue;
+            float wv[N], out[N];
+            m3_unpack16<m3_bf16>(m3_ld16_ro(w + (int64_t)ch * N), wv);
+            if (SMEM) {
+                const float4 *q = srow + c * 2 * NORM_THREADS + t;
+                const float4 lo = q[0], hi = q[NORM_THREADS];
+                s[c][0] = lo.x, s[c][1] = lo.y, s[c][2] = lo.z, s[c][3] = lo.w;
+                s[c][4] = hi.x, s[c][5] = hi.y, s[c][6] = hi.z, s[c][7] = hi.w;
+            }
+#pragma unroll
+            for (int k = 0; k < N; k++) out[k] = (s[c][k] * rho) * (1.0f + wv[k]); /* pack rounds */
+            m3_st16_cs(y + row + (int64_t)ch * N, m3_pack16<m3_bf16>(out));
+        }
+    }
+#undef PERS_LOAD
+}
 
-template <int CPT, int MODE, class C>
+template <int CPT, int MODE, bool F32SUM, int MINB, bool SMEM>
+static m3_status launch_pers(m3_gpu *g, int per_sm, m3_bf16 *d_y, m3_bf16 *d_resid,
+                             const m3_bf16 *d_h, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                             int n_tok, int dim, float eps) {
+    const unsigned cap = (unsigned)g->n_sm * (unsigned)per_sm;
+    const unsigned blocks = (unsigned)n_tok < cap ? (unsigned)n_tok : cap;
+    rmsnorm_pers_k<CPT, MODE, F32SUM, MINB, SMEM><<<blocks, NORM_THREADS, 0, g->stream>>>(
+        d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
+    M3_LAUNCHED(g, "rmsnorm_pers_k");
+    return M3_OK;
+}
+
+/* Variants (m3_elem_variant(), gpu/mem16.h; for measuring the memory schedule in one run; every
+ * variant computes the same bytes): 0 rmsnorm_vec_k; rmsnorm_row_k: 1 plain stores; 2
+ * streaming stores; 4 = 2 with w loaded first (the default, up to 3 chunks a thread); 7 = 2 with the row's values in shared
+ * memory; 14 = 4 and 7; rmsnorm_pers_k (a grid of k blocks a multiprocessor, k what the
+ * registers let stay resident): 10 shared memory, k = 3; 11 shared memory, registers capped for
+ * 6, k = 6; 12 registers, k = 2; 13 shared memory, registers capped for 4, k = 4. Variants other
+ * than 0 and 2 apply to 3 chunks a thread (D = 6144); elsewhere, and for numbers not listed
+ * (3, 5, 6, 8, 9 were measured and dropped, docs/gpu.md), they take 2. */
+
+template <int CPT, int MODE, bool F32SUM, class C>
 static m3_status launch_cfg(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
-                            const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps,
-                            bool f32_sum) {
+                            const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps) {
     const unsigned blocks = ((unsigned)n_tok + C::ROWS - 1) / C::ROWS;
-    rmsnorm_row_k<CPT, MODE, C><<<blocks, NORM_THREADS * C::ROWS, 0, g->stream>>>(
-        d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, f32_sum);
+    rmsnorm_row_k<CPT, MODE, F32SUM, C><<<blocks, NORM_THREADS * C::ROWS, 0, g->stream>>>(
+        d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
     M3_LAUNCHED(g, "rmsnorm_row_k");
     return M3_OK;
 }
 
-template <int CPT, int MODE>
+template <int CPT, int MODE, bool F32SUM>
 static m3_status launch_row(m3_gpu *g, int var, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
-                            const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps,
-                            bool f32_sum) {
-#define ROW_CFG(rows, cs, wfirst, minb, smem)                                                    \
-    launch_cfg<CPT, MODE, row_cfg<rows, cs, wfirst, minb, smem>>(g, d_y, d_resid, d_h, d_x, d_w, \
-                                                                 n_tok, dim, eps, f32_sum)
+                            const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps) {
+#define ROW_CFG(rows, cs, wfirst, minb, smem)                                                     \
+    launch_cfg<CPT, MODE, F32SUM, row_cfg<rows, cs, wfirst, minb, smem>>(g, d_y, d_resid, d_h, d_x, \
+                                                                         d_w, n_tok, dim, eps)
+#define PERS(minb, smem, per_sm)                                                                  \
+    launch_pers<CPT, MODE, F32SUM, minb, smem>(g, per_sm, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
     if (CPT == 3) switch (var) {
         case 1: return ROW_CFG(1, false, false, 1, false);
-        case 3: return ROW_CFG(2, true, false, 1, false);
         case 4: return ROW_CFG(1, true, true, 1, false);
-        case 5: return ROW_CFG(1, true, false, 6, false);
-        case 6: return ROW_CFG(1, true, false, 8, false);
         case 7: return ROW_CFG(1, true, false, 1, true);
-        case 8: return ROW_CFG(1, true, false, 6, true);
-        case 9: return ROW_CFG(1, true, false, 8, true);
+        case 10: return PERS(1, true, 3);
+        case 11: return PERS(6, true, 6);
+        case 12: return PERS(1, false, 2);
+        case 13: return PERS(4, true, 4);
+        case 14: return ROW_CFG(1, true, true, 1, true);
         default: break;
         }
+    /* the default (and variant 2 where CPT != 3): w with the first loads up to 3 chunks a thread
+     * (measured best at D = 6144), after the barrier at 4 (its registers would cost occupancy) */
+    if (var < 0 && CPT <= 3) return ROW_CFG(1, true, true, 1, false);
     return ROW_CFG(1, true, false, 1, false);
 #undef ROW_CFG
+#undef PERS
 }
 
 template <int CPT>
 static m3_status launch_row_cpt(m3_gpu *g, int var, m3_bf16 *d_y, m3_bf16 *d_resid,
                                 const m3_bf16 *d_h, const m3_bf16 *d_x, const m3_bf16 *d_w,
                                 int n_tok, int dim, float eps, bool f32_sum) {
-    if (!d_resid) return launch_row<CPT, ROW_PLAIN>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, f32_sum);
-    if (!d_h) return launch_row<CPT, ROW_ADD_NOH>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, f32_sum);
-    return launch_row<CPT, ROW_ADD>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, f32_sum);
+    if (!d_resid) return launch_row<CPT, ROW_PLAIN, false>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
+    if (!d_h)
+        return f32_sum ? launch_row<CPT, ROW_ADD_NOH, true>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
+                       : launch_row<CPT, ROW_ADD_NOH, false>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
+    return f32_sum ? launch_row<CPT, ROW_ADD, true>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
+                   : launch_row<CPT, ROW_ADD, false>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */

@@ -146,7 +146,7 @@ static void rmsnorm_matches_ref(void **state) {
  * cover 1..4 chunks a thread (D = 2048, 4096, 6144, 8192), a D that leaves threads idle (1000),
  * an odd T (a half-empty block of the two-rows variant); hf and atom (norm reads the rounded
  * or the fp32 sum), with and without h, and plain rmsnorm. */
-#define ELEM_VARIANTS 10
+#define ELEM_VARIANTS 15
 static void norm_variant_case(m3_gpu *g, int T, int D, int prof, int kind) {
     m3_profile p;
     profile_of(&p, prof);
@@ -164,7 +164,8 @@ static void norm_variant_case(m3_gpu *g, int T, int D, int prof, int kind) {
     GPU_OK(m3_gpu_upload(g, dw, w, D * sizeof *w));
     m3_bf16 *dx = gpu_upload_bf16(g, x, n, NULL), *dh = gpu_upload_bf16(g, h, n, NULL);
     m3_bf16 *dr = gpu_guard_alloc(g, n * 2), *dy = gpu_guard_alloc(g, n * 2);
-    for (int v = 0; v < ELEM_VARIANTS; v++) {
+    for (int k = 0; k <= ELEM_VARIANTS; k++) { /* 0 first (the reference), then the default */
+        const int v = k == 0 ? 0 : k == 1 ? -1 : k - 1;
         m3_gpu_set_elem_variant(v);
         GPU_OK(m3_gpu_memset(g, dy, 0xFF, n * 2));
         if (kind == 0) {
@@ -173,11 +174,11 @@ static void norm_variant_case(m3_gpu *g, int T, int D, int prof, int kind) {
             GPU_OK(m3_gpu_copy(g, dr, dx, n * 2));
             GPU_OK(m3_gpu_rmsnorm_add(g, dy, dr, kind == 1 ? dh : NULL, dw, T, D, EPS, &p));
         }
-        GPU_OK(m3_gpu_download(g, v ? yv : y0, dy, n * 2));
-        GPU_OK(m3_gpu_download(g, v ? rv : r0, dr, n * 2));
+        GPU_OK(m3_gpu_download(g, k ? yv : y0, dy, n * 2));
+        GPU_OK(m3_gpu_download(g, k ? rv : r0, dr, n * 2));
         gpu_guard_check(g, dy, n * 2, "rmsnorm variant y");
         gpu_guard_check(g, dr, n * 2, "rmsnorm variant resid");
-        for (int64_t i = 0; v && i < n; i++)
+        for (int64_t i = 0; k && i < n; i++)
             if (yv[i] != y0[i] || (kind && rv[i] != r0[i]))
                 m3_test_failf("rmsnorm%s(%s,T=%d,D=%d) variant %d [%lld]: y %04x vs %04x, resid "
                               "%04x vs %04x", kind ? "_add" : "", p.name, T, D, v, (long long)i,
