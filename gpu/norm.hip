@@ -2,12 +2,16 @@
  * ref/norm.c (m3_rmsnorm, m3_rmsnorm_add). Tolerance: GPU_NMSE_F32 / GPU_NMSE_BF16
  * (tests/gpu_test.h until compare/tol.c has a "norm" row). Tests: tests/gpu_norm_rope.c.
  *
- * rmsnorm_vec_k (the fast path: dim a multiple of 16 bytes' worth of elements, aligned rows,
- *   dim <= 256 threads x NORM_MAXC chunks): one block per row, each thread keeps its chunks of
- *   the row in registers between the two passes and moves 16 bytes per access.
+ * rmsnorm_row_k (bf16 storage, the vector shapes below; what m3_gpu_rmsnorm[_add] run): the
+ *   fast path, rmsnorm_vec_k's function and operation order with a better memory schedule and
+ *   fewer instructions (see the kernel).
+ * rmsnorm_vec_k (fp32 storage, or M3_ELEM_VARIANT=0; dim a multiple of 16 bytes' worth of
+ *   elements, aligned rows, dim <= 256 threads x NORM_MAXC chunks): one block per row, each
+ *   thread keeps its chunks of the row in registers between the two passes and moves 16 bytes
+ *   per access.
  * rmsnorm_k (any other shape): one block per token row (256 threads: a multiple of M3_WARP on
  *   both vendors), the row kept in dynamic shared memory.
- * Both compute the same function with the same per-element operations; only the order of
+ * All compute the same function with the same per-element operations; only the order of
  * the sum of squares differs (thread partials, then the block reduction).
  *   Pass 1 forms s = r + h (the profile's rounding), writes the new residual and keeps the
  *   value the norm reads in dynamic shared memory, summing s^2 per thread in fp32.
@@ -136,41 +140,37 @@ static __global__ void __launch_bounds__(NORM_THREADS)
 /* rmsnorm_row_k (bf16 storage, the production path; dim/8 chunks <= 256 x CPT): the same
  * thread layout and operation order as rmsnorm_vec_k (thread t of a row owns chunks t, t+256,
  * ..., sums its squares chunk by chunk, then the same warp butterflies and warp-partials
- * butterfly), so the bytes are identical; only the memory schedule differs:
+ * butterfly), so the bytes are identical. What differs is the memory schedule and the
+ * instruction count (measured on the H200: docs/gpu.md "Memory-bound kernels"):
  *   every load of the thread's chunks (resid, h) is issued before its first store, kept as
- *   raw 16-byte words (4 registers a chunk, not 8 floats), h through the read-only path;
- *   one barrier (the reduction array is written once); w read after the barrier (L2-resident,
- *   12 KiB) or with the first loads (C::WFIRST); C::CS: streaming stores for resid and y;
- *   the bf16 rounding of the stored values is the pack's (one rounding: the result is the
- *   same, RNE rounding being idempotent). F32SUM: p->norm_reads_f32_sum.
+ *   raw 16-byte words (4 registers a chunk, not 8 floats), h and w through the read-only path;
+ *   one barrier (the reduction array is written once); streaming stores (CS) for resid and y;
+ *   one bf16 rounding per stored value, the pack's (rounding a bf16 value again changes
+ *   nothing, NaN included, so dropping the extra m3_round_bf16 keeps the bytes; it was a large
+ *   part of the time); HW: the pack through the hardware conversion (m3_pack16_bf16_hw).
  * MODE: ROW_PLAIN (y = norm(x)), ROW_ADD (resid += h), ROW_ADD_NOH (h NULL: s = r).
- * C::ROWS rows per block (NORM_THREADS threads each); CPT chunks per thread; C::MINB resident
- * blocks a multiprocessor must fit (caps the registers); C::SMEM: the row's fp32 values parked
- * in shared memory between the passes instead of registers. */
+ * F32SUM: p->norm_reads_f32_sum. WFIRST: w loaded with the first loads, not after the barrier
+ * (L2-resident, 12 KiB at D = 6144). CPT chunks per thread (compile time). */
 enum { ROW_PLAIN, ROW_ADD, ROW_ADD_NOH };
-template <int ROWS_, bool CS_, bool WFIRST_, int MINB_, bool SMEM_> struct row_cfg {
-    static constexpr int ROWS = ROWS_, MINB = MINB_;
-    static constexpr bool CS = CS_, WFIRST = WFIRST_, SMEM = SMEM_;
-};
 
-template <int CPT, int MODE, bool F32SUM, class C>
-static __global__ void __launch_bounds__(NORM_THREADS *C::ROWS, C::MINB)
+template <bool HW> static __device__ __forceinline__ uint4 pack_bf16(const float *v) {
+    return HW ? m3_pack16_bf16_hw(v) : m3_pack16<m3_bf16>(v);
+}
+
+template <int CPT, int MODE, bool F32SUM, bool CS, bool WFIRST, bool HW>
+static __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm_row_k(m3_bf16 *M3_RESTRICT y, m3_bf16 *resid, const m3_bf16 *h, const m3_bf16 *x,
-                  const m3_bf16 *M3_RESTRICT w, int n_tok, int dim, float eps) {
+                  const m3_bf16 *M3_RESTRICT w, int dim, float eps) {
     enum { N = 8 };
-    __shared__ float red[C::ROWS][M3_MAX_WARPS];
-    /* float4 [ROWS][CPT][2][NORM_THREADS]: each thread reads back only what it wrote */
-    __shared__ float4 srow[C::SMEM ? C::ROWS * CPT * 2 * NORM_THREADS : 1];
-    const int t = (int)threadIdx.x % NORM_THREADS, grp = (int)threadIdx.x / NORM_THREADS;
-    const int64_t tok = (int64_t)blockIdx.x * C::ROWS + grp;
-    const bool live = tok < n_tok; /* a dead group still takes part in the barrier */
-    const int64_t row = tok * dim;
+    __shared__ float red[M3_MAX_WARPS];
+    const int t = (int)threadIdx.x;
+    const int64_t row = (int64_t)blockIdx.x * dim;
     const int n_chunk = dim / N;
     uint4 ra[CPT], ha[CPT], wa[CPT];
 #pragma unroll
     for (int c = 0; c < CPT; c++) {
         const int ch = t + c * NORM_THREADS;
-        if (!live || (c == CPT - 1 && ch >= n_chunk)) continue;
+        if (c == CPT - 1 && ch >= n_chunk) continue; /* CPT is the fewest that cover the row */
         const int64_t i = row + (int64_t)ch * N;
         if (MODE != ROW_PLAIN) {
             ra[c] = m3_ld16(resid + i); /* written back below: not the read-only path */
@@ -178,211 +178,73 @@ static __global__ void __launch_bounds__(NORM_THREADS *C::ROWS, C::MINB)
         } else {
             ra[c] = m3_ld16(x + i); /* y may alias x */
         }
-        if (C::WFIRST) wa[c] = m3_ld16_ro(w + (int64_t)ch * N);
+        if (WFIRST) wa[c] = m3_ld16_ro(w + (int64_t)ch * N);
     }
     float s[CPT][N];
     float ss = 0.0f;
 #pragma unroll
     for (int c = 0; c < CPT; c++) {
         const int ch = t + c * NORM_THREADS;
-        if (!live || (c == CPT - 1 && ch >= n_chunk)) continue;
+        if (c == CPT - 1 && ch >= n_chunk) continue;
         if (MODE != ROW_PLAIN) {
-            float r[N], hv[N], stored[N];
+            float r[N], hv[N];
             m3_unpack16<m3_bf16>(ra[c], r);
             if (MODE == ROW_ADD) m3_unpack16<m3_bf16>(ha[c], hv);
 #pragma unroll
             for (int k = 0; k < N; k++) {
-                float sum = MODE == ROW_ADD ? r[k] + hv[k] : r[k];
-                stored[k] = sum; /* the pack rounds it to bf16 */
-                s[c][k] = F32SUM ? sum : m3_round_bf16(sum); /* see rmsnorm_k */
+                r[k] = MODE == ROW_ADD ? r[k] + hv[k] : r[k]; /* the fp32 sum; stored rounded */
+                s[c][k] = F32SUM ? r[k] : m3_round_bf16(r[k]); /* see rmsnorm_k */
             }
-            const uint4 o = m3_pack16<m3_bf16>(stored);
-            if (C::CS) m3_st16_cs(resid + row + (int64_t)ch * N, o);
+            const uint4 o = pack_bf16<HW>(r);
+            if (CS) m3_st16_cs(resid + row + (int64_t)ch * N, o);
             else m3_st16(resid + row + (int64_t)ch * N, o);
         } else {
             m3_unpack16<m3_bf16>(ra[c], s[c]);
         }
 #pragma unroll
         for (int k = 0; k < N; k++) ss += s[c][k] * s[c][k];
-        if (C::SMEM) {
-            float4 *q = srow + ((grp * CPT + c) * 2) * NORM_THREADS + t;
-            q[0] = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
-            q[NORM_THREADS] = make_float4(s[c][4], s[c][5], s[c][6], s[c][7]);
-        }
     }
-    /* m3_block_sum's order over this row's NORM_THREADS threads, with its one needed barrier */
+    /* m3_block_sum's order, with its one needed barrier */
     const int lane = t % M3_WARP, wid = t / M3_WARP;
     const float v = m3_warp_sum(ss);
-    if (lane == 0) red[grp][wid] = v;
+    if (lane == 0) red[wid] = v;
     __syncthreads();
-    const float tot = m3_warp_sum(lane < NORM_THREADS / M3_WARP ? red[grp][lane] : 0.0f);
+    const float tot = m3_warp_sum(lane < NORM_THREADS / M3_WARP ? red[lane] : 0.0f);
     const float mu = tot / (float)dim;
     const float rho = 1.0f / sqrtf(mu + eps);
 #pragma unroll
     for (int c = 0; c < CPT; c++) {
         const int ch = t + c * NORM_THREADS;
-        if (!live || (c == CPT - 1 && ch >= n_chunk)) continue;
+        if (c == CPT - 1 && ch >= n_chunk) continue;
         float wv[N], out[N];
-        m3_unpack16<m3_bf16>(C::WFIRST ? wa[c] : m3_ld16_ro(w + (int64_t)ch * N), wv);
-        if (C::SMEM) {
-            const float4 *q = srow + ((grp * CPT + c) * 2) * NORM_THREADS + t;
-            const float4 lo = q[0], hi = q[NORM_THREADS];
-            s[c][0] = lo.x, s[c][1] = lo.y, s[c][2] = lo.z, s[c][3] = lo.w;
-            s[c][4] = hi.x, s[c][5] = hi.y, s[c][6] = hi.z, s[c][7] = hi.w;
-        }
+        m3_unpack16<m3_bf16>(WFIRST ? wa[c] : m3_ld16_ro(w + (int64_t)ch * N), wv);
 #pragma unroll
         for (int k = 0; k < N; k++) out[k] = (s[c][k] * rho) * (1.0f + wv[k]); /* pack rounds */
-        const uint4 o = m3_pack16<m3_bf16>(out);
-        if (C::CS) m3_st16_cs(y + row + (int64_t)ch * N, o);
+        const uint4 o = pack_bf16<HW>(out);
+        if (CS) m3_st16_cs(y + row + (int64_t)ch * N, o);
         else m3_st16(y + row + (int64_t)ch * N, o);
     }
 }
 
-/* rmsnorm_pers_k: rmsnorm_row_k's per-row work (one row per NORM_THREADS threads, streaming
- * stores) in a persistent grid: block b takes rows b, b + gridDim.x, ... and issues the next
- * row's loads right after its first pass over the current row, so they are in flight during
- * the reduction barrier and the second pass. The reduction array is double-buffered by row
- * parity (a thread may write row i+1's partial while a slower one still reads row i's; it
- * cannot get two rows ahead past the barrier), so one barrier a row. SMEM as in row_cfg. */
-template <int CPT, int MODE, bool F32SUM, int MINB, bool SMEM>
-static __global__ void __launch_bounds__(NORM_THREADS, MINB)
-    rmsnorm_pers_k(m3_bf16 *M3_RESTRICT y, m3_bf16 *resid, const m3_bf16 *h, const m3_bf16 *x,
-                   const m3_bf16 *M3_RESTRICT w, int n_tok, int dim, float eps) {
-    enum { N = 8 };
-    __shared__ float red[2][M3_MAX_WARPS];
-    __shared__ float4 srow[SMEM ? CPT * 2 * NORM_THREADS : 1];
-    const int t = (int)threadIdx.x;
-    const int n_chunk = dim / N;
-    uint4 ra[CPT], ha[CPT];
-    int64_t tok = blockIdx.x;
-#define PERS_LOAD(tk)                                                                             \
-    _Pragma("unroll") for (int c = 0; c < CPT; c++) {                                           \
-        const int ch = t + c * NORM_THREADS;                                                      \
-        if (c == CPT - 1 && ch >= n_chunk) continue;                                              \
-        const int64_t i = (tk) * dim + (int64_t)ch * N;                                           \
-        if (MODE != ROW_PLAIN) {                                                                  \
-            ra[c] = m3_ld16(resid + i);                                                           \
-            if (MODE == ROW_ADD) ha[c] = m3_ld16_ro(h + i);                                       \
-        } else {                                                                                  \
-            ra[c] = m3_ld16(x + i);                                                               \
-        }                                                                                         \
-    }
-    if (tok < n_tok) PERS_LOAD(tok)
-    for (int it = 0; tok < n_tok; it++, tok += gridDim.x) {
-        const int64_t row = tok * dim;
-        float s[CPT][N];
-        float ss = 0.0f;
-#pragma unroll
-        for (int c = 0; c < CPT; c++) {
-            const int ch = t + c * NORM_THREADS;
-            if (c == CPT - 1 && ch >= n_chunk) continue;
-            if (MODE != ROW_PLAIN) {
-                float r[N], hv[N], stored[N];
-                m3_unpack16<m3_bf16>(ra[c], r);
-                if (MODE == ROW_ADD) m3_unpack16<m3_bf16>(ha[c], hv);
-#pragma unroll
-                for (int k = 0; k < N; k++) {
-                    float sum = MODE == ROW_ADD ? r[k] + hv[k] : r[k];
-                    stored[k] = sum; /* the pack rounds it to bf16 */
-                    s[c][k] = F32SUM ? sum : m3_round_bf16(sum); /* see rmsnorm_k */
-                }
-                m3_st16_cs(resid + row + (int64_t)ch * N, m3_pack16<m3_bf16>(stored));
-            } else {
-                m3_unpack16<m3_bf16>(ra[c], s[c]);
-            }
-#pragma unroll
-            for (int k = 0; k < N; k++) ss += s[c][k] * s[c][k];
-            if (SMEM) {
-                float4 *q = srow + c * 2 * NORM_THREADS + t;
-                q[0] = make_float4(s[c][0], s[c][1], s[c][2], s[c][3]);
-                q[NORM_THREADS] = make_float4(s[c][4], s[c][5], s[c][6], s[c][7]);
-            }
-        }
-        const int64_t next = tok + gridDim.x;
-        if (next < n_tok) PERS_LOAD(next)
-        const int lane = t % M3_WARP, wid = t / M3_WARP;
-        const float v = m3_warp_sum(ss);
-        if (lane == 0) red[it & 1][wid] = v;
-        __syncthreads();
-        const float tot = m3_warp_sum(lane < NORM_THREADS / M3_WARP ? red[it & 1][lane] : 0.0f);
-        const float mu = tot / (float)dim;
-        const float rho = 1.0f / sqrtf(mu + eps);
-#pragma unroll
-        for (int c = 0; c < CPT; c++) {
-            const int ch = t + c * NORM_THREADS;
-            if (c == CPT - 1 && ch >= n_chunk) continue;
-            float wv[N], out[N];
-            m3_unpack16<m3_bf16>(m3_ld16_ro(w + (int64_t)ch * N), wv);
-            if (SMEM) {
-                const float4 *q = srow + c * 2 * NORM_THREADS + t;
-                const float4 lo = q[0], hi = q[NORM_THREADS];
-                s[c][0] = lo.x, s[c][1] = lo.y, s[c][2] = lo.z, s[c][3] = lo.w;
-                s[c][4] = hi.x, s[c][5] = hi.y, s[c][6] = hi.z, s[c][7] = hi.w;
-            }
-#pragma unroll
-            for (int k = 0; k < N; k++) out[k] = (s[c][k] * rho) * (1.0f + wv[k]); /* pack rounds */
-            m3_st16_cs(y + row + (int64_t)ch * N, m3_pack16<m3_bf16>(out));
-        }
-    }
-#undef PERS_LOAD
-}
-
-template <int CPT, int MODE, bool F32SUM, int MINB, bool SMEM>
-static m3_status launch_pers(m3_gpu *g, int per_sm, m3_bf16 *d_y, m3_bf16 *d_resid,
-                             const m3_bf16 *d_h, const m3_bf16 *d_x, const m3_bf16 *d_w,
-                             int n_tok, int dim, float eps) {
-    const unsigned cap = (unsigned)g->n_sm * (unsigned)per_sm;
-    const unsigned blocks = (unsigned)n_tok < cap ? (unsigned)n_tok : cap;
-    rmsnorm_pers_k<CPT, MODE, F32SUM, MINB, SMEM><<<blocks, NORM_THREADS, 0, g->stream>>>(
-        d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
-    M3_LAUNCHED(g, "rmsnorm_pers_k");
-    return M3_OK;
-}
-
-/* Variants (m3_elem_variant(), gpu/mem16.h; for measuring the memory schedule in one run; every
- * variant computes the same bytes): 0 rmsnorm_vec_k; rmsnorm_row_k: 1 plain stores; 2
- * streaming stores; 4 = 2 with w loaded first (the default, up to 3 chunks a thread); 7 = 2 with the row's values in shared
- * memory; 14 = 4 and 7; rmsnorm_pers_k (a grid of k blocks a multiprocessor, k what the
- * registers let stay resident): 10 shared memory, k = 3; 11 shared memory, registers capped for
- * 6, k = 6; 12 registers, k = 2; 13 shared memory, registers capped for 4, k = 4. Variants other
- * than 0 and 2 apply to 3 chunks a thread (D = 6144); elsewhere, and for numbers not listed
- * (3, 5, 6, 8, 9 were measured and dropped, docs/gpu.md), they take 2. */
-
-template <int CPT, int MODE, bool F32SUM, class C>
-static m3_status launch_cfg(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
-                            const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps) {
-    const unsigned blocks = ((unsigned)n_tok + C::ROWS - 1) / C::ROWS;
-    rmsnorm_row_k<CPT, MODE, F32SUM, C><<<blocks, NORM_THREADS * C::ROWS, 0, g->stream>>>(
-        d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
-    M3_LAUNCHED(g, "rmsnorm_row_k");
-    return M3_OK;
-}
-
+/* Variants (m3_elem_variant(), gpu/mem16.h; every one writes the same bytes; numbers as in the
+ * measurements of docs/gpu.md, the others were dropped): 0 rmsnorm_vec_k (the original);
+ * rmsnorm_row_k: 1 plain stores; 2 streaming stores (the default); 4 = 2 with w loaded first;
+ * 5 = 2 with the hardware bf16 conversion. Any other number: the default. */
 template <int CPT, int MODE, bool F32SUM>
 static m3_status launch_row(m3_gpu *g, int var, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
                             const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps) {
-#define ROW_CFG(rows, cs, wfirst, minb, smem)                                                     \
-    launch_cfg<CPT, MODE, F32SUM, row_cfg<rows, cs, wfirst, minb, smem>>(g, d_y, d_resid, d_h, d_x, \
-                                                                         d_w, n_tok, dim, eps)
-#define PERS(minb, smem, per_sm)                                                                  \
-    launch_pers<CPT, MODE, F32SUM, minb, smem>(g, per_sm, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
-    if (CPT == 3) switch (var) {
-        case 1: return ROW_CFG(1, false, false, 1, false);
-        case 4: return ROW_CFG(1, true, true, 1, false);
-        case 7: return ROW_CFG(1, true, false, 1, true);
-        case 10: return PERS(1, true, 3);
-        case 11: return PERS(6, true, 6);
-        case 12: return PERS(1, false, 2);
-        case 13: return PERS(4, true, 4);
-        case 14: return ROW_CFG(1, true, true, 1, true);
-        default: break;
-        }
-    /* the default (and variant 2 where CPT != 3): w with the first loads up to 3 chunks a thread
-     * (measured best at D = 6144), after the barrier at 4 (its registers would cost occupancy) */
-    if (var < 0 && CPT <= 3) return ROW_CFG(1, true, true, 1, false);
-    return ROW_CFG(1, true, false, 1, false);
-#undef ROW_CFG
-#undef PERS
+#define ROW_K(cs, wfirst, hw)                                                                     \
+    rmsnorm_row_k<CPT, MODE, F32SUM, cs, wfirst, hw><<<(unsigned)n_tok, NORM_THREADS, 0,          \
+                                                       g->stream>>>(d_y, d_resid, d_h, d_x, d_w, dim, eps)
+    switch (var) {
+    case 1: ROW_K(false, false, false); break;
+    case 4: ROW_K(true, true, false); break;
+    case 5: ROW_K(true, false, true); break;
+    default: ROW_K(true, false, false); break;
+    }
+#undef ROW_K
+    M3_LAUNCHED(g, "rmsnorm_row_k");
+    return M3_OK;
 }
 
 template <int CPT>
