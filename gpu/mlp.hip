@@ -91,9 +91,8 @@ static __global__ void __launch_bounds__(256)
 /* Variants (m3_elem_variant(), gpu/mem16.h; every one writes the same bytes; numbers as in the
  * measurements of docs/gpu.md, the others were dropped): 0 swiglu_k (the original);
  * swiglu_vec_k: 1 one chunk a thread; 2 two; 4 two, streaming stores; 6 one, streaming stores;
- * 10 = 4 with the hardware bf16 conversion (the default); 11 = 6 with it (the default when
- * one-chunk threads would not fill one wave of the chip, e.g. T = 64). Other numbers: the
- * default. */
+ * 10 = 4 with the hardware bf16 conversion (the default); 11 = 6 with it (no faster at
+ * T = 64, slower at T = 16384). Other numbers: the default. */
 static bool overlaps(const void *a, const void *b, size_t bytes) {
     const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return x < y + bytes && y < x + bytes;
@@ -102,8 +101,7 @@ static bool overlaps(const void *a, const void *b, size_t bytes) {
 template <int MODE, bool NC>
 static m3_status launch_vec(m3_gpu *g, int var, m3_bf16 *d_a, const m3_bf16 *d_g,
                             const m3_bf16 *d_u, int64_t n_chunk, float alpha, float limit) {
-    if (var != 1 && var != 2 && var != 4 && var != 6 && var != 10 && var != 11)
-        var = n_chunk <= (int64_t)g->n_sm * 2048 ? 11 : 10;
+    if (var != 1 && var != 2 && var != 4 && var != 6 && var != 11) var = 10;
     const int cpt = var == 1 || var == 6 || var == 11 ? 1 : 2;
     const unsigned blocks = m3_grid_1d(n_chunk, 256 * cpt);
 #define SWIGLU_VEC(cpt, cs, hw)                                                                   \
