@@ -259,7 +259,8 @@ static void bench_swiglu(void **state) {
         c.u = tile_bf16(g, u0, n0, c.n);
         GPU_OK(m3_gpu_alloc(g, (void **)&c.a, c.n * 2));
         /* swiglu is close to issue-bound: the first row after the host-side work (tiling,
-         * digests) measured up to 7% slow (SM clock ramp, presumably); warm up first */
+         * digests) measured 4-8% slower than later rows of the same kernel, with or without
+         * this short warm-up (SM clock ramp, presumably; docs/gpu.md "Memory-bound kernels") */
         (void)time_ms(g, do_swiglu, &c, 20, 3);
         for (int v = 0; v < nv; v++) {
             m3_gpu_set_elem_variant(vars[v]);
