@@ -2,12 +2,16 @@
  * GPU_NMSE_F32 / GPU_NMSE_BF16 (tests/gpu_test.h until compare/tol.c has a "swiglu" row).
  * Tests: tests/gpu_moe.c.
  *
- * swiglu_k: element-wise, grid-stride, 16-byte accesses when aligned. The scalar math is
- *   ref/num/act.h itself (m3_swiglu_oai, m3_swiglu_oai_bf16ops) compiled as device code, so
- *   the clamps and rounding points are the reference's; the one difference is expf, whose
- *   device and host results may differ by an ulp or two (noted in docs/gpu.md). */
+ * swiglu_vec_k (bf16 storage, aligned, n % 8 == 0): the fast path, see the kernel.
+ * swiglu_k (fp32 storage, other shapes, or M3_ELEM_VARIANT=0): element-wise, grid-stride,
+ *   16-byte accesses when aligned.
+ * The scalar math of both is ref/num/act.h itself (m3_swiglu_oai, m3_swiglu_oai_bf16ops)
+ * compiled as device code, so the clamps and rounding points are the reference's; the one
+ * difference is expf, whose device and host results may differ by an ulp or two (noted in
+ * docs/gpu.md). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "gpu/mem16.h"
 #include "ref/num/act.h"
 #include "ref/num/bf16.h"
 
@@ -44,6 +48,78 @@ static __global__ void swiglu_k(TS *a, const TS *gt, const TS *up, int64_t n, fl
     }
 }
 
+/* swiglu_vec_k (bf16 storage, 16-byte aligned, n a multiple of 8; what m3_gpu_swiglu runs): the
+ * same per-element operations as swiglu_k with the rounding mode a compile-time constant; each
+ * thread loads CPT chunks (chunk base + c*256 of its block's span: coalesced) before computing
+ * and storing any of them. NC: g and u through the read-only path (only when a aliases
+ * neither). CS: streaming stores. ONCE: the pack's rounding is the one rounding (the extra
+ * m3_round_bf16 of act() changes no bit: RNE rounding is idempotent). HW: the pack through
+ * the hardware conversion (m3_pack16_bf16_hw). The precise expf and reciprocal make this kernel
+ * nearly issue-bound on the H200: each removed instruction per element shows in the time
+ * (docs/gpu.md "Memory-bound kernels"). */
+template <int MODE, int CPT, bool NC, bool CS, bool HW>
+static __global__ void __launch_bounds__(256)
+    swiglu_vec_k(m3_bf16 *a, const m3_bf16 *gt, const m3_bf16 *up, int64_t n_chunk, float alpha,
+                 float limit) {
+    enum { N = 8 };
+    const int64_t base = (int64_t)blockIdx.x * (256 * CPT) + threadIdx.x;
+    uint4 gr[CPT], ur[CPT];
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int64_t ci = base + c * 256;
+        if (ci >= n_chunk) continue;
+        gr[c] = NC ? m3_ld16_ro(gt + ci * N) : m3_ld16(gt + ci * N);
+        ur[c] = NC ? m3_ld16_ro(up + ci * N) : m3_ld16(up + ci * N);
+    }
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int64_t ci = base + c * 256;
+        if (ci >= n_chunk) continue;
+        float gv[N], uv[N], av[N];
+        m3_unpack16<m3_bf16>(gr[c], gv);
+        m3_unpack16<m3_bf16>(ur[c], uv);
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            av[k] = MODE == M3_SWIGLU_BF16_ONCE ? m3_swiglu_oai(gv[k], uv[k], alpha, limit)
+                                                : act(gv[k], uv[k], alpha, limit, MODE);
+        const uint4 o = HW ? m3_pack16_bf16_hw(av) : m3_pack16<m3_bf16>(av);
+        if (CS) m3_st16_cs(a + ci * N, o);
+        else m3_st16(a + ci * N, o);
+    }
+}
+
+/* Variants (m3_elem_variant(), gpu/mem16.h; every one writes the same bytes; numbers as in the
+ * measurements of docs/gpu.md, the others were dropped): 0 swiglu_k (the original);
+ * swiglu_vec_k: 1 one chunk a thread; 2 two; 4 two, streaming stores; 6 one, streaming stores;
+ * 10 = 4 with the hardware bf16 conversion (the default); 11 = 6 with it (no faster at
+ * T = 64, slower at T = 16384). Other numbers: the default. */
+static bool overlaps(const void *a, const void *b, size_t bytes) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + bytes && y < x + bytes;
+}
+
+template <int MODE, bool NC>
+static m3_status launch_vec(m3_gpu *g, int var, m3_bf16 *d_a, const m3_bf16 *d_g,
+                            const m3_bf16 *d_u, int64_t n_chunk, float alpha, float limit) {
+    if (var != 1 && var != 2 && var != 4 && var != 6 && var != 11) var = 10;
+    const int cpt = var == 1 || var == 6 || var == 11 ? 1 : 2;
+    const unsigned blocks = m3_grid_1d(n_chunk, 256 * cpt);
+#define SWIGLU_VEC(cpt, cs, hw)                                                                   \
+    swiglu_vec_k<MODE, cpt, NC, cs, hw><<<blocks, 256, 0, g->stream>>>(d_a, d_g, d_u, n_chunk,   \
+                                                                       alpha, limit)
+    switch (var) {
+    case 1: SWIGLU_VEC(1, false, false); break;
+    case 2: SWIGLU_VEC(2, false, false); break;
+    case 4: SWIGLU_VEC(2, true, false); break;
+    case 6: SWIGLU_VEC(1, true, false); break;
+    case 11: SWIGLU_VEC(1, true, true); break;
+    default: SWIGLU_VEC(2, true, true); break; /* 10 */
+    }
+#undef SWIGLU_VEC
+    M3_LAUNCHED(g, "swiglu_vec_k");
+    return M3_OK;
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 template <typename TS>
 static m3_status launch(m3_gpu *g, TS *d_a, const TS *d_g, const TS *d_u, int64_t n, float alpha,
@@ -64,6 +140,20 @@ extern "C" m3_status m3_gpu_swiglu(m3_gpu *g, m3_bf16 *d_a, const m3_bf16 *d_g, 
     if (p->swiglu == M3_SWIGLU_F32)
         return m3_errorf(M3_ERR_UNSUPPORTED,
                          "gpu swiglu: profile %s keeps fp32 activations: use the _f32 path", p->name);
+    M3_ASSERT(n >= 0 && d_a && d_g && d_u);
+    const int var = m3_elem_variant();
+    if (n > 0 && var != 0 && n % 8 == 0 && m3_aligned16(d_a) && m3_aligned16(d_g) &&
+        m3_aligned16(d_u)) {
+        const size_t bytes = (size_t)n * sizeof(m3_bf16);
+        const bool nc = !overlaps(d_a, d_g, bytes) && !overlaps(d_a, d_u, bytes);
+        const bool per_op = p->swiglu == M3_SWIGLU_BF16_PER_OP;
+        m3_status (*fn)(m3_gpu *, int, m3_bf16 *, const m3_bf16 *, const m3_bf16 *, int64_t, float,
+                        float) = per_op ? (nc ? launch_vec<M3_SWIGLU_BF16_PER_OP, true>
+                                              : launch_vec<M3_SWIGLU_BF16_PER_OP, false>)
+                                        : (nc ? launch_vec<M3_SWIGLU_BF16_ONCE, true>
+                                              : launch_vec<M3_SWIGLU_BF16_ONCE, false>);
+        return fn(g, var, d_a, d_g, d_u, n / 8, alpha, limit);
+    }
     return launch<m3_bf16>(g, d_a, d_g, d_u, n, alpha, limit, p);
 }
 

@@ -127,6 +127,11 @@ m3_status m3_gpu_swiglu_f32(m3_gpu *g, float *d_a, const float *d_g, const float
     (void)g; (void)d_a; (void)d_g; (void)d_u; (void)n; (void)alpha; (void)limit; (void)p;
     return NO_GPU("gpu swiglu");
 }
+m3_status m3_gpu_copy_kernel(m3_gpu *g, void *d_dst, const void *d_src, size_t bytes, int flavor) {
+    (void)g; (void)d_dst; (void)d_src; (void)bytes; (void)flavor;
+    return NO_GPU("gpu copy kernel");
+}
+void m3_gpu_set_elem_variant(int v) { (void)v; }
 m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                            const float *d_logits, const float *d_bias, int n_tok,
                            const struct m3_moe_params *mp, const m3_profile *p) {

@@ -2,12 +2,16 @@
  * ref/norm.c (m3_rmsnorm, m3_rmsnorm_add). Tolerance: GPU_NMSE_F32 / GPU_NMSE_BF16
  * (tests/gpu_test.h until compare/tol.c has a "norm" row). Tests: tests/gpu_norm_rope.c.
  *
- * rmsnorm_vec_k (the fast path: dim a multiple of 16 bytes' worth of elements, aligned rows,
- *   dim <= 256 threads x NORM_MAXC chunks): one block per row, each thread keeps its chunks of
- *   the row in registers between the two passes and moves 16 bytes per access.
+ * rmsnorm_row_k (bf16 storage, the vector shapes below; what m3_gpu_rmsnorm[_add] run): the
+ *   fast path, rmsnorm_vec_k's function and operation order with a better memory schedule and
+ *   fewer instructions (see the kernel).
+ * rmsnorm_vec_k (fp32 storage, or M3_ELEM_VARIANT=0; dim a multiple of 16 bytes' worth of
+ *   elements, aligned rows, dim <= 256 threads x NORM_MAXC chunks): one block per row, each
+ *   thread keeps its chunks of the row in registers between the two passes and moves 16 bytes
+ *   per access.
  * rmsnorm_k (any other shape): one block per token row (256 threads: a multiple of M3_WARP on
  *   both vendors), the row kept in dynamic shared memory.
- * Both compute the same function with the same per-element operations; only the order of
+ * All compute the same function with the same per-element operations; only the order of
  * the sum of squares differs (thread partials, then the block reduction).
  *   Pass 1 forms s = r + h (the profile's rounding), writes the new residual and keeps the
  *   value the norm reads in dynamic shared memory, summing s^2 per thread in fp32.
@@ -19,6 +23,7 @@
  *   reference: the sum of squares order (and FMA contraction in it), i.e. fp32 rounding only. */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "gpu/mem16.h"
 #include "ref/num/bf16.h"
 
 /* ---- static device helpers ------------------------------------------------------------- */
@@ -132,6 +137,128 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     }
 }
 
+/* rmsnorm_row_k (bf16 storage, the production path; dim/8 chunks <= 256 x CPT): the same
+ * thread layout and operation order as rmsnorm_vec_k (thread t of a row owns chunks t, t+256,
+ * ..., sums its squares chunk by chunk, then the same warp butterflies and warp-partials
+ * butterfly), so the bytes are identical. What differs is the memory schedule and the
+ * instruction count (measured on the H200: docs/gpu.md "Memory-bound kernels"):
+ *   every load of the thread's chunks (resid, h) is issued before its first store, kept as
+ *   raw 16-byte words (4 registers a chunk, not 8 floats), h and w through the read-only path;
+ *   one barrier (the reduction array is written once); streaming stores (CS) for resid and y;
+ *   one bf16 rounding per stored value, the pack's (rounding a bf16 value again changes
+ *   nothing, NaN included, so dropping the extra m3_round_bf16 keeps the bytes; it was a large
+ *   part of the time); HW: the pack through the hardware conversion (m3_pack16_bf16_hw).
+ * MODE: ROW_PLAIN (y = norm(x)), ROW_ADD (resid += h), ROW_ADD_NOH (h NULL: s = r).
+ * F32SUM: p->norm_reads_f32_sum. WFIRST: w loaded with the first loads, not after the barrier
+ * (L2-resident, 12 KiB at D = 6144). CPT chunks per thread (compile time). */
+enum { ROW_PLAIN, ROW_ADD, ROW_ADD_NOH };
+
+template <bool HW> static __device__ __forceinline__ uint4 pack_bf16(const float *v) {
+    return HW ? m3_pack16_bf16_hw(v) : m3_pack16<m3_bf16>(v);
+}
+
+template <int CPT, int MODE, bool F32SUM, bool CS, bool WFIRST, bool HW>
+static __global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_row_k(m3_bf16 *M3_RESTRICT y, m3_bf16 *resid, const m3_bf16 *h, const m3_bf16 *x,
+                  const m3_bf16 *M3_RESTRICT w, int dim, float eps) {
+    enum { N = 8 };
+    __shared__ float red[M3_MAX_WARPS];
+    const int t = (int)threadIdx.x;
+    const int64_t row = (int64_t)blockIdx.x * dim;
+    const int n_chunk = dim / N;
+    uint4 ra[CPT], ha[CPT], wa[CPT];
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int ch = t + c * NORM_THREADS;
+        if (c == CPT - 1 && ch >= n_chunk) continue; /* CPT is the fewest that cover the row */
+        const int64_t i = row + (int64_t)ch * N;
+        if (MODE != ROW_PLAIN) {
+            ra[c] = m3_ld16(resid + i); /* written back below: not the read-only path */
+            if (MODE == ROW_ADD) ha[c] = m3_ld16_ro(h + i);
+        } else {
+            ra[c] = m3_ld16(x + i); /* y may alias x */
+        }
+        if (WFIRST) wa[c] = m3_ld16_ro(w + (int64_t)ch * N);
+    }
+    float s[CPT][N];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int ch = t + c * NORM_THREADS;
+        if (c == CPT - 1 && ch >= n_chunk) continue;
+        if (MODE != ROW_PLAIN) {
+            float r[N], hv[N];
+            m3_unpack16<m3_bf16>(ra[c], r);
+            if (MODE == ROW_ADD) m3_unpack16<m3_bf16>(ha[c], hv);
+#pragma unroll
+            for (int k = 0; k < N; k++) {
+                r[k] = MODE == ROW_ADD ? r[k] + hv[k] : r[k]; /* the fp32 sum; stored rounded */
+                s[c][k] = F32SUM ? r[k] : m3_round_bf16(r[k]); /* see rmsnorm_k */
+            }
+            const uint4 o = pack_bf16<HW>(r);
+            if (CS) m3_st16_cs(resid + row + (int64_t)ch * N, o);
+            else m3_st16(resid + row + (int64_t)ch * N, o);
+        } else {
+            m3_unpack16<m3_bf16>(ra[c], s[c]);
+        }
+#pragma unroll
+        for (int k = 0; k < N; k++) ss += s[c][k] * s[c][k];
+    }
+    /* m3_block_sum's order, with its one needed barrier */
+    const int lane = t % M3_WARP, wid = t / M3_WARP;
+    const float v = m3_warp_sum(ss);
+    if (lane == 0) red[wid] = v;
+    __syncthreads();
+    const float tot = m3_warp_sum(lane < NORM_THREADS / M3_WARP ? red[lane] : 0.0f);
+    const float mu = tot / (float)dim;
+    const float rho = 1.0f / sqrtf(mu + eps);
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        const int ch = t + c * NORM_THREADS;
+        if (c == CPT - 1 && ch >= n_chunk) continue;
+        float wv[N], out[N];
+        m3_unpack16<m3_bf16>(WFIRST ? wa[c] : m3_ld16_ro(w + (int64_t)ch * N), wv);
+#pragma unroll
+        for (int k = 0; k < N; k++) out[k] = (s[c][k] * rho) * (1.0f + wv[k]); /* pack rounds */
+        const uint4 o = pack_bf16<HW>(out);
+        if (CS) m3_st16_cs(y + row + (int64_t)ch * N, o);
+        else m3_st16(y + row + (int64_t)ch * N, o);
+    }
+}
+
+/* Variants (m3_elem_variant(), gpu/mem16.h; every one writes the same bytes; numbers as in the
+ * measurements of docs/gpu.md, the others were dropped): 0 rmsnorm_vec_k (the original);
+ * rmsnorm_row_k: 1 plain stores; 2 streaming stores; 4 = 2 with w loaded first; 5 = 2 with
+ * the hardware bf16 conversion (the default: fastest measured). Any other number: the default. */
+template <int CPT, int MODE, bool F32SUM>
+static m3_status launch_row(m3_gpu *g, int var, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
+                            const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps) {
+#define ROW_K(cs, wfirst, hw)                                                                     \
+    rmsnorm_row_k<CPT, MODE, F32SUM, cs, wfirst, hw><<<(unsigned)n_tok, NORM_THREADS, 0,          \
+                                                       g->stream>>>(d_y, d_resid, d_h, d_x, d_w, dim, eps)
+    switch (var) {
+    case 1: ROW_K(false, false, false); break;
+    case 2: ROW_K(true, false, false); break;
+    case 4: ROW_K(true, true, false); break;
+    default: ROW_K(true, false, true); break; /* 5 */
+    }
+#undef ROW_K
+    M3_LAUNCHED(g, "rmsnorm_row_k");
+    return M3_OK;
+}
+
+template <int CPT>
+static m3_status launch_row_cpt(m3_gpu *g, int var, m3_bf16 *d_y, m3_bf16 *d_resid,
+                                const m3_bf16 *d_h, const m3_bf16 *d_x, const m3_bf16 *d_w,
+                                int n_tok, int dim, float eps, bool f32_sum) {
+    if (!d_resid) return launch_row<CPT, ROW_PLAIN, false>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
+    if (!d_h)
+        return f32_sum ? launch_row<CPT, ROW_ADD_NOH, true>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
+                       : launch_row<CPT, ROW_ADD_NOH, false>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
+    return f32_sum ? launch_row<CPT, ROW_ADD, true>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
+                   : launch_row<CPT, ROW_ADD, false>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 template <typename TS>
 static m3_status launch(m3_gpu *g, TS *d_y, TS *d_resid, const TS *d_h, const TS *d_x,
@@ -145,6 +272,18 @@ static m3_status launch(m3_gpu *g, TS *d_y, TS *d_resid, const TS *d_h, const TS
     const bool vec = dim % 8 == 0 && dim / vn <= NORM_THREADS * NORM_MAXC && m3_aligned16(d_y) &&
                      m3_aligned16(d_w) && (!d_resid || m3_aligned16(d_resid)) &&
                      (!d_h || m3_aligned16(d_h)) && (!d_x || m3_aligned16(d_x));
+    if constexpr (sizeof(TS) == 2) { /* bf16 storage: every rounding is the store's */
+        const int var = m3_elem_variant();
+        if (vec && var != 0) {
+            M3_ASSERT(!d_resid || residual_bf16);
+            const int cpt = (dim / vn + NORM_THREADS - 1) / NORM_THREADS;
+            m3_status (*fn)(m3_gpu *, int, m3_bf16 *, m3_bf16 *, const m3_bf16 *, const m3_bf16 *,
+                            const m3_bf16 *, int, int, float, bool) =
+                cpt == 1 ? launch_row_cpt<1> : cpt == 2 ? launch_row_cpt<2>
+                         : cpt == 3 ? launch_row_cpt<3> : launch_row_cpt<4>;
+            return fn(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, norm_reads_f32_sum);
+        }
+    }
     if (vec) {
         rmsnorm_vec_k<TS><<<(unsigned)n_tok, NORM_THREADS, 0, g->stream>>>(
             d_y, d_resid, d_h, d_x, d_w, dim, eps, residual_bf16, norm_reads_f32_sum, y_bf16);

@@ -83,7 +83,7 @@ def main():
         ang = pos[:, None] * inv[None, :]
         cos, sin = ang.cos().bfloat16().float(), ang.sin().bfloat16().float()
         report(f"qk_norm_rope bf16 atom q T={T} H=64", lambda: timeit(lambda: qk_norm_rope(x, w, cos, sin)))
-    for T in (1, 64, 4096):
+    for T in (1, 64, 4096, 16384):
         g, u = torch.randn(T, 12288, device=dev, dtype=bf) * 3, torch.randn(T, 12288, device=dev, dtype=bf) * 3
         report(f"swiglu bf16 atom T={T} F=12288", lambda: timeit(lambda: swiglu(g, u)))
     for T in (1, 64, 4096):

@@ -65,6 +65,57 @@ static void swiglu_matches_ref(void **state) {
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) swiglu_case(g, ns[i], prof);
 }
 
+/* Every m3_gpu_set_elem_variant variant (gpu/mlp.hip) writes exactly the bytes of variant 0
+ * (the original kernel), under both bf16 rounding modes, for sizes that leave partial spans,
+ * and in place (a = g: the read-only-path loads must be off then); inputs include NaN, +-inf
+ * and values whose output is subnormal. */
+#define ELEM_VARIANTS 12
+static void swiglu_variants_same_bytes(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const int64_t ns[] = {8, 3 * 12288 + 8 * 77, 4 * 12288};
+    for (int prof = 1; prof < 3; prof++)
+        for (size_t s = 0; s < sizeof ns / sizeof ns[0]; s++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                const int64_t n = ns[s];
+                m3_profile p;
+                profile_of(&p, prof);
+                m3_rng r;
+                m3_rng_init(&r, m3_test_seed(), 560 + (uint64_t)n + (uint64_t)prof * 2 + inplace);
+                float *gt = malloc(n * sizeof *gt), *up = malloc(n * sizeof *up);
+                m3_bf16 *a0 = malloc(n * 2), *av = malloc(n * 2);
+                m3_fill_normal(&r, gt, n, 4.0f);
+                m3_fill_normal(&r, up, n, 4.0f);
+                /* specials: NaN and infinities in either input (the hardware-conversion variants
+                 * must fall back to the exact NaN bits), and subnormal outputs (g' far negative,
+                 * u' + 1 = 2^-7) */
+                static const float sg[] = {NAN, INFINITY, -INFINITY, 0.0f, 0.0f, -0.0f};
+                static const float su[] = {0.5f, 0.5f, 0.5f, NAN, -INFINITY, INFINITY};
+                for (int64_t i = 0; i < n; i++) {
+                    if (i % 97 == 5) gt[i] = -45.0f - (float)(i % 8), up[i] = -0.9921875f;
+                    if (i % 1009 < 6 && n > 8) gt[i] = sg[i % 1009], up[i] = su[i % 1009];
+                }
+                m3_bf16 *dg = gpu_upload_bf16(g, gt, n, NULL), *du = gpu_upload_bf16(g, up, n, NULL);
+                m3_bf16 *dga = gpu_guard_alloc(g, n * 2), *da = gpu_guard_alloc(g, n * 2);
+                for (int k = 0; k <= ELEM_VARIANTS; k++) { /* 0 first (the reference), then the default */
+                    const int v = k == 0 ? 0 : k == 1 ? -1 : k - 1;
+                    m3_gpu_set_elem_variant(v);
+                    GPU_OK(m3_gpu_memset(g, da, 0xFF, n * 2));
+                    GPU_OK(m3_gpu_copy(g, dga, dg, n * 2));
+                    m3_bf16 *out = inplace ? dga : da;
+                    GPU_OK(m3_gpu_swiglu(g, out, dga, du, n, 1.702f, 7.0f, &p));
+                    GPU_OK(m3_gpu_download(g, k ? av : a0, out, n * 2));
+                    gpu_guard_check(g, out, n * 2, "swiglu variant");
+                    for (int64_t i = 0; k && i < n; i++)
+                        if (av[i] != a0[i])
+                            m3_test_failf("swiglu(%s,n=%lld,inplace=%d) variant %d [%lld]: %04x vs "
+                                          "%04x", p.name, (long long)n, inplace, v, (long long)i,
+                                          av[i], a0[i]);
+                }
+                m3_gpu_set_elem_variant(-1);
+                free(gt); free(up); free(a0); free(av);
+            }
+}
+
 /* ---- routing --------------------------------------------------------------------------- */
 static void route_case(m3_gpu *g, int T, int E, int K, int prof, bool with_bias) {
     m3_profile p;
@@ -576,6 +627,7 @@ static void moe_experts_fp32_unsupported(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(swiglu_matches_ref),
+        cmocka_unit_test(swiglu_variants_same_bytes),
         cmocka_unit_test(moe_route_matches_ref),
         cmocka_unit_test(moe_route_ties_go_to_lower_id),
         cmocka_unit_test(router_logits_match_ref),

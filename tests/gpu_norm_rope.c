@@ -140,6 +140,63 @@ static void rmsnorm_matches_ref(void **state) {
     }
 }
 
+/* ---- kernel variants: the same bytes ---------------------------------------------------
+ * Every m3_gpu_set_elem_variant variant (gpu/norm.hip) must write exactly the bytes of variant
+ * 0 (the original kernel): same per-thread order of the sum of squares, same reduction. Shapes
+ * cover 1..4 chunks a thread (D = 2048, 4096, 6144, 8192), a D that leaves threads idle (1000),
+ * an odd T (a half-empty block of the two-rows variant); hf and atom (norm reads the rounded
+ * or the fp32 sum), with and without h, and plain rmsnorm. */
+#define ELEM_VARIANTS 6
+static void norm_variant_case(m3_gpu *g, int T, int D, int prof, int kind) {
+    m3_profile p;
+    profile_of(&p, prof);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 250 + (uint64_t)T * 7 + (uint64_t)D + (uint64_t)prof * 3 + kind);
+    const int64_t n = (int64_t)T * D;
+    float *x = malloc(n * sizeof *x), *h = malloc(n * sizeof *h);
+    m3_bf16 *w = malloc(D * sizeof *w), *y0 = malloc(n * 2), *r0 = malloc(n * 2),
+            *yv = malloc(n * 2), *rv = malloc(n * 2);
+    m3_fill_normal(&r, x, n, 1.0f);
+    m3_fill_normal(&r, h, n, 0.5f);
+    fill_w(&r, w, D);
+    void *dw;
+    GPU_OK(m3_gpu_alloc(g, &dw, D * sizeof *w));
+    GPU_OK(m3_gpu_upload(g, dw, w, D * sizeof *w));
+    m3_bf16 *dx = gpu_upload_bf16(g, x, n, NULL), *dh = gpu_upload_bf16(g, h, n, NULL);
+    m3_bf16 *dr = gpu_guard_alloc(g, n * 2), *dy = gpu_guard_alloc(g, n * 2);
+    for (int k = 0; k <= ELEM_VARIANTS; k++) { /* 0 first (the reference), then the default */
+        const int v = k == 0 ? 0 : k == 1 ? -1 : k - 1;
+        m3_gpu_set_elem_variant(v);
+        GPU_OK(m3_gpu_memset(g, dy, 0xFF, n * 2));
+        if (kind == 0) {
+            GPU_OK(m3_gpu_rmsnorm(g, dy, dx, dw, T, D, EPS));
+        } else {
+            GPU_OK(m3_gpu_copy(g, dr, dx, n * 2));
+            GPU_OK(m3_gpu_rmsnorm_add(g, dy, dr, kind == 1 ? dh : NULL, dw, T, D, EPS, &p));
+        }
+        GPU_OK(m3_gpu_download(g, k ? yv : y0, dy, n * 2));
+        GPU_OK(m3_gpu_download(g, k ? rv : r0, dr, n * 2));
+        gpu_guard_check(g, dy, n * 2, "rmsnorm variant y");
+        gpu_guard_check(g, dr, n * 2, "rmsnorm variant resid");
+        for (int64_t i = 0; k && i < n; i++)
+            if (yv[i] != y0[i] || (kind && rv[i] != r0[i]))
+                m3_test_failf("rmsnorm%s(%s,T=%d,D=%d) variant %d [%lld]: y %04x vs %04x, resid "
+                              "%04x vs %04x", kind ? "_add" : "", p.name, T, D, v, (long long)i,
+                              yv[i], y0[i], rv[i], r0[i]);
+    }
+    m3_gpu_set_elem_variant(-1);
+    free(x); free(h); free(w); free(y0); free(r0); free(yv); free(rv);
+}
+
+static void rmsnorm_variants_same_bytes(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const int shapes[][2] = {{37, 6144}, {5, 1000}, {4, 2048}, {3, 4096}, {2, 8192}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int prof = 1; prof < 3; prof++)
+            for (int kind = 0; kind < 3; kind++)
+                norm_variant_case(g, shapes[s][0], shapes[s][1], prof, kind);
+}
+
 /* ---- q/k norm + RoPE ------------------------------------------------------------------- */
 typedef struct { int T, ld, col, n_head, head_dim, rot_dim; const char *name; } rope_shape;
 
@@ -214,6 +271,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rmsnorm_matches_ref),
         cmocka_unit_test(rmsnorm_add_matches_ref),
+        cmocka_unit_test(rmsnorm_variants_same_bytes),
         cmocka_unit_test(qk_norm_rope_matches_ref),
     };
     return M3_RUN_GPU_TESTS(tests);

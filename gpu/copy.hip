@@ -1,0 +1,60 @@
+/* gpu/copy.hip: m3_gpu_copy_kernel, a plain 16-byte device copy kernel. It is the bench's
+ * reference for what a simple memory-bound kernel reaches next to the runtime's own
+ * device-to-device copy (tests/gpu_bench.c bench_copy_kernel): the model never calls it.
+ *
+ * copy16_k: thread i of the grid moves chunks i*CPT .. in a span of 256*CPT chunks a block
+ *   (chunk base + c*256: coalesced), all its loads issued before its stores. HINT: loads
+ *   through the read-only path without an L1 line, streaming stores (gpu/mem16.h).
+ *
+ * Also here: the M3_ELEM_VARIANT switch of the element-wise kernels (gpu/norm.hip, gpu/mlp.hip;
+ * see m3_gpu_set_elem_variant), so one bench or test process can run every variant. */
+#include "gpu/hip_compat.h"
+#include "gpu/gpu_internal.h"
+#include "gpu/mem16.h"
+
+static int g_elem_variant = -2; /* -2: not read yet; -1: each kernel's default */
+
+extern "C" void m3_gpu_set_elem_variant(int v) { g_elem_variant = v < 0 ? -2 : v; }
+
+int m3_elem_variant(void) {
+    if (g_elem_variant == -2) { /* the environment, read once */
+        const char *e = getenv("M3_ELEM_VARIANT");
+        const int v = e && *e ? atoi(e) : M3_ELEM_DEFAULT;
+        g_elem_variant = v < 0 ? -1 : v;
+    }
+    return g_elem_variant;
+}
+
+template <int CPT, bool HINT>
+static __global__ void __launch_bounds__(256) copy16_k(uint4 *dst, const uint4 *src, int64_t n) {
+    const int64_t base = (int64_t)blockIdx.x * (256 * CPT) + threadIdx.x;
+    uint4 v[CPT];
+#pragma unroll
+    for (int c = 0; c < CPT; c++)
+        if (base + c * 256 < n) v[c] = HINT ? m3_ld16_ro(src + base + c * 256) : m3_ld16(src + base + c * 256);
+#pragma unroll
+    for (int c = 0; c < CPT; c++)
+        if (base + c * 256 < n) {
+            if (HINT) m3_st16_cs(dst + base + c * 256, v[c]);
+            else m3_st16(dst + base + c * 256, v[c]);
+        }
+}
+
+extern "C" m3_status m3_gpu_copy_kernel(m3_gpu *g, void *d_dst, const void *d_src, size_t bytes,
+                                        int flavor) {
+    if (bytes % 16 || !m3_aligned16(d_dst) || !m3_aligned16(d_src))
+        return m3_errorf(M3_ERR_UNSUPPORTED,
+                         "gpu copy kernel: %zu bytes / pointers not in 16-byte units", bytes);
+    const int64_t n = (int64_t)(bytes / 16);
+    if (n == 0) return M3_OK;
+    uint4 *d = (uint4 *)d_dst;
+    const uint4 *s = (const uint4 *)d_src;
+    if (flavor == 0)
+        copy16_k<1, false><<<m3_grid_1d(n, 256), 256, 0, g->stream>>>(d, s, n);
+    else if (flavor == 1)
+        copy16_k<1, true><<<m3_grid_1d(n, 256), 256, 0, g->stream>>>(d, s, n);
+    else
+        copy16_k<4, true><<<m3_grid_1d(n, 1024), 256, 0, g->stream>>>(d, s, n);
+    M3_LAUNCHED(g, "copy16_k");
+    return M3_OK;
+}
