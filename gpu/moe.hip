@@ -725,7 +725,6 @@ static __global__ void __launch_bounds__(EXP_THREADS)
  * The row tile of a block comes from a warp scan of ceil(n_e / BM) over the active experts
  * (group_k's tile_off counts 64-row tiles). AMD and pre-sm_80 NVIDIA use tile_k. */
 #define T2_THREADS 256
-#define T2_BN 128
 #define T2_BK 32
 #define T2_LDS (T2_BK + 8) /* padded rows (80 bytes): conflict-free ldmatrix and cp.async */
 
@@ -734,16 +733,16 @@ template <int WF> struct t2_raw { enum { RB = WF == M3_GPU_W_MXFP8 ? 32 : 16 }; 
 
 /* dynamic shared memory layout (bytes): src rows | A ring | B ring (bf16: S stages; MX: 2
  * dequantized buffers) | MX raw ring */
-template <int WF, int BM, int S> struct t2_lay {
+template <int WF, int BM, int BN, int S> struct t2_lay {
     enum {
         SRC = 0,
         A = 512,
         ASTAGE = BM * T2_LDS * 2,
         B = A + S * ASTAGE,
-        BSTAGE = T2_BN * T2_LDS * 2,
+        BSTAGE = BN * T2_LDS * 2,
         NB = WF == M3_GPU_W_BF16 ? S : 2,
         RAW = B + NB * BSTAGE,
-        RSTAGE = WF == M3_GPU_W_BF16 ? 0 : T2_BN * t2_raw<WF>::RB,
+        RSTAGE = WF == M3_GPU_W_BF16 ? 0 : BN * t2_raw<WF>::RB,
         BYTES = RAW + S * RSTAGE
     };
 };
@@ -814,14 +813,14 @@ static __device__ __forceinline__ size_t t2_wrow(int n, int e, int col0, int nou
     return (size_t)e * nout + col0 + n;
 }
 
-template <int WF, int MODE, int BM, int S>
-static __global__ void __launch_bounds__(T2_THREADS, 2)
+template <int WF, int MODE, int BM, int BN, int S>
+static __global__ void __launch_bounds__(T2_THREADS, BN == 256 ? 1 : 2)
     tile2_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
             const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
             const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
             bool act_bf16) {
 #if M3_HAVE_MMA
-    typedef t2_lay<WF, BM, S> L;
+    typedef t2_lay<WF, BM, BN, S> L;
     extern __shared__ uint4 t2_dyn[];
     unsigned char *smb = reinterpret_cast<unsigned char *>(t2_dyn);
     int *src = reinterpret_cast<int *>(smb + L::SRC); /* [BM]; [BM], [BM+1]: slot, row0 */
@@ -857,14 +856,14 @@ static __global__ void __launch_bounds__(T2_THREADS, 2)
     const int slot = blk[0];
     if (slot < 0) return; /* whole block: past the last row tile */
     const int e = m.act[slot], r0 = m.off[e], n = m.off[e + 1] - r0, row0 = blk[1];
-    const int col0 = (int)blockIdx.y * (MODE == 0 ? T2_BN / 2 : T2_BN);
+    const int col0 = (int)blockIdx.y * (MODE == 0 ? BN / 2 : BN);
     for (int i = tid; i < BM; i += T2_THREADS) {
         const int gr = row0 + i;
         src[i] = gr < n ? (MODE == 0 ? m.ent[r0 + gr] / K : r0 + gr) : -1;
     }
     __syncthreads();
-    /* this thread's copies per k-step: A pieces (BM x 4 of 16 bytes), B pieces (bf16: 128 x 4;
-     * MX raw: 128 x RB/16) */
+    /* this thread's copies per k-step: A pieces (BM x 4 of 16 bytes), B pieces (bf16: BN x 4;
+     * MX raw: BN x RB/16) */
     const int APT = BM * 4 / T2_THREADS; /* 1 or 2 */
     const m3_bf16 *pa[APT];
     int aoff[APT], abytes[APT];
@@ -875,29 +874,33 @@ static __global__ void __launch_bounds__(T2_THREADS, 2)
         aoff[h] = L::A + (r * T2_LDS + part * 8) * 2;
         abytes[h] = sr >= 0 ? 16 : 0;
     }
-    const unsigned char *pb[2];
-    int boff[2];
-    const int BPT = WF == M3_GPU_W_BF16 ? 2 : 1;
-    const bool bcopy = WF == M3_GPU_W_MXFP4 ? tid < T2_BN : true;
+    const int PPR = WF == M3_GPU_W_BF16 ? 4 : t2_raw<WF>::RB / 16; /* pieces a row */
+    const int BPT = (BN * PPR + T2_THREADS - 1) / T2_THREADS;   /* 1, 2 or 4 */
+    const unsigned char *pb[BPT];
+    int boff[BPT];
+    const bool bcopy = BN * PPR >= T2_THREADS || tid < BN * PPR;
     const size_t rbytes = wbytes<WF>((size_t)kdim);
 #pragma unroll
     for (int h = 0; h < BPT; h++) {
-        int nn, part;
-        if (WF == M3_GPU_W_BF16) nn = (tid + h * T2_THREADS) / 4, part = (tid + h * T2_THREADS) % 4;
-        else if (WF == M3_GPU_W_MXFP8) nn = tid / 2, part = tid % 2;
-        else nn = tid % T2_BN, part = 0;
+        const int idx = (tid + h * T2_THREADS) % (BN * PPR), nn = idx / PPR, part = idx % PPR;
         bool up;
         const size_t row = t2_wrow<MODE>(nn, e, col0, nout, &up);
         pb[h] = (const unsigned char *)(up ? w1 : w0) + row * rbytes + part * 16;
         boff[h] = WF == M3_GPU_W_BF16 ? L::B + (nn * T2_LDS + part * 8) * 2
                                       : L::RAW + nn * t2_raw<WF>::RB + part * 16;
     }
-    /* MX dequantization: thread -> tile column tid/2, elements (tid%2)*16 .. +15 of the k-step */
-    const m3_e8m0 *psc = NULL;
-    if (WF != M3_GPU_W_BF16) {
-        bool up;
-        const size_t row = t2_wrow<MODE>(tid / 2, e, col0, nout, &up);
-        psc = (up ? s1 : s0) + row * ((size_t)kdim / 32);
+    /* MX dequantization: thread -> tile columns (tid + 256 h) / 2, elements (tid % 2) * 16 ..
+     * + 15 of the k-step */
+    const int DPT = BN / 128;
+    const m3_e8m0 *psc[DPT];
+#pragma unroll
+    for (int h = 0; h < DPT; h++) {
+        psc[h] = NULL;
+        if (WF != M3_GPU_W_BF16) {
+            bool up;
+            const size_t row = t2_wrow<MODE>((tid + h * T2_THREADS) / 2, e, col0, nout, &up);
+            psc[h] = (up ? s1 : s0) + row * ((size_t)kdim / 32);
+        }
     }
     const int nk = kdim / T2_BK;
     auto issue = [&](int ks) {
@@ -910,41 +913,50 @@ static __global__ void __launch_bounds__(T2_THREADS, 2)
             for (int h = 0; h < BPT; h++)
                 t2_cp16(smb + boff[h] + st * L::BSTAGE, pb[h] + (size_t)ks * T2_BK * 2, 16);
         } else if (bcopy) {
-            t2_cp16(smb + boff[0] + st * L::RSTAGE, pb[0] + (size_t)ks * t2_raw<WF>::RB, 16);
+#pragma unroll
+            for (int h = 0; h < BPT; h++)
+                t2_cp16(smb + boff[h] + st * L::RSTAGE, pb[h] + (size_t)ks * t2_raw<WF>::RB, 16);
         }
     };
-    auto dequant = [&](int ks, m3_e8m0 scb) { /* raw stage of k-step ks -> bf16 buffer ks % 2 */
-        if (WF == M3_GPU_W_BF16) return;
-        const unsigned char *q = smb + L::RAW + (ks % S) * L::RSTAGE + (tid / 2) * t2_raw<WF>::RB +
-                                 (tid % 2) * (t2_raw<WF>::RB / 2);
-        m3_bf16 *d = reinterpret_cast<m3_bf16 *>(smb + L::B + (ks % 2) * L::BSTAGE) +
-                     (tid / 2) * T2_LDS + (tid % 2) * 16;
-        t2_dequant16<WF>(d, q, m3_e8m0_to_f32(scb));
+    /* raw stage of k-step ks -> bf16 buffer ks % 2 */
+    auto dequant = [&](int ks, const m3_e8m0 *scb) {
+#pragma unroll
+        for (int h = 0; h < (WF == M3_GPU_W_BF16 ? 0 : DPT); h++) {
+            const int c = (tid + h * T2_THREADS) / 2, half = tid % 2;
+            const unsigned char *q = smb + L::RAW + (ks % S) * L::RSTAGE + c * t2_raw<WF>::RB +
+                                     half * (t2_raw<WF>::RB / 2);
+            m3_bf16 *d = reinterpret_cast<m3_bf16 *>(smb + L::B + (ks % 2) * L::BSTAGE) +
+                         c * T2_LDS + half * 16;
+            t2_dequant16<WF>(d, q, m3_e8m0_to_f32(scb[h]));
+        }
     };
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < nk) issue(s);
         t2_commit();
     }
-    m3_e8m0 sc = 0; /* the scale byte of the next k-step to dequantize (converted late: the
-                     * load's latency hides behind a k-step of mma) */
+    /* the scale bytes of the next k-step to dequantize (converted late: the load's latency
+     * hides behind a k-step of mma) */
+    m3_e8m0 sc[DPT];
     if (WF != M3_GPU_W_BF16) {
-        sc = psc[0];
+#pragma unroll
+        for (int h = 0; h < DPT; h++) sc[h] = psc[h][0];
         t2_wait<S - 2>(); /* k-step 0 landed (this thread's copies) */
         __syncthreads(); /* everyone's */
         dequant(0, sc);
-        if (nk > 1) sc = psc[1];
+#pragma unroll
+        for (int h = 0; h < DPT; h++) sc[h] = nk > 1 ? psc[h][1] : 0;
     }
-    const int WM = BM / 2, MI = BM / 32;
+    const int WM = BM / 2, MI = BM / 32, WN = BN / 4, NI = WN / 8;
     const int wm = warp / 4, wn = warp % 4, mx = lane / 8, rr = lane % 8;
     /* 16-row fragments of this warp holding rows of the expert (the rest are padding) */
     int mlim = (n - row0 - wm * WM + 15) / 16;
     mlim = mlim < 0 ? 0 : (mlim > MI ? MI : mlim);
-    float acc[MI][4][4];
+    float acc[MI][NI][4];
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NI; j++)
 #pragma unroll
             for (int k = 0; k < 4; k++) acc[i][j][k] = 0.0f;
     for (int ks = 0; ks < nk; ks++) {
@@ -955,18 +967,20 @@ static __global__ void __launch_bounds__(T2_THREADS, 2)
         t2_commit(); /* (an empty group near the end keeps the count uniform) */
         if (WF != M3_GPU_W_BF16 && ks + 1 < nk) {
             dequant(ks + 1, sc);
-            if (ks + 2 < nk) sc = psc[ks + 2];
+#pragma unroll
+            for (int h = 0; h < DPT; h++)
+                if (ks + 2 < nk) sc[h] = psc[h][ks + 2];
         }
         const m3_bf16 *As = reinterpret_cast<const m3_bf16 *>(smb + L::A + (ks % S) * L::ASTAGE);
         const m3_bf16 *Bs = reinterpret_cast<const m3_bf16 *>(
             smb + L::B + (WF == M3_GPU_W_BF16 ? ks % S : ks % 2) * L::BSTAGE);
 #pragma unroll
         for (int kk = 0; kk < T2_BK; kk += 16) {
-            uint32_t bfr[4][2];
+            uint32_t bfr[NI][2];
 #pragma unroll
-            for (int np = 0; np < 2; np++) {
+            for (int np = 0; np < NI / 2; np++) {
                 uint32_t t[4];
-                ldsm_x4(t, Bs + (wn * 32 + np * 16 + (mx >> 1) * 8 + rr) * T2_LDS + kk + (mx & 1) * 8);
+                ldsm_x4(t, Bs + (wn * WN + np * 16 + (mx >> 1) * 8 + rr) * T2_LDS + kk + (mx & 1) * 8);
                 bfr[2 * np][0] = t[0], bfr[2 * np][1] = t[1];
                 bfr[2 * np + 1][0] = t[2], bfr[2 * np + 1][1] = t[3];
             }
@@ -976,7 +990,7 @@ static __global__ void __launch_bounds__(T2_THREADS, 2)
                 uint32_t af[4];
                 ldsm_x4(af, As + (wm * WM + mi * 16 + (mx & 1) * 8 + rr) * T2_LDS + kk + (mx >> 1) * 8);
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) m3_mma_bf16_16816(acc[mi][ni], af, bfr[ni]);
+                for (int ni = 0; ni < NI; ni++) m3_mma_bf16_16816(acc[mi][ni], af, bfr[ni]);
             }
         }
     }
@@ -993,7 +1007,7 @@ static __global__ void __launch_bounds__(T2_THREADS, 2)
             m3_bf16 *orow = out + (size_t)(r0 + row0 + r) * nout;
             if (MODE == 0) {
 #pragma unroll
-                for (int j = 0; j < 2; j++) { /* fragments 2j (gate) and 2j + 1 (up) */
+                for (int j = 0; j < NI / 2; j++) { /* fragments 2j (gate) and 2j + 1 (up) */
                     float a2[2];
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
@@ -1001,14 +1015,14 @@ static __global__ void __launch_bounds__(T2_THREADS, 2)
                         if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
                         a2[c] = swiglu_act(gv, uv, alpha, limit, smode);
                     }
-                    const int f = col0 + (wn * 2 + j) * 8 + 2 * tq;
+                    const int f = col0 + (wn * (NI / 2) + j) * 8 + 2 * tq;
                     *reinterpret_cast<uint32_t *>(orow + f) =
                         (uint32_t)m3_f32_to_bf16(a2[0]) | ((uint32_t)m3_f32_to_bf16(a2[1]) << 16);
                 }
             } else {
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    const int c = col0 + wn * 32 + ni * 8 + 2 * tq;
+                for (int ni = 0; ni < NI; ni++) {
+                    const int c = col0 + wn * WN + ni * 8 + 2 * tq;
                     *reinterpret_cast<uint32_t *>(orow + c) =
                         (uint32_t)m3_f32_to_bf16(acc[mi][ni][2 * hh]) |
                         ((uint32_t)m3_f32_to_bf16(acc[mi][ni][2 * hh + 1]) << 16);
@@ -1072,29 +1086,30 @@ static bool t2_ok(m3_gpu *g) {
 
 /* the prefill tile configuration: M3_MOE_TILE (a tuning knob for benches; default 1):
  * 0 tile_k (64 x 128, register double buffering), 1 tile2 128 rows 4 stages, 2 tile2 64 rows
- * 4 stages, 3 tile2 128 rows 3 stages, 4 tile2 128 rows 5 stages */
+ * 4 stages, 3 tile2 128 rows 3 stages, 4 tile2 128 rows 5 stages, 5 and 6: tile2 128 rows x
+ * 256 columns (warps of 64 x 64), 3 and 4 stages (D % 256 and F % 128, else 1) */
 static int t2_variant(void) {
     const char *v = getenv("M3_MOE_TILE");
-    return v && *v >= '0' && *v <= '4' && !v[1] ? *v - '0' : 1;
+    return v && *v >= '0' && *v <= '6' && !v[1] ? *v - '0' : 1;
 }
 
-template <int WF, int BM, int S>
+template <int WF, int BM, int BN, int S>
 static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
                         const m3_profile *p, const m3_mx_params *mid) {
     const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
-    const int sh = t2_lay<WF, BM, S>::BYTES;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 0, BM, S>,
+    const int sh = t2_lay<WF, BM, BN, S>::BYTES;
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 0, BM, BN, S>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 1, BM, S>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 1, BM, BN, S>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
     const unsigned tiles = (unsigned)(TK / BM + slots + 1); /* >= sum ceil(n_e / BM) */
-    tile2_k<WF, 0, BM, S><<<dim3(tiles, (unsigned)(F / (T2_BN / 2))), T2_THREADS, sh, g->stream>>>(
+    tile2_k<WF, 0, BM, BN, S><<<dim3(tiles, (unsigned)(F / (BN / 2))), T2_THREADS, sh, g->stream>>>(
         ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tile2_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    tile2_k<WF, 1, BM, S><<<dim3(tiles, (unsigned)(D / T2_BN)), T2_THREADS, sh, g->stream>>>(
+    tile2_k<WF, 1, BM, BN, S><<<dim3(tiles, (unsigned)(D / BN)), T2_THREADS, sh, g->stream>>>(
         ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tile2_k down");
     return M3_OK;
@@ -1130,11 +1145,15 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         M3_LAUNCHED(g, "sk_k down");
     } else {
 #ifdef M3_HIP_NVIDIA
-        switch (t2_ok(g) ? t2_variant() : 0) {
-        case 1: return t2_run<WF, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 2: return t2_run<WF, 64, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 3: return t2_run<WF, 128, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 4: return t2_run<WF, 128, 5>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        int v = t2_ok(g) ? t2_variant() : 0;
+        if (v >= 5 && (D % 256 || F % 128)) v = 1; /* 256 tile columns need D % 256, F % 128 */
+        switch (v) {
+        case 1: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 2: return t2_run<WF, 64, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 3: return t2_run<WF, 128, 128, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 4: return t2_run<WF, 128, 128, 5>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 5: return t2_run<WF, 128, 256, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 6: return t2_run<WF, 128, 256, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
         default: break; /* 0: tile_k */
         }
 #endif
