@@ -818,7 +818,7 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 ? 1 : 2)
     tile2_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
             const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
             const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
-            bool act_bf16) {
+            bool act_bf16, bool colfast) {
 #if M3_HAVE_MMA
     typedef t2_lay<WF, BM, BN, S> L;
     extern __shared__ uint4 t2_dyn[];
@@ -826,7 +826,11 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 ? 1 : 2)
     int *src = reinterpret_cast<int *>(smb + L::SRC); /* [BM]; [BM], [BM+1]: slot, row0 */
     __shared__ int blk[2];
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int bx = (int)blockIdx.x;
+    /* colfast: blockIdx.x is the column tile (the column tiles of one row tile run together:
+     * its activation rows are read once from memory); else blockIdx.x is the row tile (the
+     * row tiles of one expert run together: its weights are read once) */
+    const int bx = colfast ? (int)blockIdx.y : (int)blockIdx.x;
+    const int by = colfast ? (int)blockIdx.x : (int)blockIdx.y;
     if (warp == 0) { /* the expert slot and first row of row tile bx */
         const int na = *m.n_act;
         if (lane == 0) blk[0] = -1;
@@ -856,7 +860,7 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 ? 1 : 2)
     const int slot = blk[0];
     if (slot < 0) return; /* whole block: past the last row tile */
     const int e = m.act[slot], r0 = m.off[e], n = m.off[e + 1] - r0, row0 = blk[1];
-    const int col0 = (int)blockIdx.y * (MODE == 0 ? BN / 2 : BN);
+    const int col0 = by * (MODE == 0 ? BN / 2 : BN);
     for (int i = tid; i < BM; i += T2_THREADS) {
         const int gr = row0 + i;
         src[i] = gr < n ? (MODE == 0 ? m.ent[r0 + gr] / K : r0 + gr) : -1;
@@ -1087,16 +1091,17 @@ static bool t2_ok(m3_gpu *g) {
 /* the prefill tile configuration: M3_MOE_TILE (a tuning knob for benches; default 1):
  * 0 tile_k (64 x 128, register double buffering), 1 tile2 128 rows 4 stages, 2 tile2 64 rows
  * 4 stages, 3 tile2 128 rows 3 stages, 4 tile2 128 rows 5 stages, 5 and 6: tile2 128 rows x
- * 256 columns (warps of 64 x 64), 3 and 4 stages (D % 256 and F % 128, else 1) */
+ * 256 columns (warps of 64 x 64), 3 and 4 stages (D % 256 and F % 128, else 1); 7, 8, 9: 1, 5,
+ * 6 with the column tile as the fast grid index (else 7) */
 static int t2_variant(void) {
     const char *v = getenv("M3_MOE_TILE");
-    return v && *v >= '0' && *v <= '6' && !v[1] ? *v - '0' : 1;
+    return v && *v >= '0' && *v <= '9' && !v[1] ? *v - '0' : 1;
 }
 
 template <int WF, int BM, int BN, int S>
 static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
-                        const m3_profile *p, const m3_mx_params *mid) {
+                        const m3_profile *p, const m3_mx_params *mid, bool colfast) {
     const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
     const int sh = t2_lay<WF, BM, BN, S>::BYTES;
@@ -1105,12 +1110,16 @@ static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 1, BM, BN, S>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
     const unsigned tiles = (unsigned)(TK / BM + slots + 1); /* >= sum ceil(n_e / BM) */
-    tile2_k<WF, 0, BM, BN, S><<<dim3(tiles, (unsigned)(F / (BN / 2))), T2_THREADS, sh, g->stream>>>(
-        ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
+    const unsigned c1 = (unsigned)(F / (BN / 2)), c2 = (unsigned)(D / BN);
+    const dim3 g1 = colfast ? dim3(c1, tiles) : dim3(tiles, c1), g2 = colfast ? dim3(c2, tiles) : dim3(tiles, c2);
+    tile2_k<WF, 0, BM, BN, S><<<g1, T2_THREADS, sh, g->stream>>>(
+        ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16,
+        colfast);
     M3_LAUNCHED(g, "tile2_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    tile2_k<WF, 1, BM, BN, S><<<dim3(tiles, (unsigned)(D / BN)), T2_THREADS, sh, g->stream>>>(
-        ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
+    tile2_k<WF, 1, BM, BN, S><<<g2, T2_THREADS, sh, g->stream>>>(
+        ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16,
+        colfast);
     M3_LAUNCHED(g, "tile2_k down");
     return M3_OK;
 }
@@ -1146,14 +1155,18 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     } else {
 #ifdef M3_HIP_NVIDIA
         int v = t2_ok(g) ? t2_variant() : 0;
-        if (v >= 5 && (D % 256 || F % 128)) v = 1; /* 256 tile columns need D % 256, F % 128 */
+        /* 256 tile columns need D % 256, F % 128 */
+        if ((v == 5 || v == 6 || v >= 8) && (D % 256 || F % 128)) v = v >= 8 ? 7 : 1;
         switch (v) {
-        case 1: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 2: return t2_run<WF, 64, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 3: return t2_run<WF, 128, 128, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 4: return t2_run<WF, 128, 128, 5>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 5: return t2_run<WF, 128, 256, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 6: return t2_run<WF, 128, 256, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 1: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
+        case 2: return t2_run<WF, 64, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
+        case 3: return t2_run<WF, 128, 128, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
+        case 4: return t2_run<WF, 128, 128, 5>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
+        case 5: return t2_run<WF, 128, 256, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
+        case 6: return t2_run<WF, 128, 256, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
+        case 7: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 8: return t2_run<WF, 128, 256, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 9: return t2_run<WF, 128, 256, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
         default: break; /* 0: tile_k */
         }
 #endif

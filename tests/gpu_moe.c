@@ -370,8 +370,9 @@ static void moe_experts_m3_dims(void **state) {
     master_free(&wm);
 }
 
-/* Every prefill tile configuration (M3_MOE_TILE, gpu/moe.hip: 0 tile_k, 1-6 tile2_k with 128
- * or 64 rows, 128 or 256 columns, 3-5 stages; the default is 1) at odd shapes, all three
+/* Every prefill tile configuration (M3_MOE_TILE, gpu/moe.hip: 0 tile_k, 1-9 tile2_k with 128
+ * or 64 rows, 128 or 256 columns, 3-5 stages, either grid order; the default is 1) at odd
+ * shapes, all three
  * weight formats: E = 9, K = 3, D 256, F 192 (T = 13: experts of ~4 rows, mostly padding;
  * T = 300: ~100 rows, one partial 128-row tile; 256-column variants fall back to 128) and
  * E = 4, K = 2, T = 300, D 512, F 256 (~150 rows: two 128-row tiles, the second partial;
@@ -385,7 +386,7 @@ static void moe_experts_tile_variants(void **state) {
     exp_master w9, w4;
     master_make(&w9, 9, 256, 192, 830);
     master_make(&w4, 4, 512, 256, 840);
-    static const char *const vs[] = {"0", "1", "2", "3", "4", "5", "6"};
+    static const char *const vs[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
     for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
         setenv("M3_MOE_TILE", vs[v], 1);
         print_message("M3_MOE_TILE=%s\n", vs[v]);
