@@ -372,12 +372,11 @@ static void moe_experts_m3_dims(void **state) {
 
 /* Every prefill tile configuration (M3_MOE_TILE, gpu/moe.hip: 0 tile_k, 1-9 tile2_k with 128
  * or 64 rows, 128 or 256 columns, 3-5 stages, either grid order; the default is 1) at odd
- * shapes, all three
- * weight formats: E = 9, K = 3, D 256, F 192 (T = 13: experts of ~4 rows, mostly padding;
- * T = 300: ~100 rows, one partial 128-row tile; 256-column variants fall back to 128) and
- * E = 4, K = 2, T = 300, D 512, F 256 (~150 rows: two 128-row tiles, the second partial;
- * 256-column tiles). Same bound as moe_experts_small (the same math, another fp32 reduction
- * order). */
+ * shapes, all three weight formats: E = 9, K = 3, D 256, F 192 (T = 13: experts of ~4 rows,
+ * mostly padding; T = 300: ~100 rows, one partial 128-row tile; 256-column variants fall back
+ * to 128) and E = 4, K = 2, T = 300, D 512, F 256 (~150 rows: two 128-row tiles, the second
+ * partial; 256-column tiles). Same bound as moe_experts_small (the same math, another fp32
+ * reduction order). */
 static void moe_experts_tile_variants(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     const char *prev = getenv("M3_MOE_TILE");
