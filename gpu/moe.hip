@@ -736,7 +736,7 @@ template <int WF> struct t2_raw { enum { RB = WF == M3_GPU_W_MXFP8 ? 32 : 16 }; 
 template <int WF, int BM, int BN, int S> struct t2_lay {
     enum {
         SRC = 0,
-        A = 512,
+        A = 1024, /* src: BM <= 256 ints */
         ASTAGE = BM * T2_LDS * 2,
         B = A + S * ASTAGE,
         BSTAGE = BN * T2_LDS * 2,
@@ -814,7 +814,7 @@ static __device__ __forceinline__ size_t t2_wrow(int n, int e, int col0, int nou
 }
 
 template <int WF, int MODE, int BM, int BN, int S>
-static __global__ void __launch_bounds__(T2_THREADS, BN == 256 ? 1 : 2)
+static __global__ void __launch_bounds__(T2_THREADS, BN == 256 || BM > 160 ? 1 : 2)
     tile2_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
             const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
             const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
@@ -868,12 +868,12 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 ? 1 : 2)
     __syncthreads();
     /* this thread's copies per k-step: A pieces (BM x 4 of 16 bytes), B pieces (bf16: BN x 4;
      * MX raw: BN x RB/16) */
-    const int APT = BM * 4 / T2_THREADS; /* 1 or 2 */
+    const int APT = (BM * 4 + T2_THREADS - 1) / T2_THREADS; /* 1 .. 3 */
     const m3_bf16 *pa[APT];
     int aoff[APT], abytes[APT];
 #pragma unroll
     for (int h = 0; h < APT; h++) {
-        const int idx = tid + h * T2_THREADS, r = idx / 4, part = idx % 4, sr = src[r];
+        const int idx = (tid + h * T2_THREADS) % (BM * 4), /* (past BM x 4: not copied) */ r = idx / 4, part = idx % 4, sr = src[r];
         pa[h] = ain + (size_t)(sr >= 0 ? sr : 0) * kdim + part * 8;
         aoff[h] = L::A + (r * T2_LDS + part * 8) * 2;
         abytes[h] = sr >= 0 ? 16 : 0;
@@ -911,7 +911,8 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 ? 1 : 2)
         const int st = ks % S;
 #pragma unroll
         for (int h = 0; h < APT; h++)
-            t2_cp16(smb + aoff[h] + st * L::ASTAGE, pa[h] + (size_t)ks * T2_BK, abytes[h]);
+            if (APT * T2_THREADS == BM * 4 || tid + h * T2_THREADS < BM * 4)
+                t2_cp16(smb + aoff[h] + st * L::ASTAGE, pa[h] + (size_t)ks * T2_BK, abytes[h]);
         if (WF == M3_GPU_W_BF16) {
 #pragma unroll
             for (int h = 0; h < BPT; h++)
@@ -1089,10 +1090,10 @@ static bool t2_ok(m3_gpu *g) {
 }
 
 /* the prefill tile configuration: M3_MOE_TILE (a tuning knob for benches; default 1):
- * 0 tile_k (64 x 128, register double buffering), 1 tile2 128 rows 4 stages, 2 tile2 64 rows
- * 4 stages, 3 tile2 128 rows 3 stages, 4 tile2 128 rows 5 stages, 5 and 6: tile2 128 rows x
- * 256 columns (warps of 64 x 64), 3 and 4 stages (D % 256 and F % 128, else 1); 7, 8, 9: 1, 5,
- * 6 with the column tile as the fast grid index (else 7) */
+ * 0 tile_k (64 x 128, register double buffering); tile2_k rows x columns, stages, with the
+ * column tile as the fast grid index unless noted: 1 128 x 128, 4; 2 128 x 256, 4; 3 128 x 128,
+ * 3; 4 160 x 128, 4; 5 160 x 128, 3; 6 192 x 128, 4; 7 as 1 with row tiles fast; 8 128 x 256, 3;
+ * 9 64 x 128, 4. 256 columns need D % 256 and F % 128 (else 1). */
 static int t2_variant(void) {
     const char *v = getenv("M3_MOE_TILE");
     return v && *v >= '0' && *v <= '9' && !v[1] ? *v - '0' : 1;
@@ -1156,17 +1157,17 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
 #ifdef M3_HIP_NVIDIA
         int v = t2_ok(g) ? t2_variant() : 0;
         /* 256 tile columns need D % 256, F % 128 */
-        if ((v == 5 || v == 6 || v >= 8) && (D % 256 || F % 128)) v = v >= 8 ? 7 : 1;
+        if ((v == 2 || v == 8) && (D % 256 || F % 128)) v = 1;
         switch (v) {
-        case 1: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
-        case 2: return t2_run<WF, 64, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
-        case 3: return t2_run<WF, 128, 128, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
-        case 4: return t2_run<WF, 128, 128, 5>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
-        case 5: return t2_run<WF, 128, 256, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
-        case 6: return t2_run<WF, 128, 256, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
-        case 7: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 1: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 2: return t2_run<WF, 128, 256, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 3: return t2_run<WF, 128, 128, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 4: return t2_run<WF, 160, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 5: return t2_run<WF, 160, 128, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 6: return t2_run<WF, 192, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 7: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
         case 8: return t2_run<WF, 128, 256, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
-        case 9: return t2_run<WF, 128, 256, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 9: return t2_run<WF, 64, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
         default: break; /* 0: tile_k */
         }
 #endif
