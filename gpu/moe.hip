@@ -724,7 +724,6 @@ static __global__ void __launch_bounds__(EXP_THREADS)
  * is loaded into a register one k-step before its use.
  * The row tile of a block comes from a warp scan of ceil(n_e / BM) over the active experts
  * (group_k's tile_off counts 64-row tiles). AMD and pre-sm_80 NVIDIA use tile_k. */
-#define T2_THREADS 256
 #define T2_BK 32
 #define T2_LDS (T2_BK + 8) /* padded rows (80 bytes): conflict-free ldmatrix and cp.async */
 
@@ -813,24 +812,24 @@ static __device__ __forceinline__ size_t t2_wrow(int n, int e, int col0, int nou
     return (size_t)e * nout + col0 + n;
 }
 
-template <int WF, int MODE, int BM, int BN, int S>
-static __global__ void __launch_bounds__(T2_THREADS, BN == 256 || BM > 160 ? 1 : 2)
+template <int WF, int MODE, int BM, int BN, int WN, int S>
+static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN > 32 || BM > 160 ? 1 : 2)
     tile2_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
             const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
             const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
-            bool act_bf16, bool colfast) {
+            bool act_bf16) {
 #if M3_HAVE_MMA
     typedef t2_lay<WF, BM, BN, S> L;
+    const int NT = BN / WN * 64; /* threads: warps 2 (rows) x BN / WN (columns) */
     extern __shared__ uint4 t2_dyn[];
     unsigned char *smb = reinterpret_cast<unsigned char *>(t2_dyn);
     int *src = reinterpret_cast<int *>(smb + L::SRC); /* [BM]; [BM], [BM+1]: slot, row0 */
     __shared__ int blk[2];
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
-    /* colfast: blockIdx.x is the column tile (the column tiles of one row tile run together:
-     * its activation rows are read once from memory); else blockIdx.x is the row tile (the
-     * row tiles of one expert run together: its weights are read once) */
-    const int bx = colfast ? (int)blockIdx.y : (int)blockIdx.x;
-    const int by = colfast ? (int)blockIdx.x : (int)blockIdx.y;
+    /* blockIdx.x is the column tile: the column tiles of one row tile run together (its
+     * activation rows are read once from memory), and the row tiles of an expert follow
+     * each other (its weight columns are still in L2); measured faster than row tiles first */
+    const int bx = (int)blockIdx.y, by = (int)blockIdx.x;
     if (warp == 0) { /* the expert slot and first row of row tile bx */
         const int na = *m.n_act;
         if (lane == 0) blk[0] = -1;
@@ -861,32 +860,33 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 || BM > 160 ? 1 :
     if (slot < 0) return; /* whole block: past the last row tile */
     const int e = m.act[slot], r0 = m.off[e], n = m.off[e + 1] - r0, row0 = blk[1];
     const int col0 = by * (MODE == 0 ? BN / 2 : BN);
-    for (int i = tid; i < BM; i += T2_THREADS) {
+    for (int i = tid; i < BM; i += NT) {
         const int gr = row0 + i;
         src[i] = gr < n ? (MODE == 0 ? m.ent[r0 + gr] / K : r0 + gr) : -1;
     }
     __syncthreads();
     /* this thread's copies per k-step: A pieces (BM x 4 of 16 bytes), B pieces (bf16: BN x 4;
      * MX raw: BN x RB/16) */
-    const int APT = (BM * 4 + T2_THREADS - 1) / T2_THREADS; /* 1 .. 3 */
+    const int APT = (BM * 4 + NT - 1) / NT; /* 1 .. 3 */
     const m3_bf16 *pa[APT];
     int aoff[APT], abytes[APT];
 #pragma unroll
     for (int h = 0; h < APT; h++) {
-        const int idx = (tid + h * T2_THREADS) % (BM * 4), /* (past BM x 4: not copied) */ r = idx / 4, part = idx % 4, sr = src[r];
+        /* (a thread past BM x 4 pieces copies nothing: see issue) */
+        const int idx = (tid + h * NT) % (BM * 4), r = idx / 4, part = idx % 4, sr = src[r];
         pa[h] = ain + (size_t)(sr >= 0 ? sr : 0) * kdim + part * 8;
         aoff[h] = L::A + (r * T2_LDS + part * 8) * 2;
         abytes[h] = sr >= 0 ? 16 : 0;
     }
     const int PPR = WF == M3_GPU_W_BF16 ? 4 : t2_raw<WF>::RB / 16; /* pieces a row */
-    const int BPT = (BN * PPR + T2_THREADS - 1) / T2_THREADS;   /* 1, 2 or 4 */
+    const int BPT = (BN * PPR + NT - 1) / NT;   /* 1, 2 or 4 */
     const unsigned char *pb[BPT];
     int boff[BPT];
-    const bool bcopy = BN * PPR >= T2_THREADS || tid < BN * PPR;
+    const bool bcopy = BN * PPR >= NT || tid < BN * PPR;
     const size_t rbytes = wbytes<WF>((size_t)kdim);
 #pragma unroll
     for (int h = 0; h < BPT; h++) {
-        const int idx = (tid + h * T2_THREADS) % (BN * PPR), nn = idx / PPR, part = idx % PPR;
+        const int idx = (tid + h * NT) % (BN * PPR), nn = idx / PPR, part = idx % PPR;
         bool up;
         const size_t row = t2_wrow<MODE>(nn, e, col0, nout, &up);
         pb[h] = (const unsigned char *)(up ? w1 : w0) + row * rbytes + part * 16;
@@ -895,14 +895,14 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 || BM > 160 ? 1 :
     }
     /* MX dequantization: thread -> tile columns (tid + 256 h) / 2, elements (tid % 2) * 16 ..
      * + 15 of the k-step */
-    const int DPT = BN / 128;
+    const int DPT = 2 * BN / NT; /* 1 or 2 */
     const m3_e8m0 *psc[DPT];
 #pragma unroll
     for (int h = 0; h < DPT; h++) {
         psc[h] = NULL;
         if (WF != M3_GPU_W_BF16) {
             bool up;
-            const size_t row = t2_wrow<MODE>((tid + h * T2_THREADS) / 2, e, col0, nout, &up);
+            const size_t row = t2_wrow<MODE>((tid + h * NT) / 2, e, col0, nout, &up);
             psc[h] = (up ? s1 : s0) + row * ((size_t)kdim / 32);
         }
     }
@@ -911,7 +911,7 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 || BM > 160 ? 1 :
         const int st = ks % S;
 #pragma unroll
         for (int h = 0; h < APT; h++)
-            if (APT * T2_THREADS == BM * 4 || tid + h * T2_THREADS < BM * 4)
+            if (APT * NT == BM * 4 || tid + h * NT < BM * 4)
                 t2_cp16(smb + aoff[h] + st * L::ASTAGE, pa[h] + (size_t)ks * T2_BK, abytes[h]);
         if (WF == M3_GPU_W_BF16) {
 #pragma unroll
@@ -927,7 +927,7 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 || BM > 160 ? 1 :
     auto dequant = [&](int ks, const m3_e8m0 *scb) {
 #pragma unroll
         for (int h = 0; h < (WF == M3_GPU_W_BF16 ? 0 : DPT); h++) {
-            const int c = (tid + h * T2_THREADS) / 2, half = tid % 2;
+            const int c = (tid + h * NT) / 2, half = tid % 2;
             const unsigned char *q = smb + L::RAW + (ks % S) * L::RSTAGE + c * t2_raw<WF>::RB +
                                      half * (t2_raw<WF>::RB / 2);
             m3_bf16 *d = reinterpret_cast<m3_bf16 *>(smb + L::B + (ks % 2) * L::BSTAGE) +
@@ -952,8 +952,8 @@ static __global__ void __launch_bounds__(T2_THREADS, BN == 256 || BM > 160 ? 1 :
 #pragma unroll
         for (int h = 0; h < DPT; h++) sc[h] = nk > 1 ? psc[h][1] : 0;
     }
-    const int WM = BM / 2, MI = BM / 32, WN = BN / 4, NI = WN / 8;
-    const int wm = warp / 4, wn = warp % 4, mx = lane / 8, rr = lane % 8;
+    const int WM = BM / 2, MI = BM / 32, NI = WN / 8;
+    const int wm = warp / (BN / WN), wn = warp % (BN / WN), mx = lane / 8, rr = lane % 8;
     /* 16-row fragments of this warp holding rows of the expert (the rest are padding) */
     int mlim = (n - row0 - wm * WM + 15) / 16;
     mlim = mlim < 0 ? 0 : (mlim > MI ? MI : mlim);
@@ -1090,37 +1090,36 @@ static bool t2_ok(m3_gpu *g) {
 }
 
 /* the prefill tile configuration: M3_MOE_TILE (a tuning knob for benches; default 1):
- * 0 tile_k (64 x 128, register double buffering); tile2_k rows x columns, stages, with the
- * column tile as the fast grid index unless noted: 1 128 x 128, 4; 2 128 x 256, 4; 3 128 x 128,
- * 3; 4 160 x 128, 4; 5 160 x 128, 3; 6 192 x 128, 4; 7 as 1 with row tiles fast; 8 128 x 256, 3;
- * 9 64 x 128, 4. 256 columns need D % 256 and F % 128 (else 1). */
+ * 0 tile_k (64 x 128, register double buffering); tile2_k rows x columns (warp tile width),
+ * stages: 1 128 x 128 (32), 4; 2 128 x 256 (64), 4; 3 128 x 128 (32), 3; 4 160 x 128 (32), 4;
+ * 5 160 x 128 (32), 3; 6 128 x 256 (32: 16 warps), 4; 7 160 x 256 (32), 4; 8 160 x 256 (32),
+ * 3; 9 64 x 128 (32), 4. 256 columns need D % 256 and F % 128 (else 1). */
 static int t2_variant(void) {
     const char *v = getenv("M3_MOE_TILE");
     return v && *v >= '0' && *v <= '9' && !v[1] ? *v - '0' : 1;
 }
 
-template <int WF, int BM, int BN, int S>
+template <int WF, int BM, int BN, int WN, int S>
 static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
-                        const m3_profile *p, const m3_mx_params *mid, bool colfast) {
+                        const m3_profile *p, const m3_mx_params *mid) {
     const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
     const int sh = t2_lay<WF, BM, BN, S>::BYTES;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 0, BM, BN, S>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 0, BM, BN, WN, S>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 1, BM, BN, S>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 1, BM, BN, WN, S>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
     const unsigned tiles = (unsigned)(TK / BM + slots + 1); /* >= sum ceil(n_e / BM) */
     const unsigned c1 = (unsigned)(F / (BN / 2)), c2 = (unsigned)(D / BN);
-    const dim3 g1 = colfast ? dim3(c1, tiles) : dim3(tiles, c1), g2 = colfast ? dim3(c2, tiles) : dim3(tiles, c2);
-    tile2_k<WF, 0, BM, BN, S><<<g1, T2_THREADS, sh, g->stream>>>(
-        ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16,
-        colfast);
+    const dim3 g1(c1, tiles), g2(c2, tiles);
+    const int nt = BN / WN * 64;
+    tile2_k<WF, 0, BM, BN, WN, S><<<g1, nt, sh, g->stream>>>(
+        ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tile2_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    tile2_k<WF, 1, BM, BN, S><<<g2, T2_THREADS, sh, g->stream>>>(
-        ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16,
-        colfast);
+    tile2_k<WF, 1, BM, BN, WN, S><<<g2, nt, sh, g->stream>>>(
+        ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tile2_k down");
     return M3_OK;
 }
@@ -1157,17 +1156,17 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
 #ifdef M3_HIP_NVIDIA
         int v = t2_ok(g) ? t2_variant() : 0;
         /* 256 tile columns need D % 256, F % 128 */
-        if ((v == 2 || v == 8) && (D % 256 || F % 128)) v = 1;
+        if ((v == 2 || (v >= 6 && v <= 8)) && (D % 256 || F % 128)) v = 1;
         switch (v) {
-        case 1: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
-        case 2: return t2_run<WF, 128, 256, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
-        case 3: return t2_run<WF, 128, 128, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
-        case 4: return t2_run<WF, 160, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
-        case 5: return t2_run<WF, 160, 128, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
-        case 6: return t2_run<WF, 192, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
-        case 7: return t2_run<WF, 128, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, false);
-        case 8: return t2_run<WF, 128, 256, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
-        case 9: return t2_run<WF, 64, 128, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, true);
+        case 1: return t2_run<WF, 128, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 2: return t2_run<WF, 128, 256, 64, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 3: return t2_run<WF, 128, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 4: return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 5: return t2_run<WF, 160, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 6: return t2_run<WF, 128, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 7: return t2_run<WF, 160, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 8: return t2_run<WF, 160, 256, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 9: return t2_run<WF, 64, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
         default: break; /* 0: tile_k */
         }
 #endif
