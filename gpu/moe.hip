@@ -153,6 +153,8 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  *               in shared memory (a code times a power of two has at most 4 significant
  *               bits, so bf16 holds it exactly unless it is below 2^-126), mma.sync with
  *               ldmatrix fragments on NVIDIA, fp32 FMAs on the portable path.
+ *   tile2_k     the larger batches on NVIDIA sm_80+ instead of tile_k: 160-row tiles through
+ *               a 4-stage cp.async ring (its section below).
  *   Gate/up kernels compute g and u of the same rows and apply swiglu_oai in the epilogue
  *   (g, u rounded to bf16 first: the act_bf16 GEMM outputs), storing a in bf16.
  *   mx_qdq_k    (act_mid applies) a quantize-dequantized in place, before down.
@@ -707,13 +709,14 @@ static __global__ void __launch_bounds__(EXP_THREADS)
 }
 
 /* ---- larger batches, NVIDIA sm_80+: tile2_k, a cp.async pipeline -----------------------------
- * Block (row tile, column tile): BM (64 or 128) grouped rows of one active expert x 128 tile
- * columns, k-steps of 32 (one MX block), S-stage ring in dynamic shared memory filled with
- * cp.async (16 bytes a copy; the padding rows of a partial row tile are zero-filled), one
- * barrier per k-step. 8 warps as 2 (rows) x 4 (columns), each BM/2 x 32: MI = BM/32 16-row
- * fragments x 4 8-column fragments, ldmatrix + mma.sync. A warp skips the 16-row fragments
- * that lie past the expert's last row (the tile's padding), so a partial tile costs loads but
- * little tensor work.
+ * Block (column tile, row tile): BM grouped rows of one active expert (160 by default: with
+ * random routing at T = 4096 an expert has 128 +- 11 rows, so one tile holds nearly every
+ * expert and no nearly empty second tile streams the weights again) x BN tile columns, k-steps
+ * of 32 (one MX block), an S-stage ring in dynamic shared memory filled with cp.async (16 bytes
+ * a copy; padding rows of a partial tile zero-filled), one barrier per k-step. Warps 2 (rows) x
+ * BN / WN (columns), each BM/2 x WN: MI = BM/32 16-row fragments x WN/8 8-column fragments,
+ * ldmatrix + mma.sync. A warp skips its 16-row fragments that hold none of the expert's rows,
+ * so a partial tile costs loads but little tensor work.
  * MODE 0 columns interleave gate and up in blocks of 8 (tile columns 16j..16j+7: gate rows
  * f0+8j.., 16j+8..16j+15: up rows of the same f), so each lane holds g and u of the same
  * elements and the epilogue (bf16(g), bf16(u), swiglu, bf16 a) runs in registers; MODE 1
@@ -723,7 +726,9 @@ static __global__ void __launch_bounds__(EXP_THREADS)
  * exact in bf16 unless below 2^-126, as in tile_k) into a 2-deep bf16 buffer; the scale byte
  * is loaded into a register one k-step before its use.
  * The row tile of a block comes from a warp scan of ceil(n_e / BM) over the active experts
- * (group_k's tile_off counts 64-row tiles). AMD and pre-sm_80 NVIDIA use tile_k. */
+ * (group_k's tile_off counts 64-row tiles). blockIdx.x is the column tile (see below). The
+ * configurations measured are kept behind M3_MOE_TILE (t2_variant). AMD and pre-sm_80 NVIDIA
+ * use tile_k. */
 #define T2_BK 32
 #define T2_LDS (T2_BK + 8) /* padded rows (80 bytes): conflict-free ldmatrix and cp.async */
 
