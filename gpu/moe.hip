@@ -822,7 +822,7 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
     tile2_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
             const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
             const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
-            bool act_bf16, int opt) {
+            bool act_bf16) {
 #if M3_HAVE_MMA
     typedef t2_lay<WF, BM, BN, S> L;
     const int NT = BN / WN * 64; /* threads: warps 2 (rows) x BN / WN (columns) */
@@ -916,7 +916,7 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
         const int st = ks % S;
 #pragma unroll
         for (int h = 0; h < APT; h++)
-            if ((APT * NT == BM * 4 || tid + h * NT < BM * 4) && (!(opt & 2) || abytes[h]))
+            if (APT * NT == BM * 4 || tid + h * NT < BM * 4)
                 t2_cp16(smb + aoff[h] + st * L::ASTAGE, pa[h] + (size_t)ks * T2_BK, abytes[h]);
         if (WF == M3_GPU_W_BF16) {
 #pragma unroll
@@ -961,8 +961,7 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
     const int wm = warp / (BN / WN), wn = warp % (BN / WN), mx = lane / 8, rr = lane % 8;
     /* 16-row fragments of this warp holding rows of the expert (the rest are padding) */
     const int nfr = (min(n - row0, BM) + 15) / 16; /* the tile's fragments holding rows */
-    const bool il = opt & 1;
-    int mlim = il ? (nfr - wm + 1) / 2 : nfr - wm * MI;
+    int mlim = nfr - wm * MI;
     mlim = mlim < 0 ? 0 : (mlim > MI ? MI : mlim);
     float acc[MI][NI][4];
 #pragma unroll
@@ -1000,8 +999,7 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
             for (int mi = 0; mi < MI; mi++) {
                 if (mi >= mlim) break; /* warp-uniform */
                 uint32_t af[4];
-                const int fr = il ? (2 * mi + wm) * 16 : wm * WM + mi * 16;
-                ldsm_x4(af, As + (fr + (mx & 1) * 8 + rr) * T2_LDS + kk + (mx >> 1) * 8);
+                ldsm_x4(af, As + (wm * WM + mi * 16 + (mx & 1) * 8 + rr) * T2_LDS + kk + (mx >> 1) * 8);
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++) m3_mma_bf16_16816(acc[mi][ni], af, bfr[ni]);
             }
@@ -1015,7 +1013,7 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
     for (int mi = 0; mi < MI; mi++) {
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            const int r = (il ? (2 * mi + wm) * 16 : wm * WM + mi * 16) + gq + 8 * hh;
+            const int r = wm * WM + mi * 16 + gq + 8 * hh;
             if (row0 + r >= n) continue;
             m3_bf16 *orow = out + (size_t)(r0 + row0 + r) * nout;
             if (MODE == 0) {
@@ -1097,12 +1095,11 @@ static bool t2_ok(m3_gpu *g) {
     return cc[g->device] >= 8;
 }
 
-/* the prefill tile configuration: M3_MOE_TILE (a tuning knob for benches; default 1):
- * 0 tile_k (64 x 128, register double buffering); tile2_k rows x columns (warp tile width),
- * stages, opt (bit 0: 16-row fragments dealt to the two warp rows alternately; bit 1: no copies
- * for the padding rows): 1-4 160 x 128 (32), 4, opt 0-3; 5 160 x 256 (32: 16 warps), 4, 3
- * (needs D % 256 and F % 128, else 1); 6 128 x 128 (32), 4, 3; 7 160 x 128 (32), 3, 3;
- * 8 192 x 128 (32), 4, 3; 9 64 x 128 (32), 4, 3. */
+/* the prefill tile configuration: M3_MOE_TILE (a tuning knob for benches; default 1). 0 tile_k
+ * (64 x 128, register double buffering); tile2_k rows x columns (warps), stages: 1 160 x 128
+ * (8), 4; 2 128 x 256 (8 of 64 x 64), 4; 3 128 x 128 (8), 3; 4 128 x 128 (8), 4; 5 160 x 256
+ * (16), 4; 6 128 x 256 (16), 4; 7 160 x 128 (8), 3; 8 160 x 256 (16), 3; 9 64 x 128 (8), 4.
+ * 256 columns need D % 256 and F % 128 (else 1). Timings: docs/gpu.md "Prefill tiles". */
 static int t2_variant(void) {
     const char *v = getenv("M3_MOE_TILE");
     return v && *v >= '0' && *v <= '9' && !v[1] ? *v - '0' : 1;
@@ -1111,7 +1108,7 @@ static int t2_variant(void) {
 template <int WF, int BM, int BN, int WN, int S>
 static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
-                        const m3_profile *p, const m3_mx_params *mid, int opt) {
+                        const m3_profile *p, const m3_mx_params *mid) {
     const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
     const int sh = t2_lay<WF, BM, BN, S>::BYTES;
@@ -1124,11 +1121,11 @@ static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const dim3 g1(c1, tiles), g2(c2, tiles);
     const int nt = BN / WN * 64;
     tile2_k<WF, 0, BM, BN, WN, S><<<g1, nt, sh, g->stream>>>(
-        ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, opt);
+        ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tile2_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     tile2_k<WF, 1, BM, BN, WN, S><<<g2, nt, sh, g->stream>>>(
-        ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16, opt);
+        ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tile2_k down");
     return M3_OK;
 }
@@ -1165,17 +1162,17 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
 #ifdef M3_HIP_NVIDIA
         int v = t2_ok(g) ? t2_variant() : 0;
         /* 256 tile columns need D % 256, F % 128 */
-        if (v == 5 && (D % 256 || F % 128)) v = 1;
+        if ((v == 2 || v == 5 || v == 6 || v == 8) && (D % 256 || F % 128)) v = 1;
         switch (v) {
-        case 1: return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, 0);
-        case 2: return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, 1);
-        case 3: return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, 2);
-        case 4: return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, 3);
-        case 5: return t2_run<WF, 160, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, 3);
-        case 6: return t2_run<WF, 128, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, 3);
-        case 7: return t2_run<WF, 160, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, 3);
-        case 8: return t2_run<WF, 192, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, 3);
-        case 9: return t2_run<WF, 64, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid, 3);
+        case 1: return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 2: return t2_run<WF, 128, 256, 64, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 3: return t2_run<WF, 128, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 4: return t2_run<WF, 128, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 5: return t2_run<WF, 160, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 6: return t2_run<WF, 128, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 7: return t2_run<WF, 160, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 8: return t2_run<WF, 160, 256, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 9: return t2_run<WF, 64, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
         default: break; /* 0: tile_k */
         }
 #endif

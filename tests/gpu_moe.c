@@ -371,8 +371,8 @@ static void moe_experts_m3_dims(void **state) {
 }
 
 /* Every prefill tile configuration (M3_MOE_TILE, gpu/moe.hip: 0 tile_k, 1-9 tile2_k with 64 to
- * 192 rows, 128 or 256 columns, 8 or 16 warps, 3 or 4 stages, both fragment orders, padding
- * rows zero-filled or left stale; the default is 1) at odd shapes, all three weight formats: E = 9, K = 3, D 256, F 192 (T = 13: experts of ~4 rows,
+ * 160 rows, 128 or 256 columns, 8 or 16 warps, 3 or 4 stages; the default is 1) at odd
+ * shapes, all three weight formats: E = 9, K = 3, D 256, F 192 (T = 13: experts of ~4 rows,
  * mostly padding; T = 300: ~100 rows, one partial tile; 256-column variants fall back to 128)
  * and E = 3, K = 2, T = 300, D 512, F 256 (~200 rows: two tiles of 128 or 160 rows, the
  * second partial; 256-column tiles). Same bound as moe_experts_small (the same math, another
