@@ -153,6 +153,8 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  *               in shared memory (a code times a power of two has at most 4 significant
  *               bits, so bf16 holds it exactly unless it is below 2^-126), mma.sync with
  *               ldmatrix fragments on NVIDIA, fp32 FMAs on the portable path.
+ *   tile2_k     the larger batches on NVIDIA sm_80+ instead of tile_k: 160-row tiles through
+ *               a 4-stage cp.async ring (its section below).
  *   Gate/up kernels compute g and u of the same rows and apply swiglu_oai in the epilogue
  *   (g, u rounded to bf16 first: the act_bf16 GEMM outputs), storing a in bf16.
  *   mx_qdq_k    (act_mid applies) a quantize-dequantized in place, before down.
@@ -706,6 +708,342 @@ static __global__ void __launch_bounds__(EXP_THREADS)
     }
 }
 
+/* ---- larger batches, NVIDIA sm_80+: tile2_k, a cp.async pipeline -----------------------------
+ * Block (column tile, row tile): BM grouped rows of one active expert (160 by default: with
+ * random routing at T = 4096 an expert has 128 +- 11 rows, so one tile holds nearly every
+ * expert and no nearly empty second tile streams the weights again) x BN tile columns, k-steps
+ * of 32 (one MX block), an S-stage ring in dynamic shared memory filled with cp.async (16 bytes
+ * a copy; padding rows of a partial tile zero-filled), one barrier per k-step. Warps 2 (rows) x
+ * BN / WN (columns), each BM/2 x WN: MI = BM/32 16-row fragments x WN/8 8-column fragments,
+ * ldmatrix + mma.sync. A warp skips its 16-row fragments that hold none of the expert's rows,
+ * so a partial tile costs loads but little tensor work.
+ * MODE 0 columns interleave gate and up in blocks of 8 (tile columns 16j..16j+7: gate rows
+ * f0+8j.., 16j+8..16j+15: up rows of the same f), so each lane holds g and u of the same
+ * elements and the epilogue (bf16(g), bf16(u), swiglu, bf16 a) runs in registers; MODE 1
+ * stores bf16(y_e) from registers.
+ * bf16 weights go global -> shared by cp.async like the activations. MX weights: their codes
+ * by cp.async into a raw ring, then one k-step ahead dequantized (code x power-of-two scale:
+ * exact in bf16 unless below 2^-126, as in tile_k) into a 2-deep bf16 buffer; the scale byte
+ * is loaded into a register one k-step before its use.
+ * The row tile of a block comes from a warp scan of ceil(n_e / BM) over the active experts
+ * (group_k's tile_off counts 64-row tiles). blockIdx.x is the column tile (see below). The
+ * configurations measured are kept behind M3_MOE_TILE (t2_variant). AMD and pre-sm_80 NVIDIA
+ * use tile_k. */
+#define T2_BK 32
+#define T2_LDS (T2_BK + 8) /* padded rows (80 bytes): conflict-free ldmatrix and cp.async */
+
+/* raw MX bytes of one weight row and k-step (bf16: unused) */
+template <int WF> struct t2_raw { enum { RB = WF == M3_GPU_W_MXFP8 ? 32 : 16 }; };
+
+/* dynamic shared memory layout (bytes): src rows | A ring | B ring (bf16: S stages; MX: 2
+ * dequantized buffers) | MX raw ring */
+template <int WF, int BM, int BN, int S> struct t2_lay {
+    enum {
+        SRC = 0,
+        A = 1024, /* src: BM <= 256 ints */
+        ASTAGE = BM * T2_LDS * 2,
+        B = A + S * ASTAGE,
+        BSTAGE = BN * T2_LDS * 2,
+        NB = WF == M3_GPU_W_BF16 ? S : 2,
+        RAW = B + NB * BSTAGE,
+        RSTAGE = WF == M3_GPU_W_BF16 ? 0 : BN * t2_raw<WF>::RB,
+        BYTES = RAW + S * RSTAGE
+    };
+};
+
+#if M3_HAVE_MMA
+/* 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros (g must stay a valid address) */
+static __device__ __forceinline__ void t2_cp16(void *sdst, const void *g, int src_bytes) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(src_bytes));
+}
+static __device__ __forceinline__ void t2_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+/* at most N of this thread's committed groups still in flight */
+template <int N> static __device__ __forceinline__ void t2_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* 16 MX elements (fp8: 16 bytes, fp4: 8 bytes at q) times sc -> bf16 at dst (exact values,
+ * see tile_store_b) */
+template <int WF>
+static __device__ __forceinline__ void t2_dequant16(m3_bf16 *dst, const unsigned char *q, float sc) {
+    float v[16];
+    if (WF == M3_GPU_W_MXFP8) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(q);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#if M3_HAVE_FP8_CVT
+#pragma unroll
+        for (int i = 0; i < 4; i++) m3_e4m3x4_to_f32(w[i], v + 4 * i);
+#else
+#pragma unroll
+        for (int i = 0; i < 16; i++) v[i] = m3_fp8_to_f32((m3_fp8)((w[i / 4] >> (8 * (i % 4))) & 0xFFu), M3_FP8_E4M3FN);
+#endif
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2 *>(q);
+        const uint32_t w[2] = {u.x, u.y}; /* low_even: element 2j in the low nibble of byte j */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#if M3_HAVE_FP8_CVT /* e2m1 re-laid as e4m3 (x 2^-6, undone by FP4_WMUL): see decode8 */
+            float a[4], b[4];
+            m3_e4m3x4_to_f32(((w[h] << 2) & 0x1C1C1C1Cu) | ((w[h] << 4) & 0x80808080u), a);
+            m3_e4m3x4_to_f32(((w[h] >> 2) & 0x1C1C1C1Cu) | (w[h] & 0x80808080u), b);
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[8 * h + 2 * k] = a[k], v[8 * h + 2 * k + 1] = b[k];
+#else
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[8 * h + k] = m3_fp4_to_f32((uint8_t)((w[h] >> (4 * k)) & 0xFu));
+#endif
+        }
+        sc *= FP4_WMUL; /* exact */
+    }
+    uint32_t p[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) /* exact values: the top 16 bits are the bf16 */
+        p[i] = (m3_f32_bits(v[2 * i] * sc) >> 16) | (m3_f32_bits(v[2 * i + 1] * sc) & 0xFFFF0000u);
+    uint4 *d = reinterpret_cast<uint4 *>(dst);
+    d[0] = make_uint4(p[0], p[1], p[2], p[3]);
+    d[1] = make_uint4(p[4], p[5], p[6], p[7]);
+}
+#endif
+
+/* weight row of tile column n (MODE 0: gate/up interleaved in blocks of 8, see above) */
+template <int MODE>
+static __device__ __forceinline__ size_t t2_wrow(int n, int e, int col0, int nout, bool *up) {
+    if (MODE == 0) {
+        *up = (n >> 3) & 1;
+        return (size_t)e * nout + col0 + (n >> 4) * 8 + (n & 7);
+    }
+    *up = false;
+    return (size_t)e * nout + col0 + n;
+}
+
+template <int WF, int MODE, int BM, int BN, int WN, int S>
+static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN > 32 || BM > 160 ? 1 : 2)
+    tile2_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
+            const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
+            const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
+            bool act_bf16) {
+#if M3_HAVE_MMA
+    typedef t2_lay<WF, BM, BN, S> L;
+    const int NT = BN / WN * 64; /* threads: warps 2 (rows) x BN / WN (columns) */
+    extern __shared__ uint4 t2_dyn[];
+    unsigned char *smb = reinterpret_cast<unsigned char *>(t2_dyn);
+    int *src = reinterpret_cast<int *>(smb + L::SRC); /* [BM]; [BM], [BM+1]: slot, row0 */
+    __shared__ int blk[2];
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
+    /* blockIdx.x is the column tile: the column tiles of one row tile run together (its
+     * activation rows are read once from memory), and the row tiles of an expert follow
+     * each other (its weight columns are still in L2); measured faster than row tiles first */
+    const int bx = (int)blockIdx.y, by = (int)blockIdx.x;
+    if (warp == 0) { /* the expert slot and first row of row tile bx */
+        const int na = *m.n_act;
+        if (lane == 0) blk[0] = -1;
+        __syncwarp();
+        int base = 0;
+        for (int s0_ = 0; s0_ < na; s0_ += 32) {
+            const int s = s0_ + lane;
+            int t = 0;
+            if (s < na) {
+                const int e = m.act[s];
+                t = (m.off[e + 1] - m.off[e] + BM - 1) / BM;
+            }
+            int inc = t;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const int o = __shfl_up_sync(0xffffffffu, inc, d);
+                if (lane >= d) inc += o;
+            }
+            const int ex = base + inc - t;
+            const bool hit = bx >= ex && bx < ex + t;
+            if (hit) blk[0] = s, blk[1] = (bx - ex) * BM;
+            base += __shfl_sync(0xffffffffu, inc, 31);
+            if (__any_sync(0xffffffffu, hit) || base > bx) break;
+        }
+    }
+    __syncthreads();
+    const int slot = blk[0];
+    if (slot < 0) return; /* whole block: past the last row tile */
+    const int e = m.act[slot], r0 = m.off[e], n = m.off[e + 1] - r0, row0 = blk[1];
+    const int col0 = by * (MODE == 0 ? BN / 2 : BN);
+    for (int i = tid; i < BM; i += NT) {
+        const int gr = row0 + i;
+        src[i] = gr < n ? (MODE == 0 ? m.ent[r0 + gr] / K : r0 + gr) : -1;
+    }
+    __syncthreads();
+    /* this thread's copies per k-step: A pieces (BM x 4 of 16 bytes), B pieces (bf16: BN x 4;
+     * MX raw: BN x RB/16) */
+    const int APT = (BM * 4 + NT - 1) / NT; /* 1 .. 3 */
+    const m3_bf16 *pa[APT];
+    int aoff[APT], abytes[APT];
+#pragma unroll
+    for (int h = 0; h < APT; h++) {
+        /* (a thread past BM x 4 pieces copies nothing: see issue) */
+        const int idx = (tid + h * NT) % (BM * 4), r = idx / 4, part = idx % 4, sr = src[r];
+        pa[h] = ain + (size_t)(sr >= 0 ? sr : 0) * kdim + part * 8;
+        aoff[h] = L::A + (r * T2_LDS + part * 8) * 2;
+        abytes[h] = sr >= 0 ? 16 : 0;
+    }
+    const int PPR = WF == M3_GPU_W_BF16 ? 4 : t2_raw<WF>::RB / 16; /* pieces a row */
+    const int BPT = (BN * PPR + NT - 1) / NT;   /* 1, 2 or 4 */
+    const unsigned char *pb[BPT];
+    int boff[BPT];
+    const bool bcopy = BN * PPR >= NT || tid < BN * PPR;
+    const size_t rbytes = wbytes<WF>((size_t)kdim);
+#pragma unroll
+    for (int h = 0; h < BPT; h++) {
+        const int idx = (tid + h * NT) % (BN * PPR), nn = idx / PPR, part = idx % PPR;
+        bool up;
+        const size_t row = t2_wrow<MODE>(nn, e, col0, nout, &up);
+        pb[h] = (const unsigned char *)(up ? w1 : w0) + row * rbytes + part * 16;
+        boff[h] = WF == M3_GPU_W_BF16 ? L::B + (nn * T2_LDS + part * 8) * 2
+                                      : L::RAW + nn * t2_raw<WF>::RB + part * 16;
+    }
+    /* MX dequantization: thread -> tile columns (tid + 256 h) / 2, elements (tid % 2) * 16 ..
+     * + 15 of the k-step */
+    const int DPT = 2 * BN / NT; /* 1 or 2 */
+    const m3_e8m0 *psc[DPT];
+#pragma unroll
+    for (int h = 0; h < DPT; h++) {
+        psc[h] = NULL;
+        if (WF != M3_GPU_W_BF16) {
+            bool up;
+            const size_t row = t2_wrow<MODE>((tid + h * NT) / 2, e, col0, nout, &up);
+            psc[h] = (up ? s1 : s0) + row * ((size_t)kdim / 32);
+        }
+    }
+    const int nk = kdim / T2_BK;
+    auto issue = [&](int ks) {
+        const int st = ks % S;
+#pragma unroll
+        for (int h = 0; h < APT; h++)
+            if (APT * NT == BM * 4 || tid + h * NT < BM * 4)
+                t2_cp16(smb + aoff[h] + st * L::ASTAGE, pa[h] + (size_t)ks * T2_BK, abytes[h]);
+        if (WF == M3_GPU_W_BF16) {
+#pragma unroll
+            for (int h = 0; h < BPT; h++)
+                t2_cp16(smb + boff[h] + st * L::BSTAGE, pb[h] + (size_t)ks * T2_BK * 2, 16);
+        } else if (bcopy) {
+#pragma unroll
+            for (int h = 0; h < BPT; h++)
+                t2_cp16(smb + boff[h] + st * L::RSTAGE, pb[h] + (size_t)ks * t2_raw<WF>::RB, 16);
+        }
+    };
+    /* raw stage of k-step ks -> bf16 buffer ks % 2 */
+    auto dequant = [&](int ks, const m3_e8m0 *scb) {
+#pragma unroll
+        for (int h = 0; h < (WF == M3_GPU_W_BF16 ? 0 : DPT); h++) {
+            const int c = (tid + h * NT) / 2, half = tid % 2;
+            const unsigned char *q = smb + L::RAW + (ks % S) * L::RSTAGE + c * t2_raw<WF>::RB +
+                                     half * (t2_raw<WF>::RB / 2);
+            m3_bf16 *d = reinterpret_cast<m3_bf16 *>(smb + L::B + (ks % 2) * L::BSTAGE) +
+                         c * T2_LDS + half * 16;
+            t2_dequant16<WF>(d, q, m3_e8m0_to_f32(scb[h]));
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < nk) issue(s);
+        t2_commit();
+    }
+    /* the scale bytes of the next k-step to dequantize (converted late: the load's latency
+     * hides behind a k-step of mma) */
+    m3_e8m0 sc[DPT];
+    if (WF != M3_GPU_W_BF16) {
+#pragma unroll
+        for (int h = 0; h < DPT; h++) sc[h] = psc[h][0];
+        t2_wait<S - 2>(); /* k-step 0 landed (this thread's copies) */
+        __syncthreads(); /* everyone's */
+        dequant(0, sc);
+#pragma unroll
+        for (int h = 0; h < DPT; h++) sc[h] = nk > 1 ? psc[h][1] : 0;
+    }
+    const int WM = BM / 2, MI = BM / 32, NI = WN / 8;
+    const int wm = warp / (BN / WN), wn = warp % (BN / WN), mx = lane / 8, rr = lane % 8;
+    /* 16-row fragments of this warp holding rows of the expert (the rest are padding) */
+    const int nfr = (min(n - row0, BM) + 15) / 16; /* the tile's fragments holding rows */
+    int mlim = nfr - wm * MI;
+    mlim = mlim < 0 ? 0 : (mlim > MI ? MI : mlim);
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[i][j][k] = 0.0f;
+    for (int ks = 0; ks < nk; ks++) {
+        if (WF == M3_GPU_W_BF16) t2_wait<S - 2>(); /* k-step ks landed */
+        else t2_wait<S - 3>();                    /* k-steps ks and ks + 1 landed */
+        __syncthreads(); /* everyone's; and stage (ks - 1) % S is no longer read */
+        if (ks + S - 1 < nk) issue(ks + S - 1);
+        t2_commit(); /* (an empty group near the end keeps the count uniform) */
+        if (WF != M3_GPU_W_BF16 && ks + 1 < nk) {
+            dequant(ks + 1, sc);
+#pragma unroll
+            for (int h = 0; h < DPT; h++)
+                if (ks + 2 < nk) sc[h] = psc[h][ks + 2];
+        }
+        const m3_bf16 *As = reinterpret_cast<const m3_bf16 *>(smb + L::A + (ks % S) * L::ASTAGE);
+        const m3_bf16 *Bs = reinterpret_cast<const m3_bf16 *>(
+            smb + L::B + (WF == M3_GPU_W_BF16 ? ks % S : ks % 2) * L::BSTAGE);
+#pragma unroll
+        for (int kk = 0; kk < T2_BK; kk += 16) {
+            uint32_t bfr[NI][2];
+#pragma unroll
+            for (int np = 0; np < NI / 2; np++) {
+                uint32_t t[4];
+                ldsm_x4(t, Bs + (wn * WN + np * 16 + (mx >> 1) * 8 + rr) * T2_LDS + kk + (mx & 1) * 8);
+                bfr[2 * np][0] = t[0], bfr[2 * np][1] = t[1];
+                bfr[2 * np + 1][0] = t[2], bfr[2 * np + 1][1] = t[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                if (mi >= mlim) break; /* warp-uniform */
+                uint32_t af[4];
+                ldsm_x4(af, As + (wm * WM + mi * 16 + (mx & 1) * 8 + rr) * T2_LDS + kk + (mx >> 1) * 8);
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) m3_mma_bf16_16816(acc[mi][ni], af, bfr[ni]);
+            }
+        }
+    }
+    t2_wait<0>();
+    /* epilogue from registers: lane holds rows gq, gq + 8 and columns 2tq, 2tq + 1 of each
+     * 16 x 8 fragment */
+    const int gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = wm * WM + mi * 16 + gq + 8 * hh;
+            if (row0 + r >= n) continue;
+            m3_bf16 *orow = out + (size_t)(r0 + row0 + r) * nout;
+            if (MODE == 0) {
+#pragma unroll
+                for (int j = 0; j < NI / 2; j++) { /* fragments 2j (gate) and 2j + 1 (up) */
+                    float a2[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        float gv = acc[mi][2 * j][2 * hh + c], uv = acc[mi][2 * j + 1][2 * hh + c];
+                        if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                        a2[c] = swiglu_act(gv, uv, alpha, limit, smode);
+                    }
+                    const int f = col0 + (wn * (NI / 2) + j) * 8 + 2 * tq;
+                    *reinterpret_cast<uint32_t *>(orow + f) =
+                        (uint32_t)m3_f32_to_bf16(a2[0]) | ((uint32_t)m3_f32_to_bf16(a2[1]) << 16);
+                }
+            } else {
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    const int c = col0 + wn * WN + ni * 8 + 2 * tq;
+                    *reinterpret_cast<uint32_t *>(orow + c) =
+                        (uint32_t)m3_f32_to_bf16(acc[mi][ni][2 * hh]) |
+                        ((uint32_t)m3_f32_to_bf16(acc[mi][ni][2 * hh + 1]) << 16);
+                }
+            }
+        }
+    }
+#endif
+}
+
 /* ---- combine --------------------------------------------------------------------------- */
 static __global__ void __launch_bounds__(256)
     combine_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
@@ -745,6 +1083,54 @@ static __global__ void __launch_bounds__(256)
 }
 
 /* ---- launcher -------------------------------------------------------------------------- */
+#ifdef M3_HIP_NVIDIA
+/* tile2_k needs sm_80+ (cp.async, mma.sync); the device's answer is kept per device id */
+static bool t2_ok(m3_gpu *g) {
+    static int cc[16];
+    if (g->device < 0 || g->device >= 16) return false;
+    if (!cc[g->device]) {
+        hipDeviceProp_t pr;
+        cc[g->device] = hipGetDeviceProperties(&pr, g->device) == hipSuccess ? pr.major : -1;
+    }
+    return cc[g->device] >= 8;
+}
+
+/* the prefill tile configuration: M3_MOE_TILE (a tuning knob for benches; default 1). 0 tile_k
+ * (64 x 128, register double buffering); tile2_k rows x columns (warps), stages: 1 160 x 128
+ * (8), 4; 2 128 x 256 (8 of 64 x 64), 4; 3 128 x 128 (8), 3; 4 128 x 128 (8), 4; 5 160 x 256
+ * (16), 4; 6 128 x 256 (16), 4; 7 160 x 128 (8), 3; 8 160 x 256 (16), 3; 9 64 x 128 (8), 4.
+ * 256 columns need D % 256 and F % 128 (else 1). Timings: docs/gpu.md "Prefill tiles". */
+static int t2_variant(void) {
+    const char *v = getenv("M3_MOE_TILE");
+    return v && *v >= '0' && *v <= '9' && !v[1] ? *v - '0' : 1;
+}
+
+template <int WF, int BM, int BN, int WN, int S>
+static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
+                        int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
+                        const m3_profile *p, const m3_mx_params *mid) {
+    const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu;
+    const bool ab16 = p->act_bf16;
+    const int sh = t2_lay<WF, BM, BN, S>::BYTES;
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 0, BM, BN, WN, S>,
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, sh));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)tile2_k<WF, 1, BM, BN, WN, S>,
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, sh));
+    const unsigned tiles = (unsigned)(TK / BM + slots + 1); /* >= sum ceil(n_e / BM) */
+    const unsigned c1 = (unsigned)(F / (BN / 2)), c2 = (unsigned)(D / BN);
+    const dim3 g1(c1, tiles), g2(c2, tiles);
+    const int nt = BN / WN * 64;
+    tile2_k<WF, 0, BM, BN, WN, S><<<g1, nt, sh, g->stream>>>(
+        ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "tile2_k gate/up");
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
+    tile2_k<WF, 1, BM, BN, WN, S><<<g2, nt, sh, g->stream>>>(
+        ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "tile2_k down");
+    return M3_OK;
+}
+#endif
+
 template <int WF>
 static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                              const exp_meta &m, int T, const m3_gpu_experts *w,
@@ -773,6 +1159,23 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
             ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
         M3_LAUNCHED(g, "sk_k down");
     } else {
+#ifdef M3_HIP_NVIDIA
+        int v = t2_ok(g) ? t2_variant() : 0;
+        /* 256 tile columns need D % 256, F % 128 */
+        if ((v == 2 || v == 5 || v == 6 || v == 8) && (D % 256 || F % 128)) v = 1;
+        switch (v) {
+        case 1: return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 2: return t2_run<WF, 128, 256, 64, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 3: return t2_run<WF, 128, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 4: return t2_run<WF, 128, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 5: return t2_run<WF, 160, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 6: return t2_run<WF, 128, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 7: return t2_run<WF, 160, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 8: return t2_run<WF, 160, 256, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        case 9: return t2_run<WF, 64, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        default: break; /* 0: tile_k */
+        }
+#endif
         const unsigned tiles = (unsigned)(TK / TILE_BM + slots + 1); /* >= sum ceil(n_e/64) */
         tile_k<WF, 0><<<dim3(tiles, (unsigned)(F / (TILE_BN / 2))), EXP_THREADS, 0, g->stream>>>(
             ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);

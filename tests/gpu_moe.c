@@ -421,6 +421,37 @@ static void moe_experts_m3_dims(void **state) {
     master_free(&wm);
 }
 
+/* Every prefill tile configuration (M3_MOE_TILE, gpu/moe.hip: 0 tile_k, 1-9 tile2_k with 64 to
+ * 160 rows, 128 or 256 columns, 8 or 16 warps, 3 or 4 stages; the default is 1) at odd
+ * shapes, all three weight formats: E = 9, K = 3, D 256, F 192 (T = 13: experts of ~4 rows,
+ * mostly padding; T = 300: ~100 rows, one partial tile; 256-column variants fall back to 128)
+ * and E = 3, K = 2, T = 300, D 512, F 256 (~200 rows: two tiles of 128 or 160 rows, the
+ * second partial; 256-column tiles). Same bound as moe_experts_small (the same math, another
+ * fp32 reduction order). */
+static void moe_experts_tile_variants(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    const char *prev = getenv("M3_MOE_TILE");
+    char keep[16] = "";
+    if (prev) snprintf(keep, sizeof keep, "%s", prev);
+    exp_master w9, w3;
+    master_make(&w9, 9, 256, 192, 830);
+    master_make(&w3, 3, 512, 256, 840);
+    static const char *const vs[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
+    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+        setenv("M3_MOE_TILE", vs[v], 1);
+        print_message("M3_MOE_TILE=%s\n", vs[v]);
+        for (int f = 0; f < 3; f++) {
+            experts_case(g, &w9, 13, 3, (m3_gpu_wfmt)f, 2);
+            experts_case(g, &w9, 300, 3, (m3_gpu_wfmt)f, 2);
+            experts_case(g, &w3, 300, 2, (m3_gpu_wfmt)f, 1);
+        }
+    }
+    if (prev) setenv("M3_MOE_TILE", keep, 1);
+    else unsetenv("M3_MOE_TILE");
+    master_free(&w9);
+    master_free(&w3);
+}
+
 /* ---- routed experts with activation quantization ------------------------------------------
  * ref's quantized-expert path: m3_mlp_weights of format MXFP8 / MXFP4 whose m3_wq carry the
  * codes, the e8m0 scales and the act (what ref/qload.c builds: MX rceil activations, e4m3fn
@@ -633,6 +664,7 @@ int main(void) {
         cmocka_unit_test(router_logits_match_ref),
         cmocka_unit_test(moe_experts_small),
         cmocka_unit_test(moe_experts_m3_dims),
+        cmocka_unit_test(moe_experts_tile_variants),
         cmocka_unit_test(moe_experts_fp32_unsupported),
         cmocka_unit_test(moe_experts_act_small),
         cmocka_unit_test(moe_experts_act_m3_dims),
