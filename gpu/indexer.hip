@@ -13,6 +13,9 @@
  *   rounds of a block arg-max over (score desc, NaN highest, id asc): the reference's
  *   order; the extra round gives the margin S_(K) - S_(K+1) and the tie flag.
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/indexer.h"
@@ -359,7 +362,263 @@ static __global__ void __launch_bounds__(IDX_THREADS)
     }
 }
 
-/* ---- launchers ------------------------------------------------------------------------- */
+/* ---- decode path: keys streamed into registers ------------------------------------------
+ * idx_stream_k (NVIDIA mma.sync, bf16): one block of 4 warps per (key block b, group of 16/G
+ * tokens); warp w scores the keys [w*B/4, (w+1)*B/4) of the block. Each lane loads its key
+ * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes
+ * per warp load: full sectors), all of them issued before the first mma, so a block keeps
+ * up to 32 KB in flight and no shared-memory staging or barrier sits between load and use.
+ * A dot product does not depend on the order of its dims, so the dims are permuted
+ * consistently in Q and K: lane (g, t) holds the dims 8*(t + 4j) .. +7 (j < Di/32) of key g
+ * of the n-tile, the uint4 j serves k-steps 2j and 2j+1, and the Q fragments (in registers,
+ * loaded once) take the same physical dims. Then the masked max per (token, head) row, NaN
+ * tracked per row, as idx_score_mma_k, and a cross-warp max through shared memory. The
+ * device int n_ties is zeroed here (stream order puts it before the selection's adds).
+ * Launched when G divides 16, Di % 32 == 0, Di <= 128, B % 32 == 0, B <= 128. */
+#define IST_THREADS 128
+#define IST_WARPS 4
+#define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
+static __global__ void __launch_bounds__(IST_THREADS)
+    idx_stream_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
+                 int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
+                 int n_tok, int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
+#if M3_HAVE_MMA
+    __shared__ float red_m[IST_WARPS][16], red_n[IST_WARPS][16];
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw, b = (int)blockIdx.x;
+    if (n_ties && b == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
+    int pmax = -1;
+    for (int i = 0; i < tpw; i++)
+        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
+        for (int i = tid; i < tpw * G; i += IST_THREADS) {
+            const int tt = t0 + i / G, hh = i % G;
+            if (tt < n_tok) scores[((int64_t)hh * n_tok + tt) * nbk + b] = -INFINITY;
+        }
+        return; /* whole block */
+    }
+    const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
+    /* issue every key load of this warp first */
+    uint4 kb[IST_TILES][4];
+#pragma unroll
+    for (int i = 0; i < IST_TILES; i++) {
+        const int key = b * B + (warp * tiles + i) * 8 + gq;
+        const bool ok = i < tiles && key < n_ctx && key <= pmax;
+        const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+    }
+    int rt[2], rp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = gq + 8 * h;
+        rt[h] = t0 + row / G;
+        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
+    }
+    uint32_t qa[ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i & 1, row = gq + 8 * h;
+            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
+                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
+                                                                  (size_t)(row % G) * Di + d)
+                            : 0u;
+        }
+    }
+    float mx[2] = {-INFINITY, -INFINITY}, nan_seen[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < IST_TILES; i++) {
+        const int k0 = b * B + (warp * tiles + i) * 8;
+        if (i >= tiles || k0 > pmax) break; /* block-uniform */
+        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+            if (s2 >= Di / 16) break;
+            const uint4 v = kb[i][s2 >> 1];
+            const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
+            m3_mma_bf16_16816(c4, qa[s2], bfr);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
+            if (key <= rp[h]) {
+                if (isnan(c4[e])) nan_seen[h] = 1.0f;
+                else mx[h] = fmaxf(mx[h], c4[e]);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
+        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
+        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 1));
+        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 2));
+        if (tq == 0) red_m[warp][gq + 8 * h] = mx[h], red_n[warp][gq + 8 * h] = nan_seen[h];
+    }
+    __syncthreads();
+    if (tid < 16) {
+        const int tt = t0 + tid / G;
+        if (tt < n_tok) {
+            float m = red_m[0][tid], nn = red_n[0][tid];
+#pragma unroll
+            for (int w = 1; w < IST_WARPS; w++) m = fmaxf(m, red_m[w][tid]), nn = fmaxf(nn, red_n[w][tid]);
+            float z;
+            if (b > pos[tt] / B) z = -INFINITY;
+            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? m * scale : m;
+            scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = z;
+        }
+    }
+#else
+    (void)scores; (void)n_ties; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk;
+    (void)n_ctx; (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg;
+#endif
+}
+
+/* ---- one-pass selection ------------------------------------------------------------------
+ * idx_topk_k: one block of NT threads per (t, g) row, nb <= NT * PER. The order (score desc,
+ * NaN highest, id asc) is a total order on rank keys u = (sortable score bits << 32) | ~id
+ * (rank_key; -0 counts as +0 and every NaN alike, as `before`), all distinct. Thread i holds
+ * the scores of blocks i, i + NT, ... in registers (forced values applied and written back
+ * to S, init then local as ref). With need = min(K+1, nb):
+ *   1. tau = the need-th largest of the per-thread maxima. Each warp publishes the lanes
+ *      whose maximum ranks < need within the warp (the global top-need maxima are among
+ *      them); a rank count over the published ones finds tau.
+ *   2. Candidates: the scores with u >= tau. They come from the need threads whose max is
+ *      >= tau, so there are at most need * PER of them (all nb when fewer than need threads
+ *      hold a score), and every score ranking above a candidate is a candidate.
+ *   3. A rank count over the candidates gives ranks 0 .. need-1: the reference's order.
+ * Four barriers, no rounds; exact for any data (ties included). */
+static __device__ __forceinline__ unsigned long long rank_key(float v, int id) {
+    uint32_t u;
+    if (isnan(v)) {
+        u = 0xFFFFFFFFu;
+    } else {
+        const uint32_t bits = v == 0.0f ? 0u : __float_as_uint(v);
+        u = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    }
+    return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (uint32_t)id);
+}
+static __device__ __forceinline__ float rank_val(unsigned long long k) {
+    const uint32_t u = (uint32_t)(k >> 32);
+    if (u == 0xFFFFFFFFu) return NAN;
+    return __uint_as_float((u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u);
+}
+static __device__ __forceinline__ int rank_id(unsigned long long k) {
+    return (int)(0xFFFFFFFFu - (uint32_t)(k & 0xFFFFFFFFull));
+}
+
+template <int NT, int PER>
+static __global__ void __launch_bounds__(NT)
+    idx_topk_k(int32_t *M3_RESTRICT topk, float *M3_RESTRICT scores, float *M3_RESTRICT margin,
+               int *M3_RESTRICT n_ties, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+               int width, int B, int K, int local_blocks, int init_blocks, bool use_init,
+               float init_boost, float local_boost, float tie_margin) {
+    constexpr int NW = NT / M3_WARP;
+    __shared__ unsigned long long tmax[NT], pub[NW * (IDX_MAX_K + 1)], cand[(IDX_MAX_K + 1) * PER];
+    __shared__ unsigned long long tau;
+    __shared__ int n_cand, chosen[IDX_MAX_K + 1];
+    __shared__ float chosen_v[IDX_MAX_K + 1];
+    const int t = (int)blockIdx.x, g = (int)blockIdx.y, tid = (int)threadIdx.x;
+    const int nb = pos[t] / B + 1, lo = nb - local_blocks > 0 ? nb - local_blocks : 0;
+    const int need = K + 1 < nb ? K + 1 : nb, n_pub = NW * need;
+    float *S = scores + ((int64_t)g * n_tok + t) * nbk;
+    float v[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * NT;
+        v[i] = b < nb ? S[b] : 0.0f;
+    }
+    unsigned long long mx = 0; /* 0: no score (every rank key is > 0) */
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * NT;
+        if (b < nb) {
+            if (b >= lo) v[i] = local_boost, S[b] = local_boost;
+            else if (use_init && b < init_blocks) v[i] = init_boost, S[b] = init_boost;
+            const unsigned long long u = rank_key(v[i], b);
+            mx = u > mx ? u : mx;
+        }
+    }
+    tmax[tid] = mx;
+    for (int j = tid; j < n_pub; j += NT) pub[j] = 0;
+    if (tid == 0) tau = 1, n_cand = 0; /* tau 1: every score (fewer than need threads hold one) */
+    __syncthreads();
+    const int w = tid / M3_WARP;
+    if (mx) {
+        int r = 0;
+        for (int j = 0; j < M3_WARP; j++) r += tmax[w * M3_WARP + j] > mx;
+        if (r < need) pub[w * need + r] = mx;
+    }
+    __syncthreads();
+    for (int j = tid; j < n_pub; j += NT) {
+        const unsigned long long u = pub[j];
+        if (!u) continue;
+        int r = 0;
+        for (int k = 0; k < n_pub; k++) r += pub[k] > u;
+        if (r == need - 1) tau = u;
+    }
+    __syncthreads();
+    const unsigned long long th = tau;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * NT;
+        if (b < nb) {
+            const unsigned long long u = rank_key(v[i], b);
+            if (u >= th) cand[atomicAdd(&n_cand, 1)] = u;
+        }
+    }
+    __syncthreads();
+    const int nc = n_cand;
+    for (int j = tid; j < nc; j += NT) {
+        const unsigned long long u = cand[j];
+        int r = 0;
+        for (int k = 0; k < nc; k++) r += cand[k] > u;
+        if (r < need) chosen[r] = rank_id(u), chosen_v[r] = rank_val(u);
+    }
+    __syncthreads();
+    const int keep = K < nb ? K : nb;
+    int32_t *out = topk + ((int64_t)g * n_tok + t) * width;
+    for (int r = tid; r < width; r += NT) out[r] = r < keep ? chosen[r] : -1;
+    if (tid == 0) { /* as idx_select_k */
+        float mg = INFINITY;
+        if (nb > K) {
+            const float a = chosen_v[K - 1], b2 = chosen_v[K];
+            mg = a - b2;
+            if (n_ties && ((a == b2) || (mg <= tie_margin))) atomicAdd(n_ties, 1);
+        }
+        if (margin) margin[(int64_t)g * n_tok + t] = mg;
+    }
+}
+
+/* ---- launchers -------------------------------------------------------------------------
+ * Paths: scoring by idx_stream_k (bf16 decode: at most IDX_STREAM_GROUPS token groups, so
+ * the key re-reads per group stay few), idx_score_mma_k (bf16, more tokens: keys staged once
+ * per block for 16/G * 4 tokens) or idx_score_k (fp32 storage, odd shapes); selection by
+ * idx_topk_k (nb <= 8192) or the arg-max rounds (idx_select_k, or idx_cand_k + idx_pick_k).
+ * M3_GPU_INDEXER (benches and tests only; unset = that choice) forces a path where its shape
+ * contract holds: comma-separated score=stream|tile|cuda, sel=one|rounds, and nosel (score
+ * only: the ids are not written; for timing). */
+#define IDX_STREAM_GROUPS 4
+typedef struct { int score, sel; bool nosel; } idx_path; /* score 1 stream 2 tile 3 cuda; sel 1 one 2 rounds */
+
+static idx_path idx_path_env(void) {
+    idx_path r = {0, 0, false};
+    const char *e = getenv("M3_GPU_INDEXER");
+    if (!e) return r;
+    if (strstr(e, "score=stream")) r.score = 1;
+    if (strstr(e, "score=tile")) r.score = 2;
+    if (strstr(e, "score=cuda")) r.score = 3;
+    if (strstr(e, "sel=one")) r.sel = 1;
+    if (strstr(e, "sel=rounds")) r.sel = 2;
+    r.nosel = strstr(e, "nosel") != NULL;
+    return r;
+}
+
 template <typename TS>
 static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
                         int *d_n_ties, const TS *d_iq, int ld_q, const TS *d_ik,
@@ -371,28 +630,38 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     if (ip->n_index_head > IDX_MAX_G || ip->topk > IDX_MAX_K)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu indexer: G=%d > %d or K=%d > %d",
                          ip->n_index_head, IDX_MAX_G, ip->topk, IDX_MAX_K);
-    if (d_n_ties) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
-    if (n_tok == 0) return M3_OK;
-    const int nbk = (n_ctx + ip->block - 1) / ip->block;
-    const int width = m3_indexer_width(n_ctx, ip, p);
-    const size_t mark = m3_gpu_mark(g);
-    float *S = d_scores;
-    if (!S) M3_TRY(m3_gpu_alloc(g, (void **)&S, (size_t)ip->n_index_head * n_tok * nbk * sizeof(float)));
     const size_t shmem = (size_t)ip->n_index_head * ip->index_head_dim * sizeof(float);
-    if (shmem > 48 * 1024 || n_tok > 65535) {
-        m3_gpu_release(g, mark);
+    if (shmem > 48 * 1024 || n_tok > 65535)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu indexer: %d tokens or %zu bytes of queries",
                          n_tok, shmem);
-    }
+    if (n_tok == 0) return d_n_ties ? m3_gpu_memset(g, d_n_ties, 0, sizeof(int)) : M3_OK;
+    const int nbk = (n_ctx + ip->block - 1) / ip->block;
+    const int width = m3_indexer_width(n_ctx, ip, p);
     const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block;
-    m3_status s;
+    const idx_path path = idx_path_env();
 #if defined(M3_HIP_NVIDIA)
-    const bool mma = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
-                     B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
+    const bool tile_ok = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
+                         B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
 #else
-    const bool mma = false;
+    const bool tile_ok = false;
 #endif
-    if (mma) {
+    const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
+    const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
+    int score = path.score;
+    if (score == 0) score = stream_ok && n_group <= IDX_STREAM_GROUPS ? 1 : tile_ok ? 2 : 3;
+    if (score == 1 && !stream_ok) score = tile_ok ? 2 : 3;
+    if (score == 2 && !tile_ok) score = 3;
+    if (d_n_ties && score != 1) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
+    const size_t mark = m3_gpu_mark(g);
+    float *S = d_scores;
+    if (!S) M3_TRY(m3_gpu_alloc(g, (void **)&S, (size_t)G * n_tok * nbk * sizeof(float)));
+    m3_status s;
+    if (score == 1) {
+        idx_stream_k<<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS, 0, g->stream>>>(
+            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+            n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+        s = m3_gpu_launched_(g, "idx_stream_k", __FILE__, __LINE__);
+    } else if (score == 2) {
         const int tpc = 4 * (16 / G);
         dim3 gs((unsigned)((n_tok + tpc - 1) / tpc), (unsigned)nbk);
         idx_score_mma_k<<<gs, ISM_THREADS, 0, g->stream>>>(
@@ -406,8 +675,23 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
             p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_score_k", __FILE__, __LINE__);
     }
+    if (path.nosel || s != M3_OK) {
+        m3_gpu_release(g, mark);
+        return s;
+    }
+    const dim3 rows((unsigned)n_tok, (unsigned)G);
     const int n_chunk = (nbk + IDX_CHUNK - 1) / IDX_CHUNK, n_cand = n_chunk * (ip->topk + 1);
-    if (s == M3_OK && n_chunk > 1 && n_cand <= IDX_MAX_CAND) {
+    if (path.sel != 2 && nbk <= 256) {
+        idx_topk_k<64, 4><<<rows, 64, 0, g->stream>>>(
+            d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, B, ip->topk, ip->local_blocks,
+            ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost, p->topk_tie_margin);
+        s = m3_gpu_launched_(g, "idx_topk_k<64>", __FILE__, __LINE__);
+    } else if (path.sel != 2 && nbk <= 256 * 32) {
+        idx_topk_k<256, 32><<<rows, 256, 0, g->stream>>>(
+            d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, B, ip->topk, ip->local_blocks,
+            ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost, p->topk_tie_margin);
+        s = m3_gpu_launched_(g, "idx_topk_k<256>", __FILE__, __LINE__);
+    } else if (n_chunk > 1 && n_cand <= IDX_MAX_CAND) {
         float *cv = NULL;
         int *ci = NULL;
         const size_t nc = (size_t)G * n_tok * n_cand;
@@ -420,14 +704,13 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
             s = m3_gpu_launched_(g, "idx_cand_k", __FILE__, __LINE__);
         }
         if (s == M3_OK) {
-            idx_pick_k<<<dim3((unsigned)n_tok, (unsigned)G), IDX_THREADS, 0, g->stream>>>(
+            idx_pick_k<<<rows, IDX_THREADS, 0, g->stream>>>(
                 d_topk, d_margin, d_n_ties, cv, ci, d_pos, n_tok, n_cand, width, B, ip->topk,
                 p->topk_tie_margin);
             s = m3_gpu_launched_(g, "idx_pick_k", __FILE__, __LINE__);
         }
-    } else if (s == M3_OK) {
-        dim3 gsel((unsigned)n_tok, (unsigned)ip->n_index_head);
-        idx_select_k<<<gsel, IDX_THREADS, 0, g->stream>>>(
+    } else {
+        idx_select_k<<<rows, IDX_THREADS, 0, g->stream>>>(
             d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, ip->block, ip->topk,
             ip->local_blocks, ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost,
             p->topk_tie_margin);
