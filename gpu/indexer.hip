@@ -479,6 +479,142 @@ static __global__ void __launch_bounds__(IST_THREADS)
 #endif
 }
 
+/* ---- many tokens: keys staged once per block for 256/G tokens ----------------------------
+ * idx_wide_k (NVIDIA mma.sync, bf16): a persistent block of 8 warps holds the Q fragments of
+ * 256 (token, head) rows in registers (warp w: rows 32w .. 32w+31, two m-tiles, loaded once)
+ * and walks the key blocks b = blockIdx.x, + gridDim.x, ...: the block's keys are staged in
+ * shared memory (row pitch Di*2 + 64 bytes: the eight lanes of a quarter-warp LDS.128 hit 32
+ * distinct banks), then every warp scores all of them: per n-tile and 16 bytes of key dims
+ * (one LDS.128 = two k-steps, the permuted dims of idx_stream_k) four mma, two per m-tile.
+ * Blocks wholly visible to every row of a warp skip the causal mask. Two blocks per SM
+ * overlap one's key loads with the other's mma. Same contract as idx_stream_k. */
+#define IWD_THREADS 256
+#define IWD_WARPS 8
+#define IWD_PITCH (ISM_MAX_DI * 2 + 64)
+#define IWD_LOADS (ISM_MAX_B * ISM_MAX_DI / 8 / IWD_THREADS) /* uint4 per thread per key block */
+static __global__ void __launch_bounds__(IWD_THREADS, 2)
+    idx_wide_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
+               int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
+               int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
+#if M3_HAVE_MMA
+    __shared__ __align__(16) unsigned char ks[ISM_MAX_B * IWD_PITCH];
+    __shared__ int s_pmax;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int rows = IWD_WARPS * 32, tpc = rows / G, t0 = (int)blockIdx.y * tpc;
+    if (n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
+    if (tid == 0) s_pmax = -1;
+    __syncthreads();
+    if (tid < tpc && t0 + tid < n_tok) atomicMax(&s_pmax, pos[t0 + tid]);
+    /* this lane's rows: m-tile mt, half h: row 32*warp + 16*mt + gq + 8*h */
+    int rt[2][2], rp[2][2], wpmin = 0x7FFFFFFF, wpmax = -1;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = 32 * warp + 16 * mt + gq + 8 * h;
+            rt[mt][h] = t0 + row / G;
+            rp[mt][h] = rt[mt][h] < n_tok ? pos[rt[mt][h]] : -1;
+            if (rp[mt][h] >= 0) wpmin = min(wpmin, rp[mt][h]), wpmax = max(wpmax, rp[mt][h]);
+        }
+    for (int m = 16; m > 0; m >>= 1) {
+        wpmin = min(wpmin, M3_SHFL_XOR(wpmin, m));
+        wpmax = max(wpmax, M3_SHFL_XOR(wpmax, m));
+    }
+    uint32_t qa[2][ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int h = i & 1, row = 32 * warp + 16 * mt + gq + 8 * h;
+                const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+                qa[mt][s2][i] = s2 < Di / 16 && rt[mt][h] < n_tok
+                                    ? *reinterpret_cast<const uint32_t *>(
+                                          iq + (size_t)rt[mt][h] * ld_q + (size_t)(row % G) * Di + d)
+                                    : 0u;
+            }
+    __syncthreads();
+    const int pmax = s_pmax, dv8 = Di / 8;
+    for (int b = (int)blockIdx.x; b < nbk; b += (int)gridDim.x) {
+        if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
+            const int tt = t0 + tid / G;
+            if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
+            continue; /* block-uniform */
+        }
+#pragma unroll
+        for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
+            uint4 kv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8, key = b * B + r;
+                kv[i] = r < B && key < n_ctx && key <= pmax
+                            ? *reinterpret_cast<const uint4 *>(ik + (size_t)key * Di + (e % dv8) * 8)
+                            : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8;
+                if (r < B) *reinterpret_cast<uint4 *>(ks + r * IWD_PITCH + (e % dv8) * 16) = kv[i];
+            }
+        }
+        __syncthreads();
+        const bool full = b * B + B - 1 <= wpmin; /* every key visible to every row of the warp */
+        float mx[2][2], bad[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) mx[mt][0] = mx[mt][1] = -INFINITY, bad[mt][0] = bad[mt][1] = 0.0f;
+        for (int nt = 0; nt < B / 8; nt++) {
+            const int k0 = b * B + nt * 8;
+            if (k0 > wpmax) break; /* warp-uniform: also skips warps without rows */
+            float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+            const unsigned char *kr = ks + (nt * 8 + gq) * IWD_PITCH + tq * 16;
+#pragma unroll
+            for (int j = 0; j < ISM_MAX_DI / 32; j++) {
+                if (j >= Di / 32) break;
+                const uint4 v = *reinterpret_cast<const uint4 *>(kr + j * 64);
+                const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
+                m3_mma_bf16_16816(c[0], qa[0][2 * j], b0);
+                m3_mma_bf16_16816(c[1], qa[1][2 * j], b0);
+                m3_mma_bf16_16816(c[0], qa[0][2 * j + 1], b1);
+                m3_mma_bf16_16816(c[1], qa[1][2 * j + 1], b1);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int h = e >> 1;
+                    if (full || k0 + 2 * tq + (e & 1) <= rp[mt][h]) {
+                        if (isnan(c[mt][e])) bad[mt][h] = 1.0f;
+                        else mx[mt][h] = fmaxf(mx[mt][h], c[mt][e]);
+                    }
+                }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float m = mx[mt][h], n = bad[mt][h];
+                m = fmaxf(m, M3_SHFL_XOR(m, 1));
+                m = fmaxf(m, M3_SHFL_XOR(m, 2));
+                n = fmaxf(n, M3_SHFL_XOR(n, 1));
+                n = fmaxf(n, M3_SHFL_XOR(n, 2));
+                const int row = 32 * warp + 16 * mt + gq + 8 * h;
+                if (tq == 0 && rt[mt][h] < n_tok) {
+                    float z;
+                    if (b > rp[mt][h] / B) z = -INFINITY;
+                    else if (n > 0.0f) z = nan_neg ? -1e30f : NAN;
+                    else z = scale != 1.0f ? m * scale : m;
+                    scores[((int64_t)(row % G) * n_tok + rt[mt][h]) * nbk + b] = z;
+                }
+            }
+        __syncthreads(); /* ks is overwritten by the next key block */
+    }
+#else
+    (void)scores; (void)n_ties; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk;
+    (void)n_ctx; (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg;
+#endif
+}
+
 /* ---- one-pass selection ------------------------------------------------------------------
  * idx_topk_k: one block of NT threads per (t, g) row, nb <= NT * PER. The order (score desc,
  * NaN highest, id asc) is a total order on rank keys u = (sortable score bits << 32) | ~id
@@ -601,10 +737,10 @@ static __global__ void __launch_bounds__(NT)
  * per block for 16/G * 4 tokens) or idx_score_k (fp32 storage, odd shapes); selection by
  * idx_topk_k (nb <= 8192) or the arg-max rounds (idx_select_k, or idx_cand_k + idx_pick_k).
  * M3_GPU_INDEXER (benches and tests only; unset = that choice) forces a path where its shape
- * contract holds: comma-separated score=stream|tile|cuda, sel=one|rounds, and nosel (score
+ * contract holds: comma-separated score=stream|wide|tile|cuda, sel=one|rounds, and nosel (score
  * only: the ids are not written; for timing). */
 #define IDX_STREAM_GROUPS 4
-typedef struct { int score, sel; bool nosel; } idx_path; /* score 1 stream 2 tile 3 cuda; sel 1 one 2 rounds */
+typedef struct { int score, sel; bool nosel; } idx_path; /* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
 
 static idx_path idx_path_env(void) {
     idx_path r = {0, 0, false};
@@ -613,6 +749,7 @@ static idx_path idx_path_env(void) {
     if (strstr(e, "score=stream")) r.score = 1;
     if (strstr(e, "score=tile")) r.score = 2;
     if (strstr(e, "score=cuda")) r.score = 3;
+    if (strstr(e, "score=wide")) r.score = 4;
     if (strstr(e, "sel=one")) r.sel = 1;
     if (strstr(e, "sel=rounds")) r.sel = 2;
     r.nosel = strstr(e, "nosel") != NULL;
@@ -649,9 +786,9 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
     int score = path.score;
     if (score == 0) score = stream_ok && n_group <= IDX_STREAM_GROUPS ? 1 : tile_ok ? 2 : 3;
-    if (score == 1 && !stream_ok) score = tile_ok ? 2 : 3;
+    if ((score == 1 || score == 4) && !stream_ok) score = tile_ok ? 2 : 3;
     if (score == 2 && !tile_ok) score = 3;
-    if (d_n_ties && score != 1) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
+    if (d_n_ties && score != 1 && score != 4) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
     const size_t mark = m3_gpu_mark(g);
     float *S = d_scores;
     if (!S) M3_TRY(m3_gpu_alloc(g, (void **)&S, (size_t)G * n_tok * nbk * sizeof(float)));
@@ -661,6 +798,14 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
             S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
             n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_stream_k", __FILE__, __LINE__);
+    } else if (score == 4) {
+        const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
+        int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
+        gx = gx < nbk ? gx : nbk;
+        idx_wide_k<<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
+            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+            n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+        s = m3_gpu_launched_(g, "idx_wide_k", __FILE__, __LINE__);
     } else if (score == 2) {
         const int tpc = 4 * (16 / G);
         dim3 gs((unsigned)((n_tok + tpc - 1) / tpc), (unsigned)nbk);

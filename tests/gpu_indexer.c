@@ -7,8 +7,8 @@
  * tensor cores where the shape allows: GPU_NMSE_TC) (forced +-inf positions exactly) and the selected ids exactly, except rows whose reference margin is below
  * IDX_TIE_REL of the score (a summation-order flip of a near-tie), which are counted.
  * Every case runs through each device path (M3_GPU_INDEXER: the auto choice, the streamed
- * decode scorer, the key-tile scorer, the CUDA-core scorer, one-pass and round-based
- * selection), and adds data patterns that stress the selection: all keys equal (every score
+ * decode scorer, the wide (256-row) scorer, the key-tile scorer, the CUDA-core scorer,
+ * one-pass and round-based selection), and adds data patterns that stress the selection: all keys equal (every score
  * ties: ids must be the lowest ones, exactly, no flip allowed), a few hot blocks that all sit
  * in the same threads of the one-pass selection (block ids equal mod 256), a NaN key row
  * (NaN ranks highest, or -1e30 under atom) and the longest one-pass history (nb = 8192). */
@@ -37,8 +37,9 @@ enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8 };
 typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; } idx_shape;
 
 /* device paths (M3_GPU_INDEXER, gpu/indexer.hip); NULL = the automatic choice */
-static const char *const idx_paths[] = {NULL, "score=stream,sel=one", "score=tile,sel=rounds",
-                                        "score=stream,sel=rounds", "score=cuda,sel=one"};
+static const char *const idx_paths[] = {NULL, "score=stream,sel=one", "score=wide,sel=one",
+                                        "score=tile,sel=rounds", "score=stream,sel=rounds",
+                                        "score=cuda,sel=one"};
 
 /* The device side of one case under the current M3_GPU_INDEXER path. */
 static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3_indexer_params *ip,
