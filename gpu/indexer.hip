@@ -378,10 +378,11 @@ static __global__ void __launch_bounds__(IDX_THREADS)
 #define IST_THREADS 128
 #define IST_WARPS 4
 #define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
-static __global__ void __launch_bounds__(IST_THREADS)
-    idx_stream_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
-                 int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
-                 int n_tok, int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
+static __device__ void stream_score(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties,
+                                    const m3_bf16 *M3_RESTRICT iq, int ld_q,
+                                    const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
+                                    int n_tok, int nbk, int n_ctx, int G, int Di, int B,
+                                    float scale, bool nan_neg) {
 #if M3_HAVE_MMA
     __shared__ float red_m[IST_WARPS][16], red_n[IST_WARPS][16];
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
@@ -616,19 +617,37 @@ static __global__ void __launch_bounds__(IWD_THREADS, 2)
 }
 
 /* ---- one-pass selection ------------------------------------------------------------------
- * idx_topk_k: one block of NT threads per (t, g) row, nb <= NT * PER. The order (score desc,
- * NaN highest, id asc) is a total order on rank keys u = (sortable score bits << 32) | ~id
- * (rank_key; -0 counts as +0 and every NaN alike, as `before`), all distinct. Thread i holds
- * the scores of blocks i, i + NT, ... in registers (forced values applied and written back
- * to S, init then local as ref). With need = min(K+1, nb):
+ * select_row<NT>: NT threads select one (t, g) row. The order (score desc, NaN highest, id
+ * asc) is a total order on rank keys u = (sortable score bits << 32) | ~id (rank_key; -0
+ * counts as +0 and every NaN alike, as `before`), all distinct. Thread i takes the blocks
+ * i, i + NT, ... (per = ceil(nb / NT) of them; forced values applied and written back to S,
+ * init then local as ref). With need = min(K+1, nb):
  *   1. tau = the need-th largest of the per-thread maxima. Each warp publishes the lanes
  *      whose maximum ranks < need within the warp (the global top-need maxima are among
  *      them); a rank count over the published ones finds tau.
  *   2. Candidates: the scores with u >= tau. They come from the need threads whose max is
- *      >= tau, so there are at most need * PER of them (all nb when fewer than need threads
+ *      >= tau, so there are at most need * per of them (all nb when fewer than need threads
  *      hold a score), and every score ranking above a candidate is a candidate.
  *   3. A rank count over the candidates gives ranks 0 .. need-1: the reference's order.
- * Four barriers, no rounds; exact for any data (ties included). */
+ * Four barriers, no rounds; exact for any data (ties included). The rank counts are
+ * unrolled so that their shared-memory loads overlap. VOL: S was written by other blocks of
+ * the running grid (fused path): read it with volatile loads, past L1. */
+typedef struct {
+    int32_t *topk;
+    float *scores, *margin;
+    int *n_ties;
+    const int32_t *pos;
+    int n_tok, nbk, width, B, K, local_blocks, init_blocks;
+    bool use_init;
+    float init_boost, local_boost, tie_margin;
+} idx_sel;
+
+template <int NT> struct idx_sel_smem {
+    unsigned long long tmax[NT], pub[(NT / M3_WARP) * (IDX_MAX_K + 1)], tau;
+    int n_cand, chosen[IDX_MAX_K + 1];
+    float chosen_v[IDX_MAX_K + 1];
+};
+
 static __device__ __forceinline__ unsigned long long rank_key(float v, int id) {
     uint32_t u;
     if (isnan(v)) {
@@ -648,102 +667,145 @@ static __device__ __forceinline__ int rank_id(unsigned long long k) {
     return (int)(0xFFFFFFFFu - (uint32_t)(k & 0xFFFFFFFFull));
 }
 
-template <int NT, int PER>
-static __global__ void __launch_bounds__(NT)
-    idx_topk_k(int32_t *M3_RESTRICT topk, float *M3_RESTRICT scores, float *M3_RESTRICT margin,
-               int *M3_RESTRICT n_ties, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
-               int width, int B, int K, int local_blocks, int init_blocks, bool use_init,
-               float init_boost, float local_boost, float tie_margin) {
+/* the selection score of block b (< nb): forced values as ref (init, then local wins) */
+template <bool VOL>
+static __device__ __forceinline__ float sel_score(const idx_sel &a, const float *S, int b, int lo) {
+    if (b >= lo) return a.local_boost;
+    if (a.use_init && b < a.init_blocks) return a.init_boost;
+    return VOL ? *(const volatile float *)(S + b) : S[b];
+}
+
+/* cand: need * ceil(nb / NT) entries of shared memory (at most (K+1) * that) */
+template <int NT, bool VOL>
+static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<NT> &sm,
+                                  unsigned long long *cand) {
     constexpr int NW = NT / M3_WARP;
-    __shared__ unsigned long long tmax[NT], pub[NW * (IDX_MAX_K + 1)], cand[(IDX_MAX_K + 1) * PER];
-    __shared__ unsigned long long tau;
-    __shared__ int n_cand, chosen[IDX_MAX_K + 1];
-    __shared__ float chosen_v[IDX_MAX_K + 1];
-    const int t = (int)blockIdx.x, g = (int)blockIdx.y, tid = (int)threadIdx.x;
-    const int nb = pos[t] / B + 1, lo = nb - local_blocks > 0 ? nb - local_blocks : 0;
-    const int need = K + 1 < nb ? K + 1 : nb, n_pub = NW * need;
-    float *S = scores + ((int64_t)g * n_tok + t) * nbk;
-    float v[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int b = tid + i * NT;
-        v[i] = b < nb ? S[b] : 0.0f;
-    }
+    const int tid = (int)threadIdx.x;
+    const int nb = a.pos[t] / a.B + 1, lo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
+    const int K = a.K, need = K + 1 < nb ? K + 1 : nb, n_pub = NW * need;
+    float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk;
     unsigned long long mx = 0; /* 0: no score (every rank key is > 0) */
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int b = tid + i * NT;
-        if (b < nb) {
-            if (b >= lo) v[i] = local_boost, S[b] = local_boost;
-            else if (use_init && b < init_blocks) v[i] = init_boost, S[b] = init_boost;
-            const unsigned long long u = rank_key(v[i], b);
-            mx = u > mx ? u : mx;
-        }
+#pragma unroll 8
+    for (int b = tid; b < nb; b += NT) {
+        const float v = sel_score<VOL>(a, S, b, lo);
+        const unsigned long long u = rank_key(v, b);
+        mx = u > mx ? u : mx;
     }
-    tmax[tid] = mx;
-    for (int j = tid; j < n_pub; j += NT) pub[j] = 0;
-    if (tid == 0) tau = 1, n_cand = 0; /* tau 1: every score (fewer than need threads hold one) */
+    for (int b = lo + tid; b < nb; b += NT) S[b] = a.local_boost; /* the dump's forced values */
+    for (int b = tid; a.use_init && b < a.init_blocks && b < lo; b += NT) S[b] = a.init_boost;
+    sm.tmax[tid] = mx;
+    for (int j = tid; j < n_pub; j += NT) sm.pub[j] = 0;
+    if (tid == 0) sm.tau = 1, sm.n_cand = 0; /* tau 1: every score (< need threads hold one) */
     __syncthreads();
     const int w = tid / M3_WARP;
     if (mx) {
         int r = 0;
-        for (int j = 0; j < M3_WARP; j++) r += tmax[w * M3_WARP + j] > mx;
-        if (r < need) pub[w * need + r] = mx;
+#pragma unroll
+        for (int j = 0; j < M3_WARP; j++) r += sm.tmax[w * M3_WARP + j] > mx;
+        if (r < need) sm.pub[w * need + r] = mx;
     }
     __syncthreads();
     for (int j = tid; j < n_pub; j += NT) {
-        const unsigned long long u = pub[j];
+        const unsigned long long u = sm.pub[j];
         if (!u) continue;
         int r = 0;
-        for (int k = 0; k < n_pub; k++) r += pub[k] > u;
-        if (r == need - 1) tau = u;
+#pragma unroll 8
+        for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
+        if (r == need - 1) sm.tau = u;
     }
     __syncthreads();
-    const unsigned long long th = tau;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int b = tid + i * NT;
-        if (b < nb) {
-            const unsigned long long u = rank_key(v[i], b);
-            if (u >= th) cand[atomicAdd(&n_cand, 1)] = u;
-        }
+    const unsigned long long th = sm.tau;
+#pragma unroll 8
+    for (int b = tid; b < nb; b += NT) {
+        const unsigned long long u = rank_key(sel_score<VOL>(a, S, b, lo), b);
+        if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
     }
     __syncthreads();
-    const int nc = n_cand;
+    const int nc = sm.n_cand;
     for (int j = tid; j < nc; j += NT) {
         const unsigned long long u = cand[j];
         int r = 0;
+#pragma unroll 8
         for (int k = 0; k < nc; k++) r += cand[k] > u;
-        if (r < need) chosen[r] = rank_id(u), chosen_v[r] = rank_val(u);
+        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
     }
     __syncthreads();
     const int keep = K < nb ? K : nb;
-    int32_t *out = topk + ((int64_t)g * n_tok + t) * width;
-    for (int r = tid; r < width; r += NT) out[r] = r < keep ? chosen[r] : -1;
+    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
+    for (int r = tid; r < a.width; r += NT) out[r] = r < keep ? sm.chosen[r] : -1;
     if (tid == 0) { /* as idx_select_k */
         float mg = INFINITY;
         if (nb > K) {
-            const float a = chosen_v[K - 1], b2 = chosen_v[K];
-            mg = a - b2;
-            if (n_ties && ((a == b2) || (mg <= tie_margin))) atomicAdd(n_ties, 1);
+            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
+            mg = x - y;
+            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
         }
-        if (margin) margin[(int64_t)g * n_tok + t] = mg;
+        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
     }
 }
 
+/* idx_topk_k: one block per (t, g) row; dynamic shared memory: the candidates,
+ * (K+1) * ceil(nbk / NT) rank keys. */
+template <int NT>
+static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
+    __shared__ idx_sel_smem<NT> sm;
+    extern __shared__ __align__(16) unsigned char idx_dyn[];
+    select_row<NT, false>(a, (int)blockIdx.x, (int)blockIdx.y, sm,
+                          reinterpret_cast<unsigned long long *>(idx_dyn));
+}
+
+/* The fused decode path: the scores of every block reach device memory before the block
+ * takes a ticket; the last R = n_tok * G blocks to take one each select one (t, g) row once
+ * every block has taken its ticket (they wait for at most R - 1 blocks that are already
+ * running or about to: R is far below the resident blocks), reading S past L1. *ticket is
+ * zeroed by the launcher. Saves the selection launch and its gap. */
+static __device__ void stream_select(const idx_sel &a, unsigned int *ticket, int G) {
+    __shared__ idx_sel_smem<IST_THREADS> sm;
+    __shared__ unsigned int s_ticket;
+    extern __shared__ __align__(16) unsigned char idx_dyn[];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1u);
+    __syncthreads();
+    const int n_blk = (int)(gridDim.x * gridDim.y), R = a.n_tok * G;
+    const int row = (int)s_ticket - (n_blk - R);
+    if (row < 0) return; /* block-uniform */
+    if (threadIdx.x == 0)
+        while (*(volatile unsigned int *)ticket < (unsigned int)n_blk) {
+        }
+    __syncthreads();
+    __threadfence();
+    select_row<IST_THREADS, true>(a, row % a.n_tok, row / a.n_tok, sm,
+                                  reinterpret_cast<unsigned long long *>(idx_dyn));
+}
+
+static __global__ void __launch_bounds__(IST_THREADS)
+    idx_stream_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
+                 int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
+                 int n_tok, int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg,
+                 idx_sel sel, unsigned int *ticket) {
+    stream_score(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
+    if (ticket) stream_select(sel, ticket, G);
+}
+
 /* ---- launchers -------------------------------------------------------------------------
- * Paths: scoring by idx_stream_k (bf16 decode: at most IDX_STREAM_GROUPS token groups, so
- * the key re-reads per group stay few), idx_score_mma_k (bf16, more tokens: keys staged once
- * per block for 16/G * 4 tokens) or idx_score_k (fp32 storage, odd shapes); selection by
- * idx_topk_k (nb <= 8192) or the arg-max rounds (idx_select_k, or idx_cand_k + idx_pick_k).
- * M3_GPU_INDEXER (benches and tests only; unset = that choice) forces a path where its shape
- * contract holds: comma-separated score=stream|wide|tile|cuda, sel=one|rounds, and nosel (score
- * only: the ids are not written; for timing). */
+ * Scoring: idx_stream_k (bf16, at most IDX_STREAM_GROUPS token groups of 16/G: decode; the
+ * keys are re-read per group), idx_wide_k (bf16, more tokens, enough key blocks to fill the
+ * device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged
+ * per block for 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection:
+ * fused into idx_stream_k when R = T*G <= IDX_FUSE_ROWS rows and the candidates fit, else
+ * idx_topk_k (one pass), else (shared memory) the arg-max rounds of idx_select_k or
+ * idx_cand_k + idx_pick_k. M3_GPU_INDEXER (benches and tests; unset = that choice) forces a
+ * path where its shape contract holds: comma-separated score=stream|wide|tile|cuda,
+ * sel=one|rounds, nofuse, and nosel (scores only, ids not written: for timing). */
 #define IDX_STREAM_GROUPS 4
-typedef struct { int score, sel; bool nosel; } idx_path; /* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
+#define IDX_FUSE_ROWS 64
+#define IDX_CAND_BYTES (40 * 1024) /* one-pass candidates in dynamic shared memory */
+/* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
+typedef struct { int score, sel; bool nosel, nofuse; } idx_path;
 
 static idx_path idx_path_env(void) {
-    idx_path r = {0, 0, false};
+    idx_path r = {0, 0, false, false};
     const char *e = getenv("M3_GPU_INDEXER");
     if (!e) return r;
     if (strstr(e, "score=stream")) r.score = 1;
@@ -753,6 +815,7 @@ static idx_path idx_path_env(void) {
     if (strstr(e, "sel=one")) r.sel = 1;
     if (strstr(e, "sel=rounds")) r.sel = 2;
     r.nosel = strstr(e, "nosel") != NULL;
+    r.nofuse = strstr(e, "nofuse") != NULL;
     return r;
 }
 
@@ -774,7 +837,7 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     if (n_tok == 0) return d_n_ties ? m3_gpu_memset(g, d_n_ties, 0, sizeof(int)) : M3_OK;
     const int nbk = (n_ctx + ip->block - 1) / ip->block;
     const int width = m3_indexer_width(n_ctx, ip, p);
-    const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block;
+    const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block, K = ip->topk;
     const idx_path path = idx_path_env();
 #if defined(M3_HIP_NVIDIA)
     const bool tile_ok = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
@@ -784,22 +847,42 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
 #endif
     const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
     const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
+    const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
     int score = path.score;
-    if (score == 0) score = stream_ok && n_group <= IDX_STREAM_GROUPS ? 1 : tile_ok ? 2 : 3;
+    if (score == 0)
+        score = stream_ok && n_group <= IDX_STREAM_GROUPS      ? 1
+                : stream_ok && nbk * n_wg >= 2 * g->n_sm        ? 4
+                : tile_ok                                       ? 2
+                                                                : 3;
     if ((score == 1 || score == 4) && !stream_ok) score = tile_ok ? 2 : 3;
     if (score == 2 && !tile_ok) score = 3;
+    /* one-pass candidates: (K+1) * ceil(nb / threads) rank keys */
+    const size_t cand64 = (size_t)(K + 1) * (size_t)((nbk + 63) / 64) * 8;
+    const size_t cand256 = (size_t)(K + 1) * (size_t)((nbk + 255) / 256) * 8;
+    const size_t cand_fuse = (size_t)(K + 1) * (size_t)((nbk + IST_THREADS - 1) / IST_THREADS) * 8;
+    const bool fuse = score == 1 && !path.nosel && !path.nofuse && path.sel != 2 &&
+                      n_tok * G <= IDX_FUSE_ROWS && n_tok * G <= nbk * n_group &&
+                      cand_fuse <= IDX_CAND_BYTES;
     if (d_n_ties && score != 1 && score != 4) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
     const size_t mark = m3_gpu_mark(g);
     float *S = d_scores;
     if (!S) M3_TRY(m3_gpu_alloc(g, (void **)&S, (size_t)G * n_tok * nbk * sizeof(float)));
+    idx_sel sa = {d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, B, K, ip->local_blocks,
+                  ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost,
+                  p->topk_tie_margin};
     m3_status s;
     if (score == 1) {
-        idx_stream_k<<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS, 0, g->stream>>>(
-            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-            n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+        unsigned int *ticket = NULL;
+        if (fuse) {
+            M3_TRY(m3_gpu_alloc(g, (void **)&ticket, sizeof *ticket));
+            M3_TRY(m3_gpu_memset(g, ticket, 0, sizeof *ticket));
+        }
+        idx_stream_k<<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS, fuse ? cand_fuse : 0,
+                       g->stream>>>(S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik,
+                                    d_pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
+                                    p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
         s = m3_gpu_launched_(g, "idx_stream_k", __FILE__, __LINE__);
     } else if (score == 4) {
-        const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
         gx = gx < nbk ? gx : nbk;
         idx_wide_k<<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
@@ -820,21 +903,17 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
             p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_score_k", __FILE__, __LINE__);
     }
-    if (path.nosel || s != M3_OK) {
+    if (fuse || path.nosel || s != M3_OK) {
         m3_gpu_release(g, mark);
         return s;
     }
     const dim3 rows((unsigned)n_tok, (unsigned)G);
-    const int n_chunk = (nbk + IDX_CHUNK - 1) / IDX_CHUNK, n_cand = n_chunk * (ip->topk + 1);
-    if (path.sel != 2 && nbk <= 256) {
-        idx_topk_k<64, 4><<<rows, 64, 0, g->stream>>>(
-            d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, B, ip->topk, ip->local_blocks,
-            ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost, p->topk_tie_margin);
+    const int n_chunk = (nbk + IDX_CHUNK - 1) / IDX_CHUNK, n_cand = n_chunk * (K + 1);
+    if (path.sel != 2 && nbk <= 1024 && cand64 <= IDX_CAND_BYTES) {
+        idx_topk_k<64><<<rows, 64, cand64, g->stream>>>(sa);
         s = m3_gpu_launched_(g, "idx_topk_k<64>", __FILE__, __LINE__);
-    } else if (path.sel != 2 && nbk <= 256 * 32) {
-        idx_topk_k<256, 32><<<rows, 256, 0, g->stream>>>(
-            d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, B, ip->topk, ip->local_blocks,
-            ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost, p->topk_tie_margin);
+    } else if (path.sel != 2 && cand256 <= IDX_CAND_BYTES) {
+        idx_topk_k<256><<<rows, 256, cand256, g->stream>>>(sa);
         s = m3_gpu_launched_(g, "idx_topk_k<256>", __FILE__, __LINE__);
     } else if (n_chunk > 1 && n_cand <= IDX_MAX_CAND) {
         float *cv = NULL;

@@ -347,8 +347,7 @@ static void bench_indexer(void **state) {
         /* the automatic path, then each forced path (M3_GPU_INDEXER, gpu/indexer.hip); nosel
          * rows time the scoring alone. M3_BENCH_IDX_PATHS=0: the automatic path only */
         static const char *const paths[] = {NULL, "score=tile,sel=rounds", "score=stream,nosel",
-                                            "score=tile,nosel", "score=stream,sel=rounds",
-                                            "score=tile,sel=one", "score=stream,sel=one",
+                                            "score=stream,nofuse", "score=tile,sel=one",
                                             "score=wide,sel=one", "score=wide,nosel"};
         const char *ev = getenv("M3_BENCH_IDX_PATHS");
         const size_t n_path = ev && atoi(ev) == 0 ? 1 : sizeof paths / sizeof paths[0];

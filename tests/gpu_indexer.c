@@ -6,9 +6,10 @@
  * and do fp32 math, so block scores must agree to GPU_NMSE_F32 (the bf16 path scores on
  * tensor cores where the shape allows: GPU_NMSE_TC) (forced +-inf positions exactly) and the selected ids exactly, except rows whose reference margin is below
  * IDX_TIE_REL of the score (a summation-order flip of a near-tie), which are counted.
- * Every case runs through each device path (M3_GPU_INDEXER: the auto choice, the streamed
- * decode scorer, the wide (256-row) scorer, the key-tile scorer, the CUDA-core scorer,
- * one-pass and round-based selection), and adds data patterns that stress the selection: all keys equal (every score
+ * Every case runs through each device path (M3_GPU_INDEXER: the auto choice (for decode the
+ * streamed scorer with the fused selection), the streamed scorer with the one-pass selection
+ * kernel, the wide (256-row) scorer, the key-tile scorer with the arg-max rounds, the
+ * CUDA-core scorer), and adds data patterns that stress the selection: all keys equal (every score
  * ties: ids must be the lowest ones, exactly, no flip allowed), a few hot blocks that all sit
  * in the same threads of the one-pass selection (block ids equal mod 256), a NaN key row
  * (NaN ranks highest, or -1e30 under atom) and the longest one-pass history (nb = 8192). */
@@ -32,14 +33,14 @@ static void profile_of(m3_profile *p, int which) {
 }
 
 /* pattern: 0 random, IDX_EQUAL every key row the same, IDX_HOT blocks b % 256 < 3 scaled x3,
- * IDX_NAN one NaN key row; IDX_BIG: atom only (the reference takes a while) */
+ * IDX_NAN one NaN key row; IDX_BIG: atom with bf16 storage only (the reference and the
+ * uploads take a while) */
 enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8 };
 typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; } idx_shape;
 
 /* device paths (M3_GPU_INDEXER, gpu/indexer.hip); NULL = the automatic choice */
-static const char *const idx_paths[] = {NULL, "score=stream,sel=one", "score=wide,sel=one",
-                                        "score=tile,sel=rounds", "score=stream,sel=rounds",
-                                        "score=cuda,sel=one"};
+static const char *const idx_paths[] = {NULL, "score=stream,nofuse", "score=wide,sel=one",
+                                        "score=tile,sel=rounds", "score=cuda,sel=one"};
 
 /* The device side of one case under the current M3_GPU_INDEXER path. */
 static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3_indexer_params *ip,
@@ -165,6 +166,8 @@ static void indexer_topk_matches_ref(void **state) {
         {70, 5000, 4, 128, 128, 16, 1, 0, false, 0}, /* 5 token groups, last one partial */
         {2, 40000, 4, 128, 128, 16, 1, 0, false, 0}, /* nb > 256: two-stage selection */
         {3, 20000, 3, 80, 64, 5, 2, 1, false, 0},    /* two-stage, odd, init block */
+        {16, 3000, 4, 128, 128, 16, 1, 0, false, 0}, /* 64 rows: the most the fused path takes */
+        {17, 3000, 4, 128, 128, 16, 1, 0, false, 0}, /* 68 rows */
         {2, 5000, 4, 128, 128, 16, 1, 0, false, IDX_EQUAL},      /* every score ties */
         {3, 2000, 3, 80, 64, 5, 2, 1, false, IDX_EQUAL},         /* ties, odd, init block */
         {1, 262044, 4, 128, 128, 16, 1, 0, false, IDX_HOT},      /* 24 hot blocks in 3 threads */
@@ -173,7 +176,10 @@ static void indexer_topk_matches_ref(void **state) {
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-            if ((shapes[i].pat & IDX_BIG) && prof != 2) continue;
+            if (shapes[i].pat & IDX_BIG) { /* atom, bf16 storage: the decode bench's case */
+                if (prof == 2) idx_case(g, &shapes[i], prof, true);
+                continue;
+            }
             idx_case(g, &shapes[i], prof, false);
             idx_case(g, &shapes[i], prof, true);
         }
