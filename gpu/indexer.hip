@@ -493,7 +493,32 @@ static __device__ void stream_score(float *M3_RESTRICT scores, int *M3_RESTRICT 
 #define IWD_WARPS 8
 #define IWD_PITCH (ISM_MAX_DI * 2 + 64)
 #define IWD_LOADS (ISM_MAX_B * ISM_MAX_DI / 8 / IWD_THREADS) /* uint4 per thread per key block */
-static __global__ void __launch_bounds__(IWD_THREADS, 2)
+/* the key block bb (rows past pmax or n_ctx as zeros) into registers, then shared memory */
+static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const m3_bf16 *ik, int bb,
+                                                 int B, int Di, int n_ctx, int pmax) {
+    const int tid = (int)threadIdx.x, dv8 = Di / 8;
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8, key = bb * B + r;
+        kv[i] = r < B && key < n_ctx && key <= pmax
+                    ? *reinterpret_cast<const uint4 *>(ik + (size_t)key * Di + (e % dv8) * 8)
+                    : make_uint4(0, 0, 0, 0);
+    }
+}
+static __device__ __forceinline__ void wide_store(unsigned char *ks, const uint4 *kv, int n, int i0,
+                                                  int B, int Di) {
+    const int tid = (int)threadIdx.x, dv8 = Di / 8;
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8;
+        if (r < B) *reinterpret_cast<uint4 *>(ks + r * IWD_PITCH + (e % dv8) * 16) = kv[i];
+    }
+}
+
+/* PF: the next key block's loads are issued before this one's mma (one block per SM, all
+ * registers: IWD_LOADS uint4 stay in flight during the compute); else two blocks per SM. */
+template <bool PF>
+static __global__ void __launch_bounds__(IWD_THREADS, PF ? 1 : 2)
     idx_wide_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
                int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
                int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
@@ -536,30 +561,31 @@ static __global__ void __launch_bounds__(IWD_THREADS, 2)
                                     : 0u;
             }
     __syncthreads();
-    const int pmax = s_pmax, dv8 = Di / 8;
+    const int pmax = s_pmax;
+    uint4 pf[PF ? IWD_LOADS : 1];
+    if (PF && (int)blockIdx.x < nbk) wide_load(pf, PF ? IWD_LOADS : 0, 0, ik, (int)blockIdx.x, B, Di, n_ctx, pmax);
     for (int b = (int)blockIdx.x; b < nbk; b += (int)gridDim.x) {
+        if (PF) {
+            wide_store(ks, pf, PF ? IWD_LOADS : 0, 0, B, Di);
+            __syncthreads();
+            const int bn = b + (int)gridDim.x; /* in flight during this block's mma */
+            if (bn < nbk) wide_load(pf, PF ? IWD_LOADS : 0, 0, ik, bn, B, Di, n_ctx, pmax);
+        }
         if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
             const int tt = t0 + tid / G;
             if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
+            if (PF) __syncthreads();
             continue; /* block-uniform */
         }
+        if (!PF) {
 #pragma unroll
-        for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
-            uint4 kv[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8, key = b * B + r;
-                kv[i] = r < B && key < n_ctx && key <= pmax
-                            ? *reinterpret_cast<const uint4 *>(ik + (size_t)key * Di + (e % dv8) * 8)
-                            : make_uint4(0, 0, 0, 0);
+            for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
+                uint4 kv[4];
+                wide_load(kv, 4, i0, ik, b, B, Di, n_ctx, pmax);
+                wide_store(ks, kv, 4, i0, B, Di);
             }
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8;
-                if (r < B) *reinterpret_cast<uint4 *>(ks + r * IWD_PITCH + (e % dv8) * 16) = kv[i];
-            }
+            __syncthreads();
         }
-        __syncthreads();
         const bool full = b * B + B - 1 <= wpmin; /* every key visible to every row of the warp */
         float mx[2][2], bad[2][2];
 #pragma unroll
@@ -685,7 +711,7 @@ static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<N
     const int K = a.K, need = K + 1 < nb ? K + 1 : nb, n_pub = NW * need;
     float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk;
     unsigned long long mx = 0; /* 0: no score (every rank key is > 0) */
-#pragma unroll 8
+#pragma unroll 16
     for (int b = tid; b < nb; b += NT) {
         const float v = sel_score<VOL>(a, S, b, lo);
         const unsigned long long u = rank_key(v, b);
@@ -715,7 +741,7 @@ static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<N
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
-#pragma unroll 8
+#pragma unroll 16
     for (int b = tid; b < nb; b += NT) {
         const unsigned long long u = rank_key(sel_score<VOL>(a, S, b, lo), b);
         if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
@@ -797,15 +823,15 @@ static __global__ void __launch_bounds__(IST_THREADS)
  * idx_topk_k (one pass), else (shared memory) the arg-max rounds of idx_select_k or
  * idx_cand_k + idx_pick_k. M3_GPU_INDEXER (benches and tests; unset = that choice) forces a
  * path where its shape contract holds: comma-separated score=stream|wide|tile|cuda,
- * sel=one|rounds, nofuse, and nosel (scores only, ids not written: for timing). */
+ * sel=one|rounds, nofuse, widepf (idx_wide_k<true>), and nosel (scores only, ids not written: for timing). */
 #define IDX_STREAM_GROUPS 4
 #define IDX_FUSE_ROWS 64
 #define IDX_CAND_BYTES (40 * 1024) /* one-pass candidates in dynamic shared memory */
 /* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
-typedef struct { int score, sel; bool nosel, nofuse; } idx_path;
+typedef struct { int score, sel; bool nosel, nofuse, wide_pf; } idx_path;
 
 static idx_path idx_path_env(void) {
-    idx_path r = {0, 0, false, false};
+    idx_path r = {0, 0, false, false, false};
     const char *e = getenv("M3_GPU_INDEXER");
     if (!e) return r;
     if (strstr(e, "score=stream")) r.score = 1;
@@ -816,6 +842,7 @@ static idx_path idx_path_env(void) {
     if (strstr(e, "sel=rounds")) r.sel = 2;
     r.nosel = strstr(e, "nosel") != NULL;
     r.nofuse = strstr(e, "nofuse") != NULL;
+    r.wide_pf = strstr(e, "widepf") != NULL;
     return r;
 }
 
@@ -885,9 +912,17 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     } else if (score == 4) {
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
         gx = gx < nbk ? gx : nbk;
-        idx_wide_k<<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
-            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-            n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+        if (path.wide_pf) {
+            gx = (g->n_sm + n_wg - 1) / n_wg;
+            gx = gx < nbk ? gx : nbk;
+            idx_wide_k<true><<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
+                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+        } else {
+            idx_wide_k<false><<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
+                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+        }
         s = m3_gpu_launched_(g, "idx_wide_k", __FILE__, __LINE__);
     } else if (score == 2) {
         const int tpc = 4 * (16 / G);

@@ -4,15 +4,17 @@
  * Di = 80, Bs = 64, K = 5, local 2, init 1), under every profile (atom: scale s*log2e,
  * boosts 1e29/1e30 with init blocks). Both storage paths see the same (bf16-valued) inputs
  * and do fp32 math, so block scores must agree to GPU_NMSE_F32 (the bf16 path scores on
- * tensor cores where the shape allows: GPU_NMSE_TC) (forced +-inf positions exactly) and the selected ids exactly, except rows whose reference margin is below
- * IDX_TIE_REL of the score (a summation-order flip of a near-tie), which are counted.
- * Every case runs through each device path (M3_GPU_INDEXER: the auto choice (for decode the
- * streamed scorer with the fused selection), the streamed scorer with the one-pass selection
- * kernel, the wide (256-row) scorer, the key-tile scorer with the arg-max rounds, the
- * CUDA-core scorer), and adds data patterns that stress the selection: all keys equal (every score
- * ties: ids must be the lowest ones, exactly, no flip allowed), a few hot blocks that all sit
- * in the same threads of the one-pass selection (block ids equal mod 256), a NaN key row
- * (NaN ranks highest, or -1e30 under atom) and the longest one-pass history (nb = 8192). */
+ * tensor cores where the shape allows: GPU_NMSE_TC), forced and NaN positions exactly, and
+ * the selected ids exactly, except rows whose reference margin is below IDX_TIE_REL of the
+ * score (a summation-order flip of a near-tie), which are counted.
+ * Every case runs through each device path (M3_GPU_INDEXER): the auto choice (for decode:
+ * the streamed scorer with the fused selection), the streamed scorer with the one-pass
+ * selection kernel, the wide (256-row) scorer with and without prefetch, the key-tile scorer
+ * with the arg-max rounds, the CUDA-core scorer. Data patterns that stress the selection:
+ * all keys equal (every score ties: the ids must be the lowest ones, exactly, no flip
+ * allowed), hot blocks that all sit in the same threads of the one-pass selection (block ids
+ * equal mod 256), a NaN key row (NaN ranks highest, or -1e30 under atom) and the longest
+ * history of the decode bench (nb = 8192). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +42,8 @@ typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; 
 
 /* device paths (M3_GPU_INDEXER, gpu/indexer.hip); NULL = the automatic choice */
 static const char *const idx_paths[] = {NULL, "score=stream,nofuse", "score=wide,sel=one",
-                                        "score=tile,sel=rounds", "score=cuda,sel=one"};
+                                        "score=wide,widepf", "score=tile,sel=rounds",
+                                        "score=cuda,sel=one"};
 
 /* The device side of one case under the current M3_GPU_INDEXER path. */
 static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3_indexer_params *ip,
