@@ -480,6 +480,133 @@ static __device__ void stream_score(float *M3_RESTRICT scores, int *M3_RESTRICT 
 #endif
 }
 
+/* stream_persist: the persistent form of stream_score for long histories. Each warp walks
+ * its own key blocks (b = global warp id, + all warps, ...) in chunks of 32 keys (4 n-tiles,
+ * 16 uint4 per lane) with the next chunk's loads in flight during this chunk's mma (two
+ * register buffers, unrolled by two so that they stay registers), keeps the masked max per
+ * row across the block's chunks and writes the block's scores itself: no shared memory, no
+ * barrier, no block turnover. Blocks past every row's causal end are -inf (grid-stride). */
+static __device__ __forceinline__ void sp_load(uint4 (&kb)[IST_TILES][4], const m3_bf16 *ik, int k0,
+                                               int Di, int n_ctx, int pmax, int gq, int tq, bool on) {
+#pragma unroll
+    for (int i = 0; i < IST_TILES; i++) {
+        const int key = k0 + i * 8 + gq;
+        const bool ok = on && key < n_ctx && key <= pmax;
+        const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
+#pragma unroll
+        for (int j = 0; j < 4; j++) kb[i][j] = ok && j < Di / 32 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+    }
+}
+
+static __device__ __forceinline__ void sp_mma(const uint4 (&kb)[IST_TILES][4],
+                                              const uint32_t (&qa)[ISM_MAX_DI / 16][4], int k0,
+                                              int Di, int pmax, const int (&rp)[2], int tq,
+                                              float (&mx)[2], float (&nan_seen)[2]) {
+#if M3_HAVE_MMA
+#pragma unroll
+    for (int i = 0; i < IST_TILES; i++) {
+        const int kt = k0 + i * 8;
+        if (kt > pmax) break; /* uniform */
+        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+            if (s2 >= Di / 16) break;
+            const uint4 v = kb[i][s2 >> 1];
+            const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
+            m3_mma_bf16_16816(c4, qa[s2], bfr);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int h = e >> 1, key = kt + 2 * tq + (e & 1);
+            if (key <= rp[h]) {
+                if (isnan(c4[e])) nan_seen[h] = 1.0f;
+                else mx[h] = fmaxf(mx[h], c4[e]);
+            }
+        }
+    }
+#else
+    (void)kb; (void)qa; (void)k0; (void)Di; (void)pmax; (void)rp; (void)tq; (void)mx; (void)nan_seen;
+#endif
+}
+
+static __device__ void stream_persist(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties,
+                                      const m3_bf16 *M3_RESTRICT iq, int ld_q,
+                                      const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
+                                      int n_tok, int nbk, int n_ctx, int G, int Di, int B,
+                                      float scale, bool nan_neg) {
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw;
+    if (n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
+    int pmax = -1;
+    for (int i = 0; i < tpw; i++)
+        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    const int nb_lim = min(nbk, pmax / B + 1); /* blocks some row of the group sees */
+    for (int i = (int)blockIdx.x * IST_THREADS + tid; i < (nbk - nb_lim) * tpw * G;
+         i += (int)gridDim.x * IST_THREADS) { /* past the causal end of every token: -inf */
+        const int b = nb_lim + i / (tpw * G), r = i % (tpw * G), tt = t0 + r / G;
+        if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
+    }
+    int rt[2], rp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = gq + 8 * h;
+        rt[h] = t0 + row / G;
+        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
+    }
+    const int gw = (int)blockIdx.x * IST_WARPS + warp, n_w = (int)gridDim.x * IST_WARPS;
+    const int cpb = B / 32, n_mine = gw < nb_lim ? (nb_lim - 1 - gw) / n_w + 1 : 0;
+    const int n_chunk = n_mine * cpb;
+    if (n_chunk == 0) return;
+    uint32_t qa[ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i & 1, row = gq + 8 * h;
+            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
+                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
+                                                                  (size_t)(row % G) * Di + d)
+                            : 0u;
+        }
+    }
+    /* chunk c: block gw + (c / cpb) * n_w, keys from 32 * (c % cpb) */
+#define SP_K0(c) (((gw + ((c) / cpb) * n_w) * B) + 32 * ((c) % cpb))
+    uint4 k0b[IST_TILES][4], k1b[IST_TILES][4];
+    float mx[2] = {-INFINITY, -INFINITY}, nan_seen[2] = {0.0f, 0.0f};
+    sp_load(k0b, ik, SP_K0(0), Di, n_ctx, pmax, gq, tq, true);
+    for (int c = 0; c < n_chunk; c += 2) {
+        for (int u = 0; u < 2; u++) { /* u = 0: compute k0b, refill k1b; u = 1: the reverse */
+            const int cc = c + u;
+            if (cc >= n_chunk) break;
+            if (u == 0) sp_load(k1b, ik, SP_K0(cc + 1), Di, n_ctx, pmax, gq, tq, cc + 1 < n_chunk);
+            else sp_load(k0b, ik, SP_K0(cc + 1), Di, n_ctx, pmax, gq, tq, cc + 1 < n_chunk);
+            if (u == 0) sp_mma(k0b, qa, SP_K0(cc), Di, pmax, rp, tq, mx, nan_seen);
+            else sp_mma(k1b, qa, SP_K0(cc), Di, pmax, rp, tq, mx, nan_seen);
+            if (cc % cpb == cpb - 1) { /* the block's last chunk: its scores */
+                const int b = gw + (cc / cpb) * n_w;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float m = mx[h], n = nan_seen[h];
+                    m = fmaxf(m, M3_SHFL_XOR(m, 1));
+                    m = fmaxf(m, M3_SHFL_XOR(m, 2));
+                    n = fmaxf(n, M3_SHFL_XOR(n, 1));
+                    n = fmaxf(n, M3_SHFL_XOR(n, 2));
+                    if (tq == 0 && rt[h] < n_tok) {
+                        float z;
+                        if (b > rp[h] / B) z = -INFINITY;
+                        else if (n > 0.0f) z = nan_neg ? -1e30f : NAN;
+                        else z = scale != 1.0f ? m * scale : m;
+                        scores[((int64_t)((gq + 8 * h) % G) * n_tok + rt[h]) * nbk + b] = z;
+                    }
+                    mx[h] = -INFINITY, nan_seen[h] = 0.0f;
+                }
+            }
+        }
+    }
+#undef SP_K0
+}
+
 /* ---- many tokens: keys staged once per block for 256/G tokens ----------------------------
  * idx_wide_k (NVIDIA mma.sync, bf16): a persistent block of 8 warps holds the Q fragments of
  * 256 (token, head) rows in registers (warp w: rows 32w .. 32w+31, two m-tiles, loaded once)
@@ -805,12 +932,16 @@ static __device__ void stream_select(const idx_sel &a, unsigned int *ticket, int
                                   reinterpret_cast<unsigned long long *>(idx_dyn));
 }
 
-static __global__ void __launch_bounds__(IST_THREADS)
+template <bool PERSIST>
+static __global__ void __launch_bounds__(IST_THREADS, PERSIST ? 2 : 4)
     idx_stream_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
                  int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
                  int n_tok, int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg,
                  idx_sel sel, unsigned int *ticket) {
-    stream_score(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
+    if (PERSIST)
+        stream_persist(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
+    else
+        stream_score(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
     if (ticket) stream_select(sel, ticket, G);
 }
 
@@ -823,15 +954,16 @@ static __global__ void __launch_bounds__(IST_THREADS)
  * idx_topk_k (one pass), else (shared memory) the arg-max rounds of idx_select_k or
  * idx_cand_k + idx_pick_k. M3_GPU_INDEXER (benches and tests; unset = that choice) forces a
  * path where its shape contract holds: comma-separated score=stream|wide|tile|cuda,
- * sel=one|rounds, nofuse, widepf (idx_wide_k<true>), and nosel (scores only, ids not written: for timing). */
+ * sel=one|rounds, nofuse, widepf (idx_wide_k<true>), persist=0|1 (idx_stream_k<true>), and nosel (scores only, ids not written: for timing). */
 #define IDX_STREAM_GROUPS 4
 #define IDX_FUSE_ROWS 64
+#define IDX_PERSIST_NBK 1000000 /* auto: persistent streaming from this many key blocks */
 #define IDX_CAND_BYTES (40 * 1024) /* one-pass candidates in dynamic shared memory */
 /* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
-typedef struct { int score, sel; bool nosel, nofuse, wide_pf; } idx_path;
+typedef struct { int score, sel, persist; bool nosel, nofuse, wide_pf; } idx_path;
 
 static idx_path idx_path_env(void) {
-    idx_path r = {0, 0, false, false, false};
+    idx_path r = {0, 0, 0, false, false, false};
     const char *e = getenv("M3_GPU_INDEXER");
     if (!e) return r;
     if (strstr(e, "score=stream")) r.score = 1;
@@ -843,6 +975,8 @@ static idx_path idx_path_env(void) {
     r.nosel = strstr(e, "nosel") != NULL;
     r.nofuse = strstr(e, "nofuse") != NULL;
     r.wide_pf = strstr(e, "widepf") != NULL;
+    if (strstr(e, "persist=1")) r.persist = 1;
+    if (strstr(e, "persist=0")) r.persist = 2;
     return r;
 }
 
@@ -887,8 +1021,13 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     const size_t cand64 = (size_t)(K + 1) * (size_t)((nbk + 63) / 64) * 8;
     const size_t cand256 = (size_t)(K + 1) * (size_t)((nbk + 255) / 256) * 8;
     const size_t cand_fuse = (size_t)(K + 1) * (size_t)((nbk + IST_THREADS - 1) / IST_THREADS) * 8;
+    /* persistent streaming: 2 blocks of 4 warps per SM per token group, when there are
+     * several key blocks per warp */
+    const int n_pcta = 2 * g->n_sm;
+    const bool persist = score == 1 && (path.persist == 1 || (path.persist == 0 && nbk >= IDX_PERSIST_NBK));
+    const int n_blk = persist ? n_pcta * n_group : nbk * n_group;
     const bool fuse = score == 1 && !path.nosel && !path.nofuse && path.sel != 2 &&
-                      n_tok * G <= IDX_FUSE_ROWS && n_tok * G <= nbk * n_group &&
+                      n_tok * G <= IDX_FUSE_ROWS && n_tok * G <= n_blk &&
                       cand_fuse <= IDX_CAND_BYTES;
     if (d_n_ties && score != 1 && score != 4) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
     const size_t mark = m3_gpu_mark(g);
@@ -904,10 +1043,16 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
             M3_TRY(m3_gpu_alloc(g, (void **)&ticket, sizeof *ticket));
             M3_TRY(m3_gpu_memset(g, ticket, 0, sizeof *ticket));
         }
-        idx_stream_k<<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS, fuse ? cand_fuse : 0,
-                       g->stream>>>(S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik,
-                                    d_pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
-                                    p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
+        if (persist)
+            idx_stream_k<true><<<dim3((unsigned)n_pcta, (unsigned)n_group), IST_THREADS,
+                                 fuse ? cand_fuse : 0, g->stream>>>(
+                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
+        else
+            idx_stream_k<false><<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS,
+                                  fuse ? cand_fuse : 0, g->stream>>>(
+                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
         s = m3_gpu_launched_(g, "idx_stream_k", __FILE__, __LINE__);
     } else if (score == 4) {
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;

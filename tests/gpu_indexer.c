@@ -9,7 +9,7 @@
  * score (a summation-order flip of a near-tie), which are counted.
  * Every case runs through each device path (M3_GPU_INDEXER): the auto choice (for decode:
  * the streamed scorer with the fused selection), the streamed scorer with the one-pass
- * selection kernel, the wide (256-row) scorer with and without prefetch, the key-tile scorer
+ * selection kernel, the persistent streamed scorer (fused), the wide (256-row) scorer with and without prefetch, the key-tile scorer
  * with the arg-max rounds, the CUDA-core scorer. Data patterns that stress the selection:
  * all keys equal (every score ties: the ids must be the lowest ones, exactly, no flip
  * allowed), hot blocks that all sit in the same threads of the one-pass selection (block ids
@@ -41,9 +41,9 @@ enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8 };
 typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; } idx_shape;
 
 /* device paths (M3_GPU_INDEXER, gpu/indexer.hip); NULL = the automatic choice */
-static const char *const idx_paths[] = {NULL, "score=stream,nofuse", "score=wide,sel=one",
-                                        "score=wide,widepf", "score=tile,sel=rounds",
-                                        "score=cuda,sel=one"};
+static const char *const idx_paths[] = {NULL, "score=stream,nofuse", "score=stream,persist=1",
+                                        "score=wide,sel=one", "score=wide,widepf",
+                                        "score=tile,sel=rounds", "score=cuda,sel=one"};
 
 /* The device side of one case under the current M3_GPU_INDEXER path. */
 static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3_indexer_params *ip,
