@@ -378,6 +378,7 @@ static __global__ void __launch_bounds__(IDX_THREADS)
 #define IST_THREADS 128
 #define IST_WARPS 4
 #define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
+#define IDX_FUSE_PER 64 /* fused selection: nb <= IST_THREADS * IDX_FUSE_PER (8192) */
 static __device__ void stream_score(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties,
                                     const m3_bf16 *M3_RESTRICT iq, int ld_q,
                                     const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
@@ -770,21 +771,20 @@ static __global__ void __launch_bounds__(IWD_THREADS, PF ? 1 : 2)
 }
 
 /* ---- one-pass selection ------------------------------------------------------------------
- * select_row<NT>: NT threads select one (t, g) row. The order (score desc, NaN highest, id
+ * select_row<NT, PER>: NT threads select one (t, g) row, nb <= NT * PER. The order (score desc, NaN highest, id
  * asc) is a total order on rank keys u = (sortable score bits << 32) | ~id (rank_key; -0
  * counts as +0 and every NaN alike, as `before`), all distinct. Thread i takes the blocks
- * i, i + NT, ... (per = ceil(nb / NT) of them; forced values applied and written back to S,
- * init then local as ref). With need = min(K+1, nb):
+ * i, i + NT, ... (at most PER of them, in registers; forced values applied and written back
+ * to S, init then local as ref). With need = min(K+1, nb):
  *   1. tau = the need-th largest of the per-thread maxima. Each warp publishes the lanes
  *      whose maximum ranks < need within the warp (the global top-need maxima are among
  *      them); a rank count over the published ones finds tau.
  *   2. Candidates: the scores with u >= tau. They come from the need threads whose max is
- *      >= tau, so there are at most need * per of them (all nb when fewer than need threads
+ *      >= tau, so there are at most need * PER of them (all nb when fewer than need threads
  *      hold a score), and every score ranking above a candidate is a candidate.
  *   3. A rank count over the candidates gives ranks 0 .. need-1: the reference's order.
  * Four barriers, no rounds; exact for any data (ties included). The rank counts are
- * unrolled so that their shared-memory loads overlap. VOL: S was written by other blocks of
- * the running grid (fused path): read it with volatile loads, past L1. */
+ * unrolled so that their shared-memory loads overlap. */
 typedef struct {
     int32_t *topk;
     float *scores, *margin;
@@ -820,16 +820,10 @@ static __device__ __forceinline__ int rank_id(unsigned long long k) {
     return (int)(0xFFFFFFFFu - (uint32_t)(k & 0xFFFFFFFFull));
 }
 
-/* the selection score of block b (< nb): forced values as ref (init, then local wins) */
-template <bool VOL>
-static __device__ __forceinline__ float sel_score(const idx_sel &a, const float *S, int b, int lo) {
-    if (b >= lo) return a.local_boost;
-    if (a.use_init && b < a.init_blocks) return a.init_boost;
-    return VOL ? *(const volatile float *)(S + b) : S[b];
-}
-
-/* cand: need * ceil(nb / NT) entries of shared memory (at most (K+1) * that) */
-template <int NT, bool VOL>
+/* cand: need * PER entries of shared memory (at most (K+1) * PER). nb <= NT * PER. The
+ * scores stay in registers between the passes, and the loads of a thread are all issued
+ * before the first use. */
+template <int NT, int PER>
 static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<NT> &sm,
                                   unsigned long long *cand) {
     constexpr int NW = NT / M3_WARP;
@@ -837,15 +831,23 @@ static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<N
     const int nb = a.pos[t] / a.B + 1, lo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
     const int K = a.K, need = K + 1 < nb ? K + 1 : nb, n_pub = NW * need;
     float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk;
-    unsigned long long mx = 0; /* 0: no score (every rank key is > 0) */
-#pragma unroll 16
-    for (int b = tid; b < nb; b += NT) {
-        const float v = sel_score<VOL>(a, S, b, lo);
-        const unsigned long long u = rank_key(v, b);
-        mx = u > mx ? u : mx;
+    float v[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * NT;
+        v[i] = b < nb ? S[b] : 0.0f;
     }
-    for (int b = lo + tid; b < nb; b += NT) S[b] = a.local_boost; /* the dump's forced values */
-    for (int b = tid; a.use_init && b < a.init_blocks && b < lo; b += NT) S[b] = a.init_boost;
+    unsigned long long mx = 0; /* 0: no score (every rank key is > 0) */
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * NT;
+        if (b < nb) { /* forced values as ref: init, then local wins; written for the dump */
+            if (b >= lo) v[i] = a.local_boost, S[b] = a.local_boost;
+            else if (a.use_init && b < a.init_blocks) v[i] = a.init_boost, S[b] = a.init_boost;
+            const unsigned long long u = rank_key(v[i], b);
+            mx = u > mx ? u : mx;
+        }
+    }
     sm.tmax[tid] = mx;
     for (int j = tid; j < n_pub; j += NT) sm.pub[j] = 0;
     if (tid == 0) sm.tau = 1, sm.n_cand = 0; /* tau 1: every score (< need threads hold one) */
@@ -868,10 +870,13 @@ static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<N
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
-#pragma unroll 16
-    for (int b = tid; b < nb; b += NT) {
-        const unsigned long long u = rank_key(sel_score<VOL>(a, S, b, lo), b);
-        if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * NT;
+        if (b < nb) {
+            const unsigned long long u = rank_key(v[i], b);
+            if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+        }
     }
     __syncthreads();
     const int nc = sm.n_cand;
@@ -898,20 +903,21 @@ static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<N
 }
 
 /* idx_topk_k: one block per (t, g) row; dynamic shared memory: the candidates,
- * (K+1) * ceil(nbk / NT) rank keys. */
-template <int NT>
+ * (K+1) * PER rank keys. */
+template <int NT, int PER>
 static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
     __shared__ idx_sel_smem<NT> sm;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
-    select_row<NT, false>(a, (int)blockIdx.x, (int)blockIdx.y, sm,
-                          reinterpret_cast<unsigned long long *>(idx_dyn));
+    select_row<NT, PER>(a, (int)blockIdx.x, (int)blockIdx.y, sm,
+                        reinterpret_cast<unsigned long long *>(idx_dyn));
 }
 
 /* The fused decode path: the scores of every block reach device memory before the block
- * takes a ticket; the last R = n_tok * G blocks to take one each select one (t, g) row once
- * every block has taken its ticket (they wait for at most R - 1 blocks that are already
- * running or about to: R is far below the resident blocks), reading S past L1. *ticket is
- * zeroed by the launcher. Saves the selection launch and its gap. */
+ * takes a ticket (store; fence; atomic); the last R = n_tok * G blocks to take one each
+ * select one (t, g) row once every block has taken its ticket (strong read of the counter;
+ * fence; then plain loads: the message-passing pattern of the PTX memory model). They wait
+ * for at most R - 1 blocks that are already running or about to: R is far below the
+ * resident blocks. *ticket is zeroed by the launcher. Saves the selection launch and gap. */
 static __device__ void stream_select(const idx_sel &a, unsigned int *ticket, int G) {
     __shared__ idx_sel_smem<IST_THREADS> sm;
     __shared__ unsigned int s_ticket;
@@ -928,8 +934,8 @@ static __device__ void stream_select(const idx_sel &a, unsigned int *ticket, int
         }
     __syncthreads();
     __threadfence();
-    select_row<IST_THREADS, true>(a, row % a.n_tok, row / a.n_tok, sm,
-                                  reinterpret_cast<unsigned long long *>(idx_dyn));
+    select_row<IST_THREADS, IDX_FUSE_PER>(a, row % a.n_tok, row / a.n_tok, sm,
+                                         reinterpret_cast<unsigned long long *>(idx_dyn));
 }
 
 template <bool PERSIST>
@@ -950,17 +956,16 @@ static __global__ void __launch_bounds__(IST_THREADS, PERSIST ? 2 : 4)
  * keys are re-read per group), idx_wide_k (bf16, more tokens, enough key blocks to fill the
  * device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged
  * per block for 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection:
- * fused into idx_stream_k when R = T*G <= IDX_FUSE_ROWS rows and the candidates fit, else
- * idx_topk_k (one pass), else (shared memory) the arg-max rounds of idx_select_k or
- * idx_cand_k + idx_pick_k. M3_GPU_INDEXER (benches and tests; unset = that choice) forces a
+ * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
+ * idx_pick_k. Measured variants, off by default (docs/gpu.md): the selection fused into
+ * idx_stream_k (R = T*G <= IDX_FUSE_ROWS), the persistent idx_stream_k<true>, the prefetching
+ * idx_wide_k<true>. M3_GPU_INDEXER (benches and tests; unset = the choice above) forces a
  * path where its shape contract holds: comma-separated score=stream|wide|tile|cuda,
- * sel=one|rounds, nofuse, widepf (idx_wide_k<true>), persist=0|1 (idx_stream_k<true>), and nosel (scores only, ids not written: for timing). */
+ * sel=one|rounds, fuse, widepf, persist=1, and nosel (scores only, ids not written: timing). */
 #define IDX_STREAM_GROUPS 4
 #define IDX_FUSE_ROWS 64
-#define IDX_PERSIST_NBK 1000000 /* auto: persistent streaming from this many key blocks */
-#define IDX_CAND_BYTES (40 * 1024) /* one-pass candidates in dynamic shared memory */
 /* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
-typedef struct { int score, sel, persist; bool nosel, nofuse, wide_pf; } idx_path;
+typedef struct { int score, sel, persist; bool nosel, fuse, wide_pf; } idx_path;
 
 static idx_path idx_path_env(void) {
     idx_path r = {0, 0, 0, false, false, false};
@@ -973,10 +978,9 @@ static idx_path idx_path_env(void) {
     if (strstr(e, "sel=one")) r.sel = 1;
     if (strstr(e, "sel=rounds")) r.sel = 2;
     r.nosel = strstr(e, "nosel") != NULL;
-    r.nofuse = strstr(e, "nofuse") != NULL;
+    r.fuse = strstr(e, "fuse") != NULL && strstr(e, "nofuse") == NULL;
     r.wide_pf = strstr(e, "widepf") != NULL;
     if (strstr(e, "persist=1")) r.persist = 1;
-    if (strstr(e, "persist=0")) r.persist = 2;
     return r;
 }
 
@@ -1017,18 +1021,17 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
                                                                 : 3;
     if ((score == 1 || score == 4) && !stream_ok) score = tile_ok ? 2 : 3;
     if (score == 2 && !tile_ok) score = 3;
-    /* one-pass candidates: (K+1) * ceil(nb / threads) rank keys */
-    const size_t cand64 = (size_t)(K + 1) * (size_t)((nbk + 63) / 64) * 8;
-    const size_t cand256 = (size_t)(K + 1) * (size_t)((nbk + 255) / 256) * 8;
-    const size_t cand_fuse = (size_t)(K + 1) * (size_t)((nbk + IST_THREADS - 1) / IST_THREADS) * 8;
+    /* one-pass candidates: (K+1) * PER rank keys */
+    const size_t cand64 = (size_t)(K + 1) * 4 * 8, cand256 = (size_t)(K + 1) * 32 * 8;
+    const size_t cand_fuse = (size_t)(K + 1) * IDX_FUSE_PER * 8;
     /* persistent streaming: 2 blocks of 4 warps per SM per token group, when there are
      * several key blocks per warp */
     const int n_pcta = 2 * g->n_sm;
-    const bool persist = score == 1 && (path.persist == 1 || (path.persist == 0 && nbk >= IDX_PERSIST_NBK));
+    const bool persist = score == 1 && path.persist == 1;
     const int n_blk = persist ? n_pcta * n_group : nbk * n_group;
-    const bool fuse = score == 1 && !path.nosel && !path.nofuse && path.sel != 2 &&
+    const bool fuse = score == 1 && path.fuse && !path.nosel && path.sel != 2 &&
                       n_tok * G <= IDX_FUSE_ROWS && n_tok * G <= n_blk &&
-                      cand_fuse <= IDX_CAND_BYTES;
+                      nbk <= IST_THREADS * IDX_FUSE_PER;
     if (d_n_ties && score != 1 && score != 4) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
     const size_t mark = m3_gpu_mark(g);
     float *S = d_scores;
@@ -1089,11 +1092,11 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     }
     const dim3 rows((unsigned)n_tok, (unsigned)G);
     const int n_chunk = (nbk + IDX_CHUNK - 1) / IDX_CHUNK, n_cand = n_chunk * (K + 1);
-    if (path.sel != 2 && nbk <= 1024 && cand64 <= IDX_CAND_BYTES) {
-        idx_topk_k<64><<<rows, 64, cand64, g->stream>>>(sa);
+    if (path.sel != 2 && nbk <= 64 * 4) {
+        idx_topk_k<64, 4><<<rows, 64, cand64, g->stream>>>(sa);
         s = m3_gpu_launched_(g, "idx_topk_k<64>", __FILE__, __LINE__);
-    } else if (path.sel != 2 && cand256 <= IDX_CAND_BYTES) {
-        idx_topk_k<256><<<rows, 256, cand256, g->stream>>>(sa);
+    } else if (path.sel != 2 && nbk <= 256 * 32) {
+        idx_topk_k<256, 32><<<rows, 256, cand256, g->stream>>>(sa);
         s = m3_gpu_launched_(g, "idx_topk_k<256>", __FILE__, __LINE__);
     } else if (n_chunk > 1 && n_cand <= IDX_MAX_CAND) {
         float *cv = NULL;

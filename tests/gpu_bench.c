@@ -347,10 +347,9 @@ static void bench_indexer(void **state) {
         /* the automatic path, then each forced path (M3_GPU_INDEXER, gpu/indexer.hip); nosel
          * rows time the scoring alone. M3_BENCH_IDX_PATHS=0: the automatic path only */
         static const char *const paths[] = {NULL, "score=tile,sel=rounds", "score=stream,nosel",
-                                            "score=stream,nofuse", "score=stream,persist=1",
+                                            "score=stream,fuse", "score=stream,persist=1,fuse",
                                             "score=stream,persist=1,nosel", "score=tile,sel=one",
-                                            "score=wide,sel=one", "score=wide,nosel",
-                                            "score=wide,widepf,sel=one", "score=wide,widepf,nosel"};
+                                            "score=wide,sel=one", "score=wide,nosel"};
         const char *ev = getenv("M3_BENCH_IDX_PATHS");
         const size_t n_path = ev && atoi(ev) == 0 ? 1 : sizeof paths / sizeof paths[0];
         for (size_t pi = 0; pi < n_path; pi++) {

@@ -8,9 +8,10 @@
  * the selected ids exactly, except rows whose reference margin is below IDX_TIE_REL of the
  * score (a summation-order flip of a near-tie), which are counted.
  * Every case runs through each device path (M3_GPU_INDEXER): the auto choice (for decode:
- * the streamed scorer with the fused selection), the streamed scorer with the one-pass
- * selection kernel, the persistent streamed scorer (fused), the wide (256-row) scorer with and without prefetch, the key-tile scorer
- * with the arg-max rounds, the CUDA-core scorer. Data patterns that stress the selection:
+ * the streamed scorer, then the one-pass selection kernel), the streamed scorer with the
+ * selection fused into it, the same with the persistent streamed scorer, the wide (256-row)
+ * scorer with and without prefetch, the key-tile scorer with the arg-max rounds, the
+ * CUDA-core scorer. Data patterns that stress the selection:
  * all keys equal (every score ties: the ids must be the lowest ones, exactly, no flip
  * allowed), hot blocks that all sit in the same threads of the one-pass selection (block ids
  * equal mod 256), a NaN key row (NaN ranks highest, or -1e30 under atom) and the longest
@@ -41,7 +42,7 @@ enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8 };
 typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; } idx_shape;
 
 /* device paths (M3_GPU_INDEXER, gpu/indexer.hip); NULL = the automatic choice */
-static const char *const idx_paths[] = {NULL, "score=stream,nofuse", "score=stream,persist=1",
+static const char *const idx_paths[] = {NULL, "score=stream,fuse", "score=stream,persist=1,fuse",
                                         "score=wide,sel=one", "score=wide,widepf",
                                         "score=tile,sel=rounds", "score=cuda,sel=one"};
 
