@@ -344,14 +344,14 @@ static void bench_indexer(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
-        /* the automatic path, then each forced path (M3_GPU_INDEXER, gpu/indexer.hip); nosel
-         * rows time the scoring alone. M3_BENCH_IDX_PATHS=0: the automatic path only */
+        /* the automatic path; with M3_BENCH_IDX_PATHS=1 also each forced path (M3_GPU_INDEXER,
+         * gpu/indexer.hip; nosel rows time the scoring alone) */
         static const char *const paths[] = {NULL, "score=tile,sel=rounds", "score=stream,nosel",
                                             "score=stream,fuse", "score=stream,persist=1,fuse",
                                             "score=stream,persist=1,nosel", "score=tile,sel=one",
                                             "score=wide,sel=one", "score=wide,nosel"};
         const char *ev = getenv("M3_BENCH_IDX_PATHS");
-        const size_t n_path = ev && atoi(ev) == 0 ? 1 : sizeof paths / sizeof paths[0];
+        const size_t n_path = ev && atoi(ev) == 1 ? sizeof paths / sizeof paths[0] : 1;
         for (size_t pi = 0; pi < n_path; pi++) {
             if (paths[pi] && c.T > 64 && strstr(paths[pi], "stream")) continue;
             if (paths[pi]) setenv("M3_GPU_INDEXER", paths[pi], 1);
