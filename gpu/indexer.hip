@@ -961,14 +961,16 @@ static __global__ void __launch_bounds__(IST_THREADS, PERSIST ? 2 : 4)
  * idx_stream_k (R = T*G <= IDX_FUSE_ROWS), the persistent idx_stream_k<true>, the prefetching
  * idx_wide_k<true>. M3_GPU_INDEXER (benches and tests; unset = the choice above) forces a
  * path where its shape contract holds: comma-separated score=stream|wide|tile|cuda,
- * sel=one|rounds, fuse, widepf, persist=1, and nosel (scores only, ids not written: timing). */
+ * sel=one|rounds, fuse|nofuse, widepf, persist=1, and nosel (scores only, ids not written:
+ * timing). */
 #define IDX_STREAM_GROUPS 4
 #define IDX_FUSE_ROWS 64
+#define IDX_FUSE_DEFAULT false /* the fused selection by default (decode) */
 /* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
 typedef struct { int score, sel, persist; bool nosel, fuse, wide_pf; } idx_path;
 
 static idx_path idx_path_env(void) {
-    idx_path r = {0, 0, 0, false, false, false};
+    idx_path r = {0, 0, 0, false, IDX_FUSE_DEFAULT, false};
     const char *e = getenv("M3_GPU_INDEXER");
     if (!e) return r;
     if (strstr(e, "score=stream")) r.score = 1;
@@ -978,7 +980,7 @@ static idx_path idx_path_env(void) {
     if (strstr(e, "sel=one")) r.sel = 1;
     if (strstr(e, "sel=rounds")) r.sel = 2;
     r.nosel = strstr(e, "nosel") != NULL;
-    r.fuse = strstr(e, "fuse") != NULL && strstr(e, "nofuse") == NULL;
+    if (strstr(e, "fuse")) r.fuse = strstr(e, "nofuse") == NULL;
     r.wide_pf = strstr(e, "widepf") != NULL;
     if (strstr(e, "persist=1")) r.persist = 1;
     return r;
