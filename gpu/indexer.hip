@@ -816,6 +816,10 @@ static __device__ __forceinline__ float rank_val(unsigned long long k) {
     if (u == 0xFFFFFFFFu) return NAN;
     return __uint_as_float((u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u);
 }
+/* x ranks strictly above y by value: NaN highest, -0 == +0 (the high half of rank_key) */
+static __device__ __forceinline__ bool val_above(float x, float y) {
+    return isnan(x) ? !isnan(y) : (!isnan(y) && x > y);
+}
 static __device__ __forceinline__ int rank_id(unsigned long long k) {
     return (int)(0xFFFFFFFFu - (uint32_t)(k & 0xFFFFFFFFull));
 }
@@ -837,17 +841,20 @@ static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<N
         const int b = tid + i * NT;
         v[i] = b < nb ? S[b] : 0.0f;
     }
-    unsigned long long mx = 0; /* 0: no score (every rank key is > 0) */
+    /* the thread's best score by value (NaN highest); its blocks come in increasing id, so
+     * keeping the first of equal values keeps the lowest id, as the rank key would */
+    float best = 0.0f;
+    int best_b = -1;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int b = tid + i * NT;
         if (b < nb) { /* forced values as ref: init, then local wins; written for the dump */
             if (b >= lo) v[i] = a.local_boost, S[b] = a.local_boost;
             else if (a.use_init && b < a.init_blocks) v[i] = a.init_boost, S[b] = a.init_boost;
-            const unsigned long long u = rank_key(v[i], b);
-            mx = u > mx ? u : mx;
+            if (best_b < 0 || val_above(v[i], best)) best = v[i], best_b = b;
         }
     }
+    const unsigned long long mx = best_b >= 0 ? rank_key(best, best_b) : 0; /* 0: no score */
     sm.tmax[tid] = mx;
     for (int j = tid; j < n_pub; j += NT) sm.pub[j] = 0;
     if (tid == 0) sm.tau = 1, sm.n_cand = 0; /* tau 1: every score (< need threads hold one) */
@@ -870,10 +877,11 @@ static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<N
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
+    const float th_v = th == 1 ? -INFINITY : rank_val(th); /* tau 1: take every score */
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int b = tid + i * NT;
-        if (b < nb) {
+        if (b < nb && (th == 1 || !val_above(th_v, v[i]))) { /* the rank key only near tau */
             const unsigned long long u = rank_key(v[i], b);
             if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
         }
@@ -1024,7 +1032,7 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     if ((score == 1 || score == 4) && !stream_ok) score = tile_ok ? 2 : 3;
     if (score == 2 && !tile_ok) score = 3;
     /* one-pass candidates: (K+1) * PER rank keys */
-    const size_t cand64 = (size_t)(K + 1) * 4 * 8, cand256 = (size_t)(K + 1) * 32 * 8;
+    const size_t cand64 = (size_t)(K + 1) * 4 * 8;
     const size_t cand_fuse = (size_t)(K + 1) * IDX_FUSE_PER * 8;
     /* persistent streaming: 2 blocks of 4 warps per SM per token group, when there are
      * several key blocks per warp */
@@ -1097,8 +1105,13 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     if (path.sel != 2 && nbk <= 64 * 4) {
         idx_topk_k<64, 4><<<rows, 64, cand64, g->stream>>>(sa);
         s = m3_gpu_launched_(g, "idx_topk_k<64>", __FILE__, __LINE__);
-    } else if (path.sel != 2 && nbk <= 256 * 32) {
-        idx_topk_k<256, 32><<<rows, 256, cand256, g->stream>>>(sa);
+    } else if (path.sel != 2 && nbk <= 256 * 32) { /* the fewest registers that hold nb */
+        const int per = nbk <= 256 * 4 ? 4 : nbk <= 256 * 8 ? 8 : nbk <= 256 * 16 ? 16 : 32;
+        const size_t cb = (size_t)(K + 1) * per * 8;
+        if (per == 4) idx_topk_k<256, 4><<<rows, 256, cb, g->stream>>>(sa);
+        else if (per == 8) idx_topk_k<256, 8><<<rows, 256, cb, g->stream>>>(sa);
+        else if (per == 16) idx_topk_k<256, 16><<<rows, 256, cb, g->stream>>>(sa);
+        else idx_topk_k<256, 32><<<rows, 256, cb, g->stream>>>(sa);
         s = m3_gpu_launched_(g, "idx_topk_k<256>", __FILE__, __LINE__);
     } else if (n_chunk > 1 && n_cand <= IDX_MAX_CAND) {
         float *cv = NULL;
