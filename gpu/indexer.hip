@@ -12,6 +12,10 @@
  * idx_select_k: one block per (g, t): forced init then local blocks (local wins), then K+1
  *   rounds of a block arg-max over (score desc, NaN highest, id asc): the reference's
  *   order; the extra round gives the margin S_(K) - S_(K+1) and the tie flag.
+ * The fast paths, below: idx_stream_k (decode scoring, keys streamed into registers),
+ * idx_wide_k (64+ tokens, 256 rows per pass over the keys), idx_score_mma_k (tensor-core key
+ * tiles), idx_topk_k (one-pass exact selection); the launcher's comment says which runs when,
+ * docs/gpu.md "Lightning indexer" what each costs on the H200.
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
 #include <stdlib.h>
 #include <string.h>
