@@ -12,7 +12,14 @@
  * idx_select_k: one block per (g, t): forced init then local blocks (local wins), then K+1
  *   rounds of a block arg-max over (score desc, NaN highest, id asc): the reference's
  *   order; the extra round gives the margin S_(K) - S_(K+1) and the tie flag.
+ * The fast paths, below: idx_stream_k (decode scoring, keys streamed into registers),
+ * idx_wide_k (64+ tokens, 256 rows per pass over the keys), idx_score_mma_k (tensor-core key
+ * tiles), idx_topk_k (one-pass exact selection); the launcher's comment says which runs when,
+ * docs/gpu.md "Lightning indexer" what each costs on the H200.
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/indexer.h"
@@ -359,7 +366,638 @@ static __global__ void __launch_bounds__(IDX_THREADS)
     }
 }
 
-/* ---- launchers ------------------------------------------------------------------------- */
+/* ---- decode path: keys streamed into registers ------------------------------------------
+ * idx_stream_k (NVIDIA mma.sync, bf16): one block of 4 warps per (key block b, group of 16/G
+ * tokens); warp w scores the keys [w*B/4, (w+1)*B/4) of the block. Each lane loads its key
+ * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes
+ * per warp load: full sectors), all of them issued before the first mma, so a block keeps
+ * up to 32 KB in flight and no shared-memory staging or barrier sits between load and use.
+ * A dot product does not depend on the order of its dims, so the dims are permuted
+ * consistently in Q and K: lane (g, t) holds the dims 8*(t + 4j) .. +7 (j < Di/32) of key g
+ * of the n-tile, the uint4 j serves k-steps 2j and 2j+1, and the Q fragments (in registers,
+ * loaded once) take the same physical dims. Then the masked max per (token, head) row, NaN
+ * tracked per row, as idx_score_mma_k, and a cross-warp max through shared memory. The
+ * device int n_ties is zeroed here (stream order puts it before the selection's adds).
+ * Launched when G divides 16, Di % 32 == 0, Di <= 128, B % 32 == 0, B <= 128. */
+#define IST_THREADS 128
+#define IST_WARPS 4
+#define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
+#define IDX_FUSE_PER 64 /* fused selection: nb <= IST_THREADS * IDX_FUSE_PER (8192) */
+static __device__ void stream_score(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties,
+                                    const m3_bf16 *M3_RESTRICT iq, int ld_q,
+                                    const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
+                                    int n_tok, int nbk, int n_ctx, int G, int Di, int B,
+                                    float scale, bool nan_neg) {
+#if M3_HAVE_MMA
+    __shared__ float red_m[IST_WARPS][16], red_n[IST_WARPS][16];
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw, b = (int)blockIdx.x;
+    if (n_ties && b == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
+    int pmax = -1;
+    for (int i = 0; i < tpw; i++)
+        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
+        for (int i = tid; i < tpw * G; i += IST_THREADS) {
+            const int tt = t0 + i / G, hh = i % G;
+            if (tt < n_tok) scores[((int64_t)hh * n_tok + tt) * nbk + b] = -INFINITY;
+        }
+        return; /* whole block */
+    }
+    const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
+    /* issue every key load of this warp first */
+    uint4 kb[IST_TILES][4];
+#pragma unroll
+    for (int i = 0; i < IST_TILES; i++) {
+        const int key = b * B + (warp * tiles + i) * 8 + gq;
+        const bool ok = i < tiles && key < n_ctx && key <= pmax;
+        const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+    }
+    int rt[2], rp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = gq + 8 * h;
+        rt[h] = t0 + row / G;
+        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
+    }
+    uint32_t qa[ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i & 1, row = gq + 8 * h;
+            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
+                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
+                                                                  (size_t)(row % G) * Di + d)
+                            : 0u;
+        }
+    }
+    float mx[2] = {-INFINITY, -INFINITY}, nan_seen[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < IST_TILES; i++) {
+        const int k0 = b * B + (warp * tiles + i) * 8;
+        if (i >= tiles || k0 > pmax) break; /* block-uniform */
+        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+            if (s2 >= Di / 16) break;
+            const uint4 v = kb[i][s2 >> 1];
+            const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
+            m3_mma_bf16_16816(c4, qa[s2], bfr);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
+            if (key <= rp[h]) {
+                if (isnan(c4[e])) nan_seen[h] = 1.0f;
+                else mx[h] = fmaxf(mx[h], c4[e]);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
+        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
+        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 1));
+        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 2));
+        if (tq == 0) red_m[warp][gq + 8 * h] = mx[h], red_n[warp][gq + 8 * h] = nan_seen[h];
+    }
+    __syncthreads();
+    if (tid < 16) {
+        const int tt = t0 + tid / G;
+        if (tt < n_tok) {
+            float m = red_m[0][tid], nn = red_n[0][tid];
+#pragma unroll
+            for (int w = 1; w < IST_WARPS; w++) m = fmaxf(m, red_m[w][tid]), nn = fmaxf(nn, red_n[w][tid]);
+            float z;
+            if (b > pos[tt] / B) z = -INFINITY;
+            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? m * scale : m;
+            scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = z;
+        }
+    }
+#else
+    (void)scores; (void)n_ties; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk;
+    (void)n_ctx; (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg;
+#endif
+}
+
+/* stream_persist: the persistent form of stream_score for long histories. Each warp walks
+ * its own key blocks (b = global warp id, + all warps, ...) in chunks of 32 keys (4 n-tiles,
+ * 16 uint4 per lane) with the next chunk's loads in flight during this chunk's mma (two
+ * register buffers, unrolled by two so that they stay registers), keeps the masked max per
+ * row across the block's chunks and writes the block's scores itself: no shared memory, no
+ * barrier, no block turnover. Blocks past every row's causal end are -inf (grid-stride). */
+static __device__ __forceinline__ void sp_load(uint4 (&kb)[IST_TILES][4], const m3_bf16 *ik, int k0,
+                                               int Di, int n_ctx, int pmax, int gq, int tq, bool on) {
+#pragma unroll
+    for (int i = 0; i < IST_TILES; i++) {
+        const int key = k0 + i * 8 + gq;
+        const bool ok = on && key < n_ctx && key <= pmax;
+        const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
+#pragma unroll
+        for (int j = 0; j < 4; j++) kb[i][j] = ok && j < Di / 32 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+    }
+}
+
+static __device__ __forceinline__ void sp_mma(const uint4 (&kb)[IST_TILES][4],
+                                              const uint32_t (&qa)[ISM_MAX_DI / 16][4], int k0,
+                                              int Di, int pmax, const int (&rp)[2], int tq,
+                                              float (&mx)[2], float (&nan_seen)[2]) {
+#if M3_HAVE_MMA
+#pragma unroll
+    for (int i = 0; i < IST_TILES; i++) {
+        const int kt = k0 + i * 8;
+        if (kt > pmax) break; /* uniform */
+        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+            if (s2 >= Di / 16) break;
+            const uint4 v = kb[i][s2 >> 1];
+            const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
+            m3_mma_bf16_16816(c4, qa[s2], bfr);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int h = e >> 1, key = kt + 2 * tq + (e & 1);
+            if (key <= rp[h]) {
+                if (isnan(c4[e])) nan_seen[h] = 1.0f;
+                else mx[h] = fmaxf(mx[h], c4[e]);
+            }
+        }
+    }
+#else
+    (void)kb; (void)qa; (void)k0; (void)Di; (void)pmax; (void)rp; (void)tq; (void)mx; (void)nan_seen;
+#endif
+}
+
+static __device__ void stream_persist(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties,
+                                      const m3_bf16 *M3_RESTRICT iq, int ld_q,
+                                      const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
+                                      int n_tok, int nbk, int n_ctx, int G, int Di, int B,
+                                      float scale, bool nan_neg) {
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw;
+    if (n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
+    int pmax = -1;
+    for (int i = 0; i < tpw; i++)
+        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    const int nb_lim = min(nbk, pmax / B + 1); /* blocks some row of the group sees */
+    for (int i = (int)blockIdx.x * IST_THREADS + tid; i < (nbk - nb_lim) * tpw * G;
+         i += (int)gridDim.x * IST_THREADS) { /* past the causal end of every token: -inf */
+        const int b = nb_lim + i / (tpw * G), r = i % (tpw * G), tt = t0 + r / G;
+        if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
+    }
+    int rt[2], rp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = gq + 8 * h;
+        rt[h] = t0 + row / G;
+        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
+    }
+    const int gw = (int)blockIdx.x * IST_WARPS + warp, n_w = (int)gridDim.x * IST_WARPS;
+    const int cpb = B / 32, n_mine = gw < nb_lim ? (nb_lim - 1 - gw) / n_w + 1 : 0;
+    const int n_chunk = n_mine * cpb;
+    if (n_chunk == 0) return;
+    uint32_t qa[ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i & 1, row = gq + 8 * h;
+            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
+                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
+                                                                  (size_t)(row % G) * Di + d)
+                            : 0u;
+        }
+    }
+    /* chunk c: block gw + (c / cpb) * n_w, keys from 32 * (c % cpb) */
+#define SP_K0(c) (((gw + ((c) / cpb) * n_w) * B) + 32 * ((c) % cpb))
+    uint4 k0b[IST_TILES][4], k1b[IST_TILES][4];
+    float mx[2] = {-INFINITY, -INFINITY}, nan_seen[2] = {0.0f, 0.0f};
+    sp_load(k0b, ik, SP_K0(0), Di, n_ctx, pmax, gq, tq, true);
+    for (int c = 0; c < n_chunk; c += 2) {
+        for (int u = 0; u < 2; u++) { /* u = 0: compute k0b, refill k1b; u = 1: the reverse */
+            const int cc = c + u;
+            if (cc >= n_chunk) break;
+            if (u == 0) sp_load(k1b, ik, SP_K0(cc + 1), Di, n_ctx, pmax, gq, tq, cc + 1 < n_chunk);
+            else sp_load(k0b, ik, SP_K0(cc + 1), Di, n_ctx, pmax, gq, tq, cc + 1 < n_chunk);
+            if (u == 0) sp_mma(k0b, qa, SP_K0(cc), Di, pmax, rp, tq, mx, nan_seen);
+            else sp_mma(k1b, qa, SP_K0(cc), Di, pmax, rp, tq, mx, nan_seen);
+            if (cc % cpb == cpb - 1) { /* the block's last chunk: its scores */
+                const int b = gw + (cc / cpb) * n_w;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float m = mx[h], n = nan_seen[h];
+                    m = fmaxf(m, M3_SHFL_XOR(m, 1));
+                    m = fmaxf(m, M3_SHFL_XOR(m, 2));
+                    n = fmaxf(n, M3_SHFL_XOR(n, 1));
+                    n = fmaxf(n, M3_SHFL_XOR(n, 2));
+                    if (tq == 0 && rt[h] < n_tok) {
+                        float z;
+                        if (b > rp[h] / B) z = -INFINITY;
+                        else if (n > 0.0f) z = nan_neg ? -1e30f : NAN;
+                        else z = scale != 1.0f ? m * scale : m;
+                        scores[((int64_t)((gq + 8 * h) % G) * n_tok + rt[h]) * nbk + b] = z;
+                    }
+                    mx[h] = -INFINITY, nan_seen[h] = 0.0f;
+                }
+            }
+        }
+    }
+#undef SP_K0
+}
+
+/* ---- many tokens: keys staged once per block for 256/G tokens ----------------------------
+ * idx_wide_k (NVIDIA mma.sync, bf16): a persistent block of 8 warps holds the Q fragments of
+ * 256 (token, head) rows in registers (warp w: rows 32w .. 32w+31, two m-tiles, loaded once)
+ * and walks the key blocks b = blockIdx.x, + gridDim.x, ...: the block's keys are staged in
+ * shared memory (row pitch Di*2 + 64 bytes: the eight lanes of a quarter-warp LDS.128 hit 32
+ * distinct banks), then every warp scores all of them: per n-tile and 16 bytes of key dims
+ * (one LDS.128 = two k-steps, the permuted dims of idx_stream_k) four mma, two per m-tile.
+ * Blocks wholly visible to every row of a warp skip the causal mask. Two blocks per SM
+ * overlap one's key loads with the other's mma. Same contract as idx_stream_k. */
+#define IWD_THREADS 256
+#define IWD_WARPS 8
+#define IWD_PITCH (ISM_MAX_DI * 2 + 64)
+#define IWD_LOADS (ISM_MAX_B * ISM_MAX_DI / 8 / IWD_THREADS) /* uint4 per thread per key block */
+/* the key block bb (rows past pmax or n_ctx as zeros) into registers, then shared memory */
+static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const m3_bf16 *ik, int bb,
+                                                 int B, int Di, int n_ctx, int pmax) {
+    const int tid = (int)threadIdx.x, dv8 = Di / 8;
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8, key = bb * B + r;
+        kv[i] = r < B && key < n_ctx && key <= pmax
+                    ? *reinterpret_cast<const uint4 *>(ik + (size_t)key * Di + (e % dv8) * 8)
+                    : make_uint4(0, 0, 0, 0);
+    }
+}
+static __device__ __forceinline__ void wide_store(unsigned char *ks, const uint4 *kv, int n, int i0,
+                                                  int B, int Di) {
+    const int tid = (int)threadIdx.x, dv8 = Di / 8;
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8;
+        if (r < B) *reinterpret_cast<uint4 *>(ks + r * IWD_PITCH + (e % dv8) * 16) = kv[i];
+    }
+}
+
+/* PF: the next key block's loads are issued before this one's mma (one block per SM, all
+ * registers: IWD_LOADS uint4 stay in flight during the compute); else two blocks per SM. */
+template <bool PF>
+static __global__ void __launch_bounds__(IWD_THREADS, PF ? 1 : 2)
+    idx_wide_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
+               int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
+               int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
+#if M3_HAVE_MMA
+    __shared__ __align__(16) unsigned char ks[ISM_MAX_B * IWD_PITCH];
+    __shared__ int s_pmax;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int rows = IWD_WARPS * 32, tpc = rows / G, t0 = (int)blockIdx.y * tpc;
+    if (n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
+    if (tid == 0) s_pmax = -1;
+    __syncthreads();
+    if (tid < tpc && t0 + tid < n_tok) atomicMax(&s_pmax, pos[t0 + tid]);
+    /* this lane's rows: m-tile mt, half h: row 32*warp + 16*mt + gq + 8*h */
+    int rt[2][2], rp[2][2], wpmin = 0x7FFFFFFF, wpmax = -1;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = 32 * warp + 16 * mt + gq + 8 * h;
+            rt[mt][h] = t0 + row / G;
+            rp[mt][h] = rt[mt][h] < n_tok ? pos[rt[mt][h]] : -1;
+            if (rp[mt][h] >= 0) wpmin = min(wpmin, rp[mt][h]), wpmax = max(wpmax, rp[mt][h]);
+        }
+    for (int m = 16; m > 0; m >>= 1) {
+        wpmin = min(wpmin, M3_SHFL_XOR(wpmin, m));
+        wpmax = max(wpmax, M3_SHFL_XOR(wpmax, m));
+    }
+    uint32_t qa[2][ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int h = i & 1, row = 32 * warp + 16 * mt + gq + 8 * h;
+                const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+                qa[mt][s2][i] = s2 < Di / 16 && rt[mt][h] < n_tok
+                                    ? *reinterpret_cast<const uint32_t *>(
+                                          iq + (size_t)rt[mt][h] * ld_q + (size_t)(row % G) * Di + d)
+                                    : 0u;
+            }
+    __syncthreads();
+    const int pmax = s_pmax;
+    uint4 pf[PF ? IWD_LOADS : 1];
+    if (PF && (int)blockIdx.x < nbk) wide_load(pf, PF ? IWD_LOADS : 0, 0, ik, (int)blockIdx.x, B, Di, n_ctx, pmax);
+    for (int b = (int)blockIdx.x; b < nbk; b += (int)gridDim.x) {
+        if (PF) {
+            wide_store(ks, pf, PF ? IWD_LOADS : 0, 0, B, Di);
+            __syncthreads();
+            const int bn = b + (int)gridDim.x; /* in flight during this block's mma */
+            if (bn < nbk) wide_load(pf, PF ? IWD_LOADS : 0, 0, ik, bn, B, Di, n_ctx, pmax);
+        }
+        if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
+            const int tt = t0 + tid / G;
+            if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
+            if (PF) __syncthreads();
+            continue; /* block-uniform */
+        }
+        if (!PF) {
+#pragma unroll
+            for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
+                uint4 kv[4];
+                wide_load(kv, 4, i0, ik, b, B, Di, n_ctx, pmax);
+                wide_store(ks, kv, 4, i0, B, Di);
+            }
+            __syncthreads();
+        }
+        const bool full = b * B + B - 1 <= wpmin; /* every key visible to every row of the warp */
+        float mx[2][2], bad[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) mx[mt][0] = mx[mt][1] = -INFINITY, bad[mt][0] = bad[mt][1] = 0.0f;
+        for (int nt = 0; nt < B / 8; nt++) {
+            const int k0 = b * B + nt * 8;
+            if (k0 > wpmax) break; /* warp-uniform: also skips warps without rows */
+            float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+            const unsigned char *kr = ks + (nt * 8 + gq) * IWD_PITCH + tq * 16;
+#pragma unroll
+            for (int j = 0; j < ISM_MAX_DI / 32; j++) {
+                if (j >= Di / 32) break;
+                const uint4 v = *reinterpret_cast<const uint4 *>(kr + j * 64);
+                const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
+                m3_mma_bf16_16816(c[0], qa[0][2 * j], b0);
+                m3_mma_bf16_16816(c[1], qa[1][2 * j], b0);
+                m3_mma_bf16_16816(c[0], qa[0][2 * j + 1], b1);
+                m3_mma_bf16_16816(c[1], qa[1][2 * j + 1], b1);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int h = e >> 1;
+                    if (full || k0 + 2 * tq + (e & 1) <= rp[mt][h]) {
+                        if (isnan(c[mt][e])) bad[mt][h] = 1.0f;
+                        else mx[mt][h] = fmaxf(mx[mt][h], c[mt][e]);
+                    }
+                }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float m = mx[mt][h], n = bad[mt][h];
+                m = fmaxf(m, M3_SHFL_XOR(m, 1));
+                m = fmaxf(m, M3_SHFL_XOR(m, 2));
+                n = fmaxf(n, M3_SHFL_XOR(n, 1));
+                n = fmaxf(n, M3_SHFL_XOR(n, 2));
+                const int row = 32 * warp + 16 * mt + gq + 8 * h;
+                if (tq == 0 && rt[mt][h] < n_tok) {
+                    float z;
+                    if (b > rp[mt][h] / B) z = -INFINITY;
+                    else if (n > 0.0f) z = nan_neg ? -1e30f : NAN;
+                    else z = scale != 1.0f ? m * scale : m;
+                    scores[((int64_t)(row % G) * n_tok + rt[mt][h]) * nbk + b] = z;
+                }
+            }
+        __syncthreads(); /* ks is overwritten by the next key block */
+    }
+#else
+    (void)scores; (void)n_ties; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk;
+    (void)n_ctx; (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg;
+#endif
+}
+
+/* ---- one-pass selection ------------------------------------------------------------------
+ * select_row<NT, PER>: NT threads select one (t, g) row, nb <= NT * PER. The order (score desc, NaN highest, id
+ * asc) is a total order on rank keys u = (sortable score bits << 32) | ~id (rank_key; -0
+ * counts as +0 and every NaN alike, as `before`), all distinct. Thread i takes the blocks
+ * i, i + NT, ... (at most PER of them, in registers; forced values applied and written back
+ * to S, init then local as ref). With need = min(K+1, nb):
+ *   1. tau = the need-th largest of the per-thread maxima. Each warp publishes the lanes
+ *      whose maximum ranks < need within the warp (the global top-need maxima are among
+ *      them); a rank count over the published ones finds tau.
+ *   2. Candidates: the scores with u >= tau. They come from the need threads whose max is
+ *      >= tau, so there are at most need * PER of them (all nb when fewer than need threads
+ *      hold a score), and every score ranking above a candidate is a candidate.
+ *   3. A rank count over the candidates gives ranks 0 .. need-1: the reference's order.
+ * Four barriers, no rounds; exact for any data (ties included). The rank counts are
+ * unrolled so that their shared-memory loads overlap. */
+typedef struct {
+    int32_t *topk;
+    float *scores, *margin;
+    int *n_ties;
+    const int32_t *pos;
+    int n_tok, nbk, width, B, K, local_blocks, init_blocks;
+    bool use_init;
+    float init_boost, local_boost, tie_margin;
+} idx_sel;
+
+template <int NT> struct idx_sel_smem {
+    unsigned long long tmax[NT], pub[(NT / M3_WARP) * (IDX_MAX_K + 1)], tau;
+    int n_cand, chosen[IDX_MAX_K + 1];
+    float chosen_v[IDX_MAX_K + 1];
+};
+
+static __device__ __forceinline__ unsigned long long rank_key(float v, int id) {
+    uint32_t u;
+    if (isnan(v)) {
+        u = 0xFFFFFFFFu;
+    } else {
+        const uint32_t bits = v == 0.0f ? 0u : __float_as_uint(v);
+        u = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    }
+    return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (uint32_t)id);
+}
+static __device__ __forceinline__ float rank_val(unsigned long long k) {
+    const uint32_t u = (uint32_t)(k >> 32);
+    if (u == 0xFFFFFFFFu) return NAN;
+    return __uint_as_float((u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u);
+}
+/* x ranks strictly above y by value: NaN highest, -0 == +0 (the high half of rank_key) */
+static __device__ __forceinline__ bool val_above(float x, float y) {
+    return isnan(x) ? !isnan(y) : (!isnan(y) && x > y);
+}
+static __device__ __forceinline__ int rank_id(unsigned long long k) {
+    return (int)(0xFFFFFFFFu - (uint32_t)(k & 0xFFFFFFFFull));
+}
+
+/* cand: need * PER entries of shared memory (at most (K+1) * PER). nb <= NT * PER. The
+ * scores stay in registers between the passes, and the loads of a thread are all issued
+ * before the first use. */
+template <int NT, int PER>
+static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<NT> &sm,
+                                  unsigned long long *cand) {
+    constexpr int NW = NT / M3_WARP;
+    const int tid = (int)threadIdx.x;
+    const int nb = a.pos[t] / a.B + 1, lo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
+    const int K = a.K, need = K + 1 < nb ? K + 1 : nb, n_pub = NW * need;
+    float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk;
+    float v[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * NT;
+        v[i] = b < nb ? S[b] : 0.0f;
+    }
+    /* the thread's best score by value (NaN highest); its blocks come in increasing id, so
+     * keeping the first of equal values keeps the lowest id, as the rank key would */
+    float best = 0.0f;
+    int best_b = -1;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * NT;
+        if (b < nb) { /* forced values as ref: init, then local wins; written for the dump */
+            if (b >= lo) v[i] = a.local_boost, S[b] = a.local_boost;
+            else if (a.use_init && b < a.init_blocks) v[i] = a.init_boost, S[b] = a.init_boost;
+            if (best_b < 0 || val_above(v[i], best)) best = v[i], best_b = b;
+        }
+    }
+    const unsigned long long mx = best_b >= 0 ? rank_key(best, best_b) : 0; /* 0: no score */
+    sm.tmax[tid] = mx;
+    for (int j = tid; j < n_pub; j += NT) sm.pub[j] = 0;
+    if (tid == 0) sm.tau = 1, sm.n_cand = 0; /* tau 1: every score (< need threads hold one) */
+    __syncthreads();
+    const int w = tid / M3_WARP;
+    if (mx) {
+        int r = 0;
+#pragma unroll
+        for (int j = 0; j < M3_WARP; j++) r += sm.tmax[w * M3_WARP + j] > mx;
+        if (r < need) sm.pub[w * need + r] = mx;
+    }
+    __syncthreads();
+    for (int j = tid; j < n_pub; j += NT) {
+        const unsigned long long u = sm.pub[j];
+        if (!u) continue;
+        int r = 0;
+#pragma unroll 8
+        for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
+        if (r == need - 1) sm.tau = u;
+    }
+    __syncthreads();
+    const unsigned long long th = sm.tau;
+    const float th_v = th == 1 ? -INFINITY : rank_val(th); /* tau 1: take every score */
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * NT;
+        if (b < nb && (th == 1 || !val_above(th_v, v[i]))) { /* the rank key only near tau */
+            const unsigned long long u = rank_key(v[i], b);
+            if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+        }
+    }
+    __syncthreads();
+    const int nc = sm.n_cand;
+    for (int j = tid; j < nc; j += NT) {
+        const unsigned long long u = cand[j];
+        int r = 0;
+#pragma unroll 8
+        for (int k = 0; k < nc; k++) r += cand[k] > u;
+        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+    }
+    __syncthreads();
+    const int keep = K < nb ? K : nb;
+    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
+    for (int r = tid; r < a.width; r += NT) out[r] = r < keep ? sm.chosen[r] : -1;
+    if (tid == 0) { /* as idx_select_k */
+        float mg = INFINITY;
+        if (nb > K) {
+            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
+            mg = x - y;
+            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+        }
+        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
+    }
+}
+
+/* idx_topk_k: one block per (t, g) row; dynamic shared memory: the candidates,
+ * (K+1) * PER rank keys. */
+template <int NT, int PER>
+static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
+    __shared__ idx_sel_smem<NT> sm;
+    extern __shared__ __align__(16) unsigned char idx_dyn[];
+    select_row<NT, PER>(a, (int)blockIdx.x, (int)blockIdx.y, sm,
+                        reinterpret_cast<unsigned long long *>(idx_dyn));
+}
+
+/* The fused decode path: the scores of every block reach device memory before the block
+ * takes a ticket (store; fence; atomic); the last R = n_tok * G blocks to take one each
+ * select one (t, g) row once every block has taken its ticket (strong read of the counter;
+ * fence; then plain loads: the message-passing pattern of the PTX memory model). They wait
+ * for at most R - 1 blocks that are already running or about to: R is far below the
+ * resident blocks. *ticket is zeroed by the launcher. Saves the selection launch and gap. */
+static __device__ void stream_select(const idx_sel &a, unsigned int *ticket, int G) {
+    __shared__ idx_sel_smem<IST_THREADS> sm;
+    __shared__ unsigned int s_ticket;
+    extern __shared__ __align__(16) unsigned char idx_dyn[];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1u);
+    __syncthreads();
+    const int n_blk = (int)(gridDim.x * gridDim.y), R = a.n_tok * G;
+    const int row = (int)s_ticket - (n_blk - R);
+    if (row < 0) return; /* block-uniform */
+    if (threadIdx.x == 0)
+        while (*(volatile unsigned int *)ticket < (unsigned int)n_blk) {
+        }
+    __syncthreads();
+    __threadfence();
+    select_row<IST_THREADS, IDX_FUSE_PER>(a, row % a.n_tok, row / a.n_tok, sm,
+                                         reinterpret_cast<unsigned long long *>(idx_dyn));
+}
+
+template <bool PERSIST>
+static __global__ void __launch_bounds__(IST_THREADS, PERSIST ? 2 : 4)
+    idx_stream_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
+                 int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
+                 int n_tok, int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg,
+                 idx_sel sel, unsigned int *ticket) {
+    if (PERSIST)
+        stream_persist(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
+    else
+        stream_score(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
+    if (ticket) stream_select(sel, ticket, G);
+}
+
+/* ---- launchers -------------------------------------------------------------------------
+ * Scoring: idx_stream_k (bf16, at most IDX_STREAM_GROUPS token groups of 16/G: decode; the
+ * keys are re-read per group), idx_wide_k (bf16, more tokens, enough key blocks to fill the
+ * device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged
+ * per block for 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection:
+ * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
+ * idx_pick_k. Measured variants, off by default (docs/gpu.md): the selection fused into
+ * idx_stream_k (R = T*G <= IDX_FUSE_ROWS), the persistent idx_stream_k<true>, the prefetching
+ * idx_wide_k<true>. M3_GPU_INDEXER (benches and tests; unset = the choice above) forces a
+ * path where its shape contract holds: comma-separated score=stream|wide|tile|cuda,
+ * sel=one|rounds, fuse|nofuse, widepf, persist=1, and nosel (scores only, ids not written:
+ * timing). */
+#define IDX_STREAM_GROUPS 4
+#define IDX_FUSE_ROWS 64
+#define IDX_FUSE_DEFAULT false /* the fused selection by default (decode) */
+/* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
+typedef struct { int score, sel, persist; bool nosel, fuse, wide_pf; } idx_path;
+
+static idx_path idx_path_env(void) {
+    idx_path r = {0, 0, 0, false, IDX_FUSE_DEFAULT, false};
+    const char *e = getenv("M3_GPU_INDEXER");
+    if (!e) return r;
+    if (strstr(e, "score=stream")) r.score = 1;
+    if (strstr(e, "score=tile")) r.score = 2;
+    if (strstr(e, "score=cuda")) r.score = 3;
+    if (strstr(e, "score=wide")) r.score = 4;
+    if (strstr(e, "sel=one")) r.sel = 1;
+    if (strstr(e, "sel=rounds")) r.sel = 2;
+    r.nosel = strstr(e, "nosel") != NULL;
+    if (strstr(e, "fuse")) r.fuse = strstr(e, "nofuse") == NULL;
+    r.wide_pf = strstr(e, "widepf") != NULL;
+    if (strstr(e, "persist=1")) r.persist = 1;
+    return r;
+}
+
 template <typename TS>
 static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
                         int *d_n_ties, const TS *d_iq, int ld_q, const TS *d_ik,
@@ -371,28 +1009,84 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     if (ip->n_index_head > IDX_MAX_G || ip->topk > IDX_MAX_K)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu indexer: G=%d > %d or K=%d > %d",
                          ip->n_index_head, IDX_MAX_G, ip->topk, IDX_MAX_K);
-    if (d_n_ties) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
-    if (n_tok == 0) return M3_OK;
-    const int nbk = (n_ctx + ip->block - 1) / ip->block;
-    const int width = m3_indexer_width(n_ctx, ip, p);
-    const size_t mark = m3_gpu_mark(g);
-    float *S = d_scores;
-    if (!S) M3_TRY(m3_gpu_alloc(g, (void **)&S, (size_t)ip->n_index_head * n_tok * nbk * sizeof(float)));
     const size_t shmem = (size_t)ip->n_index_head * ip->index_head_dim * sizeof(float);
-    if (shmem > 48 * 1024 || n_tok > 65535) {
-        m3_gpu_release(g, mark);
+    if (shmem > 48 * 1024 || n_tok > 65535)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu indexer: %d tokens or %zu bytes of queries",
                          n_tok, shmem);
-    }
-    const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block;
-    m3_status s;
+    if (n_tok == 0) return d_n_ties ? m3_gpu_memset(g, d_n_ties, 0, sizeof(int)) : M3_OK;
+    const int nbk = (n_ctx + ip->block - 1) / ip->block;
+    const int width = m3_indexer_width(n_ctx, ip, p);
+    const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block, K = ip->topk;
+    const idx_path path = idx_path_env();
 #if defined(M3_HIP_NVIDIA)
-    const bool mma = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
-                     B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
+    const bool tile_ok = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
+                         B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
 #else
-    const bool mma = false;
+    const bool tile_ok = false;
 #endif
-    if (mma) {
+    const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
+    const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
+    const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
+    int score = path.score;
+    if (score == 0)
+        score = stream_ok && n_group <= IDX_STREAM_GROUPS      ? 1
+                : stream_ok && nbk * n_wg >= 2 * g->n_sm        ? 4
+                : tile_ok                                       ? 2
+                                                                : 3;
+    if ((score == 1 || score == 4) && !stream_ok) score = tile_ok ? 2 : 3;
+    if (score == 2 && !tile_ok) score = 3;
+    /* one-pass candidates: (K+1) * PER rank keys */
+    const size_t cand64 = (size_t)(K + 1) * 4 * 8;
+    const size_t cand_fuse = (size_t)(K + 1) * IDX_FUSE_PER * 8;
+    /* persistent streaming: 2 blocks of 4 warps per SM per token group, when there are
+     * several key blocks per warp */
+    const int n_pcta = 2 * g->n_sm;
+    const bool persist = score == 1 && path.persist == 1;
+    const int n_blk = persist ? n_pcta * n_group : nbk * n_group;
+    const bool fuse = score == 1 && path.fuse && !path.nosel && path.sel != 2 &&
+                      n_tok * G <= IDX_FUSE_ROWS && n_tok * G <= n_blk &&
+                      nbk <= IST_THREADS * IDX_FUSE_PER;
+    if (d_n_ties && score != 1 && score != 4) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
+    const size_t mark = m3_gpu_mark(g);
+    float *S = d_scores;
+    if (!S) M3_TRY(m3_gpu_alloc(g, (void **)&S, (size_t)G * n_tok * nbk * sizeof(float)));
+    idx_sel sa = {d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, B, K, ip->local_blocks,
+                  ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost,
+                  p->topk_tie_margin};
+    m3_status s;
+    if (score == 1) {
+        unsigned int *ticket = NULL;
+        if (fuse) {
+            M3_TRY(m3_gpu_alloc(g, (void **)&ticket, sizeof *ticket));
+            M3_TRY(m3_gpu_memset(g, ticket, 0, sizeof *ticket));
+        }
+        if (persist)
+            idx_stream_k<true><<<dim3((unsigned)n_pcta, (unsigned)n_group), IST_THREADS,
+                                 fuse ? cand_fuse : 0, g->stream>>>(
+                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
+        else
+            idx_stream_k<false><<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS,
+                                  fuse ? cand_fuse : 0, g->stream>>>(
+                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
+        s = m3_gpu_launched_(g, "idx_stream_k", __FILE__, __LINE__);
+    } else if (score == 4) {
+        int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
+        gx = gx < nbk ? gx : nbk;
+        if (path.wide_pf) {
+            gx = (g->n_sm + n_wg - 1) / n_wg;
+            gx = gx < nbk ? gx : nbk;
+            idx_wide_k<true><<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
+                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+        } else {
+            idx_wide_k<false><<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
+                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
+        }
+        s = m3_gpu_launched_(g, "idx_wide_k", __FILE__, __LINE__);
+    } else if (score == 2) {
         const int tpc = 4 * (16 / G);
         dim3 gs((unsigned)((n_tok + tpc - 1) / tpc), (unsigned)nbk);
         idx_score_mma_k<<<gs, ISM_THREADS, 0, g->stream>>>(
@@ -406,8 +1100,24 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
             p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_score_k", __FILE__, __LINE__);
     }
-    const int n_chunk = (nbk + IDX_CHUNK - 1) / IDX_CHUNK, n_cand = n_chunk * (ip->topk + 1);
-    if (s == M3_OK && n_chunk > 1 && n_cand <= IDX_MAX_CAND) {
+    if (fuse || path.nosel || s != M3_OK) {
+        m3_gpu_release(g, mark);
+        return s;
+    }
+    const dim3 rows((unsigned)n_tok, (unsigned)G);
+    const int n_chunk = (nbk + IDX_CHUNK - 1) / IDX_CHUNK, n_cand = n_chunk * (K + 1);
+    if (path.sel != 2 && nbk <= 64 * 4) {
+        idx_topk_k<64, 4><<<rows, 64, cand64, g->stream>>>(sa);
+        s = m3_gpu_launched_(g, "idx_topk_k<64>", __FILE__, __LINE__);
+    } else if (path.sel != 2 && nbk <= 256 * 32) { /* the fewest registers that hold nb */
+        const int per = nbk <= 256 * 4 ? 4 : nbk <= 256 * 8 ? 8 : nbk <= 256 * 16 ? 16 : 32;
+        const size_t cb = (size_t)(K + 1) * per * 8;
+        if (per == 4) idx_topk_k<256, 4><<<rows, 256, cb, g->stream>>>(sa);
+        else if (per == 8) idx_topk_k<256, 8><<<rows, 256, cb, g->stream>>>(sa);
+        else if (per == 16) idx_topk_k<256, 16><<<rows, 256, cb, g->stream>>>(sa);
+        else idx_topk_k<256, 32><<<rows, 256, cb, g->stream>>>(sa);
+        s = m3_gpu_launched_(g, "idx_topk_k<256>", __FILE__, __LINE__);
+    } else if (n_chunk > 1 && n_cand <= IDX_MAX_CAND) {
         float *cv = NULL;
         int *ci = NULL;
         const size_t nc = (size_t)G * n_tok * n_cand;
@@ -420,14 +1130,13 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
             s = m3_gpu_launched_(g, "idx_cand_k", __FILE__, __LINE__);
         }
         if (s == M3_OK) {
-            idx_pick_k<<<dim3((unsigned)n_tok, (unsigned)G), IDX_THREADS, 0, g->stream>>>(
+            idx_pick_k<<<rows, IDX_THREADS, 0, g->stream>>>(
                 d_topk, d_margin, d_n_ties, cv, ci, d_pos, n_tok, n_cand, width, B, ip->topk,
                 p->topk_tie_margin);
             s = m3_gpu_launched_(g, "idx_pick_k", __FILE__, __LINE__);
         }
-    } else if (s == M3_OK) {
-        dim3 gsel((unsigned)n_tok, (unsigned)ip->n_index_head);
-        idx_select_k<<<gsel, IDX_THREADS, 0, g->stream>>>(
+    } else {
+        idx_select_k<<<rows, IDX_THREADS, 0, g->stream>>>(
             d_topk, S, d_margin, d_n_ties, d_pos, n_tok, nbk, width, ip->block, ip->topk,
             ip->local_blocks, ip->init_blocks, p->index_init_blocks, p->init_boost, p->local_boost,
             p->topk_tie_margin);

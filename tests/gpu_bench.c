@@ -421,11 +421,25 @@ static void bench_indexer(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
-        double ms = time_ms(g, do_idx, &c, 3, 5);
-        char nm[96];
-        snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d", c.T, c.C);
-        /* fewest bytes: the index keys once (prefill: once per kernel, not per token) */
-        report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
+        /* the automatic path; with M3_BENCH_IDX_PATHS=1 also each forced path (M3_GPU_INDEXER,
+         * gpu/indexer.hip; nosel rows time the scoring alone) */
+        static const char *const paths[] = {NULL, "score=tile,sel=rounds", "score=stream,nosel",
+                                            "score=stream,fuse", "score=stream,persist=1,fuse",
+                                            "score=stream,persist=1,nosel", "score=tile,sel=one",
+                                            "score=wide,sel=one", "score=wide,nosel"};
+        const char *ev = getenv("M3_BENCH_IDX_PATHS");
+        const size_t n_path = ev && atoi(ev) == 1 ? sizeof paths / sizeof paths[0] : 1;
+        for (size_t pi = 0; pi < n_path; pi++) {
+            if (paths[pi] && c.T > 64 && strstr(paths[pi], "stream")) continue;
+            if (paths[pi]) setenv("M3_GPU_INDEXER", paths[pi], 1);
+            double ms = time_ms(g, do_idx, &c, 3, 5);
+            unsetenv("M3_GPU_INDEXER");
+            char nm[96];
+            snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d%s%s%s", c.T, c.C,
+                     paths[pi] ? " [" : "", paths[pi] ? paths[pi] : "", paths[pi] ? "]" : "");
+            /* fewest bytes: the index keys once (prefill: once per kernel, not per token) */
+            report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
+        }
     }
 }
 
