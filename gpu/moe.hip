@@ -592,8 +592,9 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
 
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together; RL: row chunks per block (x staged once
- * for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R>
+ * for all of them); PIPE: 1 = the next U steps' loads are issued before the current ones are
+ * used (two register sets), and the first ones before x is staged */
+template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int PIPE>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -612,8 +613,69 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
+    const unsigned char *pw[2];
+    const m3_e8m0 *ps[2];
+    /* this lane's two weight rows of row chunk rl; false past the matrix (block-uniform) */
+    auto rows_of = [&](int rl, int *obase) -> bool {
+        const int cbase = ((int)blockIdx.y * RL + rl) * WR * OPW;
+        *obase = cbase + wr * OPW;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int o = MODE == 0 ? *obase + g : *obase + g + 8 * h;
+            const size_t row = (size_t)e * nout + (o < nout ? o : nout - 1);
+            pw[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
+            ps[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
+        }
+        return cbase < nout;
+    };
+    /* the U steps from st0 (past the row: zero codes, scale 0) */
+    auto load = [&](int st0, uint4(&q)[U][2], m3_e8m0(&sc)[U][2]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int p = (st0 + u * WK) * 4 + t;
+            const bool ok = st0 + u * WK < nsteps && p < npieces;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                q[u][h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
+            }
+        }
+    };
+    float acc[NT][4];
+    int xrow[NT];
+    auto compute = [&](int st0, const uint4(&q)[U][2], const m3_e8m0(&sc)[U][2]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int st = st0 + u * WK;
+            if (st >= nsteps) break; /* warp-uniform */
+            const bool ok = st * 4 + t < npieces;
+            uint32_t a0[PE / 2], a1[PE / 2];
+            tc_decode<WF, FP4R>(q[u][0], sc[u][0], lut, a0);
+            tc_decode<WF, FP4R>(q[u][1], sc[u][1], lut, a1);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                uint32_t xb[PE / 2];
+#pragma unroll
+                for (int uu = 0; uu < UP; uu++) {
+                    const uint4 xv = ok ? tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                    xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                }
+#pragma unroll
+                for (int i = 0; i < PE / 4; i++) {
+                    const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                    const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                    m3_mma_bf16_16816(acc[j], af, bf);
+                }
+            }
+        }
+    };
+    uint4 qa[U][2], qb[U][2];
+    m3_e8m0 sa[U][2], sb[U][2];
+    bool pre = false; /* qa holds the first steps of chunk 0 */
     for (int c0 = 0; c0 < n; c0 += nt) {
         const int nc = n - c0 < nt ? n - c0 : nt;
+        int obase;
+        if (PIPE && c0 == 0 && rows_of(0, &obase)) load(wk, qa, sa), pre = true;
         __syncthreads(); /* the previous pass's readers are done with the x rows (lut built) */
         for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
@@ -623,61 +685,26 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF, FP4R>(x);
         }
         __syncthreads();
-        for (int rl = 0; rl < RL; rl++) {
-            const int cbase = ((int)blockIdx.y * RL + rl) * WR * OPW;
-            if (cbase >= nout) break; /* block-uniform */
-            const int obase = cbase + wr * OPW;
-            const unsigned char *pw[2];
-            const m3_e8m0 *ps[2];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int o = MODE == 0 ? obase + g : obase + g + 8 * h;
-                const size_t row = (size_t)e * nout + o;
-                pw[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
-                ps[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
-            }
-            float acc[NT][4];
+        for (int j = 0; j < NT; j++) xrow[j] = (8 * j + g < nc ? 8 * j + g : nc - 1) * pitch;
+        for (int rl = 0; rl < RL; rl++) {
+            if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-            int xrow[NT];
-#pragma unroll
-            for (int j = 0; j < NT; j++) xrow[j] = (8 * j + g < nc ? 8 * j + g : nc - 1) * pitch;
-            for (int st0 = wk; st0 < nsteps; st0 += WK * U) {
-                uint4 q[U][2];
-                m3_e8m0 sc[U][2];
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int p = (st0 + u * WK) * 4 + t;
-                    const bool ok = st0 + u * WK < nsteps && p < npieces;
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        q[u][h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
-                        sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
-                    }
+            if (PIPE) {
+                if (!pre) load(wk, qa, sa);
+                pre = false;
+                for (int st0 = wk; st0 < nsteps; st0 += 2 * WK * U) {
+                    if (st0 + WK * U < nsteps) load(st0 + WK * U, qb, sb);
+                    compute(st0, qa, sa);
+                    if (st0 + WK * U >= nsteps) break;
+                    if (st0 + 2 * WK * U < nsteps) load(st0 + 2 * WK * U, qa, sa);
+                    compute(st0 + WK * U, qb, sb);
                 }
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int st = st0 + u * WK;
-                    if (st >= nsteps) break; /* warp-uniform */
-                    const bool ok = st * 4 + t < npieces;
-                    uint32_t a0[PE / 2], a1[PE / 2];
-                    tc_decode<WF, FP4R>(q[u][0], sc[u][0], lut, a0);
-                    tc_decode<WF, FP4R>(q[u][1], sc[u][1], lut, a1);
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        uint32_t xb[PE / 2];
-#pragma unroll
-                        for (int uu = 0; uu < UP; uu++) {
-                            const uint4 xv = ok ? tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                            xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-                        }
-#pragma unroll
-                        for (int i = 0; i < PE / 4; i++) {
-                            const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                            const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                            m3_mma_bf16_16816(acc[j], af, bf);
-                        }
-                    }
+            } else {
+                for (int st0 = wk; st0 < nsteps; st0 += WK * U) {
+                    load(st0, qa, sa);
+                    compute(st0, qa, sa);
                 }
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
@@ -721,7 +748,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 }
 
 /* launch config of one tc variant */
-template <int WF, int WK, int NT, int U, int RL, int FP4R>
+template <int WF, int WK, int NT, int U, int RL, int FP4R, int PIPE>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -733,19 +760,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, PIPE>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, PIPE>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, FP4R><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, FP4R, PIPE><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, FP4R><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, FP4R, PIPE><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -1092,13 +1119,19 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         if (WF != M3_GPU_W_BF16 && (v == 0 || v >= 10)) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
             switch (v == 0 ? (T == 1 ? 10 : 13) : v) {
-            case 10: return tc_run<WFX, 8, 1, 4, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 11: return tc_run<WFX, 4, 1, 4, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 12: return tc_run<WFX, 2, 1, 4, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 13: return tc_run<WFX, 1, 1, 4, 4, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 14: return tc_run<WFX, 1, 2, 4, 4, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 15: return tc_run<WFX, 8, 1, 4, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 16: return tc_run<WFX, 8, 1, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 10: return tc_run<WFX, 8, 1, 4, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 11: return tc_run<WFX, 4, 1, 4, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 12: return tc_run<WFX, 2, 1, 4, 2, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 13: return tc_run<WFX, 1, 1, 4, 4, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 14: return tc_run<WFX, 1, 2, 4, 4, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 15: return tc_run<WFX, 8, 1, 4, 1, 0, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 16: return tc_run<WFX, 8, 1, 2, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 20: return tc_run<WFX, 8, 1, 2, 1, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 21: return tc_run<WFX, 4, 1, 2, 1, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 22: return tc_run<WFX, 1, 1, 2, 4, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 23: return tc_run<WFX, 2, 1, 2, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 24: return tc_run<WFX, 8, 1, 2, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 25: return tc_run<WFX, 4, 1, 2, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             default: break;
             }
         }
