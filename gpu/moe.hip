@@ -492,6 +492,11 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
 #endif
 #define TC_THREADS 256
 #define TC_WARPS (TC_THREADS / 32)
+#if !M3_HAVE_MMA /* the host pass parses the kernels too (the device pass has mma: above) */
+static __device__ __forceinline__ void m3_mma_bf16_16816(float *c, const uint32_t *a, const uint32_t *b) {
+    (void)c, (void)a, (void)b;
+}
+#endif
 
 template <int WF> struct tcf;
 template <> struct tcf<M3_GPU_W_MXFP8> { enum { PE = 16, UP = 2, PPB = 2 }; }; /* elements per piece, */
@@ -541,9 +546,11 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
 #if M3_HAVE_FP8_CVT
-    const uint32_t lim = WF == M3_GPU_W_MXFP8 ? 142u : (FP4R ? 128u : 136u);
-    if (sb <= lim) {
-        const uint32_t fld = (uint32_t)sb + (WF == M3_GPU_W_MXFP8 ? 112u : (FP4R ? 126u : 118u));
+    /* the relayed values are w * 2^-F; 2^(s+F) is a bf16 normal up to s = 127 - F (lim); a
+     * larger s multiplies by 2^127 first (w * 2^(127-F), exact) and then by the rest */
+    const uint32_t F = WF == M3_GPU_W_MXFP8 ? 112u : (FP4R ? 126u : 118u), lim = 254u - F;
+    if (sb != 0xFFu) {
+        const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -564,6 +571,11 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
                 r[4 * k + 2] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(b)), mul);
                 r[4 * k + 3] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(b >> 16)), mul);
             }
+        }
+        if (sb > lim) { /* (rare: scales above 2^(127-F)) */
+            const uint32_t f2 = 127u + sb - lim, mul2 = (f2 << 7) | (f2 << 23);
+#pragma unroll
+            for (int k = 0; k < PE / 2; k++) r[k] = bf2_mul(r[k], mul2);
         }
         return;
     }
@@ -745,6 +757,160 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (WK > 1) __syncthreads(); /* red is free for the next chunk */
         }
     }
+}
+
+/* One-token steps (T = 1: every active expert has one row): a persistent form of tc_k. The
+ * grid is at most what the device holds at once; block b takes the tiles b, b + gridDim.x,
+ * ... (a tile: one expert's 8 (gate/up) or 16 (down) outputs x 8/WK row groups, k split over
+ * WK warps), all active experts' rows are staged once, and each warp's loads run U steps
+ * ahead across tile boundaries (the next tile's first loads are in flight during this
+ * tile's reduction), so the weights stream without per-block start-up gaps. */
+template <int WF, int MODE, int WK, int U, int FP4R>
+static __global__ void __launch_bounds__(TC_THREADS, 2)
+    tc1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
+          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
+          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
+          bool act_bf16) {
+    extern __shared__ uint4 tc_dyn[]; /* x: [active expert][pitch] 16-byte units */
+    __shared__ float red[WK > 1 ? TC_WARPS * 4 * 32 : 1];
+    __shared__ float lut[256];
+    const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
+    const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
+    const int na = *m.n_act, nch = nout / CH, ntiles = na * nch;
+    if ((int)blockIdx.x >= ntiles) return; /* whole block */
+    build_lut<WF>(lut);
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
+    const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
+    const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups per tile (>= 1) */
+    const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
+    struct rows { const unsigned char *w[2]; const m3_e8m0 *s[2]; };
+    auto rows_of = [&](int tile, rows &r) {
+        const int e = m.act[tile / nch], obase = (tile % nch) * CH + wr * OPW;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int o = MODE == 0 ? obase + g : obase + g + 8 * h;
+            const size_t row = (size_t)e * nout + o;
+            r.w[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
+            r.s[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
+        }
+    };
+    auto load = [&](const rows &r, int st0, uint4(&q)[U][2], m3_e8m0(&sc)[U][2]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int p = (st0 + u * WK) * 4 + t;
+            const bool ok = st0 + u * WK < nsteps && p < npieces;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                q[u][h] = ok ? ld_stream(r.w[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                sc[u][h] = ok ? r.s[h][p / PPB] : (m3_e8m0)0;
+            }
+        }
+    };
+    int tile = (int)blockIdx.x;
+    rows cur, nxt;
+    rows_of(tile, cur);
+    uint4 qa[U][2], qb[U][2];
+    m3_e8m0 sa[U][2], sb[U][2];
+    load(cur, wk, qa, sa); /* in flight while the rows are staged */
+    for (int v = tid; v < na * (kdim / 8); v += TC_THREADS) {
+        const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+        const int r0 = m.off[m.act[j]];
+        const int src = MODE == 0 ? m.ent[r0] / K : r0;
+        const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+        const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
+        tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF, FP4R>(x);
+    }
+    __syncthreads();
+    for (;;) {
+        const int xr = (tile / nch) * pitch, next = tile + (int)gridDim.x;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int gi = 0; gi < G; gi++) {
+            const int st0 = wk + gi * WK * U;
+            if (gi + 1 < G) {
+                load(cur, st0 + WK * U, qb, sb);
+            } else if (next < ntiles) {
+                rows_of(next, nxt);
+                load(nxt, wk, qb, sb);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int st = st0 + u * WK;
+                if (st >= nsteps) break; /* warp-uniform */
+                const bool ok = st * 4 + t < npieces;
+                uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+                tc_decode<WF, FP4R>(qa[u][0], sa[u][0], lut, a0);
+                tc_decode<WF, FP4R>(qa[u][1], sa[u][1], lut, a1);
+#pragma unroll
+                for (int uu = 0; uu < UP; uu++) {
+                    const uint4 xv = ok ? tc_dyn[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                    xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                }
+#pragma unroll
+                for (int i = 0; i < PE / 4; i++) {
+                    const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                    const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                    m3_mma_bf16_16816(acc, af, bf);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+        }
+        /* column 0 of the tile (the expert's one row): lanes t == 0, c[0] row g, c[2] row g+8 */
+        if (WK > 1) {
+            if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+            __syncthreads();
+            if (wk == 0 && t == 0)
+                for (int w2 = 1; w2 < WK; w2++)
+                    acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
+        }
+        if (wk == 0 && t == 0) {
+            const int e = m.act[tile / nch], obase = (tile % nch) * CH + wr * OPW;
+            m3_bf16 *orow = out + (size_t)m.off[e] * nout;
+            if (MODE == 0) {
+                float gv = acc[0], uv = acc[2];
+                if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+            } else {
+                orow[obase + g] = m3_f32_to_bf16(acc[0]);
+                orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
+            }
+        }
+        if (next >= ntiles) break; /* block-uniform */
+        if (WK > 1) __syncthreads(); /* red is free for the next tile */
+        tile = next;
+        cur = nxt;
+    }
+}
+
+/* T = 1 launch of tc1_k: a grid of at most 2 blocks per multiprocessor */
+template <int WF, int WK, int U, int FP4R>
+static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
+                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+                         const m3_mx_params *mid) {
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
+    const int sm = (int)p->swiglu, slots = TK < E ? TK : E;
+    const bool ab16 = p->act_bf16;
+    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
+    const size_t sh1 = (size_t)slots * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t sh2 = (size_t)slots * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    if (sh1 > 48 * 1024 - 9 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 0, WK, U, FP4R>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    if (sh2 > 48 * 1024 - 9 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 1, WK, U, FP4R>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    const int cap = 2 * g->n_sm, t1 = slots * (F / (WR * 8)), t2 = slots * (D / (WR * 16));
+    tc1_k<WF, 0, WK, U, FP4R><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "tc1_k gate/up");
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
+    tc1_k<WF, 1, WK, U, FP4R><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "tc1_k down");
+    return M3_OK;
 }
 
 /* launch config of one tc variant */
@@ -1119,7 +1285,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
 #if defined(M3_HIP_NVIDIA)
         if (WF != M3_GPU_W_BF16 && (v == 0 || v >= 10)) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
-            switch (v == 0 ? (T == 1 ? 10 : 13) : v) {
+            switch (v == 0 ? (T == 1 ? 30 : 22) : v) {
             case 10: return tc_run<WFX, 8, 1, 4, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             case 11: return tc_run<WFX, 4, 1, 4, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             case 12: return tc_run<WFX, 2, 1, 4, 2, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
@@ -1132,6 +1298,10 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
             case 22: return tc_run<WFX, 1, 1, 2, 4, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             case 23: return tc_run<WFX, 2, 1, 2, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             case 24: return tc_run<WFX, 8, 1, 2, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            case 30: if (T == 1) return tc1_run<WFX, 8, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid); break;
+            case 31: if (T == 1) return tc1_run<WFX, 4, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid); break;
+            case 32: if (T == 1) return tc1_run<WFX, 8, 3, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid); break;
+            case 33: if (T == 1) return tc1_run<WFX, 2, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid); break;
             case 25: return tc_run<WFX, 4, 1, 2, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             default: break;
             }

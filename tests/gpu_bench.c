@@ -407,9 +407,10 @@ static void bench_moe_experts(void **state) {
      * 2,1 (2 mxfp4, 1 mxfp8, 0 bf16), M3_BENCH_MOE_VAR=0,1 (each value is set as M3_MOE_DEC,
      * gpu/moe.hip's decode-kernel variant, and timed as its own row) */
     const char *only_t = getenv("M3_BENCH_MOE_T"), *only_f = getenv("M3_BENCH_MOE_FMT");
-    const char *vars = getenv("M3_BENCH_MOE_VAR");
+    const char *vars_mx = getenv("M3_BENCH_MOE_VAR"), *vars_bf16 = getenv("M3_BENCH_MOE_VAR0");
     for (int f = 2; f >= 0; f--) { /* mxfp4, mxfp8, bf16 */
         if (only_f && !list_has(only_f, f)) continue;
+        const char *vars = f == 0 && vars_bf16 ? vars_bf16 : vars_mx;
         const size_t mark = m3_gpu_mark(g);
         exp_ctx c;
         memset(&c, 0, sizeof c);
