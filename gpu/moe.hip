@@ -502,12 +502,22 @@ template <int WF> struct tcf;
 template <> struct tcf<M3_GPU_W_MXFP8> { enum { PE = 16, UP = 2, PPB = 2 }; }; /* elements per piece, */
 template <> struct tcf<M3_GPU_W_MXFP4> { enum { PE = 32, UP = 4, PPB = 1 }; }; /* x units, pieces/block */
 
-/* 16 weight bytes, read-only, streamed past L1 */
-static __device__ __forceinline__ uint4 ld_stream(const void *p) {
+/* 16 weight bytes, read-only, streamed past L1; LP 1 / 2: with an L2 prefetch hint of 128 /
+ * 256 bytes (the rest of the row's segment is fetched with the first request) */
+template <int LP> static __device__ __forceinline__ uint4 ld_stream(const void *p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    if (LP == 2)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    else if (LP == 1)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    else
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
     return v;
 }
 
@@ -603,10 +613,9 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
 }
 
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
- * tokens per pass; U: steps of loads issued together; RL: row chunks per block (x staged once
- * for all of them); PIPE: 1 = the next U steps' loads are issued before the current ones are
- * used (two register sets), and the first ones before x is staged */
-template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int PIPE>
+ * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
+ * staged once for all of them); LP: ld_stream's L2 prefetch */
+template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int LP>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -648,7 +657,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const bool ok = st0 + u * WK < nsteps && p < npieces;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                q[u][h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                q[u][h] = ok ? ld_stream<LP>(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
                 sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
             }
         }
@@ -681,13 +690,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             }
         }
     };
-    uint4 qa[U][2], qb[U][2];
-    m3_e8m0 sa[U][2], sb[U][2];
-    bool pre = false; /* qa holds the first steps of chunk 0 */
+    uint4 qa[U][2];
+    m3_e8m0 sa[U][2];
     for (int c0 = 0; c0 < n; c0 += nt) {
         const int nc = n - c0 < nt ? n - c0 : nt;
         int obase;
-        if (PIPE && c0 == 0 && rows_of(0, &obase)) load(wk, qa, sa), pre = true;
         __syncthreads(); /* the previous pass's readers are done with the x rows (lut built) */
         for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
@@ -703,21 +710,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-            if (PIPE) {
-                if (!pre) load(wk, qa, sa);
-                pre = false;
-                for (int st0 = wk; st0 < nsteps; st0 += 2 * WK * U) {
-                    if (st0 + WK * U < nsteps) load(st0 + WK * U, qb, sb);
-                    compute(st0, qa, sa);
-                    if (st0 + WK * U >= nsteps) break;
-                    if (st0 + 2 * WK * U < nsteps) load(st0 + 2 * WK * U, qa, sa);
-                    compute(st0 + WK * U, qb, sb);
-                }
-            } else {
-                for (int st0 = wk; st0 < nsteps; st0 += WK * U) {
-                    load(st0, qa, sa);
-                    compute(st0, qa, sa);
-                }
+            for (int st0 = wk; st0 < nsteps; st0 += WK * U) {
+                load(st0, qa, sa);
+                compute(st0, qa, sa);
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
 #pragma unroll
@@ -765,7 +760,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
  * WK warps), all active experts' rows are staged once, and each warp's loads run U steps
  * ahead across tile boundaries (the next tile's first loads are in flight during this
  * tile's reduction), so the weights stream without per-block start-up gaps. */
-template <int WF, int MODE, int WK, int U, int FP4R>
+template <int WF, int MODE, int WK, int U, int FP4R, int LP>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
           const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -802,7 +797,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const bool ok = st0 + u * WK < nsteps && p < npieces;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                q[u][h] = ok ? ld_stream(r.w[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                q[u][h] = ok ? ld_stream<LP>(r.w[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
                 sc[u][h] = ok ? r.s[h][p / PPB] : (m3_e8m0)0;
             }
         }
@@ -886,7 +881,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 }
 
 /* T = 1 launch of tc1_k: a grid of at most 2 blocks per multiprocessor */
-template <int WF, int WK, int U, int FP4R>
+template <int WF, int WK, int U, int FP4R, int LP>
 static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                          int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                          const m3_mx_params *mid) {
@@ -897,24 +892,24 @@ static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x
     const size_t sh1 = (size_t)slots * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)slots * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 0, WK, U, FP4R>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 0, WK, U, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 1, WK, U, FP4R>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 1, WK, U, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = slots * (F / (WR * 8)), t2 = slots * (D / (WR * 16));
-    tc1_k<WF, 0, WK, U, FP4R><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    tc1_k<WF, 0, WK, U, FP4R, LP><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    tc1_k<WF, 1, WK, U, FP4R><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
+    tc1_k<WF, 1, WK, U, FP4R, LP><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc1_k down");
     return M3_OK;
 }
 
 /* launch config of one tc variant */
-template <int WF, int WK, int NT, int U, int RL, int FP4R, int PIPE>
+template <int WF, int WK, int NT, int U, int RL, int FP4R, int LP>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -926,19 +921,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, PIPE>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, PIPE>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, FP4R, PIPE><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, FP4R, LP><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, FP4R, PIPE><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, FP4R, LP><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -1236,7 +1231,10 @@ static __global__ void __launch_bounds__(256)
 }
 
 /* ---- launcher -------------------------------------------------------------------------- */
-/* decode kernel variant (EXPERIMENT, removed before merge): M3_MOE_DEC */
+/* M3_MOE_DEC (benchmarking aid, read per call; unset or 0: the measured best, below):
+ * 1 the FMA GEMV (sk_k) for every format (the AMD path), 2 tensor cores for every MX step
+ * (T = 1 too), 3 / 4 the default with a 128 / 256-byte L2 prefetch on the weight loads,
+ * 99 no GEMV at all (times the grouping, the combine and the launches; wrong results). */
 static int dec_variant(void) {
     const char *v = getenv("M3_MOE_DEC");
     return v ? atoi(v) : 0;
@@ -1281,35 +1279,28 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     const int slots = TK < E ? TK : E;
     if (TK <= 4 * E) {
         const int v = dec_variant();
-        if (v == 99) return M3_OK; /* (timing of the rest: grouping, combine, launches) */
+        if (v == 99) return M3_OK;
 #if defined(M3_HIP_NVIDIA)
-        if (WF != M3_GPU_W_BF16 && (v == 0 || v >= 10)) {
+        /* MX on tensor cores (measured on the H200, docs/gpu.md): T > 1 tc_k, 8 warps of 16
+         * rows, 4 chunks a block; T = 1 MXFP4 tc1_k with k split over 4 warps; T = 1 MXFP8
+         * stays on sk_k (3 steps of loads in flight beat tc1_k there: 0.091 vs 0.098 ms) */
+        if (WF != M3_GPU_W_BF16 && v != 1) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
-            switch (v == 0 ? (T == 1 ? 30 : 22) : v) {
-            case 10: return tc_run<WFX, 8, 1, 4, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 11: return tc_run<WFX, 4, 1, 4, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 12: return tc_run<WFX, 2, 1, 4, 2, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 13: return tc_run<WFX, 1, 1, 4, 4, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 14: return tc_run<WFX, 1, 2, 4, 4, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 15: return tc_run<WFX, 8, 1, 4, 1, 0, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 16: return tc_run<WFX, 8, 1, 2, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 20: return tc_run<WFX, 8, 1, 2, 1, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 21: return tc_run<WFX, 4, 1, 2, 1, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 22: return tc_run<WFX, 1, 1, 2, 4, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 23: return tc_run<WFX, 2, 1, 2, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 24: return tc_run<WFX, 8, 1, 2, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            case 30: if (T == 1) return tc1_run<WFX, 8, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid); break;
-            case 31: if (T == 1) return tc1_run<WFX, 4, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid); break;
-            case 32: if (T == 1) return tc1_run<WFX, 8, 3, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid); break;
-            case 33: if (T == 1) return tc1_run<WFX, 2, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid); break;
-            case 25: return tc_run<WFX, 4, 1, 2, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            default: break;
+            const bool one = T == 1 && (WF == M3_GPU_W_MXFP4 || v == 2);
+            if (v == 3) {
+                if (one) return tc1_run<WFX, 4, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            } else if (v == 4) {
+                if (one) return tc1_run<WFX, 4, 2, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            } else {
+                if (one) return tc1_run<WFX, 4, 2, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             }
         }
 #endif
-        if (T == 1 && v == 1) return sk_run<WF, 1, 3>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-        if (T == 1 && v == 2) return sk_run<WF, 1, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-        if (T == 1 && v == 3) return sk_run<WF, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+        /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
+        if (T == 1) return sk_run<WF, 1, WF == M3_GPU_W_BF16 ? 2 : 3>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         return sk_run<WF, sk_nt<WF>::N, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
     } else {
         const unsigned tiles = (unsigned)(TK / TILE_BM + slots + 1); /* >= sum ceil(n_e/64) */
