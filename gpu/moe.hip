@@ -149,7 +149,12 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  *               each warp streams 4 weight rows together (gate+up of 2 rows, or 4 down rows),
  *               2 steps of 16-byte loads in flight per row, every staged 8 input values
  *               widened once for all 4 rows; the pass's row count is a template argument
- *               (sk_rows<NC>). Weight-bandwidth bound, which is what decode is.
+ *               (sk_rows<NC>). Weight-bandwidth bound, which is what decode is. Used for
+ *               bf16 weights, for MXFP8 at T = 1 and on AMD.
+ *   tc_k, tc1_k small batches with MX weights (NVIDIA): the same GEMV on tensor cores, the
+ *               staged tokens as the mma N dimension, weights decoded exactly to bf16
+ *               A fragments in registers (see the comment at tc_k); tc1_k is its persistent
+ *               one-token form (MXFP4 at T = 1).
  *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
  *               block), register double buffering; weights dequantized exactly into bf16
  *               in shared memory (a code times a power of two has at most 4 significant
@@ -479,8 +484,11 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
  *   MXFP4: an e2m1 code s|e1 e0|m re-laid as the bf16 bits s|0000000 e1 e0|m000000 is w *
  *          2^-126 (the 0.5 code a bf16 subnormal), times 2^(s+126); FP4R = 0 instead goes
  *          through the e4m3 re-lay and the f16 conversion as MXFP8 (w * 2^-118, all normal).
- *   A block scale whose multiplier is not a bf16 normal (s > 15 fp8 / 1 fp4 / 9 fp4 FP4R 0,
- *   or the NaN scale) takes the float path of decode8 (rare: weight scales are ~2^-6..2^-15).
+ *   A block scale whose multiplier would not be a bf16 normal (s > 15 fp8 / 1 fp4 / 9 fp4
+ *   FP4R 0) multiplies by 2^127 and then by the rest (two exact steps; a branch, so only
+ *   warps holding such a block pay for it); the NaN scale (0xFF) takes decode8's float path.
+ *   NaN codes (e4m3 0x7F / 0xFF) are not decoded to NaN on the fast path (a finite value
+ *   instead; sk_k and tile_k give NaN): checkpoints hold none.
  * The k order inside an mma is free as long as A and B agree: each lane's B registers hold
  * the x pairs of the same elements as its A registers. x is staged in shared memory already
  * in that order: per step, 16-byte units (8 elements) u*4 + t of piece t, the elements of a
