@@ -622,8 +622,10 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
 
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
- * staged once for all of them); LP: ld_stream's L2 prefetch */
-template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int LP>
+ * staged once for all of them); LP: ld_stream's L2 prefetch; RING 1: U register sets as a
+ * ring, each refilled with the step U ahead right after it is used (U-1 steps always in
+ * flight), RING 0: U steps loaded, then all used */
+template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int LP, int RING>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -657,44 +659,36 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         }
         return cbase < nout;
     };
-    /* the U steps from st0 (past the row: zero codes, scale 0) */
-    auto load = [&](int st0, uint4(&q)[U][2], m3_e8m0(&sc)[U][2]) {
+    /* step st of this lane's rows (past the row: zero codes, scale 0) */
+    auto load1 = [&](int st, uint4(&q)[2], m3_e8m0(&sc)[2]) {
+        const int p = st * 4 + t;
+        const bool ok = st < nsteps && p < npieces;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int p = (st0 + u * WK) * 4 + t;
-            const bool ok = st0 + u * WK < nsteps && p < npieces;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                q[u][h] = ok ? ld_stream<LP>(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
-                sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
-            }
+        for (int h = 0; h < 2; h++) {
+            q[h] = ok ? ld_stream<LP>(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+            sc[h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
         }
     };
     float acc[NT][4];
     int xrow[NT];
-    auto compute = [&](int st0, const uint4(&q)[U][2], const m3_e8m0(&sc)[U][2]) {
+    auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
+        const bool ok = st * 4 + t < npieces;
+        uint32_t a0[PE / 2], a1[PE / 2];
+        tc_decode<WF, FP4R>(q[0], sc[0], lut, a0);
+        tc_decode<WF, FP4R>(q[1], sc[1], lut, a1);
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int st = st0 + u * WK;
-            if (st >= nsteps) break; /* warp-uniform */
-            const bool ok = st * 4 + t < npieces;
-            uint32_t a0[PE / 2], a1[PE / 2];
-            tc_decode<WF, FP4R>(q[u][0], sc[u][0], lut, a0);
-            tc_decode<WF, FP4R>(q[u][1], sc[u][1], lut, a1);
+        for (int j = 0; j < NT; j++) {
+            uint32_t xb[PE / 2];
 #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                uint32_t xb[PE / 2];
+            for (int uu = 0; uu < UP; uu++) {
+                const uint4 xv = ok ? tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+            }
 #pragma unroll
-                for (int uu = 0; uu < UP; uu++) {
-                    const uint4 xv = ok ? tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                    xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-                }
-#pragma unroll
-                for (int i = 0; i < PE / 4; i++) {
-                    const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                    const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                    m3_mma_bf16_16816(acc[j], af, bf);
-                }
+            for (int i = 0; i < PE / 4; i++) {
+                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                m3_mma_bf16_16816(acc[j], af, bf);
             }
         }
     };
@@ -718,9 +712,25 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-            for (int st0 = wk; st0 < nsteps; st0 += WK * U) {
-                load(st0, qa, sa);
-                compute(st0, qa, sa);
+            if (RING) {
+#pragma unroll
+                for (int u = 0; u < U; u++) load1(wk + u * WK, qa[u], sa[u]);
+                for (int st0 = wk; st0 < nsteps; st0 += WK * U)
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int st = st0 + u * WK;
+                        if (st >= nsteps) break; /* warp-uniform */
+                        compute1(st, qa[u], sa[u]);
+                        load1(st + WK * U, qa[u], sa[u]);
+                    }
+            } else {
+                for (int st0 = wk; st0 < nsteps; st0 += WK * U) {
+#pragma unroll
+                    for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+                        if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+                }
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
 #pragma unroll
@@ -767,8 +777,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
  * ... (a tile: one expert's 8 (gate/up) or 16 (down) outputs x 8/WK row groups, k split over
  * WK warps), all active experts' rows are staged once, and each warp's loads run U steps
  * ahead across tile boundaries (the next tile's first loads are in flight during this
- * tile's reduction), so the weights stream without per-block start-up gaps. */
-template <int WF, int MODE, int WK, int U, int FP4R, int LP>
+ * tile's reduction), so the weights stream without per-block start-up gaps. RING as in tc_k
+ * (RING 0 here: two sets of U steps, one loading while the other is used). */
+template <int WF, int MODE, int WK, int U, int FP4R, int LP, int RING>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
           const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -796,6 +807,15 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const size_t row = (size_t)e * nout + o;
             r.w[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
             r.s[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
+        }
+    };
+    auto load1 = [&](const rows &r, int st, uint4(&q)[2], m3_e8m0(&sc)[2]) {
+        const int p = st * 4 + t;
+        const bool ok = st < nsteps && p < npieces;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            q[h] = ok ? ld_stream<LP>(r.w[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+            sc[h] = ok ? r.s[h][p / PPB] : (m3_e8m0)0;
         }
     };
     auto load = [&](const rows &r, int st0, uint4(&q)[U][2], m3_e8m0(&sc)[U][2]) {
@@ -828,38 +848,52 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     for (;;) {
         const int xr = (tile / nch) * pitch, next = tile + (int)gridDim.x;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int gi = 0; gi < G; gi++) {
-            const int st0 = wk + gi * WK * U;
-            if (gi + 1 < G) {
-                load(cur, st0 + WK * U, qb, sb);
-            } else if (next < ntiles) {
-                rows_of(next, nxt);
-                load(nxt, wk, qb, sb);
+        /* step st of the tile from q (x of the tile's expert) into acc */
+        auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
+            const bool ok = st * 4 + t < npieces;
+            uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+            tc_decode<WF, FP4R>(q[0], sc[0], lut, a0);
+            tc_decode<WF, FP4R>(q[1], sc[1], lut, a1);
+#pragma unroll
+            for (int uu = 0; uu < UP; uu++) {
+                const uint4 xv = ok ? tc_dyn[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
             }
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int st = st0 + u * WK;
-                if (st >= nsteps) break; /* warp-uniform */
-                const bool ok = st * 4 + t < npieces;
-                uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                tc_decode<WF, FP4R>(qa[u][0], sa[u][0], lut, a0);
-                tc_decode<WF, FP4R>(qa[u][1], sa[u][1], lut, a1);
-#pragma unroll
-                for (int uu = 0; uu < UP; uu++) {
-                    const uint4 xv = ok ? tc_dyn[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                    xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-                }
-#pragma unroll
-                for (int i = 0; i < PE / 4; i++) {
-                    const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                    const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                    m3_mma_bf16_16816(acc, af, bf);
-                }
+            for (int i = 0; i < PE / 4; i++) {
+                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                m3_mma_bf16_16816(acc, af, bf);
             }
+        };
+        if (next < ntiles) rows_of(next, nxt);
+        if (RING) {
+            for (int gi = 0; gi < G; gi++)
 #pragma unroll
-            for (int u = 0; u < U; u++)
+                for (int u = 0; u < U; u++) {
+                    const int st = wk + (gi * U + u) * WK;
+                    if (st >= nsteps) break; /* warp-uniform */
+                    compute1(st, qa[u], sa[u]);
+                    /* refill: the step U ahead, or this slot's first step of the next tile */
+                    if (st + U * WK < nsteps) load1(cur, st + U * WK, qa[u], sa[u]);
+                    else if (next < ntiles) load1(nxt, wk + u * WK, qa[u], sa[u]);
+                }
+        } else {
+            for (int gi = 0; gi < G; gi++) {
+                const int st0 = wk + gi * WK * U;
+                if (gi + 1 < G) {
+                    load(cur, st0 + WK * U, qb, sb);
+                } else if (next < ntiles) {
+                    load(nxt, wk, qb, sb);
+                }
 #pragma unroll
-                for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+                for (int u = 0; u < U; u++)
+                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+            }
         }
         /* column 0 of the tile (the expert's one row): lanes t == 0, c[0] row g, c[2] row g+8 */
         if (WK > 1) {
@@ -889,7 +923,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 }
 
 /* T = 1 launch of tc1_k: a grid of at most 2 blocks per multiprocessor */
-template <int WF, int WK, int U, int FP4R, int LP>
+template <int WF, int WK, int U, int FP4R, int LP, int RING>
 static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                          int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                          const m3_mx_params *mid) {
@@ -900,24 +934,24 @@ static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x
     const size_t sh1 = (size_t)slots * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)slots * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 0, WK, U, FP4R, LP>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 0, WK, U, FP4R, LP, RING>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 1, WK, U, FP4R, LP>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 1, WK, U, FP4R, LP, RING>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = slots * (F / (WR * 8)), t2 = slots * (D / (WR * 16));
-    tc1_k<WF, 0, WK, U, FP4R, LP><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    tc1_k<WF, 0, WK, U, FP4R, LP, RING><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    tc1_k<WF, 1, WK, U, FP4R, LP><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
+    tc1_k<WF, 1, WK, U, FP4R, LP, RING><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc1_k down");
     return M3_OK;
 }
 
 /* launch config of one tc variant */
-template <int WF, int WK, int NT, int U, int RL, int FP4R, int LP>
+template <int WF, int WK, int NT, int U, int RL, int FP4R, int LP, int RING>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -929,19 +963,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, LP>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, LP, RING>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, LP>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, LP, RING>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, FP4R, LP><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, FP4R, LP, RING><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, FP4R, LP><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, FP4R, LP, RING><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -1296,14 +1330,20 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
             const bool one = T == 1 && (WF == M3_GPU_W_MXFP4 || v == 2);
             if (v == 3) {
-                if (one) return tc1_run<WFX, 4, 2, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (one) return tc1_run<WFX, 4, 2, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             } else if (v == 4) {
-                if (one) return tc1_run<WFX, 4, 2, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (one) return tc1_run<WFX, 4, 2, 1, 2, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            } else if (v == 5 || v == 7) {
+                if (one || (v == 7 && T == 1)) return tc1_run<WFX, 4, 4, 1, 0, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 0, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            } else if (v == 6) {
+                if (one) return tc1_run<WFX, 4, 4, 1, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             } else {
-                if (one) return tc1_run<WFX, 4, 2, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (one) return tc1_run<WFX, 4, 2, 1, 0, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 0, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             }
         }
 #endif
