@@ -622,10 +622,8 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
 
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
- * staged once for all of them); LP: ld_stream's L2 prefetch; RING 1: U register sets as a
- * ring, each refilled with the step U ahead right after it is used (U-1 steps always in
- * flight), RING 0: U steps loaded, then all used */
-template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int LP, int RING>
+ * staged once for all of them); LP: ld_stream's L2 prefetch */
+template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int LP>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -712,25 +710,12 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-            if (RING) {
+            for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
 #pragma unroll
-                for (int u = 0; u < U; u++) load1(wk + u * WK, qa[u], sa[u]);
-                for (int st0 = wk; st0 < nsteps; st0 += WK * U)
+                for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
 #pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const int st = st0 + u * WK;
-                        if (st >= nsteps) break; /* warp-uniform */
-                        compute1(st, qa[u], sa[u]);
-                        load1(st + WK * U, qa[u], sa[u]);
-                    }
-            } else {
-                for (int st0 = wk; st0 < nsteps; st0 += WK * U) {
-#pragma unroll
-                    for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
-#pragma unroll
-                    for (int u = 0; u < U; u++)
-                        if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
-                }
+                for (int u = 0; u < U; u++)
+                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
 #pragma unroll
@@ -777,9 +762,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
  * ... (a tile: one expert's 8 (gate/up) or 16 (down) outputs x 8/WK row groups, k split over
  * WK warps), all active experts' rows are staged once, and each warp's loads run U steps
  * ahead across tile boundaries (the next tile's first loads are in flight during this
- * tile's reduction), so the weights stream without per-block start-up gaps. RING as in tc_k
- * (RING 0 here: two sets of U steps, one loading while the other is used). */
-template <int WF, int MODE, int WK, int U, int FP4R, int LP, int RING>
+ * tile's reduction), so the weights stream without per-block start-up gaps. Two register
+ * sets of U steps: one loading while the other is used. */
+template <int WF, int MODE, int WK, int U, int FP4R, int LP>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
           const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -807,15 +792,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const size_t row = (size_t)e * nout + o;
             r.w[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
             r.s[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
-        }
-    };
-    auto load1 = [&](const rows &r, int st, uint4(&q)[2], m3_e8m0(&sc)[2]) {
-        const int p = st * 4 + t;
-        const bool ok = st < nsteps && p < npieces;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            q[h] = ok ? ld_stream<LP>(r.w[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
-            sc[h] = ok ? r.s[h][p / PPB] : (m3_e8m0)0;
         }
     };
     auto load = [&](const rows &r, int st0, uint4(&q)[U][2], m3_e8m0(&sc)[U][2]) {
@@ -867,33 +843,20 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             }
         };
         if (next < ntiles) rows_of(next, nxt);
-        if (RING) {
-            for (int gi = 0; gi < G; gi++)
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int st = wk + (gi * U + u) * WK;
-                    if (st >= nsteps) break; /* warp-uniform */
-                    compute1(st, qa[u], sa[u]);
-                    /* refill: the step U ahead, or this slot's first step of the next tile */
-                    if (st + U * WK < nsteps) load1(cur, st + U * WK, qa[u], sa[u]);
-                    else if (next < ntiles) load1(nxt, wk + u * WK, qa[u], sa[u]);
-                }
-        } else {
-            for (int gi = 0; gi < G; gi++) {
-                const int st0 = wk + gi * WK * U;
-                if (gi + 1 < G) {
-                    load(cur, st0 + WK * U, qb, sb);
-                } else if (next < ntiles) {
-                    load(nxt, wk, qb, sb);
-                }
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
-#pragma unroll
-                for (int u = 0; u < U; u++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+        for (int gi = 0; gi < G; gi++) {
+            const int st0 = wk + gi * WK * U;
+            if (gi + 1 < G) {
+                load(cur, st0 + WK * U, qb, sb);
+            } else if (next < ntiles) {
+                load(nxt, wk, qb, sb);
             }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
         }
         /* column 0 of the tile (the expert's one row): lanes t == 0, c[0] row g, c[2] row g+8 */
         if (WK > 1) {
@@ -923,7 +886,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 }
 
 /* T = 1 launch of tc1_k: a grid of at most 2 blocks per multiprocessor */
-template <int WF, int WK, int U, int FP4R, int LP, int RING>
+template <int WF, int WK, int U, int FP4R, int LP>
 static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                          int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                          const m3_mx_params *mid) {
@@ -934,24 +897,24 @@ static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x
     const size_t sh1 = (size_t)slots * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)slots * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 0, WK, U, FP4R, LP, RING>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 0, WK, U, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 1, WK, U, FP4R, LP, RING>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 1, WK, U, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = slots * (F / (WR * 8)), t2 = slots * (D / (WR * 16));
-    tc1_k<WF, 0, WK, U, FP4R, LP, RING><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    tc1_k<WF, 0, WK, U, FP4R, LP><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    tc1_k<WF, 1, WK, U, FP4R, LP, RING><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
+    tc1_k<WF, 1, WK, U, FP4R, LP><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc1_k down");
     return M3_OK;
 }
 
 /* launch config of one tc variant */
-template <int WF, int WK, int NT, int U, int RL, int FP4R, int LP, int RING>
+template <int WF, int WK, int NT, int U, int RL, int FP4R, int LP>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -963,19 +926,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, LP, RING>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, LP, RING>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, FP4R, LP, RING><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, FP4R, LP><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, FP4R, LP, RING><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, FP4R, LP><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -1274,9 +1237,9 @@ static __global__ void __launch_bounds__(256)
 
 /* ---- launcher -------------------------------------------------------------------------- */
 /* M3_MOE_DEC (benchmarking aid, read per call; unset or 0: the measured best, below):
- * 1 the FMA GEMV (sk_k) for every format (the AMD path), 2 tensor cores for every MX step
- * (T = 1 too), 3 / 4 the default with a 128 / 256-byte L2 prefetch on the weight loads,
- * 99 no GEMV at all (times the grouping, the combine and the launches; wrong results). */
+ * 1 the FMA GEMV (sk_k) for every format (the AMD path, and the previous session's kernel),
+ * 2 tensor cores for every MX step (MXFP8 at T = 1 too), 99 no GEMV at all (times the
+ * grouping, the combine and the launches; the results are garbage). */
 static int dec_variant(void) {
     const char *v = getenv("M3_MOE_DEC");
     return v ? atoi(v) : 0;
@@ -1324,27 +1287,14 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         if (v == 99) return M3_OK;
 #if defined(M3_HIP_NVIDIA)
         /* MX on tensor cores (measured on the H200, docs/gpu.md): T > 1 tc_k, 8 warps of 16
-         * rows, 4 chunks a block; T = 1 MXFP4 tc1_k with k split over 4 warps; T = 1 MXFP8
-         * stays on sk_k (3 steps of loads in flight beat tc1_k there: 0.091 vs 0.098 ms) */
+         * rows, 4 chunks a block, 4 steps of loads with a 256-byte L2 prefetch; T = 1 MXFP4
+         * tc1_k with k split over 4 warps; T = 1 MXFP8 stays on sk_k (3 steps of loads in
+         * flight beat tc1_k there: 0.090 vs 0.099 ms) */
         if (WF != M3_GPU_W_BF16 && v != 1) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
-            const bool one = T == 1 && (WF == M3_GPU_W_MXFP4 || v == 2);
-            if (v == 3) {
-                if (one) return tc1_run<WFX, 4, 2, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 1, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            } else if (v == 4) {
-                if (one) return tc1_run<WFX, 4, 2, 1, 2, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            } else if (v == 5 || v == 7) {
-                if (one || (v == 7 && T == 1)) return tc1_run<WFX, 4, 4, 1, 0, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 0, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            } else if (v == 6) {
-                if (one) return tc1_run<WFX, 4, 4, 1, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            } else {
-                if (one) return tc1_run<WFX, 4, 2, 1, 0, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 0, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            }
+            if (T == 1 && (WF == M3_GPU_W_MXFP4 || v == 2))
+                return tc1_run<WFX, 4, 2, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
         /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
