@@ -1,7 +1,7 @@
 /* gpu/quant.hip: MX quantize-dequantize of bf16 rows on the device, the twin of ref/quant.c's
  * m3_mx_quantize + m3_mx_dequantize (and of ref/linear.c's activation quantization, which is
  * the same two steps block by block). The scalar rules are ref/num/mx.h's own functions,
- * compiled as device code (m3_mx_block_scale, m3_mx_encode, m3_mx_decode): the result is
+ * compiled as device code (m3_mx_scale_byte, m3_mx_encode, m3_mx_decode): the result is
  * bit-identical to the reference by construction, for every element type, scale rule,
  * rounding mode, overflow mode and zero-block rule of m3_mx_params (tests/gpu_quant.c).
  *
