@@ -10,6 +10,8 @@
  *   extra round gives the margin sel_(K) - sel_(K+1). Lane 0 sums sigma over the chosen K in
  *   selection order and writes w_k = sigma_k / sum (before routed_scaling_factor), the
  *   reference's exact operation order; only expf may differ by an ulp (device libm). */
+#include <stdlib.h> /* getenv (EXPERIMENT) */
+
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/linear.h" /* m3_actq, m3_actq_applies (host) */
@@ -147,7 +149,12 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  *               each warp streams 4 weight rows together (gate+up of 2 rows, or 4 down rows),
  *               2 steps of 16-byte loads in flight per row, every staged 8 input values
  *               widened once for all 4 rows; the pass's row count is a template argument
- *               (sk_rows<NC>). Weight-bandwidth bound, which is what decode is.
+ *               (sk_rows<NC>). Weight-bandwidth bound, which is what decode is. Used for
+ *               bf16 weights, for MXFP8 at T = 1 and on AMD.
+ *   tc_k, tc1_k small batches with MX weights (NVIDIA): the same GEMV on tensor cores, the
+ *               staged tokens as the mma N dimension, weights decoded exactly to bf16
+ *               A fragments in registers (see the comment at tc_k); tc1_k is its persistent
+ *               one-token form (MXFP4 at T = 1).
  *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
  *               block), register double buffering; weights dequantized exactly into bf16
  *               in shared memory (a code times a power of two has at most 4 significant
@@ -320,14 +327,16 @@ static __global__ void __launch_bounds__(1024)
  * staged input rows of this pass, 1..SK_NT) is a template argument, so a decode step with one
  * token does no work for absent ones. Partial sums run per 16-byte piece (one MX block or
  * half of one) and are scaled by its power of two (exact). */
-template <int WF, int MODE, int RPW, int NC>
+template <int WF, int MODE, int RPW, int NC, int U1>
 static __device__ __forceinline__ void sk_rows(m3_bf16 *M3_RESTRICT out, const m3_bf16 *xs, int e,
                                                int orow0, int obase, const void *w0, const void *w1,
                                                const m3_e8m0 *s0, const m3_e8m0 *s1, int kdim,
                                                int nout, const float *lut, float alpha, float limit,
                                                int smode, bool act_bf16, int lane) {
     const int EPL = wtraits<WF>::EPL, MR = MODE == 0 ? 2 * RPW : RPW;
-    const int UNR = NC <= 2 ? SK_UNR : 1; /* (3-4 tokens: registers go to the sums instead) */
+    /* steps of loads in flight: U1 in the one-token kernel (T = 1: there the loads are all the
+     * work), else what the sums of NC tokens leave of the registers */
+    const int UNR = U1 > 0 ? U1 : (NC <= 2 ? SK_UNR : 1);
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
     const unsigned char *pw[MR];
     const m3_e8m0 *ps[MR];
@@ -418,7 +427,9 @@ static __device__ __forceinline__ void sk_rows(m3_bf16 *M3_RESTRICT out, const m
  * 3- and 4-row variants in the same kernel (ptxas spills) */
 template <int WF> struct sk_nt { enum { N = WF == M3_GPU_W_BF16 ? SK_NT : 2 }; };
 
-template <int WF, int MODE, int RPW>
+/* NTMAX: the most input rows of a pass (sk_nt, or 1 in the T = 1 kernel, whose loads then
+ * run U1 steps ahead) */
+template <int WF, int MODE, int RPW, int NTMAX, int U1>
 static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 blocks/SM */
     sk_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -433,7 +444,7 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
     const int e = m.act[s], r0 = m.off[e], n = m.off[e + 1] - r0;
     const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
     const int obase = ((int)blockIdx.y * EXP_WARPS + warp) * RPW;
-    const int nvec = kdim / 8, NTMAX = sk_nt<WF>::N;
+    const int nvec = kdim / 8;
     for (int c0 = 0; c0 < n; c0 += nt) {
         const int nc = n - c0 < nt ? n - c0 : nt;
         __syncthreads(); /* the previous pass's readers are done with xs (and lut built) */
@@ -446,15 +457,495 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
         __syncthreads();
         if (obase >= nout) continue; /* (after the barriers: every warp takes part in them) */
 #define SK_ROWS(NC_)                                                                               \
-    sk_rows<WF, MODE, RPW, NC_>(out, xs, e, r0 + c0, obase, w0, w1, s0, s1, kdim, nout, lut,      \
-                                alpha, limit, smode, act_bf16, lane)
-        if (nc == 1) SK_ROWS(1);
-        else if (NTMAX == 2 || nc == 2) SK_ROWS(2);
-        else if (nc == 3) SK_ROWS(NTMAX == 2 ? 2 : 3); /* (NTMAX 2: never reached) */
-        else SK_ROWS(NTMAX == 2 ? 2 : 4);
+    sk_rows<WF, MODE, RPW, NC_, NTMAX == 1 ? U1 : 0>(out, xs, e, r0 + c0, obase, w0, w1, s0, s1, \
+                                                      kdim, nout, lut, alpha, limit, smode,      \
+                                                      act_bf16, lane)
+        if (NTMAX == 1 || nc == 1) SK_ROWS(1);
+        else if (NTMAX == 2 || nc == 2) SK_ROWS(NTMAX < 2 ? 1 : 2);
+        else if (nc == 3) SK_ROWS(NTMAX < 4 ? 1 : 3); /* (NTMAX < 4: never reached) */
+        else SK_ROWS(NTMAX < 4 ? 1 : 4);
 #undef SK_ROWS
     }
 }
+
+/* ---- small batches, NVIDIA: weight-streaming GEMV on tensor cores -----------------------
+ * The MX decode GEMV as mma.sync m16n8k16 (bf16 in, fp32 accumulate): the weight rows are the
+ * M dimension, the expert's staged input rows (tokens) the N dimension (8 per n-tile, NT
+ * tiles per pass), so one decoded weight serves every token of the pass for one mma issue.
+ * A warp owns 16 weight rows: MODE 0 rows 0..7 = gate rows o..o+7 and rows 8..15 = up rows
+ * o..o+7 (a lane's accumulators then hold g and u of the same (output, token) pairs for the
+ * swiglu epilogue); MODE 1 rows = 16 down rows. Lane (g = lane/4, t = lane%4) streams rows g
+ * and g+8: per step the quad's 4 lanes load the 16-byte pieces 4s+t of both rows (16 B per
+ * lane per row: 16 fp8 / 32 fp4 codes); a warp's k range is split over WK warps of the
+ * block (steps wk, wk+WK, ...; partial sums added in a fixed order through shared memory).
+ * A fragments: a piece decodes to bf16 pairs w * 2^s exactly (w the code's value, 2^s its
+ * block scale; exact: at most 4 significant bits, inexact only below 2^-126, as in tile_k):
+ *   MXFP8: cvt e4m3x2 -> f16x2 (exact, all normal), then the f16 bits shifted right by 3 are
+ *          the bf16 bits of w * 2^-112 (exponent and mantissa fields line up; zero stays
+ *          zero), times the bf16 power of two 2^(s+112) (fma.rn.bf16x2 with -0: exact).
+ *   MXFP4: an e2m1 code s|e1 e0|m re-laid as the bf16 bits s|0000000 e1 e0|m000000 is w *
+ *          2^-126 (the 0.5 code a bf16 subnormal), times 2^(s+126); FP4R = 0 instead goes
+ *          through the e4m3 re-lay and the f16 conversion as MXFP8 (w * 2^-118, all normal).
+ *   A block scale whose multiplier would not be a bf16 normal (s > 15 fp8 / 1 fp4 / 9 fp4
+ *   FP4R 0) multiplies by 2^127 and then by the rest (two exact steps; a branch, so only
+ *   warps holding such a block pay for it); the NaN scale (0xFF) takes decode8's float path.
+ *   NaN codes (e4m3 0x7F / 0xFF) are not decoded to NaN on the fast path (a finite value
+ *   instead; sk_k and tile_k give NaN): checkpoints hold none.
+ * The k order inside an mma is free as long as A and B agree: each lane's B registers hold
+ * the x pairs of the same elements as its A registers. x is staged in shared memory already
+ * in that order: per step, 16-byte units (8 elements) u*4 + t of piece t, the elements of a
+ * unit permuted to the A pair order (fp4); the row pitch is 64 bytes past a multiple of 128,
+ * so the quarter-warp phases of the 16-byte loads are conflict-free. */
+#if defined(M3_HIP_NVIDIA)
+#if defined(__CUDA_ARCH__) && !M3_HAVE_MMA
+#error "gpu/moe.hip: the decode GEMV needs mma.sync (sm_80 or newer) on NVIDIA"
+#endif
+#define TC_THREADS 256
+#define TC_WARPS (TC_THREADS / 32)
+#if !M3_HAVE_MMA /* the host pass parses the kernels too (the device pass has mma: above) */
+static __device__ __forceinline__ void m3_mma_bf16_16816(float *c, const uint32_t *a, const uint32_t *b) {
+    (void)c, (void)a, (void)b;
+}
+#endif
+
+template <int WF> struct tcf;
+template <> struct tcf<M3_GPU_W_MXFP8> { enum { PE = 16, UP = 2, PPB = 2 }; }; /* elements per piece, */
+template <> struct tcf<M3_GPU_W_MXFP4> { enum { PE = 32, UP = 4, PPB = 1 }; }; /* x units, pieces/block */
+
+/* 16 weight bytes, read-only, streamed past L1; LP 1 / 2: with an L2 prefetch hint of 128 /
+ * 256 bytes (the rest of the row's segment is fetched with the first request) */
+template <int LP> static __device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 v;
+    if (LP == 2)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    else if (LP == 1)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    else
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    return v;
+}
+
+/* bf16x2 a * m (m a power of two pair): fma with -0 so that signed zeros survive */
+static __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t m) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(m), "r"(0x80008000u));
+    return d;
+}
+
+#if M3_HAVE_FP8_CVT
+static __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v16) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v16 & 0xFFFFu), __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+/* f16x2 of e4m3 values (all normal or zero) -> bf16x2 bits of the values x 2^-112 */
+static __device__ __forceinline__ uint32_t f16x2_bf16s(uint32_t h) {
+    return ((h >> 3) & 0x0FFF0FFFu) | (h & 0x80008000u);
+}
+#endif
+
+/* the x slot of element w (0..7) of a 16-byte unit: the A pair order of the format */
+template <int WF, int FP4R> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
+    if (WF == M3_GPU_W_MXFP8) return x;
+    if (FP4R) /* pairs (0,4) (1,5) (2,6) (3,7) */
+        return make_uint4(__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632),
+                          __byte_perm(x.y, x.w, 0x5410), __byte_perm(x.y, x.w, 0x7632));
+    /* pairs (0,2) (4,6) (1,3) (5,7) */
+    return make_uint4(__byte_perm(x.x, x.y, 0x5410), __byte_perm(x.z, x.w, 0x5410),
+                      __byte_perm(x.x, x.y, 0x7632), __byte_perm(x.z, x.w, 0x7632));
+}
+
+/* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb */
+template <int WF, int FP4R>
+static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
+    const int PE = tcf<WF>::PE;
+    const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
+#if M3_HAVE_FP8_CVT
+    /* the relayed values are w * 2^-F; 2^(s+F) is a bf16 normal up to s = 127 - F (lim); a
+     * larger s multiplies by 2^127 first (w * 2^(127-F), exact) and then by the rest */
+    const uint32_t F = WF == M3_GPU_W_MXFP8 ? 112u : (FP4R ? 126u : 118u), lim = 254u - F;
+    if (sb != 0xFFu) {
+        const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
+        const uint32_t mul = (fld << 7) | (fld << 23);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t v = qq[k];
+            if (WF == M3_GPU_W_MXFP8) {
+                r[2 * k] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v)), mul);
+                r[2 * k + 1] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v >> 16)), mul);
+            } else if (FP4R) {
+                r[4 * k] = bf2_mul(((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u), mul);
+                r[4 * k + 1] = bf2_mul(((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u), mul);
+                r[4 * k + 2] = bf2_mul(((v >> 2) & 0x01C001C0u) | ((v << 4) & 0x80008000u), mul);
+                r[4 * k + 3] = bf2_mul(((v >> 6) & 0x01C001C0u) | (v & 0x80008000u), mul);
+            } else {
+                const uint32_t a = ((v << 2) & 0x1C1C1C1Cu) | ((v << 4) & 0x80808080u); /* even */
+                const uint32_t b = ((v >> 2) & 0x1C1C1C1Cu) | (v & 0x80808080u);        /* odd */
+                r[4 * k] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(a)), mul);
+                r[4 * k + 1] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(a >> 16)), mul);
+                r[4 * k + 2] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(b)), mul);
+                r[4 * k + 3] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(b >> 16)), mul);
+            }
+        }
+        if (sb > lim) { /* (rare: scales above 2^(127-F)) */
+            const uint32_t f2 = 127u + sb - lim, mul2 = (f2 << 7) | (f2 << 23);
+#pragma unroll
+            for (int k = 0; k < PE / 2; k++) r[k] = bf2_mul(r[k], mul2);
+        }
+        return;
+    }
+#endif
+    /* float path: exact products, truncated to bf16 (exact values) */
+    const float f = m3_e8m0_to_f32(sb) * (WF == M3_GPU_W_MXFP4 ? FP4_WMUL : 1.0f);
+#pragma unroll
+    for (int h = 0; h < PE / 8; h++) {
+        float w[8];
+        decode8<WF>(q, h, lut, w);
+        uint32_t b[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) b[k] = m3_f32_bits(w[k] * f) >> 16;
+        if (WF == M3_GPU_W_MXFP8) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) r[4 * h + k] = b[2 * k] | (b[2 * k + 1] << 16);
+        } else if (FP4R) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) r[4 * h + k] = b[k] | (b[k + 4] << 16);
+        } else {
+            r[4 * h] = b[0] | (b[2] << 16), r[4 * h + 1] = b[4] | (b[6] << 16);
+            r[4 * h + 2] = b[1] | (b[3] << 16), r[4 * h + 3] = b[5] | (b[7] << 16);
+        }
+    }
+}
+
+/* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
+ * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
+ * staged once for all of them); LP: ld_stream's L2 prefetch */
+template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int LP>
+static __global__ void __launch_bounds__(TC_THREADS, 2)
+    tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
+         const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
+         const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
+         int smode, bool act_bf16) {
+    extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units */
+    __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
+    __shared__ float lut[256];
+    const int s = (int)blockIdx.x;
+    if (s >= *m.n_act) return; /* whole block */
+    build_lut<WF>(lut);
+    const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
+    const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16; /* outputs per warp */
+    const int e = m.act[s], r0 = m.off[e], n = m.off[e + 1] - r0;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
+    const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
+    const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
+    const unsigned char *pw[2];
+    const m3_e8m0 *ps[2];
+    /* this lane's two weight rows of row chunk rl; false past the matrix (block-uniform) */
+    auto rows_of = [&](int rl, int *obase) -> bool {
+        const int cbase = ((int)blockIdx.y * RL + rl) * WR * OPW;
+        *obase = cbase + wr * OPW;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int o = MODE == 0 ? *obase + g : *obase + g + 8 * h;
+            const size_t row = (size_t)e * nout + (o < nout ? o : nout - 1);
+            pw[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
+            ps[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
+        }
+        return cbase < nout;
+    };
+    /* step st of this lane's rows (past the row: zero codes, scale 0) */
+    auto load1 = [&](int st, uint4(&q)[2], m3_e8m0(&sc)[2]) {
+        const int p = st * 4 + t;
+        const bool ok = st < nsteps && p < npieces;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            q[h] = ok ? ld_stream<LP>(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+            sc[h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
+        }
+    };
+    float acc[NT][4];
+    int xrow[NT];
+    auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
+        const bool ok = st * 4 + t < npieces;
+        uint32_t a0[PE / 2], a1[PE / 2];
+        tc_decode<WF, FP4R>(q[0], sc[0], lut, a0);
+        tc_decode<WF, FP4R>(q[1], sc[1], lut, a1);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            uint32_t xb[PE / 2];
+#pragma unroll
+            for (int uu = 0; uu < UP; uu++) {
+                const uint4 xv = ok ? tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+            }
+#pragma unroll
+            for (int i = 0; i < PE / 4; i++) {
+                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                m3_mma_bf16_16816(acc[j], af, bf);
+            }
+        }
+    };
+    uint4 qa[U][2];
+    m3_e8m0 sa[U][2];
+    for (int c0 = 0; c0 < n; c0 += nt) {
+        const int nc = n - c0 < nt ? n - c0 : nt;
+        int obase;
+        __syncthreads(); /* the previous pass's readers are done with the x rows (lut built) */
+        for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
+            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+            const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
+            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+            const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
+            tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF, FP4R>(x);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < NT; j++) xrow[j] = (8 * j + g < nc ? 8 * j + g : nc - 1) * pitch;
+        for (int rl = 0; rl < RL; rl++) {
+            if (!rows_of(rl, &obase)) break; /* block-uniform */
+#pragma unroll
+            for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+            for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
+#pragma unroll
+                for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+            }
+            if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) red[((warp * NT + j) * 4 + i) * 32 + lane] = acc[j][i];
+                __syncthreads();
+                if (wk == 0) {
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            float v = acc[j][i];
+                            for (int w2 = 1; w2 < WK; w2++) v += red[(((warp + w2) * NT + j) * 4 + i) * 32 + lane];
+                            acc[j][i] = v;
+                        }
+                }
+            }
+            if (wk == 0) {
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int tok = 8 * j + 2 * t + h;
+                        if (tok >= nc) continue;
+                        m3_bf16 *orow = out + (size_t)(r0 + c0 + tok) * nout;
+                        if (MODE == 0) {
+                            float gv = acc[j][h], uv = acc[j][2 + h];
+                            if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                            orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+                        } else {
+                            orow[obase + g] = m3_f32_to_bf16(acc[j][h]);
+                            orow[obase + g + 8] = m3_f32_to_bf16(acc[j][2 + h]);
+                        }
+                    }
+            }
+            if (WK > 1) __syncthreads(); /* red is free for the next chunk */
+        }
+    }
+}
+
+/* One-token steps (T = 1: every active expert has one row): a persistent form of tc_k. The
+ * grid is at most what the device holds at once; block b takes the tiles b, b + gridDim.x,
+ * ... (a tile: one expert's 8 (gate/up) or 16 (down) outputs x 8/WK row groups, k split over
+ * WK warps), all active experts' rows are staged once, and each warp's loads run U steps
+ * ahead across tile boundaries (the next tile's first loads are in flight during this
+ * tile's reduction), so the weights stream without per-block start-up gaps. Two register
+ * sets of U steps: one loading while the other is used. */
+template <int WF, int MODE, int WK, int U, int FP4R, int LP>
+static __global__ void __launch_bounds__(TC_THREADS, 2)
+    tc1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
+          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
+          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
+          bool act_bf16) {
+    extern __shared__ uint4 tc_dyn[]; /* x: [active expert][pitch] 16-byte units */
+    __shared__ float red[WK > 1 ? TC_WARPS * 4 * 32 : 1];
+    __shared__ float lut[256];
+    const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
+    const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
+    const int na = *m.n_act, nch = nout / CH, ntiles = na * nch;
+    if ((int)blockIdx.x >= ntiles) return; /* whole block */
+    build_lut<WF>(lut);
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
+    const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
+    const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups per tile (>= 1) */
+    const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
+    struct rows { const unsigned char *w[2]; const m3_e8m0 *s[2]; };
+    auto rows_of = [&](int tile, rows &r) {
+        const int e = m.act[tile / nch], obase = (tile % nch) * CH + wr * OPW;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int o = MODE == 0 ? obase + g : obase + g + 8 * h;
+            const size_t row = (size_t)e * nout + o;
+            r.w[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
+            r.s[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
+        }
+    };
+    auto load = [&](const rows &r, int st0, uint4(&q)[U][2], m3_e8m0(&sc)[U][2]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int p = (st0 + u * WK) * 4 + t;
+            const bool ok = st0 + u * WK < nsteps && p < npieces;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                q[u][h] = ok ? ld_stream<LP>(r.w[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                sc[u][h] = ok ? r.s[h][p / PPB] : (m3_e8m0)0;
+            }
+        }
+    };
+    int tile = (int)blockIdx.x;
+    rows cur, nxt;
+    rows_of(tile, cur);
+    uint4 qa[U][2], qb[U][2];
+    m3_e8m0 sa[U][2], sb[U][2];
+    load(cur, wk, qa, sa); /* in flight while the rows are staged */
+    for (int v = tid; v < na * (kdim / 8); v += TC_THREADS) {
+        const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+        const int r0 = m.off[m.act[j]];
+        const int src = MODE == 0 ? m.ent[r0] / K : r0;
+        const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+        const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
+        tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF, FP4R>(x);
+    }
+    __syncthreads();
+    for (;;) {
+        const int xr = (tile / nch) * pitch, next = tile + (int)gridDim.x;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        /* step st of the tile from q (x of the tile's expert) into acc */
+        auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
+            const bool ok = st * 4 + t < npieces;
+            uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+            tc_decode<WF, FP4R>(q[0], sc[0], lut, a0);
+            tc_decode<WF, FP4R>(q[1], sc[1], lut, a1);
+#pragma unroll
+            for (int uu = 0; uu < UP; uu++) {
+                const uint4 xv = ok ? tc_dyn[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+            }
+#pragma unroll
+            for (int i = 0; i < PE / 4; i++) {
+                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                m3_mma_bf16_16816(acc, af, bf);
+            }
+        };
+        if (next < ntiles) rows_of(next, nxt);
+        for (int gi = 0; gi < G; gi++) {
+            const int st0 = wk + gi * WK * U;
+            if (gi + 1 < G) {
+                load(cur, st0 + WK * U, qb, sb);
+            } else if (next < ntiles) {
+                load(nxt, wk, qb, sb);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+        }
+        /* column 0 of the tile (the expert's one row): lanes t == 0, c[0] row g, c[2] row g+8 */
+        if (WK > 1) {
+            if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+            __syncthreads();
+            if (wk == 0 && t == 0)
+                for (int w2 = 1; w2 < WK; w2++)
+                    acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
+        }
+        if (wk == 0 && t == 0) {
+            const int e = m.act[tile / nch], obase = (tile % nch) * CH + wr * OPW;
+            m3_bf16 *orow = out + (size_t)m.off[e] * nout;
+            if (MODE == 0) {
+                float gv = acc[0], uv = acc[2];
+                if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+            } else {
+                orow[obase + g] = m3_f32_to_bf16(acc[0]);
+                orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
+            }
+        }
+        if (next >= ntiles) break; /* block-uniform */
+        if (WK > 1) __syncthreads(); /* red is free for the next tile */
+        tile = next;
+        cur = nxt;
+    }
+}
+
+/* T = 1 launch of tc1_k: a grid of at most 2 blocks per multiprocessor */
+template <int WF, int WK, int U, int FP4R, int LP>
+static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
+                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+                         const m3_mx_params *mid) {
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
+    const int sm = (int)p->swiglu, slots = TK < E ? TK : E;
+    const bool ab16 = p->act_bf16;
+    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
+    const size_t sh1 = (size_t)slots * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t sh2 = (size_t)slots * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    if (sh1 > 48 * 1024 - 9 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 0, WK, U, FP4R, LP>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    if (sh2 > 48 * 1024 - 9 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 1, WK, U, FP4R, LP>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    const int cap = 2 * g->n_sm, t1 = slots * (F / (WR * 8)), t2 = slots * (D / (WR * 16));
+    tc1_k<WF, 0, WK, U, FP4R, LP><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "tc1_k gate/up");
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
+    tc1_k<WF, 1, WK, U, FP4R, LP><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "tc1_k down");
+    return M3_OK;
+}
+
+/* launch config of one tc variant */
+template <int WF, int WK, int NT, int U, int RL, int FP4R, int LP>
+static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
+                        int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+                        const m3_mx_params *mid) {
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
+    const int sm = (int)p->swiglu, slots = TK < E ? TK : E;
+    const bool ab16 = p->act_bf16;
+    const int nt = T < 8 * NT ? T : 8 * NT;
+    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
+    const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    if (sh1 > 48 * 1024 - 9 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, LP>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    if (sh2 > 48 * 1024 - 9 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, LP>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
+    dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
+    tc_k<WF, 0, WK, NT, U, RL, FP4R, LP><<<g1, TC_THREADS, sh1, g->stream>>>(
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "tc_k gate/up");
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
+    dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
+    tc_k<WF, 1, WK, NT, U, RL, FP4R, LP><<<g2, TC_THREADS, sh2, g->stream>>>(
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "tc_k down");
+    return M3_OK;
+}
+#endif /* M3_HIP_NVIDIA */
 
 /* ---- larger batches: tensor-core tiles ----------------------------------------------------
  * Block (row tile, column tile): rows row0..row0+63 of one active expert's grouped rows;
@@ -1131,6 +1622,44 @@ static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
 }
 #endif
 
+/* M3_MOE_DEC (benchmarking aid, read per call; unset or 0: the measured best, below):
+ * 1 the FMA GEMV (sk_k) for every format (the AMD path, and the previous session's kernel),
+ * 2 tensor cores for every MX step (MXFP8 at T = 1 too), 99 no GEMV at all (times the
+ * grouping, the combine and the launches; the results are garbage). */
+static int dec_variant(void) {
+    const char *v = getenv("M3_MOE_DEC");
+    return v ? atoi(v) : 0;
+}
+
+/* the decode GEMVs: gate/up (+ swiglu), [act_mid], down */
+template <int WF, int NTMAX, int U1>
+static m3_status sk_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
+                        int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+                        const m3_mx_params *mid) {
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
+    const int sm = (int)p->swiglu, slots = TK < E ? TK : E;
+    const bool ab16 = p->act_bf16;
+    const int nt = T < NTMAX ? T : NTMAX;
+    const size_t sh1 = (size_t)nt * D * 2, sh2 = (size_t)nt * F * 2;
+    /* past 48 KiB of shared memory (with the static 1 KiB table) a kernel must opt in */
+    if (sh1 + 1024 > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 0, SK_RPW_GU, NTMAX, U1>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    if (sh2 + 1024 > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 1, SK_RPW_DN, NTMAX, U1>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    dim3 g1((unsigned)slots, (unsigned)((F + EXP_WARPS * SK_RPW_GU - 1) / (EXP_WARPS * SK_RPW_GU)));
+    sk_k<WF, 0, SK_RPW_GU, NTMAX, U1><<<g1, EXP_THREADS, sh1, g->stream>>>(
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "sk_k gate/up");
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
+    dim3 g2((unsigned)slots, (unsigned)((D + EXP_WARPS * SK_RPW_DN - 1) / (EXP_WARPS * SK_RPW_DN)));
+    sk_k<WF, 1, SK_RPW_DN, NTMAX, U1><<<g2, EXP_THREADS, sh2, g->stream>>>(
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "sk_k down");
+    return M3_OK;
+}
+
 template <int WF>
 static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                              const exp_meta &m, int T, const m3_gpu_experts *w,
@@ -1140,24 +1669,23 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     const bool ab16 = p->act_bf16;
     const int slots = TK < E ? TK : E;
     if (TK <= 4 * E) {
-        const int nt = T < sk_nt<WF>::N ? T : sk_nt<WF>::N;
-        size_t sh1 = (size_t)nt * D * 2, sh2 = (size_t)nt * F * 2;
-        /* past 48 KiB of shared memory (with the static 1 KiB table) a kernel must opt in */
-        if (sh1 + 1024 > 48 * 1024)
-            M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 0, SK_RPW_GU>,
-                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-        if (sh2 + 1024 > 48 * 1024)
-            M3_HIP_TRY(hipFuncSetAttribute((const void *)sk_k<WF, 1, SK_RPW_DN>,
-                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-        dim3 g1((unsigned)slots, (unsigned)((F + EXP_WARPS * SK_RPW_GU - 1) / (EXP_WARPS * SK_RPW_GU)));
-        sk_k<WF, 0, SK_RPW_GU><<<g1, EXP_THREADS, sh1, g->stream>>>(
-            ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
-        M3_LAUNCHED(g, "sk_k gate/up");
-        if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-        dim3 g2((unsigned)slots, (unsigned)((D + EXP_WARPS * SK_RPW_DN - 1) / (EXP_WARPS * SK_RPW_DN)));
-        sk_k<WF, 1, SK_RPW_DN><<<g2, EXP_THREADS, sh2, g->stream>>>(
-            ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
-        M3_LAUNCHED(g, "sk_k down");
+        const int v = dec_variant();
+        if (v == 99) return M3_OK;
+#if defined(M3_HIP_NVIDIA)
+        /* MX on tensor cores (measured on the H200, docs/gpu.md): T > 1 tc_k, 8 warps of 16
+         * rows, 4 chunks a block, 4 steps of loads with a 256-byte L2 prefetch; T = 1 MXFP4
+         * tc1_k with k split over 4 warps; T = 1 MXFP8 stays on sk_k (3 steps of loads in
+         * flight beat tc1_k there: 0.090 vs 0.099 ms) */
+        if (WF != M3_GPU_W_BF16 && v != 1) {
+            const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
+            if (T == 1 && (WF == M3_GPU_W_MXFP4 || v == 2))
+                return tc1_run<WFX, 4, 2, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+        }
+#endif
+        /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
+        if (T == 1) return sk_run<WF, 1, WF == M3_GPU_W_BF16 ? 2 : 3>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+        return sk_run<WF, sk_nt<WF>::N, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
     } else {
 #ifdef M3_HIP_NVIDIA
         int v = t2_ok(g) ? t2_variant() : 0;

@@ -255,7 +255,9 @@ typedef struct {
     float *gate, *up, *down; /* f32 masters [E,F,D], [E,F,D], [E,D,F] */
 } exp_master;
 
-static void master_make(exp_master *w, int E, int D, int F, uint64_t stream) {
+/* per-row magnitudes 2^-spread .. 2^spread (spread 3: the usual; wider spreads reach block
+ * scales whose bf16 multiplier in the decode GEMV is not a normal bf16: its float path) */
+static void master_make_spread(exp_master *w, int E, int D, int F, uint64_t stream, int spread) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), stream);
     w->E = E, w->D = D, w->F = F;
@@ -271,10 +273,14 @@ static void master_make(exp_master *w, int E, int D, int F, uint64_t stream) {
         m3_fill_uniform(&r, mats[m], n, -amp, amp);
         const int64_t rows = n / cols[m];
         for (int64_t i = 0; i < rows; i++) { /* per-row magnitude: varied block scales */
-            const float f = ldexpf(1.0f, (int)(m3_rng_u32(&r) % 7) - 3);
+            const float f = ldexpf(1.0f, (int)(m3_rng_u32(&r) % (uint32_t)(2 * spread + 1)) - spread);
             for (int c = 0; c < cols[m]; c++) mats[m][i * cols[m] + c] *= f;
         }
     }
+}
+
+static void master_make(exp_master *w, int E, int D, int F, uint64_t stream) {
+    master_make_spread(w, E, D, F, stream, 3);
 }
 
 static void master_free(exp_master *w) {
@@ -338,6 +344,10 @@ static void random_routing(m3_rng *r, int32_t *ids, float *wts, int T, int E, in
     }
 }
 
+/* experts_case routes every token's first slot to expert 0 while this is set (one expert
+ * with all T rows: the decode GEMV's passes over more staged rows than one pass holds) */
+static bool g_skew_expert0;
+
 static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_wfmt fmt, int prof) {
     const int E = wm->E, D = wm->D, F = wm->F;
     m3_profile p;
@@ -375,6 +385,10 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     int32_t *ids = malloc((size_t)T * K * sizeof *ids);
     m3_fill_normal(&r, x, (int64_t)T * D, 1.0f);
     random_routing(&r, ids, wts, T, E, K);
+    for (int t = 0; g_skew_expert0 && t < T; t++) /* swap expert 0 into slot 0 */
+        for (int k = 1; k < K; k++)
+            if (ids[(size_t)t * K + k] == 0) ids[(size_t)t * K + k] = ids[(size_t)t * K];
+    for (int t = 0; g_skew_expert0 && t < T; t++) ids[(size_t)t * K] = 0;
     m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
     int32_t *dids;
     GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
@@ -404,6 +418,33 @@ static void moe_experts_small(void **state) {
         for (int prof = 1; prof < 3; prof++)
             for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
                 experts_case(g, &wm, Ts[i], 2, (m3_gpu_wfmt)f, prof);
+    master_free(&wm);
+}
+
+/* MX block scales across 2^-30 .. 2^30: the decode GEMV's exact bf16 multiply covers block
+ * scales up to 2^15 (MXFP8) / 2^1 (MXFP4); larger ones (and the reference values they give)
+ * go through its float path. Rows of one matrix differ by up to 2^60, so the NMSE is set by
+ * the large rows: this case checks the path is taken correctly, the others check precision. */
+static void moe_experts_wide_scales(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make_spread(&wm, 8, 256, 192, 815, 30);
+    static const int Ts[] = {1, 5, 13};
+    for (int f = 1; f < 3; f++)
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+            experts_case(g, &wm, Ts[i], 2, (m3_gpu_wfmt)f, 2);
+    master_free(&wm);
+}
+
+/* one expert holding every token of the step (T = 16, 2 slots: 32 entries = 4E, still the
+ * decode GEMV): 16 rows of one expert, more than one pass of staged rows for some kernels */
+static void moe_experts_one_busy_expert(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 8, 512, 256, 816);
+    g_skew_expert0 = true;
+    for (int f = 0; f < 3; f++) experts_case(g, &wm, 16, 2, (m3_gpu_wfmt)f, 2);
+    g_skew_expert0 = false;
     master_free(&wm);
 }
 
@@ -522,6 +563,10 @@ static void experts_act_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_g
     assert_true(x && ref && plain && wts && ids);
     m3_fill_normal(&r, x, (int64_t)T * D, 1.0f);
     random_routing(&r, ids, wts, T, E, K);
+    for (int t = 0; g_skew_expert0 && t < T; t++) /* swap expert 0 into slot 0 */
+        for (int k = 1; k < K; k++)
+            if (ids[(size_t)t * K + k] == 0) ids[(size_t)t * K + k] = ids[(size_t)t * K];
+    for (int t = 0; g_skew_expert0 && t < T; t++) ids[(size_t)t * K] = 0;
     m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
     int32_t *dids;
     GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
@@ -663,6 +708,8 @@ int main(void) {
         cmocka_unit_test(moe_route_ties_go_to_lower_id),
         cmocka_unit_test(router_logits_match_ref),
         cmocka_unit_test(moe_experts_small),
+        cmocka_unit_test(moe_experts_wide_scales),
+        cmocka_unit_test(moe_experts_one_busy_expert),
         cmocka_unit_test(moe_experts_m3_dims),
         cmocka_unit_test(moe_experts_tile_variants),
         cmocka_unit_test(moe_experts_fp32_unsupported),
