@@ -35,8 +35,9 @@
  *   Columns outside a part's heads are never touched (row pitches let the parts be slices
  *   of one packed qkv row).
  * Tuning knobs read at launch (measurement only; defaults are the measured best):
- *   M3_QKV_ROWS=128|256 rows (threads) per block; M3_QKV_HWCVT=0 turns off the hardware
- *   e4m3 conversion (sm_89+, e4m3fn saturating; NaN fixed up to ref's code). */
+ *   M3_QKV_ROWS=128|256 rows (threads) per block; M3_QKV_MINBLK=n blocks per SM below which
+ *   a small pass gets fewer tokens per block; M3_QKV_HWCVT=0 turns off the hardware e4m3
+ *   conversion (sm_89+, e4m3fn saturating; NaN fixed up to ref's code). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/num/bf16.h"
@@ -53,7 +54,6 @@
 #define ROPE_MAX_HALF 128 /* rot_dim <= 256 */
 #define QKV_NSEG 5
 #define QKV_LB 8                       /* 16-byte loads in flight per thread */
-#define QKV_BUDGET (80 * 1024)         /* shared bytes a block aims for (2-3 blocks per SM) */
 #define QKV_MAX_SHMEM (160 * 1024)     /* hard cap (fallback for large heads) */
 
 typedef struct {
@@ -103,12 +103,21 @@ typedef struct {
     int kind, ovf, k_src;
     void *kc, *vc, *ic;
     float *ks, *vs;
+    /* grid */
+    int nblk;    /* tiles */
+    int buf;     /* bytes of one input buffer */
+    int common;  /* offset of the common region */
+    bool pipe;   /* prefetch the next tile (cp.async) */
+    int dbg;     /* timing only: 1 skips the row work, 2 the cache writes, 4 the write-back */
 } qkv_args;
 
-/* Shared-memory layout of one block (host and device agree through this function). */
+/* Shared-memory layout of one tile (host and device agree through this function): a buffer
+ * of inputs (slots, positions, rows; two of them when the next tile is prefetched), then a
+ * common region (V groups, 1 + w, cos/sin, fp8 scales, staged fp8 K codes). */
 typedef struct {
-    int slot, pos, lead, w, cs, scl, stage, rows, total; /* byte offsets; total size */
-    int pitch, cp, spitch;                               /* row / table / stage pitches */
+    int slot, pos, rows, buf;              /* in the buffer; its size */
+    int lead, w, cs, scl, stage, com;      /* in the common region; its size */
+    int pitch, cp, spitch;                 /* row / table / stage pitches */
 } qkv_lay;
 static __host__ __device__ __forceinline__ int r16(int b) { return (b + 15) & ~15; }
 static __host__ __device__ __forceinline__ qkv_lay qkv_layout(int tt, int nh, int dim, int es,
@@ -121,13 +130,14 @@ static __host__ __device__ __forceinline__ qkv_lay qkv_layout(int tt, int nh, in
     l.spitch = dim + 16;                        /* staged fp8 codes, bytes */
     l.slot = 0;
     l.pos = l.slot + r16(8 * tt);
-    l.lead = l.pos + r16(4 * tt);
+    l.rows = l.pos + r16(4 * tt);
+    l.buf = l.rows + rows * l.pitch;
+    l.lead = 0;
     l.w = l.lead + r16(4 * tt);
     l.cs = l.w + (normed ? r16(4 * dim) : 0);
     l.scl = l.cs + (normed && half > 0 ? r16(4 * tt * l.cp) : 0);
     l.stage = l.scl + r16(4 * rows);
-    l.rows = l.stage + (stage ? r16(rows * l.spitch) : 0);
-    l.total = l.rows + rows * l.pitch;
+    l.com = l.stage + (stage ? r16(rows * l.spitch) : 0);
     return l;
 }
 
@@ -178,6 +188,29 @@ static __device__ __forceinline__ uint4 q16(const float *v, float s, const qkv_a
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+/* bf16 RNE of two floats packed (lo in the low half), bit-identical to m3_f32_to_bf16: the
+ * sm_80+ instruction rounds finite values and infinities the same way; a NaN takes ref's
+ * code (sign, payload, quiet bit) through the software path. */
+static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    if (lo != lo || hi != hi)
+        r = (uint32_t)m3_f32_to_bf16(lo) | ((uint32_t)m3_f32_to_bf16(hi) << 16);
+    return r;
+#else
+    return (uint32_t)m3_f32_to_bf16(lo) | ((uint32_t)m3_f32_to_bf16(hi) << 16);
+#endif
+}
+/* VN floats into a 16-byte chunk of TS (bf16: RNE, as m3_vec's store) */
+static __device__ __forceinline__ void st_chunk(m3_bf16 *p, int i, const float *v) {
+    *reinterpret_cast<uint4 *>(p + i) = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                                   pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+}
+static __device__ __forceinline__ void st_chunk(float *p, int i, const float *v) {
+    *reinterpret_cast<float4 *>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
 /* Portable ballot (32- or 64-lane warps). */
 static __device__ __forceinline__ uint64_t ballot64(bool p) {
 #if defined(M3_HIP_AMD)
@@ -187,18 +220,7 @@ static __device__ __forceinline__ uint64_t ballot64(bool p) {
 #endif
 }
 
-/* K / V element offsets in the cache (spec §4.2/§4.3; page 0: plain [slot, Hkv, Dh] rows). */
-static __device__ __forceinline__ int64_t k_off(const qkv_args &a, int64_t slot, int Hkv, int Dh,
-                                                int h, int d, int x) {
-    if (a.page == 0) return (slot * Hkv + h) * Dh + d;
-    const int64_t b = slot >> a.lpage, t = slot & (a.page - 1);
-    return ((b * Hkv + h) * (Dh / x) + d / x) * ((int64_t)a.page * x) + t * x + d % x;
-}
-static __device__ __forceinline__ int64_t v_off(const qkv_args &a, int64_t slot, int Hkv, int Dh,
-                                                int h, int d, int x) {
-    const int64_t b = slot >> a.lpage, t = slot & (a.page - 1);
-    return ((b * Hkv + h) * (a.page / x) + t / x) * ((int64_t)Dh * x) + (int64_t)d * x + t % x;
-}
+/* fp8 scale offset of slot s, head h (spec §4.2/§4.3: [.., Hkv, P]) */
 static __device__ __forceinline__ int64_t s_off(const qkv_args &a, int64_t slot, int Hkv, int h) {
     const int64_t b = slot >> a.lpage, t = slot & (a.page - 1);
     return (b * Hkv + h) * a.page + t;
@@ -264,8 +286,8 @@ static __device__ __forceinline__ float norm_rope_row(TS *e, int dim_rt, int hal
 #pragma unroll
                     for (int k = 0; k < VN; k++) o1[k] = rnd(st_rnd, o1[k]), o2[k] = rnd(st_rnd, o2[k]);
                 }
-                V::store(e, d1, o1); /* a bf16 store rounds o itself: RNE(RNE(o)) = RNE(o) */
-                V::store(e, d2, o2);
+                st_chunk(e, d1, o1); /* a bf16 store rounds o itself: RNE(RNE(o)) = RNE(o) */
+                st_chunk(e, d2, o2);
             }
         }
         /* pass-through dims [R, dim): normed only */
@@ -292,7 +314,7 @@ static __device__ __forceinline__ float norm_rope_row(TS *e, int dim_rt, int hal
 #pragma unroll
                     for (int k = 0; k < VN; k++) x[k] = rnd(st_rnd, x[k]);
                 }
-                V::store(e, d0, x);
+                st_chunk(e, d0, x);
             }
         }
         return am;
@@ -343,46 +365,85 @@ static __device__ __forceinline__ float row_amax(const TS *e, int dim) {
 }
 
 /* ---- kernel ---------------------------------------------------------------------------- */
+/* cp.async (NVIDIA sm_80+): the next tile's rows stream into the other buffer while this one
+ * is computed. Elsewhere QKV_PIPE is 0 and every copy is a plain load + store. */
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define QKV_PIPE 1
+#else
+#define QKV_PIPE 0
+#endif
+template <int N>
+static __device__ __forceinline__ void cp_async(void *dst, const void *src) {
+#if QKV_PIPE
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(N) : "memory");
+#else
+    if (N == 16) *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    else if (N == 8) *reinterpret_cast<uint2 *>(dst) = *reinterpret_cast<const uint2 *>(src);
+    else *reinterpret_cast<uint32_t *>(dst) = *reinterpret_cast<const uint32_t *>(src);
+#endif
+}
+static __device__ __forceinline__ void cp_commit() {
+#if QKV_PIPE
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cp_wait1() {
+#if QKV_PIPE
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+
 template <typename TS, int QR, bool FAST>
 static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
-    constexpr int VN = 16 / (int)sizeof(TS);
-    int s = 0;
-    while (s + 1 < a.nseg && (int)blockIdx.x >= a.seg[s + 1].b0) s++;
-    const qkv_seg g = a.seg[s];
-    const int nh = g.nh, dim = FAST ? 128 : g.dim, tt = g.tt;
-    const int t0 = ((int)blockIdx.x - g.b0) * tt;
-    const int tbk = a.n_tok - t0 < tt ? a.n_tok - t0 : tt;
-    const int nrow = tbk * nh;
-    const int tid = (int)threadIdx.x, nth = (int)blockDim.x;
-    const bool normed = g.w != NULL;
-    const int half = normed ? a.half : 0;
-    const qkv_lay L = qkv_layout(tt, nh, dim, (int)sizeof(TS), a.half, normed, g.stage, FAST);
-    int64_t *sslot = reinterpret_cast<int64_t *>(smem + L.slot);
-    int32_t *spos = reinterpret_cast<int32_t *>(smem + L.pos);
-    int32_t *slead = reinterpret_cast<int32_t *>(smem + L.lead);
-    float *onepw = reinterpret_cast<float *>(smem + L.w);
-    float *cs = reinterpret_cast<float *>(smem + L.cs);
-    float *scl = reinterpret_cast<float *>(smem + L.scl);
-    uint8_t *stg = smem + L.stage;
-    unsigned char *rows = smem + L.rows;
     __shared__ int s_nlead;
-    const bool cache = g.cache != SEG_NONE;
-    const int x = a.fp8 ? 16 : 8; /* K/V elements per 16 bytes */
+    constexpr int VN = 16 / (int)sizeof(TS);
+    const int tid = (int)threadIdx.x, nth = (int)blockDim.x;
+    const int x = a.fp8 ? 16 : 8, lx = a.fp8 ? 4 : 3; /* K/V elements per 16 bytes */
+    const bool pipe = QKV_PIPE && a.pipe;
 
-    /* 0. slots, positions, (1 + w) */
-    for (int i = tid; i < tbk; i += nth) {
-        sslot[i] = cache ? a.slots[t0 + i] : -1;
-        if (half > 0) spos[i] = a.pos[t0 + i];
-    }
-    if (normed)
-        for (int d = tid; d < dim; d += nth) onepw[d] = __fadd_rn(1.0f, m3_bf16_to_f32(g.w[d]));
-
-    /* 1. rows into shared memory (token-major reads, head-major rows) */
-    {
+    /* tile k: its segment, tokens [t0, t0 + tbk) */
+    auto seg_of = [&](int k) {
+        int s = 0;
+        while (s + 1 < a.nseg && k >= a.seg[s + 1].b0) s++;
+        return s;
+    };
+    /* 1. tile k's slots, positions and rows into buffer buf (token-major reads, head-major
+     * rows); pipe: cp.async, completed by the caller's wait */
+    auto issue = [&](int k, unsigned char *buf) {
+        const qkv_seg &g = a.seg[seg_of(k)];
+        const int nh = g.nh, dim = FAST ? 128 : g.dim, tt = g.tt;
+        const int t0 = (k - g.b0) * tt, tbk = a.n_tok - t0 < tt ? a.n_tok - t0 : tt;
+        const qkv_lay L = qkv_layout(tt, nh, dim, (int)sizeof(TS), a.half, g.w != NULL, g.stage, FAST);
+        int64_t *sslot = reinterpret_cast<int64_t *>(buf + L.slot);
+        int32_t *spos = reinterpret_cast<int32_t *>(buf + L.pos);
+        unsigned char *rows = buf + L.rows;
+        const bool cache = g.cache != SEG_NONE, roped = g.w != NULL && a.half > 0;
+        for (int i = tid; i < tbk; i += nth) {
+            if (cache) {
+                if (pipe) cp_async<8>(sslot + i, a.slots + t0 + i);
+                else sslot[i] = a.slots[t0 + i];
+            }
+            if (roped) {
+                if (pipe) cp_async<4>(spos + i, a.pos + t0 + i);
+                else spos[i] = a.pos[t0 + i];
+            }
+        }
         const TS *xg = (const TS *)g.x;
         if (a.vec) {
             const int nch = dim / VN, per_tok = nh * nch, n = tbk * per_tok;
+            if (pipe) {
+                for (int i = tid; i < n; i += nth) {
+                    const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / nch, c = rem - h * nch;
+                    cp_async<16>(rows + (size_t)(h * tbk + tl) * L.pitch + c * 16,
+                                 xg + (int64_t)(t0 + tl) * g.ld + (int64_t)rem * VN);
+                }
+                return;
+            }
             for (int i0 = tid; i0 < n; i0 += nth * QKV_LB) {
                 uint4 u[QKV_LB];
 #pragma unroll
@@ -410,216 +471,269 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                     xg[(int64_t)(t0 + tl) * g.ld + rem];
             }
         }
-    }
-    __syncthreads(); /* spos is needed by the tables */
+    };
 
-    /* cos on [0, half), sin on [half, 2 half) of each token (double evaluations: spread over
-     * all threads) */
-    if (half > 0)
-        for (int j = tid; j < tbk * 2 * half; j += nth) {
-            const int tl = j / (2 * half), k = j - tl * 2 * half;
-            const int i = k < half ? k : k - half;
-            const int32_t p = spos[tl];
-            const double ang = a.angle_f64 ? (double)p * (double)a.inv.inv[i]
-                                           : (double)__fmul_rn((float)p, a.inv.inv[i]);
-            cs[tl * L.cp + k] = rnd(a.cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
-        }
-    __syncthreads();
+    /* 2-3. tile k, whose inputs are in buf */
+    auto process = [&](int k, unsigned char *buf) {
+        const qkv_seg g = a.seg[seg_of(k)];
+        const int nh = g.nh, dim = FAST ? 128 : g.dim, tt = g.tt;
+        const int t0 = (k - g.b0) * tt, tbk = a.n_tok - t0 < tt ? a.n_tok - t0 : tt;
+        const int nrow = tbk * nh;
+        const bool normed = g.w != NULL;
+        const int half = normed ? a.half : 0;
+        const qkv_lay L = qkv_layout(tt, nh, dim, (int)sizeof(TS), a.half, normed, g.stage, FAST);
+        const int64_t *sslot = reinterpret_cast<const int64_t *>(buf + L.slot);
+        const int32_t *spos = reinterpret_cast<const int32_t *>(buf + L.pos);
+        unsigned char *rows = buf + L.rows;
+        unsigned char *com = smem + a.common;
+        int32_t *slead = reinterpret_cast<int32_t *>(com + L.lead);
+        float *onepw = reinterpret_cast<float *>(com + L.w);
+        float *cs = reinterpret_cast<float *>(com + L.cs);
+        float *scl = reinterpret_cast<float *>(com + L.scl);
+        uint8_t *stg = com + L.stage;
+        const bool cache = g.cache != SEG_NONE;
 
-    /* 2. one thread per row */
-    for (int r = tid; r < nrow; r += nth) {
-        const int h = r / tbk, tl = r - h * tbk;
-        TS *e = reinterpret_cast<TS *>(rows + (size_t)r * L.pitch);
-        const int64_t slot = sslot[tl];
-        const bool wr = cache && slot >= 0;
-        if (!normed) { /* raw K or V: only the fp8 scale */
-            if (a.fp8 && wr && a.page != 0 && (g.cache == SEG_K || g.cache == SEG_V)) {
-                const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
-                scl[r] = sc;
-                (g.cache == SEG_K ? a.ks : a.vs)[s_off(a, slot, nh, h)] = sc;
+        /* (1 + w); cos on [0, half), sin on [half, 2 half) of each token (the double
+         * evaluations are spread over all threads) */
+        if (normed)
+            for (int d = tid; d < dim; d += nth) onepw[d] = __fadd_rn(1.0f, m3_bf16_to_f32(g.w[d]));
+        if (half > 0)
+            for (int j = tid; j < tbk * 2 * half; j += nth) {
+                const int tl = j / (2 * half), kk = j - tl * 2 * half;
+                const int i = kk < half ? kk : kk - half;
+                const int32_t p = spos[tl];
+                const double ang = a.angle_f64 ? (double)p * (double)a.inv.inv[i]
+                                               : (double)__fmul_rn((float)p, a.inv.inv[i]);
+                cs[tl * L.cp + kk] = rnd(a.cs_bf16, (float)(kk < half ? cos(ang) : sin(ang)));
             }
-            continue;
-        }
-        float ss = 0.0f;
-        if (FAST) {
+        __syncthreads();
+
+        /* 2. one thread per row */
+        for (int r = tid; r < nrow && !(a.dbg & 1); r += nth) {
+            const int h = r / tbk, tl = r - h * tbk;
+            TS *e = reinterpret_cast<TS *>(rows + (size_t)r * L.pitch);
+            const int64_t slot = sslot[tl];
+            const bool wr = cache && slot >= 0;
+            if (!normed) { /* raw K or V: only the fp8 scale */
+                if (a.fp8 && wr && a.page != 0 && (g.cache == SEG_K || g.cache == SEG_V)) {
+                    const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
+                    scl[r] = sc;
+                    (g.cache == SEG_K ? a.ks : a.vs)[s_off(a, slot, nh, h)] = sc;
+                }
+                continue;
+            }
+            float ss = 0.0f;
+            if (FAST) {
 #pragma unroll 2
-            for (int d0 = 0; d0 < dim; d0 += VN) {
-                float v[VN];
-                m3_vec<TS>::load(e, d0, v);
+                for (int d0 = 0; d0 < dim; d0 += VN) {
+                    float v[VN];
+                    m3_vec<TS>::load(e, d0, v);
 #pragma unroll
-                for (int k = 0; k < VN; k++) ss = __fadd_rn(ss, __fmul_rn(v[k], v[k]));
+                    for (int kk = 0; kk < VN; kk++) ss = __fadd_rn(ss, __fmul_rn(v[kk], v[kk]));
+                }
+            } else {
+                for (int d = 0; d < dim; d++) {
+                    const float v = ldf(e, d);
+                    ss = __fadd_rn(ss, __fmul_rn(v, v));
+                }
             }
-        } else {
-            for (int d = 0; d < dim; d++) {
-                const float v = ldf(e, d);
-                ss = __fadd_rn(ss, __fmul_rn(v, v));
-            }
-        }
-        const float mu = __fdiv_rn(ss, (float)dim);
-        const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
-        const float *c = cs + tl * L.cp, *sn = c + half;
-        const bool kq = g.cache == SEG_K && a.fp8 && wr;
-        if (kq && g.stage) { /* fp8 K of the fp32 k: amax pass, then results + codes */
-            const bool val_f32 = a.k_src == M3_GPU_KQ_F32;
-            const float am = norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 0, 1.0f,
-                                                         NULL, true, val_f32, a);
-            const float sc = fp8_scale(am, a.fp8_max);
-            scl[r] = sc;
-            a.ks[s_off(a, slot, nh, h)] = sc;
-            norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, sc,
-                                        stg + (size_t)r * L.spitch, true, val_f32, a);
-        } else {
-            norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, 1.0f, NULL, false,
-                                        false, a);
-            if (kq) { /* fp8 K of the stored k */
-                const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
+            const float mu = __fdiv_rn(ss, (float)dim);
+            const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
+            const float *c = cs + tl * L.cp, *sn = c + half;
+            const bool kq = g.cache == SEG_K && a.fp8 && wr;
+            if (kq && g.stage) { /* fp8 K of the fp32 k: amax pass, then results + codes */
+                const bool val_f32 = a.k_src == M3_GPU_KQ_F32;
+                const float am = norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 0, 1.0f,
+                                                             NULL, true, val_f32, a);
+                const float sc = fp8_scale(am, a.fp8_max);
                 scl[r] = sc;
                 a.ks[s_off(a, slot, nh, h)] = sc;
-            }
-        }
-    }
-    /* warp 0: the V groups: runs of slot-consecutive tokens inside one x-aligned window */
-    if (g.cache == SEG_V && a.page != 0 && tid < M3_WARP) {
-        int run = 0;
-        for (int base = 0; base < tbk; base += M3_WARP) {
-            const int tl = base + tid;
-            bool lead = false;
-            int len = 0;
-            if (tl < tbk) {
-                const int64_t sl = sslot[tl];
-                lead = sl >= 0 && (tl == 0 || sl % x == 0 || sslot[tl - 1] != sl - 1);
-                if (lead) {
-                    len = 1;
-                    while (len < x && tl + len < tbk && (sl + len) % x != 0 && sslot[tl + len] == sl + len)
-                        len++;
+                norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, sc,
+                                            stg + (size_t)r * L.spitch, true, val_f32, a);
+            } else {
+                norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, 1.0f, NULL, false,
+                                            false, a);
+                if (kq) { /* fp8 K of the stored k */
+                    const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
+                    scl[r] = sc;
+                    a.ks[s_off(a, slot, nh, h)] = sc;
                 }
             }
-            const uint64_t m = ballot64(lead);
-            const int idx = run + __popcll(m & ((1ull << tid) - 1ull));
-            if (lead) slead[idx] = tl | (len << 16);
-            run += __popcll(m);
         }
-        if (tid == 0) s_nlead = run;
-    }
-    __syncthreads();
-
-    /* 3a. normed rows back in place (token-major, coalesced) */
-    if (normed) {
-        TS *xg = (TS *)g.x;
-        if (a.vec) {
-            const int nch = dim / VN, per_tok = nh * nch, n = tbk * per_tok;
-            for (int i = tid; i < n; i += nth) {
-                const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / nch, c = rem - h * nch;
-                *reinterpret_cast<uint4 *>(xg + (int64_t)(t0 + tl) * g.ld + (int64_t)rem * VN) =
-                    *reinterpret_cast<const uint4 *>(rows + (size_t)(h * tbk + tl) * L.pitch + c * 16);
+        /* warp 0: the V groups: runs of slot-consecutive tokens inside one x-aligned window */
+        if (g.cache == SEG_V && a.page != 0 && tid < M3_WARP) {
+            int run = 0;
+            for (int base = 0; base < tbk; base += M3_WARP) {
+                const int tl = base + tid;
+                bool lead = false;
+                int len = 0;
+                if (tl < tbk) {
+                    const int64_t sl = sslot[tl];
+                    lead = sl >= 0 && (tl == 0 || (sl & (x - 1)) == 0 || sslot[tl - 1] != sl - 1);
+                    if (lead) {
+                        len = 1;
+                        while (len < x && tl + len < tbk && ((sl + len) & (x - 1)) != 0 &&
+                               sslot[tl + len] == sl + len)
+                            len++;
+                    }
+                }
+                const uint64_t m = ballot64(lead);
+                const int idx = run + __popcll(m & ((1ull << tid) - 1ull));
+                if (lead) slead[idx] = tl | (len << 16);
+                run += __popcll(m);
             }
+            if (tid == 0) s_nlead = run;
+        }
+        __syncthreads();
+
+        /* 3a. normed rows back in place (token-major, coalesced) */
+        if (normed && !(a.dbg & 4)) {
+            TS *xg = (TS *)g.x;
+            if (a.vec) {
+                const int nch = dim / VN, per_tok = nh * nch, n = tbk * per_tok;
+                for (int i = tid; i < n; i += nth) {
+                    const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / nch, c = rem - h * nch;
+                    *reinterpret_cast<uint4 *>(xg + (int64_t)(t0 + tl) * g.ld + (int64_t)rem * VN) =
+                        *reinterpret_cast<const uint4 *>(rows + (size_t)(h * tbk + tl) * L.pitch + c * 16);
+                }
+            } else {
+                const int per_tok = nh * dim, n = tbk * per_tok;
+                for (int i = tid; i < n; i += nth) {
+                    const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / dim, d = rem - h * dim;
+                    xg[(int64_t)(t0 + tl) * g.ld + rem] =
+                        reinterpret_cast<const TS *>(rows + (size_t)(h * tbk + tl) * L.pitch)[d];
+                }
+            }
+        }
+        if (!cache || sizeof(TS) != 2 || (a.dbg & 2)) return;
+
+        /* 3b. cache writes (bf16 rows only) */
+        if (g.cache == SEG_IDX) { /* [slot, Di]: 8 dims a chunk (16 bytes bf16, 8 fp8) */
+            const int nch = dim / 8, n = tbk * nch;
+            for (int i = tid; i < n; i += nth) {
+                const int tl = i / nch, c = i - tl * nch;
+                const int64_t slot = sslot[tl];
+                if (slot < 0) continue;
+                const uint4 u = *reinterpret_cast<const uint4 *>(rows + (size_t)tl * L.pitch + c * 16);
+                const int64_t off = slot * dim + (int64_t)c * 8;
+                if (!a.ifp8) {
+                    *reinterpret_cast<uint4 *>((m3_bf16 *)a.ic + off) = u;
+                } else { /* §4.8: cvt(f32(bf16 value)), unit scale */
+                    const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+                    uint32_t b[2];
+#pragma unroll
+                    for (int kk = 0; kk < 2; kk++) {
+                        const uint32_t lo = cvt8x2(m3_bits_f32(w4[2 * kk] << 16), m3_bits_f32(w4[2 * kk] & 0xFFFF0000u),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t hi = cvt8x2(m3_bits_f32(w4[2 * kk + 1] << 16),
+                                                   m3_bits_f32(w4[2 * kk + 1] & 0xFFFF0000u), a.kind, a.ovf, a.hwcvt);
+                        b[kk] = lo | (hi << 16);
+                    }
+                    *reinterpret_cast<uint2 *>((uint8_t *)a.ic + off) = make_uint2(b[0], b[1]);
+                }
+            }
+            return;
+        }
+        const int Hkv = nh, Dh = dim;
+        if (g.cache == SEG_K || a.page == 0) {
+            /* K (and plain-row V): x dims = one 16-byte chunk; lanes over consecutive tokens */
+            void *dst = g.cache == SEG_K ? a.kc : a.vc;
+            const int nch = Dh >> lx, n = tbk * nch * Hkv;
+            for (int i = tid; i < n; i += nth) {
+                const int tl = i % tbk, hc = i / tbk, c = hc % nch, h = hc / nch;
+                const int64_t slot = sslot[tl];
+                if (slot < 0) continue;
+                const int r = h * tbk + tl;
+                const unsigned char *row = rows + (size_t)r * L.pitch;
+                uint4 u;
+                if (!a.fp8) {
+                    u = *reinterpret_cast<const uint4 *>(row + c * 16);
+                } else if (g.stage) {
+                    u = *reinterpret_cast<const uint4 *>(stg + (size_t)r * L.spitch + c * 16);
+                } else {
+                    float v[16];
+                    m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(row), c * 16, v);
+                    m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(row), c * 16 + 8, v + 8);
+                    u = q16(v, scl[r], a);
+                }
+                int64_t off;
+                if (a.page == 0) {
+                    off = (slot * Hkv + h) * Dh + c * x;
+                } else {
+                    const int64_t b = slot >> a.lpage;
+                    const int t = (int)(slot & (a.page - 1));
+                    off = ((b * Hkv + h) * nch + c) * ((int64_t)a.page << lx) + (t << lx);
+                }
+                if (a.fp8) *reinterpret_cast<uint4 *>((uint8_t *)dst + off) = u;
+                else *reinterpret_cast<uint4 *>((m3_bf16 *)dst + off) = u;
+            }
+            return;
+        }
+        /* V SHUFFLE: a group of x slot-consecutive tokens of one dim = 16 bytes; lanes over dims */
+        const int nl = s_nlead, n = nl * Hkv * Dh;
+        for (int i = tid; i < n; i += nth) {
+            const int d = i % Dh, gh = i / Dh, gi = gh % nl, h = gh / nl;
+            const int ld = slead[gi], tl = ld & 0xFFFF, len = ld >> 16;
+            const int64_t slot = sslot[tl];
+            const int r0 = h * tbk + tl;
+            const int64_t b = slot >> a.lpage;
+            const int t = (int)(slot & (a.page - 1));
+            const int64_t off = ((b * Hkv + h) * (a.page >> lx) + (t >> lx)) * ((int64_t)Dh << lx) +
+                                ((int64_t)d << lx) + (t & (x - 1));
+            const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows + (size_t)r0 * L.pitch) + d;
+            const int cstep = L.pitch / 2; /* elements from one row to the next */
+            if (len == x) {
+                if (a.fp8) {
+                    uint32_t w[4];
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) {
+                        const int j = 4 * kk;
+                        const uint32_t lo = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[j * cstep]), scl[r0 + j]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 1) * cstep]), scl[r0 + j + 1]),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t hi = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[(j + 2) * cstep]), scl[r0 + j + 2]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 3) * cstep]), scl[r0 + j + 3]),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        w[kk] = lo | (hi << 16);
+                    }
+                    *reinterpret_cast<uint4 *>((uint8_t *)a.vc + off) = make_uint4(w[0], w[1], w[2], w[3]);
+                } else {
+                    uint32_t w[4];
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++)
+                        w[kk] = (uint32_t)col[2 * kk * cstep] | ((uint32_t)col[(2 * kk + 1) * cstep] << 16);
+                    *reinterpret_cast<uint4 *>((m3_bf16 *)a.vc + off) = make_uint4(w[0], w[1], w[2], w[3]);
+                }
+            } else { /* a cut group: element by element (offsets t % x = slot % x + j) */
+                for (int j = 0; j < len; j++) {
+                    const m3_bf16 bv = col[j * cstep];
+                    if (a.fp8)
+                        ((uint8_t *)a.vc)[off + j] = (uint8_t)cvt8x2(
+                            __fdiv_rn(m3_bf16_to_f32(bv), scl[r0 + j]), 0.0f, a.kind, a.ovf, a.hwcvt);
+                    else
+                        ((m3_bf16 *)a.vc)[off + j] = bv;
+                }
+            }
+        }
+    };
+
+    /* persistent blocks over the tiles; pipe: tile k + grid prefetched during tile k */
+    int k = (int)blockIdx.x;
+    if (k >= a.nblk) return;
+    if (pipe) issue(k, smem), cp_commit();
+    for (int it = 0; k < a.nblk; k += (int)gridDim.x, it++) {
+        unsigned char *buf = smem + (pipe ? (size_t)(it & 1) * a.buf : 0);
+        if (pipe) {
+            const int kn = k + (int)gridDim.x;
+            if (kn < a.nblk) issue(kn, smem + (size_t)((it + 1) & 1) * a.buf);
+            cp_commit();
+            cp_wait1(); /* all but the newest group: tile k has landed */
         } else {
-            const int per_tok = nh * dim, n = tbk * per_tok;
-            for (int i = tid; i < n; i += nth) {
-                const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / dim, d = rem - h * dim;
-                xg[(int64_t)(t0 + tl) * g.ld + rem] =
-                    reinterpret_cast<const TS *>(rows + (size_t)(h * tbk + tl) * L.pitch)[d];
-            }
+            issue(k, buf);
         }
-    }
-    if (!cache || sizeof(TS) != 2) return;
-
-    /* 3b. cache writes (bf16 rows only) */
-    if (g.cache == SEG_IDX) { /* [slot, Di]: 8 dims a chunk (16 bytes bf16, 8 fp8) */
-        const int nch = dim / 8, n = tbk * nch;
-        for (int i = tid; i < n; i += nth) {
-            const int tl = i / nch, c = i - tl * nch;
-            const int64_t slot = sslot[tl];
-            if (slot < 0) continue;
-            const uint4 u = *reinterpret_cast<const uint4 *>(rows + (size_t)tl * L.pitch + c * 16);
-            const int64_t off = slot * dim + (int64_t)c * 8;
-            if (!a.ifp8) {
-                *reinterpret_cast<uint4 *>((m3_bf16 *)a.ic + off) = u;
-            } else { /* §4.8: cvt(f32(bf16 value)), unit scale */
-                const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-                uint32_t b[2];
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const uint32_t lo = cvt8x2(m3_bits_f32(w4[2 * k] << 16), m3_bits_f32(w4[2 * k] & 0xFFFF0000u),
-                                               a.kind, a.ovf, a.hwcvt);
-                    const uint32_t hi = cvt8x2(m3_bits_f32(w4[2 * k + 1] << 16),
-                                               m3_bits_f32(w4[2 * k + 1] & 0xFFFF0000u), a.kind, a.ovf, a.hwcvt);
-                    b[k] = lo | (hi << 16);
-                }
-                *reinterpret_cast<uint2 *>((uint8_t *)a.ic + off) = make_uint2(b[0], b[1]);
-            }
-        }
-        return;
-    }
-    const int Hkv = nh, Dh = dim;
-    if (g.cache == SEG_K || a.page == 0) {
-        /* K (and plain-row V): x dims = one 16-byte chunk; lanes over consecutive tokens */
-        void *dst = g.cache == SEG_K ? a.kc : a.vc;
-        const int nch = Dh / x, n = tbk * nch * Hkv;
-        for (int i = tid; i < n; i += nth) {
-            const int tl = i % tbk, hc = i / tbk, c = hc % nch, h = hc / nch;
-            const int64_t slot = sslot[tl];
-            if (slot < 0) continue;
-            const int r = h * tbk + tl;
-            const unsigned char *row = rows + (size_t)r * L.pitch;
-            uint4 u;
-            if (!a.fp8) {
-                u = *reinterpret_cast<const uint4 *>(row + c * 16);
-            } else if (g.stage) {
-                u = *reinterpret_cast<const uint4 *>(stg + (size_t)r * L.spitch + c * 16);
-            } else {
-                float v[16];
-                m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(row), c * 16, v);
-                m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(row), c * 16 + 8, v + 8);
-                u = q16(v, scl[r], a);
-            }
-            const int64_t off = k_off(a, slot, Hkv, Dh, h, c * x, x);
-            if (a.fp8) *reinterpret_cast<uint4 *>((uint8_t *)dst + off) = u;
-            else *reinterpret_cast<uint4 *>((m3_bf16 *)dst + off) = u;
-        }
-        return;
-    }
-    /* V SHUFFLE: a group of x slot-consecutive tokens of one dim = 16 bytes; lanes over dims */
-    const int nl = s_nlead, n = nl * Hkv * Dh;
-    for (int i = tid; i < n; i += nth) {
-        const int d = i % Dh, gh = i / Dh, gi = gh % nl, h = gh / nl;
-        const int ld = slead[gi], tl = ld & 0xFFFF, len = ld >> 16;
-        const int64_t slot = sslot[tl];
-        const int r0 = h * tbk + tl;
-        float v[16];
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-            v[j] = j < len ? m3_bf16_to_f32(reinterpret_cast<const m3_bf16 *>(rows + (size_t)(r0 + j) * L.pitch)[d])
-                           : 0.0f;
-        const int64_t off = v_off(a, slot, Hkv, Dh, h, d, x);
-        if (len == x) {
-            if (a.fp8) {
-                uint32_t w[4];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const uint32_t lo = cvt8x2(__fdiv_rn(v[4 * k], scl[r0 + 4 * k]),
-                                               __fdiv_rn(v[4 * k + 1], scl[r0 + 4 * k + 1]), a.kind, a.ovf, a.hwcvt);
-                    const uint32_t hi = cvt8x2(__fdiv_rn(v[4 * k + 2], scl[r0 + 4 * k + 2]),
-                                               __fdiv_rn(v[4 * k + 3], scl[r0 + 4 * k + 3]), a.kind, a.ovf, a.hwcvt);
-                    w[k] = lo | (hi << 16);
-                }
-                *reinterpret_cast<uint4 *>((uint8_t *)a.vc + off) = make_uint4(w[0], w[1], w[2], w[3]);
-            } else {
-                uint32_t w[4];
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    w[k] = (m3_f32_bits(v[2 * k]) >> 16) | (m3_f32_bits(v[2 * k + 1]) & 0xFFFF0000u);
-                *reinterpret_cast<uint4 *>((m3_bf16 *)a.vc + off) = make_uint4(w[0], w[1], w[2], w[3]);
-            }
-        } else { /* a cut group: element by element (offsets t % x = slot % x + j) */
-            for (int j = 0; j < len; j++) {
-                if (a.fp8)
-                    ((uint8_t *)a.vc)[off + j] =
-                        (uint8_t)cvt8x2(__fdiv_rn(v[j], scl[r0 + j]), 0.0f, a.kind, a.ovf, a.hwcvt);
-                else
-                    ((m3_bf16 *)a.vc)[off + j] = (m3_bf16)(m3_f32_bits(v[j]) >> 16);
-            }
-        }
+        __syncthreads();
+        process(k, buf);
+        __syncthreads(); /* buf is refilled by the prefetch two tiles later */
     }
 }
 
@@ -689,27 +803,55 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         a.hwcvt = c->kind == M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE &&
                   env_int("M3_QKV_HWCVT", 1) != 0;
     }
-    /* tokens per block: as many as the rows allow (V: a multiple of 16, whole x-groups),
+#if defined(M3_HIP_NVIDIA)
+    a.pipe = env_int("M3_QKV_PIPE", 1) != 0;
+#endif
+    a.dbg = env_int("M3_QKV_DBG", 0);
+    const int nbuf = a.pipe ? 2 : 1;
+    const int budget = env_int("M3_QKV_BUDGET", a.pipe ? 110 : 80) * 1024;
+    /* tokens per tile: as many as the rows allow (V: a multiple of 16, whole x-groups),
      * fewer while the block's shared memory is over budget */
-    int shmem = 0, nblk = 0;
     for (int s = 0; s < a.nseg; s++) {
         qkv_seg &q = a.seg[s];
         int tt = nt / q.nh;
         if (q.cache == SEG_V && tt >= 16) tt -= tt % 16;
         if (tt > n_tok) tt = n_tok;
-        qkv_lay l;
         for (;; tt = tt > 16 ? (tt - 1) / 16 * 16 : tt - 1) {
-            l = qkv_layout(tt, q.nh, q.dim, es, half, q.w != NULL, q.stage, fast);
-            if (l.total <= QKV_BUDGET || tt == 1) break;
+            const qkv_lay l = qkv_layout(tt, q.nh, q.dim, es, half, q.w != NULL, q.stage, fast);
+            if (nbuf * l.buf + l.com <= budget || tt == 1) break;
         }
-        if (l.total > QKV_MAX_SHMEM)
-            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d heads of %d dims do not fit "
-                             "one block", q.nh, q.dim);
         q.tt = tt;
-        q.b0 = nblk;
-        nblk += (n_tok + tt - 1) / tt;
-        shmem = l.total > shmem ? l.total : shmem;
     }
+    /* small passes: fewer tokens per block until the grid has min_blk blocks per SM (one
+     * block per SM cannot keep enough bytes in flight); V keeps whole 16-token groups */
+    const int min_blk = env_int("M3_QKV_MINBLK", 4) * (g->n_sm > 0 ? g->n_sm : 132);
+    for (;;) {
+        int nblk = 0, big = -1;
+        for (int s = 0; s < a.nseg; s++) {
+            const qkv_seg &q = a.seg[s];
+            nblk += (n_tok + q.tt - 1) / q.tt;
+            const int lo = q.cache == SEG_V ? 16 : 1;
+            if (q.tt / 2 >= lo && (big < 0 || q.tt * q.nh > a.seg[big].tt * a.seg[big].nh)) big = s;
+        }
+        if (nblk >= min_blk || big < 0) break;
+        a.seg[big].tt /= 2;
+    }
+    int nblk = 0, bufb = 0, comb = 0;
+    for (int s = 0; s < a.nseg; s++) {
+        qkv_seg &q = a.seg[s];
+        const qkv_lay l = qkv_layout(q.tt, q.nh, q.dim, es, half, q.w != NULL, q.stage, fast);
+        q.b0 = nblk;
+        nblk += (n_tok + q.tt - 1) / q.tt;
+        bufb = l.buf > bufb ? l.buf : bufb;
+        comb = l.com > comb ? l.com : comb;
+    }
+    a.nblk = nblk;
+    a.buf = bufb;
+    a.common = nbuf * bufb;
+    const int shmem = a.common + comb;
+    if (shmem > QKV_MAX_SHMEM)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d bytes of shared memory per block",
+                         shmem);
     void (*k)(qkv_args);
 #define QKV_PICK(QR) (fast ? qkv_k<TS, QR, true> : qkv_k<TS, QR, false>)
     if (p->qk_round == M3_QK_ROUND_PER_OP) k = QKV_PICK(M3_QK_ROUND_PER_OP);
@@ -719,7 +861,16 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     if (shmem > 48 * 1024) /* above 48 KiB a kernel must opt in */
         M3_HIP_TRY(hipFuncSetAttribute((const void *)k, hipFuncAttributeMaxDynamicSharedMemorySize,
                                        shmem));
-    k<<<(unsigned)nblk, (unsigned)nt, (size_t)shmem, g->stream>>>(a);
+    int grid = nblk;
+    if (a.pipe) { /* persistent: as many blocks as fit at once, each walks its tiles */
+        int occ = 0;
+#if defined(M3_HIP_NVIDIA)
+        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, nt, (size_t)shmem));
+#endif
+        const int fit = (occ > 0 ? occ : 1) * (g->n_sm > 0 ? g->n_sm : 132);
+        grid = nblk < fit ? nblk : fit;
+    }
+    k<<<(unsigned)grid, (unsigned)nt, (size_t)shmem, g->stream>>>(a);
     M3_LAUNCHED(g, "qkv_k");
     return M3_OK;
 }
