@@ -96,6 +96,7 @@ typedef struct {
     int half;    /* rot_dim / 2 (0: no rope) */
     bool angle_f64, cs_bf16;
     rope_inv_table inv;
+    const float *cst; /* cos/sin table [T, 2 half] made by cs_table_k, or NULL: per tile */
     /* cache */
     int page, lpage; /* page (0 = plain rows), log2(page) */
     bool fp8, ifp8, hwcvt;
@@ -115,8 +116,8 @@ typedef struct {
  * of inputs (slots, positions, rows; two of them when the next tile is prefetched), then a
  * common region (V groups, 1 + w, cos/sin, fp8 scales, staged fp8 K codes). */
 typedef struct {
-    int slot, pos, rows, buf;              /* in the buffer; its size */
-    int lead, w, cs, scl, stage, com;      /* in the common region; its size */
+    int slot, pos, cs, rows, buf;          /* in the buffer; its size */
+    int lead, w, scl, stage, com;          /* in the common region; its size */
     int pitch, cp, spitch;                 /* row / table / stage pitches */
 } qkv_lay;
 static __host__ __device__ __forceinline__ int r16(int b) { return (b + 15) & ~15; }
@@ -130,12 +131,12 @@ static __host__ __device__ __forceinline__ qkv_lay qkv_layout(int tt, int nh, in
     l.spitch = dim + 16;                        /* staged fp8 codes, bytes */
     l.slot = 0;
     l.pos = l.slot + r16(8 * tt);
-    l.rows = l.pos + r16(4 * tt);
+    l.cs = l.pos + r16(4 * tt);
+    l.rows = l.cs + (normed && half > 0 ? r16(4 * tt * l.cp) : 0);
     l.buf = l.rows + rows * l.pitch;
     l.lead = 0;
     l.w = l.lead + r16(4 * tt);
-    l.cs = l.w + (normed ? r16(4 * dim) : 0);
-    l.scl = l.cs + (normed && half > 0 ? r16(4 * tt * l.cp) : 0);
+    l.scl = l.w + (normed ? r16(4 * dim) : 0);
     l.stage = l.scl + r16(4 * rows);
     l.com = l.stage + (stage ? r16(rows * l.spitch) : 0);
     return l;
@@ -209,6 +210,13 @@ static __device__ __forceinline__ void st_chunk(m3_bf16 *p, int i, const float *
 }
 static __device__ __forceinline__ void st_chunk(float *p, int i, const float *v) {
     *reinterpret_cast<float4 *>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+/* floor(i / n) for 0 <= i < 2^18 from rn = 1.0f / n: the fp32 error of (i + 0.5) * rn is below
+ * (i / n) * 2^-22 < 1 / (16 n), inside the 0.5 / n margin to the next integer (4 instructions
+ * against ~20 of an integer division by a runtime divisor) */
+static __device__ __forceinline__ int qdiv(int i, float rn) {
+    return (int)(((float)i + 0.5f) * rn);
 }
 
 /* Portable ballot (32- or 64-lane warps). */
@@ -428,17 +436,34 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                 if (pipe) cp_async<8>(sslot + i, a.slots + t0 + i);
                 else sslot[i] = a.slots[t0 + i];
             }
-            if (roped) {
+            if (roped && !a.cst) {
                 if (pipe) cp_async<4>(spos + i, a.pos + t0 + i);
                 else spos[i] = a.pos[t0 + i];
+            }
+        }
+        if (roped && a.cst) { /* the tokens' cos/sin rows of the table */
+            float *cs = reinterpret_cast<float *>(buf + L.cs);
+            const int w = FAST ? 64 : 2 * a.half;
+            if (FAST) {
+                const int n = tbk * (w / 4);
+                for (int i = tid; i < n; i += nth) {
+                    const int tl = i / (w / 4), q = i - tl * (w / 4);
+                    cp_async<16>(cs + tl * L.cp + 4 * q, a.cst + (int64_t)(t0 + tl) * w + 4 * q);
+                }
+            } else {
+                for (int i = tid; i < tbk * w; i += nth) {
+                    const int tl = i / w, q = i - tl * w;
+                    cs[tl * L.cp + q] = a.cst[(int64_t)(t0 + tl) * w + q];
+                }
             }
         }
         const TS *xg = (const TS *)g.x;
         if (a.vec) {
             const int nch = dim / VN, per_tok = nh * nch, n = tbk * per_tok;
+            const float r_pt = 1.0f / (float)per_tok, r_nch = 1.0f / (float)nch;
             if (pipe) {
                 for (int i = tid; i < n; i += nth) {
-                    const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / nch, c = rem - h * nch;
+                    const int tl = qdiv(i, r_pt), rem = i - tl * per_tok, h = qdiv(rem, r_nch), c = rem - h * nch;
                     cp_async<16>(rows + (size_t)(h * tbk + tl) * L.pitch + c * 16,
                                  xg + (int64_t)(t0 + tl) * g.ld + (int64_t)rem * VN);
                 }
@@ -450,7 +475,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                 for (int j = 0; j < QKV_LB; j++) {
                     const int i = i0 + j * nth;
                     if (i < n) {
-                        const int tl = i / per_tok, rem = i - tl * per_tok;
+                        const int tl = qdiv(i, r_pt), rem = i - tl * per_tok;
                         u[j] = *reinterpret_cast<const uint4 *>(xg + (int64_t)(t0 + tl) * g.ld + (int64_t)rem * VN);
                     }
                 }
@@ -458,7 +483,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                 for (int j = 0; j < QKV_LB; j++) {
                     const int i = i0 + j * nth;
                     if (i < n) {
-                        const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / nch, c = rem - h * nch;
+                        const int tl = qdiv(i, r_pt), rem = i - tl * per_tok, h = qdiv(rem, r_nch), c = rem - h * nch;
                         *reinterpret_cast<uint4 *>(rows + (size_t)(h * tbk + tl) * L.pitch + c * 16) = u[j];
                     }
                 }
@@ -488,7 +513,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         unsigned char *com = smem + a.common;
         int32_t *slead = reinterpret_cast<int32_t *>(com + L.lead);
         float *onepw = reinterpret_cast<float *>(com + L.w);
-        float *cs = reinterpret_cast<float *>(com + L.cs);
+        float *cs = reinterpret_cast<float *>(buf + L.cs);
         float *scl = reinterpret_cast<float *>(com + L.scl);
         uint8_t *stg = com + L.stage;
         const bool cache = g.cache != SEG_NONE;
@@ -497,9 +522,10 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
          * evaluations are spread over all threads) */
         if (normed)
             for (int d = tid; d < dim; d += nth) onepw[d] = __fadd_rn(1.0f, m3_bf16_to_f32(g.w[d]));
-        if (half > 0)
+        const float r_2h = half > 0 ? 1.0f / (float)(2 * half) : 0.0f, r_tbk = 1.0f / (float)tbk;
+        if (half > 0 && !a.cst)
             for (int j = tid; j < tbk * 2 * half; j += nth) {
-                const int tl = j / (2 * half), kk = j - tl * 2 * half;
+                const int tl = qdiv(j, r_2h), kk = j - tl * 2 * half;
                 const int i = kk < half ? kk : kk - half;
                 const int32_t p = spos[tl];
                 const double ang = a.angle_f64 ? (double)p * (double)a.inv.inv[i]
@@ -510,7 +536,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
 
         /* 2. one thread per row */
         for (int r = tid; r < nrow && !(a.dbg & 1); r += nth) {
-            const int h = r / tbk, tl = r - h * tbk;
+            const int h = qdiv(r, r_tbk), tl = r - h * tbk;
             TS *e = reinterpret_cast<TS *>(rows + (size_t)r * L.pitch);
             const int64_t slot = sslot[tl];
             const bool wr = cache && slot >= 0;
@@ -591,8 +617,9 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
             TS *xg = (TS *)g.x;
             if (a.vec) {
                 const int nch = dim / VN, per_tok = nh * nch, n = tbk * per_tok;
+                const float r_pt = 1.0f / (float)per_tok, r_nch = 1.0f / (float)nch;
                 for (int i = tid; i < n; i += nth) {
-                    const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / nch, c = rem - h * nch;
+                    const int tl = qdiv(i, r_pt), rem = i - tl * per_tok, h = qdiv(rem, r_nch), c = rem - h * nch;
                     *reinterpret_cast<uint4 *>(xg + (int64_t)(t0 + tl) * g.ld + (int64_t)rem * VN) =
                         *reinterpret_cast<const uint4 *>(rows + (size_t)(h * tbk + tl) * L.pitch + c * 16);
                 }
@@ -639,8 +666,9 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
             /* K (and plain-row V): x dims = one 16-byte chunk; lanes over consecutive tokens */
             void *dst = g.cache == SEG_K ? a.kc : a.vc;
             const int nch = Dh >> lx, n = tbk * nch * Hkv;
+            const float r_nch = 1.0f / (float)nch;
             for (int i = tid; i < n; i += nth) {
-                const int tl = i % tbk, hc = i / tbk, c = hc % nch, h = hc / nch;
+                const int hc = qdiv(i, r_tbk), tl = i - hc * tbk, h = qdiv(hc, r_nch), c = hc - h * nch;
                 const int64_t slot = sslot[tl];
                 if (slot < 0) continue;
                 const int r = h * tbk + tl;
@@ -671,8 +699,9 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         }
         /* V SHUFFLE: a group of x slot-consecutive tokens of one dim = 16 bytes; lanes over dims */
         const int nl = s_nlead, n = nl * Hkv * Dh;
+        const float r_dh = 1.0f / (float)Dh, r_nl = 1.0f / (float)(nl > 0 ? nl : 1);
         for (int i = tid; i < n; i += nth) {
-            const int d = i % Dh, gh = i / Dh, gi = gh % nl, h = gh / nl;
+            const int gh = qdiv(i, r_dh), d = i - gh * Dh, h = qdiv(gh, r_nl), gi = gh - h * nl;
             const int ld = slead[gi], tl = ld & 0xFFFF, len = ld >> 16;
             const int64_t slot = sslot[tl];
             const int r0 = h * tbk + tl;
@@ -735,6 +764,20 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         process(k, buf);
         __syncthreads(); /* buf is refilled by the prefetch two tiles later */
     }
+}
+
+/* cos/sin rows of every token, [T, cos(half) | sin(half)]: the same evaluation as the
+ * kernel's own (angle in fp32 or f64, cos/sin in double rounded to fp32, bf16 when asked),
+ * once per token instead of once per part (q, k, index_q, index_k) */
+static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int half,
+                                  rope_inv_table inv, bool angle_f64, bool cs_bf16) {
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= (int64_t)n_tok * 2 * half) return;
+    const int t = (int)(j / (2 * half)), k = (int)(j - (int64_t)t * 2 * half);
+    const int i = k < half ? k : k - half;
+    const int32_t p = pos[t];
+    const double ang = angle_f64 ? (double)p * (double)inv.inv[i] : (double)__fmul_rn((float)p, inv.inv[i]);
+    tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
@@ -870,7 +913,24 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         const int fit = (occ > 0 ? occ : 1) * (g->n_sm > 0 ? g->n_sm : 132);
         grid = nblk < fit ? nblk : fit;
     }
+    /* cos/sin once per token (a table launch) when the pass has enough tokens; small passes
+     * (decode) evaluate them per tile and save the launch */
+    const size_t mark = m3_gpu_mark(g);
+    const int cst = env_int("M3_QKV_CST", -1);
+    const size_t tab_bytes = (size_t)n_tok * 2 * half * sizeof(float);
+    if (half > 0 && (cst > 0 || (cst < 0 && n_tok >= 256)) &&
+        g->arena_top + tab_bytes + 256 <= g->arena_cap) { /* else: per tile, as small passes */
+        float *tab;
+        M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
+        const int64_t nt2 = (int64_t)n_tok * 2 * half;
+        cs_table_k<<<m3_grid_1d(nt2, 256), 256, 0, g->stream>>>(tab, d_pos, n_tok, half, a.inv,
+                                                                 a.angle_f64, a.cs_bf16);
+        M3_LAUNCHED(g, "cs_table_k");
+        a.cst = tab;
+    }
     k<<<(unsigned)grid, (unsigned)nt, (size_t)shmem, g->stream>>>(a);
+    /* the table is read by this launch only: later arena users are on the same stream */
+    m3_gpu_release(g, mark);
     M3_LAUNCHED(g, "qkv_k");
     return M3_OK;
 }
