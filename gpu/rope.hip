@@ -5,13 +5,15 @@
  * m3_gpu_kv_cache_write is the same kernel with two un-normed parts. Tests:
  * tests/gpu_norm_rope.c (bit for bit against the ref composition), tests/gpu_kvcache.c.
  *
- * One launch, a grid of SEGMENTS: each part (q, k, v, index_q, index_k) gets its own range of
- * blocks, and a block holds `tt` consecutive tokens of one part (tt * heads <= QKV_NT rows),
- * so every block has the access pattern its part needs:
- *   1. rows into shared memory with coalesced 16-byte loads (QKV_LB in flight per thread),
- *      row r = h * tokens + t (head-major); the block's slots, positions, (1 + w) and the
- *      cos/sin tables of its tokens (angle f32(f32(p)*inv[i]) or f64, cos/sin in double
- *      rounded to fp32, bf16 when the profile says);
+ * One launch (plus a cos/sin table launch for passes of >= 256 tokens), a grid of TILES in
+ * SEGMENTS: each part (q, k, v, index_q, index_k) gets its own range of tiles, and a tile holds
+ * `tt` consecutive tokens of one part (tt * heads <= 256 rows), so every tile has the access
+ * pattern its part needs:
+ *   1. rows into shared memory with coalesced 16-byte loads, row r = h * tokens + t
+ *      (head-major); the tile's slots, positions and cos/sin rows (from the table, or
+ *      evaluated here: angle f32(f32(p)*inv[i]) or f64, cos/sin in double rounded to fp32,
+ *      bf16 when the profile says). NVIDIA: blocks are persistent and the NEXT tile's loads
+ *      are in flight (cp.async into a second buffer) while this one is computed and stored;
  *   2. ONE THREAD PER ROW: the norm in the reference's own order (sum of squares in index
  *      order, (s*rho)*(1+w)), the rotation and the profile's roundings, in place in shared
  *      memory, read and written as 16-byte chunks (row pitch = 4 words mod 32: conflict-free);
@@ -23,6 +25,8 @@
  *        of x slot-consecutive tokens (groups listed by warp 0 with a ballot; a group cut by
  *        the tile edge, a padding token or a jump in the slots is written element-wise);
  *      index keys ([slot, Di]): lanes over the row.
+ *   bf16 stores and e4m3 codes use the sm_80+/sm_89+ conversion instructions where they give
+ *   ref's bits (RNE; NaN inputs take the software path's code).
  * Why one thread per row: a warp reduction sums in a different order than ref and so differs
  *   in the last bit now and then; a serial sum per thread keeps every operation of the
  *   reference (__fmul_rn/__fadd_rn: no FMA contraction, __fdiv_rn/__fsqrt_rn: IEEE), so q, k,
@@ -34,10 +38,13 @@
  *   after each sum (hf); ONCE one rounding of every dim at the end (atom; a bf16 store).
  *   Columns outside a part's heads are never touched (row pitches let the parts be slices
  *   of one packed qkv row).
- * Tuning knobs read at launch (measurement only; defaults are the measured best):
- *   M3_QKV_ROWS=128|256 rows (threads) per block; M3_QKV_MINBLK=n blocks per SM below which
- *   a small pass gets fewer tokens per block; M3_QKV_HWCVT=0 turns off the hardware e4m3
- *   conversion (sm_89+, e4m3fn saturating; NaN fixed up to ref's code). */
+ * Tuning knobs read at launch (measurement only; the defaults are the best measured on the
+ *   H200, docs/gpu.md): M3_QKV_ROWS=128|256 rows (threads) per block; M3_QKV_PIPE=0|1
+ *   prefetch of the next tile (default: on unless fp8 K codes are staged); M3_QKV_BUDGET=KiB
+ *   of shared memory a block aims for; M3_QKV_MINBLK=n blocks per SM below which a small pass
+ *   gets fewer tokens per tile; M3_QKV_CST=0|1 the cos/sin table; M3_QKV_HWCVT=0 the software
+ *   e4m3 conversion; M3_QKV_DBG=1|2|4 skips the row work / cache writes / write-back (timing
+ *   breakdowns only: the results are then wrong). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/num/bf16.h"
@@ -99,7 +106,7 @@ typedef struct {
     const float *cst; /* cos/sin table [T, 2 half] made by cs_table_k, or NULL: per tile */
     /* cache */
     int page, lpage; /* page (0 = plain rows), log2(page) */
-    bool fp8, ifp8, hwcvt, fastdiv; /* fastdiv: q8div's checked quotient (needs hwcvt) */
+    bool fp8, ifp8, hwcvt;
     float fp8_max;
     int kind, ovf, k_src;
     void *kc, *vc, *ic;
@@ -137,7 +144,7 @@ static __host__ __device__ __forceinline__ qkv_lay qkv_layout(int tt, int nh, in
     l.lead = 0;
     l.w = l.lead + r16(4 * tt);
     l.scl = l.w + (normed ? r16(4 * dim) : 0);
-    l.stage = l.scl + 2 * r16(4 * rows); /* scales, then their reciprocals */
+    l.stage = l.scl + r16(4 * rows);
     l.com = l.stage + (stage ? r16(rows * l.spitch) : 0);
     return l;
 }
@@ -158,12 +165,6 @@ static __device__ __forceinline__ float amax_step(float a, float x) {
 static __device__ __forceinline__ float fp8_scale(float amax, float fp8_max) {
     return amax == 0.0f ? 1.0f : __fdiv_rn(amax, fp8_max);
 }
-/* The portable conversion, out of line: inlined at every call site it made the kernel
- * ~150 KiB of code (instruction-cache misses on every path). */
-static __device__ __noinline__ uint32_t cvt8x2_sw(float v0, float v1, int kind, int ovf) {
-    return (uint32_t)m3_f32_to_fp8(v0, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) |
-           ((uint32_t)m3_f32_to_fp8(v1, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) << 8);
-}
 /* Two fp8 codes (lo = v0, hi = v1) of m3_f32_to_fp8(v, kind, ovf). hw: the sm_89+ instruction
  * (e4m3fn, satfinite = saturate, RNE); a NaN gets ref's code (sign | 0x7F). */
 static __device__ __forceinline__ uint32_t cvt8x2(float v0, float v1, int kind, int ovf, bool hw) {
@@ -179,30 +180,17 @@ static __device__ __forceinline__ uint32_t cvt8x2(float v0, float v1, int kind, 
 #else
     (void)hw;
 #endif
-    return cvt8x2_sw(v0, v1, kind, ovf);
+    return (uint32_t)m3_f32_to_fp8(v0, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) |
+           ((uint32_t)m3_f32_to_fp8(v1, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) << 8);
 }
 
-/* v / s for an e4m3fn code: q = v * rs (rs = RN(1/s)) is within 1 ulp of RN(v / s), so both
- * round to the same e4m3 value unless an e4m3 rounding midpoint (the 20 bits below e4m3's
- * mantissa = 0x80000) is within 2 ulps, or q is on the subnormal grid (|q| < 2^-6), zero,
- * or not finite: those take the exact division. Saturation needs no check (satfinite maps
- * everything from 464 up to 448, either way). fast = false: always the division. */
-static __device__ __forceinline__ float q8div(float v, float s, float rs, bool fast) {
-    if (fast) {
-        const float q = __fmul_rn(v, rs);
-        if (fabsf(q) >= 0.015625f && ((m3_f32_bits(q) & 0xFFFFFu) - 0x7FFFEu) > 4u) return q;
-    }
-    return __fdiv_rn(v, s);
-}
-
-/* 16 fp8 codes of v[16] / s (an fp32 division each, as ref; or the checked fast quotient) */
-static __device__ __forceinline__ uint4 q16(const float *v, float s, float rs, bool fast,
-                                            const qkv_args &a) {
+/* 16 fp8 codes of v[16] / s (an fp32 division each, as ref) */
+static __device__ __forceinline__ uint4 q16(const float *v, float s, const qkv_args &a) {
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const uint32_t lo = cvt8x2(q8div(v[4 * k], s, rs, fast), q8div(v[4 * k + 1], s, rs, fast), a.kind, a.ovf, a.hwcvt);
-        const uint32_t hi = cvt8x2(q8div(v[4 * k + 2], s, rs, fast), q8div(v[4 * k + 3], s, rs, fast), a.kind, a.ovf, a.hwcvt);
+        const uint32_t lo = cvt8x2(__fdiv_rn(v[4 * k], s), __fdiv_rn(v[4 * k + 1], s), a.kind, a.ovf, a.hwcvt);
+        const uint32_t hi = cvt8x2(__fdiv_rn(v[4 * k + 2], s), __fdiv_rn(v[4 * k + 3], s), a.kind, a.ovf, a.hwcvt);
         w[k] = lo | (hi << 16);
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
@@ -251,15 +239,6 @@ static __device__ __forceinline__ uint64_t ballot64(bool p) {
 static __device__ __forceinline__ int64_t s_off(const qkv_args &a, int64_t slot, int Hkv, int h) {
     const int64_t b = slot >> a.lpage, t = slot & (a.page - 1);
     return (b * Hkv + h) * a.page + t;
-}
-
-/* cos or sin of the angle f32(f32(p) * inv) (or the f64 product), evaluated in double and
- * rounded to fp32 (bf16 when asked), as ref/rope.c m3_rope_cos_sin; out of line (the double
- * routines are large) */
-static __device__ __noinline__ float cs_eval(int32_t p, float inv, bool angle_f64, bool cs_bf16,
-                                             bool is_sin) {
-    const double ang = angle_f64 ? (double)p * (double)inv : (double)__fmul_rn((float)p, inv);
-    return rnd(cs_bf16, (float)(is_sin ? sin(ang) : cos(ang)));
 }
 
 /* ---- one row: norm + rope, in place -------------------------------------------------------
@@ -543,8 +522,6 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         float *onepw = reinterpret_cast<float *>(com + L.w);
         float *cs = reinterpret_cast<float *>(buf + L.cs);
         float *scl = reinterpret_cast<float *>(com + L.scl);
-        float *rsc = scl + r16(4 * tt * nh) / 4; /* 1 / scale (the fast quotient) */
-        const bool fdiv = a.fastdiv;
         uint8_t *stg = com + L.stage;
         const bool cache = g.cache != SEG_NONE;
 
@@ -557,7 +534,10 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
             for (int j = tid; j < tbk * 2 * half; j += nth) {
                 const int tl = qdiv(j, r_2h), kk = j - tl * 2 * half;
                 const int i = kk < half ? kk : kk - half;
-                cs[tl * L.cp + kk] = cs_eval(spos[tl], a.inv.inv[i], a.angle_f64, a.cs_bf16, kk >= half);
+                const int32_t p = spos[tl];
+                const double ang = a.angle_f64 ? (double)p * (double)a.inv.inv[i]
+                                               : (double)__fmul_rn((float)p, a.inv.inv[i]);
+                cs[tl * L.cp + kk] = rnd(a.cs_bf16, (float)(kk < half ? cos(ang) : sin(ang)));
             }
         __syncthreads();
 
@@ -571,7 +551,6 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                 if (a.fp8 && wr && a.page != 0 && (g.cache == SEG_K || g.cache == SEG_V)) {
                     const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
                     scl[r] = sc;
-                    if (fdiv) rsc[r] = __fdiv_rn(1.0f, sc);
                     (g.cache == SEG_K ? a.ks : a.vs)[s_off(a, slot, nh, h)] = sc;
                 }
                 continue;
@@ -595,24 +574,23 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
             const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
             const float *c = cs + tl * L.cp, *sn = c + half;
             const bool kq = g.cache == SEG_K && a.fp8 && wr;
-            /* fp8 K of the fp32 k (staged): an amax pass, then results + codes */
-            const bool two = kq && g.stage, val_f32 = a.k_src == M3_GPU_KQ_F32;
-            float sc = 1.0f;
-            for (int pass = two ? 0 : 1; pass < 2; pass++) {
-                const float am = norm_rope_row<TS, QR, FAST>(
-                    e, dim, half, rho, onepw, c, sn, pass, sc,
-                    pass == 1 && two ? stg + (size_t)r * L.spitch : NULL, two, val_f32, a);
-                if (pass == 0) {
-                    sc = fp8_scale(am, a.fp8_max);
+            if (kq && g.stage) { /* fp8 K of the fp32 k: amax pass, then results + codes */
+                const bool val_f32 = a.k_src == M3_GPU_KQ_F32;
+                const float am = norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 0, 1.0f,
+                                                             NULL, true, val_f32, a);
+                const float sc = fp8_scale(am, a.fp8_max);
+                scl[r] = sc;
+                a.ks[s_off(a, slot, nh, h)] = sc;
+                norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, sc,
+                                            stg + (size_t)r * L.spitch, true, val_f32, a);
+            } else {
+                norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, 1.0f, NULL, false,
+                                            false, a);
+                if (kq) { /* fp8 K of the stored k */
+                    const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
                     scl[r] = sc;
                     a.ks[s_off(a, slot, nh, h)] = sc;
                 }
-            }
-            if (kq && !two) { /* fp8 K of the stored k */
-                sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
-                scl[r] = sc;
-                if (fdiv) rsc[r] = __fdiv_rn(1.0f, sc);
-                a.ks[s_off(a, slot, nh, h)] = sc;
             }
         }
         /* warp 0: the V groups: runs of slot-consecutive tokens inside one x-aligned window */
@@ -711,7 +689,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                     float v[16];
                     m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(row), c * 16, v);
                     m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(row), c * 16 + 8, v + 8);
-                    u = q16(v, scl[r], rsc[r], fdiv, a);
+                    u = q16(v, scl[r], a);
                 }
                 int64_t off;
                 if (a.page == 0) {
@@ -746,11 +724,11 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) {
                         const int j = 4 * kk;
-                        const uint32_t lo = cvt8x2(q8div(m3_bf16_to_f32(col[j * cstep]), scl[r0 + j], rsc[r0 + j], fdiv),
-                                                   q8div(m3_bf16_to_f32(col[(j + 1) * cstep]), scl[r0 + j + 1], rsc[r0 + j + 1], fdiv),
+                        const uint32_t lo = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[j * cstep]), scl[r0 + j]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 1) * cstep]), scl[r0 + j + 1]),
                                                    a.kind, a.ovf, a.hwcvt);
-                        const uint32_t hi = cvt8x2(q8div(m3_bf16_to_f32(col[(j + 2) * cstep]), scl[r0 + j + 2], rsc[r0 + j + 2], fdiv),
-                                                   q8div(m3_bf16_to_f32(col[(j + 3) * cstep]), scl[r0 + j + 3], rsc[r0 + j + 3], fdiv),
+                        const uint32_t hi = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[(j + 2) * cstep]), scl[r0 + j + 2]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 3) * cstep]), scl[r0 + j + 3]),
                                                    a.kind, a.ovf, a.hwcvt);
                         w[kk] = lo | (hi << 16);
                     }
@@ -776,21 +754,22 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
     };
 
     /* persistent blocks over the tiles; pipe: tile k + grid prefetched during tile k */
-    /* step s processes tile bx + s*grid; pipe: step -1 only issues the first tile, step s
-     * issues tile bx + (s+1)*grid into the other buffer (one call site each: the code stays
-     * small for the instruction cache) */
-    const int bx = (int)blockIdx.x, grid = (int)gridDim.x;
-    for (int step = pipe ? -1 : 0;; step++) {
-        const int kis = bx + (step + (pipe ? 1 : 0)) * grid;
-        if (kis < a.nblk) issue(kis, smem + (pipe ? (size_t)((step + 1) & 1) * a.buf : 0));
-        if (pipe) cp_commit();
-        if (step < 0) continue;
-        const int k = bx + step * grid;
-        if (k >= a.nblk) break;
-        if (pipe) cp_wait1(); /* all but the newest group: tile k has landed */
+    int k = (int)blockIdx.x;
+    if (k >= a.nblk) return;
+    if (pipe) issue(k, smem), cp_commit();
+    for (int it = 0; k < a.nblk; k += (int)gridDim.x, it++) {
+        unsigned char *buf = smem + (pipe ? (size_t)(it & 1) * a.buf : 0);
+        if (pipe) {
+            const int kn = k + (int)gridDim.x;
+            if (kn < a.nblk) issue(kn, smem + (size_t)((it + 1) & 1) * a.buf);
+            cp_commit();
+            cp_wait1(); /* all but the newest group: tile k has landed */
+        } else {
+            issue(k, buf);
+        }
         __syncthreads();
-        process(k, smem + (pipe ? (size_t)(step & 1) * a.buf : 0));
-        __syncthreads(); /* this buffer is refilled by the issue of the next step */
+        process(k, buf);
+        __syncthreads(); /* buf is refilled by the prefetch two tiles later */
     }
 }
 
@@ -803,76 +782,9 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
     if (j >= (int64_t)n_tok * 2 * half) return;
     const int t = (int)(j / (2 * half)), k = (int)(j - (int64_t)t * 2 * half);
     const int i = k < half ? k : k - half;
-    tab[j] = cs_eval(pos[t], inv.inv[i], angle_f64, cs_bf16, k >= half);
-}
-
-/* Direct rows (q and index_q of passes with a cos/sin table; bf16, head dim 128, R 64): one
- * thread per head row, the row in registers (16 x 16-byte loads, all in flight), no shared
- * staging and no block barriers after the (1 + w) table: every warp streams independently,
- * so loads, arithmetic and stores of different warps overlap. The same operations as
- * norm_rope_row (serial sum, (e*rho)*(1+w), the rotation and roundings), so the same bits. */
-#define QROW_THREADS 128
-static __device__ __forceinline__ float bfl(uint32_t w) { return m3_bits_f32(w << 16); }
-static __device__ __forceinline__ float bfh(uint32_t w) { return m3_bits_f32(w & 0xFFFF0000u); }
-template <int QR>
-static __global__ void __launch_bounds__(QROW_THREADS)
-    qrow_k(m3_bf16 *x, int ld, int nh, int n_rows, const float *M3_RESTRICT cst,
-           const m3_bf16 *M3_RESTRICT w, float eps) {
-    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
-    __shared__ float w1[128];
-    for (int d = (int)threadIdx.x; d < 128; d += QROW_THREADS)
-        w1[d] = __fadd_rn(1.0f, m3_bf16_to_f32(w[d]));
-    __syncthreads();
-    const int r = (int)blockIdx.x * QROW_THREADS + (int)threadIdx.x;
-    if (r >= n_rows) return;
-    const int t = r / nh, h = r - t * nh;
-    uint4 *e = reinterpret_cast<uint4 *>(x + (int64_t)t * ld + (int64_t)h * 128);
-    uint32_t u[64];
-#pragma unroll
-    for (int c = 0; c < 16; c++) {
-        const uint4 v = e[c];
-        u[4 * c] = v.x, u[4 * c + 1] = v.y, u[4 * c + 2] = v.z, u[4 * c + 3] = v.w;
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 64; i++) {
-        const float lo = bfl(u[i]), hi = bfh(u[i]);
-        ss = __fadd_rn(ss, __fmul_rn(lo, lo));
-        ss = __fadd_rn(ss, __fmul_rn(hi, hi));
-    }
-    const float mu = __fdiv_rn(ss, 128.0f);
-    const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, eps)));
-    const float *c = cst + (int64_t)t * 64, *sn = c + 32;
-    /* pairs (i, i + 32): words i/2 and 16 + i/2 */
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        float x1[2] = {bfl(u[j]), bfh(u[j])}, x2[2] = {bfl(u[16 + j]), bfh(u[16 + j])};
-        float o1[2], o2[2];
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int i = 2 * j + k;
-            const float n1 = rnd(per_op, __fmul_rn(__fmul_rn(x1[k], rho), w1[i]));
-            const float n2 = rnd(per_op, __fmul_rn(__fmul_rn(x2[k], rho), w1[i + 32]));
-            const float ci = __ldg(c + i), si = __ldg(sn + i);
-            const float a1 = rnd(per_op, __fmul_rn(n1, ci));
-            const float b1 = rnd(per_op, __fmul_rn(-n2, si));
-            const float a2 = rnd(per_op, __fmul_rn(n2, ci));
-            const float b2 = rnd(per_op, __fmul_rn(n1, si));
-            o1[k] = rnd(per_op, __fadd_rn(a1, b1));
-            o2[k] = rnd(per_op, __fadd_rn(a2, b2));
-        }
-        u[j] = pack_bf16x2(o1[0], o1[1]);
-        u[16 + j] = pack_bf16x2(o2[0], o2[1]);
-    }
-    /* pass-through dims 64..127 */
-#pragma unroll
-    for (int j = 32; j < 64; j++) {
-        const float n0 = rnd(per_op, __fmul_rn(__fmul_rn(bfl(u[j]), rho), w1[2 * j]));
-        const float n1 = rnd(per_op, __fmul_rn(__fmul_rn(bfh(u[j]), rho), w1[2 * j + 1]));
-        u[j] = pack_bf16x2(n0, n1);
-    }
-#pragma unroll
-    for (int cc = 0; cc < 16; cc++) e[cc] = make_uint4(u[4 * cc], u[4 * cc + 1], u[4 * cc + 2], u[4 * cc + 3]);
+    const int32_t p = pos[t];
+    const double ang = angle_f64 ? (double)p * (double)inv.inv[i] : (double)__fmul_rn((float)p, inv.inv[i]);
+    tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
@@ -904,27 +816,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     int nt = env_int("M3_QKV_ROWS", 256);
     nt = nt <= 128 ? 128 : 256;
     bool vec = true, roped = false, fast = true;
-    /* the cos/sin table (once per token) for passes of >= 256 tokens; small passes (decode)
-     * evaluate them per tile and save the launch */
-    bool any_w = false;
-    for (int i = 0; i < n_parts; i++) any_w = any_w || (parts[i].x && parts[i].w);
-    const int cst = env_int("M3_QKV_CST", -1);
-    const size_t tab_bytes = (size_t)n_tok * rot_dim * sizeof(float);
-    const bool use_tab = any_w && rot_dim > 0 && n_tok > 0 && (cst > 0 || (cst < 0 && n_tok >= 256)) &&
-                         g->arena_top + tab_bytes + 256 <= g->arena_cap;
-    /* with the table, bf16 parts without a cache (q, index_q) of the M3 head shape run qrow_k */
-    const bool qdirect = use_tab && sizeof(TS) == 2 && rot_dim == 64 &&
-                         env_int("M3_QKV_QDIRECT", 1) != 0;
-    const part *direct[QKV_NSEG];
-    int nd = 0;
     for (int i = 0; i < n_parts; i++) {
         const part &q = parts[i];
         if (!q.x || (!q.w && q.cache == SEG_NONE)) continue;
-        if (qdirect && q.w && q.cache == SEG_NONE && q.dim == 128 && q.ld % 8 == 0 &&
-            m3_aligned16(q.x)) {
-            direct[nd++] = &q;
-            continue;
-        }
         M3_ASSERTF(q.nh > 0 && q.dim > 0 && q.ld >= q.nh * q.dim, "part %d: heads=%d dim=%d ld=%d", i,
                    q.nh, q.dim, q.ld);
         if (q.nh > nt)
@@ -940,9 +834,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         fast = fast && q.dim == 128;
         vec = vec && q.dim % VN == 0 && q.ld % VN == 0 && m3_aligned16(q.x);
     }
-    if (n_tok == 0 || a.nseg + nd == 0) return M3_OK;
-    const int half = any_w ? rot_dim / 2 : 0;
-    (void)roped;
+    if (n_tok == 0 || a.nseg == 0) return M3_OK;
+    const int half = roped ? rot_dim / 2 : 0;
     M3_ASSERT(half == 0 || d_pos);
     fast = fast && (half == 32 || !roped);
     a.vec = vec;
@@ -959,35 +852,12 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         a.lpage = c->page == 128 ? 7 : c->page == 16 ? 4 : 0;
         a.hwcvt = c->kind == M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE &&
                   env_int("M3_QKV_HWCVT", 1) != 0;
-        a.fastdiv = a.hwcvt && env_int("M3_QKV_FASTDIV", 1) != 0;
-    }
-    const size_t mark = m3_gpu_mark(g);
-    if (use_tab) {
-        float *tab;
-        M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
-        const int64_t nt2 = (int64_t)n_tok * rot_dim;
-        cs_table_k<<<m3_grid_1d(nt2, 256), 256, 0, g->stream>>>(tab, d_pos, n_tok, half, a.inv,
-                                                                 a.angle_f64, a.cs_bf16);
-        M3_LAUNCHED(g, "cs_table_k");
-        a.cst = tab;
-    }
-    for (int i = 0; i < nd; i++) {
-        const part &q = *direct[i];
-        const int rows = n_tok * q.nh;
-        void (*qk)(m3_bf16 *, int, int, int, const float *, const m3_bf16 *, float) =
-            p->qk_round == M3_QK_ROUND_PER_OP ? qrow_k<M3_QK_ROUND_PER_OP> : qrow_k<M3_QK_ROUND_ONCE>;
-        qk<<<(unsigned)((rows + QROW_THREADS - 1) / QROW_THREADS), QROW_THREADS, 0, g->stream>>>(
-            (m3_bf16 *)q.x, q.ld, q.nh, rows, a.cst, q.w, eps);
-        M3_LAUNCHED(g, "qrow_k");
-    }
-    if (a.nseg == 0) {
-        m3_gpu_release(g, mark);
-        return M3_OK;
     }
 #if defined(M3_HIP_NVIDIA)
     {   /* auto: prefetch, except passes with staged fp8 K (their tiles cost several times the
-         * others: the hardware's dynamic block order balances them better than the fixed
-         * tile order of persistent blocks; measured on the H200, docs/gpu.md) */
+         * others: the hardware's dynamic block order balances them better than the fixed tile
+         * order of persistent blocks; H200: fused fp8 sparse T=16384 48% of copy without,
+         * 38% with the prefetch; docs/gpu.md) */
         bool staged = false;
         for (int s = 0; s < a.nseg; s++) staged = staged || a.seg[s].stage;
         const int pe = env_int("M3_QKV_PIPE", -1);
@@ -1058,8 +928,23 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         const int fit = (occ > 0 ? occ : 1) * (g->n_sm > 0 ? g->n_sm : 132);
         grid = nblk < fit ? nblk : fit;
     }
+    /* cos/sin once per token (a table launch) when the pass has enough tokens; small passes
+     * (decode) evaluate them per tile and save the launch */
+    const size_t mark = m3_gpu_mark(g);
+    const int cst = env_int("M3_QKV_CST", -1);
+    const size_t tab_bytes = (size_t)n_tok * 2 * half * sizeof(float);
+    if (half > 0 && (cst > 0 || (cst < 0 && n_tok >= 256)) &&
+        g->arena_top + tab_bytes + 256 <= g->arena_cap) { /* else: per tile, as small passes */
+        float *tab;
+        M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
+        const int64_t nt2 = (int64_t)n_tok * 2 * half;
+        cs_table_k<<<m3_grid_1d(nt2, 256), 256, 0, g->stream>>>(tab, d_pos, n_tok, half, a.inv,
+                                                                 a.angle_f64, a.cs_bf16);
+        M3_LAUNCHED(g, "cs_table_k");
+        a.cst = tab;
+    }
     k<<<(unsigned)grid, (unsigned)nt, (size_t)shmem, g->stream>>>(a);
-    /* the table is read by these launches only: later arena users are on the same stream */
+    /* the table is read by this launch only: later arena users are on the same stream */
     m3_gpu_release(g, mark);
     M3_LAUNCHED(g, "qkv_k");
     return M3_OK;
