@@ -16,6 +16,7 @@
 
 #include "ref/base.h"
 #include "ref/kvcache.h" /* m3_kv_geom / m3_kv_view: the paged-cache geometry (plain C) */
+#include "ref/num/fp8.h" /* m3_fp8_kind, m3_fp8_overflow of the KV cache */
 #include "ref/num/num.h"
 #include "ref/profile.h" /* the profile switches the twins take (a plain struct) */
 #include "ref/tap.h"     /* m3_hooks: stage taps and teacher forcing of the whole model */
@@ -276,22 +277,70 @@ m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int l
                                 const struct m3_attn_params *ap, const m3_profile *p);
 
 /* gpu/kvcache.hip: K/V rows into ATOM's paged KV cache of one layer (spec §4.1-4.3, §4.7).
- * No ref twin (the reference keeps plain tensors): the contract is the spec's offsets and
- * ref/quant.c's per-row fp8 quantization (tests/gpu_kvcache.c). k, v [T, Hkv*Dh] bf16 rows
- * (pitches ld_k, ld_v: slices of the packed qkv row), slots [T] int64 (slot(p) of §4.1;
- * negative = padding, skipped). page 128: the SHUFFLE view of dense layers; 16: the
- * re-view of sparse layers. fp8: e4m3fn bytes, scale[(b*Hkv + h)*page + t] = amax/fp8_max
- * over the row's bf16 values (1 when amax is 0), byte = cvt(v/scale) RNE, saturating. */
+ * Twin: ref/kvcache.c m3_kv_write (page 128 = its M3_KV_VIEW_BLOCK view of Bs 128, page 16 =
+ * M3_KV_VIEW_PAGE of P 16); tests/gpu_kvcache.c. k, v [T, Hkv*Dh] bf16 rows (pitches ld_k,
+ * ld_v: slices of the packed qkv row), slots [T] int64 (slot(p) of §4.1; negative = padding,
+ * skipped). page 128: the SHUFFLE view of dense layers; 16: the re-view of sparse layers;
+ * 0: plain rows [slots, Hkv, Dh] (bf16 only; a contiguous cache). fp8: bytes of `kind`,
+ * scale[(b*Hkv + h)*page + t] = amax/fp8_max over the row (1 when amax is 0, NaN when the
+ * row has one), byte = m3_f32_to_fp8(v / scale, kind, ovf) with an fp32 division.
+ * Zero-initialise the struct: the fields after k_scale/v_scale default to e4m3fn,
+ * saturating, K quantized from the values written, no index cache. */
+typedef enum m3_gpu_kq_src {
+    M3_GPU_KQ_STORED = 0,   /* K value and amax: the stored bf16 k (every non-atom writer) */
+    M3_GPU_KQ_F32 = 1,      /* value and amax: the fp32 k of norm+rope before its bf16
+                               rounding (Triton writer: atom dense and reuse layers, §4.7) */
+    M3_GPU_KQ_BF16_AMAX_F32 = 2 /* value bf16(k), amax over the fp32 k (aiter writer: atom
+                                   computing sparse layers) */
+} m3_gpu_kq_src;
 typedef struct m3_gpu_kv_cache {
-    int page;             /* 128 or 16 */
-    bool fp8;             /* e4m3fn + per (token, head) fp32 scales; else bf16 */
+    int page;             /* 128, 16, or 0 (plain rows) */
+    bool fp8;             /* fp8 + per (token, head) fp32 scales; else bf16 */
     float fp8_max;        /* 240 (Triton writers) or 448 (aiter on gfx950) */
     void *k, *v;          /* device: [blocks, Hkv, Dh/x, page, x] and [blocks, Hkv, page/x, Dh, x] */
     float *k_scale, *v_scale; /* device: [blocks, Hkv, page] (fp8 only) */
+    m3_fp8_kind kind;     /* fp8 element (0 = e4m3fn) */
+    m3_fp8_overflow ovf;  /* fp8 overflow policy (0 = saturate) */
+    m3_gpu_kq_src k_src;  /* fp8 K: which k is quantized (only m3_gpu_qk_norm_rope_cache has
+                             the fp32 k; m3_gpu_kv_cache_write needs STORED) */
+    void *index_k;        /* device, NULL = none: the index cache [slots, Di] (§4.5), bf16 or
+                             fp8 at unit scale: byte = cvt(f32(bf16(k))) (§4.8) */
+    bool index_fp8;
 } m3_gpu_kv_cache;
 m3_status m3_gpu_kv_cache_write(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k,
                                 int ld_k, const m3_bf16 *d_v, int ld_v, const int64_t *d_slots,
                                 int n_tok, int n_kv_head, int head_dim);
+
+/* gpu/rope.hip: the fused attention-input step of one layer in ONE launch (spec §3.5, §3.6,
+ * §4.7, §4.8): per-head norm + partial rope of q, k (and index_q, index_k) in place with the
+ * profile's rounding points, and the writes of k, v (and the index key) into the cache c.
+ * Twin: the composition ref/rope.c m3_qk_norm_rope (q with q_norm, k with k_norm, index_q,
+ * index_k) + ref/kvcache.c m3_kv_write / m3_kv_index_write, the way ref/layer.c runs it;
+ * tests/gpu_norm_rope.c checks every byte (q, k, caches, scales) against it.
+ * Rows [T, heads*dim] with pitches; any pointer may be NULL to leave that part out (index_q,
+ * index_k on dense layers; q and the norms for a cache-only write). A NULL norm weight means
+ * "no norm, no rope" for that part (k is then copied into the cache as it is). bf16 storage:
+ * needs p->qk_round PER_OP or ONCE. Numerics are the reference's op for op: the sum of
+ * squares in index order, IEEE sqrt and divisions, no FMA contraction, cos/sin in double
+ * rounded to fp32, so results are bit-identical to ref (docs/gpu.md). */
+typedef struct m3_gpu_qkv {
+    m3_bf16 *q, *k, *index_q, *index_k; /* device, normed + roped in place */
+    const m3_bf16 *v;                   /* device, read only (written to the cache) */
+    int ld_q, ld_k, ld_v, ld_iq, ld_ik; /* row pitches, elements */
+    int n_head, n_kv_head, head_dim;    /* H, Hkv, Dh (q, k, v) */
+    int n_index_head, index_dim;        /* G, Di (index_q [T, G*Di], index_k [T, Di]) */
+    const m3_bf16 *q_norm, *k_norm, *index_q_norm, *index_k_norm; /* device [Dh], [Dh], [Di], [Di] */
+} m3_gpu_qkv;
+/* c NULL: no cache write (only the in-place norm + rope). slots [T] int64 (negative:
+ * padding, no cache write for that token); needed when c is given. pos [T] (rope positions);
+ * may be NULL when no part is roped. c->page 128 / 16 / 0 need Dh % x == 0 (x = 8 bf16, 16
+ * fp8), Di % 8 == 0 for the index cache; c->index_k needs x->index_k. k and v come together
+ * or not at all: a call with only the indexer's parts (index_q, index_k) may write the index
+ * cache alone, so a layer can keep ref's stage order (q, k, v taps before the indexer's
+ * projections) with two launches. docs/gpu.md shows the call a layer would make. */
+m3_status m3_gpu_qk_norm_rope_cache(m3_gpu *g, const m3_gpu_qkv *x, const m3_gpu_kv_cache *c,
+                                    const int64_t *d_slots, const int32_t *d_pos, int n_tok,
+                                    float eps, int rot_dim, float theta, const m3_profile *p);
 
 /* gpu/indexer.hip, twin of ref/indexer.h m3_indexer_topk: iq [T, G*Di] (pitch ld_q), ik
  * [S_k, Di], pos [T]; topk [G, T, W] (W = m3_indexer_width), scores [G, T, NB] (may be NULL:

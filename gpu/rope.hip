@@ -1,40 +1,74 @@
-/* gpu/rope.hip: fused per-head Gemma q/k norm + partial NeoX RoPE, device twin of
- * ref/rope.c m3_qk_norm_rope (spec §3.5, §3.6). Tolerance: GPU_NMSE_F32 / GPU_NMSE_BF16
- * (tests/gpu_test.h until compare/tol.c has a "rope" row). Tests: tests/gpu_norm_rope.c.
+/* gpu/rope.hip: per-head Gemma q/k norm + partial NeoX RoPE, alone (m3_gpu_qk_norm_rope, twin
+ * of ref/rope.c m3_qk_norm_rope, spec §3.5, §3.6) and fused with the K/V and index-cache
+ * writes (m3_gpu_qk_norm_rope_cache; twin: ref's m3_qk_norm_rope + ref/kvcache.c m3_kv_write
+ * and m3_kv_index_write as ref/layer.c composes them, spec §4.1-§4.8). gpu/kvcache.hip's
+ * m3_gpu_kv_cache_write is the same kernel with two un-normed parts. Tests:
+ * tests/gpu_norm_rope.c (bit for bit against the ref composition), tests/gpu_kvcache.c.
  *
- * qk_norm_rope_k: one block per token. The block first builds that position's cos/sin
- *   table in shared memory: a = f32(f32(p)*inv[i]) (or the f64 angle), cos/sin evaluated in
- *   double and rounded to fp32 (as the reference does), bf16 when the profile says, and
- *   stages the token's n_head*head_dim slice in shared memory with 16-byte loads (all loads
- *   in flight at once). Then each warp takes whole heads: it reduces sum(e^2) with a warp
- *   butterfly, normalises ((e*rho)*(1+w)), and rotates pairs (i, i+R/2) through registers.
- *   Finally the block writes the slice back with 16-byte stores.
- *   Products and sums in the rotation use __fmul_rn/__fadd_rn: no FMA contraction, so the
- *   rotation itself rounds exactly like the reference (only the norm's sum order differs).
- * inv[i] is computed on the host exactly as ref's m3_rope_inv_freq does (p->rope_inv: torch's
- *   fp32 steps, or f64) and passed by value (<= 128 entries), so both sides rotate with the
- *   same fp32 frequencies (the test compares the full outputs, which would catch a drift).
+ * One launch (plus a cos/sin table launch for passes of >= 256 tokens), a grid of TILES in
+ * SEGMENTS: each part (q, k, v, index_q, index_k) gets its own range of tiles, and a tile holds
+ * `tt` consecutive tokens of one part (tt * heads <= 256 rows), so every tile has the access
+ * pattern its part needs:
+ *   1. rows into shared memory with coalesced 16-byte loads, row r = h * tokens + t
+ *      (head-major); the tile's slots, positions and cos/sin rows (from the table, or
+ *      evaluated here: angle f32(f32(p)*inv[i]) or f64, cos/sin in double rounded to fp32,
+ *      bf16 when the profile says). NVIDIA: blocks are persistent and the NEXT tile's loads
+ *      are in flight (cp.async into a second buffer) while this one is computed and stored;
+ *   2. ONE THREAD PER ROW: the norm in the reference's own order (sum of squares in index
+ *      order, (s*rho)*(1+w)), the rotation and the profile's roundings, in place in shared
+ *      memory, read and written as 16-byte chunks (row pitch = 4 words mod 32: conflict-free);
+ *      fp8 rows get their scale (amax over the row), fp8 K of the fp32 k stages its codes;
+ *   3. coalesced write-back of normed rows; cache writes with 16-byte stores:
+ *      K (token-major SHUFFLE [.., Dh/x, P, x]): lanes over consecutive tokens of one
+ *        (head, x-dim chunk): a warp writes 32 consecutive 16-byte chunks;
+ *      V ([.., P/x, Dh, x]: x tokens of one dim per 16 bytes): lanes over dims of one group
+ *        of x slot-consecutive tokens (groups listed by warp 0 with a ballot; a group cut by
+ *        the tile edge, a padding token or a jump in the slots is written element-wise);
+ *      index keys ([slot, Di]): lanes over the row.
+ *   bf16 stores and e4m3 codes use the sm_80+/sm_89+ conversion instructions where they give
+ *   ref's bits (RNE; NaN inputs take the software path's code).
+ * Why one thread per row: a warp reduction sums in a different order than ref and so differs
+ *   in the last bit now and then; a serial sum per thread keeps every operation of the
+ *   reference (__fmul_rn/__fadd_rn: no FMA contraction, __fdiv_rn/__fsqrt_rn: IEEE), so q, k,
+ *   the cache bytes and the scales are bit-identical to ref.
+ * inv[i] is computed on the host exactly as ref's m3_rope_inv_freq (p->rope_inv) and passed
+ *   by value (<= 128 entries). Device cos/sin (double) may differ from glibc's in the last
+ *   double ulp; after the rounding to fp32 that shows up about once in 2^28 values.
  * Rounding (p->qk_round): NONE fp32; PER_OP bf16 after the norm, after every product and
- *   after each sum (hf); ONCE one rounding of every dim at the end (atom). A bf16 store
- *   rounds anyway: ONCE is then exactly the store. Columns outside the n_head*head_dim
- *   slice of a row are not touched (the row pitch ld lets q/k/index slices of a packed qkv
- *   row be processed in place). */
+ *   after each sum (hf); ONCE one rounding of every dim at the end (atom; a bf16 store).
+ *   Columns outside a part's heads are never touched (row pitches let the parts be slices
+ *   of one packed qkv row).
+ * Tuning knobs read at launch (measurement only; the defaults are the best measured on the
+ *   H200, docs/gpu.md): M3_QKV_ROWS=128|256 rows (threads) per block; M3_QKV_PIPE=0|1
+ *   prefetch of the next tile (default: on unless fp8 K codes are staged); M3_QKV_BUDGET=KiB
+ *   of shared memory a block aims for; M3_QKV_MINBLK=n blocks per SM below which a small pass
+ *   gets fewer tokens per tile; M3_QKV_CST=0|1 the cos/sin table; M3_QKV_HWCVT=0 the software
+ *   e4m3 conversion; M3_QKV_DBG=1|2|4 skips the row work / cache writes / write-back (timing
+ *   breakdowns only: the results are then wrong). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/num/bf16.h"
+#include "ref/num/fp8.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
-#define ROPE_THREADS 256
+#if defined(M3_HIP_AMD) && defined(__clang__)
+#pragma clang fp contract(off) /* hipcc contracts by default; the rn intrinsics carry the rest */
+#endif
+
 #define ROPE_MAX_HALF 128 /* rot_dim <= 256 */
-#define ROPE_MAX_SHMEM (64 * 1024) /* the slice of one row: 64 x 128 fp32 = 32 KiB for q */
+#define QKV_NSEG 5
+#define QKV_LB 8                       /* 16-byte loads in flight per thread */
+#define QKV_MAX_SHMEM (160 * 1024)     /* hard cap (fallback for large heads) */
 
 typedef struct {
     float inv[ROPE_MAX_HALF];
 } rope_inv_table;
 
-/* Host: inv[i] = 1/theta^(2i/R) held in fp32, per m3_rope_inv (ref/profile.h). */
+/* Host: inv[i] = 1/theta^(2i/R) held in fp32, per m3_rope_inv (ref/profile.h); the same
+ * evaluation as ref/rope.c m3_rope_inv_freq (gpu/ does not link ref/rope.c). */
 static void rope_inv_freq(float *inv, int rot_dim, float theta, m3_rope_inv mode) {
     for (int i = 0; i < rot_dim / 2; i++) {
         if (mode == M3_ROPE_INV_F64) {
@@ -47,134 +81,920 @@ static void rope_inv_freq(float *inv, int rot_dim, float theta, m3_rope_inv mode
     }
 }
 
-/* ---- static device helpers ------------------------------------------------------------- */
-static __device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
-static __device__ __forceinline__ float ld(const m3_bf16 *p, int64_t i) {
-    return m3_bf16_to_f32(p[i]);
+/* What a segment's rows are and where they go. */
+enum { SEG_NONE = 0, SEG_K = 1, SEG_V = 2, SEG_IDX = 3 };
+typedef struct {
+    void *x;     /* TS rows [T, nh*dim], pitch ld */
+    const m3_bf16 *w; /* norm weight [dim]; NULL: no norm, no rope */
+    int ld, nh, dim;
+    int cache;   /* SEG_* */
+    int tt;      /* tokens per block */
+    int b0;      /* first block of the segment */
+    bool stage;  /* fp8 K codes of the fp32 k staged in shared memory */
+} qkv_seg;
+
+typedef struct {
+    qkv_seg seg[QKV_NSEG];
+    int nseg, n_tok, nt;
+    bool vec;    /* every segment's rows allow 16-byte global access */
+    const int32_t *pos;
+    const int64_t *slots;
+    float eps;
+    int half;    /* rot_dim / 2 (0: no rope) */
+    bool angle_f64, cs_bf16;
+    rope_inv_table inv;
+    const float *cst; /* cos/sin table [T, 2 half] made by cs_table_k, or NULL: per tile */
+    /* cache */
+    int page, lpage; /* page (0 = plain rows), log2(page) */
+    bool fp8, ifp8, hwcvt;
+    float fp8_max;
+    int kind, ovf, k_src;
+    void *kc, *vc, *ic;
+    float *ks, *vs;
+    /* grid */
+    int nblk;    /* tiles */
+    int buf;     /* bytes of one input buffer */
+    int common;  /* offset of the common region */
+    bool pipe;   /* prefetch the next tile (cp.async) */
+    int dbg;     /* timing only: 1 skips the row work, 2 the cache writes, 4 the write-back */
+} qkv_args;
+
+/* Shared-memory layout of one tile (host and device agree through this function): a buffer
+ * of inputs (slots, positions, rows; two of them when the next tile is prefetched), then a
+ * common region (V groups, 1 + w, cos/sin, fp8 scales, staged fp8 K codes). */
+typedef struct {
+    int slot, pos, cs, rows, buf;          /* in the buffer; its size */
+    int lead, w, scl, stage, com;          /* in the common region; its size */
+    int pitch, cp, spitch;                 /* row / table / stage pitches */
+} qkv_lay;
+static __host__ __device__ __forceinline__ int r16(int b) { return (b + 15) & ~15; }
+static __host__ __device__ __forceinline__ qkv_lay qkv_layout(int tt, int nh, int dim, int es,
+                                                              int half, bool normed, bool stage,
+                                                              bool fast) {
+    qkv_lay l;
+    const int rows = tt * nh;
+    l.pitch = r16(dim * es) + 16;               /* = 4 words mod 32 when dim*es % 128 == 0 */
+    l.cp = fast ? 2 * half + 4 : 2 * half + 1;  /* cos/sin table pitch, floats */
+    l.spitch = dim + 16;                        /* staged fp8 codes, bytes */
+    l.slot = 0;
+    l.pos = l.slot + r16(8 * tt);
+    l.cs = l.pos + r16(4 * tt);
+    l.rows = l.cs + (normed && half > 0 ? r16(4 * tt * l.cp) : 0);
+    l.buf = l.rows + rows * l.pitch;
+    l.lead = 0;
+    l.w = l.lead + r16(4 * tt);
+    l.scl = l.w + (normed ? r16(4 * dim) : 0);
+    l.stage = l.scl + r16(4 * rows);
+    l.com = l.stage + (stage ? r16(rows * l.spitch) : 0);
+    return l;
 }
-static __device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
-static __device__ __forceinline__ void st(m3_bf16 *p, int64_t i, float v) {
-    p[i] = m3_f32_to_bf16(v);
+
+/* ---- static device helpers ------------------------------------------------------------- */
+static __device__ __forceinline__ float ldf(const float *p, int i) { return p[i]; }
+static __device__ __forceinline__ float ldf(const m3_bf16 *p, int i) {
+    return m3_bf16_to_f32(p[i]);
 }
 static __device__ __forceinline__ float rnd(bool on, float x) {
     return on ? m3_round_bf16(x) : x;
 }
-
-/* ---- kernel ----------------------------------------------------------------------------
- * Shared memory: c[half], s[half], then the token's n_head*head_dim slice as floats. */
-#define ROPE_MAXK 8 /* dims per lane: head_dim <= 8 * M3_WARP */
-
-template <typename TS>
-static __global__ void __launch_bounds__(ROPE_THREADS)
-    qk_norm_rope_k(TS *x, int ld_x, const int32_t *M3_RESTRICT pos, int n_head, int head_dim,
-                   const m3_bf16 *M3_RESTRICT w, float eps, int rot_dim, rope_inv_table inv,
-                   bool angle_f64, bool cs_bf16, int qk_round, bool vec) {
-    extern __shared__ float sh[];
-    const int half = rot_dim / 2;
-    float *c = sh, *s = sh + half, *row_sh = sh + 2 * half;
-    const int lane = (int)threadIdx.x % M3_WARP, warp = (int)threadIdx.x / M3_WARP;
-    const int n_warp = (int)blockDim.x / M3_WARP;
-    const int n = n_head * head_dim;
-    const int64_t row = (int64_t)blockIdx.x * ld_x;
-    const int32_t p = pos[blockIdx.x];
-    const bool per_op = qk_round == M3_QK_ROUND_PER_OP, once = qk_round == M3_QK_ROUND_ONCE;
-    typedef m3_vec<TS> V;
-
-    /* 1. cos/sin of this position; the whole slice into shared memory (16-byte loads) */
-    /* cos on threads [0, half), sin on [half, 2 half): the double-precision evaluations are
-     * the slowest step of a token, so they are spread over twice the threads */
-    for (int j = threadIdx.x; j < 2 * half; j += blockDim.x) {
-        const int i = j < half ? j : j - half;
-        double a = angle_f64 ? (double)p * (double)inv.inv[i]
-                             : (double)__fmul_rn((float)p, inv.inv[i]);
-        if (j < half) c[i] = rnd(cs_bf16, (float)cos(a));
-        else s[i] = rnd(cs_bf16, (float)sin(a));
+/* ref/kvcache.c amax_of: |x| maximum, a NaN poisons it (and stays) */
+static __device__ __forceinline__ float amax_step(float a, float x) {
+    const float v = fabsf(x);
+    return (v > a || v != v) ? v : a;
+}
+static __device__ __forceinline__ float fp8_scale(float amax, float fp8_max) {
+    return amax == 0.0f ? 1.0f : __fdiv_rn(amax, fp8_max);
+}
+/* Two fp8 codes (lo = v0, hi = v1) of m3_f32_to_fp8(v, kind, ovf). hw: the sm_89+ instruction
+ * (e4m3fn, satfinite = saturate, RNE); a NaN gets ref's code (sign | 0x7F). */
+static __device__ __forceinline__ uint32_t cvt8x2(float v0, float v1, int kind, int ovf, bool hw) {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (hw) {
+        unsigned short r;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(v1), "f"(v0));
+        uint32_t c = r;
+        if (v0 != v0) c = (c & 0xFF00u) | ((m3_f32_bits(v0) >> 24) & 0x80u) | 0x7Fu;
+        if (v1 != v1) c = (c & 0x00FFu) | ((((m3_f32_bits(v1) >> 24) & 0x80u) | 0x7Fu) << 8);
+        return c;
     }
-    if (vec)
-        for (int i = threadIdx.x * V::N; i < n; i += blockDim.x * V::N) V::load(x, row + i, row_sh + i);
-    else
-        for (int i = threadIdx.x; i < n; i += blockDim.x) row_sh[i] = ld(x, row + i);
-    __syncthreads();
+#else
+    (void)hw;
+#endif
+    return (uint32_t)m3_f32_to_fp8(v0, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) |
+           ((uint32_t)m3_f32_to_fp8(v1, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) << 8);
+}
 
-    /* 2. one warp per head (warp-uniform loop, no block barriers inside) */
-    for (int h = warp; h < n_head; h += n_warp) {
-        float *e = row_sh + h * head_dim;
-        float ss = 0.0f;
-        for (int d = lane; d < head_dim; d += M3_WARP) ss += e[d] * e[d];
-        const float mu = m3_warp_sum(ss) / (float)head_dim;
-        const float rho = 1.0f / sqrtf(mu + eps);
-        for (int d = lane; d < head_dim; d += M3_WARP) /* each lane rewrites its own dims */
-            e[d] = rnd(per_op, (e[d] * rho) * (1.0f + m3_bf16_to_f32(w[d])));
-        M3_SYNCWARP(); /* the rotation reads the partner dim written by another lane */
-        float out[ROPE_MAXK];
+/* 16 fp8 codes of v[16] / s (an fp32 division each, as ref) */
+static __device__ __forceinline__ uint4 q16(const float *v, float s, const qkv_args &a) {
+    uint32_t w[4];
 #pragma unroll
-        for (int k = 0; k < ROPE_MAXK; k++) {
-            const int d = lane + k * M3_WARP;
-            if (d >= head_dim) break;
-            if (d < half) { /* e'[i] = e[i] c + (-e[i+h]) s */
-                float a1 = rnd(per_op, __fmul_rn(e[d], c[d]));
-                float b1 = rnd(per_op, __fmul_rn(-e[d + half], s[d]));
-                out[k] = rnd(per_op, __fadd_rn(a1, b1));
-            } else if (d < rot_dim) { /* e'[i+h] = e[i+h] c + e[i] s */
-                const int i = d - half;
-                float a2 = rnd(per_op, __fmul_rn(e[d], c[i]));
-                float b2 = rnd(per_op, __fmul_rn(e[i], s[i]));
-                out[k] = rnd(per_op, __fadd_rn(a2, b2));
+    for (int k = 0; k < 4; k++) {
+        const uint32_t lo = cvt8x2(__fdiv_rn(v[4 * k], s), __fdiv_rn(v[4 * k + 1], s), a.kind, a.ovf, a.hwcvt);
+        const uint32_t hi = cvt8x2(__fdiv_rn(v[4 * k + 2], s), __fdiv_rn(v[4 * k + 3], s), a.kind, a.ovf, a.hwcvt);
+        w[k] = lo | (hi << 16);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* bf16 RNE of two floats packed (lo in the low half), bit-identical to m3_f32_to_bf16: the
+ * sm_80+ instruction rounds finite values and infinities the same way; a NaN takes ref's
+ * code (sign, payload, quiet bit) through the software path. */
+static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    if (lo != lo || hi != hi)
+        r = (uint32_t)m3_f32_to_bf16(lo) | ((uint32_t)m3_f32_to_bf16(hi) << 16);
+    return r;
+#else
+    return (uint32_t)m3_f32_to_bf16(lo) | ((uint32_t)m3_f32_to_bf16(hi) << 16);
+#endif
+}
+/* VN floats into a 16-byte chunk of TS (bf16: RNE, as m3_vec's store) */
+static __device__ __forceinline__ void st_chunk(m3_bf16 *p, int i, const float *v) {
+    *reinterpret_cast<uint4 *>(p + i) = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                                   pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+}
+static __device__ __forceinline__ void st_chunk(float *p, int i, const float *v) {
+    *reinterpret_cast<float4 *>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+/* floor(i / n) for 0 <= i < 2^18 from rn = 1.0f / n: the fp32 error of (i + 0.5) * rn is below
+ * (i / n) * 2^-22 < 1 / (16 n), inside the 0.5 / n margin to the next integer (4 instructions
+ * against ~20 of an integer division by a runtime divisor) */
+static __device__ __forceinline__ int qdiv(int i, float rn) {
+    return (int)(((float)i + 0.5f) * rn);
+}
+
+/* Portable ballot (32- or 64-lane warps). */
+static __device__ __forceinline__ uint64_t ballot64(bool p) {
+#if defined(M3_HIP_AMD)
+    return (uint64_t)__ballot(p);
+#else
+    return (uint64_t)__ballot_sync(0xffffffffu, p);
+#endif
+}
+
+/* fp8 scale offset of slot s, head h (spec §4.2/§4.3: [.., Hkv, P]) */
+static __device__ __forceinline__ int64_t s_off(const qkv_args &a, int64_t slot, int Hkv, int h) {
+    const int64_t b = slot >> a.lpage, t = slot & (a.page - 1);
+    return (b * Hkv + h) * a.page + t;
+}
+
+/* ---- one row: norm + rope, in place -------------------------------------------------------
+ * mode 0: only the amax of the results (fp32 or stored, per amax_f32); mode 1: store the
+ * results (and stage fp8 codes when stage != NULL, of the fp32 or stored value per val_f32).
+ * FAST: dim 128, half 32 (compile-time), 16-byte chunk access; else element by element. */
+template <typename TS, int QR, bool FAST>
+static __device__ __forceinline__ float norm_rope_row(TS *e, int dim_rt, int half_rt, float rho,
+                                                      const float *w1, const float *c,
+                                                      const float *sn, int mode, float sc,
+                                                      uint8_t *stage, bool amax_f32,
+                                                      bool val_f32, const qkv_args &a) {
+    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
+    /* the stored value: a bf16 store rounds; fp32 storage rounds only under ONCE */
+    constexpr bool st_rnd = QR == M3_QK_ROUND_ONCE || sizeof(TS) == 2;
+    float am = 0.0f;
+    if (FAST) {
+        typedef m3_vec<TS> V;
+        constexpr int VN = V::N, DIM = 128, HALF = 32;
+        /* pairs of chunks (j, j + HALF/VN) */
+#pragma unroll 1
+        for (int j = 0; j < HALF / VN; j++) {
+            const int d1 = j * VN, d2 = d1 + HALF;
+            float x1[VN], x2[VN], o1[VN], o2[VN];
+            V::load(e, d1, x1);
+            V::load(e, d2, x2);
+#pragma unroll
+            for (int k = 0; k < VN; k++) {
+                const float n1 = rnd(per_op, __fmul_rn(__fmul_rn(x1[k], rho), w1[d1 + k]));
+                const float n2 = rnd(per_op, __fmul_rn(__fmul_rn(x2[k], rho), w1[d2 + k]));
+                /* torch: x*cos + rotate_half(x)*sin, rotate_half(x) = [-x2, x1] */
+                const float a1 = rnd(per_op, __fmul_rn(n1, c[d1 + k]));
+                const float b1 = rnd(per_op, __fmul_rn(-n2, sn[d1 + k]));
+                const float a2 = rnd(per_op, __fmul_rn(n2, c[d1 + k]));
+                const float b2 = rnd(per_op, __fmul_rn(n1, sn[d1 + k]));
+                o1[k] = rnd(per_op, __fadd_rn(a1, b1));
+                o2[k] = rnd(per_op, __fadd_rn(a2, b2));
+            }
+            if (mode == 0) {
+#pragma unroll
+                for (int k = 0; k < VN; k++) {
+                    am = amax_step(am, amax_f32 ? o1[k] : rnd(st_rnd, o1[k]));
+                    am = amax_step(am, amax_f32 ? o2[k] : rnd(st_rnd, o2[k]));
+                }
             } else {
-                out[k] = e[d]; /* pass-through dims: normed (rounded under PER_OP) */
+                if (stage) {
+#pragma unroll
+                    for (int k = 0; k < VN; k += 2) {
+                        const uint32_t c1 = cvt8x2(__fdiv_rn(val_f32 ? o1[k] : rnd(true, o1[k]), sc),
+                                                   __fdiv_rn(val_f32 ? o1[k + 1] : rnd(true, o1[k + 1]), sc),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t c2 = cvt8x2(__fdiv_rn(val_f32 ? o2[k] : rnd(true, o2[k]), sc),
+                                                   __fdiv_rn(val_f32 ? o2[k + 1] : rnd(true, o2[k + 1]), sc),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        *reinterpret_cast<uint16_t *>(stage + d1 + k) = (uint16_t)c1;
+                        *reinterpret_cast<uint16_t *>(stage + d2 + k) = (uint16_t)c2;
+                    }
+                }
+                if (sizeof(TS) != 2) {
+#pragma unroll
+                    for (int k = 0; k < VN; k++) o1[k] = rnd(st_rnd, o1[k]), o2[k] = rnd(st_rnd, o2[k]);
+                }
+                st_chunk(e, d1, o1); /* a bf16 store rounds o itself: RNE(RNE(o)) = RNE(o) */
+                st_chunk(e, d2, o2);
             }
         }
-        M3_SYNCWARP(); /* every partner read is done before any lane overwrites */
+        /* pass-through dims [R, dim): normed only */
+#pragma unroll 1
+        for (int d0 = 2 * HALF; d0 < DIM; d0 += VN) {
+            float x[VN];
+            V::load(e, d0, x);
 #pragma unroll
-        for (int k = 0; k < ROPE_MAXK; k++) {
-            const int d = lane + k * M3_WARP;
-            if (d >= head_dim) break;
-            e[d] = rnd(once, out[k]);
+            for (int k = 0; k < VN; k++) x[k] = rnd(per_op, __fmul_rn(__fmul_rn(x[k], rho), w1[d0 + k]));
+            if (mode == 0) {
+#pragma unroll
+                for (int k = 0; k < VN; k++) am = amax_step(am, amax_f32 ? x[k] : rnd(st_rnd, x[k]));
+            } else {
+                if (stage) {
+#pragma unroll
+                    for (int k = 0; k < VN; k += 2) {
+                        const uint32_t c1 = cvt8x2(__fdiv_rn(val_f32 ? x[k] : rnd(true, x[k]), sc),
+                                                   __fdiv_rn(val_f32 ? x[k + 1] : rnd(true, x[k + 1]), sc),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        *reinterpret_cast<uint16_t *>(stage + d0 + k) = (uint16_t)c1;
+                    }
+                }
+                if (sizeof(TS) != 2) {
+#pragma unroll
+                    for (int k = 0; k < VN; k++) x[k] = rnd(st_rnd, x[k]);
+                }
+                st_chunk(e, d0, x);
+            }
         }
+        return am;
     }
-    __syncthreads();
+    /* generic: element by element (odd head dims, rotary widths, pitches) */
+    const int dim = dim_rt, half = half_rt;
+    auto emit = [&](int d, float o) {
+        if (mode == 0) {
+            am = amax_step(am, amax_f32 ? o : rnd(st_rnd, o));
+        } else {
+            if (stage)
+                stage[d] = (uint8_t)cvt8x2(__fdiv_rn(val_f32 ? o : rnd(true, o), sc), 0.0f, a.kind,
+                                           a.ovf, a.hwcvt);
+            if (sizeof(TS) == 2) e[d] = (TS)m3_f32_to_bf16(o);
+            else e[d] = (TS)rnd(st_rnd, o);
+        }
+    };
+    for (int i = 0; i < half; i++) {
+        const float n1 = rnd(per_op, __fmul_rn(__fmul_rn(ldf(e, i), rho), w1[i]));
+        const float n2 = rnd(per_op, __fmul_rn(__fmul_rn(ldf(e, i + half), rho), w1[i + half]));
+        const float a1 = rnd(per_op, __fmul_rn(n1, c[i]));
+        const float b1 = rnd(per_op, __fmul_rn(-n2, sn[i]));
+        const float a2 = rnd(per_op, __fmul_rn(n2, c[i]));
+        const float b2 = rnd(per_op, __fmul_rn(n1, sn[i]));
+        emit(i, rnd(per_op, __fadd_rn(a1, b1)));
+        emit(i + half, rnd(per_op, __fadd_rn(a2, b2)));
+    }
+    for (int d = 2 * half; d < dim; d++)
+        emit(d, rnd(per_op, __fmul_rn(__fmul_rn(ldf(e, d), rho), w1[d])));
+    return am;
+}
 
-    /* 3. the slice back (16-byte stores; a bf16 store rounds) */
-    if (vec)
-        for (int i = threadIdx.x * V::N; i < n; i += blockDim.x * V::N) V::store(x, row + i, row_sh + i);
+/* amax over a stored row of dim elements (16-byte chunks when FAST) */
+template <typename TS, bool FAST>
+static __device__ __forceinline__ float row_amax(const TS *e, int dim) {
+    float am = 0.0f;
+    if (FAST && sizeof(TS) == 2) {
+        for (int d0 = 0; d0 < dim; d0 += 8) {
+            float x[8];
+            m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(e), d0, x);
+#pragma unroll
+            for (int k = 0; k < 8; k++) am = amax_step(am, x[k]);
+        }
+    } else {
+        for (int d = 0; d < dim; d++) am = amax_step(am, ldf(e, d));
+    }
+    return am;
+}
+
+/* ---- kernel ---------------------------------------------------------------------------- */
+/* cp.async (NVIDIA sm_80+): the next tile's rows stream into the other buffer while this one
+ * is computed. Elsewhere QKV_PIPE is 0 and every copy is a plain load + store. */
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define QKV_PIPE 1
+#else
+#define QKV_PIPE 0
+#endif
+template <int N>
+static __device__ __forceinline__ void cp_async(void *dst, const void *src) {
+#if QKV_PIPE
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
     else
-        for (int i = threadIdx.x; i < n; i += blockDim.x) st(x, row + i, row_sh[i]);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(N) : "memory");
+#else
+    if (N == 16) *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    else if (N == 8) *reinterpret_cast<uint2 *>(dst) = *reinterpret_cast<const uint2 *>(src);
+    else *reinterpret_cast<uint32_t *>(dst) = *reinterpret_cast<const uint32_t *>(src);
+#endif
+}
+static __device__ __forceinline__ void cp_commit() {
+#if QKV_PIPE
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cp_wait1() {
+#if QKV_PIPE
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+
+template <typename TS, int QR, bool FAST>
+static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int s_nlead;
+    constexpr int VN = 16 / (int)sizeof(TS);
+    const int tid = (int)threadIdx.x, nth = (int)blockDim.x;
+    const int x = a.fp8 ? 16 : 8, lx = a.fp8 ? 4 : 3; /* K/V elements per 16 bytes */
+    const bool pipe = QKV_PIPE && a.pipe;
+
+    /* tile k: its segment, tokens [t0, t0 + tbk) */
+    auto seg_of = [&](int k) {
+        int s = 0;
+        while (s + 1 < a.nseg && k >= a.seg[s + 1].b0) s++;
+        return s;
+    };
+    /* 1. tile k's slots, positions and rows into buffer buf (token-major reads, head-major
+     * rows); pipe: cp.async, completed by the caller's wait */
+    auto issue = [&](int k, unsigned char *buf) {
+        const qkv_seg &g = a.seg[seg_of(k)];
+        const int nh = g.nh, dim = FAST ? 128 : g.dim, tt = g.tt;
+        const int t0 = (k - g.b0) * tt, tbk = a.n_tok - t0 < tt ? a.n_tok - t0 : tt;
+        const qkv_lay L = qkv_layout(tt, nh, dim, (int)sizeof(TS), a.half, g.w != NULL, g.stage, FAST);
+        int64_t *sslot = reinterpret_cast<int64_t *>(buf + L.slot);
+        int32_t *spos = reinterpret_cast<int32_t *>(buf + L.pos);
+        unsigned char *rows = buf + L.rows;
+        const bool cache = g.cache != SEG_NONE, roped = g.w != NULL && a.half > 0;
+        for (int i = tid; i < tbk; i += nth) {
+            if (cache) {
+                if (pipe) cp_async<8>(sslot + i, a.slots + t0 + i);
+                else sslot[i] = a.slots[t0 + i];
+            }
+            if (roped && !a.cst) {
+                if (pipe) cp_async<4>(spos + i, a.pos + t0 + i);
+                else spos[i] = a.pos[t0 + i];
+            }
+        }
+        if (roped && a.cst) { /* the tokens' cos/sin rows of the table */
+            float *cs = reinterpret_cast<float *>(buf + L.cs);
+            const int w = FAST ? 64 : 2 * a.half;
+            if (FAST) {
+                const int n = tbk * (w / 4);
+                for (int i = tid; i < n; i += nth) {
+                    const int tl = i / (w / 4), q = i - tl * (w / 4);
+                    cp_async<16>(cs + tl * L.cp + 4 * q, a.cst + (int64_t)(t0 + tl) * w + 4 * q);
+                }
+            } else {
+                for (int i = tid; i < tbk * w; i += nth) {
+                    const int tl = i / w, q = i - tl * w;
+                    cs[tl * L.cp + q] = a.cst[(int64_t)(t0 + tl) * w + q];
+                }
+            }
+        }
+        const TS *xg = (const TS *)g.x;
+        if (a.vec) {
+            const int nch = dim / VN, per_tok = nh * nch, n = tbk * per_tok;
+            const float r_pt = 1.0f / (float)per_tok, r_nch = 1.0f / (float)nch;
+            if (pipe) {
+                for (int i = tid; i < n; i += nth) {
+                    const int tl = qdiv(i, r_pt), rem = i - tl * per_tok, h = qdiv(rem, r_nch), c = rem - h * nch;
+                    cp_async<16>(rows + (size_t)(h * tbk + tl) * L.pitch + c * 16,
+                                 xg + (int64_t)(t0 + tl) * g.ld + (int64_t)rem * VN);
+                }
+                return;
+            }
+            for (int i0 = tid; i0 < n; i0 += nth * QKV_LB) {
+                uint4 u[QKV_LB];
+#pragma unroll
+                for (int j = 0; j < QKV_LB; j++) {
+                    const int i = i0 + j * nth;
+                    if (i < n) {
+                        const int tl = qdiv(i, r_pt), rem = i - tl * per_tok;
+                        u[j] = *reinterpret_cast<const uint4 *>(xg + (int64_t)(t0 + tl) * g.ld + (int64_t)rem * VN);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < QKV_LB; j++) {
+                    const int i = i0 + j * nth;
+                    if (i < n) {
+                        const int tl = qdiv(i, r_pt), rem = i - tl * per_tok, h = qdiv(rem, r_nch), c = rem - h * nch;
+                        *reinterpret_cast<uint4 *>(rows + (size_t)(h * tbk + tl) * L.pitch + c * 16) = u[j];
+                    }
+                }
+            }
+        } else {
+            const int per_tok = nh * dim, n = tbk * per_tok;
+            for (int i = tid; i < n; i += nth) {
+                const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / dim, d = rem - h * dim;
+                reinterpret_cast<TS *>(rows + (size_t)(h * tbk + tl) * L.pitch)[d] =
+                    xg[(int64_t)(t0 + tl) * g.ld + rem];
+            }
+        }
+    };
+
+    /* 2-3. tile k, whose inputs are in buf */
+    auto process = [&](int k, unsigned char *buf) {
+        const qkv_seg g = a.seg[seg_of(k)];
+        const int nh = g.nh, dim = FAST ? 128 : g.dim, tt = g.tt;
+        const int t0 = (k - g.b0) * tt, tbk = a.n_tok - t0 < tt ? a.n_tok - t0 : tt;
+        const int nrow = tbk * nh;
+        const bool normed = g.w != NULL;
+        const int half = normed ? a.half : 0;
+        const qkv_lay L = qkv_layout(tt, nh, dim, (int)sizeof(TS), a.half, normed, g.stage, FAST);
+        const int64_t *sslot = reinterpret_cast<const int64_t *>(buf + L.slot);
+        const int32_t *spos = reinterpret_cast<const int32_t *>(buf + L.pos);
+        unsigned char *rows = buf + L.rows;
+        unsigned char *com = smem + a.common;
+        int32_t *slead = reinterpret_cast<int32_t *>(com + L.lead);
+        float *onepw = reinterpret_cast<float *>(com + L.w);
+        float *cs = reinterpret_cast<float *>(buf + L.cs);
+        float *scl = reinterpret_cast<float *>(com + L.scl);
+        uint8_t *stg = com + L.stage;
+        const bool cache = g.cache != SEG_NONE;
+
+        /* (1 + w); cos on [0, half), sin on [half, 2 half) of each token (the double
+         * evaluations are spread over all threads) */
+        if (normed)
+            for (int d = tid; d < dim; d += nth) onepw[d] = __fadd_rn(1.0f, m3_bf16_to_f32(g.w[d]));
+        const float r_2h = half > 0 ? 1.0f / (float)(2 * half) : 0.0f, r_tbk = 1.0f / (float)tbk;
+        if (half > 0 && !a.cst)
+            for (int j = tid; j < tbk * 2 * half; j += nth) {
+                const int tl = qdiv(j, r_2h), kk = j - tl * 2 * half;
+                const int i = kk < half ? kk : kk - half;
+                const int32_t p = spos[tl];
+                const double ang = a.angle_f64 ? (double)p * (double)a.inv.inv[i]
+                                               : (double)__fmul_rn((float)p, a.inv.inv[i]);
+                cs[tl * L.cp + kk] = rnd(a.cs_bf16, (float)(kk < half ? cos(ang) : sin(ang)));
+            }
+        __syncthreads();
+
+        /* 2. one thread per row */
+        for (int r = tid; r < nrow && !(a.dbg & 1); r += nth) {
+            const int h = qdiv(r, r_tbk), tl = r - h * tbk;
+            TS *e = reinterpret_cast<TS *>(rows + (size_t)r * L.pitch);
+            const int64_t slot = sslot[tl];
+            const bool wr = cache && slot >= 0;
+            if (!normed) { /* raw K or V: only the fp8 scale */
+                if (a.fp8 && wr && a.page != 0 && (g.cache == SEG_K || g.cache == SEG_V)) {
+                    const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
+                    scl[r] = sc;
+                    (g.cache == SEG_K ? a.ks : a.vs)[s_off(a, slot, nh, h)] = sc;
+                }
+                continue;
+            }
+            float ss = 0.0f;
+            if (FAST) {
+#pragma unroll 2
+                for (int d0 = 0; d0 < dim; d0 += VN) {
+                    float v[VN];
+                    m3_vec<TS>::load(e, d0, v);
+#pragma unroll
+                    for (int kk = 0; kk < VN; kk++) ss = __fadd_rn(ss, __fmul_rn(v[kk], v[kk]));
+                }
+            } else {
+                for (int d = 0; d < dim; d++) {
+                    const float v = ldf(e, d);
+                    ss = __fadd_rn(ss, __fmul_rn(v, v));
+                }
+            }
+            const float mu = __fdiv_rn(ss, (float)dim);
+            const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
+            const float *c = cs + tl * L.cp, *sn = c + half;
+            const bool kq = g.cache == SEG_K && a.fp8 && wr;
+            if (kq && g.stage) { /* fp8 K of the fp32 k: amax pass, then results + codes */
+                const bool val_f32 = a.k_src == M3_GPU_KQ_F32;
+                const float am = norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 0, 1.0f,
+                                                             NULL, true, val_f32, a);
+                const float sc = fp8_scale(am, a.fp8_max);
+                scl[r] = sc;
+                a.ks[s_off(a, slot, nh, h)] = sc;
+                norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, sc,
+                                            stg + (size_t)r * L.spitch, true, val_f32, a);
+            } else {
+                norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, 1.0f, NULL, false,
+                                            false, a);
+                if (kq) { /* fp8 K of the stored k */
+                    const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
+                    scl[r] = sc;
+                    a.ks[s_off(a, slot, nh, h)] = sc;
+                }
+            }
+        }
+        /* warp 0: the V groups: runs of slot-consecutive tokens inside one x-aligned window */
+        if (g.cache == SEG_V && a.page != 0 && tid < M3_WARP) {
+            int run = 0;
+            for (int base = 0; base < tbk; base += M3_WARP) {
+                const int tl = base + tid;
+                bool lead = false;
+                int len = 0;
+                if (tl < tbk) {
+                    const int64_t sl = sslot[tl];
+                    lead = sl >= 0 && (tl == 0 || (sl & (x - 1)) == 0 || sslot[tl - 1] != sl - 1);
+                    if (lead) {
+                        len = 1;
+                        while (len < x && tl + len < tbk && ((sl + len) & (x - 1)) != 0 &&
+                               sslot[tl + len] == sl + len)
+                            len++;
+                    }
+                }
+                const uint64_t m = ballot64(lead);
+                const int idx = run + __popcll(m & ((1ull << tid) - 1ull));
+                if (lead) slead[idx] = tl | (len << 16);
+                run += __popcll(m);
+            }
+            if (tid == 0) s_nlead = run;
+        }
+        __syncthreads();
+
+        /* 3a. normed rows back in place (token-major, coalesced) */
+        if (normed && !(a.dbg & 4)) {
+            TS *xg = (TS *)g.x;
+            if (a.vec) {
+                const int nch = dim / VN, per_tok = nh * nch, n = tbk * per_tok;
+                const float r_pt = 1.0f / (float)per_tok, r_nch = 1.0f / (float)nch;
+                for (int i = tid; i < n; i += nth) {
+                    const int tl = qdiv(i, r_pt), rem = i - tl * per_tok, h = qdiv(rem, r_nch), c = rem - h * nch;
+                    *reinterpret_cast<uint4 *>(xg + (int64_t)(t0 + tl) * g.ld + (int64_t)rem * VN) =
+                        *reinterpret_cast<const uint4 *>(rows + (size_t)(h * tbk + tl) * L.pitch + c * 16);
+                }
+            } else {
+                const int per_tok = nh * dim, n = tbk * per_tok;
+                for (int i = tid; i < n; i += nth) {
+                    const int tl = i / per_tok, rem = i - tl * per_tok, h = rem / dim, d = rem - h * dim;
+                    xg[(int64_t)(t0 + tl) * g.ld + rem] =
+                        reinterpret_cast<const TS *>(rows + (size_t)(h * tbk + tl) * L.pitch)[d];
+                }
+            }
+        }
+        if (!cache || sizeof(TS) != 2 || (a.dbg & 2)) return;
+
+        /* 3b. cache writes (bf16 rows only) */
+        if (g.cache == SEG_IDX) { /* [slot, Di]: 8 dims a chunk (16 bytes bf16, 8 fp8) */
+            const int nch = dim / 8, n = tbk * nch;
+            for (int i = tid; i < n; i += nth) {
+                const int tl = i / nch, c = i - tl * nch;
+                const int64_t slot = sslot[tl];
+                if (slot < 0) continue;
+                const uint4 u = *reinterpret_cast<const uint4 *>(rows + (size_t)tl * L.pitch + c * 16);
+                const int64_t off = slot * dim + (int64_t)c * 8;
+                if (!a.ifp8) {
+                    *reinterpret_cast<uint4 *>((m3_bf16 *)a.ic + off) = u;
+                } else { /* §4.8: cvt(f32(bf16 value)), unit scale */
+                    const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+                    uint32_t b[2];
+#pragma unroll
+                    for (int kk = 0; kk < 2; kk++) {
+                        const uint32_t lo = cvt8x2(m3_bits_f32(w4[2 * kk] << 16), m3_bits_f32(w4[2 * kk] & 0xFFFF0000u),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t hi = cvt8x2(m3_bits_f32(w4[2 * kk + 1] << 16),
+                                                   m3_bits_f32(w4[2 * kk + 1] & 0xFFFF0000u), a.kind, a.ovf, a.hwcvt);
+                        b[kk] = lo | (hi << 16);
+                    }
+                    *reinterpret_cast<uint2 *>((uint8_t *)a.ic + off) = make_uint2(b[0], b[1]);
+                }
+            }
+            return;
+        }
+        const int Hkv = nh, Dh = dim;
+        if (g.cache == SEG_K || a.page == 0) {
+            /* K (and plain-row V): x dims = one 16-byte chunk; lanes over consecutive tokens */
+            void *dst = g.cache == SEG_K ? a.kc : a.vc;
+            const int nch = Dh >> lx, n = tbk * nch * Hkv;
+            const float r_nch = 1.0f / (float)nch;
+            for (int i = tid; i < n; i += nth) {
+                const int hc = qdiv(i, r_tbk), tl = i - hc * tbk, h = qdiv(hc, r_nch), c = hc - h * nch;
+                const int64_t slot = sslot[tl];
+                if (slot < 0) continue;
+                const int r = h * tbk + tl;
+                const unsigned char *row = rows + (size_t)r * L.pitch;
+                uint4 u;
+                if (!a.fp8) {
+                    u = *reinterpret_cast<const uint4 *>(row + c * 16);
+                } else if (g.stage) {
+                    u = *reinterpret_cast<const uint4 *>(stg + (size_t)r * L.spitch + c * 16);
+                } else {
+                    float v[16];
+                    m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(row), c * 16, v);
+                    m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(row), c * 16 + 8, v + 8);
+                    u = q16(v, scl[r], a);
+                }
+                int64_t off;
+                if (a.page == 0) {
+                    off = (slot * Hkv + h) * Dh + c * x;
+                } else {
+                    const int64_t b = slot >> a.lpage;
+                    const int t = (int)(slot & (a.page - 1));
+                    off = ((b * Hkv + h) * nch + c) * ((int64_t)a.page << lx) + (t << lx);
+                }
+                if (a.fp8) *reinterpret_cast<uint4 *>((uint8_t *)dst + off) = u;
+                else *reinterpret_cast<uint4 *>((m3_bf16 *)dst + off) = u;
+            }
+            return;
+        }
+        /* V SHUFFLE: a group of x slot-consecutive tokens of one dim = 16 bytes; lanes over dims */
+        const int nl = s_nlead, n = nl * Hkv * Dh;
+        const float r_dh = 1.0f / (float)Dh, r_nl = 1.0f / (float)(nl > 0 ? nl : 1);
+        for (int i = tid; i < n; i += nth) {
+            const int gh = qdiv(i, r_dh), d = i - gh * Dh, h = qdiv(gh, r_nl), gi = gh - h * nl;
+            const int ld = slead[gi], tl = ld & 0xFFFF, len = ld >> 16;
+            const int64_t slot = sslot[tl];
+            const int r0 = h * tbk + tl;
+            const int64_t b = slot >> a.lpage;
+            const int t = (int)(slot & (a.page - 1));
+            const int64_t off = ((b * Hkv + h) * (a.page >> lx) + (t >> lx)) * ((int64_t)Dh << lx) +
+                                ((int64_t)d << lx) + (t & (x - 1));
+            const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows + (size_t)r0 * L.pitch) + d;
+            const int cstep = L.pitch / 2; /* elements from one row to the next */
+            if (len == x) {
+                if (a.fp8) {
+                    uint32_t w[4];
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) {
+                        const int j = 4 * kk;
+                        const uint32_t lo = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[j * cstep]), scl[r0 + j]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 1) * cstep]), scl[r0 + j + 1]),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t hi = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[(j + 2) * cstep]), scl[r0 + j + 2]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 3) * cstep]), scl[r0 + j + 3]),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        w[kk] = lo | (hi << 16);
+                    }
+                    *reinterpret_cast<uint4 *>((uint8_t *)a.vc + off) = make_uint4(w[0], w[1], w[2], w[3]);
+                } else {
+                    uint32_t w[4];
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++)
+                        w[kk] = (uint32_t)col[2 * kk * cstep] | ((uint32_t)col[(2 * kk + 1) * cstep] << 16);
+                    *reinterpret_cast<uint4 *>((m3_bf16 *)a.vc + off) = make_uint4(w[0], w[1], w[2], w[3]);
+                }
+            } else { /* a cut group: element by element (offsets t % x = slot % x + j) */
+                for (int j = 0; j < len; j++) {
+                    const m3_bf16 bv = col[j * cstep];
+                    if (a.fp8)
+                        ((uint8_t *)a.vc)[off + j] = (uint8_t)cvt8x2(
+                            __fdiv_rn(m3_bf16_to_f32(bv), scl[r0 + j]), 0.0f, a.kind, a.ovf, a.hwcvt);
+                    else
+                        ((m3_bf16 *)a.vc)[off + j] = bv;
+                }
+            }
+        }
+    };
+
+    /* persistent blocks over the tiles; pipe: tile k + grid prefetched during tile k */
+    int k = (int)blockIdx.x;
+    if (k >= a.nblk) return;
+    if (pipe) issue(k, smem), cp_commit();
+    for (int it = 0; k < a.nblk; k += (int)gridDim.x, it++) {
+        unsigned char *buf = smem + (pipe ? (size_t)(it & 1) * a.buf : 0);
+        if (pipe) {
+            const int kn = k + (int)gridDim.x;
+            if (kn < a.nblk) issue(kn, smem + (size_t)((it + 1) & 1) * a.buf);
+            cp_commit();
+            cp_wait1(); /* all but the newest group: tile k has landed */
+        } else {
+            issue(k, buf);
+        }
+        __syncthreads();
+        process(k, buf);
+        __syncthreads(); /* buf is refilled by the prefetch two tiles later */
+    }
+}
+
+/* cos/sin rows of every token, [T, cos(half) | sin(half)]: the same evaluation as the
+ * kernel's own (angle in fp32 or f64, cos/sin in double rounded to fp32, bf16 when asked),
+ * once per token instead of once per part (q, k, index_q, index_k) */
+static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int half,
+                                  rope_inv_table inv, bool angle_f64, bool cs_bf16) {
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= (int64_t)n_tok * 2 * half) return;
+    const int t = (int)(j / (2 * half)), k = (int)(j - (int64_t)t * 2 * half);
+    const int i = k < half ? k : k - half;
+    const int32_t p = pos[t];
+    const double ang = angle_f64 ? (double)p * (double)inv.inv[i] : (double)__fmul_rn((float)p, inv.inv[i]);
+    tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
+/* The parts of a pass, in row order; a part with x == NULL is left out. */
+typedef struct {
+    void *x;
+    int ld, nh, dim;
+    const m3_bf16 *w; /* norm weight [dim]; NULL: no norm, no rope */
+    int cache;        /* SEG_* */
+} part;
+
+static int env_int(const char *name, int dflt) {
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
+}
+
 template <typename TS>
-static m3_status launch(m3_gpu *g, TS *d_x, int ld, const int32_t *d_pos, int n_tok, int n_head,
-                        int head_dim, const m3_bf16 *d_w, float eps, int rot_dim, float theta,
-                        const m3_profile *p) {
-    M3_ASSERTF(n_tok >= 0 && n_head > 0 && head_dim > 0 && ld >= n_head * head_dim,
-               "T=%d heads=%d Dh=%d ld=%d", n_tok, n_head, head_dim, ld);
-    M3_ASSERTF(rot_dim >= 0 && rot_dim % 2 == 0 && rot_dim <= head_dim, "R=%d Dh=%d", rot_dim,
-               head_dim);
-    M3_ASSERT(p && d_x && d_w && (d_pos || n_tok == 0));
+static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
+                        const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
+                        int rot_dim, float theta, const m3_profile *p) {
+    M3_ASSERT(g && p && n_tok >= 0);
+    M3_ASSERTF(rot_dim >= 0 && rot_dim % 2 == 0, "R=%d", rot_dim);
     if (rot_dim / 2 > ROPE_MAX_HALF)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: rot_dim %d > %d", rot_dim,
                          2 * ROPE_MAX_HALF);
-    if (n_tok == 0) return M3_OK;
-    rope_inv_table inv;
-    memset(&inv, 0, sizeof inv);
-    if (rot_dim > 0) rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
-    if (head_dim > ROPE_MAXK * M3_WARP)
-        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: head_dim %d > %d", head_dim,
-                         ROPE_MAXK * M3_WARP);
-    size_t shmem = ((size_t)rot_dim + (size_t)n_head * head_dim) * sizeof(float);
-    if (shmem > ROPE_MAX_SHMEM)
-        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d heads x %d do not fit one block",
-                         n_head, head_dim);
+    qkv_args a;
+    memset(&a, 0, sizeof a);
+    const int VN = 16 / (int)sizeof(TS), es = (int)sizeof(TS);
+    int nt = env_int("M3_QKV_ROWS", 256);
+    nt = nt <= 128 ? 128 : 256;
+    bool vec = true, roped = false, fast = true;
+    for (int i = 0; i < n_parts; i++) {
+        const part &q = parts[i];
+        if (!q.x || (!q.w && q.cache == SEG_NONE)) continue;
+        M3_ASSERTF(q.nh > 0 && q.dim > 0 && q.ld >= q.nh * q.dim, "part %d: heads=%d dim=%d ld=%d", i,
+                   q.nh, q.dim, q.ld);
+        if (q.nh > nt)
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d heads > %d per block", q.nh, nt);
+        qkv_seg &s = a.seg[a.nseg++];
+        memset(&s, 0, sizeof s);
+        s.x = q.x, s.ld = q.ld, s.nh = q.nh, s.dim = q.dim, s.cache = q.cache, s.w = q.w;
+        if (q.w) {
+            M3_ASSERTF(rot_dim <= q.dim, "R=%d > head dim %d", rot_dim, q.dim);
+            roped = true;
+            s.stage = q.cache == SEG_K && c && c->fp8 && c->k_src != M3_GPU_KQ_STORED;
+        }
+        fast = fast && q.dim == 128;
+        vec = vec && q.dim % VN == 0 && q.ld % VN == 0 && m3_aligned16(q.x);
+    }
+    if (n_tok == 0 || a.nseg == 0) return M3_OK;
+    const int half = roped ? rot_dim / 2 : 0;
+    M3_ASSERT(half == 0 || d_pos);
+    fast = fast && (half == 32 || !roped);
+    a.vec = vec;
+    a.n_tok = n_tok, a.pos = d_pos, a.slots = d_slots, a.eps = eps, a.nt = nt;
+    a.half = half;
+    a.angle_f64 = p->rope_angle == M3_ROPE_ANGLE_F64;
+    a.cs_bf16 = p->rope_cs_bf16;
+    if (half > 0) rope_inv_freq(a.inv.inv, rot_dim, theta, p->rope_inv);
+    if (c) {
+        M3_ASSERT(d_slots);
+        a.page = c->page, a.fp8 = c->fp8, a.fp8_max = c->fp8_max, a.kind = (int)c->kind;
+        a.ovf = (int)c->ovf, a.k_src = (int)c->k_src, a.kc = c->k, a.vc = c->v, a.ks = c->k_scale;
+        a.vs = c->v_scale, a.ic = c->index_k, a.ifp8 = c->index_fp8;
+        a.lpage = c->page == 128 ? 7 : c->page == 16 ? 4 : 0;
+        a.hwcvt = c->kind == M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE &&
+                  env_int("M3_QKV_HWCVT", 1) != 0;
+    }
+#if defined(M3_HIP_NVIDIA)
+    {   /* auto: prefetch, except passes with staged fp8 K (their tiles cost several times the
+         * others: the hardware's dynamic block order balances them better than the fixed tile
+         * order of persistent blocks; H200: fused fp8 sparse T=16384 48% of copy without,
+         * 38% with the prefetch; docs/gpu.md) */
+        bool staged = false;
+        for (int s = 0; s < a.nseg; s++) staged = staged || a.seg[s].stage;
+        const int pe = env_int("M3_QKV_PIPE", -1);
+        a.pipe = pe < 0 ? !staged : pe != 0;
+    }
+#endif
+    a.dbg = env_int("M3_QKV_DBG", 0);
+    const int nbuf = a.pipe ? 2 : 1;
+    const int budget = env_int("M3_QKV_BUDGET", a.pipe ? 110 : 80) * 1024;
+    /* tokens per tile: as many as the rows allow (V: a multiple of 16, whole x-groups),
+     * fewer while the block's shared memory is over budget */
+    for (int s = 0; s < a.nseg; s++) {
+        qkv_seg &q = a.seg[s];
+        int tt = nt / q.nh;
+        if (q.cache == SEG_V && tt >= 16) tt -= tt % 16;
+        if (tt > n_tok) tt = n_tok;
+        for (;; tt = tt > 16 ? (tt - 1) / 16 * 16 : tt - 1) {
+            const qkv_lay l = qkv_layout(tt, q.nh, q.dim, es, half, q.w != NULL, q.stage, fast);
+            if (nbuf * l.buf + l.com <= budget || tt == 1) break;
+        }
+        q.tt = tt;
+    }
+    /* small passes: fewer tokens per block until the grid has min_blk blocks per SM (one
+     * block per SM cannot keep enough bytes in flight); V keeps whole 16-token groups */
+    const int min_blk = env_int("M3_QKV_MINBLK", 4) * (g->n_sm > 0 ? g->n_sm : 132);
+    for (;;) {
+        int nblk = 0, big = -1;
+        for (int s = 0; s < a.nseg; s++) {
+            const qkv_seg &q = a.seg[s];
+            nblk += (n_tok + q.tt - 1) / q.tt;
+            const int lo = q.cache == SEG_V ? 16 : 1;
+            if (q.tt / 2 >= lo && (big < 0 || q.tt * q.nh > a.seg[big].tt * a.seg[big].nh)) big = s;
+        }
+        if (nblk >= min_blk || big < 0) break;
+        a.seg[big].tt /= 2;
+    }
+    int nblk = 0, bufb = 0, comb = 0;
+    for (int s = 0; s < a.nseg; s++) {
+        qkv_seg &q = a.seg[s];
+        const qkv_lay l = qkv_layout(q.tt, q.nh, q.dim, es, half, q.w != NULL, q.stage, fast);
+        q.b0 = nblk;
+        nblk += (n_tok + q.tt - 1) / q.tt;
+        bufb = l.buf > bufb ? l.buf : bufb;
+        comb = l.com > comb ? l.com : comb;
+    }
+    a.nblk = nblk;
+    a.buf = bufb;
+    a.common = nbuf * bufb;
+    const int shmem = a.common + comb;
+    if (shmem > QKV_MAX_SHMEM)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d bytes of shared memory per block",
+                         shmem);
+    void (*k)(qkv_args);
+#define QKV_PICK(QR) (fast ? qkv_k<TS, QR, true> : qkv_k<TS, QR, false>)
+    if (p->qk_round == M3_QK_ROUND_PER_OP) k = QKV_PICK(M3_QK_ROUND_PER_OP);
+    else if (p->qk_round == M3_QK_ROUND_ONCE) k = QKV_PICK(M3_QK_ROUND_ONCE);
+    else k = QKV_PICK(M3_QK_ROUND_NONE);
+#undef QKV_PICK
     if (shmem > 48 * 1024) /* above 48 KiB a kernel must opt in */
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)qk_norm_rope_k<TS>,
-                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)shmem));
-    const int vn = m3_vec<TS>::N;
-    const bool vec = (n_head * head_dim) % vn == 0 && ld % vn == 0 && m3_aligned16(d_x);
-    qk_norm_rope_k<TS><<<(unsigned)n_tok, ROPE_THREADS, shmem, g->stream>>>(
-        d_x, ld, d_pos, n_head, head_dim, d_w, eps, rot_dim, inv,
-        p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16, (int)p->qk_round, vec);
-    M3_LAUNCHED(g, "qk_norm_rope_k");
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)k, hipFuncAttributeMaxDynamicSharedMemorySize,
+                                       shmem));
+    int grid = nblk;
+    if (a.pipe) { /* persistent: as many blocks as fit at once, each walks its tiles */
+        int occ = 0;
+#if defined(M3_HIP_NVIDIA)
+        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, nt, (size_t)shmem));
+#endif
+        const int fit = (occ > 0 ? occ : 1) * (g->n_sm > 0 ? g->n_sm : 132);
+        grid = nblk < fit ? nblk : fit;
+    }
+    /* cos/sin once per token (a table launch) when the pass has enough tokens; small passes
+     * (decode) evaluate them per tile and save the launch */
+    const size_t mark = m3_gpu_mark(g);
+    const int cst = env_int("M3_QKV_CST", -1);
+    const size_t tab_bytes = (size_t)n_tok * 2 * half * sizeof(float);
+    if (half > 0 && (cst > 0 || (cst < 0 && n_tok >= 256)) &&
+        g->arena_top + tab_bytes + 256 <= g->arena_cap) { /* else: per tile, as small passes */
+        float *tab;
+        M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
+        const int64_t nt2 = (int64_t)n_tok * 2 * half;
+        cs_table_k<<<m3_grid_1d(nt2, 256), 256, 0, g->stream>>>(tab, d_pos, n_tok, half, a.inv,
+                                                                 a.angle_f64, a.cs_bf16);
+        M3_LAUNCHED(g, "cs_table_k");
+        a.cst = tab;
+    }
+    k<<<(unsigned)grid, (unsigned)nt, (size_t)shmem, g->stream>>>(a);
+    /* the table is read by this launch only: later arena users are on the same stream */
+    m3_gpu_release(g, mark);
+    M3_LAUNCHED(g, "qkv_k");
     return M3_OK;
+}
+
+/* Cache contract shared with gpu/kvcache.hip's m3_gpu_kv_cache_write. */
+static m3_status check_cache(const m3_gpu_kv_cache *c, int head_dim, int index_dim, bool has_ik,
+                             bool has_kv) {
+    const int x = c->fp8 ? 16 : 8;
+    if ((c->page != 128 && c->page != 16 && c->page != 0) || (has_kv && head_dim % x))
+        return m3_errorf(M3_ERR_UNSUPPORTED,
+                         "gpu kv cache write: page %d, head_dim %d (needs page 128, 16 or 0, "
+                         "head_dim %% %d == 0)", c->page, head_dim, x);
+    if (has_kv && c->fp8 && (c->page == 0 || !c->k_scale || !c->v_scale || !(c->fp8_max > 0.0f)))
+        return m3_errorf(M3_ERR_ARG, "gpu kv cache write: fp8 cache needs page 128 or 16, "
+                         "scales and fp8_max");
+    if (c->index_k && (!has_ik || index_dim % 8))
+        return m3_errorf(M3_ERR_ARG, "gpu kv cache write: index cache needs index_k rows with "
+                         "index_dim %% 8 == 0 (%d)", index_dim);
+    M3_ASSERT(!has_kv || (c->k && c->v));
+    return M3_OK;
+}
+
+extern "C" m3_status m3_gpu_qk_norm_rope_cache(m3_gpu *g, const m3_gpu_qkv *x,
+                                               const m3_gpu_kv_cache *c, const int64_t *d_slots,
+                                               const int32_t *d_pos, int n_tok, float eps,
+                                               int rot_dim, float theta, const m3_profile *p) {
+    M3_ASSERT(g && x && p);
+    if (p->qk_round == M3_QK_ROUND_NONE)
+        return m3_errorf(M3_ERR_UNSUPPORTED,
+                         "gpu qk_norm_rope_cache: profile %s keeps fp32 q/k (bf16 storage only)",
+                         p->name);
+    if (c) { /* K and V together, or (a second call for the indexer's parts) neither */
+        if (!x->k != !x->v || (!x->k && !c->index_k))
+            return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: a cache write needs k and v "
+                             "(or neither, and an index cache)");
+        M3_TRY(check_cache(c, x->head_dim, x->index_dim, x->index_k != NULL, x->k != NULL));
+        if (c->fp8 && c->k_src != M3_GPU_KQ_STORED && !x->k_norm)
+            return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: fp8 K from the fp32 k needs "
+                             "the k norm (no fp32 k exists otherwise)");
+    }
+    const part parts[] = {
+        {x->q, x->ld_q, x->n_head, x->head_dim, x->q_norm, SEG_NONE},
+        {x->k, x->ld_k, x->n_kv_head, x->head_dim, x->k_norm, c ? SEG_K : SEG_NONE},
+        {(void *)x->v, x->ld_v, x->n_kv_head, x->head_dim, NULL, c ? SEG_V : SEG_NONE},
+        {x->index_q, x->ld_iq, x->n_index_head, x->index_dim, x->index_q_norm, SEG_NONE},
+        {x->index_k, x->ld_ik, 1, x->index_dim, x->index_k_norm,
+         c && c->index_k ? SEG_IDX : SEG_NONE},
+    };
+    return launch<m3_bf16>(g, parts, 5, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p);
 }
 
 extern "C" m3_status m3_gpu_qk_norm_rope(m3_gpu *g, m3_bf16 *d_x, int ld, const int32_t *d_pos,
@@ -185,13 +1005,35 @@ extern "C" m3_status m3_gpu_qk_norm_rope(m3_gpu *g, m3_bf16 *d_x, int ld, const 
         return m3_errorf(M3_ERR_UNSUPPORTED,
                          "gpu qk_norm_rope: profile %s keeps fp32 q/k: use the _f32 path",
                          p->name);
-    return launch<m3_bf16>(g, d_x, ld, d_pos, n_tok, n_head, head_dim, d_w, eps, rot_dim, theta,
-                           p);
+    M3_ASSERT(d_x && d_w);
+    const part q = {d_x, ld, n_head, head_dim, d_w, SEG_NONE};
+    return launch<m3_bf16>(g, &q, 1, NULL, NULL, d_pos, n_tok, eps, rot_dim, theta, p);
 }
 
 extern "C" m3_status m3_gpu_qk_norm_rope_f32(m3_gpu *g, float *d_x, int ld, const int32_t *d_pos,
                                              int n_tok, int n_head, int head_dim,
                                              const m3_bf16 *d_w, float eps, int rot_dim,
                                              float theta, const m3_profile *p) {
-    return launch<float>(g, d_x, ld, d_pos, n_tok, n_head, head_dim, d_w, eps, rot_dim, theta, p);
+    M3_ASSERT(d_x && d_w);
+    const part q = {d_x, ld, n_head, head_dim, d_w, SEG_NONE};
+    return launch<float>(g, &q, 1, NULL, NULL, d_pos, n_tok, eps, rot_dim, theta, p);
+}
+
+/* gpu/kvcache.hip's entry: the same kernel, K and V rows copied (no norm). */
+m3_status m3_gpu_kv_write_rows_(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k, int ld_k,
+                                const m3_bf16 *d_v, int ld_v, const int64_t *d_slots, int n_tok,
+                                int n_kv_head, int head_dim) {
+    M3_TRY(check_cache(c, head_dim, 0, false, true));
+    if (c->fp8 && c->k_src != M3_GPU_KQ_STORED)
+        return m3_errorf(M3_ERR_ARG, "gpu kv_cache_write: only the stored k can be quantized "
+                         "here (the fp32 k exists only in m3_gpu_qk_norm_rope_cache)");
+    if (c->index_k)
+        return m3_errorf(M3_ERR_ARG, "gpu kv_cache_write: no index rows to write");
+    const part parts[] = {
+        {(void *)d_k, ld_k, n_kv_head, head_dim, NULL, SEG_K},
+        {(void *)d_v, ld_v, n_kv_head, head_dim, NULL, SEG_V},
+    };
+    m3_profile pr; /* no part is normed or roped: only its presence matters */
+    memset(&pr, 0, sizeof pr);
+    return launch<m3_bf16>(g, parts, 2, c, d_slots, NULL, n_tok, 0.0f, 0, 1.0f, &pr);
 }

@@ -56,6 +56,18 @@ def qk_norm_rope(x, w, cos, sin, H=64, D=128, R=64, eps=1e-6):
     x[:, : H * D] = rot.reshape(T, H * D).bfloat16()
 
 
+def norm_rope_cols(x, c0, H, w, cos, sin, D=128, R=64, eps=1e-6):
+    """qk_norm_rope of the H heads at columns c0.. of x, in place (bf16); returns the fp32 result"""
+    T = x.shape[0]
+    q = x[:, c0 : c0 + H * D].view(T, H, D).float()
+    q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())
+    a, b = q[..., : R // 2], q[..., R // 2 : R]
+    c, s = cos[:, None, :], sin[:, None, :]
+    rot = torch.cat([a * c - b * s, b * c + a * s, q[..., R:]], -1)
+    x[:, c0 : c0 + H * D] = rot.reshape(T, H * D).bfloat16()
+    return rot
+
+
 def swiglu(g, u, alpha=1.702, limit=7.0):
     g = g.float().clamp(max=limit)
     u = u.float().clamp(-limit, limit)
@@ -141,6 +153,8 @@ def main():
 
     if want("kv_cache_write"):
         kv_bench()
+    if want("qkv_cache"):
+        qkv_cache_bench()
     if want("moe_experts"):
         moe_bench()
 
@@ -149,7 +163,7 @@ def kv_bench(Hkv=4, D=128, page=128):
     """KV cache write into the page-128 SHUFFLE layout: offsets precomputed, per-row fp8
     quantization (amax / 240, 1 for a zero row), scatter with index_put_."""
     for fp8 in (False, True):
-        for T in (64, 4096):
+        for T in (64, 4096, 32768):
             x = 16 if fp8 else 8
             nslot = 65536
             k = torch.randn(T, Hkv * D, device=dev, dtype=torch.bfloat16)
@@ -181,6 +195,57 @@ def kv_bench(Hkv=4, D=128, page=128):
                         cache[off.flatten()] = r.flatten()
             name = "fp8" if fp8 else "bf16"
             report(f"kv_cache_write {name} page128 T={T}", lambda: timeit(write))
+
+
+def qkv_cache_bench(Hkv=4, D=128):
+    """The fused step of tests/gpu_bench.c's bench_qkv_cache: q/k (and the indexer's q/k) norm
+    + rope in place in the packed qkv row (norm_rope_cols), then the K/V scatter of kv_bench
+    (page 128 bf16 dense; page 16 fp8 with K = bf16(k') over amax(fp32 k') / 448, V over its
+    own amax, and the fp8 index keys at unit scale)."""
+    bf = torch.bfloat16
+    for sparse in (False, True):
+        for T in (1, 64, 4096, 16384):
+            ld = 9856 if sparse else 9216
+            page, x = (16, 16) if sparse else (128, 8)
+            nslot = 65536
+            row = torch.randn(T, ld, device=dev, dtype=bf)
+            w = torch.randn(128, device=dev, dtype=bf) * 0.1
+            pos = torch.arange(100000, 100000 + T, device=dev, dtype=torch.float32)
+            inv = 1.0 / (5e6 ** (torch.arange(0, 64, 2, device=dev, dtype=torch.float32) / 64))
+            ang = pos[:, None] * inv[None, :]
+            cos, sin = ang.cos().bfloat16().float(), ang.sin().bfloat16().float()
+            slot = torch.arange(1000, 1000 + T, device=dev)
+            b, t = (slot // page)[:, None, None], (slot % page)[:, None, None]
+            h = torch.arange(Hkv, device=dev)[None, :, None]
+            i = torch.arange(D, device=dev)[None, None, :]
+            offk = (((b * Hkv + h) * (D // x) + i // x) * (page * x) + t * x + i % x).flatten()
+            offv = (((b * Hkv + h) * (page // x) + t // x) * (D * x) + i * x + t % x).flatten()
+            so = ((b * Hkv + h) * page + t)[..., 0].flatten()
+            offi = (slot[:, None] * 128 + torch.arange(128, device=dev)[None, :]).flatten()
+            dt = torch.uint8 if sparse else bf
+            kc = torch.zeros(nslot * Hkv * D, device=dev, dtype=dt)
+            vc = torch.zeros(nslot * Hkv * D, device=dev, dtype=dt)
+            ks, vs = torch.zeros(nslot * Hkv, device=dev), torch.zeros(nslot * Hkv, device=dev)
+            ic = torch.zeros(nslot * 128, device=dev, dtype=torch.uint8)
+
+            def step():
+                norm_rope_cols(row, 0, 64, w, cos, sin)
+                kf = norm_rope_cols(row, 8192, Hkv, w, cos, sin)
+                k, v = row[:, 8192:8704].view(T, Hkv, D), row[:, 8704:9216].view(T, Hkv, D)
+                if not sparse:
+                    kc[offk] = k.flatten()
+                    vc[offv] = v.flatten()
+                    return
+                norm_rope_cols(row, 9216, 4, w, cos, sin)
+                norm_rope_cols(row, 9728, 1, w, cos, sin)
+                for val, am, cache, sc, off in ((k.float(), kf, kc, ks, offk), (v.float(), v.float(), vc, vs, offv)):
+                    amax = am.abs().amax(-1)
+                    s = torch.where(amax == 0, torch.ones_like(amax), amax / 448.0)
+                    cache[off] = (val / s[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).flatten()
+                    sc[so] = s.flatten()
+                ic[offi] = row[:, 9728:9856].float().to(torch.float8_e4m3fn).view(torch.uint8).flatten()
+            name = "fp8 page16 sparse+index" if sparse else "bf16 page128 dense"
+            report(f"qkv_cache {name} T={T}", lambda: timeit(step))
 
 
 def moe_bench(E=128, K=4, D=6144, F=3072):

@@ -209,6 +209,17 @@ static void bench_rmsnorm_add(void **state) {
     }
 }
 
+/* n random bf16 values (sd 1): a 4 Mi-element random chunk replicated on the device (host
+ * normal fills of 10^8 values would cost seconds of device time per row) */
+static m3_bf16 *rand_rows(m3_gpu *g, m3_rng *r, int64_t n) {
+    const int64_t chunk = n < ((int64_t)1 << 22) ? n : ((int64_t)1 << 22);
+    m3_bf16 *c = rand_bf16(g, r, chunk, 1.0f), *d;
+    GPU_OK(m3_gpu_alloc(g, (void **)&d, (size_t)n * 2));
+    for (int64_t o = 0; o < n; o += chunk)
+        GPU_OK(m3_gpu_copy(g, d + o, c, (size_t)(n - o < chunk ? n - o : chunk) * 2));
+    return d;
+}
+
 typedef struct { m3_bf16 *x; const int32_t *pos; const m3_bf16 *w; int T, ld, H; m3_profile p; } rope_ctx;
 static m3_status do_rope(m3_gpu *g, void *c) {
     rope_ctx *x = c;
@@ -225,10 +236,11 @@ static void bench_qk_norm_rope(void **state) {
         /* -16384: the same rows at positions 0..T-1 (small angles), to see the cost of the
          * double-precision cos/sin of large angles */
         const bool small = Ts[i] < 0;
+        const size_t mark = m3_gpu_mark(g);
         rope_ctx c;
         c.T = small ? -Ts[i] : Ts[i], c.ld = 9856, c.H = 64;
         m3_profile_atom(&c.p);
-        c.x = rand_bf16(g, &r, (int64_t)c.T * c.ld, 1.0f);
+        c.x = rand_rows(g, &r, (int64_t)c.T * c.ld);
         c.w = rand_bf16(g, &r, 128, 0.1f);
         int32_t *pos = malloc(c.T * sizeof *pos);
         for (int t = 0; t < c.T; t++) pos[t] = (small ? 0 : 100000) + t;
@@ -239,6 +251,7 @@ static void bench_qk_norm_rope(void **state) {
         char nm[96];
         snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
         report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
+        m3_gpu_release(g, mark);
     }
 }
 
@@ -620,9 +633,10 @@ static void bench_kv_cache_write(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 908);
-    static const int Ts[] = {64, 4096};
+    /* 32768: 64 MiB of rows (bf16), enough bytes for a bandwidth figure */
+    static const int Ts[] = {64, 4096, 32768};
     for (int fp8 = 0; fp8 < 2; fp8++)
-        for (size_t i = 0; i < 2; i++) {
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
             const size_t mark = m3_gpu_mark(g);
             kv_ctx c;
             memset(&c, 0, sizeof c);
@@ -692,6 +706,71 @@ static void bench_copy_kernel(void **state) {
     m3_gpu_release(g, mark);
 }
 
+/* The fused attention-input step (m3_gpu_qk_norm_rope_cache) at M3 shapes: q/k (and the
+ * indexer's q/k) normed + roped in place in the packed qkv row, K/V (and index keys) written
+ * to the cache. Bytes: the rows read and written back, v read, the cache bytes and scales. */
+typedef struct {
+    m3_gpu_qkv x; m3_gpu_kv_cache c; const int64_t *slots; const int32_t *pos; int T; m3_profile p;
+} qkvc_ctx;
+static m3_status do_qkvc(m3_gpu *g, void *c) {
+    qkvc_ctx *x = c;
+    return m3_gpu_qk_norm_rope_cache(g, &x->x, &x->c, x->slots, x->pos, x->T, 1e-6f, 64, 5e6f, &x->p);
+}
+
+static void bench_qkv_cache(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 909);
+    static const int Ts[] = {1, 64, 4096, 16384};
+    for (int sparse = 0; sparse < 2; sparse++)
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+            const size_t mark = m3_gpu_mark(g);
+            qkvc_ctx c;
+            memset(&c, 0, sizeof c);
+            c.T = Ts[i];
+            m3_profile_atom(&c.p);
+            const int ld = sparse ? 9856 : 9216;
+            m3_bf16 *row = rand_rows(g, &r, (int64_t)c.T * ld);
+            const m3_bf16 *w = rand_bf16(g, &r, 128, 0.1f);
+            c.x.q = row, c.x.k = row + 8192, c.x.v = row + 8704;
+            c.x.ld_q = c.x.ld_k = c.x.ld_v = c.x.ld_iq = c.x.ld_ik = ld;
+            c.x.n_head = 64, c.x.n_kv_head = 4, c.x.head_dim = 128;
+            c.x.q_norm = c.x.k_norm = w;
+            const int64_t nslot = 65536; /* 512 blocks of 128 */
+            const int es = sparse ? 1 : 2;
+            c.c.page = sparse ? 16 : 128, c.c.fp8 = sparse != 0, c.c.fp8_max = 448.0f;
+            c.c.k_src = sparse ? M3_GPU_KQ_BF16_AMAX_F32 : M3_GPU_KQ_STORED;
+            GPU_OK(m3_gpu_alloc(g, &c.c.k, (size_t)nslot * 512 * es));
+            GPU_OK(m3_gpu_alloc(g, &c.c.v, (size_t)nslot * 512 * es));
+            if (sparse) {
+                c.x.index_q = row + 9216, c.x.index_k = row + 9728;
+                c.x.n_index_head = 4, c.x.index_dim = 128;
+                c.x.index_q_norm = c.x.index_k_norm = w;
+                GPU_OK(m3_gpu_alloc(g, (void **)&c.c.k_scale, (size_t)nslot * 4 * 4));
+                GPU_OK(m3_gpu_alloc(g, (void **)&c.c.v_scale, (size_t)nslot * 4 * 4));
+                GPU_OK(m3_gpu_alloc(g, &c.c.index_k, (size_t)nslot * 128));
+                c.c.index_fp8 = true;
+            }
+            int64_t *sl = malloc((size_t)c.T * sizeof *sl);
+            int32_t *pos = malloc((size_t)c.T * sizeof *pos);
+            for (int t = 0; t < c.T; t++) sl[t] = 1000 + t, pos[t] = 100000 + t;
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.slots, (size_t)c.T * sizeof *sl));
+            GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
+            GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, (size_t)c.T * sizeof *pos));
+            GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, (size_t)c.T * sizeof *pos));
+            free(sl), free(pos);
+            double ms = time_ms(g, do_qkvc, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "qkv_cache %s T=%d", sparse ? "fp8 page16 sparse+index" : "bf16 page128 dense", c.T);
+            /* rows read + written (q, k, index q/k), v read, cache K/V, scales, index keys */
+            const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
+            const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
+                                      (sparse ? 2 * 4 * 4 + 128 : 0));
+            report(nm, ms, bytes, T * normed * 12);
+            m3_gpu_release(g, mark);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ceiling_copy),
@@ -705,6 +784,7 @@ int main(void) {
         cmocka_unit_test(bench_moe_experts),
         cmocka_unit_test(bench_kv_cache_write),
         cmocka_unit_test(bench_copy_kernel),
+        cmocka_unit_test(bench_qkv_cache),
     };
     /* M3_BENCH_ONLY=moe_experts,attention times the benches whose name contains one of the
      * comma-separated words; the two ceilings always run (every row is a % of them) */

@@ -4,7 +4,7 @@
  * The whole cache (untouched bytes included: they keep a fill pattern) and every scale must
  * be identical byte for byte. Cases: bf16 and fp8 (fp8_max 240 and 448), both pages, Hkv 4,
  * Dh 128 (M3) and Hkv 3, Dh 64 (odd), scattered slots over several blocks, a padding slot
- * (-1), a zero row (scale 1) and a row of large values. */
+ * (-1), a zero row (scale 1) and a row of large values; plain rows (page 0, bf16). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,17 +72,18 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
     m3_fp8 codes[2][512];
     for (int t = 0; t < T; t++) {
         if (slots[t] < 0) continue;
-        const int64_t b = slots[t] / page, tt = slots[t] % page;
+        const int64_t b = page ? slots[t] / page : 0, tt = page ? slots[t] % page : 0;
         for (int h = 0; h < Hkv; h++) {
             const float *row[2] = {k + (size_t)t * ld + (size_t)h * Dh, v + (size_t)t * ld + (size_t)h * Dh};
             float sc[2] = {1.0f, 1.0f};
             if (fp8)
                 for (int w = 0; w < 2; w++) m3_fp8_quantize_rows(codes[w], &sc[w], row[w], 1, Dh, &qp);
-            const int64_t so = (b * Hkv + h) * page + tt;
+            const int64_t so = (b * Hkv + h) * (page ? page : 1) + tt;
             if (fp8) memcpy(eks + so, &sc[0], 4), memcpy(evs + so, &sc[1], 4);
             for (int i = 0; i < Dh; i++) {
-                const int64_t ok = ((b * Hkv + h) * (Dh / x) + i / x) * ((int64_t)page * x) + tt * x + i % x;
-                const int64_t ov = ((b * Hkv + h) * (page / x) + tt / x) * ((int64_t)Dh * x) + (int64_t)i * x + tt % x;
+                int64_t ok = ((b * Hkv + h) * (Dh / x) + i / x) * ((int64_t)page * x) + tt * x + i % x;
+                int64_t ov = ((b * Hkv + h) * (page / x) + tt / x) * ((int64_t)Dh * x) + (int64_t)i * x + tt % x;
+                if (page == 0) ok = ov = (slots[t] * Hkv + h) * Dh + i; /* plain rows */
                 if (fp8) {
                     ek[ok] = codes[0][i];
                     ev[ov] = codes[1][i];
@@ -126,6 +127,16 @@ static void kv_cache_write_matches_layout(void **state) {
         kv_case(g, 5, 3, 64, page, true, 240.0f);
         kv_case(g, 5, 3, 64, page, false, 0.0f);
     }
+    kv_case(g, 37, 4, 128, 0, false, 0.0f); /* plain rows (the GPU layer's own cache) */
+    kv_case(g, 5, 3, 64, 0, false, 0.0f);
+    /* plain-row fp8 has no scale layout: refused with a message */
+    m3_gpu_kv_cache c;
+    memset(&c, 0, sizeof c);
+    c.page = 0, c.fp8 = true, c.fp8_max = 448.0f, c.k = c.v = (void *)16;
+    c.k_scale = c.v_scale = (float *)16;
+    assert_int_equal(m3_gpu_kv_cache_write(g, &c, (const m3_bf16 *)16, 512, (const m3_bf16 *)16,
+                                           512, (const int64_t *)16, 1, 4, 128),
+                     M3_ERR_ARG);
 }
 
 int main(void) {

@@ -3,12 +3,20 @@
  * packed 9856-wide qkv row, Dh = 128, R = 64, theta = 5e6) and odd ones (T = 1, 3, 33;
  * D = 9, 1000; Dh = 80, R = 40), under every profile. fp32 storage paths must agree to
  * GPU_NMSE_F32 when the profile rounds nothing (fp32) and to GPU_NMSE_BF16 when it rounds;
- * bf16 storage paths to GPU_NMSE_BF16. Outputs are guarded and poisoned first. */
+ * bf16 storage paths to GPU_NMSE_BF16. Outputs are guarded and poisoned first.
+ * q/k norm + rope is additionally checked BIT FOR BIT (gpu/rope.hip keeps every operation of
+ * ref/rope.c), and the fused m3_gpu_qk_norm_rope_cache against the ref composition of
+ * ref/layer.c (m3_qk_norm_rope of q, k, index_q, index_k; m3_kv_write, m3_kv_index_write):
+ * every byte of q/k/index rows, of the K, V and index caches and of the fp8 scales, for bf16
+ * and fp8 caches in the page-128 SHUFFLE, page-16 and plain layouts and each fp8 K writer
+ * (§4.7), at M3 shapes (H=64, Hkv=4, Dh=128, R=64, G=4, Di=128) and odd ones, in one launch
+ * and split in two (q/k/v, then the indexer's parts with an index-only cache write). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ref/kvcache.h"
 #include "ref/norm.h"
 #include "ref/rope.h"
 #include "tests/gpu_test.h"
@@ -27,6 +35,20 @@ static double bound_for(const m3_profile *p, bool rounds) {
 
 static void fill_w(m3_rng *r, m3_bf16 *w, int n) {
     for (int i = 0; i < n; i++) w[i] = m3_f32_to_bf16(m3_rng_uniform(r, -0.5f, 0.5f));
+}
+
+/* Fail unless got == ref bit for bit (both hold exact bf16 or fp32 values). */
+static void expect_bits(const float *ref, const float *got, int64_t n, const char *what) {
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (m3_f32_bits(ref[i]) != m3_f32_bits(got[i])) {
+            if (first < 0) first = i;
+            bad++;
+        }
+    printf("  %-58s %lld elements differ in a bit\n", what, (long long)bad);
+    if (bad)
+        m3_test_failf("%s: %lld elements differ; first [%lld]: ref %a gpu %a", what, (long long)bad,
+                      (long long)first, (double)ref[first], (double)got[first]);
 }
 
 /* ---- residual + RMSNorm ---------------------------------------------------------------- */
@@ -236,6 +258,7 @@ static void rope_case(m3_gpu *g, const rope_shape *sh, int prof) {
     snprintf(what, sizeof what, "qk_norm_rope_f32(%s,%s,T=%d,H=%d,Dh=%d,R=%d)", p.name, sh->name,
              T, sh->n_head, sh->head_dim, sh->rot_dim);
     gpu_expect_nmse(ref, got, n, bound_for(&p, p.qk_round != M3_QK_ROUND_NONE), what);
+    expect_bits(ref, got, n, what);
 
     if (p.qk_round != M3_QK_ROUND_NONE) { /* bf16 storage */
         m3_bf16 *dxb0 = gpu_upload_bf16(g, x, n, ref);
@@ -250,6 +273,7 @@ static void rope_case(m3_gpu *g, const rope_shape *sh, int prof) {
         snprintf(what, sizeof what, "qk_norm_rope bf16(%s,%s,T=%d,H=%d,Dh=%d,R=%d)", p.name,
                  sh->name, T, sh->n_head, sh->head_dim, sh->rot_dim);
         gpu_expect_nmse(ref, got, n, GPU_NMSE_BF16, what);
+        expect_bits(ref, got, n, what);
     }
     free(x); free(ref); free(got); free(w); free(pos);
 }
@@ -267,12 +291,253 @@ static void qk_norm_rope_matches_ref(void **state) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) rope_case(g, &shapes[s], prof);
 }
 
+/* ---- fused q/k norm + rope + cache write ---------------------------------------------- */
+typedef struct {
+    int T, H, Hkv, Dh, G, Di, R, pad; /* pad: extra elements per packed row (odd: scalar path) */
+    const char *name;
+} fused_shape;
+typedef struct {
+    int page;  /* -1: no cache; 0 plain rows; 128; 16 */
+    bool fp8, index, index_fp8;
+    float fp8_max;
+    m3_gpu_kq_src k_src;
+    m3_fp8_overflow ovf;
+} fused_cache;
+
+#define FUSED_FILL 0xEE
+#define FUSED_BLOCKS 5 /* physical blocks of 128 slots */
+
+static void expect_bytes(const void *ref, const void *got, size_t n, const char *what) {
+    const unsigned char *a = ref, *b = got;
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i] && bad++ == 0) first = i;
+    printf("  %-58s %zu of %zu bytes differ\n", what, bad, n);
+    if (bad)
+        m3_test_failf("%s: %zu bytes differ; first at %zu: ref 0x%02x gpu 0x%02x", what, bad, first,
+                      a[first], b[first]);
+}
+
+static void *dl_bytes(m3_gpu *g, const void *d, size_t n, const char *what) {
+    void *h = malloc(n + 1);
+    assert_non_null(h);
+    GPU_OK(m3_gpu_download(g, h, d, n));
+    gpu_guard_check(g, d, n, what);
+    return h;
+}
+
+static void *guard_fill(m3_gpu *g, size_t n) {
+    void *d = gpu_guard_alloc(g, n);
+    GPU_OK(m3_gpu_memset(g, d, FUSED_FILL, n));
+    return d;
+}
+
+/* split: two launches, (q, k, v) then (index_q, index_k), as a layer that keeps ref's stage
+ * order runs it; the bytes must be the same as one launch's. */
+static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, int prof,
+                       bool split) {
+    m3_profile p;
+    profile_of(&p, prof);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 500 + (uint64_t)sh->T * 7 + (uint64_t)sh->Dh +
+                                        (uint64_t)(fc->page + 1) * 3 + (uint64_t)fc->fp8 * 11 +
+                                        (uint64_t)fc->k_src * 13 + (uint64_t)prof);
+    const int T = sh->T, H = sh->H, Hkv = sh->Hkv, Dh = sh->Dh, G = sh->G, Di = sh->Di;
+    const int QW = H * Dh, KW = Hkv * Dh, cq = 0, ck = QW, cv = ck + KW, ciq = cv + KW,
+              cik = ciq + G * Di, ld = cik + Di + sh->pad;
+    const int64_t n = (int64_t)T * ld;
+    const float theta = 5e6f;
+    float *x = malloc(n * sizeof *x), *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got);
+    m3_bf16 *wq = malloc(Dh * 2), *wk = malloc(Dh * 2), *wiq = malloc(Di * 2), *wik = malloc(Di * 2);
+    int32_t *pos = malloc(T * sizeof *pos);
+    int64_t *slots = malloc(T * sizeof *slots);
+    m3_fill_normal(&r, x, n, 1.0f);
+    for (int d = 0; d < Dh; d++) x[(size_t)(T > 1) * ld + ck + d] = 0.0f;   /* a zero k head */
+    for (int d = 0; d < Dh; d++) x[(size_t)(T - 1) * ld + cv + d] *= 300.0f; /* a large v head */
+    fill_w(&r, wq, Dh), fill_w(&r, wk, Dh), fill_w(&r, wiq, Di), fill_w(&r, wik, Di);
+    const int n_slot = FUSED_BLOCKS * 128;
+    for (int t = 0; t < T; t++) {
+        pos[t] = (int32_t)(m3_rng_u32(&r) % 1048576u);
+        /* runs of consecutive slots (as one sequence fills a block) at random places */
+        if (t > 0 && t % 4 != 0 && slots[t - 1] + 1 < n_slot) {
+            slots[t] = slots[t - 1] + 1;
+        } else {
+            slots[t] = (int64_t)(m3_rng_u32(&r) % (uint32_t)n_slot);
+        }
+        for (int u = 0; u < t; u++)
+            if (slots[u] == slots[t]) { slots[t] = -2; break; } /* keep slots distinct */
+    }
+    for (int t = 0; t < T; t++)
+        if (slots[t] == -2) slots[t] = -1;
+    if (T > 2) slots[2] = -1; /* padding: normed, not written */
+    pos[0] = 0;
+
+    /* device inputs: the packed rows (bf16), weights, positions, slots */
+    m3_bf16 *d0 = gpu_upload_bf16(g, x, n, x); /* x now holds the bf16 values */
+    m3_bf16 *dx = gpu_guard_alloc(g, n * sizeof(m3_bf16));
+    GPU_OK(m3_gpu_copy(g, dx, d0, n * sizeof(m3_bf16)));
+    void *dwq, *dwk, *dwiq, *dwik, *dpos, *dslots;
+    GPU_OK(m3_gpu_alloc(g, &dwq, Dh * 2)); GPU_OK(m3_gpu_upload(g, dwq, wq, Dh * 2));
+    GPU_OK(m3_gpu_alloc(g, &dwk, Dh * 2)); GPU_OK(m3_gpu_upload(g, dwk, wk, Dh * 2));
+    GPU_OK(m3_gpu_alloc(g, &dwiq, Di * 2)); GPU_OK(m3_gpu_upload(g, dwiq, wiq, Di * 2));
+    GPU_OK(m3_gpu_alloc(g, &dwik, Di * 2)); GPU_OK(m3_gpu_upload(g, dwik, wik, Di * 2));
+    GPU_OK(m3_gpu_alloc(g, &dpos, T * sizeof *pos)); GPU_OK(m3_gpu_upload(g, dpos, pos, T * sizeof *pos));
+    GPU_OK(m3_gpu_alloc(g, &dslots, T * sizeof *slots));
+    GPU_OK(m3_gpu_upload(g, dslots, slots, T * sizeof *slots));
+
+    /* the reference composition (ref/layer.c) */
+    memcpy(ref, x, n * sizeof *x);
+    const bool cache = fc->page >= 0;
+    const bool k_from_f32 = cache && fc->fp8 && fc->k_src != M3_GPU_KQ_STORED;
+    float *kf = malloc((size_t)T * KW * sizeof *kf);
+    m3_qk_norm_rope(ref + cq, ld, pos, T, H, Dh, wq, EPS, sh->R, theta, &p);
+    if (k_from_f32) { /* the fp32 k of the fused norm + rope, then ONCE's rounding */
+        m3_profile pn = p;
+        pn.qk_round = M3_QK_ROUND_NONE;
+        m3_qk_norm_rope(ref + ck, ld, pos, T, Hkv, Dh, wk, EPS, sh->R, theta, &pn);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < KW; i++) {
+                kf[(size_t)t * KW + i] = ref[(size_t)t * ld + ck + i];
+                ref[(size_t)t * ld + ck + i] = m3_round_bf16(kf[(size_t)t * KW + i]);
+            }
+    } else {
+        m3_qk_norm_rope(ref + ck, ld, pos, T, Hkv, Dh, wk, EPS, sh->R, theta, &p);
+    }
+    if (G) m3_qk_norm_rope(ref + ciq, ld, pos, T, G, Di, wiq, EPS, sh->R, theta, &p);
+    m3_qk_norm_rope(ref + cik, ld, pos, T, 1, Di, wik, EPS, sh->R, theta, &p);
+
+    /* caches: the ref layer storage and the device buffers, both filled with FUSED_FILL */
+    m3_kv_layer kl;
+    m3_kv_geom kg;
+    const m3_kv_elem el = fc->fp8 ? M3_KV_FP8 : M3_KV_BF16;
+    m3_kv_geom_init(&kg, Hkv, Dh, 128, fc->page == 16 ? 16 : 128, el, M3_FP8_E4M3FN);
+    m3_kv_layer_init(&kl, &kg, fc->page == 16 ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK,
+                     fc->index ? Di : 0, fc->index_fp8 ? M3_KV_FP8 : M3_KV_BF16);
+    GPU_OK(m3_kv_layer_reserve(&kl, FUSED_BLOCKS));
+    const size_t kb = (size_t)FUSED_BLOCKS * kg.k_block * kg.elem_bytes;
+    const size_t vb = (size_t)FUSED_BLOCKS * kg.v_stride * kg.elem_bytes;
+    const size_t sb = (size_t)FUSED_BLOCKS * Hkv * 128 * sizeof(float);
+    const size_t ib = (size_t)n_slot * Di * (fc->index_fp8 ? 1 : 2);
+    memset(kl.k, FUSED_FILL, kb), memset(kl.v, FUSED_FILL, vb);
+    if (fc->fp8) memset(kl.k_scale, FUSED_FILL, sb), memset(kl.v_scale, FUSED_FILL, sb);
+    if (fc->index) memset(kl.index_k, FUSED_FILL, ib);
+    m3_gpu_kv_cache c;
+    memset(&c, 0, sizeof c);
+    if (cache) {
+        c.page = fc->page, c.fp8 = fc->fp8, c.fp8_max = fc->fp8_max, c.kind = M3_FP8_E4M3FN;
+        c.ovf = fc->ovf, c.k_src = fc->k_src;
+        c.k = guard_fill(g, kb), c.v = guard_fill(g, vb);
+        if (fc->fp8) c.k_scale = guard_fill(g, sb), c.v_scale = guard_fill(g, sb);
+        if (fc->index) c.index_k = guard_fill(g, ib), c.index_fp8 = fc->index_fp8;
+        m3_kv_writer wr = {.fp8_max = fc->fp8_max, .ovf = fc->ovf};
+        for (int t = 0; t < T; t++) {
+            if (slots[t] < 0) continue;
+            const float *kr = ref + (size_t)t * ld + ck, *vr = ref + (size_t)t * ld + cv;
+            const float *kval = kr, *kamax = kr;
+            if (k_from_f32) {
+                kamax = kf + (size_t)t * KW;
+                if (fc->k_src == M3_GPU_KQ_F32) kval = kamax;
+            }
+            if (fc->page == 0) { /* plain rows: the stored bf16 values at slot * KW */
+                for (int i = 0; i < KW; i++) {
+                    const m3_bf16 bk = m3_f32_to_bf16(kr[i]), bv = m3_f32_to_bf16(vr[i]);
+                    memcpy(kl.k + ((size_t)slots[t] * KW + i) * 2, &bk, 2);
+                    memcpy(kl.v + ((size_t)slots[t] * KW + i) * 2, &bv, 2);
+                }
+            } else {
+                m3_kv_write(&kl, slots[t], kval, kamax, vr, &wr);
+            }
+            if (fc->index) m3_kv_index_write(&kl, slots[t], ref + (size_t)t * ld + cik, fc->ovf);
+        }
+    }
+
+    m3_gpu_qkv q;
+    memset(&q, 0, sizeof q);
+    q.q = dx + cq, q.k = dx + ck, q.v = dx + cv, q.index_k = dx + cik;
+    q.index_q = G ? dx + ciq : NULL;
+    q.ld_q = q.ld_k = q.ld_v = q.ld_iq = q.ld_ik = ld;
+    q.n_head = H, q.n_kv_head = Hkv, q.head_dim = Dh, q.n_index_head = G, q.index_dim = Di;
+    q.q_norm = dwq, q.k_norm = dwk, q.index_q_norm = dwiq, q.index_k_norm = dwik;
+    if (!split) {
+        GPU_OK(m3_gpu_qk_norm_rope_cache(g, &q, cache ? &c : NULL, cache ? dslots : NULL, dpos, T,
+                                         EPS, sh->R, theta, &p));
+    } else {
+        m3_gpu_qkv q1 = q, q2 = q;
+        m3_gpu_kv_cache c1 = c;
+        q1.index_q = q1.index_k = NULL, c1.index_k = NULL;
+        q2.q = q2.k = NULL, q2.v = NULL;
+        GPU_OK(m3_gpu_qk_norm_rope_cache(g, &q1, cache ? &c1 : NULL, cache ? dslots : NULL, dpos,
+                                         T, EPS, sh->R, theta, &p));
+        GPU_OK(m3_gpu_qk_norm_rope_cache(g, &q2, cache && fc->index ? &c : NULL,
+                                         cache ? dslots : NULL, dpos, T, EPS, sh->R, theta, &p));
+    }
+    char what[200];
+    const char *src = fc->k_src == M3_GPU_KQ_F32 ? "kf32" : fc->k_src ? "kbf16/amaxf32" : "kstored";
+    snprintf(what, sizeof what, "fused(%s,%s,T=%d,page=%d,%s%s,idx=%s%s)", p.name, sh->name, T,
+             fc->page, fc->fp8 ? "fp8 " : cache ? "bf16" : "none", fc->fp8 ? src : "",
+             fc->index ? (fc->index_fp8 ? "fp8" : "bf16") : "-", split ? ",split" : "");
+    gpu_download_bf16(g, got, dx, n);
+    gpu_guard_check(g, dx, n * sizeof(m3_bf16), "fused rows");
+    for (int64_t i = 0; i < n; i++) ref[i] = m3_round_bf16(ref[i]); /* stored bf16 values */
+    char w2[240];
+    snprintf(w2, sizeof w2, "%s rows", what);
+    expect_bits(ref, got, n, w2);
+    if (cache) {
+        void *h = dl_bytes(g, c.k, kb, "k cache");
+        snprintf(w2, sizeof w2, "%s K", what), expect_bytes(kl.k, h, kb, w2), free(h);
+        h = dl_bytes(g, c.v, vb, "v cache");
+        snprintf(w2, sizeof w2, "%s V", what), expect_bytes(kl.v, h, vb, w2), free(h);
+        if (fc->fp8) {
+            h = dl_bytes(g, c.k_scale, sb, "k scales");
+            snprintf(w2, sizeof w2, "%s K scales", what), expect_bytes(kl.k_scale, h, sb, w2), free(h);
+            h = dl_bytes(g, c.v_scale, sb, "v scales");
+            snprintf(w2, sizeof w2, "%s V scales", what), expect_bytes(kl.v_scale, h, sb, w2), free(h);
+        }
+        if (fc->index) {
+            h = dl_bytes(g, c.index_k, ib, "index cache");
+            snprintf(w2, sizeof w2, "%s index", what), expect_bytes(kl.index_k, h, ib, w2), free(h);
+        }
+    }
+    m3_kv_layer_free(&kl);
+    free(x); free(ref); free(got); free(wq); free(wk); free(wiq); free(wik); free(pos);
+    free(slots); free(kf);
+}
+
+static void qk_norm_rope_cache_matches_ref(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const fused_shape shapes[] = {
+        {33, 64, 4, 128, 4, 128, 64, 0, "M3"},  /* packed 9856-wide sparse-layer row */
+        {1, 64, 4, 128, 0, 128, 64, 8, "M3-decode"},
+        {5, 3, 3, 80, 2, 48, 40, 3, "odd"},    /* odd pitch: the element-wise path */
+    };
+    /* page, fp8, index, index_fp8, fp8_max, k_src, ovf: the §4.7 writers */
+    static const fused_cache caches[] = {
+        {-1, false, false, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
+        {0, false, true, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
+        {128, false, false, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
+        {16, false, true, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
+        {128, true, false, false, 240, M3_GPU_KQ_F32, M3_FP8_SATURATE},           /* dense */
+        {16, true, true, true, 448, M3_GPU_KQ_BF16_AMAX_F32, M3_FP8_SATURATE},   /* sparse */
+        {16, true, true, true, 240, M3_GPU_KQ_F32, M3_FP8_OVF_NAN},              /* reuse */
+        {128, true, true, true, 448, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
+    };
+    for (int prof = 1; prof < 3; prof++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t k = 0; k < sizeof caches / sizeof caches[0]; k++) {
+                /* the fp32-k writers are atom's (qk_round ONCE) */
+                if (caches[k].fp8 && caches[k].k_src != M3_GPU_KQ_STORED && prof != 2) continue;
+                fused_case(g, &shapes[s], &caches[k], prof, false);
+                if (s == 0 && caches[k].index) fused_case(g, &shapes[s], &caches[k], prof, true);
+            }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rmsnorm_matches_ref),
         cmocka_unit_test(rmsnorm_add_matches_ref),
         cmocka_unit_test(rmsnorm_variants_same_bytes),
         cmocka_unit_test(qk_norm_rope_matches_ref),
+        cmocka_unit_test(qk_norm_rope_cache_matches_ref),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
