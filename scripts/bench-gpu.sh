@@ -18,7 +18,7 @@ grep -E '^bench:' "$OUT/m3.log"
 : >"$OUT/torch.log"
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   # M3_BENCH_ONLY (gpu_bench's filter) narrows the PyTorch rows the same way
-  PYTHONUNBUFFERED=1 python3 "$here/bench_torch.py" ${M3_BENCH_ONLY//,/ } >"$OUT/torch.log" 2>&1 || echo "bench_torch.py failed"
+  PYTHONUNBUFFERED=1 python3 "$here/bench_torch.py" ${M3_BENCH_ONLY:+${M3_BENCH_ONLY//,/ }} >"$OUT/torch.log" 2>&1 || echo "bench_torch.py failed"
 else
   echo "bench-gpu: python3 with CUDA torch not found; PyTorch comparison skipped"
 fi
