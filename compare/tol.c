@@ -140,31 +140,27 @@ static bool is_fp32_profile(const char *p) {
     return p && (!strcmp(p, "fp32") || !strcmp(p, "float32"));
 }
 
-/* the string value of "key" in a flat JSON object written by m3_variant_json */
-static bool vfield(const char *json, const char *key, char *val, size_t cap) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(json, pat);
-    if (!p) return false;
-    p += strlen(pat);
-    while (*p == ' ') p++;
-    size_t n = 0;
-    if (*p == '"') p++;
-    while (*p && *p != '"' && *p != ',' && *p != '}' && n + 1 < cap) val[n++] = *p++;
-    val[n] = 0;
-    return true;
+/* a string member of the variant object ("" when absent or not a string) */
+static const char *vstr(const m3_json *v, const char *key) {
+    const m3_json *m = m3_json_get(v, key);
+    return m3_json_is_string(m) ? m3_json_str(m) : "";
 }
 
 bool m3_tol_variant_quantizes(const char *v) {
-    if (!v || !v[0]) return false;
-    char e[32] = "", b[32] = "", x[32] = "";
-    vfield(v, "experts", e, sizeof e);
-    if (!strcmp(e, "mxfp8")) return true;
-    if (!strcmp(e, "mxfp4") && vfield(v, "moe_act_bound", b, sizeof b) && atoi(b) > 0) return true;
-    if (vfield(v, "ptpc", x, sizeof x) && strcmp(x, "off") != 0) return true;
-    if (vfield(v, "kv_cache", x, sizeof x) && !strcmp(x, "fp8")) return true;
-    if (vfield(v, "index_cache", x, sizeof x) && !strcmp(x, "fp8")) return true;
-    return false;
+    m3_json *root = NULL;
+    if (!v || !v[0] || m3_json_parse(&root, v, strlen(v), "variant attribute") != M3_OK) {
+        m3_clear_error(); /* no (or an unreadable) variant: the plain path */
+        return false;
+    }
+    int64_t bound = 0;
+    const char *e = vstr(root, "experts");
+    const bool q = !strcmp(e, "mxfp8") ||
+                   (!strcmp(e, "mxfp4") && m3_json_int(m3_json_get(root, "moe_act_bound"), &bound) &&
+                    bound > 0) ||
+                   (vstr(root, "ptpc")[0] && strcmp(vstr(root, "ptpc"), "off") != 0) ||
+                   !strcmp(vstr(root, "kv_cache"), "fp8") || !strcmp(vstr(root, "index_cache"), "fp8");
+    m3_json_free(root);
+    return q;
 }
 
 int m3_tol_class(const m3_tol *t, const char *pa, const char *pb, const char *va, const char *vb) {

@@ -33,18 +33,6 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* Run "m3 <args>", return the exit status; *out gets stdout+stderr (caller frees). */
-static int m3(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int m3(char **out, const char *fmt, ...) {
-    char args[4096], cmd[4400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s", m3_bin(), args);
-    return m3_run_cmd(cmd, out);
-}
-
 /* exit 2, exactly one line, starting "m3: " and containing `what` */
 static void expect_fail(const char *what, int rc, char *out) {
     if (rc != 2 || strncmp(out, "m3: ", 4) != 0 || !strstr(out, what) ||
@@ -58,7 +46,7 @@ static void run_writes_dump(void **state) {
     char *out, path[400];
     snprintf(path, sizeof path, "%s/run.h5", tmp);
     int rc =
-        m3(&out, "run --model %s/model --tokens %s/tokens.txt --dump %s --threads 2", fx, fx, path);
+        m3_run_m3(&out, "run --model %s/model --tokens %s/tokens.txt --dump %s --threads 2", fx, fx, path);
     if (rc) fail_msg("exit %d: %s", rc, out);
     assert_non_null(strstr(out, "next: "));
     free(out);
@@ -122,18 +110,18 @@ static void run_writes_dump(void **state) {
     m3_dump_close(d);
 
     /* the run agrees with transformers per m3 compare's own table (exit 0) */
-    rc = m3(&out, "compare %s/hf_fp32.h5 %s --quiet", fx, path);
+    rc = m3_run_m3(&out, "compare %s/hf_fp32.h5 %s --quiet", fx, path);
     if (rc) fail_msg("m3 compare exit %d: %s", rc, out);
     free(out);
 
     /* an existing dump is never replaced without --force; the file is untouched */
     struct stat st0, st1;
     assert_int_equal(stat(path, &st0), 0);
-    rc = m3(&out, "run --model %s/model --ids '1 2 3' --dump %s", fx, path);
+    rc = m3_run_m3(&out, "run --model %s/model --ids '1 2 3' --dump %s", fx, path);
     expect_fail("exists", rc, out);
     assert_int_equal(stat(path, &st1), 0);
     assert_true(st0.st_size == st1.st_size && st0.st_mtime == st1.st_mtime);
-    rc = m3(&out, "run --model %s/model --ids '1 2 3' --dump %s --force", fx, path);
+    rc = m3_run_m3(&out, "run --model %s/model --ids '1 2 3' --dump %s --force", fx, path);
     if (rc) fail_msg("--force: exit %d: %s", rc, out);
     free(out);
 }
@@ -142,7 +130,7 @@ static void generate_writes_passes(void **state) {
     (void)state;
     char *out, path[400];
     snprintf(path, sizeof path, "%s/gen.h5", tmp);
-    int rc = m3(&out, "run --model %s/model --ids '5 17 42 99 7' --generate 3 --dump %s", fx, path);
+    int rc = m3_run_m3(&out, "run --model %s/model --ids '5 17 42 99 7' --generate 3 --dump %s", fx, path);
     if (rc) fail_msg("exit %d: %s", rc, out);
     assert_non_null(strstr(out, "generated:"));
     free(out);
@@ -162,10 +150,10 @@ static void generate_writes_passes(void **state) {
     /* replaying the multi-pass dump from itself reproduces it (fp32, same code) */
     char rp[400];
     snprintf(rp, sizeof rp, "%s/gen_replay.h5", tmp);
-    rc = m3(&out, "replay --model %s/model --from %s --dump %s", fx, path, rp);
+    rc = m3_run_m3(&out, "replay --model %s/model --from %s --dump %s", fx, path, rp);
     if (rc) fail_msg("replay exit %d: %s", rc, out);
     free(out);
-    rc = m3(&out, "compare %s %s --quiet", path, rp);
+    rc = m3_run_m3(&out, "compare %s %s --quiet", path, rp);
     if (rc) fail_msg("compare of replay vs run: exit %d: %s", rc, out);
     free(out);
 }
@@ -174,13 +162,13 @@ static void replay_hf_against_bf16(void **state) {
     (void)state;
     char *out, path[400];
     snprintf(path, sizeof path, "%s/replay.h5", tmp);
-    int rc = m3(&out,
+    int rc = m3_run_m3(&out,
                 "replay --model %s/model --from %s/hf_bf16.h5 --profile hf --ref-select "
                 "--dump %s",
                 fx, fx, path);
     if (rc) fail_msg("exit %d: %s", rc, out);
     free(out);
-    rc = m3(&out, "compare %s/hf_bf16.h5 %s --quiet", fx, path);
+    rc = m3_run_m3(&out, "compare %s/hf_bf16.h5 %s --quiet", fx, path);
     if (rc) fail_msg("m3 compare exit %d: %s", rc, out);
     free(out);
     /* a replay source without layer inputs cannot teacher-force: exit 2, no output */
@@ -196,7 +184,7 @@ static void replay_hf_against_bf16(void **state) {
     assert_int_equal(m3_dump_write(d, "positions", &t, NULL), M3_OK);
     assert_int_equal(m3_dump_commit(d), M3_OK);
     m3_dump_close(d);
-    rc = m3(&out, "replay --model %s/model --from %s --dump %s", fx, src, bp);
+    rc = m3_run_m3(&out, "replay --model %s/model --from %s --dump %s", fx, src, bp);
     expect_fail("layers/00/input", rc, out);
     assert_false(exists(bp));
 }
@@ -207,34 +195,34 @@ static void bad_inputs_exit_2(void **state) {
     snprintf(path, sizeof path, "%s/bad.h5", tmp);
     snprintf(tmpf, sizeof tmpf, "%s.tmp", path);
     int rc;
-    rc = m3(&out, "run --model %s/no-such-dir --ids '1 2' --dump %s", tmp, path);
+    rc = m3_run_m3(&out, "run --model %s/no-such-dir --ids '1 2' --dump %s", tmp, path);
     expect_fail("no-such-dir", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1 512' --dump %s", fx, path);
+    rc = m3_run_m3(&out, "run --model %s/model --ids '1 512' --dump %s", fx, path);
     expect_fail("512", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1 x' --dump %s", fx, path);
+    rc = m3_run_m3(&out, "run --model %s/model --ids '1 x' --dump %s", fx, path);
     expect_fail("--ids", rc, out);
-    rc = m3(&out, "run --model %s/model --tokens %s/none.txt --dump %s", fx, tmp, path);
+    rc = m3_run_m3(&out, "run --model %s/model --tokens %s/none.txt --dump %s", fx, tmp, path);
     expect_fail("none.txt", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --experts mxfp5 --dump %s", fx, path);
+    rc = m3_run_m3(&out, "run --model %s/model --ids '1' --experts mxfp5 --dump %s", fx, path);
     expect_fail("mxfp5", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --kv-cache fp9", fx);
+    rc = m3_run_m3(&out, "run --model %s/model --ids '1' --kv-cache fp9", fx);
     expect_fail("fp9", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --topk-reuse 0", fx);
+    rc = m3_run_m3(&out, "run --model %s/model --ids '1' --topk-reuse 0", fx);
     expect_fail("topk", rc, out);
-    rc = m3(&out,
+    rc = m3_run_m3(&out,
             "run --model %s/model --ids '1' --override '{\"use_index_cache\": true, "
             "\"index_topk_pattern\": \"Sx\"}'",
             fx);
     expect_fail("index_topk_pattern", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --override '{\"no_such_key\": 1}'", fx);
+    rc = m3_run_m3(&out, "run --model %s/model --ids '1' --override '{\"no_such_key\": 1}'", fx);
     expect_fail("no_such_key", rc, out);
-    rc = m3(&out, "run --model %s/model --ids '1' --profile bf17", fx);
+    rc = m3_run_m3(&out, "run --model %s/model --ids '1' --profile bf17", fx);
     expect_fail("bf17", rc, out);
-    rc = m3(&out, "run --model %s/model", fx);
+    rc = m3_run_m3(&out, "run --model %s/model", fx);
     expect_fail("--ids", rc, out);
-    rc = m3(&out, "run --model %s/model --ids 1 --bogus 3", fx);
+    rc = m3_run_m3(&out, "run --model %s/model --ids 1 --bogus 3", fx);
     expect_fail("--bogus", rc, out);
-    rc = m3(&out, "replay --model %s/model --from %s/none.h5 --dump %s", fx, tmp, path);
+    rc = m3_run_m3(&out, "replay --model %s/model --from %s/none.h5 --dump %s", fx, tmp, path);
     expect_fail("none.h5", rc, out);
 
     /* a checkpoint missing a tensor the config implies: layer 0 declared MoE, so its router
@@ -246,9 +234,9 @@ static void bad_inputs_exit_2(void **state) {
              "sed 's/\"dense\",/\"sparse\",/' '%s/model/config.json' > '%s/config.json'",
              md, fx, md, fx, md);
     assert_int_equal(system(cmd), 0);
-    rc = m3(&out, "run --model %s --ids '1 2' --dump %s", md, path);
+    rc = m3_run_m3(&out, "run --model %s --ids '1 2' --dump %s", md, path);
     expect_fail("missing tensor", rc, out);
-    rc = m3(&out, "replay --model %s --from %s/hf_fp32.h5 --dump %s", md, fx, path);
+    rc = m3_run_m3(&out, "replay --model %s --from %s/hf_fp32.h5 --dump %s", md, fx, path);
     expect_fail("missing tensor", rc, out);
 
     assert_false(exists(path));

@@ -961,17 +961,6 @@ static void model_errors(void **state) {
 }
 
 /* ---- the command line -------------------------------------------------------------------- */
-static int m3cli(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int m3cli(char **out, const char *fmt, ...) {
-    char args[4096], cmd[4400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s", m3_bin(), args);
-    return m3_run_cmd(cmd, out);
-}
-
 static void expect_rc0(int rc, char *out, const char *what) {
     if (rc != 0) m3_test_failf("%s: exit %d: %s", what, rc, out);
     free(out);
@@ -997,25 +986,25 @@ static void cli_run_replay_compare(void **state) {
         const char *profs[2] = {"fp32", "hf"};
         for (int k = 0; k < 2; k++) {
             if (k == 1) setenv("M3_GPU_STORAGE", "f32", 1);
-            rc = m3cli(&out, "run --model %s --tokens %s --profile %s --dump %s --force",
+            rc = m3_run_m3(&out, "run --model %s --tokens %s --profile %s --dump %s --force",
                        model_dir, toks, profs[k], a);
             expect_rc0(rc, out, "m3 run --backend ref");
-            rc = m3cli(&out, "run --backend %s --model %s --tokens %s --profile %s --dump %s --force",
+            rc = m3_run_m3(&out, "run --backend %s --model %s --tokens %s --profile %s --dump %s --force",
                        be, model_dir, toks, profs[k], b);
             expect_rc0(rc, out, "m3 run --backend gpu");
             unsetenv("M3_GPU_STORAGE");
-            rc = m3cli(&out, "compare %s %s --quiet", a, b);
+            rc = m3_run_m3(&out, "compare %s %s --quiet", a, b);
             printf("  %s: m3 compare ref gpu (run, %s%s): exit %d: %s", fx, profs[k],
                    k ? ", M3_GPU_STORAGE=f32" : "", rc, out);
             expect_rc0(rc, out, "m3 compare (run)");
         }
-        rc = m3cli(&out, "replay --model %s --from %s --profile hf --dump %s --force",
+        rc = m3_run_m3(&out, "replay --model %s --from %s --profile hf --dump %s --force",
                          model_dir, from, ra);
         expect_rc0(rc, out, "m3 replay --backend ref");
-        rc = m3cli(&out, "replay --backend %s --model %s --from %s --profile hf --dump %s --force",
+        rc = m3_run_m3(&out, "replay --backend %s --model %s --from %s --profile hf --dump %s --force",
                          be, model_dir, from, rb);
         expect_rc0(rc, out, "m3 replay --backend gpu");
-        rc = m3cli(&out, "compare %s %s --quiet", ra, rb);
+        rc = m3_run_m3(&out, "compare %s %s --quiet", ra, rb);
         printf("  %s: m3 compare ref gpu (replay): exit %d: %s", fx, rc, out);
         expect_rc0(rc, out, "m3 compare (replay)");
         /* the producer names the backend */
@@ -1030,7 +1019,7 @@ static void cli_run_replay_compare(void **state) {
             m3_test_failf("producer '%s' does not start with '%s'", prod, want);
         free(prod);
         /* decode from the command line */
-        rc = m3cli(&out, "run --backend %s --model %s --tokens %s --profile hf --generate 3",
+        rc = m3_run_m3(&out, "run --backend %s --model %s --tokens %s --profile hf --generate 3",
                    be, model_dir, toks);
         printf("  %s: m3 run --generate 3: %s", fx, out);
         expect_rc0(rc, out, "m3 run --generate");
@@ -1080,30 +1069,30 @@ static void cli_variants(void **state) {
             snprintf(rb, sizeof rb, "%s/%s_cli_%s_replay_gpu.h5", tmpdir, fx, vc[i].tag);
             const bool f32st = strcmp(vc[i].profile, "fp32") != 0;
             char *out;
-            int rc = m3cli(&out, "run --model %s --tokens %s --profile %s %s --dump %s --force",
+            int rc = m3_run_m3(&out, "run --model %s --tokens %s --profile %s %s --dump %s --force",
                            model_dir, toks, vc[i].profile, vc[i].flags, a);
             expect_rc0(rc, out, "m3 run --backend ref (variant)");
             if (f32st) setenv("M3_GPU_STORAGE", "f32", 1);
-            rc = m3cli(&out, "run --backend %s --model %s --tokens %s --profile %s %s --dump %s "
+            rc = m3_run_m3(&out, "run --backend %s --model %s --tokens %s --profile %s %s --dump %s "
                        "--force", be, model_dir, toks, vc[i].profile, vc[i].flags, b);
             unsetenv("M3_GPU_STORAGE");
             expect_rc0(rc, out, "m3 run --backend gpu (variant)");
             /* no --tol: the fp32 cases quantize activations, and m3 compare takes the fp32q
              * class from the dumps' variant attribute */
-            rc = m3cli(&out, "compare %s %s --quiet", a, b);
+            rc = m3_run_m3(&out, "compare %s %s --quiet", a, b);
             printf("  %s %s (%s%s): m3 compare ref gpu (run%s): exit %d: %s", fx, vc[i].flags,
                    vc[i].profile, f32st ? ", M3_GPU_STORAGE=f32" : "",
                    vc[i].run_report ? ", reported" : "", rc, out);
             if (vc[i].run_report && rc == 1) rc = 0; /* beyond tolerance: reported above */
             expect_rc0(rc, out, "m3 compare (variant run)");
-            rc = m3cli(&out, "replay --model %s --from %s --profile %s %s %s --dump %s --force",
+            rc = m3_run_m3(&out, "replay --model %s --from %s --profile %s %s %s --dump %s --force",
                        model_dir, from, vc[i].profile, vc[i].flags, vc[i].replay_flags, ra);
             expect_rc0(rc, out, "m3 replay --backend ref (variant)");
-            rc = m3cli(&out, "replay --backend %s --model %s --from %s --profile %s %s %s --dump "
+            rc = m3_run_m3(&out, "replay --backend %s --model %s --from %s --profile %s %s %s --dump "
                        "%s --force", be, model_dir, from, vc[i].profile, vc[i].flags,
                        vc[i].replay_flags, rb);
             expect_rc0(rc, out, "m3 replay --backend gpu (variant)");
-            rc = m3cli(&out, "compare %s %s --quiet", ra, rb);
+            rc = m3_run_m3(&out, "compare %s %s --quiet", ra, rb);
             printf("  %s %s (%s%s%s): m3 compare ref gpu (replay): exit %d: %s", fx, vc[i].flags,
                    vc[i].profile, vc[i].replay_flags[0] ? ", " : "", vc[i].replay_flags, rc, out);
             expect_rc0(rc, out, "m3 compare (variant replay)");

@@ -348,14 +348,20 @@ static void random_routing(m3_rng *r, int32_t *ids, float *wts, int T, int E, in
  * with all T rows: the decode GEMV's passes over more staged rows than one pass holds) */
 static bool g_skew_expert0;
 
+/* the expert-call parameters of a case: the master's shapes, swiglu_oai's M3 constants */
+static m3_moe_params case_params(const exp_master *wm, int K) {
+    m3_moe_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.n_expert = wm->E, mp.top_k = K, mp.dim = wm->D, mp.ffn = wm->F, mp.routed_scale = 2.0f;
+    mp.alpha = 1.702f, mp.limit = 7.0f;
+    return mp;
+}
+
 static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_wfmt fmt, int prof) {
     const int E = wm->E, D = wm->D, F = wm->F;
     m3_profile p;
     profile_of(&p, prof);
-    m3_moe_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.n_expert = E, mp.top_k = K, mp.dim = D, mp.ffn = F, mp.routed_scale = 2.0f;
-    mp.alpha = 1.702f, mp.limit = 7.0f;
+    const m3_moe_params mp = case_params(wm, K);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 800 + (uint64_t)T * 7 + (uint64_t)fmt * 3 + (uint64_t)prof);
     const size_t mark = m3_gpu_mark(g);
@@ -519,10 +525,7 @@ static void experts_act_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_g
     const int E = wm->E, D = wm->D, F = wm->F;
     m3_profile p;
     profile_of(&p, prof);
-    m3_moe_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.n_expert = E, mp.top_k = K, mp.dim = D, mp.ffn = F, mp.routed_scale = 2.0f;
-    mp.alpha = 1.702f, mp.limit = 7.0f;
+    const m3_moe_params mp = case_params(wm, K);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 900 + (uint64_t)T * 7 + (uint64_t)fmt * 3 + (uint64_t)prof);
     const size_t mark = m3_gpu_mark(g);

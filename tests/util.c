@@ -3,6 +3,7 @@
 
 #include <errno.h> /* program_invocation_short_name (GNU) */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +142,16 @@ int m3_run_cmd(const char *cmd, char **out) {
     if (out) *out = buf; else free(buf);
     if (st == -1) return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int m3_run_m3(char **out, const char *fmt, ...) {
+    char args[4096], cmd[4400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", m3_bin(), args);
+    return m3_run_cmd(cmd, out);
 }
 
 static char tmpdir[256];

@@ -45,6 +45,8 @@ void m3_test_failf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Run a shell command, capture stdout+stderr (caller frees *out, may be NULL), return the
  * exit status (or -1). */
 int m3_run_cmd(const char *cmd, char **out);
+/* Run "<m3 binary> <printf-formatted args>" through m3_run_cmd. */
+int m3_run_m3(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- scratch directory (one per test binary) ------------------------------------------ */
 
