@@ -134,9 +134,9 @@ m3_status m3_gpu_swiglu_f32(m3_gpu *g, float *d_a, const float *d_g, const float
  * never calls it). bytes and both pointers in 16-byte units. flavor 0: one chunk a thread,
  * plain loads/stores; 1: read-only loads, streaming stores; 2: as 1, four chunks a thread. */
 m3_status m3_gpu_copy_kernel(m3_gpu *g, void *d_dst, const void *d_src, size_t bytes, int flavor);
-/* Kernel variant of rmsnorm / rmsnorm_add / swiglu (bf16 storage) for benches and tests: every
- * variant writes the same bytes, only the memory schedule differs (docs/gpu.md). v < 0: back to
- * M3_ELEM_VARIANT from the environment, else the default. Process-wide, not thread-safe. */
+/* Test hook: v = 0 runs rmsnorm / rmsnorm_add / swiglu (bf16 storage) through the plain
+ * kernels (rmsnorm_vec_k, swiglu_k), any other value the fast path (the default); both write
+ * the same bytes (tests/gpu_norm_rope.c, tests/gpu_moe.c check it). Process-wide. */
 void m3_gpu_set_elem_variant(int v);
 
 /* gpu/moe.hip, twins of ref/moe.h. The MoE params struct is ref's m3_moe_params. */

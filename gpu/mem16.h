@@ -14,10 +14,8 @@
 #ifndef M3_GPU_MEM16_H
 #define M3_GPU_MEM16_H
 
-/* The element-wise kernels' variant (gpu/copy.hip): m3_gpu_set_elem_variant's value, else
- * M3_ELEM_VARIANT from the environment (read once), else M3_ELEM_DEFAULT (-1: each kernel's own
- * default, gpu/norm.hip and gpu/mlp.hip say which). */
-#define M3_ELEM_DEFAULT (-1)
+/* The element-wise kernels' variant (gpu/copy.hip): 0 = the plain kernels (a test hook),
+ * -1 = the fast path (the default). */
 int m3_elem_variant(void);
 
 #if defined(__CUDACC__) || defined(__HIPCC__)

@@ -3,7 +3,7 @@
  * Tests: tests/gpu_moe.c.
  *
  * swiglu_vec_k (bf16 storage, aligned, n % 8 == 0): the fast path, see the kernel.
- * swiglu_k (fp32 storage, other shapes, or M3_ELEM_VARIANT=0): element-wise, grid-stride,
+ * swiglu_k (fp32 storage, other shapes, or the test hook m3_gpu_set_elem_variant(0)): element-wise, grid-stride,
  *   16-byte accesses when aligned.
  * The scalar math of both is ref/num/act.h itself (m3_swiglu_oai, m3_swiglu_oai_bf16ops)
  * compiled as device code, so the clamps and rounding points are the reference's; the one
@@ -88,34 +88,20 @@ static __global__ void __launch_bounds__(256)
     }
 }
 
-/* Variants (m3_elem_variant(), gpu/mem16.h; every one writes the same bytes; numbers as in the
- * measurements of docs/gpu.md, the others were dropped): 0 swiglu_k (the original);
- * swiglu_vec_k: 1 one chunk a thread; 2 two; 4 two, streaming stores; 6 one, streaming stores;
- * 10 = 4 with the hardware bf16 conversion (the default); 11 = 6 with it (no faster at
- * T = 64, slower at T = 16384). Other numbers: the default. */
 static bool overlaps(const void *a, const void *b, size_t bytes) {
     const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return x < y + bytes && y < x + bytes;
 }
 
+/* two 16-byte chunks a thread, streaming stores, the hardware bf16 conversion: the fastest of
+ * the schedules measured in session 3 (docs/gpu.md "Memory-bound kernels"; one chunk a thread
+ * and plain stores wrote the same bytes, slower; they were removed) */
 template <int MODE, bool NC>
-static m3_status launch_vec(m3_gpu *g, int var, m3_bf16 *d_a, const m3_bf16 *d_g,
-                            const m3_bf16 *d_u, int64_t n_chunk, float alpha, float limit) {
-    if (var != 1 && var != 2 && var != 4 && var != 6 && var != 11) var = 10;
-    const int cpt = var == 1 || var == 6 || var == 11 ? 1 : 2;
-    const unsigned blocks = m3_grid_1d(n_chunk, 256 * cpt);
-#define SWIGLU_VEC(cpt, cs, hw)                                                                   \
-    swiglu_vec_k<MODE, cpt, NC, cs, hw><<<blocks, 256, 0, g->stream>>>(d_a, d_g, d_u, n_chunk,   \
-                                                                       alpha, limit)
-    switch (var) {
-    case 1: SWIGLU_VEC(1, false, false); break;
-    case 2: SWIGLU_VEC(2, false, false); break;
-    case 4: SWIGLU_VEC(2, true, false); break;
-    case 6: SWIGLU_VEC(1, true, false); break;
-    case 11: SWIGLU_VEC(1, true, true); break;
-    default: SWIGLU_VEC(2, true, true); break; /* 10 */
-    }
-#undef SWIGLU_VEC
+static m3_status launch_vec(m3_gpu *g, m3_bf16 *d_a, const m3_bf16 *d_g, const m3_bf16 *d_u,
+                            int64_t n_chunk, float alpha, float limit) {
+    const unsigned blocks = m3_grid_1d(n_chunk, 256 * 2);
+    swiglu_vec_k<MODE, 2, NC, true, true><<<blocks, 256, 0, g->stream>>>(d_a, d_g, d_u, n_chunk,
+                                                                         alpha, limit);
     M3_LAUNCHED(g, "swiglu_vec_k");
     return M3_OK;
 }
@@ -141,18 +127,17 @@ extern "C" m3_status m3_gpu_swiglu(m3_gpu *g, m3_bf16 *d_a, const m3_bf16 *d_g, 
         return m3_errorf(M3_ERR_UNSUPPORTED,
                          "gpu swiglu: profile %s keeps fp32 activations: use the _f32 path", p->name);
     M3_ASSERT(n >= 0 && d_a && d_g && d_u);
-    const int var = m3_elem_variant();
-    if (n > 0 && var != 0 && n % 8 == 0 && m3_aligned16(d_a) && m3_aligned16(d_g) &&
+    if (n > 0 && m3_elem_variant() != 0 && n % 8 == 0 && m3_aligned16(d_a) && m3_aligned16(d_g) &&
         m3_aligned16(d_u)) {
         const size_t bytes = (size_t)n * sizeof(m3_bf16);
         const bool nc = !overlaps(d_a, d_g, bytes) && !overlaps(d_a, d_u, bytes);
         const bool per_op = p->swiglu == M3_SWIGLU_BF16_PER_OP;
-        m3_status (*fn)(m3_gpu *, int, m3_bf16 *, const m3_bf16 *, const m3_bf16 *, int64_t, float,
+        m3_status (*fn)(m3_gpu *, m3_bf16 *, const m3_bf16 *, const m3_bf16 *, int64_t, float,
                         float) = per_op ? (nc ? launch_vec<M3_SWIGLU_BF16_PER_OP, true>
                                               : launch_vec<M3_SWIGLU_BF16_PER_OP, false>)
                                         : (nc ? launch_vec<M3_SWIGLU_BF16_ONCE, true>
                                               : launch_vec<M3_SWIGLU_BF16_ONCE, false>);
-        return fn(g, var, d_a, d_g, d_u, n / 8, alpha, limit);
+        return fn(g, d_a, d_g, d_u, n / 8, alpha, limit);
     }
     return launch<m3_bf16>(g, d_a, d_g, d_u, n, alpha, limit, p);
 }

@@ -5,8 +5,8 @@
  * rmsnorm_row_k (bf16 storage, the vector shapes below; what m3_gpu_rmsnorm[_add] run): the
  *   fast path, rmsnorm_vec_k's function and operation order with a better memory schedule and
  *   fewer instructions (see the kernel).
- * rmsnorm_vec_k (fp32 storage, or M3_ELEM_VARIANT=0; dim a multiple of 16 bytes' worth of
- *   elements, aligned rows, dim <= 256 threads x NORM_MAXC chunks): one block per row, each
+ * rmsnorm_vec_k (fp32 storage, or the test hook m3_gpu_set_elem_variant(0); dim a multiple
+ *   of 16 bytes' worth of elements, aligned rows, dim <= 256 threads x NORM_MAXC chunks): one block per row, each
  *   thread keeps its chunks of the row in registers between the two passes and moves 16 bytes
  *   per access.
  * rmsnorm_k (any other shape): one block per token row (256 threads: a multiple of M3_WARP on
@@ -226,37 +226,29 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     }
 }
 
-/* Variants (m3_elem_variant(), gpu/mem16.h; every one writes the same bytes; numbers as in the
- * measurements of docs/gpu.md, the others were dropped): 0 rmsnorm_vec_k (the original);
- * rmsnorm_row_k: 1 plain stores; 2 streaming stores; 4 = 2 with w loaded first; 5 = 2 with
- * the hardware bf16 conversion (the default: fastest measured). Any other number: the default. */
+/* rmsnorm_row_k's memory schedule: streaming stores and the hardware bf16 conversion, the
+ * fastest of the variants measured in session 3 (docs/gpu.md "Memory-bound kernels"; plain
+ * stores and loading w first wrote the same bytes, slower; they were removed). */
 template <int CPT, int MODE, bool F32SUM>
-static m3_status launch_row(m3_gpu *g, int var, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
+static m3_status launch_row(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *d_resid, const m3_bf16 *d_h,
                             const m3_bf16 *d_x, const m3_bf16 *d_w, int n_tok, int dim, float eps) {
-#define ROW_K(cs, wfirst, hw)                                                                     \
-    rmsnorm_row_k<CPT, MODE, F32SUM, cs, wfirst, hw><<<(unsigned)n_tok, NORM_THREADS, 0,          \
-                                                       g->stream>>>(d_y, d_resid, d_h, d_x, d_w, dim, eps)
-    switch (var) {
-    case 1: ROW_K(false, false, false); break;
-    case 2: ROW_K(true, false, false); break;
-    case 4: ROW_K(true, true, false); break;
-    default: ROW_K(true, false, true); break; /* 5 */
-    }
-#undef ROW_K
+rmsnorm_row_k<CPT, MODE, F32SUM, true, false, true><<<(unsigned)n_tok, NORM_THREADS, 0,
+                                                          g->stream>>>(d_y, d_resid, d_h, d_x,
+                                                                       d_w, dim, eps);
     M3_LAUNCHED(g, "rmsnorm_row_k");
     return M3_OK;
 }
 
 template <int CPT>
-static m3_status launch_row_cpt(m3_gpu *g, int var, m3_bf16 *d_y, m3_bf16 *d_resid,
+static m3_status launch_row_cpt(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *d_resid,
                                 const m3_bf16 *d_h, const m3_bf16 *d_x, const m3_bf16 *d_w,
                                 int n_tok, int dim, float eps, bool f32_sum) {
-    if (!d_resid) return launch_row<CPT, ROW_PLAIN, false>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
+    if (!d_resid) return launch_row<CPT, ROW_PLAIN, false>(g, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
     if (!d_h)
-        return f32_sum ? launch_row<CPT, ROW_ADD_NOH, true>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
-                       : launch_row<CPT, ROW_ADD_NOH, false>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
-    return f32_sum ? launch_row<CPT, ROW_ADD, true>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
-                   : launch_row<CPT, ROW_ADD, false>(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
+        return f32_sum ? launch_row<CPT, ROW_ADD_NOH, true>(g, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
+                       : launch_row<CPT, ROW_ADD_NOH, false>(g, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
+    return f32_sum ? launch_row<CPT, ROW_ADD, true>(g, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps)
+                   : launch_row<CPT, ROW_ADD, false>(g, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps);
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
@@ -273,15 +265,14 @@ static m3_status launch(m3_gpu *g, TS *d_y, TS *d_resid, const TS *d_h, const TS
                      m3_aligned16(d_w) && (!d_resid || m3_aligned16(d_resid)) &&
                      (!d_h || m3_aligned16(d_h)) && (!d_x || m3_aligned16(d_x));
     if constexpr (sizeof(TS) == 2) { /* bf16 storage: every rounding is the store's */
-        const int var = m3_elem_variant();
-        if (vec && var != 0) {
+        if (vec && m3_elem_variant() != 0) {
             M3_ASSERT(!d_resid || residual_bf16);
             const int cpt = (dim / vn + NORM_THREADS - 1) / NORM_THREADS;
-            m3_status (*fn)(m3_gpu *, int, m3_bf16 *, m3_bf16 *, const m3_bf16 *, const m3_bf16 *,
+            m3_status (*fn)(m3_gpu *, m3_bf16 *, m3_bf16 *, const m3_bf16 *, const m3_bf16 *,
                             const m3_bf16 *, int, int, float, bool) =
                 cpt == 1 ? launch_row_cpt<1> : cpt == 2 ? launch_row_cpt<2>
                          : cpt == 3 ? launch_row_cpt<3> : launch_row_cpt<4>;
-            return fn(g, var, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, norm_reads_f32_sum);
+            return fn(g, d_y, d_resid, d_h, d_x, d_w, n_tok, dim, eps, norm_reads_f32_sum);
         }
     }
     if (vec) {

@@ -127,7 +127,7 @@ static void ceiling_gemm(void **state) {
 
 /* ---- kernels --------------------------------------------------------------------------- */
 /* FNV-1a of n device bytes: the rmsnorm_add / swiglu rows print it, so runs of different
- * kernel variants (M3_ELEM_VARIANT) can be checked for identical output bytes */
+ * builds (kernel schedules) can be checked for identical output bytes */
 static unsigned long long dev_digest(m3_gpu *g, const void *d, size_t n) {
     unsigned char *h = malloc(n);
     assert_non_null(h);
@@ -136,22 +136,6 @@ static unsigned long long dev_digest(m3_gpu *g, const void *d, size_t n) {
     for (size_t i = 0; i < n; i++) x = (x ^ h[i]) * 1099511628211ull;
     free(h);
     return x;
-}
-
-/* M3_ELEM_VARIANTS=0,2,5 times those kernel variants of rmsnorm_add / swiglu (one row each,
- * tagged v<k>) in one process; unset: the default variant alone, untagged */
-static int elem_variants(int *v, int cap) {
-    const char *e = getenv("M3_ELEM_VARIANTS");
-    int n = 0;
-    for (const char *q = e; q && *q && n < cap;) {
-        char *end;
-        long x = strtol(q, &end, 10);
-        if (end == q) break;
-        v[n++] = (int)x;
-        q = *end == ',' ? end + 1 : end;
-    }
-    if (n == 0) v[n++] = -1;
-    return n;
 }
 
 /* n bf16 values on the device: src's n0 values repeated (random data for the largest rows
@@ -174,8 +158,6 @@ static void bench_rmsnorm_add(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 901);
-    int vars[16];
-    const int nv = elem_variants(vars, 16);
     static const int Ts[] = {1, 64, 4096, 16384};
     const int64_t n0 = (int64_t)4096 * 6144; /* random rows drawn once, tiled above T=4096 */
     const m3_bf16 *r0 = rand_bf16(g, &r, n0, 1.0f), *h0 = rand_bf16(g, &r, n0, 0.1f);
@@ -191,21 +173,16 @@ static void bench_rmsnorm_add(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.y, n * 2));
         GPU_OK(m3_gpu_copy(g, c.res, res0, n * 2));
         (void)time_ms(g, do_norm, &c, 20, 3); /* the clocks up again after the host-side work */
-        for (int v = 0; v < nv; v++) {
-            m3_gpu_set_elem_variant(vars[v]);
-            GPU_OK(m3_gpu_copy(g, c.res, res0, n * 2)); /* every variant from the same r */
-            double ms = time_ms(g, do_norm, &c, 20, 7);
-            char nm[96], tag[16] = "";
-            if (vars[v] >= 0) snprintf(tag, sizeof tag, " v%d", vars[v]);
-            snprintf(nm, sizeof nm, "rmsnorm_add bf16 atom T=%d D=6144%s", c.T, tag);
-            /* read r, h; write resid, y (bf16); w is negligible */
-            report(nm, ms, 4.0 * 2.0 * (double)n, 4.0 * (double)n);
-            /* after the fixed number of calls time_ms makes (resid accumulates h each call) */
-            if (c.T <= 4096)
-                printf("bench: digest rmsnorm_add T=%d%s y=%016llx resid=%016llx\n", c.T, tag,
-                       dev_digest(g, c.y, n * 2), dev_digest(g, c.res, n * 2));
-        }
-        m3_gpu_set_elem_variant(-1);
+        GPU_OK(m3_gpu_copy(g, c.res, res0, n * 2)); /* the digest starts from the same r */
+        double ms = time_ms(g, do_norm, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "rmsnorm_add bf16 atom T=%d D=6144", c.T);
+        /* read r, h; write resid, y (bf16); w is negligible */
+        report(nm, ms, 4.0 * 2.0 * (double)n, 4.0 * (double)n);
+        /* after the fixed number of calls time_ms makes (resid accumulates h each call) */
+        if (c.T <= 4096)
+            printf("bench: digest rmsnorm_add T=%d y=%016llx resid=%016llx\n", c.T,
+                   dev_digest(g, c.y, n * 2), dev_digest(g, c.res, n * 2));
     }
 }
 
@@ -265,8 +242,6 @@ static void bench_swiglu(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 903);
-    int vars[16];
-    const int nv = elem_variants(vars, 16);
     static const int Ts[] = {1, 64, 4096, 16384};
     const int64_t n0 = (int64_t)4096 * 12288; /* random rows drawn once, tiled above T=4096 */
     const m3_bf16 *g0 = rand_bf16(g, &r, n0, 3.0f), *u0 = rand_bf16(g, &r, n0, 3.0f);
@@ -281,18 +256,12 @@ static void bench_swiglu(void **state) {
          * digests) measured 4-8% slower than later rows of the same kernel, with or without
          * this short warm-up (SM clock ramp, presumably; docs/gpu.md "Memory-bound kernels") */
         (void)time_ms(g, do_swiglu, &c, 20, 3);
-        for (int v = 0; v < nv; v++) {
-            m3_gpu_set_elem_variant(vars[v]);
-            double ms = time_ms(g, do_swiglu, &c, 20, 7);
-            char nm[96], tag[16] = "";
-            if (vars[v] >= 0) snprintf(tag, sizeof tag, " v%d", vars[v]);
-            snprintf(nm, sizeof nm, "swiglu bf16 atom T=%d F=12288%s", Ts[i], tag);
-            report(nm, ms, 3.0 * 2.0 * (double)c.n, 8.0 * (double)c.n);
-            if (Ts[i] <= 4096)
-                printf("bench: digest swiglu T=%d%s a=%016llx\n", Ts[i], tag,
-                       dev_digest(g, c.a, c.n * 2));
-        }
-        m3_gpu_set_elem_variant(-1);
+        double ms = time_ms(g, do_swiglu, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "swiglu bf16 atom T=%d F=12288", Ts[i]);
+        report(nm, ms, 3.0 * 2.0 * (double)c.n, 8.0 * (double)c.n);
+        if (Ts[i] <= 4096)
+            printf("bench: digest swiglu T=%d a=%016llx\n", Ts[i], dev_digest(g, c.a, c.n * 2));
     }
 }
 
