@@ -34,6 +34,14 @@ static __device__ __forceinline__ float ld(const float *p, int64_t i) { return p
 static __device__ __forceinline__ float ld(const m3_bf16 *p, int64_t i) {
     return m3_bf16_to_f32(p[i]);
 }
+/* a load from L2 (skipping L1): the fused selection reads scores other blocks wrote */
+static __device__ __forceinline__ float ld_l2(const float *p) {
+#if defined(M3_HIP_NVIDIA)
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
 /* a ranks before b: score desc, NaN highest, id asc */
 static __device__ __forceinline__ bool before(float sa, int a, float sb, int b) {
     bool na = isnan(sa), nb = isnan(sb);
@@ -382,12 +390,10 @@ static __global__ void __launch_bounds__(IDX_THREADS)
 #define IST_THREADS 128
 #define IST_WARPS 4
 #define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
-#define IDX_FUSE_PER 64 /* fused selection: nb <= IST_THREADS * IDX_FUSE_PER (8192) */
-static __device__ void stream_score(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties,
-                                    const m3_bf16 *M3_RESTRICT iq, int ld_q,
-                                    const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
-                                    int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                                    float scale, bool nan_neg) {
+static __global__ void __launch_bounds__(IST_THREADS, 4)
+    idx_stream_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
+                 int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
+                 int n_tok, int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
 #if M3_HAVE_MMA
     __shared__ float red_m[IST_WARPS][16], red_n[IST_WARPS][16];
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
@@ -485,133 +491,6 @@ static __device__ void stream_score(float *M3_RESTRICT scores, int *M3_RESTRICT 
 #endif
 }
 
-/* stream_persist: the persistent form of stream_score for long histories. Each warp walks
- * its own key blocks (b = global warp id, + all warps, ...) in chunks of 32 keys (4 n-tiles,
- * 16 uint4 per lane) with the next chunk's loads in flight during this chunk's mma (two
- * register buffers, unrolled by two so that they stay registers), keeps the masked max per
- * row across the block's chunks and writes the block's scores itself: no shared memory, no
- * barrier, no block turnover. Blocks past every row's causal end are -inf (grid-stride). */
-static __device__ __forceinline__ void sp_load(uint4 (&kb)[IST_TILES][4], const m3_bf16 *ik, int k0,
-                                               int Di, int n_ctx, int pmax, int gq, int tq, bool on) {
-#pragma unroll
-    for (int i = 0; i < IST_TILES; i++) {
-        const int key = k0 + i * 8 + gq;
-        const bool ok = on && key < n_ctx && key <= pmax;
-        const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
-#pragma unroll
-        for (int j = 0; j < 4; j++) kb[i][j] = ok && j < Di / 32 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
-    }
-}
-
-static __device__ __forceinline__ void sp_mma(const uint4 (&kb)[IST_TILES][4],
-                                              const uint32_t (&qa)[ISM_MAX_DI / 16][4], int k0,
-                                              int Di, int pmax, const int (&rp)[2], int tq,
-                                              float (&mx)[2], float (&nan_seen)[2]) {
-#if M3_HAVE_MMA
-#pragma unroll
-    for (int i = 0; i < IST_TILES; i++) {
-        const int kt = k0 + i * 8;
-        if (kt > pmax) break; /* uniform */
-        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-            if (s2 >= Di / 16) break;
-            const uint4 v = kb[i][s2 >> 1];
-            const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
-            m3_mma_bf16_16816(c4, qa[s2], bfr);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int h = e >> 1, key = kt + 2 * tq + (e & 1);
-            if (key <= rp[h]) {
-                if (isnan(c4[e])) nan_seen[h] = 1.0f;
-                else mx[h] = fmaxf(mx[h], c4[e]);
-            }
-        }
-    }
-#else
-    (void)kb; (void)qa; (void)k0; (void)Di; (void)pmax; (void)rp; (void)tq; (void)mx; (void)nan_seen;
-#endif
-}
-
-static __device__ void stream_persist(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties,
-                                      const m3_bf16 *M3_RESTRICT iq, int ld_q,
-                                      const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
-                                      int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                                      float scale, bool nan_neg) {
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
-    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw;
-    if (n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
-    int pmax = -1;
-    for (int i = 0; i < tpw; i++)
-        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
-    const int nb_lim = min(nbk, pmax / B + 1); /* blocks some row of the group sees */
-    for (int i = (int)blockIdx.x * IST_THREADS + tid; i < (nbk - nb_lim) * tpw * G;
-         i += (int)gridDim.x * IST_THREADS) { /* past the causal end of every token: -inf */
-        const int b = nb_lim + i / (tpw * G), r = i % (tpw * G), tt = t0 + r / G;
-        if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
-    }
-    int rt[2], rp[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int row = gq + 8 * h;
-        rt[h] = t0 + row / G;
-        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
-    }
-    const int gw = (int)blockIdx.x * IST_WARPS + warp, n_w = (int)gridDim.x * IST_WARPS;
-    const int cpb = B / 32, n_mine = gw < nb_lim ? (nb_lim - 1 - gw) / n_w + 1 : 0;
-    const int n_chunk = n_mine * cpb;
-    if (n_chunk == 0) return;
-    uint32_t qa[ISM_MAX_DI / 16][4];
-#pragma unroll
-    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int h = i & 1, row = gq + 8 * h;
-            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
-            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
-                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
-                                                                  (size_t)(row % G) * Di + d)
-                            : 0u;
-        }
-    }
-    /* chunk c: block gw + (c / cpb) * n_w, keys from 32 * (c % cpb) */
-#define SP_K0(c) (((gw + ((c) / cpb) * n_w) * B) + 32 * ((c) % cpb))
-    uint4 k0b[IST_TILES][4], k1b[IST_TILES][4];
-    float mx[2] = {-INFINITY, -INFINITY}, nan_seen[2] = {0.0f, 0.0f};
-    sp_load(k0b, ik, SP_K0(0), Di, n_ctx, pmax, gq, tq, true);
-    for (int c = 0; c < n_chunk; c += 2) {
-        for (int u = 0; u < 2; u++) { /* u = 0: compute k0b, refill k1b; u = 1: the reverse */
-            const int cc = c + u;
-            if (cc >= n_chunk) break;
-            if (u == 0) sp_load(k1b, ik, SP_K0(cc + 1), Di, n_ctx, pmax, gq, tq, cc + 1 < n_chunk);
-            else sp_load(k0b, ik, SP_K0(cc + 1), Di, n_ctx, pmax, gq, tq, cc + 1 < n_chunk);
-            if (u == 0) sp_mma(k0b, qa, SP_K0(cc), Di, pmax, rp, tq, mx, nan_seen);
-            else sp_mma(k1b, qa, SP_K0(cc), Di, pmax, rp, tq, mx, nan_seen);
-            if (cc % cpb == cpb - 1) { /* the block's last chunk: its scores */
-                const int b = gw + (cc / cpb) * n_w;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float m = mx[h], n = nan_seen[h];
-                    m = fmaxf(m, M3_SHFL_XOR(m, 1));
-                    m = fmaxf(m, M3_SHFL_XOR(m, 2));
-                    n = fmaxf(n, M3_SHFL_XOR(n, 1));
-                    n = fmaxf(n, M3_SHFL_XOR(n, 2));
-                    if (tq == 0 && rt[h] < n_tok) {
-                        float z;
-                        if (b > rp[h] / B) z = -INFINITY;
-                        else if (n > 0.0f) z = nan_neg ? -1e30f : NAN;
-                        else z = scale != 1.0f ? m * scale : m;
-                        scores[((int64_t)((gq + 8 * h) % G) * n_tok + rt[h]) * nbk + b] = z;
-                    }
-                    mx[h] = -INFINITY, nan_seen[h] = 0.0f;
-                }
-            }
-        }
-    }
-#undef SP_K0
-}
-
 /* ---- many tokens: keys staged once per block for 256/G tokens ----------------------------
  * idx_wide_k (NVIDIA mma.sync, bf16): a persistent block of 8 warps holds the Q fragments of
  * 256 (token, head) rows in registers (warp w: rows 32w .. 32w+31, two m-tiles, loaded once)
@@ -625,6 +504,7 @@ static __device__ void stream_persist(float *M3_RESTRICT scores, int *M3_RESTRIC
 #define IWD_WARPS 8
 #define IWD_PITCH (ISM_MAX_DI * 2 + 64)
 #define IWD_LOADS (ISM_MAX_B * ISM_MAX_DI / 8 / IWD_THREADS) /* uint4 per thread per key block */
+#if M3_HAVE_MMA
 /* the key block bb (rows past pmax or n_ctx as zeros) into registers, then shared memory */
 static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const m3_bf16 *ik, int bb,
                                                  int B, int Di, int n_ctx, int pmax) {
@@ -647,10 +527,9 @@ static __device__ __forceinline__ void wide_store(unsigned char *ks, const uint4
     }
 }
 
-/* PF: the next key block's loads are issued before this one's mma (one block per SM, all
- * registers: IWD_LOADS uint4 stay in flight during the compute); else two blocks per SM. */
-template <bool PF>
-static __global__ void __launch_bounds__(IWD_THREADS, PF ? 1 : 2)
+#endif
+
+static __global__ void __launch_bounds__(IWD_THREADS, 2)
     idx_wide_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
                int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
                int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
@@ -694,30 +573,19 @@ static __global__ void __launch_bounds__(IWD_THREADS, PF ? 1 : 2)
             }
     __syncthreads();
     const int pmax = s_pmax;
-    uint4 pf[PF ? IWD_LOADS : 1];
-    if (PF && (int)blockIdx.x < nbk) wide_load(pf, PF ? IWD_LOADS : 0, 0, ik, (int)blockIdx.x, B, Di, n_ctx, pmax);
     for (int b = (int)blockIdx.x; b < nbk; b += (int)gridDim.x) {
-        if (PF) {
-            wide_store(ks, pf, PF ? IWD_LOADS : 0, 0, B, Di);
-            __syncthreads();
-            const int bn = b + (int)gridDim.x; /* in flight during this block's mma */
-            if (bn < nbk) wide_load(pf, PF ? IWD_LOADS : 0, 0, ik, bn, B, Di, n_ctx, pmax);
-        }
         if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
             const int tt = t0 + tid / G;
             if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
-            if (PF) __syncthreads();
             continue; /* block-uniform */
         }
-        if (!PF) {
 #pragma unroll
-            for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
-                uint4 kv[4];
-                wide_load(kv, 4, i0, ik, b, B, Di, n_ctx, pmax);
-                wide_store(ks, kv, 4, i0, B, Di);
-            }
-            __syncthreads();
+        for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
+            uint4 kv[4];
+            wide_load(kv, 4, i0, ik, b, B, Di, n_ctx, pmax);
+            wide_store(ks, kv, 4, i0, B, Di);
         }
+        __syncthreads();
         const bool full = b * B + B - 1 <= wpmin; /* every key visible to every row of the warp */
         float mx[2][2], bad[2][2];
 #pragma unroll
@@ -843,7 +711,7 @@ static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<N
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int b = tid + i * NT;
-        v[i] = b < nb ? S[b] : 0.0f;
+        v[i] = b < nb ? ld_l2(S + b) : 0.0f;
     }
     /* the thread's best score by value (NaN highest); its blocks come in increasing id, so
      * keeping the first of equal values keeps the lowest id, as the rank key would */
@@ -924,82 +792,239 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
                         reinterpret_cast<unsigned long long *>(idx_dyn));
 }
 
-/* The fused decode path: the scores of every block reach device memory before the block
- * takes a ticket (store; fence; atomic); the last R = n_tok * G blocks to take one each
- * select one (t, g) row once every block has taken its ticket (strong read of the counter;
- * fence; then plain loads: the message-passing pattern of the PTX memory model). They wait
- * for at most R - 1 blocks that are already running or about to: R is far below the
- * resident blocks. *ticket is zeroed by the launcher. Saves the selection launch and gap. */
-static __device__ void stream_select(const idx_sel &a, unsigned int *ticket, int G) {
-    __shared__ idx_sel_smem<IST_THREADS> sm;
-    __shared__ unsigned int s_ticket;
+
+/* ---- decode: one launch that scores and selects ------------------------------------------
+ * idx_dec_k<MT, NS, MINB> (NVIDIA mma.sync + cp.async, bf16): up to 16*MT (token, head) rows
+ * (row r = token r / G, head r % G), i.e. decode. A persistent grid (MINB blocks of 8 warps
+ * per SM) walks the key blocks b = blockIdx.x, + gridDim.x, ...: each key block (B rows of
+ * Di bf16, contiguous) is copied into an NS-stage shared-memory ring with 16-byte cp.async
+ * (L2 only), NS - 1 key blocks in flight while one is scored, so the key stream never waits
+ * on the block turnover of a one-shot grid. Rows of the ring are 2*Di bytes with the 16-byte
+ * chunks of odd rows XOR-swizzled by 4 when 2*Di is a multiple of 128 bytes, so the
+ * quarter-warp LDS.128 of the fragment reads below hit 32 distinct banks. Warp w takes the
+ * n-tiles w, w + 8, .. of the block; lane (g, t) reads dims 8(t + 4j) .. +7 of key g of the
+ * tile (uint4 j = k-steps 2j and 2j+1, Q fragments in registers with the same permuted dims,
+ * as idx_stream_k). Masked max and NaN per row, the 8 warps' partial maxima meet in shared
+ * memory and one thread per row writes the block score at the next barrier.
+ * With fuse (nb <= IDC_THREADS * IDC_PER): the selection in the same launch. Each block, its
+ * key blocks done, fences its score stores and takes a ticket; the last R = n_tok * G blocks
+ * each select one row (select_row, after every block has arrived: the last one resets the
+ * counter and bumps a generation word that the others wait on; then a fence and L2 loads).
+ * Only the last R tickets wait, for at most R - 1 blocks that have finished their keys, so
+ * no co-residency is assumed. The counter is a device global: calls into one device must not
+ * run concurrently from several streams (m3_gpu has one stream). n_ties is zeroed here. */
+#define IDC_THREADS 256
+#define IDC_WARPS 8
+#define IDC_PER 32 /* fused selection: nb <= 8192 */
+#define IDC_MAX_MT 4
+
+static __device__ unsigned int idx_arrive[2]; /* [0] arrivals of the current call, [1] generation */
+
+#if M3_HAVE_MMA
+static __device__ __forceinline__ void idx_cp16(void *dst, const void *src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(full ? 16 : 0));
+}
+static __device__ __forceinline__ void idx_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void idx_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+#endif
+
+template <int MT, int NS, int MINB>
+static __global__ void __launch_bounds__(IDC_THREADS, MINB)
+    idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
+              const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+              int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel, bool fuse) {
+#if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1u);
-    __syncthreads();
-    const int n_blk = (int)(gridDim.x * gridDim.y), R = a.n_tok * G;
-    const int row = (int)s_ticket - (n_blk - R);
-    if (row < 0) return; /* block-uniform */
-    if (threadIdx.x == 0)
-        while (*(volatile unsigned int *)ticket < (unsigned int)n_blk) {
+    __shared__ float red_m[2][IDC_WARPS][16 * MT], red_n[2][IDC_WARPS][16 * MT];
+    __shared__ idx_sel_smem<IDC_THREADS> sm;
+    __shared__ unsigned int s_ticket;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int R = n_tok * G, grid = (int)gridDim.x, blk = (int)blockIdx.x;
+    if (sel.n_ties && blk == 0 && tid == 0) *sel.n_ties = 0;
+    int pmax = -1;
+    for (int t = 0; t < n_tok; t++) pmax = max(pmax, pos[t]);
+    const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row sees */
+    for (int i = blk * IDC_THREADS + tid; i < (nbk - n_lim) * R; i += grid * IDC_THREADS) {
+        const int b = n_lim + i / R, r = i % R; /* past every row's causal end: -inf, as ref */
+        scores[((int64_t)(r % G) * n_tok + r / G) * nbk + b] = -INFINITY;
+    }
+    int rp[MT][2];
+    uint32_t qa[MT][ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = 16 * mt + gq + 8 * h;
+            rp[mt][h] = row < R ? pos[row / G] : -1;
         }
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = 16 * mt + gq + 8 * (i & 1);
+                const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+                qa[mt][s2][i] = s2 < Di / 16 && row < R
+                                    ? *reinterpret_cast<const uint32_t *>(
+                                          iq + (size_t)(row / G) * ld_q + (size_t)(row % G) * Di + d)
+                                    : 0u;
+            }
+    }
+    const int cpr = Di / 8, rowb = Di * 2, stage = B * rowb; /* 16-byte chunks per key row */
+    const int swz = cpr % 8 == 0 ? 4 : 0;
+    const int n_mine = blk < n_lim ? (n_lim - 1 - blk) / grid + 1 : 0;
+    /* key block i of this block into its ring stage (keys past pmax or n_ctx: zeros) */
+    auto load = [&](int i) {
+        const int b = blk + i * grid;
+        unsigned char *st = idx_dyn + (size_t)(i % NS) * stage;
+        for (int e = tid; e < B * cpr; e += IDC_THREADS) {
+            const int r = e / cpr, c = e % cpr, key = b * B + r;
+            const bool ok = key < n_ctx && key <= pmax;
+            idx_cp16(st + r * rowb + (c ^ ((r & 1) ? swz : 0)) * 16,
+                     ok ? ik + (size_t)key * Di + c * 8 : ik, ok);
+        }
+    };
+    auto combine = [&](int i) { /* thread r < R: the score of row r for key block i */
+        const int b = blk + i * grid, r = tid;
+        float m = red_m[i & 1][0][r], n = red_n[i & 1][0][r];
+#pragma unroll
+        for (int w = 1; w < IDC_WARPS; w++) m = fmaxf(m, red_m[i & 1][w][r]), n = fmaxf(n, red_n[i & 1][w][r]);
+        float z;
+        if (b > pos[r / G] / B) z = -INFINITY;
+        else if (n > 0.0f) z = nan_neg ? -1e30f : NAN;
+        else z = scale != 1.0f ? m * scale : m;
+        scores[((int64_t)(r % G) * n_tok + r / G) * nbk + b] = z;
+    };
+#pragma unroll
+    for (int s = 0; s < NS - 1; s++) {
+        if (s < n_mine) load(s);
+        idx_cp_commit();
+    }
+    for (int i = 0; i < n_mine; i++) {
+        idx_cp_wait<NS - 2>(); /* this thread's copies of key block i have landed */
+        __syncthreads();       /* everyone's; and stage (i - 1) % NS is free */
+        if (i > 0 && tid < R) combine(i - 1);
+        if (i + NS - 1 < n_mine) load(i + NS - 1);
+        idx_cp_commit();
+        const int b = blk + i * grid;
+        const unsigned char *st = idx_dyn + (size_t)(i % NS) * stage;
+        float mx[MT][2], bad[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) mx[mt][0] = mx[mt][1] = -INFINITY, bad[mt][0] = bad[mt][1] = 0.0f;
+        for (int nt = warp; nt < B / 8; nt += IDC_WARPS) {
+            const int k0 = b * B + nt * 8;
+            if (k0 > pmax) break; /* block-uniform */
+            const int r = nt * 8 + gq, sw = (r & 1) ? swz : 0;
+            const unsigned char *kr = st + r * rowb;
+            uint4 kv[ISM_MAX_DI / 32];
+#pragma unroll
+            for (int j = 0; j < ISM_MAX_DI / 32; j++)
+                if (j < Di / 32) kv[j] = *reinterpret_cast<const uint4 *>(kr + ((tq + 4 * j) ^ sw) * 16);
+            float c[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) c[mt][0] = c[mt][1] = c[mt][2] = c[mt][3] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ISM_MAX_DI / 32; j++) {
+                if (j >= Di / 32) break;
+                const uint32_t b0[2] = {kv[j].x, kv[j].y}, b1[2] = {kv[j].z, kv[j].w};
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    m3_mma_bf16_16816(c[mt], qa[mt][2 * j], b0);
+                    m3_mma_bf16_16816(c[mt], qa[mt][2 * j + 1], b1);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int h = e >> 1;
+                    if (k0 + 2 * tq + (e & 1) <= rp[mt][h]) {
+                        if (isnan(c[mt][e])) bad[mt][h] = 1.0f;
+                        else mx[mt][h] = fmaxf(mx[mt][h], c[mt][e]);
+                    }
+                }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float m = mx[mt][h], n = bad[mt][h];
+                m = fmaxf(m, M3_SHFL_XOR(m, 1));
+                m = fmaxf(m, M3_SHFL_XOR(m, 2));
+                n = fmaxf(n, M3_SHFL_XOR(n, 1));
+                n = fmaxf(n, M3_SHFL_XOR(n, 2));
+                if (tq == 0) red_m[i & 1][warp][16 * mt + gq + 8 * h] = m, red_n[i & 1][warp][16 * mt + gq + 8 * h] = n;
+            }
+    }
+    idx_cp_wait<0>();
     __syncthreads();
+    if (n_mine > 0 && tid < R) combine(n_mine - 1);
+    if (!fuse) return;
+    /* the selection: every score store of this block, then its ticket */
     __threadfence();
-    select_row<IST_THREADS, IDX_FUSE_PER>(a, row % a.n_tok, row / a.n_tok, sm,
-                                         reinterpret_cast<unsigned long long *>(idx_dyn));
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned int gen = *(volatile unsigned int *)&idx_arrive[1];
+        __threadfence();
+        const unsigned int t = atomicAdd(&idx_arrive[0], 1u), n = (unsigned int)grid;
+        if (t == n - 1) { /* the last arrival: every score is stored */
+            atomicExch(&idx_arrive[0], 0u);
+            __threadfence();
+            atomicAdd(&idx_arrive[1], 1u);
+        } else if (t >= n - (unsigned int)R) {
+            while (*(volatile unsigned int *)&idx_arrive[1] == gen) {
+            }
+        }
+        s_ticket = t;
+    }
+    __syncthreads();
+    const int row = (int)s_ticket - (grid - R);
+    if (row < 0) return; /* block-uniform */
+    __threadfence();
+    select_row<IDC_THREADS, IDC_PER>(sel, row / G, row % G, sm,
+                                     reinterpret_cast<unsigned long long *>(idx_dyn));
+#else
+    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
+    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)fuse; (void)idx_arrive;
+#endif
 }
 
-template <bool PERSIST>
-static __global__ void __launch_bounds__(IST_THREADS, PERSIST ? 2 : 4)
-    idx_stream_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
-                 int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
-                 int n_tok, int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg,
-                 idx_sel sel, unsigned int *ticket) {
-    if (PERSIST)
-        stream_persist(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
-    else
-        stream_score(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
-    if (ticket) stream_select(sel, ticket, G);
+/* Launch idx_dec_k<MT, NS, MINB>: grid = MINB blocks per SM (at least one per key block...
+ * at most), and at least R when the selection is fused. */
+template <int MT, int NS, int MINB>
+static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const m3_bf16 *ik,
+                            const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
+                            const m3_profile *p, const idx_sel &sa, bool fuse) {
+    const size_t stage = (size_t)B * Di * 2, cand = (size_t)(sa.K + 1) * IDC_PER * 8;
+    size_t dyn = (size_t)NS * stage;
+    if (fuse && cand > dyn) dyn = cand;
+    if (dyn > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)idx_dec_k<MT, NS, MINB>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    int grid = MINB * g->n_sm;
+    grid = grid < nbk ? grid : nbk;
+    if (fuse && grid < n_tok * G) grid = n_tok * G;
+    idx_dec_k<MT, NS, MINB><<<(unsigned)grid, IDC_THREADS, dyn, g->stream>>>(
+        S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
+        p->index_nan == M3_INDEX_NAN_NEG, sa, fuse);
+    return m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
 }
 
 /* ---- launchers -------------------------------------------------------------------------
- * Scoring: idx_stream_k (bf16, at most IDX_STREAM_GROUPS token groups of 16/G: decode; the
- * keys are re-read per group), idx_wide_k (bf16, more tokens, enough key blocks to fill the
- * device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged
- * per block for 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection:
+ * Scoring: idx_dec_k (bf16, at most 64 rows T*G: decode; the selection fused when nb <=
+ * 8192), idx_wide_k (bf16, more tokens, enough key blocks to fill the device: 256/G tokens
+ * per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged per block for
+ * 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection (when not fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
- * idx_pick_k. Measured variants, off by default (docs/gpu.md): the selection fused into
- * idx_stream_k (R = T*G <= IDX_FUSE_ROWS), the persistent idx_stream_k<true>, the prefetching
- * idx_wide_k<true>. M3_GPU_INDEXER (benches and tests; unset = the choice above) forces a
- * path where its shape contract holds: comma-separated score=stream|wide|tile|cuda,
- * sel=one|rounds, fuse|nofuse, widepf, persist=1, and nosel (scores only, ids not written:
- * timing). */
-#define IDX_STREAM_GROUPS 4
-#define IDX_FUSE_ROWS 64
-#define IDX_FUSE_DEFAULT false /* the fused selection by default (decode) */
-/* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
-typedef struct { int score, sel, persist; bool nosel, fuse, wide_pf; } idx_path;
-
-static idx_path idx_path_env(void) {
-    idx_path r = {0, 0, 0, false, IDX_FUSE_DEFAULT, false};
-    const char *e = getenv("M3_GPU_INDEXER");
-    if (!e) return r;
-    if (strstr(e, "score=stream")) r.score = 1;
-    if (strstr(e, "score=tile")) r.score = 2;
-    if (strstr(e, "score=cuda")) r.score = 3;
-    if (strstr(e, "score=wide")) r.score = 4;
-    if (strstr(e, "sel=one")) r.sel = 1;
-    if (strstr(e, "sel=rounds")) r.sel = 2;
-    r.nosel = strstr(e, "nosel") != NULL;
-    if (strstr(e, "fuse")) r.fuse = strstr(e, "nofuse") == NULL;
-    r.wide_pf = strstr(e, "widepf") != NULL;
-    if (strstr(e, "persist=1")) r.persist = 1;
-    return r;
-}
+ * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its
+ * shape contract holds. */
+#define IDX_DEC_ROWS 64
 
 template <typename TS>
-static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, float *d_margin,
                         int *d_n_ties, const TS *d_iq, int ld_q, const TS *d_ik,
                         const int32_t *d_pos, int n_tok, int n_ctx, const m3_indexer_params *ip,
                         const m3_profile *p) {
@@ -1017,7 +1042,6 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     const int nbk = (n_ctx + ip->block - 1) / ip->block;
     const int width = m3_indexer_width(n_ctx, ip, p);
     const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block, K = ip->topk;
-    const idx_path path = idx_path_env();
 #if defined(M3_HIP_NVIDIA)
     const bool tile_ok = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
                          B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
@@ -1025,28 +1049,32 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     const bool tile_ok = false;
 #endif
     const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
+    const bool dec_ok = tile_ok && Di % 32 == 0 && (uintptr_t)d_ik % 16 == 0 &&
+                        n_tok * G <= IDX_DEC_ROWS;
     const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
     const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
-    int score = path.score;
+    const int want = path & M3_GPU_IDX_SCORE;
+    const bool nosel = (path & M3_GPU_IDX_NOSEL) != 0, rounds = (path & M3_GPU_IDX_SEL_ROUNDS) != 0;
+    /* score 1 decode, 2 tile, 3 cuda, 4 wide, 5 stream */
+    int score = want == M3_GPU_IDX_DECODE || want == M3_GPU_IDX_DEC_S3X2 || want == M3_GPU_IDX_DEC_S4 ? 1
+                : want == M3_GPU_IDX_TILE                                                             ? 2
+                : want == M3_GPU_IDX_CUDA                                                             ? 3
+                : want == M3_GPU_IDX_WIDE                                                             ? 4
+                : want == M3_GPU_IDX_STREAM                                                           ? 5
+                                                                                                      : 0;
     if (score == 0)
-        score = stream_ok && n_group <= IDX_STREAM_GROUPS      ? 1
-                : stream_ok && nbk * n_wg >= 2 * g->n_sm        ? 4
-                : tile_ok                                       ? 2
-                                                                : 3;
-    if ((score == 1 || score == 4) && !stream_ok) score = tile_ok ? 2 : 3;
+        score = dec_ok                                   ? 1
+                : stream_ok && nbk * n_wg >= 2 * g->n_sm ? 4
+                : tile_ok                                ? 2
+                                                         : 3;
+    if (score == 1 && !dec_ok) score = stream_ok ? 4 : tile_ok ? 2 : 3;
+    if (score == 5 && !(stream_ok && n_group <= 4)) score = tile_ok ? 2 : 3;
+    if (score == 4 && !stream_ok) score = tile_ok ? 2 : 3;
     if (score == 2 && !tile_ok) score = 3;
-    /* one-pass candidates: (K+1) * PER rank keys */
-    const size_t cand64 = (size_t)(K + 1) * 4 * 8;
-    const size_t cand_fuse = (size_t)(K + 1) * IDX_FUSE_PER * 8;
-    /* persistent streaming: 2 blocks of 4 warps per SM per token group, when there are
-     * several key blocks per warp */
-    const int n_pcta = 2 * g->n_sm;
-    const bool persist = score == 1 && path.persist == 1;
-    const int n_blk = persist ? n_pcta * n_group : nbk * n_group;
-    const bool fuse = score == 1 && path.fuse && !path.nosel && path.sel != 2 &&
-                      n_tok * G <= IDX_FUSE_ROWS && n_tok * G <= n_blk &&
-                      nbk <= IST_THREADS * IDX_FUSE_PER;
-    if (d_n_ties && score != 1 && score != 4) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
+    const bool fuse = score == 1 && !nosel && !rounds && !(path & M3_GPU_IDX_SEL_KERNEL) &&
+                      nbk <= IDC_THREADS * IDC_PER;
+    if (d_n_ties && score != 1 && score != 4 && score != 5)
+        M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
     const size_t mark = m3_gpu_mark(g);
     float *S = d_scores;
     if (!S) M3_TRY(m3_gpu_alloc(g, (void **)&S, (size_t)G * n_tok * nbk * sizeof(float)));
@@ -1055,36 +1083,27 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
                   p->topk_tie_margin};
     m3_status s;
     if (score == 1) {
-        unsigned int *ticket = NULL;
-        if (fuse) {
-            M3_TRY(m3_gpu_alloc(g, (void **)&ticket, sizeof *ticket));
-            M3_TRY(m3_gpu_memset(g, ticket, 0, sizeof *ticket));
-        }
-        if (persist)
-            idx_stream_k<true><<<dim3((unsigned)n_pcta, (unsigned)n_group), IST_THREADS,
-                                 fuse ? cand_fuse : 0, g->stream>>>(
-                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
+        const m3_bf16 *iq = (const m3_bf16 *)d_iq, *ik = (const m3_bf16 *)d_ik;
+        const bool one = n_tok * G <= 16;
+        if (want == M3_GPU_IDX_DEC_S3X2 && one)
+            s = dec_launch<1, 3, 2>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
+        else if (want == M3_GPU_IDX_DEC_S4 && one)
+            s = dec_launch<1, 4, 1>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
+        else if (one)
+            s = dec_launch<1, 6, 1>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
         else
-            idx_stream_k<false><<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS,
-                                  fuse ? cand_fuse : 0, g->stream>>>(
-                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
+            s = dec_launch<4, 6, 1>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
+    } else if (score == 5) {
+        idx_stream_k<<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS, 0, g->stream>>>(
+            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+            n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_stream_k", __FILE__, __LINE__);
     } else if (score == 4) {
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
         gx = gx < nbk ? gx : nbk;
-        if (path.wide_pf) {
-            gx = (g->n_sm + n_wg - 1) / n_wg;
-            gx = gx < nbk ? gx : nbk;
-            idx_wide_k<true><<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
-                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
-        } else {
-            idx_wide_k<false><<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
-                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
-        }
+        idx_wide_k<<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
+            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+            n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_wide_k", __FILE__, __LINE__);
     } else if (score == 2) {
         const int tpc = 4 * (16 / G);
@@ -1100,16 +1119,16 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
             p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_score_k", __FILE__, __LINE__);
     }
-    if (fuse || path.nosel || s != M3_OK) {
+    if (fuse || nosel || s != M3_OK) {
         m3_gpu_release(g, mark);
         return s;
     }
     const dim3 rows((unsigned)n_tok, (unsigned)G);
     const int n_chunk = (nbk + IDX_CHUNK - 1) / IDX_CHUNK, n_cand = n_chunk * (K + 1);
-    if (path.sel != 2 && nbk <= 64 * 4) {
-        idx_topk_k<64, 4><<<rows, 64, cand64, g->stream>>>(sa);
+    if (!rounds && nbk <= 64 * 4) {
+        idx_topk_k<64, 4><<<rows, 64, (size_t)(K + 1) * 4 * 8, g->stream>>>(sa);
         s = m3_gpu_launched_(g, "idx_topk_k<64>", __FILE__, __LINE__);
-    } else if (path.sel != 2 && nbk <= 256 * 32) { /* the fewest registers that hold nb */
+    } else if (!rounds && nbk <= 256 * 32) { /* the fewest registers that hold nb */
         const int per = nbk <= 256 * 4 ? 4 : nbk <= 256 * 8 ? 8 : nbk <= 256 * 16 ? 16 : 32;
         const size_t cb = (size_t)(K + 1) * per * 8;
         if (per == 4) idx_topk_k<256, 4><<<rows, 256, cb, g->stream>>>(sa);
@@ -1146,13 +1165,31 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     return s;
 }
 
+extern "C" m3_status m3_gpu_indexer_topk_path(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                              float *d_margin, int *d_n_ties, const m3_bf16 *d_iq,
+                                              int ld_q, const m3_bf16 *d_ik, const int32_t *d_pos,
+                                              int n_tok, int n_ctx, const m3_indexer_params *ip,
+                                              const m3_profile *p) {
+    return launch<m3_bf16>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
+                           n_tok, n_ctx, ip, p);
+}
+
+extern "C" m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *d_topk,
+                                                  float *d_scores, float *d_margin, int *d_n_ties,
+                                                  const float *d_iq, int ld_q, const float *d_ik,
+                                                  const int32_t *d_pos, int n_tok, int n_ctx,
+                                                  const m3_indexer_params *ip, const m3_profile *p) {
+    return launch<float>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
+                         n_tok, n_ctx, ip, p);
+}
+
 extern "C" m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_scores,
                                          float *d_margin, int *d_n_ties, const m3_bf16 *d_iq,
                                          int ld_q, const m3_bf16 *d_ik, const int32_t *d_pos,
                                          int n_tok, int n_ctx, const m3_indexer_params *ip,
                                          const m3_profile *p) {
-    return launch<m3_bf16>(g, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos, n_tok,
-                           n_ctx, ip, p);
+    return launch<m3_bf16>(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q,
+                           d_ik, d_pos, n_tok, n_ctx, ip, p);
 }
 
 extern "C" m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores,
@@ -1160,6 +1197,6 @@ extern "C" m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *
                                              int ld_q, const float *d_ik, const int32_t *d_pos,
                                              int n_tok, int n_ctx, const m3_indexer_params *ip,
                                              const m3_profile *p) {
-    return launch<float>(g, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos, n_tok,
-                         n_ctx, ip, p);
+    return launch<float>(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q,
+                         d_ik, d_pos, n_tok, n_ctx, ip, p);
 }
