@@ -794,31 +794,189 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 
 
 /* ---- decode: one launch that scores and selects ------------------------------------------
- * idx_dec_k<MT, NS, MINB> (NVIDIA mma.sync + cp.async, bf16): up to 16*MT (token, head) rows
- * (row r = token r / G, head r % G), i.e. decode. A persistent grid (MINB blocks of 8 warps
- * per SM) walks the key blocks b = blockIdx.x, + gridDim.x, ...: each key block (B rows of
- * Di bf16, contiguous) is copied into an NS-stage shared-memory ring with 16-byte cp.async
- * (L2 only), NS - 1 key blocks in flight while one is scored, so the key stream never waits
- * on the block turnover of a one-shot grid. Rows of the ring are 2*Di bytes with the 16-byte
- * chunks of odd rows XOR-swizzled by 4 when 2*Di is a multiple of 128 bytes, so the
- * quarter-warp LDS.128 of the fragment reads below hit 32 distinct banks. Warp w takes the
- * n-tiles w, w + 8, .. of the block; lane (g, t) reads dims 8(t + 4j) .. +7 of key g of the
- * tile (uint4 j = k-steps 2j and 2j+1, Q fragments in registers with the same permuted dims,
- * as idx_stream_k). Masked max and NaN per row, the 8 warps' partial maxima meet in shared
- * memory and one thread per row writes the block score at the next barrier.
- * With fuse (nb <= IDC_THREADS * IDC_PER): the selection in the same launch. Each block, its
- * key blocks done, fences its score stores and takes a ticket; the last R = n_tok * G blocks
- * each select one row (select_row, after every block has arrived: the last one resets the
- * counter and bumps a generation word that the others wait on; then a fence and L2 loads).
- * Only the last R tickets wait, for at most R - 1 blocks that have finished their keys, so
- * no co-residency is assumed. The counter is a device global: calls into one device must not
- * run concurrently from several streams (m3_gpu has one stream). n_ties is zeroed here. */
+ * idx_dec_k<PER> (NVIDIA mma.sync, bf16): groups of 16/G tokens (blockIdx.y), i.e. 16
+ * (token, head) rows per group, at most IDX_DEC_GROUPS groups. A persistent grid of 4 blocks
+ * of 4 warps per SM (per group) walks the key blocks b = blockIdx.x, + gridDim.x, ..: warp w
+ * scores keys [w*B/4, (w+1)*B/4) of the block from registers, loaded straight from global
+ * memory as idx_stream_k does (16-byte loads, the permuted dims), and issues the next key
+ * block's loads as soon as its mma have read the registers, so they are in flight during
+ * the cross-warp max (shared memory, double-buffered: one barrier per key block).
+ * With fuse (nb <= IST_THREADS * PER): the selection in the same launch (fused_select).
+ *
+ * fused_select: the block's score stores, a barrier, then thread 0 alone fences and takes a
+ * ticket (the pattern of a grid barrier: bar.sync orders the block's stores before thread
+ * 0's gpu-scope fence, which is cumulative). The last R = n_tok * G blocks to arrive each
+ * select one row (select_row) once every block has arrived: the last arrival resets the
+ * counter and bumps a generation word that the others wait on (thread 0 spins; fence;
+ * bar.sync; L2 loads). Only the last R tickets wait, for at most R - 1 blocks that have
+ * finished their keys, so no co-residency is assumed. The counter is a device global: calls
+ * into one device must not run concurrently from several streams (m3_gpu has one stream).
+ * One fence per block: a fence in every thread (batch 1) cost ~10 us of tail. n_ties is
+ * zeroed by block (0, 0) before its ticket. */
+#define IDX_DEC_GROUPS 4
+static __device__ unsigned int idx_arrive[2]; /* [0] arrivals of the current call, [1] generation */
+
+template <int NT, int PER>
+static __device__ void fused_select(const idx_sel &a, int G, idx_sel_smem<NT> &sm,
+                                    unsigned long long *cand) {
+    __shared__ unsigned int s_ticket;
+    const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(a.n_tok * G);
+    __syncthreads(); /* every score store of this block precedes thread 0's fence */
+    if (threadIdx.x == 0) {
+        const unsigned int gen = *(volatile unsigned int *)&idx_arrive[1];
+        __threadfence();
+        const unsigned int t = atomicAdd(&idx_arrive[0], 1u);
+        if (t == n - 1) { /* the last arrival: every score is stored */
+            atomicExch(&idx_arrive[0], 0u);
+            __threadfence();
+            atomicAdd(&idx_arrive[1], 1u);
+        } else if (t >= n - R) {
+            while (*(volatile unsigned int *)&idx_arrive[1] == gen) {
+            }
+        }
+        __threadfence();
+        s_ticket = t;
+    }
+    __syncthreads();
+    const int row = (int)s_ticket - (int)(n - R);
+    if (row < 0) return; /* block-uniform */
+    select_row<NT, PER>(a, row / G, row % G, sm, cand);
+}
+
+template <int PER>
+static __global__ void __launch_bounds__(IST_THREADS, 4)
+    idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
+              const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+              int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel, bool fuse) {
+#if M3_HAVE_MMA
+    extern __shared__ __align__(16) unsigned char idx_dyn[];
+    __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
+    __shared__ idx_sel_smem<IST_THREADS> sm;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
+    if (sel.n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *sel.n_ties = 0;
+    int pmax = -1;
+    for (int i = 0; i < tpw; i++)
+        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
+    for (int i = (int)blockIdx.x * IST_THREADS + tid; i < (nbk - n_lim) * 16; i += grid * IST_THREADS) {
+        const int b = n_lim + i / 16, r = i % 16, tt = t0 + r / G; /* past every row's end: -inf */
+        if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
+    }
+    int rt[2], rp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = gq + 8 * h;
+        rt[h] = t0 + row / G;
+        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
+    }
+    uint32_t qa[ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i & 1, row = gq + 8 * h;
+            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
+                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
+                                                                  (size_t)(row % G) * Di + d)
+                            : 0u;
+        }
+    const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
+    uint4 kb[IST_TILES][4];
+    auto load = [&](int b) { /* this warp's key fragments of key block b (zeros past pmax) */
+#pragma unroll
+        for (int i = 0; i < IST_TILES; i++) {
+            const int key = b * B + (warp * tiles + i) * 8 + gq;
+            const bool ok = i < tiles && key < n_ctx && key <= pmax;
+            const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
+#pragma unroll
+            for (int j = 0; j < 4; j++) kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+        }
+    };
+    if ((int)blockIdx.x < n_lim) load((int)blockIdx.x);
+    int par = 0;
+    for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
+        float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < IST_TILES; i++) {
+            const int k0 = b * B + (warp * tiles + i) * 8;
+            if (i >= tiles || k0 > pmax) break; /* block-uniform */
+            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+                if (s2 >= Di / 16) break;
+                const uint4 v = kb[i][s2 >> 1];
+                const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
+                m3_mma_bf16_16816(c4, qa[s2], bfr);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
+                if (key <= rp[h]) {
+                    if (isnan(c4[e])) bad[h] = 1.0f;
+                    else mx[h] = fmaxf(mx[h], c4[e]);
+                }
+            }
+        }
+        if (b + grid < n_lim) load(b + grid); /* in flight during the reduction below */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
+            mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
+            bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 1));
+            bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 2));
+            if (tq == 0) red_m[par][warp][gq + 8 * h] = mx[h], red_n[par][warp][gq + 8 * h] = bad[h];
+        }
+        __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
+        if (tid < 16) {
+            const int tt = t0 + tid / G;
+            if (tt < n_tok) {
+                float m = red_m[par][0][tid], nn = red_n[par][0][tid];
+#pragma unroll
+                for (int w = 1; w < IST_WARPS; w++) m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
+                float z;
+                if (b > pos[tt] / B) z = -INFINITY;
+                else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+                else z = scale != 1.0f ? m * scale : m;
+                scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = z;
+            }
+        }
+    }
+    if (fuse) fused_select<IST_THREADS, PER>(sel, G, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+#else
+    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
+    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)fuse; (void)idx_arrive;
+#endif
+}
+
+/* Launch idx_dec_k: 4 blocks per SM over the groups (at most one per key block), at least R
+ * blocks when the selection is fused. */
+template <int PER>
+static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const m3_bf16 *ik,
+                            const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
+                            const m3_profile *p, const idx_sel &sa, bool fuse) {
+    const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
+    int gx = (4 * g->n_sm + n_group - 1) / n_group;
+    gx = gx < nbk ? gx : nbk;
+    if (fuse && gx * n_group < R) gx = (R + n_group - 1) / n_group;
+    const size_t dyn = fuse ? (size_t)(sa.K + 1) * PER * 8 : 0;
+    idx_dec_k<PER><<<dim3((unsigned)gx, (unsigned)n_group), IST_THREADS, dyn, g->stream>>>(
+        S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
+        p->index_nan == M3_INDEX_NAN_NEG, sa, fuse);
+    return m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
+}
+
+/* idx_ring_k<MT, NS, MINB> (NVIDIA mma.sync + cp.async, bf16; measured against idx_dec_k):
+ * the same rows, a persistent grid of MINB blocks of 8 warps per SM walking the key blocks
+ * through an NS-stage shared-memory ring filled with 16-byte cp.async (NS - 1 key blocks in
+ * flight while one is scored; odd rows' 16-byte chunks XOR-swizzled by 4 when 2*Di is a
+ * multiple of 128 bytes, so the fragment LDS.128 hit distinct banks). Warp w scores the
+ * n-tiles w, w + 8, ..; the 8 warps' partial maxima meet in shared memory. */
 #define IDC_THREADS 256
 #define IDC_WARPS 8
 #define IDC_PER 32 /* fused selection: nb <= 8192 */
 #define IDC_MAX_MT 4
-
-static __device__ unsigned int idx_arrive[2]; /* [0] arrivals of the current call, [1] generation */
 
 #if M3_HAVE_MMA
 static __device__ __forceinline__ void idx_cp16(void *dst, const void *src, bool full) {
@@ -834,14 +992,13 @@ template <int N> static __device__ __forceinline__ void idx_cp_wait() {
 
 template <int MT, int NS, int MINB>
 static __global__ void __launch_bounds__(IDC_THREADS, MINB)
-    idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
+    idx_ring_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
               int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel, bool fuse) {
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IDC_WARPS][16 * MT], red_n[2][IDC_WARPS][16 * MT];
     __shared__ idx_sel_smem<IDC_THREADS> sm;
-    __shared__ unsigned int s_ticket;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
     const int R = n_tok * G, grid = (int)gridDim.x, blk = (int)blockIdx.x;
     if (sel.n_ties && blk == 0 && tid == 0) *sel.n_ties = 0;
@@ -962,55 +1119,33 @@ static __global__ void __launch_bounds__(IDC_THREADS, MINB)
     idx_cp_wait<0>();
     __syncthreads();
     if (n_mine > 0 && tid < R) combine(n_mine - 1);
-    if (!fuse) return;
-    /* the selection: every score store of this block, then its ticket */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const unsigned int gen = *(volatile unsigned int *)&idx_arrive[1];
-        __threadfence();
-        const unsigned int t = atomicAdd(&idx_arrive[0], 1u), n = (unsigned int)grid;
-        if (t == n - 1) { /* the last arrival: every score is stored */
-            atomicExch(&idx_arrive[0], 0u);
-            __threadfence();
-            atomicAdd(&idx_arrive[1], 1u);
-        } else if (t >= n - (unsigned int)R) {
-            while (*(volatile unsigned int *)&idx_arrive[1] == gen) {
-            }
-        }
-        s_ticket = t;
-    }
-    __syncthreads();
-    const int row = (int)s_ticket - (grid - R);
-    if (row < 0) return; /* block-uniform */
-    __threadfence();
-    select_row<IDC_THREADS, IDC_PER>(sel, row / G, row % G, sm,
-                                     reinterpret_cast<unsigned long long *>(idx_dyn));
+    if (fuse)
+        fused_select<IDC_THREADS, IDC_PER>(sel, G, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
-    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)fuse; (void)idx_arrive;
+    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)fuse;
 #endif
 }
 
-/* Launch idx_dec_k<MT, NS, MINB>: grid = MINB blocks per SM (at least one per key block...
+/* Launch idx_ring_k<MT, NS, MINB>: grid = MINB blocks per SM (at least one per key block...
  * at most), and at least R when the selection is fused. */
 template <int MT, int NS, int MINB>
-static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const m3_bf16 *ik,
+static m3_status ring_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const m3_bf16 *ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool fuse) {
     const size_t stage = (size_t)B * Di * 2, cand = (size_t)(sa.K + 1) * IDC_PER * 8;
     size_t dyn = (size_t)NS * stage;
     if (fuse && cand > dyn) dyn = cand;
     if (dyn > 48 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)idx_dec_k<MT, NS, MINB>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)idx_ring_k<MT, NS, MINB>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     int grid = MINB * g->n_sm;
     grid = grid < nbk ? grid : nbk;
     if (fuse && grid < n_tok * G) grid = n_tok * G;
-    idx_dec_k<MT, NS, MINB><<<(unsigned)grid, IDC_THREADS, dyn, g->stream>>>(
+    idx_ring_k<MT, NS, MINB><<<(unsigned)grid, IDC_THREADS, dyn, g->stream>>>(
         S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
         p->index_nan == M3_INDEX_NAN_NEG, sa, fuse);
-    return m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
+    return m3_gpu_launched_(g, "idx_ring_k", __FILE__, __LINE__);
 }
 
 /* ---- launchers -------------------------------------------------------------------------
@@ -1021,7 +1156,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
  * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its
  * shape contract holds. */
-#define IDX_DEC_ROWS 64
 
 template <typename TS>
 static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, float *d_margin,
@@ -1049,31 +1183,33 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     const bool tile_ok = false;
 #endif
     const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
-    const bool dec_ok = tile_ok && Di % 32 == 0 && (uintptr_t)d_ik % 16 == 0 &&
-                        n_tok * G <= IDX_DEC_ROWS;
     const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
+    const bool dec_ok = stream_ok && n_group <= IDX_DEC_GROUPS;
+    const bool ring_ok = tile_ok && Di % 32 == 0 && (uintptr_t)d_ik % 16 == 0 && n_tok * G <= 16;
     const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
     const int want = path & M3_GPU_IDX_SCORE;
     const bool nosel = (path & M3_GPU_IDX_NOSEL) != 0, rounds = (path & M3_GPU_IDX_SEL_ROUNDS) != 0;
-    /* score 1 decode, 2 tile, 3 cuda, 4 wide, 5 stream */
-    int score = want == M3_GPU_IDX_DECODE || want == M3_GPU_IDX_DEC_S3X2 || want == M3_GPU_IDX_DEC_S4 ? 1
-                : want == M3_GPU_IDX_TILE                                                             ? 2
-                : want == M3_GPU_IDX_CUDA                                                             ? 3
-                : want == M3_GPU_IDX_WIDE                                                             ? 4
-                : want == M3_GPU_IDX_STREAM                                                           ? 5
-                                                                                                      : 0;
+    /* score 1 decode, 2 tile, 3 cuda, 4 wide, 5 stream, 6 ring */
+    int score = want == M3_GPU_IDX_DECODE ? 1
+                : want == M3_GPU_IDX_TILE ? 2
+                : want == M3_GPU_IDX_CUDA ? 3
+                : want == M3_GPU_IDX_WIDE ? 4
+                : want == M3_GPU_IDX_STREAM ? 5
+                : want == M3_GPU_IDX_RING ? 6
+                                          : 0;
+    if (score == 6 && !ring_ok) score = 0;
+    if (score == 5 && !(stream_ok && n_group <= 4)) score = 0;
+    if (score == 1 && !dec_ok) score = 0;
     if (score == 0)
         score = dec_ok                                   ? 1
                 : stream_ok && nbk * n_wg >= 2 * g->n_sm ? 4
                 : tile_ok                                ? 2
                                                          : 3;
-    if (score == 1 && !dec_ok) score = stream_ok ? 4 : tile_ok ? 2 : 3;
-    if (score == 5 && !(stream_ok && n_group <= 4)) score = tile_ok ? 2 : 3;
     if (score == 4 && !stream_ok) score = tile_ok ? 2 : 3;
     if (score == 2 && !tile_ok) score = 3;
-    const bool fuse = score == 1 && !nosel && !rounds && !(path & M3_GPU_IDX_SEL_KERNEL) &&
-                      nbk <= IDC_THREADS * IDC_PER;
-    if (d_n_ties && score != 1 && score != 4 && score != 5)
+    const bool fuse = (score == 1 || score == 6) && !nosel && !rounds &&
+                      !(path & M3_GPU_IDX_SEL_KERNEL) && nbk <= IST_THREADS * 64;
+    if (d_n_ties && score != 1 && score != 4 && score != 5 && score != 6)
         M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
     const size_t mark = m3_gpu_mark(g);
     float *S = d_scores;
@@ -1084,15 +1220,13 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     m3_status s;
     if (score == 1) {
         const m3_bf16 *iq = (const m3_bf16 *)d_iq, *ik = (const m3_bf16 *)d_ik;
-        const bool one = n_tok * G <= 16;
-        if (want == M3_GPU_IDX_DEC_S3X2 && one)
-            s = dec_launch<1, 3, 2>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
-        else if (want == M3_GPU_IDX_DEC_S4 && one)
-            s = dec_launch<1, 4, 1>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
-        else if (one)
-            s = dec_launch<1, 6, 1>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
+        if (nbk <= IST_THREADS * 16)
+            s = dec_launch<16>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
         else
-            s = dec_launch<4, 6, 1>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
+            s = dec_launch<64>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
+    } else if (score == 6) {
+        s = ring_launch<1, 3, 2>(g, S, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos,
+                                 n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
     } else if (score == 5) {
         idx_stream_k<<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS, 0, g->stream>>>(
             S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,

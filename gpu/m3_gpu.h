@@ -361,13 +361,12 @@ m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores, f
  * margin and n_ties not written): timing. */
 enum {
     M3_GPU_IDX_AUTO = 0,
-    M3_GPU_IDX_DECODE = 1,     /* idx_dec_k: up to 64 rows T*G, selection fused */
+    M3_GPU_IDX_DECODE = 1,     /* idx_dec_k: up to 4 groups of 16/G tokens, selection fused */
     M3_GPU_IDX_WIDE = 2,       /* idx_wide_k */
     M3_GPU_IDX_TILE = 3,       /* idx_score_mma_k */
     M3_GPU_IDX_CUDA = 4,       /* idx_score_k */
     M3_GPU_IDX_STREAM = 5,     /* idx_stream_k (measured against idx_dec_k) */
-    M3_GPU_IDX_DEC_S3X2 = 6,   /* idx_dec_k, 3 stages, 2 blocks per SM (measured) */
-    M3_GPU_IDX_DEC_S4 = 7,     /* idx_dec_k, 4 stages (measured) */
+    M3_GPU_IDX_RING = 6,       /* idx_ring_k: T*G <= 16, cp.async ring (measured) */
     M3_GPU_IDX_SCORE = 0xF,    /* the scorer bits */
     M3_GPU_IDX_SEL_KERNEL = 0x10, /* decode: the selection in its own kernel */
     M3_GPU_IDX_SEL_ROUNDS = 0x20, /* the arg-max rounds (idx_select_k / idx_cand_k + idx_pick_k) */

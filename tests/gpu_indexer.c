@@ -45,8 +45,7 @@ typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; 
 static const struct { int path; const char *name; } idx_paths[] = {
     {M3_GPU_IDX_AUTO, "auto"},
     {M3_GPU_IDX_DECODE | M3_GPU_IDX_SEL_KERNEL, "decode,sel-kernel"},
-    {M3_GPU_IDX_DEC_S3X2, "decode-s3x2"},
-    {M3_GPU_IDX_DEC_S4, "decode-s4"},
+    {M3_GPU_IDX_RING, "ring"},
     {M3_GPU_IDX_STREAM, "stream"},
     {M3_GPU_IDX_WIDE, "wide"},
     {M3_GPU_IDX_TILE | M3_GPU_IDX_SEL_ROUNDS, "tile,rounds"},
