@@ -12,13 +12,12 @@
  * idx_select_k: one block per (g, t): forced init then local blocks (local wins), then K+1
  *   rounds of a block arg-max over (score desc, NaN highest, id asc): the reference's
  *   order; the extra round gives the margin S_(K) - S_(K+1) and the tie flag.
- * The fast paths, below: idx_stream_k (decode scoring, keys streamed into registers),
- * idx_wide_k (64+ tokens, 256 rows per pass over the keys), idx_score_mma_k (tensor-core key
- * tiles), idx_topk_k (one-pass exact selection); the launcher's comment says which runs when,
- * docs/gpu.md "Lightning indexer" what each costs on the H200.
+ * The fast paths, below: idx_dec_k (decode: keys streamed into registers by a persistent
+ * grid, the selection fused into the same launch), idx_wide_k (64+ tokens, 256 rows per pass
+ * over the keys), idx_score_mma_k (tensor-core key tiles), idx_topk_k (one-pass exact
+ * selection); the launcher's comment says which runs when, docs/gpu.md "Lightning indexer"
+ * what each costs on the H200.
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
-#include <stdlib.h>
-#include <string.h>
 
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
@@ -374,132 +373,15 @@ static __global__ void __launch_bounds__(IDX_THREADS)
     }
 }
 
-/* ---- decode path: keys streamed into registers ------------------------------------------
- * idx_stream_k (NVIDIA mma.sync, bf16): one block of 4 warps per (key block b, group of 16/G
- * tokens); warp w scores the keys [w*B/4, (w+1)*B/4) of the block. Each lane loads its key
- * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes
- * per warp load: full sectors), all of them issued before the first mma, so a block keeps
- * up to 32 KB in flight and no shared-memory staging or barrier sits between load and use.
- * A dot product does not depend on the order of its dims, so the dims are permuted
- * consistently in Q and K: lane (g, t) holds the dims 8*(t + 4j) .. +7 (j < Di/32) of key g
- * of the n-tile, the uint4 j serves k-steps 2j and 2j+1, and the Q fragments (in registers,
- * loaded once) take the same physical dims. Then the masked max per (token, head) row, NaN
- * tracked per row, as idx_score_mma_k, and a cross-warp max through shared memory. The
- * device int n_ties is zeroed here (stream order puts it before the selection's adds).
- * Launched when G divides 16, Di % 32 == 0, Di <= 128, B % 32 == 0, B <= 128. */
-#define IST_THREADS 128
-#define IST_WARPS 4
-#define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
-static __global__ void __launch_bounds__(IST_THREADS, 4)
-    idx_stream_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
-                 int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
-                 int n_tok, int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
-#if M3_HAVE_MMA
-    __shared__ float red_m[IST_WARPS][16], red_n[IST_WARPS][16];
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
-    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw, b = (int)blockIdx.x;
-    if (n_ties && b == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
-    int pmax = -1;
-    for (int i = 0; i < tpw; i++)
-        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
-    if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
-        for (int i = tid; i < tpw * G; i += IST_THREADS) {
-            const int tt = t0 + i / G, hh = i % G;
-            if (tt < n_tok) scores[((int64_t)hh * n_tok + tt) * nbk + b] = -INFINITY;
-        }
-        return; /* whole block */
-    }
-    const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
-    /* issue every key load of this warp first */
-    uint4 kb[IST_TILES][4];
-#pragma unroll
-    for (int i = 0; i < IST_TILES; i++) {
-        const int key = b * B + (warp * tiles + i) * 8 + gq;
-        const bool ok = i < tiles && key < n_ctx && key <= pmax;
-        const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
-    }
-    int rt[2], rp[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int row = gq + 8 * h;
-        rt[h] = t0 + row / G;
-        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
-    }
-    uint32_t qa[ISM_MAX_DI / 16][4];
-#pragma unroll
-    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int h = i & 1, row = gq + 8 * h;
-            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
-            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
-                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
-                                                                  (size_t)(row % G) * Di + d)
-                            : 0u;
-        }
-    }
-    float mx[2] = {-INFINITY, -INFINITY}, nan_seen[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < IST_TILES; i++) {
-        const int k0 = b * B + (warp * tiles + i) * 8;
-        if (i >= tiles || k0 > pmax) break; /* block-uniform */
-        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-            if (s2 >= Di / 16) break;
-            const uint4 v = kb[i][s2 >> 1];
-            const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
-            m3_mma_bf16_16816(c4, qa[s2], bfr);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
-            if (key <= rp[h]) {
-                if (isnan(c4[e])) nan_seen[h] = 1.0f;
-                else mx[h] = fmaxf(mx[h], c4[e]);
-            }
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
-        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
-        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 1));
-        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 2));
-        if (tq == 0) red_m[warp][gq + 8 * h] = mx[h], red_n[warp][gq + 8 * h] = nan_seen[h];
-    }
-    __syncthreads();
-    if (tid < 16) {
-        const int tt = t0 + tid / G;
-        if (tt < n_tok) {
-            float m = red_m[0][tid], nn = red_n[0][tid];
-#pragma unroll
-            for (int w = 1; w < IST_WARPS; w++) m = fmaxf(m, red_m[w][tid]), nn = fmaxf(nn, red_n[w][tid]);
-            float z;
-            if (b > pos[tt] / B) z = -INFINITY;
-            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
-            else z = scale != 1.0f ? m * scale : m;
-            scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = z;
-        }
-    }
-#else
-    (void)scores; (void)n_ties; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk;
-    (void)n_ctx; (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg;
-#endif
-}
-
 /* ---- many tokens: keys staged once per block for 256/G tokens ----------------------------
  * idx_wide_k (NVIDIA mma.sync, bf16): a persistent block of 8 warps holds the Q fragments of
  * 256 (token, head) rows in registers (warp w: rows 32w .. 32w+31, two m-tiles, loaded once)
  * and walks the key blocks b = blockIdx.x, + gridDim.x, ...: the block's keys are staged in
  * shared memory (row pitch Di*2 + 64 bytes: the eight lanes of a quarter-warp LDS.128 hit 32
  * distinct banks), then every warp scores all of them: per n-tile and 16 bytes of key dims
- * (one LDS.128 = two k-steps, the permuted dims of idx_stream_k) four mma, two per m-tile.
+ * (one LDS.128 = two k-steps, the permuted dims of idx_dec_k) four mma, two per m-tile.
  * Blocks wholly visible to every row of a warp skip the causal mask. Two blocks per SM
- * overlap one's key loads with the other's mma. Same contract as idx_stream_k. */
+ * overlap one's key loads with the other's mma. Same contract as idx_dec_k. */
 #define IWD_THREADS 256
 #define IWD_WARPS 8
 #define IWD_PITCH (ISM_MAX_DI * 2 + 64)
@@ -794,64 +676,145 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 
 
 /* ---- decode: one launch that scores and selects ------------------------------------------
- * idx_dec_k<PER> (NVIDIA mma.sync, bf16): groups of 16/G tokens (blockIdx.y), i.e. 16
- * (token, head) rows per group, at most IDX_DEC_GROUPS groups. A persistent grid of 4 blocks
- * of 4 warps per SM (per group) walks the key blocks b = blockIdx.x, + gridDim.x, ..: warp w
- * scores keys [w*B/4, (w+1)*B/4) of the block from registers, loaded straight from global
- * memory as idx_stream_k does (16-byte loads, the permuted dims), and issues the next key
- * block's loads as soon as its mma have read the registers, so they are in flight during
- * the cross-warp max (shared memory, double-buffered: one barrier per key block).
- * With fuse (nb <= IST_THREADS * PER): the selection in the same launch (fused_select).
- *
- * fused_select: the block's score stores, a barrier, then thread 0 alone fences and takes a
- * ticket (the pattern of a grid barrier: bar.sync orders the block's stores before thread
- * 0's gpu-scope fence, which is cumulative). The last R = n_tok * G blocks to arrive each
- * select one row (select_row) once every block has arrived: the last arrival resets the
- * counter and bumps a generation word that the others wait on (thread 0 spins; fence;
- * bar.sync; L2 loads). Only the last R tickets wait, for at most R - 1 blocks that have
- * finished their keys, so no co-residency is assumed. The counter is a device global: calls
- * into one device must not run concurrently from several streams (m3_gpu has one stream).
- * One fence per block: a fence in every thread (batch 1) cost ~10 us of tail. n_ties is
- * zeroed by block (0, 0) before its ticket. */
+ * idx_dec_k (NVIDIA mma.sync, bf16): groups of 16/G tokens (blockIdx.y), 16 (token, head)
+ * rows per group, at most IDX_DEC_GROUPS groups (decode). A persistent grid of 4 blocks of 4
+ * warps per SM (over the groups) walks the key blocks b = blockIdx.x, + gridDim.x, ..; warp
+ * w scores the keys [w*B/4, (w+1)*B/4) of a block from registers. Each lane loads its key
+ * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes per
+ * warp load: full sectors), all of them before the first mma (32 KB in flight per block of
+ * warps), and the next key block's loads are issued as soon as the mma have read the
+ * registers, so they are in flight during the cross-warp max (shared memory, double-buffered:
+ * one barrier per key block). A dot product does not depend on the order of its dims, so the
+ * dims are permuted consistently in Q and K: lane (g, t) holds the dims 8*(t + 4j) .. +7
+ * (j < Di/32) of key g of the n-tile, uint4 j serves k-steps 2j and 2j+1, and the Q fragments
+ * (registers, loaded once) take the same physical dims. Masked max per row, NaN per row;
+ * one thread per row writes the block score (forced values applied: local wins over init,
+ * as ref) and keeps the block's best rank key of the row (its "block maximum").
+ * With fuse: the selection in the same launch. Every block writes its per-row maxima
+ * (cmax [R, gridDim.x]), then a barrier, and thread 0 alone takes a ticket (acq_rel fence,
+ * relaxed atomic: bar.sync orders the block's stores before thread 0's gpu-scope fence, which
+ * is cumulative). The last R = n_tok * G blocks to arrive pick one row each (dec_pick) once
+ * every block has arrived: the last arrival resets the counter and bumps a generation word
+ * that the others wait on (thread 0 spins on it; fence; bar.sync; L2 loads). Only the last R
+ * tickets wait, for at most R - 1 blocks that have finished their keys, so no co-residency
+ * is assumed. The counter is a device global: calls into one device must not run
+ * concurrently from several streams (m3_gpu has one stream). n_ties is zeroed by block
+ * (0, 0) before its ticket (the separate selection kernels of the non-fused paths run
+ * after this kernel in stream order).
+ * dec_pick (exact, ref's order): rank keys u = (sortable score << 32) | ~id are distinct.
+ * tau = the need-th largest block maximum (need = min(K+1, nb)). At least `need` distinct
+ * scores are >= tau, so the top `need` scores are >= tau, and a score >= tau lies in a block
+ * whose maximum is >= tau: at most `need` blocks hold every candidate. Their key blocks' scores
+ * (b = x, x + gridDim.x, ..) that are >= tau are the candidates, and a rank count over them
+ * gives ranks 0 .. need-1. Two rounds of L2 loads (the maxima, then at most need * nb /
+ * gridDim.x scores), five barriers. Launched when G divides 16, Di % 32 == 0, Di <= 128,
+ * B % 32 == 0, B <= 128; fused when gridDim.x <= IDX_PICK_CPT * IST_THREADS. */
+#define IST_THREADS 128
+#define IST_WARPS 4
+#define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
 #define IDX_DEC_GROUPS 4
+#define IDX_PICK_CPT 8 /* block maxima per thread in dec_pick: gridDim.x <= 1024 */
 static __device__ unsigned int idx_arrive[2]; /* [0] arrivals of the current call, [1] generation */
 
-template <int NT, int PER>
-static __device__ void fused_select(const idx_sel &a, int G, idx_sel_smem<NT> &sm,
-                                    unsigned long long *cand) {
-    __shared__ unsigned int s_ticket;
-    const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(a.n_tok * G);
-    __syncthreads(); /* every score store of this block precedes thread 0's fence */
-    if (threadIdx.x == 0) {
-        const unsigned int gen = *(volatile unsigned int *)&idx_arrive[1];
-        __threadfence();
-        const unsigned int t = atomicAdd(&idx_arrive[0], 1u);
-        if (t == n - 1) { /* the last arrival: every score is stored */
-            atomicExch(&idx_arrive[0], 0u);
-            __threadfence();
-            atomicAdd(&idx_arrive[1], 1u);
-        } else if (t >= n - R) {
-            while (*(volatile unsigned int *)&idx_arrive[1] == gen) {
-            }
-        }
-        __threadfence();
-        s_ticket = t;
-    }
-    __syncthreads();
-    const int row = (int)s_ticket - (int)(n - R);
-    if (row < 0) return; /* block-uniform */
-    select_row<NT, PER>(a, row / G, row % G, sm, cand);
+#if M3_HAVE_MMA
+static __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int *p) {
+    unsigned int v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
 }
 
-template <int PER>
+struct dec_smem {
+    unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
+    int n_cand, n_cta, cta[IDX_MAX_K + 1], chosen[IDX_MAX_K + 1];
+    float chosen_v[IDX_MAX_K + 1];
+    unsigned int ticket;
+};
+
+/* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
+ * per-block maxima (0: no score); cand: (K+1) * ceil(nbk / gx) rank keys. */
+static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx, const unsigned long long *cmax,
+                                dec_smem &sm, unsigned long long *cand) {
+    const int tid = (int)threadIdx.x, t = q / G, g = q % G;
+    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
+    const int n_pub = IST_WARPS * need;
+    unsigned long long m[IDX_PICK_CPT];
+#pragma unroll
+    for (int i = 0; i < IDX_PICK_CPT; i++) {
+        const int x = tid + i * IST_THREADS;
+        m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
+    }
+    unsigned long long mx = 0;
+#pragma unroll
+    for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
+    sm.tmax[tid] = mx;
+    for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
+    if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
+    __syncthreads();
+    const int w = tid / 32;
+    if (mx) { /* the thread maxima ranked < need within the warp hold the top `need` */
+        int r = 0;
+#pragma unroll
+        for (int j = 0; j < 32; j++) r += sm.tmax[w * 32 + j] > mx;
+        if (r < need) sm.pub[w * need + r] = mx;
+    }
+    __syncthreads();
+    for (int j = tid; j < n_pub; j += IST_THREADS) {
+        const unsigned long long u = sm.pub[j];
+        if (!u) continue;
+        int r = 0;
+#pragma unroll 8
+        for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
+        if (r == need - 1) sm.tau = u;
+    }
+    __syncthreads();
+    const unsigned long long th = sm.tau;
+#pragma unroll
+    for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: at most need */
+        if (m[i] && m[i] >= th) sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
+    __syncthreads();
+    const int per = (nb + gx - 1) / gx, n_item = sm.n_cta * per;
+    for (int j = tid; j < n_item; j += IST_THREADS) {
+        const int b = sm.cta[j / per] + (j % per) * gx;
+        if (b < nb) {
+            const unsigned long long u = rank_key(ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b), b);
+            if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+        }
+    }
+    __syncthreads();
+    const int nc = sm.n_cand;
+    for (int j = tid; j < nc; j += IST_THREADS) {
+        const unsigned long long u = cand[j];
+        int r = 0;
+#pragma unroll 8
+        for (int k = 0; k < nc; k++) r += cand[k] > u;
+        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+    }
+    __syncthreads();
+    const int keep = K < nb ? K : nb;
+    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
+    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
+    if (tid == 0) { /* as idx_select_k */
+        float mg = INFINITY;
+        if (nb > K) {
+            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
+            mg = x - y;
+            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+        }
+        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
+    }
+}
+#endif
+
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
-              int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel, bool fuse) {
+              int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel,
+              unsigned long long *M3_RESTRICT cmax) {
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
-    __shared__ idx_sel_smem<IST_THREADS> sm;
+    __shared__ dec_smem sm;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
     const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     if (sel.n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *sel.n_ties = 0;
@@ -882,6 +845,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                                                                   (size_t)(row % G) * Di + d)
                             : 0u;
         }
+    /* the combining thread of row tid < 16: its token's block count and forced range */
+    const int ct = t0 + tid / G, cnb = tid < 16 && ct < n_tok ? pos[ct] / B + 1 : 0;
+    const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
+    unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
     uint4 kb[IST_TILES][4];
     auto load = [&](int b) { /* this warp's key fragments of key block b (zeros past pmax) */
@@ -929,228 +896,84 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             if (tq == 0) red_m[par][warp][gq + 8 * h] = mx[h], red_n[par][warp][gq + 8 * h] = bad[h];
         }
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
-        if (tid < 16) {
-            const int tt = t0 + tid / G;
-            if (tt < n_tok) {
-                float m = red_m[par][0][tid], nn = red_n[par][0][tid];
+        if (tid < 16 && ct < n_tok) {
+            float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
-                for (int w = 1; w < IST_WARPS; w++) m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
-                float z;
-                if (b > pos[tt] / B) z = -INFINITY;
-                else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
-                else z = scale != 1.0f ? m * scale : m;
-                scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = z;
+            for (int w = 1; w < IST_WARPS; w++) m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
+            float z;
+            if (b >= cnb) z = -INFINITY;
+            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
+            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
+            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? m * scale : m;
+            scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
+            if (b < cnb) {
+                const unsigned long long u = rank_key(z, b);
+                cbest = u > cbest ? u : cbest;
             }
         }
     }
-    if (fuse) fused_select<IST_THREADS, PER>(sel, G, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+    if (!cmax) return;
+    /* the fused selection: this block's maxima, then its ticket */
+    const int R = n_tok * G, gx = grid;
+    if (tid < 16 && ct < n_tok) cmax[(size_t)((int)blockIdx.y * 16 + tid) * gx + blockIdx.x] = cbest;
+    __syncthreads(); /* every store of this block precedes thread 0's fence */
+    if (tid == 0) {
+        const unsigned int n = gridDim.x * gridDim.y, gen = ld_relaxed_gpu(&idx_arrive[1]);
+        fence_acq_rel_gpu();
+        const unsigned int tk = atomicAdd(&idx_arrive[0], 1u);
+        if (tk == n - 1) { /* the last arrival: every block's stores are visible */
+            fence_acq_rel_gpu();
+            *(volatile unsigned int *)&idx_arrive[0] = 0u;
+            atomicAdd(&idx_arrive[1], 1u);
+        } else if (tk >= n - (unsigned int)R) {
+            while (ld_relaxed_gpu(&idx_arrive[1]) == gen) {
+            }
+            fence_acq_rel_gpu();
+        }
+        sm.ticket = tk;
+    }
+    __syncthreads();
+    const int row = (int)sm.ticket - (int)(gridDim.x * gridDim.y - (unsigned int)R);
+    if (row < 0) return; /* block-uniform */
+    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
-    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)fuse; (void)idx_arrive;
+    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)idx_arrive;
 #endif
 }
 
-/* Launch idx_dec_k: 4 blocks per SM over the groups (at most one per key block), at least R
- * blocks when the selection is fused. */
-template <int PER>
+/* Launch idx_dec_k: 4 blocks per SM over the groups (at most one per key block), at least
+ * R blocks (the fused selection's rows). fuse is cleared when the candidates would not fit
+ * in shared memory (then the caller runs a selection kernel). */
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const m3_bf16 *ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa, bool fuse) {
+                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
-    if (fuse && gx * n_group < R) gx = (R + n_group - 1) / n_group;
-    const size_t dyn = fuse ? (size_t)(sa.K + 1) * PER * 8 : 0;
-    idx_dec_k<PER><<<dim3((unsigned)gx, (unsigned)n_group), IST_THREADS, dyn, g->stream>>>(
+    if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
+    if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
+    unsigned long long *cmax = NULL;
+    /* the fused selection's candidates: (K+1) rank keys per key block of a scoring block */
+    size_t dyn = (size_t)(sa.K + 1) * ((nbk + gx - 1) / gx) * sizeof *cmax;
+    if (dyn > 96 * 1024) fuse = false; /* past ~1.5M key blocks: the selection kernels */
+    if (!fuse) dyn = 0;
+    if (fuse) {
+        M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
+        if (dyn > 48 * 1024)
+            M3_HIP_TRY(hipFuncSetAttribute((const void *)idx_dec_k,
+                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    }
+    idx_dec_k<<<dim3((unsigned)gx, (unsigned)n_group), IST_THREADS, dyn, g->stream>>>(
         S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
-        p->index_nan == M3_INDEX_NAN_NEG, sa, fuse);
+        p->index_nan == M3_INDEX_NAN_NEG, sa, cmax);
     return m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
 }
 
-/* idx_ring_k<MT, NS, MINB> (NVIDIA mma.sync + cp.async, bf16; measured against idx_dec_k):
- * the same rows, a persistent grid of MINB blocks of 8 warps per SM walking the key blocks
- * through an NS-stage shared-memory ring filled with 16-byte cp.async (NS - 1 key blocks in
- * flight while one is scored; odd rows' 16-byte chunks XOR-swizzled by 4 when 2*Di is a
- * multiple of 128 bytes, so the fragment LDS.128 hit distinct banks). Warp w scores the
- * n-tiles w, w + 8, ..; the 8 warps' partial maxima meet in shared memory. */
-#define IDC_THREADS 256
-#define IDC_WARPS 8
-#define IDC_PER 32 /* fused selection: nb <= 8192 */
-#define IDC_MAX_MT 4
-
-#if M3_HAVE_MMA
-static __device__ __forceinline__ void idx_cp16(void *dst, const void *src, bool full) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(full ? 16 : 0));
-}
-static __device__ __forceinline__ void idx_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void idx_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-#endif
-
-template <int MT, int NS, int MINB>
-static __global__ void __launch_bounds__(IDC_THREADS, MINB)
-    idx_ring_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
-              const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
-              int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel, bool fuse) {
-#if M3_HAVE_MMA
-    extern __shared__ __align__(16) unsigned char idx_dyn[];
-    __shared__ float red_m[2][IDC_WARPS][16 * MT], red_n[2][IDC_WARPS][16 * MT];
-    __shared__ idx_sel_smem<IDC_THREADS> sm;
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
-    const int R = n_tok * G, grid = (int)gridDim.x, blk = (int)blockIdx.x;
-    if (sel.n_ties && blk == 0 && tid == 0) *sel.n_ties = 0;
-    int pmax = -1;
-    for (int t = 0; t < n_tok; t++) pmax = max(pmax, pos[t]);
-    const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row sees */
-    for (int i = blk * IDC_THREADS + tid; i < (nbk - n_lim) * R; i += grid * IDC_THREADS) {
-        const int b = n_lim + i / R, r = i % R; /* past every row's causal end: -inf, as ref */
-        scores[((int64_t)(r % G) * n_tok + r / G) * nbk + b] = -INFINITY;
-    }
-    int rp[MT][2];
-    uint32_t qa[MT][ISM_MAX_DI / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = 16 * mt + gq + 8 * h;
-            rp[mt][h] = row < R ? pos[row / G] : -1;
-        }
-#pragma unroll
-        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int row = 16 * mt + gq + 8 * (i & 1);
-                const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
-                qa[mt][s2][i] = s2 < Di / 16 && row < R
-                                    ? *reinterpret_cast<const uint32_t *>(
-                                          iq + (size_t)(row / G) * ld_q + (size_t)(row % G) * Di + d)
-                                    : 0u;
-            }
-    }
-    const int cpr = Di / 8, rowb = Di * 2, stage = B * rowb; /* 16-byte chunks per key row */
-    const int swz = cpr % 8 == 0 ? 4 : 0;
-    const int n_mine = blk < n_lim ? (n_lim - 1 - blk) / grid + 1 : 0;
-    /* key block i of this block into its ring stage (keys past pmax or n_ctx: zeros) */
-    auto load = [&](int i) {
-        const int b = blk + i * grid;
-        unsigned char *st = idx_dyn + (size_t)(i % NS) * stage;
-        for (int e = tid; e < B * cpr; e += IDC_THREADS) {
-            const int r = e / cpr, c = e % cpr, key = b * B + r;
-            const bool ok = key < n_ctx && key <= pmax;
-            idx_cp16(st + r * rowb + (c ^ ((r & 1) ? swz : 0)) * 16,
-                     ok ? ik + (size_t)key * Di + c * 8 : ik, ok);
-        }
-    };
-    auto combine = [&](int i) { /* thread r < R: the score of row r for key block i */
-        const int b = blk + i * grid, r = tid;
-        float m = red_m[i & 1][0][r], n = red_n[i & 1][0][r];
-#pragma unroll
-        for (int w = 1; w < IDC_WARPS; w++) m = fmaxf(m, red_m[i & 1][w][r]), n = fmaxf(n, red_n[i & 1][w][r]);
-        float z;
-        if (b > pos[r / G] / B) z = -INFINITY;
-        else if (n > 0.0f) z = nan_neg ? -1e30f : NAN;
-        else z = scale != 1.0f ? m * scale : m;
-        scores[((int64_t)(r % G) * n_tok + r / G) * nbk + b] = z;
-    };
-#pragma unroll
-    for (int s = 0; s < NS - 1; s++) {
-        if (s < n_mine) load(s);
-        idx_cp_commit();
-    }
-    for (int i = 0; i < n_mine; i++) {
-        idx_cp_wait<NS - 2>(); /* this thread's copies of key block i have landed */
-        __syncthreads();       /* everyone's; and stage (i - 1) % NS is free */
-        if (i > 0 && tid < R) combine(i - 1);
-        if (i + NS - 1 < n_mine) load(i + NS - 1);
-        idx_cp_commit();
-        const int b = blk + i * grid;
-        const unsigned char *st = idx_dyn + (size_t)(i % NS) * stage;
-        float mx[MT][2], bad[MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) mx[mt][0] = mx[mt][1] = -INFINITY, bad[mt][0] = bad[mt][1] = 0.0f;
-        for (int nt = warp; nt < B / 8; nt += IDC_WARPS) {
-            const int k0 = b * B + nt * 8;
-            if (k0 > pmax) break; /* block-uniform */
-            const int r = nt * 8 + gq, sw = (r & 1) ? swz : 0;
-            const unsigned char *kr = st + r * rowb;
-            uint4 kv[ISM_MAX_DI / 32];
-#pragma unroll
-            for (int j = 0; j < ISM_MAX_DI / 32; j++)
-                if (j < Di / 32) kv[j] = *reinterpret_cast<const uint4 *>(kr + ((tq + 4 * j) ^ sw) * 16);
-            float c[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) c[mt][0] = c[mt][1] = c[mt][2] = c[mt][3] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < ISM_MAX_DI / 32; j++) {
-                if (j >= Di / 32) break;
-                const uint32_t b0[2] = {kv[j].x, kv[j].y}, b1[2] = {kv[j].z, kv[j].w};
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    m3_mma_bf16_16816(c[mt], qa[mt][2 * j], b0);
-                    m3_mma_bf16_16816(c[mt], qa[mt][2 * j + 1], b1);
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int h = e >> 1;
-                    if (k0 + 2 * tq + (e & 1) <= rp[mt][h]) {
-                        if (isnan(c[mt][e])) bad[mt][h] = 1.0f;
-                        else mx[mt][h] = fmaxf(mx[mt][h], c[mt][e]);
-                    }
-                }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float m = mx[mt][h], n = bad[mt][h];
-                m = fmaxf(m, M3_SHFL_XOR(m, 1));
-                m = fmaxf(m, M3_SHFL_XOR(m, 2));
-                n = fmaxf(n, M3_SHFL_XOR(n, 1));
-                n = fmaxf(n, M3_SHFL_XOR(n, 2));
-                if (tq == 0) red_m[i & 1][warp][16 * mt + gq + 8 * h] = m, red_n[i & 1][warp][16 * mt + gq + 8 * h] = n;
-            }
-    }
-    idx_cp_wait<0>();
-    __syncthreads();
-    if (n_mine > 0 && tid < R) combine(n_mine - 1);
-    if (fuse)
-        fused_select<IDC_THREADS, IDC_PER>(sel, G, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
-#else
-    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
-    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)fuse;
-#endif
-}
-
-/* Launch idx_ring_k<MT, NS, MINB>: grid = MINB blocks per SM (at least one per key block...
- * at most), and at least R when the selection is fused. */
-template <int MT, int NS, int MINB>
-static m3_status ring_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const m3_bf16 *ik,
-                            const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa, bool fuse) {
-    const size_t stage = (size_t)B * Di * 2, cand = (size_t)(sa.K + 1) * IDC_PER * 8;
-    size_t dyn = (size_t)NS * stage;
-    if (fuse && cand > dyn) dyn = cand;
-    if (dyn > 48 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)idx_ring_k<MT, NS, MINB>,
-                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-    int grid = MINB * g->n_sm;
-    grid = grid < nbk ? grid : nbk;
-    if (fuse && grid < n_tok * G) grid = n_tok * G;
-    idx_ring_k<MT, NS, MINB><<<(unsigned)grid, IDC_THREADS, dyn, g->stream>>>(
-        S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
-        p->index_nan == M3_INDEX_NAN_NEG, sa, fuse);
-    return m3_gpu_launched_(g, "idx_ring_k", __FILE__, __LINE__);
-}
-
 /* ---- launchers -------------------------------------------------------------------------
- * Scoring: idx_dec_k (bf16, at most 64 rows T*G: decode; the selection fused when nb <=
- * 8192), idx_wide_k (bf16, more tokens, enough key blocks to fill the device: 256/G tokens
+ * Scoring: idx_dec_k (bf16, at most IDX_DEC_GROUPS groups of 16/G tokens: decode; the
+ * selection fused), idx_wide_k (bf16, more tokens, enough key blocks to fill the device: 256/G tokens
  * per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged per block for
  * 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection (when not fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
@@ -1185,20 +1008,15 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
     const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
     const bool dec_ok = stream_ok && n_group <= IDX_DEC_GROUPS;
-    const bool ring_ok = tile_ok && Di % 32 == 0 && (uintptr_t)d_ik % 16 == 0 && n_tok * G <= 16;
     const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
     const int want = path & M3_GPU_IDX_SCORE;
     const bool nosel = (path & M3_GPU_IDX_NOSEL) != 0, rounds = (path & M3_GPU_IDX_SEL_ROUNDS) != 0;
-    /* score 1 decode, 2 tile, 3 cuda, 4 wide, 5 stream, 6 ring */
+    /* score 1 decode, 2 tile, 3 cuda, 4 wide */
     int score = want == M3_GPU_IDX_DECODE ? 1
                 : want == M3_GPU_IDX_TILE ? 2
                 : want == M3_GPU_IDX_CUDA ? 3
                 : want == M3_GPU_IDX_WIDE ? 4
-                : want == M3_GPU_IDX_STREAM ? 5
-                : want == M3_GPU_IDX_RING ? 6
                                           : 0;
-    if (score == 6 && !ring_ok) score = 0;
-    if (score == 5 && !(stream_ok && n_group <= 4)) score = 0;
     if (score == 1 && !dec_ok) score = 0;
     if (score == 0)
         score = dec_ok                                   ? 1
@@ -1207,10 +1025,8 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
                                                          : 3;
     if (score == 4 && !stream_ok) score = tile_ok ? 2 : 3;
     if (score == 2 && !tile_ok) score = 3;
-    const bool fuse = (score == 1 || score == 6) && !nosel && !rounds &&
-                      !(path & M3_GPU_IDX_SEL_KERNEL) && nbk <= IST_THREADS * 64;
-    if (d_n_ties && score != 1 && score != 4 && score != 5 && score != 6)
-        M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
+    bool fuse = score == 1 && !nosel && !rounds && !(path & M3_GPU_IDX_SEL_KERNEL);
+    if (d_n_ties && score != 1 && score != 4) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
     const size_t mark = m3_gpu_mark(g);
     float *S = d_scores;
     if (!S) M3_TRY(m3_gpu_alloc(g, (void **)&S, (size_t)G * n_tok * nbk * sizeof(float)));
@@ -1219,19 +1035,8 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
                   p->topk_tie_margin};
     m3_status s;
     if (score == 1) {
-        const m3_bf16 *iq = (const m3_bf16 *)d_iq, *ik = (const m3_bf16 *)d_ik;
-        if (nbk <= IST_THREADS * 16)
-            s = dec_launch<16>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
-        else
-            s = dec_launch<64>(g, S, iq, ld_q, ik, d_pos, n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
-    } else if (score == 6) {
-        s = ring_launch<1, 3, 2>(g, S, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos,
-                                 n_tok, nbk, n_ctx, G, Di, B, p, sa, fuse);
-    } else if (score == 5) {
-        idx_stream_k<<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS, 0, g->stream>>>(
-            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-            n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
-        s = m3_gpu_launched_(g, "idx_stream_k", __FILE__, __LINE__);
+        s = dec_launch(g, S, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                       n_ctx, G, Di, B, p, sa, fuse);
     } else if (score == 4) {
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
         gx = gx < nbk ? gx : nbk;

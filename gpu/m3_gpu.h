@@ -365,10 +365,9 @@ enum {
     M3_GPU_IDX_WIDE = 2,       /* idx_wide_k */
     M3_GPU_IDX_TILE = 3,       /* idx_score_mma_k */
     M3_GPU_IDX_CUDA = 4,       /* idx_score_k */
-    M3_GPU_IDX_STREAM = 5,     /* idx_stream_k (measured against idx_dec_k) */
-    M3_GPU_IDX_RING = 6,       /* idx_ring_k: T*G <= 16, cp.async ring (measured) */
     M3_GPU_IDX_SCORE = 0xF,    /* the scorer bits */
-    M3_GPU_IDX_SEL_KERNEL = 0x10, /* decode: the selection in its own kernel */
+    M3_GPU_IDX_SEL_KERNEL = 0x10, /* decode: the selection kernel after idx_dec_k (as past
+                                     its fused limit) */
     M3_GPU_IDX_SEL_ROUNDS = 0x20, /* the arg-max rounds (idx_select_k / idx_cand_k + idx_pick_k) */
     M3_GPU_IDX_NOSEL = 0x40
 };

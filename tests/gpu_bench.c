@@ -440,18 +440,13 @@ static void bench_indexer(void **state) {
             {M3_GPU_IDX_AUTO, NULL},
             {M3_GPU_IDX_DECODE | M3_GPU_IDX_NOSEL, "decode,nosel"},
             {M3_GPU_IDX_DECODE | M3_GPU_IDX_SEL_KERNEL, "decode,sel-kernel"},
-            {M3_GPU_IDX_RING, "ring"},
-            {M3_GPU_IDX_RING | M3_GPU_IDX_NOSEL, "ring,nosel"},
-            {M3_GPU_IDX_RING | M3_GPU_IDX_SEL_KERNEL, "ring,sel-kernel"},
-            {M3_GPU_IDX_STREAM, "stream"},
-            {M3_GPU_IDX_STREAM | M3_GPU_IDX_NOSEL, "stream,nosel"},
             {M3_GPU_IDX_TILE | M3_GPU_IDX_SEL_ROUNDS, "tile,rounds"},
             {M3_GPU_IDX_WIDE | M3_GPU_IDX_NOSEL, "wide,nosel"}};
         const char *ev = getenv("M3_BENCH_IDX_PATHS");
         const size_t n_path = ev && atoi(ev) == 1 ? sizeof paths / sizeof paths[0] : 1;
         for (size_t pi = 0; pi < n_path; pi++) {
             const int sc = paths[pi].path & M3_GPU_IDX_SCORE;
-            const bool dec = sc == M3_GPU_IDX_DECODE || sc == M3_GPU_IDX_RING || sc == M3_GPU_IDX_STREAM;
+            const bool dec = sc == M3_GPU_IDX_DECODE;
             if (pi > 0 && dec != (c.T == 1)) continue; /* decode variants at T = 1 only */
             c.path = paths[pi].path;
             double ms = time_ms(g, do_idx, &c, 3, 5);

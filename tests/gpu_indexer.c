@@ -8,10 +8,9 @@
  * the selected ids exactly, except rows whose reference margin is below IDX_TIE_REL of the
  * score (a summation-order flip of a near-tie), which are counted.
  * Every case runs through each device path (m3_gpu_indexer_topk_path): the auto choice (for
- * decode: the ring scorer with the selection fused into it), the ring scorer with the
- * one-pass selection kernel after it, its other ring shapes, the register-streamed scorer,
- * the wide (256-row) scorer, the key-tile scorer with the arg-max rounds, the CUDA-core
- * scorer. Data patterns that stress the selection:
+ * decode: idx_dec_k with the selection fused into it), idx_dec_k with the selection kernel
+ * after it (the path past the fused limit), the wide (256-row) scorer, the key-tile scorer
+ * with the arg-max rounds, the CUDA-core scorer. Data patterns that stress the selection:
  * all keys equal (every score ties: the ids must be the lowest ones, exactly, no flip
  * allowed), hot blocks that all sit in the same threads of the one-pass selection (block ids
  * equal mod 256), a NaN key row (NaN ranks highest, or -1e30 under atom) and the longest
@@ -45,8 +44,6 @@ typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; 
 static const struct { int path; const char *name; } idx_paths[] = {
     {M3_GPU_IDX_AUTO, "auto"},
     {M3_GPU_IDX_DECODE | M3_GPU_IDX_SEL_KERNEL, "decode,sel-kernel"},
-    {M3_GPU_IDX_RING, "ring"},
-    {M3_GPU_IDX_STREAM, "stream"},
     {M3_GPU_IDX_WIDE, "wide"},
     {M3_GPU_IDX_TILE | M3_GPU_IDX_SEL_ROUNDS, "tile,rounds"},
     {M3_GPU_IDX_CUDA, "cuda"},
