@@ -691,16 +691,17 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * one thread per row writes the block score (forced values applied: local wins over init,
  * as ref) and keeps the block's best rank key of the row (its "block maximum").
  * With fuse: the selection in the same launch. Every block writes its per-row maxima
- * (cmax [R, gridDim.x]), then a barrier, and thread 0 alone takes a ticket (acq_rel fence,
- * relaxed atomic: bar.sync orders the block's stores before thread 0's gpu-scope fence, which
- * is cumulative). The last R = n_tok * G blocks to arrive pick one row each (dec_pick) once
- * every block has arrived: the last arrival resets the counter and bumps a generation word
- * that the others wait on (thread 0 spins on it; fence; bar.sync; L2 loads). Only the last R
- * tickets wait, for at most R - 1 blocks that have finished their keys, so no co-residency
- * is assumed. The counter is a device global: calls into one device must not run
- * concurrently from several streams (m3_gpu has one stream). n_ties is zeroed by block
- * (0, 0) before its ticket (the separate selection kernels of the non-fused paths run
- * after this kernel in stream order).
+ * (cmax [R, gridDim.x]), then a barrier, and thread 0 alone arrives: an acq_rel fence, then
+ * a relaxed atomic add without a return value (bar.sync orders the block's stores before
+ * thread 0's gpu-scope fence, which is cumulative). The blocks of the last R = n_tok * G
+ * linear ids pick one row each (dec_pick) once all gridDim.x * gridDim.y have arrived
+ * (thread 0 spins on the counter; fence; bar.sync; L2 loads). They wait for blocks that are
+ * resident or start in the slots the others free (R is far below the resident blocks), so
+ * no co-residency is assumed. The counters are device globals, one per parity of the
+ * call (the launcher counts the fused calls per device; each call zeroes the other parity's
+ * counter for the next call): calls into one device must not run concurrently from
+ * several streams (m3_gpu has one stream). Block (0, 0) zeroes n_ties first (the separate
+ * selection kernels of the non-fused paths run after this kernel in stream order).
  * dec_pick (exact, ref's order): rank keys u = (sortable score << 32) | ~id are distinct.
  * tau = the need-th largest block maximum (need = min(K+1, nb)). At least `need` distinct
  * scores are >= tau, so the top `need` scores are >= tau, and a score >= tau lies in a block
@@ -714,7 +715,7 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 #define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
 #define IDX_DEC_GROUPS 4
 #define IDX_PICK_CPT 8 /* block maxima per thread in dec_pick: gridDim.x <= 1024 */
-static __device__ unsigned int idx_arrive[2]; /* [0] arrivals of the current call, [1] generation */
+static __device__ unsigned int idx_arrive[2]; /* arrivals, by the parity of the call */
 
 #if M3_HAVE_MMA
 static __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
@@ -728,7 +729,6 @@ struct dec_smem {
     unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
     int n_cand, n_cta, cta[IDX_MAX_K + 1], chosen[IDX_MAX_K + 1];
     float chosen_v[IDX_MAX_K + 1];
-    unsigned int ticket;
 };
 
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
@@ -810,14 +810,33 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
               int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel,
-              unsigned long long *M3_RESTRICT cmax) {
+              unsigned long long *M3_RESTRICT cmax, unsigned int epoch) {
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
     __shared__ dec_smem sm;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
     const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
-    if (sel.n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *sel.n_ties = 0;
+    /* the first key block's loads before anything else (they need no position: keys past a
+     * row's position are masked below) */
+    const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
+    uint4 kb[IST_TILES][4];
+    auto load = [&](int b) { /* this warp's key fragments of key block b (zeros past n_ctx) */
+#pragma unroll
+        for (int i = 0; i < IST_TILES; i++) {
+            const int key = b * B + (warp * tiles + i) * 8 + gq;
+            const bool ok = i < tiles && key < n_ctx;
+            const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
+#pragma unroll
+            for (int j = 0; j < 4; j++) kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+        }
+    };
+    if ((int)blockIdx.x < nbk) load((int)blockIdx.x);
+    if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+        if (sel.n_ties) *sel.n_ties = 0;
+        idx_arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
+    }
+    if (!cmax && sel.n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *sel.n_ties = 0;
     int pmax = -1;
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
@@ -849,19 +868,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int ct = t0 + tid / G, cnb = tid < 16 && ct < n_tok ? pos[ct] / B + 1 : 0;
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
-    const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
-    uint4 kb[IST_TILES][4];
-    auto load = [&](int b) { /* this warp's key fragments of key block b (zeros past pmax) */
-#pragma unroll
-        for (int i = 0; i < IST_TILES; i++) {
-            const int key = b * B + (warp * tiles + i) * 8 + gq;
-            const bool ok = i < tiles && key < n_ctx && key <= pmax;
-            const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
-#pragma unroll
-            for (int j = 0; j < 4; j++) kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
-        }
-    };
-    if ((int)blockIdx.x < n_lim) load((int)blockIdx.x);
     int par = 0;
     for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
@@ -914,32 +920,28 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         }
     }
     if (!cmax) return;
-    /* the fused selection: this block's maxima, then its ticket */
-    const int R = n_tok * G, gx = grid;
+    /* the fused selection: this block's maxima, then its arrival */
+    const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
+    const int gx = grid, row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
+    unsigned int *cnt = &idx_arrive[epoch & 1];
     if (tid < 16 && ct < n_tok) cmax[(size_t)((int)blockIdx.y * 16 + tid) * gx + blockIdx.x] = cbest;
     __syncthreads(); /* every store of this block precedes thread 0's fence */
     if (tid == 0) {
-        const unsigned int n = gridDim.x * gridDim.y, gen = ld_relaxed_gpu(&idx_arrive[1]);
         fence_acq_rel_gpu();
-        const unsigned int tk = atomicAdd(&idx_arrive[0], 1u);
-        if (tk == n - 1) { /* the last arrival: every block's stores are visible */
-            fence_acq_rel_gpu();
-            *(volatile unsigned int *)&idx_arrive[0] = 0u;
-            atomicAdd(&idx_arrive[1], 1u);
-        } else if (tk >= n - (unsigned int)R) {
-            while (ld_relaxed_gpu(&idx_arrive[1]) == gen) {
+        atomicAdd(cnt, 1u); /* no return value: a fire-and-forget reduction */
+        if (row >= 0) { /* a picking block: wait for every arrival */
+            while (ld_relaxed_gpu(cnt) != n) {
             }
             fence_acq_rel_gpu();
         }
-        sm.ticket = tk;
     }
-    __syncthreads();
-    const int row = (int)sm.ticket - (int)(gridDim.x * gridDim.y - (unsigned int)R);
     if (row < 0) return; /* block-uniform */
+    __syncthreads();
     dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
-    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)idx_arrive;
+    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
+    (void)idx_arrive;
 #endif
 }
 
@@ -965,10 +967,16 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
             M3_HIP_TRY(hipFuncSetAttribute((const void *)idx_dec_k,
                                            hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     }
+    /* calls with the fused selection so far, per device: the parity picks the arrival
+     * counter, and each call zeroes the other one for the next call (stream order) */
+    static unsigned int epoch[64];
+    unsigned int &ep = epoch[g->device & 63];
     idx_dec_k<<<dim3((unsigned)gx, (unsigned)n_group), IST_THREADS, dyn, g->stream>>>(
         S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
-        p->index_nan == M3_INDEX_NAN_NEG, sa, cmax);
-    return m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
+        p->index_nan == M3_INDEX_NAN_NEG, sa, cmax, ep);
+    const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
+    if (s == M3_OK && fuse) ep++;
+    return s;
 }
 
 /* ---- launchers -------------------------------------------------------------------------
