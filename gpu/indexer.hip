@@ -708,7 +708,8 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * whose maximum is >= tau: at most `need` blocks hold every candidate. Their key blocks' scores
  * (b = x, x + gridDim.x, ..) that are >= tau are the candidates, and a rank count over them
  * gives ranks 0 .. need-1. Two rounds of L2 loads (the maxima, then at most need * nb /
- * gridDim.x scores), five barriers. Launched when G divides 16, Di % 32 == 0, Di <= 128,
+ * gridDim.x scores; one round when a scoring block holds at most one key block of the row:
+ * then its maximum is the score), five barriers. Launched when G divides 16, Di % 32 == 0, Di <= 128,
  * B % 32 == 0, B <= 128; fused when gridDim.x <= IDX_PICK_CPT * IST_THREADS. */
 #define IST_THREADS 128
 #define IST_WARPS 4
@@ -769,19 +770,26 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx, const un
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
+    const int per = (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: at most need */
-        if (m[i] && m[i] >= th) sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
-    __syncthreads();
-    const int per = (nb + gx - 1) / gx, n_item = sm.n_cta * per;
-    for (int j = tid; j < n_item; j += IST_THREADS) {
-        const int b = sm.cta[j / per] + (j % per) * gx;
-        if (b < nb) {
-            const unsigned long long u = rank_key(ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b), b);
-            if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+        if (m[i] && m[i] >= th) {
+            if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i]; /* the maximum is the score */
+            else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
         }
-    }
     __syncthreads();
+    if (per > 1) { /* block-uniform */
+        const int n_item = sm.n_cta * per;
+        for (int j = tid; j < n_item; j += IST_THREADS) {
+            const int b = sm.cta[j / per] + (j % per) * gx;
+            if (b < nb) {
+                const unsigned long long u =
+                    rank_key(ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b), b);
+                if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+            }
+        }
+        __syncthreads();
+    }
     const int nc = sm.n_cand;
     for (int j = tid; j < nc; j += IST_THREADS) {
         const unsigned long long u = cand[j];
