@@ -173,6 +173,8 @@ static void indexer_topk_matches_ref(void **state) {
         {16, 3000, 4, 128, 128, 16, 1, 0, false, 0}, /* 64 rows: the most the fused path takes */
         {17, 3000, 4, 128, 128, 16, 1, 0, false, 0}, /* 68 rows */
         {2, 5000, 4, 128, 128, 16, 1, 0, false, IDX_EQUAL},      /* every score ties */
+        {2, 100000, 4, 128, 128, 16, 1, 0, false, IDX_EQUAL},    /* ties, 2 key blocks per
+                                                                    scoring block (decode) */
         {3, 2000, 3, 80, 64, 5, 2, 1, false, IDX_EQUAL},         /* ties, odd, init block */
         {1, 262044, 4, 128, 128, 16, 1, 0, false, IDX_HOT},      /* 24 hot blocks in 3 threads */
         {2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN},        /* NaN block */
