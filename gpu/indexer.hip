@@ -674,7 +674,6 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
                         reinterpret_cast<unsigned long long *>(idx_dyn));
 }
 
-
 /* ---- decode: one launch that scores and selects ------------------------------------------
  * idx_dec_k (NVIDIA mma.sync, bf16): groups of 16/G tokens (blockIdx.y), 16 (token, head)
  * rows per group, at most IDX_DEC_GROUPS groups (decode). A persistent grid of 4 blocks of 4
@@ -709,8 +708,9 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * (b = x, x + gridDim.x, ..) that are >= tau are the candidates, and a rank count over them
  * gives ranks 0 .. need-1. Two rounds of L2 loads (the maxima, then at most need * nb /
  * gridDim.x scores; one round when a scoring block holds at most one key block of the row:
- * then its maximum is the score), five barriers. Launched when G divides 16, Di % 32 == 0, Di <= 128,
- * B % 32 == 0, B <= 128; fused when gridDim.x <= IDX_PICK_CPT * IST_THREADS. */
+ * then its maximum is the score), five barriers. Launched when G divides 16, Di % 32 == 0,
+ * Di <= 128, B % 32 == 0, B <= 128; gridDim.x <= IDX_PICK_CPT * IST_THREADS (the launcher
+ * caps it); fused while the candidates fit in 96 KB of shared memory. */
 #define IST_THREADS 128
 #define IST_WARPS 4
 #define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
@@ -719,7 +719,9 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 static __device__ unsigned int idx_arrive[2]; /* arrivals, by the parity of the call */
 
 #if M3_HAVE_MMA
-static __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+static __device__ __forceinline__ void fence_acq_rel_gpu() {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
 static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int *p) {
     unsigned int v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -734,8 +736,9 @@ struct dec_smem {
 
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(nbk / gx) rank keys. */
-static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx, const unsigned long long *cmax,
-                                dec_smem &sm, unsigned long long *cand) {
+static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
+                                const unsigned long long *cmax, dec_smem &sm,
+                                unsigned long long *cand) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     const int n_pub = IST_WARPS * need;
@@ -823,8 +826,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
     __shared__ dec_smem sm;
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
-    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
+    const int tq = lane % 4, tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     /* the first key block's loads before anything else (they need no position: keys past a
      * row's position are masked below) */
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
@@ -836,7 +839,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             const bool ok = i < tiles && key < n_ctx;
             const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
 #pragma unroll
-            for (int j = 0; j < 4; j++) kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < 4; j++)
+                kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
         }
     };
     if ((int)blockIdx.x < nbk) load((int)blockIdx.x);
@@ -849,8 +853,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
-    for (int i = (int)blockIdx.x * IST_THREADS + tid; i < (nbk - n_lim) * 16; i += grid * IST_THREADS) {
-        const int b = n_lim + i / 16, r = i % 16, tt = t0 + r / G; /* past every row's end: -inf */
+    for (int i = (int)blockIdx.x * IST_THREADS + tid; i < (nbk - n_lim) * 16;
+         i += grid * IST_THREADS) { /* past every row's end: -inf */
+        const int b = n_lim + i / 16, r = i % 16, tt = t0 + r / G;
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
     }
     int rt[2], rp[2];
@@ -907,13 +912,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
             bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 1));
             bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 2));
-            if (tq == 0) red_m[par][warp][gq + 8 * h] = mx[h], red_n[par][warp][gq + 8 * h] = bad[h];
+            if (tq == 0)
+                red_m[par][warp][gq + 8 * h] = mx[h], red_n[par][warp][gq + 8 * h] = bad[h];
         }
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
         if (tid < 16 && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
-            for (int w = 1; w < IST_WARPS; w++) m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
+            for (int w = 1; w < IST_WARPS; w++)
+                m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
             float z;
             if (b >= cnb) z = -INFINITY;
             else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
@@ -932,7 +939,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int gx = grid, row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     unsigned int *cnt = &idx_arrive[epoch & 1];
-    if (tid < 16 && ct < n_tok) cmax[(size_t)((int)blockIdx.y * 16 + tid) * gx + blockIdx.x] = cbest;
+    if (tid < 16 && ct < n_tok)
+        cmax[(size_t)((int)blockIdx.y * 16 + tid) * gx + blockIdx.x] = cbest;
     __syncthreads(); /* every store of this block precedes thread 0's fence */
     if (tid == 0) {
         fence_acq_rel_gpu();
@@ -967,7 +975,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     unsigned long long *cmax = NULL;
     /* the fused selection's candidates: (K+1) rank keys per key block of a scoring block */
     size_t dyn = (size_t)(sa.K + 1) * ((nbk + gx - 1) / gx) * sizeof *cmax;
-    if (dyn > 96 * 1024) fuse = false; /* past ~1.5M key blocks: the selection kernels */
+    if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs: past ~380K key blocks */
     if (!fuse) dyn = 0;
     if (fuse) {
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
@@ -989,9 +997,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
 
 /* ---- launchers -------------------------------------------------------------------------
  * Scoring: idx_dec_k (bf16, at most IDX_DEC_GROUPS groups of 16/G tokens: decode; the
- * selection fused), idx_wide_k (bf16, more tokens, enough key blocks to fill the device: 256/G tokens
- * per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged per block for
- * 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection (when not fused):
+ * selection fused), idx_wide_k (bf16, more tokens, enough key blocks to fill the device:
+ * 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged per
+ * block for 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection (when not
+ * fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
  * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its
  * shape contract holds. */
@@ -1133,7 +1142,8 @@ extern "C" m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *
                                                   float *d_scores, float *d_margin, int *d_n_ties,
                                                   const float *d_iq, int ld_q, const float *d_ik,
                                                   const int32_t *d_pos, int n_tok, int n_ctx,
-                                                  const m3_indexer_params *ip, const m3_profile *p) {
+                                                  const m3_indexer_params *ip,
+                                                  const m3_profile *p) {
     return launch<float>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
                          n_tok, n_ctx, ip, p);
 }
