@@ -12,13 +12,12 @@
  * idx_select_k: one block per (g, t): forced init then local blocks (local wins), then K+1
  *   rounds of a block arg-max over (score desc, NaN highest, id asc): the reference's
  *   order; the extra round gives the margin S_(K) - S_(K+1) and the tie flag.
- * The fast paths, below: idx_stream_k (decode scoring, keys streamed into registers),
- * idx_wide_k (64+ tokens, 256 rows per pass over the keys), idx_score_mma_k (tensor-core key
- * tiles), idx_topk_k (one-pass exact selection); the launcher's comment says which runs when,
- * docs/gpu.md "Lightning indexer" what each costs on the H200.
+ * The fast paths, below: idx_dec_k (decode: keys streamed into registers by a persistent
+ * grid, the selection fused into the same launch), idx_wide_k (64+ tokens, 256 rows per pass
+ * over the keys), idx_score_mma_k (tensor-core key tiles), idx_topk_k (one-pass exact
+ * selection); the launcher's comment says which runs when, docs/gpu.md "Lightning indexer"
+ * what each costs on the H200.
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
-#include <stdlib.h>
-#include <string.h>
 
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
@@ -33,6 +32,14 @@
 static __device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
 static __device__ __forceinline__ float ld(const m3_bf16 *p, int64_t i) {
     return m3_bf16_to_f32(p[i]);
+}
+/* a load from L2 (skipping L1): the fused selection reads scores other blocks wrote */
+static __device__ __forceinline__ float ld_l2(const float *p) {
+#if defined(M3_HIP_NVIDIA)
+    return __ldcg(p);
+#else
+    return *p;
+#endif
 }
 /* a ranks before b: score desc, NaN highest, id asc */
 static __device__ __forceinline__ bool before(float sa, int a, float sb, int b) {
@@ -366,265 +373,20 @@ static __global__ void __launch_bounds__(IDX_THREADS)
     }
 }
 
-/* ---- decode path: keys streamed into registers ------------------------------------------
- * idx_stream_k (NVIDIA mma.sync, bf16): one block of 4 warps per (key block b, group of 16/G
- * tokens); warp w scores the keys [w*B/4, (w+1)*B/4) of the block. Each lane loads its key
- * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes
- * per warp load: full sectors), all of them issued before the first mma, so a block keeps
- * up to 32 KB in flight and no shared-memory staging or barrier sits between load and use.
- * A dot product does not depend on the order of its dims, so the dims are permuted
- * consistently in Q and K: lane (g, t) holds the dims 8*(t + 4j) .. +7 (j < Di/32) of key g
- * of the n-tile, the uint4 j serves k-steps 2j and 2j+1, and the Q fragments (in registers,
- * loaded once) take the same physical dims. Then the masked max per (token, head) row, NaN
- * tracked per row, as idx_score_mma_k, and a cross-warp max through shared memory. The
- * device int n_ties is zeroed here (stream order puts it before the selection's adds).
- * Launched when G divides 16, Di % 32 == 0, Di <= 128, B % 32 == 0, B <= 128. */
-#define IST_THREADS 128
-#define IST_WARPS 4
-#define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
-#define IDX_FUSE_PER 64 /* fused selection: nb <= IST_THREADS * IDX_FUSE_PER (8192) */
-static __device__ void stream_score(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties,
-                                    const m3_bf16 *M3_RESTRICT iq, int ld_q,
-                                    const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
-                                    int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                                    float scale, bool nan_neg) {
-#if M3_HAVE_MMA
-    __shared__ float red_m[IST_WARPS][16], red_n[IST_WARPS][16];
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
-    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw, b = (int)blockIdx.x;
-    if (n_ties && b == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
-    int pmax = -1;
-    for (int i = 0; i < tpw; i++)
-        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
-    if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
-        for (int i = tid; i < tpw * G; i += IST_THREADS) {
-            const int tt = t0 + i / G, hh = i % G;
-            if (tt < n_tok) scores[((int64_t)hh * n_tok + tt) * nbk + b] = -INFINITY;
-        }
-        return; /* whole block */
-    }
-    const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
-    /* issue every key load of this warp first */
-    uint4 kb[IST_TILES][4];
-#pragma unroll
-    for (int i = 0; i < IST_TILES; i++) {
-        const int key = b * B + (warp * tiles + i) * 8 + gq;
-        const bool ok = i < tiles && key < n_ctx && key <= pmax;
-        const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
-    }
-    int rt[2], rp[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int row = gq + 8 * h;
-        rt[h] = t0 + row / G;
-        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
-    }
-    uint32_t qa[ISM_MAX_DI / 16][4];
-#pragma unroll
-    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int h = i & 1, row = gq + 8 * h;
-            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
-            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
-                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
-                                                                  (size_t)(row % G) * Di + d)
-                            : 0u;
-        }
-    }
-    float mx[2] = {-INFINITY, -INFINITY}, nan_seen[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < IST_TILES; i++) {
-        const int k0 = b * B + (warp * tiles + i) * 8;
-        if (i >= tiles || k0 > pmax) break; /* block-uniform */
-        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-            if (s2 >= Di / 16) break;
-            const uint4 v = kb[i][s2 >> 1];
-            const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
-            m3_mma_bf16_16816(c4, qa[s2], bfr);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
-            if (key <= rp[h]) {
-                if (isnan(c4[e])) nan_seen[h] = 1.0f;
-                else mx[h] = fmaxf(mx[h], c4[e]);
-            }
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
-        mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
-        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 1));
-        nan_seen[h] = fmaxf(nan_seen[h], M3_SHFL_XOR(nan_seen[h], 2));
-        if (tq == 0) red_m[warp][gq + 8 * h] = mx[h], red_n[warp][gq + 8 * h] = nan_seen[h];
-    }
-    __syncthreads();
-    if (tid < 16) {
-        const int tt = t0 + tid / G;
-        if (tt < n_tok) {
-            float m = red_m[0][tid], nn = red_n[0][tid];
-#pragma unroll
-            for (int w = 1; w < IST_WARPS; w++) m = fmaxf(m, red_m[w][tid]), nn = fmaxf(nn, red_n[w][tid]);
-            float z;
-            if (b > pos[tt] / B) z = -INFINITY;
-            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
-            else z = scale != 1.0f ? m * scale : m;
-            scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = z;
-        }
-    }
-#else
-    (void)scores; (void)n_ties; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk;
-    (void)n_ctx; (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg;
-#endif
-}
-
-/* stream_persist: the persistent form of stream_score for long histories. Each warp walks
- * its own key blocks (b = global warp id, + all warps, ...) in chunks of 32 keys (4 n-tiles,
- * 16 uint4 per lane) with the next chunk's loads in flight during this chunk's mma (two
- * register buffers, unrolled by two so that they stay registers), keeps the masked max per
- * row across the block's chunks and writes the block's scores itself: no shared memory, no
- * barrier, no block turnover. Blocks past every row's causal end are -inf (grid-stride). */
-static __device__ __forceinline__ void sp_load(uint4 (&kb)[IST_TILES][4], const m3_bf16 *ik, int k0,
-                                               int Di, int n_ctx, int pmax, int gq, int tq, bool on) {
-#pragma unroll
-    for (int i = 0; i < IST_TILES; i++) {
-        const int key = k0 + i * 8 + gq;
-        const bool ok = on && key < n_ctx && key <= pmax;
-        const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
-#pragma unroll
-        for (int j = 0; j < 4; j++) kb[i][j] = ok && j < Di / 32 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
-    }
-}
-
-static __device__ __forceinline__ void sp_mma(const uint4 (&kb)[IST_TILES][4],
-                                              const uint32_t (&qa)[ISM_MAX_DI / 16][4], int k0,
-                                              int Di, int pmax, const int (&rp)[2], int tq,
-                                              float (&mx)[2], float (&nan_seen)[2]) {
-#if M3_HAVE_MMA
-#pragma unroll
-    for (int i = 0; i < IST_TILES; i++) {
-        const int kt = k0 + i * 8;
-        if (kt > pmax) break; /* uniform */
-        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-            if (s2 >= Di / 16) break;
-            const uint4 v = kb[i][s2 >> 1];
-            const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
-            m3_mma_bf16_16816(c4, qa[s2], bfr);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int h = e >> 1, key = kt + 2 * tq + (e & 1);
-            if (key <= rp[h]) {
-                if (isnan(c4[e])) nan_seen[h] = 1.0f;
-                else mx[h] = fmaxf(mx[h], c4[e]);
-            }
-        }
-    }
-#else
-    (void)kb; (void)qa; (void)k0; (void)Di; (void)pmax; (void)rp; (void)tq; (void)mx; (void)nan_seen;
-#endif
-}
-
-static __device__ void stream_persist(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties,
-                                      const m3_bf16 *M3_RESTRICT iq, int ld_q,
-                                      const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
-                                      int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                                      float scale, bool nan_neg) {
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
-    const int tpw = 16 / G, t0 = (int)blockIdx.y * tpw;
-    if (n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *n_ties = 0;
-    int pmax = -1;
-    for (int i = 0; i < tpw; i++)
-        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
-    const int nb_lim = min(nbk, pmax / B + 1); /* blocks some row of the group sees */
-    for (int i = (int)blockIdx.x * IST_THREADS + tid; i < (nbk - nb_lim) * tpw * G;
-         i += (int)gridDim.x * IST_THREADS) { /* past the causal end of every token: -inf */
-        const int b = nb_lim + i / (tpw * G), r = i % (tpw * G), tt = t0 + r / G;
-        if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
-    }
-    int rt[2], rp[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int row = gq + 8 * h;
-        rt[h] = t0 + row / G;
-        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
-    }
-    const int gw = (int)blockIdx.x * IST_WARPS + warp, n_w = (int)gridDim.x * IST_WARPS;
-    const int cpb = B / 32, n_mine = gw < nb_lim ? (nb_lim - 1 - gw) / n_w + 1 : 0;
-    const int n_chunk = n_mine * cpb;
-    if (n_chunk == 0) return;
-    uint32_t qa[ISM_MAX_DI / 16][4];
-#pragma unroll
-    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int h = i & 1, row = gq + 8 * h;
-            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
-            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
-                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
-                                                                  (size_t)(row % G) * Di + d)
-                            : 0u;
-        }
-    }
-    /* chunk c: block gw + (c / cpb) * n_w, keys from 32 * (c % cpb) */
-#define SP_K0(c) (((gw + ((c) / cpb) * n_w) * B) + 32 * ((c) % cpb))
-    uint4 k0b[IST_TILES][4], k1b[IST_TILES][4];
-    float mx[2] = {-INFINITY, -INFINITY}, nan_seen[2] = {0.0f, 0.0f};
-    sp_load(k0b, ik, SP_K0(0), Di, n_ctx, pmax, gq, tq, true);
-    for (int c = 0; c < n_chunk; c += 2) {
-        for (int u = 0; u < 2; u++) { /* u = 0: compute k0b, refill k1b; u = 1: the reverse */
-            const int cc = c + u;
-            if (cc >= n_chunk) break;
-            if (u == 0) sp_load(k1b, ik, SP_K0(cc + 1), Di, n_ctx, pmax, gq, tq, cc + 1 < n_chunk);
-            else sp_load(k0b, ik, SP_K0(cc + 1), Di, n_ctx, pmax, gq, tq, cc + 1 < n_chunk);
-            if (u == 0) sp_mma(k0b, qa, SP_K0(cc), Di, pmax, rp, tq, mx, nan_seen);
-            else sp_mma(k1b, qa, SP_K0(cc), Di, pmax, rp, tq, mx, nan_seen);
-            if (cc % cpb == cpb - 1) { /* the block's last chunk: its scores */
-                const int b = gw + (cc / cpb) * n_w;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float m = mx[h], n = nan_seen[h];
-                    m = fmaxf(m, M3_SHFL_XOR(m, 1));
-                    m = fmaxf(m, M3_SHFL_XOR(m, 2));
-                    n = fmaxf(n, M3_SHFL_XOR(n, 1));
-                    n = fmaxf(n, M3_SHFL_XOR(n, 2));
-                    if (tq == 0 && rt[h] < n_tok) {
-                        float z;
-                        if (b > rp[h] / B) z = -INFINITY;
-                        else if (n > 0.0f) z = nan_neg ? -1e30f : NAN;
-                        else z = scale != 1.0f ? m * scale : m;
-                        scores[((int64_t)((gq + 8 * h) % G) * n_tok + rt[h]) * nbk + b] = z;
-                    }
-                    mx[h] = -INFINITY, nan_seen[h] = 0.0f;
-                }
-            }
-        }
-    }
-#undef SP_K0
-}
-
 /* ---- many tokens: keys staged once per block for 256/G tokens ----------------------------
  * idx_wide_k (NVIDIA mma.sync, bf16): a persistent block of 8 warps holds the Q fragments of
  * 256 (token, head) rows in registers (warp w: rows 32w .. 32w+31, two m-tiles, loaded once)
  * and walks the key blocks b = blockIdx.x, + gridDim.x, ...: the block's keys are staged in
  * shared memory (row pitch Di*2 + 64 bytes: the eight lanes of a quarter-warp LDS.128 hit 32
  * distinct banks), then every warp scores all of them: per n-tile and 16 bytes of key dims
- * (one LDS.128 = two k-steps, the permuted dims of idx_stream_k) four mma, two per m-tile.
+ * (one LDS.128 = two k-steps, the permuted dims of idx_dec_k) four mma, two per m-tile.
  * Blocks wholly visible to every row of a warp skip the causal mask. Two blocks per SM
- * overlap one's key loads with the other's mma. Same contract as idx_stream_k. */
+ * overlap one's key loads with the other's mma. Same contract as idx_dec_k. */
 #define IWD_THREADS 256
 #define IWD_WARPS 8
 #define IWD_PITCH (ISM_MAX_DI * 2 + 64)
 #define IWD_LOADS (ISM_MAX_B * ISM_MAX_DI / 8 / IWD_THREADS) /* uint4 per thread per key block */
+#if M3_HAVE_MMA
 /* the key block bb (rows past pmax or n_ctx as zeros) into registers, then shared memory */
 static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const m3_bf16 *ik, int bb,
                                                  int B, int Di, int n_ctx, int pmax) {
@@ -647,10 +409,9 @@ static __device__ __forceinline__ void wide_store(unsigned char *ks, const uint4
     }
 }
 
-/* PF: the next key block's loads are issued before this one's mma (one block per SM, all
- * registers: IWD_LOADS uint4 stay in flight during the compute); else two blocks per SM. */
-template <bool PF>
-static __global__ void __launch_bounds__(IWD_THREADS, PF ? 1 : 2)
+#endif
+
+static __global__ void __launch_bounds__(IWD_THREADS, 2)
     idx_wide_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
                int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
                int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
@@ -694,30 +455,19 @@ static __global__ void __launch_bounds__(IWD_THREADS, PF ? 1 : 2)
             }
     __syncthreads();
     const int pmax = s_pmax;
-    uint4 pf[PF ? IWD_LOADS : 1];
-    if (PF && (int)blockIdx.x < nbk) wide_load(pf, PF ? IWD_LOADS : 0, 0, ik, (int)blockIdx.x, B, Di, n_ctx, pmax);
     for (int b = (int)blockIdx.x; b < nbk; b += (int)gridDim.x) {
-        if (PF) {
-            wide_store(ks, pf, PF ? IWD_LOADS : 0, 0, B, Di);
-            __syncthreads();
-            const int bn = b + (int)gridDim.x; /* in flight during this block's mma */
-            if (bn < nbk) wide_load(pf, PF ? IWD_LOADS : 0, 0, ik, bn, B, Di, n_ctx, pmax);
-        }
         if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
             const int tt = t0 + tid / G;
             if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
-            if (PF) __syncthreads();
             continue; /* block-uniform */
         }
-        if (!PF) {
 #pragma unroll
-            for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
-                uint4 kv[4];
-                wide_load(kv, 4, i0, ik, b, B, Di, n_ctx, pmax);
-                wide_store(ks, kv, 4, i0, B, Di);
-            }
-            __syncthreads();
+        for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
+            uint4 kv[4];
+            wide_load(kv, 4, i0, ik, b, B, Di, n_ctx, pmax);
+            wide_store(ks, kv, 4, i0, B, Di);
         }
+        __syncthreads();
         const bool full = b * B + B - 1 <= wpmin; /* every key visible to every row of the warp */
         float mx[2][2], bad[2][2];
 #pragma unroll
@@ -843,7 +593,7 @@ static __device__ void select_row(const idx_sel &a, int t, int g, idx_sel_smem<N
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int b = tid + i * NT;
-        v[i] = b < nb ? S[b] : 0.0f;
+        v[i] = b < nb ? ld_l2(S + b) : 0.0f;
     }
     /* the thread's best score by value (NaN highest); its blocks come in increasing id, so
      * keeping the first of equal values keeps the lowest id, as the rank key would */
@@ -924,82 +674,339 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
                         reinterpret_cast<unsigned long long *>(idx_dyn));
 }
 
-/* The fused decode path: the scores of every block reach device memory before the block
- * takes a ticket (store; fence; atomic); the last R = n_tok * G blocks to take one each
- * select one (t, g) row once every block has taken its ticket (strong read of the counter;
- * fence; then plain loads: the message-passing pattern of the PTX memory model). They wait
- * for at most R - 1 blocks that are already running or about to: R is far below the
- * resident blocks. *ticket is zeroed by the launcher. Saves the selection launch and gap. */
-static __device__ void stream_select(const idx_sel &a, unsigned int *ticket, int G) {
-    __shared__ idx_sel_smem<IST_THREADS> sm;
-    __shared__ unsigned int s_ticket;
-    extern __shared__ __align__(16) unsigned char idx_dyn[];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1u);
-    __syncthreads();
-    const int n_blk = (int)(gridDim.x * gridDim.y), R = a.n_tok * G;
-    const int row = (int)s_ticket - (n_blk - R);
-    if (row < 0) return; /* block-uniform */
-    if (threadIdx.x == 0)
-        while (*(volatile unsigned int *)ticket < (unsigned int)n_blk) {
-        }
-    __syncthreads();
-    __threadfence();
-    select_row<IST_THREADS, IDX_FUSE_PER>(a, row % a.n_tok, row / a.n_tok, sm,
-                                         reinterpret_cast<unsigned long long *>(idx_dyn));
+/* ---- decode: one launch that scores and selects ------------------------------------------
+ * idx_dec_k (NVIDIA mma.sync, bf16): groups of 16/G tokens (blockIdx.y), 16 (token, head)
+ * rows per group, at most IDX_DEC_GROUPS groups (decode). A persistent grid of 4 blocks of 4
+ * warps per SM (over the groups) walks the key blocks b = blockIdx.x, + gridDim.x, ..; warp
+ * w scores the keys [w*B/4, (w+1)*B/4) of a block from registers. Each lane loads its key
+ * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes per
+ * warp load: full sectors), all of them before the first mma (32 KB in flight per block of
+ * warps), and the next key block's loads are issued as soon as the mma have read the
+ * registers, so they are in flight during the cross-warp max (shared memory, double-buffered:
+ * one barrier per key block). A dot product does not depend on the order of its dims, so the
+ * dims are permuted consistently in Q and K: lane (g, t) holds the dims 8*(t + 4j) .. +7
+ * (j < Di/32) of key g of the n-tile, uint4 j serves k-steps 2j and 2j+1, and the Q fragments
+ * (registers, loaded once) take the same physical dims. Masked max per row, NaN per row;
+ * one thread per row writes the block score (forced values applied: local wins over init,
+ * as ref) and keeps the block's best rank key of the row (its "block maximum").
+ * With fuse: the selection in the same launch. Every block writes its per-row maxima
+ * (cmax [R, gridDim.x]), then a barrier, and thread 0 alone arrives: an acq_rel fence, then
+ * a relaxed atomic add without a return value (bar.sync orders the block's stores before
+ * thread 0's gpu-scope fence, which is cumulative). The blocks of the last R = n_tok * G
+ * linear ids pick one row each (dec_pick) once all gridDim.x * gridDim.y have arrived
+ * (thread 0 spins on the counter; fence; bar.sync; L2 loads). They wait for blocks that are
+ * resident or start in the slots the others free (R is far below the resident blocks), so
+ * no co-residency is assumed. The counters are device globals, one per parity of the
+ * call (the launcher counts the fused calls per device; each call zeroes the other parity's
+ * counter for the next call): calls into one device must not run concurrently from
+ * several streams (m3_gpu has one stream). Block (0, 0) zeroes n_ties first (the separate
+ * selection kernels of the non-fused paths run after this kernel in stream order).
+ * dec_pick (exact, ref's order): rank keys u = (sortable score << 32) | ~id are distinct.
+ * tau = the need-th largest block maximum (need = min(K+1, nb)). At least `need` distinct
+ * scores are >= tau, so the top `need` scores are >= tau, and a score >= tau lies in a block
+ * whose maximum is >= tau: at most `need` blocks hold every candidate. Their key blocks' scores
+ * (b = x, x + gridDim.x, ..) that are >= tau are the candidates, and a rank count over them
+ * gives ranks 0 .. need-1. Two rounds of L2 loads (the maxima, then at most need * nb /
+ * gridDim.x scores; one round when a scoring block holds at most one key block of the row:
+ * then its maximum is the score), five barriers. Launched when G divides 16, Di % 32 == 0,
+ * Di <= 128, B % 32 == 0, B <= 128; gridDim.x <= IDX_PICK_CPT * IST_THREADS (the launcher
+ * caps it); fused while the candidates fit in 96 KB of shared memory. */
+#define IST_THREADS 128
+#define IST_WARPS 4
+#define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
+#define IDX_DEC_GROUPS 4
+#define IDX_PICK_CPT 8 /* block maxima per thread in dec_pick: gridDim.x <= 1024 */
+static __device__ unsigned int idx_arrive[2]; /* arrivals, by the parity of the call */
+
+#if M3_HAVE_MMA
+static __device__ __forceinline__ void fence_acq_rel_gpu() {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int *p) {
+    unsigned int v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
 }
 
-template <bool PERSIST>
-static __global__ void __launch_bounds__(IST_THREADS, PERSIST ? 2 : 4)
-    idx_stream_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
-                 int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos,
-                 int n_tok, int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg,
-                 idx_sel sel, unsigned int *ticket) {
-    if (PERSIST)
-        stream_persist(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
-    else
-        stream_score(scores, n_ties, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, scale, nan_neg);
-    if (ticket) stream_select(sel, ticket, G);
+struct dec_smem {
+    unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
+    int n_cand, n_cta, cta[IDX_MAX_K + 1], chosen[IDX_MAX_K + 1];
+    float chosen_v[IDX_MAX_K + 1];
+};
+
+/* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
+ * per-block maxima (0: no score); cand: (K+1) * ceil(nbk / gx) rank keys. */
+static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
+                                const unsigned long long *cmax, dec_smem &sm,
+                                unsigned long long *cand) {
+    const int tid = (int)threadIdx.x, t = q / G, g = q % G;
+    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
+    const int n_pub = IST_WARPS * need;
+    unsigned long long m[IDX_PICK_CPT];
+#pragma unroll
+    for (int i = 0; i < IDX_PICK_CPT; i++) {
+        const int x = tid + i * IST_THREADS;
+        m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
+    }
+    unsigned long long mx = 0;
+#pragma unroll
+    for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
+    sm.tmax[tid] = mx;
+    for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
+    if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
+    __syncthreads();
+    const int w = tid / 32;
+    if (mx) { /* the thread maxima ranked < need within the warp hold the top `need` */
+        int r = 0;
+#pragma unroll
+        for (int j = 0; j < 32; j++) r += sm.tmax[w * 32 + j] > mx;
+        if (r < need) sm.pub[w * need + r] = mx;
+    }
+    __syncthreads();
+    for (int j = tid; j < n_pub; j += IST_THREADS) {
+        const unsigned long long u = sm.pub[j];
+        if (!u) continue;
+        int r = 0;
+#pragma unroll 8
+        for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
+        if (r == need - 1) sm.tau = u;
+    }
+    __syncthreads();
+    const unsigned long long th = sm.tau;
+    const int per = (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
+#pragma unroll
+    for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: at most need */
+        if (m[i] && m[i] >= th) {
+            if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i]; /* the maximum is the score */
+            else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
+        }
+    __syncthreads();
+    if (per > 1) { /* block-uniform */
+        const int n_item = sm.n_cta * per;
+        for (int j = tid; j < n_item; j += IST_THREADS) {
+            const int b = sm.cta[j / per] + (j % per) * gx;
+            if (b < nb) {
+                const unsigned long long u =
+                    rank_key(ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b), b);
+                if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+            }
+        }
+        __syncthreads();
+    }
+    const int nc = sm.n_cand;
+    for (int j = tid; j < nc; j += IST_THREADS) {
+        const unsigned long long u = cand[j];
+        int r = 0;
+#pragma unroll 8
+        for (int k = 0; k < nc; k++) r += cand[k] > u;
+        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+    }
+    __syncthreads();
+    const int keep = K < nb ? K : nb;
+    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
+    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
+    if (tid == 0) { /* as idx_select_k */
+        float mg = INFINITY;
+        if (nb > K) {
+            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
+            mg = x - y;
+            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+        }
+        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
+    }
+}
+#endif
+
+static __global__ void __launch_bounds__(IST_THREADS, 4)
+    idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
+              const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+              int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel,
+              unsigned long long *M3_RESTRICT cmax, unsigned int epoch) {
+#if M3_HAVE_MMA
+    extern __shared__ __align__(16) unsigned char idx_dyn[];
+    __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
+    __shared__ dec_smem sm;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
+    const int tq = lane % 4, tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
+    /* the first key block's loads before anything else (they need no position: keys past a
+     * row's position are masked below) */
+    const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
+    uint4 kb[IST_TILES][4];
+    auto load = [&](int b) { /* this warp's key fragments of key block b (zeros past n_ctx) */
+#pragma unroll
+        for (int i = 0; i < IST_TILES; i++) {
+            const int key = b * B + (warp * tiles + i) * 8 + gq;
+            const bool ok = i < tiles && key < n_ctx;
+            const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+        }
+    };
+    if ((int)blockIdx.x < nbk) load((int)blockIdx.x);
+    if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+        if (sel.n_ties) *sel.n_ties = 0;
+        idx_arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
+    }
+    if (!cmax && sel.n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *sel.n_ties = 0;
+    int pmax = -1;
+    for (int i = 0; i < tpw; i++)
+        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
+    for (int i = (int)blockIdx.x * IST_THREADS + tid; i < (nbk - n_lim) * 16;
+         i += grid * IST_THREADS) { /* past every row's end: -inf */
+        const int b = n_lim + i / 16, r = i % 16, tt = t0 + r / G;
+        if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
+    }
+    int rt[2], rp[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = gq + 8 * h;
+        rt[h] = t0 + row / G;
+        rp[h] = rt[h] < n_tok ? pos[rt[h]] : -1;
+    }
+    uint32_t qa[ISM_MAX_DI / 16][4];
+#pragma unroll
+    for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i & 1, row = gq + 8 * h;
+            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+            qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
+                            ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
+                                                                  (size_t)(row % G) * Di + d)
+                            : 0u;
+        }
+    /* the combining thread of row tid < 16: its token's block count and forced range */
+    const int ct = t0 + tid / G, cnb = tid < 16 && ct < n_tok ? pos[ct] / B + 1 : 0;
+    const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
+    unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
+    int par = 0;
+    for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
+        float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < IST_TILES; i++) {
+            const int k0 = b * B + (warp * tiles + i) * 8;
+            if (i >= tiles || k0 > pmax) break; /* block-uniform */
+            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
+                if (s2 >= Di / 16) break;
+                const uint4 v = kb[i][s2 >> 1];
+                const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
+                m3_mma_bf16_16816(c4, qa[s2], bfr);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
+                if (key <= rp[h]) {
+                    if (isnan(c4[e])) bad[h] = 1.0f;
+                    else mx[h] = fmaxf(mx[h], c4[e]);
+                }
+            }
+        }
+        if (b + grid < n_lim) load(b + grid); /* in flight during the reduction below */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
+            mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
+            bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 1));
+            bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 2));
+            if (tq == 0)
+                red_m[par][warp][gq + 8 * h] = mx[h], red_n[par][warp][gq + 8 * h] = bad[h];
+        }
+        __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
+        if (tid < 16 && ct < n_tok) {
+            float m = red_m[par][0][tid], nn = red_n[par][0][tid];
+#pragma unroll
+            for (int w = 1; w < IST_WARPS; w++)
+                m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
+            float z;
+            if (b >= cnb) z = -INFINITY;
+            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
+            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
+            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? m * scale : m;
+            scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
+            if (b < cnb) {
+                const unsigned long long u = rank_key(z, b);
+                cbest = u > cbest ? u : cbest;
+            }
+        }
+    }
+    if (!cmax) return;
+    /* the fused selection: this block's maxima, then its arrival */
+    const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
+    const int gx = grid, row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
+    unsigned int *cnt = &idx_arrive[epoch & 1];
+    if (tid < 16 && ct < n_tok)
+        cmax[(size_t)((int)blockIdx.y * 16 + tid) * gx + blockIdx.x] = cbest;
+    __syncthreads(); /* every store of this block precedes thread 0's fence */
+    if (tid == 0) {
+        fence_acq_rel_gpu();
+        atomicAdd(cnt, 1u); /* no return value: a fire-and-forget reduction */
+        if (row >= 0) { /* a picking block: wait for every arrival */
+            while (ld_relaxed_gpu(cnt) != n) {
+            }
+            fence_acq_rel_gpu();
+        }
+    }
+    if (row < 0) return; /* block-uniform */
+    __syncthreads();
+    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+#else
+    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
+    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
+    (void)idx_arrive;
+#endif
+}
+
+/* Launch idx_dec_k: 4 blocks per SM over the groups (at most one per key block), at least
+ * R blocks (the fused selection's rows). fuse is cleared when the candidates would not fit
+ * in shared memory (then the caller runs a selection kernel). */
+static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const m3_bf16 *ik,
+                            const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
+                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
+    const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
+    int gx = (4 * g->n_sm + n_group - 1) / n_group;
+    gx = gx < nbk ? gx : nbk;
+    if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
+    if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
+    unsigned long long *cmax = NULL;
+    /* the fused selection's candidates: (K+1) rank keys per key block of a scoring block */
+    size_t dyn = (size_t)(sa.K + 1) * ((nbk + gx - 1) / gx) * sizeof *cmax;
+    if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs: past ~380K key blocks */
+    if (!fuse) dyn = 0;
+    if (fuse) {
+        M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
+        if (dyn > 48 * 1024)
+            M3_HIP_TRY(hipFuncSetAttribute((const void *)idx_dec_k,
+                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    }
+    /* calls with the fused selection so far, per device: the parity picks the arrival
+     * counter, and each call zeroes the other one for the next call (stream order) */
+    static unsigned int epoch[64];
+    unsigned int &ep = epoch[g->device & 63];
+    idx_dec_k<<<dim3((unsigned)gx, (unsigned)n_group), IST_THREADS, dyn, g->stream>>>(
+        S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
+        p->index_nan == M3_INDEX_NAN_NEG, sa, cmax, ep);
+    const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
+    if (s == M3_OK && fuse) ep++;
+    return s;
 }
 
 /* ---- launchers -------------------------------------------------------------------------
- * Scoring: idx_stream_k (bf16, at most IDX_STREAM_GROUPS token groups of 16/G: decode; the
- * keys are re-read per group), idx_wide_k (bf16, more tokens, enough key blocks to fill the
- * device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged
- * per block for 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection:
+ * Scoring: idx_dec_k (bf16, at most IDX_DEC_GROUPS groups of 16/G tokens: decode; the
+ * selection fused), idx_wide_k (bf16, more tokens, enough key blocks to fill the device:
+ * 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged per
+ * block for 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection (when not
+ * fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
- * idx_pick_k. Measured variants, off by default (docs/gpu.md): the selection fused into
- * idx_stream_k (R = T*G <= IDX_FUSE_ROWS), the persistent idx_stream_k<true>, the prefetching
- * idx_wide_k<true>. M3_GPU_INDEXER (benches and tests; unset = the choice above) forces a
- * path where its shape contract holds: comma-separated score=stream|wide|tile|cuda,
- * sel=one|rounds, fuse|nofuse, widepf, persist=1, and nosel (scores only, ids not written:
- * timing). */
-#define IDX_STREAM_GROUPS 4
-#define IDX_FUSE_ROWS 64
-#define IDX_FUSE_DEFAULT false /* the fused selection by default (decode) */
-/* score 1 stream 2 tile 3 cuda 4 wide; sel 1 one 2 rounds */
-typedef struct { int score, sel, persist; bool nosel, fuse, wide_pf; } idx_path;
-
-static idx_path idx_path_env(void) {
-    idx_path r = {0, 0, 0, false, IDX_FUSE_DEFAULT, false};
-    const char *e = getenv("M3_GPU_INDEXER");
-    if (!e) return r;
-    if (strstr(e, "score=stream")) r.score = 1;
-    if (strstr(e, "score=tile")) r.score = 2;
-    if (strstr(e, "score=cuda")) r.score = 3;
-    if (strstr(e, "score=wide")) r.score = 4;
-    if (strstr(e, "sel=one")) r.sel = 1;
-    if (strstr(e, "sel=rounds")) r.sel = 2;
-    r.nosel = strstr(e, "nosel") != NULL;
-    if (strstr(e, "fuse")) r.fuse = strstr(e, "nofuse") == NULL;
-    r.wide_pf = strstr(e, "widepf") != NULL;
-    if (strstr(e, "persist=1")) r.persist = 1;
-    return r;
-}
+ * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its
+ * shape contract holds. */
 
 template <typename TS>
-static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
+static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, float *d_margin,
                         int *d_n_ties, const TS *d_iq, int ld_q, const TS *d_ik,
                         const int32_t *d_pos, int n_tok, int n_ctx, const m3_indexer_params *ip,
                         const m3_profile *p) {
@@ -1017,7 +1024,6 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     const int nbk = (n_ctx + ip->block - 1) / ip->block;
     const int width = m3_indexer_width(n_ctx, ip, p);
     const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block, K = ip->topk;
-    const idx_path path = idx_path_env();
 #if defined(M3_HIP_NVIDIA)
     const bool tile_ok = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
                          B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
@@ -1026,26 +1032,25 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
 #endif
     const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
     const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
+    const bool dec_ok = stream_ok && n_group <= IDX_DEC_GROUPS;
     const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
-    int score = path.score;
+    const int want = path & M3_GPU_IDX_SCORE;
+    const bool nosel = (path & M3_GPU_IDX_NOSEL) != 0, rounds = (path & M3_GPU_IDX_SEL_ROUNDS) != 0;
+    /* score 1 decode, 2 tile, 3 cuda, 4 wide */
+    int score = want == M3_GPU_IDX_DECODE ? 1
+                : want == M3_GPU_IDX_TILE ? 2
+                : want == M3_GPU_IDX_CUDA ? 3
+                : want == M3_GPU_IDX_WIDE ? 4
+                                          : 0;
+    if (score == 1 && !dec_ok) score = 0;
     if (score == 0)
-        score = stream_ok && n_group <= IDX_STREAM_GROUPS      ? 1
-                : stream_ok && nbk * n_wg >= 2 * g->n_sm        ? 4
-                : tile_ok                                       ? 2
-                                                                : 3;
-    if ((score == 1 || score == 4) && !stream_ok) score = tile_ok ? 2 : 3;
+        score = dec_ok                                   ? 1
+                : stream_ok && nbk * n_wg >= 2 * g->n_sm ? 4
+                : tile_ok                                ? 2
+                                                         : 3;
+    if (score == 4 && !stream_ok) score = tile_ok ? 2 : 3;
     if (score == 2 && !tile_ok) score = 3;
-    /* one-pass candidates: (K+1) * PER rank keys */
-    const size_t cand64 = (size_t)(K + 1) * 4 * 8;
-    const size_t cand_fuse = (size_t)(K + 1) * IDX_FUSE_PER * 8;
-    /* persistent streaming: 2 blocks of 4 warps per SM per token group, when there are
-     * several key blocks per warp */
-    const int n_pcta = 2 * g->n_sm;
-    const bool persist = score == 1 && path.persist == 1;
-    const int n_blk = persist ? n_pcta * n_group : nbk * n_group;
-    const bool fuse = score == 1 && path.fuse && !path.nosel && path.sel != 2 &&
-                      n_tok * G <= IDX_FUSE_ROWS && n_tok * G <= n_blk &&
-                      nbk <= IST_THREADS * IDX_FUSE_PER;
+    bool fuse = score == 1 && !nosel && !rounds && !(path & M3_GPU_IDX_SEL_KERNEL);
     if (d_n_ties && score != 1 && score != 4) M3_TRY(m3_gpu_memset(g, d_n_ties, 0, sizeof(int)));
     const size_t mark = m3_gpu_mark(g);
     float *S = d_scores;
@@ -1055,36 +1060,14 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
                   p->topk_tie_margin};
     m3_status s;
     if (score == 1) {
-        unsigned int *ticket = NULL;
-        if (fuse) {
-            M3_TRY(m3_gpu_alloc(g, (void **)&ticket, sizeof *ticket));
-            M3_TRY(m3_gpu_memset(g, ticket, 0, sizeof *ticket));
-        }
-        if (persist)
-            idx_stream_k<true><<<dim3((unsigned)n_pcta, (unsigned)n_group), IST_THREADS,
-                                 fuse ? cand_fuse : 0, g->stream>>>(
-                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
-        else
-            idx_stream_k<false><<<dim3((unsigned)nbk, (unsigned)n_group), IST_THREADS,
-                                  fuse ? cand_fuse : 0, g->stream>>>(
-                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG, sa, ticket);
-        s = m3_gpu_launched_(g, "idx_stream_k", __FILE__, __LINE__);
+        s = dec_launch(g, S, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+                       n_ctx, G, Di, B, p, sa, fuse);
     } else if (score == 4) {
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
         gx = gx < nbk ? gx : nbk;
-        if (path.wide_pf) {
-            gx = (g->n_sm + n_wg - 1) / n_wg;
-            gx = gx < nbk ? gx : nbk;
-            idx_wide_k<true><<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
-                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
-        } else {
-            idx_wide_k<false><<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
-                S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
-                n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
-        }
+        idx_wide_k<<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
+            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+            n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_wide_k", __FILE__, __LINE__);
     } else if (score == 2) {
         const int tpc = 4 * (16 / G);
@@ -1100,16 +1083,16 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
             p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_score_k", __FILE__, __LINE__);
     }
-    if (fuse || path.nosel || s != M3_OK) {
+    if (fuse || nosel || s != M3_OK) {
         m3_gpu_release(g, mark);
         return s;
     }
     const dim3 rows((unsigned)n_tok, (unsigned)G);
     const int n_chunk = (nbk + IDX_CHUNK - 1) / IDX_CHUNK, n_cand = n_chunk * (K + 1);
-    if (path.sel != 2 && nbk <= 64 * 4) {
-        idx_topk_k<64, 4><<<rows, 64, cand64, g->stream>>>(sa);
+    if (!rounds && nbk <= 64 * 4) {
+        idx_topk_k<64, 4><<<rows, 64, (size_t)(K + 1) * 4 * 8, g->stream>>>(sa);
         s = m3_gpu_launched_(g, "idx_topk_k<64>", __FILE__, __LINE__);
-    } else if (path.sel != 2 && nbk <= 256 * 32) { /* the fewest registers that hold nb */
+    } else if (!rounds && nbk <= 256 * 32) { /* the fewest registers that hold nb */
         const int per = nbk <= 256 * 4 ? 4 : nbk <= 256 * 8 ? 8 : nbk <= 256 * 16 ? 16 : 32;
         const size_t cb = (size_t)(K + 1) * per * 8;
         if (per == 4) idx_topk_k<256, 4><<<rows, 256, cb, g->stream>>>(sa);
@@ -1146,13 +1129,32 @@ static m3_status launch(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_ma
     return s;
 }
 
+extern "C" m3_status m3_gpu_indexer_topk_path(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                              float *d_margin, int *d_n_ties, const m3_bf16 *d_iq,
+                                              int ld_q, const m3_bf16 *d_ik, const int32_t *d_pos,
+                                              int n_tok, int n_ctx, const m3_indexer_params *ip,
+                                              const m3_profile *p) {
+    return launch<m3_bf16>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
+                           n_tok, n_ctx, ip, p);
+}
+
+extern "C" m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *d_topk,
+                                                  float *d_scores, float *d_margin, int *d_n_ties,
+                                                  const float *d_iq, int ld_q, const float *d_ik,
+                                                  const int32_t *d_pos, int n_tok, int n_ctx,
+                                                  const m3_indexer_params *ip,
+                                                  const m3_profile *p) {
+    return launch<float>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
+                         n_tok, n_ctx, ip, p);
+}
+
 extern "C" m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_scores,
                                          float *d_margin, int *d_n_ties, const m3_bf16 *d_iq,
                                          int ld_q, const m3_bf16 *d_ik, const int32_t *d_pos,
                                          int n_tok, int n_ctx, const m3_indexer_params *ip,
                                          const m3_profile *p) {
-    return launch<m3_bf16>(g, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos, n_tok,
-                           n_ctx, ip, p);
+    return launch<m3_bf16>(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q,
+                           d_ik, d_pos, n_tok, n_ctx, ip, p);
 }
 
 extern "C" m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores,
@@ -1160,6 +1162,6 @@ extern "C" m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *
                                              int ld_q, const float *d_ik, const int32_t *d_pos,
                                              int n_tok, int n_ctx, const m3_indexer_params *ip,
                                              const m3_profile *p) {
-    return launch<float>(g, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos, n_tok,
-                         n_ctx, ip, p);
+    return launch<float>(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q,
+                         d_ik, d_pos, n_tok, n_ctx, ip, p);
 }

@@ -355,6 +355,31 @@ m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores, f
                                   int *d_n_ties, const float *d_iq, int ld_q, const float *d_ik,
                                   const int32_t *d_pos, int n_tok, int n_ctx,
                                   const struct m3_indexer_params *ip, const m3_profile *p);
+/* Tests and benches: the same with one device path forced (docs/gpu.md "Lightning indexer").
+ * path = a scorer (M3_GPU_IDX_AUTO: the choice above) | selection flags; a path whose shape
+ * contract does not hold falls back as the automatic choice would. NOSEL: scores only (topk,
+ * margin and n_ties not written): timing. */
+enum {
+    M3_GPU_IDX_AUTO = 0,
+    M3_GPU_IDX_DECODE = 1,     /* idx_dec_k: up to 4 groups of 16/G tokens, selection fused */
+    M3_GPU_IDX_WIDE = 2,       /* idx_wide_k */
+    M3_GPU_IDX_TILE = 3,       /* idx_score_mma_k */
+    M3_GPU_IDX_CUDA = 4,       /* idx_score_k */
+    M3_GPU_IDX_SCORE = 0xF,    /* the scorer bits */
+    M3_GPU_IDX_SEL_KERNEL = 0x10, /* decode: the selection kernel after idx_dec_k (as past
+                                     its fused limit) */
+    M3_GPU_IDX_SEL_ROUNDS = 0x20, /* the arg-max rounds (idx_select_k / idx_cand_k + idx_pick_k) */
+    M3_GPU_IDX_NOSEL = 0x40
+};
+m3_status m3_gpu_indexer_topk_path(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                   float *d_margin, int *d_n_ties, const m3_bf16 *d_iq, int ld_q,
+                                   const m3_bf16 *d_ik, const int32_t *d_pos, int n_tok, int n_ctx,
+                                   const struct m3_indexer_params *ip, const m3_profile *p);
+m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                       float *d_margin, int *d_n_ties, const float *d_iq,
+                                       int ld_q, const float *d_ik, const int32_t *d_pos,
+                                       int n_tok, int n_ctx, const struct m3_indexer_params *ip,
+                                       const m3_profile *p);
 
 
 /* ---- whole model: gpu/layer.hip, gpu/model.hip, twins of ref/layer.h and ref/model.h ----

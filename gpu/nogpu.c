@@ -251,6 +251,23 @@ m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores, f
     (void)d_ik; (void)d_pos; (void)n_tok; (void)n_ctx; (void)ip; (void)p;
     return NO_GPU("gpu indexer");
 }
+m3_status m3_gpu_indexer_topk_path(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                   float *d_margin, int *d_n_ties, const m3_bf16 *d_iq, int ld_q,
+                                   const m3_bf16 *d_ik, const int32_t *d_pos, int n_tok, int n_ctx,
+                                   const struct m3_indexer_params *ip, const m3_profile *p) {
+    (void)path;
+    return m3_gpu_indexer_topk(g, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
+                               n_tok, n_ctx, ip, p);
+}
+m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                       float *d_margin, int *d_n_ties, const float *d_iq,
+                                       int ld_q, const float *d_ik, const int32_t *d_pos,
+                                       int n_tok, int n_ctx, const struct m3_indexer_params *ip,
+                                       const m3_profile *p) {
+    (void)path;
+    return m3_gpu_indexer_topk_f32(g, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik,
+                                   d_pos, n_tok, n_ctx, ip, p);
+}
 
 m3_status m3_gpu_gemm_f32(m3_gpu *g, float *d_y, const float *d_x, const float *d_w, int n_tok,
                           int n_out, int n_in) {

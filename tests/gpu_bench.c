@@ -371,13 +371,13 @@ static void bench_attention(void **state) {
 }
 
 typedef struct {
-    int32_t *tk; float *sc; const m3_bf16 *iq, *ik; const int32_t *pos; int T, C;
+    int32_t *tk; float *sc; const m3_bf16 *iq, *ik; const int32_t *pos; int T, C, path;
     m3_indexer_params ip; m3_profile p;
 } idx_ctx;
 static m3_status do_idx(m3_gpu *g, void *c) {
     idx_ctx *x = c;
-    return m3_gpu_indexer_topk(g, x->tk, x->sc, NULL, NULL, x->iq, 512, x->ik, x->pos, x->T, x->C,
-                               &x->ip, &x->p);
+    return m3_gpu_indexer_topk_path(g, x->path, x->tk, x->sc, NULL, NULL, x->iq, 512, x->ik, x->pos,
+                                    x->T, x->C, &x->ip, &x->p);
 }
 
 static void bench_indexer(void **state) {
@@ -403,22 +403,26 @@ static void bench_indexer(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
-        /* the automatic path; with M3_BENCH_IDX_PATHS=1 also each forced path (M3_GPU_INDEXER,
-         * gpu/indexer.hip; nosel rows time the scoring alone) */
-        static const char *const paths[] = {NULL, "score=tile,sel=rounds", "score=stream,nosel",
-                                            "score=stream,fuse", "score=stream,persist=1,fuse",
-                                            "score=stream,persist=1,nosel", "score=tile,sel=one",
-                                            "score=wide,sel=one", "score=wide,nosel"};
+        /* the automatic path; with M3_BENCH_IDX_PATHS=1 also forced paths
+         * (m3_gpu_indexer_topk_path; nosel rows time the scoring alone) */
+        static const struct { int path; const char *name; } paths[] = {
+            {M3_GPU_IDX_AUTO, NULL},
+            {M3_GPU_IDX_DECODE | M3_GPU_IDX_NOSEL, "decode,nosel"},
+            {M3_GPU_IDX_DECODE | M3_GPU_IDX_SEL_KERNEL, "decode,sel-kernel"},
+            {M3_GPU_IDX_TILE | M3_GPU_IDX_SEL_ROUNDS, "tile,rounds"},
+            {M3_GPU_IDX_WIDE | M3_GPU_IDX_NOSEL, "wide,nosel"}};
         const char *ev = getenv("M3_BENCH_IDX_PATHS");
         const size_t n_path = ev && atoi(ev) == 1 ? sizeof paths / sizeof paths[0] : 1;
         for (size_t pi = 0; pi < n_path; pi++) {
-            if (paths[pi] && c.T > 64 && strstr(paths[pi], "stream")) continue;
-            if (paths[pi]) setenv("M3_GPU_INDEXER", paths[pi], 1);
+            const int sc = paths[pi].path & M3_GPU_IDX_SCORE;
+            const bool dec = sc == M3_GPU_IDX_DECODE;
+            if (pi > 0 && dec != (c.T == 1)) continue; /* decode variants at T = 1 only */
+            c.path = paths[pi].path;
             double ms = time_ms(g, do_idx, &c, 3, 5);
-            unsetenv("M3_GPU_INDEXER");
             char nm[96];
             snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d%s%s%s", c.T, c.C,
-                     paths[pi] ? " [" : "", paths[pi] ? paths[pi] : "", paths[pi] ? "]" : "");
+                     paths[pi].name ? " [" : "", paths[pi].name ? paths[pi].name : "",
+                     paths[pi].name ? "]" : "");
             /* fewest bytes: the index keys once (prefill: once per kernel, not per token) */
             report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
         }

@@ -7,11 +7,10 @@
  * tensor cores where the shape allows: GPU_NMSE_TC), forced and NaN positions exactly, and
  * the selected ids exactly, except rows whose reference margin is below IDX_TIE_REL of the
  * score (a summation-order flip of a near-tie), which are counted.
- * Every case runs through each device path (M3_GPU_INDEXER): the auto choice (for decode:
- * the streamed scorer, then the one-pass selection kernel), the streamed scorer with the
- * selection fused into it, the same with the persistent streamed scorer, the wide (256-row)
- * scorer with and without prefetch, the key-tile scorer with the arg-max rounds, the
- * CUDA-core scorer. Data patterns that stress the selection:
+ * Every case runs through each device path (m3_gpu_indexer_topk_path): the auto choice (for
+ * decode: idx_dec_k with the selection fused into it), idx_dec_k with the selection kernel
+ * after it (the path past the fused limit), the wide (256-row) scorer, the key-tile scorer
+ * with the arg-max rounds, the CUDA-core scorer. Data patterns that stress the selection:
  * all keys equal (every score ties: the ids must be the lowest ones, exactly, no flip
  * allowed), hot blocks that all sit in the same threads of the one-pass selection (block ids
  * equal mod 256), a NaN key row (NaN ranks highest, or -1e30 under atom) and the longest
@@ -41,16 +40,20 @@ static void profile_of(m3_profile *p, int which) {
 enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8 };
 typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; } idx_shape;
 
-/* device paths (M3_GPU_INDEXER, gpu/indexer.hip); NULL = the automatic choice */
-static const char *const idx_paths[] = {NULL, "score=stream,fuse", "score=stream,persist=1,fuse",
-                                        "score=wide,sel=one", "score=wide,widepf",
-                                        "score=tile,sel=rounds", "score=cuda,sel=one"};
+/* device paths (m3_gpu_indexer_topk_path, gpu/m3_gpu.h) */
+static const struct { int path; const char *name; } idx_paths[] = {
+    {M3_GPU_IDX_AUTO, "auto"},
+    {M3_GPU_IDX_DECODE | M3_GPU_IDX_SEL_KERNEL, "decode,sel-kernel"},
+    {M3_GPU_IDX_WIDE, "wide"},
+    {M3_GPU_IDX_TILE | M3_GPU_IDX_SEL_ROUNDS, "tile,rounds"},
+    {M3_GPU_IDX_CUDA, "cuda"},
+};
 
-/* The device side of one case under the current M3_GPU_INDEXER path. */
+/* The device side of one case under one device path. */
 static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3_indexer_params *ip,
                     bool bf16, const float *iq, const float *ik, const int32_t *pos,
                     const int32_t *tk_ref, const float *sc_ref0, const float *mg_ref, int ties_ref,
-                    const char *path) {
+                    int path, const char *path_name) {
     const int T = s->T, C = s->n_ctx, ldq = s->G * s->Di;
     const int nbk = (C + s->B - 1) / s->B, W = m3_indexer_width(C, ip, p);
     const size_t ntk = (size_t)s->G * T * W, nsc = (size_t)s->G * T * nbk, nmg = (size_t)s->G * T;
@@ -67,10 +70,10 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
     if (bf16) {
         m3_bf16 *diq = gpu_upload_bf16(g, iq, (int64_t)T * ldq, NULL);
         m3_bf16 *dik = gpu_upload_bf16(g, ik, (int64_t)C * s->Di, NULL);
-        GPU_OK(m3_gpu_indexer_topk(g, dtk, dsc, dmg, dties, diq, ldq, dik, dpos, T, C, ip, p));
+        GPU_OK(m3_gpu_indexer_topk_path(g, path, dtk, dsc, dmg, dties, diq, ldq, dik, dpos, T, C, ip, p));
     } else {
         float *diq = gpu_upload_f32(g, iq, (int64_t)T * ldq), *dik = gpu_upload_f32(g, ik, (int64_t)C * s->Di);
-        GPU_OK(m3_gpu_indexer_topk_f32(g, dtk, dsc, dmg, dties, diq, ldq, dik, dpos, T, C, ip, p));
+        GPU_OK(m3_gpu_indexer_topk_f32_path(g, path, dtk, dsc, dmg, dties, diq, ldq, dik, dpos, T, C, ip, p));
     }
     int ties = 0;
     GPU_OK(m3_gpu_download(g, tk, dtk, ntk * sizeof(int32_t)));
@@ -82,7 +85,7 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
     gpu_guard_check(g, dties, sizeof(int), "indexer ties");
     char what[240];
     snprintf(what, sizeof what, "indexer_topk%s(%s,T=%d,C=%d,G=%d,Di=%d,B=%d,K=%d,pat=%d,%s)",
-             bf16 ? "" : "_f32", p->name, T, C, s->G, s->Di, s->B, s->K, s->pat, path);
+             bf16 ? "" : "_f32", p->name, T, C, s->G, s->Di, s->B, s->K, s->pat, path_name);
     int flips = 0;
     for (size_t row = 0; row < nmg; row++) {
         if (memcmp(tk + row * W, tk_ref + row * W, W * sizeof *tk) == 0) continue;
@@ -147,14 +150,11 @@ static void idx_case(m3_gpu *g, const idx_shape *s, int prof, bool bf16) {
     free(scratch);
 
     for (size_t pi = 0; pi < sizeof idx_paths / sizeof idx_paths[0]; pi++) {
-        if (idx_paths[pi]) setenv("M3_GPU_INDEXER", idx_paths[pi], 1);
-        else unsetenv("M3_GPU_INDEXER");
         const size_t mark = m3_gpu_mark(g);
         idx_run(g, s, &p, &ip, bf16, iq, ik, pos, tk_ref, sc_ref, mg_ref, ties_ref,
-                idx_paths[pi] ? idx_paths[pi] : "auto");
+                idx_paths[pi].path, idx_paths[pi].name);
         m3_gpu_release(g, mark);
     }
-    unsetenv("M3_GPU_INDEXER");
     free(iq); free(ik); free(pos); free(tk_ref); free(sc_ref); free(mg_ref);
 }
 
@@ -173,10 +173,16 @@ static void indexer_topk_matches_ref(void **state) {
         {16, 3000, 4, 128, 128, 16, 1, 0, false, 0}, /* 64 rows: the most the fused path takes */
         {17, 3000, 4, 128, 128, 16, 1, 0, false, 0}, /* 68 rows */
         {2, 5000, 4, 128, 128, 16, 1, 0, false, IDX_EQUAL},      /* every score ties */
+        {2, 100000, 4, 128, 128, 16, 1, 0, false, IDX_EQUAL},    /* ties, 2 key blocks per
+                                                                    scoring block (decode) */
         {3, 2000, 3, 80, 64, 5, 2, 1, false, IDX_EQUAL},         /* ties, odd, init block */
         {1, 262044, 4, 128, 128, 16, 1, 0, false, IDX_HOT},      /* 24 hot blocks in 3 threads */
         {2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN},        /* NaN block */
         {1, 8192 * 128 - 5, 4, 128, 128, 16, 1, 0, false, IDX_BIG}, /* nb = 8192 */
+        {1, 200, 4, 128, 128, 16, 1, 0, false, 0},    /* fewer key blocks than rows */
+        {5, 7000, 4, 128, 128, 16, 1, 0, false, 0},   /* 20 rows: four m-tiles, partial */
+        {2, 6000, 2, 64, 64, 8, 1, 1, false, 0},      /* Di = 64 (swizzled ring rows), init */
+        {3, 5000, 8, 96, 32, 16, 2, 0, false, 0},     /* Di = 96, B = 32, G = 8 */
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
