@@ -159,8 +159,10 @@ static __device__ __forceinline__ float rnd(bool on, float x) {
 }
 /* ref/kvcache.c amax_of: |x| maximum, a NaN poisons it (and stays) */
 static __device__ __forceinline__ float amax_step(float a, float x) {
-    const float v = fabsf(x);
-    return (v > a || v != v) ? v : a;
+    /* a >= 0: |x| is x's bits & 0x7FFFFFFF, and non-negative floats (NaN above inf) order as
+     * their bits. A NaN's payload may differ from ref's last NaN, but the scale's division
+     * returns the canonical NaN for any. */
+    return m3_bits_f32(max(m3_f32_bits(a), m3_f32_bits(x) & 0x7FFFFFFFu));
 }
 static __device__ __forceinline__ float fp8_scale(float amax, float fp8_max) {
     return amax == 0.0f ? 1.0f : __fdiv_rn(amax, fp8_max);
@@ -367,12 +369,23 @@ template <typename TS, bool FAST>
 static __device__ __forceinline__ float row_amax(const TS *e, int dim) {
     float am = 0.0f;
     if (FAST && sizeof(TS) == 2) {
+        /* |x| of a bf16 is its bits & 0x7FFF, and for non-negative floats (inf and NaN
+         * included: NaN bits are above inf's) the float order is the integer order: an
+         * integer max over both halves of each word. A NaN gives a NaN amax (any payload:
+         * the scale's division returns the canonical NaN either way, as amax_step's NaN). */
+        uint32_t lo = 0, hi = 0;
+#pragma unroll 4
         for (int d0 = 0; d0 < dim; d0 += 8) {
-            float x[8];
-            m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(e), d0, x);
+            const uint4 u = *reinterpret_cast<const uint4 *>(e + d0);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-            for (int k = 0; k < 8; k++) am = amax_step(am, x[k]);
+            for (int k = 0; k < 4; k++) {
+                lo = max(lo, w[k] & 0x7FFFu);
+                hi = max(hi, w[k] & 0x7FFF0000u);
+            }
         }
+        lo = max(lo << 16, hi);
+        am = m3_bits_f32(lo);
     } else {
         for (int d = 0; d < dim; d++) am = amax_step(am, ldf(e, d));
     }
@@ -455,7 +468,9 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                 const int n = tbk * (w / 4);
                 for (int i = tid; i < n; i += nth) {
                     const int tl = i / (w / 4), q = i - tl * (w / 4);
-                    cp_async<16>(cs + tl * L.cp + 4 * q, a.cst + (int64_t)(t0 + tl) * w + 4 * q);
+                    if (pipe) cp_async<16>(cs + tl * L.cp + 4 * q, a.cst + (int64_t)(t0 + tl) * w + 4 * q);
+                    else *reinterpret_cast<float4 *>(cs + tl * L.cp + 4 * q) =
+                        *reinterpret_cast<const float4 *>(a.cst + (int64_t)(t0 + tl) * w + 4 * q);
                 }
             } else {
                 for (int i = tid; i < tbk * w; i += nth) {
@@ -556,7 +571,20 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                 continue;
             }
             float ss = 0.0f;
-            if (FAST) {
+            if (FAST && (a.dbg & 8)) { /* timing only: VN partial sums (not ref's order) */
+                float pss[VN];
+#pragma unroll
+                for (int kk = 0; kk < VN; kk++) pss[kk] = 0.0f;
+#pragma unroll 4
+                for (int d0 = 0; d0 < dim; d0 += VN) {
+                    float v[VN];
+                    m3_vec<TS>::load(e, d0, v);
+#pragma unroll
+                    for (int kk = 0; kk < VN; kk++) pss[kk] = __fadd_rn(pss[kk], __fmul_rn(v[kk], v[kk]));
+                }
+#pragma unroll
+                for (int kk = 0; kk < VN; kk++) ss = __fadd_rn(ss, pss[kk]);
+            } else if (FAST) {
 #pragma unroll 2
                 for (int d0 = 0; d0 < dim; d0 += VN) {
                     float v[VN];
@@ -814,7 +842,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     memset(&a, 0, sizeof a);
     const int VN = 16 / (int)sizeof(TS), es = (int)sizeof(TS);
     int nt = env_int("M3_QKV_ROWS", 256);
-    nt = nt <= 128 ? 128 : 256;
+    nt = nt <= 64 ? 64 : nt <= 128 ? 128 : 256;
     bool vec = true, roped = false, fast = true;
     for (int i = 0; i < n_parts; i++) {
         const part &q = parts[i];

@@ -507,6 +507,7 @@ static void qk_norm_rope_cache_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const fused_shape shapes[] = {
         {33, 64, 4, 128, 4, 128, 64, 0, "M3"},  /* packed 9856-wide sparse-layer row */
+        {300, 64, 4, 128, 4, 128, 64, 0, "M3-300"}, /* >= 256 tokens: cos/sin table, many tiles */
         {1, 64, 4, 128, 0, 128, 64, 8, "M3-decode"},
         {5, 3, 3, 80, 2, 48, 40, 3, "odd"},    /* odd pitch: the element-wise path */
     };
