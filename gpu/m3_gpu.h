@@ -306,6 +306,13 @@ typedef struct m3_gpu_kv_cache {
     void *index_k;        /* device, NULL = none: the index cache [slots, Di] (§4.5), bf16 or
                              fp8 at unit scale: byte = cvt(f32(bf16(k))) (§4.8) */
     bool index_fp8;
+    /* ref's paged storage of one layer (any m3_kv_geom, either view; gpu/kv_paged.h), used
+     * instead of page / k / v / k_scale / v_scale / kind / fp8: K and V go to paged->k / v
+     * (bf16 or fp8 elements of paged->g) at slot(pos[t]) through paged->bt. Only
+     * m3_gpu_qk_norm_rope_cache (it has the positions). NULL: the fields above.
+     * With paged set or d_slots NULL, the index cache (index_k) takes rows index_row0 + t. */
+    const m3_gpu_attn_paged_src *paged;
+    int64_t index_row0;
 } m3_gpu_kv_cache;
 m3_status m3_gpu_kv_cache_write(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k,
                                 int ld_k, const m3_bf16 *d_v, int ld_v, const int64_t *d_slots,

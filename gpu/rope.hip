@@ -47,6 +47,7 @@
  *   breakdowns only: the results are then wrong). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "gpu/kv_paged.h"
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 
@@ -111,6 +112,15 @@ typedef struct {
     int kind, ovf, k_src;
     void *kc, *vc, *ic;
     float *ks, *vs;
+    /* ref's paged storage outside the page-128 / 16 layouts (m3_gpu_kv_cache.paged): K / V
+     * element by element through gpu/kv_paged.h; slots from the block table (bt) and pos, the
+     * index cache at rows irow0 + t */
+    bool geo;
+    m3_kv_geom geom;
+    m3_kv_view view;
+    const int32_t *bt;
+    int bt_block;
+    int64_t irow0;
     /* grid */
     int nblk;    /* tiles */
     int buf;     /* bytes of one input buffer */
@@ -239,6 +249,7 @@ static __device__ __forceinline__ uint64_t ballot64(bool p) {
 
 /* fp8 scale offset of slot s, head h (spec §4.2/§4.3: [.., Hkv, P]) */
 static __device__ __forceinline__ int64_t s_off(const qkv_args &a, int64_t slot, int Hkv, int h) {
+    if (a.geo) return m3_dkv_off_scale(a.geom, a.view, slot, h);
     const int64_t b = slot >> a.lpage, t = slot & (a.page - 1);
     return (b * Hkv + h) * a.page + t;
 }
@@ -452,7 +463,10 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         unsigned char *rows = buf + L.rows;
         const bool cache = g.cache != SEG_NONE, roped = g.w != NULL && a.half > 0;
         for (int i = tid; i < tbk; i += nth) {
-            if (cache) {
+            if (cache && (a.bt || !a.slots)) { /* slot(p) through the block table (§4.1);
+                                                 * index rows irow0 + t */
+                sslot[i] = g.cache == SEG_IDX ? a.irow0 + t0 + i : m3_dkv_slot(a.bt, a.bt_block, a.pos[t0 + i]);
+            } else if (cache) {
                 if (pipe) cp_async<8>(sslot + i, a.slots + t0 + i);
                 else sslot[i] = a.slots[t0 + i];
             }
@@ -622,7 +636,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
             }
         }
         /* warp 0: the V groups: runs of slot-consecutive tokens inside one x-aligned window */
-        if (g.cache == SEG_V && a.page != 0 && tid < M3_WARP) {
+        if (g.cache == SEG_V && a.page != 0 && !a.geo && tid < M3_WARP) {
             int run = 0;
             for (int base = 0; base < tbk; base += M3_WARP) {
                 const int tl = base + tid;
@@ -670,6 +684,18 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         if (!cache || sizeof(TS) != 2 || (a.dbg & 2)) return;
 
         /* 3b. cache writes (bf16 rows only) */
+        if (g.cache == SEG_IDX && dim % 8 != 0) { /* [slot, Di] element by element */
+            for (int i = tid; i < tbk * dim; i += nth) {
+                const int tl = i / dim, d = i - tl * dim;
+                const int64_t slot = sslot[tl];
+                if (slot < 0) continue;
+                const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + (size_t)tl * L.pitch)[d];
+                if (!a.ifp8) ((m3_bf16 *)a.ic)[slot * dim + d] = bv;
+                else ((uint8_t *)a.ic)[slot * dim + d] =
+                    (uint8_t)cvt8x2(m3_bf16_to_f32(bv), 0.0f, a.kind, a.ovf, a.hwcvt);
+            }
+            return;
+        }
         if (g.cache == SEG_IDX) { /* [slot, Di]: 8 dims a chunk (16 bytes bf16, 8 fp8) */
             const int nch = dim / 8, n = tbk * nch;
             for (int i = tid; i < n; i += nth) {
@@ -697,6 +723,22 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
             return;
         }
         const int Hkv = nh, Dh = dim;
+        if (a.geo) { /* any geometry: element by element, lanes over a row's dims */
+            void *dst = g.cache == SEG_K ? a.kc : a.vc;
+            for (int i = tid; i < nrow * Dh; i += nth) {
+                const int r = i / Dh, d = i - r * Dh, h = r / tbk, tl = r - h * tbk;
+                const int64_t slot = sslot[tl];
+                if (slot < 0) continue;
+                const int64_t off = g.cache == SEG_K ? m3_dkv_off_k(a.geom, a.view, slot, h, d)
+                                                     : m3_dkv_off_v(a.geom, a.view, slot, h, d);
+                const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + (size_t)r * L.pitch)[d];
+                if (!a.fp8) ((m3_bf16 *)dst)[off] = bv;
+                else if (g.stage) ((uint8_t *)dst)[off] = stg[(size_t)r * L.spitch + d];
+                else ((uint8_t *)dst)[off] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f,
+                                                             a.kind, a.ovf, a.hwcvt);
+            }
+            return;
+        }
         if (g.cache == SEG_K || a.page == 0) {
             /* K (and plain-row V): x dims = one 16-byte chunk; lanes over consecutive tokens */
             void *dst = g.cache == SEG_K ? a.kc : a.vc;
@@ -829,6 +871,11 @@ static int env_int(const char *name, int dflt) {
     return s && *s ? atoi(s) : dflt;
 }
 
+/* fp8 elements in the cache (paged: the geometry's) */
+static bool cache_fp8(const m3_gpu_kv_cache *c) {
+    return c->paged ? c->paged->g.elem == M3_KV_FP8 : c->fp8;
+}
+
 template <typename TS>
 static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
                         const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
@@ -857,7 +904,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         if (q.w) {
             M3_ASSERTF(rot_dim <= q.dim, "R=%d > head dim %d", rot_dim, q.dim);
             roped = true;
-            s.stage = q.cache == SEG_K && c && c->fp8 && c->k_src != M3_GPU_KQ_STORED;
+            s.stage = q.cache == SEG_K && c && cache_fp8(c) && c->k_src != M3_GPU_KQ_STORED;
         }
         fast = fast && q.dim == 128;
         vec = vec && q.dim % VN == 0 && q.ld % VN == 0 && m3_aligned16(q.x);
@@ -873,12 +920,32 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     a.cs_bf16 = p->rope_cs_bf16;
     if (half > 0) rope_inv_freq(a.inv.inv, rot_dim, theta, p->rope_inv);
     if (c) {
-        M3_ASSERT(d_slots);
+        a.irow0 = c->index_row0;
         a.page = c->page, a.fp8 = c->fp8, a.fp8_max = c->fp8_max, a.kind = (int)c->kind;
         a.ovf = (int)c->ovf, a.k_src = (int)c->k_src, a.kc = c->k, a.vc = c->v, a.ks = c->k_scale;
         a.vs = c->v_scale, a.ic = c->index_k, a.ifp8 = c->index_fp8;
-        a.lpage = c->page == 128 ? 7 : c->page == 16 ? 4 : 0;
-        a.hwcvt = c->kind == M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE &&
+        if (c->paged) { /* ref's storage: the page-128 / 16 paths where its layout is theirs */
+            const m3_gpu_attn_paged_src *ps = c->paged;
+            const m3_kv_geom &kg = ps->g;
+            a.fp8 = kg.elem == M3_KV_FP8, a.kind = (int)kg.fp8_kind;
+            a.kc = (void *)ps->k, a.vc = (void *)ps->v;
+            a.ks = (float *)ps->k_scale, a.vs = (float *)ps->v_scale;
+            a.bt = ps->bt, a.bt_block = kg.block;
+            const int x = a.fp8 ? 16 : 8;
+            const bool blk = ps->view == M3_KV_VIEW_BLOCK;
+            const bool fit = kg.head_dim % x == 0 &&
+                             ((blk && kg.block == 128 && kg.v_stride == kg.v_block_dense) ||
+                              (!blk && kg.page == 16 && kg.block % 16 == 0 &&
+                               kg.v_stride == (int64_t)(kg.block / 16) * kg.v_page));
+            if (fit) {
+                a.page = blk ? 128 : 16;
+            } else {
+                a.geo = true, a.geom = kg, a.view = ps->view;
+                a.page = 1; /* not plain rows */
+            }
+        }
+        a.lpage = a.page == 128 ? 7 : a.page == 16 ? 4 : 0;
+        a.hwcvt = a.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE &&
                   env_int("M3_QKV_HWCVT", 1) != 0;
     }
 #if defined(M3_HIP_NVIDIA)
@@ -979,8 +1046,22 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
 }
 
 /* Cache contract shared with gpu/kvcache.hip's m3_gpu_kv_cache_write. */
-static m3_status check_cache(const m3_gpu_kv_cache *c, int head_dim, int index_dim, bool has_ik,
+static m3_status check_cache(const m3_gpu_kv_cache *c, int n_kv_head, int head_dim, bool has_ik,
                              bool has_kv) {
+    if (c->index_k && !has_ik)
+        return m3_errorf(M3_ERR_ARG, "gpu kv cache write: index cache needs index_k rows");
+    if (c->paged) {
+        const m3_gpu_attn_paged_src *ps = c->paged;
+        if (has_kv && (ps->g.elem == M3_KV_F32 || ps->g.n_kv != n_kv_head || ps->g.head_dim != head_dim))
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: paged storage of %s elements, "
+                             "Hkv %d, Dh %d for rows of Hkv %d, Dh %d (needs bf16 / fp8 and the "
+                             "same heads)", ps->g.elem == M3_KV_F32 ? "fp32" : "bf16/fp8",
+                             ps->g.n_kv, ps->g.head_dim, n_kv_head, head_dim);
+        if (has_kv && ps->g.elem == M3_KV_FP8 && (!ps->k_scale || !ps->v_scale || !(c->fp8_max > 0.0f)))
+            return m3_errorf(M3_ERR_ARG, "gpu kv cache write: fp8 paged storage needs scales and fp8_max");
+        M3_ASSERT(ps->bt && (!has_kv || (ps->k && ps->v)));
+        return M3_OK;
+    }
     const int x = c->fp8 ? 16 : 8;
     if ((c->page != 128 && c->page != 16 && c->page != 0) || (has_kv && head_dim % x))
         return m3_errorf(M3_ERR_UNSUPPORTED,
@@ -989,9 +1070,6 @@ static m3_status check_cache(const m3_gpu_kv_cache *c, int head_dim, int index_d
     if (has_kv && c->fp8 && (c->page == 0 || !c->k_scale || !c->v_scale || !(c->fp8_max > 0.0f)))
         return m3_errorf(M3_ERR_ARG, "gpu kv cache write: fp8 cache needs page 128 or 16, "
                          "scales and fp8_max");
-    if (c->index_k && (!has_ik || index_dim % 8))
-        return m3_errorf(M3_ERR_ARG, "gpu kv cache write: index cache needs index_k rows with "
-                         "index_dim %% 8 == 0 (%d)", index_dim);
     M3_ASSERT(!has_kv || (c->k && c->v));
     return M3_OK;
 }
@@ -1005,19 +1083,26 @@ extern "C" m3_status m3_gpu_qk_norm_rope_cache(m3_gpu *g, const m3_gpu_qkv *x,
         return m3_errorf(M3_ERR_UNSUPPORTED,
                          "gpu qk_norm_rope_cache: profile %s keeps fp32 q/k (bf16 storage only)",
                          p->name);
-    if (c) { /* K and V together, or (a second call for the indexer's parts) neither */
-        if (!x->k != !x->v || (!x->k && !c->index_k))
+    /* K and V written when the cache has K/V storage and the call has rows for it; without
+     * (a second call for the indexer's parts, or a cache of index keys only) k is only normed */
+    const bool kvw = c && (c->paged || c->k) && (x->k || x->v);
+    if (c) {
+        if ((kvw && (!x->k || !x->v)) || (!kvw && !c->index_k))
             return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: a cache write needs k and v "
                              "(or neither, and an index cache)");
-        M3_TRY(check_cache(c, x->head_dim, x->index_dim, x->index_k != NULL, x->k != NULL));
-        if (c->fp8 && c->k_src != M3_GPU_KQ_STORED && !x->k_norm)
+        M3_TRY(check_cache(c, x->n_kv_head, x->head_dim, x->index_k != NULL, kvw));
+        if (c->paged && !d_pos)
+            return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: a paged cache needs the positions");
+        if (kvw && !c->paged && !d_slots)
+            return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: K/V writes need slots (or paged)");
+        if (kvw && cache_fp8(c) && c->k_src != M3_GPU_KQ_STORED && !x->k_norm)
             return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: fp8 K from the fp32 k needs "
                              "the k norm (no fp32 k exists otherwise)");
     }
     const part parts[] = {
         {x->q, x->ld_q, x->n_head, x->head_dim, x->q_norm, SEG_NONE},
-        {x->k, x->ld_k, x->n_kv_head, x->head_dim, x->k_norm, c ? SEG_K : SEG_NONE},
-        {(void *)x->v, x->ld_v, x->n_kv_head, x->head_dim, NULL, c ? SEG_V : SEG_NONE},
+        {x->k, x->ld_k, x->n_kv_head, x->head_dim, x->k_norm, kvw ? SEG_K : SEG_NONE},
+        {(void *)x->v, x->ld_v, x->n_kv_head, x->head_dim, NULL, kvw ? SEG_V : SEG_NONE},
         {x->index_q, x->ld_iq, x->n_index_head, x->index_dim, x->index_q_norm, SEG_NONE},
         {x->index_k, x->ld_ik, 1, x->index_dim, x->index_k_norm,
          c && c->index_k ? SEG_IDX : SEG_NONE},
@@ -1051,7 +1136,10 @@ extern "C" m3_status m3_gpu_qk_norm_rope_f32(m3_gpu *g, float *d_x, int ld, cons
 m3_status m3_gpu_kv_write_rows_(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k, int ld_k,
                                 const m3_bf16 *d_v, int ld_v, const int64_t *d_slots, int n_tok,
                                 int n_kv_head, int head_dim) {
-    M3_TRY(check_cache(c, head_dim, 0, false, true));
+    if (c->paged)
+        return m3_errorf(M3_ERR_ARG, "gpu kv_cache_write: paged storage needs the positions "
+                         "(m3_gpu_qk_norm_rope_cache)");
+    M3_TRY(check_cache(c, n_kv_head, head_dim, false, true));
     if (c->fp8 && c->k_src != M3_GPU_KQ_STORED)
         return m3_errorf(M3_ERR_ARG, "gpu kv_cache_write: only the stored k can be quantized "
                          "here (the fp32 k exists only in m3_gpu_qk_norm_rope_cache)");
