@@ -857,6 +857,85 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
     tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
 }
 
+/* ---- measurement prototype (M3_QKV_COOP=1, m3_gpu_qk_norm_rope only; NOT ref's order yet):
+ * 16 lanes per row (Dh 128, R 64, bf16), each lane one 16-byte chunk in registers, no shared
+ * memory: the sum of squares as 16 in-order partials (8 dims each) + a butterfly (a fixed
+ * pairwise tree), the rope partner through a shuffle, cos/sin from the table. */
+template <int QR>
+static __global__ void __launch_bounds__(256) coop_k(m3_bf16 *x, int ld, int nh, int n_tok,
+                                                     const float *cst, const m3_bf16 *w, float eps) {
+    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
+    constexpr int U = 2;
+    const int lane = (int)threadIdx.x & 15;
+    const int grp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 4);
+    const int ngrp = (int)((gridDim.x * blockDim.x) >> 4);
+    float w1[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) w1[j] = __fadd_rn(1.0f, m3_bf16_to_f32(w[lane * 8 + j]));
+    const int nrow = n_tok * nh;
+    const bool rot = lane < 8, second = (lane & 4) != 0;
+    const int ci = 8 * (lane & 3);
+    for (int r0 = grp; r0 - grp < nrow; r0 += ngrp * U) { /* all lanes iterate alike */
+        uint4 u[U];
+        float c[U][8], sn[U][8];
+        bool ok[U];
+        m3_bf16 *ptr[U];
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            const int r = r0 + k * ngrp;
+            ok[k] = r < nrow;
+            const int t = ok[k] ? r / nh : 0, h = ok[k] ? r - t * nh : 0;
+            ptr[k] = x + (int64_t)t * ld + h * 128 + lane * 8;
+            u[k] = ok[k] ? *reinterpret_cast<const uint4 *>(ptr[k]) : make_uint4(0, 0, 0, 0);
+            if (rot && ok[k]) {
+                const float4 *cp = reinterpret_cast<const float4 *>(cst + (int64_t)t * 64 + ci);
+                const float4 c0 = cp[0], c1 = cp[1], s0 = cp[8], s1 = cp[9];
+                c[k][0] = c0.x, c[k][1] = c0.y, c[k][2] = c0.z, c[k][3] = c0.w;
+                c[k][4] = c1.x, c[k][5] = c1.y, c[k][6] = c1.z, c[k][7] = c1.w;
+                sn[k][0] = s0.x, sn[k][1] = s0.y, sn[k][2] = s0.z, sn[k][3] = s0.w;
+                sn[k][4] = s1.x, sn[k][5] = s1.y, sn[k][6] = s1.z, sn[k][7] = s1.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) c[k][j] = 0.0f, sn[k][j] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            float v[8];
+            const uint32_t wd[4] = {u[k].x, u[k].y, u[k].z, u[k].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[2 * j] = m3_bits_f32(wd[j] << 16), v[2 * j + 1] = m3_bits_f32(wd[j] & 0xFFFF0000u);
+            float ss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss = __fadd_rn(ss, __fmul_rn(v[j], v[j]));
+#pragma unroll
+            for (int m = 1; m < 16; m <<= 1) ss = __fadd_rn(ss, M3_SHFL_XOR(ss, m));
+            const float mu = __fdiv_rn(ss, 128.0f);
+            const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, eps)));
+            float n[8], o[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) n[j] = rnd(per_op, __fmul_rn(__fmul_rn(v[j], rho), w1[j]));
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float pn = M3_SHFL_XOR(n[j], 4); /* the rope partner (lanes 0-7) */
+                if (!second) { /* x1*cos - x2*sin */
+                    const float a1 = rnd(per_op, __fmul_rn(n[j], c[k][j]));
+                    const float b1 = rnd(per_op, __fmul_rn(-pn, sn[k][j]));
+                    o[j] = rnd(per_op, __fadd_rn(a1, b1));
+                } else {       /* x2*cos + x1*sin */
+                    const float a2 = rnd(per_op, __fmul_rn(n[j], c[k][j]));
+                    const float b2 = rnd(per_op, __fmul_rn(pn, sn[k][j]));
+                    o[j] = rnd(per_op, __fadd_rn(a2, b2));
+                }
+                if (!rot) o[j] = n[j];
+            }
+            if (ok[k])
+                *reinterpret_cast<uint4 *>(ptr[k]) = make_uint4(pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3]),
+                                                               pack_bf16x2(o[4], o[5]), pack_bf16x2(o[6], o[7]));
+        }
+    }
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
@@ -1119,6 +1198,29 @@ extern "C" m3_status m3_gpu_qk_norm_rope(m3_gpu *g, m3_bf16 *d_x, int ld, const 
                          "gpu qk_norm_rope: profile %s keeps fp32 q/k: use the _f32 path",
                          p->name);
     M3_ASSERT(d_x && d_w);
+    if (env_int("M3_QKV_COOP", 0) && head_dim == 128 && rot_dim == 64 && n_tok >= 256 &&
+        ld % 8 == 0 && m3_aligned16(d_x)) { /* measurement prototype (not ref's order) */
+        const size_t mark = m3_gpu_mark(g);
+        float *tab;
+        M3_TRY(m3_gpu_alloc(g, (void **)&tab, (size_t)n_tok * 64 * sizeof(float)));
+        rope_inv_table inv;
+        rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
+        cs_table_k<<<m3_grid_1d((int64_t)n_tok * 64, 256), 256, 0, g->stream>>>(
+            tab, d_pos, n_tok, 32, inv, p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16);
+        M3_LAUNCHED(g, "cs_table_k");
+        const int U = 2, per_blk = 256 / 16;
+        int64_t ng = ((int64_t)n_tok * n_head + U - 1) / U;
+        int grid = (int)((ng + per_blk - 1) / per_blk);
+        const int cap = env_int("M3_QKV_COOPGRID", 0);
+        if (cap > 0 && grid > cap * g->n_sm) grid = cap * g->n_sm;
+        if (p->qk_round == M3_QK_ROUND_PER_OP)
+            coop_k<M3_QK_ROUND_PER_OP><<<grid, 256, 0, g->stream>>>(d_x, ld, n_head, n_tok, tab, d_w, eps);
+        else
+            coop_k<M3_QK_ROUND_ONCE><<<grid, 256, 0, g->stream>>>(d_x, ld, n_head, n_tok, tab, d_w, eps);
+        m3_gpu_release(g, mark);
+        M3_LAUNCHED(g, "coop_k");
+        return M3_OK;
+    }
     const part q = {d_x, ld, n_head, head_dim, d_w, SEG_NONE};
     return launch<m3_bf16>(g, &q, 1, NULL, NULL, d_pos, n_tok, eps, rot_dim, theta, p);
 }
