@@ -339,12 +339,15 @@ typedef struct m3_gpu_qkv {
     const m3_bf16 *q_norm, *k_norm, *index_q_norm, *index_k_norm; /* device [Dh], [Dh], [Di], [Di] */
 } m3_gpu_qkv;
 /* c NULL: no cache write (only the in-place norm + rope). slots [T] int64 (negative:
- * padding, no cache write for that token); needed when c is given. pos [T] (rope positions);
- * may be NULL when no part is roped. c->page 128 / 16 / 0 need Dh % x == 0 (x = 8 bf16, 16
- * fp8), Di % 8 == 0 for the index cache; c->index_k needs x->index_k. k and v come together
- * or not at all: a call with only the indexer's parts (index_q, index_k) may write the index
- * cache alone, so a layer can keep ref's stage order (q, k, v taps before the indexer's
- * projections) with two launches. docs/gpu.md shows the call a layer would make. */
+ * padding, no cache write for that token); needed for K/V writes unless c->paged (slots
+ * through its block table) and read for the index cache unless NULL (then rows
+ * c->index_row0 + t). pos [T] (rope positions); may be NULL when no part is roped and c is
+ * not paged. c->page 128 / 16 / 0 need Dh % x == 0 (x = 8 bf16, 16 fp8); c->paged takes any
+ * geometry of bf16 / fp8 elements; c->index_k needs x->index_k (any Di). K and V are written
+ * when c has K/V storage (paged, or c->k) and the call has k and v (both needed); a call
+ * with only the indexer's parts, or a cache with only index_k, writes the index cache alone,
+ * so a layer can keep ref's stage order (q, k, v taps before the indexer's projections) with
+ * two launches. gpu/layer.hip's attn_input makes the layer's call (docs/gpu.md). */
 m3_status m3_gpu_qk_norm_rope_cache(m3_gpu *g, const m3_gpu_qkv *x, const m3_gpu_kv_cache *c,
                                     const int64_t *d_slots, const int32_t *d_pos, int n_tok,
                                     float eps, int rot_dim, float theta, const m3_profile *p);
