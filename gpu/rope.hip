@@ -436,8 +436,11 @@ static __device__ __forceinline__ void cp_wait1() {
 #endif
 }
 
-template <typename TS, int QR, bool FAST>
-static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
+/* SMALL (measurement): 64-thread blocks with at most 64 registers (1: 16 blocks = 32 warps
+ * per SM) or 80 (2: 12 blocks) */
+template <typename TS, int QR, bool FAST, int SMALL>
+static __global__ void __launch_bounds__(SMALL ? 64 : 256, SMALL == 1 ? 16 : SMALL == 2 ? 12 : 1)
+    qkv_k(qkv_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int s_nlead;
     constexpr int VN = 16 / (int)sizeof(TS);
@@ -1085,11 +1088,14 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d bytes of shared memory per block",
                          shmem);
     void (*k)(qkv_args);
-#define QKV_PICK(QR) (fast ? qkv_k<TS, QR, true> : qkv_k<TS, QR, false>)
+    const int rg = nt == 64 ? env_int("M3_QKV_REGS", 0) : 0, small = rg == 64 ? 1 : rg == 80 ? 2 : 0;
+#define QKV_PICK3(QR, F) (small == 1 ? qkv_k<TS, QR, F, 1> : small == 2 ? qkv_k<TS, QR, F, 2> : qkv_k<TS, QR, F, 0>)
+#define QKV_PICK(QR) (fast ? QKV_PICK3(QR, true) : QKV_PICK3(QR, false))
     if (p->qk_round == M3_QK_ROUND_PER_OP) k = QKV_PICK(M3_QK_ROUND_PER_OP);
     else if (p->qk_round == M3_QK_ROUND_ONCE) k = QKV_PICK(M3_QK_ROUND_ONCE);
     else k = QKV_PICK(M3_QK_ROUND_NONE);
 #undef QKV_PICK
+#undef QKV_PICK3
     if (shmem > 48 * 1024) /* above 48 KiB a kernel must opt in */
         M3_HIP_TRY(hipFuncSetAttribute((const void *)k, hipFuncAttributeMaxDynamicSharedMemorySize,
                                        shmem));
