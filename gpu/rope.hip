@@ -107,7 +107,7 @@ typedef struct {
     const float *cst; /* cos/sin table [T, 2 half] made by cs_table_k, or NULL: per tile */
     /* cache */
     int page, lpage; /* page (0 = plain rows), log2(page) */
-    bool fp8, ifp8, hwcvt;
+    bool fp8, ifp8, hwcvt, fq;
     float fp8_max;
     int kind, ovf, k_src;
     void *kc, *vc, *ic;
@@ -134,7 +134,7 @@ typedef struct {
  * common region (V groups, 1 + w, cos/sin, fp8 scales, staged fp8 K codes). */
 typedef struct {
     int slot, pos, cs, rows, buf;          /* in the buffer; its size */
-    int lead, w, scl, stage, com;          /* in the common region; its size */
+    int lead, w, scl, rcp, stage, com;     /* in the common region; its size */
     int pitch, cp, spitch;                 /* row / table / stage pitches */
 } qkv_lay;
 static __host__ __device__ __forceinline__ int r16(int b) { return (b + 15) & ~15; }
@@ -154,7 +154,8 @@ static __host__ __device__ __forceinline__ qkv_lay qkv_layout(int tt, int nh, in
     l.lead = 0;
     l.w = l.lead + r16(4 * tt);
     l.scl = l.w + (normed ? r16(4 * dim) : 0);
-    l.stage = l.scl + r16(4 * rows);
+    l.rcp = l.scl + r16(4 * rows);
+    l.stage = l.rcp + r16(4 * rows);
     l.com = l.stage + (stage ? r16(rows * l.spitch) : 0);
     return l;
 }
@@ -196,13 +197,42 @@ static __device__ __forceinline__ uint32_t cvt8x2(float v0, float v1, int kind, 
            ((uint32_t)m3_f32_to_fp8(v1, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) << 8);
 }
 
-/* 16 fp8 codes of v[16] / s (an fp32 division each, as ref) */
+/* fp8 codes of quotients without a division per element. ref: code = cvt(v / s), an IEEE
+ * fp32 division. With r = 1/s (correctly rounded, s normal), q = v * r is within 3 ulps of
+ * the correctly rounded quotient (relative error <= 2^-23 + 2^-48; 8 ulps leave room at binade
+ * edges and for subnormal q); the conversion to fp8 is monotone in its input, so when both
+ * ends of the 8-ulp window give the same code, that is the code of v / s. Otherwise (v / s
+ * within 8 ulps of a rounding boundary: ~2e-5 of random values, or q not finite) the
+ * divisions. r = 0 marks a scale without the fast path. */
+static __device__ __forceinline__ float fq_rcp(float s) {
+    return (s >= 1.17549435e-38f && s <= 1e30f) ? __frcp_rn(s) : 0.0f;
+}
+static __device__ __forceinline__ float fq_win(float q, int d) { /* |q| moved by d ulps */
+    const uint32_t b = m3_f32_bits(q), m = b & 0x7FFFFFFFu;
+    const uint32_t mm = d < 0 ? (m >= (uint32_t)-d ? m - (uint32_t)-d : 0u) : m + (uint32_t)d;
+    return m3_bits_f32((b & 0x80000000u) | mm);
+}
+static __device__ __forceinline__ uint32_t q8x2(float v0, float s0, float r0, float v1, float s1,
+                                                float r1, const qkv_args &a) {
+    if (a.fq && r0 != 0.0f && r1 != 0.0f) {
+        const float q0 = __fmul_rn(v0, r0), q1 = __fmul_rn(v1, r1);
+        if (fabsf(q0) < 1e30f && fabsf(q1) < 1e30f) {
+            const uint32_t lo = cvt8x2(fq_win(q0, -8), fq_win(q1, -8), a.kind, a.ovf, a.hwcvt);
+            const uint32_t hi = cvt8x2(fq_win(q0, 8), fq_win(q1, 8), a.kind, a.ovf, a.hwcvt);
+            if (lo == hi) return lo;
+        }
+    }
+    return cvt8x2(__fdiv_rn(v0, s0), __fdiv_rn(v1, s1), a.kind, a.ovf, a.hwcvt);
+}
+
+/* 16 fp8 codes of v[16] / s (ref: an fp32 division each) */
 static __device__ __forceinline__ uint4 q16(const float *v, float s, const qkv_args &a) {
+    const float r = fq_rcp(s);
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const uint32_t lo = cvt8x2(__fdiv_rn(v[4 * k], s), __fdiv_rn(v[4 * k + 1], s), a.kind, a.ovf, a.hwcvt);
-        const uint32_t hi = cvt8x2(__fdiv_rn(v[4 * k + 2], s), __fdiv_rn(v[4 * k + 3], s), a.kind, a.ovf, a.hwcvt);
+        const uint32_t lo = q8x2(v[4 * k], s, r, v[4 * k + 1], s, r, a);
+        const uint32_t hi = q8x2(v[4 * k + 2], s, r, v[4 * k + 3], s, r, a);
         w[k] = lo | (hi << 16);
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
@@ -267,6 +297,7 @@ static __device__ __forceinline__ float norm_rope_row(TS *e, int dim_rt, int hal
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     /* the stored value: a bf16 store rounds; fp32 storage rounds only under ONCE */
     constexpr bool st_rnd = QR == M3_QK_ROUND_ONCE || sizeof(TS) == 2;
+    const float rc = stage ? fq_rcp(sc) : 0.0f;
     float am = 0.0f;
     if (FAST) {
         typedef m3_vec<TS> V;
@@ -300,12 +331,10 @@ static __device__ __forceinline__ float norm_rope_row(TS *e, int dim_rt, int hal
                 if (stage) {
 #pragma unroll
                     for (int k = 0; k < VN; k += 2) {
-                        const uint32_t c1 = cvt8x2(__fdiv_rn(val_f32 ? o1[k] : rnd(true, o1[k]), sc),
-                                                   __fdiv_rn(val_f32 ? o1[k + 1] : rnd(true, o1[k + 1]), sc),
-                                                   a.kind, a.ovf, a.hwcvt);
-                        const uint32_t c2 = cvt8x2(__fdiv_rn(val_f32 ? o2[k] : rnd(true, o2[k]), sc),
-                                                   __fdiv_rn(val_f32 ? o2[k + 1] : rnd(true, o2[k + 1]), sc),
-                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t c1 = q8x2(val_f32 ? o1[k] : rnd(true, o1[k]), sc, rc,
+                                                 val_f32 ? o1[k + 1] : rnd(true, o1[k + 1]), sc, rc, a);
+                        const uint32_t c2 = q8x2(val_f32 ? o2[k] : rnd(true, o2[k]), sc, rc,
+                                                 val_f32 ? o2[k + 1] : rnd(true, o2[k + 1]), sc, rc, a);
                         *reinterpret_cast<uint16_t *>(stage + d1 + k) = (uint16_t)c1;
                         *reinterpret_cast<uint16_t *>(stage + d2 + k) = (uint16_t)c2;
                     }
@@ -332,9 +361,8 @@ static __device__ __forceinline__ float norm_rope_row(TS *e, int dim_rt, int hal
                 if (stage) {
 #pragma unroll
                     for (int k = 0; k < VN; k += 2) {
-                        const uint32_t c1 = cvt8x2(__fdiv_rn(val_f32 ? x[k] : rnd(true, x[k]), sc),
-                                                   __fdiv_rn(val_f32 ? x[k + 1] : rnd(true, x[k + 1]), sc),
-                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t c1 = q8x2(val_f32 ? x[k] : rnd(true, x[k]), sc, rc,
+                                                 val_f32 ? x[k + 1] : rnd(true, x[k + 1]), sc, rc, a);
                         *reinterpret_cast<uint16_t *>(stage + d0 + k) = (uint16_t)c1;
                     }
                 }
@@ -439,7 +467,8 @@ static __device__ __forceinline__ void cp_wait1() {
 /* SMALL (measurement): 64-thread blocks with at most 64 registers (1: 16 blocks = 32 warps
  * per SM) or 80 (2: 12 blocks) */
 template <typename TS, int QR, bool FAST, int SMALL>
-static __global__ void __launch_bounds__(SMALL ? 64 : 256, SMALL == 1 ? 16 : SMALL == 2 ? 12 : 1)
+static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
+                                         SMALL == 1 ? 16 : SMALL == 2 ? 12 : SMALL == 3 ? 3 : 1)
     qkv_k(qkv_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int s_nlead;
@@ -554,6 +583,7 @@ static __global__ void __launch_bounds__(SMALL ? 64 : 256, SMALL == 1 ? 16 : SMA
         float *onepw = reinterpret_cast<float *>(com + L.w);
         float *cs = reinterpret_cast<float *>(buf + L.cs);
         float *scl = reinterpret_cast<float *>(com + L.scl);
+        float *rcp = reinterpret_cast<float *>(com + L.rcp);
         uint8_t *stg = com + L.stage;
         const bool cache = g.cache != SEG_NONE;
 
@@ -583,6 +613,7 @@ static __global__ void __launch_bounds__(SMALL ? 64 : 256, SMALL == 1 ? 16 : SMA
                 if (a.fp8 && wr && a.page != 0 && (g.cache == SEG_K || g.cache == SEG_V)) {
                     const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
                     scl[r] = sc;
+                    rcp[r] = fq_rcp(sc);
                     (g.cache == SEG_K ? a.ks : a.vs)[s_off(a, slot, nh, h)] = sc;
                 }
                 continue;
@@ -625,6 +656,7 @@ static __global__ void __launch_bounds__(SMALL ? 64 : 256, SMALL == 1 ? 16 : SMA
                                                              NULL, true, val_f32, a);
                 const float sc = fp8_scale(am, a.fp8_max);
                 scl[r] = sc;
+                rcp[r] = fq_rcp(sc);
                 a.ks[s_off(a, slot, nh, h)] = sc;
                 norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, sc,
                                             stg + (size_t)r * L.spitch, true, val_f32, a);
@@ -634,6 +666,7 @@ static __global__ void __launch_bounds__(SMALL ? 64 : 256, SMALL == 1 ? 16 : SMA
                 if (kq) { /* fp8 K of the stored k */
                     const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
                     scl[r] = sc;
+                    rcp[r] = fq_rcp(sc);
                     a.ks[s_off(a, slot, nh, h)] = sc;
                 }
             }
@@ -797,12 +830,12 @@ static __global__ void __launch_bounds__(SMALL ? 64 : 256, SMALL == 1 ? 16 : SMA
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) {
                         const int j = 4 * kk;
-                        const uint32_t lo = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[j * cstep]), scl[r0 + j]),
-                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 1) * cstep]), scl[r0 + j + 1]),
-                                                   a.kind, a.ovf, a.hwcvt);
-                        const uint32_t hi = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[(j + 2) * cstep]), scl[r0 + j + 2]),
-                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 3) * cstep]), scl[r0 + j + 3]),
-                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t lo = q8x2(m3_bf16_to_f32(col[j * cstep]), scl[r0 + j], rcp[r0 + j],
+                                                 m3_bf16_to_f32(col[(j + 1) * cstep]), scl[r0 + j + 1],
+                                                 rcp[r0 + j + 1], a);
+                        const uint32_t hi = q8x2(m3_bf16_to_f32(col[(j + 2) * cstep]), scl[r0 + j + 2],
+                                                 rcp[r0 + j + 2], m3_bf16_to_f32(col[(j + 3) * cstep]),
+                                                 scl[r0 + j + 3], rcp[r0 + j + 3], a);
                         w[kk] = lo | (hi << 16);
                     }
                     *reinterpret_cast<uint4 *>((uint8_t *)a.vc + off) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -1042,6 +1075,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     }
 #endif
     a.dbg = env_int("M3_QKV_DBG", 0);
+    a.fq = env_int("M3_QKV_FQ", 1) != 0;
     const int nbuf = a.pipe ? 2 : 1;
     const int budget = env_int("M3_QKV_BUDGET", a.pipe ? 110 : 80) * 1024;
     /* tokens per tile: as many as the rows allow (V: a multiple of 16, whole x-groups),
@@ -1088,8 +1122,10 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d bytes of shared memory per block",
                          shmem);
     void (*k)(qkv_args);
-    const int rg = nt == 64 ? env_int("M3_QKV_REGS", 0) : 0, small = rg == 64 ? 1 : rg == 80 ? 2 : 0;
-#define QKV_PICK3(QR, F) (small == 1 ? qkv_k<TS, QR, F, 1> : small == 2 ? qkv_k<TS, QR, F, 2> : qkv_k<TS, QR, F, 0>)
+    const int rg = env_int("M3_QKV_REGS", 0);
+    const int small = nt == 64 ? (rg == 64 ? 1 : rg == 80 ? 2 : 0) : nt == 256 && rg == 85 ? 3 : 0;
+#define QKV_PICK3(QR, F) (small == 1 ? qkv_k<TS, QR, F, 1> : small == 2 ? qkv_k<TS, QR, F, 2> \
+                          : small == 3 ? qkv_k<TS, QR, F, 3> : qkv_k<TS, QR, F, 0>)
 #define QKV_PICK(QR) (fast ? QKV_PICK3(QR, true) : QKV_PICK3(QR, false))
     if (p->qk_round == M3_QK_ROUND_PER_OP) k = QKV_PICK(M3_QK_ROUND_PER_OP);
     else if (p->qk_round == M3_QK_ROUND_ONCE) k = QKV_PICK(M3_QK_ROUND_ONCE);
