@@ -38,13 +38,11 @@
  *   after each sum (hf); ONCE one rounding of every dim at the end (atom; a bf16 store).
  *   Columns outside a part's heads are never touched (row pitches let the parts be slices
  *   of one packed qkv row).
- * Tuning knobs read at launch (measurement only; the defaults are the best measured on the
- *   H200, docs/gpu.md): M3_QKV_ROWS=128|256 rows (threads) per block; M3_QKV_PIPE=0|1
- *   prefetch of the next tile (default: on unless fp8 K codes are staged); M3_QKV_BUDGET=KiB
- *   of shared memory a block aims for; M3_QKV_MINBLK=n blocks per SM below which a small pass
- *   gets fewer tokens per tile; M3_QKV_CST=0|1 the cos/sin table; M3_QKV_HWCVT=0 the software
- *   e4m3 conversion; M3_QKV_DBG=1|2|4 skips the row work / cache writes / write-back (timing
- *   breakdowns only: the results are then wrong). */
+ * Launch shape (the best of the variants measured on the H200, docs/gpu.md): 256 threads
+ *   (rows) per block, 128 for passes without a normed part (the K/V writer); the next tile
+ *   prefetched except in passes with staged fp8 K; tiles sized for 110 KiB of shared memory
+ *   per block with the prefetch (two buffers), 80 KiB without; passes too small for 4 blocks
+ *   per SM get fewer tokens per tile; the cos/sin table from 256 tokens on. */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "gpu/kv_paged.h"
@@ -107,7 +105,7 @@ typedef struct {
     const float *cst; /* cos/sin table [T, 2 half] made by cs_table_k, or NULL: per tile */
     /* cache */
     int page, lpage; /* page (0 = plain rows), log2(page) */
-    bool fp8, ifp8, hwcvt, fq;
+    bool fp8, ifp8, hwcvt;
     float fp8_max;
     int kind, ovf, k_src;
     void *kc, *vc, *ic;
@@ -126,7 +124,6 @@ typedef struct {
     int buf;     /* bytes of one input buffer */
     int common;  /* offset of the common region */
     bool pipe;   /* prefetch the next tile (cp.async) */
-    int dbg;     /* timing only: 1 skips the row work, 2 the cache writes, 4 the write-back */
 } qkv_args;
 
 /* Shared-memory layout of one tile (host and device agree through this function): a buffer
@@ -134,7 +131,7 @@ typedef struct {
  * common region (V groups, 1 + w, cos/sin, fp8 scales, staged fp8 K codes). */
 typedef struct {
     int slot, pos, cs, rows, buf;          /* in the buffer; its size */
-    int lead, w, scl, rcp, stage, com;     /* in the common region; its size */
+    int lead, w, scl, stage, com;          /* in the common region; its size */
     int pitch, cp, spitch;                 /* row / table / stage pitches */
 } qkv_lay;
 static __host__ __device__ __forceinline__ int r16(int b) { return (b + 15) & ~15; }
@@ -154,8 +151,7 @@ static __host__ __device__ __forceinline__ qkv_lay qkv_layout(int tt, int nh, in
     l.lead = 0;
     l.w = l.lead + r16(4 * tt);
     l.scl = l.w + (normed ? r16(4 * dim) : 0);
-    l.rcp = l.scl + r16(4 * rows);
-    l.stage = l.rcp + r16(4 * rows);
+    l.stage = l.scl + r16(4 * rows);
     l.com = l.stage + (stage ? r16(rows * l.spitch) : 0);
     return l;
 }
@@ -178,6 +174,12 @@ static __device__ __forceinline__ float amax_step(float a, float x) {
 static __device__ __forceinline__ float fp8_scale(float amax, float fp8_max) {
     return amax == 0.0f ? 1.0f : __fdiv_rn(amax, fp8_max);
 }
+/* the software conversion out of line: the kernel inlines cvt8x2 in many places, and the
+ * inlined m3_f32_to_fp8 (never run when hw) would bloat the hot loops */
+static __device__ __noinline__ uint32_t cvt8x2_sw(float v0, float v1, int kind, int ovf) {
+    return (uint32_t)m3_f32_to_fp8(v0, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) |
+           ((uint32_t)m3_f32_to_fp8(v1, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) << 8);
+}
 /* Two fp8 codes (lo = v0, hi = v1) of m3_f32_to_fp8(v, kind, ovf). hw: the sm_89+ instruction
  * (e4m3fn, satfinite = saturate, RNE); a NaN gets ref's code (sign | 0x7F). */
 static __device__ __forceinline__ uint32_t cvt8x2(float v0, float v1, int kind, int ovf, bool hw) {
@@ -193,46 +195,16 @@ static __device__ __forceinline__ uint32_t cvt8x2(float v0, float v1, int kind, 
 #else
     (void)hw;
 #endif
-    return (uint32_t)m3_f32_to_fp8(v0, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) |
-           ((uint32_t)m3_f32_to_fp8(v1, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) << 8);
+    return cvt8x2_sw(v0, v1, kind, ovf);
 }
 
-/* fp8 codes of quotients without a division per element. ref: code = cvt(v / s), an IEEE
- * fp32 division. With r = 1/s (correctly rounded, s normal), q = v * r is within 3 ulps of
- * the correctly rounded quotient (relative error <= 2^-23 + 2^-48; 8 ulps leave room at binade
- * edges and for subnormal q); the conversion to fp8 is monotone in its input, so when both
- * ends of the 8-ulp window give the same code, that is the code of v / s. Otherwise (v / s
- * within 8 ulps of a rounding boundary: ~2e-5 of random values, or q not finite) the
- * divisions. r = 0 marks a scale without the fast path. */
-static __device__ __forceinline__ float fq_rcp(float s) {
-    return (s >= 1.17549435e-38f && s <= 1e30f) ? __frcp_rn(s) : 0.0f;
-}
-static __device__ __forceinline__ float fq_win(float q, int d) { /* |q| moved by d ulps */
-    const uint32_t b = m3_f32_bits(q), m = b & 0x7FFFFFFFu;
-    const uint32_t mm = d < 0 ? (m >= (uint32_t)-d ? m - (uint32_t)-d : 0u) : m + (uint32_t)d;
-    return m3_bits_f32((b & 0x80000000u) | mm);
-}
-static __device__ __forceinline__ uint32_t q8x2(float v0, float s0, float r0, float v1, float s1,
-                                                float r1, const qkv_args &a) {
-    if (a.fq && r0 != 0.0f && r1 != 0.0f) {
-        const float q0 = __fmul_rn(v0, r0), q1 = __fmul_rn(v1, r1);
-        if (fabsf(q0) < 1e30f && fabsf(q1) < 1e30f) {
-            const uint32_t lo = cvt8x2(fq_win(q0, -8), fq_win(q1, -8), a.kind, a.ovf, a.hwcvt);
-            const uint32_t hi = cvt8x2(fq_win(q0, 8), fq_win(q1, 8), a.kind, a.ovf, a.hwcvt);
-            if (lo == hi) return lo;
-        }
-    }
-    return cvt8x2(__fdiv_rn(v0, s0), __fdiv_rn(v1, s1), a.kind, a.ovf, a.hwcvt);
-}
-
-/* 16 fp8 codes of v[16] / s (ref: an fp32 division each) */
+/* 16 fp8 codes of v[16] / s (an fp32 division each, as ref) */
 static __device__ __forceinline__ uint4 q16(const float *v, float s, const qkv_args &a) {
-    const float r = fq_rcp(s);
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const uint32_t lo = q8x2(v[4 * k], s, r, v[4 * k + 1], s, r, a);
-        const uint32_t hi = q8x2(v[4 * k + 2], s, r, v[4 * k + 3], s, r, a);
+        const uint32_t lo = cvt8x2(__fdiv_rn(v[4 * k], s), __fdiv_rn(v[4 * k + 1], s), a.kind, a.ovf, a.hwcvt);
+        const uint32_t hi = cvt8x2(__fdiv_rn(v[4 * k + 2], s), __fdiv_rn(v[4 * k + 3], s), a.kind, a.ovf, a.hwcvt);
         w[k] = lo | (hi << 16);
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
@@ -297,7 +269,6 @@ static __device__ __forceinline__ float norm_rope_row(TS *e, int dim_rt, int hal
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     /* the stored value: a bf16 store rounds; fp32 storage rounds only under ONCE */
     constexpr bool st_rnd = QR == M3_QK_ROUND_ONCE || sizeof(TS) == 2;
-    const float rc = stage ? fq_rcp(sc) : 0.0f;
     float am = 0.0f;
     if (FAST) {
         typedef m3_vec<TS> V;
@@ -331,10 +302,12 @@ static __device__ __forceinline__ float norm_rope_row(TS *e, int dim_rt, int hal
                 if (stage) {
 #pragma unroll
                     for (int k = 0; k < VN; k += 2) {
-                        const uint32_t c1 = q8x2(val_f32 ? o1[k] : rnd(true, o1[k]), sc, rc,
-                                                 val_f32 ? o1[k + 1] : rnd(true, o1[k + 1]), sc, rc, a);
-                        const uint32_t c2 = q8x2(val_f32 ? o2[k] : rnd(true, o2[k]), sc, rc,
-                                                 val_f32 ? o2[k + 1] : rnd(true, o2[k + 1]), sc, rc, a);
+                        const uint32_t c1 = cvt8x2(__fdiv_rn(val_f32 ? o1[k] : rnd(true, o1[k]), sc),
+                                                   __fdiv_rn(val_f32 ? o1[k + 1] : rnd(true, o1[k + 1]), sc),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t c2 = cvt8x2(__fdiv_rn(val_f32 ? o2[k] : rnd(true, o2[k]), sc),
+                                                   __fdiv_rn(val_f32 ? o2[k + 1] : rnd(true, o2[k + 1]), sc),
+                                                   a.kind, a.ovf, a.hwcvt);
                         *reinterpret_cast<uint16_t *>(stage + d1 + k) = (uint16_t)c1;
                         *reinterpret_cast<uint16_t *>(stage + d2 + k) = (uint16_t)c2;
                     }
@@ -361,8 +334,9 @@ static __device__ __forceinline__ float norm_rope_row(TS *e, int dim_rt, int hal
                 if (stage) {
 #pragma unroll
                     for (int k = 0; k < VN; k += 2) {
-                        const uint32_t c1 = q8x2(val_f32 ? x[k] : rnd(true, x[k]), sc, rc,
-                                                 val_f32 ? x[k + 1] : rnd(true, x[k + 1]), sc, rc, a);
+                        const uint32_t c1 = cvt8x2(__fdiv_rn(val_f32 ? x[k] : rnd(true, x[k]), sc),
+                                                   __fdiv_rn(val_f32 ? x[k + 1] : rnd(true, x[k + 1]), sc),
+                                                   a.kind, a.ovf, a.hwcvt);
                         *reinterpret_cast<uint16_t *>(stage + d0 + k) = (uint16_t)c1;
                     }
                 }
@@ -464,12 +438,8 @@ static __device__ __forceinline__ void cp_wait1() {
 #endif
 }
 
-/* SMALL (measurement): 64-thread blocks with at most 64 registers (1: 16 blocks = 32 warps
- * per SM) or 80 (2: 12 blocks) */
-template <typename TS, int QR, bool FAST, int SMALL>
-static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
-                                         SMALL == 1 ? 16 : SMALL == 2 ? 12 : SMALL == 3 ? 3 : 1)
-    qkv_k(qkv_args a) {
+template <typename TS, int QR, bool FAST>
+static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int s_nlead;
     constexpr int VN = 16 / (int)sizeof(TS);
@@ -583,7 +553,6 @@ static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
         float *onepw = reinterpret_cast<float *>(com + L.w);
         float *cs = reinterpret_cast<float *>(buf + L.cs);
         float *scl = reinterpret_cast<float *>(com + L.scl);
-        float *rcp = reinterpret_cast<float *>(com + L.rcp);
         uint8_t *stg = com + L.stage;
         const bool cache = g.cache != SEG_NONE;
 
@@ -604,7 +573,7 @@ static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
         __syncthreads();
 
         /* 2. one thread per row */
-        for (int r = tid; r < nrow && !(a.dbg & 1); r += nth) {
+        for (int r = tid; r < nrow; r += nth) {
             const int h = qdiv(r, r_tbk), tl = r - h * tbk;
             TS *e = reinterpret_cast<TS *>(rows + (size_t)r * L.pitch);
             const int64_t slot = sslot[tl];
@@ -613,26 +582,12 @@ static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
                 if (a.fp8 && wr && a.page != 0 && (g.cache == SEG_K || g.cache == SEG_V)) {
                     const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
                     scl[r] = sc;
-                    rcp[r] = fq_rcp(sc);
                     (g.cache == SEG_K ? a.ks : a.vs)[s_off(a, slot, nh, h)] = sc;
                 }
                 continue;
             }
             float ss = 0.0f;
-            if (FAST && (a.dbg & 8)) { /* timing only: VN partial sums (not ref's order) */
-                float pss[VN];
-#pragma unroll
-                for (int kk = 0; kk < VN; kk++) pss[kk] = 0.0f;
-#pragma unroll 4
-                for (int d0 = 0; d0 < dim; d0 += VN) {
-                    float v[VN];
-                    m3_vec<TS>::load(e, d0, v);
-#pragma unroll
-                    for (int kk = 0; kk < VN; kk++) pss[kk] = __fadd_rn(pss[kk], __fmul_rn(v[kk], v[kk]));
-                }
-#pragma unroll
-                for (int kk = 0; kk < VN; kk++) ss = __fadd_rn(ss, pss[kk]);
-            } else if (FAST) {
+            if (FAST) {
 #pragma unroll 2
                 for (int d0 = 0; d0 < dim; d0 += VN) {
                     float v[VN];
@@ -656,7 +611,6 @@ static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
                                                              NULL, true, val_f32, a);
                 const float sc = fp8_scale(am, a.fp8_max);
                 scl[r] = sc;
-                rcp[r] = fq_rcp(sc);
                 a.ks[s_off(a, slot, nh, h)] = sc;
                 norm_rope_row<TS, QR, FAST>(e, dim, half, rho, onepw, c, sn, 1, sc,
                                             stg + (size_t)r * L.spitch, true, val_f32, a);
@@ -666,7 +620,6 @@ static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
                 if (kq) { /* fp8 K of the stored k */
                     const float sc = fp8_scale(row_amax<TS, FAST>(e, dim), a.fp8_max);
                     scl[r] = sc;
-                    rcp[r] = fq_rcp(sc);
                     a.ks[s_off(a, slot, nh, h)] = sc;
                 }
             }
@@ -698,7 +651,7 @@ static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
         __syncthreads();
 
         /* 3a. normed rows back in place (token-major, coalesced) */
-        if (normed && !(a.dbg & 4)) {
+        if (normed) {
             TS *xg = (TS *)g.x;
             if (a.vec) {
                 const int nch = dim / VN, per_tok = nh * nch, n = tbk * per_tok;
@@ -717,7 +670,7 @@ static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
                 }
             }
         }
-        if (!cache || sizeof(TS) != 2 || (a.dbg & 2)) return;
+        if (!cache || sizeof(TS) != 2) return;
 
         /* 3b. cache writes (bf16 rows only) */
         if (g.cache == SEG_IDX && dim % 8 != 0) { /* [slot, Di] element by element */
@@ -830,12 +783,12 @@ static __global__ void __launch_bounds__(SMALL == 1 || SMALL == 2 ? 64 : 256,
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) {
                         const int j = 4 * kk;
-                        const uint32_t lo = q8x2(m3_bf16_to_f32(col[j * cstep]), scl[r0 + j], rcp[r0 + j],
-                                                 m3_bf16_to_f32(col[(j + 1) * cstep]), scl[r0 + j + 1],
-                                                 rcp[r0 + j + 1], a);
-                        const uint32_t hi = q8x2(m3_bf16_to_f32(col[(j + 2) * cstep]), scl[r0 + j + 2],
-                                                 rcp[r0 + j + 2], m3_bf16_to_f32(col[(j + 3) * cstep]),
-                                                 scl[r0 + j + 3], rcp[r0 + j + 3], a);
+                        const uint32_t lo = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[j * cstep]), scl[r0 + j]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 1) * cstep]), scl[r0 + j + 1]),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t hi = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[(j + 2) * cstep]), scl[r0 + j + 2]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(j + 3) * cstep]), scl[r0 + j + 3]),
+                                                   a.kind, a.ovf, a.hwcvt);
                         w[kk] = lo | (hi << 16);
                     }
                     *reinterpret_cast<uint4 *>((uint8_t *)a.vc + off) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -893,85 +846,6 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
     tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
 }
 
-/* ---- measurement prototype (M3_QKV_COOP=1, m3_gpu_qk_norm_rope only; NOT ref's order yet):
- * 16 lanes per row (Dh 128, R 64, bf16), each lane one 16-byte chunk in registers, no shared
- * memory: the sum of squares as 16 in-order partials (8 dims each) + a butterfly (a fixed
- * pairwise tree), the rope partner through a shuffle, cos/sin from the table. */
-template <int QR>
-static __global__ void __launch_bounds__(256) coop_k(m3_bf16 *x, int ld, int nh, int n_tok,
-                                                     const float *cst, const m3_bf16 *w, float eps) {
-    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
-    constexpr int U = 2;
-    const int lane = (int)threadIdx.x & 15;
-    const int grp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 4);
-    const int ngrp = (int)((gridDim.x * blockDim.x) >> 4);
-    float w1[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) w1[j] = __fadd_rn(1.0f, m3_bf16_to_f32(w[lane * 8 + j]));
-    const int nrow = n_tok * nh;
-    const bool rot = lane < 8, second = (lane & 4) != 0;
-    const int ci = 8 * (lane & 3);
-    for (int r0 = grp; r0 - grp < nrow; r0 += ngrp * U) { /* all lanes iterate alike */
-        uint4 u[U];
-        float c[U][8], sn[U][8];
-        bool ok[U];
-        m3_bf16 *ptr[U];
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-            const int r = r0 + k * ngrp;
-            ok[k] = r < nrow;
-            const int t = ok[k] ? r / nh : 0, h = ok[k] ? r - t * nh : 0;
-            ptr[k] = x + (int64_t)t * ld + h * 128 + lane * 8;
-            u[k] = ok[k] ? *reinterpret_cast<const uint4 *>(ptr[k]) : make_uint4(0, 0, 0, 0);
-            if (rot && ok[k]) {
-                const float4 *cp = reinterpret_cast<const float4 *>(cst + (int64_t)t * 64 + ci);
-                const float4 c0 = cp[0], c1 = cp[1], s0 = cp[8], s1 = cp[9];
-                c[k][0] = c0.x, c[k][1] = c0.y, c[k][2] = c0.z, c[k][3] = c0.w;
-                c[k][4] = c1.x, c[k][5] = c1.y, c[k][6] = c1.z, c[k][7] = c1.w;
-                sn[k][0] = s0.x, sn[k][1] = s0.y, sn[k][2] = s0.z, sn[k][3] = s0.w;
-                sn[k][4] = s1.x, sn[k][5] = s1.y, sn[k][6] = s1.z, sn[k][7] = s1.w;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) c[k][j] = 0.0f, sn[k][j] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-            float v[8];
-            const uint32_t wd[4] = {u[k].x, u[k].y, u[k].z, u[k].w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) v[2 * j] = m3_bits_f32(wd[j] << 16), v[2 * j + 1] = m3_bits_f32(wd[j] & 0xFFFF0000u);
-            float ss = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) ss = __fadd_rn(ss, __fmul_rn(v[j], v[j]));
-#pragma unroll
-            for (int m = 1; m < 16; m <<= 1) ss = __fadd_rn(ss, M3_SHFL_XOR(ss, m));
-            const float mu = __fdiv_rn(ss, 128.0f);
-            const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, eps)));
-            float n[8], o[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) n[j] = rnd(per_op, __fmul_rn(__fmul_rn(v[j], rho), w1[j]));
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float pn = M3_SHFL_XOR(n[j], 4); /* the rope partner (lanes 0-7) */
-                if (!second) { /* x1*cos - x2*sin */
-                    const float a1 = rnd(per_op, __fmul_rn(n[j], c[k][j]));
-                    const float b1 = rnd(per_op, __fmul_rn(-pn, sn[k][j]));
-                    o[j] = rnd(per_op, __fadd_rn(a1, b1));
-                } else {       /* x2*cos + x1*sin */
-                    const float a2 = rnd(per_op, __fmul_rn(n[j], c[k][j]));
-                    const float b2 = rnd(per_op, __fmul_rn(pn, sn[k][j]));
-                    o[j] = rnd(per_op, __fadd_rn(a2, b2));
-                }
-                if (!rot) o[j] = n[j];
-            }
-            if (ok[k])
-                *reinterpret_cast<uint4 *>(ptr[k]) = make_uint4(pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3]),
-                                                               pack_bf16x2(o[4], o[5]), pack_bf16x2(o[6], o[7]));
-        }
-    }
-}
-
 /* ---- launchers ------------------------------------------------------------------------- */
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
@@ -980,11 +854,6 @@ typedef struct {
     const m3_bf16 *w; /* norm weight [dim]; NULL: no norm, no rope */
     int cache;        /* SEG_* */
 } part;
-
-static int env_int(const char *name, int dflt) {
-    const char *s = getenv(name);
-    return s && *s ? atoi(s) : dflt;
-}
 
 /* fp8 elements in the cache (paged: the geometry's) */
 static bool cache_fp8(const m3_gpu_kv_cache *c) {
@@ -1003,8 +872,11 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     qkv_args a;
     memset(&a, 0, sizeof a);
     const int VN = 16 / (int)sizeof(TS), es = (int)sizeof(TS);
-    int nt = env_int("M3_QKV_ROWS", 256);
-    nt = nt <= 64 ? 64 : nt <= 128 ? 128 : 256;
+    /* 256 rows per block; 128 without a normed part (the K/V writer: 42% of copy against 33%
+     * at T=4096, the same at 32K; normed passes lose 1-9 points with 128) */
+    bool any_normed = false;
+    for (int i = 0; i < n_parts; i++) any_normed = any_normed || (parts[i].x && parts[i].w);
+    const int nt = any_normed ? 256 : 128;
     bool vec = true, roped = false, fast = true;
     for (int i = 0; i < n_parts; i++) {
         const part &q = parts[i];
@@ -1060,8 +932,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             }
         }
         a.lpage = a.page == 128 ? 7 : a.page == 16 ? 4 : 0;
-        a.hwcvt = a.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE &&
-                  env_int("M3_QKV_HWCVT", 1) != 0;
+        a.hwcvt = a.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
     }
 #if defined(M3_HIP_NVIDIA)
     {   /* auto: prefetch, except passes with staged fp8 K (their tiles cost several times the
@@ -1070,14 +941,11 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
          * 38% with the prefetch; docs/gpu.md) */
         bool staged = false;
         for (int s = 0; s < a.nseg; s++) staged = staged || a.seg[s].stage;
-        const int pe = env_int("M3_QKV_PIPE", -1);
-        a.pipe = pe < 0 ? !staged : pe != 0;
+        a.pipe = !staged;
     }
 #endif
-    a.dbg = env_int("M3_QKV_DBG", 0);
-    a.fq = env_int("M3_QKV_FQ", 1) != 0;
     const int nbuf = a.pipe ? 2 : 1;
-    const int budget = env_int("M3_QKV_BUDGET", a.pipe ? 110 : 80) * 1024;
+    const int budget = (a.pipe ? 110 : 80) * 1024;
     /* tokens per tile: as many as the rows allow (V: a multiple of 16, whole x-groups),
      * fewer while the block's shared memory is over budget */
     for (int s = 0; s < a.nseg; s++) {
@@ -1093,7 +961,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     }
     /* small passes: fewer tokens per block until the grid has min_blk blocks per SM (one
      * block per SM cannot keep enough bytes in flight); V keeps whole 16-token groups */
-    const int min_blk = env_int("M3_QKV_MINBLK", 4) * (g->n_sm > 0 ? g->n_sm : 132);
+    const int min_blk = 4 * (g->n_sm > 0 ? g->n_sm : 132);
     for (;;) {
         int nblk = 0, big = -1;
         for (int s = 0; s < a.nseg; s++) {
@@ -1122,16 +990,11 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu qk_norm_rope: %d bytes of shared memory per block",
                          shmem);
     void (*k)(qkv_args);
-    const int rg = env_int("M3_QKV_REGS", 0);
-    const int small = nt == 64 ? (rg == 64 ? 1 : rg == 80 ? 2 : 0) : nt == 256 && rg == 85 ? 3 : 0;
-#define QKV_PICK3(QR, F) (small == 1 ? qkv_k<TS, QR, F, 1> : small == 2 ? qkv_k<TS, QR, F, 2> \
-                          : small == 3 ? qkv_k<TS, QR, F, 3> : qkv_k<TS, QR, F, 0>)
-#define QKV_PICK(QR) (fast ? QKV_PICK3(QR, true) : QKV_PICK3(QR, false))
+#define QKV_PICK(QR) (fast ? qkv_k<TS, QR, true> : qkv_k<TS, QR, false>)
     if (p->qk_round == M3_QK_ROUND_PER_OP) k = QKV_PICK(M3_QK_ROUND_PER_OP);
     else if (p->qk_round == M3_QK_ROUND_ONCE) k = QKV_PICK(M3_QK_ROUND_ONCE);
     else k = QKV_PICK(M3_QK_ROUND_NONE);
 #undef QKV_PICK
-#undef QKV_PICK3
     if (shmem > 48 * 1024) /* above 48 KiB a kernel must opt in */
         M3_HIP_TRY(hipFuncSetAttribute((const void *)k, hipFuncAttributeMaxDynamicSharedMemorySize,
                                        shmem));
@@ -1147,9 +1010,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     /* cos/sin once per token (a table launch) when the pass has enough tokens; small passes
      * (decode) evaluate them per tile and save the launch */
     const size_t mark = m3_gpu_mark(g);
-    const int cst = env_int("M3_QKV_CST", -1);
     const size_t tab_bytes = (size_t)n_tok * 2 * half * sizeof(float);
-    if (half > 0 && (cst > 0 || (cst < 0 && n_tok >= 256)) &&
+    if (half > 0 && n_tok >= 256 &&
         g->arena_top + tab_bytes + 256 <= g->arena_cap) { /* else: per tile, as small passes */
         float *tab;
         M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
@@ -1240,29 +1102,6 @@ extern "C" m3_status m3_gpu_qk_norm_rope(m3_gpu *g, m3_bf16 *d_x, int ld, const 
                          "gpu qk_norm_rope: profile %s keeps fp32 q/k: use the _f32 path",
                          p->name);
     M3_ASSERT(d_x && d_w);
-    if (env_int("M3_QKV_COOP", 0) && head_dim == 128 && rot_dim == 64 && n_tok >= 256 &&
-        ld % 8 == 0 && m3_aligned16(d_x)) { /* measurement prototype (not ref's order) */
-        const size_t mark = m3_gpu_mark(g);
-        float *tab;
-        M3_TRY(m3_gpu_alloc(g, (void **)&tab, (size_t)n_tok * 64 * sizeof(float)));
-        rope_inv_table inv;
-        rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
-        cs_table_k<<<m3_grid_1d((int64_t)n_tok * 64, 256), 256, 0, g->stream>>>(
-            tab, d_pos, n_tok, 32, inv, p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16);
-        M3_LAUNCHED(g, "cs_table_k");
-        const int U = 2, per_blk = 256 / 16;
-        int64_t ng = ((int64_t)n_tok * n_head + U - 1) / U;
-        int grid = (int)((ng + per_blk - 1) / per_blk);
-        const int cap = env_int("M3_QKV_COOPGRID", 0);
-        if (cap > 0 && grid > cap * g->n_sm) grid = cap * g->n_sm;
-        if (p->qk_round == M3_QK_ROUND_PER_OP)
-            coop_k<M3_QK_ROUND_PER_OP><<<grid, 256, 0, g->stream>>>(d_x, ld, n_head, n_tok, tab, d_w, eps);
-        else
-            coop_k<M3_QK_ROUND_ONCE><<<grid, 256, 0, g->stream>>>(d_x, ld, n_head, n_tok, tab, d_w, eps);
-        m3_gpu_release(g, mark);
-        M3_LAUNCHED(g, "coop_k");
-        return M3_OK;
-    }
     const part q = {d_x, ld, n_head, head_dim, d_w, SEG_NONE};
     return launch<m3_bf16>(g, &q, 1, NULL, NULL, d_pos, n_tok, eps, rot_dim, theta, p);
 }

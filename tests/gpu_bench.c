@@ -220,33 +220,6 @@ static m3_bf16 *rand_rows(m3_gpu *g, m3_rng *r, int64_t n) {
     return d;
 }
 
-/* Measurement of gpu/rope.hip's knobs (its rows only): M3_BENCH_QKV_VARS="ROWS=64,PIPE=0;DBG=1"
- * times a row again under each ';'-separated set of M3_QKV_<name>=<value> settings, in the
- * same process on the same inputs (rows of >= 4096 tokens). */
-static void qkv_vars(m3_gpu *g, const char *nm, int T, bench_fn fn, void *c, double bytes,
-                     double flops) {
-    const char *vars = getenv("M3_BENCH_QKV_VARS");
-    if (!vars || !*vars || T < 4096) return;
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", vars);
-    for (char *save = NULL, *v = strtok_r(buf, ";", &save); v; v = strtok_r(NULL, ";", &save)) {
-        char set[128], names[8][48];
-        int n = 0;
-        snprintf(set, sizeof set, "%s", v);
-        for (char *s2 = NULL, *kv = strtok_r(set, ",", &s2); kv && n < 8; kv = strtok_r(NULL, ",", &s2)) {
-            char *eq = strchr(kv, '=');
-            if (!eq) continue;
-            *eq = 0;
-            snprintf(names[n], sizeof names[n], "M3_QKV_%s", kv);
-            setenv(names[n++], eq + 1, 1);
-        }
-        char full[192];
-        snprintf(full, sizeof full, "%s [%s]", nm, v);
-        report(full, time_ms(g, fn, c, 20, 7), bytes, flops);
-        for (int i = 0; i < n; i++) unsetenv(names[i]);
-    }
-}
-
 typedef struct { m3_bf16 *x; const int32_t *pos; const m3_bf16 *w; int T, ld, H; m3_profile p; } rope_ctx;
 static m3_status do_rope(m3_gpu *g, void *c) {
     rope_ctx *x = c;
@@ -278,9 +251,6 @@ static void bench_qk_norm_rope(void **state) {
         char nm[96];
         snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
         report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
-        if (!small)
-            qkv_vars(g, nm, c.T, do_rope, &c, 2.0 * 2.0 * (double)c.T * c.H * 128,
-                     10.0 * (double)c.T * c.H * 128);
         m3_gpu_release(g, mark);
     }
 }
@@ -690,8 +660,6 @@ static void bench_kv_cache_write(void **state) {
             snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", c.T);
             const double n = (double)c.T * 512 * 2; /* K and V elements */
             report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
-            qkv_vars(g, nm, c.T, do_kv, &c, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0),
-                     fp8 ? 3 * n : 0);
             m3_gpu_release(g, mark);
         }
 }
@@ -799,7 +767,6 @@ static void bench_qkv_cache(void **state) {
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
             report(nm, ms, bytes, T * normed * 12);
-            qkv_vars(g, nm, c.T, do_qkvc, &c, bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
