@@ -872,11 +872,12 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     qkv_args a;
     memset(&a, 0, sizeof a);
     const int VN = 16 / (int)sizeof(TS), es = (int)sizeof(TS);
-    /* 256 rows per block; 128 without a normed part (the K/V writer: 42% of copy against 33%
-     * at T=4096, the same at 32K; normed passes lose 1-9 points with 128) */
+    /* 256 rows per block; 128 for the bf16 K/V writer (no normed part: 47% of copy against
+     * 34% at T=4096, the same at 32K); normed passes lose 1-9 points with 128, the fp8 writer
+     * ~15% */
     bool any_normed = false;
     for (int i = 0; i < n_parts; i++) any_normed = any_normed || (parts[i].x && parts[i].w);
-    const int nt = any_normed ? 256 : 128;
+    const int nt = any_normed || (c && cache_fp8(c)) ? 256 : 128;
     bool vec = true, roped = false, fast = true;
     for (int i = 0; i < n_parts; i++) {
         const part &q = parts[i];
