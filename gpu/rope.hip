@@ -39,7 +39,7 @@
  *   Columns outside a part's heads are never touched (row pitches let the parts be slices
  *   of one packed qkv row).
  * Launch shape (the best of the variants measured on the H200, docs/gpu.md): 256 threads
- *   (rows) per block, 128 for passes without a normed part (the K/V writer); the next tile
+ *   (rows) per block, 128 for the bf16 K/V writer (no normed part, no fp8); the next tile
  *   prefetched except in passes with staged fp8 K; tiles sized for 110 KiB of shared memory
  *   per block with the prefetch (two buffers), 80 KiB without; passes too small for 4 blocks
  *   per SM get fewer tokens per tile; the cos/sin table from 256 tokens on. */
