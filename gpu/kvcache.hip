@@ -15,8 +15,10 @@
  *   the K writers that quantize the unrounded fp32 k (atom's Triton and aiter writers) are
  *   m3_gpu_qk_norm_rope_cache (gpu/rope.hip), where that k exists.
  * The kernel is gpu/rope.hip's qkv_k with two un-normed parts (K, V): rows staged in shared
- * memory with 16-byte loads, 16-byte K chunks, V element by element (its SHUFFLE layout puts
- * x tokens of one dim in 16 bytes, and a pass's tokens need not fill them). */
+ * memory with 16-byte loads, 16-byte K chunks, V in 16-byte groups of x slot-consecutive
+ * tokens of one dim (its SHUFFLE layout), element by element where a pass's tokens cut a
+ * group. ref's paged storage (m3_gpu_kv_cache.paged) needs the positions: refused here, it
+ * is m3_gpu_qk_norm_rope_cache's. */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 

@@ -876,6 +876,110 @@ static m3_status ix8_write(m3_gpu *g, m3_gpu_layer_cache *c, int n0, int T, cons
     return M3_OK;
 }
 
+/* The attention-input step of ref/layer.c (§3.5, §3.6, §4.7, §4.8): q (q_norm) and k (k_norm,
+ * its rows of the contiguous cache) normed + roped in place, this pass's K / V rows into the
+ * paged storage at slot(pos[t]) with ref's writer of this layer type (kvp_write's rule), and,
+ * when iq / ik are given, the indexer's parts (normed + roped in place) and the fp8 index
+ * cache rows n0 + t. q == NULL: the indexer's parts alone (a second call, where the q/k/v taps
+ * must come before the indexer's projections). This one is the glue path: separate launches
+ * (fp32 storage, and geometries outside the fused kernel's contract). */
+template <typename TS>
+static m3_status attn_input_glue(m3_gpu *g, m3_gpu_layer_cache *cache, const m3_gpu_layer_weights *w,
+                                 const m3_config *c, TS *q, TS *k, const TS *v, TS *iq, TS *ik,
+                                 int n0, const int32_t *d_pos, int T, const m3_profile *p,
+                                 bool dense_or_reuse) {
+    const int H = c->n_head, Hkv = c->n_kv_head, Dh = c->head_dim, KW = Hkv * Dh, R = c->rot_dim;
+    const int G = c->index_n_heads, Di = c->index_head_dim;
+    const float eps = c->rms_eps, theta = (float)c->rope_theta;
+    if (q) {
+        M3_TRY(rope(g, q, H * Dh, d_pos, T, H, Dh, w->q_norm, eps, R, theta, p));
+        /* paged caches: atom's fp8 writers quantize from the fp32 k of the fused norm + rope
+         * (spec §4.7); with qk_round ONCE that is the same computation before its one
+         * rounding, so run it unrounded (fp32 twin), keep it, then round exactly as ONCE does
+         * (ref) */
+        const bool pkv = cache->kv.k != NULL;
+        float *kf = NULL;
+        if (pkv && cache->kv.g.elem == M3_KV_FP8 && p->qk_round == M3_QK_ROUND_ONCE) {
+            const int64_t nk = (int64_t)T * KW;
+            M3_TRY(m3_gpu_alloc(g, (void **)&kf, (size_t)nk * sizeof(float)));
+            widen_k<TS><<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(kf, k, nk, false, 0, 0);
+            M3_LAUNCHED(g, "widen_k");
+            m3_profile pn = *p;
+            pn.qk_round = M3_QK_ROUND_NONE;
+            M3_TRY(m3_gpu_qk_norm_rope_f32(g, kf, KW, d_pos, T, Hkv, Dh, w->k_norm, eps, R, theta, &pn));
+            round_bf16_k<TS><<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(k, kf, nk);
+            M3_LAUNCHED(g, "round_bf16_k");
+        } else {
+            M3_TRY(rope(g, k, KW, d_pos, T, Hkv, Dh, w->k_norm, eps, R, theta, p));
+        }
+        if (pkv) M3_TRY(kvp_write(g, cache, d_pos, T, (const TS *)k, kf, v, dense_or_reuse));
+    }
+    if (iq) {
+        M3_TRY(rope(g, iq, G * Di, d_pos, T, G, Di, w->iq_norm, eps, R, theta, p));
+        M3_TRY(rope(g, ik, Di, d_pos, T, 1, Di, w->ik_norm, eps, R, theta, p));
+        if (cache->ik8) M3_TRY(ix8_write(g, cache, n0, T, (const TS *)ik, Di));
+    }
+    return M3_OK;
+}
+static m3_status attn_input(m3_gpu *g, m3_gpu_layer_cache *cache, const m3_gpu_layer_weights *w,
+                            const m3_config *c, float *q, float *k, const float *v, float *iq,
+                            float *ik, int n0, const int32_t *d_pos, int T, const m3_profile *p,
+                            bool dense_or_reuse) {
+    return attn_input_glue<float>(g, cache, w, c, q, k, v, iq, ik, n0, d_pos, T, p, dense_or_reuse);
+}
+/* bf16 storage: ONE m3_gpu_qk_norm_rope_cache launch (gpu/rope.hip) for all of it, writing
+ * the paged storage through its geometry and block table (any ref geometry) with §4.7's
+ * writer as m3_gpu_kv_cache.k_src: atom (qk_round ONCE) fp8 dense / reusing layers the
+ * fp32 k with FP8_MAX 240 (KQ_F32), computing sparse layers bf16(k) with the kind's maximum
+ * and the fp32 amax (KQ_BF16_AMAX_F32), every other writer the stored k (KQ_STORED) with the
+ * kind's maximum; kv_fp8max forces the maximum. */
+static m3_status attn_input(m3_gpu *g, m3_gpu_layer_cache *cache, const m3_gpu_layer_weights *w,
+                            const m3_config *c, m3_bf16 *q, m3_bf16 *k, const m3_bf16 *v,
+                            m3_bf16 *iq, m3_bf16 *ik, int n0, const int32_t *d_pos, int T,
+                            const m3_profile *p, bool dense_or_reuse) {
+    const bool pkv = cache->kv.k != NULL;
+    if (p->qk_round == M3_QK_ROUND_NONE || (pkv && cache->kv.g.elem == M3_KV_F32))
+        return attn_input_glue<m3_bf16>(g, cache, w, c, q, k, v, iq, ik, n0, d_pos, T, p,
+                                        dense_or_reuse);
+    const int Dh = c->head_dim, G = c->index_n_heads, Di = c->index_head_dim;
+    m3_gpu_qkv x;
+    memset(&x, 0, sizeof x);
+    x.q = q, x.k = k, x.ld_q = c->n_head * Dh, x.ld_k = x.ld_v = c->n_kv_head * Dh;
+    x.n_head = c->n_head, x.n_kv_head = c->n_kv_head, x.head_dim = Dh;
+    x.q_norm = q ? w->q_norm : NULL, x.k_norm = q ? w->k_norm : NULL;
+    if (iq) {
+        x.index_q = iq, x.index_k = ik, x.ld_iq = G * Di, x.ld_ik = Di;
+        x.n_index_head = G, x.index_dim = Di;
+        x.index_q_norm = w->iq_norm, x.index_k_norm = w->ik_norm;
+    }
+    m3_gpu_kv_cache kc;
+    memset(&kc, 0, sizeof kc);
+    m3_gpu_attn_paged_src src = cache->kv;
+    src.ovf = cache_ovf(cache);
+    kc.ovf = src.ovf, kc.kind = cache_kind(cache);
+    bool write = false;
+    if (q && pkv) {
+        x.v = v;
+        kc.paged = &src;
+        const bool fp8 = src.g.elem == M3_KV_FP8;
+        float fmax = fp8 ? m3_fp8_max(src.g.fp8_kind) : 1.0f;
+        kc.k_src = M3_GPU_KQ_STORED;
+        if (fp8 && p->qk_round == M3_QK_ROUND_ONCE) {
+            if (dense_or_reuse) fmax = 240.0f, kc.k_src = M3_GPU_KQ_F32;
+            else kc.k_src = M3_GPU_KQ_BF16_AMAX_F32;
+        }
+        if (cache->variant && cache->variant->kv_fp8max > 0) fmax = (float)cache->variant->kv_fp8max;
+        kc.fp8_max = fmax;
+        write = true;
+    }
+    if (iq && cache->ik8) {
+        kc.index_k = cache->ik8, kc.index_fp8 = true, kc.index_row0 = n0;
+        write = true;
+    }
+    return m3_gpu_qk_norm_rope_cache(g, &x, write ? &kc : NULL, NULL, d_pos, T, c->rms_eps,
+                                     c->rot_dim, (float)c->rope_theta, p);
+}
+
 /* Attention through the paged storage (ref m3_attn_paged): fp8_pa under a partitioned
  * profile (atom), as ref's layer sets it. sel NULL: dense. */
 static m3_status attn_paged(m3_gpu *g, m3_bf16 *out, const m3_bf16 *q, const m3_gpu_layer_cache *c,
@@ -1287,8 +1391,7 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     const tapper *tp = &tpv;
     const bool dump = hooks && hooks->tap;
     const bool force_sel = hooks && hooks->force_selection && hooks->fetch;
-    const float eps = c->rms_eps, theta = (float)c->rope_theta;
-    const int R = c->rot_dim;
+    const float eps = c->rms_eps;
     TS *kc = (TS *)cache->k + (size_t)n0 * KW, *vc = (TS *)cache->v + (size_t)n0 * KW;
 
     /* ---- attention block ---- */
@@ -1309,50 +1412,48 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     M3_TRY(tap_dev(tp, "q_proj", q, 2, T, QW, 0));
     M3_TRY(tap_dev(tp, "k_proj", kc, 2, T, KW, 0));
     M3_TRY(tap_dev(tp, "v_proj", vc, 2, T, KW, 0));
-    M3_TRY(rope(g, q, QW, d_pos, T, H, Dh, w->q_norm, eps, R, theta, p));
-    /* paged caches: atom's fp8 writers quantize from the fp32 k of the fused norm + rope
-     * (spec §4.7); with qk_round ONCE that is the same computation before its one rounding,
-     * so run it unrounded (fp32 twin), keep it, then round exactly as ONCE does (ref) */
     const bool pkv = cache->kv.k != NULL;
     const bool reuse_l = w->sparse && cache->reuse_topk;
-    float *kf = NULL;
-    if (pkv && cache->kv.g.elem == M3_KV_FP8 && p->qk_round == M3_QK_ROUND_ONCE) {
-        const int64_t nk = (int64_t)T * KW;
-        M3_TRY(m3_gpu_alloc(g, (void **)&kf, (size_t)nk * sizeof(float)));
-        widen_k<TS><<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(kf, kc, nk, false, 0, 0);
-        M3_LAUNCHED(g, "widen_k");
-        m3_profile pn = *p;
-        pn.qk_round = M3_QK_ROUND_NONE;
-        M3_TRY(m3_gpu_qk_norm_rope_f32(g, kf, KW, d_pos, T, Hkv, Dh, w->k_norm, eps, R, theta, &pn));
-        round_bf16_k<TS><<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(kc, kf, nk);
-        M3_LAUNCHED(g, "round_bf16_k");
-    } else {
-        M3_TRY(rope(g, kc, KW, d_pos, T, Hkv, Dh, w->k_norm, eps, R, theta, p));
+    /* sparse computing layers without taps: the indexer's projections first, so that ONE
+     * attention-input launch does q, k, v and the indexer's parts (with taps, ref's stage
+     * order puts the q/k/v taps before the indexer's projections: two launches) */
+    const int Gi = c->index_n_heads, Dii = c->index_head_dim;
+    const bool idx_first = w->sparse && !reuse_l && !dump;
+    TS *iq = NULL, *ikc = NULL;
+    if (w->sparse) {
+        M3_TRY(m3_gpu_alloc(g, (void **)&iq, t_ * Gi * Dii * sizeof(TS)));
+        ikc = (TS *)cache->index_k + (size_t)n0 * Dii;
+        /* a reusing layer computes the projections (as ref: the packed GEMM runs) but never
+         * inserts into its index cache: its key projection goes to a temporary */
+        if (reuse_l) M3_TRY(m3_gpu_alloc(g, (void **)&ikc, t_ * Dii * sizeof(TS)));
     }
+    if (idx_first) {
+        M3_TRY(proj(g, iq, xn, w->iq, w->iq_s, pq, T, Gi * Dii, D, p));
+        M3_TRY(proj(g, ikc, xn, w->ik, w->ik_s, pq, T, Dii, D, p));
+    }
+    M3_TRY(attn_input(g, cache, w, c, q, kc, vc, idx_first ? iq : NULL, idx_first ? ikc : NULL,
+                      n0, d_pos, T, p, !w->sparse || reuse_l));
     M3_TRY(tap_dev(tp, "q", q, 3, T, H, Dh));
     M3_TRY(tap_dev(tp, "k", kc, 3, T, Hkv, Dh));
     M3_TRY(tap_dev(tp, "v", vc, 3, T, Hkv, Dh));
-    if (pkv) M3_TRY(kvp_write(g, cache, d_pos, T, kc, kf, vc, !w->sparse || reuse_l));
 
     if (w->sparse) {
         const int G = c->index_n_heads, Di = c->index_head_dim;
         const int NB = (n_ctx + ip.block - 1) / ip.block;
         const bool reuse = cache->reuse_topk;
-        TS *iq, *ikc = (TS *)cache->index_k + (size_t)n0 * Di;
-        M3_TRY(m3_gpu_alloc(g, (void **)&iq, t_ * G * Di * sizeof(TS)));
-        /* a reusing layer computes the projections (as ref: the packed GEMM runs) but never
-         * inserts into its index cache: its key projection goes to a temporary */
-        if (reuse) M3_TRY(m3_gpu_alloc(g, (void **)&ikc, t_ * Di * sizeof(TS)));
-        M3_TRY(proj(g, iq, xn, w->iq, w->iq_s, pq, T, G * Di, D, p));
-        M3_TRY(proj(g, ikc, xn, w->ik, w->ik_s, pq, T, Di, D, p));
-        M3_TRY(tap_dev(tp, "index_q_proj", iq, 2, T, G * Di, 0));
+        if (!idx_first) {
+            M3_TRY(proj(g, iq, xn, w->iq, w->iq_s, pq, T, G * Di, D, p));
+            M3_TRY(proj(g, ikc, xn, w->ik, w->ik_s, pq, T, Di, D, p));
+        }
+        M3_TRY(tap_dev(tp, "index_q_proj", iq, 2, T, G * Di, 0)); /* no-ops when idx_first */
         M3_TRY(tap_dev(tp, "index_k_proj", ikc, 2, T, Di, 0));
         int W = m3_indexer_width(n_ctx, &ip, p);
         int32_t *topk = NULL;
         float *scores = NULL;
         if (!reuse) {
-            M3_TRY(rope(g, iq, G * Di, d_pos, T, G, Di, w->iq_norm, eps, R, theta, p));
-            M3_TRY(rope(g, ikc, Di, d_pos, T, 1, Di, w->ik_norm, eps, R, theta, p));
+            if (!idx_first) /* the indexer's parts alone (and the fp8 index cache) */
+                M3_TRY(attn_input(g, cache, w, c, (TS *)NULL, (TS *)NULL, (const TS *)NULL, iq,
+                                  ikc, n0, d_pos, T, p, false));
             M3_TRY(tap_dev(tp, "index_q", iq, 3, T, G, Di));
             M3_TRY(tap_dev(tp, "index_k", ikc, 2, T, Di, 0));
             int *ties;
@@ -1360,7 +1461,6 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
             M3_TRY(m3_gpu_alloc(g, (void **)&scores, (size_t)G * t_ * NB * sizeof(float)));
             M3_TRY(m3_gpu_alloc(g, (void **)&ties, sizeof(int)));
             M3_TRY(m3_gpu_memset(g, ties, 0, sizeof(int)));
-            if (cache->ik8) M3_TRY(ix8_write(g, cache, n0, T, ikc, Di));
             /* paged caches: keys read back through the index cache; the prefill's query cast
              * to fp8 when the variant says so (ref §3.8, §9.9) */
             const bool q8 = cache->paged && T > 1 && cache->variant &&

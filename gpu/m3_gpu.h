@@ -306,6 +306,13 @@ typedef struct m3_gpu_kv_cache {
     void *index_k;        /* device, NULL = none: the index cache [slots, Di] (§4.5), bf16 or
                              fp8 at unit scale: byte = cvt(f32(bf16(k))) (§4.8) */
     bool index_fp8;
+    /* ref's paged storage of one layer (any m3_kv_geom, either view; gpu/kv_paged.h), used
+     * instead of page / k / v / k_scale / v_scale / kind / fp8: K and V go to paged->k / v
+     * (bf16 or fp8 elements of paged->g) at slot(pos[t]) through paged->bt. Only
+     * m3_gpu_qk_norm_rope_cache (it has the positions). NULL: the fields above.
+     * With paged set or d_slots NULL, the index cache (index_k) takes rows index_row0 + t. */
+    const m3_gpu_attn_paged_src *paged;
+    int64_t index_row0;
 } m3_gpu_kv_cache;
 m3_status m3_gpu_kv_cache_write(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k,
                                 int ld_k, const m3_bf16 *d_v, int ld_v, const int64_t *d_slots,
@@ -332,12 +339,15 @@ typedef struct m3_gpu_qkv {
     const m3_bf16 *q_norm, *k_norm, *index_q_norm, *index_k_norm; /* device [Dh], [Dh], [Di], [Di] */
 } m3_gpu_qkv;
 /* c NULL: no cache write (only the in-place norm + rope). slots [T] int64 (negative:
- * padding, no cache write for that token); needed when c is given. pos [T] (rope positions);
- * may be NULL when no part is roped. c->page 128 / 16 / 0 need Dh % x == 0 (x = 8 bf16, 16
- * fp8), Di % 8 == 0 for the index cache; c->index_k needs x->index_k. k and v come together
- * or not at all: a call with only the indexer's parts (index_q, index_k) may write the index
- * cache alone, so a layer can keep ref's stage order (q, k, v taps before the indexer's
- * projections) with two launches. docs/gpu.md shows the call a layer would make. */
+ * padding, no cache write for that token); needed for K/V writes unless c->paged (slots
+ * through its block table) and read for the index cache unless NULL (then rows
+ * c->index_row0 + t). pos [T] (rope positions); may be NULL when no part is roped and c is
+ * not paged. c->page 128 / 16 / 0 need Dh % x == 0 (x = 8 bf16, 16 fp8); c->paged takes any
+ * geometry of bf16 / fp8 elements; c->index_k needs x->index_k (any Di). K and V are written
+ * when c has K/V storage (paged, or c->k) and the call has k and v (both needed); a call
+ * with only the indexer's parts, or a cache with only index_k, writes the index cache alone,
+ * so a layer can keep ref's stage order (q, k, v taps before the indexer's projections) with
+ * two launches. gpu/layer.hip's attn_input makes the layer's call (docs/gpu.md). */
 m3_status m3_gpu_qk_norm_rope_cache(m3_gpu *g, const m3_gpu_qkv *x, const m3_gpu_kv_cache *c,
                                     const int64_t *d_slots, const int32_t *d_pos, int n_tok,
                                     float eps, int rot_dim, float theta, const m3_profile *p);

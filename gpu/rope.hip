@@ -38,15 +38,14 @@
  *   after each sum (hf); ONCE one rounding of every dim at the end (atom; a bf16 store).
  *   Columns outside a part's heads are never touched (row pitches let the parts be slices
  *   of one packed qkv row).
- * Tuning knobs read at launch (measurement only; the defaults are the best measured on the
- *   H200, docs/gpu.md): M3_QKV_ROWS=128|256 rows (threads) per block; M3_QKV_PIPE=0|1
- *   prefetch of the next tile (default: on unless fp8 K codes are staged); M3_QKV_BUDGET=KiB
- *   of shared memory a block aims for; M3_QKV_MINBLK=n blocks per SM below which a small pass
- *   gets fewer tokens per tile; M3_QKV_CST=0|1 the cos/sin table; M3_QKV_HWCVT=0 the software
- *   e4m3 conversion; M3_QKV_DBG=1|2|4 skips the row work / cache writes / write-back (timing
- *   breakdowns only: the results are then wrong). */
+ * Launch shape (the best of the variants measured on the H200, docs/gpu.md): 256 threads
+ *   (rows) per block, 128 for the bf16 K/V writer (no normed part, no fp8); the next tile
+ *   prefetched except in passes with staged fp8 K; tiles sized for 110 KiB of shared memory
+ *   per block with the prefetch (two buffers), 80 KiB without; passes too small for 4 blocks
+ *   per SM get fewer tokens per tile; the cos/sin table from 256 tokens on. */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
+#include "gpu/kv_paged.h"
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 
@@ -111,12 +110,20 @@ typedef struct {
     int kind, ovf, k_src;
     void *kc, *vc, *ic;
     float *ks, *vs;
+    /* ref's paged storage outside the page-128 / 16 layouts (m3_gpu_kv_cache.paged): K / V
+     * element by element through gpu/kv_paged.h; slots from the block table (bt) and pos, the
+     * index cache at rows irow0 + t */
+    bool geo;
+    m3_kv_geom geom;
+    m3_kv_view view;
+    const int32_t *bt;
+    int bt_block;
+    int64_t irow0;
     /* grid */
     int nblk;    /* tiles */
     int buf;     /* bytes of one input buffer */
     int common;  /* offset of the common region */
     bool pipe;   /* prefetch the next tile (cp.async) */
-    int dbg;     /* timing only: 1 skips the row work, 2 the cache writes, 4 the write-back */
 } qkv_args;
 
 /* Shared-memory layout of one tile (host and device agree through this function): a buffer
@@ -159,11 +166,19 @@ static __device__ __forceinline__ float rnd(bool on, float x) {
 }
 /* ref/kvcache.c amax_of: |x| maximum, a NaN poisons it (and stays) */
 static __device__ __forceinline__ float amax_step(float a, float x) {
-    const float v = fabsf(x);
-    return (v > a || v != v) ? v : a;
+    /* a >= 0: |x| is x's bits & 0x7FFFFFFF, and non-negative floats (NaN above inf) order as
+     * their bits. A NaN's payload may differ from ref's last NaN, but the scale's division
+     * returns the canonical NaN for any. */
+    return m3_bits_f32(max(m3_f32_bits(a), m3_f32_bits(x) & 0x7FFFFFFFu));
 }
 static __device__ __forceinline__ float fp8_scale(float amax, float fp8_max) {
     return amax == 0.0f ? 1.0f : __fdiv_rn(amax, fp8_max);
+}
+/* the software conversion out of line: the kernel inlines cvt8x2 in many places, and the
+ * inlined m3_f32_to_fp8 (never run when hw) would bloat the hot loops */
+static __device__ __noinline__ uint32_t cvt8x2_sw(float v0, float v1, int kind, int ovf) {
+    return (uint32_t)m3_f32_to_fp8(v0, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) |
+           ((uint32_t)m3_f32_to_fp8(v1, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) << 8);
 }
 /* Two fp8 codes (lo = v0, hi = v1) of m3_f32_to_fp8(v, kind, ovf). hw: the sm_89+ instruction
  * (e4m3fn, satfinite = saturate, RNE); a NaN gets ref's code (sign | 0x7F). */
@@ -180,8 +195,7 @@ static __device__ __forceinline__ uint32_t cvt8x2(float v0, float v1, int kind, 
 #else
     (void)hw;
 #endif
-    return (uint32_t)m3_f32_to_fp8(v0, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) |
-           ((uint32_t)m3_f32_to_fp8(v1, (m3_fp8_kind)kind, (m3_fp8_overflow)ovf) << 8);
+    return cvt8x2_sw(v0, v1, kind, ovf);
 }
 
 /* 16 fp8 codes of v[16] / s (an fp32 division each, as ref) */
@@ -237,6 +251,7 @@ static __device__ __forceinline__ uint64_t ballot64(bool p) {
 
 /* fp8 scale offset of slot s, head h (spec §4.2/§4.3: [.., Hkv, P]) */
 static __device__ __forceinline__ int64_t s_off(const qkv_args &a, int64_t slot, int Hkv, int h) {
+    if (a.geo) return m3_dkv_off_scale(a.geom, a.view, slot, h);
     const int64_t b = slot >> a.lpage, t = slot & (a.page - 1);
     return (b * Hkv + h) * a.page + t;
 }
@@ -367,12 +382,23 @@ template <typename TS, bool FAST>
 static __device__ __forceinline__ float row_amax(const TS *e, int dim) {
     float am = 0.0f;
     if (FAST && sizeof(TS) == 2) {
+        /* |x| of a bf16 is its bits & 0x7FFF, and for non-negative floats (inf and NaN
+         * included: NaN bits are above inf's) the float order is the integer order: an
+         * integer max over both halves of each word. A NaN gives a NaN amax (any payload:
+         * the scale's division returns the canonical NaN either way, as amax_step's NaN). */
+        uint32_t lo = 0, hi = 0;
+#pragma unroll 4
         for (int d0 = 0; d0 < dim; d0 += 8) {
-            float x[8];
-            m3_vec<m3_bf16>::load(reinterpret_cast<const m3_bf16 *>(e), d0, x);
+            const uint4 u = *reinterpret_cast<const uint4 *>(e + d0);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-            for (int k = 0; k < 8; k++) am = amax_step(am, x[k]);
+            for (int k = 0; k < 4; k++) {
+                lo = max(lo, w[k] & 0x7FFFu);
+                hi = max(hi, w[k] & 0x7FFF0000u);
+            }
         }
+        lo = max(lo << 16, hi);
+        am = m3_bits_f32(lo);
     } else {
         for (int d = 0; d < dim; d++) am = amax_step(am, ldf(e, d));
     }
@@ -439,7 +465,10 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         unsigned char *rows = buf + L.rows;
         const bool cache = g.cache != SEG_NONE, roped = g.w != NULL && a.half > 0;
         for (int i = tid; i < tbk; i += nth) {
-            if (cache) {
+            if (cache && (a.bt || !a.slots)) { /* slot(p) through the block table (§4.1);
+                                                 * index rows irow0 + t */
+                sslot[i] = g.cache == SEG_IDX ? a.irow0 + t0 + i : m3_dkv_slot(a.bt, a.bt_block, a.pos[t0 + i]);
+            } else if (cache) {
                 if (pipe) cp_async<8>(sslot + i, a.slots + t0 + i);
                 else sslot[i] = a.slots[t0 + i];
             }
@@ -455,7 +484,9 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                 const int n = tbk * (w / 4);
                 for (int i = tid; i < n; i += nth) {
                     const int tl = i / (w / 4), q = i - tl * (w / 4);
-                    cp_async<16>(cs + tl * L.cp + 4 * q, a.cst + (int64_t)(t0 + tl) * w + 4 * q);
+                    if (pipe) cp_async<16>(cs + tl * L.cp + 4 * q, a.cst + (int64_t)(t0 + tl) * w + 4 * q);
+                    else *reinterpret_cast<float4 *>(cs + tl * L.cp + 4 * q) =
+                        *reinterpret_cast<const float4 *>(a.cst + (int64_t)(t0 + tl) * w + 4 * q);
                 }
             } else {
                 for (int i = tid; i < tbk * w; i += nth) {
@@ -542,7 +573,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         __syncthreads();
 
         /* 2. one thread per row */
-        for (int r = tid; r < nrow && !(a.dbg & 1); r += nth) {
+        for (int r = tid; r < nrow; r += nth) {
             const int h = qdiv(r, r_tbk), tl = r - h * tbk;
             TS *e = reinterpret_cast<TS *>(rows + (size_t)r * L.pitch);
             const int64_t slot = sslot[tl];
@@ -594,7 +625,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
             }
         }
         /* warp 0: the V groups: runs of slot-consecutive tokens inside one x-aligned window */
-        if (g.cache == SEG_V && a.page != 0 && tid < M3_WARP) {
+        if (g.cache == SEG_V && a.page != 0 && !a.geo && tid < M3_WARP) {
             int run = 0;
             for (int base = 0; base < tbk; base += M3_WARP) {
                 const int tl = base + tid;
@@ -620,7 +651,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         __syncthreads();
 
         /* 3a. normed rows back in place (token-major, coalesced) */
-        if (normed && !(a.dbg & 4)) {
+        if (normed) {
             TS *xg = (TS *)g.x;
             if (a.vec) {
                 const int nch = dim / VN, per_tok = nh * nch, n = tbk * per_tok;
@@ -639,9 +670,21 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                 }
             }
         }
-        if (!cache || sizeof(TS) != 2 || (a.dbg & 2)) return;
+        if (!cache || sizeof(TS) != 2) return;
 
         /* 3b. cache writes (bf16 rows only) */
+        if (g.cache == SEG_IDX && dim % 8 != 0) { /* [slot, Di] element by element */
+            for (int i = tid; i < tbk * dim; i += nth) {
+                const int tl = i / dim, d = i - tl * dim;
+                const int64_t slot = sslot[tl];
+                if (slot < 0) continue;
+                const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + (size_t)tl * L.pitch)[d];
+                if (!a.ifp8) ((m3_bf16 *)a.ic)[slot * dim + d] = bv;
+                else ((uint8_t *)a.ic)[slot * dim + d] =
+                    (uint8_t)cvt8x2(m3_bf16_to_f32(bv), 0.0f, a.kind, a.ovf, a.hwcvt);
+            }
+            return;
+        }
         if (g.cache == SEG_IDX) { /* [slot, Di]: 8 dims a chunk (16 bytes bf16, 8 fp8) */
             const int nch = dim / 8, n = tbk * nch;
             for (int i = tid; i < n; i += nth) {
@@ -669,6 +712,22 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
             return;
         }
         const int Hkv = nh, Dh = dim;
+        if (a.geo) { /* any geometry: element by element, lanes over a row's dims */
+            void *dst = g.cache == SEG_K ? a.kc : a.vc;
+            for (int i = tid; i < nrow * Dh; i += nth) {
+                const int r = i / Dh, d = i - r * Dh, h = r / tbk, tl = r - h * tbk;
+                const int64_t slot = sslot[tl];
+                if (slot < 0) continue;
+                const int64_t off = g.cache == SEG_K ? m3_dkv_off_k(a.geom, a.view, slot, h, d)
+                                                     : m3_dkv_off_v(a.geom, a.view, slot, h, d);
+                const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + (size_t)r * L.pitch)[d];
+                if (!a.fp8) ((m3_bf16 *)dst)[off] = bv;
+                else if (g.stage) ((uint8_t *)dst)[off] = stg[(size_t)r * L.spitch + d];
+                else ((uint8_t *)dst)[off] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f,
+                                                             a.kind, a.ovf, a.hwcvt);
+            }
+            return;
+        }
         if (g.cache == SEG_K || a.page == 0) {
             /* K (and plain-row V): x dims = one 16-byte chunk; lanes over consecutive tokens */
             void *dst = g.cache == SEG_K ? a.kc : a.vc;
@@ -796,9 +855,9 @@ typedef struct {
     int cache;        /* SEG_* */
 } part;
 
-static int env_int(const char *name, int dflt) {
-    const char *s = getenv(name);
-    return s && *s ? atoi(s) : dflt;
+/* fp8 elements in the cache (paged: the geometry's) */
+static bool cache_fp8(const m3_gpu_kv_cache *c) {
+    return c->paged ? c->paged->g.elem == M3_KV_FP8 : c->fp8;
 }
 
 template <typename TS>
@@ -813,8 +872,12 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     qkv_args a;
     memset(&a, 0, sizeof a);
     const int VN = 16 / (int)sizeof(TS), es = (int)sizeof(TS);
-    int nt = env_int("M3_QKV_ROWS", 256);
-    nt = nt <= 128 ? 128 : 256;
+    /* 256 rows per block; 128 for the bf16 K/V writer (no normed part: 47% of copy against
+     * 34% at T=4096, the same at 32K); normed passes lose 1-9 points with 128, the fp8 writer
+     * ~15% */
+    bool any_normed = false;
+    for (int i = 0; i < n_parts; i++) any_normed = any_normed || (parts[i].x && parts[i].w);
+    const int nt = any_normed || (c && cache_fp8(c)) ? 256 : 128;
     bool vec = true, roped = false, fast = true;
     for (int i = 0; i < n_parts; i++) {
         const part &q = parts[i];
@@ -829,7 +892,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         if (q.w) {
             M3_ASSERTF(rot_dim <= q.dim, "R=%d > head dim %d", rot_dim, q.dim);
             roped = true;
-            s.stage = q.cache == SEG_K && c && c->fp8 && c->k_src != M3_GPU_KQ_STORED;
+            s.stage = q.cache == SEG_K && c && cache_fp8(c) && c->k_src != M3_GPU_KQ_STORED;
         }
         fast = fast && q.dim == 128;
         vec = vec && q.dim % VN == 0 && q.ld % VN == 0 && m3_aligned16(q.x);
@@ -845,13 +908,32 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     a.cs_bf16 = p->rope_cs_bf16;
     if (half > 0) rope_inv_freq(a.inv.inv, rot_dim, theta, p->rope_inv);
     if (c) {
-        M3_ASSERT(d_slots);
+        a.irow0 = c->index_row0;
         a.page = c->page, a.fp8 = c->fp8, a.fp8_max = c->fp8_max, a.kind = (int)c->kind;
         a.ovf = (int)c->ovf, a.k_src = (int)c->k_src, a.kc = c->k, a.vc = c->v, a.ks = c->k_scale;
         a.vs = c->v_scale, a.ic = c->index_k, a.ifp8 = c->index_fp8;
-        a.lpage = c->page == 128 ? 7 : c->page == 16 ? 4 : 0;
-        a.hwcvt = c->kind == M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE &&
-                  env_int("M3_QKV_HWCVT", 1) != 0;
+        if (c->paged) { /* ref's storage: the page-128 / 16 paths where its layout is theirs */
+            const m3_gpu_attn_paged_src *ps = c->paged;
+            const m3_kv_geom &kg = ps->g;
+            a.fp8 = kg.elem == M3_KV_FP8, a.kind = (int)kg.fp8_kind;
+            a.kc = (void *)ps->k, a.vc = (void *)ps->v;
+            a.ks = (float *)ps->k_scale, a.vs = (float *)ps->v_scale;
+            a.bt = ps->bt, a.bt_block = kg.block;
+            const int x = a.fp8 ? 16 : 8;
+            const bool blk = ps->view == M3_KV_VIEW_BLOCK;
+            const bool fit = kg.head_dim % x == 0 &&
+                             ((blk && kg.block == 128 && kg.v_stride == kg.v_block_dense) ||
+                              (!blk && kg.page == 16 && kg.block % 16 == 0 &&
+                               kg.v_stride == (int64_t)(kg.block / 16) * kg.v_page));
+            if (fit) {
+                a.page = blk ? 128 : 16;
+            } else {
+                a.geo = true, a.geom = kg, a.view = ps->view;
+                a.page = 1; /* not plain rows */
+            }
+        }
+        a.lpage = a.page == 128 ? 7 : a.page == 16 ? 4 : 0;
+        a.hwcvt = a.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
     }
 #if defined(M3_HIP_NVIDIA)
     {   /* auto: prefetch, except passes with staged fp8 K (their tiles cost several times the
@@ -860,13 +942,11 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
          * 38% with the prefetch; docs/gpu.md) */
         bool staged = false;
         for (int s = 0; s < a.nseg; s++) staged = staged || a.seg[s].stage;
-        const int pe = env_int("M3_QKV_PIPE", -1);
-        a.pipe = pe < 0 ? !staged : pe != 0;
+        a.pipe = !staged;
     }
 #endif
-    a.dbg = env_int("M3_QKV_DBG", 0);
     const int nbuf = a.pipe ? 2 : 1;
-    const int budget = env_int("M3_QKV_BUDGET", a.pipe ? 110 : 80) * 1024;
+    const int budget = (a.pipe ? 110 : 80) * 1024;
     /* tokens per tile: as many as the rows allow (V: a multiple of 16, whole x-groups),
      * fewer while the block's shared memory is over budget */
     for (int s = 0; s < a.nseg; s++) {
@@ -882,7 +962,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     }
     /* small passes: fewer tokens per block until the grid has min_blk blocks per SM (one
      * block per SM cannot keep enough bytes in flight); V keeps whole 16-token groups */
-    const int min_blk = env_int("M3_QKV_MINBLK", 4) * (g->n_sm > 0 ? g->n_sm : 132);
+    const int min_blk = 4 * (g->n_sm > 0 ? g->n_sm : 132);
     for (;;) {
         int nblk = 0, big = -1;
         for (int s = 0; s < a.nseg; s++) {
@@ -931,9 +1011,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     /* cos/sin once per token (a table launch) when the pass has enough tokens; small passes
      * (decode) evaluate them per tile and save the launch */
     const size_t mark = m3_gpu_mark(g);
-    const int cst = env_int("M3_QKV_CST", -1);
     const size_t tab_bytes = (size_t)n_tok * 2 * half * sizeof(float);
-    if (half > 0 && (cst > 0 || (cst < 0 && n_tok >= 256)) &&
+    if (half > 0 && n_tok >= 256 &&
         g->arena_top + tab_bytes + 256 <= g->arena_cap) { /* else: per tile, as small passes */
         float *tab;
         M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
@@ -951,8 +1030,22 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
 }
 
 /* Cache contract shared with gpu/kvcache.hip's m3_gpu_kv_cache_write. */
-static m3_status check_cache(const m3_gpu_kv_cache *c, int head_dim, int index_dim, bool has_ik,
+static m3_status check_cache(const m3_gpu_kv_cache *c, int n_kv_head, int head_dim, bool has_ik,
                              bool has_kv) {
+    if (c->index_k && !has_ik)
+        return m3_errorf(M3_ERR_ARG, "gpu kv cache write: index cache needs index_k rows");
+    if (c->paged) {
+        const m3_gpu_attn_paged_src *ps = c->paged;
+        if (has_kv && (ps->g.elem == M3_KV_F32 || ps->g.n_kv != n_kv_head || ps->g.head_dim != head_dim))
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: paged storage of %s elements, "
+                             "Hkv %d, Dh %d for rows of Hkv %d, Dh %d (needs bf16 / fp8 and the "
+                             "same heads)", ps->g.elem == M3_KV_F32 ? "fp32" : "bf16/fp8",
+                             ps->g.n_kv, ps->g.head_dim, n_kv_head, head_dim);
+        if (has_kv && ps->g.elem == M3_KV_FP8 && (!ps->k_scale || !ps->v_scale || !(c->fp8_max > 0.0f)))
+            return m3_errorf(M3_ERR_ARG, "gpu kv cache write: fp8 paged storage needs scales and fp8_max");
+        M3_ASSERT(ps->bt && (!has_kv || (ps->k && ps->v)));
+        return M3_OK;
+    }
     const int x = c->fp8 ? 16 : 8;
     if ((c->page != 128 && c->page != 16 && c->page != 0) || (has_kv && head_dim % x))
         return m3_errorf(M3_ERR_UNSUPPORTED,
@@ -961,9 +1054,6 @@ static m3_status check_cache(const m3_gpu_kv_cache *c, int head_dim, int index_d
     if (has_kv && c->fp8 && (c->page == 0 || !c->k_scale || !c->v_scale || !(c->fp8_max > 0.0f)))
         return m3_errorf(M3_ERR_ARG, "gpu kv cache write: fp8 cache needs page 128 or 16, "
                          "scales and fp8_max");
-    if (c->index_k && (!has_ik || index_dim % 8))
-        return m3_errorf(M3_ERR_ARG, "gpu kv cache write: index cache needs index_k rows with "
-                         "index_dim %% 8 == 0 (%d)", index_dim);
     M3_ASSERT(!has_kv || (c->k && c->v));
     return M3_OK;
 }
@@ -977,19 +1067,26 @@ extern "C" m3_status m3_gpu_qk_norm_rope_cache(m3_gpu *g, const m3_gpu_qkv *x,
         return m3_errorf(M3_ERR_UNSUPPORTED,
                          "gpu qk_norm_rope_cache: profile %s keeps fp32 q/k (bf16 storage only)",
                          p->name);
-    if (c) { /* K and V together, or (a second call for the indexer's parts) neither */
-        if (!x->k != !x->v || (!x->k && !c->index_k))
+    /* K and V written when the cache has K/V storage and the call has rows for it; without
+     * (a second call for the indexer's parts, or a cache of index keys only) k is only normed */
+    const bool kvw = c && (c->paged || c->k) && (x->k || x->v);
+    if (c) {
+        if ((kvw && (!x->k || !x->v)) || (!kvw && !c->index_k))
             return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: a cache write needs k and v "
                              "(or neither, and an index cache)");
-        M3_TRY(check_cache(c, x->head_dim, x->index_dim, x->index_k != NULL, x->k != NULL));
-        if (c->fp8 && c->k_src != M3_GPU_KQ_STORED && !x->k_norm)
+        M3_TRY(check_cache(c, x->n_kv_head, x->head_dim, x->index_k != NULL, kvw));
+        if (c->paged && !d_pos)
+            return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: a paged cache needs the positions");
+        if (kvw && !c->paged && !d_slots)
+            return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: K/V writes need slots (or paged)");
+        if (kvw && cache_fp8(c) && c->k_src != M3_GPU_KQ_STORED && !x->k_norm)
             return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: fp8 K from the fp32 k needs "
                              "the k norm (no fp32 k exists otherwise)");
     }
     const part parts[] = {
         {x->q, x->ld_q, x->n_head, x->head_dim, x->q_norm, SEG_NONE},
-        {x->k, x->ld_k, x->n_kv_head, x->head_dim, x->k_norm, c ? SEG_K : SEG_NONE},
-        {(void *)x->v, x->ld_v, x->n_kv_head, x->head_dim, NULL, c ? SEG_V : SEG_NONE},
+        {x->k, x->ld_k, x->n_kv_head, x->head_dim, x->k_norm, kvw ? SEG_K : SEG_NONE},
+        {(void *)x->v, x->ld_v, x->n_kv_head, x->head_dim, NULL, kvw ? SEG_V : SEG_NONE},
         {x->index_q, x->ld_iq, x->n_index_head, x->index_dim, x->index_q_norm, SEG_NONE},
         {x->index_k, x->ld_ik, 1, x->index_dim, x->index_k_norm,
          c && c->index_k ? SEG_IDX : SEG_NONE},
@@ -1023,7 +1120,10 @@ extern "C" m3_status m3_gpu_qk_norm_rope_f32(m3_gpu *g, float *d_x, int ld, cons
 m3_status m3_gpu_kv_write_rows_(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k, int ld_k,
                                 const m3_bf16 *d_v, int ld_v, const int64_t *d_slots, int n_tok,
                                 int n_kv_head, int head_dim) {
-    M3_TRY(check_cache(c, head_dim, 0, false, true));
+    if (c->paged)
+        return m3_errorf(M3_ERR_ARG, "gpu kv_cache_write: paged storage needs the positions "
+                         "(m3_gpu_qk_norm_rope_cache)");
+    M3_TRY(check_cache(c, n_kv_head, head_dim, false, true));
     if (c->fp8 && c->k_src != M3_GPU_KQ_STORED)
         return m3_errorf(M3_ERR_ARG, "gpu kv_cache_write: only the stored k can be quantized "
                          "here (the fp32 k exists only in m3_gpu_qk_norm_rope_cache)");

@@ -1099,6 +1099,73 @@ static void cli_variants(void **state) {
         }
 }
 
+/* ---- the attention-input step without taps --------------------------------------------
+ * gpu/layer.hip makes ONE m3_gpu_qk_norm_rope_cache launch per layer when no tap needs ref's
+ * stage order (the indexer's projections run first), and two when taps are on (every dump
+ * test above). Both must give the same bytes: the last-token logits of every pass of a run
+ * without hooks equal those of the tapped run bit for bit, and so do the greedy tokens (hf
+ * contiguous caches; atom with paged fp8 KV, the fp8 index cache and top-k reuse, bf16
+ * storage: the fused kernel's paged path through ref's tiny geometry). */
+static m3_status null_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt) {
+    (void)ctx, (void)key, (void)t, (void)dt;
+    return M3_OK;
+}
+
+static void untapped_case(m3_gpu *g, const char *fx, const char *profile, const char *spec,
+                          int n_gen) {
+    m3_variant v;
+    if (spec) variant_from(&v, spec);
+    int n;
+    int32_t *tok = prompt(fx, &n);
+    model r;
+    model_open_v(&r, g, false, fx, profile, NULL, spec ? &v : NULL);
+    const int V = m3_model_config(r.ref)->vocab;
+    model_close(&r);
+    /* one model at a time (the models share the context's arena): the tapped run's logits
+     * of every pass first, then the untapped run against them */
+    float *la = malloc((size_t)V * (n_gen + 1) * sizeof *la), *lb = malloc((size_t)V * sizeof *lb);
+    int32_t *na = malloc((size_t)(n_gen + 1) * sizeof *na);
+    assert_non_null(la);
+    assert_non_null(lb);
+    assert_non_null(na);
+    const m3_hooks hk = {.tap = null_tap};
+    for (int run = 0; run < 2; run++) {
+        model m;
+        model_open_v(&m, g, true, fx, profile, NULL, spec ? &v : NULL);
+        GPU_OK(m3_gpu_model_reserve(m.gm, n + n_gen));
+        int32_t cur = -1, nb = -1;
+        for (int pass = 0; pass <= n_gen; pass++) {
+            const int32_t *t = pass == 0 ? tok : &cur;
+            const int T = pass == 0 ? n : 1;
+            if (run == 0) {
+                GPU_OK(m3_gpu_model_forward(m.gm, t, NULL, T, &hk, "", la + (size_t)pass * V, &na[pass]));
+                cur = na[pass];
+                continue;
+            }
+            GPU_OK(m3_gpu_model_forward(m.gm, t, NULL, T, NULL, NULL, lb, &nb));
+            size_t bad = 0;
+            for (int i = 0; i < V; i++) bad += memcmp(&la[(size_t)pass * V + i], &lb[i], sizeof *lb) != 0;
+            printf("  %s %s%s%s pass %d: %zu of %d logits differ (untapped vs tapped), next %d / %d\n",
+                   fx, profile, spec ? " " : "", spec ? spec : "", pass, bad, V, nb, na[pass]);
+            if (bad || nb != na[pass])
+                m3_test_failf("%s %s %s pass %d: the untapped run differs from the tapped one", fx,
+                              profile, spec ? spec : "", pass);
+            cur = na[pass];
+        }
+        model_close(&m);
+    }
+    free(la), free(lb), free(na), free(tok);
+}
+
+static void model_untapped_same(void **state) {
+    m3_gpu *g = need_gpu(state);
+    if (harness_ref) skip();
+    for (int f = 0; f < N_FIX; f++) {
+        untapped_case(g, fixtures[f], "hf", NULL, 2);
+        untapped_case(g, fixtures[f], "atom", "cache_layout=paged kv_cache=fp8 index_cache=fp8 topk_reuse=2", 2);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(model_run_hf),
@@ -1129,6 +1196,7 @@ int main(void) {
         cmocka_unit_test(tiled_mxfp8_hf),
         cmocka_unit_test(tiled_mxfp4_hf),
         cmocka_unit_test(tiled_mxfp4_atom),
+        cmocka_unit_test(model_untapped_same),
     };
     cmocka_set_test_filter(getenv("M3_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);

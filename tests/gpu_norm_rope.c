@@ -297,11 +297,13 @@ typedef struct {
     const char *name;
 } fused_shape;
 typedef struct {
-    int page;  /* -1: no cache; 0 plain rows; 128; 16 */
+    int page;  /* -1: no cache; 0 plain rows; 128; 16; -2: ref's paged storage (below) */
     bool fp8, index, index_fp8;
     float fp8_max;
     m3_gpu_kq_src k_src;
     m3_fp8_overflow ovf;
+    int bs, pp;  /* page -2: m3_kv_geom block Bs and page P, */
+    bool pview;  /* the page-P view (else the page-Bs one) */
 } fused_cache;
 
 #define FUSED_FILL 0xEE
@@ -356,6 +358,17 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
     for (int d = 0; d < Dh; d++) x[(size_t)(T - 1) * ld + cv + d] *= 300.0f; /* a large v head */
     fill_w(&r, wq, Dh), fill_w(&r, wk, Dh), fill_w(&r, wiq, Di), fill_w(&r, wik, Di);
     const int n_slot = FUSED_BLOCKS * 128;
+    /* paged: consecutive positions from p0 through a shuffled block table (slot(p) of §4.1,
+     * computed by the kernel), the index cache at rows irow0 + t */
+    const bool paged = fc->page == -2;
+    const int Bs = paged ? fc->bs : 128, p0 = 5, irow0 = 3;
+    const int nblk = paged ? (p0 + T + Bs - 1) / Bs : FUSED_BLOCKS;
+    int32_t *bt = malloc((size_t)nblk * sizeof *bt);
+    for (int b = 0; b < nblk; b++) bt[b] = b;
+    for (int b = nblk - 1; b > 0; b--) {
+        const int j = (int)(m3_rng_u32(&r) % (uint32_t)(b + 1)), tmp = bt[b];
+        bt[b] = bt[j], bt[j] = tmp;
+    }
     for (int t = 0; t < T; t++) {
         pos[t] = (int32_t)(m3_rng_u32(&r) % 1048576u);
         /* runs of consecutive slots (as one sequence fills a block) at random places */
@@ -371,6 +384,9 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
         if (slots[t] == -2) slots[t] = -1;
     if (T > 2) slots[2] = -1; /* padding: normed, not written */
     pos[0] = 0;
+    if (paged)
+        for (int t = 0; t < T; t++)
+            pos[t] = p0 + t, slots[t] = (int64_t)bt[pos[t] / Bs] * Bs + pos[t] % Bs;
 
     /* device inputs: the packed rows (bf16), weights, positions, slots */
     m3_bf16 *d0 = gpu_upload_bf16(g, x, n, x); /* x now holds the bf16 values */
@@ -384,6 +400,9 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
     GPU_OK(m3_gpu_alloc(g, &dpos, T * sizeof *pos)); GPU_OK(m3_gpu_upload(g, dpos, pos, T * sizeof *pos));
     GPU_OK(m3_gpu_alloc(g, &dslots, T * sizeof *slots));
     GPU_OK(m3_gpu_upload(g, dslots, slots, T * sizeof *slots));
+    void *dbt;
+    GPU_OK(m3_gpu_alloc(g, &dbt, (size_t)nblk * sizeof *bt));
+    GPU_OK(m3_gpu_upload(g, dbt, bt, (size_t)nblk * sizeof *bt));
 
     /* the reference composition (ref/layer.c) */
     memcpy(ref, x, n * sizeof *x);
@@ -410,25 +429,34 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
     m3_kv_layer kl;
     m3_kv_geom kg;
     const m3_kv_elem el = fc->fp8 ? M3_KV_FP8 : M3_KV_BF16;
-    m3_kv_geom_init(&kg, Hkv, Dh, 128, fc->page == 16 ? 16 : 128, el, M3_FP8_E4M3FN);
-    m3_kv_layer_init(&kl, &kg, fc->page == 16 ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK,
-                     fc->index ? Di : 0, fc->index_fp8 ? M3_KV_FP8 : M3_KV_BF16);
-    GPU_OK(m3_kv_layer_reserve(&kl, FUSED_BLOCKS));
-    const size_t kb = (size_t)FUSED_BLOCKS * kg.k_block * kg.elem_bytes;
-    const size_t vb = (size_t)FUSED_BLOCKS * kg.v_stride * kg.elem_bytes;
-    const size_t sb = (size_t)FUSED_BLOCKS * Hkv * 128 * sizeof(float);
-    const size_t ib = (size_t)n_slot * Di * (fc->index_fp8 ? 1 : 2);
+    const bool pview = paged ? fc->pview : fc->page == 16;
+    m3_kv_geom_init(&kg, Hkv, Dh, Bs, paged ? fc->pp : fc->page == 16 ? 16 : 128, el, M3_FP8_E4M3FN);
+    m3_kv_layer_init(&kl, &kg, pview ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK, fc->index ? Di : 0,
+                     fc->index_fp8 ? M3_KV_FP8 : M3_KV_BF16);
+    GPU_OK(m3_kv_layer_reserve(&kl, nblk));
+    const size_t kb = (size_t)nblk * kg.k_block * kg.elem_bytes;
+    const size_t vb = (size_t)nblk * kg.v_stride * kg.elem_bytes;
+    const size_t sb = (size_t)nblk * Hkv * Bs * sizeof(float);
+    const size_t ib = (size_t)nblk * Bs * Di * (fc->index_fp8 ? 1 : 2);
     memset(kl.k, FUSED_FILL, kb), memset(kl.v, FUSED_FILL, vb);
     if (fc->fp8) memset(kl.k_scale, FUSED_FILL, sb), memset(kl.v_scale, FUSED_FILL, sb);
     if (fc->index) memset(kl.index_k, FUSED_FILL, ib);
     m3_gpu_kv_cache c;
     memset(&c, 0, sizeof c);
+    m3_gpu_attn_paged_src ps;
+    memset(&ps, 0, sizeof ps);
     if (cache) {
         c.page = fc->page, c.fp8 = fc->fp8, c.fp8_max = fc->fp8_max, c.kind = M3_FP8_E4M3FN;
         c.ovf = fc->ovf, c.k_src = fc->k_src;
         c.k = guard_fill(g, kb), c.v = guard_fill(g, vb);
         if (fc->fp8) c.k_scale = guard_fill(g, sb), c.v_scale = guard_fill(g, sb);
         if (fc->index) c.index_k = guard_fill(g, ib), c.index_fp8 = fc->index_fp8;
+        if (paged) { /* the same buffers as ref's storage; page / k / ... of c are not read */
+            ps.g = kg, ps.view = kl.view, ps.k = c.k, ps.v = c.v;
+            ps.k_scale = c.k_scale, ps.v_scale = c.v_scale, ps.bt = dbt, ps.n_logical = nblk;
+            c.paged = &ps, c.index_row0 = irow0;
+            c.page = 0, c.fp8 = !fc->fp8; /* ignored: the geometry decides */
+        }
         m3_kv_writer wr = {.fp8_max = fc->fp8_max, .ovf = fc->ovf};
         for (int t = 0; t < T; t++) {
             if (slots[t] < 0) continue;
@@ -447,7 +475,8 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
             } else {
                 m3_kv_write(&kl, slots[t], kval, kamax, vr, &wr);
             }
-            if (fc->index) m3_kv_index_write(&kl, slots[t], ref + (size_t)t * ld + cik, fc->ovf);
+            if (fc->index)
+                m3_kv_index_write(&kl, paged ? irow0 + t : slots[t], ref + (size_t)t * ld + cik, fc->ovf);
         }
     }
 
@@ -459,22 +488,25 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
     q.n_head = H, q.n_kv_head = Hkv, q.head_dim = Dh, q.n_index_head = G, q.index_dim = Di;
     q.q_norm = dwq, q.k_norm = dwk, q.index_q_norm = dwiq, q.index_k_norm = dwik;
     if (!split) {
-        GPU_OK(m3_gpu_qk_norm_rope_cache(g, &q, cache ? &c : NULL, cache ? dslots : NULL, dpos, T,
-                                         EPS, sh->R, theta, &p));
+        GPU_OK(m3_gpu_qk_norm_rope_cache(g, &q, cache ? &c : NULL, cache && !paged ? dslots : NULL,
+                                         dpos, T, EPS, sh->R, theta, &p));
     } else {
         m3_gpu_qkv q1 = q, q2 = q;
         m3_gpu_kv_cache c1 = c;
         q1.index_q = q1.index_k = NULL, c1.index_k = NULL;
         q2.q = q2.k = NULL, q2.v = NULL;
-        GPU_OK(m3_gpu_qk_norm_rope_cache(g, &q1, cache ? &c1 : NULL, cache ? dslots : NULL, dpos,
-                                         T, EPS, sh->R, theta, &p));
+        GPU_OK(m3_gpu_qk_norm_rope_cache(g, &q1, cache ? &c1 : NULL, cache && !paged ? dslots : NULL,
+                                         dpos, T, EPS, sh->R, theta, &p));
         GPU_OK(m3_gpu_qk_norm_rope_cache(g, &q2, cache && fc->index ? &c : NULL,
-                                         cache ? dslots : NULL, dpos, T, EPS, sh->R, theta, &p));
+                                         cache && !paged ? dslots : NULL, dpos, T, EPS, sh->R, theta, &p));
     }
     char what[200];
     const char *src = fc->k_src == M3_GPU_KQ_F32 ? "kf32" : fc->k_src ? "kbf16/amaxf32" : "kstored";
-    snprintf(what, sizeof what, "fused(%s,%s,T=%d,page=%d,%s%s,idx=%s%s)", p.name, sh->name, T,
-             fc->page, fc->fp8 ? "fp8 " : cache ? "bf16" : "none", fc->fp8 ? src : "",
+    char pg[48];
+    if (paged) snprintf(pg, sizeof pg, "paged Bs%d/P%d/%s", Bs, fc->pp, pview ? "pview" : "bview");
+    else snprintf(pg, sizeof pg, "page=%d", fc->page);
+    snprintf(what, sizeof what, "fused(%s,%s,T=%d,%s,%s%s,idx=%s%s)", p.name, sh->name, T,
+             pg, fc->fp8 ? "fp8 " : cache ? "bf16" : "none", fc->fp8 ? src : "",
              fc->index ? (fc->index_fp8 ? "fp8" : "bf16") : "-", split ? ",split" : "");
     gpu_download_bf16(g, got, dx, n);
     gpu_guard_check(g, dx, n * sizeof(m3_bf16), "fused rows");
@@ -500,32 +532,45 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
     }
     m3_kv_layer_free(&kl);
     free(x); free(ref); free(got); free(wq); free(wk); free(wiq); free(wik); free(pos);
-    free(slots); free(kf);
+    free(slots); free(kf); free(bt);
 }
 
 static void qk_norm_rope_cache_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const fused_shape shapes[] = {
         {33, 64, 4, 128, 4, 128, 64, 0, "M3"},  /* packed 9856-wide sparse-layer row */
+        {300, 64, 4, 128, 4, 128, 64, 0, "M3-300"}, /* >= 256 tokens: cos/sin table, many tiles */
         {1, 64, 4, 128, 0, 128, 64, 8, "M3-decode"},
         {5, 3, 3, 80, 2, 48, 40, 3, "odd"},    /* odd pitch: the element-wise path */
+        {7, 6, 3, 12, 3, 12, 6, 0, "tiny"},    /* the fixtures' heads (Di 12: index cache per element) */
     };
     /* page, fp8, index, index_fp8, fp8_max, k_src, ovf: the §4.7 writers */
     static const fused_cache caches[] = {
-        {-1, false, false, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
-        {0, false, true, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
-        {128, false, false, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
-        {16, false, true, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
-        {128, true, false, false, 240, M3_GPU_KQ_F32, M3_FP8_SATURATE},           /* dense */
-        {16, true, true, true, 448, M3_GPU_KQ_BF16_AMAX_F32, M3_FP8_SATURATE},   /* sparse */
-        {16, true, true, true, 240, M3_GPU_KQ_F32, M3_FP8_OVF_NAN},              /* reuse */
-        {128, true, true, true, 448, M3_GPU_KQ_STORED, M3_FP8_SATURATE},
+        {-1, false, false, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE, 0, 0, false},
+        {0, false, true, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE, 0, 0, false},
+        {128, false, false, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE, 0, 0, false},
+        {16, false, true, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE, 0, 0, false},
+        {128, true, false, false, 240, M3_GPU_KQ_F32, M3_FP8_SATURATE, 0, 0, false},           /* dense */
+        {16, true, true, true, 448, M3_GPU_KQ_BF16_AMAX_F32, M3_FP8_SATURATE, 0, 0, false},   /* sparse */
+        {16, true, true, true, 240, M3_GPU_KQ_F32, M3_FP8_OVF_NAN, 0, 0, false},              /* reuse */
+        {128, true, true, true, 448, M3_GPU_KQ_STORED, M3_FP8_SATURATE, 0, 0, false},
+        /* ref's paged storage through a block table: the fixtures' tiny geometry (element by
+         * element) and M3's (the page-128 / 16 paths) */
+        {-2, false, true, false, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE, 8, 1, false},
+        {-2, true, true, true, 240, M3_GPU_KQ_F32, M3_FP8_SATURATE, 8, 1, false},
+        {-2, true, true, true, 448, M3_GPU_KQ_BF16_AMAX_F32, M3_FP8_SATURATE, 8, 2, true},
+        {-2, true, false, false, 448, M3_GPU_KQ_STORED, M3_FP8_OVF_NAN, 8, 4, true},
+        {-2, false, true, true, 0, M3_GPU_KQ_STORED, M3_FP8_SATURATE, 128, 16, true},
+        {-2, true, true, true, 240, M3_GPU_KQ_F32, M3_FP8_SATURATE, 128, 16, false},
+        {-2, true, true, true, 448, M3_GPU_KQ_BF16_AMAX_F32, M3_FP8_SATURATE, 128, 16, true},
     };
     for (int prof = 1; prof < 3; prof++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (size_t k = 0; k < sizeof caches / sizeof caches[0]; k++) {
                 /* the fp32-k writers are atom's (qk_round ONCE) */
                 if (caches[k].fp8 && caches[k].k_src != M3_GPU_KQ_STORED && prof != 2) continue;
+                /* page 128 / 16 / 0 without ref's geometry need Dh % x == 0 (x = 16 fp8, 8 bf16) */
+                if (caches[k].page >= 0 && shapes[s].Dh % (caches[k].fp8 ? 16 : 8)) continue;
                 fused_case(g, &shapes[s], &caches[k], prof, false);
                 if (s == 0 && caches[k].index) fused_case(g, &shapes[s], &caches[k], prof, true);
             }
