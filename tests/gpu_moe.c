@@ -291,6 +291,21 @@ static const char *fmt_name(m3_gpu_wfmt f) {
     return f == M3_GPU_W_BF16 ? "bf16" : (f == M3_GPU_W_MXFP8 ? "mxfp8" : "mxfp4");
 }
 
+/* While nonzero (moe_experts_mxfp8_nan), weights_to plants e4m3fn NaN codes into MXFP8
+ * matrices of a case with D = g_nan_D: gate and up [E*F, D] get code 0x7F at row 5, column 9
+ * (expert 0's output 5: its tokens' whole y rows become NaN); down [E*D, F] gets 0xFF in
+ * row 7 + 13e, column 3e of every expert e (one NaN output of each expert's tokens). */
+static int g_nan_D;
+
+static void plant_nan(uint8_t *codes, int64_t rows, int cols, int64_t rb) {
+    if (cols == g_nan_D) {
+        codes[5 * rb + 9] = 0x7F;
+        return;
+    }
+    const int64_t E = rows / g_nan_D;
+    for (int64_t e = 0; e < E; e++) codes[(e * g_nan_D + 7 + 13 * e) * rb + (3 * e) % cols] = 0xFF;
+}
+
 /* Device copy of one matrix in format f, and the host values the reference must use
  * (written into ref_vals: bf16-rounded or MX-dequantized f32). */
 static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows, int cols,
@@ -309,6 +324,7 @@ static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows,
     assert_true(codes && sc);
     assert_true(rows <= INT32_MAX);
     m3_mx_quantize(codes, sc, src, (int)rows, cols, &mx);
+    if (g_nan_D && f == M3_GPU_W_MXFP8) plant_nan(codes, rows, cols, rb);
     m3_mx_dequantize(ref_vals, codes, sc, (int)rows, cols, &mx);
     void *dc, *ds;
     GPU_OK(m3_gpu_alloc(g, &dc, (size_t)(rows * rb)));
@@ -409,6 +425,12 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     char what[128];
     snprintf(what, sizeof what, "moe_experts %s(%s,T=%d,E=%d,K=%d,D=%d,F=%d,%s)", fmt_name(fmt),
              p.name, T, E, K, D, F, T * K <= 4 * E ? "gemv" : "tiles");
+    if (g_nan_D) { /* not vacuous: some outputs NaN, some finite (gpu_nmse: NaN where ref is) */
+        int64_t nn = 0;
+        for (int64_t i = 0; i < (int64_t)T * D; i++) nn += isnan(ref[i]) != 0;
+        printf("  %lld of %lld reference outputs NaN\n", (long long)nn, (long long)T * D);
+        assert_true(nn > 0 && nn < (int64_t)T * D);
+    }
     gpu_expect_nmse(ref, got, (int64_t)T * D, GPU_NMSE_BF16, what);
     m3_gpu_release(g, mark);
     free(rg); free(ru); free(rd); free(ex); free(x); free(ref); free(got); free(wts); free(ids);
@@ -451,6 +473,22 @@ static void moe_experts_one_busy_expert(void **state) {
     g_skew_expert0 = true;
     for (int f = 0; f < 3; f++) experts_case(g, &wm, 16, 2, (m3_gpu_wfmt)f, 2);
     g_skew_expert0 = false;
+    master_free(&wm);
+}
+
+/* e4m3fn NaN codes in MXFP8 experts (g_nan_D): decode (T = 1, 5, 13) and tiles (T = 40) give
+ * NaN exactly where ref does (a NaN code is NaN, never a finite value); the finite outputs
+ * under GPU_NMSE_BF16 as in moe_experts_small. Both profiles. */
+static void moe_experts_mxfp8_nan(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 8, 256, 192, 817);
+    g_nan_D = 256;
+    static const int Ts[] = {1, 5, 13, 40};
+    for (int prof = 1; prof < 3; prof++)
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+            experts_case(g, &wm, Ts[i], 2, M3_GPU_W_MXFP8, prof);
+    g_nan_D = 0;
     master_free(&wm);
 }
 
@@ -713,6 +751,7 @@ int main(void) {
         cmocka_unit_test(moe_experts_small),
         cmocka_unit_test(moe_experts_wide_scales),
         cmocka_unit_test(moe_experts_one_busy_expert),
+        cmocka_unit_test(moe_experts_mxfp8_nan),
         cmocka_unit_test(moe_experts_m3_dims),
         cmocka_unit_test(moe_experts_tile_variants),
         cmocka_unit_test(moe_experts_fp32_unsupported),
