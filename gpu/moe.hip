@@ -688,6 +688,17 @@ template <int S> struct tc_ring {
     static constexpr size_t bytes() { return (size_t)S * 2 * TC_THREADS * (16 + 4); }
 };
 
+/* Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
+ * the previous one still runs, and waits (griddepcontrol.wait) before it touches what that one
+ * writes; the previous one lets it start early with launch_dependents. No-ops elsewhere. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+static __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+static __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+#else
+static __device__ __forceinline__ void pdl_trigger() {}
+static __device__ __forceinline__ void pdl_wait() {}
+#endif
+
 /* the j-th set bit of m (j < popc(m)) */
 static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
     for (; j > 0; j--) m &= m - 1u;
@@ -1058,9 +1069,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         if (e >= 0 && e < E) vm |= 1u << k;
     }
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
+    if (MODE == 0) pdl_trigger(); /* the down kernel may start its weight loads */
     if (MODE == 0 && blockIdx.x == 0)
         for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
     if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
+        pdl_wait();
         if (blockIdx.x == 0)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
         return;
@@ -1107,6 +1120,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     };
 #pragma unroll
     for (int i = 0; i < S - 1; i++) issue(i);
+    /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
+     * call; a and the counters are MODE 0's) */
+    if (MODE == 1) pdl_wait();
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
     const int nx = MODE == 0 ? 1 : nv;
@@ -1208,7 +1224,7 @@ template <int WF, int WK, int S>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                         const m3_mx_params *mid) {
+                         const m3_mx_params *mid, bool pdl) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     const int sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
@@ -1227,9 +1243,28 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    dq1_k<WF, 1, WK, S><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
-        ye, d_y, cnt, D / (WR * 16), ab, d_ids, d_wts, E, K, w->down, NULL, w->down_s, NULL,
-        F, D, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
+    const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
+    if (pdl) { /* a dependent launch: its blocks start loading weights as gate/up blocks end */
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(grid2);
+        cfg.blockDim = dim3(TC_THREADS);
+        cfg.dynamicSmemBytes = sh2;
+        cfg.stream = g->stream;
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        M3_HIP_TRY(cudaLaunchKernelEx(&cfg, dq1_k<WF, 1, WK, S>, ye, d_y, cnt, D / (WR * 16),
+                                 (const m3_bf16 *)ab, d_ids, d_wts, E, K, (const void *)w->down,
+                                 (const void *)NULL, (const m3_e8m0 *)w->down_s,
+                                 (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
+                                 (bool)p->moe_bf16_combine));
+    } else {
+        dq1_k<WF, 1, WK, S><<<grid2, TC_THREADS, sh2, g->stream>>>(
+            ye, d_y, cnt, D / (WR * 16), ab, d_ids, d_wts, E, K, w->down, NULL, w->down_s, NULL,
+            F, D, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
+    }
     M3_LAUNCHED(g, "dq1_k down + combine");
     return M3_OK;
 }
@@ -2057,16 +2092,19 @@ static m3_status dq1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int
     if (s == M3_OK && aq[0]) s = m3_gpu_mx_qdq_bf16(g, xq, d_x, 1, D, &aq[0]->mx);
     if (xq) d_x = xq;
     const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
-#define DQ1(WK_, S_)                                                                                 \
-    (w->fmt == M3_GPU_W_MXFP8                                                                        \
-         ? dq1_run<M3_GPU_W_MXFP8, WK_, S_>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid) \
-         : dq1_run<M3_GPU_W_MXFP4, WK_, S_>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid))
+#define DQ1(WK_, S_, PDL_)                                                                              \
+    (w->fmt == M3_GPU_W_MXFP8                                                                           \
+         ? dq1_run<M3_GPU_W_MXFP8, WK_, S_>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid, PDL_) \
+         : dq1_run<M3_GPU_W_MXFP4, WK_, S_>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid, PDL_))
     if (s == M3_OK) switch (v) {
-        case 11: s = DQ1(4, 4); break;
-        case 13: s = DQ1(2, 8); break;
-        case 14: s = DQ1(8, 8); break;
-        case 15: s = DQ1(2, 4); break;
-        default: s = DQ1(4, 8); break; /* 12 */
+        case 11: s = DQ1(4, 4, false); break;
+        case 13: s = DQ1(2, 8, false); break;
+        case 14: s = DQ1(8, 8, false); break;
+        case 15: s = DQ1(2, 4, false); break;
+        case 16: s = DQ1(4, 8, true); break;
+        case 17: s = DQ1(2, 8, true); break;
+        case 18: s = DQ1(4, 4, true); break;
+        default: s = DQ1(4, 8, false); break; /* 12 */
         }
 #undef DQ1
     m3_gpu_release(g, mark);
