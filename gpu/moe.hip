@@ -510,6 +510,7 @@ static __device__ __forceinline__ void m3_mma_bf16_16816(float *c, const uint32_
 #endif
 
 template <int WF> struct tcf;
+template <> struct tcf<M3_GPU_W_BF16> { enum { PE = 8, UP = 1, PPB = 1 }; };  /* (no scales) */
 template <> struct tcf<M3_GPU_W_MXFP8> { enum { PE = 16, UP = 2, PPB = 2 }; }; /* elements per piece, */
 template <> struct tcf<M3_GPU_W_MXFP4> { enum { PE = 32, UP = 4, PPB = 1 }; }; /* x units, pieces/block */
 
@@ -552,7 +553,7 @@ static __device__ __forceinline__ uint32_t f16x2_bf16s(uint32_t h) {
 
 /* the x slot of element w (0..7) of a 16-byte unit: the A pair order of the format */
 template <int WF, int FP4R> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
-    if (WF == M3_GPU_W_MXFP8) return x;
+    if (WF != M3_GPU_W_MXFP4) return x;
     if (FP4R) /* pairs (0,4) (1,5) (2,6) (3,7) */
         return make_uint4(__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632),
                           __byte_perm(x.y, x.w, 0x5410), __byte_perm(x.y, x.w, 0x7632));
@@ -573,6 +574,11 @@ template <int WF, int FP4R>
 static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
+    if (WF == M3_GPU_W_BF16) { /* the weights are the A pairs */
+#pragma unroll
+        for (int k = 0; k < 4; k++) r[k] = qq[k];
+        return;
+    }
 #if M3_HAVE_FP8_CVT
     /* the relayed values are w * 2^-F; 2^(s+F) is a bf16 normal up to s = 127 - F (lim); a
      * larger s multiplies by 2^127 first (w * 2^(127-F), exact) and then by the rest */
@@ -670,6 +676,7 @@ template <int S> struct tc_ring {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             tc_cp16(q + (slot * 2 + h) * TC_THREADS + tid, w[h] + (size_t)p * 16);
+            if (!s[h]) continue; /* bf16 weights: no scales */
             const uintptr_t sa = (uintptr_t)(s[h] + p / PPB);
             tc_cp4(sw + (slot * 2 + h) * TC_THREADS + tid, (const void *)(sa & ~(uintptr_t)3));
         }
@@ -681,6 +688,8 @@ template <int S> struct tc_ring {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             qq[h] = q[(slot * 2 + h) * TC_THREADS + tid];
+            sc[h] = 0;
+            if (!s[h]) continue;
             const uint32_t sh = (uint32_t)((uintptr_t)(s[h] + p / PPB) & 3u) * 8u;
             sc[h] = (m3_e8m0)((sw[(slot * 2 + h) * TC_THREADS + tid] >> sh) & 0xFFu);
         }
@@ -1098,7 +1107,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const int o = MODE == 0 ? *obase + g : *obase + g + 8 * h;
             const size_t row = (size_t)e * nout + o;
             pw[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
-            ps[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
+            ps[h] = WF == M3_GPU_W_BF16 ? NULL : (MODE == 0 && h ? s1 : s0) + row * nsb;
         }
     };
     /* the issuing side runs S - 1 steps ahead of the consuming side, across tiles */
@@ -2096,7 +2105,9 @@ static m3_status dq1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int
     (w->fmt == M3_GPU_W_MXFP8                                                                           \
          ? dq1_run<M3_GPU_W_MXFP8, WK_, S_>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid, PDL_) \
          : dq1_run<M3_GPU_W_MXFP4, WK_, S_>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid, PDL_))
-    if (s == M3_OK) switch (v) {
+    if (s == M3_OK && w->fmt == M3_GPU_W_BF16)
+        s = dq1_run<M3_GPU_W_BF16, 4, 8>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid, v == 20);
+    else if (s == M3_OK) switch (v) {
         case 11: s = DQ1(4, 4, false); break;
         case 13: s = DQ1(2, 8, false); break;
         case 14: s = DQ1(8, 8, false); break;
@@ -2144,9 +2155,9 @@ extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *
     M3_ASSERT(m3_aligned16(d_x) && m3_aligned16(d_y) && w->gate && w->up && w->down);
     if (n_tok == 0) return M3_OK;
 #if defined(M3_HIP_NVIDIA)
-    if (n_tok == 1 && w->fmt != M3_GPU_W_BF16 && t2_ok(g)) {
+    if (n_tok == 1 && t2_ok(g)) {
         const int v = dec_variant();
-        if (v == 0 || (v > 10 && v < 20)) return dq1_call(g, d_y, d_x, d_ids, d_wts, w, mp, p, aq, v);
+        if (w->fmt == M3_GPU_W_BF16 ? (v == 19 || v == 20) : (v == 0 || (v > 10 && v <= 20))) return dq1_call(g, d_y, d_x, d_ids, d_wts, w, mp, p, aq, v);
     }
 #endif
     const int TK = n_tok * K;
