@@ -1580,9 +1580,9 @@ static __global__ void __launch_bounds__(EXP_THREADS)
  * exact in bf16 unless below 2^-126, as in tile_k) into a 2-deep bf16 buffer; the scale byte
  * is loaded into a register one k-step before its use.
  * The row tile of a block comes from a warp scan of ceil(n_e / BM) over the active experts
- * (group_k's tile_off counts 64-row tiles). blockIdx.x is the column tile (see below). The
- * configurations measured are kept behind M3_MOE_TILE (t2_variant). AMD and pre-sm_80 NVIDIA
- * use tile_k. */
+ * (group_k's tile_off counts 64-row tiles). blockIdx.x is the column tile (see below). One
+ * configuration is built: BM 160, BN 128, WN 32, S 4 (the others measured slower: docs/gpu.md
+ * "Prefill tiles"). AMD and pre-sm_80 NVIDIA use tile_k. */
 #define T2_BK 32
 #define T2_LDS (T2_BK + 8) /* padded rows (80 bytes): conflict-free ldmatrix and cp.async */
 
@@ -1949,16 +1949,6 @@ static bool t2_ok(m3_gpu *g) {
     return cc[g->device] >= 8;
 }
 
-/* the prefill tile configuration: M3_MOE_TILE (a tuning knob for benches; default 1). 0 tile_k
- * (64 x 128, register double buffering); tile2_k rows x columns (warps), stages: 1 160 x 128
- * (8), 4; 2 128 x 256 (8 of 64 x 64), 4; 3 128 x 128 (8), 3; 4 128 x 128 (8), 4; 5 160 x 256
- * (16), 4; 6 128 x 256 (16), 4; 7 160 x 128 (8), 3; 8 160 x 256 (16), 3; 9 64 x 128 (8), 4.
- * 256 columns need D % 256 and F % 128 (else 1). Timings: docs/gpu.md "Prefill tiles". */
-static int t2_variant(void) {
-    const char *v = getenv("M3_MOE_TILE");
-    return v && *v >= '0' && *v <= '9' && !v[1] ? *v - '0' : 1;
-}
-
 template <int WF, int BM, int BN, int WN, int S>
 static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
@@ -2039,7 +2029,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
          * rows, 4 chunks a block, 4 steps of loads with a 256-byte L2 prefetch; T = 1 MXFP4
          * tc1_k with k split over 4 warps; T = 1 MXFP8 stays on sk_k (3 steps of loads in
          * flight beat tc1_k there: 0.090 vs 0.099 ms) */
-        if (WF != M3_GPU_W_BF16 && v != 1) {
+        if (WF != M3_GPU_W_BF16 && v != 1 && !w->portable) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
             if (T == 1 && (WF == M3_GPU_W_MXFP4 || v == 2))
                 return tc1_run<WFX, 4, 2, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
@@ -2057,21 +2047,8 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         return sk_run<WF, sk_nt<WF>::N, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
     } else {
 #ifdef M3_HIP_NVIDIA
-        int v = t2_ok(g) ? t2_variant() : 0;
-        /* 256 tile columns need D % 256, F % 128 */
-        if ((v == 2 || v == 5 || v == 6 || v == 8) && (D % 256 || F % 128)) v = 1;
-        switch (v) {
-        case 1: return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 2: return t2_run<WF, 128, 256, 64, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 3: return t2_run<WF, 128, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 4: return t2_run<WF, 128, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 5: return t2_run<WF, 160, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 6: return t2_run<WF, 128, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 7: return t2_run<WF, 160, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 8: return t2_run<WF, 160, 256, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 9: return t2_run<WF, 64, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        default: break; /* 0: tile_k */
-        }
+        /* 160 x 128 tiles, 4 stages: measured fastest (docs/gpu.md "Prefill tiles") */
+        if (t2_ok(g) && !w->portable) return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
 #endif
         const unsigned tiles = (unsigned)(TK / TILE_BM + slots + 1); /* >= sum ceil(n_e/64) */
         tile_k<WF, 0><<<dim3(tiles, (unsigned)(F / (TILE_BN / 2))), EXP_THREADS, 0, g->stream>>>(
@@ -2155,7 +2132,7 @@ extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *
     M3_ASSERT(m3_aligned16(d_x) && m3_aligned16(d_y) && w->gate && w->up && w->down);
     if (n_tok == 0) return M3_OK;
 #if defined(M3_HIP_NVIDIA)
-    if (n_tok == 1 && t2_ok(g)) {
+    if (n_tok == 1 && t2_ok(g) && !w->portable) {
         const int v = dec_variant();
         if (w->fmt == M3_GPU_W_BF16 ? (v == 19 || v == 20) : (v == 0 || (v > 10 && v <= 20))) return dq1_call(g, d_y, d_x, d_ids, d_wts, w, mp, p, aq, v);
     }

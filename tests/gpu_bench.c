@@ -562,24 +562,6 @@ static void bench_moe_experts(void **state) {
             free(wts);
             char nm[96];
             snprintf(nm, sizeof nm, "moe_experts %s atom T=%d", f == 0 ? "bf16" : (f == 1 ? "mxfp8" : "mxfp4"), c.T);
-            /* M3_BENCH_MOE_TILES=0,2,..: also time these prefill tile configurations
-             * (gpu/moe.hip M3_MOE_TILE) on the same inputs, one row each */
-            const char *tiles = getenv("M3_BENCH_MOE_TILES");
-            if (tiles && c.T * K > 4 * E) {
-                const char *prev = getenv("M3_MOE_TILE");
-                char keep[16] = "";
-                if (prev) snprintf(keep, sizeof keep, "%s", prev);
-                for (const char *q = tiles; *q; q++) {
-                    if (*q < '0' || *q > '9') continue;
-                    char v[2] = {*q, 0}, vn[112];
-                    setenv("M3_MOE_TILE", v, 1);
-                    const double tms = time_ms(g, do_experts, &c, 3, 3);
-                    snprintf(vn, sizeof vn, "%s tile=%s", nm, v);
-                    report(vn, tms, 0, (double)c.T * K * 6.0 * D * F);
-                }
-                if (prev) setenv("M3_MOE_TILE", keep, 1);
-                else unsetenv("M3_MOE_TILE");
-            }
             const double wbytes = 3.0 * (double)(cb + sb) / E * n_used;
             const double tk = (double)c.T * K;
             const double io = (double)c.T * D * 2 * 2 + tk * F * 2 * 2 + tk * D * 2 * 2;

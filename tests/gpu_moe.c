@@ -364,6 +364,9 @@ static void random_routing(m3_rng *r, int32_t *ids, float *wts, int T, int E, in
  * with all T rows: the decode GEMV's passes over more staged rows than one pass holds) */
 static bool g_skew_expert0;
 
+/* experts_case sets m3_gpu_experts.portable from this (moe_experts_portable_paths) */
+static int g_portable;
+
 /* the expert-call parameters of a case: the master's shapes, swiglu_oai's M3 constants */
 static m3_moe_params case_params(const exp_master *wm, int K) {
     m3_moe_params mp;
@@ -388,6 +391,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     m3_gpu_experts dw;
     memset(&dw, 0, sizeof dw);
     dw.fmt = fmt;
+    dw.portable = g_portable;
     weights_to(g, fmt, wm->gate, (int64_t)E * F, D, &dw.gate, &dw.gate_s, rg, NULL, NULL);
     weights_to(g, fmt, wm->up, (int64_t)E * F, D, &dw.up, &dw.up_s, ru, NULL, NULL);
     weights_to(g, fmt, wm->down, (int64_t)E * D, F, &dw.down, &dw.down_s, rd, NULL, NULL);
@@ -506,33 +510,29 @@ static void moe_experts_m3_dims(void **state) {
     master_free(&wm);
 }
 
-/* Every prefill tile configuration (M3_MOE_TILE, gpu/moe.hip: 0 tile_k, 1-9 tile2_k with 64 to
- * 160 rows, 128 or 256 columns, 8 or 16 warps, 3 or 4 stages; the default is 1) at odd
- * shapes, all three weight formats: E = 9, K = 3, D 256, F 192 (T = 13: experts of ~4 rows,
- * mostly padding; T = 300: ~100 rows, one partial tile; 256-column variants fall back to 128)
- * and E = 3, K = 2, T = 300, D 512, F 256 (~200 rows: two tiles of 128 or 160 rows, the
- * second partial; 256-column tiles). Same bound as moe_experts_small (the same math, another
- * fp32 reduction order). */
-static void moe_experts_tile_variants(void **state) {
+/* The portable kernels (m3_gpu_experts.portable: the FMA decode GEMV sk_k and the tile_k
+ * tiles that AMD runs, here with their NVIDIA mma) and the production ones at odd shapes, all
+ * three weight formats: E = 9, K = 3, D 256, F 192 (T = 1, 5: decode; T = 13: ~4 rows an
+ * expert, tiles mostly padding; T = 300: ~100 rows, one partial tile) and E = 3, K = 2,
+ * T = 300, D 512, F 256 (~200 rows: several tiles, the last partial). Same bound as
+ * moe_experts_small (the same math, another fp32 reduction order). */
+static void moe_experts_portable_paths(void **state) {
     m3_gpu *g = gpu_or_skip(state);
-    const char *prev = getenv("M3_MOE_TILE");
-    char keep[16] = "";
-    if (prev) snprintf(keep, sizeof keep, "%s", prev);
     exp_master w9, w3;
     master_make(&w9, 9, 256, 192, 830);
     master_make(&w3, 3, 512, 256, 840);
-    static const char *const vs[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
-    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
-        setenv("M3_MOE_TILE", vs[v], 1);
-        print_message("M3_MOE_TILE=%s\n", vs[v]);
+    for (int port = 1; port >= 0; port--) {
+        g_portable = port;
+        print_message("portable=%d\n", port);
         for (int f = 0; f < 3; f++) {
+            experts_case(g, &w9, 1, 3, (m3_gpu_wfmt)f, 2);
+            experts_case(g, &w9, 5, 3, (m3_gpu_wfmt)f, 1);
             experts_case(g, &w9, 13, 3, (m3_gpu_wfmt)f, 2);
             experts_case(g, &w9, 300, 3, (m3_gpu_wfmt)f, 2);
             experts_case(g, &w3, 300, 2, (m3_gpu_wfmt)f, 1);
         }
     }
-    if (prev) setenv("M3_MOE_TILE", keep, 1);
-    else unsetenv("M3_MOE_TILE");
+    g_portable = 0;
     master_free(&w9);
     master_free(&w3);
 }
@@ -753,7 +753,7 @@ int main(void) {
         cmocka_unit_test(moe_experts_one_busy_expert),
         cmocka_unit_test(moe_experts_mxfp8_nan),
         cmocka_unit_test(moe_experts_m3_dims),
-        cmocka_unit_test(moe_experts_tile_variants),
+        cmocka_unit_test(moe_experts_portable_paths),
         cmocka_unit_test(moe_experts_fp32_unsupported),
         cmocka_unit_test(moe_experts_act_small),
         cmocka_unit_test(moe_experts_act_m3_dims),
