@@ -636,67 +636,6 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     }
 }
 
-/* ---- decode GEMVs with an asynchronous weight ring (NVIDIA sm_80+) -----------------------
- * The tensor-core GEMV of tc_k / tc1_k, but each lane's weight pieces and their scale bytes
- * go global -> shared memory with cp.async through a ring of S steps private to the lane (it
- * reads back only what it copied itself, so no barrier is needed: cp.async.wait_group orders
- * its own copies), refilled with the step S - 1 ahead as soon as a step is read. S - 1 steps
- * of 32 weight bytes a lane stay in flight while the warps decode, without registers. A scale
- * byte travels in the aligned 4-byte word that holds it (cp.async copies 4, 8 or 16 bytes);
- * the word never crosses the allocation's last aligned word, so it is always readable. */
-#if M3_HAVE_MMA
-static __device__ __forceinline__ void tc_cp16(void *sdst, const void *g) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(a), "l"(g));
-}
-static __device__ __forceinline__ void tc_cp4(void *sdst, const void *g) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g));
-}
-static __device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void tc_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-#else /* the host pass parses the kernels (only the device pass for sm_80+ runs them) */
-static __device__ __forceinline__ void tc_cp16(void *, const void *) {}
-static __device__ __forceinline__ void tc_cp4(void *, const void *) {}
-static __device__ __forceinline__ void tc_commit() {}
-template <int N> static __device__ __forceinline__ void tc_wait() {}
-#endif
-
-/* one lane's ring: S slots of (2 x 16 weight bytes, 2 scale words), slot-major over the
- * block's threads (consecutive lanes, consecutive 16-byte words: conflict-free) */
-template <int S> struct tc_ring {
-    uint4 *q;     /* [S][2][TC_THREADS] */
-    uint32_t *sw; /* [S][2][TC_THREADS] */
-    int tid;
-    /* copy piece p of rows w[0], w[1] (scales s[0], s[1], PPB pieces a scale) into slot */
-    template <int PPB>
-    __device__ __forceinline__ void put(int slot, const unsigned char *const *w, const m3_e8m0 *const *s, int p) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            tc_cp16(q + (slot * 2 + h) * TC_THREADS + tid, w[h] + (size_t)p * 16);
-            if (!s[h]) continue; /* bf16 weights: no scales */
-            const uintptr_t sa = (uintptr_t)(s[h] + p / PPB);
-            tc_cp4(sw + (slot * 2 + h) * TC_THREADS + tid, (const void *)(sa & ~(uintptr_t)3));
-        }
-    }
-    /* the slot's pieces and scale bytes (s: the same row scale pointers as put's) */
-    template <int PPB>
-    __device__ __forceinline__ void get(int slot, const m3_e8m0 *const *s, int p, uint4 (&qq)[2],
-                                        m3_e8m0 (&sc)[2]) const {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            qq[h] = q[(slot * 2 + h) * TC_THREADS + tid];
-            sc[h] = 0;
-            if (!s[h]) continue;
-            const uint32_t sh = (uint32_t)((uintptr_t)(s[h] + p / PPB) & 3u) * 8u;
-            sc[h] = (m3_e8m0)((sw[(slot * 2 + h) * TC_THREADS + tid] >> sh) & 0xFFu);
-        }
-    }
-    static constexpr size_t bytes() { return (size_t)S * 2 * TC_THREADS * (16 + 4); }
-};
-
 /* Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
  * the previous one still runs, and waits (griddepcontrol.wait) before it touches what that one
  * writes; the previous one lets it start early with launch_dependents. No-ops elsewhere. */
@@ -716,15 +655,14 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
- * staged once for all of them); LP: ld_stream's L2 prefetch; S > 0: the weights through
- * tc_ring's S steps instead (U, LP unused), the ring running on across the row chunks */
-template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int LP, int S>
+ * staged once for all of them); LP: ld_stream's L2 prefetch */
+template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int LP>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
          int smode, bool act_bf16) {
-    extern __shared__ uint4 tc_dyn[]; /* [ring |] x: [nt][pitch] 16-byte units */
+    extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units */
     __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
     __shared__ float lut[256];
     const int s = (int)blockIdx.x;
@@ -739,14 +677,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
     const unsigned char *pw[2];
     const m3_e8m0 *ps[2];
-    tc_ring<S> ring;
-    ring.q = tc_dyn;
-    ring.sw = reinterpret_cast<uint32_t *>(tc_dyn + S * 2 * TC_THREADS);
-    ring.tid = tid;
-    uint4 *xs = tc_dyn + (S > 0 ? tc_ring<S>::bytes() / 16 : 0);
-    constexpr int SS = S > 0 ? S : 1;
     /* this lane's two weight rows of row chunk rl; false past the matrix (block-uniform) */
-    auto rows_of = [&](int rl, int *obase, const unsigned char **pw, const m3_e8m0 **ps) -> bool {
+    auto rows_of = [&](int rl, int *obase) -> bool {
         const int cbase = ((int)blockIdx.y * RL + rl) * WR * OPW;
         *obase = cbase + wr * OPW;
 #pragma unroll
@@ -780,7 +712,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             uint32_t xb[PE / 2];
 #pragma unroll
             for (int uu = 0; uu < UP; uu++) {
-                const uint4 xv = ok ? xs[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                const uint4 xv = ok ? tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
                 xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
             }
 #pragma unroll
@@ -797,54 +729,21 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const int nc = n - c0 < nt ? n - c0 : nt;
         int obase;
         __syncthreads(); /* the previous pass's readers are done with the x rows (lut built) */
-        /* ring: the issuing side (row chunk irl, step ig of G) runs S - 1 steps ahead */
-        int nrl = 0, irl = 0, ig = 0, ci = 0, iob;
-        for (int rl = 0; rl < RL; rl++) nrl += ((int)blockIdx.y * RL + rl) * WR * OPW < nout;
-        const int G = nsteps > wk ? (nsteps - wk + WK - 1) / WK : 0;
-        const unsigned char *ipw[2];
-        const m3_e8m0 *ips[2];
-        auto issue = [&](int slot) {
-            if (irl < nrl && G > 0) {
-                const int p = (wk + ig * WK) * 4 + t;
-                if (p < npieces) ring.template put<PPB>(slot, ipw, ips, p);
-                if (++ig == G) {
-                    ig = 0;
-                    if (++irl < nrl) rows_of(irl, &iob, ipw, ips);
-                }
-            }
-            tc_commit();
-        };
-        if (S > 0) {
-            rows_of(0, &iob, ipw, ips);
-#pragma unroll
-            for (int i = 0; i < (S > 0 ? S - 1 : 0); i++) issue(i);
-        }
         for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
             const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-            xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF, FP4R>(x);
+            tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF, FP4R>(x);
         }
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < NT; j++) xrow[j] = (8 * j + g < nc ? 8 * j + g : nc - 1) * pitch;
         for (int rl = 0; rl < RL; rl++) {
-            if (!rows_of(rl, &obase, pw, ps)) break; /* block-uniform */
+            if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-            for (int gi = 0; S > 0 && gi < G; gi++) {
-                issue((ci + SS - 1) % SS);
-                tc_wait<SS - 1>();
-                const int rs = ci % SS, st = wk + gi * WK, p = st * 4 + t;
-                ci++;
-                uint4 q[2];
-                m3_e8m0 sc[2];
-                ring.template get<PPB>(rs, ps, p, q, sc);
-                if (p >= npieces) q[0] = q[1] = make_uint4(0, 0, 0, 0), sc[0] = sc[1] = 0;
-                compute1(st, q, sc);
-            }
-            for (int st0 = wk; S == 0 && st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
+            for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
 #pragma unroll
                 for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
 #pragma unroll
@@ -1048,6 +947,148 @@ static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x
 }
 
 
+/* y[d] of the one token from the y_e rows of its valid slots (vm), in ascending (expert id,
+ * slot): combine_k's order and arithmetic. ye was written by other blocks of this grid: read
+ * through L2. */
+static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye, const int32_t *ids,
+                                                  const float *wts, unsigned vm, int K, int nv, int d,
+                                                  int D, float rsf, bool bf16_combine) {
+    float acc = 0.0f;
+    int pid = -1, pk = -1;
+    for (int r = 0; r < nv; r++) {
+        int bk = -1, bid = 0;
+        for (int k = 0; k < K; k++) {
+            if (!(vm >> k & 1u)) continue;
+            const int id = ids[k];
+            if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
+        }
+        pid = bid, pk = bk;
+        const unsigned short *row = reinterpret_cast<const unsigned short *>(ye) + (size_t)bk * D;
+        const float ev = m3_bits_f32((uint32_t)__ldcg(row + d) << 16), wv = wts[bk];
+        if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev, wv)));
+        else acc = __fadd_rn(acc, __fmul_rn(ev, wv)); /* unfused, as ref */
+    }
+    y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
+}
+
+/* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
+static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
+    unsigned vm = 0;
+    for (int k = 0; k < K; k++) {
+        const int e = ids[k];
+        if (e >= 0 && e < E) vm |= 1u << k;
+    }
+    return vm;
+}
+
+/* T = 1 with the FMA GEMV (sk_rows' one-row form, U1 steps of loads ahead): sk_k's blocks
+ * (valid slot, run of EXP_WARPS * RPW outputs), the slot's expert and rows read from ids as in
+ * dq1_k (no grouping kernel); MODE 0 zeroes the counters, MODE 1 (a dependent launch) combines
+ * each run of outputs in its last block. */
+template <int WF, int MODE, int RPW, int U1>
+static __global__ void __launch_bounds__(EXP_THREADS, 2)
+    sk1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
+          const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
+          int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
+          const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
+          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine) {
+    extern __shared__ uint4 sk_dyn[];
+    m3_bf16 *xs = reinterpret_cast<m3_bf16 *>(sk_dyn); /* [kdim] */
+    __shared__ float lut[256];
+    __shared__ int last;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const unsigned vm = t1_slots(ids, K, E);
+    const int nv = __popc(vm), run = EXP_WARPS * RPW;
+    if (MODE == 0) {
+        pdl_trigger(); /* the down kernel may start */
+        if (blockIdx.x == 0 && blockIdx.y == 0)
+            for (int i = tid; i < ncnt; i += EXP_THREADS) cnt[i] = 0;
+    } else {
+        pdl_wait(); /* a and the counters are the gate/up kernel's */
+        if (nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
+            if (blockIdx.x == 0 && blockIdx.y == 0)
+                for (int d = tid; d < nout; d += EXP_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
+            return;
+        }
+    }
+    if ((int)blockIdx.x >= nv) return; /* whole block */
+    build_lut<WF>(lut);
+    const int k = nth_bit(vm, (int)blockIdx.x), e = ids[k];
+    const int obase = ((int)blockIdx.y * EXP_WARPS + warp) * RPW;
+    const m3_bf16 *src = ain + (size_t)(MODE == 0 ? 0 : k) * kdim;
+    for (int v = tid; v < kdim / 8; v += EXP_THREADS)
+        reinterpret_cast<uint4 *>(xs)[v] = reinterpret_cast<const uint4 *>(src)[v];
+    __syncthreads();
+    if (obase < nout)
+        sk_rows<WF, MODE, RPW, 1, U1>(out, xs, e, k, obase, w0, w1, s0, s1, kdim, nout, lut, alpha,
+                                      limit, smode, act_bf16, lane);
+    if (MODE == 1) { /* the run's last block combines it */
+        if (lane == 0) __threadfence(); /* this warp's y_e stores (lane 0's), before the count */
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(&cnt[blockIdx.y], 1) == nv - 1;
+        __syncthreads();
+        const int d = (int)blockIdx.y * run + tid;
+        if (last && tid < run && d < nout) {
+            __threadfence();
+            t1_combine(y, out, ids, wts, vm, K, nv, d, nout, rsf, bf16_combine);
+        }
+    }
+}
+
+/* launch of a T = 1 kernel; pdl: as a programmatic dependent of the previous kernel */
+template <typename... P, typename... A>
+static m3_status t1_launch(m3_gpu *g, void (*k)(P...), dim3 grid, unsigned threads, size_t sh, bool pdl,
+                           const char *name, A... args) {
+    if (pdl) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(threads);
+        cfg.dynamicSmemBytes = sh;
+        cfg.stream = g->stream;
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        M3_HIP_TRY(cudaLaunchKernelEx(&cfg, k, args...));
+    } else {
+        k<<<grid, threads, sh, g->stream>>>(args...);
+    }
+    return m3_gpu_launched_(g, name, __FILE__, __LINE__);
+}
+
+/* T = 1 on sk1_k: gate/up (+ swiglu) into ab [K, F], [act_mid], down into ye [K, D] and the
+ * combine into y; cnt [D / 32] */
+template <int WF, int U1>
+static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
+                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
+                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+                         const m3_mx_params *mid, bool pdl) {
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
+    const int sm = (int)p->swiglu;
+    const bool ab16 = p->act_bf16;
+    const size_t sh1 = (size_t)D * 2, sh2 = (size_t)F * 2;
+    if (sh1 + 1024 > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk1_k<WF, 0, SK_RPW_GU, U1>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    if (sh2 + 1024 > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk1_k<WF, 1, SK_RPW_DN, U1>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    const int run1 = EXP_WARPS * SK_RPW_GU, run2 = EXP_WARPS * SK_RPW_DN;
+    const dim3 g1((unsigned)K, (unsigned)((F + run1 - 1) / run1)), g2((unsigned)K, (unsigned)((D + run2 - 1) / run2));
+    const float rsf = mp->routed_scale;
+    const bool bc = p->moe_bf16_combine;
+    M3_TRY(t1_launch(g, sk1_k<WF, 0, SK_RPW_GU, U1>, g1, EXP_THREADS, sh1, false, "sk1_k gate/up", ab,
+                     (m3_bf16 *)NULL, cnt, (int)g2.y, d_x, d_ids, d_wts, E, K, (const void *)w->gate,
+                     (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D, F,
+                     mp->alpha, mp->limit, sm, ab16, rsf, bc));
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
+    return t1_launch(g, sk1_k<WF, 1, SK_RPW_DN, U1>, g2, EXP_THREADS, sh2, pdl, "sk1_k down + combine",
+                     ye, d_y, cnt, (int)g2.y, (const m3_bf16 *)ab, d_ids, d_wts, E, K,
+                     (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf, bc);
+}
+
 /* T = 1, MX weights: one token, so no grouping kernel and no separate combine. The grouped
  * row of slot k is k itself; the valid slots (0 <= ids[k] < E, as group_k's rule) are read by
  * every block. MODE 0: tiles (valid slot j, chunk of CH outputs), out = a rows [K][F] (slot
@@ -1057,14 +1098,14 @@ static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x
  * expert id (combine_k's order and arithmetic), so combine_k's launch and its pass over y_e
  * go away. Persistent blocks, k split over WK warps (partial sums added in warp order), the
  * weights through tc_ring (S steps). */
-template <int WF, int MODE, int WK, int S>
+template <int WF, int MODE, int WK, int U>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine) {
-    extern __shared__ uint4 tc_dyn[]; /* ring | x: [rows][pitch] 16-byte units */
+    extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
@@ -1072,11 +1113,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
-    unsigned vm = 0;
-    for (int k = 0; k < K; k++) {
-        const int e = ids[k];
-        if (e >= 0 && e < E) vm |= 1u << k;
-    }
+    const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) pdl_trigger(); /* the down kernel may start its weight loads */
     if (MODE == 0 && blockIdx.x == 0)
@@ -1090,13 +1127,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     if ((int)blockIdx.x >= ntiles) return; /* whole block */
     build_lut<WF>(lut);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
-    const int G = nsteps > wk ? (nsteps - wk + WK - 1) / WK : 0; /* this warp's steps a tile */
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
-    tc_ring<S> ring;
-    ring.q = tc_dyn;
-    ring.sw = reinterpret_cast<uint32_t *>(tc_dyn + S * 2 * TC_THREADS);
-    ring.tid = tid;
-    uint4 *xs = tc_dyn + tc_ring<S>::bytes() / 16;
+    uint4 *xs = tc_dyn;
     /* a tile's slot, first output of this warp, weight rows and scale rows of this lane */
     auto rows_of = [&](int tile, int *slot, int *obase, const unsigned char **pw, const m3_e8m0 **ps) {
         *slot = nth_bit(vm, tile / nch);
@@ -1110,25 +1142,29 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             ps[h] = WF == M3_GPU_W_BF16 ? NULL : (MODE == 0 && h ? s1 : s0) + row * nsb;
         }
     };
-    /* the issuing side runs S - 1 steps ahead of the consuming side, across tiles */
-    int itile = (int)blockIdx.x, ig = 0, islot, iob;
-    const unsigned char *ipw[2];
-    const m3_e8m0 *ips[2];
-    rows_of(itile, &islot, &iob, ipw, ips);
-    auto issue = [&](int slot) {
-        if (itile < ntiles && G > 0) {
-            const int p = (wk + ig * WK) * 4 + t;
-            if (p < npieces) ring.template put<PPB>(slot, ipw, ips, p);
-            if (++ig == G) {
-                ig = 0;
-                itile += (int)gridDim.x;
-                if (itile < ntiles) rows_of(itile, &islot, &iob, ipw, ips);
+    /* U steps of this lane's rows from st0 (steps st0, st0 + WK, ...; past the row: zeros) */
+    auto load = [&](const unsigned char *const *pw, const m3_e8m0 *const *ps, int st0, uint4(&q)[U][2],
+                    m3_e8m0(&sc)[U][2]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int p = (st0 + u * WK) * 4 + t;
+            const bool ok = st0 + u * WK < nsteps && p < npieces;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                q[u][h] = ok ? ld_stream<2>(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                sc[u][h] = ok && WF != M3_GPU_W_BF16 ? ps[h][p / PPB] : (m3_e8m0)0;
             }
         }
-        tc_commit();
     };
-#pragma unroll
-    for (int i = 0; i < S - 1; i++) issue(i);
+    /* two register sets of U steps: one loading while the other is used, across tiles */
+    const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups a tile (may be 0) */
+    int tile = (int)blockIdx.x, slot, obase, nslot, nobase;
+    const unsigned char *cpw[2], *npw[2];
+    const m3_e8m0 *cps[2], *nps[2];
+    rows_of(tile, &slot, &obase, cpw, cps);
+    uint4 qa[U][2], qb[U][2];
+    m3_e8m0 sa[U][2], sb[U][2];
+    load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) pdl_wait();
@@ -1143,39 +1179,38 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF, 1>(x);
     }
     __syncthreads();
-    int ci = 0;
-    for (int tile = (int)blockIdx.x; tile < ntiles; tile += (int)gridDim.x) {
-        int slot, obase;
-        const unsigned char *cpw[2];
-        const m3_e8m0 *cps[2];
-        rows_of(tile, &slot, &obase, cpw, cps);
-        const int xr = (MODE == 0 ? 0 : tile / nch) * pitch;
+    for (;;) {
+        const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
         for (int gi = 0; gi < G; gi++) {
-            issue((ci + S - 1) % S);
-            tc_wait<S - 1>();
-            const int rs = ci % S;
-            ci++;
-            const int st = wk + gi * WK, p = st * 4 + t;
-            const bool ok = p < npieces;
-            uint4 q[2];
-            m3_e8m0 sc[2];
-            ring.template get<PPB>(rs, cps, p, q, sc);
-            if (!ok) q[0] = q[1] = make_uint4(0, 0, 0, 0), sc[0] = sc[1] = 0;
-            uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-            tc_decode<WF, 1>(q[0], sc[0], lut, a0);
-            tc_decode<WF, 1>(q[1], sc[1], lut, a1);
+            const int st0 = wk + gi * WK * U;
+            if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
+            else if (next < ntiles) load(npw, nps, wk, qb, sb);
 #pragma unroll
-            for (int uu = 0; uu < UP; uu++) {
-                const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+            for (int u = 0; u < U; u++) {
+                const int st = st0 + u * WK;
+                if (st >= nsteps) continue;
+                const bool ok = st * 4 + t < npieces;
+                uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+                tc_decode<WF, 1>(qa[u][0], sa[u][0], lut, a0);
+                tc_decode<WF, 1>(qa[u][1], sa[u][1], lut, a1);
+#pragma unroll
+                for (int uu = 0; uu < UP; uu++) {
+                    const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                    xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                }
+#pragma unroll
+                for (int i = 0; i < PE / 4; i++) {
+                    const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                    const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                    m3_mma_bf16_16816(acc, af, bf);
+                }
             }
 #pragma unroll
-            for (int i = 0; i < PE / 4; i++) {
-                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                m3_mma_bf16_16816(acc, af, bf);
-            }
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
         }
         /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
         if (WK > 1) {
@@ -1198,38 +1233,25 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         }
         if (MODE == 1) { /* the chunk's last block combines it */
             const int chunk = tile % nch;
-            __threadfence();
+            if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
             __syncthreads();
             if (tid == 0) last = atomicAdd(&cnt[chunk], 1) == nv - 1;
             __syncthreads();
             if (last && tid < CH) {
                 __threadfence();
-                const int d = chunk * CH + tid;
-                float acc1 = 0.0f;
-                int pid = -1, pk = -1;
-                for (int r = 0; r < nv; r++) { /* ascending (expert id, slot): combine_k's order */
-                    int bk = -1, bid = 0;
-                    for (int k = 0; k < K; k++) {
-                        if (!(vm >> k & 1u)) continue;
-                        const int id = ids[k];
-                        if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
-                    }
-                    pid = bid, pk = bk;
-                    const float ev = m3_bits_f32((uint32_t)__ldcg(reinterpret_cast<const unsigned short *>(out) + (size_t)bk * nout + d) << 16);
-                    const float wv = wts[bk];
-                    if (bf16_combine) acc1 = m3_round_bf16(acc1 + m3_round_bf16(__fmul_rn(ev, wv)));
-                    else acc1 = __fadd_rn(acc1, __fmul_rn(ev, wv));
-                }
-                y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc1)));
+                t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
             }
         }
         __syncthreads(); /* red and last are free for the next tile */
+        if (next >= ntiles) break; /* block-uniform */
+        tile = next, slot = nslot, obase = nobase;
+        cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
     }
 }
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int S>
+template <int WF, int WK, int U>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1238,72 +1260,53 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
-    const size_t ring = tc_ring<S>::bytes();
-    const size_t sh1 = ring + (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
-    const size_t sh2 = ring + (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, S>,
+    const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, S>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, S><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    dq1_k<WF, 0, WK, U><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    if (pdl) { /* a dependent launch: its blocks start loading weights as gate/up blocks end */
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(grid2);
-        cfg.blockDim = dim3(TC_THREADS);
-        cfg.dynamicSmemBytes = sh2;
-        cfg.stream = g->stream;
-        cudaLaunchAttribute at[1] = {};
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        M3_HIP_TRY(cudaLaunchKernelEx(&cfg, dq1_k<WF, 1, WK, S>, ye, d_y, cnt, D / (WR * 16),
-                                 (const m3_bf16 *)ab, d_ids, d_wts, E, K, (const void *)w->down,
-                                 (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                                 (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                                 (bool)p->moe_bf16_combine));
-    } else {
-        dq1_k<WF, 1, WK, S><<<grid2, TC_THREADS, sh2, g->stream>>>(
-            ye, d_y, cnt, D / (WR * 16), ab, d_ids, d_wts, E, K, w->down, NULL, w->down_s, NULL,
-            F, D, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
-    }
-    M3_LAUNCHED(g, "dq1_k down + combine");
-    return M3_OK;
+    return t1_launch(g, dq1_k<WF, 1, WK, U>, dim3(grid2), TC_THREADS, sh2, pdl, "dq1_k down + combine",
+                     ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
+                     (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
+                     (bool)p->moe_bf16_combine);
 }
-/* launch config of one tc variant: PT tokens a pass (<= 8 NT) */
-template <int WF, int WK, int NT, int U, int RL, int FP4R, int LP, int S, int PT>
+
+/* launch config of one tc variant */
+template <int WF, int WK, int NT, int U, int RL, int FP4R, int LP>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
     const int sm = (int)p->swiglu, slots = TK < E ? TK : E;
     const bool ab16 = p->act_bf16;
-    const int nt = T < PT ? T : PT;
+    const int nt = T < 8 * NT ? T : 8 * NT;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
-    const size_t ring = S > 0 ? tc_ring<S>::bytes() : 0;
-    const size_t sh1 = ring + (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
-    const size_t sh2 = ring + (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, LP, S>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, LP, S>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, LP>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, FP4R, LP, S><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, FP4R, LP><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, FP4R, LP, S><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, FP4R, LP><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -2033,13 +2036,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
             if (T == 1 && (WF == M3_GPU_W_MXFP4 || v == 2))
                 return tc1_run<WFX, 4, 2, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            if (T > 1) switch (v) {
-                case 2: case 3: return tc_run<WFX, 1, 1, 4, 4, 1, 2, 0, 8>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                case 21: return tc_run<WFX, 1, 1, 4, 4, 1, 2, 4, 8>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                case 23: return tc_run<WFX, 1, 1, 4, 4, 1, 2, 8, 8>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                case 24: return tc_run<WFX, 1, 1, 4, 4, 1, 2, 4, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                default: return tc_run<WFX, 1, 1, 4, 4, 1, 2, 6, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid); /* 22 */
-            }
+            if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
         /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
@@ -2078,23 +2075,24 @@ static m3_status dq1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int
     if (s == M3_OK && aq[0]) s = m3_gpu_mx_qdq_bf16(g, xq, d_x, 1, D, &aq[0]->mx);
     if (xq) d_x = xq;
     const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
-#define DQ1(WK_, S_, PDL_)                                                                              \
-    (w->fmt == M3_GPU_W_MXFP8                                                                           \
-         ? dq1_run<M3_GPU_W_MXFP8, WK_, S_>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid, PDL_) \
-         : dq1_run<M3_GPU_W_MXFP4, WK_, S_>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid, PDL_))
-    if (s == M3_OK && w->fmt == M3_GPU_W_BF16)
-        s = dq1_run<M3_GPU_W_BF16, 4, 8>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid, v == 20);
-    else if (s == M3_OK) switch (v) {
-        case 11: s = DQ1(4, 4, false); break;
-        case 13: s = DQ1(2, 8, false); break;
-        case 14: s = DQ1(8, 8, false); break;
-        case 15: s = DQ1(2, 4, false); break;
-        case 16: s = DQ1(4, 8, true); break;
-        case 17: s = DQ1(2, 8, true); break;
-        case 18: s = DQ1(4, 4, true); break;
-        default: s = DQ1(4, 8, false); break; /* 12 */
+    if (s == M3_OK) {
+#define T1ARGS g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid
+        const bool pdl = v != 12;
+        if (v == 13) { /* every format on dq1_k */
+            if (w->fmt == M3_GPU_W_BF16) s = dq1_run<M3_GPU_W_BF16, 4, 2>(T1ARGS, pdl);
+            else if (w->fmt == M3_GPU_W_MXFP8) s = dq1_run<M3_GPU_W_MXFP8, 4, 2>(T1ARGS, pdl);
+            else s = dq1_run<M3_GPU_W_MXFP4, 4, 2>(T1ARGS, pdl);
+        } else if (v == 14) { /* every format on sk1_k */
+            if (w->fmt == M3_GPU_W_BF16) s = sk1_run<M3_GPU_W_BF16, 2>(T1ARGS, pdl);
+            else if (w->fmt == M3_GPU_W_MXFP8) s = sk1_run<M3_GPU_W_MXFP8, 3>(T1ARGS, pdl);
+            else s = sk1_run<M3_GPU_W_MXFP4, 3>(T1ARGS, pdl);
+        } else { /* 11, 12: MXFP4 dq1_k, MXFP8 / bf16 sk1_k */
+            if (w->fmt == M3_GPU_W_BF16) s = sk1_run<M3_GPU_W_BF16, 2>(T1ARGS, pdl);
+            else if (w->fmt == M3_GPU_W_MXFP8) s = sk1_run<M3_GPU_W_MXFP8, 3>(T1ARGS, pdl);
+            else s = dq1_run<M3_GPU_W_MXFP4, 4, 2>(T1ARGS, pdl);
         }
-#undef DQ1
+#undef T1ARGS
+    }
     m3_gpu_release(g, mark);
     return s;
 }
@@ -2134,7 +2132,7 @@ extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *
 #if defined(M3_HIP_NVIDIA)
     if (n_tok == 1 && t2_ok(g) && !w->portable) {
         const int v = dec_variant();
-        if (w->fmt == M3_GPU_W_BF16 ? (v == 19 || v == 20) : (v == 0 || (v > 10 && v <= 20))) return dq1_call(g, d_y, d_x, d_ids, d_wts, w, mp, p, aq, v);
+        if (v == 0 || (v > 10 && v < 20)) return dq1_call(g, d_y, d_x, d_ids, d_wts, w, mp, p, aq, v);
     }
 #endif
     const int TK = n_tok * K;
