@@ -173,6 +173,9 @@ typedef struct m3_gpu_experts {
      * struct: NULL / 0 keep the plain behaviour. */
     const struct m3_actq *act_in, *act_mid;
     int n_pass; /* tokens of the whole forward pass (MXFP4's moe_act_bound); 0 = n_tok */
+    /* nonzero: the portable kernels that AMD runs (the FMA decode GEMV sk_k, the tile_k
+     * prefill tiles) also on NVIDIA, where the default is the tensor-core paths (tests) */
+    int portable;
 } m3_gpu_experts;
 
 /* Twin of ref's m3_moe_experts: y [T,D] bf16 = bf16(rsf * sum_k w_k MLP_{e_k}(x)) with the

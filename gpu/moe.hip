@@ -10,8 +10,6 @@
  *   extra round gives the margin sel_(K) - sel_(K+1). Lane 0 sums sigma over the chosen K in
  *   selection order and writes w_k = sigma_k / sum (before routed_scaling_factor), the
  *   reference's exact operation order; only expf may differ by an ulp (device libm). */
-#include <stdlib.h> /* getenv (EXPERIMENT) */
-
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/linear.h" /* m3_actq, m3_actq_applies (host) */
@@ -150,11 +148,16 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  *               2 steps of 16-byte loads in flight per row, every staged 8 input values
  *               widened once for all 4 rows; the pass's row count is a template argument
  *               (sk_rows<NC>). Weight-bandwidth bound, which is what decode is. Used for
- *               bf16 weights, for MXFP8 at T = 1 and on AMD.
- *   tc_k, tc1_k small batches with MX weights (NVIDIA): the same GEMV on tensor cores, the
- *               staged tokens as the mma N dimension, weights decoded exactly to bf16
- *               A fragments in registers (see the comment at tc_k); tc1_k is its persistent
- *               one-token form (MXFP4 at T = 1).
+ *               bf16 weights at T > 1, and for everything on AMD (m3_gpu_experts.portable:
+ *               on NVIDIA too).
+ *   tc_k        small batches with MX weights (NVIDIA, T > 1): the same GEMV on tensor
+ *               cores, the staged tokens as the mma N dimension, weights decoded exactly to
+ *               bf16 A fragments in registers (see the comment at tc_k).
+ * T = 1 on NVIDIA sm_80+ (t1_call) skips group_k and combine_k: two kernels that read the
+ * token's slots from ids (slot k's grouped row is k) and a down kernel, launched as a
+ * programmatic dependent of the gate/up kernel, whose last block per chunk of outputs
+ * combines that chunk: sk1_k (sk_k's one-row GEMV; bf16, MXFP8) and dq1_k (tc_k's, persistent;
+ * MXFP4).
  *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
  *               block), register double buffering; weights dequantized exactly into bf16
  *               in shared memory (a code times a power of two has at most 4 significant
@@ -484,13 +487,14 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
  *          the bf16 bits of w * 2^-112 (exponent and mantissa fields line up; zero stays
  *          zero), times the bf16 power of two 2^(s+112) (fma.rn.bf16x2 with -0: exact).
  *   MXFP4: an e2m1 code s|e1 e0|m re-laid as the bf16 bits s|0000000 e1 e0|m000000 is w *
- *          2^-126 (the 0.5 code a bf16 subnormal), times 2^(s+126); FP4R = 0 instead goes
- *          through the e4m3 re-lay and the f16 conversion as MXFP8 (w * 2^-118, all normal).
- *   A block scale whose multiplier would not be a bf16 normal (s > 15 fp8 / 1 fp4 / 9 fp4
- *   FP4R 0) multiplies by 2^127 and then by the rest (two exact steps; a branch, so only
+ *          2^-126 (the 0.5 code a bf16 subnormal), times 2^(s+126) (the e4m3 re-lay and
+ *          f16 conversion of MXFP8 measured slower here: docs/gpu.md).
+ *   A block scale whose multiplier would not be a bf16 normal (s > 15 fp8 / 1 fp4)
+ *   multiplies by 2^127 and then by the rest (two exact steps; a branch, so only
  *   warps holding such a block pay for it); the NaN scale (0xFF) takes decode8's float path.
- *   NaN codes (e4m3 0x7F / 0xFF) are not decoded to NaN on the fast path (a finite value
- *   instead; sk_k and tile_k give NaN): checkpoints hold none.
+ *   A piece holding an e4m3 NaN code (0x7F / 0xFF, which the f16 shift would turn into a
+ *   finite value) takes the float path too, so NaN codes decode to NaN as in ref (one test
+ *   of the 16 bytes: 9 integer ops a piece).
  * The k order inside an mma is free as long as A and B agree: each lane's B registers hold
  * the x pairs of the same elements as its A registers. x is staged in shared memory already
  * in that order: per step, 16-byte units (8 elements) u*4 + t of piece t, the elements of a
@@ -512,22 +516,14 @@ template <int WF> struct tcf;
 template <> struct tcf<M3_GPU_W_MXFP8> { enum { PE = 16, UP = 2, PPB = 2 }; }; /* elements per piece, */
 template <> struct tcf<M3_GPU_W_MXFP4> { enum { PE = 32, UP = 4, PPB = 1 }; }; /* x units, pieces/block */
 
-/* 16 weight bytes, read-only, streamed past L1; LP 1 / 2: with an L2 prefetch hint of 128 /
- * 256 bytes (the rest of the row's segment is fetched with the first request) */
-template <int LP> static __device__ __forceinline__ uint4 ld_stream(const void *p) {
+/* 16 weight bytes, read-only, streamed past L1, with an L2 prefetch hint of 256 bytes (the
+ * rest of the row's segment is fetched with the first request; 128 bytes or none measured
+ * slower) */
+static __device__ __forceinline__ uint4 ld_stream(const void *p) {
     uint4 v;
-    if (LP == 2)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
-    else if (LP == 1)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
-    else
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
     return v;
 }
 
@@ -550,26 +546,30 @@ static __device__ __forceinline__ uint32_t f16x2_bf16s(uint32_t h) {
 #endif
 
 /* the x slot of element w (0..7) of a 16-byte unit: the A pair order of the format */
-template <int WF, int FP4R> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
+template <int WF> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
     if (WF == M3_GPU_W_MXFP8) return x;
-    if (FP4R) /* pairs (0,4) (1,5) (2,6) (3,7) */
-        return make_uint4(__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632),
-                          __byte_perm(x.y, x.w, 0x5410), __byte_perm(x.y, x.w, 0x7632));
-    /* pairs (0,2) (4,6) (1,3) (5,7) */
-    return make_uint4(__byte_perm(x.x, x.y, 0x5410), __byte_perm(x.z, x.w, 0x5410),
-                      __byte_perm(x.x, x.y, 0x7632), __byte_perm(x.z, x.w, 0x7632));
+    /* MXFP4: pairs (0,4) (1,5) (2,6) (3,7) */
+    return make_uint4(__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632),
+                      __byte_perm(x.y, x.w, 0x5410), __byte_perm(x.y, x.w, 0x7632));
+}
+
+/* whether any of the 16 e4m3fn codes is a NaN (s1111111): (b & 0x7F) + 1 sets bit 7 exactly
+ * for those, and never carries into the next byte */
+static __device__ __forceinline__ bool e4m3_nan16(uint4 q) {
+    const uint32_t m = 0x7F7F7F7Fu, o = 0x01010101u;
+    return ((((q.x & m) + o) | ((q.y & m) + o) | ((q.z & m) + o) | ((q.w & m) + o)) & 0x80808080u) != 0;
 }
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb */
-template <int WF, int FP4R>
+template <int WF>
 static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
 #if M3_HAVE_FP8_CVT
     /* the relayed values are w * 2^-F; 2^(s+F) is a bf16 normal up to s = 127 - F (lim); a
      * larger s multiplies by 2^127 first (w * 2^(127-F), exact) and then by the rest */
-    const uint32_t F = WF == M3_GPU_W_MXFP8 ? 112u : (FP4R ? 126u : 118u), lim = 254u - F;
-    if (sb != 0xFFu) {
+    const uint32_t F = WF == M3_GPU_W_MXFP8 ? 112u : 126u, lim = 254u - F;
+    if (sb != 0xFFu && !(WF == M3_GPU_W_MXFP8 && e4m3_nan16(q))) {
         const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
 #pragma unroll
@@ -578,18 +578,11 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
             if (WF == M3_GPU_W_MXFP8) {
                 r[2 * k] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v)), mul);
                 r[2 * k + 1] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v >> 16)), mul);
-            } else if (FP4R) {
+            } else {
                 r[4 * k] = bf2_mul(((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u), mul);
                 r[4 * k + 1] = bf2_mul(((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u), mul);
                 r[4 * k + 2] = bf2_mul(((v >> 2) & 0x01C001C0u) | ((v << 4) & 0x80008000u), mul);
                 r[4 * k + 3] = bf2_mul(((v >> 6) & 0x01C001C0u) | (v & 0x80008000u), mul);
-            } else {
-                const uint32_t a = ((v << 2) & 0x1C1C1C1Cu) | ((v << 4) & 0x80808080u); /* even */
-                const uint32_t b = ((v >> 2) & 0x1C1C1C1Cu) | (v & 0x80808080u);        /* odd */
-                r[4 * k] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(a)), mul);
-                r[4 * k + 1] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(a >> 16)), mul);
-                r[4 * k + 2] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(b)), mul);
-                r[4 * k + 3] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(b >> 16)), mul);
             }
         }
         if (sb > lim) { /* (rare: scales above 2^(127-F)) */
@@ -612,20 +605,34 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
         if (WF == M3_GPU_W_MXFP8) {
 #pragma unroll
             for (int k = 0; k < 4; k++) r[4 * h + k] = b[2 * k] | (b[2 * k + 1] << 16);
-        } else if (FP4R) {
+        } else {
 #pragma unroll
             for (int k = 0; k < 4; k++) r[4 * h + k] = b[k] | (b[k + 4] << 16);
-        } else {
-            r[4 * h] = b[0] | (b[2] << 16), r[4 * h + 1] = b[4] | (b[6] << 16);
-            r[4 * h + 2] = b[1] | (b[3] << 16), r[4 * h + 3] = b[5] | (b[7] << 16);
         }
     }
 }
 
+/* Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
+ * the previous one still runs, and waits (griddepcontrol.wait) before it touches what that one
+ * writes; the previous one lets it start early with launch_dependents. No-ops elsewhere. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+static __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+static __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+#else
+static __device__ __forceinline__ void pdl_trigger() {}
+static __device__ __forceinline__ void pdl_wait() {}
+#endif
+
+/* the j-th set bit of m (j < popc(m)) */
+static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
+    for (; j > 0; j--) m &= m - 1u;
+    return __ffs((int)m) - 1;
+}
+
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
- * staged once for all of them); LP: ld_stream's L2 prefetch */
-template <int WF, int MODE, int WK, int NT, int U, int RL, int FP4R, int LP>
+ * staged once for all of them) */
+template <int WF, int MODE, int WK, int NT, int U, int RL>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -665,7 +672,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const bool ok = st < nsteps && p < npieces;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            q[h] = ok ? ld_stream<LP>(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+            q[h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
             sc[h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
         }
     };
@@ -674,8 +681,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode<WF, FP4R>(q[0], sc[0], lut, a0);
-        tc_decode<WF, FP4R>(q[1], sc[1], lut, a1);
+        tc_decode<WF>(q[0], sc[0], lut, a0);
+        tc_decode<WF>(q[1], sc[1], lut, a1);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -703,7 +710,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
             const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-            tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF, FP4R>(x);
+            tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
         }
         __syncthreads();
 #pragma unroll
@@ -759,108 +766,276 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     }
 }
 
-/* One-token steps (T = 1: every active expert has one row): a persistent form of tc_k. The
- * grid is at most what the device holds at once; block b takes the tiles b, b + gridDim.x,
- * ... (a tile: one expert's 8 (gate/up) or 16 (down) outputs x 8/WK row groups, k split over
- * WK warps), all active experts' rows are staged once, and each warp's loads run U steps
- * ahead across tile boundaries (the next tile's first loads are in flight during this
- * tile's reduction), so the weights stream without per-block start-up gaps. Two register
- * sets of U steps: one loading while the other is used. */
-template <int WF, int MODE, int WK, int U, int FP4R, int LP>
-static __global__ void __launch_bounds__(TC_THREADS, 2)
-    tc1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
-          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
-          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
-          bool act_bf16) {
-    extern __shared__ uint4 tc_dyn[]; /* x: [active expert][pitch] 16-byte units */
-    __shared__ float red[WK > 1 ? TC_WARPS * 4 * 32 : 1];
+/* y[d] of the one token from the y_e rows of its valid slots (vm), in ascending (expert id,
+ * slot): combine_k's order and arithmetic. ye was written by other blocks of this grid: read
+ * through L2. */
+static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye, const int32_t *ids,
+                                                  const float *wts, unsigned vm, int K, int nv, int d,
+                                                  int D, float rsf, bool bf16_combine) {
+    float acc = 0.0f;
+    int pid = -1, pk = -1;
+    for (int r = 0; r < nv; r++) {
+        int bk = -1, bid = 0;
+        for (int k = 0; k < K; k++) {
+            if (!(vm >> k & 1u)) continue;
+            const int id = ids[k];
+            if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
+        }
+        pid = bid, pk = bk;
+        const unsigned short *row = reinterpret_cast<const unsigned short *>(ye) + (size_t)bk * D;
+        const float ev = m3_bits_f32((uint32_t)__ldcg(row + d) << 16), wv = wts[bk];
+        if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev, wv)));
+        else acc = __fadd_rn(acc, __fmul_rn(ev, wv)); /* unfused, as ref */
+    }
+    y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
+}
+
+/* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
+static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
+    unsigned vm = 0;
+    for (int k = 0; k < K; k++) {
+        const int e = ids[k];
+        if (e >= 0 && e < E) vm |= 1u << k;
+    }
+    return vm;
+}
+
+/* T = 1 with the FMA GEMV (sk_rows' one-row form, U1 steps of loads ahead): sk_k's blocks
+ * (valid slot, run of EXP_WARPS * RPW outputs), the slot's expert and rows read from ids as in
+ * dq1_k (no grouping kernel); MODE 0 zeroes the counters, MODE 1 (a dependent launch) combines
+ * each run of outputs in its last block. */
+template <int WF, int MODE, int RPW, int U1>
+static __global__ void __launch_bounds__(EXP_THREADS, 2)
+    sk1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
+          const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
+          int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
+          const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
+          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine) {
+    extern __shared__ uint4 sk_dyn[];
+    m3_bf16 *xs = reinterpret_cast<m3_bf16 *>(sk_dyn); /* [kdim] */
     __shared__ float lut[256];
+    __shared__ int last;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const unsigned vm = t1_slots(ids, K, E);
+    const int nv = __popc(vm), run = EXP_WARPS * RPW;
+    if (MODE == 0) {
+        pdl_trigger(); /* the down kernel may start */
+        if (blockIdx.x == 0 && blockIdx.y == 0)
+            for (int i = tid; i < ncnt; i += EXP_THREADS) cnt[i] = 0;
+    } else {
+        pdl_wait(); /* a and the counters are the gate/up kernel's */
+        if (nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
+            if (blockIdx.x == 0 && blockIdx.y == 0)
+                for (int d = tid; d < nout; d += EXP_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
+            return;
+        }
+    }
+    if ((int)blockIdx.x >= nv) return; /* whole block */
+    build_lut<WF>(lut);
+    const int k = nth_bit(vm, (int)blockIdx.x), e = ids[k];
+    const int obase = ((int)blockIdx.y * EXP_WARPS + warp) * RPW;
+    const m3_bf16 *src = ain + (size_t)(MODE == 0 ? 0 : k) * kdim;
+    for (int v = tid; v < kdim / 8; v += EXP_THREADS)
+        reinterpret_cast<uint4 *>(xs)[v] = reinterpret_cast<const uint4 *>(src)[v];
+    __syncthreads();
+    if (obase < nout)
+        sk_rows<WF, MODE, RPW, 1, U1>(out, xs, e, k, obase, w0, w1, s0, s1, kdim, nout, lut, alpha,
+                                      limit, smode, act_bf16, lane);
+    if (MODE == 1) { /* the run's last block combines it */
+        if (lane == 0) __threadfence(); /* this warp's y_e stores (lane 0's), before the count */
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(&cnt[blockIdx.y], 1) == nv - 1;
+        __syncthreads();
+        const int d = (int)blockIdx.y * run + tid;
+        if (last && tid < run && d < nout) {
+            __threadfence();
+            t1_combine(y, out, ids, wts, vm, K, nv, d, nout, rsf, bf16_combine);
+        }
+    }
+}
+
+/* launch of a T = 1 kernel; pdl: as a programmatic dependent of the previous kernel */
+template <typename... P, typename... A>
+static m3_status t1_launch(m3_gpu *g, void (*k)(P...), dim3 grid, unsigned threads, size_t sh, bool pdl,
+                           const char *name, A... args) {
+    if (pdl) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(threads);
+        cfg.dynamicSmemBytes = sh;
+        cfg.stream = g->stream;
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        M3_HIP_TRY(cudaLaunchKernelEx(&cfg, k, args...));
+    } else {
+        k<<<grid, threads, sh, g->stream>>>(args...);
+    }
+    return m3_gpu_launched_(g, name, __FILE__, __LINE__);
+}
+
+/* T = 1 on sk1_k: gate/up (+ swiglu) into ab [K, F], [act_mid], down into ye [K, D] and the
+ * combine into y; cnt [D / 32] */
+template <int WF, int U1>
+static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
+                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
+                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+                         const m3_mx_params *mid) {
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
+    const int sm = (int)p->swiglu;
+    const bool ab16 = p->act_bf16;
+    const size_t sh1 = (size_t)D * 2, sh2 = (size_t)F * 2;
+    if (sh1 + 1024 > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk1_k<WF, 0, SK_RPW_GU, U1>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    if (sh2 + 1024 > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk1_k<WF, 1, SK_RPW_DN, U1>,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    const int run1 = EXP_WARPS * SK_RPW_GU, run2 = EXP_WARPS * SK_RPW_DN;
+    const dim3 g1((unsigned)K, (unsigned)((F + run1 - 1) / run1)), g2((unsigned)K, (unsigned)((D + run2 - 1) / run2));
+    const float rsf = mp->routed_scale;
+    const bool bc = p->moe_bf16_combine;
+    M3_TRY(t1_launch(g, sk1_k<WF, 0, SK_RPW_GU, U1>, g1, EXP_THREADS, sh1, false, "sk1_k gate/up", ab,
+                     (m3_bf16 *)NULL, cnt, (int)g2.y, d_x, d_ids, d_wts, E, K, (const void *)w->gate,
+                     (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D, F,
+                     mp->alpha, mp->limit, sm, ab16, rsf, bc));
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
+    return t1_launch(g, sk1_k<WF, 1, SK_RPW_DN, U1>, g2, EXP_THREADS, sh2, true, "sk1_k down + combine",
+                     ye, d_y, cnt, (int)g2.y, (const m3_bf16 *)ab, d_ids, d_wts, E, K,
+                     (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf, bc);
+}
+
+/* T = 1, MXFP4 weights: tc_k's tensor-core GEMV for one token, without a grouping kernel or a
+ * combine launch. The grouped row of slot k is k itself; the valid slots (t1_slots) are read by
+ * every block. Persistent (at most 2 blocks per multiprocessor; block b takes the tiles b,
+ * b + gridDim.x, ...), a tile: one valid slot's CH outputs (8 (gate/up) or 16 (down) per row
+ * group of 8 / WK warps), its k range split over WK warps (partial sums added in warp order
+ * through shared memory). Each lane keeps two register sets of U steps of loads (16 bytes of
+ * rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the other is decoded, and
+ * the next tile's first set in flight during the current tile's reduction. MODE 0: out = a
+ * rows [K][F]; block 0 also zeroes the down kernel's counters. MODE 1 (a dependent launch:
+ * its first loads go out while gate/up finishes, pdl_wait before it reads a): out = y_e rows
+ * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
+ * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
+ * pass over y_e go away. */
+template <int WF, int MODE, int WK, int U>
+static __global__ void __launch_bounds__(TC_THREADS, 2)
+    dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
+          const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
+          int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
+          const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
+          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine) {
+    extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units */
+    __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
+    __shared__ float lut[256];
+    __shared__ int last;
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
-    const int na = *m.n_act, nch = nout / CH, ntiles = na * nch;
-    if ((int)blockIdx.x >= ntiles) return; /* whole block */
-    build_lut<WF>(lut);
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
+    const unsigned vm = t1_slots(ids, K, E);
+    const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
+    if (MODE == 0) pdl_trigger(); /* the down kernel may start its weight loads */
+    if (MODE == 0 && blockIdx.x == 0)
+        for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
+    if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
+        pdl_wait();
+        if (blockIdx.x == 0)
+            for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
+        return;
+    }
+    if ((int)blockIdx.x >= ntiles) return; /* whole block */
+    build_lut<WF>(lut);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
-    const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups per tile (>= 1) */
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
-    struct rows { const unsigned char *w[2]; const m3_e8m0 *s[2]; };
-    auto rows_of = [&](int tile, rows &r) {
-        const int e = m.act[tile / nch], obase = (tile % nch) * CH + wr * OPW;
+    uint4 *xs = tc_dyn;
+    /* a tile's slot, first output of this warp, weight rows and scale rows of this lane */
+    auto rows_of = [&](int tile, int *slot, int *obase, const unsigned char **pw, const m3_e8m0 **ps) {
+        *slot = nth_bit(vm, tile / nch);
+        *obase = (tile % nch) * CH + wr * OPW;
+        const int e = ids[*slot];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int o = MODE == 0 ? obase + g : obase + g + 8 * h;
+            const int o = MODE == 0 ? *obase + g : *obase + g + 8 * h;
             const size_t row = (size_t)e * nout + o;
-            r.w[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
-            r.s[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
+            pw[h] = (const unsigned char *)(MODE == 0 && h ? w1 : w0) + row * rb;
+            ps[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
         }
     };
-    auto load = [&](const rows &r, int st0, uint4(&q)[U][2], m3_e8m0(&sc)[U][2]) {
+    /* U steps of this lane's rows from st0 (steps st0, st0 + WK, ...; past the row: zeros) */
+    auto load = [&](const unsigned char *const *pw, const m3_e8m0 *const *ps, int st0, uint4(&q)[U][2],
+                    m3_e8m0(&sc)[U][2]) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int p = (st0 + u * WK) * 4 + t;
             const bool ok = st0 + u * WK < nsteps && p < npieces;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                q[u][h] = ok ? ld_stream<LP>(r.w[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
-                sc[u][h] = ok ? r.s[h][p / PPB] : (m3_e8m0)0;
+                q[u][h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
             }
         }
     };
-    int tile = (int)blockIdx.x;
-    rows cur, nxt;
-    rows_of(tile, cur);
+    /* two register sets of U steps: one loading while the other is used, across tiles */
+    const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups a tile (may be 0) */
+    int tile = (int)blockIdx.x, slot, obase, nslot, nobase;
+    const unsigned char *cpw[2], *npw[2];
+    const m3_e8m0 *cps[2], *nps[2];
+    rows_of(tile, &slot, &obase, cpw, cps);
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
-    load(cur, wk, qa, sa); /* in flight while the rows are staged */
-    for (int v = tid; v < na * (kdim / 8); v += TC_THREADS) {
+    load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
+    /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
+     * call; a and the counters are MODE 0's) */
+    if (MODE == 1) pdl_wait();
+    /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
+     * every valid slot (row j of xs: the j-th valid slot) */
+    const int nx = MODE == 0 ? 1 : nv;
+    for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
         const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-        const int r0 = m.off[m.act[j]];
-        const int src = MODE == 0 ? m.ent[r0] / K : r0;
+        const int src = MODE == 0 ? 0 : nth_bit(vm, j);
         const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
         const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-        tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF, FP4R>(x);
+        xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
     }
     __syncthreads();
     for (;;) {
-        const int xr = (tile / nch) * pitch, next = tile + (int)gridDim.x;
+        const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        /* step st of the tile from q (x of the tile's expert) into acc */
-        auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
-            const bool ok = st * 4 + t < npieces;
-            uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-            tc_decode<WF, FP4R>(q[0], sc[0], lut, a0);
-            tc_decode<WF, FP4R>(q[1], sc[1], lut, a1);
-#pragma unroll
-            for (int uu = 0; uu < UP; uu++) {
-                const uint4 xv = ok ? tc_dyn[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-            }
-#pragma unroll
-            for (int i = 0; i < PE / 4; i++) {
-                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                m3_mma_bf16_16816(acc, af, bf);
-            }
-        };
-        if (next < ntiles) rows_of(next, nxt);
+        if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
         for (int gi = 0; gi < G; gi++) {
             const int st0 = wk + gi * WK * U;
-            if (gi + 1 < G) {
-                load(cur, st0 + WK * U, qb, sb);
-            } else if (next < ntiles) {
-                load(nxt, wk, qb, sb);
-            }
+            if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
+            else if (next < ntiles) load(npw, nps, wk, qb, sb);
 #pragma unroll
-            for (int u = 0; u < U; u++)
-                if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+            for (int u = 0; u < U; u++) {
+                const int st = st0 + u * WK;
+                if (st >= nsteps) continue;
+                const bool ok = st * 4 + t < npieces;
+                uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+                tc_decode<WF>(qa[u][0], sa[u][0], lut, a0);
+                tc_decode<WF>(qa[u][1], sa[u][1], lut, a1);
+#pragma unroll
+                for (int uu = 0; uu < UP; uu++) {
+                    const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                    xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                }
+#pragma unroll
+                for (int i = 0; i < PE / 4; i++) {
+                    const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                    const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                    m3_mma_bf16_16816(acc, af, bf);
+                }
+            }
 #pragma unroll
             for (int u = 0; u < U; u++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
         }
-        /* column 0 of the tile (the expert's one row): lanes t == 0, c[0] row g, c[2] row g+8 */
+        /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
         if (WK > 1) {
             if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
             __syncthreads();
@@ -869,8 +1044,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
         }
         if (wk == 0 && t == 0) {
-            const int e = m.act[tile / nch], obase = (tile % nch) * CH + wr * OPW;
-            m3_bf16 *orow = out + (size_t)m.off[e] * nout;
+            m3_bf16 *orow = out + (size_t)slot * nout;
             if (MODE == 0) {
                 float gv = acc[0], uv = acc[2];
                 if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
@@ -880,43 +1054,58 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
             }
         }
+        if (MODE == 1) { /* the chunk's last block combines it */
+            const int chunk = tile % nch;
+            if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
+            __syncthreads();
+            if (tid == 0) last = atomicAdd(&cnt[chunk], 1) == nv - 1;
+            __syncthreads();
+            if (last && tid < CH) {
+                __threadfence();
+                t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+            }
+        }
+        __syncthreads(); /* red and last are free for the next tile */
         if (next >= ntiles) break; /* block-uniform */
-        if (WK > 1) __syncthreads(); /* red is free for the next tile */
-        tile = next;
-        cur = nxt;
+        tile = next, slot = nslot, obase = nobase;
+        cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
     }
 }
 
-/* T = 1 launch of tc1_k: a grid of at most 2 blocks per multiprocessor */
-template <int WF, int WK, int U, int FP4R, int LP>
-static m3_status tc1_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
-                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+/* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
+ * scratch, cnt [D / CH] ints */
+template <int WF, int WK, int U>
+static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
+                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
+                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                          const m3_mx_params *mid) {
-    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
-    const int sm = (int)p->swiglu, slots = TK < E ? TK : E;
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
+    const int sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
-    const size_t sh1 = (size_t)slots * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
-    const size_t sh2 = (size_t)slots * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 0, WK, U, FP4R, LP>,
-                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc1_k<WF, 1, WK, U, FP4R, LP>,
-                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    const int cap = 2 * g->n_sm, t1 = slots * (F / (WR * 8)), t2 = slots * (D / (WR * 16));
-    tc1_k<WF, 0, WK, U, FP4R, LP><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
-        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
-    M3_LAUNCHED(g, "tc1_k gate/up");
-    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    tc1_k<WF, 1, WK, U, FP4R, LP><<<(unsigned)(t2 < cap ? t2 : cap), TC_THREADS, sh2, g->stream>>>(
-        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
-    M3_LAUNCHED(g, "tc1_k down");
-    return M3_OK;
+    const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U>,
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U>,
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
+    const float rsf = mp->routed_scale;
+    dq1_k<WF, 0, WK, U><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+        ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
+        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
+    M3_LAUNCHED(g, "dq1_k gate/up");
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
+    const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
+    return t1_launch(g, dq1_k<WF, 1, WK, U>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+                     ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
+                     (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
+                     (bool)p->moe_bf16_combine);
 }
 
-/* launch config of one tc variant */
-template <int WF, int WK, int NT, int U, int RL, int FP4R, int LP>
+/* tc_k launches: gate/up (+ swiglu), [act_mid], down */
+template <int WF, int WK, int NT, int U, int RL>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -928,19 +1117,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, FP4R, LP>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, FP4R, LP>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, FP4R, LP><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, FP4R, LP><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -1217,9 +1406,9 @@ static __global__ void __launch_bounds__(EXP_THREADS)
  * exact in bf16 unless below 2^-126, as in tile_k) into a 2-deep bf16 buffer; the scale byte
  * is loaded into a register one k-step before its use.
  * The row tile of a block comes from a warp scan of ceil(n_e / BM) over the active experts
- * (group_k's tile_off counts 64-row tiles). blockIdx.x is the column tile (see below). The
- * configurations measured are kept behind M3_MOE_TILE (t2_variant). AMD and pre-sm_80 NVIDIA
- * use tile_k. */
+ * (group_k's tile_off counts 64-row tiles). blockIdx.x is the column tile (see below). One
+ * configuration is built: BM 160, BN 128, WN 32, S 4 (the others measured slower: docs/gpu.md
+ * "Prefill tiles"). AMD and pre-sm_80 NVIDIA use tile_k. */
 #define T2_BK 32
 #define T2_LDS (T2_BK + 8) /* padded rows (80 bytes): conflict-free ldmatrix and cp.async */
 
@@ -1586,16 +1775,6 @@ static bool t2_ok(m3_gpu *g) {
     return cc[g->device] >= 8;
 }
 
-/* the prefill tile configuration: M3_MOE_TILE (a tuning knob for benches; default 1). 0 tile_k
- * (64 x 128, register double buffering); tile2_k rows x columns (warps), stages: 1 160 x 128
- * (8), 4; 2 128 x 256 (8 of 64 x 64), 4; 3 128 x 128 (8), 3; 4 128 x 128 (8), 4; 5 160 x 256
- * (16), 4; 6 128 x 256 (16), 4; 7 160 x 128 (8), 3; 8 160 x 256 (16), 3; 9 64 x 128 (8), 4.
- * 256 columns need D % 256 and F % 128 (else 1). Timings: docs/gpu.md "Prefill tiles". */
-static int t2_variant(void) {
-    const char *v = getenv("M3_MOE_TILE");
-    return v && *v >= '0' && *v <= '9' && !v[1] ? *v - '0' : 1;
-}
-
 template <int WF, int BM, int BN, int WN, int S>
 static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
@@ -1621,15 +1800,6 @@ static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     return M3_OK;
 }
 #endif
-
-/* M3_MOE_DEC (benchmarking aid, read per call; unset or 0: the measured best, below):
- * 1 the FMA GEMV (sk_k) for every format (the AMD path, and the previous session's kernel),
- * 2 tensor cores for every MX step (MXFP8 at T = 1 too), 99 no GEMV at all (times the
- * grouping, the combine and the launches; the results are garbage). */
-static int dec_variant(void) {
-    const char *v = getenv("M3_MOE_DEC");
-    return v ? atoi(v) : 0;
-}
 
 /* the decode GEMVs: gate/up (+ swiglu), [act_mid], down */
 template <int WF, int NTMAX, int U1>
@@ -1669,18 +1839,12 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     const bool ab16 = p->act_bf16;
     const int slots = TK < E ? TK : E;
     if (TK <= 4 * E) {
-        const int v = dec_variant();
-        if (v == 99) return M3_OK;
 #if defined(M3_HIP_NVIDIA)
-        /* MX on tensor cores (measured on the H200, docs/gpu.md): T > 1 tc_k, 8 warps of 16
-         * rows, 4 chunks a block, 4 steps of loads with a 256-byte L2 prefetch; T = 1 MXFP4
-         * tc1_k with k split over 4 warps; T = 1 MXFP8 stays on sk_k (3 steps of loads in
-         * flight beat tc1_k there: 0.090 vs 0.099 ms) */
-        if (WF != M3_GPU_W_BF16 && v != 1) {
+        /* MX on tensor cores (docs/gpu.md): tc_k, 8 warps of 16 rows, 4 chunks a block, 4 steps of
+         * loads with a 256-byte L2 prefetch (T = 1 never comes here on NVIDIA: t1_call) */
+        if (WF != M3_GPU_W_BF16 && !w->portable) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
-            if (T == 1 && (WF == M3_GPU_W_MXFP4 || v == 2))
-                return tc1_run<WFX, 4, 2, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            if (T > 1) return tc_run<WFX, 1, 1, 4, 4, 1, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            return tc_run<WFX, 1, 1, 4, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
         /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
@@ -1688,21 +1852,8 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         return sk_run<WF, sk_nt<WF>::N, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
     } else {
 #ifdef M3_HIP_NVIDIA
-        int v = t2_ok(g) ? t2_variant() : 0;
-        /* 256 tile columns need D % 256, F % 128 */
-        if ((v == 2 || v == 5 || v == 6 || v == 8) && (D % 256 || F % 128)) v = 1;
-        switch (v) {
-        case 1: return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 2: return t2_run<WF, 128, 256, 64, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 3: return t2_run<WF, 128, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 4: return t2_run<WF, 128, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 5: return t2_run<WF, 160, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 6: return t2_run<WF, 128, 256, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 7: return t2_run<WF, 160, 128, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 8: return t2_run<WF, 160, 256, 32, 3>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        case 9: return t2_run<WF, 64, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-        default: break; /* 0: tile_k */
-        }
+        /* 160 x 128 tiles, 4 stages: measured fastest (docs/gpu.md "Prefill tiles") */
+        if (t2_ok(g) && !w->portable) return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
 #endif
         const unsigned tiles = (unsigned)(TK / TILE_BM + slots + 1); /* >= sum ceil(n_e/64) */
         tile_k<WF, 0><<<dim3(tiles, (unsigned)(F / (TILE_BN / 2))), EXP_THREADS, 0, g->stream>>>(
@@ -1715,6 +1866,36 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     }
     return M3_OK;
 }
+
+#if defined(M3_HIP_NVIDIA)
+/* T = 1 on NVIDIA sm_80+ (no grouping or combine launch): scratch, act_in, and the two kernels
+ * (MXFP4 dq1_k; MXFP8, bf16 sk1_k: measured faster each, docs/gpu.md "Decode, session 4") */
+static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int32_t *d_ids,
+                         const float *d_wts, const m3_gpu_experts *w, const m3_moe_params *mp,
+                         const m3_profile *p, const m3_actq *const *aq) {
+    const int K = mp->top_k, D = mp->dim, F = mp->ffn;
+    const size_t mark = m3_gpu_mark(g);
+    m3_bf16 *ab, *ye, *xq = NULL;
+    int32_t *cnt;
+    m3_status s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)K * F);
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ye, sizeof(m3_bf16) * (size_t)K * D);
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&cnt, sizeof(int32_t) * (size_t)(D / 16));
+    if (s == M3_OK && aq[0]) s = m3_gpu_alloc(g, (void **)&xq, sizeof(m3_bf16) * (size_t)D);
+    if (s == M3_OK && aq[0]) s = m3_gpu_mx_qdq_bf16(g, xq, d_x, 1, D, &aq[0]->mx);
+    if (xq) d_x = xq;
+    const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
+    if (s == M3_OK) {
+        if (w->fmt == M3_GPU_W_BF16)
+            s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        else if (w->fmt == M3_GPU_W_MXFP8)
+            s = sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        else
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+    }
+    m3_gpu_release(g, mark);
+    return s;
+}
+#endif
 
 extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x,
                                         const int32_t *d_ids, const float *d_wts, int n_tok,
@@ -1747,6 +1928,9 @@ extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *
     }
     M3_ASSERT(m3_aligned16(d_x) && m3_aligned16(d_y) && w->gate && w->up && w->down);
     if (n_tok == 0) return M3_OK;
+#if defined(M3_HIP_NVIDIA)
+    if (n_tok == 1 && t2_ok(g) && !w->portable) return t1_call(g, d_y, d_x, d_ids, d_wts, w, mp, p, aq);
+#endif
     const int TK = n_tok * K;
     const size_t mark = m3_gpu_mark(g);
     int32_t *meta;

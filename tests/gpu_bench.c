@@ -481,13 +481,10 @@ static void bench_moe_experts(void **state) {
     const size_t n = (size_t)E * F * D; /* elements per matrix */
     static const int Ts[] = {1, 64, 4096};
     /* narrowing for quick device runs: M3_BENCH_MOE_T=1,64 (token counts), M3_BENCH_MOE_FMT=
-     * 2,1 (2 mxfp4, 1 mxfp8, 0 bf16), M3_BENCH_MOE_VAR=0,1 (each value is set as M3_MOE_DEC,
-     * gpu/moe.hip's decode-kernel variant, and timed as its own row) */
+     * 2,1 (2 mxfp4, 1 mxfp8, 0 bf16) */
     const char *only_t = getenv("M3_BENCH_MOE_T"), *only_f = getenv("M3_BENCH_MOE_FMT");
-    const char *vars_mx = getenv("M3_BENCH_MOE_VAR"), *vars_bf16 = getenv("M3_BENCH_MOE_VAR0");
     for (int f = 2; f >= 0; f--) { /* mxfp4, mxfp8, bf16 */
         if (only_f && !list_has(only_f, f)) continue;
-        const char *vars = f == 0 && vars_bf16 ? vars_bf16 : vars_mx;
         const size_t mark = m3_gpu_mark(g);
         exp_ctx c;
         memset(&c, 0, sizeof c);
@@ -534,41 +531,9 @@ static void bench_moe_experts(void **state) {
             free(ids);
             free(wts);
             char nm[96];
-            snprintf(nm, sizeof nm, "moe_experts %s atom T=%d", f == 0 ? "bf16" : (f == 1 ? "mxfp8" : "mxfp4"), c.T);
-            /* M3_BENCH_MOE_TILES=0,2,..: also time these prefill tile configurations
-             * (gpu/moe.hip M3_MOE_TILE) on the same inputs, one row each */
-            const char *tiles = getenv("M3_BENCH_MOE_TILES");
-            if (tiles && c.T * K > 4 * E) {
-                const char *prev = getenv("M3_MOE_TILE");
-                char keep[16] = "";
-                if (prev) snprintf(keep, sizeof keep, "%s", prev);
-                for (const char *q = tiles; *q; q++) {
-                    if (*q < '0' || *q > '9') continue;
-                    char v[2] = {*q, 0}, vn[112];
-                    setenv("M3_MOE_TILE", v, 1);
-                    const double tms = time_ms(g, do_experts, &c, 3, 3);
-                    snprintf(vn, sizeof vn, "%s tile=%s", nm, v);
-                    report(vn, tms, 0, (double)c.T * K * 6.0 * D * F);
-                }
-                if (prev) setenv("M3_MOE_TILE", keep, 1);
-                else unsetenv("M3_MOE_TILE");
-            }
             const double wbytes = 3.0 * (double)(cb + sb) / E * n_used;
             const double tk = (double)c.T * K;
             const double io = (double)c.T * D * 2 * 2 + tk * F * 2 * 2 + tk * D * 2 * 2;
-            for (int vi = 0; vars && vi < 16; vi++) { /* the decode variants, one row each */
-                const char *vp = vars;
-                for (int j = 0; j < vi && vp; j++) vp = strchr(vp, ','), vp = vp ? vp + 1 : NULL;
-                if (!vp || !*vp) break;
-                const int v = atoi(vp);
-                char vs[16];
-                snprintf(vs, sizeof vs, "%d", v);
-                setenv("M3_MOE_DEC", vs, 1);
-                const double vms = time_ms(g, do_experts, &c, c.T > 64 ? 3 : 20, c.T > 64 ? 3 : 7);
-                snprintf(nm, sizeof nm, "moe_experts %s atom T=%d dec%d", f == 0 ? "bf16" : (f == 1 ? "mxfp8" : "mxfp4"), c.T, v);
-                report(nm, vms, wbytes + io, tk * 6.0 * D * F);
-            }
-            unsetenv("M3_MOE_DEC");
             double ms = time_ms(g, do_experts, &c, c.T > 64 ? 3 : 20, c.T > 64 ? 3 : 7);
             snprintf(nm, sizeof nm, "moe_experts %s atom T=%d", f == 0 ? "bf16" : (f == 1 ? "mxfp8" : "mxfp4"), c.T);
             printf("bench: (%s: %d experts touched, %.1f MB of weights)\n", nm, n_used, wbytes / 1e6);

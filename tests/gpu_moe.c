@@ -291,6 +291,21 @@ static const char *fmt_name(m3_gpu_wfmt f) {
     return f == M3_GPU_W_BF16 ? "bf16" : (f == M3_GPU_W_MXFP8 ? "mxfp8" : "mxfp4");
 }
 
+/* While nonzero (moe_experts_mxfp8_nan), weights_to plants e4m3fn NaN codes into MXFP8
+ * matrices of a case with D = g_nan_D: gate and up [E*F, D] get code 0x7F at row 5, column 9
+ * (expert 0's output 5: its tokens' whole y rows become NaN); down [E*D, F] gets 0xFF in
+ * row 7 + 13e, column 3e of every expert e (one NaN output of each expert's tokens). */
+static int g_nan_D, g_nan_partial; /* g_nan_partial: cases with NaN and finite outputs */
+
+static void plant_nan(uint8_t *codes, int64_t rows, int cols, int64_t rb) {
+    if (cols == g_nan_D) {
+        codes[5 * rb + 9] = 0x7F;
+        return;
+    }
+    const int64_t E = rows / g_nan_D;
+    for (int64_t e = 0; e < E; e++) codes[(e * g_nan_D + 7 + 13 * e) * rb + (3 * e) % cols] = 0xFF;
+}
+
 /* Device copy of one matrix in format f, and the host values the reference must use
  * (written into ref_vals: bf16-rounded or MX-dequantized f32). */
 static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows, int cols,
@@ -309,6 +324,7 @@ static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows,
     assert_true(codes && sc);
     assert_true(rows <= INT32_MAX);
     m3_mx_quantize(codes, sc, src, (int)rows, cols, &mx);
+    if (g_nan_D && f == M3_GPU_W_MXFP8) plant_nan(codes, rows, cols, rb);
     m3_mx_dequantize(ref_vals, codes, sc, (int)rows, cols, &mx);
     void *dc, *ds;
     GPU_OK(m3_gpu_alloc(g, &dc, (size_t)(rows * rb)));
@@ -348,6 +364,9 @@ static void random_routing(m3_rng *r, int32_t *ids, float *wts, int T, int E, in
  * with all T rows: the decode GEMV's passes over more staged rows than one pass holds) */
 static bool g_skew_expert0;
 
+/* experts_case sets m3_gpu_experts.portable from this (moe_experts_portable_paths) */
+static int g_portable;
+
 /* the expert-call parameters of a case: the master's shapes, swiglu_oai's M3 constants */
 static m3_moe_params case_params(const exp_master *wm, int K) {
     m3_moe_params mp;
@@ -372,6 +391,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     m3_gpu_experts dw;
     memset(&dw, 0, sizeof dw);
     dw.fmt = fmt;
+    dw.portable = g_portable;
     weights_to(g, fmt, wm->gate, (int64_t)E * F, D, &dw.gate, &dw.gate_s, rg, NULL, NULL);
     weights_to(g, fmt, wm->up, (int64_t)E * F, D, &dw.up, &dw.up_s, ru, NULL, NULL);
     weights_to(g, fmt, wm->down, (int64_t)E * D, F, &dw.down, &dw.down_s, rd, NULL, NULL);
@@ -409,7 +429,22 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     char what[128];
     snprintf(what, sizeof what, "moe_experts %s(%s,T=%d,E=%d,K=%d,D=%d,F=%d,%s)", fmt_name(fmt),
              p.name, T, E, K, D, F, T * K <= 4 * E ? "gemv" : "tiles");
-    gpu_expect_nmse(ref, got, (int64_t)T * D, GPU_NMSE_BF16, what);
+    if (g_nan_D) { /* not vacuous: some outputs NaN, some finite (gpu_nmse: NaN where ref is) */
+        int64_t nn = 0;
+        for (int64_t i = 0; i < (int64_t)T * D; i++) nn += isnan(ref[i]) != 0;
+        printf("  %lld of %lld reference outputs NaN\n", (long long)nn, (long long)T * D);
+        assert_true(nn > 0);
+        g_nan_partial += nn < (int64_t)T * D;
+    }
+    bool all_nan = g_nan_D != 0; /* (gpu_nmse needs a finite reference output) */
+    for (int64_t i = 0; all_nan && i < (int64_t)T * D; i++) all_nan = isnan(ref[i]);
+    if (all_nan) {
+        for (int64_t i = 0; i < (int64_t)T * D; i++)
+            if (!isnan(got[i])) m3_test_failf("%s: element %lld: ref NaN, gpu %g", what, (long long)i, (double)got[i]);
+        printf("  %-58s all NaN, as ref\n", what);
+    } else {
+        gpu_expect_nmse(ref, got, (int64_t)T * D, GPU_NMSE_BF16, what);
+    }
     m3_gpu_release(g, mark);
     free(rg); free(ru); free(rd); free(ex); free(x); free(ref); free(got); free(wts); free(ids);
     free(scratch);
@@ -454,6 +489,33 @@ static void moe_experts_one_busy_expert(void **state) {
     master_free(&wm);
 }
 
+/* cmocka teardown of the tests that set the case globals: a failed case leaves by longjmp */
+static int reset_case_globals(void **state) {
+    (void)state;
+    g_nan_D = 0;
+    g_portable = 0;
+    g_skew_expert0 = false;
+    return 0;
+}
+
+/* e4m3fn NaN codes in MXFP8 experts (g_nan_D): decode (T = 1, 5, 13) and tiles (T = 40) give
+ * NaN exactly where ref does (a NaN code is NaN, never a finite value); the finite outputs
+ * under GPU_NMSE_BF16 as in moe_experts_small. Both profiles. */
+static void moe_experts_mxfp8_nan(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 8, 256, 192, 817);
+    g_nan_D = 256;
+    g_nan_partial = 0;
+    static const int Ts[] = {1, 5, 13, 40};
+    for (int prof = 1; prof < 3; prof++)
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+            experts_case(g, &wm, Ts[i], 2, M3_GPU_W_MXFP8, prof);
+    g_nan_D = 0;
+    master_free(&wm);
+    assert_true(g_nan_partial > 0); /* some cases mix NaN and finite outputs */
+}
+
 /* M3 dims D = 6144, F = 3072 (E = 4 keeps the host reference small): decode (gemv) and a
  * 40-token batch (tiles: 160 entries > 4E). */
 static void moe_experts_m3_dims(void **state) {
@@ -468,33 +530,29 @@ static void moe_experts_m3_dims(void **state) {
     master_free(&wm);
 }
 
-/* Every prefill tile configuration (M3_MOE_TILE, gpu/moe.hip: 0 tile_k, 1-9 tile2_k with 64 to
- * 160 rows, 128 or 256 columns, 8 or 16 warps, 3 or 4 stages; the default is 1) at odd
- * shapes, all three weight formats: E = 9, K = 3, D 256, F 192 (T = 13: experts of ~4 rows,
- * mostly padding; T = 300: ~100 rows, one partial tile; 256-column variants fall back to 128)
- * and E = 3, K = 2, T = 300, D 512, F 256 (~200 rows: two tiles of 128 or 160 rows, the
- * second partial; 256-column tiles). Same bound as moe_experts_small (the same math, another
- * fp32 reduction order). */
-static void moe_experts_tile_variants(void **state) {
+/* The portable kernels (m3_gpu_experts.portable: the FMA decode GEMV sk_k and the tile_k
+ * tiles that AMD runs, here with their NVIDIA mma) and the production ones at odd shapes, all
+ * three weight formats: E = 9, K = 3, D 256, F 192 (T = 1, 5: decode; T = 13: ~4 rows an
+ * expert, tiles mostly padding; T = 300: ~100 rows, one partial tile) and E = 3, K = 2,
+ * T = 300, D 512, F 256 (~200 rows: several tiles, the last partial). Same bound as
+ * moe_experts_small (the same math, another fp32 reduction order). */
+static void moe_experts_portable_paths(void **state) {
     m3_gpu *g = gpu_or_skip(state);
-    const char *prev = getenv("M3_MOE_TILE");
-    char keep[16] = "";
-    if (prev) snprintf(keep, sizeof keep, "%s", prev);
     exp_master w9, w3;
     master_make(&w9, 9, 256, 192, 830);
     master_make(&w3, 3, 512, 256, 840);
-    static const char *const vs[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
-    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
-        setenv("M3_MOE_TILE", vs[v], 1);
-        print_message("M3_MOE_TILE=%s\n", vs[v]);
+    for (int port = 1; port >= 0; port--) {
+        g_portable = port;
+        print_message("portable=%d\n", port);
         for (int f = 0; f < 3; f++) {
+            experts_case(g, &w9, 1, 3, (m3_gpu_wfmt)f, 2);
+            experts_case(g, &w9, 5, 3, (m3_gpu_wfmt)f, 1);
             experts_case(g, &w9, 13, 3, (m3_gpu_wfmt)f, 2);
             experts_case(g, &w9, 300, 3, (m3_gpu_wfmt)f, 2);
             experts_case(g, &w3, 300, 2, (m3_gpu_wfmt)f, 1);
         }
     }
-    if (prev) setenv("M3_MOE_TILE", keep, 1);
-    else unsetenv("M3_MOE_TILE");
+    g_portable = 0;
     master_free(&w9);
     master_free(&w3);
 }
@@ -712,9 +770,10 @@ int main(void) {
         cmocka_unit_test(router_logits_match_ref),
         cmocka_unit_test(moe_experts_small),
         cmocka_unit_test(moe_experts_wide_scales),
-        cmocka_unit_test(moe_experts_one_busy_expert),
+        cmocka_unit_test_teardown(moe_experts_one_busy_expert, reset_case_globals),
+        cmocka_unit_test_teardown(moe_experts_mxfp8_nan, reset_case_globals),
         cmocka_unit_test(moe_experts_m3_dims),
-        cmocka_unit_test(moe_experts_tile_variants),
+        cmocka_unit_test_teardown(moe_experts_portable_paths, reset_case_globals),
         cmocka_unit_test(moe_experts_fp32_unsupported),
         cmocka_unit_test(moe_experts_act_small),
         cmocka_unit_test(moe_experts_act_m3_dims),
