@@ -60,6 +60,7 @@ struct m3_gpu_layer_weights {
     m3_gpu_wfmt sfmt;
     bool shared_fused;                     /* ref's lw->shared_fused (spec §3.14) */
     bool shared_slot;                      /* the shared expert is slot E of the expert arrays */
+    bool e_nan, s_nan;                     /* MXFP8 routed / shared codes hold an e4m3 NaN code */
     int n_expert;                          /* E */
     /* activation quantization of the MX experts (copies of ref's m3_wq.act; kind NONE = none) */
     m3_actq act_in, act_mid;
@@ -565,18 +566,39 @@ static m3_status up_mlp(m3_gpu *g, const void **dg, const void **du, const void 
 static int64_t mx_rb(m3_gpu_wfmt f, int in) { return f == M3_GPU_W_MXFP4 ? (in + 1) / 2 : in; }
 static int mx_nb(int in) { return (in + 31) / 32; }
 
-/* one MX matrix (ref's m3_wq: codes + e8m0 scales, [n_out, n_in]) into dst + slot offsets */
+/* whether n e4m3fn codes hold a NaN (s1111111): the tensor-core decode may skip its per-piece
+ * NaN test when none does (m3_gpu_experts.finite_codes); 8 bytes a step, (b & 0x7F) + 1 sets
+ * bit 7 exactly for the NaN codes and never carries into the next byte */
+static bool e4m3_has_nan(const uint8_t *c, size_t n) {
+    const uint64_t m = 0x7F7F7F7F7F7F7F7Full, o = 0x0101010101010101ull, h = 0x8080808080808080ull;
+    size_t i = 0;
+    uint64_t acc = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, c + i, 8);
+        acc |= (v & m) + o;
+    }
+    if (acc & h) return true;
+    for (; i < n; i++)
+        if ((c[i] & 0x7F) == 0x7F) return true;
+    return false;
+}
+
+/* one MX matrix (ref's m3_wq: codes + e8m0 scales, [n_out, n_in]) into dst + slot offsets;
+ * *nan |= an MXFP8 code is NaN */
 static m3_status up_mx_mat(m3_gpu *g, void *codes, m3_e8m0 *scales, const void *wq_p,
-                           m3_gpu_wfmt f, int n_out, int n_in) {
+                           m3_gpu_wfmt f, int n_out, int n_in, bool *nan) {
     const m3_wq *q = (const m3_wq *)wq_p;
-    M3_TRY(m3_gpu_upload(g, codes, q->codes, (size_t)n_out * (size_t)mx_rb(f, n_in)));
+    const size_t nc = (size_t)n_out * (size_t)mx_rb(f, n_in);
+    if (f == M3_GPU_W_MXFP8 && !*nan) *nan = e4m3_has_nan((const uint8_t *)q->codes, nc);
+    M3_TRY(m3_gpu_upload(g, codes, q->codes, nc));
     return m3_gpu_upload(g, scales, q->scale, (size_t)n_out * (size_t)mx_nb(n_in));
 }
 
 /* the three MX matrices of a swiglu MLP (D = dim, F = ffn) into their own arrays */
 static m3_status up_mx_mlp(m3_gpu *g, const void **dg, const void **du, const void **dd,
                            const m3_e8m0 **sg, const m3_e8m0 **su, const m3_e8m0 **sd,
-                           const m3_mlp_weights *mw, m3_gpu_wfmt f, int D, int F) {
+                           const m3_mlp_weights *mw, m3_gpu_wfmt f, int D, int F, bool *nan) {
     void *c[3], *sc[3];
     const int64_t cb[3] = {F * mx_rb(f, D), F * mx_rb(f, D), D * mx_rb(f, F)};
     const int64_t sb[3] = {(int64_t)F * mx_nb(D), (int64_t)F * mx_nb(D), (int64_t)D * mx_nb(F)};
@@ -584,7 +606,7 @@ static m3_status up_mx_mlp(m3_gpu *g, const void **dg, const void **du, const vo
     for (int i = 0; i < 3; i++) {
         M3_TRY(m3_gpu_alloc(g, &c[i], (size_t)cb[i]));
         M3_TRY(m3_gpu_alloc(g, &sc[i], (size_t)sb[i]));
-        M3_TRY(up_mx_mat(g, c[i], (m3_e8m0 *)sc[i], src[i], f, i < 2 ? F : D, i < 2 ? D : F));
+        M3_TRY(up_mx_mat(g, c[i], (m3_e8m0 *)sc[i], src[i], f, i < 2 ? F : D, i < 2 ? D : F, nan));
     }
     *dg = c[0], *du = c[1], *dd = c[2];
     *sg = (const m3_e8m0 *)sc[0], *su = (const m3_e8m0 *)sc[1], *sd = (const m3_e8m0 *)sc[2];
@@ -607,7 +629,7 @@ static m3_status up_mx_stack(m3_gpu *g, m3_gpu_layer_weights *w, const m3_layer_
         for (int i = 0; i < 3; i++)
             M3_TRY(up_mx_mat(g, (char *)p[i] + (size_t)e * per[i],
                              (m3_e8m0 *)p[3 + i] + (size_t)e * per[3 + i], src[i], f,
-                             i < 2 ? F : D, i < 2 ? D : F));
+                             i < 2 ? F : D, i < 2 ? D : F, &w->e_nan));
     }
     w->eg = p[0], w->eu = p[1], w->ed = p[2];
     w->egs = (const m3_e8m0 *)p[3], w->eus = (const m3_e8m0 *)p[4], w->eds = (const m3_e8m0 *)p[5];
@@ -709,7 +731,7 @@ static m3_status upload_weights(m3_gpu *g, m3_gpu_layer_weights *w, const m3_lay
             return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: layer %d: shared and routed experts in "
                              "different MX formats", L);
         return up_mx_mlp(g, &w->sg, &w->su, &w->sd, &w->sgs, &w->sus, &w->sds, sw, w->sfmt, D,
-                         c->shared_inter);
+                         c->shared_inter, &w->s_nan);
     }
     w->sfmt = M3_GPU_W_BF16;
     return up_mlp(g, &w->sg, &w->su, &w->sd, b, sw, D, c->shared_inter, L, "shared expert");
@@ -745,6 +767,7 @@ extern "C" m3_status m3_gpu_layer_weights_experts(const m3_gpu_layer_weights *w,
     out->fmt = w->efmt;
     out->gate = w->eg, out->up = w->eu, out->down = w->ed;
     out->gate_s = w->egs, out->up_s = w->eus, out->down_s = w->eds;
+    out->finite_codes = !w->e_nan;
     out->act_in = act_or_null(&w->act_in);
     out->act_mid = act_or_null(&w->act_mid);
     if (n_slot) *n_slot = w->n_expert + (w->shared_slot ? 1 : 0);
@@ -752,6 +775,7 @@ extern "C" m3_status m3_gpu_layer_weights_experts(const m3_gpu_layer_weights *w,
         shared->fmt = w->sfmt;
         shared->gate = w->sg, shared->up = w->su, shared->down = w->sd;
         shared->gate_s = w->sgs, shared->up_s = w->sus, shared->down_s = w->sds;
+        shared->finite_codes = !w->s_nan;
         shared->act_in = out->act_in;
         shared->act_mid = out->act_mid;
     }
@@ -1089,6 +1113,7 @@ static bool tiled_experts(m3_gpu *g, m3_status *s, m3_bf16 *y, const m3_bf16 *x,
     ew.fmt = w->efmt;
     ew.gate = w->eg, ew.up = w->eu, ew.down = w->ed;
     ew.gate_s = w->egs, ew.up_s = w->eus, ew.down_s = w->eds;
+    ew.finite_codes = !w->e_nan; /* the upload's scan (real checkpoints: no NaN codes) */
     ew.act_in = act_or_null(&w->act_in);
     ew.act_mid = act_or_null(&w->act_mid);
     ew.n_pass = T;

@@ -176,6 +176,10 @@ typedef struct m3_gpu_experts {
     /* nonzero: the portable kernels that AMD runs (the FMA decode GEMV sk_k, the tile_k
      * prefill tiles) also on NVIDIA, where the default is the tensor-core paths (tests) */
     int portable;
+    /* nonzero: the caller knows the MXFP8 codes hold no e4m3 NaN code (0x7F / 0xFF; real
+     * checkpoints have none, gpu/layer.hip scans them at upload), so the tensor-core decode
+     * skips its per-piece NaN test; 0 (default): NaN codes decode to NaN as in ref */
+    int finite_codes;
 } m3_gpu_experts;
 
 /* Twin of ref's m3_moe_experts: y [T,D] bf16 = bf16(rsf * sum_k w_k MLP_{e_k}(x)) with the

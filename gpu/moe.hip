@@ -494,7 +494,8 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
  *   warps holding such a block pay for it); the NaN scale (0xFF) takes decode8's float path.
  *   A piece holding an e4m3 NaN code (0x7F / 0xFF, which the f16 shift would turn into a
  *   finite value) takes the float path too, so NaN codes decode to NaN as in ref (one test
- *   of the 16 bytes: 9 integer ops a piece).
+ *   of the 16 bytes: 9 integer ops a piece; skipped when m3_gpu_experts.finite_codes says
+ *   the codes hold none, as gpu/layer.hip's upload scan establishes for real checkpoints).
  * The k order inside an mma is free as long as A and B agree: each lane's B registers hold
  * the x pairs of the same elements as its A registers. x is staged in shared memory already
  * in that order: per step, 16-byte units (8 elements) u*4 + t of piece t, the elements of a
@@ -562,14 +563,15 @@ static __device__ __forceinline__ bool e4m3_nan16(uint4 q) {
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb */
 template <int WF>
-static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
+static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r,
+                                                 bool nanchk = true) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
 #if M3_HAVE_FP8_CVT
     /* the relayed values are w * 2^-F; 2^(s+F) is a bf16 normal up to s = 127 - F (lim); a
      * larger s multiplies by 2^127 first (w * 2^(127-F), exact) and then by the rest */
     const uint32_t F = WF == M3_GPU_W_MXFP8 ? 112u : 126u, lim = 254u - F;
-    if (sb != 0xFFu && !(WF == M3_GPU_W_MXFP8 && e4m3_nan16(q))) {
+    if (sb != 0xFFu && !(WF == M3_GPU_W_MXFP8 && nanchk && e4m3_nan16(q))) {
         const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
 #pragma unroll
@@ -637,7 +639,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
-         int smode, bool act_bf16) {
+         int smode, bool act_bf16, bool nanchk) {
     extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units */
     __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
     __shared__ float lut[256];
@@ -681,8 +683,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode<WF>(q[0], sc[0], lut, a0);
-        tc_decode<WF>(q[1], sc[1], lut, a1);
+        tc_decode<WF>(q[0], sc[0], lut, a0, nanchk);
+        tc_decode<WF>(q[1], sc[1], lut, a1, nanchk);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -1123,14 +1125,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
         M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
+    /* the per-piece NaN-code test, unless the caller knows the codes are all finite (it cost
+     * ~6% of MXFP8 decode at T=64 on the H200: docs/gpu.md) */
+    const bool nanchk = !w->finite_codes;
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
     tc_k<WF, 0, WK, NT, U, RL><<<g1, TC_THREADS, sh1, g->stream>>>(
-        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16,
+        nanchk);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
     tc_k<WF, 1, WK, NT, U, RL><<<g2, TC_THREADS, sh2, g->stream>>>(
-        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16,
+        nanchk);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
 }
