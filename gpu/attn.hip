@@ -1264,7 +1264,7 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
 #define PF_TK 64      /* keys per shared-memory tile */
 #define PF_NST 4      /* tiles in flight */
 #define PF_MAX_CH 256 /* keys per chunk */
-#define PF_FUSE_MAX 32
+#define PF_FUSE_MAX 16
 #define PF_MAX_CNT 65536                  /* (token, kv head) counters */
 #define PF_PART_CAP ((size_t)256 << 20)   /* partial outputs per launch (bytes) */
 
@@ -1277,7 +1277,8 @@ typedef struct {
 static size_t pf_smem_bytes(const pf_cfg &c) {
     const size_t tb = (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
     return PF_NST * tb + (size_t)c.ch * 2 * sizeof(int64_t) + (size_t)c.hq * c.ch * sizeof(float) +
-           (size_t)c.ch * 3 * sizeof(float) + (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
+           (size_t)c.hq * 8 * sizeof(float) + (size_t)c.ch * 3 * sizeof(float) +
+           (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
            256 * sizeof(uint16_t);
 }
 
@@ -1286,40 +1287,74 @@ static size_t pf_smem_bytes(const pf_cfg &c) {
  * they are zero again between launches (launches on one stream run one after another). */
 __device__ unsigned int pf_cnt[PF_MAX_CNT];
 
-/* The merge of one (token, kv group) for heads h0.. (nh heads), elements e0, e0 + es, ...
- * Partials are read through L2 (__ldcg): other blocks wrote them in this launch. */
-static __device__ void pf_merge(const pf_cfg &c, m3_bf16 *out, const float *po, const float *pml,
-                                size_t s0, int nj, int t, int g, int h0, int nh, int e0, int es) {
-    for (int e = e0; e < nh * c.Dh; e += es) {
-        const int h = h0 + e / c.Dh, d = e % c.Dh;
-        float M = -INFINITY;
-        for (int j = 0; j < nj; j++) M = fmaxf(M, __ldcg(pml + ((s0 + j) * c.hq + h) * 2));
-        float o;
-        if (nj == 0) {
-            o = NAN; /* no key (ref asserts): a visible NaN */
-        } else if (c.part == 0) {
-            float num = 0.0f, den = 0.0f;
-            for (int j = 0; j < nj; j++) {
-                const size_t sl = (s0 + j) * c.hq + h;
-                const float w = expf(__ldcg(pml + sl * 2) - M);
-                num += w * __ldcg(po + sl * c.Dh + d);
-                den += w * __ldcg(pml + sl * 2 + 1);
-            }
-            o = num / den;
-        } else if (nj == 1) {
-            const size_t sl = s0 * c.hq + h;
-            o = __ldcg(po + sl * c.Dh + d) / __ldcg(pml + sl * 2 + 1);
-        } else { /* ref: partitions stored bf16, merged in order with fp32 weights */
-            float num = 0.0f, wsum = 0.0f;
-            for (int j = 0; j < nj; j++) {
-                const size_t sl = (s0 + j) * c.hq + h;
-                const float l = __ldcg(pml + sl * 2 + 1), w = l * expf(__ldcg(pml + sl * 2) - M);
-                wsum += w;
-                num += w * m3_round_bf16(__ldcg(po + sl * c.Dh + d) / l);
-            }
-            o = num / wsum;
+/* Partials: per chunk j and head, m_j, l_j and A_j, where A_j = O_j (sum of P V,
+ * unnormalised) when unpartitioned, or l_j bf16(O_j / l_j) (ref's bf16-stored partition
+ * output, weighted back) when partitioned; both merge as
+ *   out = bf16(sum_j e^(m_j - M) A_j / sum_j e^(m_j - M) l_j),
+ * which for partitions is ref's sum_j w_j bf16(O_j / l_j) / sum_j w_j, w_j = l_j e^(m_j - M).
+ * pf_merge_w: the weights e^(m_j - M) of heads 0..nh-1 into w [nh][nj] and the denominators
+ * into den [nh] (shared memory; threads tid.., nth of them; ends with a barrier). Partials are
+ * read through L2 (__ldcg): other blocks wrote them in this launch. */
+static __device__ void pf_merge_w(const float *pml, size_t s0, int nj, int hq, int h0, int nh,
+                                  float *w, float *den, int tid, int nth) {
+    float *ms = w + nh * nj, *ls = ms + nh * nj; /* staging */
+    for (int e = tid; e < nh * nj; e += nth) {
+        const int h = e / nj, j = e % nj;
+        const size_t sl = (s0 + j) * hq + h0 + h;
+        ms[e] = __ldcg(pml + sl * 2), ls[e] = __ldcg(pml + sl * 2 + 1);
+    }
+    __syncthreads();
+    for (int h = tid; h < nh; h += nth) {
+        float M = -INFINITY, d = 0.0f;
+        for (int j = 0; j < nj; j++) M = fmaxf(M, ms[h * nj + j]);
+        for (int j = 0; j < nj; j++) {
+            const float x = expf(ms[h * nj + j] - M);
+            w[h * nj + j] = x;
+            d += x * ls[h * nj + j];
         }
-        out[(size_t)t * c.H * c.Dh + (size_t)(g * c.hq + h) * c.Dh + d] = m3_f32_to_bf16(o);
+        den[h] = nj > 0 ? d : NAN; /* no key (ref asserts): a visible NaN */
+    }
+    __syncthreads();
+}
+
+/* out of heads h0..h0+nh-1, dims in 4-wide items (Dh % 4 == 0) or singly: sum over chunks
+ * j0, j0 + js, ... of w A_j into acc (partial sums when js > 1) */
+static __device__ __forceinline__ void pf_acc(const float *po, size_t s0, int hq, int Dh, int h,
+                                              int d, int vw, const float *w, int j0, int nj,
+                                              int js, float *acc) {
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+    if (vw == 4) {
+#pragma unroll 8
+        for (int j = j0; j < nj; j += js) {
+            const float4 a = __ldcg(reinterpret_cast<const float4 *>(po + ((s0 + j) * hq + h) * Dh + d));
+            const float x = w[j];
+            acc[0] += x * a.x, acc[1] += x * a.y, acc[2] += x * a.z, acc[3] += x * a.w;
+        }
+    } else {
+#pragma unroll 8
+        for (int j = j0; j < nj; j += js) acc[0] += w[j] * __ldcg(po + ((s0 + j) * hq + h) * Dh + d);
+    }
+}
+
+/* fast path: element offsets of (slot, head g, dim 0) in K and V and of the scale; ref's
+ * formulas (gpu/kv_paged.h) with 32-bit divisions, x = XC dividing Dh and the view's page */
+template <int XC>
+static __device__ __forceinline__ void pf_offs(const m3_gpu_attn_paged_src &s, int slot, int g,
+                                               int64_t &ko, int64_t &vo, int64_t &so) {
+    const m3_kv_geom &G = s.g;
+    if (s.view == M3_KV_VIEW_BLOCK) {
+        const int b = slot / G.block, t = slot - b * G.block;
+        ko = (int64_t)(b * G.n_kv + g) * G.dx * ((int64_t)G.block * XC) + t * XC;
+        vo = (int64_t)b * G.v_stride + ((int64_t)g * (G.block / XC) + t / XC) * ((int64_t)G.head_dim * XC) + t % XC;
+        so = (int64_t)(b * G.n_kv + g) * G.block + t;
+    } else {
+        const int P = G.page, ppb = G.block / P, qq = slot / P, t = slot - qq * P;
+        const int qb = qq / ppb, qr = qq - qb * ppb;
+        ko = (int64_t)qb * G.k_block + (int64_t)qr * ((int64_t)G.n_kv * G.dx * P * XC) +
+             (int64_t)g * G.dx * ((int64_t)P * XC) + t * XC;
+        vo = (int64_t)qb * G.v_stride + (int64_t)qr * G.v_page +
+             ((int64_t)g * (P / XC) + t / XC) * ((int64_t)G.head_dim * XC) + t % XC;
+        so = ((int64_t)qq * G.n_kv + g) * P + t;
     }
 }
 
@@ -1344,8 +1379,9 @@ static __global__ void __launch_bounds__(PF_THREADS)
     unsigned char *tiles = pf_raw;
     int64_t *kofs = reinterpret_cast<int64_t *>(tiles + PF_NST * TB); /* fast: K offset; else slot */
     int64_t *vofs = kofs + ch;
-    float *sc = reinterpret_cast<float *>(vofs + ch); /* [hq][ch] scores */
-    float *ksc = sc + (size_t)hq * ch, *vsc = ksc + ch, *mt = vsc + ch;
+    const int SCP = ch + 8; /* score row pitch: the S fragments' stores spread over banks */
+    float *sc = reinterpret_cast<float *>(vofs + ch); /* [hq][SCP] scores */
+    float *ksc = sc + (size_t)hq * SCP, *vsc = ksc + ch, *mt = vsc + ch;
     m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(mt + ch); /* [16][PBP] P of a tile */
     uint16_t *lut = reinterpret_cast<uint16_t *>(pb + 16 * PBP);
     __shared__ int blist[PG_MAX_SEL];
@@ -1397,20 +1433,16 @@ static __global__ void __launch_bounds__(PF_THREADS)
     if (nk > 0) {
         const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
         for (int i = tid; i < nk; i += PF_THREADS) {
-            const int k = k0 + i;
-            const int64_t sl = sparse ? (int64_t)s.bt[blist[k / Bs]] * Bs + k % Bs
-                                      : m3_dkv_slot(s.bt, Bs, k);
+            const int k = k0 + i, kb = k / Bs;
+            const int sl = (sparse ? s.bt[blist[kb]] : s.bt[kb]) * Bs + (k - kb * Bs);
+            int64_t so;
             if (c.fast) {
-                kofs[i] = m3_dkv_off_k(s.g, s.view, sl, g, 0);
-                vofs[i] = m3_dkv_off_v(s.g, s.view, sl, g, 0);
+                pf_offs<XC>(s, sl, g, kofs[i], vofs[i], so);
             } else {
                 kofs[i] = sl;
+                so = m3_dkv_off_scale(s.g, s.view, sl, g);
             }
-            if (FP8) {
-                const int64_t so = m3_dkv_off_scale(s.g, s.view, sl, g);
-                ksc[i] = s.k_scale[so];
-                vsc[i] = s.v_scale[so];
-            }
+            if (FP8) ksc[i] = s.k_scale[so], vsc[i] = s.v_scale[so];
         }
         __syncthreads();
         if (c.pa) /* §4.9: the max V scale of each tile of keys (tiles from the chunk start) */
@@ -1552,7 +1584,7 @@ static __global__ void __launch_bounds__(PF_THREADS)
                             if (FP8) d *= ksc[ki]; /* dequantized K */
                             z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
                         }
-                        sc[(size_t)r * ch + ki] = z;
+                        sc[(size_t)r * SCP + ki] = z;
                     }
                 }
             } else {
@@ -1560,10 +1592,10 @@ static __global__ void __launch_bounds__(PF_THREADS)
                 if (it == nkt) { /* all scores are in: max and denominator per head */
                     for (int h = warp; h < hq; h += PF_THREADS / 32) {
                         float m = -INFINITY;
-                        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[(size_t)h * ch + i]);
+                        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[(size_t)h * SCP + i]);
                         m = m3_warp_max(m);
                         float l = 0.0f;
-                        for (int i = lane; i < nk; i += 32) l += expf(sc[(size_t)h * ch + i] - m);
+                        for (int i = lane; i < nk; i += 32) l += expf(sc[(size_t)h * SCP + i] - m);
                         l = m3_warp_sum(l);
                         if (lane == 0) m_sh[h] = m, l_sh[h] = l;
                     }
@@ -1573,7 +1605,7 @@ static __global__ void __launch_bounds__(PF_THREADS)
                     const int h = e / PF_TK, il = e % PF_TK, i = i0 + il;
                     float pv = 0.0f;
                     if (il < nkv) {
-                        const float ex = expf(sc[(size_t)h * ch + i] - m_sh[h]);
+                        const float ex = expf(sc[(size_t)h * SCP + i] - m_sh[h]);
                         if (c.pa) { /* §4.9 step 4 */
                             const float M = mt[i / c.tile];
                             const float x = m3_round_fp8(ex * vsc[i] * c.fmax / (M + 1e-8f),
@@ -1629,7 +1661,9 @@ static __global__ void __launch_bounds__(PF_THREADS)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int r = gq + (i >> 1) * 8, d = (warp + u * 4) * 16 + h2 * 8 + 2 * tq + (i & 1);
-                    if (r < hq && d < Dh) po[(sl0 + r) * Dh + d] = o[u][h2][i];
+                    if (r < hq && d < Dh) /* A_j (see pf_merge_w) */
+                        po[(sl0 + r) * Dh + d] =
+                            c.part > 0 ? l_sh[r] * m3_round_bf16(o[u][h2][i] / l_sh[r]) : o[u][h2][i];
                 }
         if (tid < hq) pml[(sl0 + tid) * 2] = m_sh[tid], pml[(sl0 + tid) * 2 + 1] = l_sh[tid];
     }
@@ -1645,22 +1679,50 @@ static __global__ void __launch_bounds__(PF_THREADS)
     __syncthreads();
     if (!last_sh) return;
     __threadfence();
-    pf_merge(c, out, po, pml, slot0, n > 0 ? (n + ch - 1) / ch : 0, t, g, 0, hq, tid, PF_THREADS);
+    { /* the merge; the score array is free now (weights, denominators, staging) */
+        const int nj = n > 0 ? (n + ch - 1) / ch : 0, vw = Dh % 4 == 0 ? 4 : 1;
+        float *w = sc, *den = sc + 3 * hq * nj;
+        pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, PF_THREADS);
+        m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
+        for (int e = tid; e < hq * (Dh / vw); e += PF_THREADS) {
+            const int h = e / (Dh / vw), d = (e % (Dh / vw)) * vw;
+            float acc[4];
+            pf_acc(po, slot0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc);
+            for (int i = 0; i < vw; i++) orow[(size_t)h * Dh + d + i] = m3_f32_to_bf16(acc[i] / den[h]);
+        }
+    }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
     (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
 #endif
 }
 
-/* the merge when rows have more than PF_FUSE_MAX chunks: one block per (token, query head) */
-static __global__ void __launch_bounds__(PF_THREADS)
+/* the merge when rows have more than PF_FUSE_MAX chunks: one block per (token, query head),
+ * PF_MT threads: the warps split the chunks, lanes the dims; dynamic shared memory: 3 nchx + 1
+ * floats of weights and staging, then [warps][Dh] partial sums */
+#define PF_MT 256
+static __global__ void __launch_bounds__(PF_MT)
     pf_merge_k(m3_bf16 *M3_RESTRICT out, const float *M3_RESTRICT po, const float *M3_RESTRICT pml,
                const int *M3_RESTRICT nkeys, int t0, pf_cfg c) {
+    extern __shared__ float pm_sh[];
     const int tl = (int)blockIdx.x, hh = (int)blockIdx.y, g = hh / c.hq, h = hh % c.hq;
-    const size_t tg = (size_t)tl * c.Hkv + g;
-    const int n = nkeys[tg];
-    pf_merge(c, out, po, pml, tg * c.nchx, n > 0 ? (n + c.ch - 1) / c.ch : 0, t0 + tl, g, h, 1,
-             (int)threadIdx.x, (int)blockDim.x);
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, nw = PF_MT / 32;
+    const size_t tg = (size_t)tl * c.Hkv + g, s0 = tg * c.nchx;
+    const int n = nkeys[tg], nj = n > 0 ? (n + c.ch - 1) / c.ch : 0, Dh = c.Dh;
+    const int vw = Dh % 4 == 0 ? 4 : 1;
+    float *w = pm_sh, *den = w + 3 * c.nchx, *ps = den + 1;
+    pf_merge_w(pml, s0, nj, c.hq, h, 1, w, den, tid, PF_MT);
+    for (int d = lane * vw; d < Dh; d += 32 * vw) {
+        float acc[4];
+        pf_acc(po, s0, c.hq, Dh, h, d, vw, w, warp, nj, nw, acc);
+        for (int i = 0; i < vw; i++) ps[warp * Dh + d + i] = acc[i];
+    }
+    __syncthreads();
+    for (int d = tid; d < Dh; d += PF_MT) {
+        float a = 0.0f;
+        for (int i = 0; i < nw; i++) a += ps[i * Dh + d];
+        out[(size_t)(t0 + tl) * c.H * Dh + (size_t)hh * Dh + d] = m3_f32_to_bf16(a / den[0]);
+    }
 }
 #endif /* M3_HIP_NVIDIA */
 
@@ -1706,7 +1768,7 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     } else {
         c.ch = d_topk ? 128 : 256;
         const char *e = getenv("M3_PF_CH"); /* bench: chunk of the unpartitioned rows */
-        if (e && atoi(e) >= 16 && atoi(e) <= PF_MAX_CH) c.ch = atoi(e) / 16 * 16;
+        if (e && atoi(e) >= 64 && atoi(e) <= PF_MAX_CH) c.ch = atoi(e) / 16 * 16;
         if (c.pa) c.ch = c.ch / c.tile * c.tile > 0 ? c.ch / c.tile * c.tile : c.tile;
     }
     c.fast = c.fast && c.ch % 16 == 0; /* key groups of a chunk start on 16-key boundaries */
@@ -1719,7 +1781,9 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
-    const size_t sh = pf_smem_bytes(c);
+    const size_t sh = pf_smem_bytes(c),
+                 msh = ((size_t)3 * c.nchx + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
+    M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
     M3_TRY(smem_limit((const void *)pf_part_k<false>, sh, "hipFuncSetAttribute(pf_part_k)"));
     M3_TRY(smem_limit((const void *)pf_part_k<true>, sh, "hipFuncSetAttribute(pf_part_k)"));
     const size_t mark = m3_gpu_mark(g);
@@ -1740,7 +1804,7 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
                                                                  n_tok, d_topk, width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
-            pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_THREADS, 0, g->stream>>>(
+            pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
                 d_out, po, pml, nk, t0, c);
             s = m3_gpu_launched_(g, "pf_merge_k", __FILE__, __LINE__);
         }
