@@ -1262,7 +1262,7 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
  * Elsewhere (no mma.sync) m3_gpu_attn_paged_flash runs the faithful kernel. */
 #define PF_THREADS 128
 #define PF_TK 64      /* keys per shared-memory tile */
-#define PF_NST 4      /* tiles in flight */
+#define PF_NST 4      /* tiles in flight (default) */
 #define PF_MAX_CH 256 /* keys per chunk */
 #define PF_FUSE_MAX 16
 #define PF_MAX_CNT 65536                  /* (token, kv head) counters */
@@ -1274,9 +1274,9 @@ typedef struct {
     bool eager, pa, fp8, fast, sel_order, fused;
 } pf_cfg;
 
-static size_t pf_smem_bytes(const pf_cfg &c) {
+static size_t pf_smem_bytes(const pf_cfg &c, int nst) {
     const size_t tb = (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
-    return PF_NST * tb + (size_t)c.ch * 2 * sizeof(int64_t) + (size_t)c.hq * c.ch * sizeof(float) +
+    return nst * tb + (size_t)c.ch * 2 * sizeof(int64_t) + (size_t)c.hq * c.ch * sizeof(float) +
            (size_t)c.hq * 8 * sizeof(float) + (size_t)c.ch * 3 * sizeof(float) +
            (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
            256 * sizeof(uint16_t);
@@ -1365,7 +1365,7 @@ static __device__ __forceinline__ uint32_t pf_lut2(const uint16_t *lut, const un
 }
 #endif
 
-template <bool FP8>
+template <bool FP8, int NST>
 static __global__ void __launch_bounds__(PF_THREADS)
     pf_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -1377,7 +1377,7 @@ static __global__ void __launch_bounds__(PF_THREADS)
     const int hq = c.hq, Dh = c.Dh, Dhp = c.Dhp, ch = c.ch, Bs = s.g.block;
     const size_t TB = (size_t)PF_TK * Dhp * EB;
     unsigned char *tiles = pf_raw;
-    int64_t *kofs = reinterpret_cast<int64_t *>(tiles + PF_NST * TB); /* fast: K offset; else slot */
+    int64_t *kofs = reinterpret_cast<int64_t *>(tiles + NST * TB); /* fast: K offset; else slot */
     int64_t *vofs = kofs + ch;
     const int SCP = ch + 8; /* score row pitch: the S fragments' stores spread over banks */
     float *sc = reinterpret_cast<float *>(vofs + ch); /* [hq][SCP] scores */
@@ -1478,10 +1478,10 @@ static __global__ void __launch_bounds__(PF_THREADS)
         const int nkt = (nk + PF_TK - 1) / PF_TK, ntl = 2 * nkt;
         const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
         const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-        /* tile `it` (K tiles 0..nkt-1, then V tiles) into stage it % PF_NST */
+        /* tile `it` (K tiles 0..nkt-1, then V tiles) into stage it % NST */
         auto load = [&](int it) {
             if (it >= ntl) return;
-            unsigned char *st = tiles + (size_t)(it % PF_NST) * TB;
+            unsigned char *st = tiles + (size_t)(it % NST) * TB;
             if (it < nkt) {
                 const int i0 = it * PF_TK;
                 if (c.fast) { /* unit (key, dim group): 16 bytes of one key */
@@ -1538,7 +1538,7 @@ static __global__ void __launch_bounds__(PF_THREADS)
             }
         };
 #pragma unroll
-        for (int i = 0; i < PF_NST; i++) {
+        for (int i = 0; i < NST; i++) {
             load(i);
             cp_commit();
         }
@@ -1548,9 +1548,9 @@ static __global__ void __launch_bounds__(PF_THREADS)
 #pragma unroll
             for (int h2 = 0; h2 < 2; h2++) o[u][h2][0] = o[u][h2][1] = o[u][h2][2] = o[u][h2][3] = 0.0f;
         for (int it = 0; it < ntl; it++) {
-            cp_wait<PF_NST - 1>(); /* this thread's copies of tile it landed */
+            cp_wait<NST - 1>(); /* this thread's copies of tile it landed */
             __syncthreads();
-            const unsigned char *st = tiles + (size_t)(it % PF_NST) * TB;
+            const unsigned char *st = tiles + (size_t)(it % NST) * TB;
             if (it < nkt) { /* S = Q K^T: a warp per 8-key n-tile */
                 const int i0 = it * PF_TK, nkv = min(PF_TK, nk - i0);
 #pragma unroll
@@ -1647,8 +1647,8 @@ static __global__ void __launch_bounds__(PF_THREADS)
                     }
                 }
             }
-            __syncthreads(); /* stage it % PF_NST is free */
-            load(it + PF_NST);
+            __syncthreads(); /* stage it % NST is free */
+            load(it + NST);
             cp_commit();
         }
         cp_wait<0>();
@@ -1781,11 +1781,16 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
-    const size_t sh = pf_smem_bytes(c),
+    int nst = PF_NST;
+    const char *ev = getenv("M3_PF_NST"); /* bench: tiles in flight, 4 or 8 */
+    if (ev && atoi(ev) == 8) nst = 8;
+    const size_t sh = pf_smem_bytes(c, nst),
                  msh = ((size_t)3 * c.nchx + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-    M3_TRY(smem_limit((const void *)pf_part_k<false>, sh, "hipFuncSetAttribute(pf_part_k)"));
-    M3_TRY(smem_limit((const void *)pf_part_k<true>, sh, "hipFuncSetAttribute(pf_part_k)"));
+    M3_TRY(smem_limit((const void *)pf_part_k<false, 4>, sh, "hipFuncSetAttribute(pf_part_k)"));
+    M3_TRY(smem_limit((const void *)pf_part_k<true, 4>, sh, "hipFuncSetAttribute(pf_part_k)"));
+    M3_TRY(smem_limit((const void *)pf_part_k<false, 8>, sh, "hipFuncSetAttribute(pf_part_k)"));
+    M3_TRY(smem_limit((const void *)pf_part_k<true, 8>, sh, "hipFuncSetAttribute(pf_part_k)"));
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nchx * c.hq;
     float *po, *pml;
@@ -1796,12 +1801,14 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nchx, (unsigned)c.Hkv, (unsigned)nt);
-        if (fp8)
-            pf_part_k<true><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
-                                                                n_tok, d_topk, width, po, pml, nk, c);
-        else
-            pf_part_k<false><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
-                                                                 n_tok, d_topk, width, po, pml, nk, c);
+#define PF_LAUNCH(F8, NS)                                                                          \
+    pf_part_k<F8, NS><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, \
+                                                         d_topk, width, po, pml, nk, c)
+        if (fp8 && nst == 8) PF_LAUNCH(true, 8);
+        else if (fp8) PF_LAUNCH(true, 4);
+        else if (nst == 8) PF_LAUNCH(false, 8);
+        else PF_LAUNCH(false, 4);
+#undef PF_LAUNCH
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
             pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
