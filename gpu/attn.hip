@@ -1274,6 +1274,7 @@ typedef struct {
     bool eager, pa, fp8, fast, sel_order, fused;
 } pf_cfg;
 
+#if defined(M3_HIP_NVIDIA)
 static size_t pf_smem_bytes(const pf_cfg &c, int nst) {
     const size_t tb = (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
     return nst * tb + (size_t)c.ch * 2 * sizeof(int64_t) + (size_t)c.hq * c.ch * sizeof(float) +
@@ -1282,7 +1283,6 @@ static size_t pf_smem_bytes(const pf_cfg &c, int nst) {
            256 * sizeof(uint16_t);
 }
 
-#if defined(M3_HIP_NVIDIA)
 /* Zero when the module loads; the block that merges a (token, kv head) resets its entry, so
  * they are zero again between launches (launches on one stream run one after another). */
 __device__ unsigned int pf_cnt[PF_MAX_CNT];
@@ -1786,11 +1786,21 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     if (ev && atoi(ev) == 8) nst = 8;
     const size_t sh = pf_smem_bytes(c, nst),
                  msh = ((size_t)3 * c.nchx + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
-    M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-    M3_TRY(smem_limit((const void *)pf_part_k<false, 4>, sh, "hipFuncSetAttribute(pf_part_k)"));
-    M3_TRY(smem_limit((const void *)pf_part_k<true, 4>, sh, "hipFuncSetAttribute(pf_part_k)"));
-    M3_TRY(smem_limit((const void *)pf_part_k<false, 8>, sh, "hipFuncSetAttribute(pf_part_k)"));
-    M3_TRY(smem_limit((const void *)pf_part_k<true, 8>, sh, "hipFuncSetAttribute(pf_part_k)"));
+    /* raise the shared-memory limits once per size (a host call per launch costs more than a
+     * T = 1 decode kernel); a device runtime keeps the attribute for the process */
+    static size_t pf_set[5];
+    const void *fns[5] = {(const void *)pf_part_k<false, 4>, (const void *)pf_part_k<true, 4>,
+                          (const void *)pf_part_k<false, 8>, (const void *)pf_part_k<true, 8>,
+                          (const void *)pf_merge_k};
+    const int fi = (fp8 ? 1 : 0) + (nst == 8 ? 2 : 0);
+    if (sh > pf_set[fi]) {
+        M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
+        pf_set[fi] = sh;
+    }
+    if (!c.fused && msh > pf_set[4]) {
+        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[4] = msh;
+    }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nchx * c.hq;
     float *po, *pml;
