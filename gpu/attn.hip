@@ -1271,7 +1271,7 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
 typedef struct {
     int H, Hkv, hq, Dh, Dhp, ch, nchx, part, tile;
     float scale, fmax;
-    bool eager, pa, fp8, fast, sel_order, fused;
+    bool eager, pa, fp8, fast, sel_order, fused, qvec;
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
@@ -1304,15 +1304,18 @@ static __device__ void pf_merge_w(const float *pml, size_t s0, int nj, int hq, i
         ms[e] = __ldcg(pml + sl * 2), ls[e] = __ldcg(pml + sl * 2 + 1);
     }
     __syncthreads();
-    for (int h = tid; h < nh; h += nth) {
+    const int lane = tid % 32, warp = tid / 32;
+    for (int h = warp; h < nh; h += nth / 32) { /* a warp per head, lanes over the chunks */
         float M = -INFINITY, d = 0.0f;
-        for (int j = 0; j < nj; j++) M = fmaxf(M, ms[h * nj + j]);
-        for (int j = 0; j < nj; j++) {
+        for (int j = lane; j < nj; j += 32) M = fmaxf(M, ms[h * nj + j]);
+        M = m3_warp_max(M);
+        for (int j = lane; j < nj; j += 32) {
             const float x = expf(ms[h * nj + j] - M);
             w[h * nj + j] = x;
             d += x * ls[h * nj + j];
         }
-        den[h] = nj > 0 ? d : NAN; /* no key (ref asserts): a visible NaN */
+        d = m3_warp_sum(d);
+        if (lane == 0) den[h] = nj > 0 ? d : NAN; /* no key (ref asserts): a visible NaN */
     }
     __syncthreads();
 }
@@ -1384,7 +1387,7 @@ static __global__ void __launch_bounds__(PF_THREADS)
     float *ksc = sc + (size_t)hq * SCP, *vsc = ksc + ch, *mt = vsc + ch;
     m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(mt + ch); /* [16][PBP] P of a tile */
     uint16_t *lut = reinterpret_cast<uint16_t *>(pb + 16 * PBP);
-    __shared__ int blist[PG_MAX_SEL];
+    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
     __shared__ float m_sh[FD_MAX_HQ], l_sh[FD_MAX_HQ];
 
@@ -1392,17 +1395,19 @@ static __global__ void __launch_bounds__(PF_THREADS)
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
     const bool sparse = topk != NULL;
+    if (sparse) /* the selection row into shared memory, all loads in flight at once */
+        for (int i = tid; i < width; i += PF_THREADS) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+    __syncthreads();
     if (tid == 0) { /* the key list, as attn_paged_k (ref m3_kv_sparse_table) */
         int n;
         if (!sparse) {
             n = p + 1;
         } else {
             const int bp = p / Bs;
-            const int32_t *sel = topk + ((int64_t)g * n_tok + t) * width;
             int nf = 0;
             bool tail = false;
             for (int i = 0; i < width; i++) {
-                const int b = sel[i];
+                const int b = selsh[i];
                 if (b < 0 || b > bp) continue;
                 if (b == bp) tail = true;
                 else blist[nf++] = b;
@@ -1432,7 +1437,10 @@ static __global__ void __launch_bounds__(PF_THREADS)
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nchx;
     if (nk > 0) {
         const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
-        for (int i = tid; i < nk; i += PF_THREADS) {
+#pragma unroll
+        for (int r = 0; r < PF_MAX_CH / PF_THREADS; r++) { /* both keys' loads in flight */
+            const int i = tid + r * PF_THREADS;
+            if (i >= nk) continue;
             const int k = k0 + i, kb = k / Bs;
             const int sl = (sparse ? s.bt[blist[kb]] : s.bt[kb]) * Bs + (k - kb * Bs);
             int64_t so;
@@ -1451,29 +1459,40 @@ static __global__ void __launch_bounds__(PF_THREADS)
                 for (int i = j * c.tile; i < min((j + 1) * c.tile, nk); i++) M = fmaxf(M, vsc[i]);
                 mt[j] = M;
             }
-        /* Q A fragments (rows = the group's heads, zero past hq / Dh); §4.9: fp8(q) */
+        /* Q A fragments (rows = the group's heads, zero past hq / Dh; §4.9: fp8(q)), staged
+         * through the score array: the group's hq*Dh values are contiguous in the row, read
+         * by 16-byte loads all in flight at once (one round trip) */
         uint32_t qa[FA_MAX_DH / 16][4];
-        const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
-#pragma unroll
-        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
-            if (s2 * 16 >= Dhp) break;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = gq + (i & 1) * 8, d = s2 * 16 + 2 * tq + (i >> 1) * 8;
-                uint32_t w = 0;
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    uint32_t b = 0;
-                    if (r < hq && d + u < Dh) {
-                        b = qg[(size_t)r * Dh + d + u];
-                        if (c.pa)
-                            b = m3_f32_to_bf16(m3_round_fp8(m3_bf16_to_f32((m3_bf16)b),
-                                                            s.g.fp8_kind, s.ovf));
-                    }
-                    w |= b << (16 * u);
+        {
+            const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+            uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dhp] */
+            const int nq = hq * Dh;
+            if (c.qvec) {
+                for (int v = tid; v < nq / 8; v += PF_THREADS) {
+                    const uint4 w = *reinterpret_cast<const uint4 *>(qg + (size_t)v * 8);
+                    *reinterpret_cast<uint4 *>(qs + (size_t)v * 8) = w;
                 }
-                qa[s2][i] = w;
+            } else {
+#pragma unroll 8
+                for (int e = tid; e < nq; e += PF_THREADS) qs[(e / Dh) * Dhp + e % Dh] = qg[e];
             }
+            for (int e = tid; e < hq * Dhp; e += PF_THREADS) /* padding dims, and §4.9's cast */
+                if (e % Dhp >= Dh) qs[e] = 0;
+            __syncthreads();
+            if (c.pa)
+                for (int e = tid; e < hq * Dhp; e += PF_THREADS)
+                    qs[e] = m3_f32_to_bf16(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf));
+            __syncthreads();
+#pragma unroll
+            for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+                if (s2 * 16 >= Dhp) break;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = gq + (i & 1) * 8, d = s2 * 16 + 2 * tq + (i >> 1) * 8;
+                    qa[s2][i] = r < hq ? *reinterpret_cast<const uint32_t *>(qs + r * Dhp + d) : 0u;
+                }
+            }
+            __syncthreads(); /* the score array is written from the first K tile on */
         }
         const int nkt = (nk + PF_TK - 1) / PF_TK, ntl = 2 * nkt;
         const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
@@ -1772,6 +1791,7 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
         if (c.pa) c.ch = c.ch / c.tile * c.tile > 0 ? c.ch / c.tile * c.tile : c.tile;
     }
     c.fast = c.fast && c.ch % 16 == 0; /* key groups of a chunk start on 16-key boundaries */
+    c.qvec = c.Dh % 16 == 0 && ld_q % 8 == 0 && m3_aligned16(d_q);
     const int64_t maxk = d_topk ? (int64_t)width * src->g.block : n_ctx;
     c.nchx = (int)((maxk + c.ch - 1) / c.ch);
     c.fused = c.nchx <= PF_FUSE_MAX;

@@ -55,8 +55,8 @@ static void profile_of(m3_profile *p, int which) {
  * (hf + fp8_pa, which no model path runs): P' is rounded against the chunk's max instead of
  * the row's, independent fp8 roundings of every term: PF_NMSE_PA_FREE. */
 #define PF_NMSE GPU_NMSE_FLASH
-#define PF_NMSE_PA 1e-4
-#define PF_NMSE_PA_FREE 3e-3
+#define PF_NMSE_PA GPU_NMSE_FLASH
+#define PF_NMSE_PA_FREE 1e-3
 
 static int count_exact(const float *a, const float *b, int64_t n) {
     int k = 0;
@@ -240,7 +240,7 @@ static void paged_flash_dense_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const pg_shape shapes[] = {
         {1, 2000, 64, 4, 128, 128, 16, 0}, /* decode: 8 chunks, merged by the last block */
-        {1, 9000, 64, 4, 128, 128, 16, 0}, /* 36 chunks: the merge kernel */
+        {1, 4200, 64, 4, 128, 128, 16, 0}, /* 17 chunks: the merge kernel */
         {5, 300, 64, 4, 128, 128, 16, 0},  /* a chunk of 5 after 295 */
         {7, 61, 6, 3, 12, 8, 1, 0},        /* the fixtures' geometry: element gather */
         {3, 530, 8, 2, 80, 64, 16, 0},     /* odd */

@@ -458,7 +458,8 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     GPU_OK(m3_gpu_upload(g, (void *)c.src.bt, bt, (size_t)nb * sizeof *bt));
     c.src.n_logical = nb;
     free(bt);
-    c.q = rand_bf16(g, r, (int64_t)T * 64 * 128, 1.0f);
+    m3_bf16 *qseed = rand_bf16(g, r, 64 * 128 * 8, 1.0f); /* 8 tokens' q, repeated */
+    c.q = tile_bf16(g, qseed, 64 * 128 * 8, (int64_t)T * 64 * 128);
     GPU_OK(m3_gpu_alloc(g, (void **)&c.out, (size_t)T * 64 * 128 * 2));
     int32_t *pos = malloc(T * sizeof *pos), *tk = malloc((size_t)4 * T * 16 * sizeof *tk);
     double keys = 0;
