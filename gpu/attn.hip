@@ -1260,9 +1260,10 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
  *   finish (a counter per (token, kv head); no second launch) when a row has <= PF_FUSE_MAX
  *   chunks, else by pf_merge_k (long dense rows).
  * Elsewhere (no mma.sync) m3_gpu_attn_paged_flash runs the faithful kernel. */
-#define PF_THREADS 128
+#define PF_THREADS 256 /* 8 warps: a warp per 8-key n-tile of S, per 16-dim pair of O */
+#define PF_NW (PF_THREADS / 32)
 #define PF_TK 64      /* keys per shared-memory tile */
-#define PF_NST 4      /* tiles in flight (default) */
+#define PF_NST 4      /* tiles in flight (8: one block per SM, measured slower) */
 #define PF_MAX_CH 256 /* keys per chunk */
 #define PF_FUSE_MAX 16
 #define PF_MAX_CNT 65536                  /* (token, kv head) counters */
@@ -1275,9 +1276,9 @@ typedef struct {
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
-static size_t pf_smem_bytes(const pf_cfg &c, int nst) {
+static size_t pf_smem_bytes(const pf_cfg &c) {
     const size_t tb = (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
-    return nst * tb + (size_t)c.ch * 2 * sizeof(int64_t) + (size_t)c.hq * c.ch * sizeof(float) +
+    return PF_NST * tb + (size_t)c.ch * 2 * sizeof(int64_t) + (size_t)c.hq * c.ch * sizeof(float) +
            (size_t)c.hq * 8 * sizeof(float) + (size_t)c.ch * 3 * sizeof(float) +
            (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
            256 * sizeof(uint16_t);
@@ -1368,8 +1369,8 @@ static __device__ __forceinline__ uint32_t pf_lut2(const uint16_t *lut, const un
 }
 #endif
 
-template <bool FP8, int NST>
-static __global__ void __launch_bounds__(PF_THREADS)
+template <bool FP8>
+static __global__ void __launch_bounds__(PF_THREADS, 2)
     pf_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
               const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
@@ -1380,7 +1381,7 @@ static __global__ void __launch_bounds__(PF_THREADS)
     const int hq = c.hq, Dh = c.Dh, Dhp = c.Dhp, ch = c.ch, Bs = s.g.block;
     const size_t TB = (size_t)PF_TK * Dhp * EB;
     unsigned char *tiles = pf_raw;
-    int64_t *kofs = reinterpret_cast<int64_t *>(tiles + NST * TB); /* fast: K offset; else slot */
+    int64_t *kofs = reinterpret_cast<int64_t *>(tiles + PF_NST * TB); /* fast: K offset; else slot */
     int64_t *vofs = kofs + ch;
     const int SCP = ch + 8; /* score row pitch: the S fragments' stores spread over banks */
     float *sc = reinterpret_cast<float *>(vofs + ch); /* [hq][SCP] scores */
@@ -1438,7 +1439,7 @@ static __global__ void __launch_bounds__(PF_THREADS)
     if (nk > 0) {
         const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
 #pragma unroll
-        for (int r = 0; r < PF_MAX_CH / PF_THREADS; r++) { /* both keys' loads in flight */
+        for (int r = 0; r < (PF_MAX_CH + PF_THREADS - 1) / PF_THREADS; r++) { /* loads in flight together */
             const int i = tid + r * PF_THREADS;
             if (i >= nk) continue;
             const int k = k0 + i, kb = k / Bs;
@@ -1497,10 +1498,10 @@ static __global__ void __launch_bounds__(PF_THREADS)
         const int nkt = (nk + PF_TK - 1) / PF_TK, ntl = 2 * nkt;
         const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
         const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-        /* tile `it` (K tiles 0..nkt-1, then V tiles) into stage it % NST */
+        /* tile `it` (K tiles 0..nkt-1, then V tiles) into stage it % PF_NST */
         auto load = [&](int it) {
             if (it >= ntl) return;
-            unsigned char *st = tiles + (size_t)(it % NST) * TB;
+            unsigned char *st = tiles + (size_t)(it % PF_NST) * TB;
             if (it < nkt) {
                 const int i0 = it * PF_TK;
                 if (c.fast) { /* unit (key, dim group): 16 bytes of one key */
@@ -1557,24 +1558,24 @@ static __global__ void __launch_bounds__(PF_THREADS)
             }
         };
 #pragma unroll
-        for (int i = 0; i < NST; i++) {
+        for (int i = 0; i < PF_NST; i++) {
             load(i);
             cp_commit();
         }
-        float o[2][2][4];
+        float o[FA_MAX_DH / 16 / PF_NW][2][4];
 #pragma unroll
-        for (int u = 0; u < 2; u++)
+        for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
 #pragma unroll
             for (int h2 = 0; h2 < 2; h2++) o[u][h2][0] = o[u][h2][1] = o[u][h2][2] = o[u][h2][3] = 0.0f;
         for (int it = 0; it < ntl; it++) {
-            cp_wait<NST - 1>(); /* this thread's copies of tile it landed */
+            cp_wait<PF_NST - 1>(); /* this thread's copies of tile it landed */
             __syncthreads();
-            const unsigned char *st = tiles + (size_t)(it % NST) * TB;
+            const unsigned char *st = tiles + (size_t)(it % PF_NST) * TB;
             if (it < nkt) { /* S = Q K^T: a warp per 8-key n-tile */
                 const int i0 = it * PF_TK, nkv = min(PF_TK, nk - i0);
 #pragma unroll
-                for (int u = 0; u < PF_TK / 32; u++) {
-                    const int nt = warp + u * 4;
+                for (int u = 0; u < PF_TK / 8 / PF_NW; u++) {
+                    const int nt = warp + u * PF_NW;
                     if (nt * 8 >= nkv) continue;
                     float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     const int key = nt * 8 + gq;
@@ -1639,8 +1640,8 @@ static __global__ void __launch_bounds__(PF_THREADS)
                 __syncthreads();
                 /* O += P V: a warp per 16-dim pair of n-tiles */
 #pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int np = warp + u * 4;
+                for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++) {
+                    const int np = warp + u * PF_NW;
                     if (np * 16 >= Dhp) continue;
                     for (int ks = 0; ks * 16 < nkv; ks++) {
                         const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
@@ -1666,20 +1667,20 @@ static __global__ void __launch_bounds__(PF_THREADS)
                     }
                 }
             }
-            __syncthreads(); /* stage it % NST is free */
-            load(it + NST);
+            __syncthreads(); /* stage it % PF_NST is free */
+            load(it + PF_NST);
             cp_commit();
         }
         cp_wait<0>();
         /* this chunk's partial (m, l, O) per head */
         const size_t sl0 = (slot0 + ci) * hq;
 #pragma unroll
-        for (int u = 0; u < 2; u++)
+        for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
 #pragma unroll
             for (int h2 = 0; h2 < 2; h2++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const int r = gq + (i >> 1) * 8, d = (warp + u * 4) * 16 + h2 * 8 + 2 * tq + (i & 1);
+                    const int r = gq + (i >> 1) * 8, d = (warp + u * PF_NW) * 16 + h2 * 8 + 2 * tq + (i & 1);
                     if (r < hq && d < Dh) /* A_j (see pf_merge_w) */
                         po[(sl0 + r) * Dh + d] =
                             c.part > 0 ? l_sh[r] * m3_round_bf16(o[u][h2][i] / l_sh[r]) : o[u][h2][i];
@@ -1801,25 +1802,21 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
-    int nst = PF_NST;
-    const char *ev = getenv("M3_PF_NST"); /* bench: tiles in flight, 4 or 8 */
-    if (ev && atoi(ev) == 8) nst = 8;
-    const size_t sh = pf_smem_bytes(c, nst),
+    const size_t sh = pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nchx + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set[5];
-    const void *fns[5] = {(const void *)pf_part_k<false, 4>, (const void *)pf_part_k<true, 4>,
-                          (const void *)pf_part_k<false, 8>, (const void *)pf_part_k<true, 8>,
+    static size_t pf_set[3];
+    const void *fns[3] = {(const void *)pf_part_k<false>, (const void *)pf_part_k<true>,
                           (const void *)pf_merge_k};
-    const int fi = (fp8 ? 1 : 0) + (nst == 8 ? 2 : 0);
+    const int fi = fp8 ? 1 : 0;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[4]) {
-        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[4] = msh;
+    if (!c.fused && msh > pf_set[2]) {
+        M3_TRY(smem_limit(fns[2], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[2] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nchx * c.hq;
@@ -1831,14 +1828,12 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nchx, (unsigned)c.Hkv, (unsigned)nt);
-#define PF_LAUNCH(F8, NS)                                                                          \
-    pf_part_k<F8, NS><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, \
-                                                         d_topk, width, po, pml, nk, c)
-        if (fp8 && nst == 8) PF_LAUNCH(true, 8);
-        else if (fp8) PF_LAUNCH(true, 4);
-        else if (nst == 8) PF_LAUNCH(false, 8);
-        else PF_LAUNCH(false, 4);
-#undef PF_LAUNCH
+if (fp8)
+            pf_part_k<true><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
+                                                                n_tok, d_topk, width, po, pml, nk, c);
+        else
+            pf_part_k<false><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
+                                                                 n_tok, d_topk, width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
             pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(

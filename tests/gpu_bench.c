@@ -495,27 +495,12 @@ static void bench_attention_paged(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
-    /* M3_BENCH_PF_NST=4,8: each row once per kernel variant (gpu/attn.hip M3_PF_NST), tagged */
-    const char *vs = getenv("M3_BENCH_PF_NST");
-    char vl[64];
-    snprintf(vl, sizeof vl, "%s", vs && *vs ? vs : "");
-    for (char *v = vl, *nx; ; v = nx + 1) {
-        nx = strchr(v, ',');
-        if (nx) *nx = 0;
-        char tag[80] = "";
-        if (*v) {
-            setenv("M3_PF_NST", v, 1);
-            snprintf(tag, sizeof tag, " nst%s", v);
-        }
-        for (int f = 0; f < 2; f++) {
-            pattn_bench_case(g, &r, 1, 131072, true, f, tag);
-            pattn_bench_case(g, &r, 64, 131072, true, f, tag);
-            pattn_bench_case(g, &r, 8192, 8192, true, f, tag);
-            pattn_bench_case(g, &r, 1, 131072, false, f, tag);
-        }
-        if (!nx) break;
+    for (int f = 0; f < 2; f++) {
+        pattn_bench_case(g, &r, 1, 131072, true, f, "");
+        pattn_bench_case(g, &r, 64, 131072, true, f, "");
+        pattn_bench_case(g, &r, 8192, 8192, true, f, "");
+        pattn_bench_case(g, &r, 1, 131072, false, f, "");
     }
-    unsetenv("M3_PF_NST");
 }
 
 typedef struct {
