@@ -26,7 +26,6 @@
 #include "ref/attn.h"
 #include "ref/num/bf16.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #define ATTN_THREADS 128
@@ -1787,8 +1786,6 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
         c.ch = c.part;
     } else {
         c.ch = d_topk ? 128 : 256;
-        const char *e = getenv("M3_PF_CH"); /* bench: chunk of the unpartitioned rows */
-        if (e && atoi(e) >= 64 && atoi(e) <= PF_MAX_CH) c.ch = atoi(e) / 16 * 16;
         if (c.pa) c.ch = c.ch / c.tile * c.tile > 0 ? c.ch / c.tile * c.tile : c.tile;
     }
     c.fast = c.fast && c.ch % 16 == 0; /* key groups of a chunk start on 16-key boundaries */

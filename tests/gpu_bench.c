@@ -416,8 +416,7 @@ static m3_status do_pattn(m3_gpu *g, void *c) {
                                    x->width, &x->ap, &x->p);
 }
 
-static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bool fp8,
-                             const char *tag) {
+static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bool fp8) {
     const size_t mark = m3_gpu_mark(g);
     pattn_ctx c;
     memset(&c, 0, sizeof c);
@@ -484,8 +483,8 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     free(tk);
     double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
     char nm[96];
-    snprintf(nm, sizeof nm, "attn_%s paged flash %s %s T=%d C=%d%s", sparse ? "sparse" : "dense",
-             fp8 ? "fp8" : "bf16", c.p.name, T, C, tag);
+    snprintf(nm, sizeof nm, "attn_%s paged flash %s %s T=%d C=%d", sparse ? "sparse" : "dense",
+             fp8 ? "fp8" : "bf16", c.p.name, T, C);
     const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
     m3_gpu_release(g, mark);
@@ -496,10 +495,10 @@ static void bench_attention_paged(void **state) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
     for (int f = 0; f < 2; f++) {
-        pattn_bench_case(g, &r, 1, 131072, true, f, "");
-        pattn_bench_case(g, &r, 64, 131072, true, f, "");
-        pattn_bench_case(g, &r, 8192, 8192, true, f, "");
-        pattn_bench_case(g, &r, 1, 131072, false, f, "");
+        pattn_bench_case(g, &r, 1, 131072, true, f);
+        pattn_bench_case(g, &r, 64, 131072, true, f);
+        pattn_bench_case(g, &r, 8192, 8192, true, f);
+        pattn_bench_case(g, &r, 1, 131072, false, f);
     }
 }
 

@@ -12,7 +12,8 @@
  * with its worst NMSE (float stages) or lowest set agreement (index sets) is printed.
  * Cases: prefill under hf (bf16 storage, and fp32 storage), fp32 profile; prefill + 4 decode
  * steps (hf, fp32) over the same token sequence; teacher-forced replay from the fixture's
- * transformers dump (hf, hf --ref-select, fp32); flash attention (hf); argument errors; the
+ * transformers dump (hf, hf --ref-select, fp32); flash attention (hf; over paged caches: hf
+ * bf16 and atom fp8 KV); argument errors; the
  * CLI (`m3 run/replay --backend gpu --dump`, then `m3 compare` exit 0: run under fp32 and
  * under hf with fp32 storage, replay under hf with bf16 storage). Variant cases (numerics
  * variants, ref/variant.h): MX experts and activations, top-k reuse, fp8 / paged caches under
