@@ -26,6 +26,8 @@
 #include "ref/attn.h"
 #include "ref/num/bf16.h"
 
+#include <string.h>
+
 #define ATTN_THREADS 128
 #define ATTN_TILE 256     /* keys per tile when not partitioned */
 #define ATTN_MAX_RANGES 65 /* width <= 64 selected blocks + the own block */
@@ -1223,4 +1225,645 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
                                            const int32_t *d_topk, int width,
                                            const m3_attn_params *ap, const m3_profile *p) {
     return launch_paged<float>(g, d_out, d_q, ld_q, src, d_pos, n_tok, n_ctx, d_topk, width, ap, p);
+}
+
+/* ==== fast paged attention: m3_gpu_attn_paged_flash =========================================
+ * Flash-decoding over the paged cache (production path of the paged reads; the faithful
+ * attn_paged_k above stays the device reference). Key list per (token t, kv head g) exactly
+ * as attn_paged_k / ref's m3_kv_sparse_table builds it (dense: keys 0..p at slot(k); sparse:
+ * full blocks in selection order, or ascending ids under position order, the own block last
+ * when selected, duplicates kept, ctx truncation). The list is cut into chunks of `ch` keys:
+ * ch = attn_partition when the profile partitions (atom: a chunk IS one of ref's partitions,
+ * so its max, denominator, fp8 P' and bf16-stored partition output are ref's), else 128
+ * (sparse) / 256 (dense) keys.
+ * pf_part_k: one block per (chunk, kv head g, token), 4 warps serving the group's hq <= 16
+ *   query heads as the 16 rows of mma.sync m16n8k16 tiles. Tiles of PF_TK keys stream
+ *   through PF_NST shared-memory stages by cp.async: first the chunk's K tiles, then its V
+ *   tiles (so V loads overlap the score math). Shared tiles keep the cache's own 16-byte
+ *   units (SHUFFLE: K [dim/x][key][x], V [key/x][dim][x], x = 16 / element bytes), which
+ *   are exactly mma B fragments (K: a key's consecutive dims; V: a dim's consecutive keys):
+ *   the fast path copies page units verbatim (page-128 SHUFFLE of dense layers, page-16
+ *   re-view of sparse ones, any geometry where x divides Dh and the view's page); other
+ *   geometries (ref's padded tiny ones) gather element by element into the same layout.
+ *   fp8 codes become bf16 (exact) through a 256-entry table while fragments are built.
+ *   Per chunk: S = Q K^T (fp32) -> scores in shared memory (fp8: K scale folded into the
+ *   score; §4.9 emulation: Q cast to fp8 without scale first); per head max m and
+ *   denominator l (unrounded exponentials); P = bf16(exp(z - m) [* v_scale]) or, emulating
+ *   §4.9, P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)) with M the max v_scale of the
+ *   view-page tile, fed to the tensor cores as bf16(P' M / FP8_MAX) (ref multiplies the tile's
+ *   fp32 sum by M / FP8_MAX instead: one extra bf16 rounding of a factor, <= 2^-9 relative,
+ *   the size of the bf16 P rounding); O = P V in fp32. Writes (m, l, O) per head.
+ * pf_merge: per (token, head): unpartitioned o = sum_j e^(m_j - M) O_j / sum_j e^(m_j - M) l_j;
+ *   partitioned (ref's rule): one chunk: O / l; else sum_j w_j bf16(O_j / l_j) / sum_j w_j,
+ *   w_j = l_j e^(m_j - M), chunks in order. Run by the last block of each (token, kv head) to
+ *   finish (a counter per (token, kv head); no second launch) when a row has <= PF_FUSE_MAX
+ *   chunks, else by pf_merge_k (long dense rows).
+ * Elsewhere (no mma.sync) m3_gpu_attn_paged_flash runs the faithful kernel. */
+#define PF_THREADS 256 /* 8 warps: a warp per 8-key n-tile of S, per 16-dim pair of O */
+#define PF_NW (PF_THREADS / 32)
+#define PF_TK 64      /* keys per shared-memory tile */
+#define PF_NST 4      /* tiles in flight (8: one block per SM, measured slower) */
+#define PF_MAX_CH 256 /* keys per chunk */
+#define PF_FUSE_MAX 16
+#define PF_MAX_CNT 65536                  /* (token, kv head) counters */
+#define PF_PART_CAP ((size_t)256 << 20)   /* partial outputs per launch (bytes) */
+
+typedef struct {
+    int H, Hkv, hq, Dh, Dhp, ch, nchx, part, tile;
+    float scale, fmax;
+    bool eager, pa, fp8, fast, sel_order, fused, qvec;
+} pf_cfg;
+
+#if defined(M3_HIP_NVIDIA)
+static size_t pf_smem_bytes(const pf_cfg &c) {
+    const size_t tb = (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
+    return PF_NST * tb + (size_t)c.ch * 2 * sizeof(int64_t) + (size_t)c.hq * c.ch * sizeof(float) +
+           (size_t)c.hq * 8 * sizeof(float) + (size_t)c.ch * 3 * sizeof(float) +
+           (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
+           256 * sizeof(uint16_t);
+}
+
+/* Zero when the module loads; the block that merges a (token, kv head) resets its entry, so
+ * they are zero again between launches (launches on one stream run one after another). */
+__device__ unsigned int pf_cnt[PF_MAX_CNT];
+
+/* Partials: per chunk j and head, m_j, l_j and A_j, where A_j = O_j (sum of P V,
+ * unnormalised) when unpartitioned, or l_j bf16(O_j / l_j) (ref's bf16-stored partition
+ * output, weighted back) when partitioned; both merge as
+ *   out = bf16(sum_j e^(m_j - M) A_j / sum_j e^(m_j - M) l_j),
+ * which for partitions is ref's sum_j w_j bf16(O_j / l_j) / sum_j w_j, w_j = l_j e^(m_j - M).
+ * pf_merge_w: the weights e^(m_j - M) of heads 0..nh-1 into w [nh][nj] and the denominators
+ * into den [nh] (shared memory; threads tid.., nth of them; ends with a barrier). Partials are
+ * read through L2 (__ldcg): other blocks wrote them in this launch. */
+static __device__ void pf_merge_w(const float *pml, size_t s0, int nj, int hq, int h0, int nh,
+                                  float *w, float *den, int tid, int nth) {
+    float *ms = w + nh * nj, *ls = ms + nh * nj; /* staging */
+    for (int e = tid; e < nh * nj; e += nth) {
+        const int h = e / nj, j = e % nj;
+        const size_t sl = (s0 + j) * hq + h0 + h;
+        ms[e] = __ldcg(pml + sl * 2), ls[e] = __ldcg(pml + sl * 2 + 1);
+    }
+    __syncthreads();
+    const int lane = tid % 32, warp = tid / 32;
+    for (int h = warp; h < nh; h += nth / 32) { /* a warp per head, lanes over the chunks */
+        float M = -INFINITY, d = 0.0f;
+        for (int j = lane; j < nj; j += 32) M = fmaxf(M, ms[h * nj + j]);
+        M = m3_warp_max(M);
+        for (int j = lane; j < nj; j += 32) {
+            const float x = expf(ms[h * nj + j] - M);
+            w[h * nj + j] = x;
+            d += x * ls[h * nj + j];
+        }
+        d = m3_warp_sum(d);
+        if (lane == 0) den[h] = nj > 0 ? d : NAN; /* no key (ref asserts): a visible NaN */
+    }
+    __syncthreads();
+}
+
+/* out of heads h0..h0+nh-1, dims in 4-wide items (Dh % 4 == 0) or singly: sum over chunks
+ * j0, j0 + js, ... of w A_j into acc (partial sums when js > 1) */
+static __device__ __forceinline__ void pf_acc(const float *po, size_t s0, int hq, int Dh, int h,
+                                              int d, int vw, const float *w, int j0, int nj,
+                                              int js, float *acc) {
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+    if (vw == 4) {
+#pragma unroll 8
+        for (int j = j0; j < nj; j += js) {
+            const float4 a = __ldcg(reinterpret_cast<const float4 *>(po + ((s0 + j) * hq + h) * Dh + d));
+            const float x = w[j];
+            acc[0] += x * a.x, acc[1] += x * a.y, acc[2] += x * a.z, acc[3] += x * a.w;
+        }
+    } else {
+#pragma unroll 8
+        for (int j = j0; j < nj; j += js) acc[0] += w[j] * __ldcg(po + ((s0 + j) * hq + h) * Dh + d);
+    }
+}
+
+/* fast path: element offsets of (slot, head g, dim 0) in K and V and of the scale; ref's
+ * formulas (gpu/kv_paged.h) with 32-bit divisions, x = XC dividing Dh and the view's page */
+template <int XC>
+static __device__ __forceinline__ void pf_offs(const m3_gpu_attn_paged_src &s, int slot, int g,
+                                               int64_t &ko, int64_t &vo, int64_t &so) {
+    const m3_kv_geom &G = s.g;
+    if (s.view == M3_KV_VIEW_BLOCK) {
+        const int b = slot / G.block, t = slot - b * G.block;
+        ko = (int64_t)(b * G.n_kv + g) * G.dx * ((int64_t)G.block * XC) + t * XC;
+        vo = (int64_t)b * G.v_stride + ((int64_t)g * (G.block / XC) + t / XC) * ((int64_t)G.head_dim * XC) + t % XC;
+        so = (int64_t)(b * G.n_kv + g) * G.block + t;
+    } else {
+        const int P = G.page, ppb = G.block / P, qq = slot / P, t = slot - qq * P;
+        const int qb = qq / ppb, qr = qq - qb * ppb;
+        ko = (int64_t)qb * G.k_block + (int64_t)qr * ((int64_t)G.n_kv * G.dx * P * XC) +
+             (int64_t)g * G.dx * ((int64_t)P * XC) + t * XC;
+        vo = (int64_t)qb * G.v_stride + (int64_t)qr * G.v_page +
+             ((int64_t)g * (P / XC) + t / XC) * ((int64_t)G.head_dim * XC) + t % XC;
+        so = ((int64_t)qq * G.n_kv + g) * P + t;
+    }
+}
+
+#if M3_HAVE_MMA
+static __device__ __forceinline__ uint32_t pf_lut2(const uint16_t *lut, const unsigned char *p) {
+    const uint32_t w = *reinterpret_cast<const uint16_t *>(p);
+    return (uint32_t)lut[w & 0xFFu] | ((uint32_t)lut[w >> 8] << 16);
+}
+#endif
+
+template <bool FP8>
+static __global__ void __launch_bounds__(PF_THREADS, 2)
+    pf_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
+              m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
+              const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
+              float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
+#if M3_HAVE_MMA
+    extern __shared__ __align__(16) unsigned char pf_raw[];
+    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, PBP = PF_TK + 8;
+    const int hq = c.hq, Dh = c.Dh, Dhp = c.Dhp, ch = c.ch, Bs = s.g.block;
+    const size_t TB = (size_t)PF_TK * Dhp * EB;
+    unsigned char *tiles = pf_raw;
+    int64_t *kofs = reinterpret_cast<int64_t *>(tiles + PF_NST * TB); /* fast: K offset; else slot */
+    int64_t *vofs = kofs + ch;
+    const int SCP = ch + 8; /* score row pitch: the S fragments' stores spread over banks */
+    float *sc = reinterpret_cast<float *>(vofs + ch); /* [hq][SCP] scores */
+    float *ksc = sc + (size_t)hq * SCP, *vsc = ksc + ch, *mt = vsc + ch;
+    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(mt + ch); /* [16][PBP] P of a tile */
+    uint16_t *lut = reinterpret_cast<uint16_t *>(pb + 16 * PBP);
+    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL];
+    __shared__ int n_sh, last_sh;
+    __shared__ float m_sh[FD_MAX_HQ], l_sh[FD_MAX_HQ];
+
+    const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int p = pos[t];
+    const bool sparse = topk != NULL;
+    if (sparse) /* the selection row into shared memory, all loads in flight at once */
+        for (int i = tid; i < width; i += PF_THREADS) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+    __syncthreads();
+    if (tid == 0) { /* the key list, as attn_paged_k (ref m3_kv_sparse_table) */
+        int n;
+        if (!sparse) {
+            n = p + 1;
+        } else {
+            const int bp = p / Bs;
+            int nf = 0;
+            bool tail = false;
+            for (int i = 0; i < width; i++) {
+                const int b = selsh[i];
+                if (b < 0 || b > bp) continue;
+                if (b == bp) tail = true;
+                else blist[nf++] = b;
+            }
+            if (!c.sel_order)
+                for (int a = 1; a < nf; a++)
+                    for (int j = a; j > 0 && blist[j - 1] > blist[j]; j--) {
+                        const int x = blist[j];
+                        blist[j] = blist[j - 1], blist[j - 1] = x;
+                    }
+            if (tail) {
+                blist[nf] = bp;
+                n = nf * Bs + (p - Bs * bp + 1);
+            } else {
+                n = nf * Bs < p + 1 ? nf * Bs : p + 1;
+            }
+        }
+        n_sh = n;
+        if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n;
+    }
+    if (FP8)
+        for (int i = tid; i < 256; i += PF_THREADS)
+            lut[i] = m3_f32_to_bf16(m3_fp8_to_f32((m3_fp8)i, s.g.fp8_kind));
+    for (int i = tid; i < (16 - hq) * PBP; i += PF_THREADS) pb[hq * PBP + i] = 0; /* unused rows */
+    __syncthreads();
+    const int n = n_sh, k0 = ci * ch, nk = min(ch, n - k0);
+    const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nchx;
+    if (nk > 0) {
+        const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+#pragma unroll
+        for (int r = 0; r < (PF_MAX_CH + PF_THREADS - 1) / PF_THREADS; r++) { /* loads in flight together */
+            const int i = tid + r * PF_THREADS;
+            if (i >= nk) continue;
+            const int k = k0 + i, kb = k / Bs;
+            const int sl = (sparse ? s.bt[blist[kb]] : s.bt[kb]) * Bs + (k - kb * Bs);
+            int64_t so;
+            if (c.fast) {
+                pf_offs<XC>(s, sl, g, kofs[i], vofs[i], so);
+            } else {
+                kofs[i] = sl;
+                so = m3_dkv_off_scale(s.g, s.view, sl, g);
+            }
+            if (FP8) ksc[i] = s.k_scale[so], vsc[i] = s.v_scale[so];
+        }
+        __syncthreads();
+        if (c.pa) /* §4.9: the max V scale of each tile of keys (tiles from the chunk start) */
+            for (int j = tid; j * c.tile < nk; j += PF_THREADS) {
+                float M = 0.0f;
+                for (int i = j * c.tile; i < min((j + 1) * c.tile, nk); i++) M = fmaxf(M, vsc[i]);
+                mt[j] = M;
+            }
+        /* Q A fragments (rows = the group's heads, zero past hq / Dh; §4.9: fp8(q)), staged
+         * through the score array: the group's hq*Dh values are contiguous in the row, read
+         * by 16-byte loads all in flight at once (one round trip) */
+        uint32_t qa[FA_MAX_DH / 16][4];
+        {
+            const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+            uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dhp] */
+            const int nq = hq * Dh;
+            if (c.qvec) {
+                for (int v = tid; v < nq / 8; v += PF_THREADS) {
+                    const uint4 w = *reinterpret_cast<const uint4 *>(qg + (size_t)v * 8);
+                    *reinterpret_cast<uint4 *>(qs + (size_t)v * 8) = w;
+                }
+            } else {
+#pragma unroll 8
+                for (int e = tid; e < nq; e += PF_THREADS) qs[(e / Dh) * Dhp + e % Dh] = qg[e];
+            }
+            for (int e = tid; e < hq * Dhp; e += PF_THREADS) /* padding dims, and §4.9's cast */
+                if (e % Dhp >= Dh) qs[e] = 0;
+            __syncthreads();
+            if (c.pa)
+                for (int e = tid; e < hq * Dhp; e += PF_THREADS)
+                    qs[e] = m3_f32_to_bf16(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf));
+            __syncthreads();
+#pragma unroll
+            for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+                if (s2 * 16 >= Dhp) break;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = gq + (i & 1) * 8, d = s2 * 16 + 2 * tq + (i >> 1) * 8;
+                    qa[s2][i] = r < hq ? *reinterpret_cast<const uint32_t *>(qs + r * Dhp + d) : 0u;
+                }
+            }
+            __syncthreads(); /* the score array is written from the first K tile on */
+        }
+        const int nkt = (nk + PF_TK - 1) / PF_TK, ntl = 2 * nkt;
+        const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
+        const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
+        /* tile `it` (K tiles 0..nkt-1, then V tiles) into stage it % PF_NST */
+        auto load = [&](int it) {
+            if (it >= ntl) return;
+            unsigned char *st = tiles + (size_t)(it % PF_NST) * TB;
+            if (it < nkt) {
+                const int i0 = it * PF_TK;
+                if (c.fast) { /* unit (key, dim group): 16 bytes of one key */
+                    for (int u = tid; u < PF_TK * (Dh / XC); u += PF_THREADS) {
+                        const int il = u % PF_TK, dg = u / PF_TK, i = i0 + il;
+                        const bool in = i < nk;
+                        const unsigned char *src =
+                            in ? kbase + (kofs[i] + (int64_t)dg * Pv * XC) * EB : kbase;
+                        cp16(st + ((size_t)dg * PF_TK + il) * 16, src, in);
+                    }
+                } else {
+                    for (int u = tid; u < PF_TK * Dhp; u += PF_THREADS) {
+                        const int il = u % PF_TK, d = u / PF_TK, i = i0 + il;
+                        uint32_t b = 0;
+                        if (i < nk && d < Dh) {
+                            const int64_t o = m3_dkv_off_k(s.g, s.view, kofs[i], g, d);
+                            b = FP8 ? kbase[o] : reinterpret_cast<const uint16_t *>(kbase)[o];
+                        }
+                        const size_t e = ((size_t)(d / XC) * PF_TK + il) * XC + d % XC;
+                        if (FP8) st[e] = (unsigned char)b;
+                        else reinterpret_cast<uint16_t *>(st)[e] = (uint16_t)b;
+                    }
+                }
+            } else {
+                const int i0 = (it - nkt) * PF_TK;
+                if (c.fast) { /* unit (key group, dim): XC consecutive keys of one dim */
+                    for (int u = tid; u < (PF_TK / XC) * Dh; u += PF_THREADS) {
+                        const int gi = u / Dh, d = u % Dh, kk = i0 + gi * XC, nv = nk - kk;
+                        unsigned char *dst = st + ((size_t)gi * Dhp + d) * 16;
+                        if (nv >= XC || nv <= 0) {
+                            cp16(dst, nv > 0 ? vbase + (vofs[kk] + (int64_t)d * XC) * EB : vbase, nv > 0);
+                        } else { /* the list ends inside the group: zero the keys past it */
+                            uint4 w = *reinterpret_cast<const uint4 *>(vbase + (vofs[kk] + (int64_t)d * XC) * EB);
+                            uint32_t ww[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                            for (int b = 0; b < 16; b++)
+                                if (b >= nv * EB) ww[b / 4] &= ~(0xFFu << (8 * (b % 4)));
+                            *reinterpret_cast<uint4 *>(dst) = make_uint4(ww[0], ww[1], ww[2], ww[3]);
+                        }
+                    }
+                } else {
+                    for (int u = tid; u < PF_TK * Dhp; u += PF_THREADS) {
+                        const int il = u % PF_TK, d = u / PF_TK, i = i0 + il;
+                        uint32_t b = 0;
+                        if (i < nk && d < Dh) {
+                            const int64_t o = m3_dkv_off_v(s.g, s.view, kofs[i], g, d);
+                            b = FP8 ? vbase[o] : reinterpret_cast<const uint16_t *>(vbase)[o];
+                        }
+                        const size_t e = ((size_t)(il / XC) * Dhp + d) * XC + il % XC;
+                        if (FP8) st[e] = (unsigned char)b;
+                        else reinterpret_cast<uint16_t *>(st)[e] = (uint16_t)b;
+                    }
+                }
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < PF_NST; i++) {
+            load(i);
+            cp_commit();
+        }
+        float o[FA_MAX_DH / 16 / PF_NW][2][4];
+#pragma unroll
+        for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) o[u][h2][0] = o[u][h2][1] = o[u][h2][2] = o[u][h2][3] = 0.0f;
+        for (int it = 0; it < ntl; it++) {
+            cp_wait<PF_NST - 1>(); /* this thread's copies of tile it landed */
+            __syncthreads();
+            const unsigned char *st = tiles + (size_t)(it % PF_NST) * TB;
+            if (it < nkt) { /* S = Q K^T: a warp per 8-key n-tile */
+                const int i0 = it * PF_TK, nkv = min(PF_TK, nk - i0);
+#pragma unroll
+                for (int u = 0; u < PF_TK / 8 / PF_NW; u++) {
+                    const int nt = warp + u * PF_NW;
+                    if (nt * 8 >= nkv) continue;
+                    float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const int key = nt * 8 + gq;
+#pragma unroll
+                    for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+                        if (s2 * 16 >= Dhp) break;
+                        uint32_t bfr[2];
+                        if (FP8) {
+                            const unsigned char *kb = st + ((size_t)s2 * PF_TK + key) * 16 + 2 * tq;
+                            bfr[0] = pf_lut2(lut, kb), bfr[1] = pf_lut2(lut, kb + 8);
+                        } else {
+                            const uint16_t *kb = reinterpret_cast<const uint16_t *>(st) +
+                                                 ((size_t)(2 * s2) * PF_TK + key) * 8 + 2 * tq;
+                            bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
+                            bfr[1] = *reinterpret_cast<const uint32_t *>(kb + PF_TK * 8);
+                        }
+                        m3_mma_bf16_16816(c4, qa[s2], bfr);
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int r = gq + (i >> 1) * 8, ki = i0 + nt * 8 + 2 * tq + (i & 1);
+                        if (r >= hq || ki >= nk) continue; /* keys past nk are never read */
+                        float d = c4[i], z;
+                        if (c.pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
+                        else {
+                            if (FP8) d *= ksc[ki]; /* dequantized K */
+                            z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
+                        }
+                        sc[(size_t)r * SCP + ki] = z;
+                    }
+                }
+            } else {
+                const int i0 = (it - nkt) * PF_TK, nkv = min(PF_TK, nk - i0);
+                if (it == nkt) { /* all scores are in: max and denominator per head */
+                    for (int h = warp; h < hq; h += PF_THREADS / 32) {
+                        float m = -INFINITY;
+                        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[(size_t)h * SCP + i]);
+                        m = m3_warp_max(m);
+                        float l = 0.0f;
+                        for (int i = lane; i < nk; i += 32) l += expf(sc[(size_t)h * SCP + i] - m);
+                        l = m3_warp_sum(l);
+                        if (lane == 0) m_sh[h] = m, l_sh[h] = l;
+                    }
+                    __syncthreads();
+                }
+                for (int e = tid; e < hq * PF_TK; e += PF_THREADS) {
+                    const int h = e / PF_TK, il = e % PF_TK, i = i0 + il;
+                    float pv = 0.0f;
+                    if (il < nkv) {
+                        const float ex = expf(sc[(size_t)h * SCP + i] - m_sh[h]);
+                        if (c.pa) { /* §4.9 step 4 */
+                            const float M = mt[i / c.tile];
+                            const float x = m3_round_fp8(ex * vsc[i] * c.fmax / (M + 1e-8f),
+                                                         s.g.fp8_kind, s.ovf);
+                            pv = x * (M / c.fmax);
+                        } else {
+                            pv = FP8 ? ex * vsc[i] : ex;
+                        }
+                    }
+                    pb[h * PBP + il] = m3_f32_to_bf16(pv);
+                }
+                __syncthreads();
+                /* O += P V: a warp per 16-dim pair of n-tiles */
+#pragma unroll
+                for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++) {
+                    const int np = warp + u * PF_NW;
+                    if (np * 16 >= Dhp) continue;
+                    for (int ks = 0; ks * 16 < nkv; ks++) {
+                        const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
+                        const uint32_t a[4] = {*reinterpret_cast<const uint32_t *>(pr),
+                                               *reinterpret_cast<const uint32_t *>(pr + 8 * PBP),
+                                               *reinterpret_cast<const uint32_t *>(pr + 8),
+                                               *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8)};
+#pragma unroll
+                        for (int h2 = 0; h2 < 2; h2++) {
+                            const int d = np * 16 + h2 * 8 + gq;
+                            uint32_t bfr[2];
+                            if (FP8) {
+                                const unsigned char *vb = st + ((size_t)ks * Dhp + d) * 16 + 2 * tq;
+                                bfr[0] = pf_lut2(lut, vb), bfr[1] = pf_lut2(lut, vb + 8);
+                            } else {
+                                const uint16_t *vb = reinterpret_cast<const uint16_t *>(st) +
+                                                     ((size_t)(2 * ks) * Dhp + d) * 8 + 2 * tq;
+                                bfr[0] = *reinterpret_cast<const uint32_t *>(vb);
+                                bfr[1] = *reinterpret_cast<const uint32_t *>(vb + (size_t)Dhp * 8);
+                            }
+                            m3_mma_bf16_16816(o[u][h2], a, bfr);
+                        }
+                    }
+                }
+            }
+            __syncthreads(); /* stage it % PF_NST is free */
+            load(it + PF_NST);
+            cp_commit();
+        }
+        cp_wait<0>();
+        /* this chunk's partial (m, l, O) per head */
+        const size_t sl0 = (slot0 + ci) * hq;
+#pragma unroll
+        for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = gq + (i >> 1) * 8, d = (warp + u * PF_NW) * 16 + h2 * 8 + 2 * tq + (i & 1);
+                    if (r < hq && d < Dh) /* A_j (see pf_merge_w) */
+                        po[(sl0 + r) * Dh + d] =
+                            c.part > 0 ? l_sh[r] * m3_round_bf16(o[u][h2][i] / l_sh[r]) : o[u][h2][i];
+                }
+        if (tid < hq) pml[(sl0 + tid) * 2] = m_sh[tid], pml[(sl0 + tid) * 2 + 1] = l_sh[tid];
+    }
+    if (!c.fused) return;
+    /* the last block of this (token, kv head) to finish merges (threadFenceReduction) */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned old = atomicAdd(&pf_cnt[tg], 1u);
+        last_sh = old == gridDim.x - 1;
+        if (last_sh) pf_cnt[tg] = 0;
+    }
+    __syncthreads();
+    if (!last_sh) return;
+    __threadfence();
+    { /* the merge; the score array is free now (weights, denominators, staging) */
+        const int nj = n > 0 ? (n + ch - 1) / ch : 0, vw = Dh % 4 == 0 ? 4 : 1;
+        float *w = sc, *den = sc + 3 * hq * nj;
+        pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, PF_THREADS);
+        m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
+        for (int e = tid; e < hq * (Dh / vw); e += PF_THREADS) {
+            const int h = e / (Dh / vw), d = (e % (Dh / vw)) * vw;
+            float acc[4];
+            pf_acc(po, slot0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc);
+            for (int i = 0; i < vw; i++) orow[(size_t)h * Dh + d + i] = m3_f32_to_bf16(acc[i] / den[h]);
+        }
+    }
+#else
+    (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
+    (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
+#endif
+}
+
+/* the merge when rows have more than PF_FUSE_MAX chunks: one block per (token, query head),
+ * PF_MT threads: the warps split the chunks, lanes the dims; dynamic shared memory: 3 nchx + 1
+ * floats of weights and staging, then [warps][Dh] partial sums */
+#define PF_MT 256
+static __global__ void __launch_bounds__(PF_MT)
+    pf_merge_k(m3_bf16 *M3_RESTRICT out, const float *M3_RESTRICT po, const float *M3_RESTRICT pml,
+               const int *M3_RESTRICT nkeys, int t0, pf_cfg c) {
+    extern __shared__ float pm_sh[];
+    const int tl = (int)blockIdx.x, hh = (int)blockIdx.y, g = hh / c.hq, h = hh % c.hq;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, nw = PF_MT / 32;
+    const size_t tg = (size_t)tl * c.Hkv + g, s0 = tg * c.nchx;
+    const int n = nkeys[tg], nj = n > 0 ? (n + c.ch - 1) / c.ch : 0, Dh = c.Dh;
+    const int vw = Dh % 4 == 0 ? 4 : 1;
+    float *w = pm_sh, *den = w + 3 * c.nchx, *ps = den + 1;
+    pf_merge_w(pml, s0, nj, c.hq, h, 1, w, den, tid, PF_MT);
+    for (int d = lane * vw; d < Dh; d += 32 * vw) {
+        float acc[4];
+        pf_acc(po, s0, c.hq, Dh, h, d, vw, w, warp, nj, nw, acc);
+        for (int i = 0; i < vw; i++) ps[warp * Dh + d + i] = acc[i];
+    }
+    __syncthreads();
+    for (int d = tid; d < Dh; d += PF_MT) {
+        float a = 0.0f;
+        for (int i = 0; i < nw; i++) a += ps[i * Dh + d];
+        out[(size_t)(t0 + tl) * c.H * Dh + (size_t)hh * Dh + d] = m3_f32_to_bf16(a / den[0]);
+    }
+}
+#endif /* M3_HIP_NVIDIA */
+
+extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
+                                             int ld_q, const m3_gpu_attn_paged_src *src,
+                                             const int32_t *d_pos, int n_tok, int n_ctx,
+                                             const int32_t *d_topk, int width,
+                                             const m3_attn_params *ap, const m3_profile *p) {
+    M3_ASSERT(g && src && ap && p && n_tok >= 0 && n_ctx > 0);
+    M3_ASSERTF(ap->n_head % ap->n_kv_head == 0 && ld_q >= ap->n_head * ap->head_dim,
+               "H=%d Hkv=%d Dh=%d ld_q=%d", ap->n_head, ap->n_kv_head, ap->head_dim, ld_q);
+    M3_ASSERTF(src->g.head_dim == ap->head_dim && src->g.n_kv == ap->n_kv_head,
+               "paged cache geometry Hkv=%d Dh=%d, attention Hkv=%d Dh=%d", src->g.n_kv,
+               src->g.head_dim, ap->n_kv_head, ap->head_dim);
+    M3_ASSERT(!d_topk || width > 0);
+    M3_TRY(m3_gpu_attn_paged_flash_ok(src, ap, p, width));
+    const bool fp8 = src->g.elem == M3_KV_FP8;
+    if (fp8 && (!src->k_scale || !src->v_scale))
+        return m3_errorf(M3_ERR_ARG, "gpu paged attention: fp8 cache without scales");
+    M3_ASSERT(src->k && src->v && src->bt && d_pos && d_q && d_out);
+    if (n_tok == 0) return M3_OK;
+#if !defined(M3_HIP_NVIDIA)
+    /* no tensor-core kernel for this vendor yet: the portable faithful kernel */
+    return m3_gpu_attn_paged(g, d_out, d_q, ld_q, src, d_pos, n_tok, n_ctx, d_topk, width, ap, p);
+#else
+    pf_cfg c;
+    memset(&c, 0, sizeof c);
+    c.H = ap->n_head, c.Hkv = ap->n_kv_head, c.hq = c.H / c.Hkv, c.Dh = ap->head_dim;
+    c.Dhp = (c.Dh + 15) / 16 * 16;
+    c.scale = ap->scale;
+    c.eager = p->attn_scores == M3_SCORES_BF16_EAGER;
+    c.sel_order = p->attn_order == M3_ATTN_ORDER_SELECTION;
+    c.fp8 = fp8;
+    c.pa = fp8 && src->fp8_pa;
+    c.fmax = fp8 ? m3_fp8_max(src->g.fp8_kind) : 0.0f;
+    c.tile = d_topk ? src->g.page : src->g.block;
+    c.part = p->attn_partition;
+    const int Pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
+    c.fast = src->g.dx * src->g.x == c.Dh && Pv % src->g.x == 0 && c.Dh % 16 == 0 &&
+             m3_aligned16(src->k) && m3_aligned16(src->v);
+    if (c.part > 0) {
+        c.ch = c.part;
+    } else {
+        c.ch = d_topk ? 128 : 256;
+        if (c.pa) c.ch = c.ch / c.tile * c.tile > 0 ? c.ch / c.tile * c.tile : c.tile;
+    }
+    c.fast = c.fast && c.ch % 16 == 0; /* key groups of a chunk start on 16-key boundaries */
+    c.qvec = c.Dh % 16 == 0 && ld_q % 8 == 0 && m3_aligned16(d_q);
+    const int64_t maxk = d_topk ? (int64_t)width * src->g.block : n_ctx;
+    c.nchx = (int)((maxk + c.ch - 1) / c.ch);
+    c.fused = c.nchx <= PF_FUSE_MAX;
+    const size_t per_tok = (size_t)c.Hkv * c.nchx * c.hq * (c.Dh + 2) * sizeof(float) + 64;
+    int tb = (int)(PF_PART_CAP / per_tok);
+    if (tb < 1) tb = 1;
+    if (tb > n_tok) tb = n_tok;
+    if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
+    if (tb > 65535) tb = 65535;
+    const size_t sh = pf_smem_bytes(c),
+                 msh = ((size_t)3 * c.nchx + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
+    /* raise the shared-memory limits once per size (a host call per launch costs more than a
+     * T = 1 decode kernel); a device runtime keeps the attribute for the process */
+    static size_t pf_set[3];
+    const void *fns[3] = {(const void *)pf_part_k<false>, (const void *)pf_part_k<true>,
+                          (const void *)pf_merge_k};
+    const int fi = fp8 ? 1 : 0;
+    if (sh > pf_set[fi]) {
+        M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
+        pf_set[fi] = sh;
+    }
+    if (!c.fused && msh > pf_set[2]) {
+        M3_TRY(smem_limit(fns[2], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[2] = msh;
+    }
+    const size_t mark = m3_gpu_mark(g);
+    const size_t ns = (size_t)tb * c.Hkv * c.nchx * c.hq;
+    float *po, *pml;
+    int *nk;
+    m3_status s = m3_gpu_alloc(g, (void **)&po, ns * c.Dh * sizeof(float));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&pml, ns * 2 * sizeof(float));
+    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&nk, (size_t)tb * c.Hkv * sizeof(int));
+    for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
+        const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
+        const dim3 grid((unsigned)c.nchx, (unsigned)c.Hkv, (unsigned)nt);
+if (fp8)
+            pf_part_k<true><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
+                                                                n_tok, d_topk, width, po, pml, nk, c);
+        else
+            pf_part_k<false><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
+                                                                 n_tok, d_topk, width, po, pml, nk, c);
+        s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
+        if (s == M3_OK && !c.fused) {
+            pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
+                d_out, po, pml, nk, t0, c);
+            s = m3_gpu_launched_(g, "pf_merge_k", __FILE__, __LINE__);
+        }
+    }
+    m3_gpu_release(g, mark); /* later work on the stream runs after these kernels */
+    return s;
+#endif
+}
+
+extern "C" m3_status m3_gpu_attn_paged_flash_ok(const m3_gpu_attn_paged_src *src,
+                                                const m3_attn_params *ap, const m3_profile *p,
+                                                int width) {
+    const int hq = ap->n_head / ap->n_kv_head;
+    if (!p->attn_out_bf16)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention flash: profile %s keeps fp32 "
+                         "outputs (use m3_gpu_attn_paged_f32)", p->name);
+    if (hq > FD_MAX_HQ || ap->head_dim > FA_MAX_DH)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention flash: H/Hkv=%d Dh=%d (needs "
+                         "H/Hkv <= %d, Dh <= %d)", hq, ap->head_dim, FD_MAX_HQ, FA_MAX_DH);
+    if (src->g.elem == M3_KV_F32)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention flash: fp32 cache elements");
+    if (width > PG_MAX_SEL)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention flash: top-k width %d > %d",
+                         width, PG_MAX_SEL);
+    if (p->attn_partition > PF_MAX_CH)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention flash: attn_partition %d > %d",
+                         p->attn_partition, PF_MAX_CH);
+    const int tile = width > 0 ? src->g.page : src->g.block;
+    if (src->g.elem == M3_KV_FP8 && src->fp8_pa && tile > PF_MAX_CH)
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention flash: fp8 tile of %d keys > %d",
+                         tile, PF_MAX_CH);
+    return M3_OK;
 }

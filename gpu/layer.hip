@@ -1005,19 +1005,24 @@ static m3_status attn_input(m3_gpu *g, m3_gpu_layer_cache *cache, const m3_gpu_l
 }
 
 /* Attention through the paged storage (ref m3_attn_paged): fp8_pa under a partitioned
- * profile (atom), as ref's layer sets it. sel NULL: dense. */
+ * profile (atom), as ref's layer sets it. sel NULL: dense. flash (M3_GPU_ATTN=flash): the
+ * fast kernel where its contract holds (m3_gpu_attn_paged_flash_ok), else the faithful one. */
 static m3_status attn_paged(m3_gpu *g, m3_bf16 *out, const m3_bf16 *q, const m3_gpu_layer_cache *c,
                             const int32_t *pos, int T, int n_ctx, const int32_t *sel, int width,
-                            const m3_attn_params *ap, const m3_profile *p) {
+                            const m3_attn_params *ap, const m3_profile *p, bool flash) {
     m3_gpu_attn_paged_src src = c->kv;
     src.fp8_pa = p->attn_partition > 0;
     src.ovf = cache_ovf(c);
+    if (flash && m3_gpu_attn_paged_flash_ok(&src, ap, p, sel ? width : 0) == M3_OK)
+        return m3_gpu_attn_paged_flash(g, out, q, ap->n_head * ap->head_dim, &src, pos, T, n_ctx,
+                                       sel, width, ap, p);
     return m3_gpu_attn_paged(g, out, q, ap->n_head * ap->head_dim, &src, pos, T, n_ctx, sel, width,
                              ap, p);
 }
 static m3_status attn_paged(m3_gpu *g, float *out, const float *q, const m3_gpu_layer_cache *c,
                             const int32_t *pos, int T, int n_ctx, const int32_t *sel, int width,
-                            const m3_attn_params *ap, const m3_profile *p) {
+                            const m3_attn_params *ap, const m3_profile *p, bool flash) {
+    (void)flash; /* fp32 storage: the faithful kernel */
     m3_gpu_attn_paged_src src = c->kv;
     src.fp8_pa = p->attn_partition > 0;
     src.ovf = cache_ovf(c);
@@ -1563,14 +1568,15 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
             sh->width = sel_w;
         }
         if (pkv) /* sparse layers read the paged cache in prefill and decode (§3.10) */
-            M3_TRY(attn_paged(g, ao, q, cache, d_pos, T, n_ctx, sel, sel_w, &ap, p));
+            M3_TRY(attn_paged(g, ao, q, cache, d_pos, T, n_ctx, sel, sel_w, &ap, p, o->flash));
         else
             M3_TRY(attn_sparse(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
                                n_ctx, sel, sel_w, ip.block, &ap, p, o->flash));
     } else if (pkv && T == 1) {
         /* dense decode reads the paged cache; dense prefill the chunk's own unquantized K/V, as
          * ATOM's flash-attention prefill (§3.7, §9.12) */
-        M3_TRY(attn_paged(g, ao, q, cache, d_pos, T, n_ctx, (const int32_t *)NULL, 0, &ap, p));
+        M3_TRY(attn_paged(g, ao, q, cache, d_pos, T, n_ctx, (const int32_t *)NULL, 0, &ap, p,
+                          o->flash));
     } else {
         M3_TRY(attn_dense(g, ao, q, QW, (const TS *)cache->k, (const TS *)cache->v, d_pos, T,
                           n_ctx, &ap, p, o->flash));

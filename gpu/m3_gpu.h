@@ -282,6 +282,28 @@ m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int l
                                 const m3_gpu_attn_paged_src *src, const int32_t *d_pos,
                                 int n_tok, int n_ctx, const int32_t *d_topk, int width,
                                 const struct m3_attn_params *ap, const m3_profile *p);
+/* Fast paged attention (the production path of paged reads), same arguments and key lists
+ * as m3_gpu_attn_paged, bf16 output: flash-decoding, one block per (chunk of keys, kv head,
+ * token) serving the group's query heads on tensor cores (NVIDIA mma.sync; elsewhere the
+ * faithful kernel runs), partials merged by log-sum-exp in the same launch. A chunk is one
+ * attn_partition under a partitioned profile (atom), so partition maxima, denominators, the
+ * §4.9 fp8 P' codes and the bf16 partition outputs are ref's; P enters P.V as bf16
+ * (unnormalised; §4.9: bf16(P' M / FP8_MAX)). Checked against ref with a documented NMSE
+ * bound, not bit for bit (docs/gpu.md "Paged flash"). Fast for any geometry where
+ * x = 16 / element bytes divides Dh and the view's page (M3: page-128 dense, page-16 sparse);
+ * any other ref geometry runs correctly, gathering element by element. Contract
+ * (m3_gpu_attn_paged_flash_ok, M3_ERR_UNSUPPORTED otherwise): attn_out_bf16, bf16 or fp8
+ * elements, H/Hkv <= 16, Dh <= 128, width <= 256, attn_partition <= 256, fp8_pa tile (the
+ * view's page) <= 256. */
+m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_gpu_attn_paged_src *src, const int32_t *d_pos,
+                                  int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                  const struct m3_attn_params *ap, const m3_profile *p);
+/* M3_OK when m3_gpu_attn_paged_flash takes these arguments (width 0: dense), else
+ * M3_ERR_UNSUPPORTED with the reason (m3_errorf). No device call. */
+m3_status m3_gpu_attn_paged_flash_ok(const m3_gpu_attn_paged_src *src,
+                                     const struct m3_attn_params *ap, const m3_profile *p,
+                                     int width);
 
 /* gpu/kvcache.hip: K/V rows into ATOM's paged KV cache of one layer (spec §4.1-4.3, §4.7).
  * Twin: ref/kvcache.c m3_kv_write (page 128 = its M3_KV_VIEW_BLOCK view of Bs 128, page 16 =

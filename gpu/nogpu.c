@@ -194,6 +194,20 @@ m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int l
     (void)n_ctx; (void)d_topk; (void)width; (void)ap; (void)p;
     return NO_GPU("gpu paged attention");
 }
+m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_gpu_attn_paged_src *src, const int32_t *d_pos,
+                                  int n_tok, int n_ctx, const int32_t *d_topk, int width,
+                                  const struct m3_attn_params *ap, const m3_profile *p) {
+    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)src; (void)d_pos; (void)n_tok;
+    (void)n_ctx; (void)d_topk; (void)width; (void)ap; (void)p;
+    return NO_GPU("gpu paged attention");
+}
+m3_status m3_gpu_attn_paged_flash_ok(const m3_gpu_attn_paged_src *src,
+                                     const struct m3_attn_params *ap, const m3_profile *p,
+                                     int width) {
+    (void)src; (void)ap; (void)p; (void)width;
+    return NO_GPU("gpu paged attention");
+}
 m3_status m3_gpu_qk_norm_rope_cache(m3_gpu *g, const m3_gpu_qkv *x, const m3_gpu_kv_cache *c,
                                     const int64_t *d_slots, const int32_t *d_pos, int n_tok,
                                     float eps, int rot_dim, float theta, const m3_profile *p) {

@@ -151,12 +151,81 @@ def main():
         del q, k, v, mask
         torch.cuda.empty_cache()
 
+    if want("paged flash"):
+        pattn_bench()
     if want("kv_cache_write"):
         kv_bench()
     if want("qkv_cache"):
         qkv_cache_bench()
     if want("moe_experts"):
         moe_bench()
+
+
+def pattn_bench(Hkv=4, D=128, Bs=128, P=16):
+    """paged attention over ATOM's paged cache (tests/gpu_bench.c pattn_bench_case): gather
+    the selected pages (sparse: page-16 re-view of the 16 selected blocks; dense: every block
+    through the page-128 view) from the SHUFFLE layout, dequantize fp8 with the per-(token,
+    head) scales, then SDPA with the 16 query heads of each KV group"""
+    bf = torch.bfloat16
+    for fp8 in (False, True):
+        x = 16 if fp8 else 8
+        for sparse, T, C in ((True, 1, 131072), (True, 64, 131072), (True, 8192, 8192),
+                             (False, 1, 131072)):
+            name = (f"attn_{'sparse' if sparse else 'dense'} paged flash {'fp8' if fp8 else 'bf16'} "
+                    f"atom T={T} C={C}")
+            if not want(name):
+                continue
+            N = C // Bs
+            pg = P if sparse else Bs  # the view's page
+            npg = N * (Bs // pg)
+            if fp8:
+                k = torch.randint(0, 120, (npg, Hkv, D // x, pg, x), device=dev, dtype=torch.uint8)
+                v = torch.randint(0, 120, (npg, Hkv, pg // x, D, x), device=dev, dtype=torch.uint8)
+                ks = torch.rand(npg, Hkv, pg, device=dev) * 0.01 + 0.01
+                vs = torch.rand(npg, Hkv, pg, device=dev) * 0.01 + 0.01
+            else:
+                k = torch.randn(npg, Hkv, D // x, pg, x, device=dev, dtype=bf)
+                v = torch.randn(npg, Hkv, pg // x, D, x, device=dev, dtype=bf)
+            bt = torch.arange(N - 1, -1, -1, device=dev)  # logical b -> physical N-1-b
+            q = torch.randn(T, 64, D, device=dev, dtype=bf)
+            hk = torch.arange(Hkv, device=dev)
+            if sparse:
+                posv = torch.arange(C - T, C, device=dev)
+                own = posv // Bs
+                blocks = (torch.arange(16, device=dev)[None, :] * torch.clamp((own[:, None]) // 15, min=1))
+                blocks = torch.minimum(blocks, own[:, None])
+                blocks[:, 0] = own
+                blocks = blocks[:, None, :].expand(T, Hkv, 16)
+                ppb = Bs // pg
+                pages = (bt[blocks][..., None] * ppb + torch.arange(ppb, device=dev)).reshape(T, Hkv, 16 * ppb)
+            else:
+                pages = bt[None, None, :].expand(T, Hkv, N)
+            nk = pages.shape[-1] * pg
+
+            def gather(t0, t1):
+                pp = pages[t0:t1]
+                kk = k[pp, hk[None, :, None]]  # [t, Hkv, pages, D/x, pg, x]
+                vv = v[pp, hk[None, :, None]]  # [t, Hkv, pages, pg/x, D, x]
+                kk = kk.permute(0, 1, 2, 4, 3, 5).reshape(t1 - t0, Hkv, nk, D)
+                vv = vv.permute(0, 1, 2, 3, 5, 4).reshape(t1 - t0, Hkv, nk, D)
+                if fp8:
+                    kk = kk.view(torch.float8_e4m3fn).to(bf) * ks[pp, hk[None, :, None]].reshape(t1 - t0, Hkv, nk, 1).to(bf)
+                    vv = vv.view(torch.float8_e4m3fn).to(bf) * vs[pp, hk[None, :, None]].reshape(t1 - t0, Hkv, nk, 1).to(bf)
+                return kk, vv
+
+            def run():
+                outs = []
+                step = 1024
+                for t0 in range(0, T, step):
+                    t1 = min(T, t0 + step)
+                    kk, vv = gather(t0, t1)
+                    qq = q[t0:t1].view(t1 - t0, Hkv, 16, D)
+                    outs.append(torch.nn.functional.scaled_dot_product_attention(qq, kk, vv))
+                return outs
+            big = T >= 4096
+            report(name, lambda: timeit(run, reps=2 if big else 10, batches=3 if big else 5))
+            del k, v, q
+            torch.cuda.empty_cache()
 
 
 def kv_bench(Hkv=4, D=128, page=128):

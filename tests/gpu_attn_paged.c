@@ -14,7 +14,11 @@
  * expf in its last bit moves an output (H200, 2026-11-29: 1980305 of 1980400 outputs over the
  * 175 case outputs identical, the worst case 99.78 %, worst NMSE 5.0e-18; a wrong tile,
  * partition, order or scale moves nearly every output of its rows). Outputs are guarded and
- * poisoned. */
+ * poisoned.
+ * The fast kernel m3_gpu_attn_paged_flash (bf16 outputs: hf and atom; bf16 and fp8
+ * elements) is checked against the same ref outputs with PF_NMSE / PF_NMSE_PA (below), on
+ * guarded, poisoned outputs, and a second run into a fresh buffer must match the first bit
+ * for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +46,17 @@ static void profile_of(m3_profile *p, int which) {
 }
 
 #define PG_MIN_EXACT 0.99
+/* Flash bounds. bf16 elements and fp8 dequantized on read: the rounding points of the flash
+ * kernels (GPU_NMSE_FLASH's reasoning: independent bf16 roundings of P, unnormalised, and of
+ * the output; fp8: the V scale folded into that P). PF_NMSE_PA, the §4.9 emulation under a
+ * partitioned profile: P' codes and partitions as ref, plus one bf16 rounding of
+ * P' M / FP8_MAX (<= 2^-9 relative); an fp8 code that flips because the tensor-core score
+ * differs from ref's in its last bits moves one term by 2^-4 relative. Unpartitioned
+ * (hf + fp8_pa, which no model path runs): P' is rounded against the chunk's max instead of
+ * the row's, independent fp8 roundings of every term: PF_NMSE_PA_FREE. */
+#define PF_NMSE GPU_NMSE_FLASH
+#define PF_NMSE_PA GPU_NMSE_FLASH
+#define PF_NMSE_PA_FREE 1e-3
 
 static int count_exact(const float *a, const float *b, int64_t n) {
     int k = 0;
@@ -49,7 +64,7 @@ static int count_exact(const float *a, const float *b, int64_t n) {
     return k;
 }
 
-static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof) {
+static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, bool flash) {
     m3_profile p;
     profile_of(&p, prof);
     m3_attn_params ap;
@@ -156,28 +171,46 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof) 
              sparse ? "sparse" : "dense", en[st->elem], st->pa ? "+pa" : "",
              st->elem == M3_KV_FP8 ? (double)st->fmax : 0.0, p.name, T, C, s->H, s->Hkv, s->Dh,
              s->Bs, geo.page, s->width);
-    if (p.attn_out_bf16) {
+    if (flash) { /* the fast kernel */
         m3_bf16 *dq = gpu_upload_bf16(g, q, nq, NULL);
-        m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
-        GPU_OK(m3_gpu_attn_paged(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width, &ap, &p));
-        gpu_download_bf16(g, got, dout, no);
-        gpu_guard_check(g, dout, no * sizeof(m3_bf16), "paged attention bf16 out");
+        const double bound = !st->pa ? PF_NMSE : p.attn_partition > 0 ? PF_NMSE_PA : PF_NMSE_PA_FREE;
+        float *got2 = malloc(no * sizeof *got2);
+        for (int run = 0; run < 2; run++) {
+            m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+            GPU_OK(m3_gpu_attn_paged_flash(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width, &ap,
+                                           &p));
+            gpu_download_bf16(g, run ? got2 : got, dout, no);
+            gpu_guard_check(g, dout, no * sizeof(m3_bf16), "paged flash attention out");
+        }
+        snprintf(name, sizeof name, "%s flash", what);
+        gpu_expect_nmse(ref, got, no, bound, name);
+        if (memcmp(got, got2, no * sizeof *got))
+            m3_test_failf("%s: two runs differ (race?)", name);
+        free(got2);
+    } else {
+        if (p.attn_out_bf16) {
+            m3_bf16 *dq = gpu_upload_bf16(g, q, nq, NULL);
+            m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+            GPU_OK(m3_gpu_attn_paged(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width, &ap, &p));
+            gpu_download_bf16(g, got, dout, no);
+            gpu_guard_check(g, dout, no * sizeof(m3_bf16), "paged attention bf16 out");
+            const int ex = count_exact(ref, got, no);
+            snprintf(name, sizeof name, "%s bf16 (%d/%lld exact)", what, ex, (long long)no);
+            gpu_expect_nmse(ref, got, no, GPU_NMSE_BF16, name);
+            if (ex < PG_MIN_EXACT * (double)no)
+                m3_test_failf("%s: fewer than %.0f %% bit-identical", name, 100 * PG_MIN_EXACT);
+        }
+        float *dq = gpu_upload_f32(g, q, nq);
+        float *dout = gpu_guard_alloc(g, no * sizeof(float));
+        GPU_OK(m3_gpu_attn_paged_f32(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width, &ap, &p));
+        gpu_download_f32(g, got, dout, no);
+        gpu_guard_check(g, dout, no * sizeof(float), "paged attention f32 out");
         const int ex = count_exact(ref, got, no);
-        snprintf(name, sizeof name, "%s bf16 (%d/%lld exact)", what, ex, (long long)no);
-        gpu_expect_nmse(ref, got, no, GPU_NMSE_BF16, name);
+        snprintf(name, sizeof name, "%s f32 (%d/%lld exact)", what, ex, (long long)no);
+        gpu_expect_nmse(ref, got, no, p.attn_out_bf16 ? GPU_NMSE_BF16 : GPU_NMSE_F32, name);
         if (ex < PG_MIN_EXACT * (double)no)
             m3_test_failf("%s: fewer than %.0f %% bit-identical", name, 100 * PG_MIN_EXACT);
     }
-    float *dq = gpu_upload_f32(g, q, nq);
-    float *dout = gpu_guard_alloc(g, no * sizeof(float));
-    GPU_OK(m3_gpu_attn_paged_f32(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width, &ap, &p));
-    gpu_download_f32(g, got, dout, no);
-    gpu_guard_check(g, dout, no * sizeof(float), "paged attention f32 out");
-    const int ex = count_exact(ref, got, no);
-    snprintf(name, sizeof name, "%s f32 (%d/%lld exact)", what, ex, (long long)no);
-    gpu_expect_nmse(ref, got, no, p.attn_out_bf16 ? GPU_NMSE_BF16 : GPU_NMSE_F32, name);
-    if (ex < PG_MIN_EXACT * (double)no)
-        m3_test_failf("%s: fewer than %.0f %% bit-identical", name, 100 * PG_MIN_EXACT);
     m3_gpu_release(g, 0);
     m3_kv_layer_free(&kl);
     m3_block_table_free(&bt);
@@ -193,7 +226,38 @@ static const pg_store stores[] = {
 static void run_shapes(m3_gpu *g, const pg_shape *sh, size_t n) {
     for (int prof = 0; prof < 3; prof++)
         for (size_t k = 0; k < N_STORES; k++)
-            for (size_t i = 0; i < n; i++) pg_case(g, &sh[i], &stores[k], prof);
+            for (size_t i = 0; i < n; i++) pg_case(g, &sh[i], &stores[k], prof, false);
+}
+
+/* the flash kernel: bf16-output profiles (hf, atom), bf16 and fp8 elements */
+static void run_flash(m3_gpu *g, const pg_shape *sh, size_t n) {
+    for (int prof = 1; prof < 3; prof++)
+        for (size_t k = 1; k < N_STORES; k++)
+            for (size_t i = 0; i < n; i++) pg_case(g, &sh[i], &stores[k], prof, true);
+}
+
+static void paged_flash_dense_matches_ref(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const pg_shape shapes[] = {
+        {1, 2000, 64, 4, 128, 128, 16, 0}, /* decode: 8 chunks, merged by the last block */
+        {1, 4200, 64, 4, 128, 128, 16, 0}, /* 17 chunks: the merge kernel */
+        {5, 300, 64, 4, 128, 128, 16, 0},  /* a chunk of 5 after 295 */
+        {7, 61, 6, 3, 12, 8, 1, 0},        /* the fixtures' geometry: element gather */
+        {3, 530, 8, 2, 80, 64, 16, 0},     /* odd */
+    };
+    run_flash(g, shapes, sizeof shapes / sizeof shapes[0]);
+}
+
+static void paged_flash_sparse_matches_ref(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const pg_shape shapes[] = {
+        {3, 2100, 64, 4, 128, 128, 16, 16}, /* rows near the end of 17 blocks */
+        {2, 4100, 64, 4, 128, 128, 16, 16}, /* decode rows over 33 blocks, 16 selected */
+        {7, 61, 6, 3, 12, 8, 1, 3},         /* the fixtures' geometry (top-k 3) */
+        {4, 700, 8, 2, 80, 64, 16, 7},      /* odd, with the own block absent in half the rows */
+        {5, 333, 10, 2, 48, 32, 8, 5},      /* odd heads (5 per group), Dh 48, Bs 32, P 8 */
+    };
+    run_flash(g, shapes, sizeof shapes / sizeof shapes[0]);
 }
 
 static void paged_dense_matches_ref(void **state) {
@@ -221,6 +285,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(paged_dense_matches_ref),
         cmocka_unit_test(paged_sparse_matches_ref),
+        cmocka_unit_test(paged_flash_dense_matches_ref),
+        cmocka_unit_test(paged_flash_sparse_matches_ref),
     };
     return M3_RUN_GPU_TESTS(tests);
 }

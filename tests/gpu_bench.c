@@ -370,6 +370,107 @@ static void bench_attention(void **state) {
     attn_bench_case(g, &r, 8192, 8192, false, 2, true);
 }
 
+/* Paged attention (m3_gpu_attn_paged_flash) over ATOM's paged cache at M3 geometry (Bs 128,
+ * page-16 re-view for sparse layers, page-128 view for dense ones), bf16 or fp8 elements
+ * (fp8: per-(token, head) scales, the §4.9 emulation under atom), logical block b in
+ * physical block n-1-b as the model maps them. Bytes: q, out, and each kv group's keys once
+ * per token row (K and V elements, plus their fp32 scales for fp8). */
+typedef struct {
+    m3_bf16 *out; const m3_bf16 *q; const int32_t *pos, *topk;
+    int T, C, width; m3_gpu_attn_paged_src src; m3_attn_params ap; m3_profile p;
+} pattn_ctx;
+static m3_status do_pattn(m3_gpu *g, void *c) {
+    pattn_ctx *x = c;
+    return m3_gpu_attn_paged_flash(g, x->out, x->q, 64 * 128, &x->src, x->pos, x->T, x->C, x->topk,
+                                   x->width, &x->ap, &x->p);
+}
+
+static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bool fp8) {
+    const size_t mark = m3_gpu_mark(g);
+    pattn_ctx c;
+    memset(&c, 0, sizeof c);
+    m3_profile_atom(&c.p);
+    m3_attn_params_init(&c.ap, 64, 4, 128);
+    c.T = T, c.C = C, c.width = sparse ? 16 : 0;
+    m3_kv_geom_init(&c.src.g, 4, 128, 128, 0, fp8 ? M3_KV_FP8 : M3_KV_BF16, M3_FP8_E4M3FN);
+    c.src.view = sparse ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK;
+    c.src.fp8_pa = fp8;
+    c.src.ovf = M3_FP8_SATURATE;
+    const int nb = (C + 127) / 128;
+    const size_t eb = fp8 ? 1 : 2, kn = (size_t)nb * c.src.g.k_block, vn = (size_t)nb * c.src.g.v_stride;
+    /* random elements: bf16 normals, or fp8 codes without the NaN ones (bit 3 clear) */
+    const size_t n0 = (size_t)1 << 20;
+    m3_bf16 *seed = rand_bf16(g, r, (int64_t)n0, 1.0f);
+    if (fp8) {
+        unsigned char *h = malloc(n0 * 2);
+        assert_non_null(h);
+        GPU_OK(m3_gpu_download(g, h, seed, n0 * 2));
+        for (size_t i = 0; i < n0 * 2; i++) h[i] &= 0xF7u;
+        GPU_OK(m3_gpu_upload(g, seed, h, n0 * 2));
+        free(h);
+    }
+    c.src.k = tile_bf16(g, seed, (int64_t)n0, (int64_t)((kn * eb + 1) / 2));
+    c.src.v = tile_bf16(g, seed, (int64_t)n0, (int64_t)((vn * eb + 1) / 2));
+    if (fp8) {
+        const size_t ns = (size_t)nb * 4 * 128;
+        float *h = malloc(ns * sizeof *h);
+        assert_non_null(h);
+        for (size_t i = 0; i < ns; i++) h[i] = 0.01f + 0.01f * (float)(m3_rng_u32(r) % 1000u) / 1000.0f;
+        c.src.k_scale = gpu_upload_f32(g, h, (int64_t)ns);
+        c.src.v_scale = gpu_upload_f32(g, h, (int64_t)ns);
+        free(h);
+    }
+    int32_t *bt = malloc((size_t)nb * sizeof *bt);
+    for (int b = 0; b < nb; b++) bt[b] = nb - 1 - b;
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.src.bt, (size_t)nb * sizeof *bt));
+    GPU_OK(m3_gpu_upload(g, (void *)c.src.bt, bt, (size_t)nb * sizeof *bt));
+    c.src.n_logical = nb;
+    free(bt);
+    m3_bf16 *qseed = rand_bf16(g, r, 64 * 128 * 8, 1.0f); /* 8 tokens' q, repeated */
+    c.q = tile_bf16(g, qseed, 64 * 128 * 8, (int64_t)T * 64 * 128);
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.out, (size_t)T * 64 * 128 * 2));
+    int32_t *pos = malloc(T * sizeof *pos), *tk = malloc((size_t)4 * T * 16 * sizeof *tk);
+    double keys = 0;
+    for (int t = 0; t < T; t++) {
+        pos[t] = C - T + t;
+        int nbt = pos[t] / 128 + 1;
+        keys += sparse ? (nbt > 16 ? 15 * 128 + pos[t] % 128 + 1 : pos[t] + 1) : pos[t] + 1;
+    }
+    for (int i = 0; i < 4 * T * 16; i++) { /* as attn_bench_case: 15 full blocks + the own */
+        int t = (i / 16) % T, nbt = pos[t] / 128 + 1, slot = i % 16;
+        tk[i] = slot == 0 ? nbt - 1 : (nbt > 16 ? 0 : slot - 1);
+        if (nbt > 16 && slot > 0) tk[i] = (int)(((uint32_t)(nbt - 1) / 15u) * (uint32_t)(slot - 1));
+        if (nbt <= 16 && slot >= nbt) tk[i] = -1;
+    }
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, T * sizeof *pos));
+    GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, T * sizeof *pos));
+    if (sparse) {
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.topk, (size_t)4 * T * 16 * sizeof *tk));
+        GPU_OK(m3_gpu_upload(g, (void *)c.topk, tk, (size_t)4 * T * 16 * sizeof *tk));
+    }
+    free(pos);
+    free(tk);
+    double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
+    char nm[96];
+    snprintf(nm, sizeof nm, "attn_%s paged flash %s %s T=%d C=%d", sparse ? "sparse" : "dense",
+             fp8 ? "fp8" : "bf16", c.p.name, T, C);
+    const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
+    report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
+    m3_gpu_release(g, mark);
+}
+
+static void bench_attention_paged(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 906);
+    for (int f = 0; f < 2; f++) {
+        pattn_bench_case(g, &r, 1, 131072, true, f);
+        pattn_bench_case(g, &r, 64, 131072, true, f);
+        pattn_bench_case(g, &r, 8192, 8192, true, f);
+        pattn_bench_case(g, &r, 1, 131072, false, f);
+    }
+}
+
 typedef struct {
     int32_t *tk; float *sc; const m3_bf16 *iq, *ik; const int32_t *pos; int T, C, path;
     m3_indexer_params ip; m3_profile p;
@@ -721,6 +822,7 @@ int main(void) {
         cmocka_unit_test(bench_moe_route),
         cmocka_unit_test(bench_indexer),
         cmocka_unit_test(bench_attention),
+        cmocka_unit_test(bench_attention_paged),
         cmocka_unit_test(bench_moe_experts),
         cmocka_unit_test(bench_kv_cache_write),
         cmocka_unit_test(bench_copy_kernel),

@@ -12,7 +12,8 @@
  * with its worst NMSE (float stages) or lowest set agreement (index sets) is printed.
  * Cases: prefill under hf (bf16 storage, and fp32 storage), fp32 profile; prefill + 4 decode
  * steps (hf, fp32) over the same token sequence; teacher-forced replay from the fixture's
- * transformers dump (hf, hf --ref-select, fp32); flash attention (hf); argument errors; the
+ * transformers dump (hf, hf --ref-select, fp32); flash attention (hf; over paged caches: hf
+ * bf16 and atom fp8 KV); argument errors; the
  * CLI (`m3 run/replay --backend gpu --dump`, then `m3 compare` exit 0: run under fp32 and
  * under hf with fp32 storage, replay under hf with bf16 storage). Variant cases (numerics
  * variants, ref/variant.h): MX experts and activations, top-k reuse, fp8 / paged caches under
@@ -710,6 +711,31 @@ static void variant_fp8caches_atom_f32_storage(void **state) {
     forced_pair = false;
 }
 
+/* The fast paged kernel (m3_gpu_attn_paged_flash, M3_GPU_ATTN=flash / opts.flash) in a
+ * whole model: every sparse layer and dense decode pass reads the paged cache through it (the
+ * fixtures' Dh 12 / 16, Bs 8, P 1 geometry: its element-gather path). hf with bf16 elements
+ * (paged, top-k reuse), atom with fp8 elements (the §4.9 emulation, all three writers),
+ * compared with ref under the built-in tolerances as the faithful cases above. */
+static void variant_paged_flash_hf(void **state) {
+    m3_gpu_model_opts o;
+    m3_gpu_model_opts_default(&o);
+    o.flash = true;
+    m3_variant v;
+    variant_from(&v, "cache_layout=paged topk_reuse=2");
+    run_case_v(state, "hf", &o, &v, "variant_paged_flash_hf", 3, false);
+}
+
+static void variant_fp8kv_flash_atom(void **state) {
+    m3_gpu_model_opts o;
+    m3_gpu_model_opts_default(&o);
+    o.flash = true;
+    m3_variant v;
+    variant_from(&v, "kv_cache=fp8 topk_reuse=2");
+    forced_pair = true;
+    run_case_v(state, "atom", &o, &v, "variant_fp8kv_flash_atom", 3, false);
+    forced_pair = false;
+}
+
 /* ---- the tiled expert path in a whole model --------------------------------------------
  * The fixtures (hidden 64 / 48, expert width 32 / 16) take the generic expert path; the tiled
  * / GEMV kernels of m3_gpu_moe_experts need D % 128 == 0 and F % 64 == 0 (bf16 storage). So a
@@ -1192,6 +1218,8 @@ int main(void) {
         cmocka_unit_test(variant_paged_atom),
         cmocka_unit_test(variant_fp8kv_atom),
         cmocka_unit_test(variant_fp8caches_atom_f32_storage),
+        cmocka_unit_test(variant_paged_flash_hf),
+        cmocka_unit_test(variant_fp8kv_flash_atom),
         cmocka_unit_test(cli_variants),
         cmocka_unit_test(tiled_mxfp8_hf),
         cmocka_unit_test(tiled_mxfp4_hf),
