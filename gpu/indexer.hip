@@ -702,13 +702,18 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * several streams (m3_gpu has one stream). Block (0, 0) zeroes n_ties first (the separate
  * selection kernels of the non-fused paths run after this kernel in stream order).
  * dec_pick (exact, ref's order): rank keys u = (sortable score << 32) | ~id are distinct.
- * tau = the need-th largest block maximum (need = min(K+1, nb)). At least `need` distinct
- * scores are >= tau, so the top `need` scores are >= tau, and a score >= tau lies in a block
- * whose maximum is >= tau: at most `need` blocks hold every candidate. Their key blocks' scores
- * (b = x, x + gridDim.x, ..) that are >= tau are the candidates, and a rank count over them
- * gives ranks 0 .. need-1. Two rounds of L2 loads (the maxima, then at most need * nb /
- * gridDim.x scores; one round when a scoring block holds at most one key block of the row:
- * then its maximum is the score), five barriers. Launched when G divides 16, Di % 32 == 0,
+ * tau = the need-th largest THREAD maximum (each thread holds up to cpt = ceil(gridDim.x /
+ * IST_THREADS) block maxima; need = min(K+1, nb)). At least `need` distinct scores are >= tau,
+ * so the top `need` scores are >= tau, and a score >= tau lies in a block whose maximum is
+ * >= tau. Only the `need` threads whose maxima are >= tau hold such blocks, each up to cpt of
+ * them: at most need * cpt blocks hold every candidate (the shared arrays and the launcher's
+ * candidate space are sized for that; sizing them for `need` blocks overflowed shared memory
+ * whenever gridDim.x > IST_THREADS, found by compute-sanitizer memcheck in session 4). Their
+ * key blocks' scores (b = x, x + gridDim.x, ..) that are >= tau are the candidates, and a rank
+ * count over them gives ranks 0 .. need-1 (a superset of the top `need` ranks the same). Two
+ * rounds of L2 loads (the maxima, then at most need * cpt * nb / gridDim.x scores; one round
+ * when a scoring block holds at most one key block of the row: then its maximum is the
+ * score), five barriers. Launched when G divides 16, Di % 32 == 0,
  * Di <= 128, B % 32 == 0, B <= 128; gridDim.x <= IDX_PICK_CPT * IST_THREADS (the launcher
  * caps it); fused while the candidates fit in 96 KB of shared memory. */
 #define IST_THREADS 128
@@ -730,12 +735,13 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
 
 struct dec_smem {
     unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
-    int n_cand, n_cta, cta[IDX_MAX_K + 1], chosen[IDX_MAX_K + 1];
+    int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
     float chosen_v[IDX_MAX_K + 1];
 };
 
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
- * per-block maxima (0: no score); cand: (K+1) * ceil(nbk / gx) rank keys. */
+ * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
+ * keys (dec_launch). */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand) {
@@ -775,7 +781,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     const unsigned long long th = sm.tau;
     const int per = (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
-    for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: at most need */
+    for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
         if (m[i] && m[i] >= th) {
             if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i]; /* the maximum is the score */
             else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
@@ -973,9 +979,13 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
     unsigned long long *cmax = NULL;
-    /* the fused selection's candidates: (K+1) rank keys per key block of a scoring block */
-    size_t dyn = (size_t)(sa.K + 1) * ((nbk + gx - 1) / gx) * sizeof *cmax;
-    if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs: past ~380K key blocks */
+    /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
+     * block (cpt: block maxima per dec_pick thread; see dec_pick) */
+    const size_t cpt = (size_t)((gx + IST_THREADS - 1) / IST_THREADS);
+    /* + 2 keys: dec_pick's rank loop reads the keys in 16-byte pairs, the last pair may reach
+     * one key past the count (compute-sanitizer memcheck flagged it, session 4) */
+    size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
+    if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
     if (fuse) {
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
