@@ -566,31 +566,23 @@ static m3_status up_mlp(m3_gpu *g, const void **dg, const void **du, const void 
 static int64_t mx_rb(m3_gpu_wfmt f, int in) { return f == M3_GPU_W_MXFP4 ? (in + 1) / 2 : in; }
 static int mx_nb(int in) { return (in + 31) / 32; }
 
-/* whether n e4m3fn codes hold a NaN (s1111111): the tensor-core decode may skip its per-piece
- * NaN test when none does (m3_gpu_experts.finite_codes); 8 bytes a step, (b & 0x7F) + 1 sets
- * bit 7 exactly for the NaN codes and never carries into the next byte */
-static bool e4m3_has_nan(const uint8_t *c, size_t n) {
-    const uint64_t m = 0x7F7F7F7F7F7F7F7Full, o = 0x0101010101010101ull, h = 0x8080808080808080ull;
-    size_t i = 0;
-    uint64_t acc = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t v;
-        memcpy(&v, c + i, 8);
-        acc |= (v & m) + o;
-    }
-    if (acc & h) return true;
-    for (; i < n; i++)
-        if ((c[i] & 0x7F) == 0x7F) return true;
-    return false;
+/* *nan |= the n MXFP8 codes just uploaded to d hold an e4m3fn NaN code (s1111111): the
+ * tensor-core decode skips its per-piece NaN test when none does (m3_gpu_experts.finite_codes).
+ * Counted on the device (a few ms for a real layer's 7 GB of codes; the host scan it replaced
+ * took ~0.3 s a layer, at every upload when weights stream). */
+static m3_status mx_nan_scan(m3_gpu *g, const void *d, size_t n, m3_gpu_wfmt f, bool *nan) {
+    if (f != M3_GPU_W_MXFP8 || *nan) return M3_OK;
+    int64_t k = 0;
+    M3_TRY(m3_gpu_fp8_count_nan(g, (const uint8_t *)d, (int64_t)n, M3_FP8_E4M3FN, &k));
+    *nan = k > 0;
+    return M3_OK;
 }
 
-/* one MX matrix (ref's m3_wq: codes + e8m0 scales, [n_out, n_in]) into dst + slot offsets;
- * *nan |= an MXFP8 code is NaN */
+/* one MX matrix (ref's m3_wq: codes + e8m0 scales, [n_out, n_in]) into dst + slot offsets */
 static m3_status up_mx_mat(m3_gpu *g, void *codes, m3_e8m0 *scales, const void *wq_p,
-                           m3_gpu_wfmt f, int n_out, int n_in, bool *nan) {
+                           m3_gpu_wfmt f, int n_out, int n_in) {
     const m3_wq *q = (const m3_wq *)wq_p;
     const size_t nc = (size_t)n_out * (size_t)mx_rb(f, n_in);
-    if (f == M3_GPU_W_MXFP8 && !*nan) *nan = e4m3_has_nan((const uint8_t *)q->codes, nc);
     M3_TRY(m3_gpu_upload(g, codes, q->codes, nc));
     return m3_gpu_upload(g, scales, q->scale, (size_t)n_out * (size_t)mx_nb(n_in));
 }
@@ -606,7 +598,8 @@ static m3_status up_mx_mlp(m3_gpu *g, const void **dg, const void **du, const vo
     for (int i = 0; i < 3; i++) {
         M3_TRY(m3_gpu_alloc(g, &c[i], (size_t)cb[i]));
         M3_TRY(m3_gpu_alloc(g, &sc[i], (size_t)sb[i]));
-        M3_TRY(up_mx_mat(g, c[i], (m3_e8m0 *)sc[i], src[i], f, i < 2 ? F : D, i < 2 ? D : F, nan));
+        M3_TRY(up_mx_mat(g, c[i], (m3_e8m0 *)sc[i], src[i], f, i < 2 ? F : D, i < 2 ? D : F));
+        M3_TRY(mx_nan_scan(g, c[i], (size_t)cb[i], f, nan));
     }
     *dg = c[0], *du = c[1], *dd = c[2];
     *sg = (const m3_e8m0 *)sc[0], *su = (const m3_e8m0 *)sc[1], *sd = (const m3_e8m0 *)sc[2];
@@ -629,8 +622,9 @@ static m3_status up_mx_stack(m3_gpu *g, m3_gpu_layer_weights *w, const m3_layer_
         for (int i = 0; i < 3; i++)
             M3_TRY(up_mx_mat(g, (char *)p[i] + (size_t)e * per[i],
                              (m3_e8m0 *)p[3 + i] + (size_t)e * per[3 + i], src[i], f,
-                             i < 2 ? F : D, i < 2 ? D : F, &w->e_nan));
+                             i < 2 ? F : D, i < 2 ? D : F));
     }
+    for (int i = 0; i < 3; i++) M3_TRY(mx_nan_scan(g, p[i], per[i] * (size_t)nslot, f, &w->e_nan));
     w->eg = p[0], w->eu = p[1], w->ed = p[2];
     w->egs = (const m3_e8m0 *)p[3], w->eus = (const m3_e8m0 *)p[4], w->eds = (const m3_e8m0 *)p[5];
     return M3_OK;

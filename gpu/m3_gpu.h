@@ -90,6 +90,12 @@ m3_status m3_gpu_mx_quantize_blocks(m3_gpu *g, uint8_t *d_codes, m3_e8m0 *d_scal
                                     const float *d_x, int64_t n_blocks,
                                     const struct m3_mx_params *p);
 
+/* How many of the n fp8 codes at d_codes (any alignment) are NaN under kind (ref/num/fp8.h
+ * m3_fp8_is_nan, counted on the device; waits for the count). gpu/layer.hip asks it of every
+ * MXFP8 expert upload to set m3_gpu_experts.finite_codes. */
+m3_status m3_gpu_fp8_count_nan(m3_gpu *g, const uint8_t *d_codes, int64_t n, m3_fp8_kind kind,
+                               int64_t *count);
+
 /* ---- component twins -------------------------------------------------------------------
  * Each m3_gpu_<x> takes the arguments of ref's m3_<x> in the same order, with device
  * pointers and the context first. The plain name stores bf16 activations (what hf/atom

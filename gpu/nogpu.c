@@ -67,6 +67,12 @@ m3_status m3_gpu_num_sweep(m3_gpu *g, uint32_t *d_out, const uint32_t *d_in, int
     (void)g; (void)d_out; (void)d_in; (void)op; (void)param; (void)start; (void)stride; (void)n;
     return NO_GPU("gpu num sweep");
 }
+m3_status m3_gpu_fp8_count_nan(m3_gpu *g, const uint8_t *d_codes, int64_t n, m3_fp8_kind kind,
+                               int64_t *count) {
+    (void)g; (void)d_codes; (void)n; (void)kind;
+    if (count) *count = 0;
+    return NO_GPU("gpu fp8 NaN count");
+}
 m3_status m3_gpu_mx_quantize_blocks(m3_gpu *g, uint8_t *d_codes, m3_e8m0 *d_scales, float *d_y,
                                     const float *d_x, int64_t n_blocks,
                                     const struct m3_mx_params *p) {

@@ -525,6 +525,52 @@ static void check_act(const m3_actq *d, const m3_actq *r, const char *what) {
 /* Quantize-on-load: the device holds ref's own codes and e8m0 scales, bit for bit, for every
  * routed expert, the shared expert (own arrays, or slot E when fused at the routed width), and
  * ref's activation quantization of the pass. */
+/* One MXFP8 layer uploaded again with an e4m3 NaN code (0x7F / 0xFF) planted into a copy of
+ * one matrix's codes (ref's own stay untouched), in turn: the first byte of the first expert's
+ * gate, the last byte of the last slot's down (the end of the stacked array), and, when the
+ * shared expert has its own arrays, its up. The scan must flag exactly the set that holds it
+ * (finite_codes 0 there, 1 elsewhere). Returns the number of plantings checked. */
+static int nan_code_upload(m3_gpu *g, m3_layer_weights *hw, const m3_config *c,
+                           const m3_profile *p, bool slot, int FS, int F, int D) {
+    const int E = c->n_expert;
+    const int last = slot ? E : E - 1;
+    /* hw's expert array is ref's (const in the view); its matrix pointers are swapped here
+     * and restored below, the bytes they point to are never written */
+    m3_mlp_weights *ex = (m3_mlp_weights *)hw->moe.experts;
+    m3_mlp_weights *targets[3] = {&ex[0], last < E ? &ex[last] : &hw->moe.shared,
+                                  (!slot && FS > 0) ? &hw->moe.shared : NULL};
+    int done = 0;
+    for (int t = 0; t < 3; t++) {
+        m3_mlp_weights *x = targets[t];
+        if (!x) continue;
+        const void **mat = t == 0 ? &x->gate : t == 1 ? &x->down : &x->up;
+        const int rows = t == 1 ? D : (t == 2 ? FS : F), cols = t == 1 ? (last < E ? F : FS) : D;
+        const m3_wq *orig = (const m3_wq *)*mat;
+        const size_t n = (size_t)rows * (size_t)cols; /* MXFP8: one byte a code */
+        uint8_t *codes = malloc(n);
+        assert_non_null(codes);
+        memcpy(codes, orig->codes, n);
+        codes[t == 1 ? n - 1 : 0] = t == 1 ? 0xFF : 0x7F;
+        m3_wq planted = *orig;
+        planted.codes = codes;
+        *mat = &planted;
+        const size_t mark = m3_gpu_mark(g);
+        m3_gpu_layer_weights *gw = NULL;
+        m3_gpu_experts ew, sw;
+        int nslot = 0;
+        GPU_OK(m3_gpu_layer_weights_upload(g, &gw, hw, c, p, true));
+        GPU_OK(m3_gpu_layer_weights_experts(gw, &ew, &nslot, &sw));
+        assert_int_equal(ew.finite_codes, t == 2 ? 1 : 0);
+        if (!slot && FS > 0) assert_int_equal(sw.finite_codes, t == 2 ? 0 : 1);
+        m3_gpu_layer_weights_free(gw);
+        m3_gpu_release(g, mark);
+        *mat = orig;
+        free(codes);
+        done++;
+    }
+    return done;
+}
+
 static void variant_codes_identical(void **state) {
     m3_gpu *g = need_gpu(state);
     if (harness_ref) skip();
@@ -549,7 +595,7 @@ static void variant_codes_identical(void **state) {
             const bool fp4 = v.experts == M3_EXPERTS_MXFP4;
             const int E = c->n_expert, D = c->hidden, F = c->expert_inter, FS = c->shared_inter;
             size_t bytes = 0;
-            int n_moe = 0, n_slot_total = 0;
+            int n_moe = 0, n_slot_total = 0, n_nan_checks = 0;
             for (int L = 0; L < c->n_layer; L++) {
                 if (!c->layer_moe[L]) continue;
                 m3_layer_weights hw;
@@ -584,12 +630,17 @@ static void variant_codes_identical(void **state) {
                 if (!fp4) assert_non_null(ew.act_in); /* MXFP8: e4m3 activations always */
                 m3_gpu_layer_weights_free(gw);
                 m3_gpu_release(g, mark);
+                if (!fp4) { /* the upload's NaN-code scan (m3_gpu_experts.finite_codes) */
+                    assert_int_equal(ew.finite_codes, 1); /* quantized finite weights: none */
+                    n_nan_checks += nan_code_upload(g, &hw, c, &p, slot, FS, F, D);
+                }
                 m3_layer_weights_free(&hw);
                 n_moe++;
                 n_slot_total += nslot;
             }
             printf("  %s {%s}: %zu bytes of codes + scales (%d MoE layers, %d expert slots) "
-                   "bit-identical to ref's\n", fixtures[f], specs[k], bytes, n_moe, n_slot_total);
+                   "bit-identical to ref's; %d planted NaN codes found by the upload scan\n",
+                   fixtures[f], specs[k], bytes, n_moe, n_slot_total, n_nan_checks);
             assert_true(n_moe > 0 && bytes > 0);
             m3_weights_close(w);
             m3_config_free(c);

@@ -287,10 +287,57 @@ static void mx_blocks_match_host(void **state) {
     if (bad) m3_test_failf("%lld MX blocks differ between host and device", (long long)bad);
 }
 
+/* m3_gpu_fp8_count_nan against ref/num/fp8.h m3_fp8_is_nan counted on the host: every kind,
+ * all 256 codes, random bytes with NaN codes planted densely and sparsely, start offsets 0..15
+ * (the head / tail bytes the wide kernel leaves to the edge kernel) and lengths around 16. */
+static void fp8_nan_count_matches_host(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 43);
+    const int64_t cap = (1 << 20) + 64;
+    uint8_t *h = malloc((size_t)cap);
+    void *d;
+    GPU_OK(m3_gpu_alloc(g, &d, (size_t)cap));
+    const m3_fp8_kind kinds[3] = {M3_FP8_E4M3FN, M3_FP8_E4M3FNUZ, M3_FP8_E5M2};
+    const int64_t lens[] = {0, 1, 15, 16, 17, 31, 33, 256, 4099, (1 << 20) + 7};
+    int cases = 0;
+    for (int fill = 0; fill < 3; fill++) {
+        /* 0: all 256 codes in turn; 1: random bytes; 2: random non-NaN bytes, few NaN planted */
+        for (int64_t i = 0; i < cap; i++) h[i] = fill == 0 ? (uint8_t)i : (uint8_t)m3_rng_u32(&r);
+        if (fill == 2)
+            for (int64_t i = 0; i < cap; i++) {
+                h[i] &= 0x3F; /* no NaN code of any kind */
+                if (m3_rng_u32(&r) % 50000 == 0) h[i] = 0x7F;  /* e4m3fn NaN */
+                if (m3_rng_u32(&r) % 70000 == 0) h[i] = 0x80;  /* fnuz NaN (e4m3fn: -0) */
+                if (m3_rng_u32(&r) % 90000 == 0) h[i] = 0xFE;  /* e5m2 and e4m3fn NaN */
+            }
+        GPU_OK(m3_gpu_upload(g, d, h, (size_t)cap));
+        for (int k = 0; k < 3; k++)
+            for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+                for (int off = 0; off < 16; off += (lens[li] > 4096 ? 5 : 1)) {
+                    const int64_t n = lens[li];
+                    int64_t want = 0, got = -1;
+                    for (int64_t i = 0; i < n; i++) want += m3_fp8_is_nan(h[off + i], kinds[k]);
+                    GPU_OK(m3_gpu_fp8_count_nan(g, (const uint8_t *)d + off, n, kinds[k], &got));
+                    if (got != want)
+                        m3_test_failf("fp8 NaN count: fill %d kind %d offset %d length %lld: "
+                                      "device %lld, host %lld", fill, k, off, (long long)n,
+                                      (long long)got, (long long)want);
+                    if (n == lens[9] && off == 0)
+                        printf("  fill %d kind %d: %lld of %lld codes NaN on both sides\n", fill,
+                               k, (long long)want, (long long)n);
+                    cases++;
+                }
+    }
+    printf("  fp8 NaN count: %d cases, all equal to the host's\n", cases);
+    free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(scalar_conversions_match_host),
         cmocka_unit_test(mx_blocks_match_host),
+        cmocka_unit_test(fp8_nan_count_matches_host),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
