@@ -46,6 +46,7 @@ extern "C" void m3_gpu_close(m3_gpu *g) {
         (void)hipEventDestroy(g->t1);
     }
     if (g->arena) (void)hipFree(g->arena);
+    if (g->counters) (void)hipFree(g->counters);
     if (g->stream) (void)hipStreamDestroy(g->stream);
     (void)hipGetLastError();
     free(g);
@@ -114,6 +115,13 @@ static m3_status open_inner(m3_gpu *g, int device) {
     }
     g->arena_cap = want;
     g->arena_top = 0;
+    e = hipMalloc((void **)&g->counters, M3_GPU_N_COUNTERS * sizeof(unsigned int));
+    if (e != hipSuccess) {
+        g->counters = NULL;
+        return m3_gpu_fail_(e, __FILE__, __LINE__, "hipMalloc (counters)");
+    }
+    M3_HIP_TRY(hipMemsetAsync(g->counters, 0, M3_GPU_N_COUNTERS * sizeof(unsigned int), g->stream));
+    M3_HIP_TRY(hipStreamSynchronize(g->stream));
     snprintf(g->desc, sizeof g->desc, "%.200s, cc %d.%d, %d SMs, warp %d, %.1f GiB, arena %.1f GiB%s",
              p.name, p.major, p.minor, p.multiProcessorCount, p.warpSize,
              (double)total_b / (1u << 30), (double)want / (1u << 30),

@@ -21,8 +21,18 @@ struct m3_gpu {
     int events_ok;
     unsigned char *arena; /* device */
     size_t arena_cap, arena_top;
+    /* Arrival counters of the one-launch reductions (each block counts itself done; the last
+     * to arrive finishes the row), owned by the context so that two contexts (two streams,
+     * or two threads each with its own context) never share one. Zero at open; each user
+     * leaves its range zero again by the end of its launch (or of its next launch, in stream
+     * order). Outside the arena: m3_gpu_release can never hand them out. */
+    unsigned int *counters; /* device, M3_GPU_N_COUNTERS words */
+    unsigned int idx_calls; /* gpu/indexer.hip fused selections so far: the counter parity */
     char desc[512];
 };
+#define M3_GPU_CNT_PF 0      /* gpu/attn.hip paged-flash merge: 65536 (token, kv head) rows */
+#define M3_GPU_CNT_IDX 65536 /* gpu/indexer.hip fused decode selection: 2, by call parity */
+#define M3_GPU_N_COUNTERS (65536 + 64)
 
 /* Check a runtime call; on failure record "gpu: <file>:<line>: <call>: <reason>" and return
  * M3_ERR_DEVICE from the calling function. */
