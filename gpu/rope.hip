@@ -46,6 +46,7 @@
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "gpu/kv_paged.h"
+#include "gpu/mem16.h"
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 
@@ -846,6 +847,321 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
     tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
 }
 
+/* ---- warp-streaming paths (bf16 rows, Dh 128, rotary half 32 or none) -------------------
+ * Every warp works alone (no block barriers): it holds its rows in registers, and the next
+ * step's loads are in flight while the current step is computed and stored.
+ * qw_norm_k: normed rows without a cache write (q, index_q). 4 lanes per row, lane j of a
+ *   row holds the 16-byte chunks j, j+4, j+8, j+12 (dims 8j.., 32+8j.., 64+8j.., 96+8j..):
+ *   a load instruction covers 64 contiguous bytes of each of its rows, and the rotation's
+ *   pairs (d, d+32) sit in one lane. The sum of squares keeps ref's serial index order: a
+ *   chain over the 16 chunks in order, the running sum passed to the chunk's owner lane by a
+ *   shuffle (each step adds 8 products in order).
+ * kvw_k: raw K / V rows into the page-128 / 16 SHUFFLE cache (or plain rows), bf16 or fp8
+ *   (stored-value scale: amax over the row, an integer max of the bf16 bits, reduced over the
+ *   row's lanes by shuffles: one pass, values in registers). K: 8 lanes a row (chunks j and
+ *   j+8), 4 consecutive tokens of one head a step: each store covers 64 contiguous bytes of
+ *   one (head, chunk). V: one x-token window of slot-aligned, slot-consecutive tokens of one
+ *   head a step, staged in the warp's shared memory and written as 16-byte (x tokens of one
+ *   dim) chunks, lanes over dims (512 contiguous bytes a store); a window that is cut or not
+ *   slot-consecutive is written element by element. */
+static __device__ __forceinline__ float qw_shfl(float v, int src, int width) {
+#if defined(M3_HIP_AMD)
+    return __shfl(v, src, width);
+#else
+    return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
+static __device__ __forceinline__ uint32_t qw_shfl(uint32_t v, int src, int width) {
+#if defined(M3_HIP_AMD)
+    return (uint32_t)__shfl((int)v, src, width);
+#else
+    return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
+
+#define QW_LPR 4                     /* lanes per row (qw_norm_k) */
+#define QW_RPS (M3_WARP / QW_LPR)    /* rows per warp step */
+typedef struct {
+    m3_bf16 *x;
+    const m3_bf16 *w;
+    int ld, nh;
+    int64_t s0, rows; /* first step; rows = n_tok * nh */
+} qw_part;
+typedef struct {
+    qw_part p[2];
+    int np;
+    int64_t nstep;
+    float eps;
+    const float *cst; /* [T, 64] cos | sin, or NULL: no rope */
+} qw_args;
+
+template <int QR>
+static __global__ void __launch_bounds__(256, 3) qw_norm_k(qw_args a) {
+    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
+    __shared__ __align__(16) float w1s[2][128];
+    for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
+        w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32((i >> 7 ? a.p[1].w : a.p[0].w)[i & 127]));
+    __syncthreads();
+    const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
+    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / M3_WARP);
+    int64_t st = (int64_t)blockIdx.x * (blockDim.x / M3_WARP) + (int64_t)threadIdx.x / M3_WARP;
+    /* step st: part, row, token, head, address (NULL: no row for this lane) */
+    auto locate = [&](int64_t s, int &pi, int &t, m3_bf16 *&p) {
+        pi = a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
+        /* selects, not an indexed parameter (which would go through a local copy) */
+        const int64_t s0 = pi ? a.p[1].s0 : a.p[0].s0, rows = pi ? a.p[1].rows : a.p[0].rows;
+        const int nh = pi ? a.p[1].nh : a.p[0].nh, ld = pi ? a.p[1].ld : a.p[0].ld;
+        const int64_t r = (s - s0) * QW_RPS + rq;
+        p = NULL, t = 0;
+        if (r < rows) {
+            t = (int)(r / nh);
+            const int h = (int)(r - (int64_t)t * nh);
+            p = (pi ? a.p[1].x : a.p[0].x) + (int64_t)t * ld + h * 128 + 8 * j;
+        }
+    };
+    uint4 nx[4];
+    int npi = 0, nt = 0;
+    m3_bf16 *np_ = NULL;
+    if (st < a.nstep) {
+        locate(st, npi, nt, np_);
+#pragma unroll
+        for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+    }
+    for (; st < a.nstep; st += nw) {
+        const int pi = npi, t = nt;
+        m3_bf16 *const p = np_;
+        float v[4][8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]);
+        if (st + nw < a.nstep) { /* the next step's rows in flight */
+            locate(st + nw, npi, nt, np_);
+#pragma unroll
+            for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+        }
+        /* sum of squares in index order: chunk c = 4 * slot + owner lane */
+        float s = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 16; c++) {
+            float tt = s;
+#pragma unroll
+            for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
+            s = qw_shfl(tt, c & 3, QW_LPR);
+        }
+        const float mu = __fdiv_rn(s, 128.0f);
+        const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
+        const float *w1 = w1s[pi];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
+        if (a.cst) {
+            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
+            float c8[8], s8[8];
+            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
+            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
+            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
+            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float n1 = v[0][e], n2 = v[1][e];
+                const float a1 = rnd(per_op, __fmul_rn(n1, c8[e]));
+                const float b1 = rnd(per_op, __fmul_rn(-n2, s8[e]));
+                const float a2 = rnd(per_op, __fmul_rn(n2, c8[e]));
+                const float b2 = rnd(per_op, __fmul_rn(n1, s8[e]));
+                v[0][e] = rnd(per_op, __fadd_rn(a1, b1));
+                v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
+            }
+        }
+        if (p) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                m3_st16_cs(p + 32 * k, make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
+                                                  pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7])));
+        }
+    }
+}
+
+#define KW_WPB 8 /* warps per block (kvw_k) */
+typedef struct {
+    const m3_bf16 *x[2]; /* K rows, V rows (NULL: not written) */
+    int ld[2];
+    void *dst[2];        /* K cache, V cache */
+    float *scl[2];       /* fp8 scales of K, V */
+    int nh, n_tok;
+    int64_t ks, vs0, nstep; /* K steps [0, ks); V steps [vs0, nstep) */
+    int page, lpage;     /* 128, 16 or 0 (plain rows) */
+    bool fp8, hwcvt;
+    float fp8_max;
+    int kind, ovf;
+    const int64_t *slots; /* or slot(pos[t]) through the block table */
+    const int32_t *bt, *pos;
+    int bt_block;
+} kvw_args;
+
+static __device__ __forceinline__ int64_t kw_slot(const kvw_args &a, int t) {
+    return a.bt ? m3_dkv_slot(a.bt, a.bt_block, a.pos[t]) : a.slots[t];
+}
+/* element offset of (slot, h, dim) in the K (or plain-row) layout, x elements per chunk */
+static __device__ __forceinline__ int64_t kw_koff(const kvw_args &a, int64_t slot, int h, int d, int lx) {
+    if (a.page == 0) return (slot * a.nh + h) * 128 + d;
+    const int64_t b = slot >> a.lpage;
+    const int t = (int)(slot & (a.page - 1));
+    return ((b * a.nh + h) * (128 >> lx) + (d >> lx)) * ((int64_t)a.page << lx) + (t << lx) + (d & ((1 << lx) - 1));
+}
+static __device__ __forceinline__ int64_t kw_voff(const kvw_args &a, int64_t slot, int h, int d, int lx) {
+    const int64_t b = slot >> a.lpage;
+    const int t = (int)(slot & (a.page - 1));
+    return ((b * a.nh + h) * (a.page >> lx) + (t >> lx)) * ((int64_t)128 << lx) + ((int64_t)d << lx) +
+           (t & ((1 << lx) - 1));
+}
+static __device__ __forceinline__ int64_t kw_soff(const kvw_args &a, int64_t slot, int h) {
+    const int64_t b = slot >> a.lpage, t = slot & (a.page - 1);
+    return (b * a.nh + h) * a.page + t;
+}
+/* amax bits (|x| as integers, NaN above inf) of a chunk of 8 bf16 */
+static __device__ __forceinline__ uint32_t kw_amax(uint4 u) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) lo = max(lo, w[k] & 0x7FFFu), hi = max(hi, (w[k] >> 16) & 0x7FFFu);
+    return max(lo, hi);
+}
+/* 8 fp8 codes of a bf16 chunk divided by s */
+static __device__ __forceinline__ uint2 kw_q8(uint4 u, float s, const kvw_args &a) {
+    float v[8];
+    m3_unpack16<m3_bf16>(u, v);
+    uint32_t w[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const uint32_t lo = cvt8x2(__fdiv_rn(v[4 * k], s), __fdiv_rn(v[4 * k + 1], s), a.kind, a.ovf, a.hwcvt);
+        const uint32_t hi = cvt8x2(__fdiv_rn(v[4 * k + 2], s), __fdiv_rn(v[4 * k + 3], s), a.kind, a.ovf, a.hwcvt);
+        w[k] = lo | (hi << 16);
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
+    constexpr int KT = M3_WARP / 8; /* tokens per K step */
+    __shared__ __align__(16) unsigned char srow[KW_WPB][16 * 272];
+    __shared__ float sscl[KW_WPB][16];
+    const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
+    const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+    if (st >= a.nstep) return;
+    const int x = a.fp8 ? 16 : 8, lx = a.fp8 ? 4 : 3;
+    if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
+        const int w = st < a.ks ? 0 : 1;
+        const int64_t s = st < a.ks ? st : st - a.vs0;
+        const int tg = (int)(s / a.nh), h = (int)(s - (int64_t)tg * a.nh);
+        const int t = tg * KT + lane / 8, jj = lane & 7;
+        const bool ok = t < a.n_tok;
+        const int64_t slot = ok ? kw_slot(a, t) : -1;
+        const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128;
+        const uint4 u0 = ok ? m3_ld16_ro(row + 8 * jj) : make_uint4(0, 0, 0, 0);
+        const uint4 u1 = ok ? m3_ld16_ro(row + 64 + 8 * jj) : make_uint4(0, 0, 0, 0);
+        if (!a.fp8) {
+            if (slot >= 0) {
+                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 8 * jj, 3), u0);
+                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 64 + 8 * jj, 3), u1);
+            }
+            return;
+        }
+        uint32_t am = max(kw_amax(u0), kw_amax(u1));
+#pragma unroll
+        for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+        const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+        const uint2 q0 = kw_q8(u0, sc, a), q1 = kw_q8(u1, sc, a);
+        /* output chunk jj (dims 16jj..16jj+15) = codes of input chunks 2jj, 2jj+1: chunk m is
+         * lane m & 7's q0 (m < 8) or q1 */
+        const int sa = (2 * jj) & 7, sb = (2 * jj + 1) & 7;
+        const uint32_t a0 = qw_shfl(q0.x, sa, 8), a1 = qw_shfl(q0.y, sa, 8);
+        const uint32_t a2 = qw_shfl(q1.x, sa, 8), a3 = qw_shfl(q1.y, sa, 8);
+        const uint32_t b0 = qw_shfl(q0.x, sb, 8), b1 = qw_shfl(q0.y, sb, 8);
+        const uint32_t b2 = qw_shfl(q1.x, sb, 8), b3 = qw_shfl(q1.y, sb, 8);
+        if (slot >= 0) {
+            const uint4 o = jj < 4 ? make_uint4(a0, a1, b0, b1) : make_uint4(a2, a3, b2, b3);
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
+            if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
+        }
+        return;
+    }
+    /* V window: tokens [tb, te) of head h */
+    const int64_t s = st - a.vs0;
+    const int win = (int)(s / a.nh), h = (int)(s - (int64_t)win * a.nh);
+    const int64_t slot0 = kw_slot(a, 0); /* windows follow token 0's slot alignment */
+    const int off = slot0 >= 0 ? (int)(slot0 & (x - 1)) : 0;
+    const int tb = win == 0 ? 0 : win * x - off;
+    const int te = min(a.n_tok, (win + 1) * x - off);
+    const int n = te - tb;
+    if (n <= 0) return;
+    int64_t s_lane = -1;
+    if (lane < n) s_lane = kw_slot(a, tb + lane);
+    const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
+                            ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
+    const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
+    const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
+    unsigned char *rows = srow[wid];
+    float *scl = sscl[wid];
+    /* rows into the warp's shared memory: lane -> chunk lane % 16 of rows lane / 16 + RPI i */
+    constexpr int RPI = M3_WARP / 16;
+    const int c = lane & 15;
+#pragma unroll
+    for (int i = 0; i < 16 / RPI; i++) {
+        const int r = lane / 16 + RPI * i;
+        if (r >= x) break;
+        const uint4 u = r < n ? m3_ld16_ro(a.x[1] + (int64_t)(tb + r) * a.ld[1] + h * 128 + 8 * c) : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4 *>(rows + r * 272 + 16 * c) = u;
+        if (a.fp8) {
+            uint32_t am = kw_amax(u);
+#pragma unroll
+            for (int m = 1; m < 16; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+            if (c == 0) scl[r] = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+        }
+    }
+    M3_SYNCWARP();
+    if (a.fp8 && lane < n && s_lane >= 0) a.scl[1][kw_soff(a, s_lane, h)] = scl[lane];
+    if (fast) {
+        const int64_t base = kw_voff(a, s_first, h, 0, lx);
+#pragma unroll
+        for (int i = 0; i < 128 / M3_WARP; i++) {
+            const int d = lane + M3_WARP * i;
+            const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
+            uint32_t w4[4];
+            if (a.fp8) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int r = 4 * k;
+                    const uint32_t lo = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[r * 136]), scl[r]),
+                                               __fdiv_rn(m3_bf16_to_f32(col[(r + 1) * 136]), scl[r + 1]),
+                                               a.kind, a.ovf, a.hwcvt);
+                    const uint32_t hi = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[(r + 2) * 136]), scl[r + 2]),
+                                               __fdiv_rn(m3_bf16_to_f32(col[(r + 3) * 136]), scl[r + 3]),
+                                               a.kind, a.ovf, a.hwcvt);
+                    w4[k] = lo | (hi << 16);
+                }
+                m3_st16_cs((uint8_t *)a.dst[1] + base + ((int64_t)d << 4), make_uint4(w4[0], w4[1], w4[2], w4[3]));
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    w4[k] = (uint32_t)col[2 * k * 136] | ((uint32_t)col[(2 * k + 1) * 136] << 16);
+                m3_st16_cs((m3_bf16 *)a.dst[1] + base + ((int64_t)d << 3), make_uint4(w4[0], w4[1], w4[2], w4[3]));
+            }
+        }
+        return;
+    }
+    for (int i = lane; i < n * 128; i += M3_WARP) { /* element by element */
+        const int r = i >> 7, d = i & 127;
+        const int64_t slot = kw_slot(a, tb + r);
+        if (slot < 0) continue;
+        const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
+        const int64_t o = kw_voff(a, slot, h, d, lx);
+        if (a.fp8)
+            ((uint8_t *)a.dst[1])[o] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f, a.kind, a.ovf, a.hwcvt);
+        else
+            ((m3_bf16 *)a.dst[1])[o] = bv;
+    }
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
@@ -861,9 +1177,9 @@ static bool cache_fp8(const m3_gpu_kv_cache *c) {
 }
 
 template <typename TS>
-static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
-                        const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
-                        int rot_dim, float theta, const m3_profile *p) {
+static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
+                              const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
+                              int rot_dim, float theta, const m3_profile *p, const float *cst_in) {
     M3_ASSERT(g && p && n_tok >= 0);
     M3_ASSERTF(rot_dim >= 0 && rot_dim % 2 == 0, "R=%d", rot_dim);
     if (rot_dim / 2 > ROPE_MAX_HALF)
@@ -1012,7 +1328,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
      * (decode) evaluate them per tile and save the launch */
     const size_t mark = m3_gpu_mark(g);
     const size_t tab_bytes = (size_t)n_tok * 2 * half * sizeof(float);
-    if (half > 0 && n_tok >= 256 &&
+    if (half > 0 && cst_in) {
+        a.cst = cst_in;
+    } else if (half > 0 && n_tok >= 256 &&
         g->arena_top + tab_bytes + 256 <= g->arena_cap) { /* else: per tile, as small passes */
         float *tab;
         M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
@@ -1027,6 +1345,119 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     m3_gpu_release(g, mark);
     M3_LAUNCHED(g, "qkv_k");
     return M3_OK;
+}
+
+/* the warp-streaming paths: M3_QKV_W=1 (a measurement knob while both paths exist) */
+static int qkv_w_knob(void) {
+    const char *e = getenv("M3_QKV_W");
+    return e ? atoi(e) : 0;
+}
+
+/* The pass: parts the warp-streaming kernels take (bf16 rows of Dh 128, 16-byte aligned;
+ * normed parts without a cache write; raw K / V rows into a page-128 / 16 / plain cache)
+ * go there, the rest to the tile kernel, all with one cos/sin table. */
+template <typename TS>
+static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
+                        const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
+                        int rot_dim, float theta, const m3_profile *p) {
+    if (sizeof(TS) != 2 || !qkv_w_knob() || n_tok <= 0 || (rot_dim != 0 && rot_dim != 64))
+        return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
+    M3_ASSERT(g && p);
+    kvw_args kv;
+    memset(&kv, 0, sizeof kv);
+    bool kv_ok = false;
+    if (c) {
+        kv.page = c->page, kv.fp8 = c->fp8, kv.fp8_max = c->fp8_max, kv.kind = (int)c->kind;
+        kv.ovf = (int)c->ovf, kv.dst[0] = c->k, kv.dst[1] = c->v, kv.scl[0] = c->k_scale;
+        kv.scl[1] = c->v_scale, kv.slots = d_slots;
+        kv_ok = !c->paged;
+        if (c->paged) {
+            const m3_gpu_attn_paged_src *ps = c->paged;
+            const m3_kv_geom &kg = ps->g;
+            kv.fp8 = kg.elem == M3_KV_FP8, kv.kind = (int)kg.fp8_kind;
+            kv.dst[0] = (void *)ps->k, kv.dst[1] = (void *)ps->v;
+            kv.scl[0] = (float *)ps->k_scale, kv.scl[1] = (float *)ps->v_scale;
+            kv.bt = ps->bt, kv.bt_block = kg.block, kv.pos = d_pos, kv.slots = NULL;
+            const int x = kv.fp8 ? 16 : 8;
+            const bool blk = ps->view == M3_KV_VIEW_BLOCK;
+            kv_ok = kg.head_dim % x == 0 &&
+                    ((blk && kg.block == 128 && kg.v_stride == kg.v_block_dense) ||
+                     (!blk && kg.page == 16 && kg.block % 16 == 0 &&
+                      kg.v_stride == (int64_t)(kg.block / 16) * kg.v_page));
+            kv.page = blk ? 128 : 16;
+        }
+        kv.lpage = kv.page == 128 ? 7 : kv.page == 16 ? 4 : 0;
+        kv.hwcvt = kv.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
+    }
+    part rest[QKV_NSEG];
+    int nrest = 0;
+    qw_args qa;
+    memset(&qa, 0, sizeof qa);
+    qa.eps = eps;
+    bool rope = false;
+    for (int i = 0; i < n_parts; i++) {
+        const part &q = parts[i];
+        const bool fit16 = q.x && q.dim == 128 && q.ld % 8 == 0 && m3_aligned16(q.x);
+        if (fit16 && q.w && q.cache == SEG_NONE && qa.np < 2) {
+            qw_part &w = qa.p[qa.np++];
+            w.x = (m3_bf16 *)q.x, w.w = q.w, w.ld = q.ld, w.nh = q.nh;
+            w.rows = (int64_t)n_tok * q.nh;
+            w.s0 = qa.nstep;
+            qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
+            rope = rope || rot_dim > 0;
+        } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
+            const int w = q.cache == SEG_K ? 0 : 1;
+            kv.x[w] = (const m3_bf16 *)q.x, kv.ld[w] = q.ld, kv.nh = q.nh;
+        } else if (q.x) {
+            rest[nrest++] = q;
+        }
+    }
+    const size_t mark = m3_gpu_mark(g);
+    const float *cst = NULL;
+    if (rope) {
+        const size_t tab_bytes = (size_t)n_tok * 64 * sizeof(float);
+        if (g->arena_top + tab_bytes + 256 > g->arena_cap) /* no room: the tile kernel alone */
+            return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
+        M3_ASSERT(d_pos);
+        rope_inv_table inv;
+        rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
+        float *tab;
+        M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
+        cs_table_k<<<m3_grid_1d((int64_t)n_tok * 64, 256), 256, 0, g->stream>>>(
+            tab, d_pos, n_tok, 32, inv, p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16);
+        M3_LAUNCHED(g, "cs_table_k");
+        cst = tab;
+    }
+    const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
+    if (qa.np > 0) {
+        qa.cst = cst;
+        void (*k)(qw_args) = p->qk_round == M3_QK_ROUND_PER_OP ? qw_norm_k<M3_QK_ROUND_PER_OP>
+                                                              : qw_norm_k<M3_QK_ROUND_ONCE>;
+        int occ = 0;
+#if defined(M3_HIP_NVIDIA)
+        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, 256, 0));
+#endif
+        const int64_t wpb = 256 / M3_WARP, need = (qa.nstep + wpb - 1) / wpb;
+        const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
+        k<<<(unsigned)(need < fit ? need : fit), 256, 0, g->stream>>>(qa);
+        M3_LAUNCHED(g, "qw_norm_k");
+    }
+    if (kv.x[0] || kv.x[1]) {
+        const int KT = M3_WARP / 8, x = kv.fp8 ? 16 : 8;
+        const int64_t tg = (n_tok + KT - 1) / KT;
+        kv.n_tok = n_tok;
+        kv.ks = kv.x[0] ? (int64_t)kv.nh * tg : 0;
+        kv.vs0 = kv.ks;
+        kv.nstep = kv.ks;
+        if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
+        kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+        M3_LAUNCHED(g, "kvw_k");
+    }
+    m3_status st = M3_OK;
+    if (nrest > 0)
+        st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, cst);
+    m3_gpu_release(g, mark);
+    return st;
 }
 
 /* Cache contract shared with gpu/kvcache.hip's m3_gpu_kv_cache_write. */
