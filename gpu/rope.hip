@@ -879,108 +879,6 @@ static __device__ __forceinline__ uint32_t qw_shfl(uint32_t v, int src, int widt
 #endif
 }
 
-#define QW_LPR 4                     /* lanes per row (qw_norm_k) */
-#define QW_RPS (M3_WARP / QW_LPR)    /* rows per warp step */
-typedef struct {
-    m3_bf16 *x;
-    const m3_bf16 *w;
-    int ld, nh;
-    int64_t s0, rows; /* first step; rows = n_tok * nh */
-} qw_part;
-typedef struct {
-    qw_part p[2];
-    int np;
-    int64_t nstep;
-    float eps;
-    const float *cst; /* [T, 64] cos | sin, or NULL: no rope */
-} qw_args;
-
-template <int QR>
-static __global__ void __launch_bounds__(256, 3) qw_norm_k(qw_args a) {
-    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
-    __shared__ __align__(16) float w1s[2][128];
-    for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
-        w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32((i >> 7 ? a.p[1].w : a.p[0].w)[i & 127]));
-    __syncthreads();
-    const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
-    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / M3_WARP);
-    int64_t st = (int64_t)blockIdx.x * (blockDim.x / M3_WARP) + (int64_t)threadIdx.x / M3_WARP;
-    /* step st: part, row, token, head, address (NULL: no row for this lane) */
-    auto locate = [&](int64_t s, int &pi, int &t, m3_bf16 *&p) {
-        pi = a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
-        /* selects, not an indexed parameter (which would go through a local copy) */
-        const int64_t s0 = pi ? a.p[1].s0 : a.p[0].s0, rows = pi ? a.p[1].rows : a.p[0].rows;
-        const int nh = pi ? a.p[1].nh : a.p[0].nh, ld = pi ? a.p[1].ld : a.p[0].ld;
-        const int64_t r = (s - s0) * QW_RPS + rq;
-        p = NULL, t = 0;
-        if (r < rows) {
-            t = (int)(r / nh);
-            const int h = (int)(r - (int64_t)t * nh);
-            p = (pi ? a.p[1].x : a.p[0].x) + (int64_t)t * ld + h * 128 + 8 * j;
-        }
-    };
-    uint4 nx[4];
-    int npi = 0, nt = 0;
-    m3_bf16 *np_ = NULL;
-    if (st < a.nstep) {
-        locate(st, npi, nt, np_);
-#pragma unroll
-        for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
-    }
-    for (; st < a.nstep; st += nw) {
-        const int pi = npi, t = nt;
-        m3_bf16 *const p = np_;
-        float v[4][8];
-#pragma unroll
-        for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]);
-        if (st + nw < a.nstep) { /* the next step's rows in flight */
-            locate(st + nw, npi, nt, np_);
-#pragma unroll
-            for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
-        }
-        /* sum of squares in index order: chunk c = 4 * slot + owner lane */
-        float s = 0.0f;
-#pragma unroll
-        for (int c = 0; c < 16; c++) {
-            float tt = s;
-#pragma unroll
-            for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
-            s = qw_shfl(tt, c & 3, QW_LPR);
-        }
-        const float mu = __fdiv_rn(s, 128.0f);
-        const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
-        const float *w1 = w1s[pi];
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
-        if (a.cst) {
-            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
-            float c8[8], s8[8];
-            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
-            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
-            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
-            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float n1 = v[0][e], n2 = v[1][e];
-                const float a1 = rnd(per_op, __fmul_rn(n1, c8[e]));
-                const float b1 = rnd(per_op, __fmul_rn(-n2, s8[e]));
-                const float a2 = rnd(per_op, __fmul_rn(n2, c8[e]));
-                const float b2 = rnd(per_op, __fmul_rn(n1, s8[e]));
-                v[0][e] = rnd(per_op, __fadd_rn(a1, b1));
-                v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
-            }
-        }
-        if (p) {
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                m3_st16_cs(p + 32 * k, make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
-                                                  pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7])));
-        }
-    }
-}
 
 #define KW_WPB 8 /* warps per block (kvw_k) */
 typedef struct {
@@ -1159,6 +1057,194 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
             ((uint8_t *)a.dst[1])[o] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f, a.kind, a.ovf, a.hwcvt);
         else
             ((m3_bf16 *)a.dst[1])[o] = bv;
+    }
+}
+
+#define QW_LPR 4                     /* lanes per row (qw_norm_k) */
+#define QW_RPS (M3_WARP / QW_LPR)    /* rows per warp step */
+#define QW_WPB 8                     /* warps per block */
+typedef struct {
+    m3_bf16 *x;
+    const m3_bf16 *w;
+    int ld, nh;
+    bool kc;          /* K rows: also written to the K cache (kv's layout) */
+    int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
+} qw_part;
+typedef struct {
+    qw_part p[3];
+    int np;
+    int nstep;
+    float eps;
+    const float *cst; /* [T, 64] cos | sin, or NULL: no rope */
+    int k_src;        /* fp8 K: M3_GPU_KQ_* */
+    kvw_args kv;      /* the cache (K part) */
+} qw_args;
+
+/* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
+ * into the K cache at slot (< 0: padding, row only). KC 1: bf16 cache; KC 2: fp8 cache with
+ * the row's scale: amax of the stored values (STORED) or of the fp32 values (the two staged
+ * writers), reduced over the row's 4 lanes; codes of the stored or fp32 values, staged in the
+ * warp's shared memory (stg: this row's 128 bytes) and stored as 16-dim chunks j, j + 4. */
+template <int KC>
+static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4][8], m3_bf16 *p,
+                                                 int64_t slot, int h, int j, unsigned char *stg) {
+    uint4 o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        o[k] = make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
+                          pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7]));
+    if (p) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_st16_cs(p + 32 * k, o[k]);
+    }
+    if (KC == 1) {
+        if (slot >= 0) { /* chunk j + 4k: 4k chunks of page x 8 elements (plain rows: 32k) on */
+            m3_bf16 *d = (m3_bf16 *)a.kv.dst[0] + kw_koff(a.kv, slot, h, 8 * j, 3);
+            const int64_t step = a.kv.page ? (int64_t)32 * a.kv.page : 32;
+#pragma unroll
+            for (int k = 0; k < 4; k++) m3_st16_cs(d + k * step, o[k]);
+        }
+        return;
+    }
+    uint32_t am = 0;
+    if (a.k_src == M3_GPU_KQ_STORED) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) am = max(am, kw_amax(o[k]) << 16);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) am = max(am, m3_f32_bits(v[k][e]) & 0x7FFFFFFFu);
+    }
+    am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 1));
+    am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 2));
+    const float sc = fp8_scale(m3_bits_f32(am), a.kv.fp8_max);
+    const bool f32v = a.k_src == M3_GPU_KQ_F32;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float q[8];
+        if (f32v) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[e] = v[k][e];
+        } else {
+            m3_unpack16<m3_bf16>(o[k], q);
+        }
+        uint32_t w2[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const uint32_t lo = cvt8x2(__fdiv_rn(q[4 * e], sc), __fdiv_rn(q[4 * e + 1], sc), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+            const uint32_t hi = cvt8x2(__fdiv_rn(q[4 * e + 2], sc), __fdiv_rn(q[4 * e + 3], sc), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+            w2[e] = lo | (hi << 16);
+        }
+        *reinterpret_cast<uint2 *>(stg + 8 * (j + 4 * k)) = make_uint2(w2[0], w2[1]);
+    }
+    M3_SYNCWARP();
+    if (slot >= 0) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) { /* output chunks j, j + 4 (16 dims each) */
+            const int c16 = j + 4 * k;
+            m3_st16_cs((uint8_t *)a.kv.dst[0] + kw_koff(a.kv, slot, h, 16 * c16, 4),
+                       *reinterpret_cast<const uint4 *>(stg + 16 * c16));
+        }
+        if (j == 0) a.kv.scl[0][kw_soff(a.kv, slot, h)] = sc;
+    }
+    M3_SYNCWARP(); /* stg is rewritten by the next step */
+}
+
+/* KC: the pass's K part writes no cache (0), a bf16 cache (1) or an fp8 cache (2) */
+template <int QR, int KC>
+static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
+    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
+    __shared__ __align__(16) float w1s[3][128];
+    __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
+    __shared__ qw_part sp[3]; /* the parts, read per step from shared memory (kept out of registers) */
+    for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x) {
+        const int q = i >> 7;
+        w1s[q][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32((q == 0 ? a.p[0].w : q == 1 ? a.p[1].w : a.p[2].w)[i & 127]));
+    }
+    if (threadIdx.x < 3) sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : a.p[2];
+    __syncthreads();
+    const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
+    unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
+    const int nw = (int)gridDim.x * QW_WPB;
+    int st = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
+    /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
+     * struct is read through selects (an indexed parameter would go through a local copy) */
+    auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
+        pi = a.np > 2 && s >= sp[2].s0 ? 2 : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
+#define QW_F(f) (sp[pi].f)
+        const int r = (s - QW_F(s0)) * QW_RPS + rq;
+        const int nh = QW_F(nh);
+        p = NULL, t = 0, h = 0;
+        if (r < QW_F(rows)) {
+            t = r / nh;
+            h = r - t * nh;
+            p = QW_F(x) + (int64_t)t * QW_F(ld) + h * 128 + 8 * j;
+        }
+    };
+    uint4 nx[4];
+    int npi = 0, nt = 0, nh_ = 0;
+    m3_bf16 *np_ = NULL;
+    if (st < a.nstep) {
+        locate(st, npi, nt, nh_, np_);
+#pragma unroll
+        for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+    }
+    for (; st < a.nstep; st += nw) {
+        const int pi = npi, t = nt, h = nh_;
+        m3_bf16 *const p = np_;
+        float v[4][8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]);
+        if (st + nw < a.nstep) { /* the next step's rows in flight */
+            locate(st + nw, npi, nt, nh_, np_);
+#pragma unroll
+            for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+        }
+        /* sum of squares in index order: chunk c = 4 * slot + owner lane */
+        float s = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 16; c++) {
+            float tt = s;
+#pragma unroll
+            for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
+            s = qw_shfl(tt, c & 3, QW_LPR);
+        }
+        const float mu = __fdiv_rn(s, 128.0f);
+        const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
+        const float *w1 = w1s[pi];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
+        if (a.cst) {
+            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
+            float c8[8], s8[8];
+            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
+            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
+            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
+            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float n1 = v[0][e], n2 = v[1][e];
+                const float a1 = rnd(per_op, __fmul_rn(n1, c8[e]));
+                const float b1 = rnd(per_op, __fmul_rn(-n2, s8[e]));
+                const float a2 = rnd(per_op, __fmul_rn(n2, c8[e]));
+                const float b2 = rnd(per_op, __fmul_rn(n1, s8[e]));
+                v[0][e] = rnd(per_op, __fadd_rn(a1, b1));
+                v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
+            }
+        }
+        if (KC != 0 && QW_F(kc)) {
+            qw_kstore<KC>(a, v, p, p ? kw_slot(a.kv, t) : -1, h, j, stg);
+        } else if (p) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                m3_st16_cs(p + 32 * k, make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
+                                                  pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7])));
+        }
+#undef QW_F
     }
 }
 
@@ -1347,7 +1433,8 @@ static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m
     return M3_OK;
 }
 
-/* the warp-streaming paths: M3_QKV_W=1 (a measurement knob while both paths exist) */
+/* the warp-streaming paths: M3_QKV_W=1 (2: normed K rows stay in the tile kernel); a
+ * measurement knob while both paths exist */
 static int qkv_w_knob(void) {
     const char *e = getenv("M3_QKV_W");
     return e ? atoi(e) : 0;
@@ -1397,11 +1484,15 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     bool rope = false;
     for (int i = 0; i < n_parts; i++) {
         const part &q = parts[i];
-        const bool fit16 = q.x && q.dim == 128 && q.ld % 8 == 0 && m3_aligned16(q.x);
-        if (fit16 && q.w && q.cache == SEG_NONE && qa.np < 2) {
+        const bool fit16 = q.x && q.dim == 128 && q.ld % 8 == 0 && m3_aligned16(q.x) &&
+                           (int64_t)n_tok * q.nh < ((int64_t)1 << 30);
+        if (fit16 && q.w && (q.cache == SEG_NONE || (q.cache == SEG_K && kv_ok && qkv_w_knob() != 2)) &&
+            qa.np < 3) {
             qw_part &w = qa.p[qa.np++];
             w.x = (m3_bf16 *)q.x, w.w = q.w, w.ld = q.ld, w.nh = q.nh;
-            w.rows = (int64_t)n_tok * q.nh;
+            w.kc = q.cache == SEG_K;
+            if (w.kc) kv.nh = q.nh;
+            w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
             qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
             rope = rope || rot_dim > 0;
@@ -1431,15 +1522,23 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
     if (qa.np > 0) {
         qa.cst = cst;
-        void (*k)(qw_args) = p->qk_round == M3_QK_ROUND_PER_OP ? qw_norm_k<M3_QK_ROUND_PER_OP>
-                                                              : qw_norm_k<M3_QK_ROUND_ONCE>;
+        qa.kv = kv;
+        qa.k_src = c ? (int)c->k_src : 0;
+        bool kc = false;
+        for (int i = 0; i < qa.np; i++) kc = kc || qa.p[i].kc;
+        const int kck = !kc ? 0 : kv.fp8 ? 2 : 1;
+        void (*k)(qw_args);
+#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0> : kck == 1 ? qw_norm_k<QR, 1> : qw_norm_k<QR, 2>)
+        if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
+        else k = QW_PICK(M3_QK_ROUND_ONCE);
+#undef QW_PICK
         int occ = 0;
 #if defined(M3_HIP_NVIDIA)
-        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, 256, 0));
+        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, QW_WPB * M3_WARP, 0));
 #endif
-        const int64_t wpb = 256 / M3_WARP, need = (qa.nstep + wpb - 1) / wpb;
+        const int64_t need = (qa.nstep + QW_WPB - 1) / QW_WPB;
         const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
-        k<<<(unsigned)(need < fit ? need : fit), 256, 0, g->stream>>>(qa);
+        k<<<(unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, g->stream>>>(qa);
         M3_LAUNCHED(g, "qw_norm_k");
     }
     if (kv.x[0] || kv.x[1]) {
