@@ -939,124 +939,176 @@ static __device__ __forceinline__ uint2 kw_q8(uint4 u, float s, const kvw_args &
     return make_uint2(w[0], w[1]);
 }
 
-static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
-    constexpr int KT = M3_WARP / 8; /* tokens per K step */
+/* Steps of kvw_k: K (and plain-row V) steps are 4 * KT tokens of one head, lane (q, jj) holding
+ * the chunks jj and jj + 8 of the tokens q + KT i (i < 4); V steps are one x-token window of
+ * one head, lane holding chunk lane % 16 of the window's rows lane / 16 + RPI i. Either way a
+ * lane holds at most 8 chunks, loaded one step ahead (persistent warps). */
+#define KW_NB 8
+template <int MINB>
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP, MINB) kvw_k(kvw_args a) {
+    constexpr int KT = M3_WARP / 8, RPI = M3_WARP / 16;
     __shared__ __align__(16) unsigned char srow[KW_WPB][16 * 272];
     __shared__ float sscl[KW_WPB][16];
     const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
-    const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    if (st >= a.nstep) return;
     const int x = a.fp8 ? 16 : 8, lx = a.fp8 ? 4 : 3;
-    if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
-        const int w = st < a.ks ? 0 : 1;
-        const int64_t s = st < a.ks ? st : st - a.vs0;
-        const int tg = (int)(s / a.nh), h = (int)(s - (int64_t)tg * a.nh);
-        const int t = tg * KT + lane / 8, jj = lane & 7;
-        const bool ok = t < a.n_tok;
-        const int64_t slot = ok ? kw_slot(a, t) : -1;
-        const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128;
-        const uint4 u0 = ok ? m3_ld16_ro(row + 8 * jj) : make_uint4(0, 0, 0, 0);
-        const uint4 u1 = ok ? m3_ld16_ro(row + 64 + 8 * jj) : make_uint4(0, 0, 0, 0);
-        if (!a.fp8) {
-            if (slot >= 0) {
-                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 8 * jj, 3), u0);
-                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 64 + 8 * jj, 3), u1);
-            }
-            return;
-        }
-        uint32_t am = max(kw_amax(u0), kw_amax(u1));
-#pragma unroll
-        for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
-        const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
-        const uint2 q0 = kw_q8(u0, sc, a), q1 = kw_q8(u1, sc, a);
-        /* output chunk jj (dims 16jj..16jj+15) = codes of input chunks 2jj, 2jj+1: chunk m is
-         * lane m & 7's q0 (m < 8) or q1 */
-        const int sa = (2 * jj) & 7, sb = (2 * jj + 1) & 7;
-        const uint32_t a0 = qw_shfl(q0.x, sa, 8), a1 = qw_shfl(q0.y, sa, 8);
-        const uint32_t a2 = qw_shfl(q1.x, sa, 8), a3 = qw_shfl(q1.y, sa, 8);
-        const uint32_t b0 = qw_shfl(q0.x, sb, 8), b1 = qw_shfl(q0.y, sb, 8);
-        const uint32_t b2 = qw_shfl(q1.x, sb, 8), b3 = qw_shfl(q1.y, sb, 8);
-        if (slot >= 0) {
-            const uint4 o = jj < 4 ? make_uint4(a0, a1, b0, b1) : make_uint4(a2, a3, b2, b3);
-            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
-            if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
-        }
-        return;
-    }
-    /* V window: tokens [tb, te) of head h */
-    const int64_t s = st - a.vs0;
-    const int win = (int)(s / a.nh), h = (int)(s - (int64_t)win * a.nh);
-    const int64_t slot0 = kw_slot(a, 0); /* windows follow token 0's slot alignment */
+    const int64_t nw = (int64_t)gridDim.x * KW_WPB;
+    int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+    if (st >= a.nstep) return;
+    const int64_t slot0 = kw_slot(a, 0); /* V windows follow token 0's slot alignment */
     const int off = slot0 >= 0 ? (int)(slot0 & (x - 1)) : 0;
-    const int tb = win == 0 ? 0 : win * x - off;
-    const int te = min(a.n_tok, (win + 1) * x - off);
-    const int n = te - tb;
-    if (n <= 0) return;
-    int64_t s_lane = -1;
-    if (lane < n) s_lane = kw_slot(a, tb + lane);
-    const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
-                            ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
-    const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
-    const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
     unsigned char *rows = srow[wid];
     float *scl = sscl[wid];
-    /* rows into the warp's shared memory: lane -> chunk lane % 16 of rows lane / 16 + RPI i */
-    constexpr int RPI = M3_WARP / 16;
-    const int c = lane & 15;
-#pragma unroll
-    for (int i = 0; i < 16 / RPI; i++) {
-        const int r = lane / 16 + RPI * i;
-        if (r >= x) break;
-        const uint4 u = r < n ? m3_ld16_ro(a.x[1] + (int64_t)(tb + r) * a.ld[1] + h * 128 + 8 * c) : make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4 *>(rows + r * 272 + 16 * c) = u;
-        if (a.fp8) {
-            uint32_t am = kw_amax(u);
-#pragma unroll
-            for (int m = 1; m < 16; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
-            if (c == 0) scl[r] = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+    const int q = lane / 8, jj = lane & 7, c16 = lane & 15;
+    /* step s: K-type (w = 0 K, 1 plain-row V) or a V window; its head, first token, tokens */
+    auto decode = [&](int64_t s, bool &kt, int &w, int &h, int &tb, int &n) {
+        kt = s < a.ks || a.page == 0;
+        w = s < a.ks ? 0 : 1;
+        const int64_t r = s < a.ks ? s : s - a.vs0;
+        const int g = (int)(r / a.nh);
+        h = (int)(r - (int64_t)g * a.nh);
+        if (kt) {
+            tb = g * 4 * KT;
+            n = min(a.n_tok - tb, 4 * KT);
+        } else {
+            tb = g == 0 ? 0 : g * x - off;
+            n = min(a.n_tok, (g + 1) * x - off) - tb;
         }
-    }
-    M3_SYNCWARP();
-    if (a.fp8 && lane < n && s_lane >= 0) a.scl[1][kw_soff(a, s_lane, h)] = scl[lane];
-    if (fast) {
-        const int64_t base = kw_voff(a, s_first, h, 0, lx);
+    };
+    auto load = [&](int64_t s, uint4 (&b)[KW_NB]) {
+        bool kt;
+        int w, h, tb, n;
+        decode(s, kt, w, h, tb, n);
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        if (kt) {
 #pragma unroll
-        for (int i = 0; i < 128 / M3_WARP; i++) {
-            const int d = lane + M3_WARP * i;
-            const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
-            uint32_t w4[4];
-            if (a.fp8) {
+            for (int i = 0; i < 4; i++) {
+                const int r = q + KT * i;
+                const m3_bf16 *row = a.x[w] + (int64_t)(tb + r) * a.ld[w] + h * 128;
+                b[2 * i] = r < n ? m3_ld16_ro(row + 8 * jj) : z;
+                b[2 * i + 1] = r < n ? m3_ld16_ro(row + 64 + 8 * jj) : z;
+            }
+        } else {
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int r = 4 * k;
-                    const uint32_t lo = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[r * 136]), scl[r]),
-                                               __fdiv_rn(m3_bf16_to_f32(col[(r + 1) * 136]), scl[r + 1]),
-                                               a.kind, a.ovf, a.hwcvt);
-                    const uint32_t hi = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[(r + 2) * 136]), scl[r + 2]),
-                                               __fdiv_rn(m3_bf16_to_f32(col[(r + 3) * 136]), scl[r + 3]),
-                                               a.kind, a.ovf, a.hwcvt);
-                    w4[k] = lo | (hi << 16);
-                }
-                m3_st16_cs((uint8_t *)a.dst[1] + base + ((int64_t)d << 4), make_uint4(w4[0], w4[1], w4[2], w4[3]));
-            } else {
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    w4[k] = (uint32_t)col[2 * k * 136] | ((uint32_t)col[(2 * k + 1) * 136] << 16);
-                m3_st16_cs((m3_bf16 *)a.dst[1] + base + ((int64_t)d << 3), make_uint4(w4[0], w4[1], w4[2], w4[3]));
+            for (int i = 0; i < 16 / RPI; i++) {
+                const int r = lane / 16 + RPI * i;
+                b[i] = r < n && r < x ? m3_ld16_ro(a.x[1] + (int64_t)(tb + r) * a.ld[1] + h * 128 + 8 * c16) : z;
             }
         }
-        return;
-    }
-    for (int i = lane; i < n * 128; i += M3_WARP) { /* element by element */
-        const int r = i >> 7, d = i & 127;
-        const int64_t slot = kw_slot(a, tb + r);
-        if (slot < 0) continue;
-        const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
-        const int64_t o = kw_voff(a, slot, h, d, lx);
-        if (a.fp8)
-            ((uint8_t *)a.dst[1])[o] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f, a.kind, a.ovf, a.hwcvt);
-        else
-            ((m3_bf16 *)a.dst[1])[o] = bv;
+    };
+    uint4 nb[KW_NB];
+    load(st, nb);
+    for (; st < a.nstep; st += nw) {
+        uint4 b[KW_NB];
+#pragma unroll
+        for (int i = 0; i < KW_NB; i++) b[i] = nb[i];
+        if (st + nw < a.nstep) load(st + nw, nb);
+        bool kt;
+        int w, h, tb, n;
+        decode(st, kt, w, h, tb, n);
+        if (n <= 0) continue;
+        if (kt) { /* K (and plain-row V): token tb + q + KT i, chunks jj, jj + 8 */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = q + KT * i;
+                const int64_t slot = r < n ? kw_slot(a, tb + r) : -1;
+                if (!a.fp8) {
+                    if (slot >= 0) {
+                        m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 8 * jj, 3), b[2 * i]);
+                        m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 64 + 8 * jj, 3), b[2 * i + 1]);
+                    }
+                    continue;
+                }
+                uint32_t am = max(kw_amax(b[2 * i]), kw_amax(b[2 * i + 1]));
+#pragma unroll
+                for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+                const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+                const uint2 q0 = kw_q8(b[2 * i], sc, a), q1 = kw_q8(b[2 * i + 1], sc, a);
+                /* output chunk jj (dims 16jj..16jj+15) = codes of input chunks 2jj, 2jj+1:
+                 * chunk m is lane m & 7's q0 (m < 8) or q1 */
+                const int sa = (2 * jj) & 7, sb = (2 * jj + 1) & 7;
+                const uint32_t a0 = qw_shfl(q0.x, sa, 8), a1 = qw_shfl(q0.y, sa, 8);
+                const uint32_t a2 = qw_shfl(q1.x, sa, 8), a3 = qw_shfl(q1.y, sa, 8);
+                const uint32_t b0 = qw_shfl(q0.x, sb, 8), b1 = qw_shfl(q0.y, sb, 8);
+                const uint32_t b2 = qw_shfl(q1.x, sb, 8), b3 = qw_shfl(q1.y, sb, 8);
+                if (slot >= 0) {
+                    const uint4 o = jj < 4 ? make_uint4(a0, a1, b0, b1) : make_uint4(a2, a3, b2, b3);
+                    m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
+                    if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
+                }
+            }
+            continue;
+        }
+        /* V window: tokens [tb, tb + n) of head h */
+        int64_t s_lane = -1;
+        if (lane < n) s_lane = kw_slot(a, tb + lane);
+        const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
+                                ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
+        const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
+        const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
+#pragma unroll
+        for (int i = 0; i < 16 / RPI; i++) {
+            const int r = lane / 16 + RPI * i;
+            if (r >= x) break;
+            *reinterpret_cast<uint4 *>(rows + r * 272 + 16 * c16) = b[i];
+            if (a.fp8) {
+                uint32_t am = kw_amax(b[i]);
+#pragma unroll
+                for (int m = 1; m < 16; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+                if (c16 == 0) scl[r] = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+            }
+        }
+        M3_SYNCWARP();
+        if (a.fp8 && lane < n && s_lane >= 0) a.scl[1][kw_soff(a, s_lane, h)] = scl[lane];
+        if (fast) {
+            const int64_t base = kw_voff(a, s_first, h, 0, lx);
+            if (a.fp8) {
+                float sc[16];
+#pragma unroll
+                for (int r = 0; r < 16; r++) sc[r] = scl[r];
+#pragma unroll
+                for (int i = 0; i < 128 / M3_WARP; i++) {
+                    const int d = lane + M3_WARP * i;
+                    const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
+                    uint32_t w4[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const int r = 4 * k;
+                        const uint32_t lo = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[r * 136]), sc[r]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(r + 1) * 136]), sc[r + 1]),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        const uint32_t hi = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[(r + 2) * 136]), sc[r + 2]),
+                                                   __fdiv_rn(m3_bf16_to_f32(col[(r + 3) * 136]), sc[r + 3]),
+                                                   a.kind, a.ovf, a.hwcvt);
+                        w4[k] = lo | (hi << 16);
+                    }
+                    m3_st16_cs((uint8_t *)a.dst[1] + base + ((int64_t)d << 4), make_uint4(w4[0], w4[1], w4[2], w4[3]));
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 128 / M3_WARP; i++) {
+                    const int d = lane + M3_WARP * i;
+                    const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
+                    uint32_t w4[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        w4[k] = (uint32_t)col[2 * k * 136] | ((uint32_t)col[(2 * k + 1) * 136] << 16);
+                    m3_st16_cs((m3_bf16 *)a.dst[1] + base + ((int64_t)d << 3), make_uint4(w4[0], w4[1], w4[2], w4[3]));
+                }
+            }
+        } else {
+            for (int i = lane; i < n * 128; i += M3_WARP) { /* element by element */
+                const int r = i >> 7, d = i & 127;
+                const int64_t slot = kw_slot(a, tb + r);
+                if (slot < 0) continue;
+                const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
+                const int64_t o = kw_voff(a, slot, h, d, lx);
+                if (a.fp8)
+                    ((uint8_t *)a.dst[1])[o] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f, a.kind, a.ovf, a.hwcvt);
+                else
+                    ((m3_bf16 *)a.dst[1])[o] = bv;
+            }
+        }
+        M3_SYNCWARP(); /* rows and scl are rewritten by the next step */
     }
 }
 
@@ -1068,16 +1120,21 @@ typedef struct {
     const m3_bf16 *w;
     int ld, nh;
     bool kc;          /* K rows: also written to the K cache (kv's layout) */
+    bool ic;          /* index_k rows: also written to the index cache */
     int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
 } qw_part;
 typedef struct {
-    qw_part p[3];
+    qw_part p[4];
     int np;
     int nstep;
     float eps;
     const float *cst; /* [T, 64] cos | sin, or NULL: no rope */
     int k_src;        /* fp8 K: M3_GPU_KQ_* */
     kvw_args kv;      /* the cache (K part) */
+    void *ic;         /* index cache [row, 128]: bf16, or fp8 codes at unit scale (ifp8) */
+    bool ifp8;
+    int64_t irow0;    /* index rows irow0 + t (paged cache, or no slots), else slots[t] */
+    bool fma;
 } qw_args;
 
 /* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
@@ -1151,18 +1208,54 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     M3_SYNCWARP(); /* stg is rewritten by the next step */
 }
 
-/* KC: the pass's K part writes no cache (0), a bf16 cache (1) or an fp8 cache (2) */
-template <int QR, int KC>
-static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
-    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
-    __shared__ __align__(16) float w1s[3][128];
-    __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
-    __shared__ qw_part sp[3]; /* the parts, read per step from shared memory (kept out of registers) */
-    for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x) {
-        const int q = i >> 7;
-        w1s[q][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32((q == 0 ? a.p[0].w : q == 1 ? a.p[1].w : a.p[2].w)[i & 127]));
+/* An index_k row of qw_norm_k: the stored row back in place and into the index cache at
+ * row (< 0: padding, row only): the bf16 chunks, or their fp8 codes at unit scale (§4.8:
+ * cvt(f32(bf16 value))), 8 bytes a chunk. */
+static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4][8], m3_bf16 *p,
+                                                 int64_t row, int j) {
+    uint4 o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        o[k] = make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
+                          pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7]));
+    if (p) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_st16_cs(p + 32 * k, o[k]);
     }
-    if (threadIdx.x < 3) sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : a.p[2];
+    if (row < 0) return;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int64_t off = row * 128 + 8 * (j + 4 * k);
+        if (!a.ifp8) {
+            m3_st16_cs((m3_bf16 *)a.ic + off, o[k]);
+        } else {
+            const uint32_t w4[4] = {o[k].x, o[k].y, o[k].z, o[k].w};
+            uint32_t b[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const uint32_t lo = cvt8x2(m3_bits_f32(w4[2 * e] << 16), m3_bits_f32(w4[2 * e] & 0xFFFF0000u),
+                                           a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+                const uint32_t hi = cvt8x2(m3_bits_f32(w4[2 * e + 1] << 16), m3_bits_f32(w4[2 * e + 1] & 0xFFFF0000u),
+                                           a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+                b[e] = lo | (hi << 16);
+            }
+            *reinterpret_cast<uint2 *>((uint8_t *)a.ic + off) = make_uint2(b[0], b[1]);
+        }
+    }
+}
+
+/* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache */
+template <int QR, int KC, int MINB = KC == 2 ? 2 : 3>
+static __global__ void __launch_bounds__(QW_WPB * M3_WARP, MINB) qw_norm_k(qw_args a) {
+    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
+    __shared__ __align__(16) float w1s[4][128];
+    __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
+    __shared__ qw_part sp[4]; /* the parts, read per step from shared memory (kept out of registers) */
+    if (threadIdx.x < 4)
+        sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2] : a.p[3];
+    __syncthreads();
+    for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
+        w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
     __syncthreads();
     const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
@@ -1171,7 +1264,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
     /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
      * struct is read through selects (an indexed parameter would go through a local copy) */
     auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
-        pi = a.np > 2 && s >= sp[2].s0 ? 2 : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
+        pi = a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2 : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
 #define QW_F(f) (sp[pi].f)
         const int r = (s - QW_F(s0)) * QW_RPS + rq;
         const int nh = QW_F(nh);
@@ -1203,12 +1296,22 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
         }
         /* sum of squares in index order: chunk c = 4 * slot + owner lane */
         float s = 0.0f;
+        if (a.fma) { /* timing probe (knob 4): fused products, not ref's rounding in general */
 #pragma unroll
-        for (int c = 0; c < 16; c++) {
-            float tt = s;
+            for (int c = 0; c < 16; c++) {
+                float tt = s;
 #pragma unroll
-            for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
-            s = qw_shfl(tt, c & 3, QW_LPR);
+                for (int e = 0; e < 8; e++) tt = __fmaf_rn(v[c >> 2][e], v[c >> 2][e], tt);
+                s = qw_shfl(tt, c & 3, QW_LPR);
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < 16; c++) {
+                float tt = s;
+#pragma unroll
+                for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
+                s = qw_shfl(tt, c & 3, QW_LPR);
+            }
         }
         const float mu = __fdiv_rn(s, 128.0f);
         const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
@@ -1238,6 +1341,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
         }
         if (KC != 0 && QW_F(kc)) {
             qw_kstore<KC>(a, v, p, p ? kw_slot(a.kv, t) : -1, h, j, stg);
+        } else if (KC != 0 && QW_F(ic)) {
+            qw_istore(a, v, p, !p ? -1 : a.kv.bt || !a.kv.slots ? a.irow0 + t : a.kv.slots[t], j);
         } else if (p) {
 #pragma unroll
             for (int k = 0; k < 4; k++)
@@ -1433,7 +1538,7 @@ static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m
     return M3_OK;
 }
 
-/* the warp-streaming paths: M3_QKV_W=1 (2: normed K rows stay in the tile kernel); a
+/* the warp-streaming paths: M3_QKV_W=1 (3: the cache parts in a second launch); a
  * measurement knob while both paths exist */
 static int qkv_w_knob(void) {
     const char *e = getenv("M3_QKV_W");
@@ -1447,7 +1552,9 @@ template <typename TS>
 static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
                         const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
                         int rot_dim, float theta, const m3_profile *p) {
-    if (sizeof(TS) != 2 || !qkv_w_knob() || n_tok <= 0 || (rot_dim != 0 && rot_dim != 64))
+    /* passes under 256 tokens (decode) keep the one tile launch: the table and the separate
+     * K / V launch cost more than they save there (H200: fused T=1 7.3 against 12.4 us) */
+    if (sizeof(TS) != 2 || !qkv_w_knob() || n_tok < 256 || (rot_dim != 0 && rot_dim != 64))
         return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
     M3_ASSERT(g && p);
     kvw_args kv;
@@ -1486,11 +1593,13 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         const part &q = parts[i];
         const bool fit16 = q.x && q.dim == 128 && q.ld % 8 == 0 && m3_aligned16(q.x) &&
                            (int64_t)n_tok * q.nh < ((int64_t)1 << 30);
-        if (fit16 && q.w && (q.cache == SEG_NONE || (q.cache == SEG_K && kv_ok && qkv_w_knob() != 2)) &&
-            qa.np < 3) {
+        if (fit16 && q.w &&
+            (q.cache == SEG_NONE || (q.cache == SEG_K && kv_ok) || (q.cache == SEG_IDX && c && c->index_k)) &&
+            qa.np < 4) {
             qw_part &w = qa.p[qa.np++];
             w.x = (m3_bf16 *)q.x, w.w = q.w, w.ld = q.ld, w.nh = q.nh;
             w.kc = q.cache == SEG_K;
+            w.ic = q.cache == SEG_IDX;
             if (w.kc) kv.nh = q.nh;
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
@@ -1524,32 +1633,59 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         qa.cst = cst;
         qa.kv = kv;
         qa.k_src = c ? (int)c->k_src : 0;
-        bool kc = false;
-        for (int i = 0; i < qa.np; i++) kc = kc || qa.p[i].kc;
-        const int kck = !kc ? 0 : kv.fp8 ? 2 : 1;
-        void (*k)(qw_args);
+        if (c) qa.ic = c->index_k, qa.ifp8 = c->index_fp8, qa.irow0 = c->index_row0;
+        qa.fma = qkv_w_knob() == 4;
+        /* knob 3: the parts without a cache in one launch, the cache parts in a second */
+        const bool split = qkv_w_knob() == 3;
+        for (int pass = 0; pass < (split ? 2 : 1); pass++) {
+            qw_args qp = qa;
+            if (split) {
+                qp.np = 0, qp.nstep = 0;
+                for (int i = 0; i < qa.np; i++) {
+                    const bool cp = qa.p[i].kc || qa.p[i].ic;
+                    if (cp != (pass == 1)) continue;
+                    qw_part &w = qp.p[qp.np++];
+                    w = qa.p[i];
+                    w.s0 = qp.nstep;
+                    qp.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
+                }
+                if (qp.np == 0) continue;
+            }
+            bool cp = false;
+            for (int i = 0; i < qp.np; i++) cp = cp || qp.p[i].kc || qp.p[i].ic;
+            const int kck = !cp ? 0 : kv.fp8 ? 2 : 1;
+            void (*k)(qw_args);
 #define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0> : kck == 1 ? qw_norm_k<QR, 1> : qw_norm_k<QR, 2>)
-        if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
-        else k = QW_PICK(M3_QK_ROUND_ONCE);
+            if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
+            else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
-        int occ = 0;
+            if (qkv_w_knob() == 6 && kck == 0 && p->qk_round == M3_QK_ROUND_ONCE)
+                k = qw_norm_k<M3_QK_ROUND_ONCE, 0, 2>; /* knob 6: 2 blocks per SM */
+            int occ = 0;
 #if defined(M3_HIP_NVIDIA)
-        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, QW_WPB * M3_WARP, 0));
+            M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, QW_WPB * M3_WARP, 0));
 #endif
-        const int64_t need = (qa.nstep + QW_WPB - 1) / QW_WPB;
-        const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
-        k<<<(unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, g->stream>>>(qa);
-        M3_LAUNCHED(g, "qw_norm_k");
+            const int64_t need = (qp.nstep + QW_WPB - 1) / QW_WPB;
+            const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
+            k<<<(unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, g->stream>>>(qp);
+            M3_LAUNCHED(g, "qw_norm_k");
+        }
     }
     if (kv.x[0] || kv.x[1]) {
-        const int KT = M3_WARP / 8, x = kv.fp8 ? 16 : 8;
-        const int64_t tg = (n_tok + KT - 1) / KT;
+        const int KS = 4 * (M3_WARP / 8), x = kv.fp8 ? 16 : 8; /* tokens per K step */
+        const int64_t tg = (n_tok + KS - 1) / KS;
         kv.n_tok = n_tok;
         kv.ks = kv.x[0] ? (int64_t)kv.nh * tg : 0;
         kv.vs0 = kv.ks;
         kv.nstep = kv.ks;
         if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
-        kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+        void (*kk)(kvw_args) = qkv_w_knob() == 5 ? kvw_k<3> : kvw_k<2>; /* knob 5: 3 blocks per SM */
+        int occ = 0;
+#if defined(M3_HIP_NVIDIA)
+        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kk, KW_WPB * M3_WARP, 0));
+#endif
+        const int64_t need = (kv.nstep + KW_WPB - 1) / KW_WPB, fit = (int64_t)(occ > 0 ? occ : 2) * n_sm;
+        kk<<<(unsigned)(need < fit ? need : fit), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
         M3_LAUNCHED(g, "kvw_k");
     }
     m3_status st = M3_OK;
