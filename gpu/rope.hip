@@ -895,7 +895,33 @@ typedef struct {
     const int64_t *slots; /* or slot(pos[t]) through the block table */
     const int32_t *bt, *pos;
     int bt_block;
+    bool mdiv;           /* quotients by Markstein's correction (div_y) where the scale allows */
 } kvw_args;
+
+/* v / s rounded to nearest, the same bits as __fdiv_rn(v, s), for a scale s in [2^-90,
+ * 2^126] (div_ok) and y = __frcp_rn(s): q0 = v y is within 1.5 ulp of v / s, one correction
+ * q1 = q0 + (v - s q0) y brings it within an ulp, and by Markstein's theorem a second one
+ * (y the correctly rounded 1/s, the remainder exact through the fma) gives the correctly
+ * rounded quotient. The range keeps y normal and the remainders of quotients >= 2^-10 (the
+ * smallest that reach a nonzero fp8 code) out of the subnormals; a smaller quotient may be
+ * off in its last bit but its code is a signed zero either way, and copysign keeps the sign of
+ * a zero v (-0 / s = -0; the fma sum would give +0). 5 instructions against ~12 and a branch. */
+static __device__ __forceinline__ bool div_ok(float s) { return s >= 0x1p-90f && s <= 0x1p126f; }
+static __device__ __forceinline__ float div_y(float v, float s, float y) {
+    float q = __fmul_rn(v, y);
+    float r = __fmaf_rn(-s, q, v);
+    q = __fmaf_rn(r, y, q);
+    r = __fmaf_rn(-s, q, v);
+    q = __fmaf_rn(r, y, q);
+    return copysignf(q, v);
+}
+/* y for div_y, or 0: divide with __fdiv_rn */
+static __device__ __forceinline__ float div_rcp(float s, bool on) {
+    return on && div_ok(s) ? __frcp_rn(s) : 0.0f;
+}
+static __device__ __forceinline__ float div_by(float v, float s, float y) {
+    return y != 0.0f ? div_y(v, s, y) : __fdiv_rn(v, s);
+}
 
 static __device__ __forceinline__ int64_t kw_slot(const kvw_args &a, int t) {
     return a.bt ? m3_dkv_slot(a.bt, a.bt_block, a.pos[t]) : a.slots[t];
@@ -925,190 +951,143 @@ static __device__ __forceinline__ uint32_t kw_amax(uint4 u) {
     for (int k = 0; k < 4; k++) lo = max(lo, w[k] & 0x7FFFu), hi = max(hi, (w[k] >> 16) & 0x7FFFu);
     return max(lo, hi);
 }
-/* 8 fp8 codes of a bf16 chunk divided by s */
-static __device__ __forceinline__ uint2 kw_q8(uint4 u, float s, const kvw_args &a) {
+/* 8 fp8 codes of a bf16 chunk divided by s (y: div_rcp(s)) */
+static __device__ __forceinline__ uint2 kw_q8(uint4 u, float s, float y, const kvw_args &a) {
     float v[8];
     m3_unpack16<m3_bf16>(u, v);
     uint32_t w[2];
 #pragma unroll
     for (int k = 0; k < 2; k++) {
-        const uint32_t lo = cvt8x2(__fdiv_rn(v[4 * k], s), __fdiv_rn(v[4 * k + 1], s), a.kind, a.ovf, a.hwcvt);
-        const uint32_t hi = cvt8x2(__fdiv_rn(v[4 * k + 2], s), __fdiv_rn(v[4 * k + 3], s), a.kind, a.ovf, a.hwcvt);
+        const uint32_t lo = cvt8x2(div_by(v[4 * k], s, y), div_by(v[4 * k + 1], s, y), a.kind, a.ovf, a.hwcvt);
+        const uint32_t hi = cvt8x2(div_by(v[4 * k + 2], s, y), div_by(v[4 * k + 3], s, y), a.kind, a.ovf, a.hwcvt);
         w[k] = lo | (hi << 16);
     }
     return make_uint2(w[0], w[1]);
 }
 
-/* Steps of kvw_k: K (and plain-row V) steps are 4 * KT tokens of one head, lane (q, jj) holding
- * the chunks jj and jj + 8 of the tokens q + KT i (i < 4); V steps are one x-token window of
- * one head, lane holding chunk lane % 16 of the window's rows lane / 16 + RPI i. Either way a
- * lane holds at most 8 chunks, loaded one step ahead (persistent warps). */
-#define KW_NB 8
-template <int MINB>
-static __global__ void __launch_bounds__(KW_WPB * M3_WARP, MINB) kvw_k(kvw_args a) {
-    constexpr int KT = M3_WARP / 8, RPI = M3_WARP / 16;
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
+    constexpr int KT = M3_WARP / 8; /* tokens per K step */
     __shared__ __align__(16) unsigned char srow[KW_WPB][16 * 272];
-    __shared__ float sscl[KW_WPB][16];
+    __shared__ float sscl[KW_WPB][16], srcp[KW_WPB][16];
     const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
-    const int x = a.fp8 ? 16 : 8, lx = a.fp8 ? 4 : 3;
-    const int64_t nw = (int64_t)gridDim.x * KW_WPB;
-    int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+    const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st >= a.nstep) return;
-    const int64_t slot0 = kw_slot(a, 0); /* V windows follow token 0's slot alignment */
+    const int x = a.fp8 ? 16 : 8, lx = a.fp8 ? 4 : 3;
+    if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
+        const int w = st < a.ks ? 0 : 1;
+        const int64_t s = st < a.ks ? st : st - a.vs0;
+        const int tg = (int)(s / a.nh), h = (int)(s - (int64_t)tg * a.nh);
+        const int t = tg * KT + lane / 8, jj = lane & 7;
+        const bool ok = t < a.n_tok;
+        const int64_t slot = ok ? kw_slot(a, t) : -1;
+        const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128;
+        const uint4 u0 = ok ? m3_ld16_ro(row + 8 * jj) : make_uint4(0, 0, 0, 0);
+        const uint4 u1 = ok ? m3_ld16_ro(row + 64 + 8 * jj) : make_uint4(0, 0, 0, 0);
+        if (!a.fp8) {
+            if (slot >= 0) {
+                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 8 * jj, 3), u0);
+                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 64 + 8 * jj, 3), u1);
+            }
+            return;
+        }
+        uint32_t am = max(kw_amax(u0), kw_amax(u1));
+#pragma unroll
+        for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+        const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+        const float y = div_rcp(sc, a.mdiv);
+        const uint2 q0 = kw_q8(u0, sc, y, a), q1 = kw_q8(u1, sc, y, a);
+        /* output chunk jj (dims 16jj..16jj+15) = codes of input chunks 2jj, 2jj+1: chunk m is
+         * lane m & 7's q0 (m < 8) or q1 */
+        const int sa = (2 * jj) & 7, sb = (2 * jj + 1) & 7;
+        const uint32_t a0 = qw_shfl(q0.x, sa, 8), a1 = qw_shfl(q0.y, sa, 8);
+        const uint32_t a2 = qw_shfl(q1.x, sa, 8), a3 = qw_shfl(q1.y, sa, 8);
+        const uint32_t b0 = qw_shfl(q0.x, sb, 8), b1 = qw_shfl(q0.y, sb, 8);
+        const uint32_t b2 = qw_shfl(q1.x, sb, 8), b3 = qw_shfl(q1.y, sb, 8);
+        if (slot >= 0) {
+            const uint4 o = jj < 4 ? make_uint4(a0, a1, b0, b1) : make_uint4(a2, a3, b2, b3);
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
+            if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
+        }
+        return;
+    }
+    /* V window: tokens [tb, te) of head h */
+    const int64_t s = st - a.vs0;
+    const int win = (int)(s / a.nh), h = (int)(s - (int64_t)win * a.nh);
+    const int64_t slot0 = kw_slot(a, 0); /* windows follow token 0's slot alignment */
     const int off = slot0 >= 0 ? (int)(slot0 & (x - 1)) : 0;
+    const int tb = win == 0 ? 0 : win * x - off;
+    const int te = min(a.n_tok, (win + 1) * x - off);
+    const int n = te - tb;
+    if (n <= 0) return;
+    int64_t s_lane = -1;
+    if (lane < n) s_lane = kw_slot(a, tb + lane);
+    const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
+                            ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
+    const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
+    const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
     unsigned char *rows = srow[wid];
     float *scl = sscl[wid];
-    const int q = lane / 8, jj = lane & 7, c16 = lane & 15;
-    /* step s: K-type (w = 0 K, 1 plain-row V) or a V window; its head, first token, tokens */
-    auto decode = [&](int64_t s, bool &kt, int &w, int &h, int &tb, int &n) {
-        kt = s < a.ks || a.page == 0;
-        w = s < a.ks ? 0 : 1;
-        const int64_t r = s < a.ks ? s : s - a.vs0;
-        const int g = (int)(r / a.nh);
-        h = (int)(r - (int64_t)g * a.nh);
-        if (kt) {
-            tb = g * 4 * KT;
-            n = min(a.n_tok - tb, 4 * KT);
-        } else {
-            tb = g == 0 ? 0 : g * x - off;
-            n = min(a.n_tok, (g + 1) * x - off) - tb;
-        }
-    };
-    auto load = [&](int64_t s, uint4 (&b)[KW_NB]) {
-        bool kt;
-        int w, h, tb, n;
-        decode(s, kt, w, h, tb, n);
-        const uint4 z = make_uint4(0, 0, 0, 0);
-        if (kt) {
+    /* rows into the warp's shared memory: lane -> chunk lane % 16 of rows lane / 16 + RPI i */
+    constexpr int RPI = M3_WARP / 16;
+    const int c = lane & 15;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = q + KT * i;
-                const m3_bf16 *row = a.x[w] + (int64_t)(tb + r) * a.ld[w] + h * 128;
-                b[2 * i] = r < n ? m3_ld16_ro(row + 8 * jj) : z;
-                b[2 * i + 1] = r < n ? m3_ld16_ro(row + 64 + 8 * jj) : z;
-            }
-        } else {
+    for (int i = 0; i < 16 / RPI; i++) {
+        const int r = lane / 16 + RPI * i;
+        if (r >= x) break;
+        const uint4 u = r < n ? m3_ld16_ro(a.x[1] + (int64_t)(tb + r) * a.ld[1] + h * 128 + 8 * c) : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4 *>(rows + r * 272 + 16 * c) = u;
+        if (a.fp8) {
+            uint32_t am = kw_amax(u);
 #pragma unroll
-            for (int i = 0; i < 16 / RPI; i++) {
-                const int r = lane / 16 + RPI * i;
-                b[i] = r < n && r < x ? m3_ld16_ro(a.x[1] + (int64_t)(tb + r) * a.ld[1] + h * 128 + 8 * c16) : z;
-            }
-        }
-    };
-    uint4 nb[KW_NB];
-    load(st, nb);
-    for (; st < a.nstep; st += nw) {
-        uint4 b[KW_NB];
-#pragma unroll
-        for (int i = 0; i < KW_NB; i++) b[i] = nb[i];
-        if (st + nw < a.nstep) load(st + nw, nb);
-        bool kt;
-        int w, h, tb, n;
-        decode(st, kt, w, h, tb, n);
-        if (n <= 0) continue;
-        if (kt) { /* K (and plain-row V): token tb + q + KT i, chunks jj, jj + 8 */
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = q + KT * i;
-                const int64_t slot = r < n ? kw_slot(a, tb + r) : -1;
-                if (!a.fp8) {
-                    if (slot >= 0) {
-                        m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 8 * jj, 3), b[2 * i]);
-                        m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 64 + 8 * jj, 3), b[2 * i + 1]);
-                    }
-                    continue;
-                }
-                uint32_t am = max(kw_amax(b[2 * i]), kw_amax(b[2 * i + 1]));
-#pragma unroll
-                for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+            for (int m = 1; m < 16; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+            if (c == 0) {
                 const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
-                const uint2 q0 = kw_q8(b[2 * i], sc, a), q1 = kw_q8(b[2 * i + 1], sc, a);
-                /* output chunk jj (dims 16jj..16jj+15) = codes of input chunks 2jj, 2jj+1:
-                 * chunk m is lane m & 7's q0 (m < 8) or q1 */
-                const int sa = (2 * jj) & 7, sb = (2 * jj + 1) & 7;
-                const uint32_t a0 = qw_shfl(q0.x, sa, 8), a1 = qw_shfl(q0.y, sa, 8);
-                const uint32_t a2 = qw_shfl(q1.x, sa, 8), a3 = qw_shfl(q1.y, sa, 8);
-                const uint32_t b0 = qw_shfl(q0.x, sb, 8), b1 = qw_shfl(q0.y, sb, 8);
-                const uint32_t b2 = qw_shfl(q1.x, sb, 8), b3 = qw_shfl(q1.y, sb, 8);
-                if (slot >= 0) {
-                    const uint4 o = jj < 4 ? make_uint4(a0, a1, b0, b1) : make_uint4(a2, a3, b2, b3);
-                    m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
-                    if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
-                }
-            }
-            continue;
-        }
-        /* V window: tokens [tb, tb + n) of head h */
-        int64_t s_lane = -1;
-        if (lane < n) s_lane = kw_slot(a, tb + lane);
-        const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
-                                ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
-        const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
-        const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
-#pragma unroll
-        for (int i = 0; i < 16 / RPI; i++) {
-            const int r = lane / 16 + RPI * i;
-            if (r >= x) break;
-            *reinterpret_cast<uint4 *>(rows + r * 272 + 16 * c16) = b[i];
-            if (a.fp8) {
-                uint32_t am = kw_amax(b[i]);
-#pragma unroll
-                for (int m = 1; m < 16; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
-                if (c16 == 0) scl[r] = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+                scl[r] = sc, srcp[wid][r] = div_rcp(sc, a.mdiv);
             }
         }
-        M3_SYNCWARP();
-        if (a.fp8 && lane < n && s_lane >= 0) a.scl[1][kw_soff(a, s_lane, h)] = scl[lane];
-        if (fast) {
-            const int64_t base = kw_voff(a, s_first, h, 0, lx);
+    }
+    M3_SYNCWARP();
+    if (a.fp8 && lane < n && s_lane >= 0) a.scl[1][kw_soff(a, s_lane, h)] = scl[lane];
+    if (fast) {
+        const int64_t base = kw_voff(a, s_first, h, 0, lx);
+#pragma unroll
+        for (int i = 0; i < 128 / M3_WARP; i++) {
+            const int d = lane + M3_WARP * i;
+            const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
+            uint32_t w4[4];
             if (a.fp8) {
-                float sc[16];
 #pragma unroll
-                for (int r = 0; r < 16; r++) sc[r] = scl[r];
-#pragma unroll
-                for (int i = 0; i < 128 / M3_WARP; i++) {
-                    const int d = lane + M3_WARP * i;
-                    const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
-                    uint32_t w4[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const int r = 4 * k;
-                        const uint32_t lo = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[r * 136]), sc[r]),
-                                                   __fdiv_rn(m3_bf16_to_f32(col[(r + 1) * 136]), sc[r + 1]),
-                                                   a.kind, a.ovf, a.hwcvt);
-                        const uint32_t hi = cvt8x2(__fdiv_rn(m3_bf16_to_f32(col[(r + 2) * 136]), sc[r + 2]),
-                                                   __fdiv_rn(m3_bf16_to_f32(col[(r + 3) * 136]), sc[r + 3]),
-                                                   a.kind, a.ovf, a.hwcvt);
-                        w4[k] = lo | (hi << 16);
-                    }
-                    m3_st16_cs((uint8_t *)a.dst[1] + base + ((int64_t)d << 4), make_uint4(w4[0], w4[1], w4[2], w4[3]));
+                for (int k = 0; k < 4; k++) {
+                    const int r = 4 * k;
+                    const float *y = srcp[wid];
+                    const uint32_t lo = cvt8x2(div_by(m3_bf16_to_f32(col[r * 136]), scl[r], y[r]),
+                                               div_by(m3_bf16_to_f32(col[(r + 1) * 136]), scl[r + 1], y[r + 1]),
+                                               a.kind, a.ovf, a.hwcvt);
+                    const uint32_t hi = cvt8x2(div_by(m3_bf16_to_f32(col[(r + 2) * 136]), scl[r + 2], y[r + 2]),
+                                               div_by(m3_bf16_to_f32(col[(r + 3) * 136]), scl[r + 3], y[r + 3]),
+                                               a.kind, a.ovf, a.hwcvt);
+                    w4[k] = lo | (hi << 16);
                 }
+                m3_st16_cs((uint8_t *)a.dst[1] + base + ((int64_t)d << 4), make_uint4(w4[0], w4[1], w4[2], w4[3]));
             } else {
 #pragma unroll
-                for (int i = 0; i < 128 / M3_WARP; i++) {
-                    const int d = lane + M3_WARP * i;
-                    const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
-                    uint32_t w4[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-                        w4[k] = (uint32_t)col[2 * k * 136] | ((uint32_t)col[(2 * k + 1) * 136] << 16);
-                    m3_st16_cs((m3_bf16 *)a.dst[1] + base + ((int64_t)d << 3), make_uint4(w4[0], w4[1], w4[2], w4[3]));
-                }
-            }
-        } else {
-            for (int i = lane; i < n * 128; i += M3_WARP) { /* element by element */
-                const int r = i >> 7, d = i & 127;
-                const int64_t slot = kw_slot(a, tb + r);
-                if (slot < 0) continue;
-                const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
-                const int64_t o = kw_voff(a, slot, h, d, lx);
-                if (a.fp8)
-                    ((uint8_t *)a.dst[1])[o] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f, a.kind, a.ovf, a.hwcvt);
-                else
-                    ((m3_bf16 *)a.dst[1])[o] = bv;
+                for (int k = 0; k < 4; k++)
+                    w4[k] = (uint32_t)col[2 * k * 136] | ((uint32_t)col[(2 * k + 1) * 136] << 16);
+                m3_st16_cs((m3_bf16 *)a.dst[1] + base + ((int64_t)d << 3), make_uint4(w4[0], w4[1], w4[2], w4[3]));
             }
         }
-        M3_SYNCWARP(); /* rows and scl are rewritten by the next step */
+        return;
+    }
+    for (int i = lane; i < n * 128; i += M3_WARP) { /* element by element */
+        const int r = i >> 7, d = i & 127;
+        const int64_t slot = kw_slot(a, tb + r);
+        if (slot < 0) continue;
+        const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
+        const int64_t o = kw_voff(a, slot, h, d, lx);
+        if (a.fp8)
+            ((uint8_t *)a.dst[1])[o] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f, a.kind, a.ovf, a.hwcvt);
+        else
+            ((m3_bf16 *)a.dst[1])[o] = bv;
     }
 }
 
@@ -1134,7 +1113,6 @@ typedef struct {
     void *ic;         /* index cache [row, 128]: bf16, or fp8 codes at unit scale (ifp8) */
     bool ifp8;
     int64_t irow0;    /* index rows irow0 + t (paged cache, or no slots), else slots[t] */
-    bool fma;
 } qw_args;
 
 /* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
@@ -1175,7 +1153,7 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     }
     am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 1));
     am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 2));
-    const float sc = fp8_scale(m3_bits_f32(am), a.kv.fp8_max);
+    const float sc = fp8_scale(m3_bits_f32(am), a.kv.fp8_max), y = div_rcp(sc, a.kv.mdiv);
     const bool f32v = a.k_src == M3_GPU_KQ_F32;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -1189,8 +1167,8 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
         uint32_t w2[2];
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const uint32_t lo = cvt8x2(__fdiv_rn(q[4 * e], sc), __fdiv_rn(q[4 * e + 1], sc), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
-            const uint32_t hi = cvt8x2(__fdiv_rn(q[4 * e + 2], sc), __fdiv_rn(q[4 * e + 3], sc), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+            const uint32_t lo = cvt8x2(div_by(q[4 * e], sc, y), div_by(q[4 * e + 1], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+            const uint32_t hi = cvt8x2(div_by(q[4 * e + 2], sc, y), div_by(q[4 * e + 3], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
             w2[e] = lo | (hi << 16);
         }
         *reinterpret_cast<uint2 *>(stg + 8 * (j + 4 * k)) = make_uint2(w2[0], w2[1]);
@@ -1286,6 +1264,18 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, MINB) qw_norm_k(qw_ar
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
+        /* HOIST: this step's cos/sin (table rows: L1 / L2) requested before the sum's long
+         * chain (16 more registers over it), else after it */
+        constexpr bool HOIST = MINB == 2;
+        float c8[8], s8[8];
+        auto load_cs = [&]() {
+            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
+            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
+            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
+            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
+            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+        };
+        if (HOIST && a.cst) load_cs();
         float v[4][8];
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]);
@@ -1296,22 +1286,12 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, MINB) qw_norm_k(qw_ar
         }
         /* sum of squares in index order: chunk c = 4 * slot + owner lane */
         float s = 0.0f;
-        if (a.fma) { /* timing probe (knob 4): fused products, not ref's rounding in general */
 #pragma unroll
-            for (int c = 0; c < 16; c++) {
-                float tt = s;
+        for (int c = 0; c < 16; c++) {
+            float tt = s;
 #pragma unroll
-                for (int e = 0; e < 8; e++) tt = __fmaf_rn(v[c >> 2][e], v[c >> 2][e], tt);
-                s = qw_shfl(tt, c & 3, QW_LPR);
-            }
-        } else {
-#pragma unroll
-            for (int c = 0; c < 16; c++) {
-                float tt = s;
-#pragma unroll
-                for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
-                s = qw_shfl(tt, c & 3, QW_LPR);
-            }
+            for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
+            s = qw_shfl(tt, c & 3, QW_LPR);
         }
         const float mu = __fdiv_rn(s, 128.0f);
         const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
@@ -1322,12 +1302,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, MINB) qw_norm_k(qw_ar
             for (int e = 0; e < 8; e++)
                 v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
         if (a.cst) {
-            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
-            float c8[8], s8[8];
-            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
-            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
-            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
-            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+            if (!HOIST) load_cs();
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 const float n1 = v[0][e], n2 = v[1][e];
@@ -1582,6 +1557,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         }
         kv.lpage = kv.page == 128 ? 7 : kv.page == 16 ? 4 : 0;
         kv.hwcvt = kv.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
+        kv.mdiv = qkv_w_knob() >= 7; /* knob 7, 8: Markstein quotients */
     }
     part rest[QKV_NSEG];
     int nrest = 0;
@@ -1634,9 +1610,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         qa.kv = kv;
         qa.k_src = c ? (int)c->k_src : 0;
         if (c) qa.ic = c->index_k, qa.ifp8 = c->index_fp8, qa.irow0 = c->index_row0;
-        qa.fma = qkv_w_knob() == 4;
         /* knob 3: the parts without a cache in one launch, the cache parts in a second */
-        const bool split = qkv_w_knob() == 3;
+        const bool split = qkv_w_knob() == 3 || qkv_w_knob() == 8;
         for (int pass = 0; pass < (split ? 2 : 1); pass++) {
             qw_args qp = qa;
             if (split) {
@@ -1660,7 +1635,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
             if (qkv_w_knob() == 6 && kck == 0 && p->qk_round == M3_QK_ROUND_ONCE)
-                k = qw_norm_k<M3_QK_ROUND_ONCE, 0, 2>; /* knob 6: 2 blocks per SM */
+                k = qw_norm_k<M3_QK_ROUND_ONCE, 0, 2>; /* knob 6: 2 blocks per SM, cos/sin hoisted */
             int occ = 0;
 #if defined(M3_HIP_NVIDIA)
             M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, QW_WPB * M3_WARP, 0));
@@ -1672,20 +1647,14 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         }
     }
     if (kv.x[0] || kv.x[1]) {
-        const int KS = 4 * (M3_WARP / 8), x = kv.fp8 ? 16 : 8; /* tokens per K step */
+        const int KS = M3_WARP / 8, x = kv.fp8 ? 16 : 8; /* tokens per K step */
         const int64_t tg = (n_tok + KS - 1) / KS;
         kv.n_tok = n_tok;
         kv.ks = kv.x[0] ? (int64_t)kv.nh * tg : 0;
         kv.vs0 = kv.ks;
         kv.nstep = kv.ks;
         if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
-        void (*kk)(kvw_args) = qkv_w_knob() == 5 ? kvw_k<3> : kvw_k<2>; /* knob 5: 3 blocks per SM */
-        int occ = 0;
-#if defined(M3_HIP_NVIDIA)
-        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kk, KW_WPB * M3_WARP, 0));
-#endif
-        const int64_t need = (kv.nstep + KW_WPB - 1) / KW_WPB, fit = (int64_t)(occ > 0 ? occ : 2) * n_sm;
-        kk<<<(unsigned)(need < fit ? need : fit), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+        kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
         M3_LAUNCHED(g, "kvw_k");
     }
     m3_status st = M3_OK;

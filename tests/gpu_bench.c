@@ -248,8 +248,8 @@ static void bench_qk_norm_rope(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
-        int wv[4];
-        const int nw = qkvw_list(wv, 4);
+        int wv[8];
+        const int nw = qkvw_list(wv, 8);
         for (int wi = 0; wi < nw; wi++) {
             char sfx[16];
             qkvw_set(wv[wi], sfx, sizeof sfx);
@@ -726,8 +726,8 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_alloc(g, (void **)&c.slots, (size_t)c.T * sizeof *sl));
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
-            int wv[4];
-            const int nw = qkvw_list(wv, 4);
+            int wv[8];
+            const int nw = qkvw_list(wv, 8);
             for (int wi = 0; wi < nw; wi++) {
                 char sfx[16];
                 qkvw_set(wv[wi], sfx, sizeof sfx);
@@ -836,8 +836,8 @@ static void bench_qkv_cache(void **state) {
             GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, (size_t)c.T * sizeof *pos));
             GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, (size_t)c.T * sizeof *pos));
             free(sl), free(pos);
-            int wv[4];
-            const int nw = qkvw_list(wv, 4);
+            int wv[8];
+            const int nw = qkvw_list(wv, 8);
             for (int wi = 0; wi < nw; wi++) {
                 char sfx[16];
                 qkvw_set(wv[wi], sfx, sizeof sfx);
