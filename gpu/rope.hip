@@ -2,10 +2,22 @@
  * of ref/rope.c m3_qk_norm_rope, spec §3.5, §3.6) and fused with the K/V and index-cache
  * writes (m3_gpu_qk_norm_rope_cache; twin: ref's m3_qk_norm_rope + ref/kvcache.c m3_kv_write
  * and m3_kv_index_write as ref/layer.c composes them, spec §4.1-§4.8). gpu/kvcache.hip's
- * m3_gpu_kv_cache_write is the same kernel with two un-normed parts. Tests:
+ * m3_gpu_kv_cache_write is the same code with two un-normed parts. Tests:
  * tests/gpu_norm_rope.c (bit for bit against the ref composition), tests/gpu_kvcache.c.
  *
- * One launch (plus a cos/sin table launch for passes of >= 256 tokens), a grid of TILES in
+ * Two kernel families, one contract (every byte equal to ref's):
+ * - passes of >= 256 tokens, bf16 rows of Dh 128 (16-byte aligned), rotary 64 or none, and
+ *   a cache in page-128 / page-16 / plain-row layout: the WARP-STREAMING kernels (section
+ *   "warp-streaming paths" below): a cos/sin table launch, qw_norm_k (every normed part;
+ *   K rows with their K cache write, index_k rows with the index cache write) and kvw_k (raw
+ *   K / V rows: m3_gpu_kv_cache_write's K and V, the fused call's V). H200, session 5:
+ *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
+ *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
+ * - everything else (decode and other passes under 256 tokens, fp32 storage, odd head dims
+ *   or pitches, ref's paged geometries other than M3's, index keys of Di != 128): the TILE
+ *   kernel qkv_k described next, which also takes any part the warp kernels do not.
+ *
+ * Tile kernel: one launch (plus a cos/sin table launch for passes of >= 256 tokens), a grid of TILES in
  * SEGMENTS: each part (q, k, v, index_q, index_k) gets its own range of tiles, and a tile holds
  * `tt` consecutive tokens of one part (tt * heads <= 256 rows), so every tile has the access
  * pattern its part needs:
@@ -848,9 +860,11 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
 }
 
 /* ---- warp-streaming paths (bf16 rows, Dh 128, rotary half 32 or none) -------------------
- * Every warp works alone (no block barriers): it holds its rows in registers, and the next
- * step's loads are in flight while the current step is computed and stored.
- * qw_norm_k: normed rows without a cache write (q, index_q). 4 lanes per row, lane j of a
+ * Every warp works alone (no block barriers) and holds its rows in registers.
+ * qw_norm_k: normed rows (q, index_q; K rows with the K cache write, fp8 with the row's
+ *   scale from the amax of the stored or fp32 values per k_src, reduced over the row's lanes
+ *   by shuffles: one pass; index_k rows with the index cache write), persistent warps with
+ *   the next step's rows in flight while this one is computed. 4 lanes per row, lane j of a
  *   row holds the 16-byte chunks j, j+4, j+8, j+12 (dims 8j.., 32+8j.., 64+8j.., 96+8j..):
  *   a load instruction covers 64 contiguous bytes of each of its rows, and the rotation's
  *   pairs (d, d+32) sit in one lane. The sum of squares keeps ref's serial index order: a
@@ -863,7 +877,12 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  *   one (head, chunk). V: one x-token window of slot-aligned, slot-consecutive tokens of one
  *   head a step, staged in the warp's shared memory and written as 16-byte (x tokens of one
  *   dim) chunks, lanes over dims (512 contiguous bytes a store); a window that is cut or not
- *   slot-consecutive is written element by element. */
+ *   slot-consecutive is written element by element. One step a warp, a grid of all steps
+ *   (the hardware's block order): a persistent version with the next step's chunks in flight
+ *   measured slower (H200: bf16 32K 77% against 81%, fp8 39% against 48%: 2 blocks per SM at
+ *   111 registers against 6).
+ * fp8 quotients v / s: div_y (Markstein's correction from 1 / s, the same bits as the
+ *   division) where every scale of the warp's rows allows it, else __fdiv_rn. */
 static __device__ __forceinline__ float qw_shfl(float v, int src, int width) {
 #if defined(M3_HIP_AMD)
     return __shfl(v, src, width);
@@ -895,7 +914,6 @@ typedef struct {
     const int64_t *slots; /* or slot(pos[t]) through the block table */
     const int32_t *bt, *pos;
     int bt_block;
-    bool mdiv;           /* quotients by Markstein's correction (div_y) where the scale allows */
 } kvw_args;
 
 /* v / s rounded to nearest, the same bits as __fdiv_rn(v, s), for a scale s in [2^-90,
@@ -915,12 +933,12 @@ static __device__ __forceinline__ float div_y(float v, float s, float y) {
     q = __fmaf_rn(r, y, q);
     return copysignf(q, v);
 }
-/* y for div_y, or 0: divide with __fdiv_rn */
-static __device__ __forceinline__ float div_rcp(float s, bool on) {
-    return on && div_ok(s) ? __frcp_rn(s) : 0.0f;
-}
-static __device__ __forceinline__ float div_by(float v, float s, float y) {
-    return y != 0.0f ? div_y(v, s, y) : __fdiv_rn(v, s);
+/* v / s: div_y when the whole warp's scales allow it (MD, a warp-uniform choice: a
+ * per-element choice between the two measured slower than the division alone), else the
+ * division */
+template <bool MD>
+static __device__ __forceinline__ float div_md(float v, float s, float y) {
+    return MD ? div_y(v, s, y) : __fdiv_rn(v, s);
 }
 
 static __device__ __forceinline__ int64_t kw_slot(const kvw_args &a, int t) {
@@ -951,18 +969,39 @@ static __device__ __forceinline__ uint32_t kw_amax(uint4 u) {
     for (int k = 0; k < 4; k++) lo = max(lo, w[k] & 0x7FFFu), hi = max(hi, (w[k] >> 16) & 0x7FFFu);
     return max(lo, hi);
 }
-/* 8 fp8 codes of a bf16 chunk divided by s (y: div_rcp(s)) */
+/* 8 fp8 codes of a bf16 chunk divided by s (y = 1 / s for MD) */
+template <bool MD>
 static __device__ __forceinline__ uint2 kw_q8(uint4 u, float s, float y, const kvw_args &a) {
     float v[8];
     m3_unpack16<m3_bf16>(u, v);
     uint32_t w[2];
 #pragma unroll
     for (int k = 0; k < 2; k++) {
-        const uint32_t lo = cvt8x2(div_by(v[4 * k], s, y), div_by(v[4 * k + 1], s, y), a.kind, a.ovf, a.hwcvt);
-        const uint32_t hi = cvt8x2(div_by(v[4 * k + 2], s, y), div_by(v[4 * k + 3], s, y), a.kind, a.ovf, a.hwcvt);
+        const uint32_t lo = cvt8x2(div_md<MD>(v[4 * k], s, y), div_md<MD>(v[4 * k + 1], s, y), a.kind, a.ovf, a.hwcvt);
+        const uint32_t hi = cvt8x2(div_md<MD>(v[4 * k + 2], s, y), div_md<MD>(v[4 * k + 3], s, y), a.kind, a.ovf, a.hwcvt);
         w[k] = lo | (hi << 16);
     }
     return make_uint2(w[0], w[1]);
+}
+
+/* 16 fp8 codes of one dim of a 16-token V window (col: the dim's element in row 0 of the
+ * staged rows, pitch 136 elements), token r divided by its row scale sc[r] (y = 1 / sc) */
+template <bool MD>
+static __device__ __forceinline__ uint4 kw_v16(const m3_bf16 *col, const float *sc, const float *y,
+                                               const kvw_args &a) {
+    uint32_t w4[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int r = 4 * k;
+        const uint32_t lo = cvt8x2(div_md<MD>(m3_bf16_to_f32(col[r * 136]), sc[r], y[r]),
+                                   div_md<MD>(m3_bf16_to_f32(col[(r + 1) * 136]), sc[r + 1], y[r + 1]),
+                                   a.kind, a.ovf, a.hwcvt);
+        const uint32_t hi = cvt8x2(div_md<MD>(m3_bf16_to_f32(col[(r + 2) * 136]), sc[r + 2], y[r + 2]),
+                                   div_md<MD>(m3_bf16_to_f32(col[(r + 3) * 136]), sc[r + 3], y[r + 3]),
+                                   a.kind, a.ovf, a.hwcvt);
+        w4[k] = lo | (hi << 16);
+    }
+    return make_uint4(w4[0], w4[1], w4[2], w4[3]);
 }
 
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
@@ -994,8 +1033,13 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
 #pragma unroll
         for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
         const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
-        const float y = div_rcp(sc, a.mdiv);
-        const uint2 q0 = kw_q8(u0, sc, y, a), q1 = kw_q8(u1, sc, y, a);
+        uint2 q0, q1;
+        if (ballot64(!div_ok(sc)) == 0) {
+            const float y = __frcp_rn(sc);
+            q0 = kw_q8<true>(u0, sc, y, a), q1 = kw_q8<true>(u1, sc, y, a);
+        } else {
+            q0 = kw_q8<false>(u0, sc, 0.0f, a), q1 = kw_q8<false>(u1, sc, 0.0f, a);
+        }
         /* output chunk jj (dims 16jj..16jj+15) = codes of input chunks 2jj, 2jj+1: chunk m is
          * lane m & 7's q0 (m < 8) or q1 */
         const int sa = (2 * jj) & 7, sb = (2 * jj + 1) & 7;
@@ -1042,7 +1086,7 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
             for (int m = 1; m < 16; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
             if (c == 0) {
                 const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
-                scl[r] = sc, srcp[wid][r] = div_rcp(sc, a.mdiv);
+                scl[r] = sc, srcp[wid][r] = div_ok(sc) ? __frcp_rn(sc) : 0.0f;
             }
         }
     }
@@ -1050,25 +1094,17 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     if (a.fp8 && lane < n && s_lane >= 0) a.scl[1][kw_soff(a, s_lane, h)] = scl[lane];
     if (fast) {
         const int64_t base = kw_voff(a, s_first, h, 0, lx);
+        /* div_y if every scale of the window allows it */
+        const bool md = a.fp8 && ballot64(lane < 16 && !div_ok(scl[lane & 15])) == 0;
+        const float *ys = srcp[wid];
 #pragma unroll
         for (int i = 0; i < 128 / M3_WARP; i++) {
             const int d = lane + M3_WARP * i;
             const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
             uint32_t w4[4];
             if (a.fp8) {
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int r = 4 * k;
-                    const float *y = srcp[wid];
-                    const uint32_t lo = cvt8x2(div_by(m3_bf16_to_f32(col[r * 136]), scl[r], y[r]),
-                                               div_by(m3_bf16_to_f32(col[(r + 1) * 136]), scl[r + 1], y[r + 1]),
-                                               a.kind, a.ovf, a.hwcvt);
-                    const uint32_t hi = cvt8x2(div_by(m3_bf16_to_f32(col[(r + 2) * 136]), scl[r + 2], y[r + 2]),
-                                               div_by(m3_bf16_to_f32(col[(r + 3) * 136]), scl[r + 3], y[r + 3]),
-                                               a.kind, a.ovf, a.hwcvt);
-                    w4[k] = lo | (hi << 16);
-                }
-                m3_st16_cs((uint8_t *)a.dst[1] + base + ((int64_t)d << 4), make_uint4(w4[0], w4[1], w4[2], w4[3]));
+                const uint4 o = md ? kw_v16<true>(col, scl, ys, a) : kw_v16<false>(col, scl, ys, a);
+                m3_st16_cs((uint8_t *)a.dst[1] + base + ((int64_t)d << 4), o);
             } else {
 #pragma unroll
                 for (int k = 0; k < 4; k++)
@@ -1153,7 +1189,9 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     }
     am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 1));
     am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 2));
-    const float sc = fp8_scale(m3_bits_f32(am), a.kv.fp8_max), y = div_rcp(sc, a.kv.mdiv);
+    const float sc = fp8_scale(m3_bits_f32(am), a.kv.fp8_max);
+    const bool md = ballot64(!div_ok(sc)) == 0;
+    const float y = md ? __frcp_rn(sc) : 0.0f;
     const bool f32v = a.k_src == M3_GPU_KQ_F32;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -1167,8 +1205,14 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
         uint32_t w2[2];
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const uint32_t lo = cvt8x2(div_by(q[4 * e], sc, y), div_by(q[4 * e + 1], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
-            const uint32_t hi = cvt8x2(div_by(q[4 * e + 2], sc, y), div_by(q[4 * e + 3], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+            uint32_t lo, hi;
+            if (md) {
+                lo = cvt8x2(div_y(q[4 * e], sc, y), div_y(q[4 * e + 1], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+                hi = cvt8x2(div_y(q[4 * e + 2], sc, y), div_y(q[4 * e + 3], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+            } else {
+                lo = cvt8x2(__fdiv_rn(q[4 * e], sc), __fdiv_rn(q[4 * e + 1], sc), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+                hi = cvt8x2(__fdiv_rn(q[4 * e + 2], sc), __fdiv_rn(q[4 * e + 3], sc), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+            }
             w2[e] = lo | (hi << 16);
         }
         *reinterpret_cast<uint2 *>(stg + 8 * (j + 4 * k)) = make_uint2(w2[0], w2[1]);
@@ -1223,8 +1267,8 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
 }
 
 /* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache */
-template <int QR, int KC, int MINB = KC == 2 ? 2 : 3>
-static __global__ void __launch_bounds__(QW_WPB * M3_WARP, MINB) qw_norm_k(qw_args a) {
+template <int QR, int KC>
+static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     __shared__ __align__(16) float w1s[4][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
@@ -1264,18 +1308,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, MINB) qw_norm_k(qw_ar
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
-        /* HOIST: this step's cos/sin (table rows: L1 / L2) requested before the sum's long
-         * chain (16 more registers over it), else after it */
-        constexpr bool HOIST = MINB == 2;
-        float c8[8], s8[8];
-        auto load_cs = [&]() {
-            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
-            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
-            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
-            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
-            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
-        };
-        if (HOIST && a.cst) load_cs();
         float v[4][8];
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]);
@@ -1301,8 +1333,13 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, MINB) qw_norm_k(qw_ar
 #pragma unroll
             for (int e = 0; e < 8; e++)
                 v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
-        if (a.cst) {
-            if (!HOIST) load_cs();
+        if (a.cst) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
+            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
+            float c8[8], s8[8];
+            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
+            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
+            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
+            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 const float n1 = v[0][e], n2 = v[1][e];
@@ -1513,13 +1550,6 @@ static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m
     return M3_OK;
 }
 
-/* the warp-streaming paths: M3_QKV_W=1 (3: the cache parts in a second launch); a
- * measurement knob while both paths exist */
-static int qkv_w_knob(void) {
-    const char *e = getenv("M3_QKV_W");
-    return e ? atoi(e) : 0;
-}
-
 /* The pass: parts the warp-streaming kernels take (bf16 rows of Dh 128, 16-byte aligned;
  * normed parts without a cache write; raw K / V rows into a page-128 / 16 / plain cache)
  * go there, the rest to the tile kernel, all with one cos/sin table. */
@@ -1529,7 +1559,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                         int rot_dim, float theta, const m3_profile *p) {
     /* passes under 256 tokens (decode) keep the one tile launch: the table and the separate
      * K / V launch cost more than they save there (H200: fused T=1 7.3 against 12.4 us) */
-    if (sizeof(TS) != 2 || !qkv_w_knob() || n_tok < 256 || (rot_dim != 0 && rot_dim != 64))
+    if (sizeof(TS) != 2 || n_tok < 256 || (rot_dim != 0 && rot_dim != 64))
         return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
     M3_ASSERT(g && p);
     kvw_args kv;
@@ -1557,7 +1587,6 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         }
         kv.lpage = kv.page == 128 ? 7 : kv.page == 16 ? 4 : 0;
         kv.hwcvt = kv.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
-        kv.mdiv = qkv_w_knob() >= 7; /* knob 7, 8: Markstein quotients */
     }
     part rest[QKV_NSEG];
     int nrest = 0;
@@ -1610,41 +1639,22 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         qa.kv = kv;
         qa.k_src = c ? (int)c->k_src : 0;
         if (c) qa.ic = c->index_k, qa.ifp8 = c->index_fp8, qa.irow0 = c->index_row0;
-        /* knob 3: the parts without a cache in one launch, the cache parts in a second */
-        const bool split = qkv_w_knob() == 3 || qkv_w_knob() == 8;
-        for (int pass = 0; pass < (split ? 2 : 1); pass++) {
-            qw_args qp = qa;
-            if (split) {
-                qp.np = 0, qp.nstep = 0;
-                for (int i = 0; i < qa.np; i++) {
-                    const bool cp = qa.p[i].kc || qa.p[i].ic;
-                    if (cp != (pass == 1)) continue;
-                    qw_part &w = qp.p[qp.np++];
-                    w = qa.p[i];
-                    w.s0 = qp.nstep;
-                    qp.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
-                }
-                if (qp.np == 0) continue;
-            }
-            bool cp = false;
-            for (int i = 0; i < qp.np; i++) cp = cp || qp.p[i].kc || qp.p[i].ic;
-            const int kck = !cp ? 0 : kv.fp8 ? 2 : 1;
-            void (*k)(qw_args);
+        bool cp = false;
+        for (int i = 0; i < qa.np; i++) cp = cp || qa.p[i].kc || qa.p[i].ic;
+        const int kck = !cp ? 0 : kv.fp8 ? 2 : 1;
+        void (*k)(qw_args);
 #define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0> : kck == 1 ? qw_norm_k<QR, 1> : qw_norm_k<QR, 2>)
-            if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
-            else k = QW_PICK(M3_QK_ROUND_ONCE);
+        if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
+        else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
-            if (qkv_w_knob() == 6 && kck == 0 && p->qk_round == M3_QK_ROUND_ONCE)
-                k = qw_norm_k<M3_QK_ROUND_ONCE, 0, 2>; /* knob 6: 2 blocks per SM, cos/sin hoisted */
-            int occ = 0;
+        int occ = 0;
 #if defined(M3_HIP_NVIDIA)
-            M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, QW_WPB * M3_WARP, 0));
+        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, QW_WPB * M3_WARP, 0));
 #endif
-            const int64_t need = (qp.nstep + QW_WPB - 1) / QW_WPB;
-            const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
-            k<<<(unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, g->stream>>>(qp);
-            M3_LAUNCHED(g, "qw_norm_k");
-        }
+        const int64_t need = (qa.nstep + QW_WPB - 1) / QW_WPB;
+        const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
+        k<<<(unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, g->stream>>>(qa);
+        M3_LAUNCHED(g, "qw_norm_k");
     }
     if (kv.x[0] || kv.x[1]) {
         const int KS = M3_WARP / 8, x = kv.fp8 ? 16 : 8; /* tokens per K step */

@@ -197,30 +197,6 @@ static m3_bf16 *rand_rows(m3_gpu *g, m3_rng *r, int64_t n) {
     return d;
 }
 
-/* Measurement knob of the norm / rope / cache-write rows while two kernel paths exist:
- * M3_BENCH_QKVW=0,1 times each row once per listed value of M3_QKV_W (gpu/rope.hip). */
-static int qkvw_list(int *v, int cap) {
-    const char *e = getenv("M3_BENCH_QKVW");
-    int n = 0;
-    for (const char *w = e; w && *w && n < cap;) {
-        v[n++] = atoi(w);
-        w += strcspn(w, ",");
-        w += *w == ',';
-    }
-    if (n == 0) v[n++] = -1;
-    return n;
-}
-static void qkvw_set(int v, char *sfx, size_t n) {
-    if (v < 0) {
-        sfx[0] = 0;
-        return;
-    }
-    char b[16];
-    snprintf(b, sizeof b, "%d", v);
-    setenv("M3_QKV_W", b, 1);
-    snprintf(sfx, n, " w%d", v);
-}
-
 typedef struct { m3_bf16 *x; const int32_t *pos; const m3_bf16 *w; int T, ld, H; m3_profile p; } rope_ctx;
 static m3_status do_rope(m3_gpu *g, void *c) {
     rope_ctx *x = c;
@@ -248,16 +224,10 @@ static void bench_qk_norm_rope(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
-        int wv[8];
-        const int nw = qkvw_list(wv, 8);
-        for (int wi = 0; wi < nw; wi++) {
-            char sfx[16];
-            qkvw_set(wv[wi], sfx, sizeof sfx);
-            double ms = time_ms(g, do_rope, &c, 20, 7);
-            char nm[96];
-            snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s%s", c.T, small ? " pos<T" : "", sfx);
-            report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
-        }
+        double ms = time_ms(g, do_rope, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
+        report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
         m3_gpu_release(g, mark);
     }
 }
@@ -726,17 +696,11 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_alloc(g, (void **)&c.slots, (size_t)c.T * sizeof *sl));
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
-            int wv[8];
-            const int nw = qkvw_list(wv, 8);
-            for (int wi = 0; wi < nw; wi++) {
-                char sfx[16];
-                qkvw_set(wv[wi], sfx, sizeof sfx);
-                double ms = time_ms(g, do_kv, &c, 20, 7);
-                char nm[96];
-                snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d%s", fp8 ? "fp8" : "bf16", c.T, sfx);
-                const double n = (double)c.T * 512 * 2; /* K and V elements */
-                report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
-            }
+            double ms = time_ms(g, do_kv, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", c.T);
+            const double n = (double)c.T * 512 * 2; /* K and V elements */
+            report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
             m3_gpu_release(g, mark);
         }
 }
@@ -836,20 +800,14 @@ static void bench_qkv_cache(void **state) {
             GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, (size_t)c.T * sizeof *pos));
             GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, (size_t)c.T * sizeof *pos));
             free(sl), free(pos);
-            int wv[8];
-            const int nw = qkvw_list(wv, 8);
-            for (int wi = 0; wi < nw; wi++) {
-                char sfx[16];
-                qkvw_set(wv[wi], sfx, sizeof sfx);
-                double ms = time_ms(g, do_qkvc, &c, 20, 7);
-                char nm[96];
-                snprintf(nm, sizeof nm, "qkv_cache %s T=%d%s", sparse ? "fp8 page16 sparse+index" : "bf16 page128 dense", c.T, sfx);
-                /* rows read + written (q, k, index q/k), v read, cache K/V, scales, index keys */
-                const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
-                const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
-                                          (sparse ? 2 * 4 * 4 + 128 : 0));
-                report(nm, ms, bytes, T * normed * 12);
-            }
+            double ms = time_ms(g, do_qkvc, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "qkv_cache %s T=%d", sparse ? "fp8 page16 sparse+index" : "bf16 page128 dense", c.T);
+            /* rows read + written (q, k, index q/k), v read, cache K/V, scales, index keys */
+            const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
+            const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
+                                      (sparse ? 2 * 4 * 4 + 128 : 0));
+            report(nm, ms, bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
