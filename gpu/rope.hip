@@ -2,10 +2,22 @@
  * of ref/rope.c m3_qk_norm_rope, spec §3.5, §3.6) and fused with the K/V and index-cache
  * writes (m3_gpu_qk_norm_rope_cache; twin: ref's m3_qk_norm_rope + ref/kvcache.c m3_kv_write
  * and m3_kv_index_write as ref/layer.c composes them, spec §4.1-§4.8). gpu/kvcache.hip's
- * m3_gpu_kv_cache_write is the same kernel with two un-normed parts. Tests:
+ * m3_gpu_kv_cache_write is the same code with two un-normed parts. Tests:
  * tests/gpu_norm_rope.c (bit for bit against the ref composition), tests/gpu_kvcache.c.
  *
- * One launch (plus a cos/sin table launch for passes of >= 256 tokens), a grid of TILES in
+ * Two kernel families, one contract (every byte equal to ref's):
+ * - passes of >= 256 tokens, bf16 rows of Dh 128 (16-byte aligned), rotary 64 or none, and
+ *   a cache in page-128 / page-16 / plain-row layout: the WARP-STREAMING kernels (section
+ *   "warp-streaming paths" below): a cos/sin table launch, qw_norm_k (every normed part;
+ *   K rows with their K cache write, index_k rows with the index cache write) and kvw_k (raw
+ *   K / V rows: m3_gpu_kv_cache_write's K and V, the fused call's V). H200, session 5:
+ *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
+ *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
+ * - everything else (decode and other passes under 256 tokens, fp32 storage, odd head dims
+ *   or pitches, ref's paged geometries other than M3's, index keys of Di != 128): the TILE
+ *   kernel qkv_k described next, which also takes any part the warp kernels do not.
+ *
+ * Tile kernel: one launch (plus a cos/sin table launch for passes of >= 256 tokens), a grid of TILES in
  * SEGMENTS: each part (q, k, v, index_q, index_k) gets its own range of tiles, and a tile holds
  * `tt` consecutive tokens of one part (tt * heads <= 256 rows), so every tile has the access
  * pattern its part needs:
@@ -46,6 +58,7 @@
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "gpu/kv_paged.h"
+#include "gpu/mem16.h"
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 
@@ -846,6 +859,512 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
     tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
 }
 
+/* ---- warp-streaming paths (bf16 rows, Dh 128, rotary half 32 or none) -------------------
+ * Every warp works alone (no block barriers) and holds its rows in registers.
+ * qw_norm_k: normed rows (q, index_q; K rows with the K cache write, fp8 with the row's
+ *   scale from the amax of the stored or fp32 values per k_src, reduced over the row's lanes
+ *   by shuffles: one pass; index_k rows with the index cache write), persistent warps with
+ *   the next step's rows in flight while this one is computed. 4 lanes per row, lane j of a
+ *   row holds the 16-byte chunks j, j+4, j+8, j+12 (dims 8j.., 32+8j.., 64+8j.., 96+8j..):
+ *   a load instruction covers 64 contiguous bytes of each of its rows, and the rotation's
+ *   pairs (d, d+32) sit in one lane. The sum of squares keeps ref's serial index order: a
+ *   chain over the 16 chunks in order, the running sum passed to the chunk's owner lane by a
+ *   shuffle (each step adds 8 products in order).
+ * kvw_k: raw K / V rows into the page-128 / 16 SHUFFLE cache (or plain rows), bf16 or fp8
+ *   (stored-value scale: amax over the row, an integer max of the bf16 bits, reduced over the
+ *   row's lanes by shuffles: one pass, values in registers). K: 8 lanes a row (chunks j and
+ *   j+8), 4 consecutive tokens of one head a step: each store covers 64 contiguous bytes of
+ *   one (head, chunk). V: one x-token window of slot-aligned, slot-consecutive tokens of one
+ *   head a step, staged in the warp's shared memory and written as 16-byte (x tokens of one
+ *   dim) chunks, lanes over dims (512 contiguous bytes a store); a window that is cut or not
+ *   slot-consecutive is written element by element. One step a warp, a grid of all steps
+ *   (the hardware's block order): a persistent version with the next step's chunks in flight
+ *   measured slower (H200: bf16 32K 77% against 81%, fp8 39% against 48%: 2 blocks per SM at
+ *   111 registers against 6).
+ * fp8 quotients v / s: div_y (Markstein's correction from 1 / s, the same bits as the
+ *   division) where every scale of the warp's rows allows it, else __fdiv_rn. */
+static __device__ __forceinline__ float qw_shfl(float v, int src, int width) {
+#if defined(M3_HIP_AMD)
+    return __shfl(v, src, width);
+#else
+    return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
+static __device__ __forceinline__ uint32_t qw_shfl(uint32_t v, int src, int width) {
+#if defined(M3_HIP_AMD)
+    return (uint32_t)__shfl((int)v, src, width);
+#else
+    return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
+
+
+#define KW_WPB 8 /* warps per block (kvw_k) */
+typedef struct {
+    const m3_bf16 *x[2]; /* K rows, V rows (NULL: not written) */
+    int ld[2];
+    void *dst[2];        /* K cache, V cache */
+    float *scl[2];       /* fp8 scales of K, V */
+    int nh, n_tok;
+    int64_t ks, vs0, nstep; /* K steps [0, ks); V steps [vs0, nstep) */
+    int page, lpage;     /* 128, 16 or 0 (plain rows) */
+    bool fp8, hwcvt;
+    float fp8_max;
+    int kind, ovf;
+    const int64_t *slots; /* or slot(pos[t]) through the block table */
+    const int32_t *bt, *pos;
+    int bt_block;
+} kvw_args;
+
+/* v / s rounded to nearest, the same bits as __fdiv_rn(v, s), for a scale s in [2^-90,
+ * 2^126] (div_ok) and y = __frcp_rn(s): q0 = v y is within 1.5 ulp of v / s, one correction
+ * q1 = q0 + (v - s q0) y brings it within an ulp, and by Markstein's theorem a second one
+ * (y the correctly rounded 1/s, the remainder exact through the fma) gives the correctly
+ * rounded quotient. The range keeps y normal and the remainders of quotients >= 2^-10 (the
+ * smallest that reach a nonzero fp8 code) out of the subnormals; a smaller quotient may be
+ * off in its last bit but its code is a signed zero either way, and copysign keeps the sign of
+ * a zero v (-0 / s = -0; the fma sum would give +0). 5 instructions against ~12 and a branch. */
+static __device__ __forceinline__ bool div_ok(float s) { return s >= 0x1p-90f && s <= 0x1p126f; }
+static __device__ __forceinline__ float div_y(float v, float s, float y) {
+    float q = __fmul_rn(v, y);
+    float r = __fmaf_rn(-s, q, v);
+    q = __fmaf_rn(r, y, q);
+    r = __fmaf_rn(-s, q, v);
+    q = __fmaf_rn(r, y, q);
+    return copysignf(q, v);
+}
+/* v / s: div_y when the whole warp's scales allow it (MD, a warp-uniform choice: a
+ * per-element choice between the two measured slower than the division alone), else the
+ * division */
+template <bool MD>
+static __device__ __forceinline__ float div_md(float v, float s, float y) {
+    return MD ? div_y(v, s, y) : __fdiv_rn(v, s);
+}
+
+static __device__ __forceinline__ int64_t kw_slot(const kvw_args &a, int t) {
+    return a.bt ? m3_dkv_slot(a.bt, a.bt_block, a.pos[t]) : a.slots[t];
+}
+/* element offset of (slot, h, dim) in the K (or plain-row) layout, x elements per chunk */
+static __device__ __forceinline__ int64_t kw_koff(const kvw_args &a, int64_t slot, int h, int d, int lx) {
+    if (a.page == 0) return (slot * a.nh + h) * 128 + d;
+    const int64_t b = slot >> a.lpage;
+    const int t = (int)(slot & (a.page - 1));
+    return ((b * a.nh + h) * (128 >> lx) + (d >> lx)) * ((int64_t)a.page << lx) + (t << lx) + (d & ((1 << lx) - 1));
+}
+static __device__ __forceinline__ int64_t kw_voff(const kvw_args &a, int64_t slot, int h, int d, int lx) {
+    const int64_t b = slot >> a.lpage;
+    const int t = (int)(slot & (a.page - 1));
+    return ((b * a.nh + h) * (a.page >> lx) + (t >> lx)) * ((int64_t)128 << lx) + ((int64_t)d << lx) +
+           (t & ((1 << lx) - 1));
+}
+static __device__ __forceinline__ int64_t kw_soff(const kvw_args &a, int64_t slot, int h) {
+    const int64_t b = slot >> a.lpage, t = slot & (a.page - 1);
+    return (b * a.nh + h) * a.page + t;
+}
+/* amax bits (|x| as integers, NaN above inf) of a chunk of 8 bf16 */
+static __device__ __forceinline__ uint32_t kw_amax(uint4 u) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) lo = max(lo, w[k] & 0x7FFFu), hi = max(hi, (w[k] >> 16) & 0x7FFFu);
+    return max(lo, hi);
+}
+/* 8 fp8 codes of a bf16 chunk divided by s (y = 1 / s for MD) */
+template <bool MD>
+static __device__ __forceinline__ uint2 kw_q8(uint4 u, float s, float y, const kvw_args &a) {
+    float v[8];
+    m3_unpack16<m3_bf16>(u, v);
+    uint32_t w[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const uint32_t lo = cvt8x2(div_md<MD>(v[4 * k], s, y), div_md<MD>(v[4 * k + 1], s, y), a.kind, a.ovf, a.hwcvt);
+        const uint32_t hi = cvt8x2(div_md<MD>(v[4 * k + 2], s, y), div_md<MD>(v[4 * k + 3], s, y), a.kind, a.ovf, a.hwcvt);
+        w[k] = lo | (hi << 16);
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+/* 16 fp8 codes of one dim of a 16-token V window (col: the dim's element in row 0 of the
+ * staged rows, pitch 136 elements), token r divided by its row scale sc[r] (y = 1 / sc) */
+template <bool MD>
+static __device__ __forceinline__ uint4 kw_v16(const m3_bf16 *col, const float *sc, const float *y,
+                                               const kvw_args &a) {
+    uint32_t w4[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int r = 4 * k;
+        const uint32_t lo = cvt8x2(div_md<MD>(m3_bf16_to_f32(col[r * 136]), sc[r], y[r]),
+                                   div_md<MD>(m3_bf16_to_f32(col[(r + 1) * 136]), sc[r + 1], y[r + 1]),
+                                   a.kind, a.ovf, a.hwcvt);
+        const uint32_t hi = cvt8x2(div_md<MD>(m3_bf16_to_f32(col[(r + 2) * 136]), sc[r + 2], y[r + 2]),
+                                   div_md<MD>(m3_bf16_to_f32(col[(r + 3) * 136]), sc[r + 3], y[r + 3]),
+                                   a.kind, a.ovf, a.hwcvt);
+        w4[k] = lo | (hi << 16);
+    }
+    return make_uint4(w4[0], w4[1], w4[2], w4[3]);
+}
+
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
+    constexpr int KT = M3_WARP / 8; /* tokens per K step */
+    __shared__ __align__(16) unsigned char srow[KW_WPB][16 * 272];
+    __shared__ float sscl[KW_WPB][16], srcp[KW_WPB][16];
+    const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
+    const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+    if (st >= a.nstep) return;
+    const int x = a.fp8 ? 16 : 8, lx = a.fp8 ? 4 : 3;
+    if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
+        const int w = st < a.ks ? 0 : 1;
+        const int64_t s = st < a.ks ? st : st - a.vs0;
+        const int tg = (int)(s / a.nh), h = (int)(s - (int64_t)tg * a.nh);
+        const int t = tg * KT + lane / 8, jj = lane & 7;
+        const bool ok = t < a.n_tok;
+        const int64_t slot = ok ? kw_slot(a, t) : -1;
+        const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128;
+        const uint4 u0 = ok ? m3_ld16_ro(row + 8 * jj) : make_uint4(0, 0, 0, 0);
+        const uint4 u1 = ok ? m3_ld16_ro(row + 64 + 8 * jj) : make_uint4(0, 0, 0, 0);
+        if (!a.fp8) {
+            if (slot >= 0) {
+                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 8 * jj, 3), u0);
+                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 64 + 8 * jj, 3), u1);
+            }
+            return;
+        }
+        uint32_t am = max(kw_amax(u0), kw_amax(u1));
+#pragma unroll
+        for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+        const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+        uint2 q0, q1;
+        if (ballot64(!div_ok(sc)) == 0) {
+            const float y = __frcp_rn(sc);
+            q0 = kw_q8<true>(u0, sc, y, a), q1 = kw_q8<true>(u1, sc, y, a);
+        } else {
+            q0 = kw_q8<false>(u0, sc, 0.0f, a), q1 = kw_q8<false>(u1, sc, 0.0f, a);
+        }
+        /* output chunk jj (dims 16jj..16jj+15) = codes of input chunks 2jj, 2jj+1: chunk m is
+         * lane m & 7's q0 (m < 8) or q1 */
+        const int sa = (2 * jj) & 7, sb = (2 * jj + 1) & 7;
+        const uint32_t a0 = qw_shfl(q0.x, sa, 8), a1 = qw_shfl(q0.y, sa, 8);
+        const uint32_t a2 = qw_shfl(q1.x, sa, 8), a3 = qw_shfl(q1.y, sa, 8);
+        const uint32_t b0 = qw_shfl(q0.x, sb, 8), b1 = qw_shfl(q0.y, sb, 8);
+        const uint32_t b2 = qw_shfl(q1.x, sb, 8), b3 = qw_shfl(q1.y, sb, 8);
+        if (slot >= 0) {
+            const uint4 o = jj < 4 ? make_uint4(a0, a1, b0, b1) : make_uint4(a2, a3, b2, b3);
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
+            if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
+        }
+        return;
+    }
+    /* V window: tokens [tb, te) of head h */
+    const int64_t s = st - a.vs0;
+    const int win = (int)(s / a.nh), h = (int)(s - (int64_t)win * a.nh);
+    const int64_t slot0 = kw_slot(a, 0); /* windows follow token 0's slot alignment */
+    const int off = slot0 >= 0 ? (int)(slot0 & (x - 1)) : 0;
+    const int tb = win == 0 ? 0 : win * x - off;
+    const int te = min(a.n_tok, (win + 1) * x - off);
+    const int n = te - tb;
+    if (n <= 0) return;
+    int64_t s_lane = -1;
+    if (lane < n) s_lane = kw_slot(a, tb + lane);
+    const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
+                            ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
+    const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
+    const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
+    unsigned char *rows = srow[wid];
+    float *scl = sscl[wid];
+    /* rows into the warp's shared memory: lane -> chunk lane % 16 of rows lane / 16 + RPI i */
+    constexpr int RPI = M3_WARP / 16;
+    const int c = lane & 15;
+#pragma unroll
+    for (int i = 0; i < 16 / RPI; i++) {
+        const int r = lane / 16 + RPI * i;
+        if (r >= x) break;
+        const uint4 u = r < n ? m3_ld16_ro(a.x[1] + (int64_t)(tb + r) * a.ld[1] + h * 128 + 8 * c) : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4 *>(rows + r * 272 + 16 * c) = u;
+        if (a.fp8) {
+            uint32_t am = kw_amax(u);
+#pragma unroll
+            for (int m = 1; m < 16; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+            if (c == 0) {
+                const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+                scl[r] = sc, srcp[wid][r] = div_ok(sc) ? __frcp_rn(sc) : 0.0f;
+            }
+        }
+    }
+    M3_SYNCWARP();
+    if (a.fp8 && lane < n && s_lane >= 0) a.scl[1][kw_soff(a, s_lane, h)] = scl[lane];
+    if (fast) {
+        const int64_t base = kw_voff(a, s_first, h, 0, lx);
+        /* div_y if every scale of the window allows it */
+        const bool md = a.fp8 && ballot64(lane < 16 && !div_ok(scl[lane & 15])) == 0;
+        const float *ys = srcp[wid];
+#pragma unroll
+        for (int i = 0; i < 128 / M3_WARP; i++) {
+            const int d = lane + M3_WARP * i;
+            const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
+            uint32_t w4[4];
+            if (a.fp8) {
+                const uint4 o = md ? kw_v16<true>(col, scl, ys, a) : kw_v16<false>(col, scl, ys, a);
+                m3_st16_cs((uint8_t *)a.dst[1] + base + ((int64_t)d << 4), o);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    w4[k] = (uint32_t)col[2 * k * 136] | ((uint32_t)col[(2 * k + 1) * 136] << 16);
+                m3_st16_cs((m3_bf16 *)a.dst[1] + base + ((int64_t)d << 3), make_uint4(w4[0], w4[1], w4[2], w4[3]));
+            }
+        }
+        return;
+    }
+    for (int i = lane; i < n * 128; i += M3_WARP) { /* element by element */
+        const int r = i >> 7, d = i & 127;
+        const int64_t slot = kw_slot(a, tb + r);
+        if (slot < 0) continue;
+        const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
+        const int64_t o = kw_voff(a, slot, h, d, lx);
+        if (a.fp8)
+            ((uint8_t *)a.dst[1])[o] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f, a.kind, a.ovf, a.hwcvt);
+        else
+            ((m3_bf16 *)a.dst[1])[o] = bv;
+    }
+}
+
+#define QW_LPR 4                     /* lanes per row (qw_norm_k) */
+#define QW_RPS (M3_WARP / QW_LPR)    /* rows per warp step */
+#define QW_WPB 8                     /* warps per block */
+typedef struct {
+    m3_bf16 *x;
+    const m3_bf16 *w;
+    int ld, nh;
+    bool kc;          /* K rows: also written to the K cache (kv's layout) */
+    bool ic;          /* index_k rows: also written to the index cache */
+    int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
+} qw_part;
+typedef struct {
+    qw_part p[4];
+    int np;
+    int nstep;
+    float eps;
+    const float *cst; /* [T, 64] cos | sin, or NULL: no rope */
+    int k_src;        /* fp8 K: M3_GPU_KQ_* */
+    kvw_args kv;      /* the cache (K part) */
+    void *ic;         /* index cache [row, 128]: bf16, or fp8 codes at unit scale (ifp8) */
+    bool ifp8;
+    int64_t irow0;    /* index rows irow0 + t (paged cache, or no slots), else slots[t] */
+} qw_args;
+
+/* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
+ * into the K cache at slot (< 0: padding, row only). KC 1: bf16 cache; KC 2: fp8 cache with
+ * the row's scale: amax of the stored values (STORED) or of the fp32 values (the two staged
+ * writers), reduced over the row's 4 lanes; codes of the stored or fp32 values, staged in the
+ * warp's shared memory (stg: this row's 128 bytes) and stored as 16-dim chunks j, j + 4. */
+template <int KC>
+static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4][8], m3_bf16 *p,
+                                                 int64_t slot, int h, int j, unsigned char *stg) {
+    uint4 o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        o[k] = make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
+                          pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7]));
+    if (p) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_st16_cs(p + 32 * k, o[k]);
+    }
+    if (KC == 1) {
+        if (slot >= 0) { /* chunk j + 4k: 4k chunks of page x 8 elements (plain rows: 32k) on */
+            m3_bf16 *d = (m3_bf16 *)a.kv.dst[0] + kw_koff(a.kv, slot, h, 8 * j, 3);
+            const int64_t step = a.kv.page ? (int64_t)32 * a.kv.page : 32;
+#pragma unroll
+            for (int k = 0; k < 4; k++) m3_st16_cs(d + k * step, o[k]);
+        }
+        return;
+    }
+    uint32_t am = 0;
+    if (a.k_src == M3_GPU_KQ_STORED) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) am = max(am, kw_amax(o[k]) << 16);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) am = max(am, m3_f32_bits(v[k][e]) & 0x7FFFFFFFu);
+    }
+    am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 1));
+    am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 2));
+    const float sc = fp8_scale(m3_bits_f32(am), a.kv.fp8_max);
+    const bool md = ballot64(!div_ok(sc)) == 0;
+    const float y = md ? __frcp_rn(sc) : 0.0f;
+    const bool f32v = a.k_src == M3_GPU_KQ_F32;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float q[8];
+        if (f32v) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[e] = v[k][e];
+        } else {
+            m3_unpack16<m3_bf16>(o[k], q);
+        }
+        uint32_t w2[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            uint32_t lo, hi;
+            if (md) {
+                lo = cvt8x2(div_y(q[4 * e], sc, y), div_y(q[4 * e + 1], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+                hi = cvt8x2(div_y(q[4 * e + 2], sc, y), div_y(q[4 * e + 3], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+            } else {
+                lo = cvt8x2(__fdiv_rn(q[4 * e], sc), __fdiv_rn(q[4 * e + 1], sc), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+                hi = cvt8x2(__fdiv_rn(q[4 * e + 2], sc), __fdiv_rn(q[4 * e + 3], sc), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+            }
+            w2[e] = lo | (hi << 16);
+        }
+        *reinterpret_cast<uint2 *>(stg + 8 * (j + 4 * k)) = make_uint2(w2[0], w2[1]);
+    }
+    M3_SYNCWARP();
+    if (slot >= 0) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) { /* output chunks j, j + 4 (16 dims each) */
+            const int c16 = j + 4 * k;
+            m3_st16_cs((uint8_t *)a.kv.dst[0] + kw_koff(a.kv, slot, h, 16 * c16, 4),
+                       *reinterpret_cast<const uint4 *>(stg + 16 * c16));
+        }
+        if (j == 0) a.kv.scl[0][kw_soff(a.kv, slot, h)] = sc;
+    }
+    M3_SYNCWARP(); /* stg is rewritten by the next step */
+}
+
+/* An index_k row of qw_norm_k: the stored row back in place and into the index cache at
+ * row (< 0: padding, row only): the bf16 chunks, or their fp8 codes at unit scale (§4.8:
+ * cvt(f32(bf16 value))), 8 bytes a chunk. */
+static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4][8], m3_bf16 *p,
+                                                 int64_t row, int j) {
+    uint4 o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        o[k] = make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
+                          pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7]));
+    if (p) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_st16_cs(p + 32 * k, o[k]);
+    }
+    if (row < 0) return;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int64_t off = row * 128 + 8 * (j + 4 * k);
+        if (!a.ifp8) {
+            m3_st16_cs((m3_bf16 *)a.ic + off, o[k]);
+        } else {
+            const uint32_t w4[4] = {o[k].x, o[k].y, o[k].z, o[k].w};
+            uint32_t b[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const uint32_t lo = cvt8x2(m3_bits_f32(w4[2 * e] << 16), m3_bits_f32(w4[2 * e] & 0xFFFF0000u),
+                                           a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+                const uint32_t hi = cvt8x2(m3_bits_f32(w4[2 * e + 1] << 16), m3_bits_f32(w4[2 * e + 1] & 0xFFFF0000u),
+                                           a.kv.kind, a.kv.ovf, a.kv.hwcvt);
+                b[e] = lo | (hi << 16);
+            }
+            *reinterpret_cast<uint2 *>((uint8_t *)a.ic + off) = make_uint2(b[0], b[1]);
+        }
+    }
+}
+
+/* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache */
+template <int QR, int KC>
+static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
+    constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
+    __shared__ __align__(16) float w1s[4][128];
+    __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
+    __shared__ qw_part sp[4]; /* the parts, read per step from shared memory (kept out of registers) */
+    if (threadIdx.x < 4)
+        sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2] : a.p[3];
+    __syncthreads();
+    for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
+        w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
+    __syncthreads();
+    const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
+    unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
+    const int nw = (int)gridDim.x * QW_WPB;
+    int st = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
+    /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
+     * struct is read through selects (an indexed parameter would go through a local copy) */
+    auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
+        pi = a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2 : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
+#define QW_F(f) (sp[pi].f)
+        const int r = (s - QW_F(s0)) * QW_RPS + rq;
+        const int nh = QW_F(nh);
+        p = NULL, t = 0, h = 0;
+        if (r < QW_F(rows)) {
+            t = r / nh;
+            h = r - t * nh;
+            p = QW_F(x) + (int64_t)t * QW_F(ld) + h * 128 + 8 * j;
+        }
+    };
+    uint4 nx[4];
+    int npi = 0, nt = 0, nh_ = 0;
+    m3_bf16 *np_ = NULL;
+    if (st < a.nstep) {
+        locate(st, npi, nt, nh_, np_);
+#pragma unroll
+        for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+    }
+    for (; st < a.nstep; st += nw) {
+        const int pi = npi, t = nt, h = nh_;
+        m3_bf16 *const p = np_;
+        float v[4][8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]);
+        if (st + nw < a.nstep) { /* the next step's rows in flight */
+            locate(st + nw, npi, nt, nh_, np_);
+#pragma unroll
+            for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+        }
+        /* sum of squares in index order: chunk c = 4 * slot + owner lane */
+        float s = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 16; c++) {
+            float tt = s;
+#pragma unroll
+            for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
+            s = qw_shfl(tt, c & 3, QW_LPR);
+        }
+        const float mu = __fdiv_rn(s, 128.0f);
+        const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
+        const float *w1 = w1s[pi];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
+        if (a.cst) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
+            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
+            float c8[8], s8[8];
+            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
+            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
+            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
+            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float n1 = v[0][e], n2 = v[1][e];
+                const float a1 = rnd(per_op, __fmul_rn(n1, c8[e]));
+                const float b1 = rnd(per_op, __fmul_rn(-n2, s8[e]));
+                const float a2 = rnd(per_op, __fmul_rn(n2, c8[e]));
+                const float b2 = rnd(per_op, __fmul_rn(n1, s8[e]));
+                v[0][e] = rnd(per_op, __fadd_rn(a1, b1));
+                v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
+            }
+        }
+        if (KC != 0 && QW_F(kc)) {
+            qw_kstore<KC>(a, v, p, p ? kw_slot(a.kv, t) : -1, h, j, stg);
+        } else if (KC != 0 && QW_F(ic)) {
+            qw_istore(a, v, p, !p ? -1 : a.kv.bt || !a.kv.slots ? a.irow0 + t : a.kv.slots[t], j);
+        } else if (p) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                m3_st16_cs(p + 32 * k, make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
+                                                  pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7])));
+        }
+#undef QW_F
+    }
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
@@ -861,9 +1380,9 @@ static bool cache_fp8(const m3_gpu_kv_cache *c) {
 }
 
 template <typename TS>
-static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
-                        const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
-                        int rot_dim, float theta, const m3_profile *p) {
+static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
+                              const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
+                              int rot_dim, float theta, const m3_profile *p, const float *cst_in) {
     M3_ASSERT(g && p && n_tok >= 0);
     M3_ASSERTF(rot_dim >= 0 && rot_dim % 2 == 0, "R=%d", rot_dim);
     if (rot_dim / 2 > ROPE_MAX_HALF)
@@ -1012,7 +1531,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
      * (decode) evaluate them per tile and save the launch */
     const size_t mark = m3_gpu_mark(g);
     const size_t tab_bytes = (size_t)n_tok * 2 * half * sizeof(float);
-    if (half > 0 && n_tok >= 256 &&
+    if (half > 0 && cst_in) {
+        a.cst = cst_in;
+    } else if (half > 0 && n_tok >= 256 &&
         g->arena_top + tab_bytes + 256 <= g->arena_cap) { /* else: per tile, as small passes */
         float *tab;
         M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
@@ -1027,6 +1548,130 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     m3_gpu_release(g, mark);
     M3_LAUNCHED(g, "qkv_k");
     return M3_OK;
+}
+
+/* The pass: parts the warp-streaming kernels take (bf16 rows of Dh 128, 16-byte aligned;
+ * normed parts without a cache write; raw K / V rows into a page-128 / 16 / plain cache)
+ * go there, the rest to the tile kernel, all with one cos/sin table. */
+template <typename TS>
+static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
+                        const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
+                        int rot_dim, float theta, const m3_profile *p) {
+    /* passes under 256 tokens (decode) keep the one tile launch: the table and the separate
+     * K / V launch cost more than they save there (H200: fused T=1 7.3 against 12.4 us) */
+    if (sizeof(TS) != 2 || n_tok < 256 || (rot_dim != 0 && rot_dim != 64))
+        return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
+    M3_ASSERT(g && p);
+    kvw_args kv;
+    memset(&kv, 0, sizeof kv);
+    bool kv_ok = false;
+    if (c) {
+        kv.page = c->page, kv.fp8 = c->fp8, kv.fp8_max = c->fp8_max, kv.kind = (int)c->kind;
+        kv.ovf = (int)c->ovf, kv.dst[0] = c->k, kv.dst[1] = c->v, kv.scl[0] = c->k_scale;
+        kv.scl[1] = c->v_scale, kv.slots = d_slots;
+        kv_ok = !c->paged;
+        if (c->paged) {
+            const m3_gpu_attn_paged_src *ps = c->paged;
+            const m3_kv_geom &kg = ps->g;
+            kv.fp8 = kg.elem == M3_KV_FP8, kv.kind = (int)kg.fp8_kind;
+            kv.dst[0] = (void *)ps->k, kv.dst[1] = (void *)ps->v;
+            kv.scl[0] = (float *)ps->k_scale, kv.scl[1] = (float *)ps->v_scale;
+            kv.bt = ps->bt, kv.bt_block = kg.block, kv.pos = d_pos, kv.slots = NULL;
+            const int x = kv.fp8 ? 16 : 8;
+            const bool blk = ps->view == M3_KV_VIEW_BLOCK;
+            kv_ok = kg.head_dim % x == 0 &&
+                    ((blk && kg.block == 128 && kg.v_stride == kg.v_block_dense) ||
+                     (!blk && kg.page == 16 && kg.block % 16 == 0 &&
+                      kg.v_stride == (int64_t)(kg.block / 16) * kg.v_page));
+            kv.page = blk ? 128 : 16;
+        }
+        kv.lpage = kv.page == 128 ? 7 : kv.page == 16 ? 4 : 0;
+        kv.hwcvt = kv.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
+    }
+    part rest[QKV_NSEG];
+    int nrest = 0;
+    qw_args qa;
+    memset(&qa, 0, sizeof qa);
+    qa.eps = eps;
+    bool rope = false;
+    for (int i = 0; i < n_parts; i++) {
+        const part &q = parts[i];
+        const bool fit16 = q.x && q.dim == 128 && q.ld % 8 == 0 && m3_aligned16(q.x) &&
+                           (int64_t)n_tok * q.nh < ((int64_t)1 << 30);
+        if (fit16 && q.w &&
+            (q.cache == SEG_NONE || (q.cache == SEG_K && kv_ok) || (q.cache == SEG_IDX && c && c->index_k)) &&
+            qa.np < 4) {
+            qw_part &w = qa.p[qa.np++];
+            w.x = (m3_bf16 *)q.x, w.w = q.w, w.ld = q.ld, w.nh = q.nh;
+            w.kc = q.cache == SEG_K;
+            w.ic = q.cache == SEG_IDX;
+            if (w.kc) kv.nh = q.nh;
+            w.rows = n_tok * q.nh;
+            w.s0 = qa.nstep;
+            qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
+            rope = rope || rot_dim > 0;
+        } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
+            const int w = q.cache == SEG_K ? 0 : 1;
+            kv.x[w] = (const m3_bf16 *)q.x, kv.ld[w] = q.ld, kv.nh = q.nh;
+        } else if (q.x) {
+            rest[nrest++] = q;
+        }
+    }
+    const size_t mark = m3_gpu_mark(g);
+    const float *cst = NULL;
+    if (rope) {
+        const size_t tab_bytes = (size_t)n_tok * 64 * sizeof(float);
+        if (g->arena_top + tab_bytes + 256 > g->arena_cap) /* no room: the tile kernel alone */
+            return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
+        M3_ASSERT(d_pos);
+        rope_inv_table inv;
+        rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
+        float *tab;
+        M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
+        cs_table_k<<<m3_grid_1d((int64_t)n_tok * 64, 256), 256, 0, g->stream>>>(
+            tab, d_pos, n_tok, 32, inv, p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16);
+        M3_LAUNCHED(g, "cs_table_k");
+        cst = tab;
+    }
+    const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
+    if (qa.np > 0) {
+        qa.cst = cst;
+        qa.kv = kv;
+        qa.k_src = c ? (int)c->k_src : 0;
+        if (c) qa.ic = c->index_k, qa.ifp8 = c->index_fp8, qa.irow0 = c->index_row0;
+        bool cp = false;
+        for (int i = 0; i < qa.np; i++) cp = cp || qa.p[i].kc || qa.p[i].ic;
+        const int kck = !cp ? 0 : kv.fp8 ? 2 : 1;
+        void (*k)(qw_args);
+#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0> : kck == 1 ? qw_norm_k<QR, 1> : qw_norm_k<QR, 2>)
+        if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
+        else k = QW_PICK(M3_QK_ROUND_ONCE);
+#undef QW_PICK
+        int occ = 0;
+#if defined(M3_HIP_NVIDIA)
+        M3_HIP_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, QW_WPB * M3_WARP, 0));
+#endif
+        const int64_t need = (qa.nstep + QW_WPB - 1) / QW_WPB;
+        const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
+        k<<<(unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, g->stream>>>(qa);
+        M3_LAUNCHED(g, "qw_norm_k");
+    }
+    if (kv.x[0] || kv.x[1]) {
+        const int KS = M3_WARP / 8, x = kv.fp8 ? 16 : 8; /* tokens per K step */
+        const int64_t tg = (n_tok + KS - 1) / KS;
+        kv.n_tok = n_tok;
+        kv.ks = kv.x[0] ? (int64_t)kv.nh * tg : 0;
+        kv.vs0 = kv.ks;
+        kv.nstep = kv.ks;
+        if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
+        kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+        M3_LAUNCHED(g, "kvw_k");
+    }
+    m3_status st = M3_OK;
+    if (nrest > 0)
+        st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, cst);
+    m3_gpu_release(g, mark);
+    return st;
 }
 
 /* Cache contract shared with gpu/kvcache.hip's m3_gpu_kv_cache_write. */

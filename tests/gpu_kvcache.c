@@ -4,7 +4,8 @@
  * The whole cache (untouched bytes included: they keep a fill pattern) and every scale must
  * be identical byte for byte. Cases: bf16 and fp8 (fp8_max 240 and 448), both pages, Hkv 4,
  * Dh 128 (M3) and Hkv 3, Dh 64 (odd), scattered slots over several blocks, a padding slot
- * (-1), a zero row (scale 1) and a row of large values; plain rows (page 0, bf16). */
+ * (-1), a zero row (scale 1) and a row of large values; plain rows (page 0, bf16); runs of
+ * consecutive slots (T 300) from an aligned and a misaligned start. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,11 +16,14 @@
 
 #define KV_FILL 0xEE
 
-static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float fp8_max) {
+/* run0 >= 0: slots run0 + t (one sequence filling its blocks: whole x-token groups of the V
+ * layout, cut at both ends when run0 is not x-aligned); else distinct random slots */
+static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float fp8_max, int run0) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 1100 + (uint64_t)T * 5 + (uint64_t)page + (fp8 ? 7 : 0) +
                                         (uint64_t)fp8_max);
-    const int n_blk128 = 6, ld = Hkv * Dh + 24; /* padded pitch: slices of a packed row */
+    const int n_blk128 = run0 >= 0 && run0 + T > 6 * 128 ? (run0 + T) / 128 + 1 : 6;
+    const int ld = Hkv * Dh + 24; /* padded pitch: slices of a packed row */
     const int64_t n_slots = (int64_t)n_blk128 * 128;
     const int es = fp8 ? 1 : 2, x = 16 / es;
     const size_t cache_bytes = (size_t)n_slots * Hkv * Dh * es, scale_n = (size_t)n_slots * Hkv;
@@ -28,9 +32,10 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
     m3_fill_normal(&r, v, (int64_t)T * ld, 2.0f);
     for (int d = 0; d < Dh; d++) k[(size_t)1 * ld + d] = 0.0f;        /* token 1 head 0: zeros */
     for (int d = 0; d < Dh; d++) v[(size_t)2 * ld + Dh + d] *= 300.0f; /* token 2 head 1: large */
-    /* distinct random slots; token 3 is padding */
+    /* distinct random slots (or a run); token 3 is padding */
     int64_t *slots = malloc(T * sizeof *slots);
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < T && run0 >= 0; t++) slots[t] = run0 + t;
+    for (int t = 0; t < T && run0 < 0; t++) {
         bool again;
         do {
             slots[t] = (int64_t)(m3_rng_u32(&r) % (uint32_t)n_slots);
@@ -100,8 +105,8 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
     gpu_guard_check(g, c.k, cache_bytes, "k cache");
     gpu_guard_check(g, c.v, cache_bytes, "v cache");
     char what[128];
-    snprintf(what, sizeof what, "kv_cache_write(%s,page=%d,max=%g,T=%d,Hkv=%d,Dh=%d)",
-             fp8 ? "fp8" : "bf16", page, (double)fp8_max, T, Hkv, Dh);
+    snprintf(what, sizeof what, "kv_cache_write(%s,page=%d,max=%g,T=%d,Hkv=%d,Dh=%d,run=%d)",
+             fp8 ? "fp8" : "bf16", page, (double)fp8_max, T, Hkv, Dh, run0);
     size_t bad = 0;
     for (size_t i = 0; i < cache_bytes; i++) bad += (gk[i] != ek[i]) + (gv[i] != ev[i]);
     if (fp8) {
@@ -121,14 +126,22 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
 static void kv_cache_write_matches_layout(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     for (int page = 128; page >= 16; page /= 8) {
-        kv_case(g, 37, 4, 128, page, false, 0.0f);
-        kv_case(g, 37, 4, 128, page, true, 240.0f);
-        kv_case(g, 37, 4, 128, page, true, 448.0f);
-        kv_case(g, 5, 3, 64, page, true, 240.0f);
-        kv_case(g, 5, 3, 64, page, false, 0.0f);
+        kv_case(g, 37, 4, 128, page, false, 0.0f, -1);
+        kv_case(g, 37, 4, 128, page, true, 240.0f, -1);
+        kv_case(g, 37, 4, 128, page, true, 448.0f, -1);
+        kv_case(g, 5, 3, 64, page, true, 240.0f, -1);
+        kv_case(g, 5, 3, 64, page, false, 0.0f, -1);
+        /* runs of slots: 200 is 8- but not 16-aligned, 203 neither */
+        kv_case(g, 300, 4, 128, page, false, 0.0f, 200);
+        kv_case(g, 300, 4, 128, page, false, 0.0f, 203);
+        kv_case(g, 300, 4, 128, page, true, 448.0f, 200);
+        kv_case(g, 300, 4, 128, page, true, 240.0f, 256);
+        /* 2M fp8 quotients: the fast quotient path must give every division's bits */
+        kv_case(g, 2048, 4, 128, page, true, page == 128 ? 448.0f : 240.0f, 8);
     }
-    kv_case(g, 37, 4, 128, 0, false, 0.0f); /* plain rows (the GPU layer's own cache) */
-    kv_case(g, 5, 3, 64, 0, false, 0.0f);
+    kv_case(g, 37, 4, 128, 0, false, 0.0f, -1); /* plain rows (the GPU layer's own cache) */
+    kv_case(g, 5, 3, 64, 0, false, 0.0f, -1);
+    kv_case(g, 300, 4, 128, 0, false, 0.0f, 203);
     /* plain-row fp8 has no scale layout: refused with a message */
     m3_gpu_kv_cache c;
     memset(&c, 0, sizeof c);
