@@ -614,6 +614,80 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     }
 }
 
+
+/* ---- MXFP4 with the block index in N (`dq1_k` BN) -----------------------------------------
+ * The A fragments hold the bare re-laid codes (w x 2^-126, no scale: 4 integer ops a pair, no
+ * bf16 multiply); B holds x on the lanes whose column is their own block: column n of the
+ * n-tile is (block n / 2 of the k16 step, token n % 2), and the k values of lane quad t all
+ * come from block t (the lane's 16-byte piece), so C[row][2t + tok] is the sum over block t
+ * alone. The block scale then multiplies that fp32 sum (a power of two: exact) and the sum goes
+ * into a per-lane accumulator. x is staged multiplied by 2^c (exact, c per staged row: the
+ * largest that keeps every finite value finite) so that the products with the 2^-126 codes
+ * stay normal; the multiplier is 2^(s - 127 + 126 - c). */
+static __device__ __forceinline__ void fp4_relay(uint4 q, uint32_t *r) {
+    const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t v = qq[k];
+        r[4 * k] = ((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u);
+        r[4 * k + 1] = ((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u);
+        r[4 * k + 2] = ((v >> 2) & 0x01C001C0u) | ((v << 4) & 0x80008000u);
+        r[4 * k + 3] = ((v >> 6) & 0x01C001C0u) | (v & 0x80008000u);
+    }
+}
+
+/* the bf16 b (bits) times 2^c, exact: c >= 0 and no finite value passes the bf16 range (the
+ * caller's choice of c); inf / NaN / zero unchanged */
+static __device__ __forceinline__ uint32_t bf16_pow2(uint32_t b, int c) {
+    const uint32_t f = (b >> 7) & 0xFFu;
+    if (f == 0xFFu || (b & 0x7FFFu) == 0u) return b;
+    if (f != 0u) return b + ((uint32_t)c << 7);
+    const int c1 = c < 127 ? c : 127; /* subnormal: through fp32 (c <= 200: no overflow) */
+    const float v = m3_bits_f32(b << 16) * m3_bits_f32((uint32_t)(c1 + 127) << 23) *
+                    m3_bits_f32((uint32_t)(c - c1 + 127) << 23);
+    return m3_f32_bits(v) >> 16;
+}
+static __device__ __forceinline__ uint4 bf16x8_pow2(uint4 x, int c) {
+    uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = bf16_pow2(w[i] & 0xFFFFu, c) | (bf16_pow2(w[i] >> 16, c) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+/* the largest finite exponent field of 8 bf16 values (0 when none is a finite nonzero normal) */
+static __device__ __forceinline__ int bf16x8_emax(uint4 x) {
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    int e = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int a = (int)((w[i] >> 7) & 0xFFu), b = (int)((w[i] >> 23) & 0xFFu);
+        e = max(e, a == 255 ? 0 : a), e = max(e, b == 255 ? 0 : b);
+    }
+    return e;
+}
+/* the staging multiplier's exponent for a row whose largest finite exponent field is emax */
+static __device__ __forceinline__ int bn_c(int emax) { return emax > 0 ? min(254 - emax, 200) : 200; }
+
+/* acc + sum * 2^(s - 1 - c) (the block sum of bare codes times x 2^c, times the scale 2^(s-127)):
+ * two power-of-two factors (each in the fp32 range), so exact unless the result is subnormal;
+ * the NaN scale gives NaN */
+static __device__ __forceinline__ float bn_acc(float acc, float sum, uint32_t sb, int c) {
+    const int k = (int)sb - 1 - c, k1 = k >> 1, k2 = k - k1;
+    const float m1 = sb == 0xFFu ? __int_as_float(0x7FC00000) : m3_bits_f32((uint32_t)(k1 + 127) << 23);
+    return fmaf(sum * m1, m3_bits_f32((uint32_t)(k2 + 127) << 23), acc);
+}
+
+/* ref's own products for one 32-code piece whose scale byte is >= 253 (there a dequantized
+ * weight can overflow fp32: ref's inf / NaN products), from the unscaled x row xr */
+static __device__ __forceinline__ float bn_slow(float acc, uint4 q, uint32_t sb, const m3_bf16 *xr) {
+    const float s = m3_e8m0_to_f32((m3_e8m0)sb);
+    const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
+    for (int i = 0; i < 32; i++) {
+        const float w = m3_fp4_to_f32((uint8_t)((qq[i / 8] >> (4 * (i % 8))) & 0xFu)) * s;
+        acc = __fadd_rn(acc, __fmul_rn(m3_bf16_to_f32(xr[i]), w));
+    }
+    return acc;
+}
+
 /* Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
  * the previous one still runs, and waits (griddepcontrol.wait) before it touches what that one
  * writes; the previous one lets it start early with launch_dependents. No-ops elsewhere. */
@@ -634,7 +708,7 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool BN>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -643,6 +717,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units */
     __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
     __shared__ float lut[256];
+    __shared__ int bnc[8 * NT]; /* BN: the staged rows' exponents (emax, then c) */
     const int s = (int)blockIdx.x;
     if (s >= *m.n_act) return; /* whole block */
     build_lut<WF>(lut);
@@ -678,6 +753,61 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             sc[h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
         }
     };
+    /* BN: NB n-tiles of 2 tokens x 4 blocks; lane (g, t) holds B of token 2j + (g & 1) when
+     * g / 2 == t (its column's block is its own piece), and C of block t for the tokens 2j,
+     * 2j + 1 (c[0], c[1] row g; c[2], c[3] row g + 8) */
+    const int NB = 4 * NT;
+    float bacc[BN ? NB : 1][4];
+    int bxrow[BN ? NB : 1], bcx[BN ? NB : 1][2];
+    int nbt = 0, pass0 = 0, ncur = 1; /* n-tiles of 2 tokens in use, the pass's first row, its rows */
+    auto compute_bn = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
+        const bool ok = st * 4 + t < npieces;
+        uint32_t a0[16], a1[16];
+        fp4_relay(q[0], a0);
+        fp4_relay(q[1], a1);
+        const uint32_t s0 = sc[0], s1 = sc[1];
+        const bool slow = (s0 >= 253u && s0 != 0xFFu) || (s1 >= 253u && s1 != 0xFFu);
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            if (j >= nbt) break;
+            uint32_t xb[16];
+            const bool mine = ok && bxrow[j] >= 0;
+#pragma unroll
+            for (int uu = 0; uu < 4; uu++) {
+                const uint4 xv = mine ? tc_dyn[bxrow[j] + st * 16 + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+            }
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                m3_mma_bf16_16816(c, af, bf);
+            }
+            if (!slow) {
+                bacc[j][0] = bn_acc(bacc[j][0], c[0], s0, bcx[j][0]);
+                bacc[j][1] = bn_acc(bacc[j][1], c[1], s0, bcx[j][1]);
+                bacc[j][2] = bn_acc(bacc[j][2], c[2], s1, bcx[j][0]);
+                bacc[j][3] = bn_acc(bacc[j][3], c[3], s1, bcx[j][1]);
+            } else { /* (rare: scales of 2^126 and up) */
+                const size_t xo = (size_t)(st * 4 + t) * 32;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t sh = h ? s1 : s0;
+#pragma unroll
+                    for (int tk = 0; tk < 2; tk++) {
+                        float &a = bacc[j][2 * h + tk];
+                        if (sh < 253u || sh == 0xFFu) a = bn_acc(a, c[2 * h + tk], sh, bcx[j][tk]);
+                        else {
+                            const int tj = 2 * j + tk < ncur ? 2 * j + tk : ncur - 1;
+                            const int src = MODE == 0 ? m.ent[r0 + pass0 + tj] / K : r0 + pass0 + tj;
+                            a = bn_slow(a, q[h], sh, ain + (size_t)src * kdim + xo);
+                        }
+                    }
+                }
+            }
+        }
+    };
     float acc[NT][4];
     int xrow[NT];
     auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
@@ -707,26 +837,74 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const int nc = n - c0 < nt ? n - c0 : nt;
         int obase;
         __syncthreads(); /* the previous pass's readers are done with the x rows (lut built) */
+        if (BN) { /* each row's largest finite exponent, then its staging exponent c */
+            if (tid < nc) bnc[tid] = 0;
+            __syncthreads();
+            for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
+                const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+                const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
+                atomicMax(&bnc[j], bf16x8_emax(reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0]));
+            }
+            __syncthreads();
+            if (tid < nc) bnc[tid] = bn_c(bnc[tid]);
+            __syncthreads();
+        }
         for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
-            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+            uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+            if (BN) x = bf16x8_pow2(x, bnc[j]);
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
         }
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < NT; j++) xrow[j] = (8 * j + g < nc ? 8 * j + g : nc - 1) * pitch;
+        if (BN) {
+            nbt = (nc + 1) / 2, pass0 = c0, ncur = nc;
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                const int tk = 2 * j + (g & 1);
+                bxrow[j] = g / 2 == t && tk < nc ? tk * pitch : -1;
+#pragma unroll
+                for (int h = 0; h < 2; h++) bcx[j][h] = bnc[2 * j + h < nc ? 2 * j + h : nc - 1];
+            }
+        }
         for (int rl = 0; rl < RL; rl++) {
             if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+            if (BN)
+#pragma unroll
+                for (int j = 0; j < NB; j++) bacc[j][0] = bacc[j][1] = bacc[j][2] = bacc[j][3] = 0.0f;
             for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
 #pragma unroll
                 for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+                    if (st0 + u * WK < nsteps) {
+                        if (BN && WF == M3_GPU_W_MXFP4) compute_bn(st0 + u * WK, qa[u], sa[u]);
+                        else compute1(st0 + u * WK, qa[u], sa[u]);
+                    }
+            }
+            if (BN) { /* sum the 4 blocks (lanes t), then lay the sums out as compute1's acc:
+                       * token 8j' + 2t + h of row g in acc[j'][h], of row g + 8 in acc[j'][2 + h] */
+#pragma unroll
+                for (int j = 0; j < NB; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        bacc[j][i] += __shfl_xor_sync(0xFFFFFFFFu, bacc[j][i], 1);
+                        bacc[j][i] += __shfl_xor_sync(0xFFFFFFFFu, bacc[j][i], 2);
+                    }
+                /* lane (g, t) needs tokens 8j' + 2t, + 1: n-tile j = 4j' + t, which every lane of
+                 * the quad holds after the sums */
+#pragma unroll
+                for (int jj = 0; jj < NT; jj++)
+#pragma unroll
+                    for (int tt = 0; tt < 4; tt++)
+                        if (t == tt)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) acc[jj][i] = bacc[4 * jj + tt][(i & 2) | (i & 1)];
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
 #pragma unroll
@@ -923,7 +1101,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U>
+template <int WF, int MODE, int WK, int U, bool BN>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -933,7 +1111,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
-    __shared__ int last;
+    __shared__ int last, bnc[EXP_MAX_K]; /* BN: x rows' staging exponents (emax, then c) */
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -996,17 +1174,32 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
     const int nx = MODE == 0 ? 1 : nv;
+    if (BN) { /* each row's largest finite exponent, then its staging exponent c */
+        if (tid < nx) bnc[tid] = 0;
+        __syncthreads();
+        for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
+            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
+            atomicMax(&bnc[j], bf16x8_emax(reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0]));
+        }
+        __syncthreads();
+        if (tid < nx) bnc[tid] = bn_c(bnc[tid]);
+        __syncthreads();
+    }
     for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
         const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
         const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-        const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+        uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+        if (BN) x = bf16x8_pow2(x, bnc[j]);
         const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
         xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
     }
     __syncthreads();
     for (;;) {
-        const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
+        const int xj = MODE == 0 ? 0 : tile / nch, xr = xj * pitch, next = tile + (int)gridDim.x;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int cx = BN ? bnc[xj] : 0;
+        const m3_bf16 *xrow = ain + (size_t)(MODE == 0 ? 0 : nth_bit(vm, xj)) * kdim; /* BN slow path */
         if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
         for (int gi = 0; gi < G; gi++) {
             const int st0 = wk + gi * WK * U;
@@ -1018,6 +1211,30 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 if (st >= nsteps) continue;
                 const bool ok = st * 4 + t < npieces;
                 uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+                if (BN && WF == M3_GPU_W_MXFP4) {
+                    fp4_relay(qa[u][0], a0);
+                    fp4_relay(qa[u][1], a1);
+                    const bool mine = ok && g == 2 * t; /* column g: (block g / 2, token 0) */
+#pragma unroll
+                    for (int uu = 0; uu < UP; uu++) {
+                        const uint4 xv = mine ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                        xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                    }
+                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int i = 0; i < PE / 4; i++) {
+                        const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                        const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                        m3_mma_bf16_16816(c, af, bf);
+                    }
+                    /* c[0], c[2]: block t of rows g, g + 8 (token 0) */
+                    const uint32_t s0 = sa[u][0], s1 = sa[u][1];
+                    if (s0 < 253u || s0 == 0xFFu) acc[0] = bn_acc(acc[0], c[0], s0, cx);
+                    else acc[0] = bn_slow(acc[0], qa[u][0], s0, xrow + (size_t)(st * 4 + t) * 32);
+                    if (s1 < 253u || s1 == 0xFFu) acc[2] = bn_acc(acc[2], c[2], s1, cx);
+                    else acc[2] = bn_slow(acc[2], qa[u][1], s1, xrow + (size_t)(st * 4 + t) * 32);
+                    continue;
+                }
                 tc_decode<WF>(qa[u][0], sa[u][0], lut, a0);
                 tc_decode<WF>(qa[u][1], sa[u][1], lut, a1);
 #pragma unroll
@@ -1036,6 +1253,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int u = 0; u < U; u++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+        }
+        if (BN) { /* the 4 blocks of a step: lanes t = 0..3 */
+#pragma unroll
+            for (int i = 0; i < 4; i += 2) {
+                acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], 1);
+                acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], 2);
+            }
         }
         /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
         if (WK > 1) {
@@ -1076,7 +1300,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U>
+template <int WF, int WK, int U, bool BN>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1087,19 +1311,19 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, BN>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, BN>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    dq1_k<WF, 0, WK, U, BN><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U, BN>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
@@ -1107,7 +1331,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL>
+template <int WF, int WK, int NT, int U, int RL, bool BN>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1119,23 +1343,23 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, BN>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, BN>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     /* the per-piece NaN-code test, unless the caller knows the codes are all finite (it cost
      * ~6% of MXFP8 decode at T=64 on the H200: docs/gpu.md) */
     const bool nanchk = !w->finite_codes;
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, BN><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16,
         nanchk);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, BN><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16,
         nanchk);
     M3_LAUNCHED(g, "tc_k down");
@@ -1851,7 +2075,10 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
          * loads with a 256-byte L2 prefetch (T = 1 never comes here on NVIDIA: t1_call) */
         if (WF != M3_GPU_W_BF16 && !w->portable) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
-            return tc_run<WFX, 1, 1, 4, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            const char *ev = getenv("M3_MX4_VAR"); /* TEMPORARY (batch comparison) */
+            if (WF == M3_GPU_W_MXFP4 && ev && *ev == '1')
+                return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
         /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
@@ -1897,7 +2124,11 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         else if (w->fmt == M3_GPU_W_MXFP8)
             s = sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        {
+            const char *ev = getenv("M3_MX4_VAR"); /* TEMPORARY (batch comparison) */
+            if (ev && *ev == '1') s = dq1_run<M3_GPU_W_MXFP4, 4, 2, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        }
     }
     m3_gpu_release(g, mark);
     return s;
