@@ -297,23 +297,24 @@ static const char *fmt_name(m3_gpu_wfmt f) {
  * row 7 + 13e, column 3e of every expert e (one NaN output of each expert's tokens). */
 static int g_nan_D, g_nan_partial; /* g_nan_partial: cases with NaN and finite outputs */
 
-/* While nonzero (moe_experts_mxfp4_extremes), weights_to plants block scales into MXFP4
- * matrices of a case with D = g_fp4_D: gate and up get the NaN scale 0xFF on row 5, block 1;
- * down gets 0xFE (2^127: codes >= 2 dequantize to inf in ref) on row 7 + 13e, block e % nb
- * and 0xFD (2^126: codes >= 4 to inf) on row 11 + 13e, block (e + 1) % nb of every expert e.
+/* While nonzero (moe_experts_mx_extremes), weights_to plants block scales into MX matrices
+ * of a case with D = g_mx_D: gate and up get the NaN scale 0xFF on row 5, block 1; down gets
+ * 0xFE (2^127: e2m1 codes >= 2, e4m3 codes >= 1 dequantize to inf in ref) on row 7 + 13e,
+ * block e % nb and 0xFD (2^126: e2m1 codes >= 4, e4m3 >= 2 to inf) on row 11 + 13e, block
+ * (e + 1) % nb of every expert e.
  * experts_case then also spreads x: token t's row by 2^(+-60), elements by 2^(-30 .. 30). */
-static int g_fp4_D;
-static int64_t g_fp4_nonfinite, g_fp4_finite; /* reference outputs over the cases */
+static int g_mx_D;
+static int64_t g_mx_nonfinite, g_mx_finite; /* reference outputs over the cases */
 
-static void plant_fp4_scales(m3_e8m0 *sc, int64_t rows, int cols, int64_t nb) {
-    if (cols == g_fp4_D) {
+static void plant_mx_scales(m3_e8m0 *sc, int64_t rows, int cols, int64_t nb) {
+    if (cols == g_mx_D) {
         sc[5 * nb + 1] = 0xFF;
         return;
     }
-    const int64_t E = rows / g_fp4_D;
+    const int64_t E = rows / g_mx_D;
     for (int64_t e = 0; e < E; e++) {
-        sc[(e * g_fp4_D + 7 + 13 * e) * nb + e % nb] = 0xFE;
-        sc[(e * g_fp4_D + 11 + 13 * e) * nb + (e + 1) % nb] = 0xFD;
+        sc[(e * g_mx_D + 7 + 13 * e) * nb + e % nb] = 0xFE;
+        sc[(e * g_mx_D + 11 + 13 * e) * nb + (e + 1) % nb] = 0xFD;
     }
 }
 
@@ -345,7 +346,7 @@ static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows,
     assert_true(rows <= INT32_MAX);
     m3_mx_quantize(codes, sc, src, (int)rows, cols, &mx);
     if (g_nan_D && f == M3_GPU_W_MXFP8) plant_nan(codes, rows, cols, rb);
-    if (g_fp4_D && f == M3_GPU_W_MXFP4) plant_fp4_scales(sc, rows, cols, nb);
+    if (g_mx_D) plant_mx_scales(sc, rows, cols, nb);
     m3_mx_dequantize(ref_vals, codes, sc, (int)rows, cols, &mx);
     void *dc, *ds;
     GPU_OK(m3_gpu_alloc(g, &dc, (size_t)(rows * rb)));
@@ -435,7 +436,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     float *got = malloc((size_t)T * D * sizeof *got), *wts = malloc((size_t)T * K * sizeof *wts);
     int32_t *ids = malloc((size_t)T * K * sizeof *ids);
     m3_fill_normal(&r, x, (int64_t)T * D, 1.0f);
-    for (int t = 0; g_fp4_D && t < T; t++) { /* x over a wide range (the staging exponent) */
+    for (int t = 0; g_mx_D && t < T; t++) { /* x over a wide range (the staging exponent) */
         const int row_e = t % 3 == 0 ? 60 : (t % 3 == 1 ? -60 : 0);
         for (int k = 0; k < D; k++)
             x[(size_t)t * D + k] = ldexpf(x[(size_t)t * D + k], row_e + (int)(m3_rng_u32(&r) % 61u) - 30);
@@ -466,13 +467,13 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         assert_true(nn > 0);
         g_nan_partial += nn < (int64_t)T * D;
     }
-    if (g_fp4_D) {
+    if (g_mx_D) {
         int64_t nf = 0;
         for (int64_t i = 0; i < (int64_t)T * D; i++) nf += !isfinite(ref[i]);
         printf("  %lld of %lld reference outputs not finite\n", (long long)nf, (long long)T * D);
-        g_fp4_nonfinite += nf, g_fp4_finite += (int64_t)T * D - nf;
+        g_mx_nonfinite += nf, g_mx_finite += (int64_t)T * D - nf;
     }
-    bool all_nan = g_nan_D != 0 || g_fp4_D != 0; /* (gpu_nmse needs a finite reference output) */
+    bool all_nan = g_nan_D != 0 || g_mx_D != 0; /* (gpu_nmse needs a finite reference output) */
     for (int64_t i = 0; all_nan && i < (int64_t)T * D; i++) all_nan = !isfinite(ref[i]);
     if (all_nan) {
         for (int64_t i = 0; i < (int64_t)T * D; i++)
@@ -530,7 +531,7 @@ static void moe_experts_one_busy_expert(void **state) {
 static int reset_case_globals(void **state) {
     (void)state;
     g_nan_D = 0;
-    g_fp4_D = 0;
+    g_mx_D = 0;
     g_portable = 0;
     g_skew_expert0 = false;
     return 0;
@@ -554,30 +555,31 @@ static void moe_experts_mxfp8_nan(void **state) {
     assert_true(g_nan_partial > 0); /* some cases mix NaN and finite outputs */
 }
 
-/* MXFP4 extremes (g_fp4_D): NaN block scales in gate / up, 2^126 and 2^127 block scales in
- * down (ref's dequantized weights inf there), x spread over 2^-90 .. 2^90; decode (T = 1, 5,
- * 13: the GEMVs stage x times a power of two and scale the fp32 block sums) and tiles (40),
- * both profiles, production and portable kernels: non-finite outputs exactly where ref has
- * them (same inf sign), the finite rest under GPU_NMSE_BF16; not vacuous: the cases together
- * hold finite and non-finite outputs. */
-static void moe_experts_mxfp4_extremes(void **state) {
+/* MX extremes (g_mx_D), MXFP4 and MXFP8: NaN block scales in gate / up, 2^126 and 2^127
+ * block scales in down (ref's dequantized weights inf there), x spread over 2^-90 .. 2^90;
+ * decode (T = 1, 5, 13: GEMVs that scale fp32 block sums, or stage x times a power of two)
+ * and tiles (40), both profiles, production and portable kernels: non-finite outputs exactly
+ * where ref has them (same inf sign), the finite rest under GPU_NMSE_BF16; not vacuous: the
+ * cases together hold finite and non-finite outputs. */
+static void moe_experts_mx_extremes(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     exp_master wm;
     master_make(&wm, 8, 256, 192, 818);
-    g_fp4_D = 256;
-    g_fp4_nonfinite = g_fp4_finite = 0;
+    g_mx_D = 256;
+    g_mx_nonfinite = g_mx_finite = 0;
     static const int Ts[] = {1, 5, 13, 40};
-    for (int port = 0; port < 2; port++)
-        for (int prof = 1; prof < 3; prof++)
-            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
-                g_portable = port;
-                experts_case(g, &wm, Ts[i], 2, M3_GPU_W_MXFP4, prof);
-            }
-    g_fp4_D = 0, g_portable = 0;
+    for (int f = 1; f < 3; f++)
+        for (int port = 0; port < 2; port++)
+            for (int prof = 1; prof < 3; prof++)
+                for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                    g_portable = port;
+                    experts_case(g, &wm, Ts[i], 2, (m3_gpu_wfmt)f, prof);
+                }
+    g_mx_D = 0, g_portable = 0;
     master_free(&wm);
-    printf("  %lld non-finite, %lld finite reference outputs\n", (long long)g_fp4_nonfinite,
-           (long long)g_fp4_finite);
-    assert_true(g_fp4_nonfinite > 0 && g_fp4_finite > 0);
+    printf("  %lld non-finite, %lld finite reference outputs\n", (long long)g_mx_nonfinite,
+           (long long)g_mx_finite);
+    assert_true(g_mx_nonfinite > 0 && g_mx_finite > 0);
 }
 
 /* M3 dims D = 6144, F = 3072 (E = 4 keeps the host reference small): decode (gemv) and a
@@ -836,7 +838,7 @@ int main(void) {
         cmocka_unit_test(moe_experts_wide_scales),
         cmocka_unit_test_teardown(moe_experts_one_busy_expert, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_mxfp8_nan, reset_case_globals),
-        cmocka_unit_test_teardown(moe_experts_mxfp4_extremes, reset_case_globals),
+        cmocka_unit_test_teardown(moe_experts_mx_extremes, reset_case_globals),
         cmocka_unit_test(moe_experts_m3_dims),
         cmocka_unit_test_teardown(moe_experts_portable_paths, reset_case_globals),
         cmocka_unit_test(moe_experts_fp32_unsupported),
