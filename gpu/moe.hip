@@ -1349,6 +1349,256 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      (bool)p->moe_bf16_combine);
 }
 
+
+/* shared-memory address, mbarrier wait (all lanes), one bulk copy global -> shared completing
+ * on an mbarrier (sm_90) */
+static __device__ __forceinline__ uint32_t m3_smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void rg_wait(uint32_t mb, uint32_t par) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n.reg .pred p;\nRGW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra RGW;\n}\n" ::"r"(mb),
+                 "r"(par)
+                 : "memory");
+#else
+    (void)mb, (void)par;
+#endif
+}
+static __device__ __forceinline__ void rg_copy(void *dst, const void *src, int bytes, uint32_t mb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     m3_smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(mb)
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)mb;
+#endif
+}
+
+/* T = 1, MXFP4 weights, streamed by the bulk copy engine (sm_90): `rg1_k`. One block per
+ * multiprocessor (persistent: chunks b, b + gridDim.x, ...), NCW consumer warps and one
+ * producer warp. A chunk is 16 weight rows of one valid slot: gate rows o..o+7 and up rows
+ * o..o+7 (MODE 0, 8 outputs) or down rows o..o+15 (MODE 1). The producer copies each row
+ * (cp.async.bulk, completing on the stage's full mbarrier) into a ring of S stages, rows at a
+ * pitch of rb + 64 bytes (the 16-byte reads of rows g and g + 1 by one quarter warp fall in
+ * different banks), and the rows' scale bytes (contiguous: 8 or 16 rows x kdim / 32); it
+ * refills a stage when the consumers have released it (empty mbarrier). So the bytes in flight
+ * take no registers and do not wait for the decode. The consumer warps split a chunk's k steps
+ * (w, w + NCW, ...), decode as dq1_k (the tc_decode bf16 multiply, or BN: bare codes and the
+ * scale on the fp32 block sums), and add their partial sums in warp order through shared
+ * memory: the last warp to finish a chunk (a shared counter) reduces and writes it (MODE 0:
+ * swiglu into a; MODE 1: y_e and, through the global counter per 16 outputs, the combine as
+ * dq1_k). MODE 1 is a programmatic dependent of MODE 0: its producer streams down rows before
+ * the gate/up kernel ends; its consumers wait (pdl_wait) before they read a. */
+#define RG_CW 24
+template <int MODE, int S, bool BN>
+static __global__ void __launch_bounds__((RG_CW + 1) * 32, 1)
+    rg1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
+          const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
+          int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
+          const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
+          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ uint4 tc_dyn[];
+    __shared__ __align__(8) unsigned long long full[S], empty[S];
+    __shared__ float red[S][RG_CW][16];
+    __shared__ int rcnt[S], bnc[EXP_MAX_K];
+    const int RO = MODE == 0 ? 8 : 16; /* outputs per chunk */
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+    const unsigned vm = t1_slots(ids, K, E);
+    const int nv = __popc(vm), nch = nout / RO, nchunk = nv * nch;
+    if (MODE == 0) pdl_trigger();
+    if (MODE == 0 && blockIdx.x == 0)
+        for (int i = tid; i < ncnt; i += (int)blockDim.x) cnt[i] = 0;
+    if (MODE == 1 && nv == 0) {
+        pdl_wait();
+        if (blockIdx.x == 0)
+            for (int d = tid; d < nout; d += (int)blockDim.x) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
+        return;
+    }
+    if ((int)blockIdx.x >= nchunk) return; /* whole block */
+    const int nsteps = (kdim + 127) / 128, npieces = kdim / 32, pitch = nsteps * 16 + 4;
+    const int rb = kdim / 2, nsb = kdim / 32, RP = rb + 64, SB = 16 * RP + 16 * nsb;
+    const int nx = MODE == 0 ? 1 : nv;
+    uint4 *xs = tc_dyn;
+    unsigned char *stg = reinterpret_cast<unsigned char *>(tc_dyn + (size_t)nx * pitch);
+    const int nmy = (nchunk - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
+    if (tid < S) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(m3_smem_u32(&full[tid])));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(m3_smem_u32(&empty[tid])), "r"(RG_CW));
+        rcnt[tid] = 0;
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncthreads();
+    if (warp == RG_CW) { /* the producer */
+        for (int q = 0; q < nmy; q++) {
+            const int s = q % S, c = (int)blockIdx.x + q * (int)gridDim.x;
+            const int slot = nth_bit(vm, c / nch), o = (c % nch) * RO, e = ids[slot];
+            if (q >= S) rg_wait(m3_smem_u32(&empty[s]), (uint32_t)(q / S - 1) & 1u);
+            const uint32_t mb = m3_smem_u32(&full[s]);
+            unsigned char *dst = stg + (size_t)s * SB;
+            if (lane == 0)
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mb), "r"(16 * rb + 16 * nsb)
+                             : "memory");
+            __syncwarp();
+            if (lane < 16) { /* row lane of the chunk */
+                const int h = MODE == 0 ? lane / 8 : 0, r = MODE == 0 ? o + lane % 8 : o + lane;
+                const unsigned char *src = (const unsigned char *)(h ? w1 : w0) + ((size_t)e * nout + r) * rb;
+                rg_copy(dst + lane * RP, src, rb, mb);
+            } else if (lane < (MODE == 0 ? 18 : 17)) {
+                const int h = lane - 16, rows = MODE == 0 ? 8 : 16;
+                const m3_e8m0 *src = (h ? s1 : s0) + ((size_t)e * nout + o) * nsb;
+                rg_copy(dst + 16 * RP + h * 8 * nsb, src, rows * nsb, mb);
+            }
+        }
+        return;
+    }
+    /* consumers: x rows in the A pair order (BN: times 2^c, as dq1_k) */
+    if (MODE == 1) pdl_wait();
+    if (BN) {
+        if (tid < nx) bnc[tid] = 0;
+        asm volatile("bar.sync 1, %0;\n" ::"r"(RG_CW * 32) : "memory");
+        for (int v = tid; v < nx * (kdim / 8); v += RG_CW * 32) {
+            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
+            atomicMax(&bnc[j], bf16x8_emax(reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0]));
+        }
+        asm volatile("bar.sync 1, %0;\n" ::"r"(RG_CW * 32) : "memory");
+        if (tid < nx) bnc[tid] = bn_c(bnc[tid]);
+        asm volatile("bar.sync 1, %0;\n" ::"r"(RG_CW * 32) : "memory");
+    }
+    for (int v = tid; v < nx * (kdim / 8); v += RG_CW * 32) {
+        const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+        const int src = MODE == 0 ? 0 : nth_bit(vm, j);
+        uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+        if (BN) x = bf16x8_pow2(x, bnc[j]);
+        const int st = k / 128, rr = k % 128, pc = rr / 32, u = (rr % 32) / 8;
+        xs[(size_t)j * pitch + st * 16 + u * 4 + pc] = tc_perm<M3_GPU_W_MXFP4>(x);
+    }
+    asm volatile("bar.sync 1, %0;\n" ::"r"(RG_CW * 32) : "memory");
+    for (int q = 0; q < nmy; q++) {
+        const int s = q % S, c = (int)blockIdx.x + q * (int)gridDim.x;
+        const int j = c / nch, slot = nth_bit(vm, j), o = (c % nch) * RO;
+        const int xr = (MODE == 0 ? 0 : j) * pitch, cx = BN ? bnc[MODE == 0 ? 0 : j] : 0;
+        const m3_bf16 *xrow = ain + (size_t)(MODE == 0 ? 0 : slot) * kdim;
+        rg_wait(m3_smem_u32(&full[s]), (uint32_t)(q / S) & 1u);
+        const unsigned char *st0 = stg + (size_t)s * SB;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int stp = warp; stp < nsteps; stp += RG_CW) {
+            const int p = stp * 4 + t;
+            const bool ok = p < npieces;
+            uint4 qv[2];
+            uint32_t sb[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                qv[h] = ok ? *reinterpret_cast<const uint4 *>(st0 + (size_t)(g + 8 * h) * RP + p * 16) : make_uint4(0, 0, 0, 0);
+                sb[h] = ok ? st0[16 * RP + (g + 8 * h) * nsb + p] : 0u;
+            }
+            uint32_t a0[16], a1[16], xb[16];
+            if (BN) {
+                fp4_relay(qv[0], a0);
+                fp4_relay(qv[1], a1);
+            } else {
+                tc_decode<M3_GPU_W_MXFP4>(qv[0], (m3_e8m0)sb[0], NULL, a0);
+                tc_decode<M3_GPU_W_MXFP4>(qv[1], (m3_e8m0)sb[1], NULL, a1);
+            }
+            const bool xl = ok && (!BN || g == 2 * t);
+#pragma unroll
+            for (int uu = 0; uu < 4; uu++) {
+                const uint4 xv = xl ? xs[xr + stp * 16 + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+            }
+            float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float *cp = BN ? cc : acc;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                m3_mma_bf16_16816(cp, af, bf);
+            }
+            if (BN) {
+                if (sb[0] < 253u || sb[0] == 0xFFu) acc[0] = bn_acc(acc[0], cc[0], sb[0], cx);
+                else acc[0] = bn_slow(acc[0], qv[0], sb[0], xrow + (size_t)p * 32);
+                if (sb[1] < 253u || sb[1] == 0xFFu) acc[2] = bn_acc(acc[2], cc[2], sb[1], cx);
+                else acc[2] = bn_slow(acc[2], qv[1], sb[1], xrow + (size_t)p * 32);
+            }
+        }
+        if (BN)
+#pragma unroll
+            for (int i = 0; i < 4; i += 2) {
+                acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], 1);
+                acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], 2);
+            }
+        /* column 0 (the token) on lanes t == 0: rows g (acc[0]) and g + 8 (acc[2]) */
+        if (t == 0) red[s][warp][g] = acc[0], red[s][warp][g + 8] = acc[2];
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) {
+            __threadfence_block();
+            last = atomicAdd(&rcnt[s], 1) == RG_CW - 1;
+        }
+        last = __shfl_sync(0xFFFFFFFFu, last, 0);
+        if (last) { /* the chunk's sums in warp order; lane r < 16: row r */
+            __threadfence_block();
+            float v = 0.0f;
+            if (lane < 16)
+                for (int w2 = 0; w2 < RG_CW; w2++) v += red[s][w2][lane];
+            const float v8 = __shfl_down_sync(0xFFFFFFFFu, v, 8);
+            if (MODE == 0) {
+                if (lane < 8) {
+                    float gv = v, uv = v8;
+                    if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                    out[(size_t)slot * nout + o + lane] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+                }
+            } else {
+                if (lane < 16) out[(size_t)slot * nout + o + lane] = m3_f32_to_bf16(v);
+                __threadfence();
+                __syncwarp();
+                int done = 0;
+                if (lane == 0) done = atomicAdd(&cnt[o / 16], 1) == nv - 1;
+                done = __shfl_sync(0xFFFFFFFFu, done, 0);
+                if (done && lane < 16) {
+                    __threadfence();
+                    t1_combine(y, out, ids, wts, vm, K, nv, o + lane, nout, rsf, bf16_combine);
+                }
+            }
+            if (lane == 0) rcnt[s] = 0;
+            __syncwarp();
+        }
+        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(m3_smem_u32(&empty[s])) : "memory");
+    }
+#endif
+}
+
+/* T = 1, MXFP4 on rg1_k: ab [K, F], ye [K, D], cnt [D / 16] */
+template <bool BN>
+static m3_status rg1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
+                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
+                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+                         const m3_mx_params *mid) {
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
+    const int sm = (int)p->swiglu;
+    const bool ab16 = p->act_bf16;
+    const size_t st1 = (size_t)16 * (D / 2 + 64) + (size_t)16 * (D / 32), st2 = (size_t)16 * (F / 2 + 64) + (size_t)16 * (F / 32);
+    const size_t sh1 = (size_t)(((D + 127) / 128) * 16 + 4) * 16 + 3 * st1;
+    const size_t sh2 = (size_t)K * (((F + 127) / 128) * 16 + 4) * 16 + 4 * st2;
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)rg1_k<0, 3, BN>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)rg1_k<1, 4, BN>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    const int cap = g->n_sm, t1 = K * (F / 8), t2 = K * (D / 16);
+    const float rsf = mp->routed_scale;
+    const unsigned thr = (RG_CW + 1) * 32;
+    rg1_k<0, 3, BN><<<(unsigned)(t1 < cap ? t1 : cap), thr, sh1, g->stream>>>(
+        ab, NULL, cnt, D / 16, d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s, D, F,
+        mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
+    M3_LAUNCHED(g, "rg1_k gate/up");
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
+    return t1_launch(g, rg1_k<1, 4, BN>, dim3((unsigned)(t2 < cap ? t2 : cap)), thr, sh2, true,
+                     "rg1_k down + combine", ye, d_y, cnt, D / 16, (const m3_bf16 *)ab, d_ids, d_wts, E, K,
+                     (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
+                     (bool)p->moe_bf16_combine);
+}
+
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
 template <int WF, int WK, int NT, int U, int RL, bool BN>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
@@ -2149,6 +2399,8 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         {
             const char *ev = getenv("M3_MX4_VAR"); /* TEMPORARY (batch comparison) */
             if (ev && *ev == '1') s = dq1_run<M3_GPU_W_MXFP4, 4, 2, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (ev && *ev == '2') s = rg1_run<false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (ev && *ev == '3') s = rg1_run<true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
             else s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         }
     }
