@@ -2350,6 +2350,10 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
             const char *ev = getenv("M3_MX4_VAR"); /* TEMPORARY (batch comparison) */
             if (WF == M3_GPU_W_MXFP4 && ev && *ev == '1')
                 return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            if (WF == M3_GPU_W_MXFP4 && ev && *ev == '4')
+                return tc_run<WFX, 1, 1, 2, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            if (WF == M3_GPU_W_MXFP4 && ev && *ev == '5')
+                return tc_run<WFX, 1, 1, 2, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
