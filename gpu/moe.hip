@@ -1390,8 +1390,7 @@ static __device__ __forceinline__ void rg_copy(void *dst, const void *src, int b
  * swiglu into a; MODE 1: y_e and, through the global counter per 16 outputs, the combine as
  * dq1_k). MODE 1 is a programmatic dependent of MODE 0: its producer streams down rows before
  * the gate/up kernel ends; its consumers wait (pdl_wait) before they read a. */
-#define RG_CW 24
-template <int MODE, int S, bool BN>
+template <int MODE, int S, bool BN, int RG_CW, bool PAD>
 static __global__ void __launch_bounds__((RG_CW + 1) * 32, 1)
     rg1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1418,7 +1417,7 @@ static __global__ void __launch_bounds__((RG_CW + 1) * 32, 1)
     }
     if ((int)blockIdx.x >= nchunk) return; /* whole block */
     const int nsteps = (kdim + 127) / 128, npieces = kdim / 32, pitch = nsteps * 16 + 4;
-    const int rb = kdim / 2, nsb = kdim / 32, RP = rb + 64, SB = 16 * RP + 16 * nsb;
+    const int rb = kdim / 2, nsb = kdim / 32, RP = PAD ? rb + 64 : rb, SB = 16 * RP + 16 * nsb;
     const int nx = MODE == 0 ? 1 : nv;
     uint4 *xs = tc_dyn;
     unsigned char *stg = reinterpret_cast<unsigned char *>(tc_dyn + (size_t)nx * pitch);
@@ -1441,11 +1440,14 @@ static __global__ void __launch_bounds__((RG_CW + 1) * 32, 1)
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mb), "r"(16 * rb + 16 * nsb)
                              : "memory");
             __syncwarp();
-            if (lane < 16) { /* row lane of the chunk */
+            if (PAD && lane < 16) { /* row lane of the chunk */
                 const int h = MODE == 0 ? lane / 8 : 0, r = MODE == 0 ? o + lane % 8 : o + lane;
                 const unsigned char *src = (const unsigned char *)(h ? w1 : w0) + ((size_t)e * nout + r) * rb;
                 rg_copy(dst + lane * RP, src, rb, mb);
-            } else if (lane < (MODE == 0 ? 18 : 17)) {
+            } else if (!PAD && lane < (MODE == 0 ? 2 : 1)) { /* the chunk's rows, contiguous */
+                const unsigned char *src = (const unsigned char *)(lane ? w1 : w0) + ((size_t)e * nout + o) * rb;
+                rg_copy(dst + lane * 8 * rb, src, (MODE == 0 ? 8 : 16) * rb, mb);
+            } else if (lane >= 16 && lane < (MODE == 0 ? 18 : 17)) {
                 const int h = lane - 16, rows = MODE == 0 ? 8 : 16;
                 const m3_e8m0 *src = (h ? s1 : s0) + ((size_t)e * nout + o) * nsb;
                 rg_copy(dst + 16 * RP + h * 8 * nsb, src, rows * nsb, mb);
@@ -1571,7 +1573,7 @@ static __global__ void __launch_bounds__((RG_CW + 1) * 32, 1)
 }
 
 /* T = 1, MXFP4 on rg1_k: ab [K, F], ye [K, D], cnt [D / 16] */
-template <bool BN>
+template <bool BN, int NCW, int S1, int S2, bool PAD>
 static m3_status rg1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1579,20 +1581,21 @@ static m3_status rg1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     const int sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
-    const size_t st1 = (size_t)16 * (D / 2 + 64) + (size_t)16 * (D / 32), st2 = (size_t)16 * (F / 2 + 64) + (size_t)16 * (F / 32);
-    const size_t sh1 = (size_t)(((D + 127) / 128) * 16 + 4) * 16 + 3 * st1;
-    const size_t sh2 = (size_t)K * (((F + 127) / 128) * 16 + 4) * 16 + 4 * st2;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)rg1_k<0, 3, BN>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)rg1_k<1, 4, BN>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    const int pad = PAD ? 64 : 0;
+    const size_t st1 = (size_t)16 * (D / 2 + pad) + (size_t)16 * (D / 32), st2 = (size_t)16 * (F / 2 + pad) + (size_t)16 * (F / 32);
+    const size_t sh1 = (size_t)(((D + 127) / 128) * 16 + 4) * 16 + S1 * st1;
+    const size_t sh2 = (size_t)K * (((F + 127) / 128) * 16 + 4) * 16 + S2 * st2;
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)rg1_k<0, S1, BN, NCW, PAD>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)rg1_k<1, S2, BN, NCW, PAD>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = g->n_sm, t1 = K * (F / 8), t2 = K * (D / 16);
     const float rsf = mp->routed_scale;
-    const unsigned thr = (RG_CW + 1) * 32;
-    rg1_k<0, 3, BN><<<(unsigned)(t1 < cap ? t1 : cap), thr, sh1, g->stream>>>(
+    const unsigned thr = (NCW + 1) * 32;
+    rg1_k<0, S1, BN, NCW, PAD><<<(unsigned)(t1 < cap ? t1 : cap), thr, sh1, g->stream>>>(
         ab, NULL, cnt, D / 16, d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s, D, F,
         mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
     M3_LAUNCHED(g, "rg1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    return t1_launch(g, rg1_k<1, 4, BN>, dim3((unsigned)(t2 < cap ? t2 : cap)), thr, sh2, true,
+    return t1_launch(g, rg1_k<1, S2, BN, NCW, PAD>, dim3((unsigned)(t2 < cap ? t2 : cap)), thr, sh2, true,
                      "rg1_k down + combine", ye, d_y, cnt, D / 16, (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
@@ -2403,8 +2406,12 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         {
             const char *ev = getenv("M3_MX4_VAR"); /* TEMPORARY (batch comparison) */
             if (ev && *ev == '1') s = dq1_run<M3_GPU_W_MXFP4, 4, 2, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (ev && *ev == '2') s = rg1_run<false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (ev && *ev == '3') s = rg1_run<true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (ev && *ev == '2') s = rg1_run<false, 24, 3, 4, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (ev && *ev == '3') s = rg1_run<true, 24, 3, 4, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (ev && *ev == '6') s = rg1_run<true, 16, 2, 2, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (ev && *ev == '7') s = rg1_run<true, 16, 2, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (ev && *ev == '8') s = rg1_run<true, 8, 4, 4, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (ev && *ev == '9') s = rg1_run<false, 16, 2, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
             else s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         }
     }
