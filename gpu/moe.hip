@@ -633,80 +633,6 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     }
 }
 
-
-/* ---- MXFP4 with the block index in N (`dq1_k` BN) -----------------------------------------
- * The A fragments hold the bare re-laid codes (w x 2^-126, no scale: 4 integer ops a pair, no
- * bf16 multiply); B holds x on the lanes whose column is their own block: column n of the
- * n-tile is (block n / 2 of the k16 step, token n % 2), and the k values of lane quad t all
- * come from block t (the lane's 16-byte piece), so C[row][2t + tok] is the sum over block t
- * alone. The block scale then multiplies that fp32 sum (a power of two: exact) and the sum goes
- * into a per-lane accumulator. x is staged multiplied by 2^c (exact, c per staged row: the
- * largest that keeps every finite value finite) so that the products with the 2^-126 codes
- * stay normal; the multiplier is 2^(s - 127 + 126 - c). */
-static __device__ __forceinline__ void fp4_relay(uint4 q, uint32_t *r) {
-    const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const uint32_t v = qq[k];
-        r[4 * k] = ((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u);
-        r[4 * k + 1] = ((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u);
-        r[4 * k + 2] = ((v >> 2) & 0x01C001C0u) | ((v << 4) & 0x80008000u);
-        r[4 * k + 3] = ((v >> 6) & 0x01C001C0u) | (v & 0x80008000u);
-    }
-}
-
-/* the bf16 b (bits) times 2^c, exact: c >= 0 and no finite value passes the bf16 range (the
- * caller's choice of c); inf / NaN / zero unchanged */
-static __device__ __forceinline__ uint32_t bf16_pow2(uint32_t b, int c) {
-    const uint32_t f = (b >> 7) & 0xFFu;
-    if (f == 0xFFu || (b & 0x7FFFu) == 0u) return b;
-    if (f != 0u) return b + ((uint32_t)c << 7);
-    const int c1 = c < 127 ? c : 127; /* subnormal: through fp32 (c <= 200: no overflow) */
-    const float v = m3_bits_f32(b << 16) * m3_bits_f32((uint32_t)(c1 + 127) << 23) *
-                    m3_bits_f32((uint32_t)(c - c1 + 127) << 23);
-    return m3_f32_bits(v) >> 16;
-}
-static __device__ __forceinline__ uint4 bf16x8_pow2(uint4 x, int c) {
-    uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) w[i] = bf16_pow2(w[i] & 0xFFFFu, c) | (bf16_pow2(w[i] >> 16, c) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-/* the largest finite exponent field of 8 bf16 values (0 when none is a finite nonzero normal) */
-static __device__ __forceinline__ int bf16x8_emax(uint4 x) {
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-    int e = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int a = (int)((w[i] >> 7) & 0xFFu), b = (int)((w[i] >> 23) & 0xFFu);
-        e = max(e, a == 255 ? 0 : a), e = max(e, b == 255 ? 0 : b);
-    }
-    return e;
-}
-/* the staging multiplier's exponent for a row whose largest finite exponent field is emax */
-static __device__ __forceinline__ int bn_c(int emax) { return emax > 0 ? min(254 - emax, 200) : 200; }
-
-/* acc + sum * 2^(s - 1 - c) (the block sum of bare codes times x 2^c, times the scale 2^(s-127)):
- * two power-of-two factors (each in the fp32 range), so exact unless the result is subnormal;
- * the NaN scale gives NaN */
-static __device__ __forceinline__ float bn_acc(float acc, float sum, uint32_t sb, int c) {
-    const int k = (int)sb - 1 - c, k1 = k >> 1, k2 = k - k1;
-    const float m1 = sb == 0xFFu ? __int_as_float(0x7FC00000) : m3_bits_f32((uint32_t)(k1 + 127) << 23);
-    return fmaf(sum * m1, m3_bits_f32((uint32_t)(k2 + 127) << 23), acc);
-}
-
-/* ref's own products for one 32-code piece whose scale byte is >= 253 (there a dequantized
- * weight can overflow fp32: ref's inf / NaN products), from the unscaled x row xr */
-static __device__ __forceinline__ float bn_slow(float acc, uint4 q, uint32_t sb, const m3_bf16 *xr) {
-    const float s = m3_e8m0_to_f32((m3_e8m0)sb);
-    const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
-    for (int i = 0; i < 32; i++) {
-        const float w = m3_fp4_to_f32((uint8_t)((qq[i / 8] >> (4 * (i % 8))) & 0xFu)) * s;
-        acc = __fadd_rn(acc, __fmul_rn(m3_bf16_to_f32(xr[i]), w));
-    }
-    return acc;
-}
-
 /* Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
  * the previous one still runs, and waits (griddepcontrol.wait) before it touches what that one
  * writes; the previous one lets it start early with launch_dependents. No-ops elsewhere. */
@@ -727,7 +653,7 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, bool BN>
+template <int WF, int MODE, int WK, int NT, int U, int RL>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -736,7 +662,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units */
     __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
     __shared__ float lut[256];
-    __shared__ int bnc[8 * NT]; /* BN: the staged rows' exponents (emax, then c) */
     const int s = (int)blockIdx.x;
     if (s >= *m.n_act) return; /* whole block */
     build_lut<WF>(lut);
@@ -772,61 +697,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             sc[h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
         }
     };
-    /* BN: NB n-tiles of 2 tokens x 4 blocks; lane (g, t) holds B of token 2j + (g & 1) when
-     * g / 2 == t (its column's block is its own piece), and C of block t for the tokens 2j,
-     * 2j + 1 (c[0], c[1] row g; c[2], c[3] row g + 8) */
-    const int NB = 4 * NT;
-    float bacc[BN ? NB : 1][4];
-    int bxrow[BN ? NB : 1], bcx[BN ? NB : 1][2];
-    int nbt = 0, pass0 = 0, ncur = 1; /* n-tiles of 2 tokens in use, the pass's first row, its rows */
-    auto compute_bn = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
-        const bool ok = st * 4 + t < npieces;
-        uint32_t a0[16], a1[16];
-        fp4_relay(q[0], a0);
-        fp4_relay(q[1], a1);
-        const uint32_t s0 = sc[0], s1 = sc[1];
-        const bool slow = (s0 >= 253u && s0 != 0xFFu) || (s1 >= 253u && s1 != 0xFFu);
-#pragma unroll
-        for (int j = 0; j < NB; j++) {
-            if (j >= nbt) break;
-            uint32_t xb[16];
-            const bool mine = ok && bxrow[j] >= 0;
-#pragma unroll
-            for (int uu = 0; uu < 4; uu++) {
-                const uint4 xv = mine ? tc_dyn[bxrow[j] + st * 16 + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-            }
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                m3_mma_bf16_16816(c, af, bf);
-            }
-            if (!slow) {
-                bacc[j][0] = bn_acc(bacc[j][0], c[0], s0, bcx[j][0]);
-                bacc[j][1] = bn_acc(bacc[j][1], c[1], s0, bcx[j][1]);
-                bacc[j][2] = bn_acc(bacc[j][2], c[2], s1, bcx[j][0]);
-                bacc[j][3] = bn_acc(bacc[j][3], c[3], s1, bcx[j][1]);
-            } else { /* (rare: scales of 2^126 and up) */
-                const size_t xo = (size_t)(st * 4 + t) * 32;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint32_t sh = h ? s1 : s0;
-#pragma unroll
-                    for (int tk = 0; tk < 2; tk++) {
-                        float &a = bacc[j][2 * h + tk];
-                        if (sh < 253u || sh == 0xFFu) a = bn_acc(a, c[2 * h + tk], sh, bcx[j][tk]);
-                        else {
-                            const int tj = 2 * j + tk < ncur ? 2 * j + tk : ncur - 1;
-                            const int src = MODE == 0 ? m.ent[r0 + pass0 + tj] / K : r0 + pass0 + tj;
-                            a = bn_slow(a, q[h], sh, ain + (size_t)src * kdim + xo);
-                        }
-                    }
-                }
-            }
-        }
-    };
     float acc[NT][4];
     int xrow[NT];
     auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
@@ -856,74 +726,26 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const int nc = n - c0 < nt ? n - c0 : nt;
         int obase;
         __syncthreads(); /* the previous pass's readers are done with the x rows (lut built) */
-        if (BN) { /* each row's largest finite exponent, then its staging exponent c */
-            if (tid < nc) bnc[tid] = 0;
-            __syncthreads();
-            for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
-                const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-                const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
-                atomicMax(&bnc[j], bf16x8_emax(reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0]));
-            }
-            __syncthreads();
-            if (tid < nc) bnc[tid] = bn_c(bnc[tid]);
-            __syncthreads();
-        }
         for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
-            uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
-            if (BN) x = bf16x8_pow2(x, bnc[j]);
+            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
         }
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < NT; j++) xrow[j] = (8 * j + g < nc ? 8 * j + g : nc - 1) * pitch;
-        if (BN) {
-            nbt = (nc + 1) / 2, pass0 = c0, ncur = nc;
-#pragma unroll
-            for (int j = 0; j < NB; j++) {
-                const int tk = 2 * j + (g & 1);
-                bxrow[j] = g / 2 == t && tk < nc ? tk * pitch : -1;
-#pragma unroll
-                for (int h = 0; h < 2; h++) bcx[j][h] = bnc[2 * j + h < nc ? 2 * j + h : nc - 1];
-            }
-        }
         for (int rl = 0; rl < RL; rl++) {
             if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-            if (BN)
-#pragma unroll
-                for (int j = 0; j < NB; j++) bacc[j][0] = bacc[j][1] = bacc[j][2] = bacc[j][3] = 0.0f;
             for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
 #pragma unroll
                 for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    if (st0 + u * WK < nsteps) {
-                        if (BN && WF == M3_GPU_W_MXFP4) compute_bn(st0 + u * WK, qa[u], sa[u]);
-                        else compute1(st0 + u * WK, qa[u], sa[u]);
-                    }
-            }
-            if (BN) { /* sum the 4 blocks (lanes t), then lay the sums out as compute1's acc:
-                       * token 8j' + 2t + h of row g in acc[j'][h], of row g + 8 in acc[j'][2 + h] */
-#pragma unroll
-                for (int j = 0; j < NB; j++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        bacc[j][i] += __shfl_xor_sync(0xFFFFFFFFu, bacc[j][i], 1);
-                        bacc[j][i] += __shfl_xor_sync(0xFFFFFFFFu, bacc[j][i], 2);
-                    }
-                /* lane (g, t) needs tokens 8j' + 2t, + 1: n-tile j = 4j' + t, which every lane of
-                 * the quad holds after the sums */
-#pragma unroll
-                for (int jj = 0; jj < NT; jj++)
-#pragma unroll
-                    for (int tt = 0; tt < 4; tt++)
-                        if (t == tt)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) acc[jj][i] = bacc[4 * jj + tt][(i & 2) | (i & 1)];
+                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
 #pragma unroll
@@ -1120,7 +942,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool BN>
+template <int WF, int MODE, int WK, int U>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1130,7 +952,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
-    __shared__ int last, bnc[EXP_MAX_K]; /* BN: x rows' staging exponents (emax, then c) */
+    __shared__ int last;
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1193,32 +1015,17 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
     const int nx = MODE == 0 ? 1 : nv;
-    if (BN) { /* each row's largest finite exponent, then its staging exponent c */
-        if (tid < nx) bnc[tid] = 0;
-        __syncthreads();
-        for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
-            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-            atomicMax(&bnc[j], bf16x8_emax(reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0]));
-        }
-        __syncthreads();
-        if (tid < nx) bnc[tid] = bn_c(bnc[tid]);
-        __syncthreads();
-    }
     for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
         const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
         const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-        uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
-        if (BN) x = bf16x8_pow2(x, bnc[j]);
+        const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
         const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
         xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
     }
     __syncthreads();
     for (;;) {
-        const int xj = MODE == 0 ? 0 : tile / nch, xr = xj * pitch, next = tile + (int)gridDim.x;
+        const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const int cx = BN ? bnc[xj] : 0;
-        const m3_bf16 *xrow = ain + (size_t)(MODE == 0 ? 0 : nth_bit(vm, xj)) * kdim; /* BN slow path */
         if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
         for (int gi = 0; gi < G; gi++) {
             const int st0 = wk + gi * WK * U;
@@ -1230,30 +1037,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 if (st >= nsteps) continue;
                 const bool ok = st * 4 + t < npieces;
                 uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                if (BN && WF == M3_GPU_W_MXFP4) {
-                    fp4_relay(qa[u][0], a0);
-                    fp4_relay(qa[u][1], a1);
-                    const bool mine = ok && g == 2 * t; /* column g: (block g / 2, token 0) */
-#pragma unroll
-                    for (int uu = 0; uu < UP; uu++) {
-                        const uint4 xv = mine ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                        xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-                    }
-                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int i = 0; i < PE / 4; i++) {
-                        const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                        const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                        m3_mma_bf16_16816(c, af, bf);
-                    }
-                    /* c[0], c[2]: block t of rows g, g + 8 (token 0) */
-                    const uint32_t s0 = sa[u][0], s1 = sa[u][1];
-                    if (s0 < 253u || s0 == 0xFFu) acc[0] = bn_acc(acc[0], c[0], s0, cx);
-                    else acc[0] = bn_slow(acc[0], qa[u][0], s0, xrow + (size_t)(st * 4 + t) * 32);
-                    if (s1 < 253u || s1 == 0xFFu) acc[2] = bn_acc(acc[2], c[2], s1, cx);
-                    else acc[2] = bn_slow(acc[2], qa[u][1], s1, xrow + (size_t)(st * 4 + t) * 32);
-                    continue;
-                }
                 tc_decode<WF>(qa[u][0], sa[u][0], lut, a0);
                 tc_decode<WF>(qa[u][1], sa[u][1], lut, a1);
 #pragma unroll
@@ -1272,13 +1055,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int u = 0; u < U; u++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
-        }
-        if (BN) { /* the 4 blocks of a step: lanes t = 0..3 */
-#pragma unroll
-            for (int i = 0; i < 4; i += 2) {
-                acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], 1);
-                acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], 2);
-            }
         }
         /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
         if (WK > 1) {
@@ -1319,7 +1095,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool BN>
+template <int WF, int WK, int U>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1330,280 +1106,27 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, BN>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, BN>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U, BN><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    dq1_k<WF, 0, WK, U><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, BN>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
                      (bool)p->moe_bf16_combine);
 }
 
-
-/* shared-memory address, mbarrier wait (all lanes), one bulk copy global -> shared completing
- * on an mbarrier (sm_90) */
-static __device__ __forceinline__ uint32_t m3_smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void rg_wait(uint32_t mb, uint32_t par) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n.reg .pred p;\nRGW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra RGW;\n}\n" ::"r"(mb),
-                 "r"(par)
-                 : "memory");
-#else
-    (void)mb, (void)par;
-#endif
-}
-static __device__ __forceinline__ void rg_copy(void *dst, const void *src, int bytes, uint32_t mb) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     m3_smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(mb)
-                 : "memory");
-#else
-    (void)dst, (void)src, (void)bytes, (void)mb;
-#endif
-}
-
-/* T = 1, MXFP4 weights, streamed by the bulk copy engine (sm_90): `rg1_k`. One block per
- * multiprocessor (persistent: chunks b, b + gridDim.x, ...), NCW consumer warps and one
- * producer warp. A chunk is 16 weight rows of one valid slot: gate rows o..o+7 and up rows
- * o..o+7 (MODE 0, 8 outputs) or down rows o..o+15 (MODE 1). The producer copies each row
- * (cp.async.bulk, completing on the stage's full mbarrier) into a ring of S stages, rows at a
- * pitch of rb + 64 bytes (the 16-byte reads of rows g and g + 1 by one quarter warp fall in
- * different banks), and the rows' scale bytes (contiguous: 8 or 16 rows x kdim / 32); it
- * refills a stage when the consumers have released it (empty mbarrier). So the bytes in flight
- * take no registers and do not wait for the decode. The consumer warps split a chunk's k steps
- * (w, w + NCW, ...), decode as dq1_k (the tc_decode bf16 multiply, or BN: bare codes and the
- * scale on the fp32 block sums), and add their partial sums in warp order through shared
- * memory: the last warp to finish a chunk (a shared counter) reduces and writes it (MODE 0:
- * swiglu into a; MODE 1: y_e and, through the global counter per 16 outputs, the combine as
- * dq1_k). MODE 1 is a programmatic dependent of MODE 0: its producer streams down rows before
- * the gate/up kernel ends; its consumers wait (pdl_wait) before they read a. */
-template <int MODE, int S, bool BN, int RG_CW, bool PAD>
-static __global__ void __launch_bounds__((RG_CW + 1) * 32, 1)
-    rg1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
-          const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
-          int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
-          const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ uint4 tc_dyn[];
-    __shared__ __align__(8) unsigned long long full[S], empty[S];
-    __shared__ float red[S][RG_CW][16];
-    __shared__ int rcnt[S], bnc[EXP_MAX_K];
-    const int RO = MODE == 0 ? 8 : 16; /* outputs per chunk */
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
-    const unsigned vm = t1_slots(ids, K, E);
-    const int nv = __popc(vm), nch = nout / RO, nchunk = nv * nch;
-    if (MODE == 0) pdl_trigger();
-    if (MODE == 0 && blockIdx.x == 0)
-        for (int i = tid; i < ncnt; i += (int)blockDim.x) cnt[i] = 0;
-    if (MODE == 1 && nv == 0) {
-        pdl_wait();
-        if (blockIdx.x == 0)
-            for (int d = tid; d < nout; d += (int)blockDim.x) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
-        return;
-    }
-    if ((int)blockIdx.x >= nchunk) return; /* whole block */
-    const int nsteps = (kdim + 127) / 128, npieces = kdim / 32, pitch = nsteps * 16 + 4;
-    const int rb = kdim / 2, nsb = kdim / 32, RP = PAD ? rb + 64 : rb, SB = 16 * RP + 16 * nsb;
-    const int nx = MODE == 0 ? 1 : nv;
-    uint4 *xs = tc_dyn;
-    unsigned char *stg = reinterpret_cast<unsigned char *>(tc_dyn + (size_t)nx * pitch);
-    const int nmy = (nchunk - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
-    if (tid < S) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(m3_smem_u32(&full[tid])));
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(m3_smem_u32(&empty[tid])), "r"(RG_CW));
-        rcnt[tid] = 0;
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    __syncthreads();
-    if (warp == RG_CW) { /* the producer */
-        for (int q = 0; q < nmy; q++) {
-            const int s = q % S, c = (int)blockIdx.x + q * (int)gridDim.x;
-            const int slot = nth_bit(vm, c / nch), o = (c % nch) * RO, e = ids[slot];
-            if (q >= S) rg_wait(m3_smem_u32(&empty[s]), (uint32_t)(q / S - 1) & 1u);
-            const uint32_t mb = m3_smem_u32(&full[s]);
-            unsigned char *dst = stg + (size_t)s * SB;
-            if (lane == 0)
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mb), "r"(16 * rb + 16 * nsb)
-                             : "memory");
-            __syncwarp();
-            if (PAD && lane < 16) { /* row lane of the chunk */
-                const int h = MODE == 0 ? lane / 8 : 0, r = MODE == 0 ? o + lane % 8 : o + lane;
-                const unsigned char *src = (const unsigned char *)(h ? w1 : w0) + ((size_t)e * nout + r) * rb;
-                rg_copy(dst + lane * RP, src, rb, mb);
-            } else if (!PAD && lane < (MODE == 0 ? 2 : 1)) { /* the chunk's rows, contiguous */
-                const unsigned char *src = (const unsigned char *)(lane ? w1 : w0) + ((size_t)e * nout + o) * rb;
-                rg_copy(dst + lane * 8 * rb, src, (MODE == 0 ? 8 : 16) * rb, mb);
-            } else if (lane >= 16 && lane < (MODE == 0 ? 18 : 17)) {
-                const int h = lane - 16, rows = MODE == 0 ? 8 : 16;
-                const m3_e8m0 *src = (h ? s1 : s0) + ((size_t)e * nout + o) * nsb;
-                rg_copy(dst + 16 * RP + h * 8 * nsb, src, rows * nsb, mb);
-            }
-        }
-        return;
-    }
-    /* consumers: x rows in the A pair order (BN: times 2^c, as dq1_k) */
-    if (MODE == 1) pdl_wait();
-    if (BN) {
-        if (tid < nx) bnc[tid] = 0;
-        asm volatile("bar.sync 1, %0;\n" ::"r"(RG_CW * 32) : "memory");
-        for (int v = tid; v < nx * (kdim / 8); v += RG_CW * 32) {
-            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-            atomicMax(&bnc[j], bf16x8_emax(reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0]));
-        }
-        asm volatile("bar.sync 1, %0;\n" ::"r"(RG_CW * 32) : "memory");
-        if (tid < nx) bnc[tid] = bn_c(bnc[tid]);
-        asm volatile("bar.sync 1, %0;\n" ::"r"(RG_CW * 32) : "memory");
-    }
-    for (int v = tid; v < nx * (kdim / 8); v += RG_CW * 32) {
-        const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-        const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-        uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
-        if (BN) x = bf16x8_pow2(x, bnc[j]);
-        const int st = k / 128, rr = k % 128, pc = rr / 32, u = (rr % 32) / 8;
-        xs[(size_t)j * pitch + st * 16 + u * 4 + pc] = tc_perm<M3_GPU_W_MXFP4>(x);
-    }
-    asm volatile("bar.sync 1, %0;\n" ::"r"(RG_CW * 32) : "memory");
-    for (int q = 0; q < nmy; q++) {
-        const int s = q % S, c = (int)blockIdx.x + q * (int)gridDim.x;
-        const int j = c / nch, slot = nth_bit(vm, j), o = (c % nch) * RO;
-        const int xr = (MODE == 0 ? 0 : j) * pitch, cx = BN ? bnc[MODE == 0 ? 0 : j] : 0;
-        const m3_bf16 *xrow = ain + (size_t)(MODE == 0 ? 0 : slot) * kdim;
-        rg_wait(m3_smem_u32(&full[s]), (uint32_t)(q / S) & 1u);
-        const unsigned char *st0 = stg + (size_t)s * SB;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int stp = warp; stp < nsteps; stp += RG_CW) {
-            const int p = stp * 4 + t;
-            const bool ok = p < npieces;
-            uint4 qv[2];
-            uint32_t sb[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                qv[h] = ok ? *reinterpret_cast<const uint4 *>(st0 + (size_t)(g + 8 * h) * RP + p * 16) : make_uint4(0, 0, 0, 0);
-                sb[h] = ok ? st0[16 * RP + (g + 8 * h) * nsb + p] : 0u;
-            }
-            uint32_t a0[16], a1[16], xb[16];
-            if (BN) {
-                fp4_relay(qv[0], a0);
-                fp4_relay(qv[1], a1);
-            } else {
-                tc_decode<M3_GPU_W_MXFP4>(qv[0], (m3_e8m0)sb[0], NULL, a0);
-                tc_decode<M3_GPU_W_MXFP4>(qv[1], (m3_e8m0)sb[1], NULL, a1);
-            }
-            const bool xl = ok && (!BN || g == 2 * t);
-#pragma unroll
-            for (int uu = 0; uu < 4; uu++) {
-                const uint4 xv = xl ? xs[xr + stp * 16 + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-            }
-            float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            float *cp = BN ? cc : acc;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                m3_mma_bf16_16816(cp, af, bf);
-            }
-            if (BN) {
-                if (sb[0] < 253u || sb[0] == 0xFFu) acc[0] = bn_acc(acc[0], cc[0], sb[0], cx);
-                else acc[0] = bn_slow(acc[0], qv[0], sb[0], xrow + (size_t)p * 32);
-                if (sb[1] < 253u || sb[1] == 0xFFu) acc[2] = bn_acc(acc[2], cc[2], sb[1], cx);
-                else acc[2] = bn_slow(acc[2], qv[1], sb[1], xrow + (size_t)p * 32);
-            }
-        }
-        if (BN)
-#pragma unroll
-            for (int i = 0; i < 4; i += 2) {
-                acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], 1);
-                acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], 2);
-            }
-        /* column 0 (the token) on lanes t == 0: rows g (acc[0]) and g + 8 (acc[2]) */
-        if (t == 0) red[s][warp][g] = acc[0], red[s][warp][g + 8] = acc[2];
-        __syncwarp();
-        int last = 0;
-        if (lane == 0) {
-            __threadfence_block();
-            last = atomicAdd(&rcnt[s], 1) == RG_CW - 1;
-        }
-        last = __shfl_sync(0xFFFFFFFFu, last, 0);
-        if (last) { /* the chunk's sums in warp order; lane r < 16: row r */
-            __threadfence_block();
-            float v = 0.0f;
-            if (lane < 16)
-                for (int w2 = 0; w2 < RG_CW; w2++) v += red[s][w2][lane];
-            const float v8 = __shfl_down_sync(0xFFFFFFFFu, v, 8);
-            if (MODE == 0) {
-                if (lane < 8) {
-                    float gv = v, uv = v8;
-                    if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                    out[(size_t)slot * nout + o + lane] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
-                }
-            } else {
-                if (lane < 16) out[(size_t)slot * nout + o + lane] = m3_f32_to_bf16(v);
-                __threadfence();
-                __syncwarp();
-                int done = 0;
-                if (lane == 0) done = atomicAdd(&cnt[o / 16], 1) == nv - 1;
-                done = __shfl_sync(0xFFFFFFFFu, done, 0);
-                if (done && lane < 16) {
-                    __threadfence();
-                    t1_combine(y, out, ids, wts, vm, K, nv, o + lane, nout, rsf, bf16_combine);
-                }
-            }
-            if (lane == 0) rcnt[s] = 0;
-            __syncwarp();
-        }
-        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(m3_smem_u32(&empty[s])) : "memory");
-    }
-#endif
-}
-
-/* T = 1, MXFP4 on rg1_k: ab [K, F], ye [K, D], cnt [D / 16] */
-template <bool BN, int NCW, int S1, int S2, bool PAD>
-static m3_status rg1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
-                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
-                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                         const m3_mx_params *mid) {
-    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
-    const int sm = (int)p->swiglu;
-    const bool ab16 = p->act_bf16;
-    const int pad = PAD ? 64 : 0;
-    const size_t st1 = (size_t)16 * (D / 2 + pad) + (size_t)16 * (D / 32), st2 = (size_t)16 * (F / 2 + pad) + (size_t)16 * (F / 32);
-    const size_t sh1 = (size_t)(((D + 127) / 128) * 16 + 4) * 16 + S1 * st1;
-    const size_t sh2 = (size_t)K * (((F + 127) / 128) * 16 + 4) * 16 + S2 * st2;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)rg1_k<0, S1, BN, NCW, PAD>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)rg1_k<1, S2, BN, NCW, PAD>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    const int cap = g->n_sm, t1 = K * (F / 8), t2 = K * (D / 16);
-    const float rsf = mp->routed_scale;
-    const unsigned thr = (NCW + 1) * 32;
-    rg1_k<0, S1, BN, NCW, PAD><<<(unsigned)(t1 < cap ? t1 : cap), thr, sh1, g->stream>>>(
-        ab, NULL, cnt, D / 16, d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s, D, F,
-        mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
-    M3_LAUNCHED(g, "rg1_k gate/up");
-    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    return t1_launch(g, rg1_k<1, S2, BN, NCW, PAD>, dim3((unsigned)(t2 < cap ? t2 : cap)), thr, sh2, true,
-                     "rg1_k down + combine", ye, d_y, cnt, D / 16, (const m3_bf16 *)ab, d_ids, d_wts, E, K,
-                     (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine);
-}
-
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL, bool BN>
+template <int WF, int WK, int NT, int U, int RL>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1615,23 +1138,23 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, BN>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, BN>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     /* the per-piece NaN-code test, unless the caller knows the codes are all finite (it cost
      * ~6% of MXFP8 decode at T=64 on the H200: docs/gpu.md) */
     const bool nanchk = !w->finite_codes;
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, BN><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16,
         nanchk);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, BN><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16,
         nanchk);
     M3_LAUNCHED(g, "tc_k down");
@@ -2350,14 +1873,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
          * loads with a 256-byte L2 prefetch (T = 1 never comes here on NVIDIA: t1_call) */
         if (WF != M3_GPU_W_BF16 && !w->portable) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
-            const char *ev = getenv("M3_MX4_VAR"); /* TEMPORARY (batch comparison) */
-            if (WF == M3_GPU_W_MXFP4 && ev && *ev == '1')
-                return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            if (WF == M3_GPU_W_MXFP4 && ev && *ev == '4')
-                return tc_run<WFX, 1, 1, 2, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            if (WF == M3_GPU_W_MXFP4 && ev && *ev == '5')
-                return tc_run<WFX, 1, 1, 2, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            return tc_run<WFX, 1, 1, 4, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
         /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
@@ -2403,17 +1919,7 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         else if (w->fmt == M3_GPU_W_MXFP8)
             s = sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-        {
-            const char *ev = getenv("M3_MX4_VAR"); /* TEMPORARY (batch comparison) */
-            if (ev && *ev == '1') s = dq1_run<M3_GPU_W_MXFP4, 4, 2, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (ev && *ev == '2') s = rg1_run<false, 24, 3, 4, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (ev && *ev == '3') s = rg1_run<true, 24, 3, 4, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (ev && *ev == '6') s = rg1_run<true, 16, 2, 2, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (ev && *ev == '7') s = rg1_run<true, 16, 2, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (ev && *ev == '8') s = rg1_run<true, 8, 4, 4, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (ev && *ev == '9') s = rg1_run<false, 16, 2, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        }
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;

@@ -637,18 +637,6 @@ static void bench_moe_experts(void **state) {
             const double wbytes = 3.0 * (double)(cb + sb) / E * n_used;
             const double tk = (double)c.T * K;
             const double io = (double)c.T * D * 2 * 2 + tk * F * 2 * 2 + tk * D * 2 * 2;
-            /* TEMPORARY (device comparison): M3_MX4_VARS=0,2,3 times each MXFP4 decode variant */
-            const char *vars = getenv("M3_MX4_VARS");
-            for (const char *v = vars; f == 2 && v && *v; v += strcspn(v, ",") + (v[strcspn(v, ",")] != 0)) {
-                char one[8];
-                snprintf(one, sizeof one, "%.*s", (int)strcspn(v, ","), v);
-                setenv("M3_MX4_VAR", one, 1);
-                double vms = time_ms(g, do_experts, &c, 20, 7);
-                snprintf(nm, sizeof nm, "moe_experts mxfp4 atom T=%d var=%s", c.T, one);
-                report(nm, vms, wbytes + (double)c.T * D * 2 * 2 + (double)c.T * K * F * 2 * 2 + (double)c.T * K * D * 2 * 2,
-                       (double)c.T * K * 6.0 * D * F);
-            }
-            if (vars) unsetenv("M3_MX4_VAR");
             double ms = time_ms(g, do_experts, &c, c.T > 64 ? 3 : 20, c.T > 64 ? 3 : 7);
             snprintf(nm, sizeof nm, "moe_experts %s atom T=%d", f == 0 ? "bf16" : (f == 1 ? "mxfp8" : "mxfp4"), c.T);
             printf("bench: (%s: %d experts touched, %.1f MB of weights)\n", nm, n_used, wbytes / 1e6);
