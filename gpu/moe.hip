@@ -400,25 +400,6 @@ static __device__ __forceinline__ void sk_rows(m3_bf16 *M3_RESTRICT out, const m
 #pragma unroll
             for (int i = 0; i < MR; i++) {
                 const float f = WF == M3_GPU_W_BF16 ? 1.0f : m3_e8m0_to_f32(sc[u][i]);
-                /* scales from which a dequantized weight can pass the fp32 range (e2m1 up to 6:
-                 * 2^126; e4m3 up to 448: 2^120): ref's own products (inf / NaN as ref), since the
-                 * scaled sum of the block would hide them (rare) */
-                if (WF != M3_GPU_W_BF16 && sc[u][i] != 0xFFu && sc[u][i] >= (WF == M3_GPU_W_MXFP4 ? 253u : 247u)) {
-#pragma unroll
-                    for (int j = 0; j < NC; j++) part[i][j] = 0.0f;
-                    for (int h = 0; h < EPL / 8; h++) {
-                        float w[8];
-                        decode8<WF>(q[u][i], h, lut, w);
-                        for (int j = 0; j < NC; j++) {
-                            float xv[8];
-                            bf16x8(reinterpret_cast<const uint4 *>(xs + (size_t)j * kdim + c)[h], xv);
-                            for (int k = 0; k < 8; k++) part[i][j] += xv[k] * (w[k] * pre * f);
-                        }
-                    }
-#pragma unroll
-                    for (int j = 0; j < NC; j++) acc[i][j] += part[i][j];
-                    continue;
-                }
 #pragma unroll
                 for (int j = 0; j < NC; j++) acc[i][j] += WF == M3_GPU_W_BF16 ? part[i][j] : part[i][j] * pre * f;
             }
