@@ -1481,7 +1481,10 @@ static __device__ __forceinline__ void t2_dequant16(m3_bf16 *dst, const unsigned
             for (int k = 0; k < 8; k++) v[8 * h + k] = m3_fp4_to_f32((uint8_t)((w[h] >> (4 * k)) & 0xFu));
 #endif
         }
-        sc *= FP4_WMUL; /* exact */
+        if (sc <= 0x1p120f) sc *= FP4_WMUL; /* exact */
+        else /* (the product would pass the fp32 range: scale the codes first, as ref) */
+#pragma unroll
+            for (int i = 0; i < 16; i++) v[i] *= FP4_WMUL;
     }
     uint32_t p[8];
 #pragma unroll

@@ -297,6 +297,24 @@ static const char *fmt_name(m3_gpu_wfmt f) {
  * row 7 + 13e, column 3e of every expert e (one NaN output of each expert's tokens). */
 static int g_nan_D, g_nan_partial; /* g_nan_partial: cases with NaN and finite outputs */
 
+/* While nonzero (moe_experts_mx_extremes), weights_to plants the NaN block scale 0xFF into
+ * MX matrices of a case with D = g_mx_D: gate and up on row 5, block 1 (expert 0's output 5:
+ * its tokens' y rows NaN); down on row 7 + 13e, block e % nb of every expert e (one NaN
+ * output of each expert's tokens). experts_case then also spreads x: token t's row by
+ * 2^(+-60), elements by 2^(-30 .. 30). (Block scales whose weights or products pass the fp32
+ * range are not planted: where sums overflow depends on the summation order, docs/gpu.md.) */
+static int g_mx_D;
+static int64_t g_mx_nonfinite, g_mx_finite; /* reference outputs over the cases */
+
+static void plant_mx_scales(m3_e8m0 *sc, int64_t rows, int cols, int64_t nb) {
+    if (cols == g_mx_D) {
+        sc[5 * nb + 1] = 0xFF;
+        return;
+    }
+    const int64_t E = rows / g_mx_D;
+    for (int64_t e = 0; e < E; e++) sc[(e * g_mx_D + 7 + 13 * e) * nb + e % nb] = 0xFF;
+}
+
 static void plant_nan(uint8_t *codes, int64_t rows, int cols, int64_t rb) {
     if (cols == g_nan_D) {
         codes[5 * rb + 9] = 0x7F;
@@ -325,6 +343,7 @@ static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows,
     assert_true(rows <= INT32_MAX);
     m3_mx_quantize(codes, sc, src, (int)rows, cols, &mx);
     if (g_nan_D && f == M3_GPU_W_MXFP8) plant_nan(codes, rows, cols, rb);
+    if (g_mx_D) plant_mx_scales(sc, rows, cols, nb);
     m3_mx_dequantize(ref_vals, codes, sc, (int)rows, cols, &mx);
     void *dc, *ds;
     GPU_OK(m3_gpu_alloc(g, &dc, (size_t)(rows * rb)));
@@ -414,6 +433,11 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     float *got = malloc((size_t)T * D * sizeof *got), *wts = malloc((size_t)T * K * sizeof *wts);
     int32_t *ids = malloc((size_t)T * K * sizeof *ids);
     m3_fill_normal(&r, x, (int64_t)T * D, 1.0f);
+    for (int t = 0; g_mx_D && t < T; t++) { /* x over a wide range of magnitudes */
+        const int row_e = t % 3 == 0 ? 60 : (t % 3 == 1 ? -60 : 0);
+        for (int k = 0; k < D; k++)
+            x[(size_t)t * D + k] = ldexpf(x[(size_t)t * D + k], row_e + (int)(m3_rng_u32(&r) % 61u) - 30);
+    }
     random_routing(&r, ids, wts, T, E, K);
     for (int t = 0; g_skew_expert0 && t < T; t++) /* swap expert 0 into slot 0 */
         for (int k = 1; k < K; k++)
@@ -440,12 +464,19 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         assert_true(nn > 0);
         g_nan_partial += nn < (int64_t)T * D;
     }
-    bool all_nan = g_nan_D != 0; /* (gpu_nmse needs a finite reference output) */
-    for (int64_t i = 0; all_nan && i < (int64_t)T * D; i++) all_nan = isnan(ref[i]);
+    if (g_mx_D) {
+        int64_t nf = 0;
+        for (int64_t i = 0; i < (int64_t)T * D; i++) nf += !isfinite(ref[i]);
+        printf("  %lld of %lld reference outputs not finite\n", (long long)nf, (long long)T * D);
+        g_mx_nonfinite += nf, g_mx_finite += (int64_t)T * D - nf;
+    }
+    bool all_nan = g_nan_D != 0 || g_mx_D != 0; /* (gpu_nmse needs a finite reference output) */
+    for (int64_t i = 0; all_nan && i < (int64_t)T * D; i++) all_nan = !isfinite(ref[i]);
     if (all_nan) {
         for (int64_t i = 0; i < (int64_t)T * D; i++)
-            if (!isnan(got[i])) m3_test_failf("%s: element %lld: ref NaN, gpu %g", what, (long long)i, (double)got[i]);
-        printf("  %-58s all NaN, as ref\n", what);
+            if (!(isnan(got[i]) ? isnan(ref[i]) : got[i] == ref[i]))
+                m3_test_failf("%s: element %lld: ref %g, gpu %g", what, (long long)i, (double)ref[i], (double)got[i]);
+        printf("  %-58s none finite, as ref\n", what);
     } else {
         gpu_expect_nmse(ref, got, (int64_t)T * D, GPU_NMSE_BF16, what);
     }
@@ -497,6 +528,7 @@ static void moe_experts_one_busy_expert(void **state) {
 static int reset_case_globals(void **state) {
     (void)state;
     g_nan_D = 0;
+    g_mx_D = 0;
     g_portable = 0;
     g_skew_expert0 = false;
     return 0;
@@ -518,6 +550,31 @@ static void moe_experts_mxfp8_nan(void **state) {
     g_nan_D = 0;
     master_free(&wm);
     assert_true(g_nan_partial > 0); /* some cases mix NaN and finite outputs */
+}
+
+/* MX extremes (g_mx_D), MXFP4 and MXFP8: NaN block scales in gate / up and down, x spread
+ * over 2^-90 .. 2^90; decode (T = 1, 5, 13) and tiles (40), both profiles, production and
+ * portable kernels: non-finite outputs exactly where ref has them, the finite rest under
+ * GPU_NMSE_BF16; not vacuous: the cases together hold finite and non-finite outputs. */
+static void moe_experts_mx_extremes(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 8, 256, 192, 818);
+    g_mx_D = 256;
+    g_mx_nonfinite = g_mx_finite = 0;
+    static const int Ts[] = {1, 5, 13, 40};
+    for (int f = 1; f < 3; f++)
+        for (int port = 0; port < 2; port++)
+            for (int prof = 1; prof < 3; prof++)
+                for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                    g_portable = port;
+                    experts_case(g, &wm, Ts[i], 2, (m3_gpu_wfmt)f, prof);
+                }
+    g_mx_D = 0, g_portable = 0;
+    master_free(&wm);
+    printf("  %lld non-finite, %lld finite reference outputs\n", (long long)g_mx_nonfinite,
+           (long long)g_mx_finite);
+    assert_true(g_mx_nonfinite > 0 && g_mx_finite > 0);
 }
 
 /* M3 dims D = 6144, F = 3072 (E = 4 keeps the host reference small): decode (gemv) and a
@@ -776,6 +833,7 @@ int main(void) {
         cmocka_unit_test(moe_experts_wide_scales),
         cmocka_unit_test_teardown(moe_experts_one_busy_expert, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_mxfp8_nan, reset_case_globals),
+        cmocka_unit_test_teardown(moe_experts_mx_extremes, reset_case_globals),
         cmocka_unit_test(moe_experts_m3_dims),
         cmocka_unit_test_teardown(moe_experts_portable_paths, reset_case_globals),
         cmocka_unit_test(moe_experts_fp32_unsupported),
