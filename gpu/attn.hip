@@ -29,6 +29,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(M3_HIP_NVIDIA)
+/* m3_gpu_attn_sparse_flash's NVIDIA path: the paged flash kernel over the contiguous cache */
+static m3_status pf_contig_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, const int32_t *d_topk, int width, int block,
+                                  const m3_attn_params *ap, const m3_profile *p);
+#endif
+
 #define ATTN_THREADS 128
 #define ATTN_TILE 256     /* keys per tile when not partitioned */
 #define ATTN_MAX_RANGES 65 /* width <= 64 selected blocks + the own block */
@@ -850,6 +858,10 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attn_sparse_flash: block %d (needs a multiple "
                          "of 16, <= 256)", block);
     if (n_tok == 0) return M3_OK;
+#if defined(M3_HIP_NVIDIA)
+    if (!getenv("M3_ATTN_OLDSPARSE")) /* TEMP: the previous kernels, for the bench */
+        return pf_contig_sparse(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block, ap, p);
+#endif
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
     const size_t sh = fd_smem_bytes(hq, Dh, block);
     M3_TRY(smem_limit((const void *)sparse_part_k, sh, "hipFuncSetAttribute(sparse_part_k)"));
@@ -1277,6 +1289,9 @@ typedef struct {
     bool eager, pa, fp8, fast, sel_order, fused, qvec;
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
+    bool contig; /* m3_gpu_attn_sparse_flash: a contiguous bf16 cache [key][Hkv][Dh], its key
+                    list (valid distinct ids below the own block in selection order, then the
+                    own block), tiles kept as rows [key][Dhp + 8] */
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
@@ -1288,8 +1303,11 @@ static __host__ __device__ inline size_t pf_sc_floats(const pf_cfg &c) {
     a = a > b ? a : b;
     return ((a > q ? a : q) + 3) / 4 * 4;
 }
+static __host__ __device__ inline size_t pf_tile_bytes(const pf_cfg &c) {
+    return c.contig ? (size_t)PF_TK * (c.Dhp + 8) * 2 : (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
+}
 static size_t pf_smem_bytes(const pf_cfg &c) {
-    const size_t tb = (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
+    const size_t tb = pf_tile_bytes(c);
     return PF_NST * tb + (size_t)c.ch * 4 * sizeof(int64_t) + pf_sc_floats(c) * sizeof(float) +
            (size_t)c.ch * 6 * sizeof(float) + (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
            512 * sizeof(uint16_t);
@@ -1435,7 +1453,8 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, PBP = PF_TK + 8;
     const int hq = c.hq, Dh = c.Dh, Dhp = c.Dhp, ch = c.ch, Bs = s.g.block;
-    const size_t TB = (size_t)PF_TK * Dhp * EB;
+    const size_t TB = pf_tile_bytes(c);
+    const int RP = Dhp + 8; /* contig: tile row pitch (bf16), 272 bytes at Dh 128: conflict-free */
     unsigned char *tiles = pf_raw;
     int64_t *kofs = reinterpret_cast<int64_t *>(tiles + PF_NST * TB); /* [2][ch] fast: K offset; else slot */
     int64_t *vofs = kofs + 2 * ch;                                     /* [2][ch] */
@@ -1445,7 +1464,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     float *mt = vsc + 2 * ch, *mf = mt + ch; /* §4.9 tile max M, M / FP8_MAX */
     m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(mf + ch); /* [16][PBP] P of a tile */
     uint16_t *lut16 = reinterpret_cast<uint16_t *>(pb + 16 * PBP), *lutb = lut16 + 256;
-    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL];
+    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
     __shared__ float m_sh[FD_MAX_HQ], l_sh[FD_MAX_HQ];
 
@@ -1456,7 +1475,29 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     if (sparse) /* the selection row into shared memory, all loads in flight at once */
         for (int i = tid; i < width; i += PF_THREADS) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    if (tid == 0) { /* the key list, as attn_paged_k (ref m3_kv_sparse_table) */
+    if (c.contig) { /* ranges: ids in [0, own block), first occurrences, in selection order */
+        const int bp = p / Bs;
+        for (int i = tid; i < width; i += PF_THREADS) {
+            const int b = selsh[i];
+            bool v = b >= 0 && b < bp;
+            for (int j = 0; j < i && v; j++) v = selsh[j] != b;
+            vfl[i] = v;
+        }
+        __syncthreads();
+        for (int i = tid; i < width; i += PF_THREADS)
+            if (vfl[i]) {
+                int at = 0;
+                for (int j = 0; j < i; j++) at += vfl[j];
+                blist[at] = selsh[i];
+            }
+        if (tid == 0) {
+            int nf = 0;
+            for (int j = 0; j < width; j++) nf += vfl[j];
+            blist[nf] = bp;
+            n_sh = nf * Bs + (p - Bs * bp + 1);
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n_sh;
+        }
+    } else if (tid == 0) { /* the key list, as attn_paged_k (ref m3_kv_sparse_table) */
         int n;
         if (!sparse) {
             n = p + 1;
@@ -1513,6 +1554,11 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                 const int i = tid + r * PF_THREADS;
                 if (i >= nk) continue;
                 const int k = k0 + i, kb = k / Bs;
+                if (c.contig) { /* key row (blist[kb] Bs + k % Bs, g) */
+                    kofs[bf * ch + i] = vofs[bf * ch + i] =
+                        ((int64_t)(blist[kb] * Bs + (k - kb * Bs)) * c.Hkv + g) * Dh;
+                    continue;
+                }
                 const int sl = (sparse ? s.bt[blist[kb]] : s.bt[kb]) * Bs + (k - kb * Bs);
                 int64_t so;
                 if (c.fast) {
@@ -1575,7 +1621,16 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             const int nk = min(ch, n - cc * ch), nkt = (nk + PF_TK - 1) / PF_TK;
             const int64_t *ko = kofs + bf * ch, *vo = vofs + bf * ch;
             unsigned char *st = tiles + (size_t)(G % PF_NST) * TB;
-            if (j < nkt) {
+            if (c.contig) { /* rows of 16-byte units, consecutive threads along a row */
+                const int i0 = (j < nkt ? j : j - nkt) * PF_TK, dv8 = Dh / 8;
+                const unsigned char *base = j < nkt ? kbase : vbase;
+                const int64_t *of = j < nkt ? ko : vo;
+                for (int u = tid; u < PF_TK * dv8; u += PF_THREADS) {
+                    const int il = u / dv8, dg = u % dv8, i = i0 + il;
+                    const bool in = i < nk;
+                    cp16(st + ((size_t)il * RP + dg * 8) * 2, in ? base + (of[i] + dg * 8) * 2 : base, in);
+                }
+            } else if (j < nkt) {
                 const int i0 = j * PF_TK;
                 if (c.fast) { /* unit (key, dim group): 16 bytes of one key */
                     for (int u = tid; u < PF_TK * (Dh / XC); u += PF_THREADS) {
@@ -1684,9 +1739,10 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                             }
                         } else {
                             const uint16_t *kb = reinterpret_cast<const uint16_t *>(st) +
-                                                 ((size_t)(2 * s2) * PF_TK + key) * 8 + 2 * tq;
+                                                 (c.contig ? (size_t)key * RP + s2 * 16 + 2 * tq
+                                                           : ((size_t)(2 * s2) * PF_TK + key) * 8 + 2 * tq);
                             bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
-                            bfr[1] = *reinterpret_cast<const uint32_t *>(kb + PF_TK * 8);
+                            bfr[1] = *reinterpret_cast<const uint32_t *>(kb + (c.contig ? 8 : PF_TK * 8));
                             m3_mma_bf16_16816(c4, qa[s2], bfr);
                         }
                     }
@@ -1762,6 +1818,14 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                         }
                         float f = 0.0f;
                         if (FP8 && c.pvf16) f = mf[(i0 + ks * 16) / c.tile];
+                        if (!FP8 && c.contig) { /* V rows: both n-tiles' B by one ldmatrix.trans */
+                            const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
+                            uint32_t bv[4];
+                            ldsm4t(bv, reinterpret_cast<const m3_bf16 *>(st) + (size_t)(ks * 16 + lr) * RP + np * 16 + lc);
+                            m3_mma_bf16_16816(o[u][0], a, bv);
+                            m3_mma_bf16_16816(o[u][1], a, bv + 2);
+                            continue;
+                        }
 #pragma unroll
                         for (int h2 = 0; h2 < 2; h2++) {
                             const int d = np * 16 + h2 * 8 + gq;
@@ -1907,6 +1971,12 @@ static __global__ void __launch_bounds__(PF_MT)
 }
 #endif /* M3_HIP_NVIDIA */
 
+#if defined(M3_HIP_NVIDIA)
+static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                           const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
+                           const int32_t *d_topk, int width, pf_cfg c);
+#endif
+
 extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
                                              int ld_q, const m3_gpu_attn_paged_src *src,
                                              const int32_t *d_pos, int n_tok, int n_ctx,
@@ -1956,6 +2026,16 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     c.nchx = (int)((maxk + c.ch - 1) / c.ch);
     c.hw = fp8 && src->g.fp8_kind == M3_FP8_E4M3FN;
     c.pvf16 = c.pa && c.tile % 16 == 0;
+    return pf_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, c);
+#endif
+}
+
+#if defined(M3_HIP_NVIDIA)
+/* pf_part_k (+ pf_merge_k) for n_tok tokens, c filled but for cpb / nsp / fused */
+static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                           const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
+                           const int32_t *d_topk, int width, pf_cfg c) {
+    const bool fp8 = c.fp8;
     /* chunks per block: enough blocks for bps per multiprocessor, the rest as consecutive
      * chunks of one block (one prologue, one pipeline, merged in registers). A block's next
      * chunk loads from PF_NST tiles ahead: a full chunk needs >= PF_NST tiles. */
@@ -1971,8 +2051,9 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
             if (nsp < 1) nsp = 1;
             c.cpb = (int)((c.nchx + nsp - 1) / nsp);
         }
-        if (src->flash_cpb > 0 && 2 * ((c.ch + PF_TK - 1) / PF_TK) >= PF_NST)
-            c.cpb = src->flash_cpb < c.nchx ? src->flash_cpb : c.nchx;
+        int fc = src->flash_cpb;
+        if (!fc && getenv("M3_PF_CPB")) fc = atoi(getenv("M3_PF_CPB")); /* TEMP: test knob */
+        if (fc > 0 && 2 * ((c.ch + PF_TK - 1) / PF_TK) >= PF_NST) c.cpb = fc < c.nchx ? fc : c.nchx;
         c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
     }
     c.fused = c.nsp <= PF_FUSE_MAX;
@@ -2023,8 +2104,28 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     }
     m3_gpu_release(g, mark); /* later work on the stream runs after these kernels */
     return s;
-#endif
 }
+
+static m3_status pf_contig_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, const int32_t *d_topk, int width, int block,
+                                  const m3_attn_params *ap, const m3_profile *p) {
+    m3_gpu_attn_paged_src src;
+    memset(&src, 0, sizeof src);
+    src.g.n_kv = ap->n_kv_head, src.g.head_dim = ap->head_dim, src.g.block = block;
+    src.g.elem = M3_KV_BF16;
+    src.k = d_k, src.v = d_v;
+    pf_cfg c;
+    memset(&c, 0, sizeof c);
+    c.H = ap->n_head, c.Hkv = ap->n_kv_head, c.hq = c.H / c.Hkv, c.Dh = c.Dhp = ap->head_dim;
+    c.scale = ap->scale;
+    c.eager = p->attn_scores == M3_SCORES_BF16_EAGER;
+    c.ch = c.tile = block; /* a chunk per range, unpartitioned */
+    c.fast = c.qvec = c.contig = true; /* flash_check: Dh % 16, ld_q % 8, 16-byte alignment */
+    c.nchx = width + 1;
+    return pf_launch(g, d_out, d_q, ld_q, &src, d_pos, n_tok, width > 0 ? d_topk : NULL, width, c);
+}
+#endif
 
 extern "C" m3_status m3_gpu_attn_paged_flash_ok(const m3_gpu_attn_paged_src *src,
                                                 const m3_attn_params *ap, const m3_profile *p,
