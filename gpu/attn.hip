@@ -1883,20 +1883,21 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             cp_commit();
         }
         cp_wait<0>();
-        if (c.nsp == 1) { /* the whole row in this block: the output */
-            m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
+    }
+    if (c.nsp == 1) { /* the whole row in this block: the output (no key: 0 / 0, a visible NaN) */
+        m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
 #pragma unroll
-            for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
+        for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
 #pragma unroll
-                for (int h2 = 0; h2 < 2; h2++)
+            for (int h2 = 0; h2 < 2; h2++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int r = gq + (i >> 1) * 8, d = (warp + u * PF_NW) * 16 + h2 * 8 + 2 * tq + (i & 1);
-                        if (r < hq && d < Dh) orow[(size_t)r * Dh + d] = m3_f32_to_bf16(acc[u][h2][i] / Lr[i >> 1]);
-                    }
-            return;
-        }
-        /* this block's partial (M, L, A) per head */
+                for (int i = 0; i < 4; i++) {
+                    const int r = gq + (i >> 1) * 8, d = (warp + u * PF_NW) * 16 + h2 * 8 + 2 * tq + (i & 1);
+                    if (r < hq && d < Dh) orow[(size_t)r * Dh + d] = m3_f32_to_bf16(acc[u][h2][i] / Lr[i >> 1]);
+                }
+        return;
+    }
+    if (cb < ce) { /* this block's partial (M, L, A) per head */
         const size_t sl0 = (slot0 + ci) * hq;
 #pragma unroll
         for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
@@ -1912,7 +1913,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             for (int r2 = 0; r2 < 2; r2++)
                 if (gq + r2 * 8 < hq) pml[(sl0 + gq + r2 * 8) * 2] = Mr[r2], pml[(sl0 + gq + r2 * 8) * 2 + 1] = Lr[r2];
     }
-    if (!c.fused || c.nsp == 1) return;
+    if (!c.fused) return;
     /* the last block of this (token, kv head) to finish merges (threadFenceReduction) */
     __threadfence();
     __syncthreads();
