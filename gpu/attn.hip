@@ -33,7 +33,7 @@
 /* m3_gpu_attn_sparse_flash's NVIDIA path: the paged flash kernel over the contiguous cache */
 static m3_status pf_contig_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
-                                  int n_tok, const int32_t *d_topk, int width, int block,
+                                  int n_tok, const int32_t *d_topk, int width, int block, int cpb,
                                   const m3_attn_params *ap, const m3_profile *p);
 #endif
 
@@ -852,6 +852,16 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
                                               const int32_t *d_pos, int n_tok, int n_ctx,
                                               const int32_t *d_topk, int width, int block,
                                               const m3_attn_params *ap, const m3_profile *p) {
+    return m3_gpu_attn_sparse_flash_cpb(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx, d_topk,
+                                        width, block, 0, ap, p);
+}
+
+extern "C" m3_status m3_gpu_attn_sparse_flash_cpb(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
+                                                  int ld_q, const m3_bf16 *d_k, const m3_bf16 *d_v,
+                                                  const int32_t *d_pos, int n_tok, int n_ctx,
+                                                  const int32_t *d_topk, int width, int block,
+                                                  int cpb, const m3_attn_params *ap,
+                                                  const m3_profile *p) {
     M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx, d_q, d_k, d_v));
     M3_ASSERTF(width >= 0 && width < ATTN_MAX_RANGES, "width=%d", width);
     if (block <= 0 || block % 16 || block > 256)
@@ -860,7 +870,10 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
     if (n_tok == 0) return M3_OK;
 #if defined(M3_HIP_NVIDIA)
     if (!getenv("M3_ATTN_OLDSPARSE")) /* TEMP: the previous kernels, for the bench */
-        return pf_contig_sparse(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block, ap, p);
+        return pf_contig_sparse(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block,
+                                cpb, ap, p);
+#else
+    (void)cpb;
 #endif
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
     const size_t sh = fd_smem_bytes(hq, Dh, block);
@@ -1280,6 +1293,8 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
 #define PF_FUSE_MAX 16
 #define PF_MAX_CNT 65536                  /* (token, kv head) counters */
 #define PF_PART_CAP ((size_t)256 << 20)   /* partial outputs per launch (bytes) */
+#define PF_PHYS 64                        /* physical block ids cached per block */
+static_assert(FD_MAX_HQ * FA_MAX_DH / 8 <= PF_THREADS, "a thread's 16-byte q load covers the group");
 
 typedef struct {
     int H, Hkv, hq, Dh, Dhp, ch, nchx, part, tile;
@@ -1464,7 +1479,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     float *mt = vsc + 2 * ch, *mf = mt + ch; /* §4.9 tile max M, M / FP8_MAX */
     m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(mf + ch); /* [16][PBP] P of a tile */
     uint16_t *lut16 = reinterpret_cast<uint16_t *>(pb + 16 * PBP), *lutb = lut16 + 256;
-    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
+    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physh[PF_PHYS];
     __shared__ int n_sh, last_sh;
     __shared__ float m_sh[FD_MAX_HQ], l_sh[FD_MAX_HQ];
 
@@ -1472,6 +1487,12 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
     const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
+    /* the group's q (hq Dh <= 16 x 128 = PF_THREADS x 8 values): in flight with pos and the
+     * selection */
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh;
+    uint4 qv = make_uint4(0, 0, 0, 0);
+    if (c.qvec && tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
     if (sparse) /* the selection row into shared memory, all loads in flight at once */
         for (int i = tid; i < width; i += PF_THREADS) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
@@ -1543,6 +1564,13 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
 #pragma unroll
         for (int h2 = 0; h2 < 2; h2++) acc[u][h2][0] = acc[u][h2][1] = acc[u][h2][2] = acc[u][h2][3] = 0.0f;
+    /* the physical blocks of the block's key range (up to PF_PHYS): the chunks' offsets
+     * then need no dependent global load */
+    const int kb0 = cb * ch / Bs, nph = cb < ce ? min((min(ce * ch, n) - 1) / Bs - kb0 + 1, PF_PHYS) : 0;
+    if (!c.contig) {
+        for (int i = tid; i < nph; i += PF_THREADS) physh[i] = sparse ? s.bt[blist[kb0 + i]] : s.bt[kb0 + i];
+        __syncthreads();
+    }
     if (cb < ce) {
         const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
         /* chunk cc's key offsets into buffer (cc - cb) & 1, its scales by cp.async (they land
@@ -1559,7 +1587,8 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                         ((int64_t)(blist[kb] * Bs + (k - kb * Bs)) * c.Hkv + g) * Dh;
                     continue;
                 }
-                const int sl = (sparse ? s.bt[blist[kb]] : s.bt[kb]) * Bs + (k - kb * Bs);
+                const int ph = kb - kb0 < nph ? physh[kb - kb0] : sparse ? s.bt[blist[kb]] : s.bt[kb];
+                const int sl = ph * Bs + (k - kb * Bs);
                 int64_t so;
                 if (c.fast) {
                     pf_offs<XC>(s, sl, g, kofs[bf * ch + i], vofs[bf * ch + i], so);
@@ -1578,14 +1607,9 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
          * same permutation of the k index. */
         uint32_t qa[FA_MAX_DH / 16][4];
         {
-            const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
             uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dhp] */
-            const int nq = hq * Dh;
             if (c.qvec) {
-                for (int v = tid; v < nq / 8; v += PF_THREADS) {
-                    const uint4 w = *reinterpret_cast<const uint4 *>(qg + (size_t)v * 8);
-                    *reinterpret_cast<uint4 *>(qs + (size_t)v * 8) = w;
-                }
+                if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
             } else {
 #pragma unroll 8
                 for (int e = tid; e < nq; e += PF_THREADS) qs[(e / Dh) * Dhp + e % Dh] = qg[e];
@@ -2109,10 +2133,11 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
 
 static m3_status pf_contig_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
-                                  int n_tok, const int32_t *d_topk, int width, int block,
+                                  int n_tok, const int32_t *d_topk, int width, int block, int cpb,
                                   const m3_attn_params *ap, const m3_profile *p) {
     m3_gpu_attn_paged_src src;
     memset(&src, 0, sizeof src);
+    src.flash_cpb = cpb;
     src.g.n_kv = ap->n_kv_head, src.g.head_dim = ap->head_dim, src.g.block = block;
     src.g.elem = M3_KV_BF16;
     src.k = d_k, src.v = d_v;
