@@ -1745,7 +1745,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                 for (int u = 0; u < PF_TK / 8 / PF_NW; u++) {
                     const int nt = warp + u * PF_NW;
                     if (nt * 8 >= nkv) continue;
-                    float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps: two chains */
                     const int key = nt * 8 + gq;
 #pragma unroll
                     for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
@@ -1756,10 +1756,10 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                                 st + ((size_t)s2 * PF_TK + key) * 16 + 4 * tq);
                             if (c.pa) {
                                 bfr[0] = pf_h2(w, lut16, hw), bfr[1] = pf_h2(w >> 16, lut16, hw);
-                                pf_mma_f16(c4, qa[s2], bfr);
+                                pf_mma_f16(c8[s2 & 1], qa[s2], bfr);
                             } else {
                                 bfr[0] = pf_b2(w, lutb, hw), bfr[1] = pf_b2(w >> 16, lutb, hw);
-                                m3_mma_bf16_16816(c4, qa[s2], bfr);
+                                m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
                             }
                         } else {
                             const uint16_t *kb = reinterpret_cast<const uint16_t *>(st) +
@@ -1767,14 +1767,14 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                                                            : ((size_t)(2 * s2) * PF_TK + key) * 8 + 2 * tq);
                             bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
                             bfr[1] = *reinterpret_cast<const uint32_t *>(kb + (c.contig ? 8 : PF_TK * 8));
-                            m3_mma_bf16_16816(c4, qa[s2], bfr);
+                            m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
                         }
                     }
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int r = gq + (i >> 1) * 8, ki = i0 + nt * 8 + 2 * tq + (i & 1);
                         if (r >= hq || ki >= nk) continue; /* keys past nk are never read */
-                        float d = c4[i], z;
+                        float d = c8[0][i] + c8[1][i], z;
                         if (c.pa) z = d * c.scale * ks_[ki]; /* §4.9 step 2 */
                         else {
                             if (FP8) d *= ks_[ki]; /* dequantized K */
