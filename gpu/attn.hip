@@ -34,7 +34,7 @@
 static m3_status pf_contig_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
                                   int n_tok, const int32_t *d_topk, int width, int block, int cpb,
-                                  const m3_attn_params *ap, const m3_profile *p);
+                                  int stages, const m3_attn_params *ap, const m3_profile *p);
 #endif
 
 #define ATTN_THREADS 128
@@ -853,14 +853,14 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
                                               const int32_t *d_topk, int width, int block,
                                               const m3_attn_params *ap, const m3_profile *p) {
     return m3_gpu_attn_sparse_flash_cpb(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx, d_topk,
-                                        width, block, 0, ap, p);
+                                        width, block, 0, 0, ap, p);
 }
 
 extern "C" m3_status m3_gpu_attn_sparse_flash_cpb(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
                                                   int ld_q, const m3_bf16 *d_k, const m3_bf16 *d_v,
                                                   const int32_t *d_pos, int n_tok, int n_ctx,
                                                   const int32_t *d_topk, int width, int block,
-                                                  int cpb, const m3_attn_params *ap,
+                                                  int cpb, int stages, const m3_attn_params *ap,
                                                   const m3_profile *p) {
     M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx, d_q, d_k, d_v));
     M3_ASSERTF(width >= 0 && width < ATTN_MAX_RANGES, "width=%d", width);
@@ -871,9 +871,9 @@ extern "C" m3_status m3_gpu_attn_sparse_flash_cpb(m3_gpu *g, m3_bf16 *d_out, con
 #if defined(M3_HIP_NVIDIA)
     if (!getenv("M3_ATTN_OLDSPARSE")) /* TEMP: the previous kernels, for the bench */
         return pf_contig_sparse(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block,
-                                cpb, ap, p);
+                                cpb, stages, ap, p);
 #else
-    (void)cpb;
+    (void)cpb, (void)stages;
 #endif
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
     const size_t sh = fd_smem_bytes(hq, Dh, block);
@@ -1288,9 +1288,9 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
 #define PF_THREADS 256 /* 8 warps: a warp per 8-key n-tile of S, per 16-dim pair of O */
 #define PF_NW (PF_THREADS / 32)
 #define PF_TK 64      /* keys per shared-memory tile */
-#define PF_NST 4      /* tiles in flight (8: one block per SM, measured slower) */
+#define PF_NST 4      /* tiles in flight; 8 when the grid fills at most one wave of SMs */
 #define PF_MAX_CH 256 /* keys per chunk */
-#define PF_FUSE_MAX 16
+#define PF_FUSE_MAX 32
 #define PF_MAX_CNT 65536                  /* (token, kv head) counters */
 #define PF_PART_CAP ((size_t)256 << 20)   /* partial outputs per launch (bytes) */
 #define PF_PHYS 64                        /* physical block ids cached per block */
@@ -1300,6 +1300,7 @@ typedef struct {
     int H, Hkv, hq, Dh, Dhp, ch, nchx, part, tile;
     int cpb; /* chunks per block (consecutive chunks of one (token, kv head) row) */
     int nsp; /* blocks (partial slots) per row: ceil(nchx / cpb) */
+    int nst; /* shared-memory tile stages: PF_NST, or 8 for small grids */
     float scale, fmax;
     bool eager, pa, fp8, fast, sel_order, fused, qvec;
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
@@ -1323,7 +1324,7 @@ static __host__ __device__ inline size_t pf_tile_bytes(const pf_cfg &c) {
 }
 static size_t pf_smem_bytes(const pf_cfg &c) {
     const size_t tb = pf_tile_bytes(c);
-    return PF_NST * tb + (size_t)c.ch * 4 * sizeof(int64_t) + pf_sc_floats(c) * sizeof(float) +
+    return (size_t)c.nst * tb + (size_t)c.ch * 4 * sizeof(int64_t) + pf_sc_floats(c) * sizeof(float) +
            (size_t)c.ch * 6 * sizeof(float) + (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
            512 * sizeof(uint16_t);
 }
@@ -1458,7 +1459,7 @@ static __device__ __forceinline__ uint32_t pf_q2(float v0, float v1, m3_fp8_kind
 }
 #endif
 
-template <bool FP8>
+template <bool FP8, int NST>
 static __global__ void __launch_bounds__(PF_THREADS, 2)
     pf_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -1471,7 +1472,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     const size_t TB = pf_tile_bytes(c);
     const int RP = Dhp + 8; /* contig: tile row pitch (bf16), 272 bytes at Dh 128: conflict-free */
     unsigned char *tiles = pf_raw;
-    int64_t *kofs = reinterpret_cast<int64_t *>(tiles + PF_NST * TB); /* [2][ch] fast: K offset; else slot */
+    int64_t *kofs = reinterpret_cast<int64_t *>(tiles + NST * TB); /* [2][ch] fast: K offset; else slot */
     int64_t *vofs = kofs + 2 * ch;                                     /* [2][ch] */
     const int SCP = ch + 8; /* score row pitch: the S fragments' stores spread over banks */
     float *sc = reinterpret_cast<float *>(vofs + 2 * ch); /* [hq][SCP] scores */
@@ -1518,35 +1519,47 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             n_sh = nf * Bs + (p - Bs * bp + 1);
             if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n_sh;
         }
-    } else if (tid == 0) { /* the key list, as attn_paged_k (ref m3_kv_sparse_table) */
-        int n;
-        if (!sparse) {
-            n = p + 1;
-        } else {
-            const int bp = p / Bs;
-            int nf = 0;
-            bool tail = false;
-            for (int i = 0; i < width; i++) {
+    } else if (!sparse) {
+        if (tid == 0) {
+            n_sh = p + 1;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n_sh;
+        }
+    } else { /* the key list, as attn_paged_k (ref m3_kv_sparse_table): full blocks b < bp
+              * in selection order or by id (a stable rank, duplicates kept), the own block
+              * bp last when selected; every thread ranks its entries */
+        const int bp = p / Bs;
+        if (tid == 0) last_sh = 0;
+        __syncthreads();
+        for (int i = tid; i < width; i += PF_THREADS) {
+            const int b = selsh[i];
+            vfl[i] = b >= 0 && b < bp;
+            if (b == bp) last_sh = 1; /* the tail (any thread, the same value) */
+        }
+        __syncthreads();
+        for (int i = tid; i < width; i += PF_THREADS)
+            if (vfl[i]) {
                 const int b = selsh[i];
-                if (b < 0 || b > bp) continue;
-                if (b == bp) tail = true;
-                else blist[nf++] = b;
+                int at = 0;
+                if (c.sel_order)
+                    for (int j = 0; j < i; j++) at += vfl[j];
+                else
+                    for (int j = 0; j < width; j++)
+                        at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < i));
+                blist[at] = b;
             }
-            if (!c.sel_order)
-                for (int a = 1; a < nf; a++)
-                    for (int j = a; j > 0 && blist[j - 1] > blist[j]; j--) {
-                        const int x = blist[j];
-                        blist[j] = blist[j - 1], blist[j - 1] = x;
-                    }
-            if (tail) {
+        if (tid == 0) {
+            int nf = 0;
+            for (int j = 0; j < width; j++) nf += vfl[j];
+            int n;
+            if (last_sh) {
                 blist[nf] = bp;
                 n = nf * Bs + (p - Bs * bp + 1);
             } else {
                 n = nf * Bs < p + 1 ? nf * Bs : p + 1;
             }
+            n_sh = n;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n;
         }
-        n_sh = n;
-        if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n;
     }
     if (FP8 && !hw)
         for (int i = tid; i < 256; i += PF_THREADS) {
@@ -1644,7 +1657,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             const int cc = cb + G / (2 * nktf), j = G % (2 * nktf), bf = (cc - cb) & 1;
             const int nk = min(ch, n - cc * ch), nkt = (nk + PF_TK - 1) / PF_TK;
             const int64_t *ko = kofs + bf * ch, *vo = vofs + bf * ch;
-            unsigned char *st = tiles + (size_t)(G % PF_NST) * TB;
+            unsigned char *st = tiles + (size_t)(G % NST) * TB;
             if (c.contig) { /* rows of 16-byte units, consecutive threads along a row */
                 const int i0 = (j < nkt ? j : j - nkt) * PF_TK, dv8 = Dh / 8;
                 const unsigned char *base = j < nkt ? kbase : vbase;
@@ -1710,7 +1723,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             }
         };
 #pragma unroll
-        for (int i = 0; i < PF_NST; i++) {
+        for (int i = 0; i < NST; i++) {
             load(i);
             cp_commit();
         }
@@ -1720,12 +1733,12 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
 #pragma unroll
             for (int h2 = 0; h2 < 2; h2++) o[u][h2][0] = o[u][h2][1] = o[u][h2][2] = o[u][h2][3] = 0.0f;
         for (int G = 0; G < ntl; G++) {
-            cp_wait<PF_NST - 1>(); /* this thread's copies of tile G (and older scales) landed */
+            cp_wait<NST - 1>(); /* this thread's copies of tile G (and older scales) landed */
             __syncthreads();
             const int cc = cb + G / (2 * nktf), j = G % (2 * nktf), bf = (cc - cb) & 1;
             const int nk = min(ch, n - cc * ch), nkt = (nk + PF_TK - 1) / PF_TK;
             const float *ks_ = ksc + bf * ch, *vs_ = vsc + bf * ch;
-            const unsigned char *st = tiles + (size_t)(G % PF_NST) * TB;
+            const unsigned char *st = tiles + (size_t)(G % NST) * TB;
             if (j == 0) {
                 /* the next chunk's offsets (its tiles load from PF_NST tiles ahead on; a full
                  * chunk has >= PF_NST tiles, the host ensures) */
@@ -1903,7 +1916,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                 }
             }
             __syncthreads(); /* stage G % PF_NST is free */
-            load(G + PF_NST);
+            load(G + NST);
             cp_commit();
         }
         cp_wait<0>();
@@ -2080,6 +2093,12 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         if (!fc && getenv("M3_PF_CPB")) fc = atoi(getenv("M3_PF_CPB")); /* TEMP: test knob */
         if (fc > 0 && 2 * ((c.ch + PF_TK - 1) / PF_TK) >= PF_NST) c.cpb = fc < c.nchx ? fc : c.nchx;
         c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
+        /* one wave or less: every tile of a chunk in flight at once (1 block per SM) */
+        const int64_t nblk = (int64_t)c.nsp * c.Hkv * n_tok;
+        const bool deep_ok = c.cpb == 1 || 2 * ((c.ch + PF_TK - 1) / PF_TK) >= 8;
+        c.nst = nblk <= (g->n_sm > 0 ? g->n_sm : 132) && deep_ok ? 8 : PF_NST;
+        if (getenv("M3_PF_NST")) c.nst = 4; /* TEMP: knob */
+        if (src->flash_stages == PF_NST || (src->flash_stages == 8 && deep_ok)) c.nst = src->flash_stages;
     }
     c.fused = c.nsp <= PF_FUSE_MAX;
     const size_t per_tok = (size_t)c.Hkv * c.nsp * c.hq * (c.Dh + 2) * sizeof(float) + 64;
@@ -2092,17 +2111,21 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set[3];
-    const void *fns[3] = {(const void *)pf_part_k<false>, (const void *)pf_part_k<true>,
-                          (const void *)pf_merge_k};
-    const int fi = fp8 ? 1 : 0;
+    static size_t pf_set[5];
+    typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
+                          int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
+    const pf_fn kf[4] = {pf_part_k<false, PF_NST>, pf_part_k<true, PF_NST>, pf_part_k<false, 8>,
+                         pf_part_k<true, 8>};
+    const int fi = (fp8 ? 1 : 0) + (c.nst == 8 ? 2 : 0);
+    const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
+                          (const void *)kf[3], (const void *)pf_merge_k};
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[2]) {
-        M3_TRY(smem_limit(fns[2], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[2] = msh;
+    if (!c.fused && msh > pf_set[4]) {
+        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[4] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
@@ -2114,12 +2137,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        if (fp8)
-            pf_part_k<true><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
-                                                                n_tok, d_topk, width, po, pml, nk, c);
-        else
-            pf_part_k<false><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
-                                                                 n_tok, d_topk, width, po, pml, nk, c);
+        kf[fi]<<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
+                                                    width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
             pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
@@ -2134,10 +2153,10 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
 static m3_status pf_contig_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
                                   int n_tok, const int32_t *d_topk, int width, int block, int cpb,
-                                  const m3_attn_params *ap, const m3_profile *p) {
+                                  int stages, const m3_attn_params *ap, const m3_profile *p) {
     m3_gpu_attn_paged_src src;
     memset(&src, 0, sizeof src);
-    src.flash_cpb = cpb;
+    src.flash_cpb = cpb, src.flash_stages = stages;
     src.g.n_kv = ap->n_kv_head, src.g.head_dim = ap->head_dim, src.g.block = block;
     src.g.elem = M3_KV_BF16;
     src.k = d_k, src.v = d_v;

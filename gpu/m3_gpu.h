@@ -249,13 +249,14 @@ m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q
                                    int n_tok, int n_ctx, const int32_t *d_topk, int width,
                                    int block, const struct m3_attn_params *ap,
                                    const m3_profile *p);
-/* the same with a test hook: cpb > 0 sets how many consecutive ranges of a (token, kv head)
- * one block takes (NVIDIA; 0 = chosen from the grid size, as m3_gpu_attn_sparse_flash) */
+/* the same with test hooks (NVIDIA; 0 = chosen from the grid, as m3_gpu_attn_sparse_flash):
+ * cpb consecutive ranges of a (token, kv head) per block, stages 4 or 8 tile stages */
 m3_status m3_gpu_attn_sparse_flash_cpb(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                        const m3_bf16 *d_k, const m3_bf16 *d_v,
                                        const int32_t *d_pos, int n_tok, int n_ctx,
                                        const int32_t *d_topk, int width, int block, int cpb,
-                                       const struct m3_attn_params *ap, const m3_profile *p);
+                                       int stages, const struct m3_attn_params *ap,
+                                       const m3_profile *p);
 
 /* Paged attention, twin of ref/attn.h m3_attn_paged: causal GQA attention reading K/V
  * through one layer's paged cache (spec §4.1-§4.4, §4.9; docs/caches.md) on the device. The
@@ -271,8 +272,8 @@ typedef struct m3_gpu_attn_paged_src {
     int n_logical;
     bool fp8_pa;              /* fp8 elements: the §4.9 paged-attention emulation */
     m3_fp8_overflow ovf;      /* of the emulation's fp8 casts (Q, P') */
-    int flash_cpb;            /* m3_gpu_attn_paged_flash: chunks per block (test hook; 0 =
-                                 chosen from the grid size) */
+    int flash_cpb, flash_stages; /* m3_gpu_attn_paged_flash test hooks: chunks per block,
+                                 shared-memory tile stages 4 or 8 (0: chosen from the grid) */
 } m3_gpu_attn_paged_src;
 /* q [T, H*Dh] (pitch ld_q), pos [T] device (< n_ctx), topk [Hkv, T, width] device or NULL
  * (dense: keys 0..pos[t]; sparse: m3_kv_sparse_table's expansion, keys k < ctx through the

@@ -95,14 +95,15 @@ static void attn_case(m3_gpu *g, const attn_shape *s, int prof) {
         snprintf(name, sizeof name, what, " bf16");
         gpu_expect_nmse(ref, got, no, GPU_NMSE_BF16, name);
         /* the flash kernels: other rounding points (unnormalised bf16 P, fp32 LSE merge);
-         * sparse: ranges per block chosen by the launcher, 2 (blocks merge consecutive ranges,
-         * then a partial each), 1 << 20 (a block per row, its output straight from registers) */
-        static const int cpbs[] = {0, 2, 1 << 20};
+         * sparse: ranges per block and tile stages chosen by the launcher; 2 ranges (blocks
+         * merge consecutive ranges, then a partial each), 4 stages; 1 << 20 (a block per row,
+         * its output straight from registers), 8 stages where the pipeline allows */
+        static const int cpbs[] = {0, 2, 1 << 20}, stg[] = {0, 4, 8};
         for (int ic = 0; ic < (s->width ? 3 : 1); ic++) {
             dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
             if (s->width)
                 GPU_OK(m3_gpu_attn_sparse_flash_cpb(g, dout, dq, ldq, dk, dv, dpos, T, C, dtopk,
-                                                    s->width, s->block, cpbs[ic], &ap, &p));
+                                                    s->width, s->block, cpbs[ic], stg[ic], &ap, &p));
             else
                 GPU_OK(m3_gpu_attn_dense_flash(g, dout, dq, ldq, dk, dv, dpos, T, C, &ap, &p));
             gpu_download_bf16(g, got, dout, no);
@@ -117,7 +118,7 @@ static void attn_case(m3_gpu *g, const attn_shape *s, int prof) {
             m3_bf16 *dout2 = gpu_guard_alloc(g, no * sizeof(m3_bf16));
             if (s->width)
                 GPU_OK(m3_gpu_attn_sparse_flash_cpb(g, dout2, dq, ldq, dk, dv, dpos, T, C, dtopk,
-                                                    s->width, s->block, cpbs[ic], &ap, &p));
+                                                    s->width, s->block, cpbs[ic], stg[ic], &ap, &p));
             else
                 GPU_OK(m3_gpu_attn_dense_flash(g, dout2, dq, ldq, dk, dv, dpos, T, C, &ap, &p));
             float *got2 = malloc(no * sizeof *got2);
