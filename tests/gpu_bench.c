@@ -356,6 +356,7 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     m3_gpu_release(g, mark);
 }
 
+/* the faithful kernels (device references); the fast ones: bench_attention_flash */
 static void bench_attention(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
@@ -363,6 +364,12 @@ static void bench_attention(void **state) {
     attn_bench_case(g, &r, 1, 131072, true, 2, false);
     attn_bench_case(g, &r, 64, 131072, true, 2, false);
     attn_bench_case(g, &r, 1024, 1024, false, 1, false);
+}
+
+static void bench_attention_flash(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 907);
     attn_bench_case(g, &r, 1, 131072, true, 2, true);
     attn_bench_case(g, &r, 64, 131072, true, 2, true);
     attn_bench_case(g, &r, 8192, 8192, true, 2, true);
@@ -822,6 +829,7 @@ int main(void) {
         cmocka_unit_test(bench_moe_route),
         cmocka_unit_test(bench_indexer),
         cmocka_unit_test(bench_attention),
+        cmocka_unit_test(bench_attention_flash),
         cmocka_unit_test(bench_attention_paged),
         cmocka_unit_test(bench_moe_experts),
         cmocka_unit_test(bench_kv_cache_write),
