@@ -29,13 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(M3_HIP_NVIDIA)
-/* m3_gpu_attn_sparse_flash's NVIDIA path: the paged flash kernel over the contiguous cache */
-static m3_status pf_contig_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
-                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
-                                  int n_tok, const int32_t *d_topk, int width, int block, int cpb,
-                                  int stages, const m3_attn_params *ap, const m3_profile *p);
-#endif
 
 #define ATTN_THREADS 128
 #define ATTN_TILE 256     /* keys per tile when not partitioned */
@@ -852,29 +845,12 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
                                               const int32_t *d_pos, int n_tok, int n_ctx,
                                               const int32_t *d_topk, int width, int block,
                                               const m3_attn_params *ap, const m3_profile *p) {
-    return m3_gpu_attn_sparse_flash_cpb(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx, d_topk,
-                                        width, block, 0, 0, ap, p);
-}
-
-extern "C" m3_status m3_gpu_attn_sparse_flash_cpb(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
-                                                  int ld_q, const m3_bf16 *d_k, const m3_bf16 *d_v,
-                                                  const int32_t *d_pos, int n_tok, int n_ctx,
-                                                  const int32_t *d_topk, int width, int block,
-                                                  int cpb, int stages, const m3_attn_params *ap,
-                                                  const m3_profile *p) {
     M3_TRY(flash_check(ap, p, ld_q, n_tok, n_ctx, d_q, d_k, d_v));
     M3_ASSERTF(width >= 0 && width < ATTN_MAX_RANGES, "width=%d", width);
     if (block <= 0 || block % 16 || block > 256)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attn_sparse_flash: block %d (needs a multiple "
                          "of 16, <= 256)", block);
     if (n_tok == 0) return M3_OK;
-#if defined(M3_HIP_NVIDIA)
-    if (!getenv("M3_ATTN_OLDSPARSE")) /* TEMP: the previous kernels, for the bench */
-        return pf_contig_sparse(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block,
-                                cpb, stages, ap, p);
-#else
-    (void)cpb, (void)stages;
-#endif
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
     const size_t sh = fd_smem_bytes(hq, Dh, block);
     M3_TRY(smem_limit((const void *)sparse_part_k, sh, "hipFuncSetAttribute(sparse_part_k)"));
@@ -1305,9 +1281,6 @@ typedef struct {
     bool eager, pa, fp8, fast, sel_order, fused, qvec;
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
-    bool contig; /* m3_gpu_attn_sparse_flash: a contiguous bf16 cache [key][Hkv][Dh], its key
-                    list (valid distinct ids below the own block in selection order, then the
-                    own block), tiles kept as rows [key][Dhp + 8] */
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
@@ -1320,7 +1293,7 @@ static __host__ __device__ inline size_t pf_sc_floats(const pf_cfg &c) {
     return ((a > q ? a : q) + 3) / 4 * 4;
 }
 static __host__ __device__ inline size_t pf_tile_bytes(const pf_cfg &c) {
-    return c.contig ? (size_t)PF_TK * (c.Dhp + 8) * 2 : (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
+    return (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
 }
 static size_t pf_smem_bytes(const pf_cfg &c) {
     const size_t tb = pf_tile_bytes(c);
@@ -1470,7 +1443,6 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, PBP = PF_TK + 8;
     const int hq = c.hq, Dh = c.Dh, Dhp = c.Dhp, ch = c.ch, Bs = s.g.block;
     const size_t TB = pf_tile_bytes(c);
-    const int RP = Dhp + 8; /* contig: tile row pitch (bf16), 272 bytes at Dh 128: conflict-free */
     unsigned char *tiles = pf_raw;
     int64_t *kofs = reinterpret_cast<int64_t *>(tiles + NST * TB); /* [2][ch] fast: K offset; else slot */
     int64_t *vofs = kofs + 2 * ch;                                     /* [2][ch] */
@@ -1497,29 +1469,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     if (sparse) /* the selection row into shared memory, all loads in flight at once */
         for (int i = tid; i < width; i += PF_THREADS) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    if (c.contig) { /* ranges: ids in [0, own block), first occurrences, in selection order */
-        const int bp = p / Bs;
-        for (int i = tid; i < width; i += PF_THREADS) {
-            const int b = selsh[i];
-            bool v = b >= 0 && b < bp;
-            for (int j = 0; j < i && v; j++) v = selsh[j] != b;
-            vfl[i] = v;
-        }
-        __syncthreads();
-        for (int i = tid; i < width; i += PF_THREADS)
-            if (vfl[i]) {
-                int at = 0;
-                for (int j = 0; j < i; j++) at += vfl[j];
-                blist[at] = selsh[i];
-            }
-        if (tid == 0) {
-            int nf = 0;
-            for (int j = 0; j < width; j++) nf += vfl[j];
-            blist[nf] = bp;
-            n_sh = nf * Bs + (p - Bs * bp + 1);
-            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n_sh;
-        }
-    } else if (!sparse) {
+    if (!sparse) {
         if (tid == 0) {
             n_sh = p + 1;
             if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n_sh;
@@ -1580,10 +1530,8 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     /* the physical blocks of the block's key range (up to PF_PHYS): the chunks' offsets
      * then need no dependent global load */
     const int kb0 = cb * ch / Bs, nph = cb < ce ? min((min(ce * ch, n) - 1) / Bs - kb0 + 1, PF_PHYS) : 0;
-    if (!c.contig) {
-        for (int i = tid; i < nph; i += PF_THREADS) physh[i] = sparse ? s.bt[blist[kb0 + i]] : s.bt[kb0 + i];
-        __syncthreads();
-    }
+    for (int i = tid; i < nph; i += PF_THREADS) physh[i] = sparse ? s.bt[blist[kb0 + i]] : s.bt[kb0 + i];
+    __syncthreads();
     if (cb < ce) {
         const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
         /* chunk cc's key offsets into buffer (cc - cb) & 1, its scales by cp.async (they land
@@ -1595,11 +1543,6 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                 const int i = tid + r * PF_THREADS;
                 if (i >= nk) continue;
                 const int k = k0 + i, kb = k / Bs;
-                if (c.contig) { /* key row (blist[kb] Bs + k % Bs, g) */
-                    kofs[bf * ch + i] = vofs[bf * ch + i] =
-                        ((int64_t)(blist[kb] * Bs + (k - kb * Bs)) * c.Hkv + g) * Dh;
-                    continue;
-                }
                 const int ph = kb - kb0 < nph ? physh[kb - kb0] : sparse ? s.bt[blist[kb]] : s.bt[kb];
                 const int sl = ph * Bs + (k - kb * Bs);
                 int64_t so;
@@ -1658,16 +1601,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             const int nk = min(ch, n - cc * ch), nkt = (nk + PF_TK - 1) / PF_TK;
             const int64_t *ko = kofs + bf * ch, *vo = vofs + bf * ch;
             unsigned char *st = tiles + (size_t)(G % NST) * TB;
-            if (c.contig) { /* rows of 16-byte units, consecutive threads along a row */
-                const int i0 = (j < nkt ? j : j - nkt) * PF_TK, dv8 = Dh / 8;
-                const unsigned char *base = j < nkt ? kbase : vbase;
-                const int64_t *of = j < nkt ? ko : vo;
-                for (int u = tid; u < PF_TK * dv8; u += PF_THREADS) {
-                    const int il = u / dv8, dg = u % dv8, i = i0 + il;
-                    const bool in = i < nk;
-                    cp16(st + ((size_t)il * RP + dg * 8) * 2, in ? base + (of[i] + dg * 8) * 2 : base, in);
-                }
-            } else if (j < nkt) {
+            if (j < nkt) {
                 const int i0 = j * PF_TK;
                 if (c.fast) { /* unit (key, dim group): 16 bytes of one key */
                     for (int u = tid; u < PF_TK * (Dh / XC); u += PF_THREADS) {
@@ -1776,10 +1710,9 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                             }
                         } else {
                             const uint16_t *kb = reinterpret_cast<const uint16_t *>(st) +
-                                                 (c.contig ? (size_t)key * RP + s2 * 16 + 2 * tq
-                                                           : ((size_t)(2 * s2) * PF_TK + key) * 8 + 2 * tq);
+                                                 ((size_t)(2 * s2) * PF_TK + key) * 8 + 2 * tq;
                             bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
-                            bfr[1] = *reinterpret_cast<const uint32_t *>(kb + (c.contig ? 8 : PF_TK * 8));
+                            bfr[1] = *reinterpret_cast<const uint32_t *>(kb + PF_TK * 8);
                             m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
                         }
                     }
@@ -1855,14 +1788,6 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                         }
                         float f = 0.0f;
                         if (FP8 && c.pvf16) f = mf[(i0 + ks * 16) / c.tile];
-                        if (!FP8 && c.contig) { /* V rows: both n-tiles' B by one ldmatrix.trans */
-                            const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
-                            uint32_t bv[4];
-                            ldsm4t(bv, reinterpret_cast<const m3_bf16 *>(st) + (size_t)(ks * 16 + lr) * RP + np * 16 + lc);
-                            m3_mma_bf16_16816(o[u][0], a, bv);
-                            m3_mma_bf16_16816(o[u][1], a, bv + 2);
-                            continue;
-                        }
 #pragma unroll
                         for (int h2 = 0; h2 < 2; h2++) {
                             const int d = np * 16 + h2 * 8 + gq;
@@ -2150,26 +2075,6 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     return s;
 }
 
-static m3_status pf_contig_sparse(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
-                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
-                                  int n_tok, const int32_t *d_topk, int width, int block, int cpb,
-                                  int stages, const m3_attn_params *ap, const m3_profile *p) {
-    m3_gpu_attn_paged_src src;
-    memset(&src, 0, sizeof src);
-    src.flash_cpb = cpb, src.flash_stages = stages;
-    src.g.n_kv = ap->n_kv_head, src.g.head_dim = ap->head_dim, src.g.block = block;
-    src.g.elem = M3_KV_BF16;
-    src.k = d_k, src.v = d_v;
-    pf_cfg c;
-    memset(&c, 0, sizeof c);
-    c.H = ap->n_head, c.Hkv = ap->n_kv_head, c.hq = c.H / c.Hkv, c.Dh = c.Dhp = ap->head_dim;
-    c.scale = ap->scale;
-    c.eager = p->attn_scores == M3_SCORES_BF16_EAGER;
-    c.ch = c.tile = block; /* a chunk per range, unpartitioned */
-    c.fast = c.qvec = c.contig = true; /* flash_check: Dh % 16, ld_q % 8, 16-byte alignment */
-    c.nchx = width + 1;
-    return pf_launch(g, d_out, d_q, ld_q, &src, d_pos, n_tok, width > 0 ? d_topk : NULL, width, c);
-}
 #endif
 
 extern "C" m3_status m3_gpu_attn_paged_flash_ok(const m3_gpu_attn_paged_src *src,

@@ -249,14 +249,6 @@ m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q
                                    int n_tok, int n_ctx, const int32_t *d_topk, int width,
                                    int block, const struct m3_attn_params *ap,
                                    const m3_profile *p);
-/* the same with test hooks (NVIDIA; 0 = chosen from the grid, as m3_gpu_attn_sparse_flash):
- * cpb consecutive ranges of a (token, kv head) per block, stages 4 or 8 tile stages */
-m3_status m3_gpu_attn_sparse_flash_cpb(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
-                                       const m3_bf16 *d_k, const m3_bf16 *d_v,
-                                       const int32_t *d_pos, int n_tok, int n_ctx,
-                                       const int32_t *d_topk, int width, int block, int cpb,
-                                       int stages, const struct m3_attn_params *ap,
-                                       const m3_profile *p);
 
 /* Paged attention, twin of ref/attn.h m3_attn_paged: causal GQA attention reading K/V
  * through one layer's paged cache (spec §4.1-§4.4, §4.9; docs/caches.md) on the device. The

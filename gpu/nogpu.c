@@ -171,17 +171,6 @@ m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q
     (void)n_ctx; (void)d_topk; (void)width; (void)block; (void)ap; (void)p;
     return NO_GPU("gpu attention");
 }
-m3_status m3_gpu_attn_sparse_flash_cpb(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
-                                       const m3_bf16 *d_k, const m3_bf16 *d_v,
-                                       const int32_t *d_pos, int n_tok, int n_ctx,
-                                       const int32_t *d_topk, int width, int block, int cpb,
-                                       int stages, const struct m3_attn_params *ap,
-                                       const m3_profile *p) {
-    (void)g; (void)d_out; (void)d_q; (void)ld_q; (void)d_k; (void)d_v; (void)d_pos; (void)n_tok;
-    (void)n_ctx; (void)d_topk; (void)width; (void)block; (void)cpb; (void)stages; (void)ap;
-    (void)p;
-    return NO_GPU("gpu attention");
-}
 m3_status m3_gpu_kv_cache_write(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k,
                                 int ld_k, const m3_bf16 *d_v, int ld_v, const int64_t *d_slots,
                                 int n_tok, int n_kv_head, int head_dim) {

@@ -94,40 +94,31 @@ static void attn_case(m3_gpu *g, const attn_shape *s, int prof) {
         gpu_guard_check(g, dout, no * sizeof(m3_bf16), "attention bf16 out");
         snprintf(name, sizeof name, what, " bf16");
         gpu_expect_nmse(ref, got, no, GPU_NMSE_BF16, name);
-        /* the flash kernels: other rounding points (unnormalised bf16 P, fp32 LSE merge);
-         * sparse: ranges per block and tile stages chosen by the launcher; 2 ranges (blocks
-         * merge consecutive ranges, then a partial each), 4 stages; 1 << 20 (a block per row,
-         * its output straight from registers), 8 stages where the pipeline allows */
-        static const int cpbs[] = {0, 2, 1 << 20}, stg[] = {0, 4, 8};
-        for (int ic = 0; ic < (s->width ? 3 : 1); ic++) {
-            dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
-            if (s->width)
-                GPU_OK(m3_gpu_attn_sparse_flash_cpb(g, dout, dq, ldq, dk, dv, dpos, T, C, dtopk,
-                                                    s->width, s->block, cpbs[ic], stg[ic], &ap, &p));
-            else
-                GPU_OK(m3_gpu_attn_dense_flash(g, dout, dq, ldq, dk, dv, dpos, T, C, &ap, &p));
-            gpu_download_bf16(g, got, dout, no);
-            gpu_guard_check(g, dout, no * sizeof(m3_bf16), "attention flash out");
-            char fl[32];
-            if (s->width) snprintf(fl, sizeof fl, " flash cpb %d", cpbs[ic]);
-            else snprintf(fl, sizeof fl, " flash");
-            snprintf(name, sizeof name, what, fl);
-            gpu_expect_nmse(ref, got, no, GPU_NMSE_FLASH, name);
-            /* a second run into a fresh poisoned buffer must agree bit for bit (a race or a
-             * read of unwritten shared memory shows up as a moving result) */
-            m3_bf16 *dout2 = gpu_guard_alloc(g, no * sizeof(m3_bf16));
-            if (s->width)
-                GPU_OK(m3_gpu_attn_sparse_flash_cpb(g, dout2, dq, ldq, dk, dv, dpos, T, C, dtopk,
-                                                    s->width, s->block, cpbs[ic], stg[ic], &ap, &p));
-            else
-                GPU_OK(m3_gpu_attn_dense_flash(g, dout2, dq, ldq, dk, dv, dpos, T, C, &ap, &p));
-            float *got2 = malloc(no * sizeof *got2);
-            gpu_download_bf16(g, got2, dout2, no);
-            gpu_guard_check(g, dout2, no * sizeof(m3_bf16), "attention flash out (rerun)");
-            if (memcmp(got, got2, no * sizeof *got))
-                m3_test_failf("%s: two runs differ (race?)", name);
-            free(got2);
-        }
+        /* the flash kernels: other rounding points (unnormalised bf16 P, fp32 LSE merge) */
+        dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+        if (s->width)
+            GPU_OK(m3_gpu_attn_sparse_flash(g, dout, dq, ldq, dk, dv, dpos, T, C, dtopk, s->width,
+                                            s->block, &ap, &p));
+        else
+            GPU_OK(m3_gpu_attn_dense_flash(g, dout, dq, ldq, dk, dv, dpos, T, C, &ap, &p));
+        gpu_download_bf16(g, got, dout, no);
+        gpu_guard_check(g, dout, no * sizeof(m3_bf16), "attention flash out");
+        snprintf(name, sizeof name, what, " flash");
+        gpu_expect_nmse(ref, got, no, GPU_NMSE_FLASH, name);
+        /* a second run into a fresh poisoned buffer must agree bit for bit (a race or a read
+         * of unwritten shared memory shows up as a moving result) */
+        m3_bf16 *dout2 = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+        if (s->width)
+            GPU_OK(m3_gpu_attn_sparse_flash(g, dout2, dq, ldq, dk, dv, dpos, T, C, dtopk, s->width,
+                                            s->block, &ap, &p));
+        else
+            GPU_OK(m3_gpu_attn_dense_flash(g, dout2, dq, ldq, dk, dv, dpos, T, C, &ap, &p));
+        float *got2 = malloc(no * sizeof *got2);
+        gpu_download_bf16(g, got2, dout2, no);
+        gpu_guard_check(g, dout2, no * sizeof(m3_bf16), "attention flash out (rerun)");
+        if (memcmp(got, got2, no * sizeof *got))
+            m3_test_failf("%s: two runs differ (race?)", name);
+        free(got2);
     }
     float *dq = gpu_upload_f32(g, q, nq), *dk = gpu_upload_f32(g, k, nkv), *dv = gpu_upload_f32(g, v, nkv);
     float *dout = gpu_guard_alloc(g, no * sizeof(float));
