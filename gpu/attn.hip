@@ -1270,6 +1270,7 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
 #define PF_MAX_CNT 65536                  /* (token, kv head) counters */
 #define PF_PART_CAP ((size_t)256 << 20)   /* partial outputs per launch (bytes) */
 #define PF_PHYS 64                        /* physical block ids cached per block */
+#define PF_VU ((PF_TK / 8) * FA_MAX_DH / PF_THREADS) /* V units of a tile per thread, at most */
 static_assert(FD_MAX_HQ * FA_MAX_DH / 8 <= PF_THREADS, "a thread's 16-byte q load covers the group");
 
 typedef struct {
@@ -1595,6 +1596,13 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
         const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
         const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
         /* tile G of the block (per chunk: its K tiles, then its V tiles) into stage G % PF_NST */
+        /* this thread's V units (key group, dim) of a tile, the same for every tile */
+        int vgi[PF_VU], vdd[PF_VU];
+#pragma unroll
+        for (int r = 0; r < PF_VU; r++) {
+            const int u = tid + r * PF_THREADS;
+            vgi[r] = u < (PF_TK / XC) * Dh ? u / Dh : -1, vdd[r] = u % Dh;
+        }
         auto load = [&](int G) {
             if (G >= ntl) return;
             const int cc = cb + G / (2 * nktf), j = G % (2 * nktf), bf = (cc - cb) & 1;
@@ -1627,8 +1635,10 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             } else {
                 const int i0 = (j - nkt) * PF_TK;
                 if (c.fast) { /* unit (key group, dim): XC consecutive keys of one dim */
-                    for (int u = tid; u < (PF_TK / XC) * Dh; u += PF_THREADS) {
-                        const int gi = u / Dh, d = u % Dh, kk = i0 + gi * XC, nv = nk - kk;
+#pragma unroll
+                    for (int r = 0; r < PF_VU; r++) {
+                        if (vgi[r] < 0) continue;
+                        const int gi = vgi[r], d = vdd[r], kk = i0 + gi * XC, nv = nk - kk;
                         unsigned char *dst = st + ((size_t)gi * Dhp + d) * 16;
                         if (nv >= XC || nv <= 0) {
                             cp16(dst, nv > 0 ? vbase + (vo[kk] + (int64_t)d * XC) * EB : vbase, nv > 0);
@@ -1657,7 +1667,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             }
         };
 #pragma unroll
-        for (int i = 0; i < NST; i++) {
+        for (int i = 0; i < NST - 1; i++) {
             load(i);
             cp_commit();
         }
@@ -1667,15 +1677,18 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
 #pragma unroll
             for (int h2 = 0; h2 < 2; h2++) o[u][h2][0] = o[u][h2][1] = o[u][h2][2] = o[u][h2][3] = 0.0f;
         for (int G = 0; G < ntl; G++) {
-            cp_wait<NST - 1>(); /* this thread's copies of tile G (and older scales) landed */
-            __syncthreads();
+            cp_wait<NST - 2>(); /* this thread's copies of tile G (and older scales) landed */
+            __syncthreads(); /* every thread's too, and stage (G - 1) % NST is free */
+            load(G + NST - 1);
+            cp_commit();
             const int cc = cb + G / (2 * nktf), j = G % (2 * nktf), bf = (cc - cb) & 1;
             const int nk = min(ch, n - cc * ch), nkt = (nk + PF_TK - 1) / PF_TK;
             const float *ks_ = ksc + bf * ch, *vs_ = vsc + bf * ch;
             const unsigned char *st = tiles + (size_t)(G % NST) * TB;
             if (j == 0) {
-                /* the next chunk's offsets (its tiles load from PF_NST tiles ahead on; a full
-                 * chunk has >= PF_NST tiles, the host ensures) */
+                /* the next chunk's offsets (its first tile loads NST - 1 iterations ahead, from
+                 * the next iteration on: a full chunk has >= NST tiles, the host ensures; the
+                 * scales' copies land with the next commit group) */
                 if (cc + 1 < ce) offs(cc + 1);
                 if (c.pa) /* §4.9: the max V scale of each tile of keys (tiles from the chunk start) */
                     for (int jt = warp; jt * c.tile < nk; jt += PF_NW) {
@@ -1840,9 +1853,6 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                         for (int h2 = 0; h2 < 2; h2++) o[u][h2][0] = o[u][h2][1] = o[u][h2][2] = o[u][h2][3] = 0.0f;
                 }
             }
-            __syncthreads(); /* stage G % PF_NST is free */
-            load(G + NST);
-            cp_commit();
         }
         cp_wait<0>();
     }
