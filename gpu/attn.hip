@@ -26,7 +26,6 @@
 #include "ref/attn.h"
 #include "ref/num/bf16.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 
@@ -1264,7 +1263,8 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
 #define PF_THREADS 256 /* 8 warps: a warp per 8-key n-tile of S, per 16-dim pair of O */
 #define PF_NW (PF_THREADS / 32)
 #define PF_TK 64      /* keys per shared-memory tile */
-#define PF_NST 4      /* tiles in flight; 8 when the grid fills at most one wave of SMs */
+#define PF_NST 4      /* tile stages (8 for grids of one wave measured no faster, removed) */
+#define PF_BPS 2      /* blocks per SM the launcher aims at (1: 1.5x slower at 128K dense) */
 #define PF_MAX_CH 256 /* keys per chunk */
 #define PF_FUSE_MAX 32
 #define PF_MAX_CNT 65536                  /* (token, kv head) counters */
@@ -1277,7 +1277,6 @@ typedef struct {
     int H, Hkv, hq, Dh, Dhp, ch, nchx, part, tile;
     int cpb; /* chunks per block (consecutive chunks of one (token, kv head) row) */
     int nsp; /* blocks (partial slots) per row: ceil(nchx / cpb) */
-    int nst; /* shared-memory tile stages: PF_NST, or 8 for small grids */
     float scale, fmax;
     bool eager, pa, fp8, fast, sel_order, fused, qvec;
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
@@ -1298,7 +1297,7 @@ static __host__ __device__ inline size_t pf_tile_bytes(const pf_cfg &c) {
 }
 static size_t pf_smem_bytes(const pf_cfg &c) {
     const size_t tb = pf_tile_bytes(c);
-    return (size_t)c.nst * tb + (size_t)c.ch * 4 * sizeof(int64_t) + pf_sc_floats(c) * sizeof(float) +
+    return (size_t)PF_NST * tb + (size_t)c.ch * 4 * sizeof(int64_t) + pf_sc_floats(c) * sizeof(float) +
            (size_t)c.ch * 6 * sizeof(float) + (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
            512 * sizeof(uint16_t);
 }
@@ -1433,7 +1432,7 @@ static __device__ __forceinline__ uint32_t pf_q2(float v0, float v1, m3_fp8_kind
 }
 #endif
 
-template <bool FP8, int NST>
+template <bool FP8>
 static __global__ void __launch_bounds__(PF_THREADS, 2)
     pf_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -1441,7 +1440,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
               float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char pf_raw[];
-    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, PBP = PF_TK + 8;
+    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, PBP = PF_TK + 8, NST = PF_NST;
     const int hq = c.hq, Dh = c.Dh, Dhp = c.Dhp, ch = c.ch, Bs = s.g.block;
     const size_t TB = pf_tile_bytes(c);
     unsigned char *tiles = pf_raw;
@@ -2009,31 +2008,21 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, pf_cfg c) {
     const bool fp8 = c.fp8;
-    /* chunks per block: enough blocks for bps per multiprocessor, the rest as consecutive
+    /* chunks per block: enough blocks for PF_BPS per multiprocessor, the rest as consecutive
      * chunks of one block (one prologue, one pipeline, merged in registers). A block's next
      * chunk loads from PF_NST tiles ahead: a full chunk needs >= PF_NST tiles. */
     {
-        int bps = 2;
-        const char *e = getenv("M3_PF_BPS"); /* TEMP: tuning knob, removed after measuring */
-        if (e) bps = atoi(e);
         c.cpb = 1;
-        if (bps > 0 && 2 * ((c.ch + PF_TK - 1) / PF_TK) >= PF_NST) {
-            const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)bps * (g->n_sm > 0 ? g->n_sm : 132);
+        if (2 * ((c.ch + PF_TK - 1) / PF_TK) >= PF_NST) {
+            const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PF_BPS * (g->n_sm > 0 ? g->n_sm : 132);
             int64_t nsp = (want + rows - 1) / rows;
             if (nsp > c.nchx) nsp = c.nchx;
             if (nsp < 1) nsp = 1;
             c.cpb = (int)((c.nchx + nsp - 1) / nsp);
         }
-        int fc = src->flash_cpb;
-        if (!fc && getenv("M3_PF_CPB")) fc = atoi(getenv("M3_PF_CPB")); /* TEMP: test knob */
+        const int fc = src->flash_cpb; /* test hook */
         if (fc > 0 && 2 * ((c.ch + PF_TK - 1) / PF_TK) >= PF_NST) c.cpb = fc < c.nchx ? fc : c.nchx;
         c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
-        /* one wave or less: every tile of a chunk in flight at once (1 block per SM) */
-        const int64_t nblk = (int64_t)c.nsp * c.Hkv * n_tok;
-        const bool deep_ok = c.cpb == 1 || 2 * ((c.ch + PF_TK - 1) / PF_TK) >= 8;
-        c.nst = nblk <= (g->n_sm > 0 ? g->n_sm : 132) && deep_ok ? 8 : PF_NST;
-        if (getenv("M3_PF_NST")) c.nst = 4; /* TEMP: knob */
-        if (src->flash_stages == PF_NST || (src->flash_stages == 8 && deep_ok)) c.nst = src->flash_stages;
     }
     c.fused = c.nsp <= PF_FUSE_MAX;
     const size_t per_tok = (size_t)c.Hkv * c.nsp * c.hq * (c.Dh + 2) * sizeof(float) + 64;
@@ -2046,21 +2035,19 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set[5];
+    static size_t pf_set[3];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[4] = {pf_part_k<false, PF_NST>, pf_part_k<true, PF_NST>, pf_part_k<false, 8>,
-                         pf_part_k<true, 8>};
-    const int fi = (fp8 ? 1 : 0) + (c.nst == 8 ? 2 : 0);
-    const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
-                          (const void *)kf[3], (const void *)pf_merge_k};
+    const pf_fn kf[2] = {pf_part_k<false>, pf_part_k<true>};
+    const int fi = fp8 ? 1 : 0;
+    const void *fns[3] = {(const void *)kf[0], (const void *)kf[1], (const void *)pf_merge_k};
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[4]) {
-        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[4] = msh;
+    if (!c.fused && msh > pf_set[2]) {
+        M3_TRY(smem_limit(fns[2], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[2] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;

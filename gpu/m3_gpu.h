@@ -264,8 +264,8 @@ typedef struct m3_gpu_attn_paged_src {
     int n_logical;
     bool fp8_pa;              /* fp8 elements: the §4.9 paged-attention emulation */
     m3_fp8_overflow ovf;      /* of the emulation's fp8 casts (Q, P') */
-    int flash_cpb, flash_stages; /* m3_gpu_attn_paged_flash test hooks: chunks per block,
-                                 shared-memory tile stages 4 or 8 (0: chosen from the grid) */
+    int flash_cpb;            /* m3_gpu_attn_paged_flash test hook: consecutive chunks per
+                                 block (0: chosen from the grid size) */
 } m3_gpu_attn_paged_src;
 /* q [T, H*Dh] (pitch ld_q), pos [T] device (< n_ctx), topk [Hkv, T, width] device or NULL
  * (dense: keys 0..pos[t]; sparse: m3_kv_sparse_table's expansion, keys k < ctx through the

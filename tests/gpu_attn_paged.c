@@ -175,12 +175,12 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
         m3_bf16 *dq = gpu_upload_bf16(g, q, nq, NULL);
         const double bound = !st->pa ? PF_NMSE : p.attn_partition > 0 ? PF_NMSE_PA : PF_NMSE_PA_FREE;
         float *got2 = malloc(no * sizeof *got2);
-        /* chunks per block and tile stages: chosen by the launcher; 2 chunks (blocks merge
-         * consecutive chunks, then a partial each), 4 stages; 1 << 20 (a block per row: its
-         * output straight from registers), 8 stages where the pipeline allows */
-        static const int cpbs[] = {0, 2, 1 << 20}, stg[] = {0, 4, 8};
+        /* chunks per block: chosen by the launcher (1 for these small grids), 2 (blocks merge
+         * consecutive chunks in registers, then a partial each), 1 << 20 (a block per row:
+         * its output straight from registers) */
+        static const int cpbs[] = {0, 2, 1 << 20};
         for (int ic = 0; ic < 3; ic++) {
-            ds.flash_cpb = cpbs[ic], ds.flash_stages = stg[ic];
+            ds.flash_cpb = cpbs[ic];
             for (int run = 0; run < 2; run++) {
                 m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
                 GPU_OK(m3_gpu_attn_paged_flash(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width,
@@ -193,7 +193,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
             if (memcmp(got, got2, no * sizeof *got))
                 m3_test_failf("%s: two runs differ (race?)", name);
         }
-        ds.flash_cpb = ds.flash_stages = 0;
+        ds.flash_cpb = 0;
         free(got2);
     } else {
         if (p.attn_out_bf16) {
