@@ -1233,32 +1233,41 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
  * attn_paged_k above stays the device reference). Key list per (token t, kv head g) exactly
  * as attn_paged_k / ref's m3_kv_sparse_table builds it (dense: keys 0..p at slot(k); sparse:
  * full blocks in selection order, or ascending ids under position order, the own block last
- * when selected, duplicates kept, ctx truncation). The list is cut into chunks of `ch` keys:
+ * when selected, duplicates kept, ctx truncation; ranked by all threads in parallel). The
+ * list is cut into chunks of `ch` keys:
  * ch = attn_partition when the profile partitions (atom: a chunk IS one of ref's partitions,
  * so its max, denominator, fp8 P' and bf16-stored partition output are ref's), else 128
  * (sparse) / 256 (dense) keys.
- * pf_part_k: one block per (chunk, kv head g, token), 4 warps serving the group's hq <= 16
- *   query heads as the 16 rows of mma.sync m16n8k16 tiles. Tiles of PF_TK keys stream
- *   through PF_NST shared-memory stages by cp.async: first the chunk's K tiles, then its V
- *   tiles (so V loads overlap the score math). Shared tiles keep the cache's own 16-byte
+ * pf_part_k: one block of 8 warps per (cpb consecutive chunks of one row, kv head g, token),
+ *   serving the group's hq <= 16 query heads as the 16 rows of mma.sync m16n8k16 tiles; the
+ *   launcher picks cpb for about PF_BPS blocks per SM (long rows: several chunks per block,
+ *   one prologue and one pipeline; short grids: a chunk per block). Tiles of PF_TK keys
+ *   stream through PF_NST shared-memory stages by cp.async, per chunk its K tiles, then its
+ *   V tiles, across chunk boundaries (a chunk's key offsets are computed when the chunk
+ *   before it starts, its fp8 scales copied by cp.async); a tile's copies are issued at the
+ *   top of the iteration that frees its stage. Shared tiles keep the cache's own 16-byte
  *   units (SHUFFLE: K [dim/x][key][x], V [key/x][dim][x], x = 16 / element bytes), which
  *   are exactly mma B fragments (K: a key's consecutive dims; V: a dim's consecutive keys):
  *   the fast path copies page units verbatim (page-128 SHUFFLE of dense layers, page-16
  *   re-view of sparse ones, any geometry where x divides Dh and the view's page); other
  *   geometries (ref's padded tiny ones) gather element by element into the same layout.
- *   fp8 codes become bf16 (exact) through a 256-entry table while fragments are built.
- *   Per chunk: S = Q K^T (fp32) -> scores in shared memory (fp8: K scale folded into the
- *   score; §4.9 emulation: Q cast to fp8 without scale first); per head max m and
- *   denominator l (unrounded exponentials); P = bf16(exp(z - m) [* v_scale]) or, emulating
- *   §4.9, P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)) with M the max v_scale of the
- *   view-page tile, fed to the tensor cores as bf16(P' M / FP8_MAX) (ref multiplies the tile's
- *   fp32 sum by M / FP8_MAX instead: one extra bf16 rounding of a factor, <= 2^-9 relative,
- *   the size of the bf16 P rounding); O = P V in fp32. Writes (m, l, O) per head.
- * pf_merge: per (token, head): unpartitioned o = sum_j e^(m_j - M) O_j / sum_j e^(m_j - M) l_j;
- *   partitioned (ref's rule): one chunk: O / l; else sum_j w_j bf16(O_j / l_j) / sum_j w_j,
- *   w_j = l_j e^(m_j - M), chunks in order. Run by the last block of each (token, kv head) to
- *   finish (a counter per (token, kv head); no second launch) when a row has <= PF_FUSE_MAX
- *   chunks, else by pf_merge_k (long dense rows).
+ *   fp8: a lane reads 4 consecutive codes of a unit as one word (Q and P permuted alike in
+ *   the k index); e4m3fn codes become fp16 by cvt.rn.f16x2.e4m3x2 (exact), other kinds by
+ *   256-entry tables. Per chunk: S = Q K^T (fp32) -> scores in shared memory (fp8: K scale
+ *   folded into the score; §4.9 emulation: Q cast to fp8 without scale, fp16 mma on exact
+ *   codes); per head max m and denominator l (unrounded exponentials); P = bf16(exp(z - m)
+ *   [* v_scale]) or, emulating §4.9, P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)) with
+ *   M the max v_scale of the view-page tile: P'.V as exact fp16 products summed per 16 keys,
+ *   times M / FP8_MAX (ref's tile structure) when the tile is a multiple of 16 keys, else
+ *   bf16(P' M / FP8_MAX) on bf16 mma (one extra bf16 rounding of a factor, <= 2^-9
+ *   relative); O = P V in fp32. Each chunk's (m, l, A) is folded into the block's running
+ *   (M, L, A) in registers; a block holding its whole row writes bf16(A / L), else its
+ *   partial.
+ * pf_merge: per (token, head): out = bf16(sum_j e^(m_j - M) A_j / sum_j e^(m_j - M) l_j) with
+ *   A_j = O_j unpartitioned, l_j bf16(O_j / l_j) partitioned (ref's rule: one chunk: O / l;
+ *   else sum_j w_j bf16(O_j / l_j) / sum_j w_j, w_j = l_j e^(m_j - M), chunks in order). Run
+ *   by the last block of each (token, kv head) to finish (a counter per (token, kv head); no
+ *   second launch) when a row has <= PF_FUSE_MAX blocks, else by pf_merge_k (long dense rows).
  * Elsewhere (no mma.sync) m3_gpu_attn_paged_flash runs the faithful kernel. */
 #define PF_THREADS 256 /* 8 warps: a warp per 8-key n-tile of S, per 16-dim pair of O */
 #define PF_NW (PF_THREADS / 32)
@@ -1594,7 +1603,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
         const int nkl = min(ch, n - (ce - 1) * ch), ntl = (ce - 1 - cb) * 2 * nktf + 2 * ((nkl + PF_TK - 1) / PF_TK);
         const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
         const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-        /* tile G of the block (per chunk: its K tiles, then its V tiles) into stage G % PF_NST */
+        /* tile G of the block (per chunk: its K tiles, then its V tiles) into stage G % NST */
         /* this thread's V units (key group, dim) of a tile, the same for every tile */
         int vgi[PF_VU], vdd[PF_VU];
 #pragma unroll
