@@ -28,6 +28,7 @@
 
 #include <string.h>
 
+
 #define ATTN_THREADS 128
 #define ATTN_TILE 256     /* keys per tile when not partitioned */
 #define ATTN_MAX_RANGES 65 /* width <= 64 selected blocks + the own block */
@@ -1232,55 +1233,82 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
  * attn_paged_k above stays the device reference). Key list per (token t, kv head g) exactly
  * as attn_paged_k / ref's m3_kv_sparse_table builds it (dense: keys 0..p at slot(k); sparse:
  * full blocks in selection order, or ascending ids under position order, the own block last
- * when selected, duplicates kept, ctx truncation). The list is cut into chunks of `ch` keys:
+ * when selected, duplicates kept, ctx truncation; ranked by all threads in parallel). The
+ * list is cut into chunks of `ch` keys:
  * ch = attn_partition when the profile partitions (atom: a chunk IS one of ref's partitions,
  * so its max, denominator, fp8 P' and bf16-stored partition output are ref's), else 128
  * (sparse) / 256 (dense) keys.
- * pf_part_k: one block per (chunk, kv head g, token), 4 warps serving the group's hq <= 16
- *   query heads as the 16 rows of mma.sync m16n8k16 tiles. Tiles of PF_TK keys stream
- *   through PF_NST shared-memory stages by cp.async: first the chunk's K tiles, then its V
- *   tiles (so V loads overlap the score math). Shared tiles keep the cache's own 16-byte
+ * pf_part_k: one block of 8 warps per (cpb consecutive chunks of one row, kv head g, token),
+ *   serving the group's hq <= 16 query heads as the 16 rows of mma.sync m16n8k16 tiles; the
+ *   launcher picks cpb for about PF_BPS blocks per SM (long rows: several chunks per block,
+ *   one prologue and one pipeline; short grids: a chunk per block). Tiles of PF_TK keys
+ *   stream through PF_NST shared-memory stages by cp.async, per chunk its K tiles, then its
+ *   V tiles, across chunk boundaries (a chunk's key offsets are computed when the chunk
+ *   before it starts, its fp8 scales copied by cp.async); a tile's copies are issued at the
+ *   top of the iteration that frees its stage. Shared tiles keep the cache's own 16-byte
  *   units (SHUFFLE: K [dim/x][key][x], V [key/x][dim][x], x = 16 / element bytes), which
  *   are exactly mma B fragments (K: a key's consecutive dims; V: a dim's consecutive keys):
  *   the fast path copies page units verbatim (page-128 SHUFFLE of dense layers, page-16
  *   re-view of sparse ones, any geometry where x divides Dh and the view's page); other
  *   geometries (ref's padded tiny ones) gather element by element into the same layout.
- *   fp8 codes become bf16 (exact) through a 256-entry table while fragments are built.
- *   Per chunk: S = Q K^T (fp32) -> scores in shared memory (fp8: K scale folded into the
- *   score; §4.9 emulation: Q cast to fp8 without scale first); per head max m and
- *   denominator l (unrounded exponentials); P = bf16(exp(z - m) [* v_scale]) or, emulating
- *   §4.9, P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)) with M the max v_scale of the
- *   view-page tile, fed to the tensor cores as bf16(P' M / FP8_MAX) (ref multiplies the tile's
- *   fp32 sum by M / FP8_MAX instead: one extra bf16 rounding of a factor, <= 2^-9 relative,
- *   the size of the bf16 P rounding); O = P V in fp32. Writes (m, l, O) per head.
- * pf_merge: per (token, head): unpartitioned o = sum_j e^(m_j - M) O_j / sum_j e^(m_j - M) l_j;
- *   partitioned (ref's rule): one chunk: O / l; else sum_j w_j bf16(O_j / l_j) / sum_j w_j,
- *   w_j = l_j e^(m_j - M), chunks in order. Run by the last block of each (token, kv head) to
- *   finish (a counter per (token, kv head); no second launch) when a row has <= PF_FUSE_MAX
- *   chunks, else by pf_merge_k (long dense rows).
+ *   fp8: a lane reads 4 consecutive codes of a unit as one word (Q and P permuted alike in
+ *   the k index); e4m3fn codes become fp16 by cvt.rn.f16x2.e4m3x2 (exact), other kinds by
+ *   256-entry tables. Per chunk: S = Q K^T (fp32) -> scores in shared memory (fp8: K scale
+ *   folded into the score; §4.9 emulation: Q cast to fp8 without scale, fp16 mma on exact
+ *   codes); per head max m and denominator l (unrounded exponentials); P = bf16(exp(z - m)
+ *   [* v_scale]) or, emulating §4.9, P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)) with
+ *   M the max v_scale of the view-page tile: P'.V as exact fp16 products summed per 16 keys,
+ *   times M / FP8_MAX (ref's tile structure) when the tile is a multiple of 16 keys, else
+ *   bf16(P' M / FP8_MAX) on bf16 mma (one extra bf16 rounding of a factor, <= 2^-9
+ *   relative); O = P V in fp32. Each chunk's (m, l, A) is folded into the block's running
+ *   (M, L, A) in registers; a block holding its whole row writes bf16(A / L), else its
+ *   partial.
+ * pf_merge: per (token, head): out = bf16(sum_j e^(m_j - M) A_j / sum_j e^(m_j - M) l_j) with
+ *   A_j = O_j unpartitioned, l_j bf16(O_j / l_j) partitioned (ref's rule: one chunk: O / l;
+ *   else sum_j w_j bf16(O_j / l_j) / sum_j w_j, w_j = l_j e^(m_j - M), chunks in order). Run
+ *   by the last block of each (token, kv head) to finish (a counter per (token, kv head); no
+ *   second launch) when a row has <= PF_FUSE_MAX blocks, else by pf_merge_k (long dense rows).
  * Elsewhere (no mma.sync) m3_gpu_attn_paged_flash runs the faithful kernel. */
 #define PF_THREADS 256 /* 8 warps: a warp per 8-key n-tile of S, per 16-dim pair of O */
 #define PF_NW (PF_THREADS / 32)
 #define PF_TK 64      /* keys per shared-memory tile */
-#define PF_NST 4      /* tiles in flight (8: one block per SM, measured slower) */
+#define PF_NST 4      /* tile stages (8 for grids of one wave measured no faster, removed) */
+#define PF_BPS 2      /* blocks per SM the launcher aims at (1: 1.5x slower at 128K dense) */
 #define PF_MAX_CH 256 /* keys per chunk */
-#define PF_FUSE_MAX 16
+#define PF_FUSE_MAX 32
 #define PF_MAX_CNT 65536                  /* (token, kv head) counters */
 #define PF_PART_CAP ((size_t)256 << 20)   /* partial outputs per launch (bytes) */
+#define PF_PHYS 64                        /* physical block ids cached per block */
+#define PF_VU ((PF_TK / 8) * FA_MAX_DH / PF_THREADS) /* V units of a tile per thread, at most */
+static_assert(FD_MAX_HQ * FA_MAX_DH / 8 <= PF_THREADS, "a thread's 16-byte q load covers the group");
 
 typedef struct {
     int H, Hkv, hq, Dh, Dhp, ch, nchx, part, tile;
+    int cpb; /* chunks per block (consecutive chunks of one (token, kv head) row) */
+    int nsp; /* blocks (partial slots) per row: ceil(nchx / cpb) */
     float scale, fmax;
     bool eager, pa, fp8, fast, sel_order, fused, qvec;
+    bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
+    bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
+/* floats of the score array: scores [hq][ch + 8], also the Q staging and the fused merge's
+ * weights (3 x PF_FUSE_MAX + 1 per head) */
+static __host__ __device__ inline size_t pf_sc_floats(const pf_cfg &c) {
+    size_t a = (size_t)c.hq * (c.ch + 8), b = (size_t)c.hq * (3 * PF_FUSE_MAX + 1),
+           q = ((size_t)c.hq * c.Dhp + 1) / 2;
+    a = a > b ? a : b;
+    return ((a > q ? a : q) + 3) / 4 * 4;
+}
+static __host__ __device__ inline size_t pf_tile_bytes(const pf_cfg &c) {
+    return (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
+}
 static size_t pf_smem_bytes(const pf_cfg &c) {
-    const size_t tb = (size_t)PF_TK * c.Dhp * (c.fp8 ? 1 : 2);
-    return PF_NST * tb + (size_t)c.ch * 2 * sizeof(int64_t) + (size_t)c.hq * c.ch * sizeof(float) +
-           (size_t)c.hq * 8 * sizeof(float) + (size_t)c.ch * 3 * sizeof(float) +
-           (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
-           256 * sizeof(uint16_t);
+    const size_t tb = pf_tile_bytes(c);
+    return (size_t)PF_NST * tb + (size_t)c.ch * 4 * sizeof(int64_t) + pf_sc_floats(c) * sizeof(float) +
+           (size_t)c.ch * 6 * sizeof(float) + (size_t)16 * (PF_TK + 8) * sizeof(m3_bf16) +
+           512 * sizeof(uint16_t);
 }
 
 /* Zero when the module loads; the block that merges a (token, kv head) resets its entry, so
@@ -1362,9 +1390,54 @@ static __device__ __forceinline__ void pf_offs(const m3_gpu_attn_paged_src &s, i
 }
 
 #if M3_HAVE_MMA
-static __device__ __forceinline__ uint32_t pf_lut2(const uint16_t *lut, const unsigned char *p) {
-    const uint32_t w = *reinterpret_cast<const uint16_t *>(p);
-    return (uint32_t)lut[w & 0xFFu] | ((uint32_t)lut[w >> 8] << 16);
+/* c[16x8] += a[16x16] * b[16x8], fp16 inputs, fp32 accumulate (layouts as m3_mma_bf16_16816) */
+static __device__ __forceinline__ void pf_mma_f16(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* 4 bytes global -> shared, asynchronously (an fp32 scale) */
+static __device__ __forceinline__ void cp4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sh_u32(dst)), "l"(src));
+}
+/* two fp8 codes (low byte first) -> their values as fp16x2 bits (exact: every e4m3 value is an
+ * fp16 normal or zero). hw: cvt.rn.f16x2.e4m3x2 (e4m3fn, sm_89+); else the table lut16. */
+static __device__ __forceinline__ uint32_t pf_h2(uint32_t c2, const uint16_t *lut16, bool hw) {
+#if M3_HAVE_FP8_CVT
+    if (hw) {
+        uint32_t d;
+        asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(d) : "r"(c2));
+        return d;
+    }
+#endif
+    return (uint32_t)lut16[c2 & 0xFFu] | ((uint32_t)lut16[(c2 >> 8) & 0xFFu] << 16);
+}
+/* the same values as bf16x2 bits (exact); lutb the bf16 table */
+static __device__ __forceinline__ uint32_t pf_b2(uint32_t c2, const uint16_t *lutb, bool hw) {
+#if M3_HAVE_FP8_CVT
+    if (hw) {
+        const uint32_t h = pf_h2(c2, lutb, true);
+        const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+        return pack_bf16(f.x, f.y);
+    }
+#endif
+    return (uint32_t)lutb[c2 & 0xFFu] | ((uint32_t)lutb[(c2 >> 8) & 0xFFu] << 16);
+}
+/* fp16x2 bits of the fp8-rounded values of (v0, v1) (§4.9's P' codes, exact in fp16) */
+static __device__ __forceinline__ uint32_t pf_q2(float v0, float v1, m3_fp8_kind kind,
+                                                 m3_fp8_overflow ovf, bool hw) {
+#if M3_HAVE_FP8_CVT
+    if (hw) {
+        uint32_t d;
+        asm("{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, %1, %2; cvt.rn.f16x2.e4m3x2 %0, t; }"
+            : "=r"(d) : "f"(v1), "f"(v0));
+        return d;
+    }
+#endif
+    const __half a = __float2half_rn(m3_round_fp8(v0, kind, ovf)),
+                 b = __float2half_rn(m3_round_fp8(v1, kind, ovf));
+    return (uint32_t)__half_as_ushort(a) | ((uint32_t)__half_as_ushort(b) << 16);
 }
 #endif
 
@@ -1376,139 +1449,182 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
               float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char pf_raw[];
-    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, PBP = PF_TK + 8;
+    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, PBP = PF_TK + 8, NST = PF_NST;
     const int hq = c.hq, Dh = c.Dh, Dhp = c.Dhp, ch = c.ch, Bs = s.g.block;
-    const size_t TB = (size_t)PF_TK * Dhp * EB;
+    const size_t TB = pf_tile_bytes(c);
     unsigned char *tiles = pf_raw;
-    int64_t *kofs = reinterpret_cast<int64_t *>(tiles + PF_NST * TB); /* fast: K offset; else slot */
-    int64_t *vofs = kofs + ch;
+    int64_t *kofs = reinterpret_cast<int64_t *>(tiles + NST * TB); /* [2][ch] fast: K offset; else slot */
+    int64_t *vofs = kofs + 2 * ch;                                     /* [2][ch] */
     const int SCP = ch + 8; /* score row pitch: the S fragments' stores spread over banks */
-    float *sc = reinterpret_cast<float *>(vofs + ch); /* [hq][SCP] scores */
-    float *ksc = sc + (size_t)hq * SCP, *vsc = ksc + ch, *mt = vsc + ch;
-    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(mt + ch); /* [16][PBP] P of a tile */
-    uint16_t *lut = reinterpret_cast<uint16_t *>(pb + 16 * PBP);
-    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL];
+    float *sc = reinterpret_cast<float *>(vofs + 2 * ch); /* [hq][SCP] scores */
+    float *ksc = sc + pf_sc_floats(c), *vsc = ksc + 2 * ch; /* [2][ch] scales */
+    float *mt = vsc + 2 * ch, *mf = mt + ch; /* §4.9 tile max M, M / FP8_MAX */
+    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(mf + ch); /* [16][PBP] P of a tile */
+    uint16_t *lut16 = reinterpret_cast<uint16_t *>(pb + 16 * PBP), *lutb = lut16 + 256;
+    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physh[PF_PHYS];
     __shared__ int n_sh, last_sh;
     __shared__ float m_sh[FD_MAX_HQ], l_sh[FD_MAX_HQ];
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
-    const bool sparse = topk != NULL;
+    const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
+    /* the group's q (hq Dh <= 16 x 128 = PF_THREADS x 8 values): in flight with pos and the
+     * selection */
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh;
+    uint4 qv = make_uint4(0, 0, 0, 0);
+    if (c.qvec && tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
     if (sparse) /* the selection row into shared memory, all loads in flight at once */
         for (int i = tid; i < width; i += PF_THREADS) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    if (tid == 0) { /* the key list, as attn_paged_k (ref m3_kv_sparse_table) */
-        int n;
-        if (!sparse) {
-            n = p + 1;
-        } else {
-            const int bp = p / Bs;
-            int nf = 0;
-            bool tail = false;
-            for (int i = 0; i < width; i++) {
+    if (!sparse) {
+        if (tid == 0) {
+            n_sh = p + 1;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n_sh;
+        }
+    } else { /* the key list, as attn_paged_k (ref m3_kv_sparse_table): full blocks b < bp
+              * in selection order or by id (a stable rank, duplicates kept), the own block
+              * bp last when selected; every thread ranks its entries */
+        const int bp = p / Bs;
+        if (tid == 0) last_sh = 0;
+        __syncthreads();
+        for (int i = tid; i < width; i += PF_THREADS) {
+            const int b = selsh[i];
+            vfl[i] = b >= 0 && b < bp;
+            if (b == bp) last_sh = 1; /* the tail (any thread, the same value) */
+        }
+        __syncthreads();
+        for (int i = tid; i < width; i += PF_THREADS)
+            if (vfl[i]) {
                 const int b = selsh[i];
-                if (b < 0 || b > bp) continue;
-                if (b == bp) tail = true;
-                else blist[nf++] = b;
+                int at = 0;
+                if (c.sel_order)
+                    for (int j = 0; j < i; j++) at += vfl[j];
+                else
+                    for (int j = 0; j < width; j++)
+                        at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < i));
+                blist[at] = b;
             }
-            if (!c.sel_order)
-                for (int a = 1; a < nf; a++)
-                    for (int j = a; j > 0 && blist[j - 1] > blist[j]; j--) {
-                        const int x = blist[j];
-                        blist[j] = blist[j - 1], blist[j - 1] = x;
-                    }
-            if (tail) {
+        if (tid == 0) {
+            int nf = 0;
+            for (int j = 0; j < width; j++) nf += vfl[j];
+            int n;
+            if (last_sh) {
                 blist[nf] = bp;
                 n = nf * Bs + (p - Bs * bp + 1);
             } else {
                 n = nf * Bs < p + 1 ? nf * Bs : p + 1;
             }
+            n_sh = n;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n;
         }
-        n_sh = n;
-        if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n;
     }
-    if (FP8)
-        for (int i = tid; i < 256; i += PF_THREADS)
-            lut[i] = m3_f32_to_bf16(m3_fp8_to_f32((m3_fp8)i, s.g.fp8_kind));
+    if (FP8 && !hw)
+        for (int i = tid; i < 256; i += PF_THREADS) {
+            const float v = m3_fp8_to_f32((m3_fp8)i, s.g.fp8_kind);
+            lut16[i] = __half_as_ushort(__float2half_rn(v)), lutb[i] = m3_f32_to_bf16(v);
+        }
     for (int i = tid; i < (16 - hq) * PBP; i += PF_THREADS) pb[hq * PBP + i] = 0; /* unused rows */
     __syncthreads();
-    const int n = n_sh, k0 = ci * ch, nk = min(ch, n - k0);
-    const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nchx;
-    if (nk > 0) {
-        const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
+    const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
+    /* running merge of this block's chunks (rows gq, gq + 8): max, denominator, sum of A_j */
+    float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
+    float acc[FA_MAX_DH / 16 / PF_NW][2][4];
 #pragma unroll
-        for (int r = 0; r < (PF_MAX_CH + PF_THREADS - 1) / PF_THREADS; r++) { /* loads in flight together */
-            const int i = tid + r * PF_THREADS;
-            if (i >= nk) continue;
-            const int k = k0 + i, kb = k / Bs;
-            const int sl = (sparse ? s.bt[blist[kb]] : s.bt[kb]) * Bs + (k - kb * Bs);
-            int64_t so;
-            if (c.fast) {
-                pf_offs<XC>(s, sl, g, kofs[i], vofs[i], so);
-            } else {
-                kofs[i] = sl;
-                so = m3_dkv_off_scale(s.g, s.view, sl, g);
+    for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) acc[u][h2][0] = acc[u][h2][1] = acc[u][h2][2] = acc[u][h2][3] = 0.0f;
+    /* the physical blocks of the block's key range (up to PF_PHYS): the chunks' offsets
+     * then need no dependent global load */
+    const int kb0 = cb * ch / Bs, nph = cb < ce ? min((min(ce * ch, n) - 1) / Bs - kb0 + 1, PF_PHYS) : 0;
+    for (int i = tid; i < nph; i += PF_THREADS) physh[i] = sparse ? s.bt[blist[kb0 + i]] : s.bt[kb0 + i];
+    __syncthreads();
+    if (cb < ce) {
+        const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+        /* chunk cc's key offsets into buffer (cc - cb) & 1, its scales by cp.async (they land
+         * with the next commit group) */
+        auto offs = [&](int cc) {
+            const int bf = (cc - cb) & 1, k0 = cc * ch, nk = min(ch, n - k0);
+#pragma unroll
+            for (int r = 0; r < (PF_MAX_CH + PF_THREADS - 1) / PF_THREADS; r++) {
+                const int i = tid + r * PF_THREADS;
+                if (i >= nk) continue;
+                const int k = k0 + i, kb = k / Bs;
+                const int ph = kb - kb0 < nph ? physh[kb - kb0] : sparse ? s.bt[blist[kb]] : s.bt[kb];
+                const int sl = ph * Bs + (k - kb * Bs);
+                int64_t so;
+                if (c.fast) {
+                    pf_offs<XC>(s, sl, g, kofs[bf * ch + i], vofs[bf * ch + i], so);
+                } else {
+                    kofs[bf * ch + i] = sl;
+                    so = m3_dkv_off_scale(s.g, s.view, sl, g);
+                }
+                if (FP8) cp4(ksc + bf * ch + i, s.k_scale + so), cp4(vsc + bf * ch + i, s.v_scale + so);
             }
-            if (FP8) ksc[i] = s.k_scale[so], vsc[i] = s.v_scale[so];
-        }
-        __syncthreads();
-        if (c.pa) /* §4.9: the max V scale of each tile of keys (tiles from the chunk start) */
-            for (int j = tid; j * c.tile < nk; j += PF_THREADS) {
-                float M = 0.0f;
-                for (int i = j * c.tile; i < min((j + 1) * c.tile, nk); i++) M = fmaxf(M, vsc[i]);
-                mt[j] = M;
-            }
-        /* Q A fragments (rows = the group's heads, zero past hq / Dh; §4.9: fp8(q)), staged
-         * through the score array: the group's hq*Dh values are contiguous in the row, read
-         * by 16-byte loads all in flight at once (one round trip) */
+        };
+        offs(cb);
+        /* Q A fragments (rows = the group's heads, zero past hq / Dh; §4.9: fp8(q) as fp16),
+         * staged through the score array: the group's hq*Dh values are contiguous in the row,
+         * read by 16-byte loads all in flight at once (one round trip). fp8 K tiles give a
+         * lane the 4 consecutive dims 4tq..4tq+3 of each 16 (one 32-bit read): Q takes the
+         * same permutation of the k index. */
         uint32_t qa[FA_MAX_DH / 16][4];
         {
-            const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
             uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dhp] */
-            const int nq = hq * Dh;
             if (c.qvec) {
-                for (int v = tid; v < nq / 8; v += PF_THREADS) {
-                    const uint4 w = *reinterpret_cast<const uint4 *>(qg + (size_t)v * 8);
-                    *reinterpret_cast<uint4 *>(qs + (size_t)v * 8) = w;
-                }
+                if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
             } else {
 #pragma unroll 8
                 for (int e = tid; e < nq; e += PF_THREADS) qs[(e / Dh) * Dhp + e % Dh] = qg[e];
             }
-            for (int e = tid; e < hq * Dhp; e += PF_THREADS) /* padding dims, and §4.9's cast */
+            for (int e = tid; e < hq * Dhp; e += PF_THREADS) /* padding dims */
                 if (e % Dhp >= Dh) qs[e] = 0;
             __syncthreads();
-            if (c.pa)
+            if (c.pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
                 for (int e = tid; e < hq * Dhp; e += PF_THREADS)
-                    qs[e] = m3_f32_to_bf16(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf));
+                    qs[e] = __half_as_ushort(__float2half_rn(
+                        m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
             __syncthreads();
 #pragma unroll
             for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
                 if (s2 * 16 >= Dhp) break;
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const int r = gq + (i & 1) * 8, d = s2 * 16 + 2 * tq + (i >> 1) * 8;
+                    const int r = gq + (i & 1) * 8;
+                    const int d = FP8 ? s2 * 16 + 4 * tq + (i >> 1) * 2 : s2 * 16 + 2 * tq + (i >> 1) * 8;
                     qa[s2][i] = r < hq ? *reinterpret_cast<const uint32_t *>(qs + r * Dhp + d) : 0u;
                 }
             }
             __syncthreads(); /* the score array is written from the first K tile on */
         }
-        const int nkt = (nk + PF_TK - 1) / PF_TK, ntl = 2 * nkt;
+        const int nktf = (ch + PF_TK - 1) / PF_TK; /* K tiles of a full chunk */
+        const int nkl = min(ch, n - (ce - 1) * ch), ntl = (ce - 1 - cb) * 2 * nktf + 2 * ((nkl + PF_TK - 1) / PF_TK);
         const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
         const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-        /* tile `it` (K tiles 0..nkt-1, then V tiles) into stage it % PF_NST */
-        auto load = [&](int it) {
-            if (it >= ntl) return;
-            unsigned char *st = tiles + (size_t)(it % PF_NST) * TB;
-            if (it < nkt) {
-                const int i0 = it * PF_TK;
+        /* tile G of the block (per chunk: its K tiles, then its V tiles) into stage G % NST */
+        /* this thread's V units (key group, dim) of a tile, the same for every tile */
+        int vgi[PF_VU], vdd[PF_VU];
+#pragma unroll
+        for (int r = 0; r < PF_VU; r++) {
+            const int u = tid + r * PF_THREADS;
+            vgi[r] = u < (PF_TK / XC) * Dh ? u / Dh : -1, vdd[r] = u % Dh;
+        }
+        auto load = [&](int G) {
+            if (G >= ntl) return;
+            const int cc = cb + G / (2 * nktf), j = G % (2 * nktf), bf = (cc - cb) & 1;
+            const int nk = min(ch, n - cc * ch), nkt = (nk + PF_TK - 1) / PF_TK;
+            const int64_t *ko = kofs + bf * ch, *vo = vofs + bf * ch;
+            unsigned char *st = tiles + (size_t)(G % NST) * TB;
+            if (j < nkt) {
+                const int i0 = j * PF_TK;
                 if (c.fast) { /* unit (key, dim group): 16 bytes of one key */
                     for (int u = tid; u < PF_TK * (Dh / XC); u += PF_THREADS) {
                         const int il = u % PF_TK, dg = u / PF_TK, i = i0 + il;
                         const bool in = i < nk;
                         const unsigned char *src =
-                            in ? kbase + (kofs[i] + (int64_t)dg * Pv * XC) * EB : kbase;
+                            in ? kbase + (ko[i] + (int64_t)dg * Pv * XC) * EB : kbase;
                         cp16(st + ((size_t)dg * PF_TK + il) * 16, src, in);
                     }
                 } else {
@@ -1516,7 +1632,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                         const int il = u % PF_TK, d = u / PF_TK, i = i0 + il;
                         uint32_t b = 0;
                         if (i < nk && d < Dh) {
-                            const int64_t o = m3_dkv_off_k(s.g, s.view, kofs[i], g, d);
+                            const int64_t o = m3_dkv_off_k(s.g, s.view, ko[i], g, d);
                             b = FP8 ? kbase[o] : reinterpret_cast<const uint16_t *>(kbase)[o];
                         }
                         const size_t e = ((size_t)(d / XC) * PF_TK + il) * XC + d % XC;
@@ -1525,15 +1641,17 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                     }
                 }
             } else {
-                const int i0 = (it - nkt) * PF_TK;
+                const int i0 = (j - nkt) * PF_TK;
                 if (c.fast) { /* unit (key group, dim): XC consecutive keys of one dim */
-                    for (int u = tid; u < (PF_TK / XC) * Dh; u += PF_THREADS) {
-                        const int gi = u / Dh, d = u % Dh, kk = i0 + gi * XC, nv = nk - kk;
+#pragma unroll
+                    for (int r = 0; r < PF_VU; r++) {
+                        if (vgi[r] < 0) continue;
+                        const int gi = vgi[r], d = vdd[r], kk = i0 + gi * XC, nv = nk - kk;
                         unsigned char *dst = st + ((size_t)gi * Dhp + d) * 16;
                         if (nv >= XC || nv <= 0) {
-                            cp16(dst, nv > 0 ? vbase + (vofs[kk] + (int64_t)d * XC) * EB : vbase, nv > 0);
+                            cp16(dst, nv > 0 ? vbase + (vo[kk] + (int64_t)d * XC) * EB : vbase, nv > 0);
                         } else { /* the list ends inside the group: zero the keys past it */
-                            uint4 w = *reinterpret_cast<const uint4 *>(vbase + (vofs[kk] + (int64_t)d * XC) * EB);
+                            uint4 w = *reinterpret_cast<const uint4 *>(vbase + (vo[kk] + (int64_t)d * XC) * EB);
                             uint32_t ww[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
                             for (int b = 0; b < 16; b++)
@@ -1546,7 +1664,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                         const int il = u % PF_TK, d = u / PF_TK, i = i0 + il;
                         uint32_t b = 0;
                         if (i < nk && d < Dh) {
-                            const int64_t o = m3_dkv_off_v(s.g, s.view, kofs[i], g, d);
+                            const int64_t o = m3_dkv_off_v(s.g, s.view, ko[i], g, d);
                             b = FP8 ? vbase[o] : reinterpret_cast<const uint16_t *>(vbase)[o];
                         }
                         const size_t e = ((size_t)(il / XC) * Dhp + d) * XC + il % XC;
@@ -1557,7 +1675,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
             }
         };
 #pragma unroll
-        for (int i = 0; i < PF_NST; i++) {
+        for (int i = 0; i < NST - 1; i++) {
             load(i);
             cp_commit();
         }
@@ -1566,49 +1684,75 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
         for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
 #pragma unroll
             for (int h2 = 0; h2 < 2; h2++) o[u][h2][0] = o[u][h2][1] = o[u][h2][2] = o[u][h2][3] = 0.0f;
-        for (int it = 0; it < ntl; it++) {
-            cp_wait<PF_NST - 1>(); /* this thread's copies of tile it landed */
-            __syncthreads();
-            const unsigned char *st = tiles + (size_t)(it % PF_NST) * TB;
-            if (it < nkt) { /* S = Q K^T: a warp per 8-key n-tile */
-                const int i0 = it * PF_TK, nkv = min(PF_TK, nk - i0);
+        for (int G = 0; G < ntl; G++) {
+            cp_wait<NST - 2>(); /* this thread's copies of tile G (and older scales) landed */
+            __syncthreads(); /* every thread's too, and stage (G - 1) % NST is free */
+            load(G + NST - 1);
+            cp_commit();
+            const int cc = cb + G / (2 * nktf), j = G % (2 * nktf), bf = (cc - cb) & 1;
+            const int nk = min(ch, n - cc * ch), nkt = (nk + PF_TK - 1) / PF_TK;
+            const float *ks_ = ksc + bf * ch, *vs_ = vsc + bf * ch;
+            const unsigned char *st = tiles + (size_t)(G % NST) * TB;
+            if (j == 0) {
+                /* the next chunk's offsets (its first tile loads NST - 1 iterations ahead, from
+                 * the next iteration on: a full chunk has >= NST tiles, the host ensures; the
+                 * scales' copies land with the next commit group) */
+                if (cc + 1 < ce) offs(cc + 1);
+                if (c.pa) /* §4.9: the max V scale of each tile of keys (tiles from the chunk start) */
+                    for (int jt = warp; jt * c.tile < nk; jt += PF_NW) {
+                        float M = 0.0f;
+                        for (int i = jt * c.tile + lane; i < min((jt + 1) * c.tile, nk); i += 32)
+                            M = fmaxf(M, vs_[i]);
+                        M = m3_warp_max(M);
+                        if (lane == 0) mt[jt] = M, mf[jt] = M / c.fmax;
+                    }
+            }
+            if (j < nkt) { /* S = Q K^T: a warp per 8-key n-tile */
+                const int i0 = j * PF_TK, nkv = min(PF_TK, nk - i0);
 #pragma unroll
                 for (int u = 0; u < PF_TK / 8 / PF_NW; u++) {
                     const int nt = warp + u * PF_NW;
                     if (nt * 8 >= nkv) continue;
-                    float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps: two chains */
                     const int key = nt * 8 + gq;
 #pragma unroll
                     for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
                         if (s2 * 16 >= Dhp) break;
                         uint32_t bfr[2];
-                        if (FP8) {
-                            const unsigned char *kb = st + ((size_t)s2 * PF_TK + key) * 16 + 2 * tq;
-                            bfr[0] = pf_lut2(lut, kb), bfr[1] = pf_lut2(lut, kb + 8);
+                        if (FP8) { /* dims 4tq..4tq+3 of the 16 (Q permuted alike) */
+                            const uint32_t w = *reinterpret_cast<const uint32_t *>(
+                                st + ((size_t)s2 * PF_TK + key) * 16 + 4 * tq);
+                            if (c.pa) {
+                                bfr[0] = pf_h2(w, lut16, hw), bfr[1] = pf_h2(w >> 16, lut16, hw);
+                                pf_mma_f16(c8[s2 & 1], qa[s2], bfr);
+                            } else {
+                                bfr[0] = pf_b2(w, lutb, hw), bfr[1] = pf_b2(w >> 16, lutb, hw);
+                                m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
+                            }
                         } else {
                             const uint16_t *kb = reinterpret_cast<const uint16_t *>(st) +
                                                  ((size_t)(2 * s2) * PF_TK + key) * 8 + 2 * tq;
                             bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
                             bfr[1] = *reinterpret_cast<const uint32_t *>(kb + PF_TK * 8);
+                            m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
                         }
-                        m3_mma_bf16_16816(c4, qa[s2], bfr);
                     }
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int r = gq + (i >> 1) * 8, ki = i0 + nt * 8 + 2 * tq + (i & 1);
                         if (r >= hq || ki >= nk) continue; /* keys past nk are never read */
-                        float d = c4[i], z;
-                        if (c.pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
+                        float d = c8[0][i] + c8[1][i], z;
+                        if (c.pa) z = d * c.scale * ks_[ki]; /* §4.9 step 2 */
                         else {
-                            if (FP8) d *= ksc[ki]; /* dequantized K */
+                            if (FP8) d *= ks_[ki]; /* dequantized K */
                             z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
                         }
                         sc[(size_t)r * SCP + ki] = z;
                     }
                 }
             } else {
-                const int i0 = (it - nkt) * PF_TK, nkv = min(PF_TK, nk - i0);
-                if (it == nkt) { /* all scores are in: max and denominator per head */
+                const int i0 = (j - nkt) * PF_TK, nkv = min(PF_TK, nk - i0);
+                if (j == nkt) { /* all scores are in: max and denominator per head */
                     for (int h = warp; h < hq; h += PF_THREADS / 32) {
                         float m = -INFINITY;
                         for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[(size_t)h * SCP + i]);
@@ -1620,58 +1764,120 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                     }
                     __syncthreads();
                 }
-                for (int e = tid; e < hq * PF_TK; e += PF_THREADS) {
-                    const int h = e / PF_TK, il = e % PF_TK, i = i0 + il;
-                    float pv = 0.0f;
-                    if (il < nkv) {
-                        const float ex = expf(sc[(size_t)h * SCP + i] - m_sh[h]);
-                        if (c.pa) { /* §4.9 step 4 */
-                            const float M = mt[i / c.tile];
-                            const float x = m3_round_fp8(ex * vsc[i] * c.fmax / (M + 1e-8f),
-                                                         s.g.fp8_kind, s.ovf);
-                            pv = x * (M / c.fmax);
-                        } else {
-                            pv = FP8 ? ex * vsc[i] : ex;
+                /* P of this tile, two keys per item: bf16 (P, or fp8 P dequantized, or §4.9 P'
+                 * M / FP8_MAX), or under pvf16 the §4.9 P' codes as fp16 */
+                for (int e = tid; e < hq * (PF_TK / 2); e += PF_THREADS) {
+                    const int h = e / (PF_TK / 2), il = 2 * (e % (PF_TK / 2)), i = i0 + il;
+                    float pv[2] = {0.0f, 0.0f};
+#pragma unroll
+                    for (int k2 = 0; k2 < 2; k2++)
+                        if (il + k2 < nkv) {
+                            const float ex = expf(sc[(size_t)h * SCP + i + k2] - m_sh[h]);
+                            if (c.pa) { /* §4.9 step 4 */
+                                const float M = mt[(i + k2) / c.tile];
+                                pv[k2] = ex * vs_[i + k2] * c.fmax / (M + 1e-8f);
+                                if (!c.pvf16)
+                                    pv[k2] = m3_round_fp8(pv[k2], s.g.fp8_kind, s.ovf) * (M / c.fmax);
+                            } else {
+                                pv[k2] = FP8 ? ex * vs_[i + k2] : ex;
+                            }
                         }
-                    }
-                    pb[h * PBP + il] = m3_f32_to_bf16(pv);
+                    *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
+                        c.pvf16 ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, hw) : pack_bf16(pv[0], pv[1]);
                 }
                 __syncthreads();
-                /* O += P V: a warp per 16-dim pair of n-tiles */
+                /* O += P V: a warp per 16-dim pair of n-tiles. fp8 V tiles give a lane the 4
+                 * consecutive keys 4tq..4tq+3 of each 16 (one 32-bit read): P is read alike. */
 #pragma unroll
                 for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++) {
                     const int np = warp + u * PF_NW;
                     if (np * 16 >= Dhp) continue;
                     for (int ks = 0; ks * 16 < nkv; ks++) {
-                        const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
-                        const uint32_t a[4] = {*reinterpret_cast<const uint32_t *>(pr),
-                                               *reinterpret_cast<const uint32_t *>(pr + 8 * PBP),
-                                               *reinterpret_cast<const uint32_t *>(pr + 8),
-                                               *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8)};
+                        uint32_t a[4];
+                        if (FP8) {
+                            const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
+                            a[0] = *reinterpret_cast<const uint32_t *>(pr);
+                            a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+                            a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
+                            a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
+                        } else {
+                            const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
+                            a[0] = *reinterpret_cast<const uint32_t *>(pr);
+                            a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+                            a[2] = *reinterpret_cast<const uint32_t *>(pr + 8);
+                            a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8);
+                        }
+                        float f = 0.0f;
+                        if (FP8 && c.pvf16) f = mf[(i0 + ks * 16) / c.tile];
 #pragma unroll
                         for (int h2 = 0; h2 < 2; h2++) {
                             const int d = np * 16 + h2 * 8 + gq;
                             uint32_t bfr[2];
                             if (FP8) {
-                                const unsigned char *vb = st + ((size_t)ks * Dhp + d) * 16 + 2 * tq;
-                                bfr[0] = pf_lut2(lut, vb), bfr[1] = pf_lut2(lut, vb + 8);
+                                const uint32_t w = *reinterpret_cast<const uint32_t *>(
+                                    st + ((size_t)ks * Dhp + d) * 16 + 4 * tq);
+                                if (c.pvf16) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
+                                    bfr[0] = pf_h2(w, lut16, hw), bfr[1] = pf_h2(w >> 16, lut16, hw);
+                                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                    pf_mma_f16(t4, a, bfr);
+#pragma unroll
+                                    for (int i = 0; i < 4; i++) o[u][h2][i] += t4[i] * f;
+                                } else {
+                                    bfr[0] = pf_b2(w, lutb, hw), bfr[1] = pf_b2(w >> 16, lutb, hw);
+                                    m3_mma_bf16_16816(o[u][h2], a, bfr);
+                                }
                             } else {
                                 const uint16_t *vb = reinterpret_cast<const uint16_t *>(st) +
                                                      ((size_t)(2 * ks) * Dhp + d) * 8 + 2 * tq;
                                 bfr[0] = *reinterpret_cast<const uint32_t *>(vb);
                                 bfr[1] = *reinterpret_cast<const uint32_t *>(vb + (size_t)Dhp * 8);
+                                m3_mma_bf16_16816(o[u][h2], a, bfr);
                             }
-                            m3_mma_bf16_16816(o[u][h2], a, bfr);
                         }
                     }
                 }
+                if (j == 2 * nkt - 1) { /* chunk done: A_j into the running merge, O reset */
+#pragma unroll
+                    for (int r2 = 0; r2 < 2; r2++) {
+                        const int r = gq + r2 * 8;
+                        if (r >= hq) continue;
+                        const float m = m_sh[r], l = l_sh[r], Mn = fmaxf(Mr[r2], m);
+                        const float wa = Mr[r2] == -INFINITY ? 0.0f : expf(Mr[r2] - Mn),
+                                    wb = expf(m - Mn);
+#pragma unroll
+                        for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
+#pragma unroll
+                            for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+                                for (int i = 2 * r2; i < 2 * r2 + 2; i++) {
+                                    const float A = c.part > 0 ? l * m3_round_bf16(o[u][h2][i] / l) : o[u][h2][i];
+                                    acc[u][h2][i] = acc[u][h2][i] * wa + A * wb;
+                                }
+                        Lr[r2] = Lr[r2] * wa + l * wb, Mr[r2] = Mn;
+                    }
+#pragma unroll
+                    for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
+#pragma unroll
+                        for (int h2 = 0; h2 < 2; h2++) o[u][h2][0] = o[u][h2][1] = o[u][h2][2] = o[u][h2][3] = 0.0f;
+                }
             }
-            __syncthreads(); /* stage it % PF_NST is free */
-            load(it + PF_NST);
-            cp_commit();
         }
         cp_wait<0>();
-        /* this chunk's partial (m, l, O) per head */
+    }
+    if (c.nsp == 1) { /* the whole row in this block: the output (no key: 0 / 0, a visible NaN) */
+        m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
+#pragma unroll
+        for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = gq + (i >> 1) * 8, d = (warp + u * PF_NW) * 16 + h2 * 8 + 2 * tq + (i & 1);
+                    if (r < hq && d < Dh) orow[(size_t)r * Dh + d] = m3_f32_to_bf16(acc[u][h2][i] / Lr[i >> 1]);
+                }
+        return;
+    }
+    if (cb < ce) { /* this block's partial (M, L, A) per head */
         const size_t sl0 = (slot0 + ci) * hq;
 #pragma unroll
         for (int u = 0; u < FA_MAX_DH / 16 / PF_NW; u++)
@@ -1680,11 +1886,12 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int r = gq + (i >> 1) * 8, d = (warp + u * PF_NW) * 16 + h2 * 8 + 2 * tq + (i & 1);
-                    if (r < hq && d < Dh) /* A_j (see pf_merge_w) */
-                        po[(sl0 + r) * Dh + d] =
-                            c.part > 0 ? l_sh[r] * m3_round_bf16(o[u][h2][i] / l_sh[r]) : o[u][h2][i];
+                    if (r < hq && d < Dh) po[(sl0 + r) * Dh + d] = acc[u][h2][i];
                 }
-        if (tid < hq) pml[(sl0 + tid) * 2] = m_sh[tid], pml[(sl0 + tid) * 2 + 1] = l_sh[tid];
+        if (warp == 0 && tq == 0)
+#pragma unroll
+            for (int r2 = 0; r2 < 2; r2++)
+                if (gq + r2 * 8 < hq) pml[(sl0 + gq + r2 * 8) * 2] = Mr[r2], pml[(sl0 + gq + r2 * 8) * 2 + 1] = Lr[r2];
     }
     if (!c.fused) return;
     /* the last block of this (token, kv head) to finish merges (threadFenceReduction) */
@@ -1699,15 +1906,15 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     if (!last_sh) return;
     __threadfence();
     { /* the merge; the score array is free now (weights, denominators, staging) */
-        const int nj = n > 0 ? (n + ch - 1) / ch : 0, vw = Dh % 4 == 0 ? 4 : 1;
+        const int nj = (nch + c.cpb - 1) / c.cpb, vw = Dh % 4 == 0 ? 4 : 1;
         float *w = sc, *den = sc + 3 * hq * nj;
         pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, PF_THREADS);
         m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
         for (int e = tid; e < hq * (Dh / vw); e += PF_THREADS) {
             const int h = e / (Dh / vw), d = (e % (Dh / vw)) * vw;
-            float acc[4];
-            pf_acc(po, slot0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc);
-            for (int i = 0; i < vw; i++) orow[(size_t)h * Dh + d + i] = m3_f32_to_bf16(acc[i] / den[h]);
+            float acc4[4];
+            pf_acc(po, slot0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc4);
+            for (int i = 0; i < vw; i++) orow[(size_t)h * Dh + d + i] = m3_f32_to_bf16(acc4[i] / den[h]);
         }
     }
 #else
@@ -1717,7 +1924,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
 }
 
 /* the merge when rows have more than PF_FUSE_MAX chunks: one block per (token, query head),
- * PF_MT threads: the warps split the chunks, lanes the dims; dynamic shared memory: 3 nchx + 1
+ * PF_MT threads: the warps split the partials, lanes the dims; dynamic shared memory: 3 nsp + 1
  * floats of weights and staging, then [warps][Dh] partial sums */
 #define PF_MT 256
 static __global__ void __launch_bounds__(PF_MT)
@@ -1726,10 +1933,10 @@ static __global__ void __launch_bounds__(PF_MT)
     extern __shared__ float pm_sh[];
     const int tl = (int)blockIdx.x, hh = (int)blockIdx.y, g = hh / c.hq, h = hh % c.hq;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, nw = PF_MT / 32;
-    const size_t tg = (size_t)tl * c.Hkv + g, s0 = tg * c.nchx;
-    const int n = nkeys[tg], nj = n > 0 ? (n + c.ch - 1) / c.ch : 0, Dh = c.Dh;
+    const size_t tg = (size_t)tl * c.Hkv + g, s0 = tg * c.nsp;
+    const int n = nkeys[tg], nj = ((n + c.ch - 1) / c.ch + c.cpb - 1) / c.cpb, Dh = c.Dh;
     const int vw = Dh % 4 == 0 ? 4 : 1;
-    float *w = pm_sh, *den = w + 3 * c.nchx, *ps = den + 1;
+    float *w = pm_sh, *den = w + 3 * c.nsp, *ps = den + 1;
     pf_merge_w(pml, s0, nj, c.hq, h, 1, w, den, tid, PF_MT);
     for (int d = lane * vw; d < Dh; d += 32 * vw) {
         float acc[4];
@@ -1744,6 +1951,12 @@ static __global__ void __launch_bounds__(PF_MT)
     }
 }
 #endif /* M3_HIP_NVIDIA */
+
+#if defined(M3_HIP_NVIDIA)
+static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                           const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
+                           const int32_t *d_topk, int width, pf_cfg c);
+#endif
 
 extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
                                              int ld_q, const m3_gpu_attn_paged_src *src,
@@ -1792,21 +2005,51 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     c.qvec = c.Dh % 16 == 0 && ld_q % 8 == 0 && m3_aligned16(d_q);
     const int64_t maxk = d_topk ? (int64_t)width * src->g.block : n_ctx;
     c.nchx = (int)((maxk + c.ch - 1) / c.ch);
-    c.fused = c.nchx <= PF_FUSE_MAX;
-    const size_t per_tok = (size_t)c.Hkv * c.nchx * c.hq * (c.Dh + 2) * sizeof(float) + 64;
+    c.hw = fp8 && src->g.fp8_kind == M3_FP8_E4M3FN;
+    c.pvf16 = c.pa && c.tile % 16 == 0;
+    return pf_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, c);
+#endif
+}
+
+#if defined(M3_HIP_NVIDIA)
+/* pf_part_k (+ pf_merge_k) for n_tok tokens, c filled but for cpb / nsp / fused */
+static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                           const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
+                           const int32_t *d_topk, int width, pf_cfg c) {
+    const bool fp8 = c.fp8;
+    /* chunks per block: enough blocks for PF_BPS per multiprocessor, the rest as consecutive
+     * chunks of one block (one prologue, one pipeline, merged in registers). A block's next
+     * chunk loads from PF_NST tiles ahead: a full chunk needs >= PF_NST tiles. */
+    {
+        c.cpb = 1;
+        if (2 * ((c.ch + PF_TK - 1) / PF_TK) >= PF_NST) {
+            const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PF_BPS * (g->n_sm > 0 ? g->n_sm : 132);
+            int64_t nsp = (want + rows - 1) / rows;
+            if (nsp > c.nchx) nsp = c.nchx;
+            if (nsp < 1) nsp = 1;
+            c.cpb = (int)((c.nchx + nsp - 1) / nsp);
+        }
+        const int fc = src->flash_cpb; /* test hook */
+        if (fc > 0 && 2 * ((c.ch + PF_TK - 1) / PF_TK) >= PF_NST) c.cpb = fc < c.nchx ? fc : c.nchx;
+        c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
+    }
+    c.fused = c.nsp <= PF_FUSE_MAX;
+    const size_t per_tok = (size_t)c.Hkv * c.nsp * c.hq * (c.Dh + 2) * sizeof(float) + 64;
     int tb = (int)(PF_PART_CAP / per_tok);
     if (tb < 1) tb = 1;
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
     const size_t sh = pf_smem_bytes(c),
-                 msh = ((size_t)3 * c.nchx + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
+                 msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
     static size_t pf_set[3];
-    const void *fns[3] = {(const void *)pf_part_k<false>, (const void *)pf_part_k<true>,
-                          (const void *)pf_merge_k};
+    typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
+                          int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
+    const pf_fn kf[2] = {pf_part_k<false>, pf_part_k<true>};
     const int fi = fp8 ? 1 : 0;
+    const void *fns[3] = {(const void *)kf[0], (const void *)kf[1], (const void *)pf_merge_k};
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
@@ -1816,7 +2059,7 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
         pf_set[2] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
-    const size_t ns = (size_t)tb * c.Hkv * c.nchx * c.hq;
+    const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
     float *po, *pml;
     int *nk;
     m3_status s = m3_gpu_alloc(g, (void **)&po, ns * c.Dh * sizeof(float));
@@ -1824,13 +2067,9 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&nk, (size_t)tb * c.Hkv * sizeof(int));
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
-        const dim3 grid((unsigned)c.nchx, (unsigned)c.Hkv, (unsigned)nt);
-if (fp8)
-            pf_part_k<true><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
-                                                                n_tok, d_topk, width, po, pml, nk, c);
-        else
-            pf_part_k<false><<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0,
-                                                                 n_tok, d_topk, width, po, pml, nk, c);
+        const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
+        kf[fi]<<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
+                                                    width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
             pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
@@ -1840,8 +2079,9 @@ if (fp8)
     }
     m3_gpu_release(g, mark); /* later work on the stream runs after these kernels */
     return s;
-#endif
 }
+
+#endif
 
 extern "C" m3_status m3_gpu_attn_paged_flash_ok(const m3_gpu_attn_paged_src *src,
                                                 const m3_attn_params *ap, const m3_profile *p,

@@ -270,6 +270,8 @@ typedef struct m3_gpu_attn_paged_src {
     int n_logical;
     bool fp8_pa;              /* fp8 elements: the §4.9 paged-attention emulation */
     m3_fp8_overflow ovf;      /* of the emulation's fp8 casts (Q, P') */
+    int flash_cpb;            /* m3_gpu_attn_paged_flash test hook: consecutive chunks per
+                                 block (0: chosen from the grid size) */
 } m3_gpu_attn_paged_src;
 /* q [T, H*Dh] (pitch ld_q), pos [T] device (< n_ctx), topk [Hkv, T, width] device or NULL
  * (dense: keys 0..pos[t]; sparse: m3_kv_sparse_table's expansion, keys k < ctx through the
@@ -289,12 +291,14 @@ m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int l
                                 int n_tok, int n_ctx, const int32_t *d_topk, int width,
                                 const struct m3_attn_params *ap, const m3_profile *p);
 /* Fast paged attention (the production path of paged reads), same arguments and key lists
- * as m3_gpu_attn_paged, bf16 output: flash-decoding, one block per (chunk of keys, kv head,
- * token) serving the group's query heads on tensor cores (NVIDIA mma.sync; elsewhere the
- * faithful kernel runs), partials merged by log-sum-exp in the same launch. A chunk is one
+ * as m3_gpu_attn_paged, bf16 output: flash-decoding, one block per (run of consecutive
+ * chunks of keys, kv head, token) serving the group's query heads on tensor cores (NVIDIA
+ * mma.sync; elsewhere the faithful kernel runs), chunks merged by log-sum-exp in registers,
+ * blocks' partials in the same launch (long rows: a merge kernel). A chunk is one
  * attn_partition under a partitioned profile (atom), so partition maxima, denominators, the
  * §4.9 fp8 P' codes and the bf16 partition outputs are ref's; P enters P.V as bf16
- * (unnormalised; §4.9: bf16(P' M / FP8_MAX)). Checked against ref with a documented NMSE
+ * (unnormalised; §4.9: the fp8 P' codes on fp16 mma, exact products summed per 16 keys, then
+ * times M / FP8_MAX). Checked against ref with a documented NMSE
  * bound, not bit for bit (docs/gpu.md "Paged flash"). Fast for any geometry where
  * x = 16 / element bytes divides Dh and the view's page (M3: page-128 dense, page-16 sparse);
  * any other ref geometry runs correctly, gathering element by element. Contract
