@@ -1290,6 +1290,8 @@ typedef struct {
     bool eager, pa, fp8, fast, sel_order, fused, qvec;
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
+    unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
+                          (m3_gpu.counters + M3_GPU_CNT_PF) */
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
@@ -1311,9 +1313,10 @@ static size_t pf_smem_bytes(const pf_cfg &c) {
            512 * sizeof(uint16_t);
 }
 
-/* Zero when the module loads; the block that merges a (token, kv head) resets its entry, so
- * they are zero again between launches (launches on one stream run one after another). */
-__device__ unsigned int pf_cnt[PF_MAX_CNT];
+/* The fused merge's arrival counters (pf_cfg.cnt) are the context's, zero at open; the block
+ * that merges a (token, kv head) resets its entry, so they are zero again between launches
+ * (launches on one stream run one after another; another context has its own). */
+static_assert(PF_MAX_CNT <= M3_GPU_CNT_IDX - M3_GPU_CNT_PF, "the counter range of m3_gpu");
 
 /* Partials: per chunk j and head, m_j, l_j and A_j, where A_j = O_j (sum of P V,
  * unnormalised) when unpartitioned, or l_j bf16(O_j / l_j) (ref's bf16-stored partition
@@ -1898,9 +1901,9 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     __threadfence();
     __syncthreads();
     if (tid == 0) {
-        const unsigned old = atomicAdd(&pf_cnt[tg], 1u);
+        const unsigned old = atomicAdd(&c.cnt[tg], 1u);
         last_sh = old == gridDim.x - 1;
-        if (last_sh) pf_cnt[tg] = 0;
+        if (last_sh) c.cnt[tg] = 0;
     }
     __syncthreads();
     if (!last_sh) return;
@@ -2034,6 +2037,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
     }
     c.fused = c.nsp <= PF_FUSE_MAX;
+    c.cnt = g->counters + M3_GPU_CNT_PF;
     const size_t per_tok = (size_t)c.Hkv * c.nsp * c.hq * (c.Dh + 2) * sizeof(float) + 64;
     int tb = (int)(PF_PART_CAP / per_tok);
     if (tb < 1) tb = 1;
@@ -2044,7 +2048,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set[3];
+    static size_t pf_set_dev[64][3]; /* per device: the attribute is the device's */
+    size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     const pf_fn kf[2] = {pf_part_k<false>, pf_part_k<true>};
