@@ -23,6 +23,7 @@
 #include "gpu/gpu_internal.h"
 #include "ref/indexer.h"
 #include "ref/num/bf16.h"
+#include "ref/num/fp8.h"
 
 #define IDX_THREADS 256
 #define IDX_MAX_G 8
@@ -41,6 +42,36 @@ static __device__ __forceinline__ float ld_l2(const float *p) {
     return *p;
 #endif
 }
+/* The index keys as the kernels see them (m3_gpu_index_keys): row of key j = j (contiguous,
+ * bt NULL) or slot(j) = bt[j / bs] * bs + j % bs (ATOM's paged index cache, spec §4.5);
+ * elem: M3_KV_F32 / BF16 / FP8 (unit scale, kind). The bf16 fast kernels take BF16 keys. */
+typedef struct {
+    const void *k;
+    const int32_t *bt;
+    int bs, elem, kind;
+} idx_keys;
+static __device__ __forceinline__ int64_t key_row(const idx_keys &K, int j) {
+    return K.bt ? (int64_t)K.bt[j / K.bs] * K.bs + j % K.bs : (int64_t)j;
+}
+/* the row of the first key of key block b (B keys) when the block's rows are contiguous
+ * (no table, or bs % B == 0: one physical block holds it; M3: bs == B), else -1 (per-row
+ * mapping). Call only for a block with keys below n_ctx (the table is read). */
+static __device__ __forceinline__ int64_t key_base(const idx_keys &K, int b, int B) {
+    if (!K.bt) return (int64_t)b * B;
+    if (K.bs % B) return -1;
+    const int j = b * B;
+    return (int64_t)K.bt[j / K.bs] * K.bs + j % K.bs;
+}
+/* the row of key j of key block b, given key_base's r0 */
+static __device__ __forceinline__ int64_t key_row_in(const idx_keys &K, int64_t r0, int b, int B, int j) {
+    return r0 >= 0 ? r0 + (j - b * B) : key_row(K, j);
+}
+static __device__ __forceinline__ float key_get(const idx_keys &K, int64_t off) {
+    if (K.elem == M3_KV_BF16) return m3_bf16_to_f32(((const m3_bf16 *)K.k)[off]);
+    if (K.elem == M3_KV_F32) return ((const float *)K.k)[off];
+    return m3_fp8_to_f32(((const uint8_t *)K.k)[off], (m3_fp8_kind)K.kind);
+}
+
 /* a ranks before b: score desc, NaN highest, id asc */
 static __device__ __forceinline__ bool before(float sa, int a, float sb, int b) {
     bool na = isnan(sa), nb = isnan(sb);
@@ -53,7 +84,7 @@ static __device__ __forceinline__ bool before(float sa, int a, float sb, int b) 
 template <typename TS>
 static __global__ void __launch_bounds__(IDX_THREADS)
     idx_score_k(float *M3_RESTRICT scores, const TS *M3_RESTRICT iq, int ld_q,
-                const TS *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+                idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
                 int G, int Di, int B, float scale, bool nan_neg) {
     extern __shared__ float q_sh[]; /* [G][Di] */
     __shared__ float red[M3_MAX_WARPS];
@@ -77,8 +108,9 @@ static __global__ void __launch_bounds__(IDX_THREADS)
         float d[IDX_MAX_G];
 #pragma unroll
         for (int g = 0; g < IDX_MAX_G; g++) d[g] = 0.0f;
+        const int64_t row = key_row(ik, j);
         for (int e = lane; e < Di; e += M3_WARP) {
-            const float kv = ld(ik, (int64_t)j * Di + e);
+            const float kv = key_get(ik, row * Di + e);
 #pragma unroll
             for (int g = 0; g < IDX_MAX_G; g++)
                 if (g < G) d[g] += q_sh[g * Di + e] * kv;
@@ -120,10 +152,11 @@ static __global__ void __launch_bounds__(IDX_THREADS)
 #define ISM_MAX_B 128
 static __global__ void __launch_bounds__(ISM_THREADS)
     idx_score_mma_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
-                    const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
+                    idx_keys K, const int32_t *M3_RESTRICT pos, int n_tok,
                     int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
 #if M3_HAVE_MMA
     __shared__ __align__(16) m3_bf16 ks[ISM_MAX_B * (ISM_MAX_DI + 8)];
+    const m3_bf16 *ik = (const m3_bf16 *)K.k;
     const int KP = Di + 8; /* 4-mod-32 word pitch for Di % 16 == 0: conflict-free fragments */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
     const int tpw = 16 / G, tpc = 4 * tpw, t0 = (int)blockIdx.x * tpc, b = (int)blockIdx.y;
@@ -138,10 +171,12 @@ static __global__ void __launch_bounds__(ISM_THREADS)
         return; /* whole block */
     }
     const int dv8 = Di / 8;
+    const int64_t r0 = key_base(K, b, B); /* b <= pmax / B: its first key is below n_ctx */
     for (int i = tid; i < B * dv8; i += ISM_THREADS) {
         const int r = i / dv8, c = i % dv8, key = b * B + r;
         uint4 kv = make_uint4(0, 0, 0, 0);
-        if (key < n_ctx && key <= pmax) kv = *reinterpret_cast<const uint4 *>(ik + (size_t)key * Di + c * 8);
+        if (key < n_ctx && key <= pmax)
+            kv = *reinterpret_cast<const uint4 *>(ik + key_row_in(K, r0, b, B, key) * Di + c * 8);
         *reinterpret_cast<uint4 *>(ks + r * KP + c * 8) = kv;
     }
     __syncthreads();
@@ -204,7 +239,7 @@ static __global__ void __launch_bounds__(ISM_THREADS)
         }
     }
 #else
-    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
+    (void)scores; (void)iq; (void)ld_q; (void)K; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg;
 #endif
 }
@@ -388,14 +423,16 @@ static __global__ void __launch_bounds__(IDX_THREADS)
 #define IWD_LOADS (ISM_MAX_B * ISM_MAX_DI / 8 / IWD_THREADS) /* uint4 per thread per key block */
 #if M3_HAVE_MMA
 /* the key block bb (rows past pmax or n_ctx as zeros) into registers, then shared memory */
-static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const m3_bf16 *ik, int bb,
-                                                 int B, int Di, int n_ctx, int pmax) {
+static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const idx_keys &K,
+                                                 int64_t r0, int bb, int B, int Di, int n_ctx,
+                                                 int pmax) {
     const int tid = (int)threadIdx.x, dv8 = Di / 8;
+    const m3_bf16 *ik = (const m3_bf16 *)K.k;
 #pragma unroll
     for (int i = 0; i < n; i++) {
         const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8, key = bb * B + r;
         kv[i] = r < B && key < n_ctx && key <= pmax
-                    ? *reinterpret_cast<const uint4 *>(ik + (size_t)key * Di + (e % dv8) * 8)
+                    ? *reinterpret_cast<const uint4 *>(ik + key_row_in(K, r0, bb, B, key) * Di + (e % dv8) * 8)
                     : make_uint4(0, 0, 0, 0);
     }
 }
@@ -413,7 +450,7 @@ static __device__ __forceinline__ void wide_store(unsigned char *ks, const uint4
 
 static __global__ void __launch_bounds__(IWD_THREADS, 2)
     idx_wide_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
-               int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
+               int ld_q, idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok,
                int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
 #if M3_HAVE_MMA
     __shared__ __align__(16) unsigned char ks[ISM_MAX_B * IWD_PITCH];
@@ -461,10 +498,11 @@ static __global__ void __launch_bounds__(IWD_THREADS, 2)
             if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
             continue; /* block-uniform */
         }
+        const int64_t r0 = key_base(ik, b, B); /* b <= pmax / B: its first key is below n_ctx */
 #pragma unroll
         for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
             uint4 kv[4];
-            wide_load(kv, 4, i0, ik, b, B, Di, n_ctx, pmax);
+            wide_load(kv, 4, i0, ik, r0, b, B, Di, n_ctx, pmax);
             wide_store(ks, kv, 4, i0, B, Di);
         }
         __syncthreads();
@@ -825,7 +863,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
-              const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+              idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
               int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel,
               unsigned long long *M3_RESTRICT cmax, unsigned int epoch) {
 #if M3_HAVE_MMA
@@ -838,18 +876,22 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
      * row's position are masked below) */
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
     uint4 kb[IST_TILES][4];
-    auto load = [&](int b) { /* this warp's key fragments of key block b (zeros past n_ctx) */
+    const m3_bf16 *ikp = (const m3_bf16 *)ik.k;
+    /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
+     * paged cache's row of its first key, read one key block ahead) */
+    auto load = [&](int b, int64_t r0) {
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
             const int key = b * B + (warp * tiles + i) * 8 + gq;
             const bool ok = i < tiles && key < n_ctx;
-            const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
+            const int64_t row = ok ? key_row_in(ik, r0, b, B, key) : 0;
+            const uint4 *kr = reinterpret_cast<const uint4 *>(ikp + row * Di) + tq;
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
         }
     };
-    if ((int)blockIdx.x < nbk) load((int)blockIdx.x);
+    if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         idx_arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -888,6 +930,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int par = 0;
+    int64_t rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
     for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -911,7 +954,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 }
             }
         }
-        if (b + grid < n_lim) load(b + grid); /* in flight during the reduction below */
+        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
@@ -970,7 +1014,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 /* Launch idx_dec_k: 4 blocks per SM over the groups (at most one per key block), at least
  * R blocks (the fused selection's rows). fuse is cleared when the candidates would not fit
  * in shared memory (then the caller runs a selection kernel). */
-static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const m3_bf16 *ik,
+static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
@@ -1017,10 +1061,14 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
 
 template <typename TS>
 static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, float *d_margin,
-                        int *d_n_ties, const TS *d_iq, int ld_q, const TS *d_ik,
+                        int *d_n_ties, const TS *d_iq, int ld_q, const m3_gpu_index_keys *keys,
                         const int32_t *d_pos, int n_tok, int n_ctx, const m3_indexer_params *ip,
                         const m3_profile *p) {
     M3_ASSERT(ip && p && n_tok >= 0 && n_ctx > 0 && ip->n_index_head > 0 && d_topk);
+    M3_ASSERT(keys && keys->k && (!keys->bt || keys->block > 0));
+    M3_ASSERT(keys->elem == M3_KV_F32 || keys->elem == M3_KV_BF16 || keys->elem == M3_KV_FP8);
+    const idx_keys d_ik = {keys->k, keys->bt, keys->bt ? keys->block : 1, (int)keys->elem,
+                           (int)keys->kind};
     M3_ASSERT(ip->block > 0 && ip->topk > 0 && ip->local_blocks >= 0 && ip->init_blocks >= 0);
     M3_ASSERT(ld_q >= ip->n_index_head * ip->index_head_dim && p->index_scale > 0.0f);
     if (ip->n_index_head > IDX_MAX_G || ip->topk > IDX_MAX_K)
@@ -1035,7 +1083,7 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     const int width = m3_indexer_width(n_ctx, ip, p);
     const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block, K = ip->topk;
 #if defined(M3_HIP_NVIDIA)
-    const bool tile_ok = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
+    const bool tile_ok = sizeof(TS) == 2 && keys->elem == M3_KV_BF16 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
                          B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
 #else
     const bool tile_ok = false;
@@ -1070,20 +1118,20 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
                   p->topk_tie_margin};
     m3_status s;
     if (score == 1) {
-        s = dec_launch(g, S, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+        s = dec_launch(g, S, (const m3_bf16 *)d_iq, ld_q, d_ik, d_pos, n_tok, nbk,
                        n_ctx, G, Di, B, p, sa, fuse);
     } else if (score == 4) {
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
         gx = gx < nbk ? gx : nbk;
         idx_wide_k<<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
-            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, d_ik, d_pos, n_tok, nbk,
             n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_wide_k", __FILE__, __LINE__);
     } else if (score == 2) {
         const int tpc = 4 * (16 / G);
         dim3 gs((unsigned)((n_tok + tpc - 1) / tpc), (unsigned)nbk);
         idx_score_mma_k<<<gs, ISM_THREADS, 0, g->stream>>>(
-            S, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk, n_ctx, G, Di,
+            S, (const m3_bf16 *)d_iq, ld_q, d_ik, d_pos, n_tok, nbk, n_ctx, G, Di,
             B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_score_mma_k", __FILE__, __LINE__);
     } else {
@@ -1139,12 +1187,20 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     return s;
 }
 
+static m3_gpu_index_keys plain_keys(const void *ik, m3_kv_elem elem) {
+    m3_gpu_index_keys k;
+    memset(&k, 0, sizeof k);
+    k.k = ik, k.elem = elem;
+    return k;
+}
+
 extern "C" m3_status m3_gpu_indexer_topk_path(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
                                               float *d_margin, int *d_n_ties, const m3_bf16 *d_iq,
                                               int ld_q, const m3_bf16 *d_ik, const int32_t *d_pos,
                                               int n_tok, int n_ctx, const m3_indexer_params *ip,
                                               const m3_profile *p) {
-    return launch<m3_bf16>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
+    const m3_gpu_index_keys k = plain_keys(d_ik, M3_KV_BF16);
+    return launch<m3_bf16>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, &k, d_pos,
                            n_tok, n_ctx, ip, p);
 }
 
@@ -1154,7 +1210,8 @@ extern "C" m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *
                                                   const int32_t *d_pos, int n_tok, int n_ctx,
                                                   const m3_indexer_params *ip,
                                                   const m3_profile *p) {
-    return launch<float>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
+    const m3_gpu_index_keys k = plain_keys(d_ik, M3_KV_F32);
+    return launch<float>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, &k, d_pos,
                          n_tok, n_ctx, ip, p);
 }
 
@@ -1163,8 +1220,8 @@ extern "C" m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_sc
                                          int ld_q, const m3_bf16 *d_ik, const int32_t *d_pos,
                                          int n_tok, int n_ctx, const m3_indexer_params *ip,
                                          const m3_profile *p) {
-    return launch<m3_bf16>(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q,
-                           d_ik, d_pos, n_tok, n_ctx, ip, p);
+    return m3_gpu_indexer_topk_path(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq,
+                                    ld_q, d_ik, d_pos, n_tok, n_ctx, ip, p);
 }
 
 extern "C" m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores,
@@ -1172,6 +1229,27 @@ extern "C" m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *
                                              int ld_q, const float *d_ik, const int32_t *d_pos,
                                              int n_tok, int n_ctx, const m3_indexer_params *ip,
                                              const m3_profile *p) {
-    return launch<float>(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q,
-                         d_ik, d_pos, n_tok, n_ctx, ip, p);
+    return m3_gpu_indexer_topk_f32_path(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties,
+                                        d_iq, ld_q, d_ik, d_pos, n_tok, n_ctx, ip, p);
+}
+
+extern "C" m3_status m3_gpu_indexer_topk_keys(m3_gpu *g, int path, int32_t *d_topk,
+                                              float *d_scores, float *d_margin, int *d_n_ties,
+                                              const m3_bf16 *d_iq, int ld_q,
+                                              const m3_gpu_index_keys *keys, const int32_t *d_pos,
+                                              int n_tok, int n_ctx, const m3_indexer_params *ip,
+                                              const m3_profile *p) {
+    return launch<m3_bf16>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, keys, d_pos,
+                           n_tok, n_ctx, ip, p);
+}
+
+extern "C" m3_status m3_gpu_indexer_topk_keys_f32(m3_gpu *g, int path, int32_t *d_topk,
+                                                  float *d_scores, float *d_margin, int *d_n_ties,
+                                                  const float *d_iq, int ld_q,
+                                                  const m3_gpu_index_keys *keys,
+                                                  const int32_t *d_pos, int n_tok, int n_ctx,
+                                                  const m3_indexer_params *ip,
+                                                  const m3_profile *p) {
+    return launch<float>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, keys, d_pos,
+                         n_tok, n_ctx, ip, p);
 }
