@@ -44,26 +44,29 @@ static __device__ __forceinline__ float ld_l2(const float *p) {
 }
 /* The index keys as the kernels see them (m3_gpu_index_keys): row of key j = j (contiguous,
  * bt NULL) or slot(j) = bt[j / bs] * bs + j % bs (ATOM's paged index cache, spec §4.5);
- * elem: M3_KV_F32 / BF16 / FP8 (unit scale, kind). The bf16 fast kernels take BF16 keys. */
+ * elem: M3_KV_F32 / BF16 / FP8 (unit scale, kind). The bf16 fast kernels take BF16 keys
+ * (idx_dec_k also e4m3fn). Rows are int: a cache of 2^31 rows would be 256 GiB at Di 128. */
 typedef struct {
     const void *k;
     const int32_t *bt;
     int bs, elem, kind;
 } idx_keys;
-static __device__ __forceinline__ int64_t key_row(const idx_keys &K, int j) {
-    return K.bt ? (int64_t)K.bt[j / K.bs] * K.bs + j % K.bs : (int64_t)j;
+static __device__ __forceinline__ int key_row(const idx_keys &K, int j) {
+    return K.bt ? K.bt[j / K.bs] * K.bs + j % K.bs : j;
 }
 /* the row of the first key of key block b (B keys) when the block's rows are contiguous
  * (no table, or bs % B == 0: one physical block holds it; M3: bs == B), else -1 (per-row
  * mapping). Call only for a block with keys below n_ctx (the table is read). */
-static __device__ __forceinline__ int64_t key_base(const idx_keys &K, int b, int B) {
-    if (!K.bt) return (int64_t)b * B;
+/* (unused where the mma kernels compile out: no tensor cores) */
+__attribute__((unused)) static __device__ __forceinline__ int key_base(const idx_keys &K, int b, int B) {
+    if (!K.bt) return b * B;
     if (K.bs % B) return -1;
     const int j = b * B;
-    return (int64_t)K.bt[j / K.bs] * K.bs + j % K.bs;
+    return K.bt[j / K.bs] * K.bs + j % K.bs;
 }
 /* the row of key j of key block b, given key_base's r0 */
-static __device__ __forceinline__ int64_t key_row_in(const idx_keys &K, int64_t r0, int b, int B, int j) {
+__attribute__((unused)) static __device__ __forceinline__ int key_row_in(const idx_keys &K, int r0,
+                                                                         int b, int B, int j) {
     return r0 >= 0 ? r0 + (j - b * B) : key_row(K, j);
 }
 static __device__ __forceinline__ float key_get(const idx_keys &K, int64_t off) {
@@ -171,12 +174,12 @@ static __global__ void __launch_bounds__(ISM_THREADS)
         return; /* whole block */
     }
     const int dv8 = Di / 8;
-    const int64_t r0 = key_base(K, b, B); /* b <= pmax / B: its first key is below n_ctx */
+    const int r0 = key_base(K, b, B); /* b <= pmax / B: its first key is below n_ctx */
     for (int i = tid; i < B * dv8; i += ISM_THREADS) {
         const int r = i / dv8, c = i % dv8, key = b * B + r;
         uint4 kv = make_uint4(0, 0, 0, 0);
         if (key < n_ctx && key <= pmax)
-            kv = *reinterpret_cast<const uint4 *>(ik + key_row_in(K, r0, b, B, key) * Di + c * 8);
+            kv = *reinterpret_cast<const uint4 *>(ik + (size_t)key_row_in(K, r0, b, B, key) * Di + c * 8);
         *reinterpret_cast<uint4 *>(ks + r * KP + c * 8) = kv;
     }
     __syncthreads();
@@ -424,7 +427,7 @@ static __global__ void __launch_bounds__(IDX_THREADS)
 #if M3_HAVE_MMA
 /* the key block bb (rows past pmax or n_ctx as zeros) into registers, then shared memory */
 static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const idx_keys &K,
-                                                 int64_t r0, int bb, int B, int Di, int n_ctx,
+                                                 int r0, int bb, int B, int Di, int n_ctx,
                                                  int pmax) {
     const int tid = (int)threadIdx.x, dv8 = Di / 8;
     const m3_bf16 *ik = (const m3_bf16 *)K.k;
@@ -432,7 +435,7 @@ static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const
     for (int i = 0; i < n; i++) {
         const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8, key = bb * B + r;
         kv[i] = r < B && key < n_ctx && key <= pmax
-                    ? *reinterpret_cast<const uint4 *>(ik + key_row_in(K, r0, bb, B, key) * Di + (e % dv8) * 8)
+                    ? *reinterpret_cast<const uint4 *>(ik + (size_t)key_row_in(K, r0, bb, B, key) * Di + (e % dv8) * 8)
                     : make_uint4(0, 0, 0, 0);
     }
 }
@@ -498,7 +501,7 @@ static __global__ void __launch_bounds__(IWD_THREADS, 2)
             if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
             continue; /* block-uniform */
         }
-        const int64_t r0 = key_base(ik, b, B); /* b <= pmax / B: its first key is below n_ctx */
+        const int r0 = key_base(ik, b, B); /* b <= pmax / B: its first key is below n_ctx */
 #pragma unroll
         for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
             uint4 kv[4];
@@ -771,6 +774,40 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
     return v;
 }
 
+/* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
+ * exactly: every e4m3fn value is a bf16 value. sm_89+: cvt e4m3x2 -> f16x2 (exact, all
+ * normal or zero), the f16 bits shifted right by 3 are the bf16 bits of the value x 2^-112
+ * (exponent and mantissa fields line up), times 2^112 (fma.rn.bf16x2 with -0: exact, signed
+ * zeros kept); a piece with a NaN code (0x7F / 0xFF, which the shift would make finite) and
+ * targets without the instruction decode code by code (m3_fp8_to_f32, NaN kept). */
+static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
+    uint32_t o[4];
+#if M3_HAVE_FP8_CVT
+    const uint32_t nan = ((w0 & 0x7F7F7F7Fu) + 0x01010101u) | ((w1 & 0x7F7F7F7Fu) + 0x01010101u);
+    if (!(nan & 0x80808080u)) {
+        const uint32_t hw[4] = {w0 & 0xFFFFu, w0 >> 16, w1 & 0xFFFFu, w1 >> 16};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)hw[k], __NV_E4M3);
+            const uint32_t hb = (uint32_t)h.x | ((uint32_t)h.y << 16);
+            const uint32_t bs = ((hb >> 3) & 0x0FFF0FFFu) | (hb & 0x80008000u);
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(o[k]) : "r"(bs), "r"(0x77807780u), "r"(0x80008000u));
+        }
+        return make_uint4(o[0], o[1], o[2], o[3]);
+    }
+#endif
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t w = k < 2 ? w0 : w1, sh = 16 * (k & 1);
+        const m3_bf16 lo = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> sh), M3_FP8_E4M3FN));
+        const m3_bf16 hi = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> (sh + 8)), M3_FP8_E4M3FN));
+        uint16_t lb, hb;
+        memcpy(&lb, &lo, 2), memcpy(&hb, &hi, 2);
+        o[k] = (uint32_t)lb | ((uint32_t)hb << 16);
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 struct dec_smem {
     unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
     int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
@@ -861,6 +898,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 }
 #endif
 
+template <bool K8>
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
@@ -875,20 +913,28 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     /* the first key block's loads before anything else (they need no position: keys past a
      * row's position are masked below) */
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
-    uint4 kb[IST_TILES][4];
-    const m3_bf16 *ikp = (const m3_bf16 *)ik.k;
+    uint4 kb[IST_TILES][4]; /* K8: the 8 codes of a piece in .x, .y (decoded at use) */
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
-    auto load = [&](int b, int64_t r0) {
+    auto load = [&](int b, int r0) {
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
             const int key = b * B + (warp * tiles + i) * 8 + gq;
             const bool ok = i < tiles && key < n_ctx;
-            const int64_t row = ok ? key_row_in(ik, r0, b, B, key) : 0;
-            const uint4 *kr = reinterpret_cast<const uint4 *>(ikp + row * Di) + tq;
+            const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
+            if (K8) { /* dims 8*(tq + 4j) .. +7: bytes, 8 per piece */
+                const uint2 *kr = reinterpret_cast<const uint2 *>((const uint8_t *)ik.k + row * Di) + tq;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+                for (int j = 0; j < 4; j++) {
+                    const uint2 u = ok && j < nj ? kr[4 * j] : make_uint2(0, 0);
+                    kb[i][j].x = u.x, kb[i][j].y = u.y;
+                }
+            } else {
+                const uint4 *kr = reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            }
         }
     };
     if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
@@ -930,7 +976,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int par = 0;
-    int64_t rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
+    int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
     for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -939,11 +985,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             if (i >= tiles || k0 > pmax) break; /* block-uniform */
             float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-                if (s2 >= Di / 16) break;
-                const uint4 v = kb[i][s2 >> 1];
-                const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
-                m3_mma_bf16_16816(c4, qa[s2], bfr);
+            for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
+                if (j >= nj) break;
+                const uint4 v = K8 ? e4m3x8_bf16(kb[i][j].x, kb[i][j].y) : kb[i][j];
+                const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
+                m3_mma_bf16_16816(c4, qa[2 * j], b0);
+                m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
             }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -1017,6 +1064,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
+    const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
+    const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
@@ -1034,16 +1083,20 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (fuse) {
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
         if (dyn > 48 * 1024)
-            M3_HIP_TRY(hipFuncSetAttribute((const void *)idx_dec_k,
-                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+            M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     }
     /* calls with the fused selection so far, per device: the parity picks the arrival
      * counter, and each call zeroes the other one for the next call (stream order) */
     static unsigned int epoch[64];
     unsigned int &ep = epoch[g->device & 63];
-    idx_dec_k<<<dim3((unsigned)gx, (unsigned)n_group), IST_THREADS, dyn, g->stream>>>(
-        S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
-        p->index_nan == M3_INDEX_NAN_NEG, sa, cmax, ep);
+    const dim3 grid((unsigned)gx, (unsigned)n_group);
+    const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
+    if (k8)
+        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di,
+                                                            B, p->index_scale, nn, sa, cmax, ep);
+    else
+        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G,
+                                                             Di, B, p->index_scale, nn, sa, cmax, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
     return s;
@@ -1083,14 +1136,19 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     const int width = m3_indexer_width(n_ctx, ip, p);
     const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block, K = ip->topk;
 #if defined(M3_HIP_NVIDIA)
-    const bool tile_ok = sizeof(TS) == 2 && keys->elem == M3_KV_BF16 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
-                         B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
+    const bool shape_ok = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
+                          B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
 #else
-    const bool tile_ok = false;
+    const bool shape_ok = false;
 #endif
+    /* bf16 keys: every tensor-core path; e4m3fn keys (the fp8 index cache): idx_dec_k */
+    const bool k16 = keys->elem == M3_KV_BF16;
+    const bool k8 = keys->elem == M3_KV_FP8 && keys->kind == M3_FP8_E4M3FN;
+    const bool tile_ok = shape_ok && k16;
     const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
-    const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
-    const bool dec_ok = stream_ok && n_group <= IDX_DEC_GROUPS;
+    const int n_group = shape_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
+    const bool dec_ok = shape_ok && (k16 || k8) && Di % 32 == 0 && B % 32 == 0 &&
+                        n_group <= IDX_DEC_GROUPS;
     const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
     const int want = path & M3_GPU_IDX_SCORE;
     const bool nosel = (path & M3_GPU_IDX_NOSEL) != 0, rounds = (path & M3_GPU_IDX_SEL_ROUNDS) != 0;

@@ -554,6 +554,27 @@ static void bench_indexer(void **state) {
             snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged", c.T, c.C);
             report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
                    keys * 4 * 128 * 2);
+            /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
+             * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
+            if (c.T == 1) {
+                const size_t nk = (size_t)c.C * 128;
+                uint8_t *h8 = malloc(nk);
+                assert_non_null(h8);
+                for (size_t e = 0; e < nk; e++) {
+                    uint8_t b = (uint8_t)m3_rng_u32(&r);
+                    if ((b & 0x7F) == 0x7F) b ^= 1;
+                    h8[e] = b;
+                }
+                void *d8;
+                GPU_OK(m3_gpu_alloc(g, &d8, nk));
+                GPU_OK(m3_gpu_upload(g, d8, h8, nk));
+                free(h8);
+                k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
+                ms = time_ms(g, do_idx, &c, 3, 5);
+                snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged", c.T, c.C);
+                report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
+                       keys * 4 * 128 * 2);
+            }
             c.keys = NULL;
         }
     }

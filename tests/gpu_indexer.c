@@ -20,8 +20,9 @@
  * table (pool larger than the sequence), those bytes and the table uploaded as they are, and
  * the device indexer (m3_gpu_indexer_topk_keys / _f32) reading through the table; the
  * reference is m3_indexer_topk over the keys read back by m3_kv_index_read (as ref/layer.c
- * does). bf16 elements through every device path, fp8 (e4m3fn / e4m3fnuz, unit scale) and fp32
- * elements through idx_score_k; M3 geometry (Bs = B = 128: one row base per scoring block)
+ * does). bf16 elements through every device path, fp8 (e4m3fn / e4m3fnuz, unit scale) through
+ * the decode kernel (e4m3fn, bf16 queries: codes decoded to bf16 in registers) and
+ * idx_score_k, fp32 elements through idx_score_k; M3 geometry (Bs = B = 128: one row base per scoring block)
  * and odd ones (Bs 8 < B, Bs 48 with B 32: neither divides the other, Bs 256 = 4 B): the
  * per-row mapping. Same tolerances as the contiguous cases. */
 #include <math.h>
@@ -295,8 +296,15 @@ static void idx_case_paged(m3_gpu *g, const idx_shape *s, int prof, m3_kv_elem e
     for (int q = 0; q < 2; q++) { /* q 0: bf16 queries, 1: fp32 queries */
         const bool bf16q = q == 0;
         if ((elem == M3_KV_BF16 && !bf16q) || (elem == M3_KV_F32 && bf16q)) continue;
-        const size_t n_path = elem == M3_KV_BF16 ? sizeof idx_paths / sizeof idx_paths[0] : 1;
+        const size_t n_path = sizeof idx_paths / sizeof idx_paths[0];
         for (size_t pi = 0; pi < n_path; pi++) {
+            /* fp8 keys: the decode kernel (e4m3fn, bf16 queries) and the CUDA-core scorer; the
+             * other scorers take bf16 keys only (they fall back to the CUDA-core one) */
+            const int sc = idx_paths[pi].path & M3_GPU_IDX_SCORE;
+            if (elem == M3_KV_FP8 && bf16q && sc != M3_GPU_IDX_AUTO && sc != M3_GPU_IDX_DECODE &&
+                sc != M3_GPU_IDX_CUDA)
+                continue;
+            if (elem != M3_KV_BF16 && !bf16q && pi > 0) continue;
             const size_t mark = m3_gpu_mark(g);
             idx_run(g, s, &p, &ip, bf16q, iq, ik, pos, tk_ref, sc_ref, mg_ref, ties_ref,
                     idx_paths[pi].path, idx_paths[pi].name, &st);
@@ -324,10 +332,10 @@ static void indexer_paged_matches_ref(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int prof = 0; prof < 3; prof++) {
-            idx_case_paged(g, &cases[i].s, prof, M3_KV_BF16, M3_FP8_E4M3FN, cases[i].Bs);
-            idx_case_paged(g, &cases[i].s, prof, prof == 1 ? M3_KV_FP8 : M3_KV_F32,
-                           M3_FP8_E4M3FN, cases[i].Bs);
-            if (prof == 2) idx_case_paged(g, &cases[i].s, prof, M3_KV_FP8, M3_FP8_E4M3FNUZ, cases[i].Bs);
+            const int Bs = cases[i].Bs;
+            idx_case_paged(g, &cases[i].s, prof, M3_KV_BF16, M3_FP8_E4M3FN, Bs);
+            idx_case_paged(g, &cases[i].s, prof, M3_KV_FP8, prof ? M3_FP8_E4M3FN : M3_FP8_E4M3FNUZ, Bs);
+            if (prof != 1) idx_case_paged(g, &cases[i].s, prof, M3_KV_F32, M3_FP8_E4M3FN, Bs);
         }
     /* the long decode history (bench geometry, hot blocks), bf16 elements, atom */
     static const idx_shape big = {1, 262044, 4, 128, 128, 16, 1, 0, false, IDX_HOT};
