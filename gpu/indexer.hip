@@ -17,6 +17,8 @@
  * over the keys), idx_score_mma_k (tensor-core key tiles), idx_topk_k (one-pass exact
  * selection); the launcher's comment says which runs when, docs/gpu.md "Lightning indexer"
  * what each costs on the H200.
+ * Keys (idx_keys): contiguous rows or ATOM's paged index cache (rows slot(j) through the
+ * block table, spec §4.5), bf16 / fp32 / fp8 elements; docs/gpu.md "Paged index cache".
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
 
 #include "gpu/hip_compat.h"
@@ -716,8 +718,8 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 }
 
 /* ---- decode: one launch that scores and selects ------------------------------------------
- * idx_dec_k (NVIDIA mma.sync, bf16): groups of 16/G tokens (blockIdx.y), 16 (token, head)
- * rows per group, at most IDX_DEC_GROUPS groups (decode). A persistent grid of 4 blocks of 4
+ * idx_dec_k (NVIDIA mma.sync, bf16 queries; K8: e4m3fn keys decoded by e4m3x8_bf16): groups
+ * of 16/G tokens (blockIdx.y), 16 (token, head) rows per group, at most IDX_DEC_GROUPS groups (decode). A persistent grid of 4 blocks of 4
  * warps per SM (over the groups) walks the key blocks b = blockIdx.x, + gridDim.x, ..; warp
  * w scores the keys [w*B/4, (w+1)*B/4) of a block from registers. Each lane loads its key
  * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes per
@@ -1103,10 +1105,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
 }
 
 /* ---- launchers -------------------------------------------------------------------------
- * Scoring: idx_dec_k (bf16, at most IDX_DEC_GROUPS groups of 16/G tokens: decode; the
- * selection fused), idx_wide_k (bf16, more tokens, enough key blocks to fill the device:
- * 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged per
- * block for 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection (when not
+ * Scoring: idx_dec_k (bf16 queries, bf16 or e4m3fn keys, at most IDX_DEC_GROUPS groups of
+ * 16/G tokens: decode; the selection fused), idx_wide_k (bf16, more tokens, enough key blocks
+ * to fill the device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest:
+ * keys staged per block for 4 * 16/G tokens) or idx_score_k (fp32 queries or keys, other fp8
+ * keys, odd shapes). Selection (when not
  * fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
  * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its

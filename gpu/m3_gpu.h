@@ -439,10 +439,11 @@ typedef struct m3_gpu_index_keys {
     int block;          /* rows per physical block (bt set) */
 } m3_gpu_index_keys;
 /* m3_gpu_indexer_topk(_path) over such keys, bf16 queries (_f32: fp32 queries). Same
- * results as over the keys gathered into contiguous rows. The fast paths (decode, wide,
- * tile) take bf16 queries and BF16 keys: per key block one row base when block % B == 0
- * (M3: block == B == 128, a scoring block is one physical block), the per-row mapping
- * otherwise; every other combination runs idx_score_k (CUDA cores, any element). */
+ * results as over the keys gathered into contiguous rows. The fast paths take bf16 queries:
+ * decode, wide and tile BF16 keys, decode also FP8 e4m3fn keys (codes decoded to bf16 in
+ * registers, exact); per key block one row base when block % B == 0 (M3: block == B == 128,
+ * a scoring block is one physical block), the per-row mapping otherwise. Every other
+ * combination runs idx_score_k (CUDA cores, any element). */
 m3_status m3_gpu_indexer_topk_keys(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
                                    float *d_margin, int *d_n_ties, const m3_bf16 *d_iq, int ld_q,
                                    const m3_gpu_index_keys *keys, const int32_t *d_pos, int n_tok,
