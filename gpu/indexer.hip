@@ -719,8 +719,8 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 
 /* ---- decode: one launch that scores and selects ------------------------------------------
  * idx_dec_k (NVIDIA mma.sync, bf16 queries; K8: e4m3fn keys decoded by e4m3x8_bf16): groups
- * of 16/G tokens (blockIdx.y), 16 (token, head) rows per group, at most IDX_DEC_GROUPS groups (decode). A persistent grid of 4 blocks of 4
- * warps per SM (over the groups) walks the key blocks b = blockIdx.x, + gridDim.x, ..; warp
+ * of 16/G tokens (blockIdx.y), 16 (token, head) rows per group, at most IDX_DEC_GROUPS
+ * groups (decode). A persistent grid of 4 blocks of 4 warps per SM (over the groups) walks the key blocks b = blockIdx.x, + gridDim.x, ..; warp
  * w scores the keys [w*B/4, (w+1)*B/4) of a block from registers. Each lane loads its key
  * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes per
  * warp load: full sectors), all of them before the first mma (32 KB in flight per block of

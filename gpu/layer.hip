@@ -904,8 +904,9 @@ static m3_status ixp_write(m3_gpu *g, m3_gpu_layer_cache *c, const int32_t *d_po
  * its rows of the contiguous cache) normed + roped in place, this pass's K / V rows into the
  * paged storage at slot(pos[t]) with ref's writer of this layer type (kvp_write's rule), and,
  * when iq / ik are given, the indexer's parts (normed + roped in place) and, under the paged
- * layout, the index keys into the paged index cache at slot(pos[t]). q == NULL: the indexer's parts alone (a second call, where the q/k/v taps
- * must come before the indexer's projections). This one is the glue path: separate launches
+ * layout, the index keys into the paged index cache at slot(pos[t]). q == NULL: the
+ * indexer's parts alone (a second call, where the q/k/v taps must come before the indexer's
+ * projections). This one is the glue path: separate launches
  * (fp32 storage, and geometries outside the fused kernel's contract). */
 template <typename TS>
 static m3_status attn_input_glue(m3_gpu *g, m3_gpu_layer_cache *cache, const m3_gpu_layer_weights *w,
