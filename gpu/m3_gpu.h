@@ -432,11 +432,11 @@ m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *d_topk, flo
  * at row * Di + d. Elements: M3_KV_BF16, M3_KV_F32, or M3_KV_FP8 (unit scale: the key is
  * fp32(byte) of `kind`). */
 typedef struct m3_gpu_index_keys {
-    const void *k;      /* device */
+    const void *k; /* device */
     m3_kv_elem elem;
-    m3_fp8_kind kind;   /* M3_KV_FP8 */
-    const int32_t *bt;  /* device [>= ceil(n_ctx / block)], NULL: contiguous rows */
-    int block;          /* rows per physical block (bt set) */
+    m3_fp8_kind kind;  /* M3_KV_FP8 */
+    const int32_t *bt; /* device [>= ceil(n_ctx / block)], NULL: contiguous rows */
+    int block;         /* rows per physical block (bt set) */
 } m3_gpu_index_keys;
 /* m3_gpu_indexer_topk(_path) over such keys, bf16 queries (_f32: fp32 queries). Same
  * results as over the keys gathered into contiguous rows. The fast paths take bf16 queries:
@@ -454,7 +454,6 @@ m3_status m3_gpu_indexer_topk_keys_f32(m3_gpu *g, int path, int32_t *d_topk, flo
                                        const m3_gpu_index_keys *keys, const int32_t *d_pos,
                                        int n_tok, int n_ctx, const struct m3_indexer_params *ip,
                                        const m3_profile *p);
-
 
 /* ---- whole model: gpu/layer.hip, gpu/model.hip, twins of ref/layer.h and ref/model.h ----
  * Activation storage: bf16 when the profile stores bf16 everywhere the bf16 kernels need it

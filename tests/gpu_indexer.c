@@ -22,9 +22,9 @@
  * reference is m3_indexer_topk over the keys read back by m3_kv_index_read (as ref/layer.c
  * does). bf16 elements through every device path, fp8 (e4m3fn / e4m3fnuz, unit scale) through
  * the decode kernel (e4m3fn, bf16 queries: codes decoded to bf16 in registers) and
- * idx_score_k, fp32 elements through idx_score_k; M3 geometry (Bs = B = 128: one row base per scoring block)
- * and odd ones (Bs 8 < B, Bs 48 with B 32: neither divides the other, Bs 256 = 4 B): the
- * per-row mapping. Same tolerances as the contiguous cases. */
+ * idx_score_k, fp32 elements through idx_score_k; M3 geometry (Bs = B = 128: one row base per
+ * scoring block) and odd ones (Bs 8 < B, Bs 48 with B 32: neither divides the other, Bs 256 = 4 B):
+ * the per-row mapping. Same tolerances as the contiguous cases. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,8 +103,8 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
                                             C, ip, p));
         } else {
             float *diq = gpu_upload_f32(g, iq, (int64_t)T * ldq);
-            GPU_OK(m3_gpu_indexer_topk_keys_f32(g, path, dtk, dsc, dmg, dties, diq, ldq, &keys, dpos,
-                                                T, C, ip, p));
+            GPU_OK(m3_gpu_indexer_topk_keys_f32(g, path, dtk, dsc, dmg, dties, diq, ldq, &keys,
+                                                dpos, T, C, ip, p));
         }
     } else if (bf16) {
         m3_bf16 *diq = gpu_upload_bf16(g, iq, (int64_t)T * ldq, NULL);
@@ -257,15 +257,19 @@ static void idx_case_paged(m3_gpu *g, const idx_shape *s, int prof, m3_kv_elem e
     m3_fill_normal(&r, ik, (int64_t)C * Di, 1.0f);
     for (int j = 0; (s->pat & IDX_HOT) && j < C; j++)
         if ((j / s->B) % 256 < 3)
-            for (int d = 0; d < Di; d++) ik[(size_t)j * Di + d] *= 3.0f;
+            for (int d = 0; d < Di; d++)
+                ik[(size_t)j * Di + d] *= 3.0f;
     if (s->pat & IDX_NAN) ik[(size_t)(3 * s->B + 5) * Di + 7] = NAN;
-    for (int64_t i = 0; i < (int64_t)T * ldq; i++) iq[i] = m3_round_bf16(iq[i]);
+    for (int64_t i = 0; i < (int64_t)T * ldq; i++)
+        iq[i] = m3_round_bf16(iq[i]);
     if (elem != M3_KV_F32)
-        for (int64_t i = 0; i < (int64_t)C * Di; i++) ik[i] = m3_round_bf16(ik[i]);
+        for (int64_t i = 0; i < (int64_t)C * Di; i++)
+            ik[i] = m3_round_bf16(ik[i]);
     /* a shuffled block table over a pool 3 blocks larger than the sequence */
     const int nl = (C + Bs - 1) / Bs, n_pool = nl + 3;
     int32_t *perm = malloc((size_t)n_pool * sizeof *perm);
-    for (int i = 0; i < n_pool; i++) perm[i] = i;
+    for (int i = 0; i < n_pool; i++)
+        perm[i] = i;
     for (int i = n_pool - 1; i > 0; i--) {
         const int j = (int)(m3_rng_u32(&r) % (uint32_t)(i + 1)), x = perm[i];
         perm[i] = perm[j], perm[j] = x;
@@ -279,18 +283,21 @@ static void idx_case_paged(m3_gpu *g, const idx_shape *s, int prof, m3_kv_elem e
     m3_kv_layer_init(&kl, &kg, M3_KV_VIEW_BLOCK, Di, elem);
     GPU_OK(m3_kv_layer_reserve(&kl, n_pool));
     for (int j = 0; j < C; j++)
-        m3_kv_index_write(&kl, m3_block_table_slot(&bt, Bs, j), ik + (size_t)j * Di, M3_FP8_SATURATE);
+        m3_kv_index_write(&kl, m3_block_table_slot(&bt, Bs, j), ik + (size_t)j * Di,
+                          M3_FP8_SATURATE);
     for (int j = 0; j < C; j++) /* the keys as the cache holds them (ref/layer.c reads them so) */
         m3_kv_index_read(&kl, m3_block_table_slot(&bt, Bs, j), ik + (size_t)j * Di);
     int32_t *pos = malloc(T * sizeof *pos);
-    for (int t = 0; t < T; t++) pos[t] = s->prefill ? t : C - T + t;
+    for (int t = 0; t < T; t++)
+        pos[t] = s->prefill ? t : C - T + t;
     const size_t ntk = (size_t)s->G * T * W, nsc = (size_t)s->G * T * nbk, nmg = (size_t)s->G * T;
     int32_t *tk_ref = malloc(ntk * sizeof *tk_ref);
     float *sc_ref = malloc(nsc * sizeof *sc_ref), *mg_ref = malloc(nmg * sizeof *mg_ref);
     int ties_ref = 0;
     size_t sb = m3_indexer_scratch_bytes(C, &ip);
     void *scratch = malloc(sb);
-    m3_indexer_topk(tk_ref, sc_ref, mg_ref, &ties_ref, iq, ldq, ik, pos, T, C, &ip, &p, scratch, sb);
+    m3_indexer_topk(tk_ref, sc_ref, mg_ref, &ties_ref, iq, ldq, ik, pos, T, C, &ip, &p, scratch,
+                    sb);
     free(scratch);
     const idx_store st = {&kl, &bt};
     for (int q = 0; q < 2; q++) { /* q 0: bf16 queries, 1: fp32 queries */
@@ -313,28 +320,38 @@ static void idx_case_paged(m3_gpu *g, const idx_shape *s, int prof, m3_kv_elem e
     }
     m3_kv_layer_free(&kl);
     m3_block_table_free(&bt);
-    free(perm); free(iq); free(ik); free(pos); free(tk_ref); free(sc_ref); free(mg_ref);
+    free(perm);
+    free(iq);
+    free(ik);
+    free(pos);
+    free(tk_ref);
+    free(sc_ref);
+    free(mg_ref);
 }
 
 static void indexer_paged_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
-    static const struct { idx_shape s; int Bs; } cases[] = {
-        {{3, 4096, 4, 128, 128, 16, 1, 0, false, 0}, 128},   /* decode, M3 geometry */
-        {{1, 9000, 4, 128, 128, 16, 1, 0, false, 0}, 128},   /* partial last block */
-        {{300, 300, 4, 128, 128, 16, 1, 0, true, 0}, 128},   /* prefill */
-        {{70, 5000, 4, 128, 128, 16, 1, 0, false, 0}, 128},  /* 5 token groups */
-        {{2, 40000, 4, 128, 128, 16, 1, 0, false, 0}, 128},  /* two-stage selection */
+    static const struct {
+        idx_shape s;
+        int Bs;
+    } cases[] = {
+        {{3, 4096, 4, 128, 128, 16, 1, 0, false, 0}, 128},       /* decode, M3 geometry */
+        {{1, 9000, 4, 128, 128, 16, 1, 0, false, 0}, 128},       /* partial last block */
+        {{300, 300, 4, 128, 128, 16, 1, 0, true, 0}, 128},       /* prefill */
+        {{70, 5000, 4, 128, 128, 16, 1, 0, false, 0}, 128},      /* 5 token groups */
+        {{2, 40000, 4, 128, 128, 16, 1, 0, false, 0}, 128},      /* two-stage selection */
         {{2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN}, 128}, /* NaN key row */
-        {{5, 1000, 3, 80, 64, 5, 2, 1, false, 0}, 8},        /* Bs 8 < B (fixtures' Bs) */
-        {{3, 5000, 8, 96, 32, 16, 2, 0, false, 0}, 48},      /* Bs 48, B 32: per-row mapping */
-        {{2, 6000, 2, 64, 64, 8, 1, 1, false, 0}, 256},      /* Bs = 4 B: a row base per block */
-        {{17, 3000, 4, 128, 128, 16, 1, 0, false, 0}, 8},    /* M3 scoring blocks over Bs 8 */
+        {{5, 1000, 3, 80, 64, 5, 2, 1, false, 0}, 8},            /* Bs 8 < B (fixtures' Bs) */
+        {{3, 5000, 8, 96, 32, 16, 2, 0, false, 0}, 48},          /* Bs 48, B 32: per-row mapping */
+        {{2, 6000, 2, 64, 64, 8, 1, 1, false, 0}, 256},   /* Bs = 4 B: a row base per block */
+        {{17, 3000, 4, 128, 128, 16, 1, 0, false, 0}, 8}, /* M3 scoring blocks over Bs 8 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int prof = 0; prof < 3; prof++) {
             const int Bs = cases[i].Bs;
             idx_case_paged(g, &cases[i].s, prof, M3_KV_BF16, M3_FP8_E4M3FN, Bs);
-            idx_case_paged(g, &cases[i].s, prof, M3_KV_FP8, prof ? M3_FP8_E4M3FN : M3_FP8_E4M3FNUZ, Bs);
+            idx_case_paged(g, &cases[i].s, prof, M3_KV_FP8, prof ? M3_FP8_E4M3FN : M3_FP8_E4M3FNUZ,
+                           Bs);
             if (prof != 1) idx_case_paged(g, &cases[i].s, prof, M3_KV_F32, M3_FP8_E4M3FN, Bs);
         }
     /* the long decode history (bench geometry, hot blocks), bf16 elements, atom */

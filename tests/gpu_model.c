@@ -1195,7 +1195,7 @@ static void untapped_case(m3_gpu *g, const char *fx, const char *profile, const 
  * rows must stay zero. */
 typedef struct {
     int n_layer, Di, cap, n0;
-    float *keys; /* [n_layer, cap, Di] */
+    float *keys;         /* [n_layer, cap, Di] */
     unsigned char *seen; /* [n_layer, cap] */
 } ik_sink;
 
@@ -1241,10 +1241,11 @@ static void ik_expect(m3_gpu *g, m3_gpu_model *gm, const m3_config *c, int n, un
             const unsigned char *w = want[L] ? want[L] + (size_t)j * Di * eb : zero;
             if (memcmp(row, w, (size_t)Di * eb) != 0) {
                 size_t i = 0;
-                while (row[i] == w[i]) i++;
+                while (row[i] == w[i])
+                    i++;
                 m3_test_failf("%s layer %d position %d (slot %lld): byte %zu of the index row is "
-                              "0x%02x on the device, 0x%02x from ref's writer", what, L, j,
-                              (long long)slot, i, row[i], w[i]);
+                              "0x%02x on the device, 0x%02x from ref's writer",
+                              what, L, j, (long long)slot, i, row[i], w[i]);
             }
             n_rows++;
         }
@@ -1287,7 +1288,7 @@ static void index_cache_case(m3_gpu *g, const char *fx, const char *profile, boo
     /* ref's writer over those keys, into ref's paged storage at ref's slots */
     m3_profile p;
     GPU_OK(m3_profile_by_name(&p, profile));
-    const m3_kv_elem el = v.index_cache == M3_CACHE_FP8      ? M3_KV_FP8
+    const m3_kv_elem el = v.index_cache == M3_CACHE_FP8    ? M3_KV_FP8
                           : p.qk_round != M3_QK_ROUND_NONE ? M3_KV_BF16
                                                            : M3_KV_F32;
     const size_t eb = (size_t)m3_kv_elem_bytes(el);
@@ -1301,7 +1302,8 @@ static void index_cache_case(m3_gpu *g, const char *fx, const char *profile, boo
     for (int L = 0; L < c->n_layer; L++) {
         if (!c->layer_sparse[L]) continue;
         bool any = false;
-        for (int j = 0; j < N; j++) any |= k.seen[(size_t)L * N + j] != 0;
+        for (int j = 0; j < N; j++)
+            any |= k.seen[(size_t)L * N + j] != 0;
         if (!any) continue; /* a reusing layer: rows stay zero */
         m3_kv_layer kl;
         m3_kv_layer_init(&kl, &kg, M3_KV_VIEW_PAGE, k.Di, el);
@@ -1335,7 +1337,8 @@ static void index_cache_case(m3_gpu *g, const char *fx, const char *profile, boo
              f32_storage ? " f32-storage" : "", spec, n, n_gen);
     ik_expect(g, m.gm, m3_gpu_model_config(m.gm), N, want, eb, what);
     model_close(&m);
-    for (int L = 0; L < n_layer; L++) free(want[L]);
+    for (int L = 0; L < n_layer; L++)
+        free(want[L]);
     free(want), free(k.keys), free(k.seen), free(tok);
     m3_block_table_free(&rbt);
 }

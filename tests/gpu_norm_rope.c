@@ -338,8 +338,8 @@ static void *guard_fill(m3_gpu *g, size_t n) {
  * order runs it; the bytes must be the same as one launch's. */
 /* islot (page -2): the paged index cache too (m3_gpu_kv_cache.index_bt: rows slot(pos[t]), as
  * ref's m3_kv_index_write at slot(p)); else the index rows irow0 + t */
-static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, bool islot, int prof,
-                       bool split) {
+static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, bool islot,
+                       int prof, bool split) {
     m3_profile p;
     profile_of(&p, prof);
     m3_rng r;
@@ -577,7 +577,8 @@ static void qk_norm_rope_cache_matches_ref(void **state) {
                 /* page 128 / 16 / 0 without ref's geometry need Dh % x == 0 (x = 16 fp8, 8 bf16) */
                 if (caches[k].page >= 0 && shapes[s].Dh % (caches[k].fp8 ? 16 : 8)) continue;
                 fused_case(g, &shapes[s], &caches[k], false, prof, false);
-                if (s == 0 && caches[k].index) fused_case(g, &shapes[s], &caches[k], false, prof, true);
+                if (s == 0 && caches[k].index)
+                    fused_case(g, &shapes[s], &caches[k], false, prof, true);
                 /* ref's paged storage with the paged index cache (the model's layout) */
                 if (caches[k].page == -2 && caches[k].index) {
                     fused_case(g, &shapes[s], &caches[k], true, prof, false);
