@@ -60,7 +60,8 @@ static __device__ __forceinline__ int key_row(const idx_keys &K, int j) {
  * (no table, or bs % B == 0: one physical block holds it; M3: bs == B), else -1 (per-row
  * mapping). Call only for a block with keys below n_ctx (the table is read). */
 /* (unused where the mma kernels compile out: no tensor cores) */
-__attribute__((unused)) static __device__ __forceinline__ int key_base(const idx_keys &K, int b, int B) {
+__attribute__((unused)) static __device__ __forceinline__ int key_base(const idx_keys &K, int b,
+                                                                       int B) {
     if (!K.bt) return b * B;
     if (K.bs % B) return -1;
     const int j = b * B;
@@ -181,7 +182,8 @@ static __global__ void __launch_bounds__(ISM_THREADS)
         const int r = i / dv8, c = i % dv8, key = b * B + r;
         uint4 kv = make_uint4(0, 0, 0, 0);
         if (key < n_ctx && key <= pmax)
-            kv = *reinterpret_cast<const uint4 *>(ik + (size_t)key_row_in(K, r0, b, B, key) * Di + c * 8);
+            kv = *reinterpret_cast<const uint4 *>(ik + (size_t)key_row_in(K, r0, b, B, key) * Di +
+                                                  c * 8);
         *reinterpret_cast<uint4 *>(ks + r * KP + c * 8) = kv;
     }
     __syncthreads();
@@ -437,7 +439,8 @@ static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const
     for (int i = 0; i < n; i++) {
         const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8, key = bb * B + r;
         kv[i] = r < B && key < n_ctx && key <= pmax
-                    ? *reinterpret_cast<const uint4 *>(ik + (size_t)key_row_in(K, r0, bb, B, key) * Di + (e % dv8) * 8)
+                    ? *reinterpret_cast<const uint4 *>(
+                          ik + (size_t)key_row_in(K, r0, bb, B, key) * Di + (e % dv8) * 8)
                     : make_uint4(0, 0, 0, 0);
     }
 }
@@ -720,8 +723,8 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 /* ---- decode: one launch that scores and selects ------------------------------------------
  * idx_dec_k (NVIDIA mma.sync, bf16 queries; K8: e4m3fn keys decoded by e4m3x8_bf16): groups
  * of 16/G tokens (blockIdx.y), 16 (token, head) rows per group, at most IDX_DEC_GROUPS
- * groups (decode). A persistent grid of 4 blocks of 4 warps per SM (over the groups) walks the key blocks b = blockIdx.x, + gridDim.x, ..; warp
- * w scores the keys [w*B/4, (w+1)*B/4) of a block from registers. Each lane loads its key
+ * groups (decode). A persistent grid of 4 blocks of 4 warps per SM (over the groups) walks
+ * the key blocks b = blockIdx.x, + gridDim.x, ..; warp w scores the keys [w*B/4, (w+1)*B/4) of a block from registers. Each lane loads its key
  * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes per
  * warp load: full sectors), all of them before the first mma (32 KB in flight per block of
  * warps), and the next key block's loads are issued as soon as the mma have read the
@@ -790,10 +793,13 @@ static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
         const uint32_t hw[4] = {w0 & 0xFFFFu, w0 >> 16, w1 & 0xFFFFu, w1 >> 16};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)hw[k], __NV_E4M3);
+            const __half2_raw h =
+                __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)hw[k], __NV_E4M3);
             const uint32_t hb = (uint32_t)h.x | ((uint32_t)h.y << 16);
             const uint32_t bs = ((hb >> 3) & 0x0FFF0FFFu) | (hb & 0x80008000u);
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(o[k]) : "r"(bs), "r"(0x77807780u), "r"(0x80008000u));
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+                : "=r"(o[k])
+                : "r"(bs), "r"(0x77807780u), "r"(0x80008000u));
         }
         return make_uint4(o[0], o[1], o[2], o[3]);
     }
@@ -925,14 +931,16 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             const bool ok = i < tiles && key < n_ctx;
             const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
             if (K8) { /* dims 8*(tq + 4j) .. +7: bytes, 8 per piece */
-                const uint2 *kr = reinterpret_cast<const uint2 *>((const uint8_t *)ik.k + row * Di) + tq;
+                const uint2 *kr =
+                    reinterpret_cast<const uint2 *>((const uint8_t *)ik.k + row * Di) + tq;
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const uint2 u = ok && j < nj ? kr[4 * j] : make_uint2(0, 0);
                     kb[i][j].x = u.x, kb[i][j].y = u.y;
                 }
             } else {
-                const uint4 *kr = reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
+                const uint4 *kr =
+                    reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
 #pragma unroll
                 for (int j = 0; j < 4; j++)
                     kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
@@ -1085,7 +1093,8 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (fuse) {
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
         if (dyn > 48 * 1024)
-            M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+            M3_HIP_TRY(
+                hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     }
     /* calls with the fused selection so far, per device: the parity picks the arrival
      * counter, and each call zeroes the other one for the next call (stream order) */
@@ -1094,11 +1103,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     if (k8)
-        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di,
-                                                            B, p->index_scale, nn, sa, cmax, ep);
+        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
     else
-        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G,
-                                                             Di, B, p->index_scale, nn, sa, cmax, ep);
+        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
     return s;

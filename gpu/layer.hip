@@ -1046,8 +1046,8 @@ static m3_status indexer_keys(m3_gpu *g, int32_t *topk, float *scores, int *ties
 static m3_status indexer_keys(m3_gpu *g, int32_t *topk, float *scores, int *ties, const float *iq,
                               int ld, const m3_gpu_index_keys *k, const int32_t *pos, int T,
                               int n_ctx, const m3_indexer_params *ip, const m3_profile *p) {
-    return m3_gpu_indexer_topk_keys_f32(g, M3_GPU_IDX_AUTO, topk, scores, NULL, ties, iq, ld, k, pos,
-                                        T, n_ctx, ip, p);
+    return m3_gpu_indexer_topk_keys_f32(g, M3_GPU_IDX_AUTO, topk, scores, NULL, ties, iq, ld, k,
+                                        pos, T, n_ctx, ip, p);
 }
 template <typename TS>
 static m3_status indexer_paged(m3_gpu *g, int32_t *topk, float *scores, int *ties, const TS *iq,
@@ -1060,8 +1060,8 @@ static m3_status indexer_paged(m3_gpu *g, int32_t *topk, float *scores, int *tie
     float *iqf = NULL;
     m3_status s = m3_gpu_alloc(g, (void **)&iqf, (size_t)nq * sizeof(float));
     if (s == M3_OK) {
-        widen_k<TS><<<glue_grid(nq), GLUE_THREADS, 0, g->stream>>>(iqf, iq, nq, true,
-                                                                  (int)cache_kind(c), (int)cache_ovf(c));
+        widen_k<TS><<<glue_grid(nq), GLUE_THREADS, 0, g->stream>>>(
+            iqf, iq, nq, true, (int)cache_kind(c), (int)cache_ovf(c));
         s = m3_gpu_launched_(g, "widen_k", __FILE__, __LINE__);
     }
     if (s == M3_OK) s = indexer_keys(g, topk, scores, ties, iqf, QI, &c->ix, pos, T, n_ctx, ip, p);
