@@ -499,14 +499,17 @@ static __global__ void __launch_bounds__(IWD_THREADS, 2)
                                     : 0u;
             }
     __syncthreads();
-    const int pmax = s_pmax;
+    const int pmax = s_pmax, bmax = min(nbk - 1, pmax / B);
+    /* key_base of the next key block, read one block ahead (its first key is below n_ctx) */
+    int rn = (int)blockIdx.x <= bmax ? key_base(ik, (int)blockIdx.x, B) : 0;
     for (int b = (int)blockIdx.x; b < nbk; b += (int)gridDim.x) {
-        if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
+        if (b > bmax) { /* past the causal end of every token here: -inf, as ref */
             const int tt = t0 + tid / G;
             if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
             continue; /* block-uniform */
         }
-        const int r0 = key_base(ik, b, B); /* b <= pmax / B: its first key is below n_ctx */
+        const int r0 = rn;
+        if (b + (int)gridDim.x <= bmax) rn = key_base(ik, b + (int)gridDim.x, B);
 #pragma unroll
         for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
             uint4 kv[4];
