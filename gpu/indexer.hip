@@ -788,11 +788,27 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
  * (exponent and mantissa fields line up), times 2^112 (fma.rn.bf16x2 with -0: exact, signed
  * zeros kept); a piece with a NaN code (0x7F / 0xFF, which the shift would make finite) and
  * targets without the instruction decode code by code (m3_fp8_to_f32, NaN kept). */
+template <int CV>
 static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
     uint32_t o[4];
-#if M3_HAVE_FP8_CVT
     const uint32_t nan = ((w0 & 0x7F7F7F7Fu) + 0x01010101u) | ((w1 & 0x7F7F7F7Fu) + 0x01010101u);
-    if (!(nan & 0x80808080u)) {
+    if (CV == 2 && !(nan & 0x80808080u)) {
+        /* ALU: code s|eeee|mmm re-laid as the bf16 bits s|0000eeee|mmm0000 is the value x
+         * 2^-120 (a bf16 subnormal for e = 0), times 2^120 (fma.rn.bf16x2 keeps subnormal
+         * inputs: exact) */
+        const uint32_t sel[4] = {0x4140u, 0x4342u, 0x4140u, 0x4342u};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t t = __byte_perm(k < 2 ? w0 : w1, 0u, sel[k]); /* 0x00bb00aa */
+            const uint32_t bs = ((t << 4) & 0x07F007F0u) | ((t << 8) & 0x80008000u);
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+                : "=r"(o[k])
+                : "r"(bs), "r"(0x7B807B80u), "r"(0x80008000u));
+        }
+        return make_uint4(o[0], o[1], o[2], o[3]);
+    }
+#if M3_HAVE_FP8_CVT
+    if (CV == 1 && !(nan & 0x80808080u)) {
         const uint32_t hw[4] = {w0 & 0xFFFFu, w0 >> 16, w1 & 0xFFFFu, w1 >> 16};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -909,7 +925,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 }
 #endif
 
-template <bool K8>
+template <int KM> /* 0: bf16 keys; e4m3fn keys decoded by e4m3x8_bf16<KM> */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
@@ -924,6 +940,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     /* the first key block's loads before anything else (they need no position: keys past a
      * row's position are masked below) */
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
+    constexpr bool K8 = KM != 0;
     uint4 kb[IST_TILES][4]; /* K8: the 8 codes of a piece in .x, .y (decoded at use) */
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
@@ -1000,7 +1017,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
             for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
                 if (j >= nj) break;
-                const uint4 v = K8 ? e4m3x8_bf16(kb[i][j].x, kb[i][j].y) : kb[i][j];
+                const uint4 v = K8 ? e4m3x8_bf16<KM>(kb[i][j].x, kb[i][j].y) : kb[i][j];
                 const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
                 m3_mma_bf16_16816(c4, qa[2 * j], b0);
                 m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
@@ -1078,7 +1095,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
+    const char *ev = getenv("M3_IDX_K8"); /* TEMPORARY (session 5 batch 2): 1 cvt, 2 ALU */
+    const int km = !k8 ? 0 : ev && atoi(ev) == 1 ? 1 : 2;
+    const void *kern = km == 0   ? (const void *)idx_dec_k<0>
+                       : km == 1 ? (const void *)idx_dec_k<1>
+                                 : (const void *)idx_dec_k<2>;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
@@ -1105,11 +1126,14 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     unsigned int &ep = epoch[g->device & 63];
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
-    if (k8)
-        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
+    if (km == 1)
+        idx_dec_k<1><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
+    else if (km == 2)
+        idx_dec_k<2><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
     else
-        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
+        idx_dec_k<0><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;

@@ -570,10 +570,15 @@ static void bench_indexer(void **state) {
                 GPU_OK(m3_gpu_upload(g, d8, h8, nk));
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
-                ms = time_ms(g, do_idx, &c, 3, 5);
-                snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged", c.T, c.C);
-                report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
-                       keys * 4 * 128 * 2);
+                for (int cv = 1; cv <= 2; cv++) { /* TEMPORARY: the two code decoders */
+                    setenv("M3_IDX_K8", cv == 1 ? "1" : "2", 1);
+                    ms = time_ms(g, do_idx, &c, 3, 5);
+                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged [%s]", c.T,
+                             c.C, cv == 1 ? "cvt" : "alu");
+                    report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
+                           keys * 4 * 128 * 2);
+                }
+                unsetenv("M3_IDX_K8");
             }
             c.keys = NULL;
         }
