@@ -788,14 +788,13 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
  * (exponent and mantissa fields line up), times 2^112 (fma.rn.bf16x2 with -0: exact, signed
  * zeros kept); a piece with a NaN code (0x7F / 0xFF, which the shift would make finite) and
  * targets without the instruction decode code by code (m3_fp8_to_f32, NaN kept). */
-template <int CV>
 static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
     uint32_t o[4];
     const uint32_t nan = ((w0 & 0x7F7F7F7Fu) + 0x01010101u) | ((w1 & 0x7F7F7F7Fu) + 0x01010101u);
-    if (CV == 2 && !(nan & 0x80808080u)) {
-        /* ALU: code s|eeee|mmm re-laid as the bf16 bits s|0000eeee|mmm0000 is the value x
-         * 2^-120 (a bf16 subnormal for e = 0), times 2^120 (fma.rn.bf16x2 keeps subnormal
-         * inputs: exact) */
+    if (!(nan & 0x80808080u)) {
+        /* code s|eeee|mmm re-laid as the bf16 bits s|0000eeee|mmm0000 is the value x 2^-120
+         * (a bf16 subnormal for e = 0), times 2^120 (fma.rn.bf16x2 takes subnormal inputs:
+         * exact; -0 addend: signed zeros kept) */
         const uint32_t sel[4] = {0x4140u, 0x4342u, 0x4140u, 0x4342u};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -807,24 +806,8 @@ static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
         }
         return make_uint4(o[0], o[1], o[2], o[3]);
     }
-#if M3_HAVE_FP8_CVT
-    if (CV == 1 && !(nan & 0x80808080u)) {
-        const uint32_t hw[4] = {w0 & 0xFFFFu, w0 >> 16, w1 & 0xFFFFu, w1 >> 16};
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const __half2_raw h =
-                __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)hw[k], __NV_E4M3);
-            const uint32_t hb = (uint32_t)h.x | ((uint32_t)h.y << 16);
-            const uint32_t bs = ((hb >> 3) & 0x0FFF0FFFu) | (hb & 0x80008000u);
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
-                : "=r"(o[k])
-                : "r"(bs), "r"(0x77807780u), "r"(0x80008000u));
-        }
-        return make_uint4(o[0], o[1], o[2], o[3]);
-    }
-#endif
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 4; k++) { /* a NaN code: code by code (the re-lay would be finite) */
         const uint32_t w = k < 2 ? w0 : w1, sh = 16 * (k & 1);
         const m3_bf16 lo = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> sh), M3_FP8_E4M3FN));
         const m3_bf16 hi = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> (sh + 8)), M3_FP8_E4M3FN));
@@ -925,7 +908,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 }
 #endif
 
-template <int KM> /* 0: bf16 keys; e4m3fn keys decoded by e4m3x8_bf16<KM> */
+template <int KM> /* 0: bf16 keys; e4m3fn keys: 1 pieces of 8 bytes, 2 of 16 (TEMPORARY) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
@@ -940,8 +923,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     /* the first key block's loads before anything else (they need no position: keys past a
      * row's position are masked below) */
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
-    constexpr bool K8 = KM != 0;
-    uint4 kb[IST_TILES][4]; /* K8: the 8 codes of a piece in .x, .y (decoded at use) */
+    constexpr bool K8 = KM == 1, K16 = KM == 2;
+    /* K8: the 8 codes of a piece in .x, .y; K16: 16 codes (dims 16*(tq + 4j) .. +15, j <
+     * Di/64), decoded at use */
+    uint4 kb[IST_TILES][4];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
     auto load = [&](int b, int r0) {
@@ -950,7 +935,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             const int key = b * B + (warp * tiles + i) * 8 + gq;
             const bool ok = i < tiles && key < n_ctx;
             const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
-            if (K8) { /* dims 8*(tq + 4j) .. +7: bytes, 8 per piece */
+            if (K16) {
+                const uint4 *kr =
+                    reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq;
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    kb[i][j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            } else if (K8) { /* dims 8*(tq + 4j) .. +7: bytes, 8 per piece */
                 const uint2 *kr =
                     reinterpret_cast<const uint2 *>((const uint8_t *)ik.k + row * Di) + tq;
 #pragma unroll
@@ -995,7 +986,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int h = i & 1, row = gq + 8 * h;
-            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+            /* the dims of k-step s2 (K16: piece s2 / 2 of the 16-code loads) */
+            const int d = K16 ? 16 * (tq + 4 * (s2 >> 2)) + 8 * ((s2 >> 1) & 1) + 4 * (s2 & 1) +
+                                    2 * (i >> 1)
+                              : 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
             qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
                             ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
                                                                   (size_t)(row % G) * Di + d)
@@ -1017,7 +1011,19 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
             for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
                 if (j >= nj) break;
-                const uint4 v = K8 ? e4m3x8_bf16<KM>(kb[i][j].x, kb[i][j].y) : kb[i][j];
+                if (K16 && (j >= 2 || j >= Di / 64)) break;
+                if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
+                    const uint4 v0 = e4m3x8_bf16(kb[i][j].x, kb[i][j].y);
+                    const uint4 v1 = e4m3x8_bf16(kb[i][j].z, kb[i][j].w);
+                    const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
+                    const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
+                    m3_mma_bf16_16816(c4, qa[4 * j], a0);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
+                    continue;
+                }
+                const uint4 v = K8 ? e4m3x8_bf16(kb[i][j].x, kb[i][j].y) : kb[i][j];
                 const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
                 m3_mma_bf16_16816(c4, qa[2 * j], b0);
                 m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
@@ -1095,8 +1101,8 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const char *ev = getenv("M3_IDX_K8"); /* TEMPORARY (session 5 batch 2): 1 cvt, 2 ALU */
-    const int km = !k8 ? 0 : ev && atoi(ev) == 1 ? 1 : 2;
+    const char *ev = getenv("M3_IDX_K8"); /* TEMPORARY (session 5): 1 8-byte, 2 16-byte pieces */
+    const int km = !k8 ? 0 : (ev && atoi(ev) == 1) || Di % 64 ? 1 : 2;
     const void *kern = km == 0   ? (const void *)idx_dec_k<0>
                        : km == 1 ? (const void *)idx_dec_k<1>
                                  : (const void *)idx_dec_k<2>;
