@@ -499,17 +499,16 @@ static __global__ void __launch_bounds__(IWD_THREADS, 2)
                                     : 0u;
             }
     __syncthreads();
-    const int pmax = s_pmax, bmax = min(nbk - 1, pmax / B);
-    /* key_base of the next key block, read one block ahead (its first key is below n_ctx) */
-    int rn = (int)blockIdx.x <= bmax ? key_base(ik, (int)blockIdx.x, B) : 0;
+    const int pmax = s_pmax;
     for (int b = (int)blockIdx.x; b < nbk; b += (int)gridDim.x) {
-        if (b > bmax) { /* past the causal end of every token here: -inf, as ref */
+        if (b > pmax / B) { /* past the causal end of every token here: -inf, as ref */
             const int tt = t0 + tid / G;
             if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
             continue; /* block-uniform */
         }
-        const int r0 = rn;
-        if (b + (int)gridDim.x <= bmax) rn = key_base(ik, b + (int)gridDim.x, B);
+        /* b <= pmax / B: its first key is below n_ctx (reading the table entry one block
+         * ahead measured slower: session 5) */
+        const int r0 = key_base(ik, b, B);
 #pragma unroll
         for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
             uint4 kv[4];
@@ -724,10 +723,11 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 }
 
 /* ---- decode: one launch that scores and selects ------------------------------------------
- * idx_dec_k (NVIDIA mma.sync, bf16 queries; K8: e4m3fn keys decoded by e4m3x8_bf16): groups
- * of 16/G tokens (blockIdx.y), 16 (token, head) rows per group, at most IDX_DEC_GROUPS
- * groups (decode). A persistent grid of 4 blocks of 4 warps per SM (over the groups) walks
- * the key blocks b = blockIdx.x, + gridDim.x, ..; warp w scores the keys [w*B/4, (w+1)*B/4) of a block from registers. Each lane loads its key
+ * idx_dec_k (NVIDIA mma.sync, bf16 queries; K16: e4m3fn keys, below): groups of 16/G tokens
+ * (blockIdx.y), 16 (token, head) rows per group, at most IDX_DEC_GROUPS groups (decode). A
+ * persistent grid of 4 blocks of 4 warps per SM (over the groups) walks the key blocks b =
+ * blockIdx.x, + gridDim.x, ..; warp w scores the keys [w*B/4, (w+1)*B/4) of a block from
+ * registers. Each lane loads its key
  * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes per
  * warp load: full sectors), all of them before the first mma (32 KB in flight per block of
  * warps), and the next key block's loads are issued as soon as the mma have read the
@@ -738,6 +738,10 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * (registers, loaded once) take the same physical dims. Masked max per row, NaN per row;
  * one thread per row writes the block score (forced values applied: local wins over init,
  * as ref) and keeps the block's best rank key of the row (its "block maximum").
+ * K16 (the fp8 index cache, Di % 64 == 0): 16-byte loads of 16 codes, lane (g, t) holding
+ * dims 16*(t + 4j) .. +15 (j < Di/64), decoded to bf16 at use (e4m3x8_bf16, two pieces of
+ * 8: k-steps 4j .. 4j+3), the Q fragments permuted to match (8-byte loads of the bf16 dim
+ * order measured slower: half the bytes per load, the same number of loads).
  * With fuse: the selection in the same launch. Every block writes its per-row maxima
  * (cmax [R, gridDim.x]), then a barrier, and thread 0 alone arrives: an acq_rel fence, then
  * a relaxed atomic add without a return value (bar.sync orders the block's stores before
@@ -783,11 +787,10 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
 }
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
- * exactly: every e4m3fn value is a bf16 value. sm_89+: cvt e4m3x2 -> f16x2 (exact, all
- * normal or zero), the f16 bits shifted right by 3 are the bf16 bits of the value x 2^-112
- * (exponent and mantissa fields line up), times 2^112 (fma.rn.bf16x2 with -0: exact, signed
- * zeros kept); a piece with a NaN code (0x7F / 0xFF, which the shift would make finite) and
- * targets without the instruction decode code by code (m3_fp8_to_f32, NaN kept). */
+ * exactly: every e4m3fn value is a bf16 value. Integer re-lay + one bf16x2 fma per pair
+ * (below); the hardware cvt e4m3x2 -> f16x2 route (then f16 bits >> 3, x 2^112) measured
+ * slower (session 5: 0.0774 vs 0.0761 ms at 1M keys). A piece with a NaN code (0x7F / 0xFF,
+ * which the re-lay would make finite) decodes code by code (m3_fp8_to_f32, NaN kept). */
 static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
     uint32_t o[4];
     const uint32_t nan = ((w0 & 0x7F7F7F7Fu) + 0x01010101u) | ((w1 & 0x7F7F7F7Fu) + 0x01010101u);
@@ -908,7 +911,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 }
 #endif
 
-template <int KM> /* 0: bf16 keys; e4m3fn keys: 1 pieces of 8 bytes, 2 of 16 (TEMPORARY) */
+template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
@@ -923,9 +926,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     /* the first key block's loads before anything else (they need no position: keys past a
      * row's position are masked below) */
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
-    constexpr bool K8 = KM == 1, K16 = KM == 2;
-    /* K8: the 8 codes of a piece in .x, .y; K16: 16 codes (dims 16*(tq + 4j) .. +15, j <
-     * Di/64), decoded at use */
+    /* bf16: dims 8*(tq + 4j) .. +7, j < Di/32; K16: 16 codes, dims 16*(tq + 4j) .. +15, j <
+     * Di/64, decoded at use */
     uint4 kb[IST_TILES][4];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
@@ -941,14 +943,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
                 for (int j = 0; j < 2; j++)
                     kb[i][j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
-            } else if (K8) { /* dims 8*(tq + 4j) .. +7: bytes, 8 per piece */
-                const uint2 *kr =
-                    reinterpret_cast<const uint2 *>((const uint8_t *)ik.k + row * Di) + tq;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const uint2 u = ok && j < nj ? kr[4 * j] : make_uint2(0, 0);
-                    kb[i][j].x = u.x, kb[i][j].y = u.y;
-                }
             } else {
                 const uint4 *kr =
                     reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
@@ -1023,7 +1017,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                     m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
                     continue;
                 }
-                const uint4 v = K8 ? e4m3x8_bf16(kb[i][j].x, kb[i][j].y) : kb[i][j];
+                const uint4 v = kb[i][j];
                 const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
                 m3_mma_bf16_16816(c4, qa[2 * j], b0);
                 m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
@@ -1101,11 +1095,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const char *ev = getenv("M3_IDX_K8"); /* TEMPORARY (session 5): 1 8-byte, 2 16-byte pieces */
-    const int km = !k8 ? 0 : (ev && atoi(ev) == 1) || Di % 64 ? 1 : 2;
-    const void *kern = km == 0   ? (const void *)idx_dec_k<0>
-                       : km == 1 ? (const void *)idx_dec_k<1>
-                                 : (const void *)idx_dec_k<2>;
+    const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
@@ -1132,14 +1122,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     unsigned int &ep = epoch[g->device & 63];
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
-    if (km == 1)
-        idx_dec_k<1><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
-    else if (km == 2)
-        idx_dec_k<2><<<grid, IST_THREADS, dyn, g->stream>>>(
+    if (k8)
+        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
     else
-        idx_dec_k<0><<<grid, IST_THREADS, dyn, g->stream>>>(
+        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
@@ -1188,7 +1175,7 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
 #endif
     /* bf16 keys: every tensor-core path; e4m3fn keys (the fp8 index cache): idx_dec_k */
     const bool k16 = keys->elem == M3_KV_BF16;
-    const bool k8 = keys->elem == M3_KV_FP8 && keys->kind == M3_FP8_E4M3FN;
+    const bool k8 = keys->elem == M3_KV_FP8 && keys->kind == M3_FP8_E4M3FN && Di % 64 == 0;
     const bool tile_ok = shape_ok && k16;
     const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
     const int n_group = shape_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;

@@ -570,25 +570,9 @@ static void bench_indexer(void **state) {
                 GPU_OK(m3_gpu_upload(g, d8, h8, nk));
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
-                for (int cv = 1; cv <= 2; cv++) { /* TEMPORARY: the two code decoders */
-                    setenv("M3_IDX_K8", cv == 1 ? "1" : "2", 1);
-                    ms = time_ms(g, do_idx, &c, 3, 5);
-                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged [%s]", c.T,
-                             c.C, cv == 1 ? "8B pieces" : "16B pieces");
-                    report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
-                           keys * 4 * 128 * 2);
-                }
-                unsetenv("M3_IDX_K8");
-            }
-            if (c.C == 1048576) { /* TEMPORARY: the identity table (code vs access order) */
-                int32_t *id = malloc((size_t)nbk * sizeof *id);
-                for (int b = 0; b < nbk; b++) id[b] = b;
-                GPU_OK(m3_gpu_upload(g, dbt, id, (size_t)nbk * sizeof *id));
-                free(id);
-                k.k = c.ik, k.elem = M3_KV_BF16;
                 ms = time_ms(g, do_idx, &c, 3, 5);
-                snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged identity", c.T, c.C);
-                report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
+                snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged", c.T, c.C);
+                report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
                        keys * 4 * 128 * 2);
             }
             c.keys = NULL;
