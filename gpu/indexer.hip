@@ -17,12 +17,15 @@
  * over the keys), idx_score_mma_k (tensor-core key tiles), idx_topk_k (one-pass exact
  * selection); the launcher's comment says which runs when, docs/gpu.md "Lightning indexer"
  * what each costs on the H200.
+ * Keys (idx_keys): contiguous rows or ATOM's paged index cache (rows slot(j) through the
+ * block table, spec §4.5), bf16 / fp32 / fp8 elements; docs/gpu.md "Paged index cache".
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
 
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/indexer.h"
 #include "ref/num/bf16.h"
+#include "ref/num/fp8.h"
 
 #define IDX_THREADS 256
 #define IDX_MAX_G 8
@@ -41,6 +44,40 @@ static __device__ __forceinline__ float ld_l2(const float *p) {
     return *p;
 #endif
 }
+/* The index keys as the kernels see them (m3_gpu_index_keys): row of key j = j (contiguous,
+ * bt NULL) or slot(j) = bt[j / bs] * bs + j % bs (ATOM's paged index cache, spec §4.5);
+ * elem: M3_KV_F32 / BF16 / FP8 (unit scale, kind). The bf16 fast kernels take BF16 keys
+ * (idx_dec_k also e4m3fn). Rows are int: a cache of 2^31 rows would be 256 GiB at Di 128. */
+typedef struct {
+    const void *k;
+    const int32_t *bt;
+    int bs, elem, kind;
+} idx_keys;
+static __device__ __forceinline__ int key_row(const idx_keys &K, int j) {
+    return K.bt ? K.bt[j / K.bs] * K.bs + j % K.bs : j;
+}
+/* the row of the first key of key block b (B keys) when the block's rows are contiguous
+ * (no table, or bs % B == 0: one physical block holds it; M3: bs == B), else -1 (per-row
+ * mapping). Call only for a block with keys below n_ctx (the table is read). */
+/* (unused where the mma kernels compile out: no tensor cores) */
+__attribute__((unused)) static __device__ __forceinline__ int key_base(const idx_keys &K, int b,
+                                                                       int B) {
+    if (!K.bt) return b * B;
+    if (K.bs % B) return -1;
+    const int j = b * B;
+    return K.bt[j / K.bs] * K.bs + j % K.bs;
+}
+/* the row of key j of key block b, given key_base's r0 */
+__attribute__((unused)) static __device__ __forceinline__ int key_row_in(const idx_keys &K, int r0,
+                                                                         int b, int B, int j) {
+    return r0 >= 0 ? r0 + (j - b * B) : key_row(K, j);
+}
+static __device__ __forceinline__ float key_get(const idx_keys &K, int64_t off) {
+    if (K.elem == M3_KV_BF16) return m3_bf16_to_f32(((const m3_bf16 *)K.k)[off]);
+    if (K.elem == M3_KV_F32) return ((const float *)K.k)[off];
+    return m3_fp8_to_f32(((const uint8_t *)K.k)[off], (m3_fp8_kind)K.kind);
+}
+
 /* a ranks before b: score desc, NaN highest, id asc */
 static __device__ __forceinline__ bool before(float sa, int a, float sb, int b) {
     bool na = isnan(sa), nb = isnan(sb);
@@ -53,7 +90,7 @@ static __device__ __forceinline__ bool before(float sa, int a, float sb, int b) 
 template <typename TS>
 static __global__ void __launch_bounds__(IDX_THREADS)
     idx_score_k(float *M3_RESTRICT scores, const TS *M3_RESTRICT iq, int ld_q,
-                const TS *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+                idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
                 int G, int Di, int B, float scale, bool nan_neg) {
     extern __shared__ float q_sh[]; /* [G][Di] */
     __shared__ float red[M3_MAX_WARPS];
@@ -77,8 +114,9 @@ static __global__ void __launch_bounds__(IDX_THREADS)
         float d[IDX_MAX_G];
 #pragma unroll
         for (int g = 0; g < IDX_MAX_G; g++) d[g] = 0.0f;
+        const int64_t row = key_row(ik, j);
         for (int e = lane; e < Di; e += M3_WARP) {
-            const float kv = ld(ik, (int64_t)j * Di + e);
+            const float kv = key_get(ik, row * Di + e);
 #pragma unroll
             for (int g = 0; g < IDX_MAX_G; g++)
                 if (g < G) d[g] += q_sh[g * Di + e] * kv;
@@ -120,10 +158,11 @@ static __global__ void __launch_bounds__(IDX_THREADS)
 #define ISM_MAX_B 128
 static __global__ void __launch_bounds__(ISM_THREADS)
     idx_score_mma_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
-                    const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
+                    idx_keys K, const int32_t *M3_RESTRICT pos, int n_tok,
                     int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
 #if M3_HAVE_MMA
     __shared__ __align__(16) m3_bf16 ks[ISM_MAX_B * (ISM_MAX_DI + 8)];
+    const m3_bf16 *ik = (const m3_bf16 *)K.k;
     const int KP = Di + 8; /* 4-mod-32 word pitch for Di % 16 == 0: conflict-free fragments */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
     const int tpw = 16 / G, tpc = 4 * tpw, t0 = (int)blockIdx.x * tpc, b = (int)blockIdx.y;
@@ -138,10 +177,13 @@ static __global__ void __launch_bounds__(ISM_THREADS)
         return; /* whole block */
     }
     const int dv8 = Di / 8;
+    const int r0 = key_base(K, b, B); /* b <= pmax / B: its first key is below n_ctx */
     for (int i = tid; i < B * dv8; i += ISM_THREADS) {
         const int r = i / dv8, c = i % dv8, key = b * B + r;
         uint4 kv = make_uint4(0, 0, 0, 0);
-        if (key < n_ctx && key <= pmax) kv = *reinterpret_cast<const uint4 *>(ik + (size_t)key * Di + c * 8);
+        if (key < n_ctx && key <= pmax)
+            kv = *reinterpret_cast<const uint4 *>(ik + (size_t)key_row_in(K, r0, b, B, key) * Di +
+                                                  c * 8);
         *reinterpret_cast<uint4 *>(ks + r * KP + c * 8) = kv;
     }
     __syncthreads();
@@ -204,7 +246,7 @@ static __global__ void __launch_bounds__(ISM_THREADS)
         }
     }
 #else
-    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
+    (void)scores; (void)iq; (void)ld_q; (void)K; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg;
 #endif
 }
@@ -388,14 +430,17 @@ static __global__ void __launch_bounds__(IDX_THREADS)
 #define IWD_LOADS (ISM_MAX_B * ISM_MAX_DI / 8 / IWD_THREADS) /* uint4 per thread per key block */
 #if M3_HAVE_MMA
 /* the key block bb (rows past pmax or n_ctx as zeros) into registers, then shared memory */
-static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const m3_bf16 *ik, int bb,
-                                                 int B, int Di, int n_ctx, int pmax) {
+static __device__ __forceinline__ void wide_load(uint4 *kv, int n, int i0, const idx_keys &K,
+                                                 int r0, int bb, int B, int Di, int n_ctx,
+                                                 int pmax) {
     const int tid = (int)threadIdx.x, dv8 = Di / 8;
+    const m3_bf16 *ik = (const m3_bf16 *)K.k;
 #pragma unroll
     for (int i = 0; i < n; i++) {
         const int e = tid + (i0 + i) * IWD_THREADS, r = e / dv8, key = bb * B + r;
         kv[i] = r < B && key < n_ctx && key <= pmax
-                    ? *reinterpret_cast<const uint4 *>(ik + (size_t)key * Di + (e % dv8) * 8)
+                    ? *reinterpret_cast<const uint4 *>(
+                          ik + (size_t)key_row_in(K, r0, bb, B, key) * Di + (e % dv8) * 8)
                     : make_uint4(0, 0, 0, 0);
     }
 }
@@ -413,7 +458,7 @@ static __device__ __forceinline__ void wide_store(unsigned char *ks, const uint4
 
 static __global__ void __launch_bounds__(IWD_THREADS, 2)
     idx_wide_k(float *M3_RESTRICT scores, int *M3_RESTRICT n_ties, const m3_bf16 *M3_RESTRICT iq,
-               int ld_q, const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok,
+               int ld_q, idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok,
                int nbk, int n_ctx, int G, int Di, int B, float scale, bool nan_neg) {
 #if M3_HAVE_MMA
     __shared__ __align__(16) unsigned char ks[ISM_MAX_B * IWD_PITCH];
@@ -461,10 +506,13 @@ static __global__ void __launch_bounds__(IWD_THREADS, 2)
             if (tt < n_tok) scores[((int64_t)(tid % G) * n_tok + tt) * nbk + b] = -INFINITY;
             continue; /* block-uniform */
         }
+        /* b <= pmax / B: its first key is below n_ctx (reading the table entry one block
+         * ahead measured slower: session 5) */
+        const int r0 = key_base(ik, b, B);
 #pragma unroll
         for (int i0 = 0; i0 < IWD_LOADS; i0 += 4) { /* 4 loads in flight: registers are tight */
             uint4 kv[4];
-            wide_load(kv, 4, i0, ik, b, B, Di, n_ctx, pmax);
+            wide_load(kv, 4, i0, ik, r0, b, B, Di, n_ctx, pmax);
             wide_store(ks, kv, 4, i0, B, Di);
         }
         __syncthreads();
@@ -675,10 +723,11 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 }
 
 /* ---- decode: one launch that scores and selects ------------------------------------------
- * idx_dec_k (NVIDIA mma.sync, bf16): groups of 16/G tokens (blockIdx.y), 16 (token, head)
- * rows per group, at most IDX_DEC_GROUPS groups (decode). A persistent grid of 4 blocks of 4
- * warps per SM (over the groups) walks the key blocks b = blockIdx.x, + gridDim.x, ..; warp
- * w scores the keys [w*B/4, (w+1)*B/4) of a block from registers. Each lane loads its key
+ * idx_dec_k (NVIDIA mma.sync, bf16 queries; K16: e4m3fn keys, below): groups of 16/G tokens
+ * (blockIdx.y), 16 (token, head) rows per group, at most IDX_DEC_GROUPS groups (decode). A
+ * persistent grid of 4 blocks of 4 warps per SM (over the groups) walks the key blocks b =
+ * blockIdx.x, + gridDim.x, ..; warp w scores the keys [w*B/4, (w+1)*B/4) of a block from
+ * registers. Each lane loads its key
  * fragments straight from global memory with 16-byte loads (8 keys x 64 contiguous bytes per
  * warp load: full sectors), all of them before the first mma (32 KB in flight per block of
  * warps), and the next key block's loads are issued as soon as the mma have read the
@@ -689,6 +738,10 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * (registers, loaded once) take the same physical dims. Masked max per row, NaN per row;
  * one thread per row writes the block score (forced values applied: local wins over init,
  * as ref) and keeps the block's best rank key of the row (its "block maximum").
+ * K16 (the fp8 index cache, Di % 64 == 0): 16-byte loads of 16 codes, lane (g, t) holding
+ * dims 16*(t + 4j) .. +15 (j < Di/64), decoded to bf16 at use (e4m3x8_bf16, two pieces of
+ * 8: k-steps 4j .. 4j+3), the Q fragments permuted to match (8-byte loads of the bf16 dim
+ * order measured slower: half the bytes per load, the same number of loads).
  * With fuse: the selection in the same launch. Every block writes its per-row maxima
  * (cmax [R, gridDim.x]), then a barrier, and thread 0 alone arrives: an acq_rel fence, then
  * a relaxed atomic add without a return value (bar.sync orders the block's stores before
@@ -731,6 +784,41 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
     unsigned int v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+/* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
+ * exactly: every e4m3fn value is a bf16 value. Integer re-lay + one bf16x2 fma per pair
+ * (below); the hardware cvt e4m3x2 -> f16x2 route (then f16 bits >> 3, x 2^112) measured
+ * slower (session 5: 0.0774 vs 0.0761 ms at 1M keys). A piece with a NaN code (0x7F / 0xFF,
+ * which the re-lay would make finite) decodes code by code (m3_fp8_to_f32, NaN kept). */
+static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
+    uint32_t o[4];
+    const uint32_t nan = ((w0 & 0x7F7F7F7Fu) + 0x01010101u) | ((w1 & 0x7F7F7F7Fu) + 0x01010101u);
+    if (!(nan & 0x80808080u)) {
+        /* code s|eeee|mmm re-laid as the bf16 bits s|0000eeee|mmm0000 is the value x 2^-120
+         * (a bf16 subnormal for e = 0), times 2^120 (fma.rn.bf16x2 takes subnormal inputs:
+         * exact; -0 addend: signed zeros kept) */
+        const uint32_t sel[4] = {0x4140u, 0x4342u, 0x4140u, 0x4342u};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t t = __byte_perm(k < 2 ? w0 : w1, 0u, sel[k]); /* 0x00bb00aa */
+            const uint32_t bs = ((t << 4) & 0x07F007F0u) | ((t << 8) & 0x80008000u);
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+                : "=r"(o[k])
+                : "r"(bs), "r"(0x7B807B80u), "r"(0x80008000u));
+        }
+        return make_uint4(o[0], o[1], o[2], o[3]);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) { /* a NaN code: code by code (the re-lay would be finite) */
+        const uint32_t w = k < 2 ? w0 : w1, sh = 16 * (k & 1);
+        const m3_bf16 lo = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> sh), M3_FP8_E4M3FN));
+        const m3_bf16 hi = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> (sh + 8)), M3_FP8_E4M3FN));
+        uint16_t lb, hb;
+        memcpy(&lb, &lo, 2), memcpy(&hb, &hi, 2);
+        o[k] = (uint32_t)lb | ((uint32_t)hb << 16);
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 struct dec_smem {
@@ -823,9 +911,10 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 }
 #endif
 
+template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
-              const m3_bf16 *M3_RESTRICT ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
+              idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
               int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel,
               unsigned long long *M3_RESTRICT cmax, unsigned int epoch) {
 #if M3_HAVE_MMA
@@ -837,19 +926,33 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     /* the first key block's loads before anything else (they need no position: keys past a
      * row's position are masked below) */
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
+    /* bf16: dims 8*(tq + 4j) .. +7, j < Di/32; K16: 16 codes, dims 16*(tq + 4j) .. +15, j <
+     * Di/64, decoded at use */
     uint4 kb[IST_TILES][4];
-    auto load = [&](int b) { /* this warp's key fragments of key block b (zeros past n_ctx) */
+    /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
+     * paged cache's row of its first key, read one key block ahead) */
+    auto load = [&](int b, int r0) {
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
             const int key = b * B + (warp * tiles + i) * 8 + gq;
             const bool ok = i < tiles && key < n_ctx;
-            const uint4 *kr = reinterpret_cast<const uint4 *>(ik + (size_t)key * Di) + tq;
+            const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
+            if (K16) {
+                const uint4 *kr =
+                    reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+                for (int j = 0; j < 2; j++)
+                    kb[i][j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            } else {
+                const uint4 *kr =
+                    reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            }
         }
     };
-    if ((int)blockIdx.x < nbk) load((int)blockIdx.x);
+    if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         idx_arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -877,7 +980,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int h = i & 1, row = gq + 8 * h;
-            const int d = 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
+            /* the dims of k-step s2 (K16: piece s2 / 2 of the 16-code loads) */
+            const int d = K16 ? 16 * (tq + 4 * (s2 >> 2)) + 8 * ((s2 >> 1) & 1) + 4 * (s2 & 1) +
+                                    2 * (i >> 1)
+                              : 8 * (tq + 4 * (s2 >> 1)) + 4 * (s2 & 1) + 2 * (i >> 1);
             qa[s2][i] = s2 < Di / 16 && rt[h] < n_tok
                             ? *reinterpret_cast<const uint32_t *>(iq + (size_t)rt[h] * ld_q +
                                                                   (size_t)(row % G) * Di + d)
@@ -888,6 +994,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int par = 0;
+    int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
     for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -896,11 +1003,24 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             if (i >= tiles || k0 > pmax) break; /* block-uniform */
             float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++) {
-                if (s2 >= Di / 16) break;
-                const uint4 v = kb[i][s2 >> 1];
-                const uint32_t bfr[2] = {(s2 & 1) ? v.z : v.x, (s2 & 1) ? v.w : v.y};
-                m3_mma_bf16_16816(c4, qa[s2], bfr);
+            for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
+                if (j >= nj) break;
+                if (K16 && (j >= 2 || j >= Di / 64)) break;
+                if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
+                    const uint4 v0 = e4m3x8_bf16(kb[i][j].x, kb[i][j].y);
+                    const uint4 v1 = e4m3x8_bf16(kb[i][j].z, kb[i][j].w);
+                    const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
+                    const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
+                    m3_mma_bf16_16816(c4, qa[4 * j], a0);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
+                    continue;
+                }
+                const uint4 v = kb[i][j];
+                const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
+                m3_mma_bf16_16816(c4, qa[2 * j], b0);
+                m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
             }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -911,7 +1031,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 }
             }
         }
-        if (b + grid < n_lim) load(b + grid); /* in flight during the reduction below */
+        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
@@ -970,9 +1091,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 /* Launch idx_dec_k: 4 blocks per SM over the groups (at most one per key block), at least
  * R blocks (the fused selection's rows). fuse is cleared when the candidates would not fit
  * in shared memory (then the caller runs a selection kernel). */
-static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const m3_bf16 *ik,
+static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
+    const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
+    const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
@@ -990,26 +1113,32 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (fuse) {
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
         if (dyn > 48 * 1024)
-            M3_HIP_TRY(hipFuncSetAttribute((const void *)idx_dec_k,
-                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+            M3_HIP_TRY(
+                hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     }
     /* calls with the fused selection so far, per device: the parity picks the arrival
      * counter, and each call zeroes the other one for the next call (stream order) */
     static unsigned int epoch[64];
     unsigned int &ep = epoch[g->device & 63];
-    idx_dec_k<<<dim3((unsigned)gx, (unsigned)n_group), IST_THREADS, dyn, g->stream>>>(
-        S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale,
-        p->index_nan == M3_INDEX_NAN_NEG, sa, cmax, ep);
+    const dim3 grid((unsigned)gx, (unsigned)n_group);
+    const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
+    if (k8)
+        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
+    else
+        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
     return s;
 }
 
 /* ---- launchers -------------------------------------------------------------------------
- * Scoring: idx_dec_k (bf16, at most IDX_DEC_GROUPS groups of 16/G tokens: decode; the
- * selection fused), idx_wide_k (bf16, more tokens, enough key blocks to fill the device:
- * 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest: keys staged per
- * block for 4 * 16/G tokens) or idx_score_k (fp32 storage, odd shapes). Selection (when not
+ * Scoring: idx_dec_k (bf16 queries, bf16 or e4m3fn keys, at most IDX_DEC_GROUPS groups of
+ * 16/G tokens: decode; the selection fused), idx_wide_k (bf16, more tokens, enough key blocks
+ * to fill the device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest:
+ * keys staged per block for 4 * 16/G tokens) or idx_score_k (fp32 queries or keys, other fp8
+ * keys, odd shapes). Selection (when not
  * fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
  * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its
@@ -1017,10 +1146,14 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
 
 template <typename TS>
 static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, float *d_margin,
-                        int *d_n_ties, const TS *d_iq, int ld_q, const TS *d_ik,
+                        int *d_n_ties, const TS *d_iq, int ld_q, const m3_gpu_index_keys *keys,
                         const int32_t *d_pos, int n_tok, int n_ctx, const m3_indexer_params *ip,
                         const m3_profile *p) {
     M3_ASSERT(ip && p && n_tok >= 0 && n_ctx > 0 && ip->n_index_head > 0 && d_topk);
+    M3_ASSERT(keys && keys->k && (!keys->bt || keys->block > 0));
+    M3_ASSERT(keys->elem == M3_KV_F32 || keys->elem == M3_KV_BF16 || keys->elem == M3_KV_FP8);
+    const idx_keys d_ik = {keys->k, keys->bt, keys->bt ? keys->block : 1, (int)keys->elem,
+                           (int)keys->kind};
     M3_ASSERT(ip->block > 0 && ip->topk > 0 && ip->local_blocks >= 0 && ip->init_blocks >= 0);
     M3_ASSERT(ld_q >= ip->n_index_head * ip->index_head_dim && p->index_scale > 0.0f);
     if (ip->n_index_head > IDX_MAX_G || ip->topk > IDX_MAX_K)
@@ -1035,14 +1168,19 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     const int width = m3_indexer_width(n_ctx, ip, p);
     const int G = ip->n_index_head, Di = ip->index_head_dim, B = ip->block, K = ip->topk;
 #if defined(M3_HIP_NVIDIA)
-    const bool tile_ok = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
-                         B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
+    const bool shape_ok = sizeof(TS) == 2 && 16 % G == 0 && Di % 16 == 0 && Di <= ISM_MAX_DI &&
+                          B % 8 == 0 && B <= ISM_MAX_B && ld_q % 2 == 0;
 #else
-    const bool tile_ok = false;
+    const bool shape_ok = false;
 #endif
+    /* bf16 keys: every tensor-core path; e4m3fn keys (the fp8 index cache): idx_dec_k */
+    const bool k16 = keys->elem == M3_KV_BF16;
+    const bool k8 = keys->elem == M3_KV_FP8 && keys->kind == M3_FP8_E4M3FN && Di % 64 == 0;
+    const bool tile_ok = shape_ok && k16;
     const bool stream_ok = tile_ok && Di % 32 == 0 && B % 32 == 0;
-    const int n_group = tile_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
-    const bool dec_ok = stream_ok && n_group <= IDX_DEC_GROUPS;
+    const int n_group = shape_ok ? (n_tok + 16 / G - 1) / (16 / G) : 0;
+    const bool dec_ok = shape_ok && (k16 || k8) && Di % 32 == 0 && B % 32 == 0 &&
+                        n_group <= IDX_DEC_GROUPS;
     const int n_wg = (n_tok + IWD_WARPS * 32 / G - 1) / (IWD_WARPS * 32 / G);
     const int want = path & M3_GPU_IDX_SCORE;
     const bool nosel = (path & M3_GPU_IDX_NOSEL) != 0, rounds = (path & M3_GPU_IDX_SEL_ROUNDS) != 0;
@@ -1070,20 +1208,20 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
                   p->topk_tie_margin};
     m3_status s;
     if (score == 1) {
-        s = dec_launch(g, S, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+        s = dec_launch(g, S, (const m3_bf16 *)d_iq, ld_q, d_ik, d_pos, n_tok, nbk,
                        n_ctx, G, Di, B, p, sa, fuse);
     } else if (score == 4) {
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
         gx = gx < nbk ? gx : nbk;
         idx_wide_k<<<dim3((unsigned)gx, (unsigned)n_wg), IWD_THREADS, 0, g->stream>>>(
-            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk,
+            S, d_n_ties, (const m3_bf16 *)d_iq, ld_q, d_ik, d_pos, n_tok, nbk,
             n_ctx, G, Di, B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_wide_k", __FILE__, __LINE__);
     } else if (score == 2) {
         const int tpc = 4 * (16 / G);
         dim3 gs((unsigned)((n_tok + tpc - 1) / tpc), (unsigned)nbk);
         idx_score_mma_k<<<gs, ISM_THREADS, 0, g->stream>>>(
-            S, (const m3_bf16 *)d_iq, ld_q, (const m3_bf16 *)d_ik, d_pos, n_tok, nbk, n_ctx, G, Di,
+            S, (const m3_bf16 *)d_iq, ld_q, d_ik, d_pos, n_tok, nbk, n_ctx, G, Di,
             B, p->index_scale, p->index_nan == M3_INDEX_NAN_NEG);
         s = m3_gpu_launched_(g, "idx_score_mma_k", __FILE__, __LINE__);
     } else {
@@ -1139,12 +1277,20 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     return s;
 }
 
+static m3_gpu_index_keys plain_keys(const void *ik, m3_kv_elem elem) {
+    m3_gpu_index_keys k;
+    memset(&k, 0, sizeof k);
+    k.k = ik, k.elem = elem;
+    return k;
+}
+
 extern "C" m3_status m3_gpu_indexer_topk_path(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
                                               float *d_margin, int *d_n_ties, const m3_bf16 *d_iq,
                                               int ld_q, const m3_bf16 *d_ik, const int32_t *d_pos,
                                               int n_tok, int n_ctx, const m3_indexer_params *ip,
                                               const m3_profile *p) {
-    return launch<m3_bf16>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
+    const m3_gpu_index_keys k = plain_keys(d_ik, M3_KV_BF16);
+    return launch<m3_bf16>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, &k, d_pos,
                            n_tok, n_ctx, ip, p);
 }
 
@@ -1154,7 +1300,8 @@ extern "C" m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *
                                                   const int32_t *d_pos, int n_tok, int n_ctx,
                                                   const m3_indexer_params *ip,
                                                   const m3_profile *p) {
-    return launch<float>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik, d_pos,
+    const m3_gpu_index_keys k = plain_keys(d_ik, M3_KV_F32);
+    return launch<float>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, &k, d_pos,
                          n_tok, n_ctx, ip, p);
 }
 
@@ -1163,8 +1310,8 @@ extern "C" m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_sc
                                          int ld_q, const m3_bf16 *d_ik, const int32_t *d_pos,
                                          int n_tok, int n_ctx, const m3_indexer_params *ip,
                                          const m3_profile *p) {
-    return launch<m3_bf16>(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q,
-                           d_ik, d_pos, n_tok, n_ctx, ip, p);
+    return m3_gpu_indexer_topk_path(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq,
+                                    ld_q, d_ik, d_pos, n_tok, n_ctx, ip, p);
 }
 
 extern "C" m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *d_scores,
@@ -1172,6 +1319,27 @@ extern "C" m3_status m3_gpu_indexer_topk_f32(m3_gpu *g, int32_t *d_topk, float *
                                              int ld_q, const float *d_ik, const int32_t *d_pos,
                                              int n_tok, int n_ctx, const m3_indexer_params *ip,
                                              const m3_profile *p) {
-    return launch<float>(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q,
-                         d_ik, d_pos, n_tok, n_ctx, ip, p);
+    return m3_gpu_indexer_topk_f32_path(g, M3_GPU_IDX_AUTO, d_topk, d_scores, d_margin, d_n_ties,
+                                        d_iq, ld_q, d_ik, d_pos, n_tok, n_ctx, ip, p);
+}
+
+extern "C" m3_status m3_gpu_indexer_topk_keys(m3_gpu *g, int path, int32_t *d_topk,
+                                              float *d_scores, float *d_margin, int *d_n_ties,
+                                              const m3_bf16 *d_iq, int ld_q,
+                                              const m3_gpu_index_keys *keys, const int32_t *d_pos,
+                                              int n_tok, int n_ctx, const m3_indexer_params *ip,
+                                              const m3_profile *p) {
+    return launch<m3_bf16>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, keys, d_pos,
+                           n_tok, n_ctx, ip, p);
+}
+
+extern "C" m3_status m3_gpu_indexer_topk_keys_f32(m3_gpu *g, int path, int32_t *d_topk,
+                                                  float *d_scores, float *d_margin, int *d_n_ties,
+                                                  const float *d_iq, int ld_q,
+                                                  const m3_gpu_index_keys *keys,
+                                                  const int32_t *d_pos, int n_tok, int n_ctx,
+                                                  const m3_indexer_params *ip,
+                                                  const m3_profile *p) {
+    return launch<float>(g, path, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, keys, d_pos,
+                         n_tok, n_ctx, ip, p);
 }

@@ -301,21 +301,21 @@ static __global__ void __launch_bounds__(GLUE_THREADS)
         stv(y, (size_t)i, m3_round_bf16(x[i]));
 }
 
-/* index keys into the fp8 index cache: cvt(bf16(key)), unit scale (ref m3_kv_index_write) */
+/* index keys [T, Di] into the paged index cache at row slot(pos[t]) (ref m3_kv_index_write,
+ * §4.5, §4.8): fp32 elements as is, bf16 RNE, fp8 cvt(bf16(key)) at unit scale */
 template <typename TS>
 static __global__ void __launch_bounds__(GLUE_THREADS)
-    ix8_write_k(uint8_t *dst, const TS *ik, int64_t n, int kind, int ovf) {
+    ixp_write_k(m3_gpu_index_keys c, const TS *ik, const int32_t *pos, int T, int Di, int ovf) {
+    const int64_t n = (int64_t)T * Di;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = m3_f32_to_fp8(m3_round_bf16(ldv(ik, i)), (m3_fp8_kind)kind, (m3_fp8_overflow)ovf);
-}
-
-/* fp8 code values as fp32 (unit scale) */
-static __global__ void __launch_bounds__(GLUE_THREADS)
-    fp8_deq_k(float *out, const uint8_t *c, int64_t n, int kind) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = m3_fp8_to_f32(c[i], (m3_fp8_kind)kind);
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int t = (int)(i / Di), d = (int)(i % Di);
+        const int64_t off = m3_dkv_slot(c.bt, c.block, pos[t]) * Di + d;
+        const float v = ldv(ik, i);
+        if (c.elem == M3_KV_F32) ((float *)c.k)[off] = v;
+        else if (c.elem == M3_KV_BF16) ((m3_bf16 *)c.k)[off] = m3_f32_to_bf16(v);
+        else ((uint8_t *)c.k)[off] = m3_f32_to_fp8(m3_round_bf16(v), c.kind, (m3_fp8_overflow)ovf);
+    }
 }
 
 /* y = fp8 rounding of x as fp32 (round_fp8 = 0: a plain widening) */
@@ -884,22 +884,23 @@ static m3_status kvp_write(m3_gpu *g, m3_gpu_layer_cache *c, const int32_t *d_po
     return M3_OK;
 }
 
-/* this pass's index keys [T, Di] into the fp8 index cache rows n0.. */
+/* this pass's index keys [T, Di] into the paged index cache at slot(pos[t]) */
 template <typename TS>
-static m3_status ix8_write(m3_gpu *g, m3_gpu_layer_cache *c, int n0, int T, const TS *ik, int Di) {
-    const int64_t n = (int64_t)T * Di;
-    ix8_write_k<TS><<<glue_grid(n), GLUE_THREADS, 0, g->stream>>>(
-        c->ik8 + (size_t)n0 * Di, ik, n, (int)cache_kind(c), (int)cache_ovf(c));
-    M3_LAUNCHED(g, "ix8_write_k");
+static m3_status ixp_write(m3_gpu *g, m3_gpu_layer_cache *c, const int32_t *d_pos, int T,
+                           const TS *ik, int Di) {
+    ixp_write_k<TS><<<glue_grid((int64_t)T * Di), GLUE_THREADS, 0, g->stream>>>(
+        c->ix, ik, d_pos, T, Di, (int)cache_ovf(c));
+    M3_LAUNCHED(g, "ixp_write_k");
     return M3_OK;
 }
 
 /* The attention-input step of ref/layer.c (§3.5, §3.6, §4.7, §4.8): q (q_norm) and k (k_norm,
  * its rows of the contiguous cache) normed + roped in place, this pass's K / V rows into the
  * paged storage at slot(pos[t]) with ref's writer of this layer type (kvp_write's rule), and,
- * when iq / ik are given, the indexer's parts (normed + roped in place) and the fp8 index
- * cache rows n0 + t. q == NULL: the indexer's parts alone (a second call, where the q/k/v taps
- * must come before the indexer's projections). This one is the glue path: separate launches
+ * when iq / ik are given, the indexer's parts (normed + roped in place) and, under the paged
+ * layout, the index keys into the paged index cache at slot(pos[t]). q == NULL: the
+ * indexer's parts alone (a second call, where the q/k/v taps must come before the indexer's
+ * projections). This one is the glue path: separate launches
  * (fp32 storage, and geometries outside the fused kernel's contract). */
 template <typename TS>
 static m3_status attn_input_glue(m3_gpu *g, m3_gpu_layer_cache *cache, const m3_gpu_layer_weights *w,
@@ -935,7 +936,7 @@ static m3_status attn_input_glue(m3_gpu *g, m3_gpu_layer_cache *cache, const m3_
     if (iq) {
         M3_TRY(rope(g, iq, G * Di, d_pos, T, G, Di, w->iq_norm, eps, R, theta, p));
         M3_TRY(rope(g, ik, Di, d_pos, T, 1, Di, w->ik_norm, eps, R, theta, p));
-        if (cache->ik8) M3_TRY(ix8_write(g, cache, n0, T, (const TS *)ik, Di));
+        if (cache->ix.k) M3_TRY(ixp_write(g, cache, d_pos, T, (const TS *)ik, Di));
     }
     return M3_OK;
 }
@@ -956,7 +957,8 @@ static m3_status attn_input(m3_gpu *g, m3_gpu_layer_cache *cache, const m3_gpu_l
                             m3_bf16 *iq, m3_bf16 *ik, int n0, const int32_t *d_pos, int T,
                             const m3_profile *p, bool dense_or_reuse) {
     const bool pkv = cache->kv.k != NULL;
-    if (p->qk_round == M3_QK_ROUND_NONE || (pkv && cache->kv.g.elem == M3_KV_F32))
+    if (p->qk_round == M3_QK_ROUND_NONE || (pkv && cache->kv.g.elem == M3_KV_F32) ||
+        (iq && cache->ix.k && cache->ix.elem == M3_KV_F32))
         return attn_input_glue<m3_bf16>(g, cache, w, c, q, k, v, iq, ik, n0, d_pos, T, p,
                                         dense_or_reuse);
     const int Dh = c->head_dim, G = c->index_n_heads, Di = c->index_head_dim;
@@ -990,8 +992,9 @@ static m3_status attn_input(m3_gpu *g, m3_gpu_layer_cache *cache, const m3_gpu_l
         kc.fp8_max = fmax;
         write = true;
     }
-    if (iq && cache->ik8) {
-        kc.index_k = cache->ik8, kc.index_fp8 = true, kc.index_row0 = n0;
+    if (iq && cache->ix.k) { /* the paged index cache, rows slot(pos[t]) */
+        kc.index_k = (void *)cache->ix.k, kc.index_fp8 = cache->ix.elem == M3_KV_FP8;
+        kc.index_bt = cache->ix.bt, kc.index_block = cache->ix.block;
         write = true;
     }
     return m3_gpu_qk_norm_rope_cache(g, &x, write ? &kc : NULL, NULL, d_pos, T, c->rms_eps,
@@ -1024,34 +1027,38 @@ static m3_status attn_paged(m3_gpu *g, float *out, const float *q, const m3_gpu_
                                  width, ap, p);
 }
 
-/* The indexer over fp32 sources (ref under a paged cache): keys read back through the fp8
- * index cache (or the stored keys widened), the query cast to fp8 (q8: prefill with
- * index_q_fp8_prefill) or widened, then the faithful fp32 indexer. */
+/* The indexer over the paged index cache (ref under a paged cache reads every key back
+ * through it: the same values): bf16 queries take the fast paths where the keys are bf16;
+ * q8 (prefill with index_q_fp8_prefill): the query cast to fp8 without a scale into an fp32
+ * temporary, as ref does (§3.8). */
+static m3_status indexer_keys(m3_gpu *g, int32_t *topk, float *scores, int *ties, const m3_bf16 *iq,
+                              int ld, const m3_gpu_index_keys *k, const int32_t *pos, int T,
+                              int n_ctx, const m3_indexer_params *ip, const m3_profile *p) {
+    return m3_gpu_indexer_topk_keys(g, M3_GPU_IDX_AUTO, topk, scores, NULL, ties, iq, ld, k, pos, T,
+                                    n_ctx, ip, p);
+}
+static m3_status indexer_keys(m3_gpu *g, int32_t *topk, float *scores, int *ties, const float *iq,
+                              int ld, const m3_gpu_index_keys *k, const int32_t *pos, int T,
+                              int n_ctx, const m3_indexer_params *ip, const m3_profile *p) {
+    return m3_gpu_indexer_topk_keys_f32(g, M3_GPU_IDX_AUTO, topk, scores, NULL, ties, iq, ld, k,
+                                        pos, T, n_ctx, ip, p);
+}
 template <typename TS>
 static m3_status indexer_paged(m3_gpu *g, int32_t *topk, float *scores, int *ties, const TS *iq,
                                const m3_gpu_layer_cache *c, const int32_t *pos, int T, int n_ctx,
                                const m3_indexer_params *ip, const m3_profile *p, bool q8) {
-    const int Di = ip->index_head_dim, QI = ip->n_index_head * Di;
-    const int64_t nk = (int64_t)n_ctx * Di, nq = (int64_t)T * QI;
-    const int kind = (int)cache_kind(c), ovf = (int)cache_ovf(c);
+    const int QI = ip->n_index_head * ip->index_head_dim;
+    if (!q8) return indexer_keys(g, topk, scores, ties, iq, QI, &c->ix, pos, T, n_ctx, ip, p);
+    const int64_t nq = (int64_t)T * QI;
     const size_t mark = m3_gpu_mark(g);
-    float *ikf = NULL, *iqf = NULL;
-    m3_status s = m3_gpu_alloc(g, (void **)&ikf, (size_t)nk * sizeof(float));
-    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&iqf, (size_t)nq * sizeof(float));
+    float *iqf = NULL;
+    m3_status s = m3_gpu_alloc(g, (void **)&iqf, (size_t)nq * sizeof(float));
     if (s == M3_OK) {
-        if (c->ik8)
-            fp8_deq_k<<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(ikf, c->ik8, nk, kind);
-        else
-            widen_k<TS><<<glue_grid(nk), GLUE_THREADS, 0, g->stream>>>(
-                ikf, (const TS *)c->index_k, nk, false, 0, 0);
-        s = m3_gpu_launched_(g, "index key read", __FILE__, __LINE__);
-    }
-    if (s == M3_OK) {
-        widen_k<TS><<<glue_grid(nq), GLUE_THREADS, 0, g->stream>>>(iqf, iq, nq, q8, kind, ovf);
+        widen_k<TS><<<glue_grid(nq), GLUE_THREADS, 0, g->stream>>>(
+            iqf, iq, nq, true, (int)cache_kind(c), (int)cache_ovf(c));
         s = m3_gpu_launched_(g, "widen_k", __FILE__, __LINE__);
     }
-    if (s == M3_OK)
-        s = m3_gpu_indexer_topk_f32(g, topk, scores, NULL, ties, iqf, QI, ikf, pos, T, n_ctx, ip, p);
+    if (s == M3_OK) s = indexer_keys(g, topk, scores, ties, iqf, QI, &c->ix, pos, T, n_ctx, ip, p);
     m3_gpu_release(g, mark);
     return s;
 }
@@ -1446,10 +1453,12 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
     TS *iq = NULL, *ikc = NULL;
     if (w->sparse) {
         M3_TRY(m3_gpu_alloc(g, (void **)&iq, t_ * Gi * Dii * sizeof(TS)));
-        ikc = (TS *)cache->index_k + (size_t)n0 * Dii;
         /* a reusing layer computes the projections (as ref: the packed GEMM runs) but never
-         * inserts into its index cache: its key projection goes to a temporary */
-        if (reuse_l) M3_TRY(m3_gpu_alloc(g, (void **)&ikc, t_ * Dii * sizeof(TS)));
+         * inserts into its index cache: its key projection goes to a temporary; so does every
+         * layer's under the paged layout (the keys then go to the paged index cache at
+         * slot(pos[t])) */
+        if (reuse_l || cache->ix.k) M3_TRY(m3_gpu_alloc(g, (void **)&ikc, t_ * Dii * sizeof(TS)));
+        else ikc = (TS *)cache->index_k + (size_t)n0 * Dii;
     }
     if (idx_first) {
         M3_TRY(proj(g, iq, xn, w->iq, w->iq_s, pq, T, Gi * Dii, D, p));
@@ -1475,7 +1484,7 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
         int32_t *topk = NULL;
         float *scores = NULL;
         if (!reuse) {
-            if (!idx_first) /* the indexer's parts alone (and the fp8 index cache) */
+            if (!idx_first) /* the indexer's parts alone (and the paged index cache) */
                 M3_TRY(attn_input(g, cache, w, c, (TS *)NULL, (TS *)NULL, (const TS *)NULL, iq,
                                   ikc, n0, d_pos, T, p, false));
             M3_TRY(tap_dev(tp, "index_q", iq, 3, T, G, Di));
@@ -1485,11 +1494,12 @@ static m3_status layer_forward(m3_gpu *g, TS *x, TS *h, bool *h_pending, int T, 
             M3_TRY(m3_gpu_alloc(g, (void **)&scores, (size_t)G * t_ * NB * sizeof(float)));
             M3_TRY(m3_gpu_alloc(g, (void **)&ties, sizeof(int)));
             M3_TRY(m3_gpu_memset(g, ties, 0, sizeof(int)));
-            /* paged caches: keys read back through the index cache; the prefill's query cast
+            /* paged caches: keys read through the paged index cache; the prefill's query cast
              * to fp8 when the variant says so (ref §3.8, §9.9) */
             const bool q8 = cache->paged && T > 1 && cache->variant &&
                             m3_variant_index_q_fp8(cache->variant);
-            if (cache->ik8 || q8)
+            M3_ASSERT(!q8 || cache->ix.k);
+            if (cache->ix.k)
                 M3_TRY(indexer_paged(g, topk, scores, ties, iq, cache, d_pos, T, n_ctx, &ip, p, q8));
             else
                 M3_TRY(indexer(g, topk, scores, ties, iq, G * Di, (const TS *)cache->index_k, d_pos,

@@ -352,6 +352,12 @@ typedef struct m3_gpu_kv_cache {
      * With paged set or d_slots NULL, the index cache (index_k) takes rows index_row0 + t. */
     const m3_gpu_attn_paged_src *paged;
     int64_t index_row0;
+    /* ATOM's paged index cache (§4.5, m3_gpu_index_keys): index_bt set, index_k is [n_blocks,
+     * index_block, Di] and token t's key goes to row slot(pos[t]) = index_bt[pos / index_block]
+     * * index_block + pos % index_block (only m3_gpu_qk_norm_rope_cache: it has the positions;
+     * index_row0 and d_slots are then not used for it) */
+    const int32_t *index_bt;
+    int index_block;
 } m3_gpu_kv_cache;
 m3_status m3_gpu_kv_cache_write(m3_gpu *g, const m3_gpu_kv_cache *c, const m3_bf16 *d_k,
                                 int ld_k, const m3_bf16 *d_v, int ld_v, const int64_t *d_slots,
@@ -429,7 +435,35 @@ m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *d_topk, flo
                                        int ld_q, const float *d_ik, const int32_t *d_pos,
                                        int n_tok, int n_ctx, const struct m3_indexer_params *ip,
                                        const m3_profile *p);
-
+/* The index cache as the indexer reads it: contiguous rows [S_k, Di] (bt NULL: key j at row
+ * j), or ATOM's paged index cache (spec §4.5, §4.8; ref's m3_kv_layer.index_k under
+ * cache_layout paged): [n_blocks, block, Di], one head, key j at row slot(j) = bt[j / block]
+ * * block + j % block through the sequence's block table (the KV cache's), element (row, d)
+ * at row * Di + d. Elements: M3_KV_BF16, M3_KV_F32, or M3_KV_FP8 (unit scale: the key is
+ * fp32(byte) of `kind`). */
+typedef struct m3_gpu_index_keys {
+    const void *k; /* device */
+    m3_kv_elem elem;
+    m3_fp8_kind kind;  /* M3_KV_FP8 */
+    const int32_t *bt; /* device [>= ceil(n_ctx / block)], NULL: contiguous rows */
+    int block;         /* rows per physical block (bt set) */
+} m3_gpu_index_keys;
+/* m3_gpu_indexer_topk(_path) over such keys, bf16 queries (_f32: fp32 queries). Same
+ * results as over the keys gathered into contiguous rows. The fast paths take bf16 queries:
+ * decode, wide and tile BF16 keys, decode also FP8 e4m3fn keys (codes decoded to bf16 in
+ * registers, exact); per key block one row base when block % B == 0 (M3: block == B == 128,
+ * a scoring block is one physical block), the per-row mapping otherwise. Every other
+ * combination runs idx_score_k (CUDA cores, any element). */
+m3_status m3_gpu_indexer_topk_keys(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                   float *d_margin, int *d_n_ties, const m3_bf16 *d_iq, int ld_q,
+                                   const m3_gpu_index_keys *keys, const int32_t *d_pos, int n_tok,
+                                   int n_ctx, const struct m3_indexer_params *ip,
+                                   const m3_profile *p);
+m3_status m3_gpu_indexer_topk_keys_f32(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                       float *d_margin, int *d_n_ties, const float *d_iq, int ld_q,
+                                       const m3_gpu_index_keys *keys, const int32_t *d_pos,
+                                       int n_tok, int n_ctx, const struct m3_indexer_params *ip,
+                                       const m3_profile *p);
 
 /* ---- whole model: gpu/layer.hip, gpu/model.hip, twins of ref/layer.h and ref/model.h ----
  * Activation storage: bf16 when the profile stores bf16 everywhere the bf16 kernels need it
@@ -468,13 +502,16 @@ typedef struct m3_gpu_layer_cache {
      *     other profiles the k they hold); sparse layers (prefill and decode) and dense decode
      *     passes attend through it (m3_gpu_attn_paged), dense prefill over the unquantized
      *     contiguous k / v, as ref. kv.k == NULL: none;
-     *   ik8 [cap, Di] fp8 bytes at unit scale (§4.8: cvt(bf16(key))): the fp8 index cache the
-     *     indexer reads (kept in the contiguous layout: ref's paged index reads give the same
-     *     values per position);
+     *   ix (sparse layers under cache_layout paged): the index cache as ref's m3_kv_layer
+     *     index_k stores it (§4.5, §4.8): [n_blocks, Bs, Di] elements (bf16, fp32 under the
+     *     fp32 profile, or fp8 at unit scale: cvt(bf16(key))), key of position p at row
+     *     slot(p) through ix.bt (= kv.bt); every pass writes its keys there and the indexer
+     *     reads them through the table (index_k, the contiguous cache, is then not allocated
+     *     by the model). ix.k == NULL: the contiguous index_k;
      *   paged: cache_layout paged (the prefill's index query is cast to fp8 when the variant
      *     says so, as ref does on paged caches only). */
     m3_gpu_attn_paged_src kv;
-    uint8_t *ik8;
+    m3_gpu_index_keys ix;
     const struct m3_variant *variant; /* fp8 kind, overflow, kv_fp8max, index q rule */
     bool paged;
 } m3_gpu_layer_cache;
@@ -550,6 +587,9 @@ struct m3_variant;
 m3_status m3_gpu_model_set_variant(m3_gpu_model *m, const struct m3_variant *v);
 /* "bfloat16" or "float32": the activation storage chosen at open. */
 const char *m3_gpu_model_storage(const m3_gpu_model *m);
+/* Layer `layer`'s device cache (tests: the paged index cache's bytes), NULL when out of range
+ * or before the first reserve. */
+const m3_gpu_layer_cache *m3_gpu_model_layer_cache(const m3_gpu_model *m, int layer);
 /* Size the caches for n_ctx tokens. Allowed while the caches are empty (a forward at
  * n_past 0 reserves what it needs); a pass that would outgrow filled caches fails with
  * M3_ERR_ARG, so a decode loop reserves prompt + steps first. */

@@ -341,7 +341,7 @@ static m3_status block_table(m3_gpu_model *m, int cap) {
 
 /* the variant's parts of a layer cache: the paged KV storage (ref's m3_kv_layer: element type
  * and geometry as ref/model.c chooses them), the fp8 index cache, paged reads */
-static m3_status cache_variant(m3_gpu_model *m, m3_gpu_layer_cache *lc, bool sparse, int cap) {
+static m3_status cache_variant(m3_gpu_model *m, m3_gpu_layer_cache *lc, bool sparse) {
     const m3_config *c = m->cfg;
     const m3_variant *v = &m->v;
     lc->variant = v;
@@ -381,9 +381,30 @@ static m3_status cache_variant(m3_gpu_model *m, m3_gpu_layer_cache *lc, bool spa
             kv->v_scale = vs;
         }
     }
-    if (sparse && v->index_cache == M3_CACHE_FP8)
-        M3_TRY(m3_gpu_alloc(m->g, (void **)&lc->ik8, (size_t)cap * (size_t)c->index_head_dim));
+    if (lc->paged && sparse) {
+        /* the paged index cache, elements as ref/model.c chooses them: fp8 (unit scale) when
+         * the variant says so, bf16 where index keys are rounded, fp32 otherwise; zero-filled
+         * as ref's */
+        m3_gpu_index_keys *ix = &lc->ix;
+        ix->elem = v->index_cache == M3_CACHE_FP8       ? M3_KV_FP8
+                   : m->p.qk_round != M3_QK_ROUND_NONE ? M3_KV_BF16
+                                                       : M3_KV_F32;
+        ix->kind = v->fp8_kind;
+        ix->bt = m->bt;
+        ix->block = c->index_block;
+        const size_t ib = (size_t)m->n_blocks * (size_t)c->index_block *
+                          (size_t)c->index_head_dim * (size_t)m3_kv_elem_bytes(ix->elem);
+        void *k = NULL;
+        M3_TRY(m3_gpu_alloc(m->g, &k, ib));
+        M3_TRY(m3_gpu_memset(m->g, k, 0, ib));
+        ix->k = k;
+    }
     return M3_OK;
+}
+
+extern "C" const m3_gpu_layer_cache *m3_gpu_model_layer_cache(const m3_gpu_model *m, int layer) {
+    if (!m || m->cap == 0 || layer < 0 || layer >= m->cfg->n_layer) return NULL;
+    return &m->cache[layer];
 }
 
 extern "C" m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx) {
@@ -408,9 +429,12 @@ extern "C" m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx) {
         }
     }
     for (int L = 0; L < c->n_layer; L++) {
-        m3_status s = m3_gpu_layer_cache_alloc(m->g, &m->cache[L], c, c->layer_sparse[L], cap,
-                                               m->bf16);
-        if (!s) s = cache_variant(m, &m->cache[L], c->layer_sparse[L], cap);
+        /* paged: the index keys live in the paged index cache (cache_variant), no
+         * contiguous index_k */
+        const bool paged = m->v.cache_layout == M3_LAYOUT_PAGED;
+        m3_status s = m3_gpu_layer_cache_alloc(m->g, &m->cache[L], c, c->layer_sparse[L] && !paged,
+                                               cap, m->bf16);
+        if (!s) s = cache_variant(m, &m->cache[L], c->layer_sparse[L]);
         if (s) {
             m3_gpu_release(m->g, m->mark_caches);
             memset(m->cache, 0, (size_t)c->n_layer * sizeof *m->cache);

@@ -288,6 +288,24 @@ m3_status m3_gpu_indexer_topk_f32_path(m3_gpu *g, int path, int32_t *d_topk, flo
     return m3_gpu_indexer_topk_f32(g, d_topk, d_scores, d_margin, d_n_ties, d_iq, ld_q, d_ik,
                                    d_pos, n_tok, n_ctx, ip, p);
 }
+m3_status m3_gpu_indexer_topk_keys(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                   float *d_margin, int *d_n_ties, const m3_bf16 *d_iq, int ld_q,
+                                   const m3_gpu_index_keys *keys, const int32_t *d_pos, int n_tok,
+                                   int n_ctx, const struct m3_indexer_params *ip,
+                                   const m3_profile *p) {
+    (void)g; (void)path; (void)d_topk; (void)d_scores; (void)d_margin; (void)d_n_ties; (void)d_iq;
+    (void)ld_q; (void)keys; (void)d_pos; (void)n_tok; (void)n_ctx; (void)ip; (void)p;
+    return NO_GPU("gpu indexer");
+}
+m3_status m3_gpu_indexer_topk_keys_f32(m3_gpu *g, int path, int32_t *d_topk, float *d_scores,
+                                       float *d_margin, int *d_n_ties, const float *d_iq, int ld_q,
+                                       const m3_gpu_index_keys *keys, const int32_t *d_pos,
+                                       int n_tok, int n_ctx, const struct m3_indexer_params *ip,
+                                       const m3_profile *p) {
+    (void)g; (void)path; (void)d_topk; (void)d_scores; (void)d_margin; (void)d_n_ties; (void)d_iq;
+    (void)ld_q; (void)keys; (void)d_pos; (void)n_tok; (void)n_ctx; (void)ip; (void)p;
+    return NO_GPU("gpu indexer");
+}
 
 m3_status m3_gpu_gemm_f32(m3_gpu *g, float *d_y, const float *d_x, const float *d_w, int n_tok,
                           int n_out, int n_in) {
@@ -345,6 +363,10 @@ const struct m3_config *m3_gpu_model_config(const m3_gpu_model *m) { (void)m; re
 int m3_gpu_model_n_past(const m3_gpu_model *m) { (void)m; return 0; }
 void m3_gpu_model_reset(m3_gpu_model *m) { (void)m; }
 const char *m3_gpu_model_storage(const m3_gpu_model *m) { (void)m; return "none"; }
+const m3_gpu_layer_cache *m3_gpu_model_layer_cache(const m3_gpu_model *m, int layer) {
+    (void)m; (void)layer;
+    return NULL;
+}
 m3_status m3_gpu_model_reserve(m3_gpu_model *m, int n_ctx) {
     (void)m; (void)n_ctx;
     return NO_GPU("--backend gpu");

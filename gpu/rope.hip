@@ -132,6 +132,8 @@ typedef struct {
     const int32_t *bt;
     int bt_block;
     int64_t irow0;
+    const int32_t *ibt; /* the paged index cache: index rows slot(pos) through ibt */
+    int ibt_block;
     /* grid */
     int nblk;    /* tiles */
     int buf;     /* bytes of one input buffer */
@@ -478,7 +480,9 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
         unsigned char *rows = buf + L.rows;
         const bool cache = g.cache != SEG_NONE, roped = g.w != NULL && a.half > 0;
         for (int i = tid; i < tbk; i += nth) {
-            if (cache && (a.bt || !a.slots)) { /* slot(p) through the block table (§4.1);
+            if (cache && g.cache == SEG_IDX && a.ibt) { /* paged index cache (§4.5) */
+                sslot[i] = m3_dkv_slot(a.ibt, a.ibt_block, a.pos[t0 + i]);
+            } else if (cache && (a.bt || !a.slots)) { /* slot(p) through the block table (§4.1);
                                                  * index rows irow0 + t */
                 sslot[i] = g.cache == SEG_IDX ? a.irow0 + t0 + i : m3_dkv_slot(a.bt, a.bt_block, a.pos[t0 + i]);
             } else if (cache) {
@@ -1428,6 +1432,7 @@ static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m
     if (half > 0) rope_inv_freq(a.inv.inv, rot_dim, theta, p->rope_inv);
     if (c) {
         a.irow0 = c->index_row0;
+        a.ibt = c->index_bt, a.ibt_block = c->index_block;
         a.page = c->page, a.fp8 = c->fp8, a.fp8_max = c->fp8_max, a.kind = (int)c->kind;
         a.ovf = (int)c->ovf, a.k_src = (int)c->k_src, a.kc = c->k, a.vc = c->v, a.ks = c->k_scale;
         a.vs = c->v_scale, a.ic = c->index_k, a.ifp8 = c->index_fp8;
@@ -1720,8 +1725,9 @@ extern "C" m3_status m3_gpu_qk_norm_rope_cache(m3_gpu *g, const m3_gpu_qkv *x,
             return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: a cache write needs k and v "
                              "(or neither, and an index cache)");
         M3_TRY(check_cache(c, x->n_kv_head, x->head_dim, x->index_k != NULL, kvw));
-        if (c->paged && !d_pos)
+        if ((c->paged || (c->index_k && c->index_bt)) && !d_pos)
             return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: a paged cache needs the positions");
+        M3_ASSERT(!c->index_bt || c->index_block > 0);
         if (kvw && !c->paged && !d_slots)
             return m3_errorf(M3_ERR_ARG, "gpu qk_norm_rope_cache: K/V writes need slots (or paged)");
         if (kvw && cache_fp8(c) && c->k_src != M3_GPU_KQ_STORED && !x->k_norm)

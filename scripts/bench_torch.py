@@ -115,6 +115,27 @@ def main():
             sb[..., -1] = float("inf")
             return torch.topk(sb, 16, dim=-1).indices
         report(f"indexer_topk bf16 atom T={T} C={C}", lambda: timeit(idx, reps=3, batches=5))
+        if T in (1, 64) and C >= 131072:
+            # the paged index cache: the key rows gathered through a shuffled block table
+            # (Bs = 128), then the same math; fp8 (e4m3fn, unit scale) at T = 1
+            nb = C // 128
+            bt = torch.randperm(nb, device=dev)
+            pool = ik.view(nb, 128, 128)
+
+            def idx_paged(pool=pool, fp8=False):
+                ikg = pool[bt].view(C, 128)  # fp8: gathered as bytes, then decoded
+                ikf = ikg.view(torch.float8_e4m3fn).float() if fp8 else ikg.float()
+                z = torch.einsum("tgd,cd->gtc", iq.float(), ikf)
+                if T > 1:
+                    z = z.masked_fill(keys[None, None, :] > posv[None, :, None], float("-inf"))
+                sb = z.view(4, T, C // 128, 128).amax(-1)
+                sb[..., -1] = float("inf")
+                return torch.topk(sb, 16, dim=-1).indices
+            report(f"indexer_topk bf16 atom T={T} C={C} paged", lambda: timeit(idx_paged, reps=3, batches=5))
+            if T == 1 and hasattr(torch, "float8_e4m3fn"):
+                pool8 = pool.to(torch.float8_e4m3fn).view(torch.uint8)
+                report(f"indexer_topk fp8 atom T={T} C={C} paged",
+                       lambda: timeit(lambda: idx_paged(pool8, True), reps=3, batches=5))
     # sparse decode: gather 16 blocks of K/V per KV head and attend (SDPA)
     for T, C in ((1, 131072), (64, 131072), (8192, 8192)):
         q = torch.randn(T, 64, 128, device=dev, dtype=bf)

@@ -487,9 +487,13 @@ static void bench_attention_paged(void **state) {
 typedef struct {
     int32_t *tk; float *sc; const m3_bf16 *iq, *ik; const int32_t *pos; int T, C, path;
     m3_indexer_params ip; m3_profile p;
+    const m3_gpu_index_keys *keys; /* paged rows: the same keys through a block table */
 } idx_ctx;
 static m3_status do_idx(m3_gpu *g, void *c) {
     idx_ctx *x = c;
+    if (x->keys)
+        return m3_gpu_indexer_topk_keys(g, x->path, x->tk, x->sc, NULL, NULL, x->iq, 512, x->keys,
+                                        x->pos, x->T, x->C, &x->ip, &x->p);
     return m3_gpu_indexer_topk_path(g, x->path, x->tk, x->sc, NULL, NULL, x->iq, 512, x->ik, x->pos,
                                     x->T, x->C, &x->ip, &x->p);
 }
@@ -539,6 +543,52 @@ static void bench_indexer(void **state) {
                      paths[pi].name ? "]" : "");
             /* fewest bytes: the index keys once (prefill: once per kernel, not per token) */
             report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
+        }
+        /* the paged index cache (ATOM's layout, M3 geometry: Bs = 128 = the scoring block):
+         * the same key rows read through a shuffled block table over them */
+        if ((c.T == 1 || c.T == 64) && c.C >= 131072) {
+            int32_t *bt = malloc((size_t)nbk * sizeof *bt);
+            for (int b = 0; b < nbk; b++) bt[b] = b;
+            for (int b = nbk - 1; b > 0; b--) {
+                const int j = (int)(m3_rng_u32(&r) % (uint32_t)(b + 1)), x = bt[b];
+                bt[b] = bt[j], bt[j] = x;
+            }
+            void *dbt;
+            GPU_OK(m3_gpu_alloc(g, &dbt, (size_t)nbk * sizeof *bt));
+            GPU_OK(m3_gpu_upload(g, dbt, bt, (size_t)nbk * sizeof *bt));
+            free(bt);
+            m3_gpu_index_keys k;
+            memset(&k, 0, sizeof k);
+            k.k = c.ik, k.elem = M3_KV_BF16, k.bt = dbt, k.block = 128;
+            c.keys = &k;
+            c.path = M3_GPU_IDX_AUTO;
+            double ms = time_ms(g, do_idx, &c, 3, 5);
+            char nm[96];
+            snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged", c.T, c.C);
+            report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
+                   keys * 4 * 128 * 2);
+            /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
+             * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
+            if (c.T == 1) {
+                const size_t nk = (size_t)c.C * 128;
+                uint8_t *h8 = malloc(nk);
+                assert_non_null(h8);
+                for (size_t e = 0; e < nk; e++) {
+                    uint8_t b = (uint8_t)m3_rng_u32(&r);
+                    if ((b & 0x7F) == 0x7F) b ^= 1;
+                    h8[e] = b;
+                }
+                void *d8;
+                GPU_OK(m3_gpu_alloc(g, &d8, nk));
+                GPU_OK(m3_gpu_upload(g, d8, h8, nk));
+                free(h8);
+                k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
+                ms = time_ms(g, do_idx, &c, 3, 5);
+                snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged", c.T, c.C);
+                report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
+                       keys * 4 * 128 * 2);
+            }
+            c.keys = NULL;
         }
     }
 }

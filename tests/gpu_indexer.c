@@ -14,13 +14,24 @@
  * all keys equal (every score ties: the ids must be the lowest ones, exactly, no flip
  * allowed), hot blocks that all sit in the same threads of the one-pass selection (block ids
  * equal mod 256), a NaN key row (NaN ranks highest, or -1e30 under atom) and the longest
- * history of the decode bench (nb = 8192). */
+ * history of the decode bench (nb = 8192).
+ * Paged storage (indexer_paged_matches_ref): the keys written by ref's m3_kv_index_write into
+ * a ref m3_kv_layer's index cache ([n_blocks, Bs, Di], rows by slot) through a SHUFFLED block
+ * table (pool larger than the sequence), those bytes and the table uploaded as they are, and
+ * the device indexer (m3_gpu_indexer_topk_keys / _f32) reading through the table; the
+ * reference is m3_indexer_topk over the keys read back by m3_kv_index_read (as ref/layer.c
+ * does). bf16 elements through every device path, fp8 (e4m3fn / e4m3fnuz, unit scale) through
+ * the decode kernel (e4m3fn, bf16 queries: codes decoded to bf16 in registers) and
+ * idx_score_k, fp32 elements through idx_score_k; M3 geometry (Bs = B = 128: one row base per
+ * scoring block) and odd ones (Bs 8 < B, Bs 48 with B 32: neither divides the other, Bs 256 = 4 B):
+ * the per-row mapping. Same tolerances as the contiguous cases. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ref/indexer.h"
+#include "ref/kvcache.h"
 #include "tests/gpu_test.h"
 
 /* fp32 dots of 128 products differ by summation order at ~1e-6 relative at most (CUDA
@@ -50,10 +61,16 @@ static const struct { int path; const char *name; } idx_paths[] = {
 };
 
 /* The device side of one case under one device path. */
+/* paged index keys: ref's storage bytes and its block table (NULL: contiguous ik rows) */
+typedef struct {
+    const m3_kv_layer *kl;
+    const m3_block_table *bt;
+} idx_store;
+
 static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3_indexer_params *ip,
                     bool bf16, const float *iq, const float *ik, const int32_t *pos,
                     const int32_t *tk_ref, const float *sc_ref0, const float *mg_ref, int ties_ref,
-                    int path, const char *path_name) {
+                    int path, const char *path_name, const idx_store *st) {
     const int T = s->T, C = s->n_ctx, ldq = s->G * s->Di;
     const int nbk = (C + s->B - 1) / s->B, W = m3_indexer_width(C, ip, p);
     const size_t ntk = (size_t)s->G * T * W, nsc = (size_t)s->G * T * nbk, nmg = (size_t)s->G * T;
@@ -67,7 +84,29 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
     float *dsc = gpu_guard_alloc(g, nsc * sizeof(float));
     float *dmg = gpu_guard_alloc(g, nmg * sizeof(float));
     int *dties = gpu_guard_alloc(g, sizeof(int));
-    if (bf16) {
+    m3_gpu_index_keys keys;
+    memset(&keys, 0, sizeof keys);
+    if (st) {
+        const m3_kv_layer *kl = st->kl;
+        const size_t kb = (size_t)kl->n_blocks * kl->g.block * kl->index_dim *
+                          (size_t)m3_kv_elem_bytes(kl->index_elem);
+        void *dk, *dbt;
+        GPU_OK(m3_gpu_alloc(g, &dk, kb));
+        GPU_OK(m3_gpu_upload(g, dk, kl->index_k, kb));
+        GPU_OK(m3_gpu_alloc(g, &dbt, (size_t)st->bt->n_logical * sizeof(int32_t)));
+        GPU_OK(m3_gpu_upload(g, dbt, st->bt->phys, (size_t)st->bt->n_logical * sizeof(int32_t)));
+        keys.k = dk, keys.elem = kl->index_elem, keys.kind = kl->g.fp8_kind;
+        keys.bt = dbt, keys.block = kl->g.block;
+        if (bf16) {
+            m3_bf16 *diq = gpu_upload_bf16(g, iq, (int64_t)T * ldq, NULL);
+            GPU_OK(m3_gpu_indexer_topk_keys(g, path, dtk, dsc, dmg, dties, diq, ldq, &keys, dpos, T,
+                                            C, ip, p));
+        } else {
+            float *diq = gpu_upload_f32(g, iq, (int64_t)T * ldq);
+            GPU_OK(m3_gpu_indexer_topk_keys_f32(g, path, dtk, dsc, dmg, dties, diq, ldq, &keys,
+                                                dpos, T, C, ip, p));
+        }
+    } else if (bf16) {
         m3_bf16 *diq = gpu_upload_bf16(g, iq, (int64_t)T * ldq, NULL);
         m3_bf16 *dik = gpu_upload_bf16(g, ik, (int64_t)C * s->Di, NULL);
         GPU_OK(m3_gpu_indexer_topk_path(g, path, dtk, dsc, dmg, dties, diq, ldq, dik, dpos, T, C, ip, p));
@@ -83,9 +122,15 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
     gpu_guard_check(g, dsc, nsc * sizeof(float), "indexer scores");
     gpu_guard_check(g, dmg, nmg * sizeof(float), "indexer margin");
     gpu_guard_check(g, dties, sizeof(int), "indexer ties");
-    char what[240];
-    snprintf(what, sizeof what, "indexer_topk%s(%s,T=%d,C=%d,G=%d,Di=%d,B=%d,K=%d,pat=%d,%s)",
-             bf16 ? "" : "_f32", p->name, T, C, s->G, s->Di, s->B, s->K, s->pat, path_name);
+    char what[240], stn[64] = "";
+    if (st)
+        snprintf(stn, sizeof stn, ",paged %s Bs=%d",
+                 st->kl->index_elem == M3_KV_FP8    ? (st->kl->g.fp8_kind ? "fp8fnuz" : "fp8")
+                 : st->kl->index_elem == M3_KV_BF16 ? "bf16"
+                                                    : "f32",
+                 st->kl->g.block);
+    snprintf(what, sizeof what, "indexer_topk%s(%s,T=%d,C=%d,G=%d,Di=%d,B=%d,K=%d,pat=%d,%s%s)",
+             bf16 ? "" : "_f32", p->name, T, C, s->G, s->Di, s->B, s->K, s->pat, path_name, stn);
     int flips = 0;
     for (size_t row = 0; row < nmg; row++) {
         if (memcmp(tk + row * W, tk_ref + row * W, W * sizeof *tk) == 0) continue;
@@ -152,7 +197,7 @@ static void idx_case(m3_gpu *g, const idx_shape *s, int prof, bool bf16) {
     for (size_t pi = 0; pi < sizeof idx_paths / sizeof idx_paths[0]; pi++) {
         const size_t mark = m3_gpu_mark(g);
         idx_run(g, s, &p, &ip, bf16, iq, ik, pos, tk_ref, sc_ref, mg_ref, ties_ref,
-                idx_paths[pi].path, idx_paths[pi].name);
+                idx_paths[pi].path, idx_paths[pi].name, NULL);
         m3_gpu_release(g, mark);
     }
     free(iq); free(ik); free(pos); free(tk_ref); free(sc_ref); free(mg_ref);
@@ -195,9 +240,129 @@ static void indexer_topk_matches_ref(void **state) {
         }
 }
 
+/* One case over ref's paged index cache: elem (BF16 / FP8 / F32) with fp8 kind `kind`, block Bs.
+ * bf16 elements run every device path with bf16 queries; fp8 elements bf16 and fp32 queries
+ * (auto); fp32 elements fp32 queries (auto). */
+static void idx_case_paged(m3_gpu *g, const idx_shape *s, int prof, m3_kv_elem elem,
+                           m3_fp8_kind kind, int Bs) {
+    m3_profile p;
+    profile_of(&p, prof);
+    m3_indexer_params ip = {s->G, s->Di, s->B, s->K, s->local, s->init};
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 5000 + (uint64_t)s->T * 7 + (uint64_t)s->n_ctx + prof + Bs);
+    const int T = s->T, C = s->n_ctx, ldq = s->G * s->Di, Di = s->Di;
+    const int nbk = (C + s->B - 1) / s->B, W = m3_indexer_width(C, &ip, &p);
+    float *iq = malloc((size_t)T * ldq * sizeof *iq), *ik = malloc((size_t)C * Di * sizeof *ik);
+    m3_fill_normal(&r, iq, (int64_t)T * ldq, 1.0f);
+    m3_fill_normal(&r, ik, (int64_t)C * Di, 1.0f);
+    for (int j = 0; (s->pat & IDX_HOT) && j < C; j++)
+        if ((j / s->B) % 256 < 3)
+            for (int d = 0; d < Di; d++)
+                ik[(size_t)j * Di + d] *= 3.0f;
+    if (s->pat & IDX_NAN) ik[(size_t)(3 * s->B + 5) * Di + 7] = NAN;
+    for (int64_t i = 0; i < (int64_t)T * ldq; i++)
+        iq[i] = m3_round_bf16(iq[i]);
+    if (elem != M3_KV_F32)
+        for (int64_t i = 0; i < (int64_t)C * Di; i++)
+            ik[i] = m3_round_bf16(ik[i]);
+    /* a shuffled block table over a pool 3 blocks larger than the sequence */
+    const int nl = (C + Bs - 1) / Bs, n_pool = nl + 3;
+    int32_t *perm = malloc((size_t)n_pool * sizeof *perm);
+    for (int i = 0; i < n_pool; i++)
+        perm[i] = i;
+    for (int i = n_pool - 1; i > 0; i--) {
+        const int j = (int)(m3_rng_u32(&r) % (uint32_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    m3_block_table bt;
+    memset(&bt, 0, sizeof bt);
+    GPU_OK(m3_block_table_set(&bt, perm, nl, n_pool));
+    m3_kv_geom kg;
+    m3_kv_geom_init(&kg, 1, 16, Bs, Bs, M3_KV_FP8, kind);
+    m3_kv_layer kl;
+    m3_kv_layer_init(&kl, &kg, M3_KV_VIEW_BLOCK, Di, elem);
+    GPU_OK(m3_kv_layer_reserve(&kl, n_pool));
+    for (int j = 0; j < C; j++)
+        m3_kv_index_write(&kl, m3_block_table_slot(&bt, Bs, j), ik + (size_t)j * Di,
+                          M3_FP8_SATURATE);
+    for (int j = 0; j < C; j++) /* the keys as the cache holds them (ref/layer.c reads them so) */
+        m3_kv_index_read(&kl, m3_block_table_slot(&bt, Bs, j), ik + (size_t)j * Di);
+    int32_t *pos = malloc(T * sizeof *pos);
+    for (int t = 0; t < T; t++)
+        pos[t] = s->prefill ? t : C - T + t;
+    const size_t ntk = (size_t)s->G * T * W, nsc = (size_t)s->G * T * nbk, nmg = (size_t)s->G * T;
+    int32_t *tk_ref = malloc(ntk * sizeof *tk_ref);
+    float *sc_ref = malloc(nsc * sizeof *sc_ref), *mg_ref = malloc(nmg * sizeof *mg_ref);
+    int ties_ref = 0;
+    size_t sb = m3_indexer_scratch_bytes(C, &ip);
+    void *scratch = malloc(sb);
+    m3_indexer_topk(tk_ref, sc_ref, mg_ref, &ties_ref, iq, ldq, ik, pos, T, C, &ip, &p, scratch,
+                    sb);
+    free(scratch);
+    const idx_store st = {&kl, &bt};
+    for (int q = 0; q < 2; q++) { /* q 0: bf16 queries, 1: fp32 queries */
+        const bool bf16q = q == 0;
+        if ((elem == M3_KV_BF16 && !bf16q) || (elem == M3_KV_F32 && bf16q)) continue;
+        const size_t n_path = sizeof idx_paths / sizeof idx_paths[0];
+        for (size_t pi = 0; pi < n_path; pi++) {
+            /* fp8 keys: the decode kernel (e4m3fn, bf16 queries) and the CUDA-core scorer; the
+             * other scorers take bf16 keys only (they fall back to the CUDA-core one) */
+            const int sc = idx_paths[pi].path & M3_GPU_IDX_SCORE;
+            if (elem == M3_KV_FP8 && bf16q && sc != M3_GPU_IDX_AUTO && sc != M3_GPU_IDX_DECODE &&
+                sc != M3_GPU_IDX_CUDA)
+                continue;
+            if (elem != M3_KV_BF16 && !bf16q && pi > 0) continue;
+            const size_t mark = m3_gpu_mark(g);
+            idx_run(g, s, &p, &ip, bf16q, iq, ik, pos, tk_ref, sc_ref, mg_ref, ties_ref,
+                    idx_paths[pi].path, idx_paths[pi].name, &st);
+            m3_gpu_release(g, mark);
+        }
+    }
+    m3_kv_layer_free(&kl);
+    m3_block_table_free(&bt);
+    free(perm);
+    free(iq);
+    free(ik);
+    free(pos);
+    free(tk_ref);
+    free(sc_ref);
+    free(mg_ref);
+}
+
+static void indexer_paged_matches_ref(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const struct {
+        idx_shape s;
+        int Bs;
+    } cases[] = {
+        {{3, 4096, 4, 128, 128, 16, 1, 0, false, 0}, 128},       /* decode, M3 geometry */
+        {{1, 9000, 4, 128, 128, 16, 1, 0, false, 0}, 128},       /* partial last block */
+        {{300, 300, 4, 128, 128, 16, 1, 0, true, 0}, 128},       /* prefill */
+        {{70, 5000, 4, 128, 128, 16, 1, 0, false, 0}, 128},      /* 5 token groups */
+        {{2, 40000, 4, 128, 128, 16, 1, 0, false, 0}, 128},      /* two-stage selection */
+        {{2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN}, 128}, /* NaN key row */
+        {{5, 1000, 3, 80, 64, 5, 2, 1, false, 0}, 8},            /* Bs 8 < B (fixtures' Bs) */
+        {{3, 5000, 8, 96, 32, 16, 2, 0, false, 0}, 48},          /* Bs 48, B 32: per-row mapping */
+        {{2, 6000, 2, 64, 64, 8, 1, 1, false, 0}, 256},   /* Bs = 4 B: a row base per block */
+        {{17, 3000, 4, 128, 128, 16, 1, 0, false, 0}, 8}, /* M3 scoring blocks over Bs 8 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int prof = 0; prof < 3; prof++) {
+            const int Bs = cases[i].Bs;
+            idx_case_paged(g, &cases[i].s, prof, M3_KV_BF16, M3_FP8_E4M3FN, Bs);
+            idx_case_paged(g, &cases[i].s, prof, M3_KV_FP8, prof ? M3_FP8_E4M3FN : M3_FP8_E4M3FNUZ,
+                           Bs);
+            if (prof != 1) idx_case_paged(g, &cases[i].s, prof, M3_KV_F32, M3_FP8_E4M3FN, Bs);
+        }
+    /* the long decode history (bench geometry, hot blocks), bf16 elements, atom */
+    static const idx_shape big = {1, 262044, 4, 128, 128, 16, 1, 0, false, IDX_HOT};
+    idx_case_paged(g, &big, 2, M3_KV_BF16, M3_FP8_E4M3FN, 128);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(indexer_topk_matches_ref),
+        cmocka_unit_test(indexer_paged_matches_ref),
     };
     return M3_RUN_GPU_TESTS(tests);
 }

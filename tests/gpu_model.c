@@ -1234,6 +1234,183 @@ static void untapped_case(m3_gpu *g, const char *fx, const char *profile, const 
     free(la), free(lb), free(na), free(tok);
 }
 
+/* ---- the paged index cache's bytes --------------------------------------------------------
+ * Under cache_layout paged a sparse layer's index keys live in ATOM's paged index cache
+ * (m3_gpu_layer_cache.ix: [n_blocks, Bs, Di] rows by slot through the block table, bf16 / fp32
+ * / fp8 elements as ref/model.c chooses them). After a prefill and decode passes, every
+ * position's row on the device must hold exactly the bytes ref's writer (m3_kv_index_write,
+ * into ref's m3_kv_layer at ref's own slot of the position) makes of the same keys: the
+ * device's own index_k stage (the keys the device wrote, normed + roped; the continuous math
+ * is checked against ref by the whole-model cases). A second, untapped run (the single fused
+ * launch writes the keys) must leave the same bytes. Reusing layers insert nothing: their
+ * rows must stay zero. */
+typedef struct {
+    int n_layer, Di, cap, n0;
+    float *keys;         /* [n_layer, cap, Di] */
+    unsigned char *seen; /* [n_layer, cap] */
+} ik_sink;
+
+static m3_status ik_tap(void *ctx, const char *key, const m3_tensor *t, const char *dt) {
+    (void)dt;
+    ik_sink *k = ctx;
+    const char *lp = strstr(key, "layers/");
+    const size_t n = strlen(key);
+    if (!lp || n < 8 || strcmp(key + n - 8, "/index_k") != 0) return M3_OK;
+    const int L = atoi(lp + 7);
+    assert_true(L >= 0 && L < k->n_layer && t->dtype == M3_DT_F32 && t->rank == 2);
+    assert_int_equal(t->shape[1], k->Di);
+    for (int64_t r = 0; r < t->shape[0]; r++) {
+        const int j = k->n0 + (int)r;
+        assert_true(j < k->cap);
+        memcpy(k->keys + ((size_t)L * k->cap + j) * k->Di, (const float *)t->data + r * k->Di,
+               (size_t)k->Di * sizeof(float));
+        k->seen[(size_t)L * k->cap + j] = 1;
+    }
+    return M3_OK;
+}
+
+/* the device rows of positions 0..n-1 of every sparse layer against `want` (per layer:
+ * [n, Di] elements of eb bytes; NULL rows: zero) */
+static void ik_expect(m3_gpu *g, m3_gpu_model *gm, const m3_config *c, int n, unsigned char **want,
+                      size_t eb, const char *what) {
+    const int Bs = c->index_block, Di = c->index_head_dim, nl = (n + Bs - 1) / Bs;
+    int32_t *bt = malloc((size_t)nl * sizeof *bt);
+    unsigned char *row = malloc((size_t)Di * eb), *zero = calloc((size_t)Di, eb);
+    size_t n_rows = 0;
+    for (int L = 0; L < c->n_layer; L++) {
+        if (!c->layer_sparse[L]) continue;
+        const m3_gpu_layer_cache *lc = m3_gpu_model_layer_cache(gm, L);
+        assert_non_null(lc);
+        if (!lc->ix.k) m3_test_failf("%s layer %d: no paged index cache", what, L);
+        assert_int_equal(lc->ix.block, Bs);
+        assert_int_equal((int)m3_kv_elem_bytes(lc->ix.elem), (int)eb);
+        GPU_OK(m3_gpu_download(g, bt, lc->ix.bt, (size_t)nl * sizeof *bt));
+        for (int j = 0; j < n; j++) {
+            const int64_t slot = (int64_t)bt[j / Bs] * Bs + j % Bs;
+            GPU_OK(m3_gpu_download(g, row, (const unsigned char *)lc->ix.k + (size_t)slot * Di * eb,
+                                   (size_t)Di * eb));
+            const unsigned char *w = want[L] ? want[L] + (size_t)j * Di * eb : zero;
+            if (memcmp(row, w, (size_t)Di * eb) != 0) {
+                size_t i = 0;
+                while (row[i] == w[i])
+                    i++;
+                m3_test_failf("%s layer %d position %d (slot %lld): byte %zu of the index row is "
+                              "0x%02x on the device, 0x%02x from ref's writer",
+                              what, L, j, (long long)slot, i, row[i], w[i]);
+            }
+            n_rows++;
+        }
+    }
+    printf("  %-70s %zu index rows identical\n", what, n_rows);
+    free(bt), free(row), free(zero);
+}
+
+static void index_cache_case(m3_gpu *g, const char *fx, const char *profile, bool f32_storage,
+                             const char *spec, int n_gen) {
+    m3_variant v;
+    variant_from(&v, spec);
+    m3_gpu_model_opts o;
+    m3_gpu_model_opts_default(&o);
+    o.f32_storage = f32_storage;
+    int n;
+    int32_t *tok = prompt(fx, &n);
+    const int N = n + n_gen;
+    tok = realloc(tok, (size_t)N * sizeof *tok);
+    assert_non_null(tok);
+    model m;
+    model_open_v(&m, g, true, fx, profile, &o, &v);
+    const m3_config *c = m3_gpu_model_config(m.gm);
+    const int n_layer = c->n_layer;
+    GPU_OK(m3_gpu_model_reserve(m.gm, N));
+    ik_sink k = {c->n_layer, c->index_head_dim, N, 0, NULL, NULL};
+    k.keys = calloc((size_t)c->n_layer * N * k.Di, sizeof(float));
+    k.seen = calloc((size_t)c->n_layer * N, 1);
+    assert_non_null(k.keys);
+    assert_non_null(k.seen);
+    const m3_hooks hk = {.tap = ik_tap, .tap_ctx = &k};
+    int32_t next = -1;
+    for (int pass = 0; pass <= n_gen; pass++) { /* prefill, then greedy decode passes */
+        const int j0 = pass == 0 ? 0 : n + pass - 1, T = pass == 0 ? n : 1;
+        if (pass > 0) tok[j0] = next;
+        k.n0 = m3_gpu_model_n_past(m.gm);
+        assert_int_equal(k.n0, j0);
+        GPU_OK(m3_gpu_model_forward(m.gm, tok + j0, NULL, T, &hk, "", NULL, &next));
+    }
+    /* ref's writer over those keys, into ref's paged storage at ref's slots */
+    m3_profile p;
+    GPU_OK(m3_profile_by_name(&p, profile));
+    const m3_kv_elem el = v.index_cache == M3_CACHE_FP8    ? M3_KV_FP8
+                          : p.qk_round != M3_QK_ROUND_NONE ? M3_KV_BF16
+                                                           : M3_KV_F32;
+    const size_t eb = (size_t)m3_kv_elem_bytes(el);
+    m3_kv_geom kg;
+    m3_kv_geom_init(&kg, c->n_kv_head, c->head_dim, c->index_block, 0, M3_KV_BF16, v.fp8_kind);
+    m3_block_table rbt;
+    memset(&rbt, 0, sizeof rbt);
+    GPU_OK(m3_block_table_reserve(&rbt, (N + c->index_block - 1) / c->index_block));
+    unsigned char **want = calloc((size_t)c->n_layer, sizeof *want);
+    int n_written = 0;
+    for (int L = 0; L < c->n_layer; L++) {
+        if (!c->layer_sparse[L]) continue;
+        bool any = false;
+        for (int j = 0; j < N; j++)
+            any |= k.seen[(size_t)L * N + j] != 0;
+        if (!any) continue; /* a reusing layer: rows stay zero */
+        m3_kv_layer kl;
+        m3_kv_layer_init(&kl, &kg, M3_KV_VIEW_PAGE, k.Di, el);
+        GPU_OK(m3_kv_layer_reserve(&kl, rbt.n_pool));
+        want[L] = malloc((size_t)N * k.Di * eb);
+        for (int j = 0; j < N; j++) {
+            if (!k.seen[(size_t)L * N + j])
+                m3_test_failf("%s layer %d: no index_k row for position %d", fx, L, j);
+            const int64_t slot = m3_block_table_slot(&rbt, c->index_block, j);
+            m3_kv_index_write(&kl, slot, k.keys + ((size_t)L * N + j) * k.Di, v.fp8_overflow);
+            memcpy(want[L] + (size_t)j * k.Di * eb, kl.index_k + (size_t)slot * k.Di * eb,
+                   (size_t)k.Di * eb);
+        }
+        m3_kv_layer_free(&kl);
+        n_written++;
+    }
+    if (n_written == 0) m3_test_failf("%s: no sparse layer wrote its index cache", fx);
+    char what[200];
+    snprintf(what, sizeof what, "%s %s%s %s (%d + %d passes), tapped", fx, profile,
+             f32_storage ? " f32-storage" : "", spec, n, n_gen);
+    ik_expect(g, m.gm, c, N, want, eb, what);
+    model_close(&m); /* c is gone with it */
+    /* the untapped run over the same tokens */
+    model_open_v(&m, g, true, fx, profile, &o, &v);
+    GPU_OK(m3_gpu_model_reserve(m.gm, N));
+    for (int pass = 0; pass <= n_gen; pass++) {
+        const int j0 = pass == 0 ? 0 : n + pass - 1, T = pass == 0 ? n : 1;
+        GPU_OK(m3_gpu_model_forward(m.gm, tok + j0, NULL, T, NULL, NULL, NULL, &next));
+    }
+    snprintf(what, sizeof what, "%s %s%s %s (%d + %d passes), untapped", fx, profile,
+             f32_storage ? " f32-storage" : "", spec, n, n_gen);
+    ik_expect(g, m.gm, m3_gpu_model_config(m.gm), N, want, eb, what);
+    model_close(&m);
+    for (int L = 0; L < n_layer; L++)
+        free(want[L]);
+    free(want), free(k.keys), free(k.seen), free(tok);
+    m3_block_table_free(&rbt);
+}
+
+static void variant_index_cache_bytes(void **state) {
+    m3_gpu *g = need_gpu(state);
+    if (harness_ref) skip();
+    for (int f = 0; f < N_FIX; f++) {
+        /* bf16 elements, the fused writer; reusing layers */
+        index_cache_case(g, fixtures[f], "hf", false, "cache_layout=paged topk_reuse=2", 2);
+        /* fp8 elements (e4m3fn), the fused writer, atom */
+        index_cache_case(g, fixtures[f], "atom", false, "kv_cache=fp8 index_cache=fp8", 2);
+        /* the separate-launch writer: fp32 storage with bf16 / fp8 (e4m3fnuz, nan overflow)
+         * elements, and the fp32 profile's fp32 elements */
+        index_cache_case(g, fixtures[f], "hf", true, "cache_layout=paged", 1);
+        index_cache_case(g, fixtures[f], "atom", true,
+                         "index_cache=fp8 fp8_kind=e4m3fnuz fp8_overflow=nan topk_reuse=2", 1);
+        index_cache_case(g, fixtures[f], "fp32", false, "cache_layout=paged", 1);
+    }
+}
+
 static void model_untapped_same(void **state) {
     m3_gpu *g = need_gpu(state);
     if (harness_ref) skip();
@@ -1267,6 +1444,7 @@ int main(void) {
         cmocka_unit_test(variant_ptpc_hf),
         cmocka_unit_test(model_decode_atom),
         cmocka_unit_test(variant_paged_atom),
+        cmocka_unit_test(variant_index_cache_bytes),
         cmocka_unit_test(variant_fp8kv_atom),
         cmocka_unit_test(variant_fp8caches_atom_f32_storage),
         cmocka_unit_test(variant_paged_flash_hf),

@@ -336,8 +336,10 @@ static void *guard_fill(m3_gpu *g, size_t n) {
 
 /* split: two launches, (q, k, v) then (index_q, index_k), as a layer that keeps ref's stage
  * order runs it; the bytes must be the same as one launch's. */
-static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, int prof,
-                       bool split) {
+/* islot (page -2): the paged index cache too (m3_gpu_kv_cache.index_bt: rows slot(pos[t]), as
+ * ref's m3_kv_index_write at slot(p)); else the index rows irow0 + t */
+static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, bool islot,
+                       int prof, bool split) {
     m3_profile p;
     profile_of(&p, prof);
     m3_rng r;
@@ -455,6 +457,7 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
             ps.g = kg, ps.view = kl.view, ps.k = c.k, ps.v = c.v;
             ps.k_scale = c.k_scale, ps.v_scale = c.v_scale, ps.bt = dbt, ps.n_logical = nblk;
             c.paged = &ps, c.index_row0 = irow0;
+            if (islot) c.index_bt = dbt, c.index_block = Bs;
             c.page = 0, c.fp8 = !fc->fp8; /* ignored: the geometry decides */
         }
         m3_kv_writer wr = {.fp8_max = fc->fp8_max, .ovf = fc->ovf};
@@ -476,7 +479,8 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
                 m3_kv_write(&kl, slots[t], kval, kamax, vr, &wr);
             }
             if (fc->index)
-                m3_kv_index_write(&kl, paged ? irow0 + t : slots[t], ref + (size_t)t * ld + cik, fc->ovf);
+                m3_kv_index_write(&kl, paged && !islot ? irow0 + t : slots[t],
+                                  ref + (size_t)t * ld + cik, fc->ovf);
         }
     }
 
@@ -508,6 +512,7 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
     snprintf(what, sizeof what, "fused(%s,%s,T=%d,%s,%s%s,idx=%s%s)", p.name, sh->name, T,
              pg, fc->fp8 ? "fp8 " : cache ? "bf16" : "none", fc->fp8 ? src : "",
              fc->index ? (fc->index_fp8 ? "fp8" : "bf16") : "-", split ? ",split" : "");
+    if (islot) strncat(what, " idx-by-slot", sizeof what - strlen(what) - 1);
     gpu_download_bf16(g, got, dx, n);
     gpu_guard_check(g, dx, n * sizeof(m3_bf16), "fused rows");
     for (int64_t i = 0; i < n; i++) ref[i] = m3_round_bf16(ref[i]); /* stored bf16 values */
@@ -571,8 +576,14 @@ static void qk_norm_rope_cache_matches_ref(void **state) {
                 if (caches[k].fp8 && caches[k].k_src != M3_GPU_KQ_STORED && prof != 2) continue;
                 /* page 128 / 16 / 0 without ref's geometry need Dh % x == 0 (x = 16 fp8, 8 bf16) */
                 if (caches[k].page >= 0 && shapes[s].Dh % (caches[k].fp8 ? 16 : 8)) continue;
-                fused_case(g, &shapes[s], &caches[k], prof, false);
-                if (s == 0 && caches[k].index) fused_case(g, &shapes[s], &caches[k], prof, true);
+                fused_case(g, &shapes[s], &caches[k], false, prof, false);
+                if (s == 0 && caches[k].index)
+                    fused_case(g, &shapes[s], &caches[k], false, prof, true);
+                /* ref's paged storage with the paged index cache (the model's layout) */
+                if (caches[k].page == -2 && caches[k].index) {
+                    fused_case(g, &shapes[s], &caches[k], true, prof, false);
+                    if (s == 0) fused_case(g, &shapes[s], &caches[k], true, prof, true);
+                }
             }
 }
 
