@@ -774,7 +774,8 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 #define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
 #define IDX_DEC_GROUPS 4
 #define IDX_PICK_CPT 8 /* block maxima per thread in dec_pick: gridDim.x <= 1024 */
-static __device__ unsigned int idx_arrive[2]; /* arrivals, by the parity of the call */
+/* The fused selection's arrival counters are the context's two words at
+ * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open). */
 
 #if M3_HAVE_MMA
 static __device__ __forceinline__ void fence_acq_rel_gpu() {
@@ -916,7 +917,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
               int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel,
-              unsigned long long *M3_RESTRICT cmax, unsigned int epoch) {
+              unsigned long long *M3_RESTRICT cmax, unsigned int *M3_RESTRICT arrive,
+              unsigned int epoch) {
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
@@ -955,7 +957,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
-        idx_arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
+        arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
     }
     if (!cmax && sel.n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *sel.n_ties = 0;
     int pmax = -1;
@@ -1065,7 +1067,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     /* the fused selection: this block's maxima, then its arrival */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int gx = grid, row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
-    unsigned int *cnt = &idx_arrive[epoch & 1];
+    unsigned int *cnt = &arrive[epoch & 1];
     if (tid < 16 && ct < n_tok)
         cmax[(size_t)((int)blockIdx.y * 16 + tid) * gx + blockIdx.x] = cbest;
     __syncthreads(); /* every store of this block precedes thread 0's fence */
@@ -1084,7 +1086,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)idx_arrive;
+    (void)arrive;
 #endif
 }
 
@@ -1116,18 +1118,18 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
             M3_HIP_TRY(
                 hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     }
-    /* calls with the fused selection so far, per device: the parity picks the arrival
+    /* calls with the fused selection so far, per context: the parity picks the arrival
      * counter, and each call zeroes the other one for the next call (stream order) */
-    static unsigned int epoch[64];
-    unsigned int &ep = epoch[g->device & 63];
+    unsigned int &ep = g->idx_calls;
+    unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
     else
         idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, ep);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
     return s;

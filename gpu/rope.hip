@@ -1153,6 +1153,9 @@ typedef struct {
     void *ic;         /* index cache [row, 128]: bf16, or fp8 codes at unit scale (ifp8) */
     bool ifp8;
     int64_t irow0;    /* index rows irow0 + t (paged cache, or no slots), else slots[t] */
+    const int32_t *ibt; /* paged index cache (§4.5): rows slot(ipos[t]) through ibt, else ^ */
+    int ibt_block;
+    const int32_t *ipos;
 } qw_args;
 
 /* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
@@ -1358,7 +1361,12 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
         if (KC != 0 && QW_F(kc)) {
             qw_kstore<KC>(a, v, p, p ? kw_slot(a.kv, t) : -1, h, j, stg);
         } else if (KC != 0 && QW_F(ic)) {
-            qw_istore(a, v, p, !p ? -1 : a.kv.bt || !a.kv.slots ? a.irow0 + t : a.kv.slots[t], j);
+            qw_istore(a, v, p,
+                      !p       ? -1
+                      : a.ibt  ? m3_dkv_slot(a.ibt, a.ibt_block, a.ipos[t])
+                      : a.kv.bt || !a.kv.slots ? a.irow0 + t
+                                               : a.kv.slots[t],
+                      j);
         } else if (p) {
 #pragma unroll
             for (int k = 0; k < 4; k++)
@@ -1644,6 +1652,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         qa.kv = kv;
         qa.k_src = c ? (int)c->k_src : 0;
         if (c) qa.ic = c->index_k, qa.ifp8 = c->index_fp8, qa.irow0 = c->index_row0;
+        if (c && c->index_bt) qa.ibt = c->index_bt, qa.ibt_block = c->index_block, qa.ipos = d_pos;
         bool cp = false;
         for (int i = 0; i < qa.np; i++) cp = cp || qa.p[i].kc || qa.p[i].ic;
         const int kck = !cp ? 0 : kv.fp8 ? 2 : 1;

@@ -64,6 +64,13 @@ static int count_exact(const float *a, const float *b, int64_t n) {
     return k;
 }
 
+/* A second context on the same device (paged_flash_two_contexts): when set, each flash case
+ * also launches on both contexts' streams back to back, with no wait between, and both
+ * outputs must equal the first run's bits. The fused merge counts block arrivals in counters
+ * that are the context's own (m3_gpu.counters): with shared counters two overlapping launches
+ * would count each other's blocks. */
+static m3_gpu *g_two;
+
 static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, bool flash) {
     m3_profile p;
     profile_of(&p, prof);
@@ -192,6 +199,26 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
             gpu_expect_nmse(ref, got, no, bound, name);
             if (memcmp(got, got2, no * sizeof *got))
                 m3_test_failf("%s: two runs differ (race?)", name);
+            if (g_two && ic == 0) { /* the same launch on two contexts at once */
+                m3_bf16 *da = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+                void *db;
+                GPU_OK(m3_gpu_alloc(g_two, &db, no * sizeof(m3_bf16)));
+                for (int rep = 0; rep < 3; rep++) {
+                    GPU_OK(m3_gpu_attn_paged_flash(g, da, dq, ldq, &ds, dpos, T, C, dtopk,
+                                                   s->width, &ap, &p));
+                    GPU_OK(m3_gpu_attn_paged_flash(g_two, (m3_bf16 *)db, dq, ldq, &ds, dpos, T, C,
+                                                   dtopk, s->width, &ap, &p));
+                }
+                gpu_download_bf16(g, got2, da, no);
+                if (memcmp(got, got2, no * sizeof *got))
+                    m3_test_failf("%s: context A's run beside context B's differs", name);
+                GPU_OK(m3_gpu_sync(g_two));
+                gpu_download_bf16(g_two, got2, (m3_bf16 *)db, no);
+                if (memcmp(got, got2, no * sizeof *got))
+                    m3_test_failf("%s: context B's run beside context A's differs", name);
+                gpu_guard_check(g, da, no * sizeof(m3_bf16), "paged flash out (two contexts)");
+                m3_gpu_release(g_two, 0);
+            }
         }
         ds.flash_cpb = 0;
         free(got2);
@@ -268,6 +295,22 @@ static void paged_flash_sparse_matches_ref(void **state) {
     run_flash(g, shapes, sizeof shapes / sizeof shapes[0]);
 }
 
+/* Two contexts on one device, launching at once (g_two above): M3 decode rows whose blocks
+ * merge through the arrival counters (dense 8 chunks, sparse 17 ranges), bf16 and fp8 (§4.9). */
+static void paged_flash_two_contexts(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    GPU_OK(m3_gpu_open(&g_two, 0));
+    static const pg_shape shapes[] = {
+        {1, 2000, 64, 4, 128, 128, 16, 0},
+        {2, 4100, 64, 4, 128, 128, 16, 16},
+    };
+    for (size_t k = 1; k < N_STORES; k++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            pg_case(g, &shapes[i], &stores[k], 2, true);
+    m3_gpu_close(g_two);
+    g_two = NULL;
+}
+
 static void paged_dense_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const pg_shape shapes[] = {
@@ -295,6 +338,7 @@ int main(void) {
         cmocka_unit_test(paged_sparse_matches_ref),
         cmocka_unit_test(paged_flash_dense_matches_ref),
         cmocka_unit_test(paged_flash_sparse_matches_ref),
+        cmocka_unit_test(paged_flash_two_contexts),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
