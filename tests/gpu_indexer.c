@@ -60,6 +60,12 @@ static const struct { int path; const char *name; } idx_paths[] = {
     {M3_GPU_IDX_CUDA, "cuda"},
 };
 
+/* A second context on the same device (indexer_two_contexts): when set, contiguous bf16
+ * cases also launch on both contexts' streams back to back with no wait between, and both
+ * must give the first run's ids and score bits. The fused decode selection counts block
+ * arrivals in counters that are the context's own (m3_gpu.counters). */
+static m3_gpu *g_two;
+
 /* The device side of one case under one device path. */
 /* paged index keys: ref's storage bytes and its block table (NULL: contiguous ik rows) */
 typedef struct {
@@ -117,6 +123,34 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
     int ties = 0;
     GPU_OK(m3_gpu_download(g, tk, dtk, ntk * sizeof(int32_t)));
     gpu_download_f32(g, sc, dsc, (int64_t)nsc);
+    if (g_two && !st && bf16) { /* the same call on two contexts at once, three times */
+        m3_bf16 *diq = gpu_upload_bf16(g, iq, (int64_t)T * ldq, NULL);
+        m3_bf16 *dik = gpu_upload_bf16(g, ik, (int64_t)C * s->Di, NULL);
+        void *t2, *s2, *m2, *n2;
+        GPU_OK(m3_gpu_alloc(g_two, &t2, ntk * sizeof(int32_t)));
+        GPU_OK(m3_gpu_alloc(g_two, &s2, nsc * sizeof(float)));
+        GPU_OK(m3_gpu_alloc(g_two, &m2, nmg * sizeof(float)));
+        GPU_OK(m3_gpu_alloc(g_two, &n2, sizeof(int)));
+        for (int rep = 0; rep < 3; rep++) {
+            GPU_OK(m3_gpu_indexer_topk_path(g, path, dtk, dsc, dmg, dties, diq, ldq, dik, dpos, T,
+                                            C, ip, p));
+            GPU_OK(m3_gpu_indexer_topk_path(g_two, path, (int32_t *)t2, (float *)s2, (float *)m2,
+                                            (int *)n2, diq, ldq, dik, dpos, T, C, ip, p));
+        }
+        int32_t *tk2 = malloc(ntk * sizeof *tk2);
+        float *sc2 = malloc(nsc * sizeof *sc2);
+        for (int side = 0; side < 2; side++) {
+            m3_gpu *gs = side ? g_two : g;
+            GPU_OK(m3_gpu_sync(gs));
+            GPU_OK(m3_gpu_download(gs, tk2, side ? t2 : (void *)dtk, ntk * sizeof(int32_t)));
+            GPU_OK(m3_gpu_download(gs, sc2, side ? s2 : (void *)dsc, nsc * sizeof(float)));
+            if (memcmp(tk, tk2, ntk * sizeof *tk) || memcmp(sc, sc2, nsc * sizeof *sc))
+                m3_test_failf("indexer T=%d C=%d path %s: context %c's run beside the other's "
+                              "differs", T, C, path_name, side ? 'B' : 'A');
+        }
+        free(tk2); free(sc2);
+        m3_gpu_release(g_two, 0);
+    }
     GPU_OK(m3_gpu_download(g, &ties, dties, sizeof ties));
     gpu_guard_check(g, dtk, ntk * sizeof(int32_t), "indexer topk");
     gpu_guard_check(g, dsc, nsc * sizeof(float), "indexer scores");
@@ -238,6 +272,21 @@ static void indexer_topk_matches_ref(void **state) {
             idx_case(g, &shapes[i], prof, false);
             idx_case(g, &shapes[i], prof, true);
         }
+}
+
+/* Two contexts on one device launching at once (g_two above): decode rows through the fused
+ * selection (auto) and the selection kernel, at 4K and 40K keys, bf16. */
+static void indexer_two_contexts(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    GPU_OK(m3_gpu_open(&g_two, 0));
+    static const idx_shape shapes[] = {
+        {3, 4096, 4, 128, 128, 16, 1, 0, false, 0},
+        {2, 40000, 4, 128, 128, 16, 1, 0, false, 0},
+        {16, 3000, 4, 128, 128, 16, 1, 0, false, 0},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) idx_case(g, &shapes[i], 2, true);
+    m3_gpu_close(g_two);
+    g_two = NULL;
 }
 
 /* One case over ref's paged index cache: elem (BF16 / FP8 / F32) with fp8 kind `kind`, block Bs.
@@ -363,6 +412,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(indexer_topk_matches_ref),
         cmocka_unit_test(indexer_paged_matches_ref),
+        cmocka_unit_test(indexer_two_contexts),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
