@@ -36,4 +36,10 @@ grep -h 'nmse\|all scores forced\|near-tie' "$logs"/*.log > "$OUT/nmse.txt" 2>/d
 if [ "$what" = all ] && [ -x "$BIN/gpu_bench" ]; then
   BIN="$BIN" OUT="$OUT" DOC="$OUT/performance.md" timeout 500 bash "$here/bench-gpu.sh" 2>&1 | tee "$OUT/bench.txt"
 fi
+# The device tool brings back at most 8 files from $OUT: the summary, the table and bench.txt
+# stay on top, the other logs (and the per-binary ones) go into one archive, so a caller may
+# add its own files beside them.
+( cd "$OUT" && set -- && for f in device.txt tests.log nmse.txt m3.log torch.log; do
+    [ -f "$f" ] && set -- "$@" "$f"; done
+  cp -r "$logs" binaries && tar -czf logs.tgz "$@" binaries && rm -rf binaries "$@" )
 cat "$OUT/summary.txt" | tail -12
