@@ -26,6 +26,7 @@
 #include "ref/attn.h"
 #include "ref/num/bf16.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 
@@ -839,6 +840,341 @@ static m3_status smem_limit(const void *fn, size_t bytes, const char *name) {
     return M3_OK;
 }
 
+/* ==== sparse flash decode (sdec_k): warps own keys, one launch =============================
+ * The NVIDIA path of m3_gpu_attn_sparse_flash (elsewhere sparse_part_k + sparse_merge_k).
+ * A row is one (token t, kv head g); its key list is the `width` selected ranges (skipped when
+ * -1, >= the own block or a repeat of an earlier slot) and the own block up to pos[t], cut
+ * into tiles of SD_KT = 16 keys (a range's last tile may be partial: zero-filled, masked).
+ * Block (chunk c, g, t) takes tiles [c tpb, (c + 1) tpb) of that list; its SD_W warps take
+ * them round-robin, each warp streaming its own tiles through its own SD_S shared-memory
+ * stages by cp.async (K and V rows of 16 keys, 272-byte pitch at Dh = 128: conflict-free
+ * ldmatrix), so no block barrier runs per tile. Per tile a warp computes S = Q K^T for the
+ * group's hq <= 16 heads as the 16 mma rows (Q fragments in registers), the running max and
+ * the per-lane partial denominators (fp32, log2 domain), P = bf16(exp2(z - m)) unnormalised
+ * straight from the S registers, and O = O alpha + P V (V by ldmatrix.trans); the rescale is
+ * skipped when no row's max moved (alpha == 1 exactly: the same bits either way). At the end
+ * the block's warps merge once through shared memory in warp order (log-sum-exp weights),
+ * and the block writes the output when it holds the whole row, else its partial (M, L, A);
+ * the last block of the row to arrive (a per-row counter, m3_gpu.counters + M3_GPU_CNT_SD)
+ * merges the row's partials in chunk order: out = bf16(sum_c w_c A_c / sum_c w_c L_c),
+ * w_c = exp2(M_c - max M). Every sum has a fixed order: reruns are bit-identical. */
+#define SD_KT 16
+#define SD_MAX_ROWS 65536 /* (token, kv head) rows per launch: the counter range */
+#define SD_MAX_CH 64      /* chunks per row */
+static_assert(SD_MAX_ROWS <= M3_GPU_N_COUNTERS - M3_GPU_CNT_SD, "the counter range of m3_gpu");
+
+#if defined(M3_HIP_NVIDIA)
+/* bytes of one warp's stage: K and V of SD_KT keys, pitch Dh + 8 bf16 */
+static __host__ __device__ inline size_t sd_stage_bytes(int Dh) {
+    return (size_t)2 * SD_KT * (Dh + 8) * sizeof(m3_bf16);
+}
+
+template <int W, int S>
+static __global__ void __launch_bounds__(W * 32)
+    sdec_k(m3_bf16 *M3_RESTRICT out, float *M3_RESTRICT po, float *M3_RESTRICT pml,
+           unsigned int *M3_RESTRICT cnt, const m3_bf16 *M3_RESTRICT q, int ld_q,
+           const m3_bf16 *M3_RESTRICT k, const m3_bf16 *M3_RESTRICT v,
+           const int32_t *M3_RESTRICT pos, const int32_t *M3_RESTRICT topk, int T, int t0,
+           int width, int block, int H, int Hkv, int Dh, float scale, bool eager, int tpb) {
+#if M3_HAVE_MMA
+    extern __shared__ __align__(16) unsigned char sd_raw[];
+    __shared__ int rb[ATTN_MAX_RANGES], rpre[ATTN_MAX_RANGES + 1];
+    __shared__ float wm[W][16], wl[W][16], mw[SD_MAX_CH][16], mden[16];
+    __shared__ int last_sh;
+    const float L2E = 1.4426950408889634f;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int c = (int)blockIdx.x, g = (int)blockIdx.y, t = t0 + (int)blockIdx.z;
+    const int nch = (int)gridDim.x, hq = H / Hkv, nr = width + 1, tpr = block / SD_KT;
+    const int KP = Dh + 8, nks = Dh / 16, dv8 = Dh / 8;
+    const int p = pos[t], bp = p / block, nko = p - bp * block + 1; /* own block's keys */
+    const size_t rl = (size_t)blockIdx.z * Hkv + g;                  /* row in this launch */
+    /* ranges: block id and tile count (0: skipped) */
+    if (tid < nr) {
+        int b = bp, n = (nko + SD_KT - 1) / SD_KT;
+        if (tid < width) {
+            const int32_t *row = topk + ((size_t)g * T + t) * width;
+            b = row[tid];
+            bool ok = b >= 0 && b < bp;
+            for (int i = 0; i < tid && ok; i++)
+                if (row[i] == b) ok = false;
+            n = ok ? tpr : 0;
+        }
+        rb[tid] = b, rpre[tid + 1] = n;
+    }
+    /* Q A fragments (rows = the group's heads, zero past hq), loaded while the ranges settle */
+    uint32_t qa[FA_MAX_DH / 16][4];
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)(g * hq) * Dh;
+#pragma unroll
+    for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+        if (s2 >= nks) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = gq + (i & 1) * 8, col = s2 * 16 + 2 * tq + (i >> 1) * 8;
+            qa[s2][i] = r < hq ? *reinterpret_cast<const uint32_t *>(qg + (size_t)r * Dh + col) : 0u;
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        rpre[0] = 0;
+        for (int j = 0; j < nr; j++) rpre[j + 1] += rpre[j];
+    }
+    __syncthreads();
+    const int ntot = rpre[nr], i0 = c * tpb, i1 = min(i0 + tpb, ntot);
+    const int nw = i0 + warp < i1 ? (i1 - i0 - warp + W - 1) / W : 0; /* this warp's tiles */
+    m3_bf16 *st0 = reinterpret_cast<m3_bf16 *>(sd_raw + (size_t)warp * S * sd_stage_bytes(Dh));
+    const int sel = (int)(sd_stage_bytes(Dh) / sizeof(m3_bf16)); /* elements per stage */
+    /* tile i of the row -> key0, valid keys; jp walks forward (tiles come in order) */
+    auto tile_at = [&](int i, int &jp, int &key0, int &nk) {
+        while (rpre[jp + 1] <= i) jp++;
+        const int u = i - rpre[jp];
+        key0 = rb[jp] * block + u * SD_KT;
+        nk = min(SD_KT, (jp < width ? block : nko) - u * SD_KT);
+    };
+    int jl = 0, jc = 0;
+    auto load = [&](int n) { /* the warp's n-th tile into stage n % S */
+        int key0, nk;
+        tile_at(i0 + warp + n * W, jl, key0, nk);
+        m3_bf16 *ks = st0 + (n % S) * sel, *vs = ks + SD_KT * KP;
+        for (int e = lane; e < SD_KT * dv8; e += 32) {
+            const int r = e / dv8, cc = e % dv8;
+            const bool in = r < nk;
+            const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)cc * 8;
+            cp16(ks + r * KP + cc * 8, in ? k + src : k, in);
+            cp16(vs + r * KP + cc * 8, in ? v + src : v, in);
+        }
+    };
+#pragma unroll
+    for (int n = 0; n < S - 1; n++) {
+        if (n < nw) load(n);
+        cp_commit();
+    }
+    float o[FA_MAX_DH / 8][4];
+#pragma unroll
+    for (int i = 0; i < FA_MAX_DH / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    const int l7 = lane & 7, b3 = (lane >> 3) & 1, b4 = lane >> 4;
+    const int koff = (l7 + b4 * 8) * KP + b3 * 8, voff = (l7 + b3 * 8) * KP + b4 * 8;
+    const float zs = eager ? L2E : scale * L2E;
+    for (int n = 0; n < nw; n++) {
+        __syncwarp(); /* every lane is done with the stage refilled next */
+        if (n + S - 1 < nw) load(n + S - 1);
+        cp_commit();
+        cp_wait<S - 1>();
+        __syncwarp(); /* the warp's copies of tile n are visible to all its lanes */
+        int key0, nk;
+        tile_at(i0 + warp + n * W, jc, key0, nk);
+        (void)key0;
+        const m3_bf16 *ks = st0 + (n % S) * sel, *vs = ks + SD_KT * KP;
+        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int ksi = 0; ksi < FA_MAX_DH / 16; ksi++) {
+            if (ksi >= nks) break;
+            uint32_t kb[4];
+            ldsm4(kb, ks + koff + ksi * 16);
+            m3_mma_bf16_16816(s[0], qa[ksi], kb);
+            m3_mma_bf16_16816(s[1], qa[ksi], kb + 2);
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++) {
+            if (eager) {
+#pragma unroll
+                for (int i = 0; i < 4; i += 2) {
+                    round_bf16x2(s[ni][i], s[ni][i + 1]);
+                    s[ni][i] *= scale, s[ni][i + 1] *= scale;
+                    round_bf16x2(s[ni][i], s[ni][i + 1]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float z = s[ni][i] * zs;
+                if (ni * 8 + 2 * tq + (i & 1) >= nk) z = -INFINITY;
+                s[ni][i] = z;
+                mx[i >> 1] = fmaxf(mx[i >> 1], z);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], M3_SHFL_XOR(mx[r], 1));
+            mx[r] = fmaxf(mx[r], M3_SHFL_XOR(mx[r], 2));
+            const float mn = fmaxf(mrow[r], mx[r]); /* finite: a tile's first key is valid */
+            alpha[r] = exp2f(mrow[r] - mn);
+            mrow[r] = mn;
+            lrow[r] *= alpha[r];
+        }
+        uint32_t pa[4];
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++) {
+            const float e0 = exp2f(s[ni][0] - mrow[0]), e1 = exp2f(s[ni][1] - mrow[0]);
+            const float e2 = exp2f(s[ni][2] - mrow[1]), e3 = exp2f(s[ni][3] - mrow[1]);
+            lrow[0] += e0 + e1;
+            lrow[1] += e2 + e3;
+            pa[ni * 2] = pack_bf16(e0, e1);
+            pa[ni * 2 + 1] = pack_bf16(e2, e3);
+        }
+        if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+#pragma unroll
+            for (int ni = 0; ni < FA_MAX_DH / 8; ni++) {
+                o[ni][0] *= alpha[0], o[ni][1] *= alpha[0];
+                o[ni][2] *= alpha[1], o[ni][3] *= alpha[1];
+            }
+        }
+#pragma unroll
+        for (int np = 0; np < FA_MAX_DH / 16; np++) {
+            if (np >= nks) break;
+            uint32_t vb[4];
+            ldsm4t(vb, vs + voff + np * 16);
+            m3_mma_bf16_16816(o[2 * np], pa, vb);
+            m3_mma_bf16_16816(o[2 * np + 1], pa, vb + 2);
+        }
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lrow[r] += M3_SHFL_XOR(lrow[r], 1);
+        lrow[r] += M3_SHFL_XOR(lrow[r], 2);
+    }
+    if (tq == 0) wm[warp][gq] = mrow[0], wm[warp][gq + 8] = mrow[1], wl[warp][gq] = lrow[0],
+                 wl[warp][gq + 8] = lrow[1];
+    __syncthreads();
+    /* the block's warps: O_w exp2(m_w - M) into the warp's own stages (fp32 [16][Dh + 8]) */
+    float *ow = reinterpret_cast<float *>(st0);
+    const int OP = Dh + 8;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = gq + r * 8;
+        float M = -INFINITY;
+        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w][row]);
+        const float f = mrow[r] == -INFINITY ? 0.0f : exp2f(mrow[r] - M);
+#pragma unroll
+        for (int ni = 0; ni < FA_MAX_DH / 8; ni++) {
+            if (ni >= 2 * nks) break;
+            *reinterpret_cast<float2 *>(ow + row * OP + ni * 8 + 2 * tq) =
+                make_float2(o[ni][2 * r] * f, o[ni][2 * r + 1] * f);
+        }
+    }
+    __syncthreads();
+    const size_t wsz = (size_t)S * sd_stage_bytes(Dh) / sizeof(float); /* floats per warp */
+    const float *ob = reinterpret_cast<const float *>(sd_raw);
+    const size_t part = rl * nch + c;
+    for (int e = tid; e < hq * Dh; e += W * 32) {
+        const int h = e / Dh, d = e % Dh;
+        float M = -INFINITY;
+        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w][h]);
+        float L = 0.0f, A = 0.0f;
+        for (int w = 0; w < W; w++) {
+            const float f = wm[w][h] == -INFINITY ? 0.0f : exp2f(wm[w][h] - M);
+            L += f * wl[w][h];
+            A += ob[w * wsz + h * OP + d];
+        }
+        if (nch == 1) {
+            out[(size_t)t * H * Dh + (size_t)(g * hq + h) * Dh + d] = m3_f32_to_bf16(A / L);
+        } else {
+            po[(part * hq + h) * Dh + d] = A;
+            if (d == 0) pml[(part * hq + h) * 2] = M, pml[(part * hq + h) * 2 + 1] = L;
+        }
+    }
+    if (nch == 1) return;
+    /* the last block of the row merges (threadFenceReduction) */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned old = atomicAdd(&cnt[rl], 1u);
+        last_sh = old == (unsigned)nch - 1;
+        if (last_sh) cnt[rl] = 0; /* every block of the row has arrived: zero for the next launch */
+    }
+    __syncthreads();
+    if (!last_sh) return;
+    __threadfence();
+    const size_t p0 = rl * nch;
+    for (int e = tid; e < nch * hq; e += W * 32) {
+        const int cc = e / hq, h = e % hq;
+        mw[cc][h] = __ldcg(pml + ((p0 + cc) * hq + h) * 2);
+    }
+    __syncthreads();
+    if (tid < hq) {
+        float M = -INFINITY;
+        for (int cc = 0; cc < nch; cc++)
+            if (__ldcg(pml + ((p0 + cc) * hq + tid) * 2 + 1) > 0.0f) M = fmaxf(M, mw[cc][tid]);
+        float den = 0.0f;
+        for (int cc = 0; cc < nch; cc++) {
+            const float L = __ldcg(pml + ((p0 + cc) * hq + tid) * 2 + 1);
+            const float w = L > 0.0f ? exp2f(mw[cc][tid] - M) : 0.0f;
+            mw[cc][tid] = w;
+            den += w * L;
+        }
+        mden[tid] = den;
+    }
+    __syncthreads();
+    for (int e = tid; e < hq * Dh; e += W * 32) {
+        const int h = e / Dh, d = e % Dh;
+        float num = 0.0f;
+        for (int cc = 0; cc < nch; cc++) {
+            const float w = mw[cc][h];
+            if (w != 0.0f) num += w * __ldcg(po + ((p0 + cc) * hq + h) * Dh + d);
+        }
+        out[(size_t)t * H * Dh + (size_t)(g * hq + h) * Dh + d] = m3_f32_to_bf16(num / mden[h]);
+    }
+#else
+    (void)out; (void)po; (void)pml; (void)cnt; (void)q; (void)ld_q; (void)k; (void)v; (void)pos;
+    (void)topk; (void)T; (void)t0; (void)width; (void)block; (void)H; (void)Hkv; (void)Dh;
+    (void)scale; (void)eager; (void)tpb;
+#endif
+}
+
+typedef void (*sd_fn)(m3_bf16 *, float *, float *, unsigned int *, const m3_bf16 *, int,
+                      const m3_bf16 *, const m3_bf16 *, const int32_t *, const int32_t *, int, int,
+                      int, int, int, int, int, float, bool, int);
+
+/* launcher of sdec_k<W, S>: chunks per row so that the grid fills the SMs' resident blocks,
+ * at least 2 tiles per warp per chunk; token batches of <= SD_MAX_ROWS rows */
+template <int W, int S>
+static m3_status sdec_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                             const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                             int n_tok, const int32_t *d_topk, int width, int block,
+                             const m3_attn_params *ap, const m3_profile *p) {
+    const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv;
+    const sd_fn fn = sdec_k<W, S>;
+    const size_t sh = (size_t)W * S * sd_stage_bytes(Dh);
+    static size_t set_dev[64]; /* per device: the attribute is the device's */
+    if (sh > set_dev[g->device & 63]) {
+        M3_TRY(smem_limit((const void *)fn, sh, "hipFuncSetAttribute(sdec_k)"));
+        set_dev[g->device & 63] = sh;
+    }
+    const int ntile = (width + 1) * (block / SD_KT); /* tiles of a row, at most */
+    int bps = (int)((size_t)227 * 1024 / (sh + 2048));
+    if (bps > 2048 / (W * 32)) bps = 2048 / (W * 32);
+    if (bps < 1) bps = 1;
+    const int tb = n_tok < SD_MAX_ROWS / Hkv ? n_tok : SD_MAX_ROWS / Hkv;
+    const int64_t rows = (int64_t)tb * Hkv, want = (int64_t)bps * (g->n_sm > 0 ? g->n_sm : 132);
+    int nch = (int)(want / rows);
+    const int maxch = (ntile + 2 * W - 1) / (2 * W);
+    if (nch > maxch) nch = maxch;
+    if (nch > SD_MAX_CH) nch = SD_MAX_CH;
+    if (nch < 1) nch = 1;
+    const int tpb = (ntile + nch - 1) / nch;
+    nch = (ntile + tpb - 1) / tpb;
+    const size_t mark = m3_gpu_mark(g);
+    float *po = NULL, *pml = NULL;
+    m3_status s = M3_OK;
+    if (nch > 1) {
+        const size_t ns = (size_t)rows * nch * hq;
+        s = m3_gpu_alloc(g, (void **)&po, ns * Dh * sizeof(float));
+        if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&pml, ns * 2 * sizeof(float));
+    }
+    for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
+        const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
+        fn<<<dim3((unsigned)nch, (unsigned)Hkv, (unsigned)nt), W * 32, sh, g->stream>>>(
+            d_out, po, pml, g->counters + M3_GPU_CNT_SD, d_q, ld_q, d_k, d_v, d_pos, d_topk, n_tok,
+            t0, width, block, H, Hkv, Dh, ap->scale, p->attn_scores == M3_SCORES_BF16_EAGER, tpb);
+        s = m3_gpu_launched_(g, "sdec_k", __FILE__, __LINE__);
+    }
+    m3_gpu_release(g, mark); /* later work on the stream runs after these kernels */
+    return s;
+}
+#endif
+
 extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
                                               int ld_q, const m3_bf16 *d_k, const m3_bf16 *d_v,
                                               const int32_t *d_pos, int n_tok, int n_ctx,
@@ -850,6 +1186,21 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu attn_sparse_flash: block %d (needs a multiple "
                          "of 16, <= 256)", block);
     if (n_tok == 0) return M3_OK;
+#if defined(M3_HIP_NVIDIA)
+    { /* session-6 comparison knob (removed after the batch): M3_SDEC 0 = sparse_part_k */
+        const char *e = getenv("M3_SDEC");
+        const int var = e ? atoi(e) : 1;
+        if (var == 1)
+            return sdec_launch<4, 3>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
+                                     block, ap, p);
+        if (var == 2)
+            return sdec_launch<4, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
+                                     block, ap, p);
+        if (var == 3)
+            return sdec_launch<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
+                                     block, ap, p);
+    }
+#endif
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
     const size_t sh = fd_smem_bytes(hq, Dh, block);
     M3_TRY(smem_limit((const void *)sparse_part_k, sh, "hipFuncSetAttribute(sparse_part_k)"));
