@@ -876,10 +876,12 @@ static __global__ void __launch_bounds__(W * 32)
            const m3_bf16 *M3_RESTRICT k, const m3_bf16 *M3_RESTRICT v,
            const int32_t *M3_RESTRICT pos, const int32_t *M3_RESTRICT topk, int T, int t0,
            int width, int block, int H, int Hkv, int Dh, float scale, bool eager, int tpb) {
+    static_assert(2 * SD_MAX_CH * 16 * sizeof(float) <= W * S * 2 * SD_KT * 24 * sizeof(m3_bf16),
+                  "the merge weights fit the stages at the smallest Dh (16)");
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char sd_raw[];
-    __shared__ int rb[ATTN_MAX_RANGES], rpre[ATTN_MAX_RANGES + 1];
-    __shared__ float wm[W][16], wl[W][16], mw[SD_MAX_CH][16], mden[16];
+    __shared__ int rb[ATTN_MAX_RANGES], rpre[3 * 32 + 1];
+    __shared__ float wm[W][16], wl[W][16], mden[16];
     __shared__ int last_sh;
     const float L2E = 1.4426950408889634f;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
@@ -888,19 +890,8 @@ static __global__ void __launch_bounds__(W * 32)
     const int KP = Dh + 8, nks = Dh / 16, dv8 = Dh / 8;
     const int p = pos[t], bp = p / block, nko = p - bp * block + 1; /* own block's keys */
     const size_t rl = (size_t)blockIdx.z * Hkv + g;                  /* row in this launch */
-    /* ranges: block id and tile count (0: skipped) */
-    if (tid < nr) {
-        int b = bp, n = (nko + SD_KT - 1) / SD_KT;
-        if (tid < width) {
-            const int32_t *row = topk + ((size_t)g * T + t) * width;
-            b = row[tid];
-            bool ok = b >= 0 && b < bp;
-            for (int i = 0; i < tid && ok; i++)
-                if (row[i] == b) ok = false;
-            n = ok ? tpr : 0;
-        }
-        rb[tid] = b, rpre[tid + 1] = n;
-    }
+    /* the selection row, all loads at once (rb, then each range's block id) */
+    if (tid < width) rb[tid] = topk[((size_t)g * T + t) * width + tid];
     /* Q A fragments (rows = the group's heads, zero past hq), loaded while the ranges settle */
     uint32_t qa[FA_MAX_DH / 16][4];
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)(g * hq) * Dh;
@@ -914,10 +905,37 @@ static __global__ void __launch_bounds__(W * 32)
         }
     }
     __syncthreads();
-    if (tid == 0) {
-        rpre[0] = 0;
-        for (int j = 0; j < nr; j++) rpre[j + 1] += rpre[j];
+    /* ranges: tile counts (0: skipped) and their prefix sums rpre, one warp (nr <= 96: three
+     * ranges a lane) */
+    if (warp == 0) {
+        int n3[3], sum = 0;
+#pragma unroll
+        for (int u = 0; u < 3; u++) {
+            const int j = lane * 3 + u;
+            int n = 0;
+            if (j < width) {
+                const int b = rb[j];
+                bool ok = b >= 0 && b < bp;
+                for (int i = 0; i < j && ok; i++)
+                    if (rb[i] == b) ok = false;
+                n = ok ? tpr : 0;
+            } else if (j == width) {
+                n = (nko + SD_KT - 1) / SD_KT;
+            }
+            n3[u] = n, sum += n;
+        }
+        int inc = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        int ex = inc - sum;
+        if (lane == 0) rpre[0] = 0;
+#pragma unroll
+        for (int u = 0; u < 3; u++) ex += n3[u], rpre[lane * 3 + u + 1] = ex;
     }
+    if (tid == width) rb[width] = bp; /* the own block */
     __syncthreads();
     const int ntot = rpre[nr], i0 = c * tpb, i1 = min(i0 + tpb, ntot);
     const int nw = i0 + warp < i1 ? (i1 - i0 - warp + W - 1) / W : 0; /* this warp's tiles */
@@ -1088,33 +1106,47 @@ static __global__ void __launch_bounds__(W * 32)
     if (!last_sh) return;
     __threadfence();
     const size_t p0 = rl * nch;
-    for (int e = tid; e < nch * hq; e += W * 32) {
+    float(*mw)[16] = reinterpret_cast<float(*)[16]>(sd_raw); /* [SD_MAX_CH][16]: stages are dead */
+    float(*ml)[16] = mw + SD_MAX_CH;
+    for (int e = tid; e < nch * hq; e += W * 32) { /* partials are read through L2 (__ldcg) */
         const int cc = e / hq, h = e % hq;
-        mw[cc][h] = __ldcg(pml + ((p0 + cc) * hq + h) * 2);
+        const float2 a = __ldcg(reinterpret_cast<const float2 *>(pml + ((p0 + cc) * hq + h) * 2));
+        mw[cc][h] = a.x, ml[cc][h] = a.y;
     }
     __syncthreads();
-    if (tid < hq) {
+    if (tid < hq) { /* weights w_c (0: an empty chunk) and the denominator, in chunk order */
         float M = -INFINITY;
         for (int cc = 0; cc < nch; cc++)
-            if (__ldcg(pml + ((p0 + cc) * hq + tid) * 2 + 1) > 0.0f) M = fmaxf(M, mw[cc][tid]);
+            if (ml[cc][tid] > 0.0f) M = fmaxf(M, mw[cc][tid]);
         float den = 0.0f;
         for (int cc = 0; cc < nch; cc++) {
-            const float L = __ldcg(pml + ((p0 + cc) * hq + tid) * 2 + 1);
-            const float w = L > 0.0f ? exp2f(mw[cc][tid] - M) : 0.0f;
+            const float L = ml[cc][tid], w = L > 0.0f ? exp2f(mw[cc][tid] - M) : 0.0f;
             mw[cc][tid] = w;
             den += w * L;
         }
         mden[tid] = den;
     }
     __syncthreads();
-    for (int e = tid; e < hq * Dh; e += W * 32) {
-        const int h = e / Dh, d = e % Dh;
-        float num = 0.0f;
-        for (int cc = 0; cc < nch; cc++) {
-            const float w = mw[cc][h];
-            if (w != 0.0f) num += w * __ldcg(po + ((p0 + cc) * hq + h) * Dh + d);
+    const int dq4 = Dh / 4;
+    for (int e = tid; e < hq * dq4; e += W * 32) { /* 4 dims a thread, 8 partials in flight */
+        const int h = e / dq4, d = (e % dq4) * 4;
+        float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int c0 = 0; c0 < nch; c0 += 8) {
+            float4 a[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                a[u] = c0 + u < nch && mw[c0 + u][h] != 0.0f
+                           ? __ldcg(reinterpret_cast<const float4 *>(po + ((p0 + c0 + u) * hq + h) * Dh + d))
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const float w = c0 + u < nch ? mw[c0 + u][h] : 0.0f;
+                num.x += w * a[u].x, num.y += w * a[u].y, num.z += w * a[u].z, num.w += w * a[u].w;
+            }
         }
-        out[(size_t)t * H * Dh + (size_t)(g * hq + h) * Dh + d] = m3_f32_to_bf16(num / mden[h]);
+        const float den = mden[h];
+        *reinterpret_cast<uint2 *>(out + (size_t)t * H * Dh + (size_t)(g * hq + h) * Dh + d) =
+            make_uint2(pack_bf16(num.x / den, num.y / den), pack_bf16(num.z / den, num.w / den));
     }
 #else
     (void)out; (void)po; (void)pml; (void)cnt; (void)q; (void)ld_q; (void)k; (void)v; (void)pos;
@@ -1143,7 +1175,7 @@ static m3_status sdec_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int 
         set_dev[g->device & 63] = sh;
     }
     const int ntile = (width + 1) * (block / SD_KT); /* tiles of a row, at most */
-    int bps = (int)((size_t)227 * 1024 / (sh + 2048));
+    int bps = (int)((size_t)228 * 1024 / (sh + 7 * 1024)); /* + static shared, reserved */
     if (bps > 2048 / (W * 32)) bps = 2048 / (W * 32);
     if (bps < 1) bps = 1;
     const int tb = n_tok < SD_MAX_ROWS / Hkv ? n_tok : SD_MAX_ROWS / Hkv;
