@@ -1127,26 +1127,35 @@ static __global__ void __launch_bounds__(W * 32)
         mden[tid] = den;
     }
     __syncthreads();
-    const int dq4 = Dh / 4;
-    for (int e = tid; e < hq * dq4; e += W * 32) { /* 4 dims a thread, 8 partials in flight */
-        const int h = e / dq4, d = (e % dq4) * 4;
-        float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    /* 4 dims of two (head, dims) items a thread, 8 partials each in flight (every block of
+     * the row wrote its partial, an empty one zeros with w = 0) */
+    const int dq4 = Dh / 4, ne = hq * dq4, nth = W * 32;
+    for (int e0 = tid; e0 < ne; e0 += 2 * nth) {
+        const int e1 = e0 + nth < ne ? e0 + nth : e0; /* a repeat of e0 when out of range */
+        const int h0 = e0 / dq4, d0 = (e0 % dq4) * 4, h1 = e1 / dq4, d1 = (e1 % dq4) * 4;
+        float4 n0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), n1 = n0;
         for (int c0 = 0; c0 < nch; c0 += 8) {
-            float4 a[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                a[u] = c0 + u < nch && mw[c0 + u][h] != 0.0f
-                           ? __ldcg(reinterpret_cast<const float4 *>(po + ((p0 + c0 + u) * hq + h) * Dh + d))
-                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float4 a[8], b[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
-                const float w = c0 + u < nch ? mw[c0 + u][h] : 0.0f;
-                num.x += w * a[u].x, num.y += w * a[u].y, num.z += w * a[u].z, num.w += w * a[u].w;
+                const size_t sl = (p0 + (c0 + u < nch ? c0 + u : c0)) * hq;
+                a[u] = __ldcg(reinterpret_cast<const float4 *>(po + (sl + h0) * Dh + d0));
+                b[u] = __ldcg(reinterpret_cast<const float4 *>(po + (sl + h1) * Dh + d1));
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const float w0 = c0 + u < nch ? mw[c0 + u][h0] : 0.0f,
+                            w1 = c0 + u < nch ? mw[c0 + u][h1] : 0.0f;
+                n0.x += w0 * a[u].x, n0.y += w0 * a[u].y, n0.z += w0 * a[u].z, n0.w += w0 * a[u].w;
+                n1.x += w1 * b[u].x, n1.y += w1 * b[u].y, n1.z += w1 * b[u].z, n1.w += w1 * b[u].w;
             }
         }
-        const float den = mden[h];
-        *reinterpret_cast<uint2 *>(out + (size_t)t * H * Dh + (size_t)(g * hq + h) * Dh + d) =
-            make_uint2(pack_bf16(num.x / den, num.y / den), pack_bf16(num.z / den, num.w / den));
+        const float den0 = mden[h0], den1 = mden[h1];
+        *reinterpret_cast<uint2 *>(out + (size_t)t * H * Dh + (size_t)(g * hq + h0) * Dh + d0) =
+            make_uint2(pack_bf16(n0.x / den0, n0.y / den0), pack_bf16(n0.z / den0, n0.w / den0));
+        if (e1 != e0)
+            *reinterpret_cast<uint2 *>(out + (size_t)t * H * Dh + (size_t)(g * hq + h1) * Dh + d1) =
+                make_uint2(pack_bf16(n1.x / den1, n1.y / den1), pack_bf16(n1.z / den1, n1.w / den1));
     }
 #else
     (void)out; (void)po; (void)pml; (void)cnt; (void)q; (void)ld_q; (void)k; (void)v; (void)pos;
@@ -1165,7 +1174,7 @@ template <int W, int S>
 static m3_status sdec_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                              const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
                              int n_tok, const int32_t *d_topk, int width, int block,
-                             const m3_attn_params *ap, const m3_profile *p) {
+                             const m3_attn_params *ap, const m3_profile *p, int tpw) {
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv;
     const sd_fn fn = sdec_k<W, S>;
     const size_t sh = (size_t)W * S * sd_stage_bytes(Dh);
@@ -1181,7 +1190,7 @@ static m3_status sdec_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int 
     const int tb = n_tok < SD_MAX_ROWS / Hkv ? n_tok : SD_MAX_ROWS / Hkv;
     const int64_t rows = (int64_t)tb * Hkv, want = (int64_t)bps * (g->n_sm > 0 ? g->n_sm : 132);
     int nch = (int)(want / rows);
-    const int maxch = (ntile + 2 * W - 1) / (2 * W);
+    const int maxch = (ntile + tpw * W - 1) / (tpw * W);
     if (nch > maxch) nch = maxch;
     if (nch > SD_MAX_CH) nch = SD_MAX_CH;
     if (nch < 1) nch = 1;
@@ -1219,18 +1228,17 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
                          "of 16, <= 256)", block);
     if (n_tok == 0) return M3_OK;
 #if defined(M3_HIP_NVIDIA)
-    { /* session-6 comparison knob (removed after the batch): M3_SDEC 0 = sparse_part_k */
-        const char *e = getenv("M3_SDEC");
-        const int var = e ? atoi(e) : 1;
-        if (var == 1)
-            return sdec_launch<4, 3>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
-                                     block, ap, p);
-        if (var == 2)
-            return sdec_launch<4, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
-                                     block, ap, p);
-        if (var == 3)
+    { /* session-6 comparison knobs (removed after the batch): M3_SDEC 0 = sparse_part_k;
+       * rows < SMs: M3_SDEC_W warps (4 or 8), M3_SDEC_TPW tiles per warp per chunk */
+        const char *e = getenv("M3_SDEC"), *ew = getenv("M3_SDEC_W"), *et = getenv("M3_SDEC_TPW");
+        const int var = e ? atoi(e) : 1, sw = ew ? atoi(ew) : 8, tpw = et ? atoi(et) : 2;
+        const bool few = (int64_t)n_tok * ap->n_kv_head < (g->n_sm > 0 ? g->n_sm : 132);
+        if (var != 0 && few && sw == 8)
             return sdec_launch<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
-                                     block, ap, p);
+                                     block, ap, p, tpw);
+        if (var != 0)
+            return sdec_launch<4, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
+                                     block, ap, p, few ? tpw : 2);
     }
 #endif
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
