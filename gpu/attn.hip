@@ -26,7 +26,6 @@
 #include "ref/attn.h"
 #include "ref/num/bf16.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 
@@ -291,16 +290,13 @@ extern "C" m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float
  * Scores are fp32 (q.k)*s, or hf eager bf16(bf16(q.k)*s). The faithful kernels above stay
  * as the device reference (bit-faithful rounding points, style B6).
  *
- * sparse_part_k (flash-decoding, split over the selected blocks): one block per (range j,
- *   kv head g, token t); range j < width is the selected block topk[g][t][j] (skipped when
- *   -1, >= the own block, or a repeat of an earlier slot: duplicates count once), range
- *   `width` is the own block up to pos[t]. All hq = H/Hkv query heads of the group use the
- *   block's K and V once. NVIDIA (mma.sync): K and V rows go to shared memory by cp.async in
- *   two commit groups, so S = Q K^T (Q fragments straight from global, 16 rows = the heads,
- *   a warp per 8-key n-tile) runs while V is still in flight; the fp32 scores then reuse K's
- *   shared memory (72 KB per block at Dh = 128, Bs = 128: three blocks per SM), one warp per
- *   head does the softmax, and O = P V takes V's B fragments with ldmatrix.trans. Elsewhere:
- *   scores a key per thread, P.V a dim per thread, all heads. Writes (m, l, O) per head.
+ * Sparse: the key list of a (token t, kv head g) row is the selected blocks topk[g][t][j],
+ *   j < width (skipped when -1, >= the own block, or a repeat of an earlier slot: duplicates
+ *   count once), then the own block up to pos[t]; all hq = H/Hkv query heads of the group use
+ *   each K and V row once. NVIDIA: sdec_k (below, before its launcher: warps own 16-key
+ *   tiles, one launch with a fused merge). Elsewhere, flash-decoding in two kernels:
+ * sparse_part_k: one block per (range j, g, t); scores a key per thread, P.V a dim per
+ *   thread, all heads; writes (m, l, O) per head.
  * sparse_merge_k: per (token, head), o = sum_j w_j O_j / sum_j w_j l_j, w_j = exp(m_j - M).
  * dense_flash_k (NVIDIA mma.sync, FlashAttention-2 style; elsewhere the launcher uses the
  *   faithful kernel): one block per (FA_TOK = 8 consecutive tokens, kv head g), a warp per
@@ -315,7 +311,6 @@ extern "C" m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float
  *   heaviest (last tokens) first so the causal tail does not straggle. */
 #define FD_THREADS 128
 #define FD_MAX_HQ 16
-#define FD_MAX_NT 8 /* 8-key n-tiles per warp in sparse_part_k: block <= 256 = 8 x 8 x 4 warps */
 #define FA_TOK 8
 #define FA_KT 64
 #define FA_MAX_DH 128
@@ -366,33 +361,12 @@ static __device__ __forceinline__ void round_bf16x2(float &a, float &b) {
 }
 #endif
 
-/* sparse_part_k's shared memory. NVIDIA: pb [16][block+8] bf16 P | ks [block][Dh+8] bf16
- * (later the fp32 scores [hq][block]) | vs [block][Dh+8]. Elsewhere: qs [hq][Dh] fp32 | ps
- * [hq][block] fp32 | pb | ks [block][Dh+2] (odd word pitch: a key per thread) | vs [block][Dh]. */
-static __host__ __device__ size_t fd_ks_bytes(int hq, int Dh, int block) {
-#if defined(M3_HIP_NVIDIA)
-    const size_t kb = (size_t)block * (Dh + 8) * sizeof(m3_bf16),
-                 sb = (size_t)hq * block * sizeof(float);
-    return ((kb > sb ? kb : sb) + 15) / 16 * 16;
-#else
-    (void)hq;
-    return (size_t)block * (Dh + 2) * sizeof(m3_bf16);
-#endif
-}
-#if defined(M3_HIP_NVIDIA)
-#define FD_VPAD 8 /* 272-byte rows at Dh = 128: conflict-free ldmatrix */
-#else
-#define FD_VPAD 0
-#endif
+#if !defined(M3_HIP_NVIDIA) /* NVIDIA: sdec_k below */
+/* sparse_part_k's shared memory: qs [hq][Dh] fp32 | ps [hq][block] fp32 | ks [block][Dh+2]
+ * (odd word pitch: a key per thread) | vs [block][Dh]. */
 static size_t fd_smem_bytes(int hq, int Dh, int block) {
-    const size_t pb = (size_t)FD_MAX_HQ * (block + 8) * sizeof(m3_bf16),
-                 vs = (size_t)block * (Dh + FD_VPAD) * sizeof(m3_bf16);
-#if defined(M3_HIP_NVIDIA)
-    return pb + fd_ks_bytes(hq, Dh, block) + vs;
-#else
-    return sizeof(float) * ((size_t)hq * Dh + (size_t)hq * block) + pb +
-           fd_ks_bytes(hq, Dh, block) + vs;
-#endif
+    return sizeof(float) * ((size_t)hq * Dh + (size_t)hq * block) +
+           (size_t)block * (Dh + 2) * sizeof(m3_bf16) + (size_t)block * Dh * sizeof(m3_bf16);
 }
 
 static __global__ void __launch_bounds__(FD_THREADS)
@@ -403,22 +377,11 @@ static __global__ void __launch_bounds__(FD_THREADS)
     extern __shared__ __align__(16) unsigned char fd_raw[];
     const int j = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const int hq = H / Hkv, tid = (int)threadIdx.x;
-    const int VP = Dh + FD_VPAD, PP = block + 8;
-#if M3_HAVE_MMA
-    const int KP = Dh + 8;
-    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(fd_raw);                  /* [16][PP] bf16 P */
-    m3_bf16 *ks = pb + FD_MAX_HQ * PP;                                  /* [block][KP] */
-    float *ps = reinterpret_cast<float *>(ks);                          /* [hq][block], after S */
-    m3_bf16 *vs = reinterpret_cast<m3_bf16 *>(reinterpret_cast<unsigned char *>(ks) +
-                                              fd_ks_bytes(hq, Dh, block)); /* [block][VP] */
-#else
-    const int KP = Dh + 2;
+    const int VP = Dh, KP = Dh + 2;
     float *qs = reinterpret_cast<float *>(fd_raw);                      /* [hq][Dh] */
     float *ps = qs + hq * Dh;                                           /* [hq][block] scores */
-    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(ps + hq * block);         /* [16][PP] bf16 P */
-    m3_bf16 *ks = pb + FD_MAX_HQ * PP;                                  /* [block][KP] */
+    m3_bf16 *ks = reinterpret_cast<m3_bf16 *>(ps + hq * block);         /* [block][KP] */
     m3_bf16 *vs = ks + (size_t)block * KP;                              /* [block][VP] */
-#endif
     const int p = pos[t], bp = p / block;
     const size_t slot = ((size_t)t * Hkv + g) * (width + 1) + j;
     int b = bp, nk = p - bp * block + 1;
@@ -437,67 +400,6 @@ static __global__ void __launch_bounds__(FD_THREADS)
     }
     const int key0 = b * block, dv8 = Dh / 8;
     const int lane = tid % M3_WARP, warp = tid / M3_WARP;
-#if M3_HAVE_MMA
-    /* K rows, then V rows (rows past nk: zeros), as two cp.async groups */
-    for (int i = tid; i < block * dv8; i += FD_THREADS) {
-        const int r = i / dv8, c = i % dv8;
-        const bool in = r < nk;
-        const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8;
-        cp16(ks + (size_t)r * KP + c * 8, in ? k + src : k, in);
-    }
-    cp_commit();
-    for (int i = tid; i < block * dv8; i += FD_THREADS) {
-        const int r = i / dv8, c = i % dv8;
-        const bool in = r < nk;
-        const size_t src = ((size_t)(key0 + r) * Hkv + g) * Dh + (size_t)c * 8;
-        cp16(vs + (size_t)r * VP + c * 8, in ? v + src : v, in);
-    }
-    cp_commit();
-    /* Q A fragments (16 rows = the group's heads; rows past hq zero) straight from global */
-    const int gq = lane / 4, tq = lane % 4;
-    uint32_t qa[FA_MAX_DH / 16][4];
-    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)(g * hq) * Dh;
-#pragma unroll
-    for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
-        if (s2 >= Dh / 16) break;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = gq + (i & 1) * 8, c = s2 * 16 + 2 * tq + (i >> 1) * 8;
-            qa[s2][i] = r < hq ? *reinterpret_cast<const uint32_t *>(qg + (size_t)r * Dh + c) : 0u;
-        }
-    }
-    cp_wait<1>(); /* this thread's K copies landed */
-    __syncthreads();
-    /* S = Q K^T: a warp per 8-key n-tile, kept in registers until every warp is done with K */
-    float c4[FD_MAX_NT][4];
-#pragma unroll
-    for (int u = 0; u < FD_MAX_NT; u++) {
-        c4[u][0] = c4[u][1] = c4[u][2] = c4[u][3] = 0.0f;
-        const int nt = warp + u * (FD_THREADS / 32);
-        if (nt * 8 >= nk) continue;
-#pragma unroll
-        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
-            if (s2 >= Dh / 16) break;
-            const m3_bf16 *kr = ks + (nt * 8 + gq) * KP + s2 * 16 + 2 * tq;
-            const uint32_t bfr[2] = {*reinterpret_cast<const uint32_t *>(kr),
-                                     *reinterpret_cast<const uint32_t *>(kr + 8)};
-            m3_mma_bf16_16816(c4[u], qa[s2], bfr);
-        }
-    }
-    __syncthreads(); /* K is dead: its space takes the fp32 scores */
-#pragma unroll
-    for (int u = 0; u < FD_MAX_NT; u++) {
-        const int nt = warp + u * (FD_THREADS / 32);
-        if (nt * 8 >= nk) continue;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = gq + (i >> 1) * 8, key = nt * 8 + 2 * tq + (i & 1);
-            if (r < hq)
-                ps[r * block + key] = eager ? m3_round_bf16(m3_round_bf16(c4[u][i]) * scale)
-                                            : c4[u][i] * scale;
-        }
-    }
-#else
     for (int i = tid; i < hq * Dh; i += FD_THREADS)
         qs[i] = m3_bf16_to_f32(q[(size_t)t * ld_q + (size_t)(g * hq) * Dh + i]);
     for (int i = tid; i < block * dv8; i += FD_THREADS) { /* rows past nk: zeros */
@@ -532,13 +434,8 @@ static __global__ void __launch_bounds__(FD_THREADS)
         for (int h = 0; h < FD_MAX_HQ; h++)
             if (h < hq) ps[h * block + kk] = eager ? m3_round_bf16(m3_round_bf16(acc[h]) * scale) : acc[h] * scale;
     }
-#endif
     __syncthreads();
-    for (int h = warp; h < FD_MAX_HQ; h += FD_THREADS / M3_WARP) { /* softmax per head */
-        if (h >= hq) { /* unused mma rows: zeros */
-            for (int kk = lane; kk < block; kk += M3_WARP) pb[h * PP + kk] = 0;
-            continue;
-        }
+    for (int h = warp; h < hq; h += FD_THREADS / M3_WARP) { /* softmax per head */
         float m = -INFINITY;
         for (int kk = lane; kk < nk; kk += M3_WARP) m = fmaxf(m, ps[h * block + kk]);
         m = m3_warp_max(m);
@@ -549,45 +446,11 @@ static __global__ void __launch_bounds__(FD_THREADS)
                 e = expf(ps[h * block + kk] - m);
                 l += e;
             }
-#if !M3_HAVE_MMA
             ps[h * block + kk] = p_bf16 ? m3_round_bf16(e) : e;
-#endif
-            pb[h * PP + kk] = m3_f32_to_bf16(e);
         }
         l = m3_warp_sum(l);
         if (lane == 0) pml[(slot * hq + h) * 2] = m, pml[(slot * hq + h) * 2 + 1] = l;
     }
-#if M3_HAVE_MMA
-    (void)p_bf16; /* P is bf16 on tensor cores either way */
-    cp_wait<0>(); /* V landed */
-    __syncthreads();
-    /* O = P V: a warp per 16-dim pair of n-tiles, k-steps of 16 keys up to nk; V's B
-     * fragments for both n-tiles in one ldmatrix.trans (matrix i: keys +8(i&1), dims +8(i>>1)) */
-    const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
-    for (int np = warp; np < Dh / 16; np += FD_THREADS / 32) {
-        float o4[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-        for (int kk = 0; kk * 16 < nk; kk++) {
-            const m3_bf16 *pr = pb + gq * PP + kk * 16 + 2 * tq;
-            const uint32_t a[4] = {*reinterpret_cast<const uint32_t *>(pr),
-                                   *reinterpret_cast<const uint32_t *>(pr + 8 * PP),
-                                   *reinterpret_cast<const uint32_t *>(pr + 8),
-                                   *reinterpret_cast<const uint32_t *>(pr + 8 * PP + 8)};
-            uint32_t bv[4];
-            ldsm4t(bv, vs + (size_t)(kk * 16 + lr) * VP + np * 16 + lc);
-            m3_mma_bf16_16816(o4[0], a, bv);
-            m3_mma_bf16_16816(o4[1], a, bv + 2);
-        }
-#pragma unroll
-        for (int h2 = 0; h2 < 2; h2++)
-#pragma unroll
-            for (int r2 = 0; r2 < 2; r2++) {
-                const int r = gq + r2 * 8, d = np * 16 + h2 * 8 + 2 * tq;
-                if (r < hq)
-                    *reinterpret_cast<float2 *>(po + (slot * hq + r) * Dh + d) =
-                        make_float2(o4[h2][2 * r2], o4[h2][2 * r2 + 1]);
-            }
-    }
-#else
     __syncthreads();
     for (int d = tid; d < Dh; d += FD_THREADS) { /* P.V: a dim per thread, every head */
         float o[FD_MAX_HQ];
@@ -615,7 +478,6 @@ static __global__ void __launch_bounds__(FD_THREADS)
         for (int h = 0; h < FD_MAX_HQ; h++)
             if (h < hq) po[(slot * hq + h) * Dh + d] = o[h];
     }
-#endif
 }
 
 static __global__ void __launch_bounds__(FD_THREADS)
@@ -641,6 +503,7 @@ static __global__ void __launch_bounds__(FD_THREADS)
         out[(size_t)t * Hkv * hq * Dh + (size_t)hh * Dh + d] = m3_f32_to_bf16(num / den);
     }
 }
+#endif
 
 #if defined(M3_HIP_NVIDIA) /* elsewhere m3_gpu_attn_dense_flash runs the faithful kernel */
 /* dense_flash_k's shared memory: Q [FA_TOK*16][FA_P] | K [2][FA_KT][FA_P] | V [2][FA_KT][FA_P] */
@@ -845,10 +708,15 @@ static m3_status smem_limit(const void *fn, size_t bytes, const char *name) {
  * A row is one (token t, kv head g); its key list is the `width` selected ranges (skipped when
  * -1, >= the own block or a repeat of an earlier slot) and the own block up to pos[t], cut
  * into tiles of SD_KT = 16 keys (a range's last tile may be partial: zero-filled, masked).
- * Block (chunk c, g, t) takes tiles [c tpb, (c + 1) tpb) of that list; its SD_W warps take
- * them round-robin, each warp streaming its own tiles through its own SD_S shared-memory
+ * Block (chunk c, g, t) takes tiles [c tpb, (c + 1) tpb) of that list; its W warps take
+ * them round-robin, each warp streaming its own tiles through its own S = 2 shared-memory
  * stages by cp.async (K and V rows of 16 keys, 272-byte pitch at Dh = 128: conflict-free
- * ldmatrix), so no block barrier runs per tile. Per tile a warp computes S = Q K^T for the
+ * ldmatrix; 8.5 KB a stage), so no block barrier runs per tile. The launcher takes W = 4
+ * (68 KB, three blocks per SM) and cuts rows into chunks only to fill the SMs (T = 64
+ * decode at M3 shapes: one block per row), or W = 8 (one block per SM) when there are fewer
+ * rows than SMs (T = 1: 9 chunks a row). Batch 1 also measured W 4 / S 3 (two blocks per
+ * SM: prefill 7.3 ms against 5.66) and W 8 / S 2 for every shape (T = 64 0.079 ms against
+ * 0.070). Per tile a warp computes S = Q K^T for the
  * group's hq <= 16 heads as the 16 mma rows (Q fragments in registers), the running max and
  * the per-lane partial denominators (fp32, log2 domain), P = bf16(exp2(z - m)) unnormalised
  * straight from the S registers, and O = O alpha + P V (V by ldmatrix.trans); the rescale is
@@ -861,6 +729,8 @@ static m3_status smem_limit(const void *fn, size_t bytes, const char *name) {
 #define SD_KT 16
 #define SD_MAX_ROWS 65536 /* (token, kv head) rows per launch: the counter range */
 #define SD_MAX_CH 64      /* chunks per row */
+#define SD_FEW_TPW 2      /* tiles a warp per chunk when rows < SMs (T = 1: 1, 2, 4 measured
+                           * 0.0166 / 0.0168 / 0.0193 ms; 2: half the partials of 1) */
 static_assert(SD_MAX_ROWS <= M3_GPU_N_COUNTERS - M3_GPU_CNT_SD, "the counter range of m3_gpu");
 
 #if defined(M3_HIP_NVIDIA)
@@ -1228,19 +1098,14 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
                          "of 16, <= 256)", block);
     if (n_tok == 0) return M3_OK;
 #if defined(M3_HIP_NVIDIA)
-    { /* session-6 comparison knobs (removed after the batch): M3_SDEC 0 = sparse_part_k;
-       * rows < SMs: M3_SDEC_W warps (4 or 8), M3_SDEC_TPW tiles per warp per chunk */
-        const char *e = getenv("M3_SDEC"), *ew = getenv("M3_SDEC_W"), *et = getenv("M3_SDEC_TPW");
-        const int var = e ? atoi(e) : 1, sw = ew ? atoi(ew) : 8, tpw = et ? atoi(et) : 2;
-        const bool few = (int64_t)n_tok * ap->n_kv_head < (g->n_sm > 0 ? g->n_sm : 132);
-        if (var != 0 && few && sw == 8)
-            return sdec_launch<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
-                                     block, ap, p, tpw);
-        if (var != 0)
-            return sdec_launch<4, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
-                                     block, ap, p, few ? tpw : 2);
-    }
-#endif
+    /* fewer rows than multiprocessors (decode of a few tokens): 8 warps a block, chunks of
+     * SD_FEW_TPW tiles a warp; else 4 warps (three blocks per SM), 2 tiles a warp at least */
+    if ((int64_t)n_tok * ap->n_kv_head < (g->n_sm > 0 ? g->n_sm : 132))
+        return sdec_launch<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block,
+                                 ap, p, SD_FEW_TPW);
+    return sdec_launch<4, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block, ap,
+                             p, 2);
+#else
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv, nr = width + 1;
     const size_t sh = fd_smem_bytes(hq, Dh, block);
     M3_TRY(smem_limit((const void *)sparse_part_k, sh, "hipFuncSetAttribute(sparse_part_k)"));
@@ -1264,6 +1129,7 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
     }
     m3_gpu_release(g, mark); /* later work on the stream runs after these kernels */
     return s;
+#endif
 }
 
 extern "C" m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,

@@ -241,8 +241,10 @@ m3_status m3_gpu_attn_sparse_f32(m3_gpu *g, float *d_out, const float *d_q, int 
  * twins above. Online softmax with K/V staged once per KV group and shared by its H/Hkv
  * query heads; P rounded to bf16 unnormalised for P.V, fp32 partials merged by log-sum-exp
  * (spec §3.7's atom column): checked against the reference with the bf16 bound, not bit
- * for bit (the faithful kernels are the device reference). sparse: flash-decoding, one
- * block per (selected block, kv head, token) + a merge. dense: tensor cores (mma.sync) on
+ * for bit (the faithful kernels are the device reference). sparse: flash-decoding; NVIDIA:
+ * one launch, blocks of warps that own 16-key tiles of a (token, kv head) row on mma.sync,
+ * the row's partials merged by its last block; elsewhere one block per (selected block, kv
+ * head, token) + a merge kernel. dense: tensor cores (mma.sync) on
  * NVIDIA (FA2 style: 8 tokens x 16 heads per block, cp.async double-buffered K/V tiles);
  * elsewhere it runs the faithful kernel. Needs attn_out_bf16, H/Hkv <= 16, Dh % 16 == 0,
  * Dh <= 128, ld_q % 8 == 0, d_q/d_k/d_v 16-byte aligned; sparse: block % 16 == 0, <= 256. */

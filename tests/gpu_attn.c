@@ -156,7 +156,11 @@ static void attn_sparse_matches_ref(void **state) {
         {3, 4096, 64, 4, 128, 16, 128, 0}, /* decode-like rows near the end of a 4K history */
         {1, 9000, 64, 4, 128, 16, 128, 0},
         {33, 700, 6, 3, 80, 5, 64, 0},     /* odd */
-        {80, 3000, 64, 4, 128, 16, 128, 0}, /* 320 rows: one block per row on the H200 (no merge) */
+        /* the NVIDIA kernel's launch shapes on the H200 (132 SMs): rows (T x Hkv) < 132 take
+         * 8-warp blocks, several per row (the fused merge) when rows <= 66 at Dh 128; else
+         * 4-warp blocks, one per row from 198 rows (no merge), two per row for T = 40 */
+        {40, 1500, 64, 4, 128, 16, 128, 0},
+        {80, 3000, 64, 4, 128, 16, 128, 0},
         {2, 20000, 64, 4, 128, 64, 128, 0}, /* width 64: 65 ranges, the most blocks per row */
         {5, 2000, 8, 2, 64, 7, 80, 0},      /* odd: Bs 80 (5 tiles of 16 keys), hq 4, Dh 64 */
     };

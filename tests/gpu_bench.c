@@ -354,11 +354,8 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     free(tk);
     double ms = time_ms(g, do_attn, &c, flash ? 10 : 3, flash ? 5 : 3);
     char nm[96];
-    const bool vv = sparse && flash && getenv("M3_SDEC");
-    snprintf(nm, sizeof nm, "attn_%s%s bf16 %s T=%d C=%d%s%s%s%s%s%s", sparse ? "sparse" : "dense",
-             flash ? " flash" : "", c.p.name, T, C, vv ? " v" : "", vv ? getenv("M3_SDEC") : "",
-             vv ? "w" : "", vv ? getenv("M3_SDEC_W") : "", vv ? "t" : "",
-             vv ? getenv("M3_SDEC_TPW") : "");
+    snprintf(nm, sizeof nm, "attn_%s%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense",
+             flash ? " flash" : "", c.p.name, T, C);
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
     double kvb = sparse ? keys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
@@ -379,20 +376,9 @@ static void bench_attention_flash(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 907);
-    /* session 6: the sparse kernel variants side by side (M3_SDEC*, removed after the batch) */
-    static const char *cfg[][3] = {{"0", "8", "2"}, {"1", "8", "1"}, {"1", "8", "2"}, {"1", "8", "4"},
-                                   {"1", "4", "1"}, {"1", "4", "2"}, {"1", "4", "4"}};
-    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
-        setenv("M3_SDEC", cfg[i][0], 1);
-        setenv("M3_SDEC_W", cfg[i][1], 1);
-        setenv("M3_SDEC_TPW", cfg[i][2], 1);
-        attn_bench_case(g, &r, 1, 131072, true, 2, true);
-        if (i < 2) attn_bench_case(g, &r, 64, 131072, true, 2, true);
-        if (i < 2) attn_bench_case(g, &r, 8192, 8192, true, 2, true);
-    }
-    unsetenv("M3_SDEC");
-    unsetenv("M3_SDEC_W");
-    unsetenv("M3_SDEC_TPW");
+    attn_bench_case(g, &r, 1, 131072, true, 2, true);
+    attn_bench_case(g, &r, 64, 131072, true, 2, true);
+    attn_bench_case(g, &r, 8192, 8192, true, 2, true);
     attn_bench_case(g, &r, 1024, 1024, false, 1, true);
     attn_bench_case(g, &r, 8192, 8192, false, 2, true);
 }
