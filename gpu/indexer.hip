@@ -27,6 +27,8 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 
+#include <stdlib.h>
+
 #define IDX_THREADS 256
 #define IDX_MAX_G 8
 #define IDX_MAX_K 64
@@ -912,8 +914,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 }
 #endif
 
-template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
-static __global__ void __launch_bounds__(IST_THREADS, 4)
+template <bool K16, bool PAIR, int MINB> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load
+                                  * (Di % 64 == 0); PAIR (K16 only): two key blocks an iteration */
+static __global__ void __launch_bounds__(IST_THREADS, MINB)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
               int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel,
@@ -921,7 +924,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
               unsigned int epoch) {
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
-    __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
+    constexpr int NH = PAIR ? 2 : 1; /* key blocks an iteration: b, b + grid */
+    __shared__ float red_m[2][IST_WARPS][16 * NH], red_n[2][IST_WARPS][16 * NH];
     __shared__ dec_smem sm;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
@@ -933,18 +937,18 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     uint4 kb[IST_TILES][4];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
-    auto load = [&](int b, int r0) {
+    auto load = [&](int b, int r0, int hh) {
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
             const int key = b * B + (warp * tiles + i) * 8 + gq;
             const bool ok = i < tiles && key < n_ctx;
             const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
-            if (K16) {
+            if (K16) { /* key block hh of the iteration: pieces kb[i][2 hh + j] */
                 const uint4 *kr =
                     reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq;
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    kb[i][j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+                    kb[i][2 * hh + j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
             } else {
                 const uint4 *kr =
                     reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
@@ -954,7 +958,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
         }
     };
-    if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
+    if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B), 0);
+    if (PAIR && (int)blockIdx.x + grid < nbk)
+        load((int)blockIdx.x + grid, key_base(ik, (int)blockIdx.x + grid, B), 1);
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -996,70 +1002,100 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int par = 0;
-    int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
-    for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
-        float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
+    const int step = NH * grid; /* key blocks b + hh * grid, hh < NH, an iteration */
+    int rn[NH]; /* key_base of the next iteration's key blocks */
 #pragma unroll
-        for (int i = 0; i < IST_TILES; i++) {
-            const int k0 = b * B + (warp * tiles + i) * 8;
-            if (i >= tiles || k0 > pmax) break; /* block-uniform */
-            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int hh = 0; hh < NH; hh++) {
+        const int bn = (int)blockIdx.x + step + hh * grid;
+        rn[hh] = bn < n_lim ? key_base(ik, bn, B) : 0;
+    }
+    for (int b = (int)blockIdx.x; b < n_lim; b += step, par ^= 1) {
+        float mx[NH][2], bad[NH][2];
 #pragma unroll
-            for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
-                if (j >= nj) break;
-                if (K16 && (j >= 2 || j >= Di / 64)) break;
-                if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
-                    const uint4 v0 = e4m3x8_bf16(kb[i][j].x, kb[i][j].y);
-                    const uint4 v1 = e4m3x8_bf16(kb[i][j].z, kb[i][j].w);
-                    const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
-                    const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
-                    m3_mma_bf16_16816(c4, qa[4 * j], a0);
-                    m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
-                    m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
-                    m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
-                    continue;
+        for (int hh = 0; hh < NH; hh++) {
+            const int bh = b + hh * grid;
+            mx[hh][0] = mx[hh][1] = -INFINITY, bad[hh][0] = bad[hh][1] = 0.0f;
+            if (bh >= n_lim) break; /* block-uniform */
+#pragma unroll
+            for (int i = 0; i < IST_TILES; i++) {
+                const int k0 = bh * B + (warp * tiles + i) * 8;
+                if (i >= tiles || k0 > pmax) break; /* block-uniform */
+                float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
+                    if (j >= nj) break;
+                    if (K16 && (j >= 2 || j >= Di / 64)) break;
+                    if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
+                        const uint4 kv = kb[i][2 * hh + j];
+                        const uint4 v0 = e4m3x8_bf16(kv.x, kv.y);
+                        const uint4 v1 = e4m3x8_bf16(kv.z, kv.w);
+                        const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
+                        const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
+                        m3_mma_bf16_16816(c4, qa[4 * j], a0);
+                        m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
+                        m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
+                        m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
+                        continue;
+                    }
+                    const uint4 v = kb[i][j];
+                    const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
+                    m3_mma_bf16_16816(c4, qa[2 * j], b0);
+                    m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
                 }
-                const uint4 v = kb[i][j];
-                const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
-                m3_mma_bf16_16816(c4, qa[2 * j], b0);
-                m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
-            }
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
-                if (key <= rp[h]) {
-                    if (isnan(c4[e])) bad[h] = 1.0f;
-                    else mx[h] = fmaxf(mx[h], c4[e]);
+                for (int e = 0; e < 4; e++) {
+                    const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
+                    if (key <= rp[h]) {
+                        if (isnan(c4[e])) bad[hh][h] = 1.0f;
+                        else mx[hh][h] = fmaxf(mx[hh][h], c4[e]);
+                    }
                 }
             }
         }
-        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
-        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+        /* the next iteration's loads: in flight during the reduction below */
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
-            mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
-            bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 1));
-            bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 2));
-            if (tq == 0)
-                red_m[par][warp][gq + 8 * h] = mx[h], red_n[par][warp][gq + 8 * h] = bad[h];
+        for (int hh = 0; hh < NH; hh++)
+            if (b + step + hh * grid < n_lim) load(b + step + hh * grid, rn[hh], hh);
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) { /* the one after's rows */
+            const int bn = b + 2 * step + hh * grid;
+            if (bn < n_lim) rn[hh] = key_base(ik, bn, B);
         }
-        __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float m = mx[hh][h], nn = bad[hh][h];
+                m = fmaxf(m, M3_SHFL_XOR(m, 1));
+                m = fmaxf(m, M3_SHFL_XOR(m, 2));
+                nn = fmaxf(nn, M3_SHFL_XOR(nn, 1));
+                nn = fmaxf(nn, M3_SHFL_XOR(nn, 2));
+                if (tq == 0)
+                    red_m[par][warp][16 * hh + gq + 8 * h] = m,
+                    red_n[par][warp][16 * hh + gq + 8 * h] = nn;
+            }
+        __syncthreads(); /* red[par] is rewritten two iterations later, after the next barrier */
         if (tid < 16 && ct < n_tok) {
-            float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
-            for (int w = 1; w < IST_WARPS; w++)
-                m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
-            float z;
-            if (b >= cnb) z = -INFINITY;
-            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
-            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
-            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
-            else z = scale != 1.0f ? m * scale : m;
-            scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
-            if (b < cnb) {
-                const unsigned long long u = rank_key(z, b);
-                cbest = u > cbest ? u : cbest;
+            for (int hh = 0; hh < NH; hh++) {
+                const int bh = b + hh * grid;
+                if (bh >= n_lim) break;
+                float m = red_m[par][0][16 * hh + tid], nn = red_n[par][0][16 * hh + tid];
+#pragma unroll
+                for (int w = 1; w < IST_WARPS; w++)
+                    m = fmaxf(m, red_m[par][w][16 * hh + tid]),
+                    nn = fmaxf(nn, red_n[par][w][16 * hh + tid]);
+                float z;
+                if (bh >= cnb) z = -INFINITY;
+                else if (bh >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
+                else if (sel.use_init && bh < sel.init_blocks) z = sel.init_boost;
+                else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+                else z = scale != 1.0f ? m * scale : m;
+                scores[((int64_t)(tid % G) * n_tok + ct) * nbk + bh] = z;
+                if (bh < cnb) {
+                    const unsigned long long u = rank_key(z, bh);
+                    cbest = u > cbest ? u : cbest;
+                }
             }
         }
     }
@@ -1097,9 +1133,15 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
+    const char *pe = getenv("M3_IDX8_PAIR"); /* session-6 comparison knob (temporary) */
+    const int pv = k8 ? (pe ? atoi(pe) : 1) : 0; /* 0 one key block, 1 pair x4, 2 pair x3 */
+    const void *kern = pv == 1 ? (const void *)idx_dec_k<true, true, 4>
+                       : pv == 2 ? (const void *)idx_dec_k<true, true, 3>
+                       : k8 ? (const void *)idx_dec_k<true, false, 4>
+                            : (const void *)idx_dec_k<false, false, 4>;
+    const int minb = pv == 2 ? 3 : 4;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
-    int gx = (4 * g->n_sm + n_group - 1) / n_group;
+    int gx = (minb * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
@@ -1124,11 +1166,17 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
-    if (k8)
-        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
+    if (pv == 1)
+        idx_dec_k<true, true, 4><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+    else if (pv == 2)
+        idx_dec_k<true, true, 3><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+    else if (k8)
+        idx_dec_k<true, false, 4><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
     else
-        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
+        idx_dec_k<false, false, 4><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;

@@ -1131,6 +1131,208 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     }
 }
 
+/* kvw8_k (session 6): the fp8 K / V writer without shared-memory staging. One warp a step,
+ * 16 tokens of one head a step for K and V alike (4 KB of rows in flight per warp), a grid of
+ * all steps, no static shared memory beyond 128 bytes a warp (occupancy by registers).
+ * K (and plain-row V): 8 lanes a row, lane jj holding dims 16jj .. 16jj+15 (its output chunk:
+ * no code shuffles), M3_WARP / 8 rows a load, 16 / (M3_WARP / 8) loads per chunk pair.
+ * V window (page-128 / 16 SHUFFLE): lane l holds dims DPL l .. DPL l + DPL-1 (DPL = 128 /
+ * M3_WARP) of all 16 tokens: each load instruction reads one whole row, and the lane then
+ * owns its output chunks (dim d: the window's 16 codes), so the transpose is in the load
+ * pattern. The 16 row maxima: a reduce-scatter over the lanes (8 + 4 + 2 + 1 shuffles, then
+ * the last lanes of a token), scales through 128 bytes of the warp's shared memory.
+ * NC: no NaN or infinity in the step's rows (warp-uniform), so no quotient is NaN and the
+ * e4m3fn instruction's code needs no NaN fix-up. */
+template <bool MD, bool NC>
+static __device__ __forceinline__ uint32_t k8_cvt2(float v0, float s0, float y0, float v1,
+                                                   float s1, float y1, const kvw_args &a) {
+    const float q0 = div_md<MD>(v0, s0, y0), q1 = div_md<MD>(v1, s1, y1);
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (NC) {
+        unsigned short r;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(q1), "f"(q0));
+        return r;
+    }
+#endif
+    return cvt8x2(q0, q1, a.kind, a.ovf, a.hwcvt);
+}
+static __device__ __forceinline__ float bf_lo(uint32_t w) { return m3_bits_f32(w << 16); }
+static __device__ __forceinline__ float bf_hi(uint32_t w) { return m3_bits_f32(w & 0xFFFF0000u); }
+
+/* 16 codes of a K row chunk pair (u0: dims 0-7, u1: 8-15) at one scale */
+template <bool MD, bool NC>
+static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, float y,
+                                                 const kvw_args &a) {
+    const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        o[k] = k8_cvt2<MD, NC>(bf_lo(w[2 * k]), s, y, bf_hi(w[2 * k]), s, y, a) |
+               (k8_cvt2<MD, NC>(bf_lo(w[2 * k + 1]), s, y, bf_hi(w[2 * k + 1]), s, y, a) << 16);
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+#define K8_T 16                 /* tokens a step */
+#define K8_KR (K8_T / (M3_WARP / 8)) /* K rows a lane holds */
+#define K8_DPL (128 / M3_WARP)  /* V dims a lane holds */
+#define K8_WPL (K8_DPL / 2)     /* their bf16 words per token */
+template <bool MD, bool NC>
+static __device__ __forceinline__ void k8_kstep(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
+                                                const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
+                                                const float (&y)[K8_KR], int jj) {
+#pragma unroll
+    for (int k = 0; k < K8_KR; k++) {
+        const uint4 o = k8_row16<MD, NC>(u[k][0], u[k][1], sc[k], y[k], a);
+        if (slot[k] >= 0) {
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
+            if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
+        }
+    }
+}
+/* the V window's codes: ow[j] = dim DPL lane + j's 16 codes (token r in byte r) */
+template <bool MD, bool NC>
+static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32_t (&dv)[K8_T][K8_WPL],
+                                                 const float *sy, uint32_t (&ow)[K8_DPL][4]) {
+#pragma unroll
+    for (int r = 0; r < K8_T; r += 2) {
+        const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r); /* s_r, y_r, s_r+1, y_r+1 */
+#pragma unroll
+        for (int j = 0; j < K8_DPL; j++) {
+            const uint32_t w0 = dv[r][j / 2], w1 = dv[r + 1][j / 2];
+            const float v0 = j & 1 ? bf_hi(w0) : bf_lo(w0), v1 = j & 1 ? bf_hi(w1) : bf_lo(w1);
+            const uint32_t c = k8_cvt2<MD, NC>(v0, p.x, p.y, v1, p.z, p.w, a);
+            if ((r & 2) == 0) ow[j][r / 4] = c;
+            else ow[j][r / 4] |= c << 16;
+        }
+    }
+}
+
+template <int MINB>
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP, MINB) kvw8_k(kvw_args a) {
+    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
+    const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
+    const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+    if (st >= a.nstep) return;
+    if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
+        const int w = st < a.ks ? 0 : 1;
+        const int64_t s = st < a.ks ? st : st - a.vs0;
+        const int tg = (int)(s / a.nh), h = (int)(s - (int64_t)tg * a.nh);
+        const int jj = lane & 7;
+        uint4 u[K8_KR][2];
+        int64_t slot[K8_KR];
+#pragma unroll
+        for (int k = 0; k < K8_KR; k++) {
+            const int t = tg * K8_T + k * (M3_WARP / 8) + lane / 8;
+            const bool ok = t < a.n_tok;
+            const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128 + 16 * jj;
+            u[k][0] = ok ? m3_ld16_ro(row) : make_uint4(0, 0, 0, 0);
+            u[k][1] = ok ? m3_ld16_ro(row + 8) : make_uint4(0, 0, 0, 0);
+            slot[k] = ok ? kw_slot(a, t) : -1;
+        }
+        float sc[K8_KR], y[K8_KR];
+        bool bad = false, big = false;
+#pragma unroll
+        for (int k = 0; k < K8_KR; k++) {
+            uint32_t am = max(kw_amax(u[k][0]), kw_amax(u[k][1]));
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+            sc[k] = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+            bad = bad || !div_ok(sc[k]);
+            big = big || am >= 0x7F80u;
+        }
+        const bool md = ballot64(bad) == 0, nc = a.hwcvt && ballot64(big) == 0;
+#pragma unroll
+        for (int k = 0; k < K8_KR; k++) y[k] = md ? __frcp_rn(sc[k]) : 0.0f;
+        if (md && nc) k8_kstep<true, true>(a, w, h, u, slot, sc, y, jj);
+        else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
+        else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
+        return;
+    }
+    /* V window: tokens [tb, te) of head h (windows follow token 0's slot alignment) */
+    const int64_t s = st - a.vs0;
+    const int win = (int)(s / a.nh), h = (int)(s - (int64_t)win * a.nh);
+    const int64_t slot0 = kw_slot(a, 0);
+    const int off = slot0 >= 0 ? (int)(slot0 & (K8_T - 1)) : 0;
+    const int tb = win == 0 ? 0 : win * K8_T - off;
+    const int te = min(a.n_tok, (win + 1) * K8_T - off);
+    const int n = te - tb;
+    if (n <= 0) return;
+    uint32_t dv[K8_T][K8_WPL];
+#pragma unroll
+    for (int r = 0; r < K8_T; r++) {
+        const m3_bf16 *row = a.x[1] + (int64_t)(tb + (r < n ? r : 0)) * a.ld[1] + h * 128 + K8_DPL * lane;
+#if M3_WARP == 32
+        const uint2 v = r < n ? *reinterpret_cast<const uint2 *>(row) : make_uint2(0, 0);
+        dv[r][0] = v.x, dv[r][1] = v.y;
+#else
+        dv[r][0] = r < n ? *reinterpret_cast<const uint32_t *>(row) : 0u;
+#endif
+    }
+    int64_t s_lane = -1;
+    if (lane < n) s_lane = kw_slot(a, tb + lane);
+    const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
+                            ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
+    const bool lane_ok = lane >= K8_T || (lane < n && s_lane == s_first + lane);
+    const bool fast = n == K8_T && s_first >= 0 && (s_first & (K8_T - 1)) == 0 && ballot64(!lane_ok) == 0;
+    /* row maxima: lane's partial of each token, then a reduce-scatter: after the rounds the
+     * lane holds token lane / LB's maximum (LB = M3_WARP / 16 lanes a token) */
+    uint32_t am[K8_T];
+#pragma unroll
+    for (int r = 0; r < K8_T; r++) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int q = 0; q < K8_WPL; q++) m = max(m, max(dv[r][q] & 0x7FFFu, (dv[r][q] >> 16) & 0x7FFFu));
+        am[r] = m;
+    }
+#pragma unroll
+    for (int rd = 0; rd < 4; rd++) { /* 16 -> 8 -> 4 -> 2 -> 1 values a lane */
+        const int wv = (K8_T / 2) >> rd, b = (M3_WARP / 2) >> rd;
+        const bool up = (lane & b) != 0;
+#pragma unroll
+        for (int i = 0; i < K8_T / 2; i++) {
+            if (i >= wv) break;
+            const uint32_t snd = up ? am[i] : am[i + wv], kp = up ? am[i + wv] : am[i];
+            am[i] = max(kp, (uint32_t)M3_SHFL_XOR((int)snd, b));
+        }
+    }
+    constexpr int LB = M3_WARP / 16;
+#pragma unroll
+    for (int m = 1; m < LB; m <<= 1) am[0] = max(am[0], (uint32_t)M3_SHFL_XOR((int)am[0], m));
+    const int rt = lane / LB; /* this lane's token */
+    const float sc = fp8_scale(m3_bits_f32(am[0] << 16), a.fp8_max);
+    const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(am[0] >= 0x7F80u) == 0;
+    float *sy = ssy[wid];
+    if (lane % LB == 0) {
+        sy[2 * rt] = sc, sy[2 * rt + 1] = md ? __frcp_rn(sc) : 0.0f;
+        if (rt < n) {
+            const int64_t sl = kw_slot(a, tb + rt);
+            if (sl >= 0) a.scl[1][kw_soff(a, sl, h)] = sc;
+        }
+    }
+    M3_SYNCWARP();
+    uint32_t ow[K8_DPL][4];
+    if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
+    else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
+    else k8_vcodes<false, false>(a, dv, sy, ow);
+    if (fast) {
+        uint8_t *base = (uint8_t *)a.dst[1] + kw_voff(a, s_first, h, 0, 4);
+#pragma unroll
+        for (int j = 0; j < K8_DPL; j++)
+            m3_st16_cs(base + ((int64_t)(K8_DPL * lane + j) << 4), make_uint4(ow[j][0], ow[j][1], ow[j][2], ow[j][3]));
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < K8_T; r++) { /* a cut or irregular window: byte by byte */
+        if (r >= n) break;
+        const int64_t sl = kw_slot(a, tb + r);
+        if (sl < 0) continue;
+#pragma unroll
+        for (int j = 0; j < K8_DPL; j++)
+            ((uint8_t *)a.dst[1])[kw_voff(a, sl, h, K8_DPL * lane + j, 4)] =
+                (uint8_t)(ow[j][r / 4] >> (8 * (r % 4)));
+    }
+}
+
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
 #define QW_RPS (M3_WARP / QW_LPR)    /* rows per warp step */
 #define QW_WPB 8                     /* warps per block */
@@ -1677,9 +1879,24 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         kv.ks = kv.x[0] ? (int64_t)kv.nh * tg : 0;
         kv.vs0 = kv.ks;
         kv.nstep = kv.ks;
-        if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
-        kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-        M3_LAUNCHED(g, "kvw_k");
+        const char *ev = getenv("M3_KVW8"); /* session-6 comparison knob (temporary) */
+        const int kv8 = ev ? atoi(ev) : 1;
+        if (kv.fp8 && kv8 != 0) { /* kvw8_k: 16 tokens a step, K and V */
+            const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
+            kv.ks = kv.x[0] ? (int64_t)kv.nh * tg16 : 0;
+            kv.vs0 = kv.ks;
+            kv.nstep = kv.ks;
+            if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
+            if (kv8 == 2)
+                kvw8_k<4><<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            else
+                kvw8_k<3><<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            M3_LAUNCHED(g, "kvw8_k");
+        } else {
+            if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
+            kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            M3_LAUNCHED(g, "kvw_k");
+        }
     }
     m3_status st = M3_OK;
     if (nrest > 0)

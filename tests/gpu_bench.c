@@ -503,7 +503,9 @@ static void bench_indexer(void **state) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
     static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 8192}, {64, 131072}, {64, 1048576}, {8192, 8192}};
+    const char *t1 = getenv("M3_BENCH_IDX_T1"); /* session 6 (temporary): decode rows only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (t1 && atoi(t1) == 1 && cases[i][0] != 1) continue;
         idx_ctx c;
         memset(&c, 0, sizeof c);
         m3_profile_atom(&c.p);
@@ -583,10 +585,16 @@ static void bench_indexer(void **state) {
                 GPU_OK(m3_gpu_upload(g, d8, h8, nk));
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
-                ms = time_ms(g, do_idx, &c, 3, 5);
-                snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged", c.T, c.C);
-                report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
-                       keys * 4 * 128 * 2);
+                /* session 6: the idx_dec_k fp8 variants (M3_IDX8_PAIR, temporary) */
+                for (int pv = 0; pv < 3; pv++) {
+                    char ev8[2] = {(char)('0' + pv), 0};
+                    setenv("M3_IDX8_PAIR", ev8, 1);
+                    ms = time_ms(g, do_idx, &c, 3, 5);
+                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged [v%d]", c.T, c.C, pv);
+                    report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
+                           keys * 4 * 128 * 2);
+                }
+                unsetenv("M3_IDX8_PAIR");
             }
             c.keys = NULL;
         }
@@ -759,11 +767,20 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_alloc(g, (void **)&c.slots, (size_t)c.T * sizeof *sl));
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
-            double ms = time_ms(g, do_kv, &c, 20, 7);
-            char nm[96];
-            snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", c.T);
-            const double n = (double)c.T * 512 * 2; /* K and V elements */
-            report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            /* session 6: fp8 writer variants (M3_KVW8 0 kvw_k, 1 / 2 kvw8_k; temporary) */
+            for (int kv8 = 0; kv8 < (fp8 ? 3 : 1); kv8++) {
+                if (fp8) {
+                    char ev8[2] = {(char)('0' + kv8), 0};
+                    setenv("M3_KVW8", ev8, 1);
+                }
+                double ms = time_ms(g, do_kv, &c, 20, 7);
+                char nm[96];
+                snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d%s", fp8 ? "fp8" : "bf16", c.T,
+                         !fp8 ? "" : kv8 == 0 ? " [v0]" : kv8 == 1 ? " [v1]" : " [v2]");
+                const double n = (double)c.T * 512 * 2; /* K and V elements */
+                report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            }
+            unsetenv("M3_KVW8");
             m3_gpu_release(g, mark);
         }
 }
