@@ -824,6 +824,25 @@ static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+/* two e4m3fn codes (low byte first) as two fp16 (exact; NaN kept) and the fp16 tile mma
+ * (the same fragment layout as m3_mma_bf16_16816) */
+static __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t c2) {
+#if M3_HAVE_FP8_CVT
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)c2, __NV_E4M3);
+    return (uint32_t)r.x | ((uint32_t)r.y << 16);
+#else
+    const __half lo = __float2half_rn(m3_fp8_to_f32((uint8_t)c2, M3_FP8_E4M3FN));
+    const __half hi = __float2half_rn(m3_fp8_to_f32((uint8_t)(c2 >> 8), M3_FP8_E4M3FN));
+    return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
+#endif
+}
+static __device__ __forceinline__ void mma_f16_16816(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 struct dec_smem {
     unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
     int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
@@ -914,8 +933,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 }
 #endif
 
-template <bool K16, bool PAIR, int MINB> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load
-                                  * (Di % 64 == 0); PAIR (K16 only): two key blocks an iteration */
+template <bool K16, bool PAIR, int MINB, bool F16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes
+   a load (Di % 64 == 0); PAIR (K16 only): two key blocks an iteration; F16 (K16 only): fp16
+   mma over the codes converted by the hardware and power-of-2 scaled fp16 queries */
 static __global__ void __launch_bounds__(IST_THREADS, MINB)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
@@ -997,6 +1017,51 @@ static __global__ void __launch_bounds__(IST_THREADS, MINB)
                                                                   (size_t)(row % G) * Di + d)
                             : 0u;
         }
+    /* F16: each row's queries times 2^e (its largest |q| into [2^14, 2^15)) as fp16, when
+     * every one of them is exact there (else this block keeps the bf16 decode); the
+     * row's scores are then 2^e times the bf16 path's, scaled back exactly at the max */
+    bool hq = false;
+    float qs[2] = {1.0f, 1.0f};
+    if (F16) {
+        uint32_t mb[2] = {0u, 0u};
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                mb[i & 1] = max(mb[i & 1], max(qa[s2][i] & 0x7FFFu, (qa[s2][i] >> 16) & 0x7FFFu));
+        bool ok = true;
+        float up[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mb[h] = max(mb[h], (uint32_t)M3_SHFL_XOR((int)mb[h], 1));
+            mb[h] = max(mb[h], (uint32_t)M3_SHFL_XOR((int)mb[h], 2));
+            const int E = (int)(mb[h] >> 7); /* biased exponent of the row's amax */
+            const int e = mb[h] == 0 ? 0 : 14 - (E - 127);
+            ok = ok && mb[h] < 0x7F80u && E > 0 && e > -126 && e < 127;
+            up[h] = m3_bits_f32((uint32_t)(127 + e) << 23);
+            qs[h] = m3_bits_f32((uint32_t)(127 - e) << 23);
+        }
+        uint32_t qh[ISM_MAX_DI / 16][4];
+#pragma unroll
+        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float f0 = m3_bits_f32(qa[s2][i] << 16) * up[i & 1];
+                const float f1 = m3_bits_f32(qa[s2][i] & 0xFFFF0000u) * up[i & 1];
+                const __half h0 = __float2half_rn(f0), h1 = __float2half_rn(f1);
+                ok = ok && __half2float(h0) == f0 && __half2float(h1) == f1;
+                qh[s2][i] = (uint32_t)__half_as_ushort(h0) | ((uint32_t)__half_as_ushort(h1) << 16);
+            }
+        hq = __syncthreads_and(ok) != 0; /* block-uniform */
+        if (hq) {
+#pragma unroll
+            for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) qa[s2][i] = qh[s2][i];
+        } else {
+            qs[0] = qs[1] = 1.0f;
+        }
+    }
     /* the combining thread of row tid < 16: its token's block count and forced range */
     const int ct = t0 + tid / G, cnb = tid < 16 && ct < n_tok ? pos[ct] / B + 1 : 0;
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
@@ -1025,6 +1090,16 @@ static __global__ void __launch_bounds__(IST_THREADS, MINB)
                 for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
                     if (j >= nj) break;
                     if (K16 && (j >= 2 || j >= Di / 64)) break;
+                    if (K16 && F16 && hq) { /* fp16 pairs straight from the codes */
+                        const uint4 kv = kb[i][2 * hh + j];
+                        const uint32_t w4[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+                        for (int m = 0; m < 4; m++) {
+                            const uint32_t bb[2] = {e4m3x2_f16x2(w4[m] & 0xFFFFu), e4m3x2_f16x2(w4[m] >> 16)};
+                            mma_f16_16816(c4, qa[4 * j + m], bb);
+                        }
+                        continue;
+                    }
                     if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
                         const uint4 kv = kb[i][2 * hh + j];
                         const uint4 v0 = e4m3x8_bf16(kv.x, kv.y);
@@ -1065,7 +1140,7 @@ static __global__ void __launch_bounds__(IST_THREADS, MINB)
         for (int hh = 0; hh < NH; hh++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float m = mx[hh][h], nn = bad[hh][h];
+                float m = F16 ? mx[hh][h] * qs[h] : mx[hh][h], nn = bad[hh][h]; /* exact */
                 m = fmaxf(m, M3_SHFL_XOR(m, 1));
                 m = fmaxf(m, M3_SHFL_XOR(m, 2));
                 nn = fmaxf(nn, M3_SHFL_XOR(nn, 1));
@@ -1134,12 +1209,15 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const char *pe = getenv("M3_IDX8_PAIR"); /* session-6 comparison knob (temporary) */
-    const int pv = k8 ? (pe ? atoi(pe) : 1) : 0; /* 0 one key block, 1 pair x4, 2 pair x3 */
-    const void *kern = pv == 1 ? (const void *)idx_dec_k<true, true, 4>
-                       : pv == 2 ? (const void *)idx_dec_k<true, true, 3>
-                       : k8 ? (const void *)idx_dec_k<true, false, 4>
-                            : (const void *)idx_dec_k<false, false, 4>;
-    const int minb = pv == 2 ? 3 : 4;
+    /* 0 one key block, 1 pair x4, 2 pair x3, 3 pair x3 fp16, 4 one key block fp16 */
+    const int pv = k8 ? (pe ? atoi(pe) : 1) : 0;
+    const void *kern = pv == 1   ? (const void *)idx_dec_k<true, true, 4, false>
+                       : pv == 2 ? (const void *)idx_dec_k<true, true, 3, false>
+                       : pv == 3 ? (const void *)idx_dec_k<true, true, 3, true>
+                       : pv == 4 ? (const void *)idx_dec_k<true, false, 4, true>
+                       : k8      ? (const void *)idx_dec_k<true, false, 4, false>
+                                 : (const void *)idx_dec_k<false, false, 4, false>;
+    const int minb = pv == 2 || pv == 3 ? 3 : 4;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (minb * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
@@ -1166,17 +1244,16 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
-    if (pv == 1)
-        idx_dec_k<true, true, 4><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
-    else if (pv == 2)
-        idx_dec_k<true, true, 3><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
-    else if (k8)
-        idx_dec_k<true, false, 4><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+#define IDX_DEC_GO(...)                                                                       \
+    __VA_ARGS__<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, \
+                                                       B, p->index_scale, nn, sa, cmax, arrive, ep)
+    if (pv == 1) IDX_DEC_GO(idx_dec_k<true, true, 4, false>);
+    else if (pv == 2) IDX_DEC_GO(idx_dec_k<true, true, 3, false>);
+    else if (pv == 3) IDX_DEC_GO(idx_dec_k<true, true, 3, true>);
+    else if (pv == 4) IDX_DEC_GO(idx_dec_k<true, false, 4, true>);
+    else if (k8) IDX_DEC_GO(idx_dec_k<true, false, 4, false>);
     else
-        idx_dec_k<false, false, 4><<<grid, IST_THREADS, dyn, g->stream>>>(
+        idx_dec_k<false, false, 4, false><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;

@@ -586,7 +586,7 @@ static void bench_indexer(void **state) {
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
                 /* session 6: the idx_dec_k fp8 variants (M3_IDX8_PAIR, temporary) */
-                for (int pv = 0; pv < 3; pv++) {
+                for (int pv = 0; pv < 5; pv++) {
                     char ev8[2] = {(char)('0' + pv), 0};
                     setenv("M3_IDX8_PAIR", ev8, 1);
                     ms = time_ms(g, do_idx, &c, 3, 5);
