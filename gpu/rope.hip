@@ -1207,12 +1207,9 @@ static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32
     }
 }
 
-template <int MINB>
-static __global__ void __launch_bounds__(KW_WPB * M3_WARP, MINB) kvw8_k(kvw_args a) {
-    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
-    const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
-    const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    if (st >= a.nstep) return;
+/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
+static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
+    const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
         const int64_t s = st < a.ks ? st : st - a.vs0;
@@ -1301,7 +1298,6 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, MINB) kvw8_k(kvw_args
     const int rt = lane / LB; /* this lane's token */
     const float sc = fp8_scale(m3_bits_f32(am[0] << 16), a.fp8_max);
     const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(am[0] >= 0x7F80u) == 0;
-    float *sy = ssy[wid];
     if (lane % LB == 0) {
         sy[2 * rt] = sc, sy[2 * rt + 1] = md ? __frcp_rn(sc) : 0.0f;
         if (rt < n) {
@@ -1330,6 +1326,53 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, MINB) kvw8_k(kvw_args
         for (int j = 0; j < K8_DPL; j++)
             ((uint8_t *)a.dst[1])[kw_voff(a, sl, h, K8_DPL * lane + j, 4)] =
                 (uint8_t)(ow[j][r / 4] >> (8 * (r % 4)));
+    }
+}
+
+/* L2 prefetch of step st's rows (the persistent kvw8_k: the next step's DRAM reads overlap
+ * this step's arithmetic without holding registers) */
+static __device__ __forceinline__ void k8_prefetch(const kvw_args &a, int64_t st) {
+#if defined(M3_HIP_NVIDIA)
+    const int lane = (int)threadIdx.x % M3_WARP;
+    const m3_bf16 *p;
+    if (st < a.ks || a.page == 0) {
+        const int w = st < a.ks ? 0 : 1;
+        const int64_t s = st < a.ks ? st : st - a.vs0;
+        const int tg = (int)(s / a.nh), h = (int)(s - (int64_t)tg * a.nh);
+        const int t = tg * K8_T + (lane & 15); /* lanes 16-31: the rows' second 128 bytes */
+        if (t >= a.n_tok) return;
+        p = a.x[w] + (int64_t)t * a.ld[w] + h * 128 + 64 * (lane >> 4);
+    } else {
+        const int64_t s = st - a.vs0;
+        const int win = (int)(s / a.nh), h = (int)(s - (int64_t)win * a.nh);
+        const int64_t slot0 = kw_slot(a, 0);
+        const int off = slot0 >= 0 ? (int)(slot0 & (K8_T - 1)) : 0;
+        const int t = (win == 0 ? 0 : win * K8_T - off) + (lane & 15);
+        if (t >= a.n_tok || t >= (win + 1) * K8_T - off) return;
+        p = a.x[1] + (int64_t)t * a.ld[1] + h * 128 + 64 * (lane >> 4);
+    }
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)a, (void)st;
+#endif
+}
+
+/* PERSIST: a grid of resident blocks, each warp walking steps st, st + stride, .. with the
+ * next step's rows prefetched into L2 */
+template <int MINB, bool PERSIST>
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP, MINB) kvw8_k(kvw_args a) {
+    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
+    const int wid = (int)threadIdx.x / M3_WARP;
+    if (!PERSIST) {
+        const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+        if (st < a.nstep) k8_step(a, st, ssy[wid]);
+        return;
+    }
+    const int64_t stride = (int64_t)gridDim.x * KW_WPB;
+    for (int64_t st = (int64_t)blockIdx.x * KW_WPB + wid; st < a.nstep; st += stride) {
+        if (st + stride < a.nstep) k8_prefetch(a, st + stride);
+        k8_step(a, st, ssy[wid]);
+        M3_SYNCWARP(); /* ssy is rewritten by the next step */
     }
 }
 
@@ -1887,10 +1930,15 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             kv.vs0 = kv.ks;
             kv.nstep = kv.ks;
             if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
-            if (kv8 == 2)
-                kvw8_k<4><<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-            else
-                kvw8_k<3><<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            const int64_t nb8 = (kv.nstep + KW_WPB - 1) / KW_WPB;
+            if (kv8 == 2) {
+                kvw8_k<4, false><<<(unsigned)nb8, KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            } else if (kv8 == 3) {
+                const int64_t fit = (int64_t)3 * n_sm;
+                kvw8_k<3, true><<<(unsigned)(nb8 < fit ? nb8 : fit), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            } else {
+                kvw8_k<3, false><<<(unsigned)nb8, KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            }
             M3_LAUNCHED(g, "kvw8_k");
         } else {
             if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
