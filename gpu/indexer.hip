@@ -1209,15 +1209,19 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const char *pe = getenv("M3_IDX8_PAIR"); /* session-6 comparison knob (temporary) */
-    /* 0 one key block, 1 pair x4, 2 pair x3, 3 pair x3 fp16, 4 one key block fp16 */
-    const int pv = k8 ? (pe ? atoi(pe) : 1) : 0;
-    const void *kern = pv == 1   ? (const void *)idx_dec_k<true, true, 4, false>
+    /* 0 one key block, 1 pair x4, 2 pair x3, 3 pair x3 fp16, 4 one key block fp16, 5 / 6 one
+     * key block at 5 / 6 blocks per SM, 7 fp16 at 5 per SM */
+    const int pv = k8 ? (pe ? atoi(pe) : 0) : 0;
+    const void *kern = pv == 5   ? (const void *)idx_dec_k<true, false, 5, false>
+                       : pv == 6 ? (const void *)idx_dec_k<true, false, 6, false>
+                       : pv == 7 ? (const void *)idx_dec_k<true, false, 5, true>
+                       : pv == 1 ? (const void *)idx_dec_k<true, true, 4, false>
                        : pv == 2 ? (const void *)idx_dec_k<true, true, 3, false>
                        : pv == 3 ? (const void *)idx_dec_k<true, true, 3, true>
                        : pv == 4 ? (const void *)idx_dec_k<true, false, 4, true>
                        : k8      ? (const void *)idx_dec_k<true, false, 4, false>
                                  : (const void *)idx_dec_k<false, false, 4, false>;
-    const int minb = pv == 2 || pv == 3 ? 3 : 4;
+    const int minb = pv == 2 || pv == 3 ? 3 : pv == 5 || pv == 7 ? 5 : pv == 6 ? 6 : 4;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (minb * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
@@ -1247,7 +1251,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
 #define IDX_DEC_GO(...)                                                                       \
     __VA_ARGS__<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, \
                                                        B, p->index_scale, nn, sa, cmax, arrive, ep)
-    if (pv == 1) IDX_DEC_GO(idx_dec_k<true, true, 4, false>);
+    if (pv == 5) IDX_DEC_GO(idx_dec_k<true, false, 5, false>);
+    else if (pv == 6) IDX_DEC_GO(idx_dec_k<true, false, 6, false>);
+    else if (pv == 7) IDX_DEC_GO(idx_dec_k<true, false, 5, true>);
+    else if (pv == 1) IDX_DEC_GO(idx_dec_k<true, true, 4, false>);
     else if (pv == 2) IDX_DEC_GO(idx_dec_k<true, true, 3, false>);
     else if (pv == 3) IDX_DEC_GO(idx_dec_k<true, true, 3, true>);
     else if (pv == 4) IDX_DEC_GO(idx_dec_k<true, false, 4, true>);

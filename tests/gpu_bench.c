@@ -506,6 +506,9 @@ static void bench_indexer(void **state) {
     const char *t1 = getenv("M3_BENCH_IDX_T1"); /* session 6 (temporary): decode rows only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (t1 && atoi(t1) == 1 && cases[i][0] != 1) continue;
+        const char *cc = getenv("M3_BENCH_IDX_C"); /* session 6 (temporary): one context */
+        if (cc && atoi(cc) != cases[i][1]) continue;
+        const bool fp8only = getenv("M3_BENCH_IDX_FP8ONLY") != NULL; /* session 6 (temporary) */
         idx_ctx c;
         memset(&c, 0, sizeof c);
         m3_profile_atom(&c.p);
@@ -533,7 +536,7 @@ static void bench_indexer(void **state) {
             {M3_GPU_IDX_WIDE | M3_GPU_IDX_NOSEL, "wide,nosel"}};
         const char *ev = getenv("M3_BENCH_IDX_PATHS");
         const size_t n_path = ev && atoi(ev) == 1 ? sizeof paths / sizeof paths[0] : 1;
-        for (size_t pi = 0; pi < n_path; pi++) {
+        for (size_t pi = 0; pi < n_path && !fp8only; pi++) {
             const int sc = paths[pi].path & M3_GPU_IDX_SCORE;
             const bool dec = sc == M3_GPU_IDX_DECODE;
             if (pi > 0 && dec != (c.T == 1)) continue; /* decode variants at T = 1 only */
@@ -564,11 +567,14 @@ static void bench_indexer(void **state) {
             k.k = c.ik, k.elem = M3_KV_BF16, k.bt = dbt, k.block = 128;
             c.keys = &k;
             c.path = M3_GPU_IDX_AUTO;
-            double ms = time_ms(g, do_idx, &c, 3, 5);
+            double ms = 0;
             char nm[96];
-            snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged", c.T, c.C);
-            report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
-                   keys * 4 * 128 * 2);
+            if (!fp8only) {
+                ms = time_ms(g, do_idx, &c, 3, 5);
+                snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged", c.T, c.C);
+                report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
+                       keys * 4 * 128 * 2);
+            }
             /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
              * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
             if (c.T == 1) {
@@ -586,7 +592,9 @@ static void bench_indexer(void **state) {
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
                 /* session 6: the idx_dec_k fp8 variants (M3_IDX8_PAIR, temporary) */
-                for (int pv = 0; pv < 5; pv++) {
+                static const int pvs[] = {0, 4, 5, 6, 7, 1};
+                for (size_t pj = 0; pj < sizeof pvs / sizeof pvs[0]; pj++) {
+                    const int pv = pvs[pj];
                     char ev8[2] = {(char)('0' + pv), 0};
                     setenv("M3_IDX8_PAIR", ev8, 1);
                     ms = time_ms(g, do_idx, &c, 3, 5);
@@ -747,8 +755,10 @@ static void bench_kv_cache_write(void **state) {
     m3_rng_init(&r, m3_test_seed(), 908);
     /* 32768: 64 MiB of rows (bf16), enough bytes for a bandwidth figure */
     static const int Ts[] = {64, 4096, 32768};
+    const char *kt = getenv("M3_BENCH_KV_T"); /* session 6 (temporary): one size */
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+            if (kt && atoi(kt) != Ts[i]) continue;
             const size_t mark = m3_gpu_mark(g);
             kv_ctx c;
             memset(&c, 0, sizeof c);
