@@ -1212,8 +1212,8 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
-        const int64_t s = st < a.ks ? st : st - a.vs0;
-        const int tg = (int)(s / a.nh), h = (int)(s - (int64_t)tg * a.nh);
+        const int s = (int)(st < a.ks ? st : st - a.vs0); /* < 2^31: the launcher checks */
+        const int tg = s / a.nh, h = s - tg * a.nh;
         const int jj = lane & 7;
         uint4 u[K8_KR][2];
         int64_t slot[K8_KR];
@@ -1246,8 +1246,8 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
         return;
     }
     /* V window: tokens [tb, te) of head h (windows follow token 0's slot alignment) */
-    const int64_t s = st - a.vs0;
-    const int win = (int)(s / a.nh), h = (int)(s - (int64_t)win * a.nh);
+    const int s = (int)(st - a.vs0);
+    const int win = s / a.nh, h = s - win * a.nh;
     const int64_t slot0 = kw_slot(a, 0);
     const int off = slot0 >= 0 ? (int)(slot0 & (K8_T - 1)) : 0;
     const int tb = win == 0 ? 0 : win * K8_T - off;
@@ -1329,51 +1329,20 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     }
 }
 
-/* L2 prefetch of step st's rows (the persistent kvw8_k: the next step's DRAM reads overlap
- * this step's arithmetic without holding registers) */
-static __device__ __forceinline__ void k8_prefetch(const kvw_args &a, int64_t st) {
-#if defined(M3_HIP_NVIDIA)
-    const int lane = (int)threadIdx.x % M3_WARP;
-    const m3_bf16 *p;
-    if (st < a.ks || a.page == 0) {
-        const int w = st < a.ks ? 0 : 1;
-        const int64_t s = st < a.ks ? st : st - a.vs0;
-        const int tg = (int)(s / a.nh), h = (int)(s - (int64_t)tg * a.nh);
-        const int t = tg * K8_T + (lane & 15); /* lanes 16-31: the rows' second 128 bytes */
-        if (t >= a.n_tok) return;
-        p = a.x[w] + (int64_t)t * a.ld[w] + h * 128 + 64 * (lane >> 4);
-    } else {
-        const int64_t s = st - a.vs0;
-        const int win = (int)(s / a.nh), h = (int)(s - (int64_t)win * a.nh);
-        const int64_t slot0 = kw_slot(a, 0);
-        const int off = slot0 >= 0 ? (int)(slot0 & (K8_T - 1)) : 0;
-        const int t = (win == 0 ? 0 : win * K8_T - off) + (lane & 15);
-        if (t >= a.n_tok || t >= (win + 1) * K8_T - off) return;
-        p = a.x[1] + (int64_t)t * a.ld[1] + h * 128 + 64 * (lane >> 4);
-    }
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-    (void)a, (void)st;
-#endif
+/* ILV: K and V steps interleaved in the grid (K0 V0 K1 V1 .., then the longer one's rest), so
+ * each multiprocessor holds a mix of both kinds of step at any time */
+static __device__ __forceinline__ int64_t k8_map(const kvw_args &a, int64_t st) {
+    const int64_t nk = a.ks, nv = a.nstep - a.vs0, m = nk < nv ? nk : nv;
+    if (st < 2 * m) return (st & 1) ? a.vs0 + (st >> 1) : (st >> 1);
+    const int64_t r = st - 2 * m;
+    return nk > m ? m + r : a.vs0 + m + r;
 }
-
-/* PERSIST: a grid of resident blocks, each warp walking steps st, st + stride, .. with the
- * next step's rows prefetched into L2 */
-template <int MINB, bool PERSIST>
-static __global__ void __launch_bounds__(KW_WPB * M3_WARP, MINB) kvw8_k(kvw_args a) {
-    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
+template <int MINB, int WPB, bool ILV>
+static __global__ void __launch_bounds__(WPB * M3_WARP, MINB) kvw8_k(kvw_args a) {
+    __shared__ __align__(16) float ssy[WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
-    if (!PERSIST) {
-        const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-        if (st < a.nstep) k8_step(a, st, ssy[wid]);
-        return;
-    }
-    const int64_t stride = (int64_t)gridDim.x * KW_WPB;
-    for (int64_t st = (int64_t)blockIdx.x * KW_WPB + wid; st < a.nstep; st += stride) {
-        if (st + stride < a.nstep) k8_prefetch(a, st + stride);
-        k8_step(a, st, ssy[wid]);
-        M3_SYNCWARP(); /* ssy is rewritten by the next step */
-    }
+    const int64_t st = (int64_t)blockIdx.x * WPB + wid;
+    if (st < a.nstep) k8_step(a, ILV ? k8_map(a, st) : st, ssy[wid]);
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
@@ -1923,22 +1892,22 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         kv.vs0 = kv.ks;
         kv.nstep = kv.ks;
         const char *ev = getenv("M3_KVW8"); /* session-6 comparison knob (temporary) */
-        const int kv8 = ev ? atoi(ev) : 1;
-        if (kv.fp8 && kv8 != 0) { /* kvw8_k: 16 tokens a step, K and V */
-            const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
+        const int kv8 = ev ? atoi(ev) : 2;
+        const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
+        /* kvw8_k: 16 tokens a step, K and V; step numbers in 32 bits (else kvw_k) */
+        if (kv.fp8 && kv8 != 0 && 2 * (int64_t)kv.nh * (tg16 + 2) < ((int64_t)1 << 31)) {
             kv.ks = kv.x[0] ? (int64_t)kv.nh * tg16 : 0;
             kv.vs0 = kv.ks;
             kv.nstep = kv.ks;
             if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
-            const int64_t nb8 = (kv.nstep + KW_WPB - 1) / KW_WPB;
-            if (kv8 == 2) {
-                kvw8_k<4, false><<<(unsigned)nb8, KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-            } else if (kv8 == 3) {
-                const int64_t fit = (int64_t)3 * n_sm;
-                kvw8_k<3, true><<<(unsigned)(nb8 < fit ? nb8 : fit), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-            } else {
-                kvw8_k<3, false><<<(unsigned)nb8, KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-            }
+            /* 1: 8 warps, 3 blocks per SM; 2: 8 warps, 4 per SM; 4: 2 interleaved; 5: 4-warp
+             * blocks, 8 per SM, interleaved; 6: the same in grid order */
+            const int64_t nb8 = (kv.nstep + KW_WPB - 1) / KW_WPB, nb4 = (kv.nstep + 3) / 4;
+            if (kv8 == 2) kvw8_k<4, 8, false><<<(unsigned)nb8, 8 * M3_WARP, 0, g->stream>>>(kv);
+            else if (kv8 == 4) kvw8_k<4, 8, true><<<(unsigned)nb8, 8 * M3_WARP, 0, g->stream>>>(kv);
+            else if (kv8 == 5) kvw8_k<8, 4, true><<<(unsigned)nb4, 4 * M3_WARP, 0, g->stream>>>(kv);
+            else if (kv8 == 6) kvw8_k<8, 4, false><<<(unsigned)nb4, 4 * M3_WARP, 0, g->stream>>>(kv);
+            else kvw8_k<3, 8, false><<<(unsigned)nb8, 8 * M3_WARP, 0, g->stream>>>(kv);
             M3_LAUNCHED(g, "kvw8_k");
         } else {
             if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);

@@ -778,15 +778,15 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
             /* session 6: fp8 writer variants (M3_KVW8 0 kvw_k, 1 / 2 kvw8_k; temporary) */
-            for (int kv8 = 0; kv8 < (fp8 ? 4 : 1); kv8++) {
-                if (fp8) {
-                    char ev8[2] = {(char)('0' + kv8), 0};
-                    setenv("M3_KVW8", ev8, 1);
-                }
+            static const int kvs[] = {0, 1, 2, 4, 5, 6};
+            for (size_t kj = 0; kj < (fp8 ? sizeof kvs / sizeof kvs[0] : 1); kj++) {
+                const int kv8 = kvs[kj];
+                char ev8[2] = {(char)('0' + kv8), 0};
+                if (fp8) setenv("M3_KVW8", ev8, 1);
                 double ms = time_ms(g, do_kv, &c, 20, 7);
                 char nm[96];
-                snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d%s", fp8 ? "fp8" : "bf16", c.T,
-                         !fp8 ? "" : kv8 == 0 ? " [v0]" : kv8 == 1 ? " [v1]" : kv8 == 2 ? " [v2]" : " [v3]");
+                snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d%s%s%s", fp8 ? "fp8" : "bf16", c.T,
+                         fp8 ? " [v" : "", fp8 ? ev8 : "", fp8 ? "]" : "");
                 const double n = (double)c.T * 512 * 2; /* K and V elements */
                 report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
             }
