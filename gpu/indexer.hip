@@ -824,25 +824,6 @@ static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-/* two e4m3fn codes (low byte first) as two fp16 (exact; NaN kept) and the fp16 tile mma
- * (the same fragment layout as m3_mma_bf16_16816) */
-static __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t c2) {
-#if M3_HAVE_FP8_CVT
-    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)c2, __NV_E4M3);
-    return (uint32_t)r.x | ((uint32_t)r.y << 16);
-#else
-    const __half lo = __float2half_rn(m3_fp8_to_f32((uint8_t)c2, M3_FP8_E4M3FN));
-    const __half hi = __float2half_rn(m3_fp8_to_f32((uint8_t)(c2 >> 8), M3_FP8_E4M3FN));
-    return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
-#endif
-}
-static __device__ __forceinline__ void mma_f16_16816(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 struct dec_smem {
     unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
     int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
@@ -933,10 +914,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 }
 #endif
 
-template <bool K16, bool PAIR, int MINB, bool F16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes
-   a load (Di % 64 == 0); PAIR (K16 only): two key blocks an iteration; F16 (K16 only): fp16
-   mma over the codes converted by the hardware and power-of-2 scaled fp16 queries */
-static __global__ void __launch_bounds__(IST_THREADS, MINB)
+template <bool K16, bool ROLL> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64
+                                * == 0); ROLL: tiles interleaved, next key block's loads per tile */
+static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
               int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel,
@@ -944,8 +924,7 @@ static __global__ void __launch_bounds__(IST_THREADS, MINB)
               unsigned int epoch) {
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
-    constexpr int NH = PAIR ? 2 : 1; /* key blocks an iteration: b, b + grid */
-    __shared__ float red_m[2][IST_WARPS][16 * NH], red_n[2][IST_WARPS][16 * NH];
+    __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
     __shared__ dec_smem sm;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
@@ -957,18 +936,17 @@ static __global__ void __launch_bounds__(IST_THREADS, MINB)
     uint4 kb[IST_TILES][4];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
-    auto load = [&](int b, int r0, int hh) {
-#pragma unroll
-        for (int i = 0; i < IST_TILES; i++) {
+    auto load_tile = [&](int b, int r0, int i) {
+        {
             const int key = b * B + (warp * tiles + i) * 8 + gq;
             const bool ok = i < tiles && key < n_ctx;
             const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
-            if (K16) { /* key block hh of the iteration: pieces kb[i][2 hh + j] */
+            if (K16) {
                 const uint4 *kr =
                     reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq;
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    kb[i][2 * hh + j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+                    kb[i][j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
             } else {
                 const uint4 *kr =
                     reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
@@ -978,9 +956,11 @@ static __global__ void __launch_bounds__(IST_THREADS, MINB)
             }
         }
     };
-    if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B), 0);
-    if (PAIR && (int)blockIdx.x + grid < nbk)
-        load((int)blockIdx.x + grid, key_base(ik, (int)blockIdx.x + grid, B), 1);
+    auto load = [&](int b, int r0) {
+#pragma unroll
+        for (int i = 0; i < IST_TILES; i++) load_tile(b, r0, i);
+    };
+    if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1017,160 +997,122 @@ static __global__ void __launch_bounds__(IST_THREADS, MINB)
                                                                   (size_t)(row % G) * Di + d)
                             : 0u;
         }
-    /* F16: each row's queries times 2^e (its largest |q| into [2^14, 2^15)) as fp16, when
-     * every one of them is exact there (else this block keeps the bf16 decode); the
-     * row's scores are then 2^e times the bf16 path's, scaled back exactly at the max */
-    bool hq = false;
-    float qs[2] = {1.0f, 1.0f};
-    if (F16) {
-        uint32_t mb[2] = {0u, 0u};
-#pragma unroll
-        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                mb[i & 1] = max(mb[i & 1], max(qa[s2][i] & 0x7FFFu, (qa[s2][i] >> 16) & 0x7FFFu));
-        bool ok = true;
-        float up[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mb[h] = max(mb[h], (uint32_t)M3_SHFL_XOR((int)mb[h], 1));
-            mb[h] = max(mb[h], (uint32_t)M3_SHFL_XOR((int)mb[h], 2));
-            const int E = (int)(mb[h] >> 7); /* biased exponent of the row's amax */
-            const int e = mb[h] == 0 ? 0 : 14 - (E - 127);
-            ok = ok && mb[h] < 0x7F80u && E > 0 && e > -126 && e < 127;
-            up[h] = m3_bits_f32((uint32_t)(127 + e) << 23);
-            qs[h] = m3_bits_f32((uint32_t)(127 - e) << 23);
-        }
-        uint32_t qh[ISM_MAX_DI / 16][4];
-#pragma unroll
-        for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float f0 = m3_bits_f32(qa[s2][i] << 16) * up[i & 1];
-                const float f1 = m3_bits_f32(qa[s2][i] & 0xFFFF0000u) * up[i & 1];
-                const __half h0 = __float2half_rn(f0), h1 = __float2half_rn(f1);
-                ok = ok && __half2float(h0) == f0 && __half2float(h1) == f1;
-                qh[s2][i] = (uint32_t)__half_as_ushort(h0) | ((uint32_t)__half_as_ushort(h1) << 16);
-            }
-        hq = __syncthreads_and(ok) != 0; /* block-uniform */
-        if (hq) {
-#pragma unroll
-            for (int s2 = 0; s2 < ISM_MAX_DI / 16; s2++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) qa[s2][i] = qh[s2][i];
-        } else {
-            qs[0] = qs[1] = 1.0f;
-        }
-    }
     /* the combining thread of row tid < 16: its token's block count and forced range */
     const int ct = t0 + tid / G, cnb = tid < 16 && ct < n_tok ? pos[ct] / B + 1 : 0;
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int par = 0;
-    const int step = NH * grid; /* key blocks b + hh * grid, hh < NH, an iteration */
-    int rn[NH]; /* key_base of the next iteration's key blocks */
+    int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
+    for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
+        float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
+        if (ROLL) {
+            /* piece-major over all tiles: the tiles' mma chains interleave (one accumulator
+             * each), and a tile's next key block is loaded as soon as its last piece is read */
+            const int np = K16 ? (Di / 64 < 2 ? Di / 64 : 2) : nj;
+            const bool nxt = b + grid < n_lim;
+            float c4[IST_TILES][4];
 #pragma unroll
-    for (int hh = 0; hh < NH; hh++) {
-        const int bn = (int)blockIdx.x + step + hh * grid;
-        rn[hh] = bn < n_lim ? key_base(ik, bn, B) : 0;
-    }
-    for (int b = (int)blockIdx.x; b < n_lim; b += step, par ^= 1) {
-        float mx[NH][2], bad[NH][2];
+            for (int i = 0; i < IST_TILES; i++) c4[i][0] = c4[i][1] = c4[i][2] = c4[i][3] = 0.0f;
 #pragma unroll
-        for (int hh = 0; hh < NH; hh++) {
-            const int bh = b + hh * grid;
-            mx[hh][0] = mx[hh][1] = -INFINITY, bad[hh][0] = bad[hh][1] = 0.0f;
-            if (bh >= n_lim) break; /* block-uniform */
+            for (int j = 0; j < 4; j++) {
+                if (j >= np) break; /* block-uniform */
 #pragma unroll
-            for (int i = 0; i < IST_TILES; i++) {
-                const int k0 = bh * B + (warp * tiles + i) * 8;
-                if (i >= tiles || k0 > pmax) break; /* block-uniform */
-                float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
-                    if (j >= nj) break;
-                    if (K16 && (j >= 2 || j >= Di / 64)) break;
-                    if (K16 && F16 && hq) { /* fp16 pairs straight from the codes */
-                        const uint4 kv = kb[i][2 * hh + j];
-                        const uint32_t w4[4] = {kv.x, kv.y, kv.z, kv.w};
-#pragma unroll
-                        for (int m = 0; m < 4; m++) {
-                            const uint32_t bb[2] = {e4m3x2_f16x2(w4[m] & 0xFFFFu), e4m3x2_f16x2(w4[m] >> 16)};
-                            mma_f16_16816(c4, qa[4 * j + m], bb);
-                        }
-                        continue;
-                    }
-                    if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
-                        const uint4 kv = kb[i][2 * hh + j];
-                        const uint4 v0 = e4m3x8_bf16(kv.x, kv.y);
-                        const uint4 v1 = e4m3x8_bf16(kv.z, kv.w);
+                for (int i = 0; i < IST_TILES; i++) {
+                    if (i >= tiles) break;
+                    if (K16) {
+                        const uint4 v0 = e4m3x8_bf16(kb[i][j].x, kb[i][j].y);
+                        const uint4 v1 = e4m3x8_bf16(kb[i][j].z, kb[i][j].w);
                         const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
                         const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
-                        m3_mma_bf16_16816(c4, qa[4 * j], a0);
-                        m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
-                        m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
-                        m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
-                        continue;
+                        m3_mma_bf16_16816(c4[i], qa[4 * j], a0);
+                        m3_mma_bf16_16816(c4[i], qa[4 * j + 1], a1);
+                        m3_mma_bf16_16816(c4[i], qa[4 * j + 2], a2);
+                        m3_mma_bf16_16816(c4[i], qa[4 * j + 3], a3);
+                    } else {
+                        const uint4 v = kb[i][j];
+                        const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
+                        m3_mma_bf16_16816(c4[i], qa[2 * j], b0);
+                        m3_mma_bf16_16816(c4[i], qa[2 * j + 1], b1);
                     }
-                    const uint4 v = kb[i][j];
-                    const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
-                    m3_mma_bf16_16816(c4, qa[2 * j], b0);
-                    m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
+                    if (j == np - 1 && nxt) load_tile(b + grid, rn, i);
                 }
+            }
+#pragma unroll
+            for (int i = 0; i < IST_TILES; i++) {
+                if (i >= tiles) break;
+                const int k0 = b * B + (warp * tiles + i) * 8;
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
-                    if (key <= rp[h]) {
-                        if (isnan(c4[e])) bad[hh][h] = 1.0f;
-                        else mx[hh][h] = fmaxf(mx[hh][h], c4[e]);
+                    if (key <= rp[h]) { /* keys past n_ctx were loaded as zeros: masked here */
+                        if (isnan(c4[i][e])) bad[h] = 1.0f;
+                        else mx[h] = fmaxf(mx[h], c4[i][e]);
                     }
                 }
             }
         }
-        /* the next iteration's loads: in flight during the reduction below */
 #pragma unroll
-        for (int hh = 0; hh < NH; hh++)
-            if (b + step + hh * grid < n_lim) load(b + step + hh * grid, rn[hh], hh);
+        for (int i = 0; i < IST_TILES; i++) {
+            if (ROLL) break;
+            const int k0 = b * B + (warp * tiles + i) * 8;
+            if (i >= tiles || k0 > pmax) break; /* block-uniform */
+            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int hh = 0; hh < NH; hh++) { /* the one after's rows */
-            const int bn = b + 2 * step + hh * grid;
-            if (bn < n_lim) rn[hh] = key_base(ik, bn, B);
-        }
-#pragma unroll
-        for (int hh = 0; hh < NH; hh++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float m = F16 ? mx[hh][h] * qs[h] : mx[hh][h], nn = bad[hh][h]; /* exact */
-                m = fmaxf(m, M3_SHFL_XOR(m, 1));
-                m = fmaxf(m, M3_SHFL_XOR(m, 2));
-                nn = fmaxf(nn, M3_SHFL_XOR(nn, 1));
-                nn = fmaxf(nn, M3_SHFL_XOR(nn, 2));
-                if (tq == 0)
-                    red_m[par][warp][16 * hh + gq + 8 * h] = m,
-                    red_n[par][warp][16 * hh + gq + 8 * h] = nn;
-            }
-        __syncthreads(); /* red[par] is rewritten two iterations later, after the next barrier */
-        if (tid < 16 && ct < n_tok) {
-#pragma unroll
-            for (int hh = 0; hh < NH; hh++) {
-                const int bh = b + hh * grid;
-                if (bh >= n_lim) break;
-                float m = red_m[par][0][16 * hh + tid], nn = red_n[par][0][16 * hh + tid];
-#pragma unroll
-                for (int w = 1; w < IST_WARPS; w++)
-                    m = fmaxf(m, red_m[par][w][16 * hh + tid]),
-                    nn = fmaxf(nn, red_n[par][w][16 * hh + tid]);
-                float z;
-                if (bh >= cnb) z = -INFINITY;
-                else if (bh >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
-                else if (sel.use_init && bh < sel.init_blocks) z = sel.init_boost;
-                else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
-                else z = scale != 1.0f ? m * scale : m;
-                scores[((int64_t)(tid % G) * n_tok + ct) * nbk + bh] = z;
-                if (bh < cnb) {
-                    const unsigned long long u = rank_key(z, bh);
-                    cbest = u > cbest ? u : cbest;
+            for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
+                if (j >= nj) break;
+                if (K16 && (j >= 2 || j >= Di / 64)) break;
+                if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
+                    const uint4 v0 = e4m3x8_bf16(kb[i][j].x, kb[i][j].y);
+                    const uint4 v1 = e4m3x8_bf16(kb[i][j].z, kb[i][j].w);
+                    const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
+                    const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
+                    m3_mma_bf16_16816(c4, qa[4 * j], a0);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
+                    continue;
                 }
+                const uint4 v = kb[i][j];
+                const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
+                m3_mma_bf16_16816(c4, qa[2 * j], b0);
+                m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
+                if (key <= rp[h]) {
+                    if (isnan(c4[e])) bad[h] = 1.0f;
+                    else mx[h] = fmaxf(mx[h], c4[e]);
+                }
+            }
+        }
+        if (!ROLL && b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
+            mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 2));
+            bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 1));
+            bad[h] = fmaxf(bad[h], M3_SHFL_XOR(bad[h], 2));
+            if (tq == 0)
+                red_m[par][warp][gq + 8 * h] = mx[h], red_n[par][warp][gq + 8 * h] = bad[h];
+        }
+        __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
+        if (tid < 16 && ct < n_tok) {
+            float m = red_m[par][0][tid], nn = red_n[par][0][tid];
+#pragma unroll
+            for (int w = 1; w < IST_WARPS; w++)
+                m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
+            float z;
+            if (b >= cnb) z = -INFINITY;
+            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
+            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
+            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? m * scale : m;
+            scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
+            if (b < cnb) {
+                const unsigned long long u = rank_key(z, b);
+                cbest = u > cbest ? u : cbest;
             }
         }
     }
@@ -1208,22 +1150,12 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const char *pe = getenv("M3_IDX8_PAIR"); /* session-6 comparison knob (temporary) */
-    /* 0 one key block, 1 pair x4, 2 pair x3, 3 pair x3 fp16, 4 one key block fp16, 5 / 6 one
-     * key block at 5 / 6 blocks per SM, 7 fp16 at 5 per SM */
-    const int pv = k8 ? (pe ? atoi(pe) : 0) : 0;
-    const void *kern = pv == 5   ? (const void *)idx_dec_k<true, false, 5, false>
-                       : pv == 6 ? (const void *)idx_dec_k<true, false, 6, false>
-                       : pv == 7 ? (const void *)idx_dec_k<true, false, 5, true>
-                       : pv == 1 ? (const void *)idx_dec_k<true, true, 4, false>
-                       : pv == 2 ? (const void *)idx_dec_k<true, true, 3, false>
-                       : pv == 3 ? (const void *)idx_dec_k<true, true, 3, true>
-                       : pv == 4 ? (const void *)idx_dec_k<true, false, 4, true>
-                       : k8      ? (const void *)idx_dec_k<true, false, 4, false>
-                                 : (const void *)idx_dec_k<false, false, 4, false>;
-    const int minb = pv == 2 || pv == 3 ? 3 : pv == 5 || pv == 7 ? 5 : pv == 6 ? 6 : 4;
+    const char *re = getenv("M3_IDX_ROLL"); /* session-6 comparison knob (temporary) */
+    const bool roll = re && atoi(re) == 1;
+    const void *kern = k8 ? (roll ? (const void *)idx_dec_k<true, true> : (const void *)idx_dec_k<true, false>)
+                          : (roll ? (const void *)idx_dec_k<false, true> : (const void *)idx_dec_k<false, false>);
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
-    int gx = (minb * g->n_sm + n_group - 1) / n_group;
+    int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
@@ -1251,17 +1183,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
 #define IDX_DEC_GO(...)                                                                       \
     __VA_ARGS__<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, \
                                                        B, p->index_scale, nn, sa, cmax, arrive, ep)
-    if (pv == 5) IDX_DEC_GO(idx_dec_k<true, false, 5, false>);
-    else if (pv == 6) IDX_DEC_GO(idx_dec_k<true, false, 6, false>);
-    else if (pv == 7) IDX_DEC_GO(idx_dec_k<true, false, 5, true>);
-    else if (pv == 1) IDX_DEC_GO(idx_dec_k<true, true, 4, false>);
-    else if (pv == 2) IDX_DEC_GO(idx_dec_k<true, true, 3, false>);
-    else if (pv == 3) IDX_DEC_GO(idx_dec_k<true, true, 3, true>);
-    else if (pv == 4) IDX_DEC_GO(idx_dec_k<true, false, 4, true>);
-    else if (k8) IDX_DEC_GO(idx_dec_k<true, false, 4, false>);
-    else
-        idx_dec_k<false, false, 4, false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+    if (k8 && roll) IDX_DEC_GO(idx_dec_k<true, true>);
+    else if (k8) IDX_DEC_GO(idx_dec_k<true, false>);
+    else if (roll) IDX_DEC_GO(idx_dec_k<false, true>);
+    else IDX_DEC_GO(idx_dec_k<false, false>);
+#undef IDX_DEC_GO
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
     return s;
