@@ -833,7 +833,7 @@ struct dec_smem {
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch). */
-static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
+static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx, int kper,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
@@ -870,7 +870,8 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
-    const int per = (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
+    /* key blocks of the row per scoring block (blocked: kper, the kernel's range length) */
+    const int per = kper ? kper : (nb + gx - 1) / gx;
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
         if (m[i] && m[i] >= th) {
@@ -881,7 +882,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     if (per > 1) { /* block-uniform */
         const int n_item = sm.n_cta * per;
         for (int j = tid; j < n_item; j += IST_THREADS) {
-            const int b = sm.cta[j / per] + (j % per) * gx;
+            const int b = kper ? sm.cta[j / per] * per + (j % per) : sm.cta[j / per] + (j % per) * gx;
             if (b < nb) {
                 const unsigned long long u =
                     rank_key(ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b), b);
@@ -914,8 +915,8 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 }
 #endif
 
-template <bool K16, bool ROLL> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64
-                                * == 0); ROLL: tiles interleaved, next key block's loads per tile */
+template <bool K16, bool BLK> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64
+                               * == 0); BLK: each block a contiguous range of key blocks */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
@@ -960,7 +961,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) load_tile(b, r0, i);
     };
-    if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
+    /* key blocks b0, b0 + bst, .. < bend (BLK: the range [x kper, (x+1) kper)) */
+    const int kper = (nbk + grid - 1) / grid;
+    const int b0 = BLK ? (int)blockIdx.x * kper : (int)blockIdx.x, bst = BLK ? 1 : grid;
+    if (b0 < nbk) load(b0, key_base(ik, b0, B));
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1002,58 +1006,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int par = 0;
-    int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
-    for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
+    const int bend = BLK ? min(n_lim, b0 + kper) : n_lim;
+    int rn = b0 + bst < bend ? key_base(ik, b0 + bst, B) : 0;
+    for (int b = b0; b < bend; b += bst, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
-        if (ROLL) {
-            /* piece-major over all tiles: the tiles' mma chains interleave (one accumulator
-             * each), and a tile's next key block is loaded as soon as its last piece is read */
-            const int np = K16 ? (Di / 64 < 2 ? Di / 64 : 2) : nj;
-            const bool nxt = b + grid < n_lim;
-            float c4[IST_TILES][4];
-#pragma unroll
-            for (int i = 0; i < IST_TILES; i++) c4[i][0] = c4[i][1] = c4[i][2] = c4[i][3] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if (j >= np) break; /* block-uniform */
-#pragma unroll
-                for (int i = 0; i < IST_TILES; i++) {
-                    if (i >= tiles) break;
-                    if (K16) {
-                        const uint4 v0 = e4m3x8_bf16(kb[i][j].x, kb[i][j].y);
-                        const uint4 v1 = e4m3x8_bf16(kb[i][j].z, kb[i][j].w);
-                        const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
-                        const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
-                        m3_mma_bf16_16816(c4[i], qa[4 * j], a0);
-                        m3_mma_bf16_16816(c4[i], qa[4 * j + 1], a1);
-                        m3_mma_bf16_16816(c4[i], qa[4 * j + 2], a2);
-                        m3_mma_bf16_16816(c4[i], qa[4 * j + 3], a3);
-                    } else {
-                        const uint4 v = kb[i][j];
-                        const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
-                        m3_mma_bf16_16816(c4[i], qa[2 * j], b0);
-                        m3_mma_bf16_16816(c4[i], qa[2 * j + 1], b1);
-                    }
-                    if (j == np - 1 && nxt) load_tile(b + grid, rn, i);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < IST_TILES; i++) {
-                if (i >= tiles) break;
-                const int k0 = b * B + (warp * tiles + i) * 8;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
-                    if (key <= rp[h]) { /* keys past n_ctx were loaded as zeros: masked here */
-                        if (isnan(c4[i][e])) bad[h] = 1.0f;
-                        else mx[h] = fmaxf(mx[h], c4[i][e]);
-                    }
-                }
-            }
-        }
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
-            if (ROLL) break;
             const int k0 = b * B + (warp * tiles + i) * 8;
             if (i >= tiles || k0 > pmax) break; /* block-uniform */
             float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1086,8 +1044,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 }
             }
         }
-        if (!ROLL && b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
-        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+        if (b + bst < bend) load(b + bst, rn); /* in flight during the reduction below */
+        if (b + 2 * bst < bend) rn = key_base(ik, b + 2 * bst, B); /* the next one's row */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
@@ -1135,7 +1093,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+    dec_pick(sel, row, G, gx, BLK ? kper : 0, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1150,10 +1108,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const char *re = getenv("M3_IDX_ROLL"); /* session-6 comparison knob (temporary) */
-    const bool roll = re && atoi(re) == 1;
-    const void *kern = k8 ? (roll ? (const void *)idx_dec_k<true, true> : (const void *)idx_dec_k<true, false>)
-                          : (roll ? (const void *)idx_dec_k<false, true> : (const void *)idx_dec_k<false, false>);
+    const char *re = getenv("M3_IDX_BLK"); /* session-6 comparison knob (temporary) */
+    const bool blk = re && atoi(re) == 1;
+    const void *kern = k8 ? (blk ? (const void *)idx_dec_k<true, true> : (const void *)idx_dec_k<true, false>)
+                          : (blk ? (const void *)idx_dec_k<false, true> : (const void *)idx_dec_k<false, false>);
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
@@ -1183,9 +1141,9 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
 #define IDX_DEC_GO(...)                                                                       \
     __VA_ARGS__<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, \
                                                        B, p->index_scale, nn, sa, cmax, arrive, ep)
-    if (k8 && roll) IDX_DEC_GO(idx_dec_k<true, true>);
+    if (k8 && blk) IDX_DEC_GO(idx_dec_k<true, true>);
     else if (k8) IDX_DEC_GO(idx_dec_k<true, false>);
-    else if (roll) IDX_DEC_GO(idx_dec_k<false, true>);
+    else if (blk) IDX_DEC_GO(idx_dec_k<false, true>);
     else IDX_DEC_GO(idx_dec_k<false, false>);
 #undef IDX_DEC_GO
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);

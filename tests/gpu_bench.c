@@ -569,14 +569,14 @@ static void bench_indexer(void **state) {
             c.path = M3_GPU_IDX_AUTO;
             double ms = 0;
             char nm[96];
-            for (int roll = 0; roll < 2 && !fp8only; roll++) { /* session 6: M3_IDX_ROLL */
-                setenv("M3_IDX_ROLL", roll ? "1" : "0", 1);
+            for (int roll = 0; roll < 2 && !fp8only; roll++) { /* session 6: M3_IDX_BLK */
+                setenv("M3_IDX_BLK", roll ? "1" : "0", 1);
                 ms = time_ms(g, do_idx, &c, 3, 5);
-                snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged [roll %d]", c.T, c.C, roll);
+                snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged [blk %d]", c.T, c.C, roll);
                 report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
                        keys * 4 * 128 * 2);
             }
-            unsetenv("M3_IDX_ROLL");
+            unsetenv("M3_IDX_BLK");
             /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
              * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
             if (c.T == 1) {
@@ -593,14 +593,16 @@ static void bench_indexer(void **state) {
                 GPU_OK(m3_gpu_upload(g, d8, h8, nk));
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
-                for (int roll = 0; roll < 2; roll++) { /* session 6: M3_IDX_ROLL (temporary) */
-                    setenv("M3_IDX_ROLL", roll ? "1" : "0", 1);
+                for (int roll = 0; roll < 4; roll++) { /* session 6: M3_IDX_BLK (temporary) */
+                    setenv("M3_IDX_BLK", roll & 1 ? "1" : "0", 1);
+                    k.bt = roll & 2 ? NULL : dbt; /* 2, 3: contiguous codes (no table) */
                     ms = time_ms(g, do_idx, &c, 3, 5);
-                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged [roll %d]", c.T, c.C, roll);
+                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d %s [blk %d]", c.T, c.C,
+                             roll & 2 ? "contiguous" : "paged", roll & 1);
                     report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
                            keys * 4 * 128 * 2);
                 }
-                unsetenv("M3_IDX_ROLL");
+                unsetenv("M3_IDX_BLK");
             }
             c.keys = NULL;
         }
