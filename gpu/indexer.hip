@@ -27,8 +27,6 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 
-#include <stdlib.h>
-
 #define IDX_THREADS 256
 #define IDX_MAX_G 8
 #define IDX_MAX_K 64
@@ -833,7 +831,7 @@ struct dec_smem {
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch). */
-static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx, int kper,
+static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
@@ -870,8 +868,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx, int kper
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
-    /* key blocks of the row per scoring block (blocked: kper, the kernel's range length) */
-    const int per = kper ? kper : (nb + gx - 1) / gx;
+    const int per = (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
         if (m[i] && m[i] >= th) {
@@ -882,7 +879,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx, int kper
     if (per > 1) { /* block-uniform */
         const int n_item = sm.n_cta * per;
         for (int j = tid; j < n_item; j += IST_THREADS) {
-            const int b = kper ? sm.cta[j / per] * per + (j % per) : sm.cta[j / per] + (j % per) * gx;
+            const int b = sm.cta[j / per] + (j % per) * gx;
             if (b < nb) {
                 const unsigned long long u =
                     rank_key(ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b), b);
@@ -915,8 +912,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx, int kper
 }
 #endif
 
-template <bool K16, bool BLK> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64
-                               * == 0); BLK: each block a contiguous range of key blocks */
+template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
@@ -937,8 +933,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     uint4 kb[IST_TILES][4];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
-    auto load_tile = [&](int b, int r0, int i) {
-        {
+    auto load = [&](int b, int r0) {
+#pragma unroll
+        for (int i = 0; i < IST_TILES; i++) {
             const int key = b * B + (warp * tiles + i) * 8 + gq;
             const bool ok = i < tiles && key < n_ctx;
             const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
@@ -957,14 +954,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
         }
     };
-    auto load = [&](int b, int r0) {
-#pragma unroll
-        for (int i = 0; i < IST_TILES; i++) load_tile(b, r0, i);
-    };
-    /* key blocks b0, b0 + bst, .. < bend (BLK: the range [x kper, (x+1) kper)) */
-    const int kper = (nbk + grid - 1) / grid;
-    const int b0 = BLK ? (int)blockIdx.x * kper : (int)blockIdx.x, bst = BLK ? 1 : grid;
-    if (b0 < nbk) load(b0, key_base(ik, b0, B));
+    if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1006,9 +996,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int par = 0;
-    const int bend = BLK ? min(n_lim, b0 + kper) : n_lim;
-    int rn = b0 + bst < bend ? key_base(ik, b0 + bst, B) : 0;
-    for (int b = b0; b < bend; b += bst, par ^= 1) {
+    int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
+    for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
@@ -1044,8 +1033,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 }
             }
         }
-        if (b + bst < bend) load(b + bst, rn); /* in flight during the reduction below */
-        if (b + 2 * bst < bend) rn = key_base(ik, b + 2 * bst, B); /* the next one's row */
+        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
@@ -1093,7 +1082,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, BLK ? kper : 0, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1108,10 +1097,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const char *re = getenv("M3_IDX_BLK"); /* session-6 comparison knob (temporary) */
-    const bool blk = re && atoi(re) == 1;
-    const void *kern = k8 ? (blk ? (const void *)idx_dec_k<true, true> : (const void *)idx_dec_k<true, false>)
-                          : (blk ? (const void *)idx_dec_k<false, true> : (const void *)idx_dec_k<false, false>);
+    const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
@@ -1138,14 +1124,12 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
-#define IDX_DEC_GO(...)                                                                       \
-    __VA_ARGS__<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, \
-                                                       B, p->index_scale, nn, sa, cmax, arrive, ep)
-    if (k8 && blk) IDX_DEC_GO(idx_dec_k<true, true>);
-    else if (k8) IDX_DEC_GO(idx_dec_k<true, false>);
-    else if (blk) IDX_DEC_GO(idx_dec_k<false, true>);
-    else IDX_DEC_GO(idx_dec_k<false, false>);
-#undef IDX_DEC_GO
+    if (k8)
+        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+    else
+        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
     return s;

@@ -503,12 +503,7 @@ static void bench_indexer(void **state) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
     static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 8192}, {64, 131072}, {64, 1048576}, {8192, 8192}};
-    const char *t1 = getenv("M3_BENCH_IDX_T1"); /* session 6 (temporary): decode rows only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (t1 && atoi(t1) == 1 && cases[i][0] != 1) continue;
-        const char *cc = getenv("M3_BENCH_IDX_C"); /* session 6 (temporary): one context */
-        if (cc && atoi(cc) != cases[i][1]) continue;
-        const bool fp8only = getenv("M3_BENCH_IDX_FP8ONLY") != NULL; /* session 6 (temporary) */
         idx_ctx c;
         memset(&c, 0, sizeof c);
         m3_profile_atom(&c.p);
@@ -536,7 +531,7 @@ static void bench_indexer(void **state) {
             {M3_GPU_IDX_WIDE | M3_GPU_IDX_NOSEL, "wide,nosel"}};
         const char *ev = getenv("M3_BENCH_IDX_PATHS");
         const size_t n_path = ev && atoi(ev) == 1 ? sizeof paths / sizeof paths[0] : 1;
-        for (size_t pi = 0; pi < n_path && !fp8only; pi++) {
+        for (size_t pi = 0; pi < n_path; pi++) {
             const int sc = paths[pi].path & M3_GPU_IDX_SCORE;
             const bool dec = sc == M3_GPU_IDX_DECODE;
             if (pi > 0 && dec != (c.T == 1)) continue; /* decode variants at T = 1 only */
@@ -567,16 +562,11 @@ static void bench_indexer(void **state) {
             k.k = c.ik, k.elem = M3_KV_BF16, k.bt = dbt, k.block = 128;
             c.keys = &k;
             c.path = M3_GPU_IDX_AUTO;
-            double ms = 0;
+            double ms = time_ms(g, do_idx, &c, 3, 5);
             char nm[96];
-            for (int roll = 0; roll < 2 && !fp8only; roll++) { /* session 6: M3_IDX_BLK */
-                setenv("M3_IDX_BLK", roll ? "1" : "0", 1);
-                ms = time_ms(g, do_idx, &c, 3, 5);
-                snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged [blk %d]", c.T, c.C, roll);
-                report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
-                       keys * 4 * 128 * 2);
-            }
-            unsetenv("M3_IDX_BLK");
+            snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged", c.T, c.C);
+            report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
+                   keys * 4 * 128 * 2);
             /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
              * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
             if (c.T == 1) {
@@ -593,16 +583,10 @@ static void bench_indexer(void **state) {
                 GPU_OK(m3_gpu_upload(g, d8, h8, nk));
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
-                for (int roll = 0; roll < 4; roll++) { /* session 6: M3_IDX_BLK (temporary) */
-                    setenv("M3_IDX_BLK", roll & 1 ? "1" : "0", 1);
-                    k.bt = roll & 2 ? NULL : dbt; /* 2, 3: contiguous codes (no table) */
-                    ms = time_ms(g, do_idx, &c, 3, 5);
-                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d %s [blk %d]", c.T, c.C,
-                             roll & 2 ? "contiguous" : "paged", roll & 1);
-                    report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
-                           keys * 4 * 128 * 2);
-                }
-                unsetenv("M3_IDX_BLK");
+                ms = time_ms(g, do_idx, &c, 3, 5);
+                snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged", c.T, c.C);
+                report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
+                       keys * 4 * 128 * 2);
             }
             c.keys = NULL;
         }
@@ -755,10 +739,8 @@ static void bench_kv_cache_write(void **state) {
     m3_rng_init(&r, m3_test_seed(), 908);
     /* 32768: 64 MiB of rows (bf16), enough bytes for a bandwidth figure */
     static const int Ts[] = {64, 4096, 32768};
-    const char *kt = getenv("M3_BENCH_KV_T"); /* session 6 (temporary): one size */
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
-            if (kt && atoi(kt) != Ts[i]) continue;
             const size_t mark = m3_gpu_mark(g);
             kv_ctx c;
             memset(&c, 0, sizeof c);
@@ -777,20 +759,11 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_alloc(g, (void **)&c.slots, (size_t)c.T * sizeof *sl));
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
-            /* session 6: fp8 writer variants (M3_KVW8 0 kvw_k, 1 / 2 kvw8_k; temporary) */
-            static const int kvs[] = {0, 1, 2, 4, 5, 6};
-            for (size_t kj = 0; kj < (fp8 ? sizeof kvs / sizeof kvs[0] : 1); kj++) {
-                const int kv8 = kvs[kj];
-                char ev8[2] = {(char)('0' + kv8), 0};
-                if (fp8) setenv("M3_KVW8", ev8, 1);
-                double ms = time_ms(g, do_kv, &c, 20, 7);
-                char nm[96];
-                snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d%s%s%s", fp8 ? "fp8" : "bf16", c.T,
-                         fp8 ? " [v" : "", fp8 ? ev8 : "", fp8 ? "]" : "");
-                const double n = (double)c.T * 512 * 2; /* K and V elements */
-                report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
-            }
-            unsetenv("M3_KVW8");
+            double ms = time_ms(g, do_kv, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", c.T);
+            const double n = (double)c.T * 512 * 2; /* K and V elements */
+            report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
             m3_gpu_release(g, mark);
         }
 }
