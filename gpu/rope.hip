@@ -9,8 +9,9 @@
  * - passes of >= 256 tokens, bf16 rows of Dh 128 (16-byte aligned), rotary 64 or none, and
  *   a cache in page-128 / page-16 / plain-row layout: the WARP-STREAMING kernels (section
  *   "warp-streaming paths" below): a cos/sin table launch, qw_norm_k (every normed part;
- *   K rows with their K cache write, index_k rows with the index cache write) and kvw_k (raw
- *   K / V rows: m3_gpu_kv_cache_write's K and V, the fused call's V). H200, session 5:
+ *   K rows with their K cache write, index_k rows with the index cache write) and kvw_k /
+ *   kvw8_k (raw bf16 / fp8 K / V rows: m3_gpu_kv_cache_write's K and V, the fused call's V).
+ *   H200, session 5:
  *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
  *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
  * - everything else (decode and other passes under 256 tokens, fp32 storage, odd head dims
@@ -874,17 +875,18 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  *   pairs (d, d+32) sit in one lane. The sum of squares keeps ref's serial index order: a
  *   chain over the 16 chunks in order, the running sum passed to the chunk's owner lane by a
  *   shuffle (each step adds 8 products in order).
- * kvw_k: raw K / V rows into the page-128 / 16 SHUFFLE cache (or plain rows), bf16 or fp8
- *   (stored-value scale: amax over the row, an integer max of the bf16 bits, reduced over the
- *   row's lanes by shuffles: one pass, values in registers). K: 8 lanes a row (chunks j and
- *   j+8), 4 consecutive tokens of one head a step: each store covers 64 contiguous bytes of
- *   one (head, chunk). V: one x-token window of slot-aligned, slot-consecutive tokens of one
- *   head a step, staged in the warp's shared memory and written as 16-byte (x tokens of one
- *   dim) chunks, lanes over dims (512 contiguous bytes a store); a window that is cut or not
- *   slot-consecutive is written element by element. One step a warp, a grid of all steps
- *   (the hardware's block order): a persistent version with the next step's chunks in flight
- *   measured slower (H200: bf16 32K 77% against 81%, fp8 39% against 48%: 2 blocks per SM at
- *   111 registers against 6).
+ * kvw_k: raw bf16 K / V rows into the page-128 / 16 SHUFFLE cache (or plain rows). K: 8
+ *   lanes a row (chunks j and j+8), 4 consecutive tokens of one head a step: each store
+ *   covers 64 contiguous bytes of one (head, chunk). V: one 8-token window of slot-aligned,
+ *   slot-consecutive tokens of one head a step, staged in the warp's shared memory and
+ *   written as 16-byte (8 tokens of one dim) chunks, lanes over dims (512 contiguous bytes a
+ *   store); a window that is cut or not slot-consecutive is written element by element. One
+ *   step a warp, a grid of all steps (the hardware's block order): a persistent version with
+ *   the next step's chunks in flight measured slower (H200, session 5: 77% against 81%).
+ * kvw8_k: raw K / V rows into an fp8 cache (stored-value scale: amax over the row, an
+ *   integer max of the bf16 bits; details at the kernel). Session 6 replaced kvw_k's fp8
+ *   path (V rows staged in shared memory, 4 tokens a K step: 47.5% of copy at T = 32768)
+ *   by it: 66% (docs/gpu.md).
  * fp8 quotients v / s: div_y (Markstein's correction from 1 / s, the same bits as the
  *   division) where every scale of the warp's rows allows it, else __fdiv_rn. */
 static __device__ __forceinline__ float qw_shfl(float v, int src, int width) {
@@ -903,7 +905,7 @@ static __device__ __forceinline__ uint32_t qw_shfl(uint32_t v, int src, int widt
 }
 
 
-#define KW_WPB 8 /* warps per block (kvw_k) */
+#define KW_WPB 8 /* warps per block (kvw_k, kvw8_k) */
 typedef struct {
     const m3_bf16 *x[2]; /* K rows, V rows (NULL: not written) */
     int ld[2];
@@ -973,49 +975,13 @@ static __device__ __forceinline__ uint32_t kw_amax(uint4 u) {
     for (int k = 0; k < 4; k++) lo = max(lo, w[k] & 0x7FFFu), hi = max(hi, (w[k] >> 16) & 0x7FFFu);
     return max(lo, hi);
 }
-/* 8 fp8 codes of a bf16 chunk divided by s (y = 1 / s for MD) */
-template <bool MD>
-static __device__ __forceinline__ uint2 kw_q8(uint4 u, float s, float y, const kvw_args &a) {
-    float v[8];
-    m3_unpack16<m3_bf16>(u, v);
-    uint32_t w[2];
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        const uint32_t lo = cvt8x2(div_md<MD>(v[4 * k], s, y), div_md<MD>(v[4 * k + 1], s, y), a.kind, a.ovf, a.hwcvt);
-        const uint32_t hi = cvt8x2(div_md<MD>(v[4 * k + 2], s, y), div_md<MD>(v[4 * k + 3], s, y), a.kind, a.ovf, a.hwcvt);
-        w[k] = lo | (hi << 16);
-    }
-    return make_uint2(w[0], w[1]);
-}
-
-/* 16 fp8 codes of one dim of a 16-token V window (col: the dim's element in row 0 of the
- * staged rows, pitch 136 elements), token r divided by its row scale sc[r] (y = 1 / sc) */
-template <bool MD>
-static __device__ __forceinline__ uint4 kw_v16(const m3_bf16 *col, const float *sc, const float *y,
-                                               const kvw_args &a) {
-    uint32_t w4[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int r = 4 * k;
-        const uint32_t lo = cvt8x2(div_md<MD>(m3_bf16_to_f32(col[r * 136]), sc[r], y[r]),
-                                   div_md<MD>(m3_bf16_to_f32(col[(r + 1) * 136]), sc[r + 1], y[r + 1]),
-                                   a.kind, a.ovf, a.hwcvt);
-        const uint32_t hi = cvt8x2(div_md<MD>(m3_bf16_to_f32(col[(r + 2) * 136]), sc[r + 2], y[r + 2]),
-                                   div_md<MD>(m3_bf16_to_f32(col[(r + 3) * 136]), sc[r + 3], y[r + 3]),
-                                   a.kind, a.ovf, a.hwcvt);
-        w4[k] = lo | (hi << 16);
-    }
-    return make_uint4(w4[0], w4[1], w4[2], w4[3]);
-}
-
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     constexpr int KT = M3_WARP / 8; /* tokens per K step */
-    __shared__ __align__(16) unsigned char srow[KW_WPB][16 * 272];
-    __shared__ float sscl[KW_WPB][16], srcp[KW_WPB][16];
+    constexpr int x = 8, lx = 3;    /* bf16: 8 tokens per V chunk */
+    __shared__ __align__(16) unsigned char srow[KW_WPB][x * 272];
     const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st >= a.nstep) return;
-    const int x = a.fp8 ? 16 : 8, lx = a.fp8 ? 4 : 3;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
         const int64_t s = st < a.ks ? st : st - a.vs0;
@@ -1026,35 +992,9 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
         const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128;
         const uint4 u0 = ok ? m3_ld16_ro(row + 8 * jj) : make_uint4(0, 0, 0, 0);
         const uint4 u1 = ok ? m3_ld16_ro(row + 64 + 8 * jj) : make_uint4(0, 0, 0, 0);
-        if (!a.fp8) {
-            if (slot >= 0) {
-                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 8 * jj, 3), u0);
-                m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 64 + 8 * jj, 3), u1);
-            }
-            return;
-        }
-        uint32_t am = max(kw_amax(u0), kw_amax(u1));
-#pragma unroll
-        for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
-        const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
-        uint2 q0, q1;
-        if (ballot64(!div_ok(sc)) == 0) {
-            const float y = __frcp_rn(sc);
-            q0 = kw_q8<true>(u0, sc, y, a), q1 = kw_q8<true>(u1, sc, y, a);
-        } else {
-            q0 = kw_q8<false>(u0, sc, 0.0f, a), q1 = kw_q8<false>(u1, sc, 0.0f, a);
-        }
-        /* output chunk jj (dims 16jj..16jj+15) = codes of input chunks 2jj, 2jj+1: chunk m is
-         * lane m & 7's q0 (m < 8) or q1 */
-        const int sa = (2 * jj) & 7, sb = (2 * jj + 1) & 7;
-        const uint32_t a0 = qw_shfl(q0.x, sa, 8), a1 = qw_shfl(q0.y, sa, 8);
-        const uint32_t a2 = qw_shfl(q1.x, sa, 8), a3 = qw_shfl(q1.y, sa, 8);
-        const uint32_t b0 = qw_shfl(q0.x, sb, 8), b1 = qw_shfl(q0.y, sb, 8);
-        const uint32_t b2 = qw_shfl(q1.x, sb, 8), b3 = qw_shfl(q1.y, sb, 8);
         if (slot >= 0) {
-            const uint4 o = jj < 4 ? make_uint4(a0, a1, b0, b1) : make_uint4(a2, a3, b2, b3);
-            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
-            if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
+            m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 8 * jj, 3), u0);
+            m3_st16_cs((m3_bf16 *)a.dst[w] + kw_koff(a, slot, h, 64 + 8 * jj, 3), u1);
         }
         return;
     }
@@ -1074,47 +1014,27 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
     const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
     unsigned char *rows = srow[wid];
-    float *scl = sscl[wid];
     /* rows into the warp's shared memory: lane -> chunk lane % 16 of rows lane / 16 + RPI i */
     constexpr int RPI = M3_WARP / 16;
     const int c = lane & 15;
 #pragma unroll
-    for (int i = 0; i < 16 / RPI; i++) {
+    for (int i = 0; i < x / RPI; i++) {
         const int r = lane / 16 + RPI * i;
-        if (r >= x) break;
         const uint4 u = r < n ? m3_ld16_ro(a.x[1] + (int64_t)(tb + r) * a.ld[1] + h * 128 + 8 * c) : make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4 *>(rows + r * 272 + 16 * c) = u;
-        if (a.fp8) {
-            uint32_t am = kw_amax(u);
-#pragma unroll
-            for (int m = 1; m < 16; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
-            if (c == 0) {
-                const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
-                scl[r] = sc, srcp[wid][r] = div_ok(sc) ? __frcp_rn(sc) : 0.0f;
-            }
-        }
     }
     M3_SYNCWARP();
-    if (a.fp8 && lane < n && s_lane >= 0) a.scl[1][kw_soff(a, s_lane, h)] = scl[lane];
     if (fast) {
         const int64_t base = kw_voff(a, s_first, h, 0, lx);
-        /* div_y if every scale of the window allows it */
-        const bool md = a.fp8 && ballot64(lane < 16 && !div_ok(scl[lane & 15])) == 0;
-        const float *ys = srcp[wid];
 #pragma unroll
         for (int i = 0; i < 128 / M3_WARP; i++) {
             const int d = lane + M3_WARP * i;
             const m3_bf16 *col = reinterpret_cast<const m3_bf16 *>(rows) + d;
             uint32_t w4[4];
-            if (a.fp8) {
-                const uint4 o = md ? kw_v16<true>(col, scl, ys, a) : kw_v16<false>(col, scl, ys, a);
-                m3_st16_cs((uint8_t *)a.dst[1] + base + ((int64_t)d << 4), o);
-            } else {
 #pragma unroll
-                for (int k = 0; k < 4; k++)
-                    w4[k] = (uint32_t)col[2 * k * 136] | ((uint32_t)col[(2 * k + 1) * 136] << 16);
-                m3_st16_cs((m3_bf16 *)a.dst[1] + base + ((int64_t)d << 3), make_uint4(w4[0], w4[1], w4[2], w4[3]));
-            }
+            for (int k = 0; k < 4; k++)
+                w4[k] = (uint32_t)col[2 * k * 136] | ((uint32_t)col[(2 * k + 1) * 136] << 16);
+            m3_st16_cs((m3_bf16 *)a.dst[1] + base + ((int64_t)d << 3), make_uint4(w4[0], w4[1], w4[2], w4[3]));
         }
         return;
     }
@@ -1122,13 +1042,217 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
         const int r = i >> 7, d = i & 127;
         const int64_t slot = kw_slot(a, tb + r);
         if (slot < 0) continue;
-        const m3_bf16 bv = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
-        const int64_t o = kw_voff(a, slot, h, d, lx);
-        if (a.fp8)
-            ((uint8_t *)a.dst[1])[o] = (uint8_t)cvt8x2(__fdiv_rn(m3_bf16_to_f32(bv), scl[r]), 0.0f, a.kind, a.ovf, a.hwcvt);
-        else
-            ((m3_bf16 *)a.dst[1])[o] = bv;
+        ((m3_bf16 *)a.dst[1])[kw_voff(a, slot, h, d, lx)] = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
     }
+}
+
+/* kvw8_k (session 6): the fp8 K / V writer without shared-memory staging. One warp a step,
+ * 16 tokens of one head a step for K and V alike (4 KB of rows in flight per warp), a grid of
+ * all steps, no static shared memory beyond 128 bytes a warp (occupancy by registers).
+ * K (and plain-row V): 8 lanes a row, lane jj holding dims 16jj .. 16jj+15 (its output chunk:
+ * no code shuffles), M3_WARP / 8 rows a load, 16 / (M3_WARP / 8) loads per chunk pair.
+ * V window (page-128 / 16 SHUFFLE): lane l holds dims DPL l .. DPL l + DPL-1 (DPL = 128 /
+ * M3_WARP) of all 16 tokens: each load instruction reads one whole row, and the lane then
+ * owns its output chunks (dim d: the window's 16 codes), so the transpose is in the load
+ * pattern. The 16 row maxima: a reduce-scatter over the lanes (8 + 4 + 2 + 1 shuffles, then
+ * the last lanes of a token), scales through 128 bytes of the warp's shared memory.
+ * NC: no NaN or infinity in the step's rows (warp-uniform), so no quotient is NaN and the
+ * e4m3fn instruction's code needs no NaN fix-up. */
+template <bool MD, bool NC>
+static __device__ __forceinline__ uint32_t k8_cvt2(float v0, float s0, float y0, float v1,
+                                                   float s1, float y1, const kvw_args &a) {
+    const float q0 = div_md<MD>(v0, s0, y0), q1 = div_md<MD>(v1, s1, y1);
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (NC) {
+        unsigned short r;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(q1), "f"(q0));
+        return r;
+    }
+#endif
+    return cvt8x2(q0, q1, a.kind, a.ovf, a.hwcvt);
+}
+static __device__ __forceinline__ float bf_lo(uint32_t w) { return m3_bits_f32(w << 16); }
+static __device__ __forceinline__ float bf_hi(uint32_t w) { return m3_bits_f32(w & 0xFFFF0000u); }
+
+/* 16 codes of a K row chunk pair (u0: dims 0-7, u1: 8-15) at one scale */
+template <bool MD, bool NC>
+static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, float y,
+                                                 const kvw_args &a) {
+    const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        o[k] = k8_cvt2<MD, NC>(bf_lo(w[2 * k]), s, y, bf_hi(w[2 * k]), s, y, a) |
+               (k8_cvt2<MD, NC>(bf_lo(w[2 * k + 1]), s, y, bf_hi(w[2 * k + 1]), s, y, a) << 16);
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+#define K8_T 16                 /* tokens a step */
+#define K8_KR (K8_T / (M3_WARP / 8)) /* K rows a lane holds */
+#define K8_DPL (128 / M3_WARP)  /* V dims a lane holds */
+#define K8_WPL (K8_DPL / 2)     /* their bf16 words per token */
+template <bool MD, bool NC>
+static __device__ __forceinline__ void k8_kstep(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
+                                                const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
+                                                const float (&y)[K8_KR], int jj) {
+#pragma unroll
+    for (int k = 0; k < K8_KR; k++) {
+        const uint4 o = k8_row16<MD, NC>(u[k][0], u[k][1], sc[k], y[k], a);
+        if (slot[k] >= 0) {
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
+            if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
+        }
+    }
+}
+/* the V window's codes: ow[j] = dim DPL lane + j's 16 codes (token r in byte r) */
+template <bool MD, bool NC>
+static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32_t (&dv)[K8_T][K8_WPL],
+                                                 const float *sy, uint32_t (&ow)[K8_DPL][4]) {
+#pragma unroll
+    for (int r = 0; r < K8_T; r += 2) {
+        const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r); /* s_r, y_r, s_r+1, y_r+1 */
+#pragma unroll
+        for (int j = 0; j < K8_DPL; j++) {
+            const uint32_t w0 = dv[r][j / 2], w1 = dv[r + 1][j / 2];
+            const float v0 = j & 1 ? bf_hi(w0) : bf_lo(w0), v1 = j & 1 ? bf_hi(w1) : bf_lo(w1);
+            const uint32_t c = k8_cvt2<MD, NC>(v0, p.x, p.y, v1, p.z, p.w, a);
+            if ((r & 2) == 0) ow[j][r / 4] = c;
+            else ow[j][r / 4] |= c << 16;
+        }
+    }
+}
+
+/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
+static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
+    const int lane = (int)threadIdx.x % M3_WARP;
+    if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
+        const int w = st < a.ks ? 0 : 1;
+        const int s = (int)(st < a.ks ? st : st - a.vs0); /* < 2^31: the launcher checks */
+        const int tg = s / a.nh, h = s - tg * a.nh;
+        const int jj = lane & 7;
+        uint4 u[K8_KR][2];
+        int64_t slot[K8_KR];
+#pragma unroll
+        for (int k = 0; k < K8_KR; k++) {
+            const int t = tg * K8_T + k * (M3_WARP / 8) + lane / 8;
+            const bool ok = t < a.n_tok;
+            const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128 + 16 * jj;
+            u[k][0] = ok ? m3_ld16_ro(row) : make_uint4(0, 0, 0, 0);
+            u[k][1] = ok ? m3_ld16_ro(row + 8) : make_uint4(0, 0, 0, 0);
+            slot[k] = ok ? kw_slot(a, t) : -1;
+        }
+        float sc[K8_KR], y[K8_KR];
+        bool bad = false, big = false;
+#pragma unroll
+        for (int k = 0; k < K8_KR; k++) {
+            uint32_t am = max(kw_amax(u[k][0]), kw_amax(u[k][1]));
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+            sc[k] = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+            bad = bad || !div_ok(sc[k]);
+            big = big || am >= 0x7F80u;
+        }
+        const bool md = ballot64(bad) == 0, nc = a.hwcvt && ballot64(big) == 0;
+#pragma unroll
+        for (int k = 0; k < K8_KR; k++) y[k] = md ? __frcp_rn(sc[k]) : 0.0f;
+        if (md && nc) k8_kstep<true, true>(a, w, h, u, slot, sc, y, jj);
+        else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
+        else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
+        return;
+    }
+    /* V window: tokens [tb, te) of head h (windows follow token 0's slot alignment) */
+    const int s = (int)(st - a.vs0);
+    const int win = s / a.nh, h = s - win * a.nh;
+    const int64_t slot0 = kw_slot(a, 0);
+    const int off = slot0 >= 0 ? (int)(slot0 & (K8_T - 1)) : 0;
+    const int tb = win == 0 ? 0 : win * K8_T - off;
+    const int te = min(a.n_tok, (win + 1) * K8_T - off);
+    const int n = te - tb;
+    if (n <= 0) return;
+    uint32_t dv[K8_T][K8_WPL];
+#pragma unroll
+    for (int r = 0; r < K8_T; r++) {
+        const m3_bf16 *row = a.x[1] + (int64_t)(tb + (r < n ? r : 0)) * a.ld[1] + h * 128 + K8_DPL * lane;
+#if M3_WARP == 32
+        const uint2 v = r < n ? *reinterpret_cast<const uint2 *>(row) : make_uint2(0, 0);
+        dv[r][0] = v.x, dv[r][1] = v.y;
+#else
+        dv[r][0] = r < n ? *reinterpret_cast<const uint32_t *>(row) : 0u;
+#endif
+    }
+    int64_t s_lane = -1;
+    if (lane < n) s_lane = kw_slot(a, tb + lane);
+    const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
+                            ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
+    const bool lane_ok = lane >= K8_T || (lane < n && s_lane == s_first + lane);
+    const bool fast = n == K8_T && s_first >= 0 && (s_first & (K8_T - 1)) == 0 && ballot64(!lane_ok) == 0;
+    /* row maxima: lane's partial of each token, then a reduce-scatter: after the rounds the
+     * lane holds token lane / LB's maximum (LB = M3_WARP / 16 lanes a token) */
+    uint32_t am[K8_T];
+#pragma unroll
+    for (int r = 0; r < K8_T; r++) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int q = 0; q < K8_WPL; q++) m = max(m, max(dv[r][q] & 0x7FFFu, (dv[r][q] >> 16) & 0x7FFFu));
+        am[r] = m;
+    }
+#pragma unroll
+    for (int rd = 0; rd < 4; rd++) { /* 16 -> 8 -> 4 -> 2 -> 1 values a lane */
+        const int wv = (K8_T / 2) >> rd, b = (M3_WARP / 2) >> rd;
+        const bool up = (lane & b) != 0;
+#pragma unroll
+        for (int i = 0; i < K8_T / 2; i++) {
+            if (i >= wv) break;
+            const uint32_t snd = up ? am[i] : am[i + wv], kp = up ? am[i + wv] : am[i];
+            am[i] = max(kp, (uint32_t)M3_SHFL_XOR((int)snd, b));
+        }
+    }
+    constexpr int LB = M3_WARP / 16;
+#pragma unroll
+    for (int m = 1; m < LB; m <<= 1) am[0] = max(am[0], (uint32_t)M3_SHFL_XOR((int)am[0], m));
+    const int rt = lane / LB; /* this lane's token */
+    const float sc = fp8_scale(m3_bits_f32(am[0] << 16), a.fp8_max);
+    const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(am[0] >= 0x7F80u) == 0;
+    if (lane % LB == 0) {
+        sy[2 * rt] = sc, sy[2 * rt + 1] = md ? __frcp_rn(sc) : 0.0f;
+        if (rt < n) {
+            const int64_t sl = kw_slot(a, tb + rt);
+            if (sl >= 0) a.scl[1][kw_soff(a, sl, h)] = sc;
+        }
+    }
+    M3_SYNCWARP();
+    uint32_t ow[K8_DPL][4];
+    if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
+    else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
+    else k8_vcodes<false, false>(a, dv, sy, ow);
+    if (fast) {
+        uint8_t *base = (uint8_t *)a.dst[1] + kw_voff(a, s_first, h, 0, 4);
+#pragma unroll
+        for (int j = 0; j < K8_DPL; j++)
+            m3_st16_cs(base + ((int64_t)(K8_DPL * lane + j) << 4), make_uint4(ow[j][0], ow[j][1], ow[j][2], ow[j][3]));
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < K8_T; r++) { /* a cut or irregular window: byte by byte */
+        if (r >= n) break;
+        const int64_t sl = kw_slot(a, tb + r);
+        if (sl < 0) continue;
+#pragma unroll
+        for (int j = 0; j < K8_DPL; j++)
+            ((uint8_t *)a.dst[1])[kw_voff(a, sl, h, K8_DPL * lane + j, 4)] =
+                (uint8_t)(ow[j][r / 4] >> (8 * (r % 4)));
+    }
+}
+
+/* 8 warps a block, 4 blocks per SM (<= 64 registers: 32 warps per SM; H200, session 6: 78
+ * registers at 3 blocks per SM measured 62%, 4-warp blocks at 8 per SM the same 66%, the K
+ * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
+ * warp's next step 59%) */
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
+    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
+    const int wid = (int)threadIdx.x / M3_WARP;
+    const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+    if (st < a.nstep) k8_step(a, st, ssy[wid]);
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
@@ -1671,15 +1795,30 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         M3_LAUNCHED(g, "qw_norm_k");
     }
     if (kv.x[0] || kv.x[1]) {
-        const int KS = M3_WARP / 8, x = kv.fp8 ? 16 : 8; /* tokens per K step */
-        const int64_t tg = (n_tok + KS - 1) / KS;
         kv.n_tok = n_tok;
-        kv.ks = kv.x[0] ? (int64_t)kv.nh * tg : 0;
-        kv.vs0 = kv.ks;
-        kv.nstep = kv.ks;
-        if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
-        kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-        M3_LAUNCHED(g, "kvw_k");
+        if (kv.fp8) { /* kvw8_k: 16 tokens a step, K and V; step numbers are 32-bit */
+            const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
+            kv.ks = kv.x[0] ? (int64_t)kv.nh * tg16 : 0;
+            kv.vs0 = kv.ks;
+            kv.nstep = kv.ks;
+            if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
+            if (kv.nstep >= ((int64_t)1 << 31)) {
+                m3_gpu_release(g, mark);
+                return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
+                                 "rows (more than 2^31 steps)", n_tok, kv.nh);
+            }
+            kvw8_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            M3_LAUNCHED(g, "kvw8_k");
+        } else { /* kvw_k (bf16): 4 tokens a K step, 8-token V windows */
+            const int KS = M3_WARP / 8, x = 8;
+            const int64_t tg = (n_tok + KS - 1) / KS;
+            kv.ks = kv.x[0] ? (int64_t)kv.nh * tg : 0;
+            kv.vs0 = kv.ks;
+            kv.nstep = kv.ks;
+            if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
+            kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            M3_LAUNCHED(g, "kvw_k");
+        }
     }
     m3_status st = M3_OK;
     if (nrest > 0)

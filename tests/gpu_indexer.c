@@ -24,7 +24,9 @@
  * the decode kernel (e4m3fn, bf16 queries: codes decoded to bf16 in registers) and
  * idx_score_k, fp32 elements through idx_score_k; M3 geometry (Bs = B = 128: one row base per
  * scoring block) and odd ones (Bs 8 < B, Bs 48 with B 32: neither divides the other, Bs 256 = 4 B):
- * the per-row mapping. Same tolerances as the contiguous cases. */
+ * the per-row mapping; decode with more key blocks than the decode kernel's grid (several key
+ * blocks per scoring block) and the 262K-key history, bf16 and fp8 elements. Same tolerances
+ * as the contiguous cases. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -394,6 +396,9 @@ static void indexer_paged_matches_ref(void **state) {
         {{3, 5000, 8, 96, 32, 16, 2, 0, false, 0}, 48},          /* Bs 48, B 32: per-row mapping */
         {{2, 6000, 2, 64, 64, 8, 1, 1, false, 0}, 256},   /* Bs = 4 B: a row base per block */
         {{17, 3000, 4, 128, 128, 16, 1, 0, false, 0}, 8}, /* M3 scoring blocks over Bs 8 */
+        /* more key blocks than the decode grid (547 > 4 per SM on 132 SMs): some scoring
+         * blocks hold two key blocks, bf16 and fp8 elements */
+        {{2, 70000, 4, 128, 128, 16, 1, 0, false, 0}, 128},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int prof = 0; prof < 3; prof++) {
@@ -403,9 +408,10 @@ static void indexer_paged_matches_ref(void **state) {
                            Bs);
             if (prof != 1) idx_case_paged(g, &cases[i].s, prof, M3_KV_F32, M3_FP8_E4M3FN, Bs);
         }
-    /* the long decode history (bench geometry, hot blocks), bf16 elements, atom */
+    /* the long decode history (bench geometry, hot blocks), bf16 and fp8 elements, atom */
     static const idx_shape big = {1, 262044, 4, 128, 128, 16, 1, 0, false, IDX_HOT};
     idx_case_paged(g, &big, 2, M3_KV_BF16, M3_FP8_E4M3FN, 128);
+    idx_case_paged(g, &big, 2, M3_KV_FP8, M3_FP8_E4M3FN, 128);
 }
 
 int main(void) {

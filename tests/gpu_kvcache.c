@@ -5,7 +5,8 @@
  * be identical byte for byte. Cases: bf16 and fp8 (fp8_max 240 and 448), both pages, Hkv 4,
  * Dh 128 (M3) and Hkv 3, Dh 64 (odd), scattered slots over several blocks, a padding slot
  * (-1), a zero row (scale 1) and a row of large values; plain rows (page 0, bf16); runs of
- * consecutive slots (T 300) from an aligned and a misaligned start. */
+ * consecutive slots (T 300) from an aligned and a misaligned start; passes of >= 256 tokens
+ * (the warp kernels) also hold rows of tiny values, and one has scattered slots. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,12 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
     m3_fill_normal(&r, v, (int64_t)T * ld, 2.0f);
     for (int d = 0; d < Dh; d++) k[(size_t)1 * ld + d] = 0.0f;        /* token 1 head 0: zeros */
     for (int d = 0; d < Dh; d++) v[(size_t)2 * ld + Dh + d] *= 300.0f; /* token 2 head 1: large */
+    if (T >= 256) { /* the warp kernels' other quotient path: tiny rows (scales below div_y's
+                     * range: the division). (No infinities: inf / inf is the host's default
+                     * NaN, negative on x86, so ref's code for it is the platform's.) */
+        for (int d = 0; d < Dh; d++) k[(size_t)7 * ld + 2 * Dh + d] *= 1e-30f;
+        for (int d = 0; d < Dh; d++) v[(size_t)9 * ld + 2 * Dh + d] *= 1e-30f;
+    }
     /* distinct random slots (or a run); token 3 is padding */
     int64_t *slots = malloc(T * sizeof *slots);
     for (int t = 0; t < T && run0 >= 0; t++) slots[t] = run0 + t;
@@ -136,6 +143,7 @@ static void kv_cache_write_matches_layout(void **state) {
         kv_case(g, 300, 4, 128, page, false, 0.0f, 203);
         kv_case(g, 300, 4, 128, page, true, 448.0f, 200);
         kv_case(g, 300, 4, 128, page, true, 240.0f, 256);
+        kv_case(g, 300, 4, 128, page, true, 448.0f, -1); /* scattered slots, a padding token */
         /* 2M fp8 quotients: the fast quotient path must give every division's bits */
         kv_case(g, 2048, 4, 128, page, true, page == 128 ? 448.0f : 240.0f, 8);
     }
