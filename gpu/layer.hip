@@ -100,8 +100,8 @@ static __global__ void __launch_bounds__(GLUE_THREADS) add_k(TS *y, const TS *s,
 }
 
 /* One weight matrix of the generic expert path, [rows, K] with expert e's row r at row
- * e*N + r: TS elements (BF16 = the storage type), or MX codes (rb bytes per row; e2m1 in the
- * device layout of m3_gpu_mx4_pack, or e4m3fn bytes) with e8m0 scales [rows, nb] of 32-element blocks along
+ * e*N + r: TS elements (BF16 = the storage type), or MX codes (rb bytes per row; e2m1 pairs
+ * low nibble first, or e4m3fn bytes) with e8m0 scales [rows, nb] of 32-element blocks along
  * K, decoded exactly as ref's GEMM decodes them (ref/num/mx.h: code value * 2^(s-127)). */
 struct gen_w {
     int fmt; /* m3_gpu_wfmt */
@@ -111,22 +111,12 @@ struct gen_w {
     int nb;
 };
 
-/* code k of an MXFP4 row of rb bytes in the device layout (m3_gpu_mx4_pack: whole 4-byte
- * words packed, a tail of rb % 4 bytes in checkpoint order) */
-static __device__ __forceinline__ unsigned fp4_at(const uint8_t *cr, int64_t rb, int k) {
-    if (k / 8 >= rb / 4) return m3_fp4_get(cr, k, false);
-    const uint8_t *q = cr + (k / 8) * 4;
-    const uint32_t v = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
-    const int i = k % 8, L = 8 * (i & 1) + 2 * ((i >> 1) & 1) + 16 * (i >> 2);
-    return ((v >> L) & 3u) | (((v >> (L + 4)) & 3u) << 2);
-}
-
 template <typename TS>
 static __device__ __forceinline__ float wat(const gen_w &w, size_t row, int K, int k) {
     if (w.fmt == M3_GPU_W_BF16) return ldv((const TS *)w.p, row * (size_t)K + (size_t)k);
     const uint8_t *cr = (const uint8_t *)w.p + row * (size_t)w.rb;
     const m3_e8m0 b = w.s[row * (size_t)w.nb + (size_t)(k / 32)];
-    if (w.fmt == M3_GPU_W_MXFP4) return m3_mx_decode((uint8_t)fp4_at(cr, w.rb, k), b, M3_MX_E2M1);
+    if (w.fmt == M3_GPU_W_MXFP4) return m3_mx_decode(m3_fp4_get(cr, k, false), b, M3_MX_E2M1);
     return m3_mx_decode(cr[k], b, M3_MX_E4M3FN);
 }
 
@@ -595,7 +585,6 @@ static m3_status up_mx_mat(m3_gpu *g, void *codes, m3_e8m0 *scales, const void *
     const m3_wq *q = (const m3_wq *)wq_p;
     const size_t nc = (size_t)n_out * (size_t)mx_rb(f, n_in);
     M3_TRY(m3_gpu_upload(g, codes, q->codes, nc));
-    if (f == M3_GPU_W_MXFP4) M3_TRY(m3_gpu_mx4_pack(g, codes, n_out, mx_rb(f, n_in))); /* device layout */
     return m3_gpu_upload(g, scales, q->scale, (size_t)n_out * (size_t)mx_nb(n_in));
 }
 

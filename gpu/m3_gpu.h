@@ -158,27 +158,15 @@ m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_
                                    const m3_bf16 *d_gate_bf16, const struct m3_moe_params *mp,
                                    const m3_profile *p);
 
-/* MXFP4 codes between the checkpoint's order (element 2j in the low nibble of byte j) and the
- * device layout that m3_gpu_moe_experts reads, in place on rows x row_bytes bytes (row r at
- * d_codes + r * row_bytes). Each whole 4-byte little-endian word of a row (its first
- * 4 * floor(row_bytes / 4) bytes) holding the codes c0..c7 of 8 consecutive elements gets
- * code k's bits 1..0 (e0, m) at bit L_k and its bits 3..2 (s, e1) at bit L_k + 4, L = {0, 8,
- * 2, 10, 16, 24, 18, 26}; a row's last row_bytes % 4 bytes stay as they are. Still 4 bits a
- * code (no bf16 copy); unpack is the exact inverse. Why: the decode then turns two codes into
- * their bf16 pair with one byte lookup (docs/gpu.md "Routed experts", session 6). */
-m3_status m3_gpu_mx4_pack(m3_gpu *g, void *d_codes, int64_t rows, int64_t row_bytes);
-m3_status m3_gpu_mx4_unpack(m3_gpu *g, void *d_codes, int64_t rows, int64_t row_bytes);
-
 /* Routed experts of one layer on the device: all E experts in one array per matrix, each
  * expert in checkpoint layout [out, in], so expert e's gate is gate + e*F*D elements.
  *   BF16:  gate/up [E, F, D] bf16, down [E, D, F] bf16; scales unused (NULL).
  *   MXFP8: codes e4m3fn, one byte per element, same shapes; scales e8m0 [E, F, D/32] for
  *          gate/up and [E, D, F/32] for down (one per 32 consecutive elements along in).
- *   MXFP4: codes e2m1, 4 bits each, in the device layout of m3_gpu_mx4_pack (above: the
- *          checkpoint's low_even bytes after that in-place repack): gate/up [E, F, D/2] bytes,
- *          down [E, D, F/2]; scales as MXFP8.
- * Dequantization (ref/num/mx.h: code value * 2^(s-127)) is fused into the GEMMs; no bf16 copy
- * of the weights is ever made. */
+ *   MXFP4: codes e2m1 packed two per byte (element 2j in the low nibble of byte j, the
+ *          checkpoint's low_even order): gate/up [E, F, D/2] bytes, down [E, D, F/2]; scales
+ *          as MXFP8. Dequantization (ref/num/mx.h: code value * 2^(s-127)) is fused into the
+ *          GEMMs; no bf16 copy of the weights is ever made. */
 typedef enum m3_gpu_wfmt { M3_GPU_W_BF16 = 0, M3_GPU_W_MXFP8 = 1, M3_GPU_W_MXFP4 = 2 } m3_gpu_wfmt;
 typedef struct m3_gpu_experts {
     m3_gpu_wfmt fmt;

@@ -171,9 +171,8 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  *   combine_k   one block per token: its K expert rows in ascending expert id, the
  *               profile's combine (hf bf16 products and sum; atom fp32, unfused mul/add as
  *               the reference), bf16(rsf * R).
- * MX decode: MXFP8 through the sm_89+ e4m3 conversion; MXFP4 (codes in the packed device
- * layout, fp4_code) the same way after re-laying each e2m1 code as an e4m3 byte (value x
- * 2^-6, FP4_WMUL), or to bf16 by byte lookups (tc_decode); table lookups elsewhere. */
+ * MX decode: MXFP8 through the sm_89+ e4m3 conversion; MXFP4 the same way after re-laying
+ * each e2m1 code as an e4m3 byte (value x 2^-6, FP4_WMUL), table lookups elsewhere. */
 #define EXP_THREADS 256
 #define EXP_WARPS (EXP_THREADS / M3_WARP)
 #define TILE_BM 64
@@ -228,33 +227,6 @@ template <int WF> static __device__ __forceinline__ void build_lut(float *lut) {
 #define FP4_WMUL 1.0f
 #endif
 
-/* MXFP4 codes on the device are in the packed layout of m3_gpu_mx4_pack (m3_gpu.h): in each
- * 4-byte word of 8 codes, code k's low bit pair (e0, m) at bit L_k and its high pair (s, e1)
- * at L_k + 4, L = {0, 8, 2, 10, 16, 24, 18, 26}: the 2-bit fields of elements 2j, 2j+1 are the
- * selector nibbles of one byte lookup (tc_decode). Code k of word v: */
-static __host__ __device__ __forceinline__ unsigned fp4_code(uint32_t v, int k) {
-    const int L = 8 * (k & 1) + 2 * ((k >> 1) & 1) + 16 * (k >> 2);
-    return ((v >> L) & 3u) | (((v >> (L + 4)) & 3u) << 2);
-}
-
-/* the 8 elements of one packed word, unscaled (x 2^-6 with the conversion instruction, see
- * FP4_WMUL; else exact from lut, or from ref/num when lut is NULL). The e4m3 re-lay of a code
- * s|e1 e0|m is s|0 0 e1 e0|m 0 0: elements 0, 1, 4, 5 come from bytes 0..3 shifted left by 2
- * (e1 unshifted), elements 2, 3, 6, 7 unshifted (e1 shifted right by 2). */
-static __device__ __forceinline__ void fp4_word(uint32_t v, const float *lut, float *w) {
-#if M3_HAVE_FP8_CVT
-    (void)lut;
-    float a[4], b[4];
-    m3_e4m3x4_to_f32(((v << 2) & 0x8C8C8C8Cu) | (v & 0x10101010u), a);
-    m3_e4m3x4_to_f32((v & 0x8C8C8C8Cu) | ((v >> 2) & 0x10101010u), b);
-    w[0] = a[0], w[1] = a[1], w[2] = b[0], w[3] = b[1];
-    w[4] = a[2], w[5] = a[3], w[6] = b[2], w[7] = b[3];
-#else
-#pragma unroll
-    for (int k = 0; k < 8; k++) w[k] = lut ? lut[fp4_code(v, k)] : m3_fp4_to_f32((uint8_t)fp4_code(v, k));
-#endif
-}
-
 /* elements 8h .. 8h+7 of a 16-byte weight piece (EPL elements), unscaled (fp4: x 2^-6 on the
  * fast path, see FP4_WMUL) */
 template <int WF>
@@ -275,7 +247,17 @@ static __device__ __forceinline__ void decode8(uint4 u, int h, const float *lut,
         for (int k = 0; k < 8; k++) w[k] = lut[(q[2 * h + k / 4] >> (8 * (k % 4))) & 0xFFu];
 #endif
     } else {
-        fp4_word(q[h], lut, w);
+        const uint32_t v = q[h]; /* low_even: element 2j in the low nibble of byte j */
+#if M3_HAVE_FP8_CVT
+        float a[4], b[4];
+        m3_e4m3x4_to_f32(((v << 2) & 0x1C1C1C1Cu) | ((v << 4) & 0x80808080u), a); /* even */
+        m3_e4m3x4_to_f32(((v >> 2) & 0x1C1C1C1Cu) | (v & 0x80808080u), b);        /* odd */
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[2 * k] = a[k], w[2 * k + 1] = b[k];
+#else
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = lut[(v >> (4 * k)) & 0xFu];
+#endif
     }
 }
 
@@ -504,10 +486,9 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
  *   MXFP8: cvt e4m3x2 -> f16x2 (exact, all normal), then the f16 bits shifted right by 3 are
  *          the bf16 bits of w * 2^-112 (exponent and mantissa fields line up; zero stays
  *          zero), times the bf16 power of two 2^(s+112) (fma.rn.bf16x2 with -0: exact).
- *   MXFP4: the bf16 bits s|0000000 e1 e0|m000000 of an e2m1 code s|e1 e0|m are w * 2^-126
- *          (the 0.5 code a bf16 subnormal), built for two codes at once by one byte lookup
- *          from the packed layout (prmt, FP4_LO / FP4_HI: 9 integer ops per 8 codes), times
- *          2^(s+126).
+ *   MXFP4: an e2m1 code s|e1 e0|m re-laid as the bf16 bits s|0000000 e1 e0|m000000 is w *
+ *          2^-126 (the 0.5 code a bf16 subnormal), times 2^(s+126) (the e4m3 re-lay and
+ *          f16 conversion of MXFP8 measured slower here: docs/gpu.md).
  *   A block scale whose multiplier would not be a bf16 normal (s > 15 fp8 / 1 fp4)
  *   multiplies by 2^127 and then by the rest (two exact steps; a branch, so only
  *   warps holding such a block pay for it); the NaN scale (0xFF) takes decode8's float path.
@@ -517,8 +498,8 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
  *   the codes hold none, as gpu/layer.hip's upload scan establishes for real checkpoints).
  * The k order inside an mma is free as long as A and B agree: each lane's B registers hold
  * the x pairs of the same elements as its A registers. x is staged in shared memory already
- * in that order: per step, 16-byte units (8 elements, in order: a pair of A holds two
- * consecutive elements) u*4 + t of piece t; the row pitch is 64 bytes past a multiple of 128,
+ * in that order: per step, 16-byte units (8 elements) u*4 + t of piece t, the elements of a
+ * unit permuted to the A pair order (fp4); the row pitch is 64 bytes past a multiple of 128,
  * so the quarter-warp phases of the 16-byte loads are conflict-free. */
 #if defined(M3_HIP_NVIDIA)
 #if defined(__CUDA_ARCH__) && !M3_HAVE_MMA
@@ -565,6 +546,13 @@ static __device__ __forceinline__ uint32_t f16x2_bf16s(uint32_t h) {
 }
 #endif
 
+/* the x slot of element w (0..7) of a 16-byte unit: the A pair order of the format */
+template <int WF> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
+    if (WF == M3_GPU_W_MXFP8) return x;
+    /* MXFP4: pairs (0,4) (1,5) (2,6) (3,7) */
+    return make_uint4(__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632),
+                      __byte_perm(x.y, x.w, 0x5410), __byte_perm(x.y, x.w, 0x7632));
+}
 
 /* whether any of the 16 e4m3fn codes is a NaN (s1111111): (b & 0x7F) + 1 sets bit 7 exactly
  * for those, and never carries into the next byte */
@@ -574,20 +562,6 @@ static __device__ __forceinline__ bool e4m3_nan16(uint4 q) {
 }
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb */
-/* one selector-driven byte lookup: byte n of the result is byte (c >> 4n) & 7 of {hi, lo}
- * (c's bit 4n+3 clear). MXFP4: the bf16 s|0000000 e1 e0|m000000 of a code (its value x 2^-126;
- * the 0.5 code a subnormal) has a low byte e0 m 000000 that depends on (e0, m) alone and a
- * high byte s000000 e1 on (s, e1) alone: FP4_LO holds the 4 low bytes (index e0 m), FP4_HI the
- * 4 high bytes (index 1 s e1), and the packed layout keeps each 2-bit field where a selector
- * nibble wants it, so (v & 0x3333) | 0x4040 selects the bf16 pair of two codes. */
-#define FP4_LO 0xC0804000u
-#define FP4_HI 0x81800100u
-static __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t c) {
-    uint32_t d;
-    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(lo), "r"(hi), "r"(c));
-    return d;
-}
-
 template <int WF>
 static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r,
                                                  bool nanchk = true) {
@@ -606,13 +580,11 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
             if (WF == M3_GPU_W_MXFP8) {
                 r[2 * k] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v)), mul);
                 r[2 * k + 1] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v >> 16)), mul);
-            } else { /* packed word: one byte lookup per pair (2k', 2k'+1), see above */
-                const uint32_t a = (v & 0x33333333u) | 0x40404040u;
-                const uint32_t b = ((v >> 2) & 0x33333333u) | 0x40404040u;
-                r[4 * k] = bf2_mul(prmt(FP4_LO, FP4_HI, a), mul);
-                r[4 * k + 1] = bf2_mul(prmt(FP4_LO, FP4_HI, b), mul);
-                r[4 * k + 2] = bf2_mul(prmt(FP4_LO, FP4_HI, a >> 16), mul);
-                r[4 * k + 3] = bf2_mul(prmt(FP4_LO, FP4_HI, b >> 16), mul);
+            } else {
+                r[4 * k] = bf2_mul(((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u), mul);
+                r[4 * k + 1] = bf2_mul(((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u), mul);
+                r[4 * k + 2] = bf2_mul(((v >> 2) & 0x01C001C0u) | ((v << 4) & 0x80008000u), mul);
+                r[4 * k + 3] = bf2_mul(((v >> 6) & 0x01C001C0u) | (v & 0x80008000u), mul);
             }
         }
         if (sb > lim) { /* (rare: scales above 2^(127-F)) */
@@ -632,8 +604,13 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
         uint32_t b[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) b[k] = m3_f32_bits(w[k] * f) >> 16;
+        if (WF == M3_GPU_W_MXFP8) {
 #pragma unroll
-        for (int k = 0; k < 4; k++) r[4 * h + k] = b[2 * k] | (b[2 * k + 1] << 16);
+            for (int k = 0; k < 4; k++) r[4 * h + k] = b[2 * k] | (b[2 * k + 1] << 16);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; k++) r[4 * h + k] = b[k] | (b[k + 4] << 16);
+        }
     }
 }
 
@@ -735,7 +712,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
             const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-            tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = x;
+            tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
         }
         __syncthreads();
 #pragma unroll
@@ -1024,7 +1001,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const int src = MODE == 0 ? 0 : nth_bit(vm, j);
         const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
         const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-        xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = x;
+        xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
     }
     __syncthreads();
     for (;;) {
@@ -1490,8 +1467,20 @@ static __device__ __forceinline__ void t2_dequant16(m3_bf16 *dst, const unsigned
 #endif
     } else {
         const uint2 u = *reinterpret_cast<const uint2 *>(q);
-        fp4_word(u.x, NULL, v); /* packed words (fp4_code) */
-        fp4_word(u.y, NULL, v + 8);
+        const uint32_t w[2] = {u.x, u.y}; /* low_even: element 2j in the low nibble of byte j */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#if M3_HAVE_FP8_CVT /* e2m1 re-laid as e4m3 (x 2^-6, undone by FP4_WMUL): see decode8 */
+            float a[4], b[4];
+            m3_e4m3x4_to_f32(((w[h] << 2) & 0x1C1C1C1Cu) | ((w[h] << 4) & 0x80808080u), a);
+            m3_e4m3x4_to_f32(((w[h] >> 2) & 0x1C1C1C1Cu) | (w[h] & 0x80808080u), b);
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[8 * h + 2 * k] = a[k], v[8 * h + 2 * k + 1] = b[k];
+#else
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[8 * h + k] = m3_fp4_to_f32((uint8_t)((w[h] >> (4 * k)) & 0xFu));
+#endif
+        }
         if (sc <= 0x1p120f) sc *= FP4_WMUL; /* exact */
         else /* (the product would pass the fp32 range: scale the codes first, as ref) */
 #pragma unroll
@@ -1917,57 +1906,6 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     return s;
 }
 #endif
-
-/* ---- MXFP4 device layout (m3_gpu_mx4_pack / m3_gpu_mx4_unpack, see fp4_code) ------------- */
-static __device__ __forceinline__ uint32_t fp4_pack_word(uint32_t v) { /* checkpoint -> packed */
-    uint32_t o = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const uint32_t c = (v >> (4 * k)) & 0xFu;
-        const int L = 8 * (k & 1) + 2 * ((k >> 1) & 1) + 16 * (k >> 2);
-        o |= ((c & 3u) << L) | ((c >> 2) << (L + 4));
-    }
-    return o;
-}
-
-static __device__ __forceinline__ uint32_t fp4_unpack_word(uint32_t v) {
-    uint32_t o = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++) o |= fp4_code(v, k) << (4 * k);
-    return o;
-}
-
-/* one thread per whole 4-byte word of a row (byte accesses: rows need not be word-aligned) */
-template <bool PACK>
-static __global__ void __launch_bounds__(256) mx4_pack_k(unsigned char *p, int64_t rows, int64_t rb) {
-    const int64_t nw = rb / 4, n = rows * nw;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        unsigned char *q = p + (i / nw) * rb + (i % nw) * 4;
-        const uint32_t v = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
-        const uint32_t o = PACK ? fp4_pack_word(v) : fp4_unpack_word(v);
-        q[0] = (unsigned char)o, q[1] = (unsigned char)(o >> 8);
-        q[2] = (unsigned char)(o >> 16), q[3] = (unsigned char)(o >> 24);
-    }
-}
-
-static m3_status mx4_relayout(m3_gpu *g, void *d, int64_t rows, int64_t rb, bool pack) {
-    M3_ASSERT(g && rows >= 0 && rb >= 0 && (d || rows * rb == 0));
-    const int64_t n = rows * (rb / 4);
-    if (n == 0) return M3_OK;
-    const unsigned grid = (unsigned)(n / 256 + 1 < 4096 ? n / 256 + 1 : 4096);
-    if (pack) mx4_pack_k<true><<<grid, 256, 0, g->stream>>>((unsigned char *)d, rows, rb);
-    else mx4_pack_k<false><<<grid, 256, 0, g->stream>>>((unsigned char *)d, rows, rb);
-    return m3_gpu_launched_(g, pack ? "mx4_pack_k" : "mx4_unpack_k", __FILE__, __LINE__);
-}
-
-extern "C" m3_status m3_gpu_mx4_pack(m3_gpu *g, void *d_codes, int64_t rows, int64_t row_bytes) {
-    return mx4_relayout(g, d_codes, rows, row_bytes, true);
-}
-
-extern "C" m3_status m3_gpu_mx4_unpack(m3_gpu *g, void *d_codes, int64_t rows, int64_t row_bytes) {
-    return mx4_relayout(g, d_codes, rows, row_bytes, false);
-}
 
 extern "C" m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x,
                                         const int32_t *d_ids, const float *d_wts, int n_tok,

@@ -152,16 +152,6 @@ m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const m3_bf16 *d_
     return NO_GPU("gpu router_logits");
 }
 
-m3_status m3_gpu_mx4_pack(m3_gpu *g, void *d_codes, int64_t rows, int64_t row_bytes) {
-    (void)g; (void)d_codes; (void)rows; (void)row_bytes;
-    return NO_GPU("gpu mx4 pack");
-}
-
-m3_status m3_gpu_mx4_unpack(m3_gpu *g, void *d_codes, int64_t rows, int64_t row_bytes) {
-    (void)g; (void)d_codes; (void)rows; (void)row_bytes;
-    return NO_GPU("gpu mx4 unpack");
-}
-
 m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int32_t *d_ids,
                              const float *d_wts, int n_tok, const m3_gpu_experts *w,
                              const struct m3_moe_params *mp, const m3_profile *p) {

@@ -669,8 +669,6 @@ static void bench_moe_experts(void **state) {
                 fill_dev(g, sc[i], sb, c_scales, chunk);
             }
         }
-        if (f == 2) /* MXFP4: the device layout (random codes either way; done for the real upload path) */
-            for (int i = 0; i < 3; i++) GPU_OK(m3_gpu_mx4_pack(g, m[i], (int64_t)(cb / 64), 64));
         c.w.gate = m[0], c.w.up = m[1], c.w.down = m[2];
         c.w.gate_s = sc[0], c.w.up_s = sc[1], c.w.down_s = sc[2];
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {

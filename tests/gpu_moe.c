@@ -348,7 +348,6 @@ static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows,
     void *dc, *ds;
     GPU_OK(m3_gpu_alloc(g, &dc, (size_t)(rows * rb)));
     GPU_OK(m3_gpu_upload(g, dc, codes, (size_t)(rows * rb)));
-    if (f == M3_GPU_W_MXFP4) GPU_OK(m3_gpu_mx4_pack(g, dc, rows, rb)); /* the device layout */
     GPU_OK(m3_gpu_alloc(g, &ds, (size_t)(rows * nb)));
     GPU_OK(m3_gpu_upload(g, ds, sc, (size_t)(rows * nb)));
     *d_codes = dc;
@@ -823,53 +822,6 @@ static void moe_experts_fp32_unsupported(void **state) {
                      M3_ERR_UNSUPPORTED);
 }
 
-/* ---- MXFP4 device layout (m3_gpu_mx4_pack / m3_gpu_mx4_unpack) ---------------------------
- * Random bytes (every code, both nibbles) in rows of 37 bytes (9 whole words and a 1-byte tail
- * that must stay), 3072 and 8 bytes, and one row of 3: packed on the device, compared bit for
- * bit with the layout of m3_gpu.h written out here (code k's bits 1..0 at L_k, bits 3..2 at
- * L_k + 4), then unpacked: bit-identical to the input. Not vacuous: random words change under
- * the repack (counted). */
-static void mx4_pack_round_trip(void **state) {
-    m3_gpu *g = gpu_or_skip(state);
-    static const int L[8] = {0, 8, 2, 10, 16, 24, 18, 26};
-    static const int64_t shapes[][2] = {{29, 37}, {5, 3072}, {64, 8}, {1, 3}};
-    m3_rng r;
-    m3_rng_init(&r, m3_test_seed(), 870);
-    int64_t changed = 0;
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const int64_t rows = shapes[si][0], rb = shapes[si][1], n = rows * rb;
-        uint8_t *h = malloc((size_t)n), *want = malloc((size_t)n), *got = malloc((size_t)n);
-        assert_true(h && want && got);
-        for (int64_t i = 0; i < n; i++) h[i] = (uint8_t)m3_rng_u32(&r);
-        memcpy(want, h, (size_t)n);
-        for (int64_t row = 0; row < rows; row++)
-            for (int64_t j = 0; j < rb / 4; j++) {
-                uint8_t *q = want + row * rb + 4 * j;
-                uint32_t v = 0, o = 0;
-                for (int b = 0; b < 4; b++) v |= (uint32_t)q[b] << (8 * b);
-                for (int k = 0; k < 8; k++) {
-                    const uint32_t c = (v >> (4 * k)) & 0xFu;
-                    o |= ((c & 3u) << L[k]) | ((c >> 2) << (L[k] + 4));
-                }
-                changed += o != v;
-                for (int b = 0; b < 4; b++) q[b] = (uint8_t)(o >> (8 * b));
-            }
-        void *d;
-        GPU_OK(m3_gpu_alloc(g, &d, (size_t)n));
-        GPU_OK(m3_gpu_upload(g, d, h, (size_t)n));
-        GPU_OK(m3_gpu_mx4_pack(g, d, rows, rb));
-        GPU_OK(m3_gpu_download(g, got, d, (size_t)n));
-        assert_memory_equal(got, want, (size_t)n);
-        GPU_OK(m3_gpu_mx4_unpack(g, d, rows, rb));
-        GPU_OK(m3_gpu_download(g, got, d, (size_t)n));
-        assert_memory_equal(got, h, (size_t)n);
-        print_message("mx4 pack %lld x %lld bytes: packed as specified, unpack bit-identical\n",
-                      (long long)rows, (long long)rb);
-        free(h), free(want), free(got);
-    }
-    assert_true(changed > 100);
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(swiglu_matches_ref),
@@ -888,7 +840,6 @@ int main(void) {
         cmocka_unit_test(moe_experts_act_small),
         cmocka_unit_test(moe_experts_act_m3_dims),
         cmocka_unit_test(moe_experts_ptpc_unsupported),
-        cmocka_unit_test(mx4_pack_round_trip),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
