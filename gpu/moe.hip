@@ -483,19 +483,21 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
  * block (steps wk, wk+WK, ...; partial sums added in a fixed order through shared memory).
  * A fragments: a piece decodes to bf16 pairs w * 2^s exactly (w the code's value, 2^s its
  * block scale; exact: at most 4 significant bits, inexact only below 2^-126, as in tile_k):
- *   MXFP8: cvt e4m3x2 -> f16x2 (exact, all normal), then the f16 bits shifted right by 3 are
- *          the bf16 bits of w * 2^-112 (exponent and mantissa fields line up; zero stays
- *          zero), times the bf16 power of two 2^(s+112) (fma.rn.bf16x2 with -0: exact).
+ *   MXFP8: the e4m3 byte s|eeee|mmm placed as the bf16 bits s|0000 eeee|mmm 0000 is w *
+ *          2^-120 (subnormal codes bf16 subnormals), two codes by one prmt (the byte and its
+ *          sign replicated), a shift and a mask (tc_relay), times the bf16 power of two
+ *          2^(s+120) (fma.rn.bf16x2 with -0: exact); the common scale (s <= 7) first, its
+ *          multiplier one IMAD.
  *   MXFP4: an e2m1 code s|e1 e0|m re-laid as the bf16 bits s|0000000 e1 e0|m000000 is w *
  *          2^-126 (the 0.5 code a bf16 subnormal), times 2^(s+126) (the e4m3 re-lay and
  *          f16 conversion of MXFP8 measured slower here: docs/gpu.md).
- *   A block scale whose multiplier would not be a bf16 normal (s > 15 fp8 / 1 fp4)
+ *   A block scale whose multiplier would not be a bf16 normal (s > 7 fp8 / 1 fp4)
  *   multiplies by 2^127 and then by the rest (two exact steps; a branch, so only
  *   warps holding such a block pay for it); the NaN scale (0xFF) takes decode8's float path.
  *   A piece holding an e4m3 NaN code (0x7F / 0xFF, which the f16 shift would turn into a
  *   finite value) takes the float path too, so NaN codes decode to NaN as in ref (one test
- *   of the 16 bytes: 9 integer ops a piece; skipped when m3_gpu_experts.finite_codes says
- *   the codes hold none, as gpu/layer.hip's upload scan establishes for real checkpoints).
+ *   of the 16 bytes: 9 integer ops a piece; compiled out (NC) when m3_gpu_experts.finite_codes
+ *   says the codes hold none, as gpu/layer.hip's upload scan establishes for real checkpoints).
  * The k order inside an mma is free as long as A and B agree: each lane's B registers hold
  * the x pairs of the same elements as its A registers. x is staged in shared memory already
  * in that order: per step, 16-byte units (8 elements) u*4 + t of piece t, the elements of a
@@ -535,17 +537,6 @@ static __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t m) {
     return d;
 }
 
-#if M3_HAVE_FP8_CVT
-static __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v16) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v16 & 0xFFFFu), __NV_E4M3);
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
-}
-/* f16x2 of e4m3 values (all normal or zero) -> bf16x2 bits of the values x 2^-112 */
-static __device__ __forceinline__ uint32_t f16x2_bf16s(uint32_t h) {
-    return ((h >> 3) & 0x0FFF0FFFu) | (h & 0x80008000u);
-}
-#endif
-
 /* the x slot of element w (0..7) of a 16-byte unit: the A pair order of the format */
 template <int WF> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
     if (WF == M3_GPU_W_MXFP8) return x;
@@ -570,22 +561,19 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
 }
 
 /* the bf16 pairs of one piece, each times the bf16 power-of-two pair mul (see tc_decode).
- * PR (MXFP8): an e4m3 byte s|eeee|mmm placed as the bf16 s|0000 eeee|mmm 0000 is its value x
- * 2^-120 (e = 0: a bf16 subnormal of the same value): one prmt puts bytes b, sign(b) of two
- * codes in place, a shift by 4 and a mask finish (no conversion instruction). */
-template <int WF, bool PR>
+ * MXFP8: an e4m3 byte s|eeee|mmm placed as the bf16 s|0000 eeee|mmm 0000 is its value x
+ * 2^-120 (e = 0: a bf16 subnormal of the same value; a NaN code would give a finite value,
+ * hence the NaN-code test): one prmt puts the bytes b and sign(b) of two codes in place
+ * (b, sign-replicated b, b', sign-replicated b'), a shift by 4 and a mask finish; no
+ * conversion instruction (the e4m3x2 -> f16x2 conversion it replaced measured slower). */
+template <int WF>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const uint32_t v = qq[k];
-        if (WF == M3_GPU_W_MXFP8 && PR) {
+        if (WF == M3_GPU_W_MXFP8) {
             r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
-        } else if (WF == M3_GPU_W_MXFP8) {
-#if M3_HAVE_FP8_CVT
-            r[2 * k] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v)), mul);
-            r[2 * k + 1] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v >> 16)), mul);
-#endif
         } else {
             r[4 * k] = bf2_mul(((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u), mul);
             r[4 * k + 1] = bf2_mul(((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u), mul);
@@ -596,30 +584,27 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
 }
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
- * DV (session-6 variants, being measured): bit 0 the common scale in one test and one IMAD,
- * bit 1 no NaN-code test compiled in (the caller's finite_codes), bit 2 the prmt re-lay of
- * MXFP8 */
-template <int WF, int DV = 0>
-static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r,
-                                                 bool nanchk = true) {
+ * NC (MXFP8): test the piece for e4m3 NaN codes (the caller's codes may hold some). */
+template <int WF, bool NC>
+static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
 #if M3_HAVE_FP8_CVT
-    const bool PR = (DV & 4) && WF == M3_GPU_W_MXFP8;
-    const bool chk = WF == M3_GPU_W_MXFP8 && !(DV & 2) && nanchk;
+    const bool chk = WF == M3_GPU_W_MXFP8 && NC;
     /* the relayed values are w * 2^-F; 2^(s+F) is a bf16 normal up to s = 127 - F (lim); a
      * larger s multiplies by 2^127 first (w * 2^(127-F), exact) and then by the rest */
-    const uint32_t F = WF == M3_GPU_W_MXFP8 ? (PR ? 120u : 112u) : 126u, lim = 254u - F;
-    if (DV & 1) { /* the common case: (s + F) << 7 in both halves, one multiply-add */
+    const uint32_t F = WF == M3_GPU_W_MXFP8 ? 120u : 126u, lim = 254u - F;
+    if (WF == M3_GPU_W_MXFP8) { /* the common case first: (s + F) << 7 in both halves, one IMAD
+                                   (MXFP4 measured slower with this split: docs/gpu.md) */
         if ((uint32_t)sb <= lim && !(chk && e4m3_nan16(q))) {
-            tc_relay<WF, PR>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
+            tc_relay<WF>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
             return;
         }
     }
     if (sb != 0xFFu && !(chk && e4m3_nan16(q))) {
         const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
-        tc_relay<WF, PR>(qq, mul, r);
+        tc_relay<WF>(qq, mul, r);
         if (sb > lim) { /* (rare: scales above 2^(127-F)) */
             const uint32_t f2 = 127u + sb - lim, mul2 = (f2 << 7) | (f2 << 23);
 #pragma unroll
@@ -647,16 +632,6 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     }
 }
 
-/* lab (session 6): bytes of global memory into L2 ahead of their loads (sm_90 bulk prefetch;
- * 16-byte aligned, a multiple of 16 bytes) */
-static __device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#else
-    (void)p, (void)bytes;
-#endif
-}
-
 /* Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
  * the previous one still runs, and waits (griddepcontrol.wait) before it touches what that one
  * writes; the previous one lets it start early with launch_dependents. No-ops elsewhere. */
@@ -677,12 +652,12 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, int DV>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
-         int smode, bool act_bf16, bool nanchk) {
+         int smode, bool act_bf16) {
     extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units */
     __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
     __shared__ float lut[256];
@@ -726,8 +701,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode<WF, DV>(q[0], sc[0], lut, a0, nanchk);
-        tc_decode<WF, DV>(q[1], sc[1], lut, a1, nanchk);
+        tc_decode<WF, NC>(q[0], sc[0], lut, a0);
+        tc_decode<WF, NC>(q[1], sc[1], lut, a1);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -765,10 +740,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
             for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
-                if ((DV & 24) && WK == 1 && t < 2) { /* lab: the group PD ahead into L2 */
-                    const int PD = DV & 8 ? 2 : 4, sp = st0 + PD * U;
-                    if (sp + U <= nsteps && (sp + U) * 4 <= npieces) l2_prefetch(pw[t] + (size_t)sp * 64, U * 64);
-                }
 #pragma unroll
                 for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
 #pragma unroll
@@ -970,7 +941,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, int DV>
+template <int WF, int MODE, int WK, int U>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1054,13 +1025,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     for (;;) {
         const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (next < ntiles) {
-            rows_of(next, &nslot, &nobase, npw, nps);
-            if (DV & 8) { /* lab: this warp's share of the next tile's rows into L2 */
-                const size_t seg = rb / (2 * WK);
-                if (seg % 16 == 0) l2_prefetch(npw[t >> 1] + (size_t)(2 * wk + (t & 1)) * seg, (uint32_t)seg);
-            }
-        }
+        if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
         for (int gi = 0; gi < G; gi++) {
             const int st0 = wk + gi * WK * U;
             if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
@@ -1071,8 +1036,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 if (st >= nsteps) continue;
                 const bool ok = st * 4 + t < npieces;
                 uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                tc_decode<WF, DV>(qa[u][0], sa[u][0], lut, a0);
-                tc_decode<WF, DV>(qa[u][1], sa[u][1], lut, a1);
+                tc_decode<WF, false>(qa[u][0], sa[u][0], lut, a0);
+                tc_decode<WF, false>(qa[u][1], sa[u][1], lut, a1);
 #pragma unroll
                 for (int uu = 0; uu < UP; uu++) {
                     const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
@@ -1129,7 +1094,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, int DV>
+template <int WF, int WK, int U>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1140,30 +1105,27 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, DV>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, DV>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U, DV><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    dq1_k<WF, 0, WK, U><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, DV>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
                      (bool)p->moe_bf16_combine);
 }
 
-/* SESSION-6 LAB KNOB (removed before the session ends): M3_MX_DV selects tc_decode's variant */
-static int mx_dv() { return getenv("M3_MX_DV") ? atoi(getenv("M3_MX_DV")) : 0; }
-
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL, int DV>
+template <int WF, int WK, int NT, int U, int RL, bool NC>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1175,25 +1137,20 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, DV>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, DV>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
-    /* the per-piece NaN-code test, unless the caller knows the codes are all finite (it cost
-     * ~6% of MXFP8 decode at T=64 on the H200: docs/gpu.md) */
-    const bool nanchk = !w->finite_codes;
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, DV><<<g1, TC_THREADS, sh1, g->stream>>>(
-        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16,
-        nanchk);
+    tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, DV><<<g2, TC_THREADS, sh2, g->stream>>>(
-        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16,
-        nanchk);
+    tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
 }
@@ -1910,17 +1867,11 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
          * loads with a 256-byte L2 prefetch (T = 1 never comes here on NVIDIA: t1_call) */
         if (WF != M3_GPU_W_BF16 && !w->portable) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
-#define TCV(v) case v: return tc_run<WFX, 1, 1, 4, 4, v>(g, ab, ye, d_x, m, T, w, mp, p, mid)
-            if (WF == M3_GPU_W_MXFP8) switch (mx_dv()) { /* SESSION-6 LAB KNOB */
-                TCV(1); TCV(3); TCV(7); TCV(4); TCV(11); TCV(15); TCV(19); TCV(23);
-                default: break;
-            }
-            else switch (mx_dv()) {
-                TCV(1); TCV(9); TCV(17);
-                default: break;
-            }
-#undef TCV
-            return tc_run<WFX, 1, 1, 4, 4, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            /* MXFP8: the per-piece NaN-code test compiled in unless the caller knows the codes
+             * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
+            if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
+                return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
         /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
@@ -1965,14 +1916,8 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else if (w->fmt == M3_GPU_W_MXFP8)
             s = sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (mx_dv() == 1) /* SESSION-6 LAB KNOB */
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (mx_dv() == 8)
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, 8>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (mx_dv() == 9)
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, 9>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, 0>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
