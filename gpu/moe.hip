@@ -156,8 +156,8 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  * T = 1 on NVIDIA sm_80+ (t1_call) skips group_k and combine_k: two kernels that read the
  * token's slots from ids (slot k's grouped row is k) and a down kernel, launched as a
  * programmatic dependent of the gate/up kernel, whose last block per chunk of outputs
- * combines that chunk: sk1_k (sk_k's one-row GEMV; bf16, MXFP8) and dq1_k (tc_k's, persistent;
- * MXFP4).
+ * combines that chunk: sk1_k (sk_k's one-row GEMV; bf16, MXFP8 with NaN codes possible) and
+ * dq1_k (tc_k's, persistent; MXFP4, MXFP8 with finite codes).
  *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
  *               block), register double buffering; weights dequantized exactly into bf16
  *               in shared memory (a code times a power of two has at most 4 significant
@@ -928,8 +928,8 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf, bc);
 }
 
-/* T = 1, MXFP4 weights: tc_k's tensor-core GEMV for one token, without a grouping kernel or a
- * combine launch. The grouped row of slot k is k itself; the valid slots (t1_slots) are read by
+/* T = 1, MX weights (MXFP4; MXFP8 whose codes hold no NaN code, NC false): tc_k's tensor-core
+ * GEMV for one token, without a grouping kernel or a combine launch. The grouped row of slot k is k itself; the valid slots (t1_slots) are read by
  * every block. Persistent (at most 2 blocks per multiprocessor; block b takes the tiles b,
  * b + gridDim.x, ...), a tile: one valid slot's CH outputs (8 (gate/up) or 16 (down) per row
  * group of 8 / WK warps), its k range split over WK warps (partial sums added in warp order
@@ -1123,9 +1123,6 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
                      (bool)p->moe_bf16_combine);
 }
-
-/* SESSION-6 LAB KNOB (removed before the session ends): MXFP8 T = 1 through dq1_k */
-static int mx_dv() { return getenv("M3_MX_DV") ? atoi(getenv("M3_MX_DV")) : 0; }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
 template <int WF, int WK, int NT, int U, int RL, bool NC>
@@ -1899,7 +1896,8 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
 
 #if defined(M3_HIP_NVIDIA)
 /* T = 1 on NVIDIA sm_80+ (no grouping or combine launch): scratch, act_in, and the two kernels
- * (MXFP4 dq1_k; MXFP8, bf16 sk1_k: measured faster each, docs/gpu.md "Decode, session 4") */
+ * (MXFP4 dq1_k; bf16 sk1_k; MXFP8 dq1_k when its codes are known finite, else sk1_k: measured
+ * faster each, docs/gpu.md "Decode, session 4" and "session 6") */
 static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int32_t *d_ids,
                          const float *d_wts, const m3_gpu_experts *w, const m3_moe_params *mp,
                          const m3_profile *p, const m3_actq *const *aq) {
@@ -1918,13 +1916,11 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         if (w->fmt == M3_GPU_W_BF16)
             s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else if (w->fmt == M3_GPU_W_MXFP8)
-            switch (w->finite_codes ? mx_dv() : 0) { /* SESSION-6 LAB KNOB */
-            case 1: s = dq1_run<M3_GPU_W_MXFP8, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid); break;
-            case 2: s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid); break;
-            case 3: s = dq1_run<M3_GPU_W_MXFP8, 2, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid); break;
-            case 4: s = dq1_run<M3_GPU_W_MXFP8, 2, 4, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid); break;
-            default: s = sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            }
+            /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
+             * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
+            s = w->finite_codes
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
             s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }

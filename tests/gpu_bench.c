@@ -707,19 +707,6 @@ static void bench_moe_experts(void **state) {
             printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
                    nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-            /* SESSION-6 LAB (removed before the session ends): the decode variants of
-             * M3_BENCH_MX_DVS (comma list) on the same inputs */
-            for (const char *dv = getenv("M3_BENCH_MX_DVS"); f != 0 && c.T <= 64 && dv && *dv;) {
-                char val[16];
-                snprintf(val, sizeof val, "%d", atoi(dv));
-                setenv("M3_MX_DV", val, 1);
-                ms = time_ms(g, do_experts, &c, 20, 7);
-                snprintf(nm, sizeof nm, "moe_experts %s atom T=%d dv%s", f == 1 ? "mxfp8" : "mxfp4", c.T, val);
-                report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-                unsetenv("M3_MX_DV");
-                dv = strchr(dv, ',');
-                if (dv) dv++;
-            }
             /* the serving configuration: MX activations (rceil) before gate/up and before down;
              * MXFP8 always, MXFP4 from moe_act_bound (256) tokens on. Same bytes and FLOPs
              * counted (the quantize passes are overhead of this op). */
