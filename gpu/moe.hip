@@ -156,8 +156,8 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  * T = 1 on NVIDIA sm_80+ (t1_call) skips group_k and combine_k: two kernels that read the
  * token's slots from ids (slot k's grouped row is k) and a down kernel, launched as a
  * programmatic dependent of the gate/up kernel, whose last block per chunk of outputs
- * combines that chunk: sk1_k (sk_k's one-row GEMV; bf16, MXFP8) and dq1_k (tc_k's, persistent;
- * MXFP4).
+ * combines that chunk: sk1_k (sk_k's one-row GEMV; bf16, MXFP8 with NaN codes possible) and
+ * dq1_k (tc_k's, persistent; MXFP4, MXFP8 with finite codes).
  *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
  *               block), register double buffering; weights dequantized exactly into bf16
  *               in shared memory (a code times a power of two has at most 4 significant
@@ -483,19 +483,21 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
  * block (steps wk, wk+WK, ...; partial sums added in a fixed order through shared memory).
  * A fragments: a piece decodes to bf16 pairs w * 2^s exactly (w the code's value, 2^s its
  * block scale; exact: at most 4 significant bits, inexact only below 2^-126, as in tile_k):
- *   MXFP8: cvt e4m3x2 -> f16x2 (exact, all normal), then the f16 bits shifted right by 3 are
- *          the bf16 bits of w * 2^-112 (exponent and mantissa fields line up; zero stays
- *          zero), times the bf16 power of two 2^(s+112) (fma.rn.bf16x2 with -0: exact).
+ *   MXFP8: the e4m3 byte s|eeee|mmm placed as the bf16 bits s|0000 eeee|mmm 0000 is w *
+ *          2^-120 (subnormal codes bf16 subnormals), two codes by one prmt (the byte and its
+ *          sign replicated), a shift and a mask (tc_relay), times the bf16 power of two
+ *          2^(s+120) (fma.rn.bf16x2 with -0: exact); the common scale (s <= 7) first, its
+ *          multiplier one IMAD.
  *   MXFP4: an e2m1 code s|e1 e0|m re-laid as the bf16 bits s|0000000 e1 e0|m000000 is w *
  *          2^-126 (the 0.5 code a bf16 subnormal), times 2^(s+126) (the e4m3 re-lay and
  *          f16 conversion of MXFP8 measured slower here: docs/gpu.md).
- *   A block scale whose multiplier would not be a bf16 normal (s > 15 fp8 / 1 fp4)
+ *   A block scale whose multiplier would not be a bf16 normal (s > 7 fp8 / 1 fp4)
  *   multiplies by 2^127 and then by the rest (two exact steps; a branch, so only
  *   warps holding such a block pay for it); the NaN scale (0xFF) takes decode8's float path.
  *   A piece holding an e4m3 NaN code (0x7F / 0xFF, which the f16 shift would turn into a
  *   finite value) takes the float path too, so NaN codes decode to NaN as in ref (one test
- *   of the 16 bytes: 9 integer ops a piece; skipped when m3_gpu_experts.finite_codes says
- *   the codes hold none, as gpu/layer.hip's upload scan establishes for real checkpoints).
+ *   of the 16 bytes: 9 integer ops a piece; compiled out (NC) when m3_gpu_experts.finite_codes
+ *   says the codes hold none, as gpu/layer.hip's upload scan establishes for real checkpoints).
  * The k order inside an mma is free as long as A and B agree: each lane's B registers hold
  * the x pairs of the same elements as its A registers. x is staged in shared memory already
  * in that order: per step, 16-byte units (8 elements) u*4 + t of piece t, the elements of a
@@ -535,17 +537,6 @@ static __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t m) {
     return d;
 }
 
-#if M3_HAVE_FP8_CVT
-static __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v16) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v16 & 0xFFFFu), __NV_E4M3);
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
-}
-/* f16x2 of e4m3 values (all normal or zero) -> bf16x2 bits of the values x 2^-112 */
-static __device__ __forceinline__ uint32_t f16x2_bf16s(uint32_t h) {
-    return ((h >> 3) & 0x0FFF0FFFu) | (h & 0x80008000u);
-}
-#endif
-
 /* the x slot of element w (0..7) of a 16-byte unit: the A pair order of the format */
 template <int WF> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
     if (WF == M3_GPU_W_MXFP8) return x;
@@ -561,32 +552,59 @@ static __device__ __forceinline__ bool e4m3_nan16(uint4 q) {
     return ((((q.x & m) + o) | ((q.y & m) + o) | ((q.z & m) + o) | ((q.w & m) + o)) & 0x80808080u) != 0;
 }
 
-/* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb */
+/* byte n of the result: byte (c >> 4n) & 7 of {b, a}, or its sign replicated when bit 4n+3
+ * of c is set */
+static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* the bf16 pairs of one piece, each times the bf16 power-of-two pair mul (see tc_decode).
+ * MXFP8: an e4m3 byte s|eeee|mmm placed as the bf16 s|0000 eeee|mmm 0000 is its value x
+ * 2^-120 (e = 0: a bf16 subnormal of the same value; a NaN code would give a finite value,
+ * hence the NaN-code test): one prmt puts the bytes b and sign(b) of two codes in place
+ * (b, sign-replicated b, b', sign-replicated b'), a shift by 4 and a mask finish; no
+ * conversion instruction (the e4m3x2 -> f16x2 conversion it replaced measured slower). */
 template <int WF>
-static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r,
-                                                 bool nanchk = true) {
+static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t v = qq[k];
+        if (WF == M3_GPU_W_MXFP8) {
+            r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
+            r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
+        } else {
+            r[4 * k] = bf2_mul(((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u), mul);
+            r[4 * k + 1] = bf2_mul(((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u), mul);
+            r[4 * k + 2] = bf2_mul(((v >> 2) & 0x01C001C0u) | ((v << 4) & 0x80008000u), mul);
+            r[4 * k + 3] = bf2_mul(((v >> 6) & 0x01C001C0u) | (v & 0x80008000u), mul);
+        }
+    }
+}
+
+/* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
+ * NC (MXFP8): test the piece for e4m3 NaN codes (the caller's codes may hold some). */
+template <int WF, bool NC>
+static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
 #if M3_HAVE_FP8_CVT
+    const bool chk = WF == M3_GPU_W_MXFP8 && NC;
     /* the relayed values are w * 2^-F; 2^(s+F) is a bf16 normal up to s = 127 - F (lim); a
      * larger s multiplies by 2^127 first (w * 2^(127-F), exact) and then by the rest */
-    const uint32_t F = WF == M3_GPU_W_MXFP8 ? 112u : 126u, lim = 254u - F;
-    if (sb != 0xFFu && !(WF == M3_GPU_W_MXFP8 && nanchk && e4m3_nan16(q))) {
+    const uint32_t F = WF == M3_GPU_W_MXFP8 ? 120u : 126u, lim = 254u - F;
+    if (WF == M3_GPU_W_MXFP8) { /* the common case first: (s + F) << 7 in both halves, one IMAD
+                                   (MXFP4 measured slower with this split: docs/gpu.md) */
+        if ((uint32_t)sb <= lim && !(chk && e4m3_nan16(q))) {
+            tc_relay<WF>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
+            return;
+        }
+    }
+    if (sb != 0xFFu && !(chk && e4m3_nan16(q))) {
         const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint32_t v = qq[k];
-            if (WF == M3_GPU_W_MXFP8) {
-                r[2 * k] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v)), mul);
-                r[2 * k + 1] = bf2_mul(f16x2_bf16s(e4m3x2_f16x2(v >> 16)), mul);
-            } else {
-                r[4 * k] = bf2_mul(((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u), mul);
-                r[4 * k + 1] = bf2_mul(((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u), mul);
-                r[4 * k + 2] = bf2_mul(((v >> 2) & 0x01C001C0u) | ((v << 4) & 0x80008000u), mul);
-                r[4 * k + 3] = bf2_mul(((v >> 6) & 0x01C001C0u) | (v & 0x80008000u), mul);
-            }
-        }
+        tc_relay<WF>(qq, mul, r);
         if (sb > lim) { /* (rare: scales above 2^(127-F)) */
             const uint32_t f2 = 127u + sb - lim, mul2 = (f2 << 7) | (f2 << 23);
 #pragma unroll
@@ -634,12 +652,12 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
-         int smode, bool act_bf16, bool nanchk) {
+         int smode, bool act_bf16) {
     extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units */
     __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
     __shared__ float lut[256];
@@ -683,8 +701,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode<WF>(q[0], sc[0], lut, a0, nanchk);
-        tc_decode<WF>(q[1], sc[1], lut, a1, nanchk);
+        tc_decode<WF, NC>(q[0], sc[0], lut, a0);
+        tc_decode<WF, NC>(q[1], sc[1], lut, a1);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -910,8 +928,8 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf, bc);
 }
 
-/* T = 1, MXFP4 weights: tc_k's tensor-core GEMV for one token, without a grouping kernel or a
- * combine launch. The grouped row of slot k is k itself; the valid slots (t1_slots) are read by
+/* T = 1, MX weights (MXFP4; MXFP8 whose codes hold no NaN code, NC false): tc_k's tensor-core
+ * GEMV for one token, without a grouping kernel or a combine launch. The grouped row of slot k is k itself; the valid slots (t1_slots) are read by
  * every block. Persistent (at most 2 blocks per multiprocessor; block b takes the tiles b,
  * b + gridDim.x, ...), a tile: one valid slot's CH outputs (8 (gate/up) or 16 (down) per row
  * group of 8 / WK warps), its k range split over WK warps (partial sums added in warp order
@@ -923,7 +941,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U>
+template <int WF, int MODE, int WK, int U, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1018,8 +1036,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 if (st >= nsteps) continue;
                 const bool ok = st * 4 + t < npieces;
                 uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                tc_decode<WF>(qa[u][0], sa[u][0], lut, a0);
-                tc_decode<WF>(qa[u][1], sa[u][1], lut, a1);
+                tc_decode<WF, NC>(qa[u][0], sa[u][0], lut, a0);
+                tc_decode<WF, NC>(qa[u][1], sa[u][1], lut, a1);
 #pragma unroll
                 for (int uu = 0; uu < UP; uu++) {
                     const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
@@ -1076,7 +1094,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U>
+template <int WF, int WK, int U, bool NC>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1087,19 +1105,19 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
@@ -1107,7 +1125,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL>
+template <int WF, int WK, int NT, int U, int RL, bool NC>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1119,25 +1137,20 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
-    /* the per-piece NaN-code test, unless the caller knows the codes are all finite (it cost
-     * ~6% of MXFP8 decode at T=64 on the H200: docs/gpu.md) */
-    const bool nanchk = !w->finite_codes;
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL><<<g1, TC_THREADS, sh1, g->stream>>>(
-        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16,
-        nanchk);
+    tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL><<<g2, TC_THREADS, sh2, g->stream>>>(
-        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16,
-        nanchk);
+    tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
 }
@@ -1854,7 +1867,11 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
          * loads with a 256-byte L2 prefetch (T = 1 never comes here on NVIDIA: t1_call) */
         if (WF != M3_GPU_W_BF16 && !w->portable) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
-            return tc_run<WFX, 1, 1, 4, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            /* MXFP8: the per-piece NaN-code test compiled in unless the caller knows the codes
+             * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
+            if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
+                return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
         /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
@@ -1879,7 +1896,8 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
 
 #if defined(M3_HIP_NVIDIA)
 /* T = 1 on NVIDIA sm_80+ (no grouping or combine launch): scratch, act_in, and the two kernels
- * (MXFP4 dq1_k; MXFP8, bf16 sk1_k: measured faster each, docs/gpu.md "Decode, session 4") */
+ * (MXFP4 dq1_k; bf16 sk1_k; MXFP8 dq1_k when its codes are known finite, else sk1_k: measured
+ * faster each, docs/gpu.md "Decode, session 4" and "session 6") */
 static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int32_t *d_ids,
                          const float *d_wts, const m3_gpu_experts *w, const m3_moe_params *mp,
                          const m3_profile *p, const m3_actq *const *aq) {
@@ -1898,9 +1916,13 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         if (w->fmt == M3_GPU_W_BF16)
             s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else if (w->fmt == M3_GPU_W_MXFP8)
-            s = sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
+             * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
+            s = w->finite_codes
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;

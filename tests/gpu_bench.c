@@ -702,7 +702,10 @@ static void bench_moe_experts(void **state) {
             const double io = (double)c.T * D * 2 * 2 + tk * F * 2 * 2 + tk * D * 2 * 2;
             double ms = time_ms(g, do_experts, &c, c.T > 64 ? 3 : 20, c.T > 64 ? 3 : 7);
             snprintf(nm, sizeof nm, "moe_experts %s atom T=%d", f == 0 ? "bf16" : (f == 1 ? "mxfp8" : "mxfp4"), c.T);
-            printf("bench: (%s: %d experts touched, %.1f MB of weights)\n", nm, n_used, wbytes / 1e6);
+            int most = 0; /* an expert's tokens beyond 8 take a second pass of the decode GEMV */
+            for (int e = 0; e < E; e++) most = used[e] > most ? used[e] : most;
+            printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
+                   nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
             /* the serving configuration: MX activations (rceil) before gate/up and before down;
              * MXFP8 always, MXFP4 from moe_act_bound (256) tokens on. Same bytes and FLOPs
