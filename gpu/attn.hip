@@ -1291,6 +1291,7 @@ typedef struct {
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
+    int nw;     /* pd_part_k: warps per block */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
 } pf_cfg;
@@ -1956,8 +1957,8 @@ static __global__ void __launch_bounds__(PF_MT)
 }
 /* ---- decode kernel pd_part_k (session 6) ------------------------------------------------
  * The same work split, partials, merges and numerics as pf_part_k, for decode shapes (few
- * tokens, long rows), with warps that own their keys: a block of PD_W warps takes cpb
- * consecutive chunks of one (token, kv head) row, warp w the chunks cb + w, cb + w + PD_W, ...
+ * tokens, long rows), with warps that own their keys: a block of NW warps takes cpb
+ * consecutive chunks of one (token, kv head) row, warp w the chunks cb + w, cb + w + NW, ...
  * A warp runs a chunk alone, with no block barrier: pass 1 reads K of 16 keys at a time
  * straight from the cache into mma B fragments (16-byte loads, the next group's in flight
  * while this one is scored), scores them on mma.sync and parks S in its own shared-memory
@@ -1971,9 +1972,7 @@ static __global__ void __launch_bounds__(PF_MT)
  * P'.V of one group is one exact fp16 mma, times M / FP8_MAX, as pf_part_k. Each warp folds
  * its chunks into (M, L, A) in registers; the block folds its warps' once at the end, then
  * writes the output or its partial (and the fused merge) as pf_part_k. */
-#define PD_W 4   /* warps per block */
-#define PD_BPS 2 /* blocks per SM the launcher aims at */
-#define PD_THREADS (PD_W * 32)
+#define PD_WPS 8 /* warps per SM the launcher aims at (2 blocks of 4 or 1 of 8) */
 #define PD_NT (FA_MAX_DH / 8)  /* O n-tiles of 8 dims */
 #define PD_KS (FA_MAX_DH / 16) /* k-steps of 16 dims */
 
@@ -1986,8 +1985,8 @@ static __host__ __device__ inline size_t pd_s_bytes(const pf_cfg &c) {
 static __host__ __device__ inline size_t pd_warp_bytes(const pf_cfg &c) {
     return pd_s_bytes(c) + (size_t)(c.Dh / 8) * 32 * 16;
 }
-static size_t pd_smem_bytes(const pf_cfg &c) {
-    size_t a = (size_t)PD_W * pd_warp_bytes(c);
+static size_t pd_smem_bytes(const pf_cfg &c) { /* c.nw warps per block */
+    size_t a = (size_t)c.nw * pd_warp_bytes(c);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * c.Dh * 2 + a;
@@ -1997,8 +1996,8 @@ static size_t pd_smem_bytes(const pf_cfg &c) {
 template <bool FP8> struct pd_vunit { typedef uint2 t; };
 template <> struct pd_vunit<true> { typedef uint32_t t; };
 
-template <bool FP8>
-static __global__ void __launch_bounds__(PD_THREADS, 2)
+template <bool FP8, int PF, int PV, int NW>
+static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
               const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
@@ -2010,12 +2009,15 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
     constexpr int UK = FP8 ? FA_MAX_DH / 64 : FA_MAX_DH / 32; /* 16-byte K units per lane and key */
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
-    uint16_t *qs = reinterpret_cast<uint16_t *>(pf_raw); /* [16][Dh] Q (§4.9: fp8(q) as fp16) */
+    /* Q A fragments [k-step][lane] (permuted as the K units' dims), built from the rows staged
+     * in the warps' areas */
+    uint4 *qf = reinterpret_cast<uint4 *>(pf_raw);
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
+    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q (§4.9: fp8(q) as fp16) */
     const size_t WB = pd_warp_bytes(c);
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
-    __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
+    __shared__ float wml[NW][2][16]; /* the warps' running M and L per head */
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -2023,16 +2025,16 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
     const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
-    for (int e = tid; e < 16 * Dh / 8; e += PD_THREADS) {
+    for (int e = tid; e < 16 * Dh / 8; e += (NW * 32)) {
         uint4 v = make_uint4(0, 0, 0, 0);
         if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
         *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
     }
     if (sparse)
-        for (int i = tid; i < width; i += PD_THREADS) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+        for (int i = tid; i < width; i += (NW * 32)) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
     if (c.pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
-        for (int e = tid; e < 16 * Dh; e += PD_THREADS)
+        for (int e = tid; e < 16 * Dh; e += (NW * 32))
             qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     if (!sparse) {
         if (tid == 0) {
@@ -2043,13 +2045,13 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
         const int bp = p / Bs;
         if (tid == 0) last_sh = 0;
         __syncthreads();
-        for (int i = tid; i < width; i += PD_THREADS) {
+        for (int i = tid; i < width; i += (NW * 32)) {
             const int b = selsh[i];
             vfl[i] = b >= 0 && b < bp;
             if (b == bp) last_sh = 1;
         }
         __syncthreads();
-        for (int i = tid; i < width; i += PD_THREADS)
+        for (int i = tid; i < width; i += (NW * 32))
             if (vfl[i]) {
                 const int b = selsh[i];
                 int at = 0;
@@ -2075,6 +2077,15 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
         }
     }
     __syncthreads();
+    for (int e = tid; e < PD_KS * 32; e += (NW * 32)) {
+        const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
+        const int D = FP8 ? 64 * (s2 / 4) + 16 * tr + 4 * (s2 % 4) : 32 * (s2 / 2) + 8 * tr + 4 * (s2 % 2);
+        qf[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
+    }
+    __syncthreads();
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
@@ -2084,28 +2095,31 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
     float4 *sw = reinterpret_cast<float4 *>(wraw + (size_t)warp * WB);
     float4 *aw = reinterpret_cast<float4 *>(wraw + (size_t)warp * WB + pd_s_bytes(c));
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
-    for (int cc = cb + warp; cc < ce; cc += PD_W) {
+    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
+    auto phys = [&](int cc) {
+        const int k = cc * ch + 16 * lane;
+        if (cc >= ce || k >= n) return 0;
+        const int kb = k / Bs;
+        return sparse ? s.bt[blist[kb]] : s.bt[kb];
+    };
+    int phn = phys(cb + warp);
+    for (int cc = cb + warp; cc < ce; cc += NW) {
         const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
         /* lane l: the element offsets of group l's first key (K, V, scale) */
         int64_t gko = 0, gvo = 0, gso = 0;
         if (lane < ng) {
             const int k = k0 + 16 * lane, kb = k / Bs;
-            const int ph = sparse ? s.bt[blist[kb]] : s.bt[kb];
-            pf_offs<XC>(s, ph * Bs + (k - kb * Bs), g, gko, gvo, gso);
+            pf_offs<XC>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
-        uint32_t qa[PD_KS][4];
-#pragma unroll
-        for (int s2 = 0; s2 < PD_KS; s2++) {
-            const int D = FP8 ? 64 * (s2 / 4) + 16 * tq + 4 * (s2 % 4) : 32 * (s2 / 2) + 8 * tq + 4 * (s2 % 2);
-            if (D >= Dh) break;
-            qa[s2][0] = *reinterpret_cast<const uint32_t *>(qs + gq * Dh + D);
-            qa[s2][1] = *reinterpret_cast<const uint32_t *>(qs + (gq + 8) * Dh + D);
-            qa[s2][2] = *reinterpret_cast<const uint32_t *>(qs + gq * Dh + D + 2);
-            qa[s2][3] = *reinterpret_cast<const uint32_t *>(qs + (gq + 8) * Dh + D + 2);
-        }
+        phn = phys(cc + NW);
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
-        uint4 kw[2][UK], kn[2][UK];
+        constexpr int KD = PF + 1; /* ring of K groups: PF in flight while one is scored */
+        uint4 kr[KD][2][UK];
+        typedef typename pd_vunit<FP8>::t vunit;
+        constexpr int VD = PV + 1; /* ring of V groups: PV in flight (the first PV loaded during
+                                    * pass 1's tail) */
+        vunit vr[VD][PD_NT];
         auto kload = [&](uint4 (&w)[2][UK], int gr) {
             const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
             const unsigned char *kp = kbase + (ko + (int64_t)kl * XC) * EB;
@@ -2117,9 +2131,20 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
                     w[h][u] = *reinterpret_cast<const uint4 *>(kp + ((int64_t)h * 2 * XC + (int64_t)(4 * u + tq) * Pv * XC) * EB);
                 }
         };
-        kload(kw, 0);
-        for (int gr = 0; gr < ng; gr++) {
-            if (gr + 1 < ng) kload(kn, gr + 1);
+        auto vload = [&](vunit (&w)[PD_NT], int gr) {
+            const int64_t vo = __shfl_sync(0xffffffffu, gvo, gr);
+#pragma unroll
+            for (int u = 0; u < PD_NT; u++) {
+                const int d = 8 * u + gq;
+                if (8 * u >= Dh) continue;
+                if (FP8)
+                    w[u] = *reinterpret_cast<const vunit *>(vbase + vo + (int64_t)d * 16 + 4 * tq);
+                else
+                    w[u] = *reinterpret_cast<const vunit *>(
+                        vbase + (vo + (int64_t)(tq >> 1) * Dh * 8 + (int64_t)d * 8 + (tq & 1) * 4) * 2);
+            }
+        };
+        auto kstep = [&](const uint4 (&kw)[2][UK], int gr) {
             float c8[2][2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -2128,6 +2153,11 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
 #pragma unroll
             for (int s2 = 0; s2 < PD_KS; s2++) {
                 if (s2 * 16 >= Dh) break;
+                uint32_t qa[4]; /* from shared memory per k-step: registers for the K ring instead */
+                {
+                    const uint4 v = qf[s2 * 32 + lane];
+                    qa[0] = v.x, qa[1] = v.y, qa[2] = v.z, qa[3] = v.w;
+                }
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const uint4 w = kw[h][FP8 ? s2 / 4 : s2 / 2];
@@ -2137,15 +2167,15 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
                         const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
                         if (c.pa) {
                             b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                            pf_mma_f16(c8[h][s2 & 1], qa[s2], b);
+                            pf_mma_f16(c8[h][s2 & 1], qa, b);
                         } else {
                             b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
-                            m3_mma_bf16_16816(c8[h][s2 & 1], qa[s2], b);
+                            m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
                         }
                     } else {
                         if (s2 % 2 == 0) b[0] = w.x, b[1] = w.y;
                         else b[0] = w.z, b[1] = w.w;
-                        m3_mma_bf16_16816(c8[h][s2 & 1], qa[s2], b);
+                        m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
                     }
                 }
             }
@@ -2185,11 +2215,24 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
             mx1 = fmaxf(mx1, fmaxf(fmaxf(z[0][2], z[0][3]), fmaxf(z[1][2], z[1][3])));
             sw[(gr * 2) * 32 + lane] = make_float4(z[0][0], z[0][1], z[0][2], z[0][3]);
             sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
+        };
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+        for (int j = 0; j < PF; j++)
+            if (j < ng) kload(kr[j], j);
+        for (int g0 = 0; g0 < ng; g0 += KD)
 #pragma unroll
-                for (int u = 0; u < UK; u++) kw[h][u] = kn[h][u];
-        }
+            for (int j = 0; j < KD; j++)
+                if (g0 + j < ng) {
+                    const int nx = g0 + j + PF;
+                    if (nx < ng) {
+                        kload(kr[(j + PF) % KD], nx);
+                    } else { /* pass 2's first groups */
+#pragma unroll
+                        for (int v = 0; v < PV; v++)
+                            if (v == nx - ng && v < ng) vload(vr[v], v);
+                    }
+                    kstep(kr[j], g0 + j);
+                }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
@@ -2202,24 +2245,7 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
 #pragma unroll
         for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
-        typedef typename pd_vunit<FP8>::t vunit;
-        vunit vw[PD_NT], vn[PD_NT];
-        auto vload = [&](vunit (&w)[PD_NT], int gr) {
-            const int64_t vo = __shfl_sync(0xffffffffu, gvo, gr);
-#pragma unroll
-            for (int u = 0; u < PD_NT; u++) {
-                const int d = 8 * u + gq;
-                if (8 * u >= Dh) continue;
-                if (FP8)
-                    w[u] = *reinterpret_cast<const vunit *>(vbase + vo + (int64_t)d * 16 + 4 * tq);
-                else
-                    w[u] = *reinterpret_cast<const vunit *>(
-                        vbase + (vo + (int64_t)(tq >> 1) * Dh * 8 + (int64_t)d * 8 + (tq & 1) * 4) * 2);
-            }
-        };
-        vload(vw, 0);
-        for (int gr = 0; gr < ng; gr++) {
-            if (gr + 1 < ng) vload(vn, gr + 1);
+        auto vstep = [&](const vunit (&vw)[PD_NT], int gr) {
             const int kq = 16 * gr + 4 * tq;
             const float4 zl = sw[(gr * 2) * 32 + lane], zh = sw[(gr * 2 + 1) * 32 + lane];
             float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
@@ -2288,9 +2314,14 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
                     m3_mma_bf16_16816(o[u], a, b);
                 }
             }
+        };
+        for (int g0 = 0; g0 < ng; g0 += VD)
 #pragma unroll
-            for (int u = 0; u < PD_NT; u++) vw[u] = vn[u];
-        }
+            for (int j = 0; j < VD; j++)
+                if (g0 + j < ng) {
+                    if (g0 + j + PV < ng) vload(vr[(j + PV) % VD], g0 + j + PV);
+                    vstep(vr[j], g0 + j);
+                }
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
         l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
         l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -2330,17 +2361,17 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
     if (cb < ce || c.nsp == 1)
-        for (int e = tid; e < hq * Dh; e += PD_THREADS) {
+        for (int e = tid; e < hq * Dh; e += (NW * 32)) {
             const int h = e / Dh, d = e - h * Dh;
             float M = -INFINITY;
 #pragma unroll
-            for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
+            for (int w = 0; w < NW; w++) M = fmaxf(M, wml[w][0][h]);
             /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
             const size_t ai = pd_s_bytes(c) + ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
                               (size_t)(2 * (h / 8) + (d & 1)) * 4;
             float A = 0.0f, L = 0.0f;
 #pragma unroll
-            for (int w = 0; w < PD_W; w++) {
+            for (int w = 0; w < NW; w++) {
                 const float mw = wml[w][0][h];
                 if (mw == -INFINITY) continue; /* a warp without a chunk */
                 const float x = expf(mw - M);
@@ -2368,8 +2399,8 @@ static __global__ void __launch_bounds__(PD_THREADS, 2)
     {
         const int nj = (nch + c.cpb - 1) / c.cpb, vw = Dh % 4 == 0 ? 4 : 1;
         float *w = reinterpret_cast<float *>(wraw), *den = w + 3 * hq * nj;
-        pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, PD_THREADS);
-        for (int e = tid; e < hq * (Dh / vw); e += PD_THREADS) {
+        pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, (NW * 32));
+        for (int e = tid; e < hq * (Dh / vw); e += (NW * 32)) {
             const int h = e / (Dh / vw), d = (e % (Dh / vw)) * vw;
             float acc4[4];
             pf_acc(po, slot0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc4);
@@ -2456,14 +2487,19 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                            const int32_t *d_topk, int width, pf_cfg c) {
     const bool fp8 = c.fp8;
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
-    /* pd_part_k when every warp of PD_BPS blocks per SM gets a chunk (decode over long rows);
+    /* pd_part_k when each of PD_WPS warps per SM gets a chunk (decode over long rows);
      * else pf_part_k. Test hook: flash_kernel (1: pf_part_k, 2: pd_part_k where it fits). */
-    bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_W * PD_BPS * n_sm;
+    bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
+    /* session 6 variants (flash_kernel 2..5; removed once measured): {bf16, fp8} x prefetch
+     * depth, warps per block */
+    const int vi = src->flash_kernel >= 2 ? src->flash_kernel - 2 : 0;
+    static const int vnw[4] = {4, 4, 4, 8};
+    c.nw = vnw[vi & 3];
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2) dec = c.dec;
+    if (src->flash_kernel >= 2) dec = c.dec;
     if (dec) {
-        const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_BPS * n_sm;
-        int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + PD_W - 1) / PD_W;
+        const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / c.nw * n_sm;
+        int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + c.nw - 1) / c.nw;
         if (nsp > mx) nsp = mx;
         if (nsp < 1) nsp = 1;
         c.cpb = (int)((c.nchx + nsp - 1) / nsp);
@@ -2498,21 +2534,27 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][5]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][11]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[4] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>};
-    const int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
-    const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
-                          (const void *)kf[3], (const void *)pf_merge_k};
+    /* session 6 variants (flash_kernel 3, 4: other prefetch depths; removed once measured) */
+    const pf_fn kf[10] = {pf_part_k<false>,          pf_part_k<true>,
+                          pd_part_k<false, 1, 1, 4>, pd_part_k<true, 2, 2, 4>,
+                          pd_part_k<false, 2, 1, 4>, pd_part_k<true, 3, 3, 4>,
+                          pd_part_k<false, 3, 1, 4>, pd_part_k<true, 4, 2, 4>,
+                          pd_part_k<false, 2, 1, 8>, pd_part_k<true, 3, 3, 8>};
+    const int fi = (fp8 ? 1 : 0) + (dec ? 2 + 2 * (vi & 3) : 0);
+    const void *fns[11];
+    for (int i = 0; i < 10; i++) fns[i] = (const void *)kf[i];
+    fns[10] = (const void *)pf_merge_k;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[4]) {
-        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[4] = msh;
+    if (!c.fused && msh > pf_set[10]) {
+        M3_TRY(smem_limit(fns[10], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[10] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
@@ -2524,7 +2566,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        kf[fi]<<<grid, dec ? PD_THREADS : PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
+        kf[fi]<<<grid, dec ? c.nw * 32 : PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
