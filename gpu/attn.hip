@@ -1292,6 +1292,7 @@ typedef struct {
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
     int nw;     /* pd_part_k: warps per block */
+    int l2d;    /* pd_part_k: groups of keys prefetched into L2 ahead of the register loads */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
 } pf_cfg;
@@ -1992,6 +1993,15 @@ static size_t pd_smem_bytes(const pf_cfg &c) { /* c.nw warps per block */
     return (size_t)16 * c.Dh * 2 + a;
 }
 
+/* bytes at p (16-byte aligned, a multiple of 16) into L2, no register, no wait */
+static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
 /* a lane's V elements of one dim in a 16-key group: 4 fp8 codes or 4 bf16 */
 template <bool FP8> struct pd_vunit { typedef uint2 t; };
 template <> struct pd_vunit<true> { typedef uint32_t t; };
@@ -2144,6 +2154,23 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
                         vbase + (vo + (int64_t)(tq >> 1) * Dh * 8 + (int64_t)d * 8 + (tq & 1) * 4) * 2);
             }
         };
+        /* L2 prefetch of group pg's K (16 keys: one run of 16 Dh bytes-per-element in a page of
+         * 16, else Dh / XC runs of 16 XC elements) or V (one run) */
+        auto kpref = [&](int pg) {
+            const int64_t ko = __shfl_sync(0xffffffffu, gko, pg & 31);
+            if (pg >= ng) return;
+            if (Pv == 16) {
+                if (lane == 0) pd_l2(kbase + ko * EB, 16 * Dh * EB);
+            } else if (lane < Dh / XC) {
+                pd_l2(kbase + (ko + (int64_t)lane * Pv * XC) * EB, 16 * XC * EB);
+            }
+        };
+        auto vpref = [&](int pg) {
+            const int64_t vo = __shfl_sync(0xffffffffu, gvo, pg & 31);
+            if (pg < ng && lane == 0) pd_l2(vbase + vo * EB, 16 * Dh * EB);
+        };
+        const int l2d = c.l2d;
+        for (int pg = PF; pg < l2d; pg++) kpref(pg);
         auto kstep = [&](const uint4 (&kw)[2][UK], int gr) {
             float c8[2][2][4];
 #pragma unroll
@@ -2223,6 +2250,10 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
 #pragma unroll
             for (int j = 0; j < KD; j++)
                 if (g0 + j < ng) {
+                    if (l2d > 0) {
+                        if (g0 + j + l2d < ng) kpref(g0 + j + l2d);
+                        else vpref(g0 + j + l2d - ng);
+                    }
                     const int nx = g0 + j + PF;
                     if (nx < ng) {
                         kload(kr[(j + PF) % KD], nx);
@@ -2319,6 +2350,7 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
 #pragma unroll
             for (int j = 0; j < VD; j++)
                 if (g0 + j < ng) {
+                    if (l2d > 0) vpref(g0 + j + l2d);
                     if (g0 + j + PV < ng) vload(vr[(j + PV) % VD], g0 + j + PV);
                     vstep(vr[j], g0 + j);
                 }
@@ -2492,9 +2524,10 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     /* session 6 variants (flash_kernel 2..5; removed once measured): {bf16, fp8} x prefetch
      * depth, warps per block */
-    const int vi = src->flash_kernel >= 2 ? src->flash_kernel - 2 : 0;
-    static const int vnw[4] = {4, 4, 4, 8};
-    c.nw = vnw[vi & 3];
+    const int vi = src->flash_kernel >= 2 ? (src->flash_kernel - 2) % 4 : 0;
+    static const int vnw[4] = {4, 4, 4, 8}, vl2[3] = {0, 4, 8};
+    c.nw = vnw[vi];
+    c.l2d = vl2[src->flash_kernel >= 2 ? ((src->flash_kernel - 2) / 4) % 3 : 0];
     if (src->flash_kernel == 1) dec = false;
     if (src->flash_kernel >= 2) dec = c.dec;
     if (dec) {
@@ -2544,7 +2577,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                           pd_part_k<false, 2, 1, 4>, pd_part_k<true, 3, 3, 4>,
                           pd_part_k<false, 3, 1, 4>, pd_part_k<true, 4, 2, 4>,
                           pd_part_k<false, 2, 1, 8>, pd_part_k<true, 3, 3, 8>};
-    const int fi = (fp8 ? 1 : 0) + (dec ? 2 + 2 * (vi & 3) : 0);
+    const int fi = (fp8 ? 1 : 0) + (dec ? 2 + 2 * vi : 0);
     const void *fns[11];
     for (int i = 0; i < 10; i++) fns[i] = (const void *)kf[i];
     fns[10] = (const void *)pf_merge_k;
