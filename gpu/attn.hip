@@ -2006,7 +2006,7 @@ static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
 template <bool FP8> struct pd_vunit { typedef uint2 t; };
 template <> struct pd_vunit<true> { typedef uint32_t t; };
 
-template <bool FP8, int PF, int PV, int NW>
+template <bool FP8, int PF, int PV, int NW, bool QR, int DBG>
 static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2170,6 +2170,10 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
             if (pg < ng && lane == 0) pd_l2(vbase + vo * EB, 16 * Dh * EB);
         };
         const int l2d = c.l2d;
+        uint4 qreg[QR ? PD_KS : 1];
+        if (QR)
+#pragma unroll
+            for (int s2 = 0; s2 < PD_KS; s2++) qreg[QR ? s2 : 0] = qf[s2 * 32 + lane];
         for (int pg = PF; pg < l2d; pg++) kpref(pg);
         auto kstep = [&](const uint4 (&kw)[2][UK], int gr) {
             float c8[2][2][4];
@@ -2182,7 +2186,7 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
                 if (s2 * 16 >= Dh) break;
                 uint32_t qa[4]; /* from shared memory per k-step: registers for the K ring instead */
                 {
-                    const uint4 v = qf[s2 * 32 + lane];
+                    const uint4 v = QR ? qreg[QR ? s2 : 0] : qf[s2 * 32 + lane];
                     qa[0] = v.x, qa[1] = v.y, qa[2] = v.z, qa[3] = v.w;
                 }
 #pragma unroll
@@ -2257,11 +2261,13 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
                     const int nx = g0 + j + PF;
                     if (nx < ng) {
                         kload(kr[(j + PF) % KD], nx);
-                    } else { /* pass 2's first groups */
-#pragma unroll
-                        for (int v = 0; v < PV; v++)
-                            if (v == nx - ng && v < ng) vload(vr[v], v);
                     }
+                    /* pass 2's first groups: V group v in pass 1's iteration ng - PV + v (the
+                     * first iteration for those before it) */
+#pragma unroll
+                    for (int v = 0; v < PV; v++)
+                        if (v < ng && (v + ng - PV == g0 + j || (g0 + j == 0 && v + ng - PV < 0)))
+                            vload(vr[v], v);
                     kstep(kr[j], g0 + j);
                 }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
@@ -2299,7 +2305,9 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) pv[h][i] = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
+                    for (int i = 0; i < 4; i++)
+                        pv[h][i] = DBG == 2 ? ex[h][i] * vs4[2 * h + (i & 1)] * f /* timing only */
+                                            : ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
                 a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
                 a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
                 a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
@@ -2325,10 +2333,14 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
                             if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
                     if (c.pa) {
                         b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        pf_mma_f16(t4, a, b);
+                        if (DBG == 1) { /* timing only: no per-group scaling */
+                            pf_mma_f16(o[u], a, b);
+                        } else {
+                            float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                            pf_mma_f16(t4, a, b);
 #pragma unroll
-                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
+                            for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
+                        }
                     } else {
                         b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
                         m3_mma_bf16_16816(o[u], a, b);
@@ -2522,12 +2534,12 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     /* pd_part_k when each of PD_WPS warps per SM gets a chunk (decode over long rows);
      * else pf_part_k. Test hook: flash_kernel (1: pf_part_k, 2: pd_part_k where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
-    /* session 6 variants (flash_kernel 2..5; removed once measured): {bf16, fp8} x prefetch
-     * depth, warps per block */
-    const int vi = src->flash_kernel >= 2 ? (src->flash_kernel - 2) % 4 : 0;
-    static const int vnw[4] = {4, 4, 4, 8}, vl2[3] = {0, 4, 8};
+    /* session 6 variants (flash_kernel 2..8; removed once measured): kernel instance, warps
+     * per block, L2 prefetch distance */
+    const int vi = src->flash_kernel >= 2 && src->flash_kernel <= 8 ? src->flash_kernel - 2 : 0;
+    static const int vnw[7] = {4, 4, 4, 4, 4, 4, 4}, vl2[7] = {0, 4, 8, 0, 0, 0, 0};
     c.nw = vnw[vi];
-    c.l2d = vl2[src->flash_kernel >= 2 ? ((src->flash_kernel - 2) / 4) % 3 : 0];
+    c.l2d = vl2[vi];
     if (src->flash_kernel == 1) dec = false;
     if (src->flash_kernel >= 2) dec = c.dec;
     if (dec) {
@@ -2567,27 +2579,32 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][11]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][17]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* session 6 variants (flash_kernel 3, 4: other prefetch depths; removed once measured) */
-    const pf_fn kf[10] = {pf_part_k<false>,          pf_part_k<true>,
-                          pd_part_k<false, 1, 1, 4>, pd_part_k<true, 2, 2, 4>,
-                          pd_part_k<false, 2, 1, 4>, pd_part_k<true, 3, 3, 4>,
-                          pd_part_k<false, 3, 1, 4>, pd_part_k<true, 4, 2, 4>,
-                          pd_part_k<false, 2, 1, 8>, pd_part_k<true, 3, 3, 8>};
+    /* [variant][fp8]: 0-2 the candidate (l2d 0, 4, 8), 3 Q held in registers per chunk, 4 fp8
+     * ring depth 2, 5-6 timing only (fp8: no per-group P'.V scaling; P' by a product) */
+    const pf_fn kf[16] = {pf_part_k<false>,                    pf_part_k<true>,
+                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 0>,
+                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 0>,
+                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 0>,
+                          pd_part_k<false, 1, 1, 4, true, 0>,  pd_part_k<true, 1, 1, 4, true, 0>,
+                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 2, 2, 4, true, 0>,
+                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 1>,
+                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 2>};
     const int fi = (fp8 ? 1 : 0) + (dec ? 2 + 2 * vi : 0);
-    const void *fns[11];
-    for (int i = 0; i < 10; i++) fns[i] = (const void *)kf[i];
-    fns[10] = (const void *)pf_merge_k;
+    const void *fns[17];
+    for (int i = 0; i < 16; i++) fns[i] = (const void *)kf[i];
+    fns[16] = (const void *)pf_merge_k;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[10]) {
-        M3_TRY(smem_limit(fns[10], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[10] = msh;
+    if (!c.fused && msh > pf_set[16]) {
+        M3_TRY(smem_limit(fns[16], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[16] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;

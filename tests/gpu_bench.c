@@ -464,7 +464,7 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     free(pos);
     free(tk);
     /* session 6: M3_PF_VARIANTS=1 also times each kernel variant forced (flash_kernel 1..5) */
-    const int nv = getenv("M3_PF_VARIANTS") ? 14 : 1;
+    const int nv = getenv("M3_PF_VARIANTS") ? 9 : 1;
     for (int v = 0; v < nv; v++) {
         c.src.flash_kernel = v;
         double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
