@@ -1291,8 +1291,6 @@ typedef struct {
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
-    int nw;     /* pd_part_k: warps per block */
-    int l2d;    /* pd_part_k: groups of keys prefetched into L2 ahead of the register loads */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
 } pf_cfg;
@@ -1957,23 +1955,31 @@ static __global__ void __launch_bounds__(PF_MT)
     }
 }
 /* ---- decode kernel pd_part_k (session 6) ------------------------------------------------
- * The same work split, partials, merges and numerics as pf_part_k, for decode shapes (few
- * tokens, long rows), with warps that own their keys: a block of NW warps takes cpb
- * consecutive chunks of one (token, kv head) row, warp w the chunks cb + w, cb + w + NW, ...
- * A warp runs a chunk alone, with no block barrier: pass 1 reads K of 16 keys at a time
- * straight from the cache into mma B fragments (16-byte loads, the next group's in flight
- * while this one is scored), scores them on mma.sync and parks S in its own shared-memory
- * area (fp32, lane-private); pass 2 takes the chunk's max, reads S back, forms P (or §4.9 P')
- * in registers (the S accumulator layout is the P A-fragment layout) and multiplies it with V
- * read straight into B fragments. Keys are permuted inside each 16-key group (S column n of
- * the lo / hi n-tile is key 4(n/2) + n%2 / + 2), so a lane's P A fragment holds keys
- * 4tq..4tq+3, which one V unit word (fp8) or half unit (bf16) holds for a dim; Q takes the
- * permutation of the K units' dims (a dot product's terms, reordered). A 16-key group lies in
- * one page and one §4.9 tile (needs Bs, the view's page, the chunk and the tile % 16 == 0), so
- * P'.V of one group is one exact fp16 mma, times M / FP8_MAX, as pf_part_k. Each warp folds
- * its chunks into (M, L, A) in registers; the block folds its warps' once at the end, then
- * writes the output or its partial (and the fused merge) as pf_part_k. */
-#define PD_WPS 8 /* warps per SM the launcher aims at (2 blocks of 4 or 1 of 8) */
+ * The same key lists, chunks, partials, merges and numerics as pf_part_k, with warps that own
+ * their keys: a block of PD_W warps takes cpb consecutive chunks of one (token, kv head) row,
+ * warp w the chunks cb + w, cb + w + PD_W, ... A warp runs a chunk alone, with no block
+ * barrier: pass 1 reads K of 16 keys at a time straight from the cache into mma B fragments
+ * (16-byte loads; the next group's K and fp8 scales in flight while this one is scored),
+ * scores them on mma.sync with the chunk's Q A fragments in registers and parks S in its own
+ * shared-memory area (fp32, lane-private); pass 2 takes the chunk's max, reads S back, forms
+ * P (or §4.9 P') in registers (the S accumulator layout is the P A-fragment layout) and
+ * multiplies it with V read straight into B fragments (the first V group loads during pass
+ * 1's last group). Keys are permuted inside each 16-key group (S column n of the lo / hi
+ * n-tile is key 4(n/2) + n%2 / + 2), so a lane's P A fragment holds keys 4tq..4tq+3, which one
+ * V unit word (fp8) or half unit (bf16) holds for a dim; Q takes the permutation of the K
+ * units' dims (a dot product's terms, reordered). A 16-key group lies in one page and one
+ * §4.9 tile (needs Bs, the view's page, the chunk and the tile % 16 == 0, the tile a power of
+ * two), so P'.V of one group is one exact fp16 mma, times M / FP8_MAX, as pf_part_k. Each
+ * warp folds its chunks into (M, L, A) (A in its shared area); the block folds its warps'
+ * once at the end, then writes the output or its partial and runs the fused merge as
+ * pf_part_k. Launched for Dh 128, e4m3fn or bf16 elements, the fast layouts, when the grid
+ * gives each of PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids
+ * (sparse T = 1) keep pf_part_k, whose 8 warps share a chunk. */
+#define PD_W 4   /* warps per block (8, one block per SM: slower) */
+#define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
+                  * registers each) */
+#define PD_PF 1  /* K / V groups in flight while one is computed (2-4 spilled registers or
+                  * measured slower, session 6) */
 #define PD_NT (FA_MAX_DH / 8)  /* O n-tiles of 8 dims */
 #define PD_KS (FA_MAX_DH / 16) /* k-steps of 16 dims */
 
@@ -1986,28 +1992,19 @@ static __host__ __device__ inline size_t pd_s_bytes(const pf_cfg &c) {
 static __host__ __device__ inline size_t pd_warp_bytes(const pf_cfg &c) {
     return pd_s_bytes(c) + (size_t)(c.Dh / 8) * 32 * 16;
 }
-static size_t pd_smem_bytes(const pf_cfg &c) { /* c.nw warps per block */
-    size_t a = (size_t)c.nw * pd_warp_bytes(c);
+static size_t pd_smem_bytes(const pf_cfg &c) {
+    size_t a = (size_t)PD_W * pd_warp_bytes(c);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * c.Dh * 2 + a;
-}
-
-/* bytes at p (16-byte aligned, a multiple of 16) into L2, no register, no wait */
-static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#else
-    (void)p, (void)bytes;
-#endif
 }
 
 /* a lane's V elements of one dim in a 16-key group: 4 fp8 codes or 4 bf16 */
 template <bool FP8> struct pd_vunit { typedef uint2 t; };
 template <> struct pd_vunit<true> { typedef uint32_t t; };
 
-template <bool FP8, int PF, int PV, int NW, bool QR, int DBG>
-static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
+template <bool FP8>
+static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
               const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
@@ -2027,7 +2024,7 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
     const size_t WB = pd_warp_bytes(c);
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
-    __shared__ float wml[NW][2][16]; /* the warps' running M and L per head */
+    __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -2035,16 +2032,16 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
     const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
-    for (int e = tid; e < 16 * Dh / 8; e += (NW * 32)) {
+    for (int e = tid; e < 16 * Dh / 8; e += (PD_W * 32)) {
         uint4 v = make_uint4(0, 0, 0, 0);
         if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
         *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
     }
     if (sparse)
-        for (int i = tid; i < width; i += (NW * 32)) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+        for (int i = tid; i < width; i += (PD_W * 32)) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
     if (c.pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
-        for (int e = tid; e < 16 * Dh; e += (NW * 32))
+        for (int e = tid; e < 16 * Dh; e += (PD_W * 32))
             qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     if (!sparse) {
         if (tid == 0) {
@@ -2055,13 +2052,13 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
         const int bp = p / Bs;
         if (tid == 0) last_sh = 0;
         __syncthreads();
-        for (int i = tid; i < width; i += (NW * 32)) {
+        for (int i = tid; i < width; i += (PD_W * 32)) {
             const int b = selsh[i];
             vfl[i] = b >= 0 && b < bp;
             if (b == bp) last_sh = 1;
         }
         __syncthreads();
-        for (int i = tid; i < width; i += (NW * 32))
+        for (int i = tid; i < width; i += (PD_W * 32))
             if (vfl[i]) {
                 const int b = selsh[i];
                 int at = 0;
@@ -2087,7 +2084,7 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
         }
     }
     __syncthreads();
-    for (int e = tid; e < PD_KS * 32; e += (NW * 32)) {
+    for (int e = tid; e < PD_KS * 32; e += (PD_W * 32)) {
         const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
         const int D = FP8 ? 64 * (s2 / 4) + 16 * tr + 4 * (s2 % 4) : 32 * (s2 / 2) + 8 * tr + 4 * (s2 % 2);
         qf[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
@@ -2113,7 +2110,7 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
         return sparse ? s.bt[blist[kb]] : s.bt[kb];
     };
     int phn = phys(cb + warp);
-    for (int cc = cb + warp; cc < ce; cc += NW) {
+    for (int cc = cb + warp; cc < ce; cc += PD_W) {
         const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
         /* lane l: the element offsets of group l's first key (K, V, scale) */
         int64_t gko = 0, gvo = 0, gso = 0;
@@ -2121,17 +2118,24 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
             const int k = k0 + 16 * lane, kb = k / Bs;
             pf_offs<XC>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
-        phn = phys(cc + NW);
+        phn = phys(cc + PD_W);
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
-        constexpr int KD = PF + 1; /* ring of K groups: PF in flight while one is scored */
+        constexpr int KD = PD_PF + 1; /* ring of K groups: PD_PF in flight while one is scored */
         uint4 kr[KD][2][UK];
+        float4 ksr[KD], kvr[KD]; /* fp8: the group's K scales and (§4.9) V scales, with its K */
         typedef typename pd_vunit<FP8>::t vunit;
-        constexpr int VD = PV + 1; /* ring of V groups: PV in flight (the first PV loaded during
+        constexpr int VD = PD_PF + 1; /* ring of V groups: PD_PF in flight (the first PD_PF loaded during
                                     * pass 1's tail) */
         vunit vr[VD][PD_NT];
-        auto kload = [&](uint4 (&w)[2][UK], int gr) {
+        float4 vsr[VD]; /* fp8: the group's V scales, with its V */
+        auto kload = [&](uint4 (&w)[2][UK], float4 &ks, float4 &kv, int gr) {
             const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
+            if (FP8) {
+                const int64_t so = __shfl_sync(0xffffffffu, gso, gr) + 4 * tq;
+                ks = *reinterpret_cast<const float4 *>(s.k_scale + so);
+                if (c.pa) kv = *reinterpret_cast<const float4 *>(s.v_scale + so);
+            }
             const unsigned char *kp = kbase + (ko + (int64_t)kl * XC) * EB;
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -2141,8 +2145,9 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
                     w[h][u] = *reinterpret_cast<const uint4 *>(kp + ((int64_t)h * 2 * XC + (int64_t)(4 * u + tq) * Pv * XC) * EB);
                 }
         };
-        auto vload = [&](vunit (&w)[PD_NT], int gr) {
+        auto vload = [&](vunit (&w)[PD_NT], float4 &vs, int gr) {
             const int64_t vo = __shfl_sync(0xffffffffu, gvo, gr);
+            if (FP8) vs = *reinterpret_cast<const float4 *>(s.v_scale + __shfl_sync(0xffffffffu, gso, gr) + 4 * tq);
 #pragma unroll
             for (int u = 0; u < PD_NT; u++) {
                 const int d = 8 * u + gq;
@@ -2154,28 +2159,10 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
                         vbase + (vo + (int64_t)(tq >> 1) * Dh * 8 + (int64_t)d * 8 + (tq & 1) * 4) * 2);
             }
         };
-        /* L2 prefetch of group pg's K (16 keys: one run of 16 Dh bytes-per-element in a page of
-         * 16, else Dh / XC runs of 16 XC elements) or V (one run) */
-        auto kpref = [&](int pg) {
-            const int64_t ko = __shfl_sync(0xffffffffu, gko, pg & 31);
-            if (pg >= ng) return;
-            if (Pv == 16) {
-                if (lane == 0) pd_l2(kbase + ko * EB, 16 * Dh * EB);
-            } else if (lane < Dh / XC) {
-                pd_l2(kbase + (ko + (int64_t)lane * Pv * XC) * EB, 16 * XC * EB);
-            }
-        };
-        auto vpref = [&](int pg) {
-            const int64_t vo = __shfl_sync(0xffffffffu, gvo, pg & 31);
-            if (pg < ng && lane == 0) pd_l2(vbase + vo * EB, 16 * Dh * EB);
-        };
-        const int l2d = c.l2d;
-        uint4 qreg[QR ? PD_KS : 1];
-        if (QR)
+        uint4 qreg[PD_KS]; /* Q A fragments of the chunk (from shared memory per k-step: slower) */
 #pragma unroll
-            for (int s2 = 0; s2 < PD_KS; s2++) qreg[QR ? s2 : 0] = qf[s2 * 32 + lane];
-        for (int pg = PF; pg < l2d; pg++) kpref(pg);
-        auto kstep = [&](const uint4 (&kw)[2][UK], int gr) {
+        for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = qf[s2 * 32 + lane];
+        auto kstep = [&](const uint4 (&kw)[2][UK], const float4 &ksg, const float4 &kvg, int gr) {
             float c8[2][2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -2184,11 +2171,7 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
 #pragma unroll
             for (int s2 = 0; s2 < PD_KS; s2++) {
                 if (s2 * 16 >= Dh) break;
-                uint32_t qa[4]; /* from shared memory per k-step: registers for the K ring instead */
-                {
-                    const uint4 v = QR ? qreg[QR ? s2 : 0] : qf[s2 * 32 + lane];
-                    qa[0] = v.x, qa[1] = v.y, qa[2] = v.z, qa[3] = v.w;
-                }
+                const uint32_t qa[4] = {qreg[s2].x, qreg[s2].y, qreg[s2].z, qreg[s2].w};
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const uint4 w = kw[h][FP8 ? s2 / 4 : s2 / 2];
@@ -2213,11 +2196,10 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
             float ks4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
             const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
             if (FP8) {
-                const int64_t so = __shfl_sync(0xffffffffu, gso, gr) + 4 * tq;
-                const float4 a = *reinterpret_cast<const float4 *>(s.k_scale + so);
+                const float4 a = ksg;
                 ks4[0] = a.x, ks4[1] = a.y, ks4[2] = a.z, ks4[3] = a.w;
                 if (c.pa) {
-                    const float4 v = *reinterpret_cast<const float4 *>(s.v_scale + so);
+                    const float4 v = kvg;
                     float m = 0.0f;
                     if (kq < nk) m = fmaxf(m, v.x);
                     if (kq + 1 < nk) m = fmaxf(m, v.y);
@@ -2248,27 +2230,23 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
             sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
         };
 #pragma unroll
-        for (int j = 0; j < PF; j++)
-            if (j < ng) kload(kr[j], j);
+        for (int j = 0; j < PD_PF; j++)
+            if (j < ng) kload(kr[j], ksr[j], kvr[j], j);
         for (int g0 = 0; g0 < ng; g0 += KD)
 #pragma unroll
             for (int j = 0; j < KD; j++)
                 if (g0 + j < ng) {
-                    if (l2d > 0) {
-                        if (g0 + j + l2d < ng) kpref(g0 + j + l2d);
-                        else vpref(g0 + j + l2d - ng);
-                    }
-                    const int nx = g0 + j + PF;
+                    const int nx = g0 + j + PD_PF;
                     if (nx < ng) {
-                        kload(kr[(j + PF) % KD], nx);
+                        kload(kr[(j + PD_PF) % KD], ksr[(j + PD_PF) % KD], kvr[(j + PD_PF) % KD], nx);
                     }
-                    /* pass 2's first groups: V group v in pass 1's iteration ng - PV + v (the
+                    /* pass 2's first groups: V group v in pass 1's iteration ng - PD_PF + v (the
                      * first iteration for those before it) */
 #pragma unroll
-                    for (int v = 0; v < PV; v++)
-                        if (v < ng && (v + ng - PV == g0 + j || (g0 + j == 0 && v + ng - PV < 0)))
-                            vload(vr[v], v);
-                    kstep(kr[j], g0 + j);
+                    for (int v = 0; v < PD_PF; v++)
+                        if (v < ng && (v + ng - PD_PF == g0 + j || (g0 + j == 0 && v + ng - PD_PF < 0)))
+                            vload(vr[v], vsr[v], v);
+                    kstep(kr[j], ksr[j], kvr[j], g0 + j);
                 }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -2282,7 +2260,7 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
 #pragma unroll
         for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
-        auto vstep = [&](const vunit (&vw)[PD_NT], int gr) {
+        auto vstep = [&](const vunit (&vw)[PD_NT], const float4 &vsg, int gr) {
             const int kq = 16 * gr + 4 * tq;
             const float4 zl = sw[(gr * 2) * 32 + lane], zh = sw[(gr * 2 + 1) * 32 + lane];
             float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
@@ -2291,8 +2269,7 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
             l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
             float vs4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
             if (FP8) {
-                const int64_t so = __shfl_sync(0xffffffffu, gso, gr) + 4 * tq;
-                const float4 v = *reinterpret_cast<const float4 *>(s.v_scale + so);
+                const float4 v = vsg;
                 vs4[0] = kq < nk ? v.x : 0.0f, vs4[1] = kq + 1 < nk ? v.y : 0.0f;
                 vs4[2] = kq + 2 < nk ? v.z : 0.0f, vs4[3] = kq + 3 < nk ? v.w : 0.0f;
             }
@@ -2306,8 +2283,7 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
                 for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        pv[h][i] = DBG == 2 ? ex[h][i] * vs4[2 * h + (i & 1)] * f /* timing only */
-                                            : ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
+                        pv[h][i] = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
                 a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
                 a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
                 a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
@@ -2333,14 +2309,10 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
                             if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
                     if (c.pa) {
                         b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                        if (DBG == 1) { /* timing only: no per-group scaling */
-                            pf_mma_f16(o[u], a, b);
-                        } else {
-                            float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                            pf_mma_f16(t4, a, b);
+                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        pf_mma_f16(t4, a, b);
 #pragma unroll
-                            for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
-                        }
+                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
                     } else {
                         b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
                         m3_mma_bf16_16816(o[u], a, b);
@@ -2362,9 +2334,8 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
 #pragma unroll
             for (int j = 0; j < VD; j++)
                 if (g0 + j < ng) {
-                    if (l2d > 0) vpref(g0 + j + l2d);
-                    if (g0 + j + PV < ng) vload(vr[(j + PV) % VD], g0 + j + PV);
-                    vstep(vr[j], g0 + j);
+                    if (g0 + j + PD_PF < ng) vload(vr[(j + PD_PF) % VD], vsr[(j + PD_PF) % VD], g0 + j + PD_PF);
+                    vstep(vr[j], vsr[j], g0 + j);
                 }
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
         l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -2405,17 +2376,17 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
     if (cb < ce || c.nsp == 1)
-        for (int e = tid; e < hq * Dh; e += (NW * 32)) {
+        for (int e = tid; e < hq * Dh; e += (PD_W * 32)) {
             const int h = e / Dh, d = e - h * Dh;
             float M = -INFINITY;
 #pragma unroll
-            for (int w = 0; w < NW; w++) M = fmaxf(M, wml[w][0][h]);
+            for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
             /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
             const size_t ai = pd_s_bytes(c) + ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
                               (size_t)(2 * (h / 8) + (d & 1)) * 4;
             float A = 0.0f, L = 0.0f;
 #pragma unroll
-            for (int w = 0; w < NW; w++) {
+            for (int w = 0; w < PD_W; w++) {
                 const float mw = wml[w][0][h];
                 if (mw == -INFINITY) continue; /* a warp without a chunk */
                 const float x = expf(mw - M);
@@ -2443,8 +2414,8 @@ static __global__ void __launch_bounds__(NW * 32, PD_WPS / NW)
     {
         const int nj = (nch + c.cpb - 1) / c.cpb, vw = Dh % 4 == 0 ? 4 : 1;
         float *w = reinterpret_cast<float *>(wraw), *den = w + 3 * hq * nj;
-        pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, (NW * 32));
-        for (int e = tid; e < hq * (Dh / vw); e += (NW * 32)) {
+        pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, (PD_W * 32));
+        for (int e = tid; e < hq * (Dh / vw); e += (PD_W * 32)) {
             const int h = e / (Dh / vw), d = (e % (Dh / vw)) * vw;
             float acc4[4];
             pf_acc(po, slot0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc4);
@@ -2534,17 +2505,11 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     /* pd_part_k when each of PD_WPS warps per SM gets a chunk (decode over long rows);
      * else pf_part_k. Test hook: flash_kernel (1: pf_part_k, 2: pd_part_k where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
-    /* session 6 variants (flash_kernel 2..8; removed once measured): kernel instance, warps
-     * per block, L2 prefetch distance */
-    const int vi = src->flash_kernel >= 2 && src->flash_kernel <= 8 ? src->flash_kernel - 2 : 0;
-    static const int vnw[7] = {4, 4, 4, 4, 4, 4, 4}, vl2[7] = {0, 4, 8, 0, 0, 0, 0};
-    c.nw = vnw[vi];
-    c.l2d = vl2[vi];
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel >= 2) dec = c.dec;
+    if (src->flash_kernel == 2) dec = c.dec;
     if (dec) {
-        const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / c.nw * n_sm;
-        int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + c.nw - 1) / c.nw;
+        const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / PD_W * n_sm;
+        int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + PD_W - 1) / PD_W;
         if (nsp > mx) nsp = mx;
         if (nsp < 1) nsp = 1;
         c.cpb = (int)((c.nchx + nsp - 1) / nsp);
@@ -2579,32 +2544,22 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][17]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][5]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* session 6 variants (flash_kernel 3, 4: other prefetch depths; removed once measured) */
-    /* [variant][fp8]: 0-2 the candidate (l2d 0, 4, 8), 3 Q held in registers per chunk, 4 fp8
-     * ring depth 2, 5-6 timing only (fp8: no per-group P'.V scaling; P' by a product) */
-    const pf_fn kf[16] = {pf_part_k<false>,                    pf_part_k<true>,
-                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 0>,
-                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 0>,
-                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 0>,
-                          pd_part_k<false, 1, 1, 4, true, 0>,  pd_part_k<true, 1, 1, 4, true, 0>,
-                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 2, 2, 4, true, 0>,
-                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 1>,
-                          pd_part_k<false, 1, 1, 4, false, 0>, pd_part_k<true, 1, 1, 4, false, 2>};
-    const int fi = (fp8 ? 1 : 0) + (dec ? 2 + 2 * vi : 0);
-    const void *fns[17];
-    for (int i = 0; i < 16; i++) fns[i] = (const void *)kf[i];
-    fns[16] = (const void *)pf_merge_k;
+    const pf_fn kf[4] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>};
+    const int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
+                          (const void *)kf[3], (const void *)pf_merge_k};
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[16]) {
-        M3_TRY(smem_limit(fns[16], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[16] = msh;
+    if (!c.fused && msh > pf_set[4]) {
+        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[4] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
@@ -2616,7 +2571,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        kf[fi]<<<grid, dec ? c.nw * 32 : PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
+        kf[fi]<<<grid, dec ? PD_W * 32 : PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
