@@ -2003,7 +2003,29 @@ static size_t pd_smem_bytes(const pf_cfg &c) {
 template <bool FP8> struct pd_vunit { typedef uint2 t; };
 template <> struct pd_vunit<true> { typedef uint32_t t; };
 
-template <bool FP8>
+/* c[16x8] += a[16x32] * b[32x8], e4m3 inputs, fp32 accumulate (sm_89+) */
+static __device__ __forceinline__ void pd_mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
+#if M3_HAVE_FP8_CVT
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    (void)c, (void)a, (void)b;
+#endif
+}
+/* two floats -> two e4m3fn codes (RNE, satfinite), low byte first */
+static __device__ __forceinline__ uint32_t pd_e4m3x2(float v0, float v1) {
+    uint32_t d = 0;
+#if M3_HAVE_FP8_CVT
+    asm("{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, %1, %2; cvt.u32.u16 %0, t; }" : "=r"(d) : "f"(v1), "f"(v0));
+#else
+    (void)v0, (void)v1;
+#endif
+    return d;
+}
+
+template <bool FP8, int FV>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2180,7 +2202,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         const int r = s2 % 4;
                         const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
                         if (c.pa) {
-                            b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
+                            if (FV == 3) b[0] = x, b[1] = x >> 16; /* timing only */
+                            else b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
                             pf_mma_f16(c8[h][s2 & 1], qa, b);
                         } else {
                             b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
@@ -2284,10 +2307,16 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
                         pv[h][i] = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
-                a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
-                a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
-                a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
-                a[3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, hw);
+                if (FV == 1) { /* e4m3 codes, k32 A fragment: keys 4tq..4tq+3 in k 4tq..4tq+3 */
+                    a[0] = pd_e4m3x2(pv[0][0], pv[0][1]) | (pd_e4m3x2(pv[1][0], pv[1][1]) << 16);
+                    a[1] = pd_e4m3x2(pv[0][2], pv[0][3]) | (pd_e4m3x2(pv[1][2], pv[1][3]) << 16);
+                    a[2] = a[3] = 0u;
+                } else {
+                    a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
+                    a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
+                    a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
+                    a[3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, hw);
+                }
             } else {
 #pragma unroll
                 for (int h = 0; h < 2; h++)
@@ -2308,9 +2337,15 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         for (int e = 0; e < 4; e++)
                             if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
                     if (c.pa) {
-                        b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        pf_mma_f16(t4, a, b);
+                        if (FV == 1) {
+                            b[0] = x, b[1] = 0u;
+                            pd_mma_e4m3(t4, a, b);
+                        } else {
+                            if (FV == 2) b[0] = x, b[1] = x >> 16; /* timing only */
+                            else b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
+                            pf_mma_f16(t4, a, b);
+                        }
 #pragma unroll
                         for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
                     } else {
@@ -2506,7 +2541,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * else pf_part_k. Test hook: flash_kernel (1: pf_part_k, 2: pd_part_k where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2) dec = c.dec;
+    if (src->flash_kernel >= 2) dec = c.dec;
     if (dec) {
         const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / PD_W * n_sm;
         int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + PD_W - 1) / PD_W;
@@ -2544,22 +2579,28 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][5]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][11]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* session 6 variants (flash_kernel 3, 4: other prefetch depths; removed once measured) */
-    const pf_fn kf[4] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>};
-    const int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
-    const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
-                          (const void *)kf[3], (const void *)pf_merge_k};
+    /* session 6 variants (flash_kernel 3..5; removed once measured): fp8 P'.V on e4m3 mma,
+     * timing only without the V / K conversions */
+    const pf_fn kf[10] = {pf_part_k<false>,   pf_part_k<true>,    pd_part_k<false, 0>, pd_part_k<true, 0>,
+                          pd_part_k<false, 0>, pd_part_k<true, 1>, pd_part_k<false, 0>, pd_part_k<true, 2>,
+                          pd_part_k<false, 0>, pd_part_k<true, 3>};
+    const int fv = src->flash_kernel >= 3 && src->flash_kernel <= 5 ? src->flash_kernel - 2 : 0;
+    const int fi = (fp8 ? 1 : 0) + (dec ? 2 + 2 * fv : 0);
+    const void *fns[11];
+    for (int i = 0; i < 10; i++) fns[i] = (const void *)kf[i];
+    fns[10] = (const void *)pf_merge_k;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[4]) {
-        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[4] = msh;
+    if (!c.fused && msh > pf_set[10]) {
+        M3_TRY(smem_limit(fns[10], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[10] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
