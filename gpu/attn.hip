@@ -2025,7 +2025,7 @@ static __device__ __forceinline__ uint32_t pd_e4m3x2(float v0, float v1) {
     return d;
 }
 
-template <bool FP8, int FV>
+template <bool FP8, int FV, int PF, int PV>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2143,11 +2143,11 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         phn = phys(cc + PD_W);
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
-        constexpr int KD = PD_PF + 1; /* ring of K groups: PD_PF in flight while one is scored */
+        constexpr int KD = PF + 1; /* ring of K groups: PD_PF in flight while one is scored */
         uint4 kr[KD][2][UK];
         float4 ksr[KD], kvr[KD]; /* fp8: the group's K scales and (§4.9) V scales, with its K */
         typedef typename pd_vunit<FP8>::t vunit;
-        constexpr int VD = PD_PF + 1; /* ring of V groups: PD_PF in flight (the first PD_PF loaded during
+        constexpr int VD = PV + 1; /* ring of V groups: PD_PF in flight (the first PD_PF loaded during
                                     * pass 1's tail) */
         vunit vr[VD][PD_NT];
         float4 vsr[VD]; /* fp8: the group's V scales, with its V */
@@ -2253,21 +2253,21 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
         };
 #pragma unroll
-        for (int j = 0; j < PD_PF; j++)
+        for (int j = 0; j < PF; j++)
             if (j < ng) kload(kr[j], ksr[j], kvr[j], j);
         for (int g0 = 0; g0 < ng; g0 += KD)
 #pragma unroll
             for (int j = 0; j < KD; j++)
                 if (g0 + j < ng) {
-                    const int nx = g0 + j + PD_PF;
+                    const int nx = g0 + j + PF;
                     if (nx < ng) {
-                        kload(kr[(j + PD_PF) % KD], ksr[(j + PD_PF) % KD], kvr[(j + PD_PF) % KD], nx);
+                        kload(kr[(j + PF) % KD], ksr[(j + PF) % KD], kvr[(j + PF) % KD], nx);
                     }
                     /* pass 2's first groups: V group v in pass 1's iteration ng - PD_PF + v (the
                      * first iteration for those before it) */
 #pragma unroll
-                    for (int v = 0; v < PD_PF; v++)
-                        if (v < ng && (v + ng - PD_PF == g0 + j || (g0 + j == 0 && v + ng - PD_PF < 0)))
+                    for (int v = 0; v < PV; v++)
+                        if (v < ng && (v + ng - PV == g0 + j || (g0 + j == 0 && v + ng - PV < 0)))
                             vload(vr[v], vsr[v], v);
                     kstep(kr[j], ksr[j], kvr[j], g0 + j);
                 }
@@ -2369,7 +2369,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
             for (int j = 0; j < VD; j++)
                 if (g0 + j < ng) {
-                    if (g0 + j + PD_PF < ng) vload(vr[(j + PD_PF) % VD], vsr[(j + PD_PF) % VD], g0 + j + PD_PF);
+                    if (g0 + j + PV < ng) vload(vr[(j + PV) % VD], vsr[(j + PV) % VD], g0 + j + PV);
                     vstep(vr[j], vsr[j], g0 + j);
                 }
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -2584,11 +2584,13 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* session 6 variants (flash_kernel 3, 4: other prefetch depths; removed once measured) */
-    /* session 6 variants (flash_kernel 3..5; removed once measured): fp8 P'.V on e4m3 mma,
-     * timing only without the V / K conversions */
-    const pf_fn kf[10] = {pf_part_k<false>,   pf_part_k<true>,    pd_part_k<false, 0>, pd_part_k<true, 0>,
-                          pd_part_k<false, 0>, pd_part_k<true, 1>, pd_part_k<false, 0>, pd_part_k<true, 2>,
-                          pd_part_k<false, 0>, pd_part_k<true, 3>};
+    /* session 6 variants (flash_kernel 3..5; removed once measured): fp8 K / V ring depths
+     * 2 / 1, 2 / 2, 1 / 2 */
+    const pf_fn kf[10] = {pf_part_k<false>,            pf_part_k<true>,
+                          pd_part_k<false, 0, 1, 1>,   pd_part_k<true, 0, 1, 1>,
+                          pd_part_k<false, 0, 1, 1>,   pd_part_k<true, 0, 2, 1>,
+                          pd_part_k<false, 0, 1, 1>,   pd_part_k<true, 0, 2, 2>,
+                          pd_part_k<false, 0, 1, 1>,   pd_part_k<true, 0, 1, 2>};
     const int fv = src->flash_kernel >= 3 && src->flash_kernel <= 5 ? src->flash_kernel - 2 : 0;
     const int fi = (fp8 ? 1 : 0) + (dec ? 2 + 2 * fv : 0);
     const void *fns[11];

@@ -188,9 +188,9 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
         static const int cpbs[] = {0, 2, 1 << 20};
         /* the general kernel, then the decode kernel (flash_kernel 2; geometries it does not
          * take fall back to the general one) */
-        for (int ik = 0; ik < 7; ik++) { /* session 6: 7th, variant 3 (fp8 P'.V on e4m3 mma) */
+        for (int ik = 0; ik < 9; ik++) { /* session 6: variants 3..5 (fp8 ring depths) */
             const int ic = ik < 6 ? ik % 3 : 0;
-            ds.flash_kernel = ik < 6 ? 1 + ik / 3 : 3;
+            ds.flash_kernel = ik < 6 ? 1 + ik / 3 : ik - 3;
             ds.flash_cpb = cpbs[ic];
             for (int run = 0; run < 2; run++) {
                 m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
