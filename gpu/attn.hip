@@ -1978,8 +1978,9 @@ static __global__ void __launch_bounds__(PF_MT)
 #define PD_W 4   /* warps per block (8, one block per SM: slower) */
 #define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
                   * registers each) */
-#define PD_PF 1  /* K / V groups in flight while one is computed (2-4 spilled registers or
-                  * measured slower, session 6) */
+#define PD_PF 1  /* bf16: K / V groups in flight while one is computed (2 spilled registers) */
+#define PD_PF8 1 /* fp8: K groups in flight */
+#define PD_PV8 1 /* fp8: V groups in flight */
 #define PD_NT (FA_MAX_DH / 8)  /* O n-tiles of 8 dims */
 #define PD_KS (FA_MAX_DH / 16) /* k-steps of 16 dims */
 
@@ -2003,29 +2004,7 @@ static size_t pd_smem_bytes(const pf_cfg &c) {
 template <bool FP8> struct pd_vunit { typedef uint2 t; };
 template <> struct pd_vunit<true> { typedef uint32_t t; };
 
-/* c[16x8] += a[16x32] * b[32x8], e4m3 inputs, fp32 accumulate (sm_89+) */
-static __device__ __forceinline__ void pd_mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
-#if M3_HAVE_FP8_CVT
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    (void)c, (void)a, (void)b;
-#endif
-}
-/* two floats -> two e4m3fn codes (RNE, satfinite), low byte first */
-static __device__ __forceinline__ uint32_t pd_e4m3x2(float v0, float v1) {
-    uint32_t d = 0;
-#if M3_HAVE_FP8_CVT
-    asm("{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, %1, %2; cvt.u32.u16 %0, t; }" : "=r"(d) : "f"(v1), "f"(v0));
-#else
-    (void)v0, (void)v1;
-#endif
-    return d;
-}
-
-template <bool FP8, int FV, int PF, int PV>
+template <bool FP8>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2036,6 +2015,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB;
     constexpr int UK = FP8 ? FA_MAX_DH / 64 : FA_MAX_DH / 32; /* 16-byte K units per lane and key */
+    constexpr int PF = FP8 ? PD_PF8 : PD_PF, PV = FP8 ? PD_PV8 : PD_PF; /* ring depths */
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
     /* Q A fragments [k-step][lane] (permuted as the K units' dims), built from the rows staged
@@ -2143,11 +2123,11 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         phn = phys(cc + PD_W);
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
-        constexpr int KD = PF + 1; /* ring of K groups: PD_PF in flight while one is scored */
+        constexpr int KD = PF + 1; /* ring of K groups: PF in flight while one is scored */
         uint4 kr[KD][2][UK];
         float4 ksr[KD], kvr[KD]; /* fp8: the group's K scales and (§4.9) V scales, with its K */
         typedef typename pd_vunit<FP8>::t vunit;
-        constexpr int VD = PV + 1; /* ring of V groups: PD_PF in flight (the first PD_PF loaded during
+        constexpr int VD = PV + 1; /* ring of V groups: PV in flight (the first PV loaded during
                                     * pass 1's tail) */
         vunit vr[VD][PD_NT];
         float4 vsr[VD]; /* fp8: the group's V scales, with its V */
@@ -2202,8 +2182,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         const int r = s2 % 4;
                         const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
                         if (c.pa) {
-                            if (FV == 3) b[0] = x, b[1] = x >> 16; /* timing only */
-                            else b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
+                            b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
                             pf_mma_f16(c8[h][s2 & 1], qa, b);
                         } else {
                             b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
@@ -2263,7 +2242,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     if (nx < ng) {
                         kload(kr[(j + PF) % KD], ksr[(j + PF) % KD], kvr[(j + PF) % KD], nx);
                     }
-                    /* pass 2's first groups: V group v in pass 1's iteration ng - PD_PF + v (the
+                    /* pass 2's first groups: V group v in pass 1's iteration ng - PV + v (the
                      * first iteration for those before it) */
 #pragma unroll
                     for (int v = 0; v < PV; v++)
@@ -2307,16 +2286,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
                         pv[h][i] = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
-                if (FV == 1) { /* e4m3 codes, k32 A fragment: keys 4tq..4tq+3 in k 4tq..4tq+3 */
-                    a[0] = pd_e4m3x2(pv[0][0], pv[0][1]) | (pd_e4m3x2(pv[1][0], pv[1][1]) << 16);
-                    a[1] = pd_e4m3x2(pv[0][2], pv[0][3]) | (pd_e4m3x2(pv[1][2], pv[1][3]) << 16);
-                    a[2] = a[3] = 0u;
-                } else {
-                    a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
-                    a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
-                    a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
-                    a[3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, hw);
-                }
+                a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
+                a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
+                a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
+                a[3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, hw);
             } else {
 #pragma unroll
                 for (int h = 0; h < 2; h++)
@@ -2338,14 +2311,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                             if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
                     if (c.pa) {
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        if (FV == 1) {
-                            b[0] = x, b[1] = 0u;
-                            pd_mma_e4m3(t4, a, b);
-                        } else {
-                            if (FV == 2) b[0] = x, b[1] = x >> 16; /* timing only */
-                            else b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                            pf_mma_f16(t4, a, b);
-                        }
+                        b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
+                        pf_mma_f16(t4, a, b);
 #pragma unroll
                         for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
                     } else {
@@ -2541,7 +2508,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * else pf_part_k. Test hook: flash_kernel (1: pf_part_k, 2: pd_part_k where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel >= 2) dec = c.dec;
+    if (src->flash_kernel == 2) dec = c.dec;
     if (dec) {
         const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / PD_W * n_sm;
         int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + PD_W - 1) / PD_W;
@@ -2579,30 +2546,22 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][11]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][5]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* session 6 variants (flash_kernel 3, 4: other prefetch depths; removed once measured) */
-    /* session 6 variants (flash_kernel 3..5; removed once measured): fp8 K / V ring depths
-     * 2 / 1, 2 / 2, 1 / 2 */
-    const pf_fn kf[10] = {pf_part_k<false>,            pf_part_k<true>,
-                          pd_part_k<false, 0, 1, 1>,   pd_part_k<true, 0, 1, 1>,
-                          pd_part_k<false, 0, 1, 1>,   pd_part_k<true, 0, 2, 1>,
-                          pd_part_k<false, 0, 1, 1>,   pd_part_k<true, 0, 2, 2>,
-                          pd_part_k<false, 0, 1, 1>,   pd_part_k<true, 0, 1, 2>};
-    const int fv = src->flash_kernel >= 3 && src->flash_kernel <= 5 ? src->flash_kernel - 2 : 0;
-    const int fi = (fp8 ? 1 : 0) + (dec ? 2 + 2 * fv : 0);
-    const void *fns[11];
-    for (int i = 0; i < 10; i++) fns[i] = (const void *)kf[i];
-    fns[10] = (const void *)pf_merge_k;
+    const pf_fn kf[4] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>};
+    const int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
+                          (const void *)kf[3], (const void *)pf_merge_k};
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[10]) {
-        M3_TRY(smem_limit(fns[10], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[10] = msh;
+    if (!c.fused && msh > pf_set[4]) {
+        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[4] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;

@@ -188,9 +188,9 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
         static const int cpbs[] = {0, 2, 1 << 20};
         /* the general kernel, then the decode kernel (flash_kernel 2; geometries it does not
          * take fall back to the general one) */
-        for (int ik = 0; ik < 9; ik++) { /* session 6: variants 3..5 (fp8 ring depths) */
-            const int ic = ik < 6 ? ik % 3 : 0;
-            ds.flash_kernel = ik < 6 ? 1 + ik / 3 : ik - 3;
+        for (int ik = 0; ik < 6; ik++) {
+            const int ic = ik % 3;
+            ds.flash_kernel = 1 + ik / 3;
             ds.flash_cpb = cpbs[ic];
             for (int run = 0; run < 2; run++) {
                 m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));

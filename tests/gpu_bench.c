@@ -463,18 +463,12 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     }
     free(pos);
     free(tk);
-    /* session 6: M3_PF_VARIANTS=1 also times the kernel variants (flash_kernel 1..5) */
-    const int nv = getenv("M3_PF_VARIANTS") ? 6 : 1;
-    for (int v = 0; v < nv; v++) {
-        c.src.flash_kernel = v;
-        double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
-        char nm[96], vnm[16] = "";
-        if (v > 0) snprintf(vnm, sizeof vnm, " [k%d]", v);
-        snprintf(nm, sizeof nm, "attn_%s paged flash %s %s T=%d C=%d%s", sparse ? "sparse" : "dense",
-                 fp8 ? "fp8" : "bf16", c.p.name, T, C, vnm);
-        const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
-        report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
-    }
+    double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
+    char nm[96];
+    snprintf(nm, sizeof nm, "attn_%s paged flash %s %s T=%d C=%d", sparse ? "sparse" : "dense",
+             fp8 ? "fp8" : "bf16", c.p.name, T, C);
+    const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
+    report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
     m3_gpu_release(g, mark);
 }
 
