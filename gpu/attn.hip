@@ -1978,9 +1978,9 @@ static __global__ void __launch_bounds__(PF_MT)
 #define PD_W 4   /* warps per block (8, one block per SM: slower) */
 #define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
                   * registers each) */
-#define PD_PF 1  /* bf16: K / V groups in flight while one is computed (2 spilled registers) */
-#define PD_PF8 1 /* fp8: K groups in flight */
-#define PD_PV8 1 /* fp8: V groups in flight */
+#define PD_PF 1  /* bf16: K / V groups in flight while one is computed (2: spills, slower) */
+#define PD_PF8 1 /* fp8: K groups in flight (2: slower, session 6 batch 6) */
+#define PD_PV8 1 /* fp8: V groups in flight (2: slower) */
 #define PD_NT (FA_MAX_DH / 8)  /* O n-tiles of 8 dims */
 #define PD_KS (FA_MAX_DH / 16) /* k-steps of 16 dims */
 
@@ -2550,7 +2550,6 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    /* session 6 variants (flash_kernel 3, 4: other prefetch depths; removed once measured) */
     const pf_fn kf[4] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>};
     const int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
