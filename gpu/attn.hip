@@ -1547,6 +1547,7 @@ typedef struct {
     bool eager, pa, fp8, fast, sel_order, fused, qvec;
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
+    bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
 } pf_cfg;
@@ -2210,6 +2211,482 @@ static __global__ void __launch_bounds__(PF_MT)
         out[(size_t)(t0 + tl) * c.H * Dh + (size_t)hh * Dh + d] = m3_f32_to_bf16(a / den[0]);
     }
 }
+/* ---- decode kernel pd_part_k (session 6) ------------------------------------------------
+ * The same key lists, chunks, partials, merges and numerics as pf_part_k, with warps that own
+ * their keys: a block of PD_W warps takes cpb consecutive chunks of one (token, kv head) row,
+ * warp w the chunks cb + w, cb + w + PD_W, ... A warp runs a chunk alone, with no block
+ * barrier: pass 1 reads K of 16 keys at a time straight from the cache into mma B fragments
+ * (16-byte loads; the next group's K and fp8 scales in flight while this one is scored),
+ * scores them on mma.sync with the chunk's Q A fragments in registers and parks S in its own
+ * shared-memory area (fp32, lane-private); pass 2 takes the chunk's max, reads S back, forms
+ * P (or §4.9 P') in registers (the S accumulator layout is the P A-fragment layout) and
+ * multiplies it with V read straight into B fragments (the first V group loads during pass
+ * 1's last group). Keys are permuted inside each 16-key group (S column n of the lo / hi
+ * n-tile is key 4(n/2) + n%2 / + 2), so a lane's P A fragment holds keys 4tq..4tq+3, which one
+ * V unit word (fp8) or half unit (bf16) holds for a dim; Q takes the permutation of the K
+ * units' dims (a dot product's terms, reordered). A 16-key group lies in one page and one
+ * §4.9 tile (needs Bs, the view's page, the chunk and the tile % 16 == 0, the tile a power of
+ * two), so P'.V of one group is one exact fp16 mma, times M / FP8_MAX, as pf_part_k. Each
+ * warp folds its chunks into (M, L, A) (A in its shared area); the block folds its warps'
+ * once at the end, then writes the output or its partial and runs the fused merge as
+ * pf_part_k. Launched for Dh 128, e4m3fn or bf16 elements, the fast layouts, when the grid
+ * gives each of PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids
+ * (sparse T = 1) keep pf_part_k, whose 8 warps share a chunk. */
+#define PD_W 4   /* warps per block (8, one block per SM: slower) */
+#define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
+                  * registers each) */
+#define PD_PF 1  /* bf16: K / V groups in flight while one is computed (2: spills, slower) */
+#define PD_PF8 1 /* fp8: K groups in flight (2: slower, session 6 batch 6) */
+#define PD_PV8 1 /* fp8: V groups in flight (2: slower) */
+#define PD_NT (FA_MAX_DH / 8)  /* O n-tiles of 8 dims */
+#define PD_KS (FA_MAX_DH / 16) /* k-steps of 16 dims */
+
+/* bytes of one warp's shared area: S [ch/16 groups][lo, hi][32 lanes] float4, then its
+ * running A [Dh/8 n-tiles][32 lanes] float4 (mma accumulator layout); the fused merge uses
+ * all warps' areas */
+static __host__ __device__ inline size_t pd_s_bytes(const pf_cfg &c) {
+    return (size_t)(c.ch / 16) * 2 * 32 * 16;
+}
+static __host__ __device__ inline size_t pd_warp_bytes(const pf_cfg &c) {
+    return pd_s_bytes(c) + (size_t)(c.Dh / 8) * 32 * 16;
+}
+static size_t pd_smem_bytes(const pf_cfg &c) {
+    size_t a = (size_t)PD_W * pd_warp_bytes(c);
+    const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
+    if (a < fm) a = fm;
+    return (size_t)16 * c.Dh * 2 + a;
+}
+
+/* a lane's V elements of one dim in a 16-key group: 4 fp8 codes or 4 bf16 */
+template <bool FP8> struct pd_vunit { typedef uint2 t; };
+template <> struct pd_vunit<true> { typedef uint32_t t; };
+
+template <bool FP8>
+static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
+    pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
+              m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
+              const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
+              float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
+#if M3_HAVE_MMA
+    if (FP8 && !M3_HAVE_FP8_CVT) __trap(); /* the launcher takes this kernel for e4m3fn only */
+    extern __shared__ __align__(16) unsigned char pf_raw[];
+    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB;
+    constexpr int UK = FP8 ? FA_MAX_DH / 64 : FA_MAX_DH / 32; /* 16-byte K units per lane and key */
+    constexpr int PF = FP8 ? PD_PF8 : PD_PF, PV = FP8 ? PD_PV8 : PD_PF; /* ring depths */
+    const int hq = c.hq, ch = c.ch, Bs = s.g.block;
+    constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
+    /* Q A fragments [k-step][lane] (permuted as the K units' dims), built from the rows staged
+     * in the warps' areas */
+    uint4 *qf = reinterpret_cast<uint4 *>(pf_raw);
+    unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
+    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q (§4.9: fp8(q) as fp16) */
+    const size_t WB = pd_warp_bytes(c);
+    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
+    __shared__ int n_sh, last_sh;
+    __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
+
+    const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int p = pos[t];
+    const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh; /* the launcher ensures c.qvec */
+    for (int e = tid; e < 16 * Dh / 8; e += (PD_W * 32)) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
+        *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
+    }
+    if (sparse)
+        for (int i = tid; i < width; i += (PD_W * 32)) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+    __syncthreads();
+    if (c.pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
+        for (int e = tid; e < 16 * Dh; e += (PD_W * 32))
+            qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+    if (!sparse) {
+        if (tid == 0) {
+            n_sh = p + 1;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n_sh;
+        }
+    } else { /* the key list, as pf_part_k */
+        const int bp = p / Bs;
+        if (tid == 0) last_sh = 0;
+        __syncthreads();
+        for (int i = tid; i < width; i += (PD_W * 32)) {
+            const int b = selsh[i];
+            vfl[i] = b >= 0 && b < bp;
+            if (b == bp) last_sh = 1;
+        }
+        __syncthreads();
+        for (int i = tid; i < width; i += (PD_W * 32))
+            if (vfl[i]) {
+                const int b = selsh[i];
+                int at = 0;
+                if (c.sel_order)
+                    for (int j = 0; j < i; j++) at += vfl[j];
+                else
+                    for (int j = 0; j < width; j++)
+                        at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < i));
+                blist[at] = b;
+            }
+        if (tid == 0) {
+            int nf = 0;
+            for (int j = 0; j < width; j++) nf += vfl[j];
+            int n;
+            if (last_sh) {
+                blist[nf] = bp;
+                n = nf * Bs + (p - Bs * bp + 1);
+            } else {
+                n = nf * Bs < p + 1 ? nf * Bs : p + 1;
+            }
+            n_sh = n;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < PD_KS * 32; e += (PD_W * 32)) {
+        const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
+        const int D = FP8 ? 64 * (s2 / 4) + 16 * tr + 4 * (s2 % 4) : 32 * (s2 / 2) + 8 * tr + 4 * (s2 % 2);
+        qf[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
+    }
+    __syncthreads();
+    const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
+    const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
+    const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
+    const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
+    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K loads */
+    float4 *sw = reinterpret_cast<float4 *>(wraw + (size_t)warp * WB);
+    float4 *aw = reinterpret_cast<float4 *>(wraw + (size_t)warp * WB + pd_s_bytes(c));
+    float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
+    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
+    auto phys = [&](int cc) {
+        const int k = cc * ch + 16 * lane;
+        if (cc >= ce || k >= n) return 0;
+        const int kb = k / Bs;
+        return sparse ? s.bt[blist[kb]] : s.bt[kb];
+    };
+    int phn = phys(cb + warp);
+    for (int cc = cb + warp; cc < ce; cc += PD_W) {
+        const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
+        /* lane l: the element offsets of group l's first key (K, V, scale) */
+        int64_t gko = 0, gvo = 0, gso = 0;
+        if (lane < ng) {
+            const int k = k0 + 16 * lane, kb = k / Bs;
+            pf_offs<XC>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
+        }
+        phn = phys(cc + PD_W);
+        /* pass 1: S of each 16-key group into the warp's area; the row maxima */
+        float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
+        constexpr int KD = PF + 1; /* ring of K groups: PF in flight while one is scored */
+        uint4 kr[KD][2][UK];
+        float4 ksr[KD], kvr[KD]; /* fp8: the group's K scales and (§4.9) V scales, with its K */
+        typedef typename pd_vunit<FP8>::t vunit;
+        constexpr int VD = PV + 1; /* ring of V groups: PV in flight (the first PV loaded during
+                                    * pass 1's tail) */
+        vunit vr[VD][PD_NT];
+        float4 vsr[VD]; /* fp8: the group's V scales, with its V */
+        auto kload = [&](uint4 (&w)[2][UK], float4 &ks, float4 &kv, int gr) {
+            const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
+            if (FP8) {
+                const int64_t so = __shfl_sync(0xffffffffu, gso, gr) + 4 * tq;
+                ks = *reinterpret_cast<const float4 *>(s.k_scale + so);
+                if (c.pa) kv = *reinterpret_cast<const float4 *>(s.v_scale + so);
+            }
+            const unsigned char *kp = kbase + (ko + (int64_t)kl * XC) * EB;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int u = 0; u < UK; u++) {
+                    if ((4 * u + tq) * XC >= Dh) continue;
+                    w[h][u] = *reinterpret_cast<const uint4 *>(kp + ((int64_t)h * 2 * XC + (int64_t)(4 * u + tq) * Pv * XC) * EB);
+                }
+        };
+        auto vload = [&](vunit (&w)[PD_NT], float4 &vs, int gr) {
+            const int64_t vo = __shfl_sync(0xffffffffu, gvo, gr);
+            if (FP8) vs = *reinterpret_cast<const float4 *>(s.v_scale + __shfl_sync(0xffffffffu, gso, gr) + 4 * tq);
+#pragma unroll
+            for (int u = 0; u < PD_NT; u++) {
+                const int d = 8 * u + gq;
+                if (8 * u >= Dh) continue;
+                if (FP8)
+                    w[u] = *reinterpret_cast<const vunit *>(vbase + vo + (int64_t)d * 16 + 4 * tq);
+                else
+                    w[u] = *reinterpret_cast<const vunit *>(
+                        vbase + (vo + (int64_t)(tq >> 1) * Dh * 8 + (int64_t)d * 8 + (tq & 1) * 4) * 2);
+            }
+        };
+        uint4 qreg[PD_KS]; /* Q A fragments of the chunk (from shared memory per k-step: slower) */
+#pragma unroll
+        for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = qf[s2 * 32 + lane];
+        auto kstep = [&](const uint4 (&kw)[2][UK], const float4 &ksg, const float4 &kvg, int gr) {
+            float c8[2][2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
+#pragma unroll
+            for (int s2 = 0; s2 < PD_KS; s2++) {
+                if (s2 * 16 >= Dh) break;
+                const uint32_t qa[4] = {qreg[s2].x, qreg[s2].y, qreg[s2].z, qreg[s2].w};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint4 w = kw[h][FP8 ? s2 / 4 : s2 / 2];
+                    uint32_t b[2];
+                    if (FP8) {
+                        const int r = s2 % 4;
+                        const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
+                        if (c.pa) {
+                            b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
+                            pf_mma_f16(c8[h][s2 & 1], qa, b);
+                        } else {
+                            b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
+                            m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
+                        }
+                    } else {
+                        if (s2 % 2 == 0) b[0] = w.x, b[1] = w.y;
+                        else b[0] = w.z, b[1] = w.w;
+                        m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
+                    }
+                }
+            }
+            float ks4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+            const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
+            if (FP8) {
+                const float4 a = ksg;
+                ks4[0] = a.x, ks4[1] = a.y, ks4[2] = a.z, ks4[3] = a.w;
+                if (c.pa) {
+                    const float4 v = kvg;
+                    float m = 0.0f;
+                    if (kq < nk) m = fmaxf(m, v.x);
+                    if (kq + 1 < nk) m = fmaxf(m, v.y);
+                    if (kq + 2 < nk) m = fmaxf(m, v.z);
+                    if (kq + 3 < nk) m = fmaxf(m, v.w);
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                    if (lane == gr) vm = m;
+                }
+            }
+            float z[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int e = 2 * h + (i & 1);
+                    float d = c8[h][0][i] + c8[h][1][i], zz;
+                    if (c.pa) zz = d * c.scale * ks4[e]; /* §4.9 step 2 */
+                    else {
+                        if (FP8) d *= ks4[e];
+                        zz = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
+                    }
+                    z[h][i] = kq + e < nk ? zz : -INFINITY;
+                }
+            mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
+            mx1 = fmaxf(mx1, fmaxf(fmaxf(z[0][2], z[0][3]), fmaxf(z[1][2], z[1][3])));
+            sw[(gr * 2) * 32 + lane] = make_float4(z[0][0], z[0][1], z[0][2], z[0][3]);
+            sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
+        };
+#pragma unroll
+        for (int j = 0; j < PF; j++)
+            if (j < ng) kload(kr[j], ksr[j], kvr[j], j);
+        for (int g0 = 0; g0 < ng; g0 += KD)
+#pragma unroll
+            for (int j = 0; j < KD; j++)
+                if (g0 + j < ng) {
+                    const int nx = g0 + j + PF;
+                    if (nx < ng) {
+                        kload(kr[(j + PF) % KD], ksr[(j + PF) % KD], kvr[(j + PF) % KD], nx);
+                    }
+                    /* pass 2's first groups: V group v in pass 1's iteration ng - PV + v (the
+                     * first iteration for those before it) */
+#pragma unroll
+                    for (int v = 0; v < PV; v++)
+                        if (v < ng && (v + ng - PV == g0 + j || (g0 + j == 0 && v + ng - PV < 0)))
+                            vload(vr[v], vsr[v], v);
+                    kstep(kr[j], ksr[j], kvr[j], g0 + j);
+                }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        if (c.pa) /* §4.9: the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
+            for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
+        __syncwarp();
+        /* pass 2: O = P V, the next group's V in flight */
+        float o[PD_NT][4];
+#pragma unroll
+        for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
+        float l0 = 0.0f, l1 = 0.0f;
+        auto vstep = [&](const vunit (&vw)[PD_NT], const float4 &vsg, int gr) {
+            const int kq = 16 * gr + 4 * tq;
+            const float4 zl = sw[(gr * 2) * 32 + lane], zh = sw[(gr * 2 + 1) * 32 + lane];
+            float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
+                              {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
+            l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+            l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+            float vs4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+            if (FP8) {
+                const float4 v = vsg;
+                vs4[0] = kq < nk ? v.x : 0.0f, vs4[1] = kq + 1 < nk ? v.y : 0.0f;
+                vs4[2] = kq + 2 < nk ? v.z : 0.0f, vs4[3] = kq + 3 < nk ? v.w : 0.0f;
+            }
+            uint32_t a[4];
+            float f = 0.0f;
+            if (c.pa) { /* §4.9 step 4: P' codes as fp16 */
+                const float M = __shfl_sync(0xffffffffu, vm, gr);
+                f = M / c.fmax;
+                float pv[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        pv[h][i] = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
+                a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
+                a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
+                a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
+                a[3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, hw);
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) ex[h][i] *= FP8 ? vs4[2 * h + (i & 1)] : 1.0f;
+                a[0] = pack_bf16(ex[0][0], ex[0][1]), a[1] = pack_bf16(ex[0][2], ex[0][3]);
+                a[2] = pack_bf16(ex[1][0], ex[1][1]), a[3] = pack_bf16(ex[1][2], ex[1][3]);
+            }
+            const bool tail = 16 * gr + 16 > nk; /* keys past the list: their V elements zeroed */
+#pragma unroll
+            for (int u = 0; u < PD_NT; u++) {
+                if (8 * u >= Dh) continue;
+                uint32_t b[2];
+                if constexpr (FP8) {
+                    uint32_t x = vw[u];
+                    if (tail)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
+                    if (c.pa) {
+                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
+                        pf_mma_f16(t4, a, b);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
+                    } else {
+                        b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
+                        m3_mma_bf16_16816(o[u], a, b);
+                    }
+                } else {
+                    uint2 x = vw[u];
+                    if (tail) {
+                        if (kq >= nk) x.x &= 0xFFFF0000u;
+                        if (kq + 1 >= nk) x.x &= 0x0000FFFFu;
+                        if (kq + 2 >= nk) x.y &= 0xFFFF0000u;
+                        if (kq + 3 >= nk) x.y &= 0x0000FFFFu;
+                    }
+                    b[0] = x.x, b[1] = x.y;
+                    m3_mma_bf16_16816(o[u], a, b);
+                }
+            }
+        };
+        for (int g0 = 0; g0 < ng; g0 += VD)
+#pragma unroll
+            for (int j = 0; j < VD; j++)
+                if (g0 + j < ng) {
+                    if (g0 + j + PV < ng) vload(vr[(j + PV) % VD], vsr[(j + PV) % VD], g0 + j + PV);
+                    vstep(vr[j], vsr[j], g0 + j);
+                }
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        /* chunk done: A_j into the warp's running merge (pf_part_k's rule), A in shared memory */
+        const bool first = Mr[0] == -INFINITY;
+        float wa[2], wb[2], ll[2] = {l0, l1};
+#pragma unroll
+        for (int r2 = 0; r2 < 2; r2++) {
+            const float m = r2 ? mx1 : mx0, Mn = fmaxf(Mr[r2], m);
+            wa[r2] = Mr[r2] == -INFINITY ? 0.0f : expf(Mr[r2] - Mn), wb[r2] = expf(m - Mn);
+            Lr[r2] = Lr[r2] * wa[r2] + ll[r2] * wb[r2], Mr[r2] = Mn;
+        }
+#pragma unroll
+        for (int u = 0; u < PD_NT; u++) {
+            if (8 * u >= Dh) continue;
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (!first) {
+                const float4 v = aw[u * 32 + lane];
+                x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float l = ll[i >> 1];
+                const float A = c.part > 0 ? l * m3_round_bf16(o[u][i] / l) : o[u][i];
+                x[i] = first ? A * wb[i >> 1] : x[i] * wa[i >> 1] + A * wb[i >> 1];
+            }
+            aw[u * 32 + lane] = make_float4(x[0], x[1], x[2], x[3]);
+        }
+    }
+    /* the block's warps' (M, L, A) folded in warp order */
+    if (tq == 0) {
+        wml[warp][0][gq] = Mr[0], wml[warp][0][gq + 8] = Mr[1];
+        wml[warp][1][gq] = Lr[0], wml[warp][1][gq + 8] = Lr[1];
+    }
+    __syncthreads();
+    m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
+    const size_t sl0 = (slot0 + ci) * hq;
+    if (cb < ce || c.nsp == 1)
+        for (int e = tid; e < hq * Dh; e += (PD_W * 32)) {
+            const int h = e / Dh, d = e - h * Dh;
+            float M = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
+            /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
+            const size_t ai = pd_s_bytes(c) + ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
+                              (size_t)(2 * (h / 8) + (d & 1)) * 4;
+            float A = 0.0f, L = 0.0f;
+#pragma unroll
+            for (int w = 0; w < PD_W; w++) {
+                const float mw = wml[w][0][h];
+                if (mw == -INFINITY) continue; /* a warp without a chunk */
+                const float x = expf(mw - M);
+                A += x * *reinterpret_cast<const float *>(wraw + (size_t)w * WB + ai), L += x * wml[w][1][h];
+            }
+            if (c.nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
+                orow[(size_t)h * Dh + d] = m3_f32_to_bf16(A / L);
+            } else {
+                po[(sl0 + h) * Dh + d] = A;
+                if (d == 0) pml[(sl0 + h) * 2] = M, pml[(sl0 + h) * 2 + 1] = L;
+            }
+        }
+    if (c.nsp == 1 || !c.fused) return;
+    /* the last block of this (token, kv head) to finish merges (threadFenceReduction) */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned old = atomicAdd(&c.cnt[tg], 1u);
+        last_sh = old == gridDim.x - 1;
+        if (last_sh) c.cnt[tg] = 0;
+    }
+    __syncthreads();
+    if (!last_sh) return;
+    __threadfence();
+    {
+        const int nj = (nch + c.cpb - 1) / c.cpb, vw = Dh % 4 == 0 ? 4 : 1;
+        float *w = reinterpret_cast<float *>(wraw), *den = w + 3 * hq * nj;
+        pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, (PD_W * 32));
+        for (int e = tid; e < hq * (Dh / vw); e += (PD_W * 32)) {
+            const int h = e / (Dh / vw), d = (e % (Dh / vw)) * vw;
+            float acc4[4];
+            pf_acc(po, slot0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc4);
+            for (int i = 0; i < vw; i++) orow[(size_t)h * Dh + d + i] = m3_f32_to_bf16(acc4[i] / den[h]);
+        }
+    }
+#else
+    (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
+    (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
+#endif
+}
+
 #endif /* M3_HIP_NVIDIA */
 
 #if defined(M3_HIP_NVIDIA)
@@ -2267,6 +2744,12 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     c.nchx = (int)((maxk + c.ch - 1) / c.ch);
     c.hw = fp8 && src->g.fp8_kind == M3_FP8_E4M3FN;
     c.pvf16 = c.pa && c.tile % 16 == 0;
+    /* pd_part_k: 16-key groups inside one page and one §4.9 tile, K units of 32 (bf16) / 64
+     * (fp8) dims per lane pair, hardware fp8 conversions, 16-byte aligned scales */
+    c.dec = c.fast && c.qvec && c.Dh == FA_MAX_DH && src->g.block % 16 == 0 &&
+            Pv % 16 == 0 && c.ch % 16 == 0 &&
+            (!fp8 || (c.hw && m3_aligned16(src->k_scale) && m3_aligned16(src->v_scale))) &&
+            (!c.pa || (c.pvf16 && (c.tile & (c.tile - 1)) == 0));
     return pf_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, c);
 #endif
 }
@@ -2277,6 +2760,21 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, pf_cfg c) {
     const bool fp8 = c.fp8;
+    const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
+    /* pd_part_k when each of PD_WPS warps per SM gets a chunk (decode over long rows);
+     * else pf_part_k. Test hook: flash_kernel (1: pf_part_k, 2: pd_part_k where it fits). */
+    bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
+    if (src->flash_kernel == 1) dec = false;
+    if (src->flash_kernel == 2) dec = c.dec;
+    if (dec) {
+        const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / PD_W * n_sm;
+        int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + PD_W - 1) / PD_W;
+        if (nsp > mx) nsp = mx;
+        if (nsp < 1) nsp = 1;
+        c.cpb = (int)((c.nchx + nsp - 1) / nsp);
+        if (src->flash_cpb > 0) c.cpb = src->flash_cpb < c.nchx ? src->flash_cpb : c.nchx;
+        c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
+    } else
     /* chunks per block: enough blocks for PF_BPS per multiprocessor, the rest as consecutive
      * chunks of one block (one prologue, one pipeline, merged in registers). A block's next
      * chunk loads from PF_NST tiles ahead: a full chunk needs >= PF_NST tiles. */
@@ -2301,24 +2799,25 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
-    const size_t sh = pf_smem_bytes(c),
+    const size_t sh = dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][3]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][5]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[2] = {pf_part_k<false>, pf_part_k<true>};
-    const int fi = fp8 ? 1 : 0;
-    const void *fns[3] = {(const void *)kf[0], (const void *)kf[1], (const void *)pf_merge_k};
+    const pf_fn kf[4] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>};
+    const int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
+                          (const void *)kf[3], (const void *)pf_merge_k};
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[2]) {
-        M3_TRY(smem_limit(fns[2], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[2] = msh;
+    if (!c.fused && msh > pf_set[4]) {
+        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[4] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
@@ -2330,7 +2829,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        kf[fi]<<<grid, PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
+        kf[fi]<<<grid, dec ? PD_W * 32 : PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {

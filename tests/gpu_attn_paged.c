@@ -186,7 +186,11 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
          * consecutive chunks in registers, then a partial each), 1 << 20 (a block per row:
          * its output straight from registers) */
         static const int cpbs[] = {0, 2, 1 << 20};
-        for (int ic = 0; ic < 3; ic++) {
+        /* the general kernel, then the decode kernel (flash_kernel 2; geometries it does not
+         * take fall back to the general one) */
+        for (int ik = 0; ik < 6; ik++) {
+            const int ic = ik % 3;
+            ds.flash_kernel = 1 + ik / 3;
             ds.flash_cpb = cpbs[ic];
             for (int run = 0; run < 2; run++) {
                 m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
@@ -195,7 +199,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
                 gpu_download_bf16(g, run ? got2 : got, dout, no);
                 gpu_guard_check(g, dout, no * sizeof(m3_bf16), "paged flash attention out");
             }
-            snprintf(name, sizeof name, "%s flash cpb %d", what, cpbs[ic]);
+            snprintf(name, sizeof name, "%s flash k%d cpb %d", what, ds.flash_kernel, cpbs[ic]);
             gpu_expect_nmse(ref, got, no, bound, name);
             if (memcmp(got, got2, no * sizeof *got))
                 m3_test_failf("%s: two runs differ (race?)", name);
@@ -220,7 +224,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
                 m3_gpu_release(g_two, 0);
             }
         }
-        ds.flash_cpb = 0;
+        ds.flash_cpb = 0, ds.flash_kernel = 0;
         free(got2);
     } else {
         if (p.attn_out_bf16) {
