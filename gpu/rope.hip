@@ -915,6 +915,7 @@ typedef struct {
     int64_t ks, vs0, nstep; /* K steps [0, ks); V steps [vs0, nstep) */
     int page, lpage;     /* 128, 16 or 0 (plain rows) */
     bool fp8, hwcvt;
+    bool br;             /* TEMPORARY session-6 knob: kvw8_k's bracket conversion */
     float fp8_max;
     int kind, ovf;
     const int64_t *slots; /* or slot(pos[t]) through the block table */
@@ -1058,32 +1059,56 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
  * the last lanes of a token), scales through 128 bytes of the warp's shared memory.
  * NC: no NaN or infinity in the step's rows (warp-uniform), so no quotient is NaN and the
  * e4m3fn instruction's code needs no NaN fix-up. */
-template <bool MD, bool NC>
-static __device__ __forceinline__ uint32_t k8_cvt2(float v0, float s0, float y0, float v1,
-                                                   float s1, float y1, const kvw_args &a) {
-    const float q0 = div_md<MD>(v0, s0, y0), q1 = div_md<MD>(v1, s1, y1);
+/* BR (md and nc only): the codes of RN(v yl) and RN(v yh), yl / yh = RN(RN(1 / s) (1 -/+ 2^-20)),
+ * bracket RN(v / s) (their relative distance from v / s is >= 2^-20 - 4 2^-24, RN(v / s)'s at
+ * most 2^-24; below 2^-126 every value of the bracket is a signed zero code of v's sign), and
+ * the e4m3 rounding is monotonic: equal codes are ref's code. Else (an e4m3 rounding boundary
+ * inside the bracket: ~2^-16 of the elements) the exact division. p / q: y, unused (!BR) or
+ * yl, yh (BR). */
 #if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    if (NC) {
-        unsigned short r;
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(q1), "f"(q0));
-        return r;
-    }
+#define K8_HWCVT 1
+#else
+#define K8_HWCVT 0
 #endif
-    return cvt8x2(q0, q1, a.kind, a.ovf, a.hwcvt);
+static __device__ __forceinline__ uint32_t k8_hw2(float lo, float hi) {
+#if K8_HWCVT
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    (void)lo, (void)hi;
+    return 0;
+#endif
+}
+template <bool MD, bool NC, bool BR>
+static __device__ __forceinline__ uint32_t k8_cvt2(float v0, float s0, float p0, float q0, float v1,
+                                                   float s1, float p1, float q1, const kvw_args &a) {
+#if K8_HWCVT
+    if (BR) {
+        const uint32_t lo = k8_hw2(__fmul_rn(v0, p0), __fmul_rn(v1, p1));
+        const uint32_t hi = k8_hw2(__fmul_rn(v0, q0), __fmul_rn(v1, q1));
+        if (__builtin_expect(lo == hi, 1)) return lo;
+        return k8_hw2(__fdiv_rn(v0, s0), __fdiv_rn(v1, s1));
+    }
+    if (NC) return k8_hw2(div_md<MD>(v0, s0, p0), div_md<MD>(v1, s1, p1));
+#endif
+    (void)q0, (void)q1;
+    if (BR) return cvt8x2(__fdiv_rn(v0, s0), __fdiv_rn(v1, s1), a.kind, a.ovf, a.hwcvt);
+    return cvt8x2(div_md<MD>(v0, s0, p0), div_md<MD>(v1, s1, p1), a.kind, a.ovf, a.hwcvt);
 }
 static __device__ __forceinline__ float bf_lo(uint32_t w) { return m3_bits_f32(w << 16); }
 static __device__ __forceinline__ float bf_hi(uint32_t w) { return m3_bits_f32(w & 0xFFFF0000u); }
 
 /* 16 codes of a K row chunk pair (u0: dims 0-7, u1: 8-15) at one scale */
-template <bool MD, bool NC>
-static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, float y,
+template <bool MD, bool NC, bool BR>
+static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, float y, float yh,
                                                  const kvw_args &a) {
     const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
     uint32_t o[4];
 #pragma unroll
     for (int k = 0; k < 4; k++)
-        o[k] = k8_cvt2<MD, NC>(bf_lo(w[2 * k]), s, y, bf_hi(w[2 * k]), s, y, a) |
-               (k8_cvt2<MD, NC>(bf_lo(w[2 * k + 1]), s, y, bf_hi(w[2 * k + 1]), s, y, a) << 16);
+        o[k] = k8_cvt2<MD, NC, BR>(bf_lo(w[2 * k]), s, y, yh, bf_hi(w[2 * k]), s, y, yh, a) |
+               (k8_cvt2<MD, NC, BR>(bf_lo(w[2 * k + 1]), s, y, yh, bf_hi(w[2 * k + 1]), s, y, yh, a) << 16);
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
@@ -1091,13 +1116,13 @@ static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, fl
 #define K8_KR (K8_T / (M3_WARP / 8)) /* K rows a lane holds */
 #define K8_DPL (128 / M3_WARP)  /* V dims a lane holds */
 #define K8_WPL (K8_DPL / 2)     /* their bf16 words per token */
-template <bool MD, bool NC>
+template <bool MD, bool NC, bool BR>
 static __device__ __forceinline__ void k8_kstep(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
                                                 const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
-                                                const float (&y)[K8_KR], int jj) {
+                                                const float (&y)[K8_KR], const float (&yh)[K8_KR], int jj) {
 #pragma unroll
     for (int k = 0; k < K8_KR; k++) {
-        const uint4 o = k8_row16<MD, NC>(u[k][0], u[k][1], sc[k], y[k], a);
+        const uint4 o = k8_row16<MD, NC, BR>(u[k][0], u[k][1], sc[k], y[k], yh[k], a);
         if (slot[k] >= 0) {
             m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
             if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
@@ -1105,24 +1130,26 @@ static __device__ __forceinline__ void k8_kstep(const kvw_args &a, int w, int h,
     }
 }
 /* the V window's codes: ow[j] = dim DPL lane + j's 16 codes (token r in byte r) */
-template <bool MD, bool NC>
+/* sy: (s_r, y_r) per token (!BR), or (yl_r, yh_r) per token then s_r at 2 K8_T + r (BR) */
+template <bool MD, bool NC, bool BR>
 static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32_t (&dv)[K8_T][K8_WPL],
                                                  const float *sy, uint32_t (&ow)[K8_DPL][4]) {
 #pragma unroll
     for (int r = 0; r < K8_T; r += 2) {
-        const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r); /* s_r, y_r, s_r+1, y_r+1 */
+        const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r);
 #pragma unroll
         for (int j = 0; j < K8_DPL; j++) {
             const uint32_t w0 = dv[r][j / 2], w1 = dv[r + 1][j / 2];
             const float v0 = j & 1 ? bf_hi(w0) : bf_lo(w0), v1 = j & 1 ? bf_hi(w1) : bf_lo(w1);
-            const uint32_t c = k8_cvt2<MD, NC>(v0, p.x, p.y, v1, p.z, p.w, a);
+            const uint32_t c = BR ? k8_cvt2<MD, NC, BR>(v0, sy[2 * K8_T + r], p.x, p.y, v1, sy[2 * K8_T + r + 1], p.z, p.w, a)
+                                  : k8_cvt2<MD, NC, BR>(v0, p.x, p.y, 0.0f, v1, p.z, p.w, 0.0f, a);
             if ((r & 2) == 0) ow[j][r / 4] = c;
             else ow[j][r / 4] |= c << 16;
         }
     }
 }
 
-/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
+/* one step st of kvw8_k (sy: the warp's 3 K8_T floats of shared memory) */
 static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
     const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
@@ -1153,11 +1180,18 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
             big = big || am >= 0x7F80u;
         }
         const bool md = ballot64(bad) == 0, nc = a.hwcvt && ballot64(big) == 0;
+        const bool br = K8_HWCVT && a.br && md && nc;
+        float yh[K8_KR];
 #pragma unroll
-        for (int k = 0; k < K8_KR; k++) y[k] = md ? __frcp_rn(sc[k]) : 0.0f;
-        if (md && nc) k8_kstep<true, true>(a, w, h, u, slot, sc, y, jj);
-        else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
-        else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
+        for (int k = 0; k < K8_KR; k++) {
+            y[k] = md ? __frcp_rn(sc[k]) : 0.0f;
+            yh[k] = __fmul_rn(y[k], 1.0f + 0x1p-20f);
+            if (br) y[k] = __fmul_rn(y[k], 1.0f - 0x1p-20f);
+        }
+        if (br) k8_kstep<true, true, true>(a, w, h, u, slot, sc, y, yh, jj);
+        else if (md && nc) k8_kstep<true, true, false>(a, w, h, u, slot, sc, y, yh, jj);
+        else if (md) k8_kstep<true, false, false>(a, w, h, u, slot, sc, y, yh, jj);
+        else k8_kstep<false, false, false>(a, w, h, u, slot, sc, y, yh, jj);
         return;
     }
     /* V window: tokens [tb, te) of head h (windows follow token 0's slot alignment) */
@@ -1213,8 +1247,11 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     const int rt = lane / LB; /* this lane's token */
     const float sc = fp8_scale(m3_bits_f32(am[0] << 16), a.fp8_max);
     const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(am[0] >= 0x7F80u) == 0;
+    const bool br = K8_HWCVT && a.br && md && nc;
     if (lane % LB == 0) {
-        sy[2 * rt] = sc, sy[2 * rt + 1] = md ? __frcp_rn(sc) : 0.0f;
+        const float y = md ? __frcp_rn(sc) : 0.0f;
+        if (br) sy[2 * rt] = __fmul_rn(y, 1.0f - 0x1p-20f), sy[2 * rt + 1] = __fmul_rn(y, 1.0f + 0x1p-20f), sy[2 * K8_T + rt] = sc;
+        else sy[2 * rt] = sc, sy[2 * rt + 1] = y;
         if (rt < n) {
             const int64_t sl = kw_slot(a, tb + rt);
             if (sl >= 0) a.scl[1][kw_soff(a, sl, h)] = sc;
@@ -1222,9 +1259,10 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     }
     M3_SYNCWARP();
     uint32_t ow[K8_DPL][4];
-    if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
-    else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
-    else k8_vcodes<false, false>(a, dv, sy, ow);
+    if (br) k8_vcodes<true, true, true>(a, dv, sy, ow);
+    else if (md && nc) k8_vcodes<true, true, false>(a, dv, sy, ow);
+    else if (md) k8_vcodes<true, false, false>(a, dv, sy, ow);
+    else k8_vcodes<false, false, false>(a, dv, sy, ow);
     if (fast) {
         uint8_t *base = (uint8_t *)a.dst[1] + kw_voff(a, s_first, h, 0, 4);
 #pragma unroll
@@ -1249,7 +1287,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
  * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
  * warp's next step 59%) */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
-    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
+    __shared__ __align__(16) float ssy[KW_WPB][3 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st < a.nstep) k8_step(a, st, ssy[wid]);
@@ -1724,6 +1762,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         }
         kv.lpage = kv.page == 128 ? 7 : kv.page == 16 ? 4 : 0;
         kv.hwcvt = kv.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
+        { const char *ev = getenv("M3_KVW8Q"); kv.br = ev ? atoi(ev) != 0 : true; } /* TEMPORARY */
     }
     part rest[QKV_NSEG];
     int nrest = 0;
