@@ -1070,16 +1070,13 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
 #else
 #define K8_HWCVT 0
 #endif
-static __device__ __forceinline__ uint32_t k8_hw2(float lo, float hi) {
 #if K8_HWCVT
+static __device__ __forceinline__ uint32_t k8_hw2(float lo, float hi) {
     unsigned short r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
-#else
-    (void)lo, (void)hi;
-    return 0;
-#endif
 }
+#endif
 template <bool MD, bool NC, int BR>
 static __device__ __forceinline__ uint32_t k8_cvt2(float v0, float s0, float p0, float q0, float v1,
                                                    float s1, float p1, float q1, const kvw_args &a,

@@ -6,7 +6,9 @@
  * Dh 128 (M3) and Hkv 3, Dh 64 (odd), scattered slots over several blocks, a padding slot
  * (-1), a zero row (scale 1) and a row of large values; plain rows (page 0, bf16); runs of
  * consecutive slots (T 300) from an aligned and a misaligned start; passes of >= 256 tokens
- * (the warp kernels) also hold rows of tiny values, and one has scattered slots. */
+ * (the warp kernels) also hold rows of tiny values, rows of values on and next to e4m3
+ * rounding boundaries (kvw8_k's exact fallback; the count of such elements is printed and
+ * must reach 100), and one has scattered slots. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
