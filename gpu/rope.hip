@@ -915,7 +915,6 @@ typedef struct {
     int64_t ks, vs0, nstep; /* K steps [0, ks); V steps [vs0, nstep) */
     int page, lpage;     /* 128, 16 or 0 (plain rows) */
     bool fp8, hwcvt;
-    int br;              /* TEMPORARY session-6 knob: kvw8_k's bracket conversion (1, 2) */
     float fp8_max;
     int kind, ovf;
     const int64_t *slots; /* or slot(pos[t]) through the block table */
@@ -1059,56 +1058,32 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
  * the last lanes of a token), scales through 128 bytes of the warp's shared memory.
  * NC: no NaN or infinity in the step's rows (warp-uniform), so no quotient is NaN and the
  * e4m3fn instruction's code needs no NaN fix-up. */
-/* BR (md and nc only): the codes of RN(v yl) and RN(v yh), yl / yh = RN(RN(1 / s) (1 -/+ 2^-20)),
- * bracket RN(v / s) (their relative distance from v / s is >= 2^-20 - 4 2^-24, RN(v / s)'s at
- * most 2^-24; below 2^-126 every value of the bracket is a signed zero code of v's sign), and
- * the e4m3 rounding is monotonic: equal codes are ref's code. Else (an e4m3 rounding boundary
- * inside the bracket: ~2^-16 of the elements) the exact division. p / q: y, unused (!BR) or
- * yl, yh (BR). */
+template <bool MD, bool NC>
+static __device__ __forceinline__ uint32_t k8_cvt2(float v0, float s0, float y0, float v1,
+                                                   float s1, float y1, const kvw_args &a) {
+    const float q0 = div_md<MD>(v0, s0, y0), q1 = div_md<MD>(v1, s1, y1);
 #if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#define K8_HWCVT 1
-#else
-#define K8_HWCVT 0
-#endif
-#if K8_HWCVT
-static __device__ __forceinline__ uint32_t k8_hw2(float lo, float hi) {
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-#endif
-template <bool MD, bool NC, int BR>
-static __device__ __forceinline__ uint32_t k8_cvt2(float v0, float s0, float p0, float q0, float v1,
-                                                   float s1, float p1, float q1, const kvw_args &a,
-                                                   uint32_t &miss) {
-#if K8_HWCVT
-    if (BR == 1 || BR == 2) {
-        const uint32_t lo = k8_hw2(__fmul_rn(v0, p0), __fmul_rn(v1, p1));
-        const uint32_t hi = k8_hw2(__fmul_rn(v0, q0), __fmul_rn(v1, q1));
-        if (BR == 2) return miss |= lo ^ hi, lo;
-        if (__builtin_expect(lo == hi, 1)) return lo;
-        return k8_hw2(__fdiv_rn(v0, s0), __fdiv_rn(v1, s1));
+    if (NC) {
+        unsigned short r;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(q1), "f"(q0));
+        return r;
     }
-    if (BR == 3) return k8_hw2(div_y(v0, s0, p0), div_y(v1, s1, p1)); /* p: y */
-    if (NC) return k8_hw2(div_md<MD>(v0, s0, p0), div_md<MD>(v1, s1, p1));
 #endif
-    (void)q0, (void)q1;
-    if (BR) return cvt8x2(__fdiv_rn(v0, s0), __fdiv_rn(v1, s1), a.kind, a.ovf, a.hwcvt);
-    return cvt8x2(div_md<MD>(v0, s0, p0), div_md<MD>(v1, s1, p1), a.kind, a.ovf, a.hwcvt);
+    return cvt8x2(q0, q1, a.kind, a.ovf, a.hwcvt);
 }
 static __device__ __forceinline__ float bf_lo(uint32_t w) { return m3_bits_f32(w << 16); }
 static __device__ __forceinline__ float bf_hi(uint32_t w) { return m3_bits_f32(w & 0xFFFF0000u); }
 
 /* 16 codes of a K row chunk pair (u0: dims 0-7, u1: 8-15) at one scale */
-template <bool MD, bool NC, int BR>
-static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, float y, float yh,
-                                                 const kvw_args &a, uint32_t &miss) {
+template <bool MD, bool NC>
+static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, float y,
+                                                 const kvw_args &a) {
     const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
     uint32_t o[4];
 #pragma unroll
     for (int k = 0; k < 4; k++)
-        o[k] = k8_cvt2<MD, NC, BR>(bf_lo(w[2 * k]), s, y, yh, bf_hi(w[2 * k]), s, y, yh, a, miss) |
-               (k8_cvt2<MD, NC, BR>(bf_lo(w[2 * k + 1]), s, y, yh, bf_hi(w[2 * k + 1]), s, y, yh, a, miss) << 16);
+        o[k] = k8_cvt2<MD, NC>(bf_lo(w[2 * k]), s, y, bf_hi(w[2 * k]), s, y, a) |
+               (k8_cvt2<MD, NC>(bf_lo(w[2 * k + 1]), s, y, bf_hi(w[2 * k + 1]), s, y, a) << 16);
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
@@ -1116,16 +1091,13 @@ static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, fl
 #define K8_KR (K8_T / (M3_WARP / 8)) /* K rows a lane holds */
 #define K8_DPL (128 / M3_WARP)  /* V dims a lane holds */
 #define K8_WPL (K8_DPL / 2)     /* their bf16 words per token */
-template <bool MD, bool NC, int BR>
+template <bool MD, bool NC>
 static __device__ __forceinline__ void k8_kstep(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
                                                 const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
                                                 const float (&y)[K8_KR], int jj) {
 #pragma unroll
     for (int k = 0; k < K8_KR; k++) {
-        uint32_t miss = 0;
-        const float yl = BR ? __fmul_rn(y[k], 1.0f - 0x1p-20f) : y[k], yh = __fmul_rn(y[k], 1.0f + 0x1p-20f);
-        uint4 o = k8_row16<MD, NC, BR>(u[k][0], u[k][1], sc[k], yl, yh, a, miss);
-        if (BR == 2 && miss) o = k8_row16<MD, NC, 3>(u[k][0], u[k][1], sc[k], y[k], 0.0f, a, miss);
+        const uint4 o = k8_row16<MD, NC>(u[k][0], u[k][1], sc[k], y[k], a);
         if (slot[k] >= 0) {
             m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
             if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
@@ -1133,44 +1105,24 @@ static __device__ __forceinline__ void k8_kstep(const kvw_args &a, int w, int h,
     }
 }
 /* the V window's codes: ow[j] = dim DPL lane + j's 16 codes (token r in byte r) */
-/* sy: (s_r, y_r) per token (!BR), or (yl_r, yh_r) per token then s_r at 2 K8_T + r (BR) */
-/* the codes of tokens r, r + 1 (BR 2: the exact division redone for the pair of tokens when
- * a bracket missed) */
-template <bool MD, bool NC, int BR>
-static __device__ __forceinline__ void k8_vpair(const kvw_args &a, const uint32_t (&dv)[K8_T][K8_WPL],
-                                                const float *sy, uint32_t (&ow)[K8_DPL][4], int r) {
-    const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r);
-    uint32_t miss = 0;
+template <bool MD, bool NC>
+static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32_t (&dv)[K8_T][K8_WPL],
+                                                 const float *sy, uint32_t (&ow)[K8_DPL][4]) {
 #pragma unroll
-    for (int j = 0; j < K8_DPL; j++) {
-        const uint32_t w0 = dv[r][j / 2], w1 = dv[r + 1][j / 2];
-        const float v0 = j & 1 ? bf_hi(w0) : bf_lo(w0), v1 = j & 1 ? bf_hi(w1) : bf_lo(w1);
-        const uint32_t c = BR ? k8_cvt2<MD, NC, BR>(v0, sy[2 * K8_T + r], p.x, p.y, v1, sy[2 * K8_T + r + 1], p.z, p.w, a, miss)
-                              : k8_cvt2<MD, NC, BR>(v0, p.x, p.y, 0.0f, v1, p.z, p.w, 0.0f, a, miss);
-        if ((r & 2) == 0) ow[j][r / 4] = c;
-        else ow[j][r / 4] |= c << 16;
-    }
-    if (BR == 2 && miss) {
+    for (int r = 0; r < K8_T; r += 2) {
+        const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r); /* s_r, y_r, s_r+1, y_r+1 */
 #pragma unroll
         for (int j = 0; j < K8_DPL; j++) {
             const uint32_t w0 = dv[r][j / 2], w1 = dv[r + 1][j / 2];
             const float v0 = j & 1 ? bf_hi(w0) : bf_lo(w0), v1 = j & 1 ? bf_hi(w1) : bf_lo(w1);
-            const uint32_t c = k8_cvt2<MD, NC, 3>(v0, sy[2 * K8_T + r], sy[3 * K8_T + r], 0.0f, v1,
-                                                  sy[2 * K8_T + r + 1], sy[3 * K8_T + r + 1], 0.0f, a, miss);
-            const int sh = (r & 2) == 0 ? 0 : 16;
-            ow[j][r / 4] = (ow[j][r / 4] & ~(0xFFFFu << sh)) | (c << sh);
+            const uint32_t c = k8_cvt2<MD, NC>(v0, p.x, p.y, v1, p.z, p.w, a);
+            if ((r & 2) == 0) ow[j][r / 4] = c;
+            else ow[j][r / 4] |= c << 16;
         }
     }
 }
-template <bool MD, bool NC, int BR>
-static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32_t (&dv)[K8_T][K8_WPL],
-                                                 const float *sy, uint32_t (&ow)[K8_DPL][4]) {
-#pragma unroll
-    for (int r = 0; r < K8_T; r += 2) k8_vpair<MD, NC, BR>(a, dv, sy, ow, r);
-}
 
-/* one step st of kvw8_k (sy: the warp's 4 K8_T floats of shared memory) */
-template <int BRK>
+/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
 static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
     const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
@@ -1201,14 +1153,11 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
             big = big || am >= 0x7F80u;
         }
         const bool md = ballot64(bad) == 0, nc = a.hwcvt && ballot64(big) == 0;
-        const int br = K8_HWCVT && md && nc ? BRK : 0;
 #pragma unroll
         for (int k = 0; k < K8_KR; k++) y[k] = md ? __frcp_rn(sc[k]) : 0.0f;
-        if (br == 2) k8_kstep<true, true, 2>(a, w, h, u, slot, sc, y, jj);
-        else if (br) k8_kstep<true, true, 1>(a, w, h, u, slot, sc, y, jj);
-        else if (md && nc) k8_kstep<true, true, 0>(a, w, h, u, slot, sc, y, jj);
-        else if (md) k8_kstep<true, false, 0>(a, w, h, u, slot, sc, y, jj);
-        else k8_kstep<false, false, 0>(a, w, h, u, slot, sc, y, jj);
+        if (md && nc) k8_kstep<true, true>(a, w, h, u, slot, sc, y, jj);
+        else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
+        else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
         return;
     }
     /* V window: tokens [tb, te) of head h (windows follow token 0's slot alignment) */
@@ -1264,11 +1213,8 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     const int rt = lane / LB; /* this lane's token */
     const float sc = fp8_scale(m3_bits_f32(am[0] << 16), a.fp8_max);
     const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(am[0] >= 0x7F80u) == 0;
-    const int br = K8_HWCVT && md && nc ? BRK : 0;
     if (lane % LB == 0) {
-        const float y = md ? __frcp_rn(sc) : 0.0f;
-        if (br) sy[2 * rt] = __fmul_rn(y, 1.0f - 0x1p-20f), sy[2 * rt + 1] = __fmul_rn(y, 1.0f + 0x1p-20f), sy[2 * K8_T + rt] = sc, sy[3 * K8_T + rt] = y;
-        else sy[2 * rt] = sc, sy[2 * rt + 1] = y;
+        sy[2 * rt] = sc, sy[2 * rt + 1] = md ? __frcp_rn(sc) : 0.0f;
         if (rt < n) {
             const int64_t sl = kw_slot(a, tb + rt);
             if (sl >= 0) a.scl[1][kw_soff(a, sl, h)] = sc;
@@ -1276,11 +1222,9 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     }
     M3_SYNCWARP();
     uint32_t ow[K8_DPL][4];
-    if (br == 2) k8_vcodes<true, true, 2>(a, dv, sy, ow);
-    else if (br) k8_vcodes<true, true, 1>(a, dv, sy, ow);
-    else if (md && nc) k8_vcodes<true, true, 0>(a, dv, sy, ow);
-    else if (md) k8_vcodes<true, false, 0>(a, dv, sy, ow);
-    else k8_vcodes<false, false, 0>(a, dv, sy, ow);
+    if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
+    else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
+    else k8_vcodes<false, false>(a, dv, sy, ow);
     if (fast) {
         uint8_t *base = (uint8_t *)a.dst[1] + kw_voff(a, s_first, h, 0, 4);
 #pragma unroll
@@ -1304,12 +1248,11 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
  * registers at 3 blocks per SM measured 62%, 4-warp blocks at 8 per SM the same 66%, the K
  * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
  * warp's next step 59%) */
-template <int BRK>
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
-    __shared__ __align__(16) float ssy[KW_WPB][4 * K8_T];
+    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    if (st < a.nstep) k8_step<BRK>(a, st, ssy[wid]);
+    if (st < a.nstep) k8_step(a, st, ssy[wid]);
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
@@ -1781,7 +1724,6 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         }
         kv.lpage = kv.page == 128 ? 7 : kv.page == 16 ? 4 : 0;
         kv.hwcvt = kv.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
-        { const char *ev = getenv("M3_KVW8Q"); kv.br = ev ? atoi(ev) : 2; } /* TEMPORARY */
     }
     part rest[QKV_NSEG];
     int nrest = 0;
@@ -1865,10 +1807,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
                                  "rows (more than 2^31 steps)", n_tok, kv.nh);
             }
-            const unsigned nb = (unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB);
-            if (kv.br == 2) kvw8_k<2><<<nb, KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-            else if (kv.br == 1) kvw8_k<1><<<nb, KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-            else kvw8_k<0><<<nb, KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            kvw8_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
             M3_LAUNCHED(g, "kvw8_k");
         } else { /* kvw_k (bf16): 4 tokens a K step, 8-token V windows */
             const int KS = M3_WARP / 8, x = 8;

@@ -759,17 +759,11 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_alloc(g, (void **)&c.slots, (size_t)c.T * sizeof *sl));
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
-            /* session 6 (TEMPORARY): M3_KVW8Q 0 division, 1 bracket (branch a pair), 2 (redo) */
-            for (int v8 = 0; v8 < (fp8 ? 3 : 1); v8++) {
-                if (fp8) setenv("M3_KVW8Q", v8 == 2 ? "2" : v8 ? "1" : "0", 1);
-                double ms = time_ms(g, do_kv, &c, 20, 7);
-                char nm[96];
-                snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d%s", fp8 ? "fp8" : "bf16", c.T,
-                         !fp8 ? "" : v8 == 2 ? " [q2]" : v8 ? " [q1]" : " [q0]");
-                const double n = (double)c.T * 512 * 2; /* K and V elements */
-                report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
-            }
-            unsetenv("M3_KVW8Q");
+            double ms = time_ms(g, do_kv, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", c.T);
+            const double n = (double)c.T * 512 * 2; /* K and V elements */
+            report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
             m3_gpu_release(g, mark);
         }
 }
