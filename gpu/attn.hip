@@ -734,6 +734,24 @@ static m3_status smem_limit(const void *fn, size_t bytes, const char *name) {
 static_assert(SD_MAX_ROWS <= M3_GPU_N_COUNTERS - M3_GPU_CNT_SD, "the counter range of m3_gpu");
 
 #if defined(M3_HIP_NVIDIA)
+/* threadFenceReduction's arrival, shared by the fused merges (sdec_k, pf_part_k, pd_part_k):
+ * every block of a row writes its partial, then counts itself at *cnt; true (in every thread)
+ * in the block that arrives n-th, which resets the counter for the next launch and may then
+ * read the other blocks' partials (the fences order them). Call from all threads. */
+static __device__ __forceinline__ bool attn_last_block(unsigned int *cnt, unsigned int n) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == n - 1;
+        if (last) *cnt = 0;
+    }
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    return true;
+}
+
 /* bytes of one warp's stage: K and V of SD_KT keys, pitch Dh + 8 bf16 */
 static __host__ __device__ inline size_t sd_stage_bytes(int Dh) {
     return (size_t)2 * SD_KT * (Dh + 8) * sizeof(m3_bf16);
@@ -752,7 +770,6 @@ static __global__ void __launch_bounds__(W * 32)
     extern __shared__ __align__(16) unsigned char sd_raw[];
     __shared__ int rb[ATTN_MAX_RANGES], rpre[3 * 32 + 1];
     __shared__ float wm[W][16], wl[W][16], mden[16];
-    __shared__ int last_sh;
     const float L2E = 1.4426950408889634f;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
     const int c = (int)blockIdx.x, g = (int)blockIdx.y, t = t0 + (int)blockIdx.z;
@@ -964,17 +981,7 @@ static __global__ void __launch_bounds__(W * 32)
         }
     }
     if (nch == 1) return;
-    /* the last block of the row merges (threadFenceReduction) */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const unsigned old = atomicAdd(&cnt[rl], 1u);
-        last_sh = old == (unsigned)nch - 1;
-        if (last_sh) cnt[rl] = 0; /* every block of the row has arrived: zero for the next launch */
-    }
-    __syncthreads();
-    if (!last_sh) return;
-    __threadfence();
+    if (!attn_last_block(&cnt[rl], (unsigned)nch)) return; /* the last block of the row merges */
     const size_t p0 = rl * nch;
     float(*mw)[16] = reinterpret_cast<float(*)[16]>(sd_raw); /* [SD_MAX_CH][16]: stages are dead */
     float(*ml)[16] = mw + SD_MAX_CH;
@@ -1628,6 +1635,22 @@ static __device__ __forceinline__ void pf_acc(const float *po, size_t s0, int hq
     }
 }
 
+/* the fused merge of one (token, KV head) row by its last block (pf_part_k, pd_part_k): the
+ * row's nj block partials at slots s0.. into bf16 orow [hq][Dh], ref's partition merge
+ * (pf_merge_w's weights, pf_acc's sums); w: 3 hq nj + hq floats of free shared memory */
+static __device__ void pf_row_merge(m3_bf16 *orow, const float *po, const float *pml, size_t s0,
+                                    int nj, int hq, int Dh, float *w, int tid, int nth) {
+    const int vw = Dh % 4 == 0 ? 4 : 1;
+    float *den = w + 3 * hq * nj;
+    pf_merge_w(pml, s0, nj, hq, 0, hq, w, den, tid, nth);
+    for (int e = tid; e < hq * (Dh / vw); e += nth) {
+        const int h = e / (Dh / vw), d = (e % (Dh / vw)) * vw;
+        float acc4[4];
+        pf_acc(po, s0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc4);
+        for (int i = 0; i < vw; i++) orow[(size_t)h * Dh + d + i] = m3_f32_to_bf16(acc4[i] / den[h]);
+    }
+}
+
 /* fast path: element offsets of (slot, head g, dim 0) in K and V and of the scale; ref's
  * formulas (gpu/kv_paged.h) with 32-bit divisions, x = XC dividing Dh and the view's page */
 template <int XC>
@@ -2155,29 +2178,10 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                 if (gq + r2 * 8 < hq) pml[(sl0 + gq + r2 * 8) * 2] = Mr[r2], pml[(sl0 + gq + r2 * 8) * 2 + 1] = Lr[r2];
     }
     if (!c.fused) return;
-    /* the last block of this (token, kv head) to finish merges (threadFenceReduction) */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const unsigned old = atomicAdd(&c.cnt[tg], 1u);
-        last_sh = old == gridDim.x - 1;
-        if (last_sh) c.cnt[tg] = 0;
-    }
-    __syncthreads();
-    if (!last_sh) return;
-    __threadfence();
-    { /* the merge; the score array is free now (weights, denominators, staging) */
-        const int nj = (nch + c.cpb - 1) / c.cpb, vw = Dh % 4 == 0 ? 4 : 1;
-        float *w = sc, *den = sc + 3 * hq * nj;
-        pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, PF_THREADS);
-        m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
-        for (int e = tid; e < hq * (Dh / vw); e += PF_THREADS) {
-            const int h = e / (Dh / vw), d = (e % (Dh / vw)) * vw;
-            float acc4[4];
-            pf_acc(po, slot0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc4);
-            for (int i = 0; i < vw; i++) orow[(size_t)h * Dh + d + i] = m3_f32_to_bf16(acc4[i] / den[h]);
-        }
-    }
+    /* the last block of this (token, kv head) to finish merges; the score array is free now */
+    if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
+    pf_row_merge(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh, po, pml, slot0,
+                 (nch + c.cpb - 1) / c.cpb, hq, Dh, sc, tid, PF_THREADS);
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
     (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
@@ -2659,28 +2663,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             }
         }
     if (c.nsp == 1 || !c.fused) return;
-    /* the last block of this (token, kv head) to finish merges (threadFenceReduction) */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const unsigned old = atomicAdd(&c.cnt[tg], 1u);
-        last_sh = old == gridDim.x - 1;
-        if (last_sh) c.cnt[tg] = 0;
-    }
-    __syncthreads();
-    if (!last_sh) return;
-    __threadfence();
-    {
-        const int nj = (nch + c.cpb - 1) / c.cpb, vw = Dh % 4 == 0 ? 4 : 1;
-        float *w = reinterpret_cast<float *>(wraw), *den = w + 3 * hq * nj;
-        pf_merge_w(pml, slot0, nj, hq, 0, hq, w, den, tid, (PD_W * 32));
-        for (int e = tid; e < hq * (Dh / vw); e += (PD_W * 32)) {
-            const int h = e / (Dh / vw), d = (e % (Dh / vw)) * vw;
-            float acc4[4];
-            pf_acc(po, slot0, hq, Dh, h, d, vw, w + h * nj, 0, nj, 1, acc4);
-            for (int i = 0; i < vw; i++) orow[(size_t)h * Dh + d + i] = m3_f32_to_bf16(acc4[i] / den[h]);
-        }
-    }
+    /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
+    if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
+    pf_row_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, Dh,
+                 reinterpret_cast<float *>(wraw), tid, PD_W * 32);
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
     (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
