@@ -63,10 +63,12 @@ GPU_TESTS_SRC := $(wildcard tests/gpu_*.c)
 GPU ?= 0
 CUDA_HOME ?= /usr/local/cuda
 HIPCC ?= $(if $(wildcard $(CUDA_HOME)/bin/nvcc),$(CUDA_HOME)/bin/nvcc,nvcc)
-GPU_ARCH ?= sm_90
+# sm_90a: the arch-specific Hopper target, needed by wgmma (gpu/moe.hip wg_k); its machine
+# code runs on compute capability 9.0 only
+GPU_ARCH ?= sm_90a
 HIP_SRC := $(wildcard gpu/*.hip)
 GPU_OBJ := $(patsubst %.hip,$(B)/obj/%.o,$(HIP_SRC))
-NVCCFLAGS := -x cu -std=c++17 -O3 -g -lineinfo -arch=$(GPU_ARCH) -I. -Xcompiler -Wall \
+NVCCFLAGS := -x cu -std=c++17 -O3 -g -lineinfo -gencode arch=compute_$(patsubst sm_%,%,$(GPU_ARCH)),code=$(GPU_ARCH) -I. -Xcompiler -Wall \
              -Xcompiler -fno-fast-math --expt-relaxed-constexpr -MMD -MP
 ifeq ($(GPU),1)
 BACKEND_OBJ := $(GPU_OBJ)

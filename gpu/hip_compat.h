@@ -227,4 +227,86 @@ static __device__ __forceinline__ void m3_e4m3x4_to_f32(uint32_t q, float *v) {
 #define M3_HAVE_FP8_CVT 0
 #endif
 
+/* ---- Hopper warpgroup MMA (wgmma) and its ordering primitives (helper wg, session 7) ----------
+ * M3_HAVE_WGMMA is 1 only in an NVIDIA device pass for the arch-specific target sm_90a
+ * (__CUDA_ARCH_FEAT_SM90_ALL; the Makefile builds -gencode arch=compute_90a,code=sm_90a):
+ * wgmma is not part of plain sm_90 nor of any later arch's PTX. Kernels using it keep another
+ * path (tile2_k in gpu/moe.hip) and the host launches them only where the device pass had it.
+ * PTX ISA facts these rely on (section "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
+ *   - a warpgroup is 4 consecutive warps, the first with a warp index divisible by 4; the four
+ *     execute every wgmma instruction together (.sync.aligned: all threads, same operands).
+ *   - wgmma.mma_async is asynchronous: its accumulator registers and shared-memory operands
+ *     must not be touched until a wgmma.wait_group says its group completed.
+ *   - wgmma.fence orders this warpgroup's earlier register accesses (and shared-memory writes
+ *     seen through the async proxy) before the following wgmma.mma_async; it is required
+ *     before the first wgmma and whenever the accumulators were written by other instructions.
+ *   - wgmma.commit_group closes the uncommitted wgmma operations into one group;
+ *     wgmma.wait_group N waits until at most N groups of this warpgroup are pending.
+ *   - the tensor cores read shared memory through the async proxy: shared memory written by
+ *     ordinary stores or by (non-bulk) cp.async needs fence.proxy.async.shared::cta in the
+ *     writing thread, after the writes are complete, before the barrier that hands them over.
+ * Operand layout used here ("K-major", 128-byte swizzle): a 64-deep bf16 k-slice of R rows is
+ * R rows of 128 bytes; 8-row groups are 1024 bytes apart (the stride byte offset); inside a
+ * group the 16-byte chunk c of row r sits at chunk c ^ (r % 8). The tile base must be 1024-byte
+ * aligned (the swizzle is a function of the address bits 4-9). A k16 step inside the slice is
+ * addressed by adding 32 bytes to the descriptor's start address (the hardware applies the
+ * same XOR on the resulting address). Accumulators of m64nNk16 (per warp w of the warpgroup,
+ * lane g = lane / 4, t = lane % 4): d[4j + 0..1] = D[16w + g][8j + 2t .. +1], d[4j + 2..3] =
+ * D[16w + g + 8][8j + 2t .. +1]: mma.sync's C fragment for each 8-column block j. */
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define M3_HAVE_WGMMA 1
+/* matrix descriptor (PTX "Matrix Descriptor Format"): bits 0-13 start address >> 4, 16-29
+ * leading byte offset >> 4 (unused by swizzled K-major layouts whose k extent fits the 128-byte
+ * row; 1 by convention), 32-45 stride byte offset >> 4 (1024: next 8-row group), 49-51 base
+ * offset (0: 1024-byte aligned tiles), 62-63 swizzle mode (1 = 128-byte) */
+static __device__ __forceinline__ uint64_t m3_wgmma_desc_sw128(uint32_t smem_addr) {
+    return (uint64_t)((smem_addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+static __device__ __forceinline__ void m3_wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void m3_wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void m3_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* an empty asm that claims to read and write r: keeps an accumulator in one float register
+ * across the wgmma issue / wait (otherwise the compiler may move it through other registers,
+ * and ptxas then inserts its own warpgroup waits: warning C7517 / C7519) */
+static __device__ __forceinline__ void m3_wgmma_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+/* the writing thread's shared-memory stores (generic proxy) made visible to the async proxy */
+static __device__ __forceinline__ void m3_fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* d[64] (+)= A[64 x 16] * B[16 x 128]^T: bf16 from shared memory through descriptors (both
+ * K-major: no transpose), fp32 accumulate; acc 0 overwrites d (scale-d false), 1 adds. The
+ * "+f" constraints tie the 64 registers to d, so the compiler keeps them live and untouched
+ * between issue and wait (the caller waits before reading them). */
+static __device__ __forceinline__ void m3_wgmma_m64n128k16_bf16(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+#else
+#define M3_HAVE_WGMMA 0
+#endif
+#if defined(M3_HIP_NVIDIA)
+#define hipMemcpyFromSymbol cudaMemcpyFromSymbol /* (the host's question: was wgmma built?) */
+#endif
+
 #endif

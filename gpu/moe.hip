@@ -1747,6 +1747,244 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
 #endif
 }
 
+/* ---- larger batches, Hopper sm_90a: wg_k, warpgroup MMA (helper wg, session 7) ------------------
+ * The same work as tile2_k (block = one row tile of one active expert x one column tile; MODE 0
+ * gate/up interleaved in blocks of 8 columns with the swiglu epilogue in registers, MODE 1 down
+ * storing bf16 y_e; the same numerics: bf16 operands, fp32 accumulation, only the order of the
+ * k reduction differs), but the products run as wgmma (gpu/hip_compat.h): NWG warpgroups, each
+ * 64 rows x 128 columns (64 fp32 accumulators a thread), A (activations) and B (weights) read by
+ * the tensor cores straight from shared memory through descriptors, so no ldmatrix and no
+ * per-fragment mma issue. k-steps of 64 (one 128-byte swizzled row per operand row, two MX
+ * blocks). Every thread also copies: an S-stage ring filled by cp.async (16 bytes a copy,
+ * written at their swizzled place; rows past the expert's end zero-filled), one barrier per
+ * k-step; each warpgroup keeps W wgmma groups in flight after issuing a k-step, so the ring
+ * slot refilled at k-step ks is the one of ks - 1 - W and loads run LA = S - 1 - W steps ahead.
+ * MX weights: codes by cp.async into a raw ring, dequantized exactly one k-step ahead into one of
+ * 2 + W bf16 buffers (t2_dequant16: code x power of two), scale bytes loaded a k-step early.
+ * A warpgroup whose 64 rows hold none of the expert's rows skips its wgmma. The row tile comes
+ * from the same warp scan as tile2_k's, with BM = 64 NWG. */
+#define WG_BK 64
+#define WG_BN 128
+
+template <int WF, int NWG, int S, int W> struct wg_lay {
+    enum {
+        BM = 64 * NWG,
+        ASTAGE = BM * 128, /* bytes: BM rows of 64 bf16 */
+        BSTAGE = WG_BN * 128,
+        NB = WF == M3_GPU_W_BF16 ? S : 2 + W,              /* bf16 B buffers */
+        RB = WF == M3_GPU_W_MXFP8 ? 64 : 32,                /* MX raw bytes a row and k-step */
+        RSTAGE = WF == M3_GPU_W_BF16 ? 0 : WG_BN * RB,
+        A = 0,
+        B = A + S * ASTAGE,
+        RAW = B + NB * BSTAGE,
+        SRC = RAW + S * RSTAGE,                           /* src[BM] | slot | row0 */
+        BYTES = SRC + (BM + 2) * 4 + 1024                 /* + the 1024-byte alignment slack */
+    };
+};
+
+#if M3_HAVE_WGMMA
+static __device__ __forceinline__ uint32_t wg_swz(int r, int chunk) {
+    return (uint32_t)(r * 128 + ((chunk ^ (r & 7)) << 4));
+}
+#endif
+
+template <int WF, int MODE, int NWG, int S, int W>
+static __global__ void __launch_bounds__(NWG * 128, W == 0 ? 2 : 1)
+    wg_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
+         const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
+         const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
+         bool act_bf16) {
+#if M3_HAVE_WGMMA
+    typedef wg_lay<WF, NWG, S, W> L;
+    const int NT = NWG * 128, BM = L::BM, LA = S - 1 - W;
+    static_assert(LA >= 2 || WF == M3_GPU_W_BF16, "MX dequantizes a k-step ahead");
+    extern __shared__ uint4 wg_dyn[];
+    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(wg_dyn);
+    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u; /* swizzled tiles: 1024-aligned */
+    unsigned char *smb = reinterpret_cast<unsigned char *>(wg_dyn) + pad;
+    const uint32_t sb = base0 + pad;
+    int *src = reinterpret_cast<int *>(smb + L::SRC);
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
+    const int bx = (int)blockIdx.y, by = (int)blockIdx.x; /* column tiles fast, as tile2_k */
+    if (warp == 0) { /* the expert slot and first row of row tile bx (tile2_k's scan) */
+        const int na = *m.n_act;
+        if (lane == 0) src[BM] = -1;
+        __syncwarp();
+        int base = 0;
+        for (int q0 = 0; q0 < na; q0 += 32) {
+            const int s = q0 + lane;
+            int t = 0;
+            if (s < na) {
+                const int e = m.act[s];
+                t = (m.off[e + 1] - m.off[e] + BM - 1) / BM;
+            }
+            int inc = t;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const int o = __shfl_up_sync(0xffffffffu, inc, d);
+                if (lane >= d) inc += o;
+            }
+            const int ex = base + inc - t;
+            const bool hit = bx >= ex && bx < ex + t;
+            if (hit) src[BM] = s, src[BM + 1] = (bx - ex) * BM;
+            base += __shfl_sync(0xffffffffu, inc, 31);
+            if (__any_sync(0xffffffffu, hit) || base > bx) break;
+        }
+    }
+    __syncthreads();
+    const int slot = src[BM];
+    if (slot < 0) return; /* whole block: past the last row tile */
+    const int e = m.act[slot], r0 = m.off[e], n = m.off[e + 1] - r0, row0 = src[BM + 1];
+    const int col0 = by * (MODE == 0 ? WG_BN / 2 : WG_BN);
+    /* this thread's A copies: rows (tid + h NT) / 8, 16-byte chunk tid % 8 (BM x 8 = 4 NT) */
+    const m3_bf16 *pa[4];
+    uint32_t aoff[4];
+    int abytes[4];
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        const int idx = tid + h * NT, r = idx >> 3, p = idx & 7, gr = row0 + r;
+        const int sr = gr < n ? (MODE == 0 ? m.ent[r0 + gr] / K : r0 + gr) : -1;
+        pa[h] = ain + (size_t)(sr >= 0 ? sr : 0) * kdim + p * 8;
+        aoff[h] = L::A + wg_swz(r, p);
+        abytes[h] = sr >= 0 ? 16 : 0;
+    }
+    /* B copies: bf16 BN x 8 chunks (swizzled), MX raw BN x RB / 16 pieces (plain) */
+    const int PPR = WF == M3_GPU_W_BF16 ? 8 : L::RB / 16, NP = WG_BN * PPR;
+    const int BPT = (NP + NT - 1) / NT;
+    const unsigned char *pb[BPT];
+    uint32_t boff[BPT];
+    const size_t rbytes = wbytes<WF>((size_t)kdim);
+#pragma unroll
+    for (int h = 0; h < BPT; h++) {
+        const int idx = (tid + h * NT) % NP, nn = idx / PPR, p = idx % PPR;
+        bool up;
+        const size_t row = t2_wrow<MODE>(nn, e, col0, nout, &up);
+        pb[h] = (const unsigned char *)(up ? w1 : w0) + row * rbytes + p * 16;
+        boff[h] = WF == M3_GPU_W_BF16 ? L::B + wg_swz(nn, p) : L::RAW + nn * L::RB + p * 16;
+    }
+    /* MX dequantization: thread tid < 256 -> tile row tid / 2, MX block tid % 2 of the k-step */
+    const bool dq = WF != M3_GPU_W_BF16 && tid < 2 * WG_BN;
+    const m3_e8m0 *psc = NULL;
+    if (dq) {
+        bool up;
+        const size_t row = t2_wrow<MODE>(tid >> 1, e, col0, nout, &up);
+        psc = (up ? s1 : s0) + row * ((size_t)kdim / 32) + (tid & 1);
+    }
+    const int nk = kdim / WG_BK;
+    auto issue = [&](int ks) {
+        const int st = ks % S;
+#pragma unroll
+        for (int h = 0; h < 4; h++)
+            t2_cp16(smb + aoff[h] + st * L::ASTAGE, pa[h] + (size_t)ks * WG_BK, abytes[h]);
+#pragma unroll
+        for (int h = 0; h < BPT; h++) {
+            if (BPT * NT != NP && tid + h * NT >= NP) break;
+            if (WF == M3_GPU_W_BF16) t2_cp16(smb + boff[h] + st * L::BSTAGE, pb[h] + (size_t)ks * 128, 16);
+            else t2_cp16(smb + boff[h] + st * L::RSTAGE, pb[h] + (size_t)ks * L::RB, 16);
+        }
+    };
+    /* raw stage of k-step ks -> bf16 buffer ks % NB, swizzled (32 elements: 4 chunks) */
+    auto dequant = [&](int ks, m3_e8m0 scb) {
+        if (!dq) return;
+        const int c = tid >> 1, half = tid & 1;
+        const unsigned char *q = smb + L::RAW + (ks % S) * L::RSTAGE + c * L::RB + half * (L::RB / 2);
+        unsigned char *d = smb + L::B + (ks % L::NB) * L::BSTAGE;
+        const float sc = m3_e8m0_to_f32(scb);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint4 v[2];
+            t2_dequant16<WF>(reinterpret_cast<m3_bf16 *>(v), q + i * (L::RB / 4), sc);
+            *reinterpret_cast<uint4 *>(d + wg_swz(c, 4 * half + 2 * i)) = v[0];
+            *reinterpret_cast<uint4 *>(d + wg_swz(c, 4 * half + 2 * i + 1)) = v[1];
+        }
+        m3_fence_proxy_async(); /* the wgmma of a later k-step reads these stores */
+    };
+#pragma unroll
+    for (int s = 0; s < LA; s++) {
+        if (s < nk) issue(s);
+        t2_commit();
+    }
+    m3_e8m0 sc = 0;
+    if (WF != M3_GPU_W_BF16) {
+        if (dq) sc = psc[0];
+        t2_wait<LA - 1>(); /* k-step 0 landed (this thread's copies) */
+        __syncthreads();   /* everyone's */
+        dequant(0, sc);
+        if (dq && nk > 1) sc = psc[2];
+    }
+    /* warpgroup-uniform, and visibly so to the compiler (a value broadcast from lane 0): ptxas
+     * serializes wgmma that it sees in a possibly divergent branch */
+    const bool active = __shfl_sync(0xffffffffu, (int)(wg * 64 < n - row0), 0) != 0;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int ks = 0; ks < nk; ks++) {
+        if (WF == M3_GPU_W_BF16) t2_wait<LA - 1>(); /* k-step ks landed */
+        else t2_wait<(LA >= 2 ? LA - 2 : 0)>();     /* k-steps ks and ks + 1 landed */
+        m3_fence_proxy_async(); /* the cp.async writes, for the tensor cores' reads */
+        __syncthreads(); /* everyone's; every warpgroup finished the wgmma of k-step ks - 1 - W */
+        if (ks + LA < nk) issue(ks + LA);
+        t2_commit(); /* (an empty group near the end keeps the count uniform) */
+        if (WF != M3_GPU_W_BF16 && ks + 1 < nk) {
+            dequant(ks + 1, sc);
+            if (dq && ks + 2 < nk) sc = psc[2 * (ks + 2)];
+        }
+        if (active) {
+            const uint32_t a = sb + L::A + (ks % S) * L::ASTAGE + wg * 64 * 128;
+            const uint32_t b = sb + L::B + (ks % L::NB) * L::BSTAGE;
+#pragma unroll
+            for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[i]);
+            m3_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                m3_wgmma_m64n128k16_bf16(acc, m3_wgmma_desc_sw128(a + 32 * kk),
+                                         m3_wgmma_desc_sw128(b + 32 * kk), 1);
+            m3_wgmma_commit();
+            m3_wgmma_wait<W>();
+#pragma unroll
+            for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[i]);
+        }
+    }
+    m3_wgmma_wait<0>(); /* (nothing pending in an inactive warpgroup) */
+#pragma unroll
+    for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[i]);
+    t2_wait<0>();
+    if (!active) return;
+    /* epilogue from registers: lane holds rows gq, gq + 8 of its warp's 16 and columns 2tq,
+     * 2tq + 1 of each 8-column block j (acc[4j ..]) */
+    const int gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = wg * 64 + (warp % 4) * 16 + gq + 8 * hh;
+        if (row0 + r >= n) continue;
+        m3_bf16 *orow = out + (size_t)(r0 + row0 + r) * nout;
+        if (MODE == 0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) { /* blocks 2j (gate) and 2j + 1 (up) */
+                float a2[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float gv = acc[8 * j + 2 * hh + c], uv = acc[8 * j + 4 + 2 * hh + c];
+                    if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                    a2[c] = swiglu_act(gv, uv, alpha, limit, smode);
+                }
+                const int f = col0 + j * 8 + 2 * tq;
+                *reinterpret_cast<uint32_t *>(orow + f) =
+                    (uint32_t)m3_f32_to_bf16(a2[0]) | ((uint32_t)m3_f32_to_bf16(a2[1]) << 16);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int c = col0 + j * 8 + 2 * tq;
+                *reinterpret_cast<uint32_t *>(orow + c) =
+                    (uint32_t)m3_f32_to_bf16(acc[4 * j + 2 * hh]) |
+                    ((uint32_t)m3_f32_to_bf16(acc[4 * j + 2 * hh + 1]) << 16);
+            }
+        }
+    }
+#endif
+}
+
 /* ---- combine --------------------------------------------------------------------------- */
 static __global__ void __launch_bounds__(256)
     combine_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
@@ -1822,6 +2060,65 @@ static m3_status t2_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     M3_LAUNCHED(g, "tile2_k down");
     return M3_OK;
 }
+
+/* wg_k needs the sm_90a device pass (M3_HAVE_WGMMA) and a compute-capability 9.0 device; the
+ * device pass records whether it had wgmma, read once per device id */
+static __device__ int wg_built_d = M3_HAVE_WGMMA;
+static bool wg_ok(m3_gpu *g) {
+    static int ok[16]; /* 0 unknown, 1 yes, -1 no */
+    if (g->device < 0 || g->device >= 16) return false;
+    if (!ok[g->device]) {
+        hipDeviceProp_t pr;
+        int b = 0;
+        ok[g->device] = hipGetDeviceProperties(&pr, g->device) == hipSuccess && pr.major == 9 &&
+                                pr.minor == 0 &&
+                                hipMemcpyFromSymbol(&b, wg_built_d, sizeof b) == hipSuccess && b
+                            ? 1
+                            : -1;
+    }
+    return ok[g->device] > 0;
+}
+
+template <int WF, int NWG, int S, int W>
+static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
+                        int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
+                        const m3_profile *p, const m3_mx_params *mid) {
+    const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu, BM = 64 * NWG;
+    const bool ab16 = p->act_bf16;
+    const int sh = wg_lay<WF, NWG, S, W>::BYTES;
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W>,
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, sh));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W>,
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, sh));
+    const unsigned tiles = (unsigned)(TK / BM + slots + 1); /* >= sum ceil(n_e / BM) */
+    const dim3 g1((unsigned)(F / (WG_BN / 2)), tiles), g2((unsigned)(D / WG_BN), tiles);
+    wg_k<WF, 0, NWG, S, W><<<g1, NWG * 128, sh, g->stream>>>(
+        ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "wg_k gate/up");
+    if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
+    wg_k<WF, 1, NWG, S, W><<<g2, NWG * 128, sh, g->stream>>>(
+        ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
+    M3_LAUNCHED(g, "wg_k down");
+    return M3_OK;
+}
+
+/* session 7 measurement switch (removed once a batch has picked the variant): M3_WG = 0 tile2_k,
+ * 1.. the wg_k configurations below */
+static int wg_variant() {
+    const char *v = getenv("M3_WG");
+    return v ? atoi(v) : 0;
+}
+template <int WF>
+static m3_status wg_pick(int v, m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
+                         const exp_meta &m, int TK, int slots, const m3_gpu_experts *w,
+                         const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
+    switch (v) {
+    case 1: return wg_run<WF, 2, 4, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 2: return wg_run<WF, 2, 5, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 3: return wg_run<WF, 3, 4, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    default: return wg_run<WF, 2, 3, 0>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    }
+}
 #endif
 
 /* the decode GEMVs: gate/up (+ swiglu), [act_mid], down */
@@ -1880,6 +2177,8 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     } else {
 #ifdef M3_HIP_NVIDIA
         /* 160 x 128 tiles, 4 stages: measured fastest (docs/gpu.md "Prefill tiles") */
+        if (!w->portable && wg_variant() > 0 && wg_ok(g))
+            return wg_pick<WF>(wg_variant(), g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
         if (t2_ok(g) && !w->portable) return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
 #endif
         const unsigned tiles = (unsigned)(TK / TILE_BM + slots + 1); /* >= sum ceil(n_e/64) */

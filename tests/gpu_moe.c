@@ -386,6 +386,13 @@ static bool g_skew_expert0;
 /* experts_case sets m3_gpu_experts.portable from this (moe_experts_portable_paths) */
 static int g_portable;
 
+/* While set (moe_experts_tile_rows, K = 2, T = 449), experts_case routes slot 0 of the tokens
+ * to experts 0..4 in runs of 1, 63, 65, 159 and 161 tokens and slot 1 to experts 5, 6, 7 in
+ * turn: expert row counts 1, 63, 65, 159, 161, 150, 150, 149 (around the 64-row warpgroup
+ * and the 128 / 160 / 192-row tile edges of the prefill kernels) */
+static bool g_fixed_rows;
+static const int g_rows_of[5] = {1, 63, 65, 159, 161};
+
 /* the expert-call parameters of a case: the master's shapes, swiglu_oai's M3 constants */
 static m3_moe_params case_params(const exp_master *wm, int K) {
     m3_moe_params mp;
@@ -443,6 +450,14 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         for (int k = 1; k < K; k++)
             if (ids[(size_t)t * K + k] == 0) ids[(size_t)t * K + k] = ids[(size_t)t * K];
     for (int t = 0; g_skew_expert0 && t < T; t++) ids[(size_t)t * K] = 0;
+    if (g_fixed_rows) {
+        assert_true(K == 2 && E == 8 && T == 449);
+        for (int t = 0, e = 0, left = g_rows_of[0]; t < T; t++) {
+            while (left == 0) left = g_rows_of[++e];
+            ids[(size_t)t * K] = e, left--;
+            ids[(size_t)t * K + 1] = 5 + t % 3;
+        }
+    }
     m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
     int32_t *dids;
     GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
@@ -531,6 +546,7 @@ static int reset_case_globals(void **state) {
     g_mx_D = 0;
     g_portable = 0;
     g_skew_expert0 = false;
+    g_fixed_rows = false;
     return 0;
 }
 
@@ -588,6 +604,24 @@ static void moe_experts_m3_dims(void **state) {
         experts_case(g, &wm, 40, 4, (m3_gpu_wfmt)f, 2);
     }
     experts_case(g, &wm, 3, 2, M3_GPU_W_BF16, 1);
+    master_free(&wm);
+}
+
+/* The prefill tiles at expert row counts around their tile edges (g_fixed_rows: 1, 63, 65,
+ * 159, 161, 149, 150 rows), all formats, both profiles; production and portable kernels.
+ * Same bound as moe_experts_small. */
+static void moe_experts_tile_rows(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 8, 256, 192, 850);
+    g_fixed_rows = true;
+    for (int port = 0; port < 2; port++)
+        for (int f = 0; f < 3; f++)
+            for (int prof = 1; prof < 3; prof++) {
+                g_portable = port;
+                experts_case(g, &wm, 449, 2, (m3_gpu_wfmt)f, prof);
+            }
+    g_fixed_rows = false, g_portable = 0;
     master_free(&wm);
 }
 
@@ -689,6 +723,14 @@ static void experts_act_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_g
         for (int k = 1; k < K; k++)
             if (ids[(size_t)t * K + k] == 0) ids[(size_t)t * K + k] = ids[(size_t)t * K];
     for (int t = 0; g_skew_expert0 && t < T; t++) ids[(size_t)t * K] = 0;
+    if (g_fixed_rows) {
+        assert_true(K == 2 && E == 8 && T == 449);
+        for (int t = 0, e = 0, left = g_rows_of[0]; t < T; t++) {
+            while (left == 0) left = g_rows_of[++e];
+            ids[(size_t)t * K] = e, left--;
+            ids[(size_t)t * K + 1] = 5 + t % 3;
+        }
+    }
     m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
     int32_t *dids;
     GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
@@ -836,6 +878,7 @@ int main(void) {
         cmocka_unit_test_teardown(moe_experts_mx_extremes, reset_case_globals),
         cmocka_unit_test(moe_experts_m3_dims),
         cmocka_unit_test_teardown(moe_experts_portable_paths, reset_case_globals),
+        cmocka_unit_test_teardown(moe_experts_tile_rows, reset_case_globals),
         cmocka_unit_test(moe_experts_fp32_unsupported),
         cmocka_unit_test(moe_experts_act_small),
         cmocka_unit_test(moe_experts_act_m3_dims),
