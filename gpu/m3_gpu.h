@@ -186,6 +186,9 @@ typedef struct m3_gpu_experts {
      * checkpoints have none, gpu/layer.hip scans them at upload), so the tensor-core decode
      * skips its per-piece NaN test; 0 (default): NaN codes decode to NaN as in ref */
     int finite_codes;
+    /* test hook, nonzero: the prefill tiles (T*K > 4E) through tile2_k (mma.sync, sm_80+) also
+     * where the Hopper wgmma kernel wg_k would run (gpu/moe.hip), so tests check both */
+    int tile_sm80;
 } m3_gpu_experts;
 
 /* Twin of ref's m3_moe_experts: y [T,D] bf16 = bf16(rsf * sum_k w_k MLP_{e_k}(x)) with the

@@ -1766,14 +1766,15 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
 #define WG_BK 64
 #define WG_BN 128
 
-template <int WF, int NWG, int S, int W> struct wg_lay {
+template <int WF, int NWG, int S, int W, int NH> struct wg_lay {
     enum {
         BM = 64 * NWG,
+        BN = WG_BN * NH,   /* NH 128-column halves a warpgroup */
         ASTAGE = BM * 128, /* bytes: BM rows of 64 bf16 */
-        BSTAGE = WG_BN * 128,
+        BSTAGE = BN * 128,
         NB = WF == M3_GPU_W_BF16 ? S : 2 + W,              /* bf16 B buffers */
         RB = WF == M3_GPU_W_MXFP8 ? 64 : 32,                /* MX raw bytes a row and k-step */
-        RSTAGE = WF == M3_GPU_W_BF16 ? 0 : WG_BN * RB,
+        RSTAGE = WF == M3_GPU_W_BF16 ? 0 : BN * RB,
         A = 0,
         B = A + S * ASTAGE,
         RAW = B + NB * BSTAGE,
@@ -1788,15 +1789,15 @@ static __device__ __forceinline__ uint32_t wg_swz(int r, int chunk) {
 }
 #endif
 
-template <int WF, int MODE, int NWG, int S, int W>
-static __global__ void __launch_bounds__(NWG * 128, W == 0 ? 2 : 1)
+template <int WF, int MODE, int NWG, int S, int W, int NH>
+static __global__ void __launch_bounds__(NWG * 128, W == 0 && NH == 1 ? 2 : 1)
     wg_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
          bool act_bf16) {
 #if M3_HAVE_WGMMA
-    typedef wg_lay<WF, NWG, S, W> L;
-    const int NT = NWG * 128, BM = L::BM, LA = S - 1 - W;
+    typedef wg_lay<WF, NWG, S, W, NH> L;
+    const int NT = NWG * 128, BM = L::BM, BN = L::BN, LA = S - 1 - W;
     static_assert(LA >= 2 || WF == M3_GPU_W_BF16, "MX dequantizes a k-step ahead");
     extern __shared__ uint4 wg_dyn[];
     const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(wg_dyn);
@@ -1835,7 +1836,7 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 ? 2 : 1)
     const int slot = src[BM];
     if (slot < 0) return; /* whole block: past the last row tile */
     const int e = m.act[slot], r0 = m.off[e], n = m.off[e + 1] - r0, row0 = src[BM + 1];
-    const int col0 = by * (MODE == 0 ? WG_BN / 2 : WG_BN);
+    const int col0 = by * (MODE == 0 ? BN / 2 : BN);
     /* this thread's A copies: rows (tid + h NT) / 8, 16-byte chunk tid % 8 (BM x 8 = 4 NT) */
     const m3_bf16 *pa[4];
     uint32_t aoff[4];
@@ -1849,7 +1850,7 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 ? 2 : 1)
         abytes[h] = sr >= 0 ? 16 : 0;
     }
     /* B copies: bf16 BN x 8 chunks (swizzled), MX raw BN x RB / 16 pieces (plain) */
-    const int PPR = WF == M3_GPU_W_BF16 ? 8 : L::RB / 16, NP = WG_BN * PPR;
+    const int PPR = WF == M3_GPU_W_BF16 ? 8 : L::RB / 16, NP = BN * PPR;
     const int BPT = (NP + NT - 1) / NT;
     const unsigned char *pb[BPT];
     uint32_t boff[BPT];
@@ -1862,13 +1863,18 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 ? 2 : 1)
         pb[h] = (const unsigned char *)(up ? w1 : w0) + row * rbytes + p * 16;
         boff[h] = WF == M3_GPU_W_BF16 ? L::B + wg_swz(nn, p) : L::RAW + nn * L::RB + p * 16;
     }
-    /* MX dequantization: thread tid < 256 -> tile row tid / 2, MX block tid % 2 of the k-step */
-    const bool dq = WF != M3_GPU_W_BF16 && tid < 2 * WG_BN;
-    const m3_e8m0 *psc = NULL;
-    if (dq) {
-        bool up;
-        const size_t row = t2_wrow<MODE>(tid >> 1, e, col0, nout, &up);
-        psc = (up ? s1 : s0) + row * ((size_t)kdim / 32) + (tid & 1);
+    /* MX dequantization: task i = tid + h NT < 2 BN -> tile row i / 2, MX block i % 2 */
+    const int DPT = (2 * BN + NT - 1) / NT;
+    const m3_e8m0 *psc[DPT];
+#pragma unroll
+    for (int h = 0; h < DPT; h++) {
+        const int i = tid + h * NT;
+        psc[h] = NULL;
+        if (WF != M3_GPU_W_BF16 && i < 2 * BN) {
+            bool up;
+            const size_t row = t2_wrow<MODE>(i >> 1, e, col0, nout, &up);
+            psc[h] = (up ? s1 : s0) + row * ((size_t)kdim / 32) + (i & 1);
+        }
     }
     const int nk = kdim / WG_BK;
     auto issue = [&](int ks) {
@@ -1884,18 +1890,21 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 ? 2 : 1)
         }
     };
     /* raw stage of k-step ks -> bf16 buffer ks % NB, swizzled (32 elements: 4 chunks) */
-    auto dequant = [&](int ks, m3_e8m0 scb) {
-        if (!dq) return;
-        const int c = tid >> 1, half = tid & 1;
-        const unsigned char *q = smb + L::RAW + (ks % S) * L::RSTAGE + c * L::RB + half * (L::RB / 2);
-        unsigned char *d = smb + L::B + (ks % L::NB) * L::BSTAGE;
-        const float sc = m3_e8m0_to_f32(scb);
+    auto dequant = [&](int ks, const m3_e8m0 *scb) {
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            uint4 v[2];
-            t2_dequant16<WF>(reinterpret_cast<m3_bf16 *>(v), q + i * (L::RB / 4), sc);
-            *reinterpret_cast<uint4 *>(d + wg_swz(c, 4 * half + 2 * i)) = v[0];
-            *reinterpret_cast<uint4 *>(d + wg_swz(c, 4 * half + 2 * i + 1)) = v[1];
+        for (int h = 0; h < DPT; h++) {
+            if (WF == M3_GPU_W_BF16 || tid + h * NT >= 2 * BN) break;
+            const int c = (tid + h * NT) >> 1, half = tid & 1; /* (NT is even) */
+            const unsigned char *q = smb + L::RAW + (ks % S) * L::RSTAGE + c * L::RB + half * (L::RB / 2);
+            unsigned char *d = smb + L::B + (ks % L::NB) * L::BSTAGE;
+            const float sc = m3_e8m0_to_f32(scb[h]);
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                uint4 v[2];
+                t2_dequant16<WF>(reinterpret_cast<m3_bf16 *>(v), q + i * (L::RB / 4), sc);
+                *reinterpret_cast<uint4 *>(d + wg_swz(c, 4 * half + 2 * i)) = v[0];
+                *reinterpret_cast<uint4 *>(d + wg_swz(c, 4 * half + 2 * i + 1)) = v[1];
+            }
         }
         m3_fence_proxy_async(); /* the wgmma of a later k-step reads these stores */
     };
@@ -1904,20 +1913,28 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 ? 2 : 1)
         if (s < nk) issue(s);
         t2_commit();
     }
-    m3_e8m0 sc = 0;
+    m3_e8m0 sc[DPT];
+#pragma unroll
+    for (int h = 0; h < DPT; h++) sc[h] = 0;
     if (WF != M3_GPU_W_BF16) {
-        if (dq) sc = psc[0];
+#pragma unroll
+        for (int h = 0; h < DPT; h++)
+            if (psc[h]) sc[h] = psc[h][0];
         t2_wait<LA - 1>(); /* k-step 0 landed (this thread's copies) */
         __syncthreads();   /* everyone's */
         dequant(0, sc);
-        if (dq && nk > 1) sc = psc[2];
+#pragma unroll
+        for (int h = 0; h < DPT; h++)
+            if (psc[h] && nk > 1) sc[h] = psc[h][2];
     }
     /* warpgroup-uniform, and visibly so to the compiler (a value broadcast from lane 0): ptxas
      * serializes wgmma that it sees in a possibly divergent branch */
     const bool active = __shfl_sync(0xffffffffu, (int)(wg * 64 < n - row0), 0) != 0;
-    float acc[64];
+    float acc[NH][64];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int hb = 0; hb < NH; hb++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[hb][i] = 0.0f;
     for (int ks = 0; ks < nk; ks++) {
         if (WF == M3_GPU_W_BF16) t2_wait<LA - 1>(); /* k-step ks landed */
         else t2_wait<(LA >= 2 ? LA - 2 : 0)>();     /* k-steps ks and ks + 1 landed */
@@ -1927,27 +1944,37 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 ? 2 : 1)
         t2_commit(); /* (an empty group near the end keeps the count uniform) */
         if (WF != M3_GPU_W_BF16 && ks + 1 < nk) {
             dequant(ks + 1, sc);
-            if (dq && ks + 2 < nk) sc = psc[2 * (ks + 2)];
+#pragma unroll
+            for (int h = 0; h < DPT; h++)
+                if (psc[h] && ks + 2 < nk) sc[h] = psc[h][2 * (ks + 2)];
         }
         if (active) {
             const uint32_t a = sb + L::A + (ks % S) * L::ASTAGE + wg * 64 * 128;
             const uint32_t b = sb + L::B + (ks % L::NB) * L::BSTAGE;
 #pragma unroll
-            for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[i]);
+            for (int hb = 0; hb < NH; hb++)
+#pragma unroll
+                for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[hb][i]);
             m3_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
-                m3_wgmma_m64n128k16_bf16(acc, m3_wgmma_desc_sw128(a + 32 * kk),
-                                         m3_wgmma_desc_sw128(b + 32 * kk), 1);
+#pragma unroll
+                for (int hb = 0; hb < NH; hb++)
+                    m3_wgmma_m64n128k16_bf16(acc[hb], m3_wgmma_desc_sw128(a + 32 * kk),
+                                             m3_wgmma_desc_sw128(b + hb * 128 * 128 + 32 * kk), 1);
             m3_wgmma_commit();
             m3_wgmma_wait<W>();
 #pragma unroll
-            for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[i]);
+            for (int hb = 0; hb < NH; hb++)
+#pragma unroll
+                for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[hb][i]);
         }
     }
     m3_wgmma_wait<0>(); /* (nothing pending in an inactive warpgroup) */
 #pragma unroll
-    for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[i]);
+    for (int hb = 0; hb < NH; hb++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[hb][i]);
     t2_wait<0>();
     if (!active) return;
     /* epilogue from registers: lane holds rows gq, gq + 8 of its warp's 16 and columns 2tq,
@@ -1958,27 +1985,30 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 ? 2 : 1)
         const int r = wg * 64 + (warp % 4) * 16 + gq + 8 * hh;
         if (row0 + r >= n) continue;
         m3_bf16 *orow = out + (size_t)(r0 + row0 + r) * nout;
-        if (MODE == 0) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) { /* blocks 2j (gate) and 2j + 1 (up) */
-                float a2[2];
+        for (int hb = 0; hb < NH; hb++) {
+            if (MODE == 0) {
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    float gv = acc[8 * j + 2 * hh + c], uv = acc[8 * j + 4 + 2 * hh + c];
-                    if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                    a2[c] = swiglu_act(gv, uv, alpha, limit, smode);
+                for (int j = 0; j < 8; j++) { /* blocks 2j (gate) and 2j + 1 (up) */
+                    float a2[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        float gv = acc[hb][8 * j + 2 * hh + c], uv = acc[hb][8 * j + 4 + 2 * hh + c];
+                        if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                        a2[c] = swiglu_act(gv, uv, alpha, limit, smode);
+                    }
+                    const int f = col0 + hb * 64 + j * 8 + 2 * tq;
+                    *reinterpret_cast<uint32_t *>(orow + f) =
+                        (uint32_t)m3_f32_to_bf16(a2[0]) | ((uint32_t)m3_f32_to_bf16(a2[1]) << 16);
                 }
-                const int f = col0 + j * 8 + 2 * tq;
-                *reinterpret_cast<uint32_t *>(orow + f) =
-                    (uint32_t)m3_f32_to_bf16(a2[0]) | ((uint32_t)m3_f32_to_bf16(a2[1]) << 16);
-            }
-        } else {
+            } else {
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const int c = col0 + j * 8 + 2 * tq;
-                *reinterpret_cast<uint32_t *>(orow + c) =
-                    (uint32_t)m3_f32_to_bf16(acc[4 * j + 2 * hh]) |
-                    ((uint32_t)m3_f32_to_bf16(acc[4 * j + 2 * hh + 1]) << 16);
+                for (int j = 0; j < 16; j++) {
+                    const int c = col0 + hb * 128 + j * 8 + 2 * tq;
+                    *reinterpret_cast<uint32_t *>(orow + c) =
+                        (uint32_t)m3_f32_to_bf16(acc[hb][4 * j + 2 * hh]) |
+                        ((uint32_t)m3_f32_to_bf16(acc[hb][4 * j + 2 * hh + 1]) << 16);
+                }
             }
         }
     }
@@ -2079,24 +2109,27 @@ static bool wg_ok(m3_gpu *g) {
     return ok[g->device] > 0;
 }
 
-template <int WF, int NWG, int S, int W>
+template <int WF, int NWG, int S, int W, int NH>
 static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
                         const m3_profile *p, const m3_mx_params *mid) {
-    const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu, BM = 64 * NWG;
+    typedef wg_lay<WF, NWG, S, W, NH> L;
+    const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
-    const int sh = wg_lay<WF, NWG, S, W>::BYTES;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W>,
+    const int sh = L::BYTES;
+    if (sh > 227 * 1024 || F % (L::BN / 2) || D % L::BN) /* (this configuration does not apply) */
+        return wg_run<WF, 3, 4, 1, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W, NH>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W, NH>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
-    const unsigned tiles = (unsigned)(TK / BM + slots + 1); /* >= sum ceil(n_e / BM) */
-    const dim3 g1((unsigned)(F / (WG_BN / 2)), tiles), g2((unsigned)(D / WG_BN), tiles);
-    wg_k<WF, 0, NWG, S, W><<<g1, NWG * 128, sh, g->stream>>>(
+    const unsigned tiles = (unsigned)(TK / L::BM + slots + 1); /* >= sum ceil(n_e / BM) */
+    const dim3 g1((unsigned)(F / (L::BN / 2)), tiles), g2((unsigned)(D / L::BN), tiles);
+    wg_k<WF, 0, NWG, S, W, NH><<<g1, NWG * 128, sh, g->stream>>>(
         ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "wg_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    wg_k<WF, 1, NWG, S, W><<<g2, NWG * 128, sh, g->stream>>>(
+    wg_k<WF, 1, NWG, S, W, NH><<<g2, NWG * 128, sh, g->stream>>>(
         ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "wg_k down");
     return M3_OK;
@@ -2113,10 +2146,11 @@ static m3_status wg_pick(int v, m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf
                          const exp_meta &m, int TK, int slots, const m3_gpu_experts *w,
                          const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
     switch (v) {
-    case 1: return wg_run<WF, 2, 4, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 2: return wg_run<WF, 2, 5, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 3: return wg_run<WF, 3, 4, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    default: return wg_run<WF, 2, 3, 0>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 1: return wg_run<WF, 3, 5, 1, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 2: return wg_run<WF, 2, 4, 1, 2>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 4: return wg_run<WF, 3, 3, 0, 2>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 5: return wg_run<WF, 3, 4, 1, 2>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    default: return wg_run<WF, 3, 4, 1, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
     }
 }
 #endif
@@ -2177,7 +2211,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     } else {
 #ifdef M3_HIP_NVIDIA
         /* 160 x 128 tiles, 4 stages: measured fastest (docs/gpu.md "Prefill tiles") */
-        if (!w->portable && wg_variant() > 0 && wg_ok(g))
+        if (!w->portable && !w->tile_sm80 && wg_variant() > 0 && wg_ok(g))
             return wg_pick<WF>(wg_variant(), g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
         if (t2_ok(g) && !w->portable) return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
 #endif
