@@ -1766,10 +1766,10 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
 #define WG_BK 64
 #define WG_BN 128
 
-template <int WF, int NWG, int S, int W, int NH> struct wg_lay {
+template <int WF, int NWG, int S, int W, int BN_> struct wg_lay {
     enum {
         BM = 64 * NWG,
-        BN = WG_BN * NH,   /* NH 128-column halves a warpgroup */
+        BN = BN_,          /* 128, 192 or 256 columns: one wgmma m64nBNk16 a warpgroup */
         ASTAGE = BM * 128, /* bytes: BM rows of 64 bf16 */
         BSTAGE = BN * 128,
         NB = WF == M3_GPU_W_BF16 ? S : 2 + W,              /* bf16 B buffers */
@@ -1789,15 +1789,34 @@ static __device__ __forceinline__ uint32_t wg_swz(int r, int chunk) {
 }
 #endif
 
-template <int WF, int MODE, int NWG, int S, int W, int NH>
-static __global__ void __launch_bounds__(NWG * 128, W == 0 && NH == 1 ? 2 : 1)
+#if M3_HAVE_WGMMA
+/* one k-step (64 deep) of a warpgroup: A at a (64 rows), B at b (BN rows), issued and
+ * committed as one wgmma group */
+template <int BN>
+static __device__ __forceinline__ void wg_mma(float (&acc)[BN / 2], uint32_t a, uint32_t b) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) m3_wgmma_pin(acc[i]);
+    m3_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        const uint64_t da = m3_wgmma_desc_sw128(a + 32 * kk), db = m3_wgmma_desc_sw128(b + 32 * kk);
+        if (BN == 128) m3_wgmma_m64n128k16_bf16(acc, da, db, 1);
+        else if (BN == 192) m3_wgmma_m64n192k16_bf16(acc, da, db, 1);
+        else m3_wgmma_m64n256k16_bf16(acc, da, db, 1);
+    }
+    m3_wgmma_commit();
+}
+#endif
+
+template <int WF, int MODE, int NWG, int S, int W, int BN_, bool EO>
+static __global__ void __launch_bounds__(NWG * 128, W == 0 && BN_ == 128 ? 2 : 1)
     wg_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
          bool act_bf16) {
 #if M3_HAVE_WGMMA
-    typedef wg_lay<WF, NWG, S, W, NH> L;
-    const int NT = NWG * 128, BM = L::BM, BN = L::BN, LA = S - 1 - W;
+    typedef wg_lay<WF, NWG, S, W, BN_> L;
+    const int NT = NWG * 128, BM = L::BM, BN = BN_, LA = S - 1 - W;
     static_assert(LA >= 2 || WF == M3_GPU_W_BF16, "MX dequantizes a k-step ahead");
     extern __shared__ uint4 wg_dyn[];
     const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(wg_dyn);
@@ -1930,16 +1949,18 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 && NH == 1 ? 2 : 1)
     /* warpgroup-uniform, and visibly so to the compiler (a value broadcast from lane 0): ptxas
      * serializes wgmma that it sees in a possibly divergent branch */
     const bool active = __shfl_sync(0xffffffffu, (int)(wg * 64 < n - row0), 0) != 0;
-    float acc[NH][64];
+    float acc[BN_ / 2];
 #pragma unroll
-    for (int hb = 0; hb < NH; hb++)
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[hb][i] = 0.0f;
+    for (int i = 0; i < BN_ / 2; i++) acc[i] = 0.0f;
     for (int ks = 0; ks < nk; ks++) {
         if (WF == M3_GPU_W_BF16) t2_wait<LA - 1>(); /* k-step ks landed */
         else t2_wait<(LA >= 2 ? LA - 2 : 0)>();     /* k-steps ks and ks + 1 landed */
         m3_fence_proxy_async(); /* the cp.async writes, for the tensor cores' reads */
         __syncthreads(); /* everyone's; every warpgroup finished the wgmma of k-step ks - 1 - W */
+        /* EO: the k-step's wgmma issued before this thread's copies and dequantization (they
+         * then overlap two k-steps of tensor work instead of one) */
+        if (EO && active) wg_mma<BN_>(acc, sb + L::A + (ks % S) * L::ASTAGE + wg * 64 * 128,
+                                     sb + L::B + (ks % L::NB) * L::BSTAGE);
         if (ks + LA < nk) issue(ks + LA);
         t2_commit(); /* (an empty group near the end keeps the count uniform) */
         if (WF != M3_GPU_W_BF16 && ks + 1 < nk) {
@@ -1948,33 +1969,17 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 && NH == 1 ? 2 : 1)
             for (int h = 0; h < DPT; h++)
                 if (psc[h] && ks + 2 < nk) sc[h] = psc[h][2 * (ks + 2)];
         }
+        if (!EO && active) wg_mma<BN_>(acc, sb + L::A + (ks % S) * L::ASTAGE + wg * 64 * 128,
+                                      sb + L::B + (ks % L::NB) * L::BSTAGE);
         if (active) {
-            const uint32_t a = sb + L::A + (ks % S) * L::ASTAGE + wg * 64 * 128;
-            const uint32_t b = sb + L::B + (ks % L::NB) * L::BSTAGE;
-#pragma unroll
-            for (int hb = 0; hb < NH; hb++)
-#pragma unroll
-                for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[hb][i]);
-            m3_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-                for (int hb = 0; hb < NH; hb++)
-                    m3_wgmma_m64n128k16_bf16(acc[hb], m3_wgmma_desc_sw128(a + 32 * kk),
-                                             m3_wgmma_desc_sw128(b + hb * 128 * 128 + 32 * kk), 1);
-            m3_wgmma_commit();
             m3_wgmma_wait<W>();
 #pragma unroll
-            for (int hb = 0; hb < NH; hb++)
-#pragma unroll
-                for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[hb][i]);
+            for (int i = 0; i < BN_ / 2; i++) m3_wgmma_pin(acc[i]);
         }
     }
     m3_wgmma_wait<0>(); /* (nothing pending in an inactive warpgroup) */
 #pragma unroll
-    for (int hb = 0; hb < NH; hb++)
-#pragma unroll
-        for (int i = 0; i < 64; i++) m3_wgmma_pin(acc[hb][i]);
+    for (int i = 0; i < BN_ / 2; i++) m3_wgmma_pin(acc[i]);
     t2_wait<0>();
     if (!active) return;
     /* epilogue from registers: lane holds rows gq, gq + 8 of its warp's 16 and columns 2tq,
@@ -1985,30 +1990,27 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 && NH == 1 ? 2 : 1)
         const int r = wg * 64 + (warp % 4) * 16 + gq + 8 * hh;
         if (row0 + r >= n) continue;
         m3_bf16 *orow = out + (size_t)(r0 + row0 + r) * nout;
+        if (MODE == 0) {
 #pragma unroll
-        for (int hb = 0; hb < NH; hb++) {
-            if (MODE == 0) {
+            for (int j = 0; j < BN_ / 16; j++) { /* 8-column blocks 2j (gate) and 2j + 1 (up) */
+                float a2[2];
 #pragma unroll
-                for (int j = 0; j < 8; j++) { /* blocks 2j (gate) and 2j + 1 (up) */
-                    float a2[2];
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        float gv = acc[hb][8 * j + 2 * hh + c], uv = acc[hb][8 * j + 4 + 2 * hh + c];
-                        if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                        a2[c] = swiglu_act(gv, uv, alpha, limit, smode);
-                    }
-                    const int f = col0 + hb * 64 + j * 8 + 2 * tq;
-                    *reinterpret_cast<uint32_t *>(orow + f) =
-                        (uint32_t)m3_f32_to_bf16(a2[0]) | ((uint32_t)m3_f32_to_bf16(a2[1]) << 16);
+                for (int c = 0; c < 2; c++) {
+                    float gv = acc[8 * j + 2 * hh + c], uv = acc[8 * j + 4 + 2 * hh + c];
+                    if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                    a2[c] = swiglu_act(gv, uv, alpha, limit, smode);
                 }
-            } else {
+                const int f = col0 + j * 8 + 2 * tq;
+                *reinterpret_cast<uint32_t *>(orow + f) =
+                    (uint32_t)m3_f32_to_bf16(a2[0]) | ((uint32_t)m3_f32_to_bf16(a2[1]) << 16);
+            }
+        } else {
 #pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    const int c = col0 + hb * 128 + j * 8 + 2 * tq;
-                    *reinterpret_cast<uint32_t *>(orow + c) =
-                        (uint32_t)m3_f32_to_bf16(acc[hb][4 * j + 2 * hh]) |
-                        ((uint32_t)m3_f32_to_bf16(acc[hb][4 * j + 2 * hh + 1]) << 16);
-                }
+            for (int j = 0; j < BN_ / 8; j++) {
+                const int c = col0 + j * 8 + 2 * tq;
+                *reinterpret_cast<uint32_t *>(orow + c) =
+                    (uint32_t)m3_f32_to_bf16(acc[4 * j + 2 * hh]) |
+                    ((uint32_t)m3_f32_to_bf16(acc[4 * j + 2 * hh + 1]) << 16);
             }
         }
     }
@@ -2109,27 +2111,27 @@ static bool wg_ok(m3_gpu *g) {
     return ok[g->device] > 0;
 }
 
-template <int WF, int NWG, int S, int W, int NH>
+template <int WF, int NWG, int S, int W, int BN, bool EO = false>
 static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
                         const m3_profile *p, const m3_mx_params *mid) {
-    typedef wg_lay<WF, NWG, S, W, NH> L;
+    typedef wg_lay<WF, NWG, S, W, BN> L;
     const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
     const int sh = L::BYTES;
     if (sh > 227 * 1024 || F % (L::BN / 2) || D % L::BN) /* (this configuration does not apply) */
-        return wg_run<WF, 3, 4, 1, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W, NH>,
+        return wg_run<WF, 3, 4, 1, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W, BN, EO>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W, NH>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W, BN, EO>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
     const unsigned tiles = (unsigned)(TK / L::BM + slots + 1); /* >= sum ceil(n_e / BM) */
     const dim3 g1((unsigned)(F / (L::BN / 2)), tiles), g2((unsigned)(D / L::BN), tiles);
-    wg_k<WF, 0, NWG, S, W, NH><<<g1, NWG * 128, sh, g->stream>>>(
+    wg_k<WF, 0, NWG, S, W, BN, EO><<<g1, NWG * 128, sh, g->stream>>>(
         ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "wg_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    wg_k<WF, 1, NWG, S, W, NH><<<g2, NWG * 128, sh, g->stream>>>(
+    wg_k<WF, 1, NWG, S, W, BN, EO><<<g2, NWG * 128, sh, g->stream>>>(
         ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "wg_k down");
     return M3_OK;
@@ -2146,11 +2148,13 @@ static m3_status wg_pick(int v, m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf
                          const exp_meta &m, int TK, int slots, const m3_gpu_experts *w,
                          const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
     switch (v) {
-    case 1: return wg_run<WF, 3, 5, 1, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 2: return wg_run<WF, 2, 4, 1, 2>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 4: return wg_run<WF, 3, 3, 0, 2>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 5: return wg_run<WF, 3, 4, 1, 2>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    default: return wg_run<WF, 3, 4, 1, 1>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 1: return wg_run<WF, 3, 5, 1, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 2: return wg_run<WF, 2, 4, 1, 256>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 6: return wg_run<WF, 3, 4, 1, 128, true>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 7: return wg_run<WF, 3, 4, 1, 192>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 8: return wg_run<WF, 3, 4, 1, 192, true>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 9: return wg_run<WF, 2, 4, 1, 256, true>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    default: return wg_run<WF, 3, 4, 1, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
     }
 }
 #endif

@@ -613,7 +613,7 @@ static void moe_experts_m3_dims(void **state) {
 static void moe_experts_tile_rows(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     exp_master wm;
-    master_make(&wm, 8, 256, 192, 850);
+    master_make(&wm, 8, 384, 192, 850); /* D 384, F 192: every tile width divides them */
     g_fixed_rows = true;
     for (int port = 0; port < 2; port++)
         for (int f = 0; f < 3; f++)
