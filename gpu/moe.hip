@@ -1808,7 +1808,7 @@ static __device__ __forceinline__ void wg_mma(float (&acc)[BN / 2], uint32_t a, 
 }
 #endif
 
-template <int WF, int MODE, int NWG, int S, int W, int BN_, bool EO>
+template <int WF, int MODE, int NWG, int S, int W, int BN_, bool EO, int PF>
 static __global__ void __launch_bounds__(NWG * 128, W == 0 && BN_ == 128 ? 2 : 1)
     wg_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -1896,8 +1896,21 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 && BN_ == 128 ? 2 : 1
         }
     }
     const int nk = kdim / WG_BK;
+    /* PF > 0: thread tid < BN asks the L2 for its weight row's bytes of k-steps ks + PF .. +3
+     * every 4th k-step (cp.async.bulk.prefetch.L2: no registers or shared memory held), so the
+     * ring's copies of the weights hit the L2 instead of waiting on DRAM */
+    const unsigned char *pfrow = NULL;
+    if (PF > 0 && tid < BN) {
+        bool up;
+        const size_t row = t2_wrow<MODE>(tid, e, col0, nout, &up);
+        pfrow = (const unsigned char *)(up ? w1 : w0) + row * rbytes;
+    }
+    const int KB = WF == M3_GPU_W_BF16 ? 128 : L::RB; /* weight bytes of a row and k-step */
     auto issue = [&](int ks) {
         const int st = ks % S;
+        if (PF > 0 && pfrow && ks % 4 == 0 && ks + PF < nk)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(pfrow + (size_t)(ks + PF) * KB),
+                         "r"((min(nk - ks - PF, 4)) * KB) : "memory");
 #pragma unroll
         for (int h = 0; h < 4; h++)
             t2_cp16(smb + aoff[h] + st * L::ASTAGE, pa[h] + (size_t)ks * WG_BK, abytes[h]);
@@ -2111,7 +2124,7 @@ static bool wg_ok(m3_gpu *g) {
     return ok[g->device] > 0;
 }
 
-template <int WF, int NWG, int S, int W, int BN, bool EO = false>
+template <int WF, int NWG, int S, int W, int BN, bool EO = false, int PF = 0>
 static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
                         const m3_profile *p, const m3_mx_params *mid) {
@@ -2121,17 +2134,17 @@ static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const int sh = L::BYTES;
     if (sh > 227 * 1024 || F % (L::BN / 2) || D % L::BN) /* (this configuration does not apply) */
         return wg_run<WF, 3, 4, 1, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W, BN, EO>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W, BN, EO, PF>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W, BN, EO>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W, BN, EO, PF>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
     const unsigned tiles = (unsigned)(TK / L::BM + slots + 1); /* >= sum ceil(n_e / BM) */
     const dim3 g1((unsigned)(F / (L::BN / 2)), tiles), g2((unsigned)(D / L::BN), tiles);
-    wg_k<WF, 0, NWG, S, W, BN, EO><<<g1, NWG * 128, sh, g->stream>>>(
+    wg_k<WF, 0, NWG, S, W, BN, EO, PF><<<g1, NWG * 128, sh, g->stream>>>(
         ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "wg_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    wg_k<WF, 1, NWG, S, W, BN, EO><<<g2, NWG * 128, sh, g->stream>>>(
+    wg_k<WF, 1, NWG, S, W, BN, EO, PF><<<g2, NWG * 128, sh, g->stream>>>(
         ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "wg_k down");
     return M3_OK;
@@ -2149,11 +2162,13 @@ static m3_status wg_pick(int v, m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf
                          const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
     switch (v) {
     case 1: return wg_run<WF, 3, 5, 1, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 2: return wg_run<WF, 2, 4, 1, 256>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
     case 6: return wg_run<WF, 3, 4, 1, 128, true>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
     case 7: return wg_run<WF, 3, 4, 1, 192>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
     case 8: return wg_run<WF, 3, 4, 1, 192, true>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 9: return wg_run<WF, 2, 4, 1, 256, true>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 10: return wg_run<WF, 3, 5, 1, 128, false, 8>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 11: return wg_run<WF, 3, 5, 1, 128, true, 8>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 12: return wg_run<WF, 3, 4, 1, 192, true, 8>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+    case 13: return wg_run<WF, 3, 5, 1, 128, false, 16>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
     default: return wg_run<WF, 3, 4, 1, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
     }
 }
