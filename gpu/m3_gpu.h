@@ -196,7 +196,8 @@ typedef struct m3_gpu_experts {
  * atom: fp32 sum in ascending id), x [T,D] bf16, ids/wts [T,K] device. Gate/up GEMMs with
  * swiglu_oai fused in their epilogue (g, u rounded to bf16 first, as act_bf16 does), down
  * GEMM, then the combine. Small batches (T*K <= 4E) run weight-streaming GEMV kernels;
- * larger ones tensor-core tiles (mma.sync on NVIDIA, fp32 FMAs elsewhere), weights
+ * larger ones tensor-core tiles (wgmma on Hopper with an sm_90a
+ * build, mma.sync on other NVIDIA, fp32 FMAs elsewhere), weights
  * dequantized exactly to bf16 in shared memory. Needs a bf16-activation profile (hf, atom),
  * D % 128 == 0, F % 64 == 0, E <= 1024, K <= 8. ids must be valid (ref validates them): an
  * id outside [0, E) contributes nothing. Temporaries come from the arena.

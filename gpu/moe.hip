@@ -165,6 +165,8 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  *               ldmatrix fragments on NVIDIA, fp32 FMAs on the portable path.
  *   tile2_k     the larger batches on NVIDIA sm_80+ instead of tile_k: 160-row tiles through
  *               a 4-stage cp.async ring (its section below).
+ *   wg_k        the larger batches on Hopper (sm_90a build, cc 9.0) instead of tile2_k: 192 x 192
+ *               tiles on warpgroup MMA (wgmma) from swizzled shared memory (its section below).
  *   Gate/up kernels compute g and u of the same rows and apply swiglu_oai in the epilogue
  *   (g, u rounded to bf16 first: the act_bf16 GEMM outputs), storing a in bf16.
  *   mx_qdq_k    (act_mid applies) a quantize-dequantized in place, before down.
@@ -1752,7 +1754,7 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
  * gate/up interleaved in blocks of 8 columns with the swiglu epilogue in registers, MODE 1 down
  * storing bf16 y_e; the same numerics: bf16 operands, fp32 accumulation, only the order of the
  * k reduction differs), but the products run as wgmma (gpu/hip_compat.h): NWG warpgroups, each
- * 64 rows x 128 columns (64 fp32 accumulators a thread), A (activations) and B (weights) read by
+ * 64 rows x BN columns (BN / 2 fp32 accumulators a thread), A (activations) and B (weights) read by
  * the tensor cores straight from shared memory through descriptors, so no ldmatrix and no
  * per-fragment mma issue. k-steps of 64 (one 128-byte swizzled row per operand row, two MX
  * blocks). Every thread also copies: an S-stage ring filled by cp.async (16 bytes a copy,
@@ -1762,14 +1764,17 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
  * MX weights: codes by cp.async into a raw ring, dequantized exactly one k-step ahead into one of
  * 2 + W bf16 buffers (t2_dequant16: code x power of two), scale bytes loaded a k-step early.
  * A warpgroup whose 64 rows hold none of the expert's rows skips its wgmma. The row tile comes
- * from the same warp scan as tile2_k's, with BM = 64 NWG. */
+ * from the same warp scan as tile2_k's, with BM = 64 NWG. Built: 3 warpgroups (192 rows: at
+ * T = 4096 every expert's rows fit one tile, so each weight is streamed from memory once), BN
+ * 192 (each activation tile read 2 F / 192 + D / 192 times from the L2), S 4, W 1 (WG_CFG).
+ * Measured slower (docs/gpu.md "Prefill tiles, session 7"): 128 columns, 5 stages, 2 warpgroups
+ * x 256 columns, 2 blocks an SM, the wgmma issued before the copies, L2 prefetch of weights. */
 #define WG_BK 64
-#define WG_BN 128
 
 template <int WF, int NWG, int S, int W, int BN_> struct wg_lay {
     enum {
         BM = 64 * NWG,
-        BN = BN_,          /* 128, 192 or 256 columns: one wgmma m64nBNk16 a warpgroup */
+        BN = BN_,          /* 128 or 192 columns: one wgmma m64nBNk16 a warpgroup */
         ASTAGE = BM * 128, /* bytes: BM rows of 64 bf16 */
         BSTAGE = BN * 128,
         NB = WF == M3_GPU_W_BF16 ? S : 2 + W,              /* bf16 B buffers */
@@ -1801,15 +1806,14 @@ static __device__ __forceinline__ void wg_mma(float (&acc)[BN / 2], uint32_t a, 
     for (int kk = 0; kk < 4; kk++) {
         const uint64_t da = m3_wgmma_desc_sw128(a + 32 * kk), db = m3_wgmma_desc_sw128(b + 32 * kk);
         if (BN == 128) m3_wgmma_m64n128k16_bf16(acc, da, db, 1);
-        else if (BN == 192) m3_wgmma_m64n192k16_bf16(acc, da, db, 1);
-        else m3_wgmma_m64n256k16_bf16(acc, da, db, 1);
+        else m3_wgmma_m64n192k16_bf16(acc, da, db, 1);
     }
     m3_wgmma_commit();
 }
 #endif
 
-template <int WF, int MODE, int NWG, int S, int W, int BN_, bool EO, int PF>
-static __global__ void __launch_bounds__(NWG * 128, W == 0 && BN_ == 128 ? 2 : 1)
+template <int WF, int MODE, int NWG, int S, int W, int BN_>
+static __global__ void __launch_bounds__(NWG * 128, 1)
     wg_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
@@ -1896,21 +1900,8 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 && BN_ == 128 ? 2 : 1
         }
     }
     const int nk = kdim / WG_BK;
-    /* PF > 0: thread tid < BN asks the L2 for its weight row's bytes of k-steps ks + PF .. +3
-     * every 4th k-step (cp.async.bulk.prefetch.L2: no registers or shared memory held), so the
-     * ring's copies of the weights hit the L2 instead of waiting on DRAM */
-    const unsigned char *pfrow = NULL;
-    if (PF > 0 && tid < BN) {
-        bool up;
-        const size_t row = t2_wrow<MODE>(tid, e, col0, nout, &up);
-        pfrow = (const unsigned char *)(up ? w1 : w0) + row * rbytes;
-    }
-    const int KB = WF == M3_GPU_W_BF16 ? 128 : L::RB; /* weight bytes of a row and k-step */
     auto issue = [&](int ks) {
         const int st = ks % S;
-        if (PF > 0 && pfrow && ks % 4 == 0 && ks + PF < nk)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(pfrow + (size_t)(ks + PF) * KB),
-                         "r"((min(nk - ks - PF, 4)) * KB) : "memory");
 #pragma unroll
         for (int h = 0; h < 4; h++)
             t2_cp16(smb + aoff[h] + st * L::ASTAGE, pa[h] + (size_t)ks * WG_BK, abytes[h]);
@@ -1970,10 +1961,6 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 && BN_ == 128 ? 2 : 1
         else t2_wait<(LA >= 2 ? LA - 2 : 0)>();     /* k-steps ks and ks + 1 landed */
         m3_fence_proxy_async(); /* the cp.async writes, for the tensor cores' reads */
         __syncthreads(); /* everyone's; every warpgroup finished the wgmma of k-step ks - 1 - W */
-        /* EO: the k-step's wgmma issued before this thread's copies and dequantization (they
-         * then overlap two k-steps of tensor work instead of one) */
-        if (EO && active) wg_mma<BN_>(acc, sb + L::A + (ks % S) * L::ASTAGE + wg * 64 * 128,
-                                     sb + L::B + (ks % L::NB) * L::BSTAGE);
         if (ks + LA < nk) issue(ks + LA);
         t2_commit(); /* (an empty group near the end keeps the count uniform) */
         if (WF != M3_GPU_W_BF16 && ks + 1 < nk) {
@@ -1982,9 +1969,9 @@ static __global__ void __launch_bounds__(NWG * 128, W == 0 && BN_ == 128 ? 2 : 1
             for (int h = 0; h < DPT; h++)
                 if (psc[h] && ks + 2 < nk) sc[h] = psc[h][2 * (ks + 2)];
         }
-        if (!EO && active) wg_mma<BN_>(acc, sb + L::A + (ks % S) * L::ASTAGE + wg * 64 * 128,
-                                      sb + L::B + (ks % L::NB) * L::BSTAGE);
-        if (active) {
+        if (active) { /* (issued after the copies and the dequantization: measured faster) */
+            wg_mma<BN_>(acc, sb + L::A + (ks % S) * L::ASTAGE + wg * 64 * 128,
+                        sb + L::B + (ks % L::NB) * L::BSTAGE);
             m3_wgmma_wait<W>();
 #pragma unroll
             for (int i = 0; i < BN_ / 2; i++) m3_wgmma_pin(acc[i]);
@@ -2124,7 +2111,7 @@ static bool wg_ok(m3_gpu *g) {
     return ok[g->device] > 0;
 }
 
-template <int WF, int NWG, int S, int W, int BN, bool EO = false, int PF = 0>
+template <int WF, int NWG, int S, int W, int BN>
 static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int TK, int slots, const m3_gpu_experts *w, const m3_moe_params *mp,
                         const m3_profile *p, const m3_mx_params *mid) {
@@ -2132,46 +2119,29 @@ static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const int D = mp->dim, F = mp->ffn, sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
     const int sh = L::BYTES;
-    if (sh > 227 * 1024 || F % (L::BN / 2) || D % L::BN) /* (this configuration does not apply) */
-        return wg_run<WF, 3, 4, 1, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W, BN, EO, PF>,
+    static_assert(L::BYTES <= 227 * 1024, "shared memory of one block (sm_90: 227 KiB)");
+    M3_ASSERT(F % (BN / 2) == 0 && D % BN == 0); /* (wg_fits) */
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W, BN>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W, BN, EO, PF>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W, BN>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
     const unsigned tiles = (unsigned)(TK / L::BM + slots + 1); /* >= sum ceil(n_e / BM) */
     const dim3 g1((unsigned)(F / (L::BN / 2)), tiles), g2((unsigned)(D / L::BN), tiles);
-    wg_k<WF, 0, NWG, S, W, BN, EO, PF><<<g1, NWG * 128, sh, g->stream>>>(
+    wg_k<WF, 0, NWG, S, W, BN><<<g1, NWG * 128, sh, g->stream>>>(
         ab, d_x, m, mp->top_k, w->gate, w->up, w->gate_s, w->up_s, D, F, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "wg_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
-    wg_k<WF, 1, NWG, S, W, BN, EO, PF><<<g2, NWG * 128, sh, g->stream>>>(
+    wg_k<WF, 1, NWG, S, W, BN><<<g2, NWG * 128, sh, g->stream>>>(
         ye, ab, m, mp->top_k, w->down, NULL, w->down_s, NULL, F, D, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "wg_k down");
     return M3_OK;
 }
 
-/* session 7 measurement switch (removed once a batch has picked the variant): M3_WG = 0 tile2_k,
- * 1.. the wg_k configurations below */
-static int wg_variant() {
-    const char *v = getenv("M3_WG");
-    return v ? atoi(v) : 0;
-}
-template <int WF>
-static m3_status wg_pick(int v, m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
-                         const exp_meta &m, int TK, int slots, const m3_gpu_experts *w,
-                         const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
-    switch (v) {
-    case 1: return wg_run<WF, 3, 5, 1, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 6: return wg_run<WF, 3, 4, 1, 128, true>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 7: return wg_run<WF, 3, 4, 1, 192>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 8: return wg_run<WF, 3, 4, 1, 192, true>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 10: return wg_run<WF, 3, 5, 1, 128, false, 8>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 11: return wg_run<WF, 3, 5, 1, 128, true, 8>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 12: return wg_run<WF, 3, 4, 1, 192, true, 8>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    case 13: return wg_run<WF, 3, 5, 1, 128, false, 16>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    default: return wg_run<WF, 3, 4, 1, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
-    }
-}
+/* the production configuration (docs/gpu.md "Prefill tiles, session 7"): 3 warpgroups (192
+ * rows: one tile holds an expert's rows at T = 4096), 192 columns, 4 stages, one wgmma group
+ * in flight; it needs D % 192 == 0 and F % 96 == 0 (M3: 6144, 3072), else tile2_k runs */
+#define WG_CFG 3, 4, 1, 192
+static bool wg_fits(int D, int F) { return D % 192 == 0 && F % 96 == 0; }
 #endif
 
 /* the decode GEMVs: gate/up (+ swiglu), [act_mid], down */
@@ -2230,8 +2200,9 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     } else {
 #ifdef M3_HIP_NVIDIA
         /* 160 x 128 tiles, 4 stages: measured fastest (docs/gpu.md "Prefill tiles") */
-        if (!w->portable && !w->tile_sm80 && wg_variant() > 0 && wg_ok(g))
-            return wg_pick<WF>(wg_variant(), g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        /* Hopper (sm_90a build): wgmma tiles, 1.3-1.75x tile2_k (docs/gpu.md) */
+        if (!w->portable && !w->tile_sm80 && wg_fits(D, F) && wg_ok(g))
+            return wg_run<WF, WG_CFG>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
         if (t2_ok(g) && !w->portable) return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
 #endif
         const unsigned tiles = (unsigned)(TK / TILE_BM + slots + 1); /* >= sum ceil(n_e/64) */

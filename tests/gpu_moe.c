@@ -391,6 +391,10 @@ static int g_portable;
  * turn: expert row counts 1, 63, 65, 159, 161, 150, 150, 149 (around the 64-row warpgroup
  * and the 128 / 160 / 192-row tile edges of the prefill kernels) */
 static bool g_fixed_rows;
+
+/* experts_case sets m3_gpu_experts.tile_sm80 from this (moe_experts_tile_rows: tile2_k where
+ * the Hopper wgmma kernel would run) */
+static int g_sm80;
 static const int g_rows_of[5] = {1, 63, 65, 159, 161};
 
 /* the expert-call parameters of a case: the master's shapes, swiglu_oai's M3 constants */
@@ -418,6 +422,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     memset(&dw, 0, sizeof dw);
     dw.fmt = fmt;
     dw.portable = g_portable;
+    dw.tile_sm80 = g_sm80;
     /* the codes quantized from finite values hold no NaN code: say so, as gpu/layer.hip's upload
      * scan does, so the MXFP8 cases run the production decode without the per-piece NaN test;
      * the NaN-planting cases keep the test (finite_codes 0) */
@@ -547,6 +552,7 @@ static int reset_case_globals(void **state) {
     g_portable = 0;
     g_skew_expert0 = false;
     g_fixed_rows = false;
+    g_sm80 = 0;
     return 0;
 }
 
@@ -608,20 +614,21 @@ static void moe_experts_m3_dims(void **state) {
 }
 
 /* The prefill tiles at expert row counts around their tile edges (g_fixed_rows: 1, 63, 65,
- * 159, 161, 149, 150 rows), all formats, both profiles; production and portable kernels.
- * Same bound as moe_experts_small. */
+ * 159, 161, 149, 150 rows), all formats, both profiles; each prefill kernel: the production
+ * one (wg_k on an sm_90a build on Hopper), tile2_k (tile_sm80) and tile_k (portable). Same
+ * bound as moe_experts_small (the same math, another fp32 reduction order). */
 static void moe_experts_tile_rows(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     exp_master wm;
-    master_make(&wm, 8, 384, 192, 850); /* D 384, F 192: every tile width divides them */
+    master_make(&wm, 8, 384, 192, 850); /* D 384, F 192: divisible by every tile width */
     g_fixed_rows = true;
-    for (int port = 0; port < 2; port++)
+    for (int path = 0; path < 3; path++) {
+        g_sm80 = path == 1, g_portable = path == 2;
+        print_message("%s\n", path == 0 ? "production" : (path == 1 ? "tile_sm80" : "portable"));
         for (int f = 0; f < 3; f++)
-            for (int prof = 1; prof < 3; prof++) {
-                g_portable = port;
-                experts_case(g, &wm, 449, 2, (m3_gpu_wfmt)f, prof);
-            }
-    g_fixed_rows = false, g_portable = 0;
+            for (int prof = 1; prof < 3; prof++) experts_case(g, &wm, 449, 2, (m3_gpu_wfmt)f, prof);
+    }
+    g_fixed_rows = false, g_portable = 0, g_sm80 = 0;
     master_free(&wm);
 }
 
