@@ -1766,7 +1766,8 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
  * A warpgroup whose 64 rows hold none of the expert's rows skips its wgmma. The row tile comes
  * from the same warp scan as tile2_k's, with BM = 64 NWG. Built: 3 warpgroups (192 rows: at
  * T = 4096 every expert's rows fit one tile, so each weight is streamed from memory once), BN
- * 192 (each activation tile read 2 F / 192 + D / 192 times from the L2), S 4, W 1 (WG_CFG).
+ * 192 (each activation tile read 2 F / 192 + D / 192 times from the L2; BN 128 where 192 does
+ * not divide D or F / 2), S 4, W 1 (WG_CFG).
  * Measured slower (docs/gpu.md "Prefill tiles, session 7"): 128 columns, 5 stages, 2 warpgroups
  * x 256 columns, 2 blocks an SM, the wgmma issued before the copies, L2 prefetch of weights. */
 #define WG_BK 64
@@ -2120,7 +2121,7 @@ static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const bool ab16 = p->act_bf16;
     const int sh = L::BYTES;
     static_assert(L::BYTES <= 227 * 1024, "shared memory of one block (sm_90: 227 KiB)");
-    M3_ASSERT(F % (BN / 2) == 0 && D % BN == 0); /* (wg_fits) */
+    M3_ASSERT(F % (BN / 2) == 0 && D % BN == 0); /* (wg_wide for 192) */
     M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 0, NWG, S, W, BN>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, sh));
     M3_HIP_TRY(hipFuncSetAttribute((const void *)wg_k<WF, 1, NWG, S, W, BN>,
@@ -2138,10 +2139,11 @@ static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
 }
 
 /* the production configuration (docs/gpu.md "Prefill tiles, session 7"): 3 warpgroups (192
- * rows: one tile holds an expert's rows at T = 4096), 192 columns, 4 stages, one wgmma group
- * in flight; it needs D % 192 == 0 and F % 96 == 0 (M3: 6144, 3072), else tile2_k runs */
-#define WG_CFG 3, 4, 1, 192
-static bool wg_fits(int D, int F) { return D % 192 == 0 && F % 96 == 0; }
+ * rows: one tile holds an expert's rows at T = 4096), 4 stages, one wgmma group in flight,
+ * 192 columns when D % 192 == 0 and F % 96 == 0 (M3: 6144, 3072), else 128 (any D % 128,
+ * F % 64 that the API accepts; measured 1.35-1.45x tile2_k at M3 dims, 192 1.4-1.85x) */
+#define WG_CFG 3, 4, 1
+static bool wg_wide(int D, int F) { return D % 192 == 0 && F % 96 == 0; }
 #endif
 
 /* the decode GEMVs: gate/up (+ swiglu), [act_mid], down */
@@ -2200,9 +2202,10 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     } else {
 #ifdef M3_HIP_NVIDIA
         /* 160 x 128 tiles, 4 stages: measured fastest (docs/gpu.md "Prefill tiles") */
-        /* Hopper (sm_90a build): wgmma tiles, 1.3-1.75x tile2_k (docs/gpu.md) */
-        if (!w->portable && !w->tile_sm80 && wg_fits(D, F) && wg_ok(g))
-            return wg_run<WF, WG_CFG>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
+        /* Hopper (sm_90a build): wgmma tiles, 1.4-1.85x tile2_k (docs/gpu.md) */
+        if (!w->portable && !w->tile_sm80 && wg_ok(g))
+            return wg_wide(D, F) ? wg_run<WF, WG_CFG, 192>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid)
+                                 : wg_run<WF, WG_CFG, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
         if (t2_ok(g) && !w->portable) return t2_run<WF, 160, 128, 32, 4>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
 #endif
         const unsigned tiles = (unsigned)(TK / TILE_BM + slots + 1); /* >= sum ceil(n_e/64) */
