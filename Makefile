@@ -3,7 +3,7 @@
 #   make test       what CI runs (all ref_* and cmp_* cmocka binaries, summary line last)
 #   make demo       the bundled tiny model through the reference, agreement table
 #   make bench      CPU benchmarks (figures against ceilings measured in the same run)
-#   make gpu        build/m3 with the GPU backend (nvcc -x cu, sm_90) + gpu_* tests
+#   make gpu        build/m3 with the GPU backend (nvcc -x cu, sm_90a) + gpu_* tests
 #   make test-gpu   run gpu_* tests (on the GPU machine)      make bench-gpu
 #   make gpu-amd-check  compile gpu/*.hip for gfx90a with Debian's hipcc
 #   make test SANITIZE=1  ASan+UBSan build under build/san
@@ -68,7 +68,8 @@ HIPCC ?= $(if $(wildcard $(CUDA_HOME)/bin/nvcc),$(CUDA_HOME)/bin/nvcc,nvcc)
 GPU_ARCH ?= sm_90a
 HIP_SRC := $(wildcard gpu/*.hip)
 GPU_OBJ := $(patsubst %.hip,$(B)/obj/%.o,$(HIP_SRC))
-NVCCFLAGS := -x cu -std=c++17 -O3 -g -lineinfo -gencode arch=compute_$(patsubst sm_%,%,$(GPU_ARCH)),code=$(GPU_ARCH) -I. -Xcompiler -Wall \
+NVCCFLAGS := -x cu -std=c++17 -O3 -g -lineinfo \
+             -gencode arch=compute_$(patsubst sm_%,%,$(GPU_ARCH)),code=$(GPU_ARCH) -I. -Xcompiler -Wall \
              -Xcompiler -fno-fast-math --expt-relaxed-constexpr -MMD -MP
 ifeq ($(GPU),1)
 BACKEND_OBJ := $(GPU_OBJ)
