@@ -1254,6 +1254,17 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a)
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st < a.nstep) k8_step(a, st, ssy[wid]);
 }
+/* session 7 probe (M3_KVW8P=1, temporary): the same steps on a persistent grid, warp w of
+ * the grid taking steps w, w + W, ... (no idle slots while a block waits for its last warp) */
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8p_k(kvw_args a) {
+    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
+    const int wid = (int)threadIdx.x / M3_WARP;
+    const int64_t nw = (int64_t)gridDim.x * KW_WPB;
+    for (int64_t st = (int64_t)blockIdx.x * KW_WPB + wid; st < a.nstep; st += nw) {
+        k8_step(a, st, ssy[wid]);
+        M3_SYNCWARP();
+    }
+}
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
 #define QW_RPS (M3_WARP / QW_LPR)    /* rows per warp step */
@@ -1807,7 +1818,14 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
                                  "rows (more than 2^31 steps)", n_tok, kv.nh);
             }
-            kvw8_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            const int64_t nb8 = (kv.nstep + KW_WPB - 1) / KW_WPB;
+            const char *pe = getenv("M3_KVW8P"); /* session 7 probe, temporary */
+            if (pe && atoi(pe) > 0) {
+                const int64_t fit = (int64_t)atoi(pe) * n_sm;
+                kvw8p_k<<<(unsigned)(nb8 < fit ? nb8 : fit), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            } else {
+                kvw8_k<<<(unsigned)nb8, KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            }
             M3_LAUNCHED(g, "kvw8_k");
         } else { /* kvw_k (bf16): 4 tokens a K step, 8-token V windows */
             const int KS = M3_WARP / 8, x = 8;
