@@ -850,11 +850,28 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
     }
 }
 
+/* Programmatic dependent launch (Hopper, session 7): a pass's launches after the first may
+ * start while the one before it runs (the host sets the launch attribute only between a
+ * pass's own kernels). pdl_trigger lets the next launch of the stream start; pdl_wait waits
+ * for the one before to finish and its stores to be visible (no-ops without the attribute,
+ * and on AMD). */
+static __device__ __forceinline__ void pdl_trigger() {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_wait() {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* cos/sin rows of every token, [T, cos(half) | sin(half)]: the same evaluation as the
  * kernel's own (angle in fp32 or f64, cos/sin in double rounded to fp32, bf16 when asked),
  * once per token instead of once per part (q, k, index_q, index_k) */
 static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int half,
                                   rope_inv_table inv, bool angle_f64, bool cs_bf16) {
+    pdl_trigger();
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= (int64_t)n_tok * 2 * half) return;
     const int t = (int)(j / (2 * half)), k = (int)(j - (int64_t)t * 2 * half);
@@ -975,10 +992,10 @@ static __device__ __forceinline__ uint32_t kw_amax(uint4 u) {
     for (int k = 0; k < 4; k++) lo = max(lo, w[k] & 0x7FFFu), hi = max(hi, (w[k] >> 16) & 0x7FFFu);
     return max(lo, hi);
 }
-static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
+#define KW_ROWB (8 * 272) /* kvw_k's shared bytes per warp (an 8-token V window) */
+static __device__ __forceinline__ void kvw_step(const kvw_args &a, unsigned char *rows) {
     constexpr int KT = M3_WARP / 8; /* tokens per K step */
     constexpr int x = 8, lx = 3;    /* bf16: 8 tokens per V chunk */
-    __shared__ __align__(16) unsigned char srow[KW_WPB][x * 272];
     const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st >= a.nstep) return;
@@ -1013,7 +1030,6 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
                             ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
     const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
     const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
-    unsigned char *rows = srow[wid];
     /* rows into the warp's shared memory: lane -> chunk lane % 16 of rows lane / 16 + RPI i */
     constexpr int RPI = M3_WARP / 16;
     const int c = lane & 15;
@@ -1044,6 +1060,13 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
         if (slot < 0) continue;
         ((m3_bf16 *)a.dst[1])[kw_voff(a, slot, h, d, lx)] = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
     }
+}
+/* the grid's end waits for the launch before it (pdl_wait): a dependent launch of the fused
+ * pass must not finish before the qw_norm_k it overlaps */
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
+    __shared__ __align__(16) unsigned char srow[KW_WPB][KW_ROWB];
+    kvw_step(a, srow[threadIdx.x / M3_WARP]);
+    pdl_wait();
 }
 
 /* kvw8_k (session 6): the fp8 K / V writer without shared-memory staging. One warp a step,
@@ -1253,6 +1276,7 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a)
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st < a.nstep) k8_step(a, st, ssy[wid]);
+    pdl_wait();
 }
 /* session 7 probe (M3_KVW8P=1, temporary): the same steps on a persistent grid, warp w of
  * the grid taking steps w, w + W, ... (no idle slots while a block waits for its last warp) */
@@ -1264,6 +1288,7 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8p_k(kvw_args a
         k8_step(a, st, ssy[wid]);
         M3_SYNCWARP();
     }
+    pdl_wait();
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
@@ -1412,6 +1437,7 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
 template <int QR, int KC>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
+    pdl_trigger();
     __shared__ __align__(16) float w1s[4][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[4]; /* the parts, read per step from shared memory (kept out of registers) */
@@ -1447,6 +1473,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
     }
+    pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
@@ -1513,6 +1540,30 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
+/* k<<<grid, block, smem>>>(args) on g's stream; pdl: with programmatic stream serialization
+ * (NVIDIA), only where the launch before it in the stream is the same pass's (its kernel
+ * waits for that one with pdl_wait before reading what it wrote) */
+template <typename... P, typename... A>
+static m3_status pass_launch(m3_gpu *g, bool pdl, void (*k)(P...), unsigned grid, unsigned block,
+                             size_t smem, A... args) {
+#if defined(M3_HIP_NVIDIA)
+    if (pdl) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(grid), cfg.blockDim = dim3(block), cfg.dynamicSmemBytes = smem;
+        cfg.stream = g->stream;
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        M3_HIP_TRY(cudaLaunchKernelEx(&cfg, k, args...));
+        return M3_OK;
+    }
+#else
+    (void)pdl;
+#endif
+    k<<<grid, block, smem, g->stream>>>(args...);
+    return M3_OK;
+}
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
     void *x;
@@ -1782,6 +1833,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         cst = tab;
     }
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
+    const char *pdl_e = getenv("M3_QKV_PDL"); /* session 7 probe, temporary */
+    const bool pdl = pdl_e && atoi(pdl_e) > 0;
     if (qa.np > 0) {
         qa.cst = cst;
         qa.kv = kv;
@@ -1802,7 +1855,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
 #endif
         const int64_t need = (qa.nstep + QW_WPB - 1) / QW_WPB;
         const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
-        k<<<(unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, g->stream>>>(qa);
+        M3_TRY(pass_launch(g, pdl && cst, k, (unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, qa));
         M3_LAUNCHED(g, "qw_norm_k");
     }
     if (kv.x[0] || kv.x[1]) {
@@ -1822,9 +1875,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             const char *pe = getenv("M3_KVW8P"); /* session 7 probe, temporary */
             if (pe && atoi(pe) > 0) {
                 const int64_t fit = (int64_t)atoi(pe) * n_sm;
-                kvw8p_k<<<(unsigned)(nb8 < fit ? nb8 : fit), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+                M3_TRY(pass_launch(g, pdl && qa.np > 0, kvw8p_k, (unsigned)(nb8 < fit ? nb8 : fit), KW_WPB * M3_WARP, 0, kv));
             } else {
-                kvw8_k<<<(unsigned)nb8, KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+                M3_TRY(pass_launch(g, pdl && qa.np > 0, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kv));
             }
             M3_LAUNCHED(g, "kvw8_k");
         } else { /* kvw_k (bf16): 4 tokens a K step, 8-token V windows */
@@ -1834,7 +1887,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             kv.vs0 = kv.ks;
             kv.nstep = kv.ks;
             if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
-            kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
+            M3_TRY(pass_launch(g, pdl && qa.np > 0, kvw_k, (unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kv));
             M3_LAUNCHED(g, "kvw_k");
         }
     }
