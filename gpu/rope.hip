@@ -1145,7 +1145,28 @@ static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32
     }
 }
 
-/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
+/* max of the two 16-bit halves of a and b, each half unsigned (sm_90: one instruction) */
+static __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t r;
+    asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    return max(a & 0xFFFFu, b & 0xFFFFu) | (max(a >> 16, b >> 16) << 16);
+#endif
+}
+#define K8_ABS2 0x7FFF7FFFu /* |x| bits of two bf16 */
+/* amax bits of 16 bf16 (two chunks) through packed maxima: the same integer max as kw_amax */
+static __device__ __forceinline__ uint32_t kw_amax16(uint4 u0, uint4 u1) {
+    const uint32_t m0 = max_u16x2(max_u16x2(u0.x & K8_ABS2, u0.y & K8_ABS2), max_u16x2(u0.z & K8_ABS2, u0.w & K8_ABS2));
+    const uint32_t m1 = max_u16x2(max_u16x2(u1.x & K8_ABS2, u1.y & K8_ABS2), max_u16x2(u1.z & K8_ABS2, u1.w & K8_ABS2));
+    const uint32_t m = max_u16x2(m0, m1);
+    return max(m & 0xFFFFu, m >> 16);
+}
+
+/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory); AP: packed amax
+ * (session 7 probe) */
+template <bool AP>
 static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
     const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
@@ -1168,7 +1189,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
         bool bad = false, big = false;
 #pragma unroll
         for (int k = 0; k < K8_KR; k++) {
-            uint32_t am = max(kw_amax(u[k][0]), kw_amax(u[k][1]));
+            uint32_t am = AP ? kw_amax16(u[k][0], u[k][1]) : max(kw_amax(u[k][0]), kw_amax(u[k][1]));
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
             sc[k] = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
@@ -1209,6 +1230,41 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
                             ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
     const bool lane_ok = lane >= K8_T || (lane < n && s_lane == s_first + lane);
     const bool fast = n == K8_T && s_first >= 0 && (s_first & (K8_T - 1)) == 0 && ballot64(!lane_ok) == 0;
+    int rt;       /* this lane's token */
+    uint32_t amr; /* its amax bits */
+    bool wr;      /* the lane that stores the token's scale */
+    if (AP) {
+        /* packed: word i holds tokens i (low half) and i + 8 (high half); the reduce-scatter
+         * over the 8 words leaves lane l with the pair i = l / LP (LP = M3_WARP / 8 lanes a
+         * pair), the first half of those lanes taking token i, the second token i + 8 */
+        uint32_t pk[K8_T / 2];
+#pragma unroll
+        for (int i = 0; i < K8_T / 2; i++) {
+            uint32_t m0 = dv[i][0] & K8_ABS2, m1 = dv[i + K8_T / 2][0] & K8_ABS2;
+#pragma unroll
+            for (int q = 1; q < K8_WPL; q++)
+                m0 = max_u16x2(m0, dv[i][q] & K8_ABS2), m1 = max_u16x2(m1, dv[i + K8_T / 2][q] & K8_ABS2);
+            pk[i] = max_u16x2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
+        }
+#pragma unroll
+        for (int rd = 0; rd < 3; rd++) { /* 8 -> 4 -> 2 -> 1 words a lane */
+            const int wv = (K8_T / 4) >> rd, b = (M3_WARP / 2) >> rd;
+            const bool up = (lane & b) != 0;
+#pragma unroll
+            for (int i = 0; i < K8_T / 4; i++) {
+                if (i >= wv) break;
+                const uint32_t snd = up ? pk[i] : pk[i + wv], kp = up ? pk[i + wv] : pk[i];
+                pk[i] = max_u16x2(kp, (uint32_t)M3_SHFL_XOR((int)snd, b));
+            }
+        }
+        constexpr int LP = M3_WARP / 8;
+#pragma unroll
+        for (int m = 1; m < LP; m <<= 1) pk[0] = max_u16x2(pk[0], (uint32_t)M3_SHFL_XOR((int)pk[0], m));
+        const bool hi = (lane % LP) >= LP / 2;
+        rt = lane / LP + (hi ? K8_T / 2 : 0);
+        amr = hi ? pk[0] >> 16 : pk[0] & 0xFFFFu;
+        wr = lane % (LP / 2) == 0;
+    } else {
     /* row maxima: lane's partial of each token, then a reduce-scatter: after the rounds the
      * lane holds token lane / LB's maximum (LB = M3_WARP / 16 lanes a token) */
     uint32_t am[K8_T];
@@ -1233,10 +1289,13 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     constexpr int LB = M3_WARP / 16;
 #pragma unroll
     for (int m = 1; m < LB; m <<= 1) am[0] = max(am[0], (uint32_t)M3_SHFL_XOR((int)am[0], m));
-    const int rt = lane / LB; /* this lane's token */
-    const float sc = fp8_scale(m3_bits_f32(am[0] << 16), a.fp8_max);
-    const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(am[0] >= 0x7F80u) == 0;
-    if (lane % LB == 0) {
+    rt = lane / LB;
+    amr = am[0];
+    wr = lane % LB == 0;
+    }
+    const float sc = fp8_scale(m3_bits_f32(amr << 16), a.fp8_max);
+    const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(amr >= 0x7F80u) == 0;
+    if (wr) {
         sy[2 * rt] = sc, sy[2 * rt + 1] = md ? __frcp_rn(sc) : 0.0f;
         if (rt < n) {
             const int64_t sl = kw_slot(a, tb + rt);
@@ -1271,11 +1330,12 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
  * registers at 3 blocks per SM measured 62%, 4-warp blocks at 8 per SM the same 66%, the K
  * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
  * warp's next step 59%) */
+template <bool AP>
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
     __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    if (st < a.nstep) k8_step(a, st, ssy[wid]);
+    if (st < a.nstep) k8_step<AP>(a, st, ssy[wid]);
     pdl_wait();
 }
 /* session 7 probe (M3_KVW8P=1, temporary): the same steps on a persistent grid, warp w of
@@ -1285,7 +1345,7 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8p_k(kvw_args a
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t nw = (int64_t)gridDim.x * KW_WPB;
     for (int64_t st = (int64_t)blockIdx.x * KW_WPB + wid; st < a.nstep; st += nw) {
-        k8_step(a, st, ssy[wid]);
+        k8_step<false>(a, st, ssy[wid]);
         M3_SYNCWARP();
     }
     pdl_wait();
@@ -1877,7 +1937,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 const int64_t fit = (int64_t)atoi(pe) * n_sm;
                 M3_TRY(pass_launch(g, pdl && qa.np > 0, kvw8p_k, (unsigned)(nb8 < fit ? nb8 : fit), KW_WPB * M3_WARP, 0, kv));
             } else {
-                M3_TRY(pass_launch(g, pdl && qa.np > 0, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kv));
+                const char *ae = getenv("M3_KVW8A"); /* session 7 probe, temporary */
+                M3_TRY(pass_launch(g, pdl && qa.np > 0, ae && atoi(ae) > 0 ? kvw8_k<true> : kvw8_k<false>,
+                                   (unsigned)nb8, KW_WPB * M3_WARP, 0, kv));
             }
             M3_LAUNCHED(g, "kvw8_k");
         } else { /* kvw_k (bf16): 4 tokens a K step, 8-token V windows */
