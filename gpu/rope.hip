@@ -881,6 +881,21 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
     tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
 }
 
+/* session 7 probe (M3_CS=1): one thread a (token, i), cos and sin from one sincos */
+static __global__ void cs_table2_k(float *tab, const int32_t *pos, int n_tok, int half,
+                                   rope_inv_table inv, bool angle_f64, bool cs_bf16) {
+    pdl_trigger();
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= (int64_t)n_tok * half) return;
+    const int t = (int)(j / half), i = (int)(j - (int64_t)t * half);
+    const int32_t p = pos[t];
+    const double ang = angle_f64 ? (double)p * (double)inv.inv[i] : (double)__fmul_rn((float)p, inv.inv[i]);
+    double sn, cn;
+    sincos(ang, &sn, &cn);
+    tab[(int64_t)t * 2 * half + i] = rnd(cs_bf16, (float)cn);
+    tab[(int64_t)t * 2 * half + half + i] = rnd(cs_bf16, (float)sn);
+}
+
 /* ---- warp-streaming paths (bf16 rows, Dh 128, rotary half 32 or none) -------------------
  * Every warp works alone (no block barriers) and holds its rows in registers.
  * qw_norm_k: normed rows (q, index_q; K rows with the K cache write, fp8 with the row's
@@ -1065,6 +1080,7 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, unsigned char
  * pass must not finish before the qw_norm_k it overlaps */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     __shared__ __align__(16) unsigned char srow[KW_WPB][KW_ROWB];
+    pdl_trigger();
     kvw_step(a, srow[threadIdx.x / M3_WARP]);
     pdl_wait();
 }
@@ -1145,6 +1161,76 @@ static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32
     }
 }
 
+/* Session 7 probe (V8 2): the e4m3fn codes of finite rows (md && nc) without copysign. The
+ * quotient's sign is v's except that a zero quotient may come out +0 (the fma sums), so the
+ * code's sign bit is ORed in from v's bf16 sign bit: K as one byte permutation a code word;
+ * V (tokens of one dim: signs from four words) only where a code word holds a zero code. */
+static __device__ __forceinline__ float div_ns(float v, float s, float y) {
+    float q = __fmul_rn(v, y);
+    float r = __fmaf_rn(-s, q, v);
+    q = __fmaf_rn(r, y, q);
+    r = __fmaf_rn(-s, q, v);
+    return __fmaf_rn(r, y, q);
+}
+static __device__ __forceinline__ uint32_t e4m3x2(float q0, float q1) { /* q0: low byte */
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(q1), "f"(q0));
+    return r;
+#else
+    return cvt8x2(q0, q1, (int)M3_FP8_E4M3FN, (int)M3_FP8_SATURATE, true);
+#endif
+}
+static __device__ __forceinline__ void k8_kstep_st(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
+                                                   const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
+                                                   const float (&y)[K8_KR], int jj) {
+#pragma unroll
+    for (int k = 0; k < K8_KR; k++) {
+        const uint32_t wd[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
+            const uint32_t c0 = e4m3x2(div_ns(bf_lo(w0), sc[k], y[k]), div_ns(bf_hi(w0), sc[k], y[k]));
+            const uint32_t c1 = e4m3x2(div_ns(bf_lo(w1), sc[k], y[k]), div_ns(bf_hi(w1), sc[k], y[k]));
+            o[i] = __byte_perm(c0, c1, 0x5410) | (__byte_perm(w0, w1, 0x7531) & 0x80808080u);
+        }
+        if (slot[k] >= 0) {
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), make_uint4(o[0], o[1], o[2], o[3]));
+            if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
+        }
+    }
+}
+static __device__ __forceinline__ void k8_vcodes_st(const uint32_t (&dv)[K8_T][K8_WPL], const float *sy,
+                                                    uint32_t (&ow)[K8_DPL][4]) {
+    uint32_t zb = 0; /* any zero code byte */
+#pragma unroll
+    for (int r = 0; r < K8_T; r += 2) {
+        const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r);
+#pragma unroll
+        for (int j = 0; j < K8_DPL; j++) {
+            const uint32_t w0 = dv[r][j / 2], w1 = dv[r + 1][j / 2];
+            const float v0 = j & 1 ? bf_hi(w0) : bf_lo(w0), v1 = j & 1 ? bf_hi(w1) : bf_lo(w1);
+            const uint32_t c = e4m3x2(div_ns(v0, p.x, p.y), div_ns(v1, p.z, p.w));
+            if ((r & 2) == 0) ow[j][r / 4] = c;
+            else ow[j][r / 4] = __byte_perm(ow[j][r / 4], c, 0x5410);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < K8_DPL; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) zb |= (ow[j][i] - 0x01010101u) & ~ow[j][i] & 0x80808080u;
+    if (zb) { /* a zero code: its sign bit from v (codes of nonzero quotients carry it) */
+#pragma unroll
+        for (int r = 0; r < K8_T; r++)
+#pragma unroll
+            for (int j = 0; j < K8_DPL; j++) {
+                const uint32_t sb = (dv[r][j / 2] >> (j & 1 ? 31 : 15)) & 1u;
+                ow[j][r / 4] |= sb << (8 * (r % 4) + 7);
+            }
+    }
+}
+
 /* max of the two 16-bit halves of a and b, each half unsigned (sm_90: one instruction) */
 static __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
 #if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1166,8 +1252,9 @@ static __device__ __forceinline__ uint32_t kw_amax16(uint4 u0, uint4 u1) {
 
 /* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory); AP: packed amax
  * (session 7 probe) */
-template <bool AP>
+template <int V8>
 static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
+    constexpr bool AP = V8 >= 1;
     const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
@@ -1199,7 +1286,8 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
         const bool md = ballot64(bad) == 0, nc = a.hwcvt && ballot64(big) == 0;
 #pragma unroll
         for (int k = 0; k < K8_KR; k++) y[k] = md ? __frcp_rn(sc[k]) : 0.0f;
-        if (md && nc) k8_kstep<true, true>(a, w, h, u, slot, sc, y, jj);
+        if (md && nc && V8 >= 2) k8_kstep_st(a, w, h, u, slot, sc, y, jj);
+        else if (md && nc) k8_kstep<true, true>(a, w, h, u, slot, sc, y, jj);
         else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
         else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
         return;
@@ -1304,7 +1392,8 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     }
     M3_SYNCWARP();
     uint32_t ow[K8_DPL][4];
-    if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
+    if (md && nc && V8 >= 2) k8_vcodes_st(dv, sy, ow);
+    else if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
     else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
     else k8_vcodes<false, false>(a, dv, sy, ow);
     if (fast) {
@@ -1330,12 +1419,13 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
  * registers at 3 blocks per SM measured 62%, 4-warp blocks at 8 per SM the same 66%, the K
  * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
  * warp's next step 59%) */
-template <bool AP>
+template <int V8>
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
     __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    if (st < a.nstep) k8_step<AP>(a, st, ssy[wid]);
+    pdl_trigger();
+    if (st < a.nstep) k8_step<V8>(a, st, ssy[wid]);
     pdl_wait();
 }
 /* session 7 probe (M3_KVW8P=1, temporary): the same steps on a persistent grid, warp w of
@@ -1345,7 +1435,7 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8p_k(kvw_args a
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t nw = (int64_t)gridDim.x * KW_WPB;
     for (int64_t st = (int64_t)blockIdx.x * KW_WPB + wid; st < a.nstep; st += nw) {
-        k8_step<false>(a, st, ssy[wid]);
+        k8_step<0>(a, st, ssy[wid]);
         M3_SYNCWARP();
     }
     pdl_wait();
@@ -1887,14 +1977,68 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
         float *tab;
         M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
+        const char *ce = getenv("M3_CS"); /* session 7 probe, temporary */
+        if (ce && atoi(ce) > 0)
+            cs_table2_k<<<m3_grid_1d((int64_t)n_tok * 32, 256), 256, 0, g->stream>>>(
+                tab, d_pos, n_tok, 32, inv, p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16);
+        else
         cs_table_k<<<m3_grid_1d((int64_t)n_tok * 64, 256), 256, 0, g->stream>>>(
             tab, d_pos, n_tok, 32, inv, p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16);
         M3_LAUNCHED(g, "cs_table_k");
         cst = tab;
     }
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
-    const char *pdl_e = getenv("M3_QKV_PDL"); /* session 7 probe, temporary */
-    const bool pdl = pdl_e && atoi(pdl_e) > 0;
+    const char *pdl_e = getenv("M3_QKV_PDL"); /* session 7 probe, temporary: 0 off, 1, 2 */
+    const int pmode = pdl_e ? atoi(pdl_e) : 1;
+    bool prev = cst != NULL; /* the stream's last launch is this pass's */
+    /* the raw K / V rows: kvw8_k (fp8: 16 tokens a step, K and V; step numbers are 32-bit)
+     * or kvw_k (bf16: 4 tokens a K step, 8-token V windows) */
+    auto kv_launch = [&]() -> m3_status {
+        kvw_args kl = kv;
+        kl.n_tok = n_tok;
+        const bool dep = pmode > 0 && prev;
+        prev = true;
+        if (kl.fp8) {
+            const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
+            kl.ks = kl.x[0] ? (int64_t)kl.nh * tg16 : 0;
+            kl.vs0 = kl.ks;
+            kl.nstep = kl.ks;
+            if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
+            if (kl.nstep >= ((int64_t)1 << 31))
+                return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
+                                 "rows (more than 2^31 steps)", n_tok, kl.nh);
+            const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
+            const char *pe = getenv("M3_KVW8P"); /* session 7 probe, temporary */
+            if (pe && atoi(pe) > 0) {
+                const int64_t fit = (int64_t)atoi(pe) * n_sm;
+                M3_TRY(pass_launch(g, dep, kvw8p_k, (unsigned)(nb8 < fit ? nb8 : fit), KW_WPB * M3_WARP, 0, kl));
+            } else {
+                const char *ae = getenv("M3_KVW8A"); /* session 7 probe, temporary */
+                const int av = ae ? atoi(ae) : 0;
+                M3_TRY(pass_launch(g, dep, av >= 2 ? kvw8_k<2> : av == 1 ? kvw8_k<1> : kvw8_k<0>,
+                                   (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
+            }
+            M3_LAUNCHED(g, "kvw8_k");
+        } else {
+            const int KS = M3_WARP / 8, x = 8;
+            const int64_t tg = (n_tok + KS - 1) / KS;
+            kl.ks = kl.x[0] ? (int64_t)kl.nh * tg : 0;
+            kl.vs0 = kl.ks;
+            kl.nstep = kl.ks;
+            if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
+            M3_TRY(pass_launch(g, dep, kvw_k, (unsigned)((kl.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kl));
+            M3_LAUNCHED(g, "kvw_k");
+        }
+        return M3_OK;
+    };
+    const bool has_kv = kv.x[0] || kv.x[1];
+    if (has_kv && pmode == 2) {
+        const m3_status e = kv_launch();
+        if (e != M3_OK) {
+            m3_gpu_release(g, mark);
+            return e;
+        }
+    }
     if (qa.np > 0) {
         qa.cst = cst;
         qa.kv = kv;
@@ -1915,42 +2059,15 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
 #endif
         const int64_t need = (qa.nstep + QW_WPB - 1) / QW_WPB;
         const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
-        M3_TRY(pass_launch(g, pdl && cst, k, (unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, qa));
+        M3_TRY(pass_launch(g, pmode > 0 && prev, k, (unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, qa));
         M3_LAUNCHED(g, "qw_norm_k");
+        prev = true;
     }
-    if (kv.x[0] || kv.x[1]) {
-        kv.n_tok = n_tok;
-        if (kv.fp8) { /* kvw8_k: 16 tokens a step, K and V; step numbers are 32-bit */
-            const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
-            kv.ks = kv.x[0] ? (int64_t)kv.nh * tg16 : 0;
-            kv.vs0 = kv.ks;
-            kv.nstep = kv.ks;
-            if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
-            if (kv.nstep >= ((int64_t)1 << 31)) {
-                m3_gpu_release(g, mark);
-                return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
-                                 "rows (more than 2^31 steps)", n_tok, kv.nh);
-            }
-            const int64_t nb8 = (kv.nstep + KW_WPB - 1) / KW_WPB;
-            const char *pe = getenv("M3_KVW8P"); /* session 7 probe, temporary */
-            if (pe && atoi(pe) > 0) {
-                const int64_t fit = (int64_t)atoi(pe) * n_sm;
-                M3_TRY(pass_launch(g, pdl && qa.np > 0, kvw8p_k, (unsigned)(nb8 < fit ? nb8 : fit), KW_WPB * M3_WARP, 0, kv));
-            } else {
-                const char *ae = getenv("M3_KVW8A"); /* session 7 probe, temporary */
-                M3_TRY(pass_launch(g, pdl && qa.np > 0, ae && atoi(ae) > 0 ? kvw8_k<true> : kvw8_k<false>,
-                                   (unsigned)nb8, KW_WPB * M3_WARP, 0, kv));
-            }
-            M3_LAUNCHED(g, "kvw8_k");
-        } else { /* kvw_k (bf16): 4 tokens a K step, 8-token V windows */
-            const int KS = M3_WARP / 8, x = 8;
-            const int64_t tg = (n_tok + KS - 1) / KS;
-            kv.ks = kv.x[0] ? (int64_t)kv.nh * tg : 0;
-            kv.vs0 = kv.ks;
-            kv.nstep = kv.ks;
-            if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
-            M3_TRY(pass_launch(g, pdl && qa.np > 0, kvw_k, (unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kv));
-            M3_LAUNCHED(g, "kvw_k");
+    if (has_kv && pmode != 2) {
+        const m3_status e = kv_launch();
+        if (e != M3_OK) {
+            m3_gpu_release(g, mark);
+            return e;
         }
     }
     m3_status st = M3_OK;
