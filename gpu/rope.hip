@@ -868,22 +868,12 @@ static __device__ __forceinline__ void pdl_wait() {
 
 /* cos/sin rows of every token, [T, cos(half) | sin(half)]: the same evaluation as the
  * kernel's own (angle in fp32 or f64, cos/sin in double rounded to fp32, bf16 when asked),
- * once per token instead of once per part (q, k, index_q, index_k) */
+ * once per token instead of once per part (q, k, index_q, index_k). One thread a (token, i):
+ * cos and sin from one sincos (one argument reduction for both; the same bits as cos() and
+ * sin(): session 7, tests/gpu_norm_rope.c; the table launch took ~6 us of a 50 us pass at
+ * T = 4096 with a thread per value). */
 static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int half,
                                   rope_inv_table inv, bool angle_f64, bool cs_bf16) {
-    pdl_trigger();
-    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= (int64_t)n_tok * 2 * half) return;
-    const int t = (int)(j / (2 * half)), k = (int)(j - (int64_t)t * 2 * half);
-    const int i = k < half ? k : k - half;
-    const int32_t p = pos[t];
-    const double ang = angle_f64 ? (double)p * (double)inv.inv[i] : (double)__fmul_rn((float)p, inv.inv[i]);
-    tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
-}
-
-/* session 7 probe (M3_CS=1): one thread a (token, i), cos and sin from one sincos */
-static __global__ void cs_table2_k(float *tab, const int32_t *pos, int n_tok, int half,
-                                   rope_inv_table inv, bool angle_f64, bool cs_bf16) {
     pdl_trigger();
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= (int64_t)n_tok * half) return;
@@ -1080,7 +1070,6 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, unsigned char
  * pass must not finish before the qw_norm_k it overlaps */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     __shared__ __align__(16) unsigned char srow[KW_WPB][KW_ROWB];
-    pdl_trigger();
     kvw_step(a, srow[threadIdx.x / M3_WARP]);
     pdl_wait();
 }
@@ -1274,6 +1263,26 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
         }
         float sc[K8_KR], y[K8_KR];
         bool bad = false, big = false;
+        if (V8 >= 4) { /* lane jj computes row jj % K8_KR's scale and 1 / scale, shuffled */
+            const int kk = jj & (K8_KR - 1);
+            uint32_t amk = 0;
+#pragma unroll
+            for (int k = 0; k < K8_KR; k++) {
+                uint32_t am = kw_amax16(u[k][0], u[k][1]);
+#pragma unroll
+                for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+                amk = k == kk ? am : amk;
+            }
+            const float sk = fp8_scale(m3_bits_f32(amk << 16), a.fp8_max);
+            const bool md = ballot64(!div_ok(sk)) == 0, nc = a.hwcvt && ballot64(amk >= 0x7F80u) == 0;
+            const float yk = md ? __frcp_rn(sk) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < K8_KR; k++) sc[k] = qw_shfl(sk, k, 8), y[k] = qw_shfl(yk, k, 8);
+            if (md && nc) k8_kstep_st(a, w, h, u, slot, sc, y, jj);
+            else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
+            else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
+            return;
+        }
 #pragma unroll
         for (int k = 0; k < K8_KR; k++) {
             uint32_t am = AP ? kw_amax16(u[k][0], u[k][1]) : max(kw_amax(u[k][0]), kw_amax(u[k][1]));
@@ -1392,7 +1401,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     }
     M3_SYNCWARP();
     uint32_t ow[K8_DPL][4];
-    if (md && nc && V8 >= 2) k8_vcodes_st(dv, sy, ow);
+    if (md && nc && V8 == 2) k8_vcodes_st(dv, sy, ow);
     else if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
     else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
     else k8_vcodes<false, false>(a, dv, sy, ow);
@@ -1424,20 +1433,7 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a)
     __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    pdl_trigger();
     if (st < a.nstep) k8_step<V8>(a, st, ssy[wid]);
-    pdl_wait();
-}
-/* session 7 probe (M3_KVW8P=1, temporary): the same steps on a persistent grid, warp w of
- * the grid taking steps w, w + W, ... (no idle slots while a block waits for its last warp) */
-static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8p_k(kvw_args a) {
-    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
-    const int wid = (int)threadIdx.x / M3_WARP;
-    const int64_t nw = (int64_t)gridDim.x * KW_WPB;
-    for (int64_t st = (int64_t)blockIdx.x * KW_WPB + wid; st < a.nstep; st += nw) {
-        k8_step<0>(a, st, ssy[wid]);
-        M3_SYNCWARP();
-    }
     pdl_wait();
 }
 
@@ -1886,8 +1882,7 @@ static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m
         g->arena_top + tab_bytes + 256 <= g->arena_cap) { /* else: per tile, as small passes */
         float *tab;
         M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
-        const int64_t nt2 = (int64_t)n_tok * 2 * half;
-        cs_table_k<<<m3_grid_1d(nt2, 256), 256, 0, g->stream>>>(tab, d_pos, n_tok, half, a.inv,
+        cs_table_k<<<m3_grid_1d((int64_t)n_tok * half, 256), 256, 0, g->stream>>>(tab, d_pos, n_tok, half, a.inv,
                                                                  a.angle_f64, a.cs_bf16);
         M3_LAUNCHED(g, "cs_table_k");
         a.cst = tab;
@@ -1977,26 +1972,26 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
         float *tab;
         M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
-        const char *ce = getenv("M3_CS"); /* session 7 probe, temporary */
-        if (ce && atoi(ce) > 0)
-            cs_table2_k<<<m3_grid_1d((int64_t)n_tok * 32, 256), 256, 0, g->stream>>>(
-                tab, d_pos, n_tok, 32, inv, p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16);
-        else
-        cs_table_k<<<m3_grid_1d((int64_t)n_tok * 64, 256), 256, 0, g->stream>>>(
+        cs_table_k<<<m3_grid_1d((int64_t)n_tok * 32, 256), 256, 0, g->stream>>>(
             tab, d_pos, n_tok, 32, inv, p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16);
         M3_LAUNCHED(g, "cs_table_k");
         cst = tab;
     }
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
-    const char *pdl_e = getenv("M3_QKV_PDL"); /* session 7 probe, temporary: 0 off, 1, 2 */
-    const int pmode = pdl_e ? atoi(pdl_e) : 1;
+    /* Programmatic dependent launches (NVIDIA): qw_norm_k after the table launch (its rows'
+     * first loads and the weights before pdl_wait), the K / V writer after qw_norm_k (it
+     * reads nothing qw_norm_k writes; it fills the SMs as qw_norm_k's blocks finish, and its
+     * blocks wait for qw_norm_k at their end, so the pass ends when both have). Session 7,
+     * H200: qkv_cache T=4096 62.9 -> 70.7% of copy (the table's launch and kvw_k's own ramp
+     * and tail were ~6 us each); the V writer launched before qw_norm_k instead (concurrent
+     * with the table) measured 61.9%. */
     bool prev = cst != NULL; /* the stream's last launch is this pass's */
     /* the raw K / V rows: kvw8_k (fp8: 16 tokens a step, K and V; step numbers are 32-bit)
      * or kvw_k (bf16: 4 tokens a K step, 8-token V windows) */
     auto kv_launch = [&]() -> m3_status {
         kvw_args kl = kv;
         kl.n_tok = n_tok;
-        const bool dep = pmode > 0 && prev;
+        const bool dep = prev;
         prev = true;
         if (kl.fp8) {
             const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
@@ -2008,16 +2003,10 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
                                  "rows (more than 2^31 steps)", n_tok, kl.nh);
             const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
-            const char *pe = getenv("M3_KVW8P"); /* session 7 probe, temporary */
-            if (pe && atoi(pe) > 0) {
-                const int64_t fit = (int64_t)atoi(pe) * n_sm;
-                M3_TRY(pass_launch(g, dep, kvw8p_k, (unsigned)(nb8 < fit ? nb8 : fit), KW_WPB * M3_WARP, 0, kl));
-            } else {
-                const char *ae = getenv("M3_KVW8A"); /* session 7 probe, temporary */
-                const int av = ae ? atoi(ae) : 0;
-                M3_TRY(pass_launch(g, dep, av >= 2 ? kvw8_k<2> : av == 1 ? kvw8_k<1> : kvw8_k<0>,
-                                   (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
-            }
+            const char *ae = getenv("M3_KVW8A"); /* session 7 probe, temporary */
+            const int av = ae ? atoi(ae) : 1;
+            M3_TRY(pass_launch(g, dep, av >= 4 ? kvw8_k<4> : av == 3 ? kvw8_k<3> : av == 2 ? kvw8_k<2> : av == 1 ? kvw8_k<1> : kvw8_k<0>,
+                               (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw8_k");
         } else {
             const int KS = M3_WARP / 8, x = 8;
@@ -2032,13 +2021,6 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         return M3_OK;
     };
     const bool has_kv = kv.x[0] || kv.x[1];
-    if (has_kv && pmode == 2) {
-        const m3_status e = kv_launch();
-        if (e != M3_OK) {
-            m3_gpu_release(g, mark);
-            return e;
-        }
-    }
     if (qa.np > 0) {
         qa.cst = cst;
         qa.kv = kv;
@@ -2059,11 +2041,11 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
 #endif
         const int64_t need = (qa.nstep + QW_WPB - 1) / QW_WPB;
         const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
-        M3_TRY(pass_launch(g, pmode > 0 && prev, k, (unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, qa));
+        M3_TRY(pass_launch(g, prev, k, (unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, qa));
         M3_LAUNCHED(g, "qw_norm_k");
         prev = true;
     }
-    if (has_kv && pmode != 2) {
+    if (has_kv) {
         const m3_status e = kv_launch();
         if (e != M3_OK) {
             m3_gpu_release(g, mark);
