@@ -11,6 +11,8 @@
  *   "warp-streaming paths" below): a cos/sin table launch, qw_norm_k (every normed part;
  *   K rows with their K cache write, index_k rows with the index cache write) and kvw_k /
  *   kvw8_k (raw bf16 / fp8 K / V rows: m3_gpu_kv_cache_write's K and V, the fused call's V).
+ *   On NVIDIA the table -> qw_norm_k -> K / V writer launches are programmatic dependent
+ *   launches (session 7: each starts while the one before runs; see "launchers").
  *   H200, session 5:
  *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
  *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
@@ -908,7 +910,8 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  * kvw8_k: raw K / V rows into an fp8 cache (stored-value scale: amax over the row, an
  *   integer max of the bf16 bits; details at the kernel). Session 6 replaced kvw_k's fp8
  *   path (V rows staged in shared memory, 4 tokens a K step: 47.5% of copy at T = 32768)
- *   by it: 66% (docs/gpu.md).
+ *   by it: 66%; session 7: packed row maxima, one scale division a lane, K codes without
+ *   copysign: 70% (docs/gpu.md).
  * fp8 quotients v / s: div_y (Markstein's correction from 1 / s, the same bits as the
  *   division) where every scale of the warp's rows allows it, else __fdiv_rn. */
 static __device__ __forceinline__ float qw_shfl(float v, int src, int width) {
@@ -1150,10 +1153,10 @@ static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32
     }
 }
 
-/* Session 7 probe (V8 2): the e4m3fn codes of finite rows (md && nc) without copysign. The
- * quotient's sign is v's except that a zero quotient may come out +0 (the fma sums), so the
- * code's sign bit is ORed in from v's bf16 sign bit: K as one byte permutation a code word;
- * V (tokens of one dim: signs from four words) only where a code word holds a zero code. */
+/* K codes of finite rows (md && nc; session 7): the quotient without copysign (div_y's last
+ * step), since the code's sign bit is ORed in from v's bf16 sign bit: the quotient has v's
+ * sign except that a zero quotient may come out +0 (the fma sums), and a zero code then takes
+ * v's sign as ref's -0 / s does. One byte permutation gathers the 4 signs of a code word. */
 static __device__ __forceinline__ float div_ns(float v, float s, float y) {
     float q = __fmul_rn(v, y);
     float r = __fmaf_rn(-s, q, v);
@@ -1170,9 +1173,9 @@ static __device__ __forceinline__ uint32_t e4m3x2(float q0, float q1) { /* q0: l
     return cvt8x2(q0, q1, (int)M3_FP8_E4M3FN, (int)M3_FP8_SATURATE, true);
 #endif
 }
-static __device__ __forceinline__ void k8_kstep_st(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
-                                                   const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
-                                                   const float (&y)[K8_KR], int jj) {
+static __device__ __forceinline__ void k8_kstep_fin(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
+                                                    const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
+                                                    const float (&y)[K8_KR], int jj) {
 #pragma unroll
     for (int k = 0; k < K8_KR; k++) {
         const uint32_t wd[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
@@ -1188,35 +1191,6 @@ static __device__ __forceinline__ void k8_kstep_st(const kvw_args &a, int w, int
             m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), make_uint4(o[0], o[1], o[2], o[3]));
             if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
         }
-    }
-}
-static __device__ __forceinline__ void k8_vcodes_st(const uint32_t (&dv)[K8_T][K8_WPL], const float *sy,
-                                                    uint32_t (&ow)[K8_DPL][4]) {
-    uint32_t zb = 0; /* any zero code byte */
-#pragma unroll
-    for (int r = 0; r < K8_T; r += 2) {
-        const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r);
-#pragma unroll
-        for (int j = 0; j < K8_DPL; j++) {
-            const uint32_t w0 = dv[r][j / 2], w1 = dv[r + 1][j / 2];
-            const float v0 = j & 1 ? bf_hi(w0) : bf_lo(w0), v1 = j & 1 ? bf_hi(w1) : bf_lo(w1);
-            const uint32_t c = e4m3x2(div_ns(v0, p.x, p.y), div_ns(v1, p.z, p.w));
-            if ((r & 2) == 0) ow[j][r / 4] = c;
-            else ow[j][r / 4] = __byte_perm(ow[j][r / 4], c, 0x5410);
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < K8_DPL; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) zb |= (ow[j][i] - 0x01010101u) & ~ow[j][i] & 0x80808080u;
-    if (zb) { /* a zero code: its sign bit from v (codes of nonzero quotients carry it) */
-#pragma unroll
-        for (int r = 0; r < K8_T; r++)
-#pragma unroll
-            for (int j = 0; j < K8_DPL; j++) {
-                const uint32_t sb = (dv[r][j / 2] >> (j & 1 ? 31 : 15)) & 1u;
-                ow[j][r / 4] |= sb << (8 * (r % 4) + 7);
-            }
     }
 }
 
@@ -1239,11 +1213,8 @@ static __device__ __forceinline__ uint32_t kw_amax16(uint4 u0, uint4 u1) {
     return max(m & 0xFFFFu, m >> 16);
 }
 
-/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory); AP: packed amax
- * (session 7 probe) */
-template <int V8>
+/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
 static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
-    constexpr bool AP = V8 >= 1;
     const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
@@ -1261,42 +1232,25 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
             u[k][1] = ok ? m3_ld16_ro(row + 8) : make_uint4(0, 0, 0, 0);
             slot[k] = ok ? kw_slot(a, t) : -1;
         }
-        float sc[K8_KR], y[K8_KR];
-        bool bad = false, big = false;
-        if (V8 >= 4) { /* lane jj computes row jj % K8_KR's scale and 1 / scale, shuffled */
-            const int kk = jj & (K8_KR - 1);
-            uint32_t amk = 0;
-#pragma unroll
-            for (int k = 0; k < K8_KR; k++) {
-                uint32_t am = kw_amax16(u[k][0], u[k][1]);
-#pragma unroll
-                for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
-                amk = k == kk ? am : amk;
-            }
-            const float sk = fp8_scale(m3_bits_f32(amk << 16), a.fp8_max);
-            const bool md = ballot64(!div_ok(sk)) == 0, nc = a.hwcvt && ballot64(amk >= 0x7F80u) == 0;
-            const float yk = md ? __frcp_rn(sk) : 0.0f;
-#pragma unroll
-            for (int k = 0; k < K8_KR; k++) sc[k] = qw_shfl(sk, k, 8), y[k] = qw_shfl(yk, k, 8);
-            if (md && nc) k8_kstep_st(a, w, h, u, slot, sc, y, jj);
-            else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
-            else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
-            return;
-        }
+        /* each lane holds K8_KR rows; lane jj computes row jj % K8_KR's scale and 1 / scale
+         * (one division and one reciprocal a lane instead of K8_KR), the row's 8 lanes get
+         * them by shuffles */
+        const int kk = jj & (K8_KR - 1);
+        uint32_t amk = 0;
 #pragma unroll
         for (int k = 0; k < K8_KR; k++) {
-            uint32_t am = AP ? kw_amax16(u[k][0], u[k][1]) : max(kw_amax(u[k][0]), kw_amax(u[k][1]));
+            uint32_t am = kw_amax16(u[k][0], u[k][1]);
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
-            sc[k] = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
-            bad = bad || !div_ok(sc[k]);
-            big = big || am >= 0x7F80u;
+            amk = k == kk ? am : amk;
         }
-        const bool md = ballot64(bad) == 0, nc = a.hwcvt && ballot64(big) == 0;
+        const float sk = fp8_scale(m3_bits_f32(amk << 16), a.fp8_max);
+        const bool md = ballot64(!div_ok(sk)) == 0, nc = a.hwcvt && ballot64(amk >= 0x7F80u) == 0;
+        const float yk = md ? __frcp_rn(sk) : 0.0f;
+        float sc[K8_KR], y[K8_KR];
 #pragma unroll
-        for (int k = 0; k < K8_KR; k++) y[k] = md ? __frcp_rn(sc[k]) : 0.0f;
-        if (md && nc && V8 >= 2) k8_kstep_st(a, w, h, u, slot, sc, y, jj);
-        else if (md && nc) k8_kstep<true, true>(a, w, h, u, slot, sc, y, jj);
+        for (int k = 0; k < K8_KR; k++) sc[k] = qw_shfl(sk, k, 8), y[k] = qw_shfl(yk, k, 8);
+        if (md && nc) k8_kstep_fin(a, w, h, u, slot, sc, y, jj);
         else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
         else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
         return;
@@ -1327,72 +1281,39 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
                             ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
     const bool lane_ok = lane >= K8_T || (lane < n && s_lane == s_first + lane);
     const bool fast = n == K8_T && s_first >= 0 && (s_first & (K8_T - 1)) == 0 && ballot64(!lane_ok) == 0;
-    int rt;       /* this lane's token */
-    uint32_t amr; /* its amax bits */
-    bool wr;      /* the lane that stores the token's scale */
-    if (AP) {
-        /* packed: word i holds tokens i (low half) and i + 8 (high half); the reduce-scatter
-         * over the 8 words leaves lane l with the pair i = l / LP (LP = M3_WARP / 8 lanes a
-         * pair), the first half of those lanes taking token i, the second token i + 8 */
-        uint32_t pk[K8_T / 2];
+    /* row maxima, packed: word i holds tokens i (low half) and i + 8 (high half) of the
+     * lane's dims; a reduce-scatter over the 8 words (4 + 2 + 1 shuffles, then the LP = M3_WARP
+     * / 8 lanes of a pair) leaves lane l with the pair i = l / LP, the first half of those
+     * lanes taking token i, the second token i + 8 */
+    uint32_t pk[K8_T / 2];
 #pragma unroll
-        for (int i = 0; i < K8_T / 2; i++) {
-            uint32_t m0 = dv[i][0] & K8_ABS2, m1 = dv[i + K8_T / 2][0] & K8_ABS2;
+    for (int i = 0; i < K8_T / 2; i++) {
+        uint32_t m0 = dv[i][0] & K8_ABS2, m1 = dv[i + K8_T / 2][0] & K8_ABS2;
 #pragma unroll
-            for (int q = 1; q < K8_WPL; q++)
-                m0 = max_u16x2(m0, dv[i][q] & K8_ABS2), m1 = max_u16x2(m1, dv[i + K8_T / 2][q] & K8_ABS2);
-            pk[i] = max_u16x2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
-        }
-#pragma unroll
-        for (int rd = 0; rd < 3; rd++) { /* 8 -> 4 -> 2 -> 1 words a lane */
-            const int wv = (K8_T / 4) >> rd, b = (M3_WARP / 2) >> rd;
-            const bool up = (lane & b) != 0;
-#pragma unroll
-            for (int i = 0; i < K8_T / 4; i++) {
-                if (i >= wv) break;
-                const uint32_t snd = up ? pk[i] : pk[i + wv], kp = up ? pk[i + wv] : pk[i];
-                pk[i] = max_u16x2(kp, (uint32_t)M3_SHFL_XOR((int)snd, b));
-            }
-        }
-        constexpr int LP = M3_WARP / 8;
-#pragma unroll
-        for (int m = 1; m < LP; m <<= 1) pk[0] = max_u16x2(pk[0], (uint32_t)M3_SHFL_XOR((int)pk[0], m));
-        const bool hi = (lane % LP) >= LP / 2;
-        rt = lane / LP + (hi ? K8_T / 2 : 0);
-        amr = hi ? pk[0] >> 16 : pk[0] & 0xFFFFu;
-        wr = lane % (LP / 2) == 0;
-    } else {
-    /* row maxima: lane's partial of each token, then a reduce-scatter: after the rounds the
-     * lane holds token lane / LB's maximum (LB = M3_WARP / 16 lanes a token) */
-    uint32_t am[K8_T];
-#pragma unroll
-    for (int r = 0; r < K8_T; r++) {
-        uint32_t m = 0;
-#pragma unroll
-        for (int q = 0; q < K8_WPL; q++) m = max(m, max(dv[r][q] & 0x7FFFu, (dv[r][q] >> 16) & 0x7FFFu));
-        am[r] = m;
+        for (int q = 1; q < K8_WPL; q++)
+            m0 = max_u16x2(m0, dv[i][q] & K8_ABS2), m1 = max_u16x2(m1, dv[i + K8_T / 2][q] & K8_ABS2);
+        pk[i] = max_u16x2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
     }
 #pragma unroll
-    for (int rd = 0; rd < 4; rd++) { /* 16 -> 8 -> 4 -> 2 -> 1 values a lane */
-        const int wv = (K8_T / 2) >> rd, b = (M3_WARP / 2) >> rd;
+    for (int rd = 0; rd < 3; rd++) { /* 8 -> 4 -> 2 -> 1 words a lane */
+        const int wv = (K8_T / 4) >> rd, b = (M3_WARP / 2) >> rd;
         const bool up = (lane & b) != 0;
 #pragma unroll
-        for (int i = 0; i < K8_T / 2; i++) {
+        for (int i = 0; i < K8_T / 4; i++) {
             if (i >= wv) break;
-            const uint32_t snd = up ? am[i] : am[i + wv], kp = up ? am[i + wv] : am[i];
-            am[i] = max(kp, (uint32_t)M3_SHFL_XOR((int)snd, b));
+            const uint32_t snd = up ? pk[i] : pk[i + wv], kp = up ? pk[i + wv] : pk[i];
+            pk[i] = max_u16x2(kp, (uint32_t)M3_SHFL_XOR((int)snd, b));
         }
     }
-    constexpr int LB = M3_WARP / 16;
+    constexpr int LP = M3_WARP / 8;
 #pragma unroll
-    for (int m = 1; m < LB; m <<= 1) am[0] = max(am[0], (uint32_t)M3_SHFL_XOR((int)am[0], m));
-    rt = lane / LB;
-    amr = am[0];
-    wr = lane % LB == 0;
-    }
+    for (int m = 1; m < LP; m <<= 1) pk[0] = max_u16x2(pk[0], (uint32_t)M3_SHFL_XOR((int)pk[0], m));
+    const bool hi = (lane % LP) >= LP / 2;
+    const int rt = lane / LP + (hi ? K8_T / 2 : 0); /* this lane's token */
+    const uint32_t amr = hi ? pk[0] >> 16 : pk[0] & 0xFFFFu;
     const float sc = fp8_scale(m3_bits_f32(amr << 16), a.fp8_max);
     const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(amr >= 0x7F80u) == 0;
-    if (wr) {
+    if (lane % (LP / 2) == 0) {
         sy[2 * rt] = sc, sy[2 * rt + 1] = md ? __frcp_rn(sc) : 0.0f;
         if (rt < n) {
             const int64_t sl = kw_slot(a, tb + rt);
@@ -1401,8 +1322,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     }
     M3_SYNCWARP();
     uint32_t ow[K8_DPL][4];
-    if (md && nc && V8 == 2) k8_vcodes_st(dv, sy, ow);
-    else if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
+    if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
     else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
     else k8_vcodes<false, false>(a, dv, sy, ow);
     if (fast) {
@@ -1427,13 +1347,13 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
 /* 8 warps a block, 4 blocks per SM (<= 64 registers: 32 warps per SM; H200, session 6: 78
  * registers at 3 blocks per SM measured 62%, 4-warp blocks at 8 per SM the same 66%, the K
  * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
- * warp's next step 59%) */
-template <int V8>
+ * warp's next step 59%; session 7: a persistent grid without the prefetch 59%). The end
+ * waits for the launch before it (pdl_wait: the fused pass's qw_norm_k). */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
     __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    if (st < a.nstep) k8_step<V8>(a, st, ssy[wid]);
+    if (st < a.nstep) k8_step(a, st, ssy[wid]);
     pdl_wait();
 }
 
@@ -2003,10 +1923,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
                                  "rows (more than 2^31 steps)", n_tok, kl.nh);
             const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
-            const char *ae = getenv("M3_KVW8A"); /* session 7 probe, temporary */
-            const int av = ae ? atoi(ae) : 1;
-            M3_TRY(pass_launch(g, dep, av >= 4 ? kvw8_k<4> : av == 3 ? kvw8_k<3> : av == 2 ? kvw8_k<2> : av == 1 ? kvw8_k<1> : kvw8_k<0>,
-                               (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
+            M3_TRY(pass_launch(g, dep, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw8_k");
         } else {
             const int KS = M3_WARP / 8, x = 8;

@@ -55,35 +55,6 @@ static void report(const char *name, double ms, double bytes, double flops) {
     fflush(stdout);
 }
 
-/* M3_BENCH_VARS="A=1+B=0,A=2": each kv_cache_write / qkv_cache row timed once per item, its
- * NAME=value settings put in the environment first (session-7 probes read by the launchers),
- * the row named with the item; unset: one timing as is */
-static void time_vars(m3_gpu *g, bench_fn fn, void *ctx, const char *nm, double bytes, double flops) {
-    const char *vars = getenv("M3_BENCH_VARS");
-    if (!vars || !*vars) {
-        report(nm, time_ms(g, fn, ctx, 20, 7), bytes, flops);
-        return;
-    }
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", vars);
-    for (char *item = strtok(buf, ","); item; item = strtok(NULL, ",")) {
-        char set[64];
-        snprintf(set, sizeof set, "%s", item);
-        for (char *kv = set, *next; kv && *kv; kv = next) {
-            next = strchr(kv, '+');
-            if (next) *next++ = '\0';
-            char *eq = strchr(kv, '=');
-            if (eq) {
-                *eq = '\0';
-                setenv(kv, eq + 1, 1);
-            }
-        }
-        char row[160];
-        snprintf(row, sizeof row, "%s [%s]", nm, item);
-        report(row, time_ms(g, fn, ctx, 20, 7), bytes, flops);
-    }
-}
-
 static void *rand_bf16(m3_gpu *g, m3_rng *r, int64_t n, float sd) {
     float *h = malloc((size_t)n * sizeof *h);
     assert_non_null(h);
@@ -253,9 +224,10 @@ static void bench_qk_norm_rope(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
+        double ms = time_ms(g, do_rope, &c, 20, 7);
         char nm[96];
         snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
-        time_vars(g, do_rope, &c, nm, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
+        report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
         m3_gpu_release(g, mark);
     }
 }
@@ -801,7 +773,7 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
             const double n = (double)c.T * 512 * 2; /* K and V elements */
-            time_vars(g, do_kv, &c, nm, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            report(nm, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
             m3_gpu_release(g, mark);
         }
 }
@@ -908,7 +880,7 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            time_vars(g, do_qkvc, &c, nm, bytes, T * normed * 12);
+            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
