@@ -11,6 +11,8 @@
  *   "warp-streaming paths" below): a cos/sin table launch, qw_norm_k (every normed part;
  *   K rows with their K cache write, index_k rows with the index cache write) and kvw_k /
  *   kvw8_k (raw bf16 / fp8 K / V rows: m3_gpu_kv_cache_write's K and V, the fused call's V).
+ *   On NVIDIA the table -> qw_norm_k -> K / V writer launches are programmatic dependent
+ *   launches (session 7: each starts while the one before runs; see "launchers").
  *   H200, session 5:
  *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
  *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
@@ -850,18 +852,40 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
     }
 }
 
+/* Programmatic dependent launch (Hopper, session 7): a pass's launches after the first may
+ * start while the one before it runs (the host sets the launch attribute only between a
+ * pass's own kernels). pdl_trigger lets the next launch of the stream start; pdl_wait waits
+ * for the one before to finish and its stores to be visible (no-ops without the attribute,
+ * and on AMD). */
+static __device__ __forceinline__ void pdl_trigger() {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_wait() {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* cos/sin rows of every token, [T, cos(half) | sin(half)]: the same evaluation as the
  * kernel's own (angle in fp32 or f64, cos/sin in double rounded to fp32, bf16 when asked),
- * once per token instead of once per part (q, k, index_q, index_k) */
+ * once per token instead of once per part (q, k, index_q, index_k). One thread a (token, i):
+ * cos and sin from one sincos (one argument reduction for both; the same bits as cos() and
+ * sin(): session 7, tests/gpu_norm_rope.c; the table launch took ~6 us of a 50 us pass at
+ * T = 4096 with a thread per value). */
 static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int half,
                                   rope_inv_table inv, bool angle_f64, bool cs_bf16) {
+    pdl_trigger();
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= (int64_t)n_tok * 2 * half) return;
-    const int t = (int)(j / (2 * half)), k = (int)(j - (int64_t)t * 2 * half);
-    const int i = k < half ? k : k - half;
+    if (j >= (int64_t)n_tok * half) return;
+    const int t = (int)(j / half), i = (int)(j - (int64_t)t * half);
     const int32_t p = pos[t];
     const double ang = angle_f64 ? (double)p * (double)inv.inv[i] : (double)__fmul_rn((float)p, inv.inv[i]);
-    tab[j] = rnd(cs_bf16, (float)(k < half ? cos(ang) : sin(ang)));
+    double sn, cn;
+    sincos(ang, &sn, &cn);
+    tab[(int64_t)t * 2 * half + i] = rnd(cs_bf16, (float)cn);
+    tab[(int64_t)t * 2 * half + half + i] = rnd(cs_bf16, (float)sn);
 }
 
 /* ---- warp-streaming paths (bf16 rows, Dh 128, rotary half 32 or none) -------------------
@@ -886,7 +910,8 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  * kvw8_k: raw K / V rows into an fp8 cache (stored-value scale: amax over the row, an
  *   integer max of the bf16 bits; details at the kernel). Session 6 replaced kvw_k's fp8
  *   path (V rows staged in shared memory, 4 tokens a K step: 47.5% of copy at T = 32768)
- *   by it: 66% (docs/gpu.md).
+ *   by it: 66%; session 7: packed row maxima, one scale division a lane, K codes without
+ *   copysign: 70% (docs/gpu.md).
  * fp8 quotients v / s: div_y (Markstein's correction from 1 / s, the same bits as the
  *   division) where every scale of the warp's rows allows it, else __fdiv_rn. */
 static __device__ __forceinline__ float qw_shfl(float v, int src, int width) {
@@ -975,10 +1000,10 @@ static __device__ __forceinline__ uint32_t kw_amax(uint4 u) {
     for (int k = 0; k < 4; k++) lo = max(lo, w[k] & 0x7FFFu), hi = max(hi, (w[k] >> 16) & 0x7FFFu);
     return max(lo, hi);
 }
-static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
+#define KW_ROWB (8 * 272) /* kvw_k's shared bytes per warp (an 8-token V window) */
+static __device__ __forceinline__ void kvw_step(const kvw_args &a, unsigned char *rows) {
     constexpr int KT = M3_WARP / 8; /* tokens per K step */
     constexpr int x = 8, lx = 3;    /* bf16: 8 tokens per V chunk */
-    __shared__ __align__(16) unsigned char srow[KW_WPB][x * 272];
     const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st >= a.nstep) return;
@@ -1013,7 +1038,6 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
                             ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
     const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
     const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
-    unsigned char *rows = srow[wid];
     /* rows into the warp's shared memory: lane -> chunk lane % 16 of rows lane / 16 + RPI i */
     constexpr int RPI = M3_WARP / 16;
     const int c = lane & 15;
@@ -1044,6 +1068,13 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
         if (slot < 0) continue;
         ((m3_bf16 *)a.dst[1])[kw_voff(a, slot, h, d, lx)] = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
     }
+}
+/* the grid's end waits for the launch before it (pdl_wait): a dependent launch of the fused
+ * pass must not finish before the qw_norm_k it overlaps */
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
+    __shared__ __align__(16) unsigned char srow[KW_WPB][KW_ROWB];
+    kvw_step(a, srow[threadIdx.x / M3_WARP]);
+    pdl_wait();
 }
 
 /* kvw8_k (session 6): the fp8 K / V writer without shared-memory staging. One warp a step,
@@ -1122,6 +1153,66 @@ static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32
     }
 }
 
+/* K codes of finite rows (md && nc; session 7): the quotient without copysign (div_y's last
+ * step), since the code's sign bit is ORed in from v's bf16 sign bit: the quotient has v's
+ * sign except that a zero quotient may come out +0 (the fma sums), and a zero code then takes
+ * v's sign as ref's -0 / s does. One byte permutation gathers the 4 signs of a code word. */
+static __device__ __forceinline__ float div_ns(float v, float s, float y) {
+    float q = __fmul_rn(v, y);
+    float r = __fmaf_rn(-s, q, v);
+    q = __fmaf_rn(r, y, q);
+    r = __fmaf_rn(-s, q, v);
+    return __fmaf_rn(r, y, q);
+}
+static __device__ __forceinline__ uint32_t e4m3x2(float q0, float q1) { /* q0: low byte */
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(q1), "f"(q0));
+    return r;
+#else
+    return cvt8x2(q0, q1, (int)M3_FP8_E4M3FN, (int)M3_FP8_SATURATE, true);
+#endif
+}
+static __device__ __forceinline__ void k8_kstep_fin(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
+                                                    const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
+                                                    const float (&y)[K8_KR], int jj) {
+#pragma unroll
+    for (int k = 0; k < K8_KR; k++) {
+        const uint32_t wd[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
+            const uint32_t c0 = e4m3x2(div_ns(bf_lo(w0), sc[k], y[k]), div_ns(bf_hi(w0), sc[k], y[k]));
+            const uint32_t c1 = e4m3x2(div_ns(bf_lo(w1), sc[k], y[k]), div_ns(bf_hi(w1), sc[k], y[k]));
+            o[i] = __byte_perm(c0, c1, 0x5410) | (__byte_perm(w0, w1, 0x7531) & 0x80808080u);
+        }
+        if (slot[k] >= 0) {
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), make_uint4(o[0], o[1], o[2], o[3]));
+            if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
+        }
+    }
+}
+
+/* max of the two 16-bit halves of a and b, each half unsigned (sm_90: one instruction) */
+static __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t r;
+    asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    return max(a & 0xFFFFu, b & 0xFFFFu) | (max(a >> 16, b >> 16) << 16);
+#endif
+}
+#define K8_ABS2 0x7FFF7FFFu /* |x| bits of two bf16 */
+/* amax bits of 16 bf16 (two chunks) through packed maxima: the same integer max as kw_amax */
+static __device__ __forceinline__ uint32_t kw_amax16(uint4 u0, uint4 u1) {
+    const uint32_t m0 = max_u16x2(max_u16x2(u0.x & K8_ABS2, u0.y & K8_ABS2), max_u16x2(u0.z & K8_ABS2, u0.w & K8_ABS2));
+    const uint32_t m1 = max_u16x2(max_u16x2(u1.x & K8_ABS2, u1.y & K8_ABS2), max_u16x2(u1.z & K8_ABS2, u1.w & K8_ABS2));
+    const uint32_t m = max_u16x2(m0, m1);
+    return max(m & 0xFFFFu, m >> 16);
+}
+
 /* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
 static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
     const int lane = (int)threadIdx.x % M3_WARP;
@@ -1141,21 +1232,25 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
             u[k][1] = ok ? m3_ld16_ro(row + 8) : make_uint4(0, 0, 0, 0);
             slot[k] = ok ? kw_slot(a, t) : -1;
         }
-        float sc[K8_KR], y[K8_KR];
-        bool bad = false, big = false;
+        /* each lane holds K8_KR rows; lane jj computes row jj % K8_KR's scale and 1 / scale
+         * (one division and one reciprocal a lane instead of K8_KR), the row's 8 lanes get
+         * them by shuffles */
+        const int kk = jj & (K8_KR - 1);
+        uint32_t amk = 0;
 #pragma unroll
         for (int k = 0; k < K8_KR; k++) {
-            uint32_t am = max(kw_amax(u[k][0]), kw_amax(u[k][1]));
+            uint32_t am = kw_amax16(u[k][0], u[k][1]);
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
-            sc[k] = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
-            bad = bad || !div_ok(sc[k]);
-            big = big || am >= 0x7F80u;
+            amk = k == kk ? am : amk;
         }
-        const bool md = ballot64(bad) == 0, nc = a.hwcvt && ballot64(big) == 0;
+        const float sk = fp8_scale(m3_bits_f32(amk << 16), a.fp8_max);
+        const bool md = ballot64(!div_ok(sk)) == 0, nc = a.hwcvt && ballot64(amk >= 0x7F80u) == 0;
+        const float yk = md ? __frcp_rn(sk) : 0.0f;
+        float sc[K8_KR], y[K8_KR];
 #pragma unroll
-        for (int k = 0; k < K8_KR; k++) y[k] = md ? __frcp_rn(sc[k]) : 0.0f;
-        if (md && nc) k8_kstep<true, true>(a, w, h, u, slot, sc, y, jj);
+        for (int k = 0; k < K8_KR; k++) sc[k] = qw_shfl(sk, k, 8), y[k] = qw_shfl(yk, k, 8);
+        if (md && nc) k8_kstep_fin(a, w, h, u, slot, sc, y, jj);
         else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
         else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
         return;
@@ -1186,34 +1281,39 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
                             ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
     const bool lane_ok = lane >= K8_T || (lane < n && s_lane == s_first + lane);
     const bool fast = n == K8_T && s_first >= 0 && (s_first & (K8_T - 1)) == 0 && ballot64(!lane_ok) == 0;
-    /* row maxima: lane's partial of each token, then a reduce-scatter: after the rounds the
-     * lane holds token lane / LB's maximum (LB = M3_WARP / 16 lanes a token) */
-    uint32_t am[K8_T];
+    /* row maxima, packed: word i holds tokens i (low half) and i + 8 (high half) of the
+     * lane's dims; a reduce-scatter over the 8 words (4 + 2 + 1 shuffles, then the LP = M3_WARP
+     * / 8 lanes of a pair) leaves lane l with the pair i = l / LP, the first half of those
+     * lanes taking token i, the second token i + 8 */
+    uint32_t pk[K8_T / 2];
 #pragma unroll
-    for (int r = 0; r < K8_T; r++) {
-        uint32_t m = 0;
+    for (int i = 0; i < K8_T / 2; i++) {
+        uint32_t m0 = dv[i][0] & K8_ABS2, m1 = dv[i + K8_T / 2][0] & K8_ABS2;
 #pragma unroll
-        for (int q = 0; q < K8_WPL; q++) m = max(m, max(dv[r][q] & 0x7FFFu, (dv[r][q] >> 16) & 0x7FFFu));
-        am[r] = m;
+        for (int q = 1; q < K8_WPL; q++)
+            m0 = max_u16x2(m0, dv[i][q] & K8_ABS2), m1 = max_u16x2(m1, dv[i + K8_T / 2][q] & K8_ABS2);
+        pk[i] = max_u16x2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
     }
 #pragma unroll
-    for (int rd = 0; rd < 4; rd++) { /* 16 -> 8 -> 4 -> 2 -> 1 values a lane */
-        const int wv = (K8_T / 2) >> rd, b = (M3_WARP / 2) >> rd;
+    for (int rd = 0; rd < 3; rd++) { /* 8 -> 4 -> 2 -> 1 words a lane */
+        const int wv = (K8_T / 4) >> rd, b = (M3_WARP / 2) >> rd;
         const bool up = (lane & b) != 0;
 #pragma unroll
-        for (int i = 0; i < K8_T / 2; i++) {
+        for (int i = 0; i < K8_T / 4; i++) {
             if (i >= wv) break;
-            const uint32_t snd = up ? am[i] : am[i + wv], kp = up ? am[i + wv] : am[i];
-            am[i] = max(kp, (uint32_t)M3_SHFL_XOR((int)snd, b));
+            const uint32_t snd = up ? pk[i] : pk[i + wv], kp = up ? pk[i + wv] : pk[i];
+            pk[i] = max_u16x2(kp, (uint32_t)M3_SHFL_XOR((int)snd, b));
         }
     }
-    constexpr int LB = M3_WARP / 16;
+    constexpr int LP = M3_WARP / 8;
 #pragma unroll
-    for (int m = 1; m < LB; m <<= 1) am[0] = max(am[0], (uint32_t)M3_SHFL_XOR((int)am[0], m));
-    const int rt = lane / LB; /* this lane's token */
-    const float sc = fp8_scale(m3_bits_f32(am[0] << 16), a.fp8_max);
-    const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(am[0] >= 0x7F80u) == 0;
-    if (lane % LB == 0) {
+    for (int m = 1; m < LP; m <<= 1) pk[0] = max_u16x2(pk[0], (uint32_t)M3_SHFL_XOR((int)pk[0], m));
+    const bool hi = (lane % LP) >= LP / 2;
+    const int rt = lane / LP + (hi ? K8_T / 2 : 0); /* this lane's token */
+    const uint32_t amr = hi ? pk[0] >> 16 : pk[0] & 0xFFFFu;
+    const float sc = fp8_scale(m3_bits_f32(amr << 16), a.fp8_max);
+    const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(amr >= 0x7F80u) == 0;
+    if (lane % (LP / 2) == 0) {
         sy[2 * rt] = sc, sy[2 * rt + 1] = md ? __frcp_rn(sc) : 0.0f;
         if (rt < n) {
             const int64_t sl = kw_slot(a, tb + rt);
@@ -1247,12 +1347,14 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
 /* 8 warps a block, 4 blocks per SM (<= 64 registers: 32 warps per SM; H200, session 6: 78
  * registers at 3 blocks per SM measured 62%, 4-warp blocks at 8 per SM the same 66%, the K
  * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
- * warp's next step 59%) */
+ * warp's next step 59%; session 7: a persistent grid without the prefetch 59%). The end
+ * waits for the launch before it (pdl_wait: the fused pass's qw_norm_k). */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
     __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st < a.nstep) k8_step(a, st, ssy[wid]);
+    pdl_wait();
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
@@ -1401,6 +1503,7 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
 template <int QR, int KC>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
+    pdl_trigger();
     __shared__ __align__(16) float w1s[4][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[4]; /* the parts, read per step from shared memory (kept out of registers) */
@@ -1436,6 +1539,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
     }
+    pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
@@ -1502,6 +1606,30 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
+/* k<<<grid, block, smem>>>(args) on g's stream; pdl: with programmatic stream serialization
+ * (NVIDIA), only where the launch before it in the stream is the same pass's (its kernel
+ * waits for that one with pdl_wait before reading what it wrote) */
+template <typename... P, typename... A>
+static m3_status pass_launch(m3_gpu *g, bool pdl, void (*k)(P...), unsigned grid, unsigned block,
+                             size_t smem, A... args) {
+#if defined(M3_HIP_NVIDIA)
+    if (pdl) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(grid), cfg.blockDim = dim3(block), cfg.dynamicSmemBytes = smem;
+        cfg.stream = g->stream;
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        M3_HIP_TRY(cudaLaunchKernelEx(&cfg, k, args...));
+        return M3_OK;
+    }
+#else
+    (void)pdl;
+#endif
+    k<<<grid, block, smem, g->stream>>>(args...);
+    return M3_OK;
+}
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
     void *x;
@@ -1674,8 +1802,7 @@ static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m
         g->arena_top + tab_bytes + 256 <= g->arena_cap) { /* else: per tile, as small passes */
         float *tab;
         M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
-        const int64_t nt2 = (int64_t)n_tok * 2 * half;
-        cs_table_k<<<m3_grid_1d(nt2, 256), 256, 0, g->stream>>>(tab, d_pos, n_tok, half, a.inv,
+        cs_table_k<<<m3_grid_1d((int64_t)n_tok * half, 256), 256, 0, g->stream>>>(tab, d_pos, n_tok, half, a.inv,
                                                                  a.angle_f64, a.cs_bf16);
         M3_LAUNCHED(g, "cs_table_k");
         a.cst = tab;
@@ -1765,12 +1892,52 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
         float *tab;
         M3_TRY(m3_gpu_alloc(g, (void **)&tab, tab_bytes));
-        cs_table_k<<<m3_grid_1d((int64_t)n_tok * 64, 256), 256, 0, g->stream>>>(
+        cs_table_k<<<m3_grid_1d((int64_t)n_tok * 32, 256), 256, 0, g->stream>>>(
             tab, d_pos, n_tok, 32, inv, p->rope_angle == M3_ROPE_ANGLE_F64, p->rope_cs_bf16);
         M3_LAUNCHED(g, "cs_table_k");
         cst = tab;
     }
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
+    /* Programmatic dependent launches (NVIDIA): qw_norm_k after the table launch (its rows'
+     * first loads and the weights before pdl_wait), the K / V writer after qw_norm_k (it
+     * reads nothing qw_norm_k writes; it fills the SMs as qw_norm_k's blocks finish, and its
+     * blocks wait for qw_norm_k at their end, so the pass ends when both have). Session 7,
+     * H200: qkv_cache T=4096 62.9 -> 70.7% of copy (the table's launch and kvw_k's own ramp
+     * and tail were ~6 us each); the V writer launched before qw_norm_k instead (concurrent
+     * with the table) measured 61.9%. */
+    bool prev = cst != NULL; /* the stream's last launch is this pass's */
+    /* the raw K / V rows: kvw8_k (fp8: 16 tokens a step, K and V; step numbers are 32-bit)
+     * or kvw_k (bf16: 4 tokens a K step, 8-token V windows) */
+    auto kv_launch = [&]() -> m3_status {
+        kvw_args kl = kv;
+        kl.n_tok = n_tok;
+        const bool dep = prev;
+        prev = true;
+        if (kl.fp8) {
+            const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
+            kl.ks = kl.x[0] ? (int64_t)kl.nh * tg16 : 0;
+            kl.vs0 = kl.ks;
+            kl.nstep = kl.ks;
+            if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
+            if (kl.nstep >= ((int64_t)1 << 31))
+                return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
+                                 "rows (more than 2^31 steps)", n_tok, kl.nh);
+            const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
+            M3_TRY(pass_launch(g, dep, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
+            M3_LAUNCHED(g, "kvw8_k");
+        } else {
+            const int KS = M3_WARP / 8, x = 8;
+            const int64_t tg = (n_tok + KS - 1) / KS;
+            kl.ks = kl.x[0] ? (int64_t)kl.nh * tg : 0;
+            kl.vs0 = kl.ks;
+            kl.nstep = kl.ks;
+            if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
+            M3_TRY(pass_launch(g, dep, kvw_k, (unsigned)((kl.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kl));
+            M3_LAUNCHED(g, "kvw_k");
+        }
+        return M3_OK;
+    };
+    const bool has_kv = kv.x[0] || kv.x[1];
     if (qa.np > 0) {
         qa.cst = cst;
         qa.kv = kv;
@@ -1791,33 +1958,15 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
 #endif
         const int64_t need = (qa.nstep + QW_WPB - 1) / QW_WPB;
         const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
-        k<<<(unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, g->stream>>>(qa);
+        M3_TRY(pass_launch(g, prev, k, (unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, qa));
         M3_LAUNCHED(g, "qw_norm_k");
+        prev = true;
     }
-    if (kv.x[0] || kv.x[1]) {
-        kv.n_tok = n_tok;
-        if (kv.fp8) { /* kvw8_k: 16 tokens a step, K and V; step numbers are 32-bit */
-            const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
-            kv.ks = kv.x[0] ? (int64_t)kv.nh * tg16 : 0;
-            kv.vs0 = kv.ks;
-            kv.nstep = kv.ks;
-            if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
-            if (kv.nstep >= ((int64_t)1 << 31)) {
-                m3_gpu_release(g, mark);
-                return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
-                                 "rows (more than 2^31 steps)", n_tok, kv.nh);
-            }
-            kvw8_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-            M3_LAUNCHED(g, "kvw8_k");
-        } else { /* kvw_k (bf16): 4 tokens a K step, 8-token V windows */
-            const int KS = M3_WARP / 8, x = 8;
-            const int64_t tg = (n_tok + KS - 1) / KS;
-            kv.ks = kv.x[0] ? (int64_t)kv.nh * tg : 0;
-            kv.vs0 = kv.ks;
-            kv.nstep = kv.ks;
-            if (kv.x[1]) kv.nstep += (int64_t)kv.nh * (kv.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
-            kvw_k<<<(unsigned)((kv.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, g->stream>>>(kv);
-            M3_LAUNCHED(g, "kvw_k");
+    if (has_kv) {
+        const m3_status e = kv_launch();
+        if (e != M3_OK) {
+            m3_gpu_release(g, mark);
+            return e;
         }
     }
     m3_status st = M3_OK;

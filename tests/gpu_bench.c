@@ -738,6 +738,13 @@ static void bench_moe_experts(void **state) {
     }
 }
 
+/* M3_BENCH_ROW=text: the kv_cache_write / qkv_cache rows whose name contains it (one row
+ * under a profiler); unset: every row */
+static bool row_wanted(const char *nm) {
+    const char *w = getenv("M3_BENCH_ROW");
+    return !w || !*w || strstr(nm, w) != NULL;
+}
+
 /* ---- KV cache write (prefill T = 4096 and decode T = 64, Hkv 4, Dh 128, page 128) -------- */
 typedef struct { m3_gpu_kv_cache c; const m3_bf16 *k, *v; const int64_t *slots; int T; } kv_ctx;
 static m3_status do_kv(m3_gpu *g, void *c) {
@@ -753,6 +760,9 @@ static void bench_kv_cache_write(void **state) {
     static const int Ts[] = {64, 4096, 32768};
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+            char nm[96];
+            snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", Ts[i]);
+            if (!row_wanted(nm)) continue;
             const size_t mark = m3_gpu_mark(g);
             kv_ctx c;
             memset(&c, 0, sizeof c);
@@ -771,11 +781,8 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_alloc(g, (void **)&c.slots, (size_t)c.T * sizeof *sl));
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
-            double ms = time_ms(g, do_kv, &c, 20, 7);
-            char nm[96];
-            snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", c.T);
             const double n = (double)c.T * 512 * 2; /* K and V elements */
-            report(nm, ms, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            report(nm, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
             m3_gpu_release(g, mark);
         }
 }
@@ -840,6 +847,9 @@ static void bench_qkv_cache(void **state) {
     static const int Ts[] = {1, 64, 4096, 16384};
     for (int sparse = 0; sparse < 2; sparse++)
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+            char nm[96];
+            snprintf(nm, sizeof nm, "qkv_cache %s T=%d", sparse ? "fp8 page16 sparse+index" : "bf16 page128 dense", Ts[i]);
+            if (!row_wanted(nm)) continue;
             const size_t mark = m3_gpu_mark(g);
             qkvc_ctx c;
             memset(&c, 0, sizeof c);
@@ -875,14 +885,11 @@ static void bench_qkv_cache(void **state) {
             GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, (size_t)c.T * sizeof *pos));
             GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, (size_t)c.T * sizeof *pos));
             free(sl), free(pos);
-            double ms = time_ms(g, do_qkvc, &c, 20, 7);
-            char nm[96];
-            snprintf(nm, sizeof nm, "qkv_cache %s T=%d", sparse ? "fp8 page16 sparse+index" : "bf16 page128 dense", c.T);
             /* rows read + written (q, k, index q/k), v read, cache K/V, scales, index keys */
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            report(nm, ms, bytes, T * normed * 12);
+            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }

@@ -6,7 +6,8 @@
  * Dh 128 (M3) and Hkv 3, Dh 64 (odd), scattered slots over several blocks, a padding slot
  * (-1), a zero row (scale 1) and a row of large values; plain rows (page 0, bf16); runs of
  * consecutive slots (T 300) from an aligned and a misaligned start; passes of >= 256 tokens
- * (the warp kernels) also hold rows of tiny values, and one has scattered slots. */
+ * (the warp kernels) also hold rows of tiny values, and one has scattered slots; signed zeros
+ * and tiny values of either sign inside rows of normal scale (codes +0 and -0). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,12 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
     m3_fill_normal(&r, v, (int64_t)T * ld, 2.0f);
     for (int d = 0; d < Dh; d++) k[(size_t)1 * ld + d] = 0.0f;        /* token 1 head 0: zeros */
     for (int d = 0; d < Dh; d++) v[(size_t)2 * ld + Dh + d] *= 300.0f; /* token 2 head 1: large */
+    /* signed zeros and tiny values (codes +-0) in rows of normal scale: the code's sign comes
+     * from the value, also where the quotient is zero (T > 6: token 5's K, token 6's V) */
+    for (int d = 0; d < Dh && T > 6; d += 3) {
+        k[(size_t)5 * ld + d] = d % 2 ? -0.0f : (d % 4 ? 1e-9f : -1e-9f);
+        v[(size_t)6 * ld + Dh + d] = d % 2 ? -0.0f : (d % 4 ? -1e-9f : 1e-9f);
+    }
     if (T >= 256) { /* the warp kernels' other quotient path: tiny rows (scales below div_y's
                      * range: the division). (No infinities: inf / inf is the host's default
                      * NaN, negative on x86, so ref's code for it is the platform's.) */
