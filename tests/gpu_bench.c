@@ -463,6 +463,12 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     }
     free(pos);
     free(tk);
+    if (getenv("M3_BENCH_PAGED_PROF")) { /* session 7 profiling: one launch, no timing */
+        GPU_OK(do_pattn(g, &c));
+        GPU_OK(m3_gpu_sync(g));
+        m3_gpu_release(g, mark);
+        return;
+    }
     double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
     char nm[96];
     snprintf(nm, sizeof nm, "attn_%s paged flash %s %s T=%d C=%d", sparse ? "sparse" : "dense",
@@ -476,12 +482,18 @@ static void bench_attention_paged(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
-    for (int f = 0; f < 2; f++) {
-        pattn_bench_case(g, &r, 1, 131072, true, f);
-        pattn_bench_case(g, &r, 64, 131072, true, f);
-        pattn_bench_case(g, &r, 8192, 8192, true, f);
-        pattn_bench_case(g, &r, 1, 131072, false, f);
-    }
+    /* session 7: M3_BENCH_PAGED_ROWS=3,7 runs only those rows (f * 4 + case) */
+    const char *rows = getenv("M3_BENCH_PAGED_ROWS");
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < 4; i++) {
+            char tag[4];
+            snprintf(tag, sizeof tag, "%d", f * 4 + i);
+            if (rows && !strstr(rows, tag)) continue;
+            if (i == 0) pattn_bench_case(g, &r, 1, 131072, true, f);
+            if (i == 1) pattn_bench_case(g, &r, 64, 131072, true, f);
+            if (i == 2) pattn_bench_case(g, &r, 8192, 8192, true, f);
+            if (i == 3) pattn_bench_case(g, &r, 1, 131072, false, f);
+        }
 }
 
 typedef struct {
