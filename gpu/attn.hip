@@ -2673,6 +2673,446 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #endif
 }
 
+
+/* ---- staged decode kernel pd2_part_k (session 7) ----------------------------------------
+ * pd_part_k's chunks, key permutation, passes, rounding points and merges, with K and V
+ * staged through a per-warp ring of NS shared-memory slots by cp.async instead of register
+ * rings: a slot holds one 16-key group's K or V (bf16 4 KB; fp8 2 KB plus the group's 16 K
+ * and, §4.9, V scales or its 16 V scales), so a warp keeps NS - 1 groups in flight while it
+ * computes one, whatever its register budget. A warp's loads are one stream (per chunk its
+ * K groups, then its V groups, then the next chunk's), issued NS - 1 items ahead of the
+ * computation: no pipeline restart at pass or chunk boundaries, and only warp barriers
+ * (cp.async.wait_group + __syncwarp). fp8 rings have twice the slots of half the size (the
+ * same bytes in flight as bf16). Slots are swizzled so the fragment reads are conflict-free:
+ * K unit (dim unit d, key k) at d * 16 + (k ^ 2 (d % 4)), bf16 V unit (key unit u, dim d) at
+ * 128 u + (d ^ 4 u). S parks in the warp's area as in pd_part_k; the running A is in
+ * registers and goes to the same area for the block's fold. W warps per block, BPS blocks
+ * per SM (template arguments, the launcher's table pd2_cfgs). */
+template <bool FP8> struct pd2_geo {
+    static constexpr int SB = FP8 ? 2048 + 128 : 4096; /* slot bytes */
+};
+/* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4 */
+static __host__ __device__ inline size_t pd2_sa_bytes(const pf_cfg &c) {
+    const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
+    return s > a ? s : a;
+}
+static size_t pd2_smem_bytes(const pf_cfg &c, int W, int ns, int sb) {
+    size_t a = (size_t)W * (pd2_sa_bytes(c) + (size_t)ns * sb);
+    const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
+    if (a < fm) a = fm;
+    return (size_t)16 * FA_MAX_DH * 2 + a;
+}
+
+template <bool FP8, int W, int NSB, int BPS>
+static __global__ void __launch_bounds__(W * 32, BPS)
+    pd2_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
+               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
+               const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
+               float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
+#if M3_HAVE_MMA
+    if (FP8 && !M3_HAVE_FP8_CVT) __trap(); /* the launcher takes this kernel for e4m3fn only */
+    extern __shared__ __align__(16) unsigned char pf_raw[];
+    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB;
+    constexpr int Dh = FA_MAX_DH;        /* the launcher ensures c.Dh == 128 */
+    constexpr int ND = Dh / XC;          /* 16-byte dim units of a key: 16 bf16, 8 fp8 */
+    constexpr int UK = ND / 4;           /* K units per lane and key in a fragment */
+    constexpr int NS = FP8 ? 2 * NSB : NSB, SB = pd2_geo<FP8>::SB;
+    constexpr int NT = W * 32;
+    const int hq = c.hq, ch = c.ch, Bs = s.g.block;
+    uint4 *qf = reinterpret_cast<uint4 *>(pf_raw);
+    unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
+    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q (§4.9: fp8(q) as fp16) */
+    const size_t SA = pd2_sa_bytes(c), WB = SA + (size_t)NS * SB;
+    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
+    __shared__ int n_sh, last_sh;
+    __shared__ float wml[W][2][16]; /* the warps' running M and L per head */
+
+    const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int p = pos[t];
+    const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh; /* the launcher ensures c.qvec */
+    for (int e = tid; e < 16 * Dh / 8; e += NT) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
+        *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
+    }
+    if (sparse)
+        for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+    __syncthreads();
+    if (c.pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
+        for (int e = tid; e < 16 * Dh; e += NT)
+            qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+    if (!sparse) {
+        if (tid == 0) {
+            n_sh = p + 1;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n_sh;
+        }
+    } else { /* the key list, as pf_part_k */
+        const int bp = p / Bs;
+        if (tid == 0) last_sh = 0;
+        __syncthreads();
+        for (int i = tid; i < width; i += NT) {
+            const int b = selsh[i];
+            vfl[i] = b >= 0 && b < bp;
+            if (b == bp) last_sh = 1;
+        }
+        __syncthreads();
+        for (int i = tid; i < width; i += NT)
+            if (vfl[i]) {
+                const int b = selsh[i];
+                int at = 0;
+                if (c.sel_order)
+                    for (int j = 0; j < i; j++) at += vfl[j];
+                else
+                    for (int j = 0; j < width; j++)
+                        at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < i));
+                blist[at] = b;
+            }
+        if (tid == 0) {
+            int nf = 0;
+            for (int j = 0; j < width; j++) nf += vfl[j];
+            int n;
+            if (last_sh) {
+                blist[nf] = bp;
+                n = nf * Bs + (p - Bs * bp + 1);
+            } else {
+                n = nf * Bs < p + 1 ? nf * Bs : p + 1;
+            }
+            n_sh = n;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < PD_KS * 32; e += NT) {
+        const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
+        const int D = FP8 ? 64 * (s2 / 4) + 16 * tr + 4 * (s2 % 4) : 32 * (s2 / 2) + 8 * tr + 4 * (s2 % 2);
+        qf[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
+    }
+    __syncthreads();
+    const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
+    const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
+    const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
+    const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
+    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
+    unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA;
+    float4 *sw = reinterpret_cast<float4 *>(sa);
+    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
+    auto phys = [&](int cc) {
+        const int k = cc * ch + 16 * lane;
+        if (cc >= ce || k >= n) return 0;
+        const int kb = k / Bs;
+        return sparse ? s.bt[blist[kb]] : s.bt[kb];
+    };
+    /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
+     * group l's element offsets (K, V, scale) of chunk ic */
+    int ic = cb + warp, ij = 0, ing = 0, phn = phys(ic);
+    int64_t gko = 0, gvo = 0, gso = 0;
+    auto enter = [&]() {
+        if (ic >= ce) return;
+        const int k0 = ic * ch, nk = min(ch, n - k0);
+        ing = (nk + 15) / 16;
+        if (lane < ing) {
+            const int k = k0 + 16 * lane, kb = k / Bs;
+            pf_offs<XC>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
+        }
+        phn = phys(ic + W);
+    };
+    enter();
+    unsigned isq = 0, csq = 0; /* items issued / consumed */
+    auto issue = [&]() {
+        if (ic < ce) {
+            unsigned char *dst = ring + (size_t)(isq % NS) * SB;
+            const bool kk = ij < ing;
+            const int gr = kk ? ij : ij - ing;
+            const int64_t so = FP8 ? __shfl_sync(0xffffffffu, gso, gr) : 0;
+            if (kk) {
+                const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
+#pragma unroll
+                for (int i = 0; i < ND / 2; i++) {
+                    const int d = 2 * i + (lane >> 4), k = lane & 15;
+                    cp16(dst + (d * 16 + (k ^ (2 * (d & 3)))) * 16,
+                         kbase + (ko + (int64_t)d * Pv * XC + (int64_t)k * XC) * EB, true);
+                }
+                if (FP8) {
+                    if (lane < 4) cp16(dst + 2048 + 16 * lane, s.k_scale + so + 4 * lane, true);
+                    else if (lane < 8 && c.pa) cp16(dst + 2048 + 64 + 16 * (lane - 4), s.v_scale + so + 4 * (lane - 4), true);
+                }
+            } else {
+                const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) * EB;
+#pragma unroll
+                for (int i = 0; i < ND / 2; i++) {
+                    const int e = i * 32 + lane, u = FP8 ? 0 : e >> 7, d = e & 127;
+                    cp16(dst + (u * 128 + (d ^ (4 * u))) * 16, vp + (int64_t)e * 16, true);
+                }
+                if (FP8 && lane < 4) cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane, true);
+            }
+            if (++ij == 2 * ing) {
+                ic += W, ij = 0;
+                enter();
+            }
+        }
+        cp_commit(); /* possibly empty: keeps the wait count uniform */
+        isq++;
+    };
+    /* the next item's slot, once this lane's and (after the warp barrier) every lane's copies
+     * of it landed; the slot consumed last is refilled first (the barrier before: every lane
+     * read it) */
+    auto next = [&]() -> const unsigned char * {
+        __syncwarp();
+        issue();
+        cp_wait<NS - 1>();
+        __syncwarp();
+        return ring + (size_t)(csq++ % NS) * SB;
+    };
+#pragma unroll 1
+    for (int j = 0; j < NS - 1; j++) issue();
+    float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
+    float ar[PD_NT][4];
+#pragma unroll
+    for (int u = 0; u < PD_NT; u++) ar[u][0] = ar[u][1] = ar[u][2] = ar[u][3] = 0.0f;
+    uint4 qreg[PD_KS]; /* Q A fragments */
+#pragma unroll
+    for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = qf[s2 * 32 + lane];
+    for (int cc = cb + warp; cc < ce; cc += W) {
+        const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
+        /* pass 1: S of each 16-key group into the warp's area; the row maxima */
+        float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
+#pragma unroll 1
+        for (int gr = 0; gr < ng; gr++) {
+            const unsigned char *sl = next();
+            uint4 kw[2][UK];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int u = 0; u < UK; u++) {
+                    const int d = 4 * u + tq, k = kl + 2 * h;
+                    kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
+                }
+            float c8[2][2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
+#pragma unroll
+            for (int s2 = 0; s2 < PD_KS; s2++) {
+                const uint32_t qa[4] = {qreg[s2].x, qreg[s2].y, qreg[s2].z, qreg[s2].w};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint4 w = kw[h][FP8 ? s2 / 4 : s2 / 2];
+                    uint32_t b[2];
+                    if (FP8) {
+                        const int r = s2 % 4;
+                        const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
+                        if (c.pa) {
+                            b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
+                            pf_mma_f16(c8[h][s2 & 1], qa, b);
+                        } else {
+                            b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
+                            m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
+                        }
+                    } else {
+                        if (s2 % 2 == 0) b[0] = w.x, b[1] = w.y;
+                        else b[0] = w.z, b[1] = w.w;
+                        m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
+                    }
+                }
+            }
+            float ks4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+            const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
+            if (FP8) {
+                const float4 a = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                ks4[0] = a.x, ks4[1] = a.y, ks4[2] = a.z, ks4[3] = a.w;
+                if (c.pa) {
+                    const float4 v = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
+                    float m = 0.0f;
+                    if (kq < nk) m = fmaxf(m, v.x);
+                    if (kq + 1 < nk) m = fmaxf(m, v.y);
+                    if (kq + 2 < nk) m = fmaxf(m, v.z);
+                    if (kq + 3 < nk) m = fmaxf(m, v.w);
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                    if (lane == gr) vm = m;
+                }
+            }
+            float z[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int e = 2 * h + (i & 1);
+                    float d = c8[h][0][i] + c8[h][1][i], zz;
+                    if (c.pa) zz = d * c.scale * ks4[e]; /* §4.9 step 2 */
+                    else {
+                        if (FP8) d *= ks4[e];
+                        zz = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
+                    }
+                    z[h][i] = kq + e < nk ? zz : -INFINITY;
+                }
+            mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
+            mx1 = fmaxf(mx1, fmaxf(fmaxf(z[0][2], z[0][3]), fmaxf(z[1][2], z[1][3])));
+            sw[(gr * 2) * 32 + lane] = make_float4(z[0][0], z[0][1], z[0][2], z[0][3]);
+            sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        if (c.pa) /* §4.9: the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
+            for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
+        /* pass 2: O = P V */
+        float o[PD_NT][4];
+#pragma unroll
+        for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
+        float l0 = 0.0f, l1 = 0.0f;
+#pragma unroll 1
+        for (int gr = 0; gr < ng; gr++) {
+            const unsigned char *sl = next();
+            const int kq = 16 * gr + 4 * tq;
+            const float4 zl = sw[(gr * 2) * 32 + lane], zh = sw[(gr * 2 + 1) * 32 + lane];
+            float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
+                              {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
+            l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+            l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+            float vs4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+            if (FP8) {
+                const float4 v = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                vs4[0] = kq < nk ? v.x : 0.0f, vs4[1] = kq + 1 < nk ? v.y : 0.0f;
+                vs4[2] = kq + 2 < nk ? v.z : 0.0f, vs4[3] = kq + 3 < nk ? v.w : 0.0f;
+            }
+            uint32_t a[4];
+            float f = 0.0f;
+            if (c.pa) { /* §4.9 step 4: P' codes as fp16 */
+                const float M = __shfl_sync(0xffffffffu, vm, gr);
+                f = M / c.fmax;
+                float pv[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        pv[h][i] = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
+                a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
+                a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
+                a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
+                a[3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, hw);
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) ex[h][i] *= FP8 ? vs4[2 * h + (i & 1)] : 1.0f;
+                a[0] = pack_bf16(ex[0][0], ex[0][1]), a[1] = pack_bf16(ex[0][2], ex[0][3]);
+                a[2] = pack_bf16(ex[1][0], ex[1][1]), a[3] = pack_bf16(ex[1][2], ex[1][3]);
+            }
+            const bool tail = 16 * gr + 16 > nk; /* keys past the list: their V elements zeroed */
+#pragma unroll
+            for (int u = 0; u < PD_NT; u++) {
+                const int d = 8 * u + gq;
+                uint32_t b[2];
+                if constexpr (FP8) {
+                    uint32_t x = *reinterpret_cast<const uint32_t *>(sl + d * 16 + 4 * tq);
+                    if (tail)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
+                    if (c.pa) {
+                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
+                        pf_mma_f16(t4, a, b);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
+                    } else {
+                        b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
+                        m3_mma_bf16_16816(o[u], a, b);
+                    }
+                } else {
+                    const int ku = tq >> 1;
+                    uint2 x = *reinterpret_cast<const uint2 *>(sl + (ku * 128 + (d ^ (4 * ku))) * 16 + (tq & 1) * 8);
+                    if (tail) {
+                        if (kq >= nk) x.x &= 0xFFFF0000u;
+                        if (kq + 1 >= nk) x.x &= 0x0000FFFFu;
+                        if (kq + 2 >= nk) x.y &= 0xFFFF0000u;
+                        if (kq + 3 >= nk) x.y &= 0x0000FFFFu;
+                    }
+                    b[0] = x.x, b[1] = x.y;
+                    m3_mma_bf16_16816(o[u], a, b);
+                }
+            }
+        }
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        /* chunk done: A_j into the warp's running merge (pf_part_k's rule), in registers */
+        const bool first = Mr[0] == -INFINITY;
+        float wa[2], wb[2], ll[2] = {l0, l1};
+#pragma unroll
+        for (int r2 = 0; r2 < 2; r2++) {
+            const float m = r2 ? mx1 : mx0, Mn = fmaxf(Mr[r2], m);
+            wa[r2] = Mr[r2] == -INFINITY ? 0.0f : expf(Mr[r2] - Mn), wb[r2] = expf(m - Mn);
+            Lr[r2] = Lr[r2] * wa[r2] + ll[r2] * wb[r2], Mr[r2] = Mn;
+        }
+#pragma unroll
+        for (int u = 0; u < PD_NT; u++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float l = ll[i >> 1];
+                const float A = c.part > 0 ? l * m3_round_bf16(o[u][i] / l) : o[u][i];
+                ar[u][i] = first ? A * wb[i >> 1] : ar[u][i] * wa[i >> 1] + A * wb[i >> 1];
+            }
+    }
+    cp_wait<0>();
+    /* the warp's A into its area (S is no longer read), the block's warps folded in order */
+    __syncwarp();
+    float4 *aw = reinterpret_cast<float4 *>(sa);
+#pragma unroll
+    for (int u = 0; u < PD_NT; u++) aw[u * 32 + lane] = make_float4(ar[u][0], ar[u][1], ar[u][2], ar[u][3]);
+    if (tq == 0) {
+        wml[warp][0][gq] = Mr[0], wml[warp][0][gq + 8] = Mr[1];
+        wml[warp][1][gq] = Lr[0], wml[warp][1][gq + 8] = Lr[1];
+    }
+    __syncthreads();
+    m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
+    const size_t sl0 = (slot0 + ci) * hq;
+    if (cb < ce || c.nsp == 1)
+        for (int e = tid; e < hq * Dh; e += NT) {
+            const int h = e / Dh, d = e - h * Dh;
+            float M = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < W; w++) M = fmaxf(M, wml[w][0][h]);
+            /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
+            const size_t ai = ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
+                              (size_t)(2 * (h / 8) + (d & 1)) * 4;
+            float A = 0.0f, L = 0.0f;
+#pragma unroll
+            for (int w = 0; w < W; w++) {
+                const float mw = wml[w][0][h];
+                if (mw == -INFINITY) continue; /* a warp without a chunk */
+                const float x = expf(mw - M);
+                A += x * *reinterpret_cast<const float *>(wraw + (size_t)w * WB + ai), L += x * wml[w][1][h];
+            }
+            if (c.nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
+                orow[(size_t)h * Dh + d] = m3_f32_to_bf16(A / L);
+            } else {
+                po[(sl0 + h) * Dh + d] = A;
+                if (d == 0) pml[(sl0 + h) * 2] = M, pml[(sl0 + h) * 2 + 1] = L;
+            }
+        }
+    if (c.nsp == 1 || !c.fused) return;
+    /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
+    if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
+    pf_row_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, Dh,
+                 reinterpret_cast<float *>(wraw), tid, NT);
+#else
+    (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
+    (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
+#endif
+}
+
 #endif /* M3_HIP_NVIDIA */
 
 #if defined(M3_HIP_NVIDIA)
@@ -2752,7 +3192,25 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
     if (src->flash_kernel == 2) dec = c.dec;
-    if (dec) {
+    /* session 7: flash_kernel 3.. = pd2_part_k configurations {W, NSB, BPS} */
+    static const int pd2_cfgs[][3] = {{3, 4, 2}, {2, 4, 3}, {4, 8, 1}, {4, 2, 2}};
+    const int v2 = src->flash_kernel >= 3 && src->flash_kernel < 3 + 4 && c.dec ? src->flash_kernel - 2 : 0;
+    if (v2) {
+        /* chunks per block: the smallest estimated makespan (rounds of blocks over the SMs'
+         * slots times the chunks of the busiest warp), ties to more chunks per block (fewer
+         * partials) */
+        const int W = pd2_cfgs[v2 - 1][0], slots = pd2_cfgs[v2 - 1][2] * n_sm;
+        const int64_t rows = (int64_t)c.Hkv * n_tok;
+        int64_t best = -1;
+        for (int cpb = 1; cpb <= c.nchx; cpb++) {
+            const int64_t nsp = (c.nchx + cpb - 1) / cpb, blocks = rows * nsp;
+            const int64_t ms = (blocks + slots - 1) / slots * ((cpb + W - 1) / W);
+            if (best < 0 || ms <= best) best = ms, c.cpb = cpb;
+        }
+        if (src->flash_cpb > 0) c.cpb = src->flash_cpb < c.nchx ? src->flash_cpb : c.nchx;
+        c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
+        dec = true;
+    } else if (dec) {
         const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / PD_W * n_sm;
         int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + PD_W - 1) / PD_W;
         if (nsp > mx) nsp = mx;
@@ -2785,25 +3243,30 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
-    const size_t sh = dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
+    const size_t sh = v2 ? pd2_smem_bytes(c, pd2_cfgs[v2 - 1][0], (fp8 ? 2 : 1) * pd2_cfgs[v2 - 1][1],
+                                          fp8 ? pd2_geo<true>::SB : pd2_geo<false>::SB)
+                      : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][5]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][13]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[4] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>};
-    const int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
-    const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
-                          (const void *)kf[3], (const void *)pf_merge_k};
+    const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+                          pd2_part_k<false, 3, 4, 2>, pd2_part_k<true, 3, 4, 2>,
+                          pd2_part_k<false, 2, 4, 3>, pd2_part_k<true, 2, 4, 3>,
+                          pd2_part_k<false, 4, 8, 1>, pd2_part_k<true, 4, 8, 1>,
+                          pd2_part_k<false, 4, 2, 2>, pd2_part_k<true, 4, 2, 2>};
+    const int fi = (fp8 ? 1 : 0) + (v2 ? 2 + 2 * v2 : dec ? 2 : 0);
+    const int nth = v2 ? 32 * pd2_cfgs[v2 - 1][0] : dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
-        M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
+        M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[4]) {
-        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[4] = msh;
+    if (!c.fused && msh > pf_set[12]) {
+        M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[12] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
@@ -2815,7 +3278,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        kf[fi]<<<grid, dec ? PD_W * 32 : PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
+        kf[fi]<<<grid, nth, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
