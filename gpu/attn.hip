@@ -2703,7 +2703,26 @@ static size_t pd2_smem_bytes(const pf_cfg &c, int W, int ns, int sb) {
     return (size_t)16 * FA_MAX_DH * 2 + a;
 }
 
-template <bool FP8, int W, int NSB, int BPS>
+#if M3_HAVE_FP8_CVT
+/* c[16x8] += a[16x32] b[32x8], e4m3 inputs, fp32 accumulate (sm_89+): a0/a1 rows gq / gq + 8,
+ * k 4tq..4tq+3, a2/a3 the same rows at k + 16; b0 k 4tq..4tq+3, b1 k + 16, column gq; each
+ * 32-bit register four codes, the lowest k in the low byte */
+static __device__ __forceinline__ void pd2_mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* e4m3fn codes of (lo, hi), lo in the low byte (rn, satfinite: the emulation's SATURATE) */
+static __device__ __forceinline__ uint32_t pd2_e4m3x2(float lo, float hi) {
+    uint32_t d;
+    asm("{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, %1, %2; cvt.u32.u16 %0, t; }"
+        : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+#endif
+
+template <bool FP8, int W, int NSB, int BPS, bool EARLY, bool F8X>
 static __global__ void __launch_bounds__(W * 32, BPS)
     pd2_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2794,6 +2813,31 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                            *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
     }
     __syncthreads();
+    /* §4.9 on e4m3 mma (F8X): Q A fragments of m16n8k32 as e4m3 codes (exact: the fp16
+     * values are fp8(q)); k-step m = 2u + j takes word 2j (a0, a1) and 2j + 1 (a2, a3) of the
+     * lane's K unit 4u + tq */
+    constexpr bool X8 = FP8 && F8X && M3_HAVE_FP8_CVT;
+    uint4 qreg[PD_KS]; /* Q A fragments (X8 with §4.9: the first 4 hold the e4m3 ones) */
+#pragma unroll
+    for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = qf[s2 * 32 + lane];
+#if M3_HAVE_FP8_CVT
+    if (X8 && c.pa)
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int D = 16 * (4 * (m >> 1) + tq) + 8 * (m & 1);
+            uint32_t w4[4];
+#pragma unroll
+            for (int r4 = 0; r4 < 4; r4++) {
+                const uint16_t *qp = qs + (gq + 8 * (r4 & 1)) * Dh + D + 4 * (r4 >> 1);
+                float f[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) f[e] = __half2float(__ushort_as_half(qp[e]));
+                w4[r4] = pd2_e4m3x2(f[0], f[1]) | (pd2_e4m3x2(f[2], f[3]) << 16);
+            }
+            qreg[m] = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+        }
+#endif
+    __syncthreads(); /* qs (the warps' areas) read before the rings fill them */
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
@@ -2860,32 +2904,41 @@ static __global__ void __launch_bounds__(W * 32, BPS)
         cp_commit(); /* possibly empty: keeps the wait count uniform */
         isq++;
     };
-    /* the next item's slot, once this lane's and (after the warp barrier) every lane's copies
-     * of it landed; the slot consumed last is refilled first (the barrier before: every lane
-     * read it) */
-    auto next = [&]() -> const unsigned char * {
-        __syncwarp();
-        issue();
+    /* acquire: the next item's slot, once this lane's and (after the warp barrier) every
+     * lane's copies of it landed. EARLY: NS items in flight, the slot refilled (release) as
+     * soon as its fragments are in registers; else NS - 1, the slot consumed last refilled
+     * before the wait. The barriers before a refill: every lane read the slot. */
+    auto acquire = [&]() -> const unsigned char * {
+        if (!EARLY) {
+            __syncwarp();
+            issue();
+        }
         cp_wait<NS - 1>();
         __syncwarp();
-        return ring + (size_t)(csq++ % NS) * SB;
+        asm volatile("" ::: "memory");
+        return ring + (size_t)(csq % NS) * SB;
+    };
+    auto release = [&]() {
+        csq++;
+        if (EARLY) {
+            asm volatile("" ::: "memory");
+            __syncwarp();
+            issue();
+        }
     };
 #pragma unroll 1
-    for (int j = 0; j < NS - 1; j++) issue();
+    for (int j = 0; j < (EARLY ? NS : NS - 1); j++) issue();
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
 #pragma unroll
     for (int u = 0; u < PD_NT; u++) ar[u][0] = ar[u][1] = ar[u][2] = ar[u][3] = 0.0f;
-    uint4 qreg[PD_KS]; /* Q A fragments */
-#pragma unroll
-    for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = qf[s2 * 32 + lane];
     for (int cc = cb + warp; cc < ce; cc += W) {
         const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr++) {
-            const unsigned char *sl = next();
+            const unsigned char *sl = acquire();
             uint4 kw[2][UK];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -2894,11 +2947,31 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                     const int d = 4 * u + tq, k = kl + 2 * h;
                     kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
                 }
+            float4 ksg = make_float4(1.0f, 1.0f, 1.0f, 1.0f), kvg = ksg;
+            if (FP8) {
+                ksg = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                if (c.pa) kvg = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
+            }
+            release();
             float c8[2][2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
+#if M3_HAVE_FP8_CVT
+            if (X8 && c.pa) {
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    const uint32_t qa[4] = {qreg[m].x, qreg[m].y, qreg[m].z, qreg[m].w};
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint4 w = kw[h][m >> 1];
+                        const uint32_t b[2] = {(m & 1) ? w.z : w.x, (m & 1) ? w.w : w.y};
+                        pd2_mma_e4m3(c8[h][m & 1], qa, b);
+                    }
+                }
+            } else
+#endif
 #pragma unroll
             for (int s2 = 0; s2 < PD_KS; s2++) {
                 const uint32_t qa[4] = {qreg[s2].x, qreg[s2].y, qreg[s2].z, qreg[s2].w};
@@ -2926,10 +2999,10 @@ static __global__ void __launch_bounds__(W * 32, BPS)
             float ks4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
             const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
             if (FP8) {
-                const float4 a = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                const float4 a = ksg;
                 ks4[0] = a.x, ks4[1] = a.y, ks4[2] = a.z, ks4[3] = a.w;
                 if (c.pa) {
-                    const float4 v = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
+                    const float4 v = kvg;
                     float m = 0.0f;
                     if (kq < nk) m = fmaxf(m, v.x);
                     if (kq + 1 < nk) m = fmaxf(m, v.y);
@@ -2972,8 +3045,24 @@ static __global__ void __launch_bounds__(W * 32, BPS)
         float l0 = 0.0f, l1 = 0.0f;
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr++) {
-            const unsigned char *sl = next();
+            const unsigned char *sl = acquire();
             const int kq = 16 * gr + 4 * tq;
+            /* the group's V fragments (and fp8 scales) into registers, the slot released */
+            typedef typename pd_vunit<FP8>::t vunit;
+            vunit vw[PD_NT];
+#pragma unroll
+            for (int u = 0; u < PD_NT; u++) {
+                const int d = 8 * u + gq;
+                if constexpr (FP8) {
+                    vw[u] = *reinterpret_cast<const uint32_t *>(sl + d * 16 + 4 * tq);
+                } else {
+                    const int ku = tq >> 1;
+                    vw[u] = *reinterpret_cast<const uint2 *>(sl + (ku * 128 + (d ^ (4 * ku))) * 16 + (tq & 1) * 8);
+                }
+            }
+            float4 vsg = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            if (FP8) vsg = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+            release();
             const float4 zl = sw[(gr * 2) * 32 + lane], zh = sw[(gr * 2 + 1) * 32 + lane];
             float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
                               {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
@@ -2981,12 +3070,48 @@ static __global__ void __launch_bounds__(W * 32, BPS)
             l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
             float vs4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
             if (FP8) {
-                const float4 v = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                const float4 v = vsg;
                 vs4[0] = kq < nk ? v.x : 0.0f, vs4[1] = kq + 1 < nk ? v.y : 0.0f;
                 vs4[2] = kq + 2 < nk ? v.z : 0.0f, vs4[3] = kq + 3 < nk ? v.w : 0.0f;
             }
             uint32_t a[4];
             float f = 0.0f;
+#if M3_HAVE_FP8_CVT
+            if constexpr (X8) if (c.pa) { /* §4.9 step 4: P' codes straight into an e4m3 mma (keys 16..31 zero) */
+                const float M = __shfl_sync(0xffffffffu, vm, gr);
+                f = M / c.fmax;
+                /* x / y correctly rounded from y's correctly rounded reciprocal: one residual
+                 * step on FMA (Markstein), the same quotient as ref's division for every
+                 * normal one (a subnormal quotient is an fp8 zero either way) */
+                const float y = M + 1e-8f, ry = __frcp_rn(y);
+                float pv[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float x = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, q0 = x * ry;
+                        pv[h][i] = fmaf(fmaf(-q0, y, x), ry, q0);
+                    }
+                const uint32_t a8[4] = {pd2_e4m3x2(pv[0][0], pv[0][1]) | (pd2_e4m3x2(pv[1][0], pv[1][1]) << 16),
+                                        pd2_e4m3x2(pv[0][2], pv[0][3]) | (pd2_e4m3x2(pv[1][2], pv[1][3]) << 16),
+                                        0u, 0u};
+                const bool tail = 16 * gr + 16 > nk;
+#pragma unroll
+                for (int u = 0; u < PD_NT; u++) {
+                    uint32_t x = vw[u];
+                    if (tail)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
+                    const uint32_t b[2] = {x, 0u};
+                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    pd2_mma_e4m3(t4, a8, b);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
+                }
+                continue;
+            }
+#endif
             if (c.pa) { /* §4.9 step 4: P' codes as fp16 */
                 const float M = __shfl_sync(0xffffffffu, vm, gr);
                 f = M / c.fmax;
@@ -3011,10 +3136,9 @@ static __global__ void __launch_bounds__(W * 32, BPS)
             const bool tail = 16 * gr + 16 > nk; /* keys past the list: their V elements zeroed */
 #pragma unroll
             for (int u = 0; u < PD_NT; u++) {
-                const int d = 8 * u + gq;
                 uint32_t b[2];
                 if constexpr (FP8) {
-                    uint32_t x = *reinterpret_cast<const uint32_t *>(sl + d * 16 + 4 * tq);
+                    uint32_t x = vw[u];
                     if (tail)
 #pragma unroll
                         for (int e = 0; e < 4; e++)
@@ -3030,8 +3154,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                         m3_mma_bf16_16816(o[u], a, b);
                     }
                 } else {
-                    const int ku = tq >> 1;
-                    uint2 x = *reinterpret_cast<const uint2 *>(sl + (ku * 128 + (d ^ (4 * ku))) * 16 + (tq & 1) * 8);
+                    uint2 x = vw[u];
                     if (tail) {
                         if (kq >= nk) x.x &= 0xFFFF0000u;
                         if (kq + 1 >= nk) x.x &= 0x0000FFFFu;
@@ -3192,21 +3315,24 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
     if (src->flash_kernel == 2) dec = c.dec;
-    /* session 7: flash_kernel 3.. = pd2_part_k configurations {W, NSB, BPS} */
-    static const int pd2_cfgs[][3] = {{3, 4, 2}, {2, 4, 3}, {4, 8, 1}, {4, 2, 2}};
+    /* session 7: flash_kernel 3.. = pd2_part_k configurations {W, NSB, BPS} (3: staged, 4: +
+     * EARLY refill, 5: + e4m3 mma for §4.9, 6: 5 with 3 warps and 4 slots) */
+    static const int pd2_cfgs[][3] = {{4, 2, 2}, {4, 2, 2}, {4, 2, 2}, {3, 4, 2}};
     const int v2 = src->flash_kernel >= 3 && src->flash_kernel < 3 + 4 && c.dec ? src->flash_kernel - 2 : 0;
     if (v2) {
-        /* chunks per block: the smallest estimated makespan (rounds of blocks over the SMs'
-         * slots times the chunks of the busiest warp), ties to more chunks per block (fewer
-         * partials) */
+        /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
+         * times the chunks of the busiest warp) within 2% of the smallest, with the most
+         * chunks per block (fewer blocks, prologues and partials) */
         const int W = pd2_cfgs[v2 - 1][0], slots = pd2_cfgs[v2 - 1][2] * n_sm;
         const int64_t rows = (int64_t)c.Hkv * n_tok;
-        int64_t best = -1;
-        for (int cpb = 1; cpb <= c.nchx; cpb++) {
-            const int64_t nsp = (c.nchx + cpb - 1) / cpb, blocks = rows * nsp;
-            const int64_t ms = (blocks + slots - 1) / slots * ((cpb + W - 1) / W);
-            if (best < 0 || ms <= best) best = ms, c.cpb = cpb;
-        }
+        auto mks = [&](int cpb) {
+            const int64_t blocks = rows * ((c.nchx + cpb - 1) / cpb);
+            return (double)((blocks + slots - 1) / slots * ((cpb + W - 1) / W));
+        };
+        double best = mks(1);
+        for (int cpb = 2; cpb <= c.nchx; cpb++) best = fmin(best, mks(cpb));
+        for (int cpb = 1; cpb <= c.nchx; cpb++)
+            if (mks(cpb) <= 1.02 * best) c.cpb = cpb;
         if (src->flash_cpb > 0) c.cpb = src->flash_cpb < c.nchx ? src->flash_cpb : c.nchx;
         c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
         dec = true;
@@ -3254,10 +3380,10 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                          pd2_part_k<false, 3, 4, 2>, pd2_part_k<true, 3, 4, 2>,
-                          pd2_part_k<false, 2, 4, 3>, pd2_part_k<true, 2, 4, 3>,
-                          pd2_part_k<false, 4, 8, 1>, pd2_part_k<true, 4, 8, 1>,
-                          pd2_part_k<false, 4, 2, 2>, pd2_part_k<true, 4, 2, 2>};
+                          pd2_part_k<false, 4, 2, 2, false, false>, pd2_part_k<true, 4, 2, 2, false, false>,
+                          pd2_part_k<false, 4, 2, 2, true, false>, pd2_part_k<true, 4, 2, 2, true, false>,
+                          pd2_part_k<false, 4, 2, 2, true, true>, pd2_part_k<true, 4, 2, 2, true, true>,
+                          pd2_part_k<false, 3, 4, 2, true, true>, pd2_part_k<true, 3, 4, 2, true, true>};
     const int fi = (fp8 ? 1 : 0) + (v2 ? 2 + 2 * v2 : dec ? 2 : 0);
     const int nth = v2 ? 32 * pd2_cfgs[v2 - 1][0] : dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
