@@ -2722,7 +2722,7 @@ static __device__ __forceinline__ uint32_t pd2_e4m3x2(float lo, float hi) {
 }
 #endif
 
-template <bool FP8, int W, int NSB, int BPS, bool EARLY, bool F8X>
+template <bool FP8, int W, int NSB, int BPS, bool EARLY, bool F8X, bool PR>
 static __global__ void __launch_bounds__(W * 32, BPS)
     pd2_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2737,6 +2737,8 @@ static __global__ void __launch_bounds__(W * 32, BPS)
     constexpr int UK = ND / 4;           /* K units per lane and key in a fragment */
     constexpr int NS = FP8 ? 2 * NSB : NSB, SB = pd2_geo<FP8>::SB;
     constexpr int NT = W * 32;
+    constexpr bool X8 = FP8 && F8X && M3_HAVE_FP8_CVT;
+    const bool pa = X8 || c.pa; /* the launcher takes F8X kernels for §4.9 only */
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     uint4 *qf = reinterpret_cast<uint4 *>(pf_raw);
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
@@ -2760,7 +2762,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
     if (sparse)
         for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    if (c.pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
+    if (pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
         for (int e = tid; e < 16 * Dh; e += NT)
             qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     if (!sparse) {
@@ -2816,12 +2818,11 @@ static __global__ void __launch_bounds__(W * 32, BPS)
     /* §4.9 on e4m3 mma (F8X): Q A fragments of m16n8k32 as e4m3 codes (exact: the fp16
      * values are fp8(q)); k-step m = 2u + j takes word 2j (a0, a1) and 2j + 1 (a2, a3) of the
      * lane's K unit 4u + tq */
-    constexpr bool X8 = FP8 && F8X && M3_HAVE_FP8_CVT;
     uint4 qreg[PD_KS]; /* Q A fragments (X8 with §4.9: the first 4 hold the e4m3 ones) */
 #pragma unroll
     for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = qf[s2 * 32 + lane];
 #if M3_HAVE_FP8_CVT
-    if (X8 && c.pa)
+    if (X8 && pa)
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const int D = 16 * (4 * (m >> 1) + tq) + 8 * (m & 1);
@@ -2885,7 +2886,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                 }
                 if (FP8) {
                     if (lane < 4) cp16(dst + 2048 + 16 * lane, s.k_scale + so + 4 * lane, true);
-                    else if (lane < 8 && c.pa) cp16(dst + 2048 + 64 + 16 * (lane - 4), s.v_scale + so + 4 * (lane - 4), true);
+                    else if (lane < 8 && pa) cp16(dst + 2048 + 64 + 16 * (lane - 4), s.v_scale + so + 4 * (lane - 4), true);
                 }
             } else {
                 const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) * EB;
@@ -2950,7 +2951,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
             float4 ksg = make_float4(1.0f, 1.0f, 1.0f, 1.0f), kvg = ksg;
             if (FP8) {
                 ksg = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
-                if (c.pa) kvg = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
+                if (pa) kvg = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
             }
             release();
             float c8[2][2][4];
@@ -2959,7 +2960,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
 #pragma unroll
                 for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
 #if M3_HAVE_FP8_CVT
-            if (X8 && c.pa) {
+            if (X8 && pa) {
 #pragma unroll
                 for (int m = 0; m < 4; m++) {
                     const uint32_t qa[4] = {qreg[m].x, qreg[m].y, qreg[m].z, qreg[m].w};
@@ -2982,7 +2983,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                     if (FP8) {
                         const int r = s2 % 4;
                         const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
-                        if (c.pa) {
+                        if (pa) {
                             b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
                             pf_mma_f16(c8[h][s2 & 1], qa, b);
                         } else {
@@ -3001,7 +3002,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
             if (FP8) {
                 const float4 a = ksg;
                 ks4[0] = a.x, ks4[1] = a.y, ks4[2] = a.z, ks4[3] = a.w;
-                if (c.pa) {
+                if (pa) {
                     const float4 v = kvg;
                     float m = 0.0f;
                     if (kq < nk) m = fmaxf(m, v.x);
@@ -3020,7 +3021,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                 for (int i = 0; i < 4; i++) {
                     const int e = 2 * h + (i & 1);
                     float d = c8[h][0][i] + c8[h][1][i], zz;
-                    if (c.pa) zz = d * c.scale * ks4[e]; /* §4.9 step 2 */
+                    if (pa) zz = d * c.scale * ks4[e]; /* §4.9 step 2 */
                     else {
                         if (FP8) d *= ks4[e];
                         zz = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
@@ -3036,15 +3037,112 @@ static __global__ void __launch_bounds__(W * 32, BPS)
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        if (c.pa) /* §4.9: the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
+        if (pa) /* §4.9: the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
             for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
         /* pass 2: O = P V */
         float o[PD_NT][4];
 #pragma unroll
         for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
+        int gr2 = 0; /* the generic loop's first group (the paired path below does them all) */
+#if M3_HAVE_FP8_CVT
+        if constexpr (X8 && PR) if (pa) {
+            /* §4.9 on e4m3 mma, two groups per step: V codes and scales of both into
+             * registers (their slots released), P' codes of both; groups of one §4.9 tile
+             * share M, so one m16n8k32 (keys of the first group in k 0..15, of the second in
+             * k 16..31) sums both before the scaling by M / FP8_MAX (ref sums the tile, then
+             * scales); a pair across tiles (16-key tiles) takes two mma with half the k zero */
+            const bool tpair = c.tile >= 32; /* tiles of >= 2 groups, a power of two: pairs (2i, 2i + 1) share one */
 #pragma unroll 1
-        for (int gr = 0; gr < ng; gr++) {
+            for (int gr = 0; gr < ng; gr += 2) {
+                const bool two = gr + 1 < ng;
+                uint32_t vc[2][PD_NT];
+                float4 vsg[2];
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    if (j == 1 && !two) {
+#pragma unroll
+                        for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
+                        vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        continue;
+                    }
+                    const unsigned char *sl = acquire();
+#pragma unroll
+                    for (int u = 0; u < PD_NT; u++)
+                        vc[j][u] = *reinterpret_cast<const uint32_t *>(sl + (8 * u + gq) * 16 + 4 * tq);
+                    vsg[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                    release();
+                }
+                uint32_t pc[2][2]; /* [group][head gq, gq + 8]: P' codes of keys 4tq..4tq+3 */
+                float fj[2];
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int g2 = gr + j, kq = 16 * g2 + 4 * tq;
+                    if (j == 1 && !two) {
+                        pc[1][0] = pc[1][1] = 0u, fj[1] = 0.0f;
+                        continue;
+                    }
+                    const float4 zl = sw[(g2 * 2) * 32 + lane], zh = sw[(g2 * 2 + 1) * 32 + lane];
+                    const float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
+                                            {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
+                    l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+                    l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+                    const float4 v = vsg[j];
+                    const float vs4[4] = {kq < nk ? v.x : 0.0f, kq + 1 < nk ? v.y : 0.0f,
+                                          kq + 2 < nk ? v.z : 0.0f, kq + 3 < nk ? v.w : 0.0f};
+                    const float M = __shfl_sync(0xffffffffu, vm, g2);
+                    fj[j] = M / c.fmax;
+                    /* x / y correctly rounded from y's correctly rounded reciprocal (one
+                     * residual step on FMA, Markstein): ref's quotient for every normal one */
+                    const float y = M + 1e-8f, ry = __frcp_rn(y);
+                    float pv[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const float x = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, q0 = x * ry;
+                            pv[h][i] = fmaf(fmaf(-q0, y, x), ry, q0);
+                        }
+                    pc[j][0] = pd2_e4m3x2(pv[0][0], pv[0][1]) | (pd2_e4m3x2(pv[1][0], pv[1][1]) << 16);
+                    pc[j][1] = pd2_e4m3x2(pv[0][2], pv[0][3]) | (pd2_e4m3x2(pv[1][2], pv[1][3]) << 16);
+                    if (16 * g2 + 16 > nk) /* keys past the list: their V codes zeroed */
+#pragma unroll
+                        for (int u = 0; u < PD_NT; u++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                if (kq + e >= nk) vc[j][u] &= ~(0xFFu << (8 * e));
+                }
+                if (tpair) { /* one tile: one mma per n-tile for both groups */
+                    const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
+#pragma unroll
+                    for (int u = 0; u < PD_NT; u++) {
+                        const uint32_t b[2] = {vc[0][u], vc[1][u]};
+                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        pd2_mma_e4m3(t4, a8, b);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        if (j == 1 && !two) break;
+                        const uint32_t a8[4] = {pc[j][0], pc[j][1], 0u, 0u};
+#pragma unroll
+                        for (int u = 0; u < PD_NT; u++) {
+                            const uint32_t b[2] = {vc[j][u], 0u};
+                            float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                            pd2_mma_e4m3(t4, a8, b);
+#pragma unroll
+                            for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[j];
+                        }
+                    }
+                }
+            }
+            gr2 = ng;
+        }
+#endif
+#pragma unroll 1
+        for (int gr = gr2; gr < ng; gr++) {
             const unsigned char *sl = acquire();
             const int kq = 16 * gr + 4 * tq;
             /* the group's V fragments (and fp8 scales) into registers, the slot released */
@@ -3077,7 +3175,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
             uint32_t a[4];
             float f = 0.0f;
 #if M3_HAVE_FP8_CVT
-            if constexpr (X8) if (c.pa) { /* §4.9 step 4: P' codes straight into an e4m3 mma (keys 16..31 zero) */
+            if constexpr (X8) if (pa) { /* §4.9 step 4: P' codes straight into an e4m3 mma (keys 16..31 zero) */
                 const float M = __shfl_sync(0xffffffffu, vm, gr);
                 f = M / c.fmax;
                 /* x / y correctly rounded from y's correctly rounded reciprocal: one residual
@@ -3112,7 +3210,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                 continue;
             }
 #endif
-            if (c.pa) { /* §4.9 step 4: P' codes as fp16 */
+            if (pa) { /* §4.9 step 4: P' codes as fp16 */
                 const float M = __shfl_sync(0xffffffffu, vm, gr);
                 f = M / c.fmax;
                 float pv[2][4];
@@ -3143,7 +3241,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
 #pragma unroll
                         for (int e = 0; e < 4; e++)
                             if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
-                    if (c.pa) {
+                    if (pa) {
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
                         pf_mma_f16(t4, a, b);
@@ -3317,8 +3415,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (src->flash_kernel == 2) dec = c.dec;
     /* session 7: flash_kernel 3.. = pd2_part_k configurations {W, NSB, BPS} (3: staged, 4: +
      * EARLY refill, 5: + e4m3 mma for §4.9, 6: 5 with 3 warps and 4 slots) */
-    static const int pd2_cfgs[][3] = {{4, 2, 2}, {4, 2, 2}, {4, 2, 2}, {3, 4, 2}};
-    const int v2 = src->flash_kernel >= 3 && src->flash_kernel < 3 + 4 && c.dec ? src->flash_kernel - 2 : 0;
+    static const int pd2_cfgs[][3] = {{4, 2, 2}, {4, 2, 2}, {4, 2, 2}, {3, 4, 2}, {4, 2, 2}};
+    int v2 = src->flash_kernel >= 3 && src->flash_kernel < 3 + 5 && c.dec ? src->flash_kernel - 2 : 0;
+    if (v2 >= 3 && fp8 && !c.pa) v2 = 2; /* the e4m3 (F8X) kernels are §4.9's only */
     if (v2) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
          * times the chunks of the busiest warp) within 2% of the smallest, with the most
@@ -3375,24 +3474,25 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][13]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][15]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                          pd2_part_k<false, 4, 2, 2, false, false>, pd2_part_k<true, 4, 2, 2, false, false>,
-                          pd2_part_k<false, 4, 2, 2, true, false>, pd2_part_k<true, 4, 2, 2, true, false>,
-                          pd2_part_k<false, 4, 2, 2, true, true>, pd2_part_k<true, 4, 2, 2, true, true>,
-                          pd2_part_k<false, 3, 4, 2, true, true>, pd2_part_k<true, 3, 4, 2, true, true>};
+    const pf_fn kf[14] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+                          pd2_part_k<false, 4, 2, 2, false, false, false>, pd2_part_k<true, 4, 2, 2, false, false, false>,
+                          pd2_part_k<false, 4, 2, 2, true, false, false>, pd2_part_k<true, 4, 2, 2, true, false, false>,
+                          pd2_part_k<false, 4, 2, 2, true, true, false>, pd2_part_k<true, 4, 2, 2, true, true, false>,
+                          pd2_part_k<false, 3, 4, 2, true, true, false>, pd2_part_k<true, 3, 4, 2, true, true, false>,
+                          pd2_part_k<false, 4, 2, 2, true, true, true>, pd2_part_k<true, 4, 2, 2, true, true, true>};
     const int fi = (fp8 ? 1 : 0) + (v2 ? 2 + 2 * v2 : dec ? 2 : 0);
     const int nth = v2 ? 32 * pd2_cfgs[v2 - 1][0] : dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[12]) {
+    if (!c.fused && msh > pf_set[14]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[12] = msh;
+        pf_set[14] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
