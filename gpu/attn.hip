@@ -2703,6 +2703,13 @@ static size_t pd2_smem_bytes(const pf_cfg &c, int W, int ns, int sb) {
     return (size_t)16 * FA_MAX_DH * 2 + a;
 }
 
+/* x / y correctly rounded, from ry = y's correctly rounded reciprocal: one residual step on
+ * FMA (Markstein's theorem: the quotient is correctly rounded when it is normal; P' below
+ * the normal range is an fp8 zero either way) */
+static __device__ __forceinline__ float pd2_div(float x, float y, float ry) {
+    const float q0 = x * ry;
+    return fmaf(fmaf(-q0, y, x), ry, q0);
+}
 #if M3_HAVE_FP8_CVT
 /* c[16x8] += a[16x32] b[32x8], e4m3 inputs, fp32 accumulate (sm_89+): a0/a1 rows gq / gq + 8,
  * k 4tq..4tq+3, a2/a3 the same rows at k + 16; b0 k 4tq..4tq+3, b1 k + 16, column gq; each
@@ -2722,7 +2729,7 @@ static __device__ __forceinline__ uint32_t pd2_e4m3x2(float lo, float hi) {
 }
 #endif
 
-template <bool FP8, int W, int NSB, int BPS, bool EARLY, bool F8X, bool PR>
+template <bool FP8, int W, int NSB, int BPS, bool EARLY, bool F8X, bool PR, bool QS>
 static __global__ void __launch_bounds__(W * 32, BPS)
     pd2_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2739,6 +2746,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
     constexpr int NT = W * 32;
     constexpr bool X8 = FP8 && F8X && M3_HAVE_FP8_CVT;
     const bool pa = X8 || c.pa; /* the launcher takes F8X kernels for §4.9 only */
+    const float rfmax = X8 ? __frcp_rn(c.fmax) : 0.0f;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     uint4 *qf = reinterpret_cast<uint4 *>(pf_raw);
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
@@ -2820,7 +2828,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
      * lane's K unit 4u + tq */
     uint4 qreg[PD_KS]; /* Q A fragments (X8 with §4.9: the first 4 hold the e4m3 ones) */
 #pragma unroll
-    for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = qf[s2 * 32 + lane];
+    for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = QS ? make_uint4(0, 0, 0, 0) : qf[s2 * 32 + lane];
 #if M3_HAVE_FP8_CVT
     if (X8 && pa)
 #pragma unroll
@@ -2975,7 +2983,8 @@ static __global__ void __launch_bounds__(W * 32, BPS)
 #endif
 #pragma unroll
             for (int s2 = 0; s2 < PD_KS; s2++) {
-                const uint32_t qa[4] = {qreg[s2].x, qreg[s2].y, qreg[s2].z, qreg[s2].w};
+                const uint4 qv = QS ? qf[s2 * 32 + lane] : qreg[s2]; /* QS: Q from shared memory */
+                const uint32_t qa[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const uint4 w = kw[h][FP8 ? s2 / 4 : s2 / 2];
@@ -3004,11 +3013,16 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                 ks4[0] = a.x, ks4[1] = a.y, ks4[2] = a.z, ks4[3] = a.w;
                 if (pa) {
                     const float4 v = kvg;
-                    float m = 0.0f;
-                    if (kq < nk) m = fmaxf(m, v.x);
-                    if (kq + 1 < nk) m = fmaxf(m, v.y);
-                    if (kq + 2 < nk) m = fmaxf(m, v.z);
-                    if (kq + 3 < nk) m = fmaxf(m, v.w);
+                    float m;
+                    if (16 * gr + 16 <= nk) {
+                        m = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+                    } else {
+                        m = 0.0f;
+                        if (kq < nk) m = fmaxf(m, v.x);
+                        if (kq + 1 < nk) m = fmaxf(m, v.y);
+                        if (kq + 2 < nk) m = fmaxf(m, v.z);
+                        if (kq + 3 < nk) m = fmaxf(m, v.w);
+                    }
                     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
                     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
                     if (lane == gr) vm = m;
@@ -3026,8 +3040,14 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                         if (FP8) d *= ks4[e];
                         zz = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
                     }
-                    z[h][i] = kq + e < nk ? zz : -INFINITY;
+                    z[h][i] = zz;
                 }
+            if (16 * gr + 16 > nk) /* the list's last group: keys past it masked */
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        if (kq + 2 * h + (i & 1) >= nk) z[h][i] = -INFINITY;
             mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
             mx1 = fmaxf(mx1, fmaxf(fmaxf(z[0][2], z[0][3]), fmaxf(z[1][2], z[1][3])));
             sw[(gr * 2) * 32 + lane] = make_float4(z[0][0], z[0][1], z[0][2], z[0][3]);
@@ -3088,10 +3108,13 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                     l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
                     l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
                     const float4 v = vsg[j];
-                    const float vs4[4] = {kq < nk ? v.x : 0.0f, kq + 1 < nk ? v.y : 0.0f,
-                                          kq + 2 < nk ? v.z : 0.0f, kq + 3 < nk ? v.w : 0.0f};
+                    float vs4[4] = {v.x, v.y, v.z, v.w};
+                    if (16 * g2 + 16 > nk)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (kq + e >= nk) vs4[e] = 0.0f;
                     const float M = __shfl_sync(0xffffffffu, vm, g2);
-                    fj[j] = M / c.fmax;
+                    fj[j] = pd2_div(M, c.fmax, rfmax);
                     /* x / y correctly rounded from y's correctly rounded reciprocal (one
                      * residual step on FMA, Markstein): ref's quotient for every normal one */
                     const float y = M + 1e-8f, ry = __frcp_rn(y);
@@ -3100,8 +3123,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                     for (int h = 0; h < 2; h++)
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
-                            const float x = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, q0 = x * ry;
-                            pv[h][i] = fmaf(fmaf(-q0, y, x), ry, q0);
+                            pv[h][i] = pd2_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
                         }
                     pc[j][0] = pd2_e4m3x2(pv[0][0], pv[0][1]) | (pd2_e4m3x2(pv[1][0], pv[1][1]) << 16);
                     pc[j][1] = pd2_e4m3x2(pv[0][2], pv[0][3]) | (pd2_e4m3x2(pv[1][2], pv[1][3]) << 16);
@@ -3169,15 +3191,18 @@ static __global__ void __launch_bounds__(W * 32, BPS)
             float vs4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
             if (FP8) {
                 const float4 v = vsg;
-                vs4[0] = kq < nk ? v.x : 0.0f, vs4[1] = kq + 1 < nk ? v.y : 0.0f;
-                vs4[2] = kq + 2 < nk ? v.z : 0.0f, vs4[3] = kq + 3 < nk ? v.w : 0.0f;
+                vs4[0] = v.x, vs4[1] = v.y, vs4[2] = v.z, vs4[3] = v.w;
+                if (16 * gr + 16 > nk)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (kq + e >= nk) vs4[e] = 0.0f;
             }
             uint32_t a[4];
             float f = 0.0f;
 #if M3_HAVE_FP8_CVT
             if constexpr (X8) if (pa) { /* §4.9 step 4: P' codes straight into an e4m3 mma (keys 16..31 zero) */
                 const float M = __shfl_sync(0xffffffffu, vm, gr);
-                f = M / c.fmax;
+                f = pd2_div(M, c.fmax, rfmax);
                 /* x / y correctly rounded from y's correctly rounded reciprocal: one residual
                  * step on FMA (Markstein), the same quotient as ref's division for every
                  * normal one (a subnormal quotient is an fp8 zero either way) */
@@ -3187,8 +3212,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
                 for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        const float x = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, q0 = x * ry;
-                        pv[h][i] = fmaf(fmaf(-q0, y, x), ry, q0);
+                        pv[h][i] = pd2_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
                     }
                 const uint32_t a8[4] = {pd2_e4m3x2(pv[0][0], pv[0][1]) | (pd2_e4m3x2(pv[1][0], pv[1][1]) << 16),
                                         pd2_e4m3x2(pv[0][2], pv[0][3]) | (pd2_e4m3x2(pv[1][2], pv[1][3]) << 16),
@@ -3413,11 +3437,12 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
     if (src->flash_kernel == 2) dec = c.dec;
-    /* session 7: flash_kernel 3.. = pd2_part_k configurations {W, NSB, BPS} (3: staged, 4: +
-     * EARLY refill, 5: + e4m3 mma for §4.9, 6: 5 with 3 warps and 4 slots) */
-    static const int pd2_cfgs[][3] = {{4, 2, 2}, {4, 2, 2}, {4, 2, 2}, {3, 4, 2}, {4, 2, 2}};
+    /* session 7: flash_kernel 3.. = pd2_part_k variants {W, NSB, BPS} (3: staged, 4: + EARLY
+     * refill + e4m3 mma for §4.9, 5: 4 + paired e4m3 pass 2, 6: 4 + Q from shared memory,
+     * 7: 6 without EARLY) */
+    static const int pd2_cfgs[][3] = {{4, 2, 2}, {4, 2, 2}, {4, 2, 2}, {4, 2, 2}, {4, 2, 2}};
     int v2 = src->flash_kernel >= 3 && src->flash_kernel < 3 + 5 && c.dec ? src->flash_kernel - 2 : 0;
-    if (v2 >= 3 && fp8 && !c.pa) v2 = 2; /* the e4m3 (F8X) kernels are §4.9's only */
+    if (v2 >= 2 && fp8 && !c.pa) v2 = 1; /* the e4m3 (F8X) kernels are §4.9's only */
     if (v2) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
          * times the chunks of the busiest warp) within 2% of the smallest, with the most
@@ -3479,11 +3504,11 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     const pf_fn kf[14] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                          pd2_part_k<false, 4, 2, 2, false, false, false>, pd2_part_k<true, 4, 2, 2, false, false, false>,
-                          pd2_part_k<false, 4, 2, 2, true, false, false>, pd2_part_k<true, 4, 2, 2, true, false, false>,
-                          pd2_part_k<false, 4, 2, 2, true, true, false>, pd2_part_k<true, 4, 2, 2, true, true, false>,
-                          pd2_part_k<false, 3, 4, 2, true, true, false>, pd2_part_k<true, 3, 4, 2, true, true, false>,
-                          pd2_part_k<false, 4, 2, 2, true, true, true>, pd2_part_k<true, 4, 2, 2, true, true, true>};
+                          pd2_part_k<false, 4, 2, 2, false, false, false, false>, pd2_part_k<true, 4, 2, 2, false, false, false, false>,
+                          pd2_part_k<false, 4, 2, 2, true, true, false, false>, pd2_part_k<true, 4, 2, 2, true, true, false, false>,
+                          pd2_part_k<false, 4, 2, 2, true, true, true, false>, pd2_part_k<true, 4, 2, 2, true, true, true, false>,
+                          pd2_part_k<false, 4, 2, 2, true, true, false, true>, pd2_part_k<true, 4, 2, 2, true, true, false, true>,
+                          pd2_part_k<false, 4, 2, 2, false, true, false, true>, pd2_part_k<true, 4, 2, 2, false, true, false, true>};
     const int fi = (fp8 ? 1 : 0) + (v2 ? 2 + 2 * v2 : dec ? 2 : 0);
     const int nth = v2 ? 32 * pd2_cfgs[v2 - 1][0] : dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
