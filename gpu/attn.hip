@@ -2674,54 +2674,59 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 }
 
 
-/* ---- staged decode kernel pd2_part_k (session 7) ----------------------------------------
- * pd_part_k's chunks, key permutation, passes, rounding points and merges, with K and V
- * staged through a per-warp ring of NS shared-memory slots by cp.async instead of register
- * rings: a slot holds one 16-key group's K or V (bf16 4 KB; fp8 2 KB plus the group's 16 K
- * and, §4.9, V scales or its 16 V scales), so a warp keeps NS - 1 groups in flight while it
- * computes one, whatever its register budget. A warp's loads are one stream (per chunk its
- * K groups, then its V groups, then the next chunk's), issued NS - 1 items ahead of the
- * computation: no pipeline restart at pass or chunk boundaries, and only warp barriers
- * (cp.async.wait_group + __syncwarp). fp8 rings have twice the slots of half the size (the
- * same bytes in flight as bf16). Slots are swizzled so the fragment reads are conflict-free:
- * K unit (dim unit d, key k) at d * 16 + (k ^ 2 (d % 4)), bf16 V unit (key unit u, dim d) at
- * 128 u + (d ^ 4 u). S parks in the warp's area as in pd_part_k; the running A is in
- * registers and goes to the same area for the block's fold. W warps per block, BPS blocks
- * per SM (template arguments, the launcher's table pd2_cfgs). */
-template <bool FP8> struct pd2_geo {
-    static constexpr int SB = FP8 ? 2048 + 128 : 4096; /* slot bytes */
-};
+/* ---- §4.9 fp8 decode kernel pd8_part_k (session 7) --------------------------------------
+ * pd_part_k's chunks, key permutation, passes, P' codes, rounding points and merges for fp8
+ * e4m3fn elements under the §4.9 emulation, with K and V staged through a per-warp ring of
+ * PD8_NS shared-memory slots by cp.async instead of register rings. A slot holds one 16-key
+ * group's K codes with its 16 K and V scales, or its V codes with its V scales (2 KB + 128
+ * bytes); a warp's loads are one stream (per chunk its K groups, then its V groups, then the
+ * next chunk's), PD8_NS items in flight: a slot is refilled as soon as its fragments are in
+ * registers, with only warp barriers (cp.async.wait_group + __syncwarp). K slots are
+ * swizzled so the fragment reads are conflict-free: unit (dim unit d, key k) at
+ * d * 16 + (k ^ 2 (d % 4)). S parks in the warp's area as in pd_part_k; the running A is in
+ * registers and goes to the same area for the block's fold. Pass 2 takes two groups per
+ * step: both groups' P' codes, and when the two lie in one §4.9 tile (the tile >= 32 keys:
+ * same M) one fp32 sum of both groups' exact products before the scaling by M / FP8_MAX
+ * (ref's structure: the tile's sum, then the scale), else each group scaled on its own.
+ * Quotients (P' and M / FP8_MAX, the partition output O / l) come from the correctly rounded
+ * reciprocal and one FMA residual step (Markstein: the correctly rounded quotient for
+ * normal ones; P' below the normal range is an fp8 zero either way), i.e. ref's divisions.
+ * F16 (the session's variant knob): the products on fp16 mma of unpacked codes, Q fragments
+ * from shared memory; else e4m3 mma.sync m16n8k32 (which sm_90 runs as unpacks and fp16
+ * mma), Q as e4m3 codes in registers. */
+#define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight) */
+#define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
+
 /* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4 */
-static __host__ __device__ inline size_t pd2_sa_bytes(const pf_cfg &c) {
+static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
     return s > a ? s : a;
 }
-static size_t pd2_smem_bytes(const pf_cfg &c, int W, int ns, int sb) {
-    size_t a = (size_t)W * (pd2_sa_bytes(c) + (size_t)ns * sb);
+static size_t pd8_smem_bytes(const pf_cfg &c) {
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
 }
 
-/* x / y correctly rounded, from ry = y's correctly rounded reciprocal: one residual step on
- * FMA (Markstein's theorem: the quotient is correctly rounded when it is normal; P' below
- * the normal range is an fp8 zero either way) */
-static __device__ __forceinline__ float pd2_div(float x, float y, float ry) {
+/* x / y correctly rounded for a normal quotient, from ry = y's correctly rounded reciprocal */
+static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
     const float q0 = x * ry;
     return fmaf(fmaf(-q0, y, x), ry, q0);
 }
 #if M3_HAVE_FP8_CVT
 /* c[16x8] += a[16x32] b[32x8], e4m3 inputs, fp32 accumulate (sm_89+): a0/a1 rows gq / gq + 8,
- * k 4tq..4tq+3, a2/a3 the same rows at k + 16; b0 k 4tq..4tq+3, b1 k + 16, column gq; each
- * 32-bit register four codes, the lowest k in the low byte */
-static __device__ __forceinline__ void pd2_mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
+ * k 4tq..4tq+3, a2/a3 the same rows at k + 16; b0 k 4tq..4tq+3, b1 k + 16, column gq; four
+ * codes a register, the lowest k in the low byte */
+static __device__ __forceinline__ void pd8_mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-/* e4m3fn codes of (lo, hi), lo in the low byte (rn, satfinite: the emulation's SATURATE) */
-static __device__ __forceinline__ uint32_t pd2_e4m3x2(float lo, float hi) {
+/* e4m3fn codes of (lo, hi), lo in the low byte (rn, satfinite: the emulation's SATURATE;
+ * §4.9's values never exceed FP8_MAX) */
+static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
     uint32_t d;
     asm("{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, %1, %2; cvt.u32.u16 %0, t; }"
         : "=r"(d) : "f"(hi), "f"(lo));
@@ -2729,37 +2734,29 @@ static __device__ __forceinline__ uint32_t pd2_e4m3x2(float lo, float hi) {
 }
 #endif
 
-template <bool FP8, int W, int NSB, int BPS, bool EARLY, bool F8X, bool PR, bool QS>
-static __global__ void __launch_bounds__(W * 32, BPS)
-    pd2_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
+template <bool F16>
+static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
+    pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
                const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
                float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
-#if M3_HAVE_MMA
-    if (FP8 && !M3_HAVE_FP8_CVT) __trap(); /* the launcher takes this kernel for e4m3fn only */
+#if M3_HAVE_MMA && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pf_raw[];
-    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB;
-    constexpr int Dh = FA_MAX_DH;        /* the launcher ensures c.Dh == 128 */
-    constexpr int ND = Dh / XC;          /* 16-byte dim units of a key: 16 bf16, 8 fp8 */
-    constexpr int UK = ND / 4;           /* K units per lane and key in a fragment */
-    constexpr int NS = FP8 ? 2 * NSB : NSB, SB = pd2_geo<FP8>::SB;
-    constexpr int NT = W * 32;
-    constexpr bool X8 = FP8 && F8X && M3_HAVE_FP8_CVT;
-    const bool pa = X8 || c.pa; /* the launcher takes F8X kernels for §4.9 only */
-    const float rfmax = X8 ? __frcp_rn(c.fmax) : 0.0f;
+    constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
+    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
-    uint4 *qf = reinterpret_cast<uint4 *>(pf_raw);
+    uint4 *qf = reinterpret_cast<uint4 *>(pf_raw); /* fp16 Q A fragments [k-step][lane] */
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
-    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q (§4.9: fp8(q) as fp16) */
-    const size_t SA = pd2_sa_bytes(c), WB = SA + (size_t)NS * SB;
+    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
+    const size_t SA = pd8_sa_bytes(c), WB = SA + (size_t)NS * SB;
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
-    __shared__ float wml[W][2][16]; /* the warps' running M and L per head */
+    __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
-    const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
+    const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
     for (int e = tid; e < 16 * Dh / 8; e += NT) {
@@ -2770,9 +2767,8 @@ static __global__ void __launch_bounds__(W * 32, BPS)
     if (sparse)
         for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    if (pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
-        for (int e = tid; e < 16 * Dh; e += NT)
-            qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+    for (int e = tid; e < 16 * Dh; e += NT) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
+        qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     if (!sparse) {
         if (tid == 0) {
             n_sh = p + 1;
@@ -2814,38 +2810,32 @@ static __global__ void __launch_bounds__(W * 32, BPS)
         }
     }
     __syncthreads();
-    for (int e = tid; e < PD_KS * 32; e += NT) {
-        const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
-        const int D = FP8 ? 64 * (s2 / 4) + 16 * tr + 4 * (s2 % 4) : 32 * (s2 / 2) + 8 * tr + 4 * (s2 % 2);
-        qf[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
-                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
-                           *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
-                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
-    }
-    __syncthreads();
-    /* §4.9 on e4m3 mma (F8X): Q A fragments of m16n8k32 as e4m3 codes (exact: the fp16
-     * values are fp8(q)); k-step m = 2u + j takes word 2j (a0, a1) and 2j + 1 (a2, a3) of the
-     * lane's K unit 4u + tq */
-    uint4 qreg[PD_KS]; /* Q A fragments (X8 with §4.9: the first 4 hold the e4m3 ones) */
-#pragma unroll
-    for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = QS ? make_uint4(0, 0, 0, 0) : qf[s2 * 32 + lane];
-#if M3_HAVE_FP8_CVT
-    if (X8 && pa)
+    /* Q A fragments, k permuted as the K units' dims: F16 fp16 m16n8k16 ones in shared memory
+     * (k-step s2: dims 64 (s2 / 4) + 16 tq + 4 (s2 % 4) ..); else e4m3 m16n8k32 codes in
+     * registers (k-step m = 2u + j: word 2j (a0, a1) and 2j + 1 (a2, a3) of unit 4u + tq) */
+    if (F16)
+        for (int e = tid; e < PD_KS * 32; e += NT) {
+            const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
+            const int D = 64 * (s2 / 4) + 16 * tr + 4 * (s2 % 4);
+            qf[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
+                               *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
+                               *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
+                               *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
+        }
+    uint32_t q8[4][4];
+    if (!F16)
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const int D = 16 * (4 * (m >> 1) + tq) + 8 * (m & 1);
-            uint32_t w4[4];
 #pragma unroll
             for (int r4 = 0; r4 < 4; r4++) {
                 const uint16_t *qp = qs + (gq + 8 * (r4 & 1)) * Dh + D + 4 * (r4 >> 1);
                 float f[4];
 #pragma unroll
                 for (int e = 0; e < 4; e++) f[e] = __half2float(__ushort_as_half(qp[e]));
-                w4[r4] = pd2_e4m3x2(f[0], f[1]) | (pd2_e4m3x2(f[2], f[3]) << 16);
+                q8[m][r4] = pd8_e4m3x2(f[0], f[1]) | (pd8_e4m3x2(f[2], f[3]) << 16);
             }
-            qreg[m] = make_uint4(w4[0], w4[1], w4[2], w4[3]);
         }
-#endif
     __syncthreads(); /* qs (the warps' areas) read before the rings fill them */
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
@@ -2853,6 +2843,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
+    const float rfmax = __frcp_rn(c.fmax);
     unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA;
     float4 *sw = reinterpret_cast<float4 *>(sa);
     /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
@@ -2872,9 +2863,9 @@ static __global__ void __launch_bounds__(W * 32, BPS)
         ing = (nk + 15) / 16;
         if (lane < ing) {
             const int k = k0 + 16 * lane, kb = k / Bs;
-            pf_offs<XC>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
+            pf_offs<16>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
-        phn = phys(ic + W);
+        phn = phys(ic + PD_W);
     };
     enter();
     unsigned isq = 0, csq = 0; /* items issued / consumed */
@@ -2883,30 +2874,25 @@ static __global__ void __launch_bounds__(W * 32, BPS)
             unsigned char *dst = ring + (size_t)(isq % NS) * SB;
             const bool kk = ij < ing;
             const int gr = kk ? ij : ij - ing;
-            const int64_t so = FP8 ? __shfl_sync(0xffffffffu, gso, gr) : 0;
-            if (kk) {
+            const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
+            if (kk) { /* 8 dim units x 16 keys, 16 bytes each */
                 const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
 #pragma unroll
-                for (int i = 0; i < ND / 2; i++) {
+                for (int i = 0; i < 4; i++) {
                     const int d = 2 * i + (lane >> 4), k = lane & 15;
                     cp16(dst + (d * 16 + (k ^ (2 * (d & 3)))) * 16,
-                         kbase + (ko + (int64_t)d * Pv * XC + (int64_t)k * XC) * EB, true);
+                         kbase + ko + (int64_t)d * Pv * 16 + (int64_t)k * 16, true);
                 }
-                if (FP8) {
-                    if (lane < 4) cp16(dst + 2048 + 16 * lane, s.k_scale + so + 4 * lane, true);
-                    else if (lane < 8 && pa) cp16(dst + 2048 + 64 + 16 * (lane - 4), s.v_scale + so + 4 * (lane - 4), true);
-                }
-            } else {
-                const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) * EB;
+                if (lane < 4) cp16(dst + 2048 + 16 * lane, s.k_scale + so + 4 * lane, true);
+                else if (lane < 8) cp16(dst + 2048 + 64 + 16 * (lane - 4), s.v_scale + so + 4 * (lane - 4), true);
+            } else { /* 128 dims x 16 keys: 2 KB contiguous */
+                const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr);
 #pragma unroll
-                for (int i = 0; i < ND / 2; i++) {
-                    const int e = i * 32 + lane, u = FP8 ? 0 : e >> 7, d = e & 127;
-                    cp16(dst + (u * 128 + (d ^ (4 * u))) * 16, vp + (int64_t)e * 16, true);
-                }
-                if (FP8 && lane < 4) cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane, true);
+                for (int i = 0; i < 4; i++) cp16(dst + (i * 32 + lane) * 16, vp + (int64_t)(i * 32 + lane) * 16, true);
+                if (lane < 4) cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane, true);
             }
             if (++ij == 2 * ing) {
-                ic += W, ij = 0;
+                ic += PD_W, ij = 0;
                 enter();
             }
         }
@@ -2914,14 +2900,8 @@ static __global__ void __launch_bounds__(W * 32, BPS)
         isq++;
     };
     /* acquire: the next item's slot, once this lane's and (after the warp barrier) every
-     * lane's copies of it landed. EARLY: NS items in flight, the slot refilled (release) as
-     * soon as its fragments are in registers; else NS - 1, the slot consumed last refilled
-     * before the wait. The barriers before a refill: every lane read the slot. */
+     * lane's copies of it landed; release: the slot refilled (every lane read it: the barrier) */
     auto acquire = [&]() -> const unsigned char * {
-        if (!EARLY) {
-            __syncwarp();
-            issue();
-        }
         cp_wait<NS - 1>();
         __syncwarp();
         asm volatile("" ::: "memory");
@@ -2929,120 +2909,87 @@ static __global__ void __launch_bounds__(W * 32, BPS)
     };
     auto release = [&]() {
         csq++;
-        if (EARLY) {
-            asm volatile("" ::: "memory");
-            __syncwarp();
-            issue();
-        }
+        asm volatile("" ::: "memory");
+        __syncwarp();
+        issue();
     };
 #pragma unroll 1
-    for (int j = 0; j < (EARLY ? NS : NS - 1); j++) issue();
+    for (int j = 0; j < NS; j++) issue();
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
 #pragma unroll
     for (int u = 0; u < PD_NT; u++) ar[u][0] = ar[u][1] = ar[u][2] = ar[u][3] = 0.0f;
-    for (int cc = cb + warp; cc < ce; cc += W) {
+    for (int cc = cb + warp; cc < ce; cc += PD_W) {
         const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
-        /* pass 1: S of each 16-key group into the warp's area; the row maxima */
+        /* pass 1: S of each 16-key group into the warp's area; the row maxima; lane gr: the
+         * max V scale of group gr */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr++) {
             const unsigned char *sl = acquire();
-            uint4 kw[2][UK];
+            uint4 kw[2][2];
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int u = 0; u < UK; u++) {
+                for (int u = 0; u < 2; u++) {
                     const int d = 4 * u + tq, k = kl + 2 * h;
                     kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
                 }
-            float4 ksg = make_float4(1.0f, 1.0f, 1.0f, 1.0f), kvg = ksg;
-            if (FP8) {
-                ksg = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
-                if (pa) kvg = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
-            }
+            const float4 ks = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+            const float4 kv = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
             release();
             float c8[2][2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
-#if M3_HAVE_FP8_CVT
-            if (X8 && pa) {
+            if (F16) {
 #pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    const uint32_t qa[4] = {qreg[m].x, qreg[m].y, qreg[m].z, qreg[m].w};
+                for (int s2 = 0; s2 < PD_KS; s2++) {
+                    const uint4 qv = qf[s2 * 32 + lane];
+                    const uint32_t qa[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint4 w = kw[h][s2 / 4];
+                        const int r = s2 % 4;
+                        const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
+                        const uint32_t b[2] = {pf_h2(x, NULL, true), pf_h2(x >> 16, NULL, true)};
+                        pf_mma_f16(c8[h][s2 & 1], qa, b);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int m = 0; m < 4; m++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const uint4 w = kw[h][m >> 1];
                         const uint32_t b[2] = {(m & 1) ? w.z : w.x, (m & 1) ? w.w : w.y};
-                        pd2_mma_e4m3(c8[h][m & 1], qa, b);
+                        pd8_mma_e4m3(c8[h][m & 1], q8[m], b);
                     }
-                }
-            } else
-#endif
-#pragma unroll
-            for (int s2 = 0; s2 < PD_KS; s2++) {
-                const uint4 qv = QS ? qf[s2 * 32 + lane] : qreg[s2]; /* QS: Q from shared memory */
-                const uint32_t qa[4] = {qv.x, qv.y, qv.z, qv.w};
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint4 w = kw[h][FP8 ? s2 / 4 : s2 / 2];
-                    uint32_t b[2];
-                    if (FP8) {
-                        const int r = s2 % 4;
-                        const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
-                        if (pa) {
-                            b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                            pf_mma_f16(c8[h][s2 & 1], qa, b);
-                        } else {
-                            b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
-                            m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
-                        }
-                    } else {
-                        if (s2 % 2 == 0) b[0] = w.x, b[1] = w.y;
-                        else b[0] = w.z, b[1] = w.w;
-                        m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
-                    }
-                }
             }
-            float ks4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
             const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
-            if (FP8) {
-                const float4 a = ksg;
-                ks4[0] = a.x, ks4[1] = a.y, ks4[2] = a.z, ks4[3] = a.w;
-                if (pa) {
-                    const float4 v = kvg;
-                    float m;
-                    if (16 * gr + 16 <= nk) {
-                        m = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
-                    } else {
-                        m = 0.0f;
-                        if (kq < nk) m = fmaxf(m, v.x);
-                        if (kq + 1 < nk) m = fmaxf(m, v.y);
-                        if (kq + 2 < nk) m = fmaxf(m, v.z);
-                        if (kq + 3 < nk) m = fmaxf(m, v.w);
-                    }
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                    if (lane == gr) vm = m;
-                }
+            const bool tail = 16 * gr + 16 > nk; /* the list's last group: keys past it masked */
+            const float ks4[4] = {ks.x, ks.y, ks.z, ks.w};
+            float m;
+            if (!tail) {
+                m = fmaxf(fmaxf(kv.x, kv.y), fmaxf(kv.z, kv.w));
+            } else {
+                m = 0.0f;
+                if (kq < nk) m = fmaxf(m, kv.x);
+                if (kq + 1 < nk) m = fmaxf(m, kv.y);
+                if (kq + 2 < nk) m = fmaxf(m, kv.z);
+                if (kq + 3 < nk) m = fmaxf(m, kv.w);
             }
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            if (lane == gr) vm = m;
             float z[2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int e = 2 * h + (i & 1);
-                    float d = c8[h][0][i] + c8[h][1][i], zz;
-                    if (pa) zz = d * c.scale * ks4[e]; /* §4.9 step 2 */
-                    else {
-                        if (FP8) d *= ks4[e];
-                        zz = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
-                    }
-                    z[h][i] = zz;
-                }
-            if (16 * gr + 16 > nk) /* the list's last group: keys past it masked */
+                for (int i = 0; i < 4; i++) /* §4.9 step 2 */
+                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
+            if (tail)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -3057,234 +3004,120 @@ static __global__ void __launch_bounds__(W * 32, BPS)
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        if (pa) /* §4.9: the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
-            for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
-        /* pass 2: O = P V */
+        /* the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
+        for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
+        /* pass 2: O = P' V, two groups a step */
         float o[PD_NT][4];
 #pragma unroll
         for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
-        int gr2 = 0; /* the generic loop's first group (the paired path below does them all) */
-#if M3_HAVE_FP8_CVT
-        if constexpr (X8 && PR) if (pa) {
-            /* §4.9 on e4m3 mma, two groups per step: V codes and scales of both into
-             * registers (their slots released), P' codes of both; groups of one §4.9 tile
-             * share M, so one m16n8k32 (keys of the first group in k 0..15, of the second in
-             * k 16..31) sums both before the scaling by M / FP8_MAX (ref sums the tile, then
-             * scales); a pair across tiles (16-key tiles) takes two mma with half the k zero */
-            const bool tpair = c.tile >= 32; /* tiles of >= 2 groups, a power of two: pairs (2i, 2i + 1) share one */
+        const bool tpair = c.tile >= 32; /* pairs (2i, 2i + 1) of groups lie in one tile */
 #pragma unroll 1
-            for (int gr = 0; gr < ng; gr += 2) {
-                const bool two = gr + 1 < ng;
-                uint32_t vc[2][PD_NT];
-                float4 vsg[2];
+        for (int gr = 0; gr < ng; gr += 2) {
+            const bool two = gr + 1 < ng;
+            uint32_t vc[2][PD_NT];
+            float4 vsg[2];
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    if (j == 1 && !two) {
+            for (int j = 0; j < 2; j++) {
+                if (j == 1 && !two) {
 #pragma unroll
-                        for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
-                        vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                        continue;
-                    }
-                    const unsigned char *sl = acquire();
-#pragma unroll
-                    for (int u = 0; u < PD_NT; u++)
-                        vc[j][u] = *reinterpret_cast<const uint32_t *>(sl + (8 * u + gq) * 16 + 4 * tq);
-                    vsg[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
-                    release();
+                    for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
+                    vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    continue;
                 }
-                uint32_t pc[2][2]; /* [group][head gq, gq + 8]: P' codes of keys 4tq..4tq+3 */
-                float fj[2];
+                const unsigned char *sl = acquire();
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int g2 = gr + j, kq = 16 * g2 + 4 * tq;
-                    if (j == 1 && !two) {
-                        pc[1][0] = pc[1][1] = 0u, fj[1] = 0.0f;
-                        continue;
-                    }
-                    const float4 zl = sw[(g2 * 2) * 32 + lane], zh = sw[(g2 * 2 + 1) * 32 + lane];
-                    const float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
-                                            {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
-                    l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
-                    l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
-                    const float4 v = vsg[j];
-                    float vs4[4] = {v.x, v.y, v.z, v.w};
-                    if (16 * g2 + 16 > nk)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            if (kq + e >= nk) vs4[e] = 0.0f;
-                    const float M = __shfl_sync(0xffffffffu, vm, g2);
-                    fj[j] = pd2_div(M, c.fmax, rfmax);
-                    /* x / y correctly rounded from y's correctly rounded reciprocal (one
-                     * residual step on FMA, Markstein): ref's quotient for every normal one */
-                    const float y = M + 1e-8f, ry = __frcp_rn(y);
-                    float pv[2][4];
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            pv[h][i] = pd2_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
-                        }
-                    pc[j][0] = pd2_e4m3x2(pv[0][0], pv[0][1]) | (pd2_e4m3x2(pv[1][0], pv[1][1]) << 16);
-                    pc[j][1] = pd2_e4m3x2(pv[0][2], pv[0][3]) | (pd2_e4m3x2(pv[1][2], pv[1][3]) << 16);
-                    if (16 * g2 + 16 > nk) /* keys past the list: their V codes zeroed */
-#pragma unroll
-                        for (int u = 0; u < PD_NT; u++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++)
-                                if (kq + e >= nk) vc[j][u] &= ~(0xFFu << (8 * e));
-                }
-                if (tpair) { /* one tile: one mma per n-tile for both groups */
-                    const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
-#pragma unroll
-                    for (int u = 0; u < PD_NT; u++) {
-                        const uint32_t b[2] = {vc[0][u], vc[1][u]};
-                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        pd2_mma_e4m3(t4, a8, b);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        if (j == 1 && !two) break;
-                        const uint32_t a8[4] = {pc[j][0], pc[j][1], 0u, 0u};
-#pragma unroll
-                        for (int u = 0; u < PD_NT; u++) {
-                            const uint32_t b[2] = {vc[j][u], 0u};
-                            float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                            pd2_mma_e4m3(t4, a8, b);
-#pragma unroll
-                            for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[j];
-                        }
-                    }
-                }
+                for (int u = 0; u < PD_NT; u++)
+                    vc[j][u] = *reinterpret_cast<const uint32_t *>(sl + (8 * u + gq) * 16 + 4 * tq);
+                vsg[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                release();
             }
-            gr2 = ng;
-        }
-#endif
-#pragma unroll 1
-        for (int gr = gr2; gr < ng; gr++) {
-            const unsigned char *sl = acquire();
-            const int kq = 16 * gr + 4 * tq;
-            /* the group's V fragments (and fp8 scales) into registers, the slot released */
-            typedef typename pd_vunit<FP8>::t vunit;
-            vunit vw[PD_NT];
+            /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8: pc[j][0 / 1] e4m3 (four a
+             * register), ph[j][0..3] the same values as fp16 pairs (m16n8k16 A fragments) */
+            uint32_t pc[2][2], ph[2][4];
+            float fj[2];
 #pragma unroll
-            for (int u = 0; u < PD_NT; u++) {
-                const int d = 8 * u + gq;
-                if constexpr (FP8) {
-                    vw[u] = *reinterpret_cast<const uint32_t *>(sl + d * 16 + 4 * tq);
-                } else {
-                    const int ku = tq >> 1;
-                    vw[u] = *reinterpret_cast<const uint2 *>(sl + (ku * 128 + (d ^ (4 * ku))) * 16 + (tq & 1) * 8);
+            for (int j = 0; j < 2; j++) {
+                const int g2 = gr + j, kq = 16 * g2 + 4 * tq;
+                if (j == 1 && !two) {
+                    pc[1][0] = pc[1][1] = 0u, ph[1][0] = ph[1][1] = ph[1][2] = ph[1][3] = 0u, fj[1] = 0.0f;
+                    continue;
                 }
-            }
-            float4 vsg = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-            if (FP8) vsg = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
-            release();
-            const float4 zl = sw[(gr * 2) * 32 + lane], zh = sw[(gr * 2 + 1) * 32 + lane];
-            float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
-                              {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
-            l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
-            l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
-            float vs4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-            if (FP8) {
-                const float4 v = vsg;
-                vs4[0] = v.x, vs4[1] = v.y, vs4[2] = v.z, vs4[3] = v.w;
-                if (16 * gr + 16 > nk)
+                const float4 zl = sw[(g2 * 2) * 32 + lane], zh = sw[(g2 * 2 + 1) * 32 + lane];
+                const float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
+                                        {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
+                l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+                l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+                const float4 v = vsg[j];
+                float vs4[4] = {v.x, v.y, v.z, v.w};
+                const bool tail = 16 * g2 + 16 > nk;
+                if (tail) /* keys past the list: no weight, V codes zeroed */
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        if (kq + e >= nk) vs4[e] = 0.0f;
-            }
-            uint32_t a[4];
-            float f = 0.0f;
-#if M3_HAVE_FP8_CVT
-            if constexpr (X8) if (pa) { /* §4.9 step 4: P' codes straight into an e4m3 mma (keys 16..31 zero) */
-                const float M = __shfl_sync(0xffffffffu, vm, gr);
-                f = pd2_div(M, c.fmax, rfmax);
-                /* x / y correctly rounded from y's correctly rounded reciprocal: one residual
-                 * step on FMA (Markstein), the same quotient as ref's division for every
-                 * normal one (a subnormal quotient is an fp8 zero either way) */
+                        if (kq + e >= nk) {
+                            vs4[e] = 0.0f;
+#pragma unroll
+                            for (int u = 0; u < PD_NT; u++) vc[j][u] &= ~(0xFFu << (8 * e));
+                        }
+                /* §4.9 step 4: P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)), M the tile's
+                 * max V scale; the output scaled by M / FP8_MAX */
+                const float M = __shfl_sync(0xffffffffu, vm, g2);
+                fj[j] = pd8_div(M, c.fmax, rfmax);
                 const float y = M + 1e-8f, ry = __frcp_rn(y);
                 float pv[2][4];
 #pragma unroll
                 for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        pv[h][i] = pd2_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
-                    }
-                const uint32_t a8[4] = {pd2_e4m3x2(pv[0][0], pv[0][1]) | (pd2_e4m3x2(pv[1][0], pv[1][1]) << 16),
-                                        pd2_e4m3x2(pv[0][2], pv[0][3]) | (pd2_e4m3x2(pv[1][2], pv[1][3]) << 16),
-                                        0u, 0u};
-                const bool tail = 16 * gr + 16 > nk;
+                    for (int i = 0; i < 4; i++) pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
+                if (F16) {
+                    ph[j][0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, true);
+                    ph[j][1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, true);
+                    ph[j][2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, true);
+                    ph[j][3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, true);
+                } else {
+                    pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
+                    pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
+                }
+            }
+            if (F16) {
 #pragma unroll
                 for (int u = 0; u < PD_NT; u++) {
-                    uint32_t x = vw[u];
-                    if (tail)
+                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, t5[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const uint32_t b0[2] = {pf_h2(vc[0][u], NULL, true), pf_h2(vc[0][u] >> 16, NULL, true)};
+                    pf_mma_f16(t4, ph[0], b0);
+                    if (two) {
+                        const uint32_t b1[2] = {pf_h2(vc[1][u], NULL, true), pf_h2(vc[1][u] >> 16, NULL, true)};
+                        pf_mma_f16(tpair ? t4 : t5, ph[1], b1);
+                    }
 #pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
-                    const uint32_t b[2] = {x, 0u};
-                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    pd2_mma_e4m3(t4, a8, b);
+                    for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
+                    if (two && !tpair)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
+                        for (int i = 0; i < 4; i++) o[u][i] += t5[i] * fj[1];
                 }
-                continue;
-            }
-#endif
-            if (pa) { /* §4.9 step 4: P' codes as fp16 */
-                const float M = __shfl_sync(0xffffffffu, vm, gr);
-                f = M / c.fmax;
-                float pv[2][4];
+            } else if (tpair) { /* one tile: one k32 mma per n-tile for both groups */
+                const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
 #pragma unroll
-                for (int h = 0; h < 2; h++)
+                for (int u = 0; u < PD_NT; u++) {
+                    const uint32_t b[2] = {vc[0][u], vc[1][u]};
+                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    pd8_mma_e4m3(t4, a8, b);
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        pv[h][i] = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
-                a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
-                a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
-                a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
-                a[3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, hw);
+                    for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
+                }
             } else {
 #pragma unroll
-                for (int h = 0; h < 2; h++)
+                for (int j = 0; j < 2; j++) {
+                    if (j == 1 && !two) break;
+                    const uint32_t a8[4] = {pc[j][0], pc[j][1], 0u, 0u};
 #pragma unroll
-                    for (int i = 0; i < 4; i++) ex[h][i] *= FP8 ? vs4[2 * h + (i & 1)] : 1.0f;
-                a[0] = pack_bf16(ex[0][0], ex[0][1]), a[1] = pack_bf16(ex[0][2], ex[0][3]);
-                a[2] = pack_bf16(ex[1][0], ex[1][1]), a[3] = pack_bf16(ex[1][2], ex[1][3]);
-            }
-            const bool tail = 16 * gr + 16 > nk; /* keys past the list: their V elements zeroed */
-#pragma unroll
-            for (int u = 0; u < PD_NT; u++) {
-                uint32_t b[2];
-                if constexpr (FP8) {
-                    uint32_t x = vw[u];
-                    if (tail)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
-                    if (pa) {
+                    for (int u = 0; u < PD_NT; u++) {
+                        const uint32_t b[2] = {vc[j][u], 0u};
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                        pf_mma_f16(t4, a, b);
+                        pd8_mma_e4m3(t4, a8, b);
 #pragma unroll
-                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
-                    } else {
-                        b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
-                        m3_mma_bf16_16816(o[u], a, b);
+                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[j];
                     }
-                } else {
-                    uint2 x = vw[u];
-                    if (tail) {
-                        if (kq >= nk) x.x &= 0xFFFF0000u;
-                        if (kq + 1 >= nk) x.x &= 0x0000FFFFu;
-                        if (kq + 2 >= nk) x.y &= 0xFFFF0000u;
-                        if (kq + 3 >= nk) x.y &= 0x0000FFFFu;
-                    }
-                    b[0] = x.x, b[1] = x.y;
-                    m3_mma_bf16_16816(o[u], a, b);
                 }
             }
         }
@@ -3294,7 +3127,7 @@ static __global__ void __launch_bounds__(W * 32, BPS)
         l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
         /* chunk done: A_j into the warp's running merge (pf_part_k's rule), in registers */
         const bool first = Mr[0] == -INFINITY;
-        float wa[2], wb[2], ll[2] = {l0, l1};
+        float wa[2], wb[2], ll[2] = {l0, l1}, rl[2] = {__frcp_rn(l0), __frcp_rn(l1)};
 #pragma unroll
         for (int r2 = 0; r2 < 2; r2++) {
             const float m = r2 ? mx1 : mx0, Mn = fmaxf(Mr[r2], m);
@@ -3304,10 +3137,16 @@ static __global__ void __launch_bounds__(W * 32, BPS)
 #pragma unroll
         for (int u = 0; u < PD_NT; u++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float l = ll[i >> 1];
-                const float A = c.part > 0 ? l * m3_round_bf16(o[u][i] / l) : o[u][i];
-                ar[u][i] = first ? A * wb[i >> 1] : ar[u][i] * wa[i >> 1] + A * wb[i >> 1];
+            for (int i = 0; i < 4; i += 2) {
+                const int r2 = i >> 1;
+                float A0 = o[u][i], A1 = o[u][i + 1];
+                if (c.part > 0) { /* l bf16(O / l): l >= 1, so the quotient is normal (or 0) */
+                    float q0 = pd8_div(A0, ll[r2], rl[r2]), q1 = pd8_div(A1, ll[r2], rl[r2]);
+                    round_bf16x2(q0, q1);
+                    A0 = ll[r2] * q0, A1 = ll[r2] * q1;
+                }
+                ar[u][i] = first ? A0 * wb[r2] : ar[u][i] * wa[r2] + A0 * wb[r2];
+                ar[u][i + 1] = first ? A1 * wb[r2] : ar[u][i + 1] * wa[r2] + A1 * wb[r2];
             }
     }
     cp_wait<0>();
@@ -3328,13 +3167,13 @@ static __global__ void __launch_bounds__(W * 32, BPS)
             const int h = e / Dh, d = e - h * Dh;
             float M = -INFINITY;
 #pragma unroll
-            for (int w = 0; w < W; w++) M = fmaxf(M, wml[w][0][h]);
+            for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
             /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
             const size_t ai = ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
                               (size_t)(2 * (h / 8) + (d & 1)) * 4;
             float A = 0.0f, L = 0.0f;
 #pragma unroll
-            for (int w = 0; w < W; w++) {
+            for (int w = 0; w < PD_W; w++) {
                 const float mw = wml[w][0][h];
                 if (mw == -INFINITY) continue; /* a warp without a chunk */
                 const float x = expf(mw - M);
@@ -3436,22 +3275,18 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * else pf_part_k. Test hook: flash_kernel (1: pf_part_k, 2: pd_part_k where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2) dec = c.dec;
-    /* session 7: flash_kernel 3.. = pd2_part_k variants {W, NSB, BPS} (3: staged, 4: + EARLY
-     * refill + e4m3 mma for §4.9, 5: 4 + paired e4m3 pass 2, 6: 4 + Q from shared memory,
-     * 7: 6 without EARLY) */
-    static const int pd2_cfgs[][3] = {{4, 2, 2}, {4, 2, 2}, {4, 2, 2}, {4, 2, 2}, {4, 2, 2}};
-    int v2 = src->flash_kernel >= 3 && src->flash_kernel < 3 + 5 && c.dec ? src->flash_kernel - 2 : 0;
-    if (v2 >= 2 && fp8 && !c.pa) v2 = 1; /* the e4m3 (F8X) kernels are §4.9's only */
-    if (v2) {
+    if (src->flash_kernel >= 2) dec = c.dec;
+    /* §4.9 fp8 (e4m3fn) decode: pd8_part_k (flash_kernel 3, session 7: its F16 variant) */
+    const bool p8 = dec && c.pa && src->flash_kernel != 4; /* 4: pd_part_k (session 7 timing) */
+    if (p8) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
          * times the chunks of the busiest warp) within 2% of the smallest, with the most
          * chunks per block (fewer blocks, prologues and partials) */
-        const int W = pd2_cfgs[v2 - 1][0], slots = pd2_cfgs[v2 - 1][2] * n_sm;
+        const int slots = PD_WPS / PD_W * n_sm;
         const int64_t rows = (int64_t)c.Hkv * n_tok;
         auto mks = [&](int cpb) {
             const int64_t blocks = rows * ((c.nchx + cpb - 1) / cpb);
-            return (double)((blocks + slots - 1) / slots * ((cpb + W - 1) / W));
+            return (double)((blocks + slots - 1) / slots * ((cpb + PD_W - 1) / PD_W));
         };
         double best = mks(1);
         for (int cpb = 2; cpb <= c.nchx; cpb++) best = fmin(best, mks(cpb));
@@ -3459,7 +3294,6 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
             if (mks(cpb) <= 1.02 * best) c.cpb = cpb;
         if (src->flash_cpb > 0) c.cpb = src->flash_cpb < c.nchx ? src->flash_cpb : c.nchx;
         c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
-        dec = true;
     } else if (dec) {
         const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / PD_W * n_sm;
         int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + PD_W - 1) / PD_W;
@@ -3493,31 +3327,25 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
-    const size_t sh = v2 ? pd2_smem_bytes(c, pd2_cfgs[v2 - 1][0], (fp8 ? 2 : 1) * pd2_cfgs[v2 - 1][1],
-                                          fp8 ? pd2_geo<true>::SB : pd2_geo<false>::SB)
-                      : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
+    const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][15]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][7]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[14] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                          pd2_part_k<false, 4, 2, 2, false, false, false, false>, pd2_part_k<true, 4, 2, 2, false, false, false, false>,
-                          pd2_part_k<false, 4, 2, 2, true, true, false, false>, pd2_part_k<true, 4, 2, 2, true, true, false, false>,
-                          pd2_part_k<false, 4, 2, 2, true, true, true, false>, pd2_part_k<true, 4, 2, 2, true, true, true, false>,
-                          pd2_part_k<false, 4, 2, 2, true, true, false, true>, pd2_part_k<true, 4, 2, 2, true, true, false, true>,
-                          pd2_part_k<false, 4, 2, 2, false, true, false, true>, pd2_part_k<true, 4, 2, 2, false, true, false, true>};
-    const int fi = (fp8 ? 1 : 0) + (v2 ? 2 + 2 * v2 : dec ? 2 : 0);
-    const int nth = v2 ? 32 * pd2_cfgs[v2 - 1][0] : dec ? PD_W * 32 : PF_THREADS;
+    const pf_fn kf[6] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+                         pd8_part_k<false>, pd8_part_k<true>};
+    const int fi = p8 ? 4 + (src->flash_kernel == 3) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[14]) {
+    if (!c.fused && msh > pf_set[6]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[14] = msh;
+        pf_set[6] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;

@@ -73,7 +73,7 @@ static m3_gpu *g_two;
 
 /* flash_kernel hook values tested: 1 pf_part_k, 2 pd_part_k, 3.. session 7's pd2_part_k
  * configurations */
-#define PG_NK 7
+#define PG_NK 3
 
 static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, bool flash) {
     m3_profile p;
