@@ -2223,19 +2223,18 @@ static __global__ void __launch_bounds__(PF_MT)
  * (16-byte loads; the next group's K and fp8 scales in flight while this one is scored),
  * scores them on mma.sync with the chunk's Q A fragments in registers and parks S in its own
  * shared-memory area (fp32, lane-private); pass 2 takes the chunk's max, reads S back, forms
- * P (or §4.9 P') in registers (the S accumulator layout is the P A-fragment layout) and
+ * P in registers (the S accumulator layout is the P A-fragment layout) and
  * multiplies it with V read straight into B fragments (the first V group loads during pass
  * 1's last group). Keys are permuted inside each 16-key group (S column n of the lo / hi
  * n-tile is key 4(n/2) + n%2 / + 2), so a lane's P A fragment holds keys 4tq..4tq+3, which one
  * V unit word (fp8) or half unit (bf16) holds for a dim; Q takes the permutation of the K
- * units' dims (a dot product's terms, reordered). A 16-key group lies in one page and one
- * §4.9 tile (needs Bs, the view's page, the chunk and the tile % 16 == 0, the tile a power of
- * two), so P'.V of one group is one exact fp16 mma, times M / FP8_MAX, as pf_part_k. Each
- * warp folds its chunks into (M, L, A) (A in its shared area); the block folds its warps'
- * once at the end, then writes the output or its partial and runs the fused merge as
- * pf_part_k. Launched for Dh 128, e4m3fn or bf16 elements, the fast layouts, when the grid
- * gives each of PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids
- * (sparse T = 1) keep pf_part_k, whose 8 warps share a chunk. */
+ * units' dims (a dot product's terms, reordered). A 16-key group lies in one page (needs Bs,
+ * the view's page and the chunk % 16 == 0). Each warp folds its chunks into (M, L, A) (A in
+ * its shared area); the block folds its warps' once at the end, then writes the output or
+ * its partial and runs the fused merge as pf_part_k. Launched for Dh 128, bf16 or dequantized
+ * e4m3fn elements (§4.9: pd8_part_k below), the fast layouts, when the grid gives each of
+ * PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids (sparse T = 1)
+ * keep pf_part_k, whose 8 warps share a chunk. */
 #define PD_W 4   /* warps per block (8, one block per SM: slower) */
 #define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
                   * registers each) */
@@ -2283,7 +2282,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * in the warps' areas */
     uint4 *qf = reinterpret_cast<uint4 *>(pf_raw);
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
-    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q (§4.9: fp8(q) as fp16) */
+    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q */
     const size_t WB = pd_warp_bytes(c);
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
@@ -2292,7 +2291,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
-    const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
+    const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
     for (int e = tid; e < 16 * Dh / 8; e += (PD_W * 32)) {
@@ -2303,9 +2302,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (sparse)
         for (int i = tid; i < width; i += (PD_W * 32)) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    if (c.pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
-        for (int e = tid; e < 16 * Dh; e += (PD_W * 32))
-            qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     if (!sparse) {
         if (tid == 0) {
             n_sh = p + 1;
@@ -2383,22 +2379,18 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
         phn = phys(cc + PD_W);
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
-        float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
         constexpr int KD = PF + 1; /* ring of K groups: PF in flight while one is scored */
         uint4 kr[KD][2][UK];
-        float4 ksr[KD], kvr[KD]; /* fp8: the group's K scales and (§4.9) V scales, with its K */
+        float4 ksr[KD]; /* fp8: the group's K scales, with its K */
         typedef typename pd_vunit<FP8>::t vunit;
         constexpr int VD = PV + 1; /* ring of V groups: PV in flight (the first PV loaded during
                                     * pass 1's tail) */
         vunit vr[VD][PD_NT];
         float4 vsr[VD]; /* fp8: the group's V scales, with its V */
-        auto kload = [&](uint4 (&w)[2][UK], float4 &ks, float4 &kv, int gr) {
+        auto kload = [&](uint4 (&w)[2][UK], float4 &ks, int gr) {
             const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
-            if (FP8) {
-                const int64_t so = __shfl_sync(0xffffffffu, gso, gr) + 4 * tq;
-                ks = *reinterpret_cast<const float4 *>(s.k_scale + so);
-                if (c.pa) kv = *reinterpret_cast<const float4 *>(s.v_scale + so);
-            }
+            if (FP8) ks = *reinterpret_cast<const float4 *>(s.k_scale + __shfl_sync(0xffffffffu, gso, gr) + 4 * tq);
             const unsigned char *kp = kbase + (ko + (int64_t)kl * XC) * EB;
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -2425,7 +2417,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         uint4 qreg[PD_KS]; /* Q A fragments of the chunk (from shared memory per k-step: slower) */
 #pragma unroll
         for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = qf[s2 * 32 + lane];
-        auto kstep = [&](const uint4 (&kw)[2][UK], const float4 &ksg, const float4 &kvg, int gr) {
+        auto kstep = [&](const uint4 (&kw)[2][UK], const float4 &ksg, int gr) {
             float c8[2][2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -2442,13 +2434,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     if (FP8) {
                         const int r = s2 % 4;
                         const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
-                        if (c.pa) {
-                            b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                            pf_mma_f16(c8[h][s2 & 1], qa, b);
-                        } else {
-                            b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
-                            m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
-                        }
+                        b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
+                        m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
                     } else {
                         if (s2 % 2 == 0) b[0] = w.x, b[1] = w.y;
                         else b[0] = w.z, b[1] = w.w;
@@ -2461,17 +2448,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             if (FP8) {
                 const float4 a = ksg;
                 ks4[0] = a.x, ks4[1] = a.y, ks4[2] = a.z, ks4[3] = a.w;
-                if (c.pa) {
-                    const float4 v = kvg;
-                    float m = 0.0f;
-                    if (kq < nk) m = fmaxf(m, v.x);
-                    if (kq + 1 < nk) m = fmaxf(m, v.y);
-                    if (kq + 2 < nk) m = fmaxf(m, v.z);
-                    if (kq + 3 < nk) m = fmaxf(m, v.w);
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                    if (lane == gr) vm = m;
-                }
             }
             float z[2][4];
 #pragma unroll
@@ -2479,12 +2455,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int e = 2 * h + (i & 1);
-                    float d = c8[h][0][i] + c8[h][1][i], zz;
-                    if (c.pa) zz = d * c.scale * ks4[e]; /* §4.9 step 2 */
-                    else {
-                        if (FP8) d *= ks4[e];
-                        zz = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
-                    }
+                    float d = c8[h][0][i] + c8[h][1][i];
+                    if (FP8) d *= ks4[e];
+                    const float zz = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
                     z[h][i] = kq + e < nk ? zz : -INFINITY;
                 }
             mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
@@ -2494,14 +2467,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         };
 #pragma unroll
         for (int j = 0; j < PF; j++)
-            if (j < ng) kload(kr[j], ksr[j], kvr[j], j);
+            if (j < ng) kload(kr[j], ksr[j], j);
         for (int g0 = 0; g0 < ng; g0 += KD)
 #pragma unroll
             for (int j = 0; j < KD; j++)
                 if (g0 + j < ng) {
                     const int nx = g0 + j + PF;
                     if (nx < ng) {
-                        kload(kr[(j + PF) % KD], ksr[(j + PF) % KD], kvr[(j + PF) % KD], nx);
+                        kload(kr[(j + PF) % KD], ksr[(j + PF) % KD], nx);
                     }
                     /* pass 2's first groups: V group v in pass 1's iteration ng - PV + v (the
                      * first iteration for those before it) */
@@ -2509,14 +2482,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     for (int v = 0; v < PV; v++)
                         if (v < ng && (v + ng - PV == g0 + j || (g0 + j == 0 && v + ng - PV < 0)))
                             vload(vr[v], vsr[v], v);
-                    kstep(kr[j], ksr[j], kvr[j], g0 + j);
+                    kstep(kr[j], ksr[j], g0 + j);
                 }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        if (c.pa) /* §4.9: the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
-            for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
         __syncwarp();
         /* pass 2: O = P V, the next group's V in flight */
         float o[PD_NT][4];
@@ -2537,28 +2508,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 vs4[2] = kq + 2 < nk ? v.z : 0.0f, vs4[3] = kq + 3 < nk ? v.w : 0.0f;
             }
             uint32_t a[4];
-            float f = 0.0f;
-            if (c.pa) { /* §4.9 step 4: P' codes as fp16 */
-                const float M = __shfl_sync(0xffffffffu, vm, gr);
-                f = M / c.fmax;
-                float pv[2][4];
 #pragma unroll
-                for (int h = 0; h < 2; h++)
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        pv[h][i] = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
-                a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
-                a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
-                a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
-                a[3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, hw);
-            } else {
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) ex[h][i] *= FP8 ? vs4[2 * h + (i & 1)] : 1.0f;
-                a[0] = pack_bf16(ex[0][0], ex[0][1]), a[1] = pack_bf16(ex[0][2], ex[0][3]);
-                a[2] = pack_bf16(ex[1][0], ex[1][1]), a[3] = pack_bf16(ex[1][2], ex[1][3]);
-            }
+                for (int i = 0; i < 4; i++) ex[h][i] *= FP8 ? vs4[2 * h + (i & 1)] : 1.0f;
+            a[0] = pack_bf16(ex[0][0], ex[0][1]), a[1] = pack_bf16(ex[0][2], ex[0][3]);
+            a[2] = pack_bf16(ex[1][0], ex[1][1]), a[3] = pack_bf16(ex[1][2], ex[1][3]);
             const bool tail = 16 * gr + 16 > nk; /* keys past the list: their V elements zeroed */
 #pragma unroll
             for (int u = 0; u < PD_NT; u++) {
@@ -2570,16 +2525,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                         for (int e = 0; e < 4; e++)
                             if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
-                    if (c.pa) {
-                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                        pf_mma_f16(t4, a, b);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
-                    } else {
-                        b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
-                        m3_mma_bf16_16816(o[u], a, b);
-                    }
+                    b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
+                    m3_mma_bf16_16816(o[u], a, b);
                 } else {
                     uint2 x = vw[u];
                     if (tail) {
@@ -3254,8 +3201,9 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     c.nchx = (int)((maxk + c.ch - 1) / c.ch);
     c.hw = fp8 && src->g.fp8_kind == M3_FP8_E4M3FN;
     c.pvf16 = c.pa && c.tile % 16 == 0;
-    /* pd_part_k: 16-key groups inside one page and one §4.9 tile, K units of 32 (bf16) / 64
-     * (fp8) dims per lane pair, hardware fp8 conversions, 16-byte aligned scales */
+    /* pd_part_k / pd8_part_k (§4.9): 16-key groups inside one page and one §4.9 tile, K
+     * units of 32 (bf16) / 64 (fp8) dims per lane pair, hardware fp8 conversions, 16-byte
+     * aligned scales */
     c.dec = c.fast && c.qvec && c.Dh == FA_MAX_DH && src->g.block % 16 == 0 &&
             Pv % 16 == 0 && c.ch % 16 == 0 &&
             (!fp8 || (c.hw && m3_aligned16(src->k_scale) && m3_aligned16(src->v_scale))) &&
@@ -3271,8 +3219,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                            const int32_t *d_topk, int width, pf_cfg c) {
     const bool fp8 = c.fp8;
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
-    /* pd_part_k when each of PD_WPS warps per SM gets a chunk (decode over long rows);
-     * else pf_part_k. Test hook: flash_kernel (1: pf_part_k, 2: pd_part_k where it fits). */
+    /* the decode kernels (pd_part_k; pd8_part_k under §4.9) when each of PD_WPS warps per SM
+     * gets a chunk (decode over long rows); else pf_part_k. Test hook: flash_kernel (1:
+     * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
     if (src->flash_kernel >= 2) dec = c.dec;
