@@ -2638,9 +2638,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * Quotients (P' and M / FP8_MAX, the partition output O / l) come from the correctly rounded
  * reciprocal and one FMA residual step (Markstein: the correctly rounded quotient for
  * normal ones; P' below the normal range is an fp8 zero either way), i.e. ref's divisions.
- * F16 (the session's variant knob): the products on fp16 mma of unpacked codes, Q fragments
- * from shared memory; else e4m3 mma.sync m16n8k32 (which sm_90 runs as unpacks and fp16
- * mma), Q as e4m3 codes in registers. */
+ * Products on e4m3 mma.sync m16n8k32 (sm_90 runs it as code unpacks and fp16 mma: exact
+ * products, fp32 sums), Q as e4m3 codes in registers (fp16 mma on unpacked codes with Q
+ * fragments from shared memory measured 2.3x slower, session 7). */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
@@ -2681,7 +2681,6 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
-template <bool F16>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2692,7 +2691,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
     constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
-    uint4 *qf = reinterpret_cast<uint4 *>(pf_raw); /* fp16 Q A fragments [k-step][lane] */
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
     const size_t SA = pd8_sa_bytes(c), WB = SA + (size_t)NS * SB;
@@ -2757,32 +2755,21 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
     }
     __syncthreads();
-    /* Q A fragments, k permuted as the K units' dims: F16 fp16 m16n8k16 ones in shared memory
-     * (k-step s2: dims 64 (s2 / 4) + 16 tq + 4 (s2 % 4) ..); else e4m3 m16n8k32 codes in
-     * registers (k-step m = 2u + j: word 2j (a0, a1) and 2j + 1 (a2, a3) of unit 4u + tq) */
-    if (F16)
-        for (int e = tid; e < PD_KS * 32; e += NT) {
-            const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
-            const int D = 64 * (s2 / 4) + 16 * tr + 4 * (s2 % 4);
-            qf[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
-                               *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
-                               *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
-                               *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
-        }
+    /* Q A fragments of m16n8k32 as e4m3 codes, k permuted as the K units' dims: k-step
+     * m = 2u + j takes word 2j (a0, a1) and 2j + 1 (a2, a3) of the lane's unit 4u + tq */
     uint32_t q8[4][4];
-    if (!F16)
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-            const int D = 16 * (4 * (m >> 1) + tq) + 8 * (m & 1);
+    for (int m = 0; m < 4; m++) {
+        const int D = 16 * (4 * (m >> 1) + tq) + 8 * (m & 1);
 #pragma unroll
-            for (int r4 = 0; r4 < 4; r4++) {
-                const uint16_t *qp = qs + (gq + 8 * (r4 & 1)) * Dh + D + 4 * (r4 >> 1);
-                float f[4];
+        for (int r4 = 0; r4 < 4; r4++) {
+            const uint16_t *qp = qs + (gq + 8 * (r4 & 1)) * Dh + D + 4 * (r4 >> 1);
+            float f[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) f[e] = __half2float(__ushort_as_half(qp[e]));
-                q8[m][r4] = pd8_e4m3x2(f[0], f[1]) | (pd8_e4m3x2(f[2], f[3]) << 16);
-            }
+            for (int e = 0; e < 4; e++) f[e] = __half2float(__ushort_as_half(qp[e]));
+            q8[m][r4] = pd8_e4m3x2(f[0], f[1]) | (pd8_e4m3x2(f[2], f[3]) << 16);
         }
+    }
     __syncthreads(); /* qs (the warps' areas) read before the rings fill them */
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
@@ -2890,30 +2877,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
-            if (F16) {
 #pragma unroll
-                for (int s2 = 0; s2 < PD_KS; s2++) {
-                    const uint4 qv = qf[s2 * 32 + lane];
-                    const uint32_t qa[4] = {qv.x, qv.y, qv.z, qv.w};
+            for (int m = 0; m < 4; m++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint4 w = kw[h][s2 / 4];
-                        const int r = s2 % 4;
-                        const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
-                        const uint32_t b[2] = {pf_h2(x, NULL, true), pf_h2(x >> 16, NULL, true)};
-                        pf_mma_f16(c8[h][s2 & 1], qa, b);
-                    }
+                for (int h = 0; h < 2; h++) {
+                    const uint4 w = kw[h][m >> 1];
+                    const uint32_t b[2] = {(m & 1) ? w.z : w.x, (m & 1) ? w.w : w.y};
+                    pd8_mma_e4m3(c8[h][m & 1], q8[m], b);
                 }
-            } else {
-#pragma unroll
-                for (int m = 0; m < 4; m++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint4 w = kw[h][m >> 1];
-                        const uint32_t b[2] = {(m & 1) ? w.z : w.x, (m & 1) ? w.w : w.y};
-                        pd8_mma_e4m3(c8[h][m & 1], q8[m], b);
-                    }
-            }
             const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
             const bool tail = 16 * gr + 16 > nk; /* the list's last group: keys past it masked */
             const float ks4[4] = {ks.x, ks.y, ks.z, ks.w};
@@ -2979,15 +2950,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 vsg[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
                 release();
             }
-            /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8: pc[j][0 / 1] e4m3 (four a
-             * register), ph[j][0..3] the same values as fp16 pairs (m16n8k16 A fragments) */
-            uint32_t pc[2][2], ph[2][4];
+            /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
+            uint32_t pc[2][2];
             float fj[2];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int g2 = gr + j, kq = 16 * g2 + 4 * tq;
                 if (j == 1 && !two) {
-                    pc[1][0] = pc[1][1] = 0u, ph[1][0] = ph[1][1] = ph[1][2] = ph[1][3] = 0u, fj[1] = 0.0f;
+                    pc[1][0] = pc[1][1] = 0u, fj[1] = 0.0f;
                     continue;
                 }
                 const float4 zl = sw[(g2 * 2) * 32 + lane], zh = sw[(g2 * 2 + 1) * 32 + lane];
@@ -3016,33 +2986,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
-                if (F16) {
-                    ph[j][0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, true);
-                    ph[j][1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, true);
-                    ph[j][2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, true);
-                    ph[j][3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, true);
-                } else {
-                    pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
-                    pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
-                }
+                pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
+                pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
             }
-            if (F16) {
-#pragma unroll
-                for (int u = 0; u < PD_NT; u++) {
-                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, t5[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    const uint32_t b0[2] = {pf_h2(vc[0][u], NULL, true), pf_h2(vc[0][u] >> 16, NULL, true)};
-                    pf_mma_f16(t4, ph[0], b0);
-                    if (two) {
-                        const uint32_t b1[2] = {pf_h2(vc[1][u], NULL, true), pf_h2(vc[1][u] >> 16, NULL, true)};
-                        pf_mma_f16(tpair ? t4 : t5, ph[1], b1);
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
-                    if (two && !tpair)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) o[u][i] += t5[i] * fj[1];
-                }
-            } else if (tpair) { /* one tile: one k32 mma per n-tile for both groups */
+            if (tpair) { /* one tile: one k32 mma per n-tile for both groups */
                 const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
 #pragma unroll
                 for (int u = 0; u < PD_NT; u++) {
@@ -3224,9 +3171,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel >= 2) dec = c.dec;
-    /* §4.9 fp8 (e4m3fn) decode: pd8_part_k (flash_kernel 3, session 7: its F16 variant) */
-    const bool p8 = dec && c.pa && src->flash_kernel != 4; /* 4: pd_part_k (session 7 timing) */
+    if (src->flash_kernel == 2) dec = c.dec;
+    const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (p8) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
          * times the chunks of the busiest warp) within 2% of the smallest, with the most
@@ -3280,21 +3226,20 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][7]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][6]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[6] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                         pd8_part_k<false>, pd8_part_k<true>};
-    const int fi = p8 ? 4 + (src->flash_kernel == 3) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, pd8_part_k};
+    const int fi = p8 ? 4 : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[6]) {
+    if (!c.fused && msh > pf_set[5]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[6] = msh;
+        pf_set[5] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;

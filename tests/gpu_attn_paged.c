@@ -71,10 +71,6 @@ static int count_exact(const float *a, const float *b, int64_t n) {
  * would count each other's blocks. */
 static m3_gpu *g_two;
 
-/* flash_kernel hook values tested: 1 pf_part_k, 2 pd_part_k, 3.. session 7's pd2_part_k
- * configurations */
-#define PG_NK 3
-
 static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, bool flash) {
     m3_profile p;
     profile_of(&p, prof);
@@ -190,9 +186,9 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
          * consecutive chunks in registers, then a partial each), 1 << 20 (a block per row:
          * its output straight from registers) */
         static const int cpbs[] = {0, 2, 1 << 20};
-        /* the general kernel, then the decode kernel (flash_kernel 2; geometries it does not
-         * take fall back to the general one) */
-        for (int ik = 0; ik < 3 * PG_NK; ik++) {
+        /* the general kernel, then the decode kernel (flash_kernel 2: pd_part_k, §4.9
+         * pd8_part_k; geometries they do not take fall back to the general one) */
+        for (int ik = 0; ik < 6; ik++) {
             const int ic = ik % 3;
             ds.flash_kernel = 1 + ik / 3;
             ds.flash_cpb = cpbs[ic];

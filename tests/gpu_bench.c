@@ -463,26 +463,12 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     }
     free(pos);
     free(tk);
-    if (getenv("M3_BENCH_PAGED_PROF")) { /* session 7 profiling: one launch, no timing */
-        c.src.flash_kernel = atoi(getenv("M3_BENCH_PAGED_PROF"));
-        GPU_OK(do_pattn(g, &c));
-        GPU_OK(m3_gpu_sync(g));
-        m3_gpu_release(g, mark);
-        return;
-    }
-    /* session 7: M3_BENCH_PD_KS=0,2,3 times the row once per flash_kernel hook value */
-    const char *ks = getenv("M3_BENCH_PD_KS");
-    for (const char *w = ks && *ks ? ks : "0"; *w;) {
-        c.src.flash_kernel = atoi(w);
-        w += strcspn(w, ",");
-        w += *w == ',';
-        double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
-        char nm[96];
-        snprintf(nm, sizeof nm, "attn_%s paged flash %s %s T=%d C=%d k%d", sparse ? "sparse" : "dense",
-                 fp8 ? "fp8" : "bf16", c.p.name, T, C, c.src.flash_kernel);
-        const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
-        report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
-    }
+    double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
+    char nm[96];
+    snprintf(nm, sizeof nm, "attn_%s paged flash %s %s T=%d C=%d", sparse ? "sparse" : "dense",
+             fp8 ? "fp8" : "bf16", c.p.name, T, C);
+    const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
+    report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
     m3_gpu_release(g, mark);
 }
 
@@ -490,18 +476,12 @@ static void bench_attention_paged(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
-    /* session 7: M3_BENCH_PAGED_ROWS=3,7 runs only those rows (f * 4 + case) */
-    const char *rows = getenv("M3_BENCH_PAGED_ROWS");
-    for (int f = 0; f < 2; f++)
-        for (int i = 0; i < 4; i++) {
-            char tag[4];
-            snprintf(tag, sizeof tag, "%d", f * 4 + i);
-            if (rows && !strstr(rows, tag)) continue;
-            if (i == 0) pattn_bench_case(g, &r, 1, 131072, true, f);
-            if (i == 1) pattn_bench_case(g, &r, 64, 131072, true, f);
-            if (i == 2) pattn_bench_case(g, &r, 8192, 8192, true, f);
-            if (i == 3) pattn_bench_case(g, &r, 1, 131072, false, f);
-        }
+    for (int f = 0; f < 2; f++) {
+        pattn_bench_case(g, &r, 1, 131072, true, f);
+        pattn_bench_case(g, &r, 64, 131072, true, f);
+        pattn_bench_case(g, &r, 8192, 8192, true, f);
+        pattn_bench_case(g, &r, 1, 131072, false, f);
+    }
 }
 
 typedef struct {
