@@ -2223,19 +2223,18 @@ static __global__ void __launch_bounds__(PF_MT)
  * (16-byte loads; the next group's K and fp8 scales in flight while this one is scored),
  * scores them on mma.sync with the chunk's Q A fragments in registers and parks S in its own
  * shared-memory area (fp32, lane-private); pass 2 takes the chunk's max, reads S back, forms
- * P (or §4.9 P') in registers (the S accumulator layout is the P A-fragment layout) and
+ * P in registers (the S accumulator layout is the P A-fragment layout) and
  * multiplies it with V read straight into B fragments (the first V group loads during pass
  * 1's last group). Keys are permuted inside each 16-key group (S column n of the lo / hi
  * n-tile is key 4(n/2) + n%2 / + 2), so a lane's P A fragment holds keys 4tq..4tq+3, which one
  * V unit word (fp8) or half unit (bf16) holds for a dim; Q takes the permutation of the K
- * units' dims (a dot product's terms, reordered). A 16-key group lies in one page and one
- * §4.9 tile (needs Bs, the view's page, the chunk and the tile % 16 == 0, the tile a power of
- * two), so P'.V of one group is one exact fp16 mma, times M / FP8_MAX, as pf_part_k. Each
- * warp folds its chunks into (M, L, A) (A in its shared area); the block folds its warps'
- * once at the end, then writes the output or its partial and runs the fused merge as
- * pf_part_k. Launched for Dh 128, e4m3fn or bf16 elements, the fast layouts, when the grid
- * gives each of PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids
- * (sparse T = 1) keep pf_part_k, whose 8 warps share a chunk. */
+ * units' dims (a dot product's terms, reordered). A 16-key group lies in one page (needs Bs,
+ * the view's page and the chunk % 16 == 0). Each warp folds its chunks into (M, L, A) (A in
+ * its shared area); the block folds its warps' once at the end, then writes the output or
+ * its partial and runs the fused merge as pf_part_k. Launched for Dh 128, bf16 or dequantized
+ * e4m3fn elements (§4.9: pd8_part_k below), the fast layouts, when the grid gives each of
+ * PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids (sparse T = 1)
+ * keep pf_part_k, whose 8 warps share a chunk. */
 #define PD_W 4   /* warps per block (8, one block per SM: slower) */
 #define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
                   * registers each) */
@@ -2283,7 +2282,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * in the warps' areas */
     uint4 *qf = reinterpret_cast<uint4 *>(pf_raw);
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
-    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q (§4.9: fp8(q) as fp16) */
+    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q */
     const size_t WB = pd_warp_bytes(c);
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
@@ -2292,7 +2291,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
-    const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
+    const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
     for (int e = tid; e < 16 * Dh / 8; e += (PD_W * 32)) {
@@ -2303,9 +2302,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (sparse)
         for (int i = tid; i < width; i += (PD_W * 32)) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    if (c.pa) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
-        for (int e = tid; e < 16 * Dh; e += (PD_W * 32))
-            qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     if (!sparse) {
         if (tid == 0) {
             n_sh = p + 1;
@@ -2383,22 +2379,18 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
         phn = phys(cc + PD_W);
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
-        float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
         constexpr int KD = PF + 1; /* ring of K groups: PF in flight while one is scored */
         uint4 kr[KD][2][UK];
-        float4 ksr[KD], kvr[KD]; /* fp8: the group's K scales and (§4.9) V scales, with its K */
+        float4 ksr[KD]; /* fp8: the group's K scales, with its K */
         typedef typename pd_vunit<FP8>::t vunit;
         constexpr int VD = PV + 1; /* ring of V groups: PV in flight (the first PV loaded during
                                     * pass 1's tail) */
         vunit vr[VD][PD_NT];
         float4 vsr[VD]; /* fp8: the group's V scales, with its V */
-        auto kload = [&](uint4 (&w)[2][UK], float4 &ks, float4 &kv, int gr) {
+        auto kload = [&](uint4 (&w)[2][UK], float4 &ks, int gr) {
             const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
-            if (FP8) {
-                const int64_t so = __shfl_sync(0xffffffffu, gso, gr) + 4 * tq;
-                ks = *reinterpret_cast<const float4 *>(s.k_scale + so);
-                if (c.pa) kv = *reinterpret_cast<const float4 *>(s.v_scale + so);
-            }
+            if (FP8) ks = *reinterpret_cast<const float4 *>(s.k_scale + __shfl_sync(0xffffffffu, gso, gr) + 4 * tq);
             const unsigned char *kp = kbase + (ko + (int64_t)kl * XC) * EB;
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -2425,7 +2417,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         uint4 qreg[PD_KS]; /* Q A fragments of the chunk (from shared memory per k-step: slower) */
 #pragma unroll
         for (int s2 = 0; s2 < PD_KS; s2++) qreg[s2] = qf[s2 * 32 + lane];
-        auto kstep = [&](const uint4 (&kw)[2][UK], const float4 &ksg, const float4 &kvg, int gr) {
+        auto kstep = [&](const uint4 (&kw)[2][UK], const float4 &ksg, int gr) {
             float c8[2][2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -2442,13 +2434,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     if (FP8) {
                         const int r = s2 % 4;
                         const uint32_t x = r == 0 ? w.x : r == 1 ? w.y : r == 2 ? w.z : w.w;
-                        if (c.pa) {
-                            b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                            pf_mma_f16(c8[h][s2 & 1], qa, b);
-                        } else {
-                            b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
-                            m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
-                        }
+                        b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
+                        m3_mma_bf16_16816(c8[h][s2 & 1], qa, b);
                     } else {
                         if (s2 % 2 == 0) b[0] = w.x, b[1] = w.y;
                         else b[0] = w.z, b[1] = w.w;
@@ -2461,17 +2448,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             if (FP8) {
                 const float4 a = ksg;
                 ks4[0] = a.x, ks4[1] = a.y, ks4[2] = a.z, ks4[3] = a.w;
-                if (c.pa) {
-                    const float4 v = kvg;
-                    float m = 0.0f;
-                    if (kq < nk) m = fmaxf(m, v.x);
-                    if (kq + 1 < nk) m = fmaxf(m, v.y);
-                    if (kq + 2 < nk) m = fmaxf(m, v.z);
-                    if (kq + 3 < nk) m = fmaxf(m, v.w);
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                    if (lane == gr) vm = m;
-                }
             }
             float z[2][4];
 #pragma unroll
@@ -2479,12 +2455,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int e = 2 * h + (i & 1);
-                    float d = c8[h][0][i] + c8[h][1][i], zz;
-                    if (c.pa) zz = d * c.scale * ks4[e]; /* §4.9 step 2 */
-                    else {
-                        if (FP8) d *= ks4[e];
-                        zz = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
-                    }
+                    float d = c8[h][0][i] + c8[h][1][i];
+                    if (FP8) d *= ks4[e];
+                    const float zz = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
                     z[h][i] = kq + e < nk ? zz : -INFINITY;
                 }
             mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
@@ -2494,14 +2467,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         };
 #pragma unroll
         for (int j = 0; j < PF; j++)
-            if (j < ng) kload(kr[j], ksr[j], kvr[j], j);
+            if (j < ng) kload(kr[j], ksr[j], j);
         for (int g0 = 0; g0 < ng; g0 += KD)
 #pragma unroll
             for (int j = 0; j < KD; j++)
                 if (g0 + j < ng) {
                     const int nx = g0 + j + PF;
                     if (nx < ng) {
-                        kload(kr[(j + PF) % KD], ksr[(j + PF) % KD], kvr[(j + PF) % KD], nx);
+                        kload(kr[(j + PF) % KD], ksr[(j + PF) % KD], nx);
                     }
                     /* pass 2's first groups: V group v in pass 1's iteration ng - PV + v (the
                      * first iteration for those before it) */
@@ -2509,14 +2482,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     for (int v = 0; v < PV; v++)
                         if (v < ng && (v + ng - PV == g0 + j || (g0 + j == 0 && v + ng - PV < 0)))
                             vload(vr[v], vsr[v], v);
-                    kstep(kr[j], ksr[j], kvr[j], g0 + j);
+                    kstep(kr[j], ksr[j], g0 + j);
                 }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        if (c.pa) /* §4.9: the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
-            for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
         __syncwarp();
         /* pass 2: O = P V, the next group's V in flight */
         float o[PD_NT][4];
@@ -2537,28 +2508,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 vs4[2] = kq + 2 < nk ? v.z : 0.0f, vs4[3] = kq + 3 < nk ? v.w : 0.0f;
             }
             uint32_t a[4];
-            float f = 0.0f;
-            if (c.pa) { /* §4.9 step 4: P' codes as fp16 */
-                const float M = __shfl_sync(0xffffffffu, vm, gr);
-                f = M / c.fmax;
-                float pv[2][4];
 #pragma unroll
-                for (int h = 0; h < 2; h++)
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        pv[h][i] = ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax / (M + 1e-8f);
-                a[0] = pf_q2(pv[0][0], pv[0][1], s.g.fp8_kind, s.ovf, hw);
-                a[1] = pf_q2(pv[0][2], pv[0][3], s.g.fp8_kind, s.ovf, hw);
-                a[2] = pf_q2(pv[1][0], pv[1][1], s.g.fp8_kind, s.ovf, hw);
-                a[3] = pf_q2(pv[1][2], pv[1][3], s.g.fp8_kind, s.ovf, hw);
-            } else {
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) ex[h][i] *= FP8 ? vs4[2 * h + (i & 1)] : 1.0f;
-                a[0] = pack_bf16(ex[0][0], ex[0][1]), a[1] = pack_bf16(ex[0][2], ex[0][3]);
-                a[2] = pack_bf16(ex[1][0], ex[1][1]), a[3] = pack_bf16(ex[1][2], ex[1][3]);
-            }
+                for (int i = 0; i < 4; i++) ex[h][i] *= FP8 ? vs4[2 * h + (i & 1)] : 1.0f;
+            a[0] = pack_bf16(ex[0][0], ex[0][1]), a[1] = pack_bf16(ex[0][2], ex[0][3]);
+            a[2] = pack_bf16(ex[1][0], ex[1][1]), a[3] = pack_bf16(ex[1][2], ex[1][3]);
             const bool tail = 16 * gr + 16 > nk; /* keys past the list: their V elements zeroed */
 #pragma unroll
             for (int u = 0; u < PD_NT; u++) {
@@ -2570,16 +2525,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                         for (int e = 0; e < 4; e++)
                             if (kq + e >= nk) x &= ~(0xFFu << (8 * e));
-                    if (c.pa) {
-                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
-                        pf_mma_f16(t4, a, b);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * f;
-                    } else {
-                        b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
-                        m3_mma_bf16_16816(o[u], a, b);
-                    }
+                    b[0] = pf_b2(x, NULL, true), b[1] = pf_b2(x >> 16, NULL, true);
+                    m3_mma_bf16_16816(o[u], a, b);
                 } else {
                     uint2 x = vw[u];
                     if (tail) {
@@ -2673,6 +2620,477 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #endif
 }
 
+
+/* ---- §4.9 fp8 decode kernel pd8_part_k (session 7) --------------------------------------
+ * pd_part_k's chunks, key permutation, passes, P' codes, rounding points and merges for fp8
+ * e4m3fn elements under the §4.9 emulation, with K and V staged through a per-warp ring of
+ * PD8_NS shared-memory slots by cp.async instead of register rings. A slot holds one 16-key
+ * group's K codes with its 16 K and V scales, or its V codes with its V scales (2 KB + 128
+ * bytes); a warp's loads are one stream (per chunk its K groups, then its V groups, then the
+ * next chunk's), PD8_NS items in flight: a slot is refilled as soon as its fragments are in
+ * registers, with only warp barriers (cp.async.wait_group + __syncwarp). K slots are
+ * swizzled so the fragment reads are conflict-free: unit (dim unit d, key k) at
+ * d * 16 + (k ^ 2 (d % 4)). S parks in the warp's area as in pd_part_k; the running A is in
+ * registers and goes to the same area for the block's fold. Pass 2 takes two groups per
+ * step: both groups' P' codes, and when the two lie in one §4.9 tile (the tile >= 32 keys:
+ * same M) one fp32 sum of both groups' exact products before the scaling by M / FP8_MAX
+ * (ref's structure: the tile's sum, then the scale), else each group scaled on its own.
+ * Quotients (P' and M / FP8_MAX, the partition output O / l) come from the correctly rounded
+ * reciprocal and one FMA residual step (Markstein: the correctly rounded quotient for
+ * normal ones; P' below the normal range is an fp8 zero either way), i.e. ref's divisions.
+ * Products on e4m3 mma.sync m16n8k32 (sm_90 runs it as code unpacks and fp16 mma: exact
+ * products, fp32 sums), Q as e4m3 codes in registers (fp16 mma on unpacked codes with Q
+ * fragments from shared memory measured 2.3x slower, session 7). */
+#define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight) */
+#define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
+
+/* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4 */
+static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
+    const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
+    return s > a ? s : a;
+}
+static size_t pd8_smem_bytes(const pf_cfg &c) {
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
+    const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
+    if (a < fm) a = fm;
+    return (size_t)16 * FA_MAX_DH * 2 + a;
+}
+
+/* x / y correctly rounded for a normal quotient, from ry = y's correctly rounded reciprocal */
+static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
+    const float q0 = x * ry;
+    return fmaf(fmaf(-q0, y, x), ry, q0);
+}
+#if M3_HAVE_FP8_CVT
+/* c[16x8] += a[16x32] b[32x8], e4m3 inputs, fp32 accumulate (sm_89+): a0/a1 rows gq / gq + 8,
+ * k 4tq..4tq+3, a2/a3 the same rows at k + 16; b0 k 4tq..4tq+3, b1 k + 16, column gq; four
+ * codes a register, the lowest k in the low byte */
+static __device__ __forceinline__ void pd8_mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* e4m3fn codes of (lo, hi), lo in the low byte (rn, satfinite: the emulation's SATURATE;
+ * §4.9's values never exceed FP8_MAX) */
+static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
+    uint32_t d;
+    asm("{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, %1, %2; cvt.u32.u16 %0, t; }"
+        : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+#endif
+
+static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
+    pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
+               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
+               const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
+               float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
+#if M3_HAVE_MMA && M3_HAVE_FP8_CVT
+    extern __shared__ __align__(16) unsigned char pf_raw[];
+    constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
+    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB;
+    const int hq = c.hq, ch = c.ch, Bs = s.g.block;
+    unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
+    uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
+    const size_t SA = pd8_sa_bytes(c), WB = SA + (size_t)NS * SB;
+    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
+    __shared__ int n_sh, last_sh;
+    __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
+
+    const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int p = pos[t];
+    const bool sparse = topk != NULL;
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh; /* the launcher ensures c.qvec */
+    for (int e = tid; e < 16 * Dh / 8; e += NT) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
+        *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
+    }
+    if (sparse)
+        for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+    __syncthreads();
+    for (int e = tid; e < 16 * Dh; e += NT) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
+        qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+    if (!sparse) {
+        if (tid == 0) {
+            n_sh = p + 1;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n_sh;
+        }
+    } else { /* the key list, as pf_part_k */
+        const int bp = p / Bs;
+        if (tid == 0) last_sh = 0;
+        __syncthreads();
+        for (int i = tid; i < width; i += NT) {
+            const int b = selsh[i];
+            vfl[i] = b >= 0 && b < bp;
+            if (b == bp) last_sh = 1;
+        }
+        __syncthreads();
+        for (int i = tid; i < width; i += NT)
+            if (vfl[i]) {
+                const int b = selsh[i];
+                int at = 0;
+                if (c.sel_order)
+                    for (int j = 0; j < i; j++) at += vfl[j];
+                else
+                    for (int j = 0; j < width; j++)
+                        at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < i));
+                blist[at] = b;
+            }
+        if (tid == 0) {
+            int nf = 0;
+            for (int j = 0; j < width; j++) nf += vfl[j];
+            int n;
+            if (last_sh) {
+                blist[nf] = bp;
+                n = nf * Bs + (p - Bs * bp + 1);
+            } else {
+                n = nf * Bs < p + 1 ? nf * Bs : p + 1;
+            }
+            n_sh = n;
+            if (ci == 0 && !c.fused) nkeys[(size_t)tl * c.Hkv + g] = n;
+        }
+    }
+    __syncthreads();
+    /* Q A fragments of m16n8k32 as e4m3 codes, k permuted as the K units' dims: k-step
+     * m = 2u + j takes word 2j (a0, a1) and 2j + 1 (a2, a3) of the lane's unit 4u + tq */
+    uint32_t q8[4][4];
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        const int D = 16 * (4 * (m >> 1) + tq) + 8 * (m & 1);
+#pragma unroll
+        for (int r4 = 0; r4 < 4; r4++) {
+            const uint16_t *qp = qs + (gq + 8 * (r4 & 1)) * Dh + D + 4 * (r4 >> 1);
+            float f[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) f[e] = __half2float(__ushort_as_half(qp[e]));
+            q8[m][r4] = pd8_e4m3x2(f[0], f[1]) | (pd8_e4m3x2(f[2], f[3]) << 16);
+        }
+    }
+    __syncthreads(); /* qs (the warps' areas) read before the rings fill them */
+    const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
+    const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
+    const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
+    const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
+    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
+    const float rfmax = __frcp_rn(c.fmax);
+    unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA;
+    float4 *sw = reinterpret_cast<float4 *>(sa);
+    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
+    auto phys = [&](int cc) {
+        const int k = cc * ch + 16 * lane;
+        if (cc >= ce || k >= n) return 0;
+        const int kb = k / Bs;
+        return sparse ? s.bt[blist[kb]] : s.bt[kb];
+    };
+    /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
+     * group l's element offsets (K, V, scale) of chunk ic */
+    int ic = cb + warp, ij = 0, ing = 0, phn = phys(ic);
+    int64_t gko = 0, gvo = 0, gso = 0;
+    auto enter = [&]() {
+        if (ic >= ce) return;
+        const int k0 = ic * ch, nk = min(ch, n - k0);
+        ing = (nk + 15) / 16;
+        if (lane < ing) {
+            const int k = k0 + 16 * lane, kb = k / Bs;
+            pf_offs<16>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
+        }
+        phn = phys(ic + PD_W);
+    };
+    enter();
+    unsigned isq = 0, csq = 0; /* items issued / consumed */
+    auto issue = [&]() {
+        if (ic < ce) {
+            unsigned char *dst = ring + (size_t)(isq % NS) * SB;
+            const bool kk = ij < ing;
+            const int gr = kk ? ij : ij - ing;
+            const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
+            if (kk) { /* 8 dim units x 16 keys, 16 bytes each */
+                const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int d = 2 * i + (lane >> 4), k = lane & 15;
+                    cp16(dst + (d * 16 + (k ^ (2 * (d & 3)))) * 16,
+                         kbase + ko + (int64_t)d * Pv * 16 + (int64_t)k * 16, true);
+                }
+                if (lane < 4) cp16(dst + 2048 + 16 * lane, s.k_scale + so + 4 * lane, true);
+                else if (lane < 8) cp16(dst + 2048 + 64 + 16 * (lane - 4), s.v_scale + so + 4 * (lane - 4), true);
+            } else { /* 128 dims x 16 keys: 2 KB contiguous */
+                const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr);
+#pragma unroll
+                for (int i = 0; i < 4; i++) cp16(dst + (i * 32 + lane) * 16, vp + (int64_t)(i * 32 + lane) * 16, true);
+                if (lane < 4) cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane, true);
+            }
+            if (++ij == 2 * ing) {
+                ic += PD_W, ij = 0;
+                enter();
+            }
+        }
+        cp_commit(); /* possibly empty: keeps the wait count uniform */
+        isq++;
+    };
+    /* acquire: the next item's slot, once this lane's and (after the warp barrier) every
+     * lane's copies of it landed; release: the slot refilled (every lane read it: the barrier) */
+    auto acquire = [&]() -> const unsigned char * {
+        cp_wait<NS - 1>();
+        __syncwarp();
+        asm volatile("" ::: "memory");
+        return ring + (size_t)(csq % NS) * SB;
+    };
+    auto release = [&]() {
+        csq++;
+        asm volatile("" ::: "memory");
+        __syncwarp();
+        issue();
+    };
+#pragma unroll 1
+    for (int j = 0; j < NS; j++) issue();
+    float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
+    float ar[PD_NT][4];
+#pragma unroll
+    for (int u = 0; u < PD_NT; u++) ar[u][0] = ar[u][1] = ar[u][2] = ar[u][3] = 0.0f;
+    for (int cc = cb + warp; cc < ce; cc += PD_W) {
+        const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
+        /* pass 1: S of each 16-key group into the warp's area; the row maxima; lane gr: the
+         * max V scale of group gr */
+        float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
+#pragma unroll 1
+        for (int gr = 0; gr < ng; gr++) {
+            const unsigned char *sl = acquire();
+            uint4 kw[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int d = 4 * u + tq, k = kl + 2 * h;
+                    kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
+                }
+            const float4 ks = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+            const float4 kv = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
+            release();
+            float c8[2][2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 4; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint4 w = kw[h][m >> 1];
+                    const uint32_t b[2] = {(m & 1) ? w.z : w.x, (m & 1) ? w.w : w.y};
+                    pd8_mma_e4m3(c8[h][m & 1], q8[m], b);
+                }
+            const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
+            const bool tail = 16 * gr + 16 > nk; /* the list's last group: keys past it masked */
+            const float ks4[4] = {ks.x, ks.y, ks.z, ks.w};
+            float m;
+            if (!tail) {
+                m = fmaxf(fmaxf(kv.x, kv.y), fmaxf(kv.z, kv.w));
+            } else {
+                m = 0.0f;
+                if (kq < nk) m = fmaxf(m, kv.x);
+                if (kq + 1 < nk) m = fmaxf(m, kv.y);
+                if (kq + 2 < nk) m = fmaxf(m, kv.z);
+                if (kq + 3 < nk) m = fmaxf(m, kv.w);
+            }
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            if (lane == gr) vm = m;
+            float z[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) /* §4.9 step 2 */
+                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
+            if (tail)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        if (kq + 2 * h + (i & 1) >= nk) z[h][i] = -INFINITY;
+            mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
+            mx1 = fmaxf(mx1, fmaxf(fmaxf(z[0][2], z[0][3]), fmaxf(z[1][2], z[1][3])));
+            sw[(gr * 2) * 32 + lane] = make_float4(z[0][0], z[0][1], z[0][2], z[0][3]);
+            sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
+        for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
+        /* pass 2: O = P' V, two groups a step */
+        float o[PD_NT][4];
+#pragma unroll
+        for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
+        float l0 = 0.0f, l1 = 0.0f;
+        const bool tpair = c.tile >= 32; /* pairs (2i, 2i + 1) of groups lie in one tile */
+#pragma unroll 1
+        for (int gr = 0; gr < ng; gr += 2) {
+            const bool two = gr + 1 < ng;
+            uint32_t vc[2][PD_NT];
+            float4 vsg[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                if (j == 1 && !two) {
+#pragma unroll
+                    for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
+                    vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    continue;
+                }
+                const unsigned char *sl = acquire();
+#pragma unroll
+                for (int u = 0; u < PD_NT; u++)
+                    vc[j][u] = *reinterpret_cast<const uint32_t *>(sl + (8 * u + gq) * 16 + 4 * tq);
+                vsg[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                release();
+            }
+            /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
+            uint32_t pc[2][2];
+            float fj[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int g2 = gr + j, kq = 16 * g2 + 4 * tq;
+                if (j == 1 && !two) {
+                    pc[1][0] = pc[1][1] = 0u, fj[1] = 0.0f;
+                    continue;
+                }
+                const float4 zl = sw[(g2 * 2) * 32 + lane], zh = sw[(g2 * 2 + 1) * 32 + lane];
+                const float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
+                                        {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
+                l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+                l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+                const float4 v = vsg[j];
+                float vs4[4] = {v.x, v.y, v.z, v.w};
+                const bool tail = 16 * g2 + 16 > nk;
+                if (tail) /* keys past the list: no weight, V codes zeroed */
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (kq + e >= nk) {
+                            vs4[e] = 0.0f;
+#pragma unroll
+                            for (int u = 0; u < PD_NT; u++) vc[j][u] &= ~(0xFFu << (8 * e));
+                        }
+                /* §4.9 step 4: P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)), M the tile's
+                 * max V scale; the output scaled by M / FP8_MAX */
+                const float M = __shfl_sync(0xffffffffu, vm, g2);
+                fj[j] = pd8_div(M, c.fmax, rfmax);
+                const float y = M + 1e-8f, ry = __frcp_rn(y);
+                float pv[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
+                pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
+                pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
+            }
+            if (tpair) { /* one tile: one k32 mma per n-tile for both groups */
+                const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
+#pragma unroll
+                for (int u = 0; u < PD_NT; u++) {
+                    const uint32_t b[2] = {vc[0][u], vc[1][u]};
+                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    pd8_mma_e4m3(t4, a8, b);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    if (j == 1 && !two) break;
+                    const uint32_t a8[4] = {pc[j][0], pc[j][1], 0u, 0u};
+#pragma unroll
+                    for (int u = 0; u < PD_NT; u++) {
+                        const uint32_t b[2] = {vc[j][u], 0u};
+                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        pd8_mma_e4m3(t4, a8, b);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[j];
+                    }
+                }
+            }
+        }
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        /* chunk done: A_j into the warp's running merge (pf_part_k's rule), in registers */
+        const bool first = Mr[0] == -INFINITY;
+        float wa[2], wb[2], ll[2] = {l0, l1}, rl[2] = {__frcp_rn(l0), __frcp_rn(l1)};
+#pragma unroll
+        for (int r2 = 0; r2 < 2; r2++) {
+            const float m = r2 ? mx1 : mx0, Mn = fmaxf(Mr[r2], m);
+            wa[r2] = Mr[r2] == -INFINITY ? 0.0f : expf(Mr[r2] - Mn), wb[r2] = expf(m - Mn);
+            Lr[r2] = Lr[r2] * wa[r2] + ll[r2] * wb[r2], Mr[r2] = Mn;
+        }
+#pragma unroll
+        for (int u = 0; u < PD_NT; u++)
+#pragma unroll
+            for (int i = 0; i < 4; i += 2) {
+                const int r2 = i >> 1;
+                float A0 = o[u][i], A1 = o[u][i + 1];
+                if (c.part > 0) { /* l bf16(O / l): l >= 1, so the quotient is normal (or 0) */
+                    float q0 = pd8_div(A0, ll[r2], rl[r2]), q1 = pd8_div(A1, ll[r2], rl[r2]);
+                    round_bf16x2(q0, q1);
+                    A0 = ll[r2] * q0, A1 = ll[r2] * q1;
+                }
+                ar[u][i] = first ? A0 * wb[r2] : ar[u][i] * wa[r2] + A0 * wb[r2];
+                ar[u][i + 1] = first ? A1 * wb[r2] : ar[u][i + 1] * wa[r2] + A1 * wb[r2];
+            }
+    }
+    cp_wait<0>();
+    /* the warp's A into its area (S is no longer read), the block's warps folded in order */
+    __syncwarp();
+    float4 *aw = reinterpret_cast<float4 *>(sa);
+#pragma unroll
+    for (int u = 0; u < PD_NT; u++) aw[u * 32 + lane] = make_float4(ar[u][0], ar[u][1], ar[u][2], ar[u][3]);
+    if (tq == 0) {
+        wml[warp][0][gq] = Mr[0], wml[warp][0][gq + 8] = Mr[1];
+        wml[warp][1][gq] = Lr[0], wml[warp][1][gq + 8] = Lr[1];
+    }
+    __syncthreads();
+    m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
+    const size_t sl0 = (slot0 + ci) * hq;
+    if (cb < ce || c.nsp == 1)
+        for (int e = tid; e < hq * Dh; e += NT) {
+            const int h = e / Dh, d = e - h * Dh;
+            float M = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
+            /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
+            const size_t ai = ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
+                              (size_t)(2 * (h / 8) + (d & 1)) * 4;
+            float A = 0.0f, L = 0.0f;
+#pragma unroll
+            for (int w = 0; w < PD_W; w++) {
+                const float mw = wml[w][0][h];
+                if (mw == -INFINITY) continue; /* a warp without a chunk */
+                const float x = expf(mw - M);
+                A += x * *reinterpret_cast<const float *>(wraw + (size_t)w * WB + ai), L += x * wml[w][1][h];
+            }
+            if (c.nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
+                orow[(size_t)h * Dh + d] = m3_f32_to_bf16(A / L);
+            } else {
+                po[(sl0 + h) * Dh + d] = A;
+                if (d == 0) pml[(sl0 + h) * 2] = M, pml[(sl0 + h) * 2 + 1] = L;
+            }
+        }
+    if (c.nsp == 1 || !c.fused) return;
+    /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
+    if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
+    pf_row_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, Dh,
+                 reinterpret_cast<float *>(wraw), tid, NT);
+#else
+    (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
+    (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
+#endif
+}
+
 #endif /* M3_HIP_NVIDIA */
 
 #if defined(M3_HIP_NVIDIA)
@@ -2730,8 +3148,9 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
     c.nchx = (int)((maxk + c.ch - 1) / c.ch);
     c.hw = fp8 && src->g.fp8_kind == M3_FP8_E4M3FN;
     c.pvf16 = c.pa && c.tile % 16 == 0;
-    /* pd_part_k: 16-key groups inside one page and one §4.9 tile, K units of 32 (bf16) / 64
-     * (fp8) dims per lane pair, hardware fp8 conversions, 16-byte aligned scales */
+    /* pd_part_k / pd8_part_k (§4.9): 16-key groups inside one page and one §4.9 tile, K
+     * units of 32 (bf16) / 64 (fp8) dims per lane pair, hardware fp8 conversions, 16-byte
+     * aligned scales */
     c.dec = c.fast && c.qvec && c.Dh == FA_MAX_DH && src->g.block % 16 == 0 &&
             Pv % 16 == 0 && c.ch % 16 == 0 &&
             (!fp8 || (c.hw && m3_aligned16(src->k_scale) && m3_aligned16(src->v_scale))) &&
@@ -2747,12 +3166,30 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                            const int32_t *d_topk, int width, pf_cfg c) {
     const bool fp8 = c.fp8;
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
-    /* pd_part_k when each of PD_WPS warps per SM gets a chunk (decode over long rows);
-     * else pf_part_k. Test hook: flash_kernel (1: pf_part_k, 2: pd_part_k where it fits). */
+    /* the decode kernels (pd_part_k; pd8_part_k under §4.9) when each of PD_WPS warps per SM
+     * gets a chunk (decode over long rows); else pf_part_k. Test hook: flash_kernel (1:
+     * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
     if (src->flash_kernel == 2) dec = c.dec;
-    if (dec) {
+    const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
+    if (p8) {
+        /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
+         * times the chunks of the busiest warp) within 2% of the smallest, with the most
+         * chunks per block (fewer blocks, prologues and partials) */
+        const int slots = PD_WPS / PD_W * n_sm;
+        const int64_t rows = (int64_t)c.Hkv * n_tok;
+        auto mks = [&](int cpb) {
+            const int64_t blocks = rows * ((c.nchx + cpb - 1) / cpb);
+            return (double)((blocks + slots - 1) / slots * ((cpb + PD_W - 1) / PD_W));
+        };
+        double best = mks(1);
+        for (int cpb = 2; cpb <= c.nchx; cpb++) best = fmin(best, mks(cpb));
+        for (int cpb = 1; cpb <= c.nchx; cpb++)
+            if (mks(cpb) <= 1.02 * best) c.cpb = cpb;
+        if (src->flash_cpb > 0) c.cpb = src->flash_cpb < c.nchx ? src->flash_cpb : c.nchx;
+        c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
+    } else if (dec) {
         const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / PD_W * n_sm;
         int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + PD_W - 1) / PD_W;
         if (nsp > mx) nsp = mx;
@@ -2785,25 +3222,24 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
-    const size_t sh = dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
+    const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][5]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][6]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[4] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>};
-    const int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
-    const void *fns[5] = {(const void *)kf[0], (const void *)kf[1], (const void *)kf[2],
-                          (const void *)kf[3], (const void *)pf_merge_k};
+    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, pd8_part_k};
+    const int fi = p8 ? 4 : (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
-        M3_TRY(smem_limit(fns[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
+        M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[4]) {
-        M3_TRY(smem_limit(fns[4], msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[4] = msh;
+    if (!c.fused && msh > pf_set[5]) {
+        M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
+        pf_set[5] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
@@ -2815,7 +3251,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        kf[fi]<<<grid, dec ? PD_W * 32 : PF_THREADS, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
+        kf[fi]<<<grid, nth, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {

@@ -186,8 +186,8 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
          * consecutive chunks in registers, then a partial each), 1 << 20 (a block per row:
          * its output straight from registers) */
         static const int cpbs[] = {0, 2, 1 << 20};
-        /* the general kernel, then the decode kernel (flash_kernel 2; geometries it does not
-         * take fall back to the general one) */
+        /* the general kernel, then the decode kernel (flash_kernel 2: pd_part_k, §4.9
+         * pd8_part_k; geometries they do not take fall back to the general one) */
         for (int ik = 0; ik < 6; ik++) {
             const int ic = ik % 3;
             ds.flash_kernel = 1 + ik / 3;
