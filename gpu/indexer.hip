@@ -822,6 +822,13 @@ static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+/* SESSION-7 variants: 3 = L2 only (ld.cg), 4 = non-coherent (ld.nc), else plain */
+static __device__ __forceinline__ uint4 ldk(const uint4 *p, int var) {
+    if (var == 3) return __ldcg(p);
+    if (var == 4) return __ldg(p);
+    return *p;
+}
+
 struct dec_smem {
     unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
     int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
@@ -918,7 +925,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
               int n_ctx, int G, int Di, int B, float scale, bool nan_neg, idx_sel sel,
               unsigned long long *M3_RESTRICT cmax, unsigned int *M3_RESTRICT arrive,
-              unsigned int epoch) {
+              unsigned int epoch, int var) {
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
@@ -944,17 +951,40 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                     reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq;
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    kb[i][j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+                    kb[i][j] = ok && j < Di / 64 ? ldk(kr + 4 * j, var) : make_uint4(0, 0, 0, 0);
             } else {
                 const uint4 *kr =
                     reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+                    kb[i][j] = ok && j < nj ? ldk(kr + 4 * j, var) : make_uint4(0, 0, 0, 0);
             }
         }
     };
     if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
+    /* SESSION-7 variants 5/6: L2 prefetch of key block pb (rows from r0) */
+    const int esz = K16 ? 1 : 2;
+    auto pref = [&](int pb, int r0) {
+        if (r0 < 0 || pb >= nbk) return;
+        const int nk = min(B, n_ctx - pb * B);
+        const unsigned bytes = (unsigned)(nk * Di * esz);
+        const char *base = (const char *)ik.k + (size_t)r0 * Di * esz;
+        if (var == 5) {
+            if (tid == 0)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base), "r"(bytes)
+                             : "memory");
+        } else {
+            for (unsigned o = (unsigned)tid * 128u; o < bytes; o += IST_THREADS * 128u)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(base + o) : "memory");
+        }
+    };
+    const bool pv = var == 5 || var == 6;
+    int rn2 = 0;
+    if (pv) {
+        const int gsz = (int)gridDim.x, x1 = (int)blockIdx.x + gsz, x2 = x1 + gsz;
+        if (x2 < nbk) rn2 = key_base(ik, x2, B);
+        if (x1 < nbk) pref(x1, key_base(ik, x1, B));
+    }
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -999,11 +1029,23 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
     for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
+        if (pv && b + 2 * grid < n_lim) {
+            pref(b + 2 * grid, rn2);
+            rn2 = b + 3 * grid < n_lim ? key_base(ik, b + 3 * grid, B) : 0;
+        }
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
             const int k0 = b * B + (warp * tiles + i) * 8;
             if (i >= tiles || k0 > pmax) break; /* block-uniform */
             float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (var == 2) { /* SESSION-7 diagnostic: no decode / mma, the loads consumed */
+                uint32_t x = 0;
+#pragma unroll
+                for (int j = 0; j < (K16 ? 2 : 4); j++)
+                    x ^= kb[i][j].x ^ kb[i][j].y ^ kb[i][j].z ^ kb[i][j].w;
+#pragma unroll
+                for (int e = 0; e < 4; e++) c4[e] = (float)((x >> (8 * e)) & 0xFFu);
+            } else {
 #pragma unroll
             for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
                 if (j >= nj) break;
@@ -1023,6 +1065,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
                 m3_mma_bf16_16816(c4, qa[2 * j], b0);
                 m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
+            }
             }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -1044,7 +1087,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             if (tq == 0)
                 red_m[par][warp][gq + 8 * h] = mx[h], red_n[par][warp][gq + 8 * h] = bad[h];
         }
-        __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
+        if (var != 1) __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
         if (tid < 16 && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
@@ -1086,7 +1129,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive;
+    (void)arrive; (void)var;
 #endif
 }
 
@@ -1095,7 +1138,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * in shared memory (then the caller runs a selection kernel). */
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
+                            const m3_profile *p, const idx_sel &sa, bool &fuse, int var) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
@@ -1126,10 +1169,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep, var);
     else
         idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep, var);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
     return s;
@@ -1211,7 +1254,7 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     m3_status s;
     if (score == 1) {
         s = dec_launch(g, S, (const m3_bf16 *)d_iq, ld_q, d_ik, d_pos, n_tok, nbk,
-                       n_ctx, G, Di, B, p, sa, fuse);
+                       n_ctx, G, Di, B, p, sa, fuse, (path >> 8) & 0xF);
     } else if (score == 4) {
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
         gx = gx < nbk ? gx : nbk;

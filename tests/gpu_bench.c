@@ -503,7 +503,14 @@ static void bench_indexer(void **state) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
     static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 8192}, {64, 131072}, {64, 1048576}, {8192, 8192}};
+    /* SESSION-7 (helper idx) filters: M3_BENCH_IDX_C / _T pick one case, M3_BENCH_IDX_KIND
+     * (plain,bf16,fp8) the rows, M3_BENCH_IDX_VARS (e.g. "0,0n,5") kernel variants of the
+     * paged rows (n: scoring alone) */
+    const char *f_c = getenv("M3_BENCH_IDX_C"), *f_t = getenv("M3_BENCH_IDX_T");
+    const char *f_kind = getenv("M3_BENCH_IDX_KIND"), *f_vars = getenv("M3_BENCH_IDX_VARS");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (f_c && atoi(f_c) != cases[i][1]) continue;
+        if (f_t && atoi(f_t) != cases[i][0]) continue;
         idx_ctx c;
         memset(&c, 0, sizeof c);
         m3_profile_atom(&c.p);
@@ -531,7 +538,7 @@ static void bench_indexer(void **state) {
             {M3_GPU_IDX_WIDE | M3_GPU_IDX_NOSEL, "wide,nosel"}};
         const char *ev = getenv("M3_BENCH_IDX_PATHS");
         const size_t n_path = ev && atoi(ev) == 1 ? sizeof paths / sizeof paths[0] : 1;
-        for (size_t pi = 0; pi < n_path; pi++) {
+        for (size_t pi = 0; pi < n_path && (!f_kind || strstr(f_kind, "plain")); pi++) {
             const int sc = paths[pi].path & M3_GPU_IDX_SCORE;
             const bool dec = sc == M3_GPU_IDX_DECODE;
             if (pi > 0 && dec != (c.T == 1)) continue; /* decode variants at T = 1 only */
@@ -562,14 +569,26 @@ static void bench_indexer(void **state) {
             k.k = c.ik, k.elem = M3_KV_BF16, k.bt = dbt, k.block = 128;
             c.keys = &k;
             c.path = M3_GPU_IDX_AUTO;
-            double ms = time_ms(g, do_idx, &c, 3, 5);
+            double ms;
             char nm[96];
-            snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged", c.T, c.C);
-            report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
-                   keys * 4 * 128 * 2);
+            const char *vl = f_vars && *f_vars ? f_vars : "a";
+            for (const char *w = vl; (!f_kind || strstr(f_kind, "bf16")) && *w;) {
+                const size_t l = strcspn(w, ",");
+                const int v = *w == 'a' ? -1 : atoi(w);
+                const bool ns = l > 0 && w[l - 1] == 'n';
+                c.path = v < 0 ? M3_GPU_IDX_AUTO
+                               : M3_GPU_IDX_DECODE | (v << 8) | (ns ? M3_GPU_IDX_NOSEL : 0);
+                ms = time_ms(g, do_idx, &c, 3, 5);
+                snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged%s%.*s%s", c.T,
+                         c.C, v < 0 ? "" : " [v", v < 0 ? 0 : (int)l, w, v < 0 ? "" : "]");
+                report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
+                       keys * 4 * 128 * 2);
+                w += l + (w[l] == ',');
+                if (c.T != 1) break;
+            }
             /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
              * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
-            if (c.T == 1) {
+            if (c.T == 1 && (!f_kind || strstr(f_kind, "fp8"))) {
                 const size_t nk = (size_t)c.C * 128;
                 uint8_t *h8 = malloc(nk);
                 assert_non_null(h8);
@@ -583,10 +602,20 @@ static void bench_indexer(void **state) {
                 GPU_OK(m3_gpu_upload(g, d8, h8, nk));
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
-                ms = time_ms(g, do_idx, &c, 3, 5);
-                snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged", c.T, c.C);
-                report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
-                       keys * 4 * 128 * 2);
+                for (const char *w = vl; *w;) {
+                    const size_t l = strcspn(w, ",");
+                    const int v = *w == 'a' ? -1 : atoi(w);
+                    const bool ns = l > 0 && w[l - 1] == 'n';
+                    c.path = v < 0 ? M3_GPU_IDX_AUTO
+                                   : M3_GPU_IDX_DECODE | (v << 8) | (ns ? M3_GPU_IDX_NOSEL : 0);
+                    ms = time_ms(g, do_idx, &c, 3, 5);
+                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged%s%.*s%s", c.T,
+                             c.C, v < 0 ? "" : " [v", v < 0 ? 0 : (int)l, w, v < 0 ? "" : "]");
+                    report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
+                           keys * 4 * 128 * 2);
+                    w += l + (w[l] == ',');
+                }
+                c.path = M3_GPU_IDX_AUTO;
             }
             c.keys = NULL;
         }
