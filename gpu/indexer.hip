@@ -937,10 +937,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
     /* bf16: dims 8*(tq + 4j) .. +7, j < Di/32; K16: 16 codes, dims 16*(tq + 4j) .. +15, j <
      * Di/64, decoded at use */
-    uint4 kb[IST_TILES][4];
+    uint4 kb[IST_TILES][4], kb2[IST_TILES][4]; /* kb2: SESSION-7 variant 7 only */
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
-    auto load = [&](int b, int r0) {
+    auto load_to = [&](uint4 (&kd)[IST_TILES][4], int b, int r0) {
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
             const int key = b * B + (warp * tiles + i) * 8 + gq;
@@ -951,16 +951,17 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                     reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq;
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    kb[i][j] = ok && j < Di / 64 ? ldk(kr + 4 * j, var) : make_uint4(0, 0, 0, 0);
+                    kd[i][j] = ok && j < Di / 64 ? ldk(kr + 4 * j, var) : make_uint4(0, 0, 0, 0);
             } else {
                 const uint4 *kr =
                     reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    kb[i][j] = ok && j < nj ? ldk(kr + 4 * j, var) : make_uint4(0, 0, 0, 0);
+                    kd[i][j] = ok && j < nj ? ldk(kr + 4 * j, var) : make_uint4(0, 0, 0, 0);
             }
         }
     };
+    auto load = [&](int b, int r0) { load_to(kb, b, r0); };
     if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
     /* SESSION-7 variants 5/6: L2 prefetch of key block pb (rows from r0) */
     const int esz = K16 ? 1 : 2;
@@ -1027,12 +1028,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int par = 0;
     int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
-    for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
-        float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
-        if (pv && b + 2 * grid < n_lim) {
-            pref(b + 2 * grid, rn2);
-            rn2 = b + 3 * grid < n_lim ? key_base(ik, b + 3 * grid, B) : 0;
-        }
+    /* the row maxima (and NaN flags) of this warp's tiles of key block b from fragments kv */
+    auto score = [&](const uint4 (&kv)[IST_TILES][4], int b, float (&mx)[2], float (&bad)[2]) {
+        mx[0] = mx[1] = -INFINITY, bad[0] = bad[1] = 0.0f;
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
             const int k0 = b * B + (warp * tiles + i) * 8;
@@ -1042,30 +1040,30 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 uint32_t x = 0;
 #pragma unroll
                 for (int j = 0; j < (K16 ? 2 : 4); j++)
-                    x ^= kb[i][j].x ^ kb[i][j].y ^ kb[i][j].z ^ kb[i][j].w;
+                    x ^= kv[i][j].x ^ kv[i][j].y ^ kv[i][j].z ^ kv[i][j].w;
 #pragma unroll
                 for (int e = 0; e < 4; e++) c4[e] = (float)((x >> (8 * e)) & 0xFFu);
             } else {
 #pragma unroll
-            for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
-                if (j >= nj) break;
-                if (K16 && (j >= 2 || j >= Di / 64)) break;
-                if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
-                    const uint4 v0 = e4m3x8_bf16(kb[i][j].x, kb[i][j].y);
-                    const uint4 v1 = e4m3x8_bf16(kb[i][j].z, kb[i][j].w);
-                    const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
-                    const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
-                    m3_mma_bf16_16816(c4, qa[4 * j], a0);
-                    m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
-                    m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
-                    m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
-                    continue;
+                for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
+                    if (j >= nj) break;
+                    if (K16 && (j >= 2 || j >= Di / 64)) break;
+                    if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
+                        const uint4 v0 = e4m3x8_bf16(kv[i][j].x, kv[i][j].y);
+                        const uint4 v1 = e4m3x8_bf16(kv[i][j].z, kv[i][j].w);
+                        const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
+                        const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
+                        m3_mma_bf16_16816(c4, qa[4 * j], a0);
+                        m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
+                        m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
+                        m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
+                        continue;
+                    }
+                    const uint4 v = kv[i][j];
+                    const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
+                    m3_mma_bf16_16816(c4, qa[2 * j], b0);
+                    m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
                 }
-                const uint4 v = kb[i][j];
-                const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
-                m3_mma_bf16_16816(c4, qa[2 * j], b0);
-                m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
-            }
             }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -1076,8 +1074,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 }
             }
         }
-        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
-        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+    };
+    /* the cross-warp max of key block b and its score per row (one thread per row) */
+    auto reduce = [&](int b, int par, float (&mx)[2], float (&bad)[2]) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
@@ -1087,7 +1086,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             if (tq == 0)
                 red_m[par][warp][gq + 8 * h] = mx[h], red_n[par][warp][gq + 8 * h] = bad[h];
         }
-        if (var != 1) __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
+        /* red[par] is rewritten two key blocks later, after the next barrier */
+        if (var != 1) __syncthreads();
         if (tid < 16 && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
@@ -1104,6 +1104,35 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 const unsigned long long u = rank_key(z, b);
                 cbest = u > cbest ? u : cbest;
             }
+        }
+    };
+    float mx[2], bad[2];
+    if (K16 && var == 7) { /* SESSION-7: two register buffers, the next block's loads first */
+        int b = (int)blockIdx.x, par = 0;
+        while (b < n_lim) {
+            if (b + grid < n_lim) load_to(kb2, b + grid, rn);
+            if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B);
+            score(kb, b, mx, bad);
+            reduce(b, par, mx, bad);
+            b += grid, par ^= 1;
+            if (b >= n_lim) break;
+            if (b + grid < n_lim) load_to(kb, b + grid, rn);
+            if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B);
+            score(kb2, b, mx, bad);
+            reduce(b, par, mx, bad);
+            b += grid, par ^= 1;
+        }
+    } else {
+        int par = 0;
+        for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
+            if (pv && b + 2 * grid < n_lim) {
+                pref(b + 2 * grid, rn2);
+                rn2 = b + 3 * grid < n_lim ? key_base(ik, b + 3 * grid, B) : 0;
+            }
+            score(kb, b, mx, bad);
+            if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+            if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+            reduce(b, par, mx, bad);
         }
     }
     if (!cmax) return;
