@@ -1026,7 +1026,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int ct = t0 + tid / G, cnb = tid < 16 && ct < n_tok ? pos[ct] / B + 1 : 0;
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
-    int par = 0;
     int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
     /* the row maxima (and NaN flags) of this warp's tiles of key block b from fragments kv */
     auto score = [&](const uint4 (&kv)[IST_TILES][4], int b, float (&mx)[2], float (&bad)[2]) {
