@@ -914,6 +914,37 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     }
 }
 
+/* SESSION-7 variant 12: key blocks copied into shared memory by the bulk copy engine
+ * (cp.async.bulk, sm_90), completion on an mbarrier per stage */
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void mbar_init(unsigned long long *bar, unsigned int n) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void mbar_expect(unsigned long long *bar, unsigned int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned int parity) {
+    uint32_t ok;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+    } while (!ok);
+}
+static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned int bytes,
+                                                unsigned long long *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+                 "[%3];" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
 /* SESSION-7 dec_pick2: dec_pick with the exact tau over the block maxima (the need-th
  * largest of the listed blocks' maxima: at most need blocks hold candidates) and the
  * candidate scores loaded 4 per thread before their first use (one round of L2 latency) */
@@ -1061,6 +1092,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #if M3_HAVE_MMA
     constexpr int SC = V & 15;
     constexpr bool LEAN = K16 && SC >= 8, EARLY = SC == 9, DBUF = K16 && SC == 10;
+    constexpr bool SMEM = K16 && SC == 12; /* key blocks in shared memory, 2 stages */
+    __shared__ unsigned long long mbar[2];
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
     __shared__ typename std::conditional<(V & 16) != 0, dec_smem2, dec_smem>::type sm;
@@ -1093,7 +1126,34 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) load_tile(kd, i, b, r0);
     };
-    if ((int)blockIdx.x < nbk) load_to(kb, (int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
+    /* SMEM: stage s (B * Di code bytes) at idx_dyn + s * B * Di, the pick's candidates after */
+    unsigned char *stage = idx_dyn;
+    unsigned int pend = 0; /* SMEM: stages with copies in flight (block-uniform) */
+    auto issue = [&](int b, int s, int r0) { /* SMEM: key block b into stage s */
+        const int nk = min(B, n_ctx - b * B);
+        unsigned char *dst = stage + (size_t)s * B * Di;
+        if (tid == 0) mbar_expect(&mbar[s], (unsigned)(nk * Di));
+        if (r0 >= 0) {
+            if (tid == 0) bulk_g2s(dst, (const uint8_t *)ik.k + (size_t)r0 * Di, (unsigned)(nk * Di), &mbar[s]);
+        } else {
+            for (int k = tid; k < nk; k += IST_THREADS)
+                bulk_g2s(dst + (size_t)k * Di, (const uint8_t *)ik.k + (size_t)key_row(ik, b * B + k) * Di,
+                         (unsigned)Di, &mbar[s]);
+        }
+        pend |= 1u << s;
+    };
+    if (SMEM) {
+        if (tid == 0) {
+            mbar_init(&mbar[0], 1), mbar_init(&mbar[1], 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+        if ((int)blockIdx.x < nbk) issue((int)blockIdx.x, 0, key_base(ik, (int)blockIdx.x, B));
+        if ((int)blockIdx.x + grid < nbk)
+            issue((int)blockIdx.x + grid, 1, key_base(ik, (int)blockIdx.x + grid, B));
+    } else if ((int)blockIdx.x < nbk) {
+        load_to(kb, (int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
+    }
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1135,6 +1195,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
+    if (SMEM) rn = (int)blockIdx.x + 2 * grid < n_lim ? key_base(ik, (int)blockIdx.x + 2 * grid, B) : 0;
     /* the row maxima (and NaN flags) of this warp's tiles of key block b from fragments kv;
      * EARLY: tile i of block nb (rows from r0) loaded into kv right after tile i's mma */
     auto score = [&](uint4 (&kv)[IST_TILES][4], int b, float (&mx)[2], float (&bad)[2], int nb,
@@ -1230,7 +1291,33 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         }
     };
     float mx[2], bad[2];
-    if (DBUF) { /* two register buffers: the next block's loads before this block's mma */
+    if (SMEM) {
+        int par = 0, it = 0;
+        for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1, it++) {
+            const int s = it & 1;
+            mbar_wait(&mbar[s], (unsigned)((it >> 1) & 1));
+            pend &= ~(1u << s);
+            const unsigned char *sb = stage + (size_t)s * B * Di;
+#pragma unroll
+            for (int i = 0; i < IST_TILES; i++) {
+                const int kk = (warp * tiles + i) * 8 + gq;
+                const uint4 *kr = reinterpret_cast<const uint4 *>(sb + (size_t)kk * Di) + tq;
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    kb[i][j] = i < tiles && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            }
+            score(kb, b, mx, bad, n_lim, 0);
+            reduce(b, par, mx, bad); /* its barrier: every warp is done with stage s */
+            if (b + 2 * grid < n_lim) {
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                issue(b + 2 * grid, s, rn);
+                if (b + 3 * grid < n_lim) rn = key_base(ik, b + 3 * grid, B);
+            }
+        }
+        /* copies issued for key blocks no row sees (n_lim < nbk): wait before exit */
+        for (int s = 0; s < 2; s++)
+            if (pend & (1u << s)) mbar_wait(&mbar[s], (unsigned)((it + (s != (it & 1))) >> 1 & 1));
+    } else if (DBUF) { /* two register buffers: the next block's loads before this block's mma */
         int b = (int)blockIdx.x, par = 0;
         while (b < n_lim) {
             if (b + grid < n_lim) load_to(kb2, b + grid, rn);
@@ -1273,10 +1360,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
+    unsigned long long *cand =
+        reinterpret_cast<unsigned long long *>(idx_dyn + (SMEM ? (size_t)2 * B * Di : 0));
     if constexpr ((V & 16) != 0)
-        dec_pick2(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+        dec_pick2(sel, row, G, gx, cmax, sm, cand);
     else
-        dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+        dec_pick(sel, row, G, gx, cmax, sm, cand);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1305,6 +1394,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     case 8: kern = IDX_V(8); break;
     case 9: kern = IDX_V(9); break;
     case 10: kern = IDX_V(10); break;
+    case 12: kern = IDX_V(12); break;
     case 16: kern = IDX_V(16); break;
     case 24: kern = IDX_V(24); break;
     case 25: kern = IDX_V(25); break;
@@ -1326,12 +1416,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
-    if (fuse) {
-        M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
-        if (dyn > 48 * 1024)
-            M3_HIP_TRY(hipFuncSetAttribute((const void *)kern,
-                                           hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-    }
+    if (k8 && var == 12) dyn += (size_t)2 * B * Di; /* the two key-block stages */
+    if (fuse) M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
+    if (dyn > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)kern,
+                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     /* calls with the fused selection so far, per context: the parity picks the arrival
      * counter, and each call zeroes the other one for the next call (stream order) */
     unsigned int &ep = g->idx_calls;
