@@ -1093,6 +1093,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     constexpr int SC = V & 15;
     constexpr bool LEAN = K16 && SC >= 8, EARLY = SC == 9, DBUF = K16 && SC == 10;
     constexpr bool SMEM = K16 && SC == 12; /* key blocks in shared memory, 2 stages */
+    constexpr bool BFM = SC == 13;          /* branch-free causal mask / NaN flags */
     __shared__ unsigned long long mbar[2];
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
@@ -1250,7 +1251,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
-                    if (key <= rp[h]) {
+                    if (BFM) { /* fmaxf skips a NaN operand; a flagged row's max is unused */
+                        const bool vis = key <= rp[h];
+                        const bool nn = isnan(c4[e]) || (LEAN && ((kf >> (4 * (e & 1))) & 0xFu));
+                        mx[h] = fmaxf(mx[h], vis ? c4[e] : -INFINITY);
+                        bad[h] = vis && nn ? 1.0f : bad[h];
+                    } else if (key <= rp[h]) {
                         if (isnan(c4[e]) || (LEAN && ((kf >> (4 * (e & 1))) & 0xFu)))
                             bad[h] = 1.0f;
                         else mx[h] = fmaxf(mx[h], c4[e]);
@@ -1395,6 +1401,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     case 9: kern = IDX_V(9); break;
     case 10: kern = IDX_V(10); break;
     case 12: kern = IDX_V(12); break;
+    case 13: kern = IDX_V(13); break;
     case 16: kern = IDX_V(16); break;
     case 24: kern = IDX_V(24); break;
     case 25: kern = IDX_V(25); break;
