@@ -27,9 +27,6 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 
-#include <stdlib.h>
-#include <type_traits>
-
 #define IDX_THREADS 256
 #define IDX_MAX_G 8
 #define IDX_MAX_K 64
@@ -743,8 +740,10 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * as ref) and keeps the block's best rank key of the row (its "block maximum").
  * K16 (the fp8 index cache, Di % 64 == 0): 16-byte loads of 16 codes, lane (g, t) holding
  * dims 16*(t + 4j) .. +15 (j < Di/64), decoded to bf16 at use (e4m3x8_bf16, two pieces of
- * 8: k-steps 4j .. 4j+3), the Q fragments permuted to match (8-byte loads of the bf16 dim
- * order measured slower: half the bytes per load, the same number of loads).
+ * 8: k-steps 4j .. 4j+3; branch-free: NaN codes are flagged per key by a warp ballot of the
+ * lanes' e4m3_nan16 and make the row's block NaN as a NaN product would), the Q fragments
+ * permuted to match (8-byte loads of the bf16 dim order measured slower: half the bytes per
+ * load, the same number of loads).
  * With fuse: the selection in the same launch. Every block writes its per-row maxima
  * (cmax [R, gridDim.x]), then a barrier, and thread 0 alone arrives: an acq_rel fence, then
  * a relaxed atomic add without a return value (bar.sync orders the block's stores before
@@ -791,38 +790,35 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
 }
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
- * exactly: every e4m3fn value is a bf16 value. Integer re-lay + one bf16x2 fma per pair
- * (below); the hardware cvt e4m3x2 -> f16x2 route (then f16 bits >> 3, x 2^112) measured
- * slower (session 5: 0.0774 vs 0.0761 ms at 1M keys). A piece with a NaN code (0x7F / 0xFF,
- * which the re-lay would make finite) decodes code by code (m3_fp8_to_f32, NaN kept). */
+ * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
+ * puts code a in the low byte of a half and its sign replicated in the high byte; << 4 and
+ * the mask keep s|0000eeee|mmm0000, the bf16 bits of the value x 2^-120 (a bf16 subnormal
+ * for e = 0); times 2^120 (fma.rn.bf16x2 takes subnormal inputs: exact; -0 addend: signed
+ * zeros kept). A NaN code (0x7F / 0xFF) decodes to +-480, a value no code has: the caller
+ * flags its key apart (e4m3_nan16), so no branch sits in the decode (session 7: the
+ * per-piece NaN branch of session 5's decoder cost 16% of the fp8 row at 1M keys). The
+ * hardware cvt e4m3x2 -> f16x2 route measured slower (session 5). */
 static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
     uint32_t o[4];
-    const uint32_t nan = ((w0 & 0x7F7F7F7Fu) + 0x01010101u) | ((w1 & 0x7F7F7F7Fu) + 0x01010101u);
-    if (!(nan & 0x80808080u)) {
-        /* code s|eeee|mmm re-laid as the bf16 bits s|0000eeee|mmm0000 is the value x 2^-120
-         * (a bf16 subnormal for e = 0), times 2^120 (fma.rn.bf16x2 takes subnormal inputs:
-         * exact; -0 addend: signed zeros kept) */
-        const uint32_t sel[4] = {0x4140u, 0x4342u, 0x4140u, 0x4342u};
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint32_t t = __byte_perm(k < 2 ? w0 : w1, 0u, sel[k]); /* 0x00bb00aa */
-            const uint32_t bs = ((t << 4) & 0x07F007F0u) | ((t << 8) & 0x80008000u);
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
-                : "=r"(o[k])
-                : "r"(bs), "r"(0x7B807B80u), "r"(0x80008000u));
-        }
-        return make_uint4(o[0], o[1], o[2], o[3]);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) { /* a NaN code: code by code (the re-lay would be finite) */
-        const uint32_t w = k < 2 ? w0 : w1, sh = 16 * (k & 1);
-        const m3_bf16 lo = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> sh), M3_FP8_E4M3FN));
-        const m3_bf16 hi = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> (sh + 8)), M3_FP8_E4M3FN));
-        uint16_t lb, hb;
-        memcpy(&lb, &lo, 2), memcpy(&hb, &hi, 2);
-        o[k] = (uint32_t)lb | ((uint32_t)hb << 16);
+    for (int k = 0; k < 4; k++) {
+        uint32_t p;
+        const uint32_t w = k < 2 ? w0 : w1;
+        if (k & 1) asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(p) : "r"(w)); /* b3 b3s b2 b2s */
+        else asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(p) : "r"(w));      /* b1 b1s b0 b0s */
+        const uint32_t bs = (p << 4) & 0x87F087F0u;
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+            : "=r"(o[k])
+            : "r"(bs), "r"(0x7B807B80u), "r"(0x80008000u));
     }
     return make_uint4(o[0], o[1], o[2], o[3]);
+}
+/* nonzero when one of the 16 codes is NaN (0x7F / 0xFF): the low 7 bits + 1 carry into bit
+ * 7 of that byte only (no carry leaves a byte) */
+static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
+    return (((v.x & 0x7F7F7F7Fu) + 0x01010101u) | ((v.y & 0x7F7F7F7Fu) + 0x01010101u) |
+            ((v.z & 0x7F7F7F7Fu) + 0x01010101u) | ((v.w & 0x7F7F7F7Fu) + 0x01010101u)) &
+           0x80808080u;
 }
 
 struct dec_smem {
@@ -913,176 +909,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
     }
 }
-
-/* SESSION-7 variant 12: key blocks copied into shared memory by the bulk copy engine
- * (cp.async.bulk, sm_90), completion on an mbarrier per stage */
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void mbar_init(unsigned long long *bar, unsigned int n) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(n) : "memory");
-}
-static __device__ __forceinline__ void mbar_expect(unsigned long long *bar, unsigned int bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-static __device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned int parity) {
-    uint32_t ok;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok)
-                     : "r"(smem_u32(bar)), "r"(parity)
-                     : "memory");
-    } while (!ok);
-}
-static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned int bytes,
-                                                unsigned long long *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-                 "[%3];" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-}
-
-/* SESSION-7 dec_pick2: dec_pick with the exact tau over the block maxima (the need-th
- * largest of the listed blocks' maxima: at most need blocks hold candidates) and the
- * candidate scores loaded 4 per thread before their first use (one round of L2 latency) */
-struct dec_smem2 : dec_smem {
-    unsigned long long cmx[IDX_PICK_CPT * (IDX_MAX_K + 1)];
-    int cb[IDX_MAX_K + 1], n_cb;
-};
-static __device__ void dec_pick2(const idx_sel &a, int q, int G, int gx,
-                                 const unsigned long long *cmax, dec_smem2 &sm,
-                                 unsigned long long *cand) {
-    const int tid = (int)threadIdx.x, t = q / G, g = q % G;
-    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
-    const int n_pub = IST_WARPS * need;
-    unsigned long long m[IDX_PICK_CPT];
-#pragma unroll
-    for (int i = 0; i < IDX_PICK_CPT; i++) {
-        const int x = tid + i * IST_THREADS;
-        m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
-    }
-    unsigned long long mx = 0;
-#pragma unroll
-    for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
-    sm.tmax[tid] = mx;
-    for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
-    if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0, sm.n_cb = 0; /* tau 1: every score */
-    __syncthreads();
-    const int w = tid / 32;
-    if (mx) { /* the thread maxima ranked < need within the warp hold the top `need` */
-        int r = 0;
-#pragma unroll
-        for (int j = 0; j < 32; j++) r += sm.tmax[w * 32 + j] > mx;
-        if (r < need) sm.pub[w * need + r] = mx;
-    }
-    __syncthreads();
-    for (int j = tid; j < n_pub; j += IST_THREADS) {
-        const unsigned long long u = sm.pub[j];
-        if (!u) continue;
-        int r = 0;
-#pragma unroll 8
-        for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
-        if (r == need - 1) sm.tau = u;
-    }
-    __syncthreads();
-    const unsigned long long th = sm.tau;
-#pragma unroll
-    for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= th: <= need * cpt */
-        if (m[i] && m[i] >= th) {
-            const int s = atomicAdd(&sm.n_cta, 1);
-            sm.cta[s] = tid + i * IST_THREADS, sm.cmx[s] = m[i];
-        }
-    __syncthreads();
-    /* the need largest block maxima among them (>= need listed): their blocks hold every
-     * score >= the need-th largest maximum, hence the top need */
-    const int per = (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
-    const int nct = sm.n_cta;
-    for (int j = tid; j < nct; j += IST_THREADS) {
-        const unsigned long long u = sm.cmx[j];
-        int r = 0;
-        for (int k = 0; k < nct; k++) r += sm.cmx[k] > u;
-        if (r < need) {
-            if (per == 1) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u); /* the score */
-            else sm.cb[atomicAdd(&sm.n_cb, 1)] = sm.cta[j];
-            if (r == need - 1) sm.tau = u;
-        }
-    }
-    __syncthreads();
-    if (per > 1) { /* block-uniform */
-        const unsigned long long tb = sm.tau;
-        const int n_item = sm.n_cb * per;
-        const float *row = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk;
-        for (int j0 = 0; j0 < n_item; j0 += 4 * IST_THREADS) {
-            unsigned long long u[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) { /* all four loads before the first use */
-                const int j = j0 + tid + k * IST_THREADS;
-                const int b = j < n_item ? sm.cb[j / per] + (j % per) * gx : nb;
-                u[k] = b < nb ? rank_key(ld_l2(row + b), b) : 0ull;
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (u[k] && u[k] >= tb) cand[atomicAdd(&sm.n_cand, 1)] = u[k];
-        }
-        __syncthreads();
-        const int nc = sm.n_cand;
-        for (int j = tid; j < nc; j += IST_THREADS) {
-            const unsigned long long u = cand[j];
-            int r = 0;
-#pragma unroll 8
-            for (int k = 0; k < nc; k++) r += cand[k] > u;
-            if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
-        }
-        __syncthreads();
-    }
-    const int keep = K < nb ? K : nb;
-    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
-    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
-    if (tid == 0) { /* as idx_select_k */
-        float mg = INFINITY;
-        if (nb > K) {
-            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
-            mg = x - y;
-            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
-        }
-        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
-    }
-}
-
-/* SESSION-7 variants (V, a template parameter; the bench picks one by path bits):
- * V & 15: 0 = session 6's kernel, 2 = no decode / mma (diagnostic: the loads alone),
- * 8 = fp8 branch-free decode (NaN codes flagged per key by a ballot), 9 = 8 + each tile's
- * next key block loaded right after the tile's mma, 10 = 8 + two register buffers (fp8);
- * V & 16: dec_pick2 (exact tau over the block maxima, the candidate loads batched). */
-/* 8 e4m3fn codes as 8 bf16 (dims in order), NaN codes decoded to +-480 (flagged apart):
- * prmt places code a in the low byte of a half and its sign replicated in the high byte;
- * << 4 and the mask keep s|0000eeee|mmm0000, the value x 2^-120; times 2^120 (exact) */
-static __device__ __forceinline__ uint4 e4m3x8_bf16_nf(uint32_t w0, uint32_t w1) {
-    uint32_t o[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        uint32_t p;
-        const uint32_t w = k < 2 ? w0 : w1;
-        if (k & 1) asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(p) : "r"(w));
-        else asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(p) : "r"(w));
-        const uint32_t bs = (p << 4) & 0x87F087F0u;
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(o[k]) : "r"(bs), "r"(0x7B807B80u), "r"(0x80008000u));
-    }
-    return make_uint4(o[0], o[1], o[2], o[3]);
-}
-/* nonzero when one of the 16 codes is NaN (0x7F / 0xFF): + 1 carries into bit 7 */
-static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
-    return (((v.x & 0x7F7F7F7Fu) + 0x01010101u) | ((v.y & 0x7F7F7F7Fu) + 0x01010101u) |
-            ((v.z & 0x7F7F7F7Fu) + 0x01010101u) | ((v.w & 0x7F7F7F7Fu) + 0x01010101u)) &
-           0x80808080u;
-}
-
 #endif
 
-template <bool K16, int V> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
+template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_dec_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q,
               idx_keys ik, const int32_t *M3_RESTRICT pos, int n_tok, int nbk,
@@ -1090,14 +919,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
               unsigned long long *M3_RESTRICT cmax, unsigned int *M3_RESTRICT arrive,
               unsigned int epoch) {
 #if M3_HAVE_MMA
-    constexpr int SC = V & 15;
-    constexpr bool LEAN = K16 && SC >= 8, EARLY = SC == 9, DBUF = K16 && SC == 10;
-    constexpr bool SMEM = K16 && SC == 12; /* key blocks in shared memory, 2 stages */
-    constexpr bool BFM = SC == 13;          /* branch-free causal mask / NaN flags */
-    __shared__ unsigned long long mbar[2];
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
-    __shared__ typename std::conditional<(V & 16) != 0, dec_smem2, dec_smem>::type sm;
+    __shared__ dec_smem sm;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     /* the first key block's loads before anything else (they need no position: keys past a
@@ -1105,56 +929,31 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int tiles = B / 8 / IST_WARPS, nj = Di / 32;
     /* bf16: dims 8*(tq + 4j) .. +7, j < Di/32; K16: 16 codes, dims 16*(tq + 4j) .. +15, j <
      * Di/64, decoded at use */
-    uint4 kb[IST_TILES][4], kb2[IST_TILES][4]; /* kb2: DBUF only */
-    /* tile i of this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of
-     * b (the paged cache's row of its first key, read one key block ahead) */
-    auto load_tile = [&](uint4 (&kd)[IST_TILES][4], int i, int b, int r0) {
-        const int key = b * B + (warp * tiles + i) * 8 + gq;
-        const bool ok = i < tiles && key < n_ctx;
-        const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
-        if (K16) {
-            const uint4 *kr = reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq;
+    uint4 kb[IST_TILES][4];
+    /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
+     * paged cache's row of its first key, read one key block ahead) */
+    auto load = [&](int b, int r0) {
 #pragma unroll
-            for (int j = 0; j < 2; j++)
-                kd[i][j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
-        } else {
-            const uint4 *kr = reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
+        for (int i = 0; i < IST_TILES; i++) {
+            const int key = b * B + (warp * tiles + i) * 8 + gq;
+            const bool ok = i < tiles && key < n_ctx;
+            const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
+            if (K16) {
+                const uint4 *kr =
+                    reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq;
 #pragma unroll
-            for (int j = 0; j < 4; j++) kd[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+                for (int j = 0; j < 2; j++)
+                    kb[i][j] = ok && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            } else {
+                const uint4 *kr =
+                    reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    kb[i][j] = ok && j < nj ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            }
         }
     };
-    auto load_to = [&](uint4 (&kd)[IST_TILES][4], int b, int r0) {
-#pragma unroll
-        for (int i = 0; i < IST_TILES; i++) load_tile(kd, i, b, r0);
-    };
-    /* SMEM: stage s (B * Di code bytes) at idx_dyn + s * B * Di, the pick's candidates after */
-    unsigned char *stage = idx_dyn;
-    unsigned int pend = 0; /* SMEM: stages with copies in flight (block-uniform) */
-    auto issue = [&](int b, int s, int r0) { /* SMEM: key block b into stage s */
-        const int nk = min(B, n_ctx - b * B);
-        unsigned char *dst = stage + (size_t)s * B * Di;
-        if (tid == 0) mbar_expect(&mbar[s], (unsigned)(nk * Di));
-        if (r0 >= 0) {
-            if (tid == 0) bulk_g2s(dst, (const uint8_t *)ik.k + (size_t)r0 * Di, (unsigned)(nk * Di), &mbar[s]);
-        } else {
-            for (int k = tid; k < nk; k += IST_THREADS)
-                bulk_g2s(dst + (size_t)k * Di, (const uint8_t *)ik.k + (size_t)key_row(ik, b * B + k) * Di,
-                         (unsigned)Di, &mbar[s]);
-        }
-        pend |= 1u << s;
-    };
-    if (SMEM) {
-        if (tid == 0) {
-            mbar_init(&mbar[0], 1), mbar_init(&mbar[1], 1);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncthreads();
-        if ((int)blockIdx.x < nbk) issue((int)blockIdx.x, 0, key_base(ik, (int)blockIdx.x, B));
-        if ((int)blockIdx.x + grid < nbk)
-            issue((int)blockIdx.x + grid, 1, key_base(ik, (int)blockIdx.x + grid, B));
-    } else if ((int)blockIdx.x < nbk) {
-        load_to(kb, (int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
-    }
+    if ((int)blockIdx.x < nbk) load((int)blockIdx.x, key_base(ik, (int)blockIdx.x, B));
     if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1195,79 +994,57 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int ct = t0 + tid / G, cnb = tid < 16 && ct < n_tok ? pos[ct] / B + 1 : 0;
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
+    int par = 0;
     int rn = (int)blockIdx.x + grid < n_lim ? key_base(ik, (int)blockIdx.x + grid, B) : 0;
-    if (SMEM) rn = (int)blockIdx.x + 2 * grid < n_lim ? key_base(ik, (int)blockIdx.x + 2 * grid, B) : 0;
-    /* the row maxima (and NaN flags) of this warp's tiles of key block b from fragments kv;
-     * EARLY: tile i of block nb (rows from r0) loaded into kv right after tile i's mma */
-    auto score = [&](uint4 (&kv)[IST_TILES][4], int b, float (&mx)[2], float (&bad)[2], int nb,
-                     int r0) {
-        mx[0] = mx[1] = -INFINITY, bad[0] = bad[1] = 0.0f;
+    for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
+        float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < IST_TILES; i++) {
             const int k0 = b * B + (warp * tiles + i) * 8;
-            if (!EARLY && (i >= tiles || k0 > pmax)) break; /* block-uniform */
-            if (i >= tiles) break;
-            if (k0 <= pmax) {
-                float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                uint32_t kf = 0; /* LEAN: this lane's NaN codes, then the tile's keys' */
-                if (SC == 2) { /* diagnostic: no decode / mma, the loads consumed */
-                    uint32_t x = 0;
+            if (i >= tiles || k0 > pmax) break; /* block-uniform */
+            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            uint32_t kf = 0; /* K16: NaN codes in this lane's pieces, then per key (below) */
 #pragma unroll
-                    for (int j = 0; j < (K16 ? 2 : 4); j++)
-                        x ^= kv[i][j].x ^ kv[i][j].y ^ kv[i][j].z ^ kv[i][j].w;
-#pragma unroll
-                    for (int e = 0; e < 4; e++) c4[e] = (float)((x >> (8 * e)) & 0xFFu);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
-                        if (j >= nj) break;
-                        if (K16 && (j >= 2 || j >= Di / 64)) break;
-                        if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
-                            uint4 v0, v1;
-                            if (LEAN) {
-                                kf |= e4m3_nan16(kv[i][j]);
-                                v0 = e4m3x8_bf16_nf(kv[i][j].x, kv[i][j].y);
-                                v1 = e4m3x8_bf16_nf(kv[i][j].z, kv[i][j].w);
-                            } else {
-                                v0 = e4m3x8_bf16(kv[i][j].x, kv[i][j].y);
-                                v1 = e4m3x8_bf16(kv[i][j].z, kv[i][j].w);
-                            }
-                            const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
-                            const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
-                            m3_mma_bf16_16816(c4, qa[4 * j], a0);
-                            m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
-                            m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
-                            m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
-                            continue;
-                        }
-                        const uint4 v = kv[i][j];
-                        const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
-                        m3_mma_bf16_16816(c4, qa[2 * j], b0);
-                        m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
-                    }
+            for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
+                if (j >= nj) break;
+                if (K16 && (j >= 2 || j >= Di / 64)) break;
+                if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
+                    kf |= e4m3_nan16(kb[i][j]);
+                    const uint4 v0 = e4m3x8_bf16(kb[i][j].x, kb[i][j].y);
+                    const uint4 v1 = e4m3x8_bf16(kb[i][j].z, kb[i][j].w);
+                    const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
+                    const uint32_t a2[2] = {v1.x, v1.y}, a3[2] = {v1.z, v1.w};
+                    m3_mma_bf16_16816(c4, qa[4 * j], a0);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 1], a1);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 2], a2);
+                    m3_mma_bf16_16816(c4, qa[4 * j + 3], a3);
+                    continue;
                 }
-                if (LEAN) /* key g of the tile holds a NaN code: lanes 4g .. 4g+3 */
-                    kf = __ballot_sync(0xFFFFFFFFu, kf != 0) >> (8 * tq);
+                const uint4 v = kb[i][j];
+                const uint32_t b0[2] = {v.x, v.y}, b1[2] = {v.z, v.w};
+                m3_mma_bf16_16816(c4, qa[2 * j], b0);
+                m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
+            }
+            /* K16: key g of the tile holds a NaN code when lane 4g..4g+3 saw one (the decode
+             * made it finite); kf >> 4 * (e & 1) & 15: key 2 tq + (e & 1) */
+            if (K16) kf = __ballot_sync(0xFFFFFFFFu, kf != 0) >> (8 * tq);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
-                    if (BFM) { /* fmaxf skips a NaN operand; a flagged row's max is unused */
-                        const bool vis = key <= rp[h];
-                        const bool nn = isnan(c4[e]) || (LEAN && ((kf >> (4 * (e & 1))) & 0xFu));
-                        mx[h] = fmaxf(mx[h], vis ? c4[e] : -INFINITY);
-                        bad[h] = vis && nn ? 1.0f : bad[h];
-                    } else if (key <= rp[h]) {
-                        if (isnan(c4[e]) || (LEAN && ((kf >> (4 * (e & 1))) & 0xFu)))
-                            bad[h] = 1.0f;
-                        else mx[h] = fmaxf(mx[h], c4[e]);
-                    }
+            for (int e = 0; e < 4; e++) {
+                const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
+                if (K16) { /* branch-free (session 7: 2% at 1M keys; bf16 kept its branches:
+                            * the select form spilled there and measured 4% slower) */
+                    const bool vis = key <= rp[h];
+                    const bool nn = isnan(c4[e]) || ((kf >> (4 * (e & 1))) & 0xFu);
+                    mx[h] = fmaxf(mx[h], vis ? c4[e] : -INFINITY); /* skips a NaN; a flagged */
+                    bad[h] = vis && nn ? 1.0f : bad[h];             /* row's max is unused */
+                } else if (key <= rp[h]) {
+                    if (isnan(c4[e])) bad[h] = 1.0f;
+                    else mx[h] = fmaxf(mx[h], c4[e]);
                 }
             }
-            if (EARLY && nb < n_lim) load_tile(kv, i, nb, r0);
         }
-    };
-    /* the cross-warp max of key block b and its score per row (one thread per row) */
-    auto reduce = [&](int b, int par, float (&mx)[2], float (&bad)[2]) {
+        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], M3_SHFL_XOR(mx[h], 1));
@@ -1295,57 +1072,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 cbest = u > cbest ? u : cbest;
             }
         }
-    };
-    float mx[2], bad[2];
-    if (SMEM) {
-        int par = 0, it = 0;
-        for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1, it++) {
-            const int s = it & 1;
-            mbar_wait(&mbar[s], (unsigned)((it >> 1) & 1));
-            pend &= ~(1u << s);
-            const unsigned char *sb = stage + (size_t)s * B * Di;
-#pragma unroll
-            for (int i = 0; i < IST_TILES; i++) {
-                const int kk = (warp * tiles + i) * 8 + gq;
-                const uint4 *kr = reinterpret_cast<const uint4 *>(sb + (size_t)kk * Di) + tq;
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    kb[i][j] = i < tiles && j < Di / 64 ? kr[4 * j] : make_uint4(0, 0, 0, 0);
-            }
-            score(kb, b, mx, bad, n_lim, 0);
-            reduce(b, par, mx, bad); /* its barrier: every warp is done with stage s */
-            if (b + 2 * grid < n_lim) {
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                issue(b + 2 * grid, s, rn);
-                if (b + 3 * grid < n_lim) rn = key_base(ik, b + 3 * grid, B);
-            }
-        }
-        /* copies issued for key blocks no row sees (n_lim < nbk): wait before exit */
-        for (int s = 0; s < 2; s++)
-            if (pend & (1u << s)) mbar_wait(&mbar[s], (unsigned)((it + (s != (it & 1))) >> 1 & 1));
-    } else if (DBUF) { /* two register buffers: the next block's loads before this block's mma */
-        int b = (int)blockIdx.x, par = 0;
-        while (b < n_lim) {
-            if (b + grid < n_lim) load_to(kb2, b + grid, rn);
-            if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B);
-            score(kb, b, mx, bad, n_lim, 0);
-            reduce(b, par, mx, bad);
-            b += grid, par ^= 1;
-            if (b >= n_lim) break;
-            if (b + grid < n_lim) load_to(kb, b + grid, rn);
-            if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B);
-            score(kb2, b, mx, bad, n_lim, 0);
-            reduce(b, par, mx, bad);
-            b += grid, par ^= 1;
-        }
-    } else {
-        int par = 0;
-        for (int b = (int)blockIdx.x; b < n_lim; b += grid, par ^= 1) {
-            score(kb, b, mx, bad, b + grid, rn); /* EARLY: block b + grid's loads within */
-            if (!EARLY && b + grid < n_lim) load_to(kb, b + grid, rn); /* in flight during the reduction */
-            if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
-            reduce(b, par, mx, bad);
-        }
     }
     if (!cmax) return;
     /* the fused selection: this block's maxima, then its arrival */
@@ -1366,12 +1092,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    unsigned long long *cand =
-        reinterpret_cast<unsigned long long *>(idx_dyn + (SMEM ? (size_t)2 * B * Di : 0));
-    if constexpr ((V & 16) != 0)
-        dec_pick2(sel, row, G, gx, cmax, sm, cand);
-    else
-        dec_pick(sel, row, G, gx, cmax, sm, cand);
+    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1384,31 +1105,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * in shared memory (then the caller runs a selection kernel). */
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa, bool &fuse, int var) {
+                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    if (var == 0) { /* SESSION-7: tests pick a variant for the automatic path */
-        const char *ev = getenv("M3_IDX_VAR");
-        if (ev && *ev) var = atoi(ev);
-    }
-    typedef void (*dec_fn)(float *, const m3_bf16 *, int, idx_keys, const int32_t *, int, int, int,
-                           int, int, int, float, bool, idx_sel, unsigned long long *,
-                           unsigned int *, unsigned int);
-    dec_fn kern;
-#define IDX_V(v) (k8 ? (dec_fn)idx_dec_k<true, v> : (dec_fn)idx_dec_k<false, v>)
-    switch (var) {
-    case 2: kern = IDX_V(2); break;
-    case 8: kern = IDX_V(8); break;
-    case 9: kern = IDX_V(9); break;
-    case 10: kern = IDX_V(10); break;
-    case 12: kern = IDX_V(12); break;
-    case 13: kern = IDX_V(13); break;
-    case 16: kern = IDX_V(16); break;
-    case 24: kern = IDX_V(24); break;
-    case 25: kern = IDX_V(25); break;
-    case 26: kern = IDX_V(26); break;
-    default: kern = IDX_V(0); break;
-    }
-#undef IDX_V
+    const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
     const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
@@ -1423,19 +1122,24 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
-    if (k8 && var == 12) dyn += (size_t)2 * B * Di; /* the two key-block stages */
-    if (fuse) M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
-    if (dyn > 48 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)kern,
-                                       hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    if (fuse) {
+        M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
+        if (dyn > 48 * 1024)
+            M3_HIP_TRY(
+                hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    }
     /* calls with the fused selection so far, per context: the parity picks the arrival
      * counter, and each call zeroes the other one for the next call (stream order) */
     unsigned int &ep = g->idx_calls;
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
-    kern<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B,
-                                                p->index_scale, nn, sa, cmax, arrive, ep);
+    if (k8)
+        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+    else
+        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
     return s;
@@ -1517,7 +1221,7 @@ static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, f
     m3_status s;
     if (score == 1) {
         s = dec_launch(g, S, (const m3_bf16 *)d_iq, ld_q, d_ik, d_pos, n_tok, nbk,
-                       n_ctx, G, Di, B, p, sa, fuse, (path >> 8) & 0x1F);
+                       n_ctx, G, Di, B, p, sa, fuse);
     } else if (score == 4) {
         int gx = (2 * g->n_sm + n_wg - 1) / n_wg;
         gx = gx < nbk ? gx : nbk;

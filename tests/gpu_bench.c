@@ -503,14 +503,12 @@ static void bench_indexer(void **state) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
     static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 8192}, {64, 131072}, {64, 1048576}, {8192, 8192}};
-    /* SESSION-7 (helper idx) filters: M3_BENCH_IDX_C / _T pick one case, M3_BENCH_IDX_KIND
-     * (plain,bf16,fp8) the rows, M3_BENCH_IDX_VARS (e.g. "0,0n,5") kernel variants of the
-     * paged rows (n: scoring alone) */
+    /* row filters (a profiler wants one launch): M3_BENCH_IDX_T / _C one case, _KIND a
+     * comma list of plain,bf16,fp8 (the contiguous rows, the paged bf16 / fp8 rows) */
     const char *f_c = getenv("M3_BENCH_IDX_C"), *f_t = getenv("M3_BENCH_IDX_T");
-    const char *f_kind = getenv("M3_BENCH_IDX_KIND"), *f_vars = getenv("M3_BENCH_IDX_VARS");
+    const char *f_kind = getenv("M3_BENCH_IDX_KIND");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (f_c && atoi(f_c) != cases[i][1]) continue;
-        if (f_t && atoi(f_t) != cases[i][0]) continue;
+        if ((f_c && atoi(f_c) != cases[i][1]) || (f_t && atoi(f_t) != cases[i][0])) continue;
         idx_ctx c;
         memset(&c, 0, sizeof c);
         m3_profile_atom(&c.p);
@@ -571,20 +569,14 @@ static void bench_indexer(void **state) {
             c.path = M3_GPU_IDX_AUTO;
             double ms;
             char nm[96];
-            const char *vl = f_vars && *f_vars ? f_vars : "a";
-            for (const char *w = vl; (!f_kind || strstr(f_kind, "bf16")) && *w;) {
-                const size_t l = strcspn(w, ",");
-                const int v = *w == 'a' ? -1 : atoi(w);
-                const bool ns = l > 0 && w[l - 1] == 'n';
-                c.path = v < 0 ? M3_GPU_IDX_AUTO
-                               : M3_GPU_IDX_DECODE | (v << 8) | (ns ? M3_GPU_IDX_NOSEL : 0);
+            for (int sel = 0; sel < 2 && (!f_kind || strstr(f_kind, "bf16")); sel++) {
+                if (sel && (c.T != 1 || !ev || atoi(ev) != 1)) break; /* T=1: scoring alone */
+                c.path = sel ? M3_GPU_IDX_DECODE | M3_GPU_IDX_NOSEL : M3_GPU_IDX_AUTO;
                 ms = time_ms(g, do_idx, &c, 3, 5);
-                snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged%s%.*s%s", c.T,
-                         c.C, v < 0 ? "" : " [v", v < 0 ? 0 : (int)l, w, v < 0 ? "" : "]");
+                snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged%s", c.T, c.C,
+                         sel ? " [decode,nosel]" : "");
                 report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
                        keys * 4 * 128 * 2);
-                w += l + (w[l] == ',');
-                if (c.T != 1) break;
             }
             /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
              * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
@@ -602,18 +594,14 @@ static void bench_indexer(void **state) {
                 GPU_OK(m3_gpu_upload(g, d8, h8, nk));
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
-                for (const char *w = vl; *w;) {
-                    const size_t l = strcspn(w, ",");
-                    const int v = *w == 'a' ? -1 : atoi(w);
-                    const bool ns = l > 0 && w[l - 1] == 'n';
-                    c.path = v < 0 ? M3_GPU_IDX_AUTO
-                                   : M3_GPU_IDX_DECODE | (v << 8) | (ns ? M3_GPU_IDX_NOSEL : 0);
+                for (int sel = 0; sel < 2; sel++) {
+                    if (sel && (!ev || atoi(ev) != 1)) break;
+                    c.path = sel ? M3_GPU_IDX_DECODE | M3_GPU_IDX_NOSEL : M3_GPU_IDX_AUTO;
                     ms = time_ms(g, do_idx, &c, 3, 5);
-                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged%s%.*s%s", c.T,
-                             c.C, v < 0 ? "" : " [v", v < 0 ? 0 : (int)l, w, v < 0 ? "" : "]");
+                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged%s", c.T, c.C,
+                             sel ? " [decode,nosel]" : "");
                     report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
                            keys * 4 * 128 * 2);
-                    w += l + (w[l] == ',');
                 }
                 c.path = M3_GPU_IDX_AUTO;
             }

@@ -48,7 +48,7 @@ static void profile_of(m3_profile *p, int which) {
 }
 
 /* pattern: 0 random, IDX_EQUAL every key row the same, IDX_HOT blocks b % 256 < 3 scaled x3,
- * IDX_NAN one NaN key row; IDX_BIG: atom with bf16 storage only (the reference and the
+ * IDX_NAN two NaN key rows; IDX_BIG: atom with bf16 storage only (the reference and the
  * uploads take a while) */
 enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8 };
 typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; } idx_shape;
@@ -215,7 +215,10 @@ static void idx_case(m3_gpu *g, const idx_shape *s, int prof, bool bf16) {
     for (int j = 0; (s->pat & IDX_HOT) && j < C; j++)
         if ((j / s->B) % 256 < 3)
             for (int d = 0; d < s->Di; d++) ik[(size_t)j * s->Di + d] *= 3.0f;
-    if (s->pat & IDX_NAN) ik[(size_t)(3 * s->B + 5) * s->Di + 7] = NAN;
+    if (s->pat & IDX_NAN) { /* two rows: other lanes, tiles and pieces of the fp8 decode */
+        ik[(size_t)(3 * s->B + 5) * s->Di + 7] = NAN;
+        ik[(size_t)(5 * s->B + 98 % s->B) * s->Di + 100 % s->Di] = NAN;
+    }
     for (int64_t i = 0; i < (int64_t)T * ldq; i++) iq[i] = m3_round_bf16(iq[i]);
     for (int64_t i = 0; i < (int64_t)C * s->Di; i++) ik[i] = m3_round_bf16(ik[i]);
     int32_t *pos = malloc(T * sizeof *pos);
@@ -310,7 +313,10 @@ static void idx_case_paged(m3_gpu *g, const idx_shape *s, int prof, m3_kv_elem e
         if ((j / s->B) % 256 < 3)
             for (int d = 0; d < Di; d++)
                 ik[(size_t)j * Di + d] *= 3.0f;
-    if (s->pat & IDX_NAN) ik[(size_t)(3 * s->B + 5) * Di + 7] = NAN;
+    if (s->pat & IDX_NAN) { /* two rows: other lanes, tiles and pieces of the fp8 decode */
+        ik[(size_t)(3 * s->B + 5) * Di + 7] = NAN;
+        ik[(size_t)(5 * s->B + 98 % s->B) * Di + 100 % Di] = NAN;
+    }
     for (int64_t i = 0; i < (int64_t)T * ldq; i++)
         iq[i] = m3_round_bf16(iq[i]);
     if (elem != M3_KV_F32)
