@@ -420,10 +420,25 @@ static void indexer_paged_matches_ref(void **state) {
     idx_case_paged(g, &big, 2, M3_KV_FP8, M3_FP8_E4M3FN, 128);
 }
 
+/* The fp8 (e4m3fn) decode cases alone, small enough for compute-sanitizer: the NaN key rows
+ * (the decode's per-key NaN flags) and more key blocks than the decode grid, hf and atom. */
+static void indexer_paged_fp8_decode(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const idx_shape cases[] = {
+        {2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
+        {2, 70000, 4, 128, 128, 16, 1, 0, false, 0},
+        {3, 5000, 8, 64, 64, 16, 2, 0, false, IDX_NAN}, /* Di 64: one piece per lane */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int prof = 1; prof < 3; prof++)
+            idx_case_paged(g, &cases[i], prof, M3_KV_FP8, M3_FP8_E4M3FN, 128);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(indexer_topk_matches_ref),
         cmocka_unit_test(indexer_paged_matches_ref),
+        cmocka_unit_test(indexer_paged_fp8_decode),
         cmocka_unit_test(indexer_two_contexts),
     };
     return M3_RUN_GPU_TESTS(tests);
