@@ -795,9 +795,10 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
  * the mask keep s|0000eeee|mmm0000, the bf16 bits of the value x 2^-120 (a bf16 subnormal
  * for e = 0); times 2^120 (fma.rn.bf16x2 takes subnormal inputs: exact; -0 addend: signed
  * zeros kept). A NaN code (0x7F / 0xFF) decodes to +-480, a value no code has: the caller
- * flags its key apart (e4m3_nan16), so no branch sits in the decode (session 7: the
- * per-piece NaN branch of session 5's decoder cost 16% of the fp8 row at 1M keys). The
- * hardware cvt e4m3x2 -> f16x2 route measured slower (session 5). */
+ * flags its key apart (e4m3_nan16), so no branch sits in the decode (session 7: session
+ * 5's decoder, 5 instructions per pair plus a NaN test and branch per piece, made the fp8
+ * row at 1M keys 16-20% slower). The hardware cvt e4m3x2 -> f16x2 route measured slower
+ * (session 5). */
 static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
     uint32_t o[4];
 #pragma unroll
