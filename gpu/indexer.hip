@@ -740,8 +740,10 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * as ref) and keeps the block's best rank key of the row (its "block maximum").
  * K16 (the fp8 index cache, Di % 64 == 0): 16-byte loads of 16 codes, lane (g, t) holding
  * dims 16*(t + 4j) .. +15 (j < Di/64), decoded to bf16 at use (e4m3x8_bf16, two pieces of
- * 8: k-steps 4j .. 4j+3), the Q fragments permuted to match (8-byte loads of the bf16 dim
- * order measured slower: half the bytes per load, the same number of loads).
+ * 8: k-steps 4j .. 4j+3; branch-free: NaN codes are flagged per key by a warp ballot of the
+ * lanes' e4m3_nan16 and make the row's block NaN as a NaN product would), the Q fragments
+ * permuted to match (8-byte loads of the bf16 dim order measured slower: half the bytes per
+ * load, the same number of loads).
  * With fuse: the selection in the same launch. Every block writes its per-row maxima
  * (cmax [R, gridDim.x]), then a barrier, and thread 0 alone arrives: an acq_rel fence, then
  * a relaxed atomic add without a return value (bar.sync orders the block's stores before
@@ -788,38 +790,36 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
 }
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
- * exactly: every e4m3fn value is a bf16 value. Integer re-lay + one bf16x2 fma per pair
- * (below); the hardware cvt e4m3x2 -> f16x2 route (then f16 bits >> 3, x 2^112) measured
- * slower (session 5: 0.0774 vs 0.0761 ms at 1M keys). A piece with a NaN code (0x7F / 0xFF,
- * which the re-lay would make finite) decodes code by code (m3_fp8_to_f32, NaN kept). */
+ * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
+ * puts code a in the low byte of a half and its sign replicated in the high byte; << 4 and
+ * the mask keep s|0000eeee|mmm0000, the bf16 bits of the value x 2^-120 (a bf16 subnormal
+ * for e = 0); times 2^120 (fma.rn.bf16x2 takes subnormal inputs: exact; -0 addend: signed
+ * zeros kept). A NaN code (0x7F / 0xFF) decodes to +-480, a value no code has: the caller
+ * flags its key apart (e4m3_nan16), so no branch sits in the decode (session 7: session
+ * 5's decoder, 5 instructions per pair plus a NaN test and branch per piece, made the fp8
+ * row at 1M keys 16-20% slower). The hardware cvt e4m3x2 -> f16x2 route measured slower
+ * (session 5). */
 static __device__ __forceinline__ uint4 e4m3x8_bf16(uint32_t w0, uint32_t w1) {
     uint32_t o[4];
-    const uint32_t nan = ((w0 & 0x7F7F7F7Fu) + 0x01010101u) | ((w1 & 0x7F7F7F7Fu) + 0x01010101u);
-    if (!(nan & 0x80808080u)) {
-        /* code s|eeee|mmm re-laid as the bf16 bits s|0000eeee|mmm0000 is the value x 2^-120
-         * (a bf16 subnormal for e = 0), times 2^120 (fma.rn.bf16x2 takes subnormal inputs:
-         * exact; -0 addend: signed zeros kept) */
-        const uint32_t sel[4] = {0x4140u, 0x4342u, 0x4140u, 0x4342u};
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint32_t t = __byte_perm(k < 2 ? w0 : w1, 0u, sel[k]); /* 0x00bb00aa */
-            const uint32_t bs = ((t << 4) & 0x07F007F0u) | ((t << 8) & 0x80008000u);
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
-                : "=r"(o[k])
-                : "r"(bs), "r"(0x7B807B80u), "r"(0x80008000u));
-        }
-        return make_uint4(o[0], o[1], o[2], o[3]);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) { /* a NaN code: code by code (the re-lay would be finite) */
-        const uint32_t w = k < 2 ? w0 : w1, sh = 16 * (k & 1);
-        const m3_bf16 lo = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> sh), M3_FP8_E4M3FN));
-        const m3_bf16 hi = m3_f32_to_bf16(m3_fp8_to_f32((uint8_t)(w >> (sh + 8)), M3_FP8_E4M3FN));
-        uint16_t lb, hb;
-        memcpy(&lb, &lo, 2), memcpy(&hb, &hi, 2);
-        o[k] = (uint32_t)lb | ((uint32_t)hb << 16);
+    for (int k = 0; k < 4; k++) {
+        uint32_t p;
+        const uint32_t w = k < 2 ? w0 : w1;
+        if (k & 1) asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(p) : "r"(w)); /* b3 b3s b2 b2s */
+        else asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(p) : "r"(w));      /* b1 b1s b0 b0s */
+        const uint32_t bs = (p << 4) & 0x87F087F0u;
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+            : "=r"(o[k])
+            : "r"(bs), "r"(0x7B807B80u), "r"(0x80008000u));
     }
     return make_uint4(o[0], o[1], o[2], o[3]);
+}
+/* nonzero when one of the 16 codes is NaN (0x7F / 0xFF): the low 7 bits + 1 carry into bit
+ * 7 of that byte only (no carry leaves a byte) */
+static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
+    return (((v.x & 0x7F7F7F7Fu) + 0x01010101u) | ((v.y & 0x7F7F7F7Fu) + 0x01010101u) |
+            ((v.z & 0x7F7F7F7Fu) + 0x01010101u) | ((v.w & 0x7F7F7F7Fu) + 0x01010101u)) &
+           0x80808080u;
 }
 
 struct dec_smem {
@@ -1004,11 +1004,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             const int k0 = b * B + (warp * tiles + i) * 8;
             if (i >= tiles || k0 > pmax) break; /* block-uniform */
             float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            uint32_t kf = 0; /* K16: NaN codes in this lane's pieces, then per key (below) */
 #pragma unroll
             for (int j = 0; j < 4; j++) { /* k-steps 2j, 2j+1 from piece j */
                 if (j >= nj) break;
                 if (K16 && (j >= 2 || j >= Di / 64)) break;
                 if (K16) { /* k-steps 4j .. 4j+3 from the two 8-code halves */
+                    kf |= e4m3_nan16(kb[i][j]);
                     const uint4 v0 = e4m3x8_bf16(kb[i][j].x, kb[i][j].y);
                     const uint4 v1 = e4m3x8_bf16(kb[i][j].z, kb[i][j].w);
                     const uint32_t a0[2] = {v0.x, v0.y}, a1[2] = {v0.z, v0.w};
@@ -1024,10 +1026,19 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 m3_mma_bf16_16816(c4, qa[2 * j], b0);
                 m3_mma_bf16_16816(c4, qa[2 * j + 1], b1);
             }
+            /* K16: key g of the tile holds a NaN code when lane 4g..4g+3 saw one (the decode
+             * made it finite); kf >> 4 * (e & 1) & 15: key 2 tq + (e & 1) */
+            if (K16) kf = __ballot_sync(0xFFFFFFFFu, kf != 0) >> (8 * tq);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int h = e >> 1, key = k0 + 2 * tq + (e & 1);
-                if (key <= rp[h]) {
+                if (K16) { /* branch-free (session 7: 2% at 1M keys; bf16 kept its branches:
+                            * the select form spilled there and measured 4% slower) */
+                    const bool vis = key <= rp[h];
+                    const bool nn = isnan(c4[e]) || ((kf >> (4 * (e & 1))) & 0xFu);
+                    mx[h] = fmaxf(mx[h], vis ? c4[e] : -INFINITY); /* skips a NaN; a flagged */
+                    bad[h] = vis && nn ? 1.0f : bad[h];             /* row's max is unused */
+                } else if (key <= rp[h]) {
                     if (isnan(c4[e])) bad[h] = 1.0f;
                     else mx[h] = fmaxf(mx[h], c4[e]);
                 }

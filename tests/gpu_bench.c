@@ -503,7 +503,12 @@ static void bench_indexer(void **state) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 906);
     static const int cases[][2] = {{1, 8192}, {1, 131072}, {1, 1048576}, {64, 8192}, {64, 131072}, {64, 1048576}, {8192, 8192}};
+    /* row filters (a profiler wants one launch): M3_BENCH_IDX_T / _C one case, _KIND a
+     * comma list of plain,bf16,fp8 (the contiguous rows, the paged bf16 / fp8 rows) */
+    const char *f_c = getenv("M3_BENCH_IDX_C"), *f_t = getenv("M3_BENCH_IDX_T");
+    const char *f_kind = getenv("M3_BENCH_IDX_KIND");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if ((f_c && atoi(f_c) != cases[i][1]) || (f_t && atoi(f_t) != cases[i][0])) continue;
         idx_ctx c;
         memset(&c, 0, sizeof c);
         m3_profile_atom(&c.p);
@@ -531,7 +536,7 @@ static void bench_indexer(void **state) {
             {M3_GPU_IDX_WIDE | M3_GPU_IDX_NOSEL, "wide,nosel"}};
         const char *ev = getenv("M3_BENCH_IDX_PATHS");
         const size_t n_path = ev && atoi(ev) == 1 ? sizeof paths / sizeof paths[0] : 1;
-        for (size_t pi = 0; pi < n_path; pi++) {
+        for (size_t pi = 0; pi < n_path && (!f_kind || strstr(f_kind, "plain")); pi++) {
             const int sc = paths[pi].path & M3_GPU_IDX_SCORE;
             const bool dec = sc == M3_GPU_IDX_DECODE;
             if (pi > 0 && dec != (c.T == 1)) continue; /* decode variants at T = 1 only */
@@ -562,14 +567,20 @@ static void bench_indexer(void **state) {
             k.k = c.ik, k.elem = M3_KV_BF16, k.bt = dbt, k.block = 128;
             c.keys = &k;
             c.path = M3_GPU_IDX_AUTO;
-            double ms = time_ms(g, do_idx, &c, 3, 5);
+            double ms;
             char nm[96];
-            snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged", c.T, c.C);
-            report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
-                   keys * 4 * 128 * 2);
+            for (int sel = 0; sel < 2 && (!f_kind || strstr(f_kind, "bf16")); sel++) {
+                if (sel && (c.T != 1 || !ev || atoi(ev) != 1)) break; /* T=1: scoring alone */
+                c.path = sel ? M3_GPU_IDX_DECODE | M3_GPU_IDX_NOSEL : M3_GPU_IDX_AUTO;
+                ms = time_ms(g, do_idx, &c, 3, 5);
+                snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged%s", c.T, c.C,
+                         sel ? " [decode,nosel]" : "");
+                report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
+                       keys * 4 * 128 * 2);
+            }
             /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
              * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
-            if (c.T == 1) {
+            if (c.T == 1 && (!f_kind || strstr(f_kind, "fp8"))) {
                 const size_t nk = (size_t)c.C * 128;
                 uint8_t *h8 = malloc(nk);
                 assert_non_null(h8);
@@ -583,10 +594,16 @@ static void bench_indexer(void **state) {
                 GPU_OK(m3_gpu_upload(g, d8, h8, nk));
                 free(h8);
                 k.k = d8, k.elem = M3_KV_FP8, k.kind = M3_FP8_E4M3FN;
-                ms = time_ms(g, do_idx, &c, 3, 5);
-                snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged", c.T, c.C);
-                report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
-                       keys * 4 * 128 * 2);
+                for (int sel = 0; sel < 2; sel++) {
+                    if (sel && (!ev || atoi(ev) != 1)) break;
+                    c.path = sel ? M3_GPU_IDX_DECODE | M3_GPU_IDX_NOSEL : M3_GPU_IDX_AUTO;
+                    ms = time_ms(g, do_idx, &c, 3, 5);
+                    snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged%s", c.T, c.C,
+                             sel ? " [decode,nosel]" : "");
+                    report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
+                           keys * 4 * 128 * 2);
+                }
+                c.path = M3_GPU_IDX_AUTO;
             }
             c.keys = NULL;
         }

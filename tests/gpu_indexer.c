@@ -48,7 +48,7 @@ static void profile_of(m3_profile *p, int which) {
 }
 
 /* pattern: 0 random, IDX_EQUAL every key row the same, IDX_HOT blocks b % 256 < 3 scaled x3,
- * IDX_NAN one NaN key row; IDX_BIG: atom with bf16 storage only (the reference and the
+ * IDX_NAN two NaN key rows; IDX_BIG: atom with bf16 storage only (the reference and the
  * uploads take a while) */
 enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8 };
 typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; } idx_shape;
@@ -215,7 +215,10 @@ static void idx_case(m3_gpu *g, const idx_shape *s, int prof, bool bf16) {
     for (int j = 0; (s->pat & IDX_HOT) && j < C; j++)
         if ((j / s->B) % 256 < 3)
             for (int d = 0; d < s->Di; d++) ik[(size_t)j * s->Di + d] *= 3.0f;
-    if (s->pat & IDX_NAN) ik[(size_t)(3 * s->B + 5) * s->Di + 7] = NAN;
+    if (s->pat & IDX_NAN) { /* two rows: other lanes, tiles and pieces of the fp8 decode */
+        ik[(size_t)(3 * s->B + 5) * s->Di + 7] = NAN;
+        ik[(size_t)(5 * s->B + 98 % s->B) * s->Di + 100 % s->Di] = NAN;
+    }
     for (int64_t i = 0; i < (int64_t)T * ldq; i++) iq[i] = m3_round_bf16(iq[i]);
     for (int64_t i = 0; i < (int64_t)C * s->Di; i++) ik[i] = m3_round_bf16(ik[i]);
     int32_t *pos = malloc(T * sizeof *pos);
@@ -310,7 +313,10 @@ static void idx_case_paged(m3_gpu *g, const idx_shape *s, int prof, m3_kv_elem e
         if ((j / s->B) % 256 < 3)
             for (int d = 0; d < Di; d++)
                 ik[(size_t)j * Di + d] *= 3.0f;
-    if (s->pat & IDX_NAN) ik[(size_t)(3 * s->B + 5) * Di + 7] = NAN;
+    if (s->pat & IDX_NAN) { /* two rows: other lanes, tiles and pieces of the fp8 decode */
+        ik[(size_t)(3 * s->B + 5) * Di + 7] = NAN;
+        ik[(size_t)(5 * s->B + 98 % s->B) * Di + 100 % Di] = NAN;
+    }
     for (int64_t i = 0; i < (int64_t)T * ldq; i++)
         iq[i] = m3_round_bf16(iq[i]);
     if (elem != M3_KV_F32)
@@ -414,10 +420,25 @@ static void indexer_paged_matches_ref(void **state) {
     idx_case_paged(g, &big, 2, M3_KV_FP8, M3_FP8_E4M3FN, 128);
 }
 
+/* The fp8 (e4m3fn) decode cases alone, small enough for compute-sanitizer: the NaN key rows
+ * (the decode's per-key NaN flags) and more key blocks than the decode grid, hf and atom. */
+static void indexer_paged_fp8_decode(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const idx_shape cases[] = {
+        {2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
+        {2, 70000, 4, 128, 128, 16, 1, 0, false, 0},
+        {3, 5000, 8, 64, 64, 16, 2, 0, false, IDX_NAN}, /* Di 64: one piece per lane */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int prof = 1; prof < 3; prof++)
+            idx_case_paged(g, &cases[i], prof, M3_KV_FP8, M3_FP8_E4M3FN, 128);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(indexer_topk_matches_ref),
         cmocka_unit_test(indexer_paged_matches_ref),
+        cmocka_unit_test(indexer_paged_fp8_decode),
         cmocka_unit_test(indexer_two_contexts),
     };
     return M3_RUN_GPU_TESTS(tests);
