@@ -583,9 +583,22 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
     }
 }
 
+/* MX4VAR: MXFP4 re-lay with the sign, even and odd nibbles masked once per word: each pair
+ * is one bit-select LOP3 of two shifted words (3.5 integer ops a pair) */
+static __device__ __forceinline__ void tc_relay4(const uint32_t *qq, uint32_t mul, uint32_t *r) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t v = qq[k], E = v & 0x0F0F0F0Fu, O = v & 0xF0F0F0F0u, S = v & 0x88888888u;
+        r[4 * k] = bf2_mul(((E << 6) & 0x09C801C0u) | ((S << 12) & ~0x09C801C0u), mul);
+        r[4 * k + 1] = bf2_mul(((O << 2) & 0x09C809C0u) | ((S << 8) & ~0x09C809C0u), mul);
+        r[4 * k + 2] = bf2_mul(((E >> 2) & 0x09C809C0u) | ((S << 4) & ~0x09C809C0u), mul);
+        r[4 * k + 3] = bf2_mul(((O >> 6) & 0x09C809C8u) | (S & ~0x09C809C8u), mul);
+    }
+}
+
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
  * NC (MXFP8): test the piece for e4m3 NaN codes (the caller's codes may hold some). */
-template <int WF, bool NC>
+template <int WF, bool NC, int V = 0>
 static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
@@ -604,7 +617,8 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     if (sb != 0xFFu && !(chk && e4m3_nan16(q))) {
         const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
-        tc_relay<WF>(qq, mul, r);
+        if (WF == M3_GPU_W_MXFP4 && V >= 3) tc_relay4(qq, mul, r);
+        else tc_relay<WF>(qq, mul, r);
         if (sb > lim) { /* (rare: scales above 2^(127-F)) */
             const uint32_t f2 = 127u + sb - lim, mul2 = (f2 << 7) | (f2 << 23);
 #pragma unroll
@@ -632,6 +646,25 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     }
 }
 
+/* MX4VAR V >= 4: both pieces of a step through the common path (no per-piece branch) when
+ * every lane's two scales are <= lim; else each piece through tc_decode */
+template <int WF, bool NC, int V>
+static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
+                                                  uint32_t *r0, uint32_t *r1) {
+#if M3_HAVE_FP8_CVT
+    if (WF == M3_GPU_W_MXFP4 && V >= 4) {
+        if (__all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u)) {
+            const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
+            tc_relay4(qa, (uint32_t)s0 * 0x00800080u + 126u * 0x00800080u, r0);
+            tc_relay4(qb, (uint32_t)s1 * 0x00800080u + 126u * 0x00800080u, r1);
+            return;
+        }
+    }
+#endif
+    tc_decode<WF, NC, V>(q0, s0, lut, r0);
+    tc_decode<WF, NC, V>(q1, s1, lut, r1);
+}
+
 /* Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
  * the previous one still runs, and waits (griddepcontrol.wait) before it touches what that one
  * writes; the previous one lets it start early with launch_dependents. No-ops elsewhere. */
@@ -652,7 +685,7 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC, int V = 0>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -696,13 +729,17 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             sc[h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
         }
     };
-    float acc[NT][4];
+    float acc[NT][4], acc2[NT][4];
     int xrow[NT];
-    auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
+    auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2], bool odd) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode<WF, NC>(q[0], sc[0], lut, a0);
-        tc_decode<WF, NC>(q[1], sc[1], lut, a1);
+        if (V == 2) { /* MX4VAR timing ablation: no decode */
+#pragma unroll
+            for (int k = 0; k < PE / 2; k++) a0[k] = (&q[0].x)[k & 3] ^ (uint32_t)k, a1[k] = (&q[1].x)[k & 3] ^ (uint32_t)k;
+        } else {
+            tc_decode2<WF, NC, V>(q[0], sc[0], q[1], sc[1], lut, a0, a1);
+        }
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -715,7 +752,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int i = 0; i < PE / 4; i++) {
                 const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
                 const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                m3_mma_bf16_16816(acc[j], af, bf);
+                m3_mma_bf16_16816(V == 1 && odd ? acc2[j] : acc[j], af, bf);
             }
         }
     };
@@ -738,14 +775,21 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         for (int rl = 0; rl < RL; rl++) {
             if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
-            for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[j][i] = acc2[j][i] = 0.0f;
             for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
 #pragma unroll
                 for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u], (u & 1) != 0);
             }
+            if (V == 1)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[j][i] += acc2[j][i];
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
 #pragma unroll
                 for (int j = 0; j < NT; j++)
@@ -941,7 +985,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC>
+template <int WF, int MODE, int WK, int U, bool NC, int V = 0>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1024,7 +1068,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     __syncthreads();
     for (;;) {
         const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
         for (int gi = 0; gi < G; gi++) {
             const int st0 = wk + gi * WK * U;
@@ -1036,8 +1080,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 if (st >= nsteps) continue;
                 const bool ok = st * 4 + t < npieces;
                 uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                tc_decode<WF, NC>(qa[u][0], sa[u][0], lut, a0);
-                tc_decode<WF, NC>(qa[u][1], sa[u][1], lut, a1);
+                if (V == 2) { /* MX4VAR timing ablation: no decode */
+#pragma unroll
+                    for (int k = 0; k < PE / 2; k++)
+                        a0[k] = (&qa[u][0].x)[k & 3] ^ (uint32_t)k, a1[k] = (&qa[u][1].x)[k & 3] ^ (uint32_t)k;
+                } else {
+                    tc_decode2<WF, NC, V>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1);
+                }
 #pragma unroll
                 for (int uu = 0; uu < UP; uu++) {
                     const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
@@ -1047,7 +1096,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 for (int i = 0; i < PE / 4; i++) {
                     const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
                     const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                    m3_mma_bf16_16816(acc, af, bf);
+                    m3_mma_bf16_16816(V == 1 && (u & 1) ? acc2 : acc, af, bf);
                 }
             }
 #pragma unroll
@@ -1055,6 +1104,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 #pragma unroll
                 for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
         }
+        if (V == 1) acc[0] += acc2[0], acc[2] += acc2[2];
         /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
         if (WK > 1) {
             if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
@@ -1094,7 +1144,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC>
+template <int WF, int WK, int U, bool NC, int V = 0, int WK2 = WK, int U2 = U>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1102,30 +1152,36 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     const int sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
-    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
+    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK, WR2 = TC_WARPS / WK2;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, V>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK2, U2, NC, V>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
+    const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR2 * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
-        ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
+    dq1_k<WF, 0, WK, U, NC, V><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+        ab, NULL, cnt, D / (WR2 * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
-                     ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
+    return t1_launch(g, dq1_k<WF, 1, WK2, U2, NC, V>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+                     ye, d_y, cnt, D / (WR2 * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
                      (bool)p->moe_bf16_combine);
 }
 
+/* MX4VAR: temporary variant switch of the session-7 measurements (removed after them) */
+static int mx4_var() {
+    const char *e = getenv("M3_MX4_VAR");
+    return e ? atoi(e) : 0;
+}
+
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL, bool NC>
+template <int WF, int WK, int NT, int U, int RL, bool NC, int V = 0>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1137,19 +1193,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC, V>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC, V>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, NC, V><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, NC, V><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -1871,6 +1927,13 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
              * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
             if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
                 return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            if (WF == M3_GPU_W_MXFP4) { /* MX4VAR (temporary, session 7 measurements) */
+                const int v = mx4_var();
+                if (v == 1) return tc_run<WFX, 1, 1, 4, 4, false, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (v == 2) return tc_run<WFX, 1, 1, 4, 4, false, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (v == 3) return tc_run<WFX, 1, 1, 4, 4, false, 3>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (v == 4) return tc_run<WFX, 1, 1, 4, 4, false, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            }
             return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
@@ -1921,8 +1984,17 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             s = w->finite_codes
                     ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        else { /* MX4VAR (temporary, session 7 measurements) */
+            const int v = mx4_var();
+            s = v == 1   ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : v == 2 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : v == 3 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : v == 4 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : v == 5 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4, 2, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : v == 6 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4, 4, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : v == 7 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4, 8, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                         : dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        }
     }
     m3_gpu_release(g, mark);
     return s;
