@@ -186,6 +186,12 @@ typedef struct m3_gpu_experts {
      * checkpoints have none, gpu/layer.hip scans them at upload), so the tensor-core decode
      * skips its per-piece NaN test; 0 (default): NaN codes decode to NaN as in ref */
     int finite_codes;
+    /* nonzero mx_scale_hi: the caller knows every MX block scale byte of gate, up and down lies
+     * in [mx_scale_lo, mx_scale_hi] (e.g. from a scan at upload). MXFP4 decode then stages x
+     * times 2^8 when that range is inside [3, 136] with scales above 128 (2^1), so that one
+     * exact bf16 multiply per code pair covers them; 0 (default): unknown (scales <= 2^1 are
+     * found per step, others take the per-piece path; exact either way) */
+    int mx_scale_lo, mx_scale_hi;
 } m3_gpu_experts;
 
 /* Twin of ref's m3_moe_experts: y [T,D] bf16 = bf16(rsf * sum_k w_k MLP_{e_k}(x)) with the

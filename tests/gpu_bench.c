@@ -658,6 +658,7 @@ static void bench_moe_experts(void **state) {
         c.w.fmt = (m3_gpu_wfmt)f;
         c.w.finite_codes = 1; /* the codes below hold no NaN code (as gpu/layer.hip's scan finds
                                  for real checkpoints): the production decode */
+        c.w.mx_scale_lo = 120, c.w.mx_scale_hi = 129; /* the scale bytes below (2^-7 .. 2^2) */
         const size_t cb = f == 0 ? n * 2 : (f == 1 ? n : n / 2), sb = f == 0 ? 0 : n / 32;
         void *m[3], *sc[3];
         for (int i = 0; i < 3; i++) {
@@ -707,20 +708,6 @@ static void bench_moe_experts(void **state) {
             printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
                    nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-            /* MX4VAR (temporary, session 7): M3_BENCH_MX4_VARS=0,1,2 times each MXFP4 decode
-             * variant of gpu/moe.hip (M3_MX4_VAR) as its own row of this run */
-            const char *vars = getenv("M3_BENCH_MX4_VARS");
-            if (f == 2 && c.T <= 64 && vars) {
-                for (const char *q = vars; q && *q; q = strchr(q, ','), q = q ? q + 1 : NULL) {
-                    char vb[16];
-                    snprintf(vb, sizeof vb, "%d", atoi(q));
-                    setenv("M3_MX4_VAR", vb, 1);
-                    ms = time_ms(g, do_experts, &c, 20, 7);
-                    snprintf(nm, sizeof nm, "moe_experts mxfp4 atom T=%d var=%s", c.T, vb);
-                    report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-                }
-                unsetenv("M3_MX4_VAR");
-            }
             /* the serving configuration: MX activations (rceil) before gate/up and before down;
              * MXFP8 always, MXFP4 from moe_act_bound (256) tokens on. Same bytes and FLOPs
              * counted (the quantize passes are overhead of this op). */
