@@ -643,12 +643,16 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
  * values: every s of the matrices when xsh = 8 (the caller's known range, mx4_xsh); with xsh
  * = 0 when every lane's two scales are <= 2^1 (one warp vote a step; real checkpoints),
  * else tc_decode per piece (its second multiply / float path; the per-piece tests it needs
- * cost ~20% at T = 64 when a tenth of the blocks take them: docs/gpu.md, session 7). */
-template <int WF, bool NC>
+ * cost ~20% at T = 64 when a tenth of the blocks take them: docs/gpu.md, session 7). FAST
+ * (xsh 8): the multiply alone; the kernels compile their k loops for both (m3_bool_c), so that
+ * the loop of the known range holds no per-piece path (keeping it there cost 10%). */
+template <bool B> struct m3_bool_c { static constexpr bool value = B; };
+
+template <int WF, bool NC, bool FAST>
 static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
                                                   uint32_t *r0, uint32_t *r1, int xsh) {
 #if M3_HAVE_FP8_CVT
-    if (WF == M3_GPU_W_MXFP4 && (xsh != 0 || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
+    if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
         const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
         const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
         tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
@@ -746,10 +750,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     float acc[NT][4];
     int xrow[NT];
     int xs = xsh; /* this pass's x scaling (0 after an overflow) */
-    auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
+    auto compute1 = [&](auto fast, int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode2<WF, NC>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
+        tc_decode2<WF, NC, decltype(fast)::value>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -772,14 +776,20 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const int nc = n - c0 < nt ? n - c0 : nt;
         int obase;
         __syncthreads(); /* the previous pass's readers are done with the x rows (lut built) */
-        for (xs = xsh;;) { /* (a second time unscaled when x * 2^xsh overflowed) */
+        /* (MXFP4: a second time unscaled when x * 2^xsh overflowed; MXFP8: xsh is 0) */
+        for (xs = WF == M3_GPU_W_MXFP4 ? xsh : 0;;) {
             bool ovf = false;
             for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
                 const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
                 const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
                 const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
                 const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-                tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = x_scaled(tc_perm<WF>(x), xs, &ovf);
+                tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
+                    WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xs, &ovf) : tc_perm<WF>(x);
+            }
+            if (WF != M3_GPU_W_MXFP4) {
+                __syncthreads();
+                break;
             }
             if (!__syncthreads_or(xs != 0 && ovf)) break;
             xs = 0;
@@ -790,12 +800,20 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-            for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
+            auto kloop = [&](auto fast) {
+                for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
 #pragma unroll
-                for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
+                    for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
 #pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+                    for (int u = 0; u < U; u++)
+                        if (st0 + u * WK < nsteps) compute1(fast, st0 + u * WK, qa[u], sa[u]);
+                }
+            };
+            if constexpr (WF == M3_GPU_W_MXFP4) {
+                if (xs != 0) kloop(m3_bool_c<true>());
+                else kloop(m3_bool_c<false>());
+            } else {
+                kloop(m3_bool_c<false>());
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
 #pragma unroll
@@ -1065,7 +1083,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
     const int nx = MODE == 0 ? 1 : nv;
-    int xsc = xsh; /* x staged times 2^xsc (0 after an overflow: a second pass unscaled) */
+    /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
+    int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
@@ -1073,77 +1092,91 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
             const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-            xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = x_scaled(tc_perm<WF>(x), xsc, &ovf);
+            xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
+                WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
+        }
+        if (WF != M3_GPU_W_MXFP4) {
+            __syncthreads();
+            break;
         }
         if (!__syncthreads_or(xsc != 0 && ovf)) break;
         xsc = 0;
     }
-    for (;;) {
-        const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
-        for (int gi = 0; gi < G; gi++) {
-            const int st0 = wk + gi * WK * U;
-            if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
-            else if (next < ntiles) load(npw, nps, wk, qb, sb);
+    /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
+    auto tiles = [&](auto fast) {
+        for (;;) {
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
+            for (int gi = 0; gi < G; gi++) {
+                const int st0 = wk + gi * WK * U;
+                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
+                else if (next < ntiles) load(npw, nps, wk, qb, sb);
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int st = st0 + u * WK;
-                if (st >= nsteps) continue;
-                const bool ok = st * 4 + t < npieces;
-                uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                tc_decode2<WF, NC>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                for (int u = 0; u < U; u++) {
+                    const int st = st0 + u * WK;
+                    if (st >= nsteps) continue;
+                    const bool ok = st * 4 + t < npieces;
+                    uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
-                for (int uu = 0; uu < UP; uu++) {
-                    const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                    xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                    for (int uu = 0; uu < UP; uu++) {
+                        const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                        xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                    }
+#pragma unroll
+                    for (int i = 0; i < PE / 4; i++) {
+                        const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                        const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                        m3_mma_bf16_16816(acc, af, bf);
+                    }
                 }
 #pragma unroll
-                for (int i = 0; i < PE / 4; i++) {
-                    const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                    const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                    m3_mma_bf16_16816(acc, af, bf);
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+            }
+            /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
+            if (WK > 1) {
+                if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+                __syncthreads();
+                if (wk == 0 && t == 0)
+                    for (int w2 = 1; w2 < WK; w2++)
+                        acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
+            }
+            if (wk == 0 && t == 0) {
+                m3_bf16 *orow = out + (size_t)slot * nout;
+                if (MODE == 0) {
+                    float gv = acc[0], uv = acc[2];
+                    if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                    orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+                } else {
+                    orow[obase + g] = m3_f32_to_bf16(acc[0]);
+                    orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
-        }
-        /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
-        if (WK > 1) {
-            if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
-            __syncthreads();
-            if (wk == 0 && t == 0)
-                for (int w2 = 1; w2 < WK; w2++)
-                    acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
-        }
-        if (wk == 0 && t == 0) {
-            m3_bf16 *orow = out + (size_t)slot * nout;
-            if (MODE == 0) {
-                float gv = acc[0], uv = acc[2];
-                if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
-            } else {
-                orow[obase + g] = m3_f32_to_bf16(acc[0]);
-                orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
+            if (MODE == 1) { /* the chunk's last block combines it */
+                const int chunk = tile % nch;
+                if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
+                __syncthreads();
+                if (tid == 0) last = atomicAdd(&cnt[chunk], 1) == nv - 1;
+                __syncthreads();
+                if (last && tid < CH) {
+                    __threadfence();
+                    t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                }
             }
+            __syncthreads(); /* red and last are free for the next tile */
+            if (next >= ntiles) break; /* block-uniform */
+            tile = next, slot = nslot, obase = nobase;
+            cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
-        if (MODE == 1) { /* the chunk's last block combines it */
-            const int chunk = tile % nch;
-            if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
-            __syncthreads();
-            if (tid == 0) last = atomicAdd(&cnt[chunk], 1) == nv - 1;
-            __syncthreads();
-            if (last && tid < CH) {
-                __threadfence();
-                t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
-            }
-        }
-        __syncthreads(); /* red and last are free for the next tile */
-        if (next >= ntiles) break; /* block-uniform */
-        tile = next, slot = nslot, obase = nobase;
-        cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
+    };
+    if constexpr (WF == M3_GPU_W_MXFP4) {
+        if (xsc != 0) tiles(m3_bool_c<true>());
+        else tiles(m3_bool_c<false>());
+    } else {
+        tiles(m3_bool_c<false>());
     }
 }
 
