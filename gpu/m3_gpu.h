@@ -189,6 +189,12 @@ typedef struct m3_gpu_experts {
     /* test hook, nonzero: the prefill tiles (T*K > 4E) through tile2_k (mma.sync, sm_80+) also
      * where the Hopper wgmma kernel wg_k would run (gpu/moe.hip), so tests check both */
     int tile_sm80;
+    /* nonzero mx_scale_hi: the caller knows every MX block scale byte of gate, up and down lies
+     * in [mx_scale_lo, mx_scale_hi] (e.g. from a scan at upload). MXFP4 decode then stages x
+     * times 2^8 when that range is inside [3, 136] with scales above 128 (2^1), so that one
+     * exact bf16 multiply per code pair covers them; 0 (default): unknown (scales <= 2^1 are
+     * found per step, others take the per-piece path; exact either way) */
+    int mx_scale_lo, mx_scale_hi;
 } m3_gpu_experts;
 
 /* Twin of ref's m3_moe_experts: y [T,D] bf16 = bf16(rsf * sum_k w_k MLP_{e_k}(x)) with the

@@ -567,7 +567,10 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * 2^-120 (e = 0: a bf16 subnormal of the same value; a NaN code would give a finite value,
  * hence the NaN-code test): one prmt puts the bytes b and sign(b) of two codes in place
  * (b, sign-replicated b, b', sign-replicated b'), a shift by 4 and a mask finish; no
- * conversion instruction (the e4m3x2 -> f16x2 conversion it replaced measured slower). */
+ * conversion instruction (the e4m3x2 -> f16x2 conversion it replaced measured slower).
+ * MXFP4: s|e1 e0|m placed as the bf16 s|0000000 e1 e0|m000000 (the value x 2^-126, the 0.5
+ * code a subnormal); the masks select bits 6-8 (+16) from the shifted nibbles and 15 (+31)
+ * from the shifted signs, the other bits of the select are zero in the source it takes. */
 template <int WF>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
@@ -576,11 +579,13 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
         if (WF == M3_GPU_W_MXFP8) {
             r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
-        } else {
-            r[4 * k] = bf2_mul(((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u), mul);
-            r[4 * k + 1] = bf2_mul(((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u), mul);
-            r[4 * k + 2] = bf2_mul(((v >> 2) & 0x01C001C0u) | ((v << 4) & 0x80008000u), mul);
-            r[4 * k + 3] = bf2_mul(((v >> 6) & 0x01C001C0u) | (v & 0x80008000u), mul);
+        } else { /* nibbles k and k + 4 of each word: the even / odd nibbles and the signs
+                    masked once a word, then one bit-select per pair (session 7) */
+            const uint32_t E = v & 0x0F0F0F0Fu, O = v & 0xF0F0F0F0u, S = v & 0x88888888u;
+            r[4 * k] = bf2_mul(((E << 6) & 0x09C801C0u) | ((S << 12) & ~0x09C801C0u), mul);
+            r[4 * k + 1] = bf2_mul(((O << 2) & 0x09C809C0u) | ((S << 8) & ~0x09C809C0u), mul);
+            r[4 * k + 2] = bf2_mul(((E >> 2) & 0x09C809C0u) | ((S << 4) & ~0x09C809C0u), mul);
+            r[4 * k + 3] = bf2_mul(((O >> 6) & 0x09C809C8u) | (S & ~0x09C809C8u), mul);
         }
     }
 }
@@ -634,6 +639,52 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     }
 }
 
+/* The two pieces of one step (rows g and g + 8) of a lane. MXFP4 with x staged times 2^xsh
+ * (xsh 0 or 8, see mx4_xsh): the common case needs one multiply per pair, 2^(s + 126 - xsh)
+ * (one IMAD forms the pair), exact while s + 126 - xsh <= 254 and the products stay bf16
+ * values: every s of the matrices when xsh = 8 (the caller's known range, mx4_xsh); with xsh
+ * = 0 when every lane's two scales are <= 2^1 (one warp vote a step; real checkpoints),
+ * else tc_decode per piece (its second multiply / float path; the per-piece tests it needs
+ * cost ~20% at T = 64 when a tenth of the blocks take them: docs/gpu.md, session 7). FAST
+ * (xsh 8): the multiply alone; the kernels compile their k loops for both (m3_bool_c), so that
+ * the loop of the known range holds no per-piece path (keeping it there cost 10%). */
+template <bool B> struct m3_bool_c { static constexpr bool value = B; };
+
+template <int WF, bool NC, bool FAST>
+static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
+                                                  uint32_t *r0, uint32_t *r1, int xsh) {
+#if M3_HAVE_FP8_CVT
+    if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
+        const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
+        const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
+        tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
+        tc_relay<WF>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
+        return;
+    }
+#else
+    (void)xsh;
+#endif
+    tc_decode<WF, NC>(q0, s0, lut, r0);
+    tc_decode<WF, NC>(q1, s1, lut, r1);
+}
+
+/* 8 staged x values (bf16) times 2^xsh (xsh 0 or 8); *ovf set when a finite value became
+ * infinite (|x| >= 2^120: the block then stages x unscaled, xsh 0) */
+static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf) {
+    if (xsh == 0) return x;
+    const uint32_t m = 0x43804380u; /* the bf16 pair (256, 256) */
+    const uint4 y = make_uint4(bf2_mul(x.x, m), bf2_mul(x.y, m), bf2_mul(x.z, m), bf2_mul(x.w, m));
+    const uint32_t xv[4] = {x.x, x.y, x.z, x.w}, yv[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t e = 0x7F80u << (16 * h);
+            if ((yv[i] & e) == e && (xv[i] & e) != e) *ovf = true;
+        }
+    return y;
+}
+
 /* Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
  * the previous one still runs, and waits (griddepcontrol.wait) before it touches what that one
  * writes; the previous one lets it start early with launch_dependents. No-ops elsewhere. */
@@ -659,8 +710,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
-         int smode, bool act_bf16) {
-    extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units */
+         int smode, bool act_bf16, int xsh) {
+    extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
     __shared__ float lut[256];
     const int s = (int)blockIdx.x;
@@ -700,11 +751,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     };
     float acc[NT][4];
     int xrow[NT];
-    auto compute1 = [&](int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
+    int xs = xsh; /* this pass's x scaling (0 after an overflow) */
+    auto compute1 = [&](auto fast, int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode<WF, NC>(q[0], sc[0], lut, a0);
-        tc_decode<WF, NC>(q[1], sc[1], lut, a1);
+        tc_decode2<WF, NC, decltype(fast)::value>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -727,26 +778,44 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const int nc = n - c0 < nt ? n - c0 : nt;
         int obase;
         __syncthreads(); /* the previous pass's readers are done with the x rows (lut built) */
-        for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
-            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-            const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
-            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
-            const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-            tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
+        /* (MXFP4: a second time unscaled when x * 2^xsh overflowed; MXFP8: xsh is 0) */
+        for (xs = WF == M3_GPU_W_MXFP4 ? xsh : 0;;) {
+            bool ovf = false;
+            for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
+                const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+                const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
+                const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+                const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
+                tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
+                    WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xs, &ovf) : tc_perm<WF>(x);
+            }
+            if (WF != M3_GPU_W_MXFP4) {
+                __syncthreads();
+                break;
+            }
+            if (!__syncthreads_or(xs != 0 && ovf)) break;
+            xs = 0;
         }
-        __syncthreads();
 #pragma unroll
         for (int j = 0; j < NT; j++) xrow[j] = (8 * j + g < nc ? 8 * j + g : nc - 1) * pitch;
         for (int rl = 0; rl < RL; rl++) {
             if (!rows_of(rl, &obase)) break; /* block-uniform */
 #pragma unroll
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-            for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
+            auto kloop = [&](auto fast) {
+                for (int st0 = wk; st0 < nsteps; st0 += WK * U) { /* U steps loaded, then used */
 #pragma unroll
-                for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
+                    for (int u = 0; u < U; u++) load1(st0 + u * WK, qa[u], sa[u]);
 #pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (st0 + u * WK < nsteps) compute1(st0 + u * WK, qa[u], sa[u]);
+                    for (int u = 0; u < U; u++)
+                        if (st0 + u * WK < nsteps) compute1(fast, st0 + u * WK, qa[u], sa[u]);
+                }
+            };
+            if constexpr (WF == M3_GPU_W_MXFP4) {
+                if (xs != 0) kloop(m3_bool_c<true>());
+                else kloop(m3_bool_c<false>());
+            } else {
+                kloop(m3_bool_c<false>());
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
 #pragma unroll
@@ -949,8 +1018,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine) {
-    extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units */
+          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh) {
+    extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
@@ -1016,82 +1085,110 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
     const int nx = MODE == 0 ? 1 : nv;
-    for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
-        const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-        const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-        const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
-        const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-        xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = tc_perm<WF>(x);
-    }
-    __syncthreads();
+    /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
+    int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
-        const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
-        for (int gi = 0; gi < G; gi++) {
-            const int st0 = wk + gi * WK * U;
-            if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
-            else if (next < ntiles) load(npw, nps, wk, qb, sb);
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int st = st0 + u * WK;
-                if (st >= nsteps) continue;
-                const bool ok = st * 4 + t < npieces;
-                uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                tc_decode<WF, NC>(qa[u][0], sa[u][0], lut, a0);
-                tc_decode<WF, NC>(qa[u][1], sa[u][1], lut, a1);
-#pragma unroll
-                for (int uu = 0; uu < UP; uu++) {
-                    const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                    xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-                }
-#pragma unroll
-                for (int i = 0; i < PE / 4; i++) {
-                    const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                    const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                    m3_mma_bf16_16816(acc, af, bf);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+        bool ovf = false;
+        for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
+            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
+            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+            const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
+            xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
+                WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
         }
-        /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
-        if (WK > 1) {
-            if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+        if (WF != M3_GPU_W_MXFP4) {
             __syncthreads();
-            if (wk == 0 && t == 0)
-                for (int w2 = 1; w2 < WK; w2++)
-                    acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
+            break;
         }
-        if (wk == 0 && t == 0) {
-            m3_bf16 *orow = out + (size_t)slot * nout;
-            if (MODE == 0) {
-                float gv = acc[0], uv = acc[2];
-                if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
-            } else {
-                orow[obase + g] = m3_f32_to_bf16(acc[0]);
-                orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
-            }
-        }
-        if (MODE == 1) { /* the chunk's last block combines it */
-            const int chunk = tile % nch;
-            if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
-            __syncthreads();
-            if (tid == 0) last = atomicAdd(&cnt[chunk], 1) == nv - 1;
-            __syncthreads();
-            if (last && tid < CH) {
-                __threadfence();
-                t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
-            }
-        }
-        __syncthreads(); /* red and last are free for the next tile */
-        if (next >= ntiles) break; /* block-uniform */
-        tile = next, slot = nslot, obase = nobase;
-        cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
+        if (!__syncthreads_or(xsc != 0 && ovf)) break;
+        xsc = 0;
     }
+    /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
+    auto tiles = [&](auto fast) {
+        for (;;) {
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
+            for (int gi = 0; gi < G; gi++) {
+                const int st0 = wk + gi * WK * U;
+                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
+                else if (next < ntiles) load(npw, nps, wk, qb, sb);
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int st = st0 + u * WK;
+                    if (st >= nsteps) continue;
+                    const bool ok = st * 4 + t < npieces;
+                    uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+#pragma unroll
+                    for (int uu = 0; uu < UP; uu++) {
+                        const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                        xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                    }
+#pragma unroll
+                    for (int i = 0; i < PE / 4; i++) {
+                        const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                        const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                        m3_mma_bf16_16816(acc, af, bf);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+            }
+            /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
+            if (WK > 1) {
+                if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+                __syncthreads();
+                if (wk == 0 && t == 0)
+                    for (int w2 = 1; w2 < WK; w2++)
+                        acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
+            }
+            if (wk == 0 && t == 0) {
+                m3_bf16 *orow = out + (size_t)slot * nout;
+                if (MODE == 0) {
+                    float gv = acc[0], uv = acc[2];
+                    if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                    orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+                } else {
+                    orow[obase + g] = m3_f32_to_bf16(acc[0]);
+                    orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
+                }
+            }
+            if (MODE == 1) { /* the chunk's last block combines it */
+                const int chunk = tile % nch;
+                if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
+                __syncthreads();
+                if (tid == 0) last = atomicAdd(&cnt[chunk], 1) == nv - 1;
+                __syncthreads();
+                if (last && tid < CH) {
+                    __threadfence();
+                    t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                }
+            }
+            __syncthreads(); /* red and last are free for the next tile */
+            if (next >= ntiles) break; /* block-uniform */
+            tile = next, slot = nslot, obase = nobase;
+            cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
+        }
+    };
+    if constexpr (WF == M3_GPU_W_MXFP4) {
+        if (xsc != 0) tiles(m3_bool_c<true>());
+        else tiles(m3_bool_c<false>());
+    } else {
+        tiles(m3_bool_c<false>());
+    }
+}
+
+/* MXFP4 decode: stage x times 2^8 (xsh 8) when the caller knows every block scale byte lies
+ * in [3, 136] and some lie above 128: the one bf16 multiply 2^(s + 118) then covers them all
+ * exactly (codes x 2^(s-135) stay bf16 values from s = 3 on; x * 2^8 is exact below 2^120, the
+ * kernels check that and stage unscaled otherwise). Scales <= 128 need no scaling (xsh 0, the
+ * warp vote in tc_decode2 finds them); any other range takes tc_decode's per-piece path. */
+static int mx4_xsh(const m3_gpu_experts *w) {
+    return w->fmt == M3_GPU_W_MXFP4 && w->mx_scale_hi > 128 && w->mx_scale_hi <= 136 && w->mx_scale_lo >= 3 ? 8 : 0;
 }
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
@@ -1102,7 +1199,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                          const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
-    const int sm = (int)p->swiglu;
+    const int sm = (int)p->swiglu, xsh = mx4_xsh(w);
     const bool ab16 = p->act_bf16;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
@@ -1115,7 +1212,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const float rsf = mp->routed_scale;
     dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
-        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine);
+        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
@@ -1123,7 +1220,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine);
+                     (bool)p->moe_bf16_combine, xsh);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -1132,7 +1229,7 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
-    const int sm = (int)p->swiglu, slots = TK < E ? TK : E;
+    const int sm = (int)p->swiglu, slots = TK < E ? TK : E, xsh = mx4_xsh(w);
     const bool ab16 = p->act_bf16;
     const int nt = T < 8 * NT ? T : 8 * NT;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
@@ -1147,12 +1244,12 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
     tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
-        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16);
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
     tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
-        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16);
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
 }

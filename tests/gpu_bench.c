@@ -675,6 +675,7 @@ static void bench_moe_experts(void **state) {
         c.w.fmt = (m3_gpu_wfmt)f;
         c.w.finite_codes = 1; /* the codes below hold no NaN code (as gpu/layer.hip's scan finds
                                  for real checkpoints): the production decode */
+        c.w.mx_scale_lo = 120, c.w.mx_scale_hi = 129; /* the scale bytes below (2^-7 .. 2^2) */
         const size_t cb = f == 0 ? n * 2 : (f == 1 ? n : n / 2), sb = f == 0 ? 0 : n / 32;
         void *m[3], *sc[3];
         for (int i = 0; i < 3; i++) {

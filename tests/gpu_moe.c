@@ -324,6 +324,14 @@ static void plant_nan(uint8_t *codes, int64_t rows, int cols, int64_t rb) {
     for (int64_t e = 0; e < E; e++) codes[(e * g_nan_D + 7 + 13 * e) * rb + (3 * e) % cols] = 0xFF;
 }
 
+/* the least and largest MX block scale byte weights_to has produced since the last reset
+ * (experts_case passes them as m3_gpu_experts.mx_scale_lo / hi, as an upload scan would) */
+static int g_sc_lo = 255, g_sc_hi = 0;
+
+/* experts_case sets one element of every x row to 2^120 while this is set (x * 2^8 overflows
+ * bf16: the MXFP4 decode's fallback to unscaled x) */
+static bool g_x_huge;
+
 /* Device copy of one matrix in format f, and the host values the reference must use
  * (written into ref_vals: bf16-rounded or MX-dequantized f32). */
 static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows, int cols,
@@ -344,6 +352,10 @@ static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows,
     m3_mx_quantize(codes, sc, src, (int)rows, cols, &mx);
     if (g_nan_D && f == M3_GPU_W_MXFP8) plant_nan(codes, rows, cols, rb);
     if (g_mx_D) plant_mx_scales(sc, rows, cols, nb);
+    for (int64_t i = 0; i < rows * nb; i++) {
+        g_sc_lo = sc[i] < g_sc_lo ? sc[i] : g_sc_lo;
+        g_sc_hi = sc[i] > g_sc_hi ? sc[i] : g_sc_hi;
+    }
     m3_mx_dequantize(ref_vals, codes, sc, (int)rows, cols, &mx);
     void *dc, *ds;
     GPU_OK(m3_gpu_alloc(g, &dc, (size_t)(rows * rb)));
@@ -427,9 +439,12 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
      * scan does, so the MXFP8 cases run the production decode without the per-piece NaN test;
      * the NaN-planting cases keep the test (finite_codes 0) */
     dw.finite_codes = g_nan_D == 0;
+    g_sc_lo = 255, g_sc_hi = 0;
     weights_to(g, fmt, wm->gate, (int64_t)E * F, D, &dw.gate, &dw.gate_s, rg, NULL, NULL);
     weights_to(g, fmt, wm->up, (int64_t)E * F, D, &dw.up, &dw.up_s, ru, NULL, NULL);
     weights_to(g, fmt, wm->down, (int64_t)E * D, F, &dw.down, &dw.down_s, rd, NULL, NULL);
+    if (fmt != M3_GPU_W_BF16) /* the scale range, as an upload scan would give it */
+        dw.mx_scale_lo = g_sc_lo, dw.mx_scale_hi = g_sc_hi;
     m3_mlp_weights *ex = calloc((size_t)E, sizeof *ex);
     for (int e = 0; e < E; e++) {
         ex[e].fmt = M3_WFMT_F32;
@@ -450,6 +465,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         for (int k = 0; k < D; k++)
             x[(size_t)t * D + k] = ldexpf(x[(size_t)t * D + k], row_e + (int)(m3_rng_u32(&r) % 61u) - 30);
     }
+    for (int t = 0; g_x_huge && t < T; t++) x[(size_t)t * D + 7 + t % 5] = ldexpf(1.0f, 120);
     random_routing(&r, ids, wts, T, E, K);
     for (int t = 0; g_skew_expert0 && t < T; t++) /* swap expert 0 into slot 0 */
         for (int k = 1; k < K; k++)
@@ -532,6 +548,31 @@ static void moe_experts_wide_scales(void **state) {
     master_free(&wm);
 }
 
+/* MXFP4 block scales in (2^1, 2^9] (the weights times 2^5: scale bytes above 128 and at most
+ * 136), given as m3_gpu_experts.mx_scale_lo / hi: the decode stages x times 2^8 and multiplies
+ * each code pair once (mx4_xsh in gpu/moe.hip); then the same with one x element of every
+ * row at 2^120, where x * 2^8 overflows and the kernels stage x unscaled (the per-piece path
+ * for the scales above 2^1). Decode T = 1, 5, 13, both profiles; bound of moe_experts_small. */
+static void moe_experts_mx4_staged_x(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make(&wm, 8, 256, 192, 821);
+    const int64_t n = (int64_t)wm.E * wm.F * wm.D;
+    for (int64_t i = 0; i < n; i++) wm.gate[i] *= 32.0f, wm.up[i] *= 32.0f, wm.down[i] *= 32.0f;
+    static const int Ts[] = {1, 5, 13};
+    for (int huge = 0; huge < 2; huge++)
+        for (int prof = 1; prof < 3; prof++)
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                g_x_huge = huge != 0;
+                experts_case(g, &wm, Ts[i], 2, M3_GPU_W_MXFP4, prof);
+                /* not vacuous: the range takes the staged-x path */
+                printf("  scale bytes %d .. %d\n", g_sc_lo, g_sc_hi);
+                assert_true(g_sc_hi > 128 && g_sc_hi <= 136 && g_sc_lo >= 3);
+            }
+    g_x_huge = false;
+    master_free(&wm);
+}
+
 /* one expert holding every token of the step (T = 16, 2 slots: 32 entries = 4E, still the
  * decode GEMV): 16 rows of one expert, more than one pass of staged rows for some kernels */
 static void moe_experts_one_busy_expert(void **state) {
@@ -553,6 +594,7 @@ static int reset_case_globals(void **state) {
     g_skew_expert0 = false;
     g_fixed_rows = false;
     g_sm80 = 0;
+    g_x_huge = false;
     return 0;
 }
 
@@ -880,6 +922,7 @@ int main(void) {
         cmocka_unit_test(router_logits_match_ref),
         cmocka_unit_test(moe_experts_small),
         cmocka_unit_test(moe_experts_wide_scales),
+        cmocka_unit_test(moe_experts_mx4_staged_x),
         cmocka_unit_test_teardown(moe_experts_one_busy_expert, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_mxfp8_nan, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_mx_extremes, reset_case_globals),
