@@ -418,6 +418,23 @@ static m3_moe_params case_params(const exp_master *wm, int K) {
     return mp;
 }
 
+/* the case globals' routing patterns over random_routing's ids: expert 0 in every token's
+ * slot 0 (g_skew_expert0), or g_fixed_rows' per-expert row counts in slot 0 */
+static void shape_routing(int32_t *ids, int T, int E, int K) {
+    for (int t = 0; g_skew_expert0 && t < T; t++) /* swap expert 0 into slot 0 */
+        for (int k = 1; k < K; k++)
+            if (ids[(size_t)t * K + k] == 0) ids[(size_t)t * K + k] = ids[(size_t)t * K];
+    for (int t = 0; g_skew_expert0 && t < T; t++) ids[(size_t)t * K] = 0;
+    if (g_fixed_rows) {
+        assert_true(K == 2 && E == 8 && T == 449);
+        for (int t = 0, e = 0, left = g_rows_of[0]; t < T; t++) {
+            while (left == 0) left = g_rows_of[++e];
+            ids[(size_t)t * K] = e, left--;
+            ids[(size_t)t * K + 1] = 5 + t % 3;
+        }
+    }
+}
+
 static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_wfmt fmt, int prof) {
     const int E = wm->E, D = wm->D, F = wm->F;
     m3_profile p;
@@ -467,18 +484,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     }
     for (int t = 0; g_x_huge && t < T; t++) x[(size_t)t * D + 7 + t % 5] = ldexpf(1.0f, 120);
     random_routing(&r, ids, wts, T, E, K);
-    for (int t = 0; g_skew_expert0 && t < T; t++) /* swap expert 0 into slot 0 */
-        for (int k = 1; k < K; k++)
-            if (ids[(size_t)t * K + k] == 0) ids[(size_t)t * K + k] = ids[(size_t)t * K];
-    for (int t = 0; g_skew_expert0 && t < T; t++) ids[(size_t)t * K] = 0;
-    if (g_fixed_rows) {
-        assert_true(K == 2 && E == 8 && T == 449);
-        for (int t = 0, e = 0, left = g_rows_of[0]; t < T; t++) {
-            while (left == 0) left = g_rows_of[++e];
-            ids[(size_t)t * K] = e, left--;
-            ids[(size_t)t * K + 1] = 5 + t % 3;
-        }
-    }
+    shape_routing(ids, T, E, K);
     m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
     int32_t *dids;
     GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
@@ -768,18 +774,7 @@ static void experts_act_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_g
     assert_true(x && ref && plain && wts && ids);
     m3_fill_normal(&r, x, (int64_t)T * D, 1.0f);
     random_routing(&r, ids, wts, T, E, K);
-    for (int t = 0; g_skew_expert0 && t < T; t++) /* swap expert 0 into slot 0 */
-        for (int k = 1; k < K; k++)
-            if (ids[(size_t)t * K + k] == 0) ids[(size_t)t * K + k] = ids[(size_t)t * K];
-    for (int t = 0; g_skew_expert0 && t < T; t++) ids[(size_t)t * K] = 0;
-    if (g_fixed_rows) {
-        assert_true(K == 2 && E == 8 && T == 449);
-        for (int t = 0, e = 0, left = g_rows_of[0]; t < T; t++) {
-            while (left == 0) left = g_rows_of[++e];
-            ids[(size_t)t * K] = e, left--;
-            ids[(size_t)t * K + 1] = 5 + t % 3;
-        }
-    }
+    shape_routing(ids, T, E, K);
     m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
     int32_t *dids;
     GPU_OK(m3_gpu_alloc(g, (void **)&dids, (size_t)T * K * sizeof *ids));
