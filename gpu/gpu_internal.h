@@ -116,6 +116,49 @@ template <> struct m3_vec<m3_bf16> {
 };
 #endif
 
+/* ---- programmatic dependent launch (Hopper; gpu/moe.hip's T = 1 kernels, gpu/rope.hip's
+ * fused pass) -----------------------------------------------------------------------------
+ * A kernel launched with programmatic stream serialization may start while the launch before
+ * it in the stream still runs. m3_pdl_trigger (in the earlier kernel) lets the next launch
+ * start; m3_pdl_wait (in the later one) waits until the earlier grid has finished and its
+ * stores are visible, so it goes before anything that reads what that grid wrote. Both are
+ * no-ops without the attribute, before sm_90 and on AMD. */
+#if defined(__CUDACC__) || defined(__HIPCC__)
+static __device__ __forceinline__ void m3_pdl_trigger() {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void m3_pdl_wait() {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* k<<<grid, block, smem>>>(args) on g's stream; pdl (NVIDIA): as a programmatic dependent of
+ * the launch before it (the caller checks the launch with m3_gpu_launched_ / M3_LAUNCHED) */
+template <typename... P, typename... A>
+static m3_status m3_gpu_launch_pdl(m3_gpu *g, bool pdl, void (*k)(P...), dim3 grid, dim3 block,
+                                   size_t smem, A... args) {
+#if defined(M3_HIP_NVIDIA)
+    if (pdl) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem;
+        cfg.stream = g->stream;
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        M3_HIP_TRY(cudaLaunchKernelEx(&cfg, k, args...));
+        return M3_OK;
+    }
+#else
+    (void)pdl;
+#endif
+    k<<<grid, block, smem, g->stream>>>(args...);
+    return M3_OK;
+}
+#endif
+
 static inline bool m3_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* Grid size for n items of `per_block` each, capped so it fits a 1-D grid. */

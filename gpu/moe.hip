@@ -685,16 +685,6 @@ static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf) {
     return y;
 }
 
-/* Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while
- * the previous one still runs, and waits (griddepcontrol.wait) before it touches what that one
- * writes; the previous one lets it start early with launch_dependents. No-ops elsewhere. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-static __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-static __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-#else
-static __device__ __forceinline__ void pdl_trigger() {}
-static __device__ __forceinline__ void pdl_wait() {}
-#endif
 
 /* the j-th set bit of m (j < popc(m)) */
 static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
@@ -910,11 +900,11 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2)
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), run = EXP_WARPS * RPW;
     if (MODE == 0) {
-        pdl_trigger(); /* the down kernel may start */
+        m3_pdl_trigger(); /* the down kernel may start */
         if (blockIdx.x == 0 && blockIdx.y == 0)
             for (int i = tid; i < ncnt; i += EXP_THREADS) cnt[i] = 0;
     } else {
-        pdl_wait(); /* a and the counters are the gate/up kernel's */
+        m3_pdl_wait(); /* a and the counters are the gate/up kernel's */
         if (nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
             if (blockIdx.x == 0 && blockIdx.y == 0)
                 for (int d = tid; d < nout; d += EXP_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
@@ -949,21 +939,7 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2)
 template <typename... P, typename... A>
 static m3_status t1_launch(m3_gpu *g, void (*k)(P...), dim3 grid, unsigned threads, size_t sh, bool pdl,
                            const char *name, A... args) {
-    if (pdl) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = dim3(threads);
-        cfg.dynamicSmemBytes = sh;
-        cfg.stream = g->stream;
-        cudaLaunchAttribute at[1] = {};
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        M3_HIP_TRY(cudaLaunchKernelEx(&cfg, k, args...));
-    } else {
-        k<<<grid, threads, sh, g->stream>>>(args...);
-    }
+    M3_TRY(m3_gpu_launch_pdl(g, pdl, k, grid, dim3(threads), sh, args...));
     return m3_gpu_launched_(g, name, __FILE__, __LINE__);
 }
 
@@ -1008,7 +984,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the other is decoded, and
  * the next tile's first set in flight during the current tile's reduction. MODE 0: out = a
  * rows [K][F]; block 0 also zeroes the down kernel's counters. MODE 1 (a dependent launch:
- * its first loads go out while gate/up finishes, pdl_wait before it reads a): out = y_e rows
+ * its first loads go out while gate/up finishes, m3_pdl_wait before it reads a): out = y_e rows
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
@@ -1029,11 +1005,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
-    if (MODE == 0) pdl_trigger(); /* the down kernel may start its weight loads */
+    if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
     if (MODE == 0 && blockIdx.x == 0)
         for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
     if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
-        pdl_wait();
+        m3_pdl_wait();
         if (blockIdx.x == 0)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
         return;
@@ -1081,7 +1057,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
-    if (MODE == 1) pdl_wait();
+    if (MODE == 1) m3_pdl_wait();
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
     const int nx = MODE == 0 ? 1 : nv;
@@ -1619,6 +1595,37 @@ static __device__ __forceinline__ size_t t2_wrow(int n, int e, int col0, int nou
     return (size_t)e * nout + col0 + n;
 }
 
+#if M3_HAVE_MMA
+/* warp-collective (one warp, all 32 lanes): the active-expert slot whose row tiles hold row
+ * tile bx of BM rows, and that tile's first row: a warp scan of ceil(n_e / BM) over the
+ * active experts (tile2_k and wg_k). out[0] = slot (-1: past the last row tile), out[1] = row0 */
+static __device__ __forceinline__ void t2_row_tile(const exp_meta &m, int BM, int bx, int lane, int *out) {
+    const int na = *m.n_act;
+    if (lane == 0) out[0] = -1;
+    __syncwarp();
+    int base = 0;
+    for (int s0_ = 0; s0_ < na; s0_ += 32) {
+        const int s = s0_ + lane;
+        int t = 0;
+        if (s < na) {
+            const int e = m.act[s];
+            t = (m.off[e + 1] - m.off[e] + BM - 1) / BM;
+        }
+        int inc = t;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int o = __shfl_up_sync(0xffffffffu, inc, d);
+            if (lane >= d) inc += o;
+        }
+        const int ex = base + inc - t;
+        const bool hit = bx >= ex && bx < ex + t;
+        if (hit) out[0] = s, out[1] = (bx - ex) * BM;
+        base += __shfl_sync(0xffffffffu, inc, 31);
+        if (__any_sync(0xffffffffu, hit) || base > bx) break;
+    }
+}
+#endif
+
 template <int WF, int MODE, int BM, int BN, int WN, int S>
 static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN > 32 || BM > 160 ? 1 : 2)
     tile2_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
@@ -1637,31 +1644,7 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
      * activation rows are read once from memory), and the row tiles of an expert follow
      * each other (its weight columns are still in L2); measured faster than row tiles first */
     const int bx = (int)blockIdx.y, by = (int)blockIdx.x;
-    if (warp == 0) { /* the expert slot and first row of row tile bx */
-        const int na = *m.n_act;
-        if (lane == 0) blk[0] = -1;
-        __syncwarp();
-        int base = 0;
-        for (int s0_ = 0; s0_ < na; s0_ += 32) {
-            const int s = s0_ + lane;
-            int t = 0;
-            if (s < na) {
-                const int e = m.act[s];
-                t = (m.off[e + 1] - m.off[e] + BM - 1) / BM;
-            }
-            int inc = t;
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const int o = __shfl_up_sync(0xffffffffu, inc, d);
-                if (lane >= d) inc += o;
-            }
-            const int ex = base + inc - t;
-            const bool hit = bx >= ex && bx < ex + t;
-            if (hit) blk[0] = s, blk[1] = (bx - ex) * BM;
-            base += __shfl_sync(0xffffffffu, inc, 31);
-            if (__any_sync(0xffffffffu, hit) || base > bx) break;
-        }
-    }
+    if (warp == 0) t2_row_tile(m, BM, bx, lane, blk); /* the expert slot and first row */
     __syncthreads();
     const int slot = blk[0];
     if (slot < 0) return; /* whole block: past the last row tile */
@@ -1928,31 +1911,7 @@ static __global__ void __launch_bounds__(NWG * 128, 1)
     int *src = reinterpret_cast<int *>(smb + L::SRC);
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
     const int bx = (int)blockIdx.y, by = (int)blockIdx.x; /* column tiles fast, as tile2_k */
-    if (warp == 0) { /* the expert slot and first row of row tile bx (tile2_k's scan) */
-        const int na = *m.n_act;
-        if (lane == 0) src[BM] = -1;
-        __syncwarp();
-        int base = 0;
-        for (int q0 = 0; q0 < na; q0 += 32) {
-            const int s = q0 + lane;
-            int t = 0;
-            if (s < na) {
-                const int e = m.act[s];
-                t = (m.off[e + 1] - m.off[e] + BM - 1) / BM;
-            }
-            int inc = t;
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const int o = __shfl_up_sync(0xffffffffu, inc, d);
-                if (lane >= d) inc += o;
-            }
-            const int ex = base + inc - t;
-            const bool hit = bx >= ex && bx < ex + t;
-            if (hit) src[BM] = s, src[BM + 1] = (bx - ex) * BM;
-            base += __shfl_sync(0xffffffffu, inc, 31);
-            if (__any_sync(0xffffffffu, hit) || base > bx) break;
-        }
-    }
+    if (warp == 0) t2_row_tile(m, BM, bx, lane, src + BM); /* slot, first row */
     __syncthreads();
     const int slot = src[BM];
     if (slot < 0) return; /* whole block: past the last row tile */

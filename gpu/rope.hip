@@ -854,19 +854,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
 
 /* Programmatic dependent launch (Hopper, session 7): a pass's launches after the first may
  * start while the one before it runs (the host sets the launch attribute only between a
- * pass's own kernels). pdl_trigger lets the next launch of the stream start; pdl_wait waits
- * for the one before to finish and its stores to be visible (no-ops without the attribute,
- * and on AMD). */
-static __device__ __forceinline__ void pdl_trigger() {
-#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void pdl_wait() {
-#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+ * pass's own kernels; m3_pdl_trigger / m3_pdl_wait, gpu/gpu_internal.h). */
 
 /* cos/sin rows of every token, [T, cos(half) | sin(half)]: the same evaluation as the
  * kernel's own (angle in fp32 or f64, cos/sin in double rounded to fp32, bf16 when asked),
@@ -876,7 +864,7 @@ static __device__ __forceinline__ void pdl_wait() {
  * T = 4096 with a thread per value). */
 static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int half,
                                   rope_inv_table inv, bool angle_f64, bool cs_bf16) {
-    pdl_trigger();
+    m3_pdl_trigger();
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= (int64_t)n_tok * half) return;
     const int t = (int)(j / half), i = (int)(j - (int64_t)t * half);
@@ -1069,12 +1057,12 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, unsigned char
         ((m3_bf16 *)a.dst[1])[kw_voff(a, slot, h, d, lx)] = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
     }
 }
-/* the grid's end waits for the launch before it (pdl_wait): a dependent launch of the fused
+/* the grid's end waits for the launch before it (m3_pdl_wait): a dependent launch of the fused
  * pass must not finish before the qw_norm_k it overlaps */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     __shared__ __align__(16) unsigned char srow[KW_WPB][KW_ROWB];
     kvw_step(a, srow[threadIdx.x / M3_WARP]);
-    pdl_wait();
+    m3_pdl_wait();
 }
 
 /* kvw8_k (session 6): the fp8 K / V writer without shared-memory staging. One warp a step,
@@ -1348,13 +1336,13 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
  * registers at 3 blocks per SM measured 62%, 4-warp blocks at 8 per SM the same 66%, the K
  * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
  * warp's next step 59%; session 7: a persistent grid without the prefetch 59%). The end
- * waits for the launch before it (pdl_wait: the fused pass's qw_norm_k). */
+ * waits for the launch before it (m3_pdl_wait: the fused pass's qw_norm_k). */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
     __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st < a.nstep) k8_step(a, st, ssy[wid]);
-    pdl_wait();
+    m3_pdl_wait();
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
@@ -1503,7 +1491,7 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
 template <int QR, int KC>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
-    pdl_trigger();
+    m3_pdl_trigger();
     __shared__ __align__(16) float w1s[4][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[4]; /* the parts, read per step from shared memory (kept out of registers) */
@@ -1539,7 +1527,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
     }
-    pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
+    m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
@@ -1606,30 +1594,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
-/* k<<<grid, block, smem>>>(args) on g's stream; pdl: with programmatic stream serialization
- * (NVIDIA), only where the launch before it in the stream is the same pass's (its kernel
- * waits for that one with pdl_wait before reading what it wrote) */
-template <typename... P, typename... A>
-static m3_status pass_launch(m3_gpu *g, bool pdl, void (*k)(P...), unsigned grid, unsigned block,
-                             size_t smem, A... args) {
-#if defined(M3_HIP_NVIDIA)
-    if (pdl) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(grid), cfg.blockDim = dim3(block), cfg.dynamicSmemBytes = smem;
-        cfg.stream = g->stream;
-        cudaLaunchAttribute at[1] = {};
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at, cfg.numAttrs = 1;
-        M3_HIP_TRY(cudaLaunchKernelEx(&cfg, k, args...));
-        return M3_OK;
-    }
-#else
-    (void)pdl;
-#endif
-    k<<<grid, block, smem, g->stream>>>(args...);
-    return M3_OK;
-}
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
     void *x;
@@ -1899,7 +1863,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     }
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
     /* Programmatic dependent launches (NVIDIA): qw_norm_k after the table launch (its rows'
-     * first loads and the weights before pdl_wait), the K / V writer after qw_norm_k (it
+     * first loads and the weights before m3_pdl_wait), the K / V writer after qw_norm_k (it
      * reads nothing qw_norm_k writes; it fills the SMs as qw_norm_k's blocks finish, and its
      * blocks wait for qw_norm_k at their end, so the pass ends when both have). Session 7,
      * H200: qkv_cache T=4096 62.9 -> 70.7% of copy (the table's launch and kvw_k's own ramp
@@ -1923,7 +1887,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
                                  "rows (more than 2^31 steps)", n_tok, kl.nh);
             const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
-            M3_TRY(pass_launch(g, dep, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
+            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw8_k");
         } else {
             const int KS = M3_WARP / 8, x = 8;
@@ -1932,7 +1896,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             kl.vs0 = kl.ks;
             kl.nstep = kl.ks;
             if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
-            M3_TRY(pass_launch(g, dep, kvw_k, (unsigned)((kl.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kl));
+            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw_k, (unsigned)((kl.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw_k");
         }
         return M3_OK;
@@ -1958,7 +1922,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
 #endif
         const int64_t need = (qa.nstep + QW_WPB - 1) / QW_WPB;
         const int64_t fit = (int64_t)(occ > 0 ? occ : 4) * n_sm;
-        M3_TRY(pass_launch(g, prev, k, (unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, qa));
+        M3_TRY(m3_gpu_launch_pdl(g, prev, k, (unsigned)(need < fit ? need : fit), QW_WPB * M3_WARP, 0, qa));
         M3_LAUNCHED(g, "qw_norm_k");
         prev = true;
     }
