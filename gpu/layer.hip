@@ -61,6 +61,9 @@ struct m3_gpu_layer_weights {
     bool shared_fused;                     /* ref's lw->shared_fused (spec §3.14) */
     bool shared_slot;                      /* the shared expert is slot E of the expert arrays */
     bool e_nan, s_nan;                     /* MXFP8 routed / shared codes hold an e4m3 NaN code */
+    /* the smallest / largest e8m0 block scale byte of the routed / shared MX matrices (the
+     * upload's scan; m3_gpu_experts.mx_scale_lo / hi) */
+    int e_sc_lo, e_sc_hi, s_sc_lo, s_sc_hi;
     int n_expert;                          /* E */
     /* activation quantization of the MX experts (copies of ref's m3_wq.act; kind NONE = none) */
     m3_actq act_in, act_mid;
@@ -579,6 +582,58 @@ static m3_status mx_nan_scan(m3_gpu *g, const void *d, size_t n, m3_gpu_wfmt f, 
     return M3_OK;
 }
 
+/* The smallest and largest of the n bytes at s into r[0] / r[1] (unsigned ints the caller
+ * set to 255 / 0): 4 bytes a thread and step (s 4-byte aligned: arena memory), the last n % 4
+ * bytes by thread 0, one atomicMin / atomicMax a warp. */
+static __global__ void byte_range_k(unsigned *M3_RESTRICT r, const uint8_t *M3_RESTRICT s, int64_t n) {
+    unsigned lo = 255u, hi = 0u;
+    const int64_t nw = n / 4;
+    const uint32_t *w = reinterpret_cast<const uint32_t *>(s);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nw;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const uint32_t v = w[i];
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            const unsigned x = (v >> (8 * b)) & 0xFFu;
+            lo = x < lo ? x : lo, hi = x > hi ? x : hi;
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        for (int64_t i = nw * 4; i < n; i++) lo = s[i] < lo ? s[i] : lo, hi = s[i] > hi ? s[i] : hi;
+    for (int o = M3_WARP / 2; o > 0; o /= 2) {
+        const unsigned l2 = M3_SHFL_XOR(lo, o), h2 = M3_SHFL_XOR(hi, o);
+        lo = l2 < lo ? l2 : lo, hi = h2 > hi ? h2 : hi;
+    }
+    if ((threadIdx.x & (M3_WARP - 1)) == 0) atomicMin(&r[0], lo), atomicMax(&r[1], hi);
+}
+
+/* *lo / *hi widened to the scale bytes of the nm MX scale arrays sc[i] of bytes[i] each (the
+ * routed experts' m3_gpu_experts.mx_scale_lo / hi: MXFP4 decode takes one exact multiply a
+ * code pair when the range allows it, gpu/moe.hip mx4_path). On the device, as the NaN-code
+ * scan: a real layer's expert scales are ~230 MB. */
+static m3_status mx_scale_scan(m3_gpu *g, void *const *sc, const size_t *bytes, int nm,
+                               size_t mul, int *lo, int *hi) {
+    const size_t mark = m3_gpu_mark(g);
+    unsigned *d = NULL, h[2] = {255u, 0u};
+    m3_status s = m3_gpu_alloc(g, (void **)&d, sizeof h);
+    if (s == M3_OK) s = m3_gpu_upload(g, d, h, sizeof h);
+    for (int i = 0; i < nm && s == M3_OK; i++) {
+        const int64_t n = (int64_t)(bytes[i] * mul);
+        if (n == 0) continue;
+        const int64_t blocks = (n / 4 + 255) / 256;
+        const unsigned grid = (unsigned)(blocks < 8 * g->n_sm ? (blocks > 0 ? blocks : 1) : 8 * g->n_sm);
+        byte_range_k<<<grid, 256, 0, g->stream>>>(d, (const uint8_t *)sc[i], n);
+        s = m3_gpu_launched_(g, "byte_range_k", __FILE__, __LINE__);
+    }
+    if (s == M3_OK) s = m3_gpu_download(g, h, d, sizeof h);
+    m3_gpu_release(g, mark);
+    if (s == M3_OK && h[0] <= h[1]) {
+        *lo = (int)h[0] < *lo ? (int)h[0] : *lo;
+        *hi = (int)h[1] > *hi ? (int)h[1] : *hi;
+    }
+    return s;
+}
+
 /* one MX matrix (ref's m3_wq: codes + e8m0 scales, [n_out, n_in]) into dst + slot offsets */
 static m3_status up_mx_mat(m3_gpu *g, void *codes, m3_e8m0 *scales, const void *wq_p,
                            m3_gpu_wfmt f, int n_out, int n_in) {
@@ -591,7 +646,8 @@ static m3_status up_mx_mat(m3_gpu *g, void *codes, m3_e8m0 *scales, const void *
 /* the three MX matrices of a swiglu MLP (D = dim, F = ffn) into their own arrays */
 static m3_status up_mx_mlp(m3_gpu *g, const void **dg, const void **du, const void **dd,
                            const m3_e8m0 **sg, const m3_e8m0 **su, const m3_e8m0 **sd,
-                           const m3_mlp_weights *mw, m3_gpu_wfmt f, int D, int F, bool *nan) {
+                           const m3_mlp_weights *mw, m3_gpu_wfmt f, int D, int F, bool *nan,
+                           int *sc_lo, int *sc_hi) {
     void *c[3], *sc[3];
     const int64_t cb[3] = {F * mx_rb(f, D), F * mx_rb(f, D), D * mx_rb(f, F)};
     const int64_t sb[3] = {(int64_t)F * mx_nb(D), (int64_t)F * mx_nb(D), (int64_t)D * mx_nb(F)};
@@ -602,6 +658,9 @@ static m3_status up_mx_mlp(m3_gpu *g, const void **dg, const void **du, const vo
         M3_TRY(up_mx_mat(g, c[i], (m3_e8m0 *)sc[i], src[i], f, i < 2 ? F : D, i < 2 ? D : F));
         M3_TRY(mx_nan_scan(g, c[i], (size_t)cb[i], f, nan));
     }
+    const size_t sbz[3] = {(size_t)sb[0], (size_t)sb[1], (size_t)sb[2]};
+    *sc_lo = 255, *sc_hi = 0;
+    M3_TRY(mx_scale_scan(g, sc, sbz, 3, 1, sc_lo, sc_hi));
     *dg = c[0], *du = c[1], *dd = c[2];
     *sg = (const m3_e8m0 *)sc[0], *su = (const m3_e8m0 *)sc[1], *sd = (const m3_e8m0 *)sc[2];
     return M3_OK;
@@ -626,6 +685,8 @@ static m3_status up_mx_stack(m3_gpu *g, m3_gpu_layer_weights *w, const m3_layer_
                              i < 2 ? F : D, i < 2 ? D : F));
     }
     for (int i = 0; i < 3; i++) M3_TRY(mx_nan_scan(g, p[i], per[i] * (size_t)nslot, f, &w->e_nan));
+    w->e_sc_lo = 255, w->e_sc_hi = 0;
+    M3_TRY(mx_scale_scan(g, p + 3, per + 3, 3, (size_t)nslot, &w->e_sc_lo, &w->e_sc_hi));
     w->eg = p[0], w->eu = p[1], w->ed = p[2];
     w->egs = (const m3_e8m0 *)p[3], w->eus = (const m3_e8m0 *)p[4], w->eds = (const m3_e8m0 *)p[5];
     return M3_OK;
@@ -726,7 +787,7 @@ static m3_status upload_weights(m3_gpu *g, m3_gpu_layer_weights *w, const m3_lay
             return m3_errorf(M3_ERR_UNSUPPORTED, "gpu: layer %d: shared and routed experts in "
                              "different MX formats", L);
         return up_mx_mlp(g, &w->sg, &w->su, &w->sd, &w->sgs, &w->sus, &w->sds, sw, w->sfmt, D,
-                         c->shared_inter, &w->s_nan);
+                         c->shared_inter, &w->s_nan, &w->s_sc_lo, &w->s_sc_hi);
     }
     w->sfmt = M3_GPU_W_BF16;
     return up_mlp(g, &w->sg, &w->su, &w->sd, b, sw, D, c->shared_inter, L, "shared expert");
@@ -763,6 +824,7 @@ extern "C" m3_status m3_gpu_layer_weights_experts(const m3_gpu_layer_weights *w,
     out->gate = w->eg, out->up = w->eu, out->down = w->ed;
     out->gate_s = w->egs, out->up_s = w->eus, out->down_s = w->eds;
     out->finite_codes = !w->e_nan;
+    if (w->efmt != M3_GPU_W_BF16) out->mx_scale_lo = w->e_sc_lo, out->mx_scale_hi = w->e_sc_hi;
     out->act_in = act_or_null(&w->act_in);
     out->act_mid = act_or_null(&w->act_mid);
     if (n_slot) *n_slot = w->n_expert + (w->shared_slot ? 1 : 0);
@@ -771,6 +833,7 @@ extern "C" m3_status m3_gpu_layer_weights_experts(const m3_gpu_layer_weights *w,
         shared->gate = w->sg, shared->up = w->su, shared->down = w->sd;
         shared->gate_s = w->sgs, shared->up_s = w->sus, shared->down_s = w->sds;
         shared->finite_codes = !w->s_nan;
+        if (w->sfmt != M3_GPU_W_BF16) shared->mx_scale_lo = w->s_sc_lo, shared->mx_scale_hi = w->s_sc_hi;
         shared->act_in = out->act_in;
         shared->act_mid = out->act_mid;
     }
@@ -1121,6 +1184,8 @@ static bool tiled_experts(m3_gpu *g, m3_status *s, m3_bf16 *y, const m3_bf16 *x,
     ew.gate = w->eg, ew.up = w->eu, ew.down = w->ed;
     ew.gate_s = w->egs, ew.up_s = w->eus, ew.down_s = w->eds;
     ew.finite_codes = !w->e_nan; /* the upload's scan (real checkpoints: no NaN codes) */
+    if (w->efmt != M3_GPU_W_BF16) /* the upload's scale scan: MXFP4's one-multiply decode */
+        ew.mx_scale_lo = w->e_sc_lo, ew.mx_scale_hi = w->e_sc_hi;
     ew.act_in = act_or_null(&w->act_in);
     ew.act_mid = act_or_null(&w->act_mid);
     ew.n_pass = T;

@@ -190,12 +190,18 @@ typedef struct m3_gpu_experts {
      * where the Hopper wgmma kernel wg_k would run (gpu/moe.hip), so tests check both */
     int tile_sm80;
     /* nonzero mx_scale_hi: the caller knows every MX block scale byte of gate, up and down lies
-     * in [mx_scale_lo, mx_scale_hi] (e.g. from a scan at upload). MXFP4 decode then stages x
-     * times 2^8 when that range is inside [3, 136] with scales above 128 (2^1), so that one
-     * exact bf16 multiply per code pair covers them; 0 (default): unknown (scales <= 2^1 are
-     * found per step, others take the per-piece path; exact either way) */
+     * in [mx_scale_lo, mx_scale_hi] (gpu/layer.hip: its upload scan). MXFP4 decode then takes
+     * one exact bf16 multiply per code pair with no per-step test when the range lies within
+     * [0, 128] (2^1), or within [3, 136] (x staged times 2^8); 0 (default): unknown (scales
+     * <= 2^1 are found per step, others take the per-piece path; exact either way) */
     int mx_scale_lo, mx_scale_hi;
 } m3_gpu_experts;
+
+/* 1: the MXFP4 decode GEMVs (T*K <= 4E, NVIDIA) run w with one multiply a code pair and no
+ * per-step scale test, because w's mx_scale_lo / hi allow it (every scale byte <= 128, or in
+ * [3, 136]; gpu/layer.hip sets them from its upload scan); 0: the per-step vote (results are
+ * bit-identical either way). For tests. */
+int m3_gpu_moe_mx4_fast(const m3_gpu_experts *w);
 
 /* Twin of ref's m3_moe_experts: y [T,D] bf16 = bf16(rsf * sum_k w_k MLP_{e_k}(x)) with the
  * profile's rounding points (hf: bf16 products and running sum in ascending expert id;

@@ -700,7 +700,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
-         int smode, bool act_bf16, int xsh) {
+         int smode, bool act_bf16, int xsh, bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
     __shared__ float lut[256];
@@ -802,7 +802,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 }
             };
             if constexpr (WF == M3_GPU_W_MXFP4) {
-                if (xs != 0) kloop(m3_bool_c<true>());
+                if (xfast && xs == xsh) kloop(m3_bool_c<true>());
                 else kloop(m3_bool_c<false>());
             } else {
                 kloop(m3_bool_c<false>());
@@ -994,7 +994,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh) {
+          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
+          bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
@@ -1151,20 +1152,26 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         }
     };
     if constexpr (WF == M3_GPU_W_MXFP4) {
-        if (xsc != 0) tiles(m3_bool_c<true>());
+        if (xfast && xsc == xsh) tiles(m3_bool_c<true>());
         else tiles(m3_bool_c<false>());
     } else {
         tiles(m3_bool_c<false>());
     }
 }
 
-/* MXFP4 decode: stage x times 2^8 (xsh 8) when the caller knows every block scale byte lies
- * in [3, 136] and some lie above 128: the one bf16 multiply 2^(s + 118) then covers them all
- * exactly (codes x 2^(s-135) stay bf16 values from s = 3 on; x * 2^8 is exact below 2^120, the
- * kernels check that and stage unscaled otherwise). Scales <= 128 need no scaling (xsh 0, the
- * warp vote in tc_decode2 finds them); any other range takes tc_decode's per-piece path. */
-static int mx4_xsh(const m3_gpu_experts *w) {
-    return w->fmt == M3_GPU_W_MXFP4 && w->mx_scale_hi > 128 && w->mx_scale_hi <= 136 && w->mx_scale_lo >= 3 ? 8 : 0;
+/* MXFP4 decode from the caller's scale range (m3_gpu_experts.mx_scale_lo / hi, gpu/layer.hip's
+ * upload scan): *fast when one bf16 multiply a code pair is exact for every block, i.e. the k
+ * loops compiled without the per-step vote and the per-piece path (tc_decode2's FAST). Every
+ * byte <= 128 (2^1; real checkpoints: ~2^-7): 2^(s + 126) is a bf16 normal and codes x
+ * 2^(s-127) are bf16 values, x unscaled (xsh 0). Every byte in [3, 136] with some above 128:
+ * x staged times 2^8 (xsh 8) and the multiplier 2^(s + 118) (codes x 2^(s-135) stay bf16 values
+ * from s = 3 on; x * 2^8 is exact below 2^120, the kernels check that and stage unscaled,
+ * without FAST, otherwise). Any other range, or none given: xsh 0, the vote per step (scales
+ * <= 128 on every lane) and tc_decode's per-piece path; exact either way. */
+static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
+    const int lo = w->mx_scale_lo, hi = w->mx_scale_hi;
+    *fast = w->fmt == M3_GPU_W_MXFP4 && hi > 0 && lo >= 0 && lo <= hi && (hi <= 128 || (hi <= 136 && lo >= 3));
+    return *fast && hi > 128 ? 8 : 0;
 }
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
@@ -1175,7 +1182,8 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                          const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
-    const int sm = (int)p->swiglu, xsh = mx4_xsh(w);
+    bool xf;
+    const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
     const bool ab16 = p->act_bf16;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
@@ -1188,7 +1196,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const float rsf = mp->routed_scale;
     dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
-        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh);
+        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
@@ -1196,7 +1204,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh);
+                     (bool)p->moe_bf16_combine, xsh, xf);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -1205,7 +1213,8 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
-    const int sm = (int)p->swiglu, slots = TK < E ? TK : E, xsh = mx4_xsh(w);
+    bool xf;
+    const int sm = (int)p->swiglu, slots = TK < E ? TK : E, xsh = mx4_xsh(w, &xf);
     const bool ab16 = p->act_bf16;
     const int nt = T < 8 * NT ? T : 8 * NT;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
@@ -1220,16 +1229,27 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
     tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
-        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh);
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
     tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
-        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh);
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
 }
 #endif /* M3_HIP_NVIDIA */
+
+extern "C" int m3_gpu_moe_mx4_fast(const m3_gpu_experts *w) {
+#if defined(M3_HIP_NVIDIA)
+    bool fast;
+    (void)mx4_xsh(w, &fast);
+    return fast ? 1 : 0;
+#else
+    (void)w; /* AMD: the FMA GEMV sk_k, exact tables, no such decode */
+    return 0;
+#endif
+}
 
 /* ---- larger batches: tensor-core tiles ----------------------------------------------------
  * Block (row tile, column tile): rows row0..row0+63 of one active expert's grouped rows;

@@ -160,6 +160,11 @@ m3_status m3_gpu_moe_experts(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const 
     return NO_GPU("gpu moe_experts");
 }
 
+int m3_gpu_moe_mx4_fast(const m3_gpu_experts *w) {
+    (void)w;
+    return 0;
+}
+
 m3_status m3_gpu_attn_dense_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
                                   int n_tok, int n_ctx, const struct m3_attn_params *ap,

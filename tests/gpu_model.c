@@ -508,6 +508,17 @@ static size_t cmp_mx(m3_gpu *g, const void *dcodes, const m3_e8m0 *dscales, cons
     return n + cmp_dev(g, dscales + (size_t)slot * r * nb, q->scale, r * nb, what, L, slot);
 }
 
+/* *lo / *hi widened to the e8m0 scale bytes of ref's MX matrix wq_p ([rows, cols]) */
+static void sc_range(const void *wq_p, int rows, int cols, int *lo, int *hi) {
+    const m3_wq *q = wq_p;
+    const uint8_t *sc = q->scale;
+    const size_t n = (size_t)rows * (size_t)((cols + 31) / 32);
+    for (size_t i = 0; i < n; i++) {
+        *lo = sc[i] < *lo ? sc[i] : *lo;
+        *hi = sc[i] > *hi ? sc[i] : *hi;
+    }
+}
+
 /* the device's activation quantization equals ref's m3_wq.act (NULL = none) */
 static void check_act(const m3_actq *d, const m3_actq *r, const char *what) {
     if (!r || r->kind == M3_ACTQ_NONE) {
@@ -595,7 +606,7 @@ static void variant_codes_identical(void **state) {
             const bool fp4 = v.experts == M3_EXPERTS_MXFP4;
             const int E = c->n_expert, D = c->hidden, F = c->expert_inter, FS = c->shared_inter;
             size_t bytes = 0;
-            int n_moe = 0, n_slot_total = 0, n_nan_checks = 0;
+            int n_moe = 0, n_slot_total = 0, n_nan_checks = 0, n_fast = 0;
             for (int L = 0; L < c->n_layer; L++) {
                 if (!c->layer_moe[L]) continue;
                 m3_layer_weights hw;
@@ -609,9 +620,13 @@ static void variant_codes_identical(void **state) {
                 assert_int_equal(ew.fmt, fp4 ? M3_GPU_W_MXFP4 : M3_GPU_W_MXFP8);
                 const bool slot = hw.shared_fused && FS == F;
                 assert_int_equal(nslot, E + (slot ? 1 : 0));
+                int lo = 255, hi = 0, slo = 255, shi = 0; /* ref's scale bytes */
                 for (int e = 0; e < nslot; e++) {
                     const m3_mlp_weights *x = e < E ? &hw.moe.experts[e] : &hw.moe.shared;
                     assert_int_equal(x->fmt, fp4 ? M3_WFMT_MXFP4 : M3_WFMT_MXFP8);
+                    sc_range(x->gate, F, D, &lo, &hi);
+                    sc_range(x->up, F, D, &lo, &hi);
+                    sc_range(x->down, D, F, &lo, &hi);
                     bytes += cmp_mx(g, ew.gate, ew.gate_s, x->gate, fp4, F, D, e, "gate_proj", L);
                     bytes += cmp_mx(g, ew.up, ew.up_s, x->up, fp4, F, D, e, "up_proj", L);
                     bytes += cmp_mx(g, ew.down, ew.down_s, x->down, fp4, D, F, e, "down_proj", L);
@@ -623,7 +638,20 @@ static void variant_codes_identical(void **state) {
                     bytes += cmp_mx(g, sw.gate, sw.gate_s, x->gate, fp4, FS, D, 0, "shared gate", L);
                     bytes += cmp_mx(g, sw.up, sw.up_s, x->up, fp4, FS, D, 0, "shared up", L);
                     bytes += cmp_mx(g, sw.down, sw.down_s, x->down, fp4, D, FS, 0, "shared down", L);
+                    sc_range(x->gate, FS, D, &slo, &shi);
+                    sc_range(x->up, FS, D, &slo, &shi);
+                    sc_range(x->down, D, FS, &slo, &shi);
+                    assert_int_equal(sw.mx_scale_lo, slo);
+                    assert_int_equal(sw.mx_scale_hi, shi);
                 }
+                /* the upload's scale scan: exactly ref's range (m3_gpu_experts.mx_scale_lo /
+                 * hi), and with it MXFP4's one-multiply decode (every byte <= 128 here: the
+                 * fixtures' weights are far below 2) */
+                assert_int_equal(ew.mx_scale_lo, lo);
+                assert_int_equal(ew.mx_scale_hi, hi);
+                assert_int_equal(m3_gpu_moe_mx4_fast(&ew), fp4 && hi <= 128 ? 1 : 0);
+                if (fp4) assert_true(hi <= 128);
+                n_fast += m3_gpu_moe_mx4_fast(&ew);
                 const m3_wq *qg = hw.moe.experts[0].gate, *qd = hw.moe.experts[0].down;
                 check_act(ew.act_in, qg->act, "act_in");
                 check_act(ew.act_mid, qd->act, "act_mid");
@@ -639,8 +667,9 @@ static void variant_codes_identical(void **state) {
                 n_slot_total += nslot;
             }
             printf("  %s {%s}: %zu bytes of codes + scales (%d MoE layers, %d expert slots) "
-                   "bit-identical to ref's; %d planted NaN codes found by the upload scan\n",
-                   fixtures[f], specs[k], bytes, n_moe, n_slot_total, n_nan_checks);
+                   "bit-identical to ref's; %d planted NaN codes found by the upload scan; "
+                   "scale range as ref's, MXFP4 one-multiply decode in %d layers\n",
+                   fixtures[f], specs[k], bytes, n_moe, n_slot_total, n_nan_checks, n_fast);
             assert_true(n_moe > 0 && bytes > 0);
             m3_weights_close(w);
             m3_config_free(c);

@@ -332,6 +332,10 @@ static int g_sc_lo = 255, g_sc_hi = 0;
  * bf16: the MXFP4 decode's fallback to unscaled x) */
 static bool g_x_huge;
 
+/* MXFP4 decode cases that ran with the scale-range hint's one-multiply decode
+ * (m3_gpu_moe_mx4_fast) and again without the hint, bit-identical (experts_case) */
+static int g_mx4_twins;
+
 /* Device copy of one matrix in format f, and the host values the reference must use
  * (written into ref_vals: bf16-rounded or MX-dequantized f32). */
 static void weights_to(m3_gpu *g, m3_gpu_wfmt f, const float *src, int64_t rows, int cols,
@@ -496,6 +500,28 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     GPU_OK(m3_gpu_moe_experts(g, dy, dx, dids, dwts, T, &dw, &mp, &p));
     gpu_download_bf16(g, got, dy, (int64_t)T * D);
     gpu_guard_check(g, dy, (size_t)T * D * sizeof(m3_bf16), "moe_experts y");
+    if (m3_gpu_moe_mx4_fast(&dw) && T * K <= 4 * E && !dw.portable) {
+        /* the decode the scale range allows (one multiply a code pair, no per-step test)
+         * against the unhinted one (the per-step vote): the same bits */
+        m3_gpu_experts d2 = dw;
+        d2.mx_scale_lo = d2.mx_scale_hi = 0;
+        assert_int_equal(m3_gpu_moe_mx4_fast(&d2), 0);
+        const size_t yb = (size_t)T * D * sizeof(m3_bf16);
+        m3_bf16 *dy2 = gpu_guard_alloc(g, yb);
+        GPU_OK(m3_gpu_moe_experts(g, dy2, dx, dids, dwts, T, &d2, &mp, &p));
+        gpu_guard_check(g, dy2, yb, "moe_experts y (no scale range)");
+        m3_bf16 *h1 = malloc(yb), *h2 = malloc(yb);
+        assert_true(h1 && h2);
+        GPU_OK(m3_gpu_download(g, h1, dy, yb));
+        GPU_OK(m3_gpu_download(g, h2, dy2, yb));
+        for (int64_t i = 0; i < (int64_t)T * D; i++)
+            if (memcmp(&h1[i], &h2[i], sizeof h1[i]))
+                m3_test_failf("moe_experts mxfp4 T=%d: element %lld: 0x%04x with the scale range, "
+                              "0x%04x without", T, (long long)i, (unsigned)h1[i], (unsigned)h2[i]);
+        free(h1);
+        free(h2);
+        g_mx4_twins++;
+    }
     char what[128];
     snprintf(what, sizeof what, "moe_experts %s(%s,T=%d,E=%d,K=%d,D=%d,F=%d,%s)", fmt_name(fmt),
              p.name, T, E, K, D, F, T * K <= 4 * E ? "gemv" : "tiles");
@@ -532,11 +558,17 @@ static void moe_experts_small(void **state) {
     exp_master wm;
     master_make(&wm, 8, 256, 192, 810);
     static const int Ts[] = {1, 5, 13, 37, 300}; /* gemv (1, 5, 13: >4 rows an expert) and tiles */
+    g_mx4_twins = 0;
     for (int f = 0; f < 3; f++)
         for (int prof = 1; prof < 3; prof++)
             for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
                 experts_case(g, &wm, Ts[i], 2, (m3_gpu_wfmt)f, prof);
     master_free(&wm);
+    /* the MXFP4 decode cases (scale bytes <= 128) ran the hinted decode and matched the
+     * unhinted one bit for bit (none on a device without the NVIDIA decode GEMVs) */
+    printf("  %d MXFP4 decode cases: the scale-range decode bit-identical to the vote\n", g_mx4_twins);
+    if (!g_portable && m3_gpu_moe_mx4_fast(&(m3_gpu_experts){.fmt = M3_GPU_W_MXFP4, .mx_scale_hi = 128}))
+        assert_int_equal(g_mx4_twins, 6);
 }
 
 /* MX block scales across 2^-30 .. 2^30: the decode GEMV's exact bf16 multiply covers block
@@ -570,7 +602,11 @@ static void moe_experts_mx4_staged_x(void **state) {
         for (int prof = 1; prof < 3; prof++)
             for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
                 g_x_huge = huge != 0;
+                const int tw = g_mx4_twins;
                 experts_case(g, &wm, Ts[i], 2, M3_GPU_W_MXFP4, prof);
+                /* the staged-x decode ran and matched the unhinted one (NVIDIA) */
+                if (m3_gpu_moe_mx4_fast(&(m3_gpu_experts){.fmt = M3_GPU_W_MXFP4, .mx_scale_hi = 128}))
+                    assert_int_equal(g_mx4_twins, tw + 1);
                 /* not vacuous: the range takes the staged-x path */
                 printf("  scale bytes %d .. %d\n", g_sc_lo, g_sc_hi);
                 assert_true(g_sc_hi > 128 && g_sc_hi <= 136 && g_sc_lo >= 3);
