@@ -725,8 +725,8 @@ static void bench_moe_experts(void **state) {
             printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
                    nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-            if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip does not
-                                          set it yet): the per-step vote path */
+            if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip gives it
+                                          from its upload scan): the per-step vote path */
                 c.w.mx_scale_lo = c.w.mx_scale_hi = 0;
                 ms = time_ms(g, do_experts, &c, 20, 7);
                 c.w.mx_scale_lo = 120, c.w.mx_scale_hi = 129;
