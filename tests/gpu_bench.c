@@ -658,6 +658,12 @@ static void bench_moe_experts(void **state) {
     for (size_t i = 0; i < chunk; i++) h[i] = (unsigned char)(120 + m3_rng_u32(&r) % 10);
     GPU_OK(m3_gpu_alloc(g, &c_scales, chunk));
     GPU_OK(m3_gpu_upload(g, c_scales, h, chunk));
+    /* scale bytes 120..128 (2^-7 .. 2^1: all within one bf16 multiply, as real MXFP4
+     * checkpoints' are) for the mxfp4 decode rows `scales<=2^1` */
+    void *c_scales1;
+    for (size_t i = 0; i < chunk; i++) h[i] = (unsigned char)(120 + m3_rng_u32(&r) % 9);
+    GPU_OK(m3_gpu_alloc(g, &c_scales1, chunk));
+    GPU_OK(m3_gpu_upload(g, c_scales1, h, chunk));
     free(h);
     const size_t n = (size_t)E * F * D; /* elements per matrix */
     static const int Ts[] = {1, 64, 4096};
@@ -733,6 +739,23 @@ static void bench_moe_experts(void **state) {
                 char nm2[128];
                 snprintf(nm2, sizeof nm2, "%s no-range", nm);
                 report(nm2, ms, wbytes + io, tk * 6.0 * D * F);
+                /* the same weights with scale bytes 120..128: with the range (what gpu/layer.hip
+                 * passes for such a checkpoint: one multiply a code pair, no per-step test) and
+                 * without it (the per-step vote, passing every step) */
+                const m3_gpu_experts w0 = c.w;
+                void *s1[3];
+                for (int i = 0; i < 3; i++) {
+                    GPU_OK(m3_gpu_alloc(g, &s1[i], sb));
+                    fill_dev(g, s1[i], sb, c_scales1, chunk);
+                }
+                c.w.gate_s = s1[0], c.w.up_s = s1[1], c.w.down_s = s1[2];
+                for (int hint = 1; hint >= 0; hint--) {
+                    c.w.mx_scale_lo = hint ? 120 : 0, c.w.mx_scale_hi = hint ? 128 : 0;
+                    ms = time_ms(g, do_experts, &c, 20, 7);
+                    snprintf(nm2, sizeof nm2, "%s scales<=2^1%s", nm, hint ? "" : " no-range");
+                    report(nm2, ms, wbytes + io, tk * 6.0 * D * F);
+                }
+                c.w = w0;
             }
             if (c.T > 64) { /* the sm_80 tiles (tile2_k) on the same inputs, for comparison
                                (the production prefill on an sm_90a build on Hopper is wg_k) */
