@@ -642,12 +642,13 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
 /* The two pieces of one step (rows g and g + 8) of a lane. MXFP4 with x staged times 2^xsh
  * (xsh 0 or 8, see mx4_xsh): the common case needs one multiply per pair, 2^(s + 126 - xsh)
  * (one IMAD forms the pair), exact while s + 126 - xsh <= 254 and the products stay bf16
- * values: every s of the matrices when xsh = 8 (the caller's known range, mx4_xsh); with xsh
- * = 0 when every lane's two scales are <= 2^1 (one warp vote a step; real checkpoints),
- * else tc_decode per piece (its second multiply / float path; the per-piece tests it needs
- * cost ~20% at T = 64 when a tenth of the blocks take them: docs/gpu.md, session 7). FAST
- * (xsh 8): the multiply alone; the kernels compile their k loops for both (m3_bool_c), so that
- * the loop of the known range holds no per-piece path (keeping it there cost 10%). */
+ * values: every s of the matrices when the caller's range allows it (mx4_xsh: within [0, 128]
+ * with xsh 0, or [3, 136] with xsh 8); otherwise (xsh 0) when every lane's two scales are
+ * <= 2^1 (one warp vote a step), else tc_decode per piece (its second multiply / float path;
+ * the per-piece tests it needs cost ~20% at T = 64 when a tenth of the blocks take them:
+ * docs/gpu.md, session 7). FAST (the range allows it): the multiply alone; the kernels compile
+ * their k loops for both (m3_bool_c), so that the loop of the known range holds no vote and no
+ * per-piece path (keeping them there cost 9-10%: docs/gpu.md, sessions 7 and 8). */
 template <bool B> struct m3_bool_c { static constexpr bool value = B; };
 
 template <int WF, bool NC, bool FAST>
