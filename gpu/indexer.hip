@@ -1101,6 +1101,222 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
 }
 
+/* idx_km_k: idx_dec_k with the keys as the mma's 16-row operand (A, M) and the group's query
+ * rows as its 8 columns (B, N; NQ n-tiles: 8 * NQ rows per group). At T = 1 only G = 4 of
+ * idx_dec_k's 16 query rows are real: here NQ = 1 halves the HMMAs per key and the Q
+ * fragments (16 registers instead of 32). Warp w takes the m-tiles m = w, w + 4 (16 keys each,
+ * 16 * m < B) of a key block; lane (g, t) loads keys g and g + 8 of the m-tile (16-byte
+ * loads, the dims of idx_dec_k's permutation: a piece of key g feeds a0 / a2, the same piece
+ * of key g + 8 a1 / a3, and the Q fragment b0 / b1 takes the same physical dims). The tile's
+ * accumulators are independent chains (one per m-tile and n-tile). C rows are keys, columns
+ * query rows: lane (g, t) holds rows 2t, 2t + 1 for keys g and g + 8; the masked max
+ * reduces over g (3 shuffles), a ballot gives the NaN flags. NBUF = 2 (e4m3fn keys: 32
+ * registers a key block per lane): the key block two ahead is loaded while this one is
+ * decoded, so two key blocks are in flight per block of warps. Selection: as idx_dec_k. */
+template <bool K16, int NQ, int NBUF>
+static __global__ void __launch_bounds__(IST_THREADS, 4)
+    idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
+             const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
+             int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
+             unsigned int *M3_RESTRICT arrive, unsigned int epoch) {
+#if M3_HAVE_MMA
+    constexpr int RPG = 8 * NQ, MT = 2, NU = K16 ? 2 : 4; /* rows, m-tiles, uint4 per key */
+    extern __shared__ __align__(16) unsigned char idx_dyn[];
+    __shared__ float red_m[2][IST_WARPS][RPG], red_n[2][IST_WARPS][RPG];
+    __shared__ dec_smem sm;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
+    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
+    const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
+    uint4 kb[NBUF][MT][2][NU];
+    /* key block b into buffer u (zeros past n_ctx); r0: key_base of b */
+    auto load = [&](int u, int b, int r0) {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = warp + IST_WARPS * i, key = b * B + 16 * m + gq + 8 * h;
+                const bool ok = 16 * m < B && key < n_ctx;
+                const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
+                const uint4 *kr =
+                    K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
+                        : reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
+#pragma unroll
+                for (int j = 0; j < NU; j++)
+                    kb[u][i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            }
+    };
+    const int x0 = (int)blockIdx.x;
+    if (x0 < nbk) load(0, x0, key_base(ik, x0, B));
+    if (NBUF == 2 && x0 + grid < nbk) load(NBUF - 1, x0 + grid, key_base(ik, x0 + grid, B));
+    if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+        if (sel.n_ties) *sel.n_ties = 0;
+        arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
+    }
+    if (!cmax && sel.n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *sel.n_ties = 0;
+    int pmax = -1;
+    for (int i = 0; i < tpw; i++)
+        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
+    for (int i = x0 * IST_THREADS + tid; i < (nbk - n_lim) * RPG; i += grid * IST_THREADS) {
+        const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
+        if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
+    }
+    /* this lane's query rows 8n + 2tq + e and their positions; Q as the B fragments */
+    int rp[NQ][2];
+    uint32_t qb[NQ][ISM_MAX_DI / 16][2];
+#pragma unroll
+    for (int n = 0; n < NQ; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int tt = t0 + (8 * n + 2 * tq + e) / G;
+            rp[n][e] = tt < n_tok ? pos[tt] : -1;
+        }
+        const int row = 8 * n + gq, tt = t0 + row / G;
+#pragma unroll
+        for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+            for (int bi = 0; bi < 2; bi++) {
+                const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
+                                  : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
+                qb[n][s][bi] = s < Di / 16 && tt < n_tok
+                                   ? *reinterpret_cast<const uint32_t *>(
+                                         iq + (size_t)tt * ld_q + (size_t)(row % G) * Di + d)
+                                   : 0u;
+            }
+    }
+    /* the combining thread of row tid < RPG: its token's block count and forced range */
+    const int ct = t0 + tid / G, cnb = tid < RPG && ct < n_tok ? pos[ct] / B + 1 : 0;
+    const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
+    unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
+    int par = 0;
+    int rn = x0 + NBUF * grid < n_lim ? key_base(ik, x0 + NBUF * grid, B) : 0;
+    /* score key block b from buffer u, reload u with b + NBUF * grid, reduce, combine */
+    auto step = [&](int u, int b) {
+        float mx[NQ][2], bad[NQ][2];
+#pragma unroll
+        for (int n = 0; n < NQ; n++) mx[n][0] = mx[n][1] = -INFINITY, bad[n][0] = bad[n][1] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const int m = warp + IST_WARPS * i, k0 = b * B + 16 * m;
+            if (16 * m >= B || k0 > pmax) break; /* warp-uniform */
+            float c[NQ][4];
+#pragma unroll
+            for (int n = 0; n < NQ; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+            uint32_t fa = 0, fb = 0; /* K16: NaN codes in this lane's pieces of key g, g + 8 */
+#pragma unroll
+            for (int j = 0; j < NU; j++) {
+                if (j >= nu) break;
+                const uint4 ka = kb[u][i][0][j], kc = kb[u][i][1][j];
+                if (K16) { /* 16 codes: k-steps 4j .. 4j+3 */
+                    fa |= e4m3_nan16(ka), fb |= e4m3_nan16(kc);
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const uint4 va = hh ? e4m3x8_bf16(ka.z, ka.w) : e4m3x8_bf16(ka.x, ka.y);
+                        const uint4 vc = hh ? e4m3x8_bf16(kc.z, kc.w) : e4m3x8_bf16(kc.x, kc.y);
+                        const uint32_t a0[4] = {va.x, vc.x, va.y, vc.y};
+                        const uint32_t a1[4] = {va.z, vc.z, va.w, vc.w};
+#pragma unroll
+                        for (int n = 0; n < NQ; n++) {
+                            m3_mma_bf16_16816(c[n], a0, qb[n][4 * j + 2 * hh]);
+                            m3_mma_bf16_16816(c[n], a1, qb[n][4 * j + 2 * hh + 1]);
+                        }
+                    }
+                } else { /* 8 dims: k-steps 2j, 2j+1 */
+                    const uint32_t a0[4] = {ka.x, kc.x, ka.y, kc.y};
+                    const uint32_t a1[4] = {ka.z, kc.z, ka.w, kc.w};
+#pragma unroll
+                    for (int n = 0; n < NQ; n++) {
+                        m3_mma_bf16_16816(c[n], a0, qb[n][2 * j]);
+                        m3_mma_bf16_16816(c[n], a1, qb[n][2 * j + 1]);
+                    }
+                }
+            }
+            /* K16: key g (g + 8) holds a NaN code when one of lanes 4g .. 4g+3 saw one */
+            bool nk[2] = {false, false};
+            if (K16) {
+                nk[0] = (__ballot_sync(0xFFFFFFFFu, fa != 0) >> (4 * gq)) & 0xFu;
+                nk[1] = (__ballot_sync(0xFFFFFFFFu, fb != 0) >> (4 * gq)) & 0xFu;
+            }
+#pragma unroll
+            for (int n = 0; n < NQ; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) { /* key g + 8 (e >> 1), row 8n + 2tq + (e & 1) */
+                    const int key = k0 + gq + 8 * (e >> 1), r = e & 1;
+                    const bool vis = key <= rp[n][r];
+                    const bool nn = isnan(c[n][e]) || nk[e >> 1];
+                    mx[n][r] = fmaxf(mx[n][r], vis ? c[n][e] : -INFINITY); /* skips a NaN */
+                    bad[n][r] = vis && nn ? 1.0f : bad[n][r];
+                }
+        }
+        if (b + NBUF * grid < n_lim) load(u, b + NBUF * grid, rn); /* in flight from here */
+        if (b + (NBUF + 1) * grid < n_lim) rn = key_base(ik, b + (NBUF + 1) * grid, B);
+#pragma unroll
+        for (int n = 0; n < NQ; n++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float m = mx[n][r];
+                m = fmaxf(m, M3_SHFL_XOR(m, 4));
+                m = fmaxf(m, M3_SHFL_XOR(m, 8));
+                m = fmaxf(m, M3_SHFL_XOR(m, 16));
+                const unsigned int bb = __ballot_sync(0xFFFFFFFFu, bad[n][r] != 0.0f);
+                if (gq == 0) {
+                    red_m[par][warp][8 * n + 2 * tq + r] = m;
+                    red_n[par][warp][8 * n + 2 * tq + r] = (bb & (0x11111111u << tq)) ? 1.0f : 0.0f;
+                }
+            }
+        __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
+        if (tid < RPG && ct < n_tok) {
+            float m = red_m[par][0][tid], nn = red_n[par][0][tid];
+#pragma unroll
+            for (int w = 1; w < IST_WARPS; w++)
+                m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
+            float z;
+            if (b >= cnb) z = -INFINITY;
+            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
+            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
+            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? m * scale : m;
+            scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
+            if (b < cnb) {
+                const unsigned long long uk = rank_key(z, b);
+                cbest = uk > cbest ? uk : cbest;
+            }
+        }
+        par ^= 1;
+    };
+    for (int b = x0; b < n_lim; b += NBUF * grid) {
+        step(0, b);
+        if (NBUF == 2) {
+            if (b + grid >= n_lim) break;
+            step(NBUF - 1, b + grid);
+        }
+    }
+    if (!cmax) return;
+    /* the fused selection: as idx_dec_k */
+    const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
+    const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
+    unsigned int *cnt = &arrive[epoch & 1];
+    if (tid < RPG && ct < n_tok) cmax[(size_t)((int)blockIdx.y * RPG + tid) * grid + x0] = cbest;
+    __syncthreads(); /* every store of this block precedes thread 0's fence */
+    if (tid == 0) {
+        fence_acq_rel_gpu();
+        atomicAdd(cnt, 1u); /* no return value: a fire-and-forget reduction */
+        if (row >= 0) { /* a picking block: wait for every arrival */
+            while (ld_relaxed_gpu(cnt) != n) {
+            }
+            fence_acq_rel_gpu();
+        }
+    }
+    if (row < 0) return; /* block-uniform */
+    __syncthreads();
+    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+#else
+    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
+    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
+    (void)arrive;
+#endif
+}
+
 /* Launch idx_dec_k: 4 blocks per SM over the groups (at most one per key block), at least
  * R blocks (the fused selection's rows). fuse is cleared when the candidates would not fit
  * in shared memory (then the caller runs a selection kernel). */
@@ -1108,8 +1324,18 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
+    const char *ev = getenv("M3_IDX_V"); /* TEMP variant knob */
+    int var = ev ? atoi(ev) : 2;
+    const int nq = 1, nbuf = var == 2 && k8 ? 2 : 1;
+    if (n_tok * G > 8) var = 0;
     const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
-    const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
+    if (var) {
+        if (k8) kern = nq == 1 ? (nbuf == 2 ? (const void *)idx_km_k<true, 1, 2> : (const void *)idx_km_k<true, 1, 1>)
+                               : (nbuf == 2 ? (const void *)idx_km_k<true, 2, 2> : (const void *)idx_km_k<true, 2, 1>);
+        else kern = nq == 1 ? (const void *)idx_km_k<false, 1, 1> : (const void *)idx_km_k<false, 2, 1>;
+    }
+    const int rpg = var ? 8 * nq : 16;
+    const int n_group = (n_tok + rpg / G - 1) / (rpg / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
@@ -1135,12 +1361,18 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
-    if (k8)
-        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
-    else
-        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+#define IDX_DEC_ARGS                                                                              \
+    <<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B,     \
+                                            p->index_scale, nn, sa, cmax, arrive, ep)
+    if (!var && k8) idx_dec_k<true> IDX_DEC_ARGS;
+    else if (!var) idx_dec_k<false> IDX_DEC_ARGS;
+    else if (k8 && nq == 1 && nbuf == 2) idx_km_k<true, 1, 2> IDX_DEC_ARGS;
+    else if (k8 && nq == 1) idx_km_k<true, 1, 1> IDX_DEC_ARGS;
+    else if (k8 && nbuf == 2) idx_km_k<true, 2, 2> IDX_DEC_ARGS;
+    else if (k8) idx_km_k<true, 2, 1> IDX_DEC_ARGS;
+    else if (nq == 1) idx_km_k<false, 1, 1> IDX_DEC_ARGS;
+    else idx_km_k<false, 2, 1> IDX_DEC_ARGS;
+#undef IDX_DEC_ARGS
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse) ep++;
     return s;
