@@ -121,20 +121,23 @@ static __global__ void __launch_bounds__(IDX_THREADS)
             for (int g = 0; g < IDX_MAX_G; g++)
                 if (g < G) d[g] += q_sh[g * Di + e] * kv;
         }
+        /* a guard, not a break: clang (hipcc) does not unroll a loop that leaves early
+         * around a convergent shuffle ("loop not unrolled"), and d[] would go to memory */
 #pragma unroll
         for (int g = 0; g < IDX_MAX_G; g++) {
-            if (g >= G) break;
-            float z = m3_warp_sum(d[g]);
-            if (scale != 1.0f) z *= scale;
-            if (isnan(z)) nan_seen = 1.0f;
-            else m[g] = fmaxf(m[g], z);
+            if (g < G) { /* warp-uniform */
+                float z = m3_warp_sum(d[g]);
+                if (scale != 1.0f) z *= scale;
+                if (isnan(z)) nan_seen = 1.0f;
+                else m[g] = fmaxf(m[g], z);
+            }
         }
     }
     /* per-head block max (all threads take part in every reduction) */
     const bool any_nan = m3_block_max(nan_seen, red) > 0.0f;
 #pragma unroll
     for (int g = 0; g < IDX_MAX_G; g++) {
-        if (g >= G) break; /* uniform across the block: the reductions below stay matched */
+        if (g >= G) continue; /* uniform across the block: the reductions stay matched */
         float mg = m3_block_max(m[g], red);
         if (threadIdx.x == 0) {
             /* NaN: torch.max propagates it (NaN ranks highest); atom maps it to -1e30. The
