@@ -779,6 +779,7 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 #define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
 #define IDX_DEC_GROUPS 4
 #define IDX_PICK_CPT 8 /* block maxima per thread in dec_pick: gridDim.x <= 1024 */
+#define IDX_SLOT_W 1024 /* direct selection: key blocks per row (IDX_PICK_CPT * IST_THREADS) */
 /* The fused selection's arrival counters are the context's two words at
  * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open). */
 
@@ -790,6 +791,14 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
     unsigned int v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsigned long long *p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
@@ -836,15 +845,32 @@ struct dec_smem {
  * keys (dec_launch). */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
-                                unsigned long long *cand) {
+                                unsigned long long *cand, unsigned long long *slot) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     const int n_pub = IST_WARPS * need;
     unsigned long long m[IDX_PICK_CPT];
+    if (slot) { /* direct: the row's key block scores, polled until every one has landed */
+        gx = nb;
+        bool wait = true;
+        for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
+        while (__syncthreads_or(wait)) {
+            wait = false;
 #pragma unroll
-    for (int i = 0; i < IDX_PICK_CPT; i++) {
-        const int x = tid + i * IST_THREADS;
-        m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
+            for (int i = 0; i < IDX_PICK_CPT; i++) {
+                const int x = tid + i * IST_THREADS;
+                if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
+            if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+    } else {
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) {
+            const int x = tid + i * IST_THREADS;
+            m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
+        }
     }
     unsigned long long mx = 0;
 #pragma unroll
@@ -871,7 +897,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
-    const int per = (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
+    const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
         if (m[i] && m[i] >= th) {
@@ -1096,7 +1122,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1121,7 +1147,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
              int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
-             unsigned int *M3_RESTRICT arrive, unsigned int epoch) {
+             unsigned int *M3_RESTRICT arrive, unsigned int epoch,
+             unsigned long long *M3_RESTRICT slots) {
 #if M3_HAVE_MMA
     constexpr int RPG = 8 * NQ, MT = 2, NU = K16 ? 2 : 4; /* rows, m-tiles, uint4 per key */
     extern __shared__ __align__(16) unsigned char idx_dyn[];
@@ -1151,11 +1178,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int x0 = (int)blockIdx.x;
     if (x0 < nbk) load(0, x0, key_base(ik, x0, B));
     if (NBUF == 2 && x0 + grid < nbk) load(NBUF - 1, x0 + grid, key_base(ik, x0 + grid, B));
-    if (cmax && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
-        arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
+        if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
+        /* direct: the zero is visible before this block's slots (the step's barrier follows;
+         * a picker adds to n_ties only after it has read them) */
+        if (slots) fence_acq_rel_gpu();
     }
-    if (!cmax && sel.n_ties && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *sel.n_ties = 0;
     int pmax = -1;
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
@@ -1283,6 +1312,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             if (b < cnb) {
                 const unsigned long long uk = rank_key(z, b);
                 cbest = uk > cbest ? uk : cbest;
+                if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
+                    st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
         par ^= 1;
@@ -1294,10 +1325,16 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             step(NBUF - 1, b + grid);
         }
     }
-    if (!cmax) return;
-    /* the fused selection: as idx_dec_k */
+    if (!cmax && !slots) return;
+    /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
+    if (slots) {
+        if (row >= 0) /* block-uniform */
+            dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                     slots + (size_t)row * IDX_SLOT_W);
+        return;
+    }
     unsigned int *cnt = &arrive[epoch & 1];
     if (tid < RPG && ct < n_tok) cmax[(size_t)((int)blockIdx.y * RPG + tid) * grid + x0] = cbest;
     __syncthreads(); /* every store of this block precedes thread 0's fence */
@@ -1312,11 +1349,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive;
+    (void)arrive; (void)slots;
 #endif
 }
 
@@ -1327,38 +1364,38 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const char *ev = getenv("M3_IDX_V"); /* TEMP variant knob */
-    int var = ev ? atoi(ev) : 2;
-    const int nq = 1, nbuf = var == 2 && k8 ? 2 : 1;
+    const char *ev = getenv("M3_IDX_V"); /* TEMP variant knob: bits 0-1 kernel, bit 2 direct */
+    int var = ev ? atoi(ev) : 6;
     if (n_tok * G > 8) var = 0;
+    const int kv = var & 3, nbuf = kv == 2 && k8 ? 2 : 1;
     const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
-    if (var) {
-        if (k8) kern = nq == 1 ? (nbuf == 2 ? (const void *)idx_km_k<true, 1, 2> : (const void *)idx_km_k<true, 1, 1>)
-                               : (nbuf == 2 ? (const void *)idx_km_k<true, 2, 2> : (const void *)idx_km_k<true, 2, 1>);
-        else kern = nq == 1 ? (const void *)idx_km_k<false, 1, 1> : (const void *)idx_km_k<false, 2, 1>;
-    }
-    const int rpg = var ? 8 * nq : 16;
+    if (kv) kern = k8 ? (nbuf == 2 ? (const void *)idx_km_k<true, 1, 2> : (const void *)idx_km_k<true, 1, 1>)
+                      : (const void *)idx_km_k<false, 1, 1>;
+    const int rpg = kv ? 8 : 16;
     const int n_group = (n_tok + rpg / G - 1) / (rpg / G), R = n_tok * G;
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
-    unsigned long long *cmax = NULL;
+    const bool direct = fuse && kv && (var & 4) && nbk <= IDX_SLOT_W && R <= 8;
+    unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick) */
     const size_t cpt = (size_t)((gx + IST_THREADS - 1) / IST_THREADS);
     /* + 2 keys: dec_pick's rank loop reads the keys in 16-byte pairs, the last pair may reach
      * one key past the count (compute-sanitizer memcheck flagged it, session 4) */
     size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
+    if (direct) dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
-    if (fuse) {
+    if (direct) {
+        slots = reinterpret_cast<unsigned long long *>(g->counters + M3_GPU_CNT_IDXS);
+    } else if (fuse) {
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
-        if (dyn > 48 * 1024)
-            M3_HIP_TRY(
-                hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     }
-    /* calls with the fused selection so far, per context: the parity picks the arrival
+    if (fuse && dyn > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    /* calls with the arrival selection so far, per context: the parity picks the arrival
      * counter, and each call zeroes the other one for the next call (stream order) */
     unsigned int &ep = g->idx_calls;
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
@@ -1366,18 +1403,15 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
 #define IDX_DEC_ARGS                                                                              \
     <<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B,     \
-                                            p->index_scale, nn, sa, cmax, arrive, ep)
-    if (!var && k8) idx_dec_k<true> IDX_DEC_ARGS;
-    else if (!var) idx_dec_k<false> IDX_DEC_ARGS;
-    else if (k8 && nq == 1 && nbuf == 2) idx_km_k<true, 1, 2> IDX_DEC_ARGS;
-    else if (k8 && nq == 1) idx_km_k<true, 1, 1> IDX_DEC_ARGS;
-    else if (k8 && nbuf == 2) idx_km_k<true, 2, 2> IDX_DEC_ARGS;
-    else if (k8) idx_km_k<true, 2, 1> IDX_DEC_ARGS;
-    else if (nq == 1) idx_km_k<false, 1, 1> IDX_DEC_ARGS;
-    else idx_km_k<false, 2, 1> IDX_DEC_ARGS;
+                                            p->index_scale, nn, sa, cmax, arrive, ep
+    if (!kv && k8) idx_dec_k<true> IDX_DEC_ARGS);
+    else if (!kv) idx_dec_k<false> IDX_DEC_ARGS);
+    else if (k8 && nbuf == 2) idx_km_k<true, 1, 2> IDX_DEC_ARGS, slots);
+    else if (k8) idx_km_k<true, 1, 1> IDX_DEC_ARGS, slots);
+    else idx_km_k<false, 1, 1> IDX_DEC_ARGS, slots);
 #undef IDX_DEC_ARGS
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
-    if (s == M3_OK && fuse) ep++;
+    if (s == M3_OK && fuse && !direct) ep++;
     return s;
 }
 
