@@ -834,8 +834,8 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
            0x80808080u;
 }
 
-struct dec_smem {
-    unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
+template <int NT> struct dec_smem {
+    unsigned long long tmax[NT], pub[(NT / 32) * (IDX_MAX_K + 1)], tau;
     int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
     float chosen_v[IDX_MAX_K + 1];
 };
@@ -843,12 +843,13 @@ struct dec_smem {
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch). */
+template <int NT>
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
-                                const unsigned long long *cmax, dec_smem &sm,
+                                const unsigned long long *cmax, dec_smem<NT> &sm,
                                 unsigned long long *cand, unsigned long long *slot) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
-    const int n_pub = IST_WARPS * need;
+    const int n_pub = (NT / 32) * need;
     unsigned long long m[IDX_PICK_CPT];
     if (slot) { /* direct: the row's key block scores, polled until every one has landed */
         gx = nb;
@@ -858,17 +859,17 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             wait = false;
 #pragma unroll
             for (int i = 0; i < IDX_PICK_CPT; i++) {
-                const int x = tid + i * IST_THREADS;
+                const int x = tid + i * NT;
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
-            if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+            if (tid + i * NT < nb) st_relaxed_gpu(slot + tid + i * NT, 0ull);
     } else {
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) {
-            const int x = tid + i * IST_THREADS;
+            const int x = tid + i * NT;
             m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
         }
     }
@@ -876,7 +877,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
     sm.tmax[tid] = mx;
-    for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
+    for (int j = tid; j < n_pub; j += NT) sm.pub[j] = 0;
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
     const int w = tid / 32;
@@ -887,7 +888,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         if (r < need) sm.pub[w * need + r] = mx;
     }
     __syncthreads();
-    for (int j = tid; j < n_pub; j += IST_THREADS) {
+    for (int j = tid; j < n_pub; j += NT) {
         const unsigned long long u = sm.pub[j];
         if (!u) continue;
         int r = 0;
@@ -902,12 +903,12 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
         if (m[i] && m[i] >= th) {
             if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i]; /* the maximum is the score */
-            else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
+            else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * NT;
         }
     __syncthreads();
     if (per > 1) { /* block-uniform */
         const int n_item = sm.n_cta * per;
-        for (int j = tid; j < n_item; j += IST_THREADS) {
+        for (int j = tid; j < n_item; j += NT) {
             const int b = sm.cta[j / per] + (j % per) * gx;
             if (b < nb) {
                 const unsigned long long u =
@@ -918,7 +919,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         __syncthreads();
     }
     const int nc = sm.n_cand;
-    for (int j = tid; j < nc; j += IST_THREADS) {
+    for (int j = tid; j < nc; j += NT) {
         const unsigned long long u = cand[j];
         int r = 0;
 #pragma unroll 8
@@ -928,7 +929,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     __syncthreads();
     const int keep = K < nb ? K : nb;
     int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
-    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
+    for (int r = tid; r < a.width; r += NT) out[r] = r < keep ? sm.chosen[r] : -1;
     if (tid == 0) { /* as idx_select_k */
         float mg = INFINITY;
         if (nb > K) {
@@ -951,7 +952,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
-    __shared__ dec_smem sm;
+    __shared__ dec_smem<IST_THREADS> sm;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     /* the first key block's loads before anything else (they need no position: keys past a
@@ -1122,7 +1123,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<IST_THREADS>(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1142,18 +1143,18 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * reduces over g (3 shuffles), a ballot gives the NaN flags. NBUF = 2 (e4m3fn keys: 32
  * registers a key block per lane): the key block two ahead is loaded while this one is
  * decoded, so two key blocks are in flight per block of warps. Selection: as idx_dec_k. */
-template <bool K16, int NQ, int NBUF>
-static __global__ void __launch_bounds__(IST_THREADS, 4)
+template <bool K16, int NW, int NBUF>
+static __global__ void __launch_bounds__(32 * NW, 16 / NW)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
              int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
              unsigned long long *M3_RESTRICT slots) {
 #if M3_HAVE_MMA
-    constexpr int RPG = 8 * NQ, MT = 2, NU = K16 ? 2 : 4; /* rows, m-tiles, uint4 per key */
+    constexpr int NQ = 1, RPG = 8 * NQ, NT = 32 * NW, MT = 8 / NW, NU = K16 ? 2 : 4;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
-    __shared__ float red_m[2][IST_WARPS][RPG], red_n[2][IST_WARPS][RPG];
-    __shared__ dec_smem sm;
+    __shared__ float red_m[2][NW][RPG], red_n[2][NW][RPG];
+    __shared__ dec_smem<NT> sm;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
@@ -1164,7 +1165,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         for (int i = 0; i < MT; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int m = warp + IST_WARPS * i, key = b * B + 16 * m + gq + 8 * h;
+                const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
                 const bool ok = 16 * m < B && key < n_ctx;
                 const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
                 const uint4 *kr =
@@ -1176,8 +1177,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
-    if (x0 < nbk) load(0, x0, key_base(ik, x0, B));
-    if (NBUF == 2 && x0 + grid < nbk) load(NBUF - 1, x0 + grid, key_base(ik, x0 + grid, B));
+#pragma unroll
+    for (int u = 0; u < NBUF; u++)
+        if (x0 + u * grid < nbk) load(u, x0 + u * grid, key_base(ik, x0 + u * grid, B));
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1189,7 +1191,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
-    for (int i = x0 * IST_THREADS + tid; i < (nbk - n_lim) * RPG; i += grid * IST_THREADS) {
+    for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
     }
@@ -1229,7 +1231,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         for (int n = 0; n < NQ; n++) mx[n][0] = mx[n][1] = -INFINITY, bad[n][0] = bad[n][1] = 0.0f;
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            const int m = warp + IST_WARPS * i, k0 = b * B + 16 * m;
+            const int m = warp + NW * i, k0 = b * B + 16 * m;
             if (16 * m >= B || k0 > pmax) break; /* warp-uniform */
             float c[NQ][4];
 #pragma unroll
@@ -1300,7 +1302,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         if (tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
-            for (int w = 1; w < IST_WARPS; w++)
+            for (int w = 1; w < NW; w++)
                 m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
             float z;
             if (b >= cnb) z = -INFINITY;
@@ -1319,10 +1321,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         par ^= 1;
     };
     for (int b = x0; b < n_lim; b += NBUF * grid) {
-        step(0, b);
-        if (NBUF == 2) {
-            if (b + grid >= n_lim) break;
-            step(NBUF - 1, b + grid);
+#pragma unroll
+        for (int u = 0; u < NBUF; u++) {
+            if (b + u * grid >= n_lim) break;
+            step(u, b + u * grid);
         }
     }
     if (!cmax && !slots) return;
@@ -1331,7 +1333,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
         if (row >= 0) /* block-uniform */
-            dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+            dec_pick<NT>(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
                      slots + (size_t)row * IDX_SLOT_W);
         return;
     }
@@ -1349,7 +1351,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<NT>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1364,28 +1366,44 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const char *ev = getenv("M3_IDX_V"); /* TEMP variant knob: bits 0-1 kernel, bit 2 direct */
+    /* TEMP variant knob: bits 0-1 kernel (0 idx_dec_k, 1 km one buffer, 2 km two buffers
+     * (fp8; with 8 warps also bf16), 3 km four buffers (fp8, 8 warps)), bit 2 direct, bit 3
+     * 8 warps */
+    const char *ev = getenv("M3_IDX_V");
     int var = ev ? atoi(ev) : 6;
     if (n_tok * G > 8) var = 0;
-    const int kv = var & 3, nbuf = kv == 2 && k8 ? 2 : 1;
+    const int kv = var & 3, nw = kv && (var & 8) ? 8 : 4;
+    int nbuf = kv == 3 ? 4 : kv == 2 ? 2 : 1;
+    if (nw == 4 && !k8) nbuf = 1;
+    if (nw == 4 && nbuf == 4) nbuf = 2;
+    if (nw == 8 && !k8 && nbuf == 4) nbuf = 2;
     const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
-    if (kv) kern = k8 ? (nbuf == 2 ? (const void *)idx_km_k<true, 1, 2> : (const void *)idx_km_k<true, 1, 1>)
-                      : (const void *)idx_km_k<false, 1, 1>;
+    if (kv) {
+        if (nw == 4)
+            kern = k8 ? (nbuf == 2 ? (const void *)idx_km_k<true, 4, 2> : (const void *)idx_km_k<true, 4, 1>)
+                      : (const void *)idx_km_k<false, 4, 1>;
+        else
+            kern = k8 ? (nbuf == 4   ? (const void *)idx_km_k<true, 8, 4>
+                         : nbuf == 2 ? (const void *)idx_km_k<true, 8, 2>
+                                     : (const void *)idx_km_k<true, 8, 1>)
+                      : (nbuf == 2 ? (const void *)idx_km_k<false, 8, 2> : (const void *)idx_km_k<false, 8, 1>);
+    }
+    const int nt = kv ? 32 * nw : IST_THREADS;
     const int rpg = kv ? 8 : 16;
     const int n_group = (n_tok + rpg / G - 1) / (rpg / G), R = n_tok * G;
-    int gx = (4 * g->n_sm + n_group - 1) / n_group;
+    int gx = ((16 / (nt / 32)) * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
-    if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
+    if (gx > IDX_PICK_CPT * nt) gx = IDX_PICK_CPT * nt;
     const bool direct = fuse && kv && (var & 4) && nbk <= IDX_SLOT_W && R <= 8;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick) */
-    const size_t cpt = (size_t)((gx + IST_THREADS - 1) / IST_THREADS);
+    const size_t cpt = (size_t)((gx + nt - 1) / nt);
     /* + 2 keys: dec_pick's rank loop reads the keys in 16-byte pairs, the last pair may reach
      * one key past the count (compute-sanitizer memcheck flagged it, session 4) */
     size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
-    if (direct) dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
+    if (direct) dyn = ((size_t)(sa.K + 1) * ((nbk + nt - 1) / nt) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
     if (direct) {
@@ -1402,13 +1420,18 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
 #define IDX_DEC_ARGS                                                                              \
-    <<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B,     \
-                                            p->index_scale, nn, sa, cmax, arrive, ep
+    <<<grid, nt, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B,              \
+                                   p->index_scale, nn, sa, cmax, arrive, ep
     if (!kv && k8) idx_dec_k<true> IDX_DEC_ARGS);
     else if (!kv) idx_dec_k<false> IDX_DEC_ARGS);
-    else if (k8 && nbuf == 2) idx_km_k<true, 1, 2> IDX_DEC_ARGS, slots);
-    else if (k8) idx_km_k<true, 1, 1> IDX_DEC_ARGS, slots);
-    else idx_km_k<false, 1, 1> IDX_DEC_ARGS, slots);
+    else if (nw == 4 && k8 && nbuf == 2) idx_km_k<true, 4, 2> IDX_DEC_ARGS, slots);
+    else if (nw == 4 && k8) idx_km_k<true, 4, 1> IDX_DEC_ARGS, slots);
+    else if (nw == 4) idx_km_k<false, 4, 1> IDX_DEC_ARGS, slots);
+    else if (k8 && nbuf == 4) idx_km_k<true, 8, 4> IDX_DEC_ARGS, slots);
+    else if (k8 && nbuf == 2) idx_km_k<true, 8, 2> IDX_DEC_ARGS, slots);
+    else if (k8) idx_km_k<true, 8, 1> IDX_DEC_ARGS, slots);
+    else if (nbuf == 2) idx_km_k<false, 8, 2> IDX_DEC_ARGS, slots);
+    else idx_km_k<false, 8, 1> IDX_DEC_ARGS, slots);
 #undef IDX_DEC_ARGS
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse && !direct) ep++;
