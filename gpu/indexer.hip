@@ -1143,8 +1143,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * reduces over g (3 shuffles), a ballot gives the NaN flags. NBUF = 2 (e4m3fn keys: 32
  * registers a key block per lane): the key block two ahead is loaded while this one is
  * decoded, so two key blocks are in flight per block of warps. Selection: as idx_dec_k. */
-template <bool K16, int NW, int NBUF>
-static __global__ void __launch_bounds__(32 * NW, 16 / NW)
+template <bool K16, int NW, int NBUF, int MINB = 16 / NW>
+static __global__ void __launch_bounds__(32 * NW, MINB)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
              int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
@@ -1370,7 +1370,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
      * (fp8; with 8 warps also bf16), 3 km four buffers (fp8, 8 warps)), bit 2 direct, bit 3
      * 8 warps */
     const char *ev = getenv("M3_IDX_V");
-    int var = ev ? atoi(ev) : 6;
+    int var = ev ? atoi(ev) : 5;
     if (n_tok * G > 8) var = 0;
     const int kv = var & 3, nw = kv && (var & 8) ? 8 : 4;
     int nbuf = kv == 3 ? 4 : kv == 2 ? 2 : 1;
@@ -1391,7 +1391,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const int nt = kv ? 32 * nw : IST_THREADS;
     const int rpg = kv ? 8 : 16;
     const int n_group = (n_tok + rpg / G - 1) / (rpg / G), R = n_tok * G;
-    int gx = ((16 / (nt / 32)) * g->n_sm + n_group - 1) / n_group;
+    const int minb = k8 && kv == 1 && nw == 4 ? (var & 32 ? 6 : var & 16 ? 5 : 4) : 16 / (nt / 32);
+    const bool five = minb == 5, six = minb == 6; /* blocks per SM */
+    if (five) kern = (const void *)idx_km_k<true, 4, 1, 5>;
+    if (six) kern = (const void *)idx_km_k<true, 4, 1, 6>;
+    int gx = (minb * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * nt) gx = IDX_PICK_CPT * nt;
@@ -1424,6 +1428,8 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                                    p->index_scale, nn, sa, cmax, arrive, ep
     if (!kv && k8) idx_dec_k<true> IDX_DEC_ARGS);
     else if (!kv) idx_dec_k<false> IDX_DEC_ARGS);
+    else if (five) idx_km_k<true, 4, 1, 5> IDX_DEC_ARGS, slots);
+    else if (six) idx_km_k<true, 4, 1, 6> IDX_DEC_ARGS, slots);
     else if (nw == 4 && k8 && nbuf == 2) idx_km_k<true, 4, 2> IDX_DEC_ARGS, slots);
     else if (nw == 4 && k8) idx_km_k<true, 4, 1> IDX_DEC_ARGS, slots);
     else if (nw == 4) idx_km_k<false, 4, 1> IDX_DEC_ARGS, slots);
