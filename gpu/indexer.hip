@@ -846,13 +846,14 @@ template <int NT> struct dec_smem {
 template <int NT>
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem<NT> &sm,
-                                unsigned long long *cand, unsigned long long *slot) {
+                                unsigned long long *cand, unsigned long long *slot,
+                                bool by_block) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     const int n_pub = (NT / 32) * need;
     unsigned long long m[IDX_PICK_CPT];
-    if (slot) { /* direct: the row's key block scores, polled until every one has landed */
-        gx = nb;
+    if (slot) { /* direct: the row's key block scores (by_block) or block maxima, polled */
+        if (by_block) gx = nb;
         bool wait = true;
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
         while (__syncthreads_or(wait)) {
@@ -860,12 +861,15 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 #pragma unroll
             for (int i = 0; i < IDX_PICK_CPT; i++) {
                 const int x = tid + i * NT;
-                if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+                if (x < gx && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
 #pragma unroll
-        for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
-            if (tid + i * NT < nb) st_relaxed_gpu(slot + tid + i * NT, 0ull);
+        for (int i = 0; i < IDX_PICK_CPT; i++) { /* zero again for the next call */
+            if (tid + i * NT < gx) st_relaxed_gpu(slot + tid + i * NT, 0ull);
+            m[i] = m[i] == 1 ? 0 : m[i]; /* 1: a block without a score of the row */
+        }
+        if (!by_block) fence_acq_rel_gpu(); /* the scores behind the maxima (read below) */
     } else {
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) {
@@ -898,7 +902,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
-    const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
+    const int per = by_block ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
         if (m[i] && m[i] >= th) {
@@ -1123,7 +1127,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick<IST_THREADS>(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<IST_THREADS>(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, false);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1149,7 +1153,7 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
              int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots) {
+             unsigned long long *M3_RESTRICT slots, bool by_block) {
 #if M3_HAVE_MMA
     constexpr int NQ = 1, RPG = 8 * NQ, NT = 32 * NW, MT = 8 / NW, NU = K16 ? 2 : 4;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
@@ -1314,7 +1318,7 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
             if (b < cnb) {
                 const unsigned long long uk = rank_key(z, b);
                 cbest = uk > cbest ? uk : cbest;
-                if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
+                if (slots && by_block) /* direct: the score for the picker (nonzero) */
                     st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
@@ -1332,9 +1336,14 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
+        if (!by_block && tid < RPG && ct < n_tok) { /* this block's maximum of the row, after */
+            fence_acq_rel_gpu();                    /* the row's scores (this thread's stores) */
+            st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + x0,
+                           cbest ? cbest : 1ull);
+        }
         if (row >= 0) /* block-uniform */
             dec_pick<NT>(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                     slots + (size_t)row * IDX_SLOT_W);
+                         slots + (size_t)row * IDX_SLOT_W, by_block);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1351,11 +1360,11 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick<NT>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<NT>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, false);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots;
+    (void)arrive; (void)slots; (void)by_block;
 #endif
 }
 
@@ -1399,7 +1408,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * nt) gx = IDX_PICK_CPT * nt;
-    const bool direct = fuse && kv && (var & 4) && nbk <= IDX_SLOT_W && R <= 8;
+    /* direct: slots by key block (nbk <= IDX_SLOT_W), else (bit 6) by scoring block */
+    const bool by_block = nbk <= IDX_SLOT_W;
+    const bool direct = fuse && kv && (var & 4) && (by_block || (var & 64)) && R <= 8 &&
+                        gx <= IDX_SLOT_W;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick) */
@@ -1407,7 +1419,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     /* + 2 keys: dec_pick's rank loop reads the keys in 16-byte pairs, the last pair may reach
      * one key past the count (compute-sanitizer memcheck flagged it, session 4) */
     size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
-    if (direct) dyn = ((size_t)(sa.K + 1) * ((nbk + nt - 1) / nt) + 2) * sizeof *cmax;
+    if (direct && by_block) dyn = ((size_t)(sa.K + 1) * ((nbk + nt - 1) / nt) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
     if (direct) {
@@ -1428,16 +1440,16 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                                    p->index_scale, nn, sa, cmax, arrive, ep
     if (!kv && k8) idx_dec_k<true> IDX_DEC_ARGS);
     else if (!kv) idx_dec_k<false> IDX_DEC_ARGS);
-    else if (five) idx_km_k<true, 4, 1, 5> IDX_DEC_ARGS, slots);
-    else if (six) idx_km_k<true, 4, 1, 6> IDX_DEC_ARGS, slots);
-    else if (nw == 4 && k8 && nbuf == 2) idx_km_k<true, 4, 2> IDX_DEC_ARGS, slots);
-    else if (nw == 4 && k8) idx_km_k<true, 4, 1> IDX_DEC_ARGS, slots);
-    else if (nw == 4) idx_km_k<false, 4, 1> IDX_DEC_ARGS, slots);
-    else if (k8 && nbuf == 4) idx_km_k<true, 8, 4> IDX_DEC_ARGS, slots);
-    else if (k8 && nbuf == 2) idx_km_k<true, 8, 2> IDX_DEC_ARGS, slots);
-    else if (k8) idx_km_k<true, 8, 1> IDX_DEC_ARGS, slots);
-    else if (nbuf == 2) idx_km_k<false, 8, 2> IDX_DEC_ARGS, slots);
-    else idx_km_k<false, 8, 1> IDX_DEC_ARGS, slots);
+    else if (five) idx_km_k<true, 4, 1, 5> IDX_DEC_ARGS, slots, by_block);
+    else if (six) idx_km_k<true, 4, 1, 6> IDX_DEC_ARGS, slots, by_block);
+    else if (nw == 4 && k8 && nbuf == 2) idx_km_k<true, 4, 2> IDX_DEC_ARGS, slots, by_block);
+    else if (nw == 4 && k8) idx_km_k<true, 4, 1> IDX_DEC_ARGS, slots, by_block);
+    else if (nw == 4) idx_km_k<false, 4, 1> IDX_DEC_ARGS, slots, by_block);
+    else if (k8 && nbuf == 4) idx_km_k<true, 8, 4> IDX_DEC_ARGS, slots, by_block);
+    else if (k8 && nbuf == 2) idx_km_k<true, 8, 2> IDX_DEC_ARGS, slots, by_block);
+    else if (k8) idx_km_k<true, 8, 1> IDX_DEC_ARGS, slots, by_block);
+    else if (nbuf == 2) idx_km_k<false, 8, 2> IDX_DEC_ARGS, slots, by_block);
+    else idx_km_k<false, 8, 1> IDX_DEC_ARGS, slots, by_block);
 #undef IDX_DEC_ARGS
     const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse && !direct) ep++;
