@@ -834,8 +834,8 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
            0x80808080u;
 }
 
-template <int NT> struct dec_smem {
-    unsigned long long tmax[NT], pub[(NT / 32) * (IDX_MAX_K + 1)], tau;
+struct dec_smem {
+    unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
     int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
     float chosen_v[IDX_MAX_K + 1];
 };
@@ -843,37 +843,32 @@ template <int NT> struct dec_smem {
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch). */
-template <int NT>
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
-                                const unsigned long long *cmax, dec_smem<NT> &sm,
-                                unsigned long long *cand, unsigned long long *slot,
-                                bool by_block) {
+                                const unsigned long long *cmax, dec_smem &sm,
+                                unsigned long long *cand, unsigned long long *slot) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
-    const int n_pub = (NT / 32) * need;
+    const int n_pub = IST_WARPS * need;
     unsigned long long m[IDX_PICK_CPT];
-    if (slot) { /* direct: the row's key block scores (by_block) or block maxima, polled */
-        if (by_block) gx = nb;
+    if (slot) { /* direct: the row's key block scores, polled until all have landed */
+        gx = nb;
         bool wait = true;
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
         while (__syncthreads_or(wait)) {
             wait = false;
 #pragma unroll
             for (int i = 0; i < IDX_PICK_CPT; i++) {
-                const int x = tid + i * NT;
-                if (x < gx && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+                const int x = tid + i * IST_THREADS;
+                if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
 #pragma unroll
-        for (int i = 0; i < IDX_PICK_CPT; i++) { /* zero again for the next call */
-            if (tid + i * NT < gx) st_relaxed_gpu(slot + tid + i * NT, 0ull);
-            m[i] = m[i] == 1 ? 0 : m[i]; /* 1: a block without a score of the row */
-        }
-        if (!by_block) fence_acq_rel_gpu(); /* the scores behind the maxima (read below) */
+        for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
+            if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
     } else {
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) {
-            const int x = tid + i * NT;
+            const int x = tid + i * IST_THREADS;
             m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
         }
     }
@@ -881,7 +876,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
     sm.tmax[tid] = mx;
-    for (int j = tid; j < n_pub; j += NT) sm.pub[j] = 0;
+    for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
     const int w = tid / 32;
@@ -892,7 +887,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         if (r < need) sm.pub[w * need + r] = mx;
     }
     __syncthreads();
-    for (int j = tid; j < n_pub; j += NT) {
+    for (int j = tid; j < n_pub; j += IST_THREADS) {
         const unsigned long long u = sm.pub[j];
         if (!u) continue;
         int r = 0;
@@ -902,17 +897,17 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
-    const int per = by_block ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
+    const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
         if (m[i] && m[i] >= th) {
             if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i]; /* the maximum is the score */
-            else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * NT;
+            else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
         }
     __syncthreads();
     if (per > 1) { /* block-uniform */
         const int n_item = sm.n_cta * per;
-        for (int j = tid; j < n_item; j += NT) {
+        for (int j = tid; j < n_item; j += IST_THREADS) {
             const int b = sm.cta[j / per] + (j % per) * gx;
             if (b < nb) {
                 const unsigned long long u =
@@ -923,7 +918,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         __syncthreads();
     }
     const int nc = sm.n_cand;
-    for (int j = tid; j < nc; j += NT) {
+    for (int j = tid; j < nc; j += IST_THREADS) {
         const unsigned long long u = cand[j];
         int r = 0;
 #pragma unroll 8
@@ -933,7 +928,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     __syncthreads();
     const int keep = K < nb ? K : nb;
     int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
-    for (int r = tid; r < a.width; r += NT) out[r] = r < keep ? sm.chosen[r] : -1;
+    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
     if (tid == 0) { /* as idx_select_k */
         float mg = INFINITY;
         if (nb > K) {
@@ -956,7 +951,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #if M3_HAVE_MMA
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][IST_WARPS][16], red_n[2][IST_WARPS][16];
-    __shared__ dec_smem<IST_THREADS> sm;
+    __shared__ dec_smem sm;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = 16 / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     /* the first key block's loads before anything else (they need no position: keys past a
@@ -1127,7 +1122,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick<IST_THREADS>(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, false);
+    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1135,36 +1130,49 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
 }
 
-/* idx_km_k: idx_dec_k with the keys as the mma's 16-row operand (A, M) and the group's query
- * rows as its 8 columns (B, N; NQ n-tiles: 8 * NQ rows per group). At T = 1 only G = 4 of
- * idx_dec_k's 16 query rows are real: here NQ = 1 halves the HMMAs per key and the Q
- * fragments (16 registers instead of 32). Warp w takes the m-tiles m = w, w + 4 (16 keys each,
- * 16 * m < B) of a key block; lane (g, t) loads keys g and g + 8 of the m-tile (16-byte
- * loads, the dims of idx_dec_k's permutation: a piece of key g feeds a0 / a2, the same piece
- * of key g + 8 a1 / a3, and the Q fragment b0 / b1 takes the same physical dims). The tile's
- * accumulators are independent chains (one per m-tile and n-tile). C rows are keys, columns
- * query rows: lane (g, t) holds rows 2t, 2t + 1 for keys g and g + 8; the masked max
- * reduces over g (3 shuffles), a ballot gives the NaN flags. NBUF = 2 (e4m3fn keys: 32
- * registers a key block per lane): the key block two ahead is loaded while this one is
- * decoded, so two key blocks are in flight per block of warps. Selection: as idx_dec_k. */
-template <bool K16, int NW, int NBUF, int MINB = 16 / NW>
-static __global__ void __launch_bounds__(32 * NW, MINB)
+/* idx_km_k (decode at T * G <= 8, the case of M3's decode step: T = 1, G = 4): idx_dec_k
+ * with the keys as the mma's 16-row operand (A, M) and the query rows as its 8 columns (B,
+ * N). At T = 1 only G = 4 of idx_dec_k's 16 query rows are real; here the key block takes
+ * half the HMMAs and the Q fragments 16 registers instead of 32 (session 8: e4m3fn keys at
+ * 1M keys 60.5 -> 52 us). Warp w takes the m-tiles m = w, w + 4 (16 keys each, 16 m < B) of
+ * a key block; lane (g, t) loads keys g and g + 8 of an m-tile (16-byte loads, idx_dec_k's
+ * dim permutation: a piece of key g feeds a0 / a2, the same piece of key g + 8 a1 / a3, and
+ * the Q fragment b0 / b1 takes the same physical dims). Each m-tile has its own accumulator
+ * (two independent HMMA chains per warp). C rows are keys, columns query rows: lane (g, t)
+ * holds rows 2t and 2t + 1 for keys g and g + 8; the masked max reduces over g (3 shuffles),
+ * a ballot gives the NaN flags (K16: a ballot per key half of the tile, lanes 4g .. 4g+3
+ * hold key g's pieces). The next key block's loads are issued right after the mma, as in
+ * idx_dec_k (two key buffers measured slower: 53.5 against 51.7 us at 1M fp8 keys).
+ * Selection (fused): with slots (nbk <= IDX_SLOT_W, the launcher's choice) "direct": the
+ * combining thread of row q stores the rank key of each key block b (never 0) into slot
+ * [q][b] of the context's zeroed range (m3_gpu.counters + M3_GPU_CNT_IDXS) with a relaxed
+ * 64-bit store; the picking block of row q (as idx_dec_k: the last R linear ids) polls the
+ * row's nb slots until none is 0 (a 64-bit word is written and read whole: no fence, no
+ * counter, no second round of loads), selects as dec_pick with one key block per scoring
+ * block, and zeroes the slots again for the next call (stream order). Block (0, 0) zeroes
+ * n_ties before its first slot (fence, then the step's barrier): a picker adds to n_ties
+ * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
+ * and its two rounds (the block maxima in slots after a fence measured no faster). */
+template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
+static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
              int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, bool by_block) {
+             unsigned long long *M3_RESTRICT slots) {
 #if M3_HAVE_MMA
-    constexpr int NQ = 1, RPG = 8 * NQ, NT = 32 * NW, MT = 8 / NW, NU = K16 ? 2 : 4;
+    /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
+    constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][NW][RPG], red_n[2][NW][RPG];
-    __shared__ dec_smem<NT> sm;
+    __shared__ dec_smem sm;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
-    uint4 kb[NBUF][MT][2][NU];
-    /* key block b into buffer u (zeros past n_ctx); r0: key_base of b */
-    auto load = [&](int u, int b, int r0) {
+    uint4 kb[MT][2][NU];
+    /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
+     * paged cache's row of its first key, read one key block ahead) */
+    auto load = [&](int b, int r0) {
 #pragma unroll
         for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -1177,13 +1185,11 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
                         : reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
 #pragma unroll
                 for (int j = 0; j < NU; j++)
-                    kb[u][i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+                    kb[i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
             }
     };
     const int x0 = (int)blockIdx.x;
-#pragma unroll
-    for (int u = 0; u < NBUF; u++)
-        if (x0 + u * grid < nbk) load(u, x0 + u * grid, key_base(ik, x0 + u * grid, B));
+    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1199,27 +1205,27 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
     }
-    /* this lane's query rows 8n + 2tq + e and their positions; Q as the B fragments */
-    int rp[NQ][2];
-    uint32_t qb[NQ][ISM_MAX_DI / 16][2];
+    /* this lane's C columns: query rows 2tq + e and their positions; its B fragments: row
+     * gq of Q, the dims of k-step s (K16: piece s / 4 of the 16-code loads) */
+    int rp[2];
 #pragma unroll
-    for (int n = 0; n < NQ; n++) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int tt = t0 + (8 * n + 2 * tq + e) / G;
-            rp[n][e] = tt < n_tok ? pos[tt] : -1;
-        }
-        const int row = 8 * n + gq, tt = t0 + row / G;
+    for (int e = 0; e < 2; e++) {
+        const int tt = t0 + (2 * tq + e) / G;
+        rp[e] = tt < n_tok ? pos[tt] : -1;
+    }
+    uint32_t qb[ISM_MAX_DI / 16][2];
+    {
+        const int tt = t0 + gq / G;
 #pragma unroll
         for (int s = 0; s < ISM_MAX_DI / 16; s++)
 #pragma unroll
             for (int bi = 0; bi < 2; bi++) {
                 const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
                                   : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
-                qb[n][s][bi] = s < Di / 16 && tt < n_tok
-                                   ? *reinterpret_cast<const uint32_t *>(
-                                         iq + (size_t)tt * ld_q + (size_t)(row % G) * Di + d)
-                                   : 0u;
+                qb[s][bi] = s < Di / 16 && tt < n_tok
+                                ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
+                                                                      (size_t)(gq % G) * Di + d)
+                                : 0u;
             }
     }
     /* the combining thread of row tid < RPG: its token's block count and forced range */
@@ -1227,24 +1233,19 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
     int par = 0;
-    int rn = x0 + NBUF * grid < n_lim ? key_base(ik, x0 + NBUF * grid, B) : 0;
-    /* score key block b from buffer u, reload u with b + NBUF * grid, reduce, combine */
-    auto step = [&](int u, int b) {
-        float mx[NQ][2], bad[NQ][2];
-#pragma unroll
-        for (int n = 0; n < NQ; n++) mx[n][0] = mx[n][1] = -INFINITY, bad[n][0] = bad[n][1] = 0.0f;
+    int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
+    for (int b = x0; b < n_lim; b += grid, par ^= 1) {
+        float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             const int m = warp + NW * i, k0 = b * B + 16 * m;
             if (16 * m >= B || k0 > pmax) break; /* warp-uniform */
-            float c[NQ][4];
-#pragma unroll
-            for (int n = 0; n < NQ; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t fa = 0, fb = 0; /* K16: NaN codes in this lane's pieces of key g, g + 8 */
 #pragma unroll
             for (int j = 0; j < NU; j++) {
                 if (j >= nu) break;
-                const uint4 ka = kb[u][i][0][j], kc = kb[u][i][1][j];
+                const uint4 ka = kb[i][0][j], kc = kb[i][1][j];
                 if (K16) { /* 16 codes: k-steps 4j .. 4j+3 */
                     fa |= e4m3_nan16(ka), fb |= e4m3_nan16(kc);
 #pragma unroll
@@ -1253,20 +1254,14 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
                         const uint4 vc = hh ? e4m3x8_bf16(kc.z, kc.w) : e4m3x8_bf16(kc.x, kc.y);
                         const uint32_t a0[4] = {va.x, vc.x, va.y, vc.y};
                         const uint32_t a1[4] = {va.z, vc.z, va.w, vc.w};
-#pragma unroll
-                        for (int n = 0; n < NQ; n++) {
-                            m3_mma_bf16_16816(c[n], a0, qb[n][4 * j + 2 * hh]);
-                            m3_mma_bf16_16816(c[n], a1, qb[n][4 * j + 2 * hh + 1]);
-                        }
+                        m3_mma_bf16_16816(c, a0, qb[4 * j + 2 * hh]);
+                        m3_mma_bf16_16816(c, a1, qb[4 * j + 2 * hh + 1]);
                     }
                 } else { /* 8 dims: k-steps 2j, 2j+1 */
                     const uint32_t a0[4] = {ka.x, kc.x, ka.y, kc.y};
                     const uint32_t a1[4] = {ka.z, kc.z, ka.w, kc.w};
-#pragma unroll
-                    for (int n = 0; n < NQ; n++) {
-                        m3_mma_bf16_16816(c[n], a0, qb[n][2 * j]);
-                        m3_mma_bf16_16816(c[n], a1, qb[n][2 * j + 1]);
-                    }
+                    m3_mma_bf16_16816(c, a0, qb[2 * j]);
+                    m3_mma_bf16_16816(c, a1, qb[2 * j + 1]);
                 }
             }
             /* K16: key g (g + 8) holds a NaN code when one of lanes 4g .. 4g+3 saw one */
@@ -1276,32 +1271,28 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
                 nk[1] = (__ballot_sync(0xFFFFFFFFu, fb != 0) >> (4 * gq)) & 0xFu;
             }
 #pragma unroll
-            for (int n = 0; n < NQ; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) { /* key g + 8 (e >> 1), row 8n + 2tq + (e & 1) */
-                    const int key = k0 + gq + 8 * (e >> 1), r = e & 1;
-                    const bool vis = key <= rp[n][r];
-                    const bool nn = isnan(c[n][e]) || nk[e >> 1];
-                    mx[n][r] = fmaxf(mx[n][r], vis ? c[n][e] : -INFINITY); /* skips a NaN */
-                    bad[n][r] = vis && nn ? 1.0f : bad[n][r];
-                }
-        }
-        if (b + NBUF * grid < n_lim) load(u, b + NBUF * grid, rn); /* in flight from here */
-        if (b + (NBUF + 1) * grid < n_lim) rn = key_base(ik, b + (NBUF + 1) * grid, B);
-#pragma unroll
-        for (int n = 0; n < NQ; n++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float m = mx[n][r];
-                m = fmaxf(m, M3_SHFL_XOR(m, 4));
-                m = fmaxf(m, M3_SHFL_XOR(m, 8));
-                m = fmaxf(m, M3_SHFL_XOR(m, 16));
-                const unsigned int bb = __ballot_sync(0xFFFFFFFFu, bad[n][r] != 0.0f);
-                if (gq == 0) {
-                    red_m[par][warp][8 * n + 2 * tq + r] = m;
-                    red_n[par][warp][8 * n + 2 * tq + r] = (bb & (0x11111111u << tq)) ? 1.0f : 0.0f;
-                }
+            for (int e = 0; e < 4; e++) { /* key g + 8 (e >> 1), query row 2tq + (e & 1) */
+                const int key = k0 + gq + 8 * (e >> 1), r = e & 1;
+                const bool vis = key <= rp[r];
+                const bool nn = isnan(c[e]) || nk[e >> 1];
+                mx[r] = fmaxf(mx[r], vis ? c[e] : -INFINITY); /* skips a NaN; a flagged */
+                bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
+        }
+        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+#pragma unroll
+        for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
+            float m = mx[r];
+            m = fmaxf(m, M3_SHFL_XOR(m, 4));
+            m = fmaxf(m, M3_SHFL_XOR(m, 8));
+            m = fmaxf(m, M3_SHFL_XOR(m, 16));
+            const unsigned int bb = __ballot_sync(0xFFFFFFFFu, bad[r] != 0.0f);
+            if (gq == 0) {
+                red_m[par][warp][2 * tq + r] = m;
+                red_n[par][warp][2 * tq + r] = (bb & (0x11111111u << tq)) ? 1.0f : 0.0f;
+            }
+        }
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
         if (tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
@@ -1318,17 +1309,9 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
             if (b < cnb) {
                 const unsigned long long uk = rank_key(z, b);
                 cbest = uk > cbest ? uk : cbest;
-                if (slots && by_block) /* direct: the score for the picker (nonzero) */
+                if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
                     st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
-        }
-        par ^= 1;
-    };
-    for (int b = x0; b < n_lim; b += NBUF * grid) {
-#pragma unroll
-        for (int u = 0; u < NBUF; u++) {
-            if (b + u * grid >= n_lim) break;
-            step(u, b + u * grid);
         }
     }
     if (!cmax && !slots) return;
@@ -1336,14 +1319,9 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
-        if (!by_block && tid < RPG && ct < n_tok) { /* this block's maximum of the row, after */
-            fence_acq_rel_gpu();                    /* the row's scores (this thread's stores) */
-            st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + x0,
-                           cbest ? cbest : 1ull);
-        }
         if (row >= 0) /* block-uniform */
-            dec_pick<NT>(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                         slots + (size_t)row * IDX_SLOT_W, by_block);
+            dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                     slots + (size_t)row * IDX_SLOT_W);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1360,98 +1338,69 @@ static __global__ void __launch_bounds__(32 * NW, MINB)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick<NT>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, false);
+    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)by_block;
+    (void)arrive; (void)slots;
 #endif
 }
 
-/* Launch idx_dec_k: 4 blocks per SM over the groups (at most one per key block), at least
- * R blocks (the fused selection's rows). fuse is cleared when the candidates would not fit
- * in shared memory (then the caller runs a selection kernel). */
+/* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
+ * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
+ * candidates would not fit in shared memory (then the caller runs a selection kernel). */
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    /* TEMP variant knob: bits 0-1 kernel (0 idx_dec_k, 1 km one buffer, 2 km two buffers
-     * (fp8; with 8 warps also bf16), 3 km four buffers (fp8, 8 warps)), bit 2 direct, bit 3
-     * 8 warps */
-    const char *ev = getenv("M3_IDX_V");
-    int var = ev ? atoi(ev) : 5;
-    if (n_tok * G > 8) var = 0;
-    const int kv = var & 3, nw = kv && (var & 8) ? 8 : 4;
-    int nbuf = kv == 3 ? 4 : kv == 2 ? 2 : 1;
-    if (nw == 4 && !k8) nbuf = 1;
-    if (nw == 4 && nbuf == 4) nbuf = 2;
-    if (nw == 8 && !k8 && nbuf == 4) nbuf = 2;
-    const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
-    if (kv) {
-        if (nw == 4)
-            kern = k8 ? (nbuf == 2 ? (const void *)idx_km_k<true, 4, 2> : (const void *)idx_km_k<true, 4, 1>)
-                      : (const void *)idx_km_k<false, 4, 1>;
-        else
-            kern = k8 ? (nbuf == 4   ? (const void *)idx_km_k<true, 8, 4>
-                         : nbuf == 2 ? (const void *)idx_km_k<true, 8, 2>
-                                     : (const void *)idx_km_k<true, 8, 1>)
-                      : (nbuf == 2 ? (const void *)idx_km_k<false, 8, 2> : (const void *)idx_km_k<false, 8, 1>);
-    }
-    const int nt = kv ? 32 * nw : IST_THREADS;
-    const int rpg = kv ? 8 : 16;
-    const int n_group = (n_tok + rpg / G - 1) / (rpg / G), R = n_tok * G;
-    const int minb = k8 && kv == 1 && nw == 4 ? (var & 32 ? 6 : var & 16 ? 5 : 4) : 16 / (nt / 32);
-    const bool five = minb == 5, six = minb == 6; /* blocks per SM */
-    if (five) kern = (const void *)idx_km_k<true, 4, 1, 5>;
-    if (six) kern = (const void *)idx_km_k<true, 4, 1, 6>;
-    int gx = (minb * g->n_sm + n_group - 1) / n_group;
+    const int R = n_tok * G;
+    const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
+    const void *kern = km ? (k8 ? (const void *)idx_km_k<true> : (const void *)idx_km_k<false>)
+                          : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
+    const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
+    int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
-    if (gx > IDX_PICK_CPT * nt) gx = IDX_PICK_CPT * nt;
-    /* direct: slots by key block (nbk <= IDX_SLOT_W), else (bit 6) by scoring block */
-    const bool by_block = nbk <= IDX_SLOT_W;
-    const bool direct = fuse && kv && (var & 4) && (by_block || (var & 64)) && R <= 8 &&
-                        gx <= IDX_SLOT_W;
+    if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
+    const bool direct = fuse && km && nbk <= IDX_SLOT_W;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
-     * block (cpt: block maxima per dec_pick thread; see dec_pick) */
-    const size_t cpt = (size_t)((gx + nt - 1) / nt);
+     * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
+     * IST_THREADS) (one key block per slot) */
+    const size_t cpt = (size_t)((gx + IST_THREADS - 1) / IST_THREADS);
     /* + 2 keys: dec_pick's rank loop reads the keys in 16-byte pairs, the last pair may reach
      * one key past the count (compute-sanitizer memcheck flagged it, session 4) */
     size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
-    if (direct && by_block) dyn = ((size_t)(sa.K + 1) * ((nbk + nt - 1) / nt) + 2) * sizeof *cmax;
+    if (direct)
+        dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
-    if (direct) {
+    if (direct)
         slots = reinterpret_cast<unsigned long long *>(g->counters + M3_GPU_CNT_IDXS);
-    } else if (fuse) {
+    else if (fuse)
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
-    }
     if (fuse && dyn > 48 * 1024)
         M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-    /* calls with the arrival selection so far, per context: the parity picks the arrival
-     * counter, and each call zeroes the other one for the next call (stream order) */
+    /* calls with the arrival counter so far, per context: the parity picks the counter, and
+     * each such call zeroes the other one for the next (stream order; direct calls use none) */
     unsigned int &ep = g->idx_calls;
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
-#define IDX_DEC_ARGS                                                                              \
-    <<<grid, nt, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B,              \
-                                   p->index_scale, nn, sa, cmax, arrive, ep
-    if (!kv && k8) idx_dec_k<true> IDX_DEC_ARGS);
-    else if (!kv) idx_dec_k<false> IDX_DEC_ARGS);
-    else if (five) idx_km_k<true, 4, 1, 5> IDX_DEC_ARGS, slots, by_block);
-    else if (six) idx_km_k<true, 4, 1, 6> IDX_DEC_ARGS, slots, by_block);
-    else if (nw == 4 && k8 && nbuf == 2) idx_km_k<true, 4, 2> IDX_DEC_ARGS, slots, by_block);
-    else if (nw == 4 && k8) idx_km_k<true, 4, 1> IDX_DEC_ARGS, slots, by_block);
-    else if (nw == 4) idx_km_k<false, 4, 1> IDX_DEC_ARGS, slots, by_block);
-    else if (k8 && nbuf == 4) idx_km_k<true, 8, 4> IDX_DEC_ARGS, slots, by_block);
-    else if (k8 && nbuf == 2) idx_km_k<true, 8, 2> IDX_DEC_ARGS, slots, by_block);
-    else if (k8) idx_km_k<true, 8, 1> IDX_DEC_ARGS, slots, by_block);
-    else if (nbuf == 2) idx_km_k<false, 8, 2> IDX_DEC_ARGS, slots, by_block);
-    else idx_km_k<false, 8, 1> IDX_DEC_ARGS, slots, by_block);
-#undef IDX_DEC_ARGS
-    const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
+    const float sc = p->index_scale;
+    if (km && k8)
+        idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+    else if (km)
+        idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+    else if (k8)
+        idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
+    else
+        idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
+    const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse && !direct) ep++;
     return s;
 }

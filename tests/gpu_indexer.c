@@ -267,6 +267,9 @@ static void indexer_topk_matches_ref(void **state) {
         {5, 7000, 4, 128, 128, 16, 1, 0, false, 0},   /* 20 rows: four m-tiles, partial */
         {2, 6000, 2, 64, 64, 8, 1, 1, false, 0},      /* Di = 64 (swizzled ring rows), init */
         {3, 5000, 8, 96, 32, 16, 2, 0, false, 0},     /* Di = 96, B = 32, G = 8 */
+        /* idx_km_k (T * G <= 8): B = 32 (two m-tiles: warps 2, 3 idle), Di = 96, G = 8 */
+        {1, 5000, 8, 96, 32, 16, 2, 0, false, 0},
+        {4, 3000, 2, 64, 64, 8, 1, 1, false, IDX_NAN}, /* G = 2: 8 rows of 4 tokens */
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -428,6 +431,10 @@ static void indexer_paged_fp8_decode(void **state) {
         {2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
         {2, 70000, 4, 128, 128, 16, 1, 0, false, 0},
         {3, 5000, 8, 64, 64, 16, 2, 0, false, IDX_NAN}, /* Di 64: one piece per lane */
+        /* idx_km_k (T * G <= 8): Di 64, B 64 (one m-tile per warp); past 1024 key blocks
+         * (the selection by scoring block) */
+        {1, 5000, 8, 64, 64, 16, 2, 0, false, IDX_NAN},
+        {1, 140000, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int prof = 1; prof < 3; prof++)
