@@ -13,7 +13,9 @@
  *   rounds of a block arg-max over (score desc, NaN highest, id asc): the reference's
  *   order; the extra round gives the margin S_(K) - S_(K+1) and the tie flag.
  * The fast paths, below: idx_dec_k (decode: keys streamed into registers by a persistent
- * grid, the selection fused into the same launch), idx_wide_k (64+ tokens, 256 rows per pass
+ * grid, the selection fused into the same launch), idx_km_k (its form for T * G <= 8, M3's
+ * decode step: the keys as the mma's 16-row operand; the selection direct up to 1024 key
+ * blocks), idx_wide_k (64+ tokens, 256 rows per pass
  * over the keys), idx_score_mma_k (tensor-core key tiles), idx_topk_k (one-pass exact
  * selection); the launcher's comment says which runs when, docs/gpu.md "Lightning indexer"
  * what each costs on the H200.
@@ -1407,7 +1409,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
 
 /* ---- launchers -------------------------------------------------------------------------
  * Scoring: idx_dec_k (bf16 queries, bf16 or e4m3fn keys, at most IDX_DEC_GROUPS groups of
- * 16/G tokens: decode; the selection fused), idx_wide_k (bf16, more tokens, enough key blocks
+ * 16/G tokens: decode; the selection fused; idx_km_k when T * G <= 8), idx_wide_k (bf16, more tokens, enough key blocks
  * to fill the device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest:
  * keys staged per block for 4 * 16/G tokens) or idx_score_k (fp32 queries or keys, other fp8
  * keys, odd shapes). Selection (when not
