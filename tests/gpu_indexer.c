@@ -9,8 +9,8 @@
  * score (a summation-order flip of a near-tie), which are counted.
  * Every case runs through each device path (m3_gpu_indexer_topk_path): the auto choice (for
  * decode: idx_dec_k with the selection fused into it; idx_km_k at T * G <= 8, with the direct
- * selection up to 1024 key blocks: every later case also checks that the previous call left
- * the context's slots zero), idx_dec_k (idx_km_k) with the selection kernel
+ * selection up to 1024 key blocks: a slot left nonzero by one call would feed the previous
+ * case's scores to the next direct call, whose ids are then checked), idx_dec_k (idx_km_k) with the selection kernel
  * after it (the path past the fused limit), the wide (256-row) scorer, the key-tile scorer
  * with the arg-max rounds, the CUDA-core scorer. Data patterns that stress the selection:
  * all keys equal (every score ties: the ids must be the lowest ones, exactly, no flip
