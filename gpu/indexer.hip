@@ -1152,7 +1152,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * row's nb slots until none is 0 (a 64-bit word is written and read whole: no fence, no
  * counter, no second round of loads), selects as dec_pick with one key block per scoring
  * block, and zeroes the slots again for the next call (stream order). Block (0, 0) zeroes
- * n_ties before its first slot (fence, then the step's barrier): a picker adds to n_ties
+ * n_ties before its first slot (fence, then the key block's barrier): a picker adds to n_ties
  * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
  * and its two rounds (the block maxima in slots after a fence measured no faster). */
 template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
@@ -1195,7 +1195,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
-        /* direct: the zero is visible before this block's slots (the step's barrier follows;
+        /* direct: the zero is visible before this block's slots (a key block's barrier follows;
          * a picker adds to n_ties only after it has read them) */
         if (slots) fence_acq_rel_gpu();
     }
