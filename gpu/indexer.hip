@@ -1312,7 +1312,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 const unsigned long long uk = rank_key(z, b);
                 cbest = uk > cbest ? uk : cbest;
                 if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
-                    st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
+                    st_relaxed_gpu(slots + ((size_t)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
     }
@@ -1409,11 +1409,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
 
 /* ---- launchers -------------------------------------------------------------------------
  * Scoring: idx_dec_k (bf16 queries, bf16 or e4m3fn keys, at most IDX_DEC_GROUPS groups of
- * 16/G tokens: decode; the selection fused; idx_km_k when T * G <= 8), idx_wide_k (bf16, more tokens, enough key blocks
- * to fill the device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest:
- * keys staged per block for 4 * 16/G tokens) or idx_score_k (fp32 queries or keys, other fp8
- * keys, odd shapes). Selection (when not
- * fused):
+ * 16/G tokens: decode; the selection fused; idx_km_k when T * G <= 8), idx_wide_k (bf16,
+ * more tokens, enough key blocks to fill the device: 256/G tokens per pass over the keys),
+ * idx_score_mma_k (bf16, the rest: keys staged per block for 4 * 16/G tokens) or idx_score_k
+ * (fp32 queries or keys, other fp8 keys, odd shapes). Selection (when not fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
  * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its
  * shape contract holds. */
