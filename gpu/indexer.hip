@@ -1312,7 +1312,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 const unsigned long long uk = rank_key(z, b);
                 cbest = uk > cbest ? uk : cbest;
                 if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
-                    st_relaxed_gpu(slots + ((size_t)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
+                    st_relaxed_gpu(
+                        slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
     }
