@@ -33,7 +33,9 @@ struct m3_gpu {
 #define M3_GPU_CNT_PF 0      /* gpu/attn.hip paged-flash merge: 65536 (token, kv head) rows */
 #define M3_GPU_CNT_IDX 65536 /* gpu/indexer.hip fused decode selection: 2, by call parity */
 #define M3_GPU_CNT_SD (65536 + 64) /* gpu/attn.hip sparse flash decode merge: 65536 rows */
-#define M3_GPU_N_COUNTERS (2 * 65536 + 64)
+/* gpu/indexer.hip direct decode selection: 8 rows x 1024 key blocks of 64-bit rank keys */
+#define M3_GPU_CNT_IDXS (2 * 65536 + 64)
+#define M3_GPU_N_COUNTERS (2 * 65536 + 64 + 2 * 8 * 1024)
 
 /* Check a runtime call; on failure record "gpu: <file>:<line>: <call>: <reason>" and return
  * M3_ERR_DEVICE from the calling function. */

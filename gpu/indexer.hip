@@ -13,7 +13,9 @@
  *   rounds of a block arg-max over (score desc, NaN highest, id asc): the reference's
  *   order; the extra round gives the margin S_(K) - S_(K+1) and the tie flag.
  * The fast paths, below: idx_dec_k (decode: keys streamed into registers by a persistent
- * grid, the selection fused into the same launch), idx_wide_k (64+ tokens, 256 rows per pass
+ * grid, the selection fused into the same launch), idx_km_k (its form for T * G <= 8, M3's
+ * decode step: the keys as the mma's 16-row operand; the selection direct up to 1024 key
+ * blocks), idx_wide_k (64+ tokens, 256 rows per pass
  * over the keys), idx_score_mma_k (tensor-core key tiles), idx_topk_k (one-pass exact
  * selection); the launcher's comment says which runs when, docs/gpu.md "Lightning indexer"
  * what each costs on the H200.
@@ -121,20 +123,23 @@ static __global__ void __launch_bounds__(IDX_THREADS)
             for (int g = 0; g < IDX_MAX_G; g++)
                 if (g < G) d[g] += q_sh[g * Di + e] * kv;
         }
+        /* a guard, not a break: clang (hipcc) does not unroll a loop that leaves early
+         * around a convergent shuffle ("loop not unrolled"), and d[] would go to memory */
 #pragma unroll
         for (int g = 0; g < IDX_MAX_G; g++) {
-            if (g >= G) break;
-            float z = m3_warp_sum(d[g]);
-            if (scale != 1.0f) z *= scale;
-            if (isnan(z)) nan_seen = 1.0f;
-            else m[g] = fmaxf(m[g], z);
+            if (g < G) { /* warp-uniform */
+                float z = m3_warp_sum(d[g]);
+                if (scale != 1.0f) z *= scale;
+                if (isnan(z)) nan_seen = 1.0f;
+                else m[g] = fmaxf(m[g], z);
+            }
         }
     }
     /* per-head block max (all threads take part in every reduction) */
     const bool any_nan = m3_block_max(nan_seen, red) > 0.0f;
 #pragma unroll
     for (int g = 0; g < IDX_MAX_G; g++) {
-        if (g >= G) break; /* uniform across the block: the reductions below stay matched */
+        if (g >= G) continue; /* uniform across the block: the reductions stay matched */
         float mg = m3_block_max(m[g], red);
         if (threadIdx.x == 0) {
             /* NaN: torch.max propagates it (NaN ranks highest); atom maps it to -1e30. The
@@ -776,6 +781,7 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 #define IST_TILES 4 /* n-tiles of 8 keys per warp: B <= 8 * IST_TILES * IST_WARPS */
 #define IDX_DEC_GROUPS 4
 #define IDX_PICK_CPT 8 /* block maxima per thread in dec_pick: gridDim.x <= 1024 */
+#define IDX_SLOT_W 1024 /* direct selection: key blocks per row (IDX_PICK_CPT * IST_THREADS) */
 /* The fused selection's arrival counters are the context's two words at
  * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open). */
 
@@ -787,6 +793,14 @@ static __device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int
     unsigned int v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsigned long long *p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
@@ -833,15 +847,32 @@ struct dec_smem {
  * keys (dec_launch). */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
-                                unsigned long long *cand) {
+                                unsigned long long *cand, unsigned long long *slot) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     const int n_pub = IST_WARPS * need;
     unsigned long long m[IDX_PICK_CPT];
+    if (slot) { /* direct: the row's key block scores, polled until all have landed */
+        gx = nb;
+        bool wait = true;
+        for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
+        while (__syncthreads_or(wait)) {
+            wait = false;
 #pragma unroll
-    for (int i = 0; i < IDX_PICK_CPT; i++) {
-        const int x = tid + i * IST_THREADS;
-        m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
+            for (int i = 0; i < IDX_PICK_CPT; i++) {
+                const int x = tid + i * IST_THREADS;
+                if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
+            if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+    } else {
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) {
+            const int x = tid + i * IST_THREADS;
+            m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
+        }
     }
     unsigned long long mx = 0;
 #pragma unroll
@@ -868,7 +899,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     }
     __syncthreads();
     const unsigned long long th = sm.tau;
-    const int per = (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
+    const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
         if (m[i] && m[i] >= th) {
@@ -1093,7 +1124,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn));
+    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1101,58 +1132,288 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
 }
 
-/* Launch idx_dec_k: 4 blocks per SM over the groups (at most one per key block), at least
- * R blocks (the fused selection's rows). fuse is cleared when the candidates would not fit
- * in shared memory (then the caller runs a selection kernel). */
+/* idx_km_k (decode at T * G <= 8, the case of M3's decode step: T = 1, G = 4): idx_dec_k
+ * with the keys as the mma's 16-row operand (A, M) and the query rows as its 8 columns (B,
+ * N). At T = 1 only G = 4 of idx_dec_k's 16 query rows are real; here the key block takes
+ * half the HMMAs and the Q fragments 16 registers instead of 32 (session 8: e4m3fn keys at
+ * 1M keys 60.5 -> 52 us). Warp w takes the m-tiles m = w, w + 4 (16 keys each, 16 m < B) of
+ * a key block; lane (g, t) loads keys g and g + 8 of an m-tile (16-byte loads, idx_dec_k's
+ * dim permutation: a piece of key g feeds a0 / a2, the same piece of key g + 8 a1 / a3, and
+ * the Q fragment b0 / b1 takes the same physical dims). Each m-tile has its own accumulator
+ * (two independent HMMA chains per warp). C rows are keys, columns query rows: lane (g, t)
+ * holds rows 2t and 2t + 1 for keys g and g + 8; the masked max reduces over g (3 shuffles),
+ * a ballot gives the NaN flags (K16: a ballot per key half of the tile, lanes 4g .. 4g+3
+ * hold key g's pieces). The next key block's loads are issued right after the mma, as in
+ * idx_dec_k (two key buffers measured slower: 53.5 against 51.7 us at 1M fp8 keys).
+ * Selection (fused): with slots (nbk <= IDX_SLOT_W, the launcher's choice) "direct": the
+ * combining thread of row q stores the rank key of each key block b (never 0) into slot
+ * [q][b] of the context's zeroed range (m3_gpu.counters + M3_GPU_CNT_IDXS) with a relaxed
+ * 64-bit store; the picking block of row q (as idx_dec_k: the last R linear ids) polls the
+ * row's nb slots until none is 0 (a 64-bit word is written and read whole: no fence, no
+ * counter, no second round of loads), selects as dec_pick with one key block per scoring
+ * block, and zeroes the slots again for the next call (stream order). Block (0, 0) zeroes
+ * n_ties before its first slot (fence, then the key block's barrier): a picker adds to n_ties
+ * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
+ * and its two rounds (the block maxima in slots after a fence measured no faster). */
+template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
+static __global__ void __launch_bounds__(IST_THREADS, 4)
+    idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
+             const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
+             int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
+             unsigned int *M3_RESTRICT arrive, unsigned int epoch,
+             unsigned long long *M3_RESTRICT slots) {
+#if M3_HAVE_MMA
+    /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
+    constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
+    extern __shared__ __align__(16) unsigned char idx_dyn[];
+    __shared__ float red_m[2][NW][RPG], red_n[2][NW][RPG];
+    __shared__ dec_smem sm;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
+    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
+    const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
+    uint4 kb[MT][2][NU];
+    /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
+     * paged cache's row of its first key, read one key block ahead) */
+    auto load = [&](int b, int r0) {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
+                const bool ok = 16 * m < B && key < n_ctx;
+                const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
+                const uint4 *kr =
+                    K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
+                        : reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
+#pragma unroll
+                for (int j = 0; j < NU; j++)
+                    kb[i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            }
+    };
+    const int x0 = (int)blockIdx.x;
+    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
+    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+        if (sel.n_ties) *sel.n_ties = 0;
+        if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
+        /* direct: the zero is visible before this block's slots (a key block's barrier follows;
+         * a picker adds to n_ties only after it has read them) */
+        if (slots) fence_acq_rel_gpu();
+    }
+    int pmax = -1;
+    for (int i = 0; i < tpw; i++)
+        if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
+    for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
+        const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
+        if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
+    }
+    /* this lane's C columns: query rows 2tq + e and their positions; its B fragments: row
+     * gq of Q, the dims of k-step s (K16: piece s / 4 of the 16-code loads) */
+    int rp[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int tt = t0 + (2 * tq + e) / G;
+        rp[e] = tt < n_tok ? pos[tt] : -1;
+    }
+    uint32_t qb[ISM_MAX_DI / 16][2];
+    {
+        const int tt = t0 + gq / G;
+#pragma unroll
+        for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+            for (int bi = 0; bi < 2; bi++) {
+                const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
+                                  : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
+                qb[s][bi] = s < Di / 16 && tt < n_tok
+                                ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
+                                                                      (size_t)(gq % G) * Di + d)
+                                : 0u;
+            }
+    }
+    /* the combining thread of row tid < RPG: its token's block count and forced range */
+    const int ct = t0 + tid / G, cnb = tid < RPG && ct < n_tok ? pos[ct] / B + 1 : 0;
+    const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
+    unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
+    int par = 0;
+    int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
+    for (int b = x0; b < n_lim; b += grid, par ^= 1) {
+        float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const int m = warp + NW * i, k0 = b * B + 16 * m;
+            if (16 * m >= B || k0 > pmax) break; /* warp-uniform */
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            uint32_t fa = 0, fb = 0; /* K16: NaN codes in this lane's pieces of key g, g + 8 */
+#pragma unroll
+            for (int j = 0; j < NU; j++) {
+                if (j >= nu) break;
+                const uint4 ka = kb[i][0][j], kc = kb[i][1][j];
+                if (K16) { /* 16 codes: k-steps 4j .. 4j+3 */
+                    fa |= e4m3_nan16(ka), fb |= e4m3_nan16(kc);
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const uint4 va = hh ? e4m3x8_bf16(ka.z, ka.w) : e4m3x8_bf16(ka.x, ka.y);
+                        const uint4 vc = hh ? e4m3x8_bf16(kc.z, kc.w) : e4m3x8_bf16(kc.x, kc.y);
+                        const uint32_t a0[4] = {va.x, vc.x, va.y, vc.y};
+                        const uint32_t a1[4] = {va.z, vc.z, va.w, vc.w};
+                        m3_mma_bf16_16816(c, a0, qb[4 * j + 2 * hh]);
+                        m3_mma_bf16_16816(c, a1, qb[4 * j + 2 * hh + 1]);
+                    }
+                } else { /* 8 dims: k-steps 2j, 2j+1 */
+                    const uint32_t a0[4] = {ka.x, kc.x, ka.y, kc.y};
+                    const uint32_t a1[4] = {ka.z, kc.z, ka.w, kc.w};
+                    m3_mma_bf16_16816(c, a0, qb[2 * j]);
+                    m3_mma_bf16_16816(c, a1, qb[2 * j + 1]);
+                }
+            }
+            /* K16: key g (g + 8) holds a NaN code when one of lanes 4g .. 4g+3 saw one */
+            bool nk[2] = {false, false};
+            if (K16) {
+                nk[0] = (__ballot_sync(0xFFFFFFFFu, fa != 0) >> (4 * gq)) & 0xFu;
+                nk[1] = (__ballot_sync(0xFFFFFFFFu, fb != 0) >> (4 * gq)) & 0xFu;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) { /* key g + 8 (e >> 1), query row 2tq + (e & 1) */
+                const int key = k0 + gq + 8 * (e >> 1), r = e & 1;
+                const bool vis = key <= rp[r];
+                const bool nn = isnan(c[e]) || nk[e >> 1];
+                mx[r] = fmaxf(mx[r], vis ? c[e] : -INFINITY); /* skips a NaN; a flagged */
+                bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
+            }
+        }
+        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+#pragma unroll
+        for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
+            float m = mx[r];
+            m = fmaxf(m, M3_SHFL_XOR(m, 4));
+            m = fmaxf(m, M3_SHFL_XOR(m, 8));
+            m = fmaxf(m, M3_SHFL_XOR(m, 16));
+            const unsigned int bb = __ballot_sync(0xFFFFFFFFu, bad[r] != 0.0f);
+            if (gq == 0) {
+                red_m[par][warp][2 * tq + r] = m;
+                red_n[par][warp][2 * tq + r] = (bb & (0x11111111u << tq)) ? 1.0f : 0.0f;
+            }
+        }
+        __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
+        if (tid < RPG && ct < n_tok) {
+            float m = red_m[par][0][tid], nn = red_n[par][0][tid];
+#pragma unroll
+            for (int w = 1; w < NW; w++)
+                m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
+            float z;
+            if (b >= cnb) z = -INFINITY;
+            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
+            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
+            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? m * scale : m;
+            scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
+            if (b < cnb) {
+                const unsigned long long uk = rank_key(z, b);
+                cbest = uk > cbest ? uk : cbest;
+                if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
+                    st_relaxed_gpu(
+                        slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
+            }
+        }
+    }
+    if (!cmax && !slots) return;
+    /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
+    const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
+    const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
+    if (slots) {
+        if (row >= 0) /* block-uniform */
+            dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                     slots + (size_t)row * IDX_SLOT_W);
+        return;
+    }
+    unsigned int *cnt = &arrive[epoch & 1];
+    if (tid < RPG && ct < n_tok) cmax[(size_t)((int)blockIdx.y * RPG + tid) * grid + x0] = cbest;
+    __syncthreads(); /* every store of this block precedes thread 0's fence */
+    if (tid == 0) {
+        fence_acq_rel_gpu();
+        atomicAdd(cnt, 1u); /* no return value: a fire-and-forget reduction */
+        if (row >= 0) { /* a picking block: wait for every arrival */
+            while (ld_relaxed_gpu(cnt) != n) {
+            }
+            fence_acq_rel_gpu();
+        }
+    }
+    if (row < 0) return; /* block-uniform */
+    __syncthreads();
+    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+#else
+    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
+    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
+    (void)arrive; (void)slots;
+#endif
+}
+
+/* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
+ * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
+ * candidates would not fit in shared memory (then the caller runs a selection kernel). */
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    const void *kern = k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>;
-    const int n_group = (n_tok + 16 / G - 1) / (16 / G), R = n_tok * G;
+    const int R = n_tok * G;
+    const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
+    const void *kern = km ? (k8 ? (const void *)idx_km_k<true> : (const void *)idx_km_k<false>)
+                          : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
+    const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
-    unsigned long long *cmax = NULL;
+    const bool direct = fuse && km && nbk <= IDX_SLOT_W;
+    unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
-     * block (cpt: block maxima per dec_pick thread; see dec_pick) */
+     * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
+     * IST_THREADS) (one key block per slot) */
     const size_t cpt = (size_t)((gx + IST_THREADS - 1) / IST_THREADS);
     /* + 2 keys: dec_pick's rank loop reads the keys in 16-byte pairs, the last pair may reach
      * one key past the count (compute-sanitizer memcheck flagged it, session 4) */
     size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
+    if (direct)
+        dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
-    if (fuse) {
+    if (direct)
+        slots = reinterpret_cast<unsigned long long *>(g->counters + M3_GPU_CNT_IDXS);
+    else if (fuse)
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
-        if (dyn > 48 * 1024)
-            M3_HIP_TRY(
-                hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-    }
-    /* calls with the fused selection so far, per context: the parity picks the arrival
-     * counter, and each call zeroes the other one for the next call (stream order) */
+    if (fuse && dyn > 48 * 1024)
+        M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    /* calls with the arrival counter so far, per context: the parity picks the counter, and
+     * each such call zeroes the other one for the next (stream order; direct calls use none) */
     unsigned int &ep = g->idx_calls;
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
-    if (k8)
+    const float sc = p->index_scale;
+    if (km && k8)
+        idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+    else if (km)
+        idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+    else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
     else
         idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, p->index_scale, nn, sa, cmax, arrive, ep);
-    const m3_status s = m3_gpu_launched_(g, "idx_dec_k", __FILE__, __LINE__);
-    if (s == M3_OK && fuse) ep++;
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
+    const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
+    if (s == M3_OK && fuse && !direct) ep++;
     return s;
 }
 
 /* ---- launchers -------------------------------------------------------------------------
  * Scoring: idx_dec_k (bf16 queries, bf16 or e4m3fn keys, at most IDX_DEC_GROUPS groups of
- * 16/G tokens: decode; the selection fused), idx_wide_k (bf16, more tokens, enough key blocks
- * to fill the device: 256/G tokens per pass over the keys), idx_score_mma_k (bf16, the rest:
- * keys staged per block for 4 * 16/G tokens) or idx_score_k (fp32 queries or keys, other fp8
- * keys, odd shapes). Selection (when not
- * fused):
+ * 16/G tokens: decode; the selection fused; idx_km_k when T * G <= 8), idx_wide_k (bf16,
+ * more tokens, enough key blocks to fill the device: 256/G tokens per pass over the keys),
+ * idx_score_mma_k (bf16, the rest: keys staged per block for 4 * 16/G tokens) or idx_score_k
+ * (fp32 queries or keys, other fp8 keys, odd shapes). Selection (when not fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
  * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its
  * shape contract holds. */

@@ -8,7 +8,9 @@
  * the selected ids exactly, except rows whose reference margin is below IDX_TIE_REL of the
  * score (a summation-order flip of a near-tie), which are counted.
  * Every case runs through each device path (m3_gpu_indexer_topk_path): the auto choice (for
- * decode: idx_dec_k with the selection fused into it), idx_dec_k with the selection kernel
+ * decode: idx_dec_k with the selection fused into it; idx_km_k at T * G <= 8, with the direct
+ * selection up to 1024 key blocks: a slot left nonzero by one call would feed the previous
+ * case's scores to the next direct call, whose ids are then checked), idx_dec_k (idx_km_k) with the selection kernel
  * after it (the path past the fused limit), the wide (256-row) scorer, the key-tile scorer
  * with the arg-max rounds, the CUDA-core scorer. Data patterns that stress the selection:
  * all keys equal (every score ties: the ids must be the lowest ones, exactly, no flip
@@ -267,6 +269,9 @@ static void indexer_topk_matches_ref(void **state) {
         {5, 7000, 4, 128, 128, 16, 1, 0, false, 0},   /* 20 rows: four m-tiles, partial */
         {2, 6000, 2, 64, 64, 8, 1, 1, false, 0},      /* Di = 64 (swizzled ring rows), init */
         {3, 5000, 8, 96, 32, 16, 2, 0, false, 0},     /* Di = 96, B = 32, G = 8 */
+        /* idx_km_k (T * G <= 8): B = 32 (two m-tiles: warps 2, 3 idle), Di = 96, G = 8 */
+        {1, 5000, 8, 96, 32, 16, 2, 0, false, 0},
+        {4, 3000, 2, 64, 64, 8, 1, 1, false, IDX_NAN}, /* G = 2: 8 rows of 4 tokens */
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -428,6 +433,10 @@ static void indexer_paged_fp8_decode(void **state) {
         {2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
         {2, 70000, 4, 128, 128, 16, 1, 0, false, 0},
         {3, 5000, 8, 64, 64, 16, 2, 0, false, IDX_NAN}, /* Di 64: one piece per lane */
+        /* idx_km_k (T * G <= 8): Di 64, B 64 (one m-tile per warp); past 1024 key blocks
+         * (the selection by scoring block) */
+        {1, 5000, 8, 64, 64, 16, 2, 0, false, IDX_NAN},
+        {1, 140000, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int prof = 1; prof < 3; prof++)
