@@ -2681,6 +2681,7 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
+template <int VAR>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2757,6 +2758,18 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __syncthreads();
     /* Q A fragments of m16n8k32 as e4m3 codes, k permuted as the K units' dims: k-step
      * m = 2u + j takes word 2j (a0, a1) and 2j + 1 (a2, a3) of the lane's unit 4u + tq */
+    /* VAR & 6: the same fragments as fp16 m16n8k16 A fragments [m][half][lane] in the block's
+     * front area (k-step m's dims D..D+3 / D+4..D+7 as virtual k 2tq, 2tq+1, 2tq+8, 2tq+9) */
+    uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
+    if (VAR & 6)
+        for (int e = tid; e < 8 * 32; e += NT) {
+            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
+            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
+            qh[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
+                               *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
+                               *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
+                               *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
+        }
     uint32_t q8[4][4];
 #pragma unroll
     for (int m = 0; m < 4; m++) {
@@ -2853,70 +2866,106 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     float ar[PD_NT][4];
 #pragma unroll
     for (int u = 0; u < PD_NT; u++) ar[u][0] = ar[u][1] = ar[u][2] = ar[u][3] = 0.0f;
+    uint4 qreg[8];
+    if (VAR & 4)
+#pragma unroll
+        for (int i = 0; i < 8; i++) qreg[i] = qh[i * 32 + lane];
     for (int cc = cb + warp; cc < ce; cc += PD_W) {
         const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
         /* pass 1: S of each 16-key group into the warp's area; the row maxima; lane gr: the
          * max V scale of group gr */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
+        constexpr int P1 = (VAR & 8) ? 2 : 1; /* groups a pass-1 step */
 #pragma unroll 1
-        for (int gr = 0; gr < ng; gr++) {
-            const unsigned char *sl = acquire();
-            uint4 kw[2][2];
+        for (int g1 = 0; g1 < ng; g1 += P1) {
+            /* P1 groups: every slot read first, then the groups' independent chains */
+            uint4 kwp[P1][2][2];
+            float4 ksp[P1], kvp[P1];
 #pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int d = 4 * u + tq, k = kl + 2 * h;
-                    kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
-                }
-            const float4 ks = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
-            const float4 kv = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
-            release();
-            float c8[2][2][4];
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
-#pragma unroll
-            for (int m = 0; m < 4; m++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint4 w = kw[h][m >> 1];
-                    const uint32_t b[2] = {(m & 1) ? w.z : w.x, (m & 1) ? w.w : w.y};
-                    pd8_mma_e4m3(c8[h][m & 1], q8[m], b);
-                }
-            const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
-            const bool tail = 16 * gr + 16 > nk; /* the list's last group: keys past it masked */
-            const float ks4[4] = {ks.x, ks.y, ks.z, ks.w};
-            float m;
-            if (!tail) {
-                m = fmaxf(fmaxf(kv.x, kv.y), fmaxf(kv.z, kv.w));
-            } else {
-                m = 0.0f;
-                if (kq < nk) m = fmaxf(m, kv.x);
-                if (kq + 1 < nk) m = fmaxf(m, kv.y);
-                if (kq + 2 < nk) m = fmaxf(m, kv.z);
-                if (kq + 3 < nk) m = fmaxf(m, kv.w);
-            }
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            if (lane == gr) vm = m;
-            float z[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) /* §4.9 step 2 */
-                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
-            if (tail)
+            for (int j = 0; j < P1; j++) {
+                if (P1 > 1 && g1 + j >= ng) break;
+                const unsigned char *sl = acquire();
+                uint4 (&kw)[2][2] = kwp[j];
 #pragma unroll
                 for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        if (kq + 2 * h + (i & 1) >= nk) z[h][i] = -INFINITY;
-            mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
-            mx1 = fmaxf(mx1, fmaxf(fmaxf(z[0][2], z[0][3]), fmaxf(z[1][2], z[1][3])));
-            sw[(gr * 2) * 32 + lane] = make_float4(z[0][0], z[0][1], z[0][2], z[0][3]);
-            sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
+                    for (int u = 0; u < 2; u++) {
+                        const int d = 4 * u + tq, k = kl + 2 * h;
+                        kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
+                    }
+                ksp[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                kvp[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
+                release();
+            }
+#pragma unroll
+            for (int j = 0; j < P1; j++) {
+                if (P1 > 1 && g1 + j >= ng) break;
+                const int gr = g1 + j;
+                const uint4 (&kw)[2][2] = kwp[j];
+                const float4 ks = ksp[j], kv = kvp[j];
+                float c8[2][2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
+                if (VAR & 6) { /* K codes unpacked once, fp16 mma */
+#pragma unroll
+                    for (int m = 0; m < 4; m++)
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) {
+                            uint4 qa4 = (VAR & 4) ? qreg[2 * m + hf] : qh[(2 * m + hf) * 32 + lane];
+                            const uint32_t qa[4] = {qa4.x, qa4.y, qa4.z, qa4.w};
+#pragma unroll
+                            for (int h = 0; h < 2; h++) {
+                                const uint4 w = kw[h][m >> 1];
+                                const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
+                                const uint32_t b[2] = {pf_h2(x, NULL, true), pf_h2(x >> 16, NULL, true)};
+                                pf_mma_f16(c8[h][m & 1], qa, b);
+                            }
+                        }
+                } else {
+#pragma unroll
+                    for (int m = 0; m < 4; m++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const uint4 w = kw[h][m >> 1];
+                            const uint32_t b[2] = {(m & 1) ? w.z : w.x, (m & 1) ? w.w : w.y};
+                            pd8_mma_e4m3(c8[h][m & 1], q8[m], b);
+                        }
+                }
+                const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
+                const bool tail = 16 * gr + 16 > nk; /* the list's last group: keys past it masked */
+                const float ks4[4] = {ks.x, ks.y, ks.z, ks.w};
+                float m;
+                if (!tail) {
+                    m = fmaxf(fmaxf(kv.x, kv.y), fmaxf(kv.z, kv.w));
+                } else {
+                    m = 0.0f;
+                    if (kq < nk) m = fmaxf(m, kv.x);
+                    if (kq + 1 < nk) m = fmaxf(m, kv.y);
+                    if (kq + 2 < nk) m = fmaxf(m, kv.z);
+                    if (kq + 3 < nk) m = fmaxf(m, kv.w);
+                }
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                if (lane == gr) vm = m;
+                float z[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) /* §4.9 step 2 */
+                        z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
+                if (tail)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            if (kq + 2 * h + (i & 1) >= nk) z[h][i] = -INFINITY;
+                mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
+                mx1 = fmaxf(mx1, fmaxf(fmaxf(z[0][2], z[0][3]), fmaxf(z[1][2], z[1][3])));
+                sw[(gr * 2) * 32 + lane] = make_float4(z[0][0], z[0][1], z[0][2], z[0][3]);
+                sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
+            }
         }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -2989,7 +3038,41 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
                 pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
             }
-            if (tpair) { /* one tile: one k32 mma per n-tile for both groups */
+            if (VAR & 1) { /* P' codes unpacked once per step, V codes per n-tile, fp16 mma */
+                uint32_t ah[2][4];
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    ah[j][0] = pf_h2(pc[j][0], NULL, true), ah[j][1] = pf_h2(pc[j][1], NULL, true);
+                    ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true), ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
+                }
+                if (tpair) {
+#pragma unroll
+                    for (int u = 0; u < PD_NT; u++) {
+                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            if (j == 1 && !two) break;
+                            const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true), pf_h2(vc[j][u] >> 16, NULL, true)};
+                            pf_mma_f16(t4, ah[j], b);
+                        }
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        if (j == 1 && !two) break;
+#pragma unroll
+                        for (int u = 0; u < PD_NT; u++) {
+                            const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true), pf_h2(vc[j][u] >> 16, NULL, true)};
+                            float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                            pf_mma_f16(t4, ah[j], b);
+#pragma unroll
+                            for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[j];
+                        }
+                    }
+                }
+            } else if (tpair) { /* one tile: one k32 mma per n-tile for both groups */
                 const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
 #pragma unroll
                 for (int u = 0; u < PD_NT; u++) {
@@ -3226,16 +3309,24 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][6]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][22]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, pd8_part_k};
+    /* SESSION-8 KNOB (removed before merge): M3_PD_VAR picks a pd8_part_k variant */
+    const char *pv = getenv("M3_PD_VAR");
+    const int var = pv ? atoi(pv) : 0;
+    const pf_fn p8f[16] = {pd8_part_k<0>, pd8_part_k<1>, pd8_part_k<2>, pd8_part_k<3>,
+                           pd8_part_k<4>, pd8_part_k<5>, pd8_part_k<6>, pd8_part_k<7>,
+                           pd8_part_k<8>, pd8_part_k<9>, pd8_part_k<10>, pd8_part_k<11>,
+                           pd8_part_k<12>, pd8_part_k<13>, pd8_part_k<14>, pd8_part_k<15>};
+    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, p8f[var & 15]};
     const int fi = p8 ? 4 : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     const int nth = dec ? PD_W * 32 : PF_THREADS;
-    if (sh > pf_set[fi]) {
+    const int si = p8 ? 6 + (var & 15) : fi;
+    if (sh > pf_set[si]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
-        pf_set[fi] = sh;
+        pf_set[si] = sh;
     }
     if (!c.fused && msh > pf_set[5]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
