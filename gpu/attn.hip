@@ -1540,7 +1540,10 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
 #define PF_BPS 2      /* blocks per SM the launcher aims at (1: 1.5x slower at 128K dense) */
 #define PF_MAX_CH 256 /* keys per chunk */
 #define PF_FUSE_MAX 32
-#define PF_MAX_CNT 65536                  /* (token, kv head) counters */
+#define PF_MAX_CNT (65536 - 1024)         /* (token, kv head) counters; then pd8_part_k's
+                                           * scratch slot flags */
+#define PD8_SMS 256 /* SM ids (%smid) with scratch slots */
+#define PD8_SPS 4   /* scratch slots per SM (>= the resident blocks: 2) */
 #define PF_PART_CAP ((size_t)256 << 20)   /* partial outputs per launch (bytes) */
 #define PF_PHYS 64                        /* physical block ids cached per block */
 #define PF_VU ((PF_TK / 8) * FA_MAX_DH / PF_THREADS) /* V units of a tile per thread, at most */
@@ -1557,6 +1560,10 @@ typedef struct {
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
+    float *scr;          /* pd8_part_k: the running A of each resident block's warps between
+                          * chunks, [PD8_SMS * PD8_SPS][PD_W][Dh / 8][32] float4 */
+    unsigned int *sflag; /* pd8_part_k: the scratch slots' owner flags [PD8_SMS * PD8_SPS], the
+                          * context's counters after the merge's */
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
@@ -1581,7 +1588,8 @@ static size_t pf_smem_bytes(const pf_cfg &c) {
 /* The fused merge's arrival counters (pf_cfg.cnt) are the context's, zero at open; the block
  * that merges a (token, kv head) resets its entry, so they are zero again between launches
  * (launches on one stream run one after another; another context has its own). */
-static_assert(PF_MAX_CNT <= M3_GPU_CNT_IDX - M3_GPU_CNT_PF, "the counter range of m3_gpu");
+static_assert(PF_MAX_CNT + PD8_SMS * PD8_SPS <= M3_GPU_CNT_IDX - M3_GPU_CNT_PF,
+              "the counter range of m3_gpu");
 
 /* Partials: per chunk j and head, m_j, l_j and A_j, where A_j = O_j (sum of P V,
  * unnormalised) when unpartitioned, or l_j bf16(O_j / l_j) (ref's bf16-stored partition
@@ -2783,6 +2791,15 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             q8[m][r4] = pd8_e4m3x2(f[0], f[1]) | (pd8_e4m3x2(f[2], f[3]) << 16);
         }
     }
+    __shared__ int scr_sh; /* VAR & 16: this block's scratch slot */
+    if ((VAR & 16) && tid == 0) { /* a free slot of this SM (at most PD8_SPS blocks resident) */
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        unsigned int *fl = c.sflag + (smid % PD8_SMS) * PD8_SPS;
+        int i = 0;
+        while (atomicCAS(fl + i, 0u, 1u) != 0u) i = (i + 1) % PD8_SPS;
+        scr_sh = (int)(smid % PD8_SMS) * PD8_SPS + i;
+    }
     __syncthreads(); /* qs (the warps' areas) read before the rings fill them */
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
@@ -3104,6 +3121,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
         /* chunk done: A_j into the warp's running merge (pf_part_k's rule), in registers */
         const bool first = Mr[0] == -INFINITY;
+        float4 *sp = reinterpret_cast<float4 *>(c.scr) + ((size_t)scr_sh * PD_W + warp) * (PD_NT * 32) + lane;
+        const bool lastc = cc + PD_W >= ce;
         float wa[2], wb[2], ll[2] = {l0, l1}, rl[2] = {__frcp_rn(l0), __frcp_rn(l1)};
 #pragma unroll
         for (int r2 = 0; r2 < 2; r2++) {
@@ -3122,21 +3141,41 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     round_bf16x2(q0, q1);
                     A0 = ll[r2] * q0, A1 = ll[r2] * q1;
                 }
+                if (VAR & 16) {
+                    o[u][i] = A0, o[u][i + 1] = A1;
+                    continue;
+                }
                 ar[u][i] = first ? A0 * wb[r2] : ar[u][i] * wa[r2] + A0 * wb[r2];
                 ar[u][i + 1] = first ? A1 * wb[r2] : ar[u][i + 1] * wa[r2] + A1 * wb[r2];
+            }
+        if (VAR & 16) /* the running A from / to the scratch slot; the last chunk's into the
+                       * warp's area (lane-private: S is read by the same lane only) */
+#pragma unroll
+            for (int u = 0; u < PD_NT; u++) {
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (!first) v = sp[u * 32];
+                v.x = first ? o[u][0] * wb[0] : v.x * wa[0] + o[u][0] * wb[0];
+                v.y = first ? o[u][1] * wb[0] : v.y * wa[0] + o[u][1] * wb[0];
+                v.z = first ? o[u][2] * wb[1] : v.z * wa[1] + o[u][2] * wb[1];
+                v.w = first ? o[u][3] * wb[1] : v.w * wa[1] + o[u][3] * wb[1];
+                if (lastc) reinterpret_cast<float4 *>(sa)[u * 32 + lane] = v;
+                else sp[u * 32] = v;
             }
     }
     cp_wait<0>();
     /* the warp's A into its area (S is no longer read), the block's warps folded in order */
     __syncwarp();
     float4 *aw = reinterpret_cast<float4 *>(sa);
+    if (!(VAR & 16))
 #pragma unroll
-    for (int u = 0; u < PD_NT; u++) aw[u * 32 + lane] = make_float4(ar[u][0], ar[u][1], ar[u][2], ar[u][3]);
+        for (int u = 0; u < PD_NT; u++) aw[u * 32 + lane] = make_float4(ar[u][0], ar[u][1], ar[u][2], ar[u][3]);
+    if (VAR & 16) __threadfence(); /* the scratch stores done before the slot is handed on */
     if (tq == 0) {
         wml[warp][0][gq] = Mr[0], wml[warp][0][gq + 8] = Mr[1];
         wml[warp][1][gq] = Lr[0], wml[warp][1][gq + 8] = Lr[1];
     }
     __syncthreads();
+    if ((VAR & 16) && tid == 0) atomicExch(c.sflag + scr_sh, 0u); /* the slot free again */
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
     if (cb < ce || c.nsp == 1)
@@ -3299,6 +3338,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     }
     c.fused = c.nsp <= PF_FUSE_MAX;
     c.cnt = g->counters + M3_GPU_CNT_PF;
+    c.sflag = c.cnt + PF_MAX_CNT;
     const size_t per_tok = (size_t)c.Hkv * c.nsp * c.hq * (c.Dh + 2) * sizeof(float) + 64;
     int tb = (int)(PF_PART_CAP / per_tok);
     if (tb < 1) tb = 1;
@@ -3309,21 +3349,25 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][22]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][38]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* SESSION-8 KNOB (removed before merge): M3_PD_VAR picks a pd8_part_k variant */
     const char *pv = getenv("M3_PD_VAR");
     const int var = pv ? atoi(pv) : 0;
-    const pf_fn p8f[16] = {pd8_part_k<0>, pd8_part_k<1>, pd8_part_k<2>, pd8_part_k<3>,
+    const pf_fn p8f[32] = {pd8_part_k<0>, pd8_part_k<1>, pd8_part_k<2>, pd8_part_k<3>,
                            pd8_part_k<4>, pd8_part_k<5>, pd8_part_k<6>, pd8_part_k<7>,
                            pd8_part_k<8>, pd8_part_k<9>, pd8_part_k<10>, pd8_part_k<11>,
-                           pd8_part_k<12>, pd8_part_k<13>, pd8_part_k<14>, pd8_part_k<15>};
-    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, p8f[var & 15]};
+                           pd8_part_k<12>, pd8_part_k<13>, pd8_part_k<14>, pd8_part_k<15>,
+                           pd8_part_k<16>, pd8_part_k<17>, pd8_part_k<18>, pd8_part_k<19>,
+                           pd8_part_k<20>, pd8_part_k<21>, pd8_part_k<22>, pd8_part_k<23>,
+                           pd8_part_k<24>, pd8_part_k<25>, pd8_part_k<26>, pd8_part_k<27>,
+                           pd8_part_k<28>, pd8_part_k<29>, pd8_part_k<30>, pd8_part_k<31>};
+    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, p8f[var & 31]};
     const int fi = p8 ? 4 : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     const int nth = dec ? PD_W * 32 : PF_THREADS;
-    const int si = p8 ? 6 + (var & 15) : fi;
+    const int si = p8 ? 6 + (var & 31) : fi;
     if (sh > pf_set[si]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[si] = sh;
@@ -3339,6 +3383,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     m3_status s = m3_gpu_alloc(g, (void **)&po, ns * c.Dh * sizeof(float));
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&pml, ns * 2 * sizeof(float));
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&nk, (size_t)tb * c.Hkv * sizeof(int));
+    if (s == M3_OK && p8 && (var & 16))
+        s = m3_gpu_alloc(g, (void **)&c.scr, (size_t)PD8_SMS * PD8_SPS * PD_W * PD_NT * 32 * 16);
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
