@@ -2657,8 +2657,8 @@ static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
     return s > a ? s : a;
 }
-static size_t pd8_smem_bytes(const pf_cfg &c) {
-    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
+static size_t pd8_smem_bytes(const pf_cfg &c, int ns = PD8_NS) {
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)ns * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
@@ -2698,12 +2698,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #if M3_HAVE_MMA && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
-    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB;
+    constexpr int NT = PD_W * 32, NS = (VAR & 64) ? 5 : PD8_NS, SB = PD8_SB;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
     const size_t SA = pd8_sa_bytes(c), WB = SA + (size_t)NS * SB;
-    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
+    __shared__ int blist[PG_MAX_SEL];
+    /* the selection and its flags (prologue only) after the Q rows in warp 0's S area */
+    int *selsh = reinterpret_cast<int *>(wraw + (size_t)16 * Dh * 2), *vfl = selsh + PG_MAX_SEL;
     __shared__ int n_sh, last_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
 
@@ -3062,7 +3064,17 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     ah[j][0] = pf_h2(pc[j][0], NULL, true), ah[j][1] = pf_h2(pc[j][1], NULL, true);
                     ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true), ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
                 }
-                if (tpair) {
+                if (tpair && !(VAR & 32)) { /* one tile: one k32 mma per n-tile for both groups */
+                    const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
+#pragma unroll
+                    for (int u = 0; u < PD_NT; u++) {
+                        const uint32_t b[2] = {vc[0][u], vc[1][u]};
+                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        pd8_mma_e4m3(t4, a8, b);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
+                    }
+                } else if (tpair) {
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -3288,6 +3300,10 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                            const int32_t *d_topk, int width, pf_cfg c) {
     const bool fp8 = c.fp8;
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
+    /* SESSION-8 KNOB (removed before merge): M3_PD_VAR picks a pd8_part_k variant */
+    const char *pv = getenv("M3_PD_VAR");
+    const int var = pv ? atoi(pv) : 0;
+
     /* the decode kernels (pd_part_k; pd8_part_k under §4.9) when each of PD_WPS warps per SM
      * gets a chunk (decode over long rows); else pf_part_k. Test hook: flash_kernel (1:
      * pf_part_k, 2: the decode kernel where it fits). */
@@ -3345,29 +3361,35 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
-    const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
+    const size_t sh = p8 ? pd8_smem_bytes(c, (var & 64) ? 5 : PD8_NS) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][38]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][134]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    /* SESSION-8 KNOB (removed before merge): M3_PD_VAR picks a pd8_part_k variant */
-    const char *pv = getenv("M3_PD_VAR");
-    const int var = pv ? atoi(pv) : 0;
-    const pf_fn p8f[32] = {pd8_part_k<0>, pd8_part_k<1>, pd8_part_k<2>, pd8_part_k<3>,
-                           pd8_part_k<4>, pd8_part_k<5>, pd8_part_k<6>, pd8_part_k<7>,
-                           pd8_part_k<8>, pd8_part_k<9>, pd8_part_k<10>, pd8_part_k<11>,
-                           pd8_part_k<12>, pd8_part_k<13>, pd8_part_k<14>, pd8_part_k<15>,
-                           pd8_part_k<16>, pd8_part_k<17>, pd8_part_k<18>, pd8_part_k<19>,
-                           pd8_part_k<20>, pd8_part_k<21>, pd8_part_k<22>, pd8_part_k<23>,
-                           pd8_part_k<24>, pd8_part_k<25>, pd8_part_k<26>, pd8_part_k<27>,
-                           pd8_part_k<28>, pd8_part_k<29>, pd8_part_k<30>, pd8_part_k<31>};
-    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, p8f[var & 31]};
+    /* the variants measured this session */
+    static const int p8v[] = {0, 2, 3, 19, 21, 35, 66, 67, 83, 99};
+    pf_fn p8k = pd8_part_k<0>;
+    switch (var) {
+    case 0: p8k = pd8_part_k<0>; break;
+    case 2: p8k = pd8_part_k<2>; break;
+    case 3: p8k = pd8_part_k<3>; break;
+    case 19: p8k = pd8_part_k<19>; break;
+    case 21: p8k = pd8_part_k<21>; break;
+    case 35: p8k = pd8_part_k<35>; break;
+    case 66: p8k = pd8_part_k<66>; break;
+    case 67: p8k = pd8_part_k<67>; break;
+    case 83: p8k = pd8_part_k<83>; break;
+    case 99: p8k = pd8_part_k<99>; break;
+    default: break;
+    }
+    (void)p8v;
+    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, p8k};
     const int fi = p8 ? 4 : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     const int nth = dec ? PD_W * 32 : PF_THREADS;
-    const int si = p8 ? 6 + (var & 31) : fi;
+    const int si = p8 ? 6 + (var & 127) : fi;
     if (sh > pf_set[si]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[si] = sh;
