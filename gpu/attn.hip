@@ -2272,7 +2272,12 @@ static size_t pd_smem_bytes(const pf_cfg &c) {
 template <bool FP8> struct pd_vunit { typedef uint2 t; };
 template <> struct pd_vunit<true> { typedef uint32_t t; };
 
-template <bool FP8>
+/* an L2 prefetch of bytes (a multiple of 16) at p (16-byte aligned) */
+static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+template <bool FP8, int PV2 = 0>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2385,7 +2390,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const int k = k0 + 16 * lane, kb = k / Bs;
             pf_offs<XC>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
+        const int phx = __shfl_sync(0xffffffffu, phn, 0); /* the next chunk's first block */
         phn = phys(cc + PD_W);
+        if ((PV2 & 1) && !FP8) { /* this chunk's first V groups into L2 (needed after pass 1) */
+            const int64_t vo = __shfl_sync(0xffffffffu, gvo, 0);
+            if (lane == 0) pd_l2(vbase + vo * EB, (uint32_t)((Pv >= 32 ? min(ng, 2) : 1) * 16 * Dh * EB));
+        }
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY;
         constexpr int KD = PF + 1; /* ring of K groups: PF in flight while one is scored */
@@ -2497,6 +2507,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         __syncwarp();
+        if ((PV2 & 1) && !FP8 && cc + PD_W < ce) { /* the next chunk's first K groups into L2 */
+            const int k = (cc + PD_W) * ch, kb = k / Bs, nkn = min(ch, n - k) < 32 || Pv < 32 ? 16 : 32;
+            int64_t ko, vo, so;
+            pf_offs<XC>(s, phx * Bs + (k - kb * Bs), g, ko, vo, so);
+            if (lane < Dh / XC) pd_l2(kbase + (ko + (int64_t)lane * Pv * XC) * EB, (uint32_t)(nkn * XC * EB));
+        }
         /* pass 2: O = P V, the next group's V in flight */
         float o[PD_NT][4];
 #pragma unroll
@@ -3365,7 +3381,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][134]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][135]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
@@ -3386,10 +3402,10 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     default: break;
     }
     (void)p8v;
-    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, p8k};
+    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, (var & 128) ? pd_part_k<false, 1> : pd_part_k<false>, pd_part_k<true>, p8k};
     const int fi = p8 ? 4 : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     const int nth = dec ? PD_W * 32 : PF_THREADS;
-    const int si = p8 ? 6 + (var & 127) : fi;
+    const int si = p8 ? 6 + (var & 127) : fi == 2 && (var & 128) ? 134 : fi;
     if (sh > pf_set[si]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[si] = sh;
