@@ -2203,6 +2203,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
 static __global__ void __launch_bounds__(PF_MT)
     pf_merge_k(m3_bf16 *M3_RESTRICT out, const float *M3_RESTRICT po, const float *M3_RESTRICT pml,
                const int *M3_RESTRICT nkeys, int t0, pf_cfg c) {
+    m3_pdl_wait(); /* launched as a programmatic dependent of the partials' kernel */
     extern __shared__ float pm_sh[];
     const int tl = (int)blockIdx.x, hh = (int)blockIdx.y, g = hh / c.hq, h = hh % c.hq;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, nw = PF_MT / 32;
@@ -2285,6 +2286,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
               float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
 #if M3_HAVE_MMA
     if (FP8 && !M3_HAVE_FP8_CVT) __trap(); /* the launcher takes this kernel for e4m3fn only */
+    if (PV2 & 2) m3_pdl_trigger(); /* the merge kernel may be scheduled (it waits for us) */
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB;
     constexpr int UK = FP8 ? FA_MAX_DH / 64 : FA_MAX_DH / 32; /* 16-byte K units per lane and key */
@@ -2712,6 +2714,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
                float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
 #if M3_HAVE_MMA && M3_HAVE_FP8_CVT
+    if (VAR & 256) m3_pdl_trigger(); /* the merge kernel may be scheduled (it waits for us) */
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
     constexpr int NT = PD_W * 32, NS = (VAR & 64) ? 5 : PD8_NS, SB = PD8_SB;
@@ -3381,31 +3384,25 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][135]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][520]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* the variants measured this session */
-    static const int p8v[] = {0, 2, 3, 19, 21, 35, 66, 67, 83, 99};
     pf_fn p8k = pd8_part_k<0>;
-    switch (var) {
+    switch (var & 383) {
     case 0: p8k = pd8_part_k<0>; break;
     case 2: p8k = pd8_part_k<2>; break;
     case 3: p8k = pd8_part_k<3>; break;
-    case 19: p8k = pd8_part_k<19>; break;
-    case 21: p8k = pd8_part_k<21>; break;
     case 35: p8k = pd8_part_k<35>; break;
-    case 66: p8k = pd8_part_k<66>; break;
-    case 67: p8k = pd8_part_k<67>; break;
-    case 83: p8k = pd8_part_k<83>; break;
-    case 99: p8k = pd8_part_k<99>; break;
+    case 258: p8k = pd8_part_k<258>; break;
+    case 291: p8k = pd8_part_k<291>; break;
     default: break;
     }
-    (void)p8v;
-    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, (var & 128) ? pd_part_k<false, 1> : pd_part_k<false>, pd_part_k<true>, p8k};
+    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, (var & 128) ? ((var & 256) ? pd_part_k<false, 3> : pd_part_k<false, 1>) : pd_part_k<false>, pd_part_k<true>, p8k};
     const int fi = p8 ? 4 : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     const int nth = dec ? PD_W * 32 : PF_THREADS;
-    const int si = p8 ? 6 + (var & 127) : fi == 2 && (var & 128) ? 134 : fi;
+    const int si = p8 ? 6 + (var & 383) : fi == 2 && (var & 128) ? 518 + (var >> 8 & 1) : fi;
     if (sh > pf_set[si]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[si] = sh;
@@ -3430,9 +3427,10 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
-            pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
-                d_out, po, pml, nk, t0, c);
-            s = m3_gpu_launched_(g, "pf_merge_k", __FILE__, __LINE__);
+            s = m3_gpu_launch_pdl(g, (var & 256) != 0, pf_merge_k, dim3((unsigned)nt, (unsigned)c.H),
+                                  dim3(PF_MT), msh, d_out, (const float *)po, (const float *)pml,
+                                  (const int *)nk, t0, c);
+            if (s == M3_OK) s = m3_gpu_launched_(g, "pf_merge_k", __FILE__, __LINE__);
         }
     }
     m3_gpu_release(g, mark); /* later work on the stream runs after these kernels */
