@@ -1540,10 +1540,7 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
 #define PF_BPS 2      /* blocks per SM the launcher aims at (1: 1.5x slower at 128K dense) */
 #define PF_MAX_CH 256 /* keys per chunk */
 #define PF_FUSE_MAX 32
-#define PF_MAX_CNT (65536 - 1024)         /* (token, kv head) counters; then pd8_part_k's
-                                           * scratch slot flags */
-#define PD8_SMS 256 /* SM ids (%smid) with scratch slots */
-#define PD8_SPS 4   /* scratch slots per SM (>= the resident blocks: 2) */
+#define PF_MAX_CNT 65536                  /* (token, kv head) counters */
 #define PF_PART_CAP ((size_t)256 << 20)   /* partial outputs per launch (bytes) */
 #define PF_PHYS 64                        /* physical block ids cached per block */
 #define PF_VU ((PF_TK / 8) * FA_MAX_DH / PF_THREADS) /* V units of a tile per thread, at most */
@@ -1560,10 +1557,6 @@ typedef struct {
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
-    float *scr;          /* pd8_part_k: the running A of each resident block's warps between
-                          * chunks, [PD8_SMS * PD8_SPS][PD_W][Dh / 8][32] float4 */
-    unsigned int *sflag; /* pd8_part_k: the scratch slots' owner flags [PD8_SMS * PD8_SPS], the
-                          * context's counters after the merge's */
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
@@ -1588,8 +1581,7 @@ static size_t pf_smem_bytes(const pf_cfg &c) {
 /* The fused merge's arrival counters (pf_cfg.cnt) are the context's, zero at open; the block
  * that merges a (token, kv head) resets its entry, so they are zero again between launches
  * (launches on one stream run one after another; another context has its own). */
-static_assert(PF_MAX_CNT + PD8_SMS * PD8_SPS <= M3_GPU_CNT_IDX - M3_GPU_CNT_PF,
-              "the counter range of m3_gpu");
+static_assert(PF_MAX_CNT <= M3_GPU_CNT_IDX - M3_GPU_CNT_PF, "the counter range of m3_gpu");
 
 /* Partials: per chunk j and head, m_j, l_j and A_j, where A_j = O_j (sum of P V,
  * unnormalised) when unpartitioned, or l_j bf16(O_j / l_j) (ref's bf16-stored partition
@@ -2203,7 +2195,6 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
 static __global__ void __launch_bounds__(PF_MT)
     pf_merge_k(m3_bf16 *M3_RESTRICT out, const float *M3_RESTRICT po, const float *M3_RESTRICT pml,
                const int *M3_RESTRICT nkeys, int t0, pf_cfg c) {
-    m3_pdl_wait(); /* launched as a programmatic dependent of the partials' kernel */
     extern __shared__ float pm_sh[];
     const int tl = (int)blockIdx.x, hh = (int)blockIdx.y, g = hh / c.hq, h = hh % c.hq;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, nw = PF_MT / 32;
@@ -2243,7 +2234,8 @@ static __global__ void __launch_bounds__(PF_MT)
  * its partial and runs the fused merge as pf_part_k. Launched for Dh 128, bf16 or dequantized
  * e4m3fn elements (§4.9: pd8_part_k below), the fast layouts, when the grid gives each of
  * PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids (sparse T = 1)
- * keep pf_part_k, whose 8 warps share a chunk. */
+ * keep pf_part_k, whose 8 warps share a chunk. bf16 (session 8): L2 bulk prefetches of a
+ * chunk's first V groups at its start and of the next chunk's first K groups at pass 2. */
 #define PD_W 4   /* warps per block (8, one block per SM: slower) */
 #define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
                   * registers each) */
@@ -2278,7 +2270,7 @@ static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 
-template <bool FP8, int PV2 = 0>
+template <bool FP8>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2286,7 +2278,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
               float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
 #if M3_HAVE_MMA
     if (FP8 && !M3_HAVE_FP8_CVT) __trap(); /* the launcher takes this kernel for e4m3fn only */
-    if (PV2 & 2) m3_pdl_trigger(); /* the merge kernel may be scheduled (it waits for us) */
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB;
     constexpr int UK = FP8 ? FA_MAX_DH / 64 : FA_MAX_DH / 32; /* 16-byte K units per lane and key */
@@ -2392,9 +2383,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const int k = k0 + 16 * lane, kb = k / Bs;
             pf_offs<XC>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
-        const int phx = __shfl_sync(0xffffffffu, phn, 0); /* the next chunk's first block */
+        const int phx = FP8 ? 0 : __shfl_sync(0xffffffffu, phn, 0); /* the next chunk's first block */
         phn = phys(cc + PD_W);
-        if ((PV2 & 1) && !FP8) { /* this chunk's first V groups into L2 (needed after pass 1) */
+        /* bf16: this chunk's first V groups (loaded from pass 1's last group on) into L2 now;
+         * the next chunk's first K groups at pass 2 (below): a warp's register ring has one
+         * group in flight, so each chunk started with two waits on DRAM */
+        if (!FP8) {
             const int64_t vo = __shfl_sync(0xffffffffu, gvo, 0);
             if (lane == 0) pd_l2(vbase + vo * EB, (uint32_t)((Pv >= 32 ? min(ng, 2) : 1) * 16 * Dh * EB));
         }
@@ -2509,7 +2503,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         __syncwarp();
-        if ((PV2 & 1) && !FP8 && cc + PD_W < ce) { /* the next chunk's first K groups into L2 */
+        if (!FP8 && cc + PD_W < ce) { /* the next chunk's first K groups (a page's dim-unit runs) */
             const int k = (cc + PD_W) * ch, kb = k / Bs, nkn = min(ch, n - k) < 32 || Pv < 32 ? 16 : 32;
             int64_t ko, vo, so;
             pf_offs<XC>(s, phx * Bs + (k - kb * Bs), g, ko, vo, so);
@@ -2647,7 +2641,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 }
 
 
-/* ---- §4.9 fp8 decode kernel pd8_part_k (session 7) --------------------------------------
+/* ---- §4.9 fp8 decode kernel pd8_part_k (session 7; fp16 mma since session 8) ------------
  * pd_part_k's chunks, key permutation, passes, P' codes, rounding points and merges for fp8
  * e4m3fn elements under the §4.9 emulation, with K and V staged through a per-warp ring of
  * PD8_NS shared-memory slots by cp.async instead of register rings. A slot holds one 16-key
@@ -2664,10 +2658,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * Quotients (P' and M / FP8_MAX, the partition output O / l) come from the correctly rounded
  * reciprocal and one FMA residual step (Markstein: the correctly rounded quotient for
  * normal ones; P' below the normal range is an fp8 zero either way), i.e. ref's divisions.
- * Products on e4m3 mma.sync m16n8k32 (sm_90 runs it as code unpacks and fp16 mma: exact
- * products, fp32 sums), Q as e4m3 codes in registers (fp16 mma on unpacked codes with Q
- * fragments from shared memory measured 2.3x slower, session 7). */
-#define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight) */
+ * Products on fp16 mma.sync m16n8k16 (exact: every e4m3 value is an fp16 normal or zero;
+ * fp32 sums): K, V and P' codes unpacked once each by cvt.rn.f16x2.e4m3x2, Q's fp16
+ * fragments read from shared memory per k-step (session 8: the e4m3 m16n8k32 mma.sync of
+ * session 7 is code unpacks plus fp16 mma on sm_90, unpacking Q's codes for every K group
+ * and P's for every n-tile; 1.2-1.3x slower at T = 64 and prefill). */
+#define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
 /* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4 */
@@ -2675,8 +2671,9 @@ static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
     return s > a ? s : a;
 }
-static size_t pd8_smem_bytes(const pf_cfg &c, int ns = PD8_NS) {
-    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)ns * PD8_SB);
+/* Q's fp16 fragments (4 KB), then the warps' S / A areas and rings */
+static size_t pd8_smem_bytes(const pf_cfg &c) {
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
@@ -2688,15 +2685,6 @@ static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
     return fmaf(fmaf(-q0, y, x), ry, q0);
 }
 #if M3_HAVE_FP8_CVT
-/* c[16x8] += a[16x32] b[32x8], e4m3 inputs, fp32 accumulate (sm_89+): a0/a1 rows gq / gq + 8,
- * k 4tq..4tq+3, a2/a3 the same rows at k + 16; b0 k 4tq..4tq+3, b1 k + 16, column gq; four
- * codes a register, the lowest k in the low byte */
-static __device__ __forceinline__ void pd8_mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 /* e4m3fn codes of (lo, hi), lo in the low byte (rn, satfinite: the emulation's SATURATE;
  * §4.9's values never exceed FP8_MAX) */
 static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
@@ -2707,24 +2695,20 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
-template <int VAR>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
                const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
                float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
 #if M3_HAVE_MMA && M3_HAVE_FP8_CVT
-    if (VAR & 256) m3_pdl_trigger(); /* the merge kernel may be scheduled (it waits for us) */
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
-    constexpr int NT = PD_W * 32, NS = (VAR & 64) ? 5 : PD8_NS, SB = PD8_SB;
+    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
     const size_t SA = pd8_sa_bytes(c), WB = SA + (size_t)NS * SB;
-    __shared__ int blist[PG_MAX_SEL];
-    /* the selection and its flags (prologue only) after the Q rows in warp 0's S area */
-    int *selsh = reinterpret_cast<int *>(wraw + (size_t)16 * Dh * 2), *vfl = selsh + PG_MAX_SEL;
+    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
 
@@ -2785,41 +2769,19 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
     }
     __syncthreads();
-    /* Q A fragments of m16n8k32 as e4m3 codes, k permuted as the K units' dims: k-step
-     * m = 2u + j takes word 2j (a0, a1) and 2j + 1 (a2, a3) of the lane's unit 4u + tq */
-    /* VAR & 6: the same fragments as fp16 m16n8k16 A fragments [m][half][lane] in the block's
-     * front area (k-step m's dims D..D+3 / D+4..D+7 as virtual k 2tq, 2tq+1, 2tq+8, 2tq+9) */
+    /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
+     * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
+     * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
+     * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
+     * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
     uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
-    if (VAR & 6)
-        for (int e = tid; e < 8 * 32; e += NT) {
-            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
-            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
-            qh[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
-                               *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
-                               *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
-                               *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
-        }
-    uint32_t q8[4][4];
-#pragma unroll
-    for (int m = 0; m < 4; m++) {
-        const int D = 16 * (4 * (m >> 1) + tq) + 8 * (m & 1);
-#pragma unroll
-        for (int r4 = 0; r4 < 4; r4++) {
-            const uint16_t *qp = qs + (gq + 8 * (r4 & 1)) * Dh + D + 4 * (r4 >> 1);
-            float f[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) f[e] = __half2float(__ushort_as_half(qp[e]));
-            q8[m][r4] = pd8_e4m3x2(f[0], f[1]) | (pd8_e4m3x2(f[2], f[3]) << 16);
-        }
-    }
-    __shared__ int scr_sh; /* VAR & 16: this block's scratch slot */
-    if ((VAR & 16) && tid == 0) { /* a free slot of this SM (at most PD8_SPS blocks resident) */
-        unsigned smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        unsigned int *fl = c.sflag + (smid % PD8_SMS) * PD8_SPS;
-        int i = 0;
-        while (atomicCAS(fl + i, 0u, 1u) != 0u) i = (i + 1) % PD8_SPS;
-        scr_sh = (int)(smid % PD8_SMS) * PD8_SPS + i;
+    for (int e = tid; e < 8 * 32; e += NT) {
+        const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
+        const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
+        qh[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
     }
     __syncthreads(); /* qs (the warps' areas) read before the rings fill them */
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
@@ -2904,106 +2866,78 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     float ar[PD_NT][4];
 #pragma unroll
     for (int u = 0; u < PD_NT; u++) ar[u][0] = ar[u][1] = ar[u][2] = ar[u][3] = 0.0f;
-    uint4 qreg[8];
-    if (VAR & 4)
-#pragma unroll
-        for (int i = 0; i < 8; i++) qreg[i] = qh[i * 32 + lane];
     for (int cc = cb + warp; cc < ce; cc += PD_W) {
         const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
         /* pass 1: S of each 16-key group into the warp's area; the row maxima; lane gr: the
          * max V scale of group gr */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
-        constexpr int P1 = (VAR & 8) ? 2 : 1; /* groups a pass-1 step */
 #pragma unroll 1
-        for (int g1 = 0; g1 < ng; g1 += P1) {
-            /* P1 groups: every slot read first, then the groups' independent chains */
-            uint4 kwp[P1][2][2];
-            float4 ksp[P1], kvp[P1];
+        for (int gr = 0; gr < ng; gr++) {
+            const unsigned char *sl = acquire();
+            uint4 kw[2][2];
 #pragma unroll
-            for (int j = 0; j < P1; j++) {
-                if (P1 > 1 && g1 + j >= ng) break;
-                const unsigned char *sl = acquire();
-                uint4 (&kw)[2][2] = kwp[j];
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
+                for (int u = 0; u < 2; u++) {
+                    const int d = 4 * u + tq, k = kl + 2 * h;
+                    kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
+                }
+            const float4 ks = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+            const float4 kv = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
+            release();
+            float c8[2][2][4];
 #pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int d = 4 * u + tq, k = kl + 2 * h;
-                        kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
+            /* K codes unpacked once (an e4m3 mma.sync unpacks both operands on sm_90, so Q's
+             * codes were unpacked again for every group), fp16 mma: exact products */
+#pragma unroll
+            for (int m = 0; m < 4; m++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const uint4 qa4 = qh[(2 * m + hf) * 32 + lane];
+                    const uint32_t qa[4] = {qa4.x, qa4.y, qa4.z, qa4.w};
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint4 w = kw[h][m >> 1];
+                        const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
+                        const uint32_t b[2] = {pf_h2(x, NULL, true), pf_h2(x >> 16, NULL, true)};
+                        pf_mma_f16(c8[h][m & 1], qa, b);
                     }
-                ksp[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
-                kvp[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
-                release();
+                }
+            const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
+            const bool tail = 16 * gr + 16 > nk; /* the list's last group: keys past it masked */
+            const float ks4[4] = {ks.x, ks.y, ks.z, ks.w};
+            float m;
+            if (!tail) {
+                m = fmaxf(fmaxf(kv.x, kv.y), fmaxf(kv.z, kv.w));
+            } else {
+                m = 0.0f;
+                if (kq < nk) m = fmaxf(m, kv.x);
+                if (kq + 1 < nk) m = fmaxf(m, kv.y);
+                if (kq + 2 < nk) m = fmaxf(m, kv.z);
+                if (kq + 3 < nk) m = fmaxf(m, kv.w);
             }
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            if (lane == gr) vm = m;
+            float z[2][4];
 #pragma unroll
-            for (int j = 0; j < P1; j++) {
-                if (P1 > 1 && g1 + j >= ng) break;
-                const int gr = g1 + j;
-                const uint4 (&kw)[2][2] = kwp[j];
-                const float4 ks = ksp[j], kv = kvp[j];
-                float c8[2][2][4];
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) /* §4.9 step 2 */
+                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
+            if (tail)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
-                if (VAR & 6) { /* K codes unpacked once, fp16 mma */
-#pragma unroll
-                    for (int m = 0; m < 4; m++)
-#pragma unroll
-                        for (int hf = 0; hf < 2; hf++) {
-                            uint4 qa4 = (VAR & 4) ? qreg[2 * m + hf] : qh[(2 * m + hf) * 32 + lane];
-                            const uint32_t qa[4] = {qa4.x, qa4.y, qa4.z, qa4.w};
-#pragma unroll
-                            for (int h = 0; h < 2; h++) {
-                                const uint4 w = kw[h][m >> 1];
-                                const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
-                                const uint32_t b[2] = {pf_h2(x, NULL, true), pf_h2(x >> 16, NULL, true)};
-                                pf_mma_f16(c8[h][m & 1], qa, b);
-                            }
-                        }
-                } else {
-#pragma unroll
-                    for (int m = 0; m < 4; m++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const uint4 w = kw[h][m >> 1];
-                            const uint32_t b[2] = {(m & 1) ? w.z : w.x, (m & 1) ? w.w : w.y};
-                            pd8_mma_e4m3(c8[h][m & 1], q8[m], b);
-                        }
-                }
-                const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
-                const bool tail = 16 * gr + 16 > nk; /* the list's last group: keys past it masked */
-                const float ks4[4] = {ks.x, ks.y, ks.z, ks.w};
-                float m;
-                if (!tail) {
-                    m = fmaxf(fmaxf(kv.x, kv.y), fmaxf(kv.z, kv.w));
-                } else {
-                    m = 0.0f;
-                    if (kq < nk) m = fmaxf(m, kv.x);
-                    if (kq + 1 < nk) m = fmaxf(m, kv.y);
-                    if (kq + 2 < nk) m = fmaxf(m, kv.z);
-                    if (kq + 3 < nk) m = fmaxf(m, kv.w);
-                }
-                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                if (lane == gr) vm = m;
-                float z[2][4];
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) /* §4.9 step 2 */
-                        z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
-                if (tail)
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++)
-                            if (kq + 2 * h + (i & 1) >= nk) z[h][i] = -INFINITY;
-                mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
-                mx1 = fmaxf(mx1, fmaxf(fmaxf(z[0][2], z[0][3]), fmaxf(z[1][2], z[1][3])));
-                sw[(gr * 2) * 32 + lane] = make_float4(z[0][0], z[0][1], z[0][2], z[0][3]);
-                sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
-            }
+                    for (int i = 0; i < 4; i++)
+                        if (kq + 2 * h + (i & 1) >= nk) z[h][i] = -INFINITY;
+            mx0 = fmaxf(mx0, fmaxf(fmaxf(z[0][0], z[0][1]), fmaxf(z[1][0], z[1][1])));
+            mx1 = fmaxf(mx1, fmaxf(fmaxf(z[0][2], z[0][3]), fmaxf(z[1][2], z[1][3])));
+            sw[(gr * 2) * 32 + lane] = make_float4(z[0][0], z[0][1], z[0][2], z[0][3]);
+            sw[(gr * 2 + 1) * 32 + lane] = make_float4(z[1][0], z[1][1], z[1][2], z[1][3]);
         }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -3076,57 +3010,26 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
                 pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
             }
-            if (VAR & 1) { /* P' codes unpacked once per step, V codes per n-tile, fp16 mma */
-                uint32_t ah[2][4];
+            /* P' codes unpacked once per step into m16n8k16 A fragments (keys 4tq, 4tq + 1 as
+             * virtual k 2tq, 2tq + 1; 4tq + 2, 4tq + 3 as 2tq + 8, 2tq + 9), V codes per n-tile,
+             * fp16 mma: exact products, fp32 sums (an e4m3 mma.sync unpacks both operands per
+             * n-tile on sm_90, and a lone group's k32 mma ran a half of zeros) */
+            uint32_t ah[2][4];
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    ah[j][0] = pf_h2(pc[j][0], NULL, true), ah[j][1] = pf_h2(pc[j][1], NULL, true);
-                    ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true), ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
-                }
-                if (tpair && !(VAR & 32)) { /* one tile: one k32 mma per n-tile for both groups */
-                    const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
+            for (int j = 0; j < 2; j++) {
+                ah[j][0] = pf_h2(pc[j][0], NULL, true), ah[j][1] = pf_h2(pc[j][1], NULL, true);
+                ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true), ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
+            }
+            if (tpair) { /* one tile: both groups' products in one sum before the scaling */
 #pragma unroll
-                    for (int u = 0; u < PD_NT; u++) {
-                        const uint32_t b[2] = {vc[0][u], vc[1][u]};
-                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        pd8_mma_e4m3(t4, a8, b);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
-                    }
-                } else if (tpair) {
-#pragma unroll
-                    for (int u = 0; u < PD_NT; u++) {
-                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            if (j == 1 && !two) break;
-                            const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true), pf_h2(vc[j][u] >> 16, NULL, true)};
-                            pf_mma_f16(t4, ah[j], b);
-                        }
-#pragma unroll
-                        for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
-                    }
-                } else {
+                for (int u = 0; u < PD_NT; u++) {
+                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         if (j == 1 && !two) break;
-#pragma unroll
-                        for (int u = 0; u < PD_NT; u++) {
-                            const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true), pf_h2(vc[j][u] >> 16, NULL, true)};
-                            float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                            pf_mma_f16(t4, ah[j], b);
-#pragma unroll
-                            for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[j];
-                        }
+                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true), pf_h2(vc[j][u] >> 16, NULL, true)};
+                        pf_mma_f16(t4, ah[j], b);
                     }
-                }
-            } else if (tpair) { /* one tile: one k32 mma per n-tile for both groups */
-                const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
-#pragma unroll
-                for (int u = 0; u < PD_NT; u++) {
-                    const uint32_t b[2] = {vc[0][u], vc[1][u]};
-                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    pd8_mma_e4m3(t4, a8, b);
 #pragma unroll
                     for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
                 }
@@ -3134,12 +3037,11 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     if (j == 1 && !two) break;
-                    const uint32_t a8[4] = {pc[j][0], pc[j][1], 0u, 0u};
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
-                        const uint32_t b[2] = {vc[j][u], 0u};
+                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true), pf_h2(vc[j][u] >> 16, NULL, true)};
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        pd8_mma_e4m3(t4, a8, b);
+                        pf_mma_f16(t4, ah[j], b);
 #pragma unroll
                         for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[j];
                     }
@@ -3152,8 +3054,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
         /* chunk done: A_j into the warp's running merge (pf_part_k's rule), in registers */
         const bool first = Mr[0] == -INFINITY;
-        float4 *sp = reinterpret_cast<float4 *>(c.scr) + ((size_t)scr_sh * PD_W + warp) * (PD_NT * 32) + lane;
-        const bool lastc = cc + PD_W >= ce;
         float wa[2], wb[2], ll[2] = {l0, l1}, rl[2] = {__frcp_rn(l0), __frcp_rn(l1)};
 #pragma unroll
         for (int r2 = 0; r2 < 2; r2++) {
@@ -3172,41 +3072,21 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     round_bf16x2(q0, q1);
                     A0 = ll[r2] * q0, A1 = ll[r2] * q1;
                 }
-                if (VAR & 16) {
-                    o[u][i] = A0, o[u][i + 1] = A1;
-                    continue;
-                }
                 ar[u][i] = first ? A0 * wb[r2] : ar[u][i] * wa[r2] + A0 * wb[r2];
                 ar[u][i + 1] = first ? A1 * wb[r2] : ar[u][i + 1] * wa[r2] + A1 * wb[r2];
-            }
-        if (VAR & 16) /* the running A from / to the scratch slot; the last chunk's into the
-                       * warp's area (lane-private: S is read by the same lane only) */
-#pragma unroll
-            for (int u = 0; u < PD_NT; u++) {
-                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (!first) v = sp[u * 32];
-                v.x = first ? o[u][0] * wb[0] : v.x * wa[0] + o[u][0] * wb[0];
-                v.y = first ? o[u][1] * wb[0] : v.y * wa[0] + o[u][1] * wb[0];
-                v.z = first ? o[u][2] * wb[1] : v.z * wa[1] + o[u][2] * wb[1];
-                v.w = first ? o[u][3] * wb[1] : v.w * wa[1] + o[u][3] * wb[1];
-                if (lastc) reinterpret_cast<float4 *>(sa)[u * 32 + lane] = v;
-                else sp[u * 32] = v;
             }
     }
     cp_wait<0>();
     /* the warp's A into its area (S is no longer read), the block's warps folded in order */
     __syncwarp();
     float4 *aw = reinterpret_cast<float4 *>(sa);
-    if (!(VAR & 16))
 #pragma unroll
-        for (int u = 0; u < PD_NT; u++) aw[u * 32 + lane] = make_float4(ar[u][0], ar[u][1], ar[u][2], ar[u][3]);
-    if (VAR & 16) __threadfence(); /* the scratch stores done before the slot is handed on */
+    for (int u = 0; u < PD_NT; u++) aw[u * 32 + lane] = make_float4(ar[u][0], ar[u][1], ar[u][2], ar[u][3]);
     if (tq == 0) {
         wml[warp][0][gq] = Mr[0], wml[warp][0][gq + 8] = Mr[1];
         wml[warp][1][gq] = Lr[0], wml[warp][1][gq + 8] = Lr[1];
     }
     __syncthreads();
-    if ((VAR & 16) && tid == 0) atomicExch(c.sflag + scr_sh, 0u); /* the slot free again */
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
     if (cb < ce || c.nsp == 1)
@@ -3319,10 +3199,6 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                            const int32_t *d_topk, int width, pf_cfg c) {
     const bool fp8 = c.fp8;
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
-    /* SESSION-8 KNOB (removed before merge): M3_PD_VAR picks a pd8_part_k variant */
-    const char *pv = getenv("M3_PD_VAR");
-    const int var = pv ? atoi(pv) : 0;
-
     /* the decode kernels (pd_part_k; pd8_part_k under §4.9) when each of PD_WPS warps per SM
      * gets a chunk (decode over long rows); else pf_part_k. Test hook: flash_kernel (1:
      * pf_part_k, 2: the decode kernel where it fits). */
@@ -3373,39 +3249,26 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     }
     c.fused = c.nsp <= PF_FUSE_MAX;
     c.cnt = g->counters + M3_GPU_CNT_PF;
-    c.sflag = c.cnt + PF_MAX_CNT;
     const size_t per_tok = (size_t)c.Hkv * c.nsp * c.hq * (c.Dh + 2) * sizeof(float) + 64;
     int tb = (int)(PF_PART_CAP / per_tok);
     if (tb < 1) tb = 1;
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
-    const size_t sh = p8 ? pd8_smem_bytes(c, (var & 64) ? 5 : PD8_NS) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
+    const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][520]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][6]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    /* the variants measured this session */
-    pf_fn p8k = pd8_part_k<0>;
-    switch (var & 383) {
-    case 0: p8k = pd8_part_k<0>; break;
-    case 2: p8k = pd8_part_k<2>; break;
-    case 3: p8k = pd8_part_k<3>; break;
-    case 35: p8k = pd8_part_k<35>; break;
-    case 258: p8k = pd8_part_k<258>; break;
-    case 291: p8k = pd8_part_k<291>; break;
-    default: break;
-    }
-    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, (var & 128) ? ((var & 256) ? pd_part_k<false, 3> : pd_part_k<false, 1>) : pd_part_k<false>, pd_part_k<true>, p8k};
+    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, pd8_part_k};
     const int fi = p8 ? 4 : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     const int nth = dec ? PD_W * 32 : PF_THREADS;
-    const int si = p8 ? 6 + (var & 383) : fi == 2 && (var & 128) ? 518 + (var >> 8 & 1) : fi;
-    if (sh > pf_set[si]) {
+    if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
-        pf_set[si] = sh;
+        pf_set[fi] = sh;
     }
     if (!c.fused && msh > pf_set[5]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
@@ -3418,8 +3281,6 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     m3_status s = m3_gpu_alloc(g, (void **)&po, ns * c.Dh * sizeof(float));
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&pml, ns * 2 * sizeof(float));
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&nk, (size_t)tb * c.Hkv * sizeof(int));
-    if (s == M3_OK && p8 && (var & 16))
-        s = m3_gpu_alloc(g, (void **)&c.scr, (size_t)PD8_SMS * PD8_SPS * PD_W * PD_NT * 32 * 16);
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
@@ -3427,10 +3288,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
-            s = m3_gpu_launch_pdl(g, (var & 256) != 0, pf_merge_k, dim3((unsigned)nt, (unsigned)c.H),
-                                  dim3(PF_MT), msh, d_out, (const float *)po, (const float *)pml,
-                                  (const int *)nk, t0, c);
-            if (s == M3_OK) s = m3_gpu_launched_(g, "pf_merge_k", __FILE__, __LINE__);
+            pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
+                d_out, po, pml, nk, t0, c);
+            s = m3_gpu_launched_(g, "pf_merge_k", __FILE__, __LINE__);
         }
     }
     m3_gpu_release(g, mark); /* later work on the stream runs after these kernels */

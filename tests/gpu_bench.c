@@ -469,20 +469,8 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     free(pos);
     free(tk);
     const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
-    /* SESSION-8 KNOB (removed before merge): M3_BENCH_PD_VARS=a,b,.. times each kernel
-     * variant M3_PD_VAR=a, b, .. in this process */
-    const char *vars = getenv("M3_BENCH_PD_VARS");
-    char vb[64];
-    snprintf(vb, sizeof vb, "%s", vars ? vars : "");
-    char *v = vars ? strtok(vb, ",") : NULL;
-    do {
-        char nv[128];
-        snprintf(nv, sizeof nv, "%s%s%s%s", nm, v ? " [v=" : "", v ? v : "", v ? "]" : "");
-        if (v) setenv("M3_PD_VAR", v, 1);
-        double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
-        report(nv, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
-        v = v ? strtok(NULL, ",") : NULL;
-    } while (v);
+    double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
+    report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
     m3_gpu_release(g, mark);
 }
 
