@@ -2383,14 +2383,16 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const int k = k0 + 16 * lane, kb = k / Bs;
             pf_offs<XC>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
-        const int phx = FP8 ? 0 : __shfl_sync(0xffffffffu, phn, 0); /* the next chunk's first block */
+        /* the next chunk's first physical block (bf16: its first K groups are prefetched) */
+        const int phx = FP8 ? 0 : __shfl_sync(0xffffffffu, phn, 0);
         phn = phys(cc + PD_W);
         /* bf16: this chunk's first V groups (loaded from pass 1's last group on) into L2 now;
          * the next chunk's first K groups at pass 2 (below): a warp's register ring has one
          * group in flight, so each chunk started with two waits on DRAM */
         if (!FP8) {
             const int64_t vo = __shfl_sync(0xffffffffu, gvo, 0);
-            if (lane == 0) pd_l2(vbase + vo * EB, (uint32_t)((Pv >= 32 ? min(ng, 2) : 1) * 16 * Dh * EB));
+            const int nv = Pv >= 32 ? min(ng, 2) : 1; /* groups in this page */
+            if (lane == 0) pd_l2(vbase + vo * EB, (uint32_t)(nv * 16 * Dh * EB));
         }
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -2504,10 +2506,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         __syncwarp();
         if (!FP8 && cc + PD_W < ce) { /* the next chunk's first K groups (a page's dim-unit runs) */
-            const int k = (cc + PD_W) * ch, kb = k / Bs, nkn = min(ch, n - k) < 32 || Pv < 32 ? 16 : 32;
+            const int k = (cc + PD_W) * ch, kb = k / Bs;
+            const int nkn = min(ch, n - k) < 32 || Pv < 32 ? 16 : 32;
             int64_t ko, vo, so;
             pf_offs<XC>(s, phx * Bs + (k - kb * Bs), g, ko, vo, so);
-            if (lane < Dh / XC) pd_l2(kbase + (ko + (int64_t)lane * Pv * XC) * EB, (uint32_t)(nkn * XC * EB));
+            if (lane < Dh / XC)
+                pd_l2(kbase + (ko + (int64_t)lane * Pv * XC) * EB, (uint32_t)(nkn * XC * EB));
         }
         /* pass 2: O = P V, the next group's V in flight */
         float o[PD_NT][4];
@@ -3019,7 +3023,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 ah[j][0] = pf_h2(pc[j][0], NULL, true), ah[j][1] = pf_h2(pc[j][1], NULL, true);
-                ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true), ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
+                ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true);
+                ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
             }
             if (tpair) { /* one tile: both groups' products in one sum before the scaling */
 #pragma unroll
@@ -3028,7 +3033,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         if (j == 1 && !two) break;
-                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true), pf_h2(vc[j][u] >> 16, NULL, true)};
+                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true),
+                                               pf_h2(vc[j][u] >> 16, NULL, true)};
                         pf_mma_f16(t4, ah[j], b);
                     }
 #pragma unroll
@@ -3040,7 +3046,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     if (j == 1 && !two) break;
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
-                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true), pf_h2(vc[j][u] >> 16, NULL, true)};
+                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true),
+                                               pf_h2(vc[j][u] >> 16, NULL, true)};
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         pf_mma_f16(t4, ah[j], b);
 #pragma unroll
