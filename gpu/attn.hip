@@ -2234,7 +2234,8 @@ static __global__ void __launch_bounds__(PF_MT)
  * its partial and runs the fused merge as pf_part_k. Launched for Dh 128, bf16 or dequantized
  * e4m3fn elements (§4.9: pd8_part_k below), the fast layouts, when the grid gives each of
  * PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids (sparse T = 1)
- * keep pf_part_k, whose 8 warps share a chunk. */
+ * keep pf_part_k, whose 8 warps share a chunk. bf16 (session 8): L2 bulk prefetches of a
+ * chunk's first V groups at its start and of the next chunk's first K groups at pass 2. */
 #define PD_W 4   /* warps per block (8, one block per SM: slower) */
 #define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
                   * registers each) */
@@ -2263,6 +2264,11 @@ static size_t pd_smem_bytes(const pf_cfg &c) {
 /* a lane's V elements of one dim in a 16-key group: 4 fp8 codes or 4 bf16 */
 template <bool FP8> struct pd_vunit { typedef uint2 t; };
 template <> struct pd_vunit<true> { typedef uint32_t t; };
+
+/* an L2 prefetch of bytes (a multiple of 16) at p (16-byte aligned) */
+static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
 
 template <bool FP8>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
@@ -2377,7 +2383,17 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const int k = k0 + 16 * lane, kb = k / Bs;
             pf_offs<XC>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
+        /* the next chunk's first physical block (bf16: its first K groups are prefetched) */
+        const int phx = FP8 ? 0 : __shfl_sync(0xffffffffu, phn, 0);
         phn = phys(cc + PD_W);
+        /* bf16: this chunk's first V groups (loaded from pass 1's last group on) into L2 now;
+         * the next chunk's first K groups at pass 2 (below): a warp's register ring has one
+         * group in flight, so each chunk started with two waits on DRAM */
+        if (!FP8) {
+            const int64_t vo = __shfl_sync(0xffffffffu, gvo, 0);
+            const int nv = Pv >= 32 ? min(ng, 2) : 1; /* groups in this page */
+            if (lane == 0) pd_l2(vbase + vo * EB, (uint32_t)(nv * 16 * Dh * EB));
+        }
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY;
         constexpr int KD = PF + 1; /* ring of K groups: PF in flight while one is scored */
@@ -2489,6 +2505,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         __syncwarp();
+        if (!FP8 && cc + PD_W < ce) { /* the next chunk's first K groups (a page's dim-unit runs) */
+            const int k = (cc + PD_W) * ch, kb = k / Bs;
+            const int nkn = min(ch, n - k) < 32 || Pv < 32 ? 16 : 32;
+            int64_t ko, vo, so;
+            pf_offs<XC>(s, phx * Bs + (k - kb * Bs), g, ko, vo, so);
+            if (lane < Dh / XC)
+                pd_l2(kbase + (ko + (int64_t)lane * Pv * XC) * EB, (uint32_t)(nkn * XC * EB));
+        }
         /* pass 2: O = P V, the next group's V in flight */
         float o[PD_NT][4];
 #pragma unroll
@@ -2621,7 +2645,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 }
 
 
-/* ---- §4.9 fp8 decode kernel pd8_part_k (session 7) --------------------------------------
+/* ---- §4.9 fp8 decode kernel pd8_part_k (session 7; fp16 mma since session 8) ------------
  * pd_part_k's chunks, key permutation, passes, P' codes, rounding points and merges for fp8
  * e4m3fn elements under the §4.9 emulation, with K and V staged through a per-warp ring of
  * PD8_NS shared-memory slots by cp.async instead of register rings. A slot holds one 16-key
@@ -2638,10 +2662,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * Quotients (P' and M / FP8_MAX, the partition output O / l) come from the correctly rounded
  * reciprocal and one FMA residual step (Markstein: the correctly rounded quotient for
  * normal ones; P' below the normal range is an fp8 zero either way), i.e. ref's divisions.
- * Products on e4m3 mma.sync m16n8k32 (sm_90 runs it as code unpacks and fp16 mma: exact
- * products, fp32 sums), Q as e4m3 codes in registers (fp16 mma on unpacked codes with Q
- * fragments from shared memory measured 2.3x slower, session 7). */
-#define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight) */
+ * Products on fp16 mma.sync m16n8k16 (exact: every e4m3 value is an fp16 normal or zero;
+ * fp32 sums): K, V and P' codes unpacked once each by cvt.rn.f16x2.e4m3x2, Q's fp16
+ * fragments read from shared memory per k-step (session 8: the e4m3 m16n8k32 mma.sync of
+ * session 7 is code unpacks plus fp16 mma on sm_90, unpacking Q's codes for every K group
+ * and P's for every n-tile; 1.2-1.3x slower at T = 64 and prefill). */
+#define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
 /* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4 */
@@ -2649,6 +2675,7 @@ static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
     return s > a ? s : a;
 }
+/* Q's fp16 fragments (4 KB), then the warps' S / A areas and rings */
 static size_t pd8_smem_bytes(const pf_cfg &c) {
     size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
@@ -2662,15 +2689,6 @@ static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
     return fmaf(fmaf(-q0, y, x), ry, q0);
 }
 #if M3_HAVE_FP8_CVT
-/* c[16x8] += a[16x32] b[32x8], e4m3 inputs, fp32 accumulate (sm_89+): a0/a1 rows gq / gq + 8,
- * k 4tq..4tq+3, a2/a3 the same rows at k + 16; b0 k 4tq..4tq+3, b1 k + 16, column gq; four
- * codes a register, the lowest k in the low byte */
-static __device__ __forceinline__ void pd8_mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 /* e4m3fn codes of (lo, hi), lo in the low byte (rn, satfinite: the emulation's SATURATE;
  * §4.9's values never exceed FP8_MAX) */
 static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
@@ -2681,6 +2699,7 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
+template <bool TPAIR> /* c.tile >= 32: pairs of 16-key groups lie in one §4.9 tile */
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2755,20 +2774,19 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
     }
     __syncthreads();
-    /* Q A fragments of m16n8k32 as e4m3 codes, k permuted as the K units' dims: k-step
-     * m = 2u + j takes word 2j (a0, a1) and 2j + 1 (a2, a3) of the lane's unit 4u + tq */
-    uint32_t q8[4][4];
-#pragma unroll
-    for (int m = 0; m < 4; m++) {
-        const int D = 16 * (4 * (m >> 1) + tq) + 8 * (m & 1);
-#pragma unroll
-        for (int r4 = 0; r4 < 4; r4++) {
-            const uint16_t *qp = qs + (gq + 8 * (r4 & 1)) * Dh + D + 4 * (r4 >> 1);
-            float f[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) f[e] = __half2float(__ushort_as_half(qp[e]));
-            q8[m][r4] = pd8_e4m3x2(f[0], f[1]) | (pd8_e4m3x2(f[2], f[3]) << 16);
-        }
+    /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
+     * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
+     * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
+     * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
+     * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
+    uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
+    for (int e = tid; e < 8 * 32; e += NT) {
+        const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
+        const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
+        qh[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
+                           *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
+                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
     }
     __syncthreads(); /* qs (the warps' areas) read before the rings fill them */
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
@@ -2877,13 +2895,21 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int a = 0; a < 2; a++) c8[h][a][0] = c8[h][a][1] = c8[h][a][2] = c8[h][a][3] = 0.0f;
+            /* K codes unpacked once (an e4m3 mma.sync unpacks both operands on sm_90, so Q's
+             * codes were unpacked again for every group), fp16 mma: exact products */
 #pragma unroll
             for (int m = 0; m < 4; m++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint4 w = kw[h][m >> 1];
-                    const uint32_t b[2] = {(m & 1) ? w.z : w.x, (m & 1) ? w.w : w.y};
-                    pd8_mma_e4m3(c8[h][m & 1], q8[m], b);
+                for (int hf = 0; hf < 2; hf++) {
+                    const uint4 qa4 = qh[(2 * m + hf) * 32 + lane];
+                    const uint32_t qa[4] = {qa4.x, qa4.y, qa4.z, qa4.w};
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint4 w = kw[h][m >> 1];
+                        const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
+                        const uint32_t b[2] = {pf_h2(x, NULL, true), pf_h2(x >> 16, NULL, true)};
+                        pf_mma_f16(c8[h][m & 1], qa, b);
+                    }
                 }
             const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
             const bool tail = 16 * gr + 16 > nk; /* the list's last group: keys past it masked */
@@ -2929,7 +2955,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
         for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
-        const bool tpair = c.tile >= 32; /* pairs (2i, 2i + 1) of groups lie in one tile */
+        constexpr bool tpair = TPAIR; /* pairs (2i, 2i + 1) of groups lie in one tile */
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr += 2) {
             const bool two = gr + 1 < ng;
@@ -2989,13 +3015,28 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
                 pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
             }
-            if (tpair) { /* one tile: one k32 mma per n-tile for both groups */
-                const uint32_t a8[4] = {pc[0][0], pc[0][1], pc[1][0], pc[1][1]};
+            /* P' codes unpacked once per step into m16n8k16 A fragments (keys 4tq, 4tq + 1 as
+             * virtual k 2tq, 2tq + 1; 4tq + 2, 4tq + 3 as 2tq + 8, 2tq + 9), V codes per n-tile,
+             * fp16 mma: exact products, fp32 sums (an e4m3 mma.sync unpacks both operands per
+             * n-tile on sm_90, and a lone group's k32 mma ran a half of zeros) */
+            uint32_t ah[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                ah[j][0] = pf_h2(pc[j][0], NULL, true), ah[j][1] = pf_h2(pc[j][1], NULL, true);
+                ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true);
+                ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
+            }
+            if (tpair) { /* one tile: both groups' products in one sum before the scaling */
 #pragma unroll
                 for (int u = 0; u < PD_NT; u++) {
-                    const uint32_t b[2] = {vc[0][u], vc[1][u]};
                     float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    pd8_mma_e4m3(t4, a8, b);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        if (j == 1 && !two) break;
+                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true),
+                                               pf_h2(vc[j][u] >> 16, NULL, true)};
+                        pf_mma_f16(t4, ah[j], b);
+                    }
 #pragma unroll
                     for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
                 }
@@ -3003,12 +3044,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     if (j == 1 && !two) break;
-                    const uint32_t a8[4] = {pc[j][0], pc[j][1], 0u, 0u};
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
-                        const uint32_t b[2] = {vc[j][u], 0u};
+                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true),
+                                               pf_h2(vc[j][u] >> 16, NULL, true)};
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        pd8_mma_e4m3(t4, a8, b);
+                        pf_mma_f16(t4, ah[j], b);
 #pragma unroll
                         for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[j];
                     }
@@ -3226,20 +3267,23 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][6]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][7]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    const pf_fn kf[5] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>, pd8_part_k};
-    const int fi = p8 ? 4 : (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    /* pd8_part_k with the §4.9 tile test compiled in: each instance allocates its registers
+     * for its own pass-2 path */
+    const pf_fn kf[6] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+                         pd8_part_k<false>, pd8_part_k<true>};
+    const int fi = p8 ? 4 + (c.tile >= 32) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[5]) {
+    if (!c.fused && msh > pf_set[6]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[5] = msh;
+        pf_set[6] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;

@@ -279,7 +279,9 @@ static void paged_flash_dense_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const pg_shape shapes[] = {
         {1, 2000, 64, 4, 128, 128, 16, 0}, /* decode: 8 chunks, merged by the last block */
-        {1, 4200, 64, 4, 128, 128, 16, 0}, /* 17 chunks: the merge kernel */
+        {1, 4200, 64, 4, 128, 128, 16, 0}, /* 17 chunks */
+        {1, 16700, 16, 2, 128, 128, 16, 0}, /* 66 chunks: at cpb 2, 33 partials a row > the
+                                             * fused merge's 32: pf_merge_k */
         {5, 300, 64, 4, 128, 128, 16, 0},  /* a chunk of 5 after 295 */
         {7, 61, 6, 3, 12, 8, 1, 0},        /* the fixtures' geometry: element gather */
         {3, 530, 8, 2, 80, 64, 16, 0},     /* odd */
