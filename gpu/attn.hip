@@ -3160,10 +3160,509 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
 }
 
 #if defined(M3_HIP_NVIDIA)
+/* ---- batch-1 decode over thread-block clusters: pc_k (session 8) -------------------------
+ * For grids of few (token, kv head) rows (decode of one token: 4 rows at M3 shapes), where
+ * pf_part_k runs 8 blocks a row on a quarter of the SMs and its merge is a chain (partial
+ * write, fence, arrival counter, the last block's dependent reads). One cluster of cs <= 16
+ * CTAs per row (above 8 a non-portable cluster size), 8 warps each; CTA r takes the keys
+ * [r kpc, (r + 1) kpc) of the row's key list (pf_part_k's list), kpc = ch / spc: spc CTAs
+ * per chunk (under atom a chunk is one of ref's partitions), so a CTA lies in one chunk, and
+ * cs = spc * chunks <= 16. All of a CTA's K (with the fp8 scales) and V are in flight at once
+ * (cp.async, one commit group each), after two dependent global loads: pos and the
+ * selection, then each selected block's table entry (issued per selection entry before the
+ * ranking). Numerics are pf_part_k's (the chunk's max, denominator, P rounding against the
+ * chunk max, §4.9 P' codes per 16-key tile, the bf16 partition output, the merge) with these
+ * fp32 reorderings: a chunk's denominator and P V are summed per CTA, then over the chunk's
+ * CTAs in rank order; the scores' k-steps in two chains as pf_part_k.
+ * Distributed shared memory carries the merges (no global partials, counters or arena):
+ *  1. each CTA pushes its per-head max to the CTAs of its chunk (st.shared::cluster), a
+ *     cluster barrier, each takes the max of the spc values (exact; skipped when spc = 1);
+ *  2. P, the CTA's denominators l and O = P V; each CTA pushes l, its chunk's max and its
+ *     fp32 O, split by output element, to the CTA owning the elements (owner o: elements
+ *     [o epo, (o + 1) epo) of the row's hq x Dh), a cluster barrier;
+ *  3. each owner merges its elements: O_j and l_j summed over chunk j's CTAs in rank order,
+ *     A_j = l_j bf16(O_j / l_j) (partitioned) or O_j, out = bf16(sum_j e^(m_j - M) A_j /
+ *     sum_j e^(m_j - M) l_j), j in chunk order (pf_row_merge's rule).
+ * A remote store needs the target CTA running: a relaxed cluster arrive at the start, its
+ * wait before the first push. After the last barrier no CTA touches another's shared memory,
+ * so CTAs exit without a final barrier. Taken for the pd_part_k geometries (fast layouts,
+ * Dh % 16 == 0, bf16 or e4m3fn elements; §4.9 with 16-key tiles) when the row has at most
+ * 16 chunks and the grid (rows x cs CTAs) fits the SMs once; sm_90 only. */
+#define PC_NT 256       /* threads per CTA: 8 warps */
+#define PC_MAX_CS 16    /* CTAs per cluster */
+#define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && M3_HAVE_MMA
+#define M3_HAVE_CLUSTER 1
+/* cluster barrier halves (every thread of every CTA runs each, in the same order) and
+ * stores into another CTA's shared memory */
+static __device__ __forceinline__ void pc_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void pc_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void pc_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+/* the address of this CTA's shared variable p in CTA `rank`'s shared memory */
+static __device__ __forceinline__ uint32_t pc_mapa(const void *p, int rank) {
+    uint32_t a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(sh_u32(p)), "r"(rank));
+    return a;
+}
+static __device__ __forceinline__ void pc_st(uint32_t a, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+}
+static __device__ __forceinline__ void pc_st2(uint32_t a, float x, float y) {
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
+}
+#else
+#define M3_HAVE_CLUSTER 0
+#endif
+
+typedef struct {
+    pf_cfg c;
+    int cs;  /* CTAs per cluster (= per row) */
+    int spc; /* CTAs per chunk */
+    int kpc; /* keys per CTA (a multiple of 16) */
+    int epo; /* output elements per owner (a multiple of 4) */
+} pc_cfg;
+
+/* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
+ * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
+ * K and V scales [kpc], §4.9 tile M and M / FP8_MAX [kpc / 16], received O [cs][epo],
+ * l and m [cs][hq], chunk maxes [spc][hq] */
+typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, total; } pc_lay;
+static __host__ __device__ inline size_t pc_up(size_t x) { return (x + 15) / 16 * 16; }
+static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
+    const pf_cfg &c = pc.c;
+    pc_lay L;
+    size_t o = 0;
+    L.k = o, o += pc_up((size_t)pc.kpc * c.Dh * eb);
+    L.v = o, o += pc_up((size_t)pc.kpc * c.Dh * eb);
+    size_t scb = (size_t)c.hq * (pc.kpc + 8) * 4, qb = (size_t)c.hq * c.Dh * 2;
+    L.sc = o, o += pc_up(scb > qb ? scb : qb);
+    L.pb = o, o += pc_up((size_t)16 * (pc.kpc + 8) * 2);
+    L.ksc = o, o += pc_up((size_t)pc.kpc * 4);
+    L.vsc = o, o += pc_up((size_t)pc.kpc * 4);
+    L.mt = o, o += pc_up((size_t)(pc.kpc / 16) * 4);
+    L.mf = o, o += pc_up((size_t)(pc.kpc / 16) * 4);
+    L.ro = o, o += pc_up((size_t)pc.cs * pc.epo * 4);
+    L.rl = o, o += pc_up((size_t)pc.cs * c.hq * 4);
+    L.rm = o, o += pc_up((size_t)pc.cs * c.hq * 4);
+    L.mi = o, o += pc_up((size_t)pc.spc * c.hq * 4);
+    L.total = o;
+    return L;
+}
+
+template <bool FP8>
+static __global__ void __launch_bounds__(PC_NT, 2)
+    pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
+         const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
+         pc_cfg pc) {
+#if M3_HAVE_CLUSTER && M3_HAVE_FP8_CVT
+    extern __shared__ __align__(16) unsigned char pc_raw[];
+    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
+    const pf_cfg &c = pc.c;
+    const int hq = c.hq, Dh = c.Dh, ch = c.ch, Bs = s.g.block, kpc = pc.kpc, cs = pc.cs,
+              spc = pc.spc, SCP = kpc + 8, PBP = kpc + 8;
+    const pc_lay L = pc_layout(pc, EB);
+    unsigned char *ksm = pc_raw + L.k, *vsm = pc_raw + L.v;
+    float *sc = reinterpret_cast<float *>(pc_raw + L.sc);
+    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(pc_raw + L.pb);
+    float *ksc = reinterpret_cast<float *>(pc_raw + L.ksc), *vsc = reinterpret_cast<float *>(pc_raw + L.vsc);
+    float *mt = reinterpret_cast<float *>(pc_raw + L.mt), *mf = reinterpret_cast<float *>(pc_raw + L.mf);
+    float *ro = reinterpret_cast<float *>(pc_raw + L.ro), *rl = reinterpret_cast<float *>(pc_raw + L.rl);
+    float *rm = reinterpret_cast<float *>(pc_raw + L.rm), *mi = reinterpret_cast<float *>(pc_raw + L.mi);
+    __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
+    __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ];
+
+    pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
+    const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const bool sparse = topk != NULL;
+    /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
+    const int p = pos[t], bp = p / Bs;
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh; /* <= 16 x 128 = 8 x PC_NT */
+    uint4 qv = make_uint4(0, 0, 0, 0);
+    if (tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
+    int b = -1, ph = 0;
+    if (sparse && tid < width) b = topk[((int64_t)g * n_tok + t) * width + tid];
+    /* round trip 2, before the ranking: the table entry of every usable selected block */
+    if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
+    const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
+    if (tid < width) selsh[tid] = b, vfl[tid] = ok;
+    for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0; /* unused P rows */
+    const int nf = __syncthreads_count(ok); /* also: selsh, vfl visible */
+    const int tail = __syncthreads_or(own);
+    int n;
+    if (!sparse) {
+        n = p + 1;
+    } else { /* ref m3_kv_sparse_table, as pf_part_k: full blocks b < bp in selection order
+              * or by id (a stable rank, duplicates kept), the own block last when selected */
+        if (ok) {
+            int at = 0;
+            if (c.sel_order)
+                for (int j = 0; j < tid; j++) at += vfl[j];
+            else
+                for (int j = 0; j < width; j++) at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < tid));
+            physl[at] = ph;
+        }
+        if (own) physl[nf] = ph; /* every copy of the own block writes the same entry */
+        n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
+    }
+    if (!sparse) { /* dense: key k in logical block k / Bs */
+        const int kb0 = r * kpc / Bs, kb1 = min(n, (r + 1) * kpc) - 1;
+        for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
+    }
+    __syncthreads();
+    const int k0 = r * kpc, nk = max(0, min(kpc, n - k0)), ng = (nk + 15) / 16;
+    const int chj = k0 / ch, nch = (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
+    const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
+    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
+    const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
+    /* the cache offsets of group gi's first key (a group lies in one page) */
+    auto goffs = [&](int gi, int64_t &ko, int64_t &vo, int64_t &so) {
+        const int k = k0 + gi * 16, kb = k / Bs;
+        pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
+    };
+    /* K units (key, dim unit) and the fp8 scales: commit group 1; V units (key unit, dim):
+     * group 2 */
+    const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh; /* units per group */
+    for (int u = tid; u < ng * ku; u += PC_NT) {
+        const int gi = u / ku, w = u - gi * ku, kk = w % 16, dg = w / 16;
+        int64_t ko, vo, so;
+        goffs(gi, ko, vo, so);
+        cp16(ksm + ((size_t)dg * kpc + gi * 16 + kk) * 16, kbase + (ko + (int64_t)kk * XC + (int64_t)dg * Pv * XC) * EB, true);
+    }
+    if (FP8)
+        for (int u = tid; u < ng * 8; u += PC_NT) { /* 4 scales a copy: K then V */
+            const int gi = u / 8, w = u % 8, kv = w / 4, j = w % 4;
+            int64_t ko, vo, so;
+            goffs(gi, ko, vo, so);
+            cp16((kv ? vsc : ksc) + gi * 16 + 4 * j, (kv ? s.v_scale : s.k_scale) + so + 4 * j, true);
+        }
+    cp_commit();
+    for (int u = tid; u < ng * vu; u += PC_NT) {
+        const int gi = u / vu, w = u - gi * vu, vg = w / Dh, d = w % Dh;
+        int64_t ko, vo, so;
+        goffs(gi, ko, vo, so);
+        cp16(vsm + ((size_t)(gi * (16 / XC) + vg) * Dh + d) * 16,
+             vbase + (vo + (int64_t)vg * Dh * XC + (int64_t)d * XC) * EB, true);
+    }
+    cp_commit();
+    /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
+     * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
+     * alike) */
+    uint32_t qa[FA_MAX_DH / 16][4];
+    {
+        uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh] */
+        if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
+        __syncthreads();
+        if (c.pa)
+            for (int e = tid; e < nq; e += PC_NT)
+                qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+        __syncthreads();
+#pragma unroll
+        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+            if (s2 * 16 >= Dh) break;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int rr = gq + (i & 1) * 8;
+                const int d = FP8 ? s2 * 16 + 4 * tq + (i >> 1) * 2 : s2 * 16 + 2 * tq + (i >> 1) * 8;
+                qa[s2][i] = rr < hq ? *reinterpret_cast<const uint32_t *>(qs + rr * Dh + d) : 0u;
+            }
+        }
+    }
+    cp_wait<1>();    /* this thread's K units and scales */
+    __syncthreads(); /* everyone's; the Q staging is read */
+    /* S = Q K^T: a warp per 8-key n-tile */
+    for (int nt = warp; nt * 8 < nk; nt += NW) {
+        float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
+        const int key = nt * 8 + gq;
+#pragma unroll
+        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+            if (s2 * 16 >= Dh) break;
+            uint32_t bfr[2];
+            if (FP8) {
+                const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + ((size_t)s2 * kpc + key) * 16 + 4 * tq);
+                if (c.pa) {
+                    bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
+                    pf_mma_f16(c8[s2 & 1], qa[s2], bfr);
+                } else {
+                    bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
+                    m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
+                }
+            } else {
+                const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) + ((size_t)(2 * s2) * kpc + key) * 8 + 2 * tq;
+                bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
+                bfr[1] = *reinterpret_cast<const uint32_t *>(kb + kpc * 8);
+                m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
+            if (rr >= hq || ki >= nk) continue; /* keys past nk are never read */
+            float d = c8[0][i] + c8[1][i], z;
+            if (c.pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
+            else {
+                if (FP8) d *= ksc[ki]; /* dequantized K */
+                z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
+            }
+            sc[(size_t)rr * SCP + ki] = z;
+        }
+    }
+    if (c.pa) /* §4.9: the max V scale of each 16-key tile (tiles from the chunk start) */
+        for (int gi = warp; gi < ng; gi += NW) {
+            float M = lane < 16 && gi * 16 + lane < nk ? vsc[gi * 16 + lane] : 0.0f;
+            M = m3_warp_max(M);
+            if (lane == 0) mt[gi] = M, mf[gi] = M / c.fmax;
+        }
+    __syncthreads();
+    /* the CTA's max per head (-inf without keys) */
+    for (int h = warp; h < hq; h += NW) {
+        float m = -INFINITY;
+        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[(size_t)h * SCP + i]);
+        m = m3_warp_max(m);
+        if (lane == 0) mloc[h] = m;
+    }
+    __syncthreads();
+    pc_wait(); /* (a): every CTA of the cluster runs */
+    if (spc > 1) { /* 1: the chunk's max through the chunk's CTAs */
+        const int c0 = chj * spc, me = r - c0;
+        if (tid < spc * hq) {
+            const int to = tid / hq, h = tid % hq;
+            pc_st(pc_mapa(mi + me * hq + h, c0 + to), mloc[h]);
+        }
+        pc_arrive();
+        pc_wait();
+        if (tid < hq) {
+            float m = -INFINITY;
+            for (int j = 0; j < spc; j++) m = fmaxf(m, mi[j * hq + tid]);
+            mloc[tid] = m;
+        }
+        __syncthreads();
+    }
+    /* the CTA's denominators (unrounded exponentials) */
+    for (int h = warp; h < hq; h += NW) {
+        const float m = mloc[h];
+        float l = 0.0f;
+        for (int i = lane; i < nk; i += 32) l += expf(sc[(size_t)h * SCP + i] - m);
+        l = m3_warp_sum(l);
+        if (lane == 0) lloc[h] = l;
+    }
+    /* P of the CTA's keys, two keys per item (zero past nk): bf16 P (fp8: times the V
+     * scale), or the §4.9 P' codes as fp16 */
+    for (int e = tid; e < hq * (ng * 8); e += PC_NT) {
+        const int h = e / (ng * 8), il = 2 * (e % (ng * 8));
+        float pv[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int k2 = 0; k2 < 2; k2++)
+            if (il + k2 < nk) {
+                const float ex = expf(sc[(size_t)h * SCP + il + k2] - mloc[h]);
+                if (c.pa) { /* §4.9 step 4 */
+                    const float M = mt[(il + k2) / 16];
+                    pv[k2] = ex * vsc[il + k2] * c.fmax / (M + 1e-8f);
+                } else {
+                    pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
+                }
+            }
+        *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
+            c.pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+    }
+    cp_wait<0>(); /* this thread's V units; then it zeroes their keys past the list */
+    if (nk % 16)
+        for (int u = tid; u < ng * vu; u += PC_NT) {
+            const int gi = u / vu, w = u - gi * vu, vg = w / Dh, d = w % Dh;
+            const int nv = nk - (gi * 16 + vg * XC); /* valid keys of the unit */
+            if (nv >= XC) continue;
+            unsigned char *dst = vsm + ((size_t)(gi * (16 / XC) + vg) * Dh + d) * 16;
+            for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
+        }
+    __syncthreads();
+    /* O = P V: a warp per 16-dim pair of n-tiles */
+    float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    const int np = warp;
+    if (np * 16 < Dh)
+        for (int ks = 0; ks < ng; ks++) {
+            uint32_t a[4];
+            if (FP8) {
+                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
+                a[0] = *reinterpret_cast<const uint32_t *>(pr);
+                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+                a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
+                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
+            } else {
+                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
+                a[0] = *reinterpret_cast<const uint32_t *>(pr);
+                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+                a[2] = *reinterpret_cast<const uint32_t *>(pr + 8);
+                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8);
+            }
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                const int d = np * 16 + h2 * 8 + gq;
+                uint32_t bfr[2];
+                if (FP8) {
+                    const uint32_t w = *reinterpret_cast<const uint32_t *>(vsm + ((size_t)ks * Dh + d) * 16 + 4 * tq);
+                    if (c.pa) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
+                        bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
+                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        pf_mma_f16(t4, a, bfr);
+                        const float f = mf[ks];
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[h2][i] += t4[i] * f;
+                    } else {
+                        bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
+                        m3_mma_bf16_16816(o[h2], a, bfr);
+                    }
+                } else {
+                    const uint16_t *vb = reinterpret_cast<const uint16_t *>(vsm) + ((size_t)(2 * ks) * Dh + d) * 8 + 2 * tq;
+                    bfr[0] = *reinterpret_cast<const uint32_t *>(vb);
+                    bfr[1] = *reinterpret_cast<const uint32_t *>(vb + (size_t)Dh * 8);
+                    m3_mma_bf16_16816(o[h2], a, bfr);
+                }
+            }
+        }
+    /* 2: push (l, the chunk's max, O) to the owners; O's elements e = head Dh + dim */
+    if (spc == 1) pc_wait(); /* (a) */
+    const int epo = pc.epo;
+    if (np * 16 < Dh)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+            for (int r2 = 0; r2 < 2; r2++) {
+                const int rr = gq + r2 * 8, e = rr * Dh + np * 16 + h2 * 8 + 2 * tq;
+                if (rr >= hq) continue;
+                const int ow = e / epo;
+                pc_st2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1]);
+            }
+    __syncthreads(); /* lloc */
+    for (int i = tid; i < cs * hq; i += PC_NT) {
+        const int ow = i / hq, h = i % hq;
+        pc_st(pc_mapa(rl + r * hq + h, ow), lloc[h]);
+        pc_st(pc_mapa(rm + r * hq + h, ow), mloc[h]);
+    }
+    pc_arrive();
+    pc_wait();
+    /* 3: this owner's elements */
+    const int e = r * epo + tid, E = hq * Dh;
+    if (tid < epo && e < E) {
+        const int h = e / Dh;
+        float M = -INFINITY;
+        for (int j = 0; j < nch; j++) M = fmaxf(M, rm[(j * spc) * hq + h]);
+        float den = 0.0f, acc = 0.0f;
+        for (int j = 0; j < nch; j++) {
+            float l = 0.0f, oo = 0.0f;
+            for (int u = 0; u < spc; u++) {
+                const int src = j * spc + u;
+                l += rl[src * hq + h];
+                oo += ro[(size_t)src * epo + tid];
+            }
+            const float w = expf(rm[(j * spc) * hq + h] - M);
+            const float A = c.part > 0 ? l * m3_round_bf16(oo / l) : oo;
+            den += w * l;
+            acc += w * A;
+        }
+        out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e] = m3_f32_to_bf16(acc / den);
+    }
+#else
+    (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
+#endif
+}
+
+/* pc_k's launch parameters for this grid, or false when it does not apply: the geometry
+ * (c.dec's fast layouts, with Dh % 16 == 0 in place of Dh == 128; §4.9 only with 16-key
+ * tiles), rows of at most PC_MAX_CS CTAs, and (unless forced) a grid that fits the SMs once */
+static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok, const pf_cfg &c,
+                    bool force, pc_cfg *pc) {
+    const int Pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
+    const bool fp8 = c.fp8;
+    if (!c.fast || !c.qvec || c.Dh % 16 || src->g.block % 16 || Pv % 16 || c.ch % 16) return false;
+    if (fp8 && !(c.hw && m3_aligned16(src->k_scale) && m3_aligned16(src->v_scale))) return false;
+    if (c.pa && !(c.pvf16 && c.tile == 16)) return false;
+    if (c.nchx > PC_MAX_CS || n_tok > 65535) return false;
+    memset(pc, 0, sizeof *pc);
+    pc->c = c;
+    const int gpc = c.ch / 16; /* 16-key groups of a chunk */
+    for (int d = 1; d <= gpc; d++)
+        if (gpc % d == 0 && c.nchx * d <= PC_MAX_CS) pc->spc = d;
+    { /* SESSION KNOB (dec1, removed before the end): M3_PC_SPC forces CTAs per chunk */
+        static int kn = -1;
+        if (kn < 0) kn = getenv("M3_PC_SPC") ? atoi(getenv("M3_PC_SPC")) : 0;
+        if (kn > 0 && gpc % kn == 0 && c.nchx * kn <= PC_MAX_CS) pc->spc = kn;
+    }
+    pc->kpc = c.ch / pc->spc;
+    pc->cs = c.nchx * pc->spc;
+    const int E = c.hq * c.Dh;
+    pc->epo = ((E + pc->cs - 1) / pc->cs + 3) / 4 * 4;
+    if (pc->epo > PC_NT) return false;
+    const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
+    return force || (int64_t)c.Hkv * n_tok * pc->cs <= n_sm;
+}
+
+static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                           const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
+                           const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
+    *done = false;
+    typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
+                          int, const int32_t *, int, pc_cfg);
+    const int fi = pc.c.fp8 ? 1 : 0;
+    const pc_fn fn = fi ? pc_k<true> : pc_k<false>;
+    const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
+    cfg.blockDim = dim3(PC_NT);
+    cfg.dynamicSmemBytes = sh;
+    cfg.stream = g->stream;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)pc.cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    /* once per device, kernel, cluster size and shared-memory size: the attributes (the
+     * non-portable cluster sizes, the shared memory) and whether a cluster can be resident
+     * (sm_90: cluster launch; the GPCs' SMs); a failed check falls back to pf_part_k */
+    static size_t pc_ok[64][2][PC_MAX_CS + 1], pc_no[64][2][PC_MAX_CS + 1];
+    size_t &okb = pc_ok[g->device & 63][fi][pc.cs], &nob = pc_no[g->device & 63][fi][pc.cs];
+    if (sh > okb) {
+        if (nob && sh >= nob) return M3_OK;
+        int cl = 0, nc = 0;
+        bool good = cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, g->device) == cudaSuccess && cl;
+        good = good && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+        good = good && cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh) == cudaSuccess;
+        good = good && cudaOccupancyMaxActiveClusters(&nc, (const void *)fn, &cfg) == cudaSuccess && nc > 0;
+        if (!good) {
+            (void)cudaGetLastError(); /* a refused attribute or query is not this call's error */
+            nob = sh;
+            return M3_OK;
+        }
+        okb = sh;
+    }
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
+    *done = true;
+    return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
+}
+#endif
+
+#if defined(M3_HIP_NVIDIA)
 /* pf_part_k (+ pf_merge_k) for n_tok tokens, c filled but for cpb / nsp / fused */
 static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, pf_cfg c) {
+    {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
+         * pc_k wherever the geometry allows) */
+        pc_cfg pc;
+        const bool force = src->flash_kernel == 3;
+        if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
+            bool done;
+            M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
+            if (done) return M3_OK;
+        }
+    }
     const bool fp8 = c.fp8;
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
     /* the decode kernels (pd_part_k; pd8_part_k under §4.9) when each of PD_WPS warps per SM
