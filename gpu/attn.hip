@@ -3353,6 +3353,7 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
  * 16 chunks and the grid (rows x cs CTAs) fits the SMs once; sm_90 only. */
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
+#define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
 
 
 typedef struct {
@@ -3460,34 +3461,34 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-    /* the cache offsets of group gi's first key (a group lies in one page) */
-    auto goffs = [&](int gi, int64_t &ko, int64_t &vo, int64_t &so) {
-        const int k = k0 + gi * 16, kb = k / Bs;
-        pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
-    };
-    /* K units (key, dim unit) and the fp8 scales: commit group 1; V units (key unit, dim):
-     * group 2 */
-    const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh; /* units per group */
-    for (int u = tid; u < ng * ku; u += PC_NT) {
-        const int gi = u / ku, w = u - gi * ku, kk = w % 16, dg = w / 16;
-        int64_t ko, vo, so;
-        goffs(gi, ko, vo, so);
-        cp16(ksm + ((size_t)dg * kpc + gi * 16 + kk) * 16, kbase + (ko + (int64_t)kk * XC + (int64_t)dg * Pv * XC) * EB, true);
+    /* the cache offsets (elements) of each group's first key (a group of 16 keys lies in one
+     * page), by threads 0..ng-1 */
+    __shared__ int64_t gko[PC_MAX_KPC / 16], gvo[PC_MAX_KPC / 16], gso[PC_MAX_KPC / 16];
+    if (tid < ng) {
+        const int k = k0 + tid * 16, kb = k / Bs;
+        pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, gko[tid], gvo[tid], gso[tid]);
     }
-    if (FP8)
-        for (int u = tid; u < ng * 8; u += PC_NT) { /* 4 scales a copy: K then V */
-            const int gi = u / 8, w = u % 8, kv = w / 4, j = w % 4;
-            int64_t ko, vo, so;
-            goffs(gi, ko, vo, so);
-            cp16((kv ? vsc : ksc) + gi * 16 + 4 * j, (kv ? s.v_scale : s.k_scale) + so + 4 * j, true);
-        }
+    __syncthreads();
+    /* a thread copies the same unit of every group (ku, vu <= PC_NT at Dh <= 128): K unit (key
+     * kk, dim unit dg) and the fp8 scales (commit group 1), V unit (key unit vg, dim vd)
+     * (group 2) */
+    const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
+    if (tid < ku) {
+        const int kk = tid % 16, dg = tid / 16;
+        const int64_t off = (int64_t)kk * XC + (int64_t)dg * Pv * XC;
+        unsigned char *dst = ksm + ((size_t)dg * kpc + kk) * 16;
+        for (int gi = 0; gi < ng; gi++) cp16(dst + gi * 256, kbase + (gko[gi] + off) * EB, true);
+    }
+    if (FP8 && tid < ng * 8) { /* 4 scales a copy: K, V */
+        const int gi = tid / 8, kv = (tid / 4) % 2, j = tid % 4;
+        cp16((kv ? vsc : ksc) + gi * 16 + 4 * j, (kv ? s.v_scale : s.k_scale) + gso[gi] + 4 * j, true);
+    }
     cp_commit();
-    for (int u = tid; u < ng * vu; u += PC_NT) {
-        const int gi = u / vu, w = u - gi * vu, vg = w / Dh, d = w % Dh;
-        int64_t ko, vo, so;
-        goffs(gi, ko, vo, so);
-        cp16(vsm + ((size_t)(gi * (16 / XC) + vg) * Dh + d) * 16,
-             vbase + (vo + (int64_t)vg * Dh * XC + (int64_t)d * XC) * EB, true);
+    if (tid < vu) {
+        const int64_t off = (int64_t)vg * Dh * XC + (int64_t)vd * XC;
+        unsigned char *dst = vsm + ((size_t)vg * Dh + vd) * 16;
+        for (int gi = 0; gi < ng; gi++)
+            cp16(dst + (size_t)gi * (16 / XC) * Dh * 16, vbase + (gvo[gi] + off) * EB, true);
     }
     cp_commit();
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
@@ -3611,14 +3612,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             c.pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
     }
     cp_wait<0>(); /* this thread's V units; then it zeroes their keys past the list */
-    if (nk % 16)
-        for (int u = tid; u < ng * vu; u += PC_NT) {
-            const int gi = u / vu, w = u - gi * vu, vg = w / Dh, d = w % Dh;
-            const int nv = nk - (gi * 16 + vg * XC); /* valid keys of the unit */
-            if (nv >= XC) continue;
-            unsigned char *dst = vsm + ((size_t)(gi * (16 / XC) + vg) * Dh + d) * 16;
-            for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
-        }
+    if (nk % 16 && tid < vu) {
+        const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
+        unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
+        for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
+    }
     __syncthreads();
     /* O = P V: a warp per 16-dim pair of n-tiles */
     float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
