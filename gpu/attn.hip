@@ -27,6 +27,7 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
+#include <stdio.h> /* SESSION KNOB M3_PC_PROF (dec1): removed before the end */
 
 
 #define ATTN_THREADS 128
@@ -763,20 +764,26 @@ static __device__ __forceinline__ void pc_st2(uint32_t a, float x, float y) {
 
 #if defined(M3_HIP_NVIDIA)
 /* Whether a cluster launch of fn with cfg (grid, block, shared memory, cluster attribute) can
- * run here, checked once per (device, kernel, cluster size) and shared-memory size (ok: the
- * largest size found runnable, no: the smallest refused): the attributes (non-portable
- * cluster sizes above 8, the shared-memory limit) and at least one resident cluster. A
- * refusal is not an error: the caller takes its other kernel. */
-static bool cl_ready(const m3_gpu *g, const void *fn, const cudaLaunchConfig_t *cfg, size_t &ok,
-                     size_t &no) {
+ * run here. Once per (device, kernel): the attributes (non-portable cluster sizes above 8,
+ * the shared-memory limit raised to the device's opt-in maximum: the attribute is the
+ * kernel's, whatever the cluster size); once per (device, kernel, cluster size) and
+ * shared-memory size (ok: the largest size found runnable, no: the smallest refused): at
+ * least one resident cluster. A refusal is not an error: the caller takes its other kernel. */
+static bool cl_ready(const m3_gpu *g, const void *fn, const cudaLaunchConfig_t *cfg, int &attr,
+                     size_t &ok, size_t &no) {
     const size_t sh = cfg->dynamicSmemBytes;
     if (sh <= ok) return true;
-    if (no && sh >= no) return false;
-    int cl = 0, nc = 0;
-    bool good = cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, g->device) == cudaSuccess && cl;
-    good = good && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-    good = good && cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh) == cudaSuccess;
-    good = good && cudaOccupancyMaxActiveClusters(&nc, fn, cfg) == cudaSuccess && nc > 0;
+    if ((no && sh >= no) || attr < 0) return false;
+    int cl = 0, mx = 0, nc = 0;
+    bool good = true;
+    if (attr == 0) {
+        good = cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, g->device) == cudaSuccess && cl &&
+               cudaDeviceGetAttribute(&mx, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device) == cudaSuccess &&
+               cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+               cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, mx) == cudaSuccess;
+        attr = good ? mx : -1;
+    }
+    good = good && sh <= (size_t)attr && cudaOccupancyMaxActiveClusters(&nc, fn, cfg) == cudaSuccess && nc > 0;
     if (!good) {
         (void)cudaGetLastError(); /* a refused attribute or query is not this call's error */
         no = sh;
@@ -1232,8 +1239,11 @@ static m3_status sdec_launch_cl(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, i
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)nch, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
     cfg.attrs = at, cfg.numAttrs = 1;
+    static int attr[64];
     static size_t ok[64][PC_MAX_CS + 1], no[64][PC_MAX_CS + 1];
-    if (!cl_ready(g, (const void *)fn, &cfg, ok[g->device & 63][nch], no[g->device & 63][nch])) return M3_OK;
+    if (!cl_ready(g, (const void *)fn, &cfg, attr[g->device & 63], ok[g->device & 63][nch],
+                  no[g->device & 63][nch]))
+        return M3_OK;
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, (float *)NULL, (float *)NULL, (unsigned int *)NULL,
                                   d_q, ld_q, d_k, d_v, d_pos, d_topk, n_tok, 0, width, block, H, Hkv,
                                   Dh, ap->scale, p->attn_scores == M3_SCORES_BF16_EAGER, tpb));
@@ -3362,6 +3372,7 @@ typedef struct {
     int spc; /* CTAs per chunk */
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
+    unsigned long long *prof; /* SESSION KNOB M3_PC_PROF (dec1): phase timestamps per CTA */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
@@ -3414,6 +3425,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ];
 
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
+    unsigned long long pt[12];
+    int npt = 0;
+#define PCP() do { if (pc.prof) pt[npt++] = clock64(); } while (0)
+    if (pc.prof) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pt[10])); }
+    PCP();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
@@ -3455,6 +3471,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
+    PCP(); /* 1: key list */
     const int k0 = r * kpc, nk = max(0, min(kpc, n - k0)), ng = (nk + 15) / 16;
     const int chj = k0 / ch, nch = (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
     const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
@@ -3514,6 +3531,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     }
+    PCP(); /* 2: issued, Q */
     cp_wait<1>();    /* this thread's K units and scales */
     __syncthreads(); /* everyone's; the Q staging is read */
     /* S = Q K^T: a warp per 8-key n-tile */
@@ -3568,6 +3586,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (lane == 0) mloc[h] = m;
     }
     __syncthreads();
+    PCP(); /* 3: S, max */
     pc_wait(); /* (a): every CTA of the cluster runs */
     if (spc > 1) { /* 1: the chunk's max through the chunk's CTAs */
         const int c0 = chj * spc, me = r - c0;
@@ -3584,6 +3603,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
+    PCP(); /* 4: exchange */
     /* the CTA's denominators (unrounded exponentials) */
     for (int h = warp; h < hq; h += NW) {
         const float m = mloc[h];
@@ -3618,6 +3638,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
+    PCP(); /* 5: P, V landed */
     /* O = P V: a warp per 16-dim pair of n-tiles */
     float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     const int np = warp;
@@ -3662,6 +3683,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 }
             }
         }
+    PCP(); /* 6: P V */
     /* 2: push (l, the chunk's max, O) to the owners; O's elements e = head Dh + dim */
     if (spc == 1) pc_wait(); /* (a) */
     const int epo = pc.epo;
@@ -3683,6 +3705,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     }
     pc_arrive();
     pc_wait();
+    PCP(); /* 7: pushed, barrier */
     /* 3: this owner's elements */
     const int e = r * epo + tid, E = hq * Dh;
     if (tid < epo && e < E) {
@@ -3704,6 +3727,14 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e] = m3_f32_to_bf16(acc / den);
     }
+    PCP(); /* 8: merged */
+    if (pc.prof && tid == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pt[11]));
+        unsigned long long *o = pc.prof + ((size_t)(t * gridDim.y + g) * gridDim.x + r) * 12;
+        o[0] = pt[10], o[1] = pt[11];
+        for (int i = 1; i < 9; i++) o[1 + i] = pt[i] - pt[0];
+    }
+#undef PCP
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif
@@ -3725,9 +3756,8 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
     const int gpc = c.ch / 16; /* 16-key groups of a chunk */
     for (int d = 1; d <= gpc; d++)
         if (gpc % d == 0 && c.nchx * d <= PC_MAX_CS) pc->spc = d;
-    { /* SESSION KNOB (dec1, removed before the end): M3_PC_SPC forces CTAs per chunk */
-        static int kn = -1;
-        if (kn < 0) kn = getenv("M3_PC_SPC") ? atoi(getenv("M3_PC_SPC")) : 0;
+    { /* SESSION KNOB (dec1, removed before the end): flash_kernel 5: one CTA per chunk */
+        const int kn = src->flash_kernel == 5 ? 1 : 0;
         if (kn > 0 && gpc % kn == 0 && c.nchx * kn <= PC_MAX_CS) pc->spc = kn;
     }
     pc->kpc = c.ch / pc->spc;
@@ -3757,19 +3787,64 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)pc.cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
     cfg.attrs = at, cfg.numAttrs = 1;
-    { /* SESSION KNOB (dec1, removed before the end): M3_PC_PDL=1 launches as a programmatic
+    { /* SESSION KNOB (dec1, removed before the end): flash_kernel 4 launches as a programmatic
        * dependent */
-        static int kn = -1;
-        if (kn < 0) kn = getenv("M3_PC_PDL") ? atoi(getenv("M3_PC_PDL")) : 0;
+        const int kn = src->flash_kernel == 4;
         if (kn) {
             at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
             at[1].val.programmaticStreamSerializationAllowed = 1;
             cfg.numAttrs = 2;
         }
     }
+    static int pc_attr[64][2];
     static size_t pc_ok[64][2][PC_MAX_CS + 1], pc_no[64][2][PC_MAX_CS + 1];
-    if (!cl_ready(g, (const void *)fn, &cfg, pc_ok[g->device & 63][fi][pc.cs], pc_no[g->device & 63][fi][pc.cs]))
+    const int dv = g->device & 63;
+    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
+    pc_cfg pp = pc;
+    { /* SESSION KNOB (dec1, removed before the end): M3_PC_PROF=1 records phase times of 64
+       * calls (of <= 64 CTAs), prints a summary of calls 16..63 */
+        static int kn = -1, ncall = 0;
+        static unsigned long long *buf;
+        if (kn < 0) kn = getenv("M3_PC_PROF") ? atoi(getenv("M3_PC_PROF")) : 0;
+        const int nb = pc.cs * pc.c.Hkv * n_tok;
+        if (kn && nb <= 64 && ncall < 64) {
+            if (!buf) M3_HIP_TRY(cudaMalloc((void **)&buf, (size_t)64 * 64 * 12 * 8));
+            pp.prof = buf + (size_t)ncall * 64 * 12;
+            M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pp));
+            if (++ncall == 64) {
+                static unsigned long long h[64 * 64 * 12];
+                M3_HIP_TRY(cudaStreamSynchronize(g->stream));
+                M3_HIP_TRY(cudaMemcpy(h, buf, sizeof h, cudaMemcpyDeviceToHost));
+                double per = 0, dur = 0, ph[9] = {0}, phx[9] = {0}, st = 0;
+                int nc = 0;
+                for (int i = 16; i < 63; i++, nc++) {
+                    unsigned long long s0 = ~0ull, e0 = 0, s1 = ~0ull, mxs = 0;
+                    for (int b = 0; b < nb; b++) {
+                        const unsigned long long *x = h + ((size_t)i * 64 + b) * 12, *y = x + 64 * 12;
+                        s0 = x[0] < s0 ? x[0] : s0, e0 = x[1] > e0 ? x[1] : e0, s1 = y[0] < s1 ? y[0] : s1;
+                        mxs = x[0] > mxs ? x[0] : mxs;
+                    }
+                    per += (double)(s1 - s0), dur += (double)(e0 - s0), st += (double)(mxs - s0);
+                    for (int p2 = 1; p2 < 9; p2++) {
+                        double a = 0, m = 0;
+                        for (int b = 0; b < nb; b++) {
+                            const double v = (double)h[((size_t)i * 64 + b) * 12 + 1 + p2];
+                            a += v / nb, m = v > m ? v : m;
+                        }
+                        ph[p2] += a, phx[p2] += m;
+                    }
+                }
+                printf("pc_prof cs=%d kpc=%d CTAs=%d: period %.2f us, first CTA start to last CTA end %.2f us, "
+                       "CTA start spread %.2f us\n", pc.cs, pc.kpc, nb, per / nc / 1e3, dur / nc / 1e3, st / nc / 1e3);
+                for (int p2 = 1; p2 < 9; p2++)
+                    printf("pc_prof phase %d: mean %.0f max %.0f cycles since CTA start\n", p2, ph[p2] / nc, phx[p2] / nc);
+                fflush(stdout);
+            }
+            *done = true;
+            return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
+        }
+    }
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
@@ -3784,7 +3859,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel == 3;
+        const bool force = src->flash_kernel >= 3;
         if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
