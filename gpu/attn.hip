@@ -776,15 +776,19 @@ static bool cl_ready(const m3_gpu *g, const void *fn, const cudaLaunchConfig_t *
     if ((no && sh >= no) || attr < 0) return false;
     int cl = 0, mx = 0, nc = 0;
     bool good = true;
-    if (attr == 0) {
+    if (attr == 0) { /* the dynamic limit: the opt-in maximum less the kernel's static shared memory */
+        cudaFuncAttributes fa;
         good = cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, g->device) == cudaSuccess && cl &&
                cudaDeviceGetAttribute(&mx, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device) == cudaSuccess &&
+               cudaFuncGetAttributes(&fa, fn) == cudaSuccess && (mx -= (int)fa.sharedSizeBytes) > 0 &&
                cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
                cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, mx) == cudaSuccess;
         attr = good ? mx : -1;
     }
     good = good && sh <= (size_t)attr && cudaOccupancyMaxActiveClusters(&nc, fn, cfg) == cudaSuccess && nc > 0;
     if (!good) {
+        fprintf(stderr, "SESSION cl_ready: refused sh=%zu attr=%d nc=%d: %s\n", sh, attr, nc,
+                cudaGetErrorString(cudaGetLastError())); /* SESSION (dec1) */
         (void)cudaGetLastError(); /* a refused attribute or query is not this call's error */
         no = sh;
         return false;
