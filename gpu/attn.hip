@@ -758,6 +758,25 @@ static __device__ __forceinline__ void pc_st(uint32_t a, float v) {
 static __device__ __forceinline__ void pc_st2(uint32_t a, float x, float y) {
     asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
 }
+/* bulk copies (the tensor memory accelerator: one instruction per contiguous run, no per-thread
+ * 16-byte requests) completing on an mbarrier: init (one arrival), the arrival that announces
+ * the bytes, the copy, the wait for phase `par` */
+static __device__ __forceinline__ void pc_bar_init(uint64_t *b) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(sh_u32(b)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void pc_bar_expect(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sh_u32(b)), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void pc_bulk(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(sh_u32(dst)), "l"(src), "r"(bytes), "r"(sh_u32(b)) : "memory");
+}
+static __device__ __forceinline__ void pc_bar_wait(uint64_t *b, int par) {
+    asm volatile("{\n.reg .pred p;\nPC_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra PC_WAIT;\n}\n" ::"r"(sh_u32(b)), "r"(par) : "memory");
+}
 #else
 #define M3_HAVE_CLUSTER 0
 #endif
@@ -3383,7 +3402,7 @@ typedef struct {
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
  * K and V scales [kpc], §4.9 tile M and M / FP8_MAX [kpc / 16], received O [cs][epo],
  * l and m [cs][hq], chunk maxes [spc][hq] */
-typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, total; } pc_lay;
+typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, wa, total; } pc_lay;
 static __host__ __device__ inline size_t pc_up(size_t x) { return (x + 15) / 16 * 16; }
 static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     const pf_cfg &c = pc.c;
@@ -3402,6 +3421,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     L.rl = o, o += pc_up((size_t)pc.cs * c.hq * 4);
     L.rm = o, o += pc_up((size_t)pc.cs * c.hq * 4);
     L.mi = o, o += pc_up((size_t)pc.spc * c.hq * 4);
+    L.wa = o, o += pc_up((size_t)pc.cs * pc.epo * 4);
     L.total = o;
     return L;
 }
@@ -3425,7 +3445,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     float *mt = reinterpret_cast<float *>(pc_raw + L.mt), *mf = reinterpret_cast<float *>(pc_raw + L.mf);
     float *ro = reinterpret_cast<float *>(pc_raw + L.ro), *rl = reinterpret_cast<float *>(pc_raw + L.rl);
     float *rm = reinterpret_cast<float *>(pc_raw + L.rm), *mi = reinterpret_cast<float *>(pc_raw + L.mi);
+    float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
+    __shared__ uint64_t bars[2]; /* K (+ fp8 scales), V */
     __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ];
 
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
@@ -3439,6 +3461,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const bool sparse = topk != NULL;
+    if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1); /* visible after the barriers below */
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
@@ -3482,36 +3505,32 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-    /* the cache offsets (elements) of each group's first key (a group of 16 keys lies in one
-     * page), by threads 0..ng-1 */
-    __shared__ int64_t gko[PC_MAX_KPC / 16], gvo[PC_MAX_KPC / 16], gso[PC_MAX_KPC / 16];
+    /* K and V by bulk copies, group gi (16 keys, one page) by thread gi: K [gi][Dh/x][16 keys]
+     * [16 B] (the page's units: one copy when the view's page is 16 keys, else a 256-byte run
+     * per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes each;
+     * K and its scales complete on bars[0], V on bars[1] */
+    const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
+    if (tid == 0) {
+        pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
+        pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
+    }
     if (tid < ng) {
         const int k = k0 + tid * 16, kb = k / Bs;
-        pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, gko[tid], gvo[tid], gso[tid]);
+        int64_t ko, vo, so;
+        pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
+        unsigned char *kd = ksm + (size_t)tid * ku * 16;
+        if (Pv == 16) {
+            pc_bulk(kd, kbase + ko * EB, (uint32_t)ku * 16, bars);
+        } else {
+            for (int dg = 0; dg < Dh / XC; dg++)
+                pc_bulk(kd + dg * 256, kbase + (ko + (int64_t)dg * Pv * XC) * EB, 256, bars);
+        }
+        if (FP8) {
+            pc_bulk(ksc + tid * 16, s.k_scale + so, 64, bars);
+            pc_bulk(vsc + tid * 16, s.v_scale + so, 64, bars);
+        }
+        pc_bulk(vsm + (size_t)tid * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
-    __syncthreads();
-    /* a thread copies the same unit of every group (ku, vu <= PC_NT at Dh <= 128): K unit (key
-     * kk, dim unit dg) and the fp8 scales (commit group 1), V unit (key unit vg, dim vd)
-     * (group 2) */
-    const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
-    if (tid < ku) {
-        const int kk = tid % 16, dg = tid / 16;
-        const int64_t off = (int64_t)kk * XC + (int64_t)dg * Pv * XC;
-        unsigned char *dst = ksm + ((size_t)dg * kpc + kk) * 16;
-        for (int gi = 0; gi < ng; gi++) cp16(dst + gi * 256, kbase + (gko[gi] + off) * EB, true);
-    }
-    if (FP8 && tid < ng * 8) { /* 4 scales a copy: K, V */
-        const int gi = tid / 8, kv = (tid / 4) % 2, j = tid % 4;
-        cp16((kv ? vsc : ksc) + gi * 16 + 4 * j, (kv ? s.v_scale : s.k_scale) + gso[gi] + 4 * j, true);
-    }
-    cp_commit();
-    if (tid < vu) {
-        const int64_t off = (int64_t)vg * Dh * XC + (int64_t)vd * XC;
-        unsigned char *dst = vsm + ((size_t)vg * Dh + vd) * 16;
-        for (int gi = 0; gi < ng; gi++)
-            cp16(dst + (size_t)gi * (16 / XC) * Dh * 16, vbase + (gvo[gi] + off) * EB, true);
-    }
-    cp_commit();
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
@@ -3536,8 +3555,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     }
     PCP(); /* 2: issued, Q */
-    cp_wait<1>();    /* this thread's K units and scales */
-    __syncthreads(); /* everyone's; the Q staging is read */
+    pc_bar_wait(bars, 0); /* K and the scales landed */
+    __syncthreads();      /* the Q staging is read (S goes into the same array) */
     /* S = Q K^T: a warp per 8-key n-tile */
     for (int nt = warp; nt * 8 < nk; nt += NW) {
         float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
@@ -3547,7 +3566,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (s2 * 16 >= Dh) break;
             uint32_t bfr[2];
             if (FP8) {
-                const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + ((size_t)s2 * kpc + key) * 16 + 4 * tq);
+                const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
                 if (c.pa) {
                     bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
                     pf_mma_f16(c8[s2 & 1], qa[s2], bfr);
@@ -3556,9 +3575,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                     m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
                 }
             } else {
-                const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) + ((size_t)(2 * s2) * kpc + key) * 8 + 2 * tq;
+                const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
+                                     (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
                 bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
-                bfr[1] = *reinterpret_cast<const uint32_t *>(kb + kpc * 8);
+                bfr[1] = *reinterpret_cast<const uint32_t *>(kb + 16 * 8);
                 m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
             }
         }
@@ -3635,7 +3655,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
             c.pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
     }
-    cp_wait<0>(); /* this thread's V units; then it zeroes their keys past the list */
+    pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
         unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
@@ -3710,26 +3730,33 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     pc_arrive();
     pc_wait();
     PCP(); /* 7: pushed, barrier */
-    /* 3: this owner's elements */
-    const int e = r * epo + tid, E = hq * Dh;
-    if (tid < epo && e < E) {
-        const int h = e / Dh;
-        float M = -INFINITY;
-        for (int j = 0; j < nch; j++) M = fmaxf(M, rm[(j * spc) * hq + h]);
+    /* 3: this owner's elements [e0, e1): per (chunk, head) the weight e^(m_j - M) and l_j,
+     * per (chunk, element) the weighted partition output w_j A_j, per element the sums in
+     * chunk order */
+    const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = e1 - e0, h0 = e0 / Dh;
+    const int nh = ne > 0 ? (e1 - 1) / Dh - h0 + 1 : 0;
+    __shared__ float mw[PC_MAX_CS][FD_MAX_HQ], ml[PC_MAX_CS][FD_MAX_HQ];
+    for (int i = tid; i < nch * nh; i += PC_NT) {
+        const int j = i / nh, hl = i % nh, h = h0 + hl;
+        float M = -INFINITY, l = 0.0f;
+        for (int jj = 0; jj < nch; jj++) M = fmaxf(M, rm[(jj * spc) * hq + h]);
+        for (int u = 0; u < spc; u++) l += rl[(j * spc + u) * hq + h];
+        mw[j][hl] = expf(rm[(j * spc) * hq + h] - M), ml[j][hl] = l;
+    }
+    __syncthreads();
+    for (int i = tid; i < nch * ne; i += PC_NT) {
+        const int j = i / ne, x = i - j * ne, hl = (e0 + x) / Dh - h0;
+        float oo = 0.0f;
+        for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
+        const float l = ml[j][hl];
+        wa[(size_t)j * epo + x] = mw[j][hl] * (c.part > 0 ? l * m3_round_bf16(oo / l) : oo);
+    }
+    __syncthreads();
+    if (tid < ne) {
+        const int hl = (e0 + tid) / Dh - h0;
         float den = 0.0f, acc = 0.0f;
-        for (int j = 0; j < nch; j++) {
-            float l = 0.0f, oo = 0.0f;
-            for (int u = 0; u < spc; u++) {
-                const int src = j * spc + u;
-                l += rl[src * hq + h];
-                oo += ro[(size_t)src * epo + tid];
-            }
-            const float w = expf(rm[(j * spc) * hq + h] - M);
-            const float A = c.part > 0 ? l * m3_round_bf16(oo / l) : oo;
-            den += w * l;
-            acc += w * A;
-        }
-        out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e] = m3_f32_to_bf16(acc / den);
+        for (int j = 0; j < nch; j++) den += mw[j][hl] * ml[j][hl], acc += wa[(size_t)j * epo + tid];
+        out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(acc / den);
     }
     PCP(); /* 8: merged */
     if (pc.prof && tid == 0) {
@@ -3791,9 +3818,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)pc.cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
     cfg.attrs = at, cfg.numAttrs = 1;
-    { /* SESSION KNOB (dec1, removed before the end): flash_kernel 4 launches as a programmatic
-       * dependent */
-        const int kn = src->flash_kernel == 4;
+    { /* SESSION KNOB (dec1, removed before the end): flash_kernel 4 launches without PDL */
+        const int kn = src->flash_kernel != 4;
         if (kn) {
             at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
             at[1].val.programmaticStreamSerializationAllowed = 1;
