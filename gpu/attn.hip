@@ -3451,13 +3451,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ];
 
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
-    unsigned long long pt[12];
+    unsigned long long pt[16];
     int npt = 0;
 #define PCP() do { if (pc.prof) pt[npt++] = clock64(); } while (0)
-    if (pc.prof) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pt[10])); }
-    PCP();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
+    if (pc.prof) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pt[14])); }
+    PCP();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const bool sparse = topk != NULL;
@@ -3492,6 +3492,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         if (own) physl[nf] = ph; /* every copy of the own block writes the same entry */
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
+    }
+    { /* the group's q into the staging array now: its load is then complete before the K / V
+       * copies share the SM's memory path */
+        uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
+        if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
     }
     if (!sparse) { /* dense: key k in logical block k / Bs */
         const int kb0 = r * kpc / Bs, kb1 = min(n, (r + 1) * kpc) - 1;
@@ -3531,18 +3536,18 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         pc_bulk(vsm + (size_t)tid * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
+    PCP(); /* 2: copies issued */
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
     uint32_t qa[FA_MAX_DH / 16][4];
     {
-        uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh] */
-        if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
-        __syncthreads();
-        if (c.pa)
+        uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
+        if (c.pa) { /* uniform */
             for (int e = tid; e < nq; e += PC_NT)
                 qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
-        __syncthreads();
+            __syncthreads();
+        }
 #pragma unroll
         for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
             if (s2 * 16 >= Dh) break;
@@ -3554,9 +3559,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     }
-    PCP(); /* 2: issued, Q */
+    PCP(); /* 3: Q staged */
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
+    PCP(); /* 4: K landed */
     /* S = Q K^T: a warp per 8-key n-tile */
     for (int nt = warp; nt * 8 < nk; nt += NW) {
         float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
@@ -3610,7 +3616,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (lane == 0) mloc[h] = m;
     }
     __syncthreads();
-    PCP(); /* 3: S, max */
+    PCP(); /* 5: S, max */
     pc_wait(); /* (a): every CTA of the cluster runs */
     if (spc > 1) { /* 1: the chunk's max through the chunk's CTAs */
         const int c0 = chj * spc, me = r - c0;
@@ -3627,7 +3633,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
-    PCP(); /* 4: exchange */
+    PCP(); /* 6: exchange */
     /* the CTA's denominators (unrounded exponentials) */
     for (int h = warp; h < hq; h += NW) {
         const float m = mloc[h];
@@ -3655,6 +3661,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
             c.pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
     }
+    PCP(); /* 7: l, P */
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
@@ -3662,7 +3669,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
-    PCP(); /* 5: P, V landed */
+    PCP(); /* 8: V landed */
     /* O = P V: a warp per 16-dim pair of n-tiles */
     float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     const int np = warp;
@@ -3707,7 +3714,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 }
             }
         }
-    PCP(); /* 6: P V */
+    PCP(); /* 9: P V */
     /* 2: push (l, the chunk's max, O) to the owners; O's elements e = head Dh + dim */
     if (spc == 1) pc_wait(); /* (a) */
     const int epo = pc.epo;
@@ -3729,7 +3736,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     }
     pc_arrive();
     pc_wait();
-    PCP(); /* 7: pushed, barrier */
+    PCP(); /* 10: pushed, barrier */
     /* 3: this owner's elements [e0, e1): per (chunk, head) the weight e^(m_j - M) and l_j,
      * per (chunk, element) the weighted partition output w_j A_j, per element the sums in
      * chunk order */
@@ -3744,6 +3751,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mw[j][hl] = expf(rm[(j * spc) * hq + h] - M), ml[j][hl] = l;
     }
     __syncthreads();
+    PCP(); /* 11: merge weights */
     for (int i = tid; i < nch * ne; i += PC_NT) {
         const int j = i / ne, x = i - j * ne, hl = (e0 + x) / Dh - h0;
         float oo = 0.0f;
@@ -3752,18 +3760,19 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         wa[(size_t)j * epo + x] = mw[j][hl] * (c.part > 0 ? l * m3_round_bf16(oo / l) : oo);
     }
     __syncthreads();
+    PCP(); /* 12: merge partition outputs */
     if (tid < ne) {
         const int hl = (e0 + tid) / Dh - h0;
         float den = 0.0f, acc = 0.0f;
         for (int j = 0; j < nch; j++) den += mw[j][hl] * ml[j][hl], acc += wa[(size_t)j * epo + tid];
         out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(acc / den);
     }
-    PCP(); /* 8: merged */
+    PCP(); /* 13: merged */
     if (pc.prof && tid == 0) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pt[11]));
-        unsigned long long *o = pc.prof + ((size_t)(t * gridDim.y + g) * gridDim.x + r) * 12;
-        o[0] = pt[10], o[1] = pt[11];
-        for (int i = 1; i < 9; i++) o[1 + i] = pt[i] - pt[0];
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pt[15]));
+        unsigned long long *o = pc.prof + ((size_t)(t * gridDim.y + g) * gridDim.x + r) * 16;
+        o[0] = pt[14], o[1] = pt[15];
+        for (int i = 1; i < npt; i++) o[1 + i] = pt[i] - pt[0];
     }
 #undef PCP
 #else
@@ -3839,27 +3848,27 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         if (kn < 0) kn = getenv("M3_PC_PROF") ? atoi(getenv("M3_PC_PROF")) : 0;
         const int nb = pc.cs * pc.c.Hkv * n_tok;
         if (kn && nb <= 64 && ncall < 64) {
-            if (!buf) M3_HIP_TRY(cudaMalloc((void **)&buf, (size_t)64 * 64 * 12 * 8));
-            pp.prof = buf + (size_t)ncall * 64 * 12;
+            if (!buf) M3_HIP_TRY(cudaMalloc((void **)&buf, (size_t)64 * 64 * 16 * 8));
+            pp.prof = buf + (size_t)ncall * 64 * 16;
             M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pp));
             if (++ncall == 64) {
-                static unsigned long long h[64 * 64 * 12];
+                static unsigned long long h[64 * 64 * 16];
                 M3_HIP_TRY(cudaStreamSynchronize(g->stream));
                 M3_HIP_TRY(cudaMemcpy(h, buf, sizeof h, cudaMemcpyDeviceToHost));
-                double per = 0, dur = 0, ph[9] = {0}, phx[9] = {0}, st = 0;
+                double per = 0, dur = 0, ph[14] = {0}, phx[14] = {0}, st = 0;
                 int nc = 0;
                 for (int i = 16; i < 63; i++, nc++) {
                     unsigned long long s0 = ~0ull, e0 = 0, s1 = ~0ull, mxs = 0;
                     for (int b = 0; b < nb; b++) {
-                        const unsigned long long *x = h + ((size_t)i * 64 + b) * 12, *y = x + 64 * 12;
+                        const unsigned long long *x = h + ((size_t)i * 64 + b) * 16, *y = x + 64 * 16;
                         s0 = x[0] < s0 ? x[0] : s0, e0 = x[1] > e0 ? x[1] : e0, s1 = y[0] < s1 ? y[0] : s1;
                         mxs = x[0] > mxs ? x[0] : mxs;
                     }
                     per += (double)(s1 - s0), dur += (double)(e0 - s0), st += (double)(mxs - s0);
-                    for (int p2 = 1; p2 < 9; p2++) {
+                    for (int p2 = 1; p2 < 14; p2++) {
                         double a = 0, m = 0;
                         for (int b = 0; b < nb; b++) {
-                            const double v = (double)h[((size_t)i * 64 + b) * 12 + 1 + p2];
+                            const double v = (double)h[((size_t)i * 64 + b) * 16 + 1 + p2];
                             a += v / nb, m = v > m ? v : m;
                         }
                         ph[p2] += a, phx[p2] += m;
@@ -3867,7 +3876,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                 }
                 printf("pc_prof cs=%d kpc=%d CTAs=%d: period %.2f us, first CTA start to last CTA end %.2f us, "
                        "CTA start spread %.2f us\n", pc.cs, pc.kpc, nb, per / nc / 1e3, dur / nc / 1e3, st / nc / 1e3);
-                for (int p2 = 1; p2 < 9; p2++)
+                for (int p2 = 1; p2 < 14; p2++)
                     printf("pc_prof phase %d: mean %.0f max %.0f cycles since CTA start\n", p2, ph[p2] / nc, phx[p2] / nc);
                 fflush(stdout);
             }
