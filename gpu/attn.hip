@@ -27,7 +27,6 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
-#include <stdio.h> /* SESSION KNOB M3_PC_PROF (dec1): removed before the end */
 
 
 #define ATTN_THREADS 128
@@ -806,8 +805,6 @@ static bool cl_ready(const m3_gpu *g, const void *fn, const cudaLaunchConfig_t *
     }
     good = good && sh <= (size_t)attr && cudaOccupancyMaxActiveClusters(&nc, fn, cfg) == cudaSuccess && nc > 0;
     if (!good) {
-        fprintf(stderr, "SESSION cl_ready: refused sh=%zu attr=%d nc=%d: %s\n", sh, attr, nc,
-                cudaGetErrorString(cudaGetLastError())); /* SESSION (dec1) */
         (void)cudaGetLastError(); /* a refused attribute or query is not this call's error */
         no = sh;
         return false;
@@ -1292,16 +1289,8 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
     if ((int64_t)n_tok * ap->n_kv_head < (g->n_sm > 0 ? g->n_sm : 132)) {
         /* a cluster per row when the grid fits the SMs once (T = 1) */
         bool done = false;
-        { /* SESSION KNOB (dec1, removed before the end): M3_SD_CL = 0 off, 4 / 8 warps */
-            static int kn = -1;
-            if (kn < 0) kn = getenv("M3_SD_CL") ? atoi(getenv("M3_SD_CL")) : 8;
-            if (kn == 4)
-                M3_TRY((sdec_launch_cl<4, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk,
-                                             width, block, ap, p, &done)));
-            else if (kn == 8)
-                M3_TRY((sdec_launch_cl<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk,
-                                             width, block, ap, p, &done)));
-        }
+        M3_TRY((sdec_launch_cl<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
+                                     block, ap, p, &done)));
         if (done) return M3_OK;
         return sdec_launch<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block,
                                  ap, p, SD_FEW_TPW);
@@ -3363,10 +3352,13 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
  * CTAs per row (above 8 a non-portable cluster size), 8 warps each; CTA r takes the keys
  * [r kpc, (r + 1) kpc) of the row's key list (pf_part_k's list), kpc = ch / spc: spc CTAs
  * per chunk (under atom a chunk is one of ref's partitions), so a CTA lies in one chunk, and
- * cs = spc * chunks <= 16. All of a CTA's K (with the fp8 scales) and V are in flight at once
- * (cp.async, one commit group each), after two dependent global loads: pos and the
- * selection, then each selected block's table entry (issued per selection entry before the
- * ranking). Numerics are pf_part_k's (the chunk's max, denominator, P rounding against the
+ * cs = spc * chunks <= 16 (M3 atom: 8 partitions of 256 keys, 2 CTAs of 128 keys each, 64 KB
+ * of bf16 K and V a CTA). All of a CTA's K (with the fp8 scales) and V are in flight at once,
+ * as bulk copies (cp.async.bulk: one instruction per 16-key page of K, of V, of each scale
+ * run; completion on two mbarriers, K and V), after two dependent global loads: pos and the
+ * selection (with q, staged before the copies start), then each selected block's table entry
+ * (issued per selection entry before the ranking). Launched as a programmatic dependent
+ * (it waits for the grid before it first thing). Numerics are pf_part_k's (the chunk's max, denominator, P rounding against the
  * chunk max, §4.9 P' codes per 16-key tile, the bf16 partition output, the merge) with these
  * fp32 reorderings: a chunk's denominator and P V are summed per CTA, then over the chunk's
  * CTAs in rank order; the scores' k-steps in two chains as pf_part_k.
@@ -3388,14 +3380,12 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
 
-
 typedef struct {
     pf_cfg c;
     int cs;  /* CTAs per cluster (= per row) */
     int spc; /* CTAs per chunk */
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
-    unsigned long long *prof; /* SESSION KNOB M3_PC_PROF (dec1): phase timestamps per CTA */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
@@ -3451,13 +3441,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ];
 
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
-    unsigned long long pt[16];
-    int npt = 0;
-#define PCP() do { if (pc.prof) pt[npt++] = clock64(); } while (0)
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
-    if (pc.prof) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pt[14])); }
-    PCP();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const bool sparse = topk != NULL;
@@ -3503,7 +3488,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
-    PCP(); /* 1: key list */
     const int k0 = r * kpc, nk = max(0, min(kpc, n - k0)), ng = (nk + 15) / 16;
     const int chj = k0 / ch, nch = (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
     const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
@@ -3536,7 +3520,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         pc_bulk(vsm + (size_t)tid * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
-    PCP(); /* 2: copies issued */
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
@@ -3559,10 +3542,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     }
-    PCP(); /* 3: Q staged */
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
-    PCP(); /* 4: K landed */
     /* S = Q K^T: a warp per 8-key n-tile */
     for (int nt = warp; nt * 8 < nk; nt += NW) {
         float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
@@ -3616,7 +3597,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (lane == 0) mloc[h] = m;
     }
     __syncthreads();
-    PCP(); /* 5: S, max */
     pc_wait(); /* (a): every CTA of the cluster runs */
     if (spc > 1) { /* 1: the chunk's max through the chunk's CTAs */
         const int c0 = chj * spc, me = r - c0;
@@ -3633,7 +3613,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
-    PCP(); /* 6: exchange */
     /* the CTA's denominators (unrounded exponentials) */
     for (int h = warp; h < hq; h += NW) {
         const float m = mloc[h];
@@ -3661,7 +3640,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
             c.pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
     }
-    PCP(); /* 7: l, P */
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
@@ -3669,7 +3647,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
-    PCP(); /* 8: V landed */
     /* O = P V: a warp per 16-dim pair of n-tiles */
     float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     const int np = warp;
@@ -3714,7 +3691,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 }
             }
         }
-    PCP(); /* 9: P V */
     /* 2: push (l, the chunk's max, O) to the owners; O's elements e = head Dh + dim */
     if (spc == 1) pc_wait(); /* (a) */
     const int epo = pc.epo;
@@ -3736,7 +3712,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     }
     pc_arrive();
     pc_wait();
-    PCP(); /* 10: pushed, barrier */
     /* 3: this owner's elements [e0, e1): per (chunk, head) the weight e^(m_j - M) and l_j,
      * per (chunk, element) the weighted partition output w_j A_j, per element the sums in
      * chunk order */
@@ -3751,7 +3726,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mw[j][hl] = expf(rm[(j * spc) * hq + h] - M), ml[j][hl] = l;
     }
     __syncthreads();
-    PCP(); /* 11: merge weights */
     for (int i = tid; i < nch * ne; i += PC_NT) {
         const int j = i / ne, x = i - j * ne, hl = (e0 + x) / Dh - h0;
         float oo = 0.0f;
@@ -3760,21 +3734,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         wa[(size_t)j * epo + x] = mw[j][hl] * (c.part > 0 ? l * m3_round_bf16(oo / l) : oo);
     }
     __syncthreads();
-    PCP(); /* 12: merge partition outputs */
     if (tid < ne) {
         const int hl = (e0 + tid) / Dh - h0;
         float den = 0.0f, acc = 0.0f;
         for (int j = 0; j < nch; j++) den += mw[j][hl] * ml[j][hl], acc += wa[(size_t)j * epo + tid];
         out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(acc / den);
     }
-    PCP(); /* 13: merged */
-    if (pc.prof && tid == 0) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pt[15]));
-        unsigned long long *o = pc.prof + ((size_t)(t * gridDim.y + g) * gridDim.x + r) * 16;
-        o[0] = pt[14], o[1] = pt[15];
-        for (int i = 1; i < npt; i++) o[1 + i] = pt[i] - pt[0];
-    }
-#undef PCP
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif
@@ -3796,10 +3761,6 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
     const int gpc = c.ch / 16; /* 16-key groups of a chunk */
     for (int d = 1; d <= gpc; d++)
         if (gpc % d == 0 && c.nchx * d <= PC_MAX_CS) pc->spc = d;
-    { /* SESSION KNOB (dec1, removed before the end): flash_kernel 5: one CTA per chunk */
-        const int kn = src->flash_kernel == 5 ? 1 : 0;
-        if (kn > 0 && gpc % kn == 0 && c.nchx * kn <= PC_MAX_CS) pc->spc = kn;
-    }
     pc->kpc = c.ch / pc->spc;
     pc->cs = c.nchx * pc->spc;
     const int E = c.hq * c.Dh;
@@ -3823,67 +3784,19 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     cfg.blockDim = dim3(PC_NT);
     cfg.dynamicSmemBytes = sh;
     cfg.stream = g->stream;
+    /* a cluster per row; a programmatic dependent of the launch before it (pc_k waits for that
+     * grid before its first load, and lets the next launch start at once) */
     cudaLaunchAttribute at[2] = {};
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)pc.cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    { /* SESSION KNOB (dec1, removed before the end): flash_kernel 4 launches without PDL */
-        const int kn = src->flash_kernel != 4;
-        if (kn) {
-            at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[1].val.programmaticStreamSerializationAllowed = 1;
-            cfg.numAttrs = 2;
-        }
-    }
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at, cfg.numAttrs = 2;
     static int pc_attr[64][2];
     static size_t pc_ok[64][2][PC_MAX_CS + 1], pc_no[64][2][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-    pc_cfg pp = pc;
-    { /* SESSION KNOB (dec1, removed before the end): M3_PC_PROF=1 records phase times of 64
-       * calls (of <= 64 CTAs), prints a summary of calls 16..63 */
-        static int kn = -1, ncall = 0;
-        static unsigned long long *buf;
-        if (kn < 0) kn = getenv("M3_PC_PROF") ? atoi(getenv("M3_PC_PROF")) : 0;
-        const int nb = pc.cs * pc.c.Hkv * n_tok;
-        if (kn && nb <= 64 && ncall < 64) {
-            if (!buf) M3_HIP_TRY(cudaMalloc((void **)&buf, (size_t)64 * 64 * 16 * 8));
-            pp.prof = buf + (size_t)ncall * 64 * 16;
-            M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pp));
-            if (++ncall == 64) {
-                static unsigned long long h[64 * 64 * 16];
-                M3_HIP_TRY(cudaStreamSynchronize(g->stream));
-                M3_HIP_TRY(cudaMemcpy(h, buf, sizeof h, cudaMemcpyDeviceToHost));
-                double per = 0, dur = 0, ph[14] = {0}, phx[14] = {0}, st = 0;
-                int nc = 0;
-                for (int i = 16; i < 63; i++, nc++) {
-                    unsigned long long s0 = ~0ull, e0 = 0, s1 = ~0ull, mxs = 0;
-                    for (int b = 0; b < nb; b++) {
-                        const unsigned long long *x = h + ((size_t)i * 64 + b) * 16, *y = x + 64 * 16;
-                        s0 = x[0] < s0 ? x[0] : s0, e0 = x[1] > e0 ? x[1] : e0, s1 = y[0] < s1 ? y[0] : s1;
-                        mxs = x[0] > mxs ? x[0] : mxs;
-                    }
-                    per += (double)(s1 - s0), dur += (double)(e0 - s0), st += (double)(mxs - s0);
-                    for (int p2 = 1; p2 < 14; p2++) {
-                        double a = 0, m = 0;
-                        for (int b = 0; b < nb; b++) {
-                            const double v = (double)h[((size_t)i * 64 + b) * 16 + 1 + p2];
-                            a += v / nb, m = v > m ? v : m;
-                        }
-                        ph[p2] += a, phx[p2] += m;
-                    }
-                }
-                printf("pc_prof cs=%d kpc=%d CTAs=%d: period %.2f us, first CTA start to last CTA end %.2f us, "
-                       "CTA start spread %.2f us\n", pc.cs, pc.kpc, nb, per / nc / 1e3, dur / nc / 1e3, st / nc / 1e3);
-                for (int p2 = 1; p2 < 14; p2++)
-                    printf("pc_prof phase %d: mean %.0f max %.0f cycles since CTA start\n", p2, ph[p2] / nc, phx[p2] / nc);
-                fflush(stdout);
-            }
-            *done = true;
-            return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
-        }
-    }
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
@@ -3898,7 +3811,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel >= 3;
+        const bool force = src->flash_kernel == 3;
         if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h> /* SESSION (dec1) */
 
 #include "ref/attn.h"
 #include "ref/indexer.h"
@@ -478,15 +477,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
         snprintf(nk, sizeof nk, "%s k%d", nm, c.src.flash_kernel);
         report(nk, time_ms(g, do_pattn, &c, 20, 7), (double)T * 64 * 128 * 2 * 2 + keys * per_key,
                keys * 64 * 128 * 4);
-        { /* SESSION (dec1): the host's time per call (100 calls enqueued, no wait) */
-            struct timespec a, b;
-            GPU_OK(m3_gpu_sync(g));
-            clock_gettime(CLOCK_MONOTONIC, &a);
-            for (int i = 0; i < 100; i++) GPU_OK(do_pattn(g, &c));
-            clock_gettime(CLOCK_MONOTONIC, &b);
-            GPU_OK(m3_gpu_sync(g));
-            printf("bench-host: %s %.2f us a call\n", nk, ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / 100 / 1e3);
-        }
         fk = strchr(fk, ',');
         fk = fk ? fk + 1 : NULL;
     }
