@@ -726,6 +726,94 @@ static m3_status smem_limit(const void *fn, size_t bytes, const char *name) {
  * the last block of the row to arrive (a per-row counter, m3_gpu.counters + M3_GPU_CNT_SD)
  * merges the row's partials in chunk order: out = bf16(sum_c w_c A_c / sum_c w_c L_c),
  * w_c = exp2(M_c - max M). Every sum has a fixed order: reruns are bit-identical. */
+/* ---- thread-block clusters (sm_90; pc_k and sdec_k's T = 1 launch, session 8) ------------
+ * barrier.cluster halves (every thread of every CTA of the cluster runs each, in the same
+ * order: a relaxed arrive at the start, its wait before the first remote store, then
+ * release / acquire pairs) and stores into another CTA's shared memory (mapa + st.shared::
+ * cluster). */
+#define PC_MAX_CS 16 /* CTAs per cluster (above 8: the non-portable sizes) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && M3_HAVE_MMA
+#define M3_HAVE_CLUSTER 1
+/* cluster barrier halves (every thread of every CTA runs each, in the same order) and
+ * stores into another CTA's shared memory */
+static __device__ __forceinline__ void pc_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void pc_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void pc_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+/* the address of this CTA's shared variable p in CTA `rank`'s shared memory */
+static __device__ __forceinline__ uint32_t pc_mapa(const void *p, int rank) {
+    uint32_t a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(sh_u32(p)), "r"(rank));
+    return a;
+}
+static __device__ __forceinline__ void pc_st(uint32_t a, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+}
+static __device__ __forceinline__ void pc_st2(uint32_t a, float x, float y) {
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
+}
+/* bulk copies (the tensor memory accelerator: one instruction per contiguous run, no per-thread
+ * 16-byte requests) completing on an mbarrier: init (one arrival), the arrival that announces
+ * the bytes, the copy, the wait for phase `par` */
+static __device__ __forceinline__ void pc_bar_init(uint64_t *b) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(sh_u32(b)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void pc_bar_expect(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sh_u32(b)), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void pc_bulk(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(sh_u32(dst)), "l"(src), "r"(bytes), "r"(sh_u32(b)) : "memory");
+}
+static __device__ __forceinline__ void pc_bar_wait(uint64_t *b, int par) {
+    asm volatile("{\n.reg .pred p;\nPC_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra PC_WAIT;\n}\n" ::"r"(sh_u32(b)), "r"(par) : "memory");
+}
+#else
+#define M3_HAVE_CLUSTER 0
+#endif
+
+#if defined(M3_HIP_NVIDIA)
+/* Whether a cluster launch of fn with cfg (grid, block, shared memory, cluster attribute) can
+ * run here. Once per (device, kernel): the attributes (non-portable cluster sizes above 8,
+ * the shared-memory limit raised to the device's opt-in maximum: the attribute is the
+ * kernel's, whatever the cluster size); once per (device, kernel, cluster size) and
+ * shared-memory size (ok: the largest size found runnable, no: the smallest refused): at
+ * least one resident cluster. A refusal is not an error: the caller takes its other kernel. */
+static bool cl_ready(const m3_gpu *g, const void *fn, const cudaLaunchConfig_t *cfg, int &attr,
+                     size_t &ok, size_t &no) {
+    const size_t sh = cfg->dynamicSmemBytes;
+    if (sh <= ok) return true;
+    if ((no && sh >= no) || attr < 0) return false;
+    int cl = 0, mx = 0, nc = 0;
+    bool good = true;
+    if (attr == 0) { /* the dynamic limit: the opt-in maximum less the kernel's static shared memory */
+        cudaFuncAttributes fa;
+        good = cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, g->device) == cudaSuccess && cl &&
+               cudaDeviceGetAttribute(&mx, cudaDevAttrMaxSharedMemoryPerBlockOptin, g->device) == cudaSuccess &&
+               cudaFuncGetAttributes(&fa, fn) == cudaSuccess && (mx -= (int)fa.sharedSizeBytes) > 0 &&
+               cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+               cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, mx) == cudaSuccess;
+        attr = good ? mx : -1;
+    }
+    good = good && sh <= (size_t)attr && cudaOccupancyMaxActiveClusters(&nc, fn, cfg) == cudaSuccess && nc > 0;
+    if (!good) {
+        (void)cudaGetLastError(); /* a refused attribute or query is not this call's error */
+        no = sh;
+        return false;
+    }
+    ok = sh;
+    return true;
+}
+#endif
+
 #define SD_KT 16
 #define SD_MAX_ROWS 65536 /* (token, kv head) rows per launch: the counter range */
 #define SD_MAX_CH 64      /* chunks per row */
@@ -757,7 +845,7 @@ static __host__ __device__ inline size_t sd_stage_bytes(int Dh) {
     return (size_t)2 * SD_KT * (Dh + 8) * sizeof(m3_bf16);
 }
 
-template <int W, int S>
+template <int W, int S, bool CL>
 static __global__ void __launch_bounds__(W * 32)
     sdec_k(m3_bf16 *M3_RESTRICT out, float *M3_RESTRICT po, float *M3_RESTRICT pml,
            unsigned int *M3_RESTRICT cnt, const m3_bf16 *M3_RESTRICT q, int ld_q,
@@ -771,6 +859,9 @@ static __global__ void __launch_bounds__(W * 32)
     __shared__ int rb[ATTN_MAX_RANGES], rpre[3 * 32 + 1];
     __shared__ float wm[W][16], wl[W][16], mden[16];
     const float L2E = 1.4426950408889634f;
+#if M3_HAVE_CLUSTER
+    if (CL) pc_arrive_relaxed(); /* (a): this CTA runs */
+#endif
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
     const int c = (int)blockIdx.x, g = (int)blockIdx.y, t = t0 + (int)blockIdx.z;
     const int nch = (int)gridDim.x, hq = H / Hkv, nr = width + 1, tpr = block / SD_KT;
@@ -963,6 +1054,53 @@ static __global__ void __launch_bounds__(W * 32)
     const size_t wsz = (size_t)S * sd_stage_bytes(Dh) / sizeof(float); /* floats per warp */
     const float *ob = reinterpret_cast<const float *>(sd_raw);
     const size_t part = rl * nch + c;
+#if M3_HAVE_CLUSTER
+    if (CL && nch > 1) { /* the row's nch blocks are one cluster: the merge through distributed shared
+               * memory (no partials, counter or second read chain). Block c pushes its A
+               * (owner o: elements [o epo, (o + 1) epo) of hq x Dh) and per head (M, L) to
+               * the owners, a cluster barrier, each owner merges its elements as below. */
+        const int E = hq * Dh, epo = ((E + nch - 1) / nch + 3) / 4 * 4;
+        float *ro = reinterpret_cast<float *>(sd_raw + (size_t)W * S * sd_stage_bytes(Dh));
+        float *rlv = ro + (size_t)nch * epo, *rmv = rlv + nch * 16;
+        __shared__ float hm[16], hl[16];
+        if (tid < hq) {
+            float M = -INFINITY, L = 0.0f;
+            for (int w = 0; w < W; w++) M = fmaxf(M, wm[w][tid]);
+            for (int w = 0; w < W; w++) L += (wm[w][tid] == -INFINITY ? 0.0f : exp2f(wm[w][tid] - M)) * wl[w][tid];
+            hm[tid] = M, hl[tid] = L;
+        }
+        pc_wait(); /* (a) */
+        for (int e = tid; e < E; e += W * 32) {
+            const int h = e / Dh, d = e % Dh, ow = e / epo;
+            float A = 0.0f;
+            for (int w = 0; w < W; w++) A += ob[w * wsz + h * OP + d];
+            pc_st(pc_mapa(ro + (size_t)c * epo + (e - ow * epo), ow), A);
+        }
+        __syncthreads(); /* hm, hl */
+        for (int i = tid; i < nch * hq; i += W * 32) {
+            const int ow = i / hq, h = i % hq;
+            pc_st(pc_mapa(rlv + c * 16 + h, ow), hl[h]);
+            pc_st(pc_mapa(rmv + c * 16 + h, ow), hm[h]);
+        }
+        pc_arrive();
+        pc_wait();
+        for (int i = tid; i < epo; i += W * 32) {
+            const int e = c * epo + i, h = e / Dh;
+            if (e >= E) break;
+            float M = -INFINITY;
+            for (int cc = 0; cc < nch; cc++)
+                if (rlv[cc * 16 + h] > 0.0f) M = fmaxf(M, rmv[cc * 16 + h]);
+            float den = 0.0f, num = 0.0f;
+            for (int cc = 0; cc < nch; cc++) {
+                const float L = rlv[cc * 16 + h], w = L > 0.0f ? exp2f(rmv[cc * 16 + h] - M) : 0.0f;
+                den += w * L;
+                num += w * ro[(size_t)cc * epo + i];
+            }
+            out[(size_t)t * H * Dh + (size_t)(g * hq) * Dh + e] = m3_f32_to_bf16(num / den);
+        }
+        return;
+    }
+#endif
     for (int e = tid; e < hq * Dh; e += W * 32) {
         const int h = e / Dh, d = e % Dh;
         float M = -INFINITY;
@@ -1053,7 +1191,7 @@ static m3_status sdec_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int 
                              int n_tok, const int32_t *d_topk, int width, int block,
                              const m3_attn_params *ap, const m3_profile *p, int tpw) {
     const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv;
-    const sd_fn fn = sdec_k<W, S>;
+    const sd_fn fn = sdec_k<W, S, false>;
     const size_t sh = (size_t)W * S * sd_stage_bytes(Dh);
     static size_t set_dev[64]; /* per device: the attribute is the device's */
     if (sh > set_dev[g->device & 63]) {
@@ -1091,6 +1229,47 @@ static m3_status sdec_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int 
     m3_gpu_release(g, mark); /* later work on the stream runs after these kernels */
     return s;
 }
+
+/* sdec_k<W, S, true> for few rows (T = 1 decode): a cluster of nch <= PC_MAX_CS blocks per
+ * row, the row's tiles cut into nch chunks (each block's warps at least one tile), merged
+ * through distributed shared memory; *done false when the grid does not fit this path */
+template <int W, int S>
+static m3_status sdec_launch_cl(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                int n_tok, const int32_t *d_topk, int width, int block,
+                                const m3_attn_params *ap, const m3_profile *p, bool *done) {
+    *done = false;
+    const int H = ap->n_head, Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = H / Hkv;
+    const int ntile = (width + 1) * (block / SD_KT);
+    int nch = (ntile + W - 1) / W;
+    if (nch > PC_MAX_CS) nch = PC_MAX_CS;
+    const int tpb = (ntile + nch - 1) / nch;
+    nch = (ntile + tpb - 1) / tpb;
+    if (nch < 2 || n_tok > 65535 || (int64_t)n_tok * Hkv * nch > (g->n_sm > 0 ? g->n_sm : 132))
+        return M3_OK;
+    const int epo = ((hq * Dh + nch - 1) / nch + 3) / 4 * 4;
+    const size_t sh = (size_t)W * S * sd_stage_bytes(Dh) + (size_t)nch * epo * 4 + (size_t)2 * nch * 16 * 4;
+    const sd_fn fn = sdec_k<W, S, true>;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)nch, (unsigned)Hkv, (unsigned)n_tok);
+    cfg.blockDim = dim3(W * 32);
+    cfg.dynamicSmemBytes = sh;
+    cfg.stream = g->stream;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)nch, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    static int attr[64];
+    static size_t ok[64][PC_MAX_CS + 1], no[64][PC_MAX_CS + 1];
+    if (!cl_ready(g, (const void *)fn, &cfg, attr[g->device & 63], ok[g->device & 63][nch],
+                  no[g->device & 63][nch]))
+        return M3_OK;
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, (float *)NULL, (float *)NULL, (unsigned int *)NULL,
+                                  d_q, ld_q, d_k, d_v, d_pos, d_topk, n_tok, 0, width, block, H, Hkv,
+                                  Dh, ap->scale, p->attn_scores == M3_SCORES_BF16_EAGER, tpb));
+    *done = true;
+    return m3_gpu_launched_(g, "sdec_k", __FILE__, __LINE__);
+}
 #endif
 
 extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
@@ -1107,9 +1286,15 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
 #if defined(M3_HIP_NVIDIA)
     /* fewer rows than multiprocessors (decode of a few tokens): 8 warps a block, chunks of
      * SD_FEW_TPW tiles a warp; else 4 warps (three blocks per SM), 2 tiles a warp at least */
-    if ((int64_t)n_tok * ap->n_kv_head < (g->n_sm > 0 ? g->n_sm : 132))
+    if ((int64_t)n_tok * ap->n_kv_head < (g->n_sm > 0 ? g->n_sm : 132)) {
+        /* a cluster per row when the grid fits the SMs once (T = 1) */
+        bool done = false;
+        M3_TRY((sdec_launch_cl<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
+                                     block, ap, p, &done)));
+        if (done) return M3_OK;
         return sdec_launch<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block,
                                  ap, p, SD_FEW_TPW);
+    }
     return sdec_launch<4, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block, ap,
                              p, 2);
 #else
@@ -3201,10 +3386,479 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
 }
 
 #if defined(M3_HIP_NVIDIA)
+/* ---- batch-1 decode over thread-block clusters: pc_k (session 8) -------------------------
+ * For grids of few (token, kv head) rows (decode of one token: 4 rows at M3 shapes), where
+ * pf_part_k runs 8 blocks a row on a quarter of the SMs and its merge is a chain (partial
+ * write, fence, arrival counter, the last block's dependent reads). One cluster of cs <= 16
+ * CTAs per row (above 8 a non-portable cluster size), 8 warps each; CTA r takes the keys
+ * [r kpc, (r + 1) kpc) of the row's key list (pf_part_k's list), kpc = ch / spc: spc CTAs
+ * per chunk (under atom a chunk is one of ref's partitions), so a CTA lies in one chunk, and
+ * cs = spc * chunks <= 16 (M3 atom: 8 partitions of 256 keys, 2 CTAs of 128 keys each, 64 KB
+ * of bf16 K and V a CTA). All of a CTA's K (with the fp8 scales) and V are in flight at once,
+ * as bulk copies (cp.async.bulk: one instruction per 16-key page of K, of V, of each scale
+ * run; completion on two mbarriers, K and V), after two dependent global loads: pos and the
+ * selection (with q, staged before the copies start), then each selected block's table entry
+ * (issued per selection entry before the ranking). Launched as a programmatic dependent
+ * (it waits for the grid before it first thing). Numerics are pf_part_k's (the chunk's max, denominator, P rounding against the
+ * chunk max, §4.9 P' codes per 16-key tile, the bf16 partition output, the merge) with these
+ * fp32 reorderings: a chunk's denominator and P V are summed per CTA, then over the chunk's
+ * CTAs in rank order; the scores' k-steps in two chains as pf_part_k.
+ * Distributed shared memory carries the merges (no global partials, counters or arena):
+ *  1. each CTA pushes its per-head max to the CTAs of its chunk (st.shared::cluster), a
+ *     cluster barrier, each takes the max of the spc values (exact; skipped when spc = 1);
+ *  2. P, the CTA's denominators l and O = P V; each CTA pushes l, its chunk's max and its
+ *     fp32 O, split by output element, to the CTA owning the elements (owner o: elements
+ *     [o epo, (o + 1) epo) of the row's hq x Dh), a cluster barrier;
+ *  3. each owner merges its elements: O_j and l_j summed over chunk j's CTAs in rank order,
+ *     A_j = l_j bf16(O_j / l_j) (partitioned) or O_j, out = bf16(sum_j e^(m_j - M) A_j /
+ *     sum_j e^(m_j - M) l_j), j in chunk order (pf_row_merge's rule).
+ * A remote store needs the target CTA running: a relaxed cluster arrive at the start, its
+ * wait before the first push. After the last barrier no CTA touches another's shared memory,
+ * so CTAs exit without a final barrier. Taken for the pd_part_k geometries (fast layouts,
+ * Dh % 16 == 0, bf16 or e4m3fn elements; §4.9 with 16-key tiles) when the row has at most
+ * 16 chunks and the grid (rows x cs CTAs) fits the SMs once; sm_90 only. */
+#define PC_NT 256       /* threads per CTA: 8 warps */
+#define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
+#define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
+
+typedef struct {
+    pf_cfg c;
+    int cs;  /* CTAs per cluster (= per row) */
+    int spc; /* CTAs per chunk */
+    int kpc; /* keys per CTA (a multiple of 16) */
+    int epo; /* output elements per owner (a multiple of 4) */
+} pc_cfg;
+
+/* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
+ * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
+ * K and V scales [kpc], §4.9 tile M and M / FP8_MAX [kpc / 16], received O [cs][epo],
+ * l and m [cs][hq], chunk maxes [spc][hq] */
+typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, wa, total; } pc_lay;
+static __host__ __device__ inline size_t pc_up(size_t x) { return (x + 15) / 16 * 16; }
+static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
+    const pf_cfg &c = pc.c;
+    pc_lay L;
+    size_t o = 0;
+    L.k = o, o += pc_up((size_t)pc.kpc * c.Dh * eb);
+    L.v = o, o += pc_up((size_t)pc.kpc * c.Dh * eb);
+    size_t scb = (size_t)c.hq * (pc.kpc + 8) * 4, qb = (size_t)c.hq * c.Dh * 2;
+    L.sc = o, o += pc_up(scb > qb ? scb : qb);
+    L.pb = o, o += pc_up((size_t)16 * (pc.kpc + 8) * 2);
+    L.ksc = o, o += pc_up((size_t)pc.kpc * 4);
+    L.vsc = o, o += pc_up((size_t)pc.kpc * 4);
+    L.mt = o, o += pc_up((size_t)(pc.kpc / 16) * 4);
+    L.mf = o, o += pc_up((size_t)(pc.kpc / 16) * 4);
+    L.ro = o, o += pc_up((size_t)pc.cs * pc.epo * 4);
+    L.rl = o, o += pc_up((size_t)pc.cs * c.hq * 4);
+    L.rm = o, o += pc_up((size_t)pc.cs * c.hq * 4);
+    L.mi = o, o += pc_up((size_t)pc.spc * c.hq * 4);
+    L.wa = o, o += pc_up((size_t)pc.cs * pc.epo * 4);
+    L.total = o;
+    return L;
+}
+
+template <bool FP8>
+static __global__ void __launch_bounds__(PC_NT, 2)
+    pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
+         const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
+         pc_cfg pc) {
+#if M3_HAVE_CLUSTER && M3_HAVE_FP8_CVT
+    extern __shared__ __align__(16) unsigned char pc_raw[];
+    constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
+    const pf_cfg &c = pc.c;
+    const int hq = c.hq, Dh = c.Dh, ch = c.ch, Bs = s.g.block, kpc = pc.kpc, cs = pc.cs,
+              spc = pc.spc, SCP = kpc + 8, PBP = kpc + 8;
+    const pc_lay L = pc_layout(pc, EB);
+    unsigned char *ksm = pc_raw + L.k, *vsm = pc_raw + L.v;
+    float *sc = reinterpret_cast<float *>(pc_raw + L.sc);
+    m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(pc_raw + L.pb);
+    float *ksc = reinterpret_cast<float *>(pc_raw + L.ksc), *vsc = reinterpret_cast<float *>(pc_raw + L.vsc);
+    float *mt = reinterpret_cast<float *>(pc_raw + L.mt), *mf = reinterpret_cast<float *>(pc_raw + L.mf);
+    float *ro = reinterpret_cast<float *>(pc_raw + L.ro), *rl = reinterpret_cast<float *>(pc_raw + L.rl);
+    float *rm = reinterpret_cast<float *>(pc_raw + L.rm), *mi = reinterpret_cast<float *>(pc_raw + L.mi);
+    float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
+    __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
+    __shared__ uint64_t bars[2]; /* K (+ fp8 scales), V */
+    __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ];
+
+    pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
+    m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
+    m3_pdl_trigger();
+    const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const bool sparse = topk != NULL;
+    if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1); /* visible after the barriers below */
+    /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
+    const int p = pos[t], bp = p / Bs;
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh; /* <= 16 x 128 = 8 x PC_NT */
+    uint4 qv = make_uint4(0, 0, 0, 0);
+    if (tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
+    int b = -1, ph = 0;
+    if (sparse && tid < width) b = topk[((int64_t)g * n_tok + t) * width + tid];
+    /* round trip 2, before the ranking: the table entry of every usable selected block */
+    if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
+    const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
+    if (tid < width) selsh[tid] = b, vfl[tid] = ok;
+    for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0; /* unused P rows */
+    const int nf = __syncthreads_count(ok); /* also: selsh, vfl visible */
+    const int tail = __syncthreads_or(own);
+    int n;
+    if (!sparse) {
+        n = p + 1;
+    } else { /* ref m3_kv_sparse_table, as pf_part_k: full blocks b < bp in selection order
+              * or by id (a stable rank, duplicates kept), the own block last when selected */
+        if (ok) {
+            int at = 0;
+            if (c.sel_order)
+                for (int j = 0; j < tid; j++) at += vfl[j];
+            else
+                for (int j = 0; j < width; j++) at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < tid));
+            physl[at] = ph;
+        }
+        if (own) physl[nf] = ph; /* every copy of the own block writes the same entry */
+        n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
+    }
+    { /* the group's q into the staging array now: its load is then complete before the K / V
+       * copies share the SM's memory path */
+        uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
+        if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
+    }
+    if (!sparse) { /* dense: key k in logical block k / Bs */
+        const int kb0 = r * kpc / Bs, kb1 = min(n, (r + 1) * kpc) - 1;
+        for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
+    }
+    __syncthreads();
+    const int k0 = r * kpc, nk = max(0, min(kpc, n - k0)), ng = (nk + 15) / 16;
+    const int chj = k0 / ch, nch = (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
+    const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
+    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
+    const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
+    /* K and V by bulk copies, group gi (16 keys, one page) by thread gi: K [gi][Dh/x][16 keys]
+     * [16 B] (the page's units: one copy when the view's page is 16 keys, else a 256-byte run
+     * per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes each;
+     * K and its scales complete on bars[0], V on bars[1] */
+    const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
+    if (tid == 0) {
+        pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
+        pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
+    }
+    if (tid < ng) {
+        const int k = k0 + tid * 16, kb = k / Bs;
+        int64_t ko, vo, so;
+        pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
+        unsigned char *kd = ksm + (size_t)tid * ku * 16;
+        if (Pv == 16) {
+            pc_bulk(kd, kbase + ko * EB, (uint32_t)ku * 16, bars);
+        } else {
+            for (int dg = 0; dg < Dh / XC; dg++)
+                pc_bulk(kd + dg * 256, kbase + (ko + (int64_t)dg * Pv * XC) * EB, 256, bars);
+        }
+        if (FP8) {
+            pc_bulk(ksc + tid * 16, s.k_scale + so, 64, bars);
+            pc_bulk(vsc + tid * 16, s.v_scale + so, 64, bars);
+        }
+        pc_bulk(vsm + (size_t)tid * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
+    }
+    /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
+     * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
+     * alike) */
+    uint32_t qa[FA_MAX_DH / 16][4];
+    {
+        uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
+        if (c.pa) { /* uniform */
+            for (int e = tid; e < nq; e += PC_NT)
+                qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+            __syncthreads();
+        }
+#pragma unroll
+        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+            if (s2 * 16 >= Dh) break;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int rr = gq + (i & 1) * 8;
+                const int d = FP8 ? s2 * 16 + 4 * tq + (i >> 1) * 2 : s2 * 16 + 2 * tq + (i >> 1) * 8;
+                qa[s2][i] = rr < hq ? *reinterpret_cast<const uint32_t *>(qs + rr * Dh + d) : 0u;
+            }
+        }
+    }
+    pc_bar_wait(bars, 0); /* K and the scales landed */
+    __syncthreads();      /* the Q staging is read (S goes into the same array) */
+    /* S = Q K^T: a warp per 8-key n-tile */
+    for (int nt = warp; nt * 8 < nk; nt += NW) {
+        float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
+        const int key = nt * 8 + gq;
+#pragma unroll
+        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+            if (s2 * 16 >= Dh) break;
+            uint32_t bfr[2];
+            if (FP8) {
+                const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
+                if (c.pa) {
+                    bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
+                    pf_mma_f16(c8[s2 & 1], qa[s2], bfr);
+                } else {
+                    bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
+                    m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
+                }
+            } else {
+                const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
+                                     (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
+                bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
+                bfr[1] = *reinterpret_cast<const uint32_t *>(kb + 16 * 8);
+                m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
+            if (rr >= hq || ki >= nk) continue; /* keys past nk are never read */
+            float d = c8[0][i] + c8[1][i], z;
+            if (c.pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
+            else {
+                if (FP8) d *= ksc[ki]; /* dequantized K */
+                z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
+            }
+            sc[(size_t)rr * SCP + ki] = z;
+        }
+    }
+    if (c.pa) /* §4.9: the max V scale of each 16-key tile (tiles from the chunk start) */
+        for (int gi = warp; gi < ng; gi += NW) {
+            float M = lane < 16 && gi * 16 + lane < nk ? vsc[gi * 16 + lane] : 0.0f;
+            M = m3_warp_max(M);
+            if (lane == 0) mt[gi] = M, mf[gi] = M / c.fmax;
+        }
+    __syncthreads();
+    /* the CTA's max per head (-inf without keys) */
+    for (int h = warp; h < hq; h += NW) {
+        float m = -INFINITY;
+        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[(size_t)h * SCP + i]);
+        m = m3_warp_max(m);
+        if (lane == 0) mloc[h] = m;
+    }
+    __syncthreads();
+    pc_wait(); /* (a): every CTA of the cluster runs */
+    if (spc > 1) { /* 1: the chunk's max through the chunk's CTAs */
+        const int c0 = chj * spc, me = r - c0;
+        if (tid < spc * hq) {
+            const int to = tid / hq, h = tid % hq;
+            pc_st(pc_mapa(mi + me * hq + h, c0 + to), mloc[h]);
+        }
+        pc_arrive();
+        pc_wait();
+        if (tid < hq) {
+            float m = -INFINITY;
+            for (int j = 0; j < spc; j++) m = fmaxf(m, mi[j * hq + tid]);
+            mloc[tid] = m;
+        }
+        __syncthreads();
+    }
+    /* the CTA's denominators (unrounded exponentials) */
+    for (int h = warp; h < hq; h += NW) {
+        const float m = mloc[h];
+        float l = 0.0f;
+        for (int i = lane; i < nk; i += 32) l += expf(sc[(size_t)h * SCP + i] - m);
+        l = m3_warp_sum(l);
+        if (lane == 0) lloc[h] = l;
+    }
+    /* P of the CTA's keys, two keys per item (zero past nk): bf16 P (fp8: times the V
+     * scale), or the §4.9 P' codes as fp16 */
+    for (int e = tid; e < hq * (ng * 8); e += PC_NT) {
+        const int h = e / (ng * 8), il = 2 * (e % (ng * 8));
+        float pv[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int k2 = 0; k2 < 2; k2++)
+            if (il + k2 < nk) {
+                const float ex = expf(sc[(size_t)h * SCP + il + k2] - mloc[h]);
+                if (c.pa) { /* §4.9 step 4 */
+                    const float M = mt[(il + k2) / 16];
+                    pv[k2] = ex * vsc[il + k2] * c.fmax / (M + 1e-8f);
+                } else {
+                    pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
+                }
+            }
+        *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
+            c.pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+    }
+    pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
+    if (nk % 16 && tid < vu) {
+        const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
+        unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
+        for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
+    }
+    __syncthreads();
+    /* O = P V: a warp per 16-dim pair of n-tiles */
+    float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    const int np = warp;
+    if (np * 16 < Dh)
+        for (int ks = 0; ks < ng; ks++) {
+            uint32_t a[4];
+            if (FP8) {
+                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
+                a[0] = *reinterpret_cast<const uint32_t *>(pr);
+                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+                a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
+                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
+            } else {
+                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
+                a[0] = *reinterpret_cast<const uint32_t *>(pr);
+                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+                a[2] = *reinterpret_cast<const uint32_t *>(pr + 8);
+                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8);
+            }
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                const int d = np * 16 + h2 * 8 + gq;
+                uint32_t bfr[2];
+                if (FP8) {
+                    const uint32_t w = *reinterpret_cast<const uint32_t *>(vsm + ((size_t)ks * Dh + d) * 16 + 4 * tq);
+                    if (c.pa) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
+                        bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
+                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        pf_mma_f16(t4, a, bfr);
+                        const float f = mf[ks];
+#pragma unroll
+                        for (int i = 0; i < 4; i++) o[h2][i] += t4[i] * f;
+                    } else {
+                        bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
+                        m3_mma_bf16_16816(o[h2], a, bfr);
+                    }
+                } else {
+                    const uint16_t *vb = reinterpret_cast<const uint16_t *>(vsm) + ((size_t)(2 * ks) * Dh + d) * 8 + 2 * tq;
+                    bfr[0] = *reinterpret_cast<const uint32_t *>(vb);
+                    bfr[1] = *reinterpret_cast<const uint32_t *>(vb + (size_t)Dh * 8);
+                    m3_mma_bf16_16816(o[h2], a, bfr);
+                }
+            }
+        }
+    /* 2: push (l, the chunk's max, O) to the owners; O's elements e = head Dh + dim */
+    if (spc == 1) pc_wait(); /* (a) */
+    const int epo = pc.epo;
+    if (np * 16 < Dh)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+            for (int r2 = 0; r2 < 2; r2++) {
+                const int rr = gq + r2 * 8, e = rr * Dh + np * 16 + h2 * 8 + 2 * tq;
+                if (rr >= hq) continue;
+                const int ow = e / epo;
+                pc_st2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1]);
+            }
+    __syncthreads(); /* lloc */
+    for (int i = tid; i < cs * hq; i += PC_NT) {
+        const int ow = i / hq, h = i % hq;
+        pc_st(pc_mapa(rl + r * hq + h, ow), lloc[h]);
+        pc_st(pc_mapa(rm + r * hq + h, ow), mloc[h]);
+    }
+    pc_arrive();
+    pc_wait();
+    /* 3: this owner's elements [e0, e1): per (chunk, head) the weight e^(m_j - M) and l_j,
+     * per (chunk, element) the weighted partition output w_j A_j, per element the sums in
+     * chunk order */
+    const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = e1 - e0, h0 = e0 / Dh;
+    const int nh = ne > 0 ? (e1 - 1) / Dh - h0 + 1 : 0;
+    __shared__ float mw[PC_MAX_CS][FD_MAX_HQ], ml[PC_MAX_CS][FD_MAX_HQ];
+    for (int i = tid; i < nch * nh; i += PC_NT) {
+        const int j = i / nh, hl = i % nh, h = h0 + hl;
+        float M = -INFINITY, l = 0.0f;
+        for (int jj = 0; jj < nch; jj++) M = fmaxf(M, rm[(jj * spc) * hq + h]);
+        for (int u = 0; u < spc; u++) l += rl[(j * spc + u) * hq + h];
+        mw[j][hl] = expf(rm[(j * spc) * hq + h] - M), ml[j][hl] = l;
+    }
+    __syncthreads();
+    for (int i = tid; i < nch * ne; i += PC_NT) {
+        const int j = i / ne, x = i - j * ne, hl = (e0 + x) / Dh - h0;
+        float oo = 0.0f;
+        for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
+        const float l = ml[j][hl];
+        wa[(size_t)j * epo + x] = mw[j][hl] * (c.part > 0 ? l * m3_round_bf16(oo / l) : oo);
+    }
+    __syncthreads();
+    if (tid < ne) {
+        const int hl = (e0 + tid) / Dh - h0;
+        float den = 0.0f, acc = 0.0f;
+        for (int j = 0; j < nch; j++) den += mw[j][hl] * ml[j][hl], acc += wa[(size_t)j * epo + tid];
+        out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(acc / den);
+    }
+#else
+    (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
+#endif
+}
+
+/* pc_k's launch parameters for this grid, or false when it does not apply: the geometry
+ * (c.dec's fast layouts, with Dh % 16 == 0 in place of Dh == 128; §4.9 only with 16-key
+ * tiles), rows of at most PC_MAX_CS CTAs, and (unless forced) a grid that fits the SMs once */
+static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok, const pf_cfg &c,
+                    bool force, pc_cfg *pc) {
+    const int Pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
+    const bool fp8 = c.fp8;
+    if (!c.fast || !c.qvec || c.Dh % 16 || src->g.block % 16 || Pv % 16 || c.ch % 16) return false;
+    if (fp8 && !(c.hw && m3_aligned16(src->k_scale) && m3_aligned16(src->v_scale))) return false;
+    if (c.pa && !(c.pvf16 && c.tile == 16)) return false;
+    if (c.nchx > PC_MAX_CS || n_tok > 65535) return false;
+    memset(pc, 0, sizeof *pc);
+    pc->c = c;
+    const int gpc = c.ch / 16; /* 16-key groups of a chunk */
+    for (int d = 1; d <= gpc; d++)
+        if (gpc % d == 0 && c.nchx * d <= PC_MAX_CS) pc->spc = d;
+    pc->kpc = c.ch / pc->spc;
+    pc->cs = c.nchx * pc->spc;
+    const int E = c.hq * c.Dh;
+    pc->epo = ((E + pc->cs - 1) / pc->cs + 3) / 4 * 4;
+    if (pc->epo > PC_NT) return false;
+    const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
+    return force || (int64_t)c.Hkv * n_tok * pc->cs <= n_sm;
+}
+
+static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                           const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
+                           const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
+    *done = false;
+    typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
+                          int, const int32_t *, int, pc_cfg);
+    const int fi = pc.c.fp8 ? 1 : 0;
+    const pc_fn fn = fi ? pc_k<true> : pc_k<false>;
+    const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
+    cfg.blockDim = dim3(PC_NT);
+    cfg.dynamicSmemBytes = sh;
+    cfg.stream = g->stream;
+    /* a cluster per row; a programmatic dependent of the launch before it (pc_k waits for that
+     * grid before its first load, and lets the next launch start at once) */
+    cudaLaunchAttribute at[2] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)pc.cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at, cfg.numAttrs = 2;
+    static int pc_attr[64][2];
+    static size_t pc_ok[64][2][PC_MAX_CS + 1], pc_no[64][2][PC_MAX_CS + 1];
+    const int dv = g->device & 63;
+    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
+        return M3_OK;
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
+    *done = true;
+    return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
+}
+#endif
+
+#if defined(M3_HIP_NVIDIA)
 /* pf_part_k (+ pf_merge_k) for n_tok tokens, c filled but for cpb / nsp / fused */
 static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, pf_cfg c) {
+    {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
+         * pc_k wherever the geometry allows) */
+        pc_cfg pc;
+        const bool force = src->flash_kernel == 3;
+        if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
+            bool done;
+            M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
+            if (done) return M3_OK;
+        }
+    }
     const bool fp8 = c.fp8;
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
     /* the decode kernels (pd_part_k; pd8_part_k under §4.9) when each of PD_WPS warps per SM

@@ -163,6 +163,10 @@ static void attn_sparse_matches_ref(void **state) {
         {80, 3000, 64, 4, 128, 16, 128, 0},
         {2, 20000, 64, 4, 128, 64, 128, 0}, /* width 64: 65 ranges, the most blocks per row */
         {5, 2000, 8, 2, 64, 7, 80, 0},      /* odd: Bs 80 (5 tiles of 16 keys), hq 4, Dh 64 */
+        /* T = 1 (and T = 2 above, rows x 16 <= 132): a cluster of blocks per row, merged in
+         * distributed shared memory; pos < 128 leaves most of a row's blocks without keys */
+        {1, 100, 64, 4, 128, 16, 128, 0},
+        {1, 700, 6, 3, 80, 5, 64, 0},       /* odd: 3 blocks a row */
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) attn_case(g, &shapes[i], prof);

@@ -187,9 +187,10 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
          * its output straight from registers) */
         static const int cpbs[] = {0, 2, 1 << 20};
         /* the general kernel, then the decode kernel (flash_kernel 2: pd_part_k, §4.9
-         * pd8_part_k; geometries they do not take fall back to the general one) */
-        for (int ik = 0; ik < 6; ik++) {
-            const int ic = ik % 3;
+         * pd8_part_k; geometries they do not take fall back to the general one), then the
+         * cluster kernel (flash_kernel 3: pc_k for any row count; it has no cpb setting) */
+        for (int ik = 0; ik < 7; ik++) {
+            const int ic = ik < 6 ? ik % 3 : 0;
             ds.flash_kernel = 1 + ik / 3;
             ds.flash_cpb = cpbs[ic];
             for (int run = 0; run < 2; run++) {
@@ -301,6 +302,25 @@ static void paged_flash_sparse_matches_ref(void **state) {
     run_flash(g, shapes, sizeof shapes / sizeof shapes[0]);
 }
 
+/* batch-1 decode (T = 1), the launcher's own choice included (pc_k: a cluster per row):
+ * M3 rows of 16 selected blocks (a full own block, and one ending mid-tile), positions < 128
+ * (the own block only: every id is 0, duplicates kept), odd geometries (4 heads a group, Dh
+ * 80, Bs 64: partitions cut over 8 CTAs; 5 heads, Dh 48, Bs 32, P 16) */
+static void paged_flash_decode1_matches_ref(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const pg_shape shapes[] = {
+        {1, 4096, 64, 4, 128, 128, 16, 16}, /* the own block full (pos % 128 = 127) */
+        {1, 2100, 64, 4, 128, 128, 16, 16}, /* the own block ends inside a 16-key tile */
+        {1, 100, 64, 4, 128, 128, 16, 16},  /* pos < 128: the own block only */
+        {1, 7, 64, 4, 128, 128, 16, 3},     /* 7 keys */
+        {1, 700, 8, 2, 80, 64, 16, 7},      /* odd, the own block absent in one row */
+        {1, 333, 10, 2, 48, 32, 16, 5},     /* odd heads, Dh 48 */
+        {1, 1000, 64, 4, 128, 128, 16, 0},  /* dense decode over 4 chunks */
+        {1, 130, 8, 2, 80, 64, 16, 0},      /* dense, odd */
+    };
+    run_flash(g, shapes, sizeof shapes / sizeof shapes[0]);
+}
+
 /* Two contexts on one device, launching at once (g_two above): M3 decode rows whose blocks
  * merge through the arrival counters (dense 8 chunks, sparse 17 ranges), bf16 and fp8 (§4.9). */
 static void paged_flash_two_contexts(void **state) {
@@ -344,6 +364,7 @@ int main(void) {
         cmocka_unit_test(paged_sparse_matches_ref),
         cmocka_unit_test(paged_flash_dense_matches_ref),
         cmocka_unit_test(paged_flash_sparse_matches_ref),
+        cmocka_unit_test(paged_flash_decode1_matches_ref),
         cmocka_unit_test(paged_flash_two_contexts),
     };
     return M3_RUN_GPU_TESTS(tests);

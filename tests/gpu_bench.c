@@ -471,6 +471,18 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
     double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
+    /* M3_BENCH_PF_KERNELS=1,3 (T = 1 rows): the row again with the flash_kernel test hook set
+     * to each listed kernel (1 pf_part_k, 2 the decode kernels, 3 pc_k), in this process */
+    for (const char *fk = T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL; fk && *fk;) {
+        c.src.flash_kernel = atoi(fk);
+        char nk[120];
+        snprintf(nk, sizeof nk, "%s k%d", nm, c.src.flash_kernel);
+        report(nk, time_ms(g, do_pattn, &c, 20, 7), (double)T * 64 * 128 * 2 * 2 + keys * per_key,
+               keys * 64 * 128 * 4);
+        fk = strchr(fk, ',');
+        fk = fk ? fk + 1 : NULL;
+    }
+    c.src.flash_kernel = 0;
     m3_gpu_release(g, mark);
 }
 
