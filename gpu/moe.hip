@@ -19,6 +19,8 @@
 #include "ref/num/fp8.h"
 #include "ref/num/mx.h"
 
+#include <stdlib.h> /* TEMP: getenv of the M3_QKV1 knob */
+
 #define ROUTE_THREADS 128
 #define ROUTE_MAXK 8 /* experts per lane: E <= 8 * M3_WARP */
 
@@ -89,6 +91,105 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
     }
 }
 
+/* Selection key of a value: unsigned order = ref's rank order of the values (larger first;
+ * every NaN above +inf and equal to each other; -0 equal to +0); 0 ranks below any value. */
+static __device__ __forceinline__ uint32_t route_key(float v) {
+    if (v != v) return 0xFFFFFFFFu;
+    const uint32_t b = m3_f32_bits(v == 0.0f ? 0.0f : v);
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+/* warp maximum of an unsigned word: one redux instruction on sm_80+, else xor shuffles */
+static __device__ __forceinline__ uint32_t route_wmax(uint32_t v) {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(0xffffffffu, v);
+#else
+    for (int m = M3_WARP / 2; m > 0; m >>= 1) v = max(v, (uint32_t)M3_SHFL_XOR((int)v, m));
+    return v;
+#endif
+}
+static __device__ __forceinline__ float route_shfl(float v, int src) {
+#if defined(M3_HIP_AMD)
+    return __shfl(v, src);
+#else
+    return __shfl_sync(0xffffffffu, v, src);
+#endif
+}
+
+/* route2_k (session 8): one warp per token, lane l holding experts e = l + k M3_WARP (k < NK,
+ * coalesced loads). A round picks the warp's best (key, lower id) pair: each lane's best
+ * untaken expert by a scan of its NK keys, then the warp maximum of the key and, among the
+ * lanes holding it, of the id's complement (two redux instructions on sm_80+; the same ranks
+ * as ref's `before`). The owner lane broadcasts the winner's sigmoid and selection value;
+ * every lane sums the sigmoids in selection order (ref's order), lanes r < K write id r and
+ * its weight sigma_r / sum (one store instruction each), lane 0 the margin. Replaces route_k
+ * (5 shuffle levels of (value, id) pairs and ref's comparison per level and round, lane 0
+ * writing serially). */
+template <int NK>
+static __global__ void __launch_bounds__(ROUTE_THREADS)
+    route2_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
+             const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E, int K,
+             bool bias_bf16) {
+    const int lane = (int)threadIdx.x % M3_WARP;
+    const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
+    if (t >= n_tok) return; /* whole warps leave together */
+    const float *l = logits + (size_t)t * E;
+    float lv[NK], sg[NK], sel[NK];
+    uint32_t key[NK];
+#pragma unroll
+    for (int k = 0; k < NK; k++) { /* the loads first: all in flight together */
+        const int e = lane + k * M3_WARP;
+        lv[k] = e < E ? l[e] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < NK; k++) {
+        const int e = lane + k * M3_WARP;
+        float b = e < E && bias ? bias[e] : 0.0f;
+        if (bias_bf16) b = m3_round_bf16(b);
+        sg[k] = m3_sigmoidf(lv[k]);
+        sel[k] = sg[k] + b;
+        key[k] = e < E ? route_key(sel[k]) : 0u; /* 0: not an expert, never chosen */
+    }
+    const int need = K + 1 < E ? K + 1 : E;
+    float sum = 0.0f, kth = 0.0f, my_s = 0.0f;
+    int my_id = 0;
+    for (int r = 0; r < need; r++) {
+        /* this lane's best untaken: the largest key, the lowest k among equals (lower id) */
+        uint32_t bk = key[0];
+        int bs = 0;
+#pragma unroll
+        for (int k = 1; k < NK; k++)
+            if (key[k] > bk) bk = key[k], bs = k;
+        const uint32_t wk = route_wmax(bk);
+        /* among the lanes holding wk, the lowest expert id (taken experts have key 0 and a
+         * round always has an untaken expert of key > 0: need <= E) */
+        const int eid = lane + bs * M3_WARP;
+        const uint32_t wi = ~route_wmax(bk == wk ? ~(uint32_t)eid : 0u);
+        const int owner = (int)(wi % M3_WARP), ks = (int)(wi / M3_WARP);
+        float os = sg[0], ov = sel[0];
+#pragma unroll
+        for (int k = 1; k < NK; k++)
+            if (ks == k) os = sg[k], ov = sel[k];
+        if (lane == owner) {
+#pragma unroll
+            for (int k = 0; k < NK; k++)
+                if (ks == k) key[k] = 0u; /* taken */
+        }
+        const float ws = route_shfl(os, owner), wv = route_shfl(ov, owner);
+        if (r < K) {
+            sum += ws; /* selection order, as the reference */
+            if (lane == r) my_s = ws, my_id = (int)wi;
+            if (r == K - 1) kth = wv;
+        } else if (lane == 0 && margin) {
+            margin[t] = kth - wv;
+        }
+    }
+    if (lane < K) {
+        ids[(size_t)t * K + lane] = my_id;
+        wts[(size_t)t * K + lane] = my_s / sum;
+    }
+    if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                                       const float *d_logits, const float *d_bias, int n_tok,
@@ -101,9 +202,19 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
                          ROUTE_MAXK * M3_WARP);
     if (n_tok == 0) return M3_OK;
     const int tok_per_block = ROUTE_THREADS / M3_WARP;
-    route_k<<<m3_grid_1d(n_tok, tok_per_block), ROUTE_THREADS, 0, g->stream>>>(
+    const char *kn = getenv("M3_QKV1"); /* TEMP knob: 0 = the session-7 kernel */
+    if ((kn && atoi(kn) == 0) || K > M3_WARP) {
+        route_k<<<m3_grid_1d(n_tok, tok_per_block), ROUTE_THREADS, 0, g->stream>>>(
+            d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
+        M3_LAUNCHED(g, "route_k");
+        return M3_OK;
+    }
+    const int nk = (E + M3_WARP - 1) / M3_WARP;
+    void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
+        nk <= 1 ? route2_k<1> : nk <= 2 ? route2_k<2> : nk <= 4 ? route2_k<4> : route2_k<8>;
+    k<<<m3_grid_1d(n_tok, tok_per_block), ROUTE_THREADS, 0, g->stream>>>(
         d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
-    M3_LAUNCHED(g, "route_k");
+    M3_LAUNCHED(g, "route2_k");
     return M3_OK;
 }
 

@@ -989,11 +989,10 @@ static __device__ __forceinline__ uint32_t kw_amax(uint4 u) {
     return max(lo, hi);
 }
 #define KW_ROWB (8 * 272) /* kvw_k's shared bytes per warp (an 8-token V window) */
-static __device__ __forceinline__ void kvw_step(const kvw_args &a, unsigned char *rows) {
+static __device__ __forceinline__ void kvw_step(const kvw_args &a, int64_t st, unsigned char *rows) {
     constexpr int KT = M3_WARP / 8; /* tokens per K step */
     constexpr int x = 8, lx = 3;    /* bf16: 8 tokens per V chunk */
-    const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
-    const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+    const int lane = (int)threadIdx.x % M3_WARP;
     if (st >= a.nstep) return;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
@@ -1061,7 +1060,7 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, unsigned char
  * pass must not finish before the qw_norm_k it overlaps */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     __shared__ __align__(16) unsigned char srow[KW_WPB][KW_ROWB];
-    kvw_step(a, srow[threadIdx.x / M3_WARP]);
+    kvw_step(a, (int64_t)blockIdx.x * KW_WPB + threadIdx.x / M3_WARP, srow[threadIdx.x / M3_WARP]);
     m3_pdl_wait();
 }
 
@@ -1370,6 +1369,11 @@ typedef struct {
     const int32_t *ibt; /* paged index cache (§4.5): rows slot(ipos[t]) through ibt, else ^ */
     int ibt_block;
     const int32_t *ipos;
+    /* small passes (VS >= 0): cos / sin evaluated per row from the positions (no table), then
+     * the raw K / V rows' steps of kv after the normed rows' steps */
+    bool rope, angle_f64, cs_bf16;
+    const int32_t *pos;
+    float inv[32];
 } qw_args;
 
 /* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
@@ -1487,16 +1491,29 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
     }
 }
 
-/* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache */
-template <int QR, int KC>
-static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
+/* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache.
+ * VS (session 8): -1 the warp-streaming pass (cos / sin from the table a.cst); >= 0 a small
+ * pass (decode, < 256 tokens) in ONE launch: cos / sin evaluated per row (a.rope), a grid of
+ * one step a warp, and after the normed rows' a.nstep steps the raw K / V rows' a.kv.nstep
+ * steps (VS 1: bf16 rows, kvw_k's step; VS 2: fp8, kvw8_k's step; 0: none) */
+template <int QR, int KC, int VS>
+static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
     __shared__ __align__(16) float w1s[4][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[4]; /* the parts, read per step from shared memory (kept out of registers) */
+    __shared__ float invs[VS >= 0 ? 32 : 1];
+    __shared__ __align__(16) unsigned char vrow[VS == 1 ? QW_WPB : 1][VS == 1 ? KW_ROWB : 16];
+    __shared__ __align__(16) float vsy[VS == 2 ? QW_WPB : 1][2 * K8_T];
     if (threadIdx.x < 4)
         sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2] : a.p[3];
+    if (VS >= 0 && threadIdx.x < 32) { /* constant indices: no local copy of the parameters */
+        float v = a.inv[0];
+#pragma unroll
+        for (int i = 1; i < 32; i++) v = threadIdx.x == i ? a.inv[i] : v;
+        invs[threadIdx.x] = v;
+    }
     __syncthreads();
     for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
         w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
@@ -1505,6 +1522,11 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
     const int nw = (int)gridDim.x * QW_WPB;
     int st = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
+    if (VS > 0 && st >= a.nstep) { /* a raw K / V step (no block barrier follows) */
+        if (VS == 1) kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
+        else if (st - a.nstep < a.kv.nstep) k8_step(a.kv, st - a.nstep, vsy[VS == 2 ? threadIdx.x / M3_WARP : 0]);
+        return;
+    }
     /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
      * struct is read through selects (an indexed parameter would go through a local copy) */
     auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
@@ -1531,6 +1553,20 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
+        /* small pass: this row's cos / sin (i = 8 j + e) as the tile kernel and cs_table_k
+         * evaluate them, issued before the rows are used (they overlap the loads) */
+        float c8[8], s8[8];
+        if (VS >= 0 && a.rope) {
+            const int32_t ps = a.pos[t];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float iv = invs[8 * j + e];
+                const double ang = a.angle_f64 ? (double)ps * (double)iv : (double)__fmul_rn((float)ps, iv);
+                double sn, cn;
+                sincos(ang, &sn, &cn);
+                c8[e] = rnd(a.cs_bf16, (float)cn), s8[e] = rnd(a.cs_bf16, (float)sn);
+            }
+        }
         float v[4][8];
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]);
@@ -1556,13 +1592,14 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
 #pragma unroll
             for (int e = 0; e < 8; e++)
                 v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
-        if (a.cst) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
-            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
-            float c8[8], s8[8];
-            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
-            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
-            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
-            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+        if (VS >= 0 ? a.rope : a.cst != NULL) {
+            if (VS < 0) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
+                const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
+                *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
+                *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
+                *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
+                *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+            }
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 const float n1 = v[0][e], n2 = v[1][e];
@@ -1785,9 +1822,11 @@ template <typename TS>
 static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
                         const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
                         int rot_dim, float theta, const m3_profile *p) {
-    /* passes under 256 tokens (decode) keep the one tile launch: the table and the separate
-     * K / V launch cost more than they save there (H200: fused T=1 7.3 against 12.4 us) */
-    if (sizeof(TS) != 2 || n_tok < 256 || (rot_dim != 0 && rot_dim != 64))
+    /* passes under 256 tokens (decode): ONE launch, qw_norm_k's small form (cos / sin per row,
+     * the raw K / V steps in the same grid), or the K / V writer alone; no table */
+    const char *kn = getenv("M3_QKV1"); /* TEMP knob: 0 = the tile kernel below 256 tokens */
+    const bool small = n_tok < 256;
+    if (sizeof(TS) != 2 || (small && kn && atoi(kn) == 0) || (rot_dim != 0 && rot_dim != 64))
         return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
     M3_ASSERT(g && p);
     kvw_args kv;
@@ -1847,7 +1886,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     }
     const size_t mark = m3_gpu_mark(g);
     const float *cst = NULL;
-    if (rope) {
+    if (rope && !small) {
         const size_t tab_bytes = (size_t)n_tok * 64 * sizeof(float);
         if (g->arena_top + tab_bytes + 256 > g->arena_cap) /* no room: the tile kernel alone */
             return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
@@ -1872,30 +1911,31 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     bool prev = cst != NULL; /* the stream's last launch is this pass's */
     /* the raw K / V rows: kvw8_k (fp8: 16 tokens a step, K and V; step numbers are 32-bit)
      * or kvw_k (bf16: 4 tokens a K step, 8-token V windows) */
+    /* the K / V writer's steps: kvw8_k's 16 tokens of one head (fp8), kvw_k's M3_WARP / 8
+     * tokens (K) and 8-token windows (V) (bf16) */
+    kvw_args kl = kv;
+    kl.n_tok = n_tok;
+    {
+        const int64_t tk = kl.fp8 ? K8_T : M3_WARP / 8, x = kl.fp8 ? K8_T : 8;
+        const int64_t tg = (n_tok + tk - 1) / tk;
+        kl.ks = kl.x[0] ? (int64_t)kl.nh * tg : 0;
+        kl.vs0 = kl.ks;
+        kl.nstep = kl.ks;
+        if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
+        if (kl.fp8 && kl.nstep >= ((int64_t)1 << 31)) {
+            m3_gpu_release(g, mark);
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
+                             "rows (more than 2^31 steps)", n_tok, kl.nh);
+        }
+    }
     auto kv_launch = [&]() -> m3_status {
-        kvw_args kl = kv;
-        kl.n_tok = n_tok;
         const bool dep = prev;
         prev = true;
         if (kl.fp8) {
-            const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
-            kl.ks = kl.x[0] ? (int64_t)kl.nh * tg16 : 0;
-            kl.vs0 = kl.ks;
-            kl.nstep = kl.ks;
-            if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
-            if (kl.nstep >= ((int64_t)1 << 31))
-                return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
-                                 "rows (more than 2^31 steps)", n_tok, kl.nh);
             const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
             M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw8_k");
         } else {
-            const int KS = M3_WARP / 8, x = 8;
-            const int64_t tg = (n_tok + KS - 1) / KS;
-            kl.ks = kl.x[0] ? (int64_t)kl.nh * tg : 0;
-            kl.vs0 = kl.ks;
-            kl.nstep = kl.ks;
-            if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
             M3_TRY(m3_gpu_launch_pdl(g, dep, kvw_k, (unsigned)((kl.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw_k");
         }
@@ -1912,7 +1952,40 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         for (int i = 0; i < qa.np; i++) cp = cp || qa.p[i].kc || qa.p[i].ic;
         const int kck = !cp ? 0 : kv.fp8 ? 2 : 1;
         void (*k)(qw_args);
-#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0> : kck == 1 ? qw_norm_k<QR, 1> : qw_norm_k<QR, 2>)
+        if (small) {
+            /* one launch: the normed rows' steps, then the raw K / V rows' (kl) steps; the
+             * forms built: q-only passes, and passes whose raw rows are of the K cache's kind */
+            const int vs = !has_kv ? 0 : kl.fp8 ? 2 : 1;
+            if (vs != 0 && vs != kck) {
+                m3_gpu_release(g, mark);
+                return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
+            }
+            qa.rope = rope;
+            qa.pos = d_pos;
+            qa.angle_f64 = p->rope_angle == M3_ROPE_ANGLE_F64;
+            qa.cs_bf16 = p->rope_cs_bf16;
+            if (rope) {
+                M3_ASSERT(d_pos);
+                rope_inv_table inv;
+                rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
+                memcpy(qa.inv, inv.inv, sizeof qa.inv);
+            }
+            qa.kv = kl;
+#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, 0> : vs == 0 ? (kck == 1 ? qw_norm_k<QR, 1, 0> : qw_norm_k<QR, 2, 0>) \
+                                : kck == 1 ? qw_norm_k<QR, 1, 1> : qw_norm_k<QR, 2, 2>)
+            if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
+            else k = QW_PICK(M3_QK_ROUND_ONCE);
+#undef QW_PICK
+            const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
+            M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
+            M3_LAUNCHED(g, "qw_norm_k (small)");
+            m3_status st = M3_OK;
+            if (nrest > 0)
+                st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
+            m3_gpu_release(g, mark);
+            return st;
+        }
+#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, -1> : kck == 1 ? qw_norm_k<QR, 1, -1> : qw_norm_k<QR, 2, -1>)
         if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
         else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
