@@ -190,6 +190,78 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
     if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
 }
 
+/* the value of a selection key (sel is never -0: sigma >= +0, and x + b = -0 needs x = -0) */
+static __device__ __forceinline__ float route_val(uint32_t k) {
+    return m3_bits_f32((k & 0x80000000u) ? k & 0x7FFFFFFFu : ~k);
+}
+/* route3_k: route2_k with each lane's keys sorted once (insertion sort by adjacent swaps on
+ * a strict key order: stable, so equal keys keep the lower id first), a round then takes the
+ * lanes' heads; the weights' sigmoids recomputed by lanes r < K from their ids (the same
+ * deterministic values) and summed in selection order through shuffles */
+template <int NK>
+static __global__ void __launch_bounds__(ROUTE_THREADS)
+    route3_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
+             const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E, int K,
+             bool bias_bf16) {
+    const int lane = (int)threadIdx.x % M3_WARP;
+    const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
+    if (t >= n_tok) return; /* whole warps leave together */
+    const float *l = logits + (size_t)t * E;
+    float lv[NK];
+    uint32_t key[NK];
+    int id[NK];
+#pragma unroll
+    for (int k = 0; k < NK; k++) {
+        const int e = lane + k * M3_WARP;
+        lv[k] = e < E ? l[e] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < NK; k++) {
+        const int e = lane + k * M3_WARP;
+        float b = e < E && bias ? bias[e] : 0.0f;
+        if (bias_bf16) b = m3_round_bf16(b);
+        key[k] = e < E ? route_key(m3_sigmoidf(lv[k]) + b) : 0u; /* 0: never chosen */
+        id[k] = e;
+    }
+#pragma unroll
+    for (int i = 1; i < NK; i++)
+#pragma unroll
+        for (int k = i; k > 0; k--)
+            if (key[k] > key[k - 1]) {
+                const uint32_t tk = key[k];
+                key[k] = key[k - 1], key[k - 1] = tk;
+                const int ti = id[k];
+                id[k] = id[k - 1], id[k - 1] = ti;
+            }
+    const int need = K + 1 < E ? K + 1 : E;
+    uint32_t kth = 0;
+    int my_id = 0;
+    for (int r = 0; r < need; r++) {
+        const uint32_t wk = route_wmax(key[0]);
+        const bool mine = key[0] == wk;
+        const int wi = (int)~route_wmax(mine ? ~(uint32_t)id[0] : 0u);
+        if (mine && wi == id[0]) { /* the owner: its next key comes up */
+#pragma unroll
+            for (int k = 0; k + 1 < NK; k++) key[k] = key[k + 1], id[k] = id[k + 1];
+            key[NK - 1] = 0u;
+        }
+        if (r < K) {
+            if (lane == r) my_id = wi;
+            if (r == K - 1) kth = wk;
+        } else if (lane == 0 && margin) {
+            margin[t] = route_val(kth) - route_val(wk);
+        }
+    }
+    const float my_s = lane < K ? m3_sigmoidf(l[my_id]) : 0.0f;
+    float sum = 0.0f;
+    for (int r = 0; r < K; r++) sum += route_shfl(my_s, r); /* selection order, as the reference */
+    if (lane < K) {
+        ids[(size_t)t * K + lane] = my_id;
+        wts[(size_t)t * K + lane] = my_s / sum;
+    }
+    if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                                       const float *d_logits, const float *d_bias, int n_tok,
@@ -212,6 +284,8 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     const int nk = (E + M3_WARP - 1) / M3_WARP;
     void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
         nk <= 1 ? route2_k<1> : nk <= 2 ? route2_k<2> : nk <= 4 ? route2_k<4> : route2_k<8>;
+    if (kn && atoi(kn) >= 2)
+        k = nk <= 1 ? route3_k<1> : nk <= 2 ? route3_k<2> : nk <= 4 ? route3_k<4> : route3_k<8>;
     k<<<m3_grid_1d(n_tok, tok_per_block), ROUTE_THREADS, 0, g->stream>>>(
         d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
     M3_LAUNCHED(g, "route2_k");

@@ -1955,7 +1955,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         if (small) {
             /* one launch: the normed rows' steps, then the raw K / V rows' (kl) steps; the
              * forms built: q-only passes, and passes whose raw rows are of the K cache's kind */
-            const int vs = !has_kv ? 0 : kl.fp8 ? 2 : 1;
+            const int kv1 = kn ? atoi(kn) : 1; /* TEMP: 2 no K / V steps (timing probe), 3 in a dependent launch */
+            const int vs = !has_kv || kv1 >= 2 ? 0 : kl.fp8 ? 2 : 1;
             if (vs != 0 && vs != kck) {
                 m3_gpu_release(g, mark);
                 return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
@@ -1979,6 +1980,10 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
             M3_LAUNCHED(g, "qw_norm_k (small)");
+            if (kv1 == 3 && has_kv) {
+                prev = true;
+                M3_TRY(kv_launch());
+            }
             m3_status st = M3_OK;
             if (nrest > 0)
                 st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
