@@ -198,7 +198,7 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * a strict key order: stable, so equal keys keep the lower id first), a round then takes the
  * lanes' heads; the weights' sigmoids recomputed by lanes r < K from their ids (the same
  * deterministic values) and summed in selection order through shuffles */
-template <int NK>
+template <int NK, bool LF>
 static __global__ void __launch_bounds__(ROUTE_THREADS)
     route3_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
              const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E, int K,
@@ -207,19 +207,35 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
     const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
     if (t >= n_tok) return; /* whole warps leave together */
     const float *l = logits + (size_t)t * E;
-    float lv[NK];
+    float lv[NK], bv[NK];
     uint32_t key[NK];
     int id[NK];
+    if (LF) { /* every load issued before any use: clamped indices, no branches between them */
 #pragma unroll
-    for (int k = 0; k < NK; k++) {
-        const int e = lane + k * M3_WARP;
-        lv[k] = e < E ? l[e] : 0.0f;
+        for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
+        if (bias) {
+#pragma unroll
+            for (int k = 0; k < NK; k++) bv[k] = bias[min(lane + k * M3_WARP, E - 1)];
+        } else {
+#pragma unroll
+            for (int k = 0; k < NK; k++) bv[k] = 0.0f;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < NK; k++) {
+            const int e = lane + k * M3_WARP;
+            lv[k] = e < E ? l[e] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < NK; k++) {
+            const int e = lane + k * M3_WARP;
+            bv[k] = e < E && bias ? bias[e] : 0.0f;
+        }
     }
 #pragma unroll
     for (int k = 0; k < NK; k++) {
         const int e = lane + k * M3_WARP;
-        float b = e < E && bias ? bias[e] : 0.0f;
-        if (bias_bf16) b = m3_round_bf16(b);
+        const float b = bias_bf16 ? m3_round_bf16(bv[k]) : bv[k];
         key[k] = e < E ? route_key(m3_sigmoidf(lv[k]) + b) : 0u; /* 0: never chosen */
         id[k] = e;
     }
@@ -284,8 +300,10 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     const int nk = (E + M3_WARP - 1) / M3_WARP;
     void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
         nk <= 1 ? route2_k<1> : nk <= 2 ? route2_k<2> : nk <= 4 ? route2_k<4> : route2_k<8>;
-    if (kn && atoi(kn) >= 2)
-        k = nk <= 1 ? route3_k<1> : nk <= 2 ? route3_k<2> : nk <= 4 ? route3_k<4> : route3_k<8>;
+    if (kn && atoi(kn) >= 2 && atoi(kn) < 4)
+        k = nk <= 1 ? route3_k<1, false> : nk <= 2 ? route3_k<2, false> : nk <= 4 ? route3_k<4, false> : route3_k<8, false>;
+    if (kn && atoi(kn) >= 4)
+        k = nk <= 1 ? route3_k<1, true> : nk <= 2 ? route3_k<2, true> : nk <= 4 ? route3_k<4, true> : route3_k<8, true>;
     k<<<m3_grid_1d(n_tok, tok_per_block), ROUTE_THREADS, 0, g->stream>>>(
         d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
     M3_LAUNCHED(g, "route2_k");

@@ -1353,10 +1353,11 @@ typedef struct {
     int ld, nh;
     bool kc;          /* K rows: also written to the K cache (kv's layout) */
     bool ic;          /* index_k rows: also written to the index cache */
+    bool vc;          /* small passes: raw V rows (no norm) written to the V cache */
     int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
 } qw_part;
 typedef struct {
-    qw_part p[4];
+    qw_part p[5];
     int np;
     int nstep;
     float eps;
@@ -1383,27 +1384,39 @@ typedef struct {
  * warp's shared memory (stg: this row's 128 bytes) and stored as 16-dim chunks j, j + 4. */
 template <int KC>
 static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4][8], m3_bf16 *p,
-                                                 int64_t slot, int h, int j, unsigned char *stg) {
-    uint4 o[4];
+                                                 int64_t slot, int h, int j, unsigned char *stg,
+                                                 bool vrow, const uint4 (&ro)[4]) {
+    uint4 o[4]; /* the stored row: V rows' bits as read (a NaN's payload kept, as ref's copy) */
 #pragma unroll
     for (int k = 0; k < 4; k++)
-        o[k] = make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
-                          pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7]));
+        o[k] = vrow ? ro[k]
+                    : make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
+                                 pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7]));
     if (p) {
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_st16_cs(p + 32 * k, o[k]);
     }
     if (KC == 1) {
-        if (slot >= 0) { /* chunk j + 4k: 4k chunks of page x 8 elements (plain rows: 32k) on */
-            m3_bf16 *d = (m3_bf16 *)a.kv.dst[0] + kw_koff(a.kv, slot, h, 8 * j, 3);
+        if (slot >= 0 && (!vrow || a.kv.page == 0)) { /* chunk j + 4k: 4k chunks of page x 8
+                                                       * elements (plain rows: 32k) on */
+            m3_bf16 *d = (m3_bf16 *)a.kv.dst[vrow ? 1 : 0] + kw_koff(a.kv, slot, h, 8 * j, 3);
             const int64_t step = a.kv.page ? (int64_t)32 * a.kv.page : 32;
 #pragma unroll
             for (int k = 0; k < 4; k++) m3_st16_cs(d + k * step, o[k]);
+        } else if (slot >= 0) { /* V SHUFFLE: 8 tokens of a dim per 16 bytes, an element a dim */
+            m3_bf16 *d = (m3_bf16 *)a.kv.dst[1] + kw_voff(a.kv, slot, h, 0, 3);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint32_t w4[4] = {o[k].x, o[k].y, o[k].z, o[k].w};
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    d[(int64_t)(8 * (j + 4 * k) + e) << 3] = (m3_bf16)(e & 1 ? w4[e / 2] >> 16 : w4[e / 2] & 0xFFFFu);
+            }
         }
         return;
     }
     uint32_t am = 0;
-    if (a.k_src == M3_GPU_KQ_STORED) {
+    if (vrow || a.k_src == M3_GPU_KQ_STORED) { /* V: always the stored values' amax */
 #pragma unroll
         for (int k = 0; k < 4; k++) am = max(am, kw_amax(o[k]) << 16);
     } else {
@@ -1417,7 +1430,7 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     const float sc = fp8_scale(m3_bits_f32(am), a.kv.fp8_max);
     const bool md = ballot64(!div_ok(sc)) == 0;
     const float y = md ? __frcp_rn(sc) : 0.0f;
-    const bool f32v = a.k_src == M3_GPU_KQ_F32;
+    const bool f32v = !vrow && a.k_src == M3_GPU_KQ_F32;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         float q[8];
@@ -1443,15 +1456,23 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
         *reinterpret_cast<uint2 *>(stg + 8 * (j + 4 * k)) = make_uint2(w2[0], w2[1]);
     }
     M3_SYNCWARP();
-    if (slot >= 0) {
+    if (slot >= 0 && !vrow) {
 #pragma unroll
         for (int k = 0; k < 2; k++) { /* output chunks j, j + 4 (16 dims each) */
             const int c16 = j + 4 * k;
             m3_st16_cs((uint8_t *)a.kv.dst[0] + kw_koff(a.kv, slot, h, 16 * c16, 4),
                        *reinterpret_cast<const uint4 *>(stg + 16 * c16));
         }
-        if (j == 0) a.kv.scl[0][kw_soff(a.kv, slot, h)] = sc;
+    } else if (slot >= 0) { /* V SHUFFLE: 16 tokens of a dim per 16 bytes, a byte a dim; lane j
+                             * dims 32 j .. 32 j + 31 */
+        uint8_t *d = (uint8_t *)a.kv.dst[1] + kw_voff(a.kv, slot, h, 0, 4);
+        const uint4 c0 = *reinterpret_cast<const uint4 *>(stg + 32 * j);
+        const uint4 c1 = *reinterpret_cast<const uint4 *>(stg + 32 * j + 16);
+        const uint32_t w8[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+        for (int i = 0; i < 32; i++) d[(int64_t)(32 * j + i) << 4] = (uint8_t)(w8[i / 4] >> (8 * (i % 4)));
     }
+    if (slot >= 0 && j == 0) a.kv.scl[vrow ? 1 : 0][kw_soff(a.kv, slot, h)] = sc;
     M3_SYNCWARP(); /* stg is rewritten by the next step */
 }
 
@@ -1500,14 +1521,15 @@ template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
-    __shared__ __align__(16) float w1s[4][128];
+    __shared__ __align__(16) float w1s[5][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
-    __shared__ qw_part sp[4]; /* the parts, read per step from shared memory (kept out of registers) */
+    __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
     __shared__ float invs[VS >= 0 ? 32 : 1];
     __shared__ __align__(16) unsigned char vrow[VS == 1 ? QW_WPB : 1][VS == 1 ? KW_ROWB : 16];
     __shared__ __align__(16) float vsy[VS == 2 ? QW_WPB : 1][2 * K8_T];
-    if (threadIdx.x < 4)
-        sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2] : a.p[3];
+    if (threadIdx.x < 5)
+        sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2]
+                        : threadIdx.x == 3 ? a.p[3] : a.p[4];
     if (VS >= 0 && threadIdx.x < 32) { /* constant indices: no local copy of the parameters */
         float v = a.inv[0];
 #pragma unroll
@@ -1516,7 +1538,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     }
     __syncthreads();
     for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
-        w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
+        if (sp[i >> 7].w) w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
     __syncthreads();
     const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
@@ -1530,7 +1552,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
      * struct is read through selects (an indexed parameter would go through a local copy) */
     auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
-        pi = a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2 : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
+        pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
+           : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
 #define QW_F(f) (sp[pi].f)
         const int r = (s - QW_F(s0)) * QW_RPS + rq;
         const int nh = QW_F(nh);
@@ -1556,7 +1579,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         /* small pass: this row's cos / sin (i = 8 j + e) as the tile kernel and cs_table_k
          * evaluate them, issued before the rows are used (they overlap the loads) */
         float c8[8], s8[8];
-        if (VS >= 0 && a.rope) {
+        const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
+        if (VS >= 0 && a.rope && !raw) {
             const int32_t ps = a.pos[t];
 #pragma unroll
             for (int e = 0; e < 8; e++) {
@@ -1568,13 +1592,15 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             }
         }
         float v[4][8];
+        uint4 ro[4]; /* V rows' bits (small passes) */
 #pragma unroll
-        for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]);
+        for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]), ro[k] = nx[k];
         if (st + nw < a.nstep) { /* the next step's rows in flight */
             locate(st + nw, npi, nt, nh_, np_);
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
         }
+        if (!raw) {
         /* sum of squares in index order: chunk c = 4 * slot + owner lane */
         float s = 0.0f;
 #pragma unroll
@@ -1611,8 +1637,9 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
             }
         }
-        if (KC != 0 && QW_F(kc)) {
-            qw_kstore<KC>(a, v, p, p ? kw_slot(a.kv, t) : -1, h, j, stg);
+        }
+        if (KC != 0 && (QW_F(kc) || raw)) {
+            qw_kstore<KC>(a, v, raw ? NULL : p, p ? kw_slot(a.kv, t) : -1, h, j, stg, raw, ro);
         } else if (KC != 0 && QW_F(ic)) {
             qw_istore(a, v, p,
                       !p       ? -1
@@ -1867,7 +1894,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                            (int64_t)n_tok * q.nh < ((int64_t)1 << 30);
         if (fit16 && q.w &&
             (q.cache == SEG_NONE || (q.cache == SEG_K && kv_ok) || (q.cache == SEG_IDX && c && c->index_k)) &&
-            qa.np < 4) {
+            qa.np < 5) {
             qw_part &w = qa.p[qa.np++];
             w.x = (m3_bf16 *)q.x, w.w = q.w, w.ld = q.ld, w.nh = q.nh;
             w.kc = q.cache == SEG_K;
@@ -1877,6 +1904,17 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             w.s0 = qa.nstep;
             qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
             rope = rope || rot_dim > 0;
+        } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kn && atoi(kn) == 4 &&
+                   !kv.x[0] && qa.np > 0 && qa.np < 5) {
+            /* small passes: V rows as a part of the same launch (4 lanes a row as the normed
+             * rows; its code shares the K rows' cache-write path) */
+            qw_part &w = qa.p[qa.np++];
+            w.x = (m3_bf16 *)q.x, w.w = NULL, w.ld = q.ld, w.nh = q.nh;
+            w.vc = true;
+            kv.nh = q.nh;
+            w.rows = n_tok * q.nh;
+            w.s0 = qa.nstep;
+            qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
             const int w = q.cache == SEG_K ? 0 : 1;
             kv.x[w] = (const m3_bf16 *)q.x, kv.ld[w] = q.ld, kv.nh = q.nh;
@@ -1949,7 +1987,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         if (c) qa.ic = c->index_k, qa.ifp8 = c->index_fp8, qa.irow0 = c->index_row0;
         if (c && c->index_bt) qa.ibt = c->index_bt, qa.ibt_block = c->index_block, qa.ipos = d_pos;
         bool cp = false;
-        for (int i = 0; i < qa.np; i++) cp = cp || qa.p[i].kc || qa.p[i].ic;
+        for (int i = 0; i < qa.np; i++) cp = cp || qa.p[i].kc || qa.p[i].ic || qa.p[i].vc;
         const int kck = !cp ? 0 : kv.fp8 ? 2 : 1;
         void (*k)(qw_args);
         if (small) {
