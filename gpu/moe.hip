@@ -94,9 +94,9 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
 /* Selection key of a value: unsigned order = ref's rank order of the values (larger first;
  * every NaN above +inf and equal to each other; -0 equal to +0); 0 ranks below any value. */
 static __device__ __forceinline__ uint32_t route_key(float v) {
-    if (v != v) return 0xFFFFFFFFu;
     const uint32_t b = m3_f32_bits(v == 0.0f ? 0.0f : v);
-    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+    const uint32_t k = (b & 0x80000000u) ? ~b : b | 0x80000000u;
+    return v != v ? 0xFFFFFFFFu : k;
 }
 /* warp maximum of an unsigned word: one redux instruction on sm_80+, else xor shuffles */
 static __device__ __forceinline__ uint32_t route_wmax(uint32_t v) {
@@ -198,11 +198,22 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * a strict key order: stable, so equal keys keep the lower id first), a round then takes the
  * lanes' heads; the weights' sigmoids recomputed by lanes r < K from their ids (the same
  * deterministic values) and summed in selection order through shuffles */
+#define ROUTE3_THREADS 256
 template <int NK, bool LF>
-static __global__ void __launch_bounds__(ROUTE_THREADS)
+static __global__ void __launch_bounds__(ROUTE3_THREADS)
     route3_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
              const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E, int K,
              bool bias_bf16) {
+    /* LF: the block's biases (rounded to bf16 when the router is held in bf16) once in shared
+     * memory for its ROUTE3_THREADS / M3_WARP tokens */
+    __shared__ float sb[LF ? ROUTE_MAXK * M3_WARP : 1];
+    if (LF) {
+        for (int i = (int)threadIdx.x; i < E; i += (int)blockDim.x) {
+            const float b = bias ? bias[i] : 0.0f;
+            sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
+        }
+        __syncthreads();
+    }
     const int lane = (int)threadIdx.x % M3_WARP;
     const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
     if (t >= n_tok) return; /* whole warps leave together */
@@ -213,13 +224,8 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
     if (LF) { /* every load issued before any use: clamped indices, no branches between them */
 #pragma unroll
         for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
-        if (bias) {
 #pragma unroll
-            for (int k = 0; k < NK; k++) bv[k] = bias[min(lane + k * M3_WARP, E - 1)];
-        } else {
-#pragma unroll
-            for (int k = 0; k < NK; k++) bv[k] = 0.0f;
-        }
+        for (int k = 0; k < NK; k++) bv[k] = sb[min(lane + k * M3_WARP, E - 1)];
     } else {
 #pragma unroll
         for (int k = 0; k < NK; k++) {
@@ -235,7 +241,7 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
 #pragma unroll
     for (int k = 0; k < NK; k++) {
         const int e = lane + k * M3_WARP;
-        const float b = bias_bf16 ? m3_round_bf16(bv[k]) : bv[k];
+        const float b = !LF && bias_bf16 ? m3_round_bf16(bv[k]) : bv[k];
         key[k] = e < E ? route_key(m3_sigmoidf(lv[k]) + b) : 0u; /* 0: never chosen */
         id[k] = e;
     }
@@ -302,8 +308,13 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         nk <= 1 ? route2_k<1> : nk <= 2 ? route2_k<2> : nk <= 4 ? route2_k<4> : route2_k<8>;
     if (kn && atoi(kn) >= 2 && atoi(kn) < 4)
         k = nk <= 1 ? route3_k<1, false> : nk <= 2 ? route3_k<2, false> : nk <= 4 ? route3_k<4, false> : route3_k<8, false>;
-    if (kn && atoi(kn) >= 4)
+    if (!kn || atoi(kn) >= 4) {
         k = nk <= 1 ? route3_k<1, true> : nk <= 2 ? route3_k<2, true> : nk <= 4 ? route3_k<4, true> : route3_k<8, true>;
+        k<<<m3_grid_1d(n_tok, ROUTE3_THREADS / M3_WARP), ROUTE3_THREADS, 0, g->stream>>>(
+            d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
+        M3_LAUNCHED(g, "route3_k");
+        return M3_OK;
+    }
     k<<<m3_grid_1d(n_tok, tok_per_block), ROUTE_THREADS, 0, g->stream>>>(
         d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
     M3_LAUNCHED(g, "route2_k");

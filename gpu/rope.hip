@@ -1600,43 +1600,43 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
         }
-        if (!raw) {
-        /* sum of squares in index order: chunk c = 4 * slot + owner lane */
-        float s = 0.0f;
+        if (!raw) { /* normed rows: the norm, then the rotation */
+            /* sum of squares in index order: chunk c = 4 * slot + owner lane */
+            float s = 0.0f;
 #pragma unroll
-        for (int c = 0; c < 16; c++) {
-            float tt = s;
+            for (int c = 0; c < 16; c++) {
+                float tt = s;
 #pragma unroll
-            for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
-            s = qw_shfl(tt, c & 3, QW_LPR);
-        }
-        const float mu = __fdiv_rn(s, 128.0f);
-        const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
-        const float *w1 = w1s[pi];
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
-        if (VS >= 0 ? a.rope : a.cst != NULL) {
-            if (VS < 0) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
-                const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
-                *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
-                *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
-                *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
-                *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+                for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
+                s = qw_shfl(tt, c & 3, QW_LPR);
             }
+            const float mu = __fdiv_rn(s, 128.0f);
+            const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
+            const float *w1 = w1s[pi];
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float n1 = v[0][e], n2 = v[1][e];
-                const float a1 = rnd(per_op, __fmul_rn(n1, c8[e]));
-                const float b1 = rnd(per_op, __fmul_rn(-n2, s8[e]));
-                const float a2 = rnd(per_op, __fmul_rn(n2, c8[e]));
-                const float b2 = rnd(per_op, __fmul_rn(n1, s8[e]));
-                v[0][e] = rnd(per_op, __fadd_rn(a1, b1));
-                v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
+            if (VS >= 0 ? a.rope : a.cst != NULL) {
+                if (VS < 0) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
+                    const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
+                    *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
+                    *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
+                    *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
+                    *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+                }
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float n1 = v[0][e], n2 = v[1][e];
+                    const float a1 = rnd(per_op, __fmul_rn(n1, c8[e]));
+                    const float b1 = rnd(per_op, __fmul_rn(-n2, s8[e]));
+                    const float a2 = rnd(per_op, __fmul_rn(n2, c8[e]));
+                    const float b2 = rnd(per_op, __fmul_rn(n1, s8[e]));
+                    v[0][e] = rnd(per_op, __fadd_rn(a1, b1));
+                    v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
+                }
             }
-        }
         }
         if (KC != 0 && (QW_F(kc) || raw)) {
             qw_kstore<KC>(a, v, raw ? NULL : p, p ? kw_slot(a.kv, t) : -1, h, j, stg, raw, ro);
@@ -1904,7 +1904,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             w.s0 = qa.nstep;
             qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
             rope = rope || rot_dim > 0;
-        } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kn && atoi(kn) == 4 &&
+        } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !(kn && atoi(kn) == 1) &&
                    !kv.x[0] && qa.np > 0 && qa.np < 5) {
             /* small passes: V rows as a part of the same launch (4 lanes a row as the normed
              * rows; its code shares the K rows' cache-write path) */
