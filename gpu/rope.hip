@@ -5,7 +5,7 @@
  * m3_gpu_kv_cache_write is the same code with two un-normed parts. Tests:
  * tests/gpu_norm_rope.c (bit for bit against the ref composition), tests/gpu_kvcache.c.
  *
- * Two kernel families, one contract (every byte equal to ref's):
+ * Three kernel forms, one contract (every byte equal to ref's):
  * - passes of >= 256 tokens, bf16 rows of Dh 128 (16-byte aligned), rotary 64 or none, and
  *   a cache in page-128 / page-16 / plain-row layout: the WARP-STREAMING kernels (section
  *   "warp-streaming paths" below): a cos/sin table launch, qw_norm_k (every normed part;
@@ -16,9 +16,14 @@
  *   H200, session 5:
  *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
  *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
- * - everything else (decode and other passes under 256 tokens, fp32 storage, odd head dims
- *   or pitches, ref's paged geometries other than M3's, index keys of Di != 128): the TILE
- *   kernel qkv_k described next, which also takes any part the warp kernels do not.
+ * - passes under 256 tokens (decode) of the same shapes (session 8): ONE launch, no table:
+ *   qw_norm_k's small form (cos / sin evaluated per row; fp8 V rows as one more part written
+ *   through qw_kstore's code, bf16 V rows as kvw_k's window steps in the same grid), or for
+ *   the K / V writer alone kvw8_k / kvw_k. H200: fused fp8 sparse + index T=1 18.3 -> 8.6 us,
+ *   T=64 19.4 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu.md);
+ * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
+ *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
+ *   takes any part the warp kernels do not.
  *
  * Tile kernel: one launch (plus a cos/sin table launch for passes of >= 256 tokens), a grid of TILES in
  * SEGMENTS: each part (q, k, v, index_q, index_k) gets its own range of tiles, and a tile holds
@@ -1370,8 +1375,8 @@ typedef struct {
     const int32_t *ibt; /* paged index cache (§4.5): rows slot(ipos[t]) through ibt, else ^ */
     int ibt_block;
     const int32_t *ipos;
-    /* small passes (VS >= 0): cos / sin evaluated per row from the positions (no table), then
-     * the raw K / V rows' steps of kv after the normed rows' steps */
+    /* small passes (VS >= 0): cos / sin evaluated per row from the positions (no table);
+     * with VS 1 the raw K / V rows' steps of kv after the parts' steps */
     bool rope, angle_f64, cs_bf16;
     const int32_t *pos;
     float inv[32];
@@ -1515,8 +1520,9 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
 /* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache.
  * VS (session 8): -1 the warp-streaming pass (cos / sin from the table a.cst); >= 0 a small
  * pass (decode, < 256 tokens) in ONE launch: cos / sin evaluated per row (a.rope), a grid of
- * one step a warp, and after the normed rows' a.nstep steps the raw K / V rows' a.kv.nstep
- * steps (VS 1: bf16 rows, kvw_k's step; VS 2: fp8, kvw8_k's step; 0: none) */
+ * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
+ * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
+ * parts' a.nstep steps */
 template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
@@ -1526,7 +1532,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
     __shared__ float invs[VS >= 0 ? 32 : 1];
     __shared__ __align__(16) unsigned char vrow[VS == 1 ? QW_WPB : 1][VS == 1 ? KW_ROWB : 16];
-    __shared__ __align__(16) float vsy[VS == 2 ? QW_WPB : 1][2 * K8_T];
     if (threadIdx.x < 5)
         sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2]
                         : threadIdx.x == 3 ? a.p[3] : a.p[4];
@@ -1544,9 +1549,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
     const int nw = (int)gridDim.x * QW_WPB;
     int st = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
-    if (VS > 0 && st >= a.nstep) { /* a raw K / V step (no block barrier follows) */
-        if (VS == 1) kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
-        else if (st - a.nstep < a.kv.nstep) k8_step(a.kv, st - a.nstep, vsy[VS == 2 ? threadIdx.x / M3_WARP : 0]);
+    if (VS == 1 && st >= a.nstep) { /* a raw K / V step (no block barrier follows) */
+        kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
         return;
     }
     /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
@@ -1849,11 +1853,12 @@ template <typename TS>
 static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
                         const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
                         int rot_dim, float theta, const m3_profile *p) {
-    /* passes under 256 tokens (decode): ONE launch, qw_norm_k's small form (cos / sin per row,
-     * the raw K / V steps in the same grid), or the K / V writer alone; no table */
-    const char *kn = getenv("M3_QKV1"); /* TEMP knob: 0 = the tile kernel below 256 tokens */
+    /* passes under 256 tokens (decode; session 8): ONE launch without a table, qw_norm_k's
+     * small form (cos / sin per row; fp8 V rows as a part, bf16 V rows as kvw_k's window steps
+     * in the same grid), or the K / V writer alone (kvw8_k / kvw_k). H200: fused fp8 sparse +
+     * index T=1 18.3 -> 8.6 us, the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu.md) */
     const bool small = n_tok < 256;
-    if (sizeof(TS) != 2 || (small && kn && atoi(kn) == 0) || (rot_dim != 0 && rot_dim != 64))
+    if (sizeof(TS) != 2 || (rot_dim != 0 && rot_dim != 64))
         return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
     M3_ASSERT(g && p);
     kvw_args kv;
@@ -1904,10 +1909,14 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             w.s0 = qa.nstep;
             qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
             rope = rope || rot_dim > 0;
-        } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !(kn && atoi(kn) == 1) &&
-                   !kv.x[0] && qa.np > 0 && qa.np < 5) {
-            /* small passes: V rows as a part of the same launch (4 lanes a row as the normed
-             * rows; its code shares the K rows' cache-write path) */
+        } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !kv.x[0] &&
+                   qa.np > 0 && qa.np < 5) {
+            /* small passes: fp8 V rows as a part of the same launch (4 lanes a row as the normed
+             * rows; qw_kstore's code for K, the codes stored byte by byte into the V layout:
+             * a decode pass's tokens are of different sequences, so there are no 16-token
+             * windows to write as chunks; H200, fused sparse T=1: 8.6 us against 11.6 with
+             * kvw8_k's window steps in the grid, whose code is 174 KB: instruction fetch
+             * stalls, ncu) */
             qw_part &w = qa.p[qa.np++];
             w.x = (m3_bf16 *)q.x, w.w = NULL, w.ld = q.ld, w.nh = q.nh;
             w.vc = true;
@@ -1991,11 +2000,10 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         const int kck = !cp ? 0 : kv.fp8 ? 2 : 1;
         void (*k)(qw_args);
         if (small) {
-            /* one launch: the normed rows' steps, then the raw K / V rows' (kl) steps; the
-             * forms built: q-only passes, and passes whose raw rows are of the K cache's kind */
-            const int kv1 = kn ? atoi(kn) : 1; /* TEMP: 2 no K / V steps (timing probe), 3 in a dependent launch */
-            const int vs = !has_kv || kv1 >= 2 ? 0 : kl.fp8 ? 2 : 1;
-            if (vs != 0 && vs != kck) {
+            /* one launch: the normed rows' steps, then bf16 raw K / V rows' (kl) steps; other
+             * raw rows (fp8 K without its norm: no layer makes them) take the tile kernel */
+            const int vs = !has_kv ? 0 : kl.fp8 ? -1 : 1;
+            if (vs < 0 || (vs == 1 && kck != 1)) {
                 m3_gpu_release(g, mark);
                 return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
             }
@@ -2010,18 +2018,14 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 memcpy(qa.inv, inv.inv, sizeof qa.inv);
             }
             qa.kv = kl;
-#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, 0> : vs == 0 ? (kck == 1 ? qw_norm_k<QR, 1, 0> : qw_norm_k<QR, 2, 0>) \
-                                : kck == 1 ? qw_norm_k<QR, 1, 1> : qw_norm_k<QR, 2, 2>)
+#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, 0> : vs == 1 ? qw_norm_k<QR, 1, 1> \
+                                : kck == 1 ? qw_norm_k<QR, 1, 0> : qw_norm_k<QR, 2, 0>)
             if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
             M3_LAUNCHED(g, "qw_norm_k (small)");
-            if (kv1 == 3 && has_kv) {
-                prev = true;
-                M3_TRY(kv_launch());
-            }
             m3_status st = M3_OK;
             if (nrest > 0)
                 st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);

@@ -197,8 +197,6 @@ static m3_bf16 *rand_rows(m3_gpu *g, m3_rng *r, int64_t n) {
     return d;
 }
 
-static void qkv1_report(const char *nm, m3_gpu *g, bench_fn fn, void *ctx, int reps, double bytes,
-                        double flops); /* TEMP (helper qkv1) */
 typedef struct { m3_bf16 *x; const int32_t *pos; const m3_bf16 *w; int T, ld, H; m3_profile p; } rope_ctx;
 static m3_status do_rope(m3_gpu *g, void *c) {
     rope_ctx *x = c;
@@ -226,9 +224,10 @@ static void bench_qk_norm_rope(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
+        double ms = time_ms(g, do_rope, &c, 20, 7);
         char nm[96];
         snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
-        qkv1_report(nm, g, do_rope, &c, 20, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
+        report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
         m3_gpu_release(g, mark);
     }
 }
@@ -266,36 +265,6 @@ static void bench_swiglu(void **state) {
     }
 }
 
-/* TEMP (helper qkv1, removed before the merge): M3_QKV1_VARS="0,1" times a row once per value
- * of the M3_QKV1 knob (gpu/rope.hip, gpu/moe.hip), in this process; unset: once, as is */
-static int qkv1_vars(int *v) {
-    const char *s = getenv("M3_QKV1_VARS");
-    int n = 0;
-    while (s && *s && n < 8) {
-        v[n++] = atoi(s);
-        s = strchr(s, ',');
-        if (s) s++;
-    }
-    return n;
-}
-static void qkv1_report(const char *nm, m3_gpu *g, bench_fn fn, void *ctx, int reps, double bytes,
-                        double flops) {
-    int v[8];
-    const int n = qkv1_vars(v);
-    if (n == 0) {
-        report(nm, time_ms(g, fn, ctx, reps, 7), bytes, flops);
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        char e[16], nv[128];
-        snprintf(e, sizeof e, "%d", v[i]);
-        setenv("M3_QKV1", e, 1);
-        snprintf(nv, sizeof nv, "%s v%d", nm, v[i]);
-        report(nv, time_ms(g, fn, ctx, reps, 7), bytes, flops);
-    }
-    unsetenv("M3_QKV1");
-}
-
 typedef struct { int32_t *ids; float *w, *m; const float *l, *b; int T; m3_moe_params mp; m3_profile p; } route_ctx;
 static m3_status do_route(m3_gpu *g, void *c) {
     route_ctx *x = c;
@@ -320,9 +289,10 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
+        double ms = time_ms(g, do_route, &c, 20, 7);
         char nm[96];
         snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
-        qkv1_report(nm, g, do_route, &c, 20, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
     }
 }
 
@@ -839,7 +809,7 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
             const double n = (double)c.T * 512 * 2; /* K and V elements */
-            qkv1_report(nm, g, do_kv, &c, 20, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            report(nm, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
             m3_gpu_release(g, mark);
         }
 }
@@ -946,7 +916,7 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            qkv1_report(nm, g, do_qkvc, &c, 20, bytes, T * normed * 12);
+            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
