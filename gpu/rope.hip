@@ -20,7 +20,7 @@
  *   qw_norm_k's small form (cos / sin evaluated per row; fp8 V rows as one more part written
  *   through qw_kstore's code, bf16 V rows as kvw_k's window steps in the same grid), or for
  *   the K / V writer alone kvw8_k / kvw_k. H200: fused fp8 sparse + index T=1 18.3 -> 8.6 us,
- *   T=64 19.4 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu.md);
+ *   T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu.md);
  * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
  *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
  *   takes any part the warp kernels do not.
