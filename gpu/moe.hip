@@ -3,13 +3,15 @@
  * whose reference margin is a near-tie (documented in tests/gpu_moe.c); weights
  * GPU_NMSE_F32. Tests: tests/gpu_moe.c.
  *
- * route_k: one warp per token. Lane l holds experts e = l + k*M3_WARP (k < ROUTE_MAXK):
- *   sigma_e = m3_sigmoidf(l_e) (ref/num/act.h), sel_e = sigma_e + b_e (b rounded to bf16
- *   when the router is held in bf16, as the reference does). K+1 rounds of a warp arg-max
- *   over (sel desc, NaN highest, id asc) pick the experts in the reference's order; the
- *   extra round gives the margin sel_(K) - sel_(K+1). Lane 0 sums sigma over the chosen K in
- *   selection order and writes w_k = sigma_k / sum (before routed_scaling_factor), the
- *   reference's exact operation order; only expf may differ by an ulp (device libm). */
+ * route_sel_k (K <= M3_WARP; session 8) and route_k (any K): one warp per token. Lane l
+ *   holds experts e = l + k*M3_WARP (k < ROUTE_MAXK): sigma_e = m3_sigmoidf(l_e)
+ *   (ref/num/act.h), sel_e = sigma_e + b_e (b rounded to bf16 when the router is held in
+ *   bf16, as the reference does). K+1 rounds of a warp arg-max over (sel desc, NaN highest,
+ *   id asc) pick the experts in the reference's order; the extra round gives the margin
+ *   sel_(K) - sel_(K+1). The weights w_k = sigma_k / sum over the chosen K summed in
+ *   selection order (before routed_scaling_factor), the reference's exact operation order;
+ *   only expf may differ by an ulp (device libm). route_sel_k's rounds are two redux
+ *   instructions on sorted selection keys (details at the kernel). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/linear.h" /* m3_actq, m3_actq_applies (host) */
@@ -89,6 +91,118 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
     }
 }
 
+/* Selection key of a value: unsigned order = ref's rank order of the values (larger first;
+ * every NaN above +inf and equal to each other; -0 equal to +0); 0 ranks below any value. */
+static __device__ __forceinline__ uint32_t route_key(float v) {
+    const uint32_t b = m3_f32_bits(v == 0.0f ? 0.0f : v);
+    const uint32_t k = (b & 0x80000000u) ? ~b : b | 0x80000000u;
+    return v != v ? 0xFFFFFFFFu : k;
+}
+/* warp maximum of an unsigned word: one redux instruction on sm_80+, else xor shuffles */
+static __device__ __forceinline__ uint32_t route_wmax(uint32_t v) {
+#if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(0xffffffffu, v);
+#else
+    for (int m = M3_WARP / 2; m > 0; m >>= 1) v = max(v, (uint32_t)M3_SHFL_XOR((int)v, m));
+    return v;
+#endif
+}
+static __device__ __forceinline__ float route_shfl(float v, int src) {
+#if defined(M3_HIP_AMD)
+    return __shfl(v, src);
+#else
+    return __shfl_sync(0xffffffffu, v, src);
+#endif
+}
+
+/* the value of a selection key (sel is never -0: sigma >= +0, and x + b = -0 needs x = -0) */
+static __device__ __forceinline__ float route_val(uint32_t k) {
+    return m3_bits_f32((k & 0x80000000u) ? k & 0x7FFFFFFFu : ~k);
+}
+
+/* route_sel_k (session 8): one warp per token, lane l holding experts e = l + k M3_WARP
+ * (k < NK; coalesced loads, all issued before any use: clamped indices, no branches between
+ * them), the block's biases (rounded to bf16 when the router is held in bf16) once in shared
+ * memory for its ROUTE_SEL_THREADS / M3_WARP tokens. Each lane sorts its selection keys
+ * (route_key) once, an insertion sort by adjacent swaps on the strict key order: stable, so
+ * equal keys keep the lower id first. A round takes the warp maximum of the lanes' head keys
+ * and, among the lanes holding it, the lowest id (two redux instructions on sm_80+: ref's
+ * `before` order); the owner lane's next key comes up. Lanes r < K recompute the sigmoid of
+ * their winner (the same deterministic value) and sum the K in selection order through
+ * shuffles (ref's order), then write id r and sigma_r / sum (one store each); lane 0 the
+ * margin from the keys of rounds K-1 and K. H200: T = 16384 0.0314 -> 0.0136 ms (route_k:
+ * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
+ * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
+#define ROUTE_SEL_THREADS 256
+template <int NK>
+static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
+    route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
+                const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
+                int K, bool bias_bf16) {
+    __shared__ float sb[ROUTE_MAXK * M3_WARP];
+    for (int i = (int)threadIdx.x; i < E; i += (int)blockDim.x) {
+        const float b = bias ? bias[i] : 0.0f;
+        sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
+    }
+    __syncthreads();
+    const int lane = (int)threadIdx.x % M3_WARP;
+    const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
+    if (t >= n_tok) return; /* whole warps leave together */
+    const float *l = logits + (size_t)t * E;
+    float lv[NK], bv[NK];
+    uint32_t key[NK];
+    int id[NK];
+#pragma unroll
+    for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
+#pragma unroll
+    for (int k = 0; k < NK; k++) bv[k] = sb[min(lane + k * M3_WARP, E - 1)];
+#pragma unroll
+    for (int k = 0; k < NK; k++) {
+        const int e = lane + k * M3_WARP;
+        key[k] = e < E ? route_key(m3_sigmoidf(lv[k]) + bv[k]) : 0u; /* 0: never chosen */
+        id[k] = e;
+    }
+#pragma unroll
+    for (int i = 1; i < NK; i++)
+#pragma unroll
+        for (int k = i; k > 0; k--)
+            if (key[k] > key[k - 1]) {
+                const uint32_t tk = key[k];
+                key[k] = key[k - 1], key[k - 1] = tk;
+                const int ti = id[k];
+                id[k] = id[k - 1], id[k - 1] = ti;
+            }
+    const int need = K + 1 < E ? K + 1 : E;
+    uint32_t kth = 0;
+    int my_id = 0;
+    for (int r = 0; r < need; r++) {
+        /* the taken experts left the heads, and a round always has an untaken expert of key
+         * > 0 (need <= E) */
+        const uint32_t wk = route_wmax(key[0]);
+        const bool mine = key[0] == wk;
+        const int wi = (int)~route_wmax(mine ? ~(uint32_t)id[0] : 0u);
+        if (mine && wi == id[0]) { /* the owner: its next key comes up */
+#pragma unroll
+            for (int k = 0; k + 1 < NK; k++) key[k] = key[k + 1], id[k] = id[k + 1];
+            key[NK - 1] = 0u;
+        }
+        if (r < K) {
+            if (lane == r) my_id = wi;
+            if (r == K - 1) kth = wk;
+        } else if (lane == 0 && margin) {
+            margin[t] = route_val(kth) - route_val(wk);
+        }
+    }
+    const float my_s = lane < K ? m3_sigmoidf(l[my_id]) : 0.0f;
+    float sum = 0.0f;
+    for (int r = 0; r < K; r++) sum += route_shfl(my_s, r); /* selection order, as the reference */
+    if (lane < K) {
+        ids[(size_t)t * K + lane] = my_id;
+        wts[(size_t)t * K + lane] = my_s / sum;
+    }
+    if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                                       const float *d_logits, const float *d_bias, int n_tok,
@@ -101,9 +215,18 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
                          ROUTE_MAXK * M3_WARP);
     if (n_tok == 0) return M3_OK;
     const int tok_per_block = ROUTE_THREADS / M3_WARP;
-    route_k<<<m3_grid_1d(n_tok, tok_per_block), ROUTE_THREADS, 0, g->stream>>>(
+    if (K > M3_WARP) { /* more winners than lanes to hold them */
+        route_k<<<m3_grid_1d(n_tok, tok_per_block), ROUTE_THREADS, 0, g->stream>>>(
+            d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
+        M3_LAUNCHED(g, "route_k");
+        return M3_OK;
+    }
+    const int nk = (E + M3_WARP - 1) / M3_WARP;
+    void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
+        nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
+    k<<<m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP), ROUTE_SEL_THREADS, 0, g->stream>>>(
         d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
-    M3_LAUNCHED(g, "route_k");
+    M3_LAUNCHED(g, "route_sel_k");
     return M3_OK;
 }
 

@@ -5,7 +5,7 @@
  * m3_gpu_kv_cache_write is the same code with two un-normed parts. Tests:
  * tests/gpu_norm_rope.c (bit for bit against the ref composition), tests/gpu_kvcache.c.
  *
- * Two kernel families, one contract (every byte equal to ref's):
+ * Three kernel forms, one contract (every byte equal to ref's):
  * - passes of >= 256 tokens, bf16 rows of Dh 128 (16-byte aligned), rotary 64 or none, and
  *   a cache in page-128 / page-16 / plain-row layout: the WARP-STREAMING kernels (section
  *   "warp-streaming paths" below): a cos/sin table launch, qw_norm_k (every normed part;
@@ -16,9 +16,14 @@
  *   H200, session 5:
  *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
  *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
- * - everything else (decode and other passes under 256 tokens, fp32 storage, odd head dims
- *   or pitches, ref's paged geometries other than M3's, index keys of Di != 128): the TILE
- *   kernel qkv_k described next, which also takes any part the warp kernels do not.
+ * - passes under 256 tokens (decode) of the same shapes (session 8): ONE launch, no table:
+ *   qw_norm_k's small form (cos / sin evaluated per row; fp8 V rows as one more part written
+ *   through qw_kstore's code, bf16 V rows as kvw_k's window steps in the same grid), or for
+ *   the K / V writer alone kvw8_k / kvw_k. H200: fused fp8 sparse + index T=1 18.3 -> 8.6 us,
+ *   T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu.md);
+ * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
+ *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
+ *   takes any part the warp kernels do not.
  *
  * Tile kernel: one launch (plus a cos/sin table launch for passes of >= 256 tokens), a grid of TILES in
  * SEGMENTS: each part (q, k, v, index_q, index_k) gets its own range of tiles, and a tile holds
@@ -989,11 +994,10 @@ static __device__ __forceinline__ uint32_t kw_amax(uint4 u) {
     return max(lo, hi);
 }
 #define KW_ROWB (8 * 272) /* kvw_k's shared bytes per warp (an 8-token V window) */
-static __device__ __forceinline__ void kvw_step(const kvw_args &a, unsigned char *rows) {
+static __device__ __forceinline__ void kvw_step(const kvw_args &a, int64_t st, unsigned char *rows) {
     constexpr int KT = M3_WARP / 8; /* tokens per K step */
     constexpr int x = 8, lx = 3;    /* bf16: 8 tokens per V chunk */
-    const int lane = (int)threadIdx.x % M3_WARP, wid = (int)threadIdx.x / M3_WARP;
-    const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+    const int lane = (int)threadIdx.x % M3_WARP;
     if (st >= a.nstep) return;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
@@ -1061,7 +1065,7 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, unsigned char
  * pass must not finish before the qw_norm_k it overlaps */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     __shared__ __align__(16) unsigned char srow[KW_WPB][KW_ROWB];
-    kvw_step(a, srow[threadIdx.x / M3_WARP]);
+    kvw_step(a, (int64_t)blockIdx.x * KW_WPB + threadIdx.x / M3_WARP, srow[threadIdx.x / M3_WARP]);
     m3_pdl_wait();
 }
 
@@ -1354,10 +1358,11 @@ typedef struct {
     int ld, nh;
     bool kc;          /* K rows: also written to the K cache (kv's layout) */
     bool ic;          /* index_k rows: also written to the index cache */
+    bool vc;          /* small passes: raw V rows (no norm) written to the V cache */
     int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
 } qw_part;
 typedef struct {
-    qw_part p[4];
+    qw_part p[5];
     int np;
     int nstep;
     float eps;
@@ -1370,6 +1375,11 @@ typedef struct {
     const int32_t *ibt; /* paged index cache (§4.5): rows slot(ipos[t]) through ibt, else ^ */
     int ibt_block;
     const int32_t *ipos;
+    /* small passes (VS >= 0): cos / sin evaluated per row from the positions (no table);
+     * with VS 1 the raw K / V rows' steps of kv after the parts' steps */
+    bool rope, angle_f64, cs_bf16;
+    const int32_t *pos;
+    float inv[32];
 } qw_args;
 
 /* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
@@ -1379,27 +1389,39 @@ typedef struct {
  * warp's shared memory (stg: this row's 128 bytes) and stored as 16-dim chunks j, j + 4. */
 template <int KC>
 static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4][8], m3_bf16 *p,
-                                                 int64_t slot, int h, int j, unsigned char *stg) {
-    uint4 o[4];
+                                                 int64_t slot, int h, int j, unsigned char *stg,
+                                                 bool vrow, const uint4 (&ro)[4]) {
+    uint4 o[4]; /* the stored row: V rows' bits as read (a NaN's payload kept, as ref's copy) */
 #pragma unroll
     for (int k = 0; k < 4; k++)
-        o[k] = make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
-                          pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7]));
+        o[k] = vrow ? ro[k]
+                    : make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
+                                 pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7]));
     if (p) {
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_st16_cs(p + 32 * k, o[k]);
     }
     if (KC == 1) {
-        if (slot >= 0) { /* chunk j + 4k: 4k chunks of page x 8 elements (plain rows: 32k) on */
-            m3_bf16 *d = (m3_bf16 *)a.kv.dst[0] + kw_koff(a.kv, slot, h, 8 * j, 3);
+        if (slot >= 0 && (!vrow || a.kv.page == 0)) { /* chunk j + 4k: 4k chunks of page x 8
+                                                       * elements (plain rows: 32k) on */
+            m3_bf16 *d = (m3_bf16 *)a.kv.dst[vrow ? 1 : 0] + kw_koff(a.kv, slot, h, 8 * j, 3);
             const int64_t step = a.kv.page ? (int64_t)32 * a.kv.page : 32;
 #pragma unroll
             for (int k = 0; k < 4; k++) m3_st16_cs(d + k * step, o[k]);
+        } else if (slot >= 0) { /* V SHUFFLE: 8 tokens of a dim per 16 bytes, an element a dim */
+            m3_bf16 *d = (m3_bf16 *)a.kv.dst[1] + kw_voff(a.kv, slot, h, 0, 3);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint32_t w4[4] = {o[k].x, o[k].y, o[k].z, o[k].w};
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    d[(int64_t)(8 * (j + 4 * k) + e) << 3] = (m3_bf16)(e & 1 ? w4[e / 2] >> 16 : w4[e / 2] & 0xFFFFu);
+            }
         }
         return;
     }
     uint32_t am = 0;
-    if (a.k_src == M3_GPU_KQ_STORED) {
+    if (vrow || a.k_src == M3_GPU_KQ_STORED) { /* V: always the stored values' amax */
 #pragma unroll
         for (int k = 0; k < 4; k++) am = max(am, kw_amax(o[k]) << 16);
     } else {
@@ -1413,7 +1435,7 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     const float sc = fp8_scale(m3_bits_f32(am), a.kv.fp8_max);
     const bool md = ballot64(!div_ok(sc)) == 0;
     const float y = md ? __frcp_rn(sc) : 0.0f;
-    const bool f32v = a.k_src == M3_GPU_KQ_F32;
+    const bool f32v = !vrow && a.k_src == M3_GPU_KQ_F32;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         float q[8];
@@ -1439,15 +1461,23 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
         *reinterpret_cast<uint2 *>(stg + 8 * (j + 4 * k)) = make_uint2(w2[0], w2[1]);
     }
     M3_SYNCWARP();
-    if (slot >= 0) {
+    if (slot >= 0 && !vrow) {
 #pragma unroll
         for (int k = 0; k < 2; k++) { /* output chunks j, j + 4 (16 dims each) */
             const int c16 = j + 4 * k;
             m3_st16_cs((uint8_t *)a.kv.dst[0] + kw_koff(a.kv, slot, h, 16 * c16, 4),
                        *reinterpret_cast<const uint4 *>(stg + 16 * c16));
         }
-        if (j == 0) a.kv.scl[0][kw_soff(a.kv, slot, h)] = sc;
+    } else if (slot >= 0) { /* V SHUFFLE: 16 tokens of a dim per 16 bytes, a byte a dim; lane j
+                             * dims 32 j .. 32 j + 31 */
+        uint8_t *d = (uint8_t *)a.kv.dst[1] + kw_voff(a.kv, slot, h, 0, 4);
+        const uint4 c0 = *reinterpret_cast<const uint4 *>(stg + 32 * j);
+        const uint4 c1 = *reinterpret_cast<const uint4 *>(stg + 32 * j + 16);
+        const uint32_t w8[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+        for (int i = 0; i < 32; i++) d[(int64_t)(32 * j + i) << 4] = (uint8_t)(w8[i / 4] >> (8 * (i % 4)));
     }
+    if (slot >= 0 && j == 0) a.kv.scl[vrow ? 1 : 0][kw_soff(a.kv, slot, h)] = sc;
     M3_SYNCWARP(); /* stg is rewritten by the next step */
 }
 
@@ -1487,28 +1517,47 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
     }
 }
 
-/* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache */
-template <int QR, int KC>
-static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
+/* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache.
+ * VS (session 8): -1 the warp-streaming pass (cos / sin from the table a.cst); >= 0 a small
+ * pass (decode, < 256 tokens) in ONE launch: cos / sin evaluated per row (a.rope), a grid of
+ * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
+ * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
+ * parts' a.nstep steps */
+template <int QR, int KC, int VS>
+static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
-    __shared__ __align__(16) float w1s[4][128];
+    __shared__ __align__(16) float w1s[5][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
-    __shared__ qw_part sp[4]; /* the parts, read per step from shared memory (kept out of registers) */
-    if (threadIdx.x < 4)
-        sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2] : a.p[3];
+    __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
+    __shared__ float invs[VS >= 0 ? 32 : 1];
+    __shared__ __align__(16) unsigned char vrow[VS == 1 ? QW_WPB : 1][VS == 1 ? KW_ROWB : 16];
+    if (threadIdx.x < 5)
+        sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2]
+                        : threadIdx.x == 3 ? a.p[3] : a.p[4];
+    if (VS >= 0 && threadIdx.x < 32) { /* constant indices: no local copy of the parameters */
+        float v = a.inv[0];
+#pragma unroll
+        for (int i = 1; i < 32; i++) v = threadIdx.x == i ? a.inv[i] : v;
+        invs[threadIdx.x] = v;
+    }
     __syncthreads();
     for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
-        w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
+        if (sp[i >> 7].w) w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
     __syncthreads();
     const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
     const int nw = (int)gridDim.x * QW_WPB;
     int st = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
+    if (VS == 1 && st >= a.nstep) { /* a raw K / V step (no block barrier follows) */
+        kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
+        return;
+    }
     /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
      * struct is read through selects (an indexed parameter would go through a local copy) */
     auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
-        pi = a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2 : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
+        pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
+           : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
 #define QW_F(f) (sp[pi].f)
         const int r = (s - QW_F(s0)) * QW_RPS + rq;
         const int nh = QW_F(nh);
@@ -1531,51 +1580,70 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, KC == 2 ? 2 : 3) qw_n
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
-        float v[4][8];
+        /* small pass: this row's cos / sin (i = 8 j + e) as the tile kernel and cs_table_k
+         * evaluate them, issued before the rows are used (they overlap the loads) */
+        float c8[8], s8[8];
+        const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
+        if (VS >= 0 && a.rope && !raw) {
+            const int32_t ps = a.pos[t];
 #pragma unroll
-        for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]);
+            for (int e = 0; e < 8; e++) {
+                const float iv = invs[8 * j + e];
+                const double ang = a.angle_f64 ? (double)ps * (double)iv : (double)__fmul_rn((float)ps, iv);
+                double sn, cn;
+                sincos(ang, &sn, &cn);
+                c8[e] = rnd(a.cs_bf16, (float)cn), s8[e] = rnd(a.cs_bf16, (float)sn);
+            }
+        }
+        float v[4][8];
+        uint4 ro[4]; /* V rows' bits (small passes) */
+#pragma unroll
+        for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]), ro[k] = nx[k];
         if (st + nw < a.nstep) { /* the next step's rows in flight */
             locate(st + nw, npi, nt, nh_, np_);
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
         }
-        /* sum of squares in index order: chunk c = 4 * slot + owner lane */
-        float s = 0.0f;
+        if (!raw) { /* normed rows: the norm, then the rotation */
+            /* sum of squares in index order: chunk c = 4 * slot + owner lane */
+            float s = 0.0f;
 #pragma unroll
-        for (int c = 0; c < 16; c++) {
-            float tt = s;
+            for (int c = 0; c < 16; c++) {
+                float tt = s;
 #pragma unroll
-            for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
-            s = qw_shfl(tt, c & 3, QW_LPR);
-        }
-        const float mu = __fdiv_rn(s, 128.0f);
-        const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
-        const float *w1 = w1s[pi];
+                for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
+                s = qw_shfl(tt, c & 3, QW_LPR);
+            }
+            const float mu = __fdiv_rn(s, 128.0f);
+            const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
+            const float *w1 = w1s[pi];
 #pragma unroll
-        for (int k = 0; k < 4; k++)
+            for (int k = 0; k < 4; k++)
 #pragma unroll
-            for (int e = 0; e < 8; e++)
-                v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
-        if (a.cst) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
-            const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
-            float c8[8], s8[8];
-            *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
-            *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
-            *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
-            *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+                for (int e = 0; e < 8; e++)
+                    v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
+            if (VS >= 0 ? a.rope : a.cst != NULL) {
+                if (VS < 0) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
+                    const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
+                    *reinterpret_cast<float4 *>(c8) = *reinterpret_cast<const float4 *>(cs);
+                    *reinterpret_cast<float4 *>(c8 + 4) = *reinterpret_cast<const float4 *>(cs + 4);
+                    *reinterpret_cast<float4 *>(s8) = *reinterpret_cast<const float4 *>(cs + 32);
+                    *reinterpret_cast<float4 *>(s8 + 4) = *reinterpret_cast<const float4 *>(cs + 36);
+                }
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float n1 = v[0][e], n2 = v[1][e];
-                const float a1 = rnd(per_op, __fmul_rn(n1, c8[e]));
-                const float b1 = rnd(per_op, __fmul_rn(-n2, s8[e]));
-                const float a2 = rnd(per_op, __fmul_rn(n2, c8[e]));
-                const float b2 = rnd(per_op, __fmul_rn(n1, s8[e]));
-                v[0][e] = rnd(per_op, __fadd_rn(a1, b1));
-                v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
+                for (int e = 0; e < 8; e++) {
+                    const float n1 = v[0][e], n2 = v[1][e];
+                    const float a1 = rnd(per_op, __fmul_rn(n1, c8[e]));
+                    const float b1 = rnd(per_op, __fmul_rn(-n2, s8[e]));
+                    const float a2 = rnd(per_op, __fmul_rn(n2, c8[e]));
+                    const float b2 = rnd(per_op, __fmul_rn(n1, s8[e]));
+                    v[0][e] = rnd(per_op, __fadd_rn(a1, b1));
+                    v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
+                }
             }
         }
-        if (KC != 0 && QW_F(kc)) {
-            qw_kstore<KC>(a, v, p, p ? kw_slot(a.kv, t) : -1, h, j, stg);
+        if (KC != 0 && (QW_F(kc) || raw)) {
+            qw_kstore<KC>(a, v, raw ? NULL : p, p ? kw_slot(a.kv, t) : -1, h, j, stg, raw, ro);
         } else if (KC != 0 && QW_F(ic)) {
             qw_istore(a, v, p,
                       !p       ? -1
@@ -1785,9 +1853,12 @@ template <typename TS>
 static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
                         const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
                         int rot_dim, float theta, const m3_profile *p) {
-    /* passes under 256 tokens (decode) keep the one tile launch: the table and the separate
-     * K / V launch cost more than they save there (H200: fused T=1 7.3 against 12.4 us) */
-    if (sizeof(TS) != 2 || n_tok < 256 || (rot_dim != 0 && rot_dim != 64))
+    /* passes under 256 tokens (decode; session 8): ONE launch without a table, qw_norm_k's
+     * small form (cos / sin per row; fp8 V rows as a part, bf16 V rows as kvw_k's window steps
+     * in the same grid), or the K / V writer alone (kvw8_k / kvw_k). H200: fused fp8 sparse +
+     * index T=1 18.3 -> 8.6 us, the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu.md) */
+    const bool small = n_tok < 256;
+    if (sizeof(TS) != 2 || (rot_dim != 0 && rot_dim != 64))
         return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
     M3_ASSERT(g && p);
     kvw_args kv;
@@ -1828,7 +1899,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                            (int64_t)n_tok * q.nh < ((int64_t)1 << 30);
         if (fit16 && q.w &&
             (q.cache == SEG_NONE || (q.cache == SEG_K && kv_ok) || (q.cache == SEG_IDX && c && c->index_k)) &&
-            qa.np < 4) {
+            qa.np < 5) {
             qw_part &w = qa.p[qa.np++];
             w.x = (m3_bf16 *)q.x, w.w = q.w, w.ld = q.ld, w.nh = q.nh;
             w.kc = q.cache == SEG_K;
@@ -1838,6 +1909,21 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             w.s0 = qa.nstep;
             qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
             rope = rope || rot_dim > 0;
+        } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !kv.x[0] &&
+                   qa.np > 0 && qa.np < 5) {
+            /* small passes: fp8 V rows as a part of the same launch (4 lanes a row as the normed
+             * rows; qw_kstore's code for K, the codes stored byte by byte into the V layout:
+             * a decode pass's tokens are of different sequences, so there are no 16-token
+             * windows to write as chunks; H200, fused sparse T=1: 8.6 us against 11.6 with
+             * kvw8_k's window steps in the grid, whose code is 174 KB: instruction fetch
+             * stalls, ncu) */
+            qw_part &w = qa.p[qa.np++];
+            w.x = (m3_bf16 *)q.x, w.w = NULL, w.ld = q.ld, w.nh = q.nh;
+            w.vc = true;
+            kv.nh = q.nh;
+            w.rows = n_tok * q.nh;
+            w.s0 = qa.nstep;
+            qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
             const int w = q.cache == SEG_K ? 0 : 1;
             kv.x[w] = (const m3_bf16 *)q.x, kv.ld[w] = q.ld, kv.nh = q.nh;
@@ -1847,7 +1933,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     }
     const size_t mark = m3_gpu_mark(g);
     const float *cst = NULL;
-    if (rope) {
+    if (rope && !small) {
         const size_t tab_bytes = (size_t)n_tok * 64 * sizeof(float);
         if (g->arena_top + tab_bytes + 256 > g->arena_cap) /* no room: the tile kernel alone */
             return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
@@ -1872,30 +1958,31 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     bool prev = cst != NULL; /* the stream's last launch is this pass's */
     /* the raw K / V rows: kvw8_k (fp8: 16 tokens a step, K and V; step numbers are 32-bit)
      * or kvw_k (bf16: 4 tokens a K step, 8-token V windows) */
+    /* the K / V writer's steps: kvw8_k's 16 tokens of one head (fp8), kvw_k's M3_WARP / 8
+     * tokens (K) and 8-token windows (V) (bf16) */
+    kvw_args kl = kv;
+    kl.n_tok = n_tok;
+    {
+        const int64_t tk = kl.fp8 ? K8_T : M3_WARP / 8, x = kl.fp8 ? K8_T : 8;
+        const int64_t tg = (n_tok + tk - 1) / tk;
+        kl.ks = kl.x[0] ? (int64_t)kl.nh * tg : 0;
+        kl.vs0 = kl.ks;
+        kl.nstep = kl.ks;
+        if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
+        if (kl.fp8 && kl.nstep >= ((int64_t)1 << 31)) {
+            m3_gpu_release(g, mark);
+            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
+                             "rows (more than 2^31 steps)", n_tok, kl.nh);
+        }
+    }
     auto kv_launch = [&]() -> m3_status {
-        kvw_args kl = kv;
-        kl.n_tok = n_tok;
         const bool dep = prev;
         prev = true;
         if (kl.fp8) {
-            const int64_t tg16 = (n_tok + K8_T - 1) / K8_T;
-            kl.ks = kl.x[0] ? (int64_t)kl.nh * tg16 : 0;
-            kl.vs0 = kl.ks;
-            kl.nstep = kl.ks;
-            if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg16 : (n_tok + 2 * K8_T - 2) / K8_T);
-            if (kl.nstep >= ((int64_t)1 << 31))
-                return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
-                                 "rows (more than 2^31 steps)", n_tok, kl.nh);
             const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
             M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw8_k");
         } else {
-            const int KS = M3_WARP / 8, x = 8;
-            const int64_t tg = (n_tok + KS - 1) / KS;
-            kl.ks = kl.x[0] ? (int64_t)kl.nh * tg : 0;
-            kl.vs0 = kl.ks;
-            kl.nstep = kl.ks;
-            if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
             M3_TRY(m3_gpu_launch_pdl(g, dep, kvw_k, (unsigned)((kl.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw_k");
         }
@@ -1909,10 +1996,43 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         if (c) qa.ic = c->index_k, qa.ifp8 = c->index_fp8, qa.irow0 = c->index_row0;
         if (c && c->index_bt) qa.ibt = c->index_bt, qa.ibt_block = c->index_block, qa.ipos = d_pos;
         bool cp = false;
-        for (int i = 0; i < qa.np; i++) cp = cp || qa.p[i].kc || qa.p[i].ic;
+        for (int i = 0; i < qa.np; i++) cp = cp || qa.p[i].kc || qa.p[i].ic || qa.p[i].vc;
         const int kck = !cp ? 0 : kv.fp8 ? 2 : 1;
         void (*k)(qw_args);
-#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0> : kck == 1 ? qw_norm_k<QR, 1> : qw_norm_k<QR, 2>)
+        if (small) {
+            /* one launch: the normed rows' steps, then bf16 raw K / V rows' (kl) steps; other
+             * raw rows (fp8 K without its norm: no layer makes them) take the tile kernel */
+            const int vs = !has_kv ? 0 : kl.fp8 ? -1 : 1;
+            if (vs < 0 || (vs == 1 && kck != 1)) {
+                m3_gpu_release(g, mark);
+                return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
+            }
+            qa.rope = rope;
+            qa.pos = d_pos;
+            qa.angle_f64 = p->rope_angle == M3_ROPE_ANGLE_F64;
+            qa.cs_bf16 = p->rope_cs_bf16;
+            if (rope) {
+                M3_ASSERT(d_pos);
+                rope_inv_table inv;
+                rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
+                memcpy(qa.inv, inv.inv, sizeof qa.inv);
+            }
+            qa.kv = kl;
+#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, 0> : vs == 1 ? qw_norm_k<QR, 1, 1> \
+                                : kck == 1 ? qw_norm_k<QR, 1, 0> : qw_norm_k<QR, 2, 0>)
+            if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
+            else k = QW_PICK(M3_QK_ROUND_ONCE);
+#undef QW_PICK
+            const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
+            M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
+            M3_LAUNCHED(g, "qw_norm_k (small)");
+            m3_status st = M3_OK;
+            if (nrest > 0)
+                st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
+            m3_gpu_release(g, mark);
+            return st;
+        }
+#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, -1> : kck == 1 ? qw_norm_k<QR, 1, -1> : qw_norm_k<QR, 2, -1>)
         if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
         else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK

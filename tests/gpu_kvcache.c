@@ -5,8 +5,8 @@
  * be identical byte for byte. Cases: bf16 and fp8 (fp8_max 240 and 448), both pages, Hkv 4,
  * Dh 128 (M3) and Hkv 3, Dh 64 (odd), scattered slots over several blocks, a padding slot
  * (-1), a zero row (scale 1) and a row of large values; plain rows (page 0, bf16); runs of
- * consecutive slots (T 300) from an aligned and a misaligned start; passes of >= 256 tokens
- * (the warp kernels) also hold rows of tiny values, and one has scattered slots; signed zeros
+ * consecutive slots (T 1, 64, 300) from aligned and misaligned starts; passes of >= 10 tokens
+ * also hold rows of tiny values, and one has scattered slots; signed zeros
  * and tiny values of either sign inside rows of normal scale (codes +0 and -0). */
 #include <math.h>
 #include <stdio.h>
@@ -32,17 +32,17 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
     float *k = malloc((size_t)T * ld * sizeof *k), *v = malloc((size_t)T * ld * sizeof *v);
     m3_fill_normal(&r, k, (int64_t)T * ld, 2.0f);
     m3_fill_normal(&r, v, (int64_t)T * ld, 2.0f);
-    for (int d = 0; d < Dh; d++) k[(size_t)1 * ld + d] = 0.0f;        /* token 1 head 0: zeros */
-    for (int d = 0; d < Dh; d++) v[(size_t)2 * ld + Dh + d] *= 300.0f; /* token 2 head 1: large */
+    for (int d = 0; d < Dh && T > 1; d++) k[(size_t)1 * ld + d] = 0.0f;        /* token 1 head 0: zeros */
+    for (int d = 0; d < Dh && T > 2; d++) v[(size_t)2 * ld + Dh + d] *= 300.0f; /* token 2 head 1: large */
     /* signed zeros and tiny values (codes +-0) in rows of normal scale: the code's sign comes
      * from the value, also where the quotient is zero (T > 6: token 5's K, token 6's V) */
     for (int d = 0; d < Dh && T > 6; d += 3) {
         k[(size_t)5 * ld + d] = d % 2 ? -0.0f : (d % 4 ? 1e-9f : -1e-9f);
         v[(size_t)6 * ld + Dh + d] = d % 2 ? -0.0f : (d % 4 ? -1e-9f : 1e-9f);
     }
-    if (T >= 256) { /* the warp kernels' other quotient path: tiny rows (scales below div_y's
-                     * range: the division). (No infinities: inf / inf is the host's default
-                     * NaN, negative on x86, so ref's code for it is the platform's.) */
+    if (T >= 10) { /* the warp kernels' other quotient path: tiny rows (scales below div_y's
+                    * range: the division). (No infinities: inf / inf is the host's default
+                    * NaN, negative on x86, so ref's code for it is the platform's.) */
         for (int d = 0; d < Dh; d++) k[(size_t)7 * ld + 2 * Dh + d] *= 1e-30f;
         for (int d = 0; d < Dh; d++) v[(size_t)9 * ld + 2 * Dh + d] *= 1e-30f;
     }
@@ -145,6 +145,14 @@ static void kv_cache_write_matches_layout(void **state) {
         kv_case(g, 37, 4, 128, page, true, 448.0f, -1);
         kv_case(g, 5, 3, 64, page, true, 240.0f, -1);
         kv_case(g, 5, 3, 64, page, false, 0.0f, -1);
+        /* decode passes (since session 8 the warp kernels at any T): one token, and runs of
+         * 64 from a 16-aligned, an 8-aligned and an unaligned slot */
+        kv_case(g, 1, 4, 128, page, false, 0.0f, 77);
+        kv_case(g, 1, 4, 128, page, true, 448.0f, 77);
+        kv_case(g, 64, 4, 128, page, false, 0.0f, 256);
+        kv_case(g, 64, 4, 128, page, true, 240.0f, 256);
+        kv_case(g, 64, 4, 128, page, true, 448.0f, 200);
+        kv_case(g, 64, 4, 128, page, true, 448.0f, 203);
         /* runs of slots: 200 is 8- but not 16-aligned, 203 neither */
         kv_case(g, 300, 4, 128, page, false, 0.0f, 200);
         kv_case(g, 300, 4, 128, page, false, 0.0f, 203);

@@ -184,6 +184,9 @@ static void moe_route_matches_ref(void **state) {
         route_case(g, 3, 128, 4, prof, false);
         route_case(g, 3, 9, 3, prof, true);
         route_case(g, 5, 4, 4, prof, true); /* K == E: margin +inf */
+        route_case(g, 7, 256, 8, prof, true);  /* 8 experts a lane (M3_WARP 32) */
+        route_case(g, 5, 64, 6, prof, false);
+        route_case(g, 3, 200, 40, prof, true); /* K > M3_WARP */
     }
 }
 
@@ -209,6 +212,17 @@ static void moe_route_ties_go_to_lower_id(void **state) {
     assert_int_equal(ids[2], 64);
     assert_int_equal(ids[3], 77);
     gpu_guard_check(g, d_ids, 4 * sizeof(int32_t), "tie ids");
+    /* NaN logits rank above every value, among themselves by the lower id (ref's rule) */
+    logits[90] = logits[12] = NAN;
+    GPU_OK(m3_gpu_upload(g, dl, logits, sizeof logits));
+    GPU_OK(m3_gpu_moe_route(g, d_ids, d_w, NULL, dl, NULL, 1, &mp, &p));
+    GPU_OK(m3_gpu_download(g, ids, d_ids, sizeof ids));
+    int32_t want[4];
+    float wr[4];
+    m3_moe_route(want, wr, NULL, logits, NULL, 1, &mp, &p);
+    assert_int_equal(want[0], 12);
+    assert_int_equal(want[1], 90);
+    for (int i = 0; i < 4; i++) assert_int_equal(ids[i], want[i]);
 }
 
 /* Router logits: bf16 x, gate held in bf16, bf16 logits (hf/atom), against ref. */
