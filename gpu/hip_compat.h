@@ -11,6 +11,7 @@
  *   M3_MAX_WARPS        upper bound of warps per block of <= 1024 threads for any M3_WARP (32)
  *   M3_SYNCWARP()       orders shared-memory accesses among the lanes of one warp
  *   m3_warp_sum/max()   butterfly reductions over a full warp; every lane gets the result
+ *   m3_shfl()           one lane's value to every lane (float / uint32_t)
  *   m3_block_sum/max()  reductions over a whole block (any blockDim.x that is a multiple of
  *                       M3_WARP), through a caller-provided shared array of M3_MAX_WARPS floats
  *   M3_HAVE_BLAS        1 when a vendor BLAS is available (cuBLAS; hipBLAS under hipcc if found)
@@ -147,6 +148,22 @@ static inline const char *m3_blas_status_str(hipblasStatus_t s) {
 
 /* ---- reductions (device) --------------------------------------------------------------- */
 #if defined(__CUDACC__) || defined(__HIPCC__)
+/* Lane src's v within groups of `width` lanes (a power of two <= M3_WARP), every lane of the
+ * full warp taking part (HIP 5.2 has only the mask-less, int / float shuffles). */
+static __device__ __forceinline__ float m3_shfl(float v, int src, int width = M3_WARP) {
+#if defined(M3_HIP_AMD)
+    return __shfl(v, src, width);
+#else
+    return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
+static __device__ __forceinline__ uint32_t m3_shfl(uint32_t v, int src, int width = M3_WARP) {
+#if defined(M3_HIP_AMD)
+    return (uint32_t)__shfl((int)v, src, width);
+#else
+    return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
 /* Butterfly over all M3_WARP lanes: log2(M3_WARP) steps, every lane ends with the total. */
 static __device__ __forceinline__ float m3_warp_sum(float v) {
 #pragma unroll

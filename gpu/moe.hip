@@ -107,13 +107,6 @@ static __device__ __forceinline__ uint32_t route_wmax(uint32_t v) {
     return v;
 #endif
 }
-static __device__ __forceinline__ float route_shfl(float v, int src) {
-#if defined(M3_HIP_AMD)
-    return __shfl(v, src);
-#else
-    return __shfl_sync(0xffffffffu, v, src);
-#endif
-}
 
 /* the value of a selection key (sel is never -0: sigma >= +0, and x + b = -0 needs x = -0) */
 static __device__ __forceinline__ float route_val(uint32_t k) {
@@ -195,7 +188,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     }
     const float my_s = lane < K ? m3_sigmoidf(l[my_id]) : 0.0f;
     float sum = 0.0f;
-    for (int r = 0; r < K; r++) sum += route_shfl(my_s, r); /* selection order, as the reference */
+    for (int r = 0; r < K; r++) sum += m3_shfl(my_s, r); /* selection order, as the reference */
     if (lane < K) {
         ids[(size_t)t * K + lane] = my_id;
         wts[(size_t)t * K + lane] = my_s / sum;

@@ -907,21 +907,6 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  *   copysign: 70% (docs/gpu.md).
  * fp8 quotients v / s: div_y (Markstein's correction from 1 / s, the same bits as the
  *   division) where every scale of the warp's rows allows it, else __fdiv_rn. */
-static __device__ __forceinline__ float qw_shfl(float v, int src, int width) {
-#if defined(M3_HIP_AMD)
-    return __shfl(v, src, width);
-#else
-    return __shfl_sync(0xffffffffu, v, src, width);
-#endif
-}
-static __device__ __forceinline__ uint32_t qw_shfl(uint32_t v, int src, int width) {
-#if defined(M3_HIP_AMD)
-    return (uint32_t)__shfl((int)v, src, width);
-#else
-    return __shfl_sync(0xffffffffu, v, src, width);
-#endif
-}
-
 
 #define KW_WPB 8 /* warps per block (kvw_k, kvw8_k) */
 typedef struct {
@@ -1026,8 +1011,8 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, int64_t st, u
     if (n <= 0) return;
     int64_t s_lane = -1;
     if (lane < n) s_lane = kw_slot(a, tb + lane);
-    const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
-                            ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
+    const int64_t s_first = m3_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
+                            ((int64_t)m3_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
     const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
     const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
     /* rows into the warp's shared memory: lane -> chunk lane % 16 of rows lane / 16 + RPI i */
@@ -1241,7 +1226,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
         const float yk = md ? __frcp_rn(sk) : 0.0f;
         float sc[K8_KR], y[K8_KR];
 #pragma unroll
-        for (int k = 0; k < K8_KR; k++) sc[k] = qw_shfl(sk, k, 8), y[k] = qw_shfl(yk, k, 8);
+        for (int k = 0; k < K8_KR; k++) sc[k] = m3_shfl(sk, k, 8), y[k] = m3_shfl(yk, k, 8);
         if (md && nc) k8_kstep_fin(a, w, h, u, slot, sc, y, jj);
         else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
         else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
@@ -1269,8 +1254,8 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     }
     int64_t s_lane = -1;
     if (lane < n) s_lane = kw_slot(a, tb + lane);
-    const int64_t s_first = qw_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
-                            ((int64_t)qw_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
+    const int64_t s_first = m3_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
+                            ((int64_t)m3_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
     const bool lane_ok = lane >= K8_T || (lane < n && s_lane == s_first + lane);
     const bool fast = n == K8_T && s_first >= 0 && (s_first & (K8_T - 1)) == 0 && ballot64(!lane_ok) == 0;
     /* row maxima, packed: word i holds tokens i (low half) and i + 8 (high half) of the
@@ -1612,7 +1597,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 float tt = s;
 #pragma unroll
                 for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
-                s = qw_shfl(tt, c & 3, QW_LPR);
+                s = m3_shfl(tt, c & 3, QW_LPR);
             }
             const float mu = __fdiv_rn(s, 128.0f);
             const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
