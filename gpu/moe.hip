@@ -766,6 +766,7 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
  * their k loops for both (m3_bool_c), so that the loop of the known range holds no vote and no
  * per-piece path (keeping them there cost 9-10%: docs/gpu.md, sessions 7 and 8). */
 template <bool B> struct m3_bool_c { static constexpr bool value = B; };
+template <int I> struct m3_int_c { static constexpr int value = I; };
 
 template <int WF, bool NC, bool FAST>
 static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
@@ -1322,6 +1323,306 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
                      (bool)p->moe_bf16_combine, xsh, xf);
+}
+
+/* T = 1, MX weights, in ONE launch (session 9): dq1_k's gate/up tiles and down tiles taken
+ * from one ticket counter by a persistent grid, so that the down tiles start while the last
+ * gate/up tiles finish (no second launch, no grid drain between the GEMVs). Tickets 0 ..
+ * nv * nch1 - 1 are the gate/up tiles (slot-major), the rest the down tiles (slot-major); a
+ * block takes tickets in increasing order (one ahead), and a down tile waits until every
+ * gate/up tile of its slot is counted done (DQF_DONE): its dependencies hold smaller tickets,
+ * all handed to running blocks, so the smallest unfinished ticket can always proceed (no
+ * assumption about which blocks are resident). A gate/up tile is dq1_k's MODE 0 tile (a rows
+ * [K][F] written by lanes t == 0, each fenced, then counted after the block's barrier); a
+ * down tile is dq1_k's MODE 1 tile on its slot's a row, staged in shared memory: copied during
+ * the previous tile (cp.async, when that slot was seen done at the start of the previous
+ * tile), else after a wait. The combine per chunk of outputs is dq1_k's. The counters are the
+ * context's (m3_gpu.counters + M3_GPU_CNT_MOE, zero at open); the last block to leave zeroes
+ * the ticket and the slot counts (the chunk and exit counts wrap to zero by atomicInc), so the
+ * next call (stream order) finds them zero. Per-tile arithmetic and order as dq1_k: the same
+ * bits. */
+#define DQF_TICKET 0            /* tickets handed out */
+#define DQF_EXIT 1              /* blocks done (wraps to 0) */
+#define DQF_DONE 2              /* [EXP_MAX_K] gate/up tiles done per slot */
+#define DQF_CNT (2 + EXP_MAX_K) /* [D / CH2] down tiles done per chunk (wraps to 0) */
+#define DQF_WORDS 4096          /* the range: D / CH2 <= DQF_WORDS - DQF_CNT */
+
+static __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+/* 16 bytes global -> shared, asynchronous (through L2: written by other blocks of the grid);
+ * dqf_wait: this thread's copies have landed */
+static __device__ __forceinline__ void dqf_cp16(void *sdst, const void *src) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void dqf_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+static __device__ __forceinline__ void dqf_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+template <int WF, int WK, int U, bool NC>
+static __global__ void __launch_bounds__(TC_THREADS, 2)
+    dqf_k(m3_bf16 *M3_RESTRICT ab, m3_bf16 *M3_RESTRICT ye, m3_bf16 *M3_RESTRICT y, unsigned *M3_RESTRICT ctr,
+          const m3_bf16 *M3_RESTRICT xin, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts, int E,
+          int K, const void *M3_RESTRICT wg, const void *M3_RESTRICT wu, const void *M3_RESTRICT wd,
+          const m3_e8m0 *M3_RESTRICT sg, const m3_e8m0 *M3_RESTRICT su, const m3_e8m0 *M3_RESTRICT sd,
+          int D, int F, float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine,
+          int xsh, bool xfast) {
+    static_assert(WK > 1, "dqf_k: the reduction's barrier orders the ticket broadcast");
+    extern __shared__ uint4 tc_dyn[]; /* xs1 [pitch1] | xs2 [2][pitch2] | raw [F / 8] */
+    __shared__ float red[TC_WARPS * 2 * 32];
+    __shared__ float lut[256];
+    __shared__ int s_last, s_tk[2];
+    const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
+    const int WR = TC_WARPS / WK, CH1 = WR * 8, CH2 = WR * 16;
+    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
+    const unsigned vm = t1_slots(ids, K, E);
+    const int nv = __popc(vm), nch1 = F / CH1, nch2 = D / CH2, n1 = nv * nch1, ntiles = n1 + nv * nch2;
+    const int ns1 = (D + SE - 1) / SE, np1 = D / PE, pitch1 = ns1 * 4 * UP + 4;
+    const int ns2 = (F + SE - 1) / SE, np2 = F / PE, pitch2 = ns2 * 4 * UP + 4;
+    const size_t rb1 = wbytes<WF>((size_t)D), rb2 = wbytes<WF>((size_t)F);
+    const size_t nsb1 = (size_t)D / 32, nsb2 = (size_t)F / 32;
+    uint4 *xs1 = tc_dyn, *xs2 = tc_dyn + pitch1, *raw = xs2 + 2 * pitch2;
+    /* the first two tickets (in flight while x is staged) */
+    if (tid == 0) {
+        const int t0 = (int)atomicAdd(&ctr[DQF_TICKET], 2u);
+        s_tk[0] = t0, s_tk[1] = t0 + 1;
+    }
+    if (nv == 0 && blockIdx.x == 0) /* no expert: y = bf16(rsf * 0), as combine_k */
+        for (int d = tid; d < D; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
+    build_lut<WF>(lut);
+    /* one unit (8 values) v of an x row into a staged row (the A pair order, times 2^xs) */
+    auto put = [&](uint4 *dst, int v, uint4 x, int xs, bool *ovf) {
+        const int k = v * 8, st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
+        dst[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xs, ovf) : tc_perm<WF>(x);
+    };
+    /* the token's row for the gate/up tiles (MXFP4: a second time unscaled when x * 2^xsh
+     * overflowed) */
+    int xsc1 = WF == M3_GPU_W_MXFP4 ? xsh : 0;
+    for (;;) {
+        bool ovf = false;
+        for (int v = tid; v < D / 8; v += TC_THREADS) put(xs1, v, reinterpret_cast<const uint4 *>(xin)[v], xsc1, &ovf);
+        if (WF != M3_GPU_W_MXFP4) {
+            __syncthreads();
+            break;
+        }
+        if (!__syncthreads_or(xsc1 != 0 && ovf)) break;
+        xsc1 = 0;
+    }
+    int cur = s_tk[0], nxt = s_tk[1];
+    /* a tile's phase, slot, first output of this warp, weight rows and scale rows of this lane */
+    auto rows_of = [&](int tile, int *mode, int *slot, int *obase, const unsigned char **pw, const m3_e8m0 **ps) {
+        const bool m1 = tile >= n1;
+        const int i = m1 ? tile - n1 : tile, nch = m1 ? nch2 : nch1;
+        *mode = m1 ? 1 : 0;
+        *slot = nth_bit(vm, i / nch);
+        *obase = (i % nch) * (m1 ? CH2 : CH1) + wr * (m1 ? 16 : 8);
+        const size_t e = (size_t)ids[*slot];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const size_t row = m1 ? e * D + *obase + g + 8 * h : e * F + *obase + g;
+            pw[h] = (const unsigned char *)(m1 ? wd : (h ? wu : wg)) + row * (m1 ? rb2 : rb1);
+            ps[h] = (m1 ? sd : (h ? su : sg)) + row * (m1 ? nsb2 : nsb1);
+        }
+    };
+    /* U steps of this lane's rows from st0 (steps st0, st0 + WK, ...; past the row: zeros) */
+    auto load = [&](const unsigned char *const *pw, const m3_e8m0 *const *ps, int st0, int ns, int np,
+                    uint4(&q)[U][2], m3_e8m0(&sc)[U][2]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int p = (st0 + u * WK) * 4 + t;
+            const bool ok = st0 + u * WK < ns && p < np;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                q[u][h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
+            }
+        }
+    };
+    int cmode = 0, cslot = 0, cobase = 0, nmode = 0, nslot = 0, nobase = 0;
+    const unsigned char *cpw[2] = {NULL, NULL}, *npw[2] = {NULL, NULL};
+    const m3_e8m0 *cps[2] = {NULL, NULL}, *nps[2] = {NULL, NULL};
+    uint4 qa[U][2], qb[U][2];
+    m3_e8m0 sa[U][2], sb[U][2];
+    int cb = 0, cxs = -1; /* the staged a row of a current down tile: xs2[cb], times 2^cxs (-1: none) */
+    if (cur < ntiles) {
+        rows_of(cur, &cmode, &cslot, &cobase, cpw, cps);
+        load(cpw, cps, wk, cmode ? ns2 : ns1, cmode ? np2 : np1, qa, sa);
+    }
+    while (cur < ntiles) { /* block-uniform */
+        const bool has_next = nxt < ntiles;
+        if (has_next) rows_of(nxt, &nmode, &nslot, &nobase, npw, nps);
+        /* the ticket after nxt (read after the tile's barriers) */
+        int tk = 0;
+        if (tid == 0 && has_next) tk = (int)atomicAdd(&ctr[DQF_TICKET], 1u);
+        /* whether nxt's a row can be copied during this tile: its slot counted done now */
+        const bool want = has_next && nmode == 1;
+        const bool rdy = want && (int)ld_acquire(&ctr[DQF_DONE + nslot]) >= nch1;
+        if (cmode == 1 && cxs < 0) { /* not copied ahead: wait for the slot, then stage */
+            if (tid == 0) {
+                while ((int)ld_acquire(&ctr[DQF_DONE + cslot]) < nch1) __nanosleep(64);
+            }
+            __syncthreads();
+            int xs = WF == M3_GPU_W_MXFP4 ? xsh : 0;
+            for (;;) {
+                bool ovf = false;
+                for (int v = tid; v < F / 8; v += TC_THREADS)
+                    put(xs2 + cb * pitch2, v, __ldcg(reinterpret_cast<const uint4 *>(ab + (size_t)cslot * F) + v), xs, &ovf);
+                if (WF != M3_GPU_W_MXFP4) {
+                    __syncthreads();
+                    break;
+                }
+                if (!__syncthreads_or(xs != 0 && ovf)) break;
+                xs = 0;
+            }
+            cxs = xs;
+        }
+        /* the copy of nxt's a row (this thread's units), issued once a tile */
+        auto prefetch = [&]() {
+            if (rdy) {
+                for (int v = tid; v < F / 8; v += TC_THREADS)
+                    dqf_cp16(raw + v, reinterpret_cast<const uint4 *>(ab + (size_t)nslot * F) + v);
+                dqf_commit();
+            }
+        };
+        /* the tile: dq1_k's k loop and reduction in the tile's phase M; FAST: tc_decode2's */
+        auto tile = [&](auto mc, auto fast) {
+            constexpr int M = decltype(mc)::value;
+            const int ns = M ? ns2 : ns1, nout = M ? D : F;
+            const uint4 *xr = M ? xs2 + cb * pitch2 : xs1;
+            const int xsc = M ? cxs : xsc1, np = M ? np2 : np1;
+            const int nns = nmode ? ns2 : ns1, nnp = nmode ? np2 : np1;
+            const int G = (ns - wk + WK * U - 1) / (WK * U);
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int gi = 0; gi < G; gi++) {
+                const int st0 = wk + gi * WK * U;
+                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, ns, np, qb, sb);
+                else if (has_next) load(npw, nps, wk, nns, nnp, qb, sb);
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int st = st0 + u * WK;
+                    if (st >= ns) continue;
+                    const bool ok = st * 4 + t < np;
+                    uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+#pragma unroll
+                    for (int uu = 0; uu < UP; uu++) {
+                        const uint4 xv = ok ? xr[st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                        xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                    }
+#pragma unroll
+                    for (int i = 0; i < PE / 4; i++) {
+                        const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                        const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                        m3_mma_bf16_16816(acc, af, bf);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+                if (gi == 0) prefetch();
+            }
+            if (G == 0) { /* (a warp with no step of this phase: the next tile's first set) */
+                if (has_next) load(npw, nps, wk, nns, nnp, qa, sa);
+                prefetch();
+            }
+            /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
+            if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+            __syncthreads();
+            if (wk == 0 && t == 0) {
+                for (int w2 = 1; w2 < WK; w2++)
+                    acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
+                m3_bf16 *orow = (M ? ye : ab) + (size_t)cslot * nout;
+                if (M == 0) {
+                    float gv = acc[0], uv = acc[2];
+                    if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
+                    orow[cobase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+                } else {
+                    orow[cobase + g] = m3_f32_to_bf16(acc[0]);
+                    orow[cobase + g + 8] = m3_f32_to_bf16(acc[2]);
+                }
+                __threadfence(); /* this lane's a / y_e stores, before the block's count */
+            }
+            if (M == 1) { /* the chunk's last block combines it */
+                const int chunk = (cobase - wr * 16) / CH2;
+                __syncthreads();
+                if (tid == 0) s_last = atomicInc(&ctr[DQF_CNT + chunk], (unsigned)nv - 1u) == (unsigned)nv - 1u;
+                __syncthreads();
+                if (s_last && tid < CH2) {
+                    __threadfence();
+                    t1_combine(y, ye, ids, wts, vm, K, nv, chunk * CH2 + tid, D, rsf, bf16_combine);
+                }
+            }
+        };
+        const bool fast1 = xfast && xsc1 == xsh, fast2 = xfast && cxs == xsh;
+        if constexpr (WF == M3_GPU_W_MXFP4) {
+            if (cmode == 0) {
+                if (fast1) tile(m3_int_c<0>(), m3_bool_c<true>());
+                else tile(m3_int_c<0>(), m3_bool_c<false>());
+            } else {
+                if (fast2) tile(m3_int_c<1>(), m3_bool_c<true>());
+                else tile(m3_int_c<1>(), m3_bool_c<false>());
+            }
+        } else {
+            if (cmode == 0) tile(m3_int_c<0>(), m3_bool_c<false>());
+            else tile(m3_int_c<1>(), m3_bool_c<false>());
+        }
+        /* nxt's a row: this thread's copied units into the other staging buffer */
+        bool bad = want && !rdy;
+        if (rdy) {
+            dqf_wait();
+            for (int v = tid; v < F / 8; v += TC_THREADS)
+                put(xs2 + (cb ^ 1) * pitch2, v, raw[v], WF == M3_GPU_W_MXFP4 ? xsh : 0, &bad);
+        }
+        if (tid == 0) s_tk[0] = tk;
+        const int pslot = cslot, pmode = cmode;
+        /* every thread copied (the slot was seen done by all) and nothing overflowed: staged */
+        const bool staged = !__syncthreads_or(bad) && want;
+        if (tid == 0 && pmode == 0) atomicAdd(&ctr[DQF_DONE + pslot], 1u); /* after the writers' fences */
+        if (!has_next) break;
+        cur = nxt, nxt = s_tk[0];
+        cmode = nmode, cslot = nslot, cobase = nobase;
+        cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
+        cb ^= 1;
+        cxs = staged ? (WF == M3_GPU_W_MXFP4 ? xsh : 0) : -1;
+    }
+    /* the last block out leaves the counters zero for the next call */
+    if (tid == 0) {
+        __threadfence();
+        if (atomicInc(&ctr[DQF_EXIT], gridDim.x - 1u) == gridDim.x - 1u) {
+            ctr[DQF_TICKET] = 0u;
+            for (int k = 0; k < K; k++) ctr[DQF_DONE + k] = 0u;
+        }
+    }
+}
+
+/* T = 1, MX weights in one launch (dqf_k); false when the shape or the call does not fit it
+ * (act_mid between the GEMVs, too many output chunks for the counter range): the caller takes
+ * the two launches of dq1_run */
+template <int WF, int WK, int U, bool NC>
+static m3_status dqf_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
+                         const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
+                         const m3_moe_params *mp, const m3_profile *p) {
+    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
+    bool xf;
+    const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
+    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
+    const size_t pitch1 = (size_t)((D + SE - 1) / SE) * 4 * UP + 4, pitch2 = (size_t)((F + SE - 1) / SE) * 4 * UP + 4;
+    const size_t sh = (pitch1 + 2 * pitch2 + (size_t)F / 8) * 16;
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dqf_k<WF, WK, U, NC>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    const int cap = 2 * g->n_sm, nt = K * (F / (WR * 8) + D / (WR * 16));
+    dqf_k<WF, WK, U, NC><<<(unsigned)(nt < cap ? nt : cap), TC_THREADS, sh, g->stream>>>(
+        ab, ye, d_y, g->counters + M3_GPU_CNT_MOE, d_x, d_ids, d_wts, E, K, w->gate, w->up, w->down,
+        w->gate_s, w->up_s, w->down_s, D, F, mp->alpha, mp->limit, sm, (bool)p->act_bf16, mp->routed_scale,
+        (bool)p->moe_bf16_combine, xsh, xf);
+    M3_LAUNCHED(g, "dqf_k gate/up + down + combine");
+    return M3_OK;
+}
+static bool dqf_fits(const m3_gpu *g, const m3_moe_params *mp, int ch2, const m3_mx_params *mid) {
+    return g->counters && !mid && mp->top_k <= EXP_MAX_K && mp->dim / ch2 <= DQF_WORDS - DQF_CNT;
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -2431,17 +2732,25 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     if (s == M3_OK && aq[0]) s = m3_gpu_mx_qdq_bf16(g, xq, d_x, 1, D, &aq[0]->mx);
     if (xq) d_x = xq;
     const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
+    const char *fz = getenv("M3_MOE_FUSE"); /* TEMPORARY (session 9 measurement): bit 0 MXFP4, bit 1 MXFP8 */
+    const int fv = fz ? atoi(fz) : 1;
+    const bool fuse4 = fv & 1, fuse8 = fv & 2;
     if (s == M3_OK) {
         if (w->fmt == M3_GPU_W_BF16)
             s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else if (w->fmt == M3_GPU_W_MXFP8)
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
-            s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = !w->finite_codes ? sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : (fv & 4) && dqf_fits(g, mp, 32, mid)
+                    ? dqf_run<M3_GPU_W_MXFP8, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
+                : fuse8 && dqf_fits(g, mp, 32, mid)
+                    ? dqf_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
+                    : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = fuse4 && dqf_fits(g, mp, 32, mid)
+                    ? dqf_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
+                    : dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
