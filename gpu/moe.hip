@@ -656,8 +656,8 @@ static __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t m) {
 }
 
 /* the x slot of element w (0..7) of a 16-byte unit: the A pair order of the format */
-template <int WF> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
-    if (WF == M3_GPU_W_MXFP8) return x;
+template <int WF, bool LUT = false> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
+    if (WF == M3_GPU_W_MXFP8 || LUT) return x; /* (LUT: the MXFP4 pairs (0,1) (2,3) (4,5) (6,7)) */
     /* MXFP4: pairs (0,4) (1,5) (2,6) (3,7) */
     return make_uint4(__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632),
                       __byte_perm(x.y, x.w, 0x5410), __byte_perm(x.y, x.w, 0x7632));
@@ -687,7 +687,7 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * MXFP4: s|e1 e0|m placed as the bf16 s|0000000 e1 e0|m000000 (the value x 2^-126, the 0.5
  * code a subnormal); the masks select bits 6-8 (+16) from the shifted nibbles and 15 (+31)
  * from the shifted signs, the other bits of the select are zero in the source it takes. */
-template <int WF>
+template <int WF, bool LUT = false>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -695,6 +695,18 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
         if (WF == M3_GPU_W_MXFP8) {
             r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
+        } else if (LUT) { /* the low byte of a code's bf16 depends on (e0, m) only, the high byte
+                             on (s, e1) only: two 4-entry byte tables looked up by prmt (selector
+                             nibbles 0..3: e0 m, 4..7: 4 + s e1) for 4 codes at a time, then the
+                             low / high bytes of codes 2i, 2i + 1 interleaved into one pair */
+            const uint32_t P = v & 0x33333333u, Q = ((v >> 2) & 0x33333333u) | 0x44444444u;
+            const uint32_t TL = 0xC0804000u, TH = 0x81800100u;
+            const uint32_t L0 = prmt(TL, TH, P), H0 = prmt(TL, TH, Q);
+            const uint32_t L1 = prmt(TL, TH, P >> 16), H1 = prmt(TL, TH, Q >> 16);
+            r[4 * k] = bf2_mul(prmt(L0, H0, 0x5140u), mul);
+            r[4 * k + 1] = bf2_mul(prmt(L0, H0, 0x7362u), mul);
+            r[4 * k + 2] = bf2_mul(prmt(L1, H1, 0x5140u), mul);
+            r[4 * k + 3] = bf2_mul(prmt(L1, H1, 0x7362u), mul);
         } else { /* nibbles k and k + 4 of each word: the even / odd nibbles and the signs
                     masked once a word, then one bit-select per pair (session 7) */
             const uint32_t E = v & 0x0F0F0F0Fu, O = v & 0xF0F0F0F0u, S = v & 0x88888888u;
@@ -708,7 +720,7 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
  * NC (MXFP8): test the piece for e4m3 NaN codes (the caller's codes may hold some). */
-template <int WF, bool NC>
+template <int WF, bool NC, bool LUT = false>
 static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
@@ -720,14 +732,14 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     if (WF == M3_GPU_W_MXFP8) { /* the common case first: (s + F) << 7 in both halves, one IMAD
                                    (MXFP4 measured slower with this split: docs/gpu.md) */
         if ((uint32_t)sb <= lim && !(chk && e4m3_nan16(q))) {
-            tc_relay<WF>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
+            tc_relay<WF, LUT>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
             return;
         }
     }
     if (sb != 0xFFu && !(chk && e4m3_nan16(q))) {
         const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
-        tc_relay<WF>(qq, mul, r);
+        tc_relay<WF, LUT>(qq, mul, r);
         if (sb > lim) { /* (rare: scales above 2^(127-F)) */
             const uint32_t f2 = 127u + sb - lim, mul2 = (f2 << 7) | (f2 << 23);
 #pragma unroll
@@ -745,7 +757,7 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
         uint32_t b[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) b[k] = m3_f32_bits(w[k] * f) >> 16;
-        if (WF == M3_GPU_W_MXFP8) {
+        if (WF == M3_GPU_W_MXFP8 || LUT) {
 #pragma unroll
             for (int k = 0; k < 4; k++) r[4 * h + k] = b[2 * k] | (b[2 * k + 1] << 16);
         } else {
@@ -768,22 +780,22 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
 template <bool B> struct m3_bool_c { static constexpr bool value = B; };
 template <int I> struct m3_int_c { static constexpr int value = I; };
 
-template <int WF, bool NC, bool FAST>
+template <int WF, bool NC, bool FAST, bool LUT = false>
 static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
                                                   uint32_t *r0, uint32_t *r1, int xsh) {
 #if M3_HAVE_FP8_CVT
     if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
         const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
         const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
-        tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
-        tc_relay<WF>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
+        tc_relay<WF, LUT>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
+        tc_relay<WF, LUT>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
         return;
     }
 #else
     (void)xsh;
 #endif
-    tc_decode<WF, NC>(q0, s0, lut, r0);
-    tc_decode<WF, NC>(q1, s1, lut, r1);
+    tc_decode<WF, NC, LUT>(q0, s0, lut, r0);
+    tc_decode<WF, NC, LUT>(q1, s1, lut, r1);
 }
 
 /* 8 staged x values (bf16) times 2^xsh (xsh 0 or 8); *ovf set when a finite value became
@@ -813,7 +825,7 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC, bool LUT>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -863,7 +875,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     auto compute1 = [&](auto fast, int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode2<WF, NC, decltype(fast)::value>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
+        tc_decode2<WF, NC, decltype(fast)::value, LUT>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -895,7 +907,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
                 const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
                 tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
-                    WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xs, &ovf) : tc_perm<WF>(x);
+                    WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF, LUT>(x), xs, &ovf) : tc_perm<WF>(x);
             }
             if (WF != M3_GPU_W_MXFP4) {
                 __syncthreads();
@@ -1361,7 +1373,7 @@ static __device__ __forceinline__ void dqf_cp16(void *sdst, const void *src) {
 static __device__ __forceinline__ void dqf_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 static __device__ __forceinline__ void dqf_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-template <int WF, int WK, int U, bool NC>
+template <int WF, int WK, int U, bool NC, bool LUT>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dqf_k(m3_bf16 *M3_RESTRICT ab, m3_bf16 *M3_RESTRICT ye, m3_bf16 *M3_RESTRICT y, unsigned *M3_RESTRICT ctr,
           const m3_bf16 *M3_RESTRICT xin, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts, int E,
@@ -1396,7 +1408,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* one unit (8 values) v of an x row into a staged row (the A pair order, times 2^xs) */
     auto put = [&](uint4 *dst, int v, uint4 x, int xs, bool *ovf) {
         const int k = v * 8, st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-        dst[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xs, ovf) : tc_perm<WF>(x);
+        dst[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF, LUT>(x), xs, ovf) : tc_perm<WF>(x);
     };
     /* the token's row for the gate/up tiles (MXFP4: a second time unscaled when x * 2^xsh
      * overflowed) */
@@ -1506,7 +1518,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     if (st >= ns) continue;
                     const bool ok = st * 4 + t < np;
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    tc_decode2<WF, NC, decltype(fast)::value, LUT>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
                         const uint4 xv = ok ? xr[st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
@@ -1602,7 +1614,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 /* T = 1, MX weights in one launch (dqf_k); false when the shape or the call does not fit it
  * (act_mid between the GEMVs, too many output chunks for the counter range): the caller takes
  * the two launches of dq1_run */
-template <int WF, int WK, int U, bool NC>
+template <int WF, int WK, int U, bool NC, bool LUT = false>
 static m3_status dqf_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                          const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
                          const m3_moe_params *mp, const m3_profile *p) {
@@ -1612,9 +1624,9 @@ static m3_status dqf_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t pitch1 = (size_t)((D + SE - 1) / SE) * 4 * UP + 4, pitch2 = (size_t)((F + SE - 1) / SE) * 4 * UP + 4;
     const size_t sh = (pitch1 + 2 * pitch2 + (size_t)F / 8) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dqf_k<WF, WK, U, NC>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dqf_k<WF, WK, U, NC, LUT>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     const int cap = 2 * g->n_sm, nt = K * (F / (WR * 8) + D / (WR * 16));
-    dqf_k<WF, WK, U, NC><<<(unsigned)(nt < cap ? nt : cap), TC_THREADS, sh, g->stream>>>(
+    dqf_k<WF, WK, U, NC, LUT><<<(unsigned)(nt < cap ? nt : cap), TC_THREADS, sh, g->stream>>>(
         ab, ye, d_y, g->counters + M3_GPU_CNT_MOE, d_x, d_ids, d_wts, E, K, w->gate, w->up, w->down,
         w->gate_s, w->up_s, w->down_s, D, F, mp->alpha, mp->limit, sm, (bool)p->act_bf16, mp->routed_scale,
         (bool)p->moe_bf16_combine, xsh, xf);
@@ -1626,7 +1638,7 @@ static bool dqf_fits(const m3_gpu *g, const m3_moe_params *mp, int ch2, const m3
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL, bool NC>
+template <int WF, int WK, int NT, int U, int RL, bool NC, bool LUT>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1639,19 +1651,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC, LUT>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC, LUT>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, NC, LUT><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, NC, LUT><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -2686,8 +2698,13 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
             /* MXFP8: the per-piece NaN-code test compiled in unless the caller knows the codes
              * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
             if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
-                return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                return tc_run<WFX, 1, 1, 4, 4, true, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            { /* TEMPORARY (session 9, mx4): M3_MX4_LUT=1 the prmt-table decode */
+                const char *lz = getenv("M3_MX4_LUT");
+                if (WF == M3_GPU_W_MXFP4 && lz && atoi(lz) == 1)
+                    return tc_run<WFX, 1, 1, 4, 4, false, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            }
+            return tc_run<WFX, 1, 1, 4, 4, false, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
         /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
@@ -2748,7 +2765,9 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
                     ? dqf_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
                     : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = fuse4 && dqf_fits(g, mp, 32, mid)
+            s = (fv & 8) && dqf_fits(g, mp, 32, mid)
+                    ? dqf_run<M3_GPU_W_MXFP4, 4, 2, false, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
+                : fuse4 && dqf_fits(g, mp, 32, mid)
                     ? dqf_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
                     : dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }

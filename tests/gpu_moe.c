@@ -545,7 +545,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         GPU_OK(m3_gpu_moe_experts(g, dy3, dx, dids, dwts, T, &dw, &mp, &p));
         setenv("M3_MOE_FUSE", "3", 1);
         GPU_OK(m3_gpu_moe_experts(g, dy4, dx, dids, dwts, T, &dw, &mp, &p));
-        setenv("M3_MOE_FUSE", "5", 1);
+        setenv("M3_MOE_FUSE", fmt == M3_GPU_W_MXFP4 ? "9" : "5", 1);
         GPU_OK(m3_gpu_moe_experts(g, dy5, dx, dids, dwts, T, &dw, &mp, &p));
         unsetenv("M3_MOE_FUSE");
         gpu_guard_check(g, dy3, yb, "moe_experts y (two launches)");
@@ -565,6 +565,26 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         }
         printf("  T=1 %s one launch vs two: %d of %d elements differ\n", fmt_name(fmt), nd, D);
         free(h3); free(h4); free(h5);
+    }
+    if (T > 1 && T * K <= 4 * E && fmt == M3_GPU_W_MXFP4 && !dw.portable) {
+        /* TEMPORARY (session 9, mx4): tc_k with the prmt-table decode (M3_MX4_LUT=1): the same bits */
+        const size_t yb = (size_t)T * D * sizeof(m3_bf16);
+        m3_bf16 *dy6 = gpu_guard_alloc(g, yb);
+        setenv("M3_MX4_LUT", "1", 1);
+        GPU_OK(m3_gpu_moe_experts(g, dy6, dx, dids, dwts, T, &dw, &mp, &p));
+        unsetenv("M3_MX4_LUT");
+        gpu_guard_check(g, dy6, yb, "moe_experts y (prmt table)");
+        m3_bf16 *h1 = malloc(yb), *h6 = malloc(yb);
+        assert_true(h1 && h6);
+        GPU_OK(m3_gpu_download(g, h1, dy, yb));
+        GPU_OK(m3_gpu_download(g, h6, dy6, yb));
+        int nd = 0;
+        for (int64_t i = 0; i < (int64_t)T * D; i++)
+            if (memcmp(&h1[i], &h6[i], sizeof h1[i]) && nd++ < 5)
+                m3_test_failf("moe_experts mxfp4 T=%d: element %lld: 0x%04x, 0x%04x with the prmt table",
+                              T, (long long)i, (unsigned)h1[i], (unsigned)h6[i]);
+        printf("  T=%d mxfp4 prmt table vs bit select: %d of %lld elements differ\n", T, nd, (long long)T * D);
+        free(h1); free(h6);
     }
     char what[128];
     snprintf(what, sizeof what, "moe_experts %s(%s,T=%d,E=%d,K=%d,D=%d,F=%d,%s)", fmt_name(fmt),
