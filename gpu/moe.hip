@@ -1373,7 +1373,7 @@ static __device__ __forceinline__ void dqf_cp16(void *sdst, const void *src) {
 static __device__ __forceinline__ void dqf_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 static __device__ __forceinline__ void dqf_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-template <int WF, int WK, int U, bool NC, bool LUT>
+template <int WF, int WK, int U, bool NC, bool LUT, bool DEF>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dqf_k(m3_bf16 *M3_RESTRICT ab, m3_bf16 *M3_RESTRICT ye, m3_bf16 *M3_RESTRICT y, unsigned *M3_RESTRICT ctr,
           const m3_bf16 *M3_RESTRICT xin, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts, int E,
@@ -1458,6 +1458,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const m3_e8m0 *cps[2] = {NULL, NULL}, *nps[2] = {NULL, NULL};
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
+    int pch = -1;  /* DEF (thread 0): the chunk of the last down tile, its count in ptk */
+    unsigned ptk = 0;
     int cb = 0, cxs = -1; /* the staged a row of a current down tile: xs2[cb], times 2^cxs (-1: none) */
     if (cur < ntiles) {
         rows_of(cur, &cmode, &cslot, &cobase, cpw, cps);
@@ -1558,7 +1560,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 }
                 __threadfence(); /* this lane's a / y_e stores, before the block's count */
             }
-            if (M == 1) { /* the chunk's last block combines it */
+            if (M == 1 && !DEF) { /* the chunk's last block combines it */
                 const int chunk = (cobase - wr * 16) / CH2;
                 __syncthreads();
                 if (tid == 0) s_last = atomicInc(&ctr[DQF_CNT + chunk], (unsigned)nv - 1u) == (unsigned)nv - 1u;
@@ -1590,16 +1592,38 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 put(xs2 + (cb ^ 1) * pitch2, v, raw[v], WF == M3_GPU_W_MXFP4 ? xsh : 0, &bad);
         }
         if (tid == 0) s_tk[0] = tk;
+        /* DEF: the chunk count of the previous down tile, read now (issued a tile ago) */
+        if (DEF && tid == 0) s_last = pch >= 0 && ptk == (unsigned)nv - 1u ? pch : -1;
         const int pslot = cslot, pmode = cmode;
         /* every thread copied (the slot was seen done by all) and nothing overflowed: staged */
         const bool staged = !__syncthreads_or(bad) && want;
         if (tid == 0 && pmode == 0) atomicAdd(&ctr[DQF_DONE + pslot], 1u); /* after the writers' fences */
+        if (DEF) {
+            const int lc = s_last;
+            if (tid == 0) { /* count this down tile's chunk (after the writers' fences); the
+                               answer is used at the next tile's end */
+                pch = pmode == 1 ? (cobase - wr * 16) / CH2 : -1;
+                if (pch >= 0) ptk = atomicInc(&ctr[DQF_CNT + pch], (unsigned)nv - 1u);
+            }
+            if (lc >= 0 && tid < CH2) { /* the previous tile completed its chunk: combine it */
+                __threadfence();
+                t1_combine(y, ye, ids, wts, vm, K, nv, lc * CH2 + tid, D, rsf, bf16_combine);
+            }
+        }
         if (!has_next) break;
         cur = nxt, nxt = s_tk[0];
         cmode = nmode, cslot = nslot, cobase = nobase;
         cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         cb ^= 1;
         cxs = staged ? (WF == M3_GPU_W_MXFP4 ? xsh : 0) : -1;
+    }
+    if (DEF) { /* the last tile's chunk count */
+        if (tid == 0) s_last = pch >= 0 && ptk == (unsigned)nv - 1u ? pch : -1;
+        __syncthreads();
+        if (s_last >= 0 && tid < CH2) {
+            __threadfence();
+            t1_combine(y, ye, ids, wts, vm, K, nv, s_last * CH2 + tid, D, rsf, bf16_combine);
+        }
     }
     /* the last block out leaves the counters zero for the next call */
     if (tid == 0) {
@@ -1614,7 +1638,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 /* T = 1, MX weights in one launch (dqf_k); false when the shape or the call does not fit it
  * (act_mid between the GEMVs, too many output chunks for the counter range): the caller takes
  * the two launches of dq1_run */
-template <int WF, int WK, int U, bool NC, bool LUT = false>
+template <int WF, int WK, int U, bool NC, bool LUT = false, bool DEF = false>
 static m3_status dqf_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                          const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
                          const m3_moe_params *mp, const m3_profile *p) {
@@ -1624,9 +1648,9 @@ static m3_status dqf_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t pitch1 = (size_t)((D + SE - 1) / SE) * 4 * UP + 4, pitch2 = (size_t)((F + SE - 1) / SE) * 4 * UP + 4;
     const size_t sh = (pitch1 + 2 * pitch2 + (size_t)F / 8) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dqf_k<WF, WK, U, NC, LUT>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dqf_k<WF, WK, U, NC, LUT, DEF>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     const int cap = 2 * g->n_sm, nt = K * (F / (WR * 8) + D / (WR * 16));
-    dqf_k<WF, WK, U, NC, LUT><<<(unsigned)(nt < cap ? nt : cap), TC_THREADS, sh, g->stream>>>(
+    dqf_k<WF, WK, U, NC, LUT, DEF><<<(unsigned)(nt < cap ? nt : cap), TC_THREADS, sh, g->stream>>>(
         ab, ye, d_y, g->counters + M3_GPU_CNT_MOE, d_x, d_ids, d_wts, E, K, w->gate, w->up, w->down,
         w->gate_s, w->up_s, w->down_s, D, F, mp->alpha, mp->limit, sm, (bool)p->act_bf16, mp->routed_scale,
         (bool)p->moe_bf16_combine, xsh, xf);
@@ -2765,7 +2789,9 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
                     ? dqf_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
                     : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = (fv & 8) && dqf_fits(g, mp, 32, mid)
+            s = (fv & 32) && dqf_fits(g, mp, 32, mid)
+                    ? dqf_run<M3_GPU_W_MXFP4, 4, 2, false, false, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
+                : (fv & 8) && dqf_fits(g, mp, 32, mid)
                     ? dqf_run<M3_GPU_W_MXFP4, 4, 2, false, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
                 : fuse4 && dqf_fits(g, mp, 32, mid)
                     ? dqf_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
