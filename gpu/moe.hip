@@ -1380,7 +1380,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           int K, const void *M3_RESTRICT wg, const void *M3_RESTRICT wu, const void *M3_RESTRICT wd,
           const m3_e8m0 *M3_RESTRICT sg, const m3_e8m0 *M3_RESTRICT su, const m3_e8m0 *M3_RESTRICT sd,
           int D, int F, float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine,
-          int xsh, bool xfast) {
+          int xsh, bool xfast, int dv) {
     static_assert(WK > 1, "dqf_k: the reduction's barrier orders the ticket broadcast");
     extern __shared__ uint4 tc_dyn[]; /* xs1 [pitch1] | xs2 [2][pitch2] | raw [F / 8] */
     __shared__ float red[TC_WARPS * 2 * 32];
@@ -1473,7 +1473,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         if (tid == 0 && has_next) tk = (int)atomicAdd(&ctr[DQF_TICKET], 1u);
         /* whether nxt's a row can be copied during this tile: its slot counted done now */
         const bool want = has_next && nmode == 1;
-        const bool rdy = want && (int)ld_acquire(&ctr[DQF_DONE + nslot]) >= nch1;
+        const bool rdy = want && (int)((dv & 4) ? *(volatile unsigned *)&ctr[DQF_DONE + nslot]
+                                                : ld_acquire(&ctr[DQF_DONE + nslot])) >= nch1;
         if (cmode == 1 && cxs < 0) { /* not copied ahead: wait for the slot, then stage */
             if (tid == 0) {
                 while ((int)ld_acquire(&ctr[DQF_DONE + cslot]) < nch1) __nanosleep(64);
@@ -1558,11 +1559,12 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[cobase + g] = m3_f32_to_bf16(acc[0]);
                     orow[cobase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
-                __threadfence(); /* this lane's a / y_e stores, before the block's count */
+                if (!(dv & 3)) __threadfence(); /* this lane's a / y_e stores, before the block's count */
             }
             if (M == 1 && !DEF) { /* the chunk's last block combines it */
                 const int chunk = (cobase - wr * 16) / CH2;
                 __syncthreads();
+                if (tid == 0 && (dv & 1)) __threadfence();
                 if (tid == 0) s_last = atomicInc(&ctr[DQF_CNT + chunk], (unsigned)nv - 1u) == (unsigned)nv - 1u;
                 __syncthreads();
                 if (s_last && tid < CH2) {
@@ -1597,12 +1599,14 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         const int pslot = cslot, pmode = cmode;
         /* every thread copied (the slot was seen done by all) and nothing overflowed: staged */
         const bool staged = !__syncthreads_or(bad) && want;
+        if (tid == 0 && pmode == 0 && (dv & 1)) __threadfence();
         if (tid == 0 && pmode == 0) atomicAdd(&ctr[DQF_DONE + pslot], 1u); /* after the writers' fences */
         if (DEF) {
             const int lc = s_last;
             if (tid == 0) { /* count this down tile's chunk (after the writers' fences); the
                                answer is used at the next tile's end */
                 pch = pmode == 1 ? (cobase - wr * 16) / CH2 : -1;
+                if (pch >= 0 && (dv & 1)) __threadfence();
                 if (pch >= 0) ptk = atomicInc(&ctr[DQF_CNT + pch], (unsigned)nv - 1u);
             }
             if (lc >= 0 && tid < CH2) { /* the previous tile completed its chunk: combine it */
@@ -1650,10 +1654,11 @@ static m3_status dqf_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     const size_t sh = (pitch1 + 2 * pitch2 + (size_t)F / 8) * 16;
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dqf_k<WF, WK, U, NC, LUT, DEF>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     const int cap = 2 * g->n_sm, nt = K * (F / (WR * 8) + D / (WR * 16));
+    const char *dvz = getenv("M3_MOE_DQFV"); /* TEMPORARY (session 9): dqf_k fence variants */
     dqf_k<WF, WK, U, NC, LUT, DEF><<<(unsigned)(nt < cap ? nt : cap), TC_THREADS, sh, g->stream>>>(
         ab, ye, d_y, g->counters + M3_GPU_CNT_MOE, d_x, d_ids, d_wts, E, K, w->gate, w->up, w->down,
         w->gate_s, w->up_s, w->down_s, D, F, mp->alpha, mp->limit, sm, (bool)p->act_bf16, mp->routed_scale,
-        (bool)p->moe_bf16_combine, xsh, xf);
+        (bool)p->moe_bf16_combine, xsh, xf, dvz ? atoi(dvz) : 0);
     M3_LAUNCHED(g, "dqf_k gate/up + down + combine");
     return M3_OK;
 }

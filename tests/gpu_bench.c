@@ -754,12 +754,15 @@ static void bench_moe_experts(void **state) {
                     setenv("M3_MOE_FUSE", vb, 1);
                     if (atoi(q) & 16) setenv("M3_MX4_LUT", "1", 1); /* 16: tc_k's prmt table */
                     else unsetenv("M3_MX4_LUT");
+                    char dvb[16]; /* 256 x v: dqf_k's variant bits v (M3_MOE_DQFV) */
+                    snprintf(dvb, sizeof dvb, "%d", atoi(q) >> 8);
+                    setenv("M3_MOE_DQFV", dvb, 1);
                     ms = time_ms(g, do_experts, &c, c.T > 64 ? 3 : 20, c.T > 64 ? 3 : 7);
                     char nm2[128];
                     snprintf(nm2, sizeof nm2, "%s [fuse=%s]", nm, vb);
                     report(nm2, ms, wbytes + io, tk * 6.0 * D * F);
                 }
-                if (vars) unsetenv("M3_MOE_FUSE"), unsetenv("M3_MX4_LUT");
+                if (vars) unsetenv("M3_MOE_FUSE"), unsetenv("M3_MX4_LUT"), unsetenv("M3_MOE_DQFV");
             }
             if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip gives it
                                           from its upload scan): the per-step vote path */

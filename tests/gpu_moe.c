@@ -539,9 +539,9 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     if (T == 1 && fmt != M3_GPU_W_BF16 && !dw.portable) {
         /* TEMPORARY (session 9, mx4): the one-launch T = 1 kernel's variants (M3_MOE_FUSE) against
          * the two launches (0): the same bits */
-        static const char *v4[] = {"1", "9", "33"}, *v8[] = {"3", "5"};
+        static const char *v4[] = {"1", "9", "33", "1:1", "1:5", "33:5"}, *v8[] = {"3", "5", "3:1"};
         const char **vs = fmt == M3_GPU_W_MXFP4 ? v4 : v8;
-        const int nvs = fmt == M3_GPU_W_MXFP4 ? 3 : 2;
+        const int nvs = fmt == M3_GPU_W_MXFP4 ? 6 : 3;
         const size_t yb = (size_t)D * sizeof(m3_bf16);
         m3_bf16 *dy3 = gpu_guard_alloc(g, yb);
         setenv("M3_MOE_FUSE", "0", 1);
@@ -553,6 +553,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         for (int vi = 0; vi < nvs; vi++) {
             m3_bf16 *dy4 = gpu_guard_alloc(g, yb);
             setenv("M3_MOE_FUSE", vs[vi], 1);
+            setenv("M3_MOE_DQFV", strchr(vs[vi], ':') ? strchr(vs[vi], ':') + 1 : "0", 1);
             for (int rep = 0; rep < 2; rep++) /* twice: the counters left zero by the first */
                 GPU_OK(m3_gpu_moe_experts(g, dy4, dx, dids, dwts, T, &dw, &mp, &p));
             gpu_guard_check(g, dy4, yb, "moe_experts y (one launch)");
@@ -565,6 +566,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
             printf("  T=1 %s one launch (%s) vs two: %d of %d elements differ\n", fmt_name(fmt), vs[vi], nd, D);
         }
         unsetenv("M3_MOE_FUSE");
+        unsetenv("M3_MOE_DQFV");
         free(h3); free(h4);
     }
     if (T > 1 && T * K <= 4 * E && fmt == M3_GPU_W_MXFP4 && !dw.portable) {
