@@ -1001,6 +1001,28 @@ static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye,
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
 }
 
+/* t1_combine on the 8 y_e values of each slot in shared memory (ys [slot][8], output o) */
+static __device__ __forceinline__ void t1_combine8(m3_bf16 *y, const m3_bf16 *ys, const int32_t *ids,
+                                                   const float *wts, unsigned vm, int K, int nv, int o, int d,
+                                                   float rsf, bool bf16_combine) {
+    float acc = 0.0f;
+    int pid = -1, pk = -1;
+    for (int r = 0; r < nv; r++) {
+        int bk = -1, bid = 0;
+        for (int k = 0; k < K; k++) {
+            if (!(vm >> k & 1u)) continue;
+            const int id = ids[k];
+            if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
+        }
+        pid = bid, pk = bk;
+        const float ev = m3_bits_f32((uint32_t)reinterpret_cast<const unsigned short *>(ys)[bk * 8 + o] << 16);
+        const float wv = wts[bk];
+        if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev, wv)));
+        else acc = __fadd_rn(acc, __fmul_rn(ev, wv)); /* unfused, as ref */
+    }
+    y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
+}
+
 /* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
 static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
     unsigned vm = 0;
@@ -1130,16 +1152,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
+    __shared__ m3_bf16 yes[MODE == 2 ? EXP_MAX_K * 8 : 1]; /* MODE 2: the tile's y_e [slot][8] */
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
-    const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
+    const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = MODE == 2 ? 8 : WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
     const unsigned vm = t1_slots(ids, K, E);
-    const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
+    const int nv = __popc(vm), nch = nout / CH, ntiles = MODE == 2 ? nch : nv * nch;
+    static_assert(MODE != 2 || TC_WARPS / WK == 2, "dq1_k MODE 2: two slot pairs");
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
     if (MODE == 0 && blockIdx.x == 0)
         for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
-    if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
+    if (MODE != 0 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
         m3_pdl_wait();
         if (blockIdx.x == 0)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
@@ -1152,6 +1176,17 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     uint4 *xs = tc_dyn;
     /* a tile's slot, first output of this warp, weight rows and scale rows of this lane */
     auto rows_of = [&](int tile, int *slot, int *obase, const unsigned char **pw, const m3_e8m0 **ps) {
+        if (MODE == 2) { /* rows g of valid slots 2 wr (h 0) and 2 wr + 1 (h 1); none past nv */
+            *slot = 0, *obase = tile * CH;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * wr + h;
+                const size_t row = j < nv ? (size_t)ids[nth_bit(vm, j)] * nout + *obase + g : 0;
+                pw[h] = j < nv ? (const unsigned char *)w0 + row * rb : NULL;
+                ps[h] = s0 + row * nsb;
+            }
+            return;
+        }
         *slot = nth_bit(vm, tile / nch);
         *obase = (tile % nch) * CH + wr * OPW;
         const int e = ids[*slot];
@@ -1172,8 +1207,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const bool ok = st0 + u * WK < nsteps && p < npieces;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                q[u][h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
-                sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
+                const bool okh = ok && (MODE != 2 || pw[h] != NULL);
+                q[u][h] = okh ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                sc[u][h] = okh ? ps[h][p / PPB] : (m3_e8m0)0;
             }
         }
     };
@@ -1188,7 +1224,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
-    if (MODE == 1) m3_pdl_wait();
+    if (MODE != 0) m3_pdl_wait();
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
     const int nx = MODE == 0 ? 1 : nv;
@@ -1214,7 +1250,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
         for (;;) {
-            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
+            /* (MODE 2: B column g is valid slot g's a row: slot 2 wr times rows g of A, 2 wr + 1
+             * times rows g + 8) */
+            const int xr = (MODE == 0 ? 0 : MODE == 2 ? (g < nv ? g : 0) : tile / nch) * pitch;
+            const int next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
@@ -1245,15 +1284,27 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 #pragma unroll
                     for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
             }
-            /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
+            /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8. MODE 2: C[g][2 wr]
+             * (slot 2 wr) and C[g + 8][2 wr + 1] (slot 2 wr + 1): lanes t == wr, c[0] and c[3] */
+            const int tc = MODE == 2 ? wr : 0;
+            if (MODE == 2) acc[2] = acc[3];
             if (WK > 1) {
-                if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+                if (t == tc) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
-                if (wk == 0 && t == 0)
+                if (wk == 0 && t == tc)
                     for (int w2 = 1; w2 < WK; w2++)
                         acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
             }
-            if (wk == 0 && t == 0) {
+            if (MODE == 2) { /* y_e of the tile's 8 outputs in shared memory, then the combine
+                                (t1_combine's order and arithmetic, no counter) */
+                if (wk == 0 && t == tc) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        if (2 * wr + h < nv) yes[nth_bit(vm, 2 * wr + h) * 8 + g] = m3_f32_to_bf16(acc[2 * h]);
+                }
+                __syncthreads();
+                if (tid < CH) t1_combine8(y, yes, ids, wts, vm, K, nv, tid, obase + tid, rsf, bf16_combine);
+            } else if (wk == 0 && t == 0) {
                 m3_bf16 *orow = out + (size_t)slot * nout;
                 if (MODE == 0) {
                     float gv = acc[0], uv = acc[2];
@@ -1322,6 +1373,8 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 2, WK, U, NC>,
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
     dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
@@ -1329,6 +1382,15 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
+    const char *dnz = getenv("M3_MOE_DN2"); /* TEMPORARY (session 9): the MODE 2 down kernel */
+    if (K <= 4 && (!dnz || atoi(dnz) != 0)) {
+        const int t3 = D / 8;
+        return t1_launch(g, dq1_k<WF, 2, WK, U, NC>, dim3((unsigned)(t3 < cap ? t3 : cap)), TC_THREADS, sh2, true,
+                         "dq1_k down + combine (slot pairs)", ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids,
+                         d_wts, E, K, (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
+                         (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
+                         (bool)p->moe_bf16_combine, xsh, xf);
+    }
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
     return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
@@ -2779,7 +2841,7 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     if (xq) d_x = xq;
     const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
     const char *fz = getenv("M3_MOE_FUSE"); /* TEMPORARY (session 9 measurement): bit 0 MXFP4, bit 1 MXFP8 */
-    const int fv = fz ? atoi(fz) : 1;
+    const int fv = fz ? atoi(fz) : 0;
     const bool fuse4 = fv & 1, fuse8 = fv & 2;
     if (s == M3_OK) {
         if (w->fmt == M3_GPU_W_BF16)

@@ -754,6 +754,8 @@ static void bench_moe_experts(void **state) {
                     setenv("M3_MOE_FUSE", vb, 1);
                     if (atoi(q) & 16) setenv("M3_MX4_LUT", "1", 1); /* 16: tc_k's prmt table */
                     else unsetenv("M3_MX4_LUT");
+                    if (atoi(q) & 64) setenv("M3_MOE_DN2", "0", 1); /* 64: the old down kernel */
+                    else unsetenv("M3_MOE_DN2");
                     char dvb[16]; /* 256 x v: dqf_k's variant bits v (M3_MOE_DQFV) */
                     snprintf(dvb, sizeof dvb, "%d", atoi(q) >> 8);
                     setenv("M3_MOE_DQFV", dvb, 1);
@@ -762,7 +764,7 @@ static void bench_moe_experts(void **state) {
                     snprintf(nm2, sizeof nm2, "%s [fuse=%s]", nm, vb);
                     report(nm2, ms, wbytes + io, tk * 6.0 * D * F);
                 }
-                if (vars) unsetenv("M3_MOE_FUSE"), unsetenv("M3_MX4_LUT"), unsetenv("M3_MOE_DQFV");
+                if (vars) unsetenv("M3_MOE_FUSE"), unsetenv("M3_MX4_LUT"), unsetenv("M3_MOE_DQFV"), unsetenv("M3_MOE_DN2");
             }
             if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip gives it
                                           from its upload scan): the per-step vote path */

@@ -539,13 +539,15 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
     if (T == 1 && fmt != M3_GPU_W_BF16 && !dw.portable) {
         /* TEMPORARY (session 9, mx4): the one-launch T = 1 kernel's variants (M3_MOE_FUSE) against
          * the two launches (0): the same bits */
-        static const char *v4[] = {"1", "9", "33", "1:1", "1:5", "33:5"}, *v8[] = {"3", "5", "3:1"};
+        static const char *v4[] = {"0", "1", "33:5"}, *v8[] = {"0", "3"};
         const char **vs = fmt == M3_GPU_W_MXFP4 ? v4 : v8;
-        const int nvs = fmt == M3_GPU_W_MXFP4 ? 6 : 3;
+        const int nvs = fmt == M3_GPU_W_MXFP4 ? 3 : 2;
         const size_t yb = (size_t)D * sizeof(m3_bf16);
         m3_bf16 *dy3 = gpu_guard_alloc(g, yb);
         setenv("M3_MOE_FUSE", "0", 1);
+        setenv("M3_MOE_DN2", "0", 1); /* the reference: session 8's two launches */
         GPU_OK(m3_gpu_moe_experts(g, dy3, dx, dids, dwts, T, &dw, &mp, &p));
+        unsetenv("M3_MOE_DN2");
         gpu_guard_check(g, dy3, yb, "moe_experts y (two launches)");
         m3_bf16 *h3 = malloc(yb), *h4 = malloc(yb);
         assert_true(h3 && h4);
@@ -567,6 +569,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         }
         unsetenv("M3_MOE_FUSE");
         unsetenv("M3_MOE_DQFV");
+        unsetenv("M3_MOE_DN2");
         free(h3); free(h4);
     }
     if (T > 1 && T * K <= 4 * E && fmt == M3_GPU_W_MXFP4 && !dw.portable) {
