@@ -656,8 +656,8 @@ static __device__ __forceinline__ uint32_t bf2_mul(uint32_t a, uint32_t m) {
 }
 
 /* the x slot of element w (0..7) of a 16-byte unit: the A pair order of the format */
-template <int WF, bool LUT = false> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
-    if (WF == M3_GPU_W_MXFP8 || LUT) return x; /* (LUT: the MXFP4 pairs (0,1) (2,3) (4,5) (6,7)) */
+template <int WF> static __device__ __forceinline__ uint4 tc_perm(uint4 x) {
+    if (WF == M3_GPU_W_MXFP8) return x;
     /* MXFP4: pairs (0,4) (1,5) (2,6) (3,7) */
     return make_uint4(__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632),
                       __byte_perm(x.y, x.w, 0x5410), __byte_perm(x.y, x.w, 0x7632));
@@ -687,7 +687,7 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * MXFP4: s|e1 e0|m placed as the bf16 s|0000000 e1 e0|m000000 (the value x 2^-126, the 0.5
  * code a subnormal); the masks select bits 6-8 (+16) from the shifted nibbles and 15 (+31)
  * from the shifted signs, the other bits of the select are zero in the source it takes. */
-template <int WF, bool LUT = false>
+template <int WF>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -695,18 +695,6 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
         if (WF == M3_GPU_W_MXFP8) {
             r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
-        } else if (LUT) { /* the low byte of a code's bf16 depends on (e0, m) only, the high byte
-                             on (s, e1) only: two 4-entry byte tables looked up by prmt (selector
-                             nibbles 0..3: e0 m, 4..7: 4 + s e1) for 4 codes at a time, then the
-                             low / high bytes of codes 2i, 2i + 1 interleaved into one pair */
-            const uint32_t P = v & 0x33333333u, Q = ((v >> 2) & 0x33333333u) | 0x44444444u;
-            const uint32_t TL = 0xC0804000u, TH = 0x81800100u;
-            const uint32_t L0 = prmt(TL, TH, P), H0 = prmt(TL, TH, Q);
-            const uint32_t L1 = prmt(TL, TH, P >> 16), H1 = prmt(TL, TH, Q >> 16);
-            r[4 * k] = bf2_mul(prmt(L0, H0, 0x5140u), mul);
-            r[4 * k + 1] = bf2_mul(prmt(L0, H0, 0x7362u), mul);
-            r[4 * k + 2] = bf2_mul(prmt(L1, H1, 0x5140u), mul);
-            r[4 * k + 3] = bf2_mul(prmt(L1, H1, 0x7362u), mul);
         } else { /* nibbles k and k + 4 of each word: the even / odd nibbles and the signs
                     masked once a word, then one bit-select per pair (session 7) */
             const uint32_t E = v & 0x0F0F0F0Fu, O = v & 0xF0F0F0F0u, S = v & 0x88888888u;
@@ -720,7 +708,7 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
  * NC (MXFP8): test the piece for e4m3 NaN codes (the caller's codes may hold some). */
-template <int WF, bool NC, bool LUT = false>
+template <int WF, bool NC>
 static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
@@ -732,14 +720,14 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     if (WF == M3_GPU_W_MXFP8) { /* the common case first: (s + F) << 7 in both halves, one IMAD
                                    (MXFP4 measured slower with this split: docs/gpu.md) */
         if ((uint32_t)sb <= lim && !(chk && e4m3_nan16(q))) {
-            tc_relay<WF, LUT>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
+            tc_relay<WF>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
             return;
         }
     }
     if (sb != 0xFFu && !(chk && e4m3_nan16(q))) {
         const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
-        tc_relay<WF, LUT>(qq, mul, r);
+        tc_relay<WF>(qq, mul, r);
         if (sb > lim) { /* (rare: scales above 2^(127-F)) */
             const uint32_t f2 = 127u + sb - lim, mul2 = (f2 << 7) | (f2 << 23);
 #pragma unroll
@@ -757,7 +745,7 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
         uint32_t b[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) b[k] = m3_f32_bits(w[k] * f) >> 16;
-        if (WF == M3_GPU_W_MXFP8 || LUT) {
+        if (WF == M3_GPU_W_MXFP8) {
 #pragma unroll
             for (int k = 0; k < 4; k++) r[4 * h + k] = b[2 * k] | (b[2 * k + 1] << 16);
         } else {
@@ -778,24 +766,23 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
  * their k loops for both (m3_bool_c), so that the loop of the known range holds no vote and no
  * per-piece path (keeping them there cost 9-10%: docs/gpu.md, sessions 7 and 8). */
 template <bool B> struct m3_bool_c { static constexpr bool value = B; };
-template <int I> struct m3_int_c { static constexpr int value = I; };
 
-template <int WF, bool NC, bool FAST, bool LUT = false>
+template <int WF, bool NC, bool FAST>
 static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
                                                   uint32_t *r0, uint32_t *r1, int xsh) {
 #if M3_HAVE_FP8_CVT
     if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
         const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
         const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
-        tc_relay<WF, LUT>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
-        tc_relay<WF, LUT>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
+        tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
+        tc_relay<WF>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
         return;
     }
 #else
     (void)xsh;
 #endif
-    tc_decode<WF, NC, LUT>(q0, s0, lut, r0);
-    tc_decode<WF, NC, LUT>(q1, s1, lut, r1);
+    tc_decode<WF, NC>(q0, s0, lut, r0);
+    tc_decode<WF, NC>(q1, s1, lut, r1);
 }
 
 /* 8 staged x values (bf16) times 2^xsh (xsh 0 or 8); *ovf set when a finite value became
@@ -825,7 +812,7 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC, bool LUT>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -875,7 +862,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     auto compute1 = [&](auto fast, int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode2<WF, NC, decltype(fast)::value, LUT>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
+        tc_decode2<WF, NC, decltype(fast)::value>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -907,7 +894,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
                 const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
                 tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
-                    WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF, LUT>(x), xs, &ovf) : tc_perm<WF>(x);
+                    WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xs, &ovf) : tc_perm<WF>(x);
             }
             if (WF != M3_GPU_W_MXFP4) {
                 __syncthreads();
@@ -995,28 +982,6 @@ static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye,
         pid = bid, pk = bk;
         const unsigned short *row = reinterpret_cast<const unsigned short *>(ye) + (size_t)bk * D;
         const float ev = m3_bits_f32((uint32_t)__ldcg(row + d) << 16), wv = wts[bk];
-        if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev, wv)));
-        else acc = __fadd_rn(acc, __fmul_rn(ev, wv)); /* unfused, as ref */
-    }
-    y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
-}
-
-/* t1_combine on the 8 y_e values of each slot in shared memory (ys [slot][8], output o) */
-static __device__ __forceinline__ void t1_combine8(m3_bf16 *y, const m3_bf16 *ys, const int32_t *ids,
-                                                   const float *wts, unsigned vm, int K, int nv, int o, int d,
-                                                   float rsf, bool bf16_combine) {
-    float acc = 0.0f;
-    int pid = -1, pk = -1;
-    for (int r = 0; r < nv; r++) {
-        int bk = -1, bid = 0;
-        for (int k = 0; k < K; k++) {
-            if (!(vm >> k & 1u)) continue;
-            const int id = ids[k];
-            if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
-        }
-        pid = bid, pk = bk;
-        const float ev = m3_bits_f32((uint32_t)reinterpret_cast<const unsigned short *>(ys)[bk * 8 + o] << 16);
-        const float wv = wts[bk];
         if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev, wv)));
         else acc = __fadd_rn(acc, __fmul_rn(ev, wv)); /* unfused, as ref */
     }
@@ -1152,18 +1117,16 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
-    __shared__ m3_bf16 yes[MODE == 2 ? EXP_MAX_K * 8 : 1]; /* MODE 2: the tile's y_e [slot][8] */
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
-    const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = MODE == 2 ? 8 : WR * OPW;
+    const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
     const unsigned vm = t1_slots(ids, K, E);
-    const int nv = __popc(vm), nch = nout / CH, ntiles = MODE == 2 ? nch : nv * nch;
-    static_assert(MODE != 2 || TC_WARPS / WK == 2, "dq1_k MODE 2: two slot pairs");
+    const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
     if (MODE == 0 && blockIdx.x == 0)
         for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
-    if (MODE != 0 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
+    if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
         m3_pdl_wait();
         if (blockIdx.x == 0)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
@@ -1176,17 +1139,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     uint4 *xs = tc_dyn;
     /* a tile's slot, first output of this warp, weight rows and scale rows of this lane */
     auto rows_of = [&](int tile, int *slot, int *obase, const unsigned char **pw, const m3_e8m0 **ps) {
-        if (MODE == 2) { /* rows g of valid slots 2 wr (h 0) and 2 wr + 1 (h 1); none past nv */
-            *slot = 0, *obase = tile * CH;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int j = 2 * wr + h;
-                const size_t row = j < nv ? (size_t)ids[nth_bit(vm, j)] * nout + *obase + g : 0;
-                pw[h] = j < nv ? (const unsigned char *)w0 + row * rb : NULL;
-                ps[h] = s0 + row * nsb;
-            }
-            return;
-        }
         *slot = nth_bit(vm, tile / nch);
         *obase = (tile % nch) * CH + wr * OPW;
         const int e = ids[*slot];
@@ -1207,9 +1159,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const bool ok = st0 + u * WK < nsteps && p < npieces;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const bool okh = ok && (MODE != 2 || pw[h] != NULL);
-                q[u][h] = okh ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
-                sc[u][h] = okh ? ps[h][p / PPB] : (m3_e8m0)0;
+                q[u][h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
+                sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
             }
         }
     };
@@ -1224,7 +1175,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
-    if (MODE != 0) m3_pdl_wait();
+    if (MODE == 1) m3_pdl_wait();
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
     const int nx = MODE == 0 ? 1 : nv;
@@ -1250,10 +1201,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
         for (;;) {
-            /* (MODE 2: B column g is valid slot g's a row: slot 2 wr times rows g of A, 2 wr + 1
-             * times rows g + 8) */
-            const int xr = (MODE == 0 ? 0 : MODE == 2 ? (g < nv ? g : 0) : tile / nch) * pitch;
-            const int next = tile + (int)gridDim.x;
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
@@ -1284,27 +1232,15 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 #pragma unroll
                     for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
             }
-            /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8. MODE 2: C[g][2 wr]
-             * (slot 2 wr) and C[g + 8][2 wr + 1] (slot 2 wr + 1): lanes t == wr, c[0] and c[3] */
-            const int tc = MODE == 2 ? wr : 0;
-            if (MODE == 2) acc[2] = acc[3];
+            /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
             if (WK > 1) {
-                if (t == tc) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+                if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
-                if (wk == 0 && t == tc)
+                if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++)
                         acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
             }
-            if (MODE == 2) { /* y_e of the tile's 8 outputs in shared memory, then the combine
-                                (t1_combine's order and arithmetic, no counter) */
-                if (wk == 0 && t == tc) {
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        if (2 * wr + h < nv) yes[nth_bit(vm, 2 * wr + h) * 8 + g] = m3_f32_to_bf16(acc[2 * h]);
-                }
-                __syncthreads();
-                if (tid < CH) t1_combine8(y, yes, ids, wts, vm, K, nv, tid, obase + tid, rsf, bf16_combine);
-            } else if (wk == 0 && t == 0) {
+            if (wk == 0 && t == 0) {
                 m3_bf16 *orow = out + (size_t)slot * nout;
                 if (MODE == 0) {
                     float gv = acc[0], uv = acc[2];
@@ -1373,8 +1309,6 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 2, WK, U, NC>,
-                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
     dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
@@ -1382,15 +1316,6 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    const char *dnz = getenv("M3_MOE_DN2"); /* TEMPORARY (session 9): the MODE 2 down kernel */
-    if (K <= 4 && (!dnz || atoi(dnz) != 0)) {
-        const int t3 = D / 8;
-        return t1_launch(g, dq1_k<WF, 2, WK, U, NC>, dim3((unsigned)(t3 < cap ? t3 : cap)), TC_THREADS, sh2, true,
-                         "dq1_k down + combine (slot pairs)", ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids,
-                         d_wts, E, K, (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                         (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                         (bool)p->moe_bf16_combine, xsh, xf);
-    }
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
     return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
@@ -1399,337 +1324,8 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      (bool)p->moe_bf16_combine, xsh, xf);
 }
 
-/* T = 1, MX weights, in ONE launch (session 9): dq1_k's gate/up tiles and down tiles taken
- * from one ticket counter by a persistent grid, so that the down tiles start while the last
- * gate/up tiles finish (no second launch, no grid drain between the GEMVs). Tickets 0 ..
- * nv * nch1 - 1 are the gate/up tiles (slot-major), the rest the down tiles (slot-major); a
- * block takes tickets in increasing order (one ahead), and a down tile waits until every
- * gate/up tile of its slot is counted done (DQF_DONE): its dependencies hold smaller tickets,
- * all handed to running blocks, so the smallest unfinished ticket can always proceed (no
- * assumption about which blocks are resident). A gate/up tile is dq1_k's MODE 0 tile (a rows
- * [K][F] written by lanes t == 0, each fenced, then counted after the block's barrier); a
- * down tile is dq1_k's MODE 1 tile on its slot's a row, staged in shared memory: copied during
- * the previous tile (cp.async, when that slot was seen done at the start of the previous
- * tile), else after a wait. The combine per chunk of outputs is dq1_k's. The counters are the
- * context's (m3_gpu.counters + M3_GPU_CNT_MOE, zero at open); the last block to leave zeroes
- * the ticket and the slot counts (the chunk and exit counts wrap to zero by atomicInc), so the
- * next call (stream order) finds them zero. Per-tile arithmetic and order as dq1_k: the same
- * bits. */
-#define DQF_TICKET 0            /* tickets handed out */
-#define DQF_EXIT 1              /* blocks done (wraps to 0) */
-#define DQF_DONE 2              /* [EXP_MAX_K] gate/up tiles done per slot */
-#define DQF_CNT (2 + EXP_MAX_K) /* [D / CH2] down tiles done per chunk (wraps to 0) */
-#define DQF_WORDS 4096          /* the range: D / CH2 <= DQF_WORDS - DQF_CNT */
-
-static __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-/* 16 bytes global -> shared, asynchronous (through L2: written by other blocks of the grid);
- * dqf_wait: this thread's copies have landed */
-static __device__ __forceinline__ void dqf_cp16(void *sdst, const void *src) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
-}
-static __device__ __forceinline__ void dqf_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-static __device__ __forceinline__ void dqf_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-template <int WF, int WK, int U, bool NC, bool LUT, bool DEF>
-static __global__ void __launch_bounds__(TC_THREADS, 2)
-    dqf_k(m3_bf16 *M3_RESTRICT ab, m3_bf16 *M3_RESTRICT ye, m3_bf16 *M3_RESTRICT y, unsigned *M3_RESTRICT ctr,
-          const m3_bf16 *M3_RESTRICT xin, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts, int E,
-          int K, const void *M3_RESTRICT wg, const void *M3_RESTRICT wu, const void *M3_RESTRICT wd,
-          const m3_e8m0 *M3_RESTRICT sg, const m3_e8m0 *M3_RESTRICT su, const m3_e8m0 *M3_RESTRICT sd,
-          int D, int F, float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine,
-          int xsh, bool xfast, int dv) {
-    static_assert(WK > 1, "dqf_k: the reduction's barrier orders the ticket broadcast");
-    extern __shared__ uint4 tc_dyn[]; /* xs1 [pitch1] | xs2 [2][pitch2] | raw [F / 8] */
-    __shared__ float red[TC_WARPS * 2 * 32];
-    __shared__ float lut[256];
-    __shared__ int s_last, s_tk[2];
-    const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
-    const int WR = TC_WARPS / WK, CH1 = WR * 8, CH2 = WR * 16;
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
-    const unsigned vm = t1_slots(ids, K, E);
-    const int nv = __popc(vm), nch1 = F / CH1, nch2 = D / CH2, n1 = nv * nch1, ntiles = n1 + nv * nch2;
-    const int ns1 = (D + SE - 1) / SE, np1 = D / PE, pitch1 = ns1 * 4 * UP + 4;
-    const int ns2 = (F + SE - 1) / SE, np2 = F / PE, pitch2 = ns2 * 4 * UP + 4;
-    const size_t rb1 = wbytes<WF>((size_t)D), rb2 = wbytes<WF>((size_t)F);
-    const size_t nsb1 = (size_t)D / 32, nsb2 = (size_t)F / 32;
-    uint4 *xs1 = tc_dyn, *xs2 = tc_dyn + pitch1, *raw = xs2 + 2 * pitch2;
-    /* the first two tickets (in flight while x is staged) */
-    if (tid == 0) {
-        const int t0 = (int)atomicAdd(&ctr[DQF_TICKET], 2u);
-        s_tk[0] = t0, s_tk[1] = t0 + 1;
-    }
-    if (nv == 0 && blockIdx.x == 0) /* no expert: y = bf16(rsf * 0), as combine_k */
-        for (int d = tid; d < D; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
-    build_lut<WF>(lut);
-    /* one unit (8 values) v of an x row into a staged row (the A pair order, times 2^xs) */
-    auto put = [&](uint4 *dst, int v, uint4 x, int xs, bool *ovf) {
-        const int k = v * 8, st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-        dst[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF, LUT>(x), xs, ovf) : tc_perm<WF>(x);
-    };
-    /* the token's row for the gate/up tiles (MXFP4: a second time unscaled when x * 2^xsh
-     * overflowed) */
-    int xsc1 = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-    for (;;) {
-        bool ovf = false;
-        for (int v = tid; v < D / 8; v += TC_THREADS) put(xs1, v, reinterpret_cast<const uint4 *>(xin)[v], xsc1, &ovf);
-        if (WF != M3_GPU_W_MXFP4) {
-            __syncthreads();
-            break;
-        }
-        if (!__syncthreads_or(xsc1 != 0 && ovf)) break;
-        xsc1 = 0;
-    }
-    int cur = s_tk[0], nxt = s_tk[1];
-    /* a tile's phase, slot, first output of this warp, weight rows and scale rows of this lane */
-    auto rows_of = [&](int tile, int *mode, int *slot, int *obase, const unsigned char **pw, const m3_e8m0 **ps) {
-        const bool m1 = tile >= n1;
-        const int i = m1 ? tile - n1 : tile, nch = m1 ? nch2 : nch1;
-        *mode = m1 ? 1 : 0;
-        *slot = nth_bit(vm, i / nch);
-        *obase = (i % nch) * (m1 ? CH2 : CH1) + wr * (m1 ? 16 : 8);
-        const size_t e = (size_t)ids[*slot];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const size_t row = m1 ? e * D + *obase + g + 8 * h : e * F + *obase + g;
-            pw[h] = (const unsigned char *)(m1 ? wd : (h ? wu : wg)) + row * (m1 ? rb2 : rb1);
-            ps[h] = (m1 ? sd : (h ? su : sg)) + row * (m1 ? nsb2 : nsb1);
-        }
-    };
-    /* U steps of this lane's rows from st0 (steps st0, st0 + WK, ...; past the row: zeros) */
-    auto load = [&](const unsigned char *const *pw, const m3_e8m0 *const *ps, int st0, int ns, int np,
-                    uint4(&q)[U][2], m3_e8m0(&sc)[U][2]) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int p = (st0 + u * WK) * 4 + t;
-            const bool ok = st0 + u * WK < ns && p < np;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                q[u][h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
-                sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
-            }
-        }
-    };
-    int cmode = 0, cslot = 0, cobase = 0, nmode = 0, nslot = 0, nobase = 0;
-    const unsigned char *cpw[2] = {NULL, NULL}, *npw[2] = {NULL, NULL};
-    const m3_e8m0 *cps[2] = {NULL, NULL}, *nps[2] = {NULL, NULL};
-    uint4 qa[U][2], qb[U][2];
-    m3_e8m0 sa[U][2], sb[U][2];
-    int pch = -1;  /* DEF (thread 0): the chunk of the last down tile, its count in ptk */
-    unsigned ptk = 0;
-    int cb = 0, cxs = -1; /* the staged a row of a current down tile: xs2[cb], times 2^cxs (-1: none) */
-    if (cur < ntiles) {
-        rows_of(cur, &cmode, &cslot, &cobase, cpw, cps);
-        load(cpw, cps, wk, cmode ? ns2 : ns1, cmode ? np2 : np1, qa, sa);
-    }
-    while (cur < ntiles) { /* block-uniform */
-        const bool has_next = nxt < ntiles;
-        if (has_next) rows_of(nxt, &nmode, &nslot, &nobase, npw, nps);
-        /* the ticket after nxt (read after the tile's barriers) */
-        int tk = 0;
-        if (tid == 0 && has_next) tk = (int)atomicAdd(&ctr[DQF_TICKET], 1u);
-        /* whether nxt's a row can be copied during this tile: its slot counted done now */
-        const bool want = has_next && nmode == 1;
-        const bool rdy = want && (int)((dv & 4) ? *(volatile unsigned *)&ctr[DQF_DONE + nslot]
-                                                : ld_acquire(&ctr[DQF_DONE + nslot])) >= nch1;
-        if (cmode == 1 && cxs < 0) { /* not copied ahead: wait for the slot, then stage */
-            if (tid == 0) {
-                while ((int)ld_acquire(&ctr[DQF_DONE + cslot]) < nch1) __nanosleep(64);
-            }
-            __syncthreads();
-            int xs = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-            for (;;) {
-                bool ovf = false;
-                for (int v = tid; v < F / 8; v += TC_THREADS)
-                    put(xs2 + cb * pitch2, v, __ldcg(reinterpret_cast<const uint4 *>(ab + (size_t)cslot * F) + v), xs, &ovf);
-                if (WF != M3_GPU_W_MXFP4) {
-                    __syncthreads();
-                    break;
-                }
-                if (!__syncthreads_or(xs != 0 && ovf)) break;
-                xs = 0;
-            }
-            cxs = xs;
-        }
-        /* the copy of nxt's a row (this thread's units), issued once a tile */
-        auto prefetch = [&]() {
-            if (rdy) {
-                for (int v = tid; v < F / 8; v += TC_THREADS)
-                    dqf_cp16(raw + v, reinterpret_cast<const uint4 *>(ab + (size_t)nslot * F) + v);
-                dqf_commit();
-            }
-        };
-        /* the tile: dq1_k's k loop and reduction in the tile's phase M; FAST: tc_decode2's */
-        auto tile = [&](auto mc, auto fast) {
-            constexpr int M = decltype(mc)::value;
-            const int ns = M ? ns2 : ns1, nout = M ? D : F;
-            const uint4 *xr = M ? xs2 + cb * pitch2 : xs1;
-            const int xsc = M ? cxs : xsc1, np = M ? np2 : np1;
-            const int nns = nmode ? ns2 : ns1, nnp = nmode ? np2 : np1;
-            const int G = (ns - wk + WK * U - 1) / (WK * U);
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int gi = 0; gi < G; gi++) {
-                const int st0 = wk + gi * WK * U;
-                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, ns, np, qb, sb);
-                else if (has_next) load(npw, nps, wk, nns, nnp, qb, sb);
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int st = st0 + u * WK;
-                    if (st >= ns) continue;
-                    const bool ok = st * 4 + t < np;
-                    uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value, LUT>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
-#pragma unroll
-                    for (int uu = 0; uu < UP; uu++) {
-                        const uint4 xv = ok ? xr[st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
-                        xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-                    }
-#pragma unroll
-                    for (int i = 0; i < PE / 4; i++) {
-                        const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                        const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                        m3_mma_bf16_16816(acc, af, bf);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < U; u++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
-                if (gi == 0) prefetch();
-            }
-            if (G == 0) { /* (a warp with no step of this phase: the next tile's first set) */
-                if (has_next) load(npw, nps, wk, nns, nnp, qa, sa);
-                prefetch();
-            }
-            /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
-            if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
-            __syncthreads();
-            if (wk == 0 && t == 0) {
-                for (int w2 = 1; w2 < WK; w2++)
-                    acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
-                m3_bf16 *orow = (M ? ye : ab) + (size_t)cslot * nout;
-                if (M == 0) {
-                    float gv = acc[0], uv = acc[2];
-                    if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                    orow[cobase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
-                } else {
-                    orow[cobase + g] = m3_f32_to_bf16(acc[0]);
-                    orow[cobase + g + 8] = m3_f32_to_bf16(acc[2]);
-                }
-                if (!(dv & 3)) __threadfence(); /* this lane's a / y_e stores, before the block's count */
-            }
-            if (M == 1 && !DEF) { /* the chunk's last block combines it */
-                const int chunk = (cobase - wr * 16) / CH2;
-                __syncthreads();
-                if (tid == 0 && (dv & 1)) __threadfence();
-                if (tid == 0) s_last = atomicInc(&ctr[DQF_CNT + chunk], (unsigned)nv - 1u) == (unsigned)nv - 1u;
-                __syncthreads();
-                if (s_last && tid < CH2) {
-                    __threadfence();
-                    t1_combine(y, ye, ids, wts, vm, K, nv, chunk * CH2 + tid, D, rsf, bf16_combine);
-                }
-            }
-        };
-        const bool fast1 = xfast && xsc1 == xsh, fast2 = xfast && cxs == xsh;
-        if constexpr (WF == M3_GPU_W_MXFP4) {
-            if (cmode == 0) {
-                if (fast1) tile(m3_int_c<0>(), m3_bool_c<true>());
-                else tile(m3_int_c<0>(), m3_bool_c<false>());
-            } else {
-                if (fast2) tile(m3_int_c<1>(), m3_bool_c<true>());
-                else tile(m3_int_c<1>(), m3_bool_c<false>());
-            }
-        } else {
-            if (cmode == 0) tile(m3_int_c<0>(), m3_bool_c<false>());
-            else tile(m3_int_c<1>(), m3_bool_c<false>());
-        }
-        /* nxt's a row: this thread's copied units into the other staging buffer */
-        bool bad = want && !rdy;
-        if (rdy) {
-            dqf_wait();
-            for (int v = tid; v < F / 8; v += TC_THREADS)
-                put(xs2 + (cb ^ 1) * pitch2, v, raw[v], WF == M3_GPU_W_MXFP4 ? xsh : 0, &bad);
-        }
-        if (tid == 0) s_tk[0] = tk;
-        /* DEF: the chunk count of the previous down tile, read now (issued a tile ago) */
-        if (DEF && tid == 0) s_last = pch >= 0 && ptk == (unsigned)nv - 1u ? pch : -1;
-        const int pslot = cslot, pmode = cmode;
-        /* every thread copied (the slot was seen done by all) and nothing overflowed: staged */
-        const bool staged = !__syncthreads_or(bad) && want;
-        if (tid == 0 && pmode == 0 && (dv & 1)) __threadfence();
-        if (tid == 0 && pmode == 0) atomicAdd(&ctr[DQF_DONE + pslot], 1u); /* after the writers' fences */
-        if (DEF) {
-            const int lc = s_last;
-            if (tid == 0) { /* count this down tile's chunk (after the writers' fences); the
-                               answer is used at the next tile's end */
-                pch = pmode == 1 ? (cobase - wr * 16) / CH2 : -1;
-                if (pch >= 0 && (dv & 1)) __threadfence();
-                if (pch >= 0) ptk = atomicInc(&ctr[DQF_CNT + pch], (unsigned)nv - 1u);
-            }
-            if (lc >= 0 && tid < CH2) { /* the previous tile completed its chunk: combine it */
-                __threadfence();
-                t1_combine(y, ye, ids, wts, vm, K, nv, lc * CH2 + tid, D, rsf, bf16_combine);
-            }
-        }
-        if (!has_next) break;
-        cur = nxt, nxt = s_tk[0];
-        cmode = nmode, cslot = nslot, cobase = nobase;
-        cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
-        cb ^= 1;
-        cxs = staged ? (WF == M3_GPU_W_MXFP4 ? xsh : 0) : -1;
-    }
-    if (DEF) { /* the last tile's chunk count */
-        if (tid == 0) s_last = pch >= 0 && ptk == (unsigned)nv - 1u ? pch : -1;
-        __syncthreads();
-        if (s_last >= 0 && tid < CH2) {
-            __threadfence();
-            t1_combine(y, ye, ids, wts, vm, K, nv, s_last * CH2 + tid, D, rsf, bf16_combine);
-        }
-    }
-    /* the last block out leaves the counters zero for the next call */
-    if (tid == 0) {
-        __threadfence();
-        if (atomicInc(&ctr[DQF_EXIT], gridDim.x - 1u) == gridDim.x - 1u) {
-            ctr[DQF_TICKET] = 0u;
-            for (int k = 0; k < K; k++) ctr[DQF_DONE + k] = 0u;
-        }
-    }
-}
-
-/* T = 1, MX weights in one launch (dqf_k); false when the shape or the call does not fit it
- * (act_mid between the GEMVs, too many output chunks for the counter range): the caller takes
- * the two launches of dq1_run */
-template <int WF, int WK, int U, bool NC, bool LUT = false, bool DEF = false>
-static m3_status dqf_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
-                         const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
-                         const m3_moe_params *mp, const m3_profile *p) {
-    const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
-    bool xf;
-    const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
-    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
-    const size_t pitch1 = (size_t)((D + SE - 1) / SE) * 4 * UP + 4, pitch2 = (size_t)((F + SE - 1) / SE) * 4 * UP + 4;
-    const size_t sh = (pitch1 + 2 * pitch2 + (size_t)F / 8) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dqf_k<WF, WK, U, NC, LUT, DEF>, hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
-    const int cap = 2 * g->n_sm, nt = K * (F / (WR * 8) + D / (WR * 16));
-    const char *dvz = getenv("M3_MOE_DQFV"); /* TEMPORARY (session 9): dqf_k fence variants */
-    dqf_k<WF, WK, U, NC, LUT, DEF><<<(unsigned)(nt < cap ? nt : cap), TC_THREADS, sh, g->stream>>>(
-        ab, ye, d_y, g->counters + M3_GPU_CNT_MOE, d_x, d_ids, d_wts, E, K, w->gate, w->up, w->down,
-        w->gate_s, w->up_s, w->down_s, D, F, mp->alpha, mp->limit, sm, (bool)p->act_bf16, mp->routed_scale,
-        (bool)p->moe_bf16_combine, xsh, xf, dvz ? atoi(dvz) : 0);
-    M3_LAUNCHED(g, "dqf_k gate/up + down + combine");
-    return M3_OK;
-}
-static bool dqf_fits(const m3_gpu *g, const m3_moe_params *mp, int ch2, const m3_mx_params *mid) {
-    return g->counters && !mid && mp->top_k <= EXP_MAX_K && mp->dim / ch2 <= DQF_WORDS - DQF_CNT;
-}
-
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL, bool NC, bool LUT>
+template <int WF, int WK, int NT, int U, int RL, bool NC>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1742,19 +1338,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC, LUT>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC, LUT>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, NC, LUT><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, NC, LUT><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -2789,13 +2385,8 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
             /* MXFP8: the per-piece NaN-code test compiled in unless the caller knows the codes
              * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
             if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
-                return tc_run<WFX, 1, 1, 4, 4, true, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            { /* TEMPORARY (session 9, mx4): M3_MX4_LUT=1 the prmt-table decode */
-                const char *lz = getenv("M3_MX4_LUT");
-                if (WF == M3_GPU_W_MXFP4 && lz && atoi(lz) == 1)
-                    return tc_run<WFX, 1, 1, 4, 4, false, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            }
-            return tc_run<WFX, 1, 1, 4, 4, false, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
         /* the FMA GEMV; T = 1 in its one-row form: bf16 2 steps, MX 3 steps of loads ahead */
@@ -2840,29 +2431,17 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     if (s == M3_OK && aq[0]) s = m3_gpu_mx_qdq_bf16(g, xq, d_x, 1, D, &aq[0]->mx);
     if (xq) d_x = xq;
     const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
-    const char *fz = getenv("M3_MOE_FUSE"); /* TEMPORARY (session 9 measurement): bit 0 MXFP4, bit 1 MXFP8 */
-    const int fv = fz ? atoi(fz) : 0;
-    const bool fuse4 = fv & 1, fuse8 = fv & 2;
     if (s == M3_OK) {
         if (w->fmt == M3_GPU_W_BF16)
             s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else if (w->fmt == M3_GPU_W_MXFP8)
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
-            s = !w->finite_codes ? sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : (fv & 4) && dqf_fits(g, mp, 32, mid)
-                    ? dqf_run<M3_GPU_W_MXFP8, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
-                : fuse8 && dqf_fits(g, mp, 32, mid)
-                    ? dqf_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
-                    : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = w->finite_codes
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = (fv & 32) && dqf_fits(g, mp, 32, mid)
-                    ? dqf_run<M3_GPU_W_MXFP4, 4, 2, false, false, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
-                : (fv & 8) && dqf_fits(g, mp, 32, mid)
-                    ? dqf_run<M3_GPU_W_MXFP4, 4, 2, false, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
-                : fuse4 && dqf_fits(g, mp, 32, mid)
-                    ? dqf_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p)
-                    : dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;

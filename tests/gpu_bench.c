@@ -745,27 +745,6 @@ static void bench_moe_experts(void **state) {
             printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
                    nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-            { /* TEMPORARY (session 9, mx4): the row again per M3_MOE_FUSE value of
-                 M3_BENCH_MOE_VARS (a comma list), in this process */
-                const char *vars = getenv("M3_BENCH_MOE_VARS");
-                for (const char *q = vars; q && *q; q = strchr(q, ','), q = q ? q + 1 : NULL) {
-                    char vb[16];
-                    snprintf(vb, sizeof vb, "%d", atoi(q));
-                    setenv("M3_MOE_FUSE", vb, 1);
-                    if (atoi(q) & 16) setenv("M3_MX4_LUT", "1", 1); /* 16: tc_k's prmt table */
-                    else unsetenv("M3_MX4_LUT");
-                    if (atoi(q) & 64) setenv("M3_MOE_DN2", "0", 1); /* 64: the old down kernel */
-                    else unsetenv("M3_MOE_DN2");
-                    char dvb[16]; /* 256 x v: dqf_k's variant bits v (M3_MOE_DQFV) */
-                    snprintf(dvb, sizeof dvb, "%d", atoi(q) >> 8);
-                    setenv("M3_MOE_DQFV", dvb, 1);
-                    ms = time_ms(g, do_experts, &c, c.T > 64 ? 3 : 20, c.T > 64 ? 3 : 7);
-                    char nm2[128];
-                    snprintf(nm2, sizeof nm2, "%s [fuse=%s]", nm, vb);
-                    report(nm2, ms, wbytes + io, tk * 6.0 * D * F);
-                }
-                if (vars) unsetenv("M3_MOE_FUSE"), unsetenv("M3_MX4_LUT"), unsetenv("M3_MOE_DQFV"), unsetenv("M3_MOE_DN2");
-            }
             if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip gives it
                                           from its upload scan): the per-step vote path */
                 c.w.mx_scale_lo = c.w.mx_scale_hi = 0;

@@ -536,62 +536,6 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         free(h2);
         g_mx4_twins++;
     }
-    if (T == 1 && fmt != M3_GPU_W_BF16 && !dw.portable) {
-        /* TEMPORARY (session 9, mx4): the one-launch T = 1 kernel's variants (M3_MOE_FUSE) against
-         * the two launches (0): the same bits */
-        static const char *v4[] = {"0", "1", "33:5"}, *v8[] = {"0", "3"};
-        const char **vs = fmt == M3_GPU_W_MXFP4 ? v4 : v8;
-        const int nvs = fmt == M3_GPU_W_MXFP4 ? 3 : 2;
-        const size_t yb = (size_t)D * sizeof(m3_bf16);
-        m3_bf16 *dy3 = gpu_guard_alloc(g, yb);
-        setenv("M3_MOE_FUSE", "0", 1);
-        setenv("M3_MOE_DN2", "0", 1); /* the reference: session 8's two launches */
-        GPU_OK(m3_gpu_moe_experts(g, dy3, dx, dids, dwts, T, &dw, &mp, &p));
-        unsetenv("M3_MOE_DN2");
-        gpu_guard_check(g, dy3, yb, "moe_experts y (two launches)");
-        m3_bf16 *h3 = malloc(yb), *h4 = malloc(yb);
-        assert_true(h3 && h4);
-        GPU_OK(m3_gpu_download(g, h3, dy3, yb));
-        for (int vi = 0; vi < nvs; vi++) {
-            m3_bf16 *dy4 = gpu_guard_alloc(g, yb);
-            setenv("M3_MOE_FUSE", vs[vi], 1);
-            setenv("M3_MOE_DQFV", strchr(vs[vi], ':') ? strchr(vs[vi], ':') + 1 : "0", 1);
-            for (int rep = 0; rep < 2; rep++) /* twice: the counters left zero by the first */
-                GPU_OK(m3_gpu_moe_experts(g, dy4, dx, dids, dwts, T, &dw, &mp, &p));
-            gpu_guard_check(g, dy4, yb, "moe_experts y (one launch)");
-            GPU_OK(m3_gpu_download(g, h4, dy4, yb));
-            int nd = 0;
-            for (int64_t i = 0; i < D; i++)
-                if (memcmp(&h3[i], &h4[i], sizeof h3[i]) && nd++ < 5)
-                    m3_test_failf("moe_experts %s T=1 fuse=%s: element %lld: 0x%04x two launches, 0x%04x one",
-                                  fmt_name(fmt), vs[vi], (long long)i, (unsigned)h3[i], (unsigned)h4[i]);
-            printf("  T=1 %s one launch (%s) vs two: %d of %d elements differ\n", fmt_name(fmt), vs[vi], nd, D);
-        }
-        unsetenv("M3_MOE_FUSE");
-        unsetenv("M3_MOE_DQFV");
-        unsetenv("M3_MOE_DN2");
-        free(h3); free(h4);
-    }
-    if (T > 1 && T * K <= 4 * E && fmt == M3_GPU_W_MXFP4 && !dw.portable) {
-        /* TEMPORARY (session 9, mx4): tc_k with the prmt-table decode (M3_MX4_LUT=1): the same bits */
-        const size_t yb = (size_t)T * D * sizeof(m3_bf16);
-        m3_bf16 *dy6 = gpu_guard_alloc(g, yb);
-        setenv("M3_MX4_LUT", "1", 1);
-        GPU_OK(m3_gpu_moe_experts(g, dy6, dx, dids, dwts, T, &dw, &mp, &p));
-        unsetenv("M3_MX4_LUT");
-        gpu_guard_check(g, dy6, yb, "moe_experts y (prmt table)");
-        m3_bf16 *h1 = malloc(yb), *h6 = malloc(yb);
-        assert_true(h1 && h6);
-        GPU_OK(m3_gpu_download(g, h1, dy, yb));
-        GPU_OK(m3_gpu_download(g, h6, dy6, yb));
-        int nd = 0;
-        for (int64_t i = 0; i < (int64_t)T * D; i++)
-            if (memcmp(&h1[i], &h6[i], sizeof h1[i]) && nd++ < 5)
-                m3_test_failf("moe_experts mxfp4 T=%d: element %lld: 0x%04x, 0x%04x with the prmt table",
-                              T, (long long)i, (unsigned)h1[i], (unsigned)h6[i]);
-        printf("  T=%d mxfp4 prmt table vs bit select: %d of %lld elements differ\n", T, nd, (long long)T * D);
-        free(h1); free(h6);
-    }
     char what[128];
     snprintf(what, sizeof what, "moe_experts %s(%s,T=%d,E=%d,K=%d,D=%d,F=%d,%s)", fmt_name(fmt),
              p.name, T, E, K, D, F, T * K <= 4 * E ? "gemv" : "tiles");
@@ -639,6 +583,12 @@ static void moe_experts_small(void **state) {
     printf("  %d MXFP4 decode cases: the scale-range decode bit-identical to the vote\n", g_mx4_twins);
     if (!g_portable && m3_gpu_moe_mx4_fast(&(m3_gpu_experts){.fmt = M3_GPU_W_MXFP4, .mx_scale_hi = 128}))
         assert_int_equal(g_mx4_twins, 6);
+    /* one token with more than 4 slots (K = 6): the T = 1 MX down kernel that counts finished
+     * chunks across blocks (dq1_k MODE 1); K <= 4 above takes the slot-pair tiles (MODE 2) */
+    master_make(&wm, 8, 256, 192, 811);
+    for (int f = 1; f < 3; f++)
+        for (int prof = 1; prof < 3; prof++) experts_case(g, &wm, 1, 6, (m3_gpu_wfmt)f, prof);
+    master_free(&wm);
 }
 
 /* MX block scales across 2^-30 .. 2^30: the decode GEMV's exact bf16 multiply covers block
