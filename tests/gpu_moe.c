@@ -583,8 +583,8 @@ static void moe_experts_small(void **state) {
     printf("  %d MXFP4 decode cases: the scale-range decode bit-identical to the vote\n", g_mx4_twins);
     if (!g_portable && m3_gpu_moe_mx4_fast(&(m3_gpu_experts){.fmt = M3_GPU_W_MXFP4, .mx_scale_hi = 128}))
         assert_int_equal(g_mx4_twins, 6);
-    /* one token with more than 4 slots (K = 6): the T = 1 MX down kernel that counts finished
-     * chunks across blocks (dq1_k MODE 1); K <= 4 above takes the slot-pair tiles (MODE 2) */
+    /* one token with K = 6 slots (the cases above have K = 2): the T = 1 MX kernels (dq1_k) with
+     * 6 slots' tiles counted per chunk of outputs before the combine */
     master_make(&wm, 8, 256, 192, 811);
     for (int f = 1; f < 3; f++)
         for (int prof = 1; prof < 3; prof++) experts_case(g, &wm, 1, 6, (m3_gpu_wfmt)f, prof);
