@@ -28,6 +28,7 @@
 #include "ref/indexer.h"
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
+#include <stdio.h> /* TL diag */
 
 #define IDX_THREADS 256
 #define IDX_MAX_G 8
@@ -600,6 +601,7 @@ typedef struct {
     int n_tok, nbk, width, B, K, local_blocks, init_blocks;
     bool use_init;
     float init_boost, local_boost, tie_margin;
+    int var; /* VAR diag: M3_IDX_V */
 } idx_sel;
 
 template <int NT> struct idx_sel_smem {
@@ -786,6 +788,11 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open). */
 
 #if M3_HAVE_MMA
+static __device__ __forceinline__ unsigned long long tl_now() { /* TL diag */
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 static __device__ __forceinline__ void fence_acq_rel_gpu() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
@@ -801,6 +808,9 @@ static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsign
 }
 static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+static __device__ __forceinline__ void st_relaxed_gpu(unsigned int *p, unsigned int v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
@@ -842,12 +852,42 @@ struct dec_smem {
     float chosen_v[IDX_MAX_K + 1];
 };
 
+/* the rank count over the sm.n_cand candidates (ranks 0 .. need-1 among them are the row's)
+ * and the row's ids, margin and tie count, as idx_select_k */
+static __device__ void pick_tail(const idx_sel &a, int t, int g, int nb, dec_smem &sm,
+                                 const unsigned long long *cand, unsigned long long *tl) {
+    const int tid = (int)threadIdx.x, K = a.K, need = K + 1 < nb ? K + 1 : nb;
+    const int nc = sm.n_cand;
+    for (int j = tid; j < nc; j += IST_THREADS) {
+        const unsigned long long u = cand[j];
+        int r = 0;
+#pragma unroll 8
+        for (int k = 0; k < nc; k++) r += cand[k] > u;
+        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+    }
+    __syncthreads();
+    const int keep = K < nb ? K : nb;
+    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
+    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
+    if (tid == 0) { /* as idx_select_k */
+        float mg = INFINITY;
+        if (nb > K) {
+            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
+            mg = x - y;
+            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+        }
+        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
+        if (tl) atomicMax(tl + 5, tl_now()); /* TL diag */
+    }
+}
+
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch). */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
-                                unsigned long long *cand, unsigned long long *slot) {
+                                unsigned long long *cand, unsigned long long *slot,
+                                unsigned long long *tl) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     const int n_pub = IST_WARPS * need;
@@ -864,9 +904,37 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
+        if (tl && tid == 0) atomicMax(tl + 4, tl_now()); /* TL diag */
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
             if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+        if (nb <= IST_THREADS && (a.var & 1)) { /* one key block per thread: rank count */
+            sm.tmax[tid] = m[0];
+            __syncthreads();
+            const int keep = K < nb ? K : nb;
+            int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
+            if (tid < nb) {
+                const unsigned long long u = m[0];
+                int r = 0;
+#pragma unroll 8
+                for (int k = 0; k < nb; k++) r += sm.tmax[k] > u;
+                if (r < keep) out[r] = rank_id(u);
+                if (r <= K) sm.chosen_v[r] = rank_val(u);
+            }
+            for (int r = keep + tid; r < a.width; r += IST_THREADS) out[r] = -1;
+            __syncthreads();
+            if (tid == 0) {
+                float mg = INFINITY;
+                if (nb > K) {
+                    const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
+                    mg = x - y;
+                    if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+                }
+                if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
+                if (tl) atomicMax(tl + 5, tl_now()); /* TL diag */
+            }
+            return;
+        }
     } else {
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) {
@@ -919,27 +987,76 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         }
         __syncthreads();
     }
-    const int nc = sm.n_cand;
-    for (int j = tid; j < nc; j += IST_THREADS) {
-        const unsigned long long u = cand[j];
+    pick_tail(a, t, g, nb, sm, cand, tl);
+}
+
+/* WIDE diag: direct selection past IDX_SLOT_W key blocks: 32-bit slots (the high half of
+ * the rank key, never 0; the id is the slot's index), CPT per thread in registers */
+template <int CPT>
+static __device__ void dec_pick32(const idx_sel &a, int q, int G, dec_smem &sm,
+                                  unsigned long long *cand, unsigned int *slot,
+                                  unsigned long long *tl) {
+    const int tid = (int)threadIdx.x, t = q / G, g = q % G;
+    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
+    const int n_pub = IST_WARPS * need;
+    uint32_t m[CPT];
+#pragma unroll
+    for (int i = 0; i < CPT; i++) m[i] = 0;
+    bool wait = true;
+    while (__syncthreads_or(wait)) {
+        wait = false;
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            const int x = tid + i * IST_THREADS;
+            if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+        }
+    }
+    if (tl && tid == 0) atomicMax(tl + 4, tl_now()); /* TL diag */
+#pragma unroll
+    for (int i = 0; i < CPT; i++) /* zero again for the next call */
+        if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0u);
+    /* the thread's best by value; its ids increase with i: the first of equal values is the
+     * lowest id, as the rank key orders them */
+    uint32_t bv = 0;
+    int bi = 0;
+#pragma unroll
+    for (int i = 0; i < CPT; i++)
+        if (m[i] > bv) bv = m[i], bi = i;
+    const unsigned long long mx =
+        bv ? ((unsigned long long)bv << 32) | (0xFFFFFFFFu - (uint32_t)(tid + bi * IST_THREADS))
+           : 0ull;
+    sm.tmax[tid] = mx;
+    for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
+    if (tid == 0) sm.tau = 1, sm.n_cand = 0;
+    __syncthreads();
+    const int w = tid / 32;
+    if (mx) {
         int r = 0;
-#pragma unroll 8
-        for (int k = 0; k < nc; k++) r += cand[k] > u;
-        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+#pragma unroll
+        for (int j = 0; j < 32; j++) r += sm.tmax[w * 32 + j] > mx;
+        if (r < need) sm.pub[w * need + r] = mx;
     }
     __syncthreads();
-    const int keep = K < nb ? K : nb;
-    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
-    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
-    if (tid == 0) { /* as idx_select_k */
-        float mg = INFINITY;
-        if (nb > K) {
-            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
-            mg = x - y;
-            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
-        }
-        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
+    for (int j = tid; j < n_pub; j += IST_THREADS) {
+        const unsigned long long u = sm.pub[j];
+        if (!u) continue;
+        int r = 0;
+#pragma unroll 8
+        for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
+        if (r == need - 1) sm.tau = u;
     }
+    __syncthreads();
+    const unsigned long long th = sm.tau;
+    const uint32_t th_hi = (uint32_t)(th >> 32);
+#pragma unroll
+    for (int i = 0; i < CPT; i++)
+        if (m[i] && m[i] >= th_hi) {
+            const unsigned long long u = ((unsigned long long)m[i] << 32) |
+                                         (0xFFFFFFFFu - (uint32_t)(tid + i * IST_THREADS));
+            if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+        }
+    __syncthreads();
+    pick_tail(a, t, g, nb, sm, cand, tl);
 }
 #endif
 
@@ -1124,7 +1241,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1161,8 +1278,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
              int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots) {
+             unsigned long long *M3_RESTRICT slots, unsigned long long *tl,
+             unsigned int *M3_RESTRICT slots32) {
 #if M3_HAVE_MMA
+    if (tl && threadIdx.x == 0) { /* TL diag */
+        const unsigned long long t = tl_now();
+        atomicMax(tl + 0, ~t), atomicMax(tl + 1, t);
+    }
     /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
     constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
@@ -1197,7 +1319,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
         /* direct: the zero is visible before this block's slots (a key block's barrier follows;
          * a picker adds to n_ties only after it has read them) */
-        if (slots) fence_acq_rel_gpu();
+        if (slots || slots32) fence_acq_rel_gpu();
     }
     int pmax = -1;
     for (int i = 0; i < tpw; i++)
@@ -1314,17 +1436,30 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
                     st_relaxed_gpu(
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
+                if (slots32) /* WIDE diag */
+                    st_relaxed_gpu(slots32 + (size_t)((int)blockIdx.y * RPG + tid) * 8192 + b,
+                                   (unsigned int)(uk >> 32));
             }
         }
     }
-    if (!cmax && !slots) return;
+    if (tl && tid == 0) { /* TL diag */
+        const unsigned long long t = tl_now();
+        atomicMax(tl + 2, ~t), atomicMax(tl + 3, t);
+    }
+    if (!cmax && !slots && !slots32) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
+    if (slots32) { /* WIDE diag */
+        if (row >= 0)
+            dec_pick32<64>(sel, row, G, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                           slots32 + (size_t)row * 8192, tl);
+        return;
+    }
     if (slots) {
         if (row >= 0) /* block-uniform */
             dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                     slots + (size_t)row * IDX_SLOT_W);
+                     slots + (size_t)row * IDX_SLOT_W, tl);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1341,11 +1476,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    if (tl && tid == 0) atomicMax(tl + 4, tl_now()); /* TL diag */
+    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, tl);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots;
+    (void)arrive; (void)slots; (void)tl; (void)slots32;
 #endif
 }
 
@@ -1354,7 +1490,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * candidates would not fit in shared memory (then the caller runs a selection kernel). */
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
+                            const m3_profile *p, const idx_sel &sa0, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
@@ -1365,7 +1501,9 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
+    const int var = getenv("M3_IDX_V") ? atoi(getenv("M3_IDX_V")) : 0; /* VAR diag */
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
+    const bool wide = fuse && km && !direct && nbk <= 8192 && (var & 2); /* WIDE diag */
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
@@ -1373,14 +1511,22 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const size_t cpt = (size_t)((gx + IST_THREADS - 1) / IST_THREADS);
     /* + 2 keys: dec_pick's rank loop reads the keys in 16-byte pairs, the last pair may reach
      * one key past the count (compute-sanitizer memcheck flagged it, session 4) */
-    size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
+    size_t dyn = ((size_t)(sa0.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
     if (direct)
-        dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
+        dyn = ((size_t)(sa0.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
+    if (wide) dyn = ((size_t)(sa0.K + 1) * 64 + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
+    static unsigned int *w32 = NULL; /* WIDE diag */
+    if (wide && !w32) {
+        M3_HIP_TRY(hipMalloc((void **)&w32, 8 * 8192 * sizeof *w32));
+        M3_HIP_TRY(hipMemsetAsync(w32, 0, 8 * 8192 * sizeof *w32, g->stream));
+    }
+    unsigned int *slots32 = wide ? w32 : NULL;
     if (direct)
         slots = reinterpret_cast<unsigned long long *>(g->counters + M3_GPU_CNT_IDXS);
-    else if (fuse)
+    else if (wide) {
+    } else if (fuse)
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
     if (fuse && dyn > 48 * 1024)
         M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
@@ -1389,14 +1535,30 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     unsigned int &ep = g->idx_calls;
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
+    /* TL diag: M3_IDX_TL=1: per-call globaltimer marks of idx_km_k, printed every 16 calls */
+    static int tl_on = -1;
+    static unsigned long long *tl_d = NULL;
+    static int tl_n = 0, tl_nbk[16], tl_gx[16], tl_fuse[16], tl_var[16];
+    if (tl_on < 0) {
+        const char *e = getenv("M3_IDX_TL");
+        tl_on = e && atoi(e) > 0;
+        if (tl_on) {
+            M3_HIP_TRY(hipMalloc((void **)&tl_d, 16 * 8 * sizeof *tl_d));
+            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, 16 * 8 * sizeof *tl_d, g->stream));
+        }
+    }
+    unsigned long long *tl = tl_on && km ? tl_d + 8 * (tl_n % 16) : NULL;
+    if (tl) tl_nbk[tl_n % 16] = nbk, tl_gx[tl_n % 16] = gx, tl_fuse[tl_n % 16] = fuse + direct + 2 * wide, tl_var[tl_n % 16] = var;
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
+    idx_sel sa = sa0;
+    sa.var = var;
     if (km && k8)
         idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, tl, slots32);
     else if (km)
         idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, tl, slots32);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
@@ -1404,7 +1566,23 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
         idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
-    if (s == M3_OK && fuse && !direct) ep++;
+    if (s == M3_OK && fuse && !direct && !wide) ep++;
+    if (tl && ++tl_n % 16 == 0) { /* TL diag: us from each call's first block entry */
+        unsigned long long h[16 * 8];
+        M3_HIP_TRY(hipStreamSynchronize(g->stream));
+        M3_HIP_TRY(hipMemcpy(h, tl_d, sizeof h, hipMemcpyDeviceToHost));
+        M3_HIP_TRY(hipMemsetAsync(tl_d, 0, sizeof h, g->stream));
+        for (int i = 0; i < 16; i++) {
+            const unsigned long long *r = h + 8 * i, e0 = ~r[0];
+            const double prev = i ? (double)(long long)(h[8 * (i - 1) + (h[8 * (i - 1) + 5] ? 5 : 3)] - e0) * 1e-3 : 0.0;
+            fprintf(stderr,
+                    "TL nbk %d gx %d fuse %d v%d: entry spread %.2f done %.2f..%.2f poll %.2f end %.2f "
+                    "(prev end %.2f) us\n",
+                    tl_nbk[i], tl_gx[i], tl_fuse[i], tl_var[i], (r[1] - e0) * 1e-3, (~r[2] - e0) * 1e-3,
+                    (r[3] - e0) * 1e-3, r[4] ? (r[4] - e0) * 1e-3 : -1.0,
+                    r[5] ? (r[5] - e0) * 1e-3 : -1.0, prev);
+        }
+    }
     return s;
 }
 
