@@ -793,6 +793,16 @@ static __device__ __forceinline__ unsigned long long tl_now() { /* TL diag */
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+/* an L2 prefetch of bytes (a multiple of 16) at p (16-byte aligned); a no-op before sm_90 */
+static __device__ __forceinline__ void idx_l2(const void *p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p; (void)bytes;
+#endif
+}
+#define TLMAX(i) do { if (tl && threadIdx.x == 0) atomicMax(tl + (i), tl_now()); } while (0) /* TL diag */
+#define TLMIN(i) do { if (tl && threadIdx.x == 0) atomicMax(tl + (i), ~tl_now()); } while (0) /* TL diag */
 static __device__ __forceinline__ void fence_acq_rel_gpu() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
@@ -854,18 +864,21 @@ struct dec_smem {
 
 /* the rank count over the sm.n_cand candidates (ranks 0 .. need-1 among them are the row's)
  * and the row's ids, margin and tie count, as idx_select_k */
+template <int UNR = 8>
 static __device__ void pick_tail(const idx_sel &a, int t, int g, int nb, dec_smem &sm,
-                                 const unsigned long long *cand, unsigned long long *tl) {
+                                 const unsigned long long *cand, unsigned long long *tl,
+                                 int mb = 6) {
     const int tid = (int)threadIdx.x, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     const int nc = sm.n_cand;
     for (int j = tid; j < nc; j += IST_THREADS) {
         const unsigned long long u = cand[j];
         int r = 0;
-#pragma unroll 8
+#pragma unroll UNR
         for (int k = 0; k < nc; k++) r += cand[k] > u;
         if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
     }
     __syncthreads();
+    TLMAX(mb + 3);
     const int keep = K < nb ? K : nb;
     int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
     for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
@@ -877,13 +890,14 @@ static __device__ void pick_tail(const idx_sel &a, int t, int g, int nb, dec_sme
             if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
         }
         if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
-        if (tl) atomicMax(tl + 5, tl_now()); /* TL diag */
+        if (tl) atomicMax(tl + (mb == 10 ? 14 : 5), tl_now()); /* TL diag */
     }
 }
 
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch). */
+template <int UNR = 8>
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot,
@@ -911,18 +925,20 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         if (nb <= IST_THREADS && (a.var & 1)) { /* one key block per thread: rank count */
             sm.tmax[tid] = m[0];
             __syncthreads();
+            TLMAX(6);
             const int keep = K < nb ? K : nb;
             int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
             if (tid < nb) {
                 const unsigned long long u = m[0];
                 int r = 0;
-#pragma unroll 8
+#pragma unroll UNR
                 for (int k = 0; k < nb; k++) r += sm.tmax[k] > u;
                 if (r < keep) out[r] = rank_id(u);
                 if (r <= K) sm.chosen_v[r] = rank_val(u);
             }
             for (int r = keep + tid; r < a.width; r += IST_THREADS) out[r] = -1;
             __syncthreads();
+            TLMAX(9);
             if (tid == 0) {
                 float mg = INFINITY;
                 if (nb > K) {
@@ -942,6 +958,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
         }
     }
+    const int n_rep = slot && (a.var & 8) ? 2 : 1; /* TWICE diag: the pick again, warm */
+    for (int rep = 0; rep < n_rep; rep++) {
+    const int mb = rep + 1 < n_rep ? 10 : 6;
     unsigned long long mx = 0;
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
@@ -949,6 +968,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
+    TLMAX(mb + 0);
     const int w = tid / 32;
     if (mx) { /* the thread maxima ranked < need within the warp hold the top `need` */
         int r = 0;
@@ -961,11 +981,12 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         const unsigned long long u = sm.pub[j];
         if (!u) continue;
         int r = 0;
-#pragma unroll 8
+#pragma unroll UNR
         for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
         if (r == need - 1) sm.tau = u;
     }
     __syncthreads();
+    TLMAX(mb + 1);
     const unsigned long long th = sm.tau;
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
@@ -975,7 +996,28 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
         }
     __syncthreads();
-    if (per > 1) { /* block-uniform */
+    TLMAX(mb + 2);
+    if (per > 1 && (a.var & 64)) { /* BATCH diag: 4 loads per thread in flight */
+        const int n_item = sm.n_cta * per;
+        for (int j0 = 0; j0 < n_item; j0 += 4 * IST_THREADS) {
+            float v[4];
+            int bb[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int j = j0 + tid + u * IST_THREADS;
+                const int b = j < n_item ? sm.cta[j / per] + (j % per) * gx : nb;
+                bb[u] = b < nb ? b : -1;
+                v[u] = b < nb ? ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (bb[u] >= 0) {
+                    const unsigned long long uk = rank_key(v[u], bb[u]);
+                    if (uk >= th) cand[atomicAdd(&sm.n_cand, 1)] = uk;
+                }
+        }
+        __syncthreads();
+    } else if (per > 1) { /* block-uniform */
         const int n_item = sm.n_cta * per;
         for (int j = tid; j < n_item; j += IST_THREADS) {
             const int b = sm.cta[j / per] + (j % per) * gx;
@@ -987,7 +1029,17 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         }
         __syncthreads();
     }
-    pick_tail(a, t, g, nb, sm, cand, tl);
+    pick_tail<UNR>(a, t, g, nb, sm, cand, tl, mb);
+    __syncthreads();
+    }
+}
+
+/* NI diag: one out-of-line copy, dynamic loops not unrolled */
+static __device__ __forceinline__ void dec_pick_ni(const idx_sel &a, int q, int G, int gx,
+                                                const unsigned long long *cmax, dec_smem &sm,
+                                                unsigned long long *cand, unsigned long long *slot,
+                                                unsigned long long *tl) {
+    dec_pick<1>(a, q, G, gx, cmax, sm, cand, slot, tl);
 }
 
 /* WIDE diag: direct selection past IDX_SLOT_W key blocks: 32-bit slots (the high half of
@@ -1314,6 +1366,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     };
     const int x0 = (int)blockIdx.x;
     if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
+    if ((sel.var & 4) && tid == 32 && x0 + grid < nbk) { /* PF diag: the 2nd key block to L2 */
+        const int b1 = x0 + grid, r1 = key_base(ik, b1, B);
+        const int nk = min(B, n_ctx - b1 * B), es = K16 ? 1 : 2;
+        if (r1 >= 0 && nk > 0)
+            idx_l2((const uint8_t *)ik.k + (size_t)r1 * Di * es, (uint32_t)(nk * Di * es));
+    }
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1403,6 +1461,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
+        if (b == x0) TLMIN(15); /* TL diag: first key block's mma done */
         if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
         if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
 #pragma unroll
@@ -1458,8 +1517,14 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (slots) {
         if (row >= 0) /* block-uniform */
-            dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                     slots + (size_t)row * IDX_SLOT_W, tl);
+        {
+            if (sel.var & 32)
+                dec_pick_ni(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                            slots + (size_t)row * IDX_SLOT_W, tl);
+            else
+                dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                         slots + (size_t)row * IDX_SLOT_W, tl);
+        }
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1477,7 +1542,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if (row < 0) return; /* block-uniform */
     __syncthreads();
     if (tl && tid == 0) atomicMax(tl + 4, tl_now()); /* TL diag */
-    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, tl);
+    if (sel.var & 32)
+        dec_pick_ni(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, tl);
+    else
+        dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, tl);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1543,11 +1611,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
         const char *e = getenv("M3_IDX_TL");
         tl_on = e && atoi(e) > 0;
         if (tl_on) {
-            M3_HIP_TRY(hipMalloc((void **)&tl_d, 16 * 8 * sizeof *tl_d));
-            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, 16 * 8 * sizeof *tl_d, g->stream));
+            M3_HIP_TRY(hipMalloc((void **)&tl_d, 16 * 16 * sizeof *tl_d));
+            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, 16 * 16 * sizeof *tl_d, g->stream));
         }
     }
-    unsigned long long *tl = tl_on && km ? tl_d + 8 * (tl_n % 16) : NULL;
+    unsigned long long *tl = tl_on && km ? tl_d + 16 * (tl_n % 16) : NULL;
     if (tl) tl_nbk[tl_n % 16] = nbk, tl_gx[tl_n % 16] = gx, tl_fuse[tl_n % 16] = fuse + direct + 2 * wide, tl_var[tl_n % 16] = var;
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
@@ -1568,19 +1636,22 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse && !direct && !wide) ep++;
     if (tl && ++tl_n % 16 == 0) { /* TL diag: us from each call's first block entry */
-        unsigned long long h[16 * 8];
+        unsigned long long h[16 * 16];
         M3_HIP_TRY(hipStreamSynchronize(g->stream));
         M3_HIP_TRY(hipMemcpy(h, tl_d, sizeof h, hipMemcpyDeviceToHost));
         M3_HIP_TRY(hipMemsetAsync(tl_d, 0, sizeof h, g->stream));
         for (int i = 0; i < 16; i++) {
-            const unsigned long long *r = h + 8 * i, e0 = ~r[0];
-            const double prev = i ? (double)(long long)(h[8 * (i - 1) + (h[8 * (i - 1) + 5] ? 5 : 3)] - e0) * 1e-3 : 0.0;
-            fprintf(stderr,
-                    "TL nbk %d gx %d fuse %d v%d: entry spread %.2f done %.2f..%.2f poll %.2f end %.2f "
-                    "(prev end %.2f) us\n",
-                    tl_nbk[i], tl_gx[i], tl_fuse[i], tl_var[i], (r[1] - e0) * 1e-3, (~r[2] - e0) * 1e-3,
-                    (r[3] - e0) * 1e-3, r[4] ? (r[4] - e0) * 1e-3 : -1.0,
-                    r[5] ? (r[5] - e0) * 1e-3 : -1.0, prev);
+            const unsigned long long *r = h + 16 * i, e0 = ~r[0];
+            const unsigned long long *q = h + 16 * (i ? i - 1 : 0);
+            const double prev = i ? (double)(long long)((q[5] ? q[5] : q[3]) - e0) * 1e-3 : 0.0;
+            fprintf(stderr, "TL nbk %d gx %d fuse %d v%d:", tl_nbk[i], tl_gx[i], tl_fuse[i], tl_var[i]);
+            for (int f = 1; f < 16; f++) {
+                const bool mn = f == 2 || f == 15;
+                const unsigned long long v = mn ? ~r[f] : r[f];
+                if ((mn && r[f] == 0) || (!mn && v == 0)) fprintf(stderr, " %d:-", f);
+                else fprintf(stderr, " %d:%.2f", f, (double)(long long)(v - e0) * 1e-3);
+            }
+            fprintf(stderr, " gap:%.2f\n", prev);
         }
     }
     return s;
