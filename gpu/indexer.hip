@@ -857,7 +857,8 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
 }
 
 struct dec_smem {
-    unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
+    __align__(16) unsigned long long tmax[IST_THREADS];
+    unsigned long long pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
     int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
     float chosen_v[IDX_MAX_K + 1];
 };
@@ -891,6 +892,7 @@ static __device__ void pick_tail(const idx_sel &a, int t, int g, int nb, dec_sme
         }
         if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
         if (tl) atomicMax(tl + (mb == 10 ? 14 : 5), tl_now()); /* TL diag */
+        if (tl && g == 0 && t == 0) tl[22] = clock64(), tl[23] = tl_now(); /* CLK diag */
     }
 }
 
@@ -926,6 +928,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             sm.tmax[tid] = m[0];
             __syncthreads();
             TLMAX(6);
+            if (tl && tid == 0 && q == 0) tl[20] = clock64(), tl[21] = tl_now(); /* CLK diag */
             const int keep = K < nb ? K : nb;
             int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
             if (tid < nb) {
@@ -948,6 +951,66 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 }
                 if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
                 if (tl) atomicMax(tl + 5, tl_now()); /* TL diag */
+                if (tl && q == 0) tl[22] = clock64(), tl[23] = tl_now(); /* CLK diag */
+            }
+            return;
+        }
+        if (a.var & 512) { /* FAST diag: tau from one rank pass over the thread maxima */
+            unsigned long long mx = 0;
+#pragma unroll
+            for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
+            sm.tmax[tid] = mx;
+            if (tid == 0) sm.tau = 1, sm.n_cand = 0; /* tau 1: every score (nb < need) */
+            __syncthreads();
+            TLMAX(6);
+            if (tl && tid == 0 && q == 0) tl[20] = clock64(), tl[21] = tl_now(); /* CLK diag */
+            if (mx) {
+                const ulonglong2 *t2 = reinterpret_cast<const ulonglong2 *>(sm.tmax);
+                int r = 0;
+#pragma unroll 16
+                for (int k = 0; k < IST_THREADS / 2; k++) {
+                    const ulonglong2 v = t2[k];
+                    r += (v.x > mx) + (v.y > mx);
+                }
+                if (r == need - 1) sm.tau = mx;
+            }
+            __syncthreads();
+            TLMAX(7);
+            const unsigned long long th = sm.tau;
+#pragma unroll
+            for (int i = 0; i < IDX_PICK_CPT; i++)
+                if (m[i] && m[i] >= th) cand[atomicAdd(&sm.n_cand, 1)] = m[i];
+            __syncthreads();
+            TLMAX(8);
+            const int nc = sm.n_cand;
+            if (tid == 0) cand[nc] = 0; /* the pair loads below read one past */
+            __syncthreads();
+            const ulonglong2 *c2 = reinterpret_cast<const ulonglong2 *>(cand);
+            for (int j = tid; j < nc; j += IST_THREADS) {
+                const unsigned long long u = cand[j];
+                int r = 0;
+#pragma unroll 8
+                for (int k = 0; k < (nc + 1) / 2; k++) {
+                    const ulonglong2 v = c2[k];
+                    r += (v.x > u) + (v.y > u);
+                }
+                if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+            }
+            __syncthreads();
+            TLMAX(9);
+            const int keep = K < nb ? K : nb;
+            int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
+            for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
+            if (tid == 0) {
+                float mg = INFINITY;
+                if (nb > K) {
+                    const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
+                    mg = x - y;
+                    if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+                }
+                if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
+                if (tl) atomicMax(tl + 5, tl_now()); /* TL diag */
+                if (tl && q == 0) tl[22] = clock64(), tl[23] = tl_now(); /* CLK diag */
             }
             return;
         }
@@ -969,6 +1032,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
     TLMAX(mb + 0);
+    if (tl && tid == 0 && q == 0) tl[20] = clock64(), tl[21] = tl_now(); /* CLK diag */
     const int w = tid / 32;
     if (mx) { /* the thread maxima ranked < need within the warp hold the top `need` */
         int r = 0;
@@ -1337,6 +1401,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         const unsigned long long t = tl_now();
         atomicMax(tl + 0, ~t), atomicMax(tl + 1, t);
     }
+    TLMIN(16);
     /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
     constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
@@ -1383,6 +1448,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
+    if ((sel.var & 256) && n_lim != -7) TLMIN(19); /* PROBE diag: pos loaded */
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
@@ -1409,6 +1475,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                                                                       (size_t)(gq % G) * Di + d)
                                 : 0u;
             }
+    }
+    if ((sel.var & 256) && tl && tid == 0) { /* PROBE diag: Q, then the first keys, loaded */
+        if (qb[0][0] == 0x12345u) tl[15] = 0;
+        TLMIN(17);
+        if (kb[0][0][0].x == 0x12345u) tl[15] = 0;
+        TLMIN(18);
     }
     /* the combining thread of row tid < RPG: its token's block count and forced range */
     const int ct = t0 + tid / G, cnb = tid < RPG && ct < n_tok ? pos[ct] / B + 1 : 0;
@@ -1611,11 +1683,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
         const char *e = getenv("M3_IDX_TL");
         tl_on = e && atoi(e) > 0;
         if (tl_on) {
-            M3_HIP_TRY(hipMalloc((void **)&tl_d, 16 * 16 * sizeof *tl_d));
-            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, 16 * 16 * sizeof *tl_d, g->stream));
+            M3_HIP_TRY(hipMalloc((void **)&tl_d, 16 * 24 * sizeof *tl_d));
+            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, 16 * 24 * sizeof *tl_d, g->stream));
         }
     }
-    unsigned long long *tl = tl_on && km ? tl_d + 16 * (tl_n % 16) : NULL;
+    unsigned long long *tl = tl_on && km ? tl_d + 24 * (tl_n % 16) : NULL;
     if (tl) tl_nbk[tl_n % 16] = nbk, tl_gx[tl_n % 16] = gx, tl_fuse[tl_n % 16] = fuse + direct + 2 * wide, tl_var[tl_n % 16] = var;
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
@@ -1636,21 +1708,23 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse && !direct && !wide) ep++;
     if (tl && ++tl_n % 16 == 0) { /* TL diag: us from each call's first block entry */
-        unsigned long long h[16 * 16];
+        unsigned long long h[16 * 24];
         M3_HIP_TRY(hipStreamSynchronize(g->stream));
         M3_HIP_TRY(hipMemcpy(h, tl_d, sizeof h, hipMemcpyDeviceToHost));
         M3_HIP_TRY(hipMemsetAsync(tl_d, 0, sizeof h, g->stream));
         for (int i = 0; i < 16; i++) {
-            const unsigned long long *r = h + 16 * i, e0 = ~r[0];
-            const unsigned long long *q = h + 16 * (i ? i - 1 : 0);
+            const unsigned long long *r = h + 24 * i, e0 = ~r[0];
+            const unsigned long long *q = h + 24 * (i ? i - 1 : 0);
             const double prev = i ? (double)(long long)((q[5] ? q[5] : q[3]) - e0) * 1e-3 : 0.0;
             fprintf(stderr, "TL nbk %d gx %d fuse %d v%d:", tl_nbk[i], tl_gx[i], tl_fuse[i], tl_var[i]);
-            for (int f = 1; f < 16; f++) {
-                const bool mn = f == 2 || f == 15;
+            for (int f = 1; f < 20; f++) {
+                const bool mn = f == 2 || f >= 15;
                 const unsigned long long v = mn ? ~r[f] : r[f];
                 if ((mn && r[f] == 0) || (!mn && v == 0)) fprintf(stderr, " %d:-", f);
                 else fprintf(stderr, " %d:%.2f", f, (double)(long long)(v - e0) * 1e-3);
             }
+            if (r[21] && r[23] > r[21])
+                fprintf(stderr, " mhz:%.0f", (double)(r[22] - r[20]) * 1e3 / (double)(r[23] - r[21]));
             fprintf(stderr, " gap:%.2f\n", prev);
         }
     }
