@@ -934,8 +934,17 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             if (tid < nb) {
                 const unsigned long long u = m[0];
                 int r = 0;
+                if (a.var & 2048) { /* PAIR diag: 16-byte loads (tmax[k >= nb] are 0) */
+                    const ulonglong2 *t2 = reinterpret_cast<const ulonglong2 *>(sm.tmax);
+#pragma unroll 8
+                    for (int k = 0; k < (nb + 1) / 2; k++) {
+                        const ulonglong2 w = t2[k];
+                        r += (w.x > u) + (w.y > u);
+                    }
+                } else {
 #pragma unroll UNR
                 for (int k = 0; k < nb; k++) r += sm.tmax[k] > u;
+                }
                 if (r < keep) out[r] = rank_id(u);
                 if (r <= K) sm.chosen_v[r] = rank_val(u);
             }
@@ -1104,6 +1113,94 @@ static __device__ __forceinline__ void dec_pick_ni(const idx_sel &a, int q, int 
                                                 unsigned long long *cand, unsigned long long *slot,
                                                 unsigned long long *tl) {
     dec_pick<1>(a, q, G, gx, cmax, sm, cand, slot, tl);
+}
+
+/* ROW diag: the row's nb <= PER * IST_THREADS block scores read in one round (after the
+ * arrival), then the fast selection: tau = the need-th largest thread maximum (one rank pass),
+ * the scores >= tau as candidates (<= need * PER), a rank count over them */
+template <int PER>
+static __device__ void pick_row(const idx_sel &a, int q, int G, dec_smem &sm,
+                                unsigned long long *cand, unsigned long long *tl) {
+    const int tid = (int)threadIdx.x, t = q / G, g = q % G;
+    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
+    const float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk; /* a.nbk % 4 == 0 */
+    float *sv = reinterpret_cast<float *>(cand + (size_t)(K + 1) * PER + 2); /* the scores */
+    for (int i = tid; i < (nb + 3) / 4; i += IST_THREADS) /* L2 -> shared, no registers */
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                         (unsigned)__cvta_generic_to_shared(sv + 4 * i)),
+                     "l"(S + 4 * i)
+                     : "memory");
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    float best = 0.0f;
+    int bb = -1;
+#pragma unroll 8
+    for (int i = 0; i < PER; i++) { /* ids increase with i: the first of equal values wins */
+        const int b = tid + i * IST_THREADS;
+        const float x = sv[b];
+        if (b < nb && (bb < 0 || val_above(x, best))) best = x, bb = b;
+    }
+    const unsigned long long mx = bb >= 0 ? rank_key(best, bb) : 0ull;
+    sm.tmax[tid] = mx;
+    if (tid == 0) sm.tau = 1, sm.n_cand = 0;
+    __syncthreads();
+    TLMAX(6);
+    if (tl && tid == 0 && q == 0) tl[20] = clock64(), tl[21] = tl_now(); /* CLK diag */
+    if (mx) {
+        const ulonglong2 *t2 = reinterpret_cast<const ulonglong2 *>(sm.tmax);
+        int r = 0;
+#pragma unroll 4
+        for (int k = 0; k < IST_THREADS / 2; k++) {
+            const ulonglong2 w = t2[k];
+            r += (w.x > mx) + (w.y > mx);
+        }
+        if (r == need - 1) sm.tau = mx;
+    }
+    __syncthreads();
+    TLMAX(7);
+    const unsigned long long th = sm.tau;
+    const float th_v = th == 1 ? -INFINITY : rank_val(th);
+#pragma unroll 8
+    for (int i = 0; i < PER; i++) {
+        const int b = tid + i * IST_THREADS;
+        const float x = sv[b];
+        if (b < nb && (th == 1 || !val_above(th_v, x))) { /* the rank key only near tau */
+            const unsigned long long u = rank_key(x, b);
+            if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+        }
+    }
+    __syncthreads();
+    TLMAX(8);
+    const int nc = sm.n_cand;
+    if (tid == 0) cand[nc] = 0; /* the pair loads below read one past */
+    __syncthreads();
+    const ulonglong2 *c2 = reinterpret_cast<const ulonglong2 *>(cand);
+    for (int j = tid; j < nc; j += IST_THREADS) {
+        const unsigned long long u = cand[j];
+        int r = 0;
+#pragma unroll 4
+        for (int k = 0; k < (nc + 1) / 2; k++) {
+            const ulonglong2 w = c2[k];
+            r += (w.x > u) + (w.y > u);
+        }
+        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+    }
+    __syncthreads();
+    TLMAX(9);
+    const int keep = K < nb ? K : nb;
+    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
+    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
+    if (tid == 0) {
+        float mg = INFINITY;
+        if (nb > K) {
+            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
+            mg = x - y;
+            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+        }
+        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
+        if (tl) atomicMax(tl + 5, tl_now()); /* TL diag */
+        if (tl && q == 0) tl[22] = clock64(), tl[23] = tl_now(); /* CLK diag */
+    }
 }
 
 /* WIDE diag: direct selection past IDX_SLOT_W key blocks: 32-bit slots (the high half of
@@ -1431,6 +1528,22 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     };
     const int x0 = (int)blockIdx.x;
     if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
+    uint32_t qb[ISM_MAX_DI / 16][2];
+    auto load_q = [&]() {
+        const int tt = t0 + gq / G;
+#pragma unroll
+        for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+            for (int bi = 0; bi < 2; bi++) {
+                const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
+                                  : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
+                qb[s][bi] = s < Di / 16 && tt < n_tok
+                                ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
+                                                                      (size_t)(gq % G) * Di + d)
+                                : 0u;
+            }
+    };
+    if (sel.var & 4096) load_q(); /* QFIRST diag */
     if ((sel.var & 4) && tid == 32 && x0 + grid < nbk) { /* PF diag: the 2nd key block to L2 */
         const int b1 = x0 + grid, r1 = key_base(ik, b1, B);
         const int nk = min(B, n_ctx - b1 * B), es = K16 ? 1 : 2;
@@ -1461,21 +1574,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         const int tt = t0 + (2 * tq + e) / G;
         rp[e] = tt < n_tok ? pos[tt] : -1;
     }
-    uint32_t qb[ISM_MAX_DI / 16][2];
-    {
-        const int tt = t0 + gq / G;
-#pragma unroll
-        for (int s = 0; s < ISM_MAX_DI / 16; s++)
-#pragma unroll
-            for (int bi = 0; bi < 2; bi++) {
-                const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
-                                  : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
-                qb[s][bi] = s < Di / 16 && tt < n_tok
-                                ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
-                                                                      (size_t)(gq % G) * Di + d)
-                                : 0u;
-            }
-    }
+    if (!(sel.var & 4096)) load_q();
     if ((sel.var & 256) && tl && tid == 0) { /* PROBE diag: Q, then the first keys, loaded */
         if (qb[0][0] == 0x12345u) tl[15] = 0;
         TLMIN(17);
@@ -1614,7 +1713,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if (row < 0) return; /* block-uniform */
     __syncthreads();
     if (tl && tid == 0) atomicMax(tl + 4, tl_now()); /* TL diag */
-    if (sel.var & 32)
+    if ((sel.var & 1024) && nbk <= 64 * IST_THREADS && nbk % 4 == 0)
+        pick_row<64>(sel, row, G, sm, reinterpret_cast<unsigned long long *>(idx_dyn), tl);
+    else if (sel.var & 32)
         dec_pick_ni(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, tl);
     else
         dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, tl);
@@ -1654,7 +1755,8 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     size_t dyn = ((size_t)(sa0.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
     if (direct)
         dyn = ((size_t)(sa0.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
-    if (wide) dyn = ((size_t)(sa0.K + 1) * 64 + 2) * sizeof *cmax;
+    if (wide || (fuse && km && !direct && (var & 1024)))
+        dyn = std::max(dyn, ((size_t)(sa0.K + 1) * 64 + 2) * sizeof *cmax + 8192 * sizeof(float));
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
     static unsigned int *w32 = NULL; /* WIDE diag */
@@ -1668,7 +1770,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     else if (wide) {
     } else if (fuse)
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
-    if (fuse && dyn > 48 * 1024)
+    if (fuse && dyn > 40 * 1024)
         M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     /* calls with the arrival counter so far, per context: the parity picks the counter, and
      * each such call zeroes the other one for the next (stream order; direct calls use none) */
