@@ -28,7 +28,6 @@
 #include "ref/indexer.h"
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
-#include <stdio.h> /* TL diag */
 
 #define IDX_THREADS 256
 #define IDX_MAX_G 8
@@ -601,7 +600,6 @@ typedef struct {
     int n_tok, nbk, width, B, K, local_blocks, init_blocks;
     bool use_init;
     float init_boost, local_boost, tie_margin;
-    int var; /* VAR diag: M3_IDX_V */
 } idx_sel;
 
 template <int NT> struct idx_sel_smem {
@@ -773,9 +771,13 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * whenever gridDim.x > IST_THREADS, found by compute-sanitizer memcheck in session 4). Their
  * key blocks' scores (b = x, x + gridDim.x, ..) that are >= tau are the candidates, and a rank
  * count over them gives ranks 0 .. need-1 (a superset of the top `need` ranks the same). Two
- * rounds of L2 loads (the maxima, then at most need * cpt * nb / gridDim.x scores; one round
- * when a scoring block holds at most one key block of the row: then its maximum is the
- * score), five barriers. Launched when G divides 16, Di % 32 == 0,
+ * rounds of L2 loads (the maxima, then at most need * cpt * nb / gridDim.x scores, 4 per
+ * thread in flight; one round when a scoring block holds at most one key block of the row:
+ * then its maximum is the score), four barriers. tau and the ranks are counted with 16-byte
+ * shared-memory loads, one pass each (n_above; session 9: the tree's tau stage took ~1.4 us
+ * at nb = 64 and 1024, its two passes of 8-byte loads bound by the load latency). The direct
+ * selection of idx_km_k with nb <= IST_THREADS (one key block per thread) ranks the nb keys
+ * directly (two barriers). Launched when G divides 16, Di % 32 == 0,
  * Di <= 128, B % 32 == 0, B <= 128; gridDim.x <= IDX_PICK_CPT * IST_THREADS (the launcher
  * caps it); fused while the candidates fit in 96 KB of shared memory. */
 #define IST_THREADS 128
@@ -788,21 +790,6 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open). */
 
 #if M3_HAVE_MMA
-static __device__ __forceinline__ unsigned long long tl_now() { /* TL diag */
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-/* an L2 prefetch of bytes (a multiple of 16) at p (16-byte aligned); a no-op before sm_90 */
-static __device__ __forceinline__ void idx_l2(const void *p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#else
-    (void)p; (void)bytes;
-#endif
-}
-#define TLMAX(i) do { if (tl && threadIdx.x == 0) atomicMax(tl + (i), tl_now()); } while (0) /* TL diag */
-#define TLMIN(i) do { if (tl && threadIdx.x == 0) atomicMax(tl + (i), ~tl_now()); } while (0) /* TL diag */
 static __device__ __forceinline__ void fence_acq_rel_gpu() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
@@ -818,9 +805,6 @@ static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsign
 }
 static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-static __device__ __forceinline__ void st_relaxed_gpu(unsigned int *p, unsigned int v) {
-    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
@@ -857,33 +841,34 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
 }
 
 struct dec_smem {
-    __align__(16) unsigned long long tmax[IST_THREADS];
-    unsigned long long pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
+    __align__(16) unsigned long long tmax[IST_THREADS]; /* read in 16-byte pairs */
+    unsigned long long tau;
     int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
     float chosen_v[IDX_MAX_K + 1];
 };
 
-/* the rank count over the sm.n_cand candidates (ranks 0 .. need-1 among them are the row's)
- * and the row's ids, margin and tie count, as idx_select_k */
-template <int UNR = 8>
-static __device__ void pick_tail(const idx_sel &a, int t, int g, int nb, dec_smem &sm,
-                                 const unsigned long long *cand, unsigned long long *tl,
-                                 int mb = 6) {
-    const int tid = (int)threadIdx.x, K = a.K, need = K + 1 < nb ? K + 1 : nb;
-    const int nc = sm.n_cand;
-    for (int j = tid; j < nc; j += IST_THREADS) {
-        const unsigned long long u = cand[j];
-        int r = 0;
-#pragma unroll UNR
-        for (int k = 0; k < nc; k++) r += cand[k] > u;
-        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+/* how many of the n keys at p (16-byte aligned) rank above u: 16-byte loads, independent of
+ * each other (a loop of 8-byte loads ran at about one shared-memory latency per key) */
+static __device__ __forceinline__ int n_above(const unsigned long long *p, int n,
+                                              unsigned long long u) {
+    const ulonglong2 *p2 = reinterpret_cast<const ulonglong2 *>(p);
+    int r = 0;
+#pragma unroll 8
+    for (int k = 0; k < n / 2; k++) {
+        const ulonglong2 w = p2[k];
+        r += (w.x > u) + (w.y > u);
     }
-    __syncthreads();
-    TLMAX(mb + 3);
-    const int keep = K < nb ? K : nb;
+    if (n & 1) r += p[n - 1] > u;
+    return r;
+}
+
+/* the row's ids (sm.chosen[0 .. need-1]), margin and tie count, as idx_select_k; after a
+ * barrier that follows the writes of sm.chosen / chosen_v */
+static __device__ void pick_out(const idx_sel &a, int t, int g, int nb, const dec_smem &sm) {
+    const int tid = (int)threadIdx.x, K = a.K, keep = K < nb ? K : nb;
     int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
     for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
-    if (tid == 0) { /* as idx_select_k */
+    if (tid == 0) {
         float mg = INFINITY;
         if (nb > K) {
             const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
@@ -891,22 +876,35 @@ static __device__ void pick_tail(const idx_sel &a, int t, int g, int nb, dec_sme
             if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
         }
         if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
-        if (tl) atomicMax(tl + (mb == 10 ? 14 : 5), tl_now()); /* TL diag */
-        if (tl && g == 0 && t == 0) tl[22] = clock64(), tl[23] = tl_now(); /* CLK diag */
     }
+}
+
+/* rank u (one of the n distinct keys at p) among them; ranks < need are the row's */
+static __device__ __forceinline__ void pick_rank(dec_smem &sm, const unsigned long long *p, int n,
+                                                 unsigned long long u, int need) {
+    const int r = n_above(p, n, u);
+    if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+}
+
+/* tau = the need-th largest thread maximum (sm.tmax, 0 where a thread holds no score; tau 1
+ * when fewer than `need` threads hold one: every score is a candidate). One rank pass of
+ * every thread over the IST_THREADS maxima; session 8's two stages (a warp rank, then a rank
+ * over the warps' published maxima) took ~1.4 us, mostly waiting on shared-memory loads. */
+static __device__ __forceinline__ unsigned long long pick_tau(dec_smem &sm, unsigned long long mx,
+                                                              int need) {
+    if (mx && n_above(sm.tmax, IST_THREADS, mx) == need - 1) sm.tau = mx;
+    __syncthreads();
+    return sm.tau;
 }
 
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
- * keys (dec_launch). */
-template <int UNR = 8>
+ * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
-                                unsigned long long *cand, unsigned long long *slot,
-                                unsigned long long *tl) {
+                                unsigned long long *cand, unsigned long long *slot) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
-    const int n_pub = IST_WARPS * need;
     unsigned long long m[IDX_PICK_CPT];
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
         gx = nb;
@@ -920,107 +918,15 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
-        if (tl && tid == 0) atomicMax(tl + 4, tl_now()); /* TL diag */
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
             if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
-        if (nb <= IST_THREADS && (a.var & 1)) { /* one key block per thread: rank count */
+        if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
-            TLMAX(6);
-            if (tl && tid == 0 && q == 0) tl[20] = clock64(), tl[21] = tl_now(); /* CLK diag */
-            const int keep = K < nb ? K : nb;
-            int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
-            if (tid < nb) {
-                const unsigned long long u = m[0];
-                int r = 0;
-                if (a.var & 2048) { /* PAIR diag: 16-byte loads (tmax[k >= nb] are 0) */
-                    const ulonglong2 *t2 = reinterpret_cast<const ulonglong2 *>(sm.tmax);
-#pragma unroll 8
-                    for (int k = 0; k < (nb + 1) / 2; k++) {
-                        const ulonglong2 w = t2[k];
-                        r += (w.x > u) + (w.y > u);
-                    }
-                } else {
-#pragma unroll UNR
-                for (int k = 0; k < nb; k++) r += sm.tmax[k] > u;
-                }
-                if (r < keep) out[r] = rank_id(u);
-                if (r <= K) sm.chosen_v[r] = rank_val(u);
-            }
-            for (int r = keep + tid; r < a.width; r += IST_THREADS) out[r] = -1;
+            if (tid < nb) pick_rank(sm, sm.tmax, nb, m[0], need);
             __syncthreads();
-            TLMAX(9);
-            if (tid == 0) {
-                float mg = INFINITY;
-                if (nb > K) {
-                    const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
-                    mg = x - y;
-                    if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
-                }
-                if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
-                if (tl) atomicMax(tl + 5, tl_now()); /* TL diag */
-                if (tl && q == 0) tl[22] = clock64(), tl[23] = tl_now(); /* CLK diag */
-            }
-            return;
-        }
-        if (a.var & 512) { /* FAST diag: tau from one rank pass over the thread maxima */
-            unsigned long long mx = 0;
-#pragma unroll
-            for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
-            sm.tmax[tid] = mx;
-            if (tid == 0) sm.tau = 1, sm.n_cand = 0; /* tau 1: every score (nb < need) */
-            __syncthreads();
-            TLMAX(6);
-            if (tl && tid == 0 && q == 0) tl[20] = clock64(), tl[21] = tl_now(); /* CLK diag */
-            if (mx) {
-                const ulonglong2 *t2 = reinterpret_cast<const ulonglong2 *>(sm.tmax);
-                int r = 0;
-#pragma unroll 16
-                for (int k = 0; k < IST_THREADS / 2; k++) {
-                    const ulonglong2 v = t2[k];
-                    r += (v.x > mx) + (v.y > mx);
-                }
-                if (r == need - 1) sm.tau = mx;
-            }
-            __syncthreads();
-            TLMAX(7);
-            const unsigned long long th = sm.tau;
-#pragma unroll
-            for (int i = 0; i < IDX_PICK_CPT; i++)
-                if (m[i] && m[i] >= th) cand[atomicAdd(&sm.n_cand, 1)] = m[i];
-            __syncthreads();
-            TLMAX(8);
-            const int nc = sm.n_cand;
-            if (tid == 0) cand[nc] = 0; /* the pair loads below read one past */
-            __syncthreads();
-            const ulonglong2 *c2 = reinterpret_cast<const ulonglong2 *>(cand);
-            for (int j = tid; j < nc; j += IST_THREADS) {
-                const unsigned long long u = cand[j];
-                int r = 0;
-#pragma unroll 8
-                for (int k = 0; k < (nc + 1) / 2; k++) {
-                    const ulonglong2 v = c2[k];
-                    r += (v.x > u) + (v.y > u);
-                }
-                if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
-            }
-            __syncthreads();
-            TLMAX(9);
-            const int keep = K < nb ? K : nb;
-            int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
-            for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
-            if (tid == 0) {
-                float mg = INFINITY;
-                if (nb > K) {
-                    const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
-                    mg = x - y;
-                    if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
-                }
-                if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
-                if (tl) atomicMax(tl + 5, tl_now()); /* TL diag */
-                if (tl && q == 0) tl[22] = clock64(), tl[23] = tl_now(); /* CLK diag */
-            }
+            pick_out(a, t, g, nb, sm);
             return;
         }
     } else {
@@ -1030,37 +936,13 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             m[i] = x < gx ? __ldcg(cmax + (size_t)q * gx + x) : 0ull;
         }
     }
-    const int n_rep = slot && (a.var & 8) ? 2 : 1; /* TWICE diag: the pick again, warm */
-    for (int rep = 0; rep < n_rep; rep++) {
-    const int mb = rep + 1 < n_rep ? 10 : 6;
     unsigned long long mx = 0;
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
     sm.tmax[tid] = mx;
-    for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
-    TLMAX(mb + 0);
-    if (tl && tid == 0 && q == 0) tl[20] = clock64(), tl[21] = tl_now(); /* CLK diag */
-    const int w = tid / 32;
-    if (mx) { /* the thread maxima ranked < need within the warp hold the top `need` */
-        int r = 0;
-#pragma unroll
-        for (int j = 0; j < 32; j++) r += sm.tmax[w * 32 + j] > mx;
-        if (r < need) sm.pub[w * need + r] = mx;
-    }
-    __syncthreads();
-    for (int j = tid; j < n_pub; j += IST_THREADS) {
-        const unsigned long long u = sm.pub[j];
-        if (!u) continue;
-        int r = 0;
-#pragma unroll UNR
-        for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
-        if (r == need - 1) sm.tau = u;
-    }
-    __syncthreads();
-    TLMAX(mb + 1);
-    const unsigned long long th = sm.tau;
+    const unsigned long long th = pick_tau(sm, mx, need);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
@@ -1069,9 +951,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
         }
     __syncthreads();
-    TLMAX(mb + 2);
-    if (per > 1 && (a.var & 64)) { /* BATCH diag: 4 loads per thread in flight */
+    if (per > 1) { /* block-uniform: their scores, 4 loads per thread in flight at a time */
         const int n_item = sm.n_cta * per;
+        const float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk;
         for (int j0 = 0; j0 < n_item; j0 += 4 * IST_THREADS) {
             float v[4];
             int bb[4];
@@ -1080,7 +962,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 const int j = j0 + tid + u * IST_THREADS;
                 const int b = j < n_item ? sm.cta[j / per] + (j % per) * gx : nb;
                 bb[u] = b < nb ? b : -1;
-                v[u] = b < nb ? ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b) : 0.0f;
+                v[u] = b < nb ? ld_l2(S + b) : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < 4; u++)
@@ -1090,186 +972,11 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 }
         }
         __syncthreads();
-    } else if (per > 1) { /* block-uniform */
-        const int n_item = sm.n_cta * per;
-        for (int j = tid; j < n_item; j += IST_THREADS) {
-            const int b = sm.cta[j / per] + (j % per) * gx;
-            if (b < nb) {
-                const unsigned long long u =
-                    rank_key(ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b), b);
-                if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
-            }
-        }
-        __syncthreads();
     }
-    pick_tail<UNR>(a, t, g, nb, sm, cand, tl, mb);
-    __syncthreads();
-    }
-}
-
-/* NI diag: one out-of-line copy, dynamic loops not unrolled */
-static __device__ __forceinline__ void dec_pick_ni(const idx_sel &a, int q, int G, int gx,
-                                                const unsigned long long *cmax, dec_smem &sm,
-                                                unsigned long long *cand, unsigned long long *slot,
-                                                unsigned long long *tl) {
-    dec_pick<1>(a, q, G, gx, cmax, sm, cand, slot, tl);
-}
-
-/* ROW diag: the row's nb <= PER * IST_THREADS block scores read in one round (after the
- * arrival), then the fast selection: tau = the need-th largest thread maximum (one rank pass),
- * the scores >= tau as candidates (<= need * PER), a rank count over them */
-template <int PER>
-static __device__ void pick_row(const idx_sel &a, int q, int G, dec_smem &sm,
-                                unsigned long long *cand, unsigned long long *tl) {
-    const int tid = (int)threadIdx.x, t = q / G, g = q % G;
-    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
-    const float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk; /* a.nbk % 4 == 0 */
-    float *sv = reinterpret_cast<float *>(cand + (size_t)(K + 1) * PER + 2); /* the scores */
-    for (int i = tid; i < (nb + 3) / 4; i += IST_THREADS) /* L2 -> shared, no registers */
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                         (unsigned)__cvta_generic_to_shared(sv + 4 * i)),
-                     "l"(S + 4 * i)
-                     : "memory");
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-    __syncthreads();
-    float best = 0.0f;
-    int bb = -1;
-#pragma unroll 8
-    for (int i = 0; i < PER; i++) { /* ids increase with i: the first of equal values wins */
-        const int b = tid + i * IST_THREADS;
-        const float x = sv[b];
-        if (b < nb && (bb < 0 || val_above(x, best))) best = x, bb = b;
-    }
-    const unsigned long long mx = bb >= 0 ? rank_key(best, bb) : 0ull;
-    sm.tmax[tid] = mx;
-    if (tid == 0) sm.tau = 1, sm.n_cand = 0;
-    __syncthreads();
-    TLMAX(6);
-    if (tl && tid == 0 && q == 0) tl[20] = clock64(), tl[21] = tl_now(); /* CLK diag */
-    if (mx) {
-        const ulonglong2 *t2 = reinterpret_cast<const ulonglong2 *>(sm.tmax);
-        int r = 0;
-#pragma unroll 4
-        for (int k = 0; k < IST_THREADS / 2; k++) {
-            const ulonglong2 w = t2[k];
-            r += (w.x > mx) + (w.y > mx);
-        }
-        if (r == need - 1) sm.tau = mx;
-    }
-    __syncthreads();
-    TLMAX(7);
-    const unsigned long long th = sm.tau;
-    const float th_v = th == 1 ? -INFINITY : rank_val(th);
-#pragma unroll 8
-    for (int i = 0; i < PER; i++) {
-        const int b = tid + i * IST_THREADS;
-        const float x = sv[b];
-        if (b < nb && (th == 1 || !val_above(th_v, x))) { /* the rank key only near tau */
-            const unsigned long long u = rank_key(x, b);
-            if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
-        }
-    }
-    __syncthreads();
-    TLMAX(8);
     const int nc = sm.n_cand;
-    if (tid == 0) cand[nc] = 0; /* the pair loads below read one past */
+    for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
-    const ulonglong2 *c2 = reinterpret_cast<const ulonglong2 *>(cand);
-    for (int j = tid; j < nc; j += IST_THREADS) {
-        const unsigned long long u = cand[j];
-        int r = 0;
-#pragma unroll 4
-        for (int k = 0; k < (nc + 1) / 2; k++) {
-            const ulonglong2 w = c2[k];
-            r += (w.x > u) + (w.y > u);
-        }
-        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
-    }
-    __syncthreads();
-    TLMAX(9);
-    const int keep = K < nb ? K : nb;
-    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
-    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
-    if (tid == 0) {
-        float mg = INFINITY;
-        if (nb > K) {
-            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
-            mg = x - y;
-            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
-        }
-        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
-        if (tl) atomicMax(tl + 5, tl_now()); /* TL diag */
-        if (tl && q == 0) tl[22] = clock64(), tl[23] = tl_now(); /* CLK diag */
-    }
-}
-
-/* WIDE diag: direct selection past IDX_SLOT_W key blocks: 32-bit slots (the high half of
- * the rank key, never 0; the id is the slot's index), CPT per thread in registers */
-template <int CPT>
-static __device__ void dec_pick32(const idx_sel &a, int q, int G, dec_smem &sm,
-                                  unsigned long long *cand, unsigned int *slot,
-                                  unsigned long long *tl) {
-    const int tid = (int)threadIdx.x, t = q / G, g = q % G;
-    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
-    const int n_pub = IST_WARPS * need;
-    uint32_t m[CPT];
-#pragma unroll
-    for (int i = 0; i < CPT; i++) m[i] = 0;
-    bool wait = true;
-    while (__syncthreads_or(wait)) {
-        wait = false;
-#pragma unroll
-        for (int i = 0; i < CPT; i++) {
-            const int x = tid + i * IST_THREADS;
-            if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
-        }
-    }
-    if (tl && tid == 0) atomicMax(tl + 4, tl_now()); /* TL diag */
-#pragma unroll
-    for (int i = 0; i < CPT; i++) /* zero again for the next call */
-        if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0u);
-    /* the thread's best by value; its ids increase with i: the first of equal values is the
-     * lowest id, as the rank key orders them */
-    uint32_t bv = 0;
-    int bi = 0;
-#pragma unroll
-    for (int i = 0; i < CPT; i++)
-        if (m[i] > bv) bv = m[i], bi = i;
-    const unsigned long long mx =
-        bv ? ((unsigned long long)bv << 32) | (0xFFFFFFFFu - (uint32_t)(tid + bi * IST_THREADS))
-           : 0ull;
-    sm.tmax[tid] = mx;
-    for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
-    if (tid == 0) sm.tau = 1, sm.n_cand = 0;
-    __syncthreads();
-    const int w = tid / 32;
-    if (mx) {
-        int r = 0;
-#pragma unroll
-        for (int j = 0; j < 32; j++) r += sm.tmax[w * 32 + j] > mx;
-        if (r < need) sm.pub[w * need + r] = mx;
-    }
-    __syncthreads();
-    for (int j = tid; j < n_pub; j += IST_THREADS) {
-        const unsigned long long u = sm.pub[j];
-        if (!u) continue;
-        int r = 0;
-#pragma unroll 8
-        for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
-        if (r == need - 1) sm.tau = u;
-    }
-    __syncthreads();
-    const unsigned long long th = sm.tau;
-    const uint32_t th_hi = (uint32_t)(th >> 32);
-#pragma unroll
-    for (int i = 0; i < CPT; i++)
-        if (m[i] && m[i] >= th_hi) {
-            const unsigned long long u = ((unsigned long long)m[i] << 32) |
-                                         (0xFFFFFFFFu - (uint32_t)(tid + i * IST_THREADS));
-            if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
-        }
-    __syncthreads();
-    pick_tail(a, t, g, nb, sm, cand, tl);
+    pick_out(a, t, g, nb, sm);
 }
 #endif
 
@@ -1454,7 +1161,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, NULL);
+    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1484,21 +1191,17 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * block, and zeroes the slots again for the next call (stream order). Block (0, 0) zeroes
  * n_ties before its first slot (fence, then the key block's barrier): a picker adds to n_ties
  * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
- * and its two rounds (the block maxima in slots after a fence measured no faster). */
+ * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
+ * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
+ * block, measured slower: 1M keys 87.6 against 74.1 us, session 9). */
 template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
              int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, unsigned long long *tl,
-             unsigned int *M3_RESTRICT slots32) {
+             unsigned long long *M3_RESTRICT slots) {
 #if M3_HAVE_MMA
-    if (tl && threadIdx.x == 0) { /* TL diag */
-        const unsigned long long t = tl_now();
-        atomicMax(tl + 0, ~t), atomicMax(tl + 1, t);
-    }
-    TLMIN(16);
     /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
     constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
@@ -1528,8 +1231,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     };
     const int x0 = (int)blockIdx.x;
     if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
+    /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
+     * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
+     * block (8K keys: one) the first mma waited on Q loads issued after the positions */
     uint32_t qb[ISM_MAX_DI / 16][2];
-    auto load_q = [&]() {
+    {
         const int tt = t0 + gq / G;
 #pragma unroll
         for (int s = 0; s < ISM_MAX_DI / 16; s++)
@@ -1542,44 +1248,28 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                                                                       (size_t)(gq % G) * Di + d)
                                 : 0u;
             }
-    };
-    if (sel.var & 4096) load_q(); /* QFIRST diag */
-    if ((sel.var & 4) && tid == 32 && x0 + grid < nbk) { /* PF diag: the 2nd key block to L2 */
-        const int b1 = x0 + grid, r1 = key_base(ik, b1, B);
-        const int nk = min(B, n_ctx - b1 * B), es = K16 ? 1 : 2;
-        if (r1 >= 0 && nk > 0)
-            idx_l2((const uint8_t *)ik.k + (size_t)r1 * Di * es, (uint32_t)(nk * Di * es));
     }
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
         /* direct: the zero is visible before this block's slots (a key block's barrier follows;
          * a picker adds to n_ties only after it has read them) */
-        if (slots || slots32) fence_acq_rel_gpu();
+        if (slots) fence_acq_rel_gpu();
     }
     int pmax = -1;
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
-    if ((sel.var & 256) && n_lim != -7) TLMIN(19); /* PROBE diag: pos loaded */
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
     }
-    /* this lane's C columns: query rows 2tq + e and their positions; its B fragments: row
-     * gq of Q, the dims of k-step s (K16: piece s / 4 of the 16-code loads) */
+    /* this lane's C columns: query rows 2tq + e and their positions */
     int rp[2];
 #pragma unroll
     for (int e = 0; e < 2; e++) {
         const int tt = t0 + (2 * tq + e) / G;
         rp[e] = tt < n_tok ? pos[tt] : -1;
-    }
-    if (!(sel.var & 4096)) load_q();
-    if ((sel.var & 256) && tl && tid == 0) { /* PROBE diag: Q, then the first keys, loaded */
-        if (qb[0][0] == 0x12345u) tl[15] = 0;
-        TLMIN(17);
-        if (kb[0][0][0].x == 0x12345u) tl[15] = 0;
-        TLMIN(18);
     }
     /* the combining thread of row tid < RPG: its token's block count and forced range */
     const int ct = t0 + tid / G, cnb = tid < RPG && ct < n_tok ? pos[ct] / B + 1 : 0;
@@ -1632,7 +1322,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
-        if (b == x0) TLMIN(15); /* TL diag: first key block's mma done */
         if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
         if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
 #pragma unroll
@@ -1666,36 +1355,17 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
                     st_relaxed_gpu(
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
-                if (slots32) /* WIDE diag */
-                    st_relaxed_gpu(slots32 + (size_t)((int)blockIdx.y * RPG + tid) * 8192 + b,
-                                   (unsigned int)(uk >> 32));
             }
         }
     }
-    if (tl && tid == 0) { /* TL diag */
-        const unsigned long long t = tl_now();
-        atomicMax(tl + 2, ~t), atomicMax(tl + 3, t);
-    }
-    if (!cmax && !slots && !slots32) return;
+    if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
-    if (slots32) { /* WIDE diag */
-        if (row >= 0)
-            dec_pick32<64>(sel, row, G, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                           slots32 + (size_t)row * 8192, tl);
-        return;
-    }
     if (slots) {
         if (row >= 0) /* block-uniform */
-        {
-            if (sel.var & 32)
-                dec_pick_ni(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                            slots + (size_t)row * IDX_SLOT_W, tl);
-            else
-                dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                         slots + (size_t)row * IDX_SLOT_W, tl);
-        }
+            dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                     slots + (size_t)row * IDX_SLOT_W);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1712,17 +1382,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    if (tl && tid == 0) atomicMax(tl + 4, tl_now()); /* TL diag */
-    if ((sel.var & 1024) && nbk <= 64 * IST_THREADS && nbk % 4 == 0)
-        pick_row<64>(sel, row, G, sm, reinterpret_cast<unsigned long long *>(idx_dyn), tl);
-    else if (sel.var & 32)
-        dec_pick_ni(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, tl);
-    else
-        dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL, tl);
+    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)tl; (void)slots32;
+    (void)arrive; (void)slots;
 #endif
 }
 
@@ -1731,7 +1395,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * candidates would not fit in shared memory (then the caller runs a selection kernel). */
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa0, bool &fuse) {
+                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
@@ -1742,9 +1406,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
-    const int var = getenv("M3_IDX_V") ? atoi(getenv("M3_IDX_V")) : 0; /* VAR diag */
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
-    const bool wide = fuse && km && !direct && nbk <= 8192 && (var & 2); /* WIDE diag */
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
@@ -1752,55 +1414,30 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const size_t cpt = (size_t)((gx + IST_THREADS - 1) / IST_THREADS);
     /* + 2 keys: dec_pick's rank loop reads the keys in 16-byte pairs, the last pair may reach
      * one key past the count (compute-sanitizer memcheck flagged it, session 4) */
-    size_t dyn = ((size_t)(sa0.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
+    size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
     if (direct)
-        dyn = ((size_t)(sa0.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
-    if (wide || (fuse && km && !direct && (var & 1024)))
-        dyn = std::max(dyn, ((size_t)(sa0.K + 1) * 64 + 2) * sizeof *cmax + 8192 * sizeof(float));
+        dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
-    static unsigned int *w32 = NULL; /* WIDE diag */
-    if (wide && !w32) {
-        M3_HIP_TRY(hipMalloc((void **)&w32, 8 * 8192 * sizeof *w32));
-        M3_HIP_TRY(hipMemsetAsync(w32, 0, 8 * 8192 * sizeof *w32, g->stream));
-    }
-    unsigned int *slots32 = wide ? w32 : NULL;
     if (direct)
         slots = reinterpret_cast<unsigned long long *>(g->counters + M3_GPU_CNT_IDXS);
-    else if (wide) {
-    } else if (fuse)
+    else if (fuse)
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
-    if (fuse && dyn > 40 * 1024)
+    if (fuse && dyn > 48 * 1024)
         M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     /* calls with the arrival counter so far, per context: the parity picks the counter, and
      * each such call zeroes the other one for the next (stream order; direct calls use none) */
     unsigned int &ep = g->idx_calls;
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
     const dim3 grid((unsigned)gx, (unsigned)n_group);
-    /* TL diag: M3_IDX_TL=1: per-call globaltimer marks of idx_km_k, printed every 16 calls */
-    static int tl_on = -1;
-    static unsigned long long *tl_d = NULL;
-    static int tl_n = 0, tl_nbk[16], tl_gx[16], tl_fuse[16], tl_var[16];
-    if (tl_on < 0) {
-        const char *e = getenv("M3_IDX_TL");
-        tl_on = e && atoi(e) > 0;
-        if (tl_on) {
-            M3_HIP_TRY(hipMalloc((void **)&tl_d, 16 * 24 * sizeof *tl_d));
-            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, 16 * 24 * sizeof *tl_d, g->stream));
-        }
-    }
-    unsigned long long *tl = tl_on && km ? tl_d + 24 * (tl_n % 16) : NULL;
-    if (tl) tl_nbk[tl_n % 16] = nbk, tl_gx[tl_n % 16] = gx, tl_fuse[tl_n % 16] = fuse + direct + 2 * wide, tl_var[tl_n % 16] = var;
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
-    idx_sel sa = sa0;
-    sa.var = var;
     if (km && k8)
         idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, tl, slots32);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
     else if (km)
         idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, tl, slots32);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
@@ -1808,28 +1445,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
         idx_dec_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
-    if (s == M3_OK && fuse && !direct && !wide) ep++;
-    if (tl && ++tl_n % 16 == 0) { /* TL diag: us from each call's first block entry */
-        unsigned long long h[16 * 24];
-        M3_HIP_TRY(hipStreamSynchronize(g->stream));
-        M3_HIP_TRY(hipMemcpy(h, tl_d, sizeof h, hipMemcpyDeviceToHost));
-        M3_HIP_TRY(hipMemsetAsync(tl_d, 0, sizeof h, g->stream));
-        for (int i = 0; i < 16; i++) {
-            const unsigned long long *r = h + 24 * i, e0 = ~r[0];
-            const unsigned long long *q = h + 24 * (i ? i - 1 : 0);
-            const double prev = i ? (double)(long long)((q[5] ? q[5] : q[3]) - e0) * 1e-3 : 0.0;
-            fprintf(stderr, "TL nbk %d gx %d fuse %d v%d:", tl_nbk[i], tl_gx[i], tl_fuse[i], tl_var[i]);
-            for (int f = 1; f < 20; f++) {
-                const bool mn = f == 2 || f >= 15;
-                const unsigned long long v = mn ? ~r[f] : r[f];
-                if ((mn && r[f] == 0) || (!mn && v == 0)) fprintf(stderr, " %d:-", f);
-                else fprintf(stderr, " %d:%.2f", f, (double)(long long)(v - e0) * 1e-3);
-            }
-            if (r[21] && r[23] > r[21])
-                fprintf(stderr, " mhz:%.0f", (double)(r[22] - r[20]) * 1e3 / (double)(r[23] - r[21]));
-            fprintf(stderr, " gap:%.2f\n", prev);
-        }
-    }
+    if (s == M3_OK && fuse && !direct) ep++;
     return s;
 }
 
