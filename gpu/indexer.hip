@@ -771,9 +771,13 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
  * whenever gridDim.x > IST_THREADS, found by compute-sanitizer memcheck in session 4). Their
  * key blocks' scores (b = x, x + gridDim.x, ..) that are >= tau are the candidates, and a rank
  * count over them gives ranks 0 .. need-1 (a superset of the top `need` ranks the same). Two
- * rounds of L2 loads (the maxima, then at most need * cpt * nb / gridDim.x scores; one round
- * when a scoring block holds at most one key block of the row: then its maximum is the
- * score), five barriers. Launched when G divides 16, Di % 32 == 0,
+ * rounds of L2 loads (the maxima, then at most need * cpt * nb / gridDim.x scores, 4 per
+ * thread in flight; one round when a scoring block holds at most one key block of the row:
+ * then its maximum is the score), four barriers. tau and the ranks are counted with 16-byte
+ * shared-memory loads, one pass each (n_above; session 9: the tree's tau stage took ~1.4 us
+ * at nb = 64 and 1024, its two passes of 8-byte loads bound by the load latency). The direct
+ * selection of idx_km_k with nb <= IST_THREADS (one key block per thread) ranks the nb keys
+ * directly (two barriers). Launched when G divides 16, Di % 32 == 0,
  * Di <= 128, B % 32 == 0, B <= 128; gridDim.x <= IDX_PICK_CPT * IST_THREADS (the launcher
  * caps it); fused while the candidates fit in 96 KB of shared memory. */
 #define IST_THREADS 128
@@ -837,20 +841,70 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
 }
 
 struct dec_smem {
-    unsigned long long tmax[IST_THREADS], pub[IST_WARPS * (IDX_MAX_K + 1)], tau;
+    __align__(16) unsigned long long tmax[IST_THREADS]; /* read in 16-byte pairs */
+    unsigned long long tau;
     int n_cand, n_cta, cta[IDX_PICK_CPT * (IDX_MAX_K + 1)], chosen[IDX_MAX_K + 1];
     float chosen_v[IDX_MAX_K + 1];
 };
 
+/* how many of the n keys at p (16-byte aligned) rank above u: 16-byte loads, independent of
+ * each other (a loop of 8-byte loads ran at about one shared-memory latency per key) */
+static __device__ __forceinline__ int n_above(const unsigned long long *p, int n,
+                                              unsigned long long u) {
+    const ulonglong2 *p2 = reinterpret_cast<const ulonglong2 *>(p);
+    int r = 0;
+#pragma unroll 8
+    for (int k = 0; k < n / 2; k++) {
+        const ulonglong2 w = p2[k];
+        r += (w.x > u) + (w.y > u);
+    }
+    if (n & 1) r += p[n - 1] > u;
+    return r;
+}
+
+/* the row's ids (sm.chosen[0 .. need-1]), margin and tie count, as idx_select_k; after a
+ * barrier that follows the writes of sm.chosen / chosen_v */
+static __device__ void pick_out(const idx_sel &a, int t, int g, int nb, const dec_smem &sm) {
+    const int tid = (int)threadIdx.x, K = a.K, keep = K < nb ? K : nb;
+    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
+    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
+    if (tid == 0) {
+        float mg = INFINITY;
+        if (nb > K) {
+            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
+            mg = x - y;
+            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+        }
+        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
+    }
+}
+
+/* rank u (one of the n distinct keys at p) among them; ranks < need are the row's */
+static __device__ __forceinline__ void pick_rank(dec_smem &sm, const unsigned long long *p, int n,
+                                                 unsigned long long u, int need) {
+    const int r = n_above(p, n, u);
+    if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
+}
+
+/* tau = the need-th largest thread maximum (sm.tmax, 0 where a thread holds no score; tau 1
+ * when fewer than `need` threads hold one: every score is a candidate). One rank pass of
+ * every thread over the IST_THREADS maxima; session 8's two stages (a warp rank, then a rank
+ * over the warps' published maxima) took ~1.4 us, mostly waiting on shared-memory loads. */
+static __device__ __forceinline__ unsigned long long pick_tau(dec_smem &sm, unsigned long long mx,
+                                                              int need) {
+    if (mx && n_above(sm.tmax, IST_THREADS, mx) == need - 1) sm.tau = mx;
+    __syncthreads();
+    return sm.tau;
+}
+
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
- * keys (dec_launch). */
+ * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
-    const int n_pub = IST_WARPS * need;
     unsigned long long m[IDX_PICK_CPT];
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
         gx = nb;
@@ -867,6 +921,14 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
             if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+        if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
+            sm.tmax[tid] = m[0];
+            __syncthreads();
+            if (tid < nb) pick_rank(sm, sm.tmax, nb, m[0], need);
+            __syncthreads();
+            pick_out(a, t, g, nb, sm);
+            return;
+        }
     } else {
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) {
@@ -878,27 +940,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx;
     sm.tmax[tid] = mx;
-    for (int j = tid; j < n_pub; j += IST_THREADS) sm.pub[j] = 0;
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
-    const int w = tid / 32;
-    if (mx) { /* the thread maxima ranked < need within the warp hold the top `need` */
-        int r = 0;
-#pragma unroll
-        for (int j = 0; j < 32; j++) r += sm.tmax[w * 32 + j] > mx;
-        if (r < need) sm.pub[w * need + r] = mx;
-    }
-    __syncthreads();
-    for (int j = tid; j < n_pub; j += IST_THREADS) {
-        const unsigned long long u = sm.pub[j];
-        if (!u) continue;
-        int r = 0;
-#pragma unroll 8
-        for (int k = 0; k < n_pub; k++) r += sm.pub[k] > u;
-        if (r == need - 1) sm.tau = u;
-    }
-    __syncthreads();
-    const unsigned long long th = sm.tau;
+    const unsigned long long th = pick_tau(sm, mx, need);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
@@ -907,39 +951,32 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
         }
     __syncthreads();
-    if (per > 1) { /* block-uniform */
+    if (per > 1) { /* block-uniform: their scores, 4 loads per thread in flight at a time */
         const int n_item = sm.n_cta * per;
-        for (int j = tid; j < n_item; j += IST_THREADS) {
-            const int b = sm.cta[j / per] + (j % per) * gx;
-            if (b < nb) {
-                const unsigned long long u =
-                    rank_key(ld_l2(a.scores + ((int64_t)g * a.n_tok + t) * a.nbk + b), b);
-                if (u >= th) cand[atomicAdd(&sm.n_cand, 1)] = u;
+        const float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk;
+        for (int j0 = 0; j0 < n_item; j0 += 4 * IST_THREADS) {
+            float v[4];
+            int bb[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int j = j0 + tid + u * IST_THREADS;
+                const int b = j < n_item ? sm.cta[j / per] + (j % per) * gx : nb;
+                bb[u] = b < nb ? b : -1;
+                v[u] = b < nb ? ld_l2(S + b) : 0.0f;
             }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (bb[u] >= 0) {
+                    const unsigned long long uk = rank_key(v[u], bb[u]);
+                    if (uk >= th) cand[atomicAdd(&sm.n_cand, 1)] = uk;
+                }
         }
         __syncthreads();
     }
     const int nc = sm.n_cand;
-    for (int j = tid; j < nc; j += IST_THREADS) {
-        const unsigned long long u = cand[j];
-        int r = 0;
-#pragma unroll 8
-        for (int k = 0; k < nc; k++) r += cand[k] > u;
-        if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
-    }
+    for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
-    const int keep = K < nb ? K : nb;
-    int32_t *out = a.topk + ((int64_t)g * a.n_tok + t) * a.width;
-    for (int r = tid; r < a.width; r += IST_THREADS) out[r] = r < keep ? sm.chosen[r] : -1;
-    if (tid == 0) { /* as idx_select_k */
-        float mg = INFINITY;
-        if (nb > K) {
-            const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
-            mg = x - y;
-            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
-        }
-        if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
-    }
+    pick_out(a, t, g, nb, sm);
 }
 #endif
 
@@ -1154,7 +1191,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * block, and zeroes the slots again for the next call (stream order). Block (0, 0) zeroes
  * n_ties before its first slot (fence, then the key block's barrier): a picker adds to n_ties
  * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
- * and its two rounds (the block maxima in slots after a fence measured no faster). */
+ * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
+ * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
+ * block, measured slower: 1M keys 87.6 against 74.1 us, session 9). */
 template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
@@ -1192,6 +1231,24 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     };
     const int x0 = (int)blockIdx.x;
     if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
+    /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
+     * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
+     * block (8K keys: one) the first mma waited on Q loads issued after the positions */
+    uint32_t qb[ISM_MAX_DI / 16][2];
+    {
+        const int tt = t0 + gq / G;
+#pragma unroll
+        for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+            for (int bi = 0; bi < 2; bi++) {
+                const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
+                                  : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
+                qb[s][bi] = s < Di / 16 && tt < n_tok
+                                ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
+                                                                      (size_t)(gq % G) * Di + d)
+                                : 0u;
+            }
+    }
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1207,28 +1264,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
     }
-    /* this lane's C columns: query rows 2tq + e and their positions; its B fragments: row
-     * gq of Q, the dims of k-step s (K16: piece s / 4 of the 16-code loads) */
+    /* this lane's C columns: query rows 2tq + e and their positions */
     int rp[2];
 #pragma unroll
     for (int e = 0; e < 2; e++) {
         const int tt = t0 + (2 * tq + e) / G;
         rp[e] = tt < n_tok ? pos[tt] : -1;
-    }
-    uint32_t qb[ISM_MAX_DI / 16][2];
-    {
-        const int tt = t0 + gq / G;
-#pragma unroll
-        for (int s = 0; s < ISM_MAX_DI / 16; s++)
-#pragma unroll
-            for (int bi = 0; bi < 2; bi++) {
-                const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
-                                  : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
-                qb[s][bi] = s < Di / 16 && tt < n_tok
-                                ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
-                                                                      (size_t)(gq % G) * Di + d)
-                                : 0u;
-            }
     }
     /* the combining thread of row tid < RPG: its token's block count and forced range */
     const int ct = t0 + tid / G, cnb = tid < RPG && ct < n_tok ? pos[ct] / B + 1 : 0;

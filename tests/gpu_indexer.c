@@ -272,6 +272,12 @@ static void indexer_topk_matches_ref(void **state) {
         /* idx_km_k (T * G <= 8): B = 32 (two m-tiles: warps 2, 3 idle), Di = 96, G = 8 */
         {1, 5000, 8, 96, 32, 16, 2, 0, false, 0},
         {4, 3000, 2, 64, 64, 8, 1, 1, false, IDX_NAN}, /* G = 2: 8 rows of 4 tokens */
+        /* idx_km_k's direct selection: nb = 128 (one key block per picking thread, the rank
+         * count), nb = 129 (the threshold pass), and past 1024 key blocks with every score
+         * tied (the row read after the arrival: the lowest ids, exactly) */
+        {1, 16384, 4, 128, 128, 16, 1, 0, false, 0},
+        {1, 16385, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
+        {1, 140000, 4, 128, 128, 16, 1, 0, false, IDX_EQUAL | IDX_BIG},
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
