@@ -71,6 +71,7 @@
 #include "ref/num/fp8.h"
 
 #include <math.h>
+#include <stdio.h> /* TEMP s9: M3_QW_PROF */
 #include <stdlib.h>
 #include <string.h>
 
@@ -1365,7 +1366,27 @@ typedef struct {
     bool rope, angle_f64, cs_bf16;
     const int32_t *pos;
     float inv[32];
+    unsigned long long *prof; /* TEMP s9: per-warp clock marks (M3_QW_PROF), NULL: off */
 } qw_args;
+
+/* TEMP s9 (measurement only, removed before the session ends): clock marks per warp */
+static __device__ __forceinline__ unsigned long long qw_clk() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
+    return t;
+}
+static __device__ __forceinline__ unsigned long long qw_gtm() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define QW_MARK(i, dep)                                                                            \
+    do {                                                                                           \
+        if (VS >= 0 && a.prof) {                                                                   \
+            if (m3_f32_bits(dep) == 0x7fc01234u && a.prof == (unsigned long long *)8) asm volatile("trap;"); \
+            pm[i] = qw_clk();                                                                      \
+        }                                                                                          \
+    } while (0)
 
 /* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
  * into the K cache at slot (< 0: padding, row only). KC 1: bf16 cache; KC 2: fp8 cache with
@@ -1512,6 +1533,8 @@ template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
+    unsigned long long pm[8] = {0, 0, 0, 0, 0, 0, 0, 0}, pg0 = 0;
+    if (VS >= 0 && a.prof) pm[0] = qw_clk(), pg0 = qw_gtm();
     __shared__ __align__(16) float w1s[5][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
@@ -1530,6 +1553,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
         if (sp[i >> 7].w) w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
     __syncthreads();
+    QW_MARK(1, 0.0f);
+    const int st_prof = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
     const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
     const int nw = (int)gridDim.x * QW_WPB;
@@ -1579,11 +1604,15 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 sincos(ang, &sn, &cn);
                 c8[e] = rnd(a.cs_bf16, (float)cn), s8[e] = rnd(a.cs_bf16, (float)sn);
             }
+            QW_MARK(2, c8[7] + s8[7] + c8[0]);
+        } else {
+            QW_MARK(2, 0.0f);
         }
         float v[4][8];
         uint4 ro[4]; /* V rows' bits (small passes) */
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]), ro[k] = nx[k];
+        QW_MARK(3, m3_bits_f32(nx[0].x ^ nx[3].w ^ nx[1].y ^ nx[2].z));
         if (st + nw < a.nstep) { /* the next step's rows in flight */
             locate(st + nw, npi, nt, nh_, np_);
 #pragma unroll
@@ -1601,6 +1630,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             }
             const float mu = __fdiv_rn(s, 128.0f);
             const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
+            QW_MARK(4, rho);
             const float *w1 = w1s[pi];
 #pragma unroll
             for (int k = 0; k < 4; k++)
@@ -1626,6 +1656,9 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                     v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
                 }
             }
+            QW_MARK(5, v[0][7] + v[1][7] + v[3][7]);
+        } else if (VS >= 0 && a.prof) {
+            pm[4] = pm[5] = pm[3];
         }
         if (KC != 0 && (QW_F(kc) || raw)) {
             qw_kstore<KC>(a, v, raw ? NULL : p, p ? kw_slot(a.kv, t) : -1, h, j, stg, raw, ro);
@@ -1641,6 +1674,20 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             for (int k = 0; k < 4; k++)
                 m3_st16_cs(p + 32 * k, make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
                                                   pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7])));
+        }
+        if (VS >= 0 && a.prof) {
+            QW_MARK(6, 0.0f);
+            unsigned smid;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+            const unsigned long long pg1 = qw_gtm();
+            if (lane == 0) {
+                unsigned long long *o = a.prof + (size_t)st_prof * 16;
+#pragma unroll
+                for (int i = 0; i < 7; i++) o[i] = pm[i];
+                o[8] = pg0, o[9] = pg1, o[10] = (unsigned long long)pi | ((unsigned long long)smid << 8) |
+                                                 ((unsigned long long)QW_F(kc) << 20) | ((unsigned long long)QW_F(ic) << 21) |
+                                                 ((unsigned long long)raw << 22);
+            }
         }
 #undef QW_F
     }
@@ -1834,6 +1881,40 @@ static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m
 /* The pass: parts the warp-streaming kernels take (bf16 rows of Dh 128, 16-byte aligned;
  * normed parts without a cache write; raw K / V rows into a page-128 / 16 / plain cache)
  * go there, the rest to the tile kernel, all with one cos/sin table. */
+/* TEMP s9: print the clock marks of one small-form launch (M3_QW_PROF=n: the n-th call per T) */
+static m3_status qw_prof_print(unsigned long long *d, int nw, int n_tok) {
+    static unsigned long long h[2048 * 16];
+    M3_HIP_TRY(hipDeviceSynchronize());
+    M3_HIP_TRY(hipMemcpy(h, d, (size_t)nw * 16 * 8, hipMemcpyDeviceToHost));
+    unsigned long long g0 = ~0ull, g1 = 0;
+    for (int w = 0; w < nw; w++) g0 = h[w * 16 + 8] < g0 ? h[w * 16 + 8] : g0, g1 = h[w * 16 + 9] > g1 ? h[w * 16 + 9] : g1;
+    printf("qwprof T=%d warps %d span %llu ns (globaltimer)\n", n_tok, nw, g1 - g0);
+    double sum[8][7] = {{0}}, mx[8][7] = {{0}};
+    int cnt[8] = {0};
+    for (int w = 0; w < nw; w++) {
+        const unsigned long long *o = h + w * 16;
+        const int cls = (int)(o[10] & 0xFF) | ((o[10] >> 20) & 1 ? 8 : 0); /* part */
+        const int c = (int)(o[10] & 7);
+        cnt[c]++;
+        double dl[7];
+        for (int i = 1; i < 7; i++) dl[i] = (double)(long long)(o[i] - o[i - 1]);
+        dl[0] = (double)(o[6] - o[0]);
+        for (int i = 0; i < 7; i++) sum[c][i] += dl[i], mx[c][i] = dl[i] > mx[c][i] ? dl[i] : mx[c][i];
+        if (nw <= 16 || w % 64 == 0 || w == nw - 1)
+            printf("qwprof T=%d w%-4d part %d flags %llx sm %3llu: prolog %6.0f cs %6.0f rows %6.0f norm %6.0f rope %6.0f store %6.0f | total %6.0f cyc; gt %+6lld .. %+6lld ns\n",
+                   n_tok, w, (int)(o[10] & 0xFF), (o[10] >> 20) & 7, (o[10] >> 8) & 0xFFF, dl[1], dl[2], dl[3], dl[4], dl[5], dl[6], dl[0],
+                   (long long)(o[8] - g0), (long long)(o[9] - g0));
+        (void)cls;
+    }
+    for (int c = 0; c < 8; c++)
+        if (cnt[c])
+            printf("qwprof T=%d part %d (%d warps) mean/max cyc: prolog %.0f/%.0f cs %.0f/%.0f rows %.0f/%.0f norm %.0f/%.0f rope %.0f/%.0f store %.0f/%.0f total %.0f/%.0f\n",
+                   n_tok, c, cnt[c], sum[c][1] / cnt[c], mx[c][1], sum[c][2] / cnt[c], mx[c][2], sum[c][3] / cnt[c], mx[c][3],
+                   sum[c][4] / cnt[c], mx[c][4], sum[c][5] / cnt[c], mx[c][5], sum[c][6] / cnt[c], mx[c][6], sum[c][0] / cnt[c], mx[c][0]);
+    fflush(stdout);
+    return M3_OK;
+}
+
 template <typename TS>
 static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
                         const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
@@ -2009,8 +2090,17 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
+            static int prof_want = -1, prof_cnt[256];
+            static unsigned long long *prof_buf;
+            if (prof_want < 0) prof_want = getenv("M3_QW_PROF") ? atoi(getenv("M3_QW_PROF")) : 0;
+            const bool prof_now = prof_want > 0 && ++prof_cnt[n_tok] == prof_want && nst <= 2048;
+            if (prof_now) {
+                if (!prof_buf) M3_HIP_TRY(hipMalloc((void **)&prof_buf, 2048 * 16 * 8));
+                qa.prof = prof_buf;
+            }
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
             M3_LAUNCHED(g, "qw_norm_k (small)");
+            if (prof_now) qw_prof_print(prof_buf, (int)qa.nstep, n_tok);
             m3_status st = M3_OK;
             if (nrest > 0)
                 st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);

@@ -289,10 +289,16 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
-        double ms = time_ms(g, do_route, &c, 20, 7);
-        char nm[96];
-        snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
-        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+        /* TEMP s9: M3_BENCH_ROUTE_AB=1 times route_sel_k and route_grp_k (M3_ROUTE_GRP) */
+        const bool ab = getenv("M3_BENCH_ROUTE_AB") != NULL;
+        for (int v = 0; v < (ab ? 2 : 1); v++) {
+            if (ab) setenv("M3_ROUTE_GRP", v ? "1" : "0", 1);
+            double ms = time_ms(g, do_route, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d%s", c.T, !ab ? "" : v ? " grp" : " sel");
+            report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+        }
+        if (ab) unsetenv("M3_ROUTE_GRP");
     }
 }
 
@@ -859,6 +865,26 @@ static m3_status do_kcopy(m3_gpu *g, void *c) {
     kcopy_ctx *x = c;
     return m3_gpu_copy_kernel(g, x->dst, x->src, x->bytes, x->flavor);
 }
+/* The launch floor (session 9): one small kernel (gpu/copy.hip's, 16 bytes and 4 KiB) timed as
+ * every row is, back to back; the runtime's 4 KiB copy (the ceiling's floor) for comparison.
+ * A decode-step row cannot beat its kernels' launch floor. */
+static void bench_launch_floor(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    const size_t mark = m3_gpu_mark(g);
+    void *a, *b;
+    GPU_OK(m3_gpu_alloc(g, &a, 4096));
+    GPU_OK(m3_gpu_alloc(g, &b, 4096));
+    GPU_OK(m3_gpu_memset(g, a, 0, 4096));
+    for (int i = 0; i < 2; i++) {
+        kcopy_ctx kc = {b, a, i ? (size_t)4096 : 16, 0};
+        char nm[96];
+        snprintf(nm, sizeof nm, "launch_floor copy kernel %zu B", kc.bytes);
+        report(nm, time_ms(g, do_kcopy, &kc, 20, 7), 2.0 * (double)kc.bytes, 0);
+    }
+    copy_ctx c = {b, a, 4096};
+    report("launch_floor runtime copy 4096 B", time_ms(g, do_copy, &c, 20, 7), 8192, 0);
+    m3_gpu_release(g, mark);
+}
 
 static void bench_copy_kernel(void **state) {
     m3_gpu *g = bench_or_skip(state);
@@ -973,6 +999,7 @@ int main(void) {
         cmocka_unit_test(bench_moe_experts),
         cmocka_unit_test(bench_kv_cache_write),
         cmocka_unit_test(bench_copy_kernel),
+        cmocka_unit_test(bench_launch_floor),
         cmocka_unit_test(bench_qkv_cache),
     };
     /* M3_BENCH_ONLY=moe_experts,attention times the benches whose name contains one of the
