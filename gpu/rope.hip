@@ -1367,7 +1367,18 @@ typedef struct {
     const int32_t *pos;
     float inv[32];
     unsigned long long *prof; /* TEMP s9: per-warp clock marks (M3_QW_PROF), NULL: off */
+    int var;                  /* TEMP s9 (M3_QW_VAR): 1 no prologue, 2 shared sincos */
 } qw_args;
+
+/* TEMP s9: part pi of the parameters by selects (constant indices) */
+static __device__ __forceinline__ qw_part qw_psel(const qw_args &a, int pi) {
+    qw_part r = a.p[0];
+    if (pi == 1) r = a.p[1];
+    if (pi == 2) r = a.p[2];
+    if (pi == 3) r = a.p[3];
+    if (pi == 4) r = a.p[4];
+    return r;
+}
 
 /* TEMP s9 (measurement only, removed before the session ends): clock marks per warp */
 static __device__ __forceinline__ unsigned long long qw_clk() {
@@ -1540,6 +1551,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
     __shared__ float invs[VS >= 0 ? 32 : 1];
     __shared__ __align__(16) unsigned char vrow[VS == 1 ? QW_WPB : 1][VS == 1 ? KW_ROWB : 16];
+    const bool nopro = VS >= 0 && (a.var & 1);
+    if (!nopro) {
     if (threadIdx.x < 5)
         sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2]
                         : threadIdx.x == 3 ? a.p[3] : a.p[4];
@@ -1553,6 +1566,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
         if (sp[i >> 7].w) w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
     __syncthreads();
+    }
     QW_MARK(1, 0.0f);
     const int st_prof = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
     const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
@@ -1565,10 +1579,17 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     }
     /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
      * struct is read through selects (an indexed parameter would go through a local copy) */
+    qw_part ncp, cp; /* TEMP s9 (nopro): the located / current part in registers */
     auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
+        if (nopro) {
+            pi = a.np > 4 && s >= a.p[4].s0 ? 4 : a.np > 3 && s >= a.p[3].s0 ? 3 : a.np > 2 && s >= a.p[2].s0 ? 2
+               : a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
+            ncp = qw_psel(a, pi);
+        } else {
         pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
            : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
-#define QW_F(f) (sp[pi].f)
+        }
+#define QW_F(f) (nopro ? ncp.f : sp[pi].f)
         const int r = (s - QW_F(s0)) * QW_RPS + rq;
         const int nh = QW_F(nh);
         p = NULL, t = 0, h = 0;
@@ -1577,28 +1598,51 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             h = r - t * nh;
             p = QW_F(x) + (int64_t)t * QW_F(ld) + h * 128 + 8 * j;
         }
+#undef QW_F
     };
-    uint4 nx[4];
+#define QW_F(f) (nopro ? cp.f : sp[pi].f)
+    uint4 nx[4], wn[4];
     int npi = 0, nt = 0, nh_ = 0;
     m3_bf16 *np_ = NULL;
     if (st < a.nstep) {
         locate(st, npi, nt, nh_, np_);
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+        if (nopro) { /* the norm weights with the rows (no block prologue) */
+#pragma unroll
+            for (int k = 0; k < 4; k++) wn[k] = ncp.w ? m3_ld16(ncp.w + 8 * (j + 4 * k)) : make_uint4(0, 0, 0, 0);
+        }
     }
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
+        if (nopro) cp = ncp;
         /* small pass: this row's cos / sin (i = 8 j + e) as the tile kernel and cs_table_k
          * evaluate them, issued before the rows are used (they overlap the loads) */
         float c8[8], s8[8];
         const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
-        if (VS >= 0 && a.rope && !raw) {
+        const bool sc1 = VS >= 0 && (a.var & 2) && a.rope && !raw &&
+                         ballot64(p != NULL && t != (int)m3_shfl((uint32_t)t, 0)) == 0;
+        if (sc1) { /* TEMP s9: one token a step: lane L evaluates pair L, the lanes share them */
+            const int32_t ps = a.pos[t];
+            const int L = lane & 31;
+            float iv = a.inv[0];
+#pragma unroll
+            for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
+            const double ang = a.angle_f64 ? (double)ps * (double)iv : (double)__fmul_rn((float)ps, iv);
+            double sn, cn;
+            sincos(ang, &sn, &cn);
+            const float cl = rnd(a.cs_bf16, (float)cn), sl = rnd(a.cs_bf16, (float)sn);
+#pragma unroll
+            for (int e = 0; e < 8; e++) c8[e] = m3_shfl(cl, 8 * j + e), s8[e] = m3_shfl(sl, 8 * j + e);
+            QW_MARK(2, c8[7] + s8[7] + c8[0]);
+        } else if (VS >= 0 && a.rope && !raw) {
             const int32_t ps = a.pos[t];
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                const float iv = invs[8 * j + e];
+                const float iv = nopro ? (j == 0 ? a.inv[e] : j == 1 ? a.inv[8 + e] : j == 2 ? a.inv[16 + e] : a.inv[24 + e])
+                                       : invs[8 * j + e];
                 const double ang = a.angle_f64 ? (double)ps * (double)iv : (double)__fmul_rn((float)ps, iv);
                 double sn, cn;
                 sincos(ang, &sn, &cn);
@@ -1618,6 +1662,11 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
         }
+        const uint4 wc[4] = {wn[0], wn[1], wn[2], wn[3]}; /* TEMP s9: this step's weights */
+        if (nopro && st + nw < a.nstep) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) wn[k] = ncp.w ? m3_ld16(ncp.w + 8 * (j + 4 * k)) : make_uint4(0, 0, 0, 0);
+        }
         if (!raw) { /* normed rows: the norm, then the rotation */
             /* sum of squares in index order: chunk c = 4 * slot + owner lane */
             float s = 0.0f;
@@ -1633,10 +1682,17 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             QW_MARK(4, rho);
             const float *w1 = w1s[pi];
 #pragma unroll
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < 4; k++) {
+                float wk[8];
+                if (nopro) {
+                    m3_unpack16<m3_bf16>(wc[k], wk);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) wk[e] = __fadd_rn(1.0f, wk[e]);
+                }
 #pragma unroll
                 for (int e = 0; e < 8; e++)
-                    v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
+                    v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), nopro ? wk[e] : w1[8 * (j + 4 * k) + e]));
+            }
             if (VS >= 0 ? a.rope : a.cst != NULL) {
                 if (VS < 0) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
                     const float *cs = a.cst + (int64_t)t * 64 + 8 * j;
@@ -2090,10 +2146,12 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
-            static int prof_want = -1, prof_cnt[256];
+            qa.var = getenv("M3_QW_VAR") ? atoi(getenv("M3_QW_VAR")) : 0; /* TEMP s9 */
+            static int prof_want = -1, prof_cnt[256][4][4];
             static unsigned long long *prof_buf;
             if (prof_want < 0) prof_want = getenv("M3_QW_PROF") ? atoi(getenv("M3_QW_PROF")) : 0;
-            const bool prof_now = prof_want > 0 && ++prof_cnt[n_tok] == prof_want && nst <= 2048;
+            const bool prof_now = prof_want > 0 && ++prof_cnt[n_tok][kck + (vs == 1)][qa.var & 3] == prof_want && nst <= 2048;
+            if (prof_now) printf("qwprof config: T=%d kck %d vs %d var %d nstep %d\n", n_tok, kck, vs, qa.var, qa.nstep);
             if (prof_now) {
                 if (!prof_buf) M3_HIP_TRY(hipMalloc((void **)&prof_buf, 2048 * 16 * 8));
                 qa.prof = prof_buf;

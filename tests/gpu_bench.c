@@ -224,10 +224,21 @@ static void bench_qk_norm_rope(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
-        double ms = time_ms(g, do_rope, &c, 20, 7);
-        char nm[96];
-        snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
-        report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
+        /* TEMP s9: M3_BENCH_QW_VARS=0,1,.. times the small form's variants (M3_QW_VAR) */
+        const char *vars = c.T < 256 ? getenv("M3_BENCH_QW_VARS") : NULL;
+        for (const char *vp = vars ? vars : "x"; *vp; vp += vp[1] ? 2 : 1) {
+            if (vars) {
+                char vv[2] = {vp[0], 0};
+                setenv("M3_QW_VAR", vv, 1);
+            }
+            double ms = time_ms(g, do_rope, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s%s%c", c.T, small ? " pos<T" : "",
+                     vars ? " v" : "", vars ? vp[0] : ' ');
+            report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
+            if (!vp[1]) break;
+        }
+        if (vars) unsetenv("M3_QW_VAR");
         m3_gpu_release(g, mark);
     }
 }
@@ -979,7 +990,19 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
+            /* TEMP s9: M3_BENCH_QW_VARS=0,1,.. times the small form's variants (M3_QW_VAR) */
+            const char *vars = c.T < 256 ? getenv("M3_BENCH_QW_VARS") : NULL;
+            for (const char *vp = vars ? vars : "x"; *vp; vp += vp[1] ? 2 : 1) {
+                char nm2[112];
+                snprintf(nm2, sizeof nm2, "%s%s%c", nm, vars ? " v" : "", vars ? vp[0] : ' ');
+                if (vars) {
+                    char vv[2] = {vp[0], 0};
+                    setenv("M3_QW_VAR", vv, 1);
+                }
+                report(nm2, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
+                if (!vp[1]) break;
+            }
+            if (vars) unsetenv("M3_QW_VAR");
             m3_gpu_release(g, mark);
         }
 }
