@@ -247,9 +247,10 @@ static __global__ void __launch_bounds__(RG_THREADS)
     float4 lv[RG_NE / 4];
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
-    uint32_t G[KK];
+    /* two lists (even / odd chunks): two independent min/max chains */
+    uint32_t G[KK], H[KK], fk[RG_NE]; /* fk: the full keys, for the exact fallback */
 #pragma unroll
-    for (int j = 0; j < KK; j++) G[j] = 0u;
+    for (int j = 0; j < KK; j++) G[j] = 0u, H[j] = 0u;
     const uint32_t e0 = (uint32_t)(q * RG_NE);
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) {
@@ -258,13 +259,27 @@ static __global__ void __launch_bounds__(RG_THREADS)
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const uint32_t e = e0 + (uint32_t)(4 * c + u);
-            const uint32_t key = route_key(m3_sigmoidf(lx[u]) + bx[u]);
-            const uint32_t ck = c < nv4 ? ((key | 0x7Fu) ^ e) : 0u; /* 0: never chosen */
-            /* insert into the sorted list (desc): new G[j] = max(G[j], min(G[j-1], ck)) */
+            const uint32_t key = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
+            fk[4 * c + u] = key;
+            const uint32_t ck = key ? ((key | 0x7Fu) ^ e) : 0u; /* 0: never chosen */
+            /* insert into the sorted list (desc): new L[j] = max(L[j], min(L[j-1], ck)) */
+            uint32_t *L = (c & 1) ? H : G;
 #pragma unroll
-            for (int j = KK - 1; j > 0; j--) G[j] = max(G[j], min(G[j - 1], ck));
-            G[0] = max(G[0], ck);
+            for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
+            L[0] = max(L[0], ck);
         }
+    }
+    {
+        uint32_t C[KK];
+#pragma unroll
+        for (int k = 0; k < KK; k++) {
+            uint32_t c = max(G[k], H[k]);
+#pragma unroll
+            for (int i = 0; i < k; i++) c = max(c, min(G[i], H[k - 1 - i]));
+            C[k] = c;
+        }
+#pragma unroll
+        for (int j = 0; j < KK; j++) G[j] = C[j];
     }
     /* the 4 lanes' lists merged: C[k] = max(A[k], B[k], max_{i<k} min(A[i], B[k-1-i])) */
 #pragma unroll
@@ -323,13 +338,13 @@ static __global__ void __launch_bounds__(RG_THREADS)
         for (int r = 0; r < KK; r++) { /* constant r: the lists stay in registers */
             if (r > K) continue;
             uint32_t bk = 0u;
-            int be = 0x7FFF;
-            for (int i = 0; i < RG_NE; i++) {
-                const int e = q * RG_NE + i;
-                if (e >= E || ((taken >> i) & 1u)) continue;
-                const uint32_t k = route_key(m3_sigmoidf(l[e]) + sb[q][i]);
-                if (k > bk || be == 0x7FFF) bk = k, be = e; /* ascending e: the first max */
+            int bi = 0;
+#pragma unroll
+            for (int i = 0; i < RG_NE; i++) { /* ascending id: the first maximum; keys > 0 */
+                const uint32_t k = (taken >> i) & 1u ? 0u : fk[i];
+                if (k > bk) bk = k, bi = i;
             }
+            int be = bk ? q * RG_NE + bi : 0x7FFF;
 #pragma unroll
             for (int m = 1; m < RG_L; m <<= 1) {
                 const uint32_t pk = (uint32_t)M3_SHFL_XOR((int)bk, m);

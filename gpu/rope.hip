@@ -1622,9 +1622,38 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
          * evaluate them, issued before the rows are used (they overlap the loads) */
         float c8[8], s8[8];
         const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
-        const bool sc1 = VS >= 0 && (a.var & 2) && a.rope && !raw &&
-                         ballot64(p != NULL && t != (int)m3_shfl((uint32_t)t, 0)) == 0;
-        if (sc1) { /* TEMP s9: one token a step: lane L evaluates pair L, the lanes share them */
+        const bool scl = VS >= 0 && (a.var & 8) && a.rope && !raw;
+        const bool sc1 = VS >= 0 && (a.var & 6) && !scl && a.rope && !raw &&
+                         ballot64(p != NULL && t != (int)m3_shfl((uint32_t)t, 0)) == 0 &&
+                         (!(a.var & 4) || ballot64(p == NULL) == 0);
+        if (scl) { /* TEMP s9: per distinct token of the step, lane L evaluates pair L; shared */
+            const int32_t myps = p ? a.pos[t] : 0;
+            const int L = lane & 31;
+            float iv = a.inv[0];
+#pragma unroll
+            for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
+            const uint64_t vm = ballot64(p != NULL);
+#pragma unroll
+            for (int e = 0; e < 8; e++) c8[e] = 1.0f, s8[e] = 0.0f;
+            int prev = -1;
+#pragma unroll 1
+            for (int rr = 0; rr < QW_RPS; rr++) {
+                const int tr = (int)m3_shfl((uint32_t)t, rr * QW_LPR);
+                const int32_t ps = (int32_t)m3_shfl((uint32_t)myps, rr * QW_LPR);
+                if (!((vm >> (rr * QW_LPR)) & 1) || tr == prev) continue; /* warp-uniform */
+                prev = tr;
+                const double ang = a.angle_f64 ? (double)ps * (double)iv : (double)__fmul_rn((float)ps, iv);
+                double sn, cn;
+                sincos(ang, &sn, &cn);
+                const float cl = rnd(a.cs_bf16, (float)cn), sl = rnd(a.cs_bf16, (float)sn);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float cv = m3_shfl(cl, 8 * j + e), sv = m3_shfl(sl, 8 * j + e);
+                    if (t == tr) c8[e] = cv, s8[e] = sv;
+                }
+            }
+            QW_MARK(2, c8[7] + s8[7] + c8[0]);
+        } else if (sc1) { /* TEMP s9: one token a step: lane L evaluates pair L, the lanes share them */
             const int32_t ps = a.pos[t];
             const int L = lane & 31;
             float iv = a.inv[0];
@@ -2147,10 +2176,10 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
             qa.var = getenv("M3_QW_VAR") ? atoi(getenv("M3_QW_VAR")) : 0; /* TEMP s9 */
-            static int prof_want = -1, prof_cnt[256][4][4];
+            static int prof_want = -1, prof_cnt[256][6][16];
             static unsigned long long *prof_buf;
             if (prof_want < 0) prof_want = getenv("M3_QW_PROF") ? atoi(getenv("M3_QW_PROF")) : 0;
-            const bool prof_now = prof_want > 0 && ++prof_cnt[n_tok][kck + (vs == 1)][qa.var & 3] == prof_want && nst <= 2048;
+            const bool prof_now = prof_want > 0 && ++prof_cnt[n_tok][kck * 2 + (vs == 1)][qa.var & 15] == prof_want && nst <= 2048;
             if (prof_now) printf("qwprof config: T=%d kck %d vs %d var %d nstep %d\n", n_tok, kck, vs, qa.var, qa.nstep);
             if (prof_now) {
                 if (!prof_buf) M3_HIP_TRY(hipMalloc((void **)&prof_buf, 2048 * 16 * 8));
