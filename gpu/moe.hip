@@ -211,8 +211,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
  * token that fails the check (near-equal sel, or ties across the boundary, e.g. 6 NaN logits)
  * runs an exact K + 1 rounds fallback over the full keys (rare: the warp's other tokens wait).
  * Weights and margin as route_sel_k: sigma / sum in selection order, sel_(K) - sel_(K+1). */
-#define RG_L 4
-#define RG_NE 32
+#define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
 #define RG_THREADS 256
 static __device__ __forceinline__ bool route_any(bool p) {
 #if defined(M3_HIP_AMD)
@@ -221,13 +220,14 @@ static __device__ __forceinline__ bool route_any(bool p) {
     return __any_sync(0xffffffffu, p);
 #endif
 }
-template <int KK>
+template <int KK, int RG_L>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
-    /* biases rounded once a block; rows padded by 4 floats: the 4 lanes' 16-byte reads of
-     * one step hit 4 different bank quads */
+    constexpr int RG_NE = RG_E / RG_L; /* experts a lane */
+    /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
+     * step hit different bank quads */
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
     for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
         const float b = bias && i < E ? bias[i] : 0.0f;
@@ -309,12 +309,17 @@ static __global__ void __launch_bounds__(RG_THREADS)
     float mys[NS];
 #pragma unroll
     for (int s = 0; s < NS; s++) {
-        /* rank q + 4 s by a select tree on q's bits (an indexed pick would go through local
-         * memory); ranks past K take rank 0's id (a real expert; unused) */
+        /* rank q + RG_L s by a select tree on q's bits (an indexed pick would go through
+         * local memory); ranks past K take rank 0's id (a real expert; unused) */
         const int r0 = RG_L * s;
-        const int a0 = rid[r0], a1 = r0 + 1 < KK ? rid[min(r0 + 1, KK - 1)] : a0;
-        const int a2 = r0 + 2 < KK ? rid[min(r0 + 2, KK - 1)] : a0, a3 = r0 + 3 < KK ? rid[min(r0 + 3, KK - 1)] : a0;
-        int id = (q & 2) ? ((q & 1) ? a3 : a2) : ((q & 1) ? a1 : a0);
+        int tr_[RG_L];
+#pragma unroll
+        for (int u = 0; u < RG_L; u++) tr_[u] = rid[min(r0 + u, KK - 1)];
+#pragma unroll
+        for (int w = RG_L / 2, bit = 1; w >= 1; w >>= 1, bit <<= 1)
+#pragma unroll
+            for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
+        int id = tr_[0];
         if (r0 + q > K) id = rid[0];
         const float sg = m3_sigmoidf(l[id]);
         mys[s] = sg;
@@ -396,13 +401,15 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         M3_LAUNCHED(g, "route_k");
         return M3_OK;
     }
-    /* many tokens: route_grp_k (TEMP s9 knob M3_ROUTE_GRP: 0 never, 1 always, else T >= 1024) */
+    /* many tokens: route_grp_k (TEMP s9 knob M3_ROUTE_GRP: 0 never, 1 4 lanes, 2 8 lanes, else T >= 8192, 8 lanes) */
     const int grp_knob = getenv("M3_ROUTE_GRP") ? atoi(getenv("M3_ROUTE_GRP")) : -1;
-    const bool grp_ok = E <= RG_L * RG_NE && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    if (grp_ok && (grp_knob == 1 || (grp_knob != 0 && n_tok >= 1024))) {
+    const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
+    if (grp_ok && (grp_knob >= 1 || (grp_knob != 0 && n_tok >= 8192))) {
+        const int rl = grp_knob == 1 ? 4 : 8;
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            K + 2 <= 6 ? route_grp_k<6> : route_grp_k<10>;
-        kg<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
+            K + 2 <= 6 ? (rl == 4 ? route_grp_k<6, 4> : route_grp_k<6, 8>)
+                       : (rl == 4 ? route_grp_k<10, 4> : route_grp_k<10, 8>);
+        kg<<<m3_grid_1d(n_tok, RG_THREADS / rl), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_grp_k");
         return M3_OK;

@@ -71,7 +71,6 @@
 #include "ref/num/fp8.h"
 
 #include <math.h>
-#include <stdio.h> /* TEMP s9: M3_QW_PROF */
 #include <stdlib.h>
 #include <string.h>
 
@@ -1366,11 +1365,10 @@ typedef struct {
     bool rope, angle_f64, cs_bf16;
     const int32_t *pos;
     float inv[32];
-    unsigned long long *prof; /* TEMP s9: per-warp clock marks (M3_QW_PROF), NULL: off */
-    int var;                  /* TEMP s9 (M3_QW_VAR): 1 no prologue, 2 shared sincos */
 } qw_args;
 
-/* TEMP s9: part pi of the parameters by selects (constant indices) */
+/* part pi of the parameters through selects (constant indices: an indexed parameter would go
+ * through a local copy) */
 static __device__ __forceinline__ qw_part qw_psel(const qw_args &a, int pi) {
     qw_part r = a.p[0];
     if (pi == 1) r = a.p[1];
@@ -1379,25 +1377,6 @@ static __device__ __forceinline__ qw_part qw_psel(const qw_args &a, int pi) {
     if (pi == 4) r = a.p[4];
     return r;
 }
-
-/* TEMP s9 (measurement only, removed before the session ends): clock marks per warp */
-static __device__ __forceinline__ unsigned long long qw_clk() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
-    return t;
-}
-static __device__ __forceinline__ unsigned long long qw_gtm() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-#define QW_MARK(i, dep)                                                                            \
-    do {                                                                                           \
-        if (VS >= 0 && a.prof) {                                                                   \
-            if (m3_f32_bits(dep) == 0x7fc01234u && a.prof == (unsigned long long *)8) asm volatile("trap;"); \
-            pm[i] = qw_clk();                                                                      \
-        }                                                                                          \
-    } while (0)
 
 /* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
  * into the K cache at slot (< 0: padding, row only). KC 1: bf16 cache; KC 2: fp8 cache with
@@ -1486,13 +1465,19 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
                        *reinterpret_cast<const uint4 *>(stg + 16 * c16));
         }
     } else if (slot >= 0) { /* V SHUFFLE: 16 tokens of a dim per 16 bytes, a byte a dim; lane j
-                             * dims 32 j .. 32 j + 31 */
-        uint8_t *d = (uint8_t *)a.kv.dst[1] + kw_voff(a.kv, slot, h, 0, 4);
-        const uint4 c0 = *reinterpret_cast<const uint4 *>(stg + 32 * j);
-        const uint4 c1 = *reinterpret_cast<const uint4 *>(stg + 32 * j + 16);
-        const uint32_t w8[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+                             * dims 4 i + j (i < 32) from the staged row, so a store's 4 lanes of
+                             * a row hit one 128-byte line (session 9: lane j's own dims 32 j ..
+                             * 32 j + 31 put the 32 lanes of every store in 32 lines; the V rows'
+                             * stores were the longest phase of the T = 64 sparse step, ~12000
+                             * clocks a warp) */
+        uint8_t *d = (uint8_t *)a.kv.dst[1] + kw_voff(a.kv, slot, h, 0, 4) + 16 * j;
 #pragma unroll
-        for (int i = 0; i < 32; i++) d[(int64_t)(32 * j + i) << 4] = (uint8_t)(w8[i / 4] >> (8 * (i % 4)));
+        for (int m = 0; m < 8; m++) { /* dims 16 m .. 16 m + 15 */
+            const uint4 c = *reinterpret_cast<const uint4 *>(stg + 16 * m);
+            const uint32_t w4[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[(int64_t)(16 * m + 4 * i) << 4] = (uint8_t)(w4[i] >> (8 * j));
+        }
     }
     if (slot >= 0 && j == 0) a.kv.scl[vrow ? 1 : 0][kw_soff(a.kv, slot, h)] = sc;
     M3_SYNCWARP(); /* stg is rewritten by the next step */
@@ -1544,31 +1529,20 @@ template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
-    unsigned long long pm[8] = {0, 0, 0, 0, 0, 0, 0, 0}, pg0 = 0;
-    if (VS >= 0 && a.prof) pm[0] = qw_clk(), pg0 = qw_gtm();
-    __shared__ __align__(16) float w1s[5][128];
+    __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
-    __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
-    __shared__ float invs[VS >= 0 ? 32 : 1];
+    __shared__ qw_part sp[VS < 0 ? 5 : 1]; /* the parts, read per step from shared memory (kept out of registers) */
     __shared__ __align__(16) unsigned char vrow[VS == 1 ? QW_WPB : 1][VS == 1 ? KW_ROWB : 16];
-    const bool nopro = VS >= 0 && (a.var & 1);
-    if (!nopro) {
-    if (threadIdx.x < 5)
-        sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2]
-                        : threadIdx.x == 3 ? a.p[3] : a.p[4];
-    if (VS >= 0 && threadIdx.x < 32) { /* constant indices: no local copy of the parameters */
-        float v = a.inv[0];
-#pragma unroll
-        for (int i = 1; i < 32; i++) v = threadIdx.x == i ? a.inv[i] : v;
-        invs[threadIdx.x] = v;
+    if (VS < 0) { /* streaming passes: parts and 1 + w once a block (small passes: no block
+                   * prologue, see below) */
+        if (threadIdx.x < 5)
+            sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2]
+                            : threadIdx.x == 3 ? a.p[3] : a.p[4];
+        __syncthreads();
+        for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
+            if (sp[i >> 7].w) w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
+        __syncthreads();
     }
-    __syncthreads();
-    for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
-        if (sp[i >> 7].w) w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
-    __syncthreads();
-    }
-    QW_MARK(1, 0.0f);
-    const int st_prof = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
     const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
     const int nw = (int)gridDim.x * QW_WPB;
@@ -1577,19 +1551,21 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
         return;
     }
-    /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
-     * struct is read through selects (an indexed parameter would go through a local copy) */
-    qw_part ncp, cp; /* TEMP s9 (nopro): the located / current part in registers */
+    /* step s: part, token, head, row address (NULL: no row for this lane). Small passes hold
+     * the part in registers (ncp: read from the parameters by selects) and load the norm
+     * weights with the rows (wn), so no block prologue and no barrier precede the rows' loads
+     * (session 9) */
+    qw_part ncp, cp;
     auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
-        if (nopro) {
+        if (VS >= 0) {
             pi = a.np > 4 && s >= a.p[4].s0 ? 4 : a.np > 3 && s >= a.p[3].s0 ? 3 : a.np > 2 && s >= a.p[2].s0 ? 2
                : a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
             ncp = qw_psel(a, pi);
         } else {
-        pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
-           : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
+            pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
+               : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
         }
-#define QW_F(f) (nopro ? ncp.f : sp[pi].f)
+#define QW_F(f) (VS >= 0 ? ncp.f : sp[pi].f)
         const int r = (s - QW_F(s0)) * QW_RPS + rq;
         const int nh = QW_F(nh);
         p = NULL, t = 0, h = 0;
@@ -1600,48 +1576,46 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         }
 #undef QW_F
     };
-#define QW_F(f) (nopro ? cp.f : sp[pi].f)
+#define QW_F(f) (VS >= 0 ? cp.f : sp[pi].f)
     uint4 nx[4], wn[4];
     int npi = 0, nt = 0, nh_ = 0;
     m3_bf16 *np_ = NULL;
+    auto wload = [&]() { /* small passes: the located part's norm weights (lane j's dims) */
+#pragma unroll
+        for (int k = 0; k < 4; k++) wn[k] = ncp.w ? m3_ld16(ncp.w + 8 * (j + 4 * k)) : make_uint4(0, 0, 0, 0);
+    };
     if (st < a.nstep) {
         locate(st, npi, nt, nh_, np_);
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
-        if (nopro) { /* the norm weights with the rows (no block prologue) */
-#pragma unroll
-            for (int k = 0; k < 4; k++) wn[k] = ncp.w ? m3_ld16(ncp.w + 8 * (j + 4 * k)) : make_uint4(0, 0, 0, 0);
-        }
+        if (VS >= 0) wload();
     }
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
-        if (nopro) cp = ncp;
-        /* small pass: this row's cos / sin (i = 8 j + e) as the tile kernel and cs_table_k
-         * evaluate them, issued before the rows are used (they overlap the loads) */
+        if (VS >= 0) cp = ncp;
+        /* small pass: cos / sin of pair i = 8 j + e of this row's token, as the tile kernel and
+         * cs_table_k evaluate them (the same double sincos), ONE evaluation a lane per distinct
+         * token of the step: lane L evaluates pair L % 32 of the step's first token, every lane
+         * takes its 8 pairs by shuffles, then the next token of the step (rows are token-major:
+         * a q step is one token, a K step 2 at M3's 4 heads). Session 9, H200: the 8 sincos a
+         * lane before were ~2/3 of a decode step (their code walked once per warp); the
+         * per-warp clocks in docs/gpu.md */
         float c8[8], s8[8];
         const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
-        const bool scl = VS >= 0 && (a.var & 8) && a.rope && !raw;
-        const bool sc1 = VS >= 0 && (a.var & 6) && !scl && a.rope && !raw &&
-                         ballot64(p != NULL && t != (int)m3_shfl((uint32_t)t, 0)) == 0 &&
-                         (!(a.var & 4) || ballot64(p == NULL) == 0);
-        if (scl) { /* TEMP s9: per distinct token of the step, lane L evaluates pair L; shared */
+        if (VS >= 0 && a.rope && !raw) {
             const int32_t myps = p ? a.pos[t] : 0;
             const int L = lane & 31;
-            float iv = a.inv[0];
+            float iv = a.inv[0]; /* inv[L] through selects (constant indices) */
 #pragma unroll
             for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
-            const uint64_t vm = ballot64(p != NULL);
 #pragma unroll
-            for (int e = 0; e < 8; e++) c8[e] = 1.0f, s8[e] = 0.0f;
-            int prev = -1;
+            for (int e = 0; e < 8; e++) c8[e] = 1.0f, s8[e] = 0.0f; /* rows without a row */
+            int tr = (int)m3_shfl((uint32_t)t, 0); /* row 0 exists in every step */
+            int32_t ps = (int32_t)m3_shfl((uint32_t)myps, 0);
 #pragma unroll 1
-            for (int rr = 0; rr < QW_RPS; rr++) {
-                const int tr = (int)m3_shfl((uint32_t)t, rr * QW_LPR);
-                const int32_t ps = (int32_t)m3_shfl((uint32_t)myps, rr * QW_LPR);
-                if (!((vm >> (rr * QW_LPR)) & 1) || tr == prev) continue; /* warp-uniform */
-                prev = tr;
+            for (;;) {
                 const double ang = a.angle_f64 ? (double)ps * (double)iv : (double)__fmul_rn((float)ps, iv);
                 double sn, cn;
                 sincos(ang, &sn, &cn);
@@ -1651,50 +1625,23 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                     const float cv = m3_shfl(cl, 8 * j + e), sv = m3_shfl(sl, 8 * j + e);
                     if (t == tr) c8[e] = cv, s8[e] = sv;
                 }
+                const uint64_t later = ballot64(p != NULL && t > tr); /* warp-uniform */
+                if (later == 0) break;
+                const int src = __ffsll((long long)later) - 1;
+                tr = (int)m3_shfl((uint32_t)t, src);
+                ps = (int32_t)m3_shfl((uint32_t)myps, src);
             }
-            QW_MARK(2, c8[7] + s8[7] + c8[0]);
-        } else if (sc1) { /* TEMP s9: one token a step: lane L evaluates pair L, the lanes share them */
-            const int32_t ps = a.pos[t];
-            const int L = lane & 31;
-            float iv = a.inv[0];
-#pragma unroll
-            for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
-            const double ang = a.angle_f64 ? (double)ps * (double)iv : (double)__fmul_rn((float)ps, iv);
-            double sn, cn;
-            sincos(ang, &sn, &cn);
-            const float cl = rnd(a.cs_bf16, (float)cn), sl = rnd(a.cs_bf16, (float)sn);
-#pragma unroll
-            for (int e = 0; e < 8; e++) c8[e] = m3_shfl(cl, 8 * j + e), s8[e] = m3_shfl(sl, 8 * j + e);
-            QW_MARK(2, c8[7] + s8[7] + c8[0]);
-        } else if (VS >= 0 && a.rope && !raw) {
-            const int32_t ps = a.pos[t];
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float iv = nopro ? (j == 0 ? a.inv[e] : j == 1 ? a.inv[8 + e] : j == 2 ? a.inv[16 + e] : a.inv[24 + e])
-                                       : invs[8 * j + e];
-                const double ang = a.angle_f64 ? (double)ps * (double)iv : (double)__fmul_rn((float)ps, iv);
-                double sn, cn;
-                sincos(ang, &sn, &cn);
-                c8[e] = rnd(a.cs_bf16, (float)cn), s8[e] = rnd(a.cs_bf16, (float)sn);
-            }
-            QW_MARK(2, c8[7] + s8[7] + c8[0]);
-        } else {
-            QW_MARK(2, 0.0f);
         }
         float v[4][8];
         uint4 ro[4]; /* V rows' bits (small passes) */
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]), ro[k] = nx[k];
-        QW_MARK(3, m3_bits_f32(nx[0].x ^ nx[3].w ^ nx[1].y ^ nx[2].z));
+        const uint4 wc[4] = {wn[0], wn[1], wn[2], wn[3]}; /* this step's weights (small passes) */
         if (st + nw < a.nstep) { /* the next step's rows in flight */
             locate(st + nw, npi, nt, nh_, np_);
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
-        }
-        const uint4 wc[4] = {wn[0], wn[1], wn[2], wn[3]}; /* TEMP s9: this step's weights */
-        if (nopro && st + nw < a.nstep) {
-#pragma unroll
-            for (int k = 0; k < 4; k++) wn[k] = ncp.w ? m3_ld16(ncp.w + 8 * (j + 4 * k)) : make_uint4(0, 0, 0, 0);
+            if (VS >= 0) wload();
         }
         if (!raw) { /* normed rows: the norm, then the rotation */
             /* sum of squares in index order: chunk c = 4 * slot + owner lane */
@@ -1708,19 +1655,18 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             }
             const float mu = __fdiv_rn(s, 128.0f);
             const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
-            QW_MARK(4, rho);
-            const float *w1 = w1s[pi];
+            const float *w1 = w1s[VS >= 0 ? 0 : pi];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                float wk[8];
-                if (nopro) {
+                float wk[8]; /* small passes: 1 + w of the registers (the prologue's sum) */
+                if (VS >= 0) {
                     m3_unpack16<m3_bf16>(wc[k], wk);
 #pragma unroll
                     for (int e = 0; e < 8; e++) wk[e] = __fadd_rn(1.0f, wk[e]);
                 }
 #pragma unroll
                 for (int e = 0; e < 8; e++)
-                    v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), nopro ? wk[e] : w1[8 * (j + 4 * k) + e]));
+                    v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), VS >= 0 ? wk[e] : w1[8 * (j + 4 * k) + e]));
             }
             if (VS >= 0 ? a.rope : a.cst != NULL) {
                 if (VS < 0) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
@@ -1741,9 +1687,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                     v[1][e] = rnd(per_op, __fadd_rn(a2, b2));
                 }
             }
-            QW_MARK(5, v[0][7] + v[1][7] + v[3][7]);
-        } else if (VS >= 0 && a.prof) {
-            pm[4] = pm[5] = pm[3];
         }
         if (KC != 0 && (QW_F(kc) || raw)) {
             qw_kstore<KC>(a, v, raw ? NULL : p, p ? kw_slot(a.kv, t) : -1, h, j, stg, raw, ro);
@@ -1759,20 +1702,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             for (int k = 0; k < 4; k++)
                 m3_st16_cs(p + 32 * k, make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
                                                   pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7])));
-        }
-        if (VS >= 0 && a.prof) {
-            QW_MARK(6, 0.0f);
-            unsigned smid;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-            const unsigned long long pg1 = qw_gtm();
-            if (lane == 0) {
-                unsigned long long *o = a.prof + (size_t)st_prof * 16;
-#pragma unroll
-                for (int i = 0; i < 7; i++) o[i] = pm[i];
-                o[8] = pg0, o[9] = pg1, o[10] = (unsigned long long)pi | ((unsigned long long)smid << 8) |
-                                                 ((unsigned long long)QW_F(kc) << 20) | ((unsigned long long)QW_F(ic) << 21) |
-                                                 ((unsigned long long)raw << 22);
-            }
         }
 #undef QW_F
     }
@@ -1966,40 +1895,6 @@ static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m
 /* The pass: parts the warp-streaming kernels take (bf16 rows of Dh 128, 16-byte aligned;
  * normed parts without a cache write; raw K / V rows into a page-128 / 16 / plain cache)
  * go there, the rest to the tile kernel, all with one cos/sin table. */
-/* TEMP s9: print the clock marks of one small-form launch (M3_QW_PROF=n: the n-th call per T) */
-static m3_status qw_prof_print(unsigned long long *d, int nw, int n_tok) {
-    static unsigned long long h[2048 * 16];
-    M3_HIP_TRY(hipDeviceSynchronize());
-    M3_HIP_TRY(hipMemcpy(h, d, (size_t)nw * 16 * 8, hipMemcpyDeviceToHost));
-    unsigned long long g0 = ~0ull, g1 = 0;
-    for (int w = 0; w < nw; w++) g0 = h[w * 16 + 8] < g0 ? h[w * 16 + 8] : g0, g1 = h[w * 16 + 9] > g1 ? h[w * 16 + 9] : g1;
-    printf("qwprof T=%d warps %d span %llu ns (globaltimer)\n", n_tok, nw, g1 - g0);
-    double sum[8][7] = {{0}}, mx[8][7] = {{0}};
-    int cnt[8] = {0};
-    for (int w = 0; w < nw; w++) {
-        const unsigned long long *o = h + w * 16;
-        const int cls = (int)(o[10] & 0xFF) | ((o[10] >> 20) & 1 ? 8 : 0); /* part */
-        const int c = (int)(o[10] & 7);
-        cnt[c]++;
-        double dl[7];
-        for (int i = 1; i < 7; i++) dl[i] = (double)(long long)(o[i] - o[i - 1]);
-        dl[0] = (double)(o[6] - o[0]);
-        for (int i = 0; i < 7; i++) sum[c][i] += dl[i], mx[c][i] = dl[i] > mx[c][i] ? dl[i] : mx[c][i];
-        if (nw <= 16 || w % 64 == 0 || w == nw - 1)
-            printf("qwprof T=%d w%-4d part %d flags %llx sm %3llu: prolog %6.0f cs %6.0f rows %6.0f norm %6.0f rope %6.0f store %6.0f | total %6.0f cyc; gt %+6lld .. %+6lld ns\n",
-                   n_tok, w, (int)(o[10] & 0xFF), (o[10] >> 20) & 7, (o[10] >> 8) & 0xFFF, dl[1], dl[2], dl[3], dl[4], dl[5], dl[6], dl[0],
-                   (long long)(o[8] - g0), (long long)(o[9] - g0));
-        (void)cls;
-    }
-    for (int c = 0; c < 8; c++)
-        if (cnt[c])
-            printf("qwprof T=%d part %d (%d warps) mean/max cyc: prolog %.0f/%.0f cs %.0f/%.0f rows %.0f/%.0f norm %.0f/%.0f rope %.0f/%.0f store %.0f/%.0f total %.0f/%.0f\n",
-                   n_tok, c, cnt[c], sum[c][1] / cnt[c], mx[c][1], sum[c][2] / cnt[c], mx[c][2], sum[c][3] / cnt[c], mx[c][3],
-                   sum[c][4] / cnt[c], mx[c][4], sum[c][5] / cnt[c], mx[c][5], sum[c][6] / cnt[c], mx[c][6], sum[c][0] / cnt[c], mx[c][0]);
-    fflush(stdout);
-    return M3_OK;
-}
-
 template <typename TS>
 static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_kv_cache *c,
                         const int64_t *d_slots, const int32_t *d_pos, int n_tok, float eps,
@@ -2175,19 +2070,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
-            qa.var = getenv("M3_QW_VAR") ? atoi(getenv("M3_QW_VAR")) : 0; /* TEMP s9 */
-            static int prof_want = -1, prof_cnt[256][6][16];
-            static unsigned long long *prof_buf;
-            if (prof_want < 0) prof_want = getenv("M3_QW_PROF") ? atoi(getenv("M3_QW_PROF")) : 0;
-            const bool prof_now = prof_want > 0 && ++prof_cnt[n_tok][kck * 2 + (vs == 1)][qa.var & 15] == prof_want && nst <= 2048;
-            if (prof_now) printf("qwprof config: T=%d kck %d vs %d var %d nstep %d\n", n_tok, kck, vs, qa.var, qa.nstep);
-            if (prof_now) {
-                if (!prof_buf) M3_HIP_TRY(hipMalloc((void **)&prof_buf, 2048 * 16 * 8));
-                qa.prof = prof_buf;
-            }
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
             M3_LAUNCHED(g, "qw_norm_k (small)");
-            if (prof_now) qw_prof_print(prof_buf, (int)qa.nstep, n_tok);
             m3_status st = M3_OK;
             if (nrest > 0)
                 st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);

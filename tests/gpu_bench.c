@@ -224,21 +224,10 @@ static void bench_qk_norm_rope(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
-        /* TEMP s9: M3_BENCH_QW_VARS=0,1,.. times the small form's variants (M3_QW_VAR) */
-        const char *vars = c.T < 256 ? getenv("M3_BENCH_QW_VARS") : NULL;
-        for (const char *vp = vars ? vars : "x"; *vp; vp += vp[1] ? 2 : 1) {
-            if (vars) {
-                char vv[2] = {vp[0], 0};
-                setenv("M3_QW_VAR", vv, 1);
-            }
-            double ms = time_ms(g, do_rope, &c, 20, 7);
-            char nm[96];
-            snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s%s%c", c.T, small ? " pos<T" : "",
-                     vars ? " v" : "", vars ? vp[0] : ' ');
-            report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
-            if (!vp[1]) break;
-        }
-        if (vars) unsetenv("M3_QW_VAR");
+        double ms = time_ms(g, do_rope, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
+        report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
         m3_gpu_release(g, mark);
     }
 }
@@ -302,11 +291,11 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
         /* TEMP s9: M3_BENCH_ROUTE_AB=1 times route_sel_k and route_grp_k (M3_ROUTE_GRP) */
         const bool ab = getenv("M3_BENCH_ROUTE_AB") != NULL;
-        for (int v = 0; v < (ab ? 2 : 1); v++) {
-            if (ab) setenv("M3_ROUTE_GRP", v ? "1" : "0", 1);
+        for (int v = 0; v < (ab ? 3 : 1); v++) {
+            if (ab) setenv("M3_ROUTE_GRP", v == 2 ? "2" : v ? "1" : "0", 1);
             double ms = time_ms(g, do_route, &c, 20, 7);
             char nm[96];
-            snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d%s", c.T, !ab ? "" : v ? " grp" : " sel");
+            snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d%s", c.T, !ab ? "" : v == 2 ? " grp8" : v ? " grp4" : " sel");
             report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
         }
         if (ab) unsetenv("M3_ROUTE_GRP");
@@ -876,6 +865,7 @@ static m3_status do_kcopy(m3_gpu *g, void *c) {
     kcopy_ctx *x = c;
     return m3_gpu_copy_kernel(g, x->dst, x->src, x->bytes, x->flavor);
 }
+
 /* The launch floor (session 9): one small kernel (gpu/copy.hip's, 16 bytes and 4 KiB) timed as
  * every row is, back to back; the runtime's 4 KiB copy (the ceiling's floor) for comparison.
  * A decode-step row cannot beat its kernels' launch floor. */
@@ -990,19 +980,7 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            /* TEMP s9: M3_BENCH_QW_VARS=0,1,.. times the small form's variants (M3_QW_VAR) */
-            const char *vars = c.T < 256 ? getenv("M3_BENCH_QW_VARS") : NULL;
-            for (const char *vp = vars ? vars : "x"; *vp; vp += vp[1] ? 2 : 1) {
-                char nm2[112];
-                snprintf(nm2, sizeof nm2, "%s%s%c", nm, vars ? " v" : "", vars ? vp[0] : ' ');
-                if (vars) {
-                    char vv[2] = {vp[0], 0};
-                    setenv("M3_QW_VAR", vv, 1);
-                }
-                report(nm2, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
-                if (!vp[1]) break;
-            }
-            if (vars) unsetenv("M3_QW_VAR");
+            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }

@@ -187,7 +187,8 @@ static void moe_route_matches_ref(void **state) {
         route_case(g, 7, 256, 8, prof, true);  /* 8 experts a lane (M3_WARP 32) */
         route_case(g, 5, 64, 6, prof, false);
         route_case(g, 3, 200, 40, prof, true); /* K > M3_WARP */
-        /* passes of >= 1024 tokens: route_grp_k (E <= 128, E % 4 == 0, K + 2 <= E, K <= 8) */
+        /* passes of >= 8192 tokens: route_grp_k (E <= 128, E % 4 == 0, K + 2 <= E, K <= 8) */
+        route_case(g, 8192, 128, 4, prof, true);
         route_case(g, 1500, 128, 4, prof, true);
         route_case(g, 1100, 64, 6, prof, false);
         route_case(g, 1030, 100, 8, prof, true); /* the last lane's experts 96..99 only */
@@ -205,7 +206,7 @@ static void moe_route_ties_many_tokens(void **state) {
     m3_profile_fp32(&p);
     m3_moe_params mp;
     memset(&mp, 0, sizeof mp);
-    const int T = 1200, E = 128;
+    const int T = 8200, E = 128;
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 611);
     float *logits = malloc((size_t)T * E * sizeof *logits), *bias = malloc(E * sizeof *bias);
