@@ -1531,7 +1531,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     m3_pdl_trigger();
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
-    __shared__ qw_part sp[VS < 0 ? 5 : 1]; /* the parts, read per step from shared memory (kept out of registers) */
+    __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
     __shared__ __align__(16) unsigned char vrow[VS == 1 ? QW_WPB : 1][VS == 1 ? KW_ROWB : 16];
     if (VS < 0) { /* streaming passes: parts and 1 + w once a block (small passes: no block
                    * prologue, see below) */

@@ -275,7 +275,7 @@ static void bench_moe_route(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 904);
-    static const int Ts[] = {1, 64, 4096, 16384};
+    static const int Ts[] = {1, 64, 4096, 8192, 16384};
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
         route_ctx c;
         memset(&c, 0, sizeof c);
