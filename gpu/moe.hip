@@ -11,7 +11,10 @@
  *   sel_(K) - sel_(K+1). The weights w_k = sigma_k / sum over the chosen K summed in
  *   selection order (before routed_scaling_factor), the reference's exact operation order;
  *   only expf may differ by an ulp (device libm). route_sel_k's rounds are two redux
- *   instructions on sorted selection keys (details at the kernel). */
+ *   instructions on sorted selection keys (details at the kernel).
+ * route_grp_k (session 9; passes of >= 8192 tokens, E <= 128): 8 lanes a token, the same
+ *   selection and weights from per-lane top lists of keys with the id packed in (details and
+ *   the exactness check at the kernel). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/linear.h" /* m3_actq, m3_actq_applies (host) */
@@ -196,22 +199,27 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
 }
 
-/* route_grp_k (session 9): passes of many tokens (the launcher's rule), E <= 128 (E % 4 == 0),
- * K + 2 <= min(KK, E). RG_L = 4 lanes a token, lane q holding experts e = 32 q + i (i < 32; 8
- * coalesced 16-byte loads). route_sel_k's rounds and per-lane sort cost ~2/3 of its
- * instructions (issue-bound at T = 16384); here a lane keeps the top KK of its 32 selection
- * keys as a sorted list by two min/max a level (no ids: the id is packed into the key), the 4
- * lanes merge their lists (2 butterfly levels, merge-path max/min), and only then ids and
- * weights are worked out. Packed key: ck = hi | (127 - e), hi = route_key(sel) with its low 7
- * bits cleared, so ck is unique, orders by hi desc then id asc, and the id comes back as
- * (ck & 127) ^ 127. The order of ck is ref's order of (sel, id) unless two experts with the
- * same hi but different sel meet at the top: exact when hi(rank K) != hi(rank K + 1) and
- * adjacent ranks <= K with equal hi have equal sel (then ck's id order is ref's tie order).
- * Those sel are recomputed for the K + 1 winners (the same deterministic m3_sigmoidf + b); a
- * token that fails the check (near-equal sel, or ties across the boundary, e.g. 6 NaN logits)
- * runs an exact K + 1 rounds fallback over the full keys (rare: the warp's other tokens wait).
- * Weights and margin as route_sel_k: sigma / sum in selection order, sel_(K) - sel_(K+1). */
+/* route_grp_k (session 9): passes of >= 8192 tokens, E <= 128 (E % 4 == 0), K <= 8, K + 2 <= E.
+ * RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (i < 16; 4 coalesced 16-byte
+ * loads). route_sel_k's rounds and per-lane sort are ~half its instructions (issue-bound at
+ * T = 16384); here a lane keeps the top KK (>= K + 2) of its 16 selection keys as a sorted list
+ * by two min/max a level (no ids: the id is packed into the key; two lists, even and odd
+ * chunks, for two independent chains), the 8 lanes merge their lists (3 butterfly levels,
+ * merge-path max/min), and only then ids and weights are worked out. Packed key:
+ * ck = hi | (127 - e), hi = route_key(sel) with its low 7 bits cleared, so ck is unique, orders
+ * by hi desc then id asc, and the id comes back as (ck & 127) ^ 127. ck's order is ref's
+ * order of (sel, id) unless two experts of the same hi but different sel meet at the top:
+ * exact when hi(rank K) != hi(rank K + 1) and adjacent ranks <= K of equal hi have equal sel
+ * (then ck's id order is ref's tie order). Those sel are recomputed for the K + 1 winners (the
+ * same deterministic m3_sigmoidf + b); a token that fails the check (sel within 128 ulps, or
+ * ties across the boundary, e.g. 6 NaN logits) runs an exact K + 1 rounds fallback over the
+ * full keys held in registers (~1 token in 4000 of the bench's data: the warp's other tokens
+ * wait). Weights and margin as route_sel_k: sigma / sum in selection order,
+ * sel_(K) - sel_(K+1). H200: T = 16384 0.0136 -> 0.0114 ms (route_sel_k's 558 warp
+ * instructions a token -> 262 with 4 lanes a token, but latency-bound at 4 lanes: 8 lanes
+ * keep more warps in flight); below 8192 tokens route_sel_k is faster (docs/gpu.md). */
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
+#define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
 static __device__ __forceinline__ bool route_any(bool p) {
 #if defined(M3_HIP_AMD)
@@ -220,7 +228,7 @@ static __device__ __forceinline__ bool route_any(bool p) {
     return __any_sync(0xffffffffu, p);
 #endif
 }
-template <int KK, int RG_L>
+template <int KK>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -401,15 +409,13 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         M3_LAUNCHED(g, "route_k");
         return M3_OK;
     }
-    /* many tokens: route_grp_k (TEMP s9 knob M3_ROUTE_GRP: 0 never, 1 4 lanes, 2 8 lanes, else T >= 8192, 8 lanes) */
-    const int grp_knob = getenv("M3_ROUTE_GRP") ? atoi(getenv("M3_ROUTE_GRP")) : -1;
+    /* passes of >= 8192 tokens: route_grp_k (H200: T = 16384 0.0114 against route_sel_k's
+     * 0.0136 ms, T = 4096 0.0075 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    if (grp_ok && (grp_knob >= 1 || (grp_knob != 0 && n_tok >= 8192))) {
-        const int rl = grp_knob == 1 ? 4 : 8;
+    if (grp_ok && n_tok >= 8192) {
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            K + 2 <= 6 ? (rl == 4 ? route_grp_k<6, 4> : route_grp_k<6, 8>)
-                       : (rl == 4 ? route_grp_k<10, 4> : route_grp_k<10, 8>);
-        kg<<<m3_grid_1d(n_tok, RG_THREADS / rl), RG_THREADS, 0, g->stream>>>(
+            K + 2 <= 6 ? route_grp_k<6> : route_grp_k<10>;
+        kg<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_grp_k");
         return M3_OK;

@@ -17,10 +17,12 @@
  *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
  *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
  * - passes under 256 tokens (decode) of the same shapes (session 8): ONE launch, no table:
- *   qw_norm_k's small form (cos / sin evaluated per row; fp8 V rows as one more part written
+ *   qw_norm_k's small form (cos / sin evaluated in the step: one double sincos a lane per
+ *   distinct token, shared by shuffles; no block prologue; fp8 V rows as one more part written
  *   through qw_kstore's code, bf16 V rows as kvw_k's window steps in the same grid), or for
  *   the K / V writer alone kvw8_k / kvw_k. H200: fused fp8 sparse + index T=1 18.3 -> 8.6 us,
- *   T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu.md);
+ *   T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us; session 9 (sincos shared, no
+ *   prologue): sparse T=1 9.8 -> 6.6 us, T=64 11.0 -> 7.9, dense T=1 8.0 -> 5.2 (docs/gpu.md);
  * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
  *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
  *   takes any part the warp kernels do not.
@@ -1521,7 +1523,7 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
 
 /* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache.
  * VS (session 8): -1 the warp-streaming pass (cos / sin from the table a.cst); >= 0 a small
- * pass (decode, < 256 tokens) in ONE launch: cos / sin evaluated per row (a.rope), a grid of
+ * pass (decode, < 256 tokens) in ONE launch: cos / sin evaluated per step (a.rope), a grid of
  * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
  * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
  * parts' a.nstep steps */

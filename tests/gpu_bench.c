@@ -289,16 +289,10 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
-        /* TEMP s9: M3_BENCH_ROUTE_AB=1 times route_sel_k and route_grp_k (M3_ROUTE_GRP) */
-        const bool ab = getenv("M3_BENCH_ROUTE_AB") != NULL;
-        for (int v = 0; v < (ab ? 3 : 1); v++) {
-            if (ab) setenv("M3_ROUTE_GRP", v == 2 ? "2" : v ? "1" : "0", 1);
-            double ms = time_ms(g, do_route, &c, 20, 7);
-            char nm[96];
-            snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d%s", c.T, !ab ? "" : v == 2 ? " grp8" : v ? " grp4" : " sel");
-            report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
-        }
-        if (ab) unsetenv("M3_ROUTE_GRP");
+        double ms = time_ms(g, do_route, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
+        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
     }
 }
 

@@ -189,10 +189,9 @@ static void moe_route_matches_ref(void **state) {
         route_case(g, 3, 200, 40, prof, true); /* K > M3_WARP */
         /* passes of >= 8192 tokens: route_grp_k (E <= 128, E % 4 == 0, K + 2 <= E, K <= 8) */
         route_case(g, 8192, 128, 4, prof, true);
-        route_case(g, 1500, 128, 4, prof, true);
-        route_case(g, 1100, 64, 6, prof, false);
-        route_case(g, 1030, 100, 8, prof, true); /* the last lane's experts 96..99 only */
-        route_case(g, 1024, 12, 2, prof, true);  /* lanes past E */
+        route_case(g, 8200, 64, 6, prof, false);
+        route_case(g, 8193, 100, 8, prof, true); /* the 7th lane's experts 96..99 only */
+        route_case(g, 8192, 12, 2, prof, true);  /* lanes past E */
     }
 }
 
