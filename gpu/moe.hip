@@ -12,7 +12,7 @@
  *   selection order (before routed_scaling_factor), the reference's exact operation order;
  *   only expf may differ by an ulp (device libm). route_sel_k's rounds are two redux
  *   instructions on sorted selection keys (details at the kernel).
- * route_grp_k (session 9; passes of >= 8192 tokens, E <= 128): 8 lanes a token, the same
+ * route_grp_k (session 9; passes of >= 16384 tokens, E <= 128): 8 lanes a token, the same
  *   selection and weights from per-lane top lists of keys with the id packed in (details and
  *   the exactness check at the kernel). */
 #include "gpu/hip_compat.h"
@@ -199,7 +199,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
 }
 
-/* route_grp_k (session 9): passes of >= 8192 tokens, E <= 128 (E % 4 == 0), K <= 8, K + 2 <= E.
+/* route_grp_k (session 9): passes of >= 16384 tokens, E <= 128 (E % 4 == 0), K <= 8, K + 2 <= E.
  * RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (i < 16; 4 coalesced 16-byte
  * loads). route_sel_k's rounds and per-lane sort are ~half its instructions (issue-bound at
  * T = 16384); here a lane keeps the top KK (>= K + 2) of its 16 selection keys as a sorted list
@@ -217,7 +217,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
  * wait). Weights and margin as route_sel_k: sigma / sum in selection order,
  * sel_(K) - sel_(K+1). H200: T = 16384 0.0136 -> 0.0114 ms (route_sel_k's 558 warp
  * instructions a token -> 262 with 4 lanes a token, but latency-bound at 4 lanes: 8 lanes
- * keep more warps in flight); below 8192 tokens route_sel_k is faster (docs/gpu.md). */
+ * keep more warps in flight); at 8192 tokens and below route_sel_k is faster (docs/gpu.md). */
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
 #define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
@@ -409,10 +409,10 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         M3_LAUNCHED(g, "route_k");
         return M3_OK;
     }
-    /* passes of >= 8192 tokens: route_grp_k (H200: T = 16384 0.0114 against route_sel_k's
-     * 0.0136 ms, T = 4096 0.0075 against 0.0057) */
+    /* passes of >= 16384 tokens: route_grp_k (H200: T = 16384 0.0104-0.0114 against
+     * route_sel_k's 0.0136 ms; T = 8192 0.0088 against 0.0084, T = 4096 0.0076 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    if (grp_ok && n_tok >= 8192) {
+    if (grp_ok && n_tok >= 16384) {
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
             K + 2 <= 6 ? route_grp_k<6> : route_grp_k<10>;
         kg<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(

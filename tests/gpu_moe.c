@@ -187,16 +187,16 @@ static void moe_route_matches_ref(void **state) {
         route_case(g, 7, 256, 8, prof, true);  /* 8 experts a lane (M3_WARP 32) */
         route_case(g, 5, 64, 6, prof, false);
         route_case(g, 3, 200, 40, prof, true); /* K > M3_WARP */
-        /* passes of >= 8192 tokens: route_grp_k (E <= 128, E % 4 == 0, K + 2 <= E, K <= 8) */
-        route_case(g, 8192, 128, 4, prof, true);
-        route_case(g, 8200, 64, 6, prof, false);
-        route_case(g, 8193, 100, 8, prof, true); /* the 7th lane's experts 96..99 only */
-        route_case(g, 8192, 12, 2, prof, true);  /* lanes past E */
+        /* passes of >= 16384 tokens: route_grp_k (E <= 128, E % 4 == 0, K + 2 <= E, K <= 8) */
+        route_case(g, 16384, 128, 4, prof, true);
+        route_case(g, 16400, 64, 6, prof, false);
+        route_case(g, 16385, 100, 8, prof, true); /* the 7th lane's experts 96..99 only */
+        route_case(g, 16384, 12, 2, prof, true);  /* lanes past E */
     }
 }
 
 /* route_grp_k's packed keys (sel's top bits + the id) against exact ties and near-equal values
- * at many tokens: equal values ranked by the lower id, every NaN above every value, runs of
+ * at many tokens (a pass of >= 16384 tokens): equal values ranked by the lower id, every NaN above every value, runs of
  * values a few ulps apart (the same packed top bits: the kernel's exact fallback), all 128
  * equal; every id and weight as the reference's. */
 static void moe_route_ties_many_tokens(void **state) {
@@ -205,7 +205,7 @@ static void moe_route_ties_many_tokens(void **state) {
     m3_profile_fp32(&p);
     m3_moe_params mp;
     memset(&mp, 0, sizeof mp);
-    const int T = 8200, E = 128;
+    const int T = 16400, E = 128;
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 611);
     float *logits = malloc((size_t)T * E * sizeof *logits), *bias = malloc(E * sizeof *bias);
