@@ -196,9 +196,9 @@ static void moe_route_matches_ref(void **state) {
 }
 
 /* route_grp_k's packed keys (sel's top bits + the id) against exact ties and near-equal values
- * at many tokens (a pass of >= 16384 tokens): equal values ranked by the lower id, every NaN above every value, runs of
- * values a few ulps apart (the same packed top bits: the kernel's exact fallback), all 128
- * equal; every id and weight as the reference's. */
+ * in a pass of >= 16384 tokens: equal values ranked by the lower id, every NaN above every
+ * value, runs of values a few ulps apart (the same packed top bits: the kernel's exact
+ * fallback), all 128 equal; every id and weight as the reference's. */
 static void moe_route_ties_many_tokens(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     m3_profile p;
