@@ -17,10 +17,12 @@
  *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
  *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
  * - passes under 256 tokens (decode) of the same shapes (session 8): ONE launch, no table:
- *   qw_norm_k's small form (cos / sin evaluated per row; fp8 V rows as one more part written
+ *   qw_norm_k's small form (cos / sin evaluated in the step: one double sincos a lane per
+ *   distinct token, shared by shuffles; no block prologue; fp8 V rows as one more part written
  *   through qw_kstore's code, bf16 V rows as kvw_k's window steps in the same grid), or for
  *   the K / V writer alone kvw8_k / kvw_k. H200: fused fp8 sparse + index T=1 18.3 -> 8.6 us,
- *   T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu.md);
+ *   T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us; session 9 (sincos shared, no
+ *   prologue): sparse T=1 9.8 -> 6.6 us, T=64 11.0 -> 7.9, dense T=1 8.0 -> 5.2 (docs/gpu.md);
  * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
  *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
  *   takes any part the warp kernels do not.
@@ -1367,6 +1369,17 @@ typedef struct {
     float inv[32];
 } qw_args;
 
+/* part pi of the parameters through selects (constant indices: an indexed parameter would go
+ * through a local copy) */
+static __device__ __forceinline__ qw_part qw_psel(const qw_args &a, int pi) {
+    qw_part r = a.p[0];
+    if (pi == 1) r = a.p[1];
+    if (pi == 2) r = a.p[2];
+    if (pi == 3) r = a.p[3];
+    if (pi == 4) r = a.p[4];
+    return r;
+}
+
 /* A K row of qw_norm_k (lane j's chunks j + 4k, values v): the stored row back in place and
  * into the K cache at slot (< 0: padding, row only). KC 1: bf16 cache; KC 2: fp8 cache with
  * the row's scale: amax of the stored values (STORED) or of the fp32 values (the two staged
@@ -1454,13 +1467,19 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
                        *reinterpret_cast<const uint4 *>(stg + 16 * c16));
         }
     } else if (slot >= 0) { /* V SHUFFLE: 16 tokens of a dim per 16 bytes, a byte a dim; lane j
-                             * dims 32 j .. 32 j + 31 */
-        uint8_t *d = (uint8_t *)a.kv.dst[1] + kw_voff(a.kv, slot, h, 0, 4);
-        const uint4 c0 = *reinterpret_cast<const uint4 *>(stg + 32 * j);
-        const uint4 c1 = *reinterpret_cast<const uint4 *>(stg + 32 * j + 16);
-        const uint32_t w8[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+                             * dims 4 i + j (i < 32) from the staged row, so a store's 4 lanes of
+                             * a row hit one 128-byte line (session 9: lane j's own dims 32 j ..
+                             * 32 j + 31 put the 32 lanes of every store in 32 lines; the V rows'
+                             * stores were the longest phase of the T = 64 sparse step, ~12000
+                             * clocks a warp) */
+        uint8_t *d = (uint8_t *)a.kv.dst[1] + kw_voff(a.kv, slot, h, 0, 4) + 16 * j;
 #pragma unroll
-        for (int i = 0; i < 32; i++) d[(int64_t)(32 * j + i) << 4] = (uint8_t)(w8[i / 4] >> (8 * (i % 4)));
+        for (int m = 0; m < 8; m++) { /* dims 16 m .. 16 m + 15 */
+            const uint4 c = *reinterpret_cast<const uint4 *>(stg + 16 * m);
+            const uint32_t w4[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[(int64_t)(16 * m + 4 * i) << 4] = (uint8_t)(w4[i] >> (8 * j));
+        }
     }
     if (slot >= 0 && j == 0) a.kv.scl[vrow ? 1 : 0][kw_soff(a.kv, slot, h)] = sc;
     M3_SYNCWARP(); /* stg is rewritten by the next step */
@@ -1504,7 +1523,7 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
 
 /* KC: no part writes a cache (0); cache parts with a bf16 (1) or fp8 (2) K cache.
  * VS (session 8): -1 the warp-streaming pass (cos / sin from the table a.cst); >= 0 a small
- * pass (decode, < 256 tokens) in ONE launch: cos / sin evaluated per row (a.rope), a grid of
+ * pass (decode, < 256 tokens) in ONE launch: cos / sin evaluated per step (a.rope), a grid of
  * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
  * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
  * parts' a.nstep steps */
@@ -1512,24 +1531,20 @@ template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
-    __shared__ __align__(16) float w1s[5][128];
+    __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
-    __shared__ float invs[VS >= 0 ? 32 : 1];
     __shared__ __align__(16) unsigned char vrow[VS == 1 ? QW_WPB : 1][VS == 1 ? KW_ROWB : 16];
-    if (threadIdx.x < 5)
-        sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2]
-                        : threadIdx.x == 3 ? a.p[3] : a.p[4];
-    if (VS >= 0 && threadIdx.x < 32) { /* constant indices: no local copy of the parameters */
-        float v = a.inv[0];
-#pragma unroll
-        for (int i = 1; i < 32; i++) v = threadIdx.x == i ? a.inv[i] : v;
-        invs[threadIdx.x] = v;
+    if (VS < 0) { /* streaming passes: parts and 1 + w once a block (small passes: no block
+                   * prologue, see below) */
+        if (threadIdx.x < 5)
+            sp[threadIdx.x] = threadIdx.x == 0 ? a.p[0] : threadIdx.x == 1 ? a.p[1] : threadIdx.x == 2 ? a.p[2]
+                            : threadIdx.x == 3 ? a.p[3] : a.p[4];
+        __syncthreads();
+        for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
+            if (sp[i >> 7].w) w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
+        __syncthreads();
     }
-    __syncthreads();
-    for (int i = (int)threadIdx.x; i < a.np * 128; i += (int)blockDim.x)
-        if (sp[i >> 7].w) w1s[i >> 7][i & 127] = __fadd_rn(1.0f, m3_bf16_to_f32(sp[i >> 7].w[i & 127]));
-    __syncthreads();
     const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
     const int nw = (int)gridDim.x * QW_WPB;
@@ -1538,12 +1553,21 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
         return;
     }
-    /* step s: part, token, head, row address (NULL: no row for this lane); the parameter
-     * struct is read through selects (an indexed parameter would go through a local copy) */
+    /* step s: part, token, head, row address (NULL: no row for this lane). Small passes hold
+     * the part in registers (ncp: read from the parameters by selects) and load the norm
+     * weights with the rows (wn), so no block prologue and no barrier precede the rows' loads
+     * (session 9) */
+    qw_part ncp, cp;
     auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
-        pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
-           : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
-#define QW_F(f) (sp[pi].f)
+        if (VS >= 0) {
+            pi = a.np > 4 && s >= a.p[4].s0 ? 4 : a.np > 3 && s >= a.p[3].s0 ? 3 : a.np > 2 && s >= a.p[2].s0 ? 2
+               : a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
+            ncp = qw_psel(a, pi);
+        } else {
+            pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
+               : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
+        }
+#define QW_F(f) (VS >= 0 ? ncp.f : sp[pi].f)
         const int r = (s - QW_F(s0)) * QW_RPS + rq;
         const int nh = QW_F(nh);
         p = NULL, t = 0, h = 0;
@@ -1552,42 +1576,74 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             h = r - t * nh;
             p = QW_F(x) + (int64_t)t * QW_F(ld) + h * 128 + 8 * j;
         }
+#undef QW_F
     };
-    uint4 nx[4];
+#define QW_F(f) (VS >= 0 ? cp.f : sp[pi].f)
+    uint4 nx[4], wn[4];
     int npi = 0, nt = 0, nh_ = 0;
     m3_bf16 *np_ = NULL;
+    auto wload = [&]() { /* small passes: the located part's norm weights (lane j's dims) */
+#pragma unroll
+        for (int k = 0; k < 4; k++) wn[k] = ncp.w ? m3_ld16(ncp.w + 8 * (j + 4 * k)) : make_uint4(0, 0, 0, 0);
+    };
     if (st < a.nstep) {
         locate(st, npi, nt, nh_, np_);
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+        if (VS >= 0) wload();
     }
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
-        /* small pass: this row's cos / sin (i = 8 j + e) as the tile kernel and cs_table_k
-         * evaluate them, issued before the rows are used (they overlap the loads) */
+        if (VS >= 0) cp = ncp;
+        /* small pass: cos / sin of pair i = 8 j + e of this row's token, as the tile kernel and
+         * cs_table_k evaluate them (the same double sincos), ONE evaluation a lane per distinct
+         * token of the step: lane L evaluates pair L % 32 of the step's first token, every lane
+         * takes its 8 pairs by shuffles, then the next token of the step (rows are token-major:
+         * a q step is one token, a K step 2 at M3's 4 heads). Session 9, H200: the 8 sincos a
+         * lane before were ~2/3 of a decode step (their code walked once per warp); the
+         * per-warp clocks in docs/gpu.md */
         float c8[8], s8[8];
         const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
         if (VS >= 0 && a.rope && !raw) {
-            const int32_t ps = a.pos[t];
+            const int32_t myps = p ? a.pos[t] : 0;
+            const int L = lane & 31;
+            float iv = a.inv[0]; /* inv[L] through selects (constant indices) */
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float iv = invs[8 * j + e];
+            for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
+#pragma unroll
+            for (int e = 0; e < 8; e++) c8[e] = 1.0f, s8[e] = 0.0f; /* rows without a row */
+            int tr = (int)m3_shfl((uint32_t)t, 0); /* row 0 exists in every step */
+            int32_t ps = (int32_t)m3_shfl((uint32_t)myps, 0);
+#pragma unroll 1
+            for (;;) {
                 const double ang = a.angle_f64 ? (double)ps * (double)iv : (double)__fmul_rn((float)ps, iv);
                 double sn, cn;
                 sincos(ang, &sn, &cn);
-                c8[e] = rnd(a.cs_bf16, (float)cn), s8[e] = rnd(a.cs_bf16, (float)sn);
+                const float cl = rnd(a.cs_bf16, (float)cn), sl = rnd(a.cs_bf16, (float)sn);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float cv = m3_shfl(cl, 8 * j + e), sv = m3_shfl(sl, 8 * j + e);
+                    if (t == tr) c8[e] = cv, s8[e] = sv;
+                }
+                const uint64_t later = ballot64(p != NULL && t > tr); /* warp-uniform */
+                if (later == 0) break;
+                const int src = __ffsll((long long)later) - 1;
+                tr = (int)m3_shfl((uint32_t)t, src);
+                ps = (int32_t)m3_shfl((uint32_t)myps, src);
             }
         }
         float v[4][8];
         uint4 ro[4]; /* V rows' bits (small passes) */
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]), ro[k] = nx[k];
+        const uint4 wc[4] = {wn[0], wn[1], wn[2], wn[3]}; /* this step's weights (small passes) */
         if (st + nw < a.nstep) { /* the next step's rows in flight */
             locate(st + nw, npi, nt, nh_, np_);
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+            if (VS >= 0) wload();
         }
         if (!raw) { /* normed rows: the norm, then the rotation */
             /* sum of squares in index order: chunk c = 4 * slot + owner lane */
@@ -1601,12 +1657,19 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             }
             const float mu = __fdiv_rn(s, 128.0f);
             const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
-            const float *w1 = w1s[pi];
+            const float *w1 = w1s[VS >= 0 ? 0 : pi];
 #pragma unroll
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < 4; k++) {
+                float wk[8]; /* small passes: 1 + w of the registers (the prologue's sum) */
+                if (VS >= 0) {
+                    m3_unpack16<m3_bf16>(wc[k], wk);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) wk[e] = __fadd_rn(1.0f, wk[e]);
+                }
 #pragma unroll
                 for (int e = 0; e < 8; e++)
-                    v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), w1[8 * (j + 4 * k) + e]));
+                    v[k][e] = rnd(per_op, __fmul_rn(__fmul_rn(v[k][e], rho), VS >= 0 ? wk[e] : w1[8 * (j + 4 * k) + e]));
+            }
             if (VS >= 0 ? a.rope : a.cst != NULL) {
                 if (VS < 0) { /* this token's cos / sin rows (the table: L1 / L2 hits) */
                     const float *cs = a.cst + (int64_t)t * 64 + 8 * j;

@@ -275,7 +275,7 @@ static void bench_moe_route(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 904);
-    static const int Ts[] = {1, 64, 4096, 16384};
+    static const int Ts[] = {1, 64, 4096, 8192, 16384};
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
         route_ctx c;
         memset(&c, 0, sizeof c);
@@ -860,6 +860,27 @@ static m3_status do_kcopy(m3_gpu *g, void *c) {
     return m3_gpu_copy_kernel(g, x->dst, x->src, x->bytes, x->flavor);
 }
 
+/* The launch floor (session 9): one small kernel (gpu/copy.hip's, 16 bytes and 4 KiB) timed as
+ * every row is, back to back; the runtime's 4 KiB copy (the ceiling's floor) for comparison.
+ * A decode-step row cannot beat its kernels' launch floor. */
+static void bench_launch_floor(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    const size_t mark = m3_gpu_mark(g);
+    void *a, *b;
+    GPU_OK(m3_gpu_alloc(g, &a, 4096));
+    GPU_OK(m3_gpu_alloc(g, &b, 4096));
+    GPU_OK(m3_gpu_memset(g, a, 0, 4096));
+    for (int i = 0; i < 2; i++) {
+        kcopy_ctx kc = {b, a, i ? (size_t)4096 : 16, 0};
+        char nm[96];
+        snprintf(nm, sizeof nm, "launch_floor copy kernel %zu B", kc.bytes);
+        report(nm, time_ms(g, do_kcopy, &kc, 20, 7), 2.0 * (double)kc.bytes, 0);
+    }
+    copy_ctx c = {b, a, 4096};
+    report("launch_floor runtime copy 4096 B", time_ms(g, do_copy, &c, 20, 7), 8192, 0);
+    m3_gpu_release(g, mark);
+}
+
 static void bench_copy_kernel(void **state) {
     m3_gpu *g = bench_or_skip(state);
     const size_t mark = m3_gpu_mark(g), big = (size_t)2 << 30, chk = (size_t)64 << 20;
@@ -973,6 +994,7 @@ int main(void) {
         cmocka_unit_test(bench_moe_experts),
         cmocka_unit_test(bench_kv_cache_write),
         cmocka_unit_test(bench_copy_kernel),
+        cmocka_unit_test(bench_launch_floor),
         cmocka_unit_test(bench_qkv_cache),
     };
     /* M3_BENCH_ONLY=moe_experts,attention times the benches whose name contains one of the

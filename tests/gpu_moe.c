@@ -187,7 +187,77 @@ static void moe_route_matches_ref(void **state) {
         route_case(g, 7, 256, 8, prof, true);  /* 8 experts a lane (M3_WARP 32) */
         route_case(g, 5, 64, 6, prof, false);
         route_case(g, 3, 200, 40, prof, true); /* K > M3_WARP */
+        /* passes of >= 16384 tokens: route_grp_k (E <= 128, E % 4 == 0, K + 2 <= E, K <= 8) */
+        route_case(g, 16384, 128, 4, prof, true);
+        route_case(g, 16400, 64, 6, prof, false);
+        route_case(g, 16385, 100, 8, prof, true); /* the 7th lane's experts 96..99 only */
+        route_case(g, 16384, 12, 2, prof, true);  /* lanes past E */
     }
+}
+
+/* route_grp_k's packed keys (sel's top bits + the id) against exact ties and near-equal values
+ * in a pass of >= 16384 tokens: equal values ranked by the lower id, every NaN above every
+ * value, runs of values a few ulps apart (the same packed top bits: the kernel's exact
+ * fallback), all 128 equal; every id and weight as the reference's. */
+static void moe_route_ties_many_tokens(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    m3_profile p;
+    m3_profile_fp32(&p);
+    m3_moe_params mp;
+    memset(&mp, 0, sizeof mp);
+    const int T = 16400, E = 128;
+    m3_rng r;
+    m3_rng_init(&r, m3_test_seed(), 611);
+    float *logits = malloc((size_t)T * E * sizeof *logits), *bias = malloc(E * sizeof *bias);
+    m3_fill_normal(&r, logits, (int64_t)T * E, 2.0f);
+    m3_fill_uniform(&r, bias, E, -0.1f, 0.1f);
+    for (int t = 0; t < T; t++) {
+        float *l = logits + (size_t)t * E;
+        const int kind = t % 7, o = (t * 37) % E;
+        if (kind == 0) { /* five equal at the top, scattered ids */
+            for (int e = 0; e < E; e++) l[e] = -1.0f;
+            for (int i = 0; i < 5; i++) l[(o + 29 * i) % E] = 3.0f;
+        } else if (kind == 1) { /* all equal */
+            for (int e = 0; e < E; e++) l[e] = 0.25f;
+        } else if (kind == 2) { /* two NaNs */
+            l[o] = l[(o + 50) % E] = NAN;
+        } else if (kind == 3) { /* six NaNs: ties across the K / K+1 boundary */
+            for (int i = 0; i < 6; i++) l[(o + 21 * i) % E] = NAN;
+        } else if (kind == 4) { /* six values ~40 ulps apart near sigma = 0.5, above the rest */
+            for (int e = 0; e < E; e++) l[e] = -3.0f - 0.01f * (float)(e % 5);
+            for (int i = 0; i < 6; i++) l[(o + 13 * i) % E] = 1e-5f * (float)((i * 5) % 6);
+        } else if (kind == 5) { /* equal pairs straddling ranks K-1 and K */
+            for (int e = 0; e < E; e++) l[e] = -2.0f;
+            l[o] = 4.0f, l[(o + 1) % E] = 3.0f, l[(o + 7) % E] = 3.0f, l[(o + 60) % E] = 2.5f;
+            l[(o + 61) % E] = 2.5f, l[(o + 90) % E] = 2.5f;
+        }
+    }
+    for (int K = 4; K <= 8; K += 4)
+        for (int wb = 0; wb < 2; wb++) {
+            mp.n_expert = E, mp.top_k = K;
+            const float *b = wb ? bias : NULL;
+            int32_t *ids = malloc((size_t)T * K * sizeof *ids), *want = malloc((size_t)T * K * sizeof *want);
+            float *w = malloc((size_t)T * K * sizeof *w), *wr = malloc((size_t)T * K * sizeof *wr);
+            m3_moe_route(want, wr, NULL, logits, b, T, &mp, &p);
+            float *dl = gpu_upload_f32(g, logits, (int64_t)T * E), *db = gpu_upload_f32(g, bias, E);
+            int32_t *d_ids = gpu_guard_alloc(g, (size_t)T * K * sizeof(int32_t));
+            float *d_w = gpu_guard_alloc(g, (size_t)T * K * sizeof(float));
+            GPU_OK(m3_gpu_moe_route(g, d_ids, d_w, NULL, dl, b ? db : NULL, T, &mp, &p));
+            GPU_OK(m3_gpu_download(g, ids, d_ids, (size_t)T * K * sizeof(int32_t)));
+            gpu_download_f32(g, w, d_w, (int64_t)T * K);
+            gpu_guard_check(g, d_ids, (size_t)T * K * sizeof(int32_t), "tie ids");
+            gpu_guard_check(g, d_w, (size_t)T * K * sizeof(float), "tie wts");
+            for (int t = 0; t < T; t++)
+                for (int k = 0; k < K; k++)
+                    if (ids[(size_t)t * K + k] != want[(size_t)t * K + k])
+                        m3_test_failf("route ties K=%d bias=%d token %d (kind %d) rank %d: gpu %d ref %d",
+                                      K, wb, t, t % 7, k, ids[(size_t)t * K + k], want[(size_t)t * K + k]);
+            char what[96];
+            snprintf(what, sizeof what, "route ties K=%d bias=%d wts", K, wb);
+            gpu_expect_nmse(wr, w, (int64_t)T * K, GPU_NMSE_F32, what);
+            free(ids); free(want); free(w); free(wr);
+        }
+    free(logits); free(bias);
 }
 
 /* Discrete tie rule: equal selection values go to the lower expert id. */
@@ -970,6 +1040,7 @@ int main(void) {
         cmocka_unit_test(swiglu_variants_same_bytes),
         cmocka_unit_test(moe_route_matches_ref),
         cmocka_unit_test(moe_route_ties_go_to_lower_id),
+        cmocka_unit_test(moe_route_ties_many_tokens),
         cmocka_unit_test(router_logits_match_ref),
         cmocka_unit_test(moe_experts_small),
         cmocka_unit_test(moe_experts_wide_scales),
