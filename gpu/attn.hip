@@ -27,6 +27,9 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
+#include <stdio.h> /* SESSION9-DBG */
+#include <stdlib.h>
+#include <time.h>
 
 
 #define ATTN_THREADS 128
@@ -770,6 +773,21 @@ static __device__ __forceinline__ void pc_bar_expect(uint64_t *b, uint32_t bytes
 static __device__ __forceinline__ void pc_bulk(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(sh_u32(dst)), "l"(src), "r"(bytes), "r"(sh_u32(b)) : "memory");
+}
+/* SESSION9-DBG: stores into CTA-remote shared memory that complete on the target's mbarrier
+ * (mb: its address in the target CTA, from pc_mapa) */
+static __device__ __forceinline__ void pc_sta(uint32_t a, float v, uint32_t mb) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+                 ::"r"(a), "r"(__float_as_uint(v)), "r"(mb) : "memory");
+}
+static __device__ __forceinline__ void pc_sta2(uint32_t a, float x, float y, uint32_t mb) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n"
+                 ::"r"(a), "f"(x), "f"(y), "r"(mb) : "memory");
+}
+static __device__ __forceinline__ void pc_bar_wait_cl(uint64_t *b, int par) {
+    asm volatile("{\n.reg .pred p;\nPC_WAITC:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra PC_WAITC;\n}\n" ::"r"(sh_u32(b)), "r"(par) : "memory");
 }
 static __device__ __forceinline__ void pc_bar_wait(uint64_t *b, int par) {
     asm volatile("{\n.reg .pred p;\nPC_WAIT:\n"
@@ -3427,7 +3445,12 @@ typedef struct {
     int spc; /* CTAs per chunk */
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
+    int dbg;                  /* SESSION9-DBG: variant bits */
+    unsigned long long *prof; /* SESSION9-DBG: phase stamps */
 } pc_cfg;
+/* SESSION9-DBG: thread 0's clock64 at phase i */
+#define PC_T(i) do { if (pc.prof && tid == 0) pts[i] = clock64(); } while (0)
+#define PC_NP 20
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3478,16 +3501,22 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     float *rm = reinterpret_cast<float *>(pc_raw + L.rm), *mi = reinterpret_cast<float *>(pc_raw + L.mi);
     float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
-    __shared__ uint64_t bars[2]; /* K (+ fp8 scales), V */
+    __shared__ uint64_t bars[4]; /* K (+ fp8 scales), V; SESSION9-DBG: max exchange, merge */
     __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ];
 
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    long long pts[16];
+    unsigned long long gt0 = 0;
+    if (pc.prof && tid == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt0));
+    PC_T(0);
+    if (tid == 0) /* before (a): remote stores complete on bars[2], [3] */
+        pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3);
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
+    PC_T(1);
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const bool sparse = topk != NULL;
-    if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1); /* visible after the barriers below */
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
@@ -3529,6 +3558,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
+    PC_T(2);
     const int k0 = r * kpc, nk = max(0, min(kpc, n - k0)), ng = (nk + 15) / 16;
     const int chj = k0 / ch, nch = (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
     const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
@@ -3583,8 +3613,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     }
+    PC_T(3);
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
+    PC_T(4);
     /* S = Q K^T: a warp per 8-key n-tile */
     for (int nt = warp; nt * 8 < nk; nt += NW) {
         float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
@@ -3630,6 +3662,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (lane == 0) mt[gi] = M, mf[gi] = M / c.fmax;
         }
     __syncthreads();
+    PC_T(5);
     /* the CTA's max per head (-inf without keys) */
     for (int h = warp; h < hq; h += NW) {
         float m = -INFINITY;
@@ -3638,8 +3671,25 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (lane == 0) mloc[h] = m;
     }
     __syncthreads();
+    PC_T(6);
     pc_wait(); /* (a): every CTA of the cluster runs */
-    if (spc > 1) { /* 1: the chunk's max through the chunk's CTAs */
+    if (spc > 1 && (pc.dbg & 8)) { /* SESSION9-DBG: point to point */
+        const int c0 = chj * spc, me = r - c0;
+        if (tid < spc * hq) {
+            const int to = tid / hq, h = tid % hq;
+            if (c0 + to == r) mi[me * hq + h] = mloc[h];
+            else pc_sta(pc_mapa(mi + me * hq + h, c0 + to), mloc[h], pc_mapa(bars + 2, c0 + to));
+        }
+        if (tid == 0) pc_bar_expect(bars + 2, (uint32_t)((spc - 1) * hq * 4));
+        pc_bar_wait_cl(bars + 2, 0);
+        __syncthreads(); /* the own slot */
+        if (tid < hq) {
+            float m = -INFINITY;
+            for (int j = 0; j < spc; j++) m = fmaxf(m, mi[j * hq + tid]);
+            mloc[tid] = m;
+        }
+        __syncthreads();
+    } else if (spc > 1 && !(pc.dbg & 4)) { /* 1: the chunk's max through the chunk's CTAs */
         const int c0 = chj * spc, me = r - c0;
         if (tid < spc * hq) {
             const int to = tid / hq, h = tid % hq;
@@ -3654,6 +3704,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
+    PC_T(7);
     /* the CTA's denominators (unrounded exponentials) */
     for (int h = warp; h < hq; h += NW) {
         const float m = mloc[h];
@@ -3681,6 +3732,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
             c.pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
     }
+    PC_T(8);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
@@ -3688,6 +3740,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
+    PC_T(9);
     /* O = P V: a warp per 16-dim pair of n-tiles */
     float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     const int np = warp;
@@ -3732,6 +3785,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 }
             }
         }
+    PC_T(10);
     /* 2: push (l, the chunk's max, O) to the owners; O's elements e = head Dh + dim */
     if (spc == 1) pc_wait(); /* (a) */
     const int epo = pc.epo;
@@ -3743,22 +3797,58 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 const int rr = gq + r2 * 8, e = rr * Dh + np * 16 + h2 * 8 + 2 * tq;
                 if (rr >= hq) continue;
                 const int ow = e / epo;
-                pc_st2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1]);
+                if (pc.dbg & 16)
+                    pc_sta2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1],
+                            pc_mapa(bars + 3, ow));
+                else
+                    pc_st2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1]);
             }
     __syncthreads(); /* lloc */
     for (int i = tid; i < cs * hq; i += PC_NT) {
         const int ow = i / hq, h = i % hq;
-        pc_st(pc_mapa(rl + r * hq + h, ow), lloc[h]);
-        pc_st(pc_mapa(rm + r * hq + h, ow), mloc[h]);
+        if (pc.dbg & 16) {
+            pc_sta(pc_mapa(rl + r * hq + h, ow), lloc[h], pc_mapa(bars + 3, ow));
+            pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], pc_mapa(bars + 3, ow));
+        } else {
+            pc_st(pc_mapa(rl + r * hq + h, ow), lloc[h]);
+            pc_st(pc_mapa(rm + r * hq + h, ow), mloc[h]);
+        }
     }
-    pc_arrive();
-    pc_wait();
+    PC_T(11);
+    if (pc.dbg & 16) { /* SESSION9-DBG: this owner's bytes from every CTA */
+        const int E0 = hq * Dh, ne0 = max(0, min(E0, (r + 1) * epo) - r * epo);
+        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne0 + 2 * hq) * 4));
+        pc_bar_wait_cl(bars + 3, 0);
+    } else {
+        pc_arrive();
+        pc_wait();
+    }
+    PC_T(12);
     /* 3: this owner's elements [e0, e1): per (chunk, head) the weight e^(m_j - M) and l_j,
      * per (chunk, element) the weighted partition output w_j A_j, per element the sums in
      * chunk order */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = e1 - e0, h0 = e0 / Dh;
     const int nh = ne > 0 ? (e1 - 1) / Dh - h0 + 1 : 0;
     __shared__ float mw[PC_MAX_CS][FD_MAX_HQ], ml[PC_MAX_CS][FD_MAX_HQ];
+    if (pc.dbg & 1) { /* SESSION9-DBG: timing only */
+        if (tid < ne) out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(ro[tid]);
+    } else if (pc.dbg & 2) { /* SESSION9-DBG: one pass, a thread per element */
+        if (tid < ne) {
+            const int h = (e0 + tid) / Dh;
+            float M = -INFINITY;
+            for (int jj = 0; jj < nch; jj++) M = fmaxf(M, rm[(jj * spc) * hq + h]);
+            float den = 0.0f, acc = 0.0f;
+            for (int j = 0; j < nch; j++) {
+                float l = 0.0f, oo = 0.0f;
+                for (int u = 0; u < spc; u++) l += rl[(j * spc + u) * hq + h];
+                for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + tid];
+                const float w = expf(rm[(j * spc) * hq + h] - M);
+                acc += __fmul_rn(w, c.part > 0 ? l * m3_round_bf16(oo / l) : oo);
+                den += w * l;
+            }
+            out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(acc / den);
+        }
+    } else {
     for (int i = tid; i < nch * nh; i += PC_NT) {
         const int j = i / nh, hl = i % nh, h = h0 + hl;
         float M = -INFINITY, l = 0.0f;
@@ -3767,6 +3857,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mw[j][hl] = expf(rm[(j * spc) * hq + h] - M), ml[j][hl] = l;
     }
     __syncthreads();
+    PC_T(13);
     for (int i = tid; i < nch * ne; i += PC_NT) {
         const int j = i / ne, x = i - j * ne, hl = (e0 + x) / Dh - h0;
         float oo = 0.0f;
@@ -3775,11 +3866,23 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         wa[(size_t)j * epo + x] = mw[j][hl] * (c.part > 0 ? l * m3_round_bf16(oo / l) : oo);
     }
     __syncthreads();
+    PC_T(14);
     if (tid < ne) {
         const int hl = (e0 + tid) / Dh - h0;
         float den = 0.0f, acc = 0.0f;
         for (int j = 0; j < nch; j++) den += mw[j][hl] * ml[j][hl], acc += wa[(size_t)j * epo + tid];
         out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(acc / den);
+    }
+    }
+    PC_T(15);
+    if (pc.prof && tid == 0) { /* SESSION9-DBG */
+        unsigned long long gt1, *pr = pc.prof + ((size_t)(t * gridDim.y + g) * gridDim.x + r) * PC_NP;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt1));
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        for (int i = 1; i < 16; i++) atomicAdd(pr + i, (unsigned long long)(pts[i] - pts[0]));
+        atomicAdd(pr, 1ull);
+        pr[16] = gt0, pr[17] = gt1, pr[18] = smid;
     }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
@@ -3838,8 +3941,63 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
+    /* SESSION9-DBG: M3_PC_PROF=n prints the phase stamps averaged over every n calls */
+    pc_cfg px = pc;
+    static int pn = -1, pcalls;
+    static unsigned long long *dpf;
+    const size_t npf = (size_t)pc.cs * pc.c.Hkv * n_tok;
+    if (pn < 0) {
+        const char *e = getenv("M3_PC_PROF");
+        pn = e ? atoi(e) : 0;
+    }
+    if (pn > 0 && npf <= 4096) {
+        if (!dpf) {
+            M3_HIP_TRY(cudaMalloc((void **)&dpf, (size_t)4096 * PC_NP * 8));
+            M3_HIP_TRY(cudaMemset(dpf, 0, (size_t)4096 * PC_NP * 8));
+        }
+        px.prof = dpf;
+    }
+    static struct timespec hts0;
+    if (px.prof && pcalls == 0) clock_gettime(CLOCK_MONOTONIC, &hts0);
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, px));
     *done = true;
+    if (px.prof && ++pcalls == pn) {
+        struct timespec hts1;
+        clock_gettime(CLOCK_MONOTONIC, &hts1);
+        printf("pcprof host: %.2f us per call (launch to launch, no sync)\n",
+               ((hts1.tv_sec - hts0.tv_sec) * 1e9 + (hts1.tv_nsec - hts0.tv_nsec)) * 1e-3 / (pn - 1));
+        M3_HIP_TRY(cudaStreamSynchronize(g->stream));
+        unsigned long long *h = (unsigned long long *)malloc(npf * PC_NP * 8);
+        M3_HIP_TRY(cudaMemcpy(h, dpf, npf * PC_NP * 8, cudaMemcpyDeviceToHost));
+        unsigned long long g0 = ~0ull, g1 = 0, s1 = ~0ull, e0 = ~0ull;
+        int sms[256] = {0}, nsm = 0;
+        for (size_t b = 0; b < npf; b++) {
+            const unsigned long long *x = h + b * PC_NP;
+            g0 = x[16] < g0 ? x[16] : g0, g1 = x[17] > g1 ? x[17] : g1;
+            e0 = x[17] < e0 ? x[17] : e0;
+            if (!sms[x[18] & 255]++) nsm++;
+        }
+        s1 = 0;
+        for (size_t b = 0; b < npf; b++) s1 = h[b * PC_NP + 16] - g0 > s1 ? h[b * PC_NP + 16] - g0 : s1;
+        printf("pcprof dbg=%d calls=%llu ctas=%zu sms=%d last launch: span %.2f us, starts spread %.2f us, first end %.2f us\n",
+               pc.dbg, h[0], npf, nsm, (g1 - g0) * 1e-3, s1 * 1e-3, (e0 - g0) * 1e-3);
+        for (int i = 1; i < 16; i++) {
+            double mean = 0, mx = 0, prv = 0, prvx = 0;
+            for (size_t b = 0; b < npf; b++) {
+                const double v = (double)h[b * PC_NP + i] / (double)h[b * PC_NP];
+                mean += v / npf, mx = v > mx ? v : mx;
+            }
+            for (size_t b = 0; b < npf && i > 1; b++) {
+                const double v = (double)h[b * PC_NP + i - 1] / (double)h[b * PC_NP];
+                prv += v / npf, prvx = v > prvx ? v : prvx;
+            }
+            printf("pcprof phase %2d: mean %7.0f cyc (step %6.0f) max %7.0f\n", i, mean, mean - prv, mx);
+        }
+        fflush(stdout);
+        free(h);
+        M3_HIP_TRY(cudaMemset(dpf, 0, (size_t)4096 * PC_NP * 8));
+        pcalls = 0;
+    }
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
 }
 #endif
@@ -3852,8 +4010,11 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel == 3;
+        const bool force = (src->flash_kernel & 15) == 3; /* SESSION9-DBG: bits 4+: pc.dbg */
         if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
+            static int edbg = -1; /* SESSION9-DBG: M3_PC_DBG for every pc_k launch */
+            if (edbg < 0) edbg = getenv("M3_PC_DBG") ? atoi(getenv("M3_PC_DBG")) : 0;
+            pc.dbg = (src->flash_kernel >> 4) | edbg;
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
             if (done) return M3_OK;
