@@ -3475,7 +3475,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     L.rl = o, o += pc_up((size_t)pc.cs * c.hq * 4);
     L.rm = o, o += pc_up((size_t)pc.cs * c.hq * 4);
     L.mi = o, o += pc_up((size_t)pc.spc * c.hq * 4);
-    L.wa = o, o += pc_up((size_t)pc.cs * pc.epo * 4);
+    L.wa = o, o += pc_up((size_t)pc.cs * (pc.epo * 4 > 17 * 16 ? pc.epo * 4 : 17 * 16)); /* + the merge's [nch][nh] float4 */
     L.total = o;
     return L;
 }
@@ -3489,6 +3489,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
     const pf_cfg &c = pc.c;
+    const bool pa = FP8 && c.pa; /* §4.9 (known false in the bf16 instance: no P' code there) */
     const int hq = c.hq, Dh = c.Dh, ch = c.ch, Bs = s.g.block, kpc = pc.kpc, cs = pc.cs,
               spc = pc.spc, SCP = kpc + 8, PBP = kpc + 8;
     const pc_lay L = pc_layout(pc, EB);
@@ -3511,6 +3512,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     PC_T(0);
     if (tid == 0) /* before (a): remote stores complete on bars[2], [3] */
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3);
+    for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0; /* unused P rows */
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
@@ -3529,7 +3531,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
     const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
     if (tid < width) selsh[tid] = b, vfl[tid] = ok;
-    for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0; /* unused P rows */
     const int nf = __syncthreads_count(ok); /* also: selsh, vfl visible */
     const int tail = __syncthreads_or(own);
     int n;
@@ -3597,7 +3598,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     uint32_t qa[FA_MAX_DH / 16][4];
     {
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
-        if (c.pa) { /* uniform */
+        if (pa) { /* uniform */
             for (int e = tid; e < nq; e += PC_NT)
                 qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
             __syncthreads();
@@ -3627,7 +3628,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             uint32_t bfr[2];
             if (FP8) {
                 const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
-                if (c.pa) {
+                if (pa) {
                     bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
                     pf_mma_f16(c8[s2 & 1], qa[s2], bfr);
                 } else {
@@ -3647,7 +3648,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
             if (rr >= hq || ki >= nk) continue; /* keys past nk are never read */
             float d = c8[0][i] + c8[1][i], z;
-            if (c.pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
+            if (pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
             else {
                 if (FP8) d *= ksc[ki]; /* dequantized K */
                 z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
@@ -3655,7 +3656,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             sc[(size_t)rr * SCP + ki] = z;
         }
     }
-    if (c.pa) /* §4.9: the max V scale of each 16-key tile (tiles from the chunk start) */
+    if (pa) /* §4.9: the max V scale of each 16-key tile (tiles from the chunk start) */
         for (int gi = warp; gi < ng; gi += NW) {
             float M = lane < 16 && gi * 16 + lane < nk ? vsc[gi * 16 + lane] : 0.0f;
             M = m3_warp_max(M);
@@ -3722,7 +3723,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int k2 = 0; k2 < 2; k2++)
             if (il + k2 < nk) {
                 const float ex = expf(sc[(size_t)h * SCP + il + k2] - mloc[h]);
-                if (c.pa) { /* §4.9 step 4 */
+                if (pa) { /* §4.9 step 4 */
                     const float M = mt[(il + k2) / 16];
                     pv[k2] = ex * vsc[il + k2] * c.fmax / (M + 1e-8f);
                 } else {
@@ -3730,7 +3731,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 }
             }
         *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
-            c.pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+            pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
     }
     PC_T(8);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
@@ -3766,7 +3767,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 uint32_t bfr[2];
                 if (FP8) {
                     const uint32_t w = *reinterpret_cast<const uint32_t *>(vsm + ((size_t)ks * Dh + d) * 16 + 4 * tq);
-                    if (c.pa) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
+                    if (pa) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
                         bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         pf_mma_f16(t4, a, bfr);
@@ -3830,7 +3831,46 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = e1 - e0, h0 = e0 / Dh;
     const int nh = ne > 0 ? (e1 - 1) / Dh - h0 + 1 : 0;
     __shared__ float mw[PC_MAX_CS][FD_MAX_HQ], ml[PC_MAX_CS][FD_MAX_HQ];
-    if (pc.dbg & 1) { /* SESSION9-DBG: timing only */
+    if (pc.dbg & 32) { /* SESSION9-DBG: the parallel merge */
+        float4 *mwl = reinterpret_cast<float4 *>(wa); /* [nch][nh]: w_j, l_j, 1 / l_j, w_j l_j */
+#pragma unroll 1
+        for (int i = tid; i < nch * nh; i += PC_NT) {
+            const int j = i / nh, hl = i - j * nh, h = h0 + hl;
+            float M = -INFINITY, l = 0.0f;
+#pragma unroll 1
+            for (int jj = 0; jj < nch; jj++) M = fmaxf(M, rm[(jj * spc) * hq + h]);
+#pragma unroll 1
+            for (int u = 0; u < spc; u++) l += rl[(j * spc + u) * hq + h];
+            const float w = expf(rm[(j * spc) * hq + h] - M);
+            mwl[i] = make_float4(w, l, __frcp_rn(l), w * l);
+        }
+        __syncthreads();
+        PC_T(13);
+        /* two threads an element (lanes x and x + 16 of a warp), chunks [0, nch/2) and the rest */
+        const int half = (tid >> 4) & 1, jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
+#pragma unroll 1
+        for (int xb = 0; xb < ne; xb += PC_NT / 2) {
+            const int x = xb + (tid >> 5) * 16 + (tid & 15);
+            float num = 0.0f, den = 0.0f;
+            if (x < ne) {
+                const int hl = (e0 + x) / Dh - h0;
+#pragma unroll 1
+                for (int j = ja; j < jb; j++) {
+                    const float4 f = mwl[j * nh + hl];
+                    float oo = 0.0f;
+#pragma unroll 1
+                    for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
+                    const float a = c.part > 0 ? f.y * m3_round_bf16(pd8_div(oo, f.y, f.z)) : oo;
+                    num += __fmul_rn(f.x, a);
+                    den += f.w;
+                }
+            }
+            num += __shfl_xor_sync(0xffffffffu, num, 16);
+            den += __shfl_xor_sync(0xffffffffu, den, 16);
+            if (x < ne && !half)
+                out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + x] = m3_f32_to_bf16(num / den);
+        }
+    } else if (pc.dbg & 1) { /* SESSION9-DBG: timing only */
         if (tid < ne) out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(ro[tid]);
     } else if (pc.dbg & 2) { /* SESSION9-DBG: one pass, a thread per element */
         if (tid < ne) {
