@@ -3599,8 +3599,17 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     {
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
         if (pa) { /* uniform */
-            for (int e = tid; e < nq; e += PC_NT)
-                qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+            if ((pc.dbg & 128) && s.ovf == M3_FP8_SATURATE) { /* SESSION9-DBG: hw pairs (satfinite = SATURATE) */
+                uint32_t *q2 = reinterpret_cast<uint32_t *>(qs);
+                for (int e = tid; e < nq / 2; e += PC_NT) {
+                    const uint32_t w = q2[e];
+                    q2[e] = pf_q2(m3_bf16_to_f32((uint16_t)(w & 0xFFFFu)), m3_bf16_to_f32((uint16_t)(w >> 16)),
+                                  s.g.fp8_kind, s.ovf, true);
+                }
+            } else {
+                for (int e = tid; e < nq; e += PC_NT)
+                    qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+            }
             __syncthreads();
         }
 #pragma unroll
@@ -3618,6 +3627,63 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
     PC_T(4);
+    __shared__ float wmx[NW][16], mrs[PC_MAX_KPC / 16];
+    if (pc.dbg & 64) { /* SESSION9-DBG: two n-tiles a step, the per-head max from the registers */
+        auto kstep = [&](int key, int s2, float (&acc)[4]) {
+            uint32_t bfr[2];
+            if (FP8) {
+                const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
+                if (pa) {
+                    bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
+                    pf_mma_f16(acc, qa[s2], bfr);
+                } else {
+                    bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
+                    m3_mma_bf16_16816(acc, qa[s2], bfr);
+                }
+            } else {
+                const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
+                                     (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
+                bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
+                bfr[1] = *reinterpret_cast<const uint32_t *>(kb + 16 * 8);
+                m3_mma_bf16_16816(acc, qa[s2], bfr);
+            }
+        };
+        float mx[2] = {-INFINITY, -INFINITY}; /* rows gq, gq + 8 */
+        auto kout = [&](int nt, const float (&c8)[2][4]) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
+                if (rr >= hq || ki >= nk) continue; /* keys past nk are never read */
+                float d = c8[0][i] + c8[1][i], z;
+                if (pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
+                else {
+                    if (FP8) d *= ksc[ki]; /* dequantized K */
+                    z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
+                }
+                sc[(size_t)rr * SCP + ki] = z;
+                mx[i >> 1] = fmaxf(mx[i >> 1], z);
+            }
+        };
+        for (int nt = warp; nt * 8 < nk; nt += 2 * NW) {
+            float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
+            float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+            const bool two = (nt + NW) * 8 < nk;
+#pragma unroll
+            for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+                if (s2 * 16 >= Dh) break;
+                kstep(nt * 8 + gq, s2, ca[s2 & 1]);
+                if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
+            }
+            kout(nt, ca);
+            if (two) kout(nt + NW, cb);
+        }
+#pragma unroll
+        for (int r2 = 0; r2 < 2; r2++) {
+            mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
+            mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
+        }
+        if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
+    } else
     /* S = Q K^T: a warp per 8-key n-tile */
     for (int nt = warp; nt * 8 < nk; nt += NW) {
         float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
@@ -3660,11 +3726,18 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int gi = warp; gi < ng; gi += NW) {
             float M = lane < 16 && gi * 16 + lane < nk ? vsc[gi * 16 + lane] : 0.0f;
             M = m3_warp_max(M);
-            if (lane == 0) mt[gi] = M, mf[gi] = M / c.fmax;
+            if (lane == 0) mt[gi] = M, mf[gi] = M / c.fmax, mrs[gi] = __frcp_rn(M + 1e-8f);
         }
     __syncthreads();
     PC_T(5);
     /* the CTA's max per head (-inf without keys) */
+    if (pc.dbg & 64) {
+        if (tid < hq) {
+            float m = -INFINITY;
+            for (int w = 0; w < NW; w++) m = fmaxf(m, wmx[w][tid]);
+            mloc[tid] = m;
+        }
+    } else
     for (int h = warp; h < hq; h += NW) {
         float m = -INFINITY;
         for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[(size_t)h * SCP + i]);
@@ -3706,6 +3779,33 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         __syncthreads();
     }
     PC_T(7);
+    if (pc.dbg & 64) { /* SESSION9-DBG: P and l in one pass, a warp per head */
+        for (int h = warp; h < hq; h += NW) {
+            const float m = mloc[h];
+            float l = 0.0f;
+            for (int ip = lane; ip < ng * 8; ip += 32) {
+                const int il = 2 * ip;
+                float pv[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int k2 = 0; k2 < 2; k2++)
+                    if (il + k2 < nk) {
+                        const float ex = expf(sc[(size_t)h * SCP + il + k2] - m);
+                        l += ex;
+                        if (pa) { /* §4.9 step 4 */
+                            const int ti = (il + k2) / 16;
+                            pv[k2] = (pc.dbg & 128) ? pd8_div(ex * vsc[il + k2] * c.fmax, mt[ti] + 1e-8f, mrs[ti])
+                                                    : ex * vsc[il + k2] * c.fmax / (mt[ti] + 1e-8f);
+                        } else {
+                            pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
+                        }
+                    }
+                *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
+                    pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+            }
+            l = m3_warp_sum(l);
+            if (lane == 0) lloc[h] = l;
+        }
+    } else {
     /* the CTA's denominators (unrounded exponentials) */
     for (int h = warp; h < hq; h += NW) {
         const float m = mloc[h];
@@ -3732,6 +3832,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
             pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+    }
     }
     PC_T(8);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
