@@ -858,6 +858,12 @@ static __device__ __forceinline__ bool attn_last_block(unsigned int *cnt, unsign
     return true;
 }
 
+static __device__ __forceinline__ float pd8_div(float x, float y, float ry);
+template <bool LOG2>
+static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
+                                const float *rm, int ls, int nch, int spc, bool part, int e0,
+                                int ne, int Dh, float4 *mwl, int tid, int nt);
+
 /* bytes of one warp's stage: K and V of SD_KT keys, pitch Dh + 8 bf16 */
 static __host__ __device__ inline size_t sd_stage_bytes(int Dh) {
     return (size_t)2 * SD_KT * (Dh + 8) * sizeof(m3_bf16);
@@ -881,6 +887,8 @@ static __global__ void __launch_bounds__(W * 32)
     if (CL) pc_arrive_relaxed(); /* (a): this CTA runs */
 #endif
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
+    const int sdbg = tpb >> 24; /* SESSION9-DBG */
+    tpb &= 0xFFFFFF;
     const int c = (int)blockIdx.x, g = (int)blockIdx.y, t = t0 + (int)blockIdx.z;
     const int nch = (int)gridDim.x, hq = H / Hkv, nr = width + 1, tpr = block / SD_KT;
     const int KP = Dh + 8, nks = Dh / 16, dv8 = Dh / 8;
@@ -1088,6 +1096,30 @@ static __global__ void __launch_bounds__(W * 32)
             hm[tid] = M, hl[tid] = L;
         }
         pc_wait(); /* (a) */
+        if (sdbg & 1) { /* SESSION9-DBG: 4 elements a thread, the shared merge */
+            for (int e = 4 * tid; e < E; e += 4 * W * 32) {
+                const int h = e / Dh, d = e % Dh, ow = e / epo;
+                float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int w = 0; w < W; w++) {
+                    const float4 b = *reinterpret_cast<const float4 *>(ob + w * wsz + h * OP + d);
+                    A.x += b.x, A.y += b.y, A.z += b.z, A.w += b.w;
+                }
+                const uint32_t a = pc_mapa(ro + (size_t)c * epo + (e - ow * epo), ow);
+                pc_st2(a, A.x, A.y), pc_st2(a + 8, A.z, A.w);
+            }
+            __syncthreads(); /* hm, hl */
+            for (int i = tid; i < nch * hq; i += W * 32) {
+                const int ow = i / hq, h = i % hq;
+                pc_st(pc_mapa(rlv + c * 16 + h, ow), hl[h]);
+                pc_st(pc_mapa(rmv + c * 16 + h, ow), hm[h]);
+            }
+            pc_arrive();
+            pc_wait();
+            const int e0 = c * epo, ne = max(0, min(E, e0 + epo) - e0);
+            cl_merge<true>(out + (size_t)t * H * Dh + (size_t)(g * hq) * Dh + e0, ro, epo, rlv, rmv, 16, nch,
+                           1, false, e0, ne, Dh, reinterpret_cast<float4 *>(sd_raw), tid, W * 32);
+            return;
+        }
         for (int e = tid; e < E; e += W * 32) {
             const int h = e / Dh, d = e % Dh, ow = e / epo;
             float A = 0.0f;
@@ -1282,9 +1314,11 @@ static m3_status sdec_launch_cl(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, i
     if (!cl_ready(g, (const void *)fn, &cfg, attr[g->device & 63], ok[g->device & 63][nch],
                   no[g->device & 63][nch]))
         return M3_OK;
+    static int sdbg = -1; /* SESSION9-DBG: M3_SD_DBG */
+    if (sdbg < 0) sdbg = getenv("M3_SD_DBG") ? atoi(getenv("M3_SD_DBG")) : 0;
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, (float *)NULL, (float *)NULL, (unsigned int *)NULL,
                                   d_q, ld_q, d_k, d_v, d_pos, d_topk, n_tok, 0, width, block, H, Hkv,
-                                  Dh, ap->scale, p->attn_scores == M3_SCORES_BF16_EAGER, tpb));
+                                  Dh, ap->scale, p->attn_scores == M3_SCORES_BF16_EAGER, tpb | (sdbg << 24)));
     *done = true;
     return m3_gpu_launched_(g, "sdec_k", __FILE__, __LINE__);
 }
@@ -3404,6 +3438,63 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
 }
 
 #if defined(M3_HIP_NVIDIA)
+/* The owner's step of a cluster merge (pc_k, sdec_k's T = 1 launch): this CTA owns elements
+ * [e0, e0 + ne) of the row's hq x Dh outputs (orow = their first); CTA u of the cluster left
+ * its fp32 partial of them in ro[u epo + x], its denominator and max per head in rl[u ls + h],
+ * rm[u ls + h]; chunk j is CTAs [j spc, (j + 1) spc) (whose maxes are the chunk's). First, by
+ * nch x nh threads (nh: the heads of the owner's elements), per (chunk, head): l_j (its CTAs'
+ * in rank order), M over the chunks with l_j > 0 and w_j = e^(m_j - M) (2^ when LOG2; 0 for
+ * an empty chunk), into mwl [nch][nh]; then two threads an element (lanes x and x + 16),
+ * chunks [0, (nch + 1) / 2) and the rest: sum_j w_j A_j and sum_j w_j l_j, A_j = l_j
+ * bf16(O_j / l_j) when part (the quotient correctly rounded: pd8_div; l_j >= 1), else O_j
+ * (O_j: the chunk's CTAs' partials in rank order), summed in chunk order per half, the halves
+ * added; out = bf16(num / den). Short chains per thread: a thread-serial merge of 8-16
+ * chunks measured ~2.5 us (session 9). Call with all nt threads (a multiple of 32). */
+template <bool LOG2>
+static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
+                                const float *rm, int ls, int nch, int spc, bool part, int e0,
+                                int ne, int Dh, float4 *mwl, int tid, int nt) {
+    const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0;
+#pragma unroll 1
+    for (int i = tid; i < nch * nh; i += nt) {
+        const int j = i / nh, h = h0 + (i - j * nh);
+        float M = -INFINITY, l = 0.0f;
+#pragma unroll 1
+        for (int jj = 0; jj < nch; jj++) {
+            float lj = 0.0f;
+#pragma unroll 1
+            for (int u = 0; u < spc; u++) lj += rl[(jj * spc + u) * ls + h];
+            if (lj > 0.0f) M = fmaxf(M, rm[jj * spc * ls + h]);
+            if (jj == j) l = lj;
+        }
+        const float x = rm[j * spc * ls + h] - M, w = l > 0.0f ? (LOG2 ? exp2f(x) : expf(x)) : 0.0f;
+        mwl[i] = make_float4(w, l, l > 0.0f ? __frcp_rn(l) : 0.0f, w * l);
+    }
+    __syncthreads();
+    const int half = (tid >> 4) & 1, jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
+#pragma unroll 1
+    for (int xb = 0; xb < ne; xb += nt / 2) {
+        const int x = xb + (tid >> 5) * 16 + (tid & 15);
+        float num = 0.0f, den = 0.0f;
+        if (x < ne) {
+            const int hl = (e0 + x) / Dh - h0;
+#pragma unroll 1
+            for (int j = ja; j < jb; j++) {
+                const float4 f = mwl[j * nh + hl];
+                float oo = 0.0f;
+#pragma unroll 1
+                for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
+                const float a = part && f.y > 0.0f ? f.y * m3_round_bf16(pd8_div(oo, f.y, f.z)) : oo;
+                num += __fmul_rn(f.x, a);
+                den += f.w;
+            }
+        }
+        num += __shfl_xor_sync(0xffffffffu, num, 16);
+        den += __shfl_xor_sync(0xffffffffu, den, 16);
+        if (x < ne && !half) orow[x] = m3_f32_to_bf16(num / den);
+    }
+}
+
 /* ---- batch-1 decode over thread-block clusters: pc_k (session 8) -------------------------
  * For grids of few (token, kv head) rows (decode of one token: 4 rows at M3 shapes), where
  * pf_part_k runs 8 blocks a row on a quarter of the SMs and its merge is a chain (partial
@@ -3933,44 +4024,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int nh = ne > 0 ? (e1 - 1) / Dh - h0 + 1 : 0;
     __shared__ float mw[PC_MAX_CS][FD_MAX_HQ], ml[PC_MAX_CS][FD_MAX_HQ];
     if (pc.dbg & 32) { /* SESSION9-DBG: the parallel merge */
-        float4 *mwl = reinterpret_cast<float4 *>(wa); /* [nch][nh]: w_j, l_j, 1 / l_j, w_j l_j */
-#pragma unroll 1
-        for (int i = tid; i < nch * nh; i += PC_NT) {
-            const int j = i / nh, hl = i - j * nh, h = h0 + hl;
-            float M = -INFINITY, l = 0.0f;
-#pragma unroll 1
-            for (int jj = 0; jj < nch; jj++) M = fmaxf(M, rm[(jj * spc) * hq + h]);
-#pragma unroll 1
-            for (int u = 0; u < spc; u++) l += rl[(j * spc + u) * hq + h];
-            const float w = expf(rm[(j * spc) * hq + h] - M);
-            mwl[i] = make_float4(w, l, __frcp_rn(l), w * l);
-        }
-        __syncthreads();
+        cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
+                        c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
         PC_T(13);
-        /* two threads an element (lanes x and x + 16 of a warp), chunks [0, nch/2) and the rest */
-        const int half = (tid >> 4) & 1, jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
-#pragma unroll 1
-        for (int xb = 0; xb < ne; xb += PC_NT / 2) {
-            const int x = xb + (tid >> 5) * 16 + (tid & 15);
-            float num = 0.0f, den = 0.0f;
-            if (x < ne) {
-                const int hl = (e0 + x) / Dh - h0;
-#pragma unroll 1
-                for (int j = ja; j < jb; j++) {
-                    const float4 f = mwl[j * nh + hl];
-                    float oo = 0.0f;
-#pragma unroll 1
-                    for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
-                    const float a = c.part > 0 ? f.y * m3_round_bf16(pd8_div(oo, f.y, f.z)) : oo;
-                    num += __fmul_rn(f.x, a);
-                    den += f.w;
-                }
-            }
-            num += __shfl_xor_sync(0xffffffffu, num, 16);
-            den += __shfl_xor_sync(0xffffffffu, den, 16);
-            if (x < ne && !half)
-                out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + x] = m3_f32_to_bf16(num / den);
-        }
     } else if (pc.dbg & 1) { /* SESSION9-DBG: timing only */
         if (tid < ne) out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(ro[tid]);
     } else if (pc.dbg & 2) { /* SESSION9-DBG: one pass, a thread per element */
