@@ -3442,9 +3442,9 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
  * [e0, e0 + ne) of the row's hq x Dh outputs (orow = their first); CTA u of the cluster left
  * its fp32 partial of them in ro[u epo + x], its denominator and max per head in rl[u ls + h],
  * rm[u ls + h]; chunk j is CTAs [j spc, (j + 1) spc) (whose maxes are the chunk's). First, by
- * nch x nh threads (nh: the heads of the owner's elements), per (chunk, head): l_j (its CTAs'
- * in rank order), M over the chunks with l_j > 0 and w_j = e^(m_j - M) (2^ when LOG2; 0 for
- * an empty chunk), into mwl [nch][nh]; then two threads an element (lanes x and x + 16),
+ * a warp per head of the owner's elements (lanes: CTAs, then chunks; nch spc <= 32), per
+ * (chunk, head): l_j (its CTAs' in rank order), M over the chunks with l_j > 0 and w_j =
+ * e^(m_j - M) (2^ when LOG2; 0 for an empty chunk), into mwl [nch][nh]; then two threads an element (lanes x and x + 16),
  * chunks [0, (nch + 1) / 2) and the rest: sum_j w_j A_j and sum_j w_j l_j, A_j = l_j
  * bf16(O_j / l_j) when part (the quotient correctly rounded: pd8_div; l_j >= 1), else O_j
  * (O_j: the chunk's CTAs' partials in rank order), summed in chunk order per half, the halves
@@ -3454,21 +3454,23 @@ template <bool LOG2>
 static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
                                 const float *rm, int ls, int nch, int spc, bool part, int e0,
                                 int ne, int Dh, float4 *mwl, int tid, int nt) {
-    const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0;
-#pragma unroll 1
-    for (int i = tid; i < nch * nh; i += nt) {
-        const int j = i / nh, h = h0 + (i - j * nh);
-        float M = -INFINITY, l = 0.0f;
-#pragma unroll 1
-        for (int jj = 0; jj < nch; jj++) {
-            float lj = 0.0f;
-#pragma unroll 1
-            for (int u = 0; u < spc; u++) lj += rl[(jj * spc + u) * ls + h];
-            if (lj > 0.0f) M = fmaxf(M, rm[jj * spc * ls + h]);
-            if (jj == j) l = lj;
+    const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0, lane = tid & 31;
+    /* a warp per head: lane u < cs = nch spc reads CTA u's (l, m); lane j < nch forms chunk j's */
+    for (int hl = tid >> 5; hl < nh; hl += nt >> 5) {
+        const int h = h0 + hl;
+        const float lv = lane < nch * spc ? rl[lane * ls + h] : 0.0f;
+        const float mv = lane < nch * spc ? rm[lane * ls + h] : -INFINITY;
+        float l = 0.0f;
+        for (int u = 0; u < spc; u++) l += __shfl_sync(0xffffffffu, lv, (lane * spc + u) & 31);
+        const float m = __shfl_sync(0xffffffffu, mv, (lane * spc) & 31);
+        const bool on = lane < nch && l > 0.0f;
+        float M = on ? m : -INFINITY;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        if (lane < nch) {
+            const float x = m - M, w = on ? (LOG2 ? exp2f(x) : expf(x)) : 0.0f;
+            mwl[lane * nh + hl] = make_float4(w, l, on ? __frcp_rn(l) : 0.0f, w * l);
         }
-        const float x = rm[j * spc * ls + h] - M, w = l > 0.0f ? (LOG2 ? exp2f(x) : expf(x)) : 0.0f;
-        mwl[i] = make_float4(w, l, l > 0.0f ? __frcp_rn(l) : 0.0f, w * l);
     }
     __syncthreads();
     const int half = (tid >> 4) & 1, jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
@@ -3478,11 +3480,11 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
         float num = 0.0f, den = 0.0f;
         if (x < ne) {
             const int hl = (e0 + x) / Dh - h0;
-#pragma unroll 1
+#pragma unroll 2
             for (int j = ja; j < jb; j++) {
                 const float4 f = mwl[j * nh + hl];
                 float oo = 0.0f;
-#pragma unroll 1
+#pragma unroll 2
                 for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
                 const float a = part && f.y > 0.0f ? f.y * m3_round_bf16(pd8_div(oo, f.y, f.z)) : oo;
                 num += __fmul_rn(f.x, a);
@@ -3593,17 +3595,19 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     float *rm = reinterpret_cast<float *>(pc_raw + L.rm), *mi = reinterpret_cast<float *>(pc_raw + L.mi);
     float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
-    __shared__ uint64_t bars[4]; /* K (+ fp8 scales), V; SESSION9-DBG: max exchange, merge */
-    __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ];
+    /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's merge inputs */
+    __shared__ uint64_t bars[4];
+    __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
-    long long pts[16];
+    long long pts[16]; /* SESSION9-DBG */
     unsigned long long gt0 = 0;
     if (pc.prof && tid == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt0));
     PC_T(0);
-    if (tid == 0) /* before (a): remote stores complete on bars[2], [3] */
-        pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3);
-    for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0; /* unused P rows */
+    /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
+     * before (a): other CTAs' stores complete on bars[2], [3]) and the unused P rows */
+    if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3);
+    for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
@@ -3657,20 +3661,22 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-    /* K and V by bulk copies, group gi (16 keys, one page) by thread gi: K [gi][Dh/x][16 keys]
-     * [16 B] (the page's units: one copy when the view's page is 16 keys, else a 256-byte run
-     * per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes each;
-     * K and its scales complete on bars[0], V on bars[1] */
+    /* K and V by bulk copies, group gi (16 keys, one page) by lane gi / NW of warp gi % NW (a
+     * bulk copy takes the uniform datapath: the lanes of one warp issue one after another, the
+     * warps at once): K [gi][Dh/x][16 keys][16 B] (the page's units: one copy when the view's
+     * page is 16 keys, else a 256-byte run per dim unit), V [gi][16/x key units][Dh][16 B] (one
+     * copy), fp8 scales 64 bytes each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
     if (tid == 0) {
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
     }
-    if (tid < ng) {
-        const int k = k0 + tid * 16, kb = k / Bs;
+    const int gi = (pc.dbg & 2) ? tid : warp + NW * lane; /* SESSION9-DBG: 2 = one warp issues */
+    if (gi < ng) {
+        const int k = k0 + gi * 16, kb = k / Bs;
         int64_t ko, vo, so;
         pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
-        unsigned char *kd = ksm + (size_t)tid * ku * 16;
+        unsigned char *kd = ksm + (size_t)gi * ku * 16;
         if (Pv == 16) {
             pc_bulk(kd, kbase + ko * EB, (uint32_t)ku * 16, bars);
         } else {
@@ -3678,10 +3684,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 pc_bulk(kd + dg * 256, kbase + (ko + (int64_t)dg * Pv * XC) * EB, 256, bars);
         }
         if (FP8) {
-            pc_bulk(ksc + tid * 16, s.k_scale + so, 64, bars);
-            pc_bulk(vsc + tid * 16, s.v_scale + so, 64, bars);
+            pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
+            pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
         }
-        pc_bulk(vsm + (size_t)tid * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
+        pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
@@ -3690,7 +3696,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     {
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
         if (pa) { /* uniform */
-            if ((pc.dbg & 128) && s.ovf == M3_FP8_SATURATE) { /* SESSION9-DBG: hw pairs (satfinite = SATURATE) */
+            if (s.ovf == M3_FP8_SATURATE) { /* two at a time by the hardware (satfinite: SATURATE) */
                 uint32_t *q2 = reinterpret_cast<uint32_t *>(qs);
                 for (int e = tid; e < nq / 2; e += PC_NT) {
                     const uint32_t w = q2[e];
@@ -3718,88 +3724,29 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
     PC_T(4);
-    __shared__ float wmx[NW][16], mrs[PC_MAX_KPC / 16];
-    if (pc.dbg & 64) { /* SESSION9-DBG: two n-tiles a step, the per-head max from the registers */
-        auto kstep = [&](int key, int s2, float (&acc)[4]) {
-            uint32_t bfr[2];
-            if (FP8) {
-                const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
-                if (pa) {
-                    bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
-                    pf_mma_f16(acc, qa[s2], bfr);
-                } else {
-                    bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
-                    m3_mma_bf16_16816(acc, qa[s2], bfr);
-                }
+    /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
+     * the max of its scores per head row (gq, gq + 8) */
+    auto kstep = [&](int key, int s2, float (&acc)[4]) {
+        uint32_t bfr[2];
+        if (FP8) {
+            const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
+            if (pa) {
+                bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
+                pf_mma_f16(acc, qa[s2], bfr);
             } else {
-                const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
-                                     (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
-                bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
-                bfr[1] = *reinterpret_cast<const uint32_t *>(kb + 16 * 8);
+                bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
                 m3_mma_bf16_16816(acc, qa[s2], bfr);
             }
-        };
-        float mx[2] = {-INFINITY, -INFINITY}; /* rows gq, gq + 8 */
-        auto kout = [&](int nt, const float (&c8)[2][4]) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
-                if (rr >= hq || ki >= nk) continue; /* keys past nk are never read */
-                float d = c8[0][i] + c8[1][i], z;
-                if (pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
-                else {
-                    if (FP8) d *= ksc[ki]; /* dequantized K */
-                    z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
-                }
-                sc[(size_t)rr * SCP + ki] = z;
-                mx[i >> 1] = fmaxf(mx[i >> 1], z);
-            }
-        };
-        for (int nt = warp; nt * 8 < nk; nt += 2 * NW) {
-            float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
-            float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-            const bool two = (nt + NW) * 8 < nk;
-#pragma unroll
-            for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
-                if (s2 * 16 >= Dh) break;
-                kstep(nt * 8 + gq, s2, ca[s2 & 1]);
-                if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
-            }
-            kout(nt, ca);
-            if (two) kout(nt + NW, cb);
+        } else {
+            const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
+                                 (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
+            bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
+            bfr[1] = *reinterpret_cast<const uint32_t *>(kb + 16 * 8);
+            m3_mma_bf16_16816(acc, qa[s2], bfr);
         }
-#pragma unroll
-        for (int r2 = 0; r2 < 2; r2++) {
-            mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
-            mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
-        }
-        if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
-    } else
-    /* S = Q K^T: a warp per 8-key n-tile */
-    for (int nt = warp; nt * 8 < nk; nt += NW) {
-        float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
-        const int key = nt * 8 + gq;
-#pragma unroll
-        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
-            if (s2 * 16 >= Dh) break;
-            uint32_t bfr[2];
-            if (FP8) {
-                const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
-                if (pa) {
-                    bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
-                    pf_mma_f16(c8[s2 & 1], qa[s2], bfr);
-                } else {
-                    bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
-                    m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
-                }
-            } else {
-                const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
-                                     (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
-                bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
-                bfr[1] = *reinterpret_cast<const uint32_t *>(kb + 16 * 8);
-                m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
-            }
-        }
+    };
+    float mx[2] = {-INFINITY, -INFINITY};
+    auto kout = [&](int nt, const float (&c8)[2][4]) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
@@ -3811,34 +3758,48 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
             }
             sc[(size_t)rr * SCP + ki] = z;
+            mx[i >> 1] = fmaxf(mx[i >> 1], z);
         }
+    };
+    for (int nt = warp; nt * 8 < nk; nt += 2 * NW) {
+        float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
+        float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        const bool two = (nt + NW) * 8 < nk; /* warp-uniform */
+#pragma unroll
+        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+            if (s2 * 16 >= Dh) break;
+            kstep(nt * 8 + gq, s2, ca[s2 & 1]);
+            if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
+        }
+        kout(nt, ca);
+        if (two) kout(nt + NW, cb);
     }
-    if (pa) /* §4.9: the max V scale of each 16-key tile (tiles from the chunk start) */
-        for (int gi = warp; gi < ng; gi += NW) {
-            float M = lane < 16 && gi * 16 + lane < nk ? vsc[gi * 16 + lane] : 0.0f;
+#pragma unroll
+    for (int r2 = 0; r2 < 2; r2++) {
+        mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
+        mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
+    }
+    if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
+    if (pa) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
+             * and 1 / (M + 1e-8), the quotient's reciprocal */
+        for (int gt = warp; gt < ng; gt += NW) {
+            float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
             M = m3_warp_max(M);
-            if (lane == 0) mt[gi] = M, mf[gi] = M / c.fmax, mrs[gi] = __frcp_rn(M + 1e-8f);
+            if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
         }
     __syncthreads();
     PC_T(5);
-    /* the CTA's max per head (-inf without keys) */
-    if (pc.dbg & 64) {
-        if (tid < hq) {
-            float m = -INFINITY;
-            for (int w = 0; w < NW; w++) m = fmaxf(m, wmx[w][tid]);
-            mloc[tid] = m;
-        }
-    } else
-    for (int h = warp; h < hq; h += NW) {
+    /* the CTA's max per head (-inf without keys): over the warps' maxes */
+    if (tid < hq) {
         float m = -INFINITY;
-        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[(size_t)h * SCP + i]);
-        m = m3_warp_max(m);
-        if (lane == 0) mloc[h] = m;
+        for (int w = 0; w < NW; w++) m = fmaxf(m, wmx[w][tid]);
+        mloc[tid] = m;
     }
     __syncthreads();
     PC_T(6);
     pc_wait(); /* (a): every CTA of the cluster runs */
-    if (spc > 1 && (pc.dbg & 8)) { /* SESSION9-DBG: point to point */
+    if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
+                    * on their bars[2]: no cluster-wide barrier), the max of the spc values */
         const int c0 = chj * spc, me = r - c0;
         if (tid < spc * hq) {
             const int to = tid / hq, h = tid % hq;
@@ -3854,76 +3815,35 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             mloc[tid] = m;
         }
         __syncthreads();
-    } else if (spc > 1 && !(pc.dbg & 4)) { /* 1: the chunk's max through the chunk's CTAs */
-        const int c0 = chj * spc, me = r - c0;
-        if (tid < spc * hq) {
-            const int to = tid / hq, h = tid % hq;
-            pc_st(pc_mapa(mi + me * hq + h, c0 + to), mloc[h]);
-        }
-        pc_arrive();
-        pc_wait();
-        if (tid < hq) {
-            float m = -INFINITY;
-            for (int j = 0; j < spc; j++) m = fmaxf(m, mi[j * hq + tid]);
-            mloc[tid] = m;
-        }
-        __syncthreads();
     }
     PC_T(7);
-    if (pc.dbg & 64) { /* SESSION9-DBG: P and l in one pass, a warp per head */
-        for (int h = warp; h < hq; h += NW) {
-            const float m = mloc[h];
-            float l = 0.0f;
-            for (int ip = lane; ip < ng * 8; ip += 32) {
-                const int il = 2 * ip;
-                float pv[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int k2 = 0; k2 < 2; k2++)
-                    if (il + k2 < nk) {
-                        const float ex = expf(sc[(size_t)h * SCP + il + k2] - m);
-                        l += ex;
-                        if (pa) { /* §4.9 step 4 */
-                            const int ti = (il + k2) / 16;
-                            pv[k2] = (pc.dbg & 128) ? pd8_div(ex * vsc[il + k2] * c.fmax, mt[ti] + 1e-8f, mrs[ti])
-                                                    : ex * vsc[il + k2] * c.fmax / (mt[ti] + 1e-8f);
-                        } else {
-                            pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
-                        }
-                    }
-                *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
-                    pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
-            }
-            l = m3_warp_sum(l);
-            if (lane == 0) lloc[h] = l;
-        }
-    } else {
-    /* the CTA's denominators (unrounded exponentials) */
+    /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
+     * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
+     * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
+     * quotient below the normal range is an fp8 zero either way) */
     for (int h = warp; h < hq; h += NW) {
         const float m = mloc[h];
         float l = 0.0f;
-        for (int i = lane; i < nk; i += 32) l += expf(sc[(size_t)h * SCP + i] - m);
+        for (int ip = lane; ip < ng * 8; ip += 32) {
+            const int il = 2 * ip;
+            float pv[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int k2 = 0; k2 < 2; k2++)
+                if (il + k2 < nk) {
+                    const float ex = expf(sc[(size_t)h * SCP + il + k2] - m);
+                    l += ex;
+                    if (pa) { /* §4.9 step 4 */
+                        const int ti = (il + k2) / 16;
+                        pv[k2] = pd8_div(ex * vsc[il + k2] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
+                    } else {
+                        pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
+                    }
+                }
+            *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
+                pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+        }
         l = m3_warp_sum(l);
         if (lane == 0) lloc[h] = l;
-    }
-    /* P of the CTA's keys, two keys per item (zero past nk): bf16 P (fp8: times the V
-     * scale), or the §4.9 P' codes as fp16 */
-    for (int e = tid; e < hq * (ng * 8); e += PC_NT) {
-        const int h = e / (ng * 8), il = 2 * (e % (ng * 8));
-        float pv[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int k2 = 0; k2 < 2; k2++)
-            if (il + k2 < nk) {
-                const float ex = expf(sc[(size_t)h * SCP + il + k2] - mloc[h]);
-                if (pa) { /* §4.9 step 4 */
-                    const float M = mt[(il + k2) / 16];
-                    pv[k2] = ex * vsc[il + k2] * c.fmax / (M + 1e-8f);
-                } else {
-                    pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
-                }
-            }
-        *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
-            pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
-    }
     }
     PC_T(8);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
@@ -3934,53 +3854,65 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     }
     __syncthreads();
     PC_T(9);
-    /* O = P V: a warp per 16-dim pair of n-tiles */
-    float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    /* O = P V: a warp per 16-dim pair of n-tiles; even and odd k-steps into two accumulators
+     * (two independent mma chains), added at the end */
+    float o[2][4] = {}, o1[2][4] = {};
     const int np = warp;
-    if (np * 16 < Dh)
-        for (int ks = 0; ks < ng; ks++) {
-            uint32_t a[4];
+    auto pvstep = [&](int ks, float (&oo)[2][4]) {
+        uint32_t a[4];
+        if (FP8) {
+            const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
+            a[0] = *reinterpret_cast<const uint32_t *>(pr);
+            a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+            a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
+            a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
+        } else {
+            const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
+            a[0] = *reinterpret_cast<const uint32_t *>(pr);
+            a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+            a[2] = *reinterpret_cast<const uint32_t *>(pr + 8);
+            a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8);
+        }
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            const int d = np * 16 + h2 * 8 + gq;
+            uint32_t bfr[2];
             if (FP8) {
-                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
-                a[0] = *reinterpret_cast<const uint32_t *>(pr);
-                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
-                a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
-                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
-            } else {
-                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
-                a[0] = *reinterpret_cast<const uint32_t *>(pr);
-                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
-                a[2] = *reinterpret_cast<const uint32_t *>(pr + 8);
-                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8);
-            }
+                const uint32_t w = *reinterpret_cast<const uint32_t *>(vsm + ((size_t)ks * Dh + d) * 16 + 4 * tq);
+                if (pa) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
+                    bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
+                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    pf_mma_f16(t4, a, bfr);
+                    const float f = mf[ks];
 #pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                const int d = np * 16 + h2 * 8 + gq;
-                uint32_t bfr[2];
-                if (FP8) {
-                    const uint32_t w = *reinterpret_cast<const uint32_t *>(vsm + ((size_t)ks * Dh + d) * 16 + 4 * tq);
-                    if (pa) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
-                        bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
-                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        pf_mma_f16(t4, a, bfr);
-                        const float f = mf[ks];
-#pragma unroll
-                        for (int i = 0; i < 4; i++) o[h2][i] += t4[i] * f;
-                    } else {
-                        bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
-                        m3_mma_bf16_16816(o[h2], a, bfr);
-                    }
+                    for (int i = 0; i < 4; i++) oo[h2][i] += t4[i] * f;
                 } else {
-                    const uint16_t *vb = reinterpret_cast<const uint16_t *>(vsm) + ((size_t)(2 * ks) * Dh + d) * 8 + 2 * tq;
-                    bfr[0] = *reinterpret_cast<const uint32_t *>(vb);
-                    bfr[1] = *reinterpret_cast<const uint32_t *>(vb + (size_t)Dh * 8);
-                    m3_mma_bf16_16816(o[h2], a, bfr);
+                    bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
+                    m3_mma_bf16_16816(oo[h2], a, bfr);
                 }
+            } else {
+                const uint16_t *vb = reinterpret_cast<const uint16_t *>(vsm) + ((size_t)(2 * ks) * Dh + d) * 8 + 2 * tq;
+                bfr[0] = *reinterpret_cast<const uint32_t *>(vb);
+                bfr[1] = *reinterpret_cast<const uint32_t *>(vb + (size_t)Dh * 8);
+                m3_mma_bf16_16816(oo[h2], a, bfr);
             }
         }
+    };
+    if (np * 16 < Dh)
+        for (int ks = 0; ks < ng; ks += 2) {
+            pvstep(ks, o);
+            if (ks + 1 < ng) {
+                if (pc.dbg & 4) pvstep(ks + 1, o); /* SESSION9-DBG: 4 = one chain */
+                else pvstep(ks + 1, o1);
+            }
+        }
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[h2][i] += o1[h2][i];
     PC_T(10);
-    /* 2: push (l, the chunk's max, O) to the owners; O's elements e = head Dh + dim */
-    if (spc == 1) pc_wait(); /* (a) */
+    /* 2: push (l, the chunk's max, O) to the owners (st.async, completing on the owner's
+     * bars[3]); O's elements e = head Dh + dim */
     const int epo = pc.epo;
     if (np * 16 < Dh)
 #pragma unroll
@@ -3990,94 +3922,32 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 const int rr = gq + r2 * 8, e = rr * Dh + np * 16 + h2 * 8 + 2 * tq;
                 if (rr >= hq) continue;
                 const int ow = e / epo;
-                if (pc.dbg & 16)
-                    pc_sta2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1],
-                            pc_mapa(bars + 3, ow));
-                else
-                    pc_st2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1]);
+                pc_sta2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1],
+                        pc_mapa(bars + 3, ow));
             }
     __syncthreads(); /* lloc */
     for (int i = tid; i < cs * hq; i += PC_NT) {
         const int ow = i / hq, h = i % hq;
-        if (pc.dbg & 16) {
-            pc_sta(pc_mapa(rl + r * hq + h, ow), lloc[h], pc_mapa(bars + 3, ow));
-            pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], pc_mapa(bars + 3, ow));
-        } else {
-            pc_st(pc_mapa(rl + r * hq + h, ow), lloc[h]);
-            pc_st(pc_mapa(rm + r * hq + h, ow), mloc[h]);
-        }
+        const uint32_t mb = pc_mapa(bars + 3, ow);
+        pc_sta(pc_mapa(rl + r * hq + h, ow), lloc[h], mb);
+        pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], mb);
     }
     PC_T(11);
-    if (pc.dbg & 16) { /* SESSION9-DBG: this owner's bytes from every CTA */
-        const int E0 = hq * Dh, ne0 = max(0, min(E0, (r + 1) * epo) - r * epo);
-        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne0 + 2 * hq) * 4));
-        pc_bar_wait_cl(bars + 3, 0);
-    } else {
-        pc_arrive();
-        pc_wait();
-    }
+    /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
+     * CTA only exits after the stores into it completed, and none reads another's memory) */
+    const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
+    if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
+    pc_bar_wait_cl(bars + 3, 0);
     PC_T(12);
-    /* 3: this owner's elements [e0, e1): per (chunk, head) the weight e^(m_j - M) and l_j,
-     * per (chunk, element) the weighted partition output w_j A_j, per element the sums in
-     * chunk order */
-    const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = e1 - e0, h0 = e0 / Dh;
-    const int nh = ne > 0 ? (e1 - 1) / Dh - h0 + 1 : 0;
-    __shared__ float mw[PC_MAX_CS][FD_MAX_HQ], ml[PC_MAX_CS][FD_MAX_HQ];
-    if (pc.dbg & 32) { /* SESSION9-DBG: the parallel merge */
-        cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
-                        c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-        PC_T(13);
-    } else if (pc.dbg & 1) { /* SESSION9-DBG: timing only */
-        if (tid < ne) out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(ro[tid]);
-    } else if (pc.dbg & 2) { /* SESSION9-DBG: one pass, a thread per element */
-        if (tid < ne) {
-            const int h = (e0 + tid) / Dh;
-            float M = -INFINITY;
-            for (int jj = 0; jj < nch; jj++) M = fmaxf(M, rm[(jj * spc) * hq + h]);
-            float den = 0.0f, acc = 0.0f;
-            for (int j = 0; j < nch; j++) {
-                float l = 0.0f, oo = 0.0f;
-                for (int u = 0; u < spc; u++) l += rl[(j * spc + u) * hq + h];
-                for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + tid];
-                const float w = expf(rm[(j * spc) * hq + h] - M);
-                acc += __fmul_rn(w, c.part > 0 ? l * m3_round_bf16(oo / l) : oo);
-                den += w * l;
-            }
-            out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(acc / den);
-        }
-    } else {
-    for (int i = tid; i < nch * nh; i += PC_NT) {
-        const int j = i / nh, hl = i % nh, h = h0 + hl;
-        float M = -INFINITY, l = 0.0f;
-        for (int jj = 0; jj < nch; jj++) M = fmaxf(M, rm[(jj * spc) * hq + h]);
-        for (int u = 0; u < spc; u++) l += rl[(j * spc + u) * hq + h];
-        mw[j][hl] = expf(rm[(j * spc) * hq + h] - M), ml[j][hl] = l;
-    }
-    __syncthreads();
+    cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
+                    c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
     PC_T(13);
-    for (int i = tid; i < nch * ne; i += PC_NT) {
-        const int j = i / ne, x = i - j * ne, hl = (e0 + x) / Dh - h0;
-        float oo = 0.0f;
-        for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
-        const float l = ml[j][hl];
-        wa[(size_t)j * epo + x] = mw[j][hl] * (c.part > 0 ? l * m3_round_bf16(oo / l) : oo);
-    }
-    __syncthreads();
-    PC_T(14);
-    if (tid < ne) {
-        const int hl = (e0 + tid) / Dh - h0;
-        float den = 0.0f, acc = 0.0f;
-        for (int j = 0; j < nch; j++) den += mw[j][hl] * ml[j][hl], acc += wa[(size_t)j * epo + tid];
-        out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(acc / den);
-    }
-    }
-    PC_T(15);
     if (pc.prof && tid == 0) { /* SESSION9-DBG */
         unsigned long long gt1, *pr = pc.prof + ((size_t)(t * gridDim.y + g) * gridDim.x + r) * PC_NP;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt1));
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        for (int i = 1; i < 16; i++) atomicAdd(pr + i, (unsigned long long)(pts[i] - pts[0]));
+        for (int i = 1; i < 14; i++) atomicAdd(pr + i, (unsigned long long)(pts[i] - pts[0]));
         atomicAdd(pr, 1ull);
         pr[16] = gt0, pr[17] = gt1, pr[18] = smid;
     }
@@ -4178,7 +4048,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         for (size_t b = 0; b < npf; b++) s1 = h[b * PC_NP + 16] - g0 > s1 ? h[b * PC_NP + 16] - g0 : s1;
         printf("pcprof dbg=%d calls=%llu ctas=%zu sms=%d last launch: span %.2f us, starts spread %.2f us, first end %.2f us\n",
                pc.dbg, h[0], npf, nsm, (g1 - g0) * 1e-3, s1 * 1e-3, (e0 - g0) * 1e-3);
-        for (int i = 1; i < 16; i++) {
+        for (int i = 1; i < 14; i++) {
             double mean = 0, mx = 0, prv = 0, prvx = 0;
             for (size_t b = 0; b < npf; b++) {
                 const double v = (double)h[b * PC_NP + i] / (double)h[b * PC_NP];
