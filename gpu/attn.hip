@@ -27,9 +27,6 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
-#include <stdio.h> /* SESSION9-DBG */
-#include <stdlib.h>
-#include <time.h>
 
 
 #define ATTN_THREADS 128
@@ -774,8 +771,8 @@ static __device__ __forceinline__ void pc_bulk(void *dst, const void *src, uint3
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(sh_u32(dst)), "l"(src), "r"(bytes), "r"(sh_u32(b)) : "memory");
 }
-/* SESSION9-DBG: stores into CTA-remote shared memory that complete on the target's mbarrier
- * (mb: its address in the target CTA, from pc_mapa) */
+/* stores into another CTA's shared memory that complete on that CTA's mbarrier (mb: its
+ * address there, from pc_mapa; the target waits for the bytes instead of a cluster barrier) */
 static __device__ __forceinline__ void pc_sta(uint32_t a, float v, uint32_t mb) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
                  ::"r"(a), "r"(__float_as_uint(v)), "r"(mb) : "memory");
@@ -887,8 +884,6 @@ static __global__ void __launch_bounds__(W * 32)
     if (CL) pc_arrive_relaxed(); /* (a): this CTA runs */
 #endif
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4, tq = lane % 4;
-    const int sdbg = tpb >> 24; /* SESSION9-DBG */
-    tpb &= 0xFFFFFF;
     const int c = (int)blockIdx.x, g = (int)blockIdx.y, t = t0 + (int)blockIdx.z;
     const int nch = (int)gridDim.x, hq = H / Hkv, nr = width + 1, tpr = block / SD_KT;
     const int KP = Dh + 8, nks = Dh / 16, dv8 = Dh / 8;
@@ -1084,7 +1079,8 @@ static __global__ void __launch_bounds__(W * 32)
     if (CL && nch > 1) { /* the row's nch blocks are one cluster: the merge through distributed shared
                * memory (no partials, counter or second read chain). Block c pushes its A
                * (owner o: elements [o epo, (o + 1) epo) of hq x Dh) and per head (M, L) to
-               * the owners, a cluster barrier, each owner merges its elements as below. */
+               * the owners, a cluster barrier, each owner merges its elements (cl_merge, in
+               * the log2 domain, chunks without keys weighted 0). */
         const int E = hq * Dh, epo = ((E + nch - 1) / nch + 3) / 4 * 4;
         float *ro = reinterpret_cast<float *>(sd_raw + (size_t)W * S * sd_stage_bytes(Dh));
         float *rlv = ro + (size_t)nch * epo, *rmv = rlv + nch * 16;
@@ -1096,35 +1092,15 @@ static __global__ void __launch_bounds__(W * 32)
             hm[tid] = M, hl[tid] = L;
         }
         pc_wait(); /* (a) */
-        if (sdbg & 1) { /* SESSION9-DBG: 4 elements a thread, the shared merge */
-            for (int e = 4 * tid; e < E; e += 4 * W * 32) {
-                const int h = e / Dh, d = e % Dh, ow = e / epo;
-                float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                for (int w = 0; w < W; w++) {
-                    const float4 b = *reinterpret_cast<const float4 *>(ob + w * wsz + h * OP + d);
-                    A.x += b.x, A.y += b.y, A.z += b.z, A.w += b.w;
-                }
-                const uint32_t a = pc_mapa(ro + (size_t)c * epo + (e - ow * epo), ow);
-                pc_st2(a, A.x, A.y), pc_st2(a + 8, A.z, A.w);
-            }
-            __syncthreads(); /* hm, hl */
-            for (int i = tid; i < nch * hq; i += W * 32) {
-                const int ow = i / hq, h = i % hq;
-                pc_st(pc_mapa(rlv + c * 16 + h, ow), hl[h]);
-                pc_st(pc_mapa(rmv + c * 16 + h, ow), hm[h]);
-            }
-            pc_arrive();
-            pc_wait();
-            const int e0 = c * epo, ne = max(0, min(E, e0 + epo) - e0);
-            cl_merge<true>(out + (size_t)t * H * Dh + (size_t)(g * hq) * Dh + e0, ro, epo, rlv, rmv, 16, nch,
-                           1, false, e0, ne, Dh, reinterpret_cast<float4 *>(sd_raw), tid, W * 32);
-            return;
-        }
-        for (int e = tid; e < E; e += W * 32) {
+        for (int e = 4 * tid; e < E; e += 4 * W * 32) { /* 4 elements a thread (Dh % 16 == 0) */
             const int h = e / Dh, d = e % Dh, ow = e / epo;
-            float A = 0.0f;
-            for (int w = 0; w < W; w++) A += ob[w * wsz + h * OP + d];
-            pc_st(pc_mapa(ro + (size_t)c * epo + (e - ow * epo), ow), A);
+            float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int w = 0; w < W; w++) {
+                const float4 b = *reinterpret_cast<const float4 *>(ob + w * wsz + h * OP + d);
+                A.x += b.x, A.y += b.y, A.z += b.z, A.w += b.w;
+            }
+            const uint32_t a = pc_mapa(ro + (size_t)c * epo + (e - ow * epo), ow);
+            pc_st2(a, A.x, A.y), pc_st2(a + 8, A.z, A.w);
         }
         __syncthreads(); /* hm, hl */
         for (int i = tid; i < nch * hq; i += W * 32) {
@@ -1134,20 +1110,9 @@ static __global__ void __launch_bounds__(W * 32)
         }
         pc_arrive();
         pc_wait();
-        for (int i = tid; i < epo; i += W * 32) {
-            const int e = c * epo + i, h = e / Dh;
-            if (e >= E) break;
-            float M = -INFINITY;
-            for (int cc = 0; cc < nch; cc++)
-                if (rlv[cc * 16 + h] > 0.0f) M = fmaxf(M, rmv[cc * 16 + h]);
-            float den = 0.0f, num = 0.0f;
-            for (int cc = 0; cc < nch; cc++) {
-                const float L = rlv[cc * 16 + h], w = L > 0.0f ? exp2f(rmv[cc * 16 + h] - M) : 0.0f;
-                den += w * L;
-                num += w * ro[(size_t)cc * epo + i];
-            }
-            out[(size_t)t * H * Dh + (size_t)(g * hq) * Dh + e] = m3_f32_to_bf16(num / den);
-        }
+        const int e0 = c * epo, ne = max(0, min(E, e0 + epo) - e0); /* the stages are free */
+        cl_merge<true>(out + (size_t)t * H * Dh + (size_t)(g * hq) * Dh + e0, ro, epo, rlv, rmv, 16, nch,
+                       1, false, e0, ne, Dh, reinterpret_cast<float4 *>(sd_raw), tid, W * 32);
         return;
     }
 #endif
@@ -1314,11 +1279,9 @@ static m3_status sdec_launch_cl(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, i
     if (!cl_ready(g, (const void *)fn, &cfg, attr[g->device & 63], ok[g->device & 63][nch],
                   no[g->device & 63][nch]))
         return M3_OK;
-    static int sdbg = -1; /* SESSION9-DBG: M3_SD_DBG */
-    if (sdbg < 0) sdbg = getenv("M3_SD_DBG") ? atoi(getenv("M3_SD_DBG")) : 0;
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, (float *)NULL, (float *)NULL, (unsigned int *)NULL,
                                   d_q, ld_q, d_k, d_v, d_pos, d_topk, n_tok, 0, width, block, H, Hkv,
-                                  Dh, ap->scale, p->attn_scores == M3_SCORES_BF16_EAGER, tpb | (sdbg << 24)));
+                                  Dh, ap->scale, p->attn_scores == M3_SCORES_BF16_EAGER, tpb));
     *done = true;
     return m3_gpu_launched_(g, "sdec_k", __FILE__, __LINE__);
 }
@@ -3497,7 +3460,7 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
     }
 }
 
-/* ---- batch-1 decode over thread-block clusters: pc_k (session 8) -------------------------
+/* ---- batch-1 decode over thread-block clusters: pc_k (sessions 8, 9) ----------------------
  * For grids of few (token, kv head) rows (decode of one token: 4 rows at M3 shapes), where
  * pf_part_k runs 8 blocks a row on a quarter of the SMs and its merge is a chain (partial
  * write, fence, arrival counter, the last block's dependent reads). One cluster of cs <= 16
@@ -3507,27 +3470,32 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
  * cs = spc * chunks <= 16 (M3 atom: 8 partitions of 256 keys, 2 CTAs of 128 keys each, 64 KB
  * of bf16 K and V a CTA). All of a CTA's K (with the fp8 scales) and V are in flight at once,
  * as bulk copies (cp.async.bulk: one instruction per 16-key page of K, of V, of each scale
- * run; completion on two mbarriers, K and V), after two dependent global loads: pos and the
- * selection (with q, staged before the copies start), then each selected block's table entry
- * (issued per selection entry before the ranking). Launched as a programmatic dependent
- * (it waits for the grid before it first thing). Numerics are pf_part_k's (the chunk's max, denominator, P rounding against the
- * chunk max, §4.9 P' codes per 16-key tile, the bf16 partition output, the merge) with these
- * fp32 reorderings: a chunk's denominator and P V are summed per CTA, then over the chunk's
- * CTAs in rank order; the scores' k-steps in two chains as pf_part_k.
- * Distributed shared memory carries the merges (no global partials, counters or arena):
- *  1. each CTA pushes its per-head max to the CTAs of its chunk (st.shared::cluster), a
- *     cluster barrier, each takes the max of the spc values (exact; skipped when spc = 1);
- *  2. P, the CTA's denominators l and O = P V; each CTA pushes l, its chunk's max and its
- *     fp32 O, split by output element, to the CTA owning the elements (owner o: elements
- *     [o epo, (o + 1) epo) of the row's hq x Dh), a cluster barrier;
- *  3. each owner merges its elements: O_j and l_j summed over chunk j's CTAs in rank order,
- *     A_j = l_j bf16(O_j / l_j) (partitioned) or O_j, out = bf16(sum_j e^(m_j - M) A_j /
- *     sum_j e^(m_j - M) l_j), j in chunk order (pf_row_merge's rule).
- * A remote store needs the target CTA running: a relaxed cluster arrive at the start, its
- * wait before the first push. After the last barrier no CTA touches another's shared memory,
- * so CTAs exit without a final barrier. Taken for the pd_part_k geometries (fast layouts,
- * Dh % 16 == 0, bf16 or e4m3fn elements; §4.9 with 16-key tiles) when the row has at most
- * 16 chunks and the grid (rows x cs CTAs) fits the SMs once; sm_90 only. */
+ * run, issued by every warp; completion on two mbarriers, K and V), after two dependent
+ * global loads: pos and the selection (with q, staged before the copies start), then each
+ * selected block's table entry (issued per selection entry before the ranking). Launched as
+ * a programmatic dependent (barrier setup before the wait for the grid before it). Numerics
+ * are pf_part_k's (the chunk's max, denominator, P rounding against the chunk max, §4.9 P'
+ * codes per 16-key tile, the bf16 partition output, the merge) with these fp32 reorderings:
+ * a chunk's denominator and P V are summed per CTA (P V in two chains, even and odd 16-key
+ * steps), then over the chunk's CTAs in rank order, the owner's sums over chunks in two
+ * halves (cl_merge); the scores' k-steps in two chains as pf_part_k.
+ * Distributed shared memory carries the merges (no global partials, counters or arena), by
+ * st.async stores that complete on the receiver's mbarrier (a receiver waits for the bytes
+ * it expects; no cluster-wide barrier after (a)):
+ *  1. each CTA sends its per-head max (from the score registers) to the other CTAs of its
+ *     chunk, each takes the max of the spc values (exact; skipped when spc = 1);
+ *  2. P and the CTA's denominators l (one pass), l and the chunk's max sent to every owner;
+ *     O = P V, sent split by output element to the CTA owning the elements (owner o:
+ *     elements [o epo, (o + 1) epo) of the row's hq x Dh);
+ *  3. each owner merges its elements (cl_merge): O_j and l_j summed over chunk j's CTAs in
+ *     rank order, A_j = l_j bf16(O_j / l_j) (partitioned) or O_j, out = bf16(sum_j e^(m_j -
+ *     M) A_j / sum_j e^(m_j - M) l_j) (pf_row_merge's rule).
+ * A remote store needs the target CTA running with its barriers initialized: they are set
+ * up before a relaxed cluster arrive at the start, whose wait precedes the first store. A
+ * CTA exits only after every store into it landed, and reads no other CTA's memory, so no
+ * final barrier. Taken for the pd_part_k geometries (fast layouts, Dh % 16 == 0, bf16 or
+ * e4m3fn elements; §4.9 with 16-key tiles) when the row has at most 16 chunks and the grid
+ * (rows x cs CTAs) fits the SMs once; sm_90 only. */
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
@@ -3538,12 +3506,7 @@ typedef struct {
     int spc; /* CTAs per chunk */
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
-    int dbg;                  /* SESSION9-DBG: variant bits */
-    unsigned long long *prof; /* SESSION9-DBG: phase stamps */
 } pc_cfg;
-/* SESSION9-DBG: thread 0's clock64 at phase i */
-#define PC_T(i) do { if (pc.prof && tid == 0) pts[i] = clock64(); } while (0)
-#define PC_NP 20
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3597,13 +3560,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
     /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's merge inputs */
     __shared__ uint64_t bars[4];
-    __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
+    __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
-    long long pts[16]; /* SESSION9-DBG */
-    unsigned long long gt0 = 0;
-    if (pc.prof && tid == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt0));
-    PC_T(0);
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
      * before (a): other CTAs' stores complete on bars[2], [3]) and the unused P rows */
     if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3);
@@ -3611,7 +3570,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
-    PC_T(1);
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = topk != NULL;
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
@@ -3654,7 +3612,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
-    PC_T(2);
     const int k0 = r * kpc, nk = max(0, min(kpc, n - k0)), ng = (nk + 15) / 16;
     const int chj = k0 / ch, nch = (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
     const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
@@ -3671,7 +3628,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
     }
-    const int gi = (pc.dbg & 2) ? tid : warp + NW * lane; /* SESSION9-DBG: 2 = one warp issues */
+    const int gi = warp + NW * lane;
     if (gi < ng) {
         const int k = k0 + gi * 16, kb = k / Bs;
         int64_t ko, vo, so;
@@ -3720,10 +3677,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     }
-    PC_T(3);
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
-    PC_T(4);
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     auto kstep = [&](int key, int s2, float (&acc)[4]) {
@@ -3788,7 +3743,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
         }
     __syncthreads();
-    PC_T(5);
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
         float m = -INFINITY;
@@ -3796,7 +3750,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mloc[tid] = m;
     }
     __syncthreads();
-    PC_T(6);
     pc_wait(); /* (a): every CTA of the cluster runs */
     if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
                     * on their bars[2]: no cluster-wide barrier), the max of the spc values */
@@ -3816,7 +3769,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
-    PC_T(7);
     /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
@@ -3843,9 +3795,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
         }
         l = m3_warp_sum(l);
-        if (lane == 0) lloc[h] = l;
+        if (lane < cs) { /* step 2's (l, the chunk's max) for head h, to owner `lane` already */
+            const uint32_t mb = pc_mapa(bars + 3, lane);
+            pc_sta(pc_mapa(rl + r * hq + h, lane), l, mb);
+            pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
+        }
     }
-    PC_T(8);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
@@ -3853,7 +3808,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
-    PC_T(9);
     /* O = P V: a warp per 16-dim pair of n-tiles; even and odd k-steps into two accumulators
      * (two independent mma chains), added at the end */
     float o[2][4] = {}, o1[2][4] = {};
@@ -3901,18 +3855,14 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (np * 16 < Dh)
         for (int ks = 0; ks < ng; ks += 2) {
             pvstep(ks, o);
-            if (ks + 1 < ng) {
-                if (pc.dbg & 4) pvstep(ks + 1, o); /* SESSION9-DBG: 4 = one chain */
-                else pvstep(ks + 1, o1);
-            }
+            if (ks + 1 < ng) pvstep(ks + 1, o1);
         }
 #pragma unroll
     for (int h2 = 0; h2 < 2; h2++)
 #pragma unroll
         for (int i = 0; i < 4; i++) o[h2][i] += o1[h2][i];
-    PC_T(10);
-    /* 2: push (l, the chunk's max, O) to the owners (st.async, completing on the owner's
-     * bars[3]); O's elements e = head Dh + dim */
+    /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
+     * max went with P); O's elements e = head Dh + dim */
     const int epo = pc.epo;
     if (np * 16 < Dh)
 #pragma unroll
@@ -3925,32 +3875,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 pc_sta2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1],
                         pc_mapa(bars + 3, ow));
             }
-    __syncthreads(); /* lloc */
-    for (int i = tid; i < cs * hq; i += PC_NT) {
-        const int ow = i / hq, h = i % hq;
-        const uint32_t mb = pc_mapa(bars + 3, ow);
-        pc_sta(pc_mapa(rl + r * hq + h, ow), lloc[h], mb);
-        pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], mb);
-    }
-    PC_T(11);
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
     if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
     pc_bar_wait_cl(bars + 3, 0);
-    PC_T(12);
     cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
                     c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-    PC_T(13);
-    if (pc.prof && tid == 0) { /* SESSION9-DBG */
-        unsigned long long gt1, *pr = pc.prof + ((size_t)(t * gridDim.y + g) * gridDim.x + r) * PC_NP;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt1));
-        unsigned smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        for (int i = 1; i < 14; i++) atomicAdd(pr + i, (unsigned long long)(pts[i] - pts[0]));
-        atomicAdd(pr, 1ull);
-        pr[16] = gt0, pr[17] = gt1, pr[18] = smid;
-    }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif
@@ -4008,63 +3939,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-    /* SESSION9-DBG: M3_PC_PROF=n prints the phase stamps averaged over every n calls */
-    pc_cfg px = pc;
-    static int pn = -1, pcalls;
-    static unsigned long long *dpf;
-    const size_t npf = (size_t)pc.cs * pc.c.Hkv * n_tok;
-    if (pn < 0) {
-        const char *e = getenv("M3_PC_PROF");
-        pn = e ? atoi(e) : 0;
-    }
-    if (pn > 0 && npf <= 4096) {
-        if (!dpf) {
-            M3_HIP_TRY(cudaMalloc((void **)&dpf, (size_t)4096 * PC_NP * 8));
-            M3_HIP_TRY(cudaMemset(dpf, 0, (size_t)4096 * PC_NP * 8));
-        }
-        px.prof = dpf;
-    }
-    static struct timespec hts0;
-    if (px.prof && pcalls == 0) clock_gettime(CLOCK_MONOTONIC, &hts0);
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, px));
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
-    if (px.prof && ++pcalls == pn) {
-        struct timespec hts1;
-        clock_gettime(CLOCK_MONOTONIC, &hts1);
-        printf("pcprof host: %.2f us per call (launch to launch, no sync)\n",
-               ((hts1.tv_sec - hts0.tv_sec) * 1e9 + (hts1.tv_nsec - hts0.tv_nsec)) * 1e-3 / (pn - 1));
-        M3_HIP_TRY(cudaStreamSynchronize(g->stream));
-        unsigned long long *h = (unsigned long long *)malloc(npf * PC_NP * 8);
-        M3_HIP_TRY(cudaMemcpy(h, dpf, npf * PC_NP * 8, cudaMemcpyDeviceToHost));
-        unsigned long long g0 = ~0ull, g1 = 0, s1 = ~0ull, e0 = ~0ull;
-        int sms[256] = {0}, nsm = 0;
-        for (size_t b = 0; b < npf; b++) {
-            const unsigned long long *x = h + b * PC_NP;
-            g0 = x[16] < g0 ? x[16] : g0, g1 = x[17] > g1 ? x[17] : g1;
-            e0 = x[17] < e0 ? x[17] : e0;
-            if (!sms[x[18] & 255]++) nsm++;
-        }
-        s1 = 0;
-        for (size_t b = 0; b < npf; b++) s1 = h[b * PC_NP + 16] - g0 > s1 ? h[b * PC_NP + 16] - g0 : s1;
-        printf("pcprof dbg=%d calls=%llu ctas=%zu sms=%d last launch: span %.2f us, starts spread %.2f us, first end %.2f us\n",
-               pc.dbg, h[0], npf, nsm, (g1 - g0) * 1e-3, s1 * 1e-3, (e0 - g0) * 1e-3);
-        for (int i = 1; i < 14; i++) {
-            double mean = 0, mx = 0, prv = 0, prvx = 0;
-            for (size_t b = 0; b < npf; b++) {
-                const double v = (double)h[b * PC_NP + i] / (double)h[b * PC_NP];
-                mean += v / npf, mx = v > mx ? v : mx;
-            }
-            for (size_t b = 0; b < npf && i > 1; b++) {
-                const double v = (double)h[b * PC_NP + i - 1] / (double)h[b * PC_NP];
-                prv += v / npf, prvx = v > prvx ? v : prvx;
-            }
-            printf("pcprof phase %2d: mean %7.0f cyc (step %6.0f) max %7.0f\n", i, mean, mean - prv, mx);
-        }
-        fflush(stdout);
-        free(h);
-        M3_HIP_TRY(cudaMemset(dpf, 0, (size_t)4096 * PC_NP * 8));
-        pcalls = 0;
-    }
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
 }
 #endif
@@ -4077,11 +3953,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = (src->flash_kernel & 15) == 3; /* SESSION9-DBG: bits 4+: pc.dbg */
+        const bool force = src->flash_kernel == 3;
         if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
-            static int edbg = -1; /* SESSION9-DBG: M3_PC_DBG for every pc_k launch */
-            if (edbg < 0) edbg = getenv("M3_PC_DBG") ? atoi(getenv("M3_PC_DBG")) : 0;
-            pc.dbg = (src->flash_kernel >> 4) | edbg;
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
             if (done) return M3_OK;
