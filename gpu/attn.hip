@@ -3407,11 +3407,11 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
  * rm[u ls + h]; chunk j is CTAs [j spc, (j + 1) spc) (whose maxes are the chunk's). First, by
  * a warp per head of the owner's elements (lanes: CTAs, then chunks; nch spc <= 32), per
  * (chunk, head): l_j (its CTAs' in rank order), M over the chunks with l_j > 0 and w_j =
- * e^(m_j - M) (2^ when LOG2; 0 for an empty chunk), into mwl [nch][nh]; then two threads an element (lanes x and x + 16),
- * chunks [0, (nch + 1) / 2) and the rest: sum_j w_j A_j and sum_j w_j l_j, A_j = l_j
- * bf16(O_j / l_j) when part (the quotient correctly rounded: pd8_div; l_j >= 1), else O_j
- * (O_j: the chunk's CTAs' partials in rank order), summed in chunk order per half, the halves
- * added; out = bf16(num / den). Short chains per thread: a thread-serial merge of 8-16
+ * e^(m_j - M) (2^ when LOG2; 0 for an empty chunk), into mwl [nch][nh]; then two threads an
+ * element (lanes x and x + 16), chunks [0, (nch + 1) / 2) and the rest: sum_j w_j A_j and
+ * sum_j w_j l_j, A_j = l_j bf16(O_j / l_j) when part (pd8_div: the correctly rounded quotient
+ * wherever it is normal; l_j >= 1), else O_j (O_j: the chunk's CTAs' partials in rank order),
+ * summed in chunk order per half, the halves added; out = bf16(num / den). Short chains per thread: a thread-serial merge of 8-16
  * chunks measured ~2.5 us (session 9). Call with all nt threads (a multiple of 32). */
 template <bool LOG2>
 static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
@@ -3476,8 +3476,9 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
  * a programmatic dependent (barrier setup before the wait for the grid before it). Numerics
  * are pf_part_k's (the chunk's max, denominator, P rounding against the chunk max, §4.9 P'
  * codes per 16-key tile, the bf16 partition output, the merge) with these fp32 reorderings:
- * a chunk's denominator and P V are summed per CTA, then over the chunk's CTAs in rank order, the owner's sums over chunks in two
- * halves (cl_merge); the scores' k-steps in two chains as pf_part_k.
+ * a chunk's denominator and P V are summed per CTA, then over the chunk's CTAs in rank
+ * order, the owner's sums over chunks in two halves (cl_merge); the scores' k-steps in two
+ * chains as pf_part_k.
  * Distributed shared memory carries the merges (no global partials, counters or arena), by
  * st.async stores that complete on the receiver's mbarrier (a receiver waits for the bytes
  * it expects; no cluster-wide barrier after (a)):
@@ -3510,7 +3511,7 @@ typedef struct {
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
  * K and V scales [kpc], §4.9 tile M and M / FP8_MAX [kpc / 16], received O [cs][epo],
- * l and m [cs][hq], chunk maxes [spc][hq] */
+ * l and m [cs][hq], chunk maxes [spc][hq], the merge scratch */
 typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, wa, total; } pc_lay;
 static __host__ __device__ inline size_t pc_up(size_t x) { return (x + 15) / 16 * 16; }
 static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
@@ -3530,7 +3531,8 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     L.rl = o, o += pc_up((size_t)pc.cs * c.hq * 4);
     L.rm = o, o += pc_up((size_t)pc.cs * c.hq * 4);
     L.mi = o, o += pc_up((size_t)pc.spc * c.hq * 4);
-    L.wa = o, o += pc_up((size_t)pc.cs * (pc.epo * 4 > 17 * 16 ? pc.epo * 4 : 17 * 16)); /* + the merge's [nch][nh] float4 */
+    /* the owner's merge input; cl_merge's [nch][nh] float4 (nh <= 17) */
+    L.wa = o, o += pc_up((size_t)pc.cs * (pc.epo * 4 > 17 * 16 ? pc.epo * 4 : 17 * 16));
     L.total = o;
     return L;
 }
@@ -3621,9 +3623,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * every group's K copy, then every V copy, so K lands first) or, fp8 (4 copies a group), by
      * lane gi / NW of warp gi % NW (a bulk copy takes the uniform datapath: the lanes of a warp
      * issue one after another, the warps at once; session 9: bf16 0.0105 ms from warp 0
-     * against 0.0108 spread, fp8 0.0120 spread against 0.0127 from warp 0): K [gi][Dh/x][16 keys][16 B] (the page's units: one copy when the view's
-     * page is 16 keys, else a 256-byte run per dim unit), V [gi][16/x key units][Dh][16 B] (one
-     * copy), fp8 scales 64 bytes each; K and its scales complete on bars[0], V on bars[1] */
+     * against 0.0108 spread, fp8 0.0120 spread against 0.0127 from warp 0): K [gi][Dh/x][16
+     * keys][16 B] (the page's units: one copy when the view's page is 16 keys, else a 256-byte
+     * run per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes
+     * each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
     if (tid == 0) {
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
