@@ -771,6 +771,21 @@ static __device__ __forceinline__ void pc_bulk(void *dst, const void *src, uint3
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(sh_u32(dst)), "l"(src), "r"(bytes), "r"(sh_u32(b)) : "memory");
 }
+/* stores into another CTA's shared memory that complete on that CTA's mbarrier (mb: its
+ * address there, from pc_mapa; the target waits for the bytes instead of a cluster barrier) */
+static __device__ __forceinline__ void pc_sta(uint32_t a, float v, uint32_t mb) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+                 ::"r"(a), "r"(__float_as_uint(v)), "r"(mb) : "memory");
+}
+static __device__ __forceinline__ void pc_sta2(uint32_t a, float x, float y, uint32_t mb) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n"
+                 ::"r"(a), "f"(x), "f"(y), "r"(mb) : "memory");
+}
+static __device__ __forceinline__ void pc_bar_wait_cl(uint64_t *b, int par) {
+    asm volatile("{\n.reg .pred p;\nPC_WAITC:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra PC_WAITC;\n}\n" ::"r"(sh_u32(b)), "r"(par) : "memory");
+}
 static __device__ __forceinline__ void pc_bar_wait(uint64_t *b, int par) {
     asm volatile("{\n.reg .pred p;\nPC_WAIT:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
@@ -839,6 +854,12 @@ static __device__ __forceinline__ bool attn_last_block(unsigned int *cnt, unsign
     __threadfence();
     return true;
 }
+
+static __device__ __forceinline__ float pd8_div(float x, float y, float ry);
+template <bool LOG2>
+static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
+                                const float *rm, int ls, int nch, int spc, bool part, int e0,
+                                int ne, int Dh, float4 *mwl, int tid, int nt);
 
 /* bytes of one warp's stage: K and V of SD_KT keys, pitch Dh + 8 bf16 */
 static __host__ __device__ inline size_t sd_stage_bytes(int Dh) {
@@ -1058,7 +1079,8 @@ static __global__ void __launch_bounds__(W * 32)
     if (CL && nch > 1) { /* the row's nch blocks are one cluster: the merge through distributed shared
                * memory (no partials, counter or second read chain). Block c pushes its A
                * (owner o: elements [o epo, (o + 1) epo) of hq x Dh) and per head (M, L) to
-               * the owners, a cluster barrier, each owner merges its elements as below. */
+               * the owners, a cluster barrier, each owner merges its elements (cl_merge, in
+               * the log2 domain, chunks without keys weighted 0). */
         const int E = hq * Dh, epo = ((E + nch - 1) / nch + 3) / 4 * 4;
         float *ro = reinterpret_cast<float *>(sd_raw + (size_t)W * S * sd_stage_bytes(Dh));
         float *rlv = ro + (size_t)nch * epo, *rmv = rlv + nch * 16;
@@ -1070,11 +1092,15 @@ static __global__ void __launch_bounds__(W * 32)
             hm[tid] = M, hl[tid] = L;
         }
         pc_wait(); /* (a) */
-        for (int e = tid; e < E; e += W * 32) {
+        for (int e = 4 * tid; e < E; e += 4 * W * 32) { /* 4 elements a thread (Dh % 16 == 0) */
             const int h = e / Dh, d = e % Dh, ow = e / epo;
-            float A = 0.0f;
-            for (int w = 0; w < W; w++) A += ob[w * wsz + h * OP + d];
-            pc_st(pc_mapa(ro + (size_t)c * epo + (e - ow * epo), ow), A);
+            float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int w = 0; w < W; w++) {
+                const float4 b = *reinterpret_cast<const float4 *>(ob + w * wsz + h * OP + d);
+                A.x += b.x, A.y += b.y, A.z += b.z, A.w += b.w;
+            }
+            const uint32_t a = pc_mapa(ro + (size_t)c * epo + (e - ow * epo), ow);
+            pc_st2(a, A.x, A.y), pc_st2(a + 8, A.z, A.w);
         }
         __syncthreads(); /* hm, hl */
         for (int i = tid; i < nch * hq; i += W * 32) {
@@ -1084,20 +1110,9 @@ static __global__ void __launch_bounds__(W * 32)
         }
         pc_arrive();
         pc_wait();
-        for (int i = tid; i < epo; i += W * 32) {
-            const int e = c * epo + i, h = e / Dh;
-            if (e >= E) break;
-            float M = -INFINITY;
-            for (int cc = 0; cc < nch; cc++)
-                if (rlv[cc * 16 + h] > 0.0f) M = fmaxf(M, rmv[cc * 16 + h]);
-            float den = 0.0f, num = 0.0f;
-            for (int cc = 0; cc < nch; cc++) {
-                const float L = rlv[cc * 16 + h], w = L > 0.0f ? exp2f(rmv[cc * 16 + h] - M) : 0.0f;
-                den += w * L;
-                num += w * ro[(size_t)cc * epo + i];
-            }
-            out[(size_t)t * H * Dh + (size_t)(g * hq) * Dh + e] = m3_f32_to_bf16(num / den);
-        }
+        const int e0 = c * epo, ne = max(0, min(E, e0 + epo) - e0); /* the stages are free */
+        cl_merge<true>(out + (size_t)t * H * Dh + (size_t)(g * hq) * Dh + e0, ro, epo, rlv, rmv, 16, nch,
+                       1, false, e0, ne, Dh, reinterpret_cast<float4 *>(sd_raw), tid, W * 32);
         return;
     }
 #endif
@@ -3386,7 +3401,66 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
 }
 
 #if defined(M3_HIP_NVIDIA)
-/* ---- batch-1 decode over thread-block clusters: pc_k (session 8) -------------------------
+/* The owner's step of a cluster merge (pc_k, sdec_k's T = 1 launch): this CTA owns elements
+ * [e0, e0 + ne) of the row's hq x Dh outputs (orow = their first); CTA u of the cluster left
+ * its fp32 partial of them in ro[u epo + x], its denominator and max per head in rl[u ls + h],
+ * rm[u ls + h]; chunk j is CTAs [j spc, (j + 1) spc) (whose maxes are the chunk's). First, by
+ * a warp per head of the owner's elements (lanes: CTAs, then chunks; nch spc <= 32), per
+ * (chunk, head): l_j (its CTAs' in rank order), M over the chunks with l_j > 0 and w_j =
+ * e^(m_j - M) (2^ when LOG2; 0 for an empty chunk), into mwl [nch][nh]; then two threads an
+ * element (lanes x and x + 16), chunks [0, (nch + 1) / 2) and the rest: sum_j w_j A_j and
+ * sum_j w_j l_j, A_j = l_j bf16(O_j / l_j) when part (pd8_div: the correctly rounded quotient
+ * wherever it is normal; l_j >= 1), else O_j (O_j: the chunk's CTAs' partials in rank order),
+ * summed in chunk order per half, the halves added; out = bf16(num / den). Short chains per thread: a thread-serial merge of 8-16
+ * chunks measured ~2.5 us (session 9). Call with all nt threads (a multiple of 32). */
+template <bool LOG2>
+static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
+                                const float *rm, int ls, int nch, int spc, bool part, int e0,
+                                int ne, int Dh, float4 *mwl, int tid, int nt) {
+    const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0, lane = tid & 31;
+    /* a warp per head: lane u < cs = nch spc reads CTA u's (l, m); lane j < nch forms chunk j's */
+    for (int hl = tid >> 5; hl < nh; hl += nt >> 5) {
+        const int h = h0 + hl;
+        const float lv = lane < nch * spc ? rl[lane * ls + h] : 0.0f;
+        const float mv = lane < nch * spc ? rm[lane * ls + h] : -INFINITY;
+        float l = 0.0f;
+        for (int u = 0; u < spc; u++) l += __shfl_sync(0xffffffffu, lv, (lane * spc + u) & 31);
+        const float m = __shfl_sync(0xffffffffu, mv, (lane * spc) & 31);
+        const bool on = lane < nch && l > 0.0f;
+        float M = on ? m : -INFINITY;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        if (lane < nch) {
+            const float x = m - M, w = on ? (LOG2 ? exp2f(x) : expf(x)) : 0.0f;
+            mwl[lane * nh + hl] = make_float4(w, l, on ? __frcp_rn(l) : 0.0f, w * l);
+        }
+    }
+    __syncthreads();
+    const int half = (tid >> 4) & 1, jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
+#pragma unroll 1
+    for (int xb = 0; xb < ne; xb += nt / 2) {
+        const int x = xb + (tid >> 5) * 16 + (tid & 15);
+        float num = 0.0f, den = 0.0f;
+        if (x < ne) {
+            const int hl = (e0 + x) / Dh - h0;
+#pragma unroll 2
+            for (int j = ja; j < jb; j++) {
+                const float4 f = mwl[j * nh + hl];
+                float oo = 0.0f;
+#pragma unroll 2
+                for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
+                const float a = part && f.y > 0.0f ? f.y * m3_round_bf16(pd8_div(oo, f.y, f.z)) : oo;
+                num += __fmul_rn(f.x, a);
+                den += f.w;
+            }
+        }
+        num += __shfl_xor_sync(0xffffffffu, num, 16);
+        den += __shfl_xor_sync(0xffffffffu, den, 16);
+        if (x < ne && !half) orow[x] = m3_f32_to_bf16(num / den);
+    }
+}
+
+/* ---- batch-1 decode over thread-block clusters: pc_k (sessions 8, 9) ----------------------
  * For grids of few (token, kv head) rows (decode of one token: 4 rows at M3 shapes), where
  * pf_part_k runs 8 blocks a row on a quarter of the SMs and its merge is a chain (partial
  * write, fence, arrival counter, the last block's dependent reads). One cluster of cs <= 16
@@ -3396,27 +3470,32 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
  * cs = spc * chunks <= 16 (M3 atom: 8 partitions of 256 keys, 2 CTAs of 128 keys each, 64 KB
  * of bf16 K and V a CTA). All of a CTA's K (with the fp8 scales) and V are in flight at once,
  * as bulk copies (cp.async.bulk: one instruction per 16-key page of K, of V, of each scale
- * run; completion on two mbarriers, K and V), after two dependent global loads: pos and the
- * selection (with q, staged before the copies start), then each selected block's table entry
- * (issued per selection entry before the ranking). Launched as a programmatic dependent
- * (it waits for the grid before it first thing). Numerics are pf_part_k's (the chunk's max, denominator, P rounding against the
- * chunk max, §4.9 P' codes per 16-key tile, the bf16 partition output, the merge) with these
- * fp32 reorderings: a chunk's denominator and P V are summed per CTA, then over the chunk's
- * CTAs in rank order; the scores' k-steps in two chains as pf_part_k.
- * Distributed shared memory carries the merges (no global partials, counters or arena):
- *  1. each CTA pushes its per-head max to the CTAs of its chunk (st.shared::cluster), a
- *     cluster barrier, each takes the max of the spc values (exact; skipped when spc = 1);
- *  2. P, the CTA's denominators l and O = P V; each CTA pushes l, its chunk's max and its
- *     fp32 O, split by output element, to the CTA owning the elements (owner o: elements
- *     [o epo, (o + 1) epo) of the row's hq x Dh), a cluster barrier;
- *  3. each owner merges its elements: O_j and l_j summed over chunk j's CTAs in rank order,
- *     A_j = l_j bf16(O_j / l_j) (partitioned) or O_j, out = bf16(sum_j e^(m_j - M) A_j /
- *     sum_j e^(m_j - M) l_j), j in chunk order (pf_row_merge's rule).
- * A remote store needs the target CTA running: a relaxed cluster arrive at the start, its
- * wait before the first push. After the last barrier no CTA touches another's shared memory,
- * so CTAs exit without a final barrier. Taken for the pd_part_k geometries (fast layouts,
- * Dh % 16 == 0, bf16 or e4m3fn elements; §4.9 with 16-key tiles) when the row has at most
- * 16 chunks and the grid (rows x cs CTAs) fits the SMs once; sm_90 only. */
+ * run; completion on two mbarriers, K and V), after two dependent
+ * global loads: pos and the selection (with q, staged before the copies start), then each
+ * selected block's table entry (issued per selection entry before the ranking). Launched as
+ * a programmatic dependent (barrier setup before the wait for the grid before it). Numerics
+ * are pf_part_k's (the chunk's max, denominator, P rounding against the chunk max, §4.9 P'
+ * codes per 16-key tile, the bf16 partition output, the merge) with these fp32 reorderings:
+ * a chunk's denominator and P V are summed per CTA, then over the chunk's CTAs in rank
+ * order, the owner's sums over chunks in two halves (cl_merge); the scores' k-steps in two
+ * chains as pf_part_k.
+ * Distributed shared memory carries the merges (no global partials, counters or arena), by
+ * st.async stores that complete on the receiver's mbarrier (a receiver waits for the bytes
+ * it expects; no cluster-wide barrier after (a)):
+ *  1. each CTA sends its per-head max (from the score registers) to the other CTAs of its
+ *     chunk, each takes the max of the spc values (exact; skipped when spc = 1);
+ *  2. P and the CTA's denominators l (one pass), l and the chunk's max sent to every owner;
+ *     O = P V, sent split by output element to the CTA owning the elements (owner o:
+ *     elements [o epo, (o + 1) epo) of the row's hq x Dh);
+ *  3. each owner merges its elements (cl_merge): O_j and l_j summed over chunk j's CTAs in
+ *     rank order, A_j = l_j bf16(O_j / l_j) (partitioned) or O_j, out = bf16(sum_j e^(m_j -
+ *     M) A_j / sum_j e^(m_j - M) l_j) (pf_row_merge's rule).
+ * A remote store needs the target CTA running with its barriers initialized: they are set
+ * up before a relaxed cluster arrive at the start, whose wait precedes the first store. A
+ * CTA exits only after every store into it landed, and reads no other CTA's memory, so no
+ * final barrier. Taken for the pd_part_k geometries (fast layouts, Dh % 16 == 0, bf16 or
+ * e4m3fn elements; §4.9 with 16-key tiles) when the row has at most 16 chunks and the grid
+ * (rows x cs CTAs) fits the SMs once; sm_90 only. */
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
@@ -3432,7 +3511,7 @@ typedef struct {
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
  * K and V scales [kpc], §4.9 tile M and M / FP8_MAX [kpc / 16], received O [cs][epo],
- * l and m [cs][hq], chunk maxes [spc][hq] */
+ * l and m [cs][hq], chunk maxes [spc][hq], the merge scratch */
 typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, wa, total; } pc_lay;
 static __host__ __device__ inline size_t pc_up(size_t x) { return (x + 15) / 16 * 16; }
 static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
@@ -3452,7 +3531,8 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     L.rl = o, o += pc_up((size_t)pc.cs * c.hq * 4);
     L.rm = o, o += pc_up((size_t)pc.cs * c.hq * 4);
     L.mi = o, o += pc_up((size_t)pc.spc * c.hq * 4);
-    L.wa = o, o += pc_up((size_t)pc.cs * pc.epo * 4);
+    /* the owner's merge input; cl_merge's [nch][nh] float4 (nh <= 17) */
+    L.wa = o, o += pc_up((size_t)pc.cs * (pc.epo * 4 > 17 * 16 ? pc.epo * 4 : 17 * 16));
     L.total = o;
     return L;
 }
@@ -3466,6 +3546,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
     const pf_cfg &c = pc.c;
+    const bool pa = FP8 && c.pa; /* §4.9 (known false in the bf16 instance: no P' code there) */
     const int hq = c.hq, Dh = c.Dh, ch = c.ch, Bs = s.g.block, kpc = pc.kpc, cs = pc.cs,
               spc = pc.spc, SCP = kpc + 8, PBP = kpc + 8;
     const pc_lay L = pc_layout(pc, EB);
@@ -3478,16 +3559,20 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     float *rm = reinterpret_cast<float *>(pc_raw + L.rm), *mi = reinterpret_cast<float *>(pc_raw + L.mi);
     float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
-    __shared__ uint64_t bars[2]; /* K (+ fp8 scales), V */
-    __shared__ float mloc[FD_MAX_HQ], lloc[FD_MAX_HQ];
+    /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's merge inputs */
+    __shared__ uint64_t bars[4];
+    __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
 
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
+     * before (a): other CTAs' stores complete on bars[2], [3]) and the unused P rows */
+    if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3);
+    for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const bool sparse = topk != NULL;
-    if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1); /* visible after the barriers below */
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
@@ -3500,7 +3585,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
     const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
     if (tid < width) selsh[tid] = b, vfl[tid] = ok;
-    for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0; /* unused P rows */
     const int nf = __syncthreads_count(ok); /* also: selsh, vfl visible */
     const int tail = __syncthreads_or(own);
     int n;
@@ -3535,20 +3619,25 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-    /* K and V by bulk copies, group gi (16 keys, one page) by thread gi: K [gi][Dh/x][16 keys]
-     * [16 B] (the page's units: one copy when the view's page is 16 keys, else a 256-byte run
-     * per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes each;
-     * K and its scales complete on bars[0], V on bars[1] */
+    /* K and V by bulk copies, group gi (16 keys, one page) by thread gi (bf16: warp 0 issues
+     * every group's K copy, then every V copy, so K lands first) or, fp8 (4 copies a group), by
+     * lane gi / NW of warp gi % NW (a bulk copy takes the uniform datapath: the lanes of a warp
+     * issue one after another, the warps at once; session 9: bf16 0.0105 ms from warp 0
+     * against 0.0108 spread, fp8 0.0120 spread against 0.0127 from warp 0): K [gi][Dh/x][16
+     * keys][16 B] (the page's units: one copy when the view's page is 16 keys, else a 256-byte
+     * run per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes
+     * each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
     if (tid == 0) {
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
     }
-    if (tid < ng) {
-        const int k = k0 + tid * 16, kb = k / Bs;
+    const int gi = FP8 ? warp + NW * lane : tid;
+    if (gi < ng) {
+        const int k = k0 + gi * 16, kb = k / Bs;
         int64_t ko, vo, so;
         pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
-        unsigned char *kd = ksm + (size_t)tid * ku * 16;
+        unsigned char *kd = ksm + (size_t)gi * ku * 16;
         if (Pv == 16) {
             pc_bulk(kd, kbase + ko * EB, (uint32_t)ku * 16, bars);
         } else {
@@ -3556,10 +3645,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 pc_bulk(kd + dg * 256, kbase + (ko + (int64_t)dg * Pv * XC) * EB, 256, bars);
         }
         if (FP8) {
-            pc_bulk(ksc + tid * 16, s.k_scale + so, 64, bars);
-            pc_bulk(vsc + tid * 16, s.v_scale + so, 64, bars);
+            pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
+            pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
         }
-        pc_bulk(vsm + (size_t)tid * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
+        pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
@@ -3567,9 +3656,18 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     uint32_t qa[FA_MAX_DH / 16][4];
     {
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
-        if (c.pa) { /* uniform */
-            for (int e = tid; e < nq; e += PC_NT)
-                qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+        if (pa) { /* uniform */
+            if (s.ovf == M3_FP8_SATURATE) { /* two at a time by the hardware (satfinite: SATURATE) */
+                uint32_t *q2 = reinterpret_cast<uint32_t *>(qs);
+                for (int e = tid; e < nq / 2; e += PC_NT) {
+                    const uint32_t w = q2[e];
+                    q2[e] = pf_q2(m3_bf16_to_f32((uint16_t)(w & 0xFFFFu)), m3_bf16_to_f32((uint16_t)(w >> 16)),
+                                  s.g.fp8_kind, s.ovf, true);
+                }
+            } else {
+                for (int e = tid; e < nq; e += PC_NT)
+                    qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+            }
             __syncthreads();
         }
 #pragma unroll
@@ -3585,68 +3683,89 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     }
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
-    /* S = Q K^T: a warp per 8-key n-tile */
-    for (int nt = warp; nt * 8 < nk; nt += NW) {
-        float c8[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
-        const int key = nt * 8 + gq;
-#pragma unroll
-        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
-            if (s2 * 16 >= Dh) break;
-            uint32_t bfr[2];
-            if (FP8) {
-                const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
-                if (c.pa) {
-                    bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
-                    pf_mma_f16(c8[s2 & 1], qa[s2], bfr);
-                } else {
-                    bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
-                    m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
-                }
+    /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
+     * the max of its scores per head row (gq, gq + 8) */
+    auto kstep = [&](int key, int s2, float (&acc)[4]) {
+        uint32_t bfr[2];
+        if (FP8) {
+            const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
+            if (pa) {
+                bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
+                pf_mma_f16(acc, qa[s2], bfr);
             } else {
-                const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
-                                     (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
-                bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
-                bfr[1] = *reinterpret_cast<const uint32_t *>(kb + 16 * 8);
-                m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
+                bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
+                m3_mma_bf16_16816(acc, qa[s2], bfr);
             }
+        } else {
+            const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
+                                 (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
+            bfr[0] = *reinterpret_cast<const uint32_t *>(kb);
+            bfr[1] = *reinterpret_cast<const uint32_t *>(kb + 16 * 8);
+            m3_mma_bf16_16816(acc, qa[s2], bfr);
         }
+    };
+    float mx[2] = {-INFINITY, -INFINITY};
+    auto kout = [&](int nt, const float (&c8)[2][4]) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
             if (rr >= hq || ki >= nk) continue; /* keys past nk are never read */
             float d = c8[0][i] + c8[1][i], z;
-            if (c.pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
+            if (pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
             else {
                 if (FP8) d *= ksc[ki]; /* dequantized K */
                 z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
             }
             sc[(size_t)rr * SCP + ki] = z;
+            mx[i >> 1] = fmaxf(mx[i >> 1], z);
         }
+    };
+    for (int nt = warp; nt * 8 < nk; nt += 2 * NW) {
+        float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
+        float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        const bool two = (nt + NW) * 8 < nk; /* warp-uniform */
+#pragma unroll
+        for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
+            if (s2 * 16 >= Dh) break;
+            kstep(nt * 8 + gq, s2, ca[s2 & 1]);
+            if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
+        }
+        kout(nt, ca);
+        if (two) kout(nt + NW, cb);
     }
-    if (c.pa) /* §4.9: the max V scale of each 16-key tile (tiles from the chunk start) */
-        for (int gi = warp; gi < ng; gi += NW) {
-            float M = lane < 16 && gi * 16 + lane < nk ? vsc[gi * 16 + lane] : 0.0f;
+#pragma unroll
+    for (int r2 = 0; r2 < 2; r2++) {
+        mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
+        mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
+    }
+    if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
+    if (pa) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
+             * and 1 / (M + 1e-8), the quotient's reciprocal */
+        for (int gt = warp; gt < ng; gt += NW) {
+            float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
             M = m3_warp_max(M);
-            if (lane == 0) mt[gi] = M, mf[gi] = M / c.fmax;
+            if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
         }
     __syncthreads();
-    /* the CTA's max per head (-inf without keys) */
-    for (int h = warp; h < hq; h += NW) {
+    /* the CTA's max per head (-inf without keys): over the warps' maxes */
+    if (tid < hq) {
         float m = -INFINITY;
-        for (int i = lane; i < nk; i += 32) m = fmaxf(m, sc[(size_t)h * SCP + i]);
-        m = m3_warp_max(m);
-        if (lane == 0) mloc[h] = m;
+        for (int w = 0; w < NW; w++) m = fmaxf(m, wmx[w][tid]);
+        mloc[tid] = m;
     }
     __syncthreads();
     pc_wait(); /* (a): every CTA of the cluster runs */
-    if (spc > 1) { /* 1: the chunk's max through the chunk's CTAs */
+    if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
+                    * on their bars[2]: no cluster-wide barrier), the max of the spc values */
         const int c0 = chj * spc, me = r - c0;
         if (tid < spc * hq) {
             const int to = tid / hq, h = tid % hq;
-            pc_st(pc_mapa(mi + me * hq + h, c0 + to), mloc[h]);
+            if (c0 + to == r) mi[me * hq + h] = mloc[h];
+            else pc_sta(pc_mapa(mi + me * hq + h, c0 + to), mloc[h], pc_mapa(bars + 2, c0 + to));
         }
-        pc_arrive();
-        pc_wait();
+        if (tid == 0) pc_bar_expect(bars + 2, (uint32_t)((spc - 1) * hq * 4));
+        pc_bar_wait_cl(bars + 2, 0);
+        __syncthreads(); /* the own slot */
         if (tid < hq) {
             float m = -INFINITY;
             for (int j = 0; j < spc; j++) m = fmaxf(m, mi[j * hq + tid]);
@@ -3654,32 +3773,37 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
-    /* the CTA's denominators (unrounded exponentials) */
+    /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
+     * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
+     * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
+     * quotient below the normal range is an fp8 zero either way) */
     for (int h = warp; h < hq; h += NW) {
         const float m = mloc[h];
         float l = 0.0f;
-        for (int i = lane; i < nk; i += 32) l += expf(sc[(size_t)h * SCP + i] - m);
-        l = m3_warp_sum(l);
-        if (lane == 0) lloc[h] = l;
-    }
-    /* P of the CTA's keys, two keys per item (zero past nk): bf16 P (fp8: times the V
-     * scale), or the §4.9 P' codes as fp16 */
-    for (int e = tid; e < hq * (ng * 8); e += PC_NT) {
-        const int h = e / (ng * 8), il = 2 * (e % (ng * 8));
-        float pv[2] = {0.0f, 0.0f};
+        for (int ip = lane; ip < ng * 8; ip += 32) {
+            const int il = 2 * ip;
+            float pv[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int k2 = 0; k2 < 2; k2++)
-            if (il + k2 < nk) {
-                const float ex = expf(sc[(size_t)h * SCP + il + k2] - mloc[h]);
-                if (c.pa) { /* §4.9 step 4 */
-                    const float M = mt[(il + k2) / 16];
-                    pv[k2] = ex * vsc[il + k2] * c.fmax / (M + 1e-8f);
-                } else {
-                    pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
+            for (int k2 = 0; k2 < 2; k2++)
+                if (il + k2 < nk) {
+                    const float ex = expf(sc[(size_t)h * SCP + il + k2] - m);
+                    l += ex;
+                    if (pa) { /* §4.9 step 4 */
+                        const int ti = (il + k2) / 16;
+                        pv[k2] = pd8_div(ex * vsc[il + k2] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
+                    } else {
+                        pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
+                    }
                 }
-            }
-        *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
-            c.pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+            *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
+                pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+        }
+        l = m3_warp_sum(l);
+        if (lane < cs) { /* step 2's (l, the chunk's max) for head h, to owner `lane` already */
+            const uint32_t mb = pc_mapa(bars + 3, lane);
+            pc_sta(pc_mapa(rl + r * hq + h, lane), l, mb);
+            pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
+        }
     }
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (nk % 16 && tid < vu) {
@@ -3688,52 +3812,54 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
-    /* O = P V: a warp per 16-dim pair of n-tiles */
-    float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
+     * k-steps, measured the same in session 9) */
+    float o[2][4] = {};
     const int np = warp;
-    if (np * 16 < Dh)
-        for (int ks = 0; ks < ng; ks++) {
-            uint32_t a[4];
+    auto pvstep = [&](int ks, float (&oo)[2][4]) {
+        uint32_t a[4];
+        if (FP8) {
+            const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
+            a[0] = *reinterpret_cast<const uint32_t *>(pr);
+            a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+            a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
+            a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
+        } else {
+            const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
+            a[0] = *reinterpret_cast<const uint32_t *>(pr);
+            a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+            a[2] = *reinterpret_cast<const uint32_t *>(pr + 8);
+            a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8);
+        }
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            const int d = np * 16 + h2 * 8 + gq;
+            uint32_t bfr[2];
             if (FP8) {
-                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
-                a[0] = *reinterpret_cast<const uint32_t *>(pr);
-                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
-                a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
-                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
-            } else {
-                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 2 * tq;
-                a[0] = *reinterpret_cast<const uint32_t *>(pr);
-                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
-                a[2] = *reinterpret_cast<const uint32_t *>(pr + 8);
-                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8);
-            }
+                const uint32_t w = *reinterpret_cast<const uint32_t *>(vsm + ((size_t)ks * Dh + d) * 16 + 4 * tq);
+                if (pa) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
+                    bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
+                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    pf_mma_f16(t4, a, bfr);
+                    const float f = mf[ks];
 #pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                const int d = np * 16 + h2 * 8 + gq;
-                uint32_t bfr[2];
-                if (FP8) {
-                    const uint32_t w = *reinterpret_cast<const uint32_t *>(vsm + ((size_t)ks * Dh + d) * 16 + 4 * tq);
-                    if (c.pa) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
-                        bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
-                        float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        pf_mma_f16(t4, a, bfr);
-                        const float f = mf[ks];
-#pragma unroll
-                        for (int i = 0; i < 4; i++) o[h2][i] += t4[i] * f;
-                    } else {
-                        bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
-                        m3_mma_bf16_16816(o[h2], a, bfr);
-                    }
+                    for (int i = 0; i < 4; i++) oo[h2][i] += t4[i] * f;
                 } else {
-                    const uint16_t *vb = reinterpret_cast<const uint16_t *>(vsm) + ((size_t)(2 * ks) * Dh + d) * 8 + 2 * tq;
-                    bfr[0] = *reinterpret_cast<const uint32_t *>(vb);
-                    bfr[1] = *reinterpret_cast<const uint32_t *>(vb + (size_t)Dh * 8);
-                    m3_mma_bf16_16816(o[h2], a, bfr);
+                    bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
+                    m3_mma_bf16_16816(oo[h2], a, bfr);
                 }
+            } else {
+                const uint16_t *vb = reinterpret_cast<const uint16_t *>(vsm) + ((size_t)(2 * ks) * Dh + d) * 8 + 2 * tq;
+                bfr[0] = *reinterpret_cast<const uint32_t *>(vb);
+                bfr[1] = *reinterpret_cast<const uint32_t *>(vb + (size_t)Dh * 8);
+                m3_mma_bf16_16816(oo[h2], a, bfr);
             }
         }
-    /* 2: push (l, the chunk's max, O) to the owners; O's elements e = head Dh + dim */
-    if (spc == 1) pc_wait(); /* (a) */
+    };
+    if (np * 16 < Dh)
+        for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+    /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
+     * max went with P); O's elements e = head Dh + dim */
     const int epo = pc.epo;
     if (np * 16 < Dh)
 #pragma unroll
@@ -3743,44 +3869,16 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 const int rr = gq + r2 * 8, e = rr * Dh + np * 16 + h2 * 8 + 2 * tq;
                 if (rr >= hq) continue;
                 const int ow = e / epo;
-                pc_st2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1]);
+                pc_sta2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1],
+                        pc_mapa(bars + 3, ow));
             }
-    __syncthreads(); /* lloc */
-    for (int i = tid; i < cs * hq; i += PC_NT) {
-        const int ow = i / hq, h = i % hq;
-        pc_st(pc_mapa(rl + r * hq + h, ow), lloc[h]);
-        pc_st(pc_mapa(rm + r * hq + h, ow), mloc[h]);
-    }
-    pc_arrive();
-    pc_wait();
-    /* 3: this owner's elements [e0, e1): per (chunk, head) the weight e^(m_j - M) and l_j,
-     * per (chunk, element) the weighted partition output w_j A_j, per element the sums in
-     * chunk order */
-    const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = e1 - e0, h0 = e0 / Dh;
-    const int nh = ne > 0 ? (e1 - 1) / Dh - h0 + 1 : 0;
-    __shared__ float mw[PC_MAX_CS][FD_MAX_HQ], ml[PC_MAX_CS][FD_MAX_HQ];
-    for (int i = tid; i < nch * nh; i += PC_NT) {
-        const int j = i / nh, hl = i % nh, h = h0 + hl;
-        float M = -INFINITY, l = 0.0f;
-        for (int jj = 0; jj < nch; jj++) M = fmaxf(M, rm[(jj * spc) * hq + h]);
-        for (int u = 0; u < spc; u++) l += rl[(j * spc + u) * hq + h];
-        mw[j][hl] = expf(rm[(j * spc) * hq + h] - M), ml[j][hl] = l;
-    }
-    __syncthreads();
-    for (int i = tid; i < nch * ne; i += PC_NT) {
-        const int j = i / ne, x = i - j * ne, hl = (e0 + x) / Dh - h0;
-        float oo = 0.0f;
-        for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
-        const float l = ml[j][hl];
-        wa[(size_t)j * epo + x] = mw[j][hl] * (c.part > 0 ? l * m3_round_bf16(oo / l) : oo);
-    }
-    __syncthreads();
-    if (tid < ne) {
-        const int hl = (e0 + tid) / Dh - h0;
-        float den = 0.0f, acc = 0.0f;
-        for (int j = 0; j < nch; j++) den += mw[j][hl] * ml[j][hl], acc += wa[(size_t)j * epo + tid];
-        out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + tid] = m3_f32_to_bf16(acc / den);
-    }
+    /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
+     * CTA only exits after the stores into it completed, and none reads another's memory) */
+    const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
+    if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
+    pc_bar_wait_cl(bars + 3, 0);
+    cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
+                    c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif

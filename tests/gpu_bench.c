@@ -314,12 +314,17 @@ static m3_status do_attn(m3_gpu *g, void *c) {
     return m3_gpu_attn_dense(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C, &x->ap, &x->p);
 }
 
+static bool row_wanted(const char *nm);
 static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int prof, bool flash) {
-    const size_t mark = m3_gpu_mark(g);
     attn_ctx c;
     memset(&c, 0, sizeof c);
     c.flash = flash;
     if (prof == 1) m3_profile_hf(&c.p); else m3_profile_atom(&c.p);
+    char nm[96];
+    snprintf(nm, sizeof nm, "attn_%s%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense",
+             flash ? " flash" : "", c.p.name, T, C);
+    if (!row_wanted(nm)) return; /* M3_BENCH_ROW */
+    const size_t mark = m3_gpu_mark(g);
     m3_attn_params_init(&c.ap, 64, 4, 128);
     c.T = T, c.C = C, c.width = 16;
     /* q / K / V: at most 1M random elements (128 tokens, 2048 keys) repeated (host-side
@@ -353,9 +358,6 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     free(pos);
     free(tk);
     double ms = time_ms(g, do_attn, &c, flash ? 10 : 3, flash ? 5 : 3);
-    char nm[96];
-    snprintf(nm, sizeof nm, "attn_%s%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense",
-             flash ? " flash" : "", c.p.name, T, C);
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
     double kvb = sparse ? keys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
