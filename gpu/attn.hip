@@ -2854,6 +2854,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * and P's for every n-tile; 1.2-1.3x slower at T = 64 and prefill). */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
+#define PD8_SBB (2304 + 128) /* bulk-copy slots: 8 dim units of 16 keys at a 288-byte stride */
 
 /* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4 */
 static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
@@ -2861,8 +2862,8 @@ static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     return s > a ? s : a;
 }
 /* Q's fp16 fragments (4 KB), then the warps' S / A areas and rings */
-static size_t pd8_smem_bytes(const pf_cfg &c) {
-    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
+static size_t pd8_smem_bytes(const pf_cfg &c, size_t sb = PD8_SB) {
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * sb);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
@@ -2884,7 +2885,11 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
-template <bool TPAIR> /* c.tile >= 32: pairs of 16-key groups lie in one §4.9 tile */
+/* session 9 variant knob (removed before the end) */
+extern "C" int m3_gpu_pd_var;
+int m3_gpu_pd_var = 0;
+
+template <bool TPAIR, int VAR> /* c.tile >= 32: pairs of 16-key groups lie in one §4.9 tile */
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2893,7 +2898,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #if M3_HAVE_MMA && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
-    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB;
+    constexpr bool BULK = (VAR & 4) != 0; /* session 9: rings fed by bulk copies + mbarriers */
+    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = BULK ? PD8_SBB : PD8_SB, SCO = BULK ? 2304 : 2048;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
@@ -2901,6 +2907,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
+    __shared__ uint64_t pbar[BULK ? PD_W : 1][NS];
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -2908,6 +2915,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
+#if M3_HAVE_CLUSTER
+    if (BULK && lane == 0)
+        for (int j = 0; j < NS; j++) pc_bar_init(&pbar[warp][j]);
+#else
+    if (BULK) __trap();
+#endif
     for (int e = tid; e < 16 * Dh / 8; e += NT) {
         uint4 v = make_uint4(0, 0, 0, 0);
         if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
@@ -3012,6 +3025,28 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const bool kk = ij < ing;
             const int gr = kk ? ij : ij - ing;
             const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
+#if M3_HAVE_CLUSTER
+            if (BULK) {
+                const int64_t ko = __shfl_sync(0xffffffffu, kk ? gko : gvo, gr);
+                if (lane == 0) {
+                    uint64_t *b = &pbar[warp][isq % NS];
+                    /* the slot's last generic reads (before the warp barrier) precede the
+                     * async proxy's writes */
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    if (kk) {
+                        pc_bar_expect(b, 2048 + 128);
+#pragma unroll
+                        for (int d = 0; d < 8; d++) pc_bulk(dst + d * 288, kbase + ko + (int64_t)d * Pv * 16, 256, b);
+                        pc_bulk(dst + SCO, s.k_scale + so, 64, b);
+                        pc_bulk(dst + SCO + 64, s.v_scale + so, 64, b);
+                    } else {
+                        pc_bar_expect(b, 2048 + 64);
+                        pc_bulk(dst, vbase + ko, 2048, b);
+                        pc_bulk(dst + SCO, s.v_scale + so, 64, b);
+                    }
+                }
+            } else
+#endif
             if (kk) { /* 8 dim units x 16 keys, 16 bytes each */
                 const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
 #pragma unroll
@@ -3033,12 +3068,16 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 enter();
             }
         }
-        cp_commit(); /* possibly empty: keeps the wait count uniform */
+        if (!BULK) cp_commit(); /* possibly empty: keeps the wait count uniform */
         isq++;
     };
     /* acquire: the next item's slot, once this lane's and (after the warp barrier) every
      * lane's copies of it landed; release: the slot refilled (every lane read it: the barrier) */
     auto acquire = [&]() -> const unsigned char * {
+#if M3_HAVE_CLUSTER
+        if (BULK) pc_bar_wait(&pbar[warp][csq % NS], (int)((csq / NS) & 1));
+        else
+#endif
         cp_wait<NS - 1>();
         __syncwarp();
         asm volatile("" ::: "memory");
@@ -3070,10 +3109,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
                     const int d = 4 * u + tq, k = kl + 2 * h;
-                    kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
+                    kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (BULK ? d * 288 + k * 16 : (d * 16 + (k ^ (2 * tq))) * 16));
                 }
-            const float4 ks = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
-            const float4 kv = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
+            const float4 ks = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
+            const float4 kv = *reinterpret_cast<const float4 *>(sl + SCO + 64 + 16 * tq);
             release();
             float c8[2][2][4];
 #pragma unroll
@@ -3155,15 +3194,19 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     continue;
                 }
                 const unsigned char *sl = acquire();
+                if (VAR & 1) { /* ldmatrix: matrix m of load j4 = n-tile 4 j4 + m, row r = its dim r */
+#pragma unroll
+                    for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
+                } else
 #pragma unroll
                 for (int u = 0; u < PD_NT; u++)
                     vc[j][u] = *reinterpret_cast<const uint32_t *>(sl + (8 * u + gq) * 16 + 4 * tq);
-                vsg[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                vsg[j] = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
                 release();
             }
             /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
             uint32_t pc[2][2];
-            float fj[2];
+            float fj[2], yt = 0.0f, ryt = 0.0f;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int g2 = gr + j, kq = 16 * g2 + 4 * tq;
@@ -3189,9 +3232,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         }
                 /* §4.9 step 4: P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)), M the tile's
                  * max V scale; the output scaled by M / FP8_MAX */
-                const float M = __shfl_sync(0xffffffffu, vm, g2);
-                fj[j] = pd8_div(M, c.fmax, rfmax);
-                const float y = M + 1e-8f, ry = __frcp_rn(y);
+                if ((VAR & 2) && TPAIR && j == 1) { /* one tile: group 2i's M, factor, reciprocal */
+                    fj[1] = fj[0];
+                } else {
+                    const float M = __shfl_sync(0xffffffffu, vm, g2);
+                    fj[j] = pd8_div(M, c.fmax, rfmax);
+                    yt = M + 1e-8f, ryt = __frcp_rn(yt);
+                }
+                const float y = yt, ry = ryt;
                 float pv[2][4];
 #pragma unroll
                 for (int h = 0; h < 2; h++)
@@ -3928,8 +3976,27 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     /* pd8_part_k with the §4.9 tile test compiled in: each instance allocates its registers
      * for its own pass-2 path */
     const pf_fn kf[6] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                         pd8_part_k<false>, pd8_part_k<true>};
+                         pd8_part_k<false, 0>, pd8_part_k<true, 0>};
     const int fi = p8 ? 4 + (c.tile >= 32) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    static size_t pd_set_var[64][2][8];
+    size_t shv = sh;
+    pf_fn kfn = kf[fi];
+    static const int env_var = getenv("M3_PD_VAR") ? atoi(getenv("M3_PD_VAR")) : 0;
+    const int var = m3_gpu_pd_var > 0 ? m3_gpu_pd_var : env_var;
+    if (p8 && var > 0) {
+        const int v = var & 7;
+        const pf_fn kv[2][8] = {{pd8_part_k<false, 0>, pd8_part_k<false, 1>, pd8_part_k<false, 2>, pd8_part_k<false, 3>,
+                                 pd8_part_k<false, 4>, pd8_part_k<false, 5>, pd8_part_k<false, 6>, pd8_part_k<false, 7>},
+                                {pd8_part_k<true, 0>, pd8_part_k<true, 1>, pd8_part_k<true, 2>, pd8_part_k<true, 3>,
+                                 pd8_part_k<true, 4>, pd8_part_k<true, 5>, pd8_part_k<true, 6>, pd8_part_k<true, 7>}};
+        if (v & 4) shv = pd8_smem_bytes(c, PD8_SBB);
+        kfn = kv[c.tile >= 32][v];
+        size_t &st = pd_set_var[g->device & 63][c.tile >= 32][v];
+        if (shv > st) {
+            M3_TRY(smem_limit((const void *)kfn, shv, "hipFuncSetAttribute(pd8 var)"));
+            st = shv;
+        }
+    }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
@@ -3949,7 +4016,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        kf[fi]<<<grid, nth, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
+        kfn<<<grid, nth, shv, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {
