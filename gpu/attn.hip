@@ -2455,7 +2455,7 @@ static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 
-template <bool FP8>
+template <bool FP8, int BV = 0> /* BV: session 9 variant knob (L2 prefetch depth 2 << BV groups) */
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2576,7 +2576,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
          * group in flight, so each chunk started with two waits on DRAM */
         if (!FP8) {
             const int64_t vo = __shfl_sync(0xffffffffu, gvo, 0);
-            const int nv = Pv >= 32 ? min(ng, 2) : 1; /* groups in this page */
+            const int nv = Pv >= 32 ? min(min(ng, 2 << BV), Pv / 16) : 1; /* groups in this page */
             if (lane == 0) pd_l2(vbase + vo * EB, (uint32_t)(nv * 16 * Dh * EB));
         }
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
@@ -2692,7 +2692,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         __syncwarp();
         if (!FP8 && cc + PD_W < ce) { /* the next chunk's first K groups (a page's dim-unit runs) */
             const int k = (cc + PD_W) * ch, kb = k / Bs;
-            const int nkn = min(ch, n - k) < 32 || Pv < 32 ? 16 : 32;
+            const int nkn = BV == 0 ? (min(ch, n - k) < 32 || Pv < 32 ? 16 : 32)
+                                    : Pv < 32 ? 16 : min(min(ch, n - k + 15) / 16 * 16, min(32 << BV, Pv));
             int64_t ko, vo, so;
             pf_offs<XC>(s, phx * Bs + (k - kb * Bs), g, ko, vo, so);
             if (lane < Dh / XC)
@@ -3983,6 +3984,16 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     pf_fn kfn = kf[fi];
     static const int env_var = getenv("M3_PD_VAR") ? atoi(getenv("M3_PD_VAR")) : 0;
     const int var = m3_gpu_pd_var > 0 ? m3_gpu_pd_var : env_var;
+    if (!p8 && dec && !fp8 && var > 0) {
+        const pf_fn kb[3] = {pd_part_k<false, 0>, pd_part_k<false, 1>, pd_part_k<false, 2>};
+        kfn = kb[(var >> 3) % 3];
+        size_t &st = pd_set_var[g->device & 63][0][(var >> 3) % 3];
+        if (sh > st) {
+            M3_TRY(smem_limit((const void *)kfn, sh, "hipFuncSetAttribute(pd var)"));
+            st = sh;
+        }
+    }
+    static size_t pd_set_var8[64][2][8];
     if (p8 && var > 0) {
         const int v = var & 7;
         const pf_fn kv[2][8] = {{pd8_part_k<false, 0>, pd8_part_k<false, 1>, pd8_part_k<false, 2>, pd8_part_k<false, 3>,
@@ -3991,7 +4002,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pd8_part_k<true, 4>, pd8_part_k<true, 5>, pd8_part_k<true, 6>, pd8_part_k<true, 7>}};
         if (v & 4) shv = pd8_smem_bytes(c, PD8_SBB);
         kfn = kv[c.tile >= 32][v];
-        size_t &st = pd_set_var[g->device & 63][c.tile >= 32][v];
+        size_t &st = pd_set_var8[g->device & 63][c.tile >= 32][v];
         if (shv > st) {
             M3_TRY(smem_limit((const void *)kfn, shv, "hipFuncSetAttribute(pd8 var)"));
             st = shv;

@@ -485,7 +485,7 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     }
     c.src.flash_kernel = 0;
     /* session 9 knob: M3_BENCH_PD_VARS=0,1,.. the row again per pd8_part_k variant */
-    for (const char *fv = fp8 ? getenv("M3_BENCH_PD_VARS") : NULL; fv && *fv;) {
+    for (const char *fv = getenv(fp8 ? "M3_BENCH_PD_VARS" : "M3_BENCH_PDB_VARS"); fv && *fv;) {
         m3_gpu_pd_var = atoi(fv);
         char nk[120];
         snprintf(nk, sizeof nk, "%s v%d", nm, m3_gpu_pd_var);
