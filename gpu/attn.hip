@@ -2455,7 +2455,57 @@ static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 
-template <bool FP8, int BV = 0> /* BV: session 9 variant knob (L2 prefetch depth 2 << BV groups) */
+/* The block's fold of its PD_W warps' (M, L, A) (A of warp w at wraw + w WB + aoff in the
+ * accumulator layout), in warp order, into the row's output (nsp == 1) or this block's
+ * partial: the weights e^(M_w - M) and L once per (warp, head) by the first hq threads, then
+ * two output elements (one float2 of each warp's A) per thread. wx: PD_W x 16 + 32 floats of
+ * shared memory. Warps without a chunk (M_w = -inf) are skipped. */
+static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff,
+                               const float (*wml)[2][16], float *wx, m3_bf16 *orow, float *po,
+                               float *pml, size_t sl0, int hq, int nsp, int tid, int nt) {
+    constexpr int Dh = FA_MAX_DH;
+    float *wM = wx + PD_W * 16, *wL = wM + 16;
+    if (tid < hq) {
+        const int h = tid;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
+        float L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < PD_W; w++) {
+            const float mw = wml[w][0][h];
+            const float x = mw == -INFINITY ? 0.0f : expf(mw - M);
+            wx[w * 16 + h] = x;
+            if (mw != -INFINITY) L += x * wml[w][1][h];
+        }
+        wM[h] = M, wL[h] = L;
+    }
+    __syncthreads();
+    for (int e = tid; e < hq * Dh / 2; e += nt) {
+        const int h = e / (Dh / 2), d = 2 * (e - h * (Dh / 2));
+        /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8, d and
+         * d + 1 in consecutive registers */
+        const size_t ai = aoff + ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 + (size_t)(2 * (h / 8)) * 4;
+        float A0 = 0.0f, A1 = 0.0f;
+#pragma unroll
+        for (int w = 0; w < PD_W; w++) {
+            if (wml[w][0][h] == -INFINITY) continue; /* a warp without a chunk */
+            const float x = wx[w * 16 + h];
+            const float2 a = *reinterpret_cast<const float2 *>(wraw + (size_t)w * WB + ai);
+            A0 += x * a.x, A1 += x * a.y;
+        }
+        const float L = wL[h];
+        if (nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
+            *reinterpret_cast<uint32_t *>(orow + (size_t)h * Dh + d) =
+                (uint32_t)m3_f32_to_bf16(A0 / L) | ((uint32_t)m3_f32_to_bf16(A1 / L) << 16);
+        } else {
+            *reinterpret_cast<float2 *>(po + (sl0 + h) * Dh + d) = make_float2(A0, A1);
+            if (d == 0) pml[(sl0 + h) * 2] = wM[h], pml[(sl0 + h) * 2 + 1] = L;
+        }
+    }
+}
+
+template <bool FP8, int BV = 0> /* BV: session 9 variant knob (1: pd_fold) */
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2576,7 +2626,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
          * group in flight, so each chunk started with two waits on DRAM */
         if (!FP8) {
             const int64_t vo = __shfl_sync(0xffffffffu, gvo, 0);
-            const int nv = Pv >= 32 ? min(min(ng, 2 << BV), Pv / 16) : 1; /* groups in this page */
+            const int nv = Pv >= 32 ? min(ng, 2) : 1; /* groups in this page */
             if (lane == 0) pd_l2(vbase + vo * EB, (uint32_t)(nv * 16 * Dh * EB));
         }
         /* pass 1: S of each 16-key group into the warp's area; the row maxima */
@@ -2692,8 +2742,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         __syncwarp();
         if (!FP8 && cc + PD_W < ce) { /* the next chunk's first K groups (a page's dim-unit runs) */
             const int k = (cc + PD_W) * ch, kb = k / Bs;
-            const int nkn = BV == 0 ? (min(ch, n - k) < 32 || Pv < 32 ? 16 : 32)
-                                    : Pv < 32 ? 16 : min(min(ch, n - k + 15) / 16 * 16, min(32 << BV, Pv));
+            const int nkn = min(ch, n - k) < 32 || Pv < 32 ? 16 : 32;
             int64_t ko, vo, so;
             pf_offs<XC>(s, phx * Bs + (k - kb * Bs), g, ko, vo, so);
             if (lane < Dh / XC)
@@ -2795,6 +2844,11 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __syncthreads();
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
+    if (BV == 1) {
+        __shared__ float wx[PD_W * 16 + 32];
+        if (cb < ce || c.nsp == 1)
+            pd_fold(wraw, WB, pd_s_bytes(c), wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, PD_W * 32);
+    } else
     if (cb < ce || c.nsp == 1)
         for (int e = tid; e < hq * Dh; e += (PD_W * 32)) {
             const int h = e / Dh, d = e - h * Dh;
@@ -2855,7 +2909,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * and P's for every n-tile; 1.2-1.3x slower at T = 64 and prefill). */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
-#define PD8_SBB (2304 + 128) /* bulk-copy slots: 8 dim units of 16 keys at a 288-byte stride */
 
 /* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4 */
 static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
@@ -2863,8 +2916,8 @@ static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     return s > a ? s : a;
 }
 /* Q's fp16 fragments (4 KB), then the warps' S / A areas and rings */
-static size_t pd8_smem_bytes(const pf_cfg &c, size_t sb = PD8_SB) {
-    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * sb);
+static size_t pd8_smem_bytes(const pf_cfg &c) {
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
@@ -2899,8 +2952,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #if M3_HAVE_MMA && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
-    constexpr bool BULK = (VAR & 4) != 0; /* session 9: rings fed by bulk copies + mbarriers */
-    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = BULK ? PD8_SBB : PD8_SB, SCO = BULK ? 2304 : 2048;
+    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB, SCO = 2048;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
@@ -2908,7 +2960,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
-    __shared__ uint64_t pbar[BULK ? PD_W : 1][NS];
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -2916,12 +2967,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
-#if M3_HAVE_CLUSTER
-    if (BULK && lane == 0)
-        for (int j = 0; j < NS; j++) pc_bar_init(&pbar[warp][j]);
-#else
-    if (BULK) __trap();
-#endif
     for (int e = tid; e < 16 * Dh / 8; e += NT) {
         uint4 v = make_uint4(0, 0, 0, 0);
         if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
@@ -2930,6 +2975,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (sparse)
         for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
+    /* VAR & 4: fp8(q) by the saturating hardware cast (e4m3fn, SATURATE), in the fragment build */
+    const bool hwq = (VAR & 4) && s.ovf == M3_FP8_SATURATE;
+    if (!hwq)
     for (int e = tid; e < 16 * Dh; e += NT) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
         qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     if (!sparse) {
@@ -2979,15 +3027,22 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
      * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
     uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
-    for (int e = tid; e < 8 * 32; e += NT) {
-        const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
-        const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
-        qh[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
-                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
-                           *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
-                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
-    }
-    __syncthreads(); /* qs (the warps' areas) read before the rings fill them */
+    /* a word of 2 fp16 values of fp8(q) at qs + off (VAR & 4 with hwq: from 2 bf16) */
+    auto qword = [&](int off) -> uint32_t {
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(qs + off);
+        if (!hwq) return w;
+        return pf_q2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u), s.g.fp8_kind, s.ovf, true);
+    };
+    auto qfrag = [&]() {
+        for (int e = tid; e < 8 * 32; e += NT) {
+            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
+            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
+            qh[e] = make_uint4(qword(r * Dh + D), qword((r + 8) * Dh + D), qword(r * Dh + D + 2),
+                               qword((r + 8) * Dh + D + 2));
+        }
+        __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
+    };
+    if (!(VAR & 4)) qfrag();
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
@@ -3026,28 +3081,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const bool kk = ij < ing;
             const int gr = kk ? ij : ij - ing;
             const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
-#if M3_HAVE_CLUSTER
-            if (BULK) {
-                const int64_t ko = __shfl_sync(0xffffffffu, kk ? gko : gvo, gr);
-                if (lane == 0) {
-                    uint64_t *b = &pbar[warp][isq % NS];
-                    /* the slot's last generic reads (before the warp barrier) precede the
-                     * async proxy's writes */
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    if (kk) {
-                        pc_bar_expect(b, 2048 + 128);
-#pragma unroll
-                        for (int d = 0; d < 8; d++) pc_bulk(dst + d * 288, kbase + ko + (int64_t)d * Pv * 16, 256, b);
-                        pc_bulk(dst + SCO, s.k_scale + so, 64, b);
-                        pc_bulk(dst + SCO + 64, s.v_scale + so, 64, b);
-                    } else {
-                        pc_bar_expect(b, 2048 + 64);
-                        pc_bulk(dst, vbase + ko, 2048, b);
-                        pc_bulk(dst + SCO, s.v_scale + so, 64, b);
-                    }
-                }
-            } else
-#endif
             if (kk) { /* 8 dim units x 16 keys, 16 bytes each */
                 const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
 #pragma unroll
@@ -3069,16 +3102,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 enter();
             }
         }
-        if (!BULK) cp_commit(); /* possibly empty: keeps the wait count uniform */
+        cp_commit(); /* possibly empty: keeps the wait count uniform */
         isq++;
     };
     /* acquire: the next item's slot, once this lane's and (after the warp barrier) every
      * lane's copies of it landed; release: the slot refilled (every lane read it: the barrier) */
     auto acquire = [&]() -> const unsigned char * {
-#if M3_HAVE_CLUSTER
-        if (BULK) pc_bar_wait(&pbar[warp][csq % NS], (int)((csq / NS) & 1));
-        else
-#endif
         cp_wait<NS - 1>();
         __syncwarp();
         asm volatile("" ::: "memory");
@@ -3092,6 +3121,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     };
 #pragma unroll 1
     for (int j = 0; j < NS; j++) issue();
+    if (VAR & 4) qfrag(); /* the rings' first copies in flight during Q's conversion */
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
 #pragma unroll
@@ -3110,7 +3140,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
                     const int d = 4 * u + tq, k = kl + 2 * h;
-                    kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (BULK ? d * 288 + k * 16 : (d * 16 + (k ^ (2 * tq))) * 16));
+                    kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
                 }
             const float4 ks = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
             const float4 kv = *reinterpret_cast<const float4 *>(sl + SCO + 64 + 16 * tq);
@@ -3331,6 +3361,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __syncthreads();
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
+    if (VAR & 4) {
+        __shared__ float wx[PD_W * 16 + 32];
+        if (cb < ce || c.nsp == 1) pd_fold(wraw, WB, 0, wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, NT);
+    } else
     if (cb < ce || c.nsp == 1)
         for (int e = tid; e < hq * Dh; e += NT) {
             const int h = e / Dh, d = e - h * Dh;
@@ -3980,14 +4014,14 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                          pd8_part_k<false, 0>, pd8_part_k<true, 0>};
     const int fi = p8 ? 4 + (c.tile >= 32) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     static size_t pd_set_var[64][2][8];
-    size_t shv = sh;
+    const size_t shv = sh;
     pf_fn kfn = kf[fi];
     static const int env_var = getenv("M3_PD_VAR") ? atoi(getenv("M3_PD_VAR")) : 0;
     const int var = m3_gpu_pd_var > 0 ? m3_gpu_pd_var : env_var;
     if (!p8 && dec && !fp8 && var > 0) {
-        const pf_fn kb[3] = {pd_part_k<false, 0>, pd_part_k<false, 1>, pd_part_k<false, 2>};
-        kfn = kb[(var >> 3) % 3];
-        size_t &st = pd_set_var[g->device & 63][0][(var >> 3) % 3];
+        const pf_fn kb[2] = {pd_part_k<false, 0>, pd_part_k<false, 1>};
+        kfn = kb[(var >> 3) & 1];
+        size_t &st = pd_set_var[g->device & 63][0][(var >> 3) & 1];
         if (sh > st) {
             M3_TRY(smem_limit((const void *)kfn, sh, "hipFuncSetAttribute(pd var)"));
             st = sh;
@@ -4000,7 +4034,6 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pd8_part_k<false, 4>, pd8_part_k<false, 5>, pd8_part_k<false, 6>, pd8_part_k<false, 7>},
                                 {pd8_part_k<true, 0>, pd8_part_k<true, 1>, pd8_part_k<true, 2>, pd8_part_k<true, 3>,
                                  pd8_part_k<true, 4>, pd8_part_k<true, 5>, pd8_part_k<true, 6>, pd8_part_k<true, 7>}};
-        if (v & 4) shv = pd8_smem_bytes(c, PD8_SBB);
         kfn = kv[c.tile >= 32][v];
         size_t &st = pd_set_var8[g->device & 63][c.tile >= 32][v];
         if (shv > st) {
