@@ -2929,6 +2929,12 @@ static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
     return fmaf(fmaf(-q0, y, x), ry, q0);
 }
 #if M3_HAVE_FP8_CVT
+/* the four e4m3fn codes of x as fp16x2 pairs: lo = bytes 0, 1 and hi = bytes 2, 3 (the 16-bit
+ * halves split by a mov, so ptxas can feed each half to its unpack without a shift) */
+static __device__ __forceinline__ void pd8_h4(uint32_t x, uint32_t &lo, uint32_t &hi) {
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
+        : "=r"(lo), "=r"(hi) : "r"(x));
+}
 /* e4m3fn codes of (lo, hi), lo in the low byte (rn, satfinite: the emulation's SATURATE;
  * §4.9's values never exceed FP8_MAX) */
 static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
@@ -3089,8 +3095,13 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     cp16(dst + (d * 16 + (k ^ (2 * (d & 3)))) * 16,
                          kbase + ko + (int64_t)d * Pv * 16 + (int64_t)k * 16, true);
                 }
+                if (VAR & 8) { /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
+                    const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
+                    if (lane < 8) cp16(dst + 2048 + 16 * lane, sp, true);
+                } else {
                 if (lane < 4) cp16(dst + 2048 + 16 * lane, s.k_scale + so + 4 * lane, true);
                 else if (lane < 8) cp16(dst + 2048 + 64 + 16 * (lane - 4), s.v_scale + so + 4 * (lane - 4), true);
+                }
             } else { /* 128 dims x 16 keys: 2 KB contiguous */
                 const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr);
 #pragma unroll
@@ -3162,7 +3173,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     for (int h = 0; h < 2; h++) {
                         const uint4 w = kw[h][m >> 1];
                         const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
-                        const uint32_t b[2] = {pf_h2(x, NULL, true), pf_h2(x >> 16, NULL, true)};
+                        uint32_t b[2];
+                        if (VAR & 8) pd8_h4(x, b[0], b[1]);
+                        else b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
                         pf_mma_f16(c8[h][m & 1], qa, b);
                     }
                 }
@@ -3218,7 +3231,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             float4 vsg[2];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                if (j == 1 && !two) {
+                if (j == 1 && !two) { /* VAR & 8: the zero group enters the products (adds 0) */
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
                     vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -3286,9 +3299,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             uint32_t ah[2][4];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
+                if (VAR & 8) {
+                    pd8_h4(pc[j][0], ah[j][0], ah[j][2]);
+                    pd8_h4(pc[j][1], ah[j][1], ah[j][3]);
+                } else {
                 ah[j][0] = pf_h2(pc[j][0], NULL, true), ah[j][1] = pf_h2(pc[j][1], NULL, true);
                 ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true);
                 ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
+                }
             }
             if (tpair) { /* one tile: both groups' products in one sum before the scaling */
 #pragma unroll
@@ -3296,9 +3314,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
-                        if (j == 1 && !two) break;
-                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true),
-                                               pf_h2(vc[j][u] >> 16, NULL, true)};
+                        if (!(VAR & 8) && j == 1 && !two) break;
+                        uint32_t b[2];
+                        if (VAR & 8) pd8_h4(vc[j][u], b[0], b[1]);
+                        else b[0] = pf_h2(vc[j][u], NULL, true), b[1] = pf_h2(vc[j][u] >> 16, NULL, true);
                         pf_mma_f16(t4, ah[j], b);
                     }
 #pragma unroll
@@ -3307,11 +3326,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             } else {
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    if (j == 1 && !two) break;
+                    if (!(VAR & 8) && j == 1 && !two) break;
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
-                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true),
-                                               pf_h2(vc[j][u] >> 16, NULL, true)};
+                        uint32_t b[2];
+                        if (VAR & 8) pd8_h4(vc[j][u], b[0], b[1]);
+                        else b[0] = pf_h2(vc[j][u], NULL, true), b[1] = pf_h2(vc[j][u] >> 16, NULL, true);
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         pf_mma_f16(t4, ah[j], b);
 #pragma unroll
@@ -4029,11 +4049,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     }
     static size_t pd_set_var8[64][2][8];
     if (p8 && var > 0) {
-        const int v = var & 7;
-        const pf_fn kv[2][8] = {{pd8_part_k<false, 0>, pd8_part_k<false, 1>, pd8_part_k<false, 2>, pd8_part_k<false, 3>,
-                                 pd8_part_k<false, 4>, pd8_part_k<false, 5>, pd8_part_k<false, 6>, pd8_part_k<false, 7>},
-                                {pd8_part_k<true, 0>, pd8_part_k<true, 1>, pd8_part_k<true, 2>, pd8_part_k<true, 3>,
-                                 pd8_part_k<true, 4>, pd8_part_k<true, 5>, pd8_part_k<true, 6>, pd8_part_k<true, 7>}};
+        const int v = (var & 7) == 7 ? ((var & 8) ? 3 : 2) : (var & 3) == 3 ? 1 : 0;
+        const pf_fn kv[2][8] = {{pd8_part_k<false, 0>, pd8_part_k<false, 3>, pd8_part_k<false, 7>, pd8_part_k<false, 15>},
+                                {pd8_part_k<true, 0>, pd8_part_k<true, 3>, pd8_part_k<true, 7>, pd8_part_k<true, 15>}};
         kfn = kv[c.tile >= 32][v];
         size_t &st = pd_set_var8[g->device & 63][c.tile >= 32][v];
         if (shv > st) {
