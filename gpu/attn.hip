@@ -2420,7 +2420,10 @@ static __global__ void __launch_bounds__(PF_MT)
  * e4m3fn elements (§4.9: pd8_part_k below), the fast layouts, when the grid gives each of
  * PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids (sparse T = 1)
  * keep pf_part_k, whose 8 warps share a chunk. bf16 (session 8): L2 bulk prefetches of a
- * chunk's first V groups at its start and of the next chunk's first K groups at pass 2. */
+ * chunk's first V groups at its start and of the next chunk's first K groups at pass 2.
+ * Session 9: the block's fold (pd_fold) forms the per-(warp, head) weights once instead of
+ * per output element (it was ~8% of pd8_part_k's executed instructions; deeper L2
+ * prefetches, 4 or 8 groups, measured slower). */
 #define PD_W 4   /* warps per block (8, one block per SM: slower) */
 #define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
                   * registers each) */
@@ -2505,7 +2508,7 @@ static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff
     }
 }
 
-template <bool FP8, int BV = 0> /* BV: session 9 variant knob (1: pd_fold) */
+template <bool FP8>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2844,35 +2847,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __syncthreads();
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
-    if (BV == 1) {
-        __shared__ float wx[PD_W * 16 + 32];
-        if (cb < ce || c.nsp == 1)
-            pd_fold(wraw, WB, pd_s_bytes(c), wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, PD_W * 32);
-    } else
+    __shared__ float wx[PD_W * 16 + 32];
     if (cb < ce || c.nsp == 1)
-        for (int e = tid; e < hq * Dh; e += (PD_W * 32)) {
-            const int h = e / Dh, d = e - h * Dh;
-            float M = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
-            /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
-            const size_t ai = pd_s_bytes(c) + ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
-                              (size_t)(2 * (h / 8) + (d & 1)) * 4;
-            float A = 0.0f, L = 0.0f;
-#pragma unroll
-            for (int w = 0; w < PD_W; w++) {
-                const float mw = wml[w][0][h];
-                if (mw == -INFINITY) continue; /* a warp without a chunk */
-                const float x = expf(mw - M);
-                A += x * *reinterpret_cast<const float *>(wraw + (size_t)w * WB + ai), L += x * wml[w][1][h];
-            }
-            if (c.nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
-                orow[(size_t)h * Dh + d] = m3_f32_to_bf16(A / L);
-            } else {
-                po[(sl0 + h) * Dh + d] = A;
-                if (d == 0) pml[(sl0 + h) * 2] = M, pml[(sl0 + h) * 2 + 1] = L;
-            }
-        }
+        pd_fold(wraw, WB, pd_s_bytes(c), wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, PD_W * 32);
     if (c.nsp == 1 || !c.fused) return;
     /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
     if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
@@ -2906,7 +2883,15 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * fp32 sums): K, V and P' codes unpacked once each by cvt.rn.f16x2.e4m3x2, Q's fp16
  * fragments read from shared memory per k-step (session 8: the e4m3 m16n8k32 mma.sync of
  * session 7 is code unpacks plus fp16 mma on sm_90, unpacking Q's codes for every K group
- * and P's for every n-tile; 1.2-1.3x slower at T = 64 and prefill). */
+ * and P's for every n-tile; 1.2-1.3x slower at T = 64 and prefill). Session 9 (ncu source
+ * counters: 815 executed instructions per 16-key group, ~15% of them the block's prologue
+ * and fold): fp8(q) by the saturating hardware cast inside the fragment build, issued after
+ * the rings' first copies (the software rounding was ~7%), pd_fold, paired code unpacks
+ * (pd8_h4: no shift per upper half), V words by ldmatrix, one M / factor / reciprocal per
+ * tile pair, and the second group of a pass-2 step always multiplied (a lone last group
+ * adds zero products: no predicated mma.sync, whose warp syncs cost 16 instructions a
+ * group): 646 instructions a group. Bulk-copy rings (cp.async.bulk + mbarriers, one lane
+ * issuing, 288-byte padded K units) measured 15-25% slower. */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
@@ -2945,11 +2930,7 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
-/* session 9 variant knob (removed before the end) */
-extern "C" int m3_gpu_pd_var;
-int m3_gpu_pd_var = 0;
-
-template <bool TPAIR, int VAR> /* c.tile >= 32: pairs of 16-key groups lie in one §4.9 tile */
+template <bool TPAIR> /* c.tile >= 32: pairs of 16-key groups lie in one §4.9 tile */
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -2981,10 +2962,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (sparse)
         for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    /* VAR & 4: fp8(q) by the saturating hardware cast (e4m3fn, SATURATE), in the fragment build */
-    const bool hwq = (VAR & 4) && s.ovf == M3_FP8_SATURATE;
+    /* §4.9: fp8(q) without scale, held as fp16 (exact). Under SATURATE the hardware's
+     * saturating cast (cvt.rn.satfinite, e4m3fn) in the fragment build below; else ref's
+     * rounding here (the NaN-on-overflow mode), in place */
+    const bool hwq = s.ovf == M3_FP8_SATURATE;
     if (!hwq)
-    for (int e = tid; e < 16 * Dh; e += NT) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
+        for (int e = tid; e < 16 * Dh; e += NT)
         qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     if (!sparse) {
         if (tid == 0) {
@@ -3033,7 +3016,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
      * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
     uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
-    /* a word of 2 fp16 values of fp8(q) at qs + off (VAR & 4 with hwq: from 2 bf16) */
+    /* a word of 2 fp16 values of fp8(q) at qs + off (hwq: cast from the 2 bf16 there) */
     auto qword = [&](int off) -> uint32_t {
         const uint32_t w = *reinterpret_cast<const uint32_t *>(qs + off);
         if (!hwq) return w;
@@ -3048,7 +3031,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
         __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
     };
-    if (!(VAR & 4)) qfrag();
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
@@ -3095,12 +3077,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     cp16(dst + (d * 16 + (k ^ (2 * (d & 3)))) * 16,
                          kbase + ko + (int64_t)d * Pv * 16 + (int64_t)k * 16, true);
                 }
-                if (VAR & 8) { /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
+                { /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
                     const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
                     if (lane < 8) cp16(dst + 2048 + 16 * lane, sp, true);
-                } else {
-                if (lane < 4) cp16(dst + 2048 + 16 * lane, s.k_scale + so + 4 * lane, true);
-                else if (lane < 8) cp16(dst + 2048 + 64 + 16 * (lane - 4), s.v_scale + so + 4 * (lane - 4), true);
                 }
             } else { /* 128 dims x 16 keys: 2 KB contiguous */
                 const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr);
@@ -3132,7 +3111,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     };
 #pragma unroll 1
     for (int j = 0; j < NS; j++) issue();
-    if (VAR & 4) qfrag(); /* the rings' first copies in flight during Q's conversion */
+    qfrag(); /* Q's fragments while the rings' first copies are in flight */
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
 #pragma unroll
@@ -3174,8 +3153,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         const uint4 w = kw[h][m >> 1];
                         const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
                         uint32_t b[2];
-                        if (VAR & 8) pd8_h4(x, b[0], b[1]);
-                        else b[0] = pf_h2(x, NULL, true), b[1] = pf_h2(x >> 16, NULL, true);
+                        pd8_h4(x, b[0], b[1]);
                         pf_mma_f16(c8[h][m & 1], qa, b);
                     }
                 }
@@ -3231,20 +3209,17 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             float4 vsg[2];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                if (j == 1 && !two) { /* VAR & 8: the zero group enters the products (adds 0) */
+                if (j == 1 && !two) { /* a zero group: it enters the products below (adds 0) */
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
                     vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                     continue;
                 }
                 const unsigned char *sl = acquire();
-                if (VAR & 1) { /* ldmatrix: matrix m of load j4 = n-tile 4 j4 + m, row r = its dim r */
+                /* a lane's V words (dim 8u + gq, keys 4tq..4tq+3) by ldmatrix: matrix m of
+                 * load j4 is n-tile 4 j4 + m, its row r dim 8 (4 j4 + m) + r */
 #pragma unroll
-                    for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
-                } else
-#pragma unroll
-                for (int u = 0; u < PD_NT; u++)
-                    vc[j][u] = *reinterpret_cast<const uint32_t *>(sl + (8 * u + gq) * 16 + 4 * tq);
+                for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
                 vsg[j] = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
                 release();
             }
@@ -3276,7 +3251,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         }
                 /* §4.9 step 4: P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)), M the tile's
                  * max V scale; the output scaled by M / FP8_MAX */
-                if ((VAR & 2) && TPAIR && j == 1) { /* one tile: group 2i's M, factor, reciprocal */
+                if (TPAIR && j == 1) { /* one tile: group 2i's M, factor and reciprocal */
                     fj[1] = fj[0];
                 } else {
                     const float M = __shfl_sync(0xffffffffu, vm, g2);
@@ -3299,25 +3274,17 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             uint32_t ah[2][4];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                if (VAR & 8) {
-                    pd8_h4(pc[j][0], ah[j][0], ah[j][2]);
-                    pd8_h4(pc[j][1], ah[j][1], ah[j][3]);
-                } else {
-                ah[j][0] = pf_h2(pc[j][0], NULL, true), ah[j][1] = pf_h2(pc[j][1], NULL, true);
-                ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true);
-                ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
-                }
+                pd8_h4(pc[j][0], ah[j][0], ah[j][2]);
+                pd8_h4(pc[j][1], ah[j][1], ah[j][3]);
             }
             if (tpair) { /* one tile: both groups' products in one sum before the scaling */
 #pragma unroll
                 for (int u = 0; u < PD_NT; u++) {
                     float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        if (!(VAR & 8) && j == 1 && !two) break;
+                    for (int j = 0; j < 2; j++) { /* (a lone last group: j = 1 adds 0) */
                         uint32_t b[2];
-                        if (VAR & 8) pd8_h4(vc[j][u], b[0], b[1]);
-                        else b[0] = pf_h2(vc[j][u], NULL, true), b[1] = pf_h2(vc[j][u] >> 16, NULL, true);
+                        pd8_h4(vc[j][u], b[0], b[1]);
                         pf_mma_f16(t4, ah[j], b);
                     }
 #pragma unroll
@@ -3325,13 +3292,11 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 }
             } else {
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    if (!(VAR & 8) && j == 1 && !two) break;
+                for (int j = 0; j < 2; j++) { /* (a lone last group: j = 1 adds 0 x 0) */
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
                         uint32_t b[2];
-                        if (VAR & 8) pd8_h4(vc[j][u], b[0], b[1]);
-                        else b[0] = pf_h2(vc[j][u], NULL, true), b[1] = pf_h2(vc[j][u] >> 16, NULL, true);
+                        pd8_h4(vc[j][u], b[0], b[1]);
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         pf_mma_f16(t4, ah[j], b);
 #pragma unroll
@@ -3381,34 +3346,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __syncthreads();
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
-    if (VAR & 4) {
-        __shared__ float wx[PD_W * 16 + 32];
-        if (cb < ce || c.nsp == 1) pd_fold(wraw, WB, 0, wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, NT);
-    } else
-    if (cb < ce || c.nsp == 1)
-        for (int e = tid; e < hq * Dh; e += NT) {
-            const int h = e / Dh, d = e - h * Dh;
-            float M = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
-            /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
-            const size_t ai = ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
-                              (size_t)(2 * (h / 8) + (d & 1)) * 4;
-            float A = 0.0f, L = 0.0f;
-#pragma unroll
-            for (int w = 0; w < PD_W; w++) {
-                const float mw = wml[w][0][h];
-                if (mw == -INFINITY) continue; /* a warp without a chunk */
-                const float x = expf(mw - M);
-                A += x * *reinterpret_cast<const float *>(wraw + (size_t)w * WB + ai), L += x * wml[w][1][h];
-            }
-            if (c.nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
-                orow[(size_t)h * Dh + d] = m3_f32_to_bf16(A / L);
-            } else {
-                po[(sl0 + h) * Dh + d] = A;
-                if (d == 0) pml[(sl0 + h) * 2] = M, pml[(sl0 + h) * 2 + 1] = L;
-            }
-        }
+    __shared__ float wx[PD_W * 16 + 32];
+    if (cb < ce || c.nsp == 1) pd_fold(wraw, WB, 0, wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, NT);
     if (c.nsp == 1 || !c.fused) return;
     /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
     if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
@@ -4031,34 +3970,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     /* pd8_part_k with the §4.9 tile test compiled in: each instance allocates its registers
      * for its own pass-2 path */
     const pf_fn kf[6] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                         pd8_part_k<false, 0>, pd8_part_k<true, 0>};
+                         pd8_part_k<false>, pd8_part_k<true>};
     const int fi = p8 ? 4 + (c.tile >= 32) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
-    static size_t pd_set_var[64][2][8];
-    const size_t shv = sh;
-    pf_fn kfn = kf[fi];
-    static const int env_var = getenv("M3_PD_VAR") ? atoi(getenv("M3_PD_VAR")) : 0;
-    const int var = m3_gpu_pd_var > 0 ? m3_gpu_pd_var : env_var;
-    if (!p8 && dec && !fp8 && var > 0) {
-        const pf_fn kb[2] = {pd_part_k<false, 0>, pd_part_k<false, 1>};
-        kfn = kb[(var >> 3) & 1];
-        size_t &st = pd_set_var[g->device & 63][0][(var >> 3) & 1];
-        if (sh > st) {
-            M3_TRY(smem_limit((const void *)kfn, sh, "hipFuncSetAttribute(pd var)"));
-            st = sh;
-        }
-    }
-    static size_t pd_set_var8[64][2][8];
-    if (p8 && var > 0) {
-        const int v = (var & 7) == 7 ? ((var & 8) ? 3 : 2) : (var & 3) == 3 ? 1 : 0;
-        const pf_fn kv[2][8] = {{pd8_part_k<false, 0>, pd8_part_k<false, 3>, pd8_part_k<false, 7>, pd8_part_k<false, 15>},
-                                {pd8_part_k<true, 0>, pd8_part_k<true, 3>, pd8_part_k<true, 7>, pd8_part_k<true, 15>}};
-        kfn = kv[c.tile >= 32][v];
-        size_t &st = pd_set_var8[g->device & 63][c.tile >= 32][v];
-        if (shv > st) {
-            M3_TRY(smem_limit((const void *)kfn, shv, "hipFuncSetAttribute(pd8 var)"));
-            st = shv;
-        }
-    }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
@@ -4078,7 +3991,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        kfn<<<grid, nth, shv, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
+        kf[fi]<<<grid, nth, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused) {

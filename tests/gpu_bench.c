@@ -399,7 +399,6 @@ static m3_status do_pattn(m3_gpu *g, void *c) {
 }
 
 static bool row_wanted(const char *nm);
-extern int m3_gpu_pd_var; /* session 9 knob (gpu/attn.hip) */
 static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bool fp8) {
     char nm[96];
     snprintf(nm, sizeof nm, "attn_%s paged flash %s atom T=%d C=%d", sparse ? "sparse" : "dense",
@@ -484,17 +483,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
         fk = fk ? fk + 1 : NULL;
     }
     c.src.flash_kernel = 0;
-    /* session 9 knob: M3_BENCH_PD_VARS=0,1,.. the row again per pd8_part_k variant */
-    for (const char *fv = getenv(fp8 ? "M3_BENCH_PD_VARS" : "M3_BENCH_PDB_VARS"); fv && *fv;) {
-        m3_gpu_pd_var = atoi(fv);
-        char nk[120];
-        snprintf(nk, sizeof nk, "%s v%d", nm, m3_gpu_pd_var);
-        report(nk, time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7),
-               (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
-        fv = strchr(fv, ',');
-        fv = fv ? fv + 1 : NULL;
-    }
-    m3_gpu_pd_var = 0;
     m3_gpu_release(g, mark);
 }
 
