@@ -2461,7 +2461,7 @@ static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
 /* The block's fold of its PD_W warps' (M, L, A) (A of warp w at wraw + w WB + aoff in the
  * accumulator layout), in warp order, into the row's output (nsp == 1) or this block's
  * partial: the weights e^(M_w - M) and L once per (warp, head) by the first hq threads, then
- * two output elements (one float2 of each warp's A) per thread. wx: PD_W x 16 + 32 floats of
+ * four output elements (one float4 of each warp's A) per step. wx: PD_W x 16 + 32 floats of
  * shared memory. Warps without a chunk (M_w = -inf) are skipped. */
 static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff,
                                const float (*wml)[2][16], float *wx, m3_bf16 *orow, float *po,
@@ -2484,26 +2484,37 @@ static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff
         wM[h] = M, wL[h] = L;
     }
     __syncthreads();
-    for (int e = tid; e < hq * Dh / 2; e += nt) {
+    /* a lane's 16 bytes of A hold heads h, h + 8 (h < 8) at dims d, d + 1: one float4 of each
+     * warp per (h, d pair), four output elements */
+    for (int e = tid; e < 8 * Dh / 2; e += nt) {
         const int h = e / (Dh / 2), d = 2 * (e - h * (Dh / 2));
-        /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8, d and
-         * d + 1 in consecutive registers */
-        const size_t ai = aoff + ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 + (size_t)(2 * (h / 8)) * 4;
-        float A0 = 0.0f, A1 = 0.0f;
+        if (h >= hq) break; /* e grows with h */
+        const size_t ai = aoff + ((size_t)(d / 8) * 32 + 4 * h + (d % 8) / 2) * 16;
+        float A[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int w = 0; w < PD_W; w++) {
-            if (wml[w][0][h] == -INFINITY) continue; /* a warp without a chunk */
-            const float x = wx[w * 16 + h];
-            const float2 a = *reinterpret_cast<const float2 *>(wraw + (size_t)w * WB + ai);
-            A0 += x * a.x, A1 += x * a.y;
+            const float4 a = *reinterpret_cast<const float4 *>(wraw + (size_t)w * WB + ai);
+            if (wml[w][0][h] != -INFINITY) { /* else a warp without a chunk */
+                const float x = wx[w * 16 + h];
+                A[0] += x * a.x, A[1] += x * a.y;
+            }
+            if (wml[w][0][h + 8] != -INFINITY) {
+                const float x = wx[w * 16 + h + 8];
+                A[2] += x * a.z, A[3] += x * a.w;
+            }
         }
-        const float L = wL[h];
-        if (nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
-            *reinterpret_cast<uint32_t *>(orow + (size_t)h * Dh + d) =
-                (uint32_t)m3_f32_to_bf16(A0 / L) | ((uint32_t)m3_f32_to_bf16(A1 / L) << 16);
-        } else {
-            *reinterpret_cast<float2 *>(po + (sl0 + h) * Dh + d) = make_float2(A0, A1);
-            if (d == 0) pml[(sl0 + h) * 2] = wM[h], pml[(sl0 + h) * 2 + 1] = L;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int hh = h + 8 * r;
+            if (hh >= hq) break;
+            const float L = wL[hh];
+            if (nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
+                *reinterpret_cast<uint32_t *>(orow + (size_t)hh * Dh + d) =
+                    (uint32_t)m3_f32_to_bf16(A[2 * r] / L) | ((uint32_t)m3_f32_to_bf16(A[2 * r + 1] / L) << 16);
+            } else {
+                *reinterpret_cast<float2 *>(po + (sl0 + hh) * Dh + d) = make_float2(A[2 * r], A[2 * r + 1]);
+                if (d == 0) pml[(sl0 + hh) * 2] = wM[hh], pml[(sl0 + hh) * 2 + 1] = L;
+            }
         }
     }
 }
