@@ -2458,6 +2458,12 @@ static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 
+/* x / y correctly rounded for a normal quotient, from ry = y's correctly rounded reciprocal */
+static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
+    const float q0 = x * ry;
+    return fmaf(fmaf(-q0, y, x), ry, q0);
+}
+
 /* The block's fold of its PD_W warps' (M, L, A) (A of warp w at wraw + w WB + aoff in the
  * accumulator layout), in warp order, into the row's output (nsp == 1) or this block's
  * partial: the weights e^(M_w - M) and L once per (warp, head) by the first hq threads, then
@@ -2826,7 +2832,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
         /* chunk done: A_j into the warp's running merge (pf_part_k's rule), A in shared memory */
         const bool first = Mr[0] == -INFINITY;
-        float wa[2], wb[2], ll[2] = {l0, l1};
+        float wa[2], wb[2], ll[2] = {l0, l1}, rl[2] = {__frcp_rn(l0), __frcp_rn(l1)};
 #pragma unroll
         for (int r2 = 0; r2 < 2; r2++) {
             const float m = r2 ? mx1 : mx0, Mn = fmaxf(Mr[r2], m);
@@ -2842,10 +2848,16 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
             }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float l = ll[i >> 1];
-                const float A = c.part > 0 ? l * m3_round_bf16(o[u][i] / l) : o[u][i];
-                x[i] = first ? A * wb[i >> 1] : x[i] * wa[i >> 1] + A * wb[i >> 1];
+            for (int i = 0; i < 4; i += 2) {
+                const int r2 = i >> 1;
+                float A0 = o[u][i], A1 = o[u][i + 1];
+                if (c.part > 0) { /* l bf16(O / l) (l >= 1): the quotients as pd8_part_k's */
+                    float q0 = pd8_div(A0, ll[r2], rl[r2]), q1 = pd8_div(A1, ll[r2], rl[r2]);
+                    round_bf16x2(q0, q1);
+                    A0 = ll[r2] * q0, A1 = ll[r2] * q1;
+                }
+                x[i] = first ? A0 * wb[r2] : x[i] * wa[r2] + A0 * wb[r2];
+                x[i + 1] = first ? A1 * wb[r2] : x[i + 1] * wa[r2] + A1 * wb[r2];
             }
             aw[u * 32 + lane] = make_float4(x[0], x[1], x[2], x[3]);
         }
@@ -2919,11 +2931,6 @@ static size_t pd8_smem_bytes(const pf_cfg &c) {
     return (size_t)16 * FA_MAX_DH * 2 + a;
 }
 
-/* x / y correctly rounded for a normal quotient, from ry = y's correctly rounded reciprocal */
-static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
-    const float q0 = x * ry;
-    return fmaf(fmaf(-q0, y, x), ry, q0);
-}
 #if M3_HAVE_FP8_CVT
 /* the four e4m3fn codes of x as fp16x2 pairs: lo = bytes 0, 1 and hi = bytes 2, 3 (the 16-bit
  * halves split by a mov, so ptxas can feed each half to its unpack without a shift) */
