@@ -2422,8 +2422,10 @@ static __global__ void __launch_bounds__(PF_MT)
  * keep pf_part_k, whose 8 warps share a chunk. bf16 (session 8): L2 bulk prefetches of a
  * chunk's first V groups at its start and of the next chunk's first K groups at pass 2.
  * Session 9: the block's fold (pd_fold) forms the per-(warp, head) weights once instead of
- * per output element (it was ~8% of pd8_part_k's executed instructions; deeper L2
- * prefetches, 4 or 8 groups, measured slower). */
+ * per output element (it was ~8% of pd8_part_k's executed instructions), and the chunk ends
+ * form l bf16(O / l) by pd8_div (one reciprocal per row) and hardware bf16x2 roundings
+ * instead of IEEE divisions and software roundings (bf16 dense decode 6%, prefill 9%
+ * faster); deeper L2 prefetches (4 or 8 groups) measured slower. */
 #define PD_W 4   /* warps per block (8, one block per SM: slower) */
 #define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
                   * registers each) */
