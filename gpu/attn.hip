@@ -2435,7 +2435,12 @@ static __global__ void __launch_bounds__(PF_MT)
  * e4m3fn elements (§4.9: pd8_part_k below), the fast layouts, when the grid gives each of
  * PD_WPS warps per SM a chunk (decode and prefill over long rows); short grids (sparse T = 1)
  * keep pf_part_k, whose 8 warps share a chunk. bf16 (session 8): L2 bulk prefetches of a
- * chunk's first V groups at its start and of the next chunk's first K groups at pass 2. */
+ * chunk's first V groups at its start and of the next chunk's first K groups at pass 2.
+ * Session 9: the block's fold (pd_fold) forms the per-(warp, head) weights once instead of
+ * per output element (it was ~8% of pd8_part_k's executed instructions), and the chunk ends
+ * form l bf16(O / l) by pd8_div (one reciprocal per row) and hardware bf16x2 roundings
+ * instead of IEEE divisions and software roundings (bf16 dense decode 6%, prefill 9%
+ * faster); deeper L2 prefetches (4 or 8 groups) measured slower. */
 #define PD_W 4   /* warps per block (8, one block per SM: slower) */
 #define PD_WPS 8 /* warps per SM the launcher aims at: 2 blocks (~100 KB of shared memory, <= 255
                   * registers each) */
@@ -2468,6 +2473,73 @@ template <> struct pd_vunit<true> { typedef uint32_t t; };
 /* an L2 prefetch of bytes (a multiple of 16) at p (16-byte aligned) */
 static __device__ __forceinline__ void pd_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+/* x / y correctly rounded for a normal quotient, from ry = y's correctly rounded reciprocal */
+static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
+    const float q0 = x * ry;
+    return fmaf(fmaf(-q0, y, x), ry, q0);
+}
+
+/* The block's fold of its PD_W warps' (M, L, A) (A of warp w at wraw + w WB + aoff in the
+ * accumulator layout), in warp order, into the row's output (nsp == 1) or this block's
+ * partial: the weights e^(M_w - M) and L once per (warp, head) by the first hq threads, then
+ * four output elements (one float4 of each warp's A) per step. wx: PD_W x 16 + 32 floats of
+ * shared memory. Warps without a chunk (M_w = -inf) are skipped. */
+static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff,
+                               const float (*wml)[2][16], float *wx, m3_bf16 *orow, float *po,
+                               float *pml, size_t sl0, int hq, int nsp, int tid, int nt) {
+    constexpr int Dh = FA_MAX_DH;
+    float *wM = wx + PD_W * 16, *wL = wM + 16;
+    if (tid < hq) {
+        const int h = tid;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
+        float L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < PD_W; w++) {
+            const float mw = wml[w][0][h];
+            const float x = mw == -INFINITY ? 0.0f : expf(mw - M);
+            wx[w * 16 + h] = x;
+            if (mw != -INFINITY) L += x * wml[w][1][h];
+        }
+        wM[h] = M, wL[h] = L;
+    }
+    __syncthreads();
+    /* a lane's 16 bytes of A hold heads h, h + 8 (h < 8) at dims d, d + 1: one float4 of each
+     * warp per (h, d pair), four output elements */
+    for (int e = tid; e < 8 * Dh / 2; e += nt) {
+        const int h = e / (Dh / 2), d = 2 * (e - h * (Dh / 2));
+        if (h >= hq) break; /* e grows with h */
+        const size_t ai = aoff + ((size_t)(d / 8) * 32 + 4 * h + (d % 8) / 2) * 16;
+        float A[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < PD_W; w++) {
+            const float4 a = *reinterpret_cast<const float4 *>(wraw + (size_t)w * WB + ai);
+            if (wml[w][0][h] != -INFINITY) { /* else a warp without a chunk */
+                const float x = wx[w * 16 + h];
+                A[0] += x * a.x, A[1] += x * a.y;
+            }
+            if (wml[w][0][h + 8] != -INFINITY) {
+                const float x = wx[w * 16 + h + 8];
+                A[2] += x * a.z, A[3] += x * a.w;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int hh = h + 8 * r;
+            if (hh >= hq) break;
+            const float L = wL[hh];
+            if (nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
+                *reinterpret_cast<uint32_t *>(orow + (size_t)hh * Dh + d) =
+                    (uint32_t)m3_f32_to_bf16(A[2 * r] / L) | ((uint32_t)m3_f32_to_bf16(A[2 * r + 1] / L) << 16);
+            } else {
+                *reinterpret_cast<float2 *>(po + (sl0 + hh) * Dh + d) = make_float2(A[2 * r], A[2 * r + 1]);
+                if (d == 0) pml[(sl0 + hh) * 2] = wM[hh], pml[(sl0 + hh) * 2 + 1] = L;
+            }
+        }
+    }
 }
 
 template <bool FP8>
@@ -2777,7 +2849,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
         /* chunk done: A_j into the warp's running merge (pf_part_k's rule), A in shared memory */
         const bool first = Mr[0] == -INFINITY;
-        float wa[2], wb[2], ll[2] = {l0, l1};
+        float wa[2], wb[2], ll[2] = {l0, l1}, rl[2] = {__frcp_rn(l0), __frcp_rn(l1)};
 #pragma unroll
         for (int r2 = 0; r2 < 2; r2++) {
             const float m = r2 ? mx1 : mx0, Mn = fmaxf(Mr[r2], m);
@@ -2793,10 +2865,16 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
             }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float l = ll[i >> 1];
-                const float A = c.part > 0 ? l * m3_round_bf16(o[u][i] / l) : o[u][i];
-                x[i] = first ? A * wb[i >> 1] : x[i] * wa[i >> 1] + A * wb[i >> 1];
+            for (int i = 0; i < 4; i += 2) {
+                const int r2 = i >> 1;
+                float A0 = o[u][i], A1 = o[u][i + 1];
+                if (c.part > 0) { /* l bf16(O / l) (l >= 1): the quotients as pd8_part_k's */
+                    float q0 = pd8_div(A0, ll[r2], rl[r2]), q1 = pd8_div(A1, ll[r2], rl[r2]);
+                    round_bf16x2(q0, q1);
+                    A0 = ll[r2] * q0, A1 = ll[r2] * q1;
+                }
+                x[i] = first ? A0 * wb[r2] : x[i] * wa[r2] + A0 * wb[r2];
+                x[i + 1] = first ? A1 * wb[r2] : x[i + 1] * wa[r2] + A1 * wb[r2];
             }
             aw[u * 32 + lane] = make_float4(x[0], x[1], x[2], x[3]);
         }
@@ -2809,30 +2887,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __syncthreads();
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
+    __shared__ float wx[PD_W * 16 + 32];
     if (cb < ce || c.nsp == 1)
-        for (int e = tid; e < hq * Dh; e += (PD_W * 32)) {
-            const int h = e / Dh, d = e - h * Dh;
-            float M = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
-            /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
-            const size_t ai = pd_s_bytes(c) + ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
-                              (size_t)(2 * (h / 8) + (d & 1)) * 4;
-            float A = 0.0f, L = 0.0f;
-#pragma unroll
-            for (int w = 0; w < PD_W; w++) {
-                const float mw = wml[w][0][h];
-                if (mw == -INFINITY) continue; /* a warp without a chunk */
-                const float x = expf(mw - M);
-                A += x * *reinterpret_cast<const float *>(wraw + (size_t)w * WB + ai), L += x * wml[w][1][h];
-            }
-            if (c.nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
-                orow[(size_t)h * Dh + d] = m3_f32_to_bf16(A / L);
-            } else {
-                po[(sl0 + h) * Dh + d] = A;
-                if (d == 0) pml[(sl0 + h) * 2] = M, pml[(sl0 + h) * 2 + 1] = L;
-            }
-        }
+        pd_fold(wraw, WB, pd_s_bytes(c), wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, PD_W * 32);
     if (c.nsp == 1 || !c.fused) return;
     /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
     if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
@@ -2866,7 +2923,15 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * fp32 sums): K, V and P' codes unpacked once each by cvt.rn.f16x2.e4m3x2, Q's fp16
  * fragments read from shared memory per k-step (session 8: the e4m3 m16n8k32 mma.sync of
  * session 7 is code unpacks plus fp16 mma on sm_90, unpacking Q's codes for every K group
- * and P's for every n-tile; 1.2-1.3x slower at T = 64 and prefill). */
+ * and P's for every n-tile; 1.2-1.3x slower at T = 64 and prefill). Session 9 (ncu source
+ * counters: 815 executed instructions per 16-key group, ~15% of them the block's prologue
+ * and fold): fp8(q) by the saturating hardware cast inside the fragment build, issued after
+ * the rings' first copies (the software rounding was ~7%), pd_fold, paired code unpacks
+ * (pd8_h4: no shift per upper half), V words by ldmatrix, one M / factor / reciprocal per
+ * tile pair, and the second group of a pass-2 step always multiplied (a lone last group
+ * adds zero products: no predicated mma.sync, whose warp syncs cost 16 instructions a
+ * group): 646 instructions a group. Bulk-copy rings (cp.async.bulk + mbarriers, one lane
+ * issuing, 288-byte padded K units) measured 15-25% slower. */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
@@ -2883,12 +2948,13 @@ static size_t pd8_smem_bytes(const pf_cfg &c) {
     return (size_t)16 * FA_MAX_DH * 2 + a;
 }
 
-/* x / y correctly rounded for a normal quotient, from ry = y's correctly rounded reciprocal */
-static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
-    const float q0 = x * ry;
-    return fmaf(fmaf(-q0, y, x), ry, q0);
-}
 #if M3_HAVE_FP8_CVT
+/* the four e4m3fn codes of x as fp16x2 pairs: lo = bytes 0, 1 and hi = bytes 2, 3 (the 16-bit
+ * halves split by a mov, so ptxas can feed each half to its unpack without a shift) */
+static __device__ __forceinline__ void pd8_h4(uint32_t x, uint32_t &lo, uint32_t &hi) {
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
+        : "=r"(lo), "=r"(hi) : "r"(x));
+}
 /* e4m3fn codes of (lo, hi), lo in the low byte (rn, satfinite: the emulation's SATURATE;
  * §4.9's values never exceed FP8_MAX) */
 static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
@@ -2908,7 +2974,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #if M3_HAVE_MMA && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
-    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB;
+    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB, SCO = 2048;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
@@ -2931,7 +2997,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (sparse)
         for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    for (int e = tid; e < 16 * Dh; e += NT) /* §4.9: fp8(q) without scale, held as fp16 (exact) */
+    /* §4.9: fp8(q) without scale, held as fp16 (exact). Under SATURATE the hardware's
+     * saturating cast (cvt.rn.satfinite, e4m3fn) in the fragment build below; else ref's
+     * rounding here (the NaN-on-overflow mode), in place */
+    const bool hwq = s.ovf == M3_FP8_SATURATE;
+    if (!hwq)
+        for (int e = tid; e < 16 * Dh; e += NT)
         qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     if (!sparse) {
         if (tid == 0) {
@@ -2980,15 +3051,21 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
      * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
     uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
-    for (int e = tid; e < 8 * 32; e += NT) {
-        const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
-        const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
-        qh[e] = make_uint4(*reinterpret_cast<const uint32_t *>(qs + r * Dh + D),
-                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D),
-                           *reinterpret_cast<const uint32_t *>(qs + r * Dh + D + 2),
-                           *reinterpret_cast<const uint32_t *>(qs + (r + 8) * Dh + D + 2));
-    }
-    __syncthreads(); /* qs (the warps' areas) read before the rings fill them */
+    /* a word of 2 fp16 values of fp8(q) at qs + off (hwq: cast from the 2 bf16 there) */
+    auto qword = [&](int off) -> uint32_t {
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(qs + off);
+        if (!hwq) return w;
+        return pf_q2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u), s.g.fp8_kind, s.ovf, true);
+    };
+    auto qfrag = [&]() {
+        for (int e = tid; e < 8 * 32; e += NT) {
+            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
+            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
+            qh[e] = make_uint4(qword(r * Dh + D), qword((r + 8) * Dh + D), qword(r * Dh + D + 2),
+                               qword((r + 8) * Dh + D + 2));
+        }
+        __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
+    };
     const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
@@ -3035,8 +3112,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     cp16(dst + (d * 16 + (k ^ (2 * (d & 3)))) * 16,
                          kbase + ko + (int64_t)d * Pv * 16 + (int64_t)k * 16, true);
                 }
-                if (lane < 4) cp16(dst + 2048 + 16 * lane, s.k_scale + so + 4 * lane, true);
-                else if (lane < 8) cp16(dst + 2048 + 64 + 16 * (lane - 4), s.v_scale + so + 4 * (lane - 4), true);
+                { /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
+                    const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
+                    if (lane < 8) cp16(dst + 2048 + 16 * lane, sp, true);
+                }
             } else { /* 128 dims x 16 keys: 2 KB contiguous */
                 const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr);
 #pragma unroll
@@ -3067,6 +3146,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     };
 #pragma unroll 1
     for (int j = 0; j < NS; j++) issue();
+    qfrag(); /* Q's fragments while the rings' first copies are in flight */
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
 #pragma unroll
@@ -3087,8 +3167,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     const int d = 4 * u + tq, k = kl + 2 * h;
                     kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
                 }
-            const float4 ks = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
-            const float4 kv = *reinterpret_cast<const float4 *>(sl + 2048 + 64 + 16 * tq);
+            const float4 ks = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
+            const float4 kv = *reinterpret_cast<const float4 *>(sl + SCO + 64 + 16 * tq);
             release();
             float c8[2][2][4];
 #pragma unroll
@@ -3107,7 +3187,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     for (int h = 0; h < 2; h++) {
                         const uint4 w = kw[h][m >> 1];
                         const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
-                        const uint32_t b[2] = {pf_h2(x, NULL, true), pf_h2(x >> 16, NULL, true)};
+                        uint32_t b[2];
+                        pd8_h4(x, b[0], b[1]);
                         pf_mma_f16(c8[h][m & 1], qa, b);
                     }
                 }
@@ -3163,22 +3244,23 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             float4 vsg[2];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                if (j == 1 && !two) {
+                if (j == 1 && !two) { /* a zero group: it enters the products below (adds 0) */
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
                     vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                     continue;
                 }
                 const unsigned char *sl = acquire();
+                /* a lane's V words (dim 8u + gq, keys 4tq..4tq+3) by ldmatrix: matrix m of
+                 * load j4 is n-tile 4 j4 + m, its row r dim 8 (4 j4 + m) + r */
 #pragma unroll
-                for (int u = 0; u < PD_NT; u++)
-                    vc[j][u] = *reinterpret_cast<const uint32_t *>(sl + (8 * u + gq) * 16 + 4 * tq);
-                vsg[j] = *reinterpret_cast<const float4 *>(sl + 2048 + 16 * tq);
+                for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
+                vsg[j] = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
                 release();
             }
             /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
             uint32_t pc[2][2];
-            float fj[2];
+            float fj[2], yt = 0.0f, ryt = 0.0f;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int g2 = gr + j, kq = 16 * g2 + 4 * tq;
@@ -3204,9 +3286,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         }
                 /* §4.9 step 4: P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)), M the tile's
                  * max V scale; the output scaled by M / FP8_MAX */
-                const float M = __shfl_sync(0xffffffffu, vm, g2);
-                fj[j] = pd8_div(M, c.fmax, rfmax);
-                const float y = M + 1e-8f, ry = __frcp_rn(y);
+                if (TPAIR && j == 1) { /* one tile: group 2i's M, factor and reciprocal */
+                    fj[1] = fj[0];
+                } else {
+                    const float M = __shfl_sync(0xffffffffu, vm, g2);
+                    fj[j] = pd8_div(M, c.fmax, rfmax);
+                    yt = M + 1e-8f, ryt = __frcp_rn(yt);
+                }
+                const float y = yt, ry = ryt;
                 float pv[2][4];
 #pragma unroll
                 for (int h = 0; h < 2; h++)
@@ -3222,19 +3309,17 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             uint32_t ah[2][4];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                ah[j][0] = pf_h2(pc[j][0], NULL, true), ah[j][1] = pf_h2(pc[j][1], NULL, true);
-                ah[j][2] = pf_h2(pc[j][0] >> 16, NULL, true);
-                ah[j][3] = pf_h2(pc[j][1] >> 16, NULL, true);
+                pd8_h4(pc[j][0], ah[j][0], ah[j][2]);
+                pd8_h4(pc[j][1], ah[j][1], ah[j][3]);
             }
             if (tpair) { /* one tile: both groups' products in one sum before the scaling */
 #pragma unroll
                 for (int u = 0; u < PD_NT; u++) {
                     float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        if (j == 1 && !two) break;
-                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true),
-                                               pf_h2(vc[j][u] >> 16, NULL, true)};
+                    for (int j = 0; j < 2; j++) { /* (a lone last group: j = 1 adds 0) */
+                        uint32_t b[2];
+                        pd8_h4(vc[j][u], b[0], b[1]);
                         pf_mma_f16(t4, ah[j], b);
                     }
 #pragma unroll
@@ -3242,12 +3327,11 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 }
             } else {
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    if (j == 1 && !two) break;
+                for (int j = 0; j < 2; j++) { /* (a lone last group: j = 1 adds 0 x 0) */
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
-                        const uint32_t b[2] = {pf_h2(vc[j][u], NULL, true),
-                                               pf_h2(vc[j][u] >> 16, NULL, true)};
+                        uint32_t b[2];
+                        pd8_h4(vc[j][u], b[0], b[1]);
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         pf_mma_f16(t4, ah[j], b);
 #pragma unroll
@@ -3297,30 +3381,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __syncthreads();
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
-    if (cb < ce || c.nsp == 1)
-        for (int e = tid; e < hq * Dh; e += NT) {
-            const int h = e / Dh, d = e - h * Dh;
-            float M = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
-            /* h, d in the accumulator layout: lane 4 (h % 8) + (d % 8) / 2, n-tile d / 8 */
-            const size_t ai = ((size_t)(d / 8) * 32 + 4 * (h % 8) + (d % 8) / 2) * 16 +
-                              (size_t)(2 * (h / 8) + (d & 1)) * 4;
-            float A = 0.0f, L = 0.0f;
-#pragma unroll
-            for (int w = 0; w < PD_W; w++) {
-                const float mw = wml[w][0][h];
-                if (mw == -INFINITY) continue; /* a warp without a chunk */
-                const float x = expf(mw - M);
-                A += x * *reinterpret_cast<const float *>(wraw + (size_t)w * WB + ai), L += x * wml[w][1][h];
-            }
-            if (c.nsp == 1) { /* the whole row in this block (no key: 0 / 0, a visible NaN) */
-                orow[(size_t)h * Dh + d] = m3_f32_to_bf16(A / L);
-            } else {
-                po[(sl0 + h) * Dh + d] = A;
-                if (d == 0) pml[(sl0 + h) * 2] = M, pml[(sl0 + h) * 2 + 1] = L;
-            }
-        }
+    __shared__ float wx[PD_W * 16 + 32];
+    if (cb < ce || c.nsp == 1) pd_fold(wraw, WB, 0, wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, NT);
     if (c.nsp == 1 || !c.fused) return;
     /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
     if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;

@@ -136,7 +136,10 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
                 if (row[0] < 0) row[0] = bp;
             }
     }
-    m3_attn_paged_src src = {.kl = &kl, .bt = &bt, .fp8_pa = st->pa, .ovf = M3_FP8_SATURATE};
+    /* §4.9's fp8(q): SATURATE, and at FP8_MAX 240 the NaN-on-overflow cast (ref's rounding in
+     * pd8_part_k, whose SATURATE cast is the hardware's; q never overflows here) */
+    const m3_fp8_overflow qovf = st->pa && st->fmax < 300.0f ? M3_FP8_OVF_NAN : M3_FP8_SATURATE;
+    m3_attn_paged_src src = {.kl = &kl, .bt = &bt, .fp8_pa = st->pa, .ovf = qovf};
     size_t sb = m3_attn_paged_scratch_bytes(C, s->width, &ap, &geo);
     void *scratch = malloc(sb);
     m3_attn_paged(ref, q, ldq, &src, pos, T, C, topk, s->width, &ap, &p, scratch, sb);
@@ -164,7 +167,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     ds.bt = dbt;
     ds.n_logical = nl;
     ds.fp8_pa = st->pa;
-    ds.ovf = M3_FP8_SATURATE;
+    ds.ovf = qovf;
     GPU_OK(m3_gpu_alloc(g, &dpos, T * sizeof *pos));
     GPU_OK(m3_gpu_upload(g, dpos, pos, T * sizeof *pos));
     if (topk) {
@@ -174,8 +177,9 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     }
     static const char *en[] = {"f32", "bf16", "fp8"};
     char what[200], name[240];
-    snprintf(what, sizeof what, "paged_%s %s%s/%g %s T=%d C=%d H=%d Hkv=%d Dh=%d Bs=%d P=%d W=%d",
+    snprintf(what, sizeof what, "paged_%s %s%s%s/%g %s T=%d C=%d H=%d Hkv=%d Dh=%d Bs=%d P=%d W=%d",
              sparse ? "sparse" : "dense", en[st->elem], st->pa ? "+pa" : "",
+             qovf == M3_FP8_OVF_NAN ? " ovf-nan" : "",
              st->elem == M3_KV_FP8 ? (double)st->fmax : 0.0, p.name, T, C, s->H, s->Hkv, s->Dh,
              s->Bs, geo.page, s->width);
     if (flash) { /* the fast kernel */
