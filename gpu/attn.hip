@@ -855,7 +855,6 @@ static __device__ __forceinline__ bool attn_last_block(unsigned int *cnt, unsign
     return true;
 }
 
-static __device__ __forceinline__ float pd8_div(float x, float y, float ry);
 template <bool LOG2>
 static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
                                 const float *rm, int ls, int nch, int spc, bool part, int e0,
