@@ -12,6 +12,7 @@
  *   M3_SYNCWARP()       orders shared-memory accesses among the lanes of one warp
  *   m3_warp_sum/max()   butterfly reductions over a full warp; every lane gets the result
  *   m3_shfl()           one lane's value to every lane (float / uint32_t)
+ *   m3_ballot/any()     the warp's vote on a predicate: one bit a lane / whether any lane
  *   m3_block_sum/max()  reductions over a whole block (any blockDim.x that is a multiple of
  *                       M3_WARP), through a caller-provided shared array of M3_MAX_WARPS floats
  *   M3_HAVE_BLAS        1 when a vendor BLAS is available (cuBLAS; hipBLAS under hipcc if found)
@@ -162,6 +163,21 @@ static __device__ __forceinline__ uint32_t m3_shfl(uint32_t v, int src, int widt
     return (uint32_t)__shfl((int)v, src, width);
 #else
     return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
+/* The warp's vote on p, one bit a lane (32- or 64-lane warps), and whether any lane voted. */
+static __device__ __forceinline__ uint64_t m3_ballot(bool p) {
+#if defined(M3_HIP_AMD)
+    return (uint64_t)__ballot(p);
+#else
+    return (uint64_t)__ballot_sync(0xffffffffu, p);
+#endif
+}
+static __device__ __forceinline__ bool m3_any(bool p) {
+#if defined(M3_HIP_AMD)
+    return __any(p);
+#else
+    return __any_sync(0xffffffffu, p);
 #endif
 }
 /* Butterfly over all M3_WARP lanes: log2(M3_WARP) steps, every lane ends with the total. */

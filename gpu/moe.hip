@@ -221,13 +221,6 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
 #define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
-static __device__ __forceinline__ bool route_any(bool p) {
-#if defined(M3_HIP_AMD)
-    return __any(p);
-#else
-    return __any_sync(0xffffffffu, p);
-#endif
-}
 template <int KK>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
@@ -345,7 +338,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
         if (r < K) bad = bad || (same_hi && rfk[r] != rfk[r + 1]);
         if (r == K) bad = bad || same_hi;
     }
-    if (route_any(bad)) { /* exact fallback: K + 1 rounds over the full keys (rare) */
+    if (m3_any(bad)) { /* exact fallback: K + 1 rounds over the full keys (rare) */
         uint32_t taken = 0u;
 #pragma unroll
         for (int r = 0; r < KK; r++) { /* constant r: the lists stay in registers */

@@ -265,14 +265,6 @@ static __device__ __forceinline__ int qdiv(int i, float rn) {
     return (int)(((float)i + 0.5f) * rn);
 }
 
-/* Portable ballot (32- or 64-lane warps). */
-static __device__ __forceinline__ uint64_t ballot64(bool p) {
-#if defined(M3_HIP_AMD)
-    return (uint64_t)__ballot(p);
-#else
-    return (uint64_t)__ballot_sync(0xffffffffu, p);
-#endif
-}
 
 /* fp8 scale offset of slot s, head h (spec §4.2/§4.3: [.., Hkv, P]) */
 static __device__ __forceinline__ int64_t s_off(const qkv_args &a, int64_t slot, int Hkv, int h) {
@@ -668,7 +660,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
                             len++;
                     }
                 }
-                const uint64_t m = ballot64(lead);
+                const uint64_t m = m3_ballot(lead);
                 const int idx = run + __popcll(m & ((1ull << tid) - 1ull));
                 if (lead) slead[idx] = tl | (len << 16);
                 run += __popcll(m);
@@ -1016,7 +1008,7 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, int64_t st, u
     const int64_t s_first = m3_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
                             ((int64_t)m3_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
     const bool lane_ok = lane >= x || (lane < n && s_lane == s_first + lane);
-    const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && ballot64(!lane_ok) == 0;
+    const bool fast = n == x && s_first >= 0 && (s_first & (x - 1)) == 0 && m3_ballot(!lane_ok) == 0;
     /* rows into the warp's shared memory: lane -> chunk lane % 16 of rows lane / 16 + RPI i */
     constexpr int RPI = M3_WARP / 16;
     const int c = lane & 15;
@@ -1224,7 +1216,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
             amk = k == kk ? am : amk;
         }
         const float sk = fp8_scale(m3_bits_f32(amk << 16), a.fp8_max);
-        const bool md = ballot64(!div_ok(sk)) == 0, nc = a.hwcvt && ballot64(amk >= 0x7F80u) == 0;
+        const bool md = m3_ballot(!div_ok(sk)) == 0, nc = a.hwcvt && m3_ballot(amk >= 0x7F80u) == 0;
         const float yk = md ? __frcp_rn(sk) : 0.0f;
         float sc[K8_KR], y[K8_KR];
 #pragma unroll
@@ -1259,7 +1251,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     const int64_t s_first = m3_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
                             ((int64_t)m3_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
     const bool lane_ok = lane >= K8_T || (lane < n && s_lane == s_first + lane);
-    const bool fast = n == K8_T && s_first >= 0 && (s_first & (K8_T - 1)) == 0 && ballot64(!lane_ok) == 0;
+    const bool fast = n == K8_T && s_first >= 0 && (s_first & (K8_T - 1)) == 0 && m3_ballot(!lane_ok) == 0;
     /* row maxima, packed: word i holds tokens i (low half) and i + 8 (high half) of the
      * lane's dims; a reduce-scatter over the 8 words (4 + 2 + 1 shuffles, then the LP = M3_WARP
      * / 8 lanes of a pair) leaves lane l with the pair i = l / LP, the first half of those
@@ -1291,7 +1283,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     const int rt = lane / LP + (hi ? K8_T / 2 : 0); /* this lane's token */
     const uint32_t amr = hi ? pk[0] >> 16 : pk[0] & 0xFFFFu;
     const float sc = fp8_scale(m3_bits_f32(amr << 16), a.fp8_max);
-    const bool md = ballot64(!div_ok(sc)) == 0, nc = a.hwcvt && ballot64(amr >= 0x7F80u) == 0;
+    const bool md = m3_ballot(!div_ok(sc)) == 0, nc = a.hwcvt && m3_ballot(amr >= 0x7F80u) == 0;
     if (lane % (LP / 2) == 0) {
         sy[2 * rt] = sc, sy[2 * rt + 1] = md ? __frcp_rn(sc) : 0.0f;
         if (rt < n) {
@@ -1431,7 +1423,7 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 1));
     am = max(am, (uint32_t)M3_SHFL_XOR((int)am, 2));
     const float sc = fp8_scale(m3_bits_f32(am), a.kv.fp8_max);
-    const bool md = ballot64(!div_ok(sc)) == 0;
+    const bool md = m3_ballot(!div_ok(sc)) == 0;
     const float y = md ? __frcp_rn(sc) : 0.0f;
     const bool f32v = !vrow && a.k_src == M3_GPU_KQ_F32;
 #pragma unroll
@@ -1627,7 +1619,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                     const float cv = m3_shfl(cl, 8 * j + e), sv = m3_shfl(sl, 8 * j + e);
                     if (t == tr) c8[e] = cv, s8[e] = sv;
                 }
-                const uint64_t later = ballot64(p != NULL && t > tr); /* warp-uniform */
+                const uint64_t later = m3_ballot(p != NULL && t > tr); /* warp-uniform */
                 if (later == 0) break;
                 const int src = __ffsll((long long)later) - 1;
                 tr = (int)m3_shfl((uint32_t)t, src);
