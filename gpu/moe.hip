@@ -221,6 +221,21 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
 #define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
+/* A = the top KK of the two descending lists A and B: C[k] = max(A[k], B[k],
+ * max_{i<k} min(A[i], B[k-1-i])): min / max only, no data-dependent branches or indexing */
+template <int KK>
+static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) {
+    uint32_t C[KK];
+#pragma unroll
+    for (int k = 0; k < KK; k++) {
+        uint32_t c = max(A[k], B[k]);
+#pragma unroll
+        for (int i = 0; i < k; i++) c = max(c, min(A[i], B[k - 1 - i]));
+        C[k] = c;
+    }
+#pragma unroll
+    for (int j = 0; j < KK; j++) A[j] = C[j];
+}
 template <int KK>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
@@ -270,35 +285,16 @@ static __global__ void __launch_bounds__(RG_THREADS)
             L[0] = max(L[0], ck);
         }
     }
-    {
-        uint32_t C[KK];
-#pragma unroll
-        for (int k = 0; k < KK; k++) {
-            uint32_t c = max(G[k], H[k]);
-#pragma unroll
-            for (int i = 0; i < k; i++) c = max(c, min(G[i], H[k - 1 - i]));
-            C[k] = c;
-        }
-#pragma unroll
-        for (int j = 0; j < KK; j++) G[j] = C[j];
-    }
-    /* the 4 lanes' lists merged: C[k] = max(A[k], B[k], max_{i<k} min(A[i], B[k-1-i])) */
+    rg_merge<KK>(G, H);
+    /* the RG_L lanes' lists merged by a butterfly */
 #pragma unroll
     for (int m = 1; m < RG_L; m <<= 1) {
-        uint32_t P[KK], C[KK];
+        uint32_t P[KK];
 #pragma unroll
         for (int j = 0; j < KK; j++) P[j] = (uint32_t)M3_SHFL_XOR((int)G[j], m);
-#pragma unroll
-        for (int k = 0; k < KK; k++) {
-            uint32_t c = max(G[k], P[k]);
-#pragma unroll
-            for (int i = 0; i < k; i++) c = max(c, min(G[i], P[k - 1 - i]));
-            C[k] = c;
-        }
-#pragma unroll
-        for (int j = 0; j < KK; j++) G[j] = C[j];
+        rg_merge<KK>(G, P);
     }
-    /* ranks 0..K: ids from the packed keys; lane q recomputes sigma and sel of ranks q + 4 s,
+    /* ranks 0..K: ids from the packed keys; lane q recomputes sigma and sel of ranks q + RG_L s,
      * every lane gets them all by shuffles */
     int rid[KK];
     uint32_t rfk[KK];

@@ -232,6 +232,7 @@ static void moe_route_ties_many_tokens(void **state) {
             l[(o + 61) % E] = 2.5f, l[(o + 90) % E] = 2.5f;
         }
     }
+    float *dl = gpu_upload_f32(g, logits, (int64_t)T * E), *db = gpu_upload_f32(g, bias, E);
     for (int K = 4; K <= 8; K += 4)
         for (int wb = 0; wb < 2; wb++) {
             mp.n_expert = E, mp.top_k = K;
@@ -239,7 +240,6 @@ static void moe_route_ties_many_tokens(void **state) {
             int32_t *ids = malloc((size_t)T * K * sizeof *ids), *want = malloc((size_t)T * K * sizeof *want);
             float *w = malloc((size_t)T * K * sizeof *w), *wr = malloc((size_t)T * K * sizeof *wr);
             m3_moe_route(want, wr, NULL, logits, b, T, &mp, &p);
-            float *dl = gpu_upload_f32(g, logits, (int64_t)T * E), *db = gpu_upload_f32(g, bias, E);
             int32_t *d_ids = gpu_guard_alloc(g, (size_t)T * K * sizeof(int32_t));
             float *d_w = gpu_guard_alloc(g, (size_t)T * K * sizeof(float));
             GPU_OK(m3_gpu_moe_route(g, d_ids, d_w, NULL, dl, b ? db : NULL, T, &mp, &p));
