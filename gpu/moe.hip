@@ -882,7 +882,7 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * MXFP4: s|e1 e0|m placed as the bf16 s|0000000 e1 e0|m000000 (the value x 2^-126, the 0.5
  * code a subnormal); the masks select bits 6-8 (+16) from the shifted nibbles and 15 (+31)
  * from the shifted signs, the other bits of the select are zero in the source it takes. */
-template <int WF>
+template <int WF, bool PX = false>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -892,6 +892,19 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
         } else { /* nibbles k and k + 4 of each word: the even / odd nibbles and the signs
                     masked once a word, then one bit-select per pair (session 7) */
+            if (PX) { /* TEMP: the same ops in PTX (nvcc folded the shared masks into each pair) */
+                uint32_t w0, w1, w2, w3;
+                asm("{\n\t.reg .b32 e, o, s, a, b;\n\t"
+                    "and.b32 e, %4, 0x0F0F0F0F;\n\tand.b32 o, %4, 0xF0F0F0F0;\n\tand.b32 s, %4, 0x88888888;\n\t"
+                    "shl.b32 a, e, 6;\n\tshl.b32 b, s, 12;\n\tlop3.b32 %0, a, b, 0x09C801C0, 0xE4;\n\t"
+                    "shl.b32 a, o, 2;\n\tshl.b32 b, s, 8;\n\tlop3.b32 %1, a, b, 0x09C809C0, 0xE4;\n\t"
+                    "shr.u32 a, e, 2;\n\tshl.b32 b, s, 4;\n\tlop3.b32 %2, a, b, 0x09C809C0, 0xE4;\n\t"
+                    "shr.u32 a, o, 6;\n\tlop3.b32 %3, a, s, 0x09C809C8, 0xE4;\n\t}"
+                    : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3) : "r"(v));
+                r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
+                r[4 * k + 2] = bf2_mul(w2, mul), r[4 * k + 3] = bf2_mul(w3, mul);
+                continue;
+            }
             const uint32_t E = v & 0x0F0F0F0Fu, O = v & 0xF0F0F0F0u, S = v & 0x88888888u;
             r[4 * k] = bf2_mul(((E << 6) & 0x09C801C0u) | ((S << 12) & ~0x09C801C0u), mul);
             r[4 * k + 1] = bf2_mul(((O << 2) & 0x09C809C0u) | ((S << 8) & ~0x09C809C0u), mul);
@@ -962,15 +975,15 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
  * per-piece path (keeping them there cost 9-10%: docs/gpu.md, sessions 7 and 8). */
 template <bool B> struct m3_bool_c { static constexpr bool value = B; };
 
-template <int WF, bool NC, bool FAST>
+template <int WF, bool NC, bool FAST, bool PX = false>
 static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
                                                   uint32_t *r0, uint32_t *r1, int xsh) {
 #if M3_HAVE_FP8_CVT
     if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
         const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
         const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
-        tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
-        tc_relay<WF>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
+        tc_relay<WF, PX>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
+        tc_relay<WF, PX>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
         return;
     }
 #else
@@ -1039,7 +1052,7 @@ static __device__ __forceinline__ bool tc_stage(uint4 *xs, int pitch, const m3_b
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC, int VX = 0>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -1076,6 +1089,12 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* step st of this lane's rows (past the row: zero codes, scale 0) */
     auto load1 = [&](int st, uint4(&q)[2], m3_e8m0(&sc)[2]) {
         const int p = st * 4 + t;
+        if (VX & 4) { /* TEMP NZ: no zero fill; a piece past the row: its last piece (x is 0 there) */
+            const int pc = p < npieces ? p : npieces - 1;
+#pragma unroll
+            for (int h = 0; h < 2; h++) q[h] = ld_stream(pw[h] + (size_t)pc * 16), sc[h] = ps[h][pc / PPB];
+            return;
+        }
         const bool ok = st < nsteps && p < npieces;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -1089,13 +1108,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     auto compute1 = [&](auto fast, int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode2<WF, NC, decltype(fast)::value>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
+        tc_decode2<WF, NC, decltype(fast)::value, (VX & 2) != 0>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
 #pragma unroll
             for (int uu = 0; uu < UP; uu++) {
-                const uint4 xv = ok ? tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                const uint4 xv = (VX & 4) || ok ? tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
                 xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
             }
 #pragma unroll
@@ -1126,6 +1145,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
                     WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xs, &ovf) : tc_perm<WF>(x);
             }
+            if (VX & 4) { /* TEMP NZ: the pieces past the row read as zeros */
+                const int pad = (nsteps * 4 - npieces) * UP;
+                for (int v = tid; v < nc * pad; v += TC_THREADS) {
+                    const int j = v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
+                    tc_dyn[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
+                }
+            }
             if (WF != M3_GPU_W_MXFP4) {
                 __syncthreads();
                 break;
@@ -1148,10 +1174,32 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                         if (st0 + u * WK < nsteps) compute1(fast, st0 + u * WK, qa[u], sa[u]);
                 }
             };
+            /* TEMP var 16: a ring of U steps, step st + WK * U loaded as soon as step st is decoded */
+            auto kring = [&](auto fast) {
+#pragma unroll
+                for (int u = 0; u < U; u++) load1(wk + u * WK, qa[u], sa[u]);
+                for (int st0 = wk; st0 < nsteps; st0 += WK * U) {
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int st = st0 + u * WK;
+                        if (st < nsteps) {
+                            compute1(fast, st, qa[u], sa[u]);
+                            load1(st + WK * U, qa[u], sa[u]);
+                        }
+                    }
+                }
+            };
             if constexpr (WF == M3_GPU_W_MXFP4) {
+                if (VX & 1) {
+                    if (xfast && xs == xsh) kring(m3_bool_c<true>());
+                    else kring(m3_bool_c<false>());
+                } else {
                 if (xfast && xs == xsh) kloop(m3_bool_c<true>());
                 else kloop(m3_bool_c<false>());
+                }
             } else {
+                if (VX & 1) kring(m3_bool_c<false>());
+                else
                 kloop(m3_bool_c<false>());
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
@@ -1335,7 +1383,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC>
+template <int WF, int MODE, int WK, int U, bool NC, int VX = 0>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1386,6 +1434,12 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int p = (st0 + u * WK) * 4 + t;
+            if (VX & 4) { /* TEMP NZ (see tc_k) */
+                const int pc = p < npieces ? p : npieces - 1;
+#pragma unroll
+                for (int h = 0; h < 2; h++) q[u][h] = ld_stream(pw[h] + (size_t)pc * 16), sc[u][h] = ps[h][pc / PPB];
+                continue;
+            }
             const bool ok = st0 + u * WK < nsteps && p < npieces;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -1424,6 +1478,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
                 WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
         }
+        if (VX & 4) { /* TEMP NZ: the pieces past the row read as zeros */
+            const int pad = (nsteps * 4 - npieces) * UP;
+            for (int v = tid; v < nx * pad; v += TC_THREADS) {
+                const int j = v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
+                xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
+            }
+        }
         if (WF != M3_GPU_W_MXFP4) {
             __syncthreads();
             break;
@@ -1448,10 +1509,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     if (st >= nsteps) continue;
                     const bool ok = st * 4 + t < npieces;
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    tc_decode2<WF, NC, decltype(fast)::value, (VX & 2) != 0>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
-                        const uint4 xv = ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                        const uint4 xv = (VX & 4) || ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
                         xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
                     }
 #pragma unroll
@@ -1554,7 +1615,7 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC>
+template <int WF, int WK, int U, bool NC, int VX = 0>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1566,19 +1627,19 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, VX>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, VX>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    dq1_k<WF, 0, WK, U, NC, VX><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf, var);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, VX>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
@@ -1586,7 +1647,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL, bool NC>
+template <int WF, int WK, int NT, int U, int RL, bool NC, int VX = 0>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1599,19 +1660,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC, VX>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC, VX>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, NC, VX><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf, var);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, NC, VX><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf, var);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -2647,6 +2708,16 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
              * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
             if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
                 return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            if (WF == M3_GPU_W_MXFP4 && (mx4_var() & 112)) { /* TEMP: 16 ring, 32 PX, 64 NZ */
+                const int vx = ((mx4_var() & 16) ? 1 : 0) | ((mx4_var() & 32) ? 2 : 0) | ((mx4_var() & 64) ? 4 : 0);
+                if (vx == 2) return tc_run<WFX, 1, 1, 4, 4, false, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (vx == 6) return tc_run<WFX, 1, 1, 4, 4, false, 6>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (vx == 7) return tc_run<WFX, 1, 1, 4, 4, false, 7>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                if (vx == 4) return tc_run<WFX, 1, 1, 4, 4, false, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                return tc_run<WFX, 1, 1, 4, 4, false, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            }
+            if (mx4_var() & 4) return tc_run<WFX, 1, 1, 4, 2, false>(g, ab, ye, d_x, m, T, w, mp, p, mid); /* TEMP */
+            if (mx4_var() & 8) return tc_run<WFX, 1, 1, 4, 1, false>(g, ab, ye, d_x, m, T, w, mp, p, mid); /* TEMP */
             return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
@@ -2701,7 +2772,12 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             s = w->finite_codes
                     ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else
+        else if (mx4_var() & 96) { /* TEMP: 32 PX, 64 NZ */
+            const int vx = ((mx4_var() & 32) ? 2 : 0) | ((mx4_var() & 64) ? 4 : 0);
+            if (vx == 2) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (vx == 4) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 6>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        } else
             s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
