@@ -1017,38 +1017,6 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
     return __ffs((int)m) - 1;
 }
 
-/* Stages nx rows of x (kdim / 8 16-byte units each; row j from ain row src(j)) into xs in the
- * A pair order (tc_perm), MXFP4 times 2^xsc (x_scaled; the result says whether a finite value
- * overflowed). A thread issues up to SB of its loads before it stores any (TEMP var 1). */
-template <int WF, int SB, typename SRC>
-static __device__ __forceinline__ bool tc_stage(uint4 *xs, int pitch, const m3_bf16 *ain, int kdim, int nx,
-                                                SRC src, int xsc) {
-    const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, SE = 4 * PE, nu = kdim / 8, tot = nx * nu;
-    bool ovf = false;
-    for (int v0 = (int)threadIdx.x; v0 < tot; v0 += SB * (int)blockDim.x) {
-        uint4 xv[SB];
-#pragma unroll
-        for (int i = 0; i < SB; i++) {
-            const int v = v0 + i * (int)blockDim.x;
-            if (v < tot) {
-                const int j = v / nu, k = (v % nu) * 8;
-                xv[i] = reinterpret_cast<const uint4 *>(ain + (size_t)src(j) * kdim + k)[0];
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < SB; i++) {
-            const int v = v0 + i * (int)blockDim.x;
-            if (v < tot) {
-                const int j = v / nu, k = (v % nu) * 8;
-                const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-                xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
-                    WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(xv[i]), xsc, &ovf) : tc_perm<WF>(xv[i]);
-            }
-        }
-    }
-    return ovf;
-}
-
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
@@ -1057,7 +1025,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, int nt, float alpha, float limit,
-         int smode, bool act_bf16, int xsh, bool xfast, int var) {
+         int smode, bool act_bf16, int xsh, bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [nt][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * NT * 4 * 32 : 1];
     __shared__ float lut[256];
@@ -1134,9 +1102,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         /* (MXFP4: a second time unscaled when x * 2^xsh overflowed; MXFP8: xsh is 0) */
         for (xs = WF == M3_GPU_W_MXFP4 ? xsh : 0;;) {
             bool ovf = false;
-            if (var & 1) ovf = tc_stage<WF, 8>(tc_dyn, pitch, ain, kdim, nc, [&](int j) {
-                return MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j; }, xs);
-            else
             for (int v = tid; v < nc * (kdim / 8); v += TC_THREADS) {
                 const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
                 const int src = MODE == 0 ? m.ent[r0 + c0 + j] / K : r0 + c0 + j;
@@ -1174,32 +1139,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                         if (st0 + u * WK < nsteps) compute1(fast, st0 + u * WK, qa[u], sa[u]);
                 }
             };
-            /* TEMP var 16: a ring of U steps, step st + WK * U loaded as soon as step st is decoded */
-            auto kring = [&](auto fast) {
-#pragma unroll
-                for (int u = 0; u < U; u++) load1(wk + u * WK, qa[u], sa[u]);
-                for (int st0 = wk; st0 < nsteps; st0 += WK * U) {
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const int st = st0 + u * WK;
-                        if (st < nsteps) {
-                            compute1(fast, st, qa[u], sa[u]);
-                            load1(st + WK * U, qa[u], sa[u]);
-                        }
-                    }
-                }
-            };
             if constexpr (WF == M3_GPU_W_MXFP4) {
-                if (VX & 1) {
-                    if (xfast && xs == xsh) kring(m3_bool_c<true>());
-                    else kring(m3_bool_c<false>());
-                } else {
                 if (xfast && xs == xsh) kloop(m3_bool_c<true>());
                 else kloop(m3_bool_c<false>());
-                }
             } else {
-                if (VX & 1) kring(m3_bool_c<false>());
-                else
                 kloop(m3_bool_c<false>());
             }
             if (WK > 1) { /* partial sums of the k slices, added in slice order by slice 0 */
@@ -1390,7 +1333,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast, int var) {
+          bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
@@ -1467,9 +1410,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
-        if (var & 1) ovf = tc_stage<WF, 8>(xs, pitch, ain, kdim, nx, [&](int j) {
-            return MODE == 0 ? 0 : nth_bit(vm, j); }, xsc);
-        else
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
@@ -1492,13 +1432,14 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         if (!__syncthreads_or(xsc != 0 && ovf)) break;
         xsc = 0;
     }
-    int pend = 0, pchunk = -1; /* TEMP var 2 (thread 0): the last count issued, its chunk */
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
         for (;;) {
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
+            constexpr int GU = (VX & 8) ? 2 : 1; /* TEMP */
+#pragma unroll GU
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
                 if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
@@ -1546,28 +1487,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1 && (var & 2)) { /* TEMP var 2: the count read a tile later */
-                const int chunk = tile % nch;
-                if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
-                if (tid == 0) last = pchunk >= 0 && pend == nv - 1 ? pchunk : -1;
-                __syncthreads();
-                if (tid == 0) pend = atomicAdd(&cnt[chunk], 1), pchunk = chunk;
-                const int lc = last;
-                if (lc >= 0 && tid < CH) {
-                    __threadfence();
-                    t1_combine(y, out, ids, wts, vm, K, nv, lc * CH + tid, nout, rsf, bf16_combine);
-                }
-                if (next >= ntiles) { /* block-uniform: this tile's own count */
-                    __syncthreads();
-                    if (tid == 0) last = pend == nv - 1 ? chunk : -1;
-                    __syncthreads();
-                    if (last >= 0 && tid < CH) {
-                        __threadfence();
-                        t1_combine(y, out, ids, wts, vm, K, nv, last * CH + tid, nout, rsf, bf16_combine);
-                    }
-                    break;
-                }
-            } else {
             if (MODE == 1) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
                 if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
@@ -1581,7 +1500,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             }
             __syncthreads(); /* red and last are free for the next tile */
             if (next >= ntiles) break; /* block-uniform */
-            }
             tile = next, slot = nslot, obase = nobase;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
@@ -1622,7 +1540,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                          const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     bool xf;
-    const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf), var = mx4_var();
+    const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
     const bool ab16 = p->act_bf16;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
@@ -1635,7 +1553,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const float rsf = mp->routed_scale;
     dq1_k<WF, 0, WK, U, NC, VX><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
-        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf, var);
+        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
@@ -1643,7 +1561,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, var);
+                     (bool)p->moe_bf16_combine, xsh, xf);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -1653,7 +1571,7 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                         const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn, TK = T * K;
     bool xf;
-    const int sm = (int)p->swiglu, slots = TK < E ? TK : E, xsh = mx4_xsh(w, &xf), var = mx4_var();
+    const int sm = (int)p->swiglu, slots = TK < E ? TK : E, xsh = mx4_xsh(w, &xf);
     const bool ab16 = p->act_bf16;
     const int nt = T < 8 * NT ? T : 8 * NT;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
@@ -1668,12 +1586,12 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
     tc_k<WF, 0, WK, NT, U, RL, NC, VX><<<g1, TC_THREADS, sh1, g->stream>>>(
-        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf, var);
+        ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
     tc_k<WF, 1, WK, NT, U, RL, NC, VX><<<g2, TC_THREADS, sh2, g->stream>>>(
-        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf, var);
+        ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
 }
@@ -2708,16 +2626,11 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
              * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
             if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
                 return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            if (WF == M3_GPU_W_MXFP4 && (mx4_var() & 112)) { /* TEMP: 16 ring, 32 PX, 64 NZ */
-                const int vx = ((mx4_var() & 16) ? 1 : 0) | ((mx4_var() & 32) ? 2 : 0) | ((mx4_var() & 64) ? 4 : 0);
-                if (vx == 2) return tc_run<WFX, 1, 1, 4, 4, false, 2>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (vx == 6) return tc_run<WFX, 1, 1, 4, 4, false, 6>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (vx == 7) return tc_run<WFX, 1, 1, 4, 4, false, 7>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                if (vx == 4) return tc_run<WFX, 1, 1, 4, 4, false, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                return tc_run<WFX, 1, 1, 4, 4, false, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            if (WF == M3_GPU_W_MXFP4) { /* TEMP: 4 RL 2 */
+                if (mx4_var() & 4) return tc_run<WFX, 1, 1, 4, 2, false, 6>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+                return tc_run<WFX, 1, 1, 4, 4, false, 6>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             }
-            if (mx4_var() & 4) return tc_run<WFX, 1, 1, 4, 2, false>(g, ab, ye, d_x, m, T, w, mp, p, mid); /* TEMP */
-            if (mx4_var() & 8) return tc_run<WFX, 1, 1, 4, 1, false>(g, ab, ye, d_x, m, T, w, mp, p, mid); /* TEMP */
+            if (mx4_var() & 256) return tc_run<WFX, 1, 1, 4, 4, false, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid); /* TEMP MXFP8 NZ */
             return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
@@ -2770,15 +2683,13 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                    ? ((mx4_var() & 256) ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid) /* TEMP */
+                       : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid))
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (mx4_var() & 96) { /* TEMP: 32 PX, 64 NZ */
-            const int vx = ((mx4_var() & 32) ? 2 : 0) | ((mx4_var() & 64) ? 4 : 0);
-            if (vx == 2) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (vx == 4) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 6>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        } else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        else if (mx4_var() & 128) /* TEMP: unroll 2 */
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 14>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        else
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 6>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
