@@ -880,9 +880,14 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * (b, sign-replicated b, b', sign-replicated b'), a shift by 4 and a mask finish; no
  * conversion instruction (the e4m3x2 -> f16x2 conversion it replaced measured slower).
  * MXFP4: s|e1 e0|m placed as the bf16 s|0000000 e1 e0|m000000 (the value x 2^-126, the 0.5
- * code a subnormal); the masks select bits 6-8 (+16) from the shifted nibbles and 15 (+31)
- * from the shifted signs, the other bits of the select are zero in the source it takes. */
-template <int WF, bool PX = false>
+ * code a subnormal), nibbles k and k + 4 of a word into one pair: the even / odd nibbles and
+ * the signs masked once a word (E, O, S), then one bit-select (lop3) per pair of a shifted E or
+ * O (bits 6-8, 22-24) and a shifted S (bits 15, 31); the other bits of each select are zero in
+ * the source it takes. 14 integer ops a word, written in PTX: from the same C, nvcc folded the
+ * shared masks into every pair (a shift, a mask, a shift and a select: 15-16 ops a word in
+ * the SASS), and the k loops with the PTX form measured 4% (T = 1) / 3-8% (T = 64) faster
+ * (docs/gpu.md, "Decode, session 10"). */
+template <int WF>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -890,26 +895,18 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
         if (WF == M3_GPU_W_MXFP8) {
             r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
-        } else { /* nibbles k and k + 4 of each word: the even / odd nibbles and the signs
-                    masked once a word, then one bit-select per pair (session 7) */
-            if (PX) { /* TEMP: the same ops in PTX (nvcc folded the shared masks into each pair) */
-                uint32_t w0, w1, w2, w3;
-                asm("{\n\t.reg .b32 e, o, s, a, b;\n\t"
-                    "and.b32 e, %4, 0x0F0F0F0F;\n\tand.b32 o, %4, 0xF0F0F0F0;\n\tand.b32 s, %4, 0x88888888;\n\t"
-                    "shl.b32 a, e, 6;\n\tshl.b32 b, s, 12;\n\tlop3.b32 %0, a, b, 0x09C801C0, 0xE4;\n\t"
-                    "shl.b32 a, o, 2;\n\tshl.b32 b, s, 8;\n\tlop3.b32 %1, a, b, 0x09C809C0, 0xE4;\n\t"
-                    "shr.u32 a, e, 2;\n\tshl.b32 b, s, 4;\n\tlop3.b32 %2, a, b, 0x09C809C0, 0xE4;\n\t"
-                    "shr.u32 a, o, 6;\n\tlop3.b32 %3, a, s, 0x09C809C8, 0xE4;\n\t}"
-                    : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3) : "r"(v));
-                r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
-                r[4 * k + 2] = bf2_mul(w2, mul), r[4 * k + 3] = bf2_mul(w3, mul);
-                continue;
-            }
-            const uint32_t E = v & 0x0F0F0F0Fu, O = v & 0xF0F0F0F0u, S = v & 0x88888888u;
-            r[4 * k] = bf2_mul(((E << 6) & 0x09C801C0u) | ((S << 12) & ~0x09C801C0u), mul);
-            r[4 * k + 1] = bf2_mul(((O << 2) & 0x09C809C0u) | ((S << 8) & ~0x09C809C0u), mul);
-            r[4 * k + 2] = bf2_mul(((E >> 2) & 0x09C809C0u) | ((S << 4) & ~0x09C809C0u), mul);
-            r[4 * k + 3] = bf2_mul(((O >> 6) & 0x09C809C8u) | (S & ~0x09C809C8u), mul);
+        } else { /* lop3 0xE4: (a & c) | (b & ~c) */
+            uint32_t w0, w1, w2, w3;
+            asm("{\n\t.reg .b32 e, o, s, a, b;\n\t"
+                "and.b32 e, %4, 0x0F0F0F0F;\n\tand.b32 o, %4, 0xF0F0F0F0;\n\tand.b32 s, %4, 0x88888888;\n\t"
+                "shl.b32 a, e, 6;\n\tshl.b32 b, s, 12;\n\tlop3.b32 %0, a, b, 0x09C801C0, 0xE4;\n\t"
+                "shl.b32 a, o, 2;\n\tshl.b32 b, s, 8;\n\tlop3.b32 %1, a, b, 0x09C809C0, 0xE4;\n\t"
+                "shr.u32 a, e, 2;\n\tshl.b32 b, s, 4;\n\tlop3.b32 %2, a, b, 0x09C809C0, 0xE4;\n\t"
+                "shr.u32 a, o, 6;\n\tlop3.b32 %3, a, s, 0x09C809C8, 0xE4;\n\t}"
+                : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                : "r"(v));
+            r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
+            r[4 * k + 2] = bf2_mul(w2, mul), r[4 * k + 3] = bf2_mul(w3, mul);
         }
     }
 }
@@ -975,15 +972,15 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
  * per-piece path (keeping them there cost 9-10%: docs/gpu.md, sessions 7 and 8). */
 template <bool B> struct m3_bool_c { static constexpr bool value = B; };
 
-template <int WF, bool NC, bool FAST, bool PX = false>
+template <int WF, bool NC, bool FAST>
 static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
                                                   uint32_t *r0, uint32_t *r1, int xsh) {
 #if M3_HAVE_FP8_CVT
     if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
         const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
         const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
-        tc_relay<WF, PX>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
-        tc_relay<WF, PX>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
+        tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
+        tc_relay<WF>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
         return;
     }
 #else
@@ -1020,7 +1017,7 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC, int VX = 0>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -1054,35 +1051,27 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         }
         return cbase < nout;
     };
-    /* step st of this lane's rows (past the row: zero codes, scale 0) */
+    /* step st of this lane's rows; a piece past the row (kdim % SE != 0, or past nsteps) loads
+     * the row's last piece: finite codes (or the row's own NaN) times the zero x staged there.
+     * Without a zero fill for those pieces the loop has no CS2R / predicated loads (measured 2%
+     * faster: docs/gpu.md, "Decode, session 10"). */
     auto load1 = [&](int st, uint4(&q)[2], m3_e8m0(&sc)[2]) {
-        const int p = st * 4 + t;
-        if (VX & 4) { /* TEMP NZ: no zero fill; a piece past the row: its last piece (x is 0 there) */
-            const int pc = p < npieces ? p : npieces - 1;
+        const int p = st * 4 + t, pc = p < npieces ? p : npieces - 1;
 #pragma unroll
-            for (int h = 0; h < 2; h++) q[h] = ld_stream(pw[h] + (size_t)pc * 16), sc[h] = ps[h][pc / PPB];
-            return;
-        }
-        const bool ok = st < nsteps && p < npieces;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            q[h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
-            sc[h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
-        }
+        for (int h = 0; h < 2; h++) q[h] = ld_stream(pw[h] + (size_t)pc * 16), sc[h] = ps[h][pc / PPB];
     };
     float acc[NT][4];
     int xrow[NT];
     int xs = xsh; /* this pass's x scaling (0 after an overflow) */
     auto compute1 = [&](auto fast, int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
-        const bool ok = st * 4 + t < npieces;
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode2<WF, NC, decltype(fast)::value, (VX & 2) != 0>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
+        tc_decode2<WF, NC, decltype(fast)::value>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
 #pragma unroll
             for (int uu = 0; uu < UP; uu++) {
-                const uint4 xv = (VX & 4) || ok ? tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                const uint4 xv = tc_dyn[xrow[j] + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
                 xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
             }
 #pragma unroll
@@ -1110,7 +1099,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 tc_dyn[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
                     WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xs, &ovf) : tc_perm<WF>(x);
             }
-            if (VX & 4) { /* TEMP NZ: the pieces past the row read as zeros */
+            { /* the pieces past the row (kdim % SE != 0) read as zeros */
                 const int pad = (nsteps * 4 - npieces) * UP;
                 for (int v = tid; v < nc * pad; v += TC_THREADS) {
                     const int j = v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
@@ -1326,7 +1315,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC, int VX = 0>
+template <int WF, int MODE, int WK, int U, bool NC, int GU = 1>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1371,24 +1360,15 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             ps[h] = (MODE == 0 && h ? s1 : s0) + row * nsb;
         }
     };
-    /* U steps of this lane's rows from st0 (steps st0, st0 + WK, ...; past the row: zeros) */
+    /* U steps of this lane's rows from st0 (steps st0, st0 + WK, ...); a piece past the row
+     * loads the row's last piece (x is zero there: tc_k's load1) */
     auto load = [&](const unsigned char *const *pw, const m3_e8m0 *const *ps, int st0, uint4(&q)[U][2],
                     m3_e8m0(&sc)[U][2]) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int p = (st0 + u * WK) * 4 + t;
-            if (VX & 4) { /* TEMP NZ (see tc_k) */
-                const int pc = p < npieces ? p : npieces - 1;
+            const int p = (st0 + u * WK) * 4 + t, pc = p < npieces ? p : npieces - 1;
 #pragma unroll
-                for (int h = 0; h < 2; h++) q[u][h] = ld_stream(pw[h] + (size_t)pc * 16), sc[u][h] = ps[h][pc / PPB];
-                continue;
-            }
-            const bool ok = st0 + u * WK < nsteps && p < npieces;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                q[u][h] = ok ? ld_stream(pw[h] + (size_t)p * 16) : make_uint4(0, 0, 0, 0);
-                sc[u][h] = ok ? ps[h][p / PPB] : (m3_e8m0)0;
-            }
+            for (int h = 0; h < 2; h++) q[u][h] = ld_stream(pw[h] + (size_t)pc * 16), sc[u][h] = ps[h][pc / PPB];
         }
     };
     /* two register sets of U steps: one loading while the other is used, across tiles */
@@ -1418,7 +1398,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
                 WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
         }
-        if (VX & 4) { /* TEMP NZ: the pieces past the row read as zeros */
+        { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
             for (int v = tid; v < nx * pad; v += TC_THREADS) {
                 const int j = v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
@@ -1438,8 +1418,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
-            constexpr int GU = (VX & 8) ? 2 : 1; /* TEMP */
-#pragma unroll GU
+#pragma unroll (GU > 1 && MODE == 0 ? GU : 1) /* TEMP */
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
                 if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
@@ -1448,12 +1427,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
                     if (st >= nsteps) continue;
-                    const bool ok = st * 4 + t < npieces;
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value, (VX & 2) != 0>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
-                        const uint4 xv = (VX & 4) || ok ? xs[xr + st * 4 * UP + uu * 4 + t] : make_uint4(0, 0, 0, 0);
+                        const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
                         xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
                     }
 #pragma unroll
@@ -1533,7 +1511,7 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC, int VX = 0>
+template <int WF, int WK, int U, bool NC, int GU = 1>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1545,19 +1523,19 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, VX>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, GU>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, VX>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, GU>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U, NC, VX><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    dq1_k<WF, 0, WK, U, NC, GU><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, VX>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, GU>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
@@ -1565,7 +1543,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL, bool NC, int VX = 0>
+template <int WF, int WK, int NT, int U, int RL, bool NC>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1578,19 +1556,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC, VX>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC, VX>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, NC, VX><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, NC, VX><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -2626,11 +2604,6 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
              * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
             if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
                 return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            if (WF == M3_GPU_W_MXFP4) { /* TEMP: 4 RL 2 */
-                if (mx4_var() & 4) return tc_run<WFX, 1, 1, 4, 2, false, 6>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-                return tc_run<WFX, 1, 1, 4, 4, false, 6>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            }
-            if (mx4_var() & 256) return tc_run<WFX, 1, 1, 4, 4, false, 4>(g, ab, ye, d_x, m, T, w, mp, p, mid); /* TEMP MXFP8 NZ */
             return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
@@ -2683,13 +2656,12 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? ((mx4_var() & 256) ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid) /* TEMP */
-                       : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid))
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (mx4_var() & 128) /* TEMP: unroll 2 */
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 14>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        else if (mx4_var() & 1024) /* TEMP: unroll 2 in gate/up only */
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 6>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
