@@ -1315,7 +1315,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC, int GU = 1>
+template <int WF, int MODE, int WK, int U, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1418,7 +1418,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
-#pragma unroll (GU > 1 && MODE == 0 ? GU : 1) /* TEMP */
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
                 if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
@@ -1499,10 +1498,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
  * from s = 3 on; x * 2^8 is exact below 2^120, the kernels check that and stage unscaled,
  * without FAST, otherwise). Any other range, or none given: xsh 0, the vote per step (scales
  * <= 128 on every lane) and tc_decode's per-piece path; exact either way. */
-static int mx4_var() { /* TEMP knob */
-    const char *v = getenv("M3_MOE_VAR");
-    return v ? atoi(v) : 0;
-}
 static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
     const int lo = w->mx_scale_lo, hi = w->mx_scale_hi;
     *fast = w->fmt == M3_GPU_W_MXFP4 && hi > 0 && lo >= 0 && lo <= hi && (hi <= 128 || (hi <= 136 && lo >= 3));
@@ -1511,7 +1506,7 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC, int GU = 1>
+template <int WF, int WK, int U, bool NC>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1523,19 +1518,19 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, GU>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, GU>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U, NC, GU><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+    dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf);
     M3_LAUNCHED(g, "dq1_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, GU>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
@@ -2658,8 +2653,6 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             s = w->finite_codes
                     ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (mx4_var() & 1024) /* TEMP: unroll 2 in gate/up only */
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
             s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }

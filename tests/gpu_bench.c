@@ -747,17 +747,6 @@ static void bench_moe_experts(void **state) {
             printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
                    nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-            const char *vars = getenv("M3_BENCH_MOE_VARS"); /* TEMP: M3_MOE_VAR values, 3 rounds */
-            for (int rd = 0; vars && rd < 3; rd++)
-                for (const char *q = vars; q && *q; q = strchr(q, ','), q = q ? q + 1 : NULL) {
-                    char v[16], nm3[128];
-                    snprintf(v, sizeof v, "%d", atoi(q));
-                    setenv("M3_MOE_VAR", v, 1);
-                    ms = time_ms(g, do_experts, &c, c.T > 64 ? 3 : 20, c.T > 64 ? 3 : 7);
-                    snprintf(nm3, sizeof nm3, "%s var=%s", nm, v);
-                    report(nm3, ms, wbytes + io, tk * 6.0 * D * F);
-                    unsetenv("M3_MOE_VAR");
-                }
             if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip gives it
                                           from its upload scan): the per-step vote path */
                 c.w.mx_scale_lo = c.w.mx_scale_hi = 0;
