@@ -885,7 +885,7 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * O (bits 6-8, 22-24) and a shifted S (bits 15, 31); the other bits of each select are zero in
  * the source it takes. 14 integer ops a word, written in PTX: from the same C, nvcc folded the
  * shared masks into every pair (a shift, a mask, a shift and a select: 15-16 ops a word in
- * the SASS), and the k loops with the PTX form measured 4% (T = 1) / 3-8% (T = 64) faster
+ * the SASS), and the k loops with the PTX form measured 4% (T = 1) / 3-7% (T = 64) faster
  * (docs/gpu.md, "Decode, session 10"). */
 template <int WF>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
@@ -1053,8 +1053,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     };
     /* step st of this lane's rows; a piece past the row (kdim % SE != 0, or past nsteps) loads
      * the row's last piece: finite codes (or the row's own NaN) times the zero x staged there.
-     * Without a zero fill for those pieces the loop has no CS2R / predicated loads (measured 2%
-     * faster: docs/gpu.md, "Decode, session 10"). */
+     * Without a zero fill for those pieces the loop has no CS2R / predicated loads in every
+     * step (measured 2-3% faster at T = 1: docs/gpu.md, "Decode, session 10"). */
     auto load1 = [&](int st, uint4(&q)[2], m3_e8m0(&sc)[2]) {
         const int p = st * 4 + t, pc = p < npieces ? p : npieces - 1;
 #pragma unroll
