@@ -917,6 +917,7 @@ typedef struct {
     const int64_t *slots; /* or slot(pos[t]) through the block table */
     const int32_t *bt, *pos;
     int bt_block;
+    int var; /* TEMP measurement knob M3_KV8_VAR (removed before the end) */
 } kvw_args;
 
 /* v / s rounded to nearest, the same bits as __fdiv_rn(v, s), for a scale s in [2^-90,
@@ -1165,6 +1166,69 @@ static __device__ __forceinline__ void k8_kstep_fin(const kvw_args &a, int w, in
     }
 }
 
+/* The bracket (session 10): e4m3 codes without the exact quotient. With y = RN(1 / s) normal
+ * (div_ok), yd / yu = y -/+ 1 ulp bracket 1 / s strictly (|y - 1/s| <= ulp / 2), so for v >= 0
+ * v yd < v / s < v yu, and rounding to fp32, then to e4m3 (RNE, satfinite), is monotone:
+ * e4m3(RN(v yd)) <= e4m3(RN(v / s)) <= e4m3(RN(v yu)) (reversed for v < 0; a product keeps
+ * v's sign, -0 included). Where the two outer codes agree they are ref's code; they differ
+ * only where an e4m3 rounding midpoint lies within ~2 fp32 ulps of v / s (~3e-6 of random
+ * quotients), and the caller then redoes the whole step with the exact quotients. Two
+ * products and one conversion a code against div_ns's five operations. */
+static __device__ __forceinline__ float y_adj(float y, int d) { return m3_bits_f32(m3_f32_bits(y) + d); }
+/* codes of (v0, v1) at (yd0, yu0), (yd1, yu1): the upper bracket's codes; bad |= any difference */
+static __device__ __forceinline__ uint32_t e4m3x2_br(float v0, float yd0, float yu0, float v1, float yd1,
+                                                    float yu1, uint32_t &bad) {
+    const uint32_t cu = e4m3x2(__fmul_rn(v0, yu0), __fmul_rn(v1, yu1));
+    const uint32_t cd = e4m3x2(__fmul_rn(v0, yd0), __fmul_rn(v1, yd1));
+    bad |= cu ^ cd;
+    return cu;
+}
+/* returns whether a lane's bracket failed (the caller redoes the step with exact quotients;
+ * keeping the rows, slots and scales live for a redo here spilled at the 64-register bound) */
+static __device__ __forceinline__ bool k8_kstep_br(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
+                                                   const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
+                                                   const float (&y)[K8_KR], int jj) {
+    uint32_t bad = 0;
+#pragma unroll
+    for (int k = 0; k < K8_KR; k++) {
+        const uint32_t wd[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
+        const float yd = y_adj(y[k], -1), yu = y_adj(y[k], 1);
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
+            const uint32_t c0 = e4m3x2_br(bf_lo(w0), yd, yu, bf_hi(w0), yd, yu, bad);
+            const uint32_t c1 = e4m3x2_br(bf_lo(w1), yd, yu, bf_hi(w1), yd, yu, bad);
+            o[i] = __byte_perm(c0, c1, 0x5410);
+        }
+        if (slot[k] >= 0) {
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), make_uint4(o[0], o[1], o[2], o[3]));
+            if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
+        }
+    }
+    return bad != 0;
+}
+
+/* the V window's codes by the bracket (md && nc); false where a code needs the exact quotient */
+static __device__ __forceinline__ bool k8_vcodes_br(const uint32_t (&dv)[K8_T][K8_WPL], const float *sy,
+                                                    uint32_t (&ow)[K8_DPL][4]) {
+    uint32_t bad = 0;
+#pragma unroll
+    for (int r = 0; r < K8_T; r += 2) {
+        const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r); /* s_r, y_r, s_r+1, y_r+1 */
+        const float yd0 = y_adj(p.y, -1), yu0 = y_adj(p.y, 1), yd1 = y_adj(p.w, -1), yu1 = y_adj(p.w, 1);
+#pragma unroll
+        for (int j = 0; j < K8_DPL; j++) {
+            const uint32_t w0 = dv[r][j / 2], w1 = dv[r + 1][j / 2];
+            const float v0 = j & 1 ? bf_hi(w0) : bf_lo(w0), v1 = j & 1 ? bf_hi(w1) : bf_lo(w1);
+            const uint32_t c = e4m3x2_br(v0, yd0, yu0, v1, yd1, yu1, bad);
+            if ((r & 2) == 0) ow[j][r / 4] = c;
+            else ow[j][r / 4] |= c << 16;
+        }
+    }
+    return bad != 0;
+}
+
 /* max of the two 16-bit halves of a and b, each half unsigned (sm_90: one instruction) */
 static __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
 #if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1184,8 +1248,11 @@ static __device__ __forceinline__ uint32_t kw_amax16(uint4 u0, uint4 u1) {
     return max(m & 0xFFFFu, m >> 16);
 }
 
-/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
-static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
+/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory); BR: the bracket's
+ * codes where they apply; true: a bracket failed somewhere in the warp (redo the step with BR
+ * false: the same bytes again, exact) */
+template <bool BR>
+static __device__ __forceinline__ bool k8_step(const kvw_args &a, int64_t st, float *sy) {
     const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
@@ -1221,10 +1288,11 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
         float sc[K8_KR], y[K8_KR];
 #pragma unroll
         for (int k = 0; k < K8_KR; k++) sc[k] = m3_shfl(sk, k, 8), y[k] = m3_shfl(yk, k, 8);
+        if (BR && md && nc && (a.var & 1)) return m3_any(k8_kstep_br(a, w, h, u, slot, sc, y, jj));
         if (md && nc) k8_kstep_fin(a, w, h, u, slot, sc, y, jj);
         else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
         else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
-        return;
+        return false;
     }
     /* V window: tokens [tb, te) of head h (windows follow token 0's slot alignment) */
     const int s = (int)(st - a.vs0);
@@ -1234,7 +1302,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     const int tb = win == 0 ? 0 : win * K8_T - off;
     const int te = min(a.n_tok, (win + 1) * K8_T - off);
     const int n = te - tb;
-    if (n <= 0) return;
+    if (n <= 0) return false;
     uint32_t dv[K8_T][K8_WPL];
 #pragma unroll
     for (int r = 0; r < K8_T; r++) {
@@ -1293,7 +1361,9 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     }
     M3_SYNCWARP();
     uint32_t ow[K8_DPL][4];
-    if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
+    if (BR && md && nc && (a.var & 1)) {
+        if (m3_any(k8_vcodes_br(dv, sy, ow))) return true;
+    } else if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
     else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
     else k8_vcodes<false, false>(a, dv, sy, ow);
     if (fast) {
@@ -1301,7 +1371,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
 #pragma unroll
         for (int j = 0; j < K8_DPL; j++)
             m3_st16_cs(base + ((int64_t)(K8_DPL * lane + j) << 4), make_uint4(ow[j][0], ow[j][1], ow[j][2], ow[j][3]));
-        return;
+        return false;
     }
 #pragma unroll
     for (int r = 0; r < K8_T; r++) { /* a cut or irregular window: byte by byte */
@@ -1313,6 +1383,7 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
             ((uint8_t *)a.dst[1])[kw_voff(a, sl, h, K8_DPL * lane + j, 4)] =
                 (uint8_t)(ow[j][r / 4] >> (8 * (r % 4)));
     }
+    return false;
 }
 
 /* 8 warps a block, 4 blocks per SM (<= 64 registers: 32 warps per SM; H200, session 6: 78
@@ -1324,7 +1395,7 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a)
     __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    if (st < a.nstep) k8_step(a, st, ssy[wid]);
+    if (st < a.nstep && k8_step<true>(a, st, ssy[wid])) k8_step<false>(a, st, ssy[wid]);
     m3_pdl_wait();
 }
 
@@ -2002,6 +2073,10 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
      * tokens (K) and 8-token windows (V) (bf16) */
     kvw_args kl = kv;
     kl.n_tok = n_tok;
+    {   /* TEMP knob */
+        const char *e = getenv("M3_KV8_VAR");
+        kl.var = e ? atoi(e) : 0;
+    }
     {
         const int64_t tk = kl.fp8 ? K8_T : M3_WARP / 8, x = kl.fp8 ? K8_T : 8;
         const int64_t tg = (n_tok + tk - 1) / tk;
