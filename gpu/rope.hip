@@ -1145,22 +1145,27 @@ static __device__ __forceinline__ uint32_t e4m3x2(float q0, float q1) { /* q0: l
     return cvt8x2(q0, q1, (int)M3_FP8_E4M3FN, (int)M3_FP8_SATURATE, true);
 #endif
 }
+/* 16 codes of a finite row's chunk pair (u0: dims 0-7, u1: 8-15) by div_ns + the sign OR */
+static __device__ __forceinline__ uint4 k8_row16_fin(uint4 u0, uint4 u1, float s, float y) {
+    const uint32_t wd[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
+        const uint32_t c0 = e4m3x2(div_ns(bf_lo(w0), s, y), div_ns(bf_hi(w0), s, y));
+        const uint32_t c1 = e4m3x2(div_ns(bf_lo(w1), s, y), div_ns(bf_hi(w1), s, y));
+        o[i] = __byte_perm(c0, c1, 0x5410) | (__byte_perm(w0, w1, 0x7531) & 0x80808080u);
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
 static __device__ __forceinline__ void k8_kstep_fin(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
                                                     const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
                                                     const float (&y)[K8_KR], int jj) {
 #pragma unroll
     for (int k = 0; k < K8_KR; k++) {
-        const uint32_t wd[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
-            const uint32_t c0 = e4m3x2(div_ns(bf_lo(w0), sc[k], y[k]), div_ns(bf_hi(w0), sc[k], y[k]));
-            const uint32_t c1 = e4m3x2(div_ns(bf_lo(w1), sc[k], y[k]), div_ns(bf_hi(w1), sc[k], y[k]));
-            o[i] = __byte_perm(c0, c1, 0x5410) | (__byte_perm(w0, w1, 0x7531) & 0x80808080u);
-        }
+        const uint4 o = k8_row16_fin(u[k][0], u[k][1], sc[k], y[k]);
         if (slot[k] >= 0) {
-            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), make_uint4(o[0], o[1], o[2], o[3]));
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
             if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
         }
     }
@@ -1183,6 +1188,20 @@ static __device__ __forceinline__ uint32_t e4m3x2_br(float v0, float yd0, float 
     bad |= cu ^ cd;
     return cu;
 }
+/* 16 codes of a chunk pair at y = RN(1 / s) by the bracket; bad |= where it failed */
+static __device__ __forceinline__ uint4 k8_row16_br(uint4 u0, uint4 u1, float y, uint32_t &bad) {
+    const uint32_t wd[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    const float yd = y_adj(y, -1), yu = y_adj(y, 1);
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
+        const uint32_t c0 = e4m3x2_br(bf_lo(w0), yd, yu, bf_hi(w0), yd, yu, bad);
+        const uint32_t c1 = e4m3x2_br(bf_lo(w1), yd, yu, bf_hi(w1), yd, yu, bad);
+        o[i] = __byte_perm(c0, c1, 0x5410);
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
 /* returns whether a lane's bracket failed (the caller redoes the step with exact quotients;
  * keeping the rows, slots and scales live for a redo here spilled at the 64-register bound) */
 static __device__ __forceinline__ bool k8_kstep_br(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
@@ -1191,18 +1210,9 @@ static __device__ __forceinline__ bool k8_kstep_br(const kvw_args &a, int w, int
     uint32_t bad = 0;
 #pragma unroll
     for (int k = 0; k < K8_KR; k++) {
-        const uint32_t wd[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
-        const float yd = y_adj(y[k], -1), yu = y_adj(y[k], 1);
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
-            const uint32_t c0 = e4m3x2_br(bf_lo(w0), yd, yu, bf_hi(w0), yd, yu, bad);
-            const uint32_t c1 = e4m3x2_br(bf_lo(w1), yd, yu, bf_hi(w1), yd, yu, bad);
-            o[i] = __byte_perm(c0, c1, 0x5410);
-        }
+        const uint4 o = k8_row16_br(u[k][0], u[k][1], y[k], bad);
         if (slot[k] >= 0) {
-            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), make_uint4(o[0], o[1], o[2], o[3]));
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
             if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
         }
     }
@@ -1397,6 +1407,59 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a)
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     if (st < a.nstep && k8_step<true>(a, st, ssy[wid])) k8_step<false>(a, st, ssy[wid]);
     m3_pdl_wait();
+}
+
+/* kvw8s_k (session 10): the fp8 writer for passes under 256 tokens (decode). kvw8_k's steps are
+ * 16 tokens (64 quotients a lane, a dependent slot load before the V window's row loads) walked
+ * once by a few warps, which instruction fetch and latency bound; here a step is M3_WARP / 8
+ * tokens of one head, K and V alike: 8 lanes a row, lane jj dims 16 jj .. 16 jj + 15 (two
+ * 16-byte loads, the slot load beside them), the row maximum by 3 shuffles, 16 codes a lane; K
+ * stores them as one 16-byte chunk, V (16 tokens of a dim per 16 bytes) byte by byte. */
+template <bool BR>
+static __device__ __forceinline__ bool k8s_step(const kvw_args &a, int64_t st) {
+    const int lane = (int)threadIdx.x % M3_WARP, jj = lane & 7;
+    const int w = st < a.ks ? 0 : 1;
+    const int s = (int)(st < a.ks ? st : st - a.vs0);
+    const int tg = s / a.nh, h = s - tg * a.nh;
+    const int t = tg * (M3_WARP / 8) + lane / 8;
+    const bool ok = t < a.n_tok;
+    const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128 + 16 * jj;
+    const uint4 u0 = ok ? m3_ld16_ro(row) : make_uint4(0, 0, 0, 0);
+    const uint4 u1 = ok ? m3_ld16_ro(row + 8) : make_uint4(0, 0, 0, 0);
+    const int64_t slot = ok ? kw_slot(a, t) : -1;
+    uint32_t am = kw_amax16(u0, u1);
+#pragma unroll
+    for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+    const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+    const bool md = m3_ballot(!div_ok(sc)) == 0, nc = a.hwcvt && m3_ballot(am >= 0x7F80u) == 0;
+    const float y = md ? __frcp_rn(sc) : 0.0f;
+    uint4 o;
+    if (BR && (a.var & 1) && md && nc) {
+        uint32_t bad = 0;
+        o = k8_row16_br(u0, u1, y, bad);
+        if (m3_any(bad != 0)) return true;
+    } else if (md && nc) {
+        o = k8_row16_fin(u0, u1, sc, y);
+    } else if (md) {
+        o = k8_row16<true, false>(u0, u1, sc, y, a);
+    } else {
+        o = k8_row16<false, false>(u0, u1, sc, y, a);
+    }
+    if (slot < 0) return false;
+    if (w == 0 || a.page == 0) {
+        m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
+    } else {
+        uint8_t *d = (uint8_t *)a.dst[1] + kw_voff(a, slot, h, 16 * jj, 4);
+        const uint32_t w4[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+        for (int i = 0; i < 16; i++) d[i << 4] = (uint8_t)(w4[i / 4] >> (8 * (i % 4)));
+    }
+    if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
+    return false;
+}
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw8s_k(kvw_args a) {
+    const int64_t st = (int64_t)blockIdx.x * KW_WPB + (int)threadIdx.x / M3_WARP;
+    if (st < a.nstep && k8s_step<true>(a, st)) k8s_step<false>(a, st);
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
@@ -2093,7 +2156,16 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     auto kv_launch = [&]() -> m3_status {
         const bool dep = prev;
         prev = true;
-        if (kl.fp8) {
+        if (kl.fp8 && n_tok < 256 && (kl.var & 2) && kl.page != 0) {
+            /* decode passes: kvw8s_k, M3_WARP / 8 tokens a step, K and V */
+            const int64_t tg = (n_tok + M3_WARP / 8 - 1) / (M3_WARP / 8);
+            kvw_args ks = kl;
+            ks.ks = ks.x[0] ? (int64_t)ks.nh * tg : 0;
+            ks.vs0 = ks.ks;
+            ks.nstep = ks.ks + (ks.x[1] ? (int64_t)ks.nh * tg : 0);
+            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8s_k, (unsigned)((ks.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, ks));
+            M3_LAUNCHED(g, "kvw8s_k");
+        } else if (kl.fp8) {
             const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
             M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw8_k");
