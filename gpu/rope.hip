@@ -1560,8 +1560,33 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     const bool md = m3_ballot(!div_ok(sc)) == 0;
     const float y = md ? __frcp_rn(sc) : 0.0f;
     const bool f32v = !vrow && a.k_src == M3_GPU_KQ_F32;
+    /* the bracket (k8_row16_br) where the whole warp's rows are finite and divide by div_y:
+     * codes from v yd and v yu, the exact quotients only where a lane's pair differs */
+    const bool brk = (a.kv.var & 4) && md && a.kv.hwcvt && m3_ballot(am >= 0x7F800000u) == 0;
+    bool exact = !brk;
+    if (brk) {
+        const float yd = y_adj(y, -1), yu = y_adj(y, 1);
+        uint32_t bad = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float q[8];
+            if (f32v) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) q[e] = v[k][e];
+            } else {
+                m3_unpack16<m3_bf16>(o[k], q);
+            }
+            const uint32_t lo0 = e4m3x2_br(q[0], yd, yu, q[1], yd, yu, bad);
+            const uint32_t hi0 = e4m3x2_br(q[2], yd, yu, q[3], yd, yu, bad);
+            const uint32_t lo1 = e4m3x2_br(q[4], yd, yu, q[5], yd, yu, bad);
+            const uint32_t hi1 = e4m3x2_br(q[6], yd, yu, q[7], yd, yu, bad);
+            *reinterpret_cast<uint2 *>(stg + 8 * (j + 4 * k)) = make_uint2(lo0 | (hi0 << 16), lo1 | (hi1 << 16));
+        }
+        exact = m3_any(bad != 0);
+    }
 #pragma unroll
     for (int k = 0; k < 4; k++) {
+        if (!exact) break;
         float q[8];
         if (f32v) {
 #pragma unroll
@@ -2060,6 +2085,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         }
         kv.lpage = kv.page == 128 ? 7 : kv.page == 16 ? 4 : 0;
         kv.hwcvt = kv.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
+        const char *e = getenv("M3_KV8_VAR"); /* TEMP knob */
+        kv.var = e ? atoi(e) : 0;
     }
     part rest[QKV_NSEG];
     int nrest = 0;
@@ -2136,10 +2163,6 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
      * tokens (K) and 8-token windows (V) (bf16) */
     kvw_args kl = kv;
     kl.n_tok = n_tok;
-    {   /* TEMP knob */
-        const char *e = getenv("M3_KV8_VAR");
-        kl.var = e ? atoi(e) : 0;
-    }
     {
         const int64_t tk = kl.fp8 ? K8_T : M3_WARP / 8, x = kl.fp8 ? K8_T : 8;
         const int64_t tg = (n_tok + tk - 1) / tk;
