@@ -130,26 +130,32 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
  * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK>
+template <int NK, bool LF>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     __shared__ float sb[ROUTE_MAXK * M3_WARP];
+    const int lane = (int)threadIdx.x % M3_WARP;
+    const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
+    const float *l = logits + (size_t)(t < n_tok ? t : n_tok - 1) * E;
+    float lv[NK], bv[NK];
+    if (LF) {
+#pragma unroll
+        for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
+    }
     for (int i = (int)threadIdx.x; i < E; i += (int)blockDim.x) {
         const float b = bias ? bias[i] : 0.0f;
         sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
-    const int lane = (int)threadIdx.x % M3_WARP;
-    const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
     if (t >= n_tok) return; /* whole warps leave together */
-    const float *l = logits + (size_t)t * E;
-    float lv[NK], bv[NK];
     uint32_t key[NK];
     int id[NK];
+    if (!LF) {
 #pragma unroll
-    for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
+        for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
+    }
 #pragma unroll
     for (int k = 0; k < NK; k++) bv[k] = sb[min(lane + k * M3_WARP, E - 1)];
 #pragma unroll
@@ -248,7 +254,7 @@ static __device__ __forceinline__ float rg_sig_fast(float x) {
 /* the bound on |fast sel - exact sel| at |v| (generous: 7.6e-6 plus 2 ulps of v, doubled) */
 static __device__ __forceinline__ float rg_delta(float v) { return 0x1p-17f + fabsf(v) * 0x1p-21f; }
 
-template <int KK, bool AP>
+template <int KK, bool AP, bool LF>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -257,15 +263,9 @@ static __global__ void __launch_bounds__(RG_THREADS)
     /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
      * step hit different bank quads */
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
-    for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
-        const float b = bias && i < E ? bias[i] : 0.0f;
-        sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
-    }
-    __syncthreads();
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
-    if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
     const bool live = gid < n_tok;
     const int t = live ? gid : n_tok - 1;
     const float *l = logits + (size_t)t * E;
@@ -273,8 +273,20 @@ static __global__ void __launch_bounds__(RG_THREADS)
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
     const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
     float4 lv[RG_NE / 4];
+    if (LF) {
 #pragma unroll
-    for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+    }
+    for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
+        const float b = bias && i < E ? bias[i] : 0.0f;
+        sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
+    }
+    __syncthreads();
+    if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
+    if (!LF) {
+#pragma unroll
+        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+    }
     /* two lists (even / odd chunks): two independent min/max chains */
     uint32_t G[KK], H[KK], fk[RG_NE]; /* fk: the full keys, for the exact fallback */
 #pragma unroll
@@ -452,12 +464,12 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     /* passes of >= 16384 tokens: route_grp_k (H200: T = 16384 0.0104-0.0114 against
      * route_sel_k's 0.0136 ms; T = 8192 0.0088 against 0.0084, T = 4096 0.0076 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    const char *rv_ = getenv("M3_ROUTE_VAR"); /* TEMP knob: 1 fast lists, 2 also at >= 4096 */
+    const char *rv_ = getenv("M3_ROUTE_VAR"); /* TEMP knob: 4 loads first, 8 grp from 8192 */
     const int rvar = rv_ ? atoi(rv_) : 0;
-    if (grp_ok && n_tok >= (rvar >= 2 ? 4096 : 16384)) {
+    if (grp_ok && n_tok >= ((rvar & 8) ? 8192 : 16384)) {
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            rvar ? (K + 2 <= 6 ? route_grp_k<6, true> : route_grp_k<10, true>)
-                 : (K + 2 <= 6 ? route_grp_k<6, false> : route_grp_k<10, false>);
+            (rvar & 4) ? (K + 2 <= 6 ? route_grp_k<6, false, true> : route_grp_k<10, false, true>)
+                       : (K + 2 <= 6 ? route_grp_k<6, false, false> : route_grp_k<10, false, false>);
         kg<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_grp_k");
@@ -465,7 +477,8 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     }
     const int nk = (E + M3_WARP - 1) / M3_WARP;
     void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-        nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
+        (rvar & 4) ? (nk <= 1 ? route_sel_k<1, true> : nk <= 2 ? route_sel_k<2, true> : nk <= 4 ? route_sel_k<4, true> : route_sel_k<8, true>)
+                   : (nk <= 1 ? route_sel_k<1, false> : nk <= 2 ? route_sel_k<2, false> : nk <= 4 ? route_sel_k<4, false> : route_sel_k<8, false>);
     k<<<m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP), ROUTE_SEL_THREADS, 0, g->stream>>>(
         d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
     M3_LAUNCHED(g, "route_sel_k");

@@ -1188,57 +1188,6 @@ static __device__ __forceinline__ uint32_t e4m3x2_br(float v0, float yd0, float 
     bad |= cu ^ cd;
     return cu;
 }
-/* 16 codes of a chunk pair at y = RN(1 / s) by the bracket; bad |= where it failed */
-static __device__ __forceinline__ uint4 k8_row16_br(uint4 u0, uint4 u1, float y, uint32_t &bad) {
-    const uint32_t wd[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-    const float yd = y_adj(y, -1), yu = y_adj(y, 1);
-    uint32_t o[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
-        const uint32_t c0 = e4m3x2_br(bf_lo(w0), yd, yu, bf_hi(w0), yd, yu, bad);
-        const uint32_t c1 = e4m3x2_br(bf_lo(w1), yd, yu, bf_hi(w1), yd, yu, bad);
-        o[i] = __byte_perm(c0, c1, 0x5410);
-    }
-    return make_uint4(o[0], o[1], o[2], o[3]);
-}
-/* returns whether a lane's bracket failed (the caller redoes the step with exact quotients;
- * keeping the rows, slots and scales live for a redo here spilled at the 64-register bound) */
-static __device__ __forceinline__ bool k8_kstep_br(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
-                                                   const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
-                                                   const float (&y)[K8_KR], int jj) {
-    uint32_t bad = 0;
-#pragma unroll
-    for (int k = 0; k < K8_KR; k++) {
-        const uint4 o = k8_row16_br(u[k][0], u[k][1], y[k], bad);
-        if (slot[k] >= 0) {
-            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
-            if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
-        }
-    }
-    return bad != 0;
-}
-
-/* the V window's codes by the bracket (md && nc); false where a code needs the exact quotient */
-static __device__ __forceinline__ bool k8_vcodes_br(const uint32_t (&dv)[K8_T][K8_WPL], const float *sy,
-                                                    uint32_t (&ow)[K8_DPL][4]) {
-    uint32_t bad = 0;
-#pragma unroll
-    for (int r = 0; r < K8_T; r += 2) {
-        const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r); /* s_r, y_r, s_r+1, y_r+1 */
-        const float yd0 = y_adj(p.y, -1), yu0 = y_adj(p.y, 1), yd1 = y_adj(p.w, -1), yu1 = y_adj(p.w, 1);
-#pragma unroll
-        for (int j = 0; j < K8_DPL; j++) {
-            const uint32_t w0 = dv[r][j / 2], w1 = dv[r + 1][j / 2];
-            const float v0 = j & 1 ? bf_hi(w0) : bf_lo(w0), v1 = j & 1 ? bf_hi(w1) : bf_lo(w1);
-            const uint32_t c = e4m3x2_br(v0, yd0, yu0, v1, yd1, yu1, bad);
-            if ((r & 2) == 0) ow[j][r / 4] = c;
-            else ow[j][r / 4] |= c << 16;
-        }
-    }
-    return bad != 0;
-}
-
 /* max of the two 16-bit halves of a and b, each half unsigned (sm_90: one instruction) */
 static __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
 #if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1258,11 +1207,8 @@ static __device__ __forceinline__ uint32_t kw_amax16(uint4 u0, uint4 u1) {
     return max(m & 0xFFFFu, m >> 16);
 }
 
-/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory); BR: the bracket's
- * codes where they apply; true: a bracket failed somewhere in the warp (redo the step with BR
- * false: the same bytes again, exact) */
-template <bool BR>
-static __device__ __forceinline__ bool k8_step(const kvw_args &a, int64_t st, float *sy) {
+/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
+static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
     const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
@@ -1298,11 +1244,10 @@ static __device__ __forceinline__ bool k8_step(const kvw_args &a, int64_t st, fl
         float sc[K8_KR], y[K8_KR];
 #pragma unroll
         for (int k = 0; k < K8_KR; k++) sc[k] = m3_shfl(sk, k, 8), y[k] = m3_shfl(yk, k, 8);
-        if (BR && md && nc && (a.var & 1)) return m3_any(k8_kstep_br(a, w, h, u, slot, sc, y, jj));
         if (md && nc) k8_kstep_fin(a, w, h, u, slot, sc, y, jj);
         else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
         else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
-        return false;
+        return;
     }
     /* V window: tokens [tb, te) of head h (windows follow token 0's slot alignment) */
     const int s = (int)(st - a.vs0);
@@ -1312,7 +1257,7 @@ static __device__ __forceinline__ bool k8_step(const kvw_args &a, int64_t st, fl
     const int tb = win == 0 ? 0 : win * K8_T - off;
     const int te = min(a.n_tok, (win + 1) * K8_T - off);
     const int n = te - tb;
-    if (n <= 0) return false;
+    if (n <= 0) return;
     uint32_t dv[K8_T][K8_WPL];
 #pragma unroll
     for (int r = 0; r < K8_T; r++) {
@@ -1371,9 +1316,7 @@ static __device__ __forceinline__ bool k8_step(const kvw_args &a, int64_t st, fl
     }
     M3_SYNCWARP();
     uint32_t ow[K8_DPL][4];
-    if (BR && md && nc && (a.var & 1)) {
-        if (m3_any(k8_vcodes_br(dv, sy, ow))) return true;
-    } else if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
+    if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
     else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
     else k8_vcodes<false, false>(a, dv, sy, ow);
     if (fast) {
@@ -1381,7 +1324,7 @@ static __device__ __forceinline__ bool k8_step(const kvw_args &a, int64_t st, fl
 #pragma unroll
         for (int j = 0; j < K8_DPL; j++)
             m3_st16_cs(base + ((int64_t)(K8_DPL * lane + j) << 4), make_uint4(ow[j][0], ow[j][1], ow[j][2], ow[j][3]));
-        return false;
+        return;
     }
 #pragma unroll
     for (int r = 0; r < K8_T; r++) { /* a cut or irregular window: byte by byte */
@@ -1393,7 +1336,6 @@ static __device__ __forceinline__ bool k8_step(const kvw_args &a, int64_t st, fl
             ((uint8_t *)a.dst[1])[kw_voff(a, sl, h, K8_DPL * lane + j, 4)] =
                 (uint8_t)(ow[j][r / 4] >> (8 * (r % 4)));
     }
-    return false;
 }
 
 /* 8 warps a block, 4 blocks per SM (<= 64 registers: 32 warps per SM; H200, session 6: 78
@@ -1405,7 +1347,7 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a)
     __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    if (st < a.nstep && k8_step<true>(a, st, ssy[wid])) k8_step<false>(a, st, ssy[wid]);
+    if (st < a.nstep) k8_step(a, st, ssy[wid]);
     m3_pdl_wait();
 }
 
@@ -1415,8 +1357,7 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a)
  * tokens of one head, K and V alike: 8 lanes a row, lane jj dims 16 jj .. 16 jj + 15 (two
  * 16-byte loads, the slot load beside them), the row maximum by 3 shuffles, 16 codes a lane; K
  * stores them as one 16-byte chunk, V (16 tokens of a dim per 16 bytes) byte by byte. */
-template <bool BR>
-static __device__ __forceinline__ bool k8s_step(const kvw_args &a, int64_t st) {
+static __device__ __forceinline__ void k8s_step(const kvw_args &a, int64_t st) {
     const int lane = (int)threadIdx.x % M3_WARP, jj = lane & 7;
     const int w = st < a.ks ? 0 : 1;
     const int s = (int)(st < a.ks ? st : st - a.vs0);
@@ -1434,18 +1375,14 @@ static __device__ __forceinline__ bool k8s_step(const kvw_args &a, int64_t st) {
     const bool md = m3_ballot(!div_ok(sc)) == 0, nc = a.hwcvt && m3_ballot(am >= 0x7F80u) == 0;
     const float y = md ? __frcp_rn(sc) : 0.0f;
     uint4 o;
-    if (BR && (a.var & 1) && md && nc) {
-        uint32_t bad = 0;
-        o = k8_row16_br(u0, u1, y, bad);
-        if (m3_any(bad != 0)) return true;
-    } else if (md && nc) {
+    if (md && nc) {
         o = k8_row16_fin(u0, u1, sc, y);
     } else if (md) {
         o = k8_row16<true, false>(u0, u1, sc, y, a);
     } else {
         o = k8_row16<false, false>(u0, u1, sc, y, a);
     }
-    if (slot < 0) return false;
+    if (slot < 0) return;
     if (w == 0 || a.page == 0) {
         m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
     } else {
@@ -1455,11 +1392,10 @@ static __device__ __forceinline__ bool k8s_step(const kvw_args &a, int64_t st) {
         for (int i = 0; i < 16; i++) d[i << 4] = (uint8_t)(w4[i / 4] >> (8 * (i % 4)));
     }
     if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
-    return false;
 }
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw8s_k(kvw_args a) {
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + (int)threadIdx.x / M3_WARP;
-    if (st < a.nstep && k8s_step<true>(a, st)) k8s_step<false>(a, st);
+    if (st < a.nstep) k8s_step(a, st);
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
@@ -2179,7 +2115,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     auto kv_launch = [&]() -> m3_status {
         const bool dep = prev;
         prev = true;
-        if (kl.fp8 && n_tok < 256 && (kl.var & 2) && kl.page != 0) {
+        if (kl.fp8 && (n_tok < 256 || (kl.var & 8)) && (kl.var & 2) && kl.page != 0) {
             /* decode passes: kvw8s_k, M3_WARP / 8 tokens a step, K and V */
             const int64_t tg = (n_tok + M3_WARP / 8 - 1) / (M3_WARP / 8);
             kvw_args ks = kl;
