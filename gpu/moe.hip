@@ -130,20 +130,21 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
  * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK, bool LF>
+template <int NK>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     __shared__ float sb[ROUTE_MAXK * M3_WARP];
+    /* the token's logits are loaded first (a warp past the pass reads the last token's row),
+     * in flight while the block fills its biases (session 10: T = 4096 / 8192 0.0057 / 0.0081
+     * -> 0.0055 / 0.0079-0.0080 ms against the loads after the barrier) */
     const int lane = (int)threadIdx.x % M3_WARP;
     const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
     const float *l = logits + (size_t)(t < n_tok ? t : n_tok - 1) * E;
     float lv[NK], bv[NK];
-    if (LF) {
 #pragma unroll
-        for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
-    }
+    for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
     for (int i = (int)threadIdx.x; i < E; i += (int)blockDim.x) {
         const float b = bias ? bias[i] : 0.0f;
         sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
@@ -152,10 +153,6 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     if (t >= n_tok) return; /* whole warps leave together */
     uint32_t key[NK];
     int id[NK];
-    if (!LF) {
-#pragma unroll
-        for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
-    }
 #pragma unroll
     for (int k = 0; k < NK; k++) bv[k] = sb[min(lane + k * M3_WARP, E - 1)];
 #pragma unroll
@@ -242,19 +239,7 @@ static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) 
 #pragma unroll
     for (int j = 0; j < KK; j++) A[j] = C[j];
 }
-/* AP (session 10): the lists are built from a fast sigmoid, 1 / (1 + 2^(-x log2 e)) by the
- * approximate exp2 and reciprocal (4 instructions against ~25 for expf and the IEEE division);
- * |fast - m3_sigmoidf| <= ~2e-6 (sigma (1 - sigma) times __expf's relative error, plus the
- * reciprocal's ulp), so a selection value differs by less than RG_DELTA(v). The kept
- * candidates get their exact sel (as before); the pass is exact when their exact order
- * agrees with the list's and rank K's exact sel exceeds every excluded expert's bound. */
-static __device__ __forceinline__ float rg_sig_fast(float x) {
-    return __fdividef(1.0f, 1.0f + __expf(-x));
-}
-/* the bound on |fast sel - exact sel| at |v| (generous: 7.6e-6 plus 2 ulps of v, doubled) */
-static __device__ __forceinline__ float rg_delta(float v) { return 0x1p-17f + fabsf(v) * 0x1p-21f; }
-
-template <int KK, bool AP, bool LF>
+template <int KK>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -263,9 +248,15 @@ static __global__ void __launch_bounds__(RG_THREADS)
     /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
      * step hit different bank quads */
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
+    for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
+        const float b = bias && i < E ? bias[i] : 0.0f;
+        sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
+    }
+    __syncthreads();
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
+    if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
     const bool live = gid < n_tok;
     const int t = live ? gid : n_tok - 1;
     const float *l = logits + (size_t)t * E;
@@ -273,20 +264,8 @@ static __global__ void __launch_bounds__(RG_THREADS)
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
     const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
     float4 lv[RG_NE / 4];
-    if (LF) {
 #pragma unroll
-        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
-    }
-    for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
-        const float b = bias && i < E ? bias[i] : 0.0f;
-        sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
-    }
-    __syncthreads();
-    if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
-    if (!LF) {
-#pragma unroll
-        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
-    }
+    for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
     /* two lists (even / odd chunks): two independent min/max chains */
     uint32_t G[KK], H[KK], fk[RG_NE]; /* fk: the full keys, for the exact fallback */
 #pragma unroll
@@ -299,8 +278,8 @@ static __global__ void __launch_bounds__(RG_THREADS)
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const uint32_t e = e0 + (uint32_t)(4 * c + u);
-            const uint32_t key = c < nv4 ? route_key((AP ? rg_sig_fast(lx[u]) : m3_sigmoidf(lx[u])) + bx[u]) : 0u;
-            if (!AP) fk[4 * c + u] = key;
+            const uint32_t key = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
+            fk[4 * c + u] = key;
             const uint32_t ck = key ? ((key | 0x7Fu) ^ e) : 0u; /* 0: never chosen */
             /* insert into the sorted list (desc): new L[j] = max(L[j], min(L[j-1], ck)) */
             uint32_t *L = (c & 1) ? H : G;
@@ -341,12 +320,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
 #pragma unroll
             for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
         int id = tr_[0];
-        /* AP: the kept ranks after K too (their exact keys for the order check); an empty
-         * rank (key 0: fewer than KK experts) takes rank 0's */
-        uint32_t gq = 0u;
-#pragma unroll
-        for (int u = 0; u < RG_L; u++) gq |= G[min(r0 + u, KK - 1)] & (0u - (uint32_t)(u == q));
-        if (AP ? (r0 + q >= KK || gq == 0u) : r0 + q > K) id = rid[0];
+        if (r0 + q > K) id = rid[0];
         const float sg = m3_sigmoidf(l[id]);
         mys[s] = sg;
         myk[s] = route_key(sg + sb[id / RG_NE][id % RG_NE]);
@@ -357,47 +331,13 @@ static __global__ void __launch_bounds__(RG_THREADS)
         rsg[r] = m3_shfl(mys[r / RG_L], r % RG_L, RG_L);
     }
     bool bad = false;
-    if (!AP) {
 #pragma unroll
-        for (int r = 0; r + 1 < KK; r++) {
-            const bool same_hi = (G[r] >> 7) == (G[r + 1] >> 7);
-            if (r < K) bad = bad || (same_hi && rfk[r] != rfk[r + 1]);
-            if (r == K) bad = bad || same_hi;
-        }
-    } else {
-        /* exact order: ranks 0..K adjacent pairs, rank K against the kept ranks after it
-         * (ref's order: the larger key, equal keys by the lower id), and rank K's exact sel
-         * above every excluded expert: those have fast keys <= G[KK - 1]'s (whose low 7 bits,
-         * the id, are set to their largest for the bound) */
-        uint32_t kk = 0u;
-        int ik = 0;
-#pragma unroll
-        for (int r = 0; r < KK; r++) {
-            const bool isk = r == K;
-            kk |= rfk[r] & (0u - (uint32_t)isk);
-            ik |= rid[r] & (0 - (int)isk);
-        }
-#pragma unroll
-        for (int r = 0; r + 1 < KK; r++) {
-            if (r < K) bad = bad || !(rfk[r] > rfk[r + 1] || (rfk[r] == rfk[r + 1] && rid[r] < rid[r + 1]));
-            if (r + 1 > K && G[r + 1] != 0u)
-                bad = bad || !(kk > rfk[r + 1] || (kk == rfk[r + 1] && ik < rid[r + 1]));
-        }
-        if (G[KK - 1] != 0u) {
-            const float bnd = route_val(G[KK - 1] | 0x7Fu), vk = route_val(kk);
-            bad = bad || !(vk > bnd + rg_delta(bnd));
-        }
+    for (int r = 0; r + 1 < KK; r++) {
+        const bool same_hi = (G[r] >> 7) == (G[r + 1] >> 7);
+        if (r < K) bad = bad || (same_hi && rfk[r] != rfk[r + 1]);
+        if (r == K) bad = bad || same_hi;
     }
     if (m3_any(bad)) { /* exact fallback: K + 1 rounds over the full keys (rare) */
-        if (AP) {
-#pragma unroll
-            for (int c = 0; c < RG_NE / 4; c++) {
-                const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
-                const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
-#pragma unroll
-                for (int u = 0; u < 4; u++) fk[4 * c + u] = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
-            }
-        }
         uint32_t taken = 0u;
 #pragma unroll
         for (int r = 0; r < KK; r++) { /* constant r: the lists stay in registers */
@@ -464,12 +404,9 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     /* passes of >= 16384 tokens: route_grp_k (H200: T = 16384 0.0104-0.0114 against
      * route_sel_k's 0.0136 ms; T = 8192 0.0088 against 0.0084, T = 4096 0.0076 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    const char *rv_ = getenv("M3_ROUTE_VAR"); /* TEMP knob: 4 loads first, 8 grp from 8192 */
-    const int rvar = rv_ ? atoi(rv_) : 0;
-    if (grp_ok && n_tok >= ((rvar & 8) ? 8192 : 16384)) {
+    if (grp_ok && n_tok >= 16384) {
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            (rvar & 4) ? (K + 2 <= 6 ? route_grp_k<6, false, true> : route_grp_k<10, false, true>)
-                       : (K + 2 <= 6 ? route_grp_k<6, false, false> : route_grp_k<10, false, false>);
+            K + 2 <= 6 ? route_grp_k<6> : route_grp_k<10>;
         kg<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_grp_k");
@@ -477,8 +414,7 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     }
     const int nk = (E + M3_WARP - 1) / M3_WARP;
     void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-        (rvar & 4) ? (nk <= 1 ? route_sel_k<1, true> : nk <= 2 ? route_sel_k<2, true> : nk <= 4 ? route_sel_k<4, true> : route_sel_k<8, true>)
-                   : (nk <= 1 ? route_sel_k<1, false> : nk <= 2 ? route_sel_k<2, false> : nk <= 4 ? route_sel_k<4, false> : route_sel_k<8, false>);
+        nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
     k<<<m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP), ROUTE_SEL_THREADS, 0, g->stream>>>(
         d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
     M3_LAUNCHED(g, "route_sel_k");

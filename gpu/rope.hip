@@ -1498,7 +1498,8 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     const bool f32v = !vrow && a.k_src == M3_GPU_KQ_F32;
     /* the bracket (k8_row16_br) where the whole warp's rows are finite and divide by div_y:
      * codes from v yd and v yu, the exact quotients only where a lane's pair differs */
-    const bool brk = (a.kv.var & 4) && md && a.kv.hwcvt && m3_ballot(am >= 0x7F800000u) == 0;
+    const bool fin = md && a.kv.hwcvt && m3_ballot(am >= 0x7F800000u) == 0;
+    const bool brk = (a.kv.var & 4) && fin, nfx = (a.kv.var & 16) && fin;
     bool exact = !brk;
     if (brk) {
         const float yd = y_adj(y, -1), yu = y_adj(y, 1);
@@ -1534,7 +1535,10 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             uint32_t lo, hi;
-            if (md) {
+            if (nfx) { /* finite rows: the conversion without its NaN fix-ups */
+                lo = e4m3x2(div_y(q[4 * e], sc, y), div_y(q[4 * e + 1], sc, y));
+                hi = e4m3x2(div_y(q[4 * e + 2], sc, y), div_y(q[4 * e + 3], sc, y));
+            } else if (md) {
                 lo = cvt8x2(div_y(q[4 * e], sc, y), div_y(q[4 * e + 1], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
                 hi = cvt8x2(div_y(q[4 * e + 2], sc, y), div_y(q[4 * e + 3], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
             } else {
@@ -2115,7 +2119,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     auto kv_launch = [&]() -> m3_status {
         const bool dep = prev;
         prev = true;
-        if (kl.fp8 && (n_tok < 256 || (kl.var & 8)) && (kl.var & 2) && kl.page != 0) {
+        if (kl.fp8 && n_tok < 256 && kl.page != 0) {
             /* decode passes: kvw8s_k, M3_WARP / 8 tokens a step, K and V */
             const int64_t tg = (n_tok + M3_WARP / 8 - 1) / (M3_WARP / 8);
             kvw_args ks = kl;

@@ -827,11 +827,21 @@ static void bench_moe_experts(void **state) {
  * under a profiler); unset: every row */
 static bool row_wanted(const char *nm) {
     const char *w = getenv("M3_BENCH_ROW");
-    if (w && *w && w[strlen(w) - 1] == '$') { /* TEMP: "text$" = the name ends with text */
-        const size_t n = strlen(nm), m = strlen(w) - 1;
-        return n >= m && strncmp(nm + n - m, w, m) == 0;
+    if (!w || !*w) return true;
+    /* TEMP: alternatives a|b|c; "text$" = the name ends with text */
+    for (const char *p = w; *p;) {
+        const size_t l = strcspn(p, "|");
+        char alt[128];
+        snprintf(alt, sizeof alt, "%.*s", (int)(l < 127 ? l : 127), p);
+        const size_t m = strlen(alt), n = strlen(nm);
+        if (m && alt[m - 1] == '$') {
+            if (n >= m - 1 && strncmp(nm + n - (m - 1), alt, m - 1) == 0) return true;
+        } else if (m && strstr(nm, alt)) {
+            return true;
+        }
+        p += l + (p[l] == '|');
     }
-    return !w || !*w || strstr(nm, w) != NULL;
+    return false;
 }
 
 /* ---- KV cache write (prefill T = 4096 and decode T = 64, Hkv 4, Dh 128, page 128) -------- */
