@@ -1498,8 +1498,7 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     const bool f32v = !vrow && a.k_src == M3_GPU_KQ_F32;
     /* the bracket (k8_row16_br) where the whole warp's rows are finite and divide by div_y:
      * codes from v yd and v yu, the exact quotients only where a lane's pair differs */
-    const bool fin = md && a.kv.hwcvt && m3_ballot(am >= 0x7F800000u) == 0;
-    const bool brk = (a.kv.var & 4) && fin, nfx = (a.kv.var & 16) && fin;
+    const bool brk = (a.kv.var & 4) && md && a.kv.hwcvt && m3_ballot(am >= 0x7F800000u) == 0;
     bool exact = !brk;
     if (brk) {
         const float yd = y_adj(y, -1), yu = y_adj(y, 1);
@@ -1535,10 +1534,7 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             uint32_t lo, hi;
-            if (nfx) { /* finite rows: the conversion without its NaN fix-ups */
-                lo = e4m3x2(div_y(q[4 * e], sc, y), div_y(q[4 * e + 1], sc, y));
-                hi = e4m3x2(div_y(q[4 * e + 2], sc, y), div_y(q[4 * e + 3], sc, y));
-            } else if (md) {
+            if (md) {
                 lo = cvt8x2(div_y(q[4 * e], sc, y), div_y(q[4 * e + 1], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
                 hi = cvt8x2(div_y(q[4 * e + 2], sc, y), div_y(q[4 * e + 3], sc, y), a.kv.kind, a.kv.ovf, a.kv.hwcvt);
             } else {
