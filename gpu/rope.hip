@@ -20,9 +20,10 @@
  *   qw_norm_k's small form (cos / sin evaluated in the step: one double sincos a lane per
  *   distinct token, shared by shuffles; no block prologue; fp8 V rows as one more part written
  *   through qw_kstore's code, bf16 V rows as kvw_k's window steps in the same grid), or for
- *   the K / V writer alone kvw8_k / kvw_k. H200: fused fp8 sparse + index T=1 18.3 -> 8.6 us,
- *   T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us; session 9 (sincos shared, no
- *   prologue): sparse T=1 9.8 -> 6.6 us, T=64 11.0 -> 7.9, dense T=1 8.0 -> 5.2 (docs/gpu.md);
+ *   the K / V writer alone kvw8s_k (fp8; session 10) / kvw_k. H200: fused fp8 sparse + index
+ *   T=1 18.3 -> 8.6 us, T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us; session 9
+ *   (sincos shared, no prologue): sparse T=1 9.8 -> 6.6 us, T=64 11.0 -> 7.9, dense T=1 8.0 ->
+ *   5.2; session 10: the fp8 writer T=64 (kvw8s_k) 9.6 -> 4.6 us (docs/gpu.md);
  * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
  *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
  *   takes any part the warp kernels do not.
@@ -898,11 +899,14 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  *   integer max of the bf16 bits; details at the kernel). Session 6 replaced kvw_k's fp8
  *   path (V rows staged in shared memory, 4 tokens a K step: 47.5% of copy at T = 32768)
  *   by it: 66%; session 7: packed row maxima, one scale division a lane, K codes without
- *   copysign: 70% (docs/gpu.md).
+ *   copysign: 70% (docs/gpu.md). Passes under 256 tokens run kvw8s_k (session 10: 4-token
+ *   steps, K and V alike; details at the kernel).
  * fp8 quotients v / s: div_y (Markstein's correction from 1 / s, the same bits as the
- *   division) where every scale of the warp's rows allows it, else __fdiv_rn. */
+ *   division) where every scale of the warp's rows allows it, else __fdiv_rn. The fused
+ *   step's fp8 rows (qw_kstore) take their codes from a bracket around the quotient
+ *   (e4m3x2_br) where it decides them (session 10). */
 
-#define KW_WPB 8 /* warps per block (kvw_k, kvw8_k) */
+#define KW_WPB 8 /* warps per block (kvw_k, kvw8_k, kvw8s_k) */
 typedef struct {
     const m3_bf16 *x[2]; /* K rows, V rows (NULL: not written) */
     int ld[2];
@@ -917,7 +921,6 @@ typedef struct {
     const int64_t *slots; /* or slot(pos[t]) through the block table */
     const int32_t *bt, *pos;
     int bt_block;
-    int var; /* TEMP measurement knob M3_KV8_VAR (removed before the end) */
 } kvw_args;
 
 /* v / s rounded to nearest, the same bits as __fdiv_rn(v, s), for a scale s in [2^-90,
@@ -1177,8 +1180,10 @@ static __device__ __forceinline__ void k8_kstep_fin(const kvw_args &a, int w, in
  * e4m3(RN(v yd)) <= e4m3(RN(v / s)) <= e4m3(RN(v yu)) (reversed for v < 0; a product keeps
  * v's sign, -0 included). Where the two outer codes agree they are ref's code; they differ
  * only where an e4m3 rounding midpoint lies within ~2 fp32 ulps of v / s (~3e-6 of random
- * quotients), and the caller then redoes the whole step with the exact quotients. Two
- * products and one conversion a code against div_ns's five operations. */
+ * quotients), and the caller then takes the exact quotients. Two products and one
+ * conversion a code against div_y's six operations: it pays where the code walked once is
+ * the cost (qw_kstore at decode); kvw8_k measured slower with it (H200, session 10: T = 4096
+ * 0.0099 -> 0.0133 ms). */
 static __device__ __forceinline__ float y_adj(float y, int d) { return m3_bits_f32(m3_f32_bits(y) + d); }
 /* codes of (v0, v1) at (yd0, yu0), (yd1, yu1): the upper bracket's codes; bad |= any difference */
 static __device__ __forceinline__ uint32_t e4m3x2_br(float v0, float yd0, float yu0, float v1, float yd1,
@@ -1496,9 +1501,11 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     const bool md = m3_ballot(!div_ok(sc)) == 0;
     const float y = md ? __frcp_rn(sc) : 0.0f;
     const bool f32v = !vrow && a.k_src == M3_GPU_KQ_F32;
-    /* the bracket (k8_row16_br) where the whole warp's rows are finite and divide by div_y:
-     * codes from v yd and v yu, the exact quotients only where a lane's pair differs */
-    const bool brk = (a.kv.var & 4) && md && a.kv.hwcvt && m3_ballot(am >= 0x7F800000u) == 0;
+    /* the bracket (e4m3x2_br, session 10) where the whole warp's rows are finite and divide by
+     * div_y: the codes of v yd and v yu; where a lane's two differ (a rounding midpoint near
+     * v / s) the warp takes the exact quotients below. H200: the fused fp8 sparse step T = 1
+     * 0.0069 -> 0.0061 ms, T = 64 0.0082 -> 0.0079 (its fp8 K rows walk less code) */
+    const bool brk = md && a.kv.hwcvt && m3_ballot(am >= 0x7F800000u) == 0;
     bool exact = !brk;
     if (brk) {
         const float yd = y_adj(y, -1), yu = y_adj(y, 1);
@@ -2021,8 +2028,6 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         }
         kv.lpage = kv.page == 128 ? 7 : kv.page == 16 ? 4 : 0;
         kv.hwcvt = kv.kind == (int)M3_FP8_E4M3FN && c->ovf == M3_FP8_SATURATE;
-        const char *e = getenv("M3_KV8_VAR"); /* TEMP knob */
-        kv.var = e ? atoi(e) : 0;
     }
     part rest[QKV_NSEG];
     int nrest = 0;
@@ -2093,8 +2098,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
      * and tail were ~6 us each); the V writer launched before qw_norm_k instead (concurrent
      * with the table) measured 61.9%. */
     bool prev = cst != NULL; /* the stream's last launch is this pass's */
-    /* the raw K / V rows: kvw8_k (fp8: 16 tokens a step, K and V; step numbers are 32-bit)
-     * or kvw_k (bf16: 4 tokens a K step, 8-token V windows) */
+    /* the raw K / V rows: kvw8_k (fp8: 16 tokens a step, K and V; step numbers are 32-bit;
+     * passes under 256 tokens kvw8s_k, M3_WARP / 8 tokens a step) or kvw_k (bf16: 4 tokens a
+     * K step, 8-token V windows) */
     /* the K / V writer's steps: kvw8_k's 16 tokens of one head (fp8), kvw_k's M3_WARP / 8
      * tokens (K) and 8-token windows (V) (bf16) */
     kvw_args kl = kv;

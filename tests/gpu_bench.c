@@ -55,26 +55,6 @@ static void report(const char *name, double ms, double bytes, double flops) {
     fflush(stdout);
 }
 
-/* TEMP (session 10, helper small): M3_BENCH_VAR=NAME and M3_BENCH_VALS=a,b,c time a row once per
- * value with the environment variable NAME set to it (kernels read their knob per call) */
-static void report_vars(const char *name, m3_gpu *g, bench_fn fn, void *c,
-                        int reps, double bytes, double flops) {
-    const char *var = getenv("M3_BENCH_VAR"), *vals = getenv("M3_BENCH_VALS");
-    if (!var || !vals) {
-        report(name, time_ms(g, fn, c, reps, 7), bytes, flops);
-        return;
-    }
-    char buf[256], nm[160];
-    snprintf(buf, sizeof buf, "%s", vals);
-    for (char *v = strtok(buf, ","); v; v = strtok(NULL, ",")) {
-        setenv(var, v, 1);
-        (void)time_ms(g, fn, c, reps, 2);
-        snprintf(nm, sizeof nm, "%s [%s]", name, v);
-        report(nm, time_ms(g, fn, c, reps, 7), bytes, flops);
-    }
-    unsetenv(var);
-}
-
 static void *rand_bf16(m3_gpu *g, m3_rng *r, int64_t n, float sd) {
     float *h = malloc((size_t)n * sizeof *h);
     assert_non_null(h);
@@ -309,9 +289,10 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
+        double ms = time_ms(g, do_route, &c, 20, 7);
         char nm[96];
         snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
-        report_vars(nm, g, do_route, &c, 20, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
     }
 }
 
@@ -827,21 +808,7 @@ static void bench_moe_experts(void **state) {
  * under a profiler); unset: every row */
 static bool row_wanted(const char *nm) {
     const char *w = getenv("M3_BENCH_ROW");
-    if (!w || !*w) return true;
-    /* TEMP: alternatives a|b|c; "text$" = the name ends with text */
-    for (const char *p = w; *p;) {
-        const size_t l = strcspn(p, "|");
-        char alt[128];
-        snprintf(alt, sizeof alt, "%.*s", (int)(l < 127 ? l : 127), p);
-        const size_t m = strlen(alt), n = strlen(nm);
-        if (m && alt[m - 1] == '$') {
-            if (n >= m - 1 && strncmp(nm + n - (m - 1), alt, m - 1) == 0) return true;
-        } else if (m && strstr(nm, alt)) {
-            return true;
-        }
-        p += l + (p[l] == '|');
-    }
-    return false;
+    return !w || !*w || strstr(nm, w) != NULL;
 }
 
 /* ---- KV cache write (prefill T = 4096 and decode T = 64, Hkv 4, Dh 128, page 128) -------- */
@@ -881,7 +848,7 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
             const double n = (double)c.T * 512 * 2; /* K and V elements */
-            report_vars(nm, g, do_kv, &c, 20, n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            report(nm, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
             m3_gpu_release(g, mark);
         }
 }
@@ -1009,7 +976,7 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            report_vars(nm, g, do_qkvc, &c, 20, bytes, T * normed * 12);
+            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
