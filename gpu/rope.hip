@@ -1401,6 +1401,7 @@ static __device__ __forceinline__ void k8s_step(const kvw_args &a, int64_t st) {
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw8s_k(kvw_args a) {
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + (int)threadIdx.x / M3_WARP;
     if (st < a.nstep) k8s_step(a, st);
+    m3_pdl_wait(); /* as kvw8_k's end */
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
