@@ -14,11 +14,12 @@
  *   This is §4.7's rule for V, and for K when K is quantized from its stored bf16 values;
  *   the K writers that quantize the unrounded fp32 k (atom's Triton and aiter writers) are
  *   m3_gpu_qk_norm_rope_cache (gpu/rope.hip), where that k exists.
- * The kernels are gpu/rope.hip's with two un-normed parts (K, V): passes of >= 256 tokens
- * with Dh 128 run kvw_k (bf16; one warp a step: 4 tokens of K, or one 8-token window of V
- * staged in the warp's shared memory) or kvw8_k (fp8; one warp a step of 16 tokens of K, or
- * one 16-token window of V held in registers), others the tile kernel qkv_k (rows staged in
- * shared memory);
+ * The kernels are gpu/rope.hip's with two un-normed parts (K, V): rows of Dh 128 run kvw_k
+ * (bf16; one warp a step: 4 tokens of K, or one 8-token window of V staged in the warp's
+ * shared memory) or kvw8_k (fp8; one warp a step of 16 tokens of K, or one 16-token window of
+ * V held in registers; passes under 256 tokens kvw8s_k: a step of M3_WARP / 8 tokens of one
+ * head, K or V, the V codes stored byte by byte), others the tile kernel qkv_k (rows staged
+ * in shared memory);
  * both write 16-byte K chunks and V in 16-byte groups of x slot-consecutive tokens of one dim
  * (its SHUFFLE layout), element by element where a pass's tokens cut a group. ref's paged storage (m3_gpu_kv_cache.paged) needs the positions: refused here, it
  * is m3_gpu_qk_norm_rope_cache's. */

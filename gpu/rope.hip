@@ -20,9 +20,10 @@
  *   qw_norm_k's small form (cos / sin evaluated in the step: one double sincos a lane per
  *   distinct token, shared by shuffles; no block prologue; fp8 V rows as one more part written
  *   through qw_kstore's code, bf16 V rows as kvw_k's window steps in the same grid), or for
- *   the K / V writer alone kvw8_k / kvw_k. H200: fused fp8 sparse + index T=1 18.3 -> 8.6 us,
- *   T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us; session 9 (sincos shared, no
- *   prologue): sparse T=1 9.8 -> 6.6 us, T=64 11.0 -> 7.9, dense T=1 8.0 -> 5.2 (docs/gpu.md);
+ *   the K / V writer alone kvw8s_k (fp8; session 10) / kvw_k. H200: fused fp8 sparse + index
+ *   T=1 18.3 -> 8.6 us, T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us; session 9
+ *   (sincos shared, no prologue): sparse T=1 9.8 -> 6.6 us, T=64 11.0 -> 7.9, dense T=1 8.0 ->
+ *   5.2; session 10: the fp8 writer T=64 (kvw8s_k) 9.6 -> 4.6 us (docs/gpu.md);
  * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
  *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
  *   takes any part the warp kernels do not.
@@ -898,11 +899,14 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  *   integer max of the bf16 bits; details at the kernel). Session 6 replaced kvw_k's fp8
  *   path (V rows staged in shared memory, 4 tokens a K step: 47.5% of copy at T = 32768)
  *   by it: 66%; session 7: packed row maxima, one scale division a lane, K codes without
- *   copysign: 70% (docs/gpu.md).
+ *   copysign: 70% (docs/gpu.md). Passes under 256 tokens run kvw8s_k (session 10: 4-token
+ *   steps, K and V alike; details at the kernel).
  * fp8 quotients v / s: div_y (Markstein's correction from 1 / s, the same bits as the
- *   division) where every scale of the warp's rows allows it, else __fdiv_rn. */
+ *   division) where every scale of the warp's rows allows it, else __fdiv_rn. The fused
+ *   step's fp8 rows (qw_kstore) take their codes from a bracket around the quotient
+ *   (e4m3x2_br) where it decides them (session 10). */
 
-#define KW_WPB 8 /* warps per block (kvw_k, kvw8_k) */
+#define KW_WPB 8 /* warps per block (kvw_k, kvw8_k, kvw8s_k) */
 typedef struct {
     const m3_bf16 *x[2]; /* K rows, V rows (NULL: not written) */
     int ld[2];
@@ -1144,27 +1148,51 @@ static __device__ __forceinline__ uint32_t e4m3x2(float q0, float q1) { /* q0: l
     return cvt8x2(q0, q1, (int)M3_FP8_E4M3FN, (int)M3_FP8_SATURATE, true);
 #endif
 }
+/* 16 codes of a finite row's chunk pair (u0: dims 0-7, u1: 8-15) by div_ns + the sign OR */
+static __device__ __forceinline__ uint4 k8_row16_fin(uint4 u0, uint4 u1, float s, float y) {
+    const uint32_t wd[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
+        const uint32_t c0 = e4m3x2(div_ns(bf_lo(w0), s, y), div_ns(bf_hi(w0), s, y));
+        const uint32_t c1 = e4m3x2(div_ns(bf_lo(w1), s, y), div_ns(bf_hi(w1), s, y));
+        o[i] = __byte_perm(c0, c1, 0x5410) | (__byte_perm(w0, w1, 0x7531) & 0x80808080u);
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
 static __device__ __forceinline__ void k8_kstep_fin(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
                                                     const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
                                                     const float (&y)[K8_KR], int jj) {
 #pragma unroll
     for (int k = 0; k < K8_KR; k++) {
-        const uint32_t wd[8] = {u[k][0].x, u[k][0].y, u[k][0].z, u[k][0].w, u[k][1].x, u[k][1].y, u[k][1].z, u[k][1].w};
-        uint32_t o[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t w0 = wd[2 * i], w1 = wd[2 * i + 1];
-            const uint32_t c0 = e4m3x2(div_ns(bf_lo(w0), sc[k], y[k]), div_ns(bf_hi(w0), sc[k], y[k]));
-            const uint32_t c1 = e4m3x2(div_ns(bf_lo(w1), sc[k], y[k]), div_ns(bf_hi(w1), sc[k], y[k]));
-            o[i] = __byte_perm(c0, c1, 0x5410) | (__byte_perm(w0, w1, 0x7531) & 0x80808080u);
-        }
+        const uint4 o = k8_row16_fin(u[k][0], u[k][1], sc[k], y[k]);
         if (slot[k] >= 0) {
-            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), make_uint4(o[0], o[1], o[2], o[3]));
+            m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
             if (jj == 0) a.scl[w][kw_soff(a, slot[k], h)] = sc[k];
         }
     }
 }
 
+/* The bracket (session 10): e4m3 codes without the exact quotient. With y = RN(1 / s) normal
+ * (div_ok), yd / yu = y -/+ 1 ulp bracket 1 / s strictly (|y - 1/s| <= ulp / 2), so for v >= 0
+ * v yd < v / s < v yu, and rounding to fp32, then to e4m3 (RNE, satfinite), is monotone:
+ * e4m3(RN(v yd)) <= e4m3(RN(v / s)) <= e4m3(RN(v yu)) (reversed for v < 0; a product keeps
+ * v's sign, -0 included). Where the two outer codes agree they are ref's code; they differ
+ * only where an e4m3 rounding midpoint lies within ~2 fp32 ulps of v / s (~3e-6 of random
+ * quotients), and the caller then takes the exact quotients. Two products and one
+ * conversion a code against div_y's six operations: it pays where the code walked once is
+ * the cost (qw_kstore at decode); kvw8_k measured slower with it (H200, session 10: T = 4096
+ * 0.0099 -> 0.0133 ms). */
+static __device__ __forceinline__ float y_adj(float y, int d) { return m3_bits_f32(m3_f32_bits(y) + d); }
+/* codes of (v0, v1) at (yd0, yu0), (yd1, yu1): the upper bracket's codes; bad |= any difference */
+static __device__ __forceinline__ uint32_t e4m3x2_br(float v0, float yd0, float yu0, float v1, float yd1,
+                                                    float yu1, uint32_t &bad) {
+    const uint32_t cu = e4m3x2(__fmul_rn(v0, yu0), __fmul_rn(v1, yu1));
+    const uint32_t cd = e4m3x2(__fmul_rn(v0, yd0), __fmul_rn(v1, yd1));
+    bad |= cu ^ cd;
+    return cu;
+}
 /* max of the two 16-bit halves of a and b, each half unsigned (sm_90: one instruction) */
 static __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
 #if defined(M3_HIP_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1328,6 +1356,54 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a)
     m3_pdl_wait();
 }
 
+/* kvw8s_k (session 10): the fp8 writer for passes under 256 tokens (decode). kvw8_k's steps are
+ * 16 tokens (64 quotients a lane, a dependent slot load before the V window's row loads) walked
+ * once by a few warps, which instruction fetch and latency bound; here a step is M3_WARP / 8
+ * tokens of one head, K and V alike: 8 lanes a row, lane jj dims 16 jj .. 16 jj + 15 (two
+ * 16-byte loads, the slot load beside them), the row maximum by 3 shuffles, 16 codes a lane; K
+ * stores them as one 16-byte chunk, V (16 tokens of a dim per 16 bytes) byte by byte. */
+static __device__ __forceinline__ void k8s_step(const kvw_args &a, int64_t st) {
+    const int lane = (int)threadIdx.x % M3_WARP, jj = lane & 7;
+    const int w = st < a.ks ? 0 : 1;
+    const int s = (int)(st < a.ks ? st : st - a.vs0);
+    const int tg = s / a.nh, h = s - tg * a.nh;
+    const int t = tg * (M3_WARP / 8) + lane / 8;
+    const bool ok = t < a.n_tok;
+    const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128 + 16 * jj;
+    const uint4 u0 = ok ? m3_ld16_ro(row) : make_uint4(0, 0, 0, 0);
+    const uint4 u1 = ok ? m3_ld16_ro(row + 8) : make_uint4(0, 0, 0, 0);
+    const int64_t slot = ok ? kw_slot(a, t) : -1;
+    uint32_t am = kw_amax16(u0, u1);
+#pragma unroll
+    for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
+    const float sc = fp8_scale(m3_bits_f32(am << 16), a.fp8_max);
+    const bool md = m3_ballot(!div_ok(sc)) == 0, nc = a.hwcvt && m3_ballot(am >= 0x7F80u) == 0;
+    const float y = md ? __frcp_rn(sc) : 0.0f;
+    uint4 o;
+    if (md && nc) {
+        o = k8_row16_fin(u0, u1, sc, y);
+    } else if (md) {
+        o = k8_row16<true, false>(u0, u1, sc, y, a);
+    } else {
+        o = k8_row16<false, false>(u0, u1, sc, y, a);
+    }
+    if (slot < 0) return;
+    if (w == 0 || a.page == 0) {
+        m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot, h, 16 * jj, 4), o);
+    } else {
+        uint8_t *d = (uint8_t *)a.dst[1] + kw_voff(a, slot, h, 16 * jj, 4);
+        const uint32_t w4[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+        for (int i = 0; i < 16; i++) d[i << 4] = (uint8_t)(w4[i / 4] >> (8 * (i % 4)));
+    }
+    if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
+}
+static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw8s_k(kvw_args a) {
+    const int64_t st = (int64_t)blockIdx.x * KW_WPB + (int)threadIdx.x / M3_WARP;
+    if (st < a.nstep) k8s_step(a, st);
+    m3_pdl_wait(); /* as kvw8_k's end */
+}
+
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
 #define QW_RPS (M3_WARP / QW_LPR)    /* rows per warp step */
 #define QW_WPB 8                     /* warps per block */
@@ -1426,8 +1502,36 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
     const bool md = m3_ballot(!div_ok(sc)) == 0;
     const float y = md ? __frcp_rn(sc) : 0.0f;
     const bool f32v = !vrow && a.k_src == M3_GPU_KQ_F32;
+    /* the bracket (e4m3x2_br, session 10) where the whole warp's rows are finite and divide by
+     * div_y: the codes of v yd and v yu; where a lane's two differ (a rounding midpoint near
+     * v / s) the warp takes the exact quotients below. H200, the fused fp8 sparse step:
+     * T = 4096 / 16384 69.6 -> 71.0% / 80.3 -> 81.5% of copy; T = 1 0.0069 -> 0.0061 ms in
+     * one batch, unchanged (0.0067) in another (docs/gpu.md) */
+    const bool brk = md && a.kv.hwcvt && m3_ballot(am >= 0x7F800000u) == 0;
+    bool exact = !brk;
+    if (brk) {
+        const float yd = y_adj(y, -1), yu = y_adj(y, 1);
+        uint32_t bad = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float q[8];
+            if (f32v) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) q[e] = v[k][e];
+            } else {
+                m3_unpack16<m3_bf16>(o[k], q);
+            }
+            const uint32_t lo0 = e4m3x2_br(q[0], yd, yu, q[1], yd, yu, bad);
+            const uint32_t hi0 = e4m3x2_br(q[2], yd, yu, q[3], yd, yu, bad);
+            const uint32_t lo1 = e4m3x2_br(q[4], yd, yu, q[5], yd, yu, bad);
+            const uint32_t hi1 = e4m3x2_br(q[6], yd, yu, q[7], yd, yu, bad);
+            *reinterpret_cast<uint2 *>(stg + 8 * (j + 4 * k)) = make_uint2(lo0 | (hi0 << 16), lo1 | (hi1 << 16));
+        }
+        exact = m3_any(bad != 0);
+    }
 #pragma unroll
     for (int k = 0; k < 4; k++) {
+        if (!exact) break;
         float q[8];
         if (f32v) {
 #pragma unroll
@@ -1996,8 +2100,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
      * and tail were ~6 us each); the V writer launched before qw_norm_k instead (concurrent
      * with the table) measured 61.9%. */
     bool prev = cst != NULL; /* the stream's last launch is this pass's */
-    /* the raw K / V rows: kvw8_k (fp8: 16 tokens a step, K and V; step numbers are 32-bit)
-     * or kvw_k (bf16: 4 tokens a K step, 8-token V windows) */
+    /* the raw K / V rows: kvw8_k (fp8: 16 tokens a step, K and V; step numbers are 32-bit;
+     * passes under 256 tokens kvw8s_k, M3_WARP / 8 tokens a step) or kvw_k (bf16: 4 tokens a
+     * K step, 8-token V windows) */
     /* the K / V writer's steps: kvw8_k's 16 tokens of one head (fp8), kvw_k's M3_WARP / 8
      * tokens (K) and 8-token windows (V) (bf16) */
     kvw_args kl = kv;
@@ -2018,7 +2123,16 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     auto kv_launch = [&]() -> m3_status {
         const bool dep = prev;
         prev = true;
-        if (kl.fp8) {
+        if (kl.fp8 && n_tok < 256 && kl.page != 0) {
+            /* decode passes: kvw8s_k, M3_WARP / 8 tokens a step, K and V */
+            const int64_t tg = (n_tok + M3_WARP / 8 - 1) / (M3_WARP / 8);
+            kvw_args ks = kl;
+            ks.ks = ks.x[0] ? (int64_t)ks.nh * tg : 0;
+            ks.vs0 = ks.ks;
+            ks.nstep = ks.ks + (ks.x[1] ? (int64_t)ks.nh * tg : 0);
+            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8s_k, (unsigned)((ks.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, ks));
+            M3_LAUNCHED(g, "kvw8s_k");
+        } else if (kl.fp8) {
             const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
             M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw8_k");

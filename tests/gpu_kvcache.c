@@ -20,7 +20,39 @@
 
 /* run0 >= 0: slots run0 + t (one sequence filling its blocks: whole x-token groups of the V
  * layout, cut at both ends when run0 is not x-aligned); else distinct random slots */
-static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float fp8_max, int run0) {
+/* The fp8 code sweep (sweep != 0, Hkv 4, Dh 128): the rows enumerate every bf16 magnitude up to
+ * each of the row maxima in kv_sweep_amax (one per row group, element 0 of every row of the group
+ * = +-amax, the others 0, 1, 2, ... as bf16 bits with alternating signs), so every (value, scale)
+ * pair the fp8 writer meets at those scales is compared with ref's division; amax = fp8_max 2^k
+ * gives scales 2^k: quotients exactly on e4m3 rounding midpoints (ties to even). */
+static const uint16_t kv_sweep_amax[] = {
+    0x4370 /* 240 */, 0x43E0 /* 448 */, 0x3F70 /* 0.9375 = 240 / 256 */, 0x3FE0 /* 1.75 */,
+    0x4670 /* 240 * 2^6 */, 0x4AE0 /* 448 * 2^14 */, 0x3770 /* 240 * 2^-16 */, 0x2BE0 /* 448 2^-40 */,
+    0x7F7F /* bf16 max */, 0x3F80, 0x4000, 0x3FFF, 0x4001, 0x40A3, 0x4123, 0x41C9, 0x42F7,
+    0x3E9A, 0x3D4D, 0x3C11, 0x3AB5, 0x38E9, 0x3581, 0x3277, 0x2F3D, 0x2A17, 0x2507, 0x1F55,
+    0x4B1D, 0x4E6F, 0x5233, 0x55C1, 0x5A0B, 0x5F99, 0x6455, 0x69E3, 0x6F2D, 0x7405, 0x7A4B,
+    0x0F35 /* tiny: scale below div_y's range */, 0x4455, 0x4555, 0x3355, 0x3155,
+};
+#define KV_SWEEP_N ((int)(sizeof kv_sweep_amax / sizeof kv_sweep_amax[0]))
+static int kv_sweep_rows(void) {
+    int n = 0;
+    for (int a = 0; a < KV_SWEEP_N; a++) n += (kv_sweep_amax[a] + 127) / 127;
+    return n;
+}
+/* row R of the sweep into x[128] */
+static void kv_sweep_row(float *x, int R) {
+    int a = 0;
+    while (a < KV_SWEEP_N - 1 && R >= (kv_sweep_amax[a] + 127) / 127) R -= (kv_sweep_amax[a] + 127) / 127, a++;
+    const uint32_t am = kv_sweep_amax[a];
+    x[0] = m3_bits_f32((R & 1 ? 0x80000000u : 0u) | am << 16);
+    for (int i = 1; i < 128; i++) {
+        uint32_t m = (uint32_t)(R * 127 + i - 1);
+        if (m > am) m = am;
+        x[i] = m3_bits_f32(((uint32_t)(i + R) & 1u) << 31 | m << 16);
+    }
+}
+
+static void kv_case_x(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float fp8_max, int run0, int sweep) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 1100 + (uint64_t)T * 5 + (uint64_t)page + (fp8 ? 7 : 0) +
                                         (uint64_t)fp8_max);
@@ -32,6 +64,13 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
     float *k = malloc((size_t)T * ld * sizeof *k), *v = malloc((size_t)T * ld * sizeof *v);
     m3_fill_normal(&r, k, (int64_t)T * ld, 2.0f);
     m3_fill_normal(&r, v, (int64_t)T * ld, 2.0f);
+    for (int t = 0; t < T && sweep; t++) /* V: the same rows in another order */
+        for (int h = 0; h < Hkv; h++) {
+            const int R = t * Hkv + h, nr = kv_sweep_rows();
+            kv_sweep_row(k + (size_t)t * ld + (size_t)h * Dh, R % nr);
+            kv_sweep_row(v + (size_t)t * ld + (size_t)h * Dh, (R * 7 + 3) % nr);
+        }
+    if (!sweep) {
     for (int d = 0; d < Dh && T > 1; d++) k[(size_t)1 * ld + d] = 0.0f;        /* token 1 head 0: zeros */
     for (int d = 0; d < Dh && T > 2; d++) v[(size_t)2 * ld + Dh + d] *= 300.0f; /* token 2 head 1: large */
     /* signed zeros and tiny values (codes +-0) in rows of normal scale: the code's sign comes
@@ -46,6 +85,7 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
         for (int d = 0; d < Dh; d++) k[(size_t)7 * ld + 2 * Dh + d] *= 1e-30f;
         for (int d = 0; d < Dh; d++) v[(size_t)9 * ld + 2 * Dh + d] *= 1e-30f;
     }
+    }
     /* distinct random slots (or a run); token 3 is padding */
     int64_t *slots = malloc(T * sizeof *slots);
     for (int t = 0; t < T && run0 >= 0; t++) slots[t] = run0 + t;
@@ -57,7 +97,7 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
             for (int u = 0; u < t; u++) again |= slots[u] == slots[t];
         } while (again);
     }
-    if (T > 3) slots[3] = -1;
+    if (T > 3 && !sweep) slots[3] = -1;
     m3_bf16 *dk = gpu_upload_bf16(g, k, (int64_t)T * ld, k); /* k, v now hold the bf16 values */
     m3_bf16 *dv = gpu_upload_bf16(g, v, (int64_t)T * ld, v);
     void *dslots;
@@ -119,8 +159,8 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
     gpu_guard_check(g, c.k, cache_bytes, "k cache");
     gpu_guard_check(g, c.v, cache_bytes, "v cache");
     char what[128];
-    snprintf(what, sizeof what, "kv_cache_write(%s,page=%d,max=%g,T=%d,Hkv=%d,Dh=%d,run=%d)",
-             fp8 ? "fp8" : "bf16", page, (double)fp8_max, T, Hkv, Dh, run0);
+    snprintf(what, sizeof what, "kv_cache_write(%s,page=%d,max=%g,T=%d,Hkv=%d,Dh=%d,run=%d%s)",
+             fp8 ? "fp8" : "bf16", page, (double)fp8_max, T, Hkv, Dh, run0, sweep ? ",sweep" : "");
     size_t bad = 0;
     for (size_t i = 0; i < cache_bytes; i++) bad += (gk[i] != ek[i]) + (gv[i] != ev[i]);
     if (fp8) {
@@ -135,6 +175,9 @@ static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float
     if (bad) m3_test_failf("%s: %zu bytes (or scale arrays) differ from the spec layout", what, bad);
     free(k); free(v); free(slots); free(ek); free(ev); free(gk); free(gv);
     free(eks); free(evs); free(gks); free(gvs);
+}
+static void kv_case(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, float fp8_max, int run0) {
+    kv_case_x(g, T, Hkv, Dh, page, fp8, fp8_max, run0, 0);
 }
 
 static void kv_cache_write_matches_layout(void **state) {
@@ -162,6 +205,14 @@ static void kv_cache_write_matches_layout(void **state) {
         /* 2M fp8 quotients: the fast quotient path must give every division's bits */
         kv_case(g, 2048, 4, 128, page, true, page == 128 ? 448.0f : 240.0f, 8);
     }
+    /* every bf16 magnitude at each sweep scale, as K rows and as V rows, both maxima: all
+     * (value, scale) pairs of those scales against ref's division (a large pass and T = 64) */
+    const int nsw = (kv_sweep_rows() + 3) / 4;
+    for (int page = 128; page >= 16; page /= 8) {
+        kv_case_x(g, nsw, 4, 128, page, true, 448.0f, 0, 1);
+        kv_case_x(g, nsw, 4, 128, page, true, 240.0f, 8, 1);
+    }
+    kv_case_x(g, 64, 4, 128, 128, true, 240.0f, 1000, 1);
     kv_case(g, 37, 4, 128, 0, false, 0.0f, -1); /* plain rows (the GPU layer's own cache) */
     kv_case(g, 5, 3, 64, 0, false, 0.0f, -1);
     kv_case(g, 300, 4, 128, 0, false, 0.0f, 203);

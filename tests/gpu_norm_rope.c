@@ -358,6 +358,17 @@ static void fused_case(m3_gpu *g, const fused_shape *sh, const fused_cache *fc, 
     m3_fill_normal(&r, x, n, 1.0f);
     for (int d = 0; d < Dh; d++) x[(size_t)(T > 1) * ld + ck + d] = 0.0f;   /* a zero k head */
     for (int d = 0; d < Dh; d++) x[(size_t)(T - 1) * ld + cv + d] *= 300.0f; /* a large v head */
+    if (T >= 3) { /* a v head on e4m3 rounding midpoints: its amax is the fp8 maximum, so the
+                   * scale is 1 and the quotients are the values (ties to even; the fp8 writer's
+                   * bracket fails there and takes the exact quotients), signs alternating */
+        float *vh = x + (size_t)(T / 2) * ld + cv + (Hkv > 1 ? Dh : 0);
+        vh[0] = fc->fp8 ? fc->fp8_max : 240.0f;
+        for (int d = 1; d < Dh; d++) {
+            const float m = d < Dh - 16 ? (1.0f + (float)(2 * (d % 8) + 1) / 16.0f) * ldexpf(1.0f, (d / 8) % 15 - 8)
+                                        : (float)(2 * (d - (Dh - 16)) + 1) * ldexpf(1.0f, -10);
+            vh[d] = d & 1 ? -m : m;
+        }
+    }
     fill_w(&r, wq, Dh), fill_w(&r, wk, Dh), fill_w(&r, wiq, Di), fill_w(&r, wik, Di);
     const int n_slot = FUSED_BLOCKS * 128;
     /* paged: consecutive positions from p0 through a shuffled block table (slot(p) of §4.1,
