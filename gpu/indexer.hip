@@ -600,6 +600,8 @@ typedef struct {
     int n_tok, nbk, width, B, K, local_blocks, init_blocks;
     bool use_init;
     float init_boost, local_boost, tie_margin;
+    unsigned long long *tl; /* TL diag */
+    int var;                /* VAR diag */
 } idx_sel;
 
 template <int NT> struct idx_sel_smem {
@@ -806,6 +808,13 @@ static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsign
 static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+static __device__ __forceinline__ unsigned long long tl_now() { /* TL diag */
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define TLMAX(tl, i) do { if ((tl) && threadIdx.x == 0) atomicMax((tl) + (i), tl_now()); } while (0)
+#define TLMIN(tl, i) do { if ((tl) && threadIdx.x == 0) atomicMax((tl) + (i), ~tl_now()); } while (0)
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
  * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
@@ -838,6 +847,21 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
     return (((v.x & 0x7F7F7F7Fu) + 0x01010101u) | ((v.y & 0x7F7F7F7Fu) + 0x01010101u) |
             ((v.z & 0x7F7F7F7Fu) + 0x01010101u) | ((v.w & 0x7F7F7F7Fu) + 0x01010101u)) &
            0x80808080u;
+}
+
+/* F16 diag: two e4m3fn codes per half of w -> f16x2 (lo: dims 0-1, hi: dims 2-3) */
+static __device__ __forceinline__ void e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, h;}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(w));
+}
+static __device__ __forceinline__ void mma_f16_16816(float *c, const uint32_t *a,
+                                                     const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 struct dec_smem {
@@ -910,6 +934,17 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         gx = nb;
         bool wait = true;
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
+        if (a.var & 2) { /* SPIN diag: each thread polls its own slots, one barrier after */
+            while (wait) {
+                wait = false;
+#pragma unroll
+                for (int i = 0; i < IDX_PICK_CPT; i++) {
+                    const int x = tid + i * IST_THREADS;
+                    if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+                }
+            }
+            __syncthreads();
+        }
         while (__syncthreads_or(wait)) {
             wait = false;
 #pragma unroll
@@ -918,6 +953,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
+        TLMAX(a.tl, 6);
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
             if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
@@ -926,7 +962,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             __syncthreads();
             if (tid < nb) pick_rank(sm, sm.tmax, nb, m[0], need);
             __syncthreads();
+            TLMAX(a.tl, 9);
             pick_out(a, t, g, nb, sm);
+            TLMAX(a.tl, 10);
             return;
         }
     } else {
@@ -943,6 +981,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
     const unsigned long long th = pick_tau(sm, mx, need);
+    TLMAX(a.tl, 7);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
@@ -951,6 +990,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
         }
     __syncthreads();
+    TLMAX(a.tl, 8);
     if (per > 1) { /* block-uniform: their scores, 4 loads per thread in flight at a time */
         const int n_item = sm.n_cta * per;
         const float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk;
@@ -976,7 +1016,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     const int nc = sm.n_cand;
     for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
+    TLMAX(a.tl, 9);
     pick_out(a, t, g, nb, sm);
+    TLMAX(a.tl, 10);
 }
 #endif
 
@@ -1210,6 +1252,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
+    unsigned long long *tl = sel.tl;         /* TL diag */
+    const unsigned long long t_ent = tl ? tl_now() : 0;
+    TLMIN(tl, 0);
+    TLMAX(tl, 1);
     uint4 kb[MT][2][NU];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
@@ -1260,6 +1306,14 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
+    if ((sel.var & 1) && tl && tid == 0 && n_lim != -7) { /* PROBE diag: pos, Q, keys back */
+        atomicMax(tl + 11, tl_now() - t_ent);
+        if (qb[0][0] == 0x12345u) tl[31] = 0;
+        atomicMax(tl + 12, tl_now() - t_ent);
+        if (kb[0][0][0].x == 0x12345u) tl[31] = 0;
+        atomicMax(tl + 13, tl_now() - t_ent);
+        atomicMax(tl + 14, ~(tl_now() - t_ent));
+    }
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
@@ -1275,6 +1329,54 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int ct = t0 + tid / G, cnb = tid < RPG && ct < n_tok ? pos[ct] / B + 1 : 0;
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
+    /* F16 diag (var & 4, e4m3fn keys): Q rows scaled by 2^s into f16 when exact, keys
+     * through the hardware cvt, f16 mma; inv: 2^-s of this lane's C columns */
+    bool h16 = false;
+    float inv[2] = {1.0f, 1.0f};
+    if (K16 && (sel.var & 4)) {
+        float amax = 0.0f;
+        bool fin = true;
+#pragma unroll
+        for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+            for (int bi = 0; bi < 2; bi++) {
+                const float x = __uint_as_float(qb[s][bi] << 16);
+                const float y = __uint_as_float(qb[s][bi] & 0xFFFF0000u);
+                fin = fin && isfinite(x) && isfinite(y);
+                amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
+            }
+        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+        const int ex = (int)((__float_as_uint(amax) >> 23) & 0xFF) - 127;
+        const int sh = amax > 0.0f ? 14 - ex : 0; /* max scaled into [2^14, 2^15) */
+        bool ok = fin && sh > -100 && sh < 100;
+        const float up = ok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
+#pragma unroll
+        for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+            for (int bi = 0; bi < 2; bi++) {
+                const float x = __uint_as_float(qb[s][bi] << 16) * up;
+                const float y = __uint_as_float(qb[s][bi] & 0xFFFF0000u) * up;
+                const __half2 hq = __floats2half2_rn(x, y);
+                const float2 bk = __half22float2(hq);
+                ok = ok && bk.x == x && bk.y == y;
+            }
+        h16 = __all_sync(0xFFFFFFFFu, ok);
+        if (h16) {
+#pragma unroll
+            for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+                for (int bi = 0; bi < 2; bi++) {
+                    const float x = __uint_as_float(qb[s][bi] << 16) * up;
+                    const float y = __uint_as_float(qb[s][bi] & 0xFFFF0000u) * up;
+                    const __half2 hq = __floats2half2_rn(x, y);
+                    qb[s][bi] = *reinterpret_cast<const uint32_t *>(&hq);
+                }
+            const float dn = __uint_as_float((uint32_t)(127 - sh) << 23);
+            inv[0] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq));
+            inv[1] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq + 1));
+        }
+    }
     int par = 0;
     int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
@@ -1289,7 +1391,20 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             for (int j = 0; j < NU; j++) {
                 if (j >= nu) break;
                 const uint4 ka = kb[i][0][j], kc = kb[i][1][j];
-                if (K16) { /* 16 codes: k-steps 4j .. 4j+3 */
+                if (K16 && h16) { /* F16 diag */
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        uint32_t pa[4], pc[4];
+                        e4m3x4_f16(hh ? ka.z : ka.x, pa[0], pa[1]);
+                        e4m3x4_f16(hh ? ka.w : ka.y, pa[2], pa[3]);
+                        e4m3x4_f16(hh ? kc.z : kc.x, pc[0], pc[1]);
+                        e4m3x4_f16(hh ? kc.w : kc.y, pc[2], pc[3]);
+                        const uint32_t a0[4] = {pa[0], pc[0], pa[1], pc[1]};
+                        const uint32_t a1[4] = {pa[2], pc[2], pa[3], pc[3]};
+                        mma_f16_16816(c, a0, qb[4 * j + 2 * hh]);
+                        mma_f16_16816(c, a1, qb[4 * j + 2 * hh + 1]);
+                    }
+                } else if (K16) { /* 16 codes: k-steps 4j .. 4j+3 */
                     fa |= e4m3_nan16(ka), fb |= e4m3_nan16(kc);
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
@@ -1309,7 +1424,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
             /* K16: key g (g + 8) holds a NaN code when one of lanes 4g .. 4g+3 saw one */
             bool nk[2] = {false, false};
-            if (K16) {
+            if (K16 && !h16) {
                 nk[0] = (__ballot_sync(0xFFFFFFFFu, fa != 0) >> (4 * gq)) & 0xFu;
                 nk[1] = (__ballot_sync(0xFFFFFFFFu, fb != 0) >> (4 * gq)) & 0xFu;
             }
@@ -1330,6 +1445,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             m = fmaxf(m, M3_SHFL_XOR(m, 4));
             m = fmaxf(m, M3_SHFL_XOR(m, 8));
             m = fmaxf(m, M3_SHFL_XOR(m, 16));
+            if (K16 && h16) m *= inv[r]; /* F16 diag */
             const unsigned int bb = __ballot_sync(0xFFFFFFFFu, bad[r] != 0.0f);
             if (gq == 0) {
                 red_m[par][warp][2 * tq + r] = m;
@@ -1357,12 +1473,19 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
+        if (b == x0) {
+            TLMIN(tl, 2);
+            TLMAX(tl, 3);
+        }
     }
+    TLMAX(tl, 4);
+    if (tl && tid == 0) atomicMax(tl + 15, tl_now() - t_ent);
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
+        if (row >= 0) TLMAX(tl, 5);
         if (row >= 0) /* block-uniform */
             dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
                      slots + (size_t)row * IDX_SLOT_W);
@@ -1375,9 +1498,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         fence_acq_rel_gpu();
         atomicAdd(cnt, 1u); /* no return value: a fire-and-forget reduction */
         if (row >= 0) { /* a picking block: wait for every arrival */
+            if (tl) atomicMax(tl + 5, tl_now());
             while (ld_relaxed_gpu(cnt) != n) {
             }
             fence_acq_rel_gpu();
+            if (tl) atomicMax(tl + 6, tl_now());
         }
     }
     if (row < 0) return; /* block-uniform */
@@ -1393,9 +1518,37 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
  * candidates would not fit in shared memory (then the caller runs a selection kernel). */
+#include <stdio.h>  /* TL diag */
+#include <stdlib.h> /* TL diag */
+static int cmp_u64(const void *a, const void *b) { /* TL diag */
+    const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
+                            const m3_profile *p, const idx_sel &sa_in, bool &fuse) {
+    idx_sel sa = sa_in; /* TL / VAR diag */
+    static int tl_on = -1, var = 0;
+    static unsigned long long *tl_d = NULL;
+    static int tl_n = 0, tl_nbk = 0;
+    if (tl_on < 0) {
+        const char *e = getenv("M3_IDX_TL"), *v = getenv("M3_IDX_V");
+        tl_on = e && atoi(e) > 0;
+        var = v ? atoi(v) : 0;
+        if (tl_on) {
+            M3_HIP_TRY(hipMalloc((void **)&tl_d, 16 * 32 * sizeof *tl_d));
+            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, 16 * 32 * sizeof *tl_d, g->stream));
+        }
+    }
+    {
+        const char *v = getenv("M3_IDX_V"); /* re-read: the bench may change it per row */
+        var = v ? atoi(v) : 0;
+    }
+    sa.var = var;
+    if (tl_on && n_tok * G <= 8) {
+        if (nbk != tl_nbk) tl_n = 0, tl_nbk = nbk, (void)hipMemsetAsync(tl_d, 0, 16 * 32 * sizeof *tl_d, g->stream);
+        sa.tl = tl_d + 32 * (tl_n % 16);
+    }
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
@@ -1446,6 +1599,40 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse && !direct) ep++;
+    if (sa.tl && ++tl_n % 16 == 0) { /* TL diag: medians over 16 calls, us from first entry */
+        unsigned long long h[16 * 32], col[16];
+        M3_HIP_TRY(hipStreamSynchronize(g->stream));
+        M3_HIP_TRY(hipMemcpy(h, tl_d, sizeof h, hipMemcpyDeviceToHost));
+        M3_HIP_TRY(hipMemsetAsync(tl_d, 0, sizeof h, g->stream));
+        fprintf(stderr, "TL nbk %d gx-fuse %d v%d:", nbk, (int)fuse, var);
+        static const char *nm[16] = {"e0", "e1", "b1min", "b1max", "scored", "pk_own", "poll",
+                                     "tau", "cand", "rank", "end", "dpos", "dQ", "dK", "dKmin",
+                                     "dblk"};
+        for (int f = 1; f < 16; f++) {
+            int n = 0;
+            for (int i = 0; i < 16; i++) {
+                const unsigned long long *r = h + 32 * i, e0 = ~r[0];
+                unsigned long long v = r[f];
+                if (f == 2 || f == 14) v = v ? ~v : 0;
+                if (!v) continue;
+                col[n++] = f >= 11 ? v : v - e0;
+            }
+            if (!n) continue;
+            qsort(col, n, sizeof col[0], cmp_u64);
+            fprintf(stderr, " %s %.2f", nm[f], (double)col[n / 2] * 1e-3);
+        }
+        int n = 0; /* the gap: this call's first entry - the previous call's end */
+        for (int i = 1; i < 16; i++) {
+            const unsigned long long *r = h + 32 * i, *q = h + 32 * (i - 1);
+            const unsigned long long qe = q[10] ? q[10] : q[4];
+            if (qe && ~r[0] > qe) col[n++] = ~r[0] - qe;
+        }
+        if (n) {
+            qsort(col, n, sizeof col[0], cmp_u64);
+            fprintf(stderr, " gap %.2f", (double)col[n / 2] * 1e-3);
+        }
+        fprintf(stderr, "\n");
+    }
     return s;
 }
 
