@@ -1256,7 +1256,23 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const unsigned long long t_ent = tl ? tl_now() : 0;
     TLMIN(tl, 0);
     TLMAX(tl, 1);
-    uint4 kb[MT][2][NU];
+    uint4 kb[MT][2][NU], kb2[MT][2][NU]; /* kb2: TWO diag */
+    auto load2 = [&](int b, int r0) { /* TWO diag */
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
+                const bool ok = 16 * m < B && key < n_ctx;
+                const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
+                const uint4 *kr =
+                    K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
+                        : reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
+#pragma unroll
+                for (int j = 0; j < NU; j++)
+                    kb2[i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
+            }
+    };
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
     auto load = [&](int b, int r0) {
@@ -1276,7 +1292,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
-    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
+    const bool two = K16 && (sel.var & 8) && x0 + grid < nbk; /* TWO diag */
+    if (two) {
+        const int r0 = key_base(ik, x0, B), r1 = key_base(ik, x0 + grid, B);
+        load(x0, r0);
+        load2(x0 + grid, r1);
+    } else if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
      * block (8K keys: one) the first mma waited on Q loads issued after the positions */
@@ -1378,7 +1399,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         }
     }
     int par = 0;
-    int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
+    const int ahead = two ? 2 * grid : grid; /* TWO diag */
+    int rn = x0 + ahead < n_lim ? key_base(ik, x0 + ahead, B) : 0;
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -1437,8 +1459,21 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
+        if (two) { /* TWO diag: the next block is in kb2; the one after it into kb2 */
+            if (b + grid < n_lim) {
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int j = 0; j < NU; j++) kb[i][h][j] = kb2[i][h][j];
+            }
+            if (b + 2 * grid < n_lim) load2(b + 2 * grid, rn);
+            if (b + 3 * grid < n_lim) rn = key_base(ik, b + 3 * grid, B);
+        } else {
         if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
         if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+        }
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
             float m = mx[r];
