@@ -1565,7 +1565,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     idx_sel sa = sa_in; /* TL / VAR diag */
     static int tl_on = -1, var = 0;
     static unsigned long long *tl_d = NULL;
-    static int tl_n = 0, tl_nbk = 0;
+    static int tl_n = 0, tl_nbk = 0, tl_var = -1;
     if (tl_on < 0) {
         const char *e = getenv("M3_IDX_TL"), *v = getenv("M3_IDX_V");
         tl_on = e && atoi(e) > 0;
@@ -1581,7 +1581,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     }
     sa.var = var;
     if (tl_on && n_tok * G <= 8) {
-        if (nbk != tl_nbk) tl_n = 0, tl_nbk = nbk, (void)hipMemsetAsync(tl_d, 0, 16 * 32 * sizeof *tl_d, g->stream);
+        if (nbk != tl_nbk || var != tl_var) tl_n = 0, tl_nbk = nbk, tl_var = var, (void)hipMemsetAsync(tl_d, 0, 16 * 32 * sizeof *tl_d, g->stream);
         sa.tl = tl_d + 32 * (tl_n % 16);
     }
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
