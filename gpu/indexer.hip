@@ -1298,6 +1298,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         load(x0, r0);
         load2(x0 + grid, r1);
     } else if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
+    if ((sel.var & 1) && tl && tid == 0) { /* PROBE diag: key loads issued; timer cost */
+        const unsigned long long a = tl_now(), b2 = tl_now();
+        atomicMax(tl + 16, a - t_ent);
+        atomicMax(tl + 19, b2 - a);
+    }
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
      * block (8K keys: one) the first mma waited on Q loads issued after the positions */
@@ -1334,6 +1339,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         if (kb[0][0][0].x == 0x12345u) tl[31] = 0;
         atomicMax(tl + 13, tl_now() - t_ent);
         atomicMax(tl + 14, ~(tl_now() - t_ent));
+        if (kb[MT - 1][1][0].y == 0x12345u) tl[31] = 0;
+        atomicMax(tl + 18, tl_now() - t_ent);
     }
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
@@ -1640,10 +1647,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
         M3_HIP_TRY(hipMemcpy(h, tl_d, sizeof h, hipMemcpyDeviceToHost));
         M3_HIP_TRY(hipMemsetAsync(tl_d, 0, sizeof h, g->stream));
         fprintf(stderr, "TL nbk %d gx-fuse %d v%d:", nbk, (int)fuse, var);
-        static const char *nm[16] = {"e0", "e1", "b1min", "b1max", "scored", "pk_own", "poll",
+        static const char *nm[20] = {"e0", "e1", "b1min", "b1max", "scored", "pk_own", "poll",
                                      "tau", "cand", "rank", "end", "dpos", "dQ", "dK", "dKmin",
-                                     "dblk"};
-        for (int f = 1; f < 16; f++) {
+                                     "dblk", "dIss", "-", "dKlast", "dTimer"};
+        for (int f = 1; f < 20; f++) {
             int n = 0;
             for (int i = 0; i < 16; i++) {
                 const unsigned long long *r = h + 32 * i, e0 = ~r[0];
@@ -1651,6 +1658,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                 if (f == 2 || f == 14) v = v ? ~v : 0;
                 if (!v) continue;
                 col[n++] = f >= 11 ? v : v - e0;
+                if (f == 17) n--;
             }
             if (!n) continue;
             qsort(col, n, sizeof col[0], cmp_u64);
