@@ -926,12 +926,15 @@ static __device__ __forceinline__ unsigned long long pick_tau(dec_smem &sm, unsi
  * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
-                                unsigned long long *cand, unsigned long long *slot) {
+                                unsigned long long *cand, unsigned long long *slot,
+                                bool nan_neg = false) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
+        const bool split = (a.var & 16) != 0; /* SPLIT diag: 2 nb half slots */
         gx = nb;
+        const int np = split ? 2 * nb : nb;
         bool wait = true;
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
         if (a.var & 2) { /* SPIN diag: each thread polls its own slots, one barrier after */
@@ -940,7 +943,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 #pragma unroll
                 for (int i = 0; i < IDX_PICK_CPT; i++) {
                     const int x = tid + i * IST_THREADS;
-                    if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+                    if (x < np && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
                 }
             }
             __syncthreads();
@@ -950,13 +953,34 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 #pragma unroll
             for (int i = 0; i < IDX_PICK_CPT; i++) {
                 const int x = tid + i * IST_THREADS;
-                if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+                if (x < np && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
         TLMAX(a.tl, 6);
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
-            if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+            if (tid + i * IST_THREADS < np) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+        if (split) { /* SPLIT diag: combine the halves (a NaN half ranks highest: max) */
+            const int clo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const unsigned long long o = __shfl_xor_sync(0xFFFFFFFFu, m[i], 1);
+                const int x = tid + i * IST_THREADS, b = x >> 1;
+                if (!(x & 1) && x < np) {
+                    const unsigned long long u = m[i] > o ? m[i] : o;
+                    const float v = rank_val(u);
+                    float z;
+                    if (b >= clo) z = a.local_boost;
+                    else if (a.use_init && b < a.init_blocks) z = a.init_boost;
+                    else if (isnan(v)) z = nan_neg ? -1e30f : NAN;
+                    else z = v;
+                    a.scores[((int64_t)g * a.n_tok + t) * a.nbk + b] = z;
+                    sm.tmax[b] = rank_key(z, b);
+                }
+            }
+            __syncthreads();
+            m[0] = tid < nb ? sm.tmax[tid] : 0ull;
+        }
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
@@ -1253,6 +1277,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
     unsigned long long *tl = sel.tl;         /* TL diag */
+    /* SPLIT diag (var & 16, set by the launcher): two scoring blocks per key block, each
+     * half of the m-tiles; the picker combines the halves' raw maxima */
+    const bool split = (sel.var & 16) != 0;
+    const int bx = split ? (int)blockIdx.x >> 1 : (int)blockIdx.x;
+    const int bstep = split ? nbk : (int)gridDim.x;
+    const int mhalf = split ? ((int)blockIdx.x & 1) : 0;
     const unsigned long long t_ent = tl ? tl_now() : 0;
     TLMIN(tl, 0);
     TLMAX(tl, 1);
@@ -1262,8 +1292,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         for (int i = 0; i < MT; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
-                const bool ok = 16 * m < B && key < n_ctx;
+                const int m = split ? warp + NW * mhalf : warp + NW * i;
+                const int key = b * B + 16 * m + gq + 8 * h;
+                const bool ok = 16 * m < B && key < n_ctx && !(split && i > 0);
                 const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
                 const uint4 *kr =
                     K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
@@ -1280,8 +1311,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         for (int i = 0; i < MT; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
-                const bool ok = 16 * m < B && key < n_ctx;
+                const int m = split ? warp + NW * mhalf : warp + NW * i;
+                const int key = b * B + 16 * m + gq + 8 * h;
+                const bool ok = 16 * m < B && key < n_ctx && !(split && i > 0);
                 const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
                 const uint4 *kr =
                     K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
@@ -1291,8 +1323,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                     kb[i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
             }
     };
-    const int x0 = (int)blockIdx.x;
-    const bool two = K16 && (sel.var & 8) && x0 + grid < nbk; /* TWO diag */
+    const int x0 = bx; /* SPLIT diag: the key block (blockIdx.x without split) */
+    const bool two = K16 && (sel.var & 8) && x0 + grid < nbk && !split; /* TWO diag */
     if (two) {
         const int r0 = key_base(ik, x0, B), r1 = key_base(ik, x0 + grid, B);
         load(x0, r0);
@@ -1406,14 +1438,14 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         }
     }
     int par = 0;
-    const int ahead = two ? 2 * grid : grid; /* TWO diag */
+    const int ahead = two ? 2 * grid : bstep; /* TWO diag */
     int rn = x0 + ahead < n_lim ? key_base(ik, x0 + ahead, B) : 0;
-    for (int b = x0; b < n_lim; b += grid, par ^= 1) {
+    for (int b = x0; b < n_lim; b += bstep, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            const int m = warp + NW * i, k0 = b * B + 16 * m;
-            if (16 * m >= B || k0 > pmax) break; /* warp-uniform */
+            const int m = split ? warp + NW * mhalf : warp + NW * i, k0 = b * B + 16 * m;
+            if (16 * m >= B || k0 > pmax || (split && i > 0)) break; /* warp-uniform */
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t fa = 0, fb = 0; /* K16: NaN codes in this lane's pieces of key g, g + 8 */
 #pragma unroll
@@ -1478,8 +1510,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             if (b + 2 * grid < n_lim) load2(b + 2 * grid, rn);
             if (b + 3 * grid < n_lim) rn = key_base(ik, b + 3 * grid, B);
         } else {
-        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
-        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+        if (b + bstep < n_lim) load(b + bstep, rn); /* in flight during the reduction below */
+        if (b + 2 * bstep < n_lim) rn = key_base(ik, b + 2 * bstep, B); /* the next one's row */
         }
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
@@ -1502,12 +1534,17 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
             float z;
             if (b >= cnb) z = -INFINITY;
+            else if (split) z = nn > 0.0f ? NAN : scale != 1.0f ? m * scale : m; /* raw half */
             else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
             else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
             else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
             else z = scale != 1.0f ? m * scale : m;
-            scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
-            if (b < cnb) {
+            if (!split || b >= cnb) scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
+            if (split && b < cnb) { /* SPLIT diag: slot 2b + half, the picker combines */
+                st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + 2 * b +
+                                   mhalf,
+                               rank_key(z, b));
+            } else if (b < cnb) {
                 const unsigned long long uk = rank_key(z, b);
                 cbest = uk > cbest ? uk : cbest;
                 if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
@@ -1530,7 +1567,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         if (row >= 0) TLMAX(tl, 5);
         if (row >= 0) /* block-uniform */
             dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                     slots + (size_t)row * IDX_SLOT_W);
+                     slots + (size_t)row * IDX_SLOT_W, nan_neg);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1602,6 +1639,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
+    /* SPLIT diag: two scoring blocks per key block when they fit one wave */
+    const bool split = (sa.var & 16) && direct && nbk <= IST_THREADS && n_group == 1 &&
+                       2 * nbk <= 4 * g->n_sm;
+    if (split) gx = 2 * nbk;
+    else sa.var &= ~16;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
