@@ -924,6 +924,20 @@ static __device__ __forceinline__ unsigned long long pick_tau(dec_smem &sm, unsi
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
+/* AGG diag: warp-aggregated reservation of c entries (all lanes call): the first index */
+static __device__ __forceinline__ int agg_reserve(int *ctr, int c) {
+    const int lane = (int)threadIdx.x % 32;
+    int incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    int base = 0;
+    if (lane == 31 && incl) base = atomicAdd(ctr, incl);
+    base = __shfl_sync(0xFFFFFFFFu, base, 31);
+    return base + incl - c;
+}
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot,
@@ -931,10 +945,11 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
+    const bool late0 = (a.var & 32) != 0; /* LATE diag: slots zeroed after the pick */
+    const int np = (a.var & 16) ? 2 * nb : nb;
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
         const bool split = (a.var & 16) != 0; /* SPLIT diag: 2 nb half slots */
         gx = nb;
-        const int np = split ? 2 * nb : nb;
         bool wait = true;
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
         if (a.var & 2) { /* SPIN diag: each thread polls its own slots, one barrier after */
@@ -958,7 +973,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         }
         TLMAX(a.tl, 6);
 #pragma unroll
-        for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
+        for (int i = 0; i < IDX_PICK_CPT && !late0; i++) /* zero again for the next call */
             if (tid + i * IST_THREADS < np) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
         if (split) { /* SPLIT diag: combine the halves (a NaN half ranks highest: max) */
             const int clo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
@@ -989,6 +1004,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             TLMAX(a.tl, 9);
             pick_out(a, t, g, nb, sm);
             TLMAX(a.tl, 10);
+#pragma unroll
+            for (int i = 0; i < IDX_PICK_CPT && late0; i++) /* LATE diag */
+                if (tid + i * IST_THREADS < np) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
             return;
         }
     } else {
@@ -1007,6 +1025,18 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     const unsigned long long th = pick_tau(sm, mx, need);
     TLMAX(a.tl, 7);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
+    if (a.var & 32) { /* AGG diag: one shared atomic per warp */
+        int c = 0;
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) c += m[i] && m[i] >= th;
+        int o = agg_reserve(per == 1 ? &sm.n_cand : &sm.n_cta, c);
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++)
+            if (m[i] && m[i] >= th) {
+                if (per == 1) cand[o++] = m[i];
+                else sm.cta[o++] = tid + i * IST_THREADS;
+            }
+    } else
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
         if (m[i] && m[i] >= th) {
@@ -1028,6 +1058,19 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 bb[u] = b < nb ? b : -1;
                 v[u] = b < nb ? ld_l2(S + b) : 0.0f;
             }
+            if (a.var & 32) { /* AGG diag */
+                unsigned long long uk[4];
+                int c = 0;
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    uk[u] = bb[u] >= 0 ? rank_key(v[u], bb[u]) : 0ull;
+                    c += bb[u] >= 0 && uk[u] >= th;
+                }
+                int o = agg_reserve(&sm.n_cand, c);
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (bb[u] >= 0 && uk[u] >= th) cand[o++] = uk[u];
+            } else
 #pragma unroll
             for (int u = 0; u < 4; u++)
                 if (bb[u] >= 0) {
@@ -1043,6 +1086,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     TLMAX(a.tl, 9);
     pick_out(a, t, g, nb, sm);
     TLMAX(a.tl, 10);
+#pragma unroll
+    for (int i = 0; i < IDX_PICK_CPT && late0 && slot; i++) /* LATE diag */
+        if (tid + i * IST_THREADS < np) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
 }
 #endif
 
