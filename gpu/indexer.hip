@@ -600,8 +600,6 @@ typedef struct {
     int n_tok, nbk, width, B, K, local_blocks, init_blocks;
     bool use_init;
     float init_boost, local_boost, tie_margin;
-    unsigned long long *tl; /* TL diag */
-    int var;                /* VAR diag */
 } idx_sel;
 
 template <int NT> struct idx_sel_smem {
@@ -808,13 +806,6 @@ static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsign
 static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-static __device__ __forceinline__ unsigned long long tl_now() { /* TL diag */
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-#define TLMAX(tl, i) do { if ((tl) && threadIdx.x == 0) atomicMax((tl) + (i), tl_now()); } while (0)
-#define TLMIN(tl, i) do { if ((tl) && threadIdx.x == 0) atomicMax((tl) + (i), ~tl_now()); } while (0)
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
  * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
@@ -849,13 +840,17 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
            0x80808080u;
 }
 
-/* F16 diag: two e4m3fn codes per half of w -> f16x2 (lo: dims 0-1, hi: dims 2-3) */
+#if M3_HAVE_FP8_CVT
+/* idx_km_k's fp16 route (below): 4 e4m3fn codes (byte i = dim i) as two fp16 pairs (lo: dims
+ * 0-1, hi: dims 2-3), one cvt per pair (F2FP.F16.E4M3.UNPACK_B, no byte moves); exact, since
+ * every e4m3fn value is an fp16 value, and a NaN code gives an fp16 NaN (no flags needed) */
 static __device__ __forceinline__ void e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t &hi) {
     asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
         " cvt.rn.f16x2.e4m3x2 %1, h;}\n"
         : "=r"(lo), "=r"(hi)
         : "r"(w));
 }
+/* m3_mma_bf16_16816 (gpu/hip_compat.h) with fp16 inputs: the same fragment layout */
 static __device__ __forceinline__ void mma_f16_16816(float *c, const uint32_t *a,
                                                      const uint32_t *b) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
@@ -863,6 +858,50 @@ static __device__ __forceinline__ void mma_f16_16816(float *c, const uint32_t *a
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+/* The query rows of idx_km_k's B fragments (qb: bf16 pairs; lane (g, t) holds dims of row g)
+ * as fp16 pairs, each row times 2^s (its largest |q| into [2^14, 2^15)), when every value of
+ * every row of the warp is exact so; then qb holds the scaled pairs, inv[e] = 2^-s of query
+ * row 2t + e (this lane's C columns) and the result is true. A row with a non-finite value
+ * or a range past fp16's (~2^31 between its largest and smallest nonzero |q|) is not exact:
+ * false, qb unchanged (the bf16 route). Every warp of every block decides alike (same Q). */
+static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2], int tq,
+                                             float (&inv)[2]) {
+    float amax = 0.0f;
+    bool ok = true;
+#pragma unroll
+    for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float x = __uint_as_float(qb[s][i] << 16), y = __uint_as_float(qb[s][i] & 0xFFFF0000u);
+            ok = ok && isfinite(x) && isfinite(y);
+            amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
+        }
+    amax = fmaxf(amax, M3_SHFL_XOR(amax, 1)); /* the row's 4 lanes */
+    amax = fmaxf(amax, M3_SHFL_XOR(amax, 2));
+    const int sh = amax > 0.0f ? 14 - ((int)((__float_as_uint(amax) >> 23) & 0xFF) - 127) : 0;
+    ok = ok && sh > -100 && sh < 100; /* 2^sh and 2^-sh normal floats */
+    const float up = ok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
+    uint32_t h[ISM_MAX_DI / 16][2];
+#pragma unroll
+    for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float x = __uint_as_float(qb[s][i] << 16) * up;
+            const float y = __uint_as_float(qb[s][i] & 0xFFFF0000u) * up;
+            const __half2 v = __floats2half2_rn(x, y);
+            const float2 back = __half22float2(v);
+            ok = ok && back.x == x && back.y == y;
+            h[s][i] = *reinterpret_cast<const uint32_t *>(&v);
+        }
+    if (!__all_sync(0xFFFFFFFFu, ok)) return false;
+#pragma unroll
+    for (int s = 0; s < ISM_MAX_DI / 16; s++) qb[s][0] = h[s][0], qb[s][1] = h[s][1];
+    const float dn = __uint_as_float((uint32_t)(127 - sh) << 23);
+    inv[0] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq));
+    inv[1] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq + 1));
+    return true;
+}
+#endif
 
 struct dec_smem {
     __align__(16) unsigned long long tmax[IST_THREADS]; /* read in 16-byte pairs */
@@ -921,13 +960,12 @@ static __device__ __forceinline__ unsigned long long pick_tau(dec_smem &sm, unsi
     return sm.tau;
 }
 
-/* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
- * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
- * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
-/* AGG diag: warp-aggregated reservation of c entries (all lanes call): the first index */
-static __device__ __forceinline__ int agg_reserve(int *ctr, int c) {
+/* c entries of a shared list whose count is *ctr, reserved with one shared atomic per warp
+ * (all lanes call; an atomic per entry serialized up to IDX_PICK_CPT dependent atomics per
+ * thread): the index of this thread's first entry */
+static __device__ __forceinline__ int warp_reserve(int *ctr, int c) {
     const int lane = (int)threadIdx.x % 32;
-    int incl = c;
+    int incl = c; /* inclusive prefix sum over the lanes */
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
         const int y = __shfl_up_sync(0xFFFFFFFFu, incl, o);
@@ -935,78 +973,39 @@ static __device__ __forceinline__ int agg_reserve(int *ctr, int c) {
     }
     int base = 0;
     if (lane == 31 && incl) base = atomicAdd(ctr, incl);
-    base = __shfl_sync(0xFFFFFFFFu, base, 31);
-    return base + incl - c;
+    return __shfl_sync(0xFFFFFFFFu, base, 31) + incl - c;
 }
+
+/* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
+ * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
+ * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
+template <bool WR> /* warp_reserve for the candidate lists (idx_km_k; idx_dec_k's bf16 form
+                    * spilled with it), else an atomic per entry */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
-                                unsigned long long *cand, unsigned long long *slot,
-                                bool nan_neg = false) {
+                                unsigned long long *cand, unsigned long long *slot) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
-    const bool late0 = (a.var & 32) != 0; /* LATE diag: slots zeroed after the pick */
-    const int np = (a.var & 16) ? 2 * nb : nb;
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
-        const bool split = (a.var & 16) != 0; /* SPLIT diag: 2 nb half slots */
         gx = nb;
         bool wait = true;
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
-        if (a.var & 2) { /* SPIN diag: each thread polls its own slots, one barrier after */
-            while (wait) {
-                wait = false;
-#pragma unroll
-                for (int i = 0; i < IDX_PICK_CPT; i++) {
-                    const int x = tid + i * IST_THREADS;
-                    if (x < np && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
-                }
-            }
-            __syncthreads();
-        }
         while (__syncthreads_or(wait)) {
             wait = false;
 #pragma unroll
             for (int i = 0; i < IDX_PICK_CPT; i++) {
                 const int x = tid + i * IST_THREADS;
-                if (x < np && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+                if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
-        }
-        TLMAX(a.tl, 6);
-#pragma unroll
-        for (int i = 0; i < IDX_PICK_CPT && !late0; i++) /* zero again for the next call */
-            if (tid + i * IST_THREADS < np) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
-        if (split) { /* SPLIT diag: combine the halves (a NaN half ranks highest: max) */
-            const int clo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const unsigned long long o = __shfl_xor_sync(0xFFFFFFFFu, m[i], 1);
-                const int x = tid + i * IST_THREADS, b = x >> 1;
-                if (!(x & 1) && x < np) {
-                    const unsigned long long u = m[i] > o ? m[i] : o;
-                    const float v = rank_val(u);
-                    float z;
-                    if (b >= clo) z = a.local_boost;
-                    else if (a.use_init && b < a.init_blocks) z = a.init_boost;
-                    else if (isnan(v)) z = nan_neg ? -1e30f : NAN;
-                    else z = v;
-                    a.scores[((int64_t)g * a.n_tok + t) * a.nbk + b] = z;
-                    sm.tmax[b] = rank_key(z, b);
-                }
-            }
-            __syncthreads();
-            m[0] = tid < nb ? sm.tmax[tid] : 0ull;
         }
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
             if (tid < nb) pick_rank(sm, sm.tmax, nb, m[0], need);
             __syncthreads();
-            TLMAX(a.tl, 9);
             pick_out(a, t, g, nb, sm);
-            TLMAX(a.tl, 10);
-#pragma unroll
-            for (int i = 0; i < IDX_PICK_CPT && late0; i++) /* LATE diag */
-                if (tid + i * IST_THREADS < np) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+            if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
             return;
         }
     } else {
@@ -1023,28 +1022,27 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
     const unsigned long long th = pick_tau(sm, mx, need);
-    TLMAX(a.tl, 7);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
-    if (a.var & 32) { /* AGG diag: one shared atomic per warp */
+    if (!WR) {
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau */
+            if (m[i] && m[i] >= th) {
+                if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i];
+                else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
+            }
+    } else { /* blocks whose maximum is >= tau: <= need * cpt */
         int c = 0;
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) c += m[i] && m[i] >= th;
-        int o = agg_reserve(per == 1 ? &sm.n_cand : &sm.n_cta, c);
+        int o = warp_reserve(per == 1 ? &sm.n_cand : &sm.n_cta, c);
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++)
             if (m[i] && m[i] >= th) {
-                if (per == 1) cand[o++] = m[i];
+                if (per == 1) cand[o++] = m[i]; /* the maximum is the score */
                 else sm.cta[o++] = tid + i * IST_THREADS;
             }
-    } else
-#pragma unroll
-    for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
-        if (m[i] && m[i] >= th) {
-            if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i]; /* the maximum is the score */
-            else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
-        }
+    }
     __syncthreads();
-    TLMAX(a.tl, 8);
     if (per > 1) { /* block-uniform: their scores, 4 loads per thread in flight at a time */
         const int n_item = sm.n_cta * per;
         const float *S = a.scores + ((int64_t)g * a.n_tok + t) * a.nbk;
@@ -1058,37 +1056,36 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 bb[u] = b < nb ? b : -1;
                 v[u] = b < nb ? ld_l2(S + b) : 0.0f;
             }
-            if (a.var & 32) { /* AGG diag */
-                unsigned long long uk[4];
-                int c = 0;
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    uk[u] = bb[u] >= 0 ? rank_key(v[u], bb[u]) : 0ull;
-                    c += bb[u] >= 0 && uk[u] >= th;
-                }
-                int o = agg_reserve(&sm.n_cand, c);
+            if (!WR) {
 #pragma unroll
                 for (int u = 0; u < 4; u++)
-                    if (bb[u] >= 0 && uk[u] >= th) cand[o++] = uk[u];
-            } else
+                    if (bb[u] >= 0) {
+                        const unsigned long long uk = rank_key(v[u], bb[u]);
+                        if (uk >= th) cand[atomicAdd(&sm.n_cand, 1)] = uk;
+                    }
+                continue;
+            }
+            unsigned long long uk[4];
+            int c = 0;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                uk[u] = bb[u] >= 0 ? rank_key(v[u], bb[u]) : 0ull;
+                c += bb[u] >= 0 && uk[u] >= th;
+            }
+            int o = warp_reserve(&sm.n_cand, c);
 #pragma unroll
             for (int u = 0; u < 4; u++)
-                if (bb[u] >= 0) {
-                    const unsigned long long uk = rank_key(v[u], bb[u]);
-                    if (uk >= th) cand[atomicAdd(&sm.n_cand, 1)] = uk;
-                }
+                if (bb[u] >= 0 && uk[u] >= th) cand[o++] = uk[u];
         }
         __syncthreads();
     }
     const int nc = sm.n_cand;
     for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
-    TLMAX(a.tl, 9);
     pick_out(a, t, g, nb, sm);
-    TLMAX(a.tl, 10);
 #pragma unroll
-    for (int i = 0; i < IDX_PICK_CPT && late0 && slot; i++) /* LATE diag */
-        if (tid + i * IST_THREADS < np) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+    for (int i = 0; i < IDX_PICK_CPT && slot; i++) /* direct: zero again for the next call */
+        if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
 }
 #endif
 
@@ -1273,7 +1270,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<false>(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                    NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1294,13 +1292,20 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * a ballot gives the NaN flags (K16: a ballot per key half of the tile, lanes 4g .. 4g+3
  * hold key g's pieces). The next key block's loads are issued right after the mma, as in
  * idx_dec_k (two key buffers measured slower: 53.5 against 51.7 us at 1M fp8 keys).
+ * K16, fp16 route (sm_89+, when q_f16 finds every query row exact in fp16 at a power-of-two
+ * scale: always, but for rows of extreme range): the codes go through the hardware cvt to
+ * fp16 (one instruction per pair of codes, NaN codes become NaN products) and fp16 mma,
+ * instead of the bf16 decode (4 instructions per pair) and its NaN flags (ballots); the
+ * row maxima are scaled back by 2^-s (exact); docs/gpu.md "Session 10" has the times.
  * Selection (fused): with slots (nbk <= IDX_SLOT_W, the launcher's choice) "direct": the
  * combining thread of row q stores the rank key of each key block b (never 0) into slot
  * [q][b] of the context's zeroed range (m3_gpu.counters + M3_GPU_CNT_IDXS) with a relaxed
  * 64-bit store; the picking block of row q (as idx_dec_k: the last R linear ids) polls the
  * row's nb slots until none is 0 (a 64-bit word is written and read whole: no fence, no
  * counter, no second round of loads), selects as dec_pick with one key block per scoring
- * block, and zeroes the slots again for the next call (stream order). Block (0, 0) zeroes
+ * block, and zeroes the slots again for the next call (stream order; after its output, off
+ * the pick's path, session 10; the candidate lists of idx_km_k's picks are reserved with one
+ * shared atomic per warp: warp_reserve). Block (0, 0) zeroes
  * n_ties before its first slot (fence, then the key block's barrier): a picker adds to n_ties
  * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
@@ -1322,34 +1327,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
-    unsigned long long *tl = sel.tl;         /* TL diag */
-    /* SPLIT diag (var & 16, set by the launcher): two scoring blocks per key block, each
-     * half of the m-tiles; the picker combines the halves' raw maxima */
-    const bool split = (sel.var & 16) != 0;
-    const int bx = split ? (int)blockIdx.x >> 1 : (int)blockIdx.x;
-    const int bstep = split ? nbk : (int)gridDim.x;
-    const int mhalf = split ? ((int)blockIdx.x & 1) : 0;
-    const unsigned long long t_ent = tl ? tl_now() : 0;
-    TLMIN(tl, 0);
-    TLMAX(tl, 1);
-    uint4 kb[MT][2][NU], kb2[MT][2][NU]; /* kb2: TWO diag */
-    auto load2 = [&](int b, int r0) { /* TWO diag */
-#pragma unroll
-        for (int i = 0; i < MT; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = split ? warp + NW * mhalf : warp + NW * i;
-                const int key = b * B + 16 * m + gq + 8 * h;
-                const bool ok = 16 * m < B && key < n_ctx && !(split && i > 0);
-                const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
-                const uint4 *kr =
-                    K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
-                        : reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
-#pragma unroll
-                for (int j = 0; j < NU; j++)
-                    kb2[i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
-            }
-    };
+    uint4 kb[MT][2][NU];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
     auto load = [&](int b, int r0) {
@@ -1357,9 +1335,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         for (int i = 0; i < MT; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int m = split ? warp + NW * mhalf : warp + NW * i;
-                const int key = b * B + 16 * m + gq + 8 * h;
-                const bool ok = 16 * m < B && key < n_ctx && !(split && i > 0);
+                const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
+                const bool ok = 16 * m < B && key < n_ctx;
                 const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
                 const uint4 *kr =
                     K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
@@ -1369,18 +1346,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                     kb[i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
             }
     };
-    const int x0 = bx; /* SPLIT diag: the key block (blockIdx.x without split) */
-    const bool two = K16 && (sel.var & 8) && x0 + grid < nbk && !split; /* TWO diag */
-    if (two) {
-        const int r0 = key_base(ik, x0, B), r1 = key_base(ik, x0 + grid, B);
-        load(x0, r0);
-        load2(x0 + grid, r1);
-    } else if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
-    if ((sel.var & 1) && tl && tid == 0) { /* PROBE diag: key loads issued; timer cost */
-        const unsigned long long a = tl_now(), b2 = tl_now();
-        atomicMax(tl + 16, a - t_ent);
-        atomicMax(tl + 19, b2 - a);
-    }
+    const int x0 = (int)blockIdx.x;
+    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
      * block (8K keys: one) the first mma waited on Q loads issued after the positions */
@@ -1410,16 +1377,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
-    if ((sel.var & 1) && tl && tid == 0 && n_lim != -7) { /* PROBE diag: pos, Q, keys back */
-        atomicMax(tl + 11, tl_now() - t_ent);
-        if (qb[0][0] == 0x12345u) tl[31] = 0;
-        atomicMax(tl + 12, tl_now() - t_ent);
-        if (kb[0][0][0].x == 0x12345u) tl[31] = 0;
-        atomicMax(tl + 13, tl_now() - t_ent);
-        atomicMax(tl + 14, ~(tl_now() - t_ent));
-        if (kb[MT - 1][1][0].y == 0x12345u) tl[31] = 0;
-        atomicMax(tl + 18, tl_now() - t_ent);
-    }
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
@@ -1435,70 +1392,28 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int ct = t0 + tid / G, cnb = tid < RPG && ct < n_tok ? pos[ct] / B + 1 : 0;
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
-    /* F16 diag (var & 4, e4m3fn keys): Q rows scaled by 2^s into f16 when exact, keys
-     * through the hardware cvt, f16 mma; inv: 2^-s of this lane's C columns */
+    /* K16: the fp16 route when the query rows allow it; inv: 2^-s of this lane's columns */
     bool h16 = false;
     float inv[2] = {1.0f, 1.0f};
-    if (K16 && (sel.var & 4)) {
-        float amax = 0.0f;
-        bool fin = true;
-#pragma unroll
-        for (int s = 0; s < ISM_MAX_DI / 16; s++)
-#pragma unroll
-            for (int bi = 0; bi < 2; bi++) {
-                const float x = __uint_as_float(qb[s][bi] << 16);
-                const float y = __uint_as_float(qb[s][bi] & 0xFFFF0000u);
-                fin = fin && isfinite(x) && isfinite(y);
-                amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
-            }
-        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-        const int ex = (int)((__float_as_uint(amax) >> 23) & 0xFF) - 127;
-        const int sh = amax > 0.0f ? 14 - ex : 0; /* max scaled into [2^14, 2^15) */
-        bool ok = fin && sh > -100 && sh < 100;
-        const float up = ok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
-#pragma unroll
-        for (int s = 0; s < ISM_MAX_DI / 16; s++)
-#pragma unroll
-            for (int bi = 0; bi < 2; bi++) {
-                const float x = __uint_as_float(qb[s][bi] << 16) * up;
-                const float y = __uint_as_float(qb[s][bi] & 0xFFFF0000u) * up;
-                const __half2 hq = __floats2half2_rn(x, y);
-                const float2 bk = __half22float2(hq);
-                ok = ok && bk.x == x && bk.y == y;
-            }
-        h16 = __all_sync(0xFFFFFFFFu, ok);
-        if (h16) {
-#pragma unroll
-            for (int s = 0; s < ISM_MAX_DI / 16; s++)
-#pragma unroll
-                for (int bi = 0; bi < 2; bi++) {
-                    const float x = __uint_as_float(qb[s][bi] << 16) * up;
-                    const float y = __uint_as_float(qb[s][bi] & 0xFFFF0000u) * up;
-                    const __half2 hq = __floats2half2_rn(x, y);
-                    qb[s][bi] = *reinterpret_cast<const uint32_t *>(&hq);
-                }
-            const float dn = __uint_as_float((uint32_t)(127 - sh) << 23);
-            inv[0] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq));
-            inv[1] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq + 1));
-        }
-    }
+#if M3_HAVE_FP8_CVT
+    if (K16) h16 = q_f16(qb, tq, inv);
+#endif
     int par = 0;
-    const int ahead = two ? 2 * grid : bstep; /* TWO diag */
-    int rn = x0 + ahead < n_lim ? key_base(ik, x0 + ahead, B) : 0;
-    for (int b = x0; b < n_lim; b += bstep, par ^= 1) {
+    int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
+    for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < MT; i++) {
-            const int m = split ? warp + NW * mhalf : warp + NW * i, k0 = b * B + 16 * m;
-            if (16 * m >= B || k0 > pmax || (split && i > 0)) break; /* warp-uniform */
+            const int m = warp + NW * i, k0 = b * B + 16 * m;
+            if (16 * m >= B || k0 > pmax) break; /* warp-uniform */
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t fa = 0, fb = 0; /* K16: NaN codes in this lane's pieces of key g, g + 8 */
 #pragma unroll
             for (int j = 0; j < NU; j++) {
                 if (j >= nu) break;
                 const uint4 ka = kb[i][0][j], kc = kb[i][1][j];
-                if (K16 && h16) { /* F16 diag */
+#if M3_HAVE_FP8_CVT
+                if (K16 && h16) { /* 16 codes: k-steps 4j .. 4j+3, fp16 */
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         uint32_t pa[4], pc[4];
@@ -1511,7 +1426,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                         mma_f16_16816(c, a0, qb[4 * j + 2 * hh]);
                         mma_f16_16816(c, a1, qb[4 * j + 2 * hh + 1]);
                     }
-                } else if (K16) { /* 16 codes: k-steps 4j .. 4j+3 */
+                    continue;
+                }
+#endif
+                if (K16) { /* 16 codes: k-steps 4j .. 4j+3, bf16 */
                     fa |= e4m3_nan16(ka), fb |= e4m3_nan16(kc);
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
@@ -1544,28 +1462,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
-        if (two) { /* TWO diag: the next block is in kb2; the one after it into kb2 */
-            if (b + grid < n_lim) {
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int j = 0; j < NU; j++) kb[i][h][j] = kb2[i][h][j];
-            }
-            if (b + 2 * grid < n_lim) load2(b + 2 * grid, rn);
-            if (b + 3 * grid < n_lim) rn = key_base(ik, b + 3 * grid, B);
-        } else {
-        if (b + bstep < n_lim) load(b + bstep, rn); /* in flight during the reduction below */
-        if (b + 2 * bstep < n_lim) rn = key_base(ik, b + 2 * bstep, B); /* the next one's row */
-        }
+        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
             float m = mx[r];
             m = fmaxf(m, M3_SHFL_XOR(m, 4));
             m = fmaxf(m, M3_SHFL_XOR(m, 8));
             m = fmaxf(m, M3_SHFL_XOR(m, 16));
-            if (K16 && h16) m *= inv[r]; /* F16 diag */
+            if (K16 && h16) m *= inv[r]; /* the fp16 route's 2^s off (exact) */
             const unsigned int bb = __ballot_sync(0xFFFFFFFFu, bad[r] != 0.0f);
             if (gq == 0) {
                 red_m[par][warp][2 * tq + r] = m;
@@ -1580,17 +1485,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
             float z;
             if (b >= cnb) z = -INFINITY;
-            else if (split) z = nn > 0.0f ? NAN : scale != 1.0f ? m * scale : m; /* raw half */
             else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
             else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
             else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
             else z = scale != 1.0f ? m * scale : m;
-            if (!split || b >= cnb) scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
-            if (split && b < cnb) { /* SPLIT diag: slot 2b + half, the picker combines */
-                st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + 2 * b +
-                                   mhalf,
-                               rank_key(z, b));
-            } else if (b < cnb) {
+            scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
+            if (b < cnb) {
                 const unsigned long long uk = rank_key(z, b);
                 cbest = uk > cbest ? uk : cbest;
                 if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
@@ -1598,22 +1498,16 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
-        if (b == x0) {
-            TLMIN(tl, 2);
-            TLMAX(tl, 3);
-        }
     }
-    TLMAX(tl, 4);
-    if (tl && tid == 0) atomicMax(tl + 15, tl_now() - t_ent);
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
-        if (row >= 0) TLMAX(tl, 5);
         if (row >= 0) /* block-uniform */
-            dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                     slots + (size_t)row * IDX_SLOT_W, nan_neg);
+            dec_pick<true>(sel, row, G, grid, NULL, sm,
+                           reinterpret_cast<unsigned long long *>(idx_dyn),
+                           slots + (size_t)row * IDX_SLOT_W);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1623,16 +1517,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         fence_acq_rel_gpu();
         atomicAdd(cnt, 1u); /* no return value: a fire-and-forget reduction */
         if (row >= 0) { /* a picking block: wait for every arrival */
-            if (tl) atomicMax(tl + 5, tl_now());
             while (ld_relaxed_gpu(cnt) != n) {
             }
             fence_acq_rel_gpu();
-            if (tl) atomicMax(tl + 6, tl_now());
         }
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<true>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                   NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1643,37 +1536,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
  * candidates would not fit in shared memory (then the caller runs a selection kernel). */
-#include <stdio.h>  /* TL diag */
-#include <stdlib.h> /* TL diag */
-static int cmp_u64(const void *a, const void *b) { /* TL diag */
-    const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
-    return x < y ? -1 : x > y;
-}
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa_in, bool &fuse) {
-    idx_sel sa = sa_in; /* TL / VAR diag */
-    static int tl_on = -1, var = 0;
-    static unsigned long long *tl_d = NULL;
-    static int tl_n = 0, tl_nbk = 0, tl_var = -1;
-    if (tl_on < 0) {
-        const char *e = getenv("M3_IDX_TL"), *v = getenv("M3_IDX_V");
-        tl_on = e && atoi(e) > 0;
-        var = v ? atoi(v) : 0;
-        if (tl_on) {
-            M3_HIP_TRY(hipMalloc((void **)&tl_d, 16 * 32 * sizeof *tl_d));
-            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, 16 * 32 * sizeof *tl_d, g->stream));
-        }
-    }
-    {
-        const char *v = getenv("M3_IDX_V"); /* re-read: the bench may change it per row */
-        var = v ? atoi(v) : 0;
-    }
-    sa.var = var;
-    if (tl_on && n_tok * G <= 8) {
-        if (nbk != tl_nbk || var != tl_var) tl_n = 0, tl_nbk = nbk, tl_var = var, (void)hipMemsetAsync(tl_d, 0, 16 * 32 * sizeof *tl_d, g->stream);
-        sa.tl = tl_d + 32 * (tl_n % 16);
-    }
+                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
@@ -1685,11 +1550,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
-    /* SPLIT diag: two scoring blocks per key block when they fit one wave */
-    const bool split = (sa.var & 16) && direct && nbk <= IST_THREADS && n_group == 1 &&
-                       2 * nbk <= 4 * g->n_sm;
-    if (split) gx = 2 * nbk;
-    else sa.var &= ~16;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
@@ -1729,41 +1589,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse && !direct) ep++;
-    if (sa.tl && ++tl_n % 16 == 0) { /* TL diag: medians over 16 calls, us from first entry */
-        unsigned long long h[16 * 32], col[16];
-        M3_HIP_TRY(hipStreamSynchronize(g->stream));
-        M3_HIP_TRY(hipMemcpy(h, tl_d, sizeof h, hipMemcpyDeviceToHost));
-        M3_HIP_TRY(hipMemsetAsync(tl_d, 0, sizeof h, g->stream));
-        fprintf(stderr, "TL nbk %d gx-fuse %d v%d:", nbk, (int)fuse, var);
-        static const char *nm[20] = {"e0", "e1", "b1min", "b1max", "scored", "pk_own", "poll",
-                                     "tau", "cand", "rank", "end", "dpos", "dQ", "dK", "dKmin",
-                                     "dblk", "dIss", "-", "dKlast", "dTimer"};
-        for (int f = 1; f < 20; f++) {
-            int n = 0;
-            for (int i = 0; i < 16; i++) {
-                const unsigned long long *r = h + 32 * i, e0 = ~r[0];
-                unsigned long long v = r[f];
-                if (f == 2 || f == 14) v = v ? ~v : 0;
-                if (!v) continue;
-                col[n++] = f >= 11 ? v : v - e0;
-                if (f == 17) n--;
-            }
-            if (!n) continue;
-            qsort(col, n, sizeof col[0], cmp_u64);
-            fprintf(stderr, " %s %.2f", nm[f], (double)col[n / 2] * 1e-3);
-        }
-        int n = 0; /* the gap: this call's first entry - the previous call's end */
-        for (int i = 1; i < 16; i++) {
-            const unsigned long long *r = h + 32 * i, *q = h + 32 * (i - 1);
-            const unsigned long long qe = q[10] ? q[10] : q[4];
-            if (qe && ~r[0] > qe) col[n++] = ~r[0] - qe;
-        }
-        if (n) {
-            qsort(col, n, sizeof col[0], cmp_u64);
-            fprintf(stderr, " gap %.2f", (double)col[n / 2] * 1e-3);
-        }
-        fprintf(stderr, "\n");
-    }
     return s;
 }
 
