@@ -872,7 +872,8 @@ static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2],
     for (int s = 0; s < ISM_MAX_DI / 16; s++)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const float x = __uint_as_float(qb[s][i] << 16), y = __uint_as_float(qb[s][i] & 0xFFFF0000u);
+            const float x = __uint_as_float(qb[s][i] << 16);
+            const float y = __uint_as_float(qb[s][i] & 0xFFFF0000u);
             ok = ok && isfinite(x) && isfinite(y);
             amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
         }
