@@ -872,7 +872,8 @@ static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2],
     for (int s = 0; s < ISM_MAX_DI / 16; s++)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const float x = __uint_as_float(qb[s][i] << 16), y = __uint_as_float(qb[s][i] & 0xFFFF0000u);
+            const float x = __uint_as_float(qb[s][i] << 16);
+            const float y = __uint_as_float(qb[s][i] & 0xFFFF0000u);
             ok = ok && isfinite(x) && isfinite(y);
             amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
         }
@@ -979,6 +980,8 @@ static __device__ __forceinline__ int warp_reserve(int *ctr, int c) {
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
+template <bool WR> /* warp_reserve for the candidate lists (idx_km_k; idx_dec_k's bf16 form
+                    * spilled with it), else an atomic per entry */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot) {
@@ -1021,7 +1024,14 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     __syncthreads();
     const unsigned long long th = pick_tau(sm, mx, need);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
-    { /* blocks whose maximum is >= tau: <= need * cpt */
+    if (!WR) {
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau */
+            if (m[i] && m[i] >= th) {
+                if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i];
+                else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
+            }
+    } else { /* blocks whose maximum is >= tau: <= need * cpt */
         int c = 0;
 #pragma unroll
         for (int i = 0; i < IDX_PICK_CPT; i++) c += m[i] && m[i] >= th;
@@ -1046,6 +1056,15 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 const int b = j < n_item ? sm.cta[j / per] + (j % per) * gx : nb;
                 bb[u] = b < nb ? b : -1;
                 v[u] = b < nb ? ld_l2(S + b) : 0.0f;
+            }
+            if (!WR) {
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (bb[u] >= 0) {
+                        const unsigned long long uk = rank_key(v[u], bb[u]);
+                        if (uk >= th) cand[atomicAdd(&sm.n_cand, 1)] = uk;
+                    }
+                continue;
             }
             unsigned long long uk[4];
             int c = 0;
@@ -1252,7 +1271,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<false>(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                    NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1277,15 +1297,16 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * scale: always, but for rows of extreme range): the codes go through the hardware cvt to
  * fp16 (one instruction per pair of codes, NaN codes become NaN products) and fp16 mma,
  * instead of the bf16 decode (4 instructions per pair) and its NaN flags (ballots); the
- * row maxima are scaled back by 2^-s (exact). Session 10: 1M e4m3fn keys 54.9 -> 47.6 us,
- * 128K 14.5 -> 13.7 us (same process).
+ * row maxima are scaled back by 2^-s (exact); docs/gpu.md "Session 10" has the times.
  * Selection (fused): with slots (nbk <= IDX_SLOT_W, the launcher's choice) "direct": the
  * combining thread of row q stores the rank key of each key block b (never 0) into slot
  * [q][b] of the context's zeroed range (m3_gpu.counters + M3_GPU_CNT_IDXS) with a relaxed
  * 64-bit store; the picking block of row q (as idx_dec_k: the last R linear ids) polls the
  * row's nb slots until none is 0 (a 64-bit word is written and read whole: no fence, no
  * counter, no second round of loads), selects as dec_pick with one key block per scoring
- * block, and zeroes the slots again for the next call (stream order). Block (0, 0) zeroes
+ * block, and zeroes the slots again for the next call (stream order; after its output, off
+ * the pick's path, session 10; the candidate lists of idx_km_k's picks are reserved with one
+ * shared atomic per warp: warp_reserve). Block (0, 0) zeroes
  * n_ties before its first slot (fence, then the key block's barrier): a picker adds to n_ties
  * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
@@ -1485,8 +1506,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
         if (row >= 0) /* block-uniform */
-            dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                     slots + (size_t)row * IDX_SLOT_W);
+            dec_pick<true>(sel, row, G, grid, NULL, sm,
+                           reinterpret_cast<unsigned long long *>(idx_dyn),
+                           slots + (size_t)row * IDX_SLOT_W);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1503,7 +1525,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<true>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                   NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
