@@ -840,6 +840,70 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
            0x80808080u;
 }
 
+#if M3_HAVE_FP8_CVT
+/* idx_km_k's fp16 route (below): 4 e4m3fn codes (byte i = dim i) as two fp16 pairs (lo: dims
+ * 0-1, hi: dims 2-3), one cvt per pair (F2FP.F16.E4M3.UNPACK_B, no byte moves); exact, since
+ * every e4m3fn value is an fp16 value, and a NaN code gives an fp16 NaN (no flags needed) */
+static __device__ __forceinline__ void e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, h;}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(w));
+}
+/* m3_mma_bf16_16816 (gpu/hip_compat.h) with fp16 inputs: the same fragment layout */
+static __device__ __forceinline__ void mma_f16_16816(float *c, const uint32_t *a,
+                                                     const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* The query rows of idx_km_k's B fragments (qb: bf16 pairs; lane (g, t) holds dims of row g)
+ * as fp16 pairs, each row times 2^s (its largest |q| into [2^14, 2^15)), when every value of
+ * every row of the warp is exact so; then qb holds the scaled pairs, inv[e] = 2^-s of query
+ * row 2t + e (this lane's C columns) and the result is true. A row with a non-finite value
+ * or a range past fp16's (~2^31 between its largest and smallest nonzero |q|) is not exact:
+ * false, qb unchanged (the bf16 route). Every warp of every block decides alike (same Q). */
+static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2], int tq,
+                                             float (&inv)[2]) {
+    float amax = 0.0f;
+    bool ok = true;
+#pragma unroll
+    for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float x = __uint_as_float(qb[s][i] << 16);
+            const float y = __uint_as_float(qb[s][i] & 0xFFFF0000u);
+            ok = ok && isfinite(x) && isfinite(y);
+            amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
+        }
+    amax = fmaxf(amax, M3_SHFL_XOR(amax, 1)); /* the row's 4 lanes */
+    amax = fmaxf(amax, M3_SHFL_XOR(amax, 2));
+    const int sh = amax > 0.0f ? 14 - ((int)((__float_as_uint(amax) >> 23) & 0xFF) - 127) : 0;
+    ok = ok && sh > -100 && sh < 100; /* 2^sh and 2^-sh normal floats */
+    const float up = ok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
+    uint32_t h[ISM_MAX_DI / 16][2];
+#pragma unroll
+    for (int s = 0; s < ISM_MAX_DI / 16; s++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float x = __uint_as_float(qb[s][i] << 16) * up;
+            const float y = __uint_as_float(qb[s][i] & 0xFFFF0000u) * up;
+            const __half2 v = __floats2half2_rn(x, y);
+            const float2 back = __half22float2(v);
+            ok = ok && back.x == x && back.y == y;
+            h[s][i] = *reinterpret_cast<const uint32_t *>(&v);
+        }
+    if (!__all_sync(0xFFFFFFFFu, ok)) return false;
+#pragma unroll
+    for (int s = 0; s < ISM_MAX_DI / 16; s++) qb[s][0] = h[s][0], qb[s][1] = h[s][1];
+    const float dn = __uint_as_float((uint32_t)(127 - sh) << 23);
+    inv[0] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq));
+    inv[1] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq + 1));
+    return true;
+}
+#endif
+
 struct dec_smem {
     __align__(16) unsigned long long tmax[IST_THREADS]; /* read in 16-byte pairs */
     unsigned long long tau;
@@ -897,9 +961,27 @@ static __device__ __forceinline__ unsigned long long pick_tau(dec_smem &sm, unsi
     return sm.tau;
 }
 
+/* c entries of a shared list whose count is *ctr, reserved with one shared atomic per warp
+ * (all lanes call; an atomic per entry serialized up to IDX_PICK_CPT dependent atomics per
+ * thread): the index of this thread's first entry */
+static __device__ __forceinline__ int warp_reserve(int *ctr, int c) {
+    const int lane = (int)threadIdx.x % 32;
+    int incl = c; /* inclusive prefix sum over the lanes */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    int base = 0;
+    if (lane == 31 && incl) base = atomicAdd(ctr, incl);
+    return __shfl_sync(0xFFFFFFFFu, base, 31) + incl - c;
+}
+
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
+template <bool WR> /* warp_reserve for the candidate lists (idx_km_k; idx_dec_k's bf16 form
+                    * spilled with it), else an atomic per entry */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot) {
@@ -918,15 +1000,13 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
-#pragma unroll
-        for (int i = 0; i < IDX_PICK_CPT; i++) /* zero again for the next call */
-            if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
             if (tid < nb) pick_rank(sm, sm.tmax, nb, m[0], need);
             __syncthreads();
             pick_out(a, t, g, nb, sm);
+            if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
             return;
         }
     } else {
@@ -944,12 +1024,25 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     __syncthreads();
     const unsigned long long th = pick_tau(sm, mx, need);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
+    if (!WR) {
 #pragma unroll
-    for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau: <= need * cpt */
-        if (m[i] && m[i] >= th) {
-            if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i]; /* the maximum is the score */
-            else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
-        }
+        for (int i = 0; i < IDX_PICK_CPT; i++) /* blocks whose maximum is >= tau */
+            if (m[i] && m[i] >= th) {
+                if (per == 1) cand[atomicAdd(&sm.n_cand, 1)] = m[i];
+                else sm.cta[atomicAdd(&sm.n_cta, 1)] = tid + i * IST_THREADS;
+            }
+    } else { /* blocks whose maximum is >= tau: <= need * cpt */
+        int c = 0;
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) c += m[i] && m[i] >= th;
+        int o = warp_reserve(per == 1 ? &sm.n_cand : &sm.n_cta, c);
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++)
+            if (m[i] && m[i] >= th) {
+                if (per == 1) cand[o++] = m[i]; /* the maximum is the score */
+                else sm.cta[o++] = tid + i * IST_THREADS;
+            }
+    }
     __syncthreads();
     if (per > 1) { /* block-uniform: their scores, 4 loads per thread in flight at a time */
         const int n_item = sm.n_cta * per;
@@ -964,12 +1057,26 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 bb[u] = b < nb ? b : -1;
                 v[u] = b < nb ? ld_l2(S + b) : 0.0f;
             }
+            if (!WR) {
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (bb[u] >= 0) {
+                        const unsigned long long uk = rank_key(v[u], bb[u]);
+                        if (uk >= th) cand[atomicAdd(&sm.n_cand, 1)] = uk;
+                    }
+                continue;
+            }
+            unsigned long long uk[4];
+            int c = 0;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                uk[u] = bb[u] >= 0 ? rank_key(v[u], bb[u]) : 0ull;
+                c += bb[u] >= 0 && uk[u] >= th;
+            }
+            int o = warp_reserve(&sm.n_cand, c);
 #pragma unroll
             for (int u = 0; u < 4; u++)
-                if (bb[u] >= 0) {
-                    const unsigned long long uk = rank_key(v[u], bb[u]);
-                    if (uk >= th) cand[atomicAdd(&sm.n_cand, 1)] = uk;
-                }
+                if (bb[u] >= 0 && uk[u] >= th) cand[o++] = uk[u];
         }
         __syncthreads();
     }
@@ -977,6 +1084,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
     pick_out(a, t, g, nb, sm);
+#pragma unroll
+    for (int i = 0; i < IDX_PICK_CPT && slot; i++) /* direct: zero again for the next call */
+        if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
 }
 #endif
 
@@ -1161,7 +1271,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<false>(sel, row, G, gx, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                    NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
@@ -1182,13 +1293,20 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * a ballot gives the NaN flags (K16: a ballot per key half of the tile, lanes 4g .. 4g+3
  * hold key g's pieces). The next key block's loads are issued right after the mma, as in
  * idx_dec_k (two key buffers measured slower: 53.5 against 51.7 us at 1M fp8 keys).
+ * K16, fp16 route (sm_89+, when q_f16 finds every query row exact in fp16 at a power-of-two
+ * scale: always, but for rows of extreme range): the codes go through the hardware cvt to
+ * fp16 (one instruction per pair of codes, NaN codes become NaN products) and fp16 mma,
+ * instead of the bf16 decode (4 instructions per pair) and its NaN flags (ballots); the
+ * row maxima are scaled back by 2^-s (exact); docs/gpu.md "Session 10" has the times.
  * Selection (fused): with slots (nbk <= IDX_SLOT_W, the launcher's choice) "direct": the
  * combining thread of row q stores the rank key of each key block b (never 0) into slot
  * [q][b] of the context's zeroed range (m3_gpu.counters + M3_GPU_CNT_IDXS) with a relaxed
  * 64-bit store; the picking block of row q (as idx_dec_k: the last R linear ids) polls the
  * row's nb slots until none is 0 (a 64-bit word is written and read whole: no fence, no
  * counter, no second round of loads), selects as dec_pick with one key block per scoring
- * block, and zeroes the slots again for the next call (stream order). Block (0, 0) zeroes
+ * block, and zeroes the slots again for the next call (stream order; after its output, off
+ * the pick's path, session 10; the candidate lists of idx_km_k's picks are reserved with one
+ * shared atomic per warp: warp_reserve). Block (0, 0) zeroes
  * n_ties before its first slot (fence, then the key block's barrier): a picker adds to n_ties
  * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
@@ -1275,6 +1393,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int ct = t0 + tid / G, cnb = tid < RPG && ct < n_tok ? pos[ct] / B + 1 : 0;
     const int clo = cnb - sel.local_blocks > 0 ? cnb - sel.local_blocks : 0;
     unsigned long long cbest = 0; /* the row's best rank key over this block's key blocks */
+    /* K16: the fp16 route when the query rows allow it; inv: 2^-s of this lane's columns */
+    bool h16 = false;
+    float inv[2] = {1.0f, 1.0f};
+#if M3_HAVE_FP8_CVT
+    if (K16) h16 = q_f16(qb, tq, inv);
+#endif
     int par = 0;
     int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
@@ -1289,7 +1413,24 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             for (int j = 0; j < NU; j++) {
                 if (j >= nu) break;
                 const uint4 ka = kb[i][0][j], kc = kb[i][1][j];
-                if (K16) { /* 16 codes: k-steps 4j .. 4j+3 */
+#if M3_HAVE_FP8_CVT
+                if (K16 && h16) { /* 16 codes: k-steps 4j .. 4j+3, fp16 */
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        uint32_t pa[4], pc[4];
+                        e4m3x4_f16(hh ? ka.z : ka.x, pa[0], pa[1]);
+                        e4m3x4_f16(hh ? ka.w : ka.y, pa[2], pa[3]);
+                        e4m3x4_f16(hh ? kc.z : kc.x, pc[0], pc[1]);
+                        e4m3x4_f16(hh ? kc.w : kc.y, pc[2], pc[3]);
+                        const uint32_t a0[4] = {pa[0], pc[0], pa[1], pc[1]};
+                        const uint32_t a1[4] = {pa[2], pc[2], pa[3], pc[3]};
+                        mma_f16_16816(c, a0, qb[4 * j + 2 * hh]);
+                        mma_f16_16816(c, a1, qb[4 * j + 2 * hh + 1]);
+                    }
+                    continue;
+                }
+#endif
+                if (K16) { /* 16 codes: k-steps 4j .. 4j+3, bf16 */
                     fa |= e4m3_nan16(ka), fb |= e4m3_nan16(kc);
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
@@ -1309,7 +1450,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
             /* K16: key g (g + 8) holds a NaN code when one of lanes 4g .. 4g+3 saw one */
             bool nk[2] = {false, false};
-            if (K16) {
+            if (K16 && !h16) {
                 nk[0] = (__ballot_sync(0xFFFFFFFFu, fa != 0) >> (4 * gq)) & 0xFu;
                 nk[1] = (__ballot_sync(0xFFFFFFFFu, fb != 0) >> (4 * gq)) & 0xFu;
             }
@@ -1330,6 +1471,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             m = fmaxf(m, M3_SHFL_XOR(m, 4));
             m = fmaxf(m, M3_SHFL_XOR(m, 8));
             m = fmaxf(m, M3_SHFL_XOR(m, 16));
+            if (K16 && h16) m *= inv[r]; /* the fp16 route's 2^s off (exact) */
             const unsigned int bb = __ballot_sync(0xFFFFFFFFu, bad[r] != 0.0f);
             if (gq == 0) {
                 red_m[par][warp][2 * tq + r] = m;
@@ -1364,8 +1506,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
         if (row >= 0) /* block-uniform */
-            dec_pick(sel, row, G, grid, NULL, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                     slots + (size_t)row * IDX_SLOT_W);
+            dec_pick<true>(sel, row, G, grid, NULL, sm,
+                           reinterpret_cast<unsigned long long *>(idx_dyn),
+                           slots + (size_t)row * IDX_SLOT_W);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1382,7 +1525,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
+    dec_pick<true>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+                   NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;

@@ -51,8 +51,9 @@ static void profile_of(m3_profile *p, int which) {
 
 /* pattern: 0 random, IDX_EQUAL every key row the same, IDX_HOT blocks b % 256 < 3 scaled x3,
  * IDX_NAN two NaN key rows; IDX_BIG: atom with bf16 storage only (the reference and the
- * uploads take a while) */
-enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8 };
+ * uploads take a while); IDX_WIDEQ (paged cases): one query element 1e20, so that its row
+ * does not fit fp16 at any scale (the fp8 decode's fp16 route falls back to bf16) */
+enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8, IDX_WIDEQ = 16 };
 typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; } idx_shape;
 
 /* device paths (m3_gpu_indexer_topk_path, gpu/m3_gpu.h) */
@@ -328,6 +329,7 @@ static void idx_case_paged(m3_gpu *g, const idx_shape *s, int prof, m3_kv_elem e
         ik[(size_t)(3 * s->B + 5) * Di + 7] = NAN;
         ik[(size_t)(5 * s->B + 98 % s->B) * Di + 100 % Di] = NAN;
     }
+    if (s->pat & IDX_WIDEQ) iq[(size_t)(T - 1) * ldq + (s->G - 1) * Di + 3] = 1e20f;
     for (int64_t i = 0; i < (int64_t)T * ldq; i++)
         iq[i] = m3_round_bf16(iq[i]);
     if (elem != M3_KV_F32)
@@ -443,6 +445,9 @@ static void indexer_paged_fp8_decode(void **state) {
          * (the selection by scoring block) */
         {1, 5000, 8, 64, 64, 16, 2, 0, false, IDX_NAN},
         {1, 140000, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
+        /* a query row past fp16's range: idx_km_k's bf16 decode instead of the fp16 route */
+        {1, 5000, 4, 128, 128, 16, 1, 0, false, IDX_WIDEQ},
+        {2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN | IDX_WIDEQ},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int prof = 1; prof < 3; prof++)
