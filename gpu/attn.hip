@@ -27,6 +27,8 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
+#include <stdio.h> /* session knob M3_PC_STAMP (temporary) */
+#include <stdlib.h>
 
 
 #define ATTN_THREADS 128
@@ -1286,6 +1288,13 @@ static m3_status sdec_launch_cl(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, i
 }
 #endif
 
+#if defined(M3_HIP_NVIDIA)
+static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, const int32_t *d_topk, int width, int block,
+                                  const m3_attn_params *ap, const m3_profile *p, bool *done);
+#endif
+
 extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
                                               int ld_q, const m3_bf16 *d_k, const m3_bf16 *d_v,
                                               const int32_t *d_pos, int n_tok, int n_ctx,
@@ -1301,8 +1310,11 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
     /* fewer rows than multiprocessors (decode of a few tokens): 8 warps a block, chunks of
      * SD_FEW_TPW tiles a warp; else 4 warps (three blocks per SM), 2 tiles a warp at least */
     if ((int64_t)n_tok * ap->n_kv_head < (g->n_sm > 0 ? g->n_sm : 132)) {
-        /* a cluster per row when the grid fits the SMs once (T = 1) */
+        /* a cluster per row when the grid fits the SMs once (T = 1): pc_k, else sdec_k's */
         bool done = false;
+        M3_TRY(pc_sparse_launch(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block,
+                                ap, p, &done));
+        if (done) return M3_OK;
         M3_TRY((sdec_launch_cl<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
                                      block, ap, p, &done)));
         if (done) return M3_OK;
@@ -3567,7 +3579,10 @@ typedef struct {
     int spc; /* CTAs per chunk */
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
+    int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
+    int stamp; /* session knob M3_PC_STAMP: phase clocks into pc_st_acc */
 } pc_cfg;
+__device__ unsigned long long pc_st_acc[3][16];
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3579,8 +3594,9 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     const pf_cfg &c = pc.c;
     pc_lay L;
     size_t o = 0;
-    L.k = o, o += pc_up((size_t)pc.kpc * c.Dh * eb);
-    L.v = o, o += pc_up((size_t)pc.kpc * c.Dh * eb);
+    const int kp = pc.cont ? c.Dh + 8 : c.Dh; /* contiguous: key rows of 272 bytes at Dh 128 */
+    L.k = o, o += pc_up((size_t)pc.kpc * kp * eb);
+    L.v = o, o += pc_up((size_t)pc.kpc * kp * eb);
     size_t scb = (size_t)c.hq * (pc.kpc + 8) * 4, qb = (size_t)c.hq * c.Dh * 2;
     L.sc = o, o += pc_up(scb > qb ? scb : qb);
     L.pb = o, o += pc_up((size_t)16 * (pc.kpc + 8) * 2);
@@ -3598,7 +3614,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-template <bool FP8>
+template <bool FP8, bool CONT>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3623,6 +3639,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's merge inputs */
     __shared__ uint64_t bars[4];
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
+    __shared__ int wcnt[NW];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
@@ -3630,8 +3647,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
+    const long long tse = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
+    const long long ts0 = clock64();
+    const int sfi = CONT ? 2 : FP8 ? 1 : 0;
+#define PC_T(i) do { if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][i], (unsigned long long)(clock64() - ts0)); } while (0)
+    if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][0], (unsigned long long)(ts0 - tse)), atomicAdd(&pc_st_acc[sfi][15], 1ull);
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = topk != NULL;
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
@@ -3642,13 +3664,35 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
     int b = -1, ph = 0;
     if (sparse && tid < width) b = topk[((int64_t)g * n_tok + t) * width + tid];
+    int n;
+    if (CONT) { /* sdec_k's list (m3_gpu_attn_sparse_flash): the selected blocks b < bp in slot
+                 * order, a repeat of an earlier slot counted once, then the own block up to p;
+                 * physl holds block ids. Repeats within a warp by one match, earlier warps'
+                 * slots (width > 32) by a loop; ranks by ballots. */
+        if (tid < width) selsh[tid] = b;
+        __syncthreads();
+        const unsigned lt = (1u << lane) - 1u;
+        bool dup = (__match_any_sync(0xffffffffu, b) & lt) != 0u;
+        if (tid < width)
+            for (int j = 0; j < (tid & ~31); j++) dup |= selsh[j] == b;
+        const bool ok = tid < width && b >= 0 && b < bp && !dup;
+        const unsigned bal = __ballot_sync(0xffffffffu, ok);
+        if (lane == 0) wcnt[warp] = __popc(bal);
+        const int nf = __syncthreads_count(ok); /* also: wcnt visible */
+        if (ok) {
+            int at = __popc(bal & lt);
+            for (int w = 0; w < warp; w++) at += wcnt[w];
+            physl[at] = b;
+        }
+        if (tid == 0) physl[nf] = bp;
+        n = nf * Bs + (p - Bs * bp + 1);
+    } else {
     /* round trip 2, before the ranking: the table entry of every usable selected block */
     if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
     const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
     if (tid < width) selsh[tid] = b, vfl[tid] = ok;
     const int nf = __syncthreads_count(ok); /* also: selsh, vfl visible */
     const int tail = __syncthreads_or(own);
-    int n;
     if (!sparse) {
         n = p + 1;
     } else { /* ref m3_kv_sparse_table, as pf_part_k: full blocks b < bp in selection order
@@ -3664,6 +3708,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (own) physl[nf] = ph; /* every copy of the own block writes the same entry */
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
     }
+    }
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
@@ -3674,8 +3719,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
-    const int k0 = r * kpc, nk = max(0, min(kpc, n - k0)), ng = (nk + 15) / 16;
-    const int chj = k0 / ch, nch = (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
+    PC_T(1);
+    /* contiguous: the row's keys split evenly (kpc is the most a CTA takes), a chunk a CTA
+     * (no partitions: each CTA's own max, no max exchange; empty CTAs weigh 0 in the merge) */
+    const int kpd = CONT ? ((n + 15) / 16 + cs - 1) / cs * 16 : kpc;
+    const int k0 = r * kpd, nk = max(0, min(kpd, n - k0)), ng = (nk + 15) / 16;
+    const int chj = CONT ? r : k0 / ch, nch = CONT ? cs : (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
     const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
@@ -3689,6 +3738,28 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * run per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes
      * each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
+    if (CONT) { /* rows [key][Dh + 8] of K, then of V (two cp.async groups: K lands first):
+                 * lanes 0-15 a key's 16-byte units, lanes 16-31 the next key's; keys past nk
+                 * up to the 16-key tile zero-filled (V: P is 0 there) */
+        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
+        const int KP = Dh + 8, u = lane & 15, kk0 = 2 * warp + (lane >> 4), ri0 = (k0 + kk0) / Bs,
+                  of0 = k0 + kk0 - ri0 * Bs;
+#pragma unroll 1
+        for (int pass = 0; pass < 2; pass++) {
+            const m3_bf16 *src = pass ? vc : kc;
+            m3_bf16 *dst = reinterpret_cast<m3_bf16 *>(pass ? vsm : ksm);
+            int ri = ri0, of = of0; /* list position of key kk: range ri, offset of (Bs >= 16) */
+            for (int kk = kk0; kk < ng * 16; kk += 16) {
+                const bool in = kk < nk;
+                if (u < Dh / 8)
+                    cp16(dst + kk * KP + u * 8,
+                         in ? src + ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh + u * 8 : src, in);
+                of += 16;
+                if (of >= Bs) of -= Bs, ri++;
+            }
+            cp_commit();
+        }
+    } else {
     if (tid == 0) {
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
@@ -3711,6 +3782,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
+    }
+    PC_T(2);
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
@@ -3742,8 +3815,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     }
-    pc_bar_wait(bars, 0); /* K and the scales landed */
+    PC_T(3);
+    if (CONT) cp_wait<1>();
+    else pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
+    PC_T(4);
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     auto kstep = [&](int key, int s2, float (&acc)[4]) {
@@ -3757,6 +3833,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
                 m3_mma_bf16_16816(acc, qa[s2], bfr);
             }
+        } else if (CONT) {
+            const m3_bf16 *kr = reinterpret_cast<const m3_bf16 *>(ksm) + (size_t)key * (Dh + 8) + s2 * 16 + 2 * tq;
+            bfr[0] = *reinterpret_cast<const uint32_t *>(kr);
+            bfr[1] = *reinterpret_cast<const uint32_t *>(kr + 8);
+            m3_mma_bf16_16816(acc, qa[s2], bfr);
         } else {
             const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
                                  (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
@@ -3815,6 +3896,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mloc[tid] = m;
     }
     __syncthreads();
+    PC_T(5);
     pc_wait(); /* (a): every CTA of the cluster runs */
     if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
                     * on their bars[2]: no cluster-wide barrier), the max of the spc values */
@@ -3834,6 +3916,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
+    PC_T(6);
     /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
@@ -3866,8 +3949,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
     }
-    pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
-    if (nk % 16 && tid < vu) {
+    PC_T(7);
+    if (CONT) cp_wait<0>(); /* V landed (zero-filled past nk) */
+    else pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
+    if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
         unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
@@ -3875,6 +3960,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __syncthreads();
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
+    PC_T(8);
     float o[2][4] = {};
     const int np = warp;
     auto pvstep = [&](int ks, float (&oo)[2][4]) {
@@ -3892,6 +3978,14 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             a[2] = *reinterpret_cast<const uint32_t *>(pr + 8);
             a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8);
         }
+        if (CONT) { /* V rows by ldmatrix.trans: dims np 16.. + 7 in vb[0..1], the next 8 in vb[2..3] */
+            uint32_t vb[4];
+            const int l7 = lane & 7, b3 = (lane >> 3) & 1, b4 = lane >> 4;
+            ldsm4t(vb, reinterpret_cast<const m3_bf16 *>(vsm) + (size_t)(ks * 16 + l7 + b3 * 8) * (Dh + 8) +
+                           np * 16 + b4 * 8);
+            m3_mma_bf16_16816(oo[0], a, vb);
+            m3_mma_bf16_16816(oo[1], a, vb + 2);
+        } else
 #pragma unroll
         for (int h2 = 0; h2 < 2; h2++) {
             const int d = np * 16 + h2 * 8 + gq;
@@ -3919,6 +4013,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     };
     if (np * 16 < Dh)
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+    PC_T(9);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = pc.epo;
@@ -3936,10 +4031,14 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
+    PC_T(10);
     if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
     pc_bar_wait_cl(bars + 3, 0);
+    PC_T(11);
     cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
                     c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+    PC_T(12);
+#undef PC_T
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif
@@ -3976,8 +4075,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     *done = false;
     typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, const int32_t *, int, pc_cfg);
-    const int fi = pc.c.fp8 ? 1 : 0;
-    const pc_fn fn = fi ? pc_k<true> : pc_k<false>;
+    const int fi = pc.cont ? 2 : pc.c.fp8 ? 1 : 0;
+    const pc_fn fn = fi == 2 ? pc_k<false, true> : fi ? pc_k<true, false> : pc_k<false, false>;
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -3992,14 +4091,63 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][2];
-    static size_t pc_ok[64][2][PC_MAX_CS + 1], pc_no[64][2][PC_MAX_CS + 1];
+    static int pc_attr[64][3];
+    static size_t pc_ok[64][3][PC_MAX_CS + 1], pc_no[64][3][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
+    pc_cfg pcs = pc;
+    { /* session knob M3_PC_STAMP=N: phase clocks, printed after N calls of each instance */
+        static int sn = -1;
+        static int calls[3];
+        if (sn < 0) sn = getenv("M3_PC_STAMP") ? atoi(getenv("M3_PC_STAMP")) : 0;
+        pcs.stamp = sn > 0;
+        if (sn > 0 && ++calls[fi] == sn) {
+            unsigned long long h[3][16];
+            cudaDeviceSynchronize();
+            cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
+            printf("pc_stamp inst %d ctas %llu:", fi, h[fi][15]);
+            for (int i = 0; i < 13; i++) printf(" %.0f", (double)h[fi][i] / (double)(h[fi][15] ? h[fi][15] : 1));
+            printf("\n");
+        }
+    }
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pcs));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
+}
+
+/* m3_gpu_attn_sparse_flash's few rows (T = 1 decode) through pc_k<false, true>: a cluster of
+ * cs <= 16 CTAs per row, each up to kpc keys of sdec_k's list (the row's keys split evenly in
+ * the kernel), each CTA its own chunk (numerics free: P against the CTA's max, fp32 LSE
+ * merge by cl_merge); *done false when the grid does not fit (rows x cs <= SMs, kpc <= 256) */
+static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, const int32_t *d_topk, int width, int block,
+                                  const m3_attn_params *ap, const m3_profile *p, bool *done) {
+    *done = false;
+    { /* session knob: M3_PC_CONT=0 keeps sdec_k */
+        static int kn = -1;
+        if (kn < 0) kn = getenv("M3_PC_CONT") && atoi(getenv("M3_PC_CONT")) == 0 ? 0 : 1;
+        if (!kn) return M3_OK;
+    }
+    const int Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = ap->n_head / Hkv;
+    const int ntile = (width + 1) * (block / 16); /* 16-key tiles of a row, at most */
+    const int cs = ntile < PC_MAX_CS ? ntile : PC_MAX_CS, tpc = (ntile + cs - 1) / cs;
+    if (tpc * 16 > PC_MAX_KPC || Dh % 16 || n_tok > 65535 ||
+        (int64_t)n_tok * Hkv * cs > (g->n_sm > 0 ? g->n_sm : 132))
+        return M3_OK;
+    pc_cfg pc;
+    memset(&pc, 0, sizeof pc);
+    pc.cont = 1, pc.cs = cs, pc.spc = 1, pc.kpc = tpc * 16;
+    pc.epo = ((hq * Dh + cs - 1) / cs + 3) / 4 * 4;
+    if (pc.epo > PC_NT) return M3_OK;
+    pf_cfg &c = pc.c;
+    c.H = ap->n_head, c.Hkv = Hkv, c.hq = hq, c.Dh = Dh, c.Dhp = Dh, c.ch = pc.kpc, c.nchx = cs;
+    c.scale = ap->scale, c.eager = p->attn_scores == M3_SCORES_BF16_EAGER;
+    m3_gpu_attn_paged_src src;
+    memset(&src, 0, sizeof src);
+    src.k = d_k, src.v = d_v, src.g.block = block; /* pc_k<false, true> reads these only */
+    return pc_launch(g, d_out, d_q, ld_q, &src, d_pos, n_tok, d_topk, width, pc, done);
 }
 #endif
 
