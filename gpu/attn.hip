@@ -3580,9 +3580,10 @@ typedef struct {
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
-    int stamp; /* session knob M3_PC_STAMP: phase clocks into pc_st_acc */
+    int stamp; /* session knob: phase clocks into pc_st_acc */
+    int cbulk; /* session knob: contiguous rows by bulk copies (else cp.async) */
 } pc_cfg;
-__device__ unsigned long long pc_st_acc[3][16];
+__device__ unsigned long long pc_st_acc[4][16];
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3651,7 +3652,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
     const long long ts0 = clock64();
-    const int sfi = CONT ? 2 : FP8 ? 1 : 0;
+    const int sfi = CONT ? 2 + pc.cbulk : FP8 ? 1 : 0;
 #define PC_T(i) do { if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][i], (unsigned long long)(clock64() - ts0)); } while (0)
     if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][0], (unsigned long long)(ts0 - tse)), atomicAdd(&pc_st_acc[sfi][15], 1ull);
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
@@ -3691,7 +3692,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
     const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
     if (tid < width) selsh[tid] = b, vfl[tid] = ok;
-    const int nf = __syncthreads_count(ok); /* also: selsh, vfl visible */
+    const unsigned bal = __ballot_sync(0xffffffffu, ok);
+    if (lane == 0) wcnt[warp] = __popc(bal);
+    const int nf = __syncthreads_count(ok); /* also: selsh, vfl, wcnt visible */
     const int tail = __syncthreads_or(own);
     if (!sparse) {
         n = p + 1;
@@ -3699,9 +3702,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
               * or by id (a stable rank, duplicates kept), the own block last when selected */
         if (ok) {
             int at = 0;
-            if (c.sel_order)
-                for (int j = 0; j < tid; j++) at += vfl[j];
-            else
+            if (c.sel_order) { /* the usable entries before this one: ballots */
+                at = __popc(bal & ((1u << lane) - 1u));
+                for (int w = 0; w < warp; w++) at += wcnt[w];
+            } else
                 for (int j = 0; j < width; j++) at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < tid));
             physl[at] = ph;
         }
@@ -3738,7 +3742,23 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * run per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes
      * each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
-    if (CONT) { /* rows [key][Dh + 8] of K, then of V (two cp.async groups: K lands first):
+    if (CONT && pc.cbulk) { /* a bulk copy per key row: warps 0-3 K, 4-7 V; V rows past nk zeroed */
+        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
+        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
+        if (tid == 0) {
+            pc_bar_expect(bars, (uint32_t)(nk * Dh * 2));
+            pc_bar_expect(bars + 1, (uint32_t)(nk * Dh * 2));
+        }
+        for (int kk = tid - isv * hn; kk < nk; kk += hn) {
+            const int li = k0 + kk, ri = li / Bs, of = li - ri * Bs;
+            const size_t so = ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh;
+            pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
+                    (uint32_t)(Dh * 2), bars + isv);
+        }
+        for (int e = tid; e < (ng * 16 - nk) * (Dh / 8); e += PC_NT)
+            *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nk + e / (Dh / 8)) * KP +
+                                       (e % (Dh / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    } else if (CONT) { /* rows [key][Dh + 8] of K, then of V (two cp.async groups: K lands first):
                  * lanes 0-15 a key's 16-byte units, lanes 16-31 the next key's; keys past nk
                  * up to the 16-key tile zero-filled (V: P is 0 there) */
         const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
@@ -3816,7 +3836,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     }
     PC_T(3);
-    if (CONT) cp_wait<1>();
+    if (CONT && !pc.cbulk) cp_wait<1>();
     else pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
     PC_T(4);
@@ -3950,7 +3970,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     }
     PC_T(7);
-    if (CONT) cp_wait<0>(); /* V landed (zero-filled past nk) */
+    if (CONT && !pc.cbulk) cp_wait<0>(); /* V landed (zero-filled past nk) */
     else pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
@@ -4097,17 +4117,17 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
     pc_cfg pcs = pc;
-    { /* session knob M3_PC_STAMP=N: phase clocks, printed after N calls of each instance */
-        static int sn = -1;
-        static int calls[3];
-        if (sn < 0) sn = getenv("M3_PC_STAMP") ? atoi(getenv("M3_PC_STAMP")) : 0;
-        pcs.stamp = sn > 0;
-        if (sn > 0 && ++calls[fi] == sn) {
-            unsigned long long h[3][16];
+    { /* session knob (flash_kernel 5, M3_PC_CONT 2 / 4): phase clocks, printed at the 100th
+       * stamped call of each instance */
+        static int calls[4];
+        const int si = pc.cont ? 2 + pc.cbulk : fi;
+        pcs.stamp = pc.stamp || src->flash_kernel == 5;
+        if (pcs.stamp && ++calls[si] == 100) {
+            unsigned long long h[4][16];
             cudaDeviceSynchronize();
             cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
-            printf("pc_stamp inst %d ctas %llu:", fi, h[fi][15]);
-            for (int i = 0; i < 13; i++) printf(" %.0f", (double)h[fi][i] / (double)(h[fi][15] ? h[fi][15] : 1));
+            printf("pc_stamp inst %d ctas %llu:", si, h[si][15]);
+            for (int i = 0; i < 13; i++) printf(" %.0f", (double)h[si][i] / (double)(h[si][15] ? h[si][15] : 1));
             printf("\n");
         }
     }
@@ -4125,11 +4145,10 @@ static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
                                   int n_tok, const int32_t *d_topk, int width, int block,
                                   const m3_attn_params *ap, const m3_profile *p, bool *done) {
     *done = false;
-    { /* session knob: M3_PC_CONT=0 keeps sdec_k */
-        static int kn = -1;
-        if (kn < 0) kn = getenv("M3_PC_CONT") && atoi(getenv("M3_PC_CONT")) == 0 ? 0 : 1;
-        if (!kn) return M3_OK;
-    }
+    /* session knob M3_PC_CONT (read per call): 0 sdec_k, 1 cp.async rows, 2 + stamps, 3 bulk
+     * rows, 4 + stamps */
+    const int kn = getenv("M3_PC_CONT") ? atoi(getenv("M3_PC_CONT")) : 1;
+    if (!kn) return M3_OK;
     const int Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = ap->n_head / Hkv;
     const int ntile = (width + 1) * (block / 16); /* 16-key tiles of a row, at most */
     const int cs = ntile < PC_MAX_CS ? ntile : PC_MAX_CS, tpc = (ntile + cs - 1) / cs;
@@ -4139,6 +4158,7 @@ static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
     pc_cfg pc;
     memset(&pc, 0, sizeof pc);
     pc.cont = 1, pc.cs = cs, pc.spc = 1, pc.kpc = tpc * 16;
+    pc.stamp = kn == 2 || kn == 4, pc.cbulk = kn >= 3;
     pc.epo = ((hq * Dh + cs - 1) / cs + 3) / 4 * 4;
     if (pc.epo > PC_NT) return M3_OK;
     pf_cfg &c = pc.c;
@@ -4159,7 +4179,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel == 3;
+        const bool force = src->flash_kernel == 3 || src->flash_kernel == 5;
         if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
