@@ -3516,7 +3516,7 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
         float num = 0.0f, den = 0.0f;
         if (x < ne) {
             const int hl = (e0 + x) / Dh - h0;
-#pragma unroll 2
+#pragma unroll 4
             for (int j = ja; j < jb; j++) {
                 const float4 f = mwl[j * nh + hl];
                 float oo = 0.0f;
@@ -3583,7 +3583,7 @@ typedef struct {
     int stamp; /* session knob: phase clocks into pc_st_acc */
     int cbulk; /* session knob: contiguous rows by bulk copies (else cp.async) */
 } pc_cfg;
-__device__ unsigned long long pc_st_acc[4][16];
+__device__ unsigned long long pc_st_acc[5][16];
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3652,7 +3652,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
     const long long ts0 = clock64();
-    const int sfi = CONT ? 2 + pc.cbulk : FP8 ? 1 : 0;
+    const int sfi = CONT ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : FP8 ? 1 : 0;
 #define PC_T(i) do { if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][i], (unsigned long long)(clock64() - ts0)); } while (0)
     if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][0], (unsigned long long)(ts0 - tse)), atomicAdd(&pc_st_acc[sfi][15], 1ull);
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
@@ -3744,16 +3744,26 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
     if (CONT && pc.cbulk) { /* a bulk copy per key row: warps 0-3 K, 4-7 V; V rows past nk zeroed */
         const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
-        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
+        const int KP = Dh + 8;
         if (tid == 0) {
             pc_bar_expect(bars, (uint32_t)(nk * Dh * 2));
             pc_bar_expect(bars + 1, (uint32_t)(nk * Dh * 2));
         }
+        if (pc.cbulk == 2) { /* every warp: its K rows, then its V rows */
+            for (int kk = tid; kk < nk; kk += PC_NT) {
+                const int li = k0 + kk, ri = li / Bs, of = li - ri * Bs;
+                const size_t so = ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh;
+                pc_bulk(reinterpret_cast<m3_bf16 *>(ksm) + (size_t)kk * KP, kc + so, (uint32_t)(Dh * 2), bars);
+                pc_bulk(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)kk * KP, vc + so, (uint32_t)(Dh * 2), bars + 1);
+            }
+        } else {
+        const int hn = PC_NT / 2, isv = tid >= hn;
         for (int kk = tid - isv * hn; kk < nk; kk += hn) {
             const int li = k0 + kk, ri = li / Bs, of = li - ri * Bs;
             const size_t so = ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh;
             pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
                     (uint32_t)(Dh * 2), bars + isv);
+        }
         }
         for (int e = tid; e < (ng * 16 - nk) * (Dh / 8); e += PC_NT)
             *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nk + e / (Dh / 8)) * KP +
@@ -4032,11 +4042,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     };
     if (np * 16 < Dh)
+#pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
     PC_T(9);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = pc.epo;
+    const float repo = 1.0f / (float)epo;
     if (np * 16 < Dh)
 #pragma unroll
         for (int h2 = 0; h2 < 2; h2++)
@@ -4044,7 +4056,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             for (int r2 = 0; r2 < 2; r2++) {
                 const int rr = gq + r2 * 8, e = rr * Dh + np * 16 + h2 * 8 + 2 * tq;
                 if (rr >= hq) continue;
-                const int ow = e / epo;
+                /* e / epo: (e + 0.5) / epo is >= 1 / (2 epo) from an integer, far above the
+                 * float error (e < 2^11, epo <= 256) */
+                const int ow = (int)(((float)e + 0.5f) * repo);
                 pc_sta2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1],
                         pc_mapa(bars + 3, ow));
             }
@@ -4119,11 +4133,11 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     pc_cfg pcs = pc;
     { /* session knob (flash_kernel 5, M3_PC_CONT 2 / 4): phase clocks, printed at the 100th
        * stamped call of each instance */
-        static int calls[4];
-        const int si = pc.cont ? 2 + pc.cbulk : fi;
+        static int calls[5];
+        const int si = pc.cont ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : fi;
         pcs.stamp = pc.stamp || src->flash_kernel == 5;
         if (pcs.stamp && ++calls[si] == 100) {
-            unsigned long long h[4][16];
+            unsigned long long h[5][16];
             cudaDeviceSynchronize();
             cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
             printf("pc_stamp inst %d ctas %llu:", si, h[si][15]);
@@ -4146,8 +4160,9 @@ static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
                                   const m3_attn_params *ap, const m3_profile *p, bool *done) {
     *done = false;
     /* session knob M3_PC_CONT (read per call): 0 sdec_k, 1 cp.async rows, 2 + stamps, 3 bulk
-     * rows, 4 + stamps */
-    const int kn = getenv("M3_PC_CONT") ? atoi(getenv("M3_PC_CONT")) : 1;
+     * rows (K by warps 0-3, V by 4-7), 4 + stamps, 5 bulk rows (K then V by every warp), 6 +
+     * stamps */
+    const int kn = getenv("M3_PC_CONT") ? atoi(getenv("M3_PC_CONT")) : 3;
     if (!kn) return M3_OK;
     const int Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = ap->n_head / Hkv;
     const int ntile = (width + 1) * (block / 16); /* 16-key tiles of a row, at most */
@@ -4158,7 +4173,7 @@ static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
     pc_cfg pc;
     memset(&pc, 0, sizeof pc);
     pc.cont = 1, pc.cs = cs, pc.spc = 1, pc.kpc = tpc * 16;
-    pc.stamp = kn == 2 || kn == 4, pc.cbulk = kn >= 3;
+    pc.stamp = kn == 2 || kn == 4 || kn == 6, pc.cbulk = kn >= 5 ? 2 : kn >= 3;
     pc.epo = ((hq * Dh + cs - 1) / cs + 3) / 4 * 4;
     if (pc.epo > PC_NT) return M3_OK;
     pf_cfg &c = pc.c;
