@@ -3582,8 +3582,9 @@ typedef struct {
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
     int stamp; /* session knob: phase clocks into pc_st_acc */
     int cbulk; /* session knob: contiguous rows by bulk copies (else cp.async) */
+    int kvs;   /* session knob: bf16 paged K / V copies issued by warps 0 / 1 */
 } pc_cfg;
-__device__ unsigned long long pc_st_acc[5][16];
+__device__ unsigned long long pc_st_acc[6][16];
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3652,7 +3653,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
     const long long ts0 = clock64();
-    const int sfi = CONT ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : FP8 ? 1 : 0;
+    const int sfi = CONT ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : FP8 ? 1 : pc.kvs ? 5 : 0;
 #define PC_T(i) do { if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][i], (unsigned long long)(clock64() - ts0)); } while (0)
     if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][0], (unsigned long long)(ts0 - tse)), atomicAdd(&pc_st_acc[sfi][15], 1ull);
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
@@ -3677,6 +3678,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (tid < width)
             for (int j = 0; j < (tid & ~31); j++) dup |= selsh[j] == b;
         const bool ok = tid < width && b >= 0 && b < bp && !dup;
+        PC_T(13);
         const unsigned bal = __ballot_sync(0xffffffffu, ok);
         if (lane == 0) wcnt[warp] = __popc(bal);
         const int nf = __syncthreads_count(ok); /* also: wcnt visible */
@@ -3692,6 +3694,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
     const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
     if (tid < width) selsh[tid] = b, vfl[tid] = ok;
+    PC_T(13);
     const unsigned bal = __ballot_sync(0xffffffffu, ok);
     if (lane == 0) wcnt[warp] = __popc(bal);
     const int nf = __syncthreads_count(ok); /* also: selsh, vfl, wcnt visible */
@@ -3710,6 +3713,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             physl[at] = ph;
         }
         if (own) physl[nf] = ph; /* every copy of the own block writes the same entry */
+        PC_T(14);
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
     }
     }
@@ -3794,13 +3798,17 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
     }
-    const int gi = FP8 ? warp + NW * lane : tid;
-    if (gi < ng) {
+    /* session knob (pc.kvs): bf16 K copies by warp 0's lanes, V copies by warp 1's */
+    const bool kvs = !FP8 && pc.kvs;
+    const int gi = FP8 ? warp + NW * lane : kvs ? tid - 32 * (warp == 1) : tid;
+    const bool doK = !kvs || warp == 0, doV = !kvs || warp == 1;
+    if (gi < ng && (doK || doV)) {
         const int k = k0 + gi * 16, kb = k / Bs;
         int64_t ko, vo, so;
         pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
         unsigned char *kd = ksm + (size_t)gi * ku * 16;
-        if (Pv == 16) {
+        if (!doK) {
+        } else if (Pv == 16) {
             pc_bulk(kd, kbase + ko * EB, (uint32_t)ku * 16, bars);
         } else {
             for (int dg = 0; dg < Dh / XC; dg++)
@@ -3810,7 +3818,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
             pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
         }
-        pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
+        if (doV) pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
     }
     PC_T(2);
@@ -3820,18 +3828,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     uint32_t qa[FA_MAX_DH / 16][4];
     {
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
-        if (pa) { /* uniform */
-            if (s.ovf == M3_FP8_SATURATE) { /* two at a time by the hardware (satfinite: SATURATE) */
-                uint32_t *q2 = reinterpret_cast<uint32_t *>(qs);
-                for (int e = tid; e < nq / 2; e += PC_NT) {
-                    const uint32_t w = q2[e];
-                    q2[e] = pf_q2(m3_bf16_to_f32((uint16_t)(w & 0xFFFFu)), m3_bf16_to_f32((uint16_t)(w >> 16)),
-                                  s.g.fp8_kind, s.ovf, true);
-                }
-            } else {
-                for (int e = tid; e < nq; e += PC_NT)
-                    qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
-            }
+        /* SATURATE: each fragment word's two q values to e4m3 by the hardware (satfinite is
+         * exactly it) as the word is read; else the software rounding, in place, first */
+        const bool qhw = pa && s.ovf == M3_FP8_SATURATE;
+        if (pa && !qhw) { /* uniform */
+            for (int e = tid; e < nq; e += PC_NT)
+                qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
             __syncthreads();
         }
 #pragma unroll
@@ -3841,7 +3843,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             for (int i = 0; i < 4; i++) {
                 const int rr = gq + (i & 1) * 8;
                 const int d = FP8 ? s2 * 16 + 4 * tq + (i >> 1) * 2 : s2 * 16 + 2 * tq + (i >> 1) * 8;
-                qa[s2][i] = rr < hq ? *reinterpret_cast<const uint32_t *>(qs + rr * Dh + d) : 0u;
+                const uint32_t w = rr < hq ? *reinterpret_cast<const uint32_t *>(qs + rr * Dh + d) : 0u;
+                qa[s2][i] = qhw && rr < hq ? pf_q2(m3_bf16_to_f32((uint16_t)(w & 0xFFFFu)),
+                                                   m3_bf16_to_f32((uint16_t)(w >> 16)), s.g.fp8_kind, s.ovf, true)
+                                           : w;
             }
         }
     }
@@ -3951,33 +3956,44 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
      * quotient below the normal range is an fp8 zero either way) */
-    for (int h = warp; h < hq; h += NW) {
-        const float m = mloc[h];
-        float l = 0.0f;
-        for (int ip = lane; ip < ng * 8; ip += 32) {
-            const int il = 2 * ip;
-            float pv[2] = {0.0f, 0.0f};
+    /* two heads a warp at once (h, h + NW: independent chains; each head's sums in its
+     * own fixed order, as one at a time) */
+    auto prow = [&](int h, float m, int ip, float &l) {
+        const int il = 2 * ip;
+        float pv[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int k2 = 0; k2 < 2; k2++)
-                if (il + k2 < nk) {
-                    const float ex = expf(sc[(size_t)h * SCP + il + k2] - m);
-                    l += ex;
-                    if (pa) { /* §4.9 step 4 */
-                        const int ti = (il + k2) / 16;
-                        pv[k2] = pd8_div(ex * vsc[il + k2] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
-                    } else {
-                        pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
-                    }
+        for (int k2 = 0; k2 < 2; k2++)
+            if (il + k2 < nk) {
+                const float ex = expf(sc[(size_t)h * SCP + il + k2] - m);
+                l += ex;
+                if (pa) { /* §4.9 step 4 */
+                    const int ti = (il + k2) / 16;
+                    pv[k2] = pd8_div(ex * vsc[il + k2] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
+                } else {
+                    pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
                 }
-            *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
-                pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
-        }
+            }
+        *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
+            pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+    };
+    auto psend = [&](int h, float m, float l) {
         l = m3_warp_sum(l);
         if (lane < cs) { /* step 2's (l, the chunk's max) for head h, to owner `lane` already */
             const uint32_t mb = pc_mapa(bars + 3, lane);
             pc_sta(pc_mapa(rl + r * hq + h, lane), l, mb);
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
+    };
+    for (int h = warp; h < hq; h += 2 * NW) {
+        const bool two = h + NW < hq; /* warp-uniform */
+        const float m0 = mloc[h], m1 = two ? mloc[h + NW] : 0.0f;
+        float l0 = 0.0f, l1 = 0.0f;
+        for (int ip = lane; ip < ng * 8; ip += 32) {
+            prow(h, m0, ip, l0);
+            if (two) prow(h + NW, m1, ip, l1);
+        }
+        psend(h, m0, l0);
+        if (two) psend(h + NW, m1, l1);
     }
     PC_T(7);
     if (CONT && !pc.cbulk) cp_wait<0>(); /* V landed (zero-filled past nk) */
@@ -4133,15 +4149,16 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     pc_cfg pcs = pc;
     { /* session knob (flash_kernel 5, M3_PC_CONT 2 / 4): phase clocks, printed at the 100th
        * stamped call of each instance */
-        static int calls[5];
-        const int si = pc.cont ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : fi;
-        pcs.stamp = pc.stamp || src->flash_kernel == 5;
+        static int calls[6];
+        pcs.kvs = src->flash_kernel == 6 || src->flash_kernel == 7;
+        const int si = pc.cont ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : fi ? 1 : pcs.kvs ? 5 : 0;
+        pcs.stamp = pc.stamp || src->flash_kernel == 5 || src->flash_kernel == 7;
         if (pcs.stamp && ++calls[si] == 100) {
-            unsigned long long h[5][16];
+            unsigned long long h[6][16];
             cudaDeviceSynchronize();
             cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
             printf("pc_stamp inst %d ctas %llu:", si, h[si][15]);
-            for (int i = 0; i < 13; i++) printf(" %.0f", (double)h[si][i] / (double)(h[si][15] ? h[si][15] : 1));
+            for (int i = 0; i < 15; i++) printf(" %.0f", (double)h[si][i] / (double)(h[si][15] ? h[si][15] : 1));
             printf("\n");
         }
     }
@@ -4194,7 +4211,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel == 3 || src->flash_kernel == 5;
+        const bool force = src->flash_kernel >= 3 && src->flash_kernel <= 7 && src->flash_kernel != 4;
         if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
