@@ -3486,10 +3486,10 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
  * wherever it is normal; l_j >= 1), else O_j (O_j: the chunk's CTAs' partials in rank order),
  * summed in chunk order per half, the halves added; out = bf16(num / den). Short chains per thread: a thread-serial merge of 8-16
  * chunks measured ~2.5 us (session 9). Call with all nt threads (a multiple of 32). */
+/* cl_merge's first step (the weights into mwl; no barrier) */
 template <bool LOG2>
-static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
-                                const float *rm, int ls, int nch, int spc, bool part, int e0,
-                                int ne, int Dh, float4 *mwl, int tid, int nt) {
+static __device__ void cl_weights(const float *rl, const float *rm, int ls, int nch, int spc, int e0,
+                                  int ne, int Dh, float4 *mwl, int tid, int nt) {
     const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0, lane = tid & 31;
     /* a warp per head: lane u < cs = nch spc reads CTA u's (l, m); lane j < nch forms chunk j's */
     for (int hl = tid >> 5; hl < nh; hl += nt >> 5) {
@@ -3508,7 +3508,12 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
             mwl[lane * nh + hl] = make_float4(w, l, on ? __frcp_rn(l) : 0.0f, w * l);
         }
     }
-    __syncthreads();
+}
+
+/* cl_merge's second step (after a barrier that makes mwl visible) */
+static __device__ void cl_sums(m3_bf16 *orow, const float *ro, int epo, int nch, int spc, bool part,
+                               int e0, int ne, int Dh, const float4 *mwl, int tid, int nt) {
+    const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0;
     const int half = (tid >> 4) & 1, jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
 #pragma unroll 1
     for (int xb = 0; xb < ne; xb += nt / 2) {
@@ -3531,6 +3536,15 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
         den += __shfl_xor_sync(0xffffffffu, den, 16);
         if (x < ne && !half) orow[x] = m3_f32_to_bf16(num / den);
     }
+}
+
+template <bool LOG2>
+static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
+                                const float *rm, int ls, int nch, int spc, bool part, int e0,
+                                int ne, int Dh, float4 *mwl, int tid, int nt) {
+    cl_weights<LOG2>(rl, rm, ls, nch, spc, e0, ne, Dh, mwl, tid, nt);
+    __syncthreads();
+    cl_sums(orow, ro, epo, nch, spc, part, e0, ne, Dh, mwl, tid, nt);
 }
 
 /* ---- batch-1 decode over thread-block clusters: pc_k (sessions 8, 9) ----------------------
@@ -3583,8 +3597,9 @@ typedef struct {
     int stamp; /* session knob: phase clocks into pc_st_acc */
     int cbulk; /* session knob: contiguous rows by bulk copies (else cp.async) */
     int kvs;   /* session knob: bf16 paged K / V copies issued by warps 0 / 1 */
+    int early; /* session knob: the owner's weights before O lands */
 } pc_cfg;
-__device__ unsigned long long pc_st_acc[6][16];
+__device__ unsigned long long pc_st_acc[9][16];
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3639,21 +3654,22 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
     /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's merge inputs */
-    __shared__ uint64_t bars[4];
+    __shared__ uint64_t bars[5];
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
      * before (a): other CTAs' stores complete on bars[2], [3]) and the unused P rows */
-    if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3);
+    if (tid == 0)
+        pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     const long long tse = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
     const long long ts0 = clock64();
-    const int sfi = CONT ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : FP8 ? 1 : pc.kvs ? 5 : 0;
+    const int sfi = CONT ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : pc.early ? 6 + FP8 : FP8 ? 1 : pc.kvs ? (pc.kvs == 1 ? 5 : 8) : 0;
 #define PC_T(i) do { if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][i], (unsigned long long)(clock64() - ts0)); } while (0)
     if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][0], (unsigned long long)(ts0 - tse)), atomicAdd(&pc_st_acc[sfi][15], 1ull);
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
@@ -3799,8 +3815,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
     }
     /* session knob (pc.kvs): bf16 K copies by warp 0's lanes, V copies by warp 1's */
-    const bool kvs = !FP8 && pc.kvs;
-    const int gi = FP8 ? warp + NW * lane : kvs ? tid - 32 * (warp == 1) : tid;
+    const bool kvs = !FP8 && pc.kvs == 1; /* kvs 2: bf16 spread over the warps as fp8 */
+    const int gi = FP8 || pc.kvs == 2 ? warp + NW * lane : kvs ? tid - 32 * (warp == 1) : tid;
     const bool doK = !kvs || warp == 0, doV = !kvs || warp == 1;
     if (gi < ng && (doK || doV)) {
         const int k = k0 + gi * 16, kb = k / Bs;
@@ -3979,7 +3995,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     auto psend = [&](int h, float m, float l) {
         l = m3_warp_sum(l);
         if (lane < cs) { /* step 2's (l, the chunk's max) for head h, to owner `lane` already */
-            const uint32_t mb = pc_mapa(bars + 3, lane);
+            const uint32_t mb = pc_mapa(bars + (pc.early ? 4 : 3), lane);
             pc_sta(pc_mapa(rl + r * hq + h, lane), l, mb);
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
@@ -4082,11 +4098,23 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
     PC_T(10);
+    if (pc.early) { /* session knob: the weights once l and m landed (bars[4]), then O */
+        if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
+        pc_bar_wait_cl(bars + 4, 0);
+        cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
+        pc_bar_wait_cl(bars + 3, 0);
+        __syncthreads();
+        PC_T(11);
+        cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne,
+                Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
+    } else {
     if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
     pc_bar_wait_cl(bars + 3, 0);
     PC_T(11);
     cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
                     c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+    }
     PC_T(12);
 #undef PC_T
 #else
@@ -4149,12 +4177,14 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     pc_cfg pcs = pc;
     { /* session knob (flash_kernel 5, M3_PC_CONT 2 / 4): phase clocks, printed at the 100th
        * stamped call of each instance */
-        static int calls[6];
-        pcs.kvs = src->flash_kernel == 6 || src->flash_kernel == 7;
-        const int si = pc.cont ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : fi ? 1 : pcs.kvs ? 5 : 0;
-        pcs.stamp = pc.stamp || src->flash_kernel == 5 || src->flash_kernel == 7;
+        static int calls[9];
+        pcs.kvs = src->flash_kernel == 6 || src->flash_kernel == 7 ? 1 : src->flash_kernel >= 10 ? 2 : 0;
+        pcs.early = pc.early || src->flash_kernel == 8 || src->flash_kernel == 9;
+        const int si = pc.cont ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : pcs.early ? 6 + fi : fi ? 1 : pcs.kvs ? (pcs.kvs == 1 ? 5 : 8) : 0;
+        pcs.stamp = pc.stamp || src->flash_kernel == 5 || src->flash_kernel == 7 || src->flash_kernel == 9 ||
+                    src->flash_kernel == 11;
         if (pcs.stamp && ++calls[si] == 100) {
-            unsigned long long h[6][16];
+            unsigned long long h[9][16];
             cudaDeviceSynchronize();
             cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
             printf("pc_stamp inst %d ctas %llu:", si, h[si][15]);
@@ -4211,7 +4241,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel >= 3 && src->flash_kernel <= 7 && src->flash_kernel != 4;
+        const bool force = src->flash_kernel >= 3 && src->flash_kernel <= 11 && src->flash_kernel != 4;
         if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
