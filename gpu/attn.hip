@@ -3598,8 +3598,9 @@ typedef struct {
     int cbulk; /* session knob: contiguous rows by bulk copies (else cp.async) */
     int kvs;   /* session knob: bf16 paged K / V copies issued by warps 0 / 1 */
     int early; /* session knob: the owner's weights before O lands */
+    int pref;  /* session knob: L2 prefetches before the grid wait */
 } pc_cfg;
-__device__ unsigned long long pc_st_acc[9][16];
+__device__ unsigned long long pc_st_acc[12][16];
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3665,11 +3666,25 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
+    if (pc.pref) { /* session knob: before the wait, L2 prefetches of what the first round trips
+                    * read, at addresses from the arguments only (pos, the selection row, the
+                    * group's q, the block table): warms the SM's translations and L2 */
+        const int t_ = (int)blockIdx.z, g_ = (int)blockIdx.y;
+        const char *pp = NULL;
+        if (tid == 0) pp = reinterpret_cast<const char *>(pos + t_);
+        else if (tid < 9 && topk && (tid - 1) * 32 < width)
+            pp = reinterpret_cast<const char *>(topk + ((int64_t)g_ * n_tok + t_) * width + (tid - 1) * 32);
+        else if (tid >= 16 && tid < 16 + c.hq * c.Dh / 64)
+            pp = reinterpret_cast<const char *>(q + (size_t)t_ * ld_q + (size_t)g_ * c.hq * c.Dh + (tid - 16) * 64);
+        else if (tid >= 64 && !CONT && s.bt && (tid - 64) * 32 < s.n_logical)
+            pp = reinterpret_cast<const char *>(s.bt + (tid - 64) * 32);
+        if (pp) asm volatile("prefetch.global.L2 [%0];" ::"l"(pp));
+    }
     const long long tse = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
     const long long ts0 = clock64();
-    const int sfi = CONT ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : pc.early ? 6 + FP8 : FP8 ? 1 : pc.kvs ? (pc.kvs == 1 ? 5 : 8) : 0;
+    const int sfi = pc.pref ? 9 + (CONT ? 2 : FP8) : CONT ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : pc.early ? 6 + FP8 : FP8 ? 1 : pc.kvs ? (pc.kvs == 1 ? 5 : 8) : 0;
 #define PC_T(i) do { if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][i], (unsigned long long)(clock64() - ts0)); } while (0)
     if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][0], (unsigned long long)(ts0 - tse)), atomicAdd(&pc_st_acc[sfi][15], 1ull);
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
@@ -4177,14 +4192,15 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     pc_cfg pcs = pc;
     { /* session knob (flash_kernel 5, M3_PC_CONT 2 / 4): phase clocks, printed at the 100th
        * stamped call of each instance */
-        static int calls[9];
-        pcs.kvs = src->flash_kernel == 6 || src->flash_kernel == 7 ? 1 : src->flash_kernel >= 10 ? 2 : 0;
-        pcs.early = pc.early || src->flash_kernel == 8 || src->flash_kernel == 9;
-        const int si = pc.cont ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : pcs.early ? 6 + fi : fi ? 1 : pcs.kvs ? (pcs.kvs == 1 ? 5 : 8) : 0;
-        pcs.stamp = pc.stamp || src->flash_kernel == 5 || src->flash_kernel == 7 || src->flash_kernel == 9 ||
-                    src->flash_kernel == 11;
+        static int calls[12];
+        const int fk = src->flash_kernel, fb = fk >= 16 ? fk - 16 : 0; /* 16 + bits: stamp, early, spread, pref */
+        pcs.kvs = fk == 6 || fk == 7 ? 1 : (fk >= 10 && fk < 16) || (fb & 4) ? 2 : 0;
+        pcs.early = pc.early || fk == 8 || fk == 9 || (fb & 2);
+        pcs.pref = pc.pref || (fb & 8);
+        const int si = pcs.pref ? 9 + fi : pc.cont ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : pcs.early ? 6 + fi : fi ? 1 : pcs.kvs ? (pcs.kvs == 1 ? 5 : 8) : 0;
+        pcs.stamp = pc.stamp || fk == 5 || fk == 7 || fk == 9 || fk == 11 || (fb & 1);
         if (pcs.stamp && ++calls[si] == 100) {
-            unsigned long long h[9][16];
+            unsigned long long h[12][16];
             cudaDeviceSynchronize();
             cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
             printf("pc_stamp inst %d ctas %llu:", si, h[si][15]);
@@ -4220,7 +4236,8 @@ static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
     pc_cfg pc;
     memset(&pc, 0, sizeof pc);
     pc.cont = 1, pc.cs = cs, pc.spc = 1, pc.kpc = tpc * 16;
-    pc.stamp = kn == 2 || kn == 4 || kn == 6, pc.cbulk = kn >= 5 ? 2 : kn >= 3;
+    pc.stamp = kn == 2 || kn == 4 || kn == 6 || kn == 8, pc.cbulk = kn == 5 || kn == 6 ? 2 : kn >= 3;
+    pc.pref = kn >= 7; /* 7: bulk rows + prefetches, 8: + stamps */
     pc.epo = ((hq * Dh + cs - 1) / cs + 3) / 4 * 4;
     if (pc.epo > PC_NT) return M3_OK;
     pf_cfg &c = pc.c;
@@ -4241,7 +4258,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel >= 3 && src->flash_kernel <= 11 && src->flash_kernel != 4;
+        const bool force = src->flash_kernel >= 3 && src->flash_kernel != 4;
         if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
