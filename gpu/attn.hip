@@ -4193,7 +4193,9 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     { /* session knob (flash_kernel 5, M3_PC_CONT 2 / 4): phase clocks, printed at the 100th
        * stamped call of each instance */
         static int calls[12];
-        const int fk = src->flash_kernel, fb = fk >= 16 ? fk - 16 : 0; /* 16 + bits: stamp, early, spread, pref */
+        static int fenv = -1; /* M3_PC_FLAGS: the same bits for every call (tests) */
+        if (fenv < 0) fenv = getenv("M3_PC_FLAGS") ? atoi(getenv("M3_PC_FLAGS")) : 0;
+        const int fk = src->flash_kernel, fb = (fk >= 16 ? fk - 16 : 0) | fenv; /* 16 + bits: stamp, early, spread, pref */
         pcs.kvs = fk == 6 || fk == 7 ? 1 : (fk >= 10 && fk < 16) || (fb & 4) ? 2 : 0;
         pcs.early = pc.early || fk == 8 || fk == 9 || (fb & 2);
         pcs.pref = pc.pref || (fb & 8);
