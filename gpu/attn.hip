@@ -27,8 +27,6 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
-#include <stdio.h> /* session knob M3_PC_STAMP (temporary) */
-#include <stdlib.h>
 
 
 #define ATTN_THREADS 128
@@ -3484,9 +3482,11 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
  * element (lanes x and x + 16), chunks [0, (nch + 1) / 2) and the rest: sum_j w_j A_j and
  * sum_j w_j l_j, A_j = l_j bf16(O_j / l_j) when part (pd8_div: the correctly rounded quotient
  * wherever it is normal; l_j >= 1), else O_j (O_j: the chunk's CTAs' partials in rank order),
- * summed in chunk order per half, the halves added; out = bf16(num / den). Short chains per thread: a thread-serial merge of 8-16
- * chunks measured ~2.5 us (session 9). Call with all nt threads (a multiple of 32). */
-/* cl_merge's first step (the weights into mwl; no barrier) */
+ * summed in chunk order per half, the halves added; out = bf16(num / den). Short chains per
+ * thread: a thread-serial merge of 8-16 chunks measured ~2.5 us (session 9). Call with all nt
+ * threads (a multiple of 32). The two steps are cl_weights (needs rl, rm only) and cl_sums
+ * (needs ro, after a barrier that makes mwl visible): pc_k forms the weights while the O
+ * partials are still arriving (session 10). */
 template <bool LOG2>
 static __device__ void cl_weights(const float *rl, const float *rm, int ls, int nch, int spc, int e0,
                                   int ne, int Dh, float4 *mwl, int tid, int nt) {
@@ -3510,7 +3510,6 @@ static __device__ void cl_weights(const float *rl, const float *rm, int ls, int 
     }
 }
 
-/* cl_merge's second step (after a barrier that makes mwl visible) */
 static __device__ void cl_sums(m3_bf16 *orow, const float *ro, int epo, int nch, int spc, bool part,
                                int e0, int ne, int Dh, const float4 *mwl, int tid, int nt) {
     const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0;
@@ -3582,7 +3581,16 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
  * CTA exits only after every store into it landed, and reads no other CTA's memory, so no
  * final barrier. Taken for the pd_part_k geometries (fast layouts, Dh % 16 == 0, bf16 or
  * e4m3fn elements; §4.9 with 16-key tiles) when the row has at most 16 chunks and the grid
- * (rows x cs CTAs) fits the SMs once; sm_90 only. */
+ * (rows x cs CTAs) fits the SMs once; sm_90 only.
+ * Session 10: before the grid wait, L2 prefetches of pos, the selection row, q and the block
+ * table (addresses from the arguments: the first loads after the wait were ~1.5 k cycles);
+ * l and m travel on their own mbarrier (bars[4]) so the owner forms the merge weights while
+ * the O partials arrive (bars[3]). CONT (pc_k<false, true>, m3_gpu_attn_sparse_flash's T =
+ * 1-2 rows, the contiguous [n_ctx][Hkv][Dh] cache): sdec_k's key list (selected blocks in
+ * slot order, repeats once, the own block up to pos; no block table), the row's keys split
+ * evenly over the cs CTAs, a chunk a CTA (no partitions there: no max exchange, P against the
+ * CTA's own max, the fp32 merge), K and V rows [key][Dh + 8] by a bulk copy each (K by warps
+ * 0-3, V by 4-7), K fragments by 32-bit loads, V by ldmatrix.trans. */
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
@@ -3594,13 +3602,7 @@ typedef struct {
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
-    int stamp; /* session knob: phase clocks into pc_st_acc */
-    int cbulk; /* session knob: contiguous rows by bulk copies (else cp.async) */
-    int kvs;   /* session knob: bf16 paged K / V copies issued by warps 0 / 1 */
-    int early; /* session knob: the owner's weights before O lands */
-    int pref;  /* session knob: L2 prefetches before the grid wait */
 } pc_cfg;
-__device__ unsigned long long pc_st_acc[12][16];
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3666,9 +3668,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
-    if (pc.pref) { /* session knob: before the wait, L2 prefetches of what the first round trips
-                    * read, at addresses from the arguments only (pos, the selection row, the
-                    * group's q, the block table): warms the SM's translations and L2 */
+    { /* before the wait, L2 prefetches of what the first round trips read, at addresses from
+       * the arguments only (pos, the selection row, the group's q, the block table): the
+       * translations and lines are warm when the loads after the wait go out */
         const int t_ = (int)blockIdx.z, g_ = (int)blockIdx.y;
         const char *pp = NULL;
         if (tid == 0) pp = reinterpret_cast<const char *>(pos + t_);
@@ -3680,13 +3682,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             pp = reinterpret_cast<const char *>(s.bt + (tid - 64) * 32);
         if (pp) asm volatile("prefetch.global.L2 [%0];" ::"l"(pp));
     }
-    const long long tse = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
-    const long long ts0 = clock64();
-    const int sfi = pc.pref ? 9 + (CONT ? 2 : FP8) : CONT ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : pc.early ? 6 + FP8 : FP8 ? 1 : pc.kvs ? (pc.kvs == 1 ? 5 : 8) : 0;
-#define PC_T(i) do { if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][i], (unsigned long long)(clock64() - ts0)); } while (0)
-    if (pc.stamp && tid == 0) atomicAdd(&pc_st_acc[sfi][0], (unsigned long long)(ts0 - tse)), atomicAdd(&pc_st_acc[sfi][15], 1ull);
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = topk != NULL;
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
@@ -3709,7 +3706,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (tid < width)
             for (int j = 0; j < (tid & ~31); j++) dup |= selsh[j] == b;
         const bool ok = tid < width && b >= 0 && b < bp && !dup;
-        PC_T(13);
         const unsigned bal = __ballot_sync(0xffffffffu, ok);
         if (lane == 0) wcnt[warp] = __popc(bal);
         const int nf = __syncthreads_count(ok); /* also: wcnt visible */
@@ -3725,7 +3721,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
     const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
     if (tid < width) selsh[tid] = b, vfl[tid] = ok;
-    PC_T(13);
     const unsigned bal = __ballot_sync(0xffffffffu, ok);
     if (lane == 0) wcnt[warp] = __popc(bal);
     const int nf = __syncthreads_count(ok); /* also: selsh, vfl, wcnt visible */
@@ -3744,7 +3739,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             physl[at] = ph;
         }
         if (own) physl[nf] = ph; /* every copy of the own block writes the same entry */
-        PC_T(14);
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
     }
     }
@@ -3758,7 +3752,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
-    PC_T(1);
     /* contiguous: the row's keys split evenly (kpc is the most a CTA takes), a chunk a CTA
      * (no partitions: each CTA's own max, no max exchange; empty CTAs weigh 0 in the merge) */
     const int kpd = CONT ? ((n + 15) / 16 + cs - 1) / cs * 16 : kpc;
@@ -3777,69 +3770,36 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * run per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes
      * each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
-    if (CONT && pc.cbulk) { /* a bulk copy per key row: warps 0-3 K, 4-7 V; V rows past nk zeroed */
+    if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
+                 * the same number of copies from each warp, issued at once); V rows past nk up
+                 * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
         const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
-        const int KP = Dh + 8;
+        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
         if (tid == 0) {
             pc_bar_expect(bars, (uint32_t)(nk * Dh * 2));
             pc_bar_expect(bars + 1, (uint32_t)(nk * Dh * 2));
         }
-        if (pc.cbulk == 2) { /* every warp: its K rows, then its V rows */
-            for (int kk = tid; kk < nk; kk += PC_NT) {
-                const int li = k0 + kk, ri = li / Bs, of = li - ri * Bs;
-                const size_t so = ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh;
-                pc_bulk(reinterpret_cast<m3_bf16 *>(ksm) + (size_t)kk * KP, kc + so, (uint32_t)(Dh * 2), bars);
-                pc_bulk(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)kk * KP, vc + so, (uint32_t)(Dh * 2), bars + 1);
-            }
-        } else {
-        const int hn = PC_NT / 2, isv = tid >= hn;
         for (int kk = tid - isv * hn; kk < nk; kk += hn) {
             const int li = k0 + kk, ri = li / Bs, of = li - ri * Bs;
             const size_t so = ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh;
             pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
                     (uint32_t)(Dh * 2), bars + isv);
         }
-        }
         for (int e = tid; e < (ng * 16 - nk) * (Dh / 8); e += PC_NT)
             *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nk + e / (Dh / 8)) * KP +
                                        (e % (Dh / 8)) * 8) = make_uint4(0, 0, 0, 0);
-    } else if (CONT) { /* rows [key][Dh + 8] of K, then of V (two cp.async groups: K lands first):
-                 * lanes 0-15 a key's 16-byte units, lanes 16-31 the next key's; keys past nk
-                 * up to the 16-key tile zero-filled (V: P is 0 there) */
-        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
-        const int KP = Dh + 8, u = lane & 15, kk0 = 2 * warp + (lane >> 4), ri0 = (k0 + kk0) / Bs,
-                  of0 = k0 + kk0 - ri0 * Bs;
-#pragma unroll 1
-        for (int pass = 0; pass < 2; pass++) {
-            const m3_bf16 *src = pass ? vc : kc;
-            m3_bf16 *dst = reinterpret_cast<m3_bf16 *>(pass ? vsm : ksm);
-            int ri = ri0, of = of0; /* list position of key kk: range ri, offset of (Bs >= 16) */
-            for (int kk = kk0; kk < ng * 16; kk += 16) {
-                const bool in = kk < nk;
-                if (u < Dh / 8)
-                    cp16(dst + kk * KP + u * 8,
-                         in ? src + ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh + u * 8 : src, in);
-                of += 16;
-                if (of >= Bs) of -= Bs, ri++;
-            }
-            cp_commit();
-        }
     } else {
     if (tid == 0) {
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
     }
-    /* session knob (pc.kvs): bf16 K copies by warp 0's lanes, V copies by warp 1's */
-    const bool kvs = !FP8 && pc.kvs == 1; /* kvs 2: bf16 spread over the warps as fp8 */
-    const int gi = FP8 || pc.kvs == 2 ? warp + NW * lane : kvs ? tid - 32 * (warp == 1) : tid;
-    const bool doK = !kvs || warp == 0, doV = !kvs || warp == 1;
-    if (gi < ng && (doK || doV)) {
+    const int gi = FP8 ? warp + NW * lane : tid;
+    if (gi < ng) {
         const int k = k0 + gi * 16, kb = k / Bs;
         int64_t ko, vo, so;
         pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
         unsigned char *kd = ksm + (size_t)gi * ku * 16;
-        if (!doK) {
-        } else if (Pv == 16) {
+        if (Pv == 16) {
             pc_bulk(kd, kbase + ko * EB, (uint32_t)ku * 16, bars);
         } else {
             for (int dg = 0; dg < Dh / XC; dg++)
@@ -3849,10 +3809,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
             pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
         }
-        if (doV) pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
+        pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
     }
-    PC_T(2);
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
@@ -3881,11 +3840,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     }
-    PC_T(3);
-    if (CONT && !pc.cbulk) cp_wait<1>();
-    else pc_bar_wait(bars, 0); /* K and the scales landed */
+    pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
-    PC_T(4);
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     auto kstep = [&](int key, int s2, float (&acc)[4]) {
@@ -3962,7 +3918,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mloc[tid] = m;
     }
     __syncthreads();
-    PC_T(5);
     pc_wait(); /* (a): every CTA of the cluster runs */
     if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
                     * on their bars[2]: no cluster-wide barrier), the max of the spc values */
@@ -3982,7 +3937,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
-    PC_T(6);
     /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
@@ -4010,7 +3964,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     auto psend = [&](int h, float m, float l) {
         l = m3_warp_sum(l);
         if (lane < cs) { /* step 2's (l, the chunk's max) for head h, to owner `lane` already */
-            const uint32_t mb = pc_mapa(bars + (pc.early ? 4 : 3), lane);
+            const uint32_t mb = pc_mapa(bars + 4, lane);
             pc_sta(pc_mapa(rl + r * hq + h, lane), l, mb);
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
@@ -4026,9 +3980,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         psend(h, m0, l0);
         if (two) psend(h + NW, m1, l1);
     }
-    PC_T(7);
-    if (CONT && !pc.cbulk) cp_wait<0>(); /* V landed (zero-filled past nk) */
-    else pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
+    pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
         unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
@@ -4037,7 +3989,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __syncthreads();
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
-    PC_T(8);
     float o[2][4] = {};
     const int np = warp;
     auto pvstep = [&](int ks, float (&oo)[2][4]) {
@@ -4091,7 +4042,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (np * 16 < Dh)
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
-    PC_T(9);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = pc.epo;
@@ -4112,26 +4062,16 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
-    PC_T(10);
-    if (pc.early) { /* session knob: the weights once l and m landed (bars[4]), then O */
-        if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
-        pc_bar_wait_cl(bars + 4, 0);
-        cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
-        pc_bar_wait_cl(bars + 3, 0);
-        __syncthreads();
-        PC_T(11);
-        cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne,
-                Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
-    } else {
-    if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
+    /* the weights once every CTA's l and m landed (bars[4], sent from the P loops: they are
+     * formed while the O pushes are still arriving), then the sums once O landed (bars[3]) */
+    if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
+    pc_bar_wait_cl(bars + 4, 0);
+    cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+    if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
     pc_bar_wait_cl(bars + 3, 0);
-    PC_T(11);
-    cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
-                    c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-    }
-    PC_T(12);
-#undef PC_T
+    __syncthreads(); /* the weights */
+    cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne, Dh,
+            reinterpret_cast<const float4 *>(wa), tid, PC_NT);
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif
@@ -4189,28 +4129,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-    pc_cfg pcs = pc;
-    { /* session knob (flash_kernel 5, M3_PC_CONT 2 / 4): phase clocks, printed at the 100th
-       * stamped call of each instance */
-        static int calls[12];
-        static int fenv = -1; /* M3_PC_FLAGS: the same bits for every call (tests) */
-        if (fenv < 0) fenv = getenv("M3_PC_FLAGS") ? atoi(getenv("M3_PC_FLAGS")) : 0;
-        const int fk = src->flash_kernel, fb = (fk >= 16 ? fk - 16 : 0) | fenv; /* 16 + bits: stamp, early, spread, pref */
-        pcs.kvs = fk == 6 || fk == 7 ? 1 : (fk >= 10 && fk < 16) || (fb & 4) ? 2 : 0;
-        pcs.early = pc.early || fk == 8 || fk == 9 || (fb & 2);
-        pcs.pref = pc.pref || (fb & 8);
-        const int si = pcs.pref ? 9 + fi : pc.cont ? 2 + (pc.cbulk > 0) + (pc.cbulk > 1) : pcs.early ? 6 + fi : fi ? 1 : pcs.kvs ? (pcs.kvs == 1 ? 5 : 8) : 0;
-        pcs.stamp = pc.stamp || fk == 5 || fk == 7 || fk == 9 || fk == 11 || (fb & 1);
-        if (pcs.stamp && ++calls[si] == 100) {
-            unsigned long long h[12][16];
-            cudaDeviceSynchronize();
-            cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
-            printf("pc_stamp inst %d ctas %llu:", si, h[si][15]);
-            for (int i = 0; i < 15; i++) printf(" %.0f", (double)h[si][i] / (double)(h[si][15] ? h[si][15] : 1));
-            printf("\n");
-        }
-    }
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pcs));
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
 }
@@ -4224,11 +4143,6 @@ static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
                                   int n_tok, const int32_t *d_topk, int width, int block,
                                   const m3_attn_params *ap, const m3_profile *p, bool *done) {
     *done = false;
-    /* session knob M3_PC_CONT (read per call): 0 sdec_k, 1 cp.async rows, 2 + stamps, 3 bulk
-     * rows (K by warps 0-3, V by 4-7), 4 + stamps, 5 bulk rows (K then V by every warp), 6 +
-     * stamps */
-    const int kn = getenv("M3_PC_CONT") ? atoi(getenv("M3_PC_CONT")) : 3;
-    if (!kn) return M3_OK;
     const int Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = ap->n_head / Hkv;
     const int ntile = (width + 1) * (block / 16); /* 16-key tiles of a row, at most */
     const int cs = ntile < PC_MAX_CS ? ntile : PC_MAX_CS, tpc = (ntile + cs - 1) / cs;
@@ -4238,8 +4152,6 @@ static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
     pc_cfg pc;
     memset(&pc, 0, sizeof pc);
     pc.cont = 1, pc.cs = cs, pc.spc = 1, pc.kpc = tpc * 16;
-    pc.stamp = kn == 2 || kn == 4 || kn == 6 || kn == 8, pc.cbulk = kn == 5 || kn == 6 ? 2 : kn >= 3;
-    pc.pref = kn >= 7; /* 7: bulk rows + prefetches, 8: + stamps */
     pc.epo = ((hq * Dh + cs - 1) / cs + 3) / 4 * 4;
     if (pc.epo > PC_NT) return M3_OK;
     pf_cfg &c = pc.c;
@@ -4260,7 +4172,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel >= 3 && src->flash_kernel != 4;
+        const bool force = src->flash_kernel == 3;
         if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));

@@ -361,17 +361,6 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
     double kvb = sparse ? keys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
-    /* session knob M3_BENCH_SD_ALT=0,1,...: the T = 1 flash row again with each M3_PC_CONT */
-    for (const char *v = flash && T == 1 ? getenv("M3_BENCH_SD_ALT") : NULL; v && *v;) {
-        char val[8], nk[120];
-        snprintf(val, sizeof val, "%d", atoi(v));
-        setenv("M3_PC_CONT", val, 1);
-        snprintf(nk, sizeof nk, "%s sd%s", nm, val);
-        report(nk, time_ms(g, do_attn, &c, 20, 7), (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
-        unsetenv("M3_PC_CONT");
-        v = strchr(v, ',');
-        v = v ? v + 1 : NULL;
-    }
     m3_gpu_release(g, mark);
 }
 
