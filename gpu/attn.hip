@@ -3582,10 +3582,8 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
  * final barrier. Taken for the pd_part_k geometries (fast layouts, Dh % 16 == 0, bf16 or
  * e4m3fn elements; §4.9 with 16-key tiles) when the row has at most 16 chunks and the grid
  * (rows x cs CTAs) fits the SMs once; sm_90 only.
- * Session 10: before the grid wait, L2 prefetches of pos, the selection row, q and the block
- * table (addresses from the arguments: the first loads after the wait were ~1.5 k cycles);
- * l and m travel on their own mbarrier (bars[4]) so the owner forms the merge weights while
- * the O partials arrive (bars[3]). CONT (pc_k<false, true>, m3_gpu_attn_sparse_flash's T =
+ * Session 10: l and m travel on their own mbarrier (bars[4]) so the owner forms the merge
+ * weights while the O partials arrive (bars[3]). CONT (pc_k<false, true>, m3_gpu_attn_sparse_flash's T =
  * 1-2 rows, the contiguous [n_ctx][Hkv][Dh] cache): sdec_k's key list (selected blocks in
  * slot order, repeats once, the own block up to pos; no block table), the row's keys split
  * evenly over the cs CTAs, a chunk a CTA (no partitions there: no max exchange, P against the
@@ -3668,20 +3666,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
-    { /* before the wait, L2 prefetches of what the first round trips read, at addresses from
-       * the arguments only (pos, the selection row, the group's q, the block table): the
-       * translations and lines are warm when the loads after the wait go out */
-        const int t_ = (int)blockIdx.z, g_ = (int)blockIdx.y;
-        const char *pp = NULL;
-        if (tid == 0) pp = reinterpret_cast<const char *>(pos + t_);
-        else if (tid < 9 && topk && (tid - 1) * 32 < width)
-            pp = reinterpret_cast<const char *>(topk + ((int64_t)g_ * n_tok + t_) * width + (tid - 1) * 32);
-        else if (tid >= 16 && tid < 16 + c.hq * c.Dh / 64)
-            pp = reinterpret_cast<const char *>(q + (size_t)t_ * ld_q + (size_t)g_ * c.hq * c.Dh + (tid - 16) * 64);
-        else if (tid >= 64 && !CONT && s.bt && (tid - 64) * 32 < s.n_logical)
-            pp = reinterpret_cast<const char *>(s.bt + (tid - 64) * 32);
-        if (pp) asm volatile("prefetch.global.L2 [%0];" ::"l"(pp));
-    }
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
