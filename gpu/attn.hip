@@ -3654,7 +3654,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     float *rm = reinterpret_cast<float *>(pc_raw + L.rm), *mi = reinterpret_cast<float *>(pc_raw + L.mi);
     float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
-    /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's merge inputs */
+    /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's O partials;
+     * its l and m (bars[4]: the merge weights are formed before O lands) */
     __shared__ uint64_t bars[5];
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
