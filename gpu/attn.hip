@@ -3583,7 +3583,7 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
  * e4m3fn elements; §4.9 with 16-key tiles) when the row has at most 16 chunks and the grid
  * (rows x cs CTAs) fits the SMs once; sm_90 only.
  * Session 10: l and m travel on their own mbarrier (bars[4]) so the owner forms the merge
- * weights while the O partials arrive (bars[3]). CONT (pc_k<false, true>, m3_gpu_attn_sparse_flash's T =
+ * weights while the O partials arrive (bars[3]; paged instances only). CONT (pc_k<false, true>, m3_gpu_attn_sparse_flash's T =
  * 1-2 rows, the contiguous [n_ctx][Hkv][Dh] cache): sdec_k's key list (selected blocks in
  * slot order, repeats once, the own block up to pos; no block table), the row's keys split
  * evenly over the cs CTAs, a chunk a CTA (no partitions there: no max exchange, P against the
@@ -3640,6 +3640,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
 #if M3_HAVE_CLUSTER && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
+    /* the owner's weights before O lands (paged instances; measured there, session 10) */
+    constexpr bool EARLY = !CONT;
     const pf_cfg &c = pc.c;
     const bool pa = FP8 && c.pa; /* §4.9 (known false in the bf16 instance: no P' code there) */
     const int hq = c.hq, Dh = c.Dh, ch = c.ch, Bs = s.g.block, kpc = pc.kpc, cs = pc.cs,
@@ -3949,7 +3951,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     auto psend = [&](int h, float m, float l) {
         l = m3_warp_sum(l);
         if (lane < cs) { /* step 2's (l, the chunk's max) for head h, to owner `lane` already */
-            const uint32_t mb = pc_mapa(bars + 4, lane);
+            const uint32_t mb = pc_mapa(bars + (EARLY ? 4 : 3), lane);
             pc_sta(pc_mapa(rl + r * hq + h, lane), l, mb);
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
@@ -4047,16 +4049,22 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
-    /* the weights once every CTA's l and m landed (bars[4], sent from the P loops: they are
-     * formed while the O pushes are still arriving), then the sums once O landed (bars[3]) */
-    if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
-    pc_bar_wait_cl(bars + 4, 0);
-    cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-    if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
-    pc_bar_wait_cl(bars + 3, 0);
-    __syncthreads(); /* the weights */
-    cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne, Dh,
-            reinterpret_cast<const float4 *>(wa), tid, PC_NT);
+    if (EARLY) { /* the weights once every CTA's l and m landed (bars[4], sent from the P loops:
+                  * formed while the O pushes are still arriving), then the sums once O landed */
+        if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
+        pc_bar_wait_cl(bars + 4, 0);
+        cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
+        pc_bar_wait_cl(bars + 3, 0);
+        __syncthreads(); /* the weights */
+        cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne,
+                Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
+    } else { /* contiguous: l, m and O on bars[3], then the whole merge */
+        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
+        pc_bar_wait_cl(bars + 3, 0);
+        cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
+                        c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+    }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif
