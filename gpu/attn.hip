@@ -1286,6 +1286,13 @@ static m3_status sdec_launch_cl(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, i
 }
 #endif
 
+#if defined(M3_HIP_NVIDIA)
+static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, const int32_t *d_topk, int width, int block,
+                                  const m3_attn_params *ap, const m3_profile *p, bool *done);
+#endif
+
 extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
                                               int ld_q, const m3_bf16 *d_k, const m3_bf16 *d_v,
                                               const int32_t *d_pos, int n_tok, int n_ctx,
@@ -1301,8 +1308,11 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
     /* fewer rows than multiprocessors (decode of a few tokens): 8 warps a block, chunks of
      * SD_FEW_TPW tiles a warp; else 4 warps (three blocks per SM), 2 tiles a warp at least */
     if ((int64_t)n_tok * ap->n_kv_head < (g->n_sm > 0 ? g->n_sm : 132)) {
-        /* a cluster per row when the grid fits the SMs once (T = 1) */
+        /* a cluster per row when the grid fits the SMs once (T = 1): pc_k, else sdec_k's */
         bool done = false;
+        M3_TRY(pc_sparse_launch(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block,
+                                ap, p, &done));
+        if (done) return M3_OK;
         M3_TRY((sdec_launch_cl<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
                                      block, ap, p, &done)));
         if (done) return M3_OK;
@@ -3472,12 +3482,14 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
  * element (lanes x and x + 16), chunks [0, (nch + 1) / 2) and the rest: sum_j w_j A_j and
  * sum_j w_j l_j, A_j = l_j bf16(O_j / l_j) when part (pd8_div: the correctly rounded quotient
  * wherever it is normal; l_j >= 1), else O_j (O_j: the chunk's CTAs' partials in rank order),
- * summed in chunk order per half, the halves added; out = bf16(num / den). Short chains per thread: a thread-serial merge of 8-16
- * chunks measured ~2.5 us (session 9). Call with all nt threads (a multiple of 32). */
+ * summed in chunk order per half, the halves added; out = bf16(num / den). Short chains per
+ * thread: a thread-serial merge of 8-16 chunks measured ~2.5 us (session 9). Call with all nt
+ * threads (a multiple of 32). The two steps are cl_weights (needs rl, rm only) and cl_sums
+ * (needs ro, after a barrier that makes mwl visible): pc_k forms the weights while the O
+ * partials are still arriving (session 10). */
 template <bool LOG2>
-static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
-                                const float *rm, int ls, int nch, int spc, bool part, int e0,
-                                int ne, int Dh, float4 *mwl, int tid, int nt) {
+static __device__ void cl_weights(const float *rl, const float *rm, int ls, int nch, int spc, int e0,
+                                  int ne, int Dh, float4 *mwl, int tid, int nt) {
     const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0, lane = tid & 31;
     /* a warp per head: lane u < cs = nch spc reads CTA u's (l, m); lane j < nch forms chunk j's */
     for (int hl = tid >> 5; hl < nh; hl += nt >> 5) {
@@ -3496,7 +3508,11 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
             mwl[lane * nh + hl] = make_float4(w, l, on ? __frcp_rn(l) : 0.0f, w * l);
         }
     }
-    __syncthreads();
+}
+
+static __device__ void cl_sums(m3_bf16 *orow, const float *ro, int epo, int nch, int spc, bool part,
+                               int e0, int ne, int Dh, const float4 *mwl, int tid, int nt) {
+    const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0;
     const int half = (tid >> 4) & 1, jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
 #pragma unroll 1
     for (int xb = 0; xb < ne; xb += nt / 2) {
@@ -3504,7 +3520,7 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
         float num = 0.0f, den = 0.0f;
         if (x < ne) {
             const int hl = (e0 + x) / Dh - h0;
-#pragma unroll 2
+#pragma unroll 4
             for (int j = ja; j < jb; j++) {
                 const float4 f = mwl[j * nh + hl];
                 float oo = 0.0f;
@@ -3519,6 +3535,15 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
         den += __shfl_xor_sync(0xffffffffu, den, 16);
         if (x < ne && !half) orow[x] = m3_f32_to_bf16(num / den);
     }
+}
+
+template <bool LOG2>
+static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const float *rl,
+                                const float *rm, int ls, int nch, int spc, bool part, int e0,
+                                int ne, int Dh, float4 *mwl, int tid, int nt) {
+    cl_weights<LOG2>(rl, rm, ls, nch, spc, e0, ne, Dh, mwl, tid, nt);
+    __syncthreads();
+    cl_sums(orow, ro, epo, nch, spc, part, e0, ne, Dh, mwl, tid, nt);
 }
 
 /* ---- batch-1 decode over thread-block clusters: pc_k (sessions 8, 9) ----------------------
@@ -3556,7 +3581,14 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
  * CTA exits only after every store into it landed, and reads no other CTA's memory, so no
  * final barrier. Taken for the pd_part_k geometries (fast layouts, Dh % 16 == 0, bf16 or
  * e4m3fn elements; §4.9 with 16-key tiles) when the row has at most 16 chunks and the grid
- * (rows x cs CTAs) fits the SMs once; sm_90 only. */
+ * (rows x cs CTAs) fits the SMs once; sm_90 only.
+ * Session 10: l and m travel on their own mbarrier (bars[4]) so the owner forms the merge
+ * weights while the O partials arrive (bars[3]; paged instances only). CONT (pc_k<false, true>, m3_gpu_attn_sparse_flash's T =
+ * 1-2 rows, the contiguous [n_ctx][Hkv][Dh] cache): sdec_k's key list (selected blocks in
+ * slot order, repeats once, the own block up to pos; no block table), the row's keys split
+ * evenly over the cs CTAs, a chunk a CTA (no partitions there: no max exchange, P against the
+ * CTA's own max, the fp32 merge), K and V rows [key][Dh + 8] by a bulk copy each (K by warps
+ * 0-3, V by 4-7), K fragments by 32-bit loads, V by ldmatrix.trans. */
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
@@ -3567,6 +3599,7 @@ typedef struct {
     int spc; /* CTAs per chunk */
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
+    int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
@@ -3579,8 +3612,9 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     const pf_cfg &c = pc.c;
     pc_lay L;
     size_t o = 0;
-    L.k = o, o += pc_up((size_t)pc.kpc * c.Dh * eb);
-    L.v = o, o += pc_up((size_t)pc.kpc * c.Dh * eb);
+    const int kp = pc.cont ? c.Dh + 8 : c.Dh; /* contiguous: key rows of 272 bytes at Dh 128 */
+    L.k = o, o += pc_up((size_t)pc.kpc * kp * eb);
+    L.v = o, o += pc_up((size_t)pc.kpc * kp * eb);
     size_t scb = (size_t)c.hq * (pc.kpc + 8) * 4, qb = (size_t)c.hq * c.Dh * 2;
     L.sc = o, o += pc_up(scb > qb ? scb : qb);
     L.pb = o, o += pc_up((size_t)16 * (pc.kpc + 8) * 2);
@@ -3598,7 +3632,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-template <bool FP8>
+template <bool FP8, bool CONT>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3606,6 +3640,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
 #if M3_HAVE_CLUSTER && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
+    /* the owner's weights before O lands (paged instances; measured there, session 10) */
+    constexpr bool EARLY = !CONT;
     const pf_cfg &c = pc.c;
     const bool pa = FP8 && c.pa; /* §4.9 (known false in the bf16 instance: no P' code there) */
     const int hq = c.hq, Dh = c.Dh, ch = c.ch, Bs = s.g.block, kpc = pc.kpc, cs = pc.cs,
@@ -3620,14 +3656,17 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     float *rm = reinterpret_cast<float *>(pc_raw + L.rm), *mi = reinterpret_cast<float *>(pc_raw + L.mi);
     float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
-    /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's merge inputs */
-    __shared__ uint64_t bars[4];
+    /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's O partials;
+     * its l and m (bars[4]: the merge weights are formed before O lands) */
+    __shared__ uint64_t bars[5];
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
+    __shared__ int wcnt[NW];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
      * before (a): other CTAs' stores complete on bars[2], [3]) and the unused P rows */
-    if (tid == 0) pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3);
+    if (tid == 0)
+        pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
@@ -3642,27 +3681,53 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
     int b = -1, ph = 0;
     if (sparse && tid < width) b = topk[((int64_t)g * n_tok + t) * width + tid];
+    int n;
+    if (CONT) { /* sdec_k's list (m3_gpu_attn_sparse_flash): the selected blocks b < bp in slot
+                 * order, a repeat of an earlier slot counted once, then the own block up to p;
+                 * physl holds block ids. Repeats within a warp by one match, earlier warps'
+                 * slots (width > 32) by a loop; ranks by ballots. */
+        if (tid < width) selsh[tid] = b;
+        __syncthreads();
+        const unsigned lt = (1u << lane) - 1u;
+        bool dup = (__match_any_sync(0xffffffffu, b) & lt) != 0u;
+        if (tid < width)
+            for (int j = 0; j < (tid & ~31); j++) dup |= selsh[j] == b;
+        const bool ok = tid < width && b >= 0 && b < bp && !dup;
+        const unsigned bal = __ballot_sync(0xffffffffu, ok);
+        if (lane == 0) wcnt[warp] = __popc(bal);
+        const int nf = __syncthreads_count(ok); /* also: wcnt visible */
+        if (ok) {
+            int at = __popc(bal & lt);
+            for (int w = 0; w < warp; w++) at += wcnt[w];
+            physl[at] = b;
+        }
+        if (tid == 0) physl[nf] = bp;
+        n = nf * Bs + (p - Bs * bp + 1);
+    } else {
     /* round trip 2, before the ranking: the table entry of every usable selected block */
     if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
     const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
     if (tid < width) selsh[tid] = b, vfl[tid] = ok;
-    const int nf = __syncthreads_count(ok); /* also: selsh, vfl visible */
+    const unsigned bal = __ballot_sync(0xffffffffu, ok);
+    if (lane == 0) wcnt[warp] = __popc(bal);
+    const int nf = __syncthreads_count(ok); /* also: selsh, vfl, wcnt visible */
     const int tail = __syncthreads_or(own);
-    int n;
     if (!sparse) {
         n = p + 1;
     } else { /* ref m3_kv_sparse_table, as pf_part_k: full blocks b < bp in selection order
               * or by id (a stable rank, duplicates kept), the own block last when selected */
         if (ok) {
             int at = 0;
-            if (c.sel_order)
-                for (int j = 0; j < tid; j++) at += vfl[j];
-            else
+            if (c.sel_order) { /* the usable entries before this one: ballots */
+                at = __popc(bal & ((1u << lane) - 1u));
+                for (int w = 0; w < warp; w++) at += wcnt[w];
+            } else
                 for (int j = 0; j < width; j++) at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < tid));
             physl[at] = ph;
         }
         if (own) physl[nf] = ph; /* every copy of the own block writes the same entry */
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
+    }
     }
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
@@ -3674,8 +3739,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
-    const int k0 = r * kpc, nk = max(0, min(kpc, n - k0)), ng = (nk + 15) / 16;
-    const int chj = k0 / ch, nch = (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
+    /* contiguous: the row's keys split evenly (kpc is the most a CTA takes), a chunk a CTA
+     * (no partitions: each CTA's own max, no max exchange; empty CTAs weigh 0 in the merge) */
+    const int kpd = CONT ? ((n + 15) / 16 + cs - 1) / cs * 16 : kpc;
+    const int k0 = r * kpd, nk = max(0, min(kpd, n - k0)), ng = (nk + 15) / 16;
+    const int chj = CONT ? r : k0 / ch, nch = CONT ? cs : (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
     const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
@@ -3689,6 +3757,25 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * run per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes
      * each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
+    if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
+                 * the same number of copies from each warp, issued at once); V rows past nk up
+                 * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
+        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
+        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
+        if (tid == 0) {
+            pc_bar_expect(bars, (uint32_t)(nk * Dh * 2));
+            pc_bar_expect(bars + 1, (uint32_t)(nk * Dh * 2));
+        }
+        for (int kk = tid - isv * hn; kk < nk; kk += hn) {
+            const int li = k0 + kk, ri = li / Bs, of = li - ri * Bs;
+            const size_t so = ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh;
+            pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
+                    (uint32_t)(Dh * 2), bars + isv);
+        }
+        for (int e = tid; e < (ng * 16 - nk) * (Dh / 8); e += PC_NT)
+            *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nk + e / (Dh / 8)) * KP +
+                                       (e % (Dh / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    } else {
     if (tid == 0) {
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
@@ -3711,24 +3798,19 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
+    }
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
     uint32_t qa[FA_MAX_DH / 16][4];
     {
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
-        if (pa) { /* uniform */
-            if (s.ovf == M3_FP8_SATURATE) { /* two at a time by the hardware (satfinite: SATURATE) */
-                uint32_t *q2 = reinterpret_cast<uint32_t *>(qs);
-                for (int e = tid; e < nq / 2; e += PC_NT) {
-                    const uint32_t w = q2[e];
-                    q2[e] = pf_q2(m3_bf16_to_f32((uint16_t)(w & 0xFFFFu)), m3_bf16_to_f32((uint16_t)(w >> 16)),
-                                  s.g.fp8_kind, s.ovf, true);
-                }
-            } else {
-                for (int e = tid; e < nq; e += PC_NT)
-                    qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
-            }
+        /* SATURATE: each fragment word's two q values to e4m3 by the hardware (satfinite is
+         * exactly it) as the word is read; else the software rounding, in place, first */
+        const bool qhw = pa && s.ovf == M3_FP8_SATURATE;
+        if (pa && !qhw) { /* uniform */
+            for (int e = tid; e < nq; e += PC_NT)
+                qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
             __syncthreads();
         }
 #pragma unroll
@@ -3738,7 +3820,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             for (int i = 0; i < 4; i++) {
                 const int rr = gq + (i & 1) * 8;
                 const int d = FP8 ? s2 * 16 + 4 * tq + (i >> 1) * 2 : s2 * 16 + 2 * tq + (i >> 1) * 8;
-                qa[s2][i] = rr < hq ? *reinterpret_cast<const uint32_t *>(qs + rr * Dh + d) : 0u;
+                const uint32_t w = rr < hq ? *reinterpret_cast<const uint32_t *>(qs + rr * Dh + d) : 0u;
+                qa[s2][i] = qhw && rr < hq ? pf_q2(m3_bf16_to_f32((uint16_t)(w & 0xFFFFu)),
+                                                   m3_bf16_to_f32((uint16_t)(w >> 16)), s.g.fp8_kind, s.ovf, true)
+                                           : w;
             }
         }
     }
@@ -3757,6 +3842,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
                 m3_mma_bf16_16816(acc, qa[s2], bfr);
             }
+        } else if (CONT) {
+            const m3_bf16 *kr = reinterpret_cast<const m3_bf16 *>(ksm) + (size_t)key * (Dh + 8) + s2 * 16 + 2 * tq;
+            bfr[0] = *reinterpret_cast<const uint32_t *>(kr);
+            bfr[1] = *reinterpret_cast<const uint32_t *>(kr + 8);
+            m3_mma_bf16_16816(acc, qa[s2], bfr);
         } else {
             const uint16_t *kb = reinterpret_cast<const uint16_t *>(ksm) +
                                  (((size_t)(key >> 4) * (Dh / 8) + 2 * s2) * 16 + (key & 15)) * 8 + 2 * tq;
@@ -3838,36 +3928,47 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
      * quotient below the normal range is an fp8 zero either way) */
-    for (int h = warp; h < hq; h += NW) {
-        const float m = mloc[h];
-        float l = 0.0f;
-        for (int ip = lane; ip < ng * 8; ip += 32) {
-            const int il = 2 * ip;
-            float pv[2] = {0.0f, 0.0f};
+    /* two heads a warp at once (h, h + NW: independent chains; each head's sums in its
+     * own fixed order, as one at a time) */
+    auto prow = [&](int h, float m, int ip, float &l) {
+        const int il = 2 * ip;
+        float pv[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int k2 = 0; k2 < 2; k2++)
-                if (il + k2 < nk) {
-                    const float ex = expf(sc[(size_t)h * SCP + il + k2] - m);
-                    l += ex;
-                    if (pa) { /* §4.9 step 4 */
-                        const int ti = (il + k2) / 16;
-                        pv[k2] = pd8_div(ex * vsc[il + k2] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
-                    } else {
-                        pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
-                    }
+        for (int k2 = 0; k2 < 2; k2++)
+            if (il + k2 < nk) {
+                const float ex = expf(sc[(size_t)h * SCP + il + k2] - m);
+                l += ex;
+                if (pa) { /* §4.9 step 4 */
+                    const int ti = (il + k2) / 16;
+                    pv[k2] = pd8_div(ex * vsc[il + k2] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
+                } else {
+                    pv[k2] = FP8 ? ex * vsc[il + k2] : ex;
                 }
-            *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
-                pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
-        }
+            }
+        *reinterpret_cast<uint32_t *>(pb + h * PBP + il) =
+            pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+    };
+    auto psend = [&](int h, float m, float l) {
         l = m3_warp_sum(l);
         if (lane < cs) { /* step 2's (l, the chunk's max) for head h, to owner `lane` already */
-            const uint32_t mb = pc_mapa(bars + 3, lane);
+            const uint32_t mb = pc_mapa(bars + (EARLY ? 4 : 3), lane);
             pc_sta(pc_mapa(rl + r * hq + h, lane), l, mb);
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
+    };
+    for (int h = warp; h < hq; h += 2 * NW) {
+        const bool two = h + NW < hq; /* warp-uniform */
+        const float m0 = mloc[h], m1 = two ? mloc[h + NW] : 0.0f;
+        float l0 = 0.0f, l1 = 0.0f;
+        for (int ip = lane; ip < ng * 8; ip += 32) {
+            prow(h, m0, ip, l0);
+            if (two) prow(h + NW, m1, ip, l1);
+        }
+        psend(h, m0, l0);
+        if (two) psend(h + NW, m1, l1);
     }
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
-    if (nk % 16 && tid < vu) {
+    if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
         unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
@@ -3892,6 +3993,14 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             a[2] = *reinterpret_cast<const uint32_t *>(pr + 8);
             a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 8);
         }
+        if (CONT) { /* V rows by ldmatrix.trans: dims np 16.. + 7 in vb[0..1], the next 8 in vb[2..3] */
+            uint32_t vb[4];
+            const int l7 = lane & 7, b3 = (lane >> 3) & 1, b4 = lane >> 4;
+            ldsm4t(vb, reinterpret_cast<const m3_bf16 *>(vsm) + (size_t)(ks * 16 + l7 + b3 * 8) * (Dh + 8) +
+                           np * 16 + b4 * 8);
+            m3_mma_bf16_16816(oo[0], a, vb);
+            m3_mma_bf16_16816(oo[1], a, vb + 2);
+        } else
 #pragma unroll
         for (int h2 = 0; h2 < 2; h2++) {
             const int d = np * 16 + h2 * 8 + gq;
@@ -3918,10 +4027,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     };
     if (np * 16 < Dh)
+#pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = pc.epo;
+    const float repo = 1.0f / (float)epo;
     if (np * 16 < Dh)
 #pragma unroll
         for (int h2 = 0; h2 < 2; h2++)
@@ -3929,17 +4040,31 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             for (int r2 = 0; r2 < 2; r2++) {
                 const int rr = gq + r2 * 8, e = rr * Dh + np * 16 + h2 * 8 + 2 * tq;
                 if (rr >= hq) continue;
-                const int ow = e / epo;
+                /* e / epo: (e + 0.5) / epo is >= 1 / (2 epo) from an integer, far above the
+                 * float error (e < 2^11, epo <= 256) */
+                const int ow = (int)(((float)e + 0.5f) * repo);
                 pc_sta2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1],
                         pc_mapa(bars + 3, ow));
             }
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
-    if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
-    pc_bar_wait_cl(bars + 3, 0);
-    cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
-                    c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+    if (EARLY) { /* the weights once every CTA's l and m landed (bars[4], sent from the P loops:
+                  * formed while the O pushes are still arriving), then the sums once O landed */
+        if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
+        pc_bar_wait_cl(bars + 4, 0);
+        cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
+        pc_bar_wait_cl(bars + 3, 0);
+        __syncthreads(); /* the weights */
+        cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne,
+                Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
+    } else { /* contiguous: l, m and O on bars[3], then the whole merge */
+        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
+        pc_bar_wait_cl(bars + 3, 0);
+        cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
+                        c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+    }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif
@@ -3976,8 +4101,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     *done = false;
     typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, const int32_t *, int, pc_cfg);
-    const int fi = pc.c.fp8 ? 1 : 0;
-    const pc_fn fn = fi ? pc_k<true> : pc_k<false>;
+    const int fi = pc.cont ? 2 : pc.c.fp8 ? 1 : 0;
+    const pc_fn fn = fi == 2 ? pc_k<false, true> : fi ? pc_k<true, false> : pc_k<false, false>;
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -3992,14 +4117,43 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][2];
-    static size_t pc_ok[64][2][PC_MAX_CS + 1], pc_no[64][2][PC_MAX_CS + 1];
+    static int pc_attr[64][3];
+    static size_t pc_ok[64][3][PC_MAX_CS + 1], pc_no[64][3][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
+}
+
+/* m3_gpu_attn_sparse_flash's few rows (T = 1 decode) through pc_k<false, true>: a cluster of
+ * cs <= 16 CTAs per row, each up to kpc keys of sdec_k's list (the row's keys split evenly in
+ * the kernel), each CTA its own chunk (numerics free: P against the CTA's max, fp32 LSE
+ * merge by cl_merge); *done false when the grid does not fit (rows x cs <= SMs, kpc <= 256) */
+static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
+                                  const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
+                                  int n_tok, const int32_t *d_topk, int width, int block,
+                                  const m3_attn_params *ap, const m3_profile *p, bool *done) {
+    *done = false;
+    const int Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = ap->n_head / Hkv;
+    const int ntile = (width + 1) * (block / 16); /* 16-key tiles of a row, at most */
+    const int cs = ntile < PC_MAX_CS ? ntile : PC_MAX_CS, tpc = (ntile + cs - 1) / cs;
+    if (tpc * 16 > PC_MAX_KPC || Dh % 16 || n_tok > 65535 ||
+        (int64_t)n_tok * Hkv * cs > (g->n_sm > 0 ? g->n_sm : 132))
+        return M3_OK;
+    pc_cfg pc;
+    memset(&pc, 0, sizeof pc);
+    pc.cont = 1, pc.cs = cs, pc.spc = 1, pc.kpc = tpc * 16;
+    pc.epo = ((hq * Dh + cs - 1) / cs + 3) / 4 * 4;
+    if (pc.epo > PC_NT) return M3_OK;
+    pf_cfg &c = pc.c;
+    c.H = ap->n_head, c.Hkv = Hkv, c.hq = hq, c.Dh = Dh, c.Dhp = Dh, c.ch = pc.kpc, c.nchx = cs;
+    c.scale = ap->scale, c.eager = p->attn_scores == M3_SCORES_BF16_EAGER;
+    m3_gpu_attn_paged_src src;
+    memset(&src, 0, sizeof src);
+    src.k = d_k, src.v = d_v, src.g.block = block; /* pc_k<false, true> reads these only */
+    return pc_launch(g, d_out, d_q, ld_q, &src, d_pos, n_tok, d_topk, width, pc, done);
 }
 #endif
 

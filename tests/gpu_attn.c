@@ -167,6 +167,11 @@ static void attn_sparse_matches_ref(void **state) {
          * distributed shared memory; pos < 128 leaves most of a row's blocks without keys */
         {1, 100, 64, 4, 128, 16, 128, 0},
         {1, 700, 6, 3, 80, 5, 64, 0},       /* odd: 3 blocks a row */
+        /* T = 1-2 through pc_k (a cluster of <= 16 CTAs a row, the keys split evenly): T = 2,
+         * a CTA's keys across Bs-80 ranges, width 40 (repeats across warps) */
+        {2, 5000, 64, 4, 128, 16, 128, 0},
+        {1, 2000, 8, 2, 64, 7, 80, 0},
+        {1, 3000, 64, 4, 128, 40, 16, 0},
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) attn_case(g, &shapes[i], prof);
