@@ -2964,7 +2964,12 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
-template <bool TPAIR> /* c.tile >= 32: pairs of 16-key groups lie in one §4.9 tile */
+/* 16 bytes global -> shared (a 32-bit shared address), asynchronously, L2 only */
+static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+template <bool TPAIR, int VAR = 0> /* c.tile >= 32: pairs of 16-key groups lie in one §4.9 tile */
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3097,8 +3102,74 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     };
     enter();
     unsigned isq = 0, csq = 0; /* items issued / consumed */
+    /* VAR >= 2: the view's page a compile-time constant (16: sparse layers' page-16 view, 128:
+     * dense layers' block view; the launcher checks it), so a lane's 4 K copies of an item
+     * are one 64-bit source base plus immediates, and its shared destinations two lane
+     * constants plus immediates (unit (d, k) at 16 d + (k ^ 2 (d % 4)): d = 2 i + lane / 16
+     * has d % 4 = lane / 16 for even i, 2 + lane / 16 for odd i) */
+    constexpr int PVC = TPAIR ? 128 : 16;
+    const uint32_t ring_s = sh_u32(ring);
+    const int khi = lane >> 4, kk16 = lane & 15;
+    const uint32_t kde = (uint32_t)(khi * 256 + (kk16 ^ (2 * khi)) * 16),
+                   kdo = (uint32_t)(khi * 256 + (kk16 ^ (4 + 2 * khi)) * 16);
+    const int ksrc = (khi * PVC + kk16) * 16;
+    /* VAR & 4: one branch-free item body for K and V (the same 4 copies a lane: sources a
+     * base plus 0, st, 2 st, 3 st; destinations two lane offsets plus 512 i; the scales of
+     * 8 lanes (K item: K then V scales) or 4 (V item: V scales)) */
+    const unsigned char *kb_l = kbase + ksrc, *vb_l = vbase + 16 * lane;
+    const float *sc_l = (lane < 4 ? s.k_scale : s.v_scale) + 4 * (lane & 3);
+    const float *vs_l = s.v_scale + 4 * (lane & 3);
     auto issue = [&]() {
-        if (ic < ce) {
+        if ((VAR & 4) && ic < ce) {
+            const uint32_t dst = ring_s + (isq % NS) * SB;
+            const bool kk = ij < ing;
+            const int gr = kk ? ij : ij - ing;
+            const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
+            const int64_t go = __shfl_sync(0xffffffffu, kk ? gko : gvo, gr);
+            const unsigned char *src = (kk ? kb_l : vb_l) + go;
+            const uint32_t de = dst + (kk ? kde : 16u * lane), dd = dst + (kk ? kdo : 16u * lane);
+            if (PVC == 16) { /* K and V: 512-byte steps */
+                pd8_cp16(de, src);
+                pd8_cp16(dd + 512, src + 512);
+                pd8_cp16(de + 1024, src + 1024);
+                pd8_cp16(dd + 1536, src + 1536);
+            } else {
+                const int st = kk ? 32 * PVC : 512;
+                const unsigned char *s1 = src + st, *s2 = s1 + st, *s3 = s2 + st;
+                pd8_cp16(de, src);
+                pd8_cp16(dd + 512, s1);
+                pd8_cp16(de + 1024, s2);
+                pd8_cp16(dd + 1536, s3);
+            }
+            if (lane < (kk ? 8 : 4)) pd8_cp16(dst + 2048 + 16 * lane, (kk ? sc_l : vs_l) + so);
+            if (++ij == 2 * ing) {
+                ic += PD_W, ij = 0;
+                enter();
+            }
+        } else if ((VAR & 2) && ic < ce) {
+            const uint32_t dst = ring_s + (isq % NS) * SB;
+            const bool kk = ij < ing;
+            const int gr = kk ? ij : ij - ing;
+            const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
+            if (kk) {
+                const unsigned char *src = kbase + __shfl_sync(0xffffffffu, gko, gr) + ksrc;
+                pd8_cp16(dst + kde, src);
+                pd8_cp16(dst + kdo + 512, src + 32 * PVC);
+                pd8_cp16(dst + kde + 1024, src + 64 * PVC);
+                pd8_cp16(dst + kdo + 1536, src + 96 * PVC);
+                const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
+                if (lane < 8) pd8_cp16(dst + 2048 + 16 * lane, sp);
+            } else {
+                const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) + 16 * lane;
+#pragma unroll
+                for (int i = 0; i < 4; i++) pd8_cp16(dst + 16 * lane + 512 * i, vp + 512 * i);
+                if (lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
+            }
+            if (++ij == 2 * ing) {
+                ic += PD_W, ij = 0;
+                enter();
+            }
+        } else if (ic < ce) {
             unsigned char *dst = ring + (size_t)(isq % NS) * SB;
             const bool kk = ij < ing;
             const int gr = kk ? ij : ij - ing;
@@ -3155,10 +3226,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         /* pass 1: S of each 16-key group into the warp's area; the row maxima; lane gr: the
          * max V scale of group gr */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
-#pragma unroll 1
-        for (int gr = 0; gr < ng; gr++) {
+        /* a K group's fragments and scales from the ring into registers (the slot released) */
+        auto kload = [&](uint4 (&kw)[2][2], float4 &ks, float4 &kv) {
             const unsigned char *sl = acquire();
-            uint4 kw[2][2];
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -3166,9 +3236,27 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     const int d = 4 * u + tq, k = kl + 2 * h;
                     kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
                 }
-            const float4 ks = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
-            const float4 kv = *reinterpret_cast<const float4 *>(sl + SCO + 64 + 16 * tq);
+            ks = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
+            kv = *reinterpret_cast<const float4 *>(sl + SCO + 64 + 16 * tq);
             release();
+        };
+        uint4 kwn[2][2];
+        float4 ksn, kvn;
+        if (VAR & 1) kload(kwn, ksn, kvn); /* group 0, one group ahead */
+#pragma unroll 1
+        for (int gr = 0; gr < ng; gr++) {
+            uint4 kw[2][2];
+            float4 ks, kv;
+            if (VAR & 1) {
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int u = 0; u < 2; u++) kw[h][u] = kwn[h][u];
+                ks = ksn, kv = kvn;
+                if (gr + 1 < ng) kload(kwn, ksn, kvn);
+            } else {
+                kload(kw, ks, kv);
+            }
             float c8[2][2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -3241,8 +3329,33 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const bool two = gr + 1 < ng;
             uint32_t vc[2][PD_NT];
             float4 vsg[2];
+            if (VAR & 8) { /* both groups' slots at once, then their two refills */
+                if (two) cp_wait<NS - 2>();
+                else cp_wait<NS - 1>();
+                __syncwarp();
+                asm volatile("" ::: "memory");
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
+                for (int j = 0; j < 2; j++) {
+                    if (j == 1 && !two) {
+#pragma unroll
+                        for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
+                        vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        continue;
+                    }
+                    const unsigned char *sl = ring + (size_t)((csq + j) % NS) * SB;
+#pragma unroll
+                    for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
+                    vsg[j] = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
+                }
+                const int nr = two ? 2 : 1;
+                csq += nr;
+                asm volatile("" ::: "memory");
+                __syncwarp();
+#pragma unroll 1
+                for (int r = 0; r < nr; r++) issue();
+            }
+#pragma unroll
+            for (int j = 0; j < 2 && !(VAR & 8); j++) {
                 if (j == 1 && !two) { /* a zero group: it enters the products below (adds 0) */
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
@@ -4080,23 +4193,31 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][7]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][13]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test compiled in: each instance allocates its registers
      * for its own pass-2 path */
-    const pf_fn kf[6] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                         pd8_part_k<false>, pd8_part_k<true>};
-    const int fi = p8 ? 4 + (c.tile >= 32) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+                          pd8_part_k<false>, pd8_part_k<true>, pd8_part_k<false, 3>, pd8_part_k<true, 3>,
+                          pd8_part_k<false, 7>, pd8_part_k<true, 7>, pd8_part_k<false, 15>, pd8_part_k<true, 15>};
+    int fi = p8 ? 4 + (c.tile >= 32) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    { /* SESSION-10 EXPERIMENT KNOB (removed before the end): M3_PD8_VAR=1..3 */
+        const char *ev = getenv("M3_PD8_VAR");
+        const int v = ev ? atoi(ev) : 0;
+        const int pvw = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
+        const int vi = v == 3 ? 1 : v == 7 ? 2 : v == 15 ? 3 : 0; /* instances 3, 7, 15 */
+        if (p8 && vi > 0 && pvw == (c.tile >= 32 ? 128 : 16)) fi += 2 * vi;
+    }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[6]) {
+    if (!c.fused && msh > pf_set[12]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[6] = msh;
+        pf_set[12] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
