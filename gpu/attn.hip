@@ -3318,6 +3318,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         /* the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
         for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
+        /* VAR & 16: lane gr's tile constants of group gr once per chunk (all lanes at once):
+         * M + 1e-8, its correctly rounded reciprocal, M / FP8_MAX */
+        float ty = 0.0f, tr = 0.0f, tf = 0.0f;
+        if (VAR & 16) ty = vm + 1e-8f, tr = __frcp_rn(ty), tf = pd8_div(vm, c.fmax, rfmax);
         /* pass 2: O = P' V, two groups a step */
         float o[PD_NT][4];
 #pragma unroll
@@ -3373,8 +3377,53 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
             uint32_t pc[2][2];
             float fj[2], yt = 0.0f, ryt = 0.0f;
+            if (VAR & 16) { /* both groups straight through (a missing second group: z = -inf,
+                             * zero scales and codes, so zero P' and products) */
+                if (16 * gr + 32 > nk) /* a tail in this step: keys past the list masked */
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
+                    for (int j = 0; j < 2; j++) {
+                        float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (16 * (gr + j) + 4 * tq + e >= nk) {
+                                vs4[e] = 0.0f;
+#pragma unroll
+                                for (int u = 0; u < PD_NT; u++) vc[j][u] &= ~(0xFFu << (8 * e));
+                            }
+                        vsg[j] = make_float4(vs4[0], vs4[1], vs4[2], vs4[3]);
+                    }
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int g2 = gr + j;
+                    float4 zl = sw[(g2 * 2) * 32 + lane], zh = sw[(g2 * 2 + 1) * 32 + lane];
+                    if (j == 1) {
+                        const float ni = -INFINITY;
+                        zl = make_float4(two ? zl.x : ni, two ? zl.y : ni, two ? zl.z : ni, two ? zl.w : ni);
+                        zh = make_float4(two ? zh.x : ni, two ? zh.y : ni, two ? zh.z : ni, two ? zh.w : ni);
+                    }
+                    const float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
+                                            {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
+                    l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+                    l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+                    const float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
+                    if (TPAIR && j == 1) {
+                        fj[1] = fj[0];
+                    } else {
+                        yt = __shfl_sync(0xffffffffu, ty, g2), ryt = __shfl_sync(0xffffffffu, tr, g2);
+                        fj[j] = __shfl_sync(0xffffffffu, tf, g2);
+                    }
+                    float pv[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, yt, ryt);
+                    pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
+                    pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 2 && !(VAR & 16); j++) {
                 const int g2 = gr + j, kq = 16 * g2 + 4 * tq;
                 if (j == 1 && !two) {
                     pc[1][0] = pc[1][1] = 0u, fj[1] = 0.0f;
@@ -4200,14 +4249,14 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     /* pd8_part_k with the §4.9 tile test compiled in: each instance allocates its registers
      * for its own pass-2 path */
     const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                          pd8_part_k<false>, pd8_part_k<true>, pd8_part_k<false, 3>, pd8_part_k<true, 3>,
-                          pd8_part_k<false, 7>, pd8_part_k<true, 7>, pd8_part_k<false, 15>, pd8_part_k<true, 15>};
+                          pd8_part_k<false>, pd8_part_k<true>, pd8_part_k<false, 15>, pd8_part_k<true, 15>,
+                          pd8_part_k<false, 23>, pd8_part_k<true, 23>, pd8_part_k<false, 31>, pd8_part_k<true, 31>};
     int fi = p8 ? 4 + (c.tile >= 32) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     { /* SESSION-10 EXPERIMENT KNOB (removed before the end): M3_PD8_VAR=1..3 */
         const char *ev = getenv("M3_PD8_VAR");
         const int v = ev ? atoi(ev) : 0;
         const int pvw = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
-        const int vi = v == 3 ? 1 : v == 7 ? 2 : v == 15 ? 3 : 0; /* instances 3, 7, 15 */
+        const int vi = v == 15 ? 1 : v == 23 ? 2 : v == 31 ? 3 : 0; /* instances 15, 23, 31 */
         if (p8 && vi > 0 && pvw == (c.tile >= 32 ? 128 : 16)) fi += 2 * vi;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
