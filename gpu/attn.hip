@@ -4249,14 +4249,14 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     /* pd8_part_k with the §4.9 tile test compiled in: each instance allocates its registers
      * for its own pass-2 path */
     const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                          pd8_part_k<false>, pd8_part_k<true>, pd8_part_k<false, 15>, pd8_part_k<true, 15>,
-                          pd8_part_k<false, 23>, pd8_part_k<true, 23>, pd8_part_k<false, 31>, pd8_part_k<true, 31>};
+                          pd8_part_k<false>, pd8_part_k<true>, pd8_part_k<false, 19>, pd8_part_k<true, 19>,
+                          pd8_part_k<false, 23>, pd8_part_k<true, 23>, pd8_part_k<false, 23>, pd8_part_k<true, 23>};
     int fi = p8 ? 4 + (c.tile >= 32) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
     { /* SESSION-10 EXPERIMENT KNOB (removed before the end): M3_PD8_VAR=1..3 */
         const char *ev = getenv("M3_PD8_VAR");
         const int v = ev ? atoi(ev) : 0;
         const int pvw = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
-        const int vi = v == 15 ? 1 : v == 23 ? 2 : v == 31 ? 3 : 0; /* instances 15, 23, 31 */
+        const int vi = v == 19 ? 1 : v == 23 ? 2 : 0; /* instances 19, 23 */
         if (p8 && vi > 0 && pvw == (c.tile >= 32 ? 128 : 16)) fi += 2 * vi;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
