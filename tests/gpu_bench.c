@@ -497,20 +497,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
         fc = fc ? fc + 1 : NULL;
     }
     c.src.flash_cpb = 0;
-    /* SESSION-10 EXPERIMENT (removed before the end): M3_BENCH_PD8_VARS=0,1,0,1 times the row
-     * with M3_PD8_VAR set to each listed value, in this process */
-    for (const char *fv = getenv("M3_BENCH_PD8_VARS"); fv && *fv;) {
-        char nk[120], vv[8];
-        snprintf(vv, sizeof vv, "%d", atoi(fv));
-        setenv("M3_PD8_VAR", vv, 1);
-        snprintf(nk, sizeof nk, "%s var%s", nm, vv);
-        report(nk, time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7),
-               (double)T * 64 * 128 * 2 * 2 + keys * per_key,
-               keys * 64 * 128 * 4);
-        fv = strchr(fv, ',');
-        fv = fv ? fv + 1 : NULL;
-    }
-    unsetenv("M3_PD8_VAR");
     m3_gpu_release(g, mark);
 }
 
