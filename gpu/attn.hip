@@ -3302,7 +3302,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             float fj[2], yt = 0.0f, ryt = 0.0f;
             /* both groups straight through (a missing second group: z = -inf, zero scales and
              * codes, so zero P' and products), the tile constants shuffled from their lanes */
-            if (16 * gr + 32 > nk) /* a tail in this step: keys past the list masked */
+            if (16 * gr + 32 > nk) /* a tail in this step: keys past the list get no weight,
+                                    * their V codes zeroed */
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
@@ -3329,7 +3330,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
                 l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
                 const float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
-                if (TPAIR && j == 1) {
+                /* §4.9 step 4: P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)), M the tile's
+                 * max V scale; the output scaled by M / FP8_MAX */
+                if (TPAIR && j == 1) { /* one tile: group 2i's M, factor and reciprocal */
                     fj[1] = fj[0];
                 } else {
                     yt = __shfl_sync(0xffffffffu, ty, g2), ryt = __shfl_sync(0xffffffffu, tr, g2);
@@ -4131,8 +4134,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
     const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                          pd8_part_k<true, 128>};
+                         pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
+                         pd8_part_k<true, 128>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
