@@ -2940,7 +2940,15 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * tile pair, and the second group of a pass-2 step always multiplied (a lone last group
  * adds zero products: no predicated mma.sync, whose warp syncs cost 16 instructions a
  * group): 646 instructions a group. Bulk-copy rings (cp.async.bulk + mbarriers, one lane
- * issuing, 288-byte padded K units) measured 15-25% slower. */
+ * issuing, 288-byte padded K units) measured 15-25% slower. Session 10 (ncu source counters
+ * of the sparse T = 64 launch: ~690 instructions a group, the ring issue inlined three times
+ * with 64-bit address arithmetic per copy): the view's page a template parameter (16, 128;
+ * 0: run-time), so a lane's K copies are one base plus immediates into two lane-constant
+ * swizzled offsets; pass 1 reads group gr + 1's fragments before group gr's products; each
+ * chunk's tile constants (M + 1e-8, its reciprocal, M / FP8_MAX) once per group lane after
+ * pass 1, shuffled in pass 2, whose two groups a step run straight through (a missing second
+ * group as z = -inf with zero scales and codes). Both pass-2 slots acquired at once with the
+ * two refills after them measured ~1% slower. */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
@@ -2974,7 +2982,14 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
-template <bool TPAIR> /* c.tile >= 32: pairs of 16-key groups lie in one §4.9 tile */
+/* 16 bytes global -> shared (a 32-bit shared address), asynchronously, L2 only */
+static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+/* TPAIR: c.tile >= 32 (pairs of 16-key groups lie in one §4.9 tile); PVC: the view's page when
+ * it is 16 or 128 (the M3 layers' views; the launcher checks it), else 0 (a run-time page) */
+template <bool TPAIR, int PVC>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3107,29 +3122,37 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     };
     enter();
     unsigned isq = 0, csq = 0; /* items issued / consumed */
+    /* the ring's 32-bit shared addresses. A lane's 4 K copies of an item are units (d, k), d =
+     * 2 i + lane / 16, k = lane % 16, at 16 d + (k ^ 2 (d % 4)) in the slot: d % 4 is lane / 16
+     * for even i and 2 + lane / 16 for odd i, so the destinations are two lane constants plus
+     * 512 i, and the sources one base plus i times 32 pages of 16 bytes (immediates when the
+     * page is the compile-time PVC; session 9's K item issue was ~55 instructions, mostly
+     * 64-bit address arithmetic per copy) */
+    const uint32_t ring_s = sh_u32(ring);
+    const int khi = lane >> 4, kk16 = lane & 15, pvk = PVC > 0 ? PVC : Pv;
+    const uint32_t kde = (uint32_t)(khi * 256 + (kk16 ^ (2 * khi)) * 16),
+                   kdo = (uint32_t)(khi * 256 + (kk16 ^ (4 + 2 * khi)) * 16);
+    const int ksrc = (khi * pvk + kk16) * 16, kst = 32 * pvk;
     auto issue = [&]() {
         if (ic < ce) {
-            unsigned char *dst = ring + (size_t)(isq % NS) * SB;
+            const uint32_t dst = ring_s + (isq % NS) * SB;
             const bool kk = ij < ing;
             const int gr = kk ? ij : ij - ing;
             const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
             if (kk) { /* 8 dim units x 16 keys, 16 bytes each */
-                const int64_t ko = __shfl_sync(0xffffffffu, gko, gr);
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int d = 2 * i + (lane >> 4), k = lane & 15;
-                    cp16(dst + (d * 16 + (k ^ (2 * (d & 3)))) * 16,
-                         kbase + ko + (int64_t)d * Pv * 16 + (int64_t)k * 16, true);
-                }
-                { /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
-                    const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
-                    if (lane < 8) cp16(dst + 2048 + 16 * lane, sp, true);
-                }
+                const unsigned char *src = kbase + __shfl_sync(0xffffffffu, gko, gr) + ksrc;
+                pd8_cp16(dst + kde, src);
+                pd8_cp16(dst + kdo + 512, src + kst);
+                pd8_cp16(dst + kde + 1024, src + 2 * kst);
+                pd8_cp16(dst + kdo + 1536, src + 3 * kst);
+                /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
+                const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
+                if (lane < 8) pd8_cp16(dst + 2048 + 16 * lane, sp);
             } else { /* 128 dims x 16 keys: 2 KB contiguous */
-                const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr);
+                const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) + 16 * lane;
 #pragma unroll
-                for (int i = 0; i < 4; i++) cp16(dst + (i * 32 + lane) * 16, vp + (int64_t)(i * 32 + lane) * 16, true);
-                if (lane < 4) cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane, true);
+                for (int i = 0; i < 4; i++) pd8_cp16(dst + 16 * lane + 512 * i, vp + 512 * i);
+                if (lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
             }
             if (++ij == 2 * ing) {
                 ic += PD_W, ij = 0;
@@ -3165,10 +3188,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         /* pass 1: S of each 16-key group into the warp's area; the row maxima; lane gr: the
          * max V scale of group gr */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
-#pragma unroll 1
-        for (int gr = 0; gr < ng; gr++) {
+        /* a K group's fragments and scales from the ring into registers (the slot released) */
+        auto kload = [&](uint4 (&kw)[2][2], float4 &ks, float4 &kv) {
             const unsigned char *sl = acquire();
-            uint4 kw[2][2];
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -3176,9 +3198,24 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     const int d = 4 * u + tq, k = kl + 2 * h;
                     kw[h][u] = *reinterpret_cast<const uint4 *>(sl + (d * 16 + (k ^ (2 * tq))) * 16);
                 }
-            const float4 ks = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
-            const float4 kv = *reinterpret_cast<const float4 *>(sl + SCO + 64 + 16 * tq);
+            ks = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
+            kv = *reinterpret_cast<const float4 *>(sl + SCO + 64 + 16 * tq);
             release();
+        };
+        /* one group ahead: group gr + 1's fragments are read (and its slot refilled) before
+         * group gr's products */
+        uint4 kwn[2][2];
+        float4 ksn, kvn;
+        kload(kwn, ksn, kvn);
+#pragma unroll 1
+        for (int gr = 0; gr < ng; gr++) {
+            uint4 kw[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int u = 0; u < 2; u++) kw[h][u] = kwn[h][u];
+            const float4 ks = ksn, kv = kvn;
+            if (gr + 1 < ng) kload(kwn, ksn, kvn);
             float c8[2][2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -3240,6 +3277,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         /* the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
         for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
+        /* lane gr's tile constants of group gr, once per chunk (all lanes at once): M + 1e-8,
+         * its correctly rounded reciprocal and M / FP8_MAX (pass 2 shuffles them) */
+        const float ty = vm + 1e-8f, tr = __frcp_rn(ty), tf = pd8_div(vm, c.fmax, rfmax);
         /* pass 2: O = P' V, two groups a step */
         float o[PD_NT][4];
 #pragma unroll
@@ -3270,44 +3310,50 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
             uint32_t pc[2][2];
             float fj[2], yt = 0.0f, ryt = 0.0f;
+            /* both groups straight through (a missing second group: z = -inf, zero scales and
+             * codes, so zero P' and products), the tile constants shuffled from their lanes */
+            if (16 * gr + 32 > nk) /* a tail in this step: keys past the list get no weight,
+                                    * their V codes zeroed */
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int g2 = gr + j, kq = 16 * g2 + 4 * tq;
-                if (j == 1 && !two) {
-                    pc[1][0] = pc[1][1] = 0u, fj[1] = 0.0f;
-                    continue;
-                }
-                const float4 zl = sw[(g2 * 2) * 32 + lane], zh = sw[(g2 * 2 + 1) * 32 + lane];
-                const float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
-                                        {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
-                l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
-                l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
-                const float4 v = vsg[j];
-                float vs4[4] = {v.x, v.y, v.z, v.w};
-                const bool tail = 16 * g2 + 16 > nk;
-                if (tail) /* keys past the list: no weight, V codes zeroed */
+                for (int j = 0; j < 2; j++) {
+                    float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        if (kq + e >= nk) {
+                        if (16 * (gr + j) + 4 * tq + e >= nk) {
                             vs4[e] = 0.0f;
 #pragma unroll
                             for (int u = 0; u < PD_NT; u++) vc[j][u] &= ~(0xFFu << (8 * e));
                         }
+                    vsg[j] = make_float4(vs4[0], vs4[1], vs4[2], vs4[3]);
+                }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int g2 = gr + j;
+                float4 zl = sw[(g2 * 2) * 32 + lane], zh = sw[(g2 * 2 + 1) * 32 + lane];
+                if (j == 1) {
+                    const float ni = -INFINITY;
+                    zl = make_float4(two ? zl.x : ni, two ? zl.y : ni, two ? zl.z : ni, two ? zl.w : ni);
+                    zh = make_float4(two ? zh.x : ni, two ? zh.y : ni, two ? zh.z : ni, two ? zh.w : ni);
+                }
+                const float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
+                                        {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
+                l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+                l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+                const float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
                 /* §4.9 step 4: P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)), M the tile's
                  * max V scale; the output scaled by M / FP8_MAX */
                 if (TPAIR && j == 1) { /* one tile: group 2i's M, factor and reciprocal */
                     fj[1] = fj[0];
                 } else {
-                    const float M = __shfl_sync(0xffffffffu, vm, g2);
-                    fj[j] = pd8_div(M, c.fmax, rfmax);
-                    yt = M + 1e-8f, ryt = __frcp_rn(yt);
+                    yt = __shfl_sync(0xffffffffu, ty, g2), ryt = __shfl_sync(0xffffffffu, tr, g2);
+                    fj[j] = __shfl_sync(0xffffffffu, tf, g2);
                 }
-                const float y = yt, ry = ryt;
                 float pv[2][4];
 #pragma unroll
                 for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
+                    for (int i = 0; i < 4; i++)
+                        pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, yt, ryt);
                 pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
                 pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
             }
@@ -4234,23 +4280,30 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][7]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
-    /* pd8_part_k with the §4.9 tile test compiled in: each instance allocates its registers
-     * for its own pass-2 path */
-    const pf_fn kf[6] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                         pd8_part_k<false>, pd8_part_k<true>};
-    const int fi = p8 ? 4 + (c.tile >= 32) : (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
+     * instance allocates its registers for its own pass-2 path, and a compile-time page makes
+     * the ring's K copies one base plus immediates */
+    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+                         pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
+                         pd8_part_k<true, 128>};
+    int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
+    if (p8) {
+        const bool tp = c.tile >= 32;
+        const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
+        fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
+    }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[6]) {
+    if (!c.fused && msh > pf_set[8]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[6] = msh;
+        pf_set[8] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;

@@ -288,6 +288,7 @@ static void paged_flash_dense_matches_ref(void **state) {
         {1, 16700, 16, 2, 128, 128, 16, 0}, /* 66 chunks: at cpb 2, 33 partials a row > the
                                              * fused merge's 32: pf_merge_k */
         {5, 300, 64, 4, 128, 128, 16, 0},  /* a chunk of 5 after 295 */
+        {2, 600, 16, 2, 128, 64, 16, 0},   /* Dh 128, Bs 64: pd8_part_k's run-time page */
         {7, 61, 6, 3, 12, 8, 1, 0},        /* the fixtures' geometry: element gather */
         {3, 530, 8, 2, 80, 64, 16, 0},     /* odd */
     };
@@ -299,6 +300,7 @@ static void paged_flash_sparse_matches_ref(void **state) {
     static const pg_shape shapes[] = {
         {3, 2100, 64, 4, 128, 128, 16, 16}, /* rows near the end of 17 blocks */
         {2, 4100, 64, 4, 128, 128, 16, 16}, /* decode rows over 33 blocks, 16 selected */
+        {2, 600, 16, 2, 128, 64, 32, 6},    /* Dh 128, page 32: pd8_part_k's run-time page */
         {7, 61, 6, 3, 12, 8, 1, 3},         /* the fixtures' geometry (top-k 3) */
         {4, 700, 8, 2, 80, 64, 16, 7},      /* odd, with the own block absent in half the rows */
         {5, 333, 10, 2, 48, 32, 8, 5},      /* odd heads (5 per group), Dh 48, Bs 32, P 8 */

@@ -485,6 +485,18 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
         fk = fk ? fk + 1 : NULL;
     }
     c.src.flash_kernel = 0;
+    /* M3_BENCH_PF_CPB=4,16 (any row): the row again with the flash_cpb test hook (chunks per
+     * block) set to each listed value, in this process */
+    for (const char *fc = getenv("M3_BENCH_PF_CPB"); fc && *fc;) {
+        c.src.flash_cpb = atoi(fc);
+        char nk[120];
+        snprintf(nk, sizeof nk, "%s cpb%d", nm, c.src.flash_cpb);
+        report(nk, time_ms(g, do_pattn, &c, 20, 7), (double)T * 64 * 128 * 2 * 2 + keys * per_key,
+               keys * 64 * 128 * 4);
+        fc = strchr(fc, ',');
+        fc = fc ? fc + 1 : NULL;
+    }
+    c.src.flash_cpb = 0;
     m3_gpu_release(g, mark);
 }
 
