@@ -401,6 +401,21 @@ static m3_status do_pattn(m3_gpu *g, void *c) {
 }
 
 static bool row_wanted(const char *nm);
+/* the row nm again for each value of the comma list `list` stored into *hook (a test hook of
+ * c.src), named "<nm> <tag><value>"; the hook is 0 (the production choice) afterwards */
+static void pattn_retime(m3_gpu *g, pattn_ctx *c, const char *nm, const char *tag, const char *list,
+                         int *hook, double bytes, double flops) {
+    for (const char *v = list; v && *v;) {
+        *hook = atoi(v);
+        char nk[120];
+        snprintf(nk, sizeof nk, "%s %s%d", nm, tag, *hook);
+        report(nk, time_ms(g, do_pattn, c, 20, 7), bytes, flops);
+        v = strchr(v, ',');
+        v = v ? v + 1 : NULL;
+    }
+    *hook = 0;
+}
+
 static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bool fp8) {
     char nm[96];
     snprintf(nm, sizeof nm, "attn_%s paged flash %s atom T=%d C=%d", sparse ? "sparse" : "dense",
@@ -474,29 +489,12 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
     /* M3_BENCH_PF_KERNELS=1,3 (T = 1 rows): the row again with the flash_kernel test hook set
-     * to each listed kernel (1 pf_part_k, 2 the decode kernels, 3 pc_k), in this process */
-    for (const char *fk = T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL; fk && *fk;) {
-        c.src.flash_kernel = atoi(fk);
-        char nk[120];
-        snprintf(nk, sizeof nk, "%s k%d", nm, c.src.flash_kernel);
-        report(nk, time_ms(g, do_pattn, &c, 20, 7), (double)T * 64 * 128 * 2 * 2 + keys * per_key,
-               keys * 64 * 128 * 4);
-        fk = strchr(fk, ',');
-        fk = fk ? fk + 1 : NULL;
-    }
-    c.src.flash_kernel = 0;
-    /* M3_BENCH_PF_CPB=4,16 (any row): the row again with the flash_cpb test hook (chunks per
-     * block) set to each listed value, in this process */
-    for (const char *fc = getenv("M3_BENCH_PF_CPB"); fc && *fc;) {
-        c.src.flash_cpb = atoi(fc);
-        char nk[120];
-        snprintf(nk, sizeof nk, "%s cpb%d", nm, c.src.flash_cpb);
-        report(nk, time_ms(g, do_pattn, &c, 20, 7), (double)T * 64 * 128 * 2 * 2 + keys * per_key,
-               keys * 64 * 128 * 4);
-        fc = strchr(fc, ',');
-        fc = fc ? fc + 1 : NULL;
-    }
-    c.src.flash_cpb = 0;
+     * to each listed kernel (1 pf_part_k, 2 the decode kernels, 3 pc_k); M3_BENCH_PF_CPB=4,16
+     * (any row): with the flash_cpb test hook (chunks per block) at each value; in this process */
+    const double bytes = (double)T * 64 * 128 * 2 * 2 + keys * per_key, flops = keys * 64 * 128 * 4;
+    pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
+                 bytes, flops);
+    pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
     m3_gpu_release(g, mark);
 }
 
