@@ -1883,13 +1883,6 @@ static __device__ __forceinline__ void pf_offs(const m3_gpu_attn_paged_src &s, i
 }
 
 #if M3_HAVE_MMA
-/* c[16x8] += a[16x16] * b[16x8], fp16 inputs, fp32 accumulate (layouts as m3_mma_bf16_16816) */
-static __device__ __forceinline__ void pf_mma_f16(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 /* 4 bytes global -> shared, asynchronously (an fp32 scale) */
 static __device__ __forceinline__ void cp4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sh_u32(dst)), "l"(src));
@@ -2217,7 +2210,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                                 st + ((size_t)s2 * PF_TK + key) * 16 + 4 * tq);
                             if (c.pa) {
                                 bfr[0] = pf_h2(w, lut16, hw), bfr[1] = pf_h2(w >> 16, lut16, hw);
-                                pf_mma_f16(c8[s2 & 1], qa[s2], bfr);
+                                m3_mma_f16_16816(c8[s2 & 1], qa[s2], bfr);
                             } else {
                                 bfr[0] = pf_b2(w, lutb, hw), bfr[1] = pf_b2(w >> 16, lutb, hw);
                                 m3_mma_bf16_16816(c8[s2 & 1], qa[s2], bfr);
@@ -2312,7 +2305,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
                                 if (c.pvf16) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
                                     bfr[0] = pf_h2(w, lut16, hw), bfr[1] = pf_h2(w >> 16, lut16, hw);
                                     float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                                    pf_mma_f16(t4, a, bfr);
+                                    m3_mma_f16_16816(t4, a, bfr);
 #pragma unroll
                                     for (int i = 0; i < 4; i++) o[u][h2][i] += t4[i] * f;
                                 } else {
@@ -2936,7 +2929,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * counters: 815 executed instructions per 16-key group, ~15% of them the block's prologue
  * and fold): fp8(q) by the saturating hardware cast inside the fragment build, issued after
  * the rings' first copies (the software rounding was ~7%), pd_fold, paired code unpacks
- * (pd8_h4: no shift per upper half), V words by ldmatrix, one M / factor / reciprocal per
+ * (m3_e4m3x4_to_f16x2: no shift per upper half), V words by ldmatrix, one M / factor / reciprocal per
  * tile pair, and the second group of a pass-2 step always multiplied (a lone last group
  * adds zero products: no predicated mma.sync, whose warp syncs cost 16 instructions a
  * group): 646 instructions a group. Bulk-copy rings (cp.async.bulk + mbarriers, one lane
@@ -2966,12 +2959,6 @@ static size_t pd8_smem_bytes(const pf_cfg &c) {
 }
 
 #if M3_HAVE_FP8_CVT
-/* the four e4m3fn codes of x as fp16x2 pairs: lo = bytes 0, 1 and hi = bytes 2, 3 (the 16-bit
- * halves split by a mov, so ptxas can feed each half to its unpack without a shift) */
-static __device__ __forceinline__ void pd8_h4(uint32_t x, uint32_t &lo, uint32_t &hi) {
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
-        : "=r"(lo), "=r"(hi) : "r"(x));
-}
 /* e4m3fn codes of (lo, hi), lo in the low byte (rn, satfinite: the emulation's SATURATE;
  * §4.9's values never exceed FP8_MAX) */
 static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
@@ -3234,8 +3221,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         const uint4 w = kw[h][m >> 1];
                         const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
                         uint32_t b[2];
-                        pd8_h4(x, b[0], b[1]);
-                        pf_mma_f16(c8[h][m & 1], qa, b);
+                        m3_e4m3x4_to_f16x2(x, b[0], b[1]);
+                        m3_mma_f16_16816(c8[h][m & 1], qa, b);
                     }
                 }
             const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
@@ -3364,8 +3351,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             uint32_t ah[2][4];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                pd8_h4(pc[j][0], ah[j][0], ah[j][2]);
-                pd8_h4(pc[j][1], ah[j][1], ah[j][3]);
+                m3_e4m3x4_to_f16x2(pc[j][0], ah[j][0], ah[j][2]);
+                m3_e4m3x4_to_f16x2(pc[j][1], ah[j][1], ah[j][3]);
             }
             if (tpair) { /* one tile: both groups' products in one sum before the scaling */
 #pragma unroll
@@ -3374,8 +3361,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int j = 0; j < 2; j++) { /* (a lone last group: j = 1 adds 0) */
                         uint32_t b[2];
-                        pd8_h4(vc[j][u], b[0], b[1]);
-                        pf_mma_f16(t4, ah[j], b);
+                        m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
+                        m3_mma_f16_16816(t4, ah[j], b);
                     }
 #pragma unroll
                     for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[0];
@@ -3386,9 +3373,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
                         uint32_t b[2];
-                        pd8_h4(vc[j][u], b[0], b[1]);
+                        m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        pf_mma_f16(t4, ah[j], b);
+                        m3_mma_f16_16816(t4, ah[j], b);
 #pragma unroll
                         for (int i = 0; i < 4; i++) o[u][i] += t4[i] * fj[j];
                     }
@@ -3883,7 +3870,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
             if (pa) {
                 bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
-                pf_mma_f16(acc, qa[s2], bfr);
+                m3_mma_f16_16816(acc, qa[s2], bfr);
             } else {
                 bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
                 m3_mma_bf16_16816(acc, qa[s2], bfr);
@@ -4056,7 +4043,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 if (pa) { /* exact P' v8 sums of one §4.9 tile, times M / FP8_MAX */
                     bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
                     float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    pf_mma_f16(t4, a, bfr);
+                    m3_mma_f16_16816(t4, a, bfr);
                     const float f = mf[ks];
 #pragma unroll
                     for (int i = 0; i < 4; i++) oo[h2][i] += t4[i] * f;

@@ -237,6 +237,14 @@ static __device__ __forceinline__ void m3_mma_bf16_16816(float *c, const uint32_
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+/* the same with fp16 inputs (the same fragment layouts): e4m3 codes unpacked to fp16 are exact */
+static __device__ __forceinline__ void m3_mma_f16_16816(float *c, const uint32_t *a,
+                                                        const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 #else
 #define M3_HAVE_MMA 0
 #endif
@@ -255,6 +263,13 @@ static __device__ __forceinline__ void m3_e4m3x4_to_f32(uint32_t q, float *v) {
     const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&lo));
     const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&hi));
     v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+}
+/* the four codes of q as fp16 pairs for an mma fragment: lo = bytes 0, 1, hi = bytes 2, 3 (the
+ * 16-bit halves split by a mov, so each half feeds its unpack without a shift); a NaN code
+ * gives an fp16 NaN */
+static __device__ __forceinline__ void m3_e4m3x4_to_f16x2(uint32_t q, uint32_t &lo, uint32_t &hi) {
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
+        : "=r"(lo), "=r"(hi) : "r"(q));
 }
 #else
 #define M3_HAVE_FP8_CVT 0

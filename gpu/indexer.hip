@@ -841,23 +841,6 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
 }
 
 #if M3_HAVE_FP8_CVT
-/* idx_km_k's fp16 route (below): 4 e4m3fn codes (byte i = dim i) as two fp16 pairs (lo: dims
- * 0-1, hi: dims 2-3), one cvt per pair (F2FP.F16.E4M3.UNPACK_B, no byte moves); exact, since
- * every e4m3fn value is an fp16 value, and a NaN code gives an fp16 NaN (no flags needed) */
-static __device__ __forceinline__ void e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t &hi) {
-    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-        " cvt.rn.f16x2.e4m3x2 %1, h;}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(w));
-}
-/* m3_mma_bf16_16816 (gpu/hip_compat.h) with fp16 inputs: the same fragment layout */
-static __device__ __forceinline__ void mma_f16_16816(float *c, const uint32_t *a,
-                                                     const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 /* The query rows of idx_km_k's B fragments (qb: bf16 pairs; lane (g, t) holds dims of row g)
  * as fp16 pairs, each row times 2^s (its largest |q| into [2^14, 2^15)), when every value of
  * every row of the warp is exact so; then qb holds the scaled pairs, inv[e] = 2^-s of query
@@ -1418,14 +1401,14 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         uint32_t pa[4], pc[4];
-                        e4m3x4_f16(hh ? ka.z : ka.x, pa[0], pa[1]);
-                        e4m3x4_f16(hh ? ka.w : ka.y, pa[2], pa[3]);
-                        e4m3x4_f16(hh ? kc.z : kc.x, pc[0], pc[1]);
-                        e4m3x4_f16(hh ? kc.w : kc.y, pc[2], pc[3]);
+                        m3_e4m3x4_to_f16x2(hh ? ka.z : ka.x, pa[0], pa[1]);
+                        m3_e4m3x4_to_f16x2(hh ? ka.w : ka.y, pa[2], pa[3]);
+                        m3_e4m3x4_to_f16x2(hh ? kc.z : kc.x, pc[0], pc[1]);
+                        m3_e4m3x4_to_f16x2(hh ? kc.w : kc.y, pc[2], pc[3]);
                         const uint32_t a0[4] = {pa[0], pc[0], pa[1], pc[1]};
                         const uint32_t a1[4] = {pa[2], pc[2], pa[3], pc[3]};
-                        mma_f16_16816(c, a0, qb[4 * j + 2 * hh]);
-                        mma_f16_16816(c, a1, qb[4 * j + 2 * hh + 1]);
+                        m3_mma_f16_16816(c, a0, qb[4 * j + 2 * hh]);
+                        m3_mma_f16_16816(c, a1, qb[4 * j + 2 * hh + 1]);
                     }
                     continue;
                 }
