@@ -27,6 +27,8 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
+#include <stdio.h>  /* SESSION KNOB (removed) */
+#include <stdlib.h> /* SESSION KNOB (removed) */
 
 
 #define ATTN_THREADS 128
@@ -3633,7 +3635,11 @@ typedef struct {
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
+    int dbg;  /* SESSION KNOB (removed): bit 0 clock64 stamps, bits 4.. variant */
 } pc_cfg;
+/* SESSION KNOB (removed): per instance, per phase, the sum over CTAs of thread 0's clock64
+ * minus its value at the grid wait's release; [i][31] the CTA count */
+__device__ unsigned long long pc_stm[3][32];
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3665,6 +3671,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
+#define PC_ST(i) do { if ((pc.dbg & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
 template <bool FP8, bool CONT>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
@@ -3702,7 +3709,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
+    const long long pc_ts = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
+    const long long pc_t0 = clock64();
+    if ((pc.dbg & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][0], (unsigned long long)(pc_t0 - pc_ts)), atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][31], 1ull);
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = topk != NULL;
@@ -3744,6 +3754,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const unsigned bal = __ballot_sync(0xffffffffu, ok);
     if (lane == 0) wcnt[warp] = __popc(bal);
     const int nf = __syncthreads_count(ok); /* also: selsh, vfl, wcnt visible */
+    PC_ST(1);
     const int tail = __syncthreads_or(own);
     if (!sparse) {
         n = p + 1;
@@ -3765,6 +3776,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
+        if (pa && (pc.dbg & 16) && tid < nq / 8) { /* VAR 1: §4.9 q to e4m3 (as fp16) once, here */
+            uint32_t w[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float lo = m3_bf16_to_f32((uint16_t)(w[i] & 0xFFFFu)), hi = m3_bf16_to_f32((uint16_t)(w[i] >> 16));
+                w[i] = pf_q2(lo, hi, s.g.fp8_kind, s.ovf, s.ovf == M3_FP8_SATURATE);
+            }
+            qv = make_uint4(w[0], w[1], w[2], w[3]);
+        }
         if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
     }
     if (!sparse) { /* dense: key k in logical block k / Bs */
@@ -3772,6 +3792,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
+    PC_ST(2);
     /* contiguous: the row's keys split evenly (kpc is the most a CTA takes), a chunk a CTA
      * (no partitions: each CTA's own max, no max exchange; empty CTAs weigh 0 in the merge) */
     const int kpd = CONT ? ((n + 15) / 16 + cs - 1) / cs * 16 : kpc;
@@ -3814,6 +3835,18 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
     }
     const int gi = FP8 ? warp + NW * lane : tid;
+    if ((pc.dbg & 32) && Pv == 16) { /* VAR 2 (timing only, wrong data): one copy per array */
+        if (tid == 0) {
+            int64_t ko, vo, so;
+            pf_offs<XC>(s, physl[k0 / Bs - kbb] * Bs + (k0 - k0 / Bs * Bs), g, ko, vo, so);
+            pc_bulk(ksm, kbase + ko * EB, (uint32_t)(ng * ku * 16), bars);
+            if (FP8) {
+                pc_bulk(ksc, s.k_scale + so, (uint32_t)ng * 64, bars);
+                pc_bulk(vsc, s.v_scale + so, (uint32_t)ng * 64, bars);
+            }
+            pc_bulk(vsm, vbase + vo * EB, (uint32_t)(ng * vu * 16), bars + 1);
+        }
+    } else
     if (gi < ng) {
         const int k = k0 + gi * 16, kb = k / Bs;
         int64_t ko, vo, so;
@@ -3832,6 +3865,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
     }
+    PC_ST(3);
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
@@ -3840,8 +3874,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
         /* SATURATE: each fragment word's two q values to e4m3 by the hardware (satfinite is
          * exactly it) as the word is read; else the software rounding, in place, first */
-        const bool qhw = pa && s.ovf == M3_FP8_SATURATE;
-        if (pa && !qhw) { /* uniform */
+        const bool qhw = pa && s.ovf == M3_FP8_SATURATE && !(pc.dbg & 16);
+        if (pa && !qhw && !(pc.dbg & 16)) { /* uniform */
             for (int e = tid; e < nq; e += PC_NT)
                 qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
             __syncthreads();
@@ -3860,8 +3894,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     }
+    PC_ST(4);
     pc_bar_wait(bars, 0); /* K and the scales landed */
+    PC_ST(5);
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
+    PC_ST(6);
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     auto kstep = [&](int key, int s2, float (&acc)[4]) {
@@ -3917,6 +3954,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         kout(nt, ca);
         if (two) kout(nt + NW, cb);
     }
+    PC_ST(7);
 #pragma unroll
     for (int r2 = 0; r2 < 2; r2++) {
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
@@ -3938,6 +3976,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mloc[tid] = m;
     }
     __syncthreads();
+    PC_ST(8);
     pc_wait(); /* (a): every CTA of the cluster runs */
     if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
                     * on their bars[2]: no cluster-wide barrier), the max of the spc values */
@@ -3957,6 +3996,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
+    PC_ST(9);
     /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
@@ -4000,13 +4040,16 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         psend(h, m0, l0);
         if (two) psend(h + NW, m1, l1);
     }
+    PC_ST(10);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
         unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
+    PC_ST(11);
     __syncthreads();
+    PC_ST(12);
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
     float o[2][4] = {};
@@ -4062,6 +4105,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (np * 16 < Dh)
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+    PC_ST(13);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = pc.epo;
@@ -4081,22 +4125,30 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
+    PC_ST(14);
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
     if (EARLY) { /* the weights once every CTA's l and m landed (bars[4], sent from the P loops:
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
+        PC_ST(15);
         cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+        PC_ST(16);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
+        PC_ST(17);
         __syncthreads(); /* the weights */
+        PC_ST(18);
         cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne,
                 Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
+        PC_ST(19);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
         pc_bar_wait_cl(bars + 3, 0);
+        PC_ST(17);
         cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
                         c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+        PC_ST(19);
     }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
@@ -4128,10 +4180,29 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
     return force || (int64_t)c.Hkv * n_tok * pc->cs <= n_sm;
 }
 
+/* SESSION KNOB (removed): M3_PC_STAMP=1 stamps; printed at exit */
+static void pc_dump(void) {
+    unsigned long long h[3][32];
+    if (cudaMemcpyFromSymbol(h, pc_stm, sizeof h) != cudaSuccess) { fprintf(stderr, "pc_dump: copy failed\n"); return; }
+    static const char *nm[3] = {"bf16 paged", "fp8 paged", "bf16 cont"};
+    for (int i = 0; i < 3; i++) {
+        if (!h[i][31]) continue;
+        fprintf(stderr, "PCSTAMP %s ctas %llu (k cycles from the grid wait's release; [0] = pre-wait):", nm[i], h[i][31]);
+        for (int j = 0; j < 20; j++) fprintf(stderr, " %d:%.2f", j, (double)h[i][j] / (double)h[i][31] / 1000.0);
+        fprintf(stderr, "\n");
+    }
+}
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
-                           const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
+                           const int32_t *d_topk, int width, const pc_cfg &pc0, bool *done) {
     *done = false;
+    pc_cfg pc = pc0;
+    static int pc_stamp = -1;
+    if (pc_stamp < 0) {
+        pc_stamp = getenv("M3_PC_STAMP") ? 1 : 0;
+        if (pc_stamp) atexit(pc_dump);
+    }
+    { const char *v = getenv("M3_PC_VAR"); pc.dbg = pc_stamp | (src->flash_kernel >> 4 << 4) | (v ? atoi(v) << 4 : 0); }
     typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, const int32_t *, int, pc_cfg);
     const int fi = pc.cont ? 2 : pc.c.fp8 ? 1 : 0;
@@ -4198,8 +4269,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel == 3;
-        if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
+        const bool force = (src->flash_kernel & 15) == 3; /* SESSION KNOB: bits 4.. a pc_k variant */
+        if (((src->flash_kernel & 15) == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
             if (done) return M3_OK;
