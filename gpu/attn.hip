@@ -793,23 +793,6 @@ static __device__ __forceinline__ void pc_bar_wait(uint64_t *b, int par) {
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                  "@!p bra PC_WAIT;\n}\n" ::"r"(sh_u32(b)), "r"(par) : "memory");
 }
-/* a tensor copy of a box (tile mode) into this CTA's shared memory, completing on bar; m: the
- * address of a __grid_constant__ tensor map */
-static __device__ __forceinline__ void pc_tma5(void *dst, const void *m, int c0, int c1, int c2, int c3, int c4,
-                                               uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
-                 ::"r"(sh_u32(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(sh_u32(bar))
-                 : "memory");
-}
-static __device__ __forceinline__ void pc_tma3(void *dst, const void *m, int c0, int c1, int c2, uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
-                 ::"r"(sh_u32(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(sh_u32(bar)) : "memory");
-}
-static __device__ __forceinline__ void pc_tma_pf(const void *m) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(m) : "memory");
-}
 #else
 #define M3_HAVE_CLUSTER 0
 #endif
@@ -3524,7 +3507,6 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
 }
 
 #if defined(M3_HIP_NVIDIA)
-#include <cuda.h> /* CUtensorMap (pc_k's tensor copies; the encoder through the runtime) */
 /* The owner's step of a cluster merge (pc_k, sdec_k's T = 1 launch): this CTA owns elements
  * [e0, e0 + ne) of the row's hq x Dh outputs (orow = their first); CTA u of the cluster left
  * its fp32 partial of them in ro[u epo + x], its denominator and max per head in rl[u ls + h],
@@ -3563,6 +3545,7 @@ static __device__ void cl_weights(const float *rl, const float *rm, int ls, int 
     }
 }
 
+template <bool LEAN = false>
 static __device__ void cl_sums(m3_bf16 *orow, const float *ro, int epo, int nch, int spc, bool part,
                                int e0, int ne, int Dh, const float4 *mwl, int tid, int nt) {
     const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0;
@@ -3573,15 +3556,26 @@ static __device__ void cl_sums(m3_bf16 *orow, const float *ro, int epo, int nch,
         float num = 0.0f, den = 0.0f;
         if (x < ne) {
             const int hl = (e0 + x) / Dh - h0;
-#pragma unroll 4
-            for (int j = ja; j < jb; j++) {
+            auto one = [&](int j) {
                 const float4 f = mwl[j * nh + hl];
                 float oo = 0.0f;
+                if (LEAN) {
+#pragma unroll 1
+                    for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
+                } else {
 #pragma unroll 2
-                for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
+                    for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
+                }
                 const float a = part && f.y > 0.0f ? f.y * m3_round_bf16(pd8_div(oo, f.y, f.z)) : oo;
                 num += __fmul_rn(f.x, a);
                 den += f.w;
+            };
+            if (LEAN) { /* SESSION VARIANT */
+#pragma unroll 1
+                for (int j = ja; j < jb; j++) one(j);
+            } else {
+#pragma unroll 4
+                for (int j = ja; j < jb; j++) one(j);
             }
         }
         num += __shfl_xor_sync(0xffffffffu, num, 16);
@@ -3645,7 +3639,6 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
-#define PC_TMA_NB (1 << 20) /* physical blocks a tensor map spans (pc_k checks its ids) */
 
 typedef struct {
     pf_cfg c;
@@ -3654,13 +3647,7 @@ typedef struct {
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
-    int dbg;  /* SESSION KNOB (removed): bit 0 clock64 stamps, bits 4.. variant */
-    int tma;  /* the tensor maps below are valid (page view of 16 keys, cache strides of 16 B) */
 } pc_cfg;
-/* tensor maps of the paged cache (cp.async.bulk.tensor: a CTA's pages of one head in one
- * instruction): K and V as [block][page of the block][head][R][256 x 8 B], the fp8 scales as
- * [page][head][16 floats] */
-typedef struct { CUtensorMap k, v, ks, vs; } pc_tmaps;
 /* SESSION KNOB (removed): per instance, per phase, the sum over CTAs of thread 0's clock64
  * minus its value at the grid wait's release; [i][31] the CTA count */
 __device__ unsigned long long pc_stm[3][32];
@@ -3670,7 +3657,7 @@ __device__ unsigned long long pc_stm[3][32];
  * K and V scales [kpc], §4.9 tile M and M / FP8_MAX [kpc / 16], received O [cs][epo],
  * l and m [cs][hq], chunk maxes [spc][hq], the merge scratch */
 typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, wa, total; } pc_lay;
-static __host__ __device__ inline size_t pc_up(size_t x) { return (x + 127) / 128 * 128; } /* tensor copies: 128-byte aligned destinations */
+static __host__ __device__ inline size_t pc_up(size_t x) { return (x + 15) / 16 * 16; }
 static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     const pf_cfg &c = pc.c;
     pc_lay L;
@@ -3695,12 +3682,12 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-#define PC_ST(i) do { if ((pc.dbg & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
-template <bool FP8, bool CONT, bool PA = false>
+#define PC_ST(i) do { if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
+template <bool FP8, bool CONT, bool PA = false, int V = 0>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
-         pc_cfg pc, const __grid_constant__ pc_tmaps tm) {
+         pc_cfg pc) {
 #if M3_HAVE_CLUSTER && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
@@ -3732,16 +3719,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (tid == 0)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
-    const bool tma = !CONT && pc.tma && (pc.dbg & 64) && (sh_u32(pc_raw) & 127) == 0;
-    if (tma && tid == 0) { /* the descriptors do not depend on the earlier grid */
-        pc_tma_pf(&tm.k), pc_tma_pf(&tm.v);
-        if (FP8) pc_tma_pf(&tm.ks), pc_tma_pf(&tm.vs);
-    }
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     const long long pc_ts = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     const long long pc_t0 = clock64();
-    if ((pc.dbg & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][0], (unsigned long long)(pc_t0 - pc_ts)), atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][31], 1ull);
+    if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][0], (unsigned long long)(pc_t0 - pc_ts)), atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][31], 1ull);
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = topk != NULL;
@@ -3805,15 +3787,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
-        if (pa && (pc.dbg & 16) && tid < nq / 8) { /* VAR 1: §4.9 q to e4m3 (as fp16) once, here */
-            uint32_t w[4] = {qv.x, qv.y, qv.z, qv.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float lo = m3_bf16_to_f32((uint16_t)(w[i] & 0xFFFFu)), hi = m3_bf16_to_f32((uint16_t)(w[i] >> 16));
-                w[i] = pf_q2(lo, hi, s.g.fp8_kind, s.ovf, s.ovf == M3_FP8_SATURATE);
-            }
-            qv = make_uint4(w[0], w[1], w[2], w[3]);
-        }
         if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
     }
     if (!sparse) { /* dense: key k in logical block k / Bs */
@@ -3864,30 +3837,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_expect(bars + 1, (uint32_t)ng * vu * 16);
     }
     const int gi = FP8 ? warp + NW * lane : tid;
-    if (tma && ng * 16 == kpc && (k0 % Bs) + kpc <= Bs && physl[k0 / Bs - kbb] < PC_TMA_NB) { /* VAR 4: one tensor copy per array */
-        if (tid == 0) {
-            const int ph0 = physl[k0 / Bs - kbb], pib = (k0 % Bs) / 16;
-            if ((pc.dbg & 1)) atomicAdd(&pc_stm[FP8 ? 1 : 0][30], 1ull);
-            pc_tma5(ksm, &tm.k, 0, 0, g, pib, ph0, bars);
-            if (FP8) {
-                pc_tma3(ksc, &tm.ks, 0, g, ph0 * (Bs / 16) + pib, bars);
-                pc_tma3(vsc, &tm.vs, 0, g, ph0 * (Bs / 16) + pib, bars);
-            }
-            pc_tma5(vsm, &tm.v, 0, 0, g, pib, ph0, bars + 1);
-        }
-    } else
-    if ((pc.dbg & 32) && Pv == 16) { /* VAR 2 (timing only, wrong data): one copy per array */
-        if (tid == 0) {
-            int64_t ko, vo, so;
-            pf_offs<XC>(s, physl[k0 / Bs - kbb] * Bs + (k0 - k0 / Bs * Bs), g, ko, vo, so);
-            pc_bulk(ksm, kbase + ko * EB, (uint32_t)(ng * ku * 16), bars);
-            if (FP8) {
-                pc_bulk(ksc, s.k_scale + so, (uint32_t)ng * 64, bars);
-                pc_bulk(vsc, s.v_scale + so, (uint32_t)ng * 64, bars);
-            }
-            pc_bulk(vsm, vbase + vo * EB, (uint32_t)(ng * vu * 16), bars + 1);
-        }
-    } else
     if (gi < ng) {
         const int k = k0 + gi * 16, kb = k / Bs;
         int64_t ko, vo, so;
@@ -3915,8 +3864,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
         /* SATURATE: each fragment word's two q values to e4m3 by the hardware (satfinite is
          * exactly it) as the word is read; else the software rounding, in place, first */
-        const bool qhw = pa && s.ovf == M3_FP8_SATURATE && !(pc.dbg & 16);
-        if (pa && !qhw && !(pc.dbg & 16)) { /* uniform */
+        const bool qhw = pa && s.ovf == M3_FP8_SATURATE;
+        if (pa && !qhw) { /* uniform */
             for (int e = tid; e < nq; e += PC_NT)
                 qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
             __syncthreads();
@@ -4143,9 +4092,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     };
-    if (np * 16 < Dh)
+    if (np * 16 < Dh) {
+        if (V & 2) {
+#pragma unroll 1
+            for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+        } else {
 #pragma unroll 4
-        for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+            for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+        }
+    }
     PC_ST(13);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
@@ -4180,7 +4135,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         PC_ST(17);
         __syncthreads(); /* the weights */
         PC_ST(18);
-        cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne,
+        cl_sums<(V & 2) != 0>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne,
                 Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
         PC_ST(19);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
@@ -4221,63 +4176,6 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
     return force || (int64_t)c.Hkv * n_tok * pc->cs <= n_sm;
 }
 
-/* the driver's tensor-map encoder, through the runtime (no libcuda link); NULL if absent */
-typedef CUresult (*pc_enc_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static pc_enc_fn pc_encoder(void) {
-    static int done;
-    static pc_enc_fn f;
-    if (!done) {
-        done = 1;
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess && q == cudaDriverEntryPointSuccess)
-            f = (pc_enc_fn)p;
-        else
-            (void)cudaGetLastError();
-    }
-    return f;
-}
-/* pc_k's tensor maps for src (page view of 16 keys): K and V [block][page][head][R][U x 8 B]
- * (U R 8 bytes = one head's page, U <= 256 elements a box row), the fp8 scales [page][head][16
- * floats]; a box is a CTA's kpc / 16 pages of one head. False when the strides do not allow it. */
-static bool pc_tma_encode(const m3_gpu_attn_paged_src *src, const pc_cfg &pc, pc_tmaps *tm) {
-    const m3_kv_geom &G = src->g;
-    const pc_enc_fn enc = pc_encoder();
-    const int eb = pc.c.fp8 ? 1 : 2, xc = 16 / eb;
-    if (!enc || src->view != M3_KV_VIEW_PAGE || G.page != 16 || pc.kpc % 16 || pc.kpc > G.block ||
-        G.dx * xc != G.head_dim || (pc.c.fp8 && !(src->k_scale && src->v_scale)))
-        return false;
-    const uint64_t ph = (uint64_t)G.head_dim * 16 * eb, u = ph / 8; /* one head's page, bytes / 8 */
-    uint64_t R = 1;
-    while (R <= 64 && (u % R || u / R > 256 || (u / R) % 2)) R++;
-    const uint64_t ppb = (uint64_t)(G.block / 16), kbs = (uint64_t)G.k_block * eb, vps = (uint64_t)G.v_page * eb,
-                   vbs = (uint64_t)G.v_stride * eb;
-    if (R > 64 || kbs % 16 || vps % 16 || vbs % 16 || vps < (uint64_t)G.n_kv * ph) return false;
-    const cuuint64_t kd[5] = {u / R, R, (cuuint64_t)G.n_kv, ppb, PC_TMA_NB};
-    const cuuint64_t ks[4] = {ph / R, ph, (cuuint64_t)G.n_kv * ph, kbs}, vs[4] = {ph / R, ph, vps, vbs};
-    const cuuint32_t box[5] = {(cuuint32_t)(u / R), (cuuint32_t)R, 1, (cuuint32_t)(pc.kpc / 16), 1},
-                     es[5] = {1, 1, 1, 1, 1};
-    if (enc(&tm->k, CU_TENSOR_MAP_DATA_TYPE_UINT64, 5, (void *)src->k, kd, ks, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
-        enc(&tm->v, CU_TENSOR_MAP_DATA_TYPE_UINT64, 5, (void *)src->v, kd, vs, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-        return false;
-    if (pc.c.fp8) {
-        const cuuint64_t sd[3] = {16, (cuuint64_t)G.n_kv, (cuuint64_t)PC_TMA_NB * ppb}, ss[2] = {64, (cuuint64_t)G.n_kv * 64};
-        const cuuint32_t sb[3] = {16, 1, (cuuint32_t)(pc.kpc / 16)};
-        if (enc(&tm->ks, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)src->k_scale, sd, ss, sb, es,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
-            enc(&tm->vs, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)src->v_scale, sd, ss, sb, es,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-            return false;
-    }
-    return true;
-}
 /* SESSION KNOB (removed): M3_PC_STAMP=1 stamps; printed at exit */
 static void pc_dump(void) {
     unsigned long long h[3][32];
@@ -4292,23 +4190,29 @@ static void pc_dump(void) {
 }
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
-                           const int32_t *d_topk, int width, const pc_cfg &pc0, bool *done) {
+                           const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
     *done = false;
-    pc_cfg pc = pc0;
-    static int pc_stamp = -1;
+    static int pc_stamp = -1, pc_var = 0;
     if (pc_stamp < 0) {
         pc_stamp = getenv("M3_PC_STAMP") ? 1 : 0;
+        pc_var = getenv("M3_PC_VAR") ? atoi(getenv("M3_PC_VAR")) : 0;
         if (pc_stamp) atexit(pc_dump);
     }
-    { const char *v = getenv("M3_PC_VAR"); pc.dbg = pc_stamp | (src->flash_kernel >> 4 << 4) | (v ? atoi(v) << 4 : 0); }
-    pc_tmaps tm;
-    memset(&tm, 0, sizeof tm);
-    if (!pc.cont && (pc.dbg & 64)) pc.tma = pc_tma_encode(src, pc, &tm);
-    if ((pc.dbg & 64) && !pc.cont) { static int once; if (!once) once = 1, fprintf(stderr, "pc_k tma %d\n", pc.tma); }
+    const int var = (src->flash_kernel >> 4) | pc_var; /* SESSION KNOB: 1 the §4.9 instance, 2 lean */
     typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
-                          int, const int32_t *, int, pc_cfg, pc_tmaps);
-    const int fi = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa && (pc.dbg & 128) ? 3 : 1) : 0; /* VAR 8: the §4.9 instance */
-    const pc_fn fn = fi == 2 ? pc_k<false, true> : fi == 3 ? pc_k<true, false, true> : fi ? pc_k<true, false> : pc_k<false, false>;
+                          int, const int32_t *, int, pc_cfg);
+    const bool pai = pc.c.fp8 && pc.c.pa && (var & 1);
+    const int fi = (pc.cont ? 2 : pc.c.fp8 ? 1 : 0) + (pai ? 3 : 0) + ((var & 2) ? 6 : 0) + (pc_stamp ? 12 : 0);
+    static const pc_fn fns[24] = {
+        pc_k<false, false, false, 0>, pc_k<true, false, false, 0>, pc_k<false, true, false, 0>,
+        pc_k<false, false, false, 0>, pc_k<true, false, true, 0>, pc_k<false, true, false, 0>,
+        pc_k<false, false, false, 2>, pc_k<true, false, false, 2>, pc_k<false, true, false, 2>,
+        pc_k<false, false, false, 2>, pc_k<true, false, true, 2>, pc_k<false, true, false, 2>,
+        pc_k<false, false, false, 1>, pc_k<true, false, false, 1>, pc_k<false, true, false, 1>,
+        pc_k<false, false, false, 1>, pc_k<true, false, true, 1>, pc_k<false, true, false, 1>,
+        pc_k<false, false, false, 3>, pc_k<true, false, false, 3>, pc_k<false, true, false, 3>,
+        pc_k<false, false, false, 3>, pc_k<true, false, true, 3>, pc_k<false, true, false, 3>};
+    const pc_fn fn = fns[fi];
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4323,12 +4227,12 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][4];
-    static size_t pc_ok[64][4][PC_MAX_CS + 1], pc_no[64][4][PC_MAX_CS + 1];
+    static int pc_attr[64][24];
+    static size_t pc_ok[64][24][PC_MAX_CS + 1], pc_no[64][24][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc, tm));
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
 }
