@@ -3695,9 +3695,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     constexpr bool EARLY = !CONT;
     const pf_cfg &c = pc.c;
     const bool pa = PA || (FP8 && c.pa); /* §4.9 (known false in the bf16 instance: no P' code there) */
-    const int hq = c.hq, Dh = c.Dh, ch = c.ch, Bs = s.g.block, kpc = pc.kpc, cs = pc.cs,
-              spc = pc.spc, SCP = kpc + 8, PBP = kpc + 8;
-    const pc_lay L = pc_layout(pc, EB);
+    /* FX: M3's sparse decode geometry compiled in (hq 16, Dh 128, partitions of 256 keys, Bs 128,
+     * the page-16 view, 2 CTAs of 128 keys a partition, 16 a cluster, 128 outputs an owner):
+     * shifts for the index math, constant trip counts (pc_fix says when) */
+    constexpr bool FX = (V & 4) != 0;
+    const int hq = FX ? 16 : c.hq, Dh = FX ? 128 : c.Dh, ch = FX ? 256 : c.ch, Bs = FX ? 128 : s.g.block,
+              kpc = FX ? 128 : pc.kpc, cs = FX ? 16 : pc.cs, spc = FX ? 2 : pc.spc, SCP = kpc + 8, PBP = kpc + 8;
+    pc_cfg pcx = pc;
+    if (FX) pcx.c.hq = 16, pcx.c.Dh = 128, pcx.kpc = 128, pcx.cs = 16, pcx.spc = 2, pcx.epo = 128;
+    const pc_lay L = pc_layout(pcx, EB);
     unsigned char *ksm = pc_raw + L.k, *vsm = pc_raw + L.v;
     float *sc = reinterpret_cast<float *>(pc_raw + L.sc);
     m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(pc_raw + L.pb);
@@ -3726,7 +3732,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][0], (unsigned long long)(pc_t0 - pc_ts)), atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][31], 1ull);
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
-    const bool sparse = topk != NULL;
+    const bool sparse = FX || topk != NULL;
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
@@ -3801,7 +3807,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int k0 = r * kpd, nk = max(0, min(kpd, n - k0)), ng = (nk + 15) / 16;
     const int chj = CONT ? r : k0 / ch, nch = CONT ? cs : (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
     const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
-    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    const int Pv = FX ? 16 : s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    m3_gpu_attn_paged_src sx = s; /* FX: pf_offs on the compiled-in view */
+    if (FX) sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
     /* K and V by bulk copies, group gi (16 keys, one page) by thread gi (bf16: warp 0 issues
@@ -3840,7 +3848,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (gi < ng) {
         const int k = k0 + gi * 16, kb = k / Bs;
         int64_t ko, vo, so;
-        pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
+        pf_offs<XC>(sx, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
         unsigned char *kd = ksm + (size_t)gi * ku * 16;
         if (Pv == 16) {
             pc_bulk(kd, kbase + ko * EB, (uint32_t)ku * 16, bars);
@@ -4104,7 +4112,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     PC_ST(13);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
-    const int epo = pc.epo;
+    const int epo = FX ? 128 : pc.epo;
     const float repo = 1.0f / (float)epo;
     if (np * 16 < Dh)
 #pragma unroll
@@ -4176,6 +4184,13 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
     return force || (int64_t)c.Hkv * n_tok * pc->cs <= n_sm;
 }
 
+typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
+                      int, const int32_t *, int, pc_cfg);
+/* SESSION KNOB (removed): the instance for base (0 bf16, 1 fp8, 2 contiguous, 3 §4.9) */
+template <int V> static pc_fn pc_pick(int base) {
+    return base == 2 ? (V & 4 ? pc_k<false, true, false, 0> : pc_k<false, true, false, V>)
+         : base == 3 ? pc_k<true, false, true, V> : base == 1 ? pc_k<true, false, false, V> : pc_k<false, false, false, V>;
+}
 /* SESSION KNOB (removed): M3_PC_STAMP=1 stamps; printed at exit */
 static void pc_dump(void) {
     unsigned long long h[3][32];
@@ -4199,20 +4214,26 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         if (pc_stamp) atexit(pc_dump);
     }
     const int var = (src->flash_kernel >> 4) | pc_var; /* SESSION KNOB: 1 the §4.9 instance, 2 lean */
-    typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
-                          int, const int32_t *, int, pc_cfg);
     const bool pai = pc.c.fp8 && pc.c.pa && (var & 1);
-    const int fi = (pc.cont ? 2 : pc.c.fp8 ? 1 : 0) + (pai ? 3 : 0) + ((var & 2) ? 6 : 0) + (pc_stamp ? 12 : 0);
-    static const pc_fn fns[24] = {
-        pc_k<false, false, false, 0>, pc_k<true, false, false, 0>, pc_k<false, true, false, 0>,
-        pc_k<false, false, false, 0>, pc_k<true, false, true, 0>, pc_k<false, true, false, 0>,
-        pc_k<false, false, false, 2>, pc_k<true, false, false, 2>, pc_k<false, true, false, 2>,
-        pc_k<false, false, false, 2>, pc_k<true, false, true, 2>, pc_k<false, true, false, 2>,
-        pc_k<false, false, false, 1>, pc_k<true, false, false, 1>, pc_k<false, true, false, 1>,
-        pc_k<false, false, false, 1>, pc_k<true, false, true, 1>, pc_k<false, true, false, 1>,
-        pc_k<false, false, false, 3>, pc_k<true, false, false, 3>, pc_k<false, true, false, 3>,
-        pc_k<false, false, false, 3>, pc_k<true, false, true, 3>, pc_k<false, true, false, 3>};
-    const pc_fn fn = fns[fi];
+    /* M3's sparse decode geometry (pc_k's FX instances) */
+    const bool fx = !pc.cont && d_topk && pc.c.hq == 16 && pc.c.Dh == 128 && pc.c.ch == 256 &&
+                    src->g.block == 128 && src->view == M3_KV_VIEW_PAGE && src->g.page == 16 && pc.kpc == 128 &&
+                    pc.cs == 16 && pc.spc == 2 && pc.epo == 128 && src->g.dx * (pc.c.fp8 ? 16 : 8) == 128;
+    int vv = ((var & 2) ? 2 : 0) | ((var & 4) && fx ? 4 : 0) | (pc_stamp ? 1 : 0);
+    if (pc.cont) vv &= 3;
+    const int base = pc.cont ? 2 : pc.c.fp8 ? (pai ? 3 : 1) : 0;
+    const int fi = base + 4 * vv;
+    pc_fn fn;
+    switch (vv) {
+    case 0: fn = pc_pick<0>(base); break;
+    case 1: fn = pc_pick<1>(base); break;
+    case 2: fn = pc_pick<2>(base); break;
+    case 3: fn = pc_pick<3>(base); break;
+    case 4: fn = pc_pick<4>(base); break;
+    case 6: fn = pc_pick<6>(base); break;
+    case 7: fn = pc_pick<7>(base); break;
+    default: fn = pc_pick<5>(base); break;
+    }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4227,8 +4248,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][24];
-    static size_t pc_ok[64][24][PC_MAX_CS + 1], pc_no[64][24][PC_MAX_CS + 1];
+    static int pc_attr[64][32];
+    static size_t pc_ok[64][32][PC_MAX_CS + 1], pc_no[64][32][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
