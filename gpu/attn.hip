@@ -3699,10 +3699,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * the page-16 view, 2 CTAs of 128 keys a partition, 16 a cluster, 128 outputs an owner):
      * shifts for the index math, constant trip counts (pc_fix says when) */
     constexpr bool FX = (V & 4) != 0;
-    const int hq = FX ? 16 : c.hq, Dh = FX ? 128 : c.Dh, ch = FX ? 256 : c.ch, Bs = FX ? 128 : s.g.block,
-              kpc = FX ? 128 : pc.kpc, cs = FX ? 16 : pc.cs, spc = FX ? 2 : pc.spc, SCP = kpc + 8, PBP = kpc + 8;
+    constexpr bool FXP = FX && !CONT; /* the paged one: also the partitions and keys per CTA */
+    const int hq = FX ? 16 : c.hq, Dh = FX ? 128 : c.Dh, ch = FXP ? 256 : c.ch, Bs = FX ? 128 : s.g.block,
+              kpc = FXP ? 128 : pc.kpc, cs = FX ? 16 : pc.cs, spc = FXP ? 2 : FX ? 1 : pc.spc, SCP = kpc + 8,
+              PBP = kpc + 8;
     pc_cfg pcx = pc;
-    if (FX) pcx.c.hq = 16, pcx.c.Dh = 128, pcx.kpc = 128, pcx.cs = 16, pcx.spc = 2, pcx.epo = 128;
+    if (FX) pcx.c.hq = 16, pcx.c.Dh = 128, pcx.cs = 16, pcx.spc = spc, pcx.epo = 128;
+    if (FXP) pcx.kpc = 128;
     const pc_lay L = pc_layout(pcx, EB);
     unsigned char *ksm = pc_raw + L.k, *vsm = pc_raw + L.v;
     float *sc = reinterpret_cast<float *>(pc_raw + L.sc);
@@ -3779,7 +3782,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
               * or by id (a stable rank, duplicates kept), the own block last when selected */
         if (ok) {
             int at = 0;
-            if (c.sel_order) { /* the usable entries before this one: ballots */
+            if (FXP || c.sel_order) { /* the usable entries before this one: ballots */
                 at = __popc(bal & ((1u << lane) - 1u));
                 for (int w = 0; w < warp; w++) at += wcnt[w];
             } else
@@ -3872,7 +3875,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
         /* SATURATE: each fragment word's two q values to e4m3 by the hardware (satfinite is
          * exactly it) as the word is read; else the software rounding, in place, first */
-        const bool qhw = pa && s.ovf == M3_FP8_SATURATE;
+        const bool qhw = pa && (FX || s.ovf == M3_FP8_SATURATE);
         if (pa && !qhw) { /* uniform */
             for (int e = tid; e < nq; e += PC_NT)
                 qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
@@ -3933,7 +3936,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
             else {
                 if (FP8) d *= ksc[ki]; /* dequantized K */
-                z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
+                z = (!FX && c.eager) ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
             }
             sc[(size_t)rr * SCP + ki] = z;
             mx[i >> 1] = fmaxf(mx[i >> 1], z);
@@ -4143,7 +4146,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         PC_ST(17);
         __syncthreads(); /* the weights */
         PC_ST(18);
-        cl_sums<(V & 2) != 0>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne,
+        cl_sums<(V & 2) != 0>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, (FXP || c.part > 0), e0, ne,
                 Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
         PC_ST(19);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
@@ -4151,7 +4154,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_wait_cl(bars + 3, 0);
         PC_ST(17);
         cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
-                        c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+                        (FXP || c.part > 0), e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
         PC_ST(19);
     }
 #else
@@ -4188,7 +4191,7 @@ typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, co
                       int, const int32_t *, int, pc_cfg);
 /* SESSION KNOB (removed): the instance for base (0 bf16, 1 fp8, 2 contiguous, 3 §4.9) */
 template <int V> static pc_fn pc_pick(int base) {
-    return base == 2 ? (V & 4 ? pc_k<false, true, false, 0> : pc_k<false, true, false, V>)
+    return base == 2 ? pc_k<false, true, false, V>
          : base == 3 ? pc_k<true, false, true, V> : base == 1 ? pc_k<true, false, false, V> : pc_k<false, false, false, V>;
 }
 /* SESSION KNOB (removed): M3_PC_STAMP=1 stamps; printed at exit */
@@ -4218,9 +4221,12 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     /* M3's sparse decode geometry (pc_k's FX instances) */
     const bool fx = !pc.cont && d_topk && pc.c.hq == 16 && pc.c.Dh == 128 && pc.c.ch == 256 &&
                     src->g.block == 128 && src->view == M3_KV_VIEW_PAGE && src->g.page == 16 && pc.kpc == 128 &&
-                    pc.cs == 16 && pc.spc == 2 && pc.epo == 128 && src->g.dx * (pc.c.fp8 ? 16 : 8) == 128;
-    int vv = ((var & 2) ? 2 : 0) | ((var & 4) && fx ? 4 : 0) | (pc_stamp ? 1 : 0);
-    if (pc.cont) vv &= 3;
+                    pc.cs == 16 && pc.spc == 2 && pc.epo == 128 && src->g.dx * (pc.c.fp8 ? 16 : 8) == 128 &&
+                    !pc.c.eager && pc.c.sel_order && pc.c.part > 0 &&
+                    (!pc.c.fp8 || (src->ovf == M3_FP8_SATURATE && src->g.fp8_kind == M3_FP8_E4M3FN));
+    const bool fxc = pc.cont && pc.c.hq == 16 && pc.c.Dh == 128 && src->g.block == 128 && pc.cs == 16 &&
+                     pc.spc == 1 && pc.epo == 128 && !pc.c.eager;
+    const int vv = ((var & 2) ? 2 : 0) | ((var & 4) && (fx || fxc) ? 4 : 0) | (pc_stamp ? 1 : 0);
     const int base = pc.cont ? 2 : pc.c.fp8 ? (pai ? 3 : 1) : 0;
     const int fi = base + 4 * vv;
     pc_fn fn;
