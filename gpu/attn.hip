@@ -3700,6 +3700,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * shifts for the index math, constant trip counts (pc_fix says when) */
     constexpr bool FX = (V & 4) != 0;
     constexpr bool FXP = FX && !CONT; /* the paged one: also the partitions and keys per CTA */
+    constexpr bool QLD = FX && (V & 8) && (!FP8 || PA); /* Q fragments by ldmatrix (hq 16) */
     const int hq = FX ? 16 : c.hq, Dh = FX ? 128 : c.Dh, ch = FXP ? 256 : c.ch, Bs = FX ? 128 : s.g.block,
               kpc = FXP ? 128 : pc.kpc, cs = FX ? 16 : pc.cs, spc = FXP ? 2 : FX ? 1 : pc.spc, SCP = kpc + 8,
               PBP = kpc + 8;
@@ -3796,6 +3797,24 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
+        if (QLD) { /* rows of Dh + 8 (ldmatrix without bank conflicts); fp8 §4.9: the e4m3 values
+                    * as fp16, each 16 dims in the order 0 1 4 5 8 9 12 13 2 3 6 7 10 11 14 15 (the
+                    * A fragment of the permuted K units) */
+            const int rr = tid / (Dh / 8), d0 = tid % (Dh / 8) * 8;
+            uint32_t w[4] = {qv.x, qv.y, qv.z, qv.w};
+            if (FP8) {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    w[i] = pf_q2(m3_bf16_to_f32((uint16_t)(w[i] & 0xFFFFu)), m3_bf16_to_f32((uint16_t)(w[i] >> 16)),
+                                 s.g.fp8_kind, s.ovf, true);
+                /* dims d0.. = pairs p0..p3 (d0 % 16 == 0: words 0, 4, 1, 5 of the block; else 2, 6, 3, 7) */
+                uint32_t *qb = reinterpret_cast<uint32_t *>(qs + (size_t)rr * (Dh + 8) + (d0 & ~15)) + ((d0 & 8) ? 2 : 0);
+                *reinterpret_cast<uint2 *>(qb) = make_uint2(w[0], w[2]);
+                *reinterpret_cast<uint2 *>(qb + 4) = make_uint2(w[1], w[3]);
+            } else {
+                *reinterpret_cast<uint4 *>(qs + (size_t)rr * (Dh + 8) + d0) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        } else
         if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
     }
     if (!sparse) { /* dense: key k in logical block k / Bs */
@@ -3876,6 +3895,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         /* SATURATE: each fragment word's two q values to e4m3 by the hardware (satfinite is
          * exactly it) as the word is read; else the software rounding, in place, first */
         const bool qhw = pa && (FX || s.ovf == M3_FP8_SATURATE);
+        if (QLD) { /* 16 rows (FX: hq 16) by ldmatrix: matrices (rows 0-7, 8-15) x (dims 0-7, 8-15) */
+            const int l7 = lane & 7, b3 = (lane >> 3) & 1, b4 = lane >> 4;
+#pragma unroll
+            for (int s2 = 0; s2 < 128 / 16; s2++) ldsm4(qa[s2], qs + (size_t)(l7 + b3 * 8) * (128 + 8) + s2 * 16 + b4 * 8);
+        } else {
         if (pa && !qhw) { /* uniform */
             for (int e = tid; e < nq; e += PC_NT)
                 qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
@@ -3893,6 +3917,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                                                    m3_bf16_to_f32((uint16_t)(w >> 16)), s.g.fp8_kind, s.ovf, true)
                                            : w;
             }
+        }
         }
     }
     PC_ST(4);
@@ -4226,7 +4251,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                     (!pc.c.fp8 || (src->ovf == M3_FP8_SATURATE && src->g.fp8_kind == M3_FP8_E4M3FN));
     const bool fxc = pc.cont && pc.c.hq == 16 && pc.c.Dh == 128 && src->g.block == 128 && pc.cs == 16 &&
                      pc.spc == 1 && pc.epo == 128 && !pc.c.eager;
-    const int vv = ((var & 2) ? 2 : 0) | ((var & 4) && (fx || fxc) ? 4 : 0) | (pc_stamp ? 1 : 0);
+    const int vv = ((var & 2) ? 2 : 0) | ((var & 4) && (fx || fxc) ? 4 | (var & 8) : 0) | (pc_stamp ? 1 : 0);
     const int base = pc.cont ? 2 : pc.c.fp8 ? (pai ? 3 : 1) : 0;
     const int fi = base + 4 * vv;
     pc_fn fn;
@@ -4238,6 +4263,10 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     case 4: fn = pc_pick<4>(base); break;
     case 6: fn = pc_pick<6>(base); break;
     case 7: fn = pc_pick<7>(base); break;
+    case 12: fn = pc_pick<12>(base); break;
+    case 13: fn = pc_pick<13>(base); break;
+    case 14: fn = pc_pick<14>(base); break;
+    case 15: fn = pc_pick<15>(base); break;
     default: fn = pc_pick<5>(base); break;
     }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
@@ -4254,8 +4283,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][32];
-    static size_t pc_ok[64][32][PC_MAX_CS + 1], pc_no[64][32][PC_MAX_CS + 1];
+    static int pc_attr[64][64];
+    static size_t pc_ok[64][64][PC_MAX_CS + 1], pc_no[64][64][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
