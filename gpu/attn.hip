@@ -27,8 +27,6 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
-#include <stdio.h>  /* SESSION KNOB (removed) */
-#include <stdlib.h> /* SESSION KNOB (removed) */
 
 
 #define ATTN_THREADS 128
@@ -3545,7 +3543,6 @@ static __device__ void cl_weights(const float *rl, const float *rm, int ls, int 
     }
 }
 
-template <bool LEAN = false>
 static __device__ void cl_sums(m3_bf16 *orow, const float *ro, int epo, int nch, int spc, bool part,
                                int e0, int ne, int Dh, const float4 *mwl, int tid, int nt) {
     const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0;
@@ -3556,26 +3553,15 @@ static __device__ void cl_sums(m3_bf16 *orow, const float *ro, int epo, int nch,
         float num = 0.0f, den = 0.0f;
         if (x < ne) {
             const int hl = (e0 + x) / Dh - h0;
-            auto one = [&](int j) {
+#pragma unroll 4
+            for (int j = ja; j < jb; j++) {
                 const float4 f = mwl[j * nh + hl];
                 float oo = 0.0f;
-                if (LEAN) {
-#pragma unroll 1
-                    for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
-                } else {
 #pragma unroll 2
-                    for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
-                }
+                for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
                 const float a = part && f.y > 0.0f ? f.y * m3_round_bf16(pd8_div(oo, f.y, f.z)) : oo;
                 num += __fmul_rn(f.x, a);
                 den += f.w;
-            };
-            if (LEAN) { /* SESSION VARIANT */
-#pragma unroll 1
-                for (int j = ja; j < jb; j++) one(j);
-            } else {
-#pragma unroll 4
-                for (int j = ja; j < jb; j++) one(j);
             }
         }
         num += __shfl_xor_sync(0xffffffffu, num, 16);
@@ -3635,7 +3621,15 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
  * slot order, repeats once, the own block up to pos; no block table), the row's keys split
  * evenly over the cs CTAs, a chunk a CTA (no partitions there: no max exchange, P against the
  * CTA's own max, the fp32 merge), K and V rows [key][Dh + 8] by a bulk copy each (K by warps
- * 0-3, V by 4-7), K fragments by 32-bit loads, V by ldmatrix.trans. */
+ * 0-3, V by 4-7), K fragments by 32-bit loads, V by ldmatrix.trans.
+ * Session 11: a launch is mostly instruction fetch of code that runs once (removing code that
+ * never ran, the dequantized-fp8 paths of the §4.9 launch, saved 1.2 us of 11.3), so the
+ * instances are per case and, where the row is M3's, with the geometry compiled in: PA (§4.9,
+ * the P' path without the dequantized one) and FX (hq 16, Dh 128, Bs 128; paged: the page-16
+ * view, partitions of 256 keys, 2 CTAs of 128 keys each; atom's flags; Q fragments by ldmatrix
+ * from rows of Dh + 8, the §4.9 q rounded to e4m3 once at staging in the permuted dim order):
+ * shifts instead of divisions, constant trip counts, about half the SASS of the general
+ * instance (bf16 68 -> 34 KB, §4.9 94 -> 46 KB). Numerics unchanged (the same operations). */
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
@@ -3648,9 +3642,6 @@ typedef struct {
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
 } pc_cfg;
-/* SESSION KNOB (removed): per instance, per phase, the sum over CTAs of thread 0's clock64
- * minus its value at the grid wait's release; [i][31] the CTA count */
-__device__ unsigned long long pc_stm[3][32];
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
@@ -3682,8 +3673,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-#define PC_ST(i) do { if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
-template <bool FP8, bool CONT, bool PA = false, int V = 0>
+template <bool FP8, bool CONT, bool PA, bool FX>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3697,10 +3687,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const bool pa = PA || (FP8 && c.pa); /* §4.9 (known false in the bf16 instance: no P' code there) */
     /* FX: M3's sparse decode geometry compiled in (hq 16, Dh 128, partitions of 256 keys, Bs 128,
      * the page-16 view, 2 CTAs of 128 keys a partition, 16 a cluster, 128 outputs an owner):
-     * shifts for the index math, constant trip counts (pc_fix says when) */
-    constexpr bool FX = (V & 4) != 0;
+     * shifts for the index math, constant trip counts (pc_launch says when) */
     constexpr bool FXP = FX && !CONT; /* the paged one: also the partitions and keys per CTA */
-    constexpr bool QLD = FX && (V & 8) && (!FP8 || PA); /* Q fragments by ldmatrix (hq 16) */
+    constexpr bool QLD = true && FX && (!FP8 || PA); /* Q fragments by ldmatrix (hq 16) */
     const int hq = FX ? 16 : c.hq, Dh = FX ? 128 : c.Dh, ch = FXP ? 256 : c.ch, Bs = FX ? 128 : s.g.block,
               kpc = FXP ? 128 : pc.kpc, cs = FX ? 16 : pc.cs, spc = FXP ? 2 : FX ? 1 : pc.spc, SCP = kpc + 8,
               PBP = kpc + 8;
@@ -3730,10 +3719,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
-    const long long pc_ts = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
-    const long long pc_t0 = clock64();
-    if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][0], (unsigned long long)(pc_t0 - pc_ts)), atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][31], 1ull);
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = FX || topk != NULL;
@@ -3775,7 +3761,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const unsigned bal = __ballot_sync(0xffffffffu, ok);
     if (lane == 0) wcnt[warp] = __popc(bal);
     const int nf = __syncthreads_count(ok); /* also: selsh, vfl, wcnt visible */
-    PC_ST(1);
     const int tail = __syncthreads_or(own);
     if (!sparse) {
         n = p + 1;
@@ -3822,7 +3807,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
-    PC_ST(2);
     /* contiguous: the row's keys split evenly (kpc is the most a CTA takes), a chunk a CTA
      * (no partitions: each CTA's own max, no max exchange; empty CTAs weigh 0 in the merge) */
     const int kpd = CONT ? ((n + 15) / 16 + cs - 1) / cs * 16 : kpc;
@@ -3885,7 +3869,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
     }
-    PC_ST(3);
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
@@ -3920,11 +3903,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         }
     }
-    PC_ST(4);
     pc_bar_wait(bars, 0); /* K and the scales landed */
-    PC_ST(5);
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
-    PC_ST(6);
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     auto kstep = [&](int key, int s2, float (&acc)[4]) {
@@ -3980,7 +3960,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         kout(nt, ca);
         if (two) kout(nt + NW, cb);
     }
-    PC_ST(7);
 #pragma unroll
     for (int r2 = 0; r2 < 2; r2++) {
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
@@ -4002,7 +3981,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mloc[tid] = m;
     }
     __syncthreads();
-    PC_ST(8);
     pc_wait(); /* (a): every CTA of the cluster runs */
     if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
                     * on their bars[2]: no cluster-wide barrier), the max of the spc values */
@@ -4022,7 +4000,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
-    PC_ST(9);
     /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
@@ -4066,16 +4043,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         psend(h, m0, l0);
         if (two) psend(h + NW, m1, l1);
     }
-    PC_ST(10);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
         unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
-    PC_ST(11);
     __syncthreads();
-    PC_ST(12);
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
     float o[2][4] = {};
@@ -4128,16 +4102,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     };
-    if (np * 16 < Dh) {
-        if (V & 2) {
-#pragma unroll 1
-            for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
-        } else {
+    if (np * 16 < Dh)
 #pragma unroll 4
-            for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
-        }
-    }
-    PC_ST(13);
+        for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = FX ? 128 : pc.epo;
@@ -4157,30 +4124,22 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
-    PC_ST(14);
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
     if (EARLY) { /* the weights once every CTA's l and m landed (bars[4], sent from the P loops:
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
-        PC_ST(15);
         cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-        PC_ST(16);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
-        PC_ST(17);
         __syncthreads(); /* the weights */
-        PC_ST(18);
-        cl_sums<(V & 2) != 0>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, (FXP || c.part > 0), e0, ne,
+        cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, (FXP || c.part > 0), e0, ne,
                 Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
-        PC_ST(19);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
         pc_bar_wait_cl(bars + 3, 0);
-        PC_ST(17);
         cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
                         (FXP || c.part > 0), e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-        PC_ST(19);
     }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
@@ -4214,36 +4173,12 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
 
 typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                       int, const int32_t *, int, pc_cfg);
-/* SESSION KNOB (removed): the instance for base (0 bf16, 1 fp8, 2 contiguous, 3 §4.9) */
-template <int V> static pc_fn pc_pick(int base) {
-    return base == 2 ? pc_k<false, true, false, V>
-         : base == 3 ? pc_k<true, false, true, V> : base == 1 ? pc_k<true, false, false, V> : pc_k<false, false, false, V>;
-}
-/* SESSION KNOB (removed): M3_PC_STAMP=1 stamps; printed at exit */
-static void pc_dump(void) {
-    unsigned long long h[3][32];
-    if (cudaMemcpyFromSymbol(h, pc_stm, sizeof h) != cudaSuccess) { fprintf(stderr, "pc_dump: copy failed\n"); return; }
-    static const char *nm[3] = {"bf16 paged", "fp8 paged", "bf16 cont"};
-    for (int i = 0; i < 3; i++) {
-        if (!h[i][31]) continue;
-        fprintf(stderr, "PCSTAMP %s ctas %llu (k cycles from the grid wait's release; [0] = pre-wait):", nm[i], h[i][31]);
-        for (int j = 0; j < 20; j++) fprintf(stderr, " %d:%.2f", j, (double)h[i][j] / (double)h[i][31] / 1000.0);
-        fprintf(stderr, "\n");
-    }
-}
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
     *done = false;
-    static int pc_stamp = -1, pc_var = 0;
-    if (pc_stamp < 0) {
-        pc_stamp = getenv("M3_PC_STAMP") ? 1 : 0;
-        pc_var = getenv("M3_PC_VAR") ? atoi(getenv("M3_PC_VAR")) : 0;
-        if (pc_stamp) atexit(pc_dump);
-    }
-    const int var = (src->flash_kernel >> 4) | pc_var; /* SESSION KNOB: 1 the §4.9 instance, 2 lean */
-    const bool pai = pc.c.fp8 && pc.c.pa && (var & 1);
-    /* M3's sparse decode geometry (pc_k's FX instances) */
+    /* the instance: bf16, fp8 dequantized, §4.9 (its own: the P' path compiled in), contiguous;
+     * each also with M3's geometry and atom's flags compiled in (FX) where they match */
     const bool fx = !pc.cont && d_topk && pc.c.hq == 16 && pc.c.Dh == 128 && pc.c.ch == 256 &&
                     src->g.block == 128 && src->view == M3_KV_VIEW_PAGE && src->g.page == 16 && pc.kpc == 128 &&
                     pc.cs == 16 && pc.spc == 2 && pc.epo == 128 && src->g.dx * (pc.c.fp8 ? 16 : 8) == 128 &&
@@ -4251,24 +4186,12 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                     (!pc.c.fp8 || (src->ovf == M3_FP8_SATURATE && src->g.fp8_kind == M3_FP8_E4M3FN));
     const bool fxc = pc.cont && pc.c.hq == 16 && pc.c.Dh == 128 && src->g.block == 128 && pc.cs == 16 &&
                      pc.spc == 1 && pc.epo == 128 && !pc.c.eager;
-    const int vv = ((var & 2) ? 2 : 0) | ((var & 4) && (fx || fxc) ? 4 | (var & 8) : 0) | (pc_stamp ? 1 : 0);
-    const int base = pc.cont ? 2 : pc.c.fp8 ? (pai ? 3 : 1) : 0;
-    const int fi = base + 4 * vv;
-    pc_fn fn;
-    switch (vv) {
-    case 0: fn = pc_pick<0>(base); break;
-    case 1: fn = pc_pick<1>(base); break;
-    case 2: fn = pc_pick<2>(base); break;
-    case 3: fn = pc_pick<3>(base); break;
-    case 4: fn = pc_pick<4>(base); break;
-    case 6: fn = pc_pick<6>(base); break;
-    case 7: fn = pc_pick<7>(base); break;
-    case 12: fn = pc_pick<12>(base); break;
-    case 13: fn = pc_pick<13>(base); break;
-    case 14: fn = pc_pick<14>(base); break;
-    case 15: fn = pc_pick<15>(base); break;
-    default: fn = pc_pick<5>(base); break;
-    }
+    const int base = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa ? 3 : 1) : 0, fi = base + (fx || fxc ? 4 : 0);
+    static const pc_fn fns[8] = {pc_k<false, false, false, false>, pc_k<true, false, false, false>,
+                                 pc_k<false, true, false, false>, pc_k<true, false, true, false>,
+                                 pc_k<false, false, false, true>, pc_k<true, false, false, true>,
+                                 pc_k<false, true, false, true>, pc_k<true, false, true, true>};
+    const pc_fn fn = fns[fi];
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4283,8 +4206,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][64];
-    static size_t pc_ok[64][64][PC_MAX_CS + 1], pc_no[64][64][PC_MAX_CS + 1];
+    static int pc_attr[64][8];
+    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
@@ -4331,8 +4254,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = (src->flash_kernel & 15) == 3; /* SESSION KNOB: bits 4.. a pc_k variant */
-        if (((src->flash_kernel & 15) == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
+        const bool force = src->flash_kernel == 3;
+        if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
             if (done) return M3_OK;
