@@ -3621,7 +3621,15 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
  * slot order, repeats once, the own block up to pos; no block table), the row's keys split
  * evenly over the cs CTAs, a chunk a CTA (no partitions there: no max exchange, P against the
  * CTA's own max, the fp32 merge), K and V rows [key][Dh + 8] by a bulk copy each (K by warps
- * 0-3, V by 4-7), K fragments by 32-bit loads, V by ldmatrix.trans. */
+ * 0-3, V by 4-7), K fragments by 32-bit loads, V by ldmatrix.trans.
+ * Session 11: a launch is mostly instruction fetch of code that runs once (removing code that
+ * never ran, the dequantized-fp8 paths of the §4.9 launch, saved 1.2 us of 11.3), so the
+ * instances are per case and, where the row is M3's, with the geometry compiled in: PA (§4.9,
+ * the P' path without the dequantized one) and FX (hq 16, Dh 128, Bs 128; paged: the page-16
+ * view, partitions of 256 keys, 2 CTAs of 128 keys each; atom's flags; Q fragments by ldmatrix
+ * from rows of Dh + 8, the §4.9 q rounded to e4m3 once at staging in the permuted dim order):
+ * shifts instead of divisions, constant trip counts, about half the SASS of the general
+ * instance (bf16 68 -> 34 KB, §4.9 94 -> 46 KB). Numerics unchanged (the same operations). */
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
@@ -3665,7 +3673,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-template <bool FP8, bool CONT>
+template <bool FP8, bool CONT, bool PA, bool FX>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3676,10 +3684,19 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     /* the owner's weights before O lands (paged instances; measured there, session 10) */
     constexpr bool EARLY = !CONT;
     const pf_cfg &c = pc.c;
-    const bool pa = FP8 && c.pa; /* §4.9 (known false in the bf16 instance: no P' code there) */
-    const int hq = c.hq, Dh = c.Dh, ch = c.ch, Bs = s.g.block, kpc = pc.kpc, cs = pc.cs,
-              spc = pc.spc, SCP = kpc + 8, PBP = kpc + 8;
-    const pc_lay L = pc_layout(pc, EB);
+    const bool pa = PA || (FP8 && c.pa); /* §4.9 (known false in the bf16 instance: no P' code there) */
+    /* FX: M3's sparse decode geometry compiled in (hq 16, Dh 128, partitions of 256 keys, Bs 128,
+     * the page-16 view, 2 CTAs of 128 keys a partition, 16 a cluster, 128 outputs an owner):
+     * shifts for the index math, constant trip counts (pc_launch says when) */
+    constexpr bool FXP = FX && !CONT; /* the paged one: also the partitions and keys per CTA */
+    constexpr bool QLD = true && FX && (!FP8 || PA); /* Q fragments by ldmatrix (hq 16) */
+    const int hq = FX ? 16 : c.hq, Dh = FX ? 128 : c.Dh, ch = FXP ? 256 : c.ch, Bs = FX ? 128 : s.g.block,
+              kpc = FXP ? 128 : pc.kpc, cs = FX ? 16 : pc.cs, spc = FXP ? 2 : FX ? 1 : pc.spc, SCP = kpc + 8,
+              PBP = kpc + 8;
+    pc_cfg pcx = pc;
+    if (FX) pcx.c.hq = 16, pcx.c.Dh = 128, pcx.cs = 16, pcx.spc = spc, pcx.epo = 128;
+    if (FXP) pcx.kpc = 128;
+    const pc_lay L = pc_layout(pcx, EB);
     unsigned char *ksm = pc_raw + L.k, *vsm = pc_raw + L.v;
     float *sc = reinterpret_cast<float *>(pc_raw + L.sc);
     m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(pc_raw + L.pb);
@@ -3705,7 +3722,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
-    const bool sparse = topk != NULL;
+    const bool sparse = FX || topk != NULL;
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
@@ -3751,7 +3768,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
               * or by id (a stable rank, duplicates kept), the own block last when selected */
         if (ok) {
             int at = 0;
-            if (c.sel_order) { /* the usable entries before this one: ballots */
+            if (FXP || c.sel_order) { /* the usable entries before this one: ballots */
                 at = __popc(bal & ((1u << lane) - 1u));
                 for (int w = 0; w < warp; w++) at += wcnt[w];
             } else
@@ -3765,6 +3782,24 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
+        if (QLD) { /* rows of Dh + 8 (ldmatrix without bank conflicts); fp8 §4.9: the e4m3 values
+                    * as fp16, each 16 dims in the order 0 1 4 5 8 9 12 13 2 3 6 7 10 11 14 15 (the
+                    * A fragment of the permuted K units) */
+            const int rr = tid / (Dh / 8), d0 = tid % (Dh / 8) * 8;
+            uint32_t w[4] = {qv.x, qv.y, qv.z, qv.w};
+            if (FP8) {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    w[i] = pf_q2(m3_bf16_to_f32((uint16_t)(w[i] & 0xFFFFu)), m3_bf16_to_f32((uint16_t)(w[i] >> 16)),
+                                 s.g.fp8_kind, s.ovf, true);
+                /* dims d0.. = pairs p0..p3 (d0 % 16 == 0: words 0, 4, 1, 5 of the block; else 2, 6, 3, 7) */
+                uint32_t *qb = reinterpret_cast<uint32_t *>(qs + (size_t)rr * (Dh + 8) + (d0 & ~15)) + ((d0 & 8) ? 2 : 0);
+                *reinterpret_cast<uint2 *>(qb) = make_uint2(w[0], w[2]);
+                *reinterpret_cast<uint2 *>(qb + 4) = make_uint2(w[1], w[3]);
+            } else {
+                *reinterpret_cast<uint4 *>(qs + (size_t)rr * (Dh + 8) + d0) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        } else
         if (tid < nq / 8) *reinterpret_cast<uint4 *>(qs + (size_t)tid * 8) = qv;
     }
     if (!sparse) { /* dense: key k in logical block k / Bs */
@@ -3778,7 +3813,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int k0 = r * kpd, nk = max(0, min(kpd, n - k0)), ng = (nk + 15) / 16;
     const int chj = CONT ? r : k0 / ch, nch = CONT ? cs : (n + ch - 1) / ch; /* this CTA's chunk; the row's chunks */
     const int kbb = sparse ? 0 : k0 / Bs; /* physl index base */
-    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    const int Pv = FX ? 16 : s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+    m3_gpu_attn_paged_src sx = s; /* FX: pf_offs on the compiled-in view */
+    if (FX) sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
     /* K and V by bulk copies, group gi (16 keys, one page) by thread gi (bf16: warp 0 issues
@@ -3817,7 +3854,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (gi < ng) {
         const int k = k0 + gi * 16, kb = k / Bs;
         int64_t ko, vo, so;
-        pf_offs<XC>(s, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
+        pf_offs<XC>(sx, physl[kb - kbb] * Bs + (k - kb * Bs), g, ko, vo, so);
         unsigned char *kd = ksm + (size_t)gi * ku * 16;
         if (Pv == 16) {
             pc_bulk(kd, kbase + ko * EB, (uint32_t)ku * 16, bars);
@@ -3840,7 +3877,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc); /* [hq][Dh], stored before the key list's barrier */
         /* SATURATE: each fragment word's two q values to e4m3 by the hardware (satfinite is
          * exactly it) as the word is read; else the software rounding, in place, first */
-        const bool qhw = pa && s.ovf == M3_FP8_SATURATE;
+        const bool qhw = pa && (FX || s.ovf == M3_FP8_SATURATE);
+        if (QLD) { /* 16 rows (FX: hq 16) by ldmatrix: matrices (rows 0-7, 8-15) x (dims 0-7, 8-15) */
+            const int l7 = lane & 7, b3 = (lane >> 3) & 1, b4 = lane >> 4;
+#pragma unroll
+            for (int s2 = 0; s2 < 128 / 16; s2++) ldsm4(qa[s2], qs + (size_t)(l7 + b3 * 8) * (128 + 8) + s2 * 16 + b4 * 8);
+        } else {
         if (pa && !qhw) { /* uniform */
             for (int e = tid; e < nq; e += PC_NT)
                 qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
@@ -3858,6 +3900,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                                                    m3_bf16_to_f32((uint16_t)(w >> 16)), s.g.fp8_kind, s.ovf, true)
                                            : w;
             }
+        }
         }
     }
     pc_bar_wait(bars, 0); /* K and the scales landed */
@@ -3898,7 +3941,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
             else {
                 if (FP8) d *= ksc[ki]; /* dequantized K */
-                z = c.eager ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
+                z = (!FX && c.eager) ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
             }
             sc[(size_t)rr * SCP + ki] = z;
             mx[i >> 1] = fmaxf(mx[i >> 1], z);
@@ -4064,7 +4107,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
-    const int epo = pc.epo;
+    const int epo = FX ? 128 : pc.epo;
     const float repo = 1.0f / (float)epo;
     if (np * 16 < Dh)
 #pragma unroll
@@ -4090,13 +4133,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
         __syncthreads(); /* the weights */
-        cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, c.part > 0, e0, ne,
+        cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, (FXP || c.part > 0), e0, ne,
                 Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
         pc_bar_wait_cl(bars + 3, 0);
         cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
-                        c.part > 0, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+                        (FXP || c.part > 0), e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
     }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
@@ -4128,14 +4171,27 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
     return force || (int64_t)c.Hkv * n_tok * pc->cs <= n_sm;
 }
 
+typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
+                      int, const int32_t *, int, pc_cfg);
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
     *done = false;
-    typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
-                          int, const int32_t *, int, pc_cfg);
-    const int fi = pc.cont ? 2 : pc.c.fp8 ? 1 : 0;
-    const pc_fn fn = fi == 2 ? pc_k<false, true> : fi ? pc_k<true, false> : pc_k<false, false>;
+    /* the instance: bf16, fp8 dequantized, §4.9 (its own: the P' path compiled in), contiguous;
+     * each also with M3's geometry and atom's flags compiled in (FX) where they match */
+    const bool fx = !pc.cont && d_topk && pc.c.hq == 16 && pc.c.Dh == 128 && pc.c.ch == 256 &&
+                    src->g.block == 128 && src->view == M3_KV_VIEW_PAGE && src->g.page == 16 && pc.kpc == 128 &&
+                    pc.cs == 16 && pc.spc == 2 && pc.epo == 128 && src->g.dx * (pc.c.fp8 ? 16 : 8) == 128 &&
+                    !pc.c.eager && pc.c.sel_order && pc.c.part > 0 &&
+                    (!pc.c.fp8 || (src->ovf == M3_FP8_SATURATE && src->g.fp8_kind == M3_FP8_E4M3FN));
+    const bool fxc = pc.cont && pc.c.hq == 16 && pc.c.Dh == 128 && src->g.block == 128 && pc.cs == 16 &&
+                     pc.spc == 1 && pc.epo == 128 && !pc.c.eager;
+    const int base = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa ? 3 : 1) : 0, fi = base + (fx || fxc ? 4 : 0);
+    static const pc_fn fns[8] = {pc_k<false, false, false, false>, pc_k<true, false, false, false>,
+                                 pc_k<false, true, false, false>, pc_k<true, false, true, false>,
+                                 pc_k<false, false, false, true>, pc_k<true, false, false, true>,
+                                 pc_k<false, true, false, true>, pc_k<true, false, true, true>};
+    const pc_fn fn = fns[fi];
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4150,8 +4206,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][3];
-    static size_t pc_ok[64][3][PC_MAX_CS + 1], pc_no[64][3][PC_MAX_CS + 1];
+    static int pc_attr[64][8];
+    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
