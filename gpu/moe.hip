@@ -890,7 +890,7 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * shared masks into every pair (a shift, a mask, a shift and a select: 15-16 ops a word in
  * the SASS), and the k loops with the PTX form measured 4% (T = 1) / 3-7% (T = 64) faster
  * (docs/gpu.md, "Decode, session 10"). */
-template <int WF>
+template <int WF, int RV = 0>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -898,6 +898,18 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
         if (WF == M3_GPU_W_MXFP8) {
             r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
+        } else if (RV == 1) { /* MX4VAR: IMAD re-lay */
+            uint32_t w0, w1, w2, w3;
+            asm("{\n\t.reg .b32 t, u;\n\t"
+                "and.b32 t, %4, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %0, t, 0x81C081C0;\n\t"
+                "and.b32 t, %4, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %1, t, 0x81C081C0;\n\t"
+                "shr.u32 u, %4, 8;\n\t"
+                "and.b32 t, u, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %2, t, 0x81C081C0;\n\t"
+                "and.b32 t, u, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %3, t, 0x81C081C0;\n\t}"
+                : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                : "r"(v));
+            r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
+            r[4 * k + 2] = bf2_mul(w2, mul), r[4 * k + 3] = bf2_mul(w3, mul);
         } else { /* lop3 0xE4: (a & c) | (b & ~c) */
             uint32_t w0, w1, w2, w3;
             asm("{\n\t.reg .b32 e, o, s, a, b;\n\t"
@@ -916,7 +928,7 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
  * NC (MXFP8): test the piece for e4m3 NaN codes (the caller's codes may hold some). */
-template <int WF, bool NC>
+template <int WF, bool NC, int RV = 0>
 static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
@@ -928,14 +940,14 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     if (WF == M3_GPU_W_MXFP8) { /* the common case first: (s + F) << 7 in both halves, one IMAD
                                    (MXFP4 measured slower with this split: docs/gpu.md) */
         if ((uint32_t)sb <= lim && !(chk && e4m3_nan16(q))) {
-            tc_relay<WF>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
+            tc_relay<WF, RV>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
             return;
         }
     }
     if (sb != 0xFFu && !(chk && e4m3_nan16(q))) {
         const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
-        tc_relay<WF>(qq, mul, r);
+        tc_relay<WF, RV>(qq, mul, r);
         if (sb > lim) { /* (rare: scales above 2^(127-F)) */
             const uint32_t f2 = 127u + sb - lim, mul2 = (f2 << 7) | (f2 << 23);
 #pragma unroll
@@ -975,22 +987,22 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
  * per-piece path (keeping them there cost 9-10%: docs/gpu.md, sessions 7 and 8). */
 template <bool B> struct m3_bool_c { static constexpr bool value = B; };
 
-template <int WF, bool NC, bool FAST>
+template <int WF, bool NC, bool FAST, int RV = 0>
 static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
                                                   uint32_t *r0, uint32_t *r1, int xsh) {
 #if M3_HAVE_FP8_CVT
     if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
         const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
         const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
-        tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
-        tc_relay<WF>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
+        tc_relay<WF, RV>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
+        tc_relay<WF, RV>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
         return;
     }
 #else
     (void)xsh;
 #endif
-    tc_decode<WF, NC>(q0, s0, lut, r0);
-    tc_decode<WF, NC>(q1, s1, lut, r1);
+    tc_decode<WF, NC, RV>(q0, s0, lut, r0);
+    tc_decode<WF, NC, RV>(q1, s1, lut, r1);
 }
 
 /* 8 staged x values (bf16) times 2^xsh (xsh 0 or 8); *ovf set when a finite value became
@@ -1020,7 +1032,7 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC, int RV = 0>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -1068,7 +1080,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     int xs = xsh; /* this pass's x scaling (0 after an overflow) */
     auto compute1 = [&](auto fast, int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode2<WF, NC, decltype(fast)::value>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
+        tc_decode2<WF, NC, decltype(fast)::value, RV>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -1318,7 +1330,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC>
+template <int WF, int MODE, int WK, int U, bool NC, int RV = 0>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1430,7 +1442,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     const int st = st0 + u * WK;
                     if (st >= nsteps) continue;
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    tc_decode2<WF, NC, decltype(fast)::value, RV>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
                         const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
@@ -1492,6 +1504,12 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     }
 }
 
+/* MX4VAR: temporary variant switch (session 11 measurements; removed before the end) */
+static int mx4_var(void) {
+    const char *e = getenv("M3_MX4_VAR");
+    return e ? atoi(e) : 0;
+}
+
 /* MXFP4 decode from the caller's scale range (m3_gpu_experts.mx_scale_lo / hi, gpu/layer.hip's
  * upload scan): *fast when one bf16 multiply a code pair is exact for every block, i.e. the k
  * loops compiled without the per-step vote and the per-piece path (tc_decode2's FAST). Every
@@ -1509,39 +1527,42 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC>
+template <int WF, int WK, int U, bool NC, int RV = 0, int WK2 = WK, int U2 = U>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                         const m3_mx_params *mid) {
+                         const m3_mx_params *mid, int only = 0) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     bool xf;
     const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
     const bool ab16 = p->act_bf16;
-    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
+    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK, WR2 = TC_WARPS / WK2;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, RV>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK2, U2, NC, RV>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
+    const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR2 * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
-        ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
+    if (only != 2) {
+    dq1_k<WF, 0, WK, U, NC, RV><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
+        ab, NULL, cnt, D / (WR2 * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
         D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf);
     M3_LAUNCHED(g, "dq1_k gate/up");
+    }
+    if (only == 1) return M3_OK;
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
-                     ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
+    return t1_launch(g, dq1_k<WF, 1, WK2, U2, NC, RV>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+                     ye, d_y, cnt, D / (WR2 * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
                      (bool)p->moe_bf16_combine, xsh, xf);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL, bool NC>
+template <int WF, int WK, int NT, int U, int RL, bool NC, int RV = 0>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1554,19 +1575,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC, RV>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC, RV>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, NC, RV><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, NC, RV><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -2602,6 +2623,8 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
              * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
             if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
                 return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
+            if (WF == M3_GPU_W_MXFP4 && mx4_var() == 1) /* MX4VAR */
+                return tc_run<WFX, 1, 1, 4, 4, false, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
@@ -2656,8 +2679,21 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             s = w->finite_codes
                     ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        else {
+            const int v = mx4_var(); /* MX4VAR: temporary */
+#define MX4A g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid
+            switch (v) {
+            case 1: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(MX4A); break;
+            case 2: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A, 1); break;
+            case 3: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A, 2); break;
+            case 4: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(MX4A, 1); break;
+            case 5: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(MX4A, 2); break;
+            case 6: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 8, 2>(MX4A); break;
+            case 7: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 2, 2>(MX4A); break;
+            default: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A); break;
+            }
+#undef MX4A
+        }
     }
     m3_gpu_release(g, mark);
     return s;
