@@ -898,7 +898,7 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
         if (WF == M3_GPU_W_MXFP8) {
             r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
-        } else if (RV == 1) { /* MX4VAR: IMAD re-lay */
+        } else if (RV >= 1) { /* MX4VAR: IMAD re-lay (RV 2: no scale multiply, timing only) */
             uint32_t w0, w1, w2, w3;
             asm("{\n\t.reg .b32 t, u;\n\t"
                 "and.b32 t, %4, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %0, t, 0x81C081C0;\n\t"
@@ -908,6 +908,10 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
                 "and.b32 t, u, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %3, t, 0x81C081C0;\n\t}"
                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
                 : "r"(v));
+            if (RV == 2) {
+                r[4 * k] = w0, r[4 * k + 1] = w1, r[4 * k + 2] = w2, r[4 * k + 3] = w3;
+                continue;
+            }
             r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
             r[4 * k + 2] = bf2_mul(w2, mul), r[4 * k + 3] = bf2_mul(w3, mul);
         } else { /* lop3 0xE4: (a & c) | (b & ~c) */
@@ -2690,6 +2694,7 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             case 5: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(MX4A, 2); break;
             case 6: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 8, 2>(MX4A); break;
             case 7: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 2, 2>(MX4A); break;
+            case 8: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(MX4A); break;
             default: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A); break;
             }
 #undef MX4A
