@@ -1341,11 +1341,15 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast) {
+          bool xfast, int cbn) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
+    __shared__ uint32_t bnm[TC_WARPS];
+    /* MX4VAR RV 3 (BN): block scale on fp32 block sums; needs U == 2 (the two steps of a
+     * group fill the 8 mma columns: column 4u + t = step u, quad lane t's block) */
+    constexpr bool BN = RV == 3 && WF == M3_GPU_W_MXFP4 && U == 2;
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1387,8 +1391,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         for (int u = 0; u < U; u++) {
             const int p = (st0 + u * WK) * 4 + t, pc = p < npieces ? p : npieces - 1;
 #pragma unroll
-            for (int h = 0; h < 2; h++) q[u][h] = ld_stream(pw[h] + (size_t)pc * 16), sc[u][h] = ps[h][pc / PPB];
+            for (int h = 0; h < 2; h++) {
+                q[u][h] = ld_stream(pw[h] + (size_t)pc * 16);
+                if (!BN) sc[u][h] = ps[h][pc / PPB];
+            }
         }
+        if (BN) /* the scales of this lane's two C columns 2t + j: step t / 2, quad lane 2 (t % 2) + j */
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int p = (st0 + (t >> 1) * WK) * 4 + 2 * (t & 1) + j, pc = p < npieces ? p : npieces - 1;
+#pragma unroll
+                for (int h = 0; h < 2; h++) sc[j][h] = ps[h][pc];
+            }
     };
     /* two register sets of U steps: one loading while the other is used, across tiles */
     const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups a tile (may be 0) */
@@ -1407,7 +1421,65 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int nx = MODE == 0 ? 1 : nv;
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-    for (;;) {
+    int cb = -1; /* BN: x staged times 2^cb (cb >= 0), the products w 2^-126 x 2^cb fp32 normals */
+    if constexpr (BN) {
+        const int nu = nx * (kdim / 8);
+        auto xload = [&](int v) -> uint4 {
+            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
+            return reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+        };
+        auto xput = [&](int v, uint4 x) {
+            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+            const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
+            xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = x;
+        };
+        if (xfast) {
+            const int NR = 6;
+            uint4 xr[NR];
+            uint32_t m = 0;
+            auto emax = [&](uint4 x) {
+                const uint32_t e = 0x7F807F80u;
+                m = __vmaxu2(m, __vmaxu2(__vmaxu2(x.x & e, x.y & e), __vmaxu2(x.z & e, x.w & e)));
+            };
+#pragma unroll
+            for (int i = 0; i < NR; i++)
+                if (tid + i * TC_THREADS < nu) xr[i] = xload(tid + i * TC_THREADS), emax(xr[i]);
+            for (int v = tid + NR * TC_THREADS; v < nu; v += TC_THREADS) emax(xload(v));
+            m = max(m & 0xFFFFu, m >> 16);
+            m = __reduce_max_sync(0xFFFFFFFFu, m);
+            if (lane == 0) bnm[warp] = m;
+            __syncthreads();
+            uint32_t mm = 0;
+#pragma unroll
+            for (int w2 = 0; w2 < TC_WARPS; w2++) mm = max(mm, bnm[w2]);
+            /* x 2^c finite: c <= 254 - emax; the multiplier 2^(s - 1 - c) a normal float for
+             * every block scale s of the range: c in [cbn & 0xFF, cbn >> 8] */
+            int c = 254 - (int)(mm >> 7);
+            c = c < (cbn >> 8) ? c : (cbn >> 8);
+            if (c >= (cbn & 0xFF)) {
+                cb = c;
+                const uint32_t mc = ((uint32_t)(c + 127) << 7) * 0x10001u; /* (2^c, 2^c) */
+                auto sc4 = [&](uint4 x) {
+                    x = tc_perm<WF>(x);
+                    return make_uint4(bf2_mul(x.x, mc), bf2_mul(x.y, mc), bf2_mul(x.z, mc), bf2_mul(x.w, mc));
+                };
+#pragma unroll
+                for (int i = 0; i < NR; i++)
+                    if (tid + i * TC_THREADS < nu) xput(tid + i * TC_THREADS, sc4(xr[i]));
+                for (int v = tid + NR * TC_THREADS; v < nu; v += TC_THREADS) xput(v, sc4(xload(v)));
+                const int pad = (nsteps * 4 - npieces) * UP;
+                for (int v = tid; v < nx * pad; v += TC_THREADS) {
+                    const int j = v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
+                    xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
+                }
+                for (int v = tid; v < pitch; v += TC_THREADS) xs[(size_t)nx * pitch + v] = make_uint4(0, 0, 0, 0);
+                __syncthreads();
+            }
+        }
+        if (cb < 0) xsc = 0; /* the general path, x unscaled */
+    }
+    for (; cb < 0;) {
         bool ovf = false;
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
@@ -1433,14 +1505,48 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     }
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
+        constexpr bool BNM = BN && decltype(fast)::value;
         for (;;) {
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
+            /* BN: lane (g, t) gives B column g: x in step u when g == 4u + t, else the zero row */
+            const int xz = nx * pitch, xra = g == t ? xr : xz, xrb = g == t + 4 ? xr : xz;
+            const uint32_t kc = (uint32_t)(126 - cb) << 23; /* 2^(s - 1 - cb) = bits (s + 126 - cb) << 23 */
+            float tg = 0.0f, th = 0.0f;
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
                 if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
                 else if (next < ntiles) load(npw, nps, wk, qb, sb);
+                if constexpr (BNM) {
+                    float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int st = st0 + u * WK;
+                        if (st >= nsteps) continue;
+                        uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
+                        const uint32_t qa0[4] = {qa[u][0].x, qa[u][0].y, qa[u][0].z, qa[u][0].w};
+                        const uint32_t qa1[4] = {qa[u][1].x, qa[u][1].y, qa[u][1].z, qa[u][1].w};
+                        tc_relay<WF, 2>(qa0, 0u, a0);
+                        tc_relay<WF, 2>(qa1, 0u, a1);
+                        const int xb0 = (u == 0 ? xra : xrb) + st * 4 * UP + t;
+#pragma unroll
+                        for (int uu = 0; uu < UP; uu++) {
+                            const uint4 xv = xs[xb0 + uu * 4];
+                            xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
+                        }
+#pragma unroll
+                        for (int i = 0; i < PE / 4; i++) {
+                            const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
+                            const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
+                            m3_mma_bf16_16816(c4, af, bf);
+                        }
+                    }
+                    tg = __fmaf_rn(c4[0], __uint_as_float((uint32_t)sa[0][0] * (1u << 23) + kc), tg);
+                    tg = __fmaf_rn(c4[1], __uint_as_float((uint32_t)sa[1][0] * (1u << 23) + kc), tg);
+                    th = __fmaf_rn(c4[2], __uint_as_float((uint32_t)sa[0][1] * (1u << 23) + kc), th);
+                    th = __fmaf_rn(c4[3], __uint_as_float((uint32_t)sa[1][1] * (1u << 23) + kc), th);
+                } else {
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
@@ -1459,10 +1565,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                         m3_mma_bf16_16816(acc, af, bf);
                     }
                 }
+                }
 #pragma unroll
                 for (int u = 0; u < U; u++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+            }
+            if constexpr (BNM) { /* the row sums: the quad's 8 columns (each lane holds 2) */
+                tg += __shfl_xor_sync(0xFFFFFFFFu, tg, 1);
+                tg += __shfl_xor_sync(0xFFFFFFFFu, tg, 2);
+                th += __shfl_xor_sync(0xFFFFFFFFu, th, 1);
+                th += __shfl_xor_sync(0xFFFFFFFFu, th, 2);
+                acc[0] = tg, acc[2] = th;
             }
             /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
             if (WK > 1) {
@@ -1500,7 +1614,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
     };
-    if constexpr (WF == M3_GPU_W_MXFP4) {
+    if constexpr (BN) {
+        if (cb >= 0) tiles(m3_bool_c<true>());
+        else tiles(m3_bool_c<false>());
+    } else if constexpr (WF == M3_GPU_W_MXFP4) {
         if (xfast && xsc == xsh) tiles(m3_bool_c<true>());
         else tiles(m3_bool_c<false>());
     } else {
@@ -1541,8 +1658,13 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
     const bool ab16 = p->act_bf16;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK, WR2 = TC_WARPS / WK2;
-    const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
-    const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const bool bn = RV == 3;
+    const size_t sh1 = (size_t)(1 + bn) * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t sh2 = (size_t)(K + bn) * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    /* BN: c in [max(hi - 128, 0), min(lo + 125, 127)] */
+    const int clo = w->mx_scale_hi - 128 > 0 ? w->mx_scale_hi - 128 : 0;
+    const int chi = w->mx_scale_lo + 125 < 127 ? w->mx_scale_lo + 125 : 127;
+    const int cbn = clo | (chi << 8);
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, RV>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK2, U2, NC, RV>,
@@ -1552,7 +1674,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     if (only != 2) {
     dq1_k<WF, 0, WK, U, NC, RV><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
         ab, NULL, cnt, D / (WR2 * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
-        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf);
+        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf, cbn);
     M3_LAUNCHED(g, "dq1_k gate/up");
     }
     if (only == 1) return M3_OK;
@@ -1562,7 +1684,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                      ye, d_y, cnt, D / (WR2 * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf);
+                     (bool)p->moe_bf16_combine, xsh, xf, cbn);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -2695,6 +2817,9 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             case 6: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 8, 2>(MX4A); break;
             case 7: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 2, 2>(MX4A); break;
             case 8: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(MX4A); break;
+            case 9: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(MX4A); break;
+            case 10: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(MX4A, 1); break;
+            case 11: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(MX4A, 2); break;
             default: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A); break;
             }
 #undef MX4A
