@@ -1386,17 +1386,17 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* U steps of this lane's rows from st0 (steps st0, st0 + WK, ...); a piece past the row
      * loads the row's last piece (x is zero there: tc_k's load1) */
     auto load = [&](const unsigned char *const *pw, const m3_e8m0 *const *ps, int st0, uint4(&q)[U][2],
-                    m3_e8m0(&sc)[U][2]) {
+                    m3_e8m0(&sc)[U][2], bool bnl) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int p = (st0 + u * WK) * 4 + t, pc = p < npieces ? p : npieces - 1;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 q[u][h] = ld_stream(pw[h] + (size_t)pc * 16);
-                if (!BN) sc[u][h] = ps[h][pc / PPB];
+                if (!(BN && bnl)) sc[u][h] = ps[h][pc / PPB];
             }
         }
-        if (BN) /* the scales of this lane's two C columns 2t + j: step t / 2, quad lane 2 (t % 2) + j */
+        if (BN && bnl) /* the scales of this lane's two C columns 2t + j: step t / 2, quad lane 2 (t % 2) + j */
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int p = (st0 + (t >> 1) * WK) * 4 + 2 * (t & 1) + j, pc = p < npieces ? p : npieces - 1;
@@ -1412,7 +1412,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     rows_of(tile, &slot, &obase, cpw, cps);
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
-    load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
+    load(cpw, cps, wk, qa, sa, true); /* in flight while the rows are staged */
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
@@ -1477,7 +1477,15 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 __syncthreads();
             }
         }
-        if (cb < 0) xsc = 0; /* the general path, x unscaled */
+        if (cb < 0) { /* the general path, x unscaled, the scales of the lane's own pieces */
+            xsc = 0;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int p = (wk + u * WK) * 4 + t, pc = p < npieces ? p : npieces - 1;
+#pragma unroll
+                for (int h = 0; h < 2; h++) sa[u][h] = cps[h][pc / PPB];
+            }
+        }
     }
     for (; cb < 0;) {
         bool ovf = false;
@@ -1516,8 +1524,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             float tg = 0.0f, th = 0.0f;
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
-                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
-                else if (next < ntiles) load(npw, nps, wk, qb, sb);
+                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb, BNM);
+                else if (next < ntiles) load(npw, nps, wk, qb, sb, BNM);
                 if constexpr (BNM) {
                     float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
