@@ -1343,13 +1343,16 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
           bool xfast, int cbn) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
-    __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
+    __shared__ float red[WK > 1 ? 2 * TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
     __shared__ uint32_t bnm[TC_WARPS];
+    /* MX4VAR RV & 4 (DF): red double-buffered (one barrier a tile), the y_e fence and the chunk
+     * counts once at the block's end */
+    constexpr bool DF = (RV & 4) != 0;
     /* MX4VAR RV 3 (BN): block scale on fp32 block sums; needs U == 2 (the two steps of a
      * group fill the 8 mma columns: column 4u + t = step u, quad lane t's block) */
-    constexpr bool BN = RV == 3 && WF == M3_GPU_W_MXFP4 && U == 2;
+    constexpr bool BN = (RV & 3) == 3 && WF == M3_GPU_W_MXFP4 && U == 2;
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1511,6 +1514,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         if (!__syncthreads_or(xsc != 0 && ovf)) break;
         xsc = 0;
     }
+    int it = 0; /* tiles done (DF: red's buffer) */
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
         constexpr bool BNM = BN && decltype(fast)::value;
@@ -1560,7 +1564,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     const int st = st0 + u * WK;
                     if (st >= nsteps) continue;
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value, RV>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    tc_decode2<WF, NC, decltype(fast)::value, (RV & 3)>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
                         const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
@@ -1588,12 +1592,14 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             }
             /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
             if (WK > 1) {
-                if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+                float *rb = red + (DF ? (it & 1) * TC_WARPS * 2 * 32 : 0);
+                if (t == 0) rb[(warp * 2) * 32 + g] = acc[0], rb[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
                 if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++)
-                        acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
+                        acc[0] += rb[((warp + w2) * 2) * 32 + g], acc[2] += rb[((warp + w2) * 2 + 1) * 32 + g];
             }
+            it++;
             if (wk == 0 && t == 0) {
                 m3_bf16 *orow = out + (size_t)slot * nout;
                 if (MODE == 0) {
@@ -1605,7 +1611,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1) { /* the chunk's last block combines it */
+            if (MODE == 1 && !DF) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
                 if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
                 __syncthreads();
@@ -1616,7 +1622,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
                 }
             }
-            __syncthreads(); /* red and last are free for the next tile */
+            if (!DF) __syncthreads(); /* red and last are free for the next tile */
             if (next >= ntiles) break; /* block-uniform */
             tile = next, slot = nslot, obase = nobase;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
@@ -1630,6 +1636,20 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         else tiles(m3_bool_c<false>());
     } else {
         tiles(m3_bool_c<false>());
+    }
+    if (MODE == 1 && DF) { /* the chunks of this block's tiles, each combined by its last block */
+        if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the counts */
+        __syncthreads();
+        for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) {
+            const int chunk = tl % nch;
+            if (tid == 0) last = atomicAdd(&cnt[chunk], 1) == nv - 1;
+            __syncthreads();
+            if (last && tid < CH) {
+                __threadfence();
+                t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+            }
+            __syncthreads(); /* last */
+        }
     }
 }
 
@@ -1666,7 +1686,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
     const bool ab16 = p->act_bf16;
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK, WR2 = TC_WARPS / WK2;
-    const bool bn = RV == 3;
+    const bool bn = (RV & 3) == 3;
     const size_t sh1 = (size_t)(1 + bn) * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)(K + bn) * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     /* BN: c in [max(hi - 128, 0), min(lo + 125, 127)] */
@@ -2828,6 +2848,11 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             case 9: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(MX4A); break;
             case 10: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(MX4A, 1); break;
             case 11: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(MX4A, 2); break;
+            case 12: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(MX4A); break;
+            case 13: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 7>(MX4A); break;
+            case 14: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(MX4A, 2); break;
+            case 15: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 7>(MX4A, 2); break;
+            case 16: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 5>(MX4A); break;
             default: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A); break;
             }
 #undef MX4A
