@@ -1357,6 +1357,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
+    /* MX4VAR RV & 8 (PW): gate/up launched as a programmatic dependent of the previous kernel:
+     * everything it reads (ids, x) and the counters wait for that kernel */
+    if (MODE == 0 && (RV & 8)) m3_pdl_wait();
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
@@ -1699,12 +1702,12 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR2 * 16));
     const float rsf = mp->routed_scale;
-    if (only != 2) {
-    dq1_k<WF, 0, WK, U, NC, RV><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
-        ab, NULL, cnt, D / (WR2 * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
-        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf, cbn);
-    M3_LAUNCHED(g, "dq1_k gate/up");
-    }
+    if (only != 2)
+        M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, RV>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1,
+                         (RV & 8) != 0, "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR2 * 16), d_x, d_ids,
+                         d_wts, E, K, (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
+                         (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
+                         (bool)p->moe_bf16_combine, xsh, xf, cbn));
     if (only == 1) return M3_OK;
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
@@ -2853,6 +2856,8 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             case 14: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(MX4A, 2); break;
             case 15: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 7>(MX4A, 2); break;
             case 16: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 5>(MX4A); break;
+            case 17: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 15>(MX4A); break;
+            case 18: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 8>(MX4A); break;
             default: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A); break;
             }
 #undef MX4A
