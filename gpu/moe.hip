@@ -2834,7 +2834,9 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                    ? (mx4_var() == 20 /* MX4VAR */
+                           ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 8>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                           : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid))
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else {
             const int v = mx4_var(); /* MX4VAR: temporary */
@@ -2858,6 +2860,7 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             case 16: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 5>(MX4A); break;
             case 17: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 15>(MX4A); break;
             case 18: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 8>(MX4A); break;
+            case 19: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 9>(MX4A); break;
             default: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A); break;
             }
 #undef MX4A

@@ -759,8 +759,8 @@ static void bench_moe_experts(void **state) {
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
             { /* MX4VAR (temporary): M3_BENCH_MOE_VARS=0,1,.. (T = 1) / M3_BENCH_MOE_VARS64 (T = 64):
                  the row re-timed per value of gpu/moe.hip's M3_MX4_VAR, 3 alternating rounds */
-                const char *vl = getenv(c.T == 1 ? "M3_BENCH_MOE_VARS" : "M3_BENCH_MOE_VARS64");
-                for (int rd = 0; vl && f == 2 && c.T <= 64 && rd < 3; rd++)
+                const char *vl = getenv(f == 1 ? "M3_BENCH_MOE_VARS8" : c.T == 1 ? "M3_BENCH_MOE_VARS" : "M3_BENCH_MOE_VARS64");
+                for (int rd = 0; vl && f >= 1 && c.T <= 64 && rd < 3; rd++)
                     for (const char *q = vl; q && *q; q = strchr(q, ','), q = q ? q + 1 : NULL) {
                         char vs[16], nm3[128];
                         snprintf(vs, sizeof vs, "%d", atoi(q));
