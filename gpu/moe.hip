@@ -883,14 +883,17 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * (b, sign-replicated b, b', sign-replicated b'), a shift by 4 and a mask finish; no
  * conversion instruction (the e4m3x2 -> f16x2 conversion it replaced measured slower).
  * MXFP4: s|e1 e0|m placed as the bf16 s|0000000 e1 e0|m000000 (the value x 2^-126, the 0.5
- * code a subnormal), nibbles k and k + 4 of a word into one pair: the even / odd nibbles and
- * the signs masked once a word (E, O, S), then one bit-select (lop3) per pair of a shifted E or
- * O (bits 6-8, 22-24) and a shifted S (bits 15, 31); the other bits of each select are zero in
- * the source it takes. 14 integer ops a word, written in PTX: from the same C, nvcc folded the
- * shared masks into every pair (a shift, a mask, a shift and a select: 15-16 ops a word in
- * the SASS), and the k loops with the PTX form measured 4% (T = 1) / 3-7% (T = 64) faster
- * (docs/gpu.md, "Decode, session 10"). */
-template <int WF, int RV = 0>
+ * code a subnormal), nibbles k and k + 4 of a word into one pair (16 bits apart: every op
+ * serves both halves). Per pair: its two nibbles masked out (of v for pairs (0, 4) and (1, 5),
+ * of v >> 8 for (2, 6) and (3, 7)); one integer multiply by 2^6 + 2^12 (nibbles at bits 0 and
+ * 16) or 2^2 + 2^8 (bits 4 and 20) adds two shifted copies of each nibble that do not overlap
+ * (so no carries): one with the magnitude at bits 6-8 / 22-24, one with the sign at bit
+ * 15 / 31; a mask keeps those bits. 13 ops a word instead of session 10's 14 (the even / odd
+ * nibbles and the signs masked once a word, then a shift, a shift and a bit-select per pair):
+ * dq1_k's gate/up group loop (16 words) 422 -> 406 instructions in the SASS, 0.5% faster at
+ * T = 1 and ~1-2% at T = 64, the same bits for all 2^32 words (docs/gpu.md, "Decode, session
+ * 11"). In PTX: from C, nvcc folded shared masks into every pair (session 10). */
+template <int WF>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -898,7 +901,7 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
         if (WF == M3_GPU_W_MXFP8) {
             r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
-        } else if (RV >= 1) { /* MX4VAR: IMAD re-lay (RV 2: no scale multiply, timing only) */
+        } else {
             uint32_t w0, w1, w2, w3;
             asm("{\n\t.reg .b32 t, u;\n\t"
                 "and.b32 t, %4, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %0, t, 0x81C081C0;\n\t"
@@ -906,22 +909,6 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
                 "shr.u32 u, %4, 8;\n\t"
                 "and.b32 t, u, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %2, t, 0x81C081C0;\n\t"
                 "and.b32 t, u, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %3, t, 0x81C081C0;\n\t}"
-                : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
-                : "r"(v));
-            if (RV == 2) {
-                r[4 * k] = w0, r[4 * k + 1] = w1, r[4 * k + 2] = w2, r[4 * k + 3] = w3;
-                continue;
-            }
-            r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
-            r[4 * k + 2] = bf2_mul(w2, mul), r[4 * k + 3] = bf2_mul(w3, mul);
-        } else { /* lop3 0xE4: (a & c) | (b & ~c) */
-            uint32_t w0, w1, w2, w3;
-            asm("{\n\t.reg .b32 e, o, s, a, b;\n\t"
-                "and.b32 e, %4, 0x0F0F0F0F;\n\tand.b32 o, %4, 0xF0F0F0F0;\n\tand.b32 s, %4, 0x88888888;\n\t"
-                "shl.b32 a, e, 6;\n\tshl.b32 b, s, 12;\n\tlop3.b32 %0, a, b, 0x09C801C0, 0xE4;\n\t"
-                "shl.b32 a, o, 2;\n\tshl.b32 b, s, 8;\n\tlop3.b32 %1, a, b, 0x09C809C0, 0xE4;\n\t"
-                "shr.u32 a, e, 2;\n\tshl.b32 b, s, 4;\n\tlop3.b32 %2, a, b, 0x09C809C0, 0xE4;\n\t"
-                "shr.u32 a, o, 6;\n\tlop3.b32 %3, a, s, 0x09C809C8, 0xE4;\n\t}"
                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
                 : "r"(v));
             r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
@@ -932,7 +919,7 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
  * NC (MXFP8): test the piece for e4m3 NaN codes (the caller's codes may hold some). */
-template <int WF, bool NC, int RV = 0>
+template <int WF, bool NC>
 static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const float *lut, uint32_t *r) {
     const int PE = tcf<WF>::PE;
     const uint32_t qq[4] = {q.x, q.y, q.z, q.w};
@@ -944,14 +931,14 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
     if (WF == M3_GPU_W_MXFP8) { /* the common case first: (s + F) << 7 in both halves, one IMAD
                                    (MXFP4 measured slower with this split: docs/gpu.md) */
         if ((uint32_t)sb <= lim && !(chk && e4m3_nan16(q))) {
-            tc_relay<WF, RV>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
+            tc_relay<WF>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
             return;
         }
     }
     if (sb != 0xFFu && !(chk && e4m3_nan16(q))) {
         const uint32_t fld = (sb <= lim ? (uint32_t)sb : lim) + F;
         const uint32_t mul = (fld << 7) | (fld << 23);
-        tc_relay<WF, RV>(qq, mul, r);
+        tc_relay<WF>(qq, mul, r);
         if (sb > lim) { /* (rare: scales above 2^(127-F)) */
             const uint32_t f2 = 127u + sb - lim, mul2 = (f2 << 7) | (f2 << 23);
 #pragma unroll
@@ -991,22 +978,22 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
  * per-piece path (keeping them there cost 9-10%: docs/gpu.md, sessions 7 and 8). */
 template <bool B> struct m3_bool_c { static constexpr bool value = B; };
 
-template <int WF, bool NC, bool FAST, int RV = 0>
+template <int WF, bool NC, bool FAST>
 static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1, const float *lut,
                                                   uint32_t *r0, uint32_t *r1, int xsh) {
 #if M3_HAVE_FP8_CVT
     if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
         const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
         const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
-        tc_relay<WF, RV>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
-        tc_relay<WF, RV>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
+        tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
+        tc_relay<WF>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
         return;
     }
 #else
     (void)xsh;
 #endif
-    tc_decode<WF, NC, RV>(q0, s0, lut, r0);
-    tc_decode<WF, NC, RV>(q1, s1, lut, r1);
+    tc_decode<WF, NC>(q0, s0, lut, r0);
+    tc_decode<WF, NC>(q1, s1, lut, r1);
 }
 
 /* 8 staged x values (bf16) times 2^xsh (xsh 0 or 8); *ovf set when a finite value became
@@ -1036,7 +1023,7 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
-template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC, int RV = 0>
+template <int WF, int MODE, int WK, int NT, int U, int RL, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     tc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, exp_meta m, int K,
          const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
@@ -1084,7 +1071,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     int xs = xsh; /* this pass's x scaling (0 after an overflow) */
     auto compute1 = [&](auto fast, int st, const uint4(&q)[2], const m3_e8m0(&sc)[2]) {
         uint32_t a0[PE / 2], a1[PE / 2];
-        tc_decode2<WF, NC, decltype(fast)::value, RV>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
+        tc_decode2<WF, NC, decltype(fast)::value>(q[0], sc[0], q[1], sc[1], lut, a0, a1, xs);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             uint32_t xb[PE / 2];
@@ -1329,37 +1316,32 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * through shared memory). Each lane keeps two register sets of U steps of loads (16 bytes of
  * rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the other is decoded, and
  * the next tile's first set in flight during the current tile's reduction. MODE 0: out = a
- * rows [K][F]; block 0 also zeroes the down kernel's counters. MODE 1 (a dependent launch:
+ * rows [K][F]; block 0 also zeroes the down kernel's counters; launched as a programmatic
+ * dependent of the kernel before it (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu.md
+ * "Decode, session 11"). MODE 1 (a dependent launch:
  * its first loads go out while gate/up finishes, m3_pdl_wait before it reads a): out = y_e rows
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC, int RV = 0>
+template <int WF, int MODE, int WK, int U, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast, int cbn) {
+          bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
-    __shared__ float red[WK > 1 ? 2 * TC_WARPS * 2 * 32 : 1];
+    __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
-    __shared__ uint32_t bnm[TC_WARPS];
-    /* MX4VAR RV & 4 (DF): red double-buffered (one barrier a tile), the y_e fence and the chunk
-     * counts once at the block's end */
-    constexpr bool DF = (RV & 4) != 0;
-    /* MX4VAR RV 3 (BN): block scale on fp32 block sums; needs U == 2 (the two steps of a
-     * group fill the 8 mma columns: column 4u + t = step u, quad lane t's block) */
-    constexpr bool BN = (RV & 3) == 3 && WF == M3_GPU_W_MXFP4 && U == 2;
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
-    /* MX4VAR RV & 8 (PW): gate/up launched as a programmatic dependent of the previous kernel:
-     * everything it reads (ids, x) and the counters wait for that kernel */
-    if (MODE == 0 && (RV & 8)) m3_pdl_wait();
+    /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
+     * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
+    if (MODE == 0) m3_pdl_wait();
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
@@ -1392,23 +1374,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* U steps of this lane's rows from st0 (steps st0, st0 + WK, ...); a piece past the row
      * loads the row's last piece (x is zero there: tc_k's load1) */
     auto load = [&](const unsigned char *const *pw, const m3_e8m0 *const *ps, int st0, uint4(&q)[U][2],
-                    m3_e8m0(&sc)[U][2], bool bnl) {
+                    m3_e8m0(&sc)[U][2]) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int p = (st0 + u * WK) * 4 + t, pc = p < npieces ? p : npieces - 1;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                q[u][h] = ld_stream(pw[h] + (size_t)pc * 16);
-                if (!(BN && bnl)) sc[u][h] = ps[h][pc / PPB];
-            }
+            for (int h = 0; h < 2; h++) q[u][h] = ld_stream(pw[h] + (size_t)pc * 16), sc[u][h] = ps[h][pc / PPB];
         }
-        if (BN && bnl) /* the scales of this lane's two C columns 2t + j: step t / 2, quad lane 2 (t % 2) + j */
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int p = (st0 + (t >> 1) * WK) * 4 + 2 * (t & 1) + j, pc = p < npieces ? p : npieces - 1;
-#pragma unroll
-                for (int h = 0; h < 2; h++) sc[j][h] = ps[h][pc];
-            }
     };
     /* two register sets of U steps: one loading while the other is used, across tiles */
     const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups a tile (may be 0) */
@@ -1418,7 +1390,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     rows_of(tile, &slot, &obase, cpw, cps);
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
-    load(cpw, cps, wk, qa, sa, true); /* in flight while the rows are staged */
+    load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
@@ -1427,73 +1399,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int nx = MODE == 0 ? 1 : nv;
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-    int cb = -1; /* BN: x staged times 2^cb (cb >= 0), the products w 2^-126 x 2^cb fp32 normals */
-    if constexpr (BN) {
-        const int nu = nx * (kdim / 8);
-        auto xload = [&](int v) -> uint4 {
-            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-            return reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
-        };
-        auto xput = [&](int v, uint4 x) {
-            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-            const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-            xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] = x;
-        };
-        if (xfast) {
-            const int NR = 6;
-            uint4 xr[NR];
-            uint32_t m = 0;
-            auto emax = [&](uint4 x) {
-                const uint32_t e = 0x7F807F80u;
-                m = __vmaxu2(m, __vmaxu2(__vmaxu2(x.x & e, x.y & e), __vmaxu2(x.z & e, x.w & e)));
-            };
-#pragma unroll
-            for (int i = 0; i < NR; i++)
-                if (tid + i * TC_THREADS < nu) xr[i] = xload(tid + i * TC_THREADS), emax(xr[i]);
-            for (int v = tid + NR * TC_THREADS; v < nu; v += TC_THREADS) emax(xload(v));
-            m = max(m & 0xFFFFu, m >> 16);
-            m = __reduce_max_sync(0xFFFFFFFFu, m);
-            if (lane == 0) bnm[warp] = m;
-            __syncthreads();
-            uint32_t mm = 0;
-#pragma unroll
-            for (int w2 = 0; w2 < TC_WARPS; w2++) mm = max(mm, bnm[w2]);
-            /* x 2^c finite: c <= 254 - emax; the multiplier 2^(s - 1 - c) a normal float for
-             * every block scale s of the range: c in [cbn & 0xFF, cbn >> 8] */
-            int c = 254 - (int)(mm >> 7);
-            c = c < (cbn >> 8) ? c : (cbn >> 8);
-            if (c >= (cbn & 0xFF)) {
-                cb = c;
-                const uint32_t mc = ((uint32_t)(c + 127) << 7) * 0x10001u; /* (2^c, 2^c) */
-                auto sc4 = [&](uint4 x) {
-                    x = tc_perm<WF>(x);
-                    return make_uint4(bf2_mul(x.x, mc), bf2_mul(x.y, mc), bf2_mul(x.z, mc), bf2_mul(x.w, mc));
-                };
-#pragma unroll
-                for (int i = 0; i < NR; i++)
-                    if (tid + i * TC_THREADS < nu) xput(tid + i * TC_THREADS, sc4(xr[i]));
-                for (int v = tid + NR * TC_THREADS; v < nu; v += TC_THREADS) xput(v, sc4(xload(v)));
-                const int pad = (nsteps * 4 - npieces) * UP;
-                for (int v = tid; v < nx * pad; v += TC_THREADS) {
-                    const int j = v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
-                    xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
-                }
-                for (int v = tid; v < pitch; v += TC_THREADS) xs[(size_t)nx * pitch + v] = make_uint4(0, 0, 0, 0);
-                __syncthreads();
-            }
-        }
-        if (cb < 0) { /* the general path, x unscaled, the scales of the lane's own pieces */
-            xsc = 0;
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int p = (wk + u * WK) * 4 + t, pc = p < npieces ? p : npieces - 1;
-#pragma unroll
-                for (int h = 0; h < 2; h++) sa[u][h] = cps[h][pc / PPB];
-            }
-        }
-    }
-    for (; cb < 0;) {
+    for (;;) {
         bool ovf = false;
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
@@ -1517,57 +1423,22 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         if (!__syncthreads_or(xsc != 0 && ovf)) break;
         xsc = 0;
     }
-    int it = 0; /* tiles done (DF: red's buffer) */
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
-        constexpr bool BNM = BN && decltype(fast)::value;
         for (;;) {
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
-            /* BN: lane (g, t) gives B column g: x in step u when g == 4u + t, else the zero row */
-            const int xz = nx * pitch, xra = g == t ? xr : xz, xrb = g == t + 4 ? xr : xz;
-            const uint32_t kc = (uint32_t)(126 - cb) << 23; /* 2^(s - 1 - cb) = bits (s + 126 - cb) << 23 */
-            float tg = 0.0f, th = 0.0f;
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
-                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb, BNM);
-                else if (next < ntiles) load(npw, nps, wk, qb, sb, BNM);
-                if constexpr (BNM) {
-                    float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const int st = st0 + u * WK;
-                        if (st >= nsteps) continue;
-                        uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                        const uint32_t qa0[4] = {qa[u][0].x, qa[u][0].y, qa[u][0].z, qa[u][0].w};
-                        const uint32_t qa1[4] = {qa[u][1].x, qa[u][1].y, qa[u][1].z, qa[u][1].w};
-                        tc_relay<WF, 2>(qa0, 0u, a0);
-                        tc_relay<WF, 2>(qa1, 0u, a1);
-                        const int xb0 = (u == 0 ? xra : xrb) + st * 4 * UP + t;
-#pragma unroll
-                        for (int uu = 0; uu < UP; uu++) {
-                            const uint4 xv = xs[xb0 + uu * 4];
-                            xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
-                        }
-#pragma unroll
-                        for (int i = 0; i < PE / 4; i++) {
-                            const uint32_t af[4] = {a0[2 * i], a1[2 * i], a0[2 * i + 1], a1[2 * i + 1]};
-                            const uint32_t bf[2] = {xb[2 * i], xb[2 * i + 1]};
-                            m3_mma_bf16_16816(c4, af, bf);
-                        }
-                    }
-                    tg = __fmaf_rn(c4[0], __uint_as_float((uint32_t)sa[0][0] * (1u << 23) + kc), tg);
-                    tg = __fmaf_rn(c4[1], __uint_as_float((uint32_t)sa[1][0] * (1u << 23) + kc), tg);
-                    th = __fmaf_rn(c4[2], __uint_as_float((uint32_t)sa[0][1] * (1u << 23) + kc), th);
-                    th = __fmaf_rn(c4[3], __uint_as_float((uint32_t)sa[1][1] * (1u << 23) + kc), th);
-                } else {
+                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
+                else if (next < ntiles) load(npw, nps, wk, qb, sb);
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
                     if (st >= nsteps) continue;
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value, (RV & 3)>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
                         const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
@@ -1580,29 +1451,19 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                         m3_mma_bf16_16816(acc, af, bf);
                     }
                 }
-                }
 #pragma unroll
                 for (int u = 0; u < U; u++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
             }
-            if constexpr (BNM) { /* the row sums: the quad's 8 columns (each lane holds 2) */
-                tg += __shfl_xor_sync(0xFFFFFFFFu, tg, 1);
-                tg += __shfl_xor_sync(0xFFFFFFFFu, tg, 2);
-                th += __shfl_xor_sync(0xFFFFFFFFu, th, 1);
-                th += __shfl_xor_sync(0xFFFFFFFFu, th, 2);
-                acc[0] = tg, acc[2] = th;
-            }
             /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
             if (WK > 1) {
-                float *rb = red + (DF ? (it & 1) * TC_WARPS * 2 * 32 : 0);
-                if (t == 0) rb[(warp * 2) * 32 + g] = acc[0], rb[(warp * 2 + 1) * 32 + g] = acc[2];
+                if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
                 if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++)
-                        acc[0] += rb[((warp + w2) * 2) * 32 + g], acc[2] += rb[((warp + w2) * 2 + 1) * 32 + g];
+                        acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
             }
-            it++;
             if (wk == 0 && t == 0) {
                 m3_bf16 *orow = out + (size_t)slot * nout;
                 if (MODE == 0) {
@@ -1614,7 +1475,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1 && !DF) { /* the chunk's last block combines it */
+            if (MODE == 1) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
                 if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
                 __syncthreads();
@@ -1625,41 +1486,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
                 }
             }
-            if (!DF) __syncthreads(); /* red and last are free for the next tile */
+            __syncthreads(); /* red and last are free for the next tile */
             if (next >= ntiles) break; /* block-uniform */
             tile = next, slot = nslot, obase = nobase;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
     };
-    if constexpr (BN) {
-        if (cb >= 0) tiles(m3_bool_c<true>());
-        else tiles(m3_bool_c<false>());
-    } else if constexpr (WF == M3_GPU_W_MXFP4) {
+    if constexpr (WF == M3_GPU_W_MXFP4) {
         if (xfast && xsc == xsh) tiles(m3_bool_c<true>());
         else tiles(m3_bool_c<false>());
     } else {
         tiles(m3_bool_c<false>());
     }
-    if (MODE == 1 && DF) { /* the chunks of this block's tiles, each combined by its last block */
-        if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the counts */
-        __syncthreads();
-        for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) {
-            const int chunk = tl % nch;
-            if (tid == 0) last = atomicAdd(&cnt[chunk], 1) == nv - 1;
-            __syncthreads();
-            if (last && tid < CH) {
-                __threadfence();
-                t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
-            }
-            __syncthreads(); /* last */
-        }
-    }
-}
-
-/* MX4VAR: temporary variant switch (session 11 measurements; removed before the end) */
-static int mx4_var(void) {
-    const char *e = getenv("M3_MX4_VAR");
-    return e ? atoi(e) : 0;
 }
 
 /* MXFP4 decode from the caller's scale range (m3_gpu_experts.mx_scale_lo / hi, gpu/layer.hip's
@@ -1679,47 +1517,40 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC, int RV = 0, int WK2 = WK, int U2 = U>
+template <int WF, int WK, int U, bool NC>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                         const m3_mx_params *mid, int only = 0) {
+                         const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     bool xf;
     const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
     const bool ab16 = p->act_bf16;
-    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK, WR2 = TC_WARPS / WK2;
-    const bool bn = (RV & 3) == 3;
-    const size_t sh1 = (size_t)(1 + bn) * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
-    const size_t sh2 = (size_t)(K + bn) * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    /* BN: c in [max(hi - 128, 0), min(lo + 125, 127)] */
-    const int clo = w->mx_scale_hi - 128 > 0 ? w->mx_scale_hi - 128 : 0;
-    const int chi = w->mx_scale_lo + 125 < 127 ? w->mx_scale_lo + 125 : 127;
-    const int cbn = clo | (chi << 8);
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, RV>,
+    const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
+    const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK2, U2, NC, RV>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR2 * 16));
+    const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    if (only != 2)
-        M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, RV>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1,
-                         (RV & 8) != 0, "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR2 * 16), d_x, d_ids,
-                         d_wts, E, K, (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
-                         (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                         (bool)p->moe_bf16_combine, xsh, xf, cbn));
-    if (only == 1) return M3_OK;
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
+                     "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
+                     (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
+                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
+                     (bool)p->moe_bf16_combine, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK2, U2, NC, RV>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
-                     ye, d_y, cnt, D / (WR2 * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
+    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+                     ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, cbn);
+                     (bool)p->moe_bf16_combine, xsh, xf);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
-template <int WF, int WK, int NT, int U, int RL, bool NC, int RV = 0>
+template <int WF, int WK, int NT, int U, int RL, bool NC>
 static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,
                         int T, const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
                         const m3_mx_params *mid) {
@@ -1732,19 +1563,19 @@ static m3_status tc_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     const size_t sh1 = (size_t)nt * (((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)nt * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     if (sh1 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC, RV>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 0, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 > 48 * 1024 - 9 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC, RV>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)tc_k<WF, 1, WK, NT, U, RL, NC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int ch1 = WR * 8 * RL, ch2 = WR * 16 * RL; /* outputs per block */
     dim3 g1((unsigned)slots, (unsigned)((F + ch1 - 1) / ch1));
-    tc_k<WF, 0, WK, NT, U, RL, NC, RV><<<g1, TC_THREADS, sh1, g->stream>>>(
+    tc_k<WF, 0, WK, NT, U, RL, NC><<<g1, TC_THREADS, sh1, g->stream>>>(
         ab, d_x, m, K, w->gate, w->up, w->gate_s, w->up_s, D, F, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k gate/up");
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, TK, F, mid));
     dim3 g2((unsigned)slots, (unsigned)((D + ch2 - 1) / ch2));
-    tc_k<WF, 1, WK, NT, U, RL, NC, RV><<<g2, TC_THREADS, sh2, g->stream>>>(
+    tc_k<WF, 1, WK, NT, U, RL, NC><<<g2, TC_THREADS, sh2, g->stream>>>(
         ye, ab, m, K, w->down, NULL, w->down_s, NULL, F, D, nt, mp->alpha, mp->limit, sm, ab16, xsh, xf);
     M3_LAUNCHED(g, "tc_k down");
     return M3_OK;
@@ -2780,8 +2611,6 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
              * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
             if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
                 return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
-            if (WF == M3_GPU_W_MXFP4 && mx4_var() == 1) /* MX4VAR */
-                return tc_run<WFX, 1, 1, 4, 4, false, 1>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
         }
 #endif
@@ -2834,37 +2663,10 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? (mx4_var() == 20 /* MX4VAR */
-                           ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 8>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                           : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid))
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else {
-            const int v = mx4_var(); /* MX4VAR: temporary */
-#define MX4A g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid
-            switch (v) {
-            case 1: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(MX4A); break;
-            case 2: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A, 1); break;
-            case 3: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A, 2); break;
-            case 4: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(MX4A, 1); break;
-            case 5: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(MX4A, 2); break;
-            case 6: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 8, 2>(MX4A); break;
-            case 7: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 2, 2>(MX4A); break;
-            case 8: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(MX4A); break;
-            case 9: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(MX4A); break;
-            case 10: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(MX4A, 1); break;
-            case 11: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(MX4A, 2); break;
-            case 12: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(MX4A); break;
-            case 13: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 7>(MX4A); break;
-            case 14: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(MX4A, 2); break;
-            case 15: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 7>(MX4A, 2); break;
-            case 16: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 5>(MX4A); break;
-            case 17: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 15>(MX4A); break;
-            case 18: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 8>(MX4A); break;
-            case 19: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 9>(MX4A); break;
-            default: s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(MX4A); break;
-            }
-#undef MX4A
-        }
+        else
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;

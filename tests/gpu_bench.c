@@ -757,20 +757,6 @@ static void bench_moe_experts(void **state) {
             printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
                    nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-            { /* MX4VAR (temporary): M3_BENCH_MOE_VARS=0,1,.. (T = 1) / M3_BENCH_MOE_VARS64 (T = 64):
-                 the row re-timed per value of gpu/moe.hip's M3_MX4_VAR, 3 alternating rounds */
-                const char *vl = getenv(f == 1 ? "M3_BENCH_MOE_VARS8" : c.T == 1 ? "M3_BENCH_MOE_VARS" : "M3_BENCH_MOE_VARS64");
-                for (int rd = 0; vl && f >= 1 && c.T <= 64 && rd < 3; rd++)
-                    for (const char *q = vl; q && *q; q = strchr(q, ','), q = q ? q + 1 : NULL) {
-                        char vs[16], nm3[128];
-                        snprintf(vs, sizeof vs, "%d", atoi(q));
-                        setenv("M3_MX4_VAR", vs, 1);
-                        double mv = time_ms(g, do_experts, &c, 20, 7);
-                        snprintf(nm3, sizeof nm3, "%s var=%s r%d", nm, vs, rd);
-                        report(nm3, mv, wbytes + io, tk * 6.0 * D * F);
-                    }
-                unsetenv("M3_MX4_VAR");
-            }
             if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip gives it
                                           from its upload scan): the per-step vote path */
                 c.w.mx_scale_lo = c.w.mx_scale_hi = 0;
