@@ -883,13 +883,16 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * (b, sign-replicated b, b', sign-replicated b'), a shift by 4 and a mask finish; no
  * conversion instruction (the e4m3x2 -> f16x2 conversion it replaced measured slower).
  * MXFP4: s|e1 e0|m placed as the bf16 s|0000000 e1 e0|m000000 (the value x 2^-126, the 0.5
- * code a subnormal), nibbles k and k + 4 of a word into one pair: the even / odd nibbles and
- * the signs masked once a word (E, O, S), then one bit-select (lop3) per pair of a shifted E or
- * O (bits 6-8, 22-24) and a shifted S (bits 15, 31); the other bits of each select are zero in
- * the source it takes. 14 integer ops a word, written in PTX: from the same C, nvcc folded the
- * shared masks into every pair (a shift, a mask, a shift and a select: 15-16 ops a word in
- * the SASS), and the k loops with the PTX form measured 4% (T = 1) / 3-7% (T = 64) faster
- * (docs/gpu.md, "Decode, session 10"). */
+ * code a subnormal), nibbles k and k + 4 of a word into one pair (16 bits apart: every op
+ * serves both halves). Per pair: its two nibbles masked out (of v for pairs (0, 4) and (1, 5),
+ * of v >> 8 for (2, 6) and (3, 7)); one integer multiply by 2^6 + 2^12 (nibbles at bits 0 and
+ * 16) or 2^2 + 2^8 (bits 4 and 20) adds two shifted copies of each nibble that do not overlap
+ * (so no carries): one with the magnitude at bits 6-8 / 22-24, one with the sign at bit
+ * 15 / 31; a mask keeps those bits. 13 ops a word instead of session 10's 14 (the even / odd
+ * nibbles and the signs masked once a word, then a shift, a shift and a bit-select per pair):
+ * dq1_k's gate/up group loop (16 words) 422 -> 406 instructions in the SASS, 0.5% faster at
+ * T = 1 and ~1-2% at T = 64, the same bits for all 2^32 words (docs/gpu.md, "Decode, session
+ * 11"). In PTX: from C, nvcc folded shared masks into every pair (session 10). */
 template <int WF>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
@@ -898,14 +901,14 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
         if (WF == M3_GPU_W_MXFP8) {
             r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
             r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
-        } else { /* lop3 0xE4: (a & c) | (b & ~c) */
+        } else {
             uint32_t w0, w1, w2, w3;
-            asm("{\n\t.reg .b32 e, o, s, a, b;\n\t"
-                "and.b32 e, %4, 0x0F0F0F0F;\n\tand.b32 o, %4, 0xF0F0F0F0;\n\tand.b32 s, %4, 0x88888888;\n\t"
-                "shl.b32 a, e, 6;\n\tshl.b32 b, s, 12;\n\tlop3.b32 %0, a, b, 0x09C801C0, 0xE4;\n\t"
-                "shl.b32 a, o, 2;\n\tshl.b32 b, s, 8;\n\tlop3.b32 %1, a, b, 0x09C809C0, 0xE4;\n\t"
-                "shr.u32 a, e, 2;\n\tshl.b32 b, s, 4;\n\tlop3.b32 %2, a, b, 0x09C809C0, 0xE4;\n\t"
-                "shr.u32 a, o, 6;\n\tlop3.b32 %3, a, s, 0x09C809C8, 0xE4;\n\t}"
+            asm("{\n\t.reg .b32 t, u;\n\t"
+                "and.b32 t, %4, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %0, t, 0x81C081C0;\n\t"
+                "and.b32 t, %4, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %1, t, 0x81C081C0;\n\t"
+                "shr.u32 u, %4, 8;\n\t"
+                "and.b32 t, u, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %2, t, 0x81C081C0;\n\t"
+                "and.b32 t, u, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %3, t, 0x81C081C0;\n\t}"
                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
                 : "r"(v));
             r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
@@ -1313,7 +1316,9 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * through shared memory). Each lane keeps two register sets of U steps of loads (16 bytes of
  * rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the other is decoded, and
  * the next tile's first set in flight during the current tile's reduction. MODE 0: out = a
- * rows [K][F]; block 0 also zeroes the down kernel's counters. MODE 1 (a dependent launch:
+ * rows [K][F]; block 0 also zeroes the down kernel's counters; launched as a programmatic
+ * dependent of the kernel before it (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu.md
+ * "Decode, session 11"). MODE 1 (a dependent launch:
  * its first loads go out while gate/up finishes, m3_pdl_wait before it reads a): out = y_e rows
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
@@ -1334,6 +1339,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
+    /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
+     * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
+    if (MODE == 0) m3_pdl_wait();
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
@@ -1527,10 +1535,11 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    dq1_k<WF, 0, WK, U, NC><<<(unsigned)(t1 < cap ? t1 : cap), TC_THREADS, sh1, g->stream>>>(
-        ab, NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K, w->gate, w->up, w->gate_s, w->up_s,
-        D, F, mp->alpha, mp->limit, sm, ab16, rsf, p->moe_bf16_combine, xsh, xf);
-    M3_LAUNCHED(g, "dq1_k gate/up");
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
+                     "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
+                     (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
+                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
+                     (bool)p->moe_bf16_combine, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
     return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
