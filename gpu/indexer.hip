@@ -600,7 +600,10 @@ typedef struct {
     int n_tok, nbk, width, B, K, local_blocks, init_blocks;
     bool use_init;
     float init_boost, local_boost, tie_margin;
+    unsigned long long *tl; /* TL diag: this call's per-block records (TL_NF words a block) */
+    int var;                /* VAR diag */
 } idx_sel;
+#define TL_NF 32 /* TL diag */
 
 template <int NT> struct idx_sel_smem {
     unsigned long long tmax[NT], pub[(NT / M3_WARP) * (IDX_MAX_K + 1)], tau;
@@ -806,6 +809,14 @@ static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsign
 static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+static __device__ __forceinline__ unsigned long long tl_now() { /* TL diag */
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : : "memory");
+    return t;
+}
+/* TL diag: this block's record; thread `th` stamps field f */
+#define TLR(sel) ((sel).tl ? (sel).tl + (size_t)(blockIdx.y * gridDim.x + blockIdx.x) * TL_NF : NULL)
+#define TLM(rec, th, f) do { if ((rec) && (int)threadIdx.x == (th)) (rec)[f] = tl_now(); } while (0)
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
  * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
@@ -971,11 +982,14 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
+    unsigned long long *rec = WR ? TLR(a) : NULL; /* TL diag */
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
         gx = nb;
         bool wait = true;
+        int n_it = 0; /* TL diag */
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
         while (__syncthreads_or(wait)) {
+            n_it++; /* TL diag */
             wait = false;
 #pragma unroll
             for (int i = 0; i < IDX_PICK_CPT; i++) {
@@ -983,13 +997,17 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
+        TLM(rec, 0, 13);
+        if (rec && tid == 0) rec[16] = n_it;
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
             if (tid < nb) pick_rank(sm, sm.tmax, nb, m[0], need);
             __syncthreads();
+            TLM(rec, 0, 14);
             pick_out(a, t, g, nb, sm);
             if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
+            TLM(rec, 0, 15);
             return;
         }
     } else {
@@ -1006,6 +1024,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
     const unsigned long long th = pick_tau(sm, mx, need);
+    TLM(rec, 0, 17);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
     if (!WR) {
 #pragma unroll
@@ -1063,13 +1082,16 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         }
         __syncthreads();
     }
+    TLM(rec, 0, 18);
     const int nc = sm.n_cand;
     for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
+    TLM(rec, 0, 14);
     pick_out(a, t, g, nb, sm);
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT && slot; i++) /* direct: zero again for the next call */
         if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+    TLM(rec, 0, 15);
 }
 #endif
 
@@ -1311,6 +1333,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
+    unsigned long long *rec = TLR(sel); /* TL diag */
+    const long long c_ent = rec ? clock64() : 0;
+    TLM(rec, 0, 0);
+    if (rec && tid == 0) { /* TL diag: a kernel parameter back */
+        if (ik.k == (const void *)0x1234) rec[31] = 7;
+        rec[24] = tl_now();
+    }
     uint4 kb[MT][2][NU];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
@@ -1331,7 +1360,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
-    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
+    if (x0 < nbk) {
+        const int r0 = key_base(ik, x0, B);
+        if (rec && tid == 0) { /* TL diag: the block table back */
+            if (r0 == -77) rec[31] = 8;
+            rec[25] = tl_now();
+        }
+        load(x0, r0); /* first, as idx_dec_k */
+    }
+    TLM(rec, 0, 1);
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
      * block (8K keys: one) the first mma waited on Q loads issued after the positions */
@@ -1350,6 +1387,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                                 : 0u;
             }
     }
+    TLM(rec, 0, 2);
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1361,6 +1399,21 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
+    if (rec && tid == 0) { /* TL diag: pos, Q, keys back (a use of each forces the wait) */
+        if (n_lim == -77) rec[31] = 1;
+        rec[3] = tl_now();
+        if (qb[0][0] == 0x12345u) rec[31] = 2;
+        rec[4] = tl_now();
+        if (kb[0][0][0].x == 0x12345u) rec[31] = 3;
+        rec[5] = tl_now();
+        if (kb[MT - 1][1][NU - 1].y == 0x12345u) rec[31] = 4;
+        rec[6] = tl_now();
+        rec[21] = (n_lim - x0 + grid - 1) / grid;
+    }
+    if (rec && tid == 96) {
+        if (kb[MT - 1][1][NU - 1].y == 0x12345u) rec[31] = 5;
+        rec[7] = tl_now();
+    }
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
@@ -1446,6 +1499,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
+        if (b == x0) TLM(rec, 96, 8);
         if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
         if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
 #pragma unroll
@@ -1462,6 +1516,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
         }
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
+        if (rec && tid == 0 && b == x0) rec[9] = tl_now(), rec[20] = clock64() - c_ent;
         if (tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
@@ -1482,7 +1537,18 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
+        if (rec && tid == 0) {
+            const unsigned long long tn = tl_now();
+            if (b == x0) rec[10] = tn;
+            rec[11] = tn;
+            if (b == x0) { /* L2 hit latency now: one key word again, past L1 */
+                const unsigned int v = __ldcg(reinterpret_cast<const unsigned int *>(ik.k) + 64 * b);
+                if (v == 0x12345u) rec[31] = 6;
+                rec[19] = tl_now() - tn;
+            }
+        }
     }
+    TLM(rec, 0, 12);
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
@@ -1520,9 +1586,114 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
  * candidates would not fit in shared memory (then the caller runs a selection kernel). */
+#include <stdio.h>  /* TL diag */
+#include <stdlib.h> /* TL diag */
+static int cmp_u64(const void *a, const void *b) { /* TL diag */
+    const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+#define TL_CALLS 16
+#define TL_MAXB 1024
+static double tl_med(unsigned long long *v, int n) { /* TL diag */
+    if (!n) return -1.0;
+    qsort(v, n, sizeof *v, cmp_u64);
+    return (double)v[n / 2];
+}
+/* TL diag: per-call stats of the records; medians over the TL_CALLS calls, us */
+static void tl_report(const unsigned long long *h, int nblk, int nbk, int k8, int var) {
+    static const char *nm[TL_NF] = {"entry", "kiss", "qiss", "posbk", "qbk", "k0bk", "klbk",
+                                    "w3klbk", "w3mma", "bar1", "slot1", "slotN", "scdone",
+                                    "polled", "ranked", "end", "nit", "tau", "cand", "l2lat",
+                                    "clk", "nblk", "-", "-", "param", "btbk", "-", "-", "-",
+                                    "-", "-", "-"};
+    static unsigned long long st[TL_CALLS][TL_NF][4], col[TL_MAXB], e0s[TL_CALLS], ends[TL_CALLS];
+    memset(st, 0, sizeof st);
+    for (int c = 0; c < TL_CALLS; c++) {
+        const unsigned long long *r = h + (size_t)c * TL_MAXB * TL_NF;
+        unsigned long long e0 = ~0ull, en = 0;
+        for (int b = 0; b < nblk; b++) {
+            const unsigned long long *q = r + (size_t)b * TL_NF;
+            if (q[0] && q[0] < e0) e0 = q[0];
+            if (q[12] > en) en = q[12];
+            if (q[15] > en) en = q[15];
+        }
+        e0s[c] = e0, ends[c] = en;
+        for (int f = 0; f < TL_NF; f++) {
+            int n = 0, nr = 0;
+            unsigned long long rel[TL_MAXB];
+            for (int b = 0; b < nblk; b++) {
+                const unsigned long long *q = r + (size_t)b * TL_NF;
+                if (!q[f]) continue;
+                const bool tm = f <= 15 || f == 17 || f == 18 || f == 24 || f == 25;
+                col[n++] = tm ? q[f] - e0 : (f == 20 ? (q[20] * 1000ull) / (q[9] - q[0] + 1) : q[f]);
+                if (tm) rel[nr++] = q[f] - q[0];
+            }
+            if (!n) continue;
+            qsort(col, n, sizeof *col, cmp_u64);
+            st[c][f][0] = col[0] + 1, st[c][f][1] = col[n / 2] + 1, st[c][f][2] = col[n - 1] + 1;
+            st[c][f][3] = nr ? (unsigned long long)tl_med(rel, nr) + 1 : 0;
+        }
+    }
+    fprintf(stderr, "TL nbk %d k8 %d v%d nblk %d (us from the first entry: min/med/max over blocks; "
+                    "rel: own entry, med)\n", nbk, k8, var, nblk);
+    for (int f = 0; f < TL_NF; f++) {
+        double m[4];
+        int have = 0;
+        for (int k = 0; k < 4; k++) {
+            unsigned long long v[TL_CALLS];
+            int n = 0;
+            for (int c = 0; c < TL_CALLS; c++)
+                if (st[c][f][k]) v[n++] = st[c][f][k] - 1;
+            m[k] = tl_med(v, n);
+            have |= n > 0;
+        }
+        if (!have) continue;
+        const bool tm = f <= 15 || f == 17 || f == 18 || f == 24 || f == 25;
+        if (tm)
+            fprintf(stderr, "TL   %-7s %6.2f %6.2f %6.2f  rel %6.2f\n", nm[f], m[0] * 1e-3,
+                    m[1] * 1e-3, m[2] * 1e-3, m[3] * 1e-3);
+        else
+            fprintf(stderr, "TL   %-7s %8.0f %8.0f %8.0f (%s)\n", nm[f], m[0], m[1], m[2],
+                    f == 19 ? "ns" : f == 20 ? "MHz" : "count");
+    }
+    unsigned long long v[TL_CALLS];
+    int n = 0;
+    for (int c = 1; c < TL_CALLS; c++)
+        if (e0s[c] > ends[c - 1] && ends[c - 1]) v[n++] = e0s[c] - ends[c - 1];
+    unsigned long long d[TL_CALLS];
+    int nd = 0;
+    for (int c = 0; c < TL_CALLS; c++)
+        if (ends[c] > e0s[c]) d[nd++] = ends[c] - e0s[c];
+    fprintf(stderr, "TL   call %.2f us, gap %.2f us\n", tl_med(d, nd) * 1e-3, tl_med(v, n) * 1e-3);
+}
+
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
+                            const m3_profile *p, const idx_sel &sa_in, bool &fuse) {
+    idx_sel sa = sa_in; /* TL / VAR diag */
+    static int tl_on = -1, tl_n = 0, tl_nbk = -1, tl_var = -1, tl_k8 = -1;
+    static unsigned long long *tl_d = NULL;
+    const size_t tl_words = (size_t)TL_CALLS * TL_MAXB * TL_NF;
+    if (tl_on < 0) {
+        const char *e = getenv("M3_IDX_TL");
+        tl_on = e && atoi(e) > 0;
+        if (tl_on) {
+            M3_HIP_TRY(hipMalloc((void **)&tl_d, tl_words * sizeof *tl_d));
+            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, tl_words * sizeof *tl_d, g->stream));
+        }
+    }
+    {
+        const char *v = getenv("M3_IDX_V"); /* re-read: the bench may change it per row */
+        sa.var = v ? atoi(v) : 0;
+    }
+    const int tl_k8n = ik.elem == M3_KV_FP8;
+    if (tl_on && n_tok * G <= 8) {
+        if (nbk != tl_nbk || sa.var != tl_var || tl_k8n != tl_k8) {
+            tl_n = 0, tl_nbk = nbk, tl_var = sa.var, tl_k8 = tl_k8n;
+            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, tl_words * sizeof *tl_d, g->stream));
+        }
+        sa.tl = tl_d + (size_t)(tl_n % TL_CALLS) * TL_MAXB * TL_NF;
+    }
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
@@ -1533,6 +1704,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
+    if (km && nbk <= 128 && (sa.var & 6)) gx = (sa.var & 2) ? 16 : 32; /* VAR diag: fewer SMs */
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
@@ -1573,6 +1745,14 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse && !direct) ep++;
+    if (sa.tl && ++tl_n % TL_CALLS == 0 && (int)(grid.x * grid.y) <= TL_MAXB) { /* TL diag */
+        unsigned long long *h = (unsigned long long *)malloc(tl_words * sizeof *h);
+        M3_HIP_TRY(hipStreamSynchronize(g->stream));
+        M3_HIP_TRY(hipMemcpy(h, tl_d, tl_words * sizeof *h, hipMemcpyDeviceToHost));
+        M3_HIP_TRY(hipMemsetAsync(tl_d, 0, tl_words * sizeof *h, g->stream));
+        if (tl_n <= 3 * TL_CALLS) tl_report(h, (int)(grid.x * grid.y), nbk, tl_k8, sa.var);
+        free(h);
+    }
     return s;
 }
 
