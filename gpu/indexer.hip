@@ -1360,6 +1360,27 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
+    /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
+     * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
+     * block (8K keys: one) the first mma waited on Q loads issued after the positions */
+    uint32_t qb[ISM_MAX_DI / 16][2];
+    auto load_q = [&]() {
+        {
+            const int tt = t0 + gq / G;
+    #pragma unroll
+            for (int s = 0; s < ISM_MAX_DI / 16; s++)
+    #pragma unroll
+                for (int bi = 0; bi < 2; bi++) {
+                    const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
+                                      : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
+                    qb[s][bi] = s < Di / 16 && tt < n_tok
+                                    ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
+                                                                          (size_t)(gq % G) * Di + d)
+                                    : 0u;
+                }
+        }
+    };
+    if (sel.var & 1) load_q(); /* VAR diag: Q before the keys */
     if (x0 < nbk) {
         const int r0 = key_base(ik, x0, B);
         if (rec && tid == 0) { /* TL diag: the block table back */
@@ -1369,24 +1390,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         load(x0, r0); /* first, as idx_dec_k */
     }
     TLM(rec, 0, 1);
-    /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
-     * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
-     * block (8K keys: one) the first mma waited on Q loads issued after the positions */
-    uint32_t qb[ISM_MAX_DI / 16][2];
-    {
-        const int tt = t0 + gq / G;
-#pragma unroll
-        for (int s = 0; s < ISM_MAX_DI / 16; s++)
-#pragma unroll
-            for (int bi = 0; bi < 2; bi++) {
-                const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
-                                  : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
-                qb[s][bi] = s < Di / 16 && tt < n_tok
-                                ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
-                                                                      (size_t)(gq % G) * Di + d)
-                                : 0u;
-            }
-    }
+    if (!(sel.var & 1)) load_q();
     TLM(rec, 0, 2);
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
