@@ -604,6 +604,7 @@ typedef struct {
     int var;                /* VAR diag */
 } idx_sel;
 #define TL_NF 32 /* TL diag */
+#define IDX_CL_MAXB 128 /* CL diag: key blocks a row in the cluster path */
 
 template <int NT> struct idx_sel_smem {
     unsigned long long tmax[NT], pub[(NT / M3_WARP) * (IDX_MAX_K + 1)], tau;
@@ -817,6 +818,27 @@ static __device__ __forceinline__ unsigned long long tl_now() { /* TL diag */
 /* TL diag: this block's record; thread `th` stamps field f */
 #define TLR(sel) ((sel).tl ? (sel).tl + (size_t)(blockIdx.y * gridDim.x + blockIdx.x) * TL_NF : NULL)
 #define TLM(rec, th, f) do { if ((rec) && (int)threadIdx.x == (th)) (rec)[f] = tl_now(); } while (0)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define IDX_HAVE_CL 1
+/* CL diag: cluster barrier halves and a 64-bit store into another CTA's shared memory */
+static __device__ __forceinline__ void icl_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void icl_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void icl_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void icl_st(const void *p, int rank, unsigned long long v) {
+    uint32_t a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(a) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+    asm volatile("st.shared::cluster.u64 [%0], %1;\n" ::"r"(a), "l"(v) : "memory");
+}
+#else
+#define IDX_HAVE_CL 0
+#endif
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
  * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
@@ -983,7 +1005,63 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
     unsigned long long *rec = WR ? TLR(a) : NULL; /* TL diag */
-    if (slot) { /* direct: the row's key block scores, polled until all have landed */
+    /* VAR 8 diag: two rounds of key blocks (b < gx first): tau from the first round's slots
+     * while the second round is scored (a lower bound of the final tau: every final top-need
+     * key is >= it), then only the candidates >= it are ranked */
+    const int n1 = gx < nb ? gx : nb;
+    if (WR && slot && (a.var & 8) && n1 < nb && n1 >= need && nb > IST_THREADS) {
+        bool wait = true;
+        for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
+        while (__syncthreads_or(wait)) {
+            wait = false;
+#pragma unroll
+            for (int i = 0; i < IDX_PICK_CPT; i++) {
+                const int x = tid + i * IST_THREADS;
+                if (x < n1 && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+            }
+        }
+        unsigned long long mx = 0;
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx; /* 0 past n1 */
+        sm.tmax[tid] = mx;
+        if (tid == 0) sm.tau = 1, sm.n_cand = 0;
+        __syncthreads();
+        const unsigned long long th = pick_tau(sm, mx, need);
+        TLM(rec, 0, 17);
+        wait = true;
+        while (__syncthreads_or(wait)) {
+            wait = false;
+#pragma unroll
+            for (int i = 0; i < IDX_PICK_CPT; i++) {
+                const int x = tid + i * IST_THREADS;
+                if (x >= n1 && x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
+            }
+        }
+        TLM(rec, 0, 13);
+        int c = 0;
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++) c += m[i] >= th; /* m[i] 0 past nb: below */
+        int o = warp_reserve(&sm.n_cand, c);
+#pragma unroll
+        for (int i = 0; i < IDX_PICK_CPT; i++)
+            if (m[i] >= th) cand[o++] = m[i];
+        __syncthreads();
+        TLM(rec, 0, 18);
+        const int nc = sm.n_cand;
+        if (nc <= 2 * IDX_PICK_CPT * need) { /* else (many late candidates) the full pass */
+            for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
+            __syncthreads();
+            TLM(rec, 0, 14);
+            pick_out(a, t, g, nb, sm);
+#pragma unroll
+            for (int i = 0; i < IDX_PICK_CPT; i++)
+                if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+            TLM(rec, 0, 15);
+            return;
+        }
+        __syncthreads(); /* every thread has read n_cand before it is reset below */
+        gx = nb;
+    } else if (slot) { /* direct: the row's key block scores, polled until all have landed */
         gx = nb;
         bool wait = true;
         int n_it = 0; /* TL diag */
@@ -1330,10 +1408,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][NW][RPG], red_n[2][NW][RPG];
     __shared__ dec_smem sm;
+    __shared__ __align__(16) unsigned long long cl_slot[RPG][IDX_CL_MAXB]; /* CL diag */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
     unsigned long long *rec = TLR(sel); /* TL diag */
+    const bool cl = IDX_HAVE_CL && (sel.var & 16) && !slots && !cmax; /* CL diag: one cluster */
+#if IDX_HAVE_CL
+    if (cl) icl_arrive_relaxed(); /* its wait precedes the first store into another CTA */
+#endif
     const long long c_ent = rec ? clock64() : 0;
     TLM(rec, 0, 0);
     if (rec && tid == 0) { /* TL diag: a kernel parameter back */
@@ -1441,6 +1524,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
     int par = 0;
     int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
+#if IDX_HAVE_CL
+    if (cl) icl_wait();
+#endif
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -1539,6 +1625,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
                     st_relaxed_gpu(
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
+#if IDX_HAVE_CL
+                if (cl) /* CL diag: into the picking CTA of row tid (the last R ranks) */
+                    icl_st(&cl_slot[tid][b], grid - n_tok * G + tid, uk);
+#endif
             }
         }
         if (rec && tid == 0) {
@@ -1553,6 +1643,25 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         }
     }
     TLM(rec, 0, 12);
+#if IDX_HAVE_CL
+    if (cl) { /* CL diag: every slot landed after the barrier; the last R CTAs pick */
+        icl_arrive();
+        icl_wait();
+        const int crow = x0 - (grid - n_tok * G);
+        if (crow < 0) return;
+        const int ct2 = crow / G, nb = pos[ct2] / B + 1, K = sel.K, need = K + 1 < nb ? K + 1 : nb;
+        TLM(rec, 0, 13);
+        const unsigned long long m0 = tid < nb ? cl_slot[crow][tid] : 0ull;
+        sm.tmax[tid] = m0;
+        __syncthreads();
+        if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
+        __syncthreads();
+        TLM(rec, 0, 14);
+        pick_out(sel, ct2, crow % G, nb, sm);
+        TLM(rec, 0, 15);
+        return;
+    }
+#endif
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
@@ -1709,7 +1818,14 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
     if (km && nbk <= 128 && (sa.var & 6)) gx = (sa.var & 2) ? 16 : 32; /* VAR diag: fewer SMs */
-    const bool direct = fuse && km && nbk <= IDX_SLOT_W;
+#if defined(M3_HIP_NVIDIA)
+    /* CL diag: one cluster of 16 CTAs, the picks from distributed shared memory */
+    const bool use_cl = (sa.var & 16) && km && fuse && nbk <= IDX_CL_MAXB && n_group == 1;
+#else
+    const bool use_cl = false;
+#endif
+    if (use_cl) gx = 16;
+    const bool direct = fuse && km && nbk <= IDX_SLOT_W && !use_cl;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
@@ -1720,6 +1836,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
     if (direct)
         dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
+    if (direct && (size_t)nbk + 2 > dyn / sizeof *cmax) dyn = ((size_t)nbk + 2) * sizeof *cmax; /* VAR 8 */
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
     if (direct)
@@ -1735,6 +1852,32 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
+#if defined(M3_HIP_NVIDIA)
+    if (use_cl) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(IST_THREADS);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = g->stream;
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 16, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        static bool attr_set[2] = {false, false};
+        if (!attr_set[k8]) {
+            M3_HIP_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+            attr_set[k8] = true;
+        }
+        if (k8)
+            M3_HIP_TRY(cudaLaunchKernelEx(&cfg, idx_km_k<true>, S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx,
+                                          G, Di, B, sc, nn, sa, (unsigned long long *)NULL, arrive,
+                                          ep, (unsigned long long *)NULL));
+        else
+            M3_HIP_TRY(cudaLaunchKernelEx(&cfg, idx_km_k<false>, S, iq, ld_q, ik, pos, n_tok, nbk,
+                                          n_ctx, G, Di, B, sc, nn, sa, (unsigned long long *)NULL,
+                                          arrive, ep, (unsigned long long *)NULL));
+    } else
+#endif
     if (km && k8)
         idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
