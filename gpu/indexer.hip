@@ -604,7 +604,6 @@ typedef struct {
     int var;                /* VAR diag */
 } idx_sel;
 #define TL_NF 32 /* TL diag */
-#define IDX_CL_MAXB 128 /* CL diag: key blocks a row in the cluster path */
 
 template <int NT> struct idx_sel_smem {
     unsigned long long tmax[NT], pub[(NT / M3_WARP) * (IDX_MAX_K + 1)], tau;
@@ -818,27 +817,6 @@ static __device__ __forceinline__ unsigned long long tl_now() { /* TL diag */
 /* TL diag: this block's record; thread `th` stamps field f */
 #define TLR(sel) ((sel).tl ? (sel).tl + (size_t)(blockIdx.y * gridDim.x + blockIdx.x) * TL_NF : NULL)
 #define TLM(rec, th, f) do { if ((rec) && (int)threadIdx.x == (th)) (rec)[f] = tl_now(); } while (0)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define IDX_HAVE_CL 1
-/* CL diag: cluster barrier halves and a 64-bit store into another CTA's shared memory */
-static __device__ __forceinline__ void icl_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-static __device__ __forceinline__ void icl_arrive() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-static __device__ __forceinline__ void icl_wait() {
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-static __device__ __forceinline__ void icl_st(const void *p, int rank, unsigned long long v) {
-    uint32_t a;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-                 : "=r"(a) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
-    asm volatile("st.shared::cluster.u64 [%0], %1;\n" ::"r"(a), "l"(v) : "memory");
-}
-#else
-#define IDX_HAVE_CL 0
-#endif
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
  * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
@@ -1408,15 +1386,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][NW][RPG], red_n[2][NW][RPG];
     __shared__ dec_smem sm;
-    __shared__ __align__(16) unsigned long long cl_slot[RPG][IDX_CL_MAXB]; /* CL diag */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
     unsigned long long *rec = TLR(sel); /* TL diag */
-    const bool cl = IDX_HAVE_CL && (sel.var & 16) && !slots && !cmax; /* CL diag: one cluster */
-#if IDX_HAVE_CL
-    if (cl) icl_arrive_relaxed(); /* its wait precedes the first store into another CTA */
-#endif
+
     const long long c_ent = rec ? clock64() : 0;
     TLM(rec, 0, 0);
     if (rec && tid == 0) { /* TL diag: a kernel parameter back */
@@ -1463,6 +1437,29 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 }
         }
     };
+    /* VAR 32: this lane's Q pieces as four 16-byte loads (bf16: uint4 j holds k-steps 2j,
+     * 2j + 1; K16: uint4 j holds k-steps 2j, 2j + 1 of piece j / 2): the same qb */
+    auto q_put = [&](int j, uint4 v) {
+        qb[2 * j][0] = v.x, qb[2 * j][1] = v.y, qb[2 * j + 1][0] = v.z, qb[2 * j + 1][1] = v.w;
+    };
+    auto q_off = [&](int j) { return K16 ? 16 * (tq + 4 * (j >> 1)) + 8 * (j & 1) : 8 * (tq + 4 * j); };
+    auto q_ok = [&](int j) { return K16 ? (j >> 1) < Di / 64 : j < Di / 32; };
+    auto load_qv = [&]() {
+        const int tt = t0 + gq / G;
+        const m3_bf16 *qr = iq + (size_t)tt * ld_q + (size_t)(gq % G) * Di;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            q_put(j, tt < n_tok && q_ok(j) ? *reinterpret_cast<const uint4 *>(qr + q_off(j))
+                                           : make_uint4(0, 0, 0, 0));
+    };
+    /* VAR 128: the group's Q rows once per block (a 16-byte piece a thread), shared memory */
+    __shared__ __align__(16) m3_bf16 qs[RPG][ISM_MAX_DI + 8];
+    const int q_cpr = Di / 8, q_row = tid / q_cpr, q_ch = tid % q_cpr, q_t = t0 + q_row / G;
+    uint4 qv = make_uint4(0, 0, 0, 0);
+    const int p0 = (sel.var & 64) ? pos[t0] : -1; /* VAR 64: the positions first */
+    if ((sel.var & 128) && q_row < RPG && q_t < n_tok)
+        qv = *reinterpret_cast<const uint4 *>(iq + (size_t)q_t * ld_q + (size_t)(q_row % G) * Di +
+                                              8 * q_ch);
     if (sel.var & 1) load_q(); /* VAR diag: Q before the keys */
     if (x0 < nbk) {
         const int r0 = key_base(ik, x0, B);
@@ -1473,7 +1470,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         load(x0, r0); /* first, as idx_dec_k */
     }
     TLM(rec, 0, 1);
-    if (!(sel.var & 1)) load_q();
+    if (sel.var & 128) {
+        if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            q_put(j, q_ok(j) ? *reinterpret_cast<const uint4 *>(&qs[gq][q_off(j)])
+                             : make_uint4(0, 0, 0, 0));
+    } else if (sel.var & 32) load_qv();
+    else if (!(sel.var & 1)) load_q();
     TLM(rec, 0, 2);
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
@@ -1482,7 +1487,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
          * a picker adds to n_ties only after it has read them) */
         if (slots) fence_acq_rel_gpu();
     }
-    int pmax = -1;
+    int pmax = p0;
     for (int i = 0; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
@@ -1524,11 +1529,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
     int par = 0;
     int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
-#if IDX_HAVE_CL
-    if (cl) icl_wait();
-#endif
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
+        const int n_rep = (sel.var & 256) && b == x0 ? 2 : 1; /* VAR 256: icache probe */
+#pragma unroll 1
+        for (int rep = 0; rep < n_rep; rep++) {
+        mx[0] = mx[1] = -INFINITY, bad[0] = bad[1] = 0.0f;
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             const int m = warp + NW * i, k0 = b * B + 16 * m;
@@ -1589,6 +1595,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
+        if (rec && tid == 96 && b == x0) rec[26 + rep] = tl_now();
+        }
         if (b == x0) TLM(rec, 96, 8);
         if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
         if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
@@ -1625,43 +1633,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 if (slots) /* direct: the score for the picker (nonzero: it polls for it) */
                     st_relaxed_gpu(
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
-#if IDX_HAVE_CL
-                if (cl) /* CL diag: into the picking CTA of row tid (the last R ranks) */
-                    icl_st(&cl_slot[tid][b], grid - n_tok * G + tid, uk);
-#endif
             }
         }
         if (rec && tid == 0) {
             const unsigned long long tn = tl_now();
             if (b == x0) rec[10] = tn;
             rec[11] = tn;
-            if (b == x0) { /* L2 hit latency now: one key word again, past L1 */
-                const unsigned int v = __ldcg(reinterpret_cast<const unsigned int *>(ik.k) + 64 * b);
-                if (v == 0x12345u) rec[31] = 6;
-                rec[19] = tl_now() - tn;
-            }
         }
     }
     TLM(rec, 0, 12);
-#if IDX_HAVE_CL
-    if (cl) { /* CL diag: every slot landed after the barrier; the last R CTAs pick */
-        icl_arrive();
-        icl_wait();
-        const int crow = x0 - (grid - n_tok * G);
-        if (crow < 0) return;
-        const int ct2 = crow / G, nb = pos[ct2] / B + 1, K = sel.K, need = K + 1 < nb ? K + 1 : nb;
-        TLM(rec, 0, 13);
-        const unsigned long long m0 = tid < nb ? cl_slot[crow][tid] : 0ull;
-        sm.tmax[tid] = m0;
-        __syncthreads();
-        if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
-        __syncthreads();
-        TLM(rec, 0, 14);
-        pick_out(sel, ct2, crow % G, nb, sm);
-        TLM(rec, 0, 15);
-        return;
-    }
-#endif
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
@@ -1717,7 +1697,7 @@ static void tl_report(const unsigned long long *h, int nblk, int nbk, int k8, in
     static const char *nm[TL_NF] = {"entry", "kiss", "qiss", "posbk", "qbk", "k0bk", "klbk",
                                     "w3klbk", "w3mma", "bar1", "slot1", "slotN", "scdone",
                                     "polled", "ranked", "end", "nit", "tau", "cand", "l2lat",
-                                    "clk", "nblk", "-", "-", "param", "btbk", "-", "-", "-",
+                                    "clk", "nblk", "-", "-", "param", "btbk", "rep0", "rep1", "-",
                                     "-", "-", "-"};
     static unsigned long long st[TL_CALLS][TL_NF][4], col[TL_MAXB], e0s[TL_CALLS], ends[TL_CALLS];
     memset(st, 0, sizeof st);
@@ -1737,7 +1717,7 @@ static void tl_report(const unsigned long long *h, int nblk, int nbk, int k8, in
             for (int b = 0; b < nblk; b++) {
                 const unsigned long long *q = r + (size_t)b * TL_NF;
                 if (!q[f]) continue;
-                const bool tm = f <= 15 || f == 17 || f == 18 || f == 24 || f == 25;
+                const bool tm = f <= 15 || f == 17 || f == 18 || (f >= 24 && f <= 27);
                 col[n++] = tm ? q[f] - e0 : (f == 20 ? (q[20] * 1000ull) / (q[9] - q[0] + 1) : q[f]);
                 if (tm) rel[nr++] = q[f] - q[0];
             }
@@ -1761,7 +1741,7 @@ static void tl_report(const unsigned long long *h, int nblk, int nbk, int k8, in
             have |= n > 0;
         }
         if (!have) continue;
-        const bool tm = f <= 15 || f == 17 || f == 18 || f == 24 || f == 25;
+        const bool tm = f <= 15 || f == 17 || f == 18 || (f >= 24 && f <= 27);
         if (tm)
             fprintf(stderr, "TL   %-7s %6.2f %6.2f %6.2f  rel %6.2f\n", nm[f], m[0] * 1e-3,
                     m[1] * 1e-3, m[2] * 1e-3, m[3] * 1e-3);
@@ -1817,15 +1797,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
-    if (km && nbk <= 128 && (sa.var & 6)) gx = (sa.var & 2) ? 16 : 32; /* VAR diag: fewer SMs */
-#if defined(M3_HIP_NVIDIA)
-    /* CL diag: one cluster of 16 CTAs, the picks from distributed shared memory */
-    const bool use_cl = (sa.var & 16) && km && fuse && nbk <= IDX_CL_MAXB && n_group == 1;
-#else
-    const bool use_cl = false;
-#endif
-    if (use_cl) gx = 16;
-    const bool direct = fuse && km && nbk <= IDX_SLOT_W && !use_cl;
+    const bool direct = fuse && km && nbk <= IDX_SLOT_W;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
@@ -1852,32 +1824,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
-#if defined(M3_HIP_NVIDIA)
-    if (use_cl) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = dim3(IST_THREADS);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = g->stream;
-        cudaLaunchAttribute at[1] = {};
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 16, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-        cfg.attrs = at, cfg.numAttrs = 1;
-        static bool attr_set[2] = {false, false};
-        if (!attr_set[k8]) {
-            M3_HIP_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-            attr_set[k8] = true;
-        }
-        if (k8)
-            M3_HIP_TRY(cudaLaunchKernelEx(&cfg, idx_km_k<true>, S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx,
-                                          G, Di, B, sc, nn, sa, (unsigned long long *)NULL, arrive,
-                                          ep, (unsigned long long *)NULL));
-        else
-            M3_HIP_TRY(cudaLaunchKernelEx(&cfg, idx_km_k<false>, S, iq, ld_q, ik, pos, n_tok, nbk,
-                                          n_ctx, G, Di, B, sc, nn, sa, (unsigned long long *)NULL,
-                                          arrive, ep, (unsigned long long *)NULL));
-    } else
-#endif
     if (km && k8)
         idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
