@@ -600,10 +600,7 @@ typedef struct {
     int n_tok, nbk, width, B, K, local_blocks, init_blocks;
     bool use_init;
     float init_boost, local_boost, tie_margin;
-    unsigned long long *tl; /* TL diag: this call's per-block records (TL_NF words a block) */
-    int var;                /* VAR diag */
 } idx_sel;
-#define TL_NF 32 /* TL diag */
 
 template <int NT> struct idx_sel_smem {
     unsigned long long tmax[NT], pub[(NT / M3_WARP) * (IDX_MAX_K + 1)], tau;
@@ -809,14 +806,6 @@ static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsign
 static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-static __device__ __forceinline__ unsigned long long tl_now() { /* TL diag */
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : : "memory");
-    return t;
-}
-/* TL diag: this block's record; thread `th` stamps field f */
-#define TLR(sel) ((sel).tl ? (sel).tl + (size_t)(blockIdx.y * gridDim.x + blockIdx.x) * TL_NF : NULL)
-#define TLM(rec, th, f) do { if ((rec) && (int)threadIdx.x == (th)) (rec)[f] = tl_now(); } while (0)
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
  * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
@@ -982,70 +971,11 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
-    unsigned long long *rec = WR ? TLR(a) : NULL; /* TL diag */
-    /* VAR 8 diag: two rounds of key blocks (b < gx first): tau from the first round's slots
-     * while the second round is scored (a lower bound of the final tau: every final top-need
-     * key is >= it), then only the candidates >= it are ranked */
-    const int n1 = gx < nb ? gx : nb;
-    if (WR && slot && (a.var & 8) && n1 < nb && n1 >= need && nb > IST_THREADS) {
+    if (slot) { /* direct: the row's key block scores, polled until all have landed */
+        gx = nb;
         bool wait = true;
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
         while (__syncthreads_or(wait)) {
-            wait = false;
-#pragma unroll
-            for (int i = 0; i < IDX_PICK_CPT; i++) {
-                const int x = tid + i * IST_THREADS;
-                if (x < n1 && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
-            }
-        }
-        unsigned long long mx = 0;
-#pragma unroll
-        for (int i = 0; i < IDX_PICK_CPT; i++) mx = m[i] > mx ? m[i] : mx; /* 0 past n1 */
-        sm.tmax[tid] = mx;
-        if (tid == 0) sm.tau = 1, sm.n_cand = 0;
-        __syncthreads();
-        const unsigned long long th = pick_tau(sm, mx, need);
-        TLM(rec, 0, 17);
-        wait = true;
-        while (__syncthreads_or(wait)) {
-            wait = false;
-#pragma unroll
-            for (int i = 0; i < IDX_PICK_CPT; i++) {
-                const int x = tid + i * IST_THREADS;
-                if (x >= n1 && x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
-            }
-        }
-        TLM(rec, 0, 13);
-        int c = 0;
-#pragma unroll
-        for (int i = 0; i < IDX_PICK_CPT; i++) c += m[i] >= th; /* m[i] 0 past nb: below */
-        int o = warp_reserve(&sm.n_cand, c);
-#pragma unroll
-        for (int i = 0; i < IDX_PICK_CPT; i++)
-            if (m[i] >= th) cand[o++] = m[i];
-        __syncthreads();
-        TLM(rec, 0, 18);
-        const int nc = sm.n_cand;
-        if (nc <= 2 * IDX_PICK_CPT * need) { /* else (many late candidates) the full pass */
-            for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
-            __syncthreads();
-            TLM(rec, 0, 14);
-            pick_out(a, t, g, nb, sm);
-#pragma unroll
-            for (int i = 0; i < IDX_PICK_CPT; i++)
-                if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
-            TLM(rec, 0, 15);
-            return;
-        }
-        __syncthreads(); /* every thread has read n_cand before it is reset below */
-        gx = nb;
-    } else if (slot) { /* direct: the row's key block scores, polled until all have landed */
-        gx = nb;
-        bool wait = true;
-        int n_it = 0; /* TL diag */
-        for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
-        while (__syncthreads_or(wait)) {
-            n_it++; /* TL diag */
             wait = false;
 #pragma unroll
             for (int i = 0; i < IDX_PICK_CPT; i++) {
@@ -1053,17 +983,13 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
-        TLM(rec, 0, 13);
-        if (rec && tid == 0) rec[16] = n_it;
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
             if (tid < nb) pick_rank(sm, sm.tmax, nb, m[0], need);
             __syncthreads();
-            TLM(rec, 0, 14);
             pick_out(a, t, g, nb, sm);
             if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
-            TLM(rec, 0, 15);
             return;
         }
     } else {
@@ -1080,7 +1006,6 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
     const unsigned long long th = pick_tau(sm, mx, need);
-    TLM(rec, 0, 17);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
     if (!WR) {
 #pragma unroll
@@ -1138,16 +1063,13 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         }
         __syncthreads();
     }
-    TLM(rec, 0, 18);
     const int nc = sm.n_cand;
     for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
-    TLM(rec, 0, 14);
     pick_out(a, t, g, nb, sm);
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT && slot; i++) /* direct: zero again for the next call */
         if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
-    TLM(rec, 0, 15);
 }
 #endif
 
@@ -1379,24 +1301,19 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
              int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots) {
+             unsigned long long *M3_RESTRICT slots, bool q16) {
 #if M3_HAVE_MMA
     /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
     constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][NW][RPG], red_n[2][NW][RPG];
     __shared__ dec_smem sm;
+    __shared__ __align__(16) m3_bf16 qs[RPG][ISM_MAX_DI + 8]; /* the group's Q rows (+16 B a row:
+                                                                 * the fragment reads below
+                                                                 * conflict-free) */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
-    unsigned long long *rec = TLR(sel); /* TL diag */
-
-    const long long c_ent = rec ? clock64() : 0;
-    TLM(rec, 0, 0);
-    if (rec && tid == 0) { /* TL diag: a kernel parameter back */
-        if (ik.k == (const void *)0x1234) rec[31] = 7;
-        rec[24] = tl_now();
-    }
     uint4 kb[MT][2][NU];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
@@ -1417,69 +1334,41 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
-    /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
-     * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
-     * block (8K keys: one) the first mma waited on Q loads issued after the positions */
-    uint32_t qb[ISM_MAX_DI / 16][2];
-    auto load_q = [&]() {
-        {
-            const int tt = t0 + gq / G;
-    #pragma unroll
-            for (int s = 0; s < ISM_MAX_DI / 16; s++)
-    #pragma unroll
-                for (int bi = 0; bi < 2; bi++) {
-                    const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
-                                      : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
-                    qb[s][bi] = s < Di / 16 && tt < n_tok
-                                    ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
-                                                                          (size_t)(gq % G) * Di + d)
-                                    : 0u;
-                }
-        }
-    };
-    /* VAR 32: this lane's Q pieces as four 16-byte loads (bf16: uint4 j holds k-steps 2j,
-     * 2j + 1; K16: uint4 j holds k-steps 2j, 2j + 1 of piece j / 2): the same qb */
-    auto q_put = [&](int j, uint4 v) {
-        qb[2 * j][0] = v.x, qb[2 * j][1] = v.y, qb[2 * j + 1][0] = v.z, qb[2 * j + 1][1] = v.w;
-    };
-    auto q_off = [&](int j) { return K16 ? 16 * (tq + 4 * (j >> 1)) + 8 * (j & 1) : 8 * (tq + 4 * j); };
-    auto q_ok = [&](int j) { return K16 ? (j >> 1) < Di / 64 : j < Di / 32; };
-    auto load_qv = [&]() {
-        const int tt = t0 + gq / G;
-        const m3_bf16 *qr = iq + (size_t)tt * ld_q + (size_t)(gq % G) * Di;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            q_put(j, tt < n_tok && q_ok(j) ? *reinterpret_cast<const uint4 *>(qr + q_off(j))
-                                           : make_uint4(0, 0, 0, 0));
-    };
-    /* VAR 128: the group's Q rows once per block (a 16-byte piece a thread), shared memory */
-    __shared__ __align__(16) m3_bf16 qs[RPG][ISM_MAX_DI + 8];
-    const int q_cpr = Di / 8, q_row = tid / q_cpr, q_ch = tid % q_cpr, q_t = t0 + q_row / G;
+    /* The positions, the group's Q rows and the first key block, in that order, before any
+     * of them is waited for. Q: one 16-byte piece a thread (RPG * Di / 8 <= IST_THREADS),
+     * every piece a distinct address, into shared memory; each lane then reads its fragments
+     * there. Session 11's timelines: each lane loading its own 16 u32 pairs of Q (lanes of a
+     * quad row share them) took 1.5 us (8K bf16) to 2.1 us (128K fp8) just to issue, and the
+     * positions waited behind them; this prologue reached the first mma ~1 us earlier. q16:
+     * the pieces are 16-byte aligned (else four 4-byte loads each). */
+    int pmax = pos[t0]; /* t0 < n_tok: the group's first token */
+    const int q_cpr = Di / 8, q_row = tid / q_cpr, q_ch = tid - q_row * q_cpr;
+    const int q_t = t0 + q_row / G;
+    const bool q_in = q_row < RPG && q_t < n_tok;
     uint4 qv = make_uint4(0, 0, 0, 0);
-    const int p0 = (sel.var & 64) ? pos[t0] : -1; /* VAR 64: the positions first */
-    if ((sel.var & 128) && q_row < RPG && q_t < n_tok)
-        qv = *reinterpret_cast<const uint4 *>(iq + (size_t)q_t * ld_q + (size_t)(q_row % G) * Di +
-                                              8 * q_ch);
-    if (sel.var & 1) load_q(); /* VAR diag: Q before the keys */
-    if (x0 < nbk) {
-        const int r0 = key_base(ik, x0, B);
-        if (rec && tid == 0) { /* TL diag: the block table back */
-            if (r0 == -77) rec[31] = 8;
-            rec[25] = tl_now();
+    if (q_in) {
+        const m3_bf16 *src = iq + (size_t)q_t * ld_q + (size_t)(q_row % G) * Di + 8 * q_ch;
+        if (q16) {
+            qv = *reinterpret_cast<const uint4 *>(src);
+        } else {
+            const uint32_t *w = reinterpret_cast<const uint32_t *>(src);
+            qv = make_uint4(w[0], w[1], w[2], w[3]);
         }
-        load(x0, r0); /* first, as idx_dec_k */
     }
-    TLM(rec, 0, 1);
-    if (sel.var & 128) {
-        if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv;
-        __syncthreads();
+    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* as idx_dec_k */
+    if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
+    __syncthreads();
+    /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
+     * 16-code loads). uint4 j holds k-steps 2j and 2j + 1: bf16 dims 8 (tq + 4j) .. +7;
+     * K16 dims 16 (tq + 4 (j / 2)) + 8 (j % 2) .. +7 */
+    uint32_t qb[ISM_MAX_DI / 16][2];
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            q_put(j, q_ok(j) ? *reinterpret_cast<const uint4 *>(&qs[gq][q_off(j)])
-                             : make_uint4(0, 0, 0, 0));
-    } else if (sel.var & 32) load_qv();
-    else if (!(sel.var & 1)) load_q();
-    TLM(rec, 0, 2);
+    for (int j = 0; j < 4; j++) {
+        const int off = K16 ? 16 * (tq + 4 * (j >> 1)) + 8 * (j & 1) : 8 * (tq + 4 * j);
+        const bool ok = K16 ? (j >> 1) < Di / 64 : j < Di / 32;
+        const uint4 v = ok ? *reinterpret_cast<const uint4 *>(&qs[gq][off]) : make_uint4(0, 0, 0, 0);
+        qb[2 * j][0] = v.x, qb[2 * j][1] = v.y, qb[2 * j + 1][0] = v.z, qb[2 * j + 1][1] = v.w;
+    }
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1487,25 +1376,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
          * a picker adds to n_ties only after it has read them) */
         if (slots) fence_acq_rel_gpu();
     }
-    int pmax = p0;
-    for (int i = 0; i < tpw; i++)
+    for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
-    if (rec && tid == 0) { /* TL diag: pos, Q, keys back (a use of each forces the wait) */
-        if (n_lim == -77) rec[31] = 1;
-        rec[3] = tl_now();
-        if (qb[0][0] == 0x12345u) rec[31] = 2;
-        rec[4] = tl_now();
-        if (kb[0][0][0].x == 0x12345u) rec[31] = 3;
-        rec[5] = tl_now();
-        if (kb[MT - 1][1][NU - 1].y == 0x12345u) rec[31] = 4;
-        rec[6] = tl_now();
-        rec[21] = (n_lim - x0 + grid - 1) / grid;
-    }
-    if (rec && tid == 96) {
-        if (kb[MT - 1][1][NU - 1].y == 0x12345u) rec[31] = 5;
-        rec[7] = tl_now();
-    }
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
@@ -1531,10 +1404,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
-        const int n_rep = (sel.var & 256) && b == x0 ? 2 : 1; /* VAR 256: icache probe */
-#pragma unroll 1
-        for (int rep = 0; rep < n_rep; rep++) {
-        mx[0] = mx[1] = -INFINITY, bad[0] = bad[1] = 0.0f;
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             const int m = warp + NW * i, k0 = b * B + 16 * m;
@@ -1595,9 +1464,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
-        if (rec && tid == 96 && b == x0) rec[26 + rep] = tl_now();
-        }
-        if (b == x0) TLM(rec, 96, 8);
         if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
         if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
 #pragma unroll
@@ -1614,7 +1480,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
         }
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
-        if (rec && tid == 0 && b == x0) rec[9] = tl_now(), rec[20] = clock64() - c_ent;
         if (tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
@@ -1635,13 +1500,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
-        if (rec && tid == 0) {
-            const unsigned long long tn = tl_now();
-            if (b == x0) rec[10] = tn;
-            rec[11] = tn;
-        }
     }
-    TLM(rec, 0, 12);
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
@@ -1672,121 +1531,16 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots;
+    (void)arrive; (void)slots; (void)q16;
 #endif
 }
 
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
  * candidates would not fit in shared memory (then the caller runs a selection kernel). */
-#include <stdio.h>  /* TL diag */
-#include <stdlib.h> /* TL diag */
-static int cmp_u64(const void *a, const void *b) { /* TL diag */
-    const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
-    return x < y ? -1 : x > y;
-}
-#define TL_CALLS 16
-#define TL_MAXB 1024
-static double tl_med(unsigned long long *v, int n) { /* TL diag */
-    if (!n) return -1.0;
-    qsort(v, n, sizeof *v, cmp_u64);
-    return (double)v[n / 2];
-}
-/* TL diag: per-call stats of the records; medians over the TL_CALLS calls, us */
-static void tl_report(const unsigned long long *h, int nblk, int nbk, int k8, int var) {
-    static const char *nm[TL_NF] = {"entry", "kiss", "qiss", "posbk", "qbk", "k0bk", "klbk",
-                                    "w3klbk", "w3mma", "bar1", "slot1", "slotN", "scdone",
-                                    "polled", "ranked", "end", "nit", "tau", "cand", "l2lat",
-                                    "clk", "nblk", "-", "-", "param", "btbk", "rep0", "rep1", "-",
-                                    "-", "-", "-"};
-    static unsigned long long st[TL_CALLS][TL_NF][4], col[TL_MAXB], e0s[TL_CALLS], ends[TL_CALLS];
-    memset(st, 0, sizeof st);
-    for (int c = 0; c < TL_CALLS; c++) {
-        const unsigned long long *r = h + (size_t)c * TL_MAXB * TL_NF;
-        unsigned long long e0 = ~0ull, en = 0;
-        for (int b = 0; b < nblk; b++) {
-            const unsigned long long *q = r + (size_t)b * TL_NF;
-            if (q[0] && q[0] < e0) e0 = q[0];
-            if (q[12] > en) en = q[12];
-            if (q[15] > en) en = q[15];
-        }
-        e0s[c] = e0, ends[c] = en;
-        for (int f = 0; f < TL_NF; f++) {
-            int n = 0, nr = 0;
-            unsigned long long rel[TL_MAXB];
-            for (int b = 0; b < nblk; b++) {
-                const unsigned long long *q = r + (size_t)b * TL_NF;
-                if (!q[f]) continue;
-                const bool tm = f <= 15 || f == 17 || f == 18 || (f >= 24 && f <= 27);
-                col[n++] = tm ? q[f] - e0 : (f == 20 ? (q[20] * 1000ull) / (q[9] - q[0] + 1) : q[f]);
-                if (tm) rel[nr++] = q[f] - q[0];
-            }
-            if (!n) continue;
-            qsort(col, n, sizeof *col, cmp_u64);
-            st[c][f][0] = col[0] + 1, st[c][f][1] = col[n / 2] + 1, st[c][f][2] = col[n - 1] + 1;
-            st[c][f][3] = nr ? (unsigned long long)tl_med(rel, nr) + 1 : 0;
-        }
-    }
-    fprintf(stderr, "TL nbk %d k8 %d v%d nblk %d (us from the first entry: min/med/max over blocks; "
-                    "rel: own entry, med)\n", nbk, k8, var, nblk);
-    for (int f = 0; f < TL_NF; f++) {
-        double m[4];
-        int have = 0;
-        for (int k = 0; k < 4; k++) {
-            unsigned long long v[TL_CALLS];
-            int n = 0;
-            for (int c = 0; c < TL_CALLS; c++)
-                if (st[c][f][k]) v[n++] = st[c][f][k] - 1;
-            m[k] = tl_med(v, n);
-            have |= n > 0;
-        }
-        if (!have) continue;
-        const bool tm = f <= 15 || f == 17 || f == 18 || (f >= 24 && f <= 27);
-        if (tm)
-            fprintf(stderr, "TL   %-7s %6.2f %6.2f %6.2f  rel %6.2f\n", nm[f], m[0] * 1e-3,
-                    m[1] * 1e-3, m[2] * 1e-3, m[3] * 1e-3);
-        else
-            fprintf(stderr, "TL   %-7s %8.0f %8.0f %8.0f (%s)\n", nm[f], m[0], m[1], m[2],
-                    f == 19 ? "ns" : f == 20 ? "MHz" : "count");
-    }
-    unsigned long long v[TL_CALLS];
-    int n = 0;
-    for (int c = 1; c < TL_CALLS; c++)
-        if (e0s[c] > ends[c - 1] && ends[c - 1]) v[n++] = e0s[c] - ends[c - 1];
-    unsigned long long d[TL_CALLS];
-    int nd = 0;
-    for (int c = 0; c < TL_CALLS; c++)
-        if (ends[c] > e0s[c]) d[nd++] = ends[c] - e0s[c];
-    fprintf(stderr, "TL   call %.2f us, gap %.2f us\n", tl_med(d, nd) * 1e-3, tl_med(v, n) * 1e-3);
-}
-
 static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, const idx_keys &ik,
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
-                            const m3_profile *p, const idx_sel &sa_in, bool &fuse) {
-    idx_sel sa = sa_in; /* TL / VAR diag */
-    static int tl_on = -1, tl_n = 0, tl_nbk = -1, tl_var = -1, tl_k8 = -1;
-    static unsigned long long *tl_d = NULL;
-    const size_t tl_words = (size_t)TL_CALLS * TL_MAXB * TL_NF;
-    if (tl_on < 0) {
-        const char *e = getenv("M3_IDX_TL");
-        tl_on = e && atoi(e) > 0;
-        if (tl_on) {
-            M3_HIP_TRY(hipMalloc((void **)&tl_d, tl_words * sizeof *tl_d));
-            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, tl_words * sizeof *tl_d, g->stream));
-        }
-    }
-    {
-        const char *v = getenv("M3_IDX_V"); /* re-read: the bench may change it per row */
-        sa.var = v ? atoi(v) : 0;
-    }
-    const int tl_k8n = ik.elem == M3_KV_FP8;
-    if (tl_on && n_tok * G <= 8) {
-        if (nbk != tl_nbk || sa.var != tl_var || tl_k8n != tl_k8) {
-            tl_n = 0, tl_nbk = nbk, tl_var = sa.var, tl_k8 = tl_k8n;
-            M3_HIP_TRY(hipMemsetAsync(tl_d, 0, tl_words * sizeof *tl_d, g->stream));
-        }
-        sa.tl = tl_d + (size_t)(tl_n % TL_CALLS) * TL_MAXB * TL_NF;
-    }
+                            const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
@@ -1808,7 +1562,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     size_t dyn = ((size_t)(sa.K + 1) * cpt * ((nbk + gx - 1) / gx) + 2) * sizeof *cmax;
     if (direct)
         dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
-    if (direct && (size_t)nbk + 2 > dyn / sizeof *cmax) dyn = ((size_t)nbk + 2) * sizeof *cmax; /* VAR 8 */
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
     if (direct)
@@ -1824,12 +1577,16 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
+    /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
+    const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km && k8)
-        idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+        idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk,
+                                                              n_ctx, G, Di, B, sc, nn, sa, cmax,
+                                                              arrive, ep, slots, q16);
     else if (km)
-        idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+        idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk,
+                                                               n_ctx, G, Di, B, sc, nn, sa, cmax,
+                                                               arrive, ep, slots, q16);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
@@ -1838,14 +1595,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
     const m3_status s = m3_gpu_launched_(g, km ? "idx_km_k" : "idx_dec_k", __FILE__, __LINE__);
     if (s == M3_OK && fuse && !direct) ep++;
-    if (sa.tl && ++tl_n % TL_CALLS == 0 && (int)(grid.x * grid.y) <= TL_MAXB) { /* TL diag */
-        unsigned long long *h = (unsigned long long *)malloc(tl_words * sizeof *h);
-        M3_HIP_TRY(hipStreamSynchronize(g->stream));
-        M3_HIP_TRY(hipMemcpy(h, tl_d, tl_words * sizeof *h, hipMemcpyDeviceToHost));
-        M3_HIP_TRY(hipMemsetAsync(tl_d, 0, tl_words * sizeof *h, g->stream));
-        if (tl_n <= 3 * TL_CALLS) tl_report(h, (int)(grid.x * grid.y), nbk, tl_k8, sa.var);
-        free(h);
-    }
     return s;
 }
 
