@@ -1270,7 +1270,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * 1M keys 60.5 -> 52 us). Warp w takes the m-tiles m = w, w + 4 (16 keys each, 16 m < B) of
  * a key block; lane (g, t) loads keys g and g + 8 of an m-tile (16-byte loads, idx_dec_k's
  * dim permutation: a piece of key g feeds a0 / a2, the same piece of key g + 8 a1 / a3, and
- * the Q fragment b0 / b1 takes the same physical dims). Each m-tile has its own accumulator
+ * the Q fragment b0 / b1 takes the same physical dims; the group's Q rows pass through shared
+ * memory, one 16-byte global load a thread, session 11). Each m-tile has its own accumulator
  * (two independent HMMA chains per warp). C rows are keys, columns query rows: lane (g, t)
  * holds rows 2t and 2t + 1 for keys g and g + 8; the masked max reduces over g (3 shuffles),
  * a ballot gives the NaN flags (K16: a ballot per key half of the tile, lanes 4g .. 4g+3
