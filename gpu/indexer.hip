@@ -1270,7 +1270,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * 1M keys 60.5 -> 52 us). Warp w takes the m-tiles m = w, w + 4 (16 keys each, 16 m < B) of
  * a key block; lane (g, t) loads keys g and g + 8 of an m-tile (16-byte loads, idx_dec_k's
  * dim permutation: a piece of key g feeds a0 / a2, the same piece of key g + 8 a1 / a3, and
- * the Q fragment b0 / b1 takes the same physical dims). Each m-tile has its own accumulator
+ * the Q fragment b0 / b1 takes the same physical dims; the group's Q rows pass through shared
+ * memory, one 16-byte global load a thread, session 11). Each m-tile has its own accumulator
  * (two independent HMMA chains per warp). C rows are keys, columns query rows: lane (g, t)
  * holds rows 2t and 2t + 1 for keys g and g + 8; the masked max reduces over g (3 shuffles),
  * a ballot gives the NaN flags (K16: a ballot per key half of the tile, lanes 4g .. 4g+3
@@ -1301,13 +1302,16 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
              int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots) {
+             unsigned long long *M3_RESTRICT slots, bool q16) {
 #if M3_HAVE_MMA
     /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
     constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
     __shared__ float red_m[2][NW][RPG], red_n[2][NW][RPG];
     __shared__ dec_smem sm;
+    __shared__ __align__(16) m3_bf16 qs[RPG][ISM_MAX_DI + 8]; /* the group's Q rows (+16 B a row:
+                                                                 * the fragment reads below
+                                                                 * conflict-free) */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
@@ -1331,24 +1335,40 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
-    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* first, as idx_dec_k */
+    /* The positions, the group's Q rows and the first key block, in that order, before any
+     * of them is waited for. Q: one 16-byte piece a thread (RPG * Di / 8 <= IST_THREADS),
+     * every piece a distinct address, into shared memory; each lane then reads its fragments
+     * there. Session 11's timelines: each lane loading its own 16 u32 pairs of Q (lanes of a
+     * quad row share them) took 1.5 us (8K bf16) to 2.1 us (128K fp8) just to issue, and the
+     * positions waited behind them; this prologue reached the first mma ~1 us earlier. q16:
+     * the pieces are 16-byte aligned (else four 4-byte loads each). */
+    int pmax = pos[t0]; /* t0 < n_tok: the group's first token */
+    const int q_cpr = Di / 8, q_row = tid / q_cpr, q_ch = tid - q_row * q_cpr;
+    const int q_t = t0 + q_row / G;
+    const bool q_in = q_row < RPG && q_t < n_tok;
+    uint4 qv = make_uint4(0, 0, 0, 0);
+    if (q_in) {
+        const m3_bf16 *src = iq + (size_t)q_t * ld_q + (size_t)(q_row % G) * Di + 8 * q_ch;
+        if (q16) {
+            qv = *reinterpret_cast<const uint4 *>(src);
+        } else {
+            const uint32_t *w = reinterpret_cast<const uint32_t *>(src);
+            qv = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* as idx_dec_k */
+    if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
+    __syncthreads();
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
-     * 16-code loads); loaded next, before the positions: with a few key blocks per scoring
-     * block (8K keys: one) the first mma waited on Q loads issued after the positions */
+     * 16-code loads). uint4 j holds k-steps 2j and 2j + 1: bf16 dims 8 (tq + 4j) .. +7;
+     * K16 dims 16 (tq + 4 (j / 2)) + 8 (j % 2) .. +7 */
     uint32_t qb[ISM_MAX_DI / 16][2];
-    {
-        const int tt = t0 + gq / G;
 #pragma unroll
-        for (int s = 0; s < ISM_MAX_DI / 16; s++)
-#pragma unroll
-            for (int bi = 0; bi < 2; bi++) {
-                const int d = K16 ? 16 * (tq + 4 * (s >> 2)) + 4 * (s & 3) + 2 * bi
-                                  : 8 * (tq + 4 * (s >> 1)) + 4 * (s & 1) + 2 * bi;
-                qb[s][bi] = s < Di / 16 && tt < n_tok
-                                ? *reinterpret_cast<const uint32_t *>(iq + (size_t)tt * ld_q +
-                                                                      (size_t)(gq % G) * Di + d)
-                                : 0u;
-            }
+    for (int j = 0; j < 4; j++) {
+        const int off = K16 ? 16 * (tq + 4 * (j >> 1)) + 8 * (j & 1) : 8 * (tq + 4 * j);
+        const bool ok = K16 ? (j >> 1) < Di / 64 : j < Di / 32;
+        const uint4 v = ok ? *reinterpret_cast<const uint4 *>(&qs[gq][off]) : make_uint4(0, 0, 0, 0);
+        qb[2 * j][0] = v.x, qb[2 * j][1] = v.y, qb[2 * j + 1][0] = v.z, qb[2 * j + 1][1] = v.w;
     }
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
@@ -1357,8 +1377,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
          * a picker adds to n_ties only after it has read them) */
         if (slots) fence_acq_rel_gpu();
     }
-    int pmax = -1;
-    for (int i = 0; i < tpw; i++)
+    for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
@@ -1513,7 +1532,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots;
+    (void)arrive; (void)slots; (void)q16;
 #endif
 }
 
@@ -1559,12 +1578,16 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const dim3 grid((unsigned)gx, (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
+    /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
+    const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km && k8)
-        idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+        idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk,
+                                                              n_ctx, G, Di, B, sc, nn, sa, cmax,
+                                                              arrive, ep, slots, q16);
     else if (km)
-        idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots);
+        idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk,
+                                                               n_ctx, G, Di, B, sc, nn, sa, cmax,
+                                                               arrive, ep, slots, q16);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);

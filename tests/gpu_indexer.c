@@ -52,8 +52,9 @@ static void profile_of(m3_profile *p, int which) {
 /* pattern: 0 random, IDX_EQUAL every key row the same, IDX_HOT blocks b % 256 < 3 scaled x3,
  * IDX_NAN two NaN key rows; IDX_BIG: atom with bf16 storage only (the reference and the
  * uploads take a while); IDX_WIDEQ (paged cases): one query element 1e20, so that its row
- * does not fit fp16 at any scale (the fp8 decode's fp16 route falls back to bf16) */
-enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8, IDX_WIDEQ = 16 };
+ * does not fit fp16 at any scale (the fp8 decode's fp16 route falls back to bf16); IDX_QOFF:
+ * the bf16 queries start 4 bytes past a 16-byte boundary (idx_km_k's 4-byte Q loads) */
+enum { IDX_EQUAL = 1, IDX_HOT = 2, IDX_NAN = 4, IDX_BIG = 8, IDX_WIDEQ = 16, IDX_QOFF = 32 };
 typedef struct { int T, n_ctx, G, Di, B, K, local, init; bool prefill; int pat; } idx_shape;
 
 /* device paths (m3_gpu_indexer_topk_path, gpu/m3_gpu.h) */
@@ -70,6 +71,16 @@ static const struct { int path; const char *name; } idx_paths[] = {
  * must give the first run's ids and score bits. The fused decode selection counts block
  * arrivals in counters that are the context's own (m3_gpu.counters). */
 static m3_gpu *g_two;
+
+/* the bf16 queries on the device; IDX_QOFF: 2 elements past the allocation's start */
+static m3_bf16 *upload_q(m3_gpu *g, const float *iq, int64_t n, int pat) {
+    if (!(pat & IDX_QOFF)) return gpu_upload_bf16(g, iq, n, NULL);
+    float *h = calloc((size_t)n + 2, sizeof *h);
+    memcpy(h + 2, iq, (size_t)n * sizeof *h);
+    m3_bf16 *d = gpu_upload_bf16(g, h, n + 2, NULL);
+    free(h);
+    return d + 2;
+}
 
 /* The device side of one case under one device path. */
 /* paged index keys: ref's storage bytes and its block table (NULL: contiguous ik rows) */
@@ -109,7 +120,7 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
         keys.k = dk, keys.elem = kl->index_elem, keys.kind = kl->g.fp8_kind;
         keys.bt = dbt, keys.block = kl->g.block;
         if (bf16) {
-            m3_bf16 *diq = gpu_upload_bf16(g, iq, (int64_t)T * ldq, NULL);
+            m3_bf16 *diq = upload_q(g, iq, (int64_t)T * ldq, s->pat);
             GPU_OK(m3_gpu_indexer_topk_keys(g, path, dtk, dsc, dmg, dties, diq, ldq, &keys, dpos, T,
                                             C, ip, p));
         } else {
@@ -118,7 +129,7 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
                                                 dpos, T, C, ip, p));
         }
     } else if (bf16) {
-        m3_bf16 *diq = gpu_upload_bf16(g, iq, (int64_t)T * ldq, NULL);
+        m3_bf16 *diq = upload_q(g, iq, (int64_t)T * ldq, s->pat);
         m3_bf16 *dik = gpu_upload_bf16(g, ik, (int64_t)C * s->Di, NULL);
         GPU_OK(m3_gpu_indexer_topk_path(g, path, dtk, dsc, dmg, dties, diq, ldq, dik, dpos, T, C, ip, p));
     } else {
@@ -129,7 +140,7 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
     GPU_OK(m3_gpu_download(g, tk, dtk, ntk * sizeof(int32_t)));
     gpu_download_f32(g, sc, dsc, (int64_t)nsc);
     if (g_two && !st && bf16) { /* the same call on two contexts at once, three times */
-        m3_bf16 *diq = gpu_upload_bf16(g, iq, (int64_t)T * ldq, NULL);
+        m3_bf16 *diq = upload_q(g, iq, (int64_t)T * ldq, s->pat);
         m3_bf16 *dik = gpu_upload_bf16(g, ik, (int64_t)C * s->Di, NULL);
         void *t2, *s2, *m2, *n2;
         GPU_OK(m3_gpu_alloc(g_two, &t2, ntk * sizeof(int32_t)));
@@ -279,6 +290,9 @@ static void indexer_topk_matches_ref(void **state) {
         {1, 16384, 4, 128, 128, 16, 1, 0, false, 0},
         {1, 16385, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
         {1, 140000, 4, 128, 128, 16, 1, 0, false, IDX_EQUAL | IDX_BIG},
+        /* idx_km_k's Q rows through 4-byte loads (not 16-byte aligned), G = 4 and G = 2 */
+        {1, 9000, 4, 128, 128, 16, 1, 0, false, IDX_QOFF},
+        {4, 3000, 2, 64, 64, 8, 1, 1, false, IDX_QOFF},
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -448,6 +462,10 @@ static void indexer_paged_fp8_decode(void **state) {
         /* a query row past fp16's range: idx_km_k's bf16 decode instead of the fp16 route */
         {1, 5000, 4, 128, 128, 16, 1, 0, false, IDX_WIDEQ},
         {2, 3000, 4, 128, 128, 16, 1, 0, false, IDX_NAN | IDX_WIDEQ},
+        /* the bench's fp8 row (1024 key blocks, two per most scoring blocks, hot blocks in both
+         * rounds) and unaligned queries */
+        {1, 131072, 4, 128, 128, 16, 1, 0, false, IDX_HOT},
+        {1, 5000, 4, 128, 128, 16, 1, 0, false, IDX_QOFF},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int prof = 1; prof < 3; prof++)
