@@ -1470,6 +1470,7 @@ static __global__ void __launch_bounds__(PG_THREADS)
     const int t = (int)blockIdx.x / c.n_head, h = (int)blockIdx.x % c.n_head;
     const int gq = h / (c.n_head / c.n_kv_head);
     const int p = pos[t], Bs = s.g.block, Dh = c.head_dim;
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const int tid = (int)threadIdx.x, nth = (int)blockDim.x;
     const bool sparse = topk != NULL;
     if (tid == 0) {
@@ -1645,6 +1646,7 @@ static m3_status launch_paged(m3_gpu *g, TS *d_out, const TS *d_q, int ld_q,
     M3_ASSERTF(p->attn_partition == 0 || p->attn_partition >= M3_ATTN_MIN_PART,
                "attn_partition %d < %d", p->attn_partition, M3_ATTN_MIN_PART);
     M3_ASSERT(!d_topk || width > 0);
+    M3_ASSERTF(src->bt_ld >= 0, "bt_ld %d", src->bt_ld);
     if (ap->head_dim > ATTN_MAX_DH)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention: head_dim %d > %d", ap->head_dim,
                          ATTN_MAX_DH);
@@ -1954,6 +1956,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
     /* the group's q (hq Dh <= 16 x 128 = PF_THREADS x 8 values): in flight with pos and the
      * selection */
@@ -2571,6 +2574,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
@@ -2997,6 +3001,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
@@ -3456,6 +3461,7 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
                "paged cache geometry Hkv=%d Dh=%d, attention Hkv=%d Dh=%d", src->g.n_kv,
                src->g.head_dim, ap->n_kv_head, ap->head_dim);
     M3_ASSERT(!d_topk || width > 0);
+    M3_ASSERTF(src->bt_ld >= 0, "bt_ld %d", src->bt_ld);
     M3_TRY(m3_gpu_attn_paged_flash_ok(src, ap, p, width));
     const bool fp8 = src->g.elem == M3_KV_FP8;
     if (fp8 && (!src->k_scale || !src->v_scale))
@@ -4199,7 +4205,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
         const bool force = src->flash_kernel == 3;
-        if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
+        /* pc_k reads one block table: a decode batch of several sequences (bt_ld) skips it */
+        if ((src->bt_ld == 0 || n_tok == 1) && (src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
             if (done) return M3_OK;
