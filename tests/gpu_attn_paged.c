@@ -128,8 +128,8 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     if (p.attn_out_bf16)
         for (int64_t i = 0; i < nq; i++) q[i] = m3_round_bf16(q[i]);
     for (int t = 0; t < T; t++) pos[t] = C - T + t;
-    if (S > 1) /* sequences of different lengths, the first one full */
-        for (int t = 0; t < T; t++) pos[t] = C - 1 - (t * 131) % (C / 2 + 1);
+    if (S > 1) /* sequences of different lengths, from C (the first) down to ~C / 2 */
+        for (int t = 0; t < T; t++) pos[t] = C - 1 - (int)((int64_t)t * (C / 2) / T);
     int32_t *topk = NULL;
     if (sparse) {
         topk = malloc((size_t)s->Hkv * T * s->width * sizeof *topk);
@@ -392,20 +392,32 @@ static void paged_sparse_matches_ref(void **state) {
 }
 
 /* A decode batch (src.bt_ld): T sequences of different lengths in one shuffled pool, one
- * token each, against ref run per sequence; the faithful and the flash kernels (all kernel
- * choices: the decode kernels at M3 geometry, the element gather at the odd ones) */
+ * token each, against ref run per sequence; the faithful kernel and the flash kernels (every
+ * kernel choice of pg_case: the decode kernels at M3 geometry, the element gather at the odd
+ * one), atom (and hf for bf16), bf16 and fp8 (dequantized; §4.9 at FP8_MAX 448). Fewer
+ * stores and profiles than the one-sequence tests: ref writes every sequence's keys. */
 static void paged_batch_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const pg_shape shapes[] = {
-        {8, 2100, 64, 4, 128, 128, 16, 16}, /* sparse decode rows, 8 sequences */
-        {6, 2000, 64, 4, 128, 128, 16, 0},  /* dense decode rows, 6 sequences */
+        {4, 2100, 64, 4, 128, 128, 16, 16}, /* sparse decode rows, 4 sequences */
+        {4, 1000, 64, 4, 128, 128, 16, 0},  /* dense decode rows */
         {2, 4100, 64, 4, 128, 128, 16, 16}, /* 2 rows (pc_k's row count: not taken) */
         {5, 700, 8, 2, 80, 64, 16, 7},      /* odd, sparse */
         {3, 530, 8, 2, 80, 64, 16, 0},      /* odd, dense */
     };
     g_seqs = true;
-    run_shapes(g, shapes, sizeof shapes / sizeof shapes[0]);
-    run_flash(g, shapes, sizeof shapes / sizeof shapes[0]);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        pg_case(g, &shapes[i], &stores[1], 2, false);
+        pg_case(g, &shapes[i], &stores[4], 2, false);
+        pg_case(g, &shapes[i], &stores[1], 1, true);
+        for (size_t k = 1; k < N_STORES; k += (k == 2 ? 2 : 1))
+            pg_case(g, &shapes[i], &stores[k], 2, true);
+    }
+    /* rows of 66, 55 and 44 chunks: at cpb 2 (33, 28, 22 partials; groups of 6) the decode
+     * kernels' two-level merge (pd_merge), the last groups empty in the shorter rows */
+    static const pg_shape two = {3, 16700, 16, 2, 128, 128, 16, 0};
+    pg_case(g, &two, &stores[1], 2, true);
+    pg_case(g, &two, &stores[4], 2, true);
     g_seqs = false;
 }
 
