@@ -1768,9 +1768,6 @@ typedef struct {
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
-    int grp, ngm;      /* pd_merge's two levels: blocks a group (0: one level), groups a row */
-    unsigned int c1;   /* pd_merge: the groups' counters from cnt + c1, [rows][ngm] */
-    size_t p2;         /* pd_merge: the groups' partials from head slot p2 of po / pml */
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
@@ -2489,53 +2486,6 @@ static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
     return fmaf(fmaf(-q0, y, x), ry, q0);
 }
 
-/* The fused merge of the decode kernels (after the block's partial, fused launches): the
- * last block of row tg to finish merges the row's nb partials (pf_row_merge), or, with
- * c.grp > 0 (session 11: rows of more than PF_FUSE_MAX blocks, which took pf_merge_k, a second
- * launch: dense decode at 128K, 64 a row), two levels: the last block of each group of c.grp
- * blocks merges the group's partials into one (the group's max M, L = sum_j e^(m_j - M) l_j,
- * A = sum_j e^(m_j - M) A_j: pf_merge_w's weights, pf_acc's sums, fp32), and the last of the
- * groups' mergers merges those (pf_row_merge: the same formula, so the output is ref's merge
- * up to fp32 reorderings, as the blocks' own folds). One block reading all 64 partials of a
- * row (512 KB) is bound by one SM's L2 bandwidth; the groups' merges run on 8 SMs at once.
- * w: 3 hq PF_FUSE_MAX + hq floats of free shared memory. */
-static __device__ void pd_merge(m3_bf16 *orow, float *po, float *pml, const pf_cfg &c, size_t tg,
-                                int ci, int nb, float *w, int tid, int nt) {
-    constexpr int Dh = FA_MAX_DH;
-    const int hq = c.hq;
-    const size_t slot0 = tg * c.nsp;
-    if (c.grp == 0) {
-        if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
-        pf_row_merge(orow, po, pml, slot0, nb, hq, Dh, w, tid, nt);
-        return;
-    }
-    const int gi = ci / c.grp, ngr = ((int)gridDim.x + c.grp - 1) / c.grp;
-    const int gsz = min(c.grp, (int)gridDim.x - gi * c.grp); /* the group's blocks */
-    if (!attn_last_block(&c.cnt[c.c1 + tg * c.ngm + gi], (unsigned)gsz)) return;
-    const int j0 = gi * c.grp, nj = min(c.grp, nb - j0); /* its partials (blocks with chunks) */
-    float *po2 = po + c.p2 * Dh, *pml2 = pml + c.p2 * 2;
-    const size_t s2 = tg * c.ngm;
-    if (nj > 0) {
-        float *den = w + 3 * hq * nj;
-        const float *ms = w + hq * nj; /* pf_merge_w's staging: the partials' maxima */
-        pf_merge_w(pml, slot0 + j0, nj, hq, 0, hq, w, den, tid, nt);
-        for (int e = tid; e < hq * (Dh / 4); e += nt) {
-            const int h = e / (Dh / 4), d = (e % (Dh / 4)) * 4;
-            float a[4];
-            pf_acc(po, slot0 + j0, hq, Dh, h, d, 4, w + h * nj, 0, nj, 1, a);
-            const size_t o = (s2 + gi) * hq + h;
-            *reinterpret_cast<float4 *>(po2 + o * Dh + d) = make_float4(a[0], a[1], a[2], a[3]);
-            if (d == 0) {
-                float M = -INFINITY;
-                for (int j = 0; j < nj; j++) M = fmaxf(M, ms[h * nj + j]);
-                pml2[o * 2] = M, pml2[o * 2 + 1] = den[h];
-            }
-        }
-    }
-    if (!attn_last_block(&c.cnt[tg], (unsigned)ngr)) return;
-    pf_row_merge(orow, po2, pml2, s2, (nb + c.grp - 1) / c.grp, hq, Dh, w, tid, nt);
-}
-
 /* The block's fold of its PD_W warps' (M, L, A) (A of warp w at wraw + w WB + aoff in the
  * accumulator layout), in warp order, into the row's output (nsp == 1) or this block's
  * partial: the weights e^(M_w - M) and L once per (warp, head) by the first hq threads, then
@@ -2948,8 +2898,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         pd_fold(wraw, WB, pd_s_bytes(c), wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, PD_W * 32);
     if (c.nsp == 1 || !c.fused) return;
     /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
-    pd_merge(orow, po, pml, c, tg, ci, (nch + c.cpb - 1) / c.cpb, reinterpret_cast<float *>(wraw),
-             tid, PD_W * 32);
+    if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
+    pf_row_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, Dh,
+                 reinterpret_cast<float *>(wraw), tid, PD_W * 32);
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
     (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
@@ -3481,8 +3432,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (cb < ce || c.nsp == 1) pd_fold(wraw, WB, 0, wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, NT);
     if (c.nsp == 1 || !c.fused) return;
     /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
-    pd_merge(orow, po, pml, c, tg, ci, (nch + c.cpb - 1) / c.cpb, reinterpret_cast<float *>(wraw),
-             tid, NT);
+    if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
+    pf_row_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, Dh,
+                 reinterpret_cast<float *>(wraw), tid, NT);
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
     (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
@@ -4271,11 +4223,14 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
-         * times the chunks of the busiest warp) within 2% of the smallest, with the most
+         * times the chunks of the busiest warp) within 3% of the smallest, with the most
          * chunks per block (fewer blocks, prologues and partials). pd_part_k too since
          * session 11 (it took the fewest blocks that give each SM PD_WPS warps: the same cpb
          * for T = 1 and prefill rows, but cpb 4 for the B=64 sparse decode batch, 0.0999 ms
-         * against cpb 8's 0.0838 ms, batch 1) */
+         * against cpb 8's 0.0838 ms, batch 1). 3% (2% before session 11): the B=64 dense
+         * batch (256 rows of 512 chunks) then takes cpb 512, a row a block (128 chunk
+         * rounds), not cpb 12 (126 rounds, 43 partials a row through pf_merge_k): bf16 cpb
+         * 256 4.74 ms, 16 4.86, 8 4.91 (batch 1); T = 1 and prefill rows keep their cpb */
         const int slots = PD_WPS / PD_W * n_sm;
         const int64_t rows = (int64_t)c.Hkv * n_tok;
         auto mks = [&](int cpb) {
@@ -4285,7 +4240,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         double best = mks(1);
         for (int cpb = 2; cpb <= c.nchx; cpb++) best = fmin(best, mks(cpb));
         for (int cpb = 1; cpb <= c.nchx; cpb++)
-            if (mks(cpb) <= 1.02 * best) c.cpb = cpb;
+            if (mks(cpb) <= 1.03 * best) c.cpb = cpb;
         if (src->flash_cpb > 0) c.cpb = src->flash_cpb < c.nchx ? src->flash_cpb : c.nchx;
         c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
     } else
@@ -4307,21 +4262,11 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     }
     c.fused = c.nsp <= PF_FUSE_MAX;
     c.cnt = g->counters + M3_GPU_CNT_PF;
-    {   /* SESSION KNOB (removed before the merge): M3_PD_MERGE2=0 keeps pf_merge_k */
-        const char *k2 = getenv("M3_PD_MERGE2");
-        if (dec && !c.fused && c.nsp <= PF_FUSE_MAX * PF_FUSE_MAX && !(k2 && atoi(k2) == 0)) {
-            /* the decode kernels' two-level fused merge (pd_merge): groups of ~sqrt(nsp) */
-            c.grp = 1;
-            while (c.grp * c.grp < c.nsp) c.grp++;
-            c.ngm = (c.nsp + c.grp - 1) / c.grp;
-            c.fused = true;
-        }
-    }
-    const size_t per_tok = (size_t)c.Hkv * (c.nsp + c.ngm) * c.hq * (c.Dh + 2) * sizeof(float) + 64;
+    const size_t per_tok = (size_t)c.Hkv * c.nsp * c.hq * (c.Dh + 2) * sizeof(float) + 64;
     int tb = (int)(PF_PART_CAP / per_tok);
     if (tb < 1) tb = 1;
     if (tb > n_tok) tb = n_tok;
-    if (tb > PF_MAX_CNT / (c.Hkv * (1 + c.ngm))) tb = PF_MAX_CNT / (c.Hkv * (1 + c.ngm));
+    if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
     const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
@@ -4353,9 +4298,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         pf_set[8] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
-    const size_t ns = (size_t)tb * c.Hkv * (c.nsp + c.ngm) * c.hq;
-    c.p2 = (size_t)tb * c.Hkv * c.nsp * c.hq; /* pd_merge's group partials after the blocks' */
-    c.c1 = (unsigned)(tb * c.Hkv);
+    const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
     float *po, *pml;
     int *nk;
     m3_status s = m3_gpu_alloc(g, (void **)&po, ns * c.Dh * sizeof(float));

@@ -520,18 +520,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
-    /* SESSION KNOB (removed before the merge): M3_BENCH_MERGE2=1,0,...: the row again with
-     * gpu/attn.hip's M3_PD_MERGE2 set to each value, alternated in this process */
-    for (const char *v = getenv("M3_BENCH_MERGE2"); v && *v;) {
-        char val[16], nk[120];
-        snprintf(val, sizeof val, "%d", atoi(v));
-        setenv("M3_PD_MERGE2", val, 1);
-        snprintf(nk, sizeof nk, "%s m2-%s", nm, val);
-        report(nk, time_ms(g, do_pattn, &c, 20, 7), bytes, flops);
-        v = strchr(v, ',');
-        v = v ? v + 1 : NULL;
-    }
-    unsetenv("M3_PD_MERGE2");
     m3_gpu_release(g, mark);
 }
 
