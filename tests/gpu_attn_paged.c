@@ -392,24 +392,22 @@ static void paged_sparse_matches_ref(void **state) {
 }
 
 /* A decode batch (src.bt_ld): T sequences of different lengths in one shuffled pool, one
- * token each, against ref run per sequence; the faithful kernel and the flash kernels (every
- * kernel choice of pg_case: the decode kernels at M3 geometry, the element gather at the odd
- * one), atom (and hf for bf16), bf16 and fp8 (dequantized; §4.9 at FP8_MAX 448). Fewer
- * stores and profiles than the one-sequence tests: ref writes every sequence's keys. */
+ * token each, against ref run per sequence; the faithful kernel (§4.9 fp8) and the flash
+ * kernels (every kernel choice of pg_case: the decode kernels at M3 geometry, the element
+ * gather at the odd one), atom, bf16 and fp8 (dequantized; §4.9 at FP8_MAX 448). Fewer
+ * stores and profiles than the one-sequence tests: ref writes every sequence's keys, and
+ * the device batches have ~40 s. */
 static void paged_batch_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const pg_shape shapes[] = {
         {4, 2100, 64, 4, 128, 128, 16, 16}, /* sparse decode rows, 4 sequences */
         {4, 1000, 64, 4, 128, 128, 16, 0},  /* dense decode rows */
         {2, 4100, 64, 4, 128, 128, 16, 16}, /* 2 rows (pc_k's row count: not taken) */
-        {5, 700, 8, 2, 80, 64, 16, 7},      /* odd, sparse */
-        {3, 530, 8, 2, 80, 64, 16, 0},      /* odd, dense */
+        {5, 700, 8, 2, 80, 64, 16, 7},      /* odd: the element gather */
     };
     g_seqs = true;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        pg_case(g, &shapes[i], &stores[1], 2, false);
         pg_case(g, &shapes[i], &stores[4], 2, false);
-        pg_case(g, &shapes[i], &stores[1], 1, true);
         for (size_t k = 1; k < N_STORES; k += (k == 2 ? 2 : 1))
             pg_case(g, &shapes[i], &stores[k], 2, true);
     }
