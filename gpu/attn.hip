@@ -4206,7 +4206,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         pc_cfg pc;
         const bool force = src->flash_kernel == 3;
         /* pc_k reads one block table: a decode batch of several sequences (bt_ld) skips it */
-        if ((src->bt_ld == 0 || n_tok == 1) && (src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
+        if ((src->bt_ld == 0 || n_tok == 1) && (src->flash_kernel == 0 || force) &&
+            pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
             if (done) return M3_OK;
