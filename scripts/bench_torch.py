@@ -226,7 +226,8 @@ def pattn_bench(Hkv=4, D=128, Bs=128, P=16):
                     blocks = torch.rand(T, Hkv, own, device=dev).argsort(-1)[..., :16]
                     blocks[..., 0] = own
                     phys = torch.gather(bts[:, None, :].expand(T, Hkv, N), 2, blocks)
-                    pages = (phys[..., None] * ppb + torch.arange(ppb, device=dev)).reshape(T, Hkv, 16 * ppb)
+                    pages = (phys[..., None] * ppb + torch.arange(ppb, device=dev)).reshape(
+                        T, Hkv, 16 * ppb)
                 else:
                     pages = bts[:, None, :].expand(T, Hkv, N)
             elif sparse:

@@ -162,8 +162,8 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
                 memcpy(tk1 + (size_t)gq * s->width, topk + ((size_t)gq * T + t) * s->width,
                        (size_t)s->width * sizeof *tk1);
             src.bt = &bts[t];
-            m3_attn_paged(ref + (size_t)t * s->H * s->Dh, q + (size_t)t * ldq, ldq, &src, pos + t, 1,
-                          C, tk1, s->width, &ap, &p, scratch, sb);
+            m3_attn_paged(ref + (size_t)t * s->H * s->Dh, q + (size_t)t * ldq, ldq, &src,
+                          pos + t, 1, C, tk1, s->width, &ap, &p, scratch, sb);
         }
         free(tk1);
     }
@@ -188,7 +188,8 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     }
     GPU_OK(m3_gpu_alloc(g, &dbt, (size_t)S * nl * sizeof(int32_t)));
     for (int b = 0; b < S; b++)
-        GPU_OK(m3_gpu_upload(g, (int32_t *)dbt + (size_t)b * nl, bts[b].phys, (size_t)nl * sizeof(int32_t)));
+        GPU_OK(m3_gpu_upload(g, (int32_t *)dbt + (size_t)b * nl, bts[b].phys,
+                             (size_t)nl * sizeof(int32_t)));
     ds.bt = dbt;
     ds.n_logical = nl;
     ds.bt_ld = S > 1 ? nl : 0;
@@ -203,7 +204,8 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     }
     static const char *en[] = {"f32", "bf16", "fp8"};
     char what[200], name[240];
-    snprintf(what, sizeof what, "paged_%s %s%s%s/%g %s T=%d%s C=%d H=%d Hkv=%d Dh=%d Bs=%d P=%d W=%d",
+    snprintf(what, sizeof what,
+             "paged_%s %s%s%s/%g %s T=%d%s C=%d H=%d Hkv=%d Dh=%d Bs=%d P=%d W=%d",
              sparse ? "sparse" : "dense", en[st->elem], st->pa ? "+pa" : "",
              qovf == M3_FP8_OVF_NAN ? " ovf-nan" : "",
              st->elem == M3_KV_FP8 ? (double)st->fmax : 0.0, p.name, T, S > 1 ? " seqs" : "", C,

@@ -516,7 +516,8 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     /* M3_BENCH_PF_KERNELS=1,3 (T = 1 rows): the row again with the flash_kernel test hook set
      * to each listed kernel (1 pf_part_k, 2 the decode kernels, 3 pc_k); M3_BENCH_PF_CPB=4,16
      * (any row): with the flash_cpb test hook (chunks per block) at each value; in this process */
-    const double bytes = (double)T * 64 * 128 * 2 * 2 + bkeys * per_key, flops = keys * 64 * 128 * 4;
+    const double bytes = (double)T * 64 * 128 * 2 * 2 + bkeys * per_key,
+                 flops = keys * 64 * 128 * 4;
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
@@ -545,7 +546,8 @@ static void pattn_batch_case(m3_gpu *g, m3_rng *r, int B, int C, bool sparse, bo
     c.src.fp8_pa = fp8;
     c.src.ovf = M3_FP8_SATURATE;
     const int nb = (C + 127) / 128, pool = B * nb;
-    const size_t eb = fp8 ? 1 : 2, kn = (size_t)pool * c.src.g.k_block, vn = (size_t)pool * c.src.g.v_stride;
+    const size_t eb = fp8 ? 1 : 2, kn = (size_t)pool * c.src.g.k_block,
+                 vn = (size_t)pool * c.src.g.v_stride;
     const size_t n0 = (size_t)1 << 20;
     m3_bf16 *seed = rand_bf16(g, r, (int64_t)n0, 1.0f);
     if (fp8) { /* fp8 codes without the NaN ones (bit 3 clear) */
@@ -565,7 +567,8 @@ static void pattn_batch_case(m3_gpu *g, m3_rng *r, int B, int C, bool sparse, bo
         const int64_t ns = (int64_t)pool * 4 * 128, nh = (int64_t)1 << 20;
         float *h = malloc((size_t)nh * sizeof *h);
         assert_non_null(h);
-        for (int64_t i = 0; i < nh; i++) h[i] = 0.01f + 0.01f * (float)(m3_rng_u32(r) % 1000u) / 1000.0f;
+        for (int64_t i = 0; i < nh; i++)
+            h[i] = 0.01f + 0.01f * (float)(m3_rng_u32(r) % 1000u) / 1000.0f;
         const m3_bf16 *hs = (const m3_bf16 *)gpu_upload_f32(g, h, nh);
         free(h);
         c.src.k_scale = (const float *)tile_bf16(g, hs, 2 * nh, 2 * ns);
@@ -617,7 +620,8 @@ static void pattn_batch_case(m3_gpu *g, m3_rng *r, int B, int C, bool sparse, bo
     free(tk);
     /* per (kv head, key): K and V elements, plus their fp32 scales for fp8 */
     const double per_hkey = 128.0 * eb * 2 + (fp8 ? 2 * 4 : 0);
-    const double bytes = (double)B * 64 * 128 * 2 * 2 + keys * per_hkey, flops = keys * 16 * 128 * 4;
+    const double bytes = (double)B * 64 * 128 * 2 * 2 + keys * per_hkey,
+                 flops = keys * 16 * 128 * 4;
     double ms = time_ms(g, do_pattn, &c, sparse ? 20 : 3, sparse ? 7 : 3);
     report(nm, ms, bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
