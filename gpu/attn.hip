@@ -1470,6 +1470,7 @@ static __global__ void __launch_bounds__(PG_THREADS)
     const int t = (int)blockIdx.x / c.n_head, h = (int)blockIdx.x % c.n_head;
     const int gq = h / (c.n_head / c.n_kv_head);
     const int p = pos[t], Bs = s.g.block, Dh = c.head_dim;
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const int tid = (int)threadIdx.x, nth = (int)blockDim.x;
     const bool sparse = topk != NULL;
     if (tid == 0) {
@@ -1645,6 +1646,7 @@ static m3_status launch_paged(m3_gpu *g, TS *d_out, const TS *d_q, int ld_q,
     M3_ASSERTF(p->attn_partition == 0 || p->attn_partition >= M3_ATTN_MIN_PART,
                "attn_partition %d < %d", p->attn_partition, M3_ATTN_MIN_PART);
     M3_ASSERT(!d_topk || width > 0);
+    M3_ASSERTF(src->bt_ld >= 0, "bt_ld %d", src->bt_ld);
     if (ap->head_dim > ATTN_MAX_DH)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention: head_dim %d > %d", ap->head_dim,
                          ATTN_MAX_DH);
@@ -1954,6 +1956,7 @@ static __global__ void __launch_bounds__(PF_THREADS, 2)
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL, hw = c.hw && M3_HAVE_FP8_CVT;
     /* the group's q (hq Dh <= 16 x 128 = PF_THREADS x 8 values): in flight with pos and the
      * selection */
@@ -2571,6 +2574,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
@@ -2997,6 +3001,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int p = pos[t];
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
@@ -3456,6 +3461,7 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
                "paged cache geometry Hkv=%d Dh=%d, attention Hkv=%d Dh=%d", src->g.n_kv,
                src->g.head_dim, ap->n_kv_head, ap->head_dim);
     M3_ASSERT(!d_topk || width > 0);
+    M3_ASSERTF(src->bt_ld >= 0, "bt_ld %d", src->bt_ld);
     M3_TRY(m3_gpu_attn_paged_flash_ok(src, ap, p, width));
     const bool fp8 = src->g.elem == M3_KV_FP8;
     if (fp8 && (!src->k_scale || !src->v_scale))
@@ -4255,7 +4261,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
         const bool force = src->flash_kernel == 3;
-        if ((src->flash_kernel == 0 || force) && pc_plan(g, src, n_tok, c, force, &pc)) {
+        /* pc_k reads one block table: a decode batch of several sequences (bt_ld) skips it */
+        if ((src->bt_ld == 0 || n_tok == 1) && (src->flash_kernel == 0 || force) &&
+            pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
             if (done) return M3_OK;
@@ -4270,10 +4278,16 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (src->flash_kernel == 1) dec = false;
     if (src->flash_kernel == 2) dec = c.dec;
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
-    if (p8) {
+    if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
-         * times the chunks of the busiest warp) within 2% of the smallest, with the most
-         * chunks per block (fewer blocks, prologues and partials) */
+         * times the chunks of the busiest warp) within 3% of the smallest, with the most
+         * chunks per block (fewer blocks, prologues and partials). pd_part_k too since
+         * session 11 (it took the fewest blocks that give each SM PD_WPS warps: the same cpb
+         * for T = 1 and prefill rows, but cpb 4 for the B=64 sparse decode batch, 0.0999 ms
+         * against cpb 8's 0.0838 ms, batch 1). 3% (2% before session 11): the B=64 dense
+         * batch (256 rows of 512 chunks) then takes cpb 512, a row a block (128 chunk
+         * rounds), not cpb 12 (126 rounds, 43 partials a row through pf_merge_k): bf16 cpb
+         * 256 4.74 ms, 16 4.86, 8 4.91 (batch 1); T = 1 and prefill rows keep their cpb */
         const int slots = PD_WPS / PD_W * n_sm;
         const int64_t rows = (int64_t)c.Hkv * n_tok;
         auto mks = [&](int cpb) {
@@ -4283,15 +4297,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         double best = mks(1);
         for (int cpb = 2; cpb <= c.nchx; cpb++) best = fmin(best, mks(cpb));
         for (int cpb = 1; cpb <= c.nchx; cpb++)
-            if (mks(cpb) <= 1.02 * best) c.cpb = cpb;
-        if (src->flash_cpb > 0) c.cpb = src->flash_cpb < c.nchx ? src->flash_cpb : c.nchx;
-        c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
-    } else if (dec) {
-        const int64_t rows = (int64_t)c.Hkv * n_tok, want = (int64_t)PD_WPS / PD_W * n_sm;
-        int64_t nsp = (want + rows - 1) / rows, mx = (c.nchx + PD_W - 1) / PD_W;
-        if (nsp > mx) nsp = mx;
-        if (nsp < 1) nsp = 1;
-        c.cpb = (int)((c.nchx + nsp - 1) / nsp);
+            if (mks(cpb) <= 1.03 * best) c.cpb = cpb;
         if (src->flash_cpb > 0) c.cpb = src->flash_cpb < c.nchx ? src->flash_cpb : c.nchx;
         c.nsp = (c.nchx + c.cpb - 1) / c.cpb;
     } else

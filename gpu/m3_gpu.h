@@ -286,6 +286,10 @@ typedef struct m3_gpu_attn_paged_src {
     const float *k_scale, *v_scale; /* device: [n_blocks, Hkv, Bs] (fp8 elements only) */
     const int32_t *bt;        /* device: logical block -> physical block, [n_logical] */
     int n_logical;
+    int bt_ld;                /* 0: every token reads bt (one sequence); > 0: token t reads
+                                 the table bt + t * bt_ld (>= n_logical): a decode batch, one
+                                 sequence per token (m3_gpu_attn_paged_flash and
+                                 m3_gpu_attn_paged only) */
     bool fp8_pa;              /* fp8 elements: the §4.9 paged-attention emulation */
     m3_fp8_overflow ovf;      /* of the emulation's fp8 casts (Q, P') */
     int flash_cpb;            /* m3_gpu_attn_paged_flash test hook: consecutive chunks per

@@ -143,6 +143,9 @@ def main():
         v = torch.randn(C, 4, 128, device=dev, dtype=bf)
         blocks = torch.randint(0, C // 128 - 1, (T, 4, 16), device=dev)
         blocks[..., 0] = C // 128 - 1
+        one = 1 < T < 1024  # a one-sequence decode chunk: gpu_bench's shared 16 blocks
+        if one:
+            blocks[..., 1:] = (torch.arange(15, device=dev) * ((C // 128 - 1) // 15))
         idx = (blocks[..., None] * 128 + torch.arange(128, device=dev)).view(T, 4, 2048)
 
         def sp():
@@ -150,7 +153,8 @@ def main():
             vv = v.permute(1, 0, 2)[torch.arange(4, device=dev)[None, :, None], idx]
             qq = q.view(T, 4, 16, 128)
             return torch.nn.functional.scaled_dot_product_attention(qq, kk, vv)
-        report(f"attn_sparse bf16 atom T={T} C={C}", lambda: timeit(sp, reps=3, batches=3))
+        report(f"attn_sparse bf16 atom T={T} C={C}" + (" one-seq" if one else ""),
+               lambda: timeit(sp, reps=3, batches=3))
     for name, T in (("attn_dense bf16 hf T=1024 C=1024", 1024),
                     ("attn_dense bf16 atom T=8192 C=8192", 8192)):
         if not want(name):
@@ -172,8 +176,7 @@ def main():
         del q, k, v, mask
         torch.cuda.empty_cache()
 
-    if want("paged flash"):
-        pattn_bench()
+    pattn_bench()  # filters its rows by name (want), before any allocation
     if want("kv_cache_write"):
         kv_bench()
     if want("qkv_cache"):
@@ -186,19 +189,24 @@ def pattn_bench(Hkv=4, D=128, Bs=128, P=16):
     """paged attention over ATOM's paged cache (tests/gpu_bench.c pattn_bench_case): gather
     the selected pages (sparse: page-16 re-view of the 16 selected blocks; dense: every block
     through the page-128 view) from the SHUFFLE layout, dequantize fp8 with the per-(token,
-    head) scales, then SDPA with the 16 query heads of each KV group"""
+    head) scales, then SDPA with the 16 query heads of each KV group. B > 1: the decode batch
+    (pattn_batch_case): B sequences of C keys in one pool of B * C / Bs blocks, their tables a
+    shuffled permutation of it, one token each at C - 1; sparse: per (token, kv head) its own
+    block + 15 distinct random earlier ones"""
     bf = torch.bfloat16
     for fp8 in (False, True):
         x = 16 if fp8 else 8
-        for sparse, T, C in ((True, 1, 131072), (True, 64, 131072), (True, 8192, 8192),
-                             (False, 1, 131072)):
+        for sparse, T, C, B in ((True, 1, 131072, 1), (True, 64, 131072, 1), (True, 8192, 8192, 1),
+                                (False, 1, 131072, 1), (True, 64, 131072, 64),
+                                (False, 64, 131072, 64)):
             name = (f"attn_{'sparse' if sparse else 'dense'} paged flash {'fp8' if fp8 else 'bf16'} "
-                    f"atom T={T} C={C}")
+                    f"atom T={T}" + (f" B={B}" if B > 1 else "") + f" C={C}"
+                    + (" one-seq" if sparse and B == 1 and 1 < T < 1024 else ""))
             if not want(name):
                 continue
             N = C // Bs
             pg = P if sparse else Bs  # the view's page
-            npg = N * (Bs // pg)
+            npg = B * N * (Bs // pg)
             if fp8:
                 k = torch.randint(0, 120, (npg, Hkv, D // x, pg, x), device=dev, dtype=torch.uint8)
                 v = torch.randint(0, 120, (npg, Hkv, pg // x, D, x), device=dev, dtype=torch.uint8)
@@ -210,14 +218,25 @@ def pattn_bench(Hkv=4, D=128, Bs=128, P=16):
             bt = torch.arange(N - 1, -1, -1, device=dev)  # logical b -> physical N-1-b
             q = torch.randn(T, 64, D, device=dev, dtype=bf)
             hk = torch.arange(Hkv, device=dev)
-            if sparse:
+            ppb = Bs // pg
+            if B > 1:
+                bts = torch.randperm(B * N, device=dev).view(B, N)  # sequence t's table: bts[t]
+                if sparse:
+                    own = N - 1
+                    blocks = torch.rand(T, Hkv, own, device=dev).argsort(-1)[..., :16]
+                    blocks[..., 0] = own
+                    phys = torch.gather(bts[:, None, :].expand(T, Hkv, N), 2, blocks)
+                    pages = (phys[..., None] * ppb + torch.arange(ppb, device=dev)).reshape(
+                        T, Hkv, 16 * ppb)
+                else:
+                    pages = bts[:, None, :].expand(T, Hkv, N)
+            elif sparse:
                 posv = torch.arange(C - T, C, device=dev)
                 own = posv // Bs
                 blocks = (torch.arange(16, device=dev)[None, :] * torch.clamp((own[:, None]) // 15, min=1))
                 blocks = torch.minimum(blocks, own[:, None])
                 blocks[:, 0] = own
                 blocks = blocks[:, None, :].expand(T, Hkv, 16)
-                ppb = Bs // pg
                 pages = (bt[blocks][..., None] * ppb + torch.arange(ppb, device=dev)).reshape(T, Hkv, 16 * ppb)
             else:
                 pages = bt[None, None, :].expand(T, Hkv, N)
@@ -236,14 +255,14 @@ def pattn_bench(Hkv=4, D=128, Bs=128, P=16):
 
             def run():
                 outs = []
-                step = 1024
+                step = 8 if B > 1 and not sparse else 1024  # dense batch: 8 x 268 MB gathered
                 for t0 in range(0, T, step):
                     t1 = min(T, t0 + step)
                     kk, vv = gather(t0, t1)
                     qq = q[t0:t1].view(t1 - t0, Hkv, 16, D)
                     outs.append(torch.nn.functional.scaled_dot_product_attention(qq, kk, vv))
                 return outs
-            big = T >= 4096
+            big = T >= 4096 or (B > 1 and not sparse)
             report(name, lambda: timeit(run, reps=2 if big else 10, batches=3 if big else 5))
             del k, v, q
             torch.cuda.empty_cache()

@@ -33,6 +33,11 @@ typedef struct {
     int width; /* 0: dense */
 } pg_shape;
 
+/* A decode batch (paged_batch_matches_ref): when set, each token of a case is its own
+ * sequence (its own block table in one pool, src.bt_ld; positions up to n_ctx - 1); else the
+ * T tokens are consecutive rows of one sequence */
+static bool g_seqs;
+
 typedef struct {
     m3_kv_elem elem;
     bool pa;      /* fp8_pa */
@@ -86,7 +91,10 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     m3_kv_geom_init(&geo, s->Hkv, s->Dh, s->Bs, s->P, st->elem, M3_FP8_E4M3FN);
     m3_kv_layer kl;
     m3_kv_layer_init(&kl, &geo, sparse ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK, 0, M3_KV_BF16);
-    const int nl = (C + s->Bs - 1) / s->Bs, pool = nl + 3;
+    /* S sequences' tables: consecutive runs of one shuffled pool (a decode batch: the tables
+     * interleave over the pool) */
+    const int S = g_seqs ? T : 1;
+    const int nl = (C + s->Bs - 1) / s->Bs, pool = S * nl + 3;
     int32_t *ids = malloc((size_t)pool * sizeof *ids);
     for (int i = 0; i < pool; i++) ids[i] = i;
     for (int i = pool - 1; i > 0; i--) {
@@ -94,12 +102,13 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
         int32_t x = ids[i];
         ids[i] = ids[j], ids[j] = x;
     }
-    m3_block_table bt = {0};
-    GPU_OK(m3_block_table_set(&bt, ids, nl, pool));
+    m3_block_table *bts = calloc((size_t)S, sizeof *bts);
+    for (int b = 0; b < S; b++) GPU_OK(m3_block_table_set(&bts[b], ids + (size_t)b * nl, nl, pool));
     GPU_OK(m3_kv_layer_reserve(&kl, pool));
     float *kr = malloc((size_t)KW * sizeof *kr), *vr = malloc((size_t)KW * sizeof *vr);
     m3_kv_writer wr = {.fp8_max = st->fmax, .ovf = M3_FP8_SATURATE};
-    for (int j = 0; j < C; j++) {
+    for (int jj = 0; jj < S * C; jj++) {
+        const int j = jj % C, sq = jj / C;
         m3_fill_normal(&r, kr, KW, 1.0f);
         m3_fill_normal(&r, vr, KW, 1.0f);
         /* per-(token, head) magnitudes that differ, so the scales (and the §4.9 tile max)
@@ -110,7 +119,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
         }
         if (p.act_bf16)
             for (int i = 0; i < KW; i++) kr[i] = m3_round_bf16(kr[i]), vr[i] = m3_round_bf16(vr[i]);
-        m3_kv_write(&kl, m3_block_table_slot(&bt, s->Bs, j), kr, kr, vr, &wr);
+        m3_kv_write(&kl, m3_block_table_slot(&bts[sq], s->Bs, j), kr, kr, vr, &wr);
     }
     const int64_t nq = (int64_t)T * ldq, no = (int64_t)T * s->H * s->Dh;
     float *q = malloc(nq * sizeof *q), *ref = malloc(no * sizeof *ref), *got = malloc(no * sizeof *got);
@@ -119,6 +128,8 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     if (p.attn_out_bf16)
         for (int64_t i = 0; i < nq; i++) q[i] = m3_round_bf16(q[i]);
     for (int t = 0; t < T; t++) pos[t] = C - T + t;
+    if (S > 1) /* sequences of different lengths, from C (the first) down to ~C / 2 */
+        for (int t = 0; t < T; t++) pos[t] = C - 1 - (int)((int64_t)t * (C / 2) / T);
     int32_t *topk = NULL;
     if (sparse) {
         topk = malloc((size_t)s->Hkv * T * s->width * sizeof *topk);
@@ -139,10 +150,23 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     /* §4.9's fp8(q): SATURATE, and at FP8_MAX 240 the NaN-on-overflow cast (ref's rounding in
      * pd8_part_k, whose SATURATE cast is the hardware's; q never overflows here) */
     const m3_fp8_overflow qovf = st->pa && st->fmax < 300.0f ? M3_FP8_OVF_NAN : M3_FP8_SATURATE;
-    m3_attn_paged_src src = {.kl = &kl, .bt = &bt, .fp8_pa = st->pa, .ovf = qovf};
+    m3_attn_paged_src src = {.kl = &kl, .bt = &bts[0], .fp8_pa = st->pa, .ovf = qovf};
     size_t sb = m3_attn_paged_scratch_bytes(C, s->width, &ap, &geo);
     void *scratch = malloc(sb);
-    m3_attn_paged(ref, q, ldq, &src, pos, T, C, topk, s->width, &ap, &p, scratch, sb);
+    if (S == 1) {
+        m3_attn_paged(ref, q, ldq, &src, pos, T, C, topk, s->width, &ap, &p, scratch, sb);
+    } else { /* ref: one call per sequence, its token's selection rows [Hkv, 1, width] */
+        int32_t *tk1 = topk ? malloc((size_t)s->Hkv * s->width * sizeof *tk1) : NULL;
+        for (int t = 0; t < T; t++) {
+            for (int gq = 0; tk1 && gq < s->Hkv; gq++)
+                memcpy(tk1 + (size_t)gq * s->width, topk + ((size_t)gq * T + t) * s->width,
+                       (size_t)s->width * sizeof *tk1);
+            src.bt = &bts[t];
+            m3_attn_paged(ref + (size_t)t * s->H * s->Dh, q + (size_t)t * ldq, ldq, &src,
+                          pos + t, 1, C, tk1, s->width, &ap, &p, scratch, sb);
+        }
+        free(tk1);
+    }
     free(scratch);
 
     /* the device copy of the layer and the block table */
@@ -162,10 +186,13 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
         ds.k_scale = gpu_upload_f32(g, kl.k_scale, (int64_t)sc);
         ds.v_scale = gpu_upload_f32(g, kl.v_scale, (int64_t)sc);
     }
-    GPU_OK(m3_gpu_alloc(g, &dbt, (size_t)nl * sizeof(int32_t)));
-    GPU_OK(m3_gpu_upload(g, dbt, bt.phys, (size_t)nl * sizeof(int32_t)));
+    GPU_OK(m3_gpu_alloc(g, &dbt, (size_t)S * nl * sizeof(int32_t)));
+    for (int b = 0; b < S; b++)
+        GPU_OK(m3_gpu_upload(g, (int32_t *)dbt + (size_t)b * nl, bts[b].phys,
+                             (size_t)nl * sizeof(int32_t)));
     ds.bt = dbt;
     ds.n_logical = nl;
+    ds.bt_ld = S > 1 ? nl : 0;
     ds.fp8_pa = st->pa;
     ds.ovf = qovf;
     GPU_OK(m3_gpu_alloc(g, &dpos, T * sizeof *pos));
@@ -177,11 +204,12 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     }
     static const char *en[] = {"f32", "bf16", "fp8"};
     char what[200], name[240];
-    snprintf(what, sizeof what, "paged_%s %s%s%s/%g %s T=%d C=%d H=%d Hkv=%d Dh=%d Bs=%d P=%d W=%d",
+    snprintf(what, sizeof what,
+             "paged_%s %s%s%s/%g %s T=%d%s C=%d H=%d Hkv=%d Dh=%d Bs=%d P=%d W=%d",
              sparse ? "sparse" : "dense", en[st->elem], st->pa ? "+pa" : "",
              qovf == M3_FP8_OVF_NAN ? " ovf-nan" : "",
-             st->elem == M3_KV_FP8 ? (double)st->fmax : 0.0, p.name, T, C, s->H, s->Hkv, s->Dh,
-             s->Bs, geo.page, s->width);
+             st->elem == M3_KV_FP8 ? (double)st->fmax : 0.0, p.name, T, S > 1 ? " seqs" : "", C,
+             s->H, s->Hkv, s->Dh, s->Bs, geo.page, s->width);
     if (flash) { /* the fast kernel */
         m3_bf16 *dq = gpu_upload_bf16(g, q, nq, NULL);
         const double bound = !st->pa ? PF_NMSE : p.attn_partition > 0 ? PF_NMSE_PA : PF_NMSE_PA_FREE;
@@ -257,7 +285,8 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     }
     m3_gpu_release(g, 0);
     m3_kv_layer_free(&kl);
-    m3_block_table_free(&bt);
+    for (int b = 0; b < S; b++) m3_block_table_free(&bts[b]);
+    free(bts);
     free(ids); free(kr); free(vr); free(q); free(ref); free(got); free(pos); free(topk);
 }
 
@@ -364,6 +393,33 @@ static void paged_sparse_matches_ref(void **state) {
     run_shapes(g, shapes, sizeof shapes / sizeof shapes[0]);
 }
 
+/* A decode batch (src.bt_ld): T sequences of different lengths in one shuffled pool, one
+ * token each, against ref run per sequence; the faithful kernel (§4.9 fp8) and the flash
+ * kernels (every kernel choice of pg_case: the decode kernels at M3 geometry, the element
+ * gather at the odd one), atom, bf16 and fp8 (dequantized; §4.9 at FP8_MAX 448). Fewer
+ * stores and profiles than the one-sequence tests: ref writes every sequence's keys, and
+ * the device batches have ~40 s. */
+static void paged_batch_matches_ref(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const pg_shape shapes[] = {
+        {4, 2100, 64, 4, 128, 128, 16, 16}, /* sparse decode rows, 4 sequences */
+        {4, 1000, 64, 4, 128, 128, 16, 0},  /* dense decode rows */
+        {2, 4100, 64, 4, 128, 128, 16, 16}, /* 2 rows (pc_k's row count: not taken) */
+        {5, 700, 8, 2, 80, 64, 16, 7},      /* odd: the element gather */
+    };
+    g_seqs = true;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        pg_case(g, &shapes[i], &stores[4], 2, false);
+        for (size_t k = 1; k < N_STORES; k += (k == 2 ? 2 : 1))
+            pg_case(g, &shapes[i], &stores[k], 2, true);
+    }
+    /* rows of 66, 55 and 44 chunks: at cpb 2 (33, 28, 22 partials) the merge kernel
+     * pf_merge_k, each row's own key count */
+    static const pg_shape two = {3, 16700, 16, 2, 128, 128, 16, 0};
+    pg_case(g, &two, &stores[4], 2, true);
+    g_seqs = false;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(paged_dense_matches_ref),
@@ -372,6 +428,7 @@ int main(void) {
         cmocka_unit_test(paged_flash_sparse_matches_ref),
         cmocka_unit_test(paged_flash_decode1_matches_ref),
         cmocka_unit_test(paged_flash_two_contexts),
+        cmocka_unit_test(paged_batch_matches_ref),
     };
     return M3_RUN_GPU_TESTS(tests);
 }

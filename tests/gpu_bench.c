@@ -330,6 +330,23 @@ static m3_status do_attn(m3_gpu *g, void *c) {
     return m3_gpu_attn_dense(g, x->out, x->q, 64 * 128, x->k, x->v, x->pos, x->T, x->C, &x->ap, &x->p);
 }
 
+/* Keys of [0, C) that T token rows read at least once (row t: its 16 selected blocks tk[t *
+ * 16 + i] of 128 keys, up to pos[t]): the distinct K/V of a one-sequence decode chunk, whose
+ * rows share most blocks (the rest of their reads hit L2) */
+static double distinct_keys(const int32_t *pos, const int32_t *tk, int T, int C) {
+    unsigned char *seen = calloc((size_t)C, 1);
+    assert_non_null(seen);
+    double n = 0;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < 16; i++) {
+            const int b = tk[(size_t)t * 16 + i];
+            for (int k = b * 128; b >= 0 && k < b * 128 + 128 && k <= pos[t]; k++)
+                if (!seen[k]) seen[k] = 1, n++;
+        }
+    free(seen);
+    return n;
+}
+
 static bool row_wanted(const char *nm);
 static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int prof, bool flash) {
     attn_ctx c;
@@ -337,8 +354,11 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     c.flash = flash;
     if (prof == 1) m3_profile_hf(&c.p); else m3_profile_atom(&c.p);
     char nm[96];
-    snprintf(nm, sizeof nm, "attn_%s%s bf16 %s T=%d C=%d", sparse ? "sparse" : "dense",
-             flash ? " flash" : "", c.p.name, T, C);
+    /* a chunk of T > 1 decode rows of ONE sequence (their 16 blocks shared): "one-seq", its
+     * bytes the distinct K/V (the B=64 decode batch: the paged rows) */
+    const bool oneseq = sparse && T > 1 && T < 1024;
+    snprintf(nm, sizeof nm, "attn_%s%s bf16 %s T=%d C=%d%s", sparse ? "sparse" : "dense",
+             flash ? " flash" : "", c.p.name, T, C, oneseq ? " one-seq" : "");
     if (!row_wanted(nm)) return; /* M3_BENCH_ROW */
     const size_t mark = m3_gpu_mark(g);
     m3_attn_params_init(&c.ap, 64, 4, 128);
@@ -365,6 +385,8 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
         tk[i] = slot == 0 ? nb - 1 : (nb > 16 ? (int)((uint32_t)(slot * 997 + t) % (uint32_t)(nb - 1)) : slot - 1);
         if (nb > 16 && slot > 0) tk[i] = (int)(((uint32_t)(nb - 1) / 15u) * (uint32_t)(slot - 1));
     }
+    /* bytes: distinct keys (every head selects the same blocks); FLOPs: per row */
+    const double bkeys = oneseq ? distinct_keys(pos, tk, T, C) : keys;
     GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, T * sizeof *pos));
     GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, T * sizeof *pos));
     if (sparse) {
@@ -375,7 +397,7 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     free(tk);
     double ms = time_ms(g, do_attn, &c, flash ? 10 : 3, flash ? 5 : 3);
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
-    double kvb = sparse ? keys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
+    double kvb = sparse ? bkeys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
     m3_gpu_release(g, mark);
 }
@@ -434,8 +456,9 @@ static void pattn_retime(m3_gpu *g, pattn_ctx *c, const char *nm, const char *ta
 
 static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bool fp8) {
     char nm[96];
-    snprintf(nm, sizeof nm, "attn_%s paged flash %s atom T=%d C=%d", sparse ? "sparse" : "dense",
-             fp8 ? "fp8" : "bf16", T, C);
+    const bool oneseq = sparse && T > 1 && T < 1024; /* as attn_bench_case */
+    snprintf(nm, sizeof nm, "attn_%s paged flash %s atom T=%d C=%d%s", sparse ? "sparse" : "dense",
+             fp8 ? "fp8" : "bf16", T, C, oneseq ? " one-seq" : "");
     if (!row_wanted(nm)) return; /* M3_BENCH_ROW (one launch under a profiler) */
     const size_t mark = m3_gpu_mark(g);
     pattn_ctx c;
@@ -493,6 +516,8 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
         if (nbt > 16 && slot > 0) tk[i] = (int)(((uint32_t)(nbt - 1) / 15u) * (uint32_t)(slot - 1));
         if (nbt <= 16 && slot >= nbt) tk[i] = -1;
     }
+    /* bytes: distinct keys (every head selects the same blocks); FLOPs: per row */
+    const double bkeys = oneseq ? distinct_keys(pos, tk, T, C) : keys;
     GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, T * sizeof *pos));
     GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, T * sizeof *pos));
     if (sparse) {
@@ -503,13 +528,118 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     free(tk);
     const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
     double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
-    report(nm, ms, (double)T * 64 * 128 * 2 * 2 + keys * per_key, keys * 64 * 128 * 4);
+    report(nm, ms, (double)T * 64 * 128 * 2 * 2 + bkeys * per_key, keys * 64 * 128 * 4);
     /* M3_BENCH_PF_KERNELS=1,3 (T = 1 rows): the row again with the flash_kernel test hook set
      * to each listed kernel (1 pf_part_k, 2 the decode kernels, 3 pc_k); M3_BENCH_PF_CPB=4,16
      * (any row): with the flash_cpb test hook (chunks per block) at each value; in this process */
-    const double bytes = (double)T * 64 * 128 * 2 * 2 + keys * per_key, flops = keys * 64 * 128 * 4;
+    const double bytes = (double)T * 64 * 128 * 2 * 2 + bkeys * per_key,
+                 flops = keys * 64 * 128 * 4;
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
+    pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
+    m3_gpu_release(g, mark);
+}
+
+/* A decode batch: B sequences of C keys each in one paged pool of B * C / 128 blocks (their
+ * tables a shuffled permutation of the pool, so no sequence's pages are contiguous), one
+ * token each at position C - 1, passed as one call with a table per token (src.bt_ld).
+ * Sparse: per (kv head, token) its own last block + 15 distinct pseudo-random earlier blocks.
+ * Every byte counted is a distinct DRAM byte (B x 4 x 2048 keys sparse: 134 MB bf16; dense:
+ * 17.2 GB bf16, 8.6 GB fp8). */
+static void pattn_batch_case(m3_gpu *g, m3_rng *r, int B, int C, bool sparse, bool fp8) {
+    char nm[96];
+    snprintf(nm, sizeof nm, "attn_%s paged flash %s atom T=%d B=%d C=%d",
+             sparse ? "sparse" : "dense", fp8 ? "fp8" : "bf16", B, B, C);
+    if (!row_wanted(nm)) return;
+    const size_t mark = m3_gpu_mark(g);
+    pattn_ctx c;
+    memset(&c, 0, sizeof c);
+    m3_profile_atom(&c.p);
+    m3_attn_params_init(&c.ap, 64, 4, 128);
+    c.T = B, c.C = C, c.width = sparse ? 16 : 0;
+    m3_kv_geom_init(&c.src.g, 4, 128, 128, 0, fp8 ? M3_KV_FP8 : M3_KV_BF16, M3_FP8_E4M3FN);
+    c.src.view = sparse ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK;
+    c.src.fp8_pa = fp8;
+    c.src.ovf = M3_FP8_SATURATE;
+    const int nb = (C + 127) / 128, pool = B * nb;
+    const size_t eb = fp8 ? 1 : 2, kn = (size_t)pool * c.src.g.k_block,
+                 vn = (size_t)pool * c.src.g.v_stride;
+    const size_t n0 = (size_t)1 << 20;
+    m3_bf16 *seed = rand_bf16(g, r, (int64_t)n0, 1.0f);
+    if (fp8) { /* fp8 codes without the NaN ones (bit 3 clear) */
+        unsigned char *h = malloc(n0 * 2);
+        assert_non_null(h);
+        GPU_OK(m3_gpu_download(g, h, seed, n0 * 2));
+        for (size_t i = 0; i < n0 * 2; i++) h[i] &= 0xF7u;
+        GPU_OK(m3_gpu_upload(g, seed, h, n0 * 2));
+        free(h);
+    }
+    /* 64 MB of the seed, then the pool tiled from it (fewer copy calls over gigabytes) */
+    const int64_t n1 = (int64_t)n0 * 32;
+    const m3_bf16 *big = tile_bf16(g, seed, (int64_t)n0, n1);
+    c.src.k = tile_bf16(g, big, n1, (int64_t)((kn * eb + 1) / 2));
+    c.src.v = tile_bf16(g, big, n1, (int64_t)((vn * eb + 1) / 2));
+    if (fp8) { /* per-(token, head) scales: 1M random values tiled (as floats) */
+        const int64_t ns = (int64_t)pool * 4 * 128, nh = (int64_t)1 << 20;
+        float *h = malloc((size_t)nh * sizeof *h);
+        assert_non_null(h);
+        for (int64_t i = 0; i < nh; i++)
+            h[i] = 0.01f + 0.01f * (float)(m3_rng_u32(r) % 1000u) / 1000.0f;
+        const m3_bf16 *hs = (const m3_bf16 *)gpu_upload_f32(g, h, nh);
+        free(h);
+        c.src.k_scale = (const float *)tile_bf16(g, hs, 2 * nh, 2 * ns);
+        c.src.v_scale = (const float *)tile_bf16(g, hs, 2 * nh, 2 * ns);
+    }
+    /* the tables: a random permutation of the pool, sequence b's row at bt + b * nb */
+    int32_t *bt = malloc((size_t)pool * sizeof *bt);
+    assert_non_null(bt);
+    for (int i = 0; i < pool; i++) bt[i] = i;
+    for (int i = pool - 1; i > 0; i--) {
+        const int j = (int)(m3_rng_u32(r) % (uint32_t)(i + 1));
+        const int32_t x = bt[i];
+        bt[i] = bt[j], bt[j] = x;
+    }
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.src.bt, (size_t)pool * sizeof *bt));
+    GPU_OK(m3_gpu_upload(g, (void *)c.src.bt, bt, (size_t)pool * sizeof *bt));
+    free(bt);
+    c.src.n_logical = nb;
+    c.src.bt_ld = nb;
+    m3_bf16 *qseed = rand_bf16(g, r, 64 * 128 * 8, 1.0f);
+    c.q = tile_bf16(g, qseed, 64 * 128 * 8, (int64_t)B * 64 * 128);
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.out, (size_t)B * 64 * 128 * 2));
+    int32_t *pos = malloc(B * sizeof *pos), *tk = malloc((size_t)4 * B * 16 * sizeof *tk);
+    double keys = 0; /* (kv head, key) pairs read */
+    for (int t = 0; t < B; t++) pos[t] = C - 1;
+    for (int gq = 0; gq < 4; gq++)
+        for (int t = 0; t < B; t++) {
+            int32_t *row = tk + ((size_t)gq * B + t) * 16;
+            const int own = pos[t] / 128;
+            row[0] = own;
+            for (int i = 1; i < 16; i++) { /* distinct earlier blocks (own >= 15 here) */
+                int b, dup;
+                do {
+                    b = (int)(m3_rng_u32(r) % (uint32_t)own);
+                    dup = 0;
+                    for (int j = 1; j < i; j++) dup |= row[j] == b;
+                } while (dup);
+                row[i] = b;
+            }
+            keys += sparse ? 15.0 * 128 + pos[t] % 128 + 1 : pos[t] + 1.0;
+        }
+    GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, B * sizeof *pos));
+    GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, B * sizeof *pos));
+    if (sparse) {
+        GPU_OK(m3_gpu_alloc(g, (void **)&c.topk, (size_t)4 * B * 16 * sizeof *tk));
+        GPU_OK(m3_gpu_upload(g, (void *)c.topk, tk, (size_t)4 * B * 16 * sizeof *tk));
+    }
+    free(pos);
+    free(tk);
+    /* per (kv head, key): K and V elements, plus their fp32 scales for fp8 */
+    const double per_hkey = 128.0 * eb * 2 + (fp8 ? 2 * 4 : 0);
+    const double bytes = (double)B * 64 * 128 * 2 * 2 + keys * per_hkey,
+                 flops = keys * 16 * 128 * 4;
+    double ms = time_ms(g, do_pattn, &c, sparse ? 20 : 3, sparse ? 7 : 3);
+    report(nm, ms, bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
     m3_gpu_release(g, mark);
 }
@@ -523,6 +653,13 @@ static void bench_attention_paged(void **state) {
         pattn_bench_case(g, &r, 64, 131072, true, f);
         pattn_bench_case(g, &r, 8192, 8192, true, f);
         pattn_bench_case(g, &r, 1, 131072, false, f);
+    }
+    /* the decode batch (the T = 64 goals); own rng, so the rows above keep their inputs */
+    m3_rng rb;
+    m3_rng_init(&rb, m3_test_seed(), 908);
+    for (int f = 0; f < 2; f++) {
+        pattn_batch_case(g, &rb, 64, 131072, true, f);
+        pattn_batch_case(g, &rb, 64, 131072, false, f);
     }
 }
 
