@@ -222,7 +222,6 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
  * instructions a token -> 262 with 4 lanes a token, but latency-bound at 4 lanes: 8 lanes
  * keep more warps in flight); at 8192 tokens and below route_sel_k is faster (docs/gpu.md). */
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
-#define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
 /* A = the top KK of the two descending lists A and B: C[k] = max(A[k], B[k],
  * max_{i<k} min(A[i], B[k-1-i])): min / max only, no data-dependent branches or indexing */
@@ -239,7 +238,7 @@ static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) 
 #pragma unroll
     for (int j = 0; j < KK; j++) A[j] = C[j];
 }
-template <int KK>
+template <int KK, int RG_L>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -404,10 +403,14 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     /* passes of >= 16384 tokens: route_grp_k (H200: T = 16384 0.0104-0.0114 against
      * route_sel_k's 0.0136 ms; T = 8192 0.0088 against 0.0084, T = 4096 0.0076 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    if (grp_ok && n_tok >= 16384) {
+    const char *rv_ = getenv("M3_ROUTE_VAR"); /* TEMP knob: 1 16 lanes a token; 2 also from 4096 */
+    const int rv = rv_ ? atoi(rv_) : 0;
+    if (grp_ok && n_tok >= (rv >= 2 ? 4096 : 16384)) {
+        const int rl = rv >= 1 ? 16 : 8;
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            K + 2 <= 6 ? route_grp_k<6> : route_grp_k<10>;
-        kg<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
+            rl == 16 ? (K + 2 <= 6 ? route_grp_k<6, 16> : route_grp_k<10, 16>)
+                     : (K + 2 <= 6 ? route_grp_k<6, 8> : route_grp_k<10, 8>);
+        kg<<<m3_grid_1d(n_tok, RG_THREADS / rl), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_grp_k");
         return M3_OK;

@@ -74,6 +74,7 @@
 #include "ref/num/fp8.h"
 
 #include <math.h>
+#include <stdio.h> /* TEMP: qw_prof_dump */
 #include <stdlib.h>
 #include <string.h>
 
@@ -1415,6 +1416,7 @@ typedef struct {
     bool ic;          /* index_k rows: also written to the index cache */
     bool vc;          /* small passes: raw V rows (no norm) written to the V cache */
     int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
+    int rps;          /* rows a step (<= QW_RPS; lanes of rows rq >= rps idle) */
 } qw_part;
 typedef struct {
     qw_part p[5];
@@ -1623,8 +1625,20 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
  * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
  * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
  * parts' a.nstep steps */
-template <int QR, int KC, int VS>
+#if defined(M3_HIP_NVIDIA)
+#define QW_PROF_N 4096
+__device__ long long qw_prof_buf[QW_PROF_N][10]; /* TEMP (M3_QW_PROF): per-warp stamps */
+#endif
+template <int QR, int KC, int VS, bool PR = false>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
+#if defined(M3_HIP_NVIDIA)
+    long long pc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    long long pg0 = 0;
+    if (PR) { pc[0] = clock64(); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg0)); }
+#define QW_STAMP(i) do { if (PR) pc[i] = clock64(); } while (0)
+#else
+#define QW_STAMP(i) do { } while (0)
+#endif
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
@@ -1664,10 +1678,11 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
         }
 #define QW_F(f) (VS >= 0 ? ncp.f : sp[pi].f)
-        const int r = (s - QW_F(s0)) * QW_RPS + rq;
+        const int rps = VS >= 0 ? QW_F(rps) : QW_RPS;
+        const int r = (s - QW_F(s0)) * rps + rq;
         const int nh = QW_F(nh);
         p = NULL, t = 0, h = 0;
-        if (r < QW_F(rows)) {
+        if (rq < rps && r < QW_F(rows)) {
             t = r / nh;
             h = r - t * nh;
             p = QW_F(x) + (int64_t)t * QW_F(ld) + h * 128 + 8 * j;
@@ -1689,6 +1704,10 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         if (VS >= 0) wload();
     }
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
+    QW_STAMP(1);
+#if defined(M3_HIP_NVIDIA)
+    const int pst = st;
+#endif
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
@@ -1730,10 +1749,15 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 ps = (int32_t)m3_shfl((uint32_t)myps, src);
             }
         }
+        QW_STAMP(2);
         float v[4][8];
         uint4 ro[4]; /* V rows' bits (small passes) */
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]), ro[k] = nx[k];
+#if defined(M3_HIP_NVIDIA)
+        if (PR) { uint32_t z = 0; for (int k = 0; k < 4; k++) z |= nx[k].x; if (z == 0x7FC17FC1u) pc[7] = 1; }
+#endif
+        QW_STAMP(3);
         const uint4 wc[4] = {wn[0], wn[1], wn[2], wn[3]}; /* this step's weights (small passes) */
         if (st + nw < a.nstep) { /* the next step's rows in flight */
             locate(st + nw, npi, nt, nh_, np_);
@@ -1786,6 +1810,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 }
             }
         }
+        QW_STAMP(4);
         if (KC != 0 && (QW_F(kc) || raw)) {
             qw_kstore<KC>(a, v, raw ? NULL : p, p ? kw_slot(a.kv, t) : -1, h, j, stg, raw, ro);
         } else if (KC != 0 && QW_F(ic)) {
@@ -1801,11 +1826,62 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 m3_st16_cs(p + 32 * k, make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
                                                   pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7])));
         }
+        QW_STAMP(5);
+#if defined(M3_HIP_NVIDIA)
+        if (PR && lane == 0 && pst < QW_PROF_N) {
+            long long pg1;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg1));
+            long long *o = qw_prof_buf[pst];
+            o[0] = pi + 16 * (long long)(QW_F(vc) ? 1 : 0) + 256 * pc[7];
+            for (int i = 1; i <= 5; i++) o[i] = pc[i] - pc[0];
+            o[6] = pg0, o[7] = pg1, o[8] = t, o[9] = pc[0];
+        }
+#endif
 #undef QW_F
     }
 }
+#undef QW_STAMP
 
 /* ---- launchers ------------------------------------------------------------------------- */
+static int qw_var() { /* TEMP measurement knob */
+    const char *e = getenv("M3_SMALL_VAR");
+    return e ? atoi(e) : 0;
+}
+#if defined(M3_HIP_NVIDIA)
+/* TEMP (M3_QW_PROF): the 10th profiled launch's per-warp stamps, summed per part */
+static void qw_prof_dump(m3_gpu *g, int nst, const qw_args &qa, int n_tok) {
+    static int calls = 0;
+    if (++calls != 10) return;
+    (void)m3_gpu_sync(g);
+    static long long h[QW_PROF_N][10];
+    if (cudaMemcpyFromSymbol(h, qw_prof_buf, sizeof h) != cudaSuccess) return;
+    if (nst > QW_PROF_N) nst = QW_PROF_N;
+    long long g0 = h[0][6], g1 = h[0][7];
+    for (int i = 0; i < nst; i++) g0 = h[i][6] < g0 ? h[i][6] : g0, g1 = h[i][7] > g1 ? h[i][7] : g1;
+    printf("qwprof T=%d steps=%d span %lld ns (first start .. last end)\n", n_tok, nst, g1 - g0);
+    for (int pi = 0; pi < qa.np; pi++) {
+        double m[6] = {0, 0, 0, 0, 0, 0};
+        long long mx = 0, st0 = -1, en1 = 0, mxs = 0;
+        int n = 0;
+        for (int i = 0; i < nst; i++) {
+            if ((h[i][0] & 15) != pi) continue;
+            n++;
+            for (int k = 1; k <= 5; k++) m[k] += (double)(h[i][k] - h[i][k - 1 > 0 ? k - 1 : 0] * (k > 1));
+            mx = h[i][5] > mx ? h[i][5] : mx;
+            const long long s = h[i][6] - g0, e = h[i][7] - g0;
+            st0 = st0 < 0 || s < st0 ? s : st0;
+            en1 = e > en1 ? e : en1;
+            mxs = s > mxs ? s : mxs;
+        }
+        if (!n) continue;
+        printf("qwprof T=%d part %d (%s nh %d rps %d) warps %d clocks mean: entry->loop %.0f sincos %.0f rows %.0f "
+               "norm+rope %.0f store %.0f | max total %lld | start %lld..%lld ns, last end %lld ns\n",
+               n_tok, pi, qa.p[pi].vc ? "v" : qa.p[pi].kc ? "k" : qa.p[pi].ic ? "ik" : "q/iq", qa.p[pi].nh,
+               qa.p[pi].rps, n, m[1] / n, m[2] / n, m[3] / n, m[4] / n, m[5] / n, mx, st0, mxs, en1);
+    }
+    fflush(stdout);
+}
+#endif
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
     void *x;
@@ -2051,7 +2127,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             if (w.kc) kv.nh = q.nh;
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
-            qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
+            /* TEMP knob M3_SMALL_VAR: 1, 2: steps of one token for normed parts of < 8 heads */
+            w.rps = small && qw_var() >= 1 && q.nh < QW_RPS ? q.nh : QW_RPS;
+            qa.nstep += (w.rows + w.rps - 1) / w.rps;
             rope = rope || rot_dim > 0;
         } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !kv.x[0] &&
                    qa.np > 0 && qa.np < 5) {
@@ -2067,7 +2145,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             kv.nh = q.nh;
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
-            qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
+            w.rps = qw_var() >= 2 && q.nh < QW_RPS ? q.nh : QW_RPS;
+            qa.nstep += (w.rows + w.rps - 1) / w.rps;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
             const int w = q.cache == SEG_K ? 0 : 1;
             kv.x[w] = (const m3_bf16 *)q.x, kv.ld[w] = q.ld, kv.nh = q.nh;
@@ -2177,9 +2256,16 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
+#if defined(M3_HIP_NVIDIA)
+            const bool prof = kck == 2 && getenv("M3_QW_PROF") && p->qk_round == M3_QK_ROUND_ONCE;
+            if (prof) k = qw_norm_k<M3_QK_ROUND_ONCE, 2, 0, true>;
+#endif
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
             M3_LAUNCHED(g, "qw_norm_k (small)");
+#if defined(M3_HIP_NVIDIA)
+            if (prof) qw_prof_dump(g, (int)nst, qa, n_tok);
+#endif
             m3_status st = M3_OK;
             if (nrest > 0)
                 st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);

@@ -55,6 +55,24 @@ static void report(const char *name, double ms, double bytes, double flops) {
     fflush(stdout);
 }
 
+/* TEMP (helper small, session 11): M3_BENCH_VAR_ENV=<knob> M3_BENCH_VARS=a,b,..: the row
+ * re-timed with the knob set to each value in turn, twice over (one process) */
+static void var_retime(m3_gpu *g, const char *name, bench_fn fn, void *ctx, double bytes, double flops) {
+    const char *env = getenv("M3_BENCH_VAR_ENV"), *vs = getenv("M3_BENCH_VARS");
+    if (!env || !vs) return;
+    for (int rep = 0; rep < 2; rep++) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s", vs);
+        for (char *v = strtok(buf, ","); v; v = strtok(NULL, ",")) {
+            setenv(env, v, 1);
+            char nm[160];
+            snprintf(nm, sizeof nm, "%s [%s=%s]", name, env, v);
+            report(nm, time_ms(g, fn, ctx, 20, 7), bytes, flops);
+        }
+    }
+    unsetenv(env);
+}
+
 static void *rand_bf16(m3_gpu *g, m3_rng *r, int64_t n, float sd) {
     float *h = malloc((size_t)n * sizeof *h);
     assert_non_null(h);
@@ -293,6 +311,7 @@ static void bench_moe_route(void **state) {
         char nm[96];
         snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
         report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+        var_retime(g, nm, do_route, &c, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
     }
 }
 
@@ -818,7 +837,23 @@ static void bench_moe_experts(void **state) {
  * under a profiler); unset: every row */
 static bool row_wanted(const char *nm) {
     const char *w = getenv("M3_BENCH_ROW");
-    return !w || !*w || strstr(nm, w) != NULL;
+    if (!w || !*w) return true;
+    /* comma-separated alternatives; a trailing '$' anchors one at the name's end */
+    for (;;) {
+        const size_t l = strcspn(w, ",");
+        char word[96];
+        snprintf(word, sizeof word, "%.*s", (int)(l < 95 ? l : 95), w);
+        const size_t wl = strlen(word);
+        if (wl > 0 && word[wl - 1] == '$') {
+            word[wl - 1] = 0;
+            const size_t nl = strlen(nm);
+            if (nl >= wl - 1 && !strcmp(nm + nl - (wl - 1), word)) return true;
+        } else if (wl > 0 && strstr(nm, word)) {
+            return true;
+        }
+        if (!w[l]) return false;
+        w += l + 1;
+    }
 }
 
 /* ---- KV cache write (prefill T = 4096 and decode T = 64, Hkv 4, Dh 128, page 128) -------- */
@@ -987,6 +1022,7 @@ static void bench_qkv_cache(void **state) {
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
             report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
+            var_retime(g, nm, do_qkvc, &c, bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
