@@ -1850,15 +1850,22 @@ static int qw_var() { /* TEMP measurement knob */
 #if defined(M3_HIP_NVIDIA)
 /* TEMP (M3_QW_PROF): the 10th profiled launch's per-warp stamps, summed per part */
 static void qw_prof_dump(m3_gpu *g, int nst, const qw_args &qa, int n_tok) {
-    static int calls = 0;
-    if (++calls != 10) return;
+    static int key[16], calls[16], nk = 0; /* the 10th launch of each (tokens, variant) */
+    const int kk = n_tok * 16 + qw_var();
+    int ki = 0;
+    while (ki < nk && key[ki] != kk) ki++;
+    if (ki == nk) {
+        if (nk == 16) return;
+        key[nk] = kk, calls[nk++] = 0;
+    }
+    if (++calls[ki] != 10) return;
     (void)m3_gpu_sync(g);
     static long long h[QW_PROF_N][10];
     if (cudaMemcpyFromSymbol(h, qw_prof_buf, sizeof h) != cudaSuccess) return;
     if (nst > QW_PROF_N) nst = QW_PROF_N;
     long long g0 = h[0][6], g1 = h[0][7];
     for (int i = 0; i < nst; i++) g0 = h[i][6] < g0 ? h[i][6] : g0, g1 = h[i][7] > g1 ? h[i][7] : g1;
-    printf("qwprof T=%d steps=%d span %lld ns (first start .. last end)\n", n_tok, nst, g1 - g0);
+    printf("qwprof T=%d var %d steps=%d span %lld ns (first start .. last end)\n", n_tok, qw_var(), nst, g1 - g0);
     for (int pi = 0; pi < qa.np; pi++) {
         double m[6] = {0, 0, 0, 0, 0, 0};
         long long mx = 0, st0 = -1, en1 = 0, mxs = 0;
@@ -1874,9 +1881,9 @@ static void qw_prof_dump(m3_gpu *g, int nst, const qw_args &qa, int n_tok) {
             mxs = s > mxs ? s : mxs;
         }
         if (!n) continue;
-        printf("qwprof T=%d part %d (%s nh %d rps %d) warps %d clocks mean: entry->loop %.0f sincos %.0f rows %.0f "
+        printf("qwprof T=%d var %d part %d (%s nh %d rps %d) warps %d clocks mean: entry->loop %.0f sincos %.0f rows %.0f "
                "norm+rope %.0f store %.0f | max total %lld | start %lld..%lld ns, last end %lld ns\n",
-               n_tok, pi, qa.p[pi].vc ? "v" : qa.p[pi].kc ? "k" : qa.p[pi].ic ? "ik" : "q/iq", qa.p[pi].nh,
+               n_tok, qw_var(), pi, qa.p[pi].vc ? "v" : qa.p[pi].kc ? "k" : qa.p[pi].ic ? "ik" : "q/iq", qa.p[pi].nh,
                qa.p[pi].rps, n, m[1] / n, m[2] / n, m[3] / n, m[4] / n, m[5] / n, mx, st0, mxs, en1);
     }
     fflush(stdout);
