@@ -308,17 +308,24 @@ static __global__ void __launch_bounds__(RG_THREADS)
     float mys[NS];
 #pragma unroll
     for (int s = 0; s < NS; s++) {
-        /* rank q + RG_L s by a select tree on q's bits (an indexed pick would go through
+        /* rank q + RG_L s by selects on constant indices (an indexed pick would go through
          * local memory); ranks past K take rank 0's id (a real expert; unused) */
         const int r0 = RG_L * s;
-        int tr_[RG_L];
+        int id = rid[0];
+        if (RG_L == 8) {
+            int tr_[8];
 #pragma unroll
-        for (int u = 0; u < RG_L; u++) tr_[u] = rid[min(r0 + u, KK - 1)];
+            for (int u = 0; u < 8; u++) tr_[u] = rid[min(r0 + u, KK - 1)];
 #pragma unroll
-        for (int w = RG_L / 2, bit = 1; w >= 1; w >>= 1, bit <<= 1)
+            for (int w = 4, bit = 1; w >= 1; w >>= 1, bit <<= 1)
 #pragma unroll
-            for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
-        int id = tr_[0];
+                for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
+            id = tr_[0];
+        } else {
+#pragma unroll
+            for (int u = 1; u < KK; u++)
+                if (u >= r0 && u < r0 + RG_L && q == u - r0) id = rid[u];
+        }
         if (r0 + q > K) id = rid[0];
         const float sg = m3_sigmoidf(l[id]);
         mys[s] = sg;
