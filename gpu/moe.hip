@@ -23,6 +23,8 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 #include "ref/num/mx.h"
+#include <stdio.h> /* TEMP: rg_prof_dump */
+#include <stdlib.h>
 
 #define ROUTE_THREADS 128
 #define ROUTE_MAXK 8 /* experts per lane: E <= 8 * M3_WARP */
@@ -238,12 +240,23 @@ static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) 
 #pragma unroll
     for (int j = 0; j < KK; j++) A[j] = C[j];
 }
-template <int KK, int RG_L>
+#if defined(M3_HIP_NVIDIA)
+#define RG_PROF_N 16384
+__device__ long long rg_prof_buf[RG_PROF_N][9]; /* TEMP (M3_ROUTE_PROF): per-token stamps */
+#define RG_STAMP(i) do { if (PR) pc[i] = clock64(); } while (0)
+#else
+#define RG_STAMP(i) do { } while (0)
+#endif
+template <int KK, int RG_L, bool PR = false>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     constexpr int RG_NE = RG_E / RG_L; /* experts a lane */
+#if defined(M3_HIP_NVIDIA)
+    long long pc[7] = {0, 0, 0, 0, 0, 0, 0}, pg0 = 0;
+    if (PR) { pc[0] = clock64(); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg0)); }
+#endif
     /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
      * step hit different bank quads */
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
@@ -252,6 +265,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
         sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
+    RG_STAMP(1);
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
@@ -265,6 +279,14 @@ static __global__ void __launch_bounds__(RG_THREADS)
     float4 lv[RG_NE / 4];
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+#if defined(M3_HIP_NVIDIA)
+    if (PR) { /* wait for the last chunk, then stamp */
+        float z;
+        asm volatile("add.f32 %0, %1, %2;" : "=f"(z) : "f"(lv[RG_NE / 4 - 1].w), "f"(lv[0].x));
+        pc[6] = (long long)(z == 1234.5f);
+        pc[2] = clock64();
+    }
+#endif
     /* two lists (even / odd chunks): two independent min/max chains */
     uint32_t G[KK], H[KK], fk[RG_NE]; /* fk: the full keys, for the exact fallback */
 #pragma unroll
@@ -287,6 +309,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
             L[0] = max(L[0], ck);
         }
     }
+    RG_STAMP(3);
     rg_merge<KK>(G, H);
     /* the RG_L lanes' lists merged by a butterfly */
 #pragma unroll
@@ -336,6 +359,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
         rfk[r] = m3_shfl(myk[r / RG_L], r % RG_L, RG_L);
         rsg[r] = m3_shfl(mys[r / RG_L], r % RG_L, RG_L);
     }
+    RG_STAMP(4);
     bool bad = false;
 #pragma unroll
     for (int r = 0; r + 1 < KK; r++) {
@@ -387,9 +411,60 @@ static __global__ void __launch_bounds__(RG_THREADS)
         }
         margin[t] = route_val(a) - route_val(b);
     }
+#if defined(M3_HIP_NVIDIA)
+    if (PR && q == 0 && gid < RG_PROF_N) {
+        RG_STAMP(5);
+        long long pg1;
+        unsigned smid;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg1));
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        long long *o = rg_prof_buf[gid];
+        for (int i = 1; i <= 5; i++) o[i] = pc[i] - pc[0];
+        o[0] = smid + 1000 * pc[6], o[6] = pg0, o[7] = pg1, o[8] = bad;
+    }
+#endif
 }
+#undef RG_STAMP
 
 /* ---- launchers ------------------------------------------------------------------------- */
+#if defined(M3_HIP_NVIDIA)
+static int cmp_ll(const void *a, const void *b) {
+    const long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+/* TEMP (M3_ROUTE_PROF): the 10th profiled launch of each (tokens, lanes): per-token stamps */
+static void rg_prof_dump(m3_gpu *g, int n_tok, int rl) {
+    static int key[16], calls[16], nk = 0;
+    const int kk = n_tok * 32 + rl;
+    int ki = 0;
+    while (ki < nk && key[ki] != kk) ki++;
+    if (ki == nk) {
+        if (nk == 16) return;
+        key[nk] = kk, calls[nk++] = 0;
+    }
+    if (++calls[ki] != 10) return;
+    (void)m3_gpu_sync(g);
+    static long long h[RG_PROF_N][9];
+    if (cudaMemcpyFromSymbol(h, rg_prof_buf, sizeof h) != cudaSuccess) return;
+    const int n = n_tok < RG_PROF_N ? n_tok : RG_PROF_N;
+    long long g0 = h[0][6];
+    for (int i = 0; i < n; i++) g0 = h[i][6] < g0 ? h[i][6] : g0;
+    double m[6] = {0, 0, 0, 0, 0, 0};
+    static long long st[RG_PROF_N], en[RG_PROF_N], tot[RG_PROF_N];
+    int nbad = 0;
+    for (int i = 0; i < n; i++) {
+        for (int k = 1; k <= 5; k++) m[k] += (double)(h[i][k] - (k > 1 ? h[i][k - 1] : 0));
+        st[i] = h[i][6] - g0, en[i] = h[i][7] - g0, tot[i] = h[i][5];
+        nbad += h[i][8] != 0;
+    }
+    qsort(st, n, sizeof st[0], cmp_ll), qsort(en, n, sizeof en[0], cmp_ll), qsort(tot, n, sizeof tot[0], cmp_ll);
+    printf("rgprof T=%d lanes %d: clocks mean: entry->barrier %.0f ->loads %.0f ->lists %.0f ->merged+ranks %.0f ->end %.0f | "
+           "total p50 %lld p90 %lld max %lld | start ns p0 %lld p50 %lld p90 %lld max %lld | end ns p10 %lld p50 %lld p90 %lld max %lld | fallback tokens %d\n",
+           n_tok, rl, m[1] / n, m[2] / n, m[3] / n, m[4] / n, m[5] / n, tot[n / 2], tot[n * 9 / 10], tot[n - 1],
+           st[0], st[n / 2], st[n * 9 / 10], st[n - 1], en[n / 10], en[n / 2], en[n * 9 / 10], en[n - 1], nbad);
+    fflush(stdout);
+}
+#endif
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                                       const float *d_logits, const float *d_bias, int n_tok,
                                       const m3_moe_params *mp, const m3_profile *p) {
@@ -417,9 +492,16 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
             rl == 16 ? (K + 2 <= 6 ? route_grp_k<6, 16> : route_grp_k<10, 16>)
                      : (K + 2 <= 6 ? route_grp_k<6, 8> : route_grp_k<10, 8>);
+#if defined(M3_HIP_NVIDIA)
+        const bool prof = getenv("M3_ROUTE_PROF") && K + 2 <= 6;
+        if (prof) kg = rl == 16 ? route_grp_k<6, 16, true> : route_grp_k<6, 8, true>;
+#endif
         kg<<<m3_grid_1d(n_tok, RG_THREADS / rl), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_grp_k");
+#if defined(M3_HIP_NVIDIA)
+        if (prof) rg_prof_dump(g, n_tok, rl);
+#endif
         return M3_OK;
     }
     const int nk = (E + M3_WARP - 1) / M3_WARP;

@@ -64,13 +64,25 @@ static void var_retime(m3_gpu *g, const char *name, bench_fn fn, void *ctx, doub
         char buf[128];
         snprintf(buf, sizeof buf, "%s", vs);
         for (char *v = strtok(buf, ","); v; v = strtok(NULL, ",")) {
-            setenv(env, v, 1);
+            for (const char *e = env; *e;) { /* env: knob names separated by '+' */
+                const size_t l = strcspn(e, "+");
+                char kn[64];
+                snprintf(kn, sizeof kn, "%.*s", (int)(l < 63 ? l : 63), e);
+                setenv(kn, v, 1);
+                e += l + (e[l] == '+');
+            }
             char nm[160];
             snprintf(nm, sizeof nm, "%s [%s=%s]", name, env, v);
             report(nm, time_ms(g, fn, ctx, 20, 7), bytes, flops);
         }
     }
-    unsetenv(env);
+    for (const char *e = env; *e;) {
+        const size_t l = strcspn(e, "+");
+        char kn[64];
+        snprintf(kn, sizeof kn, "%.*s", (int)(l < 63 ? l : 63), e);
+        unsetenv(kn);
+        e += l + (e[l] == '+');
+    }
 }
 
 static void *rand_bf16(m3_gpu *g, m3_rng *r, int64_t n, float sd) {
