@@ -247,7 +247,25 @@ __device__ long long rg_prof_buf[RG_PROF_N][9]; /* TEMP (M3_ROUTE_PROF): per-tok
 #else
 #define RG_STAMP(i) do { } while (0)
 #endif
-template <int KK, int RG_L, bool PR = false>
+/* the lists' sigmoid (FS): ex2 and an approximate reciprocal, within 2^-21 of m3_sigmoidf
+ * (absolute; __expf's relative error (2 + 1.173 |x|) ulp times s (1 - s) <= min(e^x, e^-x, 1/4),
+ * and 2 ulp of the quotient); the kept candidates' sel are recomputed exactly and checked */
+static __device__ __forceinline__ float rg_fast_sig(float x) {
+    return __fdividef(1.0f, 1.0f + __expf(-x));
+}
+/* the exact selection key of a lane's expert i (FS lists' fallback; out of line: rare) */
+static __device__ __noinline__ uint32_t rg_exact_key(const float4 *l4, const float *sbq, int i, int nv4) {
+    if (i / 4 >= nv4) return 0u;
+    const float *l = reinterpret_cast<const float *>(l4);
+    return route_key(m3_sigmoidf(l[i]) + sbq[i]);
+}
+template <int KK>
+static __device__ __forceinline__ void rg_ins(uint32_t (&L)[KK], uint32_t ck) {
+#pragma unroll
+    for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
+    L[0] = max(L[0], ck);
+}
+template <int KK, int RG_L, bool PR = false, bool FS = false>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -299,14 +317,12 @@ static __global__ void __launch_bounds__(RG_THREADS)
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const uint32_t e = e0 + (uint32_t)(4 * c + u);
-            const uint32_t key = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
-            fk[4 * c + u] = key;
+            const uint32_t key = c < nv4 ? route_key((FS ? rg_fast_sig(lx[u]) : m3_sigmoidf(lx[u])) + bx[u]) : 0u;
+            if (!FS) fk[4 * c + u] = key;
             const uint32_t ck = key ? ((key | 0x7Fu) ^ e) : 0u; /* 0: never chosen */
             /* insert into the sorted list (desc): new L[j] = max(L[j], min(L[j-1], ck)) */
-            uint32_t *L = (c & 1) ? H : G;
-#pragma unroll
-            for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
-            L[0] = max(L[0], ck);
+            if (c & 1) rg_ins<KK>(H, ck);
+            else rg_ins<KK>(G, ck);
         }
     }
     RG_STAMP(3);
@@ -361,13 +377,34 @@ static __global__ void __launch_bounds__(RG_THREADS)
     }
     RG_STAMP(4);
     bool bad = false;
+    if (FS) {
+        /* ranks 0..K exact: their exact keys in ref's order (descending, equal keys by id), and
+         * rank K's exact sel more than 2 D above an upper bound of every other expert's
+         * approximate sel (rank K + 1's top bits with its low 7 set), D >= 2^-21 + ulp(sel)
+         * bounding |approximate - exact sel| with a margin; NaN fails the check */
+        uint32_t kx = 0u, ka = 0u; /* rfk[K], G[K + 1] by masks (constant indices) */
 #pragma unroll
-    for (int r = 0; r + 1 < KK; r++) {
-        const bool same_hi = (G[r] >> 7) == (G[r + 1] >> 7);
-        if (r < K) bad = bad || (same_hi && rfk[r] != rfk[r + 1]);
-        if (r == K) bad = bad || same_hi;
+        for (int r = 0; r + 1 < KK; r++) {
+            const bool lt = rfk[r] > rfk[r + 1] || (rfk[r] == rfk[r + 1] && rid[r] < rid[r + 1]);
+            bad = bad || (r < K && !lt);
+            kx |= rfk[r] & (0u - (uint32_t)(r == K));
+            ka |= G[r + 1] & (0u - (uint32_t)(r == K));
+        }
+        const float ex = route_val(kx), ap = route_val(ka | 0x7Fu);
+        bad = bad || !(ex - ap > 0x1p-17f + (fabsf(ex) + fabsf(ap)) * 0x1p-21f);
+    } else {
+#pragma unroll
+        for (int r = 0; r + 1 < KK; r++) {
+            const bool same_hi = (G[r] >> 7) == (G[r + 1] >> 7);
+            if (r < K) bad = bad || (same_hi && rfk[r] != rfk[r + 1]);
+            if (r == K) bad = bad || same_hi;
+        }
     }
     if (m3_any(bad)) { /* exact fallback: K + 1 rounds over the full keys (rare) */
+        if (FS) { /* the exact keys (the logits again: L1 / L2 hits) */
+#pragma unroll
+            for (int i = 0; i < RG_NE; i++) fk[i] = rg_exact_key(l4, sb[q], i, nv4);
+        }
         uint32_t taken = 0u;
 #pragma unroll
         for (int r = 0; r < KK; r++) { /* constant r: the lists stay in registers */
@@ -485,16 +522,16 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     /* passes of >= 16384 tokens: route_grp_k (H200: T = 16384 0.0104-0.0114 against
      * route_sel_k's 0.0136 ms; T = 8192 0.0088 against 0.0084, T = 4096 0.0076 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    const char *rv_ = getenv("M3_ROUTE_VAR"); /* TEMP knob: 1 16 lanes a token; 2 also from 4096 */
+    const char *rv_ = getenv("M3_ROUTE_VAR"); /* TEMP knob: 1 fast-sigmoid lists; 2 and from 4096; 3 from 8192 */
     const int rv = rv_ ? atoi(rv_) : 0;
-    if (grp_ok && n_tok >= (rv >= 2 ? 4096 : 16384)) {
-        const int rl = rv >= 1 ? 16 : 8;
+    if (grp_ok && n_tok >= (rv == 2 ? 4096 : rv == 3 ? 8192 : 16384)) {
+        const int rl = 8;
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            rl == 16 ? (K + 2 <= 6 ? route_grp_k<6, 16> : route_grp_k<10, 16>)
-                     : (K + 2 <= 6 ? route_grp_k<6, 8> : route_grp_k<10, 8>);
+            rv >= 1 ? (K + 2 <= 6 ? route_grp_k<6, 8, false, true> : route_grp_k<10, 8, false, true>)
+                    : (K + 2 <= 6 ? route_grp_k<6, 8> : route_grp_k<10, 8>);
 #if defined(M3_HIP_NVIDIA)
         const bool prof = getenv("M3_ROUTE_PROF") && K + 2 <= 6;
-        if (prof) kg = rl == 16 ? route_grp_k<6, 16, true> : route_grp_k<6, 8, true>;
+        if (prof) kg = rv >= 1 ? route_grp_k<6, 8, true, true> : route_grp_k<6, 8, true>;
 #endif
         kg<<<m3_grid_1d(n_tok, RG_THREADS / rl), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);

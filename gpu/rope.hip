@@ -1422,6 +1422,7 @@ typedef struct {
     qw_part p[5];
     int np;
     int nstep;
+    bool tr;          /* TEMP: small passes, warp w of block b takes step w * grid + b */
     float eps;
     const float *cst; /* [T, 64] cos | sin, or NULL: no rope */
     int k_src;        /* fp8 K: M3_GPU_KQ_* */
@@ -1658,7 +1659,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
     const int nw = (int)gridDim.x * QW_WPB;
-    int st = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
+    int st = VS >= 0 && a.tr ? (int)(threadIdx.x / M3_WARP) * (int)gridDim.x + (int)blockIdx.x
+                             : (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
     if (VS == 1 && st >= a.nstep) { /* a raw K / V step (no block barrier follows) */
         kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
         return;
@@ -1845,7 +1847,14 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
 /* ---- launchers ------------------------------------------------------------------------- */
 static int qw_var() { /* TEMP measurement knob */
     const char *e = getenv("M3_SMALL_VAR");
-    return e ? atoi(e) : 0;
+    return e ? atoi(e) : 2;
+}
+/* rows a step of a small pass: the largest divisor of the part's heads up to QW_RPS, so a step
+ * is one token's rows */
+static int qw_rps(int nh) {
+    int r = nh < QW_RPS ? nh : QW_RPS;
+    while (nh % r) r--;
+    return r;
 }
 #if defined(M3_HIP_NVIDIA)
 /* TEMP (M3_QW_PROF): the 10th profiled launch's per-warp stamps, summed per part */
@@ -2135,7 +2144,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
             /* TEMP knob M3_SMALL_VAR: 1, 2: steps of one token for normed parts of < 8 heads */
-            w.rps = small && qw_var() >= 1 && q.nh < QW_RPS ? q.nh : QW_RPS;
+            w.rps = small && qw_var() >= 1 ? qw_rps(q.nh) : QW_RPS;
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
             rope = rope || rot_dim > 0;
         } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !kv.x[0] &&
@@ -2152,7 +2161,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             kv.nh = q.nh;
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
-            w.rps = qw_var() >= 2 && q.nh < QW_RPS ? q.nh : QW_RPS;
+            w.rps = qw_var() >= 2 ? qw_rps(q.nh) : QW_RPS;
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
             const int w = q.cache == SEG_K ? 0 : 1;
@@ -2248,6 +2257,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
             }
             qa.rope = rope;
+            qa.tr = qw_var() >= 3;
             qa.pos = d_pos;
             qa.angle_f64 = p->rope_angle == M3_ROPE_ANGLE_F64;
             qa.cs_bf16 = p->rope_cs_bf16;
