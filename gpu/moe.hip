@@ -253,19 +253,13 @@ __device__ long long rg_prof_buf[RG_PROF_N][9]; /* TEMP (M3_ROUTE_PROF): per-tok
 static __device__ __forceinline__ float rg_fast_sig(float x) {
     return __fdividef(1.0f, 1.0f + __expf(-x));
 }
-/* the exact selection key of a lane's expert i (FS lists' fallback; out of line: rare) */
-static __device__ __noinline__ uint32_t rg_exact_key(const float4 *l4, const float *sbq, int i, int nv4) {
-    if (i / 4 >= nv4) return 0u;
-    const float *l = reinterpret_cast<const float *>(l4);
-    return route_key(m3_sigmoidf(l[i]) + sbq[i]);
-}
 template <int KK>
 static __device__ __forceinline__ void rg_ins(uint32_t (&L)[KK], uint32_t ck) {
 #pragma unroll
     for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
     L[0] = max(L[0], ck);
 }
-template <int KK, int RG_L, bool PR = false, bool FS = false>
+template <int KK, int RG_L, bool PR = false, bool FS = false, bool LF = false>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -275,6 +269,20 @@ static __global__ void __launch_bounds__(RG_THREADS)
     long long pc[7] = {0, 0, 0, 0, 0, 0, 0}, pg0 = 0;
     if (PR) { pc[0] = clock64(); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg0)); }
 #endif
+    const int q = (int)threadIdx.x % RG_L;
+    const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
+    const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
+    const bool live = gid < n_tok;
+    const int t = live ? gid : n_tok - 1;
+    const float *l = logits + (size_t)t * E;
+    const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4); /* valid 16-byte chunks */
+    /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
+    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
+    float4 lv[RG_NE / 4];
+    if (LF) { /* TEMP variant: the logits in flight across the bias fill and barrier */
+#pragma unroll
+        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+    }
     /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
      * step hit different bank quads */
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
@@ -284,19 +292,11 @@ static __global__ void __launch_bounds__(RG_THREADS)
     }
     __syncthreads();
     RG_STAMP(1);
-    const int q = (int)threadIdx.x % RG_L;
-    const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
-    const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
     if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
-    const bool live = gid < n_tok;
-    const int t = live ? gid : n_tok - 1;
-    const float *l = logits + (size_t)t * E;
-    const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4); /* valid 16-byte chunks */
-    /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
-    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
-    float4 lv[RG_NE / 4];
+    if (!LF) {
 #pragma unroll
-    for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+    }
 #if defined(M3_HIP_NVIDIA)
     if (PR) { /* wait for the last chunk, then stamp */
         float z;
@@ -401,9 +401,17 @@ static __global__ void __launch_bounds__(RG_THREADS)
         }
     }
     if (m3_any(bad)) { /* exact fallback: K + 1 rounds over the full keys (rare) */
-        if (FS) { /* the exact keys (the logits again: L1 / L2 hits) */
+        if (FS) { /* the exact keys (the logits again, all loads issued first: L1 / L2 hits) */
+            float4 x4[RG_NE / 4];
 #pragma unroll
-            for (int i = 0; i < RG_NE; i++) fk[i] = rg_exact_key(l4, sb[q], i, nv4);
+            for (int c = 0; c < RG_NE / 4; c++) x4[c] = l4[min(c, max(nv4 - 1, 0))];
+#pragma unroll
+            for (int c = 0; c < RG_NE / 4; c++) {
+                const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+                const float lx[4] = {x4[c].x, x4[c].y, x4[c].z, x4[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+                for (int u = 0; u < 4; u++) fk[4 * c + u] = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
+            }
         }
         uint32_t taken = 0u;
 #pragma unroll
@@ -470,7 +478,7 @@ static int cmp_ll(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 /* TEMP (M3_ROUTE_PROF): the 10th profiled launch of each (tokens, lanes): per-token stamps */
-static void rg_prof_dump(m3_gpu *g, int n_tok, int rl) {
+static void rg_prof_dump(m3_gpu *g, int n_tok, int rl) { /* rl: the variant */
     static int key[16], calls[16], nk = 0;
     const int kk = n_tok * 32 + rl;
     int ki = 0;
@@ -495,7 +503,7 @@ static void rg_prof_dump(m3_gpu *g, int n_tok, int rl) {
         nbad += h[i][8] != 0;
     }
     qsort(st, n, sizeof st[0], cmp_ll), qsort(en, n, sizeof en[0], cmp_ll), qsort(tot, n, sizeof tot[0], cmp_ll);
-    printf("rgprof T=%d lanes %d: clocks mean: entry->barrier %.0f ->loads %.0f ->lists %.0f ->merged+ranks %.0f ->end %.0f | "
+    printf("rgprof T=%d var %d: clocks mean: entry->barrier %.0f ->loads %.0f ->lists %.0f ->merged+ranks %.0f ->end %.0f | "
            "total p50 %lld p90 %lld max %lld | start ns p0 %lld p50 %lld p90 %lld max %lld | end ns p10 %lld p50 %lld p90 %lld max %lld | fallback tokens %d\n",
            n_tok, rl, m[1] / n, m[2] / n, m[3] / n, m[4] / n, m[5] / n, tot[n / 2], tot[n * 9 / 10], tot[n - 1],
            st[0], st[n / 2], st[n * 9 / 10], st[n - 1], en[n / 10], en[n / 2], en[n * 9 / 10], en[n - 1], nbad);
@@ -522,13 +530,15 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     /* passes of >= 16384 tokens: route_grp_k (H200: T = 16384 0.0104-0.0114 against
      * route_sel_k's 0.0136 ms; T = 8192 0.0088 against 0.0084, T = 4096 0.0076 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    const char *rv_ = getenv("M3_ROUTE_VAR"); /* TEMP knob: 1 fast-sigmoid lists; 2 and from 4096; 3 from 8192 */
+    const char *rv_ = getenv("M3_ROUTE_VAR"); /* TEMP knob: 1 fast-sigmoid lists; 2 and from 4096; 3 from 8192;
+                                               * 4 FS + loads before the barrier */
     const int rv = rv_ ? atoi(rv_) : 0;
     if (grp_ok && n_tok >= (rv == 2 ? 4096 : rv == 3 ? 8192 : 16384)) {
         const int rl = 8;
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            rv >= 1 ? (K + 2 <= 6 ? route_grp_k<6, 8, false, true> : route_grp_k<10, 8, false, true>)
-                    : (K + 2 <= 6 ? route_grp_k<6, 8> : route_grp_k<10, 8>);
+            rv == 4 ? (K + 2 <= 6 ? route_grp_k<6, 8, false, true, true> : route_grp_k<10, 8, false, true, true>)
+            : rv >= 1 ? (K + 2 <= 6 ? route_grp_k<6, 8, false, true> : route_grp_k<10, 8, false, true>)
+                      : (K + 2 <= 6 ? route_grp_k<6, 8> : route_grp_k<10, 8>);
 #if defined(M3_HIP_NVIDIA)
         const bool prof = getenv("M3_ROUTE_PROF") && K + 2 <= 6;
         if (prof) kg = rv >= 1 ? route_grp_k<6, 8, true, true> : route_grp_k<6, 8, true>;
@@ -537,7 +547,7 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_grp_k");
 #if defined(M3_HIP_NVIDIA)
-        if (prof) rg_prof_dump(g, n_tok, rl);
+        if (prof) rg_prof_dump(g, n_tok, rv);
 #endif
         return M3_OK;
     }

@@ -2161,7 +2161,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             kv.nh = q.nh;
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
-            w.rps = qw_var() >= 2 ? qw_rps(q.nh) : QW_RPS;
+            w.rps = qw_var() == 4 ? 1 : qw_var() == 6 ? 2 : qw_var() >= 2 ? qw_rps(q.nh) : QW_RPS; /* 4: a V row a step, 6: 2 */
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
             const int w = q.cache == SEG_K ? 0 : 1;
@@ -2257,7 +2257,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
             }
             qa.rope = rope;
-            qa.tr = qw_var() >= 3;
+            qa.tr = qw_var() == 3 || qw_var() == 5;
             qa.pos = d_pos;
             qa.angle_f64 = p->rope_angle == M3_ROPE_ANGLE_F64;
             qa.cs_bf16 = p->rope_cs_bf16;
