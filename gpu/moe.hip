@@ -23,8 +23,6 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 #include "ref/num/mx.h"
-#include <stdio.h> /* TEMP: rg_prof_dump */
-#include <stdlib.h>
 
 #define ROUTE_THREADS 128
 #define ROUTE_MAXK 8 /* experts per lane: E <= 8 * M3_WARP */
@@ -224,6 +222,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
  * instructions a token -> 262 with 4 lanes a token, but latency-bound at 4 lanes: 8 lanes
  * keep more warps in flight); at 8192 tokens and below route_sel_k is faster (docs/gpu.md). */
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
+#define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
 /* A = the top KK of the two descending lists A and B: C[k] = max(A[k], B[k],
  * max_{i<k} min(A[i], B[k-1-i])): min / max only, no data-dependent branches or indexing */
@@ -240,49 +239,12 @@ static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) 
 #pragma unroll
     for (int j = 0; j < KK; j++) A[j] = C[j];
 }
-#if defined(M3_HIP_NVIDIA)
-#define RG_PROF_N 16384
-__device__ long long rg_prof_buf[RG_PROF_N][9]; /* TEMP (M3_ROUTE_PROF): per-token stamps */
-#define RG_STAMP(i) do { if (PR) pc[i] = clock64(); } while (0)
-#else
-#define RG_STAMP(i) do { } while (0)
-#endif
-/* the lists' sigmoid (FS): ex2 and an approximate reciprocal, within 2^-21 of m3_sigmoidf
- * (absolute; __expf's relative error (2 + 1.173 |x|) ulp times s (1 - s) <= min(e^x, e^-x, 1/4),
- * and 2 ulp of the quotient); the kept candidates' sel are recomputed exactly and checked */
-static __device__ __forceinline__ float rg_fast_sig(float x) {
-    return __fdividef(1.0f, 1.0f + __expf(-x));
-}
 template <int KK>
-static __device__ __forceinline__ void rg_ins(uint32_t (&L)[KK], uint32_t ck) {
-#pragma unroll
-    for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
-    L[0] = max(L[0], ck);
-}
-template <int KK, int RG_L, bool PR = false, bool FS = false, bool LF = false>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     constexpr int RG_NE = RG_E / RG_L; /* experts a lane */
-#if defined(M3_HIP_NVIDIA)
-    long long pc[7] = {0, 0, 0, 0, 0, 0, 0}, pg0 = 0;
-    if (PR) { pc[0] = clock64(); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg0)); }
-#endif
-    const int q = (int)threadIdx.x % RG_L;
-    const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
-    const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
-    const bool live = gid < n_tok;
-    const int t = live ? gid : n_tok - 1;
-    const float *l = logits + (size_t)t * E;
-    const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4); /* valid 16-byte chunks */
-    /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
-    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
-    float4 lv[RG_NE / 4];
-    if (LF) { /* TEMP variant: the logits in flight across the bias fill and barrier */
-#pragma unroll
-        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
-    }
     /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
      * step hit different bank quads */
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
@@ -291,20 +253,19 @@ static __global__ void __launch_bounds__(RG_THREADS)
         sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
-    RG_STAMP(1);
+    const int q = (int)threadIdx.x % RG_L;
+    const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
+    const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
     if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
-    if (!LF) {
+    const bool live = gid < n_tok;
+    const int t = live ? gid : n_tok - 1;
+    const float *l = logits + (size_t)t * E;
+    const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4); /* valid 16-byte chunks */
+    /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
+    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
+    float4 lv[RG_NE / 4];
 #pragma unroll
-        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
-    }
-#if defined(M3_HIP_NVIDIA)
-    if (PR) { /* wait for the last chunk, then stamp */
-        float z;
-        asm volatile("add.f32 %0, %1, %2;" : "=f"(z) : "f"(lv[RG_NE / 4 - 1].w), "f"(lv[0].x));
-        pc[6] = (long long)(z == 1234.5f);
-        pc[2] = clock64();
-    }
-#endif
+    for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
     /* two lists (even / odd chunks): two independent min/max chains */
     uint32_t G[KK], H[KK], fk[RG_NE]; /* fk: the full keys, for the exact fallback */
 #pragma unroll
@@ -317,15 +278,16 @@ static __global__ void __launch_bounds__(RG_THREADS)
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const uint32_t e = e0 + (uint32_t)(4 * c + u);
-            const uint32_t key = c < nv4 ? route_key((FS ? rg_fast_sig(lx[u]) : m3_sigmoidf(lx[u])) + bx[u]) : 0u;
-            if (!FS) fk[4 * c + u] = key;
+            const uint32_t key = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
+            fk[4 * c + u] = key;
             const uint32_t ck = key ? ((key | 0x7Fu) ^ e) : 0u; /* 0: never chosen */
             /* insert into the sorted list (desc): new L[j] = max(L[j], min(L[j-1], ck)) */
-            if (c & 1) rg_ins<KK>(H, ck);
-            else rg_ins<KK>(G, ck);
+            uint32_t *L = (c & 1) ? H : G;
+#pragma unroll
+            for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
+            L[0] = max(L[0], ck);
         }
     }
-    RG_STAMP(3);
     rg_merge<KK>(G, H);
     /* the RG_L lanes' lists merged by a butterfly */
 #pragma unroll
@@ -347,24 +309,17 @@ static __global__ void __launch_bounds__(RG_THREADS)
     float mys[NS];
 #pragma unroll
     for (int s = 0; s < NS; s++) {
-        /* rank q + RG_L s by selects on constant indices (an indexed pick would go through
+        /* rank q + RG_L s by a select tree on q's bits (an indexed pick would go through
          * local memory); ranks past K take rank 0's id (a real expert; unused) */
         const int r0 = RG_L * s;
-        int id = rid[0];
-        if (RG_L == 8) {
-            int tr_[8];
+        int tr_[RG_L];
 #pragma unroll
-            for (int u = 0; u < 8; u++) tr_[u] = rid[min(r0 + u, KK - 1)];
+        for (int u = 0; u < RG_L; u++) tr_[u] = rid[min(r0 + u, KK - 1)];
 #pragma unroll
-            for (int w = 4, bit = 1; w >= 1; w >>= 1, bit <<= 1)
+        for (int w = RG_L / 2, bit = 1; w >= 1; w >>= 1, bit <<= 1)
 #pragma unroll
-                for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
-            id = tr_[0];
-        } else {
-#pragma unroll
-            for (int u = 1; u < KK; u++)
-                if (u >= r0 && u < r0 + RG_L && q == u - r0) id = rid[u];
-        }
+            for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
+        int id = tr_[0];
         if (r0 + q > K) id = rid[0];
         const float sg = m3_sigmoidf(l[id]);
         mys[s] = sg;
@@ -375,44 +330,14 @@ static __global__ void __launch_bounds__(RG_THREADS)
         rfk[r] = m3_shfl(myk[r / RG_L], r % RG_L, RG_L);
         rsg[r] = m3_shfl(mys[r / RG_L], r % RG_L, RG_L);
     }
-    RG_STAMP(4);
     bool bad = false;
-    if (FS) {
-        /* ranks 0..K exact: their exact keys in ref's order (descending, equal keys by id), and
-         * rank K's exact sel more than 2 D above an upper bound of every other expert's
-         * approximate sel (rank K + 1's top bits with its low 7 set), D >= 2^-21 + ulp(sel)
-         * bounding |approximate - exact sel| with a margin; NaN fails the check */
-        uint32_t kx = 0u, ka = 0u; /* rfk[K], G[K + 1] by masks (constant indices) */
 #pragma unroll
-        for (int r = 0; r + 1 < KK; r++) {
-            const bool lt = rfk[r] > rfk[r + 1] || (rfk[r] == rfk[r + 1] && rid[r] < rid[r + 1]);
-            bad = bad || (r < K && !lt);
-            kx |= rfk[r] & (0u - (uint32_t)(r == K));
-            ka |= G[r + 1] & (0u - (uint32_t)(r == K));
-        }
-        const float ex = route_val(kx), ap = route_val(ka | 0x7Fu);
-        bad = bad || !(ex - ap > 0x1p-17f + (fabsf(ex) + fabsf(ap)) * 0x1p-21f);
-    } else {
-#pragma unroll
-        for (int r = 0; r + 1 < KK; r++) {
-            const bool same_hi = (G[r] >> 7) == (G[r + 1] >> 7);
-            if (r < K) bad = bad || (same_hi && rfk[r] != rfk[r + 1]);
-            if (r == K) bad = bad || same_hi;
-        }
+    for (int r = 0; r + 1 < KK; r++) {
+        const bool same_hi = (G[r] >> 7) == (G[r + 1] >> 7);
+        if (r < K) bad = bad || (same_hi && rfk[r] != rfk[r + 1]);
+        if (r == K) bad = bad || same_hi;
     }
     if (m3_any(bad)) { /* exact fallback: K + 1 rounds over the full keys (rare) */
-        if (FS) { /* the exact keys (the logits again, all loads issued first: L1 / L2 hits) */
-            float4 x4[RG_NE / 4];
-#pragma unroll
-            for (int c = 0; c < RG_NE / 4; c++) x4[c] = l4[min(c, max(nv4 - 1, 0))];
-#pragma unroll
-            for (int c = 0; c < RG_NE / 4; c++) {
-                const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
-                const float lx[4] = {x4[c].x, x4[c].y, x4[c].z, x4[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
-#pragma unroll
-                for (int u = 0; u < 4; u++) fk[4 * c + u] = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
-            }
-        }
         uint32_t taken = 0u;
 #pragma unroll
         for (int r = 0; r < KK; r++) { /* constant r: the lists stay in registers */
@@ -456,60 +381,9 @@ static __global__ void __launch_bounds__(RG_THREADS)
         }
         margin[t] = route_val(a) - route_val(b);
     }
-#if defined(M3_HIP_NVIDIA)
-    if (PR && q == 0 && gid < RG_PROF_N) {
-        RG_STAMP(5);
-        long long pg1;
-        unsigned smid;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg1));
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        long long *o = rg_prof_buf[gid];
-        for (int i = 1; i <= 5; i++) o[i] = pc[i] - pc[0];
-        o[0] = smid + 1000 * pc[6], o[6] = pg0, o[7] = pg1, o[8] = bad;
-    }
-#endif
 }
-#undef RG_STAMP
 
 /* ---- launchers ------------------------------------------------------------------------- */
-#if defined(M3_HIP_NVIDIA)
-static int cmp_ll(const void *a, const void *b) {
-    const long long x = *(const long long *)a, y = *(const long long *)b;
-    return (x > y) - (x < y);
-}
-/* TEMP (M3_ROUTE_PROF): the 10th profiled launch of each (tokens, lanes): per-token stamps */
-static void rg_prof_dump(m3_gpu *g, int n_tok, int rl) { /* rl: the variant */
-    static int key[16], calls[16], nk = 0;
-    const int kk = n_tok * 32 + rl;
-    int ki = 0;
-    while (ki < nk && key[ki] != kk) ki++;
-    if (ki == nk) {
-        if (nk == 16) return;
-        key[nk] = kk, calls[nk++] = 0;
-    }
-    if (++calls[ki] != 10) return;
-    (void)m3_gpu_sync(g);
-    static long long h[RG_PROF_N][9];
-    if (cudaMemcpyFromSymbol(h, rg_prof_buf, sizeof h) != cudaSuccess) return;
-    const int n = n_tok < RG_PROF_N ? n_tok : RG_PROF_N;
-    long long g0 = h[0][6];
-    for (int i = 0; i < n; i++) g0 = h[i][6] < g0 ? h[i][6] : g0;
-    double m[6] = {0, 0, 0, 0, 0, 0};
-    static long long st[RG_PROF_N], en[RG_PROF_N], tot[RG_PROF_N];
-    int nbad = 0;
-    for (int i = 0; i < n; i++) {
-        for (int k = 1; k <= 5; k++) m[k] += (double)(h[i][k] - (k > 1 ? h[i][k - 1] : 0));
-        st[i] = h[i][6] - g0, en[i] = h[i][7] - g0, tot[i] = h[i][5];
-        nbad += h[i][8] != 0;
-    }
-    qsort(st, n, sizeof st[0], cmp_ll), qsort(en, n, sizeof en[0], cmp_ll), qsort(tot, n, sizeof tot[0], cmp_ll);
-    printf("rgprof T=%d var %d: clocks mean: entry->barrier %.0f ->loads %.0f ->lists %.0f ->merged+ranks %.0f ->end %.0f | "
-           "total p50 %lld p90 %lld max %lld | start ns p0 %lld p50 %lld p90 %lld max %lld | end ns p10 %lld p50 %lld p90 %lld max %lld | fallback tokens %d\n",
-           n_tok, rl, m[1] / n, m[2] / n, m[3] / n, m[4] / n, m[5] / n, tot[n / 2], tot[n * 9 / 10], tot[n - 1],
-           st[0], st[n / 2], st[n * 9 / 10], st[n - 1], en[n / 10], en[n / 2], en[n * 9 / 10], en[n - 1], nbad);
-    fflush(stdout);
-}
-#endif
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                                       const float *d_logits, const float *d_bias, int n_tok,
                                       const m3_moe_params *mp, const m3_profile *p) {
@@ -530,25 +404,12 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     /* passes of >= 16384 tokens: route_grp_k (H200: T = 16384 0.0104-0.0114 against
      * route_sel_k's 0.0136 ms; T = 8192 0.0088 against 0.0084, T = 4096 0.0076 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    const char *rv_ = getenv("M3_ROUTE_VAR"); /* TEMP knob: 1 fast-sigmoid lists; 2 and from 4096; 3 from 8192;
-                                               * 4 FS + loads before the barrier */
-    const int rv = rv_ ? atoi(rv_) : 0;
-    if (grp_ok && n_tok >= (rv == 2 ? 4096 : rv == 3 ? 8192 : 16384)) {
-        const int rl = 8;
+    if (grp_ok && n_tok >= 16384) {
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            rv == 4 ? (K + 2 <= 6 ? route_grp_k<6, 8, false, true, true> : route_grp_k<10, 8, false, true, true>)
-            : rv >= 1 ? (K + 2 <= 6 ? route_grp_k<6, 8, false, true> : route_grp_k<10, 8, false, true>)
-                      : (K + 2 <= 6 ? route_grp_k<6, 8> : route_grp_k<10, 8>);
-#if defined(M3_HIP_NVIDIA)
-        const bool prof = getenv("M3_ROUTE_PROF") && K + 2 <= 6;
-        if (prof) kg = rv >= 1 ? route_grp_k<6, 8, true, true> : route_grp_k<6, 8, true>;
-#endif
-        kg<<<m3_grid_1d(n_tok, RG_THREADS / rl), RG_THREADS, 0, g->stream>>>(
+            K + 2 <= 6 ? route_grp_k<6> : route_grp_k<10>;
+        kg<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_grp_k");
-#if defined(M3_HIP_NVIDIA)
-        if (prof) rg_prof_dump(g, n_tok, rv);
-#endif
         return M3_OK;
     }
     const int nk = (E + M3_WARP - 1) / M3_WARP;

@@ -23,7 +23,8 @@
  *   the K / V writer alone kvw8s_k (fp8; session 10) / kvw_k. H200: fused fp8 sparse + index
  *   T=1 18.3 -> 8.6 us, T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us; session 9
  *   (sincos shared, no prologue): sparse T=1 9.8 -> 6.6 us, T=64 11.0 -> 7.9, dense T=1 8.0 ->
- *   5.2; session 10: the fp8 writer T=64 (kvw8s_k) 9.6 -> 4.6 us (docs/gpu.md);
+ *   5.2; session 10: the fp8 writer T=64 (kvw8s_k) 9.6 -> 4.6 us; session 11 (a step is one
+ *   token's rows): sparse T=64 7.9 -> 6.5 us, dense T=64 6.3 -> 5.9 us (docs/gpu.md);
  * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
  *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
  *   takes any part the warp kernels do not.
@@ -74,7 +75,6 @@
 #include "ref/num/fp8.h"
 
 #include <math.h>
-#include <stdio.h> /* TEMP: qw_prof_dump */
 #include <stdlib.h>
 #include <string.h>
 
@@ -1416,13 +1416,13 @@ typedef struct {
     bool ic;          /* index_k rows: also written to the index cache */
     bool vc;          /* small passes: raw V rows (no norm) written to the V cache */
     int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
-    int rps;          /* rows a step (<= QW_RPS; lanes of rows rq >= rps idle) */
+    int rps;          /* small passes: rows a step (qw_rps: one token's; lanes of rows rq >= rps
+                       * idle); streaming passes QW_RPS */
 } qw_part;
 typedef struct {
     qw_part p[5];
     int np;
     int nstep;
-    bool tr;          /* TEMP: small passes, warp w of block b takes step w * grid + b */
     float eps;
     const float *cst; /* [T, 64] cos | sin, or NULL: no rope */
     int k_src;        /* fp8 K: M3_GPU_KQ_* */
@@ -1626,20 +1626,8 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
  * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
  * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
  * parts' a.nstep steps */
-#if defined(M3_HIP_NVIDIA)
-#define QW_PROF_N 4096
-__device__ long long qw_prof_buf[QW_PROF_N][10]; /* TEMP (M3_QW_PROF): per-warp stamps */
-#endif
-template <int QR, int KC, int VS, bool PR = false>
+template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
-#if defined(M3_HIP_NVIDIA)
-    long long pc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    long long pg0 = 0;
-    if (PR) { pc[0] = clock64(); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg0)); }
-#define QW_STAMP(i) do { if (PR) pc[i] = clock64(); } while (0)
-#else
-#define QW_STAMP(i) do { } while (0)
-#endif
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
@@ -1659,8 +1647,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     const int lane = (int)threadIdx.x % M3_WARP, j = lane & 3, rq = lane / QW_LPR;
     unsigned char *stg = kst[KC == 2 ? threadIdx.x / M3_WARP : 0] + rq * 144;
     const int nw = (int)gridDim.x * QW_WPB;
-    int st = VS >= 0 && a.tr ? (int)(threadIdx.x / M3_WARP) * (int)gridDim.x + (int)blockIdx.x
-                             : (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
+    int st = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
     if (VS == 1 && st >= a.nstep) { /* a raw K / V step (no block barrier follows) */
         kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
         return;
@@ -1706,10 +1693,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         if (VS >= 0) wload();
     }
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
-    QW_STAMP(1);
-#if defined(M3_HIP_NVIDIA)
-    const int pst = st;
-#endif
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         m3_bf16 *const p = np_;
@@ -1717,8 +1700,9 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         /* small pass: cos / sin of pair i = 8 j + e of this row's token, as the tile kernel and
          * cs_table_k evaluate them (the same double sincos), ONE evaluation a lane per distinct
          * token of the step: lane L evaluates pair L % 32 of the step's first token, every lane
-         * takes its 8 pairs by shuffles, then the next token of the step (rows are token-major:
-         * a q step is one token, a K step 2 at M3's 4 heads). Session 9, H200: the 8 sincos a
+         * takes its 8 pairs by shuffles, then the next token of the step (rows are token-major;
+         * since session 11 a step is one token's rows (qw_rps), so the loop runs once; it
+         * stays for any step of several tokens). Session 9, H200: the 8 sincos a
          * lane before were ~2/3 of a decode step (their code walked once per warp); the
          * per-warp clocks in docs/gpu.md */
         float c8[8], s8[8];
@@ -1751,15 +1735,10 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 ps = (int32_t)m3_shfl((uint32_t)myps, src);
             }
         }
-        QW_STAMP(2);
         float v[4][8];
         uint4 ro[4]; /* V rows' bits (small passes) */
 #pragma unroll
         for (int k = 0; k < 4; k++) m3_unpack16<m3_bf16>(nx[k], v[k]), ro[k] = nx[k];
-#if defined(M3_HIP_NVIDIA)
-        if (PR) { uint32_t z = 0; for (int k = 0; k < 4; k++) z |= nx[k].x; if (z == 0x7FC17FC1u) pc[7] = 1; }
-#endif
-        QW_STAMP(3);
         const uint4 wc[4] = {wn[0], wn[1], wn[2], wn[3]}; /* this step's weights (small passes) */
         if (st + nw < a.nstep) { /* the next step's rows in flight */
             locate(st + nw, npi, nt, nh_, np_);
@@ -1812,7 +1791,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 }
             }
         }
-        QW_STAMP(4);
         if (KC != 0 && (QW_F(kc) || raw)) {
             qw_kstore<KC>(a, v, raw ? NULL : p, p ? kw_slot(a.kv, t) : -1, h, j, stg, raw, ro);
         } else if (KC != 0 && QW_F(ic)) {
@@ -1828,76 +1806,21 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 m3_st16_cs(p + 32 * k, make_uint4(pack_bf16x2(v[k][0], v[k][1]), pack_bf16x2(v[k][2], v[k][3]),
                                                   pack_bf16x2(v[k][4], v[k][5]), pack_bf16x2(v[k][6], v[k][7])));
         }
-        QW_STAMP(5);
-#if defined(M3_HIP_NVIDIA)
-        if (PR && lane == 0 && pst < QW_PROF_N) {
-            long long pg1;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg1));
-            long long *o = qw_prof_buf[pst];
-            o[0] = pi + 16 * (long long)(QW_F(vc) ? 1 : 0) + 256 * pc[7];
-            for (int i = 1; i <= 5; i++) o[i] = pc[i] - pc[0];
-            o[6] = pg0, o[7] = pg1, o[8] = t, o[9] = pc[0];
-        }
-#endif
 #undef QW_F
     }
 }
-#undef QW_STAMP
 
 /* ---- launchers ------------------------------------------------------------------------- */
-static int qw_var() { /* TEMP measurement knob */
-    const char *e = getenv("M3_SMALL_VAR");
-    return e ? atoi(e) : 2;
-}
 /* rows a step of a small pass: the largest divisor of the part's heads up to QW_RPS, so a step
- * is one token's rows */
+ * is one token's rows (session 11: 8-row steps held 2 tokens of a K / index_q step at M3's 4
+ * heads and 8 of an index_k step, each token a double sincos in a row on the step's one warp;
+ * one token a step puts them on more warps, the same total rows. H200, fused fp8 sparse +
+ * index T = 64: 7.9 -> 6.5 us; docs/gpu.md) */
 static int qw_rps(int nh) {
     int r = nh < QW_RPS ? nh : QW_RPS;
     while (nh % r) r--;
     return r;
 }
-#if defined(M3_HIP_NVIDIA)
-/* TEMP (M3_QW_PROF): the 10th profiled launch's per-warp stamps, summed per part */
-static void qw_prof_dump(m3_gpu *g, int nst, const qw_args &qa, int n_tok) {
-    static int key[16], calls[16], nk = 0; /* the 10th launch of each (tokens, variant) */
-    const int kk = n_tok * 16 + qw_var();
-    int ki = 0;
-    while (ki < nk && key[ki] != kk) ki++;
-    if (ki == nk) {
-        if (nk == 16) return;
-        key[nk] = kk, calls[nk++] = 0;
-    }
-    if (++calls[ki] != 10) return;
-    (void)m3_gpu_sync(g);
-    static long long h[QW_PROF_N][10];
-    if (cudaMemcpyFromSymbol(h, qw_prof_buf, sizeof h) != cudaSuccess) return;
-    if (nst > QW_PROF_N) nst = QW_PROF_N;
-    long long g0 = h[0][6], g1 = h[0][7];
-    for (int i = 0; i < nst; i++) g0 = h[i][6] < g0 ? h[i][6] : g0, g1 = h[i][7] > g1 ? h[i][7] : g1;
-    printf("qwprof T=%d var %d steps=%d span %lld ns (first start .. last end)\n", n_tok, qw_var(), nst, g1 - g0);
-    for (int pi = 0; pi < qa.np; pi++) {
-        double m[6] = {0, 0, 0, 0, 0, 0};
-        long long mx = 0, st0 = -1, en1 = 0, mxs = 0;
-        int n = 0;
-        for (int i = 0; i < nst; i++) {
-            if ((h[i][0] & 15) != pi) continue;
-            n++;
-            for (int k = 1; k <= 5; k++) m[k] += (double)(h[i][k] - h[i][k - 1 > 0 ? k - 1 : 0] * (k > 1));
-            mx = h[i][5] > mx ? h[i][5] : mx;
-            const long long s = h[i][6] - g0, e = h[i][7] - g0;
-            st0 = st0 < 0 || s < st0 ? s : st0;
-            en1 = e > en1 ? e : en1;
-            mxs = s > mxs ? s : mxs;
-        }
-        if (!n) continue;
-        printf("qwprof T=%d var %d part %d (%s nh %d rps %d) warps %d clocks mean: entry->loop %.0f sincos %.0f rows %.0f "
-               "norm+rope %.0f store %.0f | max total %lld | start %lld..%lld ns, last end %lld ns\n",
-               n_tok, qw_var(), pi, qa.p[pi].vc ? "v" : qa.p[pi].kc ? "k" : qa.p[pi].ic ? "ik" : "q/iq", qa.p[pi].nh,
-               qa.p[pi].rps, n, m[1] / n, m[2] / n, m[3] / n, m[4] / n, m[5] / n, mx, st0, mxs, en1);
-    }
-    fflush(stdout);
-}
-#endif
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
     void *x;
@@ -2143,8 +2066,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             if (w.kc) kv.nh = q.nh;
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
-            /* TEMP knob M3_SMALL_VAR: 1, 2: steps of one token for normed parts of < 8 heads */
-            w.rps = small && qw_var() >= 1 ? qw_rps(q.nh) : QW_RPS;
+            w.rps = small ? qw_rps(q.nh) : QW_RPS;
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
             rope = rope || rot_dim > 0;
         } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !kv.x[0] &&
@@ -2161,7 +2083,11 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             kv.nh = q.nh;
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
-            w.rps = qw_var() == 4 ? 1 : qw_var() == 6 ? 2 : qw_var() >= 2 ? qw_rps(q.nh) : QW_RPS; /* 4: a V row a step, 6: 2 */
+            /* one row a step up to 64 tokens (M3's 4 heads: a grid of 120 blocks, still one
+             * wave), one token's rows above: the V rows' byte stores (a row's 128 dims are 128
+             * bytes 16 apart) of 8 warps an SM were their longest phase (H200, T = 64: 4539 ->
+             * 3178 clocks, the step 8.1-8.2 -> 7.6-7.8 us in one batch; docs/gpu.md) */
+            w.rps = n_tok <= 64 ? 1 : qw_rps(q.nh);
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
             const int w = q.cache == SEG_K ? 0 : 1;
@@ -2257,7 +2183,6 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
             }
             qa.rope = rope;
-            qa.tr = qw_var() == 3 || qw_var() == 5;
             qa.pos = d_pos;
             qa.angle_f64 = p->rope_angle == M3_ROPE_ANGLE_F64;
             qa.cs_bf16 = p->rope_cs_bf16;
@@ -2273,16 +2198,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
-#if defined(M3_HIP_NVIDIA)
-            const bool prof = kck == 2 && getenv("M3_QW_PROF") && p->qk_round == M3_QK_ROUND_ONCE;
-            if (prof) k = qw_norm_k<M3_QK_ROUND_ONCE, 2, 0, true>;
-#endif
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
             M3_LAUNCHED(g, "qw_norm_k (small)");
-#if defined(M3_HIP_NVIDIA)
-            if (prof) qw_prof_dump(g, (int)nst, qa, n_tok);
-#endif
             m3_status st = M3_OK;
             if (nrest > 0)
                 st = launch_tiles<TS>(g, rest, nrest, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);

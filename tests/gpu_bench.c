@@ -55,36 +55,6 @@ static void report(const char *name, double ms, double bytes, double flops) {
     fflush(stdout);
 }
 
-/* TEMP (helper small, session 11): M3_BENCH_VAR_ENV=<knob> M3_BENCH_VARS=a,b,..: the row
- * re-timed with the knob set to each value in turn, twice over (one process) */
-static void var_retime(m3_gpu *g, const char *name, bench_fn fn, void *ctx, double bytes, double flops) {
-    const char *env = getenv("M3_BENCH_VAR_ENV"), *vs = getenv("M3_BENCH_VARS");
-    if (!env || !vs) return;
-    for (int rep = 0; rep < 2; rep++) {
-        char buf[128];
-        snprintf(buf, sizeof buf, "%s", vs);
-        for (char *v = strtok(buf, ","); v; v = strtok(NULL, ",")) {
-            for (const char *e = env; *e;) { /* env: knob names separated by '+' */
-                const size_t l = strcspn(e, "+");
-                char kn[64];
-                snprintf(kn, sizeof kn, "%.*s", (int)(l < 63 ? l : 63), e);
-                setenv(kn, v, 1);
-                e += l + (e[l] == '+');
-            }
-            char nm[160];
-            snprintf(nm, sizeof nm, "%s [%s=%s]", name, env, v);
-            report(nm, time_ms(g, fn, ctx, 20, 7), bytes, flops);
-        }
-    }
-    for (const char *e = env; *e;) {
-        const size_t l = strcspn(e, "+");
-        char kn[64];
-        snprintf(kn, sizeof kn, "%.*s", (int)(l < 63 ? l : 63), e);
-        unsetenv(kn);
-        e += l + (e[l] == '+');
-    }
-}
-
 static void *rand_bf16(m3_gpu *g, m3_rng *r, int64_t n, float sd) {
     float *h = malloc((size_t)n * sizeof *h);
     assert_non_null(h);
@@ -323,7 +293,6 @@ static void bench_moe_route(void **state) {
         char nm[96];
         snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
         report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
-        var_retime(g, nm, do_route, &c, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
     }
 }
 
@@ -846,7 +815,8 @@ static void bench_moe_experts(void **state) {
 }
 
 /* M3_BENCH_ROW=text: the kv_cache_write / qkv_cache rows whose name contains it (one row
- * under a profiler); unset: every row */
+ * under a profiler); unset: every row. Several alternatives separated by commas; a trailing
+ * '$' anchors one at the name's end ('T=1$' is T=1, not T=16384) */
 static bool row_wanted(const char *nm) {
     const char *w = getenv("M3_BENCH_ROW");
     if (!w || !*w) return true;
@@ -1034,7 +1004,6 @@ static void bench_qkv_cache(void **state) {
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
             report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
-            var_retime(g, nm, do_qkvc, &c, bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
