@@ -23,7 +23,8 @@
  *   the K / V writer alone kvw8s_k (fp8; session 10) / kvw_k. H200: fused fp8 sparse + index
  *   T=1 18.3 -> 8.6 us, T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us; session 9
  *   (sincos shared, no prologue): sparse T=1 9.8 -> 6.6 us, T=64 11.0 -> 7.9, dense T=1 8.0 ->
- *   5.2; session 10: the fp8 writer T=64 (kvw8s_k) 9.6 -> 4.6 us (docs/gpu.md);
+ *   5.2; session 10: the fp8 writer T=64 (kvw8s_k) 9.6 -> 4.6 us; session 11 (a step is one
+ *   token's rows): sparse T=64 7.9 -> 6.5 us, dense T=64 6.3 -> 5.9 us (docs/gpu.md);
  * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
  *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
  *   takes any part the warp kernels do not.
@@ -1415,6 +1416,8 @@ typedef struct {
     bool ic;          /* index_k rows: also written to the index cache */
     bool vc;          /* small passes: raw V rows (no norm) written to the V cache */
     int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
+    int rps;          /* small passes: rows a step (qw_rps: one token's; lanes of rows rq >= rps
+                       * idle); streaming passes QW_RPS */
 } qw_part;
 typedef struct {
     qw_part p[5];
@@ -1664,10 +1667,11 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
         }
 #define QW_F(f) (VS >= 0 ? ncp.f : sp[pi].f)
-        const int r = (s - QW_F(s0)) * QW_RPS + rq;
+        const int rps = VS >= 0 ? QW_F(rps) : QW_RPS;
+        const int r = (s - QW_F(s0)) * rps + rq;
         const int nh = QW_F(nh);
         p = NULL, t = 0, h = 0;
-        if (r < QW_F(rows)) {
+        if (rq < rps && r < QW_F(rows)) {
             t = r / nh;
             h = r - t * nh;
             p = QW_F(x) + (int64_t)t * QW_F(ld) + h * 128 + 8 * j;
@@ -1696,8 +1700,9 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         /* small pass: cos / sin of pair i = 8 j + e of this row's token, as the tile kernel and
          * cs_table_k evaluate them (the same double sincos), ONE evaluation a lane per distinct
          * token of the step: lane L evaluates pair L % 32 of the step's first token, every lane
-         * takes its 8 pairs by shuffles, then the next token of the step (rows are token-major:
-         * a q step is one token, a K step 2 at M3's 4 heads). Session 9, H200: the 8 sincos a
+         * takes its 8 pairs by shuffles, then the next token of the step (rows are token-major;
+         * since session 11 a step is one token's rows (qw_rps), so the loop runs once; it
+         * stays for any step of several tokens). Session 9, H200: the 8 sincos a
          * lane before were ~2/3 of a decode step (their code walked once per warp); the
          * per-warp clocks in docs/gpu.md */
         float c8[8], s8[8];
@@ -1806,6 +1811,16 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
+/* rows a step of a small pass: the largest divisor of the part's heads up to QW_RPS, so a step
+ * is one token's rows (session 11: 8-row steps held 2 tokens of a K / index_q step at M3's 4
+ * heads and 8 of an index_k step, each token a double sincos in a row on the step's one warp;
+ * one token a step puts them on more warps, the same total rows. H200, fused fp8 sparse +
+ * index T = 64: 7.9 -> 6.5 us; docs/gpu.md) */
+static int qw_rps(int nh) {
+    int r = nh < QW_RPS ? nh : QW_RPS;
+    while (nh % r) r--;
+    return r;
+}
 /* The parts of a pass, in row order; a part with x == NULL is left out. */
 typedef struct {
     void *x;
@@ -2051,7 +2066,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             if (w.kc) kv.nh = q.nh;
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
-            qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
+            w.rps = small ? qw_rps(q.nh) : QW_RPS;
+            qa.nstep += (w.rows + w.rps - 1) / w.rps;
             rope = rope || rot_dim > 0;
         } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !kv.x[0] &&
                    qa.np > 0 && qa.np < 5) {
@@ -2067,7 +2083,12 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             kv.nh = q.nh;
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
-            qa.nstep += (w.rows + QW_RPS - 1) / QW_RPS;
+            /* one row a step up to 64 tokens (M3's 4 heads: a grid of 120 blocks, still one
+             * wave), one token's rows above: the V rows' byte stores (a row's 128 dims are 128
+             * bytes 16 apart) of 8 warps an SM were their longest phase (H200, T = 64: 4539 ->
+             * 3178 clocks, the step 8.1-8.2 -> 7.6-7.8 us in one batch; docs/gpu.md) */
+            w.rps = n_tok <= 64 ? 1 : qw_rps(q.nh);
+            qa.nstep += (w.rows + w.rps - 1) / w.rps;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
             const int w = q.cache == SEG_K ? 0 : 1;
             kv.x[w] = (const m3_bf16 *)q.x, kv.ld[w] = q.ld, kv.nh = q.nh;

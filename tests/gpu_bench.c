@@ -968,10 +968,27 @@ static void bench_moe_experts(void **state) {
 }
 
 /* M3_BENCH_ROW=text: the kv_cache_write / qkv_cache rows whose name contains it (one row
- * under a profiler); unset: every row */
+ * under a profiler); unset: every row. Several alternatives separated by commas; a trailing
+ * '$' anchors one at the name's end ('T=1$' is T=1, not T=16384) */
 static bool row_wanted(const char *nm) {
     const char *w = getenv("M3_BENCH_ROW");
-    return !w || !*w || strstr(nm, w) != NULL;
+    if (!w || !*w) return true;
+    /* comma-separated alternatives; a trailing '$' anchors one at the name's end */
+    for (;;) {
+        const size_t l = strcspn(w, ",");
+        char word[96];
+        snprintf(word, sizeof word, "%.*s", (int)(l < 95 ? l : 95), w);
+        const size_t wl = strlen(word);
+        if (wl > 0 && word[wl - 1] == '$') {
+            word[wl - 1] = 0;
+            const size_t nl = strlen(nm);
+            if (nl >= wl - 1 && !strcmp(nm + nl - (wl - 1), word)) return true;
+        } else if (wl > 0 && strstr(nm, word)) {
+            return true;
+        }
+        if (!w[l]) return false;
+        w += l + 1;
+    }
 }
 
 /* ---- KV cache write (prefill T = 4096 and decode T = 64, Hkv 4, Dh 128, page 128) -------- */

@@ -286,6 +286,9 @@ static void qk_norm_rope_matches_ref(void **state) {
         {3, 9856, 9216, 4, 128, 64, "index_q"}, {1, 9856, 9728, 1, 128, 64, "index_k"},
         {257, 9856, 0, 64, 128, 64, "q"},     {3, 245, 5, 3, 80, 40, "odd"},
         {2, 128, 0, 1, 128, 0, "no-rope"},
+        /* decode steps of one token's rows (qw_rps): 6 rows of 12 heads (lanes of rows 6, 7
+         * idle), 7 of 7 */
+        {5, 9856, 0, 12, 128, 64, "q12"},     {3, 9856, 128, 7, 128, 64, "q7"},
     };
     for (int prof = 0; prof < 3; prof++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) rope_case(g, &shapes[s], prof);
@@ -557,6 +560,8 @@ static void qk_norm_rope_cache_matches_ref(void **state) {
         {33, 64, 4, 128, 4, 128, 64, 0, "M3"},  /* packed 9856-wide sparse-layer row */
         {300, 64, 4, 128, 4, 128, 64, 0, "M3-300"}, /* >= 256 tokens: cos/sin table, many tiles */
         {1, 64, 4, 128, 0, 128, 64, 8, "M3-decode"},
+        {9, 12, 6, 128, 3, 128, 64, 0, "H12"}, /* decode steps of 6 / 6 / 3 / 1 rows (qw_rps) */
+        {80, 64, 4, 128, 4, 128, 64, 0, "M3-80"}, /* > 64 tokens: V rows 4 a step */
         {5, 3, 3, 80, 2, 48, 40, 3, "odd"},    /* odd pitch: the element-wise path */
         {7, 6, 3, 12, 3, 12, 6, 0, "tiny"},    /* the fixtures' heads (Di 12: index cache per element) */
     };
