@@ -454,6 +454,34 @@ static void pattn_retime(m3_gpu *g, pattn_ctx *c, const char *nm, const char *ta
     *hook = 0;
 }
 
+/* the fields both paged cases share: atom, 64:4 heads of 128, pages of 128 (the page-16 view
+ * when sparse), fp8 as §4.9 with e4m3fn codes saturating */
+static void pattn_ctx_init(pattn_ctx *c, int T, int C, bool sparse, bool fp8) {
+    memset(c, 0, sizeof *c);
+    m3_profile_atom(&c->p);
+    m3_attn_params_init(&c->ap, 64, 4, 128);
+    c->T = T, c->C = C, c->width = sparse ? 16 : 0;
+    m3_kv_geom_init(&c->src.g, 4, 128, 128, 0, fp8 ? M3_KV_FP8 : M3_KV_BF16, M3_FP8_E4M3FN);
+    c->src.view = sparse ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK;
+    c->src.fp8_pa = fp8;
+    c->src.ovf = M3_FP8_SATURATE;
+}
+
+/* n random elements to tile caches from: bf16 normals, or (fp8) their bytes as codes with the
+ * NaN ones removed (bit 3 clear) */
+static m3_bf16 *pattn_seed(m3_gpu *g, m3_rng *r, size_t n, bool fp8) {
+    m3_bf16 *seed = rand_bf16(g, r, (int64_t)n, 1.0f);
+    if (fp8) {
+        unsigned char *h = malloc(n * 2);
+        assert_non_null(h);
+        GPU_OK(m3_gpu_download(g, h, seed, n * 2));
+        for (size_t i = 0; i < n * 2; i++) h[i] &= 0xF7u;
+        GPU_OK(m3_gpu_upload(g, seed, h, n * 2));
+        free(h);
+    }
+    return seed;
+}
+
 static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bool fp8) {
     char nm[96];
     const bool oneseq = sparse && T > 1 && T < 1024; /* as attn_bench_case */
@@ -462,27 +490,11 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     if (!row_wanted(nm)) return; /* M3_BENCH_ROW (one launch under a profiler) */
     const size_t mark = m3_gpu_mark(g);
     pattn_ctx c;
-    memset(&c, 0, sizeof c);
-    m3_profile_atom(&c.p);
-    m3_attn_params_init(&c.ap, 64, 4, 128);
-    c.T = T, c.C = C, c.width = sparse ? 16 : 0;
-    m3_kv_geom_init(&c.src.g, 4, 128, 128, 0, fp8 ? M3_KV_FP8 : M3_KV_BF16, M3_FP8_E4M3FN);
-    c.src.view = sparse ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK;
-    c.src.fp8_pa = fp8;
-    c.src.ovf = M3_FP8_SATURATE;
+    pattn_ctx_init(&c, T, C, sparse, fp8);
     const int nb = (C + 127) / 128;
     const size_t eb = fp8 ? 1 : 2, kn = (size_t)nb * c.src.g.k_block, vn = (size_t)nb * c.src.g.v_stride;
-    /* random elements: bf16 normals, or fp8 codes without the NaN ones (bit 3 clear) */
     const size_t n0 = (size_t)1 << 20;
-    m3_bf16 *seed = rand_bf16(g, r, (int64_t)n0, 1.0f);
-    if (fp8) {
-        unsigned char *h = malloc(n0 * 2);
-        assert_non_null(h);
-        GPU_OK(m3_gpu_download(g, h, seed, n0 * 2));
-        for (size_t i = 0; i < n0 * 2; i++) h[i] &= 0xF7u;
-        GPU_OK(m3_gpu_upload(g, seed, h, n0 * 2));
-        free(h);
-    }
+    m3_bf16 *seed = pattn_seed(g, r, n0, fp8);
     c.src.k = tile_bf16(g, seed, (int64_t)n0, (int64_t)((kn * eb + 1) / 2));
     c.src.v = tile_bf16(g, seed, (int64_t)n0, (int64_t)((vn * eb + 1) / 2));
     if (fp8) {
@@ -553,27 +565,12 @@ static void pattn_batch_case(m3_gpu *g, m3_rng *r, int B, int C, bool sparse, bo
     if (!row_wanted(nm)) return;
     const size_t mark = m3_gpu_mark(g);
     pattn_ctx c;
-    memset(&c, 0, sizeof c);
-    m3_profile_atom(&c.p);
-    m3_attn_params_init(&c.ap, 64, 4, 128);
-    c.T = B, c.C = C, c.width = sparse ? 16 : 0;
-    m3_kv_geom_init(&c.src.g, 4, 128, 128, 0, fp8 ? M3_KV_FP8 : M3_KV_BF16, M3_FP8_E4M3FN);
-    c.src.view = sparse ? M3_KV_VIEW_PAGE : M3_KV_VIEW_BLOCK;
-    c.src.fp8_pa = fp8;
-    c.src.ovf = M3_FP8_SATURATE;
+    pattn_ctx_init(&c, B, C, sparse, fp8);
     const int nb = (C + 127) / 128, pool = B * nb;
     const size_t eb = fp8 ? 1 : 2, kn = (size_t)pool * c.src.g.k_block,
                  vn = (size_t)pool * c.src.g.v_stride;
     const size_t n0 = (size_t)1 << 20;
-    m3_bf16 *seed = rand_bf16(g, r, (int64_t)n0, 1.0f);
-    if (fp8) { /* fp8 codes without the NaN ones (bit 3 clear) */
-        unsigned char *h = malloc(n0 * 2);
-        assert_non_null(h);
-        GPU_OK(m3_gpu_download(g, h, seed, n0 * 2));
-        for (size_t i = 0; i < n0 * 2; i++) h[i] &= 0xF7u;
-        GPU_OK(m3_gpu_upload(g, seed, h, n0 * 2));
-        free(h);
-    }
+    m3_bf16 *seed = pattn_seed(g, r, n0, fp8);
     /* 64 MB of the seed, then the pool tiled from it (fewer copy calls over gigabytes) */
     const int64_t n1 = (int64_t)n0 * 32;
     const m3_bf16 *big = tile_bf16(g, seed, (int64_t)n0, n1);
