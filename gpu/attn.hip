@@ -1646,7 +1646,8 @@ static m3_status launch_paged(m3_gpu *g, TS *d_out, const TS *d_q, int ld_q,
     M3_ASSERTF(p->attn_partition == 0 || p->attn_partition >= M3_ATTN_MIN_PART,
                "attn_partition %d < %d", p->attn_partition, M3_ATTN_MIN_PART);
     M3_ASSERT(!d_topk || width > 0);
-    M3_ASSERTF(src->bt_ld >= 0, "bt_ld %d", src->bt_ld);
+    M3_ASSERTF(src->bt_ld == 0 || src->bt_ld >= src->n_logical, "bt_ld %d, n_logical %d",
+               src->bt_ld, src->n_logical);
     if (ap->head_dim > ATTN_MAX_DH)
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu paged attention: head_dim %d > %d", ap->head_dim,
                          ATTN_MAX_DH);
@@ -3461,7 +3462,8 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
                "paged cache geometry Hkv=%d Dh=%d, attention Hkv=%d Dh=%d", src->g.n_kv,
                src->g.head_dim, ap->n_kv_head, ap->head_dim);
     M3_ASSERT(!d_topk || width > 0);
-    M3_ASSERTF(src->bt_ld >= 0, "bt_ld %d", src->bt_ld);
+    M3_ASSERTF(src->bt_ld == 0 || src->bt_ld >= src->n_logical, "bt_ld %d, n_logical %d",
+               src->bt_ld, src->n_logical);
     M3_TRY(m3_gpu_attn_paged_flash_ok(src, ap, p, width));
     const bool fp8 = src->g.elem == M3_KV_FP8;
     if (fp8 && (!src->k_scale || !src->v_scale))
