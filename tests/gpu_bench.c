@@ -387,12 +387,8 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     }
     /* bytes: distinct keys (every head selects the same blocks); FLOPs: per row */
     const double bkeys = oneseq ? distinct_keys(pos, tk, T, C) : keys;
-    GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, T * sizeof *pos));
-    GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, T * sizeof *pos));
-    if (sparse) {
-        GPU_OK(m3_gpu_alloc(g, (void **)&c.topk, (size_t)4 * T * 16 * sizeof *tk));
-        GPU_OK(m3_gpu_upload(g, (void *)c.topk, tk, (size_t)4 * T * 16 * sizeof *tk));
-    }
+    c.pos = gpu_upload_i32(g, pos, T);
+    if (sparse) c.topk = gpu_upload_i32(g, tk, (int64_t)4 * T * 16);
     free(pos);
     free(tk);
     double ms = time_ms(g, do_attn, &c, flash ? 10 : 3, flash ? 5 : 3);
@@ -530,12 +526,8 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     }
     /* bytes: distinct keys (every head selects the same blocks); FLOPs: per row */
     const double bkeys = oneseq ? distinct_keys(pos, tk, T, C) : keys;
-    GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, T * sizeof *pos));
-    GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, T * sizeof *pos));
-    if (sparse) {
-        GPU_OK(m3_gpu_alloc(g, (void **)&c.topk, (size_t)4 * T * 16 * sizeof *tk));
-        GPU_OK(m3_gpu_upload(g, (void *)c.topk, tk, (size_t)4 * T * 16 * sizeof *tk));
-    }
+    c.pos = gpu_upload_i32(g, pos, T);
+    if (sparse) c.topk = gpu_upload_i32(g, tk, (int64_t)4 * T * 16);
     free(pos);
     free(tk);
     const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
@@ -623,12 +615,8 @@ static void pattn_batch_case(m3_gpu *g, m3_rng *r, int B, int C, bool sparse, bo
             }
             keys += sparse ? 15.0 * 128 + pos[t] % 128 + 1 : pos[t] + 1.0;
         }
-    GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, B * sizeof *pos));
-    GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, B * sizeof *pos));
-    if (sparse) {
-        GPU_OK(m3_gpu_alloc(g, (void **)&c.topk, (size_t)4 * B * 16 * sizeof *tk));
-        GPU_OK(m3_gpu_upload(g, (void *)c.topk, tk, (size_t)4 * B * 16 * sizeof *tk));
-    }
+    c.pos = gpu_upload_i32(g, pos, B);
+    if (sparse) c.topk = gpu_upload_i32(g, tk, (int64_t)4 * B * 16);
     free(pos);
     free(tk);
     /* per (kv head, key): K and V elements, plus their fp32 scales for fp8 */

@@ -130,6 +130,13 @@ __attribute__((unused)) static float *gpu_upload_f32(m3_gpu *g, const float *h, 
     return (float *)d;
 }
 
+__attribute__((unused)) static int32_t *gpu_upload_i32(m3_gpu *g, const int32_t *h, int64_t n) {
+    void *d = NULL;
+    GPU_OK(m3_gpu_alloc(g, &d, (size_t)n * sizeof(int32_t)));
+    GPU_OK(m3_gpu_upload(g, d, h, (size_t)n * sizeof(int32_t)));
+    return (int32_t *)d;
+}
+
 /* Download n bf16 (or f32) device values into host floats. */
 __attribute__((unused)) static void gpu_download_bf16(m3_gpu *g, float *h, const m3_bf16 *d,
                                                       int64_t n) {
