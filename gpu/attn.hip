@@ -1767,6 +1767,8 @@ typedef struct {
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
+    int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their last `split`
+                 * blocks to arrive, a head slice each (pd_split_merge); 0: pf_merge_k */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
 } pf_cfg;
@@ -2548,6 +2550,60 @@ static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff
     }
 }
 
+/* an acquiring load of a counter other blocks count at */
+static __device__ __forceinline__ unsigned int pd_ld_acq(const unsigned int *p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* The merge of a row of nsp > PF_FUSE_MAX partials inside the decode kernels (session 12; it
+ * was the pf_merge_k launch, and a two-level merge by last arrivals measured slower in session
+ * 11: two serial merges on the critical path). Every block of the row, its partial written,
+ * takes a ticket at *cnt; the last K to arrive (tickets nsp - K .. nsp - 1) wait until all nsp
+ * arrived, then merge a slice of the row's heads each, in pf_merge_k's order (its weights by
+ * pf_merge_w, per head its PF_MT / 32 strided partial sums by pf_acc, added in warp order,
+ * then the one division): the same output bits as pf_merge_k. The waiting is safe because the
+ * launcher takes it only when the grid fits the SMs' block slots in one wave (every block is
+ * resident or will be: at most K per row wait). Each of the K counts itself again when done;
+ * the last resets the counter for the next launch. nj: the row's blocks holding chunks; sh:
+ * 3 nj + 4 + (PF_MT / 32) Dh floats of free shared memory (16-byte aligned). */
+static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const float *pml, size_t s0,
+                                      int nj, int hq, unsigned int nsp, unsigned int *cnt, int K,
+                                      float *sh, int tid, int nt) {
+    constexpr int Dh = FA_MAX_DH, NW = PF_MT / 32;
+    __shared__ unsigned int tk_sh;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) tk_sh = atomicAdd(cnt, 1u);
+    __syncthreads();
+    const unsigned int tk = tk_sh;
+    if (tk + (unsigned int)K < nsp) return;
+    if (tid == 0)
+        while (pd_ld_acq(cnt) < nsp) __nanosleep(32);
+    __syncthreads();
+    __threadfence();
+    const int r = (int)(tk + (unsigned int)K - nsp), h0 = r * hq / K, h1 = (r + 1) * hq / K;
+    float *w = sh, *den = w + 3 * nj, *ps = sh + (3 * nj + 4) / 4 * 4;
+    for (int h = h0; h < h1; h++) {
+        pf_merge_w(pml, s0, nj, hq, h, 1, w, den, tid, nt);
+        for (int e = tid; e < NW * (Dh / 4); e += nt) { /* pf_merge_k's warp i, lane d / 4 */
+            const int i = e / (Dh / 4), d = 4 * (e % (Dh / 4));
+            float acc[4];
+            pf_acc(po, s0, hq, Dh, h, d, 4, w, i, nj, NW, acc);
+            *reinterpret_cast<float4 *>(ps + i * Dh + d) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        }
+        __syncthreads();
+        for (int d = tid; d < Dh; d += nt) {
+            float a = 0.0f;
+            for (int i = 0; i < NW; i++) a += ps[i * Dh + d];
+            orow[(size_t)h * Dh + d] = m3_f32_to_bf16(a / den[0]);
+        }
+        __syncthreads();
+    }
+    if (tid == 0 && atomicAdd(cnt, 1u) == nsp + (unsigned int)K - 1) *cnt = 0;
+}
+
 template <bool FP8>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
@@ -2897,7 +2953,13 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     __shared__ float wx[PD_W * 16 + 32];
     if (cb < ce || c.nsp == 1)
         pd_fold(wraw, WB, pd_s_bytes(c), wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, PD_W * 32);
-    if (c.nsp == 1 || !c.fused) return;
+    if (c.nsp == 1) return;
+    if (c.split > 0) {
+        pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
+                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, PD_W * 32);
+        return;
+    }
+    if (!c.fused) return;
     /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
     if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
     pf_row_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, Dh,
@@ -3431,7 +3493,13 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const size_t sl0 = (slot0 + ci) * hq;
     __shared__ float wx[PD_W * 16 + 32];
     if (cb < ce || c.nsp == 1) pd_fold(wraw, WB, 0, wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, NT);
-    if (c.nsp == 1 || !c.fused) return;
+    if (c.nsp == 1) return;
+    if (c.split > 0) { /* pd_part_k's */
+        pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
+                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, NT);
+        return;
+    }
+    if (!c.fused) return;
     /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
     if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
     pf_row_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, Dh,
@@ -4278,7 +4346,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2) dec = c.dec;
+    if (src->flash_kernel == 2 || src->flash_kernel == 4) dec = c.dec;
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
@@ -4327,6 +4395,18 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (tb > n_tok) tb = n_tok;
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
+    /* rows of more than PF_FUSE_MAX partials (dense decode at 128K: 64 a row): merged inside
+     * the decode kernels by their last hq blocks to arrive (pd_split_merge) when the grid fits
+     * one wave of block slots (its waiting blocks need the others resident); else pf_merge_k.
+     * Test hook flash_kernel 4: the decode kernel with pf_merge_k */
+    c.split = 0;
+    if (dec && !c.fused && src->flash_kernel != 4 && c.Dh == FA_MAX_DH) {
+        const int64_t slots = (int64_t)(PD_WPS / PD_W) * n_sm, rows = (int64_t)c.Hkv * tb;
+        const int k = c.hq < c.nsp ? c.hq : c.nsp;
+        /* one wave, and at most a quarter of the slots waiting (another launch beside it,
+         * e.g. a second context's, keeps slots for the blocks both wait for) */
+        if (c.nsp * rows <= slots && 4 * k * rows <= slots) c.split = k;
+    }
     const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
@@ -4352,7 +4432,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && msh > pf_set[8]) {
+    if (!c.fused && !c.split && msh > pf_set[8]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
         pf_set[8] = msh;
     }
@@ -4369,7 +4449,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         kf[fi]<<<grid, nth, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
                                                     width, po, pml, nk, c);
         s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
-        if (s == M3_OK && !c.fused) {
+        if (s == M3_OK && !c.fused && !c.split) {
             pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
                 d_out, po, pml, nk, t0, c);
             s = m3_gpu_launched_(g, "pf_merge_k", __FILE__, __LINE__);

@@ -236,6 +236,19 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
             gpu_expect_nmse(ref, got, no, bound, name);
             if (memcmp(got, got2, no * sizeof *got))
                 m3_test_failf("%s: two runs differ (race?)", name);
+            if (ds.flash_kernel == 2) { /* flash_kernel 4: the decode kernel with pf_merge_k for
+                                         * rows of many partials (the launcher merges them in
+                                         * the kernel, pd_split_merge): the same bits */
+                ds.flash_kernel = 4;
+                m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+                GPU_OK(m3_gpu_attn_paged_flash(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width,
+                                               &ap, &p));
+                gpu_download_bf16(g, got2, dout, no);
+                gpu_guard_check(g, dout, no * sizeof(m3_bf16), "paged flash attention out (k4)");
+                if (memcmp(got, got2, no * sizeof *got))
+                    m3_test_failf("%s: pf_merge_k's merge (k4) differs", name);
+                ds.flash_kernel = 2;
+            }
             if (g_two && ic == 0) { /* the same launch on two contexts at once */
                 m3_bf16 *da = gpu_guard_alloc(g, no * sizeof(m3_bf16));
                 void *db;
