@@ -3018,8 +3018,8 @@ static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     return s > a ? s : a;
 }
 /* Q's fp16 fragments (4 KB), then the warps' S / A areas and rings */
-static size_t pd8_smem_bytes(const pf_cfg &c) {
-    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
+static size_t pd8_smem_bytes(const pf_cfg &c, int ns = PD8_NS) {
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)ns * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
@@ -3043,7 +3043,7 @@ static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
 
 /* TPAIR: c.tile >= 32 (pairs of 16-key groups lie in one §4.9 tile); PVC: the view's page when
  * it is 16 or 128 (the M3 layers' views; the launcher checks it), else 0 (a run-time page) */
-template <bool TPAIR, int PVC>
+template <bool TPAIR, int PVC, int XV = 0>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3052,7 +3052,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #if M3_HAVE_MMA && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
-    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB, SCO = 2048;
+    constexpr int NT = PD_W * 32, NS = (XV & 2) ? 5 : PD8_NS, SB = PD8_SB, SCO = 2048;
+    constexpr bool QREG = (XV & 1) != 0;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
@@ -3261,6 +3262,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
          * group gr's products */
         uint4 kwn[2][2];
         float4 ksn, kvn;
+        uint4 qr[8];
+        if (QREG) {
+            asm volatile("" ::: "memory");
+#pragma unroll
+            for (int i = 0; i < 8; i++) qr[i] = qh[i * 32 + lane];
+        }
         kload(kwn, ksn, kvn);
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr++) {
@@ -3282,7 +3289,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             for (int m = 0; m < 4; m++)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
-                    const uint4 qa4 = qh[(2 * m + hf) * 32 + lane];
+                    const uint4 qa4 = QREG ? qr[2 * m + hf] : qh[(2 * m + hf) * 32 + lane];
                     const uint32_t qa[4] = {qa4.x, qa4.y, qa4.z, qa4.w};
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
@@ -4407,25 +4414,34 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
          * e.g. a second context's, keeps slots for the blocks both wait for) */
         if (c.nsp * rows <= slots && 4 * k * rows <= slots) c.split = k;
     }
-    const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
+    static int xv = -1; /* session 12 temporary knob: M3_PD_KNOB (pd8_part_k variants) */
+    {
+        const char *e = getenv("M3_PD_KNOB");
+        xv = e ? atoi(e) : 0;
+    }
+    const size_t sh = p8 ? pd8_smem_bytes(c, (xv & 2) ? 5 : PD8_NS) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][16]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+    const pf_fn kf[14] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                         pd8_part_k<true, 128>};
+                         pd8_part_k<true, 128>, pf_part_k<false>,
+                         pd8_part_k<false, 16, 1>, pd8_part_k<true, 128, 1>,
+                         pd8_part_k<false, 16, 3>, pd8_part_k<true, 128, 3>, pf_part_k<false>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
+        if (xv == 1 && fi >= 6) fi += 3;
+        if (xv == 3 && fi >= 6) fi += 5;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
