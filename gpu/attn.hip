@@ -3036,6 +3036,15 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
+/* 4 e4m3fn codes -> fp16 bits of 2^-8 times their values by integer ops (lo: codes 0, 1;
+ * hi: codes 2, 3): (c & 0x7F) << 7 | (c & 0x80) << 8 is the code's value with e4m3's exponent
+ * bias (7) read as fp16's (15), i.e. 2^-8 times it, subnormals included (session 12 knob) */
+static __device__ __forceinline__ void pd8_e4m3x4_s8(uint32_t x, uint32_t &lo, uint32_t &hi) {
+    const uint32_t m = x & 0x7F7F7F7Fu, sg = x ^ m;
+    lo = (__byte_perm(m, 0u, 0x4140) << 7) + __byte_perm(sg, 0u, 0x1404);
+    hi = (__byte_perm(m, 0u, 0x4342) << 7) + __byte_perm(sg, 0u, 0x3424);
+}
+
 /* 16 bytes global -> shared (a 32-bit shared address), asynchronously, L2 only */
 static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
@@ -3153,6 +3162,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
     const float rfmax = __frcp_rn(c.fmax);
+    const float zsc = (XV & 4) ? c.scale * 256.0f : c.scale; /* K codes 2^-8 scaled: exact */
     unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA;
     float4 *sw = reinterpret_cast<float4 *>(sa);
     /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
@@ -3296,7 +3306,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         const uint4 w = kw[h][m >> 1];
                         const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
                         uint32_t b[2];
-                        m3_e4m3x4_to_f16x2(x, b[0], b[1]);
+                        if (XV & 4)
+                            pd8_e4m3x4_s8(x, b[0], b[1]);
+                        else
+                            m3_e4m3x4_to_f16x2(x, b[0], b[1]);
                         m3_mma_f16_16816(c8[h][m & 1], qa, b);
                     }
                 }
@@ -3321,7 +3334,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) /* §4.9 step 2 */
-                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
+                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * zsc * ks4[2 * h + (i & 1)];
             if (tail)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
@@ -3341,7 +3354,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
         /* lane gr's tile constants of group gr, once per chunk (all lanes at once): M + 1e-8,
          * its correctly rounded reciprocal and M / FP8_MAX (pass 2 shuffles them) */
-        const float ty = vm + 1e-8f, tr = __frcp_rn(ty), tf = pd8_div(vm, c.fmax, rfmax);
+        const float ty = vm + 1e-8f, tr = __frcp_rn(ty),
+                    tf = pd8_div(vm, c.fmax, rfmax) * ((XV & 8) ? 256.0f : 1.0f);
         /* pass 2: O = P' V, two groups a step */
         float o[PD_NT][4];
 #pragma unroll
@@ -3436,7 +3450,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int j = 0; j < 2; j++) { /* (a lone last group: j = 1 adds 0) */
                         uint32_t b[2];
-                        m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
+                        if (XV & 8)
+                            pd8_e4m3x4_s8(vc[j][u], b[0], b[1]);
+                        else
+                            m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
                         m3_mma_f16_16816(t4, ah[j], b);
                     }
 #pragma unroll
@@ -3448,7 +3465,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
                         uint32_t b[2];
-                        m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
+                        if (XV & 8)
+                            pd8_e4m3x4_s8(vc[j][u], b[0], b[1]);
+                        else
+                            m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         m3_mma_f16_16816(t4, ah[j], b);
 #pragma unroll
@@ -4423,25 +4443,28 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][16]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][24]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[14] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+    const pf_fn kf[19] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
                          pd8_part_k<true, 128>, pf_part_k<false>,
                          pd8_part_k<false, 16, 1>, pd8_part_k<true, 128, 1>,
-                         pd8_part_k<false, 16, 3>, pd8_part_k<true, 128, 3>, pf_part_k<false>};
+                         pd8_part_k<false, 16, 3>, pd8_part_k<true, 128, 3>,
+                         pd8_part_k<false, 16, 4>, pd8_part_k<true, 128, 4>,
+                         pd8_part_k<false, 16, 8>, pd8_part_k<true, 128, 8>,
+                         pd8_part_k<false, 16, 12>, pd8_part_k<true, 128, 12>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
-        if (xv == 1 && fi >= 6) fi += 3;
-        if (xv == 3 && fi >= 6) fi += 5;
+        static const int xo[13] = {0, 3, 0, 5, 7, 0, 0, 0, 9, 0, 0, 0, 11};
+        if (fi >= 6 && xv > 0 && xv < 13 && xo[xv] > 0) fi += xo[xv];
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
