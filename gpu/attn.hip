@@ -3076,6 +3076,13 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int p = pos[t];
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
+    /* dense: the first chunk's block ids before the position arrives (its bound checked in
+     * phys), one dependent load less before the first K copies */
+    int bt0 = 0;
+    if ((XV & 32) && !sparse) {
+        const int kb = (((int)blockIdx.x * c.cpb + warp) * ch + 16 * lane) / Bs;
+        if (kb < s.n_logical) bt0 = s.bt[kb];
+    }
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
     for (int e = tid; e < 16 * Dh / 8; e += NT) {
@@ -3170,6 +3177,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         const int k = cc * ch + 16 * lane;
         if (cc >= ce || k >= n) return 0;
         const int kb = k / Bs;
+        if ((XV & 32) && !sparse && cc == cb + warp) return bt0;
         return sparse ? s.bt[blist[kb]] : s.bt[kb];
     };
     /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
@@ -3362,14 +3370,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
         constexpr bool tpair = TPAIR; /* pairs (2i, 2i + 1) of groups lie in one tile */
-#pragma unroll 1
-        for (int gr = 0; gr < ng; gr += 2) {
-            const bool two = gr + 1 < ng;
-            uint32_t vc[2][PD_NT];
-            float4 vsg[2];
+        /* a step's V groups g0, g0 + 1 from the ring (a missing second group: zero codes and
+         * scales, which enter the products below and add 0) */
+        auto vload = [&](int g0, uint32_t (&vc)[2][PD_NT], float4 (&vsg)[2]) {
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                if (j == 1 && !two) { /* a zero group: it enters the products below (adds 0) */
+                if (j == 1 && g0 + 1 >= ng) {
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
                     vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -3382,6 +3388,47 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
                 vsg[j] = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
                 release();
+            }
+        };
+        uint32_t vcn[2][PD_NT];
+        float4 vsn[2];
+        if (XV & 16) vload(0, vcn, vsn);
+        /* one V group ahead: a step's first group read during the step before */
+        auto vg = [&](uint32_t (&v)[PD_NT], float4 &vs) {
+            const unsigned char *sl = acquire();
+#pragma unroll
+            for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&v[4 * j4], sl + (32 * j4 + lane) * 16);
+            vs = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
+            release();
+        };
+        if (XV & 64) vg(vcn[0], vsn[0]);
+#pragma unroll 1
+        for (int gr = 0; gr < ng; gr += 2) {
+            const bool two = gr + 1 < ng;
+            uint32_t vc[2][PD_NT];
+            float4 vsg[2];
+            if (XV & 16) { /* one step ahead: step gr + 2's V read before step gr's math */
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+#pragma unroll
+                    for (int u = 0; u < PD_NT; u++) vc[j][u] = vcn[j][u];
+                    vsg[j] = vsn[j];
+                }
+                if (gr + 2 < ng) vload(gr + 2, vcn, vsn);
+            } else if (XV & 64) {
+#pragma unroll
+                for (int u = 0; u < PD_NT; u++) vc[0][u] = vcn[0][u];
+                vsg[0] = vsn[0];
+                if (two) {
+                    vg(vc[1], vsg[1]);
+                } else {
+#pragma unroll
+                    for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
+                    vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+                if (gr + 2 < ng) vg(vcn[0], vsn[0]);
+            } else {
+                vload(gr, vc, vsg);
             }
             /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
             uint32_t pc[2][2];
@@ -4453,18 +4500,20 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const pf_fn kf[19] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
                          pd8_part_k<true, 128>, pf_part_k<false>,
-                         pd8_part_k<false, 16, 1>, pd8_part_k<true, 128, 1>,
-                         pd8_part_k<false, 16, 3>, pd8_part_k<true, 128, 3>,
-                         pd8_part_k<false, 16, 4>, pd8_part_k<true, 128, 4>,
-                         pd8_part_k<false, 16, 8>, pd8_part_k<true, 128, 8>,
-                         pd8_part_k<false, 16, 12>, pd8_part_k<true, 128, 12>};
+                         pd8_part_k<false, 16, 16>, pd8_part_k<true, 128, 16>,
+                         pd8_part_k<false, 16, 0>, pd8_part_k<true, 128, 32>,
+                         pd8_part_k<false, 16, 64>, pd8_part_k<true, 128, 64>,
+                         pd8_part_k<false, 16, 64>, pd8_part_k<true, 128, 96>,
+                         pf_part_k<false>, pf_part_k<false>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
-        static const int xo[13] = {0, 3, 0, 5, 7, 0, 0, 0, 9, 0, 0, 0, 11};
-        if (fi >= 6 && xv > 0 && xv < 13 && xo[xv] > 0) fi += xo[xv];
+        if (fi >= 6 && xv == 16) fi += 3;
+        if (fi >= 6 && xv == 32) fi += 5;
+        if (fi >= 6 && xv == 64) fi += 7;
+        if (fi >= 6 && xv == 96) fi += 9;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
