@@ -1743,7 +1743,9 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
  *   A_j = O_j unpartitioned, l_j bf16(O_j / l_j) partitioned (ref's rule: one chunk: O / l;
  *   else sum_j w_j bf16(O_j / l_j) / sum_j w_j, w_j = l_j e^(m_j - M), chunks in order). Run
  *   by the last block of each (token, kv head) to finish (a counter per (token, kv head); no
- *   second launch) when a row has <= PF_FUSE_MAX blocks, else by pf_merge_k (long dense rows).
+ *   second launch) when a row has <= PF_FUSE_MAX blocks, else (long dense rows) by the decode
+ *   kernels' last hq blocks of the row to arrive, a head each in pf_merge_k's order
+ *   (pd_split_merge, session 12: one launch when the grid fits one wave), or by pf_merge_k.
  * Elsewhere (no mma.sync) m3_gpu_attn_paged_flash runs the faithful kernel. */
 #define PF_THREADS 256 /* 8 warps: a warp per 8-key n-tile of S, per 16-dim pair of O */
 #define PF_NW (PF_THREADS / 32)
@@ -2585,12 +2587,42 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
     __threadfence();
     const int r = (int)(tk + (unsigned int)K - nsp), h0 = r * hq / K, h1 = (r + 1) * hq / K;
     float *w = sh, *den = w + 3 * nj, *ps = sh + (3 * nj + 4) / 4 * 4;
+    constexpr int NI = 2, NP = 8; /* items (warp i, dims d..d+3) a thread, partials read early */
+    static_assert(NW * (Dh / 4) <= NI * PD_W * 32, "pd_split_merge's items per thread");
     for (int h = h0; h < h1; h++) {
+        /* the first NP partials of each item in flight while the weights are formed (the
+         * same sums as pf_acc's, in its order: 0, then w_j A_j for j = i, i + NW, ...) */
+        float4 pa[NI][NP];
+#pragma unroll
+        for (int it = 0; it < NI; it++) {
+            const int e = tid + it * nt, i = e / (Dh / 4), d = 4 * (e % (Dh / 4));
+#pragma unroll
+            for (int u = 0; u < NP; u++) {
+                const int j = i + u * NW;
+                pa[it][u] = e < NW * (Dh / 4) && j < nj
+                                ? __ldcg(reinterpret_cast<const float4 *>(po + ((s0 + j) * hq + h) * Dh + d))
+                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
         pf_merge_w(pml, s0, nj, hq, h, 1, w, den, tid, nt);
-        for (int e = tid; e < NW * (Dh / 4); e += nt) { /* pf_merge_k's warp i, lane d / 4 */
-            const int i = e / (Dh / 4), d = 4 * (e % (Dh / 4));
-            float acc[4];
-            pf_acc(po, s0, hq, Dh, h, d, 4, w, i, nj, NW, acc);
+#pragma unroll
+        for (int it = 0; it < NI; it++) { /* pf_merge_k's warp i, lane d / 4 */
+            const int e = tid + it * nt, i = e / (Dh / 4), d = 4 * (e % (Dh / 4));
+            if (e >= NW * (Dh / 4)) break;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int u = 0; u < NP; u++) {
+                const int j = i + u * NW;
+                if (j >= nj) break;
+                const float4 a = pa[it][u];
+                const float x = w[j];
+                acc[0] += x * a.x, acc[1] += x * a.y, acc[2] += x * a.z, acc[3] += x * a.w;
+            }
+            for (int j = i + NP * NW; j < nj; j += NW) {
+                const float4 a = __ldcg(reinterpret_cast<const float4 *>(po + ((s0 + j) * hq + h) * Dh + d));
+                const float x = w[j];
+                acc[0] += x * a.x, acc[1] += x * a.y, acc[2] += x * a.z, acc[3] += x * a.w;
+            }
             *reinterpret_cast<float4 *>(ps + i * Dh + d) = make_float4(acc[0], acc[1], acc[2], acc[3]);
         }
         __syncthreads();
@@ -3018,8 +3050,8 @@ static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     return s > a ? s : a;
 }
 /* Q's fp16 fragments (4 KB), then the warps' S / A areas and rings */
-static size_t pd8_smem_bytes(const pf_cfg &c, int ns = PD8_NS) {
-    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)ns * PD8_SB);
+static size_t pd8_smem_bytes(const pf_cfg &c) {
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
@@ -3036,15 +3068,6 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
-/* 4 e4m3fn codes -> fp16 bits of 2^-8 times their values by integer ops (lo: codes 0, 1;
- * hi: codes 2, 3): (c & 0x7F) << 7 | (c & 0x80) << 8 is the code's value with e4m3's exponent
- * bias (7) read as fp16's (15), i.e. 2^-8 times it, subnormals included (session 12 knob) */
-static __device__ __forceinline__ void pd8_e4m3x4_s8(uint32_t x, uint32_t &lo, uint32_t &hi) {
-    const uint32_t m = x & 0x7F7F7F7Fu, sg = x ^ m;
-    lo = (__byte_perm(m, 0u, 0x4140) << 7) + __byte_perm(sg, 0u, 0x1404);
-    hi = (__byte_perm(m, 0u, 0x4342) << 7) + __byte_perm(sg, 0u, 0x3424);
-}
-
 /* 16 bytes global -> shared (a 32-bit shared address), asynchronously, L2 only */
 static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
@@ -3052,7 +3075,7 @@ static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
 
 /* TPAIR: c.tile >= 32 (pairs of 16-key groups lie in one §4.9 tile); PVC: the view's page when
  * it is 16 or 128 (the M3 layers' views; the launcher checks it), else 0 (a run-time page) */
-template <bool TPAIR, int PVC, int XV = 0>
+template <bool TPAIR, int PVC>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3061,8 +3084,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #if M3_HAVE_MMA && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
-    constexpr int NT = PD_W * 32, NS = (XV & 2) ? 5 : PD8_NS, SB = PD8_SB, SCO = 2048;
-    constexpr bool QREG = (XV & 1) != 0;
+    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB, SCO = 2048;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
@@ -3076,13 +3098,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int p = pos[t];
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
-    /* dense: the first chunk's block ids before the position arrives (its bound checked in
-     * phys), one dependent load less before the first K copies */
-    int bt0 = 0;
-    if ((XV & 32) && !sparse) {
-        const int kb = (((int)blockIdx.x * c.cpb + warp) * ch + 16 * lane) / Bs;
-        if (kb < s.n_logical) bt0 = s.bt[kb];
-    }
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
     for (int e = tid; e < 16 * Dh / 8; e += NT) {
@@ -3169,7 +3184,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
     const float rfmax = __frcp_rn(c.fmax);
-    const float zsc = (XV & 4) ? c.scale * 256.0f : c.scale; /* K codes 2^-8 scaled: exact */
     unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA;
     float4 *sw = reinterpret_cast<float4 *>(sa);
     /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
@@ -3177,7 +3191,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         const int k = cc * ch + 16 * lane;
         if (cc >= ce || k >= n) return 0;
         const int kb = k / Bs;
-        if ((XV & 32) && !sparse && cc == cb + warp) return bt0;
         return sparse ? s.bt[blist[kb]] : s.bt[kb];
     };
     /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
@@ -3280,12 +3293,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
          * group gr's products */
         uint4 kwn[2][2];
         float4 ksn, kvn;
-        uint4 qr[8];
-        if (QREG) {
-            asm volatile("" ::: "memory");
-#pragma unroll
-            for (int i = 0; i < 8; i++) qr[i] = qh[i * 32 + lane];
-        }
         kload(kwn, ksn, kvn);
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr++) {
@@ -3307,17 +3314,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             for (int m = 0; m < 4; m++)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
-                    const uint4 qa4 = QREG ? qr[2 * m + hf] : qh[(2 * m + hf) * 32 + lane];
+                    const uint4 qa4 = qh[(2 * m + hf) * 32 + lane];
                     const uint32_t qa[4] = {qa4.x, qa4.y, qa4.z, qa4.w};
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const uint4 w = kw[h][m >> 1];
                         const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
                         uint32_t b[2];
-                        if (XV & 4)
-                            pd8_e4m3x4_s8(x, b[0], b[1]);
-                        else
-                            m3_e4m3x4_to_f16x2(x, b[0], b[1]);
+                        m3_e4m3x4_to_f16x2(x, b[0], b[1]);
                         m3_mma_f16_16816(c8[h][m & 1], qa, b);
                     }
                 }
@@ -3342,7 +3346,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) /* §4.9 step 2 */
-                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * zsc * ks4[2 * h + (i & 1)];
+                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
             if (tail)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
@@ -3362,20 +3366,21 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
         /* lane gr's tile constants of group gr, once per chunk (all lanes at once): M + 1e-8,
          * its correctly rounded reciprocal and M / FP8_MAX (pass 2 shuffles them) */
-        const float ty = vm + 1e-8f, tr = __frcp_rn(ty),
-                    tf = pd8_div(vm, c.fmax, rfmax) * ((XV & 8) ? 256.0f : 1.0f);
+        const float ty = vm + 1e-8f, tr = __frcp_rn(ty), tf = pd8_div(vm, c.fmax, rfmax);
         /* pass 2: O = P' V, two groups a step */
         float o[PD_NT][4];
 #pragma unroll
         for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
         constexpr bool tpair = TPAIR; /* pairs (2i, 2i + 1) of groups lie in one tile */
-        /* a step's V groups g0, g0 + 1 from the ring (a missing second group: zero codes and
-         * scales, which enter the products below and add 0) */
-        auto vload = [&](int g0, uint32_t (&vc)[2][PD_NT], float4 (&vsg)[2]) {
+#pragma unroll 1
+        for (int gr = 0; gr < ng; gr += 2) {
+            const bool two = gr + 1 < ng;
+            uint32_t vc[2][PD_NT];
+            float4 vsg[2];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                if (j == 1 && g0 + 1 >= ng) {
+                if (j == 1 && !two) { /* a zero group: it enters the products below (adds 0) */
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
                     vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -3388,47 +3393,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
                 vsg[j] = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
                 release();
-            }
-        };
-        uint32_t vcn[2][PD_NT];
-        float4 vsn[2];
-        if (XV & 16) vload(0, vcn, vsn);
-        /* one V group ahead: a step's first group read during the step before */
-        auto vg = [&](uint32_t (&v)[PD_NT], float4 &vs) {
-            const unsigned char *sl = acquire();
-#pragma unroll
-            for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&v[4 * j4], sl + (32 * j4 + lane) * 16);
-            vs = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
-            release();
-        };
-        if (XV & 64) vg(vcn[0], vsn[0]);
-#pragma unroll 1
-        for (int gr = 0; gr < ng; gr += 2) {
-            const bool two = gr + 1 < ng;
-            uint32_t vc[2][PD_NT];
-            float4 vsg[2];
-            if (XV & 16) { /* one step ahead: step gr + 2's V read before step gr's math */
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-#pragma unroll
-                    for (int u = 0; u < PD_NT; u++) vc[j][u] = vcn[j][u];
-                    vsg[j] = vsn[j];
-                }
-                if (gr + 2 < ng) vload(gr + 2, vcn, vsn);
-            } else if (XV & 64) {
-#pragma unroll
-                for (int u = 0; u < PD_NT; u++) vc[0][u] = vcn[0][u];
-                vsg[0] = vsn[0];
-                if (two) {
-                    vg(vc[1], vsg[1]);
-                } else {
-#pragma unroll
-                    for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
-                    vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                }
-                if (gr + 2 < ng) vg(vcn[0], vsn[0]);
-            } else {
-                vload(gr, vc, vsg);
             }
             /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
             uint32_t pc[2][2];
@@ -3497,10 +3461,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int j = 0; j < 2; j++) { /* (a lone last group: j = 1 adds 0) */
                         uint32_t b[2];
-                        if (XV & 8)
-                            pd8_e4m3x4_s8(vc[j][u], b[0], b[1]);
-                        else
-                            m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
+                        m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
                         m3_mma_f16_16816(t4, ah[j], b);
                     }
 #pragma unroll
@@ -3512,10 +3473,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int u = 0; u < PD_NT; u++) {
                         uint32_t b[2];
-                        if (XV & 8)
-                            pd8_e4m3x4_s8(vc[j][u], b[0], b[1]);
-                        else
-                            m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
+                        m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         m3_mma_f16_16816(t4, ah[j], b);
 #pragma unroll
@@ -4481,39 +4439,25 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
          * e.g. a second context's, keeps slots for the blocks both wait for) */
         if (c.nsp * rows <= slots && 4 * k * rows <= slots) c.split = k;
     }
-    static int xv = -1; /* session 12 temporary knob: M3_PD_KNOB (pd8_part_k variants) */
-    {
-        const char *e = getenv("M3_PD_KNOB");
-        xv = e ? atoi(e) : 0;
-    }
-    const size_t sh = p8 ? pd8_smem_bytes(c, (xv & 2) ? 5 : PD8_NS) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
+    const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][24]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[19] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                         pd8_part_k<true, 128>, pf_part_k<false>,
-                         pd8_part_k<false, 16, 16>, pd8_part_k<true, 128, 16>,
-                         pd8_part_k<false, 16, 0>, pd8_part_k<true, 128, 32>,
-                         pd8_part_k<false, 16, 64>, pd8_part_k<true, 128, 64>,
-                         pd8_part_k<false, 16, 64>, pd8_part_k<true, 128, 96>,
-                         pf_part_k<false>, pf_part_k<false>};
+                         pd8_part_k<true, 128>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
-        if (fi >= 6 && xv == 16) fi += 3;
-        if (fi >= 6 && xv == 32) fi += 5;
-        if (fi >= 6 && xv == 64) fi += 7;
-        if (fi >= 6 && xv == 96) fi += 9;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {

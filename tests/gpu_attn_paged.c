@@ -248,21 +248,6 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
                 if (memcmp(got, got2, no * sizeof *got))
                     m3_test_failf("%s: pf_merge_k's merge (k4) differs", name);
                 ds.flash_kernel = 2;
-                /* session 12, temporary: M3_PD_KNOB_CMP=a,b,..: the launch again under each
-                 * M3_PD_KNOB value (pd8_part_k variants), the same bits required */
-                for (const char *v = getenv("M3_PD_KNOB_CMP"); v && *v;) {
-                    char val[16];
-                    snprintf(val, sizeof val, "%d", atoi(v));
-                    setenv("M3_PD_KNOB", val, 1);
-                    GPU_OK(m3_gpu_attn_paged_flash(g, dout, dq, ldq, &ds, dpos, T, C, dtopk,
-                                                   s->width, &ap, &p));
-                    gpu_download_bf16(g, got2, dout, no);
-                    if (memcmp(got, got2, no * sizeof *got))
-                        m3_test_failf("%s: knob %s differs", name, val);
-                    v = strchr(v, ',');
-                    v = v ? v + 1 : NULL;
-                }
-                unsetenv("M3_PD_KNOB");
             }
             if (g_two && ic == 0) { /* the same launch on two contexts at once */
                 m3_bf16 *da = gpu_guard_alloc(g, no * sizeof(m3_bf16));

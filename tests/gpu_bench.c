@@ -450,22 +450,6 @@ static void pattn_retime(m3_gpu *g, pattn_ctx *c, const char *nm, const char *ta
     *hook = 0;
 }
 
-/* session 12, temporary: the row again under each value of M3_BENCH_PD_KNOB (a comma list)
- * set as M3_PD_KNOB, which gpu/attn.hip's launcher reads per call */
-static void pattn_knob(m3_gpu *g, pattn_ctx *c, const char *nm, double bytes, double flops) {
-    const char *list = getenv("M3_BENCH_PD_KNOB");
-    for (const char *v = list; v && *v;) {
-        char val[16], nk[120];
-        snprintf(val, sizeof val, "%d", atoi(v));
-        setenv("M3_PD_KNOB", val, 1);
-        snprintf(nk, sizeof nk, "%s x%s", nm, val);
-        report(nk, time_ms(g, do_pattn, c, 20, 7), bytes, flops);
-        v = strchr(v, ',');
-        v = v ? v + 1 : NULL;
-    }
-    unsetenv("M3_PD_KNOB");
-}
-
 /* the fields both paged cases share: atom, 64:4 heads of 128, pages of 128 (the page-16 view
  * when sparse), fp8 as §4.9 with e4m3fn codes saturating */
 static void pattn_ctx_init(pattn_ctx *c, int T, int C, bool sparse, bool fp8) {
@@ -557,7 +541,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
-    pattn_knob(g, &c, nm, bytes, flops);
     m3_gpu_release(g, mark);
 }
 
@@ -643,7 +626,6 @@ static void pattn_batch_case(m3_gpu *g, m3_rng *r, int B, int C, bool sparse, bo
     double ms = time_ms(g, do_pattn, &c, sparse ? 20 : 3, sparse ? 7 : 3);
     report(nm, ms, bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
-    pattn_knob(g, &c, nm, bytes, flops);
     m3_gpu_release(g, mark);
 }
 
