@@ -3040,7 +3040,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * chunk's tile constants (M + 1e-8, its reciprocal, M / FP8_MAX) once per group lane after
  * pass 1, shuffled in pass 2, whose two groups a step run straight through (a missing second
  * group as z = -inf with zero scales and codes). Both pass-2 slots acquired at once with the
- * two refills after them measured ~1% slower. */
+ * two refills after them measured ~1% slower. Session 12 (one process each, B=64 sparse /
+ * dense T = 1): Q's fragments in registers per chunk 2-4% slower (spills); K or V code
+ * unpacks by integer ops ((c & 0x7F) << 7 | (c & 0x80) << 8: 2^-8 times the value as fp16,
+ * the 2^8 folded into the scales; the same bits) 5-16% slower; pass 2's V a step or a group
+ * ahead 5-27% slower: the kernel is latency-bound and each added instruction or register
+ * costs. Rows of many partials merge in the kernel (pd_split_merge). */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
