@@ -27,6 +27,8 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
+#include <stdio.h> /* SESSION KNOB (pc_dump), to be removed */
+#include <stdlib.h>
 
 
 #define ATTN_THREADS 128
@@ -3641,6 +3643,7 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
+#define PC_BT_MAX 1024  /* SESSION VARIANT: block-table entries loaded whole (4 a thread) */
 
 typedef struct {
     pf_cfg c;
@@ -3681,7 +3684,12 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-template <bool FP8, bool CONT, bool PA, bool FX>
+/* SESSION KNOB (session 12, to be removed): per instance, per phase, the sum over CTAs of
+ * thread 0's clock64 minus its value at the grid wait's release; [i][31] the CTA count */
+__device__ unsigned long long pc_stm[3][32];
+#define PC_ST(i) do { if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
+
+template <bool FP8, bool CONT, bool PA, bool FX, int V = 0>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3719,6 +3727,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __shared__ uint64_t bars[5];
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
+    /* SESSION VARIANT bit 1: the whole block table (n_logical <= PC_BT_MAX) loaded with pos and
+     * the selection, so the selected blocks' entries come from shared memory (no second round
+     * trip) */
+    constexpr bool BTP = (V & 2) && FXP;
+    __shared__ __align__(16) int btsh[BTP ? PC_BT_MAX : 1];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
@@ -3727,10 +3740,21 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
+    const long long pc_ts = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
+    const long long pc_t0 = clock64();
+    if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][0], (unsigned long long)(pc_t0 - pc_ts)), atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][31], 1ull);
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = FX || topk != NULL;
+    int4 btv = make_int4(0, 0, 0, 0);
+    const int nbt = BTP ? min(s.n_logical, PC_BT_MAX) : 0;
+    if (BTP && tid * 4 + 3 < nbt) btv = *reinterpret_cast<const int4 *>(s.bt + tid * 4);
+    else if (BTP && tid * 4 < nbt) {
+        btv.x = s.bt[tid * 4];
+        if (tid * 4 + 1 < nbt) btv.y = s.bt[tid * 4 + 1];
+        if (tid * 4 + 2 < nbt) btv.z = s.bt[tid * 4 + 2];
+    }
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
@@ -3763,6 +3787,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = nf * Bs + (p - Bs * bp + 1);
     } else {
     /* round trip 2, before the ranking: the table entry of every usable selected block */
+    if (BTP) {
+        if (tid * 4 < nbt) *reinterpret_cast<int4 *>(btsh + tid * 4) = btv;
+    } else
     if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
     const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
     if (tid < width) selsh[tid] = b, vfl[tid] = ok;
@@ -3774,6 +3801,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = p + 1;
     } else { /* ref m3_kv_sparse_table, as pf_part_k: full blocks b < bp in selection order
               * or by id (a stable rank, duplicates kept), the own block last when selected */
+        if (BTP && b >= 0 && b <= bp) ph = b < nbt ? btsh[b] : s.bt[b];
         if (ok) {
             int at = 0;
             if (FXP || c.sel_order) { /* the usable entries before this one: ballots */
@@ -3787,6 +3815,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
     }
     }
+    PC_ST(1);
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
@@ -3815,6 +3844,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
+    PC_ST(2);
     /* contiguous: the row's keys split evenly (kpc is the most a CTA takes), a chunk a CTA
      * (no partitions: each CTA's own max, no max exchange; empty CTAs weigh 0 in the merge) */
     const int kpd = CONT ? ((n + 15) / 16 + cs - 1) / cs * 16 : kpc;
@@ -3877,6 +3907,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
     }
+    PC_ST(3);
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
@@ -3911,8 +3942,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         }
     }
+    PC_ST(4);
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
+    PC_ST(5);
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     auto kstep = [&](int key, int s2, float (&acc)[4]) {
@@ -3973,8 +4006,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
     }
+    PC_ST(6);
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
-    if (pa) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
+    /* SESSION VARIANT bit 2: the §4.9 tile maxima while the chunk max exchange is in flight */
+    constexpr bool TML = (V & 4) && FXP && PA;
+    if (pa && !TML) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
              * and 1 / (M + 1e-8), the quotient's reciprocal */
         for (int gt = warp; gt < ng; gt += NW) {
             float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
@@ -3982,6 +4018,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
         }
     __syncthreads();
+    PC_ST(7);
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
         float m = -INFINITY;
@@ -3999,6 +4036,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             else pc_sta(pc_mapa(mi + me * hq + h, c0 + to), mloc[h], pc_mapa(bars + 2, c0 + to));
         }
         if (tid == 0) pc_bar_expect(bars + 2, (uint32_t)((spc - 1) * hq * 4));
+        if (TML) /* the tile maxima (read after the barriers below) */
+            for (int gt = warp; gt < ng; gt += NW) {
+                float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
+                M = m3_warp_max(M);
+                if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
+            }
+        PC_ST(8);
         pc_bar_wait_cl(bars + 2, 0);
         __syncthreads(); /* the own slot */
         if (tid < hq) {
@@ -4008,6 +4052,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
+    PC_ST(9);
     /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
@@ -4051,6 +4096,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         psend(h, m0, l0);
         if (two) psend(h + NW, m1, l1);
     }
+    PC_ST(10);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
@@ -4058,6 +4104,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
+    PC_ST(11);
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
     float o[2][4] = {};
@@ -4113,6 +4160,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (np * 16 < Dh)
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+    PC_ST(12);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = FX ? 128 : pc.epo;
@@ -4130,24 +4178,81 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 pc_sta2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1],
                         pc_mapa(bars + 3, ow));
             }
+    PC_ST(13);
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
+    constexpr bool WREG = (V & 8) && FXP;
+    if (WREG) { /* SESSION VARIANT bit 3: the owner (one head: h = r) forms the weights of its
+                 * chunks in each thread's registers (cl_weights' values: l_j = its CTAs' l in
+                 * rank order, M the max over chunks with l_j > 0, w_j = e^(m_j - M)), no
+                 * barrier; then cl_sums' sums for its element and half */
+        if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
+        pc_bar_wait_cl(bars + 4, 0);
+        PC_ST(14);
+        const int h = r, half = (tid >> 4) & 1, x = (tid >> 5) * 16 + (tid & 15);
+        float lj[8], mj[8], M = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            lj[j] = 0.0f;
+            lj[j] += rl[(2 * j) * 16 + h];
+            lj[j] += rl[(2 * j + 1) * 16 + h];
+            mj[j] = rm[(2 * j) * 16 + h];
+            if (j < nch && lj[j] > 0.0f) M = fmaxf(M, mj[j]);
+        }
+        PC_ST(15);
+        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
+        float num = 0.0f, den = 0.0f;
+        const int jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
+        float w4[4], r4[4], l4[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) { /* chunk ja + i: the weight, the reciprocal */
+            const int j = ja + i;
+            float lv = 0.0f, mv = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) if (jj == j) lv = lj[jj], mv = mj[jj];
+            const bool on = j < jb && lv > 0.0f;
+            w4[i] = on ? expf(mv - M) : 0.0f, r4[i] = on ? __frcp_rn(lv) : 0.0f;
+            l4[i] = lv;
+        }
+        pc_bar_wait_cl(bars + 3, 0);
+        PC_ST(16);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = ja + i;
+            if (j < jb) {
+                const float oo = 0.0f + ro[(size_t)(2 * j) * 128 + x] + ro[(size_t)(2 * j + 1) * 128 + x];
+                const float a = l4[i] > 0.0f ? l4[i] * m3_round_bf16(pd8_div(oo, l4[i], r4[i])) : oo;
+                num += __fmul_rn(w4[i], a);
+                den += __fmul_rn(w4[i], l4[i]);
+            }
+        }
+        num += __shfl_xor_sync(0xffffffffu, num, 16);
+        den += __shfl_xor_sync(0xffffffffu, den, 16);
+        if (!half) out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + x] = m3_f32_to_bf16(num / den);
+        PC_ST(17);
+    } else
     if (EARLY) { /* the weights once every CTA's l and m landed (bars[4], sent from the P loops:
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
+        PC_ST(14);
         cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+        PC_ST(15);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
+        PC_ST(16);
         __syncthreads(); /* the weights */
         cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, (FXP || c.part > 0), e0, ne,
                 Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
+        PC_ST(17);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
         pc_bar_wait_cl(bars + 3, 0);
+        PC_ST(16);
         cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
                         (FXP || c.part > 0), e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+        PC_ST(17);
     }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
@@ -4181,6 +4286,18 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
 
 typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                       int, const int32_t *, int, pc_cfg);
+/* SESSION KNOB (session 12, to be removed): M3_PC_STAMP=1 stamps, printed at exit */
+static void pc_dump(void) {
+    unsigned long long h[3][32];
+    if (cudaMemcpyFromSymbol(h, pc_stm, sizeof h) != cudaSuccess) { fprintf(stderr, "pc_dump: copy failed\n"); return; }
+    static const char *nm[3] = {"bf16 paged", "fp8 paged", "bf16 cont"};
+    for (int i = 0; i < 3; i++) {
+        if (!h[i][31]) continue;
+        fprintf(stderr, "PCSTAMP %s ctas %llu (k cycles from the grid wait's release; [0] = pre-wait):", nm[i], h[i][31]);
+        for (int j = 0; j < 18; j++) fprintf(stderr, " %d:%.2f", j, (double)h[i][j] / (double)h[i][31] / 1000.0);
+        fprintf(stderr, "\n");
+    }
+}
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
@@ -4194,12 +4311,40 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                     (!pc.c.fp8 || (src->ovf == M3_FP8_SATURATE && src->g.fp8_kind == M3_FP8_E4M3FN));
     const bool fxc = pc.cont && pc.c.hq == 16 && pc.c.Dh == 128 && src->g.block == 128 && pc.cs == 16 &&
                      pc.spc == 1 && pc.epo == 128 && !pc.c.eager;
-    const int base = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa ? 3 : 1) : 0, fi = base + (fx || fxc ? 4 : 0);
+    const int base = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa ? 3 : 1) : 0;
+    int fi = base + (fx || fxc ? 4 : 0);
     static const pc_fn fns[8] = {pc_k<false, false, false, false>, pc_k<true, false, false, false>,
                                  pc_k<false, true, false, false>, pc_k<true, false, true, false>,
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
-    const pc_fn fn = fns[fi];
+    pc_fn fn = fns[fi];
+    /* SESSION KNOB (to be removed): variants of the FX instances; bits: 1 stamps (M3_PC_STAMP),
+     * 2 the whole block table, 4 the §4.9 tile maxima during the max exchange; from M3_PC_VAR
+     * and the flash_kernel test hook's bits 4.. */
+    static int pc_stamp = -1;
+    if (pc_stamp < 0) {
+        pc_stamp = getenv("M3_PC_STAMP") ? 1 : 0;
+        if (pc_stamp) atexit(pc_dump);
+    }
+    {
+        const char *ev = getenv("M3_PC_VAR");
+        const int var = ((src->flash_kernel >> 4) | (ev ? atoi(ev) : 0) | pc_stamp) & 15;
+#define PCB(v) pc_k<false, false, false, true, v>
+#define PCA(v) pc_k<true, false, true, true, v>
+        static const pc_fn vf[3][16] = {
+            {nullptr, PCB(1), PCB(2), PCB(3), nullptr, nullptr, nullptr, nullptr, PCB(8), PCB(9), PCB(10), PCB(11),
+             nullptr, nullptr, nullptr, nullptr},
+            {nullptr, PCA(1), PCA(2), PCA(3), PCA(4), nullptr, PCA(6), PCA(7), PCA(8), PCA(9), nullptr, nullptr,
+             nullptr, nullptr, PCA(14), PCA(15)},
+            {nullptr, pc_k<false, true, false, true, 1>, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+             nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}};
+#undef PCB
+#undef PCA
+        const int ty = fi == 4 ? 0 : fi == 7 ? 1 : fi == 6 ? 2 : -1;
+        const int vv = ty == 0 ? var & 11 : ty == 2 ? var & 1 : var;
+        const bool btok = !(var & 2) || (((uintptr_t)src->bt & 15) == 0 && src->n_logical <= PC_BT_MAX);
+        if (ty >= 0 && vv && btok && vf[ty][vv]) fn = vf[ty][vv], fi = 8 + ty * 16 + vv;
+    }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4214,8 +4359,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][8];
-    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
+    static int pc_attr[64][64];
+    static size_t pc_ok[64][64][PC_MAX_CS + 1], pc_no[64][64][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
@@ -4262,9 +4407,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = src->flash_kernel == 3;
+        const bool force = (src->flash_kernel & 15) == 3; /* SESSION: bits 4.. pc_k variants */
         /* pc_k reads one block table: a decode batch of several sequences (bt_ld) skips it */
-        if ((src->bt_ld == 0 || n_tok == 1) && (src->flash_kernel == 0 || force) &&
+        if ((src->bt_ld == 0 || n_tok == 1) && ((src->flash_kernel & 15) == 0 || force) &&
             pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));
