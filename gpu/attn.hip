@@ -3698,7 +3698,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
     /* the owner's weights before O lands (paged instances; measured there, session 10) */
-    constexpr bool EARLY = !CONT;
+    /* SESSION VARIANT bit 3 (WREG, below): l and m on bars[4] in the contiguous FX instance too */
+    constexpr bool WREG = (V & 8) && FX;
+    constexpr bool EARLY = !CONT || WREG;
     const pf_cfg &c = pc.c;
     const bool pa = PA || (FP8 && c.pa); /* §4.9 (known false in the bf16 instance: no P' code there) */
     /* FX: M3's sparse decode geometry compiled in (hq 16, Dh 128, partitions of 256 keys, Bs 128,
@@ -3732,6 +3734,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * trip) */
     constexpr bool BTP = (V & 2) && FXP;
     __shared__ __align__(16) int btsh[BTP ? PC_BT_MAX : 1];
+    /* SESSION VARIANT bit 4: P and l from the score registers (FX paged: a warp's two n-tiles,
+     * every head), l summed per warp, then over the warps (lw) */
+    constexpr bool PREG = (V & 16) && FXP;
+    __shared__ float lw[PREG ? NW : 1][16];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
@@ -3973,7 +3979,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     };
     float mx[2] = {-INFINITY, -INFINITY};
-    auto kout = [&](int nt, const float (&c8)[2][4]) {
+    float zr[2][4]; /* PREG: the scores of n-tiles warp, warp + NW (-inf past nk) */
+#pragma unroll
+    for (int i = 0; i < 8; i++) zr[i >> 2][i & 3] = -INFINITY;
+    auto kout = [&](int nt, const float (&c8)[2][4], int sl) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
@@ -3984,7 +3993,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 if (FP8) d *= ksc[ki]; /* dequantized K */
                 z = (!FX && c.eager) ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
             }
-            sc[(size_t)rr * SCP + ki] = z;
+            if (PREG) zr[sl][i] = z;
+            else sc[(size_t)rr * SCP + ki] = z;
             mx[i >> 1] = fmaxf(mx[i >> 1], z);
         }
     };
@@ -3998,8 +4008,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             kstep(nt * 8 + gq, s2, ca[s2 & 1]);
             if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
         }
-        kout(nt, ca);
-        if (two) kout(nt + NW, cb);
+        kout(nt, ca, 0);
+        if (two) kout(nt + NW, cb, 1);
     }
 #pragma unroll
     for (int r2 = 0; r2 < 2; r2++) {
@@ -4085,6 +4095,42 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
     };
+    if (PREG) { /* FX paged: keys nt 8 + 2 tq (+ 1) of n-tiles nt = warp, warp + NW, rows gq, gq + 8 */
+        float lp[2] = {0.0f, 0.0f};
+        const float mrow[2] = {mloc[gq], mloc[gq + 8]};
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+            const int nt = warp + sl * NW;
+#pragma unroll
+            for (int r2 = 0; r2 < 2; r2++) {
+                float pv[2];
+#pragma unroll
+                for (int k2 = 0; k2 < 2; k2++) {
+                    const int ki = nt * 8 + 2 * tq + k2;
+                    float pp = 0.0f;
+                    if (ki < nk) {
+                        const float ex = expf(zr[sl][2 * r2 + k2] - mrow[r2]);
+                        lp[r2] += ex;
+                        if (pa) { /* §4.9 step 4 */
+                            const int ti = ki >> 4;
+                            pp = pd8_div(ex * vsc[ki] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
+                        } else {
+                            pp = FP8 ? ex * vsc[ki] : ex;
+                        }
+                    }
+                    pv[k2] = pp;
+                }
+                *reinterpret_cast<uint32_t *>(pb + (gq + 8 * r2) * PBP + nt * 8 + 2 * tq) =
+                    pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+            }
+        }
+#pragma unroll
+        for (int r2 = 0; r2 < 2; r2++) {
+            lp[r2] += M3_SHFL_XOR(lp[r2], 1);
+            lp[r2] += M3_SHFL_XOR(lp[r2], 2);
+        }
+        if (tq == 0) lw[warp][gq] = lp[0], lw[warp][gq + 8] = lp[1];
+    } else
     for (int h = warp; h < hq; h += 2 * NW) {
         const bool two = h + NW < hq; /* warp-uniform */
         const float m0 = mloc[h], m1 = two ? mloc[h + NW] : 0.0f;
@@ -4104,6 +4150,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
+    if (PREG) { /* (l, the chunk's max) of head tid / 16 to owner tid % 16 (the warps' l in order) */
+        const int h = tid >> 4, ow = tid & 15;
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) l += lw[w][h];
+        const uint32_t mb = pc_mapa(bars + 4, ow);
+        pc_sta(pc_mapa(rl + r * hq + h, ow), l, mb);
+        pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], mb);
+    }
     PC_ST(11);
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
@@ -4182,47 +4237,49 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
-    constexpr bool WREG = (V & 8) && FXP;
     if (WREG) { /* SESSION VARIANT bit 3: the owner (one head: h = r) forms the weights of its
                  * chunks in each thread's registers (cl_weights' values: l_j = its CTAs' l in
                  * rank order, M the max over chunks with l_j > 0, w_j = e^(m_j - M)), no
-                 * barrier; then cl_sums' sums for its element and half */
+                 * barrier; then cl_sums' sums for its element and half. FX: paged 8 chunks of 2
+                 * CTAs (partitioned), contiguous 16 of 1 */
+        constexpr int NJ = FXP ? 8 : 16, SP = FXP ? 2 : 1, HJ = NJ / 2;
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
         PC_ST(14);
         const int h = r, half = (tid >> 4) & 1, x = (tid >> 5) * 16 + (tid & 15);
-        float lj[8], mj[8], M = -INFINITY;
+        auto lsum = [&](int j) {
+            float l = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            lj[j] = 0.0f;
-            lj[j] += rl[(2 * j) * 16 + h];
-            lj[j] += rl[(2 * j + 1) * 16 + h];
-            mj[j] = rm[(2 * j) * 16 + h];
-            if (j < nch && lj[j] > 0.0f) M = fmaxf(M, mj[j]);
-        }
-        PC_ST(15);
-        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
-        float num = 0.0f, den = 0.0f;
+            for (int u = 0; u < SP; u++) l += rl[(SP * j + u) * 16 + h];
+            return l;
+        };
+        float M = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            if (j < nch && lsum(j) > 0.0f) M = fmaxf(M, rm[SP * j * 16 + h]);
         const int jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
-        float w4[4], r4[4], l4[4];
+        float w4[HJ], r4[HJ], l4[HJ];
 #pragma unroll
-        for (int i = 0; i < 4; i++) { /* chunk ja + i: the weight, the reciprocal */
+        for (int i = 0; i < HJ; i++) { /* chunk ja + i: the weight, the reciprocal */
             const int j = ja + i;
-            float lv = 0.0f, mv = 0.0f;
-#pragma unroll
-            for (int jj = 0; jj < 8; jj++) if (jj == j) lv = lj[jj], mv = mj[jj];
+            const float lv = j < NJ ? lsum(j) : 0.0f, mv = j < NJ ? rm[SP * j * 16 + h] : 0.0f;
             const bool on = j < jb && lv > 0.0f;
             w4[i] = on ? expf(mv - M) : 0.0f, r4[i] = on ? __frcp_rn(lv) : 0.0f;
             l4[i] = lv;
         }
+        PC_ST(15);
+        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
         PC_ST(16);
+        float num = 0.0f, den = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < HJ; i++) {
             const int j = ja + i;
             if (j < jb) {
-                const float oo = 0.0f + ro[(size_t)(2 * j) * 128 + x] + ro[(size_t)(2 * j + 1) * 128 + x];
-                const float a = l4[i] > 0.0f ? l4[i] * m3_round_bf16(pd8_div(oo, l4[i], r4[i])) : oo;
+                float oo = 0.0f;
+#pragma unroll
+                for (int u = 0; u < SP; u++) oo += ro[(size_t)(SP * j + u) * 128 + x];
+                const float a = FXP && l4[i] > 0.0f ? l4[i] * m3_round_bf16(pd8_div(oo, l4[i], r4[i])) : oo;
                 num += __fmul_rn(w4[i], a);
                 den += __fmul_rn(w4[i], l4[i]);
             }
@@ -4328,22 +4385,34 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     }
     {
         const char *ev = getenv("M3_PC_VAR");
-        const int var = ((src->flash_kernel >> 4) | (ev ? atoi(ev) : 0) | pc_stamp) & 15;
-#define PCB(v) pc_k<false, false, false, true, v>
-#define PCA(v) pc_k<true, false, true, true, v>
-        static const pc_fn vf[3][16] = {
-            {nullptr, PCB(1), PCB(2), PCB(3), nullptr, nullptr, nullptr, nullptr, PCB(8), PCB(9), PCB(10), PCB(11),
-             nullptr, nullptr, nullptr, nullptr},
-            {nullptr, PCA(1), PCA(2), PCA(3), PCA(4), nullptr, PCA(6), PCA(7), PCA(8), PCA(9), nullptr, nullptr,
-             nullptr, nullptr, PCA(14), PCA(15)},
-            {nullptr, pc_k<false, true, false, true, 1>, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-             nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}};
-#undef PCB
-#undef PCA
+        const int var = ((src->flash_kernel >> 4) | (ev ? atoi(ev) : 0) | pc_stamp) & 31;
+        /* the instances compiled for this session's batches (others: the base instance) */
+#define PCV(F8, CT, PAx, v) case v: f = pc_k<F8, CT, PAx, true, v>; break;
         const int ty = fi == 4 ? 0 : fi == 7 ? 1 : fi == 6 ? 2 : -1;
-        const int vv = ty == 0 ? var & 11 : ty == 2 ? var & 1 : var;
+        const int vv = ty == 0 ? var & ~4 : ty == 2 ? var & 9 : var;
         const bool btok = !(var & 2) || (((uintptr_t)src->bt & 15) == 0 && src->n_logical <= PC_BT_MAX);
-        if (ty >= 0 && vv && btok && vf[ty][vv]) fn = vf[ty][vv], fi = 8 + ty * 16 + vv;
+        pc_fn f = nullptr;
+        if (ty == 0) switch (vv) {
+            PCV(false, false, false, 1) PCV(false, false, false, 2) PCV(false, false, false, 3)
+            PCV(false, false, false, 8) PCV(false, false, false, 9) PCV(false, false, false, 10)
+            PCV(false, false, false, 11) PCV(false, false, false, 16) PCV(false, false, false, 17)
+            PCV(false, false, false, 24) PCV(false, false, false, 26) PCV(false, false, false, 27)
+            default: break;
+        }
+        if (ty == 1) switch (vv) {
+            PCV(true, false, true, 1) PCV(true, false, true, 2) PCV(true, false, true, 3)
+            PCV(true, false, true, 4) PCV(true, false, true, 6) PCV(true, false, true, 7)
+            PCV(true, false, true, 8) PCV(true, false, true, 9) PCV(true, false, true, 14)
+            PCV(true, false, true, 15) PCV(true, false, true, 16) PCV(true, false, true, 17)
+            PCV(true, false, true, 24) PCV(true, false, true, 30) PCV(true, false, true, 31)
+            default: break;
+        }
+        if (ty == 2) switch (vv) {
+            PCV(false, true, false, 1) PCV(false, true, false, 8) PCV(false, true, false, 9)
+            default: break;
+        }
+#undef PCV
+        if (f && btok) fn = f, fi = 8 + ty * 32 + vv;
     }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
@@ -4359,8 +4428,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][64];
-    static size_t pc_ok[64][64][PC_MAX_CS + 1], pc_no[64][64][PC_MAX_CS + 1];
+    static int pc_attr[64][8 + 3 * 32];
+    static size_t pc_ok[64][8 + 3 * 32][PC_MAX_CS + 1], pc_no[64][8 + 3 * 32][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
