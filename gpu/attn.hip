@@ -3643,7 +3643,6 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
-#define PC_BT_MAX 1024  /* SESSION VARIANT: block-table entries loaded whole (4 a thread) */
 
 typedef struct {
     pf_cfg c;
@@ -3686,8 +3685,8 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
 
 /* SESSION KNOB (session 12, to be removed): per instance, per phase, the sum over CTAs of
  * thread 0's clock64 minus its value at the grid wait's release; [i][31] the CTA count */
-__device__ unsigned long long pc_stm[3][32];
-#define PC_ST(i) do { if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
+__device__ unsigned long long pc_stm[3][16][32]; /* [type][V / 2][phase] */
+#define PC_ST(i) do { if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][(V >> 1) & 15][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
 
 template <bool FP8, bool CONT, bool PA, bool FX, int V = 0>
 static __global__ void __launch_bounds__(PC_NT, 2)
@@ -3698,9 +3697,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
     /* the owner's weights before O lands (paged instances; measured there, session 10) */
-    /* SESSION VARIANT bit 3 (WREG, below): l and m on bars[4] in the contiguous FX instance too */
-    constexpr bool WREG = (V & 8) && FX;
-    constexpr bool EARLY = !CONT || WREG;
+    constexpr bool EARLY = !CONT;
     const pf_cfg &c = pc.c;
     const bool pa = PA || (FP8 && c.pa); /* §4.9 (known false in the bf16 instance: no P' code there) */
     /* FX: M3's sparse decode geometry compiled in (hq 16, Dh 128, partitions of 256 keys, Bs 128,
@@ -3729,11 +3726,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __shared__ uint64_t bars[5];
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
-    /* SESSION VARIANT bit 1: the whole block table (n_logical <= PC_BT_MAX) loaded with pos and
-     * the selection, so the selected blocks' entries come from shared memory (no second round
-     * trip) */
-    constexpr bool BTP = (V & 2) && FXP;
-    __shared__ __align__(16) int btsh[BTP ? PC_BT_MAX : 1];
+    /* SESSION VARIANT bit 1: FX paged (a CTA's 128 keys are the list's block r): every warp
+     * ranks the selection itself (ballots), finds the entry of rank r, loads its table entry
+     * and issues its copies: no block barrier before the copies */
+    constexpr bool EC = (V & 2) && FXP;
     /* SESSION VARIANT bit 4: P and l from the score registers (FX paged: a warp's two n-tiles,
      * every head), l summed per warp, then over the warps (lw) */
     constexpr bool PREG = (V & 16) && FXP;
@@ -3749,18 +3745,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const long long pc_ts = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     const long long pc_t0 = clock64();
-    if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][0], (unsigned long long)(pc_t0 - pc_ts)), atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][31], 1ull);
+    if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][(V >> 1) & 15][0], (unsigned long long)(pc_t0 - pc_ts)), atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][(V >> 1) & 15][31], 1ull);
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = FX || topk != NULL;
-    int4 btv = make_int4(0, 0, 0, 0);
-    const int nbt = BTP ? min(s.n_logical, PC_BT_MAX) : 0;
-    if (BTP && tid * 4 + 3 < nbt) btv = *reinterpret_cast<const int4 *>(s.bt + tid * 4);
-    else if (BTP && tid * 4 < nbt) {
-        btv.x = s.bt[tid * 4];
-        if (tid * 4 + 1 < nbt) btv.y = s.bt[tid * 4 + 1];
-        if (tid * 4 + 2 < nbt) btv.z = s.bt[tid * 4 + 2];
-    }
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
@@ -3768,8 +3756,48 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     uint4 qv = make_uint4(0, 0, 0, 0);
     if (tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
     int b = -1, ph = 0;
+    if (EC) { /* every warp its own copy of the selection (lanes: slots; width <= 32) */
+        if (lane < width) b = topk[((int64_t)g * n_tok + t) * width + lane];
+    } else
     if (sparse && tid < width) b = topk[((int64_t)g * n_tok + t) * width + tid];
     int n;
+    if (EC) { /* ref m3_kv_sparse_table in selection order (FXP: sel_order), per warp: the usable
+               * entries' ranks by one ballot, the own block last when selected; this CTA's keys
+               * [128 r, 128 r + 128) are the list's block r: the entry of rank r (or the own
+               * block when r = nf), its table entry (round trip 2, one address), the copies */
+        const unsigned lt = (1u << lane) - 1u;
+        const bool ok = lane < width && b >= 0 && b < bp, own = lane < width && b == bp;
+        const unsigned bal = __ballot_sync(0xffffffffu, ok);
+        const int nf = __popc(bal);
+        const bool tail = __any_sync(0xffffffffu, own);
+        n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
+        const unsigned hit = __ballot_sync(0xffffffffu, (ok && __popc(bal & lt) == r) || (own && r == nf));
+        const int bsel = hit ? __shfl_sync(0xffffffffu, b, __ffs(hit) - 1) : -1;
+        const int k0e = r * 128, nke = max(0, min(128, n - k0e)), nge = (nke + 15) / 16;
+        const int kue = 16 * (128 / XC), vue = (16 / XC) * 128;
+        if (tid == 0) {
+            pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 ? 128 : 0)));
+            pc_bar_expect(bars + 1, (uint32_t)nge * vue * 16);
+        }
+        if (nge > 0) {
+            const int pblk = s.bt[bsel];
+            m3_gpu_attn_paged_src sx = s;
+            sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
+            const int gi = FP8 ? warp + NW * lane : tid;
+            if (gi < nge) {
+                int64_t ko, vo, so;
+                pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
+                pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
+                        (uint32_t)kue * 16, bars);
+                if (FP8) {
+                    pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
+                    pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
+                }
+                pc_bulk(vsm + (size_t)gi * vue * 16, reinterpret_cast<const unsigned char *>(s.v) + vo * EB,
+                        (uint32_t)vue * 16, bars + 1);
+            }
+        }
+    } else
     if (CONT) { /* sdec_k's list (m3_gpu_attn_sparse_flash): the selected blocks b < bp in slot
                  * order, a repeat of an earlier slot counted once, then the own block up to p;
                  * physl holds block ids. Repeats within a warp by one match, earlier warps'
@@ -3793,9 +3821,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = nf * Bs + (p - Bs * bp + 1);
     } else {
     /* round trip 2, before the ranking: the table entry of every usable selected block */
-    if (BTP) {
-        if (tid * 4 < nbt) *reinterpret_cast<int4 *>(btsh + tid * 4) = btv;
-    } else
     if (sparse && b >= 0 && b <= bp) ph = s.bt[b];
     const bool ok = sparse && tid < width && b >= 0 && b < bp, own = sparse && tid < width && b == bp;
     if (tid < width) selsh[tid] = b, vfl[tid] = ok;
@@ -3807,7 +3832,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = p + 1;
     } else { /* ref m3_kv_sparse_table, as pf_part_k: full blocks b < bp in selection order
               * or by id (a stable rank, duplicates kept), the own block last when selected */
-        if (BTP && b >= 0 && b <= bp) ph = b < nbt ? btsh[b] : s.bt[b];
         if (ok) {
             int at = 0;
             if (FXP || c.sel_order) { /* the usable entries before this one: ballots */
@@ -3871,6 +3895,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * run per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes
      * each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
+    if (EC) {
+    } else
     if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
                  * the same number of copies from each warp, issued at once); V rows past nk up
                  * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
@@ -4237,58 +4263,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
-    if (WREG) { /* SESSION VARIANT bit 3: the owner (one head: h = r) forms the weights of its
-                 * chunks in each thread's registers (cl_weights' values: l_j = its CTAs' l in
-                 * rank order, M the max over chunks with l_j > 0, w_j = e^(m_j - M)), no
-                 * barrier; then cl_sums' sums for its element and half. FX: paged 8 chunks of 2
-                 * CTAs (partitioned), contiguous 16 of 1 */
-        constexpr int NJ = FXP ? 8 : 16, SP = FXP ? 2 : 1, HJ = NJ / 2;
-        if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
-        pc_bar_wait_cl(bars + 4, 0);
-        PC_ST(14);
-        const int h = r, half = (tid >> 4) & 1, x = (tid >> 5) * 16 + (tid & 15);
-        auto lsum = [&](int j) {
-            float l = 0.0f;
-#pragma unroll
-            for (int u = 0; u < SP; u++) l += rl[(SP * j + u) * 16 + h];
-            return l;
-        };
-        float M = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-            if (j < nch && lsum(j) > 0.0f) M = fmaxf(M, rm[SP * j * 16 + h]);
-        const int jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
-        float w4[HJ], r4[HJ], l4[HJ];
-#pragma unroll
-        for (int i = 0; i < HJ; i++) { /* chunk ja + i: the weight, the reciprocal */
-            const int j = ja + i;
-            const float lv = j < NJ ? lsum(j) : 0.0f, mv = j < NJ ? rm[SP * j * 16 + h] : 0.0f;
-            const bool on = j < jb && lv > 0.0f;
-            w4[i] = on ? expf(mv - M) : 0.0f, r4[i] = on ? __frcp_rn(lv) : 0.0f;
-            l4[i] = lv;
-        }
-        PC_ST(15);
-        if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
-        pc_bar_wait_cl(bars + 3, 0);
-        PC_ST(16);
-        float num = 0.0f, den = 0.0f;
-#pragma unroll
-        for (int i = 0; i < HJ; i++) {
-            const int j = ja + i;
-            if (j < jb) {
-                float oo = 0.0f;
-#pragma unroll
-                for (int u = 0; u < SP; u++) oo += ro[(size_t)(SP * j + u) * 128 + x];
-                const float a = FXP && l4[i] > 0.0f ? l4[i] * m3_round_bf16(pd8_div(oo, l4[i], r4[i])) : oo;
-                num += __fmul_rn(w4[i], a);
-                den += __fmul_rn(w4[i], l4[i]);
-            }
-        }
-        num += __shfl_xor_sync(0xffffffffu, num, 16);
-        den += __shfl_xor_sync(0xffffffffu, den, 16);
-        if (!half) out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + x] = m3_f32_to_bf16(num / den);
-        PC_ST(17);
-    } else
     if (EARLY) { /* the weights once every CTA's l and m landed (bars[4], sent from the P loops:
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
@@ -4345,15 +4319,17 @@ typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, co
                       int, const int32_t *, int, pc_cfg);
 /* SESSION KNOB (session 12, to be removed): M3_PC_STAMP=1 stamps, printed at exit */
 static void pc_dump(void) {
-    unsigned long long h[3][32];
+    static unsigned long long h[3][16][32];
     if (cudaMemcpyFromSymbol(h, pc_stm, sizeof h) != cudaSuccess) { fprintf(stderr, "pc_dump: copy failed\n"); return; }
     static const char *nm[3] = {"bf16 paged", "fp8 paged", "bf16 cont"};
-    for (int i = 0; i < 3; i++) {
-        if (!h[i][31]) continue;
-        fprintf(stderr, "PCSTAMP %s ctas %llu (k cycles from the grid wait's release; [0] = pre-wait):", nm[i], h[i][31]);
-        for (int j = 0; j < 18; j++) fprintf(stderr, " %d:%.2f", j, (double)h[i][j] / (double)h[i][31] / 1000.0);
-        fprintf(stderr, "\n");
-    }
+    for (int i = 0; i < 3; i++)
+        for (int v = 0; v < 16; v++) {
+            if (!h[i][v][31]) continue;
+            fprintf(stderr, "PCSTAMP %s var %d ctas %llu (k cycles from the grid wait's release; [0] = pre-wait):", nm[i],
+                    2 * v + 1, h[i][v][31]);
+            for (int j = 0; j < 18; j++) fprintf(stderr, " %d:%.2f", j, (double)h[i][v][j] / (double)h[i][v][31] / 1000.0);
+            fprintf(stderr, "\n");
+        }
 }
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
@@ -4376,12 +4352,12 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
     pc_fn fn = fns[fi];
     /* SESSION KNOB (to be removed): variants of the FX instances; bits: 1 stamps (M3_PC_STAMP),
-     * 2 the whole block table, 4 the §4.9 tile maxima during the max exchange; from M3_PC_VAR
-     * and the flash_kernel test hook's bits 4.. */
+     * 2 early copies (EC), 4 the §4.9 tile maxima during the max exchange (TML), 16 P from the
+     * score registers (PREG); from M3_PC_VAR and the flash_kernel test hook's bits 4.. */
     static int pc_stamp = -1;
-    if (pc_stamp < 0) {
+    if (pc_stamp < 0) { /* stamps of the variants with bit 1 (or all, M3_PC_STAMP) printed at exit */
         pc_stamp = getenv("M3_PC_STAMP") ? 1 : 0;
-        if (pc_stamp) atexit(pc_dump);
+        atexit(pc_dump);
     }
     {
         const char *ev = getenv("M3_PC_VAR");
@@ -4389,26 +4365,24 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         /* the instances compiled for this session's batches (others: the base instance) */
 #define PCV(F8, CT, PAx, v) case v: f = pc_k<F8, CT, PAx, true, v>; break;
         const int ty = fi == 4 ? 0 : fi == 7 ? 1 : fi == 6 ? 2 : -1;
-        const int vv = ty == 0 ? var & ~4 : ty == 2 ? var & 9 : var;
-        const bool btok = !(var & 2) || (((uintptr_t)src->bt & 15) == 0 && src->n_logical <= PC_BT_MAX);
+        const int vv = ty == 0 ? var & ~4 : ty == 2 ? var & 1 : var;
+        const bool btok = !(var & 2) || width <= 32;
         pc_fn f = nullptr;
         if (ty == 0) switch (vv) {
             PCV(false, false, false, 1) PCV(false, false, false, 2) PCV(false, false, false, 3)
-            PCV(false, false, false, 8) PCV(false, false, false, 9) PCV(false, false, false, 10)
-            PCV(false, false, false, 11) PCV(false, false, false, 16) PCV(false, false, false, 17)
-            PCV(false, false, false, 24) PCV(false, false, false, 26) PCV(false, false, false, 27)
+            PCV(false, false, false, 16) PCV(false, false, false, 17) PCV(false, false, false, 18)
+            PCV(false, false, false, 19)
             default: break;
         }
         if (ty == 1) switch (vv) {
             PCV(true, false, true, 1) PCV(true, false, true, 2) PCV(true, false, true, 3)
-            PCV(true, false, true, 4) PCV(true, false, true, 6) PCV(true, false, true, 7)
-            PCV(true, false, true, 8) PCV(true, false, true, 9) PCV(true, false, true, 14)
-            PCV(true, false, true, 15) PCV(true, false, true, 16) PCV(true, false, true, 17)
-            PCV(true, false, true, 24) PCV(true, false, true, 30) PCV(true, false, true, 31)
+            PCV(true, false, true, 4) PCV(true, false, true, 5) PCV(true, false, true, 16)
+            PCV(true, false, true, 17) PCV(true, false, true, 18) PCV(true, false, true, 19)
+            PCV(true, false, true, 20) PCV(true, false, true, 22) PCV(true, false, true, 23)
             default: break;
         }
         if (ty == 2) switch (vv) {
-            PCV(false, true, false, 1) PCV(false, true, false, 8) PCV(false, true, false, 9)
+            PCV(false, true, false, 1)
             default: break;
         }
 #undef PCV
