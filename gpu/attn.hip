@@ -3697,7 +3697,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
     /* the owner's weights before O lands (paged instances; measured there, session 10) */
-    constexpr bool EARLY = !CONT;
+    /* SESSION VARIANT bit 3 (FS): the FX owner's sums as straight code (HJ guarded chunks per
+     * half, no remainder loop; the partition quotient rounded by the hardware cvt: m3_round_bf16
+     * for every non-NaN value, and a NaN becomes the canonical NaN in the product that follows
+     * either way); the contiguous FX instance with the early weights (l, m on bars[4]) too */
+    constexpr bool FS = (V & 8) && FX;
+    constexpr bool EARLY = !CONT || FS;
     const pf_cfg &c = pc.c;
     const bool pa = PA || (FP8 && c.pa); /* §4.9 (known false in the bf16 instance: no P' code there) */
     /* FX: M3's sparse decode geometry compiled in (hq 16, Dh 128, partitions of 256 keys, Bs 128,
@@ -4268,12 +4273,60 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
         PC_ST(14);
+        if (FS) { /* FX: cl_weights for the owner's one head (h = r), warp 0: lanes = CTAs, then chunks */
+            constexpr int SP = FXP ? 2 : 1, NJ = FXP ? 8 : 16;
+            if (warp == 0) {
+                const int h = r;
+                const float lv = lane < nch * SP ? rl[lane * 16 + h] : 0.0f;
+                const float mv = lane < nch * SP ? rm[lane * 16 + h] : -INFINITY;
+                float l = 0.0f;
+#pragma unroll
+                for (int u = 0; u < SP; u++) l += __shfl_sync(0xffffffffu, lv, (lane * SP + u) & 31);
+                const float m = __shfl_sync(0xffffffffu, mv, (lane * SP) & 31);
+                const bool on = lane < nch && l > 0.0f;
+                float M = on ? m : -INFINITY;
+#pragma unroll
+                for (int o = NJ / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+                if (lane < nch) {
+                    const float w = on ? expf(m - M) : 0.0f;
+                    reinterpret_cast<float4 *>(wa)[lane] = make_float4(w, l, on ? __frcp_rn(l) : 0.0f, w * l);
+                }
+            }
+        } else
         cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
         PC_ST(15);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
         PC_ST(16);
         __syncthreads(); /* the weights */
+        if (FS) { /* FX: one head an owner (ne 128: mwl [nch][1]), 2 threads an element */
+            constexpr int NJ = FXP ? 8 : 16, SP = FXP ? 2 : 1, HJ = NJ / 2;
+            const float4 *mw = reinterpret_cast<const float4 *>(wa);
+            const int half = (tid >> 4) & 1, x = (tid >> 5) * 16 + (tid & 15);
+            const int jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
+            float num = 0.0f, den = 0.0f;
+#pragma unroll
+            for (int i = 0; i < HJ; i++) {
+                const int j = ja + i;
+                if (j < jb) {
+                    const float4 f = mw[j];
+                    float oo = 0.0f;
+#pragma unroll
+                    for (int u = 0; u < SP; u++) oo += ro[(size_t)(SP * j + u) * 128 + x];
+                    float a = oo;
+                    if (FXP && f.y > 0.0f) {
+                        float qq = pd8_div(oo, f.y, f.z), q2 = 0.0f;
+                        round_bf16x2(qq, q2);
+                        a = f.y * qq;
+                    }
+                    num += __fmul_rn(f.x, a);
+                    den += f.w;
+                }
+            }
+            num += __shfl_xor_sync(0xffffffffu, num, 16);
+            den += __shfl_xor_sync(0xffffffffu, den, 16);
+            if (!half) out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + x] = m3_f32_to_bf16(num / den);
+        } else
         cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, (FXP || c.part > 0), e0, ne,
                 Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
         PC_ST(17);
@@ -4365,24 +4418,28 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         /* the instances compiled for this session's batches (others: the base instance) */
 #define PCV(F8, CT, PAx, v) case v: f = pc_k<F8, CT, PAx, true, v>; break;
         const int ty = fi == 4 ? 0 : fi == 7 ? 1 : fi == 6 ? 2 : -1;
-        const int vv = ty == 0 ? var & ~4 : ty == 2 ? var & 1 : var;
+        const int vv = ty == 0 ? var & ~4 : ty == 2 ? var & 9 : var;
         const bool btok = !(var & 2) || width <= 32;
         pc_fn f = nullptr;
         if (ty == 0) switch (vv) {
             PCV(false, false, false, 1) PCV(false, false, false, 2) PCV(false, false, false, 3)
-            PCV(false, false, false, 16) PCV(false, false, false, 17) PCV(false, false, false, 18)
-            PCV(false, false, false, 19)
+            PCV(false, false, false, 8) PCV(false, false, false, 9) PCV(false, false, false, 10)
+            PCV(false, false, false, 11) PCV(false, false, false, 16) PCV(false, false, false, 17)
+            PCV(false, false, false, 24) PCV(false, false, false, 25) PCV(false, false, false, 26)
+            PCV(false, false, false, 27)
             default: break;
         }
         if (ty == 1) switch (vv) {
             PCV(true, false, true, 1) PCV(true, false, true, 2) PCV(true, false, true, 3)
-            PCV(true, false, true, 4) PCV(true, false, true, 5) PCV(true, false, true, 16)
-            PCV(true, false, true, 17) PCV(true, false, true, 18) PCV(true, false, true, 19)
-            PCV(true, false, true, 20) PCV(true, false, true, 22) PCV(true, false, true, 23)
+            PCV(true, false, true, 4) PCV(true, false, true, 8) PCV(true, false, true, 9)
+            PCV(true, false, true, 10) PCV(true, false, true, 11) PCV(true, false, true, 12)
+            PCV(true, false, true, 14) PCV(true, false, true, 15) PCV(true, false, true, 16)
+            PCV(true, false, true, 24) PCV(true, false, true, 25) PCV(true, false, true, 26)
+            PCV(true, false, true, 30) PCV(true, false, true, 31)
             default: break;
         }
         if (ty == 2) switch (vv) {
-            PCV(false, true, false, 1)
+            PCV(false, true, false, 1) PCV(false, true, false, 8) PCV(false, true, false, 9)
             default: break;
         }
 #undef PCV
