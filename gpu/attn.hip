@@ -3735,6 +3735,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * ranks the selection itself (ballots), finds the entry of rank r, loads its table entry
      * and issues its copies: no block barrier before the copies */
     constexpr bool EC = (V & 2) && FXP;
+    /* SESSION VARIANT bit 2 (BRK): loops that run once in FX paged (the S n-tile pair loop, the
+     * §4.9 tile maxima) end after one pass, so the compiler emits one body, not 4 + a remainder */
+    constexpr bool BRK = (V & 4) && FXP;
     /* SESSION VARIANT bit 4: P and l from the score registers (FX paged: a warp's two n-tiles,
      * every head), l summed per warp, then over the warps (lw) */
     constexpr bool PREG = (V & 16) && FXP;
@@ -4041,6 +4044,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         kout(nt, ca, 0);
         if (two) kout(nt + NW, cb, 1);
+        if (BRK) break; /* FXP: nk <= 8 NW */
     }
 #pragma unroll
     for (int r2 = 0; r2 < 2; r2++) {
@@ -4049,14 +4053,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     }
     PC_ST(6);
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
-    /* SESSION VARIANT bit 2: the §4.9 tile maxima while the chunk max exchange is in flight */
-    constexpr bool TML = (V & 4) && FXP && PA;
-    if (pa && !TML) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
+    if (pa) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
              * and 1 / (M + 1e-8), the quotient's reciprocal */
         for (int gt = warp; gt < ng; gt += NW) {
             float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
             M = m3_warp_max(M);
             if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
+            if (BRK) break; /* FXP: ng <= NW */
         }
     __syncthreads();
     PC_ST(7);
@@ -4077,12 +4080,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             else pc_sta(pc_mapa(mi + me * hq + h, c0 + to), mloc[h], pc_mapa(bars + 2, c0 + to));
         }
         if (tid == 0) pc_bar_expect(bars + 2, (uint32_t)((spc - 1) * hq * 4));
-        if (TML) /* the tile maxima (read after the barriers below) */
-            for (int gt = warp; gt < ng; gt += NW) {
-                float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
-                M = m3_warp_max(M);
-                if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
-            }
         PC_ST(8);
         pc_bar_wait_cl(bars + 2, 0);
         __syncthreads(); /* the own slot */
@@ -4405,8 +4402,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
     pc_fn fn = fns[fi];
     /* SESSION KNOB (to be removed): variants of the FX instances; bits: 1 stamps (M3_PC_STAMP),
-     * 2 early copies (EC), 4 the §4.9 tile maxima during the max exchange (TML), 16 P from the
-     * score registers (PREG); from M3_PC_VAR and the flash_kernel test hook's bits 4.. */
+     * 2 early copies (EC), 4 once-loops (BRK), 8 straight owner merge (FS), 16 P from the score
+     * registers (PREG); from M3_PC_VAR and the flash_kernel test hook's bits 4.. */
     static int pc_stamp = -1;
     if (pc_stamp < 0) { /* stamps of the variants with bit 1 (or all, M3_PC_STAMP) printed at exit */
         pc_stamp = getenv("M3_PC_STAMP") ? 1 : 0;
@@ -4418,24 +4415,19 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         /* the instances compiled for this session's batches (others: the base instance) */
 #define PCV(F8, CT, PAx, v) case v: f = pc_k<F8, CT, PAx, true, v>; break;
         const int ty = fi == 4 ? 0 : fi == 7 ? 1 : fi == 6 ? 2 : -1;
-        const int vv = ty == 0 ? var & ~4 : ty == 2 ? var & 9 : var;
+        const int vv = ty == 2 ? var & 9 : var;
         const bool btok = !(var & 2) || width <= 32;
         pc_fn f = nullptr;
         if (ty == 0) switch (vv) {
-            PCV(false, false, false, 1) PCV(false, false, false, 2) PCV(false, false, false, 3)
-            PCV(false, false, false, 8) PCV(false, false, false, 9) PCV(false, false, false, 10)
-            PCV(false, false, false, 11) PCV(false, false, false, 16) PCV(false, false, false, 17)
-            PCV(false, false, false, 24) PCV(false, false, false, 25) PCV(false, false, false, 26)
-            PCV(false, false, false, 27)
+            PCV(false, false, false, 4) PCV(false, false, false, 8) PCV(false, false, false, 18)
+            PCV(false, false, false, 19) PCV(false, false, false, 22) PCV(false, false, false, 26)
+            PCV(false, false, false, 27) PCV(false, false, false, 30) PCV(false, false, false, 31)
             default: break;
         }
         if (ty == 1) switch (vv) {
-            PCV(true, false, true, 1) PCV(true, false, true, 2) PCV(true, false, true, 3)
-            PCV(true, false, true, 4) PCV(true, false, true, 8) PCV(true, false, true, 9)
-            PCV(true, false, true, 10) PCV(true, false, true, 11) PCV(true, false, true, 12)
-            PCV(true, false, true, 14) PCV(true, false, true, 15) PCV(true, false, true, 16)
-            PCV(true, false, true, 24) PCV(true, false, true, 25) PCV(true, false, true, 26)
-            PCV(true, false, true, 30) PCV(true, false, true, 31)
+            PCV(true, false, true, 4) PCV(true, false, true, 8) PCV(true, false, true, 18)
+            PCV(true, false, true, 19) PCV(true, false, true, 22) PCV(true, false, true, 26)
+            PCV(true, false, true, 27) PCV(true, false, true, 30) PCV(true, false, true, 31)
             default: break;
         }
         if (ty == 2) switch (vv) {
