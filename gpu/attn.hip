@@ -27,8 +27,6 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
-#include <stdio.h> /* SESSION KNOB (pc_dump), to be removed */
-#include <stdlib.h>
 
 
 #define ATTN_THREADS 128
@@ -3683,12 +3681,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-/* SESSION KNOB (session 12, to be removed): per instance, per phase, the sum over CTAs of
- * thread 0's clock64 minus its value at the grid wait's release; [i][31] the CTA count */
-__device__ unsigned long long pc_stm[3][16][32]; /* [type][V / 2][phase] */
-#define PC_ST(i) do { if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][(V >> 1) & 15][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
-
-template <bool FP8, bool CONT, bool PA, bool FX, int V = 0>
+template <bool FP8, bool CONT, bool PA, bool FX>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3697,11 +3690,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
     /* the owner's weights before O lands (paged instances; measured there, session 10) */
-    /* SESSION VARIANT bit 3 (FS): the FX owner's sums as straight code (HJ guarded chunks per
-     * half, no remainder loop; the partition quotient rounded by the hardware cvt: m3_round_bf16
-     * for every non-NaN value, and a NaN becomes the canonical NaN in the product that follows
-     * either way); the contiguous FX instance with the early weights (l, m on bars[4]) too */
-    constexpr bool FS = (V & 8) && FX;
+    /* FS (FX, session 12): the owner's merge as straight code for its one head (warp 0 forms
+     * the weights, then HJ guarded chunks per half: no loop remainders; the partition quotient
+     * rounded by the hardware cvt, which is m3_round_bf16 for every non-NaN value, and a NaN
+     * becomes the canonical NaN in the product that follows either way); the contiguous FX
+     * instance too, with the weights formed while O arrives (l, m on bars[4]) */
+    constexpr bool FS = FX && (!FP8 || PA); /* measured on bf16, §4.9 and contiguous */
     constexpr bool EARLY = !CONT || FS;
     const pf_cfg &c = pc.c;
     const bool pa = PA || (FP8 && c.pa); /* §4.9 (known false in the bf16 instance: no P' code there) */
@@ -3731,16 +3725,14 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __shared__ uint64_t bars[5];
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
-    /* SESSION VARIANT bit 1: FX paged (a CTA's 128 keys are the list's block r): every warp
-     * ranks the selection itself (ballots), finds the entry of rank r, loads its table entry
-     * and issues its copies: no block barrier before the copies */
-    constexpr bool EC = (V & 2) && FXP;
-    /* SESSION VARIANT bit 2 (BRK): loops that run once in FX paged (the S n-tile pair loop, the
-     * §4.9 tile maxima) end after one pass, so the compiler emits one body, not 4 + a remainder */
-    constexpr bool BRK = (V & 4) && FXP;
-    /* SESSION VARIANT bit 4: P and l from the score registers (FX paged: a warp's two n-tiles,
-     * every head), l summed per warp, then over the warps (lw) */
-    constexpr bool PREG = (V & 16) && FXP;
+    /* Session 12, FX paged: EC, every warp ranks the selection itself (width <= 32: one
+     * ballot), takes the entry of rank r (a CTA's 128 keys are the list's block r), loads its
+     * table entry and issues its copies, with no block barrier before them; PREG, P and l from
+     * the score registers (a warp's two n-tiles, every head; l per warp, then over the warps
+     * in order), not through the score array; BRK (bf16), the S n-tile loop that runs once
+     * ends after one pass (one body, not an unrolled one with a remainder; with §4.9 it
+     * measured slower: 0.0072 against 0.0069-0.0070 ms) */
+    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && !FP8, PREG = FXP && (!FP8 || PA);
     __shared__ float lw[PREG ? NW : 1][16];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -3750,10 +3742,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
-    const long long pc_ts = clock64();
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
-    const long long pc_t0 = clock64();
-    if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][(V >> 1) & 15][0], (unsigned long long)(pc_t0 - pc_ts)), atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][(V >> 1) & 15][31], 1ull);
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = FX || topk != NULL;
@@ -3853,7 +3842,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
     }
     }
-    PC_ST(1);
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
@@ -3882,7 +3870,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
-    PC_ST(2);
     /* contiguous: the row's keys split evenly (kpc is the most a CTA takes), a chunk a CTA
      * (no partitions: each CTA's own max, no max exchange; empty CTAs weigh 0 in the merge) */
     const int kpd = CONT ? ((n + 15) / 16 + cs - 1) / cs * 16 : kpc;
@@ -3904,8 +3891,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
     if (EC) {
-    } else
-    if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
+        /* issued with the key list (above) */
+    } else if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
                  * the same number of copies from each warp, issued at once); V rows past nk up
                  * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
         const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
@@ -3947,7 +3934,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
     }
-    PC_ST(3);
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
@@ -3982,10 +3968,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         }
     }
-    PC_ST(4);
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
-    PC_ST(5);
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     auto kstep = [&](int key, int s2, float (&acc)[4]) {
@@ -4051,7 +4035,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
     }
-    PC_ST(6);
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
     if (pa) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
              * and 1 / (M + 1e-8), the quotient's reciprocal */
@@ -4059,10 +4042,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
             M = m3_warp_max(M);
             if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
-            if (BRK) break; /* FXP: ng <= NW */
         }
     __syncthreads();
-    PC_ST(7);
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
         float m = -INFINITY;
@@ -4080,7 +4061,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             else pc_sta(pc_mapa(mi + me * hq + h, c0 + to), mloc[h], pc_mapa(bars + 2, c0 + to));
         }
         if (tid == 0) pc_bar_expect(bars + 2, (uint32_t)((spc - 1) * hq * 4));
-        PC_ST(8);
         pc_bar_wait_cl(bars + 2, 0);
         __syncthreads(); /* the own slot */
         if (tid < hq) {
@@ -4090,7 +4070,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
-    PC_ST(9);
     /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
@@ -4170,7 +4149,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         psend(h, m0, l0);
         if (two) psend(h + NW, m1, l1);
     }
-    PC_ST(10);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
@@ -4187,7 +4165,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_sta(pc_mapa(rl + r * hq + h, ow), l, mb);
         pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], mb);
     }
-    PC_ST(11);
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
     float o[2][4] = {};
@@ -4243,7 +4220,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (np * 16 < Dh)
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
-    PC_ST(12);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = FX ? 128 : pc.epo;
@@ -4261,7 +4237,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 pc_sta2(pc_mapa(ro + (size_t)r * epo + (e - ow * epo), ow), o[h2][2 * r2], o[h2][2 * r2 + 1],
                         pc_mapa(bars + 3, ow));
             }
-    PC_ST(13);
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
@@ -4269,7 +4244,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
-        PC_ST(14);
         if (FS) { /* FX: cl_weights for the owner's one head (h = r), warp 0: lanes = CTAs, then chunks */
             constexpr int SP = FXP ? 2 : 1, NJ = FXP ? 8 : 16;
             if (warp == 0) {
@@ -4291,10 +4265,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         } else
         cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-        PC_ST(15);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
-        PC_ST(16);
         __syncthreads(); /* the weights */
         if (FS) { /* FX: one head an owner (ne 128: mwl [nch][1]), 2 threads an element */
             constexpr int NJ = FXP ? 8 : 16, SP = FXP ? 2 : 1, HJ = NJ / 2;
@@ -4326,14 +4298,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         } else
         cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, (FXP || c.part > 0), e0, ne,
                 Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
-        PC_ST(17);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
         pc_bar_wait_cl(bars + 3, 0);
-        PC_ST(16);
         cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
                         (FXP || c.part > 0), e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-        PC_ST(17);
     }
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
@@ -4367,20 +4336,6 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
 
 typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                       int, const int32_t *, int, pc_cfg);
-/* SESSION KNOB (session 12, to be removed): M3_PC_STAMP=1 stamps, printed at exit */
-static void pc_dump(void) {
-    static unsigned long long h[3][16][32];
-    if (cudaMemcpyFromSymbol(h, pc_stm, sizeof h) != cudaSuccess) { fprintf(stderr, "pc_dump: copy failed\n"); return; }
-    static const char *nm[3] = {"bf16 paged", "fp8 paged", "bf16 cont"};
-    for (int i = 0; i < 3; i++)
-        for (int v = 0; v < 16; v++) {
-            if (!h[i][v][31]) continue;
-            fprintf(stderr, "PCSTAMP %s var %d ctas %llu (k cycles from the grid wait's release; [0] = pre-wait):", nm[i],
-                    2 * v + 1, h[i][v][31]);
-            for (int j = 0; j < 18; j++) fprintf(stderr, " %d:%.2f", j, (double)h[i][v][j] / (double)h[i][v][31] / 1000.0);
-            fprintf(stderr, "\n");
-        }
-}
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
@@ -4390,53 +4345,17 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const bool fx = !pc.cont && d_topk && pc.c.hq == 16 && pc.c.Dh == 128 && pc.c.ch == 256 &&
                     src->g.block == 128 && src->view == M3_KV_VIEW_PAGE && src->g.page == 16 && pc.kpc == 128 &&
                     pc.cs == 16 && pc.spc == 2 && pc.epo == 128 && src->g.dx * (pc.c.fp8 ? 16 : 8) == 128 &&
-                    !pc.c.eager && pc.c.sel_order && pc.c.part > 0 &&
+                    !pc.c.eager && pc.c.sel_order && pc.c.part > 0 && width <= 32 /* EC: one ballot */ &&
                     (!pc.c.fp8 || (src->ovf == M3_FP8_SATURATE && src->g.fp8_kind == M3_FP8_E4M3FN));
     const bool fxc = pc.cont && pc.c.hq == 16 && pc.c.Dh == 128 && src->g.block == 128 && pc.cs == 16 &&
                      pc.spc == 1 && pc.epo == 128 && !pc.c.eager;
     const int base = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa ? 3 : 1) : 0;
-    int fi = base + (fx || fxc ? 4 : 0);
+    const int fi = base + (fx || fxc ? 4 : 0);
     static const pc_fn fns[8] = {pc_k<false, false, false, false>, pc_k<true, false, false, false>,
                                  pc_k<false, true, false, false>, pc_k<true, false, true, false>,
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
-    pc_fn fn = fns[fi];
-    /* SESSION KNOB (to be removed): variants of the FX instances; bits: 1 stamps (M3_PC_STAMP),
-     * 2 early copies (EC), 4 once-loops (BRK), 8 straight owner merge (FS), 16 P from the score
-     * registers (PREG); from M3_PC_VAR and the flash_kernel test hook's bits 4.. */
-    static int pc_stamp = -1;
-    if (pc_stamp < 0) { /* stamps of the variants with bit 1 (or all, M3_PC_STAMP) printed at exit */
-        pc_stamp = getenv("M3_PC_STAMP") ? 1 : 0;
-        atexit(pc_dump);
-    }
-    {
-        const char *ev = getenv("M3_PC_VAR");
-        const int var = ((src->flash_kernel >> 4) | (ev ? atoi(ev) : 0) | pc_stamp) & 31;
-        /* the instances compiled for this session's batches (others: the base instance) */
-#define PCV(F8, CT, PAx, v) case v: f = pc_k<F8, CT, PAx, true, v>; break;
-        const int ty = fi == 4 ? 0 : fi == 7 ? 1 : fi == 6 ? 2 : -1;
-        const int vv = ty == 2 ? var & 9 : var;
-        const bool btok = !(var & 2) || width <= 32;
-        pc_fn f = nullptr;
-        if (ty == 0) switch (vv) {
-            PCV(false, false, false, 4) PCV(false, false, false, 8) PCV(false, false, false, 18)
-            PCV(false, false, false, 19) PCV(false, false, false, 22) PCV(false, false, false, 26)
-            PCV(false, false, false, 27) PCV(false, false, false, 30) PCV(false, false, false, 31)
-            default: break;
-        }
-        if (ty == 1) switch (vv) {
-            PCV(true, false, true, 4) PCV(true, false, true, 8) PCV(true, false, true, 18)
-            PCV(true, false, true, 19) PCV(true, false, true, 22) PCV(true, false, true, 26)
-            PCV(true, false, true, 27) PCV(true, false, true, 30) PCV(true, false, true, 31)
-            default: break;
-        }
-        if (ty == 2) switch (vv) {
-            PCV(false, true, false, 1) PCV(false, true, false, 8) PCV(false, true, false, 9)
-            default: break;
-        }
-#undef PCV
-        if (f && btok) fn = f, fi = 8 + ty * 32 + vv;
-    }
+    const pc_fn fn = fns[fi];
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4451,8 +4370,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][8 + 3 * 32];
-    static size_t pc_ok[64][8 + 3 * 32][PC_MAX_CS + 1], pc_no[64][8 + 3 * 32][PC_MAX_CS + 1];
+    static int pc_attr[64][8];
+    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
@@ -4499,9 +4418,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     {   /* few rows (batch-1 decode): pc_k, one cluster per row (test hook flash_kernel 3:
          * pc_k wherever the geometry allows) */
         pc_cfg pc;
-        const bool force = (src->flash_kernel & 15) == 3; /* SESSION: bits 4.. pc_k variants */
+        const bool force = src->flash_kernel == 3;
         /* pc_k reads one block table: a decode batch of several sequences (bt_ld) skips it */
-        if ((src->bt_ld == 0 || n_tok == 1) && ((src->flash_kernel & 15) == 0 || force) &&
+        if ((src->bt_ld == 0 || n_tok == 1) && (src->flash_kernel == 0 || force) &&
             pc_plan(g, src, n_tok, c, force, &pc)) {
             bool done;
             M3_TRY(pc_launch(g, d_out, d_q, ld_q, src, d_pos, n_tok, d_topk, width, pc, &done));

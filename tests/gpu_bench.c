@@ -395,18 +395,6 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
     double kvb = sparse ? bkeys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
-    /* SESSION KNOB (session 12, dec1, to be removed): M3_BENCH_PC_VARS=0,2 re-times flash T = 1
-     * rows with M3_PC_VAR set to each value, in this process */
-    for (const char *v = flash && T == 1 ? getenv("M3_BENCH_PC_VARS") : NULL; v && *v;) {
-        char nk[120], val[16];
-        snprintf(val, sizeof val, "%d", atoi(v));
-        setenv("M3_PC_VAR", val, 1);
-        snprintf(nk, sizeof nk, "%s v%s", nm, val);
-        report(nk, time_ms(g, do_attn, &c, 10, 5), (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
-        v = strchr(v, ',');
-        v = v ? v + 1 : NULL;
-    }
-    if (flash && T == 1 && getenv("M3_BENCH_PC_VARS")) unsetenv("M3_PC_VAR");
     m3_gpu_release(g, mark);
 }
 
