@@ -3795,7 +3795,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
     /* the owner's weights before O lands (paged instances; measured there, session 10) */
-    constexpr bool EARLY = !CONT;
+    /* FS (FX, session 12): the owner's merge as straight code for its one head (warp 0 forms
+     * the weights, then HJ guarded chunks per half: no loop remainders; the partition quotient
+     * rounded by the hardware cvt, which is m3_round_bf16 for every non-NaN value, and a NaN
+     * becomes the canonical NaN in the product that follows either way); the contiguous FX
+     * instance too, with the weights formed while O arrives (l, m on bars[4]) */
+    constexpr bool FS = FX && (!FP8 || PA); /* measured on bf16, §4.9 and contiguous */
+    constexpr bool EARLY = !CONT || FS;
     const pf_cfg &c = pc.c;
     const bool pa = PA || (FP8 && c.pa); /* §4.9 (known false in the bf16 instance: no P' code there) */
     /* FX: M3's sparse decode geometry compiled in (hq 16, Dh 128, partitions of 256 keys, Bs 128,
@@ -3824,6 +3830,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __shared__ uint64_t bars[5];
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
+    /* Session 12, FX paged: EC, every warp ranks the selection itself (width <= 32: one
+     * ballot), takes the entry of rank r (a CTA's 128 keys are the list's block r), loads its
+     * table entry and issues its copies, with no block barrier before them; PREG, P and l from
+     * the score registers (a warp's two n-tiles, every head; l per warp, then over the warps
+     * in order), not through the score array; BRK (bf16), the S n-tile loop that runs once
+     * ends after one pass (one body, not an unrolled one with a remainder; with §4.9 it
+     * measured slower: 0.0072 against 0.0069-0.0070 ms) */
+    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && !FP8, PREG = FXP && (!FP8 || PA);
+    __shared__ float lw[PREG ? NW : 1][16];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
@@ -3843,8 +3858,48 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     uint4 qv = make_uint4(0, 0, 0, 0);
     if (tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
     int b = -1, ph = 0;
+    if (EC) { /* every warp its own copy of the selection (lanes: slots; width <= 32) */
+        if (lane < width) b = topk[((int64_t)g * n_tok + t) * width + lane];
+    } else
     if (sparse && tid < width) b = topk[((int64_t)g * n_tok + t) * width + tid];
     int n;
+    if (EC) { /* ref m3_kv_sparse_table in selection order (FXP: sel_order), per warp: the usable
+               * entries' ranks by one ballot, the own block last when selected; this CTA's keys
+               * [128 r, 128 r + 128) are the list's block r: the entry of rank r (or the own
+               * block when r = nf), its table entry (round trip 2, one address), the copies */
+        const unsigned lt = (1u << lane) - 1u;
+        const bool ok = lane < width && b >= 0 && b < bp, own = lane < width && b == bp;
+        const unsigned bal = __ballot_sync(0xffffffffu, ok);
+        const int nf = __popc(bal);
+        const bool tail = __any_sync(0xffffffffu, own);
+        n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
+        const unsigned hit = __ballot_sync(0xffffffffu, (ok && __popc(bal & lt) == r) || (own && r == nf));
+        const int bsel = hit ? __shfl_sync(0xffffffffu, b, __ffs(hit) - 1) : -1;
+        const int k0e = r * 128, nke = max(0, min(128, n - k0e)), nge = (nke + 15) / 16;
+        const int kue = 16 * (128 / XC), vue = (16 / XC) * 128;
+        if (tid == 0) {
+            pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 ? 128 : 0)));
+            pc_bar_expect(bars + 1, (uint32_t)nge * vue * 16);
+        }
+        if (nge > 0) {
+            const int pblk = s.bt[bsel];
+            m3_gpu_attn_paged_src sx = s;
+            sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
+            const int gi = FP8 ? warp + NW * lane : tid;
+            if (gi < nge) {
+                int64_t ko, vo, so;
+                pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
+                pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
+                        (uint32_t)kue * 16, bars);
+                if (FP8) {
+                    pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
+                    pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
+                }
+                pc_bulk(vsm + (size_t)gi * vue * 16, reinterpret_cast<const unsigned char *>(s.v) + vo * EB,
+                        (uint32_t)vue * 16, bars + 1);
+            }
+        }
+    } else
     if (CONT) { /* sdec_k's list (m3_gpu_attn_sparse_flash): the selected blocks b < bp in slot
                  * order, a repeat of an earlier slot counted once, then the own block up to p;
                  * physl holds block ids. Repeats within a warp by one match, earlier warps'
@@ -3940,7 +3995,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * run per dim unit), V [gi][16/x key units][Dh][16 B] (one copy), fp8 scales 64 bytes
      * each; K and its scales complete on bars[0], V on bars[1] */
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
-    if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
+    if (EC) {
+        /* issued with the key list (above) */
+    } else if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
                  * the same number of copies from each warp, issued at once); V rows past nk up
                  * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
         const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
@@ -4045,7 +4102,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     };
     float mx[2] = {-INFINITY, -INFINITY};
-    auto kout = [&](int nt, const float (&c8)[2][4]) {
+    float zr[2][4]; /* PREG: the scores of n-tiles warp, warp + NW (-inf past nk) */
+#pragma unroll
+    for (int i = 0; i < 8; i++) zr[i >> 2][i & 3] = -INFINITY;
+    auto kout = [&](int nt, const float (&c8)[2][4], int sl) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
@@ -4056,7 +4116,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 if (FP8) d *= ksc[ki]; /* dequantized K */
                 z = (!FX && c.eager) ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
             }
-            sc[(size_t)rr * SCP + ki] = z;
+            if (PREG) zr[sl][i] = z;
+            else sc[(size_t)rr * SCP + ki] = z;
             mx[i >> 1] = fmaxf(mx[i >> 1], z);
         }
     };
@@ -4070,8 +4131,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             kstep(nt * 8 + gq, s2, ca[s2 & 1]);
             if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
         }
-        kout(nt, ca);
-        if (two) kout(nt + NW, cb);
+        kout(nt, ca, 0);
+        if (two) kout(nt + NW, cb, 1);
+        if (BRK) break; /* FXP: nk <= 8 NW */
     }
 #pragma unroll
     for (int r2 = 0; r2 < 2; r2++) {
@@ -4145,6 +4207,42 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
     };
+    if (PREG) { /* FX paged: keys nt 8 + 2 tq (+ 1) of n-tiles nt = warp, warp + NW, rows gq, gq + 8 */
+        float lp[2] = {0.0f, 0.0f};
+        const float mrow[2] = {mloc[gq], mloc[gq + 8]};
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+            const int nt = warp + sl * NW;
+#pragma unroll
+            for (int r2 = 0; r2 < 2; r2++) {
+                float pv[2];
+#pragma unroll
+                for (int k2 = 0; k2 < 2; k2++) {
+                    const int ki = nt * 8 + 2 * tq + k2;
+                    float pp = 0.0f;
+                    if (ki < nk) {
+                        const float ex = expf(zr[sl][2 * r2 + k2] - mrow[r2]);
+                        lp[r2] += ex;
+                        if (pa) { /* §4.9 step 4 */
+                            const int ti = ki >> 4;
+                            pp = pd8_div(ex * vsc[ki] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
+                        } else {
+                            pp = FP8 ? ex * vsc[ki] : ex;
+                        }
+                    }
+                    pv[k2] = pp;
+                }
+                *reinterpret_cast<uint32_t *>(pb + (gq + 8 * r2) * PBP + nt * 8 + 2 * tq) =
+                    pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+            }
+        }
+#pragma unroll
+        for (int r2 = 0; r2 < 2; r2++) {
+            lp[r2] += M3_SHFL_XOR(lp[r2], 1);
+            lp[r2] += M3_SHFL_XOR(lp[r2], 2);
+        }
+        if (tq == 0) lw[warp][gq] = lp[0], lw[warp][gq + 8] = lp[1];
+    } else
     for (int h = warp; h < hq; h += 2 * NW) {
         const bool two = h + NW < hq; /* warp-uniform */
         const float m0 = mloc[h], m1 = two ? mloc[h + NW] : 0.0f;
@@ -4163,6 +4261,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
+    if (PREG) { /* (l, the chunk's max) of head tid / 16 to owner tid % 16 (the warps' l in order) */
+        const int h = tid >> 4, ow = tid & 15;
+        float l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) l += lw[w][h];
+        const uint32_t mb = pc_mapa(bars + 4, ow);
+        pc_sta(pc_mapa(rl + r * hq + h, ow), l, mb);
+        pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], mb);
+    }
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
     float o[2][4] = {};
@@ -4242,10 +4349,58 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
+        if (FS) { /* FX: cl_weights for the owner's one head (h = r), warp 0: lanes = CTAs, then chunks */
+            constexpr int SP = FXP ? 2 : 1, NJ = FXP ? 8 : 16;
+            if (warp == 0) {
+                const int h = r;
+                const float lv = lane < nch * SP ? rl[lane * 16 + h] : 0.0f;
+                const float mv = lane < nch * SP ? rm[lane * 16 + h] : -INFINITY;
+                float l = 0.0f;
+#pragma unroll
+                for (int u = 0; u < SP; u++) l += __shfl_sync(0xffffffffu, lv, (lane * SP + u) & 31);
+                const float m = __shfl_sync(0xffffffffu, mv, (lane * SP) & 31);
+                const bool on = lane < nch && l > 0.0f;
+                float M = on ? m : -INFINITY;
+#pragma unroll
+                for (int o = NJ / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+                if (lane < nch) {
+                    const float w = on ? expf(m - M) : 0.0f;
+                    reinterpret_cast<float4 *>(wa)[lane] = make_float4(w, l, on ? __frcp_rn(l) : 0.0f, w * l);
+                }
+            }
+        } else
         cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
         __syncthreads(); /* the weights */
+        if (FS) { /* FX: one head an owner (ne 128: mwl [nch][1]), 2 threads an element */
+            constexpr int NJ = FXP ? 8 : 16, SP = FXP ? 2 : 1, HJ = NJ / 2;
+            const float4 *mw = reinterpret_cast<const float4 *>(wa);
+            const int half = (tid >> 4) & 1, x = (tid >> 5) * 16 + (tid & 15);
+            const int jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
+            float num = 0.0f, den = 0.0f;
+#pragma unroll
+            for (int i = 0; i < HJ; i++) {
+                const int j = ja + i;
+                if (j < jb) {
+                    const float4 f = mw[j];
+                    float oo = 0.0f;
+#pragma unroll
+                    for (int u = 0; u < SP; u++) oo += ro[(size_t)(SP * j + u) * 128 + x];
+                    float a = oo;
+                    if (FXP && f.y > 0.0f) {
+                        float qq = pd8_div(oo, f.y, f.z), q2 = 0.0f;
+                        round_bf16x2(qq, q2);
+                        a = f.y * qq;
+                    }
+                    num += __fmul_rn(f.x, a);
+                    den += f.w;
+                }
+            }
+            num += __shfl_xor_sync(0xffffffffu, num, 16);
+            den += __shfl_xor_sync(0xffffffffu, den, 16);
+            if (!half) out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + x] = m3_f32_to_bf16(num / den);
+        } else
         cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, (FXP || c.part > 0), e0, ne,
                 Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
@@ -4295,11 +4450,12 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const bool fx = !pc.cont && d_topk && pc.c.hq == 16 && pc.c.Dh == 128 && pc.c.ch == 256 &&
                     src->g.block == 128 && src->view == M3_KV_VIEW_PAGE && src->g.page == 16 && pc.kpc == 128 &&
                     pc.cs == 16 && pc.spc == 2 && pc.epo == 128 && src->g.dx * (pc.c.fp8 ? 16 : 8) == 128 &&
-                    !pc.c.eager && pc.c.sel_order && pc.c.part > 0 &&
+                    !pc.c.eager && pc.c.sel_order && pc.c.part > 0 && width <= 32 /* EC: one ballot */ &&
                     (!pc.c.fp8 || (src->ovf == M3_FP8_SATURATE && src->g.fp8_kind == M3_FP8_E4M3FN));
     const bool fxc = pc.cont && pc.c.hq == 16 && pc.c.Dh == 128 && src->g.block == 128 && pc.cs == 16 &&
                      pc.spc == 1 && pc.epo == 128 && !pc.c.eager;
-    const int base = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa ? 3 : 1) : 0, fi = base + (fx || fxc ? 4 : 0);
+    const int base = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa ? 3 : 1) : 0;
+    const int fi = base + (fx || fxc ? 4 : 0);
     static const pc_fn fns[8] = {pc_k<false, false, false, false>, pc_k<true, false, false, false>,
                                  pc_k<false, true, false, false>, pc_k<true, false, true, false>,
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
