@@ -23,6 +23,7 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 #include "ref/num/mx.h"
+#include <stdio.h> /* TEMP (mx4 session 12): the trace file */
 
 #define ROUTE_THREADS 128
 #define ROUTE_MAXK 8 /* experts per lane: E <= 8 * M3_WARP */
@@ -1204,6 +1205,41 @@ static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye,
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
 }
 
+/* TEMP (mx4 session 12, var 8): t1_combine with the order found first and the nv <= 8 y_e
+ * loads issued together (the same arithmetic in the same order) */
+static __device__ __forceinline__ void t1_combine8(m3_bf16 *y, const m3_bf16 *ye, const int32_t *ids,
+                                                   const float *wts, unsigned vm, int K, int nv, int d,
+                                                   int D, float rsf, bool bf16_combine) {
+    int ord[8];
+    int pid = -1, pk = -1;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        int bk = -1, bid = 0;
+        if (r < nv)
+            for (int k = 0; k < K; k++) {
+                if (!(vm >> k & 1u)) continue;
+                const int id = ids[k];
+                if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
+            }
+        pid = bid, pk = bk, ord[r] = bk;
+    }
+    float ev[8], wv[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        if (r < nv) {
+            const unsigned short *row = reinterpret_cast<const unsigned short *>(ye) + (size_t)ord[r] * D;
+            ev[r] = m3_bits_f32((uint32_t)__ldcg(row + d) << 16), wv[r] = wts[ord[r]];
+        }
+    float acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        if (r < nv) {
+            if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev[r], wv[r])));
+            else acc = __fadd_rn(acc, __fmul_rn(ev[r], wv[r]));
+        }
+    y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
+}
+
 /* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
 static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
     unsigned vm = 0;
@@ -1330,7 +1366,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast) {
+          bool xfast, unsigned long long *tr, int var) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
@@ -1339,9 +1375,26 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
+    /* TEMP trace (mx4 session 12): per block, thread 0: globaltimer at events */
+    unsigned long long *trb = tr && tid == 0 ? tr + ((size_t)MODE * 1024 + blockIdx.x) * 16 : NULL;
+    auto tmark = [&](int i) {
+        if (trb) {
+            unsigned long long tt;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tt));
+            trb[i] = tt;
+        }
+    };
+    tmark(0);
+    if (trb) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        trb[8] = sm;
+    }
+    int ntr = 0, ncomb = 0;
     /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
+    if (MODE == 0) tmark(1);
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
@@ -1353,7 +1406,23 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
         return;
     }
-    if ((int)blockIdx.x >= ntiles) return; /* whole block */
+    /* TEMP variant bit 0 (MODE 1): slot-major blocks: block b takes slot b % nv's chunks
+     * b / nv, + bps, ... (bps = gridDim.x / nv) and stages that slot's row only */
+    const bool smaj = MODE == 1 && (var & 1);
+    const int bps = nv > 0 ? (int)gridDim.x / nv : 0;
+    auto tile_at = [&](int i) -> int {
+        if (!smaj) {
+            const int tl = (int)blockIdx.x + i * (int)gridDim.x;
+            return tl < ntiles ? tl : -1;
+        }
+        if ((int)blockIdx.x >= bps * nv) return -1;
+        const int c = (int)blockIdx.x / nv + i * bps;
+        return c < nch ? ((int)blockIdx.x % nv) * nch + c : -1;
+    };
+    if (tile_at(0) < 0) {
+        if (trb) trb[9] = 0, tmark(7);
+        return; /* whole block */
+    }
     build_lut<WF>(lut);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
@@ -1384,7 +1453,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     };
     /* two register sets of U steps: one loading while the other is used, across tiles */
     const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups a tile (may be 0) */
-    int tile = (int)blockIdx.x, slot, obase, nslot, nobase;
+    int ti = 0, tile = tile_at(0), slot, obase, nslot, nobase;
     const unsigned char *cpw[2], *npw[2];
     const m3_e8m0 *cps[2], *nps[2];
     rows_of(tile, &slot, &obase, cpw, cps);
@@ -1394,16 +1463,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
+    if (MODE == 1) tmark(1);
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
-    const int nx = MODE == 0 ? 1 : nv;
+    const int nx = MODE == 0 || smaj ? 1 : nv;
+    const int sj = smaj ? (int)blockIdx.x % nv : 0;
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
+            const int src = MODE == 0 ? 0 : nth_bit(vm, j + sj);
             const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
@@ -1423,22 +1494,30 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         if (!__syncthreads_or(xsc != 0 && ovf)) break;
         xsc = 0;
     }
+    tmark(2);
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
-    auto tiles = [&](auto fast) {
+    auto tiles = [&](auto fast, auto raw) {
         for (;;) {
-            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
+            const int xr = (MODE == 0 || smaj ? 0 : tile / nch) * pitch, next = tile_at(ti + 1);
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
+            if (next >= 0) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
                 if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
-                else if (next < ntiles) load(npw, nps, wk, qb, sb);
+                else if (next >= 0) load(npw, nps, wk, qb, sb);
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
                     if (st >= nsteps) continue;
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    if constexpr (decltype(raw)::value) { /* TEMP timing ablation: no decode */
+                        const uint32_t w0[4] = {qa[u][0].x, qa[u][0].y, qa[u][0].z, qa[u][0].w};
+                        const uint32_t w1[4] = {qa[u][1].x, qa[u][1].y, qa[u][1].z, qa[u][1].w};
+#pragma unroll
+                        for (int j = 0; j < PE / 2; j++) a0[j] = w0[j & 3], a1[j] = w1[j & 3];
+                    } else {
+                        tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    }
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
                         const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
@@ -1475,7 +1554,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1) { /* the chunk's last block combines it */
+            if (MODE == 1 && !(var & 2)) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
                 if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
                 __syncthreads();
@@ -1483,21 +1562,27 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 __syncthreads();
                 if (last && tid < CH) {
                     __threadfence();
-                    t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                    if ((var & 8) && nv <= 8) t1_combine8(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                    else t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
                 }
+                if (last) ncomb++;
             }
             __syncthreads(); /* red and last are free for the next tile */
-            if (next >= ntiles) break; /* block-uniform */
-            tile = next, slot = nslot, obase = nobase;
+            if (ntr < 4) tmark(3 + ntr);
+            ntr++;
+            if (next < 0) break; /* block-uniform */
+            tile = next, slot = nslot, obase = nobase, ti++;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
     };
-    if constexpr (WF == M3_GPU_W_MXFP4) {
-        if (xfast && xsc == xsh) tiles(m3_bool_c<true>());
-        else tiles(m3_bool_c<false>());
+    if (var & 4) tiles(m3_bool_c<true>(), m3_bool_c<true>()); /* TEMP timing ablation */
+    else if constexpr (WF == M3_GPU_W_MXFP4) {
+        if (xfast && xsc == xsh) tiles(m3_bool_c<true>(), m3_bool_c<false>());
+        else tiles(m3_bool_c<false>(), m3_bool_c<false>());
     } else {
-        tiles(m3_bool_c<false>());
+        tiles(m3_bool_c<false>(), m3_bool_c<false>());
     }
+    if (trb) trb[9] = ntr, trb[10] = ncomb, tmark(7);
 }
 
 /* MXFP4 decode from the caller's scale range (m3_gpu_experts.mx_scale_lo / hi, gpu/layer.hip's
@@ -1535,18 +1620,55 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
+    /* TEMP (mx4 session 12): M3_MX4_VAR variant bits, M3_MX4_TRACE=file: the globaltimer trace
+     * of call M3_MX4_TRACE_CALL (default 40) of this process */
+    static int ncall = 0;
+    static unsigned long long *dtr = NULL;
+    const char *ev = getenv("M3_MX4_VAR"), *tf = getenv("M3_MX4_TRACE"), *tc = getenv("M3_MX4_TRACE_CALL");
+    const int var = ev ? atoi(ev) : 0;
+    unsigned long long *tr = NULL;
+    bool trace = false;
+    if (tf) {
+        for (const char *q = tc ? tc : "40"; q && *q; q = strchr(q, ','), q = q ? q + 1 : NULL)
+            if (atoi(q) == ncall) trace = true;
+    }
+    ncall++;
+    if (trace) {
+        if (!dtr) M3_HIP_TRY(hipMalloc((void **)&dtr, 2 * 1024 * 16 * 8));
+        M3_HIP_TRY(cudaMemsetAsync(dtr, 0, 2 * 1024 * 16 * 8, g->stream));
+        tr = dtr;
+    }
     M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf));
+                     (bool)p->moe_bf16_combine, xsh, xf, tr, var));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf);
+                     (bool)p->moe_bf16_combine, xsh, xf, tr, var));
+    if (trace) {
+        static unsigned long long h[2 * 1024 * 16];
+        M3_HIP_TRY(hipStreamSynchronize(g->stream));
+        M3_HIP_TRY(hipMemcpy(h, dtr, sizeof h, hipMemcpyDeviceToHost));
+        FILE *f = fopen(tf, "a");
+        if (f) {
+            fprintf(f, "# call fmt %d var %d grid %d %d\n", WF, var, (int)(t1 < cap ? t1 : cap), (int)grid2);
+            for (int md = 0; md < 2; md++)
+                for (int b = 0; b < 1024; b++) {
+                    const unsigned long long *r = h + ((size_t)md * 1024 + b) * 16;
+                    if (!r[0]) continue;
+                    fprintf(f, "%d %d", md, b);
+                    for (int i = 0; i < 11; i++) fprintf(f, " %llu", r[i]);
+                    fprintf(f, "\n");
+                }
+            fclose(f);
+        }
+    }
+    return M3_OK;
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
