@@ -1205,41 +1205,6 @@ static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye,
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
 }
 
-/* TEMP (mx4 session 12, var 8): t1_combine with the order found first and the nv <= 8 y_e
- * loads issued together (the same arithmetic in the same order) */
-static __device__ __forceinline__ void t1_combine8(m3_bf16 *y, const m3_bf16 *ye, const int32_t *ids,
-                                                   const float *wts, unsigned vm, int K, int nv, int d,
-                                                   int D, float rsf, bool bf16_combine) {
-    int ord[8];
-    int pid = -1, pk = -1;
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        int bk = -1, bid = 0;
-        if (r < nv)
-            for (int k = 0; k < K; k++) {
-                if (!(vm >> k & 1u)) continue;
-                const int id = ids[k];
-                if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
-            }
-        pid = bid, pk = bk, ord[r] = bk;
-    }
-    float ev[8], wv[8];
-#pragma unroll
-    for (int r = 0; r < 8; r++)
-        if (r < nv) {
-            const unsigned short *row = reinterpret_cast<const unsigned short *>(ye) + (size_t)ord[r] * D;
-            ev[r] = m3_bits_f32((uint32_t)__ldcg(row + d) << 16), wv[r] = wts[ord[r]];
-        }
-    float acc = 0.0f;
-#pragma unroll
-    for (int r = 0; r < 8; r++)
-        if (r < nv) {
-            if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev[r], wv[r])));
-            else acc = __fadd_rn(acc, __fmul_rn(ev[r], wv[r]));
-        }
-    y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
-}
-
 /* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
 static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
     unsigned vm = 0;
@@ -1359,7 +1324,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
  * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC>
+template <int WF, int MODE, int WK, int U, bool NC, int KV>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1368,6 +1333,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
           bool xfast, unsigned long long *tr, int var) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
+    constexpr bool IP = KV == 1; /* TEMP: KV 1 in-place register set, 2 no decode (timing) */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
@@ -1451,6 +1417,12 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int h = 0; h < 2; h++) q[u][h] = ld_stream(pw[h] + (size_t)pc * 16), sc[u][h] = ps[h][pc / PPB];
         }
     };
+    auto ldstep = [&](const unsigned char *const *pw, const m3_e8m0 *const *ps, int st, uint4(&q)[2],
+                      m3_e8m0(&sc)[2]) {
+        const int p = st * 4 + t, pc = p < npieces ? p : npieces - 1;
+#pragma unroll
+        for (int h = 0; h < 2; h++) q[h] = ld_stream(pw[h] + (size_t)pc * 16), sc[h] = ps[h][pc / PPB];
+    };
     /* two register sets of U steps: one loading while the other is used, across tiles */
     const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups a tile (may be 0) */
     int ti = 0, tile = tile_at(0), slot, obase, nslot, nobase;
@@ -1503,21 +1475,31 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (next >= 0) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
-                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
-                else if (next >= 0) load(npw, nps, wk, qb, sb);
+                if constexpr (!IP) {
+                    if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
+                    else if (next >= 0) load(npw, nps, wk, qb, sb);
+                }
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
-                    if (st >= nsteps) continue;
+                    const bool on = st < nsteps;
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    if constexpr (decltype(raw)::value) { /* TEMP timing ablation: no decode */
-                        const uint32_t w0[4] = {qa[u][0].x, qa[u][0].y, qa[u][0].z, qa[u][0].w};
-                        const uint32_t w1[4] = {qa[u][1].x, qa[u][1].y, qa[u][1].z, qa[u][1].w};
+                    if (on) {
+                        if constexpr (decltype(raw)::value) { /* TEMP timing ablation: no decode */
+                            const uint32_t w0[4] = {qa[u][0].x, qa[u][0].y, qa[u][0].z, qa[u][0].w};
+                            const uint32_t w1[4] = {qa[u][1].x, qa[u][1].y, qa[u][1].z, qa[u][1].w};
 #pragma unroll
-                        for (int j = 0; j < PE / 2; j++) a0[j] = w0[j & 3], a1[j] = w1[j & 3];
-                    } else {
-                        tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                            for (int j = 0; j < PE / 2; j++) a0[j] = w0[j & 3], a1[j] = w1[j & 3];
+                        } else {
+                            tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                        }
                     }
+                    if constexpr (IP) { /* TEMP: in place: step u of the next group into the
+                                           registers just decoded (no second set, no copies) */
+                        if (gi + 1 < G) ldstep(cpw, cps, st + WK * U, qa[u], sa[u]);
+                        else if (next >= 0) ldstep(npw, nps, wk + u * WK, qa[u], sa[u]);
+                    }
+                    if (!on) continue;
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
                         const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
@@ -1530,10 +1512,12 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                         m3_mma_bf16_16816(acc, af, bf);
                     }
                 }
+                if constexpr (!IP) {
 #pragma unroll
-                for (int u = 0; u < U; u++)
+                    for (int u = 0; u < U; u++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+                        for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
+                }
             }
             /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
             if (WK > 1) {
@@ -1562,8 +1546,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 __syncthreads();
                 if (last && tid < CH) {
                     __threadfence();
-                    if ((var & 8) && nv <= 8) t1_combine8(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
-                    else t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                    t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
                 }
                 if (last) ncomb++;
             }
@@ -1575,7 +1558,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
     };
-    if (var & 4) tiles(m3_bool_c<true>(), m3_bool_c<true>()); /* TEMP timing ablation */
+    if constexpr (KV == 2) tiles(m3_bool_c<true>(), m3_bool_c<true>()); /* TEMP timing ablation */
     else if constexpr (WF == M3_GPU_W_MXFP4) {
         if (xfast && xsc == xsh) tiles(m3_bool_c<true>(), m3_bool_c<false>());
         else tiles(m3_bool_c<false>(), m3_bool_c<false>());
@@ -1602,7 +1585,7 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC>
+template <int WF, int WK, int U, bool NC, int KV = 0, int U2 = U>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1614,9 +1597,9 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, KV>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U2, NC, KV>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
@@ -1638,14 +1621,14 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
         M3_HIP_TRY(cudaMemsetAsync(dtr, 0, 2 * 1024 * 16 * 8, g->stream));
         tr = dtr;
     }
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, KV>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
                      (bool)p->moe_bf16_combine, xsh, xf, tr, var));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U2, NC, KV>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
@@ -1656,7 +1639,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
         M3_HIP_TRY(hipMemcpy(h, dtr, sizeof h, hipMemcpyDeviceToHost));
         FILE *f = fopen(tf, "a");
         if (f) {
-            fprintf(f, "# call fmt %d var %d grid %d %d\n", WF, var, (int)(t1 < cap ? t1 : cap), (int)grid2);
+            fprintf(f, "# call fmt %d U %d KV %d var %d grid %d %d\n", WF, U, KV, var, (int)(t1 < cap ? t1 : cap), (int)grid2);
             for (int md = 0; md < 2; md++)
                 for (int b = 0; b < 1024; b++) {
                     const unsigned long long *r = h + ((size_t)md * 1024 + b) * 16;
@@ -2781,14 +2764,25 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     if (s == M3_OK) {
         if (w->fmt == M3_GPU_W_BF16)
             s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (w->fmt == M3_GPU_W_MXFP8)
+        else if (w->fmt == M3_GPU_W_MXFP8) {
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
-            s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            const char *ev = getenv("M3_MX4_VAR"); /* TEMP (mx4 session 12): in-place sets */
+            const int var = ev ? atoi(ev) : 0;
+            if (!w->finite_codes) s = sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (var & 16) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (var & 32) s = dq1_run<M3_GPU_W_MXFP8, 4, 4, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (var & 64) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 1, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        } else {
+            const char *ev = getenv("M3_MX4_VAR"); /* TEMP (mx4 session 12): in-place sets */
+            const int var = ev ? atoi(ev) : 0;
+            if (var & 4) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (var & 16) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (var & 32) s = dq1_run<M3_GPU_W_MXFP4, 4, 4, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (var & 64) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        }
     }
     m3_gpu_release(g, mark);
     return s;
