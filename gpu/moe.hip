@@ -1205,6 +1205,29 @@ static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye,
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
 }
 
+/* TEMP (mx4 session 12, var 8): t1_combine with the slot order (ck) and weights (cw) found
+ * once per block; the y_e loads of 4 slots issued together (the same arithmetic, same order) */
+static __device__ __forceinline__ void t1_combine_o(m3_bf16 *y, const m3_bf16 *ye, const int *ck, const float *cw,
+                                                    int nv, int d, int D, float rsf, bool bf16_combine) {
+    float acc = 0.0f;
+    for (int r0 = 0; r0 < nv; r0 += 4) {
+        float ev[4], wv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (r0 + i < nv) {
+                const unsigned short *row = reinterpret_cast<const unsigned short *>(ye) + (size_t)ck[r0 + i] * D;
+                ev[i] = m3_bits_f32((uint32_t)__ldcg(row + d) << 16), wv[i] = cw[r0 + i];
+            }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (r0 + i < nv) {
+                if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev[i], wv[i])));
+                else acc = __fadd_rn(acc, __fmul_rn(ev[i], wv[i])); /* unfused, as ref */
+            }
+    }
+    y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
+}
+
 /* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
 static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
     unsigned vm = 0;
@@ -1333,10 +1356,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
           bool xfast, unsigned long long *tr, int var) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
-    constexpr bool IP = KV == 1; /* TEMP: KV 1 in-place register set, 2 no decode (timing) */
+    constexpr bool IP = false; /* TEMP: in-place register set (batch 1: slower) */
+    constexpr bool BST = (KV & 1) != 0, CMO = (KV & 2) != 0; /* TEMP: batched staging, combine order */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
+    __shared__ int cks[32]; /* TEMP var 8: the combine's slot order and weights */
+    __shared__ float cws[32];
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1361,6 +1387,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
     if (MODE == 0) tmark(1);
+    /* TEMP var 128: x staging with a thread's loads issued together (MODE 0: before the ids
+     * are read, the token's row does not depend on them) */
+    constexpr int XB = 6;
+    const bool bst = BST;
+    uint4 xpre[XB];
+    if (MODE == 0 && bst) {
+#pragma unroll
+        for (int i = 0; i < XB; i++) {
+            const int v = tid + i * TC_THREADS;
+            if (v < kdim / 8) xpre[i] = reinterpret_cast<const uint4 *>(ain)[v];
+        }
+    }
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
@@ -1374,7 +1412,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     }
     /* TEMP variant bit 0 (MODE 1): slot-major blocks: block b takes slot b % nv's chunks
      * b / nv, + bps, ... (bps = gridDim.x / nv) and stages that slot's row only */
-    const bool smaj = MODE == 1 && (var & 1);
+    const bool smaj = false; /* (var 1, batch 1: slower) */
     const int bps = nv > 0 ? (int)gridDim.x / nv : 0;
     auto tile_at = [&](int i) -> int {
         if (!smaj) {
@@ -1388,6 +1426,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     if (tile_at(0) < 0) {
         if (trb) trb[9] = 0, tmark(7);
         return; /* whole block */
+    }
+    if (MODE == 1 && CMO && tid == 0) { /* the combine's order: ascending (expert id, slot) */
+        int pid = -1, pk = -1;
+        for (int r = 0; r < nv; r++) {
+            int bk = -1, bid = 0;
+            for (int k = 0; k < K; k++) {
+                if (!(vm >> k & 1u)) continue;
+                const int id = ids[k];
+                if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
+            }
+            pid = bid, pk = bk, cks[r] = bk, cws[r] = wts[bk];
+        }
     }
     build_lut<WF>(lut);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
@@ -1442,8 +1492,36 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int sj = smaj ? (int)blockIdx.x % nv : 0;
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
+    bool pre = MODE == 0 && bst; /* xpre holds the first batch */
     for (;;) {
         bool ovf = false;
+        if (bst) {
+            const int nu = nx * (kdim / 8);
+            for (int v0 = tid; v0 < nu; v0 += XB * TC_THREADS) {
+                if (!pre) {
+#pragma unroll
+                    for (int i = 0; i < XB; i++) {
+                        const int v = v0 + i * TC_THREADS;
+                        if (v < nu) {
+                            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+                            const int src = MODE == 0 ? 0 : nth_bit(vm, j + sj);
+                            xpre[i] = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+                        }
+                    }
+                }
+                pre = false;
+#pragma unroll
+                for (int i = 0; i < XB; i++) {
+                    const int v = v0 + i * TC_THREADS;
+                    if (v < nu) {
+                        const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+                        const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
+                        xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
+                            WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(xpre[i]), xsc, &ovf) : tc_perm<WF>(xpre[i]);
+                    }
+                }
+            }
+        } else
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j + sj);
@@ -1538,7 +1616,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1 && !(var & 2)) { /* the chunk's last block combines it */
+            if (MODE == 1) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
                 if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
                 __syncthreads();
@@ -1546,7 +1624,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 __syncthreads();
                 if (last && tid < CH) {
                     __threadfence();
-                    t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                    if (CMO) t1_combine_o(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                    else t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
                 }
                 if (last) ncomb++;
             }
@@ -1558,8 +1637,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
     };
-    if constexpr (KV == 2) tiles(m3_bool_c<true>(), m3_bool_c<true>()); /* TEMP timing ablation */
-    else if constexpr (WF == M3_GPU_W_MXFP4) {
+    if constexpr (WF == M3_GPU_W_MXFP4) {
         if (xfast && xsc == xsh) tiles(m3_bool_c<true>(), m3_bool_c<false>());
         else tiles(m3_bool_c<false>(), m3_bool_c<false>());
     } else {
@@ -2767,20 +2845,19 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         else if (w->fmt == M3_GPU_W_MXFP8) {
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
-            const char *ev = getenv("M3_MX4_VAR"); /* TEMP (mx4 session 12): in-place sets */
-            const int var = ev ? atoi(ev) : 0;
+            const char *ev = getenv("M3_MX4_VAR"); /* TEMP (mx4 session 12): kernel variants */
+            const int var = ev ? atoi(ev) : 0, kv = (var & 128 ? 1 : 0) | (var & 8 ? 2 : 0);
             if (!w->finite_codes) s = sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (var & 16) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (var & 32) s = dq1_run<M3_GPU_W_MXFP8, 4, 4, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (var & 64) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 1, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (kv == 1) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (kv == 2) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (kv == 3) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
             else s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         } else {
-            const char *ev = getenv("M3_MX4_VAR"); /* TEMP (mx4 session 12): in-place sets */
-            const int var = ev ? atoi(ev) : 0;
-            if (var & 4) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (var & 16) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (var & 32) s = dq1_run<M3_GPU_W_MXFP4, 4, 4, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (var & 64) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            const char *ev = getenv("M3_MX4_VAR"); /* TEMP (mx4 session 12): kernel variants */
+            const int var = ev ? atoi(ev) : 0, kv = (var & 128 ? 1 : 0) | (var & 8 ? 2 : 0);
+            if (kv == 1) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (kv == 2) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            else if (kv == 3) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
             else s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         }
     }
