@@ -23,7 +23,6 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 #include "ref/num/mx.h"
-#include <stdio.h> /* TEMP (mx4 session 12): the trace file */
 
 #define ROUTE_THREADS 128
 #define ROUTE_MAXK 8 /* experts per lane: E <= 8 * M3_WARP */
@@ -1205,24 +1204,43 @@ static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye,
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
 }
 
-/* TEMP (mx4 session 12, var 8): t1_combine with the slot order (ck) and weights (cw) found
- * once per block; the y_e loads of 4 slots issued together (the same arithmetic, same order) */
-static __device__ __forceinline__ void t1_combine_o(m3_bf16 *y, const m3_bf16 *ye, const int *ck, const float *cw,
-                                                    int nv, int d, int D, float rsf, bool bf16_combine) {
+/* t1_combine's order found once: ck[r] the r-th valid slot in ascending (expert id, slot),
+ * cw[r] its weight (dq1_k's thread 0, into shared memory at the kernel's start) */
+static __device__ __forceinline__ void t1_order(int *ck, float *cw, const int32_t *ids, const float *wts,
+                                                unsigned vm, int K, int nv) {
+    int pid = -1, pk = -1;
+    for (int r = 0; r < nv; r++) {
+        int bk = -1, bid = 0;
+        for (int k = 0; k < K; k++) {
+            if (!(vm >> k & 1u)) continue;
+            const int id = ids[k];
+            if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
+        }
+        pid = bid, pk = bk, ck[r] = bk, cw[r] = wts[bk];
+    }
+}
+
+/* t1_combine from t1_order's list: the same products and sums in the same order, but the y_e
+ * loads of 4 slots go out together (t1_combine finds each slot, then waits for its load: a
+ * chain of L2 round trips in the call's tail, ~1.7 us of the MXFP4 T = 1 call; docs/gpu.md
+ * "Decode, session 12") */
+static __device__ __forceinline__ void t1_combine_ord(m3_bf16 *y, const m3_bf16 *ye, const int *ck,
+                                                      const float *cw, int nv, int d, int D, float rsf,
+                                                      bool bf16_combine) {
     float acc = 0.0f;
     for (int r0 = 0; r0 < nv; r0 += 4) {
-        float ev[4], wv[4];
+        float ev[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (r0 + i < nv)
+                ev[i] = m3_bits_f32((uint32_t)__ldcg(reinterpret_cast<const unsigned short *>(ye) +
+                                                     (size_t)ck[r0 + i] * D + d) << 16);
 #pragma unroll
         for (int i = 0; i < 4; i++)
             if (r0 + i < nv) {
-                const unsigned short *row = reinterpret_cast<const unsigned short *>(ye) + (size_t)ck[r0 + i] * D;
-                ev[i] = m3_bits_f32((uint32_t)__ldcg(row + d) << 16), wv[i] = cw[r0 + i];
-            }
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            if (r0 + i < nv) {
-                if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev[i], wv[i])));
-                else acc = __fadd_rn(acc, __fmul_rn(ev[i], wv[i])); /* unfused, as ref */
+                const float wv = cw[r0 + i];
+                if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev[i], wv)));
+                else acc = __fadd_rn(acc, __fmul_rn(ev[i], wv)); /* unfused, as ref */
             }
     }
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
@@ -1354,51 +1372,20 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast, unsigned long long *tr, int var) {
+          bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
-    constexpr bool IP = false; /* TEMP: in-place register set (batch 1: slower) */
-    constexpr bool BST = (KV & 1) != 0, CMO = (KV & 2) != 0; /* TEMP: batched staging, combine order */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
-    __shared__ int cks[32]; /* TEMP var 8: the combine's slot order and weights */
+    __shared__ int cks[32]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
     __shared__ float cws[32];
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
-    /* TEMP trace (mx4 session 12): per block, thread 0: globaltimer at events */
-    unsigned long long *trb = tr && tid == 0 ? tr + ((size_t)MODE * 1024 + blockIdx.x) * 16 : NULL;
-    auto tmark = [&](int i) {
-        if (trb) {
-            unsigned long long tt;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tt));
-            trb[i] = tt;
-        }
-    };
-    tmark(0);
-    if (trb) {
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        trb[8] = sm;
-    }
-    int ntr = 0, ncomb = 0;
     /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
-    if (MODE == 0) tmark(1);
-    /* TEMP var 128: x staging with a thread's loads issued together (MODE 0: before the ids
-     * are read, the token's row does not depend on them) */
-    constexpr int XB = 6;
-    const bool bst = BST;
-    uint4 xpre[XB];
-    if (MODE == 0 && bst) {
-#pragma unroll
-        for (int i = 0; i < XB; i++) {
-            const int v = tid + i * TC_THREADS;
-            if (v < kdim / 8) xpre[i] = reinterpret_cast<const uint4 *>(ain)[v];
-        }
-    }
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
@@ -1410,36 +1397,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
         return;
     }
-    /* TEMP variant bit 0 (MODE 1): slot-major blocks: block b takes slot b % nv's chunks
-     * b / nv, + bps, ... (bps = gridDim.x / nv) and stages that slot's row only */
-    const bool smaj = false; /* (var 1, batch 1: slower) */
-    const int bps = nv > 0 ? (int)gridDim.x / nv : 0;
-    auto tile_at = [&](int i) -> int {
-        if (!smaj) {
-            const int tl = (int)blockIdx.x + i * (int)gridDim.x;
-            return tl < ntiles ? tl : -1;
-        }
-        if ((int)blockIdx.x >= bps * nv) return -1;
-        const int c = (int)blockIdx.x / nv + i * bps;
-        return c < nch ? ((int)blockIdx.x % nv) * nch + c : -1;
-    };
-    if (tile_at(0) < 0) {
-        if (trb) trb[9] = 0, tmark(7);
-        return; /* whole block */
-    }
-    if (MODE == 1 && CMO && tid == 0) { /* the combine's order: ascending (expert id, slot) */
-        int pid = -1, pk = -1;
-        for (int r = 0; r < nv; r++) {
-            int bk = -1, bid = 0;
-            for (int k = 0; k < K; k++) {
-                if (!(vm >> k & 1u)) continue;
-                const int id = ids[k];
-                if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
-            }
-            pid = bid, pk = bk, cks[r] = bk, cws[r] = wts[bk];
-        }
-    }
+    if ((int)blockIdx.x >= ntiles) return; /* whole block */
     build_lut<WF>(lut);
+    /* (ids and wts are inputs of the call; the staging's barrier publishes the list) */
+    if (MODE == 1 && !(KV & 4) && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
     uint4 *xs = tc_dyn;
@@ -1467,64 +1428,35 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int h = 0; h < 2; h++) q[u][h] = ld_stream(pw[h] + (size_t)pc * 16), sc[u][h] = ps[h][pc / PPB];
         }
     };
-    auto ldstep = [&](const unsigned char *const *pw, const m3_e8m0 *const *ps, int st, uint4(&q)[2],
-                      m3_e8m0(&sc)[2]) {
-        const int p = st * 4 + t, pc = p < npieces ? p : npieces - 1;
-#pragma unroll
-        for (int h = 0; h < 2; h++) q[h] = ld_stream(pw[h] + (size_t)pc * 16), sc[h] = ps[h][pc / PPB];
-    };
     /* two register sets of U steps: one loading while the other is used, across tiles */
     const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups a tile (may be 0) */
-    int ti = 0, tile = tile_at(0), slot, obase, nslot, nobase;
+    int tile = (int)blockIdx.x, slot, obase, nslot, nobase;
     const unsigned char *cpw[2], *npw[2];
     const m3_e8m0 *cps[2], *nps[2];
     rows_of(tile, &slot, &obase, cpw, cps);
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
-    load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
+    /* TEMP (mx4 session 12) KV 1: MODE 0's first loads after the x stores; KV 2: MODE 1 stages
+     * only the rows of this block's tiles */
+    constexpr bool LATE = MODE == 0 && (KV & 1), NEED = MODE == 1 && (KV & 2);
+    bool ld_pending = LATE;
+    if (!LATE) load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
-    if (MODE == 1) tmark(1);
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * every valid slot (row j of xs: the j-th valid slot) */
-    const int nx = MODE == 0 || smaj ? 1 : nv;
-    const int sj = smaj ? (int)blockIdx.x % nv : 0;
+    unsigned need = 0;
+    if (NEED)
+        for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
+    const int nx = MODE == 0 ? 1 : NEED ? __popc(need) : nv;
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-    bool pre = MODE == 0 && bst; /* xpre holds the first batch */
     for (;;) {
         bool ovf = false;
-        if (bst) {
-            const int nu = nx * (kdim / 8);
-            for (int v0 = tid; v0 < nu; v0 += XB * TC_THREADS) {
-                if (!pre) {
-#pragma unroll
-                    for (int i = 0; i < XB; i++) {
-                        const int v = v0 + i * TC_THREADS;
-                        if (v < nu) {
-                            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-                            const int src = MODE == 0 ? 0 : nth_bit(vm, j + sj);
-                            xpre[i] = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
-                        }
-                    }
-                }
-                pre = false;
-#pragma unroll
-                for (int i = 0; i < XB; i++) {
-                    const int v = v0 + i * TC_THREADS;
-                    if (v < nu) {
-                        const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-                        const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-                        xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
-                            WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(xpre[i]), xsc, &ovf) : tc_perm<WF>(xpre[i]);
-                    }
-                }
-            }
-        } else
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
-            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
-            const int src = MODE == 0 ? 0 : nth_bit(vm, j + sj);
+            const int jj = v / (kdim / 8), j = NEED ? nth_bit(need, jj) : jj, k = (v % (kdim / 8)) * 8;
+            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
             const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
@@ -1533,10 +1465,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
             for (int v = tid; v < nx * pad; v += TC_THREADS) {
-                const int j = v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
+                const int j = NEED ? nth_bit(need, v / pad) : v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
                 xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
             }
         }
+        if (ld_pending) load(cpw, cps, wk, qa, sa), ld_pending = false;
         if (WF != M3_GPU_W_MXFP4) {
             __syncthreads();
             break;
@@ -1544,40 +1477,22 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         if (!__syncthreads_or(xsc != 0 && ovf)) break;
         xsc = 0;
     }
-    tmark(2);
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
-    auto tiles = [&](auto fast, auto raw) {
+    auto tiles = [&](auto fast) {
         for (;;) {
-            const int xr = (MODE == 0 || smaj ? 0 : tile / nch) * pitch, next = tile_at(ti + 1);
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (next >= 0) rows_of(next, &nslot, &nobase, npw, nps);
+            if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
-                if constexpr (!IP) {
-                    if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
-                    else if (next >= 0) load(npw, nps, wk, qb, sb);
-                }
+                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
+                else if (next < ntiles) load(npw, nps, wk, qb, sb);
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
-                    const bool on = st < nsteps;
+                    if (st >= nsteps) continue;
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    if (on) {
-                        if constexpr (decltype(raw)::value) { /* TEMP timing ablation: no decode */
-                            const uint32_t w0[4] = {qa[u][0].x, qa[u][0].y, qa[u][0].z, qa[u][0].w};
-                            const uint32_t w1[4] = {qa[u][1].x, qa[u][1].y, qa[u][1].z, qa[u][1].w};
-#pragma unroll
-                            for (int j = 0; j < PE / 2; j++) a0[j] = w0[j & 3], a1[j] = w1[j & 3];
-                        } else {
-                            tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
-                        }
-                    }
-                    if constexpr (IP) { /* TEMP: in place: step u of the next group into the
-                                           registers just decoded (no second set, no copies) */
-                        if (gi + 1 < G) ldstep(cpw, cps, st + WK * U, qa[u], sa[u]);
-                        else if (next >= 0) ldstep(npw, nps, wk + u * WK, qa[u], sa[u]);
-                    }
-                    if (!on) continue;
+                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
                         const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
@@ -1590,12 +1505,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                         m3_mma_bf16_16816(acc, af, bf);
                     }
                 }
-                if constexpr (!IP) {
 #pragma unroll
-                    for (int u = 0; u < U; u++)
+                for (int u = 0; u < U; u++)
 #pragma unroll
-                        for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
-                }
+                    for (int h = 0; h < 2; h++) qa[u][h] = qb[u][h], sa[u][h] = sb[u][h];
             }
             /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
             if (WK > 1) {
@@ -1624,26 +1537,22 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 __syncthreads();
                 if (last && tid < CH) {
                     __threadfence();
-                    if (CMO) t1_combine_o(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
-                    else t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                    if (KV & 4) t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine); /* TEMP: session 11 */
+                    else t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
                 }
-                if (last) ncomb++;
             }
             __syncthreads(); /* red and last are free for the next tile */
-            if (ntr < 4) tmark(3 + ntr);
-            ntr++;
-            if (next < 0) break; /* block-uniform */
-            tile = next, slot = nslot, obase = nobase, ti++;
+            if (next >= ntiles) break; /* block-uniform */
+            tile = next, slot = nslot, obase = nobase;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
     };
     if constexpr (WF == M3_GPU_W_MXFP4) {
-        if (xfast && xsc == xsh) tiles(m3_bool_c<true>(), m3_bool_c<false>());
-        else tiles(m3_bool_c<false>(), m3_bool_c<false>());
+        if (xfast && xsc == xsh) tiles(m3_bool_c<true>());
+        else tiles(m3_bool_c<false>());
     } else {
-        tiles(m3_bool_c<false>(), m3_bool_c<false>());
+        tiles(m3_bool_c<false>());
     }
-    if (trb) trb[9] = ntr, trb[10] = ncomb, tmark(7);
 }
 
 /* MXFP4 decode from the caller's scale range (m3_gpu_experts.mx_scale_lo / hi, gpu/layer.hip's
@@ -1663,7 +1572,7 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC, int KV = 0, int U2 = U>
+template <int WF, int WK, int U, bool NC, int KV = 0>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1677,59 +1586,22 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, KV>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U2, NC, KV>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, KV>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    /* TEMP (mx4 session 12): M3_MX4_VAR variant bits, M3_MX4_TRACE=file: the globaltimer trace
-     * of call M3_MX4_TRACE_CALL (default 40) of this process */
-    static int ncall = 0;
-    static unsigned long long *dtr = NULL;
-    const char *ev = getenv("M3_MX4_VAR"), *tf = getenv("M3_MX4_TRACE"), *tc = getenv("M3_MX4_TRACE_CALL");
-    const int var = ev ? atoi(ev) : 0;
-    unsigned long long *tr = NULL;
-    bool trace = false;
-    if (tf) {
-        for (const char *q = tc ? tc : "40"; q && *q; q = strchr(q, ','), q = q ? q + 1 : NULL)
-            if (atoi(q) == ncall) trace = true;
-    }
-    ncall++;
-    if (trace) {
-        if (!dtr) M3_HIP_TRY(hipMalloc((void **)&dtr, 2 * 1024 * 16 * 8));
-        M3_HIP_TRY(cudaMemsetAsync(dtr, 0, 2 * 1024 * 16 * 8, g->stream));
-        tr = dtr;
-    }
     M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, KV>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, tr, var));
+                     (bool)p->moe_bf16_combine, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U2, NC, KV>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, KV>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, tr, var));
-    if (trace) {
-        static unsigned long long h[2 * 1024 * 16];
-        M3_HIP_TRY(hipStreamSynchronize(g->stream));
-        M3_HIP_TRY(hipMemcpy(h, dtr, sizeof h, hipMemcpyDeviceToHost));
-        FILE *f = fopen(tf, "a");
-        if (f) {
-            fprintf(f, "# call fmt %d U %d KV %d var %d grid %d %d\n", WF, U, KV, var, (int)(t1 < cap ? t1 : cap), (int)grid2);
-            for (int md = 0; md < 2; md++)
-                for (int b = 0; b < 1024; b++) {
-                    const unsigned long long *r = h + ((size_t)md * 1024 + b) * 16;
-                    if (!r[0]) continue;
-                    fprintf(f, "%d %d", md, b);
-                    for (int i = 0; i < 11; i++) fprintf(f, " %llu", r[i]);
-                    fprintf(f, "\n");
-                }
-            fclose(f);
-        }
-    }
-    return M3_OK;
+                     (bool)p->moe_bf16_combine, xsh, xf);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -2822,6 +2694,11 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
 }
 
 #if defined(M3_HIP_NVIDIA)
+/* TEMP (mx4 session 12): M3_MX4_VAR selects a dq1_k variant (KV) for the one-process timing */
+static int m3_kv_() {
+    const char *e = getenv("M3_MX4_VAR");
+    return e ? atoi(e) & 7 : 0;
+}
 /* T = 1 on NVIDIA sm_80+ (no grouping or combine launch): scratch, act_in, and the two kernels
  * (MXFP4 dq1_k; bf16 sk1_k; MXFP8 dq1_k when its codes are known finite, else sk1_k: measured
  * faster each, docs/gpu.md "Decode, session 4" and "session 6") */
@@ -2842,24 +2719,21 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     if (s == M3_OK) {
         if (w->fmt == M3_GPU_W_BF16)
             s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (w->fmt == M3_GPU_W_MXFP8) {
+        else if (w->fmt == M3_GPU_W_MXFP8)
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
-            const char *ev = getenv("M3_MX4_VAR"); /* TEMP (mx4 session 12): kernel variants */
-            const int var = ev ? atoi(ev) : 0, kv = (var & 128 ? 1 : 0) | (var & 8 ? 2 : 0);
-            if (!w->finite_codes) s = sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (kv == 1) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (kv == 2) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (kv == 3) s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else s = dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        } else {
-            const char *ev = getenv("M3_MX4_VAR"); /* TEMP (mx4 session 12): kernel variants */
-            const int var = ev ? atoi(ev) : 0, kv = (var & 128 ? 1 : 0) | (var & 8 ? 2 : 0);
-            if (kv == 1) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (kv == 2) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else if (kv == 3) s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-            else s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
-        }
+            s = !w->finite_codes ? sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : m3_kv_() == 1 ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : m3_kv_() == 2 ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : m3_kv_() == 3 ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : m3_kv_() == 4 ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+        else
+            s = m3_kv_() == 1 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : m3_kv_() == 2 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : m3_kv_() == 3 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : m3_kv_() == 4 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                : dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
