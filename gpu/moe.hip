@@ -1220,10 +1220,11 @@ static __device__ __forceinline__ void t1_order(int *ck, float *cw, const int32_
     }
 }
 
-/* t1_combine from t1_order's list: the same products and sums in the same order, but the y_e
- * loads of 4 slots go out together (t1_combine finds each slot, then waits for its load: a
- * chain of L2 round trips in the call's tail, ~1.7 us of the MXFP4 T = 1 call; docs/gpu.md
- * "Decode, session 12") */
+/* t1_combine from t1_order's list: the same products and sums in the same order (the same
+ * bits), but the y_e loads of 4 slots go out together. t1_combine finds each slot from ids
+ * and then waits for its load: a chain of L2 round trips that the last tiles of the down
+ * kernel wait for (the call's tail), ~1.6 us of the MXFP4 T = 1 call (docs/gpu.md "Decode,
+ * session 12") */
 static __device__ __forceinline__ void t1_combine_ord(m3_bf16 *y, const m3_bf16 *ye, const int *ck,
                                                       const float *cw, int nv, int d, int D, float rsf,
                                                       bool bf16_combine) {
@@ -1363,9 +1364,9 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * "Decode, session 11"). MODE 1 (a dependent launch:
  * its first loads go out while gate/up finishes, m3_pdl_wait before it reads a): out = y_e rows
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
- * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
- * pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC, int KV>
+ * the writers' fences) combines that chunk of y (t1_combine_ord, from the slot order thread 0
+ * finds once a block, t1_order), so combine_k's launch and its pass over y_e go away. */
+template <int WF, int MODE, int WK, int U, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1377,8 +1378,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
-    __shared__ int cks[32]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
-    __shared__ float cws[32];
+    __shared__ int cks[MODE == 1 ? 32 : 1]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
+    __shared__ float cws[MODE == 1 ? 32 : 1];
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1400,7 +1401,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     if ((int)blockIdx.x >= ntiles) return; /* whole block */
     build_lut<WF>(lut);
     /* (ids and wts are inputs of the call; the staging's barrier publishes the list) */
-    if (MODE == 1 && !(KV & 4) && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
+    if (MODE == 1 && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
     uint4 *xs = tc_dyn;
@@ -1436,26 +1437,24 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     rows_of(tile, &slot, &obase, cpw, cps);
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
-    /* TEMP (mx4 session 12) KV 1: MODE 0's first loads after the x stores; KV 2: MODE 1 stages
-     * only the rows of this block's tiles */
-    constexpr bool LATE = MODE == 0 && (KV & 1), NEED = MODE == 1 && (KV & 2);
-    bool ld_pending = LATE;
-    if (!LATE) load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
+    load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
-     * every valid slot (row j of xs: the j-th valid slot) */
-    unsigned need = 0;
-    if (NEED)
+     * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
+     * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
+     * once, and fewer rows shorten that step, 1% of the call, docs/gpu.md "Decode, session 12") */
+    unsigned need = 0; /* MODE 1: bit j, row j is read */
+    if (MODE == 1)
         for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
-    const int nx = MODE == 0 ? 1 : NEED ? __popc(need) : nv;
+    const int nx = MODE == 0 ? 1 : __popc(need);
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
-            const int jj = v / (kdim / 8), j = NEED ? nth_bit(need, jj) : jj, k = (v % (kdim / 8)) * 8;
+            const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
             const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
@@ -1465,11 +1464,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
             for (int v = tid; v < nx * pad; v += TC_THREADS) {
-                const int j = NEED ? nth_bit(need, v / pad) : v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
+                const int j = MODE == 0 ? 0 : nth_bit(need, v / pad), pp = npieces + (v % pad) / UP,
+                          uu = (v % pad) % UP;
                 xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
             }
         }
-        if (ld_pending) load(cpw, cps, wk, qa, sa), ld_pending = false;
         if (WF != M3_GPU_W_MXFP4) {
             __syncthreads();
             break;
@@ -1537,8 +1536,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 __syncthreads();
                 if (last && tid < CH) {
                     __threadfence();
-                    if (KV & 4) t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine); /* TEMP: session 11 */
-                    else t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                    t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
                 }
             }
             __syncthreads(); /* red and last are free for the next tile */
@@ -1572,7 +1570,7 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC, int KV = 0>
+template <int WF, int WK, int U, bool NC>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1584,20 +1582,20 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, KV>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, KV>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, KV>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
                      (bool)p->moe_bf16_combine, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, KV>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
@@ -2694,11 +2692,6 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
 }
 
 #if defined(M3_HIP_NVIDIA)
-/* TEMP (mx4 session 12): M3_MX4_VAR selects a dq1_k variant (KV) for the one-process timing */
-static int m3_kv_() {
-    const char *e = getenv("M3_MX4_VAR");
-    return e ? atoi(e) & 7 : 0;
-}
 /* T = 1 on NVIDIA sm_80+ (no grouping or combine launch): scratch, act_in, and the two kernels
  * (MXFP4 dq1_k; bf16 sk1_k; MXFP8 dq1_k when its codes are known finite, else sk1_k: measured
  * faster each, docs/gpu.md "Decode, session 4" and "session 6") */
@@ -2722,18 +2715,11 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         else if (w->fmt == M3_GPU_W_MXFP8)
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
-            s = !w->finite_codes ? sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : m3_kv_() == 1 ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : m3_kv_() == 2 ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : m3_kv_() == 3 ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : m3_kv_() == 4 ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = w->finite_codes
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = m3_kv_() == 1 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 1>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : m3_kv_() == 2 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : m3_kv_() == 3 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : m3_kv_() == 4 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                : dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
