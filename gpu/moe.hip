@@ -1204,6 +1204,49 @@ static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye,
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
 }
 
+/* t1_combine's order found once: ck[r] the r-th valid slot in ascending (expert id, slot),
+ * cw[r] its weight (dq1_k's thread 0, into shared memory at the kernel's start) */
+static __device__ __forceinline__ void t1_order(int *ck, float *cw, const int32_t *ids, const float *wts,
+                                                unsigned vm, int K, int nv) {
+    int pid = -1, pk = -1;
+    for (int r = 0; r < nv; r++) {
+        int bk = -1, bid = 0;
+        for (int k = 0; k < K; k++) {
+            if (!(vm >> k & 1u)) continue;
+            const int id = ids[k];
+            if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
+        }
+        pid = bid, pk = bk, ck[r] = bk, cw[r] = wts[bk];
+    }
+}
+
+/* t1_combine from t1_order's list: the same products and sums in the same order (the same
+ * bits), but the y_e loads of 4 slots go out together. t1_combine finds each slot from ids
+ * and then waits for its load: a chain of L2 round trips that the last tiles of the down
+ * kernel wait for (the call's tail), ~1.6 us of the MXFP4 T = 1 call (docs/gpu.md "Decode,
+ * session 12") */
+static __device__ __forceinline__ void t1_combine_ord(m3_bf16 *y, const m3_bf16 *ye, const int *ck,
+                                                      const float *cw, int nv, int d, int D, float rsf,
+                                                      bool bf16_combine) {
+    float acc = 0.0f;
+    for (int r0 = 0; r0 < nv; r0 += 4) {
+        float ev[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (r0 + i < nv)
+                ev[i] = m3_bits_f32((uint32_t)__ldcg(reinterpret_cast<const unsigned short *>(ye) +
+                                                     (size_t)ck[r0 + i] * D + d) << 16);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (r0 + i < nv) {
+                const float wv = cw[r0 + i];
+                if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev[i], wv)));
+                else acc = __fadd_rn(acc, __fmul_rn(ev[i], wv)); /* unfused, as ref */
+            }
+    }
+    y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
+}
+
 /* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
 static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
     unsigned vm = 0;
@@ -1321,8 +1364,8 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * "Decode, session 11"). MODE 1 (a dependent launch:
  * its first loads go out while gate/up finishes, m3_pdl_wait before it reads a): out = y_e rows
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
- * the writers' fences) combines that chunk of y (t1_combine), so combine_k's launch and its
- * pass over y_e go away. */
+ * the writers' fences) combines that chunk of y (t1_combine_ord, from the slot order thread 0
+ * finds once a block, t1_order), so combine_k's launch and its pass over y_e go away. */
 template <int WF, int MODE, int WK, int U, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
@@ -1335,6 +1378,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
+    __shared__ int cks[MODE == 1 ? 32 : 1]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
+    __shared__ float cws[MODE == 1 ? 32 : 1];
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1355,6 +1400,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     }
     if ((int)blockIdx.x >= ntiles) return; /* whole block */
     build_lut<WF>(lut);
+    /* (ids and wts are inputs of the call; the staging's barrier publishes the list) */
+    if (MODE == 1 && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
     uint4 *xs = tc_dyn;
@@ -1395,14 +1442,19 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
-     * every valid slot (row j of xs: the j-th valid slot) */
-    const int nx = MODE == 0 ? 1 : nv;
+     * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
+     * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
+     * once, and fewer rows shorten that step, 1% of the call, docs/gpu.md "Decode, session 12") */
+    unsigned need = 0; /* MODE 1: bit j, row j is read */
+    if (MODE == 1)
+        for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
+    const int nx = MODE == 0 ? 1 : __popc(need);
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
-            const int j = v / (kdim / 8), k = (v % (kdim / 8)) * 8;
+            const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
             const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
@@ -1412,7 +1464,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
             for (int v = tid; v < nx * pad; v += TC_THREADS) {
-                const int j = v / pad, pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
+                const int j = MODE == 0 ? 0 : nth_bit(need, v / pad), pp = npieces + (v % pad) / UP,
+                          uu = (v % pad) % UP;
                 xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
             }
         }
@@ -1483,7 +1536,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 __syncthreads();
                 if (last && tid < CH) {
                     __threadfence();
-                    t1_combine(y, out, ids, wts, vm, K, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+                    t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
                 }
             }
             __syncthreads(); /* red and last are free for the next tile */
