@@ -383,6 +383,202 @@ static __global__ void __launch_bounds__(RG_THREADS)
     }
 }
 
+/* route_fst_k (session 12): route_grp_k's lanes and lists on a cheap proxy of sel, the exact
+ * values only for the proxy's top KK = K + 2 candidates. Proxy p_e = f(l_e) + b_e with
+ * f = __fdividef(1, 1 + __expf(-l)) (MUFU: ~5 instructions against ~20 for m3_sigmoidf's expf
+ * and IEEE reciprocal); |sel_e - p_e| <= RG_D0 + |p| 2^-20 (f within ~5e-7 of the device
+ * sigmoid, two roundings of the sum). Every expert outside the candidates has a proxy key
+ * <= the last candidate's (ub: its value with the key's low 7 bits set, an upper bound), so
+ * its exact sel <= thr = ub + D. The candidates' exact sel (m3_sigmoidf + b, route_key) are
+ * ranked exactly by (key desc, id asc); when at least K + 1 of them have sel > thr and none is
+ * NaN, the first K + 1 are the reference's ranks 0..K in order. Otherwise (near-equal values at
+ * the boundary, exact ties across it, NaN) the warp runs the exact fallback: every key exact
+ * from the logits in registers, K + 1 rounds, the winners' sigmoids loaded together. */
+#define RG_D0 1e-6f
+static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: route_key's order */
+    const uint32_t b = m3_f32_bits(v);
+    const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
+    return v != v ? 0xFFFFFFFFu : k;
+}
+template <int KK>
+static __global__ void __launch_bounds__(RG_THREADS)
+    route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
+                const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
+                int K, bool bias_bf16) {
+    constexpr int RG_NE = RG_E / RG_L;
+    __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
+    for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
+        const float b = bias && i < E ? bias[i] : 0.0f;
+        sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
+    }
+    __syncthreads();
+    const int q = (int)threadIdx.x % RG_L;
+    const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
+    const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
+    if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
+    const bool live = gid < n_tok;
+    const int t = live ? gid : n_tok - 1;
+    const float *l = logits + (size_t)t * E;
+    const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4);
+    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
+    float4 lv[RG_NE / 4];
+#pragma unroll
+    for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+    uint32_t G[KK], H[KK];
+#pragma unroll
+    for (int j = 0; j < KK; j++) G[j] = 0u, H[j] = 0u;
+    const uint32_t e0 = (uint32_t)(q * RG_NE);
+#pragma unroll
+    for (int c = 0; c < RG_NE / 4; c++) {
+        const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+        const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const uint32_t e = e0 + (uint32_t)(4 * c + u);
+            const float f = __fdividef(1.0f, 1.0f + __expf(-lx[u]));
+            const uint32_t ck = c < nv4 ? ((rg_pkey(f + bx[u]) | 0x7Fu) ^ e) : 0u; /* 0: never */
+            uint32_t *L = (c & 1) ? H : G;
+#pragma unroll
+            for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
+            L[0] = max(L[0], ck);
+        }
+    }
+    rg_merge<KK>(G, H);
+#pragma unroll
+    for (int m = 1; m < RG_L; m <<= 1) {
+        uint32_t P[KK];
+#pragma unroll
+        for (int j = 0; j < KK; j++) P[j] = (uint32_t)M3_SHFL_XOR((int)G[j], m);
+        rg_merge<KK>(G, P);
+    }
+    /* candidates r < KK: ids from the packed keys; lane q takes candidates q + RG_L s */
+    int cid[KK];
+#pragma unroll
+    for (int r = 0; r < KK; r++) cid[r] = (int)((G[r] & 0x7Fu) ^ 0x7Fu);
+    constexpr int NS = (KK + RG_L - 1) / RG_L;
+    uint32_t myk[NS];
+    float mys[NS];
+    int myi[NS];
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        const int r0 = RG_L * s;
+        int tr_[RG_L];
+#pragma unroll
+        for (int u = 0; u < RG_L; u++) tr_[u] = cid[min(r0 + u, KK - 1)];
+#pragma unroll
+        for (int w = RG_L / 2, bit = 1; w >= 1; w >>= 1, bit <<= 1)
+#pragma unroll
+            for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
+        const int id = tr_[0]; /* past KK: candidate KK - 1 again (unused) */
+        const float sg = m3_sigmoidf(l[id]);
+        myi[s] = id;
+        mys[s] = sg;
+        myk[s] = route_key(sg + sb[id / RG_NE][id % RG_NE]);
+    }
+    uint32_t ek[KK];
+#pragma unroll
+    for (int r = 0; r < KK; r++) ek[r] = m3_shfl(myk[r / RG_L], r % RG_L, RG_L);
+    /* the check: K + 1 candidates above thr, none NaN */
+    const uint32_t lk = G[KK - 1] | 0x7Fu;
+    const float ub = route_val(lk);
+    const float thr = ub + (RG_D0 + fabsf(ub) * 0x1p-20f);
+    int cnt = 0;
+    bool bad = false;
+#pragma unroll
+    for (int r = 0; r < KK; r++) {
+        cnt += route_val(ek[r]) > thr ? 1 : 0;
+        bad = bad || ek[r] == 0xFFFFFFFFu;
+    }
+    bad = bad || cnt < K + 1 || !(thr == thr);
+    /* exact ranks of this lane's candidates: (key desc, id asc) */
+    int myr[NS];
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        int rk = 0;
+#pragma unroll
+        for (int r = 0; r < KK; r++) rk += (ek[r] > myk[s] || (ek[r] == myk[s] && cid[r] < myi[s])) ? 1 : 0;
+        myr[s] = RG_L * s + q < KK ? rk : KK; /* a repeated candidate takes no rank */
+    }
+    int rid[KK];
+    uint32_t rfk[KK];
+    float rsg[KK];
+    const int gb = (int)threadIdx.x % M3_WARP & ~(RG_L - 1); /* the group's first lane */
+#pragma unroll
+    for (int r = 0; r < KK; r++) {
+        rid[r] = 0, rfk[r] = 0u, rsg[r] = 0.0f;
+        if (r > K) continue;
+        int src = 0, ss = 0;
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            const uint32_t m = (uint32_t)(m3_ballot(myr[s] == r) >> gb) & ((1u << RG_L) - 1u);
+            if (m) src = __ffs((int)m) - 1, ss = s;
+        }
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            const uint32_t kk = m3_shfl(myk[s], src, RG_L);
+            const float sv = m3_shfl(mys[s], src, RG_L);
+            const uint32_t iv = m3_shfl((uint32_t)myi[s], src, RG_L);
+            if (ss == s) rfk[r] = kk, rsg[r] = sv, rid[r] = (int)iv;
+        }
+    }
+    if (m3_any(bad)) { /* exact fallback: every key exact, K + 1 rounds (rare) */
+        uint32_t fk[RG_NE];
+#pragma unroll
+        for (int c = 0; c < RG_NE / 4; c++) {
+            const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+            const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+            for (int u = 0; u < 4; u++) fk[4 * c + u] = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
+        }
+        uint32_t taken = 0u;
+#pragma unroll
+        for (int r = 0; r < KK; r++) {
+            if (r > K) continue;
+            uint32_t bk = 0u;
+            int bi = 0;
+#pragma unroll
+            for (int i = 0; i < RG_NE; i++) {
+                const uint32_t k = (taken >> i) & 1u ? 0u : fk[i];
+                if (k > bk) bk = k, bi = i;
+            }
+            int be = bk ? q * RG_NE + bi : 0x7FFF;
+#pragma unroll
+            for (int m = 1; m < RG_L; m <<= 1) {
+                const uint32_t pk = (uint32_t)M3_SHFL_XOR((int)bk, m);
+                const int pe = M3_SHFL_XOR(be, m);
+                if (pk > bk || (pk == bk && pe < be)) bk = pk, be = pe;
+            }
+            if (be / RG_NE == q) taken |= 1u << (be % RG_NE);
+            if (bad) rid[r] = be, rfk[r] = bk;
+        }
+        if (bad) { /* the winners' sigmoids: independent loads (L1 hits) */
+#pragma unroll
+            for (int r = 0; r < KK; r++)
+                if (r <= K) rsg[r] = m3_sigmoidf(l[rid[r]]);
+        }
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < KK; r++)
+        if (r < K) sum += rsg[r]; /* selection order, as the reference */
+    if (!live) return;
+#pragma unroll
+    for (int r = 0; r < KK; r++)
+        if (r < K && r % RG_L == q) {
+            ids[(size_t)t * K + r] = rid[r];
+            wts[(size_t)t * K + r] = rsg[r] / sum;
+        }
+    if (q == 0 && margin) {
+        uint32_t a = 0u, b = 0u;
+#pragma unroll
+        for (int r = 0; r < KK; r++) {
+            a |= rfk[r] & (0u - (uint32_t)(r == K - 1));
+            b |= rfk[r] & (0u - (uint32_t)(r == K));
+        }
+        margin[t] = route_val(a) - route_val(b);
+    }
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                                       const float *d_logits, const float *d_bias, int n_tok,
@@ -404,6 +600,18 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     /* passes of >= 16384 tokens: route_grp_k (H200: T = 16384 0.0104-0.0114 against
      * route_sel_k's 0.0136 ms; T = 8192 0.0088 against 0.0084, T = 4096 0.0076 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
+    /* then knob (session 12, removed before the end): M3_ROUTE_VAR 1/2/3: route_fst_k from
+     * 16384 / 8192 / 4096 tokens */
+    const char *rv = getenv("M3_ROUTE_VAR");
+    const int var = rv ? atoi(rv) : 0;
+    if (var > 0 && grp_ok && n_tok >= (var == 1 ? 16384 : var == 2 ? 8192 : 4096)) {
+        void (*kf)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
+            K + 2 <= 6 ? route_fst_k<6> : route_fst_k<10>;
+        kf<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
+            d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
+        M3_LAUNCHED(g, "route_fst_k");
+        return M3_OK;
+    }
     if (grp_ok && n_tok >= 16384) {
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
             K + 2 <= 6 ? route_grp_k<6> : route_grp_k<10>;

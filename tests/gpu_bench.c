@@ -305,10 +305,18 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
-        double ms = time_ms(g, do_route, &c, 20, 7);
-        char nm[96];
-        snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
-        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+        /* then knob (session 12, removed): M3_BENCH_ROUTE_VARS="0,1,..." times each
+         * M3_ROUTE_VAR in this process */
+        const char *vl = getenv("M3_BENCH_ROUTE_VARS");
+        for (const char *vp = vl ? vl : "-"; *vp; vp++) {
+            if (*vp == ',') continue;
+            char vs[2] = {*vp, 0};
+            if (vl) setenv("M3_ROUTE_VAR", vs, 1);
+            double ms = time_ms(g, do_route, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d%s%s", c.T, vl ? " var" : "", vl ? vs : "");
+            report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+        }
     }
 }
 
