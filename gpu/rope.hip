@@ -1626,8 +1626,14 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
  * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
  * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
  * parts' a.nstep steps */
-template <int QR, int KC, int VS>
-static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
+/* then knob (session 12): GV 1 reads the parameters by index (__grid_constant__: LDC) */
+#if defined(M3_HIP_NVIDIA)
+#define QW_GC __grid_constant__
+#else
+#define QW_GC
+#endif
+template <int QR, int KC, int VS, int GV = 0>
+static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(const QW_GC qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
@@ -1661,7 +1667,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         if (VS >= 0) {
             pi = a.np > 4 && s >= a.p[4].s0 ? 4 : a.np > 3 && s >= a.p[3].s0 ? 3 : a.np > 2 && s >= a.p[2].s0 ? 2
                : a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
-            ncp = qw_psel(a, pi);
+            if (GV) ncp = a.p[pi];
+            else ncp = qw_psel(a, pi);
         } else {
             pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
                : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
@@ -1711,8 +1718,11 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             const int32_t myps = p ? a.pos[t] : 0;
             const int L = lane & 31;
             float iv = a.inv[0]; /* inv[L] through selects (constant indices) */
+            if (GV) iv = a.inv[L];
+            else {
 #pragma unroll
             for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
+            }
 #pragma unroll
             for (int e = 0; e < 8; e++) c8[e] = 1.0f, s8[e] = 0.0f; /* rows without a row */
             int tr = (int)m3_shfl((uint32_t)t, 0); /* row 0 exists in every step */
@@ -2193,10 +2203,12 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 memcpy(qa.inv, inv.inv, sizeof qa.inv);
             }
             qa.kv = kl;
-#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, 0> : vs == 1 ? qw_norm_k<QR, 1, 1> \
-                                : kck == 1 ? qw_norm_k<QR, 1, 0> : qw_norm_k<QR, 2, 0>)
-            if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
-            else k = QW_PICK(M3_QK_ROUND_ONCE);
+            const char *qv = getenv("M3_QKV_VAR"); /* then knob (session 12) */
+            const int gv = qv ? atoi(qv) : 0;
+#define QW_PICK(QR, G) (kck == 0 ? qw_norm_k<QR, 0, 0, G> : vs == 1 ? qw_norm_k<QR, 1, 1, G> \
+                                : kck == 1 ? qw_norm_k<QR, 1, 0, G> : qw_norm_k<QR, 2, 0, G>)
+            if (p->qk_round == M3_QK_ROUND_PER_OP) k = gv == 1 ? QW_PICK(M3_QK_ROUND_PER_OP, 1) : QW_PICK(M3_QK_ROUND_PER_OP, 0);
+            else k = gv == 1 ? QW_PICK(M3_QK_ROUND_ONCE, 1) : QW_PICK(M3_QK_ROUND_ONCE, 0);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));

@@ -1144,7 +1144,15 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
+            /* then knob (session 12, removed): M3_BENCH_QKV_VARS="0,1" times each M3_QKV_VAR */
+            const char *vl = getenv("M3_BENCH_QKV_VARS");
+            for (const char *vp = vl ? vl : "-"; *vp; vp++) {
+                if (*vp == ',') continue;
+                char vs[2] = {*vp, 0}, vn[112];
+                if (vl) setenv("M3_QKV_VAR", vs, 1);
+                snprintf(vn, sizeof vn, "%s%s%s", nm, vl ? " var" : "", vl ? vs : "");
+                report(vn, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
+            }
             m3_gpu_release(g, mark);
         }
 }
