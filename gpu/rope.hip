@@ -1687,6 +1687,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     };
 #define QW_F(f) (VS >= 0 ? cp.f : sp[pi].f)
     uint4 nx[4], wn[4];
+    uint4 nr[GV == 2 ? 16 : 1]; /* GV 2: the whole row, for the lane's own ordered sum */
     int npi = 0, nt = 0, nh_ = 0;
     m3_bf16 *np_ = NULL;
     auto wload = [&]() { /* small passes: the located part's norm weights (lane j's dims) */
@@ -1697,6 +1698,10 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         locate(st, npi, nt, nh_, np_);
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+        if (GV == 2) {
+#pragma unroll
+            for (int c = 0; c < 16; c++) nr[c] = np_ && !ncp.vc ? m3_ld16(np_ - 8 * j + 8 * c) : make_uint4(0, 0, 0, 0);
+        }
         if (VS >= 0) wload();
     }
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
@@ -1754,17 +1759,31 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             locate(st + nw, npi, nt, nh_, np_);
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+            if (GV == 2) {
+#pragma unroll
+                for (int c = 0; c < 16; c++) nr[c] = np_ && !ncp.vc ? m3_ld16(np_ - 8 * j + 8 * c) : make_uint4(0, 0, 0, 0);
+            }
             if (VS >= 0) wload();
         }
         if (!raw) { /* normed rows: the norm, then the rotation */
             /* sum of squares in index order: chunk c = 4 * slot + owner lane */
             float s = 0.0f;
+            if (GV == 2) { /* each lane the whole row in index order: no shuffle chain */
+#pragma unroll
+                for (int c = 0; c < 16; c++) {
+                    float x[8];
+                    m3_unpack16<m3_bf16>(nr[c], x);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) s = __fadd_rn(s, __fmul_rn(x[e], x[e]));
+                }
+            } else {
 #pragma unroll
             for (int c = 0; c < 16; c++) {
                 float tt = s;
 #pragma unroll
                 for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
                 s = m3_shfl(tt, c & 3, QW_LPR);
+            }
             }
             const float mu = __fdiv_rn(s, 128.0f);
             const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
@@ -2207,8 +2226,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             const int gv = qv ? atoi(qv) : 0;
 #define QW_PICK(QR, G) (kck == 0 ? qw_norm_k<QR, 0, 0, G> : vs == 1 ? qw_norm_k<QR, 1, 1, G> \
                                 : kck == 1 ? qw_norm_k<QR, 1, 0, G> : qw_norm_k<QR, 2, 0, G>)
-            if (p->qk_round == M3_QK_ROUND_PER_OP) k = gv == 1 ? QW_PICK(M3_QK_ROUND_PER_OP, 1) : QW_PICK(M3_QK_ROUND_PER_OP, 0);
-            else k = gv == 1 ? QW_PICK(M3_QK_ROUND_ONCE, 1) : QW_PICK(M3_QK_ROUND_ONCE, 0);
+            if (p->qk_round == M3_QK_ROUND_PER_OP)
+                k = gv == 1 ? QW_PICK(M3_QK_ROUND_PER_OP, 1) : gv == 2 ? QW_PICK(M3_QK_ROUND_PER_OP, 2) : QW_PICK(M3_QK_ROUND_PER_OP, 0);
+            else k = gv == 1 ? QW_PICK(M3_QK_ROUND_ONCE, 1) : gv == 2 ? QW_PICK(M3_QK_ROUND_ONCE, 2) : QW_PICK(M3_QK_ROUND_ONCE, 0);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
