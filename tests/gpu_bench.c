@@ -1021,7 +1021,15 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
             const double n = (double)c.T * 512 * 2; /* K and V elements */
-            report(nm, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            /* then knob (session 12, removed): M3_BENCH_KV8_VARS="0,1" times each M3_KV8_VAR */
+            const char *vl = getenv("M3_BENCH_KV8_VARS");
+            for (const char *vp = vl ? vl : "-"; *vp; vp++) {
+                if (*vp == ',') continue;
+                char vs[2] = {*vp, 0}, vn[112];
+                if (vl) setenv("M3_KV8_VAR", vs, 1);
+                snprintf(vn, sizeof vn, "%s%s%s", nm, vl ? " var" : "", vl ? vs : "");
+                report(vn, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
+            }
             m3_gpu_release(g, mark);
         }
 }
