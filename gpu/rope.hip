@@ -1636,7 +1636,8 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
  * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
  * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
  * parts' a.nstep steps */
-/* then knob (session 12): GV 1 reads the parameters by index (__grid_constant__: LDC) */
+/* then knob (session 12), GV bits: 1 the parameters read by index (__grid_constant__: LDC),
+ * 2 each lane sums its row's squares itself, 4 the position loaded with the rows */
 #if defined(M3_HIP_NVIDIA)
 #define QW_GC __grid_constant__
 #else
@@ -1677,7 +1678,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         if (VS >= 0) {
             pi = a.np > 4 && s >= a.p[4].s0 ? 4 : a.np > 3 && s >= a.p[3].s0 ? 3 : a.np > 2 && s >= a.p[2].s0 ? 2
                : a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
-            if (GV) ncp = a.p[pi];
+            if (GV & 1) ncp = a.p[pi];
             else ncp = qw_psel(a, pi);
         } else {
             pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
@@ -1697,8 +1698,9 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     };
 #define QW_F(f) (VS >= 0 ? cp.f : sp[pi].f)
     uint4 nx[4], wn[4];
-    uint4 nr[GV == 2 ? 16 : 1]; /* GV 2: the whole row, for the lane's own ordered sum */
+    uint4 nr[GV & 2 ? 16 : 1]; /* GV 2: the whole row, for the lane's own ordered sum */
     int npi = 0, nt = 0, nh_ = 0;
+    int32_t nps = 0;
     m3_bf16 *np_ = NULL;
     auto wload = [&]() { /* small passes: the located part's norm weights (lane j's dims) */
 #pragma unroll
@@ -1708,15 +1710,17 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         locate(st, npi, nt, nh_, np_);
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
-        if (GV == 2) {
+        if (GV & 2) {
 #pragma unroll
             for (int c = 0; c < 16; c++) nr[c] = np_ && !ncp.vc ? m3_ld16(np_ - 8 * j + 8 * c) : make_uint4(0, 0, 0, 0);
         }
+        if ((GV & 4) && VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
         if (VS >= 0) wload();
     }
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
+        const int32_t cps = nps;
         m3_bf16 *const p = np_;
         if (VS >= 0) cp = ncp;
         /* small pass: cos / sin of pair i = 8 j + e of this row's token, as the tile kernel and
@@ -1730,10 +1734,10 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         float c8[8], s8[8];
         const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
         if (VS >= 0 && a.rope && !raw) {
-            const int32_t myps = p ? a.pos[t] : 0;
+            const int32_t myps = (GV & 4) ? cps : p ? a.pos[t] : 0;
             const int L = lane & 31;
             float iv = a.inv[0]; /* inv[L] through selects (constant indices) */
-            if (GV) iv = a.inv[L];
+            if (GV & 1) iv = a.inv[L];
             else {
 #pragma unroll
             for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
@@ -1769,16 +1773,17 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             locate(st + nw, npi, nt, nh_, np_);
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
-            if (GV == 2) {
+            if (GV & 2) {
 #pragma unroll
                 for (int c = 0; c < 16; c++) nr[c] = np_ && !ncp.vc ? m3_ld16(np_ - 8 * j + 8 * c) : make_uint4(0, 0, 0, 0);
             }
+            if ((GV & 4) && VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
             if (VS >= 0) wload();
         }
         if (!raw) { /* normed rows: the norm, then the rotation */
             /* sum of squares in index order: chunk c = 4 * slot + owner lane */
             float s = 0.0f;
-            if (GV == 2) { /* each lane the whole row in index order: no shuffle chain */
+            if (GV & 2) { /* each lane the whole row in index order: no shuffle chain */
 #pragma unroll
                 for (int c = 0; c < 16; c++) {
                     float x[8];
@@ -2239,9 +2244,12 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             const int gv = qv ? atoi(qv) : 0;
 #define QW_PICK(QR, G) (kck == 0 ? qw_norm_k<QR, 0, 0, G> : vs == 1 ? qw_norm_k<QR, 1, 1, G> \
                                 : kck == 1 ? qw_norm_k<QR, 1, 0, G> : qw_norm_k<QR, 2, 0, G>)
-            if (p->qk_round == M3_QK_ROUND_PER_OP)
-                k = gv == 1 ? QW_PICK(M3_QK_ROUND_PER_OP, 1) : gv == 2 ? QW_PICK(M3_QK_ROUND_PER_OP, 2) : QW_PICK(M3_QK_ROUND_PER_OP, 0);
-            else k = gv == 1 ? QW_PICK(M3_QK_ROUND_ONCE, 1) : gv == 2 ? QW_PICK(M3_QK_ROUND_ONCE, 2) : QW_PICK(M3_QK_ROUND_ONCE, 0);
+            /* knob digit -> GV bits: 1 -> 1, 2 -> 3, 3 -> 5, 4 -> 7 */
+#define QW_PICKV(QR) (gv == 1 ? QW_PICK(QR, 1) : gv == 2 ? QW_PICK(QR, 3) : gv == 3 ? QW_PICK(QR, 5) \
+                      : gv == 4 ? QW_PICK(QR, 7) : QW_PICK(QR, 0))
+            if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICKV(M3_QK_ROUND_PER_OP);
+            else k = QW_PICKV(M3_QK_ROUND_ONCE);
+#undef QW_PICKV
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
