@@ -400,30 +400,36 @@ static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: rout
     const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
     return v != v ? 0xFFFFFFFFu : k;
 }
-template <int KK>
+template <int KK, bool LF>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     constexpr int RG_NE = RG_E / RG_L;
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
-    for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
-        const float b = bias && i < E ? bias[i] : 0.0f;
-        sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
-    }
-    __syncthreads();
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
-    if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
     const bool live = gid < n_tok;
     const int t = live ? gid : n_tok - 1;
     const float *l = logits + (size_t)t * E;
     const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4);
     const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
     float4 lv[RG_NE / 4];
+    if (LF) { /* then knob: the logits in flight while the block fills its biases */
 #pragma unroll
-    for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+    }
+    for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
+        const float b = bias && i < E ? bias[i] : 0.0f;
+        sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
+    }
+    __syncthreads();
+    if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
+    if (!LF) {
+#pragma unroll
+        for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+    }
     uint32_t G[KK], H[KK];
 #pragma unroll
     for (int j = 0; j < KK; j++) G[j] = 0u, H[j] = 0u;
@@ -604,9 +610,10 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
      * 16384 / 8192 / 4096 tokens */
     const char *rv = getenv("M3_ROUTE_VAR");
     const int var = rv ? atoi(rv) : 0;
-    if (var > 0 && grp_ok && n_tok >= (var == 1 ? 16384 : var == 2 ? 8192 : 4096)) {
+    if (var > 0 && grp_ok && n_tok >= (var == 1 ? 16384 : var == 2 || var == 4 ? 8192 : 4096)) {
         void (*kf)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            K + 2 <= 6 ? route_fst_k<6> : route_fst_k<10>;
+            var == 4 ? (K + 2 <= 6 ? route_fst_k<6, true> : route_fst_k<10, true>)
+                     : (K + 2 <= 6 ? route_fst_k<6, false> : route_fst_k<10, false>);
         kf<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_fst_k");

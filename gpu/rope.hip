@@ -1428,6 +1428,7 @@ typedef struct {
     int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
     int rps;          /* small passes: rows a step (qw_rps: one token's; lanes of rows rq >= rps
                        * idle); streaming passes QW_RPS */
+    float inh;        /* then knob (GV 8): RN(1 / nh), t = (r + 0.5) inh rounded down */
 } qw_part;
 typedef struct {
     qw_part p[5];
@@ -1690,7 +1691,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         const int nh = QW_F(nh);
         p = NULL, t = 0, h = 0;
         if (rq < rps && r < QW_F(rows)) {
-            t = r / nh;
+            t = (GV & 8) && VS >= 0 ? (int)__fmul_rn((float)r + 0.5f, QW_F(inh)) : r / nh;
             h = r - t * nh;
             p = QW_F(x) + (int64_t)t * QW_F(ld) + h * 128 + 8 * j;
         }
@@ -2111,6 +2112,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
             w.rps = small ? qw_rps(q.nh) : QW_RPS;
+            w.inh = 1.0f / (float)q.nh;
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
             rope = rope || rot_dim > 0;
         } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !kv.x[0] &&
@@ -2132,6 +2134,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
              * bytes 16 apart) of 8 warps an SM were their longest phase (H200, T = 64: 4539 ->
              * 3178 clocks, the step 8.1-8.2 -> 7.6-7.8 us in one batch; docs/gpu.md) */
             w.rps = n_tok <= 64 ? 1 : qw_rps(q.nh);
+            w.inh = 1.0f / (float)q.nh;
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
             const int w = q.cache == SEG_K ? 0 : 1;
@@ -2244,9 +2247,9 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             const int gv = qv ? atoi(qv) : 0;
 #define QW_PICK(QR, G) (kck == 0 ? qw_norm_k<QR, 0, 0, G> : vs == 1 ? qw_norm_k<QR, 1, 1, G> \
                                 : kck == 1 ? qw_norm_k<QR, 1, 0, G> : qw_norm_k<QR, 2, 0, G>)
-            /* knob digit -> GV bits: 1 -> 1, 2 -> 3, 3 -> 5, 4 -> 7 */
-#define QW_PICKV(QR) (gv == 1 ? QW_PICK(QR, 1) : gv == 2 ? QW_PICK(QR, 3) : gv == 3 ? QW_PICK(QR, 5) \
-                      : gv == 4 ? QW_PICK(QR, 7) : QW_PICK(QR, 0))
+            /* knob digit -> GV bits: 1 -> 1, 3 -> 5, 5 -> 9, 6 -> 13 */
+#define QW_PICKV(QR) (gv == 1 ? QW_PICK(QR, 1) : gv == 3 ? QW_PICK(QR, 5) : gv == 5 ? QW_PICK(QR, 9) \
+                      : gv == 6 ? QW_PICK(QR, 13) : QW_PICK(QR, 0))
             if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICKV(M3_QK_ROUND_PER_OP);
             else k = QW_PICKV(M3_QK_ROUND_ONCE);
 #undef QW_PICKV

@@ -996,9 +996,13 @@ static void bench_kv_cache_write(void **state) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 908);
     /* 32768: 64 MiB of rows (bf16), enough bytes for a bandwidth figure */
-    static const int Ts[] = {64, 4096, 32768};
+    static const int Ts0[] = {64, 4096, 32768}, Ts1[] = {64, 4096, 8192, 16384, 32768};
+    /* then knob (session 12, removed): M3_BENCH_KV_MORE adds T = 8192, 16384 */
+    const bool more = getenv("M3_BENCH_KV_MORE") != NULL;
+    const int *Ts = more ? Ts1 : Ts0;
+    const size_t nT = more ? 5 : 3;
     for (int fp8 = 0; fp8 < 2; fp8++)
-        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        for (size_t i = 0; i < nT; i++) {
             char nm[96];
             snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", Ts[i]);
             if (!row_wanted(nm)) continue;
