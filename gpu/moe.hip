@@ -619,7 +619,7 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         M3_LAUNCHED(g, "route_fst_k");
         return M3_OK;
     }
-    if (grp_ok && n_tok >= 16384) {
+    if (grp_ok && (n_tok >= 16384 || (var == 5 && n_tok >= 4096))) {
         void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
             K + 2 <= 6 ? route_grp_k<6> : route_grp_k<10>;
         kg<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
