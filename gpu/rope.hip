@@ -1095,7 +1095,6 @@ static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, fl
 }
 
 #define K8_T 16                 /* tokens a step */
-#define K8_KR (K8_T / (M3_WARP / 8)) /* K rows a lane holds */
 #define K8_DPL (128 / M3_WARP)  /* V dims a lane holds */
 #define K8_WPL (K8_DPL / 2)     /* their bf16 words per token */
 template <bool MD, bool NC, int KR>
@@ -1214,8 +1213,12 @@ static __device__ __forceinline__ uint32_t kw_amax16(uint4 u0, uint4 u1) {
     return max(m & 0xFFFFu, m >> 16);
 }
 
-/* one step st of kvw8_k (sy: the warp's 2 T8 floats of shared memory; T8 tokens a step,
- * K8_T, or 8 under the then knob M3_KV8_VAR of session 12) */
+/* one step st of kvw8_k (sy: the warp's 2 T8 floats of shared memory): T8 tokens of one head,
+ * K8_T, or 8 (session 12) where the writer runs alone and its 8-token grid fits one wave: then
+ * twice the warps carry half a step's chain each (K: KR = 2 rows a lane; V: half windows, 8
+ * codes of a dim per 8-byte store). H200, m3_gpu_kv_cache_write fp8 T = 4096: 0.0099 -> 0.0082
+ * ms; at 8192 / 16384 / 32768 tokens (two waves and more) 8-token steps measured slower
+ * (0.0127 / 0.0210 / 0.0378 against 0.0125 / 0.0199 / 0.0341 ms; docs/gpu.md) */
 template <int T8>
 static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
     constexpr int KR = T8 / (M3_WARP / 8); /* K rows a lane holds */
@@ -1428,7 +1431,6 @@ typedef struct {
     int s0, rows;     /* first step; rows = n_tok * nh (< 2^31, checked by the launcher) */
     int rps;          /* small passes: rows a step (qw_rps: one token's; lanes of rows rq >= rps
                        * idle); streaming passes QW_RPS */
-    float inh;        /* then knob (GV 8): RN(1 / nh), t = (r + 0.5) inh rounded down */
 } qw_part;
 typedef struct {
     qw_part p[5];
@@ -1637,14 +1639,20 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
  * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
  * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
  * parts' a.nstep steps */
-/* then knob (session 12), GV bits: 1 the parameters read by index (__grid_constant__: LDC),
- * 2 each lane sums its row's squares itself, 4 the position loaded with the rows */
+/* The parameters (session 12): on NVIDIA the argument is __grid_constant__, so a small pass reads
+ * its part a.p[pi] and its inverse frequency a.inv[L] by index (constant-bank loads) instead of
+ * through chains of selects on every field (~90 instructions on every warp's path before its
+ * first loads); HIP keeps the selects (an indexed argument goes through a local copy there).
+ * H200, with the position loaded beside the rows (below): qkv_cache decode rows 0.2-0.5 us
+ * faster (docs/gpu.md, session 12). */
 #if defined(M3_HIP_NVIDIA)
 #define QW_GC __grid_constant__
+#define QW_IDX 1
 #else
 #define QW_GC
+#define QW_IDX 0
 #endif
-template <int QR, int KC, int VS, int GV = 0>
+template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(const QW_GC qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
@@ -1679,7 +1687,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         if (VS >= 0) {
             pi = a.np > 4 && s >= a.p[4].s0 ? 4 : a.np > 3 && s >= a.p[3].s0 ? 3 : a.np > 2 && s >= a.p[2].s0 ? 2
                : a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
-            if (GV & 1) ncp = a.p[pi];
+            if (QW_IDX) ncp = a.p[pi];
             else ncp = qw_psel(a, pi);
         } else {
             pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
@@ -1691,7 +1699,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         const int nh = QW_F(nh);
         p = NULL, t = 0, h = 0;
         if (rq < rps && r < QW_F(rows)) {
-            t = (GV & 8) && VS >= 0 ? (int)__fmul_rn((float)r + 0.5f, QW_F(inh)) : r / nh;
+            t = r / nh;
             h = r - t * nh;
             p = QW_F(x) + (int64_t)t * QW_F(ld) + h * 128 + 8 * j;
         }
@@ -1699,9 +1707,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     };
 #define QW_F(f) (VS >= 0 ? cp.f : sp[pi].f)
     uint4 nx[4], wn[4];
-    uint4 nr[GV & 2 ? 16 : 1]; /* GV 2: the whole row, for the lane's own ordered sum */
     int npi = 0, nt = 0, nh_ = 0;
-    int32_t nps = 0;
+    int32_t nps = 0; /* small passes: the located row's position, loaded with the rows */
     m3_bf16 *np_ = NULL;
     auto wload = [&]() { /* small passes: the located part's norm weights (lane j's dims) */
 #pragma unroll
@@ -1711,11 +1718,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         locate(st, npi, nt, nh_, np_);
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
-        if (GV & 2) {
-#pragma unroll
-            for (int c = 0; c < 16; c++) nr[c] = np_ && !ncp.vc ? m3_ld16(np_ - 8 * j + 8 * c) : make_uint4(0, 0, 0, 0);
-        }
-        if ((GV & 4) && VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
+        if (VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
         if (VS >= 0) wload();
     }
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
@@ -1735,10 +1738,10 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         float c8[8], s8[8];
         const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
         if (VS >= 0 && a.rope && !raw) {
-            const int32_t myps = (GV & 4) ? cps : p ? a.pos[t] : 0;
+            const int32_t myps = cps;
             const int L = lane & 31;
             float iv = a.inv[0]; /* inv[L] through selects (constant indices) */
-            if (GV & 1) iv = a.inv[L];
+            if (QW_IDX) iv = a.inv[L];
             else {
 #pragma unroll
             for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
@@ -1774,32 +1777,18 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             locate(st + nw, npi, nt, nh_, np_);
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
-            if (GV & 2) {
-#pragma unroll
-                for (int c = 0; c < 16; c++) nr[c] = np_ && !ncp.vc ? m3_ld16(np_ - 8 * j + 8 * c) : make_uint4(0, 0, 0, 0);
-            }
-            if ((GV & 4) && VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
+            if (VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
             if (VS >= 0) wload();
         }
         if (!raw) { /* normed rows: the norm, then the rotation */
             /* sum of squares in index order: chunk c = 4 * slot + owner lane */
             float s = 0.0f;
-            if (GV & 2) { /* each lane the whole row in index order: no shuffle chain */
-#pragma unroll
-                for (int c = 0; c < 16; c++) {
-                    float x[8];
-                    m3_unpack16<m3_bf16>(nr[c], x);
-#pragma unroll
-                    for (int e = 0; e < 8; e++) s = __fadd_rn(s, __fmul_rn(x[e], x[e]));
-                }
-            } else {
 #pragma unroll
             for (int c = 0; c < 16; c++) {
                 float tt = s;
 #pragma unroll
                 for (int e = 0; e < 8; e++) tt = __fadd_rn(tt, __fmul_rn(v[c >> 2][e], v[c >> 2][e]));
                 s = m3_shfl(tt, c & 3, QW_LPR);
-            }
             }
             const float mu = __fdiv_rn(s, 128.0f);
             const float rho = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mu, a.eps)));
@@ -2112,7 +2101,6 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             w.rows = n_tok * q.nh;
             w.s0 = qa.nstep;
             w.rps = small ? qw_rps(q.nh) : QW_RPS;
-            w.inh = 1.0f / (float)q.nh;
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
             rope = rope || rot_dim > 0;
         } else if (fit16 && !q.w && kv_ok && q.cache == SEG_V && small && kv.fp8 && !kv.x[0] &&
@@ -2134,7 +2122,6 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
              * bytes 16 apart) of 8 warps an SM were their longest phase (H200, T = 64: 4539 ->
              * 3178 clocks, the step 8.1-8.2 -> 7.6-7.8 us in one batch; docs/gpu.md) */
             w.rps = n_tok <= 64 ? 1 : qw_rps(q.nh);
-            w.inh = 1.0f / (float)q.nh;
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {
             const int w = q.cache == SEG_K ? 0 : 1;
@@ -2175,8 +2162,14 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
      * tokens (K) and 8-token windows (V) (bf16) */
     kvw_args kl = kv;
     kl.n_tok = n_tok;
-    const char *k8v = getenv("M3_KV8_VAR"); /* then knob (session 12): 1: kvw8_k<8> */
-    const int t8 = k8v && atoi(k8v) == 1 ? 8 : K8_T;
+    /* kvw8_k's tokens a step: 8 for the writer alone (no normed parts) where that grid fits one
+     * wave at its 4 blocks an SM, else K8_T (see k8_step) */
+    int t8 = K8_T;
+    if (kl.fp8 && qa.np == 0) {
+        const int64_t st8 = (int64_t)kl.nh * (((n_tok + 7) / 8) * (kl.x[0] ? 1 : 0) +
+                                              (kl.x[1] ? (kl.page == 0 ? (n_tok + 7) / 8 : (n_tok + 14) / 8) : 0));
+        if ((st8 + KW_WPB - 1) / KW_WPB <= (int64_t)4 * n_sm) t8 = 8;
+    }
     {
         const int64_t tk = kl.fp8 ? t8 : M3_WARP / 8, x = kl.fp8 ? t8 : 8;
         const int64_t tg = (n_tok + tk - 1) / tk;
@@ -2243,16 +2236,10 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
                 memcpy(qa.inv, inv.inv, sizeof qa.inv);
             }
             qa.kv = kl;
-            const char *qv = getenv("M3_QKV_VAR"); /* then knob (session 12) */
-            const int gv = qv ? atoi(qv) : 0;
-#define QW_PICK(QR, G) (kck == 0 ? qw_norm_k<QR, 0, 0, G> : vs == 1 ? qw_norm_k<QR, 1, 1, G> \
-                                : kck == 1 ? qw_norm_k<QR, 1, 0, G> : qw_norm_k<QR, 2, 0, G>)
-            /* knob digit -> GV bits: 1 -> 1, 3 -> 5, 5 -> 9, 6 -> 13 */
-#define QW_PICKV(QR) (gv == 1 ? QW_PICK(QR, 1) : gv == 3 ? QW_PICK(QR, 5) : gv == 5 ? QW_PICK(QR, 9) \
-                      : gv == 6 ? QW_PICK(QR, 13) : QW_PICK(QR, 0))
-            if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICKV(M3_QK_ROUND_PER_OP);
-            else k = QW_PICKV(M3_QK_ROUND_ONCE);
-#undef QW_PICKV
+#define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, 0> : vs == 1 ? qw_norm_k<QR, 1, 1> \
+                                : kck == 1 ? qw_norm_k<QR, 1, 0> : qw_norm_k<QR, 2, 0>)
+            if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
+            else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
             M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));

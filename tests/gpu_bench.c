@@ -305,18 +305,10 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
-        /* then knob (session 12, removed): M3_BENCH_ROUTE_VARS="0,1,..." times each
-         * M3_ROUTE_VAR in this process */
-        const char *vl = getenv("M3_BENCH_ROUTE_VARS");
-        for (const char *vp = vl ? vl : "-"; *vp; vp++) {
-            if (*vp == ',') continue;
-            char vs[2] = {*vp, 0};
-            if (vl) setenv("M3_ROUTE_VAR", vs, 1);
-            double ms = time_ms(g, do_route, &c, 20, 7);
-            char nm[96];
-            snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d%s%s", c.T, vl ? " var" : "", vl ? vs : "");
-            report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
-        }
+        double ms = time_ms(g, do_route, &c, 20, 7);
+        char nm[96];
+        snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
+        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
     }
 }
 
@@ -996,13 +988,9 @@ static void bench_kv_cache_write(void **state) {
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 908);
     /* 32768: 64 MiB of rows (bf16), enough bytes for a bandwidth figure */
-    static const int Ts0[] = {64, 4096, 32768}, Ts1[] = {64, 4096, 8192, 16384, 32768};
-    /* then knob (session 12, removed): M3_BENCH_KV_MORE adds T = 8192, 16384 */
-    const bool more = getenv("M3_BENCH_KV_MORE") != NULL;
-    const int *Ts = more ? Ts1 : Ts0;
-    const size_t nT = more ? 5 : 3;
+    static const int Ts[] = {64, 4096, 32768};
     for (int fp8 = 0; fp8 < 2; fp8++)
-        for (size_t i = 0; i < nT; i++) {
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
             char nm[96];
             snprintf(nm, sizeof nm, "kv_cache_write %s page128 T=%d", fp8 ? "fp8" : "bf16", Ts[i]);
             if (!row_wanted(nm)) continue;
@@ -1025,15 +1013,7 @@ static void bench_kv_cache_write(void **state) {
             GPU_OK(m3_gpu_upload(g, (void *)c.slots, sl, (size_t)c.T * sizeof *sl));
             free(sl);
             const double n = (double)c.T * 512 * 2; /* K and V elements */
-            /* then knob (session 12, removed): M3_BENCH_KV8_VARS="0,1" times each M3_KV8_VAR */
-            const char *vl = getenv("M3_BENCH_KV8_VARS");
-            for (const char *vp = vl ? vl : "-"; *vp; vp++) {
-                if (*vp == ',') continue;
-                char vs[2] = {*vp, 0}, vn[112];
-                if (vl) setenv("M3_KV8_VAR", vs, 1);
-                snprintf(vn, sizeof vn, "%s%s%s", nm, vl ? " var" : "", vl ? vs : "");
-                report(vn, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
-            }
+            report(nm, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
             m3_gpu_release(g, mark);
         }
 }
@@ -1156,15 +1136,7 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            /* then knob (session 12, removed): M3_BENCH_QKV_VARS="0,1" times each M3_QKV_VAR */
-            const char *vl = getenv("M3_BENCH_QKV_VARS");
-            for (const char *vp = vl ? vl : "-"; *vp; vp++) {
-                if (*vp == ',') continue;
-                char vs[2] = {*vp, 0}, vn[112];
-                if (vl) setenv("M3_QKV_VAR", vs, 1);
-                snprintf(vn, sizeof vn, "%s%s%s", nm, vl ? " var" : "", vl ? vs : "");
-                report(vn, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
-            }
+            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
