@@ -246,7 +246,7 @@ static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: rout
     const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
     return v != v ? 0xFFFFFFFFu : k;
 }
-template <int KK, bool RL>
+template <int KK>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -285,45 +285,22 @@ static __global__ void __launch_bounds__(RG_THREADS)
         for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
         L[0] = max(L[0], ck);
     };
-    if (RL) { /* then knob (batch 3): two chunks an iteration, the body walked twice */
-#pragma unroll 1
-        for (int c2 = 0; c2 < RG_NE / 8; c2++) {
-            const float4 la = c2 ? lv[2] : lv[0], lb = c2 ? lv[3] : lv[1];
-            const float4 ba = *reinterpret_cast<const float4 *>(&sb[q][8 * c2]);
-            const float4 bb = *reinterpret_cast<const float4 *>(&sb[q][8 * c2 + 4]);
-            const uint32_t ea = e0 + 8 * (uint32_t)c2;
-            const bool oka = 2 * c2 < nv4, okb = 2 * c2 + 1 < nv4;
-            ins(G, la.x, ba.x, ea, oka), ins(H, lb.x, bb.x, ea + 4, okb);
-            ins(G, la.y, ba.y, ea + 1, oka), ins(H, lb.y, bb.y, ea + 5, okb);
-            ins(G, la.z, ba.z, ea + 2, oka), ins(H, lb.z, bb.z, ea + 6, okb);
-            ins(G, la.w, ba.w, ea + 3, oka), ins(H, lb.w, bb.w, ea + 7, okb);
-        }
-    } else {
+    /* even chunks into G, odd into H: two independent chains */
 #pragma unroll
-        for (int c = 0; c < RG_NE / 4; c++) {
-            const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
-            const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
+    for (int c = 0; c < RG_NE / 4; c++) {
+        const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+        const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
-            for (int u = 0; u < 4; u++) ins((c & 1) ? H : G, lx[u], bx[u], e0 + (uint32_t)(4 * c + u), c < nv4);
-        }
+        for (int u = 0; u < 4; u++) ins((c & 1) ? H : G, lx[u], bx[u], e0 + (uint32_t)(4 * c + u), c < nv4);
     }
     rg_merge<KK>(G, H);
-    if (RL) {
-#pragma unroll 1
-        for (int m = 1; m < RG_L; m <<= 1) {
-            uint32_t P[KK];
+    /* the RG_L lanes' lists merged by a butterfly */
 #pragma unroll
-            for (int j = 0; j < KK; j++) P[j] = (uint32_t)M3_SHFL_XOR((int)G[j], m);
-            rg_merge<KK>(G, P);
-        }
-    } else {
+    for (int m = 1; m < RG_L; m <<= 1) {
+        uint32_t P[KK];
 #pragma unroll
-        for (int m = 1; m < RG_L; m <<= 1) {
-            uint32_t P[KK];
-#pragma unroll
-            for (int j = 0; j < KK; j++) P[j] = (uint32_t)M3_SHFL_XOR((int)G[j], m);
-            rg_merge<KK>(G, P);
-        }
+        for (int j = 0; j < KK; j++) P[j] = (uint32_t)M3_SHFL_XOR((int)G[j], m);
+        rg_merge<KK>(G, P);
     }
     /* candidates r < KK: ids from the packed keys; lane q takes candidates q + RG_L s */
     int cid[KK];
@@ -476,11 +453,8 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
      * 0.0080, at 4096 0.0088 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
     if (grp_ok && n_tok >= 16384) {
-        const char *rv = getenv("M3_ROUTE_VAR"); /* then knob (batch 3): 6 rolled loops */
-        const bool rl = rv && atoi(rv) == 6;
         void (*kf)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            rl ? (K + 2 <= 6 ? route_fst_k<6, true> : route_fst_k<10, true>)
-               : (K + 2 <= 6 ? route_fst_k<6, false> : route_fst_k<10, false>);
+            K + 2 <= 6 ? route_fst_k<6> : route_fst_k<10>;
         kf<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
         M3_LAUNCHED(g, "route_fst_k");
