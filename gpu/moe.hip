@@ -12,9 +12,10 @@
  *   selection order (before routed_scaling_factor), the reference's exact operation order;
  *   only expf may differ by an ulp (device libm). route_sel_k's rounds are two redux
  *   instructions on sorted selection keys (details at the kernel).
- * route_grp_k (session 9; passes of >= 16384 tokens, E <= 128): 8 lanes a token, the same
- *   selection and weights from per-lane top lists of keys with the id packed in (details and
- *   the exactness check at the kernel). */
+ * route_fst_k (session 12; passes of >= 16384 tokens, E <= 128; session 9's route_grp_k
+ *   before it): 8 lanes a token, per-lane top lists of packed keys on a cheap proxy of sel,
+ *   then the exact sel of the list's K + 2 candidates ranked exactly (the bound that makes
+ *   them the reference's ranks, and the exact fallback, at the kernel). */
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/linear.h" /* m3_actq, m3_actq_applies (host) */
@@ -202,25 +203,6 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
 }
 
-/* route_grp_k (session 9): passes of >= 16384 tokens, E <= 128 (E % 4 == 0), K <= 8, K + 2 <= E.
- * RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (i < 16; 4 coalesced 16-byte
- * loads). route_sel_k's rounds and per-lane sort are ~half its instructions (issue-bound at
- * T = 16384); here a lane keeps the top KK (>= K + 2) of its 16 selection keys as a sorted list
- * by two min/max a level (no ids: the id is packed into the key; two lists, even and odd
- * chunks, for two independent chains), the 8 lanes merge their lists (3 butterfly levels,
- * merge-path max/min), and only then ids and weights are worked out. Packed key:
- * ck = hi | (127 - e), hi = route_key(sel) with its low 7 bits cleared, so ck is unique, orders
- * by hi desc then id asc, and the id comes back as (ck & 127) ^ 127. ck's order is ref's
- * order of (sel, id) unless two experts of the same hi but different sel meet at the top:
- * exact when hi(rank K) != hi(rank K + 1) and adjacent ranks <= K of equal hi have equal sel
- * (then ck's id order is ref's tie order). Those sel are recomputed for the K + 1 winners (the
- * same deterministic m3_sigmoidf + b); a token that fails the check (sel within 128 ulps, or
- * ties across the boundary, e.g. 6 NaN logits) runs an exact K + 1 rounds fallback over the
- * full keys held in registers (~1 token in 4000 of the bench's data: the warp's other tokens
- * wait). Weights and margin as route_sel_k: sigma / sum in selection order,
- * sel_(K) - sel_(K+1). H200: T = 16384 0.0136 -> 0.0114 ms (route_sel_k's 558 warp
- * instructions a token -> 262 with 4 lanes a token, but latency-bound at 4 lanes: 8 lanes
- * keep more warps in flight); at 8192 tokens and below route_sel_k is faster (docs/gpu.md). */
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
 #define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
@@ -239,54 +221,77 @@ static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) 
 #pragma unroll
     for (int j = 0; j < KK; j++) A[j] = C[j];
 }
+/* route_fst_k (session 12): passes of >= 16384 tokens, E <= 128 (E % 4 == 0), K <= 8,
+ * K + 2 <= E. RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (4 coalesced 16-byte
+ * loads); each lane keeps the top KK (>= K + 2) keys of its 16 as a sorted list by two min / max a
+ * level (two lists, even / odd chunks: two independent chains), the id packed into the key's low
+ * 7 bits (ck = (key | 127) ^ e: unique, ordered by the key's top 25 bits, then the lower id), and
+ * the 8 lanes merge their lists (3 butterfly levels, merge-path max / min) (session 9's
+ * route_grp_k). The lists rank a cheap proxy of sel: p_e = f(l_e) + b_e with f = __fdividef(1,
+ * 1 + __expf(-l)) (MUFU: ~5 instructions against ~20 for m3_sigmoidf's expf and IEEE division;
+ * route_grp_k ranked the exact sel), |sel_e - p_e| <= RG_D0 + |p| 2^-20 (f within ~5e-7 of the
+ * device sigmoid, two roundings of the sum). Every expert outside the KK candidates has a proxy
+ * key <= the last candidate's, so its exact sel <= thr = ub + D (ub: that key's value with its
+ * low 7 bits set, an upper bound). The candidates' exact sel (m3_sigmoidf + b, route_key) are
+ * ranked exactly by (key desc, id asc); when at least K + 1 of them have sel > thr and none is
+ * NaN, the first K + 1 are the reference's ranks 0..K in order. Otherwise (near-equal values at
+ * the boundary, exact ties across it, NaN) the warp runs the exact fallback: every key exact
+ * from the logits in registers, K + 1 rounds, the winners' sigmoids loaded together (not one
+ * dependent load a round). Weights and margin as route_sel_k: sigma / sum in selection order,
+ * sel_(K) - sel_(K+1). H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096
+ * ms; at 4096 / 8192 tokens route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
+#define RG_D0 1e-6f
+static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: route_key's order */
+    const uint32_t b = m3_f32_bits(v);
+    const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
+    return v != v ? 0xFFFFFFFFu : k;
+}
 template <int KK>
 static __global__ void __launch_bounds__(RG_THREADS)
-    route_grp_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
+    route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
-    constexpr int RG_NE = RG_E / RG_L; /* experts a lane */
-    /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
-     * step hit different bank quads */
+    constexpr int RG_NE = RG_E / RG_L;
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
+    const int q = (int)threadIdx.x % RG_L;
+    const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
+    const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
+    const bool live = gid < n_tok;
+    const int t = live ? gid : n_tok - 1;
+    const float *l = logits + (size_t)t * E;
+    const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4);
+    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
+    float4 lv[RG_NE / 4];
+    /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
+     * step hit different bank quads (the logits loaded before this barrier measured slower:
+     * T = 16384 0.0095 -> 0.0100 ms) */
     for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
         const float b = bias && i < E ? bias[i] : 0.0f;
         sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
-    const int q = (int)threadIdx.x % RG_L;
-    const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
-    const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
     if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
-    const bool live = gid < n_tok;
-    const int t = live ? gid : n_tok - 1;
-    const float *l = logits + (size_t)t * E;
-    const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4); /* valid 16-byte chunks */
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
-    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
-    float4 lv[RG_NE / 4];
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
-    /* two lists (even / odd chunks): two independent min/max chains */
-    uint32_t G[KK], H[KK], fk[RG_NE]; /* fk: the full keys, for the exact fallback */
+    uint32_t G[KK], H[KK];
 #pragma unroll
     for (int j = 0; j < KK; j++) G[j] = 0u, H[j] = 0u;
     const uint32_t e0 = (uint32_t)(q * RG_NE);
+    auto ins = [&](uint32_t *L, float lx, float bx, uint32_t e, bool ok) {
+        const float f = __fdividef(1.0f, 1.0f + __expf(-lx));
+        const uint32_t ck = ok ? ((rg_pkey(f + bx) | 0x7Fu) ^ e) : 0u; /* 0: never */
+#pragma unroll
+        for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
+        L[0] = max(L[0], ck);
+    };
+    /* even chunks into G, odd into H: two independent chains */
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) {
         const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
         const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const uint32_t e = e0 + (uint32_t)(4 * c + u);
-            const uint32_t key = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
-            fk[4 * c + u] = key;
-            const uint32_t ck = key ? ((key | 0x7Fu) ^ e) : 0u; /* 0: never chosen */
-            /* insert into the sorted list (desc): new L[j] = max(L[j], min(L[j-1], ck)) */
-            uint32_t *L = (c & 1) ? H : G;
-#pragma unroll
-            for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
-            L[0] = max(L[0], ck);
-        }
+        for (int u = 0; u < 4; u++) ins((c & 1) ? H : G, lx[u], bx[u], e0 + (uint32_t)(4 * c + u), c < nv4);
     }
     rg_merge<KK>(G, H);
     /* the RG_L lanes' lists merged by a butterfly */
@@ -297,55 +302,93 @@ static __global__ void __launch_bounds__(RG_THREADS)
         for (int j = 0; j < KK; j++) P[j] = (uint32_t)M3_SHFL_XOR((int)G[j], m);
         rg_merge<KK>(G, P);
     }
-    /* ranks 0..K: ids from the packed keys; lane q recomputes sigma and sel of ranks q + RG_L s,
-     * every lane gets them all by shuffles */
-    int rid[KK];
-    uint32_t rfk[KK];
-    float rsg[KK];
+    /* candidates r < KK: ids from the packed keys; lane q takes candidates q + RG_L s */
+    int cid[KK];
 #pragma unroll
-    for (int r = 0; r < KK; r++) rid[r] = (int)((G[r] & 0x7Fu) ^ 0x7Fu);
+    for (int r = 0; r < KK; r++) cid[r] = (int)((G[r] & 0x7Fu) ^ 0x7Fu);
     constexpr int NS = (KK + RG_L - 1) / RG_L;
     uint32_t myk[NS];
     float mys[NS];
+    int myi[NS];
 #pragma unroll
     for (int s = 0; s < NS; s++) {
-        /* rank q + RG_L s by a select tree on q's bits (an indexed pick would go through
-         * local memory); ranks past K take rank 0's id (a real expert; unused) */
         const int r0 = RG_L * s;
         int tr_[RG_L];
 #pragma unroll
-        for (int u = 0; u < RG_L; u++) tr_[u] = rid[min(r0 + u, KK - 1)];
+        for (int u = 0; u < RG_L; u++) tr_[u] = cid[min(r0 + u, KK - 1)];
 #pragma unroll
         for (int w = RG_L / 2, bit = 1; w >= 1; w >>= 1, bit <<= 1)
 #pragma unroll
             for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
-        int id = tr_[0];
-        if (r0 + q > K) id = rid[0];
+        const int id = tr_[0]; /* past KK: candidate KK - 1 again (unused) */
         const float sg = m3_sigmoidf(l[id]);
+        myi[s] = id;
         mys[s] = sg;
         myk[s] = route_key(sg + sb[id / RG_NE][id % RG_NE]);
     }
+    uint32_t ek[KK];
 #pragma unroll
-    for (int r = 0; r < KK; r++) {
-        rfk[r] = m3_shfl(myk[r / RG_L], r % RG_L, RG_L);
-        rsg[r] = m3_shfl(mys[r / RG_L], r % RG_L, RG_L);
-    }
+    for (int r = 0; r < KK; r++) ek[r] = m3_shfl(myk[r / RG_L], r % RG_L, RG_L);
+    /* the check: K + 1 candidates above thr, none NaN */
+    const uint32_t lk = G[KK - 1] | 0x7Fu;
+    const float ub = route_val(lk);
+    const float thr = ub + (RG_D0 + fabsf(ub) * 0x1p-20f);
+    int cnt = 0;
     bool bad = false;
 #pragma unroll
-    for (int r = 0; r + 1 < KK; r++) {
-        const bool same_hi = (G[r] >> 7) == (G[r + 1] >> 7);
-        if (r < K) bad = bad || (same_hi && rfk[r] != rfk[r + 1]);
-        if (r == K) bad = bad || same_hi;
+    for (int r = 0; r < KK; r++) {
+        cnt += route_val(ek[r]) > thr ? 1 : 0;
+        bad = bad || ek[r] == 0xFFFFFFFFu;
     }
-    if (m3_any(bad)) { /* exact fallback: K + 1 rounds over the full keys (rare) */
+    bad = bad || cnt < K + 1 || !(thr == thr);
+    /* exact ranks of this lane's candidates: (key desc, id asc) */
+    int myr[NS];
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        int rk = 0;
+#pragma unroll
+        for (int r = 0; r < KK; r++) rk += (ek[r] > myk[s] || (ek[r] == myk[s] && cid[r] < myi[s])) ? 1 : 0;
+        myr[s] = RG_L * s + q < KK ? rk : KK; /* a repeated candidate takes no rank */
+    }
+    int rid[KK];
+    uint32_t rfk[KK];
+    float rsg[KK];
+    const int gb = (int)threadIdx.x % M3_WARP & ~(RG_L - 1); /* the group's first lane */
+#pragma unroll
+    for (int r = 0; r < KK; r++) {
+        rid[r] = 0, rfk[r] = 0u, rsg[r] = 0.0f;
+        if (r > K) continue;
+        int src = 0, ss = 0;
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            const uint32_t m = (uint32_t)(m3_ballot(myr[s] == r) >> gb) & ((1u << RG_L) - 1u);
+            if (m) src = __ffs((int)m) - 1, ss = s;
+        }
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            const uint32_t kk = m3_shfl(myk[s], src, RG_L);
+            const float sv = m3_shfl(mys[s], src, RG_L);
+            const uint32_t iv = m3_shfl((uint32_t)myi[s], src, RG_L);
+            if (ss == s) rfk[r] = kk, rsg[r] = sv, rid[r] = (int)iv;
+        }
+    }
+    if (m3_any(bad)) { /* exact fallback: every key exact, K + 1 rounds (rare) */
+        uint32_t fk[RG_NE];
+#pragma unroll
+        for (int c = 0; c < RG_NE / 4; c++) {
+            const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+            const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+            for (int u = 0; u < 4; u++) fk[4 * c + u] = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
+        }
         uint32_t taken = 0u;
 #pragma unroll
-        for (int r = 0; r < KK; r++) { /* constant r: the lists stay in registers */
+        for (int r = 0; r < KK; r++) {
             if (r > K) continue;
             uint32_t bk = 0u;
             int bi = 0;
 #pragma unroll
-            for (int i = 0; i < RG_NE; i++) { /* ascending id: the first maximum; keys > 0 */
+            for (int i = 0; i < RG_NE; i++) {
                 const uint32_t k = (taken >> i) & 1u ? 0u : fk[i];
                 if (k > bk) bk = k, bi = i;
             }
@@ -357,7 +400,12 @@ static __global__ void __launch_bounds__(RG_THREADS)
                 if (pk > bk || (pk == bk && pe < be)) bk = pk, be = pe;
             }
             if (be / RG_NE == q) taken |= 1u << (be % RG_NE);
-            if (bad) rid[r] = be, rfk[r] = bk, rsg[r] = m3_sigmoidf(l[be]);
+            if (bad) rid[r] = be, rfk[r] = bk;
+        }
+        if (bad) { /* the winners' sigmoids: independent loads (L1 hits) */
+#pragma unroll
+            for (int r = 0; r < KK; r++)
+                if (r <= K) rsg[r] = m3_sigmoidf(l[rid[r]]);
         }
     }
     float sum = 0.0f;
@@ -372,8 +420,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
             wts[(size_t)t * K + r] = rsg[r] / sum;
         }
     if (q == 0 && margin) {
-        uint32_t a = 0u, b = 0u; /* rfk[K - 1], rfk[K] by masks (an indexed pick would go
-                                  * through local memory) */
+        uint32_t a = 0u, b = 0u;
 #pragma unroll
         for (int r = 0; r < KK; r++) {
             a |= rfk[r] & (0u - (uint32_t)(r == K - 1));
@@ -401,15 +448,16 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         M3_LAUNCHED(g, "route_k");
         return M3_OK;
     }
-    /* passes of >= 16384 tokens: route_grp_k (H200: T = 16384 0.0104-0.0114 against
-     * route_sel_k's 0.0136 ms; T = 8192 0.0088 against 0.0084, T = 4096 0.0076 against 0.0057) */
+    /* passes of >= 16384 tokens: route_fst_k (H200: T = 16384 0.0095-0.0096 against route_sel_k's
+     * 0.0136 and route_grp_k's 0.0104-0.0118 ms; at 8192 tokens 0.0091 against route_sel_k's
+     * 0.0080, at 4096 0.0088 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
     if (grp_ok && n_tok >= 16384) {
-        void (*kg)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            K + 2 <= 6 ? route_grp_k<6> : route_grp_k<10>;
-        kg<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
+        void (*kf)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
+            K + 2 <= 6 ? route_fst_k<6> : route_fst_k<10>;
+        kf<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
             d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
-        M3_LAUNCHED(g, "route_grp_k");
+        M3_LAUNCHED(g, "route_fst_k");
         return M3_OK;
     }
     const int nk = (E + M3_WARP - 1) / M3_WARP;

@@ -1095,15 +1095,14 @@ static __device__ __forceinline__ uint4 k8_row16(uint4 u0, uint4 u1, float s, fl
 }
 
 #define K8_T 16                 /* tokens a step */
-#define K8_KR (K8_T / (M3_WARP / 8)) /* K rows a lane holds */
 #define K8_DPL (128 / M3_WARP)  /* V dims a lane holds */
 #define K8_WPL (K8_DPL / 2)     /* their bf16 words per token */
-template <bool MD, bool NC>
-static __device__ __forceinline__ void k8_kstep(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
-                                                const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
-                                                const float (&y)[K8_KR], int jj) {
+template <bool MD, bool NC, int KR>
+static __device__ __forceinline__ void k8_kstep(const kvw_args &a, int w, int h, const uint4 (&u)[KR][2],
+                                                const int64_t (&slot)[KR], const float (&sc)[KR],
+                                                const float (&y)[KR], int jj) {
 #pragma unroll
-    for (int k = 0; k < K8_KR; k++) {
+    for (int k = 0; k < KR; k++) {
         const uint4 o = k8_row16<MD, NC>(u[k][0], u[k][1], sc[k], y[k], a);
         if (slot[k] >= 0) {
             m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
@@ -1112,11 +1111,11 @@ static __device__ __forceinline__ void k8_kstep(const kvw_args &a, int w, int h,
     }
 }
 /* the V window's codes: ow[j] = dim DPL lane + j's 16 codes (token r in byte r) */
-template <bool MD, bool NC>
-static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32_t (&dv)[K8_T][K8_WPL],
-                                                 const float *sy, uint32_t (&ow)[K8_DPL][4]) {
+template <bool MD, bool NC, int T8>
+static __device__ __forceinline__ void k8_vcodes(const kvw_args &a, const uint32_t (&dv)[T8][K8_WPL],
+                                                 const float *sy, uint32_t (&ow)[K8_DPL][T8 / 4]) {
 #pragma unroll
-    for (int r = 0; r < K8_T; r += 2) {
+    for (int r = 0; r < T8; r += 2) {
         const float4 p = *reinterpret_cast<const float4 *>(sy + 2 * r); /* s_r, y_r, s_r+1, y_r+1 */
 #pragma unroll
         for (int j = 0; j < K8_DPL; j++) {
@@ -1162,11 +1161,12 @@ static __device__ __forceinline__ uint4 k8_row16_fin(uint4 u0, uint4 u1, float s
     }
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
-static __device__ __forceinline__ void k8_kstep_fin(const kvw_args &a, int w, int h, const uint4 (&u)[K8_KR][2],
-                                                    const int64_t (&slot)[K8_KR], const float (&sc)[K8_KR],
-                                                    const float (&y)[K8_KR], int jj) {
+template <int KR>
+static __device__ __forceinline__ void k8_kstep_fin(const kvw_args &a, int w, int h, const uint4 (&u)[KR][2],
+                                                    const int64_t (&slot)[KR], const float (&sc)[KR],
+                                                    const float (&y)[KR], int jj) {
 #pragma unroll
-    for (int k = 0; k < K8_KR; k++) {
+    for (int k = 0; k < KR; k++) {
         const uint4 o = k8_row16_fin(u[k][0], u[k][1], sc[k], y[k]);
         if (slot[k] >= 0) {
             m3_st16_cs((uint8_t *)a.dst[w] + kw_koff(a, slot[k], h, 16 * jj, 4), o);
@@ -1213,32 +1213,39 @@ static __device__ __forceinline__ uint32_t kw_amax16(uint4 u0, uint4 u1) {
     return max(m & 0xFFFFu, m >> 16);
 }
 
-/* one step st of kvw8_k (sy: the warp's 2 K8_T floats of shared memory) */
+/* one step st of kvw8_k (sy: the warp's 2 T8 floats of shared memory): T8 tokens of one head,
+ * K8_T, or 8 (session 12) where the writer runs alone and its 8-token grid fits one wave: then
+ * twice the warps carry half a step's chain each (K: KR = 2 rows a lane; V: half windows, 8
+ * codes of a dim per 8-byte store). H200, m3_gpu_kv_cache_write fp8 T = 4096: 0.0099 -> 0.0082
+ * ms; at 8192 / 16384 / 32768 tokens (two waves and more) 8-token steps measured slower
+ * (0.0127 / 0.0210 / 0.0378 against 0.0125 / 0.0199 / 0.0341 ms; docs/gpu.md) */
+template <int T8>
 static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
+    constexpr int KR = T8 / (M3_WARP / 8); /* K rows a lane holds */
     const int lane = (int)threadIdx.x % M3_WARP;
     if (st < a.ks || a.page == 0) { /* K (and plain-row V): 8 lanes a row */
         const int w = st < a.ks ? 0 : 1;
         const int s = (int)(st < a.ks ? st : st - a.vs0); /* < 2^31: the launcher checks */
         const int tg = s / a.nh, h = s - tg * a.nh;
         const int jj = lane & 7;
-        uint4 u[K8_KR][2];
-        int64_t slot[K8_KR];
+        uint4 u[KR][2];
+        int64_t slot[KR];
 #pragma unroll
-        for (int k = 0; k < K8_KR; k++) {
-            const int t = tg * K8_T + k * (M3_WARP / 8) + lane / 8;
+        for (int k = 0; k < KR; k++) {
+            const int t = tg * T8 + k * (M3_WARP / 8) + lane / 8;
             const bool ok = t < a.n_tok;
             const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128 + 16 * jj;
             u[k][0] = ok ? m3_ld16_ro(row) : make_uint4(0, 0, 0, 0);
             u[k][1] = ok ? m3_ld16_ro(row + 8) : make_uint4(0, 0, 0, 0);
             slot[k] = ok ? kw_slot(a, t) : -1;
         }
-        /* each lane holds K8_KR rows; lane jj computes row jj % K8_KR's scale and 1 / scale
-         * (one division and one reciprocal a lane instead of K8_KR), the row's 8 lanes get
+        /* each lane holds KR rows; lane jj computes row jj % KR's scale and 1 / scale
+         * (one division and one reciprocal a lane instead of KR), the row's 8 lanes get
          * them by shuffles */
-        const int kk = jj & (K8_KR - 1);
+        const int kk = jj & (KR - 1);
         uint32_t amk = 0;
 #pragma unroll
-        for (int k = 0; k < K8_KR; k++) {
+        for (int k = 0; k < KR; k++) {
             uint32_t am = kw_amax16(u[k][0], u[k][1]);
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) am = max(am, (uint32_t)M3_SHFL_XOR((int)am, m));
@@ -1247,26 +1254,26 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
         const float sk = fp8_scale(m3_bits_f32(amk << 16), a.fp8_max);
         const bool md = m3_ballot(!div_ok(sk)) == 0, nc = a.hwcvt && m3_ballot(amk >= 0x7F80u) == 0;
         const float yk = md ? __frcp_rn(sk) : 0.0f;
-        float sc[K8_KR], y[K8_KR];
+        float sc[KR], y[KR];
 #pragma unroll
-        for (int k = 0; k < K8_KR; k++) sc[k] = m3_shfl(sk, k, 8), y[k] = m3_shfl(yk, k, 8);
-        if (md && nc) k8_kstep_fin(a, w, h, u, slot, sc, y, jj);
-        else if (md) k8_kstep<true, false>(a, w, h, u, slot, sc, y, jj);
-        else k8_kstep<false, false>(a, w, h, u, slot, sc, y, jj);
+        for (int k = 0; k < KR; k++) sc[k] = m3_shfl(sk, k, 8), y[k] = m3_shfl(yk, k, 8);
+        if (md && nc) k8_kstep_fin<KR>(a, w, h, u, slot, sc, y, jj);
+        else if (md) k8_kstep<true, false, KR>(a, w, h, u, slot, sc, y, jj);
+        else k8_kstep<false, false, KR>(a, w, h, u, slot, sc, y, jj);
         return;
     }
     /* V window: tokens [tb, te) of head h (windows follow token 0's slot alignment) */
     const int s = (int)(st - a.vs0);
     const int win = s / a.nh, h = s - win * a.nh;
     const int64_t slot0 = kw_slot(a, 0);
-    const int off = slot0 >= 0 ? (int)(slot0 & (K8_T - 1)) : 0;
-    const int tb = win == 0 ? 0 : win * K8_T - off;
-    const int te = min(a.n_tok, (win + 1) * K8_T - off);
+    const int off = slot0 >= 0 ? (int)(slot0 & (T8 - 1)) : 0;
+    const int tb = win == 0 ? 0 : win * T8 - off;
+    const int te = min(a.n_tok, (win + 1) * T8 - off);
     const int n = te - tb;
     if (n <= 0) return;
-    uint32_t dv[K8_T][K8_WPL];
+    uint32_t dv[T8][K8_WPL];
 #pragma unroll
-    for (int r = 0; r < K8_T; r++) {
+    for (int r = 0; r < T8; r++) {
         const m3_bf16 *row = a.x[1] + (int64_t)(tb + (r < n ? r : 0)) * a.ld[1] + h * 128 + K8_DPL * lane;
 #if M3_WARP == 32
         const uint2 v = r < n ? *reinterpret_cast<const uint2 *>(row) : make_uint2(0, 0);
@@ -1279,37 +1286,38 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
     if (lane < n) s_lane = kw_slot(a, tb + lane);
     const int64_t s_first = m3_shfl((uint32_t)(s_lane & 0xFFFFFFFF), 0, M3_WARP) |
                             ((int64_t)m3_shfl((uint32_t)((uint64_t)s_lane >> 32), 0, M3_WARP) << 32);
-    const bool lane_ok = lane >= K8_T || (lane < n && s_lane == s_first + lane);
-    const bool fast = n == K8_T && s_first >= 0 && (s_first & (K8_T - 1)) == 0 && m3_ballot(!lane_ok) == 0;
+    const bool lane_ok = lane >= T8 || (lane < n && s_lane == s_first + lane);
+    const bool fast = n == T8 && s_first >= 0 && (s_first & (T8 - 1)) == 0 && m3_ballot(!lane_ok) == 0;
     /* row maxima, packed: word i holds tokens i (low half) and i + 8 (high half) of the
      * lane's dims; a reduce-scatter over the 8 words (4 + 2 + 1 shuffles, then the LP = M3_WARP
      * / 8 lanes of a pair) leaves lane l with the pair i = l / LP, the first half of those
      * lanes taking token i, the second token i + 8 */
-    uint32_t pk[K8_T / 2];
+    uint32_t pk[T8 / 2];
 #pragma unroll
-    for (int i = 0; i < K8_T / 2; i++) {
-        uint32_t m0 = dv[i][0] & K8_ABS2, m1 = dv[i + K8_T / 2][0] & K8_ABS2;
+    for (int i = 0; i < T8 / 2; i++) {
+        uint32_t m0 = dv[i][0] & K8_ABS2, m1 = dv[i + T8 / 2][0] & K8_ABS2;
 #pragma unroll
         for (int q = 1; q < K8_WPL; q++)
-            m0 = max_u16x2(m0, dv[i][q] & K8_ABS2), m1 = max_u16x2(m1, dv[i + K8_T / 2][q] & K8_ABS2);
+            m0 = max_u16x2(m0, dv[i][q] & K8_ABS2), m1 = max_u16x2(m1, dv[i + T8 / 2][q] & K8_ABS2);
         pk[i] = max_u16x2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
     }
+    constexpr int NL = T8 == 16 ? 3 : 2; /* levels: T8 / 2 words -> 1 */
 #pragma unroll
-    for (int rd = 0; rd < 3; rd++) { /* 8 -> 4 -> 2 -> 1 words a lane */
-        const int wv = (K8_T / 4) >> rd, b = (M3_WARP / 2) >> rd;
+    for (int rd = 0; rd < NL; rd++) { /* 8 -> 4 -> 2 -> 1 words a lane (T8 16) */
+        const int wv = (T8 / 4) >> rd, b = (M3_WARP / 2) >> rd;
         const bool up = (lane & b) != 0;
 #pragma unroll
-        for (int i = 0; i < K8_T / 4; i++) {
+        for (int i = 0; i < T8 / 4; i++) {
             if (i >= wv) break;
             const uint32_t snd = up ? pk[i] : pk[i + wv], kp = up ? pk[i + wv] : pk[i];
             pk[i] = max_u16x2(kp, (uint32_t)M3_SHFL_XOR((int)snd, b));
         }
     }
-    constexpr int LP = M3_WARP / 8;
+    constexpr int LP = 2 * M3_WARP / T8; /* lanes of a token pair */
 #pragma unroll
     for (int m = 1; m < LP; m <<= 1) pk[0] = max_u16x2(pk[0], (uint32_t)M3_SHFL_XOR((int)pk[0], m));
     const bool hi = (lane % LP) >= LP / 2;
-    const int rt = lane / LP + (hi ? K8_T / 2 : 0); /* this lane's token */
+    const int rt = lane / LP + (hi ? T8 / 2 : 0); /* this lane's token */
     const uint32_t amr = hi ? pk[0] >> 16 : pk[0] & 0xFFFFu;
     const float sc = fp8_scale(m3_bits_f32(amr << 16), a.fp8_max);
     const bool md = m3_ballot(!div_ok(sc)) == 0, nc = a.hwcvt && m3_ballot(amr >= 0x7F80u) == 0;
@@ -1321,19 +1329,23 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
         }
     }
     M3_SYNCWARP();
-    uint32_t ow[K8_DPL][4];
-    if (md && nc) k8_vcodes<true, true>(a, dv, sy, ow);
-    else if (md) k8_vcodes<true, false>(a, dv, sy, ow);
-    else k8_vcodes<false, false>(a, dv, sy, ow);
+    uint32_t ow[K8_DPL][T8 / 4];
+    if (md && nc) k8_vcodes<true, true, T8>(a, dv, sy, ow);
+    else if (md) k8_vcodes<true, false, T8>(a, dv, sy, ow);
+    else k8_vcodes<false, false, T8>(a, dv, sy, ow);
     if (fast) {
         uint8_t *base = (uint8_t *)a.dst[1] + kw_voff(a, s_first, h, 0, 4);
 #pragma unroll
-        for (int j = 0; j < K8_DPL; j++)
-            m3_st16_cs(base + ((int64_t)(K8_DPL * lane + j) << 4), make_uint4(ow[j][0], ow[j][1], ow[j][2], ow[j][3]));
+        for (int j = 0; j < K8_DPL; j++) {
+            if (T8 == 16)
+                m3_st16_cs(base + ((int64_t)(K8_DPL * lane + j) << 4), make_uint4(ow[j][0], ow[j][1], ow[j][T8 / 4 - 2], ow[j][T8 / 4 - 1]));
+            else /* half a chunk: 8 tokens of the dim */
+                *reinterpret_cast<uint2 *>(base + ((int64_t)(K8_DPL * lane + j) << 4)) = make_uint2(ow[j][0], ow[j][T8 / 4 - 1]);
+        }
         return;
     }
 #pragma unroll
-    for (int r = 0; r < K8_T; r++) { /* a cut or irregular window: byte by byte */
+    for (int r = 0; r < T8; r++) { /* a cut or irregular window: byte by byte */
         if (r >= n) break;
         const int64_t sl = kw_slot(a, tb + r);
         if (sl < 0) continue;
@@ -1349,11 +1361,12 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
  * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
  * warp's next step 59%; session 7: a persistent grid without the prefetch 59%). The end
  * waits for the launch before it (m3_pdl_wait: the fused pass's qw_norm_k). */
+template <int T8>
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
-    __shared__ __align__(16) float ssy[KW_WPB][2 * K8_T];
+    __shared__ __align__(16) float ssy[KW_WPB][2 * T8];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
-    if (st < a.nstep) k8_step(a, st, ssy[wid]);
+    if (st < a.nstep) k8_step<T8>(a, st, ssy[wid]);
     m3_pdl_wait();
 }
 
@@ -1626,8 +1639,21 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
  * one step a warp, fp8 V rows as a part (vc: no norm, qw_kstore's cache write into the V
  * layout), and with VS 1 the bf16 raw K / V rows' a.kv.nstep steps (kvw_k's) after the
  * parts' a.nstep steps */
+/* The parameters (session 12): on NVIDIA the argument is __grid_constant__, so a small pass reads
+ * its part a.p[pi] and its inverse frequency a.inv[L] by index (constant-bank loads) instead of
+ * through chains of selects on every field (~90 instructions on every warp's path before its
+ * first loads); HIP keeps the selects (an indexed argument goes through a local copy there).
+ * H200, with the position loaded beside the rows (below): qkv_cache decode rows 0.2-0.5 us
+ * faster (docs/gpu.md, session 12). */
+#if defined(M3_HIP_NVIDIA)
+#define QW_GC __grid_constant__
+#define QW_IDX 1
+#else
+#define QW_GC
+#define QW_IDX 0
+#endif
 template <int QR, int KC, int VS>
-static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(qw_args a) {
+static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(const QW_GC qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
@@ -1661,7 +1687,8 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         if (VS >= 0) {
             pi = a.np > 4 && s >= a.p[4].s0 ? 4 : a.np > 3 && s >= a.p[3].s0 ? 3 : a.np > 2 && s >= a.p[2].s0 ? 2
                : a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
-            ncp = qw_psel(a, pi);
+            if (QW_IDX) ncp = a.p[pi];
+            else ncp = qw_psel(a, pi);
         } else {
             pi = a.np > 4 && s >= sp[4].s0 ? 4 : a.np > 3 && s >= sp[3].s0 ? 3 : a.np > 2 && s >= sp[2].s0 ? 2
                : a.np > 1 && s >= sp[1].s0 ? 1 : 0;
@@ -1681,6 +1708,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
 #define QW_F(f) (VS >= 0 ? cp.f : sp[pi].f)
     uint4 nx[4], wn[4];
     int npi = 0, nt = 0, nh_ = 0;
+    int32_t nps = 0; /* small passes: the located row's position, loaded with the rows */
     m3_bf16 *np_ = NULL;
     auto wload = [&]() { /* small passes: the located part's norm weights (lane j's dims) */
 #pragma unroll
@@ -1690,11 +1718,13 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         locate(st, npi, nt, nh_, np_);
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+        if (VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
         if (VS >= 0) wload();
     }
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
+        const int32_t cps = nps;
         m3_bf16 *const p = np_;
         if (VS >= 0) cp = ncp;
         /* small pass: cos / sin of pair i = 8 j + e of this row's token, as the tile kernel and
@@ -1708,11 +1738,14 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         float c8[8], s8[8];
         const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
         if (VS >= 0 && a.rope && !raw) {
-            const int32_t myps = p ? a.pos[t] : 0;
+            const int32_t myps = cps;
             const int L = lane & 31;
             float iv = a.inv[0]; /* inv[L] through selects (constant indices) */
+            if (QW_IDX) iv = a.inv[L];
+            else {
 #pragma unroll
             for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
+            }
 #pragma unroll
             for (int e = 0; e < 8; e++) c8[e] = 1.0f, s8[e] = 0.0f; /* rows without a row */
             int tr = (int)m3_shfl((uint32_t)t, 0); /* row 0 exists in every step */
@@ -1744,6 +1777,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             locate(st + nw, npi, nt, nh_, np_);
 #pragma unroll
             for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
+            if (VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
             if (VS >= 0) wload();
         }
         if (!raw) { /* normed rows: the norm, then the rotation */
@@ -2128,8 +2162,16 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
      * tokens (K) and 8-token windows (V) (bf16) */
     kvw_args kl = kv;
     kl.n_tok = n_tok;
+    /* kvw8_k's tokens a step: 8 for the writer alone (no normed parts) where that grid fits one
+     * wave at its 4 blocks an SM, else K8_T (see k8_step) */
+    int t8 = K8_T;
+    if (kl.fp8 && qa.np == 0) {
+        const int64_t st8 = (int64_t)kl.nh * (((n_tok + 7) / 8) * (kl.x[0] ? 1 : 0) +
+                                              (kl.x[1] ? (kl.page == 0 ? (n_tok + 7) / 8 : (n_tok + 14) / 8) : 0));
+        if ((st8 + KW_WPB - 1) / KW_WPB <= (int64_t)4 * n_sm) t8 = 8;
+    }
     {
-        const int64_t tk = kl.fp8 ? K8_T : M3_WARP / 8, x = kl.fp8 ? K8_T : 8;
+        const int64_t tk = kl.fp8 ? t8 : M3_WARP / 8, x = kl.fp8 ? t8 : 8;
         const int64_t tg = (n_tok + tk - 1) / tk;
         kl.ks = kl.x[0] ? (int64_t)kl.nh * tg : 0;
         kl.vs0 = kl.ks;
@@ -2155,7 +2197,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             M3_LAUNCHED(g, "kvw8s_k");
         } else if (kl.fp8) {
             const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
-            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
+            if (t8 == 8) M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k<8>, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
+            else M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k<K8_T>, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
             M3_LAUNCHED(g, "kvw8_k");
         } else {
             M3_TRY(m3_gpu_launch_pdl(g, dep, kvw_k, (unsigned)((kl.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kl));

@@ -5,7 +5,8 @@
  * be identical byte for byte. Cases: bf16 and fp8 (fp8_max 240 and 448), both pages, Hkv 4,
  * Dh 128 (M3) and Hkv 3, Dh 64 (odd), scattered slots over several blocks, a padding slot
  * (-1), a zero row (scale 1) and a row of large values; plain rows (page 0, bf16); runs of
- * consecutive slots (T 1, 64, 300) from aligned and misaligned starts; passes of >= 10 tokens
+ * consecutive slots (T 1, 64, 300, 4500) from aligned and misaligned starts (the fp8 writer's
+ * 8- and 16-token steps); passes of >= 10 tokens
  * also hold rows of tiny values, and one has scattered slots; signed zeros
  * and tiny values of either sign inside rows of normal scale (codes +0 and -0). */
 #include <math.h>
@@ -204,6 +205,9 @@ static void kv_cache_write_matches_layout(void **state) {
         kv_case(g, 300, 4, 128, page, true, 448.0f, -1); /* scattered slots, a padding token */
         /* 2M fp8 quotients: the fast quotient path must give every division's bits */
         kv_case(g, 2048, 4, 128, page, true, page == 128 ? 448.0f : 240.0f, 8);
+        /* kvw8_k's 16-token steps: passes whose 8-token grid would pass one wave (session 12:
+         * the smaller passes above take 8-token steps), from a misaligned start */
+        kv_case(g, 4500, 4, 128, page, true, 448.0f, 203);
     }
     /* every bf16 magnitude at each sweep scale, as K rows and as V rows, both maxima: all
      * (value, scale) pairs of those scales against ref's division (a large pass and T = 64) */

@@ -187,7 +187,8 @@ static void moe_route_matches_ref(void **state) {
         route_case(g, 7, 256, 8, prof, true);  /* 8 experts a lane (M3_WARP 32) */
         route_case(g, 5, 64, 6, prof, false);
         route_case(g, 3, 200, 40, prof, true); /* K > M3_WARP */
-        /* passes of >= 16384 tokens: route_grp_k (E <= 128, E % 4 == 0, K + 2 <= E, K <= 8) */
+        /* passes of >= 16384 tokens: route_fst_k (session 12; E <= 128, E % 4 == 0, K + 2 <= E,
+         * K <= 8) */
         route_case(g, 16384, 128, 4, prof, true);
         route_case(g, 16400, 64, 6, prof, false);
         route_case(g, 16385, 100, 8, prof, true); /* the 7th lane's experts 96..99 only */
@@ -195,10 +196,11 @@ static void moe_route_matches_ref(void **state) {
     }
 }
 
-/* route_grp_k's packed keys (sel's top bits + the id) against exact ties and near-equal values
- * in a pass of >= 16384 tokens: equal values ranked by the lower id, every NaN above every
- * value, runs of values a few ulps apart (the same packed top bits: the kernel's exact
- * fallback), all 128 equal; every id and weight as the reference's. */
+/* route_fst_k's proxy lists and exact candidate ranks (session 12; route_grp_k's packed keys
+ * before) against exact ties and near-equal values in a pass of >= 16384 tokens: equal values
+ * ranked by the lower id, every NaN above every value, runs of values a few ulps apart (ranked
+ * exactly among the candidates, or the exact fallback at the boundary), all 128 equal; every
+ * id and weight as the reference's. */
 static void moe_route_ties_many_tokens(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     m3_profile p;
