@@ -1071,6 +1071,64 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     for (int i = 0; i < IDX_PICK_CPT && slot; i++) /* direct: zero again for the next call */
         if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
 }
+
+static __device__ __forceinline__ ulonglong2 ld_relaxed_gpu2(const unsigned long long *p) {
+    ulonglong2 v;
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(v.x), "=l"(v.y)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+/* Row q of idx_km_k's warp slots (nbk <= IST_THREADS): slot[IST_WARPS b + w] holds the rank
+ * key of warp w's raw maximum over its keys of key block b (NaN key when one of them is
+ * NaN); thread b polls its IST_WARPS slots (two 16-byte loads), takes their maximum and
+ * applies what idx_km_k's combining thread applies (forced blocks, NaN policy, scale: > 0,
+ * so the scaled maximum is the maximum scaled), ranks the row's key blocks directly, writes
+ * the ids, then the row's scores (-inf past its blocks) and zeroes its slots for the next
+ * call. No barrier per key block in the scoring blocks and no combining thread between the
+ * mma and the picker. */
+static __device__ void ws_pick(const idx_sel &a, int q, int G, unsigned long long *slot,
+                               dec_smem &sm, float scale, bool nan_neg, float *scores) {
+    const int tid = (int)threadIdx.x, t = q / G, g = q % G;
+    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
+    const int clo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
+    unsigned long long *p = slot + IST_WARPS * tid;
+    ulonglong2 w0 = make_ulonglong2(0ull, 0ull), w1 = w0;
+    bool wait = tid < nb;
+    while (__syncthreads_or(wait)) {
+        if (!wait) continue;
+        if (!(w0.x && w0.y)) w0 = ld_relaxed_gpu2(p);
+        if (!(w1.x && w1.y)) w1 = ld_relaxed_gpu2(p + 2);
+        wait = !(w0.x && w0.y && w1.x && w1.y);
+    }
+    unsigned long long u = 0;
+    float z = -INFINITY;
+    if (tid < nb) {
+        u = w0.x > w0.y ? w0.x : w0.y;
+        u = w1.x > u ? w1.x : u;
+        u = w1.y > u ? w1.y : u;
+        const float v = rank_val(u);
+        if (tid >= clo) z = a.local_boost; /* forced, as ref: init, then local wins */
+        else if (a.use_init && tid < a.init_blocks) z = a.init_boost;
+        else if (isnan(v)) z = nan_neg ? -1e30f : NAN;
+        else z = scale != 1.0f ? v * scale : v;
+        u = rank_key(z, tid);
+    }
+    sm.tmax[tid] = u;
+    __syncthreads();
+    if (tid < nb) pick_rank(sm, sm.tmax, nb, u, need);
+    __syncthreads();
+    pick_out(a, t, g, nb, sm);
+    float *S = scores + ((int64_t)g * a.n_tok + t) * a.nbk;
+    for (int b = tid; b < a.nbk; b += IST_THREADS) S[b] = b < nb ? z : -INFINITY;
+    if (tid < nb) {
+        const ulonglong2 zz = make_ulonglong2(0ull, 0ull);
+        reinterpret_cast<ulonglong2 *>(p)[0] = zz;
+        reinterpret_cast<ulonglong2 *>(p)[1] = zz;
+    }
+}
 #endif
 
 template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
@@ -1296,14 +1354,19 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
  * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
  * block, measured slower: 1M keys 87.6 against 74.1 us, session 9). */
-template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
+template <bool K16, bool FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
+                               * FIX: M3's geometry compiled in (G 4, Di 128, B 128, no
+                               * table or bs 128) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
-             const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
-             int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
+             const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G_, int Di_,
+             int B_, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, bool q16) {
+             unsigned long long *M3_RESTRICT slots, bool q16, bool ws) {
 #if M3_HAVE_MMA
+    const int G = FIX ? 4 : G_, Di = FIX ? 128 : Di_, B = FIX ? 128 : B_;
+    /* key_base / key_row_in; FIX: a key block is one physical block (bs == B == 128) */
+    auto kbase = [&](int b) { return FIX ? (ik.bt ? ik.bt[b] * 128 : b * 128) : key_base(ik, b, B); };
     /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
     constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
@@ -1325,7 +1388,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             for (int h = 0; h < 2; h++) {
                 const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
                 const bool ok = 16 * m < B && key < n_ctx;
-                const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
+                const size_t row =
+                    !ok ? 0 : FIX ? (size_t)(r0 + (key - b * B)) : (size_t)key_row_in(ik, r0, b, B, key);
                 const uint4 *kr =
                     K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
                         : reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
@@ -1356,8 +1420,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             qv = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
-    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* as idx_dec_k */
+    if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
+    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+        if (sel.n_ties) *sel.n_ties = 0;
+        if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
+        /* direct: the zero is visible before this block's slots (the barrier below orders
+         * them after the fence; a picker adds to n_ties only after it has read them) */
+        if (slots) fence_acq_rel_gpu();
+    }
     __syncthreads();
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads). uint4 j holds k-steps 2j and 2j + 1: bf16 dims 8 (tq + 4j) .. +7;
@@ -1370,17 +1441,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         const uint4 v = ok ? *reinterpret_cast<const uint4 *>(&qs[gq][off]) : make_uint4(0, 0, 0, 0);
         qb[2 * j][0] = v.x, qb[2 * j][1] = v.y, qb[2 * j + 1][0] = v.z, qb[2 * j + 1][1] = v.w;
     }
-    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
-        if (sel.n_ties) *sel.n_ties = 0;
-        if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
-        /* direct: the zero is visible before this block's slots (a key block's barrier follows;
-         * a picker adds to n_ties only after it has read them) */
-        if (slots) fence_acq_rel_gpu();
-    }
     for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
-    for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
+    for (int i = x0 * NT + tid; !ws && i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
     }
@@ -1402,7 +1466,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if (K16) h16 = q_f16(qb, tq, inv);
 #endif
     int par = 0;
-    int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
+    int rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -1466,7 +1530,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
         }
         if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
-        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+        if (b + 2 * grid < n_lim) rn = kbase(b + 2 * grid); /* the next one's row */
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
             float m = mx[r];
@@ -1475,11 +1539,19 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             m = fmaxf(m, M3_SHFL_XOR(m, 16));
             if (K16 && h16) m *= inv[r]; /* the fp16 route's 2^s off (exact) */
             const unsigned int bb = __ballot_sync(0xFFFFFFFFu, bad[r] != 0.0f);
+            if (ws) { /* warp-uniform: this warp's raw maximum (or NaN) to the picker */
+                const int qr = (int)blockIdx.y * RPG + 2 * tq + r;
+                if (gq == 0 && rp[r] >= 0 && b <= rp[r] / B) /* rp -1: no row */
+                    st_relaxed_gpu(slots + (size_t)qr * IDX_SLOT_W + NW * b + warp,
+                                   rank_key((bb & (0x11111111u << tq)) ? NAN : m, b));
+                continue;
+            }
             if (gq == 0) {
                 red_m[par][warp][2 * tq + r] = m;
                 red_n[par][warp][2 * tq + r] = (bb & (0x11111111u << tq)) ? 1.0f : 0.0f;
             }
         }
+        if (ws) continue; /* block-uniform */
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
         if (tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
@@ -1506,6 +1578,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
+    if (ws) {
+        if (row >= 0) /* block-uniform */
+            ws_pick(sel, row, G, slots + (size_t)row * IDX_SLOT_W, sm, scale, nan_neg, scores);
+        return;
+    }
     if (slots) {
         if (row >= 0) /* block-uniform */
             dec_pick<true>(sel, row, G, grid, NULL, sm,
@@ -1531,10 +1608,14 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                    NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
-    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16;
+    (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
+    (void)arrive; (void)slots; (void)q16; (void)ws;
 #endif
 }
+
+/* TEMP knob (session 12, removed before the end): 0 = the generic idx_km_k */
+extern "C" int m3_gpu_idx_knob;
+int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 2) */
 
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
@@ -1543,9 +1624,18 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
+    if (m3_gpu_idx_knob < 0) {
+        const char *e = getenv("M3_IDX_KNOB");
+        m3_gpu_idx_knob = e ? atoi(e) : 2;
+    }
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
-    const void *kern = km ? (k8 ? (const void *)idx_km_k<true> : (const void *)idx_km_k<false>)
+    const bool fix = km && (m3_gpu_idx_knob == 1 || m3_gpu_idx_knob == 2) && G == 4 && Di == 128 && B == 128 &&
+                     (!ik.bt || ik.bs == 128);
+    const void *kern = km ? (k8 ? (fix ? (const void *)idx_km_k<true, true>
+                                       : (const void *)idx_km_k<true, false>)
+                                : (fix ? (const void *)idx_km_k<false, true>
+                                       : (const void *)idx_km_k<false, false>))
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
@@ -1553,6 +1643,8 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
+    /* warp slots (ws_pick): one key block per picking thread, IST_WARPS slots per key block */
+    const bool ws = direct && m3_gpu_idx_knob >= 2 && nbk <= IST_THREADS;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
@@ -1580,14 +1672,18 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const float sc = p->index_scale;
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
-    if (km && k8)
-        idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk,
-                                                              n_ctx, G, Di, B, sc, nn, sa, cmax,
-                                                              arrive, ep, slots, q16);
+    if (km && k8 && fix)
+        idx_km_k<true, true><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws);
+    else if (km && k8)
+        idx_km_k<true, false><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws);
+    else if (km && fix)
+        idx_km_k<false, true><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws);
     else if (km)
-        idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk,
-                                                               n_ctx, G, Di, B, sc, nn, sa, cmax,
-                                                               arrive, ep, slots, q16);
+        idx_km_k<false, false><<<grid, IST_THREADS, dyn, g->stream>>>(
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
