@@ -1072,6 +1072,13 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
 }
 
+/* TEMP local cp.async (16 bytes global -> shared; zero-filled when !full) */
+static __device__ __forceinline__ void idx_cp16(void *dst, const void *src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(full ? 16 : 0));
+}
+
 static __device__ __forceinline__ ulonglong2 ld_relaxed_gpu2(const unsigned long long *p) {
     ulonglong2 v;
     asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
@@ -1362,7 +1369,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G_, int Di_,
              int B_, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, bool q16, bool ws) {
+             unsigned long long *M3_RESTRICT slots, bool q16, bool ws, int sp_off) {
 #if M3_HAVE_MMA
     const int G = FIX ? 4 : G_, Di = FIX ? 128 : Di_, B = FIX ? 128 : B_;
     /* key_base / key_row_in; FIX: a key block is one physical block (bs == B == 128) */
@@ -1420,7 +1427,26 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             qv = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
+    /* FIX, sp_off >= 0: the second key block of this scoring block (x0 + grid) copied into
+     * shared memory at entry (cp.async: no registers), so its round of L2 loads overlaps the
+     * first block's; rows of 16-byte pieces, odd keys' pieces XOR 4 (the fragment reads of a
+     * quarter warp, keys g and g + 1, fall in distinct banks) */
+    constexpr int SRB = K16 ? 128 : 256; /* FIX: bytes of a key row */
+    unsigned char *kpre = idx_dyn + (sp_off > 0 ? sp_off : 0);
+    const bool sp = FIX && sp_off >= 0 && x0 + grid < nbk; /* block-uniform */
+    int rn = sp ? kbase(x0 + grid) : 0;
     if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
+    if (sp) {
+        const int k1 = (x0 + grid) * 128;
+        for (int e = tid; e < 128 * (SRB / 16); e += NT) {
+            const int key = e / (SRB / 16), pc = e % (SRB / 16);
+            const bool ok = k1 + key < n_ctx;
+            const unsigned char *src =
+                (const unsigned char *)ik.k + (ok ? (size_t)(rn + key) * SRB + 16 * pc : 0);
+            idx_cp16(kpre + key * SRB + 16 * (pc ^ (4 * (key & 1))), src, ok);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
@@ -1466,9 +1492,22 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if (K16) h16 = q_f16(qb, tq, inv);
 #endif
     int par = 0;
-    int rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
+    if (!sp) rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
+        if (sp && b == x0 + grid) { /* block-uniform: the prefetched key block's fragments */
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int key = 16 * (warp + NW * i) + gq + 8 * h;
+                    const uint4 *kr = reinterpret_cast<const uint4 *>(kpre + key * SRB);
+#pragma unroll
+                    for (int j = 0; j < NU; j++) kb[i][h][j] = kr[(tq + 4 * j) ^ (4 * (key & 1))];
+                }
+        }
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             const int m = warp + NW * i, k0 = b * B + 16 * m;
@@ -1529,7 +1568,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
-        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + grid < n_lim && !(sp && b == x0)) load(b + grid, rn); /* in flight during the
+                                                                        * reduction below */
         if (b + 2 * grid < n_lim) rn = kbase(b + 2 * grid); /* the next one's row */
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
@@ -1609,13 +1649,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16; (void)ws;
+    (void)arrive; (void)slots; (void)q16; (void)ws; (void)sp_off;
 #endif
 }
 
 /* TEMP knob (session 12, removed before the end): 0 = the generic idx_km_k */
 extern "C" int m3_gpu_idx_knob;
-int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 2) */
+int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 4) */
 
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
@@ -1626,11 +1666,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     if (m3_gpu_idx_knob < 0) {
         const char *e = getenv("M3_IDX_KNOB");
-        m3_gpu_idx_knob = e ? atoi(e) : 2;
+        m3_gpu_idx_knob = e ? atoi(e) : 4;
     }
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
-    const bool fix = km && (m3_gpu_idx_knob == 1 || m3_gpu_idx_knob == 2) && G == 4 && Di == 128 && B == 128 &&
+    const bool fix = km && (m3_gpu_idx_knob == 1 || m3_gpu_idx_knob == 2 || m3_gpu_idx_knob == 4) && G == 4 && Di == 128 && B == 128 &&
                      (!ik.bt || ik.bs == 128);
     const void *kern = km ? (k8 ? (fix ? (const void *)idx_km_k<true, true>
                                        : (const void *)idx_km_k<true, false>)
@@ -1657,11 +1697,18 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
         dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
+    /* FIX: the second key block of each scoring block prefetched into shared memory when no
+     * scoring block holds more than two */
+    int sp_off = -1;
+    if (fix && m3_gpu_idx_knob == 4 && nbk > gx && nbk <= 2 * gx) {
+        sp_off = (int)((dyn + 15) / 16 * 16);
+        dyn = (size_t)sp_off + 128 * (k8 ? 128 : 256);
+    }
     if (direct)
         slots = reinterpret_cast<unsigned long long *>(g->counters + M3_GPU_CNT_IDXS);
     else if (fuse)
         M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
-    if (fuse && dyn > 48 * 1024)
+    if (dyn > 48 * 1024)
         M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     /* calls with the arrival counter so far, per context: the parity picks the counter, and
      * each such call zeroes the other one for the next (stream order; direct calls use none) */
@@ -1674,16 +1721,16 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km && k8 && fix)
         idx_km_k<true, true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off);
     else if (km && k8)
         idx_km_k<true, false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off);
     else if (km && fix)
         idx_km_k<false, true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off);
     else if (km)
         idx_km_k<false, false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
