@@ -1369,7 +1369,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
              const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G_, int Di_,
              int B_, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, bool q16, bool ws, int sp_off) {
+             unsigned long long *M3_RESTRICT slots, bool q16, bool ws, int sp_off, bool qc) {
 #if M3_HAVE_MMA
     const int G = FIX ? 4 : G_, Di = FIX ? 128 : Di_, B = FIX ? 128 : B_;
     /* key_base / key_row_in; FIX: a key block is one physical block (bs == B == 128) */
@@ -1382,6 +1382,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     __shared__ __align__(16) m3_bf16 qs[RPG][ISM_MAX_DI + 8]; /* the group's Q rows (+16 B a row:
                                                                  * the fragment reads below
                                                                  * conflict-free) */
+    __shared__ __align__(16) m3_bf16 qh[RPG][ISM_MAX_DI + 8]; /* qc: the rows as fp16 x 2^s */
+    __shared__ float qinv[RPG];                                /* qc: 2^-s of each row */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
@@ -1448,6 +1450,39 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         asm volatile("cp.async.commit_group;\n" ::);
     }
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
+    /* K16, FIX, qc: q_f16's fp16 route decided and converted here, one piece a thread, while
+     * the keys are in flight: a row's 16 pieces are 16 consecutive threads (shuffles for its
+     * largest |q|); the block votes at the barrier below */
+    bool qok = true;
+#if M3_HAVE_FP8_CVT
+    if (K16 && FIX && qc) {
+        const uint32_t w[4] = {qv.x, qv.y, qv.z, qv.w};
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float x = __uint_as_float(w[i] << 16), y = __uint_as_float(w[i] & 0xFFFF0000u);
+            qok = qok && isfinite(x) && isfinite(y);
+            amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
+        }
+#pragma unroll
+        for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, M3_SHFL_XOR(amax, o));
+        const int sh = amax > 0.0f ? 14 - ((int)((__float_as_uint(amax) >> 23) & 0xFF) - 127) : 0;
+        qok = qok && sh > -100 && sh < 100; /* 2^sh and 2^-sh normal floats */
+        const float up = qok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
+        uint32_t hv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float x = __uint_as_float(w[i] << 16) * up;
+            const float y = __uint_as_float(w[i] & 0xFFFF0000u) * up;
+            const __half2 v = __floats2half2_rn(x, y);
+            const float2 back = __half22float2(v);
+            qok = qok && back.x == x && back.y == y;
+            hv[i] = *reinterpret_cast<const uint32_t *>(&v);
+        }
+        *reinterpret_cast<uint4 *>(&qh[q_row][8 * q_ch]) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        if (q_ch == 0) qinv[q_row] = __uint_as_float((uint32_t)(127 - sh) << 23);
+    }
+#endif
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
         if (sel.n_ties) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
@@ -1455,7 +1490,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
          * them after the fence; a picker adds to n_ties only after it has read them) */
         if (slots) fence_acq_rel_gpu();
     }
-    __syncthreads();
+    const bool qh16 = __syncthreads_and(qok) && K16 && FIX && qc && M3_HAVE_FP8_CVT; /* qc: fp16 */
+    const m3_bf16(*qsrc)[ISM_MAX_DI + 8] = qh16 ? qh : qs;
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads). uint4 j holds k-steps 2j and 2j + 1: bf16 dims 8 (tq + 4j) .. +7;
      * K16 dims 16 (tq + 4 (j / 2)) + 8 (j % 2) .. +7 */
@@ -1464,7 +1500,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int j = 0; j < 4; j++) {
         const int off = K16 ? 16 * (tq + 4 * (j >> 1)) + 8 * (j & 1) : 8 * (tq + 4 * j);
         const bool ok = K16 ? (j >> 1) < Di / 64 : j < Di / 32;
-        const uint4 v = ok ? *reinterpret_cast<const uint4 *>(&qs[gq][off]) : make_uint4(0, 0, 0, 0);
+        const uint4 v = ok ? *reinterpret_cast<const uint4 *>(&qsrc[gq][off]) : make_uint4(0, 0, 0, 0);
         qb[2 * j][0] = v.x, qb[2 * j][1] = v.y, qb[2 * j + 1][0] = v.z, qb[2 * j + 1][1] = v.w;
     }
     for (int i = 1; i < tpw; i++)
@@ -1489,7 +1525,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     bool h16 = false;
     float inv[2] = {1.0f, 1.0f};
 #if M3_HAVE_FP8_CVT
-    if (K16) h16 = q_f16(qb, tq, inv);
+    if (K16 && qh16) h16 = true, inv[0] = qinv[2 * tq], inv[1] = qinv[2 * tq + 1];
+    else if (K16) h16 = q_f16(qb, tq, inv);
 #endif
     int par = 0;
     if (!sp) rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
@@ -1649,13 +1686,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
     (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16; (void)ws; (void)sp_off;
+    (void)arrive; (void)slots; (void)q16; (void)ws; (void)sp_off; (void)qc;
 #endif
 }
 
 /* TEMP knob (session 12, removed before the end): 0 = the generic idx_km_k */
 extern "C" int m3_gpu_idx_knob;
-int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 4) */
+int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 5) */
 
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
@@ -1666,11 +1703,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     if (m3_gpu_idx_knob < 0) {
         const char *e = getenv("M3_IDX_KNOB");
-        m3_gpu_idx_knob = e ? atoi(e) : 4;
+        m3_gpu_idx_knob = e ? atoi(e) : 5;
     }
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
-    const bool fix = km && (m3_gpu_idx_knob == 1 || m3_gpu_idx_knob == 2 || m3_gpu_idx_knob == 4) && G == 4 && Di == 128 && B == 128 &&
+    const bool fix = km && (m3_gpu_idx_knob == 1 || m3_gpu_idx_knob == 2 || m3_gpu_idx_knob >= 4) && G == 4 && Di == 128 && B == 128 &&
                      (!ik.bt || ik.bs == 128);
     const void *kern = km ? (k8 ? (fix ? (const void *)idx_km_k<true, true>
                                        : (const void *)idx_km_k<true, false>)
@@ -1700,7 +1737,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     /* FIX: the second key block of each scoring block prefetched into shared memory when no
      * scoring block holds more than two */
     int sp_off = -1;
-    if (fix && m3_gpu_idx_knob == 4 && nbk > gx && nbk <= 2 * gx) {
+    if (fix && m3_gpu_idx_knob >= 4 && nbk > gx && nbk <= 2 * gx) {
         sp_off = (int)((dyn + 15) / 16 * 16);
         dyn = (size_t)sp_off + 128 * (k8 ? 128 : 256);
     }
@@ -1721,16 +1758,16 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km && k8 && fix)
         idx_km_k<true, true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off, m3_gpu_idx_knob == 5);
     else if (km && k8)
         idx_km_k<true, false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off, m3_gpu_idx_knob == 5);
     else if (km && fix)
         idx_km_k<false, true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off, m3_gpu_idx_knob == 5);
     else if (km)
         idx_km_k<false, false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off);
+            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off, m3_gpu_idx_knob == 5);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
