@@ -1651,6 +1651,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
         }
     }
+    if (sp) asm volatile("cp.async.wait_group 0;\n" ::: "memory"); /* none left at exit */
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
