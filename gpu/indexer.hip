@@ -963,14 +963,28 @@ static __device__ __forceinline__ int warp_reserve(int *ctr, int c) {
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
-template <bool WR> /* warp_reserve for the candidate lists (idx_km_k; idx_dec_k's bf16 form
-                    * spilled with it), else an atomic per entry */
+template <bool WR, int BF = 0> /* WR: warp_reserve for the candidate lists (idx_km_k; idx_dec_k's
+                                * bf16 form spilled with it), else an atomic per entry; BF: the
+                                * key block size when compiled in (idx_km_k FIX 2), else 0 */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
-    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
+    const int nb = a.pos[t] / (BF ? BF : a.B) + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
+    if (BF && slot && nb <= IST_THREADS) { /* direct, one slot a thread: poll it, rank it */
+        unsigned long long m0 = 0;
+        bool wait = tid < nb;
+        while (__syncthreads_or(wait))
+            if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
+        sm.tmax[tid] = m0;
+        __syncthreads();
+        if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
+        __syncthreads();
+        pick_out(a, t, g, nb, sm);
+        if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
+        return;
+    }
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
         gx = nb;
         bool wait = true;
@@ -1072,70 +1086,6 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
 }
 
-/* TEMP local cp.async (16 bytes global -> shared; zero-filled when !full) */
-static __device__ __forceinline__ void idx_cp16(void *dst, const void *src, bool full) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(full ? 16 : 0));
-}
-
-static __device__ __forceinline__ ulonglong2 ld_relaxed_gpu2(const unsigned long long *p) {
-    ulonglong2 v;
-    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
-                 : "=l"(v.x), "=l"(v.y)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
-/* Row q of idx_km_k's warp slots (nbk <= IST_THREADS): slot[IST_WARPS b + w] holds the rank
- * key of warp w's raw maximum over its keys of key block b (NaN key when one of them is
- * NaN); thread b polls its IST_WARPS slots (two 16-byte loads), takes their maximum and
- * applies what idx_km_k's combining thread applies (forced blocks, NaN policy, scale: > 0,
- * so the scaled maximum is the maximum scaled), ranks the row's key blocks directly, writes
- * the ids, then the row's scores (-inf past its blocks) and zeroes its slots for the next
- * call. No barrier per key block in the scoring blocks and no combining thread between the
- * mma and the picker. */
-static __device__ void ws_pick(const idx_sel &a, int q, int G, unsigned long long *slot,
-                               dec_smem &sm, float scale, bool nan_neg, float *scores) {
-    const int tid = (int)threadIdx.x, t = q / G, g = q % G;
-    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
-    const int clo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
-    unsigned long long *p = slot + IST_WARPS * tid;
-    ulonglong2 w0 = make_ulonglong2(0ull, 0ull), w1 = w0;
-    bool wait = tid < nb;
-    while (__syncthreads_or(wait)) {
-        if (!wait) continue;
-        if (!(w0.x && w0.y)) w0 = ld_relaxed_gpu2(p);
-        if (!(w1.x && w1.y)) w1 = ld_relaxed_gpu2(p + 2);
-        wait = !(w0.x && w0.y && w1.x && w1.y);
-    }
-    unsigned long long u = 0;
-    float z = -INFINITY;
-    if (tid < nb) {
-        u = w0.x > w0.y ? w0.x : w0.y;
-        u = w1.x > u ? w1.x : u;
-        u = w1.y > u ? w1.y : u;
-        const float v = rank_val(u);
-        if (tid >= clo) z = a.local_boost; /* forced, as ref: init, then local wins */
-        else if (a.use_init && tid < a.init_blocks) z = a.init_boost;
-        else if (isnan(v)) z = nan_neg ? -1e30f : NAN;
-        else z = scale != 1.0f ? v * scale : v;
-        u = rank_key(z, tid);
-    }
-    sm.tmax[tid] = u;
-    __syncthreads();
-    if (tid < nb) pick_rank(sm, sm.tmax, nb, u, need);
-    __syncthreads();
-    pick_out(a, t, g, nb, sm);
-    float *S = scores + ((int64_t)g * a.n_tok + t) * a.nbk;
-    for (int b = tid; b < a.nbk; b += IST_THREADS) S[b] = b < nb ? z : -INFINITY;
-    if (tid < nb) {
-        const ulonglong2 zz = make_ulonglong2(0ull, 0ull);
-        reinterpret_cast<ulonglong2 *>(p)[0] = zz;
-        reinterpret_cast<ulonglong2 *>(p)[1] = zz;
-    }
-}
 #endif
 
 template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
@@ -1361,17 +1311,18 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
  * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
  * block, measured slower: 1M keys 87.6 against 74.1 us, session 9). */
-template <bool K16, bool FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
-                               * FIX: M3's geometry compiled in (G 4, Di 128, B 128, no
-                               * table or bs 128) */
+template <bool K16, int FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
+                              * FIX 1: M3's geometry compiled in (G 4, Di 128, B 128, no
+                              * table or bs 128); 2: also T = 1 */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
-             const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G_, int Di_,
+             const int32_t *M3_RESTRICT pos, int n_tok_, int nbk, int n_ctx, int G_, int Di_,
              int B_, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, bool q16, bool ws, int sp_off, bool qc) {
+             unsigned long long *M3_RESTRICT slots, bool q16, bool qc) {
 #if M3_HAVE_MMA
     const int G = FIX ? 4 : G_, Di = FIX ? 128 : Di_, B = FIX ? 128 : B_;
+    const int n_tok = FIX == 2 ? 1 : n_tok_;
     /* key_base / key_row_in; FIX: a key block is one physical block (bs == B == 128) */
     auto kbase = [&](int b) { return FIX ? (ik.bt ? ik.bt[b] * 128 : b * 128) : key_base(ik, b, B); };
     /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
@@ -1429,26 +1380,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             qv = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
-    /* FIX, sp_off >= 0: the second key block of this scoring block (x0 + grid) copied into
-     * shared memory at entry (cp.async: no registers), so its round of L2 loads overlaps the
-     * first block's; rows of 16-byte pieces, odd keys' pieces XOR 4 (the fragment reads of a
-     * quarter warp, keys g and g + 1, fall in distinct banks) */
-    constexpr int SRB = K16 ? 128 : 256; /* FIX: bytes of a key row */
-    unsigned char *kpre = idx_dyn + (sp_off > 0 ? sp_off : 0);
-    const bool sp = FIX && sp_off >= 0 && x0 + grid < nbk; /* block-uniform */
-    int rn = sp ? kbase(x0 + grid) : 0;
     if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
-    if (sp) {
-        const int k1 = (x0 + grid) * 128;
-        for (int e = tid; e < 128 * (SRB / 16); e += NT) {
-            const int key = e / (SRB / 16), pc = e % (SRB / 16);
-            const bool ok = k1 + key < n_ctx;
-            const unsigned char *src =
-                (const unsigned char *)ik.k + (ok ? (size_t)(rn + key) * SRB + 16 * pc : 0);
-            idx_cp16(kpre + key * SRB + 16 * (pc ^ (4 * (key & 1))), src, ok);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
     /* K16, FIX, qc: q_f16's fp16 route decided and converted here, one piece a thread, while
      * the keys are in flight: a row's 16 pieces are 16 consecutive threads (shuffles for its
@@ -1506,7 +1438,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
-    for (int i = x0 * NT + tid; !ws && i < (nbk - n_lim) * RPG; i += grid * NT) {
+    for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
     }
@@ -1529,22 +1461,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     else if (K16) h16 = q_f16(qb, tq, inv);
 #endif
     int par = 0;
-    if (!sp) rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
+    int rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
-        if (sp && b == x0 + grid) { /* block-uniform: the prefetched key block's fragments */
-            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-            __syncthreads();
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int key = 16 * (warp + NW * i) + gq + 8 * h;
-                    const uint4 *kr = reinterpret_cast<const uint4 *>(kpre + key * SRB);
-#pragma unroll
-                    for (int j = 0; j < NU; j++) kb[i][h][j] = kr[(tq + 4 * j) ^ (4 * (key & 1))];
-                }
-        }
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             const int m = warp + NW * i, k0 = b * B + 16 * m;
@@ -1605,8 +1524,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
-        if (b + grid < n_lim && !(sp && b == x0)) load(b + grid, rn); /* in flight during the
-                                                                        * reduction below */
+        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
         if (b + 2 * grid < n_lim) rn = kbase(b + 2 * grid); /* the next one's row */
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
@@ -1616,19 +1534,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             m = fmaxf(m, M3_SHFL_XOR(m, 16));
             if (K16 && h16) m *= inv[r]; /* the fp16 route's 2^s off (exact) */
             const unsigned int bb = __ballot_sync(0xFFFFFFFFu, bad[r] != 0.0f);
-            if (ws) { /* warp-uniform: this warp's raw maximum (or NaN) to the picker */
-                const int qr = (int)blockIdx.y * RPG + 2 * tq + r;
-                if (gq == 0 && rp[r] >= 0 && b <= rp[r] / B) /* rp -1: no row */
-                    st_relaxed_gpu(slots + (size_t)qr * IDX_SLOT_W + NW * b + warp,
-                                   rank_key((bb & (0x11111111u << tq)) ? NAN : m, b));
-                continue;
-            }
             if (gq == 0) {
                 red_m[par][warp][2 * tq + r] = m;
                 red_n[par][warp][2 * tq + r] = (bb & (0x11111111u << tq)) ? 1.0f : 0.0f;
             }
         }
-        if (ws) continue; /* block-uniform */
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
         if (tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
@@ -1651,19 +1561,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
         }
     }
-    if (sp) asm volatile("cp.async.wait_group 0;\n" ::: "memory"); /* none left at exit */
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
-    if (ws) {
-        if (row >= 0) /* block-uniform */
-            ws_pick(sel, row, G, slots + (size_t)row * IDX_SLOT_W, sm, scale, nan_neg, scores);
-        return;
-    }
     if (slots) {
         if (row >= 0) /* block-uniform */
-            dec_pick<true>(sel, row, G, grid, NULL, sm,
+            dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, NULL, sm,
                            reinterpret_cast<unsigned long long *>(idx_dyn),
                            slots + (size_t)row * IDX_SLOT_W);
         return;
@@ -1682,18 +1586,18 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick<true>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
+    dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
                    NULL);
 #else
-    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
+    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok_; (void)nbk; (void)n_ctx;
     (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16; (void)ws; (void)sp_off; (void)qc;
+    (void)arrive; (void)slots; (void)q16; (void)qc;
 #endif
 }
 
 /* TEMP knob (session 12, removed before the end): 0 = the generic idx_km_k */
 extern "C" int m3_gpu_idx_knob;
-int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 5) */
+int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 7) */
 
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
@@ -1704,16 +1608,20 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     if (m3_gpu_idx_knob < 0) {
         const char *e = getenv("M3_IDX_KNOB");
-        m3_gpu_idx_knob = e ? atoi(e) : 5;
+        m3_gpu_idx_knob = e ? atoi(e) : 7;
     }
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
-    const bool fix = km && (m3_gpu_idx_knob == 1 || m3_gpu_idx_knob == 2 || m3_gpu_idx_knob >= 4) && G == 4 && Di == 128 && B == 128 &&
+    const bool fix = km && m3_gpu_idx_knob != 0 && G == 4 && Di == 128 && B == 128 &&
                      (!ik.bt || ik.bs == 128);
-    const void *kern = km ? (k8 ? (fix ? (const void *)idx_km_k<true, true>
-                                       : (const void *)idx_km_k<true, false>)
-                                : (fix ? (const void *)idx_km_k<false, true>
-                                       : (const void *)idx_km_k<false, false>))
+    typedef void (*km_fn)(float *, const m3_bf16 *, int, idx_keys, const int32_t *, int, int,
+                          int, int, int, int, float, bool, idx_sel, unsigned long long *,
+                          unsigned int *, unsigned int, unsigned long long *, bool, bool);
+    static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
+                                       {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
+    const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 && m3_gpu_idx_knob >= 6 ? 2 : 1) : 0];
+    const bool qc = m3_gpu_idx_knob == 5 || m3_gpu_idx_knob == 7;
+    const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
@@ -1721,8 +1629,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
-    /* warp slots (ws_pick): one key block per picking thread, IST_WARPS slots per key block */
-    const bool ws = direct && m3_gpu_idx_knob >= 2 && nbk <= IST_THREADS;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
@@ -1735,18 +1641,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
         dyn = ((size_t)(sa.K + 1) * ((nbk + IST_THREADS - 1) / IST_THREADS) + 2) * sizeof *cmax;
     if (dyn > 96 * 1024) fuse = false; /* K = 16, 132 SMs, T = 1: past ~127K key blocks */
     if (!fuse) dyn = 0;
-    /* FIX: the second key block of each scoring block prefetched into shared memory when no
-     * scoring block holds more than two */
-    int sp_off = -1;
-    if (fix && m3_gpu_idx_knob >= 4 && nbk > gx && nbk <= 2 * gx) {
-        sp_off = (int)((dyn + 15) / 16 * 16);
-        dyn = (size_t)sp_off + 128 * (k8 ? 128 : 256);
-    }
-    if (direct)
-        slots = reinterpret_cast<unsigned long long *>(g->counters + M3_GPU_CNT_IDXS);
-    else if (fuse)
-        M3_TRY(m3_gpu_alloc(g, (void **)&cmax, (size_t)n_group * 16 * gx * sizeof *cmax));
-    if (dyn > 48 * 1024)
+    if (fuse && dyn > 48 * 1024)
         M3_HIP_TRY(hipFuncSetAttribute(kern, hipFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     /* calls with the arrival counter so far, per context: the parity picks the counter, and
      * each such call zeroes the other one for the next (stream order; direct calls use none) */
@@ -1757,18 +1652,9 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const float sc = p->index_scale;
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
-    if (km && k8 && fix)
-        idx_km_k<true, true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off, m3_gpu_idx_knob == 5);
-    else if (km && k8)
-        idx_km_k<true, false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off, m3_gpu_idx_knob == 5);
-    else if (km && fix)
-        idx_km_k<false, true><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off, m3_gpu_idx_knob == 5);
-    else if (km)
-        idx_km_k<false, false><<<grid, IST_THREADS, dyn, g->stream>>>(
-            S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots, q16, ws, sp_off, m3_gpu_idx_knob == 5);
+    if (km)
+        kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B,
+                                                   sc, nn, sa, cmax, arrive, ep, slots, q16, qc);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
