@@ -1319,7 +1319,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
              const int32_t *M3_RESTRICT pos, int n_tok_, int nbk, int n_ctx, int G_, int Di_,
              int B_, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, bool q16, bool qc) {
+             unsigned long long *M3_RESTRICT slots, bool q16, bool qc, int npk) {
 #if M3_HAVE_MMA
     const int G = FIX ? 4 : G_, Di = FIX ? 128 : Di_, B = FIX ? 128 : B_;
     const int n_tok = FIX == 2 ? 1 : n_tok_;
@@ -1336,7 +1336,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     __shared__ __align__(16) m3_bf16 qh[RPG][ISM_MAX_DI + 8]; /* qc: the rows as fp16 x 2^s */
     __shared__ float qinv[RPG];                                /* qc: 2^-s of each row */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
-    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
+    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw;
+    /* npk (FIX 2, direct): the last npk blocks only pick (row = their index past the scoring
+     * blocks), polling from their entry; the others only score */
+    const int grid = (int)gridDim.x - (FIX == 2 ? npk : 0);
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
     uint4 kb[MT][2][NU];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
@@ -1359,6 +1362,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
+    if (FIX == 2 && npk && x0 >= grid) { /* block-uniform: a picking block */
+        dec_pick<true, 128>(sel, x0 - grid, G, grid, NULL, sm,
+                            reinterpret_cast<unsigned long long *>(idx_dyn),
+                            slots + (size_t)(x0 - grid) * IDX_SLOT_W);
+        return;
+    }
     /* The positions, the group's Q rows and the first key block, in that order, before any
      * of them is waited for. Q: one 16-byte piece a thread (RPG * Di / 8 <= IST_THREADS),
      * every piece a distinct address, into shared memory; each lane then reads its fragments
@@ -1566,7 +1575,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
-        if (row >= 0) /* block-uniform */
+        if (row >= 0 && !(FIX == 2 && npk)) /* block-uniform */
             dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, NULL, sm,
                            reinterpret_cast<unsigned long long *>(idx_dyn),
                            slots + (size_t)row * IDX_SLOT_W);
@@ -1591,13 +1600,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok_; (void)nbk; (void)n_ctx;
     (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16; (void)qc;
+    (void)arrive; (void)slots; (void)q16; (void)qc; (void)npk;
 #endif
 }
 
 /* TEMP knob (session 12, removed before the end): 0 = the generic idx_km_k */
 extern "C" int m3_gpu_idx_knob;
-int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 7) */
+int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 8) */
 
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
@@ -1608,7 +1617,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     if (m3_gpu_idx_knob < 0) {
         const char *e = getenv("M3_IDX_KNOB");
-        m3_gpu_idx_knob = e ? atoi(e) : 7;
+        m3_gpu_idx_knob = e ? atoi(e) : 8;
     }
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
@@ -1616,11 +1625,11 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                      (!ik.bt || ik.bs == 128);
     typedef void (*km_fn)(float *, const m3_bf16 *, int, idx_keys, const int32_t *, int, int,
                           int, int, int, int, float, bool, idx_sel, unsigned long long *,
-                          unsigned int *, unsigned int, unsigned long long *, bool, bool);
+                          unsigned int *, unsigned int, unsigned long long *, bool, bool, int);
     static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
                                        {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
     const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 && m3_gpu_idx_knob >= 6 ? 2 : 1) : 0];
-    const bool qc = m3_gpu_idx_knob == 5 || m3_gpu_idx_knob == 7;
+    const bool qc = m3_gpu_idx_knob == 5 || m3_gpu_idx_knob >= 7;
     const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
@@ -1629,6 +1638,9 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
+    /* FIX 2, direct: R blocks that only pick, beside at most 4 per SM minus R scoring ones */
+    const int npk = fix && n_tok == 1 && direct && m3_gpu_idx_knob == 8 ? R : 0;
+    if (npk) gx = min(4 * g->n_sm - R, nbk) + R;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
@@ -1654,7 +1666,8 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km)
         kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B,
-                                                   sc, nn, sa, cmax, arrive, ep, slots, q16, qc);
+                                                   sc, nn, sa, cmax, arrive, ep, slots, q16, qc,
+                                                   npk);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
