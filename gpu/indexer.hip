@@ -1310,7 +1310,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
  * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
- * block, measured slower: 1M keys 87.6 against 74.1 us, session 9). */
+ * block, measured slower: 1M keys 87.6 against 74.1 us, session 9).
+ * FIX (session 12): M3's geometry compiled in (G 4, Di 128, B 128, key blocks = physical
+ * blocks), and at FIX 2 also T = 1 with a one-slot-a-thread direct pick: the launches that run
+ * once per call were bound by their instruction count (8K keys 7.5 -> 7.0 us, fp8 128K paged
+ * 12.7 -> 10.9 us, docs/gpu.md "Session 12"); at K16 the fp16 route's Q rows are converted
+ * one piece a thread in the prologue, while the keys are in flight. */
 template <bool K16, int FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
                               * FIX 1: M3's geometry compiled in (G 4, Di 128, B 128, no
                               * table or bs 128); 2: also T = 1 */
@@ -1319,12 +1324,14 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
              const int32_t *M3_RESTRICT pos, int n_tok_, int nbk, int n_ctx, int G_, int Di_,
              int B_, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, bool q16, bool qc, int npk) {
+             unsigned long long *M3_RESTRICT slots, bool q16) {
 #if M3_HAVE_MMA
     const int G = FIX ? 4 : G_, Di = FIX ? 128 : Di_, B = FIX ? 128 : B_;
     const int n_tok = FIX == 2 ? 1 : n_tok_;
     /* key_base / key_row_in; FIX: a key block is one physical block (bs == B == 128) */
-    auto kbase = [&](int b) { return FIX ? (ik.bt ? ik.bt[b] * 128 : b * 128) : key_base(ik, b, B); };
+    auto kbase = [&](int b) {
+        return FIX ? (ik.bt ? ik.bt[b] * 128 : b * 128) : key_base(ik, b, B);
+    };
     /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
     constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
@@ -1333,13 +1340,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     __shared__ __align__(16) m3_bf16 qs[RPG][ISM_MAX_DI + 8]; /* the group's Q rows (+16 B a row:
                                                                  * the fragment reads below
                                                                  * conflict-free) */
-    __shared__ __align__(16) m3_bf16 qh[RPG][ISM_MAX_DI + 8]; /* qc: the rows as fp16 x 2^s */
-    __shared__ float qinv[RPG];                                /* qc: 2^-s of each row */
+    __shared__ __align__(16) m3_bf16 qh[RPG][ISM_MAX_DI + 8]; /* K16, FIX: the rows, fp16 x 2^s */
+    __shared__ float qinv[RPG];                                /* K16, FIX: 2^-s of each row */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
-    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw;
-    /* npk (FIX 2, direct): the last npk blocks only pick (row = their index past the scoring
-     * blocks), polling from their entry; the others only score */
-    const int grid = (int)gridDim.x - (FIX == 2 ? npk : 0);
+    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
     uint4 kb[MT][2][NU];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
@@ -1351,8 +1355,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             for (int h = 0; h < 2; h++) {
                 const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
                 const bool ok = 16 * m < B && key < n_ctx;
-                const size_t row =
-                    !ok ? 0 : FIX ? (size_t)(r0 + (key - b * B)) : (size_t)key_row_in(ik, r0, b, B, key);
+                const size_t row = !ok  ? 0
+                                   : FIX ? (size_t)(r0 + (key - b * B))
+                                         : (size_t)key_row_in(ik, r0, b, B, key);
                 const uint4 *kr =
                     K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
                         : reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
@@ -1362,12 +1367,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
-    if (FIX == 2 && npk && x0 >= grid) { /* block-uniform: a picking block */
-        dec_pick<true, 128>(sel, x0 - grid, G, grid, NULL, sm,
-                            reinterpret_cast<unsigned long long *>(idx_dyn),
-                            slots + (size_t)(x0 - grid) * IDX_SLOT_W);
-        return;
-    }
     /* The positions, the group's Q rows and the first key block, in that order, before any
      * of them is waited for. Q: one 16-byte piece a thread (RPG * Di / 8 <= IST_THREADS),
      * every piece a distinct address, into shared memory; each lane then reads its fragments
@@ -1391,12 +1390,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
-    /* K16, FIX, qc: q_f16's fp16 route decided and converted here, one piece a thread, while
-     * the keys are in flight: a row's 16 pieces are 16 consecutive threads (shuffles for its
-     * largest |q|); the block votes at the barrier below */
+    /* K16, FIX: q_f16's fp16 route decided and converted here, one piece a thread, while the
+     * keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
+     * pieces are 16 consecutive threads (shuffles for its largest |q|); the block votes at the
+     * barrier below */
     bool qok = true;
 #if M3_HAVE_FP8_CVT
-    if (K16 && FIX && qc) {
+    if (K16 && FIX) {
         const uint32_t w[4] = {qv.x, qv.y, qv.z, qv.w};
         float amax = 0.0f;
 #pragma unroll
@@ -1431,7 +1431,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
          * them after the fence; a picker adds to n_ties only after it has read them) */
         if (slots) fence_acq_rel_gpu();
     }
-    const bool qh16 = __syncthreads_and(qok) && K16 && FIX && qc && M3_HAVE_FP8_CVT; /* qc: fp16 */
+    const bool qh16 = __syncthreads_and(qok) && K16 && FIX && M3_HAVE_FP8_CVT; /* the fp16 route */
     const m3_bf16(*qsrc)[ISM_MAX_DI + 8] = qh16 ? qh : qs;
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads). uint4 j holds k-steps 2j and 2j + 1: bf16 dims 8 (tq + 4j) .. +7;
@@ -1441,7 +1441,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int j = 0; j < 4; j++) {
         const int off = K16 ? 16 * (tq + 4 * (j >> 1)) + 8 * (j & 1) : 8 * (tq + 4 * j);
         const bool ok = K16 ? (j >> 1) < Di / 64 : j < Di / 32;
-        const uint4 v = ok ? *reinterpret_cast<const uint4 *>(&qsrc[gq][off]) : make_uint4(0, 0, 0, 0);
+        const uint4 v =
+            ok ? *reinterpret_cast<const uint4 *>(&qsrc[gq][off]) : make_uint4(0, 0, 0, 0);
         qb[2 * j][0] = v.x, qb[2 * j][1] = v.y, qb[2 * j + 1][0] = v.z, qb[2 * j + 1][1] = v.w;
     }
     for (int i = 1; i < tpw; i++)
@@ -1575,10 +1576,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
-        if (row >= 0 && !(FIX == 2 && npk)) /* block-uniform */
+        if (row >= 0) /* block-uniform */
             dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, NULL, sm,
-                           reinterpret_cast<unsigned long long *>(idx_dyn),
-                           slots + (size_t)row * IDX_SLOT_W);
+                                               reinterpret_cast<unsigned long long *>(idx_dyn),
+                                               slots + (size_t)row * IDX_SLOT_W);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1595,18 +1596,14 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                   NULL);
+    dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, cmax, sm,
+                                       reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok_; (void)nbk; (void)n_ctx;
     (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16; (void)qc; (void)npk;
+    (void)arrive; (void)slots; (void)q16; 
 #endif
 }
-
-/* TEMP knob (session 12, removed before the end): 0 = the generic idx_km_k */
-extern "C" int m3_gpu_idx_knob;
-int m3_gpu_idx_knob = -1; /* read from M3_IDX_KNOB at the first launch (default 8) */
 
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
@@ -1615,21 +1612,17 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                             const int32_t *pos, int n_tok, int nbk, int n_ctx, int G, int Di, int B,
                             const m3_profile *p, const idx_sel &sa, bool &fuse) {
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
-    if (m3_gpu_idx_knob < 0) {
-        const char *e = getenv("M3_IDX_KNOB");
-        m3_gpu_idx_knob = e ? atoi(e) : 8;
-    }
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
-    const bool fix = km && m3_gpu_idx_knob != 0 && G == 4 && Di == 128 && B == 128 &&
-                     (!ik.bt || ik.bs == 128);
+    /* M3's geometry (and T = 1): idx_km_k with it compiled in (session 12: 8K keys 7.5 -> 7.0
+     * us; fewer instructions on a path that runs once per launch) */
+    const bool fix = km && G == 4 && Di == 128 && B == 128 && (!ik.bt || ik.bs == 128);
     typedef void (*km_fn)(float *, const m3_bf16 *, int, idx_keys, const int32_t *, int, int,
                           int, int, int, int, float, bool, idx_sel, unsigned long long *,
-                          unsigned int *, unsigned int, unsigned long long *, bool, bool, int);
+                          unsigned int *, unsigned int, unsigned long long *, bool);
     static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
                                        {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
-    const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 && m3_gpu_idx_knob >= 6 ? 2 : 1) : 0];
-    const bool qc = m3_gpu_idx_knob == 5 || m3_gpu_idx_knob >= 7;
+    const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
     const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
@@ -1638,9 +1631,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
-    /* FIX 2, direct: R blocks that only pick, beside at most 4 per SM minus R scoring ones */
-    const int npk = fix && n_tok == 1 && direct && m3_gpu_idx_knob == 8 ? R : 0;
-    if (npk) gx = min(4 * g->n_sm - R, nbk) + R;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
      * block (cpt: block maxima per dec_pick thread; see dec_pick); direct: (K+1) * ceil(nbk /
@@ -1669,9 +1659,8 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km)
-        kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B,
-                                                   sc, nn, sa, cmax, arrive, ep, slots, q16, qc,
-                                                   npk);
+        kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di,
+                                                   B, sc, nn, sa, cmax, arrive, ep, slots, q16);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);

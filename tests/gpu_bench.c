@@ -662,25 +662,6 @@ static m3_status do_idx(m3_gpu *g, void *c) {
                                     x->T, x->C, &x->ip, &x->p);
 }
 
-/* TEMP (session 12, helper idx; removed before the end): M3_BENCH_IDX_KNOBS="0,1,.." times
- * each indexer row once per value of gpu/indexer.hip's variant knob, in one process */
-extern int m3_gpu_idx_knob;
-static void idx_row(m3_gpu *g, idx_ctx *c, const char *nm, double bytes, double flops) {
-    const char *kn = getenv("M3_BENCH_IDX_KNOBS");
-    if (!kn) {
-        report(nm, time_ms(g, do_idx, c, 3, 5), bytes, flops);
-        return;
-    }
-    for (const char *k = kn; *k; k++) {
-        if (*k < '0' || *k > '9') continue;
-        m3_gpu_idx_knob = *k - '0';
-        char n2[120];
-        snprintf(n2, sizeof n2, "%s k=%d", nm, m3_gpu_idx_knob);
-        report(n2, time_ms(g, do_idx, c, 3, 5), bytes, flops);
-    }
-    m3_gpu_idx_knob = 8;
-}
-
 static void bench_indexer(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
@@ -724,12 +705,13 @@ static void bench_indexer(void **state) {
             const bool dec = sc == M3_GPU_IDX_DECODE;
             if (pi > 0 && dec != (c.T == 1)) continue; /* decode variants at T = 1 only */
             c.path = paths[pi].path;
+            double ms = time_ms(g, do_idx, &c, 3, 5);
             char nm[96];
             snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d%s%s%s", c.T, c.C,
                      paths[pi].name ? " [" : "", paths[pi].name ? paths[pi].name : "",
                      paths[pi].name ? "]" : "");
             /* fewest bytes: the index keys once (prefill: once per kernel, not per token) */
-            idx_row(g, &c, nm, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
+            report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
         }
         /* the paged index cache (ATOM's layout, M3 geometry: Bs = 128 = the scoring block):
          * the same key rows read through a shuffled block table over them */
@@ -749,14 +731,16 @@ static void bench_indexer(void **state) {
             k.k = c.ik, k.elem = M3_KV_BF16, k.bt = dbt, k.block = 128;
             c.keys = &k;
             c.path = M3_GPU_IDX_AUTO;
+            double ms;
             char nm[96];
             for (int sel = 0; sel < 2 && (!f_kind || strstr(f_kind, "bf16")); sel++) {
                 if (sel && (c.T != 1 || !ev || atoi(ev) != 1)) break; /* T=1: scoring alone */
                 c.path = sel ? M3_GPU_IDX_DECODE | M3_GPU_IDX_NOSEL : M3_GPU_IDX_AUTO;
+                ms = time_ms(g, do_idx, &c, 3, 5);
                 snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged%s", c.T, c.C,
                          sel ? " [decode,nosel]" : "");
-                idx_row(g, &c, nm, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
-                        keys * 4 * 128 * 2);
+                report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
+                       keys * 4 * 128 * 2);
             }
             /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
              * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
@@ -777,10 +761,11 @@ static void bench_indexer(void **state) {
                 for (int sel = 0; sel < 2; sel++) {
                     if (sel && (!ev || atoi(ev) != 1)) break;
                     c.path = sel ? M3_GPU_IDX_DECODE | M3_GPU_IDX_NOSEL : M3_GPU_IDX_AUTO;
+                    ms = time_ms(g, do_idx, &c, 3, 5);
                     snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged%s", c.T, c.C,
                              sel ? " [decode,nosel]" : "");
-                    idx_row(g, &c, nm, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
-                            keys * 4 * 128 * 2);
+                    report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
+                           keys * 4 * 128 * 2);
                 }
                 c.path = M3_GPU_IDX_AUTO;
             }
