@@ -963,14 +963,28 @@ static __device__ __forceinline__ int warp_reserve(int *ctr, int c) {
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
-template <bool WR> /* warp_reserve for the candidate lists (idx_km_k; idx_dec_k's bf16 form
-                    * spilled with it), else an atomic per entry */
+template <bool WR, int BF = 0> /* WR: warp_reserve for the candidate lists (idx_km_k; idx_dec_k's
+                                * bf16 form spilled with it), else an atomic per entry; BF: the
+                                * key block size when compiled in (idx_km_k FIX 2), else 0 */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
-    const int nb = a.pos[t] / a.B + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
+    const int nb = a.pos[t] / (BF ? BF : a.B) + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
+    if (BF && slot && nb <= IST_THREADS) { /* direct, one slot a thread: poll it, rank it */
+        unsigned long long m0 = 0;
+        bool wait = tid < nb;
+        while (__syncthreads_or(wait))
+            if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
+        sm.tmax[tid] = m0;
+        __syncthreads();
+        if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
+        __syncthreads();
+        pick_out(a, t, g, nb, sm);
+        if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
+        return;
+    }
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
         gx = nb;
         bool wait = true;
@@ -1071,6 +1085,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     for (int i = 0; i < IDX_PICK_CPT && slot; i++) /* direct: zero again for the next call */
         if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
 }
+
 #endif
 
 template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
@@ -1295,15 +1310,28 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
  * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
- * block, measured slower: 1M keys 87.6 against 74.1 us, session 9). */
-template <bool K16> /* bf16 keys, or (K16) e4m3fn keys, 16 codes a load (Di % 64 == 0) */
+ * block, measured slower: 1M keys 87.6 against 74.1 us, session 9).
+ * FIX (session 12): M3's geometry compiled in (G 4, Di 128, B 128, key blocks = physical
+ * blocks), and at FIX 2 also T = 1 with a one-slot-a-thread direct pick: the launches that run
+ * once per call were bound by their instruction count (8K keys 7.5 -> 7.0 us, fp8 128K paged
+ * 12.7 -> 10.9 us, docs/gpu.md "Session 12"); at K16 the fp16 route's Q rows are converted
+ * one piece a thread in the prologue, while the keys are in flight. */
+template <bool K16, int FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
+                              * FIX 1: M3's geometry compiled in (G 4, Di 128, B 128, no
+                              * table or bs 128); 2: also T = 1 */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
-             const int32_t *M3_RESTRICT pos, int n_tok, int nbk, int n_ctx, int G, int Di,
-             int B, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
+             const int32_t *M3_RESTRICT pos, int n_tok_, int nbk, int n_ctx, int G_, int Di_,
+             int B_, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
              unsigned long long *M3_RESTRICT slots, bool q16) {
 #if M3_HAVE_MMA
+    const int G = FIX ? 4 : G_, Di = FIX ? 128 : Di_, B = FIX ? 128 : B_;
+    const int n_tok = FIX == 2 ? 1 : n_tok_;
+    /* key_base / key_row_in; FIX: a key block is one physical block (bs == B == 128) */
+    auto kbase = [&](int b) {
+        return FIX ? (ik.bt ? ik.bt[b] * 128 : b * 128) : key_base(ik, b, B);
+    };
     /* 8 query rows (n8), m-tiles per warp, 16-byte pieces per key and lane (Di <= 128) */
     constexpr int RPG = 8, MT = 2, NU = K16 ? 2 : 4, NW = IST_WARPS, NT = IST_THREADS;
     extern __shared__ __align__(16) unsigned char idx_dyn[];
@@ -1312,6 +1340,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     __shared__ __align__(16) m3_bf16 qs[RPG][ISM_MAX_DI + 8]; /* the group's Q rows (+16 B a row:
                                                                  * the fragment reads below
                                                                  * conflict-free) */
+    __shared__ __align__(16) m3_bf16 qh[RPG][ISM_MAX_DI + 8]; /* K16, FIX: the rows, fp16 x 2^s */
+    __shared__ float qinv[RPG];                                /* K16, FIX: 2^-s of each row */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
@@ -1325,7 +1355,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             for (int h = 0; h < 2; h++) {
                 const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
                 const bool ok = 16 * m < B && key < n_ctx;
-                const size_t row = ok ? (size_t)key_row_in(ik, r0, b, B, key) : 0;
+                const size_t row = !ok  ? 0
+                                   : FIX ? (size_t)(r0 + (key - b * B))
+                                         : (size_t)key_row_in(ik, r0, b, B, key);
                 const uint4 *kr =
                     K16 ? reinterpret_cast<const uint4 *>((const uint8_t *)ik.k + row * Di) + tq
                         : reinterpret_cast<const uint4 *>((const m3_bf16 *)ik.k + row * Di) + tq;
@@ -1356,9 +1388,51 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             qv = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
-    if (x0 < nbk) load(x0, key_base(ik, x0, B)); /* as idx_dec_k */
+    if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
-    __syncthreads();
+    /* K16, FIX: q_f16's fp16 route decided and converted here, one piece a thread, while the
+     * keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
+     * pieces are 16 consecutive threads (shuffles for its largest |q|); the block votes at the
+     * barrier below */
+    bool qok = true;
+#if M3_HAVE_FP8_CVT
+    if (K16 && FIX) {
+        const uint32_t w[4] = {qv.x, qv.y, qv.z, qv.w};
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float x = __uint_as_float(w[i] << 16), y = __uint_as_float(w[i] & 0xFFFF0000u);
+            qok = qok && isfinite(x) && isfinite(y);
+            amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
+        }
+#pragma unroll
+        for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, M3_SHFL_XOR(amax, o));
+        const int sh = amax > 0.0f ? 14 - ((int)((__float_as_uint(amax) >> 23) & 0xFF) - 127) : 0;
+        qok = qok && sh > -100 && sh < 100; /* 2^sh and 2^-sh normal floats */
+        const float up = qok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
+        uint32_t hv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float x = __uint_as_float(w[i] << 16) * up;
+            const float y = __uint_as_float(w[i] & 0xFFFF0000u) * up;
+            const __half2 v = __floats2half2_rn(x, y);
+            const float2 back = __half22float2(v);
+            qok = qok && back.x == x && back.y == y;
+            hv[i] = *reinterpret_cast<const uint32_t *>(&v);
+        }
+        *reinterpret_cast<uint4 *>(&qh[q_row][8 * q_ch]) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        if (q_ch == 0) qinv[q_row] = __uint_as_float((uint32_t)(127 - sh) << 23);
+    }
+#endif
+    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+        if (sel.n_ties) *sel.n_ties = 0;
+        if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
+        /* direct: the zero is visible before this block's slots (the barrier below orders
+         * them after the fence; a picker adds to n_ties only after it has read them) */
+        if (slots) fence_acq_rel_gpu();
+    }
+    const bool qh16 = __syncthreads_and(qok) && K16 && FIX && M3_HAVE_FP8_CVT; /* the fp16 route */
+    const m3_bf16(*qsrc)[ISM_MAX_DI + 8] = qh16 ? qh : qs;
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads). uint4 j holds k-steps 2j and 2j + 1: bf16 dims 8 (tq + 4j) .. +7;
      * K16 dims 16 (tq + 4 (j / 2)) + 8 (j % 2) .. +7 */
@@ -1367,15 +1441,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int j = 0; j < 4; j++) {
         const int off = K16 ? 16 * (tq + 4 * (j >> 1)) + 8 * (j & 1) : 8 * (tq + 4 * j);
         const bool ok = K16 ? (j >> 1) < Di / 64 : j < Di / 32;
-        const uint4 v = ok ? *reinterpret_cast<const uint4 *>(&qs[gq][off]) : make_uint4(0, 0, 0, 0);
+        const uint4 v =
+            ok ? *reinterpret_cast<const uint4 *>(&qsrc[gq][off]) : make_uint4(0, 0, 0, 0);
         qb[2 * j][0] = v.x, qb[2 * j][1] = v.y, qb[2 * j + 1][0] = v.z, qb[2 * j + 1][1] = v.w;
-    }
-    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
-        if (sel.n_ties) *sel.n_ties = 0;
-        if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
-        /* direct: the zero is visible before this block's slots (a key block's barrier follows;
-         * a picker adds to n_ties only after it has read them) */
-        if (slots) fence_acq_rel_gpu();
     }
     for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
@@ -1399,10 +1467,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     bool h16 = false;
     float inv[2] = {1.0f, 1.0f};
 #if M3_HAVE_FP8_CVT
-    if (K16) h16 = q_f16(qb, tq, inv);
+    if (K16 && qh16) h16 = true, inv[0] = qinv[2 * tq], inv[1] = qinv[2 * tq + 1];
+    else if (K16) h16 = q_f16(qb, tq, inv);
 #endif
     int par = 0;
-    int rn = x0 + grid < n_lim ? key_base(ik, x0 + grid, B) : 0;
+    int rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
     for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -1466,7 +1535,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
         }
         if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
-        if (b + 2 * grid < n_lim) rn = key_base(ik, b + 2 * grid, B); /* the next one's row */
+        if (b + 2 * grid < n_lim) rn = kbase(b + 2 * grid); /* the next one's row */
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
             float m = mx[r];
@@ -1508,9 +1577,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
         if (row >= 0) /* block-uniform */
-            dec_pick<true>(sel, row, G, grid, NULL, sm,
-                           reinterpret_cast<unsigned long long *>(idx_dyn),
-                           slots + (size_t)row * IDX_SLOT_W);
+            dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, NULL, sm,
+                                               reinterpret_cast<unsigned long long *>(idx_dyn),
+                                               slots + (size_t)row * IDX_SLOT_W);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1527,12 +1596,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (row < 0) return; /* block-uniform */
     __syncthreads();
-    dec_pick<true>(sel, row, G, grid, cmax, sm, reinterpret_cast<unsigned long long *>(idx_dyn),
-                   NULL);
+    dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, cmax, sm,
+                                       reinterpret_cast<unsigned long long *>(idx_dyn), NULL);
 #else
-    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok; (void)nbk; (void)n_ctx;
-    (void)G; (void)Di; (void)B; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16;
+    (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok_; (void)nbk; (void)n_ctx;
+    (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
+    (void)arrive; (void)slots; (void)q16; 
 #endif
 }
 
@@ -1545,7 +1614,16 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool k8 = ik.elem == M3_KV_FP8; /* e4m3fn codes (the launcher's contract) */
     const int R = n_tok * G;
     const bool km = R <= 8; /* one group of 8 query rows: idx_km_k */
-    const void *kern = km ? (k8 ? (const void *)idx_km_k<true> : (const void *)idx_km_k<false>)
+    /* M3's geometry (and T = 1): idx_km_k with it compiled in (session 12: 8K keys 7.5 -> 7.0
+     * us; fewer instructions on a path that runs once per launch) */
+    const bool fix = km && G == 4 && Di == 128 && B == 128 && (!ik.bt || ik.bs == 128);
+    typedef void (*km_fn)(float *, const m3_bf16 *, int, idx_keys, const int32_t *, int, int,
+                          int, int, int, int, float, bool, idx_sel, unsigned long long *,
+                          unsigned int *, unsigned int, unsigned long long *, bool);
+    static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
+                                       {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
+    const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
+    const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
     int gx = (4 * g->n_sm + n_group - 1) / n_group;
@@ -1580,14 +1658,9 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const float sc = p->index_scale;
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
-    if (km && k8)
-        idx_km_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk,
-                                                              n_ctx, G, Di, B, sc, nn, sa, cmax,
-                                                              arrive, ep, slots, q16);
-    else if (km)
-        idx_km_k<false><<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk,
-                                                               n_ctx, G, Di, B, sc, nn, sa, cmax,
-                                                               arrive, ep, slots, q16);
+    if (km)
+        kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di,
+                                                   B, sc, nn, sa, cmax, arrive, ep, slots, q16);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
