@@ -1228,32 +1228,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     }
 }
 
-/* y[d] of the one token from the y_e rows of its valid slots (vm), in ascending (expert id,
- * slot): combine_k's order and arithmetic. ye was written by other blocks of this grid: read
- * through L2. */
-static __device__ __forceinline__ void t1_combine(m3_bf16 *y, const m3_bf16 *ye, const int32_t *ids,
-                                                  const float *wts, unsigned vm, int K, int nv, int d,
-                                                  int D, float rsf, bool bf16_combine) {
-    float acc = 0.0f;
-    int pid = -1, pk = -1;
-    for (int r = 0; r < nv; r++) {
-        int bk = -1, bid = 0;
-        for (int k = 0; k < K; k++) {
-            if (!(vm >> k & 1u)) continue;
-            const int id = ids[k];
-            if ((id > pid || (id == pid && k > pk)) && (bk < 0 || id < bid)) bk = k, bid = id;
-        }
-        pid = bid, pk = bk;
-        const unsigned short *row = reinterpret_cast<const unsigned short *>(ye) + (size_t)bk * D;
-        const float ev = m3_bits_f32((uint32_t)__ldcg(row + d) << 16), wv = wts[bk];
-        if (bf16_combine) acc = m3_round_bf16(acc + m3_round_bf16(__fmul_rn(ev, wv)));
-        else acc = __fadd_rn(acc, __fmul_rn(ev, wv)); /* unfused, as ref */
-    }
-    y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
-}
-
-/* t1_combine's order found once: ck[r] the r-th valid slot in ascending (expert id, slot),
- * cw[r] its weight (dq1_k's thread 0, into shared memory at the kernel's start) */
+/* the order of the one token's combine: ck[r] the r-th valid slot (vm) in ascending (expert id,
+ * slot), combine_k's order; cw[r] its weight (the down kernels' thread 0, into shared memory
+ * at the kernel's start) */
 static __device__ __forceinline__ void t1_order(int *ck, float *cw, const int32_t *ids, const float *wts,
                                                 unsigned vm, int K, int nv) {
     int pid = -1, pk = -1;
@@ -1268,11 +1245,11 @@ static __device__ __forceinline__ void t1_order(int *ck, float *cw, const int32_
     }
 }
 
-/* t1_combine from t1_order's list: the same products and sums in the same order (the same
- * bits), but the y_e loads of 4 slots go out together. t1_combine finds each slot from ids
- * and then waits for its load: a chain of L2 round trips that the last tiles of the down
- * kernel wait for (the call's tail), ~1.6 us of the MXFP4 T = 1 call (docs/gpu.md "Decode,
- * session 12") */
+/* y[d] of the one token from the y_e rows of t1_order's list: combine_k's order and
+ * arithmetic. ye was written by other blocks of this grid: read through L2. The y_e loads of
+ * 4 slots go out together (finding each slot from ids and then waiting for its load was a
+ * chain of L2 round trips in the down kernel's last tiles, ~1.6 us of the MXFP4 T = 1 call,
+ * docs/gpu.md "Decode, session 12") */
 static __device__ __forceinline__ void t1_combine_ord(m3_bf16 *y, const m3_bf16 *ye, const int *ck,
                                                       const float *cw, int nv, int d, int D, float rsf,
                                                       bool bf16_combine) {
@@ -1320,6 +1297,8 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2)
     m3_bf16 *xs = reinterpret_cast<m3_bf16 *>(sk_dyn); /* [kdim] */
     __shared__ float lut[256];
     __shared__ int last;
+    __shared__ int cks[MODE == 1 ? EXP_MAX_K : 1]; /* MODE 1: t1_order's list */
+    __shared__ float cws[MODE == 1 ? EXP_MAX_K : 1];
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), run = EXP_WARPS * RPW;
@@ -1337,6 +1316,8 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2)
     }
     if ((int)blockIdx.x >= nv) return; /* whole block */
     build_lut<WF>(lut);
+    /* (ids and wts are inputs of the call; the staging's barrier publishes the list) */
+    if (MODE == 1 && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     const int k = nth_bit(vm, (int)blockIdx.x), e = ids[k];
     const int obase = ((int)blockIdx.y * EXP_WARPS + warp) * RPW;
     const m3_bf16 *src = ain + (size_t)(MODE == 0 ? 0 : k) * kdim;
@@ -1354,7 +1335,7 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2)
         const int d = (int)blockIdx.y * run + tid;
         if (last && tid < run && d < nout) {
             __threadfence();
-            t1_combine(y, out, ids, wts, vm, K, nv, d, nout, rsf, bf16_combine);
+            t1_combine_ord(y, out, cks, cws, nv, d, nout, rsf, bf16_combine);
         }
     }
 }
