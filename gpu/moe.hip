@@ -1402,13 +1402,15 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast) {
+          bool xfast, int var, unsigned *tix) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
     __shared__ int cks[MODE == 1 ? 32 : 1]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
     __shared__ float cws[MODE == 1 ? 32 : 1];
+    __shared__ int s_next; /* VAR 16 / 32: the block's next tile (a ticket) */
+    const bool dyn = (MODE == 0 && (var & 16)) || (MODE == 1 && (var & 32));
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1421,8 +1423,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
     if (MODE == 0 && blockIdx.x == 0)
         for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
+    if (MODE == 0 && blockIdx.x == 0 && tid == 0) tix[1] = 0;
     if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
         m3_pdl_wait();
+        if (blockIdx.x == 0 && tid == 0) tix[0] = 0;
         if (blockIdx.x == 0)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
         return;
@@ -1467,9 +1471,34 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
     load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* VAR 2 / 4 (down): L2 prefetch of the block's first (and second) tile; 8 (gate/up): first */
+    if (warp == 0 && ((MODE == 1 && (var & 6)) || (MODE == 0 && (var & 8)))) {
+        const int ntl = MODE == 1 && (var & 4) ? 2 : 1;
+        for (int q = 0; q < ntl; q++) {
+            const int tl = (int)blockIdx.x + q * (int)gridDim.x;
+            if (tl >= ntiles) break;
+            const int sl = nth_bit(vm, tl / nch), ee = ids[sl];
+            const size_t r0 = (size_t)ee * nout + (size_t)(tl % nch) * CH;
+            for (int h = 0; h < (MODE == 0 ? 2 : 1); h++) {
+                const unsigned char *pw = (const unsigned char *)(h ? w1 : w0) + r0 * rb;
+                const unsigned char *pss = (const unsigned char *)((h ? s1 : s0) + r0 * nsb);
+                const size_t nb = (size_t)CH * rb, ns = (size_t)CH * nsb;
+                if (((uintptr_t)pw & 15) || (nb & 15) || ((uintptr_t)pss & 15) || (ns & 15)) continue;
+                for (size_t o = (size_t)lane * 4096; o < nb; o += 32 * 4096) {
+                    const uint32_t n = (uint32_t)(nb - o < 4096 ? nb - o : 4096);
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(pw + o), "r"(n) : "memory");
+                }
+                if (lane == 31) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(pss), "r"((uint32_t)ns) : "memory");
+            }
+        }
+    }
+#endif
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
+    if (MODE == 1 && blockIdx.x == 0 && tid == 0) tix[0] = 0;
+    if (dyn && tid == 0) s_next = (int)gridDim.x + (int)atomicAdd(&tix[MODE], 1u);
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
      * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
@@ -1477,6 +1506,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     unsigned need = 0; /* MODE 1: bit j, row j is read */
     if (MODE == 1)
         for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
+    if (MODE == 1 && dyn) need = (1u << nv) - 1u;
     const int nx = MODE == 0 ? 1 : __popc(need);
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
@@ -1508,7 +1538,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
         for (;;) {
-            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = dyn ? s_next : tile + (int)gridDim.x;
+            int pend = 0;
+            if (dyn && tid == 0 && next < ntiles) pend = (int)gridDim.x + (int)atomicAdd(&tix[MODE], 1u);
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
@@ -1542,6 +1574,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (WK > 1) {
                 if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
+                if (dyn && tid == 0) s_next = next < ntiles ? pend : ntiles;
                 if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++)
                         acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
@@ -1557,7 +1590,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1) { /* the chunk's last block combines it */
+            if (MODE == 1 && (var & 1)) { /* VAR 1: one acq_rel atomic by thread 0 after the barrier */
+                const int chunk = tile % nch;
+                __syncthreads();
+                if (tid == 0) {
+                    int old;
+                    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(cnt + chunk) : "memory");
+                    last = old == nv - 1;
+                }
+                __syncthreads();
+                if (last && tid < CH)
+                    t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
+            } else if (MODE == 1) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
                 if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
                 __syncthreads();
@@ -1616,19 +1660,21 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
+    const char *vs = getenv("M3_MX4_VAR"); /* TEMPORARY variant switch (removed before the end) */
+    const int var = vs ? atoi(vs) : 0;
     const float rsf = mp->routed_scale;
     M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf));
+                     (bool)p->moe_bf16_combine, xsh, xf, var, g->counters + M3_GPU_CNT_MOE));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
     return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf);
+                     (bool)p->moe_bf16_combine, xsh, xf, var, g->counters + M3_GPU_CNT_MOE);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
