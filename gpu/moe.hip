@@ -1510,8 +1510,14 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int nx = MODE == 0 ? 1 : __popc(need);
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
+    /* VAR 64 (down) / 128 (gate/up): no staging at all (timing only: results wrong) */
+    const bool nostage = (MODE == 1 && (var & 64)) || (MODE == 0 && (var & 128));
     for (;;) {
         bool ovf = false;
+        if (nostage) {
+            __syncthreads();
+            break;
+        }
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
