@@ -1521,7 +1521,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k +
+                (MODE == 1 && (var & 256) ? (size_t)(blockIdx.x % ((var & 512) ? 32 : 8)) * K * kdim : 0))[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
                 WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
@@ -1590,7 +1591,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 if (MODE == 0) {
                     float gv = acc[0], uv = acc[2];
                     if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                    orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+                    const m3_bf16 av = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+                    orow[obase + g] = av;
+                    if (var & 256) /* VAR 256: copies of a for the down blocks' staging */
+                        for (int r = 1; r < ((var & 512) ? 32 : 8); r++) orow[(size_t)r * K * nout + obase + g] = av;
                 } else {
                     orow[obase + g] = m3_f32_to_bf16(acc[0]);
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
@@ -1667,7 +1671,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const char *vs = getenv("M3_MX4_VAR"); /* TEMPORARY variant switch (removed before the end) */
-    const int var = vs ? atoi(vs) : 0;
+    const int var = vs ? (mid ? atoi(vs) & ~768 : atoi(vs)) : 0;
     const float rsf = mp->routed_scale;
     M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
@@ -2783,7 +2787,7 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     const size_t mark = m3_gpu_mark(g);
     m3_bf16 *ab, *ye, *xq = NULL;
     int32_t *cnt;
-    m3_status s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)K * F);
+    m3_status s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)K * F * 32) /* TEMPORARY: VAR 256 copies */;
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ye, sizeof(m3_bf16) * (size_t)K * D);
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&cnt, sizeof(int32_t) * (size_t)(D / 16));
     if (s == M3_OK && aq[0]) s = m3_gpu_alloc(g, (void **)&xq, sizeof(m3_bf16) * (size_t)D);
