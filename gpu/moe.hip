@@ -1518,7 +1518,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             __syncthreads();
             break;
         }
-        for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
+        /* VAR 1024 (gate/up) / 2048 (down): the units read in an order rotated by block */
+        const int nun = nx * (kdim / 8);
+        const int rot = ((MODE == 0 && (var & 1024)) || (MODE == 1 && (var & 2048))) ? (int)((blockIdx.x * 97u) % (unsigned)nun) : 0;
+        for (int v0 = tid; v0 < nun; v0 += TC_THREADS) {
+            const int v = v0 + rot < nun ? v0 + rot : v0 + rot - nun;
             const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
             const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k +
