@@ -1062,6 +1062,17 @@ static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf) {
 }
 
 
+/* 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros (g must stay a valid address) */
+static __device__ __forceinline__ void t2_cp16(void *sdst, const void *g, int src_bytes) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(src_bytes));
+}
+static __device__ __forceinline__ void t2_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+/* at most N of this thread's committed groups still in flight */
+template <int N> static __device__ __forceinline__ void t2_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 /* the j-th set bit of m (j < popc(m)) */
 static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
     for (; j > 0; j--) m &= m - 1u;
@@ -1418,6 +1429,15 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
+    /* VAR 8192 (with 4096): gate/up's x row copied by cp.async right after the wait */
+    bool early = MODE == 0 && (var & 8192) && (var & 4096);
+    if (early) {
+        for (int u = tid; u < kdim / 8; u += TC_THREADS) {
+            const int k = u * 8, st = k / SE, rr = k % SE, pc = rr / PE, uu = (rr % PE) / 8;
+            t2_cp16(tc_dyn + st * 4 * UP + uu * 4 + pc, reinterpret_cast<const uint4 *>(ain) + u, 16);
+        }
+        t2_commit();
+    }
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
@@ -1518,6 +1538,27 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             __syncthreads();
             break;
         }
+        if (var & 4096) { /* VAR 4096: rows copied by cp.async (all of a thread's units in flight
+                             together), then permuted / scaled in place */
+            for (int ph = 0; ph < 2; ph++) {
+                for (int jj = 0; jj < nx; jj++) {
+                    const int j = MODE == 0 ? 0 : nth_bit(need, jj), src = MODE == 0 ? 0 : nth_bit(vm, j);
+                    const uint4 *gs = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
+                    uint4 *row = xs + (size_t)j * pitch;
+                    for (int u = tid; u < kdim / 8; u += TC_THREADS) {
+                        const int k = u * 8, st = k / SE, rr = k % SE, pc = rr / PE, uu = (rr % PE) / 8;
+                        uint4 *d = row + st * 4 * UP + uu * 4 + pc;
+                        if (ph == 0 && !early) t2_cp16(d, gs + u, 16);
+                        else *d = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(*d), xsc, &ovf) : tc_perm<WF>(*d);
+                    }
+                }
+                if (ph == 0) {
+                    t2_commit();
+                    t2_wait<0>();
+                }
+            }
+            early = false;
+        } else {
         /* VAR 1024 (gate/up) / 2048 (down): the units read in an order rotated by block */
         const int nun = nx * (kdim / 8);
         const int rot = ((MODE == 0 && (var & 1024)) || (MODE == 1 && (var & 2048))) ? (int)((blockIdx.x * 97u) % (unsigned)nun) : 0;
@@ -1530,6 +1571,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
                 WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
+        }
         }
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
@@ -2031,17 +2073,6 @@ template <int WF, int BM, int BN, int S> struct t2_lay {
 };
 
 #if M3_HAVE_MMA
-/* 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros (g must stay a valid address) */
-static __device__ __forceinline__ void t2_cp16(void *sdst, const void *g, int src_bytes) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(src_bytes));
-}
-static __device__ __forceinline__ void t2_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-/* at most N of this thread's committed groups still in flight */
-template <int N> static __device__ __forceinline__ void t2_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 /* 16 MX elements (fp8: 16 bytes, fp4: 8 bytes at q) times sc -> bf16 at dst (exact values,
  * see tile_store_b) */
 template <int WF>
