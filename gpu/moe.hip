@@ -1062,17 +1062,6 @@ static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf) {
 }
 
 
-/* 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros (g must stay a valid address) */
-static __device__ __forceinline__ void t2_cp16(void *sdst, const void *g, int src_bytes) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(src_bytes));
-}
-static __device__ __forceinline__ void t2_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-/* at most N of this thread's committed groups still in flight */
-template <int N> static __device__ __forceinline__ void t2_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 /* the j-th set bit of m (j < popc(m)) */
 static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
     for (; j > 0; j--) m &= m - 1u;
@@ -1283,6 +1272,19 @@ static __device__ __forceinline__ void t1_combine_ord(m3_bf16 *y, const m3_bf16 
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
 }
 
+/* a block's count of one chunk done (thread 0, after a barrier), the count before it returned:
+ * one atomic add with acquire-release semantics at gpu scope. Release: the y_e stores that the
+ * barrier ordered before it (the block's writer lanes') are visible to whoever reads the
+ * count after it; acquire: the last block's combine, after the next barrier, sees every other
+ * block's y_e stores of the chunk. dq1_k: in place of a fence by every writer lane before the
+ * count and another by every combining thread after it (0.5-1% of the MXFP4 T = 1 call,
+ * docs/gpu.md "Decode, session 13") */
+static __device__ __forceinline__ int t1_count(int32_t *c) {
+    int32_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(c) : "memory");
+    return old;
+}
+
 /* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
 static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
     unsigned vm = 0;
@@ -1413,15 +1415,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast, int var, unsigned *tix) {
+          bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
     __shared__ int cks[MODE == 1 ? 32 : 1]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
     __shared__ float cws[MODE == 1 ? 32 : 1];
-    __shared__ int s_next; /* VAR 16 / 32: the block's next tile (a ticket) */
-    const bool dyn = (MODE == 0 && (var & 16)) || (MODE == 1 && (var & 32));
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1429,24 +1429,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
-    /* VAR 8192 (with 4096): gate/up's x row copied by cp.async right after the wait */
-    bool early = MODE == 0 && (var & 8192) && (var & 4096);
-    if (early) {
-        for (int u = tid; u < kdim / 8; u += TC_THREADS) {
-            const int k = u * 8, st = k / SE, rr = k % SE, pc = rr / PE, uu = (rr % PE) / 8;
-            t2_cp16(tc_dyn + st * 4 * UP + uu * 4 + pc, reinterpret_cast<const uint4 *>(ain) + u, 16);
-        }
-        t2_commit();
-    }
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
     if (MODE == 0 && blockIdx.x == 0)
         for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
-    if (MODE == 0 && blockIdx.x == 0 && tid == 0) tix[1] = 0;
     if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
         m3_pdl_wait();
-        if (blockIdx.x == 0 && tid == 0) tix[0] = 0;
         if (blockIdx.x == 0)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
         return;
@@ -1491,34 +1480,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
     load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* VAR 2 / 4 (down): L2 prefetch of the block's first (and second) tile; 8 (gate/up): first */
-    if (warp == 0 && ((MODE == 1 && (var & 6)) || (MODE == 0 && (var & 8)))) {
-        const int ntl = MODE == 1 && (var & 4) ? 2 : 1;
-        for (int q = 0; q < ntl; q++) {
-            const int tl = (int)blockIdx.x + q * (int)gridDim.x;
-            if (tl >= ntiles) break;
-            const int sl = nth_bit(vm, tl / nch), ee = ids[sl];
-            const size_t r0 = (size_t)ee * nout + (size_t)(tl % nch) * CH;
-            for (int h = 0; h < (MODE == 0 ? 2 : 1); h++) {
-                const unsigned char *pw = (const unsigned char *)(h ? w1 : w0) + r0 * rb;
-                const unsigned char *pss = (const unsigned char *)((h ? s1 : s0) + r0 * nsb);
-                const size_t nb = (size_t)CH * rb, ns = (size_t)CH * nsb;
-                if (((uintptr_t)pw & 15) || (nb & 15) || ((uintptr_t)pss & 15) || (ns & 15)) continue;
-                for (size_t o = (size_t)lane * 4096; o < nb; o += 32 * 4096) {
-                    const uint32_t n = (uint32_t)(nb - o < 4096 ? nb - o : 4096);
-                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(pw + o), "r"(n) : "memory");
-                }
-                if (lane == 31) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(pss), "r"((uint32_t)ns) : "memory");
-            }
-        }
-    }
-#endif
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
-    if (MODE == 1 && blockIdx.x == 0 && tid == 0) tix[0] = 0;
-    if (dyn && tid == 0) s_next = (int)gridDim.x + (int)atomicAdd(&tix[MODE], 1u);
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
      * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
@@ -1526,52 +1490,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     unsigned need = 0; /* MODE 1: bit j, row j is read */
     if (MODE == 1)
         for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
-    if (MODE == 1 && dyn) need = (1u << nv) - 1u;
     const int nx = MODE == 0 ? 1 : __popc(need);
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-    /* VAR 64 (down) / 128 (gate/up): no staging at all (timing only: results wrong) */
-    const bool nostage = (MODE == 1 && (var & 64)) || (MODE == 0 && (var & 128));
     for (;;) {
         bool ovf = false;
-        if (nostage) {
-            __syncthreads();
-            break;
-        }
-        if (var & 4096) { /* VAR 4096: rows copied by cp.async (all of a thread's units in flight
-                             together), then permuted / scaled in place */
-            for (int ph = 0; ph < 2; ph++) {
-                for (int jj = 0; jj < nx; jj++) {
-                    const int j = MODE == 0 ? 0 : nth_bit(need, jj), src = MODE == 0 ? 0 : nth_bit(vm, j);
-                    const uint4 *gs = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
-                    uint4 *row = xs + (size_t)j * pitch;
-                    for (int u = tid; u < kdim / 8; u += TC_THREADS) {
-                        const int k = u * 8, st = k / SE, rr = k % SE, pc = rr / PE, uu = (rr % PE) / 8;
-                        uint4 *d = row + st * 4 * UP + uu * 4 + pc;
-                        if (ph == 0 && !early) t2_cp16(d, gs + u, 16);
-                        else *d = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(*d), xsc, &ovf) : tc_perm<WF>(*d);
-                    }
-                }
-                if (ph == 0) {
-                    t2_commit();
-                    t2_wait<0>();
-                }
-            }
-            early = false;
-        } else {
-        /* VAR 1024 (gate/up) / 2048 (down): the units read in an order rotated by block */
-        const int nun = nx * (kdim / 8);
-        const int rot = ((MODE == 0 && (var & 1024)) || (MODE == 1 && (var & 2048))) ? (int)((blockIdx.x * 97u) % (unsigned)nun) : 0;
-        for (int v0 = tid; v0 < nun; v0 += TC_THREADS) {
-            const int v = v0 + rot < nun ? v0 + rot : v0 + rot - nun;
+        for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k +
-                (MODE == 1 && (var & 256) ? (size_t)(blockIdx.x % ((var & 512) ? 32 : 8)) * K * kdim : 0))[0];
+            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
                 WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
-        }
         }
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
@@ -1591,9 +1521,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
         for (;;) {
-            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = dyn ? s_next : tile + (int)gridDim.x;
-            int pend = 0;
-            if (dyn && tid == 0 && next < ntiles) pend = (int)gridDim.x + (int)atomicAdd(&tix[MODE], 1u);
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
@@ -1627,7 +1555,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (WK > 1) {
                 if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
-                if (dyn && tid == 0) s_next = next < ntiles ? pend : ntiles;
                 if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++)
                         acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
@@ -1637,36 +1564,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 if (MODE == 0) {
                     float gv = acc[0], uv = acc[2];
                     if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                    const m3_bf16 av = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
-                    orow[obase + g] = av;
-                    if (var & 256) /* VAR 256: copies of a for the down blocks' staging */
-                        for (int r = 1; r < ((var & 512) ? 32 : 8); r++) orow[(size_t)r * K * nout + obase + g] = av;
+                    orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
                 } else {
                     orow[obase + g] = m3_f32_to_bf16(acc[0]);
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1 && (var & 1)) { /* VAR 1: one acq_rel atomic by thread 0 after the barrier */
+            if (MODE == 1) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
-                __syncthreads();
-                if (tid == 0) {
-                    int old;
-                    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(cnt + chunk) : "memory");
-                    last = old == nv - 1;
-                }
-                __syncthreads();
-                if (last && tid < CH)
-                    t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
-            } else if (MODE == 1) { /* the chunk's last block combines it */
-                const int chunk = tile % nch;
-                if (wk == 0 && t == 0) __threadfence(); /* this lane's y_e stores, before the count */
-                __syncthreads();
-                if (tid == 0) last = atomicAdd(&cnt[chunk], 1) == nv - 1;
-                __syncthreads();
-                if (last && tid < CH) {
-                    __threadfence();
-                    t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
-                }
+                __syncthreads(); /* the block's y_e stores, before thread 0's count */
+                if (tid == 0) last = t1_count(&cnt[chunk]) == nv - 1;
+                __syncthreads(); /* (the count's acquire, before the combine's y_e loads) */
+                if (last && tid < CH) t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
             }
             __syncthreads(); /* red and last are free for the next tile */
             if (next >= ntiles) break; /* block-uniform */
@@ -1716,21 +1625,19 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    const char *vs = getenv("M3_MX4_VAR"); /* TEMPORARY variant switch (removed before the end) */
-    const int var = vs ? (mid ? atoi(vs) & ~768 : atoi(vs)) : 0;
     const float rsf = mp->routed_scale;
     M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, var, g->counters + M3_GPU_CNT_MOE));
+                     (bool)p->moe_bf16_combine, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
     return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, var, g->counters + M3_GPU_CNT_MOE);
+                     (bool)p->moe_bf16_combine, xsh, xf);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -2073,6 +1980,17 @@ template <int WF, int BM, int BN, int S> struct t2_lay {
 };
 
 #if M3_HAVE_MMA
+/* 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros (g must stay a valid address) */
+static __device__ __forceinline__ void t2_cp16(void *sdst, const void *g, int src_bytes) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(src_bytes));
+}
+static __device__ __forceinline__ void t2_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+/* at most N of this thread's committed groups still in flight */
+template <int N> static __device__ __forceinline__ void t2_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 /* 16 MX elements (fp8: 16 bytes, fp4: 8 bytes at q) times sc -> bf16 at dst (exact values,
  * see tile_store_b) */
 template <int WF>
@@ -2822,7 +2740,7 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     const size_t mark = m3_gpu_mark(g);
     m3_bf16 *ab, *ye, *xq = NULL;
     int32_t *cnt;
-    m3_status s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)K * F * 32) /* TEMPORARY: VAR 256 copies */;
+    m3_status s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)K * F);
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ye, sizeof(m3_bf16) * (size_t)K * D);
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&cnt, sizeof(int32_t) * (size_t)(D / 16));
     if (s == M3_OK && aq[0]) s = m3_gpu_alloc(g, (void **)&xq, sizeof(m3_bf16) * (size_t)D);
