@@ -1415,13 +1415,15 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast) {
+          bool xfast, int var, unsigned *tix) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
     __shared__ int cks[MODE == 1 ? 32 : 1]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
     __shared__ float cws[MODE == 1 ? 32 : 1];
+    __shared__ int s_next; /* VAR 16: the block's next tile (a ticket) */
+    const bool dyn = MODE == 0 && (var & 16);
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1436,6 +1438,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
     if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
         m3_pdl_wait();
+        if (blockIdx.x == 0 && tid == 0) tix[0] = 0;
         if (blockIdx.x == 0)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
         return;
@@ -1483,6 +1486,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
+    if (MODE == 1 && blockIdx.x == 0 && tid == 0) tix[0] = 0;
+    if (dyn && tid == 0) s_next = (int)gridDim.x + (int)atomicAdd(&tix[0], 1u);
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
      * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
@@ -1495,13 +1500,42 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
+        if ((MODE == 1 && (var & 64)) || (var & 2)) { /* VAR 64 / 2: no down / no staging at all (timing only) */
+        } else if (MODE == 0 && (var & 32)) { /* VAR 32 (gate/up): 3 units of a thread loaded together, then stored */
+            const int nun = nx * (kdim / 8);
+            for (int v0 = tid; v0 < nun; v0 += 3 * TC_THREADS) {
+                uint4 xv[3];
+#pragma unroll
+                for (int i = 0; i < 3; i++) {
+                    const int v = v0 + i * TC_THREADS;
+                    if (v < nun) {
+                        const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
+                        const int src = MODE == 0 ? 0 : nth_bit(vm, j);
+                        xv[i] = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 3; i++) {
+                    const int v = v0 + i * TC_THREADS;
+                    if (v < nun) {
+                        const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
+                        const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
+                        const uint4 x = xv[i];
+                        xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
+                            WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
+                    }
+                }
+            }
+        } else
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+            const uint4 x = (var & 8) ? make_uint4(v, v, v, v) /* VAR 8: no loads (timing only) */
+                                      : reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
-                WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
+                (var & 4) ? x /* VAR 4: no permutation / scaling (timing only) */
+                : WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
         }
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
@@ -1521,7 +1555,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
         for (;;) {
-            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = dyn ? s_next : tile + (int)gridDim.x;
+            int pend = 0;
+            if (dyn && tid == 0 && next < ntiles) pend = (int)gridDim.x + (int)atomicAdd(&tix[0], 1u);
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
@@ -1555,6 +1591,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (WK > 1) {
                 if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
+                if (dyn && tid == 0) s_next = next < ntiles ? pend : ntiles;
                 if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++)
                         acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
@@ -1625,19 +1662,21 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
+    const char *vs = getenv("M3_MX4_VAR"); /* TEMPORARY variant switch (removed before the end) */
+    const int var = vs ? atoi(vs) : 0;
     const float rsf = mp->routed_scale;
     M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf));
+                     (bool)p->moe_bf16_combine, xsh, xf, var, g->counters + M3_GPU_CNT_MOE));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
     return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf);
+                     (bool)p->moe_bf16_combine, xsh, xf, var, g->counters + M3_GPU_CNT_MOE);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
