@@ -1046,10 +1046,21 @@ static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1
 
 /* 8 staged x values (bf16) times 2^xsh (xsh 0 or 8); *ovf set when a finite value became
  * infinite (|x| >= 2^120: the block then stages x unscaled, xsh 0) */
-static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf) {
+static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf, bool old = false) {
     if (xsh == 0) return x;
     const uint32_t m = 0x43804380u; /* the bf16 pair (256, 256) */
     const uint4 y = make_uint4(bf2_mul(x.x, m), bf2_mul(x.y, m), bf2_mul(x.z, m), bf2_mul(x.w, m));
+    if (!old) { /* TEMP A/B: SWAR form */
+        const uint32_t xv[4] = {x.x, x.y, x.z, x.w};
+        uint32_t f = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t a = xv[i] & 0x7F807F80u;
+            f |= ((a | 0x80008000u) - 0x7B807B80u) & (0xFF00FF00u - a);
+        }
+        if (f & 0x80008000u) *ovf = true;
+        return y;
+    }
     const uint32_t xv[4] = {x.x, x.y, x.z, x.w}, yv[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -1535,7 +1546,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
                 (var & 4) ? x /* VAR 4: no permutation / scaling (timing only) */
-                : WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
+                : WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf, var & 1) : tc_perm<WF>(x);
         }
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
