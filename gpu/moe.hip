@@ -1046,7 +1046,7 @@ static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1
 
 /* 8 staged x values (bf16) times 2^xsh (xsh 0 or 8); *ovf set when a finite value became
  * infinite (|x| >= 2^120: the block then stages x unscaled, xsh 0) */
-static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf, bool old = false) {
+static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf, bool old = false) { /* TEMP old */
     if (xsh == 0) return x;
     const uint32_t m = 0x43804380u; /* the bf16 pair (256, 256) */
     const uint4 y = make_uint4(bf2_mul(x.x, m), bf2_mul(x.y, m), bf2_mul(x.z, m), bf2_mul(x.w, m));
@@ -1511,42 +1511,25 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
-        if ((MODE == 1 && (var & 64)) || (var & 2)) { /* VAR 64 / 2: no down / no staging at all (timing only) */
-        } else if (MODE == 0 && (var & 32)) { /* VAR 32 (gate/up): 3 units of a thread loaded together, then stored */
-            const int nun = nx * (kdim / 8);
-            for (int v0 = tid; v0 < nun; v0 += 3 * TC_THREADS) {
-                uint4 xv[3];
-#pragma unroll
-                for (int i = 0; i < 3; i++) {
-                    const int v = v0 + i * TC_THREADS;
-                    if (v < nun) {
-                        const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
-                        const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-                        xv[i] = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < 3; i++) {
-                    const int v = v0 + i * TC_THREADS;
-                    if (v < nun) {
-                        const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
-                        const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-                        const uint4 x = xv[i];
-                        xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
-                            WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
-                    }
-                }
-            }
-        } else
+        if (var & 2) /* VAR 2: the old loop (one index over all rows, runtime divisions) */
         for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
             const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
             const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-            const uint4 x = (var & 8) ? make_uint4(v, v, v, v) /* VAR 8: no loads (timing only) */
-                                      : reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
+            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
             const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
             xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
-                (var & 4) ? x /* VAR 4: no permutation / scaling (timing only) */
-                : WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf, var & 1) : tc_perm<WF>(x);
+                WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf, var & 1) : tc_perm<WF>(x);
+        }
+        else
+        for (int jj = 0; jj < nx; jj++) {
+            const int j = MODE == 0 ? 0 : nth_bit(need, jj), src = MODE == 0 ? 0 : nth_bit(vm, j);
+            const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
+            uint4 *xr = xs + (size_t)j * pitch;
+            for (int v = tid; v < kdim / 8; v += TC_THREADS) {
+                const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
+                const uint4 x = xg[v];
+                xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf, var & 1) : tc_perm<WF>(x);
+            }
         }
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
