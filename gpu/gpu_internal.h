@@ -35,9 +35,7 @@ struct m3_gpu {
 #define M3_GPU_CNT_SD (65536 + 64) /* gpu/attn.hip sparse flash decode merge: 65536 rows */
 /* gpu/indexer.hip direct decode selection: 8 rows x 1024 key blocks of 64-bit rank keys */
 #define M3_GPU_CNT_IDXS (2 * 65536 + 64)
-/* gpu/moe.hip T = 1 tile tickets (TEMPORARY, helper mx4) */
-#define M3_GPU_CNT_MOE (2 * 65536 + 64 + 2 * 8 * 1024)
-#define M3_GPU_N_COUNTERS (2 * 65536 + 64 + 2 * 8 * 1024 + 2)
+#define M3_GPU_N_COUNTERS (2 * 65536 + 64 + 2 * 8 * 1024)
 
 /* Check a runtime call; on failure record "gpu: <file>:<line>: <call>: <reason>" and return
  * M3_ERR_DEVICE from the calling function. */

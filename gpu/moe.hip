@@ -1045,31 +1045,24 @@ static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1
 }
 
 /* 8 staged x values (bf16) times 2^xsh (xsh 0 or 8); *ovf set when a finite value became
- * infinite (|x| >= 2^120: the block then stages x unscaled, xsh 0) */
-static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf, bool old = false) { /* TEMP old */
+ * infinite: |x| >= 2^120, i.e. an exponent field in [247, 254] (the block then stages x
+ * unscaled, xsh 0). The test on both halves of a word at once: with a = the word's exponent
+ * fields, (a | 0x8000) - 0x7B80 has bit 15 set when a >= 0x7B80 (247 << 7) and 0xFF00 - a
+ * when a <= 0x7F00 (254 << 7), neither borrowing into the other half; the same answer as a
+ * test of each product for infinity (all 2^16 halves checked on the CPU), 5 operations a
+ * word instead of 16 (docs/gpu.md "Decode, session 13") */
+static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf) {
     if (xsh == 0) return x;
     const uint32_t m = 0x43804380u; /* the bf16 pair (256, 256) */
-    const uint4 y = make_uint4(bf2_mul(x.x, m), bf2_mul(x.y, m), bf2_mul(x.z, m), bf2_mul(x.w, m));
-    if (!old) { /* TEMP A/B: SWAR form */
-        const uint32_t xv[4] = {x.x, x.y, x.z, x.w};
-        uint32_t f = 0;
+    const uint32_t xv[4] = {x.x, x.y, x.z, x.w};
+    uint32_t f = 0;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t a = xv[i] & 0x7F807F80u;
-            f |= ((a | 0x80008000u) - 0x7B807B80u) & (0xFF00FF00u - a);
-        }
-        if (f & 0x80008000u) *ovf = true;
-        return y;
+    for (int i = 0; i < 4; i++) {
+        const uint32_t a = xv[i] & 0x7F807F80u;
+        f |= ((a | 0x80008000u) - 0x7B807B80u) & (0xFF00FF00u - a);
     }
-    const uint32_t xv[4] = {x.x, x.y, x.z, x.w}, yv[4] = {y.x, y.y, y.z, y.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t e = 0x7F80u << (16 * h);
-            if ((yv[i] & e) == e && (xv[i] & e) != e) *ovf = true;
-        }
-    return y;
+    if (f & 0x80008000u) *ovf = true;
+    return make_uint4(bf2_mul(x.x, m), bf2_mul(x.y, m), bf2_mul(x.z, m), bf2_mul(x.w, m));
 }
 
 
@@ -1426,15 +1419,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast, int var, unsigned *tix) {
+          bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
     __shared__ int cks[MODE == 1 ? 32 : 1]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
     __shared__ float cws[MODE == 1 ? 32 : 1];
-    __shared__ int s_next; /* VAR 16: the block's next tile (a ticket) */
-    const bool dyn = MODE == 0 && (var & 16);
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1449,7 +1440,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
     if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
         m3_pdl_wait();
-        if (blockIdx.x == 0 && tid == 0) tix[0] = 0;
         if (blockIdx.x == 0)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
         return;
@@ -1497,8 +1487,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
-    if (MODE == 1 && blockIdx.x == 0 && tid == 0) tix[0] = 0;
-    if (dyn && tid == 0) s_next = (int)gridDim.x + (int)atomicAdd(&tix[0], 1u);
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
      * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
@@ -1511,16 +1499,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
-        if (var & 2) /* VAR 2: the old loop (one index over all rows, runtime divisions) */
-        for (int v = tid; v < nx * (kdim / 8); v += TC_THREADS) {
-            const int jj = v / (kdim / 8), j = MODE == 0 ? 0 : nth_bit(need, jj), k = (v % (kdim / 8)) * 8;
-            const int src = MODE == 0 ? 0 : nth_bit(vm, j);
-            const uint4 x = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim + k)[0];
-            const int st = k / SE, rr = k % SE, pc = rr / PE, u = (rr % PE) / 8;
-            xs[(size_t)j * pitch + st * 4 * UP + u * 4 + pc] =
-                WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf, var & 1) : tc_perm<WF>(x);
-        }
-        else
+        /* row by row, so that a unit's place is shifts and masks of its index (one index over
+         * all rows cost a runtime division and nth_bit per unit: docs/gpu.md "Decode, session
+         * 13"). Unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece (v / (PE / 8))
+         * % 4 of the step, unit v % (PE / 8) of the piece */
         for (int jj = 0; jj < nx; jj++) {
             const int j = MODE == 0 ? 0 : nth_bit(need, jj), src = MODE == 0 ? 0 : nth_bit(vm, j);
             const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
@@ -1528,7 +1510,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int v = tid; v < kdim / 8; v += TC_THREADS) {
                 const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
                 const uint4 x = xg[v];
-                xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf, var & 1) : tc_perm<WF>(x);
+                xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
             }
         }
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
@@ -1549,9 +1531,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
     auto tiles = [&](auto fast) {
         for (;;) {
-            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = dyn ? s_next : tile + (int)gridDim.x;
-            int pend = 0;
-            if (dyn && tid == 0 && next < ntiles) pend = (int)gridDim.x + (int)atomicAdd(&tix[0], 1u);
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
@@ -1585,7 +1565,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (WK > 1) {
                 if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
-                if (dyn && tid == 0) s_next = next < ntiles ? pend : ntiles;
                 if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++)
                         acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
@@ -1656,21 +1635,19 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    const char *vs = getenv("M3_MX4_VAR"); /* TEMPORARY variant switch (removed before the end) */
-    const int var = vs ? atoi(vs) : 0;
     const float rsf = mp->routed_scale;
     M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, var, g->counters + M3_GPU_CNT_MOE));
+                     (bool)p->moe_bf16_combine, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
     return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, var, g->counters + M3_GPU_CNT_MOE);
+                     (bool)p->moe_bf16_combine, xsh, xf);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */

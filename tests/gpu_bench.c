@@ -895,20 +895,6 @@ static void bench_moe_experts(void **state) {
             printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
                    nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-            { /* TEMPORARY (helper mx4): M3_BENCH_MOE_VARS=0,1,... re-times the row per value of
-                 M3_MX4_VAR, 3 alternating rounds */
-                const char *vl = getenv("M3_BENCH_MOE_VARS");
-                for (int rr = 0; vl && c.T == 1 && f != 0 && rr < 3; rr++)
-                    for (const char *q = vl; q && *q; q = strchr(q, ','), q = q ? q + 1 : NULL) {
-                        char vv[16], nm3[160];
-                        snprintf(vv, sizeof vv, "%d", atoi(q));
-                        setenv("M3_MX4_VAR", vv, 1);
-                        const double mv = time_ms(g, do_experts, &c, 20, 7);
-                        snprintf(nm3, sizeof nm3, "%s var=%s r%d", nm, vv, rr);
-                        report(nm3, mv, wbytes + io, tk * 6.0 * D * F);
-                    }
-                unsetenv("M3_MX4_VAR");
-            }
             if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip gives it
                                           from its upload scan): the per-step vote path */
                 c.w.mx_scale_lo = c.w.mx_scale_hi = 0;
