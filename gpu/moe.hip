@@ -1049,8 +1049,8 @@ static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1
  * unscaled, xsh 0). The test on both halves of a word at once: with a = the word's exponent
  * fields, (a | 0x8000) - 0x7B80 has bit 15 set when a >= 0x7B80 (247 << 7) and 0xFF00 - a
  * when a <= 0x7F00 (254 << 7), neither borrowing into the other half; the same answer as a
- * test of each product for infinity (all 2^16 halves checked on the CPU), 5 operations a
- * word instead of 16 (docs/gpu.md "Decode, session 13") */
+ * test of each product for infinity (checked on the CPU for every pair of halves), 6 integer
+ * operations a word instead of ~16 (docs/gpu.md "Decode, session 13") */
 static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf) {
     if (xsh == 0) return x;
     const uint32_t m = 0x43804380u; /* the bf16 pair (256, 256) */
@@ -1281,7 +1281,7 @@ static __device__ __forceinline__ void t1_combine_ord(m3_bf16 *y, const m3_bf16 
  * barrier ordered before it (the block's writer lanes') are visible to whoever reads the
  * count after it; acquire: the last block's combine, after the next barrier, sees every other
  * block's y_e stores of the chunk. dq1_k: in place of a fence by every writer lane before the
- * count and another by every combining thread after it (0.5-1% of the MXFP4 T = 1 call,
+ * count and another by every combining thread after it (~0.5% of the MXFP4 T = 1 call,
  * docs/gpu.md "Decode, session 13") */
 static __device__ __forceinline__ int t1_count(int32_t *c) {
     int32_t old;
