@@ -3817,7 +3817,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-template <bool FP8, bool CONT, bool PA, bool FX>
+template <bool FP8, bool CONT, bool PA, bool FX, int V = 0>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -4172,13 +4172,18 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
     }
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
-    if (pa) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
+    if (pa) { /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
              * and 1 / (M + 1e-8), the quotient's reciprocal */
-        for (int gt = warp; gt < ng; gt += NW) {
+        auto tmax = [&](int gt) {
             float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
             M = m3_warp_max(M);
             if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
-        }
+        };
+        if (FXP && (V & 1)) { /* VAR */
+            if (warp < ng) tmax(warp);
+        } else
+        for (int gt = warp; gt < ng; gt += NW) tmax(gt);
+    }
     __syncthreads();
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
@@ -4353,9 +4358,20 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     };
-    if (np * 16 < Dh)
+    if (np * 16 < Dh) {
+        if (FX && (V & 4)) { /* VAR */
+#pragma unroll
+            for (int ks = 0; ks < 8; ks++)
+                if (ks < ng) pvstep(ks, o);
+#pragma unroll 1
+            for (int ks = 8; ks < (CONT ? ng : 0); ks++) pvstep(ks, o);
+        } else if (FX && (V & 2)) {
+#pragma unroll 1
+            for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+        } else
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+    }
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = FX ? 128 : pc.epo;
@@ -4444,7 +4460,20 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, true, false, false>, pc_k<true, false, true, false>,
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
-    const pc_fn fn = fns[fi];
+    pc_fn fn = fns[fi];
+    int fk = fi;
+    { /* VAR: session variants of the FX instances (M3_PCV, re-read per call) */
+        const char *e = getenv("M3_PCV");
+        const int v = e ? atoi(e) : 0;
+        static const pc_fn vb[] = {pc_k<false, false, false, true, 2>, pc_k<false, false, false, true, 4>};
+        static const pc_fn vc[] = {pc_k<false, true, false, true, 2>, pc_k<false, true, false, true, 4>};
+        static const pc_fn v8[] = {pc_k<true, false, true, true, 1>, pc_k<true, false, true, true, 2>,
+                                   pc_k<true, false, true, true, 3>, pc_k<true, false, true, true, 4>,
+                                   pc_k<true, false, true, true, 5>};
+        if (v && fi == 4 && (v == 2 || v == 4)) fn = vb[v / 4], fk = 8 + v / 4;
+        if (v && fi == 6 && (v == 2 || v == 4)) fn = vc[v / 4], fk = 10 + v / 4;
+        if (v >= 1 && v <= 5 && fi == 7) fn = v8[v - 1], fk = 11 + v;
+    }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4459,10 +4488,10 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][8];
-    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
+    static int pc_attr[64][20];
+    static size_t pc_ok[64][20][PC_MAX_CS + 1], pc_no[64][20][PC_MAX_CS + 1];
     const int dv = g->device & 63;
-    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
+    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fk], pc_ok[dv][fk][pc.cs], pc_no[dv][fk][pc.cs]))
         return M3_OK;
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
