@@ -3868,7 +3868,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * in order), not through the score array; BRK (bf16), the S n-tile loop that runs once
      * ends after one pass (one body, not an unrolled one with a remainder; with §4.9 it
      * measured slower: 0.0072 against 0.0069-0.0070 ms) */
-    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && !FP8, PREG = FXP && (!FP8 || PA);
+    /* VAR PRC (CONT FX): P and l from the score registers too, in up to 4 n-tiles a warp (kpd <= 256:
+     * two S passes, the second only when the CTA has more than 128 keys) */
+    constexpr bool PRC = FX && CONT && (V & 8);
+    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && (!FP8 || (V & 16)) /* VAR */, PREG = (FXP && (!FP8 || PA)) || PRC;
+    constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -4133,9 +4137,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     };
     float mx[2] = {-INFINITY, -INFINITY};
-    float zr[2][4]; /* PREG: the scores of n-tiles warp, warp + NW (-inf past nk) */
+    float zr[NSL][4]; /* PREG: the scores of n-tiles warp + j NW (-inf past nk) */
 #pragma unroll
-    for (int i = 0; i < 8; i++) zr[i >> 2][i & 3] = -INFINITY;
+    for (int i = 0; i < 4 * NSL; i++) zr[i >> 2][i & 3] = -INFINITY;
     auto kout = [&](int nt, const float (&c8)[2][4], int sl) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -4152,7 +4156,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             mx[i >> 1] = fmaxf(mx[i >> 1], z);
         }
     };
-    for (int nt = warp; nt * 8 < nk; nt += 2 * NW) {
+    auto spass = [&](int nt, int sl) {
         float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
         float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         const bool two = (nt + NW) * 8 < nk; /* warp-uniform */
@@ -4162,8 +4166,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             kstep(nt * 8 + gq, s2, ca[s2 & 1]);
             if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
         }
-        kout(nt, ca, 0);
-        if (two) kout(nt + NW, cb, 1);
+        kout(nt, ca, sl);
+        if (two) kout(nt + NW, cb, sl + 1);
+    };
+    if (PRC) { /* VAR */
+        if (warp * 8 < nk) spass(warp, 0);
+        if ((warp + 2 * NW) * 8 < nk) spass(warp + 2 * NW, 2);
+    } else
+    for (int nt = warp; nt * 8 < nk; nt += 2 * NW) {
+        spass(nt, 0);
         if (BRK) break; /* FXP: nk <= 8 NW */
     }
 #pragma unroll
@@ -4247,8 +4258,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         float lp[2] = {0.0f, 0.0f};
         const float mrow[2] = {mloc[gq], mloc[gq + 8]};
 #pragma unroll
-        for (int sl = 0; sl < 2; sl++) {
+        for (int sl = 0; sl < NSL; sl++) {
             const int nt = warp + sl * NW;
+            if (PRC && nt * 8 >= ng * 16) continue; /* VAR: P's columns end at the last 16-key tile */
 #pragma unroll
             for (int r2 = 0; r2 < 2; r2++) {
                 float pv[2];
@@ -4466,13 +4478,17 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         const char *e = getenv("M3_PCV");
         const int v = e ? atoi(e) : 0;
         static const pc_fn vb[] = {pc_k<false, false, false, true, 2>, pc_k<false, false, false, true, 4>};
-        static const pc_fn vc[] = {pc_k<false, true, false, true, 2>, pc_k<false, true, false, true, 4>};
+        static const pc_fn vc[] = {pc_k<false, true, false, true, 2>, pc_k<false, true, false, true, 4>,
+                                   pc_k<false, true, false, true, 8>, pc_k<false, true, false, true, 12>};
         static const pc_fn v8[] = {pc_k<true, false, true, true, 1>, pc_k<true, false, true, true, 2>,
                                    pc_k<true, false, true, true, 3>, pc_k<true, false, true, true, 4>,
-                                   pc_k<true, false, true, true, 5>};
+                                   pc_k<true, false, true, true, 5>, pc_k<true, false, true, true, 17>,
+                                   pc_k<true, false, true, true, 19>};
         if (v && fi == 4 && (v == 2 || v == 4)) fn = vb[v / 4], fk = 8 + v / 4;
         if (v && fi == 6 && (v == 2 || v == 4)) fn = vc[v / 4], fk = 10 + v / 4;
-        if (v >= 1 && v <= 5 && fi == 7) fn = v8[v - 1], fk = 11 + v;
+        if (fi == 6 && (v == 8 || v == 12)) fn = vc[v / 4], fk = 10 + v / 4; /* 12, 13 */
+        if (v >= 1 && v <= 5 && fi == 7) fn = v8[v - 1], fk = 13 + v;
+        if ((v == 17 || v == 19) && fi == 7) fn = v8[5 + (v - 17) / 2], fk = 19 + (v - 17) / 2; /* 19, 20 */
     }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
@@ -4488,8 +4504,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][20];
-    static size_t pc_ok[64][20][PC_MAX_CS + 1], pc_no[64][20][PC_MAX_CS + 1];
+    static int pc_attr[64][24];
+    static size_t pc_ok[64][24][PC_MAX_CS + 1], pc_no[64][24][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fk], pc_ok[dv][fk][pc.cs], pc_no[dv][fk][pc.cs]))
         return M3_OK;
