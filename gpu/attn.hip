@@ -791,13 +791,6 @@ static __device__ __forceinline__ void pc_bar_wait(uint64_t *b, int par) {
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                  "@!p bra PC_WAIT;\n}\n" ::"r"(sh_u32(b)), "r"(par) : "memory");
 }
-/* a tensor copy of a box (tile mode) into this CTA's shared memory, completing on bar; m: the
- * address of a __grid_constant__ tensor map */
-static __device__ __forceinline__ void pc_tma3(void *dst, const void *m, int c0, int c1, int c2, uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
-                 ::"r"(sh_u32(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(sh_u32(bar)) : "memory");
-}
 #else
 #define M3_HAVE_CLUSTER 0
 #endif
@@ -1296,7 +1289,7 @@ static m3_status sdec_launch_cl(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, i
 #if defined(M3_HIP_NVIDIA)
 static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
-                                  int n_tok, int n_ctx, const int32_t *d_topk, int width, int block,
+                                  int n_tok, const int32_t *d_topk, int width, int block,
                                   const m3_attn_params *ap, const m3_profile *p, bool *done);
 #endif
 
@@ -1317,7 +1310,7 @@ extern "C" m3_status m3_gpu_attn_sparse_flash(m3_gpu *g, m3_bf16 *d_out, const m
     if ((int64_t)n_tok * ap->n_kv_head < (g->n_sm > 0 ? g->n_sm : 132)) {
         /* a cluster per row when the grid fits the SMs once (T = 1): pc_k, else sdec_k's */
         bool done = false;
-        M3_TRY(pc_sparse_launch(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, n_ctx, d_topk, width, block,
+        M3_TRY(pc_sparse_launch(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width, block,
                                 ap, p, &done));
         if (done) return M3_OK;
         M3_TRY((sdec_launch_cl<8, 2>(g, d_out, d_q, ld_q, d_k, d_v, d_pos, n_tok, d_topk, width,
@@ -3782,11 +3775,6 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
  * shifts instead of divisions, constant trip counts, about half the SASS of the general
  * instance (bf16 68 -> 34 KB, §4.9 94 -> 46 KB). Numerics unchanged (the same operations). */
 #define PC_NT 256       /* threads per CTA: 8 warps */
-#include <cuda.h> /* CUtensorMap (the contiguous instance's tensor copies; the encoder through the runtime) */
-/* tensor maps of the contiguous cache [n_ctx][Hkv][Dh] bf16 (K, V): boxes of 64 dims x 16 keys
- * of one head, 128-byte swizzled (cp.async.bulk.tensor: two per 16 keys instead of a bulk copy
- * per key row) */
-typedef struct { CUtensorMap k, v; } pc_tmaps;
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
 
@@ -3797,7 +3785,6 @@ typedef struct {
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
-    int tma;  /* VAR: the tensor maps are valid (contiguous FX instance) */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
@@ -3811,9 +3798,8 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     pc_lay L;
     size_t o = 0;
     const int kp = pc.cont ? c.Dh + 8 : c.Dh; /* contiguous: key rows of 272 bytes at Dh 128 */
-    const size_t al = pc.cont ? 1024 : 0; /* contiguous: room to align the tensor copies' 128-byte swizzle */
-    L.k = o, o += pc_up((size_t)pc.kpc * kp * eb + al);
-    L.v = o, o += pc_up((size_t)pc.kpc * kp * eb + al);
+    L.k = o, o += pc_up((size_t)pc.kpc * kp * eb);
+    L.v = o, o += pc_up((size_t)pc.kpc * kp * eb);
     size_t scb = (size_t)c.hq * (pc.kpc + 8) * 4, qb = (size_t)c.hq * c.Dh * 2;
     L.sc = o, o += pc_up(scb > qb ? scb : qb);
     L.pb = o, o += pc_up((size_t)16 * (pc.kpc + 8) * 2);
@@ -3831,11 +3817,11 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-template <bool FP8, bool CONT, bool PA, bool FX, int V = 0>
+template <bool FP8, bool CONT, bool PA, bool FX>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
-         pc_cfg pc, const __grid_constant__ pc_tmaps tm) {
+         pc_cfg pc) {
 #if M3_HAVE_CLUSTER && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
@@ -3862,10 +3848,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (FXP) pcx.kpc = 128;
     const pc_lay L = pc_layout(pcx, EB);
     unsigned char *ksm = pc_raw + L.k, *vsm = pc_raw + L.v;
-    /* VAR TMC (CONT FX, pc.tma): K and V by tensor copies, [16-key group][dims 0-63, 64-127][16 keys][128 B,
-     * 128-byte swizzled: 16-byte chunk c of row j at c ^ (j & 7)], from 1024-byte aligned bases */
-    constexpr bool TMC = FX && CONT && (V & 32);
-    if (TMC) ksm += (1024u - (sh_u32(ksm) & 1023u)) & 1023u, vsm += (1024u - (sh_u32(vsm) & 1023u)) & 1023u;
     float *sc = reinterpret_cast<float *>(pc_raw + L.sc);
     m3_bf16 *pb = reinterpret_cast<m3_bf16 *>(pc_raw + L.pb);
     float *ksc = reinterpret_cast<float *>(pc_raw + L.ksc), *vsc = reinterpret_cast<float *>(pc_raw + L.vsc);
@@ -3885,11 +3867,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * the score registers (a warp's two n-tiles, every head; l per warp, then over the warps
      * in order), not through the score array; BRK (bf16), the S n-tile loop that runs once
      * ends after one pass (one body, not an unrolled one with a remainder; with §4.9 it
-     * measured slower: 0.0072 against 0.0069-0.0070 ms) */
-    /* VAR PRC (CONT FX): P and l from the score registers too, in up to 4 n-tiles a warp (kpd <= 256:
-     * two S passes, the second only when the CTA has more than 128 keys) */
-    constexpr bool PRC = FX && CONT && (V & 8);
-    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && (!FP8 || (V & 16)) /* VAR */, PREG = (FXP && (!FP8 || PA)) || PRC;
+     * measured slower: 0.0072 against 0.0069-0.0070 ms). Session 13: PREG on the contiguous FX
+     * instance too (PRC: up to 4 n-tiles a warp, kpd <= 256: a second S pass only when the CTA
+     * has more than 128 keys; 6.82-6.86 against 7.15-7.34 us through the score array, batch 2) */
+    constexpr bool PRC = FX && CONT;
+    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && !FP8, PREG = (FXP && (!FP8 || PA)) || PRC;
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
 
@@ -4050,18 +4032,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
     if (EC) {
         /* issued with the key list (above) */
-    } else if (TMC) { /* VAR: lanes < ng of warp 0: their group's K (both halves), then its V */
-        if (tid == 0) {
-            pc_bar_expect(bars, (uint32_t)ng * 4096u);
-            pc_bar_expect(bars + 1, (uint32_t)ng * 4096u);
-        }
-        if (tid < ng) {
-            const int li = k0 + tid * 16, ri = li / Bs, tok = physl[ri] * Bs + (li - ri * Bs);
-            pc_tma3(ksm + tid * 4096, &tm.k, 0, g, tok, bars);
-            pc_tma3(ksm + tid * 4096 + 2048, &tm.k, 64, g, tok, bars);
-            pc_tma3(vsm + tid * 4096, &tm.v, 0, g, tok, bars + 1);
-            pc_tma3(vsm + tid * 4096 + 2048, &tm.v, 64, g, tok, bars + 1);
-        }
     } else if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
                  * the same number of copies from each warp, issued at once); V rows past nk up
                  * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
@@ -4153,12 +4123,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 bfr[0] = pf_b2(w, nullptr, true), bfr[1] = pf_b2(w >> 16, nullptr, true);
                 m3_mma_bf16_16816(acc, qa[s2], bfr);
             }
-        } else if (TMC) { /* VAR: dims 16 s2 + 2 tq (+ 8): chunks 2 (s2 % 4) (+ 1) of half s2 / 4 */
-            const int j = key & 15, c0 = (s2 & 3) * 2;
-            const unsigned char *rb = ksm + (key >> 4) * 4096 + (s2 >> 2) * 2048 + j * 128 + 4 * tq;
-            bfr[0] = *reinterpret_cast<const uint32_t *>(rb + ((c0 ^ (j & 7)) << 4));
-            bfr[1] = *reinterpret_cast<const uint32_t *>(rb + (((c0 + 1) ^ (j & 7)) << 4));
-            m3_mma_bf16_16816(acc, qa[s2], bfr);
         } else if (CONT) {
             const m3_bf16 *kr = reinterpret_cast<const m3_bf16 *>(ksm) + (size_t)key * (Dh + 8) + s2 * 16 + 2 * tq;
             bfr[0] = *reinterpret_cast<const uint32_t *>(kr);
@@ -4192,7 +4156,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             mx[i >> 1] = fmaxf(mx[i >> 1], z);
         }
     };
-    auto spass = [&](int nt, int sl) {
+    auto spass = [&](int nt, int sl) { /* n-tiles nt, nt + NW into score slots sl, sl + 1 */
         float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
         float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         const bool two = (nt + NW) * 8 < nk; /* warp-uniform */
@@ -4205,7 +4169,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         kout(nt, ca, sl);
         if (two) kout(nt + NW, cb, sl + 1);
     };
-    if (PRC) { /* VAR */
+    if (PRC) { /* the slots of both passes in registers (nk <= 256) */
         if (warp * 8 < nk) spass(warp, 0);
         if ((warp + 2 * NW) * 8 < nk) spass(warp + 2 * NW, 2);
     } else
@@ -4219,18 +4183,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
     }
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
-    if (pa) { /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
+    if (pa) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
              * and 1 / (M + 1e-8), the quotient's reciprocal */
-        auto tmax = [&](int gt) {
+        for (int gt = warp; gt < ng; gt += NW) {
             float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
             M = m3_warp_max(M);
             if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
-        };
-        if (FXP && (V & 1)) { /* VAR */
-            if (warp < ng) tmax(warp);
-        } else
-        for (int gt = warp; gt < ng; gt += NW) tmax(gt);
-    }
+        }
     __syncthreads();
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
@@ -4290,13 +4249,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
     };
-    if (PREG) { /* FX paged: keys nt 8 + 2 tq (+ 1) of n-tiles nt = warp, warp + NW, rows gq, gq + 8 */
+    if (PREG) { /* FX: keys nt 8 + 2 tq (+ 1) of n-tiles nt = warp + sl NW, rows gq, gq + 8 */
         float lp[2] = {0.0f, 0.0f};
         const float mrow[2] = {mloc[gq], mloc[gq + 8]};
 #pragma unroll
         for (int sl = 0; sl < NSL; sl++) {
             const int nt = warp + sl * NW;
-            if (PRC && nt * 8 >= ng * 16) continue; /* VAR: P's columns end at the last 16-key tile */
+            if (PRC && nt * 8 >= ng * 16) continue; /* P's columns end at the CTA's last 16-key tile */
 #pragma unroll
             for (int r2 = 0; r2 < 2; r2++) {
                 float pv[2];
@@ -4339,12 +4298,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (two) psend(h + NW, m1, l1);
     }
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
-    if (TMC && (nk & 15)) /* VAR: rows nk.. of the last group (whole rows: the swizzle stays in a row) */
-        for (int e = tid; e < (16 - (nk & 15)) * 16; e += PC_NT) {
-            const int j = (nk & 15) + (e >> 4), hc = e & 15;
-            *reinterpret_cast<uint4 *>(vsm + (ng - 1) * 4096 + (hc >> 3) * 2048 + j * 128 + (hc & 7) * 16) =
-                make_uint4(0, 0, 0, 0);
-        }
     if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
         unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
@@ -4382,10 +4335,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (CONT) { /* V rows by ldmatrix.trans: dims np 16.. + 7 in vb[0..1], the next 8 in vb[2..3] */
             uint32_t vb[4];
             const int l7 = lane & 7, b3 = (lane >> 3) & 1, b4 = lane >> 4;
-            if (TMC) { /* VAR: key j of group ks, dims np 16 + 8 b4: chunk 2 (np % 4) + b4 of half np / 4 */
-                const int j = l7 + b3 * 8, ch = (np & 3) * 2 + b4;
-                ldsm4t(vb, vsm + ks * 4096 + (np >> 2) * 2048 + j * 128 + ((ch ^ (j & 7)) << 4));
-            } else
             ldsm4t(vb, reinterpret_cast<const m3_bf16 *>(vsm) + (size_t)(ks * 16 + l7 + b3 * 8) * (Dh + 8) +
                            np * 16 + b4 * 8);
             m3_mma_bf16_16816(oo[0], a, vb);
@@ -4417,15 +4366,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     };
     if (np * 16 < Dh) {
-        if (FX && (V & 4)) { /* VAR */
+        if (FXP && PA) { /* §4.9 FX (ng <= 8): straight guarded steps, so the tiles' mma (each summed
+                          * apart, then scaled) issue back to back: 6.50-6.54 against 7.07-7.13 us
+                          * with the loop unrolled 4 (session 13, batch 1; no change on bf16) */
 #pragma unroll
             for (int ks = 0; ks < 8; ks++)
                 if (ks < ng) pvstep(ks, o);
-#pragma unroll 1
-            for (int ks = 8; ks < (CONT ? ng : 0); ks++) pvstep(ks, o);
-        } else if (FX && (V & 2)) {
-#pragma unroll 1
-            for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
         } else
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
@@ -4468,7 +4414,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                         (FXP || c.part > 0), e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
     }
 #else
-    (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc; (void)tm;
+    (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif
 }
 
@@ -4498,11 +4444,10 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
 }
 
 typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
-                      int, const int32_t *, int, pc_cfg, pc_tmaps);
+                      int, const int32_t *, int, pc_cfg);
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
-                           const int32_t *d_topk, int width, const pc_cfg &pc, bool *done,
-                           const pc_tmaps *tm = NULL) {
+                           const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
     *done = false;
     /* the instance: bf16, fp8 dequantized, §4.9 (its own: the P' path compiled in), contiguous;
      * each also with M3's geometry and atom's flags compiled in (FX) where they match */
@@ -4519,23 +4464,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, true, false, false>, pc_k<true, false, true, false>,
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
-    pc_fn fn = fns[fi];
-    int fk = fi;
-    { /* VAR: session variants of the FX instances (M3_PCV, re-read per call) */
-        const char *e = getenv("M3_PCV");
-        const int v = e ? atoi(e) : 0;
-        static const struct { int fi, v; pc_fn fn; } vt[] = {
-            {4, 2, pc_k<false, false, false, true, 2>}, {4, 4, pc_k<false, false, false, true, 4>},
-            {6, 2, pc_k<false, true, false, true, 2>}, {6, 4, pc_k<false, true, false, true, 4>},
-            {6, 8, pc_k<false, true, false, true, 8>}, {6, 12, pc_k<false, true, false, true, 12>},
-            {6, 32, pc_k<false, true, false, true, 32>}, {6, 40, pc_k<false, true, false, true, 40>},
-            {7, 1, pc_k<true, false, true, true, 1>}, {7, 2, pc_k<true, false, true, true, 2>},
-            {7, 3, pc_k<true, false, true, true, 3>}, {7, 4, pc_k<true, false, true, true, 4>},
-            {7, 5, pc_k<true, false, true, true, 5>}, {7, 17, pc_k<true, false, true, true, 17>},
-            {7, 19, pc_k<true, false, true, true, 19>}};
-        for (int i = 0; i < (int)(sizeof vt / sizeof vt[0]); i++)
-            if (vt[i].fi == fi && vt[i].v == v && (!(v & 32) || pc.tma)) fn = vt[i].fn, fk = 8 + i;
-    }
+    const pc_fn fn = fns[fi];
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4550,14 +4479,12 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][24];
-    static size_t pc_ok[64][24][PC_MAX_CS + 1], pc_no[64][24][PC_MAX_CS + 1]; /* VAR: 8 + 15 variants */
+    static int pc_attr[64][8];
+    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
     const int dv = g->device & 63;
-    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fk], pc_ok[dv][fk][pc.cs], pc_no[dv][fk][pc.cs]))
+    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-    pc_tmaps tz;
-    if (!tm) memset(&tz, 0, sizeof tz), tm = &tz;
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc, *tm));
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
 }
@@ -4566,44 +4493,9 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
  * cs <= 16 CTAs per row, each up to kpc keys of sdec_k's list (the row's keys split evenly in
  * the kernel), each CTA its own chunk (numerics free: P against the CTA's max, fp32 LSE
  * merge by cl_merge); *done false when the grid does not fit (rows x cs <= SMs, kpc <= 256) */
-/* the driver's tensor-map encoder, through the runtime (no libcuda link); NULL if absent */
-typedef CUresult (*pc_enc_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static pc_enc_fn pc_encoder(void) {
-    static int done;
-    static pc_enc_fn f;
-    if (!done) {
-        done = 1;
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess && q == cudaDriverEntryPointSuccess)
-            f = (pc_enc_fn)p;
-        else
-            (void)cudaGetLastError();
-    }
-    return f;
-}
-/* the contiguous instance's tensor maps: K and V [n_ctx][Hkv][Dh] bf16 as boxes of 64 dims x 1
- * head x 16 keys, 128-byte swizzle, rows past n_ctx read as zeros; false where not encodable */
-static bool pc_tma_cont(const m3_bf16 *d_k, const m3_bf16 *d_v, int n_ctx, int Hkv, int Dh, pc_tmaps *tm) {
-    const pc_enc_fn enc = pc_encoder();
-    if (!enc || Dh != 128) return false;
-    const cuuint64_t dim[3] = {(cuuint64_t)Dh, (cuuint64_t)Hkv, (cuuint64_t)n_ctx},
-                     str[2] = {(cuuint64_t)Dh * 2, (cuuint64_t)Hkv * Dh * 2};
-    const cuuint32_t box[3] = {64, 1, 16}, es[3] = {1, 1, 1};
-    return enc(&tm->k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)d_k, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-               CUDA_SUCCESS &&
-           enc(&tm->v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)d_v, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-               CUDA_SUCCESS;
-}
-
 static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_bf16 *d_k, const m3_bf16 *d_v, const int32_t *d_pos,
-                                  int n_tok, int n_ctx, const int32_t *d_topk, int width, int block,
+                                  int n_tok, const int32_t *d_topk, int width, int block,
                                   const m3_attn_params *ap, const m3_profile *p, bool *done) {
     *done = false;
     const int Hkv = ap->n_kv_head, Dh = ap->head_dim, hq = ap->n_head / Hkv;
@@ -4623,12 +4515,7 @@ static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
     m3_gpu_attn_paged_src src;
     memset(&src, 0, sizeof src);
     src.k = d_k, src.v = d_v, src.g.block = block; /* pc_k<false, true> reads these only */
-    pc_tmaps tm;
-    { /* VAR: the tensor maps only when a variant asks */
-        const char *e = getenv("M3_PCV");
-        if (e && (atoi(e) & 32)) pc.tma = pc_tma_cont(d_k, d_v, n_ctx, Hkv, Dh, &tm);
-    }
-    return pc_launch(g, d_out, d_q, ld_q, &src, d_pos, n_tok, d_topk, width, pc, done, &tm);
+    return pc_launch(g, d_out, d_q, ld_q, &src, d_pos, n_tok, d_topk, width, pc, done);
 }
 #endif
 
