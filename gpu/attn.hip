@@ -3632,13 +3632,24 @@ extern "C" m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3
  * thread: a thread-serial merge of 8-16 chunks measured ~2.5 us (session 9). Call with all nt
  * threads (a multiple of 32). The two steps are cl_weights (needs rl, rm only) and cl_sums
  * (needs ro, after a barrier that makes mwl visible): pc_k forms the weights while the O
- * partials are still arriving (session 10). */
-template <bool LOG2>
+ * partials are still arriving (session 10). Where the launch knows the shape (pc_k's FX
+ * instances, session 13) it is compiled in: SPC CTAs a chunk, at most NCH chunks (a power of
+ * two <= 32: the max butterfly spans NCH lanes, and each half of the sums takes NCH / 2 guarded
+ * chunks, straight code with no loop remainder), and EH: the owner's elements are one head of
+ * EH = Dh dims (nh 1, ne EH: one warp forms the weights, one pass of the element loop); 0: from
+ * the arguments. The partition quotient is rounded by the hardware cvt (round_bf16x2: the value
+ * of m3_round_bf16 for every non-NaN input; a NaN becomes the canonical NaN in the product that
+ * follows either way). */
+#if M3_HAVE_CLUSTER /* device code of the sm_90 pass (round_bf16x2 is cvt.rn.bf16x2) */
+template <bool LOG2, int SPC = 0, int NCH = 0, int EH = 0>
 static __device__ void cl_weights(const float *rl, const float *rm, int ls, int nch, int spc, int e0,
                                   int ne, int Dh, float4 *mwl, int tid, int nt) {
-    const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0, lane = tid & 31;
+    static_assert(NCH >= 0 && NCH <= 32 && (NCH & (NCH - 1)) == 0, "a butterfly over NCH lanes");
+    if (SPC) spc = SPC;
+    if (EH) ne = EH, Dh = EH;
+    const int h0 = e0 / Dh, nh = EH ? 1 : ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0, lane = tid & 31;
     /* a warp per head: lane u < cs = nch spc reads CTA u's (l, m); lane j < nch forms chunk j's */
-    for (int hl = tid >> 5; hl < nh; hl += nt >> 5) {
+    auto head = [&](int hl) {
         const int h = h0 + hl;
         const float lv = lane < nch * spc ? rl[lane * ls + h] : 0.0f;
         const float mv = lane < nch * spc ? rm[lane * ls + h] : -INFINITY;
@@ -3648,33 +3659,52 @@ static __device__ void cl_weights(const float *rl, const float *rm, int ls, int 
         const bool on = lane < nch && l > 0.0f;
         float M = on ? m : -INFINITY;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        for (int o = NCH ? NCH / 2 : 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
         if (lane < nch) {
             const float x = m - M, w = on ? (LOG2 ? exp2f(x) : expf(x)) : 0.0f;
             mwl[lane * nh + hl] = make_float4(w, l, on ? __frcp_rn(l) : 0.0f, w * l);
         }
-    }
+    };
+    if (EH) {
+        if (tid < 32) head(0);
+    } else
+        for (int hl = tid >> 5; hl < nh; hl += nt >> 5) head(hl);
 }
 
+template <int SPC = 0, int NCH = 0, int EH = 0>
 static __device__ void cl_sums(m3_bf16 *orow, const float *ro, int epo, int nch, int spc, bool part,
                                int e0, int ne, int Dh, const float4 *mwl, int tid, int nt) {
-    const int h0 = e0 / Dh, nh = ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0;
+    if (SPC) spc = SPC;
+    if (EH) ne = EH, Dh = EH;
+    const int h0 = e0 / Dh, nh = EH ? 1 : ne > 0 ? (e0 + ne - 1) / Dh - h0 + 1 : 0;
     const int half = (tid >> 4) & 1, jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
 #pragma unroll 1
     for (int xb = 0; xb < ne; xb += nt / 2) {
         const int x = xb + (tid >> 5) * 16 + (tid & 15);
         float num = 0.0f, den = 0.0f;
         if (x < ne) {
-            const int hl = (e0 + x) / Dh - h0;
-#pragma unroll 4
-            for (int j = ja; j < jb; j++) {
+            const int hl = EH ? 0 : (e0 + x) / Dh - h0;
+            auto chunk = [&](int j) {
                 const float4 f = mwl[j * nh + hl];
                 float oo = 0.0f;
 #pragma unroll 2
                 for (int u = 0; u < spc; u++) oo += ro[(size_t)(j * spc + u) * epo + x];
-                const float a = part && f.y > 0.0f ? f.y * m3_round_bf16(pd8_div(oo, f.y, f.z)) : oo;
+                float a = oo;
+                if (part && f.y > 0.0f) {
+                    float qq = pd8_div(oo, f.y, f.z), q2 = 0.0f;
+                    round_bf16x2(qq, q2);
+                    a = f.y * qq;
+                }
                 num += __fmul_rn(f.x, a);
                 den += f.w;
+            };
+            if (NCH) {
+#pragma unroll
+                for (int i = 0; i < NCH / 2; i++)
+                    if (ja + i < jb) chunk(ja + i);
+            } else {
+#pragma unroll 4
+                for (int j = ja; j < jb; j++) chunk(j);
             }
         }
         num += __shfl_xor_sync(0xffffffffu, num, 16);
@@ -3691,6 +3721,7 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
     __syncthreads();
     cl_sums(orow, ro, epo, nch, spc, part, e0, ne, Dh, mwl, tid, nt);
 }
+#endif
 
 /* ---- batch-1 decode over thread-block clusters: pc_k (sessions 8, 9) ----------------------
  * For grids of few (token, kv head) rows (decode of one token: 4 rows at M3 shapes), where
@@ -3795,13 +3826,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     extern __shared__ __align__(16) unsigned char pc_raw[];
     constexpr int EB = FP8 ? 1 : 2, XC = 16 / EB, NW = PC_NT / 32;
     /* the owner's weights before O lands (paged instances; measured there, session 10) */
-    /* FS (FX, session 12): the owner's merge as straight code for its one head (warp 0 forms
-     * the weights, then HJ guarded chunks per half: no loop remainders; the partition quotient
-     * rounded by the hardware cvt, which is m3_round_bf16 for every non-NaN value, and a NaN
-     * becomes the canonical NaN in the product that follows either way); the contiguous FX
-     * instance too, with the weights formed while O arrives (l, m on bars[4]) */
+    /* FS (FX, session 12): the owner's merge with its shape compiled in (cl_weights / cl_sums
+     * with SPC, NCH, EH: one head an owner, warp 0 forms the weights, then NCH / 2 guarded
+     * chunks per half: no loop remainders); the contiguous FX instance too, with the weights
+     * formed while O arrives (l, m on bars[4]) */
     constexpr bool FS = FX && (!FP8 || PA); /* measured on bf16, §4.9 and contiguous */
     constexpr bool EARLY = !CONT || FS;
+    constexpr int MSP = FS ? (CONT ? 1 : 2) : 0, MNJ = FS ? (CONT ? 16 : 8) : 0, MEH = FS ? 128 : 0;
     const pf_cfg &c = pc.c;
     const bool pa = PA || (FP8 && c.pa); /* §4.9 (known false in the bf16 instance: no P' code there) */
     /* FX: M3's sparse decode geometry compiled in (hq 16, Dh 128, partitions of 256 keys, Bs 128,
@@ -3836,8 +3867,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * the score registers (a warp's two n-tiles, every head; l per warp, then over the warps
      * in order), not through the score array; BRK (bf16), the S n-tile loop that runs once
      * ends after one pass (one body, not an unrolled one with a remainder; with §4.9 it
-     * measured slower: 0.0072 against 0.0069-0.0070 ms) */
-    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && !FP8, PREG = FXP && (!FP8 || PA);
+     * measured slower: 0.0072 against 0.0069-0.0070 ms). Session 13: PREG on the contiguous FX
+     * instance too (PRC: up to 4 n-tiles a warp, kpd <= 256: a second S pass only when the CTA
+     * has more than 128 keys; 6.82-6.86 against 7.15-7.34 us through the score array, batch 2) */
+    constexpr bool PRC = FX && CONT;
+    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && !FP8, PREG = (FXP && (!FP8 || PA)) || PRC;
+    constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -4102,9 +4137,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
     };
     float mx[2] = {-INFINITY, -INFINITY};
-    float zr[2][4]; /* PREG: the scores of n-tiles warp, warp + NW (-inf past nk) */
+    float zr[NSL][4]; /* PREG: the scores of n-tiles warp + j NW (-inf past nk) */
 #pragma unroll
-    for (int i = 0; i < 8; i++) zr[i >> 2][i & 3] = -INFINITY;
+    for (int i = 0; i < 4 * NSL; i++) zr[i >> 2][i & 3] = -INFINITY;
     auto kout = [&](int nt, const float (&c8)[2][4], int sl) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -4121,7 +4156,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             mx[i >> 1] = fmaxf(mx[i >> 1], z);
         }
     };
-    for (int nt = warp; nt * 8 < nk; nt += 2 * NW) {
+    auto spass = [&](int nt, int sl) { /* n-tiles nt, nt + NW into score slots sl, sl + 1 */
         float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
         float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         const bool two = (nt + NW) * 8 < nk; /* warp-uniform */
@@ -4131,8 +4166,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             kstep(nt * 8 + gq, s2, ca[s2 & 1]);
             if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
         }
-        kout(nt, ca, 0);
-        if (two) kout(nt + NW, cb, 1);
+        kout(nt, ca, sl);
+        if (two) kout(nt + NW, cb, sl + 1);
+    };
+    if (PRC) { /* the slots of both passes in registers (nk <= 256) */
+        if (warp * 8 < nk) spass(warp, 0);
+        if ((warp + 2 * NW) * 8 < nk) spass(warp + 2 * NW, 2);
+    } else
+    for (int nt = warp; nt * 8 < nk; nt += 2 * NW) {
+        spass(nt, 0);
         if (BRK) break; /* FXP: nk <= 8 NW */
     }
 #pragma unroll
@@ -4207,12 +4249,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             pc_sta(pc_mapa(rm + r * hq + h, lane), m, mb);
         }
     };
-    if (PREG) { /* FX paged: keys nt 8 + 2 tq (+ 1) of n-tiles nt = warp, warp + NW, rows gq, gq + 8 */
+    if (PREG) { /* FX: keys nt 8 + 2 tq (+ 1) of n-tiles nt = warp + sl NW, rows gq, gq + 8 */
         float lp[2] = {0.0f, 0.0f};
         const float mrow[2] = {mloc[gq], mloc[gq + 8]};
 #pragma unroll
-        for (int sl = 0; sl < 2; sl++) {
+        for (int sl = 0; sl < NSL; sl++) {
             const int nt = warp + sl * NW;
+            if (PRC && nt * 8 >= ng * 16) continue; /* P's columns end at the CTA's last 16-key tile */
 #pragma unroll
             for (int r2 = 0; r2 < 2; r2++) {
                 float pv[2];
@@ -4322,9 +4365,17 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     };
-    if (np * 16 < Dh)
+    if (np * 16 < Dh) {
+        if (FXP && PA) { /* §4.9 FX (ng <= 8): straight guarded steps, so the tiles' mma (each summed
+                          * apart, then scaled) issue back to back: 6.50-6.54 against 7.07-7.13 us
+                          * with the loop unrolled 4 (session 13, batch 1; no change on bf16) */
+#pragma unroll
+            for (int ks = 0; ks < 8; ks++)
+                if (ks < ng) pvstep(ks, o);
+        } else
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
+    }
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = FX ? 128 : pc.epo;
@@ -4349,60 +4400,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
-        if (FS) { /* FX: cl_weights for the owner's one head (h = r), warp 0: lanes = CTAs, then chunks */
-            constexpr int SP = FXP ? 2 : 1, NJ = FXP ? 8 : 16;
-            if (warp == 0) {
-                const int h = r;
-                const float lv = lane < nch * SP ? rl[lane * 16 + h] : 0.0f;
-                const float mv = lane < nch * SP ? rm[lane * 16 + h] : -INFINITY;
-                float l = 0.0f;
-#pragma unroll
-                for (int u = 0; u < SP; u++) l += __shfl_sync(0xffffffffu, lv, (lane * SP + u) & 31);
-                const float m = __shfl_sync(0xffffffffu, mv, (lane * SP) & 31);
-                const bool on = lane < nch && l > 0.0f;
-                float M = on ? m : -INFINITY;
-#pragma unroll
-                for (int o = NJ / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-                if (lane < nch) {
-                    const float w = on ? expf(m - M) : 0.0f;
-                    reinterpret_cast<float4 *>(wa)[lane] = make_float4(w, l, on ? __frcp_rn(l) : 0.0f, w * l);
-                }
-            }
-        } else
-        cl_weights<false>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+        cl_weights<false, MSP, MNJ, MEH>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
         __syncthreads(); /* the weights */
-        if (FS) { /* FX: one head an owner (ne 128: mwl [nch][1]), 2 threads an element */
-            constexpr int NJ = FXP ? 8 : 16, SP = FXP ? 2 : 1, HJ = NJ / 2;
-            const float4 *mw = reinterpret_cast<const float4 *>(wa);
-            const int half = (tid >> 4) & 1, x = (tid >> 5) * 16 + (tid & 15);
-            const int jh = (nch + 1) / 2, ja = half ? jh : 0, jb = half ? nch : jh;
-            float num = 0.0f, den = 0.0f;
-#pragma unroll
-            for (int i = 0; i < HJ; i++) {
-                const int j = ja + i;
-                if (j < jb) {
-                    const float4 f = mw[j];
-                    float oo = 0.0f;
-#pragma unroll
-                    for (int u = 0; u < SP; u++) oo += ro[(size_t)(SP * j + u) * 128 + x];
-                    float a = oo;
-                    if (FXP && f.y > 0.0f) {
-                        float qq = pd8_div(oo, f.y, f.z), q2 = 0.0f;
-                        round_bf16x2(qq, q2);
-                        a = f.y * qq;
-                    }
-                    num += __fmul_rn(f.x, a);
-                    den += f.w;
-                }
-            }
-            num += __shfl_xor_sync(0xffffffffu, num, 16);
-            den += __shfl_xor_sync(0xffffffffu, den, 16);
-            if (!half) out[(size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0 + x] = m3_f32_to_bf16(num / den);
-        } else
-        cl_sums(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc, (FXP || c.part > 0), e0, ne,
-                Dh, reinterpret_cast<const float4 *>(wa), tid, PC_NT);
+        cl_sums<MSP, MNJ, MEH>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc,
+                               FXP || (!CONT && c.part > 0), e0, ne, Dh, reinterpret_cast<const float4 *>(wa), tid,
+                               PC_NT);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
         pc_bar_wait_cl(bars + 3, 0);
