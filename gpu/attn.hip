@@ -3563,7 +3563,10 @@ static size_t pw8_smem_bytes(const pf_cfg &c) {
 }
 static_assert(((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4 <= (size_t)PW_NS * PW_SB, "pf_row_merge's scratch");
 
-template <int PVC>
+/* PVC: the view's page when 16 or 128 (else 0, a run-time page); TP: §4.9 tiles of >= 64 keys
+ * (dense layers' 128): P' [k-step][2 groups][16 heads][16 keys], one m64n16k32 chain a tile,
+ * scaled once at its end (ref's structure: the tile's sum, then M / FP8_MAX) */
+template <int PVC, bool TP>
 static __global__ void __launch_bounds__(128, 2)
     pw8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3788,8 +3791,10 @@ static __global__ void __launch_bounds__(128, 2)
                 lp[2 * (i >> 2) + (i & 1)] += ex;
                 pv[i] = pd8_div(ex * vs[ti][(i >> 1) & 1] * c.fmax, ty, ry);
             }
-            /* byte (step G / 2, half G % 2, column 16 half + head, key of the group) */
-            unsigned char *pg = pb + (G >> 1) * 1024 + (G & 1) * (512 + 256) + gq;
+            /* byte (step G / 2, half G % 2, column 16 half + head, key of the group); TP:
+             * (step G / 2, group G % 2, head, key) */
+            unsigned char *pg = TP ? pb + (G >> 1) * 512 + (G & 1) * 256 + gq
+                                   : pb + (G >> 1) * 1024 + (G & 1) * (512 + 256) + gq;
 #pragma unroll
             for (int i = 0; i < 8; i += 2) {
                 const uint32_t c2 = pd8_e4m3x2(pv[i], pv[i + 1]);
@@ -3808,7 +3813,7 @@ static __global__ void __launch_bounds__(128, 2)
 #pragma unroll
             for (int i = 0; i < 4; i++) redl[warp][8 * (i >> 1) + 2 * tq + (i & 1)] = lp[i];
         /* pass 2: O^T += V^T P'^T per tile (the acquire's fence and barrier publish P') */
-        float o[2][8];
+        float o[2][8], dt[2][8];
 #pragma unroll
         for (int i = 0; i < 16; i++) o[i / 8][i % 8] = 0.0f;
         const int keep = nk % 16 != 0 && ng - 1 == 4 * ((ng - 1) / 4) + warp ? nk % 16 : 0;
@@ -3817,6 +3822,26 @@ static __global__ void __launch_bounds__(128, 2)
             if (ti >= nkt) break;
             const unsigned char *st = acquire(ti == nkt - 1 ? keep : 0);
             const uint32_t st_s = sh_u32(st);
+            if (TP) { /* the tile's chain in dt; scaled into o at the tile's (or the row's) end */
+#pragma unroll
+                for (int i = 0; i < 16; i++) m3_wgmma_pin(dt[i / 8][i % 8]);
+                m3_wgmma_fence();
+                const int cont = (64 * ti) % c.tile != 0; /* continues the tile before */
+#pragma unroll
+                for (int kq = 0; kq < 2; kq++)
+#pragma unroll
+                    for (int mh = 0; mh < 2; mh++)
+                        m3_wgmma_m64n16k32_e4m3(dt[mh], m3_wgmma_desc_ns(st_s + 4096 * kq + 1024 * mh, 2048, 128),
+                                                m3_wgmma_desc_ns(pb_s + 512 * (2 * ti + kq), 256, 128), kq | cont);
+                m3_wgmma_commit();
+                const float f = gfac[4 * ti];
+                m3_wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 16; i++) m3_wgmma_pin(dt[i / 8][i % 8]);
+                if ((64 * ti + 64) % c.tile == 0 || ti == nkt - 1)
+#pragma unroll
+                    for (int i = 0; i < 16; i++) o[i / 8][i % 8] += dt[i / 8][i % 8] * f;
+            } else {
             float dv[2][2][16];
 #pragma unroll
             for (int i = 0; i < 64; i++) m3_wgmma_pin(dv[i / 32][(i / 16) % 2][i % 16]);
@@ -3839,6 +3864,7 @@ static __global__ void __launch_bounds__(128, 2)
 #pragma unroll
                     for (int i = 0; i < 8; i++)
                         o[mh][i] += dv[kq][mh][i] * f[2 * kq] + dv[kq][mh][i + 8] * f[2 * kq + 1];
+            }
         }
         /* chunk done: l per head (the warps' sums in order), A_j into the running merge */
         float ll[4], wa[4], wb[4], rl[4];
@@ -4901,7 +4927,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel == 5) dec = c.dec;
+    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel >= 5) dec = c.dec;
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pw8_part_k, else pd8_part_k */
     /* pw8_part_k (wgmma) where the device runs it; test hook flash_kernel 5: pd8_part_k */
     const bool pw = p8 && src->flash_kernel != 5 && m3_gpu_wgmma_ok(g);
@@ -4969,31 +4995,33 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][12]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][13]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[11] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+    const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                           pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                          pd8_part_k<true, 128>, pw8_part_k<0>, pw8_part_k<16>, pw8_part_k<128>};
+                          pd8_part_k<true, 128>, pw8_part_k<0, false>, pw8_part_k<0, true>,
+                          pw8_part_k<16, false>, pw8_part_k<128, true>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
-        if (pw) fi = pv == 16 ? 9 : pv == 128 ? 10 : 8;
+        const bool t64 = c.tile >= 64 && src->flash_kernel != 6; /* pw8_part_k's tile chains (SESSION13 KNOB 6: without) */
+        if (pw) fi = !t64 && pv == 16 ? 10 : t64 && pv == 128 ? 11 : 8 + t64;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && !c.split && msh > pf_set[11]) {
+    if (!c.fused && !c.split && msh > pf_set[12]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[11] = msh;
+        pf_set[12] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
