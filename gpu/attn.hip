@@ -2636,12 +2636,12 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
     if (tid == 0 && atomicAdd(cnt, 1u) == nsp + (unsigned int)K - 1) *cnt = 0;
 }
 
-/* The decode kernels' key list (pd_part_k, pd8_part_k, pw8_part_k; one copy since session
- * 13), once selsh holds the row's selection (sparse) and a barrier passed: the row's key count
- * into *n_sh and, sparse, the physical order of ref's m3_kv_sparse_table expansion into blist
- * (as pf_part_k: the selected full blocks before the own one in selection or id order,
- * duplicates kept, the own block last when selected, truncated at the context); nkw
- * (non-NULL): the count for pf_merge_k too. nt threads; ends with a barrier. */
+/* The decode kernels' key list (pd_part_k, pd8_part_k; one copy since session 13), once
+ * selsh holds the row's selection (sparse) and a barrier passed: the row's key count into
+ * *n_sh and, sparse, the physical order of ref's m3_kv_sparse_table expansion into blist (as
+ * pf_part_k: the selected full blocks before the own one in selection or id order, duplicates
+ * kept, the own block last when selected, truncated at the context); nkw (non-NULL): the count
+ * for pf_merge_k too. nt threads; ends with a barrier. */
 static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, int Bs,
                                bool sel_order, int *blist, int *vfl, int *last_sh, int *n_sh,
                                int *nkw, int tid, int nt) {
@@ -3093,7 +3093,13 @@ static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
 
 /* TPAIR: c.tile >= 32 (pairs of 16-key groups lie in one §4.9 tile); PVC: the view's page when
  * it is 16 or 128 (the M3 layers' views; the launcher checks it), else 0 (a run-time page) */
-template <bool TPAIR, int PVC>
+/* SESSION13 KNOB VAR: 1 P = ex2.approx((z - m) log2e), 2 also P' = x rcp(y) unrefined */
+static __device__ __forceinline__ float pd8_ex2e(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
+template <bool TPAIR, int PVC, int VAR>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3401,8 +3407,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     zl = make_float4(two ? zl.x : ni, two ? zl.y : ni, two ? zl.z : ni, two ? zl.w : ni);
                     zh = make_float4(two ? zh.x : ni, two ? zh.y : ni, two ? zh.z : ni, two ? zh.w : ni);
                 }
-                const float ex[2][4] = {{expf(zl.x - mx0), expf(zl.y - mx0), expf(zl.z - mx1), expf(zl.w - mx1)},
-                                        {expf(zh.x - mx0), expf(zh.y - mx0), expf(zh.z - mx1), expf(zh.w - mx1)}};
+                float ex[2][4];
+                if (VAR == 0) {
+                    ex[0][0] = expf(zl.x - mx0), ex[0][1] = expf(zl.y - mx0), ex[0][2] = expf(zl.z - mx1), ex[0][3] = expf(zl.w - mx1);
+                    ex[1][0] = expf(zh.x - mx0), ex[1][1] = expf(zh.y - mx0), ex[1][2] = expf(zh.z - mx1), ex[1][3] = expf(zh.w - mx1);
+                } else {
+                    ex[0][0] = pd8_ex2e(zl.x - mx0), ex[0][1] = pd8_ex2e(zl.y - mx0), ex[0][2] = pd8_ex2e(zl.z - mx1), ex[0][3] = pd8_ex2e(zl.w - mx1);
+                    ex[1][0] = pd8_ex2e(zh.x - mx0), ex[1][1] = pd8_ex2e(zh.y - mx0), ex[1][2] = pd8_ex2e(zh.z - mx1), ex[1][3] = pd8_ex2e(zh.w - mx1);
+                }
                 l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
                 l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
                 const float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
@@ -3419,7 +3431,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, yt, ryt);
+                        pv[h][i] = VAR == 2 ? ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax * ryt
+                                            : pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, yt, ryt);
                 pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
                 pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
             }
@@ -3515,420 +3528,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
     pf_row_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, Dh,
                  reinterpret_cast<float *>(wraw), tid, NT);
-#else
-    (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
-    (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
-#endif
-}
-
-
-/* ---- §4.9 fp8 decode on warpgroup MMA: pw8_part_k (session 13) ----------------------------
- * pd8_part_k's grid, chunks, partials, merges and §4.9 rounding points, with both products as
- * wgmma on the e4m3 codes straight from shared memory (no code unpacks, no mma.sync issue per
- * 16 keys: pd8_part_k was issue-bound at ~650 instructions a 16-key group and a warp). The
- * block is one warpgroup and runs its cpb chunks one after another, 64-key tiles through a
- * ring of PW_NS stages (cp.async; per chunk its K tiles, then its V tiles; PW_NS - 1 tiles in
- * flight; one block barrier a tile, behind which the next copy is issued into the stage the
- * tile before used). Warp w copies group w (16 keys) of each tile, its lanes 0-3 holding the
- * group offsets of the chunk (pf_offs, the physical block loaded a chunk ahead) as
- * pd8_part_k's lanes did. Operands, all K-major without swizzle (core matrices of 8 rows x 16
- * bytes, gpu/hip_compat.h):
- * - S^T = K Q^T: m64n16k32, A = the K tile [dim unit 8][64 keys][16 dims] (the cache's own
- *   16-byte units, regrouped), B = fp8(q) codes [dim unit 8][16 heads][16 dims]; the
- *   accumulator rows are keys (warp w: keys 16w..16w+15 of the tile, i.e. one 16-key group),
- *   columns heads. s = f32(q.k) s k_scale per key (§4.9 step 2).
- * - the partition max per head (shuffles over the warp's keys, then the 4 warps through
- *   shared memory), P = exp(z - m), l, M = the §4.9 tile's max V scale (per group, then per
- *   tile through shared memory), P' codes by pd8_part_k's quotients and cvt.rn.satfinite,
- *   stored as the B operand [k-step][2 halves][32 columns][16 keys]: k-step j covers groups
- *   2j (columns 0-15) and 2j + 1 (columns 16-31), the other half zero, so one
- *   m64n32k32 gives each group's own sum P'.V (exact products) and the output is
- *   O^T += D_a (M_a / FP8_MAX) + D_b (M_b / FP8_MAX): ref's per-tile scaling for 16-key tiles
- *   (larger tiles: scaled per 16 keys, an fp32 reordering as in pd8_part_k).
- * - O^T = V^T P'^T: m64n32k32 per 64 dims, A = the V tile as copied ([group 4][128 dims][16
- *   keys]: the cache's V units are K-major for this product).
- * Keys past the row get z = -inf (P' codes 0) and their V codes zeroed (a partial group's
- * bytes by the lanes that copied them, missing groups by zero-filling copies), as in
- * pd8_part_k. The fp32 accumulation inside a wgmma is the hardware's (sums reordered; the
- * tests' NMSE bounds). Only the sm_90a device pass has it (M3_HAVE_WGMMA; the launcher asks
- * m3_gpu_wgmma_ok), elsewhere pd8_part_k runs. */
-#define PW_NS 8              /* ring stages of a 64-key tile */
-#define PW_SB (8192 + 512)   /* stage bytes: 64 keys x 128 codes, then 64 K and 64 V scales */
-
-/* fp8(q) codes (2 KB), the P' operand (8 KB: 8 k-steps of 32 keys), the ring (the merges'
- * scratch at the end) */
-static size_t pw8_smem_bytes(const pf_cfg &c) {
-    (void)c;
-    return (size_t)2048 + 8192 + (size_t)PW_NS * PW_SB;
-}
-static_assert(((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4 <= (size_t)PW_NS * PW_SB, "pf_row_merge's scratch");
-
-/* PVC: the view's page when 16 or 128 (else 0, a run-time page); TP: §4.9 tiles of >= 64 keys
- * (dense layers' 128): P' [k-step][2 groups][16 heads][16 keys], one m64n16k32 chain a tile,
- * scaled once at its end (ref's structure: the tile's sum, then M / FP8_MAX) */
-template <int PVC, bool TP>
-static __global__ void __launch_bounds__(128, 2)
-    pw8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
-               m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
-               const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
-               float *M3_RESTRICT pml, int *M3_RESTRICT nkeys, pf_cfg c) {
-#if M3_HAVE_WGMMA && M3_HAVE_FP8_CVT
-    extern __shared__ __align__(16) unsigned char pf_raw[];
-    constexpr int Dh = FA_MAX_DH, NT = 128, NS = PW_NS, SB = PW_SB;
-    const int hq = c.hq, ch = c.ch, Bs = s.g.block;
-    unsigned char *qb = pf_raw, *pb = pf_raw + 2048, *ring = pf_raw + 2048 + 8192;
-    __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
-    __shared__ int n_sh, last_sh;
-    /* per chunk: the warps' head maxima and denominators, the groups' max V scale and
-     * M / FP8_MAX */
-    __shared__ float redm[4][16], redl[4][16], gmx[16], gfac[16];
-
-    const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
-    const int p = pos[t];
-    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
-    const bool sparse = topk != NULL;
-    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
-    if (sparse)
-        for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
-    __syncthreads();
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, blist, vfl, &last_sh, &n_sh,
-            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid, NT);
-    const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
-    const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
-    const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
-    const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page, pvk = PVC > 0 ? PVC : Pv;
-    const float rfmax = __frcp_rn(c.fmax);
-    /* lane l < 4: the physical block of group 4l + warp of chunk cc (loaded a chunk ahead) */
-    auto phys = [&](int cc) {
-        const int k = cc * ch + 16 * (4 * lane + warp);
-        if (lane >= 4 || cc >= ce || k >= n) return 0;
-        const int kb = k / Bs;
-        return sparse ? s.bt[blist[kb]] : s.bt[kb];
-    };
-    /* the issue cursor: chunk ic, item ij (K tiles 0..ikt-1, then V tiles), lanes 0-3 holding
-     * the element offsets (K, V, scale) of this warp's groups of chunk ic */
-    int ic = cb, ij = 0, ikt = 0, ink = 0, phn = phys(cb);
-    int64_t gko = 0, gvo = 0, gso = 0;
-    auto enter = [&]() {
-        if (ic >= ce) return;
-        const int k0 = ic * ch;
-        ink = min(ch, n - k0), ikt = (ink + 63) / 64;
-        const int k = k0 + 16 * (4 * lane + warp);
-        if (lane < 4 && k < n) {
-            const int kb = k / Bs;
-            pf_offs<16>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
-        }
-        phn = phys(ic + 1);
-    };
-    enter();
-    unsigned isq = 0, csq = 0; /* tiles issued / consumed */
-    const uint32_t ring_s = sh_u32(ring), qb_s = sh_u32(qb), pb_s = sh_u32(pb);
-    /* a lane's K copies: units (dim unit 2i + lane / 16, key lane % 16 of the warp's group) */
-    const int khi = lane >> 4, kk16 = lane & 15;
-    const uint32_t kd = (uint32_t)(khi * 1024 + (16 * warp + kk16) * 16);
-    const int ksrc = (khi * pvk + kk16) * 16, kst = 32 * pvk;
-    auto issue = [&]() {
-        if (ic < ce) {
-            const uint32_t dst = ring_s + (isq % NS) * SB;
-            const bool kt = ij < ikt;
-            const int ti = kt ? ij : ij - ikt;
-            const bool have = 16 * (4 * ti + warp) < ink; /* the group holds keys */
-            const int64_t so = __shfl_sync(0xffffffffu, gso, ti);
-            if (kt) {
-                const int64_t ko = __shfl_sync(0xffffffffu, gko, ti);
-                if (have) {
-                    const unsigned char *src = kbase + ko + ksrc;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) pd8_cp16(dst + kd + 2048 * i, src + i * kst);
-                    /* lanes 0-3 the K scales, 4-7 the V scales */
-                    const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
-                    if (lane < 8) pd8_cp16(dst + 8192 + (lane < 4 ? 0 : 256) + 64 * warp + 16 * (lane & 3), sp);
-                }
-            } else { /* the group's 2 KB [128 dims][16 keys]; a missing group as zeros */
-                const int64_t vo = __shfl_sync(0xffffffffu, gvo, ti);
-                const unsigned char *vp = have ? vbase + vo + 16 * lane : vbase;
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    cp16(ring + (isq % NS) * SB + 2048 * warp + 16 * lane + 512 * i, have ? vp + 512 * i : vp, have);
-            }
-            if (++ij == 2 * ikt) {
-                ic++, ij = 0;
-                enter();
-            }
-        }
-        cp_commit(); /* possibly empty: keeps the wait count uniform */
-        isq++;
-    };
-    /* the next tile's stage, once every thread's copies of it landed (keep > 0: this warp's
-     * group is the row's last, partial one: its codes of keys >= keep zeroed first, by the
-     * lanes that copied them); then the stage the tile before used is refilled */
-    auto acquire = [&](int keep) -> const unsigned char * {
-        cp_wait<NS - 2>();
-        unsigned char *st = ring + (size_t)(csq % NS) * SB;
-        if (keep > 0)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint4 *u = reinterpret_cast<uint4 *>(st + 2048 * warp + 16 * lane + 512 * i);
-                uint4 v = *u;
-                uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const int r = keep - 4 * b;
-                    w4[b] &= r >= 4 ? 0xFFFFFFFFu : r <= 0 ? 0u : (1u << (8 * r)) - 1u;
-                }
-                *u = make_uint4(w4[0], w4[1], w4[2], w4[3]);
-            }
-        m3_fence_proxy_async();
-        __syncthreads();
-        csq++;
-        issue();
-        return st;
-    };
-#pragma unroll 1
-    for (int j = 0; j < NS - 1; j++) issue();
-    /* fp8(q) codes [dim unit][head][16 dims] (§4.9: no scale; SATURATE: the hardware's
-     * saturating cast, else ref's rounding first) while the first copies are in flight; heads
-     * past hq zero */
-    const bool hwq = s.ovf == M3_FP8_SATURATE;
-    for (int e = tid; e < 16 * Dh / 8; e += NT) {
-        const int h = e / (Dh / 8), d0 = 8 * (e % (Dh / 8));
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (h < hq) v = *reinterpret_cast<const uint4 *>(qg + (size_t)h * Dh + d0);
-        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-        float f[8];
-#pragma unroll
-        for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w4[i] << 16), f[2 * i + 1] = __uint_as_float(w4[i] & 0xFFFF0000u);
-        if (!hwq)
-#pragma unroll
-            for (int i = 0; i < 8; i++) f[i] = m3_round_fp8(f[i], s.g.fp8_kind, s.ovf);
-        *reinterpret_cast<uint2 *>(qb + (d0 / 16) * 256 + h * 16 + d0 % 16) =
-            make_uint2(pd8_e4m3x2(f[0], f[1]) | (pd8_e4m3x2(f[2], f[3]) << 16),
-                       pd8_e4m3x2(f[4], f[5]) | (pd8_e4m3x2(f[6], f[7]) << 16));
-    }
-    /* the P' operand's halves that stay zero (and the rest, written per chunk) */
-    for (int e = tid; e < 8192 / 16; e += NT) reinterpret_cast<uint4 *>(pb)[e] = make_uint4(0, 0, 0, 0);
-    /* (the first acquire's fence and barrier publish both to the tensor cores) */
-
-    /* this thread's accumulator elements i (S^T and O^T alike): row 16 warp + gq + 8 ((i >> 1) & 1)
-     * of the tile / of a 64-dim half, column (head) 8 (i >> 2) + 2 tq + (i & 1); its heads,
-     * index hi = 2 (i >> 2) + (i & 1): 2tq, 2tq + 1, 2tq + 8, 2tq + 9 */
-    float Mr[4], Lr[4], ar[2][8];
-#pragma unroll
-    for (int i = 0; i < 4; i++) Mr[i] = -INFINITY, Lr[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; i++) ar[i / 8][i % 8] = 0.0f;
-    const int r0 = 16 * warp + gq;
-    const int T16 = c.tile / 16; /* groups a §4.9 tile (a power of two) */
-#pragma unroll 1
-    for (int cc = cb; cc < ce; cc++) {
-        const int k0 = cc * ch, nk = min(ch, n - k0), nkt = (nk + 63) / 64, ng = (nk + 15) / 16;
-        /* pass 1: S^T of each tile, z in place; the V scales of this thread's keys */
-        float z[4][8], vs[4][2], mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-        for (int ti = 0; ti < 4; ti++) {
-            if (ti >= nkt) break;
-            const unsigned char *st = acquire(0);
-            const uint32_t st_s = sh_u32(st);
-#pragma unroll
-            for (int i = 0; i < 8; i++) m3_wgmma_pin(z[ti][i]);
-            m3_wgmma_fence();
-#pragma unroll
-            for (int kq = 0; kq < 4; kq++)
-                m3_wgmma_m64n16k32_e4m3(z[ti], m3_wgmma_desc_ns(st_s + 2048 * kq, 1024, 128),
-                                        m3_wgmma_desc_ns(qb_s + 512 * kq, 256, 128), kq);
-            m3_wgmma_commit();
-            const float *scs = reinterpret_cast<const float *>(st + 8192);
-            const float ks0 = scs[r0], ks1 = scs[r0 + 8];
-            const bool ok0 = 64 * ti + r0 < nk, ok1 = 64 * ti + r0 + 8 < nk;
-            vs[ti][0] = ok0 ? scs[64 + r0] : 0.0f, vs[ti][1] = ok1 ? scs[64 + r0 + 8] : 0.0f;
-            m3_wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < 8; i++) m3_wgmma_pin(z[ti][i]);
-#pragma unroll
-            for (int i = 0; i < 8; i++) { /* §4.9 step 2; keys past the row masked */
-                const bool hi8 = (i >> 1) & 1;
-                z[ti][i] = (hi8 ? ok1 : ok0) ? z[ti][i] * c.scale * (hi8 ? ks1 : ks0) : -INFINITY;
-                mx[2 * (i >> 2) + (i & 1)] = fmaxf(mx[2 * (i >> 2) + (i & 1)], z[ti][i]);
-            }
-            /* the group's max V scale (keys past the row: 0) */
-            float m = fmaxf(vs[ti][0], vs[ti][1]);
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-            if (lane == 0) gmx[4 * ti + warp] = m;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
-        }
-        if (gq == 0)
-#pragma unroll
-            for (int i = 0; i < 4; i++) redm[warp][8 * (i >> 1) + 2 * tq + (i & 1)] = mx[i];
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int h = 8 * (i >> 1) + 2 * tq + (i & 1);
-            mx[i] = fmaxf(fmaxf(redm[0][h], redm[1][h]), fmaxf(redm[2][h], redm[3][h]));
-        }
-        /* P' codes into the operand, l */
-        float lp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int ti = 0; ti < 4; ti++) {
-            if (ti >= nkt) break;
-            const int G = 4 * ti + warp, G0 = G & ~(T16 - 1), G1 = min(G0 + T16, ng);
-            float M = 0.0f; /* the §4.9 tile's max V scale (tiles from the chunk start) */
-            for (int j = G0; j < G1; j++) M = fmaxf(M, gmx[j]);
-            const float ty = M + 1e-8f, ry = __frcp_rn(ty);
-            if (lane == 0) gfac[G] = pd8_div(M, c.fmax, rfmax);
-            float pv[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float ex = expf(z[ti][i] - mx[2 * (i >> 2) + (i & 1)]);
-                lp[2 * (i >> 2) + (i & 1)] += ex;
-                pv[i] = pd8_div(ex * vs[ti][(i >> 1) & 1] * c.fmax, ty, ry);
-            }
-            /* byte (step G / 2, half G % 2, column 16 half + head, key of the group); TP:
-             * (step G / 2, group G % 2, head, key) */
-            unsigned char *pg = TP ? pb + (G >> 1) * 512 + (G & 1) * 256 + gq
-                                   : pb + (G >> 1) * 1024 + (G & 1) * (512 + 256) + gq;
-#pragma unroll
-            for (int i = 0; i < 8; i += 2) {
-                const uint32_t c2 = pd8_e4m3x2(pv[i], pv[i + 1]);
-                const int h = 8 * (i >> 2) + 2 * tq, kr = 8 * ((i >> 1) & 1);
-                pg[h * 16 + kr] = (unsigned char)(c2 & 0xFFu);
-                pg[(h + 1) * 16 + kr] = (unsigned char)(c2 >> 8);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lp[i] += __shfl_xor_sync(0xffffffffu, lp[i], 4);
-            lp[i] += __shfl_xor_sync(0xffffffffu, lp[i], 8);
-            lp[i] += __shfl_xor_sync(0xffffffffu, lp[i], 16);
-        }
-        if (gq == 0)
-#pragma unroll
-            for (int i = 0; i < 4; i++) redl[warp][8 * (i >> 1) + 2 * tq + (i & 1)] = lp[i];
-        /* pass 2: O^T += V^T P'^T per tile (the acquire's fence and barrier publish P') */
-        float o[2][8], dt[2][8];
-#pragma unroll
-        for (int i = 0; i < 16; i++) o[i / 8][i % 8] = 0.0f;
-        const int keep = nk % 16 != 0 && ng - 1 == 4 * ((ng - 1) / 4) + warp ? nk % 16 : 0;
-#pragma unroll
-        for (int ti = 0; ti < 4; ti++) {
-            if (ti >= nkt) break;
-            const unsigned char *st = acquire(ti == nkt - 1 ? keep : 0);
-            const uint32_t st_s = sh_u32(st);
-            if (TP) { /* the tile's chain in dt; scaled into o at the tile's (or the row's) end */
-#pragma unroll
-                for (int i = 0; i < 16; i++) m3_wgmma_pin(dt[i / 8][i % 8]);
-                m3_wgmma_fence();
-                const int cont = (64 * ti) % c.tile != 0; /* continues the tile before */
-#pragma unroll
-                for (int kq = 0; kq < 2; kq++)
-#pragma unroll
-                    for (int mh = 0; mh < 2; mh++)
-                        m3_wgmma_m64n16k32_e4m3(dt[mh], m3_wgmma_desc_ns(st_s + 4096 * kq + 1024 * mh, 2048, 128),
-                                                m3_wgmma_desc_ns(pb_s + 512 * (2 * ti + kq), 256, 128), kq | cont);
-                m3_wgmma_commit();
-                const float f = gfac[4 * ti];
-                m3_wgmma_wait<0>();
-#pragma unroll
-                for (int i = 0; i < 16; i++) m3_wgmma_pin(dt[i / 8][i % 8]);
-                if ((64 * ti + 64) % c.tile == 0 || ti == nkt - 1)
-#pragma unroll
-                    for (int i = 0; i < 16; i++) o[i / 8][i % 8] += dt[i / 8][i % 8] * f;
-            } else {
-            float dv[2][2][16];
-#pragma unroll
-            for (int i = 0; i < 64; i++) m3_wgmma_pin(dv[i / 32][(i / 16) % 2][i % 16]);
-            m3_wgmma_fence();
-#pragma unroll
-            for (int kq = 0; kq < 2; kq++)
-#pragma unroll
-                for (int mh = 0; mh < 2; mh++)
-                    m3_wgmma_m64n32k32_e4m3(dv[kq][mh], m3_wgmma_desc_ns(st_s + 4096 * kq + 1024 * mh, 2048, 128),
-                                            m3_wgmma_desc_ns(pb_s + 1024 * (2 * ti + kq), 512, 128), 0);
-            m3_wgmma_commit();
-            const float f[4] = {gfac[4 * ti], gfac[4 * ti + 1], gfac[4 * ti + 2], gfac[4 * ti + 3]};
-            m3_wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < 64; i++) m3_wgmma_pin(dv[i / 32][(i / 16) % 2][i % 16]);
-#pragma unroll
-            for (int kq = 0; kq < 2; kq++)
-#pragma unroll
-                for (int mh = 0; mh < 2; mh++)
-#pragma unroll
-                    for (int i = 0; i < 8; i++)
-                        o[mh][i] += dv[kq][mh][i] * f[2 * kq] + dv[kq][mh][i + 8] * f[2 * kq + 1];
-            }
-        }
-        /* chunk done: l per head (the warps' sums in order), A_j into the running merge */
-        float ll[4], wa[4], wb[4], rl[4];
-        bool first[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int h = 8 * (i >> 1) + 2 * tq + (i & 1);
-            ll[i] = ((redl[0][h] + redl[1][h]) + redl[2][h]) + redl[3][h];
-            rl[i] = __frcp_rn(ll[i]);
-            const float Mn = fmaxf(Mr[i], mx[i]);
-            first[i] = Mr[i] == -INFINITY;
-            wa[i] = first[i] ? 0.0f : expf(Mr[i] - Mn), wb[i] = expf(mx[i] - Mn);
-            Lr[i] = Lr[i] * wa[i] + ll[i] * wb[i], Mr[i] = Mn;
-        }
-#pragma unroll
-        for (int mh = 0; mh < 2; mh++)
-#pragma unroll
-            for (int i = 0; i < 8; i += 2) { /* heads h, h + 1 of one dim */
-                const int hi = 2 * (i >> 2);
-                float A0 = o[mh][i], A1 = o[mh][i + 1];
-                if (c.part > 0) { /* l bf16(O / l): l >= 1, so the quotient is normal (or 0) */
-                    float q0 = pd8_div(A0, ll[hi], rl[hi]), q1 = pd8_div(A1, ll[hi + 1], rl[hi + 1]);
-                    round_bf16x2(q0, q1);
-                    A0 = ll[hi] * q0, A1 = ll[hi + 1] * q1;
-                }
-                ar[mh][i] = first[hi] ? A0 * wb[hi] : ar[mh][i] * wa[hi] + A0 * wb[hi];
-                ar[mh][i + 1] = first[hi + 1] ? A1 * wb[hi + 1] : ar[mh][i + 1] * wa[hi + 1] + A1 * wb[hi + 1];
-            }
-    }
-    cp_wait<0>();
-    __syncthreads(); /* the ring is the merges' scratch from here */
-    m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
-    const size_t sl0 = (slot0 + ci) * hq;
-    if (cb < ce || c.nsp == 1) {
-#pragma unroll
-        for (int mh = 0; mh < 2; mh++)
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int hi = 2 * (i >> 2) + (i & 1), h = 8 * (i >> 2) + 2 * tq + (i & 1);
-                const int d = 64 * mh + r0 + 8 * ((i >> 1) & 1);
-                if (h >= hq) continue;
-                if (c.nsp == 1) /* (no key: 0 / 0, a visible NaN) */
-                    orow[(size_t)h * Dh + d] = m3_f32_to_bf16(ar[mh][i] / Lr[hi]);
-                else
-                    po[(sl0 + h) * Dh + d] = ar[mh][i];
-            }
-        if (c.nsp > 1 && warp == 0 && gq == 0)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int h = 8 * (i >> 1) + 2 * tq + (i & 1);
-                if (h < hq) pml[(sl0 + h) * 2] = Mr[i], pml[(sl0 + h) * 2 + 1] = Lr[i];
-            }
-    }
-    if (c.nsp == 1) return;
-    if (c.split > 0) { /* pd_part_k's */
-        pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
-                       &c.cnt[tg], c.split, reinterpret_cast<float *>(ring), tid, NT);
-        return;
-    }
-    if (!c.fused) return;
-    /* the last block of this (token, kv head) to finish merges (pf_part_k's merge) */
-    if (!attn_last_block(&c.cnt[tg], gridDim.x)) return;
-    pf_row_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, Dh,
-                 reinterpret_cast<float *>(ring), tid, NT);
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)t0; (void)n_tok; (void)topk;
     (void)width; (void)po; (void)pml; (void)nkeys; (void)c;
@@ -4927,10 +4526,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel >= 5) dec = c.dec;
-    const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pw8_part_k, else pd8_part_k */
-    /* pw8_part_k (wgmma) where the device runs it; test hook flash_kernel 5: pd8_part_k */
-    const bool pw = p8 && src->flash_kernel != 5 && m3_gpu_wgmma_ok(g);
+    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel >= 6) dec = c.dec;
+    const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
          * times the chunks of the busiest warp) within 3% of the smallest, with the most
@@ -4943,10 +4540,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
          * 256 4.74 ms, 16 4.86, 8 4.91 (batch 1); T = 1 and prefill rows keep their cpb */
         const int slots = PD_WPS / PD_W * n_sm;
         const int64_t rows = (int64_t)c.Hkv * n_tok;
-        const int per = pw ? 1 : PD_W; /* chunks run side by side in a block (its warps) */
         auto mks = [&](int cpb) {
             const int64_t blocks = rows * ((c.nchx + cpb - 1) / cpb);
-            return (double)((blocks + slots - 1) / slots * ((cpb + per - 1) / per));
+            return (double)((blocks + slots - 1) / slots * ((cpb + PD_W - 1) / PD_W));
         };
         double best = mks(1);
         for (int cpb = 2; cpb <= c.nchx; cpb++) best = fmin(best, mks(cpb));
@@ -4991,7 +4587,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
          * e.g. a second context's, keeps slots for the blocks both wait for) */
         if (c.nsp * rows <= slots && 4 * k * rows <= slots) c.split = k;
     }
-    const size_t sh = pw ? pw8_smem_bytes(c) : p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
+    const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
@@ -5003,16 +4599,18 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
     const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                          pd8_part_k<true, 128>, pw8_part_k<0, false>, pw8_part_k<0, true>,
-                          pw8_part_k<16, false>, pw8_part_k<128, true>};
+                         pd8_part_k<false, 0, 0>, pd8_part_k<true, 0, 0>, pd8_part_k<false, 16, 0>,
+                         pd8_part_k<true, 128, 0>, pd8_part_k<false, 16, 1>, pd8_part_k<true, 128, 1>,
+                         pd8_part_k<false, 16, 2>, pd8_part_k<true, 128, 2>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
-        const bool t64 = c.tile >= 64 && src->flash_kernel != 6; /* pw8_part_k's tile chains (SESSION13 KNOB 6: without) */
-        if (pw) fi = !t64 && pv == 16 ? 10 : t64 && pv == 128 ? 11 : 8 + t64;
+        /* SESSION13 KNOB: flash_kernel 6 / 7 or M3_PD8_VAR=1 / 2 */
+        static const char *ev = getenv("M3_PD8_VAR");
+        int var = src->flash_kernel == 6 ? 1 : src->flash_kernel == 7 ? 2 : ev ? atoi(ev) : 0;
+        if (var >= 1 && var <= 2 && (fi == 6 || fi == 7)) fi += 2 * var;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {

@@ -80,11 +80,6 @@ m3_status m3_gpu_norm_add_(m3_gpu *g, float *y, float *r, const float *h, const 
 m3_status m3_gpu_upload_mat_(m3_gpu *g, void *dst, bool bf16, int fmt, const void *src, size_t n,
                              const char *what);
 #endif
-#if defined(__cplusplus) && defined(M3_HIP_NVIDIA)
-/* (gpu/moe.hip) the device runs wgmma kernels: a compute-capability 9.0 device and an sm_90a
- * device pass (M3_HAVE_WGMMA); gpu/attn.hip's pw8_part_k asks it too */
-bool m3_gpu_wgmma_ok(m3_gpu *g);
-#endif
 
 /* ---- 16-byte vector access of bf16 / f32 rows (device) ----------------------------------
  * m3_vec<TS>::N elements per 16-byte access; load converts to float, store rounds (bf16 RNE

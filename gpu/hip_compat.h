@@ -363,31 +363,6 @@ static __device__ __forceinline__ void m3_wgmma_m64n192k16_bf16(float *d, uint64
                  : M3_WG_D64, M3_WG_D8(64), M3_WG_D8(72), M3_WG_D8(80), M3_WG_D8(88)
                  : "l"(da), "l"(db), "r"(acc));
 }
-/* (session 13, helper pdec: the §4.9 decode kernel pw8_part_k in gpu/attn.hip) a descriptor of
- * a K-major operand without swizzle: core matrices of 8 rows x 16 bytes, each 128 contiguous
- * bytes (row r at + 16 r); lbo: bytes from a core matrix to the next along K, sbo: to the next
- * 8 rows; 16-byte aligned start */
-static __device__ __forceinline__ uint64_t m3_wgmma_desc_ns(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((smem_addr & 0x3FFFFu) >> 4) | ((uint64_t)((lbo & 0x3FFFFu) >> 4) << 16) |
-           ((uint64_t)((sbo & 0x3FFFFu) >> 4) << 32);
-}
-/* d[8] (+)= A[64 x 32] * B[32 x 16]: e4m3 codes from shared memory (K-major), fp32 accumulate;
- * acc 0 overwrites d */
-static __device__ __forceinline__ void m3_wgmma_m64n16k32_e4m3(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
-                 : M3_WG_D8(0)
-                 : "l"(da), "l"(db), "r"(acc));
-}
-/* the same for N = 32 (16 accumulators) */
-static __device__ __forceinline__ void m3_wgmma_m64n32k32_e4m3(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
-                 : M3_WG_D8(0), M3_WG_D8(8)
-                 : "l"(da), "l"(db), "r"(acc));
-}
 #else
 #define M3_HAVE_WGMMA 0
 #endif

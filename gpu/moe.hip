@@ -2630,7 +2630,6 @@ static bool wg_ok(m3_gpu *g) {
     }
     return ok[g->device] > 0;
 }
-bool m3_gpu_wgmma_ok(m3_gpu *g) { return wg_ok(g); } /* (gpu/gpu_internal.h) */
 
 template <int WF, int NWG, int S, int W, int BN>
 static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x, const exp_meta &m,

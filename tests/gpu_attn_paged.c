@@ -219,15 +219,11 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
          * its output straight from registers) */
         static const int cpbs[] = {0, 2, 1 << 20};
         /* the general kernel, then the decode kernel (flash_kernel 2: pd_part_k, §4.9
-         * pw8_part_k on sm_90a, else pd8_part_k; geometries they do not take fall back to the
-         * general one), then the cluster kernel (flash_kernel 3: pc_k for any row count; it
-         * has no cpb setting), then §4.9 on pd8_part_k (flash_kernel 5) */
-        for (int ik = 0; ik < 10; ik++) {
-            const int ic = ik < 6 ? ik % 3 : ik == 6 ? 0 : ik - 7;
-            /* (ik 7-9: flash_kernel 5, §4.9 on pd8_part_k where kernel 2 is the wgmma
-             * pw8_part_k; other cases run kernel 2's kernel again: skipped) */
-            if (ik >= 7 && !st->pa) break;
-            ds.flash_kernel = ik < 7 ? 1 + ik / 3 : 5;
+         * pd8_part_k; geometries they do not take fall back to the general one), then the
+         * cluster kernel (flash_kernel 3: pc_k for any row count; it has no cpb setting) */
+        for (int ik = 0; ik < 7; ik++) {
+            const int ic = ik < 6 ? ik % 3 : 0;
+            ds.flash_kernel = 1 + ik / 3;
             ds.flash_cpb = cpbs[ic];
             for (int run = 0; run < 2; run++) {
                 m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
