@@ -3093,7 +3093,8 @@ static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
 
 /* TPAIR: c.tile >= 32 (pairs of 16-key groups lie in one §4.9 tile); PVC: the view's page when
  * it is 16 or 128 (the M3 layers' views; the launcher checks it), else 0 (a run-time page) */
-/* SESSION13 KNOB VAR: 1 P = ex2.approx((z - m) log2e), 2 also P' = x rcp(y) unrefined */
+/* SESSION13 KNOB VAR: 1 (default) P = ex2.approx((z - m) log2e), 2 expf (session 12), 3 as 1
+ * with one pass-1 accumulator chain per n-tile */
 static __device__ __forceinline__ float pd8_ex2e(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
@@ -3307,7 +3308,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
                         uint32_t b[2];
                         m3_e4m3x4_to_f16x2(x, b[0], b[1]);
-                        m3_mma_f16_16816(c8[h][m & 1], qa, b);
+                        m3_mma_f16_16816(c8[h][VAR == 3 ? 0 : m & 1], qa, b);
                     }
                 }
             const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
@@ -3331,7 +3332,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) /* §4.9 step 2 */
-                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
+                    z[h][i] = (VAR == 3 ? c8[h][0][i] : c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
             if (tail)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
@@ -3408,7 +3409,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     zh = make_float4(two ? zh.x : ni, two ? zh.y : ni, two ? zh.z : ni, two ? zh.w : ni);
                 }
                 float ex[2][4];
-                if (VAR == 0) {
+                if (VAR == 0 || VAR == 2) {
                     ex[0][0] = expf(zl.x - mx0), ex[0][1] = expf(zl.y - mx0), ex[0][2] = expf(zl.z - mx1), ex[0][3] = expf(zl.w - mx1);
                     ex[1][0] = expf(zh.x - mx0), ex[1][1] = expf(zh.y - mx0), ex[1][2] = expf(zh.z - mx1), ex[1][3] = expf(zh.w - mx1);
                 } else {
@@ -3431,8 +3432,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        pv[h][i] = VAR == 2 ? ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax * ryt
-                                            : pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, yt, ryt);
+                        pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, yt, ryt);
                 pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
                 pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
             }
@@ -4599,18 +4599,17 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
     const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                         pd8_part_k<false, 0, 0>, pd8_part_k<true, 0, 0>, pd8_part_k<false, 16, 0>,
-                         pd8_part_k<true, 128, 0>, pd8_part_k<false, 16, 1>, pd8_part_k<true, 128, 1>,
-                         pd8_part_k<false, 16, 2>, pd8_part_k<true, 128, 2>};
+                         pd8_part_k<false, 0, 1>, pd8_part_k<true, 0, 1>, pd8_part_k<false, 16, 1>,
+                         pd8_part_k<true, 128, 1>, pd8_part_k<false, 16, 2>, pd8_part_k<true, 128, 2>,
+                         pd8_part_k<false, 16, 3>, pd8_part_k<true, 128, 3>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
-        /* SESSION13 KNOB: flash_kernel 6 / 7 or M3_PD8_VAR=1 / 2 */
-        static const char *ev = getenv("M3_PD8_VAR");
-        int var = src->flash_kernel == 6 ? 1 : src->flash_kernel == 7 ? 2 : ev ? atoi(ev) : 0;
-        if (var >= 1 && var <= 2 && (fi == 6 || fi == 7)) fi += 2 * var;
+        /* SESSION13 KNOB: flash_kernel 6: VAR 2 (session 12's expf), 7: VAR 3 */
+        const int var = src->flash_kernel == 6 ? 1 : src->flash_kernel == 7 ? 2 : 0;
+        if (var > 0 && (fi == 6 || fi == 7)) fi += 2 * var;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
