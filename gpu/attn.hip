@@ -3058,7 +3058,11 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * unpacks by integer ops ((c & 0x7F) << 7 | (c & 0x80) << 8: 2^-8 times the value as fp16,
  * the 2^8 folded into the scales; the same bits) 5-16% slower; pass 2's V a step or a group
  * ahead 5-27% slower: the kernel is latency-bound and each added instruction or register
- * costs. Rows of many partials merge in the kernel (pd_split_merge). */
+ * costs. Rows of many partials merge in the kernel (pd_split_merge). Session 13: P by
+ * pd8_ex2e (expf's 8 instructions were ~7% of a group's; B=64 sparse 3%, dense T = 1 1%
+ * faster); the same chunks as warpgroup MMA (wgmma, e4m3 operands from shared memory, a
+ * 64-key tile a step) measured 31-48% slower, and fp8 wgmma's accumulation moved scores enough
+ * to put §4.9 cases above the NMSE bound (docs/gpu.md). */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
@@ -3093,14 +3097,16 @@ static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
 
 /* TPAIR: c.tile >= 32 (pairs of 16-key groups lie in one §4.9 tile); PVC: the view's page when
  * it is 16 or 128 (the M3 layers' views; the launcher checks it), else 0 (a run-time page) */
-/* SESSION13 KNOB VAR: 1 (default) P = ex2.approx((z - m) log2e), 2 expf (session 12), 3 as 1
- * with one pass-1 accumulator chain per n-tile */
+/* P = e^x as §4.9 step 3 forms it (aiter's exp2((s - m) log2e)): the product rounded to fp32,
+ * then the hardware's ex2.approx (flushing results below 2^-126, whose P' codes are 0 anyway).
+ * 2 instructions where expf takes 8 (session 13: pd8_part_k's B=64 sparse decode 3% faster);
+ * within a few fp32 ulp of ref's expf for the |x| < ~12 where P' codes are nonzero */
 static __device__ __forceinline__ float pd8_ex2e(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
-template <bool TPAIR, int PVC, int VAR>
+template <bool TPAIR, int PVC>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3308,7 +3314,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         const uint32_t x = (m & 1) ? (hf ? w.w : w.z) : (hf ? w.y : w.x);
                         uint32_t b[2];
                         m3_e4m3x4_to_f16x2(x, b[0], b[1]);
-                        m3_mma_f16_16816(c8[h][VAR == 3 ? 0 : m & 1], qa, b);
+                        m3_mma_f16_16816(c8[h][m & 1], qa, b);
                     }
                 }
             const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
@@ -3332,7 +3338,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) /* §4.9 step 2 */
-                    z[h][i] = (VAR == 3 ? c8[h][0][i] : c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
+                    z[h][i] = (c8[h][0][i] + c8[h][1][i]) * c.scale * ks4[2 * h + (i & 1)];
             if (tail)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
@@ -3408,14 +3414,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     zl = make_float4(two ? zl.x : ni, two ? zl.y : ni, two ? zl.z : ni, two ? zl.w : ni);
                     zh = make_float4(two ? zh.x : ni, two ? zh.y : ni, two ? zh.z : ni, two ? zh.w : ni);
                 }
-                float ex[2][4];
-                if (VAR == 0 || VAR == 2) {
-                    ex[0][0] = expf(zl.x - mx0), ex[0][1] = expf(zl.y - mx0), ex[0][2] = expf(zl.z - mx1), ex[0][3] = expf(zl.w - mx1);
-                    ex[1][0] = expf(zh.x - mx0), ex[1][1] = expf(zh.y - mx0), ex[1][2] = expf(zh.z - mx1), ex[1][3] = expf(zh.w - mx1);
-                } else {
-                    ex[0][0] = pd8_ex2e(zl.x - mx0), ex[0][1] = pd8_ex2e(zl.y - mx0), ex[0][2] = pd8_ex2e(zl.z - mx1), ex[0][3] = pd8_ex2e(zl.w - mx1);
-                    ex[1][0] = pd8_ex2e(zh.x - mx0), ex[1][1] = pd8_ex2e(zh.y - mx0), ex[1][2] = pd8_ex2e(zh.z - mx1), ex[1][3] = pd8_ex2e(zh.w - mx1);
-                }
+                const float ex[2][4] = {{pd8_ex2e(zl.x - mx0), pd8_ex2e(zl.y - mx0),
+                                         pd8_ex2e(zl.z - mx1), pd8_ex2e(zl.w - mx1)},
+                                        {pd8_ex2e(zh.x - mx0), pd8_ex2e(zh.y - mx0),
+                                         pd8_ex2e(zh.z - mx1), pd8_ex2e(zh.w - mx1)}};
                 l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
                 l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
                 const float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
@@ -4526,7 +4528,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel >= 6) dec = c.dec;
+    if (src->flash_kernel == 2 || src->flash_kernel == 4) dec = c.dec;
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
@@ -4591,34 +4593,30 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][13]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                         pd8_part_k<false, 0, 1>, pd8_part_k<true, 0, 1>, pd8_part_k<false, 16, 1>,
-                         pd8_part_k<true, 128, 1>, pd8_part_k<false, 16, 2>, pd8_part_k<true, 128, 2>,
-                         pd8_part_k<false, 16, 3>, pd8_part_k<true, 128, 3>};
+    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+                         pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
+                         pd8_part_k<true, 128>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
-        /* SESSION13 KNOB: flash_kernel 6: VAR 2 (session 12's expf), 7: VAR 3 */
-        const int var = src->flash_kernel == 6 ? 1 : src->flash_kernel == 7 ? 2 : 0;
-        if (var > 0 && (fi == 6 || fi == 7)) fi += 2 * var;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && !c.split && msh > pf_set[12]) {
+    if (!c.fused && !c.split && msh > pf_set[8]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[12] = msh;
+        pf_set[8] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
