@@ -626,6 +626,8 @@ static void pattn_batch_case(m3_gpu *g, m3_rng *r, int B, int C, bool sparse, bo
     double ms = time_ms(g, do_pattn, &c, sparse ? 20 : 3, sparse ? 7 : 3);
     report(nm, ms, bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
+    /* M3_BENCH_PF_KERNELS=5,2 (the batch rows too): with the flash_kernel test hook */
+    pattn_retime(g, &c, nm, "k", getenv("M3_BENCH_PF_KERNELS"), &c.src.flash_kernel, bytes, flops);
     m3_gpu_release(g, mark);
 }
 
