@@ -841,46 +841,56 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
 }
 
 #if M3_HAVE_FP8_CVT
-/* The query rows of idx_km_k's B fragments (qb: bf16 pairs; lane (g, t) holds dims of row g)
- * as fp16 pairs, each row times 2^s (its largest |q| into [2^14, 2^15)), when every value of
- * every row of the warp is exact so; then qb holds the scaled pairs, inv[e] = 2^-s of query
- * row 2t + e (this lane's C columns) and the result is true. A row with a non-finite value
- * or a range past fp16's (~2^31 between its largest and smallest nonzero |q|) is not exact:
- * false, qb unchanged (the bf16 route). Every warp of every block decides alike (same Q). */
-static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2], int tq,
-                                             float (&inv)[2]) {
+/* The fp16 route's conversion of one lane's part of a query row (N bf16 pairs w; the row's
+ * other parts are in the lanes xor 1 .. L - 1, L lanes a row): every value times 2^s (the
+ * row's largest |q| into [2^14, 2^15)) as fp16 pairs h, dn = 2^-s. True when every value of
+ * this lane is finite and exact so (a row with a range past fp16's, ~2^31 between its
+ * largest and smallest nonzero |q|, is not); the callers vote over the lanes. */
+template <int N, int L>
+static __device__ __forceinline__ bool q_f16_part(const uint32_t (&w)[N], uint32_t (&h)[N],
+                                                  float &dn) {
     float amax = 0.0f;
     bool ok = true;
 #pragma unroll
-    for (int s = 0; s < ISM_MAX_DI / 16; s++)
+    for (int i = 0; i < N; i++) {
+        const float x = __uint_as_float(w[i] << 16), y = __uint_as_float(w[i] & 0xFFFF0000u);
+        ok = ok && isfinite(x) && isfinite(y);
+        amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
+    }
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float x = __uint_as_float(qb[s][i] << 16);
-            const float y = __uint_as_float(qb[s][i] & 0xFFFF0000u);
-            ok = ok && isfinite(x) && isfinite(y);
-            amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
-        }
-    amax = fmaxf(amax, M3_SHFL_XOR(amax, 1)); /* the row's 4 lanes */
-    amax = fmaxf(amax, M3_SHFL_XOR(amax, 2));
+    for (int o = 1; o < L; o <<= 1) amax = fmaxf(amax, M3_SHFL_XOR(amax, o));
     const int sh = amax > 0.0f ? 14 - ((int)((__float_as_uint(amax) >> 23) & 0xFF) - 127) : 0;
     ok = ok && sh > -100 && sh < 100; /* 2^sh and 2^-sh normal floats */
     const float up = ok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
-    uint32_t h[ISM_MAX_DI / 16][2];
 #pragma unroll
-    for (int s = 0; s < ISM_MAX_DI / 16; s++)
+    for (int i = 0; i < N; i++) {
+        const float x = __uint_as_float(w[i] << 16) * up;
+        const float y = __uint_as_float(w[i] & 0xFFFF0000u) * up;
+        const __half2 v = __floats2half2_rn(x, y);
+        const float2 back = __half22float2(v);
+        ok = ok && back.x == x && back.y == y;
+        h[i] = *reinterpret_cast<const uint32_t *>(&v);
+    }
+    dn = __uint_as_float((uint32_t)(127 - sh) << 23);
+    return ok;
+}
+
+/* The query rows of idx_km_k's B fragments (qb: bf16 pairs; lane (g, t) holds dims of row g,
+ * the row's 4 lanes) as q_f16_part's fp16 pairs, when every value of every row of the warp
+ * is exact so; then qb holds the scaled pairs, inv[e] = 2^-s of query row 2t + e (this lane's
+ * C columns) and the result is true; else false, qb unchanged (the bf16 route). Every warp of
+ * every block decides alike (same Q). */
+static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2], int tq,
+                                             float (&inv)[2]) {
+    constexpr int N = ISM_MAX_DI / 8;
+    uint32_t w[N], h[N];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float x = __uint_as_float(qb[s][i] << 16) * up;
-            const float y = __uint_as_float(qb[s][i] & 0xFFFF0000u) * up;
-            const __half2 v = __floats2half2_rn(x, y);
-            const float2 back = __half22float2(v);
-            ok = ok && back.x == x && back.y == y;
-            h[s][i] = *reinterpret_cast<const uint32_t *>(&v);
-        }
+    for (int i = 0; i < N; i++) w[i] = qb[i / 2][i % 2];
+    float dn;
+    const bool ok = q_f16_part<N, 4>(w, h, dn);
     if (!__all_sync(0xFFFFFFFFu, ok)) return false;
 #pragma unroll
-    for (int s = 0; s < ISM_MAX_DI / 16; s++) qb[s][0] = h[s][0], qb[s][1] = h[s][1];
-    const float dn = __uint_as_float((uint32_t)(127 - sh) << 23);
+    for (int i = 0; i < N; i++) qb[i / 2][i % 2] = h[i];
     inv[0] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq));
     inv[1] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq + 1));
     return true;
@@ -1390,38 +1400,19 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
-    /* K16, FIX: q_f16's fp16 route decided and converted here, one piece a thread, while the
-     * keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
+    /* K16, FIX: the fp16 route decided and converted here (q_f16_part), one piece a thread,
+     * while the keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
      * pieces are 16 consecutive threads (shuffles for its largest |q|); the block votes at the
      * barrier below */
     bool qok = true;
 #if M3_HAVE_FP8_CVT
     if (K16 && FIX) {
         const uint32_t w[4] = {qv.x, qv.y, qv.z, qv.w};
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float x = __uint_as_float(w[i] << 16), y = __uint_as_float(w[i] & 0xFFFF0000u);
-            qok = qok && isfinite(x) && isfinite(y);
-            amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
-        }
-#pragma unroll
-        for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, M3_SHFL_XOR(amax, o));
-        const int sh = amax > 0.0f ? 14 - ((int)((__float_as_uint(amax) >> 23) & 0xFF) - 127) : 0;
-        qok = qok && sh > -100 && sh < 100; /* 2^sh and 2^-sh normal floats */
-        const float up = qok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
         uint32_t hv[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float x = __uint_as_float(w[i] << 16) * up;
-            const float y = __uint_as_float(w[i] & 0xFFFF0000u) * up;
-            const __half2 v = __floats2half2_rn(x, y);
-            const float2 back = __half22float2(v);
-            qok = qok && back.x == x && back.y == y;
-            hv[i] = *reinterpret_cast<const uint32_t *>(&v);
-        }
+        float dn;
+        qok = q_f16_part<4, 16>(w, hv, dn);
         *reinterpret_cast<uint4 *>(&qh[q_row][8 * q_ch]) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
-        if (q_ch == 0) qinv[q_row] = __uint_as_float((uint32_t)(127 - sh) << 23);
+        if (q_ch == 0) qinv[q_row] = dn;
     }
 #endif
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
@@ -1601,7 +1592,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok_; (void)nbk; (void)n_ctx;
     (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16; 
+    (void)arrive; (void)slots; (void)q16;
 #endif
 }
 
