@@ -23,6 +23,10 @@
  * block table, spec §4.5), bf16 / fp32 / fp8 elements; docs/gpu.md "Paged index cache".
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/indexer.h"
@@ -789,6 +793,9 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 /* The fused selection's arrival counters are the context's two words at
  * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open). */
 
+#define IDX_TLN 544 /* TEMP (session 13): the timeline records, below */
+__device__ unsigned long long idx_tl_rec[32][IDX_TLN][16];
+
 #if M3_HAVE_MMA
 static __device__ __forceinline__ void fence_acq_rel_gpu() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
@@ -897,6 +904,32 @@ static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2],
 }
 #endif
 
+/* The block score z of key block b of a row whose token sees nb key blocks, lo the first
+ * forced local one; m the masked max of its keys' dots, nan whether one of them is NaN:
+ * forced values as ref (init, then local wins), a NaN block per the profile (-1e30 under
+ * atom), else the max times the scale (fl(d*s) is monotonic in d: exact). */
+static __device__ __forceinline__ float blk_z(const idx_sel &a, int b, int nb, int lo, float m,
+                                              bool nan, float scale, bool nan_neg) {
+    if (b >= nb) return -INFINITY;
+    if (b >= lo) return a.local_boost;
+    if (a.use_init && b < a.init_blocks) return a.init_boost;
+    if (nan) return nan_neg ? -1e30f : NAN;
+    return scale != 1.0f ? m * scale : m;
+}
+
+/* TEMP (session 13): per-block %globaltimer marks of idx_km_k<.., V & 1>; removed before the
+ * final batch. idx_tl_rec[call & 31][block][mark] */
+static __device__ __forceinline__ unsigned long long tl_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+    return t;
+}
+#define TLM(on, ep, i)                                                                     \
+    do {                                                                                   \
+        if ((on) && threadIdx.x == 0 && blockIdx.x < IDX_TLN)                               \
+            idx_tl_rec[(ep) & 31][blockIdx.x][i] = tl_now();                               \
+    } while (0)
+
 struct dec_smem {
     __align__(16) unsigned long long tmax[IST_THREADS]; /* read in 16-byte pairs */
     unsigned long long tau;
@@ -973,26 +1006,72 @@ static __device__ __forceinline__ int warp_reserve(int *ctr, int c) {
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
  * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
-template <bool WR, int BF = 0> /* WR: warp_reserve for the candidate lists (idx_km_k; idx_dec_k's
+template <bool WR, int BF = 0, int V = 0> /* WR: warp_reserve for the candidate lists (idx_km_k; idx_dec_k's
                                 * bf16 form spilled with it), else an atomic per entry; BF: the
                                 * key block size when compiled in (idx_km_k FIX 2), else 0 */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
-                                unsigned long long *cand, unsigned long long *slot) {
+                                unsigned long long *cand, unsigned long long *slot,
+                                unsigned int tep = 0, float scale = 1.0f, bool nan_neg = false) {
+    constexpr bool TL = V & 1;
+    TLM(TL, tep, 9);
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / (BF ? BF : a.B) + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
     if (BF && slot && nb <= IST_THREADS) { /* direct, one slot a thread: poll it, rank it */
         unsigned long long m0 = 0;
         bool wait = tid < nb;
-        while (__syncthreads_or(wait))
-            if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
+        if (V & 2) { /* TEMP split: two raw half maxima a key block, combined here */
+            unsigned long long h0 = 0, h1 = 0;
+            while (__syncthreads_or(wait))
+                if (wait) {
+                    if (!h0) h0 = ld_relaxed_gpu(slot + 2 * tid);
+                    if (!h1) h1 = ld_relaxed_gpu(slot + 2 * tid + 1);
+                    wait = !h0 || !h1;
+                }
+            if (tid < nb) {
+                const float mm = fmaxf(__uint_as_float((uint32_t)h0), __uint_as_float((uint32_t)h1));
+                const bool nn = ((h0 | h1) >> 32) & 1;
+                const int lo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
+                const float z = blk_z(a, tid, nb, lo, mm, nn, scale, nan_neg);
+                a.scores[((int64_t)g * a.n_tok + t) * a.nbk + tid] = z;
+                m0 = rank_key(z, tid);
+            }
+        } else if (V & 4) { /* TEMP pipelined polls: 4 loads in flight, spaced */
+            if (tid < nb) {
+                unsigned long long r[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    r[i] = ld_relaxed_gpu(slot + tid);
+                    const long long c0 = clock64();
+                    while (clock64() - c0 < 120) {
+                    }
+                }
+                for (;;) {
+                    bool done = false;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        if (!done && r[i]) m0 = r[i], done = true;
+                        if (!done) r[i] = ld_relaxed_gpu(slot + tid);
+                    }
+                    if (done) break;
+                }
+            }
+            __syncthreads();
+        } else {
+            while (__syncthreads_or(wait))
+                if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
+        }
+        TLM(TL, tep, 10);
         sm.tmax[tid] = m0;
         __syncthreads();
         if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
         __syncthreads();
+        TLM(TL, tep, 12);
         pick_out(a, t, g, nb, sm);
-        if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
+        TLM(TL, tep, 13);
+        if (tid < nb) st_relaxed_gpu(slot + tid * ((V & 2) ? 2 : 1), 0ull); /* zero again */
+        if ((V & 2) && tid < nb) st_relaxed_gpu(slot + 2 * tid + 1, 0ull);
         return;
     }
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
@@ -1007,6 +1086,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
         }
+        TLM(TL, tep, 10);
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
@@ -1030,6 +1110,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
     const unsigned long long th = pick_tau(sm, mx, need);
+    TLM(TL, tep, 11);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
     if (!WR) {
 #pragma unroll
@@ -1090,7 +1171,9 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     const int nc = sm.n_cand;
     for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
+    TLM(TL, tep, 12);
     pick_out(a, t, g, nb, sm);
+    TLM(TL, tep, 13);
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT && slot; i++) /* direct: zero again for the next call */
         if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
@@ -1326,9 +1409,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * once per call were bound by their instruction count (8K keys 7.5 -> 7.0 us, fp8 128K paged
  * 12.7 -> 10.9 us, docs/gpu.md "Session 12"); at K16 the fp16 route's Q rows are converted
  * one piece a thread in the prologue, while the keys are in flight. */
-template <bool K16, int FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
+template <bool K16, int FIX, int V = 0> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
                               * FIX 1: M3's geometry compiled in (G 4, Di 128, B 128, no
-                              * table or bs 128); 2: also T = 1 */
+                              * table or bs 128); 2: also T = 1; V: TEMP session 13 variants
+                              * (1: timeline marks) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
              const int32_t *M3_RESTRICT pos, int n_tok_, int nbk, int n_ctx, int G_, int Di_,
@@ -1353,17 +1437,22 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     __shared__ __align__(16) m3_bf16 qh[RPG][ISM_MAX_DI + 8]; /* K16, FIX: the rows, fp16 x 2^s */
     __shared__ float qinv[RPG];                                /* K16, FIX: 2^-s of each row */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
+    TLM(V & 1, epoch, 0);
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
+    /* TEMP split (V & 2, FIX 2): two blocks a key block, block x the m-tiles of half x & 1 */
+    constexpr bool SPL = FIX == 2 && (V & 2);
+    constexpr int MTV = SPL ? 1 : MT;
+    const int hs = SPL ? (int)(blockIdx.x & 1) : 0;
     uint4 kb[MT][2][NU];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
     auto load = [&](int b, int r0) {
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+        for (int i = 0; i < MTV; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
+                const int m = warp + NW * (SPL ? hs : i), key = b * B + 16 * m + gq + 8 * h;
                 const bool ok = 16 * m < B && key < n_ctx;
                 const size_t row = !ok  ? 0
                                    : FIX ? (size_t)(r0 + (key - b * B))
@@ -1376,7 +1465,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                     kb[i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
             }
     };
-    const int x0 = (int)blockIdx.x;
+    const int x0 = SPL ? (int)(blockIdx.x >> 1) : (int)blockIdx.x, gstep = SPL ? grid / 2 : grid;
     /* The positions, the group's Q rows and the first key block, in that order, before any
      * of them is waited for. Q: one 16-byte piece a thread (RPG * Di / 8 <= IST_THREADS),
      * every piece a distinct address, into shared memory; each lane then reads its fragments
@@ -1399,6 +1488,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         }
     }
     if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
+    TLM(V & 1, epoch, 1);
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
     /* K16, FIX: the fp16 route decided and converted here (q_f16_part), one piece a thread,
      * while the keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
@@ -1420,9 +1510,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
         /* direct: the zero is visible before this block's slots (the barrier below orders
          * them after the fence; a picker adds to n_ties only after it has read them) */
-        if (slots) fence_acq_rel_gpu();
+        if (slots && !(V & 8)) fence_acq_rel_gpu(); /* TEMP V & 8: none (timing only) */
     }
     const bool qh16 = __syncthreads_and(qok) && K16 && FIX && M3_HAVE_FP8_CVT; /* the fp16 route */
+    TLM(V & 1, epoch, 2);
     const m3_bf16(*qsrc)[ISM_MAX_DI + 8] = qh16 ? qh : qs;
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads). uint4 j holds k-steps 2j and 2j + 1: bf16 dims 8 (tq + 4j) .. +7;
@@ -1439,7 +1530,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
-    for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
+    for (int i = (int)blockIdx.x * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
     }
@@ -1461,13 +1552,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if (K16 && qh16) h16 = true, inv[0] = qinv[2 * tq], inv[1] = qinv[2 * tq + 1];
     else if (K16) h16 = q_f16(qb, tq, inv);
 #endif
-    int par = 0;
-    int rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
-    for (int b = x0; b < n_lim; b += grid, par ^= 1) {
+    int par = 0, tli = 3;
+    int rn = x0 + gstep < n_lim ? kbase(x0 + gstep) : 0;
+    for (int b = x0; b < n_lim; b += gstep, par ^= 1, tli += 3) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            const int m = warp + NW * i, k0 = b * B + 16 * m;
+        for (int i = 0; i < MTV; i++) {
+            const int m = warp + NW * (SPL ? hs : i), k0 = b * B + 16 * m;
             if (16 * m >= B || k0 > pmax) break; /* warp-uniform */
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t fa = 0, fb = 0; /* K16: NaN codes in this lane's pieces of key g, g + 8 */
@@ -1525,8 +1616,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
-        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
-        if (b + 2 * grid < n_lim) rn = kbase(b + 2 * grid); /* the next one's row */
+        if (b + gstep < n_lim) load(b + gstep, rn); /* in flight during the reduction below */
+        if (b + 2 * gstep < n_lim) rn = kbase(b + 2 * gstep); /* the next one's row */
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
             float m = mx[r];
@@ -1540,8 +1631,19 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 red_n[par][warp][2 * tq + r] = (bb & (0x11111111u << tq)) ? 1.0f : 0.0f;
             }
         }
+        if (tli < 9) TLM(V & 1, epoch, tli);
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
-        if (tid < RPG && ct < n_tok) {
+        if (tli < 9) TLM(V & 1, epoch, tli + 1);
+        if (SPL && tid < RPG && ct < n_tok) { /* TEMP split: the raw half maximum, picker */
+            float m = red_m[par][0][tid], nn = red_n[par][0][tid];
+#pragma unroll
+            for (int w = 1; w < NW; w++)
+                m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
+            st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + 2 * b + hs,
+                           (1ull << 63) | ((unsigned long long)(nn > 0.0f) << 32) |
+                               __float_as_uint(m));
+        }
+        if (!SPL && tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
             for (int w = 1; w < NW; w++)
@@ -1561,6 +1663,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
+        if (tli < 9) TLM(V & 1, epoch, tli + 2);
     }
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
@@ -1568,9 +1671,16 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
     if (slots) {
         if (row >= 0) /* block-uniform */
-            dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, NULL, sm,
+            dec_pick<true, FIX == 2 ? 128 : 0, V>(sel, row, G, grid, NULL, sm,
                                                reinterpret_cast<unsigned long long *>(idx_dyn),
-                                               slots + (size_t)row * IDX_SLOT_W);
+                                               slots + (size_t)row * IDX_SLOT_W, epoch, scale,
+                                               nan_neg);
+        TLM(V & 1, epoch, 14);
+        if ((V & 1) && tid == 0 && blockIdx.x < IDX_TLN) {
+            unsigned int smid;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+            idx_tl_rec[epoch & 31][blockIdx.x][15] = smid + 1;
+        }
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1596,6 +1706,90 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
 }
 
+/* TEMP (session 13): the variant knob (set by tests/gpu_bench.c) and the timeline dump */
+extern "C" {
+int m3_idx_var = 0;
+}
+static unsigned int idx_tl_calls = 0;
+static int cmp_u64(const void *a, const void *b) {
+    const long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+extern "C" void m3_idx_tl_dump(const char *nm) {
+    static unsigned long long h[32][IDX_TLN][16];
+    if (cudaMemcpyFromSymbol(h, idx_tl_rec, sizeof h) != cudaSuccess) return;
+    static const char *mk[16] = {"entry", "keys issued", "Q barrier", "kb0 reduced", "kb0 barrier",
+                                 "kb0 slot", "kb1 reduced", "kb1 barrier", "kb1 slot", "pick start",
+                                 "polled", "tau", "ranked", "out", "exit", "-"};
+    const unsigned int nc = idx_tl_calls < 32 ? idx_tl_calls : 32;
+    long long mn[16][32], mx[16][32], gap[32];
+    int ng = 0, nblk = 0;
+    for (unsigned int c = 0; c < nc; c++) {
+        long long t0 = -1;
+        for (int b = 0; b < IDX_TLN; b++)
+            if (h[c][b][0] && (t0 < 0 || (long long)h[c][b][0] < t0)) t0 = (long long)h[c][b][0];
+        for (int i = 0; i < 15; i++) {
+            mn[i][c] = -1, mx[i][c] = -1;
+            for (int b = 0; b < IDX_TLN; b++) {
+                if (!h[c][b][i]) continue;
+                const long long d = (long long)h[c][b][i] - t0;
+                if (mn[i][c] < 0 || d < mn[i][c]) mn[i][c] = d;
+                if (d > mx[i][c]) mx[i][c] = d;
+                if (i == 0 && c == 0) nblk++;
+            }
+        }
+        if (c > 0) { /* previous call's last exit to this call's first entry */
+            long long pe = -1, p0 = -1;
+            for (int b = 0; b < IDX_TLN; b++) {
+                if (h[c - 1][b][0] && (p0 < 0 || (long long)h[c - 1][b][0] < p0)) p0 = (long long)h[c - 1][b][0];
+                if ((long long)h[c - 1][b][14] > pe) pe = (long long)h[c - 1][b][14];
+            }
+            const long long gp = t0 - pe;
+            if (gp > 0 && gp < 20000) gap[ng++] = gp;
+        }
+    }
+    printf("tl: %s calls %u blocks %d\n", nm, nc, nblk);
+    for (int i = 0; i < 15; i++) {
+        long long a[32], b2[32];
+        int n = 0;
+        for (unsigned int c = 0; c < nc; c++)
+            if (mn[i][c] >= 0) a[n] = mn[i][c], b2[n] = mx[i][c], n++;
+        if (!n) continue;
+        qsort(a, n, sizeof a[0], cmp_u64);
+        qsort(b2, n, sizeof b2[0], cmp_u64);
+        printf("tl:   %2d %-12s first %6.2f last %6.2f us (min %6.2f / %6.2f, n %d)\n", i, mk[i],
+               a[n / 2] * 1e-3, b2[n / 2] * 1e-3, a[0] * 1e-3, b2[0] * 1e-3, n);
+    }
+    if (ng) {
+        qsort(gap, ng, sizeof gap[0], cmp_u64);
+        printf("tl:   gap exit -> next entry %6.2f us (min %6.2f, n %d)\n", gap[ng / 2] * 1e-3,
+               gap[0] * 1e-3, ng);
+    }
+    /* which block stored the last first-round slot (mark 5), per call: the most frequent */
+    int lastb[32], nl = 0;
+    for (unsigned int c = 0; c < nc; c++) {
+        long long best = -1;
+        int bb = -1;
+        for (int b = 0; b < IDX_TLN; b++)
+            if (h[c][b][5] && (long long)h[c][b][5] > best) best = (long long)h[c][b][5], bb = b;
+        if (bb >= 0) lastb[nl++] = bb;
+    }
+    printf("tl:   last slot by block:");
+    for (int i = 0; i < nl; i++) printf(" %d", lastb[i]);
+    printf("\n");
+    /* SMs of call 0's blocks: distinct count */
+    int seen[256] = {0}, nd = 0;
+    for (int b = 0; b < IDX_TLN; b++) {
+        const unsigned long long sm = h[0][b][15];
+        if (sm && sm <= 256 && !seen[sm - 1]) seen[sm - 1] = 1, nd++;
+    }
+    printf("tl:   distinct SMs %d\n", nd);
+    fflush(stdout);
+    memset(h, 0, sizeof h);
+    cudaMemcpyToSymbol(idx_tl_rec, h, sizeof h);
+    idx_tl_calls = 0;
+}
+
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
  * candidates would not fit in shared memory (then the caller runs a selection kernel). */
@@ -1613,7 +1807,16 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                           unsigned int *, unsigned int, unsigned long long *, bool);
     static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
                                        {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
-    const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
+    km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
+    static const int env_var = getenv("M3_IDX_VAR") ? atoi(getenv("M3_IDX_VAR")) : 0;
+    int kv = fix && n_tok == 1 ? (m3_idx_var ? m3_idx_var : env_var) : 0; /* TEMP variants */
+    if ((kv & 2) && !(fuse && 2 * nbk <= g->n_sm && !k8)) kv &= ~2; /* split: one wave, bf16 */
+#define KMV(k) {idx_km_k<k, 2, 0>, idx_km_k<k, 2, 1>, idx_km_k<k, 2, 2>, idx_km_k<k, 2, 3>, \
+                idx_km_k<k, 2, 4>, idx_km_k<k, 2, 5>, idx_km_k<k, 2, 6>, idx_km_k<k, 2, 7>, \
+                idx_km_k<k, 2, 8>, idx_km_k<k, 2, 9>}
+    static const km_fn km_var[2][10] = {KMV(false), KMV(true)};
+#undef KMV
+    if (km && kv > 0 && kv < 10) kmf = km_var[k8][kv];
     const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
@@ -1621,6 +1824,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
+    if (km && (kv & 2)) gx = 2 * nbk; /* TEMP split */
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
@@ -1651,7 +1855,8 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km)
         kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di,
-                                                   B, sc, nn, sa, cmax, arrive, ep, slots, q16);
+                                                   B, sc, nn, sa, cmax, arrive,
+                                                   direct && (kv & 1) ? idx_tl_calls++ : ep, slots, q16);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
