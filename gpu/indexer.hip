@@ -813,6 +813,14 @@ static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsign
 static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+static __device__ __forceinline__ void st_relaxed_gpu(unsigned int *p, unsigned int v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ unsigned int ld_acquire_gpu(const unsigned int *p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
  * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
@@ -910,11 +918,13 @@ static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2],
  * atom), else the max times the scale (fl(d*s) is monotonic in d: exact). */
 static __device__ __forceinline__ float blk_z(const idx_sel &a, int b, int nb, int lo, float m,
                                               bool nan, float scale, bool nan_neg) {
-    if (b >= nb) return -INFINITY;
-    if (b >= lo) return a.local_boost;
-    if (a.use_init && b < a.init_blocks) return a.init_boost;
-    if (nan) return nan_neg ? -1e30f : NAN;
-    return scale != 1.0f ? m * scale : m;
+    float z;
+    if (b >= nb) z = -INFINITY;
+    else if (b >= lo) z = a.local_boost;
+    else if (a.use_init && b < a.init_blocks) z = a.init_boost;
+    else if (nan) z = nan_neg ? -1e30f : NAN;
+    else z = scale != 1.0f ? m * scale : m;
+    return z;
 }
 
 /* TEMP (session 13): per-block %globaltimer marks of idx_km_k<.., V & 1>; removed before the
@@ -939,8 +949,21 @@ struct dec_smem {
 
 /* how many of the n keys at p (16-byte aligned) rank above u: 16-byte loads, independent of
  * each other (a loop of 8-byte loads ran at about one shared-memory latency per key) */
+template <bool A4 = false> /* TEMP A4: four partial counts (shorter add chain) */
 static __device__ __forceinline__ int n_above(const unsigned long long *p, int n,
                                               unsigned long long u) {
+    if (A4) {
+        const ulonglong2 *p2 = reinterpret_cast<const ulonglong2 *>(p);
+        int r0 = 0, r1 = 0, r2 = 0, r3 = 0, k = 0;
+#pragma unroll 4
+        for (; k + 1 < n / 2; k += 2) {
+            const ulonglong2 w0 = p2[k], w1 = p2[k + 1];
+            r0 += w0.x > u, r1 += w0.y > u, r2 += w1.x > u, r3 += w1.y > u;
+        }
+        if (k < n / 2) r0 += (p2[k].x > u) + (p2[k].y > u);
+        if (n & 1) r1 += p[n - 1] > u;
+        return (r0 + r1) + (r2 + r3);
+    }
     const ulonglong2 *p2 = reinterpret_cast<const ulonglong2 *>(p);
     int r = 0;
 #pragma unroll 8
@@ -970,9 +993,10 @@ static __device__ void pick_out(const idx_sel &a, int t, int g, int nb, const de
 }
 
 /* rank u (one of the n distinct keys at p) among them; ranks < need are the row's */
+template <bool A4 = false>
 static __device__ __forceinline__ void pick_rank(dec_smem &sm, const unsigned long long *p, int n,
                                                  unsigned long long u, int need) {
-    const int r = n_above(p, n, u);
+    const int r = n_above<A4>(p, n, u);
     if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
 }
 
@@ -980,9 +1004,10 @@ static __device__ __forceinline__ void pick_rank(dec_smem &sm, const unsigned lo
  * when fewer than `need` threads hold one: every score is a candidate). One rank pass of
  * every thread over the IST_THREADS maxima; session 8's two stages (a warp rank, then a rank
  * over the warps' published maxima) took ~1.4 us, mostly waiting on shared-memory loads. */
+template <bool A4 = false>
 static __device__ __forceinline__ unsigned long long pick_tau(dec_smem &sm, unsigned long long mx,
                                                               int need) {
-    if (mx && n_above(sm.tmax, IST_THREADS, mx) == need - 1) sm.tau = mx;
+    if (mx && n_above<A4>(sm.tmax, IST_THREADS, mx) == need - 1) sm.tau = mx;
     __syncthreads();
     return sm.tau;
 }
@@ -1012,8 +1037,10 @@ template <bool WR, int BF = 0, int V = 0> /* WR: warp_reserve for the candidate 
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot,
-                                unsigned int tep = 0, float scale = 1.0f, bool nan_neg = false) {
-    constexpr bool TL = V & 1;
+                                unsigned int tep = 0, float scale = 1.0f, bool nan_neg = false,
+                                unsigned int *zf = NULL) {
+    constexpr bool TL = V & 1, A4 = (V & 32) != 0;
+    bool zw = zf && threadIdx.x == 0; /* TEMP V & 16: the zeroing block's flag of this row */
     TLM(TL, tep, 9);
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     const int nb = a.pos[t] / (BF ? BF : a.B) + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
@@ -1023,12 +1050,14 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         bool wait = tid < nb;
         if (V & 2) { /* TEMP split: two raw half maxima a key block, combined here */
             unsigned long long h0 = 0, h1 = 0;
-            while (__syncthreads_or(wait))
+            while (__syncthreads_or(wait || zw)) {
                 if (wait) {
                     if (!h0) h0 = ld_relaxed_gpu(slot + 2 * tid);
                     if (!h1) h1 = ld_relaxed_gpu(slot + 2 * tid + 1);
                     wait = !h0 || !h1;
                 }
+                if (zw) zw = !ld_acquire_gpu(zf + q);
+            }
             if (tid < nb) {
                 const float mm = fmaxf(__uint_as_float((uint32_t)h0), __uint_as_float((uint32_t)h1));
                 const bool nn = ((h0 | h1) >> 32) & 1;
@@ -1059,41 +1088,46 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             }
             __syncthreads();
         } else {
-            while (__syncthreads_or(wait))
+            while (__syncthreads_or(wait || zw)) {
                 if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
+                if (zw) zw = !ld_acquire_gpu(zf + q);
+            }
         }
         TLM(TL, tep, 10);
         sm.tmax[tid] = m0;
         __syncthreads();
-        if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
+        if (tid < nb) pick_rank<A4>(sm, sm.tmax, nb, m0, need);
         __syncthreads();
         TLM(TL, tep, 12);
         pick_out(a, t, g, nb, sm);
         TLM(TL, tep, 13);
         if (tid < nb) st_relaxed_gpu(slot + tid * ((V & 2) ? 2 : 1), 0ull); /* zero again */
         if ((V & 2) && tid < nb) st_relaxed_gpu(slot + 2 * tid + 1, 0ull);
+        if (zf && tid == 0) st_relaxed_gpu(zf + q, 0u);
         return;
     }
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
         gx = nb;
         bool wait = true;
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
-        while (__syncthreads_or(wait)) {
+        while (__syncthreads_or(wait || zw)) {
             wait = false;
 #pragma unroll
             for (int i = 0; i < IDX_PICK_CPT; i++) {
                 const int x = tid + i * IST_THREADS;
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
+            if (zw) zw = !ld_acquire_gpu(zf + q);
         }
         TLM(TL, tep, 10);
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
-            if (tid < nb) pick_rank(sm, sm.tmax, nb, m[0], need);
+            if (tid < nb) pick_rank<A4>(sm, sm.tmax, nb, m[0], need);
             __syncthreads();
             pick_out(a, t, g, nb, sm);
             if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
+            if (zf && tid == 0) st_relaxed_gpu(zf + q, 0u);
             return;
         }
     } else {
@@ -1109,7 +1143,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     sm.tmax[tid] = mx;
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
-    const unsigned long long th = pick_tau(sm, mx, need);
+    const unsigned long long th = pick_tau<A4>(sm, mx, need);
     TLM(TL, tep, 11);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
     if (!WR) {
@@ -1169,7 +1203,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         __syncthreads();
     }
     const int nc = sm.n_cand;
-    for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
+    for (int j = tid; j < nc; j += IST_THREADS) pick_rank<A4>(sm, cand, nc, cand[j], need);
     __syncthreads();
     TLM(TL, tep, 12);
     pick_out(a, t, g, nb, sm);
@@ -1177,6 +1211,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT && slot; i++) /* direct: zero again for the next call */
         if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
+    if (zf && tid == 0) st_relaxed_gpu(zf + q, 0u);
 }
 
 #endif
@@ -1330,12 +1365,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
             for (int w = 1; w < IST_WARPS; w++)
                 m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
-            float z;
-            if (b >= cnb) z = -INFINITY;
-            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
-            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
-            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
-            else z = scale != 1.0f ? m * scale : m;
+            const float z = blk_z(sel, b, cnb, clo, m, nn > 0.0f, scale, nan_neg);
             scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
             if (b < cnb) {
                 const unsigned long long u = rank_key(z, b);
@@ -1438,7 +1468,17 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     __shared__ float qinv[RPG];                                /* K16, FIX: 2^-s of each row */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
     TLM(V & 1, epoch, 0);
-    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
+    constexpr bool ZB = FIX == 2 && (V & 16); /* TEMP: a zeroing block past the scoring ones */
+    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw;
+    const int grid = (int)gridDim.x - (ZB && slots ? 1 : 0);
+    if (ZB && slots && (int)blockIdx.x == grid) { /* n_ties zeroed, then each row's flag */
+        if (tid == 0) {
+            if (sel.n_ties) *sel.n_ties = 0;
+            fence_acq_rel_gpu();
+            for (int r = 0; r < n_tok * G; r++) st_relaxed_gpu(arrive + 8 + r, 1u);
+        }
+        return;
+    }
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
     /* TEMP split (V & 2, FIX 2): two blocks a key block, block x the m-tiles of half x & 1 */
     constexpr bool SPL = FIX == 2 && (V & 2);
@@ -1506,11 +1546,11 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
 #endif
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
-        if (sel.n_ties) *sel.n_ties = 0;
+        if (sel.n_ties && !(ZB && slots)) *sel.n_ties = 0;
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
         /* direct: the zero is visible before this block's slots (the barrier below orders
          * them after the fence; a picker adds to n_ties only after it has read them) */
-        if (slots && !(V & 8)) fence_acq_rel_gpu(); /* TEMP V & 8: none (timing only) */
+        if (slots && !(V & 8) && !ZB) fence_acq_rel_gpu(); /* TEMP V & 8: none (timing) */
     }
     const bool qh16 = __syncthreads_and(qok) && K16 && FIX && M3_HAVE_FP8_CVT; /* the fp16 route */
     TLM(V & 1, epoch, 2);
@@ -1648,12 +1688,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
             for (int w = 1; w < NW; w++)
                 m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
-            float z;
-            if (b >= cnb) z = -INFINITY;
-            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
-            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
-            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
-            else z = scale != 1.0f ? m * scale : m;
+            const float z = blk_z(sel, b, cnb, clo, m, nn > 0.0f, scale, nan_neg);
             scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
             if (b < cnb) {
                 const unsigned long long uk = rank_key(z, b);
@@ -1667,14 +1702,14 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
-    const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
-    const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
+    const unsigned int n = (unsigned int)grid * gridDim.y, R = (unsigned int)(n_tok * G);
+    const int row = (int)(blockIdx.y * grid + blockIdx.x) - (int)(n - R);
     if (slots) {
         if (row >= 0) /* block-uniform */
             dec_pick<true, FIX == 2 ? 128 : 0, V>(sel, row, G, grid, NULL, sm,
                                                reinterpret_cast<unsigned long long *>(idx_dyn),
                                                slots + (size_t)row * IDX_SLOT_W, epoch, scale,
-                                               nan_neg);
+                                               nan_neg, ZB ? arrive + 8 : NULL);
         TLM(V & 1, epoch, 14);
         if ((V & 1) && tid == 0 && blockIdx.x < IDX_TLN) {
             unsigned int smid;
@@ -1811,12 +1846,17 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     static const int env_var = getenv("M3_IDX_VAR") ? atoi(getenv("M3_IDX_VAR")) : 0;
     int kv = fix && n_tok == 1 ? (m3_idx_var ? m3_idx_var : env_var) : 0; /* TEMP variants */
     if ((kv & 2) && !(fuse && 2 * nbk <= g->n_sm && !k8)) kv &= ~2; /* split: one wave, bf16 */
-#define KMV(k) {idx_km_k<k, 2, 0>, idx_km_k<k, 2, 1>, idx_km_k<k, 2, 2>, idx_km_k<k, 2, 3>, \
-                idx_km_k<k, 2, 4>, idx_km_k<k, 2, 5>, idx_km_k<k, 2, 6>, idx_km_k<k, 2, 7>, \
-                idx_km_k<k, 2, 8>, idx_km_k<k, 2, 9>}
-    static const km_fn km_var[2][10] = {KMV(false), KMV(true)};
+    static const int vlist[] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 48, 49, 50, 51, 32, 33, 4, 5};
+#define KMV(k)                                                                                     \
+    {idx_km_k<k, 2, 0>,  idx_km_k<k, 2, 1>,  idx_km_k<k, 2, 2>,  idx_km_k<k, 2, 3>,  idx_km_k<k, 2, 8>,  \
+     idx_km_k<k, 2, 9>,  idx_km_k<k, 2, 10>, idx_km_k<k, 2, 11>, idx_km_k<k, 2, 16>, idx_km_k<k, 2, 17>, \
+     idx_km_k<k, 2, 18>, idx_km_k<k, 2, 19>, idx_km_k<k, 2, 48>, idx_km_k<k, 2, 49>, idx_km_k<k, 2, 50>, \
+     idx_km_k<k, 2, 51>, idx_km_k<k, 2, 32>, idx_km_k<k, 2, 33>, idx_km_k<k, 2, 4>,  idx_km_k<k, 2, 5>}
+    static const km_fn km_var[2][20] = {KMV(false), KMV(true)};
 #undef KMV
-    if (km && kv > 0 && kv < 10) kmf = km_var[k8][kv];
+    bool vfound = false;
+    for (int i = 1; km && kv > 0 && i < 20; i++)
+        if (vlist[i] == kv) kmf = km_var[k8][i], vfound = true;
     const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
@@ -1825,6 +1865,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
     if (km && (kv & 2)) gx = 2 * nbk; /* TEMP split */
+    const int zb = vfound && (kv & 16) && fuse && nbk <= IDX_SLOT_W ? 1 : 0; /* TEMP zeroing */
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
@@ -1848,7 +1889,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
      * each such call zeroes the other one for the next (stream order; direct calls use none) */
     unsigned int &ep = g->idx_calls;
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
-    const dim3 grid((unsigned)gx, (unsigned)n_group);
+    const dim3 grid((unsigned)(gx + zb), (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
