@@ -816,11 +816,6 @@ static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, uns
 static __device__ __forceinline__ void st_relaxed_gpu(unsigned int *p, unsigned int v) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-static __device__ __forceinline__ unsigned int ld_acquire_gpu(const unsigned int *p) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
  * exactly: every e4m3fn value is a bf16 value. Branch-free, 4 instructions per pair: prmt
@@ -912,21 +907,6 @@ static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2],
 }
 #endif
 
-/* The block score z of key block b of a row whose token sees nb key blocks, lo the first
- * forced local one; m the masked max of its keys' dots, nan whether one of them is NaN:
- * forced values as ref (init, then local wins), a NaN block per the profile (-1e30 under
- * atom), else the max times the scale (fl(d*s) is monotonic in d: exact). */
-static __device__ __forceinline__ float blk_z(const idx_sel &a, int b, int nb, int lo, float m,
-                                              bool nan, float scale, bool nan_neg) {
-    float z;
-    if (b >= nb) z = -INFINITY;
-    else if (b >= lo) z = a.local_boost;
-    else if (a.use_init && b < a.init_blocks) z = a.init_boost;
-    else if (nan) z = nan_neg ? -1e30f : NAN;
-    else z = scale != 1.0f ? m * scale : m;
-    return z;
-}
-
 /* TEMP (session 13): per-block %globaltimer marks of idx_km_k<.., V & 1>; removed before the
  * final batch. idx_tl_rec[call & 31][block][mark] */
 static __device__ __forceinline__ unsigned long long tl_now() {
@@ -949,21 +929,8 @@ struct dec_smem {
 
 /* how many of the n keys at p (16-byte aligned) rank above u: 16-byte loads, independent of
  * each other (a loop of 8-byte loads ran at about one shared-memory latency per key) */
-template <bool A4 = false> /* TEMP A4: four partial counts (shorter add chain) */
 static __device__ __forceinline__ int n_above(const unsigned long long *p, int n,
                                               unsigned long long u) {
-    if (A4) {
-        const ulonglong2 *p2 = reinterpret_cast<const ulonglong2 *>(p);
-        int r0 = 0, r1 = 0, r2 = 0, r3 = 0, k = 0;
-#pragma unroll 4
-        for (; k + 1 < n / 2; k += 2) {
-            const ulonglong2 w0 = p2[k], w1 = p2[k + 1];
-            r0 += w0.x > u, r1 += w0.y > u, r2 += w1.x > u, r3 += w1.y > u;
-        }
-        if (k < n / 2) r0 += (p2[k].x > u) + (p2[k].y > u);
-        if (n & 1) r1 += p[n - 1] > u;
-        return (r0 + r1) + (r2 + r3);
-    }
     const ulonglong2 *p2 = reinterpret_cast<const ulonglong2 *>(p);
     int r = 0;
 #pragma unroll 8
@@ -986,17 +953,19 @@ static __device__ void pick_out(const idx_sel &a, int t, int g, int nb, const de
         if (nb > K) {
             const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
             mg = x - y;
-            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) {
+                fence_acq_rel_gpu(); /* after the zero of n_ties (direct: its flag, polled) */
+                atomicAdd(a.n_ties, 1);
+            }
         }
         if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
     }
 }
 
 /* rank u (one of the n distinct keys at p) among them; ranks < need are the row's */
-template <bool A4 = false>
 static __device__ __forceinline__ void pick_rank(dec_smem &sm, const unsigned long long *p, int n,
                                                  unsigned long long u, int need) {
-    const int r = n_above<A4>(p, n, u);
+    const int r = n_above(p, n, u);
     if (r < need) sm.chosen[r] = rank_id(u), sm.chosen_v[r] = rank_val(u);
 }
 
@@ -1004,10 +973,9 @@ static __device__ __forceinline__ void pick_rank(dec_smem &sm, const unsigned lo
  * when fewer than `need` threads hold one: every score is a candidate). One rank pass of
  * every thread over the IST_THREADS maxima; session 8's two stages (a warp rank, then a rank
  * over the warps' published maxima) took ~1.4 us, mostly waiting on shared-memory loads. */
-template <bool A4 = false>
 static __device__ __forceinline__ unsigned long long pick_tau(dec_smem &sm, unsigned long long mx,
                                                               int need) {
-    if (mx && n_above<A4>(sm.tmax, IST_THREADS, mx) == need - 1) sm.tau = mx;
+    if (mx && n_above(sm.tmax, IST_THREADS, mx) == need - 1) sm.tau = mx;
     __syncthreads();
     return sm.tau;
 }
@@ -1037,9 +1005,8 @@ template <bool WR, int BF = 0, int V = 0> /* WR: warp_reserve for the candidate 
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot,
-                                unsigned int tep = 0, float scale = 1.0f, bool nan_neg = false,
-                                unsigned int *zf = NULL) {
-    constexpr bool TL = V & 1, A4 = (V & 32) != 0;
+                                unsigned int tep = 0, unsigned int *zf = NULL) {
+    constexpr bool TL = V & 1;
     bool zw = zf && threadIdx.x == 0; /* TEMP V & 16: the zeroing block's flag of this row */
     TLM(TL, tep, 9);
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
@@ -1048,25 +1015,8 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     if (BF && slot && nb <= IST_THREADS) { /* direct, one slot a thread: poll it, rank it */
         unsigned long long m0 = 0;
         bool wait = tid < nb;
-        if (V & 2) { /* TEMP split: two raw half maxima a key block, combined here */
-            unsigned long long h0 = 0, h1 = 0;
-            while (__syncthreads_or(wait || zw)) {
-                if (wait) {
-                    if (!h0) h0 = ld_relaxed_gpu(slot + 2 * tid);
-                    if (!h1) h1 = ld_relaxed_gpu(slot + 2 * tid + 1);
-                    wait = !h0 || !h1;
-                }
-                if (zw) zw = !ld_acquire_gpu(zf + q);
-            }
-            if (tid < nb) {
-                const float mm = fmaxf(__uint_as_float((uint32_t)h0), __uint_as_float((uint32_t)h1));
-                const bool nn = ((h0 | h1) >> 32) & 1;
-                const int lo = nb - a.local_blocks > 0 ? nb - a.local_blocks : 0;
-                const float z = blk_z(a, tid, nb, lo, mm, nn, scale, nan_neg);
-                a.scores[((int64_t)g * a.n_tok + t) * a.nbk + tid] = z;
-                m0 = rank_key(z, tid);
-            }
-        } else if (V & 4) { /* TEMP pipelined polls: 4 loads in flight, spaced */
+        if (V & 4) { /* TEMP pipelined polls: 4 loads in flight, spaced */
+            unsigned int zv = zw ? ld_relaxed_gpu(zf + q) : 1u;
             if (tid < nb) {
                 unsigned long long r[4];
 #pragma unroll
@@ -1086,23 +1036,23 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                     if (done) break;
                 }
             }
+            while (!zv) zv = ld_relaxed_gpu(zf + q);
             __syncthreads();
         } else {
             while (__syncthreads_or(wait || zw)) {
                 if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
-                if (zw) zw = !ld_acquire_gpu(zf + q);
+                if (zw) zw = !ld_relaxed_gpu(zf + q);
             }
         }
         TLM(TL, tep, 10);
         sm.tmax[tid] = m0;
         __syncthreads();
-        if (tid < nb) pick_rank<A4>(sm, sm.tmax, nb, m0, need);
+        if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
         __syncthreads();
         TLM(TL, tep, 12);
         pick_out(a, t, g, nb, sm);
         TLM(TL, tep, 13);
-        if (tid < nb) st_relaxed_gpu(slot + tid * ((V & 2) ? 2 : 1), 0ull); /* zero again */
-        if ((V & 2) && tid < nb) st_relaxed_gpu(slot + 2 * tid + 1, 0ull);
+        if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
         if (zf && tid == 0) st_relaxed_gpu(zf + q, 0u);
         return;
     }
@@ -1117,13 +1067,13 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 const int x = tid + i * IST_THREADS;
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
-            if (zw) zw = !ld_acquire_gpu(zf + q);
+            if (zw) zw = !ld_relaxed_gpu(zf + q);
         }
         TLM(TL, tep, 10);
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
-            if (tid < nb) pick_rank<A4>(sm, sm.tmax, nb, m[0], need);
+            if (tid < nb) pick_rank(sm, sm.tmax, nb, m[0], need);
             __syncthreads();
             pick_out(a, t, g, nb, sm);
             if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
@@ -1143,7 +1093,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     sm.tmax[tid] = mx;
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
-    const unsigned long long th = pick_tau<A4>(sm, mx, need);
+    const unsigned long long th = pick_tau(sm, mx, need);
     TLM(TL, tep, 11);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
     if (!WR) {
@@ -1203,7 +1153,7 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         __syncthreads();
     }
     const int nc = sm.n_cand;
-    for (int j = tid; j < nc; j += IST_THREADS) pick_rank<A4>(sm, cand, nc, cand[j], need);
+    for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
     TLM(TL, tep, 12);
     pick_out(a, t, g, nb, sm);
@@ -1365,7 +1315,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #pragma unroll
             for (int w = 1; w < IST_WARPS; w++)
                 m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
-            const float z = blk_z(sel, b, cnb, clo, m, nn > 0.0f, scale, nan_neg);
+            float z;
+            if (b >= cnb) z = -INFINITY;
+            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
+            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
+            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? m * scale : m;
             scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
             if (b < cnb) {
                 const unsigned long long u = rank_key(z, b);
@@ -1480,19 +1435,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         return;
     }
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
-    /* TEMP split (V & 2, FIX 2): two blocks a key block, block x the m-tiles of half x & 1 */
-    constexpr bool SPL = FIX == 2 && (V & 2);
-    constexpr int MTV = SPL ? 1 : MT;
-    const int hs = SPL ? (int)(blockIdx.x & 1) : 0;
     uint4 kb[MT][2][NU];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
      * paged cache's row of its first key, read one key block ahead) */
     auto load = [&](int b, int r0) {
 #pragma unroll
-        for (int i = 0; i < MTV; i++)
+        for (int i = 0; i < MT; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int m = warp + NW * (SPL ? hs : i), key = b * B + 16 * m + gq + 8 * h;
+                const int m = warp + NW * i, key = b * B + 16 * m + gq + 8 * h;
                 const bool ok = 16 * m < B && key < n_ctx;
                 const size_t row = !ok  ? 0
                                    : FIX ? (size_t)(r0 + (key - b * B))
@@ -1505,7 +1456,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                     kb[i][h][j] = ok && j < nu ? kr[4 * j] : make_uint4(0, 0, 0, 0);
             }
     };
-    const int x0 = SPL ? (int)(blockIdx.x >> 1) : (int)blockIdx.x, gstep = SPL ? grid / 2 : grid;
+    const int x0 = (int)blockIdx.x;
     /* The positions, the group's Q rows and the first key block, in that order, before any
      * of them is waited for. Q: one 16-byte piece a thread (RPG * Di / 8 <= IST_THREADS),
      * every piece a distinct address, into shared memory; each lane then reads its fragments
@@ -1550,7 +1501,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
         /* direct: the zero is visible before this block's slots (the barrier below orders
          * them after the fence; a picker adds to n_ties only after it has read them) */
-        if (slots && !(V & 8) && !ZB) fence_acq_rel_gpu(); /* TEMP V & 8: none (timing) */
+        if (slots && !ZB) fence_acq_rel_gpu();
     }
     const bool qh16 = __syncthreads_and(qok) && K16 && FIX && M3_HAVE_FP8_CVT; /* the fp16 route */
     TLM(V & 1, epoch, 2);
@@ -1570,7 +1521,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
-    for (int i = (int)blockIdx.x * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
+    for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
         if (tt < n_tok) scores[((int64_t)(r % G) * n_tok + tt) * nbk + b] = -INFINITY;
     }
@@ -1593,12 +1544,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     else if (K16) h16 = q_f16(qb, tq, inv);
 #endif
     int par = 0, tli = 3;
-    int rn = x0 + gstep < n_lim ? kbase(x0 + gstep) : 0;
-    for (int b = x0; b < n_lim; b += gstep, par ^= 1, tli += 3) {
+    int rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
+    for (int b = x0; b < n_lim; b += grid, par ^= 1, tli += 3) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < MTV; i++) {
-            const int m = warp + NW * (SPL ? hs : i), k0 = b * B + 16 * m;
+        for (int i = 0; i < MT; i++) {
+            const int m = warp + NW * i, k0 = b * B + 16 * m;
             if (16 * m >= B || k0 > pmax) break; /* warp-uniform */
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             uint32_t fa = 0, fb = 0; /* K16: NaN codes in this lane's pieces of key g, g + 8 */
@@ -1656,8 +1607,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 bad[r] = vis && nn ? 1.0f : bad[r];            /* row's max is unused */
             }
         }
-        if (b + gstep < n_lim) load(b + gstep, rn); /* in flight during the reduction below */
-        if (b + 2 * gstep < n_lim) rn = kbase(b + 2 * gstep); /* the next one's row */
+        if (b + grid < n_lim) load(b + grid, rn); /* in flight during the reduction below */
+        if (b + 2 * grid < n_lim) rn = kbase(b + 2 * grid); /* the next one's row */
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* over the 8 lanes of column 2tq + r */
             float m = mx[r];
@@ -1674,21 +1625,17 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         if (tli < 9) TLM(V & 1, epoch, tli);
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
         if (tli < 9) TLM(V & 1, epoch, tli + 1);
-        if (SPL && tid < RPG && ct < n_tok) { /* TEMP split: the raw half maximum, picker */
+        if (tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
             for (int w = 1; w < NW; w++)
                 m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
-            st_relaxed_gpu(slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + 2 * b + hs,
-                           (1ull << 63) | ((unsigned long long)(nn > 0.0f) << 32) |
-                               __float_as_uint(m));
-        }
-        if (!SPL && tid < RPG && ct < n_tok) {
-            float m = red_m[par][0][tid], nn = red_n[par][0][tid];
-#pragma unroll
-            for (int w = 1; w < NW; w++)
-                m = fmaxf(m, red_m[par][w][tid]), nn = fmaxf(nn, red_n[par][w][tid]);
-            const float z = blk_z(sel, b, cnb, clo, m, nn > 0.0f, scale, nan_neg);
+            float z;
+            if (b >= cnb) z = -INFINITY;
+            else if (b >= clo) z = sel.local_boost; /* forced, as ref: init, then local wins */
+            else if (sel.use_init && b < sel.init_blocks) z = sel.init_boost;
+            else if (nn > 0.0f) z = nan_neg ? -1e30f : NAN;
+            else z = scale != 1.0f ? m * scale : m;
             scores[((int64_t)(tid % G) * n_tok + ct) * nbk + b] = z;
             if (b < cnb) {
                 const unsigned long long uk = rank_key(z, b);
@@ -1708,8 +1655,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         if (row >= 0) /* block-uniform */
             dec_pick<true, FIX == 2 ? 128 : 0, V>(sel, row, G, grid, NULL, sm,
                                                reinterpret_cast<unsigned long long *>(idx_dyn),
-                                               slots + (size_t)row * IDX_SLOT_W, epoch, scale,
-                                               nan_neg, ZB ? arrive + 8 : NULL);
+                                               slots + (size_t)row * IDX_SLOT_W, epoch,
+                                               ZB ? arrive + 8 : NULL);
         TLM(V & 1, epoch, 14);
         if ((V & 1) && tid == 0 && blockIdx.x < IDX_TLN) {
             unsigned int smid;
@@ -1845,17 +1792,14 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
     static const int env_var = getenv("M3_IDX_VAR") ? atoi(getenv("M3_IDX_VAR")) : 0;
     int kv = fix && n_tok == 1 ? (m3_idx_var ? m3_idx_var : env_var) : 0; /* TEMP variants */
-    if ((kv & 2) && !(fuse && 2 * nbk <= g->n_sm && !k8)) kv &= ~2; /* split: one wave, bf16 */
-    static const int vlist[] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 48, 49, 50, 51, 32, 33, 4, 5};
+    static const int vlist[] = {0, 1, 4, 5, 16, 17, 20, 21};
 #define KMV(k)                                                                                     \
-    {idx_km_k<k, 2, 0>,  idx_km_k<k, 2, 1>,  idx_km_k<k, 2, 2>,  idx_km_k<k, 2, 3>,  idx_km_k<k, 2, 8>,  \
-     idx_km_k<k, 2, 9>,  idx_km_k<k, 2, 10>, idx_km_k<k, 2, 11>, idx_km_k<k, 2, 16>, idx_km_k<k, 2, 17>, \
-     idx_km_k<k, 2, 18>, idx_km_k<k, 2, 19>, idx_km_k<k, 2, 48>, idx_km_k<k, 2, 49>, idx_km_k<k, 2, 50>, \
-     idx_km_k<k, 2, 51>, idx_km_k<k, 2, 32>, idx_km_k<k, 2, 33>, idx_km_k<k, 2, 4>,  idx_km_k<k, 2, 5>}
-    static const km_fn km_var[2][20] = {KMV(false), KMV(true)};
+    {idx_km_k<k, 2, 0>,  idx_km_k<k, 2, 1>,  idx_km_k<k, 2, 4>,  idx_km_k<k, 2, 5>,                 \
+     idx_km_k<k, 2, 16>, idx_km_k<k, 2, 17>, idx_km_k<k, 2, 20>, idx_km_k<k, 2, 21>}
+    static const km_fn km_var[2][8] = {KMV(false), KMV(true)};
 #undef KMV
     bool vfound = false;
-    for (int i = 1; km && kv > 0 && i < 20; i++)
+    for (int i = 1; km && kv > 0 && i < 8; i++)
         if (vlist[i] == kv) kmf = km_var[k8][i], vfound = true;
     const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
@@ -1864,7 +1808,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
-    if (km && (kv & 2)) gx = 2 * nbk; /* TEMP split */
     const int zb = vfound && (kv & 16) && fuse && nbk <= IDX_SLOT_W ? 1 : 0; /* TEMP zeroing */
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
     unsigned long long *cmax = NULL, *slots = NULL;
