@@ -23,10 +23,6 @@
  * block table, spec §4.5), bf16 / fp32 / fp8 elements; docs/gpu.md "Paged index cache".
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/indexer.h"
@@ -791,10 +787,10 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 #define IDX_PICK_CPT 8 /* block maxima per thread in dec_pick: gridDim.x <= 1024 */
 #define IDX_SLOT_W 1024 /* direct selection: key blocks per row (IDX_PICK_CPT * IST_THREADS) */
 /* The fused selection's arrival counters are the context's two words at
- * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open). */
-
-#define IDX_TLN 544 /* TEMP (session 13): the timeline records, below */
-__device__ unsigned long long idx_tl_rec[32][IDX_TLN][16];
+ * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open); the direct
+ * selection's per-row flags (n_ties zeroed) the 8 words from IDX_ZF on. */
+#define IDX_ZF 8
+static_assert(IDX_ZF + 8 <= M3_GPU_CNT_SD - M3_GPU_CNT_IDX, "the counter range of m3_gpu");
 
 #if M3_HAVE_MMA
 static __device__ __forceinline__ void fence_acq_rel_gpu() {
@@ -907,19 +903,6 @@ static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2],
 }
 #endif
 
-/* TEMP (session 13): per-block %globaltimer marks of idx_km_k<.., V & 1>; removed before the
- * final batch. idx_tl_rec[call & 31][block][mark] */
-static __device__ __forceinline__ unsigned long long tl_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-    return t;
-}
-#define TLM(on, ep, i)                                                                     \
-    do {                                                                                   \
-        if ((on) && threadIdx.x == 0 && blockIdx.x < IDX_TLN)                               \
-            idx_tl_rec[(ep) & 31][blockIdx.x][i] = tl_now();                               \
-    } while (0)
-
 struct dec_smem {
     __align__(16) unsigned long long tmax[IST_THREADS]; /* read in 16-byte pairs */
     unsigned long long tau;
@@ -954,7 +937,7 @@ static __device__ void pick_out(const idx_sel &a, int t, int g, int nb, const de
             const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
             mg = x - y;
             if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) {
-                fence_acq_rel_gpu(); /* after the zero of n_ties (direct: its flag, polled) */
+                fence_acq_rel_gpu(); /* ordered after the zero of n_ties (direct: zf) */
                 atomicAdd(a.n_ties, 1);
             }
         }
@@ -996,64 +979,43 @@ static __device__ __forceinline__ int warp_reserve(int *ctr, int c) {
     return __shfl_sync(0xFFFFFFFFu, base, 31) + incl - c;
 }
 
+/* A direct pick's wait for its row's flag of idx_km_k's zeroing block (n_ties zeroed): true
+ * while it is not set; once set, it is cleared again for the next call (stream order) */
+static __device__ __forceinline__ bool zf_wait(unsigned int *f) {
+    if (!ld_relaxed_gpu(f)) return true;
+    st_relaxed_gpu(f, 0u);
+    return false;
+}
+
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
- * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
-template <bool WR, int BF = 0, int V = 0> /* WR: warp_reserve for the candidate lists (idx_km_k; idx_dec_k's
+ * keys (dec_launch); slot (direct): the row's key block rank keys, polled, and zf the flags
+ * of idx_km_k's zeroing block (zf[q] set once n_ties is zero: polled with the slots by
+ * thread 0, the one that adds to n_ties, zf_wait). */
+template <bool WR, int BF = 0> /* WR: warp_reserve for the candidate lists (idx_km_k; idx_dec_k's
                                 * bf16 form spilled with it), else an atomic per entry; BF: the
                                 * key block size when compiled in (idx_km_k FIX 2), else 0 */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot,
-                                unsigned int tep = 0, unsigned int *zf = NULL) {
-    constexpr bool TL = V & 1;
-    bool zw = zf && threadIdx.x == 0; /* TEMP V & 16: the zeroing block's flag of this row */
-    TLM(TL, tep, 9);
+                                unsigned int *zf = NULL) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
+    bool zw = zf && tid == 0; /* waiting for zf[q] */
     const int nb = a.pos[t] / (BF ? BF : a.B) + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
     if (BF && slot && nb <= IST_THREADS) { /* direct, one slot a thread: poll it, rank it */
         unsigned long long m0 = 0;
         bool wait = tid < nb;
-        if (V & 4) { /* TEMP pipelined polls: 4 loads in flight, spaced */
-            unsigned int zv = zw ? ld_relaxed_gpu(zf + q) : 1u;
-            if (tid < nb) {
-                unsigned long long r[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    r[i] = ld_relaxed_gpu(slot + tid);
-                    const long long c0 = clock64();
-                    while (clock64() - c0 < 120) {
-                    }
-                }
-                for (;;) {
-                    bool done = false;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        if (!done && r[i]) m0 = r[i], done = true;
-                        if (!done) r[i] = ld_relaxed_gpu(slot + tid);
-                    }
-                    if (done) break;
-                }
-            }
-            while (!zv) zv = ld_relaxed_gpu(zf + q);
-            __syncthreads();
-        } else {
-            while (__syncthreads_or(wait || zw)) {
-                if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
-                if (zw) zw = !ld_relaxed_gpu(zf + q);
-            }
+        while (__syncthreads_or(wait || zw)) {
+            if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
+            if (zw) zw = zf_wait(zf + q);
         }
-        TLM(TL, tep, 10);
         sm.tmax[tid] = m0;
         __syncthreads();
         if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
         __syncthreads();
-        TLM(TL, tep, 12);
         pick_out(a, t, g, nb, sm);
-        TLM(TL, tep, 13);
         if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
-        if (zf && tid == 0) st_relaxed_gpu(zf + q, 0u);
         return;
     }
     if (slot) { /* direct: the row's key block scores, polled until all have landed */
@@ -1067,9 +1029,8 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                 const int x = tid + i * IST_THREADS;
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
-            if (zw) zw = !ld_relaxed_gpu(zf + q);
+            if (zw) zw = zf_wait(zf + q);
         }
-        TLM(TL, tep, 10);
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
             __syncthreads();
@@ -1077,7 +1038,6 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             __syncthreads();
             pick_out(a, t, g, nb, sm);
             if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
-            if (zf && tid == 0) st_relaxed_gpu(zf + q, 0u);
             return;
         }
     } else {
@@ -1094,7 +1054,6 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     if (tid == 0) sm.tau = 1, sm.n_cand = 0, sm.n_cta = 0; /* tau 1: every score */
     __syncthreads();
     const unsigned long long th = pick_tau(sm, mx, need);
-    TLM(TL, tep, 11);
     const int per = slot ? 1 : (nb + gx - 1) / gx; /* key blocks of the row per scoring block */
     if (!WR) {
 #pragma unroll
@@ -1155,13 +1114,10 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
     const int nc = sm.n_cand;
     for (int j = tid; j < nc; j += IST_THREADS) pick_rank(sm, cand, nc, cand[j], need);
     __syncthreads();
-    TLM(TL, tep, 12);
     pick_out(a, t, g, nb, sm);
-    TLM(TL, tep, 13);
 #pragma unroll
     for (int i = 0; i < IDX_PICK_CPT && slot; i++) /* direct: zero again for the next call */
         if (tid + i * IST_THREADS < nb) st_relaxed_gpu(slot + tid + i * IST_THREADS, 0ull);
-    if (zf && tid == 0) st_relaxed_gpu(zf + q, 0u);
 }
 
 #endif
@@ -1356,6 +1312,20 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
 }
 
+#if M3_HAVE_MMA
+/* idx_km_k's once-per-call zeroing, by one thread: n_ties; with cmax the next call's arrival
+ * counter (stream order); direct: a fence, then each of the R rows' flags (a picker adds to
+ * n_ties only after it has read its flag: dec_pick's zf) */
+static __device__ void km_zero(const idx_sel &sel, unsigned int *arrive, unsigned int epoch,
+                               bool cmax, bool direct, int R) {
+    if (sel.n_ties) *sel.n_ties = 0;
+    if (cmax) arrive[(epoch & 1) ^ 1] = 0u;
+    if (!direct) return;
+    fence_acq_rel_gpu();
+    for (int r = 0; r < R; r++) st_relaxed_gpu(arrive + IDX_ZF + r, 1u);
+}
+#endif
+
 /* idx_km_k (decode at T * G <= 8, the case of M3's decode step: T = 1, G = 4): idx_dec_k
  * with the keys as the mma's 16-row operand (A, M) and the query rows as its 8 columns (B,
  * N). At T = 1 only G = 4 of idx_dec_k's 16 query rows are real; here the key block takes
@@ -1383,9 +1353,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * counter, no second round of loads), selects as dec_pick with one key block per scoring
  * block, and zeroes the slots again for the next call (stream order; after its output, off
  * the pick's path, session 10; the candidate lists of idx_km_k's picks are reserved with one
- * shared atomic per warp: warp_reserve). Block (0, 0) zeroes
- * n_ties before its first slot (fence, then the key block's barrier): a picker adds to n_ties
- * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
+ * shared atomic per warp: warp_reserve). One block past the scoring ones (zx: while the
+ * grid fits one wave; else block (0, 0) before its first slot, its fence hidden behind its
+ * second key block) zeroes n_ties, fences and sets a flag per row (m3_gpu.counters +
+ * M3_GPU_CNT_IDX + IDX_ZF: km_zero); a picker adds to n_ties only after it has read its row's
+ * flag (polled with the slots; a fence before the add). With block (0, 0) doing it at 8K keys
+ * its fence waited for its key loads and its slot was the last of every call (0.4 us;
+ * docs/gpu.md "Session 13"). Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
  * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
  * block, measured slower: 1M keys 87.6 against 74.1 us, session 9).
@@ -1394,16 +1368,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * once per call were bound by their instruction count (8K keys 7.5 -> 7.0 us, fp8 128K paged
  * 12.7 -> 10.9 us, docs/gpu.md "Session 12"); at K16 the fp16 route's Q rows are converted
  * one piece a thread in the prologue, while the keys are in flight. */
-template <bool K16, int FIX, int V = 0> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
+template <bool K16, int FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
                               * FIX 1: M3's geometry compiled in (G 4, Di 128, B 128, no
-                              * table or bs 128); 2: also T = 1; V: TEMP session 13 variants
-                              * (1: timeline marks) */
+                              * table or bs 128); 2: also T = 1 */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
              const int32_t *M3_RESTRICT pos, int n_tok_, int nbk, int n_ctx, int G_, int Di_,
              int B_, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, bool q16) {
+             unsigned long long *M3_RESTRICT slots, bool q16, bool zx) {
 #if M3_HAVE_MMA
     const int G = FIX ? 4 : G_, Di = FIX ? 128 : Di_, B = FIX ? 128 : B_;
     const int n_tok = FIX == 2 ? 1 : n_tok_;
@@ -1422,16 +1395,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     __shared__ __align__(16) m3_bf16 qh[RPG][ISM_MAX_DI + 8]; /* K16, FIX: the rows, fp16 x 2^s */
     __shared__ float qinv[RPG];                                /* K16, FIX: 2^-s of each row */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
-    TLM(V & 1, epoch, 0);
-    constexpr bool ZB = FIX == 2 && (V & 16); /* TEMP: a zeroing block past the scoring ones */
     const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw;
-    const int grid = (int)gridDim.x - (ZB && slots ? 1 : 0);
-    if (ZB && slots && (int)blockIdx.x == grid) { /* n_ties zeroed, then each row's flag */
-        if (tid == 0) {
-            if (sel.n_ties) *sel.n_ties = 0;
-            fence_acq_rel_gpu();
-            for (int r = 0; r < n_tok * G; r++) st_relaxed_gpu(arrive + 8 + r, 1u);
-        }
+    /* zx (direct, the grid in one wave): the last block only zeroes n_ties and sets the rows'
+     * flags (km_zero); block (0, 0) doing it made its slot the last of every call at 8K keys
+     * (its fence waited for its key loads, session 13); else block (0, 0) does it, below */
+    const int grid = (int)gridDim.x - (zx ? 1 : 0);
+    if (zx && (int)blockIdx.x == grid) { /* gridDim.y == 1: one group of RPG rows */
+        if (tid == 0) km_zero(sel, arrive, epoch, false, true, n_tok * G);
         return;
     }
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
@@ -1479,7 +1449,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         }
     }
     if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
-    TLM(V & 1, epoch, 1);
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
     /* K16, FIX: the fp16 route decided and converted here (q_f16_part), one piece a thread,
      * while the keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
@@ -1496,15 +1465,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         if (q_ch == 0) qinv[q_row] = dn;
     }
 #endif
-    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
-        if (sel.n_ties && !(ZB && slots)) *sel.n_ties = 0;
-        if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
-        /* direct: the zero is visible before this block's slots (the barrier below orders
-         * them after the fence; a picker adds to n_ties only after it has read them) */
-        if (slots && !ZB) fence_acq_rel_gpu();
-    }
+    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0 && !zx)
+        km_zero(sel, arrive, epoch, cmax != NULL, slots != NULL, n_tok * G);
     const bool qh16 = __syncthreads_and(qok) && K16 && FIX && M3_HAVE_FP8_CVT; /* the fp16 route */
-    TLM(V & 1, epoch, 2);
     const m3_bf16(*qsrc)[ISM_MAX_DI + 8] = qh16 ? qh : qs;
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads). uint4 j holds k-steps 2j and 2j + 1: bf16 dims 8 (tq + 4j) .. +7;
@@ -1543,9 +1506,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if (K16 && qh16) h16 = true, inv[0] = qinv[2 * tq], inv[1] = qinv[2 * tq + 1];
     else if (K16) h16 = q_f16(qb, tq, inv);
 #endif
-    int par = 0, tli = 3;
+    int par = 0;
     int rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
-    for (int b = x0; b < n_lim; b += grid, par ^= 1, tli += 3) {
+    for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < MT; i++) {
@@ -1622,9 +1585,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 red_n[par][warp][2 * tq + r] = (bb & (0x11111111u << tq)) ? 1.0f : 0.0f;
             }
         }
-        if (tli < 9) TLM(V & 1, epoch, tli);
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
-        if (tli < 9) TLM(V & 1, epoch, tli + 1);
         if (tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
 #pragma unroll
@@ -1645,7 +1606,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
-        if (tli < 9) TLM(V & 1, epoch, tli + 2);
     }
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
@@ -1653,16 +1613,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     const int row = (int)(blockIdx.y * grid + blockIdx.x) - (int)(n - R);
     if (slots) {
         if (row >= 0) /* block-uniform */
-            dec_pick<true, FIX == 2 ? 128 : 0, V>(sel, row, G, grid, NULL, sm,
+            dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, NULL, sm,
                                                reinterpret_cast<unsigned long long *>(idx_dyn),
-                                               slots + (size_t)row * IDX_SLOT_W, epoch,
-                                               ZB ? arrive + 8 : NULL);
-        TLM(V & 1, epoch, 14);
-        if ((V & 1) && tid == 0 && blockIdx.x < IDX_TLN) {
-            unsigned int smid;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-            idx_tl_rec[epoch & 31][blockIdx.x][15] = smid + 1;
-        }
+                                               slots + (size_t)row * IDX_SLOT_W, arrive + IDX_ZF);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1684,92 +1637,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok_; (void)nbk; (void)n_ctx;
     (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16;
+    (void)arrive; (void)slots; (void)q16; (void)zx;
 #endif
-}
-
-/* TEMP (session 13): the variant knob (set by tests/gpu_bench.c) and the timeline dump */
-extern "C" {
-int m3_idx_var = 0;
-}
-static unsigned int idx_tl_calls = 0;
-static int cmp_u64(const void *a, const void *b) {
-    const long long x = *(const long long *)a, y = *(const long long *)b;
-    return (x > y) - (x < y);
-}
-extern "C" void m3_idx_tl_dump(const char *nm) {
-    static unsigned long long h[32][IDX_TLN][16];
-    if (cudaMemcpyFromSymbol(h, idx_tl_rec, sizeof h) != cudaSuccess) return;
-    static const char *mk[16] = {"entry", "keys issued", "Q barrier", "kb0 reduced", "kb0 barrier",
-                                 "kb0 slot", "kb1 reduced", "kb1 barrier", "kb1 slot", "pick start",
-                                 "polled", "tau", "ranked", "out", "exit", "-"};
-    const unsigned int nc = idx_tl_calls < 32 ? idx_tl_calls : 32;
-    long long mn[16][32], mx[16][32], gap[32];
-    int ng = 0, nblk = 0;
-    for (unsigned int c = 0; c < nc; c++) {
-        long long t0 = -1;
-        for (int b = 0; b < IDX_TLN; b++)
-            if (h[c][b][0] && (t0 < 0 || (long long)h[c][b][0] < t0)) t0 = (long long)h[c][b][0];
-        for (int i = 0; i < 15; i++) {
-            mn[i][c] = -1, mx[i][c] = -1;
-            for (int b = 0; b < IDX_TLN; b++) {
-                if (!h[c][b][i]) continue;
-                const long long d = (long long)h[c][b][i] - t0;
-                if (mn[i][c] < 0 || d < mn[i][c]) mn[i][c] = d;
-                if (d > mx[i][c]) mx[i][c] = d;
-                if (i == 0 && c == 0) nblk++;
-            }
-        }
-        if (c > 0) { /* previous call's last exit to this call's first entry */
-            long long pe = -1, p0 = -1;
-            for (int b = 0; b < IDX_TLN; b++) {
-                if (h[c - 1][b][0] && (p0 < 0 || (long long)h[c - 1][b][0] < p0)) p0 = (long long)h[c - 1][b][0];
-                if ((long long)h[c - 1][b][14] > pe) pe = (long long)h[c - 1][b][14];
-            }
-            const long long gp = t0 - pe;
-            if (gp > 0 && gp < 20000) gap[ng++] = gp;
-        }
-    }
-    printf("tl: %s calls %u blocks %d\n", nm, nc, nblk);
-    for (int i = 0; i < 15; i++) {
-        long long a[32], b2[32];
-        int n = 0;
-        for (unsigned int c = 0; c < nc; c++)
-            if (mn[i][c] >= 0) a[n] = mn[i][c], b2[n] = mx[i][c], n++;
-        if (!n) continue;
-        qsort(a, n, sizeof a[0], cmp_u64);
-        qsort(b2, n, sizeof b2[0], cmp_u64);
-        printf("tl:   %2d %-12s first %6.2f last %6.2f us (min %6.2f / %6.2f, n %d)\n", i, mk[i],
-               a[n / 2] * 1e-3, b2[n / 2] * 1e-3, a[0] * 1e-3, b2[0] * 1e-3, n);
-    }
-    if (ng) {
-        qsort(gap, ng, sizeof gap[0], cmp_u64);
-        printf("tl:   gap exit -> next entry %6.2f us (min %6.2f, n %d)\n", gap[ng / 2] * 1e-3,
-               gap[0] * 1e-3, ng);
-    }
-    /* which block stored the last first-round slot (mark 5), per call: the most frequent */
-    int lastb[32], nl = 0;
-    for (unsigned int c = 0; c < nc; c++) {
-        long long best = -1;
-        int bb = -1;
-        for (int b = 0; b < IDX_TLN; b++)
-            if (h[c][b][5] && (long long)h[c][b][5] > best) best = (long long)h[c][b][5], bb = b;
-        if (bb >= 0) lastb[nl++] = bb;
-    }
-    printf("tl:   last slot by block:");
-    for (int i = 0; i < nl; i++) printf(" %d", lastb[i]);
-    printf("\n");
-    /* SMs of call 0's blocks: distinct count */
-    int seen[256] = {0}, nd = 0;
-    for (int b = 0; b < IDX_TLN; b++) {
-        const unsigned long long sm = h[0][b][15];
-        if (sm && sm <= 256 && !seen[sm - 1]) seen[sm - 1] = 1, nd++;
-    }
-    printf("tl:   distinct SMs %d\n", nd);
-    fflush(stdout);
-    memset(h, 0, sizeof h);
-    cudaMemcpyToSymbol(idx_tl_rec, h, sizeof h);
-    idx_tl_calls = 0;
 }
 
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
@@ -1786,21 +1655,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool fix = km && G == 4 && Di == 128 && B == 128 && (!ik.bt || ik.bs == 128);
     typedef void (*km_fn)(float *, const m3_bf16 *, int, idx_keys, const int32_t *, int, int,
                           int, int, int, int, float, bool, idx_sel, unsigned long long *,
-                          unsigned int *, unsigned int, unsigned long long *, bool);
+                          unsigned int *, unsigned int, unsigned long long *, bool, bool);
     static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
                                        {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
-    km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
-    static const int env_var = getenv("M3_IDX_VAR") ? atoi(getenv("M3_IDX_VAR")) : 0;
-    int kv = fix && n_tok == 1 ? (m3_idx_var ? m3_idx_var : env_var) : 0; /* TEMP variants */
-    static const int vlist[] = {0, 1, 4, 5, 16, 17, 20, 21};
-#define KMV(k)                                                                                     \
-    {idx_km_k<k, 2, 0>,  idx_km_k<k, 2, 1>,  idx_km_k<k, 2, 4>,  idx_km_k<k, 2, 5>,                 \
-     idx_km_k<k, 2, 16>, idx_km_k<k, 2, 17>, idx_km_k<k, 2, 20>, idx_km_k<k, 2, 21>}
-    static const km_fn km_var[2][8] = {KMV(false), KMV(true)};
-#undef KMV
-    bool vfound = false;
-    for (int i = 1; km && kv > 0 && i < 8; i++)
-        if (vlist[i] == kv) kmf = km_var[k8][i], vfound = true;
+    const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
     const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
@@ -1808,7 +1666,6 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     gx = gx < nbk ? gx : nbk;
     if (gx * n_group < R) gx = (R + n_group - 1) / n_group;
     if (gx > IDX_PICK_CPT * IST_THREADS) gx = IDX_PICK_CPT * IST_THREADS;
-    const int zb = vfound && (kv & 16) && fuse && nbk <= IDX_SLOT_W ? 1 : 0; /* TEMP zeroing */
     const bool direct = fuse && km && nbk <= IDX_SLOT_W;
     unsigned long long *cmax = NULL, *slots = NULL;
     /* the fused selection's candidates: (K+1) * cpt rank keys per key block of a scoring
@@ -1832,15 +1689,17 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
      * each such call zeroes the other one for the next (stream order; direct calls use none) */
     unsigned int &ep = g->idx_calls;
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
-    const dim3 grid((unsigned)(gx + zb), (unsigned)n_group);
+    /* direct: a zeroing block past the scoring ones while the grid fits one wave (at 128K keys
+     * it would wait for a slot, and block (0, 0)'s fence is hidden by its second key block) */
+    const bool zx = direct && gx < 4 * g->n_sm;
+    const dim3 grid((unsigned)(gx + zx), (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km)
         kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di,
-                                                   B, sc, nn, sa, cmax, arrive,
-                                                   direct && (kv & 1) ? idx_tl_calls++ : ep, slots, q16);
+                                                   B, sc, nn, sa, cmax, arrive, ep, slots, q16, zx);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);

@@ -305,10 +305,11 @@ static void indexer_topk_matches_ref(void **state) {
         }
 }
 
-/* M3's decode step alone (T = 1, G = 4, Di = 128, B = 128: idx_km_k with the geometry compiled
- * in, the one-slot direct pick), every profile, bf16 storage: the bench's 8192 keys (64 key
- * blocks), a last key block seen up to key 127 or key 27 only (NaN rows in both halves of the
- * key blocks), every score tied, 66 key blocks with the queries' 4-byte loads */
+/* M3's decode step alone, quick to run (T = 1, G = 4, Di = 128, B = 128: idx_km_k with the
+ * geometry compiled in, the one-slot direct pick and the zeroing block's flags), every
+ * profile, bf16 storage: the bench's 8192 keys (64 key blocks), a last key block seen up to
+ * key 127 or key 27 only (NaN rows in both halves of the key blocks), every score tied (the
+ * tie count: added after the flag), 66 key blocks with the queries' 4-byte loads */
 static void indexer_decode_t1(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const idx_shape shapes[] = {
