@@ -787,7 +787,10 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 #define IDX_PICK_CPT 8 /* block maxima per thread in dec_pick: gridDim.x <= 1024 */
 #define IDX_SLOT_W 1024 /* direct selection: key blocks per row (IDX_PICK_CPT * IST_THREADS) */
 /* The fused selection's arrival counters are the context's two words at
- * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open). */
+ * m3_gpu.counters + M3_GPU_CNT_IDX (by the parity of the call; zero at open); the direct
+ * selection's per-row flags (n_ties zeroed) the 8 words from IDX_ZF on. */
+#define IDX_ZF 8
+static_assert(IDX_ZF + 8 <= M3_GPU_CNT_SD - M3_GPU_CNT_IDX, "the counter range of m3_gpu");
 
 #if M3_HAVE_MMA
 static __device__ __forceinline__ void fence_acq_rel_gpu() {
@@ -805,6 +808,9 @@ static __device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsign
 }
 static __device__ __forceinline__ void st_relaxed_gpu(unsigned long long *p, unsigned long long v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+static __device__ __forceinline__ void st_relaxed_gpu(unsigned int *p, unsigned int v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 /* 8 e4m3fn codes (w0: dims 0-3, w1: 4-7, byte i = dim i) as 8 bf16 (uint4, dims in order),
@@ -841,46 +847,56 @@ static __device__ __forceinline__ uint32_t e4m3_nan16(uint4 v) {
 }
 
 #if M3_HAVE_FP8_CVT
-/* The query rows of idx_km_k's B fragments (qb: bf16 pairs; lane (g, t) holds dims of row g)
- * as fp16 pairs, each row times 2^s (its largest |q| into [2^14, 2^15)), when every value of
- * every row of the warp is exact so; then qb holds the scaled pairs, inv[e] = 2^-s of query
- * row 2t + e (this lane's C columns) and the result is true. A row with a non-finite value
- * or a range past fp16's (~2^31 between its largest and smallest nonzero |q|) is not exact:
- * false, qb unchanged (the bf16 route). Every warp of every block decides alike (same Q). */
-static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2], int tq,
-                                             float (&inv)[2]) {
+/* The fp16 route's conversion of one lane's part of a query row (N bf16 pairs w; the row's
+ * other parts are in the lanes xor 1 .. L - 1, L lanes a row): every value times 2^s (the
+ * row's largest |q| into [2^14, 2^15)) as fp16 pairs h, dn = 2^-s. True when every value of
+ * this lane is finite and exact so (a row with a range past fp16's, ~2^31 between its
+ * largest and smallest nonzero |q|, is not); the callers vote over the lanes. */
+template <int N, int L>
+static __device__ __forceinline__ bool q_f16_part(const uint32_t (&w)[N], uint32_t (&h)[N],
+                                                  float &dn) {
     float amax = 0.0f;
     bool ok = true;
 #pragma unroll
-    for (int s = 0; s < ISM_MAX_DI / 16; s++)
+    for (int i = 0; i < N; i++) {
+        const float x = __uint_as_float(w[i] << 16), y = __uint_as_float(w[i] & 0xFFFF0000u);
+        ok = ok && isfinite(x) && isfinite(y);
+        amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
+    }
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float x = __uint_as_float(qb[s][i] << 16);
-            const float y = __uint_as_float(qb[s][i] & 0xFFFF0000u);
-            ok = ok && isfinite(x) && isfinite(y);
-            amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
-        }
-    amax = fmaxf(amax, M3_SHFL_XOR(amax, 1)); /* the row's 4 lanes */
-    amax = fmaxf(amax, M3_SHFL_XOR(amax, 2));
+    for (int o = 1; o < L; o <<= 1) amax = fmaxf(amax, M3_SHFL_XOR(amax, o));
     const int sh = amax > 0.0f ? 14 - ((int)((__float_as_uint(amax) >> 23) & 0xFF) - 127) : 0;
     ok = ok && sh > -100 && sh < 100; /* 2^sh and 2^-sh normal floats */
     const float up = ok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
-    uint32_t h[ISM_MAX_DI / 16][2];
 #pragma unroll
-    for (int s = 0; s < ISM_MAX_DI / 16; s++)
+    for (int i = 0; i < N; i++) {
+        const float x = __uint_as_float(w[i] << 16) * up;
+        const float y = __uint_as_float(w[i] & 0xFFFF0000u) * up;
+        const __half2 v = __floats2half2_rn(x, y);
+        const float2 back = __half22float2(v);
+        ok = ok && back.x == x && back.y == y;
+        h[i] = *reinterpret_cast<const uint32_t *>(&v);
+    }
+    dn = __uint_as_float((uint32_t)(127 - sh) << 23);
+    return ok;
+}
+
+/* The query rows of idx_km_k's B fragments (qb: bf16 pairs; lane (g, t) holds dims of row g,
+ * the row's 4 lanes) as q_f16_part's fp16 pairs, when every value of every row of the warp
+ * is exact so; then qb holds the scaled pairs, inv[e] = 2^-s of query row 2t + e (this lane's
+ * C columns) and the result is true; else false, qb unchanged (the bf16 route). Every warp of
+ * every block decides alike (same Q). */
+static __device__ __forceinline__ bool q_f16(uint32_t (&qb)[ISM_MAX_DI / 16][2], int tq,
+                                             float (&inv)[2]) {
+    constexpr int N = ISM_MAX_DI / 8;
+    uint32_t w[N], h[N];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float x = __uint_as_float(qb[s][i] << 16) * up;
-            const float y = __uint_as_float(qb[s][i] & 0xFFFF0000u) * up;
-            const __half2 v = __floats2half2_rn(x, y);
-            const float2 back = __half22float2(v);
-            ok = ok && back.x == x && back.y == y;
-            h[s][i] = *reinterpret_cast<const uint32_t *>(&v);
-        }
+    for (int i = 0; i < N; i++) w[i] = qb[i / 2][i % 2];
+    float dn;
+    const bool ok = q_f16_part<N, 4>(w, h, dn);
     if (!__all_sync(0xFFFFFFFFu, ok)) return false;
 #pragma unroll
-    for (int s = 0; s < ISM_MAX_DI / 16; s++) qb[s][0] = h[s][0], qb[s][1] = h[s][1];
-    const float dn = __uint_as_float((uint32_t)(127 - sh) << 23);
+    for (int i = 0; i < N; i++) qb[i / 2][i % 2] = h[i];
     inv[0] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq));
     inv[1] = __shfl_sync(0xFFFFFFFFu, dn, 4 * (2 * tq + 1));
     return true;
@@ -920,7 +936,10 @@ static __device__ void pick_out(const idx_sel &a, int t, int g, int nb, const de
         if (nb > K) {
             const float x = sm.chosen_v[K - 1], y = sm.chosen_v[K];
             mg = x - y;
-            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) atomicAdd(a.n_ties, 1);
+            if (a.n_ties && ((x == y) || (mg <= a.tie_margin))) {
+                fence_acq_rel_gpu(); /* ordered after the zero of n_ties (direct: zf) */
+                atomicAdd(a.n_ties, 1);
+            }
         }
         if (a.margin) a.margin[(int64_t)g * a.n_tok + t] = mg;
     }
@@ -960,23 +979,37 @@ static __device__ __forceinline__ int warp_reserve(int *ctr, int c) {
     return __shfl_sync(0xFFFFFFFFu, base, 31) + incl - c;
 }
 
+/* A direct pick's wait for its row's flag of idx_km_k's zeroing block (n_ties zeroed): true
+ * while it is not set; once set, it is cleared again for the next call (stream order) */
+static __device__ __forceinline__ bool zf_wait(unsigned int *f) {
+    if (!ld_relaxed_gpu(f)) return true;
+    st_relaxed_gpu(f, 0u);
+    return false;
+}
+
 /* Row q (token q / G, head q % G) of the fused selection; gx blocks per group; cmax the
  * per-block maxima (0: no score); cand: (K+1) * ceil(gx / IST_THREADS) * ceil(nbk / gx) rank
- * keys (dec_launch); slot (direct): the row's key block rank keys, polled. */
+ * keys (dec_launch); slot (direct): the row's key block rank keys, polled, and zf the flags
+ * of idx_km_k's zeroing block (zf[q] set once n_ties is zero: polled with the slots by
+ * thread 0, the one that adds to n_ties, zf_wait). */
 template <bool WR, int BF = 0> /* WR: warp_reserve for the candidate lists (idx_km_k; idx_dec_k's
                                 * bf16 form spilled with it), else an atomic per entry; BF: the
                                 * key block size when compiled in (idx_km_k FIX 2), else 0 */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
-                                unsigned long long *cand, unsigned long long *slot) {
+                                unsigned long long *cand, unsigned long long *slot,
+                                unsigned int *zf = NULL) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
+    bool zw = zf && tid == 0; /* waiting for zf[q] */
     const int nb = a.pos[t] / (BF ? BF : a.B) + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
     unsigned long long m[IDX_PICK_CPT];
     if (BF && slot && nb <= IST_THREADS) { /* direct, one slot a thread: poll it, rank it */
         unsigned long long m0 = 0;
         bool wait = tid < nb;
-        while (__syncthreads_or(wait))
+        while (__syncthreads_or(wait || zw)) {
             if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
+            if (zw) zw = zf_wait(zf + q);
+        }
         sm.tmax[tid] = m0;
         __syncthreads();
         if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
@@ -989,13 +1022,14 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
         gx = nb;
         bool wait = true;
         for (int i = 0; i < IDX_PICK_CPT; i++) m[i] = 0;
-        while (__syncthreads_or(wait)) {
+        while (__syncthreads_or(wait || zw)) {
             wait = false;
 #pragma unroll
             for (int i = 0; i < IDX_PICK_CPT; i++) {
                 const int x = tid + i * IST_THREADS;
                 if (x < nb && !m[i]) m[i] = ld_relaxed_gpu(slot + x), wait |= !m[i];
             }
+            if (zw) zw = zf_wait(zf + q);
         }
         if (nb <= IST_THREADS) { /* one key block per thread: its rank among all nb directly */
             sm.tmax[tid] = m[0];
@@ -1278,6 +1312,20 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
 }
 
+#if M3_HAVE_MMA
+/* idx_km_k's once-per-call zeroing, by one thread: n_ties; with cmax the next call's arrival
+ * counter (stream order); direct: a fence, then each of the R rows' flags (a picker adds to
+ * n_ties only after it has read its flag: dec_pick's zf) */
+static __device__ void km_zero(const idx_sel &sel, unsigned int *arrive, unsigned int epoch,
+                               bool cmax, bool direct, int R) {
+    if (sel.n_ties) *sel.n_ties = 0;
+    if (cmax) arrive[(epoch & 1) ^ 1] = 0u;
+    if (!direct) return;
+    fence_acq_rel_gpu();
+    for (int r = 0; r < R; r++) st_relaxed_gpu(arrive + IDX_ZF + r, 1u);
+}
+#endif
+
 /* idx_km_k (decode at T * G <= 8, the case of M3's decode step: T = 1, G = 4): idx_dec_k
  * with the keys as the mma's 16-row operand (A, M) and the query rows as its 8 columns (B,
  * N). At T = 1 only G = 4 of idx_dec_k's 16 query rows are real; here the key block takes
@@ -1305,9 +1353,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
  * counter, no second round of loads), selects as dec_pick with one key block per scoring
  * block, and zeroes the slots again for the next call (stream order; after its output, off
  * the pick's path, session 10; the candidate lists of idx_km_k's picks are reserved with one
- * shared atomic per warp: warp_reserve). Block (0, 0) zeroes
- * n_ties before its first slot (fence, then the key block's barrier): a picker adds to n_ties
- * only after it has read that slot. Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
+ * shared atomic per warp: warp_reserve). One block past the scoring ones (zx: while the
+ * grid fits one wave; else block (0, 0) before its first slot, its fence hidden behind its
+ * second key block) zeroes n_ties, fences and sets a flag per row (m3_gpu.counters +
+ * M3_GPU_CNT_IDX + IDX_ZF: km_zero); a picker adds to n_ties only after it has read its row's
+ * flag (polled with the slots; a fence before the add). With block (0, 0) doing it at 8K keys
+ * its fence waited for its key loads and its slot was the last of every call (0.4 us;
+ * docs/gpu.md "Session 13"). Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
  * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
  * block, measured slower: 1M keys 87.6 against 74.1 us, session 9).
@@ -1324,7 +1376,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
              const int32_t *M3_RESTRICT pos, int n_tok_, int nbk, int n_ctx, int G_, int Di_,
              int B_, float scale, bool nan_neg, idx_sel sel, unsigned long long *M3_RESTRICT cmax,
              unsigned int *M3_RESTRICT arrive, unsigned int epoch,
-             unsigned long long *M3_RESTRICT slots, bool q16) {
+             unsigned long long *M3_RESTRICT slots, bool q16, bool zx) {
 #if M3_HAVE_MMA
     const int G = FIX ? 4 : G_, Di = FIX ? 128 : Di_, B = FIX ? 128 : B_;
     const int n_tok = FIX == 2 ? 1 : n_tok_;
@@ -1343,7 +1395,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     __shared__ __align__(16) m3_bf16 qh[RPG][ISM_MAX_DI + 8]; /* K16, FIX: the rows, fp16 x 2^s */
     __shared__ float qinv[RPG];                                /* K16, FIX: 2^-s of each row */
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, gq = lane / 4;
-    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw, grid = (int)gridDim.x;
+    const int tq = lane % 4, tpw = RPG / G, t0 = (int)blockIdx.y * tpw;
+    /* zx (direct, the grid in one wave): the last block only zeroes n_ties and sets the rows'
+     * flags (km_zero); block (0, 0) doing it made its slot the last of every call at 8K keys
+     * (its fence waited for its key loads, session 13); else block (0, 0) does it, below */
+    const int grid = (int)gridDim.x - (zx ? 1 : 0);
+    if (zx && (int)blockIdx.x == grid) { /* gridDim.y == 1: one group of RPG rows */
+        if (tid == 0) km_zero(sel, arrive, epoch, false, true, n_tok * G);
+        return;
+    }
     const int nu = K16 ? Di / 64 : Di / 32; /* pieces of a key per lane */
     uint4 kb[MT][2][NU];
     /* this warp's key fragments of key block b (zeros past n_ctx); r0: key_base of b (the
@@ -1390,47 +1450,23 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
-    /* K16, FIX: q_f16's fp16 route decided and converted here, one piece a thread, while the
-     * keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
+    /* K16, FIX: the fp16 route decided and converted here (q_f16_part), one piece a thread,
+     * while the keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
      * pieces are 16 consecutive threads (shuffles for its largest |q|); the block votes at the
      * barrier below */
     bool qok = true;
 #if M3_HAVE_FP8_CVT
     if (K16 && FIX) {
         const uint32_t w[4] = {qv.x, qv.y, qv.z, qv.w};
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float x = __uint_as_float(w[i] << 16), y = __uint_as_float(w[i] & 0xFFFF0000u);
-            qok = qok && isfinite(x) && isfinite(y);
-            amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
-        }
-#pragma unroll
-        for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, M3_SHFL_XOR(amax, o));
-        const int sh = amax > 0.0f ? 14 - ((int)((__float_as_uint(amax) >> 23) & 0xFF) - 127) : 0;
-        qok = qok && sh > -100 && sh < 100; /* 2^sh and 2^-sh normal floats */
-        const float up = qok ? __uint_as_float((uint32_t)(127 + sh) << 23) : 1.0f;
         uint32_t hv[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float x = __uint_as_float(w[i] << 16) * up;
-            const float y = __uint_as_float(w[i] & 0xFFFF0000u) * up;
-            const __half2 v = __floats2half2_rn(x, y);
-            const float2 back = __half22float2(v);
-            qok = qok && back.x == x && back.y == y;
-            hv[i] = *reinterpret_cast<const uint32_t *>(&v);
-        }
+        float dn;
+        qok = q_f16_part<4, 16>(w, hv, dn);
         *reinterpret_cast<uint4 *>(&qh[q_row][8 * q_ch]) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
-        if (q_ch == 0) qinv[q_row] = __uint_as_float((uint32_t)(127 - sh) << 23);
+        if (q_ch == 0) qinv[q_row] = dn;
     }
 #endif
-    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
-        if (sel.n_ties) *sel.n_ties = 0;
-        if (cmax) arrive[(epoch & 1) ^ 1] = 0u; /* the next call's counter (stream order) */
-        /* direct: the zero is visible before this block's slots (the barrier below orders
-         * them after the fence; a picker adds to n_ties only after it has read them) */
-        if (slots) fence_acq_rel_gpu();
-    }
+    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0 && !zx)
+        km_zero(sel, arrive, epoch, cmax != NULL, slots != NULL, n_tok * G);
     const bool qh16 = __syncthreads_and(qok) && K16 && FIX && M3_HAVE_FP8_CVT; /* the fp16 route */
     const m3_bf16(*qsrc)[ISM_MAX_DI + 8] = qh16 ? qh : qs;
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
@@ -1573,13 +1609,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
-    const unsigned int n = gridDim.x * gridDim.y, R = (unsigned int)(n_tok * G);
-    const int row = (int)(blockIdx.y * gridDim.x + blockIdx.x) - (int)(n - R);
+    const unsigned int n = (unsigned int)grid * gridDim.y, R = (unsigned int)(n_tok * G);
+    const int row = (int)(blockIdx.y * grid + blockIdx.x) - (int)(n - R);
     if (slots) {
         if (row >= 0) /* block-uniform */
             dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, NULL, sm,
                                                reinterpret_cast<unsigned long long *>(idx_dyn),
-                                               slots + (size_t)row * IDX_SLOT_W);
+                                               slots + (size_t)row * IDX_SLOT_W, arrive + IDX_ZF);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1601,7 +1637,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #else
     (void)scores; (void)iq; (void)ld_q; (void)ik; (void)pos; (void)n_tok_; (void)nbk; (void)n_ctx;
     (void)G_; (void)Di_; (void)B_; (void)scale; (void)nan_neg; (void)sel; (void)cmax; (void)epoch;
-    (void)arrive; (void)slots; (void)q16; 
+    (void)arrive; (void)slots; (void)q16; (void)zx;
 #endif
 }
 
@@ -1619,7 +1655,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const bool fix = km && G == 4 && Di == 128 && B == 128 && (!ik.bt || ik.bs == 128);
     typedef void (*km_fn)(float *, const m3_bf16 *, int, idx_keys, const int32_t *, int, int,
                           int, int, int, int, float, bool, idx_sel, unsigned long long *,
-                          unsigned int *, unsigned int, unsigned long long *, bool);
+                          unsigned int *, unsigned int, unsigned long long *, bool, bool);
     static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
                                        {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
     const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
@@ -1653,14 +1689,17 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
      * each such call zeroes the other one for the next (stream order; direct calls use none) */
     unsigned int &ep = g->idx_calls;
     unsigned int *arrive = g->counters + M3_GPU_CNT_IDX;
-    const dim3 grid((unsigned)gx, (unsigned)n_group);
+    /* direct: a zeroing block past the scoring ones while the grid fits one wave (at 128K keys
+     * it would wait for a slot, and block (0, 0)'s fence is hidden by its second key block) */
+    const bool zx = direct && gx < 4 * g->n_sm;
+    const dim3 grid((unsigned)(gx + zx), (unsigned)n_group);
     const bool nn = p->index_nan == M3_INDEX_NAN_NEG;
     const float sc = p->index_scale;
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km)
         kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di,
-                                                   B, sc, nn, sa, cmax, arrive, ep, slots, q16);
+                                                   B, sc, nn, sa, cmax, arrive, ep, slots, q16, zx);
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);

@@ -305,6 +305,25 @@ static void indexer_topk_matches_ref(void **state) {
         }
 }
 
+/* M3's decode step alone, quick to run (T = 1, G = 4, Di = 128, B = 128: idx_km_k with the
+ * geometry compiled in, the one-slot direct pick and the zeroing block's flags), every
+ * profile, bf16 storage: the bench's 8192 keys (64 key blocks), a last key block seen up to
+ * key 127 or key 27 only (NaN rows in both halves of the key blocks), every score tied (the
+ * tie count: added after the flag), 66 key blocks with the queries' 4-byte loads */
+static void indexer_decode_t1(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const idx_shape shapes[] = {
+        {1, 8192, 4, 128, 128, 16, 1, 0, false, 0},
+        {1, 8191, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
+        {1, 8092, 4, 128, 128, 16, 1, 0, false, IDX_NAN},
+        {1, 5000, 4, 128, 128, 16, 1, 0, false, IDX_EQUAL},
+        {1, 8448, 4, 128, 128, 16, 1, 0, false, IDX_QOFF},
+    };
+    for (int prof = 0; prof < 3; prof++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            idx_case(g, &shapes[i], prof, true);
+}
+
 /* Two contexts on one device launching at once (g_two above): decode rows through the fused
  * selection (auto) and the selection kernel, at 4K and 40K keys, bf16. */
 static void indexer_two_contexts(void **state) {
@@ -475,6 +494,7 @@ static void indexer_paged_fp8_decode(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(indexer_topk_matches_ref),
+        cmocka_unit_test(indexer_decode_t1),
         cmocka_unit_test(indexer_paged_matches_ref),
         cmocka_unit_test(indexer_paged_fp8_decode),
         cmocka_unit_test(indexer_two_contexts),
