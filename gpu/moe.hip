@@ -24,6 +24,9 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 #include "ref/num/mx.h"
+#include <stdio.h> /* TEMPORARY */
+#include <stdlib.h>
+#include <string.h>
 
 #define ROUTE_THREADS 128
 #define ROUTE_MAXK 8 /* experts per lane: E <= 8 * M3_WARP */
@@ -117,6 +120,51 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
     return m3_bits_f32((k & 0x80000000u) ? k & 0x7FFFFFFFu : ~k);
 }
 
+/* ---- TEMPORARY (session 13 measurement, M3_ROUTE_PROF / M3_ROUTE_VAR; removed) ---- */
+struct rt_stamp { unsigned long long g0, g1; unsigned c[4]; unsigned sm, flag; };
+#define RT_PROF_W 16384
+#define RT_RING 256
+__device__ rt_stamp rt_st[RT_PROF_W];
+__device__ unsigned long long rt_span[RT_RING][2];
+__device__ unsigned rt_call, rt_done;
+static __device__ __forceinline__ unsigned long long rt_gt() {
+    unsigned long long t = 0;
+#if defined(M3_HIP_NVIDIA)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#endif
+    return t;
+}
+static __device__ __forceinline__ unsigned rt_smid() {
+    unsigned s = 0;
+#if defined(M3_HIP_NVIDIA)
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+#endif
+    return s;
+}
+static __device__ __forceinline__ unsigned rt_clk() { return (unsigned)clock64(); }
+/* warp w (of nw recording warps) stores its stamps; the last warp to finish advances the call */
+static __device__ __forceinline__ void rt_rec(int w, int nw, unsigned long long g0, const unsigned *c,
+                                              unsigned flag) {
+    const unsigned long long g1 = rt_gt();
+    if ((threadIdx.x % M3_WARP) != 0 || w >= RT_PROF_W) return;
+    const unsigned call = *(volatile unsigned *)&rt_call;
+    rt_stamp st;
+    st.g0 = g0, st.g1 = g1;
+    for (int i = 0; i < 4; i++) st.c[i] = c[i + 1] - c[i];
+    st.sm = rt_smid(), st.flag = flag;
+    rt_st[w] = st;
+    atomicMin(&rt_span[call % RT_RING][0], g0);
+    atomicMax(&rt_span[call % RT_RING][1], g1);
+    __threadfence();
+    if (atomicAdd(&rt_done, 1u) == (unsigned)nw - 1) {
+        rt_done = 0;
+        rt_span[(call + 1) % RT_RING][0] = ~0ull, rt_span[(call + 1) % RT_RING][1] = 0;
+        __threadfence();
+        atomicAdd(&rt_call, 1u);
+    }
+}
+/* ---- end TEMPORARY ---- */
+
 /* route_sel_k (session 8): one warp per token, lane l holding experts e = l + k M3_WARP
  * (k < NK; coalesced loads, all issued before any use: clamped indices, no branches between
  * them), the block's biases (rounded to bf16 when the router is held in bf16) once in shared
@@ -131,12 +179,17 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
  * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK>
-static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
+template <int NK, int MINB = 1, bool PROF = false>
+static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     __shared__ float sb[ROUTE_MAXK * M3_WARP];
+    unsigned long long pg0 = 0;
+    unsigned pc[5] = {0, 0, 0, 0, 0};
+    if (PROF) pg0 = rt_gt(), pc[0] = rt_clk();
+    m3_pdl_wait();
+    m3_pdl_trigger();
     /* the token's logits are loaded first (a warp past the pass reads the last token's row),
      * in flight while the block fills its biases (session 10: T = 4096 / 8192 0.0057 / 0.0081
      * -> 0.0055 / 0.0079-0.0080 ms against the loads after the barrier) */
@@ -152,6 +205,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     }
     __syncthreads();
     if (t >= n_tok) return; /* whole warps leave together */
+    if (PROF) pc[1] = rt_clk();
     uint32_t key[NK];
     int id[NK];
 #pragma unroll
@@ -162,6 +216,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
         key[k] = e < E ? route_key(m3_sigmoidf(lv[k]) + bv[k]) : 0u; /* 0: never chosen */
         id[k] = e;
     }
+    if (PROF) pc[2] = rt_clk() + (key[0] == 12345u); /* after the keys */
 #pragma unroll
     for (int i = 1; i < NK; i++)
 #pragma unroll
@@ -193,6 +248,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
             margin[t] = route_val(kth) - route_val(wk);
         }
     }
+    if (PROF) pc[3] = rt_clk() + (my_id == 12345);
     const float my_s = lane < K ? m3_sigmoidf(l[my_id]) : 0.0f;
     float sum = 0.0f;
     for (int r = 0; r < K; r++) sum += m3_shfl(my_s, r); /* selection order, as the reference */
@@ -201,6 +257,10 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
         wts[(size_t)t * K + lane] = my_s / sum;
     }
     if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
+    if (PROF) {
+        pc[4] = rt_clk();
+        rt_rec(t, n_tok, pg0, pc, 0u);
+    }
 }
 
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
@@ -220,6 +280,64 @@ static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) 
     }
 #pragma unroll
     for (int j = 0; j < KK; j++) A[j] = C[j];
+}
+/* v[0..P) bitonic -> descending (P a power of two): the half-cleaner stages, max / min only */
+template <int P>
+static __device__ __forceinline__ void rg_bitonic(uint32_t *v) {
+#pragma unroll
+    for (int s = P / 2; s > 0; s >>= 1)
+#pragma unroll
+        for (int i = 0; i < P; i++)
+            if ((i & s) == 0) {
+                const uint32_t a = v[i], b = v[i + s];
+                v[i] = max(a, b), v[i + s] = min(a, b);
+            }
+}
+/* A = the top KK of the descending lists A and B (KK each): c_i = max(A_i, B_{KK-1-i}) is that
+ * set as a V-shaped (bitonic) sequence, sorted by a bitonic merge with 0xFFFFFFFF padding at
+ * both ends (still V-shaped; the compiler folds every comparison with a pad) */
+template <int KK>
+static __device__ __forceinline__ void rg_merge_bt(uint32_t *A, const uint32_t *B) {
+    constexpr int P = KK <= 2 ? 2 : KK <= 4 ? 4 : KK <= 8 ? 8 : 16, pf = (P - KK) / 2;
+    uint32_t v[P];
+#pragma unroll
+    for (int i = 0; i < P; i++) v[i] = 0xFFFFFFFFu;
+#pragma unroll
+    for (int i = 0; i < KK; i++) v[pf + i] = max(A[i], B[KK - 1 - i]);
+    rg_bitonic<P>(v);
+#pragma unroll
+    for (int i = 0; i < KK; i++) A[i] = v[P - KK + i];
+}
+/* v's blocks of W (two descending halves each) -> descending blocks: each half and the other
+ * reversed make a bitonic sequence */
+template <int W>
+static __device__ __forceinline__ void rg_pass(uint32_t *v) {
+#pragma unroll
+    for (int b = 0; b < 16; b += W) {
+        uint32_t t[W];
+#pragma unroll
+        for (int i = 0; i < W / 2; i++) t[i] = v[b + i], t[W - 1 - i] = v[b + W / 2 + i];
+        rg_bitonic<W>(t);
+#pragma unroll
+        for (int i = 0; i < W; i++) v[b + i] = t[i];
+    }
+}
+/* G = the top KK of the 16 keys v (v is overwritten), descending: sorted pairs, fours and
+ * eights, then the two eights' top KK (KK >= 8: their full merge) */
+template <int KK>
+static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
+    rg_pass<2>(v);
+    rg_pass<4>(v);
+    rg_pass<8>(v);
+    if constexpr (KK >= 8) {
+        rg_pass<16>(v);
+#pragma unroll
+        for (int i = 0; i < KK; i++) G[i] = v[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < KK; i++) G[i] = v[i];
+        rg_merge_bt<KK>(G, v + 8);
+    }
 }
 /* route_fst_k (session 12): passes of >= 16384 tokens, E <= 128 (E % 4 == 0), K <= 8,
  * K + 2 <= E. RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (4 coalesced 16-byte
@@ -246,13 +364,18 @@ static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: rout
     const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
     return v != v ? 0xFFFFFFFFu : k;
 }
-template <int KK>
+template <int KK, bool PROF = false, bool NET = false>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     constexpr int RG_NE = RG_E / RG_L;
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
+    unsigned long long pg0 = 0;
+    unsigned pc[5] = {0, 0, 0, 0, 0};
+    if (PROF) pg0 = rt_gt(), pc[0] = rt_clk();
+    m3_pdl_wait();
+    m3_pdl_trigger();
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
@@ -271,6 +394,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
     }
     __syncthreads();
     if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
+    if (PROF) pc[1] = rt_clk();
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
@@ -285,6 +409,20 @@ static __global__ void __launch_bounds__(RG_THREADS)
         for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
         L[0] = max(L[0], ck);
     };
+    if constexpr (NET) {
+        uint32_t ck[RG_NE];
+#pragma unroll
+        for (int c = 0; c < RG_NE / 4; c++) {
+            const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+            const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float f = __fdividef(1.0f, 1.0f + __expf(-lx[u]));
+                ck[4 * c + u] = c < nv4 ? ((rg_pkey(f + bx[u]) | 0x7Fu) ^ (e0 + (uint32_t)(4 * c + u))) : 0u;
+            }
+        }
+        rg_top16<KK>(G, ck);
+    } else {
     /* even chunks into G, odd into H: two independent chains */
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) {
@@ -294,13 +432,16 @@ static __global__ void __launch_bounds__(RG_THREADS)
         for (int u = 0; u < 4; u++) ins((c & 1) ? H : G, lx[u], bx[u], e0 + (uint32_t)(4 * c + u), c < nv4);
     }
     rg_merge<KK>(G, H);
+    }
+    if (PROF) pc[2] = rt_clk() + (G[0] == 12345u);
     /* the RG_L lanes' lists merged by a butterfly */
 #pragma unroll
     for (int m = 1; m < RG_L; m <<= 1) {
         uint32_t P[KK];
 #pragma unroll
         for (int j = 0; j < KK; j++) P[j] = (uint32_t)M3_SHFL_XOR((int)G[j], m);
-        rg_merge<KK>(G, P);
+        if constexpr (NET) rg_merge_bt<KK>(G, P);
+        else rg_merge<KK>(G, P);
     }
     /* candidates r < KK: ids from the packed keys; lane q takes candidates q + RG_L s */
     int cid[KK];
@@ -372,7 +513,9 @@ static __global__ void __launch_bounds__(RG_THREADS)
             if (ss == s) rfk[r] = kk, rsg[r] = sv, rid[r] = (int)iv;
         }
     }
-    if (m3_any(bad)) { /* exact fallback: every key exact, K + 1 rounds (rare) */
+    if (PROF) pc[3] = rt_clk() + (rid[0] == 12345);
+    const bool anybad = m3_any(bad);
+    if (anybad) { /* exact fallback: every key exact, K + 1 rounds (rare) */
         uint32_t fk[RG_NE];
 #pragma unroll
         for (int c = 0; c < RG_NE / 4; c++) {
@@ -412,6 +555,10 @@ static __global__ void __launch_bounds__(RG_THREADS)
 #pragma unroll
     for (int r = 0; r < KK; r++)
         if (r < K) sum += rsg[r]; /* selection order, as the reference */
+    if (PROF) {
+        pc[4] = rt_clk() + (sum == 12345.0f);
+        rt_rec(w0 / (M3_WARP / RG_L), (n_tok + M3_WARP / RG_L - 1) / (M3_WARP / RG_L), pg0, pc, anybad ? 1u : 0u);
+    }
     if (!live) return;
 #pragma unroll
     for (int r = 0; r < KK; r++)
@@ -429,6 +576,76 @@ static __global__ void __launch_bounds__(RG_THREADS)
         margin[t] = route_val(a) - route_val(b);
     }
 }
+
+/* ---- TEMPORARY host side of the stamps ---- */
+static int rt_ncall;
+static void rt_prof_begin(m3_gpu *g) {
+    static bool init;
+    if (init) return;
+    init = true;
+    static unsigned long long h[RT_RING][2];
+    for (int i = 0; i < RT_RING; i++) h[i][0] = ~0ull, h[i][1] = 0;
+    #if defined(M3_HIP_NVIDIA)
+    (void)cudaMemcpyToSymbol(rt_span, h, sizeof h);
+#endif
+    (void)g;
+}
+static int rt_cmpu(const void *a, const void *b) {
+    const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return (x > y) - (x < y);
+}
+static void rt_prof_end(m3_gpu *g, int period, int n_tok, const char *kn) {
+    if (++rt_ncall % period) return;
+    (void)hipStreamSynchronize(g->stream);
+    static rt_stamp st[RT_PROF_W];
+    static unsigned long long sp[RT_RING][2], e[RT_PROF_W], s0[RT_PROF_W], gap[RT_RING], spn[RT_RING];
+    unsigned call = 0;
+#if defined(M3_HIP_NVIDIA)
+    (void)cudaMemcpyFromSymbol(st, rt_st, sizeof st);
+    (void)cudaMemcpyFromSymbol(sp, rt_span, sizeof sp);
+    (void)cudaMemcpyFromSymbol(&call, rt_call, sizeof call);
+#endif
+    const int nw = strcmp(kn, "fst") ? n_tok : (n_tok + 3) / 4;
+    const int n = nw < RT_PROF_W ? nw : RT_PROF_W;
+    unsigned long long g0 = ~0ull;
+    for (int i = 0; i < n; i++) g0 = st[i].g0 < g0 ? st[i].g0 : g0;
+    double c[4] = {0, 0, 0, 0};
+    int nf = 0;
+    for (int i = 0; i < n; i++) {
+        e[i] = st[i].g1 - g0, s0[i] = st[i].g0 - g0;
+        for (int j = 0; j < 4; j++) c[j] += st[i].c[j];
+        nf += st[i].flag != 0;
+    }
+    qsort(e, n, sizeof e[0], rt_cmpu);
+    qsort(s0, n, sizeof s0[0], rt_cmpu);
+    /* spans and gaps of the last calls (ring) */
+    int ng = 0;
+    for (unsigned k = call > 100 ? call - 100 : 1; k + 1 < call; k++) {
+        const unsigned a = k % RT_RING, b = (k + 1) % RT_RING;
+        spn[ng] = sp[a][1] - sp[a][0];
+        gap[ng] = sp[b][0] - sp[a][1];
+        ng++;
+    }
+    qsort(spn, ng, sizeof spn[0], rt_cmpu);
+    qsort(gap, ng, sizeof gap[0], rt_cmpu);
+    printf("rtprof %s T=%d var=%s warps=%d fallback_warps=%d | start p50 %llu max %llu ns | end p10 %llu p50 %llu "
+           "p90 %llu max %llu ns | clocks/warp bar %.0f keys %.0f sel %.0f tail %.0f | span p50 %llu gap p10 %llu p50 %llu "
+           "(%d calls)\n",
+           kn, n_tok, getenv("M3_ROUTE_VAR") ? getenv("M3_ROUTE_VAR") : "0", n, nf, s0[n / 2], s0[n - 1],
+           e[n / 10], e[n / 2], e[n * 9 / 10], e[n - 1], c[0] / n, c[1] / n, c[2] / n, c[3] / n,
+           ng ? spn[ng / 2] : 0ull, ng ? gap[ng / 10] : 0ull, ng ? gap[ng / 2] : 0ull, ng);
+    /* the last 4 warps to end */
+    for (int r = 0; r < 4 && r < n; r++) {
+        int bi = -1;
+        for (int i = 0; i < n; i++)
+            if (st[i].g1 - g0 == e[n - 1 - r]) { bi = i; break; }
+        if (bi >= 0)
+            printf("rtprof   late warp %d sm %u flag %u start %llu end %llu clocks %u %u %u %u\n", bi, st[bi].sm,
+                   st[bi].flag, st[bi].g0 - g0, st[bi].g1 - g0, st[bi].c[0], st[bi].c[1], st[bi].c[2], st[bi].c[3]);
+    }
+    fflush(stdout);
+}
+/* ---- end TEMPORARY ---- */
 
 /* ---- launchers ------------------------------------------------------------------------- */
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
@@ -452,20 +669,36 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
      * 0.0136 and route_grp_k's 0.0104-0.0118 ms; at 8192 tokens 0.0091 against route_sel_k's
      * 0.0080, at 4096 0.0088 against 0.0057) */
     const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    if (grp_ok && n_tok >= 16384) {
-        void (*kf)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            K + 2 <= 6 ? route_fst_k<6> : route_fst_k<10>;
-        kf<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
-            d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
+    /* TEMPORARY knobs: M3_ROUTE_VAR bit 0 PDL launch, bit 1 route_sel_k 8 blocks an SM, bit 2
+     * route_fst_k KK = K + 3, bit 3 route_fst_k from 8192; M3_ROUTE_PROF=N stamps, dumped every N calls */
+    const char *ev = getenv("M3_ROUTE_VAR"), *ep = getenv("M3_ROUTE_PROF");
+    const int var = ev ? atoi(ev) : 0, prof = ep ? atoi(ep) : 0;
+    const bool pdl = (var & 1) != 0;
+    typedef void (*rkf)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool);
+    const bool bb = p->router_dtype == M3_DT_BF16;
+    if (prof > 0) rt_prof_begin(g);
+    if (grp_ok && n_tok >= ((var & 8) ? 8192 : 16384)) {
+        rkf kf = K + 2 <= 6 ? ((var & 4) && K + 3 <= 7 ? (prof ? route_fst_k<7, true> : route_fst_k<7>)
+                                                       : (prof ? route_fst_k<6, true> : route_fst_k<6>))
+                            : (prof ? route_fst_k<10, true> : route_fst_k<10>);
+        if (var & 16) /* bitonic lists */
+            kf = K + 2 <= 6 ? ((var & 4) && K + 3 <= 7 ? route_fst_k<7, false, true>
+                                                       : (prof ? route_fst_k<6, true, true> : route_fst_k<6, false, true>))
+                            : route_fst_k<10, false, true>;
+        M3_TRY(m3_gpu_launch_pdl(g, pdl, kf, dim3(m3_grid_1d(n_tok, RG_THREADS / RG_L)), dim3(RG_THREADS), 0,
+                                 d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, bb));
         M3_LAUNCHED(g, "route_fst_k");
+        if (prof > 0) rt_prof_end(g, prof, n_tok, "fst");
         return M3_OK;
     }
     const int nk = (E + M3_WARP - 1) / M3_WARP;
-    void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-        nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
-    k<<<m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP), ROUTE_SEL_THREADS, 0, g->stream>>>(
-        d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
+    rkf k = nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
+    if (nk > 2 && nk <= 4 && (var & 2)) k = prof ? route_sel_k<4, 8, true> : route_sel_k<4, 8>;
+    else if (nk > 2 && nk <= 4 && prof) k = route_sel_k<4, 1, true>;
+    M3_TRY(m3_gpu_launch_pdl(g, pdl, k, dim3(m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
+                             dim3(ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, bb));
     M3_LAUNCHED(g, "route_sel_k");
+    if (prof > 0) rt_prof_end(g, prof, n_tok, "sel");
     return M3_OK;
 }
 

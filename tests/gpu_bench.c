@@ -305,10 +305,34 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
-        double ms = time_ms(g, do_route, &c, 20, 7);
-        char nm[96];
-        snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
-        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+        /* TEMPORARY (session 13): M3_BENCH_ROUTE_VARS=0,1,... times each M3_ROUTE_VAR in turn,
+         * with the 4 KiB copy kernel's launch after each */
+        const char *vl = getenv("M3_BENCH_ROUTE_VARS");
+        for (const char *w = vl ? vl : "";;) {
+            char vv[16] = "";
+            size_t l = strcspn(w, ",");
+            if (vl) {
+                snprintf(vv, sizeof vv, "%.*s", (int)(l < 15 ? l : 15), w);
+                setenv("M3_ROUTE_VAR", vv, 1);
+            }
+            double ms = time_ms(g, do_route, &c, 20, 7);
+            char nm[96];
+            snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d%s%s", c.T, vl ? " var=" : "", vv);
+            report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
+            if (vl) {
+                static void *fa, *fb;
+                if (!fa) {
+                    GPU_OK(m3_gpu_alloc(g, &fa, 4096));
+                    GPU_OK(m3_gpu_alloc(g, &fb, 4096));
+                    GPU_OK(m3_gpu_memset(g, fa, 0, 4096));
+                }
+                kcopy_ctx kc = {fb, fa, 4096, 0};
+                snprintf(nm, sizeof nm, "moe_route floor copy kernel 4 KiB (after T=%d var=%s)", c.T, vv);
+                report(nm, time_ms(g, do_kcopy, &kc, 20, 7), 8192, 0);
+            }
+            if (!vl || !w[l]) break;
+            w += l + 1;
+        }
     }
 }
 
