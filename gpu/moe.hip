@@ -120,6 +120,12 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
     return m3_bits_f32((k & 0x80000000u) ? k & 0x7FFFFFFFu : ~k);
 }
 
+#define RG_D0 1e-6f
+static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: route_key's order */
+    const uint32_t b = m3_f32_bits(v);
+    const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
+    return v != v ? 0xFFFFFFFFu : k;
+}
 /* ---- TEMPORARY (session 13 measurement, M3_ROUTE_PROF / M3_ROUTE_VAR; removed) ---- */
 struct rt_stamp { unsigned long long g0, g1; unsigned c[4]; unsigned sm, flag; };
 #define RT_PROF_W 16384
@@ -179,7 +185,7 @@ static __device__ __forceinline__ void rt_rec(int w, int nw, unsigned long long 
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
  * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK, int MINB = 1, bool PROF = false>
+template <int NK, int MINB = 1, bool PROF = false, bool PX = false>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -210,6 +216,81 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
     int id[NK];
 #pragma unroll
     for (int k = 0; k < NK; k++) bv[k] = sb[min(lane + k * M3_WARP, E - 1)];
+    if constexpr (PX) { /* TEMPORARY variant: proxy ranking, exact candidates (E <= 128, K + 2 <= E) */
+        uint32_t pk[NK];
+#pragma unroll
+        for (int k = 0; k < NK; k++) {
+            const int e = lane + k * M3_WARP;
+            const float f = __fdividef(1.0f, 1.0f + __expf(-lv[k]));
+            pk[k] = e < E ? ((rg_pkey(f + bv[k]) | 0x7Fu) ^ (uint32_t)e) : 0u;
+        }
+        if constexpr (NK == 4) {
+            const int ce[5][2] = {{0, 1}, {2, 3}, {0, 2}, {1, 3}, {1, 2}};
+#pragma unroll
+            for (int c = 0; c < 5; c++) {
+                const uint32_t a = pk[ce[c][0]], b = pk[ce[c][1]];
+                pk[ce[c][0]] = max(a, b), pk[ce[c][1]] = min(a, b);
+            }
+        } else {
+#pragma unroll
+            for (int i = 1; i < NK; i++)
+#pragma unroll
+                for (int k = i; k > 0; k--) {
+                    const uint32_t a = pk[k - 1], b = pk[k];
+                    pk[k - 1] = max(a, b), pk[k] = min(a, b);
+                }
+        }
+        const int KK = K + 2;
+        int cid = 0;
+        uint32_t last = 0u;
+        for (int r = 0; r < KK; r++) {
+            const uint32_t wk = route_wmax(pk[0]);
+            if (pk[0] == wk) { /* the owner (packed keys are unique above 0) */
+#pragma unroll
+                for (int k = 0; k + 1 < NK; k++) pk[k] = pk[k + 1];
+                pk[NK - 1] = 0u;
+            }
+            if (lane == r) cid = (int)((wk & 0x7Fu) ^ 0x7Fu);
+            last = wk;
+        }
+        const bool cand = lane < KK;
+        const float sg = m3_sigmoidf(l[cid]);
+        const uint32_t ek = cand ? route_key(sg + sb[cid]) : 0u;
+        const float ub = route_val(last | 0x7Fu);
+        const float thr = ub + (RG_D0 + fabsf(ub) * 0x1p-20f);
+        const uint64_t above = m3_ballot(cand && route_val(ek) > thr);
+        const bool bad = __popcll((long long)above) < K + 1 || m3_any(cand && ek == 0xFFFFFFFFu) || !(thr == thr);
+        if (!bad) {
+            int rk = 0;
+            for (int s = 0; s < KK; s++) {
+                const uint32_t ks = m3_shfl(ek, s);
+                const int is = (int)m3_shfl((uint32_t)cid, s);
+                rk += (ks > ek || (ks == ek && is < cid)) ? 1 : 0;
+            }
+            if (!cand) rk = KK;
+            float sum = 0.0f;
+            uint32_t ka = 0u, kb = 0u;
+            for (int r = 0; r <= K; r++) {
+                const int src = __ffsll((long long)m3_ballot(rk == r)) - 1;
+                const float sv = m3_shfl(sg, src);
+                const uint32_t kv = m3_shfl(ek, src);
+                if (r < K) sum += sv; /* selection order, as the reference */
+                if (r == K - 1) ka = kv;
+                if (r == K) kb = kv;
+            }
+            if (rk < K) {
+                ids[(size_t)t * K + rk] = cid;
+                wts[(size_t)t * K + rk] = sg / sum;
+            }
+            if (lane == 0 && margin) margin[t] = route_val(ka) - route_val(kb);
+            if (PROF) {
+                pc[2] = pc[3] = rt_clk();
+                pc[4] = rt_clk();
+                rt_rec(t, n_tok, pg0, pc, 0u);
+            }
+            return;
+        }
+    }
 #pragma unroll
     for (int k = 0; k < NK; k++) {
         const int e = lane + k * M3_WARP;
@@ -358,12 +439,6 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
  * dependent load a round). Weights and margin as route_sel_k: sigma / sum in selection order,
  * sel_(K) - sel_(K+1). H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096
  * ms; at 4096 / 8192 tokens route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
-#define RG_D0 1e-6f
-static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: route_key's order */
-    const uint32_t b = m3_f32_bits(v);
-    const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
-    return v != v ? 0xFFFFFFFFu : k;
-}
 template <int KK, bool PROF = false, bool NET = false>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
@@ -677,7 +752,7 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     typedef void (*rkf)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool);
     const bool bb = p->router_dtype == M3_DT_BF16;
     if (prof > 0) rt_prof_begin(g);
-    if (grp_ok && n_tok >= ((var & 8) ? 8192 : 16384)) {
+    if (grp_ok && n_tok >= ((var & 8) ? 8192 : 16384) && !(var & 64)) {
         rkf kf = K + 2 <= 6 ? ((var & 4) && K + 3 <= 7 ? (prof ? route_fst_k<7, true> : route_fst_k<7>)
                                                        : (prof ? route_fst_k<6, true> : route_fst_k<6>))
                             : (prof ? route_fst_k<10, true> : route_fst_k<10>);
@@ -695,6 +770,12 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     rkf k = nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
     if (nk > 2 && nk <= 4 && (var & 2)) k = prof ? route_sel_k<4, 8, true> : route_sel_k<4, 8>;
     else if (nk > 2 && nk <= 4 && prof) k = route_sel_k<4, 1, true>;
+    if ((var & 32) && E <= RG_E && K + 2 <= E && K <= 8) {
+        if (nk <= 1) k = route_sel_k<1, 1, false, true>;
+        else if (nk <= 2) k = route_sel_k<2, 1, false, true>;
+        else if (var & 2) k = prof ? route_sel_k<4, 8, true, true> : route_sel_k<4, 8, false, true>;
+        else k = prof ? route_sel_k<4, 1, true, true> : route_sel_k<4, 1, false, true>;
+    }
     M3_TRY(m3_gpu_launch_pdl(g, pdl, k, dim3(m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
                              dim3(ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, bb));
     M3_LAUNCHED(g, "route_sel_k");
