@@ -185,7 +185,7 @@ static __device__ __forceinline__ void rt_rec(int w, int nw, unsigned long long 
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
  * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK, int MINB = 1, bool PROF = false, bool PX = false>
+template <int NK, int MINB = 1, bool PROF = false, bool PX = false, bool NB = false>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -205,17 +205,29 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
     float lv[NK], bv[NK];
 #pragma unroll
     for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
+    auto bglob = [&](int i) -> float {
+        const float b = bias ? bias[i] : 0.0f;
+        return bias_bf16 ? m3_round_bf16(b) : b;
+    };
+    if constexpr (NB) {
+#pragma unroll
+        for (int k = 0; k < NK; k++) bv[k] = bglob(min(lane + k * M3_WARP, E - 1));
+        if (t >= n_tok) return;
+    } else {
     for (int i = (int)threadIdx.x; i < E; i += (int)blockDim.x) {
         const float b = bias ? bias[i] : 0.0f;
         sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
     if (t >= n_tok) return; /* whole warps leave together */
+    }
     if (PROF) pc[1] = rt_clk();
     uint32_t key[NK];
     int id[NK];
+    if constexpr (!NB) {
 #pragma unroll
     for (int k = 0; k < NK; k++) bv[k] = sb[min(lane + k * M3_WARP, E - 1)];
+    }
     if constexpr (PX) { /* TEMPORARY variant: proxy ranking, exact candidates (E <= 128, K + 2 <= E) */
         uint32_t pk[NK];
 #pragma unroll
@@ -255,7 +267,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
         }
         const bool cand = lane < KK;
         const float sg = m3_sigmoidf(l[cid]);
-        const uint32_t ek = cand ? route_key(sg + sb[cid]) : 0u;
+        const uint32_t ek = cand ? route_key(sg + (NB ? bglob(cid) : sb[cid])) : 0u;
         const float ub = route_val(last | 0x7Fu);
         const float thr = ub + (RG_D0 + fabsf(ub) * 0x1p-20f);
         const uint64_t above = m3_ballot(cand && route_val(ek) > thr);
@@ -439,8 +451,8 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
  * dependent load a round). Weights and margin as route_sel_k: sigma / sum in selection order,
  * sel_(K) - sel_(K+1). H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096
  * ms; at 4096 / 8192 tokens route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
-template <int KK, bool PROF = false, bool NET = false>
-static __global__ void __launch_bounds__(RG_THREADS)
+template <int KK, bool PROF = false, bool NET = false, bool NB = false>
+static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
@@ -463,12 +475,25 @@ static __global__ void __launch_bounds__(RG_THREADS)
     /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
      * step hit different bank quads (the logits loaded before this barrier measured slower:
      * T = 16384 0.0095 -> 0.0100 ms) */
+    auto bglob = [&](int i) -> float {
+        const float b = bias && i < E ? bias[i] : 0.0f;
+        return bias_bf16 ? m3_round_bf16(b) : b;
+    };
+    float4 bq[RG_NE / 4];
+    if constexpr (NB) {
+        if (w0 >= n_tok) return;
+#pragma unroll
+        for (int c = 0; c < RG_NE / 4; c++)
+            bq[c] = make_float4(bglob(q * RG_NE + 4 * c), bglob(q * RG_NE + 4 * c + 1), bglob(q * RG_NE + 4 * c + 2),
+                                bglob(q * RG_NE + 4 * c + 3));
+    } else {
     for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
         const float b = bias && i < E ? bias[i] : 0.0f;
         sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
     if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
+    }
     if (PROF) pc[1] = rt_clk();
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
 #pragma unroll
@@ -488,7 +513,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
         uint32_t ck[RG_NE];
 #pragma unroll
         for (int c = 0; c < RG_NE / 4; c++) {
-            const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+            const float4 b4 = NB ? bq[c] : *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
             const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
             for (int u = 0; u < 4; u++) {
@@ -501,7 +526,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
     /* even chunks into G, odd into H: two independent chains */
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) {
-        const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+        const float4 b4 = NB ? bq[c] : *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
         const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
         for (int u = 0; u < 4; u++) ins((c & 1) ? H : G, lx[u], bx[u], e0 + (uint32_t)(4 * c + u), c < nv4);
@@ -540,7 +565,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
         const float sg = m3_sigmoidf(l[id]);
         myi[s] = id;
         mys[s] = sg;
-        myk[s] = route_key(sg + sb[id / RG_NE][id % RG_NE]);
+        myk[s] = route_key(sg + (NB ? bglob(id) : sb[id / RG_NE][id % RG_NE]));
     }
     uint32_t ek[KK];
 #pragma unroll
@@ -594,7 +619,7 @@ static __global__ void __launch_bounds__(RG_THREADS)
         uint32_t fk[RG_NE];
 #pragma unroll
         for (int c = 0; c < RG_NE / 4; c++) {
-            const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+            const float4 b4 = NB ? bq[c] : *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
             const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
             for (int u = 0; u < 4; u++) fk[4 * c + u] = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
@@ -756,7 +781,13 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         rkf kf = K + 2 <= 6 ? ((var & 4) && K + 3 <= 7 ? (prof ? route_fst_k<7, true> : route_fst_k<7>)
                                                        : (prof ? route_fst_k<6, true> : route_fst_k<6>))
                             : (prof ? route_fst_k<10, true> : route_fst_k<10>);
-        if (var & 16) /* bitonic lists */
+        if (var & 128)
+            kf = (var & 4) && K + 3 <= 7 ? route_fst_k<7, false, false, true>
+                 : K + 2 <= 6 ? (prof ? route_fst_k<6, true, false, true> : route_fst_k<6, false, false, true>)
+                              : route_fst_k<10, false, false, true>;
+        if ((var & 256) && K + 4 <= 8) /* KK = K + 4 */
+            kf = (var & 16) ? route_fst_k<8, false, true> : (var & 128) ? route_fst_k<8, false, false, true> : route_fst_k<8>;
+        if ((var & 16) && !(var & 256)) /* bitonic lists */
             kf = K + 2 <= 6 ? ((var & 4) && K + 3 <= 7 ? route_fst_k<7, false, true>
                                                        : (prof ? route_fst_k<6, true, true> : route_fst_k<6, false, true>))
                             : route_fst_k<10, false, true>;
@@ -770,6 +801,11 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     rkf k = nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
     if (nk > 2 && nk <= 4 && (var & 2)) k = prof ? route_sel_k<4, 8, true> : route_sel_k<4, 8>;
     else if (nk > 2 && nk <= 4 && prof) k = route_sel_k<4, 1, true>;
+    if (var & 128) {
+        k = nk <= 1 ? route_sel_k<1, 1, false, false, true> : nk <= 2 ? route_sel_k<2, 1, false, false, true>
+          : nk <= 4 ? (prof ? route_sel_k<4, 1, true, false, true> : route_sel_k<4, 1, false, false, true>)
+                    : route_sel_k<8, 1, false, false, true>;
+    }
     if ((var & 32) && E <= RG_E && K + 2 <= E && K <= 8) {
         if (nk <= 1) k = route_sel_k<1, 1, false, true>;
         else if (nk <= 2) k = route_sel_k<2, 1, false, true>;
