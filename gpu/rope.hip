@@ -1665,6 +1665,7 @@ template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(const QW_GC qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
+    if (VS >= 0) m3_pdl_wait(); /* TEMPORARY variant: small passes as a dependent launch */
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
@@ -2241,7 +2242,8 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
-            M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
+            const char *qv = getenv("M3_QW_VAR"); /* TEMPORARY */
+            M3_TRY(m3_gpu_launch_pdl(g, qv && atoi(qv) == 1, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
             M3_LAUNCHED(g, "qw_norm_k (small)");
             m3_status st = M3_OK;
             if (nrest > 0)
