@@ -185,7 +185,7 @@ static __device__ __forceinline__ void rt_rec(int w, int nw, unsigned long long 
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
  * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK, int MINB = 1, bool PROF = false, bool PX = false, bool NB = false>
+template <int NK, int MINB = 1, bool PROF = false, bool PX = false, bool NB = false, bool SH = false>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -323,12 +323,20 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
     const int need = K + 1 < E ? K + 1 : E;
     uint32_t kth = 0;
     int my_id = 0;
+    float my_sh = 0.0f;
     for (int r = 0; r < need; r++) {
         /* the taken experts left the heads, and a round always has an untaken expert of key
          * > 0 (need <= E) */
         const uint32_t wk = route_wmax(key[0]);
         const bool mine = key[0] == wk;
         const int wi = (int)~route_wmax(mine ? ~(uint32_t)id[0] : 0u);
+        if constexpr (SH) { /* TEMPORARY: the winner's logit from its lane (no reload) */
+            float lw = lv[0];
+#pragma unroll
+            for (int k = 1; k < NK; k++) lw = wi / M3_WARP == k ? lv[k] : lw;
+            lw = m3_shfl(lw, wi % M3_WARP);
+            if (lane == r) my_sh = lw;
+        }
         if (mine && wi == id[0]) { /* the owner: its next key comes up */
 #pragma unroll
             for (int k = 0; k + 1 < NK; k++) key[k] = key[k + 1], id[k] = id[k + 1];
@@ -342,7 +350,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
         }
     }
     if (PROF) pc[3] = rt_clk() + (my_id == 12345);
-    const float my_s = lane < K ? m3_sigmoidf(l[my_id]) : 0.0f;
+    const float my_s = lane < K ? m3_sigmoidf(SH ? my_sh : l[my_id]) : 0.0f;
     float sum = 0.0f;
     for (int r = 0; r < K; r++) sum += m3_shfl(my_s, r); /* selection order, as the reference */
     if (lane < K) {
@@ -451,7 +459,7 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
  * dependent load a round). Weights and margin as route_sel_k: sigma / sum in selection order,
  * sel_(K) - sel_(K+1). H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096
  * ms; at 4096 / 8192 tokens route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
-template <int KK, bool PROF = false, bool NET = false, bool NB = false>
+template <int KK, bool PROF = false, bool NET = false, bool NB = false, bool SH = false>
 static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -498,6 +506,13 @@ static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
+    __shared__ __align__(16) float slg[SH ? RG_THREADS / RG_L : 1][SH ? RG_E : 4]; /* TEMPORARY */
+    float *const sl = slg[SH ? threadIdx.x / RG_L : 0];
+    if constexpr (SH) {
+#pragma unroll
+        for (int c = 0; c < RG_NE / 4; c++) *reinterpret_cast<float4 *>(sl + q * RG_NE + 4 * c) = lv[c];
+        __syncwarp();
+    }
     uint32_t G[KK], H[KK];
 #pragma unroll
     for (int j = 0; j < KK; j++) G[j] = 0u, H[j] = 0u;
@@ -562,7 +577,7 @@ static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
 #pragma unroll
             for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
         const int id = tr_[0]; /* past KK: candidate KK - 1 again (unused) */
-        const float sg = m3_sigmoidf(l[id]);
+        const float sg = m3_sigmoidf(SH ? sl[id] : l[id]);
         myi[s] = id;
         mys[s] = sg;
         myk[s] = route_key(sg + (NB ? bglob(id) : sb[id / RG_NE][id % RG_NE]));
@@ -648,7 +663,7 @@ static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
         if (bad) { /* the winners' sigmoids: independent loads (L1 hits) */
 #pragma unroll
             for (int r = 0; r < KK; r++)
-                if (r <= K) rsg[r] = m3_sigmoidf(l[rid[r]]);
+                if (r <= K) rsg[r] = m3_sigmoidf(SH ? sl[rid[r]] : l[rid[r]]);
         }
     }
     float sum = 0.0f;
@@ -787,7 +802,10 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
                               : route_fst_k<10, false, false, true>;
         if ((var & 256) && K + 4 <= 8) /* KK = K + 4 */
             kf = (var & 16) ? route_fst_k<8, false, true> : (var & 128) ? route_fst_k<8, false, false, true> : route_fst_k<8>;
-        if ((var & 16) && !(var & 256)) /* bitonic lists */
+        if ((var & 512) && (var & 16) && (var & 4) && K + 3 <= 7) kf = route_fst_k<7, false, true, false, true>;
+        else if ((var & 512) && (var & 16) && K + 2 <= 6) kf = route_fst_k<6, false, true, false, true>;
+        else if ((var & 512) && K + 2 <= 6) kf = route_fst_k<6, false, false, false, true>;
+        else if ((var & 16) && !(var & 256)) /* bitonic lists */
             kf = K + 2 <= 6 ? ((var & 4) && K + 3 <= 7 ? route_fst_k<7, false, true>
                                                        : (prof ? route_fst_k<6, true, true> : route_fst_k<6, false, true>))
                             : route_fst_k<10, false, true>;
@@ -801,6 +819,8 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     rkf k = nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
     if (nk > 2 && nk <= 4 && (var & 2)) k = prof ? route_sel_k<4, 8, true> : route_sel_k<4, 8>;
     else if (nk > 2 && nk <= 4 && prof) k = route_sel_k<4, 1, true>;
+    if (var & 512) k = nk <= 1 ? route_sel_k<1, 1, false, false, false, true> : nk <= 2 ? route_sel_k<2, 1, false, false, false, true>
+                     : nk <= 4 ? route_sel_k<4, 1, false, false, false, true> : route_sel_k<8, 1, false, false, false, true>;
     if (var & 128) {
         k = nk <= 1 ? route_sel_k<1, 1, false, false, true> : nk <= 2 ? route_sel_k<2, 1, false, false, true>
           : nk <= 4 ? (prof ? route_sel_k<4, 1, true, false, true> : route_sel_k<4, 1, false, false, true>)
