@@ -24,9 +24,6 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 #include "ref/num/mx.h"
-#include <stdio.h> /* TEMPORARY */
-#include <stdlib.h>
-#include <string.h>
 
 #define ROUTE_THREADS 128
 #define ROUTE_MAXK 8 /* experts per lane: E <= 8 * M3_WARP */
@@ -120,57 +117,6 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
     return m3_bits_f32((k & 0x80000000u) ? k & 0x7FFFFFFFu : ~k);
 }
 
-#define RG_D0 1e-6f
-static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: route_key's order */
-    const uint32_t b = m3_f32_bits(v);
-    const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
-    return v != v ? 0xFFFFFFFFu : k;
-}
-/* ---- TEMPORARY (session 13 measurement, M3_ROUTE_PROF / M3_ROUTE_VAR; removed) ---- */
-struct rt_stamp { unsigned long long g0, g1; unsigned c[4]; unsigned sm, flag; };
-#define RT_PROF_W 16384
-#define RT_RING 256
-__device__ rt_stamp rt_st[RT_PROF_W];
-__device__ unsigned long long rt_span[RT_RING][2];
-__device__ unsigned rt_call, rt_done;
-static __device__ __forceinline__ unsigned long long rt_gt() {
-    unsigned long long t = 0;
-#if defined(M3_HIP_NVIDIA)
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-#endif
-    return t;
-}
-static __device__ __forceinline__ unsigned rt_smid() {
-    unsigned s = 0;
-#if defined(M3_HIP_NVIDIA)
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-#endif
-    return s;
-}
-static __device__ __forceinline__ unsigned rt_clk() { return (unsigned)clock64(); }
-/* warp w (of nw recording warps) stores its stamps; the last warp to finish advances the call */
-static __device__ __forceinline__ void rt_rec(int w, int nw, unsigned long long g0, const unsigned *c,
-                                              unsigned flag) {
-    const unsigned long long g1 = rt_gt();
-    if ((threadIdx.x % M3_WARP) != 0 || w >= RT_PROF_W) return;
-    const unsigned call = *(volatile unsigned *)&rt_call;
-    rt_stamp st;
-    st.g0 = g0, st.g1 = g1;
-    for (int i = 0; i < 4; i++) st.c[i] = c[i + 1] - c[i];
-    st.sm = rt_smid(), st.flag = flag;
-    rt_st[w] = st;
-    atomicMin(&rt_span[call % RT_RING][0], g0);
-    atomicMax(&rt_span[call % RT_RING][1], g1);
-    __threadfence();
-    if (atomicAdd(&rt_done, 1u) == (unsigned)nw - 1) {
-        rt_done = 0;
-        rt_span[(call + 1) % RT_RING][0] = ~0ull, rt_span[(call + 1) % RT_RING][1] = 0;
-        __threadfence();
-        atomicAdd(&rt_call, 1u);
-    }
-}
-/* ---- end TEMPORARY ---- */
-
 /* route_sel_k (session 8): one warp per token, lane l holding experts e = l + k M3_WARP
  * (k < NK; coalesced loads, all issued before any use: clamped indices, no branches between
  * them), the block's biases (rounded to bf16 when the router is held in bf16) once in shared
@@ -185,15 +131,14 @@ static __device__ __forceinline__ void rt_rec(int w, int nw, unsigned long long 
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
  * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK, int MINB = 1, bool PROF = false, bool PX = false, bool NB = false, bool SH = false>
-static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
+template <int NK>
+static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     __shared__ float sb[ROUTE_MAXK * M3_WARP];
-    unsigned long long pg0 = 0;
-    unsigned pc[5] = {0, 0, 0, 0, 0};
-    if (PROF) pg0 = rt_gt(), pc[0] = rt_clk();
+    /* launched as a programmatic dependent of the launch before it (m3_gpu_moe_route): wait for
+     * that grid before any load or store, then let the next launch start */
     m3_pdl_wait();
     m3_pdl_trigger();
     /* the token's logits are loaded first (a warp past the pass reads the last token's row),
@@ -205,111 +150,22 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
     float lv[NK], bv[NK];
 #pragma unroll
     for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
-    auto bglob = [&](int i) -> float {
-        const float b = bias ? bias[i] : 0.0f;
-        return bias_bf16 ? m3_round_bf16(b) : b;
-    };
-    if constexpr (NB) {
-#pragma unroll
-        for (int k = 0; k < NK; k++) bv[k] = bglob(min(lane + k * M3_WARP, E - 1));
-        if (t >= n_tok) return;
-    } else {
     for (int i = (int)threadIdx.x; i < E; i += (int)blockDim.x) {
         const float b = bias ? bias[i] : 0.0f;
         sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
     if (t >= n_tok) return; /* whole warps leave together */
-    }
-    if (PROF) pc[1] = rt_clk();
     uint32_t key[NK];
     int id[NK];
-    if constexpr (!NB) {
 #pragma unroll
     for (int k = 0; k < NK; k++) bv[k] = sb[min(lane + k * M3_WARP, E - 1)];
-    }
-    if constexpr (PX) { /* TEMPORARY variant: proxy ranking, exact candidates (E <= 128, K + 2 <= E) */
-        uint32_t pk[NK];
-#pragma unroll
-        for (int k = 0; k < NK; k++) {
-            const int e = lane + k * M3_WARP;
-            const float f = __fdividef(1.0f, 1.0f + __expf(-lv[k]));
-            pk[k] = e < E ? ((rg_pkey(f + bv[k]) | 0x7Fu) ^ (uint32_t)e) : 0u;
-        }
-        if constexpr (NK == 4) {
-            const int ce[5][2] = {{0, 1}, {2, 3}, {0, 2}, {1, 3}, {1, 2}};
-#pragma unroll
-            for (int c = 0; c < 5; c++) {
-                const uint32_t a = pk[ce[c][0]], b = pk[ce[c][1]];
-                pk[ce[c][0]] = max(a, b), pk[ce[c][1]] = min(a, b);
-            }
-        } else {
-#pragma unroll
-            for (int i = 1; i < NK; i++)
-#pragma unroll
-                for (int k = i; k > 0; k--) {
-                    const uint32_t a = pk[k - 1], b = pk[k];
-                    pk[k - 1] = max(a, b), pk[k] = min(a, b);
-                }
-        }
-        const int KK = K + 2;
-        int cid = 0;
-        uint32_t last = 0u;
-        for (int r = 0; r < KK; r++) {
-            const uint32_t wk = route_wmax(pk[0]);
-            if (pk[0] == wk) { /* the owner (packed keys are unique above 0) */
-#pragma unroll
-                for (int k = 0; k + 1 < NK; k++) pk[k] = pk[k + 1];
-                pk[NK - 1] = 0u;
-            }
-            if (lane == r) cid = (int)((wk & 0x7Fu) ^ 0x7Fu);
-            last = wk;
-        }
-        const bool cand = lane < KK;
-        const float sg = m3_sigmoidf(l[cid]);
-        const uint32_t ek = cand ? route_key(sg + (NB ? bglob(cid) : sb[cid])) : 0u;
-        const float ub = route_val(last | 0x7Fu);
-        const float thr = ub + (RG_D0 + fabsf(ub) * 0x1p-20f);
-        const uint64_t above = m3_ballot(cand && route_val(ek) > thr);
-        const bool bad = __popcll((long long)above) < K + 1 || m3_any(cand && ek == 0xFFFFFFFFu) || !(thr == thr);
-        if (!bad) {
-            int rk = 0;
-            for (int s = 0; s < KK; s++) {
-                const uint32_t ks = m3_shfl(ek, s);
-                const int is = (int)m3_shfl((uint32_t)cid, s);
-                rk += (ks > ek || (ks == ek && is < cid)) ? 1 : 0;
-            }
-            if (!cand) rk = KK;
-            float sum = 0.0f;
-            uint32_t ka = 0u, kb = 0u;
-            for (int r = 0; r <= K; r++) {
-                const int src = __ffsll((long long)m3_ballot(rk == r)) - 1;
-                const float sv = m3_shfl(sg, src);
-                const uint32_t kv = m3_shfl(ek, src);
-                if (r < K) sum += sv; /* selection order, as the reference */
-                if (r == K - 1) ka = kv;
-                if (r == K) kb = kv;
-            }
-            if (rk < K) {
-                ids[(size_t)t * K + rk] = cid;
-                wts[(size_t)t * K + rk] = sg / sum;
-            }
-            if (lane == 0 && margin) margin[t] = route_val(ka) - route_val(kb);
-            if (PROF) {
-                pc[2] = pc[3] = rt_clk();
-                pc[4] = rt_clk();
-                rt_rec(t, n_tok, pg0, pc, 0u);
-            }
-            return;
-        }
-    }
 #pragma unroll
     for (int k = 0; k < NK; k++) {
         const int e = lane + k * M3_WARP;
         key[k] = e < E ? route_key(m3_sigmoidf(lv[k]) + bv[k]) : 0u; /* 0: never chosen */
         id[k] = e;
     }
-    if (PROF) pc[2] = rt_clk() + (key[0] == 12345u); /* after the keys */
 #pragma unroll
     for (int i = 1; i < NK; i++)
 #pragma unroll
@@ -323,20 +179,12 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
     const int need = K + 1 < E ? K + 1 : E;
     uint32_t kth = 0;
     int my_id = 0;
-    float my_sh = 0.0f;
     for (int r = 0; r < need; r++) {
         /* the taken experts left the heads, and a round always has an untaken expert of key
          * > 0 (need <= E) */
         const uint32_t wk = route_wmax(key[0]);
         const bool mine = key[0] == wk;
         const int wi = (int)~route_wmax(mine ? ~(uint32_t)id[0] : 0u);
-        if constexpr (SH) { /* TEMPORARY: the winner's logit from its lane (no reload) */
-            float lw = lv[0];
-#pragma unroll
-            for (int k = 1; k < NK; k++) lw = wi / M3_WARP == k ? lv[k] : lw;
-            lw = m3_shfl(lw, wi % M3_WARP);
-            if (lane == r) my_sh = lw;
-        }
         if (mine && wi == id[0]) { /* the owner: its next key comes up */
 #pragma unroll
             for (int k = 0; k + 1 < NK; k++) key[k] = key[k + 1], id[k] = id[k + 1];
@@ -349,8 +197,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
             margin[t] = route_val(kth) - route_val(wk);
         }
     }
-    if (PROF) pc[3] = rt_clk() + (my_id == 12345);
-    const float my_s = lane < K ? m3_sigmoidf(SH ? my_sh : l[my_id]) : 0.0f;
+    const float my_s = lane < K ? m3_sigmoidf(l[my_id]) : 0.0f;
     float sum = 0.0f;
     for (int r = 0; r < K; r++) sum += m3_shfl(my_s, r); /* selection order, as the reference */
     if (lane < K) {
@@ -358,31 +205,13 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS, MINB)
         wts[(size_t)t * K + lane] = my_s / sum;
     }
     if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
-    if (PROF) {
-        pc[4] = rt_clk();
-        rt_rec(t, n_tok, pg0, pc, 0u);
-    }
 }
 
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
 #define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
-/* A = the top KK of the two descending lists A and B: C[k] = max(A[k], B[k],
- * max_{i<k} min(A[i], B[k-1-i])): min / max only, no data-dependent branches or indexing */
-template <int KK>
-static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) {
-    uint32_t C[KK];
-#pragma unroll
-    for (int k = 0; k < KK; k++) {
-        uint32_t c = max(A[k], B[k]);
-#pragma unroll
-        for (int i = 0; i < k; i++) c = max(c, min(A[i], B[k - 1 - i]));
-        C[k] = c;
-    }
-#pragma unroll
-    for (int j = 0; j < KK; j++) A[j] = C[j];
-}
-/* v[0..P) bitonic -> descending (P a power of two): the half-cleaner stages, max / min only */
+/* v[0..P) bitonic -> descending (P a power of two): the half-cleaner stages, max / min only (no
+ * data-dependent branches or indexing) */
 template <int P>
 static __device__ __forceinline__ void rg_bitonic(uint32_t *v) {
 #pragma unroll
@@ -395,10 +224,10 @@ static __device__ __forceinline__ void rg_bitonic(uint32_t *v) {
             }
 }
 /* A = the top KK of the descending lists A and B (KK each): c_i = max(A_i, B_{KK-1-i}) is that
- * set as a V-shaped (bitonic) sequence, sorted by a bitonic merge with 0xFFFFFFFF padding at
- * both ends (still V-shaped; the compiler folds every comparison with a pad) */
+ * set as a V-shaped (bitonic) sequence, sorted by a bitonic merge with 0xFFFFFFFF at both ends
+ * (still V-shaped; the compiler folds every comparison with a pad) */
 template <int KK>
-static __device__ __forceinline__ void rg_merge_bt(uint32_t *A, const uint32_t *B) {
+static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) {
     constexpr int P = KK <= 2 ? 2 : KK <= 4 ? 4 : KK <= 8 ? 8 : 16, pf = (P - KK) / 2;
     uint32_t v[P];
 #pragma unroll
@@ -409,7 +238,7 @@ static __device__ __forceinline__ void rg_merge_bt(uint32_t *A, const uint32_t *
 #pragma unroll
     for (int i = 0; i < KK; i++) A[i] = v[P - KK + i];
 }
-/* v's blocks of W (two descending halves each) -> descending blocks: each half and the other
+/* v's blocks of W (two descending halves each) -> descending blocks: a half and the other
  * reversed make a bitonic sequence */
 template <int W>
 static __device__ __forceinline__ void rg_pass(uint32_t *v) {
@@ -430,24 +259,19 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
     rg_pass<2>(v);
     rg_pass<4>(v);
     rg_pass<8>(v);
-    if constexpr (KK >= 8) {
-        rg_pass<16>(v);
+    if constexpr (KK >= 8) rg_pass<16>(v);
 #pragma unroll
-        for (int i = 0; i < KK; i++) G[i] = v[i];
-    } else {
-#pragma unroll
-        for (int i = 0; i < KK; i++) G[i] = v[i];
-        rg_merge_bt<KK>(G, v + 8);
-    }
+    for (int i = 0; i < KK; i++) G[i] = v[i];
+    if constexpr (KK < 8) rg_merge<KK>(G, v + 8);
 }
 /* route_fst_k (session 12): passes of >= 16384 tokens, E <= 128 (E % 4 == 0), K <= 8,
- * K + 2 <= E. RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (4 coalesced 16-byte
- * loads); each lane keeps the top KK (>= K + 2) keys of its 16 as a sorted list by two min / max a
- * level (two lists, even / odd chunks: two independent chains), the id packed into the key's low
- * 7 bits (ck = (key | 127) ^ e: unique, ordered by the key's top 25 bits, then the lower id), and
- * the 8 lanes merge their lists (3 butterfly levels, merge-path max / min) (session 9's
- * route_grp_k). The lists rank a cheap proxy of sel: p_e = f(l_e) + b_e with f = __fdividef(1,
- * 1 + __expf(-l)) (MUFU: ~5 instructions against ~20 for m3_sigmoidf's expf and IEEE division;
+ * KK <= E. RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (4 coalesced 16-byte
+ * loads); each lane sorts the top KK (>= K + 3 for K <= 4, else K + 2) keys of its 16 by a
+ * bitonic network (rg_top16), the id packed into the key's low 7 bits (ck = (key | 127) ^ e:
+ * unique, ordered by the key's top 25 bits, then the lower id), and the 8 lanes merge their lists
+ * (3 butterfly levels, rg_merge) (session 9's route_grp_k; session 13: the network instead of
+ * one insertion a key, two min / max a level, and KK = K + 3: fewer fallbacks). The lists rank
+ * a cheap proxy of sel: p_e = f(l_e) + b_e with f = __fdividef(1, 1 + __expf(-l)) (MUFU: ~5 instructions against ~20 for m3_sigmoidf's expf and IEEE division;
  * route_grp_k ranked the exact sel), |sel_e - p_e| <= RG_D0 + |p| 2^-20 (f within ~5e-7 of the
  * device sigmoid, two roundings of the sum). Every expert outside the KK candidates has a proxy
  * key <= the last candidate's, so its exact sel <= thr = ub + D (ub: that key's value with its
@@ -458,22 +282,26 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
  * from the logits in registers, K + 1 rounds, the winners' sigmoids loaded together (not one
  * dependent load a round). Weights and margin as route_sel_k: sigma / sum in selection order,
  * sel_(K) - sel_(K+1). H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096
- * ms; at 4096 / 8192 tokens route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
-template <int KK, bool PROF = false, bool NET = false, bool NB = false, bool SH = false>
-static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
+ * ms (session 12) -> 0.0093 (session 13, network and KK = K + 3); at 4096 / 8192 tokens
+ * route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
+#define RG_D0 1e-6f
+static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: route_key's order */
+    const uint32_t b = m3_f32_bits(v);
+    const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
+    return v != v ? 0xFFFFFFFFu : k;
+}
+template <int KK>
+static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     constexpr int RG_NE = RG_E / RG_L;
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
-    unsigned long long pg0 = 0;
-    unsigned pc[5] = {0, 0, 0, 0, 0};
-    if (PROF) pg0 = rt_gt(), pc[0] = rt_clk();
-    m3_pdl_wait();
-    m3_pdl_trigger();
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
+    m3_pdl_wait(); /* a programmatic dependent launch, as route_sel_k */
+    m3_pdl_trigger();
     const bool live = gid < n_tok;
     const int t = live ? gid : n_tok - 1;
     const float *l = logits + (size_t)t * E;
@@ -483,80 +311,35 @@ static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
     /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
      * step hit different bank quads (the logits loaded before this barrier measured slower:
      * T = 16384 0.0095 -> 0.0100 ms) */
-    auto bglob = [&](int i) -> float {
-        const float b = bias && i < E ? bias[i] : 0.0f;
-        return bias_bf16 ? m3_round_bf16(b) : b;
-    };
-    float4 bq[RG_NE / 4];
-    if constexpr (NB) {
-        if (w0 >= n_tok) return;
-#pragma unroll
-        for (int c = 0; c < RG_NE / 4; c++)
-            bq[c] = make_float4(bglob(q * RG_NE + 4 * c), bglob(q * RG_NE + 4 * c + 1), bglob(q * RG_NE + 4 * c + 2),
-                                bglob(q * RG_NE + 4 * c + 3));
-    } else {
     for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
         const float b = bias && i < E ? bias[i] : 0.0f;
         sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
     if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
-    }
-    if (PROF) pc[1] = rt_clk();
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
-    __shared__ __align__(16) float slg[SH ? RG_THREADS / RG_L : 1][SH ? RG_E : 4]; /* TEMPORARY */
-    float *const sl = slg[SH ? threadIdx.x / RG_L : 0];
-    if constexpr (SH) {
-#pragma unroll
-        for (int c = 0; c < RG_NE / 4; c++) *reinterpret_cast<float4 *>(sl + q * RG_NE + 4 * c) = lv[c];
-        __syncwarp();
-    }
-    uint32_t G[KK], H[KK];
-#pragma unroll
-    for (int j = 0; j < KK; j++) G[j] = 0u, H[j] = 0u;
+    uint32_t G[KK], ck[RG_NE];
     const uint32_t e0 = (uint32_t)(q * RG_NE);
-    auto ins = [&](uint32_t *L, float lx, float bx, uint32_t e, bool ok) {
-        const float f = __fdividef(1.0f, 1.0f + __expf(-lx));
-        const uint32_t ck = ok ? ((rg_pkey(f + bx) | 0x7Fu) ^ e) : 0u; /* 0: never */
-#pragma unroll
-        for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
-        L[0] = max(L[0], ck);
-    };
-    if constexpr (NET) {
-        uint32_t ck[RG_NE];
-#pragma unroll
-        for (int c = 0; c < RG_NE / 4; c++) {
-            const float4 b4 = NB ? bq[c] : *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
-            const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const float f = __fdividef(1.0f, 1.0f + __expf(-lx[u]));
-                ck[4 * c + u] = c < nv4 ? ((rg_pkey(f + bx[u]) | 0x7Fu) ^ (e0 + (uint32_t)(4 * c + u))) : 0u;
-            }
-        }
-        rg_top16<KK>(G, ck);
-    } else {
-    /* even chunks into G, odd into H: two independent chains */
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) {
-        const float4 b4 = NB ? bq[c] : *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+        const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
         const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
-        for (int u = 0; u < 4; u++) ins((c & 1) ? H : G, lx[u], bx[u], e0 + (uint32_t)(4 * c + u), c < nv4);
+        for (int u = 0; u < 4; u++) {
+            const float f = __fdividef(1.0f, 1.0f + __expf(-lx[u]));
+            ck[4 * c + u] = c < nv4 ? ((rg_pkey(f + bx[u]) | 0x7Fu) ^ (e0 + (uint32_t)(4 * c + u))) : 0u; /* 0: never */
+        }
     }
-    rg_merge<KK>(G, H);
-    }
-    if (PROF) pc[2] = rt_clk() + (G[0] == 12345u);
+    rg_top16<KK>(G, ck);
     /* the RG_L lanes' lists merged by a butterfly */
 #pragma unroll
     for (int m = 1; m < RG_L; m <<= 1) {
         uint32_t P[KK];
 #pragma unroll
         for (int j = 0; j < KK; j++) P[j] = (uint32_t)M3_SHFL_XOR((int)G[j], m);
-        if constexpr (NET) rg_merge_bt<KK>(G, P);
-        else rg_merge<KK>(G, P);
+        rg_merge<KK>(G, P);
     }
     /* candidates r < KK: ids from the packed keys; lane q takes candidates q + RG_L s */
     int cid[KK];
@@ -577,10 +360,10 @@ static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
 #pragma unroll
             for (int u = 0; u < w; u++) tr_[u] = (q & bit) ? tr_[2 * u + 1] : tr_[2 * u];
         const int id = tr_[0]; /* past KK: candidate KK - 1 again (unused) */
-        const float sg = m3_sigmoidf(SH ? sl[id] : l[id]);
+        const float sg = m3_sigmoidf(l[id]);
         myi[s] = id;
         mys[s] = sg;
-        myk[s] = route_key(sg + (NB ? bglob(id) : sb[id / RG_NE][id % RG_NE]));
+        myk[s] = route_key(sg + sb[id / RG_NE][id % RG_NE]);
     }
     uint32_t ek[KK];
 #pragma unroll
@@ -628,13 +411,11 @@ static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
             if (ss == s) rfk[r] = kk, rsg[r] = sv, rid[r] = (int)iv;
         }
     }
-    if (PROF) pc[3] = rt_clk() + (rid[0] == 12345);
-    const bool anybad = m3_any(bad);
-    if (anybad) { /* exact fallback: every key exact, K + 1 rounds (rare) */
+    if (m3_any(bad)) { /* exact fallback: every key exact, K + 1 rounds (rare) */
         uint32_t fk[RG_NE];
 #pragma unroll
         for (int c = 0; c < RG_NE / 4; c++) {
-            const float4 b4 = NB ? bq[c] : *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
+            const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
             const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
             for (int u = 0; u < 4; u++) fk[4 * c + u] = c < nv4 ? route_key(m3_sigmoidf(lx[u]) + bx[u]) : 0u;
@@ -663,17 +444,13 @@ static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
         if (bad) { /* the winners' sigmoids: independent loads (L1 hits) */
 #pragma unroll
             for (int r = 0; r < KK; r++)
-                if (r <= K) rsg[r] = m3_sigmoidf(SH ? sl[rid[r]] : l[rid[r]]);
+                if (r <= K) rsg[r] = m3_sigmoidf(l[rid[r]]);
         }
     }
     float sum = 0.0f;
 #pragma unroll
     for (int r = 0; r < KK; r++)
         if (r < K) sum += rsg[r]; /* selection order, as the reference */
-    if (PROF) {
-        pc[4] = rt_clk() + (sum == 12345.0f);
-        rt_rec(w0 / (M3_WARP / RG_L), (n_tok + M3_WARP / RG_L - 1) / (M3_WARP / RG_L), pg0, pc, anybad ? 1u : 0u);
-    }
     if (!live) return;
 #pragma unroll
     for (int r = 0; r < KK; r++)
@@ -691,76 +468,6 @@ static __global__ void __launch_bounds__(RG_THREADS, NB ? 4 : 1)
         margin[t] = route_val(a) - route_val(b);
     }
 }
-
-/* ---- TEMPORARY host side of the stamps ---- */
-static int rt_ncall;
-static void rt_prof_begin(m3_gpu *g) {
-    static bool init;
-    if (init) return;
-    init = true;
-    static unsigned long long h[RT_RING][2];
-    for (int i = 0; i < RT_RING; i++) h[i][0] = ~0ull, h[i][1] = 0;
-    #if defined(M3_HIP_NVIDIA)
-    (void)cudaMemcpyToSymbol(rt_span, h, sizeof h);
-#endif
-    (void)g;
-}
-static int rt_cmpu(const void *a, const void *b) {
-    const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
-    return (x > y) - (x < y);
-}
-static void rt_prof_end(m3_gpu *g, int period, int n_tok, const char *kn) {
-    if (++rt_ncall % period) return;
-    (void)hipStreamSynchronize(g->stream);
-    static rt_stamp st[RT_PROF_W];
-    static unsigned long long sp[RT_RING][2], e[RT_PROF_W], s0[RT_PROF_W], gap[RT_RING], spn[RT_RING];
-    unsigned call = 0;
-#if defined(M3_HIP_NVIDIA)
-    (void)cudaMemcpyFromSymbol(st, rt_st, sizeof st);
-    (void)cudaMemcpyFromSymbol(sp, rt_span, sizeof sp);
-    (void)cudaMemcpyFromSymbol(&call, rt_call, sizeof call);
-#endif
-    const int nw = strcmp(kn, "fst") ? n_tok : (n_tok + 3) / 4;
-    const int n = nw < RT_PROF_W ? nw : RT_PROF_W;
-    unsigned long long g0 = ~0ull;
-    for (int i = 0; i < n; i++) g0 = st[i].g0 < g0 ? st[i].g0 : g0;
-    double c[4] = {0, 0, 0, 0};
-    int nf = 0;
-    for (int i = 0; i < n; i++) {
-        e[i] = st[i].g1 - g0, s0[i] = st[i].g0 - g0;
-        for (int j = 0; j < 4; j++) c[j] += st[i].c[j];
-        nf += st[i].flag != 0;
-    }
-    qsort(e, n, sizeof e[0], rt_cmpu);
-    qsort(s0, n, sizeof s0[0], rt_cmpu);
-    /* spans and gaps of the last calls (ring) */
-    int ng = 0;
-    for (unsigned k = call > 100 ? call - 100 : 1; k + 1 < call; k++) {
-        const unsigned a = k % RT_RING, b = (k + 1) % RT_RING;
-        spn[ng] = sp[a][1] - sp[a][0];
-        gap[ng] = sp[b][0] - sp[a][1];
-        ng++;
-    }
-    qsort(spn, ng, sizeof spn[0], rt_cmpu);
-    qsort(gap, ng, sizeof gap[0], rt_cmpu);
-    printf("rtprof %s T=%d var=%s warps=%d fallback_warps=%d | start p50 %llu max %llu ns | end p10 %llu p50 %llu "
-           "p90 %llu max %llu ns | clocks/warp bar %.0f keys %.0f sel %.0f tail %.0f | span p50 %llu gap p10 %llu p50 %llu "
-           "(%d calls)\n",
-           kn, n_tok, getenv("M3_ROUTE_VAR") ? getenv("M3_ROUTE_VAR") : "0", n, nf, s0[n / 2], s0[n - 1],
-           e[n / 10], e[n / 2], e[n * 9 / 10], e[n - 1], c[0] / n, c[1] / n, c[2] / n, c[3] / n,
-           ng ? spn[ng / 2] : 0ull, ng ? gap[ng / 10] : 0ull, ng ? gap[ng / 2] : 0ull, ng);
-    /* the last 4 warps to end */
-    for (int r = 0; r < 4 && r < n; r++) {
-        int bi = -1;
-        for (int i = 0; i < n; i++)
-            if (st[i].g1 - g0 == e[n - 1 - r]) { bi = i; break; }
-        if (bi >= 0)
-            printf("rtprof   late warp %d sm %u flag %u start %llu end %llu clocks %u %u %u %u\n", bi, st[bi].sm,
-                   st[bi].flag, st[bi].g0 - g0, st[bi].g1 - g0, st[bi].c[0], st[bi].c[1], st[bi].c[2], st[bi].c[3]);
-    }
-    fflush(stdout);
-}
-/* ---- end TEMPORARY ---- */
 
 /* ---- launchers ------------------------------------------------------------------------- */
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
@@ -780,62 +487,26 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         M3_LAUNCHED(g, "route_k");
         return M3_OK;
     }
-    /* passes of >= 16384 tokens: route_fst_k (H200: T = 16384 0.0095-0.0096 against route_sel_k's
+    /* route_sel_k and route_fst_k are programmatic dependents of the launch before them (their
+     * first statement waits for it; then they let the next launch start): the launch latency
+     * overlaps the earlier grid's end where that grid lets dependents start early (H200,
+     * back-to-back router calls, session 13: T = 1 / 4096 / 8192 / 16384 0.5-1 us less, docs/gpu.md).
+     * Passes of >= 16384 tokens: route_fst_k (H200: T = 16384 0.0095-0.0096 against route_sel_k's
      * 0.0136 and route_grp_k's 0.0104-0.0118 ms; at 8192 tokens 0.0091 against route_sel_k's
      * 0.0080, at 4096 0.0088 against 0.0057) */
-    const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    /* TEMPORARY knobs: M3_ROUTE_VAR bit 0 PDL launch, bit 1 route_sel_k 8 blocks an SM, bit 2
-     * route_fst_k KK = K + 3, bit 3 route_fst_k from 8192; M3_ROUTE_PROF=N stamps, dumped every N calls */
-    const char *ev = getenv("M3_ROUTE_VAR"), *ep = getenv("M3_ROUTE_PROF");
-    const int var = ev ? atoi(ev) : 0, prof = ep ? atoi(ep) : 0;
-    const bool pdl = (var & 1) != 0;
-    typedef void (*rkf)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool);
-    const bool bb = p->router_dtype == M3_DT_BF16;
-    if (prof > 0) rt_prof_begin(g);
-    if (grp_ok && n_tok >= ((var & 8) ? 8192 : 16384) && !(var & 64)) {
-        rkf kf = K + 2 <= 6 ? ((var & 4) && K + 3 <= 7 ? (prof ? route_fst_k<7, true> : route_fst_k<7>)
-                                                       : (prof ? route_fst_k<6, true> : route_fst_k<6>))
-                            : (prof ? route_fst_k<10, true> : route_fst_k<10>);
-        if (var & 128)
-            kf = (var & 4) && K + 3 <= 7 ? route_fst_k<7, false, false, true>
-                 : K + 2 <= 6 ? (prof ? route_fst_k<6, true, false, true> : route_fst_k<6, false, false, true>)
-                              : route_fst_k<10, false, false, true>;
-        if ((var & 256) && K + 4 <= 8) /* KK = K + 4 */
-            kf = (var & 16) ? route_fst_k<8, false, true> : (var & 128) ? route_fst_k<8, false, false, true> : route_fst_k<8>;
-        if ((var & 512) && (var & 16) && (var & 4) && K + 3 <= 7) kf = route_fst_k<7, false, true, false, true>;
-        else if ((var & 512) && (var & 16) && K + 2 <= 6) kf = route_fst_k<6, false, true, false, true>;
-        else if ((var & 512) && K + 2 <= 6) kf = route_fst_k<6, false, false, false, true>;
-        else if ((var & 16) && !(var & 256)) /* bitonic lists */
-            kf = K + 2 <= 6 ? ((var & 4) && K + 3 <= 7 ? route_fst_k<7, false, true>
-                                                       : (prof ? route_fst_k<6, true, true> : route_fst_k<6, false, true>))
-                            : route_fst_k<10, false, true>;
-        M3_TRY(m3_gpu_launch_pdl(g, pdl, kf, dim3(m3_grid_1d(n_tok, RG_THREADS / RG_L)), dim3(RG_THREADS), 0,
-                                 d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, bb));
-        M3_LAUNCHED(g, "route_fst_k");
-        if (prof > 0) rt_prof_end(g, prof, n_tok, "fst");
-        return M3_OK;
-    }
+    void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool);
+    /* route_fst_k's KK candidates must be experts (KK <= E: session 12's KK 6 / 10 with only
+     * K + 2 <= E checked read past the row for E = 4 or 8, found in session 13) */
+    const int kk = K + 3 <= 7 ? 7 : 10;
+    const bool fst = n_tok >= 16384 && E <= RG_E && E % 4 == 0 && kk <= E && K <= 8 && m3_aligned16(d_logits);
     const int nk = (E + M3_WARP - 1) / M3_WARP;
-    rkf k = nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
-    if (nk > 2 && nk <= 4 && (var & 2)) k = prof ? route_sel_k<4, 8, true> : route_sel_k<4, 8>;
-    else if (nk > 2 && nk <= 4 && prof) k = route_sel_k<4, 1, true>;
-    if (var & 512) k = nk <= 1 ? route_sel_k<1, 1, false, false, false, true> : nk <= 2 ? route_sel_k<2, 1, false, false, false, true>
-                     : nk <= 4 ? route_sel_k<4, 1, false, false, false, true> : route_sel_k<8, 1, false, false, false, true>;
-    if (var & 128) {
-        k = nk <= 1 ? route_sel_k<1, 1, false, false, true> : nk <= 2 ? route_sel_k<2, 1, false, false, true>
-          : nk <= 4 ? (prof ? route_sel_k<4, 1, true, false, true> : route_sel_k<4, 1, false, false, true>)
-                    : route_sel_k<8, 1, false, false, true>;
-    }
-    if ((var & 32) && E <= RG_E && K + 2 <= E && K <= 8) {
-        if (nk <= 1) k = route_sel_k<1, 1, false, true>;
-        else if (nk <= 2) k = route_sel_k<2, 1, false, true>;
-        else if (var & 2) k = prof ? route_sel_k<4, 8, true, true> : route_sel_k<4, 8, false, true>;
-        else k = prof ? route_sel_k<4, 1, true, true> : route_sel_k<4, 1, false, true>;
-    }
-    M3_TRY(m3_gpu_launch_pdl(g, pdl, k, dim3(m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
-                             dim3(ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, bb));
-    M3_LAUNCHED(g, "route_sel_k");
-    if (prof > 0) rt_prof_end(g, prof, n_tok, "sel");
+    if (fst) k = kk == 7 ? route_fst_k<7> : route_fst_k<10>;
+    else k = nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
+    M3_TRY(m3_gpu_launch_pdl(g, true, k, dim3(fst ? m3_grid_1d(n_tok, RG_THREADS / RG_L)
+                                                  : m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
+                             dim3(fst ? RG_THREADS : ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits,
+                             d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16));
+    M3_LAUNCHED(g, fst ? "route_fst_k" : "route_sel_k");
     return M3_OK;
 }
 

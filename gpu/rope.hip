@@ -854,8 +854,10 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
 }
 
 /* Programmatic dependent launch (Hopper, session 7): a pass's launches after the first may
- * start while the one before it runs (the host sets the launch attribute only between a
- * pass's own kernels; m3_pdl_trigger / m3_pdl_wait, gpu/gpu_internal.h). */
+ * start while the one before it runs (m3_pdl_trigger / m3_pdl_wait, gpu/gpu_internal.h). The
+ * host sets the launch attribute between a pass's own kernels, and (session 13) on the small
+ * passes' one qw_norm_k launch, whose first statements let the next launch start and wait for
+ * the launch before it. */
 
 /* cos/sin rows of every token, [T, cos(half) | sin(half)]: the same evaluation as the
  * kernel's own (angle in fp32 or f64, cos/sin in double rounded to fp32, bf16 when asked),
@@ -1665,7 +1667,9 @@ template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(const QW_GC qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
-    if (VS >= 0) m3_pdl_wait(); /* TEMPORARY variant: small passes as a dependent launch */
+    /* small passes are a dependent launch of whatever ran before them: wait for it before any
+     * load or store (H200, session 13: the decode steps 0.7-0.9 us less, docs/gpu.md) */
+    if (VS >= 0) m3_pdl_wait();
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
@@ -2242,8 +2246,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
-            const char *qv = getenv("M3_QW_VAR"); /* TEMPORARY */
-            M3_TRY(m3_gpu_launch_pdl(g, qv && atoi(qv) == 1, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
+            M3_TRY(m3_gpu_launch_pdl(g, true, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
             M3_LAUNCHED(g, "qw_norm_k (small)");
             m3_status st = M3_OK;
             if (nrest > 0)

@@ -55,39 +55,6 @@ static void report(const char *name, double ms, double bytes, double flops) {
     fflush(stdout);
 }
 
-/* TEMPORARY (session 13): time fn under each value of the comma list in env `list` (setenv
- * `knob` to it), then the 4 KiB copy kernel; without the list, one plain row */
-static void report(const char *name, double ms, double bytes, double flops);
-static m3_status do_kcopy(m3_gpu *g, void *c);
-static void time_vars(m3_gpu *g, const char *list, const char *knob, const char *name, bench_fn fn, void *ctx,
-                      double bytes, double flops) {
-    const char *vl = getenv(list);
-    for (const char *w = vl ? vl : "";;) {
-        char vv[16] = "", nm[128];
-        size_t l = strcspn(w, ",");
-        if (vl) {
-            snprintf(vv, sizeof vv, "%.*s", (int)(l < 15 ? l : 15), w);
-            setenv(knob, vv, 1);
-        }
-        double ms = time_ms(g, fn, ctx, 20, 7);
-        snprintf(nm, sizeof nm, "%s%s%s", name, vl ? " var=" : "", vv);
-        report(nm, ms, bytes, flops);
-        if (vl) {
-            static void *fa, *fb;
-            if (!fa) {
-                GPU_OK(m3_gpu_alloc(g, &fa, 4096));
-                GPU_OK(m3_gpu_alloc(g, &fb, 4096));
-                GPU_OK(m3_gpu_memset(g, fa, 0, 4096));
-            }
-            struct { void *dst; const void *src; size_t bytes; int flavor; } kc = {fb, fa, 4096, 0};
-            snprintf(nm, sizeof nm, "floor copy kernel 4 KiB (after %s var=%s)", name, vv);
-            report(nm, time_ms(g, do_kcopy, &kc, 20, 7), 8192, 0);
-        }
-        if (!vl || !w[l]) break;
-        w += l + 1;
-    }
-}
-
 static void *rand_bf16(m3_gpu *g, m3_rng *r, int64_t n, float sd) {
     float *h = malloc((size_t)n * sizeof *h);
     assert_non_null(h);
@@ -273,10 +240,10 @@ static void bench_qk_norm_rope(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.pos, c.T * sizeof *pos));
         GPU_OK(m3_gpu_upload(g, (void *)c.pos, pos, c.T * sizeof *pos));
         free(pos);
+        double ms = time_ms(g, do_rope, &c, 20, 7);
         char nm[96];
         snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
-        time_vars(g, "M3_BENCH_QW_VARS", "M3_QW_VAR", nm, do_rope, &c, 2.0 * 2.0 * (double)c.T * c.H * 128,
-                  10.0 * (double)c.T * c.H * 128);
+        report(nm, ms, 2.0 * 2.0 * (double)c.T * c.H * 128, 10.0 * (double)c.T * c.H * 128);
         m3_gpu_release(g, mark);
     }
 }
@@ -338,10 +305,10 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.ids, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.w, (size_t)c.T * 16));
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
+        double ms = time_ms(g, do_route, &c, 20, 7);
         char nm[96];
         snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
-        time_vars(g, "M3_BENCH_ROUTE_VARS", "M3_ROUTE_VAR", nm, do_route, &c, (double)c.T * (128 * 4 + 4 * 8 + 4),
-                  (double)c.T * 128 * 20);
+        report(nm, ms, (double)c.T * (128 * 4 + 4 * 8 + 4), (double)c.T * 128 * 20);
     }
 }
 
@@ -1169,7 +1136,7 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            time_vars(g, "M3_BENCH_QW_VARS", "M3_QW_VAR", nm, do_qkvc, &c, bytes, T * normed * 12);
+            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
