@@ -137,6 +137,10 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     __shared__ float sb[ROUTE_MAXK * M3_WARP];
+    /* launched as a programmatic dependent of the launch before it (m3_gpu_moe_route): wait for
+     * that grid before any load or store, then let the next launch start */
+    m3_pdl_wait();
+    m3_pdl_trigger();
     /* the token's logits are loaded first (a warp past the pass reads the last token's row),
      * in flight while the block fills its biases (session 10: T = 4096 / 8192 0.0057 / 0.0081
      * -> 0.0055 / 0.0079-0.0080 ms against the loads after the barrier) */
@@ -206,29 +210,68 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
 #define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
-/* A = the top KK of the two descending lists A and B: C[k] = max(A[k], B[k],
- * max_{i<k} min(A[i], B[k-1-i])): min / max only, no data-dependent branches or indexing */
+/* v[0..P) bitonic -> descending (P a power of two): the half-cleaner stages, max / min only (no
+ * data-dependent branches or indexing) */
+template <int P>
+static __device__ __forceinline__ void rg_bitonic(uint32_t *v) {
+#pragma unroll
+    for (int s = P / 2; s > 0; s >>= 1)
+#pragma unroll
+        for (int i = 0; i < P; i++)
+            if ((i & s) == 0) {
+                const uint32_t a = v[i], b = v[i + s];
+                v[i] = max(a, b), v[i + s] = min(a, b);
+            }
+}
+/* A = the top KK of the descending lists A and B (KK each): c_i = max(A_i, B_{KK-1-i}) is that
+ * set as a V-shaped (bitonic) sequence, sorted by a bitonic merge with 0xFFFFFFFF at both ends
+ * (still V-shaped; the compiler folds every comparison with a pad) */
 template <int KK>
 static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) {
-    uint32_t C[KK];
+    constexpr int P = KK <= 2 ? 2 : KK <= 4 ? 4 : KK <= 8 ? 8 : 16, pf = (P - KK) / 2;
+    uint32_t v[P];
 #pragma unroll
-    for (int k = 0; k < KK; k++) {
-        uint32_t c = max(A[k], B[k]);
+    for (int i = 0; i < P; i++) v[i] = 0xFFFFFFFFu;
 #pragma unroll
-        for (int i = 0; i < k; i++) c = max(c, min(A[i], B[k - 1 - i]));
-        C[k] = c;
+    for (int i = 0; i < KK; i++) v[pf + i] = max(A[i], B[KK - 1 - i]);
+    rg_bitonic<P>(v);
+#pragma unroll
+    for (int i = 0; i < KK; i++) A[i] = v[P - KK + i];
+}
+/* v's blocks of W (two descending halves each) -> descending blocks: a half and the other
+ * reversed make a bitonic sequence */
+template <int W>
+static __device__ __forceinline__ void rg_pass(uint32_t *v) {
+#pragma unroll
+    for (int b = 0; b < 16; b += W) {
+        uint32_t t[W];
+#pragma unroll
+        for (int i = 0; i < W / 2; i++) t[i] = v[b + i], t[W - 1 - i] = v[b + W / 2 + i];
+        rg_bitonic<W>(t);
+#pragma unroll
+        for (int i = 0; i < W; i++) v[b + i] = t[i];
     }
+}
+/* G = the top KK of the 16 keys v (v is overwritten), descending: sorted pairs, fours and
+ * eights, then the two eights' top KK (KK >= 8: their full merge) */
+template <int KK>
+static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
+    rg_pass<2>(v);
+    rg_pass<4>(v);
+    rg_pass<8>(v);
+    if constexpr (KK >= 8) rg_pass<16>(v);
 #pragma unroll
-    for (int j = 0; j < KK; j++) A[j] = C[j];
+    for (int i = 0; i < KK; i++) G[i] = v[i];
+    if constexpr (KK < 8) rg_merge<KK>(G, v + 8);
 }
 /* route_fst_k (session 12): passes of >= 16384 tokens, E <= 128 (E % 4 == 0), K <= 8,
- * K + 2 <= E. RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (4 coalesced 16-byte
- * loads); each lane keeps the top KK (>= K + 2) keys of its 16 as a sorted list by two min / max a
- * level (two lists, even / odd chunks: two independent chains), the id packed into the key's low
- * 7 bits (ck = (key | 127) ^ e: unique, ordered by the key's top 25 bits, then the lower id), and
- * the 8 lanes merge their lists (3 butterfly levels, merge-path max / min) (session 9's
- * route_grp_k). The lists rank a cheap proxy of sel: p_e = f(l_e) + b_e with f = __fdividef(1,
- * 1 + __expf(-l)) (MUFU: ~5 instructions against ~20 for m3_sigmoidf's expf and IEEE division;
+ * KK <= E. RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (4 coalesced 16-byte
+ * loads); each lane sorts the top KK (>= K + 3 for K <= 4, else K + 2) keys of its 16 by a
+ * bitonic network (rg_top16), the id packed into the key's low 7 bits (ck = (key | 127) ^ e:
+ * unique, ordered by the key's top 25 bits, then the lower id), and the 8 lanes merge their lists
+ * (3 butterfly levels, rg_merge) (session 9's route_grp_k; session 13: the network instead of
+ * one insertion a key, two min / max a level, and KK = K + 3: fewer fallbacks). The lists rank
+ * a cheap proxy of sel: p_e = f(l_e) + b_e with f = __fdividef(1, 1 + __expf(-l)) (MUFU: ~5 instructions against ~20 for m3_sigmoidf's expf and IEEE division;
  * route_grp_k ranked the exact sel), |sel_e - p_e| <= RG_D0 + |p| 2^-20 (f within ~5e-7 of the
  * device sigmoid, two roundings of the sum). Every expert outside the KK candidates has a proxy
  * key <= the last candidate's, so its exact sel <= thr = ub + D (ub: that key's value with its
@@ -239,7 +282,8 @@ static __device__ __forceinline__ void rg_merge(uint32_t *A, const uint32_t *B) 
  * from the logits in registers, K + 1 rounds, the winners' sigmoids loaded together (not one
  * dependent load a round). Weights and margin as route_sel_k: sigma / sum in selection order,
  * sel_(K) - sel_(K+1). H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096
- * ms; at 4096 / 8192 tokens route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
+ * ms (session 12) -> 0.0093 (session 13, network and KK = K + 3); at 4096 / 8192 tokens
+ * route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
 #define RG_D0 1e-6f
 static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: route_key's order */
     const uint32_t b = m3_f32_bits(v);
@@ -256,6 +300,8 @@ static __global__ void __launch_bounds__(RG_THREADS)
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
+    m3_pdl_wait(); /* a programmatic dependent launch, as route_sel_k */
+    m3_pdl_trigger();
     const bool live = gid < n_tok;
     const int t = live ? gid : n_tok - 1;
     const float *l = logits + (size_t)t * E;
@@ -274,26 +320,19 @@ static __global__ void __launch_bounds__(RG_THREADS)
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) lv[c] = l4[min(c, max(nv4 - 1, 0))];
-    uint32_t G[KK], H[KK];
-#pragma unroll
-    for (int j = 0; j < KK; j++) G[j] = 0u, H[j] = 0u;
+    uint32_t G[KK], ck[RG_NE];
     const uint32_t e0 = (uint32_t)(q * RG_NE);
-    auto ins = [&](uint32_t *L, float lx, float bx, uint32_t e, bool ok) {
-        const float f = __fdividef(1.0f, 1.0f + __expf(-lx));
-        const uint32_t ck = ok ? ((rg_pkey(f + bx) | 0x7Fu) ^ e) : 0u; /* 0: never */
-#pragma unroll
-        for (int j = KK - 1; j > 0; j--) L[j] = max(L[j], min(L[j - 1], ck));
-        L[0] = max(L[0], ck);
-    };
-    /* even chunks into G, odd into H: two independent chains */
 #pragma unroll
     for (int c = 0; c < RG_NE / 4; c++) {
         const float4 b4 = *reinterpret_cast<const float4 *>(&sb[q][4 * c]);
         const float lx[4] = {lv[c].x, lv[c].y, lv[c].z, lv[c].w}, bx[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
-        for (int u = 0; u < 4; u++) ins((c & 1) ? H : G, lx[u], bx[u], e0 + (uint32_t)(4 * c + u), c < nv4);
+        for (int u = 0; u < 4; u++) {
+            const float f = __fdividef(1.0f, 1.0f + __expf(-lx[u]));
+            ck[4 * c + u] = c < nv4 ? ((rg_pkey(f + bx[u]) | 0x7Fu) ^ (e0 + (uint32_t)(4 * c + u))) : 0u; /* 0: never */
+        }
     }
-    rg_merge<KK>(G, H);
+    rg_top16<KK>(G, ck);
     /* the RG_L lanes' lists merged by a butterfly */
 #pragma unroll
     for (int m = 1; m < RG_L; m <<= 1) {
@@ -448,24 +487,26 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
         M3_LAUNCHED(g, "route_k");
         return M3_OK;
     }
-    /* passes of >= 16384 tokens: route_fst_k (H200: T = 16384 0.0095-0.0096 against route_sel_k's
+    /* route_sel_k and route_fst_k are programmatic dependents of the launch before them (their
+     * first statement waits for it; then they let the next launch start): the launch latency
+     * overlaps the earlier grid's end where that grid lets dependents start early (H200,
+     * back-to-back router calls, session 13: T = 1 / 4096 / 8192 / 16384 0.5-1 us less, docs/gpu.md).
+     * Passes of >= 16384 tokens: route_fst_k (H200: T = 16384 0.0095-0.0096 against route_sel_k's
      * 0.0136 and route_grp_k's 0.0104-0.0118 ms; at 8192 tokens 0.0091 against route_sel_k's
      * 0.0080, at 4096 0.0088 against 0.0057) */
-    const bool grp_ok = E <= RG_E && E % 4 == 0 && K + 2 <= E && K <= 8 && m3_aligned16(d_logits);
-    if (grp_ok && n_tok >= 16384) {
-        void (*kf)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-            K + 2 <= 6 ? route_fst_k<6> : route_fst_k<10>;
-        kf<<<m3_grid_1d(n_tok, RG_THREADS / RG_L), RG_THREADS, 0, g->stream>>>(
-            d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
-        M3_LAUNCHED(g, "route_fst_k");
-        return M3_OK;
-    }
+    void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool);
+    /* route_fst_k's KK candidates must be experts (KK <= E: session 12's KK 6 / 10 with only
+     * K + 2 <= E checked read past the row for E = 4 or 8, found in session 13) */
+    const int kk = K + 3 <= 7 ? 7 : 10;
+    const bool fst = n_tok >= 16384 && E <= RG_E && E % 4 == 0 && kk <= E && K <= 8 && m3_aligned16(d_logits);
     const int nk = (E + M3_WARP - 1) / M3_WARP;
-    void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool) =
-        nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
-    k<<<m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP), ROUTE_SEL_THREADS, 0, g->stream>>>(
-        d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16);
-    M3_LAUNCHED(g, "route_sel_k");
+    if (fst) k = kk == 7 ? route_fst_k<7> : route_fst_k<10>;
+    else k = nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
+    M3_TRY(m3_gpu_launch_pdl(g, true, k, dim3(fst ? m3_grid_1d(n_tok, RG_THREADS / RG_L)
+                                                  : m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
+                             dim3(fst ? RG_THREADS : ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits,
+                             d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16));
+    M3_LAUNCHED(g, fst ? "route_fst_k" : "route_sel_k");
     return M3_OK;
 }
 

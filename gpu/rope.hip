@@ -854,8 +854,10 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
 }
 
 /* Programmatic dependent launch (Hopper, session 7): a pass's launches after the first may
- * start while the one before it runs (the host sets the launch attribute only between a
- * pass's own kernels; m3_pdl_trigger / m3_pdl_wait, gpu/gpu_internal.h). */
+ * start while the one before it runs (m3_pdl_trigger / m3_pdl_wait, gpu/gpu_internal.h). The
+ * host sets the launch attribute between a pass's own kernels, and (session 13) on the small
+ * passes' one qw_norm_k launch, whose first statements let the next launch start and wait for
+ * the launch before it. */
 
 /* cos/sin rows of every token, [T, cos(half) | sin(half)]: the same evaluation as the
  * kernel's own (angle in fp32 or f64, cos/sin in double rounded to fp32, bf16 when asked),
@@ -923,6 +925,15 @@ typedef struct {
     const int32_t *bt, *pos;
     int bt_block;
 } kvw_args;
+/* a.ks / a.vs0 / a.nstep for a.n_tok tokens: K steps of tk tokens a head; V steps of tk tokens
+ * a head for plain rows (page 0) or where vwin is 0, else windows of vwin slot-consecutive
+ * tokens (the pass's first window may start inside one: (n_tok + 2 vwin - 2) / vwin of them) */
+static void kv_steps(kvw_args &a, int64_t tk, int64_t vwin) {
+    const int64_t tg = (a.n_tok + tk - 1) / tk;
+    a.ks = a.x[0] ? (int64_t)a.nh * tg : 0;
+    a.vs0 = a.ks;
+    a.nstep = a.ks + (!a.x[1] ? 0 : (int64_t)a.nh * (a.page == 0 || vwin == 0 ? tg : (a.n_tok + 2 * vwin - 2) / vwin));
+}
 
 /* v / s rounded to nearest, the same bits as __fdiv_rn(v, s), for a scale s in [2^-90,
  * 2^126] (div_ok) and y = __frcp_rn(s): q0 = v y is within 1.5 ulp of v / s, one correction
@@ -1656,6 +1667,9 @@ template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(const QW_GC qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
+    /* small passes are a dependent launch of whatever ran before them: wait for it before any
+     * load or store (H200, session 13: the decode steps 0.7-0.9 us less, docs/gpu.md) */
+    if (VS >= 0) m3_pdl_wait();
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
@@ -2166,33 +2180,23 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
      * wave at its 4 blocks an SM, else K8_T (see k8_step) */
     int t8 = K8_T;
     if (kl.fp8 && qa.np == 0) {
-        const int64_t st8 = (int64_t)kl.nh * (((n_tok + 7) / 8) * (kl.x[0] ? 1 : 0) +
-                                              (kl.x[1] ? (kl.page == 0 ? (n_tok + 7) / 8 : (n_tok + 14) / 8) : 0));
-        if ((st8 + KW_WPB - 1) / KW_WPB <= (int64_t)4 * n_sm) t8 = 8;
+        kvw_args k8 = kl;
+        kv_steps(k8, 8, 8);
+        if ((k8.nstep + KW_WPB - 1) / KW_WPB <= (int64_t)4 * n_sm) t8 = 8;
     }
-    {
-        const int64_t tk = kl.fp8 ? t8 : M3_WARP / 8, x = kl.fp8 ? t8 : 8;
-        const int64_t tg = (n_tok + tk - 1) / tk;
-        kl.ks = kl.x[0] ? (int64_t)kl.nh * tg : 0;
-        kl.vs0 = kl.ks;
-        kl.nstep = kl.ks;
-        if (kl.x[1]) kl.nstep += (int64_t)kl.nh * (kl.page == 0 ? tg : (n_tok + 2 * x - 2) / x);
-        if (kl.fp8 && kl.nstep >= ((int64_t)1 << 31)) {
-            m3_gpu_release(g, mark);
-            return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
-                             "rows (more than 2^31 steps)", n_tok, kl.nh);
-        }
+    kv_steps(kl, kl.fp8 ? t8 : M3_WARP / 8, kl.fp8 ? t8 : 8);
+    if (kl.fp8 && kl.nstep >= ((int64_t)1 << 31)) {
+        m3_gpu_release(g, mark);
+        return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
+                         "rows (more than 2^31 steps)", n_tok, kl.nh);
     }
     auto kv_launch = [&]() -> m3_status {
         const bool dep = prev;
         prev = true;
         if (kl.fp8 && n_tok < 256 && kl.page != 0) {
             /* decode passes: kvw8s_k, M3_WARP / 8 tokens a step, K and V */
-            const int64_t tg = (n_tok + M3_WARP / 8 - 1) / (M3_WARP / 8);
             kvw_args ks = kl;
-            ks.ks = ks.x[0] ? (int64_t)ks.nh * tg : 0;
-            ks.vs0 = ks.ks;
-            ks.nstep = ks.ks + (ks.x[1] ? (int64_t)ks.nh * tg : 0);
+            kv_steps(ks, M3_WARP / 8, 0);
             M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8s_k, (unsigned)((ks.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, ks));
             M3_LAUNCHED(g, "kvw8s_k");
         } else if (kl.fp8) {
@@ -2242,7 +2246,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             else k = QW_PICK(M3_QK_ROUND_ONCE);
 #undef QW_PICK
             const int64_t nst = qa.nstep + (vs ? kl.nstep : 0);
-            M3_TRY(m3_gpu_launch_pdl(g, false, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
+            M3_TRY(m3_gpu_launch_pdl(g, true, k, (unsigned)((nst + QW_WPB - 1) / QW_WPB), QW_WPB * M3_WARP, 0, qa));
             M3_LAUNCHED(g, "qw_norm_k (small)");
             m3_status st = M3_OK;
             if (nrest > 0)

@@ -193,6 +193,9 @@ static void moe_route_matches_ref(void **state) {
         route_case(g, 16400, 64, 6, prof, false);
         route_case(g, 16385, 100, 8, prof, true); /* the 7th lane's experts 96..99 only */
         route_case(g, 16384, 12, 2, prof, true);  /* lanes past E */
+        /* fewer experts than route_fst_k's candidates: route_sel_k (session 13) */
+        route_case(g, 16384, 4, 2, prof, true);
+        route_case(g, 16384, 8, 6, prof, false);
     }
 }
 
@@ -260,6 +263,49 @@ static void moe_route_ties_many_tokens(void **state) {
             free(ids); free(want); free(w); free(wr);
         }
     free(logits); free(bias);
+}
+
+/* The router is a programmatic dependent launch (session 13): its first statement waits for the
+ * launch before it. Two calls back to back, the second reading the first's weights [T, 8] as its
+ * logits (E = 8, K = 2), with no synchronisation between them and the weights' buffer poisoned
+ * (NaN) before the first: the second call's ids must be the reference's on the first call's
+ * weights (route_sel_k at 4096 tokens, route_fst_k at 16384; the first call lets the second
+ * start at once). */
+static void moe_route_chained(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    m3_profile p;
+    m3_profile_fp32(&p);
+    for (int T = 4096; T <= 16384; T *= 4) {
+        m3_moe_params m1, m2;
+        memset(&m1, 0, sizeof m1);
+        m1.n_expert = 128, m1.top_k = 8;
+        m2 = m1;
+        m2.n_expert = 8, m2.top_k = 2;
+        m3_rng r;
+        m3_rng_init(&r, m3_test_seed(), 620 + (uint64_t)T);
+        float *logits = malloc((size_t)T * 128 * sizeof *logits), *w1 = malloc((size_t)T * 8 * sizeof *w1);
+        int32_t *ids = malloc((size_t)T * 2 * sizeof *ids), *want = malloc((size_t)T * 2 * sizeof *want);
+        float *wr = malloc((size_t)T * 2 * sizeof *wr), *mr = malloc((size_t)T * sizeof *mr);
+        m3_fill_normal(&r, logits, (int64_t)T * 128, 2.0f);
+        float *dl = gpu_upload_f32(g, logits, (int64_t)T * 128);
+        int32_t *d_ids1 = gpu_guard_alloc(g, (size_t)T * 8 * sizeof(int32_t));
+        int32_t *d_ids2 = gpu_guard_alloc(g, (size_t)T * 2 * sizeof(int32_t));
+        float *d_w1 = gpu_guard_alloc(g, (size_t)T * 8 * sizeof(float));
+        float *d_w2 = gpu_guard_alloc(g, (size_t)T * 2 * sizeof(float));
+        GPU_OK(m3_gpu_memset(g, d_w1, 0xFF, (size_t)T * 8 * sizeof(float))); /* NaN */
+        GPU_OK(m3_gpu_moe_route(g, d_ids1, d_w1, NULL, dl, NULL, T, &m1, &p));
+        GPU_OK(m3_gpu_moe_route(g, d_ids2, d_w2, NULL, d_w1, NULL, T, &m2, &p));
+        gpu_download_f32(g, w1, d_w1, (int64_t)T * 8);
+        GPU_OK(m3_gpu_download(g, ids, d_ids2, (size_t)T * 2 * sizeof(int32_t)));
+        m3_moe_route(want, wr, mr, w1, NULL, T, &m2, &p);
+        for (int t = 0; t < T; t++)
+            if ((ids[2 * t] != want[2 * t] || ids[2 * t + 1] != want[2 * t + 1]) && !(fabsf(mr[t]) <= ROUTE_TIE_MARGIN))
+                m3_test_failf("route chained T=%d token %d: gpu %d,%d ref %d,%d (first weights %g %g ..)", T, t,
+                              ids[2 * t], ids[2 * t + 1], want[2 * t], want[2 * t + 1], (double)w1[8 * t],
+                              (double)w1[8 * t + 1]);
+        gpu_guard_check(g, d_ids2, (size_t)T * 2 * sizeof(int32_t), "chained ids");
+        free(logits); free(w1); free(ids); free(want); free(wr); free(mr);
+    }
 }
 
 /* Discrete tie rule: equal selection values go to the lower expert id. */
@@ -1043,6 +1089,7 @@ int main(void) {
         cmocka_unit_test(moe_route_matches_ref),
         cmocka_unit_test(moe_route_ties_go_to_lower_id),
         cmocka_unit_test(moe_route_ties_many_tokens),
+        cmocka_unit_test(moe_route_chained),
         cmocka_unit_test(router_logits_match_ref),
         cmocka_unit_test(moe_experts_small),
         cmocka_unit_test(moe_experts_wide_scales),
