@@ -187,8 +187,8 @@ static void moe_route_matches_ref(void **state) {
         route_case(g, 7, 256, 8, prof, true);  /* 8 experts a lane (M3_WARP 32) */
         route_case(g, 5, 64, 6, prof, false);
         route_case(g, 3, 200, 40, prof, true); /* K > M3_WARP */
-        /* passes of >= 16384 tokens: route_fst_k (session 12; E <= 128, E % 4 == 0, K + 2 <= E,
-         * K <= 8) */
+        /* passes of >= 16384 tokens: route_fst_k (session 12; E <= 128, E % 4 == 0, K <= 8, and
+         * since session 13 its 7 or 10 candidates <= E) */
         route_case(g, 16384, 128, 4, prof, true);
         route_case(g, 16400, 64, 6, prof, false);
         route_case(g, 16385, 100, 8, prof, true); /* the 7th lane's experts 96..99 only */
