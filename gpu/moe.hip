@@ -131,7 +131,7 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
  * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK>
+template <int NK, int KC = 0>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -150,9 +150,20 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     float lv[NK], bv[NK];
 #pragma unroll
     for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
+    if (KC > 0) { /* TEMPORARY variant: constant stride (no trip-count division) */
+#pragma unroll
+        for (int i0 = 0; i0 < ROUTE_MAXK * M3_WARP; i0 += ROUTE_SEL_THREADS) {
+            const int i = i0 + (int)threadIdx.x;
+            if (i < E) {
+                const float b = bias ? bias[i] : 0.0f;
+                sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
+            }
+        }
+    } else {
     for (int i = (int)threadIdx.x; i < E; i += (int)blockDim.x) {
         const float b = bias ? bias[i] : 0.0f;
         sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
+    }
     }
     __syncthreads();
     if (t >= n_tok) return; /* whole warps leave together */
@@ -176,10 +187,13 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
                 const int ti = id[k];
                 id[k] = id[k - 1], id[k - 1] = ti;
             }
+    if (KC > 0) K = KC;
     const int need = K + 1 < E ? K + 1 : E;
     uint32_t kth = 0;
     int my_id = 0;
-    for (int r = 0; r < need; r++) {
+#pragma unroll
+    for (int r = 0; r < (KC > 0 ? KC + 1 : need); r++) {
+        if (KC > 0 && r >= need) break;
         /* the taken experts left the heads, and a round always has an untaken expert of key
          * > 0 (need <= E) */
         const uint32_t wk = route_wmax(key[0]);
@@ -199,7 +213,8 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     }
     const float my_s = lane < K ? m3_sigmoidf(l[my_id]) : 0.0f;
     float sum = 0.0f;
-    for (int r = 0; r < K; r++) sum += m3_shfl(my_s, r); /* selection order, as the reference */
+#pragma unroll
+    for (int r = 0; r < (KC > 0 ? KC : K); r++) sum += m3_shfl(my_s, r); /* selection order, as the reference */
     if (lane < K) {
         ids[(size_t)t * K + lane] = my_id;
         wts[(size_t)t * K + lane] = my_s / sum;
@@ -470,6 +485,9 @@ static __global__ void __launch_bounds__(RG_THREADS)
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
+/* TEMPORARY (session 14): variant knob, from M3_ROUTE_VAR at load; the bench sets it per row */
+extern "C" int m3_tv_route;
+int m3_tv_route = getenv("M3_ROUTE_VAR") ? atoi(getenv("M3_ROUTE_VAR")) : 0;
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                                       const float *d_logits, const float *d_bias, int n_tok,
                                       const m3_moe_params *mp, const m3_profile *p) {
@@ -502,6 +520,8 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     const int nk = (E + M3_WARP - 1) / M3_WARP;
     if (fst) k = kk == 7 ? route_fst_k<7> : route_fst_k<10>;
     else k = nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
+    if (!fst && (m3_tv_route & 1) && nk > 2 && nk <= 4) /* TEMPORARY variant */
+        k = K == 4 ? route_sel_k<4, 4> : K == 8 ? route_sel_k<4, 8> : K == 2 ? route_sel_k<4, 2> : k;
     M3_TRY(m3_gpu_launch_pdl(g, true, k, dim3(fst ? m3_grid_1d(n_tok, RG_THREADS / RG_L)
                                                   : m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
                              dim3(fst ? RG_THREADS : ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits,

@@ -75,6 +75,7 @@
 #include "ref/num/fp8.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,6 +104,19 @@ static void rope_inv_freq(float *inv, int rot_dim, float theta, m3_rope_inv mode
             inv[i] = 1.0f / pw;
         }
     }
+}
+
+/* TEMPORARY (session 14): variant knob, from M3_QW_VAR at load; the bench sets it per row */
+extern "C" int m3_tv_qw;
+int m3_tv_qw = getenv("M3_QW_VAR") ? atoi(getenv("M3_QW_VAR")) : 0;
+/* rope_inv_freq of the last (rot_dim, theta, mode) of this thread, kept (the same values) */
+static const float *rope_inv_cached(int rot_dim, float theta, m3_rope_inv mode) {
+    static thread_local struct { int rot; float theta; int mode; rope_inv_table t; } c = {-1, 0.0f, -1, {}};
+    if (c.rot != rot_dim || c.theta != theta || c.mode != (int)mode) {
+        rope_inv_freq(c.t.inv, rot_dim, theta, mode);
+        c.rot = rot_dim, c.theta = theta, c.mode = (int)mode;
+    }
+    return c.t.inv;
 }
 
 /* What a segment's rows are and where they go. */
@@ -1462,7 +1476,21 @@ typedef struct {
     bool rope, angle_f64, cs_bf16;
     const int32_t *pos;
     float inv[32];
+    long long *prof; /* TEMPORARY (session 14): per-warp stamps [slot][16], or NULL */
+    int prof_seq;
 } qw_args;
+/* TEMPORARY (session 14) stamps */
+static __device__ __forceinline__ long long qp_clk() {
+    long long c;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+    return c;
+}
+static __device__ __forceinline__ long long qp_gt() {
+    long long c;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(c));
+    return c;
+}
+__device__ unsigned qp_ctr;
 
 /* part pi of the parameters through selects (constant indices: an indexed parameter would go
  * through a local copy) */
@@ -1666,10 +1694,15 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
 template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(const QW_GC qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
+    long long pg0 = 0, pc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const bool PR = VS >= 0 && a.prof != NULL;
+    if (PR) pg0 = qp_gt(), pc[0] = qp_clk();
     m3_pdl_trigger();
     /* small passes are a dependent launch of whatever ran before them: wait for it before any
      * load or store (H200, session 13: the decode steps 0.7-0.9 us less, docs/gpu.md) */
     if (VS >= 0) m3_pdl_wait();
+    long long pg1 = 0;
+    if (PR) pg1 = qp_gt(), pc[1] = qp_clk();
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
@@ -1735,12 +1768,14 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         if (VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
         if (VS >= 0) wload();
     }
+    if (PR) pc[2] = qp_clk() + (np_ == (m3_bf16 *)1); /* located, loads issued */
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
         const int32_t cps = nps;
         m3_bf16 *const p = np_;
         if (VS >= 0) cp = ncp;
+        if (PR) pc[5] = qp_clk() + (cps == 12345) + (nx[0].x == 12345u); /* pos, rows arrived */
         /* small pass: cos / sin of pair i = 8 j + e of this row's token, as the tile kernel and
          * cs_table_k evaluate them (the same double sincos), ONE evaluation a lane per distinct
          * token of the step: lane L evaluates pair L % 32 of the step's first token, every lane
@@ -1782,6 +1817,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 ps = (int32_t)m3_shfl((uint32_t)myps, src);
             }
         }
+        if (PR) pc[3] = qp_clk() + (c8[0] == 12345.0f) + (s8[7] == 12345.0f); /* cos / sin */
         float v[4][8];
         uint4 ro[4]; /* V rows' bits (small passes) */
 #pragma unroll
@@ -1839,6 +1875,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 }
             }
         }
+        if (PR) pc[4] = qp_clk() + (v[0][0] == 12345.0f) + (v[3][7] == 12345.0f) + (v[1][3] == 12345.0f); /* norm + rope */
         if (KC != 0 && (QW_F(kc) || raw)) {
             qw_kstore<KC>(a, v, raw ? NULL : p, p ? kw_slot(a.kv, t) : -1, h, j, stg, raw, ro);
         } else if (KC != 0 && QW_F(ic)) {
@@ -1856,6 +1893,63 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         }
 #undef QW_F
     }
+    if (PR && lane == 0) {
+        pc[6] = qp_clk();
+        const long long pg2 = qp_gt();
+        const unsigned sl = atomicAdd(&qp_ctr, 1u) & 4095u;
+        long long *o = a.prof + (size_t)sl * 16;
+        o[0] = a.prof_seq, o[1] = pg0, o[2] = pg1, o[3] = pg2;
+        for (int i = 0; i < 7; i++) o[4 + i] = pc[i];
+        o[11] = (long long)blockIdx.x * 64 + threadIdx.x / M3_WARP;
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        o[12] = smid;
+    }
+}
+/* TEMPORARY (session 14): the stamps of the launches of one bench row, summarised */
+static long long *qp_buf;
+static int qp_seq;
+extern "C" void m3_tmp_qw_prof_dump(const char *name) {
+    if (!qp_buf) return;
+    cudaDeviceSynchronize();
+    static long long h[4096][16];
+    if (cudaMemcpy(h, qp_buf, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) return;
+    unsigned n = 0;
+    cudaMemcpyFromSymbol(&n, qp_ctr, sizeof n);
+    if (n > 4096) n = 4096;
+    /* per launch (seq): first entry, last post-wait, last end (globaltimer); mean phase clocks */
+    const int NS = 256;
+    static long long e0[256], w1[256], w0[256], g2[256];
+    static double ph[256][6];
+    static int cnt[256];
+    memset(cnt, 0, sizeof cnt);
+    memset(ph, 0, sizeof ph);
+    for (unsigned i = 0; i < n; i++) {
+        const int q = (int)(h[i][0] % NS);
+        if (!cnt[q]) e0[q] = h[i][1], w0[q] = h[i][2], w1[q] = h[i][2], g2[q] = h[i][3];
+        e0[q] = h[i][1] < e0[q] ? h[i][1] : e0[q];
+        w0[q] = h[i][2] < w0[q] ? h[i][2] : w0[q];
+        w1[q] = h[i][2] > w1[q] ? h[i][2] : w1[q];
+        g2[q] = h[i][3] > g2[q] ? h[i][3] : g2[q];
+        const long long *c = h[i] + 4; /* pc[0..6] */
+        const long long d[6] = {c[1] - c[0], c[2] - c[1], c[5] - c[2], c[3] - c[5], c[4] - c[3], c[6] - c[4]};
+        for (int k = 0; k < 6; k++) ph[q][k] += (double)d[k];
+        cnt[q]++;
+    }
+    int shown = 0;
+    for (int q = 25; q < NS && shown < 10; q++) {
+        const int pq = q - 1;
+        if (!cnt[q] || !cnt[pq] || h[0][0] < 0) continue;
+        printf("qwprof %s seq %d warps %d: entry-prevEnd %lld ns, firstWait-prevEnd %lld, lastWait-prevEnd %lld, "
+               "end-prevEnd %lld; clocks wait %.0f locate %.0f arrive %.0f sincos %.0f norm %.0f store %.0f\n",
+               name, q, cnt[q], e0[q] - g2[pq], w0[q] - g2[pq], w1[q] - g2[pq], g2[q] - g2[pq], ph[q][0] / cnt[q],
+               ph[q][1] / cnt[q], ph[q][2] / cnt[q], ph[q][3] / cnt[q], ph[q][4] / cnt[q], ph[q][5] / cnt[q]);
+        shown++;
+    }
+    fflush(stdout);
+    unsigned z = 0;
+    cudaMemcpyToSymbol(qp_ctr, &z, sizeof z);
+    qp_seq = 0;
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
@@ -2235,11 +2329,19 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             qa.cs_bf16 = p->rope_cs_bf16;
             if (rope) {
                 M3_ASSERT(d_pos);
+                if (m3_tv_qw & 1) {
+                    memcpy(qa.inv, rope_inv_cached(rot_dim, theta, p->rope_inv), sizeof qa.inv);
+                } else {
                 rope_inv_table inv;
                 rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
                 memcpy(qa.inv, inv.inv, sizeof qa.inv);
+                }
             }
             qa.kv = kl;
+            if (m3_tv_qw & 2) { /* TEMPORARY stamps */
+                if (!qp_buf) cudaMalloc((void **)&qp_buf, 4096 * 16 * sizeof(long long));
+                qa.prof = qp_buf, qa.prof_seq = ++qp_seq;
+            }
 #define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, 0> : vs == 1 ? qw_norm_k<QR, 1, 1> \
                                 : kck == 1 ? qw_norm_k<QR, 1, 0> : qw_norm_k<QR, 2, 0>)
             if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);
