@@ -131,7 +131,7 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
  * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK, int KC = 0>
+template <int NK, int KC, bool OLD = false>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -150,7 +150,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     float lv[NK], bv[NK];
 #pragma unroll
     for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
-    if (KC > 0) { /* TEMPORARY variant: constant stride (no trip-count division) */
+    if (!OLD) { /* TEMPORARY variant: constant stride (no trip-count division) */
 #pragma unroll
         for (int i0 = 0; i0 < ROUTE_MAXK * M3_WARP; i0 += ROUTE_SEL_THREADS) {
             const int i = i0 + (int)threadIdx.x;
@@ -220,106 +220,6 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
         wts[(size_t)t * K + lane] = my_s / sum;
     }
     if (lane == 0 && margin && K >= E) margin[t] = INFINITY;
-}
-
-/* TEMPORARY variant (session 14): route_sel_k with TPW tokens a warp (their chains interleaved),
- * K compiled in (KC) */
-template <int NK, int KC, int TPW>
-static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
-    route_sel2_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
-                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
-                 int K, bool bias_bf16) {
-    __shared__ float sb[ROUTE_MAXK * M3_WARP];
-    m3_pdl_wait();
-    m3_pdl_trigger();
-    const int lane = (int)threadIdx.x % M3_WARP;
-    const int w = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
-    float lv[TPW][NK];
-#pragma unroll
-    for (int u = 0; u < TPW; u++) {
-        const int t = w * TPW + u;
-        const float *l = logits + (size_t)(t < n_tok ? t : n_tok - 1) * E;
-#pragma unroll
-        for (int k = 0; k < NK; k++) lv[u][k] = l[min(lane + k * M3_WARP, E - 1)];
-    }
-#pragma unroll
-    for (int i0 = 0; i0 < ROUTE_MAXK * M3_WARP; i0 += ROUTE_SEL_THREADS) {
-        const int i = i0 + (int)threadIdx.x;
-        if (i < E) {
-            const float b = bias ? bias[i] : 0.0f;
-            sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
-        }
-    }
-    __syncthreads();
-    if (w * TPW >= n_tok) return; /* whole warps leave together */
-    uint32_t key[TPW][NK];
-    int id[TPW][NK];
-    float bv[NK];
-#pragma unroll
-    for (int k = 0; k < NK; k++) bv[k] = sb[min(lane + k * M3_WARP, E - 1)];
-#pragma unroll
-    for (int u = 0; u < TPW; u++)
-#pragma unroll
-        for (int k = 0; k < NK; k++) {
-            const int e = lane + k * M3_WARP;
-            key[u][k] = e < E ? route_key(m3_sigmoidf(lv[u][k]) + bv[k]) : 0u;
-            id[u][k] = e;
-        }
-#pragma unroll
-    for (int u = 0; u < TPW; u++)
-#pragma unroll
-        for (int i = 1; i < NK; i++)
-#pragma unroll
-            for (int k = i; k > 0; k--)
-                if (key[u][k] > key[u][k - 1]) {
-                    const uint32_t tk = key[u][k];
-                    key[u][k] = key[u][k - 1], key[u][k - 1] = tk;
-                    const int ti = id[u][k];
-                    id[u][k] = id[u][k - 1], id[u][k - 1] = ti;
-                }
-    K = KC;
-    const int need = K + 1 < E ? K + 1 : E;
-    uint32_t kth[TPW], lst[TPW];
-    int my_id[TPW];
-#pragma unroll
-    for (int u = 0; u < TPW; u++) kth[u] = 0, lst[u] = 0, my_id[u] = 0;
-#pragma unroll
-    for (int r = 0; r < KC + 1; r++) {
-        if (r >= need) break;
-#pragma unroll
-        for (int u = 0; u < TPW; u++) {
-            const uint32_t wk = route_wmax(key[u][0]);
-            const bool mine = key[u][0] == wk;
-            const int wi = (int)~route_wmax(mine ? ~(uint32_t)id[u][0] : 0u);
-            if (mine && wi == id[u][0]) {
-#pragma unroll
-                for (int k = 0; k + 1 < NK; k++) key[u][k] = key[u][k + 1], id[u][k] = id[u][k + 1];
-                key[u][NK - 1] = 0u;
-            }
-            if (r < K) {
-                if (lane == r) my_id[u] = wi;
-                if (r == K - 1) kth[u] = wk;
-            } else {
-                lst[u] = wk;
-            }
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < TPW; u++) {
-        const int t = w * TPW + u;
-        const float *l = logits + (size_t)(t < n_tok ? t : n_tok - 1) * E;
-        const float my_s = lane < K ? m3_sigmoidf(l[my_id[u]]) : 0.0f;
-        float sum = 0.0f;
-#pragma unroll
-        for (int r = 0; r < KC; r++) sum += m3_shfl(my_s, r);
-        if (t < n_tok) {
-            if (lane < K) {
-                ids[(size_t)t * K + lane] = my_id[u];
-                wts[(size_t)t * K + lane] = my_s / sum;
-            }
-            if (lane == 0 && margin) margin[t] = K >= E ? INFINITY : route_val(kth[u]) - route_val(lst[u]);
-        }
-    }
 }
 
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
@@ -584,6 +484,13 @@ static __global__ void __launch_bounds__(RG_THREADS)
     }
 }
 
+/* route_sel_k with the common top-k counts compiled in (KC; 0: K at run time) */
+typedef void (*route_fn)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool);
+template <int NK>
+static route_fn route_sel_pick(int K) {
+    return K == 2 ? route_sel_k<NK, 2> : K == 4 ? route_sel_k<NK, 4> : K == 8 ? route_sel_k<NK, 8> : route_sel_k<NK, 0>;
+}
+
 /* ---- launchers ------------------------------------------------------------------------- */
 /* TEMPORARY (session 14): variant knob, from M3_ROUTE_VAR at load; the bench sets it per row */
 extern "C" int m3_tv_route;
@@ -616,16 +523,16 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     /* route_fst_k's KK candidates must be experts (KK <= E: session 12's KK 6 / 10 with only
      * K + 2 <= E checked read past the row for E = 4 or 8, found in session 13) */
     const int kk = K + 3 <= 7 ? 7 : 10;
-    const bool fst = n_tok >= 16384 && E <= RG_E && E % 4 == 0 && kk <= E && K <= 8 && m3_aligned16(d_logits);
+    const bool fst = !(m3_tv_route & 8) && n_tok >= 16384 && E <= RG_E && E % 4 == 0 && kk <= E && K <= 8 && m3_aligned16(d_logits);
     const int nk = (E + M3_WARP - 1) / M3_WARP;
     if (fst) k = kk == 7 ? route_fst_k<7> : route_fst_k<10>;
-    else k = nk <= 1 ? route_sel_k<1> : nk <= 2 ? route_sel_k<2> : nk <= 4 ? route_sel_k<4> : route_sel_k<8>;
-    if (!fst && (m3_tv_route & 1) && nk > 2 && nk <= 4) /* TEMPORARY variant */
-        k = K == 4 ? route_sel_k<4, 4> : K == 8 ? route_sel_k<4, 8> : K == 2 ? route_sel_k<4, 2> : k;
-    const bool two = !fst && (m3_tv_route & 2) && nk > 2 && nk <= 4 && (K == 4 || K == 8);
-    if (two) k = K == 4 ? route_sel2_k<4, 4, 2> : route_sel2_k<4, 8, 2>;
+    else k = nk <= 1 ? route_sel_pick<1>(K) : nk <= 2 ? route_sel_pick<2>(K) : nk <= 4 ? route_sel_pick<4>(K) : route_sel_pick<8>(K);
+    if (!fst && (m3_tv_route & 16)) /* TEMPORARY variant: the old code */
+        k = nk <= 1 ? route_sel_k<1, 0, true> : nk <= 2 ? route_sel_k<2, 0, true> : nk <= 4 ? route_sel_k<4, 0, true> : route_sel_k<8, 0, true>;
+    if (!fst && (m3_tv_route & 4)) /* TEMPORARY variant: K at run time */
+        k = nk <= 1 ? route_sel_k<1, 0> : nk <= 2 ? route_sel_k<2, 0> : nk <= 4 ? route_sel_k<4, 0> : route_sel_k<8, 0>;
     M3_TRY(m3_gpu_launch_pdl(g, true, k, dim3(fst ? m3_grid_1d(n_tok, RG_THREADS / RG_L)
-                                                  : m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP * (two ? 2 : 1))),
+                                                  : m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
                              dim3(fst ? RG_THREADS : ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits,
                              d_bias, n_tok, E, K, p->router_dtype == M3_DT_BF16));
     M3_LAUNCHED(g, fst ? "route_fst_k" : "route_sel_k");

@@ -1476,6 +1476,7 @@ typedef struct {
     bool rope, angle_f64, cs_bf16;
     const int32_t *pos;
     float inv[32];
+    int var;         /* TEMPORARY (session 14): variant bits */
     long long *prof; /* TEMPORARY (session 14): per-warp stamps [slot][16], or NULL */
     int prof_seq;
 } qw_args;
@@ -1731,7 +1732,13 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
      * (session 9) */
     qw_part ncp, cp;
     auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
-        if (VS >= 0) {
+        if (VS >= 0 && (a.var & 4)) { /* TEMPORARY variant: every part's first step loaded at once */
+            const int np = a.np;
+            pi = (int)((np > 1) & (s >= a.p[1].s0)) + (int)((np > 2) & (s >= a.p[2].s0)) +
+                 (int)((np > 3) & (s >= a.p[3].s0)) + (int)((np > 4) & (s >= a.p[4].s0));
+            if (QW_IDX) ncp = a.p[pi];
+            else ncp = qw_psel(a, pi);
+        } else if (VS >= 0) {
             pi = a.np > 4 && s >= a.p[4].s0 ? 4 : a.np > 3 && s >= a.p[3].s0 ? 3 : a.np > 2 && s >= a.p[2].s0 ? 2
                : a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
             if (QW_IDX) ncp = a.p[pi];
@@ -1790,7 +1797,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             const int32_t myps = cps;
             const int L = lane & 31;
             float iv = a.inv[0]; /* inv[L] through selects (constant indices) */
-            if (QW_IDX) iv = a.inv[L];
+            if (QW_IDX && !(a.var & 8)) iv = a.inv[L];
             else {
 #pragma unroll
             for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
@@ -2329,15 +2336,16 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             qa.cs_bf16 = p->rope_cs_bf16;
             if (rope) {
                 M3_ASSERT(d_pos);
-                if (m3_tv_qw & 1) {
+                if (!(m3_tv_qw & 1)) {
                     memcpy(qa.inv, rope_inv_cached(rot_dim, theta, p->rope_inv), sizeof qa.inv);
-                } else {
+                } else { /* TEMPORARY variant: the old code */
                 rope_inv_table inv;
                 rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
                 memcpy(qa.inv, inv.inv, sizeof qa.inv);
                 }
             }
             qa.kv = kl;
+            qa.var = m3_tv_qw;
             if (m3_tv_qw & 2) { /* TEMPORARY stamps */
                 if (!qp_buf) cudaMalloc((void **)&qp_buf, 4096 * 16 * sizeof(long long));
                 qa.prof = qp_buf, qa.prof_seq = ++qp_seq;
