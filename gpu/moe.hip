@@ -305,11 +305,12 @@ static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: rout
     const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
     return v != v ? 0xFFFFFFFFu : k;
 }
-template <int KK>
+template <int KK, int KC = 0>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
+    if (KC > 0) K = KC; /* TEMPORARY variant: K compiled in */
     constexpr int RG_NE = RG_E / RG_L;
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
     const int q = (int)threadIdx.x % RG_L;
@@ -525,7 +526,7 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     const int kk = K + 3 <= 7 ? 7 : 10;
     const bool fst = !(m3_tv_route & 8) && n_tok >= 16384 && E <= RG_E && E % 4 == 0 && kk <= E && K <= 8 && m3_aligned16(d_logits);
     const int nk = (E + M3_WARP - 1) / M3_WARP;
-    if (fst) k = kk == 7 ? route_fst_k<7> : route_fst_k<10>;
+    if (fst) k = kk == 7 ? (K == 4 && !(m3_tv_route & 32) ? route_fst_k<7, 4> : route_fst_k<7>) : route_fst_k<10>;
     else k = nk <= 1 ? route_sel_pick<1>(K) : nk <= 2 ? route_sel_pick<2>(K) : nk <= 4 ? route_sel_pick<4>(K) : route_sel_pick<8>(K);
     if (!fst && (m3_tv_route & 16)) /* TEMPORARY variant: the old code */
         k = nk <= 1 ? route_sel_k<1, 0, true> : nk <= 2 ? route_sel_k<2, 0, true> : nk <= 4 ? route_sel_k<4, 0, true> : route_sel_k<8, 0, true>;

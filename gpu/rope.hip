@@ -74,6 +74,7 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1701,7 +1702,15 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     m3_pdl_trigger();
     /* small passes are a dependent launch of whatever ran before them: wait for it before any
      * load or store (H200, session 13: the decode steps 0.7-0.9 us less, docs/gpu.md) */
-    if (VS >= 0) m3_pdl_wait();
+    const bool late = VS >= 0 && (a.var & 16); /* TEMPORARY variant: parameters before the wait */
+    if (VS >= 0 && !late) m3_pdl_wait();
+    if (late) { /* every 64-byte line of the parameters into the constant cache */
+        const int *pa = reinterpret_cast<const int *>(&a);
+        int acc = 0;
+#pragma unroll
+        for (int o = 0; o < (int)(sizeof(qw_args) / 4); o += 16) acc += pa[o];
+        asm volatile("" ::"r"(acc));
+    }
     long long pg1 = 0;
     if (PR) pg1 = qp_gt(), pc[1] = qp_clk();
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
@@ -1723,6 +1732,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     const int nw = (int)gridDim.x * QW_WPB;
     int st = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
     if (VS == 1 && st >= a.nstep) { /* a raw K / V step (no block barrier follows) */
+        if (late) m3_pdl_wait();
         kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
         return;
     }
@@ -1768,8 +1778,10 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
 #pragma unroll
         for (int k = 0; k < 4; k++) wn[k] = ncp.w ? m3_ld16(ncp.w + 8 * (j + 4 * k)) : make_uint4(0, 0, 0, 0);
     };
+    const float ivE = late && QW_IDX ? a.inv[lane & 31] : 0.0f;
     if (st < a.nstep) {
         locate(st, npi, nt, nh_, np_);
+        if (late) m3_pdl_wait();
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
         if (VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
@@ -1777,8 +1789,10 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     }
     if (PR) pc[2] = qp_clk() + (np_ == (m3_bf16 *)1); /* located, loads issued */
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
+    int ppi = -1; /* TEMPORARY (stamps) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
+        ppi = pi;
         const int32_t cps = nps;
         m3_bf16 *const p = np_;
         if (VS >= 0) cp = ncp;
@@ -1797,7 +1811,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             const int32_t myps = cps;
             const int L = lane & 31;
             float iv = a.inv[0]; /* inv[L] through selects (constant indices) */
-            if (QW_IDX && !(a.var & 8)) iv = a.inv[L];
+            if (QW_IDX && !(a.var & 8)) iv = late ? ivE : a.inv[L];
             else {
 #pragma unroll
             for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
@@ -1911,6 +1925,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
         o[12] = smid;
+        o[13] = ppi;
     }
 }
 /* TEMPORARY (session 14): the stamps of the launches of one bench row, summarised */
@@ -1924,33 +1939,41 @@ extern "C" void m3_tmp_qw_prof_dump(const char *name) {
     unsigned n = 0;
     cudaMemcpyFromSymbol(&n, qp_ctr, sizeof n);
     if (n > 4096) n = 4096;
-    /* per launch (seq): first entry, last post-wait, last end (globaltimer); mean phase clocks */
+    /* per launch (seq): first post-wait and last end (globaltimer); per part: warps, the last
+     * end after the first post-wait, mean phase clocks */
     const int NS = 256;
-    static long long e0[256], w1[256], w0[256], g2[256];
-    static double ph[256][6];
-    static int cnt[256];
+    static long long w0[256], g2[256], pe[256][6];
+    static double ph[256][6][6];
+    static int cnt[256][6];
     memset(cnt, 0, sizeof cnt);
     memset(ph, 0, sizeof ph);
+    for (int q = 0; q < NS; q++) w0[q] = LLONG_MAX, g2[q] = 0;
     for (unsigned i = 0; i < n; i++) {
-        const int q = (int)(h[i][0] % NS);
-        if (!cnt[q]) e0[q] = h[i][1], w0[q] = h[i][2], w1[q] = h[i][2], g2[q] = h[i][3];
-        e0[q] = h[i][1] < e0[q] ? h[i][1] : e0[q];
+        const int q = (int)(h[i][0] % NS), pp = (int)(h[i][13] + 1);
+        if (pp < 0 || pp > 5) continue;
         w0[q] = h[i][2] < w0[q] ? h[i][2] : w0[q];
-        w1[q] = h[i][2] > w1[q] ? h[i][2] : w1[q];
         g2[q] = h[i][3] > g2[q] ? h[i][3] : g2[q];
+        if (!cnt[q][pp]) pe[q][pp] = 0;
+        pe[q][pp] = h[i][3] > pe[q][pp] ? h[i][3] : pe[q][pp];
         const long long *c = h[i] + 4; /* pc[0..6] */
         const long long d[6] = {c[1] - c[0], c[2] - c[1], c[5] - c[2], c[3] - c[5], c[4] - c[3], c[6] - c[4]};
-        for (int k = 0; k < 6; k++) ph[q][k] += (double)d[k];
-        cnt[q]++;
+        for (int k = 0; k < 6; k++) ph[q][pp][k] += (double)d[k];
+        cnt[q][pp]++;
     }
     int shown = 0;
-    for (int q = 25; q < NS && shown < 10; q++) {
+    for (int q = 25; q < NS && shown < 6; q++) {
         const int pq = q - 1;
-        if (!cnt[q] || !cnt[pq] || h[0][0] < 0) continue;
-        printf("qwprof %s seq %d warps %d: entry-prevEnd %lld ns, firstWait-prevEnd %lld, lastWait-prevEnd %lld, "
-               "end-prevEnd %lld; clocks wait %.0f locate %.0f arrive %.0f sincos %.0f norm %.0f store %.0f\n",
-               name, q, cnt[q], e0[q] - g2[pq], w0[q] - g2[pq], w1[q] - g2[pq], g2[q] - g2[pq], ph[q][0] / cnt[q],
-               ph[q][1] / cnt[q], ph[q][2] / cnt[q], ph[q][3] / cnt[q], ph[q][4] / cnt[q], ph[q][5] / cnt[q]);
+        if (!g2[q] || !g2[pq]) continue;
+        printf("qwprof %s seq %d: firstWait-prevEnd %lld ns, end-prevEnd %lld ns\n", name, q, w0[q] - g2[pq],
+               g2[q] - g2[pq]);
+        for (int pp = 0; pp < 6; pp++) {
+            if (!cnt[q][pp]) continue;
+            const double c = cnt[q][pp];
+            printf("qwprof   part %d warps %d: end-firstWait %lld ns; clocks wait %.0f locate %.0f arrive %.0f "
+                   "sincos %.0f norm %.0f store %.0f\n",
+                   pp - 1, cnt[q][pp], pe[q][pp] - w0[q], ph[q][pp][0] / c, ph[q][pp][1] / c, ph[q][pp][2] / c,
+                   ph[q][pp][3] / c, ph[q][pp][4] / c, ph[q][pp][5] / c);
+        }
         shown++;
     }
     fflush(stdout);
