@@ -203,20 +203,21 @@ static void moe_route_matches_ref(void **state) {
  * before) against exact ties and near-equal values in a pass of >= 16384 tokens: equal values
  * ranked by the lower id, every NaN above every value, runs of values a few ulps apart (ranked
  * exactly among the candidates, or the exact fallback at the boundary), all 128 equal; every
- * id and weight as the reference's. */
+ * id and weight as the reference's. The first 4100 tokens again as a pass of their own:
+ * route_sel_k with K = 4 / 8 compiled in (session 14). */
 static void moe_route_ties_many_tokens(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     m3_profile p;
     m3_profile_fp32(&p);
     m3_moe_params mp;
     memset(&mp, 0, sizeof mp);
-    const int T = 16400, E = 128;
+    const int T0 = 16400, E = 128;
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 611);
-    float *logits = malloc((size_t)T * E * sizeof *logits), *bias = malloc(E * sizeof *bias);
-    m3_fill_normal(&r, logits, (int64_t)T * E, 2.0f);
+    float *logits = malloc((size_t)T0 * E * sizeof *logits), *bias = malloc(E * sizeof *bias);
+    m3_fill_normal(&r, logits, (int64_t)T0 * E, 2.0f);
     m3_fill_uniform(&r, bias, E, -0.1f, 0.1f);
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < T0; t++) {
         float *l = logits + (size_t)t * E;
         const int kind = t % 7, o = (t * 37) % E;
         if (kind == 0) { /* five equal at the top, scattered ids */
@@ -237,31 +238,37 @@ static void moe_route_ties_many_tokens(void **state) {
             l[(o + 61) % E] = 2.5f, l[(o + 90) % E] = 2.5f;
         }
     }
-    float *dl = gpu_upload_f32(g, logits, (int64_t)T * E), *db = gpu_upload_f32(g, bias, E);
-    for (int K = 4; K <= 8; K += 4)
-        for (int wb = 0; wb < 2; wb++) {
-            mp.n_expert = E, mp.top_k = K;
-            const float *b = wb ? bias : NULL;
-            int32_t *ids = malloc((size_t)T * K * sizeof *ids), *want = malloc((size_t)T * K * sizeof *want);
-            float *w = malloc((size_t)T * K * sizeof *w), *wr = malloc((size_t)T * K * sizeof *wr);
-            m3_moe_route(want, wr, NULL, logits, b, T, &mp, &p);
-            int32_t *d_ids = gpu_guard_alloc(g, (size_t)T * K * sizeof(int32_t));
-            float *d_w = gpu_guard_alloc(g, (size_t)T * K * sizeof(float));
-            GPU_OK(m3_gpu_moe_route(g, d_ids, d_w, NULL, dl, b ? db : NULL, T, &mp, &p));
-            GPU_OK(m3_gpu_download(g, ids, d_ids, (size_t)T * K * sizeof(int32_t)));
-            gpu_download_f32(g, w, d_w, (int64_t)T * K);
-            gpu_guard_check(g, d_ids, (size_t)T * K * sizeof(int32_t), "tie ids");
-            gpu_guard_check(g, d_w, (size_t)T * K * sizeof(float), "tie wts");
-            for (int t = 0; t < T; t++)
-                for (int k = 0; k < K; k++)
-                    if (ids[(size_t)t * K + k] != want[(size_t)t * K + k])
-                        m3_test_failf("route ties K=%d bias=%d token %d (kind %d) rank %d: gpu %d ref %d",
-                                      K, wb, t, t % 7, k, ids[(size_t)t * K + k], want[(size_t)t * K + k]);
-            char what[96];
-            snprintf(what, sizeof what, "route ties K=%d bias=%d wts", K, wb);
-            gpu_expect_nmse(wr, w, (int64_t)T * K, GPU_NMSE_F32, what);
-            free(ids); free(want); free(w); free(wr);
-        }
+    float *dl = gpu_upload_f32(g, logits, (int64_t)T0 * E), *db = gpu_upload_f32(g, bias, E);
+    for (int pass = 0; pass < 2; pass++)
+        for (int K = 4; K <= 8; K += 4)
+            for (int wb = 0; wb < 2; wb++) {
+                const int T = pass ? 4100 : T0;
+                mp.n_expert = E, mp.top_k = K;
+                const float *b = wb ? bias : NULL;
+                int32_t *ids = malloc((size_t)T * K * sizeof *ids);
+                int32_t *want = malloc((size_t)T * K * sizeof *want);
+                float *w = malloc((size_t)T * K * sizeof *w);
+                float *wr = malloc((size_t)T * K * sizeof *wr);
+                m3_moe_route(want, wr, NULL, logits, b, T, &mp, &p);
+                int32_t *d_ids = gpu_guard_alloc(g, (size_t)T * K * sizeof(int32_t));
+                float *d_w = gpu_guard_alloc(g, (size_t)T * K * sizeof(float));
+                GPU_OK(m3_gpu_moe_route(g, d_ids, d_w, NULL, dl, b ? db : NULL, T, &mp, &p));
+                GPU_OK(m3_gpu_download(g, ids, d_ids, (size_t)T * K * sizeof(int32_t)));
+                gpu_download_f32(g, w, d_w, (int64_t)T * K);
+                gpu_guard_check(g, d_ids, (size_t)T * K * sizeof(int32_t), "tie ids");
+                gpu_guard_check(g, d_w, (size_t)T * K * sizeof(float), "tie wts");
+                for (int t = 0; t < T; t++)
+                    for (int k = 0; k < K; k++)
+                        if (ids[(size_t)t * K + k] != want[(size_t)t * K + k])
+                            m3_test_failf(
+                                "route ties T=%d K=%d bias=%d token %d (kind %d) rank %d: "
+                                "gpu %d ref %d",
+                                T, K, wb, t, t % 7, k, ids[(size_t)t * K + k], want[(size_t)t * K + k]);
+                char what[96];
+                snprintf(what, sizeof what, "route ties T=%d K=%d bias=%d wts", T, K, wb);
+                gpu_expect_nmse(wr, w, (int64_t)T * K, GPU_NMSE_F32, what);
+                free(ids); free(want); free(w); free(wr);
+            }
     free(logits); free(bias);
 }
 
