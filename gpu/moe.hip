@@ -129,9 +129,14 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * shuffles (ref's order), then write id r and sigma_r / sum (one store each); lane 0 the
  * margin from the keys of rounds K-1 and K. H200: T = 16384 0.0314 -> 0.0136 ms (route_k:
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
- * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md). */
+ * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md).
+ * KC > 0: K = KC compiled in (route_sel_pick), the K + 1 rounds and the K-term sum a straight
+ * run of code. The kernel is close to issue-bound at 4096-8192 tokens (ncu, session 14: 550
+ * warp instructions a token, 0.68 issued a cycle a scheduler), so its cost is instructions:
+ * with K compiled in and the bias fill at a constant stride, H200 T = 4096 / 8192 0.0055 /
+ * 0.0070 -> 0.0044 / 0.0056 ms (docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK, int KC, bool OLD = false>
+template <int NK, int KC>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -150,20 +155,15 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     float lv[NK], bv[NK];
 #pragma unroll
     for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
-    if (!OLD) { /* TEMPORARY variant: constant stride (no trip-count division) */
+    /* a constant stride: a loop over blockDim.x divided its trip count at run time (a division
+     * sequence and a remainder loop on every thread's path) */
 #pragma unroll
-        for (int i0 = 0; i0 < ROUTE_MAXK * M3_WARP; i0 += ROUTE_SEL_THREADS) {
-            const int i = i0 + (int)threadIdx.x;
-            if (i < E) {
-                const float b = bias ? bias[i] : 0.0f;
-                sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
-            }
+    for (int i0 = 0; i0 < ROUTE_MAXK * M3_WARP; i0 += ROUTE_SEL_THREADS) {
+        const int i = i0 + (int)threadIdx.x;
+        if (i < E) {
+            const float b = bias ? bias[i] : 0.0f;
+            sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
         }
-    } else {
-    for (int i = (int)threadIdx.x; i < E; i += (int)blockDim.x) {
-        const float b = bias ? bias[i] : 0.0f;
-        sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
-    }
     }
     __syncthreads();
     if (t >= n_tok) return; /* whole warps leave together */
@@ -187,7 +187,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
                 const int ti = id[k];
                 id[k] = id[k - 1], id[k - 1] = ti;
             }
-    if (KC > 0) K = KC;
+    if (KC > 0) K = KC; /* the launcher picked this instance for K == KC */
     const int need = K + 1 < E ? K + 1 : E;
     uint32_t kth = 0;
     int my_id = 0;
@@ -214,7 +214,8 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     const float my_s = lane < K ? m3_sigmoidf(l[my_id]) : 0.0f;
     float sum = 0.0f;
 #pragma unroll
-    for (int r = 0; r < (KC > 0 ? KC : K); r++) sum += m3_shfl(my_s, r); /* selection order, as the reference */
+    for (int r = 0; r < (KC > 0 ? KC : K); r++) /* selection order, as the reference */
+        sum += m3_shfl(my_s, r);
     if (lane < K) {
         ids[(size_t)t * K + lane] = my_id;
         wts[(size_t)t * K + lane] = my_s / sum;
@@ -305,12 +306,11 @@ static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: rout
     const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
     return v != v ? 0xFFFFFFFFu : k;
 }
-template <int KK, int KC = 0>
+template <int KK>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
-    if (KC > 0) K = KC; /* TEMPORARY variant: K compiled in */
     constexpr int RG_NE = RG_E / RG_L;
     __shared__ __align__(16) float sb[RG_L][RG_NE + 4];
     const int q = (int)threadIdx.x % RG_L;
@@ -485,17 +485,15 @@ static __global__ void __launch_bounds__(RG_THREADS)
     }
 }
 
-/* route_sel_k with the common top-k counts compiled in (KC; 0: K at run time) */
-typedef void (*route_fn)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool);
+/* ---- launchers ------------------------------------------------------------------------- */
+typedef void (*route_fn)(int32_t *, float *, float *, const float *, const float *, int, int, int,
+                         bool);
+/* route_sel_k<NK> with the common top-k counts compiled in (M3: K = 4), else K at run time */
 template <int NK>
 static route_fn route_sel_pick(int K) {
-    return K == 2 ? route_sel_k<NK, 2> : K == 4 ? route_sel_k<NK, 4> : K == 8 ? route_sel_k<NK, 8> : route_sel_k<NK, 0>;
+    return K == 2 ? route_sel_k<NK, 2> : K == 4 ? route_sel_k<NK, 4> : K == 8 ? route_sel_k<NK, 8>
+                                                                           : route_sel_k<NK, 0>;
 }
-
-/* ---- launchers ------------------------------------------------------------------------- */
-/* TEMPORARY (session 14): variant knob, from M3_ROUTE_VAR at load; the bench sets it per row */
-extern "C" int m3_tv_route;
-int m3_tv_route = getenv("M3_ROUTE_VAR") ? atoi(getenv("M3_ROUTE_VAR")) : 0;
 extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                                       const float *d_logits, const float *d_bias, int n_tok,
                                       const m3_moe_params *mp, const m3_profile *p) {
@@ -519,19 +517,17 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
      * back-to-back router calls, session 13: T = 1 / 4096 / 8192 / 16384 0.5-1 us less, docs/gpu.md).
      * Passes of >= 16384 tokens: route_fst_k (H200: T = 16384 0.0095-0.0096 against route_sel_k's
      * 0.0136 and route_grp_k's 0.0104-0.0118 ms; at 8192 tokens 0.0091 against route_sel_k's
-     * 0.0080, at 4096 0.0088 against 0.0057) */
-    void (*k)(int32_t *, float *, float *, const float *, const float *, int, int, int, bool);
+     * 0.0080, at 4096 0.0088 against 0.0057; session 14, K compiled in: T = 16384 route_sel_k
+     * 0.0095 against route_fst_k's 0.0080) */
+    route_fn k;
     /* route_fst_k's KK candidates must be experts (KK <= E: session 12's KK 6 / 10 with only
      * K + 2 <= E checked read past the row for E = 4 or 8, found in session 13) */
     const int kk = K + 3 <= 7 ? 7 : 10;
-    const bool fst = !(m3_tv_route & 8) && n_tok >= 16384 && E <= RG_E && E % 4 == 0 && kk <= E && K <= 8 && m3_aligned16(d_logits);
+    const bool fst = n_tok >= 16384 && E <= RG_E && E % 4 == 0 && kk <= E && K <= 8 && m3_aligned16(d_logits);
     const int nk = (E + M3_WARP - 1) / M3_WARP;
-    if (fst) k = kk == 7 ? (K == 4 && !(m3_tv_route & 32) ? route_fst_k<7, 4> : route_fst_k<7>) : route_fst_k<10>;
-    else k = nk <= 1 ? route_sel_pick<1>(K) : nk <= 2 ? route_sel_pick<2>(K) : nk <= 4 ? route_sel_pick<4>(K) : route_sel_pick<8>(K);
-    if (!fst && (m3_tv_route & 16)) /* TEMPORARY variant: the old code */
-        k = nk <= 1 ? route_sel_k<1, 0, true> : nk <= 2 ? route_sel_k<2, 0, true> : nk <= 4 ? route_sel_k<4, 0, true> : route_sel_k<8, 0, true>;
-    if (!fst && (m3_tv_route & 4)) /* TEMPORARY variant: K at run time */
-        k = nk <= 1 ? route_sel_k<1, 0> : nk <= 2 ? route_sel_k<2, 0> : nk <= 4 ? route_sel_k<4, 0> : route_sel_k<8, 0>;
+    if (fst) k = kk == 7 ? route_fst_k<7> : route_fst_k<10>;
+    else k = nk <= 1 ? route_sel_pick<1>(K) : nk <= 2 ? route_sel_pick<2>(K)
+           : nk <= 4 ? route_sel_pick<4>(K) : route_sel_pick<8>(K);
     M3_TRY(m3_gpu_launch_pdl(g, true, k, dim3(fst ? m3_grid_1d(n_tok, RG_THREADS / RG_L)
                                                   : m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
                              dim3(fst ? RG_THREADS : ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits,

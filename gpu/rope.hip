@@ -74,9 +74,7 @@
 #include "ref/num/bf16.h"
 #include "ref/num/fp8.h"
 
-#include <limits.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,30 +92,28 @@ typedef struct {
 } rope_inv_table;
 
 /* Host: inv[i] = 1/theta^(2i/R) held in fp32, per m3_rope_inv (ref/profile.h); the same
- * evaluation as ref/rope.c m3_rope_inv_freq (gpu/ does not link ref/rope.c). */
+ * evaluation as ref/rope.c m3_rope_inv_freq (gpu/ does not link ref/rope.c). The values of the
+ * thread's last (rot_dim, theta, mode) are kept: a decode step's launch is bound by the host
+ * (H200, session 14: its R / 2 pow() calls were ~1 us of a ~4.4 us call; docs/gpu.md). */
 static void rope_inv_freq(float *inv, int rot_dim, float theta, m3_rope_inv mode) {
-    for (int i = 0; i < rot_dim / 2; i++) {
-        if (mode == M3_ROPE_INV_F64) {
-            inv[i] = (float)(1.0 / pow((double)theta, (double)(2 * i) / (double)rot_dim));
-        } else { /* torch: fp32 exponent, fp32 power (pow in double, one rounding), fp32 1/x */
-            float e = (float)(2 * i) / (float)rot_dim;
-            float pw = (float)pow((double)theta, (double)e);
-            inv[i] = 1.0f / pw;
+    static thread_local struct {
+        int rot, mode;
+        uint32_t theta;
+        float inv[ROPE_MAX_HALF];
+    } c = {-1, -1, 0u, {0.0f}};
+    if (c.rot != rot_dim || c.mode != (int)mode || c.theta != m3_f32_bits(theta)) {
+        for (int i = 0; i < rot_dim / 2; i++) {
+            if (mode == M3_ROPE_INV_F64) {
+                c.inv[i] = (float)(1.0 / pow((double)theta, (double)(2 * i) / (double)rot_dim));
+            } else { /* torch: fp32 exponent, fp32 power (pow in double, one rounding), fp32 1/x */
+                float e = (float)(2 * i) / (float)rot_dim;
+                float pw = (float)pow((double)theta, (double)e);
+                c.inv[i] = 1.0f / pw;
+            }
         }
+        c.rot = rot_dim, c.mode = (int)mode, c.theta = m3_f32_bits(theta);
     }
-}
-
-/* TEMPORARY (session 14): variant knob, from M3_QW_VAR at load; the bench sets it per row */
-extern "C" int m3_tv_qw;
-int m3_tv_qw = getenv("M3_QW_VAR") ? atoi(getenv("M3_QW_VAR")) : 0;
-/* rope_inv_freq of the last (rot_dim, theta, mode) of this thread, kept (the same values) */
-static const float *rope_inv_cached(int rot_dim, float theta, m3_rope_inv mode) {
-    static thread_local struct { int rot; float theta; int mode; rope_inv_table t; } c = {-1, 0.0f, -1, {}};
-    if (c.rot != rot_dim || c.theta != theta || c.mode != (int)mode) {
-        rope_inv_freq(c.t.inv, rot_dim, theta, mode);
-        c.rot = rot_dim, c.theta = theta, c.mode = (int)mode;
-    }
-    return c.t.inv;
+    memcpy(inv, c.inv, (size_t)(rot_dim / 2) * sizeof(float));
 }
 
 /* What a segment's rows are and where they go. */
@@ -1477,22 +1473,7 @@ typedef struct {
     bool rope, angle_f64, cs_bf16;
     const int32_t *pos;
     float inv[32];
-    int var;         /* TEMPORARY (session 14): variant bits */
-    long long *prof; /* TEMPORARY (session 14): per-warp stamps [slot][16], or NULL */
-    int prof_seq;
 } qw_args;
-/* TEMPORARY (session 14) stamps */
-static __device__ __forceinline__ long long qp_clk() {
-    long long c;
-    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
-    return c;
-}
-static __device__ __forceinline__ long long qp_gt() {
-    long long c;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(c));
-    return c;
-}
-__device__ unsigned qp_ctr;
 
 /* part pi of the parameters through selects (constant indices: an indexed parameter would go
  * through a local copy) */
@@ -1696,23 +1677,23 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
 template <int QR, int KC, int VS>
 static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2 ? 2 : 3) qw_norm_k(const QW_GC qw_args a) {
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
-    long long pg0 = 0, pc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const bool PR = VS >= 0 && a.prof != NULL;
-    if (PR) pg0 = qp_gt(), pc[0] = qp_clk();
     m3_pdl_trigger();
-    /* small passes are a dependent launch of whatever ran before them: wait for it before any
-     * load or store (H200, session 13: the decode steps 0.7-0.9 us less, docs/gpu.md) */
-    const bool late = VS >= 0 && (a.var & 16); /* TEMPORARY variant: parameters before the wait */
-    if (VS >= 0 && !late) m3_pdl_wait();
-    if (late) { /* every 64-byte line of the parameters into the constant cache */
+    /* small passes are a dependent launch of whatever ran before them (H200, session 13: the
+     * decode steps 0.7-0.9 us less, docs/gpu.md): they wait for it before any global load or
+     * store, but read their parameters first. The parameters are new to the constant cache at
+     * every launch, so each 64-byte line is touched here (and the step located, inv[L] read,
+     * below) while the launch waits (session 14: stamps showed ~1300 clocks from the wait to
+     * the first loads, and a step's parameter reads spread over its phases; the standalone
+     * q T = 1 0.0046 -> 0.0036-0.0038 ms, docs/gpu.md) */
+#if QW_IDX /* __grid_constant__: reading the parameter block by address makes no copy of it */
+    if (VS >= 0) {
         const int *pa = reinterpret_cast<const int *>(&a);
         int acc = 0;
 #pragma unroll
         for (int o = 0; o < (int)(sizeof(qw_args) / 4); o += 16) acc += pa[o];
-        asm volatile("" ::"r"(acc));
+        asm volatile("" ::"r"(acc)); /* the loads stay */
     }
-    long long pg1 = 0;
-    if (PR) pg1 = qp_gt(), pc[1] = qp_clk();
+#endif
     __shared__ __align__(16) float w1s[VS < 0 ? 5 : 1][128];
     __shared__ __align__(16) unsigned char kst[KC == 2 ? QW_WPB : 1][QW_RPS * 144]; /* fp8 K codes */
     __shared__ qw_part sp[5]; /* the parts, read per step from shared memory (kept out of registers) */
@@ -1732,7 +1713,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     const int nw = (int)gridDim.x * QW_WPB;
     int st = (int)blockIdx.x * QW_WPB + (int)threadIdx.x / M3_WARP;
     if (VS == 1 && st >= a.nstep) { /* a raw K / V step (no block barrier follows) */
-        if (late) m3_pdl_wait();
+        m3_pdl_wait();
         kvw_step(a.kv, st - a.nstep, vrow[VS == 1 ? threadIdx.x / M3_WARP : 0]);
         return;
     }
@@ -1742,15 +1723,10 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
      * (session 9) */
     qw_part ncp, cp;
     auto locate = [&](int s, int &pi, int &t, int &h, m3_bf16 *&p) {
-        if (VS >= 0 && (a.var & 4)) { /* TEMPORARY variant: every part's first step loaded at once */
+        if (VS >= 0) { /* every part's first step read at once (no chain of dependent reads) */
             const int np = a.np;
             pi = (int)((np > 1) & (s >= a.p[1].s0)) + (int)((np > 2) & (s >= a.p[2].s0)) +
                  (int)((np > 3) & (s >= a.p[3].s0)) + (int)((np > 4) & (s >= a.p[4].s0));
-            if (QW_IDX) ncp = a.p[pi];
-            else ncp = qw_psel(a, pi);
-        } else if (VS >= 0) {
-            pi = a.np > 4 && s >= a.p[4].s0 ? 4 : a.np > 3 && s >= a.p[3].s0 ? 3 : a.np > 2 && s >= a.p[2].s0 ? 2
-               : a.np > 1 && s >= a.p[1].s0 ? 1 : 0;
             if (QW_IDX) ncp = a.p[pi];
             else ncp = qw_psel(a, pi);
         } else {
@@ -1778,25 +1754,21 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
 #pragma unroll
         for (int k = 0; k < 4; k++) wn[k] = ncp.w ? m3_ld16(ncp.w + 8 * (j + 4 * k)) : make_uint4(0, 0, 0, 0);
     };
-    const float ivE = late && QW_IDX ? a.inv[lane & 31] : 0.0f;
+    const float iv0 = VS >= 0 && QW_IDX ? a.inv[lane & 31] : 0.0f; /* small passes: inv[L] */
     if (st < a.nstep) {
         locate(st, npi, nt, nh_, np_);
-        if (late) m3_pdl_wait();
+        if (VS >= 0) m3_pdl_wait(); /* the rows, weights and positions follow */
 #pragma unroll
         for (int k = 0; k < 4; k++) nx[k] = np_ ? m3_ld16(np_ + 32 * k) : make_uint4(0, 0, 0, 0);
         if (VS >= 0) nps = np_ && a.rope && !ncp.vc ? a.pos[nt] : 0;
         if (VS >= 0) wload();
     }
-    if (PR) pc[2] = qp_clk() + (np_ == (m3_bf16 *)1); /* located, loads issued */
     m3_pdl_wait(); /* the cos/sin table (the rows are older than the table launch) */
-    int ppi = -1; /* TEMPORARY (stamps) */
     for (; st < a.nstep; st += nw) {
         const int pi = npi, t = nt, h = nh_;
-        ppi = pi;
         const int32_t cps = nps;
         m3_bf16 *const p = np_;
         if (VS >= 0) cp = ncp;
-        if (PR) pc[5] = qp_clk() + (cps == 12345) + (nx[0].x == 12345u); /* pos, rows arrived */
         /* small pass: cos / sin of pair i = 8 j + e of this row's token, as the tile kernel and
          * cs_table_k evaluate them (the same double sincos), ONE evaluation a lane per distinct
          * token of the step: lane L evaluates pair L % 32 of the step's first token, every lane
@@ -1811,7 +1783,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
             const int32_t myps = cps;
             const int L = lane & 31;
             float iv = a.inv[0]; /* inv[L] through selects (constant indices) */
-            if (QW_IDX && !(a.var & 8)) iv = late ? ivE : a.inv[L];
+            if (QW_IDX) iv = iv0;
             else {
 #pragma unroll
             for (int i = 1; i < 32; i++) iv = L == i ? a.inv[i] : iv;
@@ -1838,7 +1810,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 ps = (int32_t)m3_shfl((uint32_t)myps, src);
             }
         }
-        if (PR) pc[3] = qp_clk() + (c8[0] == 12345.0f) + (s8[7] == 12345.0f); /* cos / sin */
         float v[4][8];
         uint4 ro[4]; /* V rows' bits (small passes) */
 #pragma unroll
@@ -1896,7 +1867,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
                 }
             }
         }
-        if (PR) pc[4] = qp_clk() + (v[0][0] == 12345.0f) + (v[3][7] == 12345.0f) + (v[1][3] == 12345.0f); /* norm + rope */
         if (KC != 0 && (QW_F(kc) || raw)) {
             qw_kstore<KC>(a, v, raw ? NULL : p, p ? kw_slot(a.kv, t) : -1, h, j, stg, raw, ro);
         } else if (KC != 0 && QW_F(ic)) {
@@ -1914,72 +1884,6 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
         }
 #undef QW_F
     }
-    if (PR && lane == 0) {
-        pc[6] = qp_clk();
-        const long long pg2 = qp_gt();
-        const unsigned sl = atomicAdd(&qp_ctr, 1u) & 4095u;
-        long long *o = a.prof + (size_t)sl * 16;
-        o[0] = a.prof_seq, o[1] = pg0, o[2] = pg1, o[3] = pg2;
-        for (int i = 0; i < 7; i++) o[4 + i] = pc[i];
-        o[11] = (long long)blockIdx.x * 64 + threadIdx.x / M3_WARP;
-        unsigned smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        o[12] = smid;
-        o[13] = ppi;
-    }
-}
-/* TEMPORARY (session 14): the stamps of the launches of one bench row, summarised */
-static long long *qp_buf;
-static int qp_seq;
-extern "C" void m3_tmp_qw_prof_dump(const char *name) {
-    if (!qp_buf) return;
-    cudaDeviceSynchronize();
-    static long long h[4096][16];
-    if (cudaMemcpy(h, qp_buf, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) return;
-    unsigned n = 0;
-    cudaMemcpyFromSymbol(&n, qp_ctr, sizeof n);
-    if (n > 4096) n = 4096;
-    /* per launch (seq): first post-wait and last end (globaltimer); per part: warps, the last
-     * end after the first post-wait, mean phase clocks */
-    const int NS = 256;
-    static long long w0[256], g2[256], pe[256][6];
-    static double ph[256][6][6];
-    static int cnt[256][6];
-    memset(cnt, 0, sizeof cnt);
-    memset(ph, 0, sizeof ph);
-    for (int q = 0; q < NS; q++) w0[q] = LLONG_MAX, g2[q] = 0;
-    for (unsigned i = 0; i < n; i++) {
-        const int q = (int)(h[i][0] % NS), pp = (int)(h[i][13] + 1);
-        if (pp < 0 || pp > 5) continue;
-        w0[q] = h[i][2] < w0[q] ? h[i][2] : w0[q];
-        g2[q] = h[i][3] > g2[q] ? h[i][3] : g2[q];
-        if (!cnt[q][pp]) pe[q][pp] = 0;
-        pe[q][pp] = h[i][3] > pe[q][pp] ? h[i][3] : pe[q][pp];
-        const long long *c = h[i] + 4; /* pc[0..6] */
-        const long long d[6] = {c[1] - c[0], c[2] - c[1], c[5] - c[2], c[3] - c[5], c[4] - c[3], c[6] - c[4]};
-        for (int k = 0; k < 6; k++) ph[q][pp][k] += (double)d[k];
-        cnt[q][pp]++;
-    }
-    int shown = 0;
-    for (int q = 25; q < NS && shown < 6; q++) {
-        const int pq = q - 1;
-        if (!g2[q] || !g2[pq]) continue;
-        printf("qwprof %s seq %d: firstWait-prevEnd %lld ns, end-prevEnd %lld ns\n", name, q, w0[q] - g2[pq],
-               g2[q] - g2[pq]);
-        for (int pp = 0; pp < 6; pp++) {
-            if (!cnt[q][pp]) continue;
-            const double c = cnt[q][pp];
-            printf("qwprof   part %d warps %d: end-firstWait %lld ns; clocks wait %.0f locate %.0f arrive %.0f "
-                   "sincos %.0f norm %.0f store %.0f\n",
-                   pp - 1, cnt[q][pp], pe[q][pp] - w0[q], ph[q][pp][0] / c, ph[q][pp][1] / c, ph[q][pp][2] / c,
-                   ph[q][pp][3] / c, ph[q][pp][4] / c, ph[q][pp][5] / c);
-        }
-        shown++;
-    }
-    fflush(stdout);
-    unsigned z = 0;
-    cudaMemcpyToSymbol(qp_ctr, &z, sizeof z);
-    qp_seq = 0;
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
@@ -2359,20 +2263,11 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             qa.cs_bf16 = p->rope_cs_bf16;
             if (rope) {
                 M3_ASSERT(d_pos);
-                if (!(m3_tv_qw & 1)) {
-                    memcpy(qa.inv, rope_inv_cached(rot_dim, theta, p->rope_inv), sizeof qa.inv);
-                } else { /* TEMPORARY variant: the old code */
                 rope_inv_table inv;
                 rope_inv_freq(inv.inv, rot_dim, theta, p->rope_inv);
                 memcpy(qa.inv, inv.inv, sizeof qa.inv);
-                }
             }
             qa.kv = kl;
-            qa.var = m3_tv_qw;
-            if (m3_tv_qw & 2) { /* TEMPORARY stamps */
-                if (!qp_buf) cudaMalloc((void **)&qp_buf, 4096 * 16 * sizeof(long long));
-                qa.prof = qp_buf, qa.prof_seq = ++qp_seq;
-            }
 #define QW_PICK(QR) (kck == 0 ? qw_norm_k<QR, 0, 0> : vs == 1 ? qw_norm_k<QR, 1, 1> \
                                 : kck == 1 ? qw_norm_k<QR, 1, 0> : qw_norm_k<QR, 2, 0>)
             if (p->qk_round == M3_QK_ROUND_PER_OP) k = QW_PICK(M3_QK_ROUND_PER_OP);

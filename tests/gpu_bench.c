@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "ref/attn.h"
 #include "ref/indexer.h"
@@ -32,78 +31,32 @@ static int cmp_f(const void *a, const void *b) {
 
 /* Median over `batches` of the mean time of `reps` calls of fn, in ms. */
 typedef m3_status (*bench_fn)(m3_gpu *g, void *ctx);
-static double g_host_us; /* TEMPORARY (session 14): host time a call of the last time_ms */
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
 static double time_ms(m3_gpu *g, bench_fn fn, void *ctx, int reps, int batches) {
     for (int i = 0; i < 3; i++) GPU_OK(fn(g, ctx));
     GPU_OK(m3_gpu_sync(g));
-    float t[32], hu[32];
+    float t[32];
     if (batches > 32) batches = 32;
     for (int b = 0; b < batches; b++) {
         GPU_OK(m3_gpu_timer_start(g));
-        const double h0 = now_us();
         for (int i = 0; i < reps; i++) GPU_OK(fn(g, ctx));
-        hu[b] = (float)((now_us() - h0) / reps);
         GPU_OK(m3_gpu_timer_stop(g, &t[b]));
         t[b] /= (float)reps;
     }
     qsort(t, batches, sizeof t[0], cmp_f);
-    qsort(hu, batches, sizeof hu[0], cmp_f);
-    g_host_us = hu[batches / 2];
     return t[batches / 2];
 }
 
 static void report(const char *name, double ms, double bytes, double flops) {
     double gbs = bytes / (ms * 1e-3) / 1e9, tfs = flops / (ms * 1e-3) / 1e12;
     printf("bench: %-44s %9.4f ms %8.1f GB/s %5.1f%% of copy %8.2f TFLOP/s %5.1f%% of gemm "
-           "%.4g B %.4g FLOP host %.2f us/call\n",
+           "%.4g B %.4g FLOP\n",
            name, ms, gbs, g_copy_gbs > 0 ? 100 * gbs / g_copy_gbs : 0, tfs,
-           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0, bytes, flops, g_host_us);
+           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0, bytes, flops);
     fflush(stdout);
 }
 
-/* TEMPORARY (session 14): time fn under each value of the comma list in env `list` (*knob set to
- * it: the library's variant global), then the 4 KiB copy kernel; without the list, one plain row */
-extern int m3_tv_route, m3_tv_qw;
-void m3_tmp_qw_prof_dump(const char *name);
-static m3_status do_kcopy(m3_gpu *g, void *c);
-static void time_vars(m3_gpu *g, const char *list, int *knob, const char *name, bench_fn fn, void *ctx,
-                      double bytes, double flops) {
-    const char *vl = getenv(list);
-    const int k0 = *knob;
-    for (const char *w = vl ? vl : "";;) {
-        char vv[16] = "", nm[128];
-        size_t l = strcspn(w, ",");
-        if (vl) {
-            snprintf(vv, sizeof vv, "%.*s", (int)(l < 15 ? l : 15), w);
-            *knob = atoi(vv);
-        }
-        double ms = time_ms(g, fn, ctx, 20, 7);
-        snprintf(nm, sizeof nm, "%s%s%s", name, vl ? " var=" : "", vv);
-        report(nm, ms, bytes, flops);
-        if (knob == &m3_tv_qw && (*knob & 2)) m3_tmp_qw_prof_dump(nm);
-        if (vl) {
-            static void *fa, *fb;
-            if (!fa) {
-                GPU_OK(m3_gpu_alloc(g, &fa, 4096));
-                GPU_OK(m3_gpu_alloc(g, &fb, 4096));
-                GPU_OK(m3_gpu_memset(g, fa, 0, 4096));
-            }
-            struct { void *dst; const void *src; size_t bytes; int flavor; } kc = {fb, fa, 4096, 0};
-            snprintf(nm, sizeof nm, "floor copy kernel 4 KiB (after var=%s)", vv);
-            report(nm, time_ms(g, do_kcopy, &kc, 20, 7), 8192, 0);
-        }
-        if (!vl || !w[l]) break;
-        w += l + 1;
-    }
-    *knob = k0;
-}
+static bool row_wanted(const char *nm); /* M3_BENCH_ROW, below */
 
-static bool row_wanted(const char *nm);
 static void *rand_bf16(m3_gpu *g, m3_rng *r, int64_t n, float sd) {
     float *h = malloc((size_t)n * sizeof *h);
     assert_non_null(h);
@@ -291,9 +244,9 @@ static void bench_qk_norm_rope(void **state) {
         free(pos);
         char nm[96];
         snprintf(nm, sizeof nm, "qk_norm_rope bf16 atom q T=%d H=64%s", c.T, small ? " pos<T" : "");
-        if (row_wanted(nm))
-            time_vars(g, "M3_BENCH_QW_VARS", &m3_tv_qw, nm, do_rope, &c, 2.0 * 2.0 * (double)c.T * c.H * 128,
-                      10.0 * (double)c.T * c.H * 128);
+        if (row_wanted(nm)) /* M3_BENCH_ROW */
+            report(nm, time_ms(g, do_rope, &c, 20, 7), 2.0 * 2.0 * (double)c.T * c.H * 128,
+                   10.0 * (double)c.T * c.H * 128);
         m3_gpu_release(g, mark);
     }
 }
@@ -357,9 +310,9 @@ static void bench_moe_route(void **state) {
         GPU_OK(m3_gpu_alloc(g, (void **)&c.m, (size_t)c.T * 4));
         char nm[96];
         snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
-        if (row_wanted(nm))
-            time_vars(g, "M3_BENCH_ROUTE_VARS", &m3_tv_route, nm, do_route, &c, (double)c.T * (128 * 4 + 4 * 8 + 4),
-                      (double)c.T * 128 * 20);
+        if (row_wanted(nm)) /* M3_BENCH_ROW */
+            report(nm, time_ms(g, do_route, &c, 20, 7), (double)c.T * (128 * 4 + 4 * 8 + 4),
+                   (double)c.T * 128 * 20);
     }
 }
 
@@ -1189,7 +1142,7 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            time_vars(g, "M3_BENCH_QW_VARS", &m3_tv_qw, nm, do_qkvc, &c, bytes, T * normed * 12);
+            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
