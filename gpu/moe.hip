@@ -191,9 +191,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     const int need = K + 1 < E ? K + 1 : E;
     uint32_t kth = 0;
     int my_id = 0;
-#pragma unroll
-    for (int r = 0; r < (KC > 0 ? KC + 1 : need); r++) {
-        if (KC > 0 && r >= need) break;
+    auto round = [&](int r) {
         /* the taken experts left the heads, and a round always has an untaken expert of key
          * > 0 (need <= E) */
         const uint32_t wk = route_wmax(key[0]);
@@ -210,12 +208,25 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
         } else if (lane == 0 && margin) {
             margin[t] = route_val(kth) - route_val(wk);
         }
+    };
+    /* two loops: hipcc warns on `#pragma unroll` over a run-time count */
+    if (KC > 0) {
+#pragma unroll
+        for (int r = 0; r < KC + 1; r++) {
+            if (r >= need) break;
+            round(r);
+        }
+    } else {
+        for (int r = 0; r < need; r++) round(r);
     }
     const float my_s = lane < K ? m3_sigmoidf(l[my_id]) : 0.0f;
-    float sum = 0.0f;
+    float sum = 0.0f; /* selection order, as the reference */
+    if (KC > 0) {
 #pragma unroll
-    for (int r = 0; r < (KC > 0 ? KC : K); r++) /* selection order, as the reference */
-        sum += m3_shfl(my_s, r);
+        for (int r = 0; r < KC; r++) sum += m3_shfl(my_s, r);
+    } else {
+        for (int r = 0; r < K; r++) sum += m3_shfl(my_s, r);
+    }
     if (lane < K) {
         ids[(size_t)t * K + lane] = my_id;
         wts[(size_t)t * K + lane] = my_s / sum;
