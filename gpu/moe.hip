@@ -209,13 +209,12 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
             margin[t] = route_val(kth) - route_val(wk);
         }
     };
-    /* two loops: hipcc warns on `#pragma unroll` over a run-time count */
+    /* K compiled in: rounds 0..K-1 always run (need >= K), round K (the margin's) where E > K;
+     * written without a loop exit (hipcc does not unroll a loop with a break) */
     if (KC > 0) {
 #pragma unroll
-        for (int r = 0; r < KC + 1; r++) {
-            if (r >= need) break;
-            round(r);
-        }
+        for (int r = 0; r < KC; r++) round(r);
+        if (need > KC) round(KC);
     } else {
         for (int r = 0; r < need; r++) round(r);
     }
