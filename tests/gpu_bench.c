@@ -958,9 +958,9 @@ static void bench_moe_experts(void **state) {
     }
 }
 
-/* M3_BENCH_ROW=text: the kv_cache_write / qkv_cache rows whose name contains it (one row
- * under a profiler); unset: every row. Several alternatives separated by commas; a trailing
- * '$' anchors one at the name's end ('T=1$' is T=1, not T=16384) */
+/* M3_BENCH_ROW=text: the kv_cache_write / qkv_cache / moe_route / qk_norm_rope rows whose name
+ * contains it (one row under a profiler); unset: every row. Several alternatives separated by
+ * commas; a trailing '$' anchors one at the name's end ('T=1$' is T=1, not T=16384) */
 static bool row_wanted(const char *nm) {
     const char *w = getenv("M3_BENCH_ROW");
     if (!w || !*w) return true;
