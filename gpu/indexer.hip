@@ -1368,9 +1368,11 @@ static __device__ void km_zero(const idx_sel &sel, unsigned int *arrive, unsigne
  * once per call were bound by their instruction count (8K keys 7.5 -> 7.0 us, fp8 128K paged
  * 12.7 -> 10.9 us, docs/gpu.md "Session 12"); at K16 the fp16 route's Q rows are converted
  * one piece a thread in the prologue, while the keys are in flight. */
-template <bool K16, int FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
+template <bool K16, int FIX, int V = 0> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
                               * FIX 1: M3's geometry compiled in (G 4, Di 128, B 128, no
-                              * table or bs 128); 2: also T = 1 */
+                              * table or bs 128); 2: also T = 1; V: TEMP session 14 PDL forms
+                              * (1 keys before the wait, 3 the same without
+                              * the trigger, 4 wait first) */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
              const int32_t *M3_RESTRICT pos, int n_tok_, int nbk, int n_ctx, int G_, int Di_,
@@ -1400,7 +1402,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
      * flags (km_zero); block (0, 0) doing it made its slot the last of every call at 8K keys
      * (its fence waited for its key loads, session 13); else block (0, 0) does it, below */
     const int grid = (int)gridDim.x - (zx ? 1 : 0);
+    if (V && V != 3) m3_pdl_trigger(); /* TEMP V: the next launch may start its key loads */
     if (zx && (int)blockIdx.x == grid) { /* gridDim.y == 1: one group of RPG rows */
+        if (V) m3_pdl_wait();
         if (tid == 0) km_zero(sel, arrive, epoch, false, true, n_tok * G);
         return;
     }
@@ -1427,6 +1431,12 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
+    bool pre = false; /* TEMP V: the first key block loaded before the wait */
+    if (V == 4) m3_pdl_wait();
+    if (V == 1 || V == 3) {
+        if (x0 < nbk) load(x0, kbase(x0)), pre = true;
+        m3_pdl_wait();
+    }
     /* The positions, the group's Q rows and the first key block, in that order, before any
      * of them is waited for. Q: one 16-byte piece a thread (RPG * Di / 8 <= IST_THREADS),
      * every piece a distinct address, into shared memory; each lane then reads its fragments
@@ -1448,7 +1458,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             qv = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
-    if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
+    if (x0 < nbk && !pre) load(x0, kbase(x0)); /* as idx_dec_k */
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
     /* K16, FIX: the fp16 route decided and converted here (q_f16_part), one piece a thread,
      * while the keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
@@ -1483,6 +1493,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    if (pre) { /* TEMP V: a key block holding a position of the call, seen unforced, reloaded */
+        bool hot = false, seen = false;
+        for (int i = 0; i < tpw; i++)
+            if (t0 + i < n_tok) {
+                const int nb_i = pos[t0 + i] / B + 1;
+                hot |= nb_i - 1 == x0, seen |= x0 < nb_i - sel.local_blocks;
+            }
+        if (hot && seen) load(x0, kbase(x0));
+    }
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
@@ -1641,6 +1660,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
 }
 
+/* TEMP (session 14, helper idx): the variant knob (tests/gpu_bench.c sets it): 0 the tree,
+ * 1 V1 (keys before the wait) with PDL, 2 V1 without PDL, 3 V3 (V1 without the trigger) with
+ * PDL, 4 V4 (wait first) with PDL */
+extern "C" {
+int m3_idx_var = 1;
+}
+
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
  * candidates would not fit in shared memory (then the caller runs a selection kernel). */
@@ -1658,7 +1684,15 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                           unsigned int *, unsigned int, unsigned long long *, bool, bool);
     static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
                                        {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
-    const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
+    static const km_fn km_v[2][5] = {
+        {idx_km_k<false, 2, 0>, idx_km_k<false, 2, 1>, idx_km_k<false, 2, 1>, idx_km_k<false, 2, 3>,
+         idx_km_k<false, 2, 4>},
+        {idx_km_k<true, 2, 0>, idx_km_k<true, 2, 1>, idx_km_k<true, 2, 1>, idx_km_k<true, 2, 3>,
+         idx_km_k<true, 2, 4>}};
+    const int vv = m3_idx_var >= 0 && m3_idx_var < 5 ? m3_idx_var : 0;
+    const bool fx2 = fix && n_tok == 1;
+    const km_fn kmf = fx2 ? km_v[k8][vv] : km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
+    const bool pdl = fx2 && (vv == 1 || vv == 3 || vv == 4);
     const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
@@ -1698,8 +1732,9 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
     if (km)
-        kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di,
-                                                   B, sc, nn, sa, cmax, arrive, ep, slots, q16, zx);
+        M3_TRY(m3_gpu_launch_pdl(g, pdl, kmf, grid, dim3(IST_THREADS), dyn, S, iq, ld_q, ik, pos,
+                                 n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots,
+                                 q16, zx));
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
