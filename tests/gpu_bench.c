@@ -668,6 +668,7 @@ static m3_status do_idx(m3_gpu *g, void *c) {
 /* TEMP (session 14, helper idx): M3_IDX_VARS=0,1,.. times each T = 1 row again once per
  * listed variant in this process (gpu/indexer.hip m3_idx_var) */
 extern int m3_idx_var;
+extern void m3_idx_tl_dump(const char *nm);
 static bool idx_c_listed(const char *l, int c) { /* TEMP: M3_BENCH_IDX_C=8192,131072 */
     for (; l && *l; l = strchr(l, ',') ? strchr(l, ',') + 1 : NULL)
         if (atoi(l) == c) return true;
@@ -684,6 +685,7 @@ static void idx_report(m3_gpu *g, idx_ctx *c, const char *nm, double ms, double 
         char n2[128];
         snprintf(n2, sizeof n2, "%s v=%d", nm, m3_idx_var);
         report(n2, mv, bytes, flops);
+        if (m3_idx_var == 5 || m3_idx_var == 6) m3_idx_tl_dump(n2);
         p = strchr(p, ',');
         if (p) p++;
     }
