@@ -1428,8 +1428,13 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     constexpr bool TL = (V & 8) != 0;
     constexpr int VV = V & 7;
     TLM(TL, epoch, 0);
-    if (VV && VV != 3) m3_pdl_trigger(); /* TEMP V: the next launch may start its key loads */
+    /* TEMP V forms: 1 keys before the wait + trigger at entry, 3 no trigger, 4 wait first +
+     * trigger at entry, 5 keys before the wait + trigger after the scoring, 6 wait first +
+     * trigger after the scoring; V & 16: no reload (tests only: must fail) */
+    constexpr bool PREK = VV == 1 || VV == 3 || VV == 5, LATE = VV == 5 || VV == 6;
+    if (VV && VV != 3 && !LATE) m3_pdl_trigger(); /* TEMP V: the next launch may start */
     if (zx && (int)blockIdx.x == grid) { /* gridDim.y == 1: one group of RPG rows */
+        if (LATE) m3_pdl_trigger();
         if (VV) m3_pdl_wait();
         if (tid == 0) km_zero(sel, arrive, epoch, false, true, n_tok * G);
         return;
@@ -1458,8 +1463,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     };
     const int x0 = (int)blockIdx.x;
     bool pre = false; /* TEMP V: the first key block loaded before the wait */
-    if (VV == 4) m3_pdl_wait();
-    if (VV == 1 || VV == 3) {
+    if (VV == 4 || VV == 6) m3_pdl_wait();
+    if (PREK) {
         if (x0 < nbk) load(x0, kbase(x0)), pre = true;
         TLM(TL, epoch, 1);
         m3_pdl_wait();
@@ -1529,7 +1534,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 const int nb_i = pos[t0 + i] / B + 1;
                 hot |= nb_i - 1 == x0, seen |= x0 < nb_i - sel.local_blocks;
             }
-        if (hot && seen) load(x0, kbase(x0));
+        if (hot && seen && !(V & 16)) load(x0, kbase(x0));
     }
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
@@ -1657,6 +1662,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
         }
         if (tli < 8) TLM(TL, epoch, tli + 1);
     }
+    if (LATE) m3_pdl_trigger(); /* TEMP V 5 / 6: this block's scoring done */
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = (unsigned int)grid * gridDim.y, R = (unsigned int)(n_tok * G);
@@ -1698,9 +1704,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
 }
 
-/* TEMP (session 14, helper idx): the variant knob (tests/gpu_bench.c sets it): 0 the tree,
- * 1 V1 (keys before the wait) with PDL, 2 V1 without PDL, 3 V3 (V1 without the trigger) with
- * PDL, 4 V4 (wait first) with PDL */
+/* TEMP (session 14, helper idx): the variant knob (tests/gpu_bench.c sets it; M3_IDX_VAR
+ * overrides it for the tests); dec_launch maps it to the kernel forms */
 extern "C" {
 int m3_idx_var = 1;
 }
@@ -1798,16 +1803,22 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                           unsigned int *, unsigned int, unsigned long long *, bool, bool);
     static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
                                        {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
-    static const km_fn km_v[2][7] = {
-        {idx_km_k<false, 2, 0>, idx_km_k<false, 2, 1>, idx_km_k<false, 2, 1>, idx_km_k<false, 2, 3>,
-         idx_km_k<false, 2, 4>, idx_km_k<false, 2, 8>, idx_km_k<false, 2, 9>},
-        {idx_km_k<true, 2, 0>, idx_km_k<true, 2, 1>, idx_km_k<true, 2, 1>, idx_km_k<true, 2, 3>,
-         idx_km_k<true, 2, 4>, idx_km_k<true, 2, 0>, idx_km_k<true, 2, 1>}};
-    const int vv = m3_idx_var >= 0 && m3_idx_var < 7 ? m3_idx_var : 0;
+    /* TEMP var -> form: 0 tree, 1 V1, 2 V5, 3 V6, 4 V4, 5 tree + marks, 6 V1 + marks, 7 V5 +
+     * marks, 8 V1 without the reload (tests: must fail); PDL launch but for 0 and 5 */
+    static const km_fn km_v[2][9] = {
+        {idx_km_k<false, 2, 0>, idx_km_k<false, 2, 1>, idx_km_k<false, 2, 5>, idx_km_k<false, 2, 6>,
+         idx_km_k<false, 2, 4>, idx_km_k<false, 2, 8>, idx_km_k<false, 2, 9>, idx_km_k<false, 2, 13>,
+         idx_km_k<false, 2, 17>},
+        {idx_km_k<true, 2, 0>, idx_km_k<true, 2, 1>, idx_km_k<true, 2, 5>, idx_km_k<true, 2, 6>,
+         idx_km_k<true, 2, 4>, idx_km_k<true, 2, 0>, idx_km_k<true, 2, 1>, idx_km_k<true, 2, 5>,
+         idx_km_k<true, 2, 1>}};
+    static const int env_var = getenv("M3_IDX_VAR") ? atoi(getenv("M3_IDX_VAR")) : -1;
+    if (env_var >= 0) m3_idx_var = env_var;
+    const int vv = m3_idx_var >= 0 && m3_idx_var < 9 ? m3_idx_var : 0;
     const bool fx2 = fix && n_tok == 1;
     const km_fn kmf = fx2 ? km_v[k8][vv] : km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
-    const bool pdl = fx2 && (vv == 1 || vv == 3 || vv == 4 || vv == 6);
-    const bool tl = fx2 && !k8 && vv >= 5;
+    const bool pdl = fx2 && vv != 0 && vv != 5;
+    const bool tl = fx2 && !k8 && vv >= 5 && vv <= 7;
     const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);

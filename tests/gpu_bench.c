@@ -685,7 +685,7 @@ static void idx_report(m3_gpu *g, idx_ctx *c, const char *nm, double ms, double 
         char n2[128];
         snprintf(n2, sizeof n2, "%s v=%d", nm, m3_idx_var);
         report(n2, mv, bytes, flops);
-        if (m3_idx_var == 5 || m3_idx_var == 6) m3_idx_tl_dump(n2);
+        if (m3_idx_var >= 5 && m3_idx_var <= 7) m3_idx_tl_dump(n2);
         p = strchr(p, ',');
         if (p) p++;
     }
