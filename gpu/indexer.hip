@@ -23,10 +23,6 @@
  * block table, spec §4.5), bf16 / fp32 / fp8 elements; docs/gpu.md "Paged index cache".
  * The dot's summation order differs from ref's m3_dot_f32 by fp32 rounding only. */
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "gpu/hip_compat.h"
 #include "gpu/gpu_internal.h"
 #include "ref/indexer.h"
@@ -796,21 +792,6 @@ static __global__ void __launch_bounds__(NT) idx_topk_k(idx_sel a) {
 #define IDX_ZF 8
 static_assert(IDX_ZF + 8 <= M3_GPU_CNT_SD - M3_GPU_CNT_IDX, "the counter range of m3_gpu");
 
-#define IDX_TLN 544 /* TEMP (session 14): the timeline records, below */
-__device__ unsigned long long idx_tl_rec[32][IDX_TLN][16];
-/* TEMP (session 14): per-block %globaltimer marks of idx_km_k<.., V & 8>; removed before the
- * final batch. idx_tl_rec[call & 31][block][mark] */
-static __device__ __forceinline__ unsigned long long tl_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-    return t;
-}
-#define TLM(on, ep, i)                                                                     \
-    do {                                                                                   \
-        if ((on) && threadIdx.x == 0 && blockIdx.x < IDX_TLN)                               \
-            idx_tl_rec[(ep) & 31][blockIdx.x][i] = tl_now();                               \
-    } while (0)
-
 #if M3_HAVE_MMA
 static __device__ __forceinline__ void fence_acq_rel_gpu() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
@@ -1011,14 +992,13 @@ static __device__ __forceinline__ bool zf_wait(unsigned int *f) {
  * keys (dec_launch); slot (direct): the row's key block rank keys, polled, and zf the flags
  * of idx_km_k's zeroing block (zf[q] set once n_ties is zero: polled with the slots by
  * thread 0, the one that adds to n_ties, zf_wait). */
-template <bool WR, int BF = 0, bool TL = false> /* WR: warp_reserve for the candidate lists (idx_km_k; idx_dec_k's
+template <bool WR, int BF = 0> /* WR: warp_reserve for the candidate lists (idx_km_k; idx_dec_k's
                                 * bf16 form spilled with it), else an atomic per entry; BF: the
                                 * key block size when compiled in (idx_km_k FIX 2), else 0 */
 static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
                                 const unsigned long long *cmax, dec_smem &sm,
                                 unsigned long long *cand, unsigned long long *slot,
-                                unsigned int *zf = NULL, unsigned int tep = 0) {
-    TLM(TL, tep, 9);
+                                unsigned int *zf = NULL) {
     const int tid = (int)threadIdx.x, t = q / G, g = q % G;
     bool zw = zf && tid == 0; /* waiting for zf[q] */
     const int nb = a.pos[t] / (BF ? BF : a.B) + 1, K = a.K, need = K + 1 < nb ? K + 1 : nb;
@@ -1030,14 +1010,11 @@ static __device__ void dec_pick(const idx_sel &a, int q, int G, int gx,
             if (wait) m0 = ld_relaxed_gpu(slot + tid), wait = !m0;
             if (zw) zw = zf_wait(zf + q);
         }
-        TLM(TL, tep, 10);
         sm.tmax[tid] = m0;
         __syncthreads();
         if (tid < nb) pick_rank(sm, sm.tmax, nb, m0, need);
         __syncthreads();
-        TLM(TL, tep, 12);
         pick_out(a, t, g, nb, sm);
-        TLM(TL, tep, 13);
         if (tid < nb) st_relaxed_gpu(slot + tid, 0ull); /* zero again for the next call */
         return;
     }
@@ -1386,16 +1363,19 @@ static __device__ void km_zero(const idx_sel &sel, unsigned int *arrive, unsigne
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
  * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
  * block, measured slower: 1M keys 87.6 against 74.1 us, session 9).
+ * Launched as a programmatic dependent (session 14): the first key block's loads go out
+ * before m3_pdl_wait, and the next launch may start once every block has scored
+ * (m3_pdl_trigger): the 1.9-2.1 us from one call's end to the next call's first block left
+ * the path (8K keys 7.0 -> 6.1 us, fp8 128K paged 10.7 -> 9.2 us in one process,
+ * docs/gpu.md "Session 14").
  * FIX (session 12): M3's geometry compiled in (G 4, Di 128, B 128, key blocks = physical
  * blocks), and at FIX 2 also T = 1 with a one-slot-a-thread direct pick: the launches that run
  * once per call were bound by their instruction count (8K keys 7.5 -> 7.0 us, fp8 128K paged
  * 12.7 -> 10.9 us, docs/gpu.md "Session 12"); at K16 the fp16 route's Q rows are converted
  * one piece a thread in the prologue, while the keys are in flight. */
-template <bool K16, int FIX, int V = 0> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
+template <bool K16, int FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
                               * FIX 1: M3's geometry compiled in (G 4, Di 128, B 128, no
-                              * table or bs 128); 2: also T = 1; V: TEMP session 14 PDL forms
-                              * (1 keys before the wait, 3 the same without
-                              * the trigger, 4 wait first) */
+                              * table or bs 128); 2: also T = 1 */
 static __global__ void __launch_bounds__(IST_THREADS, 4)
     idx_km_k(float *M3_RESTRICT scores, const m3_bf16 *M3_RESTRICT iq, int ld_q, idx_keys ik,
              const int32_t *M3_RESTRICT pos, int n_tok_, int nbk, int n_ctx, int G_, int Di_,
@@ -1425,17 +1405,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
      * flags (km_zero); block (0, 0) doing it made its slot the last of every call at 8K keys
      * (its fence waited for its key loads, session 13); else block (0, 0) does it, below */
     const int grid = (int)gridDim.x - (zx ? 1 : 0);
-    constexpr bool TL = (V & 8) != 0;
-    constexpr int VV = V & 7;
-    TLM(TL, epoch, 0);
-    /* TEMP V forms: 1 keys before the wait + trigger at entry, 3 no trigger, 4 wait first +
-     * trigger at entry, 5 keys before the wait + trigger after the scoring, 6 wait first +
-     * trigger after the scoring; V & 16: no reload (tests only: must fail) */
-    constexpr bool PREK = VV == 1 || VV == 3 || VV == 5, LATE = VV == 5 || VV == 6;
-    if (VV && VV != 3 && !LATE) m3_pdl_trigger(); /* TEMP V: the next launch may start */
     if (zx && (int)blockIdx.x == grid) { /* gridDim.y == 1: one group of RPG rows */
-        if (LATE) m3_pdl_trigger();
-        if (VV) m3_pdl_wait();
+        m3_pdl_trigger();
+        m3_pdl_wait(); /* the previous call's pickers clear the flags this block sets */
         if (tid == 0) km_zero(sel, arrive, epoch, false, true, n_tok * G);
         return;
     }
@@ -1462,21 +1434,22 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
-    bool pre = false; /* TEMP V: the first key block loaded before the wait */
-    if (VV == 4 || VV == 6) m3_pdl_wait();
-    if (PREK) {
-        if (x0 < nbk) load(x0, kbase(x0)), pre = true;
-        TLM(TL, epoch, 1);
-        m3_pdl_wait();
-    }
-    TLM(TL, epoch, 2);
-    /* The positions, the group's Q rows and the first key block, in that order, before any
-     * of them is waited for. Q: one 16-byte piece a thread (RPG * Di / 8 <= IST_THREADS),
-     * every piece a distinct address, into shared memory; each lane then reads its fragments
-     * there. Session 11's timelines: each lane loading its own 16 u32 pairs of Q (lanes of a
-     * quad row share them) took 1.5 us (8K bf16) to 2.1 us (128K fp8) just to issue, and the
-     * positions waited behind them; this prologue reached the first mma ~1 us earlier. q16:
-     * the pieces are 16-byte aligned (else four 4-byte loads each). */
+    /* A programmatic dependent launch (dec_launch): the first key block (and its block table
+     * entry) is loaded before m3_pdl_wait, while the launch before this one may still run.
+     * The keys do not change between calls but at the call's own positions (the model's q/k
+     * norm + RoPE + cache write, the launch before this one, writes the new tokens' index
+     * keys): a key block that holds one of them is loaded again after the wait where a row of
+     * the group sees it unforced (below; at M3's decode step it is the local block: never).
+     * Everything else (the positions, Q, later key blocks, every store) comes after it. */
+    if (x0 < nbk) load(x0, kbase(x0));
+    m3_pdl_wait();
+    /* The positions and the group's Q rows, before either is waited for. Q: one 16-byte
+     * piece a thread (RPG * Di / 8 <= IST_THREADS), every piece a distinct address, into
+     * shared memory; each lane then reads its fragments there. Session 11's timelines: each
+     * lane loading its own 16 u32 pairs of Q (lanes of a quad row share them) took 1.5 us (8K
+     * bf16) to 2.1 us (128K fp8) just to issue, and the positions waited behind them; this
+     * prologue reached the first mma ~1 us earlier. q16: the pieces are 16-byte aligned (else
+     * four 4-byte loads each). */
     int pmax = pos[t0]; /* t0 < n_tok: the group's first token */
     const int q_cpr = Di / 8, q_row = tid / q_cpr, q_ch = tid - q_row * q_cpr;
     const int q_t = t0 + q_row / G;
@@ -1491,7 +1464,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             qv = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
-    if (x0 < nbk && !pre) load(x0, kbase(x0)); /* as idx_dec_k */
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
     /* K16, FIX: the fp16 route decided and converted here (q_f16_part), one piece a thread,
      * while the keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
@@ -1511,7 +1483,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0 && !zx)
         km_zero(sel, arrive, epoch, cmax != NULL, slots != NULL, n_tok * G);
     const bool qh16 = __syncthreads_and(qok) && K16 && FIX && M3_HAVE_FP8_CVT; /* the fp16 route */
-    TLM(TL, epoch, 3);
     const m3_bf16(*qsrc)[ISM_MAX_DI + 8] = qh16 ? qh : qs;
     /* this lane's B fragments: row gq of Q, the dims of k-step s (K16: piece s / 4 of the
      * 16-code loads). uint4 j holds k-steps 2j and 2j + 1: bf16 dims 8 (tq + 4j) .. +7;
@@ -1527,14 +1498,15 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
-    if (pre) { /* TEMP V: a key block holding a position of the call, seen unforced, reloaded */
+    if (x0 < nbk) { /* the first key block again if it holds a position of the call (its key
+                     * may be newer than the loads before the wait) and a row sees it unforced */
         bool hot = false, seen = false;
         for (int i = 0; i < tpw; i++)
             if (t0 + i < n_tok) {
                 const int nb_i = pos[t0 + i] / B + 1;
                 hot |= nb_i - 1 == x0, seen |= x0 < nb_i - sel.local_blocks;
             }
-        if (hot && seen && !(V & 16)) load(x0, kbase(x0));
+        if (hot && seen) load(x0, kbase(x0));
     }
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
@@ -1559,9 +1531,9 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     if (K16 && qh16) h16 = true, inv[0] = qinv[2 * tq], inv[1] = qinv[2 * tq + 1];
     else if (K16) h16 = q_f16(qb, tq, inv);
 #endif
-    int par = 0, tli = 4;
+    int par = 0;
     int rn = x0 + grid < n_lim ? kbase(x0 + grid) : 0;
-    for (int b = x0; b < n_lim; b += grid, par ^= 1, tli += 2) {
+    for (int b = x0; b < n_lim; b += grid, par ^= 1) {
         float mx[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < MT; i++) {
@@ -1638,7 +1610,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                 red_n[par][warp][2 * tq + r] = (bb & (0x11111111u << tq)) ? 1.0f : 0.0f;
             }
         }
-        if (tli < 8) TLM(TL, epoch, tli);
         __syncthreads(); /* red[par] is rewritten two key blocks later, after the next barrier */
         if (tid < RPG && ct < n_tok) {
             float m = red_m[par][0][tid], nn = red_n[par][0][tid];
@@ -1660,25 +1631,20 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
                         slots + (size_t)((int)blockIdx.y * RPG + tid) * IDX_SLOT_W + b, uk);
             }
         }
-        if (tli < 8) TLM(TL, epoch, tli + 1);
     }
-    if (LATE) m3_pdl_trigger(); /* TEMP V 5 / 6: this block's scoring done */
+    /* the next launch may start (its first key loads) once every block has scored: at the
+     * block's entry its loads met this call's first key round (8K keys 6.5 against 6.1 us,
+     * docs/gpu.md "Session 14") */
+    m3_pdl_trigger();
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = (unsigned int)grid * gridDim.y, R = (unsigned int)(n_tok * G);
     const int row = (int)(blockIdx.y * grid + blockIdx.x) - (int)(n - R);
     if (slots) {
         if (row >= 0) /* block-uniform */
-            dec_pick<true, FIX == 2 ? 128 : 0, TL>(sel, row, G, grid, NULL, sm,
+            dec_pick<true, FIX == 2 ? 128 : 0>(sel, row, G, grid, NULL, sm,
                                                reinterpret_cast<unsigned long long *>(idx_dyn),
-                                               slots + (size_t)row * IDX_SLOT_W, arrive + IDX_ZF,
-                                               epoch);
-        TLM(TL, epoch, 14);
-        if (TL && tid == 0 && blockIdx.x < IDX_TLN) {
-            unsigned int smid;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-            idx_tl_rec[epoch & 31][blockIdx.x][15] = smid + 1;
-        }
+                                               slots + (size_t)row * IDX_SLOT_W, arrive + IDX_ZF);
         return;
     }
     unsigned int *cnt = &arrive[epoch & 1];
@@ -1704,88 +1670,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
 #endif
 }
 
-/* TEMP (session 14, helper idx): the variant knob (tests/gpu_bench.c sets it; M3_IDX_VAR
- * overrides it for the tests); dec_launch maps it to the kernel forms */
-extern "C" {
-int m3_idx_var = 1;
-}
-/* 5: the tree with timeline marks, 6: V1 (PDL) with marks; m3_idx_tl_dump prints them */
-static unsigned int idx_tl_calls = 0;
-static int cmp_u64(const void *a, const void *b) {
-    const long long x = *(const long long *)a, y = *(const long long *)b;
-    return (x > y) - (x < y);
-}
-extern "C" void m3_idx_tl_dump(const char *nm) {
-    static unsigned long long h[32][IDX_TLN][16];
-    if (cudaMemcpyFromSymbol(h, idx_tl_rec, sizeof h) != cudaSuccess) return;
-    static const char *mk[16] = {"entry", "keys issued", "waited", "Q barrier", "kb0 reduced",
-                                 "kb0 slot", "kb1 reduced", "kb1 slot", "-", "pick start",
-                                 "polled", "-", "ranked", "out", "exit", "-"};
-    const unsigned int nc = idx_tl_calls < 32 ? idx_tl_calls : 32;
-    long long mn[16][32], mx[16][32], gap[32], gapw[32];
-    int ng = 0, nblk = 0;
-    for (unsigned int c = 0; c < nc; c++) {
-        long long t0 = -1;
-        for (int b = 0; b < IDX_TLN; b++)
-            if (h[c][b][0] && (t0 < 0 || (long long)h[c][b][0] < t0)) t0 = (long long)h[c][b][0];
-        for (int i = 0; i < 15; i++) {
-            mn[i][c] = -1, mx[i][c] = -1;
-            for (int b = 0; b < IDX_TLN; b++) {
-                if (!h[c][b][i]) continue;
-                const long long d = (long long)h[c][b][i] - t0;
-                if (mn[i][c] < 0 || d < mn[i][c]) mn[i][c] = d;
-                if (d > mx[i][c]) mx[i][c] = d;
-                if (i == 0 && c == 0) nblk++;
-            }
-        }
-        if (c > 0) { /* previous call's last exit to this call's first entry / first wait */
-            long long pe = -1, w0 = -1;
-            for (int b = 0; b < IDX_TLN; b++) {
-                if ((long long)h[c - 1][b][14] > pe) pe = (long long)h[c - 1][b][14];
-                if (h[c][b][2] && (w0 < 0 || (long long)h[c][b][2] < w0)) w0 = (long long)h[c][b][2];
-            }
-            const long long gp = t0 - pe, gw = w0 - pe;
-            if (gp > -20000 && gp < 20000) gap[ng] = gp, gapw[ng] = gw, ng++;
-        }
-    }
-    printf("tl: %s calls %u blocks %d\n", nm, nc, nblk);
-    for (int i = 0; i < 15; i++) {
-        long long a[32], b2[32];
-        int n = 0;
-        for (unsigned int c = 0; c < nc; c++)
-            if (mn[i][c] >= 0) a[n] = mn[i][c], b2[n] = mx[i][c], n++;
-        if (!n) continue;
-        qsort(a, n, sizeof a[0], cmp_u64);
-        qsort(b2, n, sizeof b2[0], cmp_u64);
-        printf("tl:   %2d %-12s first %6.2f last %6.2f us (min %6.2f / %6.2f, n %d)\n", i, mk[i],
-               a[n / 2] * 1e-3, b2[n / 2] * 1e-3, a[0] * 1e-3, b2[0] * 1e-3, n);
-    }
-    if (ng) {
-        qsort(gap, ng, sizeof gap[0], cmp_u64);
-        qsort(gapw, ng, sizeof gapw[0], cmp_u64);
-        printf("tl:   prev exit -> entry %6.2f us (min %6.2f), -> waited %6.2f (min %6.2f), n %d\n",
-               gap[ng / 2] * 1e-3, gap[0] * 1e-3, gapw[ng / 2] * 1e-3, gapw[0] * 1e-3, ng);
-        printf("tl:   gaps:");
-        for (int i = 0; i < ng; i++) printf(" %.2f/%.2f", gap[i] * 1e-3, gapw[i] * 1e-3);
-        printf("\n");
-    }
-    int lastb[32], nl = 0;
-    for (unsigned int c = 0; c < nc; c++) {
-        long long best = -1;
-        int bb = -1;
-        for (int b = 0; b < IDX_TLN; b++)
-            if (h[c][b][5] && (long long)h[c][b][5] > best) best = (long long)h[c][b][5], bb = b;
-        if (bb >= 0) lastb[nl++] = bb;
-    }
-    printf("tl:   last slot by block:");
-    for (int i = 0; i < nl; i++) printf(" %d", lastb[i]);
-    printf("\n");
-    fflush(stdout);
-    memset(h, 0, sizeof h);
-    cudaMemcpyToSymbol(idx_tl_rec, h, sizeof h);
-    idx_tl_calls = 0;
-}
-
 /* Launch idx_dec_k, or idx_km_k at T * G <= 8: 4 blocks per SM over the groups (at most one
  * per key block), at least R blocks (the fused selection's rows). fuse is cleared when the
  * candidates would not fit in shared memory (then the caller runs a selection kernel). */
@@ -1803,22 +1687,7 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
                           unsigned int *, unsigned int, unsigned long long *, bool, bool);
     static const km_fn km_tab[2][3] = {{idx_km_k<false, 0>, idx_km_k<false, 1>, idx_km_k<false, 2>},
                                        {idx_km_k<true, 0>, idx_km_k<true, 1>, idx_km_k<true, 2>}};
-    /* TEMP var -> form: 0 tree, 1 V1, 2 V5, 3 V6, 4 V4, 5 tree + marks, 6 V1 + marks, 7 V5 +
-     * marks, 8 V1 without the reload (tests: must fail); PDL launch but for 0 and 5 */
-    static const km_fn km_v[2][9] = {
-        {idx_km_k<false, 2, 0>, idx_km_k<false, 2, 1>, idx_km_k<false, 2, 5>, idx_km_k<false, 2, 6>,
-         idx_km_k<false, 2, 4>, idx_km_k<false, 2, 8>, idx_km_k<false, 2, 9>, idx_km_k<false, 2, 13>,
-         idx_km_k<false, 2, 17>},
-        {idx_km_k<true, 2, 0>, idx_km_k<true, 2, 1>, idx_km_k<true, 2, 5>, idx_km_k<true, 2, 6>,
-         idx_km_k<true, 2, 4>, idx_km_k<true, 2, 0>, idx_km_k<true, 2, 1>, idx_km_k<true, 2, 5>,
-         idx_km_k<true, 2, 1>}};
-    static const int env_var = getenv("M3_IDX_VAR") ? atoi(getenv("M3_IDX_VAR")) : -1;
-    if (env_var >= 0) m3_idx_var = env_var;
-    const int vv = m3_idx_var >= 0 && m3_idx_var < 9 ? m3_idx_var : 0;
-    const bool fx2 = fix && n_tok == 1;
-    const km_fn kmf = fx2 ? km_v[k8][vv] : km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
-    const bool pdl = fx2 && vv != 0 && vv != 5;
-    const bool tl = fx2 && !k8 && vv >= 5 && vv <= 7;
+    const km_fn kmf = km_tab[k8][fix ? (n_tok == 1 ? 2 : 1) : 0];
     const void *kern = km ? (const void *)kmf
                           : (k8 ? (const void *)idx_dec_k<true> : (const void *)idx_dec_k<false>);
     const int rpg = km ? 8 : 16, n_group = (n_tok + rpg / G - 1) / (rpg / G);
@@ -1857,10 +1726,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const float sc = p->index_scale;
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
-    if (km)
-        M3_TRY(m3_gpu_launch_pdl(g, pdl, kmf, grid, dim3(IST_THREADS), dyn, S, iq, ld_q, ik, pos,
-                                 n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive,
-                                 tl && slots ? idx_tl_calls++ : ep, slots, q16, zx));
+    if (km) /* a programmatic dependent of the launch before it (idx_km_k's entry) */
+        M3_TRY(m3_gpu_launch_pdl(g, true, kmf, grid, dim3(IST_THREADS), dyn, S, iq, ld_q, ik, pos,
+                                 n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots,
+                                 q16, zx));
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
@@ -1880,7 +1749,9 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
  * (fp32 queries or keys, other fp8 keys, odd shapes). Selection (when not fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
  * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its
- * shape contract holds. */
+ * shape contract holds. idx_km_k reads its first key block before the kernel launched just
+ * before it has finished (a programmatic dependent launch): that kernel may write index keys
+ * at the call's own positions (the cache write of the tokens being scored), no others. */
 
 template <typename TS>
 static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, float *d_margin,

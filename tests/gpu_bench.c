@@ -116,7 +116,6 @@ static m3_status do_gemm(m3_gpu *g, void *c) {
 
 static void ceiling_gemm(void **state) {
     m3_gpu *g = bench_or_skip(state);
-    if (getenv("M3_BENCH_NOGEMM")) skip(); /* TEMP (session 14, idx): the indexer rows only */
     m3_rng r;
     m3_rng_init(&r, m3_test_seed(), 900);
     gemm_ctx c = {0};
@@ -665,33 +664,6 @@ static m3_status do_idx(m3_gpu *g, void *c) {
                                     x->T, x->C, &x->ip, &x->p);
 }
 
-/* TEMP (session 14, helper idx): M3_IDX_VARS=0,1,.. times each T = 1 row again once per
- * listed variant in this process (gpu/indexer.hip m3_idx_var) */
-extern int m3_idx_var;
-extern void m3_idx_tl_dump(const char *nm);
-static bool idx_c_listed(const char *l, int c) { /* TEMP: M3_BENCH_IDX_C=8192,131072 */
-    for (; l && *l; l = strchr(l, ',') ? strchr(l, ',') + 1 : NULL)
-        if (atoi(l) == c) return true;
-    return false;
-}
-static void idx_report(m3_gpu *g, idx_ctx *c, const char *nm, double ms, double bytes,
-                       double flops) {
-    report(nm, ms, bytes, flops);
-    const char *p = getenv("M3_IDX_VARS");
-    const int v0 = m3_idx_var;
-    for (; p && *p && c->T == 1 && (c->path & M3_GPU_IDX_NOSEL) == 0;) {
-        m3_idx_var = atoi(p);
-        const double mv = time_ms(g, do_idx, c, 3, 5);
-        char n2[128];
-        snprintf(n2, sizeof n2, "%s v=%d", nm, m3_idx_var);
-        report(n2, mv, bytes, flops);
-        if (m3_idx_var >= 5 && m3_idx_var <= 7) m3_idx_tl_dump(n2);
-        p = strchr(p, ',');
-        if (p) p++;
-    }
-    m3_idx_var = v0;
-}
-
 static void bench_indexer(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
@@ -702,7 +674,7 @@ static void bench_indexer(void **state) {
     const char *f_c = getenv("M3_BENCH_IDX_C"), *f_t = getenv("M3_BENCH_IDX_T");
     const char *f_kind = getenv("M3_BENCH_IDX_KIND");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if ((f_c && !idx_c_listed(f_c, cases[i][1])) || (f_t && atoi(f_t) != cases[i][0])) continue;
+        if ((f_c && atoi(f_c) != cases[i][1]) || (f_t && atoi(f_t) != cases[i][0])) continue;
         idx_ctx c;
         memset(&c, 0, sizeof c);
         m3_profile_atom(&c.p);
@@ -741,7 +713,7 @@ static void bench_indexer(void **state) {
                      paths[pi].name ? " [" : "", paths[pi].name ? paths[pi].name : "",
                      paths[pi].name ? "]" : "");
             /* fewest bytes: the index keys once (prefill: once per kernel, not per token) */
-            idx_report(g, &c, nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
+            report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
         }
         /* the paged index cache (ATOM's layout, M3 geometry: Bs = 128 = the scoring block):
          * the same key rows read through a shuffled block table over them */
@@ -769,8 +741,8 @@ static void bench_indexer(void **state) {
                 ms = time_ms(g, do_idx, &c, 3, 5);
                 snprintf(nm, sizeof nm, "indexer_topk bf16 atom T=%d C=%d paged%s", c.T, c.C,
                          sel ? " [decode,nosel]" : "");
-                idx_report(g, &c, nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
-                           keys * 4 * 128 * 2);
+                report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2 + nbk * 4.0,
+                       keys * 4 * 128 * 2);
             }
             /* fp8 (e4m3fn) index cache at decode: idx_dec_k decoding the codes in registers
              * (random codes, NaN codes 0x7F / 0xFF avoided: real caches hold none) */
@@ -794,8 +766,8 @@ static void bench_indexer(void **state) {
                     ms = time_ms(g, do_idx, &c, 3, 5);
                     snprintf(nm, sizeof nm, "indexer_topk fp8 atom T=%d C=%d paged%s", c.T, c.C,
                              sel ? " [decode,nosel]" : "");
-                    idx_report(g, &c, nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
-                               keys * 4 * 128 * 2);
+                    report(nm, ms, (double)c.C * 128 + (double)c.T * 512 * 2 + nbk * 4.0,
+                           keys * 4 * 128 * 2);
                 }
                 c.path = M3_GPU_IDX_AUTO;
             }

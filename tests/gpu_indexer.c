@@ -326,9 +326,10 @@ static void indexer_decode_t1(void **state) {
 
 /* The keys of the call's own positions written by the kernel just before the indexer (as
  * the model's q/k norm + RoPE + cache write does; idx_km_k is a programmatic dependent launch
- * that loads its first key block before it waits for that kernel): the copy kernel writes
- * the rows at the positions, alternately a hot row (its block then ranks first where it is
- * not forced) and the old row, right before each call; every call's ids and scores against
+ * that loads its first key block before it waits for that kernel): the copy kernel or the
+ * fused cache write (index rows only) writes the rows at the positions, alternately a hot
+ * row (its block then ranks first where it is not forced) and the old row, right before
+ * each call; every call's ids and scores against
  * ref over the keys of that moment. local 0: the position's own block is scored; T = 2
  * across a block boundary: the first token's block is unforced for the second; 128K keys:
  * the position's block in a scoring block's second round. */
@@ -382,16 +383,28 @@ static void indexer_after_write(void **state) {
             int ties_ref = 0;
             m3_indexer_topk(tk_ref, sc_ref, mg_ref, &ties_ref, iq, ldq, ik, pos, T, C, &ip, &p,
                             scratch, sb);
-            /* an earlier call, then the write and the call under test back to back */
+            /* an earlier call, then the write and the call under test back to back; the
+             * writer: the copy kernel, or (it & 2) the model's, the fused cache write (its
+             * launch lets the next one start at its entry), index rows only, no norm */
             GPU_OK(m3_gpu_indexer_topk(g, dtk, dsc, NULL, NULL, diq, ldq, dik, dpos, T, C, &ip, &p));
-            GPU_OK(m3_gpu_copy_kernel(g, dik + (size_t)pos[0] * Di, h ? dhot : dold,
-                                      rb * sizeof(m3_bf16), 0));
+            if (it & 2) {
+                m3_gpu_qkv x;
+                memset(&x, 0, sizeof x);
+                x.index_k = h ? dhot : dold, x.ld_ik = Di, x.n_index_head = G, x.index_dim = Di;
+                m3_gpu_kv_cache kc;
+                memset(&kc, 0, sizeof kc);
+                kc.index_k = dik, kc.index_row0 = pos[0];
+                GPU_OK(m3_gpu_qk_norm_rope_cache(g, &x, &kc, NULL, dpos, T, 1e-6f, Di, 1e4f, &p));
+            } else {
+                GPU_OK(m3_gpu_copy_kernel(g, dik + (size_t)pos[0] * Di, h ? dhot : dold,
+                                          rb * sizeof(m3_bf16), 0));
+            }
             GPU_OK(m3_gpu_indexer_topk(g, dtk, dsc, NULL, NULL, diq, ldq, dik, dpos, T, C, &ip, &p));
             GPU_OK(m3_gpu_download(g, tk, dtk, ntk * sizeof *tk));
             gpu_download_f32(g, sc, dsc, (int64_t)nsc);
             char what[120];
-            snprintf(what, sizeof what, "indexer after a key write (T=%d C=%d local %d, %s row)", T,
-                     C, cs[ci].local, h ? "hot" : "old");
+            snprintf(what, sizeof what, "indexer after a key write (T=%d C=%d local %d, %s row, %s)",
+                     T, C, cs[ci].local, h ? "hot" : "old", (it & 2) ? "cache write" : "copy");
             for (int row = 0; row < G * T; row++) {
                 if (memcmp(tk + (size_t)row * W, tk_ref + (size_t)row * W, W * sizeof *tk) == 0)
                     continue;
