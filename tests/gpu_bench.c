@@ -664,29 +664,6 @@ static m3_status do_idx(m3_gpu *g, void *c) {
                                     x->T, x->C, &x->ip, &x->p);
 }
 
-/* TEMP (session 14, helper idx): host submission against device completion, N back-to-back
- * calls (M3_BENCH_IDX_HOST=1) */
-#include <time.h>
-static double idx_now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-static void idx_host_probe(m3_gpu *g, bench_fn fn, void *ctx, const char *nm) {
-    const int n = 300;
-    GPU_OK(m3_gpu_sync(g));
-    const double t0 = idx_now_us();
-    for (int i = 0; i < n; i++) GPU_OK(fn(g, ctx));
-    const double t1 = idx_now_us();
-    GPU_OK(m3_gpu_sync(g));
-    const double t2 = idx_now_us();
-    const double ev = time_ms(g, fn, ctx, n, 3) * 1e3;
-    const double ev3 = time_ms(g, fn, ctx, 3, 5) * 1e3;
-    printf("host: %-40s %d calls: submitted %.2f us each, done %.2f us each; events %d reps %.2f "
-           "us, 3 reps %.2f us\n", nm, n, (t1 - t0) / n, (t2 - t0) / n, n, ev, ev3);
-    fflush(stdout);
-}
-
 static void bench_indexer(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
@@ -737,15 +714,6 @@ static void bench_indexer(void **state) {
                      paths[pi].name ? "]" : "");
             /* fewest bytes: the index keys once (prefill: once per kernel, not per token) */
             report(nm, ms, (double)c.C * 128 * 2 + (double)c.T * 512 * 2, keys * 4 * 128 * 2);
-            if (getenv("M3_BENCH_IDX_HOST") && c.T == 1 && pi == 0) { /* TEMP */
-                idx_host_probe(g, do_idx, &c, nm);
-                void *ka, *kb2;
-                GPU_OK(m3_gpu_alloc(g, &ka, 4096));
-                GPU_OK(m3_gpu_alloc(g, &kb2, 4096));
-                kcopy_ctx kc = {kb2, ka, 4096, 0};
-                idx_host_probe(g, do_kcopy, &kc, "copy kernel 4 KiB");
-                idx_host_probe(g, do_idx, &c, nm);
-            }
         }
         /* the paged index cache (ATOM's layout, M3 geometry: Bs = 128 = the scoring block):
          * the same key rows read through a shuffled block table over them */
