@@ -82,6 +82,44 @@ static m3_bf16 *upload_q(m3_gpu *g, const float *iq, int64_t n, int pat) {
     return d + 2;
 }
 
+/* One call's outputs against ref's: the ids of each of the nmg rows (W wide) identical, except
+ * rows whose reference margin is below IDX_TIE_REL(_TC) of the score (a summation-order flip
+ * of a near-tie: counted, the return value; none allowed when every score ties: equal); the
+ * forced scores (1e29/1e30 under atom, +inf otherwise) and NaN ones exactly, the others within
+ * the NMSE bound (tc: the tensor-core paths), sc and sc_ref compacted to them in place. */
+static int idx_check(const char *what, const int32_t *tk, const int32_t *tk_ref, float *sc,
+                     float *sc_ref, const float *mg_ref, size_t nmg, size_t nsc, int W, int nbk,
+                     bool tc, bool equal) {
+    int flips = 0;
+    for (size_t row = 0; row < nmg; row++) {
+        if (memcmp(tk + row * W, tk_ref + row * W, W * sizeof *tk) == 0) continue;
+        float scale = fabsf(sc_ref[row * nbk]) + 1.0f;
+        if (!equal && mg_ref[row] <= (tc ? IDX_TIE_REL_TC : IDX_TIE_REL) * scale) {
+            flips++;
+            continue;
+        }
+        m3_test_failf("%s row %zu: gpu ids %d %d %d .. ref %d %d %d .. (ref margin %g)", what, row,
+                      tk[row * W], tk[row * W + 1], tk[row * W + 2], tk_ref[row * W],
+                      tk_ref[row * W + 1], tk_ref[row * W + 2], (double)mg_ref[row]);
+    }
+    /* forced scores must match exactly and are left out of the NMSE, where they would swamp
+     * every real score */
+    int64_t nf = 0;
+    for (size_t i = 0; i < nsc; i++) {
+        if (isfinite(sc_ref[i]) && fabsf(sc_ref[i]) < 1e28f) {
+            sc_ref[nf] = sc_ref[i], sc[nf] = sc[i], nf++;
+        } else if (isnan(sc_ref[i]) ? !isnan(sc[i]) : m3_f32_bits(sc_ref[i]) != m3_f32_bits(sc[i])) {
+            m3_test_failf("%s score %zu: gpu %g ref %g", what, i, (double)sc[i], (double)sc_ref[i]);
+        }
+    }
+    if (nf > 0)
+        gpu_expect_nmse(sc_ref, sc, nf, tc ? GPU_NMSE_TC : GPU_NMSE_F32, what);
+    else /* every candidate forced (nb == local blocks): the ids and forced values above are
+            the whole check */
+        printf("  %-58s all scores forced; ids and forced values identical\n", what);
+    return flips;
+}
+
 /* The device side of one case under one device path. */
 /* paged index keys: ref's storage bytes and its block table (NULL: contiguous ik rows) */
 typedef struct {
@@ -181,36 +219,11 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
                  st->kl->g.block);
     snprintf(what, sizeof what, "indexer_topk%s(%s,T=%d,C=%d,G=%d,Di=%d,B=%d,K=%d,pat=%d,%s%s)",
              bf16 ? "" : "_f32", p->name, T, C, s->G, s->Di, s->B, s->K, s->pat, path_name, stn);
-    int flips = 0;
-    for (size_t row = 0; row < nmg; row++) {
-        if (memcmp(tk + row * W, tk_ref + row * W, W * sizeof *tk) == 0) continue;
-        float scale = fabsf(sc_ref[row * nbk]) + 1.0f;
-        if (!(s->pat & IDX_EQUAL) && mg_ref[row] <= (bf16 ? IDX_TIE_REL_TC : IDX_TIE_REL) * scale) {
-            flips++;
-            continue;
-        }
-        m3_test_failf("%s row %zu: gpu ids %d %d %d .. ref %d %d %d .. (ref margin %g)", what, row,
-                      tk[row * W], tk[row * W + 1], tk[row * W + 2], tk_ref[row * W],
-                      tk_ref[row * W + 1], tk_ref[row * W + 2], (double)mg_ref[row]);
-    }
+    const int flips = idx_check(what, tk, tk_ref, sc, sc_ref, mg_ref, nmg, nsc, W, nbk, bf16,
+                                (s->pat & IDX_EQUAL) != 0);
     printf("  %s: %d near-tie flips, ties gpu %d ref %d\n", what, flips, ties, ties_ref);
     if ((s->pat & IDX_EQUAL) && ties != ties_ref) /* exact ties on both sides */
         m3_test_failf("%s: %d tied rows, ref %d", what, ties, ties_ref);
-    /* forced scores (1e29/1e30 under atom, +inf otherwise) must match exactly and are left
-     * out of the NMSE, where they would swamp every real score */
-    int64_t nf = 0;
-    for (size_t i = 0; i < nsc; i++) {
-        if (isfinite(sc_ref[i]) && fabsf(sc_ref[i]) < 1e28f) {
-            sc_ref[nf] = sc_ref[i], sc[nf] = sc[i], nf++;
-        } else if (isnan(sc_ref[i]) ? !isnan(sc[i]) : m3_f32_bits(sc_ref[i]) != m3_f32_bits(sc[i])) {
-            m3_test_failf("%s score %zu: gpu %g ref %g", what, i, (double)sc[i], (double)sc_ref[i]);
-        }
-    }
-    if (nf > 0)
-        gpu_expect_nmse(sc_ref, sc, nf, bf16 ? GPU_NMSE_TC : GPU_NMSE_F32, what);
-    else /* every candidate forced (nb == local blocks): the ids and forced values above are
-            the whole check */
-        printf("  %-58s all scores forced; ids and forced values identical\n", what);
     free(tk); free(sc); free(sc_ref);
 }
 
@@ -413,27 +426,8 @@ static void indexer_after_write(void **state) {
             char what[120];
             snprintf(what, sizeof what, "indexer after a key write (T=%d C=%d local %d, %s row, %s)",
                      T, C, cs[ci].local, h ? "hot" : "old", (it & 2) ? "cache write" : "copy");
-            for (int row = 0; row < G * T; row++) {
-                if (memcmp(tk + (size_t)row * W, tk_ref + (size_t)row * W, W * sizeof *tk) == 0)
-                    continue;
-                if (mg_ref[row] <= IDX_TIE_REL_TC * (fabsf(sc_ref[(size_t)row * nbk]) + 1.0f)) {
-                    flips++;
-                    continue;
-                }
-                m3_test_failf("%s row %d: gpu ids %d %d .. ref %d %d ..", what, row,
-                              tk[(size_t)row * W], tk[(size_t)row * W + 1], tk_ref[(size_t)row * W],
-                              tk_ref[(size_t)row * W + 1]);
-            }
-            int64_t nf = 0;
-            for (size_t i = 0; i < nsc; i++) {
-                if (isfinite(sc_ref[i]) && fabsf(sc_ref[i]) < 1e28f) {
-                    sc_ref[nf] = sc_ref[i], sc[nf] = sc[i], nf++;
-                } else if (m3_f32_bits(sc_ref[i]) != m3_f32_bits(sc[i])) {
-                    m3_test_failf("%s score %zu: gpu %g ref %g", what, i, (double)sc[i],
-                                  (double)sc_ref[i]);
-                }
-            }
-            gpu_expect_nmse(sc_ref, sc, nf, GPU_NMSE_TC, what);
+            flips += idx_check(what, tk, tk_ref, sc, sc_ref, mg_ref, (size_t)G * T, nsc, W, nbk,
+                               true, false);
         }
         printf("  indexer after a key write T=%d C=%d local %d: 8 calls, %d near-tie flips\n", T, C,
                cs[ci].local, flips);
