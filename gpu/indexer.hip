@@ -1363,6 +1363,11 @@ static __device__ void km_zero(const idx_sel &sel, unsigned int *arrive, unsigne
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
  * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
  * block, measured slower: 1M keys 87.6 against 74.1 us, session 9).
+ * Launched as a programmatic dependent (session 14): the first key block's loads go out
+ * before m3_pdl_wait, and the next launch may start once every block has scored
+ * (m3_pdl_trigger): the 1.9-2.1 us from one call's end to the next call's first block left
+ * the path (8K keys 7.0 -> 6.1 us, fp8 128K paged 10.7 -> 9.2 us in one process,
+ * docs/gpu.md "Session 14").
  * FIX (session 12): M3's geometry compiled in (G 4, Di 128, B 128, key blocks = physical
  * blocks), and at FIX 2 also T = 1 with a one-slot-a-thread direct pick: the launches that run
  * once per call were bound by their instruction count (8K keys 7.5 -> 7.0 us, fp8 128K paged
@@ -1401,6 +1406,8 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
      * (its fence waited for its key loads, session 13); else block (0, 0) does it, below */
     const int grid = (int)gridDim.x - (zx ? 1 : 0);
     if (zx && (int)blockIdx.x == grid) { /* gridDim.y == 1: one group of RPG rows */
+        m3_pdl_trigger();
+        m3_pdl_wait(); /* the previous call's pickers clear the flags this block sets */
         if (tid == 0) km_zero(sel, arrive, epoch, false, true, n_tok * G);
         return;
     }
@@ -1427,13 +1434,22 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
     };
     const int x0 = (int)blockIdx.x;
-    /* The positions, the group's Q rows and the first key block, in that order, before any
-     * of them is waited for. Q: one 16-byte piece a thread (RPG * Di / 8 <= IST_THREADS),
-     * every piece a distinct address, into shared memory; each lane then reads its fragments
-     * there. Session 11's timelines: each lane loading its own 16 u32 pairs of Q (lanes of a
-     * quad row share them) took 1.5 us (8K bf16) to 2.1 us (128K fp8) just to issue, and the
-     * positions waited behind them; this prologue reached the first mma ~1 us earlier. q16:
-     * the pieces are 16-byte aligned (else four 4-byte loads each). */
+    /* A programmatic dependent launch (dec_launch): the first key block (and its block table
+     * entry) is loaded before m3_pdl_wait, while the launch before this one may still run.
+     * The keys do not change between calls but at the call's own positions (the model's q/k
+     * norm + RoPE + cache write, the launch before this one, writes the new tokens' index
+     * keys): a key block that holds one of them is loaded again after the wait where a row of
+     * the group sees it unforced (below; at M3's decode step it is the local block: never).
+     * Everything else (the positions, Q, later key blocks, every store) comes after it. */
+    if (x0 < nbk) load(x0, kbase(x0));
+    m3_pdl_wait();
+    /* The positions and the group's Q rows, before either is waited for. Q: one 16-byte
+     * piece a thread (RPG * Di / 8 <= IST_THREADS), every piece a distinct address, into
+     * shared memory; each lane then reads its fragments there. Session 11's timelines: each
+     * lane loading its own 16 u32 pairs of Q (lanes of a quad row share them) took 1.5 us (8K
+     * bf16) to 2.1 us (128K fp8) just to issue, and the positions waited behind them; this
+     * prologue reached the first mma ~1 us earlier. q16: the pieces are 16-byte aligned (else
+     * four 4-byte loads each). */
     int pmax = pos[t0]; /* t0 < n_tok: the group's first token */
     const int q_cpr = Di / 8, q_row = tid / q_cpr, q_ch = tid - q_row * q_cpr;
     const int q_t = t0 + q_row / G;
@@ -1448,7 +1464,6 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             qv = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
-    if (x0 < nbk) load(x0, kbase(x0)); /* as idx_dec_k */
     if (q_row < RPG) *reinterpret_cast<uint4 *>(&qs[q_row][8 * q_ch]) = qv; /* 0: no row */
     /* K16, FIX: the fp16 route decided and converted here (q_f16_part), one piece a thread,
      * while the keys are in flight (not after them, each warp for all its rows: session 12): a row's 16
@@ -1483,6 +1498,16 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     for (int i = 1; i < tpw; i++)
         if (t0 + i < n_tok) pmax = max(pmax, pos[t0 + i]);
+    if (x0 < nbk) { /* the first key block again if it holds a position of the call (its key
+                     * may be newer than the loads before the wait) and a row sees it unforced */
+        bool hot = false, seen = false;
+        for (int i = 0; i < tpw; i++)
+            if (t0 + i < n_tok) {
+                const int nb_i = pos[t0 + i] / B + 1;
+                hot |= nb_i - 1 == x0, seen |= x0 < nb_i - sel.local_blocks;
+            }
+        if (hot && seen) load(x0, kbase(x0));
+    }
     const int n_lim = min(nbk, pmax / B + 1); /* key blocks some row of the group sees */
     for (int i = x0 * NT + tid; i < (nbk - n_lim) * RPG; i += grid * NT) {
         const int b = n_lim + i / RPG, r = i % RPG, tt = t0 + r / G; /* past every end: -inf */
@@ -1607,6 +1632,10 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
             }
         }
     }
+    /* the next launch may start (its first key loads) once every block has scored: at the
+     * block's entry its loads met this call's first key round (8K keys 6.5 against 6.1 us,
+     * docs/gpu.md "Session 14") */
+    m3_pdl_trigger();
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */
     const unsigned int n = (unsigned int)grid * gridDim.y, R = (unsigned int)(n_tok * G);
@@ -1697,9 +1726,10 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
     const float sc = p->index_scale;
     /* idx_km_k's Q pieces: 16-byte loads when every piece is 16-byte aligned */
     const bool q16 = (uintptr_t)iq % 16 == 0 && ld_q % 8 == 0 && Di % 8 == 0;
-    if (km)
-        kmf<<<grid, IST_THREADS, dyn, g->stream>>>(S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di,
-                                                   B, sc, nn, sa, cmax, arrive, ep, slots, q16, zx);
+    if (km) /* a programmatic dependent of the launch before it (idx_km_k's entry) */
+        M3_TRY(m3_gpu_launch_pdl(g, true, kmf, grid, dim3(IST_THREADS), dyn, S, iq, ld_q, ik, pos,
+                                 n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep, slots,
+                                 q16, zx));
     else if (k8)
         idx_dec_k<true><<<grid, IST_THREADS, dyn, g->stream>>>(
             S, iq, ld_q, ik, pos, n_tok, nbk, n_ctx, G, Di, B, sc, nn, sa, cmax, arrive, ep);
@@ -1719,7 +1749,9 @@ static m3_status dec_launch(m3_gpu *g, float *S, const m3_bf16 *iq, int ld_q, co
  * (fp32 queries or keys, other fp8 keys, odd shapes). Selection (when not fused):
  * idx_topk_k (one pass, nb <= 8192), else the arg-max rounds of idx_select_k or idx_cand_k +
  * idx_pick_k. `path` (m3_gpu_indexer_topk_path: tests and benches) forces a path where its
- * shape contract holds. */
+ * shape contract holds. idx_km_k reads its first key block before the kernel launched just
+ * before it has finished (a programmatic dependent launch): that kernel may write index keys
+ * at the call's own positions (the cache write of the tokens being scored), no others. */
 
 template <typename TS>
 static m3_status launch(m3_gpu *g, int path, int32_t *d_topk, float *d_scores, float *d_margin,

@@ -82,6 +82,44 @@ static m3_bf16 *upload_q(m3_gpu *g, const float *iq, int64_t n, int pat) {
     return d + 2;
 }
 
+/* One call's outputs against ref's: the ids of each of the nmg rows (W wide) identical, except
+ * rows whose reference margin is below IDX_TIE_REL(_TC) of the score (a summation-order flip
+ * of a near-tie: counted, the return value; none allowed when every score ties: equal); the
+ * forced scores (1e29/1e30 under atom, +inf otherwise) and NaN ones exactly, the others within
+ * the NMSE bound (tc: the tensor-core paths), sc and sc_ref compacted to them in place. */
+static int idx_check(const char *what, const int32_t *tk, const int32_t *tk_ref, float *sc,
+                     float *sc_ref, const float *mg_ref, size_t nmg, size_t nsc, int W, int nbk,
+                     bool tc, bool equal) {
+    int flips = 0;
+    for (size_t row = 0; row < nmg; row++) {
+        if (memcmp(tk + row * W, tk_ref + row * W, W * sizeof *tk) == 0) continue;
+        float scale = fabsf(sc_ref[row * nbk]) + 1.0f;
+        if (!equal && mg_ref[row] <= (tc ? IDX_TIE_REL_TC : IDX_TIE_REL) * scale) {
+            flips++;
+            continue;
+        }
+        m3_test_failf("%s row %zu: gpu ids %d %d %d .. ref %d %d %d .. (ref margin %g)", what, row,
+                      tk[row * W], tk[row * W + 1], tk[row * W + 2], tk_ref[row * W],
+                      tk_ref[row * W + 1], tk_ref[row * W + 2], (double)mg_ref[row]);
+    }
+    /* forced scores must match exactly and are left out of the NMSE, where they would swamp
+     * every real score */
+    int64_t nf = 0;
+    for (size_t i = 0; i < nsc; i++) {
+        if (isfinite(sc_ref[i]) && fabsf(sc_ref[i]) < 1e28f) {
+            sc_ref[nf] = sc_ref[i], sc[nf] = sc[i], nf++;
+        } else if (isnan(sc_ref[i]) ? !isnan(sc[i]) : m3_f32_bits(sc_ref[i]) != m3_f32_bits(sc[i])) {
+            m3_test_failf("%s score %zu: gpu %g ref %g", what, i, (double)sc[i], (double)sc_ref[i]);
+        }
+    }
+    if (nf > 0)
+        gpu_expect_nmse(sc_ref, sc, nf, tc ? GPU_NMSE_TC : GPU_NMSE_F32, what);
+    else /* every candidate forced (nb == local blocks): the ids and forced values above are
+            the whole check */
+        printf("  %-58s all scores forced; ids and forced values identical\n", what);
+    return flips;
+}
+
 /* The device side of one case under one device path. */
 /* paged index keys: ref's storage bytes and its block table (NULL: contiguous ik rows) */
 typedef struct {
@@ -181,36 +219,11 @@ static void idx_run(m3_gpu *g, const idx_shape *s, const m3_profile *p, const m3
                  st->kl->g.block);
     snprintf(what, sizeof what, "indexer_topk%s(%s,T=%d,C=%d,G=%d,Di=%d,B=%d,K=%d,pat=%d,%s%s)",
              bf16 ? "" : "_f32", p->name, T, C, s->G, s->Di, s->B, s->K, s->pat, path_name, stn);
-    int flips = 0;
-    for (size_t row = 0; row < nmg; row++) {
-        if (memcmp(tk + row * W, tk_ref + row * W, W * sizeof *tk) == 0) continue;
-        float scale = fabsf(sc_ref[row * nbk]) + 1.0f;
-        if (!(s->pat & IDX_EQUAL) && mg_ref[row] <= (bf16 ? IDX_TIE_REL_TC : IDX_TIE_REL) * scale) {
-            flips++;
-            continue;
-        }
-        m3_test_failf("%s row %zu: gpu ids %d %d %d .. ref %d %d %d .. (ref margin %g)", what, row,
-                      tk[row * W], tk[row * W + 1], tk[row * W + 2], tk_ref[row * W],
-                      tk_ref[row * W + 1], tk_ref[row * W + 2], (double)mg_ref[row]);
-    }
+    const int flips = idx_check(what, tk, tk_ref, sc, sc_ref, mg_ref, nmg, nsc, W, nbk, bf16,
+                                (s->pat & IDX_EQUAL) != 0);
     printf("  %s: %d near-tie flips, ties gpu %d ref %d\n", what, flips, ties, ties_ref);
     if ((s->pat & IDX_EQUAL) && ties != ties_ref) /* exact ties on both sides */
         m3_test_failf("%s: %d tied rows, ref %d", what, ties, ties_ref);
-    /* forced scores (1e29/1e30 under atom, +inf otherwise) must match exactly and are left
-     * out of the NMSE, where they would swamp every real score */
-    int64_t nf = 0;
-    for (size_t i = 0; i < nsc; i++) {
-        if (isfinite(sc_ref[i]) && fabsf(sc_ref[i]) < 1e28f) {
-            sc_ref[nf] = sc_ref[i], sc[nf] = sc[i], nf++;
-        } else if (isnan(sc_ref[i]) ? !isnan(sc[i]) : m3_f32_bits(sc_ref[i]) != m3_f32_bits(sc[i])) {
-            m3_test_failf("%s score %zu: gpu %g ref %g", what, i, (double)sc[i], (double)sc_ref[i]);
-        }
-    }
-    if (nf > 0)
-        gpu_expect_nmse(sc_ref, sc, nf, bf16 ? GPU_NMSE_TC : GPU_NMSE_F32, what);
-    else /* every candidate forced (nb == local blocks): the ids and forced values above are
-            the whole check */
-        printf("  %-58s all scores forced; ids and forced values identical\n", what);
     free(tk); free(sc); free(sc_ref);
 }
 
@@ -322,6 +335,106 @@ static void indexer_decode_t1(void **state) {
     for (int prof = 0; prof < 3; prof++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             idx_case(g, &shapes[i], prof, true);
+}
+
+/* The keys of the call's own positions written by the kernel just before the indexer (as
+ * the model's q/k norm + RoPE + cache write does; idx_km_k is a programmatic dependent launch
+ * that loads its first key block before it waits for that kernel): the copy kernel or the
+ * fused cache write (index rows only) writes the rows at the positions, alternately a hot
+ * row (its block then ranks first where it is not forced) and the old row, right before
+ * each call; every call's ids and scores against
+ * ref over the keys of that moment. local 0: the position's own block is scored; T = 2
+ * across a block boundary: the first token's block is unforced for the second; 128K keys:
+ * the position's block in a scoring block's second round. */
+static void indexer_after_write(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const struct { int T, C, local; } cs[] = {
+        {1, 8192, 0}, {1, 8192, 1}, {2, 8193, 1}, {1, 8000, 0}, {1, 131072, 0}};
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const int T = cs[ci].T, C = cs[ci].C, G = 4, Di = 128, B = 128, ldq = G * Di;
+        m3_profile p;
+        m3_profile_atom(&p);
+        m3_indexer_params ip = {G, Di, B, 16, cs[ci].local, 0};
+        const int nbk = (C + B - 1) / B, W = m3_indexer_width(C, &ip, &p);
+        const size_t mark = m3_gpu_mark(g);
+        m3_rng r;
+        m3_rng_init(&r, m3_test_seed(), 1700 + ci);
+        float *iq = malloc((size_t)T * ldq * sizeof *iq), *ik = malloc((size_t)C * Di * sizeof *ik);
+        m3_fill_normal(&r, iq, (int64_t)T * ldq, 1.0f);
+        m3_fill_normal(&r, ik, (int64_t)C * Di, 1.0f);
+        for (int64_t i = 0; i < (int64_t)T * ldq; i++) iq[i] = m3_round_bf16(iq[i]);
+        for (int64_t i = 0; i < (int64_t)C * Di; i++) ik[i] = m3_round_bf16(ik[i]);
+        int32_t pos[2];
+        for (int t = 0; t < T; t++) pos[t] = C - T + t;
+        /* the rows at the positions: old (as uploaded) and hot (4 x head 0's query) */
+        const size_t rb = (size_t)T * Di;
+        float *old = malloc(rb * sizeof *old), *hot = malloc(rb * sizeof *hot);
+        memcpy(old, ik + (size_t)pos[0] * Di, rb * sizeof *old);
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < Di; d++) hot[(size_t)t * Di + d] = m3_round_bf16(4.0f * iq[d]);
+        m3_bf16 *dik = gpu_upload_bf16(g, ik, (int64_t)C * Di, NULL);
+        m3_bf16 *diq = gpu_upload_bf16(g, iq, (int64_t)T * ldq, NULL);
+        m3_bf16 *dold = gpu_upload_bf16(g, old, (int64_t)rb, NULL);
+        m3_bf16 *dhot = gpu_upload_bf16(g, hot, (int64_t)rb, NULL);
+        void *dpos;
+        int32_t *dtk;
+        float *dsc;
+        GPU_OK(m3_gpu_alloc(g, &dpos, sizeof pos));
+        GPU_OK(m3_gpu_upload(g, dpos, pos, sizeof pos));
+        const size_t ntk = (size_t)G * T * W, nsc = (size_t)G * T * nbk;
+        GPU_OK(m3_gpu_alloc(g, (void **)&dtk, ntk * sizeof *dtk));
+        GPU_OK(m3_gpu_alloc(g, (void **)&dsc, nsc * sizeof *dsc));
+        int32_t *tk = malloc(ntk * sizeof *tk), *tk_ref = malloc(ntk * sizeof *tk_ref);
+        float *sc = malloc(nsc * sizeof *sc), *sc_ref = malloc(nsc * sizeof *sc_ref);
+        float *mg_ref = malloc((size_t)G * T * sizeof *mg_ref);
+        const size_t sb = m3_indexer_scratch_bytes(C, &ip);
+        void *scratch = malloc(sb);
+        /* a 128 MB copy ahead of each sequence keeps the device busy while the host queues the
+         * three launches, so that they meet on the device (launched apart, the write is done
+         * before the next launch arrives) */
+        const size_t big = (size_t)128 << 20;
+        void *ba, *bb;
+        GPU_OK(m3_gpu_alloc(g, &ba, big));
+        GPU_OK(m3_gpu_alloc(g, &bb, big));
+        int flips = 0;
+        for (int it = 0; it < 8; it++) {
+            const bool h = (it & 1) == 0;
+            memcpy(ik + (size_t)pos[0] * Di, h ? hot : old, rb * sizeof *ik);
+            int ties_ref = 0;
+            m3_indexer_topk(tk_ref, sc_ref, mg_ref, &ties_ref, iq, ldq, ik, pos, T, C, &ip, &p,
+                            scratch, sb);
+            /* an earlier call, then the write and the call under test back to back; the
+             * writer: the copy kernel, or (it & 2) the model's, the fused cache write (its
+             * launch lets the next one start at its entry), index rows only, no norm */
+            GPU_OK(m3_gpu_copy_kernel(g, bb, ba, big, 0));
+            GPU_OK(m3_gpu_indexer_topk(g, dtk, dsc, NULL, NULL, diq, ldq, dik, dpos, T, C, &ip, &p));
+            if (it & 2) {
+                m3_gpu_qkv x;
+                memset(&x, 0, sizeof x);
+                x.index_k = h ? dhot : dold, x.ld_ik = Di, x.n_index_head = G, x.index_dim = Di;
+                m3_gpu_kv_cache kc;
+                memset(&kc, 0, sizeof kc);
+                kc.index_k = dik, kc.index_row0 = pos[0];
+                GPU_OK(m3_gpu_qk_norm_rope_cache(g, &x, &kc, NULL, dpos, T, 1e-6f, Di, 1e4f, &p));
+            } else {
+                GPU_OK(m3_gpu_copy_kernel(g, dik + (size_t)pos[0] * Di, h ? dhot : dold,
+                                          rb * sizeof(m3_bf16), 0));
+            }
+            GPU_OK(m3_gpu_indexer_topk(g, dtk, dsc, NULL, NULL, diq, ldq, dik, dpos, T, C, &ip, &p));
+            GPU_OK(m3_gpu_download(g, tk, dtk, ntk * sizeof *tk));
+            gpu_download_f32(g, sc, dsc, (int64_t)nsc);
+            char what[120];
+            snprintf(what, sizeof what, "indexer after a key write (T=%d C=%d local %d, %s row, %s)",
+                     T, C, cs[ci].local, h ? "hot" : "old", (it & 2) ? "cache write" : "copy");
+            flips += idx_check(what, tk, tk_ref, sc, sc_ref, mg_ref, (size_t)G * T, nsc, W, nbk,
+                               true, false);
+        }
+        printf("  indexer after a key write T=%d C=%d local %d: 8 calls, %d near-tie flips\n", T, C,
+               cs[ci].local, flips);
+        free(scratch); free(iq); free(ik); free(old); free(hot); free(tk); free(tk_ref); free(sc);
+        free(sc_ref); free(mg_ref);
+        m3_gpu_release(g, mark);
+    }
 }
 
 /* Two contexts on one device launching at once (g_two above): decode rows through the fused
@@ -495,6 +608,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(indexer_topk_matches_ref),
         cmocka_unit_test(indexer_decode_t1),
+        cmocka_unit_test(indexer_after_write),
         cmocka_unit_test(indexer_paged_matches_ref),
         cmocka_unit_test(indexer_paged_fp8_decode),
         cmocka_unit_test(indexer_two_contexts),
