@@ -27,6 +27,8 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
+#include <stdio.h> /* VAR (pc_dump), removed before the final batch */
+#include <stdlib.h>
 
 
 #define ATTN_THREADS 128
@@ -3774,6 +3776,7 @@ typedef struct {
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
+    float rfmax; /* VAR: 1 / FP8_MAX correctly rounded (host) */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
@@ -3806,7 +3809,12 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-template <bool FP8, bool CONT, bool PA, bool FX>
+/* VAR (session 14, removed before the final batch): per instance, per phase, the sum over CTAs
+ * of thread 0's clock64 minus its value at the grid wait's release; [i][31] the CTA count */
+__device__ unsigned long long pc_stm[3][32];
+#define PC_ST(i) do { if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
+
+template <bool FP8, bool CONT, bool PA, bool FX, int V = 0>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3847,7 +3855,11 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
     /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's O partials;
      * its l and m (bars[4]: the merge weights are formed before O lands) */
-    __shared__ uint64_t bars[5];
+    __shared__ uint64_t bars[6];
+    /* VAR bits: 2 P without per-key branches, 4 S's scores without per-key branches, 8 (§4.9 FX)
+     * the scales on their own barrier and the tile maxima before K's wait */
+    constexpr bool VPB = (V & 2) && FX, VKB = (V & 4) && FX, VTM = (V & 8) && FX && !CONT && PA;
+    constexpr bool VLK = (V & 16) && FX && !CONT && (!FP8 || PA); /* 16: K fragments by ldmatrix */
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
     /* Session 12, FX paged: EC, every warp ranks the selection itself (width <= 32: one
@@ -3869,9 +3881,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * before (a): other CTAs' stores complete on bars[2], [3]) and the unused P rows */
     if (tid == 0)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
+    if (VTM && tid == 0) pc_bar_init(bars + 5);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
+    const long long pc_ts = (V & 1) ? clock64() : 0;
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
+    const long long pc_t0 = (V & 1) ? clock64() : 0;
+    if ((V & 1) && tid == 0)
+        atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][0], (unsigned long long)(pc_t0 - pc_ts)),
+            atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][31], 1ull);
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = FX || topk != NULL;
@@ -3902,8 +3920,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         const int k0e = r * 128, nke = max(0, min(128, n - k0e)), nge = (nke + 15) / 16;
         const int kue = 16 * (128 / XC), vue = (16 / XC) * 128;
         if (tid == 0) {
-            pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 ? 128 : 0)));
+            pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 && !VTM ? 128 : 0)));
             pc_bar_expect(bars + 1, (uint32_t)nge * vue * 16);
+            if (VTM) pc_bar_expect(bars + 5, (uint32_t)nge * 128);
         }
         if (nge > 0) {
             const int pblk = s.bt[bsel];
@@ -3913,9 +3932,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (gi < nge) {
                 int64_t ko, vo, so;
                 pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
+                if (VTM) { /* the scales first, on their own barrier */
+                    pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars + 5);
+                    pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
+                }
                 pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
                         (uint32_t)kue * 16, bars);
-                if (FP8) {
+                if (FP8 && !VTM) {
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
                 }
@@ -3971,6 +3994,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
     }
     }
+    PC_ST(1);
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
@@ -3999,6 +4023,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
+    PC_ST(2);
     /* contiguous: the row's keys split evenly (kpc is the most a CTA takes), a chunk a CTA
      * (no partitions: each CTA's own max, no max exchange; empty CTAs weigh 0 in the merge) */
     const int kpd = CONT ? ((n + 15) / 16 + cs - 1) / cs * 16 : kpc;
@@ -4097,8 +4122,19 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         }
     }
+    PC_ST(3);
+    if (VTM) { /* the scales landed: the tile maxima (a warp a tile, ng <= 8) while K is in flight */
+        pc_bar_wait(bars + 5, 0);
+        if (warp < ng) {
+            float M = lane < 16 && warp * 16 + lane < nk ? vsc[warp * 16 + lane] : 0.0f;
+#pragma unroll
+            for (int o2 = 8; o2 > 0; o2 >>= 1) M = fmaxf(M, M3_SHFL_XOR(M, o2));
+            if (lane == 0) mt[warp] = M, mf[warp] = pd8_div(M, c.fmax, pc.rfmax), mr[warp] = __frcp_rn(M + 1e-8f);
+        }
+    }
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
+    PC_ST(4);
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     auto kstep = [&](int key, int s2, float (&acc)[4]) {
@@ -4133,6 +4169,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
+            if (VKB && PREG) { /* no branch: keys past nk score -inf (their K / scales unread garbage) */
+                const float d = c8[0][i] + c8[1][i];
+                const float z = pa ? d * c.scale * ksc[ki] : d * c.scale;
+                zr[sl][i] = ki < nk ? z : -INFINITY;
+                mx[i >> 1] = fmaxf(mx[i >> 1], zr[sl][i]);
+                continue;
+            }
             if (rr >= hq || ki >= nk) continue; /* keys past nk are never read */
             float d = c8[0][i] + c8[1][i], z;
             if (pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
@@ -4149,6 +4192,37 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
         float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         const bool two = (nt + NW) * 8 < nk; /* warp-uniform */
+        if (VLK) { /* VAR: K fragments by ldmatrix.x4 (matrix j: unit 4 m + j of the n-tile's 8 keys;
+                    * lane gq, tq gets word tq of key gq's unit: the B fragment word) */
+            constexpr int NU = 128 / XC; /* units of a key (fp8 8, bf16 16) */
+            uint32_t kw[2][NU];
+            auto kld = [&](int ntx, uint32_t (&w)[NU]) {
+                const int key = ntx * 8 + (lane & 7);
+                const unsigned char *rb = ksm + ((size_t)(key >> 4) * NU * 16 + (key & 15)) * 16;
+#pragma unroll
+                for (int m = 0; m < NU / 4; m++) ldsm4(w + 4 * m, rb + (size_t)(4 * m + (lane >> 3)) * 256);
+            };
+            kld(nt, kw[0]);
+            if (two) kld(nt + NW, kw[1]);
+            auto kst = [&](const uint32_t (&w)[NU], int s2, float (&acc)[4]) {
+                uint32_t bfr[2];
+                if (FP8) {
+                    bfr[0] = pf_h2(w[s2], nullptr, true), bfr[1] = pf_h2(w[s2] >> 16, nullptr, true);
+                    m3_mma_f16_16816(acc, qa[s2], bfr);
+                } else {
+                    bfr[0] = w[2 * s2], bfr[1] = w[2 * s2 + 1];
+                    m3_mma_bf16_16816(acc, qa[s2], bfr);
+                }
+            };
+#pragma unroll
+            for (int s2 = 0; s2 < 8; s2++) {
+                kst(kw[0], s2, ca[s2 & 1]);
+                if (two) kst(kw[1], s2, cb[s2 & 1]);
+            }
+            kout(nt, ca, sl);
+            if (two) kout(nt + NW, cb, sl + 1);
+            return;
+        }
 #pragma unroll
         for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
             if (s2 * 16 >= Dh) break;
@@ -4171,8 +4245,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
     }
+    PC_ST(5);
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
-    if (pa) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
+    if (pa && !VTM) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
              * and 1 / (M + 1e-8), the quotient's reciprocal */
         for (int gt = warp; gt < ng; gt += NW) {
             float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
@@ -4180,6 +4255,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
         }
     __syncthreads();
+    PC_ST(6);
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
         float m = -INFINITY;
@@ -4187,7 +4263,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mloc[tid] = m;
     }
     __syncthreads();
+    PC_ST(7);
     pc_wait(); /* (a): every CTA of the cluster runs */
+    PC_ST(8);
     if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
                     * on their bars[2]: no cluster-wide barrier), the max of the spc values */
         const int c0 = chj * spc, me = r - c0;
@@ -4206,6 +4284,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
+    PC_ST(9);
     /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
@@ -4245,6 +4324,30 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int sl = 0; sl < NSL; sl++) {
             const int nt = warp + sl * NW;
             if (PRC && nt * 8 >= ng * 16) continue; /* P's columns end at the CTA's last 16-key tile */
+            if (VPB) { /* no branch per key: the tile's M, 1 / (M + 1e-8) and the keys' V scales
+                        * loaded once for both rows; keys past nk give P 0 (their inputs garbage) */
+                const int k0s = nt * 8 + 2 * tq, ti = k0s >> 4;
+                float2 vs2 = make_float2(0.0f, 0.0f);
+                float my = 0.0f, mry = 0.0f;
+                if (pa || FP8) vs2 = *reinterpret_cast<const float2 *>(vsc + k0s);
+                if (pa) my = mt[ti] + 1e-8f, mry = mr[ti];
+#pragma unroll
+                for (int r2 = 0; r2 < 2; r2++) {
+                    float pv[2];
+#pragma unroll
+                    for (int k2 = 0; k2 < 2; k2++) {
+                        const bool on = k0s + k2 < nk;
+                        const float ex0 = expf(zr[sl][2 * r2 + k2] - mrow[r2]), ex = on ? ex0 : 0.0f;
+                        lp[r2] += ex;
+                        const float vs = k2 ? vs2.y : vs2.x;
+                        const float pp = pa ? pd8_div(ex * vs * c.fmax, my, mry) : FP8 ? ex * vs : ex;
+                        pv[k2] = on ? pp : 0.0f;
+                    }
+                    *reinterpret_cast<uint32_t *>(pb + (gq + 8 * r2) * PBP + nt * 8 + 2 * tq) =
+                        pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
+                }
+                continue;
+            }
 #pragma unroll
             for (int r2 = 0; r2 < 2; r2++) {
                 float pv[2];
@@ -4274,6 +4377,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             lp[r2] += M3_SHFL_XOR(lp[r2], 2);
         }
         if (tq == 0) lw[warp][gq] = lp[0], lw[warp][gq + 8] = lp[1];
+        PC_ST(10);
     } else
     for (int h = warp; h < hq; h += 2 * NW) {
         const bool two = h + NW < hq; /* warp-uniform */
@@ -4293,6 +4397,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
+    PC_ST(11);
     if (PREG) { /* (l, the chunk's max) of head tid / 16 to owner tid % 16 (the warps' l in order) */
         const int h = tid >> 4, ow = tid & 15;
         float l = 0.0f;
@@ -4302,6 +4407,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_sta(pc_mapa(rl + r * hq + h, ow), l, mb);
         pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], mb);
     }
+    PC_ST(12);
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
     float o[2][4] = {};
@@ -4365,6 +4471,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
     }
+    PC_ST(13);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = FX ? 128 : pc.epo;
@@ -4384,18 +4491,23 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
+    PC_ST(14);
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
     if (EARLY) { /* the weights once every CTA's l and m landed (bars[4], sent from the P loops:
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
+        PC_ST(15);
         cl_weights<false, MSP, MNJ, MEH>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
+        PC_ST(16);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
         __syncthreads(); /* the weights */
+        PC_ST(17);
         cl_sums<MSP, MNJ, MEH>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc,
                                FXP || (!CONT && c.part > 0), e0, ne, Dh, reinterpret_cast<const float4 *>(wa), tid,
                                PC_NT);
+        PC_ST(18);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
         pc_bar_wait_cl(bars + 3, 0);
@@ -4428,12 +4540,26 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
     const int E = c.hq * c.Dh;
     pc->epo = ((E + pc->cs - 1) / pc->cs + 3) / 4 * 4;
     if (pc->epo > PC_NT) return false;
+    pc->rfmax = c.fmax > 0.0f ? 1.0f / c.fmax : 0.0f; /* VAR */
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
     return force || (int64_t)c.Hkv * n_tok * pc->cs <= n_sm;
 }
 
 typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                       int, const int32_t *, int, pc_cfg);
+/* VAR (session 14, removed before the final batch): M3_PC_STAMP=1 adds bit 1 (stamps, printed
+ * at exit) to M3_PCV (variant bits of the FX instances, re-read per call) */
+static void pc_dump(void) {
+    unsigned long long h[3][32];
+    if (cudaMemcpyFromSymbol(h, pc_stm, sizeof h) != cudaSuccess) { fprintf(stderr, "pc_dump: copy failed\n"); return; }
+    static const char *nm[3] = {"bf16 paged", "fp8 paged", "bf16 cont"};
+    for (int i = 0; i < 3; i++) {
+        if (!h[i][31]) continue;
+        fprintf(stderr, "PCSTAMP %s ctas %llu (k cycles from the grid wait's release; [0] = pre-wait):", nm[i], h[i][31]);
+        for (int j = 0; j < 19; j++) fprintf(stderr, " %d:%.3f", j, (double)h[i][j] / (double)h[i][31] / 1000.0);
+        fprintf(stderr, "\n");
+    }
+}
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
@@ -4453,7 +4579,35 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, true, false, false>, pc_k<true, false, true, false>,
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
-    const pc_fn fn = fns[fi];
+    pc_fn fn = fns[fi];
+    int fk = fi;
+    { /* VAR */
+        static int stamp = -1;
+        if (stamp < 0) {
+            stamp = getenv("M3_PC_STAMP") ? 1 : 0;
+            if (stamp) atexit(pc_dump);
+        }
+        const char *e = getenv("M3_PCV");
+        const int v = ((e ? atoi(e) : 0) | stamp) & 31;
+#define PCB(v) pc_k<false, false, false, true, v>
+#define PCA(v) pc_k<true, false, true, true, v>
+        static const pc_fn vb[32] = {nullptr, PCB(1), PCB(2), nullptr, PCB(4), nullptr, PCB(6), PCB(7),
+                                     nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                     PCB(16), PCB(17), nullptr, nullptr, nullptr, nullptr, PCB(22), PCB(23)};
+        static const pc_fn va[32] = {nullptr, PCA(1), PCA(2), nullptr, PCA(4), nullptr, PCA(6), PCA(7),
+                                     PCA(8), PCA(9), nullptr, nullptr, nullptr, nullptr, PCA(14), PCA(15),
+                                     PCA(16), PCA(17), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                     PCA(24), nullptr, nullptr, nullptr, nullptr, nullptr, PCA(30), PCA(31)};
+#undef PCB
+#undef PCA
+        static const pc_fn vc[32] = {nullptr, pc_k<false, true, false, true, 1>, pc_k<false, true, false, true, 2>,
+                                     nullptr, pc_k<false, true, false, true, 4>, pc_k<false, true, false, true, 5>,
+                                     pc_k<false, true, false, true, 6>};
+        const pc_fn *vt = fi == 4 ? vb : fi == 7 ? va : fi == 6 ? vc : nullptr;
+        /* one value for all three: bit 8 is §4.9's, 16 the paged ones' */
+        const int vv = fi == 4 ? v & ~8 : fi == 6 ? v & 7 : v;
+        if (vt && vv && vt[vv]) fn = vt[vv], fk = 8 + (fi == 7 ? 32 : fi == 6 ? 64 : 0) + vv;
+    }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4468,10 +4622,10 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][8];
-    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
+    static int pc_attr[64][104];
+    static size_t pc_ok[64][104][PC_MAX_CS + 1], pc_no[64][104][PC_MAX_CS + 1];
     const int dv = g->device & 63;
-    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
+    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fk], pc_ok[dv][fk][pc.cs], pc_no[dv][fk][pc.cs]))
         return M3_OK;
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
