@@ -3860,6 +3860,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * the scales on their own barrier and the tile maxima before K's wait */
     constexpr bool VPB = (V & 2) && FX, VKB = (V & 4) && FX, VTM = (V & 8) && FX && !CONT && PA;
     constexpr bool VLK = (V & 16) && FX && !CONT && (!FP8 || PA); /* 16: K fragments by ldmatrix */
+    constexpr bool VLV = (V & 64) && FX && !CONT && (!FP8 || PA); /* 64: P V fragments by ldmatrix */
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
     /* Session 12, FX paged: EC, every warp ranks the selection itself (width <= 32: one
@@ -3872,7 +3873,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * instance too (PRC: up to 4 n-tiles a warp, kpd <= 256: a second S pass only when the CTA
      * has more than 128 keys; 6.82-6.86 against 7.15-7.34 us through the score array, batch 2) */
     constexpr bool PRC = FX && CONT;
-    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && !FP8, PREG = (FXP && (!FP8 || PA)) || PRC;
+    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && (!FP8 || (PA && (V & 32))), PREG = (FXP && (!FP8 || PA)) || PRC;
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
 
@@ -4460,6 +4461,48 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     };
+    if (VLV) { /* VAR: P V fragments by ldmatrix.x4 (bf16: P's A fragment and both V n-tiles of a
+                * k-step; §4.9: the V words of two k-steps, both n-tiles); FX: np < 8, ng <= 8 */
+        const int l7 = lane & 7, j = lane >> 3;
+        if (FP8) {
+#pragma unroll
+            for (int kp = 0; kp < 4; kp++)
+                if (2 * kp < ng) {
+                    uint32_t vw[4];
+                    ldsm4(vw, vsm + ((size_t)(2 * kp + (j >> 1)) * Dh + np * 16 + (j & 1) * 8 + l7) * 16);
+#pragma unroll
+                    for (int k2 = 0; k2 < 2; k2++) {
+                        const int ks = 2 * kp + k2;
+                        if (ks >= ng) break;
+                        uint32_t a[4];
+                        const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
+                        a[0] = *reinterpret_cast<const uint32_t *>(pr);
+                        a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+                        a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
+                        a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
+                        const float f = mf[ks];
+#pragma unroll
+                        for (int h2 = 0; h2 < 2; h2++) {
+                            const uint32_t w = vw[2 * k2 + h2];
+                            uint32_t bfr[2] = {pf_h2(w, nullptr, true), pf_h2(w >> 16, nullptr, true)};
+                            float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                            m3_mma_f16_16816(t4, a, bfr);
+#pragma unroll
+                            for (int i = 0; i < 4; i++) o[h2][i] += t4[i] * f;
+                        }
+                    }
+                }
+        } else {
+#pragma unroll 4
+            for (int ks = 0; ks < ng; ks++) {
+                uint32_t a[4], vb[4];
+                ldsm4(a, pb + (size_t)(l7 + (j & 1) * 8) * PBP + ks * 16 + (j >> 1) * 8);
+                ldsm4(vb, vsm + ((size_t)(2 * ks + (j & 1)) * Dh + np * 16 + (j >> 1) * 8 + l7) * 16);
+                m3_mma_bf16_16816(o[0], a, vb);
+                m3_mma_bf16_16816(o[1], a, vb + 2);
+            }
+        }
+    } else
     if (np * 16 < Dh) {
         if (FXP && PA) { /* §4.9 FX (ng <= 8): straight guarded steps, so the tiles' mma (each summed
                           * apart, then scaled) issue back to back: 6.50-6.54 against 7.07-7.13 us
@@ -4588,25 +4631,25 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
             if (stamp) atexit(pc_dump);
         }
         const char *e = getenv("M3_PCV");
-        const int v = ((e ? atoi(e) : 0) | stamp) & 31;
-#define PCB(v) pc_k<false, false, false, true, v>
-#define PCA(v) pc_k<true, false, true, true, v>
-        static const pc_fn vb[32] = {nullptr, PCB(1), PCB(2), nullptr, PCB(4), nullptr, PCB(6), PCB(7),
-                                     nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                     PCB(16), PCB(17), nullptr, nullptr, nullptr, nullptr, PCB(22), PCB(23)};
-        static const pc_fn va[32] = {nullptr, PCA(1), PCA(2), nullptr, PCA(4), nullptr, PCA(6), PCA(7),
-                                     PCA(8), PCA(9), nullptr, nullptr, nullptr, nullptr, PCA(14), PCA(15),
-                                     PCA(16), PCA(17), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                     PCA(24), nullptr, nullptr, nullptr, nullptr, nullptr, PCA(30), PCA(31)};
+        const int v = ((e ? atoi(e) : 0) | stamp) & 127;
+#define PCB(v) {0, v, pc_k<false, false, false, true, v>}
+#define PCA(v) {1, v, pc_k<true, false, true, true, v>}
+#define PCC(v) {2, v, pc_k<false, true, false, true, v>}
+        struct pv_t { int ty, v; pc_fn fn; };
+        static const pv_t tab[] = {PCB(1), PCB(2), PCB(4), PCB(6), PCB(7), PCB(16), PCB(17), PCB(22), PCB(23),
+                                   PCB(64), PCB(86), PCB(87),
+                                   PCA(1), PCA(2), PCA(4), PCA(6), PCA(7), PCA(8), PCA(9), PCA(14), PCA(15),
+                                   PCA(16), PCA(17), PCA(24), PCA(30), PCA(31), PCA(64), PCA(94), PCA(95),
+                                   PCA(126), PCA(127),
+                                   PCC(1), PCC(2), PCC(4), PCC(5), PCC(6)};
 #undef PCB
 #undef PCA
-        static const pc_fn vc[32] = {nullptr, pc_k<false, true, false, true, 1>, pc_k<false, true, false, true, 2>,
-                                     nullptr, pc_k<false, true, false, true, 4>, pc_k<false, true, false, true, 5>,
-                                     pc_k<false, true, false, true, 6>};
-        const pc_fn *vt = fi == 4 ? vb : fi == 7 ? va : fi == 6 ? vc : nullptr;
-        /* one value for all three: bit 8 is §4.9's, 16 the paged ones' */
-        const int vv = fi == 4 ? v & ~8 : fi == 6 ? v & 7 : v;
-        if (vt && vv && vt[vv]) fn = vt[vv], fk = 8 + (fi == 7 ? 32 : fi == 6 ? 64 : 0) + vv;
+#undef PCC
+        /* one value for all three: 8 and 32 are §4.9's, 16 and 64 the paged ones' */
+        const int ty = fi == 4 ? 0 : fi == 7 ? 1 : fi == 6 ? 2 : -1;
+        const int vv = ty == 0 ? v & ~40 : ty == 2 ? v & 7 : v;
+        for (int i = 0; ty >= 0 && vv && i < (int)(sizeof tab / sizeof tab[0]); i++)
+            if (tab[i].ty == ty && tab[i].v == vv) fn = tab[i].fn, fk = 8 + i;
     }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
@@ -4622,8 +4665,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][104];
-    static size_t pc_ok[64][104][PC_MAX_CS + 1], pc_no[64][104][PC_MAX_CS + 1];
+    static int pc_attr[64][48];
+    static size_t pc_ok[64][48][PC_MAX_CS + 1], pc_no[64][48][PC_MAX_CS + 1];
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fk], pc_ok[dv][fk][pc.cs], pc_no[dv][fk][pc.cs]))
         return M3_OK;
