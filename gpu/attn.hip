@@ -3918,6 +3918,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
         const unsigned hit = __ballot_sync(0xffffffffu, (ok && __popc(bal & lt) == r) || (own && r == nf));
         const int bsel = hit ? __shfl_sync(0xffffffffu, b, __ffs(hit) - 1) : -1;
+        PC_ST(19);
         const int k0e = r * 128, nke = max(0, min(128, n - k0e)), nge = (nke + 15) / 16;
         const int kue = 16 * (128 / XC), vue = (16 / XC) * 128;
         if (tid == 0) {
@@ -3927,6 +3928,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         if (nge > 0) {
             const int pblk = s.bt[bsel];
+            if ((V & 1) && tid == 0 && pblk != -12345) PC_ST(20);
             m3_gpu_attn_paged_src sx = s;
             sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
             const int gi = FP8 ? warp + NW * lane : tid;
@@ -4599,7 +4601,7 @@ static void pc_dump(void) {
     for (int i = 0; i < 3; i++) {
         if (!h[i][31]) continue;
         fprintf(stderr, "PCSTAMP %s ctas %llu (k cycles from the grid wait's release; [0] = pre-wait):", nm[i], h[i][31]);
-        for (int j = 0; j < 19; j++) fprintf(stderr, " %d:%.3f", j, (double)h[i][j] / (double)h[i][31] / 1000.0);
+        for (int j = 0; j < 21; j++) fprintf(stderr, " %d:%.3f", j, (double)h[i][j] / (double)h[i][31] / 1000.0);
         fprintf(stderr, "\n");
     }
 }
@@ -4636,12 +4638,9 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
 #define PCA(v) {1, v, pc_k<true, false, true, true, v>}
 #define PCC(v) {2, v, pc_k<false, true, false, true, v>}
         struct pv_t { int ty, v; pc_fn fn; };
-        static const pv_t tab[] = {PCB(1), PCB(2), PCB(4), PCB(6), PCB(7), PCB(16), PCB(17), PCB(22), PCB(23),
-                                   PCB(64), PCB(86), PCB(87),
-                                   PCA(1), PCA(2), PCA(4), PCA(6), PCA(7), PCA(8), PCA(9), PCA(14), PCA(15),
-                                   PCA(16), PCA(17), PCA(24), PCA(30), PCA(31), PCA(64), PCA(94), PCA(95),
-                                   PCA(126), PCA(127),
-                                   PCC(1), PCC(2), PCC(4), PCC(5), PCC(6)};
+        static const pv_t tab[] = {PCB(1), PCB(6), PCB(22), PCB(70), PCB(86), PCB(87),
+                                   PCA(1), PCA(30), PCA(62), PCA(94), PCA(95), PCA(126),
+                                   PCC(6)};
 #undef PCB
 #undef PCA
 #undef PCC
