@@ -3777,13 +3777,14 @@ typedef struct {
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
     float rfmax; /* VAR: 1 / FP8_MAX correctly rounded (host) */
+    int vh;      /* VAR: room for V as fp16 (the 128 variant) */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
  * K and V scales [kpc], §4.9 tile M and M / FP8_MAX [kpc / 16], received O [cs][epo],
  * l and m [cs][hq], chunk maxes [spc][hq], the merge scratch */
-typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, wa, total; } pc_lay;
+typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, wa, vh, total; } pc_lay;
 static __host__ __device__ inline size_t pc_up(size_t x) { return (x + 15) / 16 * 16; }
 static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     const pf_cfg &c = pc.c;
@@ -3805,6 +3806,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     L.mi = o, o += pc_up((size_t)pc.spc * c.hq * 4);
     /* the owner's merge input; cl_merge's [nch][nh] float4 (nh <= 17) */
     L.wa = o, o += pc_up((size_t)pc.cs * (pc.epo * 4 > 17 * 16 ? pc.epo * 4 : 17 * 16));
+    L.vh = o, o += pc.vh ? (size_t)pc.kpc * c.Dh * 2 : 0; /* VAR: §4.9 V codes as fp16 */
     L.total = o;
     return L;
 }
@@ -3843,6 +3845,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     pc_cfg pcx = pc;
     if (FX) pcx.c.hq = 16, pcx.c.Dh = 128, pcx.cs = 16, pcx.spc = spc, pcx.epo = 128;
     if (FXP) pcx.kpc = 128;
+    pcx.vh = ((V & 128) && FX && !CONT && PA) ? 1 : 0; /* VAR: VVH */
     const pc_lay L = pc_layout(pcx, EB);
     unsigned char *ksm = pc_raw + L.k, *vsm = pc_raw + L.v;
     float *sc = reinterpret_cast<float *>(pc_raw + L.sc);
@@ -3861,6 +3864,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     constexpr bool VPB = (V & 2) && FX, VKB = (V & 4) && FX, VTM = (V & 8) && FX && !CONT && PA;
     constexpr bool VLK = (V & 16) && FX && !CONT && (!FP8 || PA); /* 16: K fragments by ldmatrix */
     constexpr bool VLV = (V & 64) && FX && !CONT && (!FP8 || PA); /* 64: P V fragments by ldmatrix */
+    constexpr bool VVH = (V & 128) && FX && !CONT && PA; /* 128: V to fp16 during the max exchange */
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
     /* Session 12, FX paged: EC, every warp ranks the selection itself (width <= 32: one
@@ -4278,6 +4282,31 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             else pc_sta(pc_mapa(mi + me * hq + h, c0 + to), mloc[h], pc_mapa(bars + 2, c0 + to));
         }
         if (tid == 0) pc_bar_expect(bars + 2, (uint32_t)((spc - 1) * hq * 4));
+        if (VVH) { /* while the partner's max is on its way: V landed, its codes to fp16 (the same
+                    * order: unit (ks, d) of 16 keys -> 32 bytes), keys past nk as 0 */
+            pc_bar_wait(bars + 1, 0);
+            uint16_t *vhs = reinterpret_cast<uint16_t *>(pc_raw + L.vh);
+#pragma unroll
+            for (int it = 0; it < 4; it++) {
+                const int u = tid + it * PC_NT; /* unit (ks = u / 128, d = u % 128) */
+                if (u < ng * 128) {
+                    uint4 w = *reinterpret_cast<const uint4 *>(vsm + (size_t)u * 16);
+                    const int nv = nk - (u >> 7) * 16; /* valid keys of the unit */
+                    if (nv < 16) { /* the last tile: keys past nk to code 0 */
+                        uint32_t ww[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                        for (int bb = 0; bb < 16; bb++)
+                            if (bb >= nv) ww[bb >> 2] &= ~(0xFFu << (8 * (bb & 3)));
+                        w = make_uint4(ww[0], ww[1], ww[2], ww[3]);
+                    }
+                    uint4 *dst = reinterpret_cast<uint4 *>(vhs + (size_t)u * 16);
+                    dst[0] = make_uint4(pf_h2(w.x, nullptr, true), pf_h2(w.x >> 16, nullptr, true),
+                                        pf_h2(w.y, nullptr, true), pf_h2(w.y >> 16, nullptr, true));
+                    dst[1] = make_uint4(pf_h2(w.z, nullptr, true), pf_h2(w.z >> 16, nullptr, true),
+                                        pf_h2(w.w, nullptr, true), pf_h2(w.w >> 16, nullptr, true));
+                }
+            }
+        }
         pc_bar_wait_cl(bars + 2, 0);
         __syncthreads(); /* the own slot */
         if (tid < hq) {
@@ -4394,7 +4423,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (two) psend(h + NW, m1, l1);
     }
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
-    if (!CONT && nk % 16 && tid < vu) {
+    if (!CONT && !VVH && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
         unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
@@ -4463,6 +4492,29 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     };
+    if (VVH) { /* VAR: V as fp16 (one 8-byte load per n-tile), the §4.9 tiles straight */
+        const uint16_t *vhs = reinterpret_cast<const uint16_t *>(pc_raw + L.vh);
+#pragma unroll
+        for (int ks = 0; ks < 8; ks++)
+            if (ks < ng) {
+                uint32_t a[4];
+                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
+                a[0] = *reinterpret_cast<const uint32_t *>(pr);
+                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
+                a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
+                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
+                const float f = mf[ks];
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    const uint2 vv = *reinterpret_cast<const uint2 *>(vhs + ((size_t)ks * Dh + np * 16 + h2 * 8 + gq) * 16 + 4 * tq);
+                    uint32_t bfr[2] = {vv.x, vv.y};
+                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    m3_mma_f16_16816(t4, a, bfr);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) o[h2][i] += t4[i] * f;
+                }
+            }
+    } else
     if (VLV) { /* VAR: P V fragments by ldmatrix.x4 (bf16: P's A fragment and both V n-tiles of a
                 * k-step; §4.9: the V words of two k-steps, both n-tiles); FX: np < 8, ng <= 8 */
         const int l7 = lane & 7, j = lane >> 3;
@@ -4626,6 +4678,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
     pc_fn fn = fns[fi];
     int fk = fi;
+    pc_cfg pcl = pc; /* VAR: vh for the 128 variant */
     { /* VAR */
         static int stamp = -1;
         if (stamp < 0) {
@@ -4633,24 +4686,25 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
             if (stamp) atexit(pc_dump);
         }
         const char *e = getenv("M3_PCV");
-        const int v = ((e ? atoi(e) : 0) | stamp) & 127;
+        const int v = ((e ? atoi(e) : 0) | stamp) & 255;
 #define PCB(v) {0, v, pc_k<false, false, false, true, v>}
 #define PCA(v) {1, v, pc_k<true, false, true, true, v>}
 #define PCC(v) {2, v, pc_k<false, true, false, true, v>}
         struct pv_t { int ty, v; pc_fn fn; };
         static const pv_t tab[] = {PCB(1), PCB(6), PCB(22), PCB(70), PCB(86), PCB(87),
                                    PCA(1), PCA(30), PCA(62), PCA(94), PCA(95), PCA(126),
-                                   PCC(6)};
+                                   PCA(158), PCA(222), PCA(223), PCC(6)};
 #undef PCB
 #undef PCA
 #undef PCC
         /* one value for all three: 8 and 32 are §4.9's, 16 and 64 the paged ones' */
         const int ty = fi == 4 ? 0 : fi == 7 ? 1 : fi == 6 ? 2 : -1;
-        const int vv = ty == 0 ? v & ~40 : ty == 2 ? v & 7 : v;
+        const int vv = ty == 0 ? v & ~168 : ty == 2 ? v & 7 : v;
+        if (ty == 1 && (vv & 128)) pcl.vh = 1;
         for (int i = 0; ty >= 0 && vv && i < (int)(sizeof tab / sizeof tab[0]); i++)
             if (tab[i].ty == ty && tab[i].v == vv) fn = tab[i].fn, fk = 8 + i;
     }
-    const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
+    const size_t sh = pc_layout(pcl, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
     cfg.blockDim = dim3(PC_NT);
@@ -4669,7 +4723,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fk], pc_ok[dv][fk][pc.cs], pc_no[dv][fk][pc.cs]))
         return M3_OK;
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pcl));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
 }
