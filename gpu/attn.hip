@@ -4691,9 +4691,9 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
 #define PCA(v) {1, v, pc_k<true, false, true, true, v>}
 #define PCC(v) {2, v, pc_k<false, true, false, true, v>}
         struct pv_t { int ty, v; pc_fn fn; };
-        static const pv_t tab[] = {PCB(1), PCB(6), PCB(22), PCB(70), PCB(86), PCB(87),
-                                   PCA(1), PCA(30), PCA(62), PCA(94), PCA(95), PCA(126),
-                                   PCA(158), PCA(222), PCA(223), PCC(6)};
+        static const pv_t tab[] = {PCB(6), PCB(22), PCB(70),
+                                   PCA(30), PCA(62), PCA(63), PCA(126), PCA(158), PCA(190), PCA(191), PCA(254),
+                                   PCC(6)};
 #undef PCB
 #undef PCA
 #undef PCC
