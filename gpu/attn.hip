@@ -27,8 +27,6 @@
 #include "ref/num/bf16.h"
 
 #include <string.h>
-#include <stdio.h> /* VAR (pc_dump), removed before the final batch */
-#include <stdlib.h>
 
 
 #define ATTN_THREADS 128
@@ -3776,15 +3774,14 @@ typedef struct {
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
-    float rfmax; /* VAR: 1 / FP8_MAX correctly rounded (host) */
-    int vh;      /* VAR: room for V as fp16 (the 128 variant) */
+    float rfmax; /* 1 / FP8_MAX correctly rounded (host; the §4.9 tile factors by pd8_div) */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
  * [kpc/x][Dh][16 B], scores [hq][kpc + 8] fp32 (also the Q staging), P [16][kpc + 8] bf16,
  * K and V scales [kpc], §4.9 tile M and M / FP8_MAX [kpc / 16], received O [cs][epo],
  * l and m [cs][hq], chunk maxes [spc][hq], the merge scratch */
-typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, wa, vh, total; } pc_lay;
+typedef struct { size_t k, v, sc, pb, ksc, vsc, mt, mf, ro, rl, rm, mi, wa, total; } pc_lay;
 static __host__ __device__ inline size_t pc_up(size_t x) { return (x + 15) / 16 * 16; }
 static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     const pf_cfg &c = pc.c;
@@ -3806,17 +3803,11 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     L.mi = o, o += pc_up((size_t)pc.spc * c.hq * 4);
     /* the owner's merge input; cl_merge's [nch][nh] float4 (nh <= 17) */
     L.wa = o, o += pc_up((size_t)pc.cs * (pc.epo * 4 > 17 * 16 ? pc.epo * 4 : 17 * 16));
-    L.vh = o, o += pc.vh ? (size_t)pc.kpc * c.Dh * 2 : 0; /* VAR: §4.9 V codes as fp16 */
     L.total = o;
     return L;
 }
 
-/* VAR (session 14, removed before the final batch): per instance, per phase, the sum over CTAs
- * of thread 0's clock64 minus its value at the grid wait's release; [i][31] the CTA count */
-__device__ unsigned long long pc_stm[3][32];
-#define PC_ST(i) do { if ((V & 1) && tid == 0) atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][i], (unsigned long long)(clock64() - pc_t0)); } while (0)
-
-template <bool FP8, bool CONT, bool PA, bool FX, int V = 0>
+template <bool FP8, bool CONT, bool PA, bool FX>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3845,7 +3836,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     pc_cfg pcx = pc;
     if (FX) pcx.c.hq = 16, pcx.c.Dh = 128, pcx.cs = 16, pcx.spc = spc, pcx.epo = 128;
     if (FXP) pcx.kpc = 128;
-    pcx.vh = ((V & 128) && FX && !CONT && PA) ? 1 : 0; /* VAR: VVH */
     const pc_lay L = pc_layout(pcx, EB);
     unsigned char *ksm = pc_raw + L.k, *vsm = pc_raw + L.v;
     float *sc = reinterpret_cast<float *>(pc_raw + L.sc);
@@ -3857,14 +3847,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
     /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's O partials;
-     * its l and m (bars[4]: the merge weights are formed before O lands) */
+     * its l and m (bars[4]: the merge weights are formed before O lands); F8X: the scales */
     __shared__ uint64_t bars[6];
-    /* VAR bits: 2 P without per-key branches, 4 S's scores without per-key branches, 8 (§4.9 FX)
-     * the scales on their own barrier and the tile maxima before K's wait */
-    constexpr bool VPB = (V & 2) && FX, VKB = (V & 4) && FX, VTM = (V & 8) && FX && !CONT && PA;
-    constexpr bool VLK = (V & 16) && FX && !CONT && (!FP8 || PA); /* 16: K fragments by ldmatrix */
-    constexpr bool VLV = (V & 64) && FX && !CONT && (!FP8 || PA); /* 64: P V fragments by ldmatrix */
-    constexpr bool VVH = (V & 128) && FX && !CONT && PA; /* 128: V to fp16 during the max exchange */
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
     /* Session 12, FX paged: EC, every warp ranks the selection itself (width <= 32: one
@@ -3877,7 +3861,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * instance too (PRC: up to 4 n-tiles a warp, kpd <= 256: a second S pass only when the CTA
      * has more than 128 keys; 6.82-6.86 against 7.15-7.34 us through the score array, batch 2) */
     constexpr bool PRC = FX && CONT;
-    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && (!FP8 || (PA && (V & 32))), PREG = (FXP && (!FP8 || PA)) || PRC;
+    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP, PREG = (FXP && (!FP8 || PA)) || PRC;
+    /* Session 14, F8X (the §4.9 FX instance): the K and V scales by their own bulk copies on
+     * bars[5], issued first, so the tile maxima are formed while K is in flight (a warp a tile);
+     * K fragments by two ldmatrix.x4 per n-tile; BRK on §4.9 too. Together (with PREG's
+     * branch-free scores and P) 6.17-6.20 us against 6.44-6.49 (batch 3); each alone measured
+     * slower (batch 1: the scale barrier 7.0, the P form 6.7, the score form 6.9 against 6.5) */
+    constexpr bool F8X = FXP && PA;
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
 
@@ -3886,15 +3876,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * before (a): other CTAs' stores complete on bars[2], [3]) and the unused P rows */
     if (tid == 0)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
-    if (VTM && tid == 0) pc_bar_init(bars + 5);
+    if (F8X && tid == 0) pc_bar_init(bars + 5);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
-    const long long pc_ts = (V & 1) ? clock64() : 0;
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
-    const long long pc_t0 = (V & 1) ? clock64() : 0;
-    if ((V & 1) && tid == 0)
-        atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][0], (unsigned long long)(pc_t0 - pc_ts)),
-            atomicAdd(&pc_stm[CONT ? 2 : FP8 ? 1 : 0][31], 1ull);
     m3_pdl_trigger();
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = FX || topk != NULL;
@@ -3922,30 +3907,28 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
         const unsigned hit = __ballot_sync(0xffffffffu, (ok && __popc(bal & lt) == r) || (own && r == nf));
         const int bsel = hit ? __shfl_sync(0xffffffffu, b, __ffs(hit) - 1) : -1;
-        PC_ST(19);
         const int k0e = r * 128, nke = max(0, min(128, n - k0e)), nge = (nke + 15) / 16;
         const int kue = 16 * (128 / XC), vue = (16 / XC) * 128;
         if (tid == 0) {
-            pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 && !VTM ? 128 : 0)));
+            pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 && !F8X ? 128 : 0)));
             pc_bar_expect(bars + 1, (uint32_t)nge * vue * 16);
-            if (VTM) pc_bar_expect(bars + 5, (uint32_t)nge * 128);
+            if (F8X) pc_bar_expect(bars + 5, (uint32_t)nge * 128);
         }
         if (nge > 0) {
             const int pblk = s.bt[bsel];
-            if ((V & 1) && tid == 0 && pblk != -12345) PC_ST(20);
             m3_gpu_attn_paged_src sx = s;
             sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
             const int gi = FP8 ? warp + NW * lane : tid;
             if (gi < nge) {
                 int64_t ko, vo, so;
                 pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
-                if (VTM) { /* the scales first, on their own barrier */
+                if (F8X) { /* the scales first, on their own barrier (the tile maxima) */
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars + 5);
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
                 }
                 pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
                         (uint32_t)kue * 16, bars);
-                if (FP8 && !VTM) {
+                if (FP8 && !F8X) {
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
                 }
@@ -4001,7 +3984,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
     }
     }
-    PC_ST(1);
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
@@ -4030,7 +4012,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int i = tid; kb0 + i <= kb1 / Bs && i < PC_MAX_PHYS; i += PC_NT) physl[i] = s.bt[kb0 + i];
     }
     __syncthreads();
-    PC_ST(2);
     /* contiguous: the row's keys split evenly (kpc is the most a CTA takes), a chunk a CTA
      * (no partitions: each CTA's own max, no max exchange; empty CTAs weigh 0 in the merge) */
     const int kpd = CONT ? ((n + 15) / 16 + cs - 1) / cs * 16 : kpc;
@@ -4129,25 +4110,39 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         }
     }
-    PC_ST(3);
-    if (VTM) { /* the scales landed: the tile maxima (a warp a tile, ng <= 8) while K is in flight */
-        pc_bar_wait(bars + 5, 0);
-        if (warp < ng) {
-            float M = lane < 16 && warp * 16 + lane < nk ? vsc[warp * 16 + lane] : 0.0f;
+    /* §4.9: the max V scale M of 16-key tile gt (tiles from the chunk start; lanes 0-15 its keys),
+     * M / FP8_MAX (pd8_div, as pd8_part_k: the correctly rounded quotient wherever it is normal)
+     * and 1 / (M + 1e-8), the P' quotient's reciprocal */
+    auto tmax = [&](int gt) {
+        float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
 #pragma unroll
-            for (int o2 = 8; o2 > 0; o2 >>= 1) M = fmaxf(M, M3_SHFL_XOR(M, o2));
-            if (lane == 0) mt[warp] = M, mf[warp] = pd8_div(M, c.fmax, pc.rfmax), mr[warp] = __frcp_rn(M + 1e-8f);
-        }
+        for (int o2 = 8; o2 > 0; o2 >>= 1) M = fmaxf(M, M3_SHFL_XOR(M, o2));
+        if (lane == 0) mt[gt] = M, mf[gt] = pd8_div(M, c.fmax, pc.rfmax), mr[gt] = __frcp_rn(M + 1e-8f);
+    };
+    if (F8X) { /* the scales landed: the tile maxima (a warp a tile, ng <= 8) while K is in flight */
+        pc_bar_wait(bars + 5, 0);
+        if (warp < ng) tmax(warp);
     }
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
-    PC_ST(4);
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
-    auto kstep = [&](int key, int s2, float (&acc)[4]) {
+    /* F8X: a key's 8 fp8 units (dims 16 u..) by two ldmatrix.x4 per n-tile (matrix j: unit 4 m + j
+     * of the n-tile's 8 keys; lane gq, tq gets word tq of key gq's unit: the B fragment word) */
+    constexpr int NKW = F8X ? 8 : 1;
+    auto kld = [&](int nt, uint32_t (&w)[NKW]) {
+        const int key = nt * 8 + (lane & 7);
+        const unsigned char *rb = ksm + ((size_t)(key >> 4) * 8 * 16 + (key & 15)) * 16;
+#pragma unroll
+        for (int m = 0; m < NKW / 4; m++) ldsm4(w + 4 * m, rb + (size_t)(4 * m + (lane >> 3)) * 256);
+    };
+    auto kstep = [&](int key, int s2, float (&acc)[4], const uint32_t (&kw)[NKW]) {
         uint32_t bfr[2];
         if (FP8) {
-            const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
+            const uint32_t w =
+                F8X ? kw[s2 % NKW]
+                    : *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 +
+                                                          4 * tq);
             if (pa) {
                 bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
                 m3_mma_f16_16816(acc, qa[s2], bfr);
@@ -4176,7 +4171,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
-            if (VKB && PREG) { /* no branch: keys past nk score -inf (their K / scales unread garbage) */
+            if (PREG) { /* FX (hq 16): no branch per key; keys past nk score -inf (their K and
+                         * scales, never written, are selected away) */
                 const float d = c8[0][i] + c8[1][i];
                 const float z = pa ? d * c.scale * ksc[ki] : d * c.scale;
                 zr[sl][i] = ki < nk ? z : -INFINITY;
@@ -4190,8 +4186,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 if (FP8) d *= ksc[ki]; /* dequantized K */
                 z = (!FX && c.eager) ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
             }
-            if (PREG) zr[sl][i] = z;
-            else sc[(size_t)rr * SCP + ki] = z;
+            sc[(size_t)rr * SCP + ki] = z;
             mx[i >> 1] = fmaxf(mx[i >> 1], z);
         }
     };
@@ -4199,42 +4194,16 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
         float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         const bool two = (nt + NW) * 8 < nk; /* warp-uniform */
-        if (VLK) { /* VAR: K fragments by ldmatrix.x4 (matrix j: unit 4 m + j of the n-tile's 8 keys;
-                    * lane gq, tq gets word tq of key gq's unit: the B fragment word) */
-            constexpr int NU = 128 / XC; /* units of a key (fp8 8, bf16 16) */
-            uint32_t kw[2][NU];
-            auto kld = [&](int ntx, uint32_t (&w)[NU]) {
-                const int key = ntx * 8 + (lane & 7);
-                const unsigned char *rb = ksm + ((size_t)(key >> 4) * NU * 16 + (key & 15)) * 16;
-#pragma unroll
-                for (int m = 0; m < NU / 4; m++) ldsm4(w + 4 * m, rb + (size_t)(4 * m + (lane >> 3)) * 256);
-            };
-            kld(nt, kw[0]);
-            if (two) kld(nt + NW, kw[1]);
-            auto kst = [&](const uint32_t (&w)[NU], int s2, float (&acc)[4]) {
-                uint32_t bfr[2];
-                if (FP8) {
-                    bfr[0] = pf_h2(w[s2], nullptr, true), bfr[1] = pf_h2(w[s2] >> 16, nullptr, true);
-                    m3_mma_f16_16816(acc, qa[s2], bfr);
-                } else {
-                    bfr[0] = w[2 * s2], bfr[1] = w[2 * s2 + 1];
-                    m3_mma_bf16_16816(acc, qa[s2], bfr);
-                }
-            };
-#pragma unroll
-            for (int s2 = 0; s2 < 8; s2++) {
-                kst(kw[0], s2, ca[s2 & 1]);
-                if (two) kst(kw[1], s2, cb[s2 & 1]);
-            }
-            kout(nt, ca, sl);
-            if (two) kout(nt + NW, cb, sl + 1);
-            return;
+        uint32_t kwa[NKW], kwb[NKW];
+        if (F8X) {
+            kld(nt, kwa);
+            if (two) kld(nt + NW, kwb);
         }
 #pragma unroll
         for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
             if (s2 * 16 >= Dh) break;
-            kstep(nt * 8 + gq, s2, ca[s2 & 1]);
-            if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
+            kstep(nt * 8 + gq, s2, ca[s2 & 1], kwa);
+            if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1], kwb);
         }
         kout(nt, ca, sl);
         if (two) kout(nt + NW, cb, sl + 1);
@@ -4252,17 +4221,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
     }
-    PC_ST(5);
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
-    if (pa && !VTM) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
-             * and 1 / (M + 1e-8), the quotient's reciprocal */
-        for (int gt = warp; gt < ng; gt += NW) {
-            float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
-            M = m3_warp_max(M);
-            if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
-        }
+    if (pa && !F8X)
+        for (int gt = warp; gt < ng; gt += NW) tmax(gt);
     __syncthreads();
-    PC_ST(6);
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
         float m = -INFINITY;
@@ -4270,9 +4232,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mloc[tid] = m;
     }
     __syncthreads();
-    PC_ST(7);
     pc_wait(); /* (a): every CTA of the cluster runs */
-    PC_ST(8);
     if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
                     * on their bars[2]: no cluster-wide barrier), the max of the spc values */
         const int c0 = chj * spc, me = r - c0;
@@ -4282,31 +4242,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             else pc_sta(pc_mapa(mi + me * hq + h, c0 + to), mloc[h], pc_mapa(bars + 2, c0 + to));
         }
         if (tid == 0) pc_bar_expect(bars + 2, (uint32_t)((spc - 1) * hq * 4));
-        if (VVH) { /* while the partner's max is on its way: V landed, its codes to fp16 (the same
-                    * order: unit (ks, d) of 16 keys -> 32 bytes), keys past nk as 0 */
-            pc_bar_wait(bars + 1, 0);
-            uint16_t *vhs = reinterpret_cast<uint16_t *>(pc_raw + L.vh);
-#pragma unroll
-            for (int it = 0; it < 4; it++) {
-                const int u = tid + it * PC_NT; /* unit (ks = u / 128, d = u % 128) */
-                if (u < ng * 128) {
-                    uint4 w = *reinterpret_cast<const uint4 *>(vsm + (size_t)u * 16);
-                    const int nv = nk - (u >> 7) * 16; /* valid keys of the unit */
-                    if (nv < 16) { /* the last tile: keys past nk to code 0 */
-                        uint32_t ww[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                        for (int bb = 0; bb < 16; bb++)
-                            if (bb >= nv) ww[bb >> 2] &= ~(0xFFu << (8 * (bb & 3)));
-                        w = make_uint4(ww[0], ww[1], ww[2], ww[3]);
-                    }
-                    uint4 *dst = reinterpret_cast<uint4 *>(vhs + (size_t)u * 16);
-                    dst[0] = make_uint4(pf_h2(w.x, nullptr, true), pf_h2(w.x >> 16, nullptr, true),
-                                        pf_h2(w.y, nullptr, true), pf_h2(w.y >> 16, nullptr, true));
-                    dst[1] = make_uint4(pf_h2(w.z, nullptr, true), pf_h2(w.z >> 16, nullptr, true),
-                                        pf_h2(w.w, nullptr, true), pf_h2(w.w >> 16, nullptr, true));
-                }
-            }
-        }
         pc_bar_wait_cl(bars + 2, 0);
         __syncthreads(); /* the own slot */
         if (tid < hq) {
@@ -4316,7 +4251,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         __syncthreads();
     }
-    PC_ST(9);
     /* P of the CTA's keys and the denominators l (unrounded exponentials), a warp per head,
      * two keys a lane (zero past nk): bf16 P (fp8: times the V scale), or the §4.9 P' codes as
      * fp16 (P' = e v_scale FP8_MAX / (M + 1e-8): the correctly rounded quotient, pd8_div; a
@@ -4356,48 +4290,25 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int sl = 0; sl < NSL; sl++) {
             const int nt = warp + sl * NW;
             if (PRC && nt * 8 >= ng * 16) continue; /* P's columns end at the CTA's last 16-key tile */
-            if (VPB) { /* no branch per key: the tile's M, 1 / (M + 1e-8) and the keys' V scales
-                        * loaded once for both rows; keys past nk give P 0 (their inputs garbage) */
-                const int k0s = nt * 8 + 2 * tq, ti = k0s >> 4;
-                float2 vs2 = make_float2(0.0f, 0.0f);
-                float my = 0.0f, mry = 0.0f;
-                if (pa || FP8) vs2 = *reinterpret_cast<const float2 *>(vsc + k0s);
-                if (pa) my = mt[ti] + 1e-8f, mry = mr[ti];
-#pragma unroll
-                for (int r2 = 0; r2 < 2; r2++) {
-                    float pv[2];
-#pragma unroll
-                    for (int k2 = 0; k2 < 2; k2++) {
-                        const bool on = k0s + k2 < nk;
-                        const float ex0 = expf(zr[sl][2 * r2 + k2] - mrow[r2]), ex = on ? ex0 : 0.0f;
-                        lp[r2] += ex;
-                        const float vs = k2 ? vs2.y : vs2.x;
-                        const float pp = pa ? pd8_div(ex * vs * c.fmax, my, mry) : FP8 ? ex * vs : ex;
-                        pv[k2] = on ? pp : 0.0f;
-                    }
-                    *reinterpret_cast<uint32_t *>(pb + (gq + 8 * r2) * PBP + nt * 8 + 2 * tq) =
-                        pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
-                }
-                continue;
-            }
+            /* no branch per key (session 14: bf16 5.80-5.85 against 6.05-6.13 us, contiguous 6.44-6.54
+             * against 6.71-6.83, batch 2): the tile's M + 1e-8, 1 / (M + 1e-8) and the keys' V
+             * scales loaded once for both rows; keys past nk give P 0 and add 0 to l (their
+             * scores are -inf, their scales never written: selected away) */
+            const int k0s = nt * 8 + 2 * tq, ti = k0s >> 4;
+            float2 vs2 = make_float2(0.0f, 0.0f);
+            float my = 0.0f, mry = 0.0f;
+            if (pa) vs2 = *reinterpret_cast<const float2 *>(vsc + k0s), my = mt[ti] + 1e-8f, mry = mr[ti];
 #pragma unroll
             for (int r2 = 0; r2 < 2; r2++) {
                 float pv[2];
 #pragma unroll
                 for (int k2 = 0; k2 < 2; k2++) {
-                    const int ki = nt * 8 + 2 * tq + k2;
-                    float pp = 0.0f;
-                    if (ki < nk) {
-                        const float ex = expf(zr[sl][2 * r2 + k2] - mrow[r2]);
-                        lp[r2] += ex;
-                        if (pa) { /* §4.9 step 4 */
-                            const int ti = ki >> 4;
-                            pp = pd8_div(ex * vsc[ki] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
-                        } else {
-                            pp = FP8 ? ex * vsc[ki] : ex;
-                        }
-                    }
-                    pv[k2] = pp;
+                    const bool on = k0s + k2 < nk;
+                    const float e0 = expf(zr[sl][2 * r2 + k2] - mrow[r2]), ex = on ? e0 : 0.0f;
+                    lp[r2] += ex;
+                    /* §4.9 step 4 */
+                    const float pp = pa ? pd8_div(ex * (k2 ? vs2.y : vs2.x) * c.fmax, my, mry) : ex;
+                    pv[k2] = on ? pp : 0.0f;
                 }
                 *reinterpret_cast<uint32_t *>(pb + (gq + 8 * r2) * PBP + nt * 8 + 2 * tq) =
                     pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
@@ -4409,7 +4320,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             lp[r2] += M3_SHFL_XOR(lp[r2], 2);
         }
         if (tq == 0) lw[warp][gq] = lp[0], lw[warp][gq + 8] = lp[1];
-        PC_ST(10);
     } else
     for (int h = warp; h < hq; h += 2 * NW) {
         const bool two = h + NW < hq; /* warp-uniform */
@@ -4423,13 +4333,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (two) psend(h + NW, m1, l1);
     }
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
-    if (!CONT && !VVH && nk % 16 && tid < vu) {
+    if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
         unsigned char *dst = vsm + ((size_t)((ng - 1) * (16 / XC) + vg) * Dh + vd) * 16;
         for (int bb = (nv > 0 ? nv : 0) * EB; bb < 16; bb++) dst[bb] = 0;
     }
     __syncthreads();
-    PC_ST(11);
     if (PREG) { /* (l, the chunk's max) of head tid / 16 to owner tid % 16 (the warps' l in order) */
         const int h = tid >> 4, ow = tid & 15;
         float l = 0.0f;
@@ -4439,7 +4348,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_sta(pc_mapa(rl + r * hq + h, ow), l, mb);
         pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], mb);
     }
-    PC_ST(12);
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
     float o[2][4] = {};
@@ -4492,71 +4400,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     };
-    if (VVH) { /* VAR: V as fp16 (one 8-byte load per n-tile), the §4.9 tiles straight */
-        const uint16_t *vhs = reinterpret_cast<const uint16_t *>(pc_raw + L.vh);
-#pragma unroll
-        for (int ks = 0; ks < 8; ks++)
-            if (ks < ng) {
-                uint32_t a[4];
-                const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
-                a[0] = *reinterpret_cast<const uint32_t *>(pr);
-                a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
-                a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
-                a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
-                const float f = mf[ks];
-#pragma unroll
-                for (int h2 = 0; h2 < 2; h2++) {
-                    const uint2 vv = *reinterpret_cast<const uint2 *>(vhs + ((size_t)ks * Dh + np * 16 + h2 * 8 + gq) * 16 + 4 * tq);
-                    uint32_t bfr[2] = {vv.x, vv.y};
-                    float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    m3_mma_f16_16816(t4, a, bfr);
-#pragma unroll
-                    for (int i = 0; i < 4; i++) o[h2][i] += t4[i] * f;
-                }
-            }
-    } else
-    if (VLV) { /* VAR: P V fragments by ldmatrix.x4 (bf16: P's A fragment and both V n-tiles of a
-                * k-step; §4.9: the V words of two k-steps, both n-tiles); FX: np < 8, ng <= 8 */
-        const int l7 = lane & 7, j = lane >> 3;
-        if (FP8) {
-#pragma unroll
-            for (int kp = 0; kp < 4; kp++)
-                if (2 * kp < ng) {
-                    uint32_t vw[4];
-                    ldsm4(vw, vsm + ((size_t)(2 * kp + (j >> 1)) * Dh + np * 16 + (j & 1) * 8 + l7) * 16);
-#pragma unroll
-                    for (int k2 = 0; k2 < 2; k2++) {
-                        const int ks = 2 * kp + k2;
-                        if (ks >= ng) break;
-                        uint32_t a[4];
-                        const m3_bf16 *pr = pb + gq * PBP + ks * 16 + 4 * tq;
-                        a[0] = *reinterpret_cast<const uint32_t *>(pr);
-                        a[1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP);
-                        a[2] = *reinterpret_cast<const uint32_t *>(pr + 2);
-                        a[3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PBP + 2);
-                        const float f = mf[ks];
-#pragma unroll
-                        for (int h2 = 0; h2 < 2; h2++) {
-                            const uint32_t w = vw[2 * k2 + h2];
-                            uint32_t bfr[2] = {pf_h2(w, nullptr, true), pf_h2(w >> 16, nullptr, true)};
-                            float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                            m3_mma_f16_16816(t4, a, bfr);
-#pragma unroll
-                            for (int i = 0; i < 4; i++) o[h2][i] += t4[i] * f;
-                        }
-                    }
-                }
-        } else {
-#pragma unroll 4
-            for (int ks = 0; ks < ng; ks++) {
-                uint32_t a[4], vb[4];
-                ldsm4(a, pb + (size_t)(l7 + (j & 1) * 8) * PBP + ks * 16 + (j >> 1) * 8);
-                ldsm4(vb, vsm + ((size_t)(2 * ks + (j & 1)) * Dh + np * 16 + (j >> 1) * 8 + l7) * 16);
-                m3_mma_bf16_16816(o[0], a, vb);
-                m3_mma_bf16_16816(o[1], a, vb + 2);
-            }
-        }
-    } else
     if (np * 16 < Dh) {
         if (FXP && PA) { /* §4.9 FX (ng <= 8): straight guarded steps, so the tiles' mma (each summed
                           * apart, then scaled) issue back to back: 6.50-6.54 against 7.07-7.13 us
@@ -4568,7 +4411,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
     }
-    PC_ST(13);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = FX ? 128 : pc.epo;
@@ -4588,23 +4430,18 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
-    PC_ST(14);
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
     if (EARLY) { /* the weights once every CTA's l and m landed (bars[4], sent from the P loops:
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
-        PC_ST(15);
         cl_weights<false, MSP, MNJ, MEH>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-        PC_ST(16);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
         __syncthreads(); /* the weights */
-        PC_ST(17);
         cl_sums<MSP, MNJ, MEH>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, nch, spc,
                                FXP || (!CONT && c.part > 0), e0, ne, Dh, reinterpret_cast<const float4 *>(wa), tid,
                                PC_NT);
-        PC_ST(18);
     } else { /* contiguous: l, m and O on bars[3], then the whole merge */
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * (ne + 2 * hq) * 4));
         pc_bar_wait_cl(bars + 3, 0);
@@ -4637,26 +4474,13 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
     const int E = c.hq * c.Dh;
     pc->epo = ((E + pc->cs - 1) / pc->cs + 3) / 4 * 4;
     if (pc->epo > PC_NT) return false;
-    pc->rfmax = c.fmax > 0.0f ? 1.0f / c.fmax : 0.0f; /* VAR */
+    pc->rfmax = c.fmax > 0.0f ? 1.0f / c.fmax : 0.0f;
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
     return force || (int64_t)c.Hkv * n_tok * pc->cs <= n_sm;
 }
 
 typedef void (*pc_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                       int, const int32_t *, int, pc_cfg);
-/* VAR (session 14, removed before the final batch): M3_PC_STAMP=1 adds bit 1 (stamps, printed
- * at exit) to M3_PCV (variant bits of the FX instances, re-read per call) */
-static void pc_dump(void) {
-    unsigned long long h[3][32];
-    if (cudaMemcpyFromSymbol(h, pc_stm, sizeof h) != cudaSuccess) { fprintf(stderr, "pc_dump: copy failed\n"); return; }
-    static const char *nm[3] = {"bf16 paged", "fp8 paged", "bf16 cont"};
-    for (int i = 0; i < 3; i++) {
-        if (!h[i][31]) continue;
-        fprintf(stderr, "PCSTAMP %s ctas %llu (k cycles from the grid wait's release; [0] = pre-wait):", nm[i], h[i][31]);
-        for (int j = 0; j < 21; j++) fprintf(stderr, " %d:%.3f", j, (double)h[i][j] / (double)h[i][31] / 1000.0);
-        fprintf(stderr, "\n");
-    }
-}
 static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, const pc_cfg &pc, bool *done) {
@@ -4676,35 +4500,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, true, false, false>, pc_k<true, false, true, false>,
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
-    pc_fn fn = fns[fi];
-    int fk = fi;
-    pc_cfg pcl = pc; /* VAR: vh for the 128 variant */
-    { /* VAR */
-        static int stamp = -1;
-        if (stamp < 0) {
-            stamp = getenv("M3_PC_STAMP") ? 1 : 0;
-            if (stamp) atexit(pc_dump);
-        }
-        const char *e = getenv("M3_PCV");
-        const int v = ((e ? atoi(e) : 0) | stamp) & 255;
-#define PCB(v) {0, v, pc_k<false, false, false, true, v>}
-#define PCA(v) {1, v, pc_k<true, false, true, true, v>}
-#define PCC(v) {2, v, pc_k<false, true, false, true, v>}
-        struct pv_t { int ty, v; pc_fn fn; };
-        static const pv_t tab[] = {PCB(6), PCB(22), PCB(70),
-                                   PCA(30), PCA(62), PCA(63), PCA(126), PCA(158), PCA(190), PCA(191), PCA(254),
-                                   PCC(6)};
-#undef PCB
-#undef PCA
-#undef PCC
-        /* one value for all three: 8 and 32 are §4.9's, 16 and 64 the paged ones' */
-        const int ty = fi == 4 ? 0 : fi == 7 ? 1 : fi == 6 ? 2 : -1;
-        const int vv = ty == 0 ? v & ~168 : ty == 2 ? v & 7 : v;
-        if (ty == 1 && (vv & 128)) pcl.vh = 1;
-        for (int i = 0; ty >= 0 && vv && i < (int)(sizeof tab / sizeof tab[0]); i++)
-            if (tab[i].ty == ty && tab[i].v == vv) fn = tab[i].fn, fk = 8 + i;
-    }
-    const size_t sh = pc_layout(pcl, pc.c.fp8 ? 1 : 2).total;
+    const pc_fn fn = fns[fi];
+    const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
     cfg.blockDim = dim3(PC_NT);
@@ -4718,12 +4515,12 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][48];
-    static size_t pc_ok[64][48][PC_MAX_CS + 1], pc_no[64][48][PC_MAX_CS + 1];
+    static int pc_attr[64][8];
+    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
     const int dv = g->device & 63;
-    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fk], pc_ok[dv][fk][pc.cs], pc_no[dv][fk][pc.cs]))
+    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pcl));
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
 }

@@ -348,26 +348,6 @@ static double distinct_keys(const int32_t *pos, const int32_t *tk, int T, int C)
 }
 
 static bool row_wanted(const char *nm);
-/* VAR (session 13, removed before the final batch): M3_BENCH_PCV=0,2,4 times the row again
- * with M3_PCV (gpu/attn.hip's pc_k variants, re-read per call) set to each value */
-static void pcv_retime(m3_gpu *g, bench_fn fn, void *ctx, const char *nm, int reps, int batches,
-                       double bytes, double flops) {
-    for (const char *v = getenv("M3_BENCH_PCV"); v && *v;) {
-        char val[16], nk[120];
-        int n = 0;
-        while (v[n] && v[n] != ',' && n < 15) val[n] = v[n], n++;
-        val[n] = 0;
-        setenv("M3_PCV", val, 1);
-        snprintf(nk, sizeof nk, "%s pcv%s", nm, val);
-        const double ms = time_ms(g, fn, ctx, reps, batches);
-        printf("pcv: %-50s %7.3f us\n", nk, 1e3 * ms);
-        (void)bytes, (void)flops;
-        v = strchr(v, ',');
-        v = v ? v + 1 : NULL;
-    }
-    unsetenv("M3_PCV");
-}
-
 static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int prof, bool flash) {
     attn_ctx c;
     memset(&c, 0, sizeof c);
@@ -415,8 +395,6 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
     double kvb = sparse ? bkeys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
-    if (flash && T == 1)
-        pcv_retime(g, do_attn, &c, nm, 10, 5, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
     m3_gpu_release(g, mark);
 }
 
@@ -563,7 +541,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
-    if (T == 1) pcv_retime(g, do_pattn, &c, nm, 20, 7, bytes, flops);
     m3_gpu_release(g, mark);
 }
 
