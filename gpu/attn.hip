@@ -3774,6 +3774,7 @@ typedef struct {
     int kpc; /* keys per CTA (a multiple of 16) */
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
+    float rfmax; /* 1 / FP8_MAX correctly rounded (host; the §4.9 tile factors by pd8_div) */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
@@ -3846,8 +3847,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     float *wa = reinterpret_cast<float *>(pc_raw + L.wa);
     __shared__ int selsh[PG_MAX_SEL], vfl[PG_MAX_SEL], physl[PG_MAX_SEL + 1];
     /* K (+ fp8 scales), V; the chunk maxes from the chunk's other CTAs; the owner's O partials;
-     * its l and m (bars[4]: the merge weights are formed before O lands) */
-    __shared__ uint64_t bars[5];
+     * its l and m (bars[4]: the merge weights are formed before O lands); F8X: the scales */
+    __shared__ uint64_t bars[6];
     __shared__ float mloc[FD_MAX_HQ], wmx[NW][16], mr[PC_MAX_KPC / 16];
     __shared__ int wcnt[NW];
     /* Session 12, FX paged: EC, every warp ranks the selection itself (width <= 32: one
@@ -3860,7 +3861,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * instance too (PRC: up to 4 n-tiles a warp, kpd <= 256: a second S pass only when the CTA
      * has more than 128 keys; 6.82-6.86 against 7.15-7.34 us through the score array, batch 2) */
     constexpr bool PRC = FX && CONT;
-    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP && !FP8, PREG = (FXP && (!FP8 || PA)) || PRC;
+    constexpr bool EC = FXP && (!FP8 || PA), BRK = FXP, PREG = (FXP && (!FP8 || PA)) || PRC;
+    /* Session 14, F8X (the §4.9 FX instance): the K and V scales by their own bulk copies on
+     * bars[5], issued first, so the tile maxima are formed while K is in flight (a warp a tile);
+     * K fragments by two ldmatrix.x4 per n-tile; BRK on §4.9 too. Together (with PREG's
+     * branch-free scores and P) 6.17-6.20 us against 6.44-6.49 (batch 3); each alone measured
+     * slower (batch 1: the scale barrier 7.0, the P form 6.7, the score form 6.9 against 6.5) */
+    constexpr bool F8X = FXP && PA;
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
 
@@ -3869,6 +3876,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * before (a): other CTAs' stores complete on bars[2], [3]) and the unused P rows */
     if (tid == 0)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
+    if (F8X && tid == 0) pc_bar_init(bars + 5);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
@@ -3902,8 +3910,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         const int k0e = r * 128, nke = max(0, min(128, n - k0e)), nge = (nke + 15) / 16;
         const int kue = 16 * (128 / XC), vue = (16 / XC) * 128;
         if (tid == 0) {
-            pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 ? 128 : 0)));
+            pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 && !F8X ? 128 : 0)));
             pc_bar_expect(bars + 1, (uint32_t)nge * vue * 16);
+            if (F8X) pc_bar_expect(bars + 5, (uint32_t)nge * 128);
         }
         if (nge > 0) {
             const int pblk = s.bt[bsel];
@@ -3913,9 +3922,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (gi < nge) {
                 int64_t ko, vo, so;
                 pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
+                if (F8X) { /* the scales first, on their own barrier (the tile maxima) */
+                    pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars + 5);
+                    pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
+                }
                 pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
                         (uint32_t)kue * 16, bars);
-                if (FP8) {
+                if (FP8 && !F8X) {
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
                 }
@@ -4097,14 +4110,39 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         }
         }
     }
+    /* §4.9: the max V scale M of 16-key tile gt (tiles from the chunk start; lanes 0-15 its keys),
+     * M / FP8_MAX (pd8_div, as pd8_part_k: the correctly rounded quotient wherever it is normal)
+     * and 1 / (M + 1e-8), the P' quotient's reciprocal */
+    auto tmax = [&](int gt) {
+        float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
+#pragma unroll
+        for (int o2 = 8; o2 > 0; o2 >>= 1) M = fmaxf(M, M3_SHFL_XOR(M, o2));
+        if (lane == 0) mt[gt] = M, mf[gt] = pd8_div(M, c.fmax, pc.rfmax), mr[gt] = __frcp_rn(M + 1e-8f);
+    };
+    if (F8X) { /* the scales landed: the tile maxima (a warp a tile, ng <= 8) while K is in flight */
+        pc_bar_wait(bars + 5, 0);
+        if (warp < ng) tmax(warp);
+    }
     pc_bar_wait(bars, 0); /* K and the scales landed */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
-    auto kstep = [&](int key, int s2, float (&acc)[4]) {
+    /* F8X: a key's 8 fp8 units (dims 16 u..) by two ldmatrix.x4 per n-tile (matrix j: unit 4 m + j
+     * of the n-tile's 8 keys; lane gq, tq gets word tq of key gq's unit: the B fragment word) */
+    constexpr int NKW = F8X ? 8 : 1;
+    auto kld = [&](int nt, uint32_t (&w)[NKW]) {
+        const int key = nt * 8 + (lane & 7);
+        const unsigned char *rb = ksm + ((size_t)(key >> 4) * 8 * 16 + (key & 15)) * 16;
+#pragma unroll
+        for (int m = 0; m < NKW / 4; m++) ldsm4(w + 4 * m, rb + (size_t)(4 * m + (lane >> 3)) * 256);
+    };
+    auto kstep = [&](int key, int s2, float (&acc)[4], const uint32_t (&kw)[NKW]) {
         uint32_t bfr[2];
         if (FP8) {
-            const uint32_t w = *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 + 4 * tq);
+            const uint32_t w =
+                F8X ? kw[s2 % NKW]
+                    : *reinterpret_cast<const uint32_t *>(ksm + (((size_t)(key >> 4) * (Dh / 16) + s2) * 16 + (key & 15)) * 16 +
+                                                          4 * tq);
             if (pa) {
                 bfr[0] = pf_h2(w, nullptr, true), bfr[1] = pf_h2(w >> 16, nullptr, true);
                 m3_mma_f16_16816(acc, qa[s2], bfr);
@@ -4133,6 +4171,14 @@ static __global__ void __launch_bounds__(PC_NT, 2)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int rr = gq + (i >> 1) * 8, ki = nt * 8 + 2 * tq + (i & 1);
+            if (PREG) { /* FX (hq 16): no branch per key; keys past nk score -inf (their K and
+                         * scales, never written, are selected away) */
+                const float d = c8[0][i] + c8[1][i];
+                const float z = pa ? d * c.scale * ksc[ki] : d * c.scale;
+                zr[sl][i] = ki < nk ? z : -INFINITY;
+                mx[i >> 1] = fmaxf(mx[i >> 1], zr[sl][i]);
+                continue;
+            }
             if (rr >= hq || ki >= nk) continue; /* keys past nk are never read */
             float d = c8[0][i] + c8[1][i], z;
             if (pa) z = d * c.scale * ksc[ki]; /* §4.9 step 2 */
@@ -4140,8 +4186,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 if (FP8) d *= ksc[ki]; /* dequantized K */
                 z = (!FX && c.eager) ? m3_round_bf16(m3_round_bf16(d) * c.scale) : d * c.scale;
             }
-            if (PREG) zr[sl][i] = z;
-            else sc[(size_t)rr * SCP + ki] = z;
+            sc[(size_t)rr * SCP + ki] = z;
             mx[i >> 1] = fmaxf(mx[i >> 1], z);
         }
     };
@@ -4149,11 +4194,16 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         float ca[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* even / odd k-steps */
         float cb[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         const bool two = (nt + NW) * 8 < nk; /* warp-uniform */
+        uint32_t kwa[NKW], kwb[NKW];
+        if (F8X) {
+            kld(nt, kwa);
+            if (two) kld(nt + NW, kwb);
+        }
 #pragma unroll
         for (int s2 = 0; s2 < FA_MAX_DH / 16; s2++) {
             if (s2 * 16 >= Dh) break;
-            kstep(nt * 8 + gq, s2, ca[s2 & 1]);
-            if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1]);
+            kstep(nt * 8 + gq, s2, ca[s2 & 1], kwa);
+            if (two) kstep((nt + NW) * 8 + gq, s2, cb[s2 & 1], kwb);
         }
         kout(nt, ca, sl);
         if (two) kout(nt + NW, cb, sl + 1);
@@ -4172,13 +4222,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 2));
     }
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
-    if (pa) /* §4.9: the max V scale M of each 16-key tile (tiles from the chunk start); M / FP8_MAX
-             * and 1 / (M + 1e-8), the quotient's reciprocal */
-        for (int gt = warp; gt < ng; gt += NW) {
-            float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
-            M = m3_warp_max(M);
-            if (lane == 0) mt[gt] = M, mf[gt] = M / c.fmax, mr[gt] = __frcp_rn(M + 1e-8f);
-        }
+    if (pa && !F8X)
+        for (int gt = warp; gt < ng; gt += NW) tmax(gt);
     __syncthreads();
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
@@ -4245,24 +4290,25 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int sl = 0; sl < NSL; sl++) {
             const int nt = warp + sl * NW;
             if (PRC && nt * 8 >= ng * 16) continue; /* P's columns end at the CTA's last 16-key tile */
+            /* no branch per key (session 14: bf16 5.80-5.85 against 6.05-6.13 us, contiguous 6.44-6.54
+             * against 6.71-6.83, batch 2): the tile's M + 1e-8, 1 / (M + 1e-8) and the keys' V
+             * scales loaded once for both rows; keys past nk give P 0 and add 0 to l (their
+             * scores are -inf, their scales never written: selected away) */
+            const int k0s = nt * 8 + 2 * tq, ti = k0s >> 4;
+            float2 vs2 = make_float2(0.0f, 0.0f);
+            float my = 0.0f, mry = 0.0f;
+            if (pa) vs2 = *reinterpret_cast<const float2 *>(vsc + k0s), my = mt[ti] + 1e-8f, mry = mr[ti];
 #pragma unroll
             for (int r2 = 0; r2 < 2; r2++) {
                 float pv[2];
 #pragma unroll
                 for (int k2 = 0; k2 < 2; k2++) {
-                    const int ki = nt * 8 + 2 * tq + k2;
-                    float pp = 0.0f;
-                    if (ki < nk) {
-                        const float ex = expf(zr[sl][2 * r2 + k2] - mrow[r2]);
-                        lp[r2] += ex;
-                        if (pa) { /* §4.9 step 4 */
-                            const int ti = ki >> 4;
-                            pp = pd8_div(ex * vsc[ki] * c.fmax, mt[ti] + 1e-8f, mr[ti]);
-                        } else {
-                            pp = FP8 ? ex * vsc[ki] : ex;
-                        }
-                    }
-                    pv[k2] = pp;
+                    const bool on = k0s + k2 < nk;
+                    const float e0 = expf(zr[sl][2 * r2 + k2] - mrow[r2]), ex = on ? e0 : 0.0f;
+                    lp[r2] += ex;
+                    /* §4.9 step 4 */
+                    const float pp = pa ? pd8_div(ex * (k2 ? vs2.y : vs2.x) * c.fmax, my, mry) : ex;
+                    pv[k2] = on ? pp : 0.0f;
                 }
                 *reinterpret_cast<uint32_t *>(pb + (gq + 8 * r2) * PBP + nt * 8 + 2 * tq) =
                     pa ? pf_q2(pv[0], pv[1], s.g.fp8_kind, s.ovf, true) : pack_bf16(pv[0], pv[1]);
@@ -4428,6 +4474,7 @@ static bool pc_plan(const m3_gpu *g, const m3_gpu_attn_paged_src *src, int n_tok
     const int E = c.hq * c.Dh;
     pc->epo = ((E + pc->cs - 1) / pc->cs + 3) / 4 * 4;
     if (pc->epo > PC_NT) return false;
+    pc->rfmax = c.fmax > 0.0f ? 1.0f / c.fmax : 0.0f;
     const int n_sm = g->n_sm > 0 ? g->n_sm : 132;
     return force || (int64_t)c.Hkv * n_tok * pc->cs <= n_sm;
 }
