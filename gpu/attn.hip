@@ -3071,9 +3071,13 @@ static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
     return s > a ? s : a;
 }
-/* Q's fp16 fragments (4 KB), then the warps' S / A areas and rings */
+/* the warp's V scales of a chunk, parked by pass 1 for the P' codes: [ch/16 groups][4] float4 */
+static __host__ __device__ inline size_t pd8_vs_bytes(const pf_cfg &c) {
+    return (size_t)(c.ch / 16) * 64;
+}
+/* Q's fp16 fragments (4 KB), then the warps' S / A areas, V scales and rings */
 static size_t pd8_smem_bytes(const pf_cfg &c) {
-    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + pd8_vs_bytes(c) + (size_t)PD8_NS * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
@@ -3106,7 +3110,7 @@ static __device__ __forceinline__ float pd8_ex2e(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
-template <bool TPAIR, int PVC>
+template <bool TPAIR, int PVC, bool PP>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3119,7 +3123,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
-    const size_t SA = pd8_sa_bytes(c), WB = SA + (size_t)NS * SB;
+    const size_t SA = pd8_sa_bytes(c), VSB = pd8_vs_bytes(c), WB = SA + VSB + (size_t)NS * SB;
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
@@ -3176,8 +3180,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
     const float rfmax = __frcp_rn(c.fmax);
-    unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA;
-    float4 *sw = reinterpret_cast<float4 *>(sa);
+    unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA + VSB;
+    float4 *sw = reinterpret_cast<float4 *>(sa), *vsw = reinterpret_cast<float4 *>(sa + SA);
     /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
     auto phys = [&](int cc) {
         const int k = cc * ch + 16 * lane;
@@ -3231,7 +3235,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) + 16 * lane;
 #pragma unroll
                 for (int i = 0; i < 4; i++) pd8_cp16(dst + 16 * lane + 512 * i, vp + 512 * i);
-                if (lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
+                if (!PP && lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
             }
             if (++ij == 2 * ing) {
                 ic += PD_W, ij = 0;
@@ -3333,6 +3337,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
             if (lane == gr) vm = m;
+            if (PP && gq == 0) vsw[gr * 4 + tq] = kv; /* the P' codes' V scales */
             float z[2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -3365,6 +3370,36 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
         constexpr bool tpair = TPAIR; /* pairs (2i, 2i + 1) of groups lie in one tile */
+        if (PP) {
+            /* pass 1.5: every group's P' codes (in place of its S) and the row sums, before
+             * pass 2 and away from its ring waits */
+#pragma unroll 2
+            for (int gr = 0; gr < ng; gr++) {
+                float4 *zp = sw + (gr * 2) * 32 + lane;
+                const float4 zl = zp[0], zh = zp[32], v = vsw[gr * 4 + tq];
+                float vs4[4] = {v.x, v.y, v.z, v.w};
+                if (16 * gr + 16 > nk) /* keys past the list: no weight */
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (16 * gr + 4 * tq + e >= nk) vs4[e] = 0.0f;
+                const float ex[2][4] = {{pd8_ex2e(zl.x - mx0), pd8_ex2e(zl.y - mx0),
+                                         pd8_ex2e(zl.z - mx1), pd8_ex2e(zl.w - mx1)},
+                                        {pd8_ex2e(zh.x - mx0), pd8_ex2e(zh.y - mx0),
+                                         pd8_ex2e(zh.z - mx1), pd8_ex2e(zh.w - mx1)}};
+                l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+                l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+                const float y = __shfl_sync(0xffffffffu, ty, gr), ry = __shfl_sync(0xffffffffu, tr, gr);
+                float pv[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
+                *reinterpret_cast<uint2 *>(zp) =
+                    make_uint2(pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16),
+                               pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16));
+            }
+        }
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr += 2) {
             const bool two = gr + 1 < ng;
@@ -3383,7 +3418,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                  * load j4 is n-tile 4 j4 + m, its row r dim 8 (4 j4 + m) + r */
 #pragma unroll
                 for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
-                vsg[j] = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
+                vsg[j] = PP ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                            : *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
                 release();
             }
             /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
@@ -3405,6 +3441,16 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                         }
                     vsg[j] = make_float4(vs4[0], vs4[1], vs4[2], vs4[3]);
                 }
+            if (PP) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const uint2 w = j == 0 || two ? *reinterpret_cast<const uint2 *>(sw + ((gr + j) * 2) * 32 + lane)
+                                                  : make_uint2(0u, 0u);
+                    pc[j][0] = w.x, pc[j][1] = w.y;
+                }
+                fj[0] = __shfl_sync(0xffffffffu, tf, gr);
+                fj[1] = TPAIR ? fj[0] : __shfl_sync(0xffffffffu, tf, gr + 1);
+            } else
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int g2 = gr + j;
@@ -4532,7 +4578,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2 || src->flash_kernel == 4) dec = c.dec;
+    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel >= 5) dec = c.dec;
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
@@ -4597,30 +4643,32 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][11]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                         pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                         pd8_part_k<true, 128>};
+    const pf_fn kf[10] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+                          pd8_part_k<false, 0, true>, pd8_part_k<true, 0, true>, pd8_part_k<false, 16, true>,
+                          pd8_part_k<true, 128, true>, pd8_part_k<false, 16, false>,
+                          pd8_part_k<true, 128, false>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
+        if (src->flash_kernel == 5 && (fi == 6 || fi == 7)) fi += 2; /* SESSION KNOB: old pass 2 */
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && !c.split && msh > pf_set[8]) {
+    if (!c.fused && !c.split && msh > pf_set[10]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[8] = msh;
+        pf_set[10] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
