@@ -1769,6 +1769,7 @@ typedef struct {
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
+    int knob;   /* SESSION KNOB (pdec, session 14): 1 = pd8_part_k's V L2 prefetch at chunk entry */
     int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their last `split`
                  * blocks to arrive, a head slice each (pd_split_merge); 0: pf_merge_k */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
@@ -3200,6 +3201,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         if (lane < ing) {
             const int k = k0 + 16 * lane, kb = k / Bs;
             pf_offs<16>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
+            if (c.knob & 1) pd_l2(vbase + gvo, 2048); /* SESSION KNOB: the chunk's V into L2 */
         }
         phn = phys(ic + PD_W);
     };
@@ -4659,7 +4661,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
-        if (src->flash_kernel == 5 && (fi == 6 || fi == 7)) fi += 2; /* SESSION KNOB: old pass 2 */
+        /* SESSION KNOB: 5 old pass 2, 6 pass 1.5 + V L2 prefetch, 7 old + V L2 prefetch */
+        if ((src->flash_kernel == 5 || src->flash_kernel == 7) && (fi == 6 || fi == 7)) fi += 2;
+        c.knob = src->flash_kernel == 6 || src->flash_kernel == 7 ? 1 : 0;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
