@@ -3202,6 +3202,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const int k = k0 + 16 * lane, kb = k / Bs;
             pf_offs<16>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
             if (c.knob & 1) pd_l2(vbase + gvo, 2048); /* SESSION KNOB: the chunk's V into L2 */
+            if (c.knob & 2) { /* SESSION KNOB: the chunk's K into L2 (a group's 8 runs of 16 keys) */
+                if (PVC == 16) pd_l2(kbase + gko, 2048);
+                else if (PVC == 128 && (lane & 7) == 0) pd_l2(kbase + gko, 16384);
+            }
         }
         phn = phys(ic + PD_W);
     };
@@ -4664,6 +4668,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         /* SESSION KNOB: 5 old pass 2, 6 pass 1.5 + V L2 prefetch, 7 old + V L2 prefetch */
         if ((src->flash_kernel == 5 || src->flash_kernel == 7) && (fi == 6 || fi == 7)) fi += 2;
         c.knob = src->flash_kernel == 6 || src->flash_kernel == 7 ? 1 : 0;
+        if (src->flash_kernel == 8) c.knob = 2; /* pass 1.5 + K prefetch */
+        if (src->flash_kernel == 9) c.knob = 3; /* pass 1.5 + K and V prefetch */
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
