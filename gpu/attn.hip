@@ -1769,7 +1769,6 @@ typedef struct {
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
-    int knob;   /* SESSION KNOB (pdec, session 14): 4 = pd8_part_k's rolled chunk end */
     int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their last `split`
                  * blocks to arrive, a head slice each (pd_split_merge); 0: pf_merge_k */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
@@ -3133,7 +3132,7 @@ static __device__ __forceinline__ float pd8_ex2e(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
-template <bool TPAIR, int PVC, bool PP, int P1U = 1>
+template <bool TPAIR, int PVC, bool PP, int P1U = 1, bool RC = true>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3565,7 +3564,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             wa[r2] = Mr[r2] == -INFINITY ? 0.0f : expf(Mr[r2] - Mn), wb[r2] = expf(m - Mn);
             Lr[r2] = Lr[r2] * wa[r2] + ll[r2] * wb[r2], Mr[r2] = Mn;
         }
-        if (c.knob & 4) {
+        if (RC) {
             /* SESSION KNOB: through the warp's area (its S is consumed; lane-private slots): o and
              * the running A stored, folded in a rolled loop over the n-tiles, A read back (the
              * straight-line fold was ~900 instructions run once a chunk: i-cache misses) */
@@ -4685,38 +4684,38 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][13]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][17]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[12] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+    const pf_fn kf[16] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                           pd8_part_k<false, 0, true>, pd8_part_k<true, 0, true>, pd8_part_k<false, 16, true>,
-                          pd8_part_k<true, 128, true>, pd8_part_k<false, 16, false>,
-                          pd8_part_k<true, 128, false>, pd8_part_k<false, 16, true, 2>,
-                          pd8_part_k<true, 128, true, 2>};
+                          pd8_part_k<true, 128, true>, pd8_part_k<false, 16, false, 1, false>,
+                          pd8_part_k<true, 128, false, 1, false>, pd8_part_k<false, 16, true, 2>,
+                          pd8_part_k<true, 128, true, 2>, pd8_part_k<false, 16, true, 1, false>,
+                          pd8_part_k<true, 128, true, 1, false>, pd8_part_k<false, 16, false, 1, true>,
+                          pd8_part_k<true, 128, false, 1, true>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
         /* SESSION KNOB: 0/2/4 pass 1.5 + rolled chunk end; 5 session 13's kernel; 6 pass 1.5
-         * alone; 7 old pass 2 + rolled chunk end */
+         * alone; 7 old pass 2 + rolled chunk end; 8 the default with pass 1 unrolled by 2 */
         const int fk = src->flash_kernel;
-        if ((fk == 5 || fk == 7) && (fi == 6 || fi == 7)) fi += 2;
-        if (fk == 8 && (fi == 6 || fi == 7)) fi += 4; /* pass 1 unrolled by 2 */
-        c.knob = fk == 5 || fk == 6 ? 0 : 4;
+        if (fi == 6 || fi == 7) fi += fk == 5 ? 2 : fk == 8 ? 4 : fk == 6 ? 6 : fk == 7 ? 8 : 0;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && !c.split && msh > pf_set[12]) {
+    if (!c.fused && !c.split && msh > pf_set[16]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[12] = msh;
+        pf_set[16] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
