@@ -2491,28 +2491,6 @@ static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
     return fmaf(fmaf(-q0, y, x), ry, q0);
 }
 
-#if M3_HAVE_MMA
-/* one lane's 4 values of a chunk's A_j folded into the warp's running merge x at a chunk end
- * (pf_part_k's rule; o: the chunk's O, heads gq (i = 0, 1) and gq + 8 (i = 2, 3); partitioned:
- * A_j = l bf16(O / l), l >= 1, so the quotient is normal or 0; first: x = A_j wb) */
-static __device__ __forceinline__ void pd_chunk_fold(float (&x)[4], const float (&o)[4], bool first, bool part,
-                                                     const float *ll, const float *rl, const float *wa,
-                                                     const float *wb) {
-#pragma unroll
-    for (int i = 0; i < 4; i += 2) {
-        const int r2 = i >> 1;
-        float A0 = o[i], A1 = o[i + 1];
-        if (part) {
-            float q0 = pd8_div(A0, ll[r2], rl[r2]), q1 = pd8_div(A1, ll[r2], rl[r2]);
-            round_bf16x2(q0, q1);
-            A0 = ll[r2] * q0, A1 = ll[r2] * q1;
-        }
-        x[i] = first ? A0 * wb[r2] : x[i] * wa[r2] + A0 * wb[r2];
-        x[i + 1] = first ? A1 * wb[r2] : x[i + 1] * wa[r2] + A1 * wb[r2];
-    }
-}
-#endif
-
 /* The block's fold of its PD_W warps' (M, L, A) (A of warp w at wraw + w WB + aoff in the
  * accumulator layout), in warp order, into the row's output (nsp == 1) or this block's
  * partial: the weights e^(M_w - M) and L once per (warp, head) by the first hq threads, then
@@ -3084,18 +3062,27 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * pd8_ex2e (expf's 8 instructions were ~7% of a group's; B=64 sparse 3%, dense T = 1 1%
  * faster); the same chunks as warpgroup MMA (wgmma, e4m3 operands from shared memory, a
  * 64-key tile a step) measured 31-48% slower, and fp8 wgmma's accumulation moved scores enough
- * to put §4.9 cases above the NMSE bound (docs/gpu.md). */
+ * to put §4.9 cases above the NMSE bound (docs/gpu.md). Session 14 (ncu source counters of the
+ * B=64 sparse decode: ~620 instructions a group; 13% of the warps' time in the prologue, 12% in
+ * the chunk ends' straight-line fold, mostly instruction-cache misses, ~10% waiting for ring
+ * data): without tile pairs (16-key tiles: the sparse layers), pass 1.5 forms every group's P'
+ * codes and the row sums between pass 1 and pass 2, from S and the V scales that pass 1 parks
+ * (vsw; V items then carry no scales), writing the codes in place of S; pass 2 then multiplies
+ * only (B=64 sparse 2% faster; with tile pairs 2% slower, so dense layers keep P' in pass 2).
+ * Measured slower: L2 prefetches of a chunk's K or V at its entry (8-20%), the chunk-end fold as
+ * a rolled loop through the warp's area (spills), pass 1 unrolled by 2 (spills). */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
-/* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A and a chunk's O [Dh/8][32] float4 each */
+/* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4 */
 static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
-    const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)2 * (FA_MAX_DH / 8) * 32 * 16;
+    const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
     return s > a ? s : a;
 }
-/* the warp's V scales of a chunk, parked by pass 1 for the P' codes: [ch/16 groups][4] float4 */
+/* the warp's V scales of a chunk, parked by pass 1 for pass 1.5's P' codes: [ch/16 groups][4]
+ * float4 (tiles of 16 keys only: the instances without tile pairs) */
 static __host__ __device__ inline size_t pd8_vs_bytes(const pf_cfg &c) {
-    return (size_t)(c.ch / 16) * 64;
+    return c.tile >= 32 ? 0 : (size_t)(c.ch / 16) * 64;
 }
 /* Q's fp16 fragments (4 KB), then the warps' S / A areas, V scales and rings */
 static size_t pd8_smem_bytes(const pf_cfg &c) {
@@ -3132,7 +3119,7 @@ static __device__ __forceinline__ float pd8_ex2e(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
-template <bool TPAIR, int PVC, bool PP, int P1U = 1, bool RC = true>
+template <bool TPAIR, int PVC>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3142,6 +3129,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
     constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB, SCO = 2048;
+    /* pass 1.5 (session 14): the P' codes of a chunk formed between pass 1 and pass 2, for
+     * 16-key tiles (the sparse layers' pages); tile pairs keep them in pass 2 */
+    constexpr bool PP = !TPAIR;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
@@ -3312,7 +3302,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         uint4 kwn[2][2];
         float4 ksn, kvn;
         kload(kwn, ksn, kvn);
-#pragma unroll P1U
+#pragma unroll 1
         for (int gr = 0; gr < ng; gr++) {
             uint4 kw[2][2];
 #pragma unroll
@@ -3458,16 +3448,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         if (16 * (gr + j) + 4 * tq + e < nk) keep |= 0xFFu << (8 * e);
-                        else {
-                            vs4[e] = 0.0f;
-                            if (!PP) /* SESSION KNOB: session 13's form */
-#pragma unroll
-                                for (int u = 0; u < PD_NT; u++) vc[j][u] &= ~(0xFFu << (8 * e));
-                        }
+                        else vs4[e] = 0.0f;
                     }
-                    if (PP)
 #pragma unroll
-                        for (int u = 0; u < PD_NT; u++) vc[j][u] &= keep;
+                    for (int u = 0; u < PD_NT; u++) vc[j][u] &= keep;
                     vsg[j] = make_float4(vs4[0], vs4[1], vs4[2], vs4[3]);
                 }
             if (PP) {
@@ -3477,8 +3461,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                                                   : make_uint2(0u, 0u);
                     pc[j][0] = w.x, pc[j][1] = w.y;
                 }
-                fj[0] = __shfl_sync(0xffffffffu, tf, gr);
-                fj[1] = TPAIR ? fj[0] : __shfl_sync(0xffffffffu, tf, gr + 1);
+                fj[0] = __shfl_sync(0xffffffffu, tf, gr), fj[1] = __shfl_sync(0xffffffffu, tf, gr + 1);
             } else
 #pragma unroll
             for (int j = 0; j < 2; j++) {
@@ -3564,32 +3547,20 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             wa[r2] = Mr[r2] == -INFINITY ? 0.0f : expf(Mr[r2] - Mn), wb[r2] = expf(m - Mn);
             Lr[r2] = Lr[r2] * wa[r2] + ll[r2] * wb[r2], Mr[r2] = Mn;
         }
-        if (RC) {
-            /* SESSION KNOB: through the warp's area (its S is consumed; lane-private slots): o and
-             * the running A stored, folded in a rolled loop over the n-tiles, A read back (the
-             * straight-line fold was ~900 instructions run once a chunk: i-cache misses) */
-            float4 *aa = sw, *oa = sw + PD_NT * 32;
 #pragma unroll
-            for (int u = 0; u < PD_NT; u++) {
-                oa[u * 32 + lane] = make_float4(o[u][0], o[u][1], o[u][2], o[u][3]);
-                aa[u * 32 + lane] = make_float4(ar[u][0], ar[u][1], ar[u][2], ar[u][3]);
-            }
-#pragma unroll 1
-            for (int u = 0; u < PD_NT; u++) {
-                const float4 a = aa[u * 32 + lane], v = oa[u * 32 + lane];
-                float x[4] = {a.x, a.y, a.z, a.w};
-                const float ov[4] = {v.x, v.y, v.z, v.w};
-                pd_chunk_fold(x, ov, first, c.part > 0, ll, rl, wa, wb);
-                aa[u * 32 + lane] = make_float4(x[0], x[1], x[2], x[3]);
-            }
+        for (int u = 0; u < PD_NT; u++)
 #pragma unroll
-            for (int u = 0; u < PD_NT; u++) {
-                const float4 a = aa[u * 32 + lane];
-                ar[u][0] = a.x, ar[u][1] = a.y, ar[u][2] = a.z, ar[u][3] = a.w;
+            for (int i = 0; i < 4; i += 2) {
+                const int r2 = i >> 1;
+                float A0 = o[u][i], A1 = o[u][i + 1];
+                if (c.part > 0) { /* l bf16(O / l): l >= 1, so the quotient is normal (or 0) */
+                    float q0 = pd8_div(A0, ll[r2], rl[r2]), q1 = pd8_div(A1, ll[r2], rl[r2]);
+                    round_bf16x2(q0, q1);
+                    A0 = ll[r2] * q0, A1 = ll[r2] * q1;
+                }
+                ar[u][i] = first ? A0 * wb[r2] : ar[u][i] * wa[r2] + A0 * wb[r2];
+                ar[u][i + 1] = first ? A1 * wb[r2] : ar[u][i + 1] * wa[r2] + A1 * wb[r2];
             }
-        } else
-#pragma unroll
-            for (int u = 0; u < PD_NT; u++) pd_chunk_fold(ar[u], o[u], first, c.part > 0, ll, rl, wa, wb);
     }
     cp_wait<0>();
     /* the warp's A into its area (S is no longer read), the block's warps folded in order */
@@ -4619,7 +4590,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel >= 5) dec = c.dec;
+    if (src->flash_kernel == 2 || src->flash_kernel == 4) dec = c.dec;
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
@@ -4684,38 +4655,30 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][17]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[16] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
-                          pd8_part_k<false, 0, true>, pd8_part_k<true, 0, true>, pd8_part_k<false, 16, true>,
-                          pd8_part_k<true, 128, true>, pd8_part_k<false, 16, false, 1, false>,
-                          pd8_part_k<true, 128, false, 1, false>, pd8_part_k<false, 16, true, 2>,
-                          pd8_part_k<true, 128, true, 2>, pd8_part_k<false, 16, true, 1, false>,
-                          pd8_part_k<true, 128, true, 1, false>, pd8_part_k<false, 16, false, 1, true>,
-                          pd8_part_k<true, 128, false, 1, true>};
+    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+                         pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
+                         pd8_part_k<true, 128>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
-        /* SESSION KNOB: 0/2/4 pass 1.5 + rolled chunk end; 5 session 13's kernel; 6 pass 1.5
-         * alone; 7 old pass 2 + rolled chunk end; 8 the default with pass 1 unrolled by 2 */
-        const int fk = src->flash_kernel;
-        if (fi == 6 || fi == 7) fi += fk == 5 ? 2 : fk == 8 ? 4 : fk == 6 ? 6 : fk == 7 ? 8 : 0;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && !c.split && msh > pf_set[16]) {
+    if (!c.fused && !c.split && msh > pf_set[8]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[16] = msh;
+        pf_set[8] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
