@@ -3376,6 +3376,31 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         /* lane gr's tile constants of group gr, once per chunk (all lanes at once): M + 1e-8,
          * its correctly rounded reciprocal and M / FP8_MAX (pass 2 shuffles them) */
         const float ty = vm + 1e-8f, tr = __frcp_rn(ty), tf = pd8_div(vm, c.fmax, rfmax);
+        /* §4.9 steps 3-4 of one group (the lane's z of heads gq (zl) and gq + 8 (zh) at its keys,
+         * their V scales vs4): P = exp(z - m) into the row sums, then P' = fp8(P v_scale FP8_MAX
+         * / (M + 1e-8)), M the tile's max V scale (y: M + 1e-8, ry its reciprocal, shuffled from
+         * group lane g2 when shuf), as two words of e4m3 codes; pass 1.5, or pass 2 with tile
+         * pairs (the output then scaled by M / FP8_MAX) */
+        auto pcodes = [&](float4 zl, float4 zh, const float (&vs4)[4], bool shuf, int g2, float &y, float &ry,
+                          float *f, float &l0, float &l1) -> uint2 {
+            const float ex[2][4] = {{pd8_ex2e(zl.x - mx0), pd8_ex2e(zl.y - mx0), pd8_ex2e(zl.z - mx1),
+                                     pd8_ex2e(zl.w - mx1)},
+                                    {pd8_ex2e(zh.x - mx0), pd8_ex2e(zh.y - mx0), pd8_ex2e(zh.z - mx1),
+                                     pd8_ex2e(zh.w - mx1)}};
+            l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+            l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+            if (shuf) { /* (and M / FP8_MAX into *f) */
+                y = __shfl_sync(0xffffffffu, ty, g2), ry = __shfl_sync(0xffffffffu, tr, g2);
+                if (f) *f = __shfl_sync(0xffffffffu, tf, g2);
+            }
+            float pv[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
+            return make_uint2(pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16),
+                              pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16));
+        };
         /* pass 2: O = P' V, two groups a step */
         float o[PD_NT][4];
 #pragma unroll
@@ -3394,22 +3419,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         if (16 * gr + 4 * tq + e >= nk) vs4[e] = 0.0f;
-                const float ex[2][4] = {{pd8_ex2e(zl.x - mx0), pd8_ex2e(zl.y - mx0),
-                                         pd8_ex2e(zl.z - mx1), pd8_ex2e(zl.w - mx1)},
-                                        {pd8_ex2e(zh.x - mx0), pd8_ex2e(zh.y - mx0),
-                                         pd8_ex2e(zh.z - mx1), pd8_ex2e(zh.w - mx1)}};
-                l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
-                l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
-                const float y = __shfl_sync(0xffffffffu, ty, gr), ry = __shfl_sync(0xffffffffu, tr, gr);
-                float pv[2][4];
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
-                *reinterpret_cast<uint2 *>(zp) =
-                    make_uint2(pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16),
-                               pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16));
+                float y, ry;
+                *reinterpret_cast<uint2 *>(zp) = pcodes(zl, zh, vs4, true, gr, y, ry, NULL, l0, l1);
             }
         }
 #pragma unroll 1
@@ -3472,29 +3483,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     zl = make_float4(two ? zl.x : ni, two ? zl.y : ni, two ? zl.z : ni, two ? zl.w : ni);
                     zh = make_float4(two ? zh.x : ni, two ? zh.y : ni, two ? zh.z : ni, two ? zh.w : ni);
                 }
-                const float ex[2][4] = {{pd8_ex2e(zl.x - mx0), pd8_ex2e(zl.y - mx0),
-                                         pd8_ex2e(zl.z - mx1), pd8_ex2e(zl.w - mx1)},
-                                        {pd8_ex2e(zh.x - mx0), pd8_ex2e(zh.y - mx0),
-                                         pd8_ex2e(zh.z - mx1), pd8_ex2e(zh.w - mx1)}};
-                l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
-                l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
                 const float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
-                /* §4.9 step 4: P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)), M the tile's
-                 * max V scale; the output scaled by M / FP8_MAX */
-                if (TPAIR && j == 1) { /* one tile: group 2i's M, factor and reciprocal */
-                    fj[1] = fj[0];
-                } else {
-                    yt = __shfl_sync(0xffffffffu, ty, g2), ryt = __shfl_sync(0xffffffffu, tr, g2);
-                    fj[j] = __shfl_sync(0xffffffffu, tf, g2);
-                }
-                float pv[2][4];
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, yt, ryt);
-                pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
-                pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
+                /* with tile pairs group 2i + 1 takes group 2i's M, factor and reciprocal */
+                const bool sh = !(TPAIR && j == 1);
+                if (!sh) fj[1] = fj[0];
+                const uint2 w = pcodes(zl, zh, vs4, sh, g2, yt, ryt, &fj[j], l0, l1);
+                pc[j][0] = w.x, pc[j][1] = w.y;
             }
             /* P' codes unpacked once per step into m16n8k16 A fragments (keys 4tq, 4tq + 1 as
              * virtual k 2tq, 2tq + 1; 4tq + 2, 4tq + 3 as 2tq + 8, 2tq + 9), V codes per n-tile,
