@@ -3062,7 +3062,15 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * pd8_ex2e (expf's 8 instructions were ~7% of a group's; B=64 sparse 3%, dense T = 1 1%
  * faster); the same chunks as warpgroup MMA (wgmma, e4m3 operands from shared memory, a
  * 64-key tile a step) measured 31-48% slower, and fp8 wgmma's accumulation moved scores enough
- * to put §4.9 cases above the NMSE bound (docs/gpu.md). */
+ * to put §4.9 cases above the NMSE bound (docs/gpu.md). Session 14 (ncu source counters of the
+ * B=64 sparse decode: ~620 instructions a group; 13% of the warps' time in the prologue, 12% in
+ * the chunk ends' straight-line fold, mostly instruction-cache misses, ~10% waiting for ring
+ * data): without tile pairs (16-key tiles: the sparse layers), pass 1.5 forms every group's P'
+ * codes and the row sums between pass 1 and pass 2, from S and the V scales that pass 1 parks
+ * (vsw; V items then carry no scales), writing the codes in place of S; pass 2 then multiplies
+ * only (B=64 sparse 2% faster; with tile pairs 2% slower, so dense layers keep P' in pass 2).
+ * Measured slower: L2 prefetches of a chunk's K or V at its entry (8-20%), the chunk-end fold as
+ * a rolled loop through the warp's area (spills), pass 1 unrolled by 2 (spills). */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
 
@@ -3071,9 +3079,14 @@ static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
     const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
     return s > a ? s : a;
 }
-/* Q's fp16 fragments (4 KB), then the warps' S / A areas and rings */
+/* the warp's V scales of a chunk, parked by pass 1 for pass 1.5's P' codes: [ch/16 groups][4]
+ * float4 (tiles of 16 keys only: the instances without tile pairs) */
+static __host__ __device__ inline size_t pd8_vs_bytes(const pf_cfg &c) {
+    return c.tile >= 32 ? 0 : (size_t)(c.ch / 16) * 64;
+}
+/* Q's fp16 fragments (4 KB), then the warps' S / A areas, V scales and rings */
 static size_t pd8_smem_bytes(const pf_cfg &c) {
-    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + (size_t)PD8_NS * PD8_SB);
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + pd8_vs_bytes(c) + (size_t)PD8_NS * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
@@ -3116,10 +3129,13 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
     constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB, SCO = 2048;
+    /* pass 1.5 (session 14): the P' codes of a chunk formed between pass 1 and pass 2, for
+     * 16-key tiles (the sparse layers' pages); tile pairs keep them in pass 2 */
+    constexpr bool PP = !TPAIR;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
-    const size_t SA = pd8_sa_bytes(c), WB = SA + (size_t)NS * SB;
+    const size_t SA = pd8_sa_bytes(c), VSB = pd8_vs_bytes(c), WB = SA + VSB + (size_t)NS * SB;
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh, last_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
@@ -3176,8 +3192,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
     const float rfmax = __frcp_rn(c.fmax);
-    unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA;
-    float4 *sw = reinterpret_cast<float4 *>(sa);
+    unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA + VSB;
+    float4 *sw = reinterpret_cast<float4 *>(sa), *vsw = reinterpret_cast<float4 *>(sa + SA);
     /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
     auto phys = [&](int cc) {
         const int k = cc * ch + 16 * lane;
@@ -3231,7 +3247,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) + 16 * lane;
 #pragma unroll
                 for (int i = 0; i < 4; i++) pd8_cp16(dst + 16 * lane + 512 * i, vp + 512 * i);
-                if (lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
+                if (!PP && lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
             }
             if (++ij == 2 * ing) {
                 ic += PD_W, ij = 0;
@@ -3333,6 +3349,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
             if (lane == gr) vm = m;
+            if (PP && gq == 0) vsw[gr * 4 + tq] = kv; /* the P' codes' V scales */
             float z[2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -3359,12 +3376,53 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         /* lane gr's tile constants of group gr, once per chunk (all lanes at once): M + 1e-8,
          * its correctly rounded reciprocal and M / FP8_MAX (pass 2 shuffles them) */
         const float ty = vm + 1e-8f, tr = __frcp_rn(ty), tf = pd8_div(vm, c.fmax, rfmax);
+        /* §4.9 steps 3-4 of one group (the lane's z of heads gq (zl) and gq + 8 (zh) at its keys,
+         * their V scales vs4): P = exp(z - m) into the row sums, then P' = fp8(P v_scale FP8_MAX
+         * / (M + 1e-8)), M the tile's max V scale (y: M + 1e-8, ry its reciprocal, shuffled from
+         * group lane g2 when shuf), as two words of e4m3 codes; pass 1.5, or pass 2 with tile
+         * pairs (the output then scaled by M / FP8_MAX) */
+        auto pcodes = [&](float4 zl, float4 zh, const float (&vs4)[4], bool shuf, int g2, float &y, float &ry,
+                          float *f, float &l0, float &l1) -> uint2 {
+            const float ex[2][4] = {{pd8_ex2e(zl.x - mx0), pd8_ex2e(zl.y - mx0), pd8_ex2e(zl.z - mx1),
+                                     pd8_ex2e(zl.w - mx1)},
+                                    {pd8_ex2e(zh.x - mx0), pd8_ex2e(zh.y - mx0), pd8_ex2e(zh.z - mx1),
+                                     pd8_ex2e(zh.w - mx1)}};
+            l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
+            l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
+            if (shuf) { /* (and M / FP8_MAX into *f) */
+                y = __shfl_sync(0xffffffffu, ty, g2), ry = __shfl_sync(0xffffffffu, tr, g2);
+                if (f) *f = __shfl_sync(0xffffffffu, tf, g2);
+            }
+            float pv[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, y, ry);
+            return make_uint2(pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16),
+                              pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16));
+        };
         /* pass 2: O = P' V, two groups a step */
         float o[PD_NT][4];
 #pragma unroll
         for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
         constexpr bool tpair = TPAIR; /* pairs (2i, 2i + 1) of groups lie in one tile */
+        if (PP) {
+            /* pass 1.5: every group's P' codes (in place of its S) and the row sums, before
+             * pass 2 and away from its ring waits */
+#pragma unroll 2
+            for (int gr = 0; gr < ng; gr++) {
+                float4 *zp = sw + (gr * 2) * 32 + lane;
+                const float4 zl = zp[0], zh = zp[32], v = vsw[gr * 4 + tq];
+                float vs4[4] = {v.x, v.y, v.z, v.w};
+                if (16 * gr + 16 > nk) /* keys past the list: no weight */
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (16 * gr + 4 * tq + e >= nk) vs4[e] = 0.0f;
+                float y, ry;
+                *reinterpret_cast<uint2 *>(zp) = pcodes(zl, zh, vs4, true, gr, y, ry, NULL, l0, l1);
+            }
+        }
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr += 2) {
             const bool two = gr + 1 < ng;
@@ -3383,7 +3441,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                  * load j4 is n-tile 4 j4 + m, its row r dim 8 (4 j4 + m) + r */
 #pragma unroll
                 for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
-                vsg[j] = *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
+                vsg[j] = PP ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                            : *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
                 release();
             }
             /* P' codes of keys 4tq..4tq+3 of heads gq, gq + 8 (four e4m3 codes a register) */
@@ -3396,15 +3455,25 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
+                    uint32_t keep = 0u; /* the code bytes of keys in the list (one mask a word) */
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        if (16 * (gr + j) + 4 * tq + e >= nk) {
-                            vs4[e] = 0.0f;
+                    for (int e = 0; e < 4; e++) {
+                        if (16 * (gr + j) + 4 * tq + e < nk) keep |= 0xFFu << (8 * e);
+                        else vs4[e] = 0.0f;
+                    }
 #pragma unroll
-                            for (int u = 0; u < PD_NT; u++) vc[j][u] &= ~(0xFFu << (8 * e));
-                        }
+                    for (int u = 0; u < PD_NT; u++) vc[j][u] &= keep;
                     vsg[j] = make_float4(vs4[0], vs4[1], vs4[2], vs4[3]);
                 }
+            if (PP) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const uint2 w = j == 0 || two ? *reinterpret_cast<const uint2 *>(sw + ((gr + j) * 2) * 32 + lane)
+                                                  : make_uint2(0u, 0u);
+                    pc[j][0] = w.x, pc[j][1] = w.y;
+                }
+                fj[0] = __shfl_sync(0xffffffffu, tf, gr), fj[1] = __shfl_sync(0xffffffffu, tf, gr + 1);
+            } else
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int g2 = gr + j;
@@ -3414,29 +3483,12 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                     zl = make_float4(two ? zl.x : ni, two ? zl.y : ni, two ? zl.z : ni, two ? zl.w : ni);
                     zh = make_float4(two ? zh.x : ni, two ? zh.y : ni, two ? zh.z : ni, two ? zh.w : ni);
                 }
-                const float ex[2][4] = {{pd8_ex2e(zl.x - mx0), pd8_ex2e(zl.y - mx0),
-                                         pd8_ex2e(zl.z - mx1), pd8_ex2e(zl.w - mx1)},
-                                        {pd8_ex2e(zh.x - mx0), pd8_ex2e(zh.y - mx0),
-                                         pd8_ex2e(zh.z - mx1), pd8_ex2e(zh.w - mx1)}};
-                l0 += (ex[0][0] + ex[0][1]) + (ex[1][0] + ex[1][1]);
-                l1 += (ex[0][2] + ex[0][3]) + (ex[1][2] + ex[1][3]);
                 const float vs4[4] = {vsg[j].x, vsg[j].y, vsg[j].z, vsg[j].w};
-                /* §4.9 step 4: P' = fp8(exp(z - m) v_scale FP8_MAX / (M + 1e-8)), M the tile's
-                 * max V scale; the output scaled by M / FP8_MAX */
-                if (TPAIR && j == 1) { /* one tile: group 2i's M, factor and reciprocal */
-                    fj[1] = fj[0];
-                } else {
-                    yt = __shfl_sync(0xffffffffu, ty, g2), ryt = __shfl_sync(0xffffffffu, tr, g2);
-                    fj[j] = __shfl_sync(0xffffffffu, tf, g2);
-                }
-                float pv[2][4];
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        pv[h][i] = pd8_div(ex[h][i] * vs4[2 * h + (i & 1)] * c.fmax, yt, ryt);
-                pc[j][0] = pd8_e4m3x2(pv[0][0], pv[0][1]) | (pd8_e4m3x2(pv[1][0], pv[1][1]) << 16);
-                pc[j][1] = pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16);
+                /* with tile pairs group 2i + 1 takes group 2i's M, factor and reciprocal */
+                const bool sh = !(TPAIR && j == 1);
+                if (!sh) fj[1] = fj[0];
+                const uint2 w = pcodes(zl, zh, vs4, sh, g2, yt, ryt, &fj[j], l0, l1);
+                pc[j][0] = w.x, pc[j][1] = w.y;
             }
             /* P' codes unpacked once per step into m16n8k16 A fragments (keys 4tq, 4tq + 1 as
              * virtual k 2tq, 2tq + 1; 4tq + 2, 4tq + 3 as 2tq + 8, 2tq + 9), V codes per n-tile,
