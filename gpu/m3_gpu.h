@@ -426,7 +426,12 @@ m3_status m3_gpu_qk_norm_rope_cache(m3_gpu *g, const m3_gpu_qkv *x, const m3_gpu
 /* gpu/indexer.hip, twin of ref/indexer.h m3_indexer_topk: iq [T, G*Di] (pitch ld_q), ik
  * [S_k, Di], pos [T]; topk [G, T, W] (W = m3_indexer_width), scores [G, T, NB] (may be NULL:
  * then an arena temporary), margin [G, T] (may be NULL), n_ties: a device int (may be NULL)
- * counting rows with a tie straddling rank K. G <= 8, K <= 64. */
+ * counting rows with a tie straddling rank K. G <= 8, K <= 64. Ordering: the decode-step
+ * kernel (idx_km_k) is a programmatic dependent launch that reads its first key block before
+ * the kernel launched just before it on the stream has finished; that kernel may write index
+ * keys only at this call's own positions (the model's cache write of the tokens being scored)
+ * (same for the variants below: _f32, _path, _keys). A kernel writing other keys must have
+ * completed before the call is launched (e.g. synchronize the stream after it). */
 struct m3_indexer_params;
 m3_status m3_gpu_indexer_topk(m3_gpu *g, int32_t *d_topk, float *d_scores, float *d_margin,
                               int *d_n_ties, const m3_bf16 *d_iq, int ld_q, const m3_bf16 *d_ik,
