@@ -1113,6 +1113,60 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
     return __ffs((int)m) - 1;
 }
 
+/* L2 prefetch of n bytes at p (16-byte aligned, n a multiple of 16): one bulk prefetch
+ * instruction on sm_90 (nothing before it) */
+static __device__ __forceinline__ void l2_prefetch(const void *p, uint32_t n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
+#else
+    (void)p, (void)n;
+#endif
+}
+
+/* VAR 128 (experiment): bulk copies global -> shared completing on an mbarrier (sm_90) */
+static __device__ __forceinline__ void mb_init(uint64_t *b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(b))
+                 : "memory");
+#else
+    (void)b;
+#endif
+}
+static __device__ __forceinline__ void mb_expect(uint64_t *b, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(b)),
+                 "r"(bytes)
+                 : "memory");
+#else
+    (void)b, (void)bytes;
+#endif
+}
+static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(bytes), "r"((uint32_t)__cvta_generic_to_shared(b))
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)b;
+#endif
+}
+static __device__ __forceinline__ void mb_wait0(uint64_t *b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}\n"
+                     : "=r"(done)
+                     : "r"((uint32_t)__cvta_generic_to_shared(b))
+                     : "memory");
+#else
+    (void)b;
+#endif
+}
+
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
@@ -1453,18 +1507,20 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
  * the writers' fences) combines that chunk of y (t1_combine_ord, from the slot order thread 0
  * finds once a block, t1_order), so combine_k's launch and its pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC>
+template <int WF, int MODE, int WK, int U, bool NC, int VAR = 0>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
           float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast) {
+          bool xfast, uint4 *M3_RESTRICT xa, int32_t *M3_RESTRICT fl, int nfl) {
+    const int var = VAR;
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     __shared__ int last;
+    __shared__ uint64_t mbar; /* VAR 128 */
     __shared__ int cks[MODE == 1 ? 32 : 1]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
     __shared__ float cws[MODE == 1 ? 32 : 1];
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
@@ -1485,6 +1541,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
         return;
     }
+    /* VAR 64: gate/up block b's flag fl[b]: 0, or 1 when one of its a values overflowed times
+     * 2^xsh (zeroed by thread 0 before the staging barrier, set after it) */
+    if (MODE == 0 && (var & 64) && tid == 0) fl[blockIdx.x] = 0;
     if ((int)blockIdx.x >= ntiles) return; /* whole block */
     build_lut<WF>(lut);
     /* (ids and wts are inputs of the call; the staging's barrier publishes the list) */
@@ -1516,6 +1575,17 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int h = 0; h < 2; h++) q[u][h] = ld_stream(pw[h] + (size_t)pc * 16), sc[u][h] = ps[h][pc / PPB];
         }
     };
+    /* VAR (experiment): L2 prefetch of a tile's weight and scale rows by warp 0 */
+    auto prefetch = [&](int tl, size_t off, size_t len) { /* bytes [off, off + len) of each row */
+        if (warp != 0 || off >= rb) return;
+        if (off + len > rb) len = rb - off;
+        const int e = ids[nth_bit(vm, tl / nch)];
+        const size_t r0 = (size_t)e * nout + (size_t)(tl % nch) * CH;
+        for (int i = lane; i < (MODE == 0 ? 2 : 1) * CH; i += 32)
+            l2_prefetch((const unsigned char *)(MODE == 0 && i >= CH ? w1 : w0) + (r0 + i % CH) * rb + off,
+                        (uint32_t)len);
+        if (lane < (MODE == 0 ? 2 : 1)) l2_prefetch((lane ? s1 : s0) + r0 * nsb, (uint32_t)(CH * nsb));
+    };
     /* two register sets of U steps: one loading while the other is used, across tiles */
     const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups a tile (may be 0) */
     int tile = (int)blockIdx.x, slot, obase, nslot, nobase;
@@ -1525,9 +1595,19 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
     load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
+    const bool early = (var & 16) && G > 1; /* VAR: the second set before the staging */
+    if (early && (MODE == 0 || (var & 32))) load(cpw, cps, wk + WK * U, qb, sb);
+    if (MODE == 0 && (var & 2)) prefetch(tile, (size_t)WK * U * 64, 1024); /* 1 KB a row past set 0 */
+    if (MODE == 1 && (var & 128)) {
+        if (tid == 0) mb_init(&mbar);
+        __syncthreads();
+    }
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
+    if (MODE == 1 && early && !(var & 32)) load(cpw, cps, wk + WK * U, qb, sb);
+    if (MODE == 1 && (var & 1)) prefetch(tile, 0, rb);
+    bool pre = early; /* (VAR 16: qb holds the first tile's second set) */
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
      * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
@@ -1538,7 +1618,29 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int nx = MODE == 0 ? 1 : __popc(need);
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-    for (;;) {
+    bool copied = false;
+    if (MODE == 1 && (var & 64)) { /* VAR 64: a plain copy of gate/up's staged rows */
+        bool f = false;
+        if ((var & 128) && tid == 0) {
+            mb_expect(&mbar, (uint32_t)(nx * nsteps * 4 * UP * 16));
+            for (int jj = 0; jj < nx; jj++) {
+                const int j = nth_bit(need, jj), src = nth_bit(vm, j);
+                bulk_g2s(xs + (size_t)j * pitch, xa + (size_t)src * pitch, (uint32_t)(nsteps * 4 * UP * 16), &mbar);
+            }
+        }
+        for (int i = tid; i < nfl; i += TC_THREADS) f |= __ldcg(fl + i) != 0;
+        if (!(var & 128))
+            for (int jj = 0; jj < nx; jj++) {
+                const int j = nth_bit(need, jj), src = nth_bit(vm, j);
+                const uint4 *xg = xa + (size_t)src * pitch;
+                uint4 *xr = xs + (size_t)j * pitch;
+                for (int v = tid; v < nsteps * 4 * UP; v += TC_THREADS) xr[v] = __ldcg(xg + v);
+            }
+        else
+            mb_wait0(&mbar);
+        copied = !__syncthreads_or(f);
+    }
+    for (; !copied;) {
         bool ovf = false;
         /* row by row, so that a unit's place is shifts and masks of its index (one index over
          * all rows cost a runtime division and nth_bit per unit: docs/gpu.md "Decode, session
@@ -1574,11 +1676,16 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         for (;;) {
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
+            if (next < ntiles) {
+                rows_of(next, &nslot, &nobase, npw, nps);
+                if (var & (MODE == 1 ? 4 : 8)) prefetch(next, 0, rb);
+            }
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
-                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
-                else if (next < ntiles) load(npw, nps, wk, qb, sb);
+                if (gi + 1 < G) {
+                    if (!pre) load(cpw, cps, st0 + WK * U, qb, sb);
+                } else if (next < ntiles) load(npw, nps, wk, qb, sb);
+                pre = false;
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
@@ -1615,7 +1722,21 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 if (MODE == 0) {
                     float gv = acc[0], uv = acc[2];
                     if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                    orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+                    const m3_bf16 av = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
+                    orow[obase + g] = av;
+                    if (var & 64) { /* VAR 64: also at its place in the down kernel's staged row */
+                        const int i = obase + g, v = i / 8, w = i % 8, SE2 = 4 * PE;
+                        const int un = (v / (SE2 / 8)) * 4 * UP + (v % (PE / 8)) * 4 + (v / (PE / 8)) % 4;
+                        const int hw = WF == M3_GPU_W_MXFP4 ? (w < 4 ? 2 * w : 2 * (w - 4) + 1) : w;
+                        uint32_t b = av;
+                        if (WF == M3_GPU_W_MXFP4 && xsh) {
+                            const uint32_t ex = b & 0x7F80u;
+                            if (ex >= (247u << 7) && ex <= (254u << 7)) fl[blockIdx.x] = 1;
+                            b = bf2_mul(b, 0x43804380u) & 0xFFFFu;
+                        }
+                        reinterpret_cast<m3_bf16 *>(xa + (size_t)slot * ((nout + SE2 - 1) / SE2 * 4 * UP + 4) + un)[hw] =
+                            (m3_bf16)b;
+                    }
                 } else {
                     orow[obase + g] = m3_f32_to_bf16(acc[0]);
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
@@ -1659,11 +1780,11 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
  * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC>
-static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
-                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
-                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                         const m3_mx_params *mid) {
+template <int WF, int WK, int U, bool NC, int V0, int V1>
+static m3_status dq1_run_v(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
+                           const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
+                           const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+                           const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     bool xf;
     const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
@@ -1671,24 +1792,63 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, V0>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, V1>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
+    uint4 *xa = NULL;
+    int32_t *fl = NULL;
+    const int grid1 = t1 < cap ? t1 : cap;
+    if ((V0 | V1) & 64) {
+        M3_TRY(m3_gpu_alloc(g, (void **)&xa, sh2));
+        M3_TRY(m3_gpu_alloc(g, (void **)&fl, sizeof(int32_t) * (size_t)grid1));
+        if ((F % SE) != 0) M3_HIP_TRY(hipMemsetAsync(xa, 0, sh2, g->stream)); /* the pad units */
+    }
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, V0>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf));
+                     (bool)p->moe_bf16_combine, xsh, xf, xa, fl, grid1));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, V1>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf);
+                     (bool)p->moe_bf16_combine, xsh, xf, xa, fl, grid1);
+}
+
+/* VAR (experiment): M3_MX4_VAR picks the variant */
+template <int WF, int WK, int U, bool NC>
+static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
+                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
+                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
+                         const m3_mx_params *mid) {
+    const char *ve = getenv("M3_MX4_VAR");
+    const int var = ve && !mid ? atoi(ve) : 0; /* (64: a is re-quantized in place by mid) */
+#define DQV(A, B) return dq1_run_v<WF, WK, U, NC, A, B>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+    switch (var) {
+    case 1: DQV(0, 1);      /* down: first tile prefetched after the wait */
+    case 2: DQV(2, 0);      /* gate/up: 1 KB a row of the first tile past the first set */
+    case 3: DQV(2, 1);
+    case 5: DQV(0, 5);      /* down: first and next tiles */
+    case 10: DQV(10, 0);    /* gate/up: first and next tiles */
+    case 15: DQV(10, 5);
+    case 16: DQV(16, 16);   /* second set before the staging (down: after the wait) */
+    case 17: DQV(0, 16);    /* down only */
+    case 18: DQV(16, 0);    /* gate/up only */
+    case 48: DQV(16, 48);   /* down: before the wait */
+    case 19: DQV(18, 17);   /* 16 + prefetch of the first tile */
+    case 64: DQV(64, 64);   /* gate/up writes a staged copy of a; down copies it */
+    case 80: DQV(80, 80);   /* 64 + 16 */
+    case 81: DQV(80, 81);   /* 64 + 16 + down's first tile prefetched */
+    case 192: DQV(64, 192); /* 64, the down copy as bulk copies */
+    case 208: DQV(80, 208); /* 192 + 16 */
+    default: DQV(0, 0);
+    }
+#undef DQV
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
