@@ -1527,6 +1527,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
+    if (var & (128 | 1024)) { /* VAR: the bulk copies' barrier */
+        if (tid == 0) mb_init(&mbar);
+        __syncthreads();
+    }
     /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
@@ -1598,10 +1602,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const bool early = (var & 16) && G > 1; /* VAR: the second set before the staging */
     if (early && (MODE == 0 || (var & 32))) load(cpw, cps, wk + WK * U, qb, sb);
     if (MODE == 0 && (var & 2)) prefetch(tile, (size_t)WK * U * 64, 1024); /* 1 KB a row past set 0 */
-    if (MODE == 1 && (var & 128)) {
-        if (tid == 0) mb_init(&mbar);
-        __syncthreads();
-    }
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
@@ -1640,6 +1640,19 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             mb_wait0(&mbar);
         copied = !__syncthreads_or(f);
     }
+    const bool rawb = (var & 1024) != 0; /* VAR 1024: the raw rows bulk-copied to shared first */
+    const uint4 *raw = xs + (size_t)(MODE == 0 ? 1 : K) * pitch;
+    if (rawb) {
+        if (tid == 0) {
+            mb_expect(&mbar, (uint32_t)(nx * kdim * 2));
+            for (int jj = 0; jj < nx; jj++) {
+                const int src = MODE == 0 ? 0 : nth_bit(vm, nth_bit(need, jj));
+                bulk_g2s((void *)(raw + (size_t)jj * (kdim / 8)), ain + (size_t)src * kdim, (uint32_t)(kdim * 2), &mbar);
+            }
+        }
+        mb_wait0(&mbar);
+    }
+    if (MODE == 1 && (var & 4096)) copied = true, __syncthreads(); /* VAR 4096: no staging (timing only) */
     for (; !copied;) {
         bool ovf = false;
         /* row by row, so that a unit's place is shifts and masks of its index (one index over
@@ -1652,7 +1665,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             uint4 *xr = xs + (size_t)j * pitch;
             for (int v = tid; v < kdim / 8; v += TC_THREADS) {
                 const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
-                const uint4 x = xg[v];
+                const uint4 x = rawb ? raw[(size_t)jj * (kdim / 8) + v] : xg[v];
                 xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
             }
         }
@@ -1745,7 +1758,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (MODE == 1) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
                 __syncthreads(); /* the block's y_e stores, before thread 0's count */
-                if (tid == 0) last = t1_count(&cnt[chunk]) == nv - 1;
+                if (tid == 0)
+                    last = (var & 256) ? 0 /* VAR 256: no count or combine (timing only) */
+                           : (var & 512) ? atomicAdd(&cnt[chunk], 1) == nv - 1 /* VAR 512: relaxed (timing only) */
+                                         : t1_count(&cnt[chunk]) == nv - 1;
                 __syncthreads(); /* (the count's acquire, before the combine's y_e loads) */
                 if (last && tid < CH) t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
             }
@@ -1792,10 +1808,11 @@ static m3_status dq1_run_v(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, in
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
+    const size_t shr1 = sh1 + ((V0 & 1024) ? (size_t)D * 2 : 0), shr2 = sh2 + ((V1 & 1024) ? (size_t)K * F * 2 : 0);
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, V0>,
-                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)shr1));
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, V1>,
-                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)shr2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const float rsf = mp->routed_scale;
     uint4 *xa = NULL;
@@ -1806,14 +1823,14 @@ static m3_status dq1_run_v(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, in
         M3_TRY(m3_gpu_alloc(g, (void **)&fl, sizeof(int32_t) * (size_t)grid1));
         if ((F % SE) != 0) M3_HIP_TRY(hipMemsetAsync(xa, 0, sh2, g->stream)); /* the pad units */
     }
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, V0>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, V0>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, shr1, true,
                      "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
                      (bool)p->moe_bf16_combine, xsh, xf, xa, fl, grid1));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, V1>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
+    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, V1>, dim3(grid2), TC_THREADS, shr2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
@@ -1830,22 +1847,14 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const int var = ve && !mid ? atoi(ve) : 0; /* (64: a is re-quantized in place by mid) */
 #define DQV(A, B) return dq1_run_v<WF, WK, U, NC, A, B>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
     switch (var) {
-    case 1: DQV(0, 1);      /* down: first tile prefetched after the wait */
-    case 2: DQV(2, 0);      /* gate/up: 1 KB a row of the first tile past the first set */
-    case 3: DQV(2, 1);
-    case 5: DQV(0, 5);      /* down: first and next tiles */
-    case 10: DQV(10, 0);    /* gate/up: first and next tiles */
-    case 15: DQV(10, 5);
-    case 16: DQV(16, 16);   /* second set before the staging (down: after the wait) */
-    case 17: DQV(0, 16);    /* down only */
-    case 18: DQV(16, 0);    /* gate/up only */
-    case 48: DQV(16, 48);   /* down: before the wait */
-    case 19: DQV(18, 17);   /* 16 + prefetch of the first tile */
-    case 64: DQV(64, 64);   /* gate/up writes a staged copy of a; down copies it */
-    case 80: DQV(80, 80);   /* 64 + 16 */
-    case 81: DQV(80, 81);   /* 64 + 16 + down's first tile prefetched */
-    case 192: DQV(64, 192); /* 64, the down copy as bulk copies */
-    case 208: DQV(80, 208); /* 192 + 16 */
+    case 192: DQV(64, 192);     /* gate/up writes a staged copy of a; down bulk-copies it */
+    case 256: DQV(0, 256);      /* down: no count / combine (timing only) */
+    case 512: DQV(0, 512);      /* down: relaxed count (timing only) */
+    case 1024: DQV(0, 1024);    /* down: raw a rows bulk-copied, then permuted in shared */
+    case 2048: DQV(1024, 0);    /* gate/up: the same for x */
+    case 3072: DQV(1024, 1024); /* both */
+    case 3584: DQV(1024, 1536); /* both + relaxed count (timing only) */
+    case 4096: DQV(0, 4096);    /* down: no staging (timing only) */
     default: DQV(0, 0);
     }
 #undef DQV
