@@ -1394,6 +1394,23 @@ static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, i
     return vm;
 }
 
+/* VAR 8192 (experiment): the T = 1 combine as its own kernel, a programmatic dependent of the
+ * down kernel (whose grid completion orders the y_e stores: no per-tile count) */
+static __global__ void __launch_bounds__(256)
+    t1c_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
+          const float *M3_RESTRICT wts, int E, int K, int D, float rsf, bool bf16_combine) {
+    __shared__ int cks[32];
+    __shared__ float cws[32];
+    const unsigned vm = t1_slots(ids, K, E); /* (inputs of the call) */
+    const int nv = __popc(vm), d = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (threadIdx.x == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
+    __syncthreads();
+    m3_pdl_wait(); /* y_e is the down kernel's */
+    if (d >= D) return;
+    if (nv == 0) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
+    else t1_combine_ord(y, ye, cks, cws, nv, d, D, rsf, bf16_combine);
+}
+
 /* T = 1 with the FMA GEMV (sk_rows' one-row form, U1 steps of loads ahead): sk_k's blocks
  * (valid slot, run of EXP_WARPS * RPW outputs), the slot's expert and rows read from ids as in
  * dq1_k (no grouping kernel); MODE 0 zeroes the counters, MODE 1 (a dependent launch) combines
@@ -1539,6 +1556,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
     if (MODE == 0 && blockIdx.x == 0)
         for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
+    if (MODE == 1 && (var & 8192)) m3_pdl_trigger(); /* VAR 8192: t1c_k may start */
     if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
         m3_pdl_wait();
         if (blockIdx.x == 0)
@@ -1755,7 +1773,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1) { /* the chunk's last block combines it */
+            if (MODE == 1 && !(var & 8192)) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
                 __syncthreads(); /* the block's y_e stores, before thread 0's count */
                 if (tid == 0)
@@ -1830,11 +1848,14 @@ static m3_status dq1_run_v(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, in
                      (bool)p->moe_bf16_combine, xsh, xf, xa, fl, grid1));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC, V1>, dim3(grid2), TC_THREADS, shr2, true, "dq1_k down + combine",
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, V1>, dim3(grid2), TC_THREADS, shr2, true, "dq1_k down + combine",
                      ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, xa, fl, grid1);
+                     (bool)p->moe_bf16_combine, xsh, xf, xa, fl, grid1));
+    if (!(V1 & 8192)) return M3_OK;
+    return t1_launch(g, t1c_k, dim3((unsigned)((D + 255) / 256)), 256, 0, true, "t1c_k", d_y, (const m3_bf16 *)ye,
+                     d_ids, d_wts, E, K, D, rsf, (bool)p->moe_bf16_combine);
 }
 
 /* VAR (experiment): M3_MX4_VAR picks the variant */
@@ -1855,6 +1876,8 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     case 3072: DQV(1024, 1024); /* both */
     case 3584: DQV(1024, 1536); /* both + relaxed count (timing only) */
     case 4096: DQV(0, 4096);    /* down: no staging (timing only) */
+    case 8192: DQV(0, 8192);    /* the combine as a dependent kernel (t1c_k) */
+    case 11264: DQV(1024, 9216); /* 8192 + 3072 */
     default: DQV(0, 0);
     }
 #undef DQV
