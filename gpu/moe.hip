@@ -1637,7 +1637,14 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     bool copied = false;
-    if (MODE == 1 && (var & 64)) { /* VAR 64: a plain copy of gate/up's staged rows */
+    bool direct = false; /* VAR 32768: B read from gate/up's staged rows in global memory (L1) */
+    if (MODE == 1 && (var & 32768)) {
+        bool f = false;
+        for (int i = lane; i < nfl; i += 32) f |= __ldcg(fl + i) != 0;
+        direct = !__any_sync(0xFFFFFFFFu, f); /* (the same answer in every warp) */
+        copied = direct;
+    }
+    if (MODE == 1 && (var & 64) && !(var & 32768)) { /* VAR 64: a plain copy of gate/up's staged rows */
         bool f = false;
         if ((var & 128) && tid == 0) {
             mb_expect(&mbar, (uint32_t)(nx * nsteps * 4 * UP * 16));
@@ -1725,7 +1732,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
-                        const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
+                        const uint4 xv = direct ? __ldg(xa + (size_t)slot * pitch + st * 4 * UP + uu * 4 + t)
+                                                : xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
                         xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
                     }
 #pragma unroll
@@ -1773,7 +1781,20 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1 && !(var & 8192)) { /* the chunk's last block combines it */
+            if (MODE == 1 && (var & 16384)) { /* VAR 16384: warp 0 counts and combines, others go on */
+                const int chunk = tile % nch;
+                __syncthreads(); /* the block's y_e stores (and red's reads), before the count */
+                if (warp == 0) {
+                    int l = 0;
+                    if (lane == 0)
+                        l = (var & 512) ? atomicAdd(&cnt[chunk], 1) == nv - 1 : t1_count(&cnt[chunk]) == nv - 1;
+                    l = __shfl_sync(0xFFFFFFFFu, l, 0);
+                    __syncwarp(); /* (lane 0's acquire, before the lanes' y_e loads) */
+                    if (l)
+                        for (int d = lane; d < CH; d += 32)
+                            t1_combine_ord(y, out, cks, cws, nv, chunk * CH + d, nout, rsf, bf16_combine);
+                }
+            } else if (MODE == 1 && !(var & 8192)) { /* the chunk's last block combines it */
                 const int chunk = tile % nch;
                 __syncthreads(); /* the block's y_e stores, before thread 0's count */
                 if (tid == 0)
@@ -1783,7 +1804,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 __syncthreads(); /* (the count's acquire, before the combine's y_e loads) */
                 if (last && tid < CH) t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
             }
-            __syncthreads(); /* red and last are free for the next tile */
+            if (!(MODE == 1 && (var & 16384))) __syncthreads(); /* red and last are free for the next tile */
             if (next >= ntiles) break; /* block-uniform */
             tile = next, slot = nslot, obase = nobase;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
@@ -1877,6 +1898,10 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     case 3584: DQV(1024, 1536); /* both + relaxed count (timing only) */
     case 4096: DQV(0, 4096);    /* down: no staging (timing only) */
     case 8192: DQV(0, 8192);    /* the combine as a dependent kernel (t1c_k) */
+    case 16384: DQV(0, 16384);  /* warp 0 counts and combines, no barrier after */
+    case 32768: DQV(64, 32832); /* down reads gate/up's staged copy of a from global memory */
+    case 49152: DQV(64, 49216); /* 32768 + 16384 */
+    case 16896: DQV(0, 16896);  /* 16384 with a relaxed count (timing only) */
     case 11264: DQV(1024, 9216); /* 8192 + 3072 */
     default: DQV(0, 0);
     }
