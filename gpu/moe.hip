@@ -1786,8 +1786,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 __syncthreads(); /* the block's y_e stores (and red's reads), before the count */
                 if (warp == 0) {
                     int l = 0;
-                    if (lane == 0)
-                        l = (var & 512) ? atomicAdd(&cnt[chunk], 1) == nv - 1 : t1_count(&cnt[chunk]) == nv - 1;
+                    if (lane == 0) {
+                        if (var & 65536) { /* VAR 65536: release-only count, acquire fence when last */
+                            int32_t old;
+                            asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;\n"
+                                         : "=r"(old)
+                                         : "l"(&cnt[chunk])
+                                         : "memory");
+                            l = old == nv - 1;
+                            if (l) asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+                        } else
+                            l = (var & 512) ? atomicAdd(&cnt[chunk], 1) == nv - 1 : t1_count(&cnt[chunk]) == nv - 1;
+                    }
                     l = __shfl_sync(0xFFFFFFFFu, l, 0);
                     __syncwarp(); /* (lane 0's acquire, before the lanes' y_e loads) */
                     if (l)
@@ -1899,6 +1909,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     case 4096: DQV(0, 4096);    /* down: no staging (timing only) */
     case 8192: DQV(0, 8192);    /* the combine as a dependent kernel (t1c_k) */
     case 16384: DQV(0, 16384);  /* warp 0 counts and combines, no barrier after */
+    case 81920: DQV(0, 81920);  /* 16384 with a release-only count */
     case 32768: DQV(64, 32832); /* down reads gate/up's staged copy of a from global memory */
     case 49152: DQV(64, 49216); /* 32768 + 16384 */
     case 16896: DQV(0, 16896);  /* 16384 with a relaxed count (timing only) */
