@@ -558,9 +558,10 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  *               bf16 A fragments in registers (see the comment at tc_k).
  * T = 1 on NVIDIA sm_80+ (t1_call) skips group_k and combine_k: two kernels that read the
  * token's slots from ids (slot k's grouped row is k) and a down kernel, launched as a
- * programmatic dependent of the gate/up kernel, whose last block per chunk of outputs
- * combines that chunk: sk1_k (sk_k's one-row GEMV; bf16, MXFP8 with NaN codes possible) and
- * dq1_k (tc_k's, persistent; MXFP4, MXFP8 with finite codes).
+ * programmatic dependent of the gate/up kernel: sk1_k (sk_k's one-row GEMV; bf16, MXFP8 with
+ * NaN codes possible), whose last block per chunk of outputs combines that chunk, and dq1_k
+ * (tc_k's, persistent; MXFP4, MXFP8 with finite codes), followed by t1c_k, the combine as a
+ * programmatic dependent of the down kernel.
  *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
  *               block), register double buffering; weights dequantized exactly into bf16
  *               in shared memory (a code times a power of two has at most 4 significant
@@ -1113,60 +1114,6 @@ static __device__ __forceinline__ int nth_bit(unsigned m, int j) {
     return __ffs((int)m) - 1;
 }
 
-/* L2 prefetch of n bytes at p (16-byte aligned, n a multiple of 16): one bulk prefetch
- * instruction on sm_90 (nothing before it) */
-static __device__ __forceinline__ void l2_prefetch(const void *p, uint32_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
-#else
-    (void)p, (void)n;
-#endif
-}
-
-/* VAR 128 (experiment): bulk copies global -> shared completing on an mbarrier (sm_90) */
-static __device__ __forceinline__ void mb_init(uint64_t *b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;\n" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(b))
-                 : "memory");
-#else
-    (void)b;
-#endif
-}
-static __device__ __forceinline__ void mb_expect(uint64_t *b, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(b)),
-                 "r"(bytes)
-                 : "memory");
-#else
-    (void)b, (void)bytes;
-#endif
-}
-static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(bytes), "r"((uint32_t)__cvta_generic_to_shared(b))
-                 : "memory");
-#else
-    (void)dst, (void)src, (void)bytes, (void)b;
-#endif
-}
-static __device__ __forceinline__ void mb_wait0(uint64_t *b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}\n"
-                     : "=r"(done)
-                     : "r"((uint32_t)__cvta_generic_to_shared(b))
-                     : "memory");
-#else
-    (void)b;
-#endif
-}
-
 /* WK: warps splitting k (8 / WK row groups of 16 weight rows per block); NT: n-tiles of 8
  * tokens per pass; U: steps of loads issued together, then used; RL: row chunks per block (x
  * staged once for all of them) */
@@ -1371,19 +1318,6 @@ static __device__ __forceinline__ void t1_combine_ord(m3_bf16 *y, const m3_bf16 
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
 }
 
-/* a block's count of one chunk done (thread 0, after a barrier), the count before it returned:
- * one atomic add with acquire-release semantics at gpu scope. Release: the y_e stores that the
- * barrier ordered before it (the block's writer lanes') are visible to whoever reads the
- * count after it; acquire: the last block's combine, after the next barrier, sees every other
- * block's y_e stores of the chunk. dq1_k: in place of a fence by every writer lane before the
- * count and another by every combining thread after it (~0.5% of the MXFP4 T = 1 call,
- * docs/gpu.md "Decode, session 13") */
-static __device__ __forceinline__ int t1_count(int32_t *c) {
-    int32_t old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(c) : "memory");
-    return old;
-}
-
 /* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
 static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
     unsigned vm = 0;
@@ -1394,14 +1328,19 @@ static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, i
     return vm;
 }
 
-/* VAR 8192 (experiment): the T = 1 combine as its own kernel, a programmatic dependent of the
- * down kernel (whose grid completion orders the y_e stores: no per-tile count) */
+/* T = 1 combine after dq1_k's down kernel: y[d] from the y_e rows (t1_combine_ord, from
+ * t1_order's list), one thread an output. A programmatic dependent of the down kernel: the
+ * order is found while the down kernel runs, and that grid's completion (m3_pdl_wait)
+ * publishes its y_e stores, so the down kernel needs no per-tile count, fence or combine (its
+ * last block per chunk of outputs combined that chunk after an acquire-release count: ~0.9 us
+ * more of the MXFP4 call, docs/gpu.md "Decode, session 14"). With no valid slot y =
+ * bf16(rsf * 0), as combine_k. */
 static __global__ void __launch_bounds__(256)
     t1c_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
           const float *M3_RESTRICT wts, int E, int K, int D, float rsf, bool bf16_combine) {
-    __shared__ int cks[32];
+    __shared__ int cks[32]; /* (K <= 32: t1_slots) */
     __shared__ float cws[32];
-    const unsigned vm = t1_slots(ids, K, E); /* (inputs of the call) */
+    const unsigned vm = t1_slots(ids, K, E); /* (ids and wts are inputs of the call) */
     const int nv = __popc(vm), d = (int)(blockIdx.x * blockDim.x + threadIdx.x);
     if (threadIdx.x == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     __syncthreads();
@@ -1415,7 +1354,7 @@ static __global__ void __launch_bounds__(256)
  * (valid slot, run of EXP_WARPS * RPW outputs), the slot's expert and rows read from ids as in
  * dq1_k (no grouping kernel); MODE 0 zeroes the counters, MODE 1 (a dependent launch) combines
  * each run of outputs in its last block. */
-template <int WF, int MODE, int RPW, int U1>
+template <int WF, int MODE, int RPW, int U1, bool TC>
 static __global__ void __launch_bounds__(EXP_THREADS, 2)
     sk1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
           const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
@@ -1433,12 +1372,13 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2)
     const int nv = __popc(vm), run = EXP_WARPS * RPW;
     if (MODE == 0) {
         m3_pdl_trigger(); /* the down kernel may start */
-        if (blockIdx.x == 0 && blockIdx.y == 0)
+        if (!TC && blockIdx.x == 0 && blockIdx.y == 0)
             for (int i = tid; i < ncnt; i += EXP_THREADS) cnt[i] = 0;
     } else {
         m3_pdl_wait(); /* a and the counters are the gate/up kernel's */
+        if (TC) m3_pdl_trigger(); /* VAR 4: t1c_k may start */
         if (nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
-            if (blockIdx.x == 0 && blockIdx.y == 0)
+            if (!TC && blockIdx.x == 0 && blockIdx.y == 0)
                 for (int d = tid; d < nout; d += EXP_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
             return;
         }
@@ -1446,7 +1386,7 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2)
     if ((int)blockIdx.x >= nv) return; /* whole block */
     build_lut<WF>(lut);
     /* (ids and wts are inputs of the call; the staging's barrier publishes the list) */
-    if (MODE == 1 && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
+    if (MODE == 1 && !TC && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     const int k = nth_bit(vm, (int)blockIdx.x), e = ids[k];
     const int obase = ((int)blockIdx.y * EXP_WARPS + warp) * RPW;
     const m3_bf16 *src = ain + (size_t)(MODE == 0 ? 0 : k) * kdim;
@@ -1456,7 +1396,7 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2)
     if (obase < nout)
         sk_rows<WF, MODE, RPW, 1, U1>(out, xs, e, k, obase, w0, w1, s0, s1, kdim, nout, lut, alpha,
                                       limit, smode, act_bf16, lane);
-    if (MODE == 1) { /* the run's last block combines it */
+    if (MODE == 1 && !TC) { /* the run's last block combines it */
         if (lane == 0) __threadfence(); /* this warp's y_e stores (lane 0's), before the count */
         __syncthreads();
         if (tid == 0) last = atomicAdd(&cnt[blockIdx.y], 1) == nv - 1;
@@ -1477,9 +1417,16 @@ static m3_status t1_launch(m3_gpu *g, void (*k)(P...), dim3 grid, unsigned threa
     return m3_gpu_launched_(g, name, __FILE__, __LINE__);
 }
 
+/* t1c_k after a T = 1 down kernel (a programmatic dependent of it): y from ye [K, D] */
+static m3_status t1c_launch(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *ye, const int32_t *d_ids, const float *d_wts,
+                            const m3_moe_params *mp, const m3_profile *p) {
+    return t1_launch(g, t1c_k, dim3((unsigned)((mp->dim + 255) / 256)), 256, 0, true, "t1c_k combine", d_y, ye,
+                     d_ids, d_wts, mp->n_expert, mp->top_k, mp->dim, mp->routed_scale, (bool)p->moe_bf16_combine);
+}
+
 /* T = 1 on sk1_k: gate/up (+ swiglu) into ab [K, F], [act_mid], down into ye [K, D] and the
  * combine into y; cnt [D / 32] */
-template <int WF, int U1>
+template <int WF, int U1, bool TC>
 static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
                          const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
                          const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
@@ -1489,24 +1436,26 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     const bool ab16 = p->act_bf16;
     const size_t sh1 = (size_t)D * 2, sh2 = (size_t)F * 2;
     if (sh1 + 1024 > 48 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk1_k<WF, 0, SK_RPW_GU, U1>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk1_k<WF, 0, SK_RPW_GU, U1, TC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     if (sh2 + 1024 > 48 * 1024)
-        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk1_k<WF, 1, SK_RPW_DN, U1>,
+        M3_HIP_TRY(hipFuncSetAttribute((const void *)sk1_k<WF, 1, SK_RPW_DN, U1, TC>,
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int run1 = EXP_WARPS * SK_RPW_GU, run2 = EXP_WARPS * SK_RPW_DN;
     const dim3 g1((unsigned)K, (unsigned)((F + run1 - 1) / run1)), g2((unsigned)K, (unsigned)((D + run2 - 1) / run2));
     const float rsf = mp->routed_scale;
     const bool bc = p->moe_bf16_combine;
-    M3_TRY(t1_launch(g, sk1_k<WF, 0, SK_RPW_GU, U1>, g1, EXP_THREADS, sh1, false, "sk1_k gate/up", ab,
+    M3_TRY(t1_launch(g, sk1_k<WF, 0, SK_RPW_GU, U1, TC>, g1, EXP_THREADS, sh1, false, "sk1_k gate/up", ab,
                      (m3_bf16 *)NULL, cnt, (int)g2.y, d_x, d_ids, d_wts, E, K, (const void *)w->gate,
                      (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D, F,
                      mp->alpha, mp->limit, sm, ab16, rsf, bc));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    return t1_launch(g, sk1_k<WF, 1, SK_RPW_DN, U1>, g2, EXP_THREADS, sh2, true, "sk1_k down + combine",
+    M3_TRY(t1_launch(g, sk1_k<WF, 1, SK_RPW_DN, U1, TC>, g2, EXP_THREADS, sh2, true, "sk1_k down + combine",
                      ye, d_y, cnt, (int)g2.y, (const m3_bf16 *)ab, d_ids, d_wts, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf, bc);
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf, bc));
+    if (!TC) return M3_OK;
+    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
 /* T = 1, MX weights (MXFP4; MXFP8 whose codes hold no NaN code, NC false): tc_k's tensor-core
@@ -1517,59 +1466,33 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
  * through shared memory). Each lane keeps two register sets of U steps of loads (16 bytes of
  * rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the other is decoded, and
  * the next tile's first set in flight during the current tile's reduction. MODE 0: out = a
- * rows [K][F]; block 0 also zeroes the down kernel's counters; launched as a programmatic
- * dependent of the kernel before it (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu.md
- * "Decode, session 11"). MODE 1 (a dependent launch:
- * its first loads go out while gate/up finishes, m3_pdl_wait before it reads a): out = y_e rows
- * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
- * the writers' fences) combines that chunk of y (t1_combine_ord, from the slot order thread 0
- * finds once a block, t1_order), so combine_k's launch and its pass over y_e go away. */
+ * rows [K][F]; launched as a programmatic dependent of the kernel before it (m3_pdl_wait
+ * first: 2-3% less time at T = 1, docs/gpu.md "Decode, session 11"). MODE 1 (a dependent
+ * launch: its first loads go out while gate/up finishes, m3_pdl_wait before it reads a): out =
+ * y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and its
+ * pass over y_e go away. */
 template <int WF, int MODE, int WK, int U, bool NC, int VAR = 0>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
-    dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
-          const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
+    dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast, uint4 *M3_RESTRICT xa, int32_t *M3_RESTRICT fl, int nfl) {
-    const int var = VAR;
+          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
-    __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
+    /* VAR 2 (experiment): red double-buffered by tile parity, no barrier at a tile's end */
+    __shared__ float red[WK > 1 ? (VAR & 2 ? 2 : 1) * TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
-    __shared__ int last;
-    __shared__ uint64_t mbar; /* VAR 128 */
-    __shared__ int cks[MODE == 1 ? 32 : 1]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
-    __shared__ float cws[MODE == 1 ? 32 : 1];
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wk = warp % WK, wr = warp / WK, g = lane / 4, t = lane % 4;
-    if (var & (128 | 1024)) { /* VAR: the bulk copies' barrier */
-        if (tid == 0) mb_init(&mbar);
-        __syncthreads();
-    }
     /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
-    if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
-    if (MODE == 0 && blockIdx.x == 0)
-        for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
-    if (MODE == 1 && (var & 8192)) m3_pdl_trigger(); /* VAR 8192: t1c_k may start */
-    if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
-        m3_pdl_wait();
-        if (blockIdx.x == 0)
-            for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
-        return;
-    }
-    /* VAR 64: gate/up block b's flag fl[b]: 0, or 1 when one of its a values overflowed times
-     * 2^xsh (zeroed by thread 0 before the staging barrier, set after it) */
-    if (MODE == 0 && (var & 64) && tid == 0) fl[blockIdx.x] = 0;
-    if ((int)blockIdx.x >= ntiles) return; /* whole block */
+    m3_pdl_trigger(); /* the next kernel (down; t1c_k) may start */
+    if ((int)blockIdx.x >= ntiles) return; /* whole block (no valid slot: t1c_k writes y) */
     build_lut<WF>(lut);
-    /* (ids and wts are inputs of the call; the staging's barrier publishes the list) */
-    if (MODE == 1 && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
     uint4 *xs = tc_dyn;
@@ -1597,17 +1520,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             for (int h = 0; h < 2; h++) q[u][h] = ld_stream(pw[h] + (size_t)pc * 16), sc[u][h] = ps[h][pc / PPB];
         }
     };
-    /* VAR (experiment): L2 prefetch of a tile's weight and scale rows by warp 0 */
-    auto prefetch = [&](int tl, size_t off, size_t len) { /* bytes [off, off + len) of each row */
-        if (warp != 0 || off >= rb) return;
-        if (off + len > rb) len = rb - off;
-        const int e = ids[nth_bit(vm, tl / nch)];
-        const size_t r0 = (size_t)e * nout + (size_t)(tl % nch) * CH;
-        for (int i = lane; i < (MODE == 0 ? 2 : 1) * CH; i += 32)
-            l2_prefetch((const unsigned char *)(MODE == 0 && i >= CH ? w1 : w0) + (r0 + i % CH) * rb + off,
-                        (uint32_t)len);
-        if (lane < (MODE == 0 ? 2 : 1)) l2_prefetch((lane ? s1 : s0) + r0 * nsb, (uint32_t)(CH * nsb));
-    };
     /* two register sets of U steps: one loading while the other is used, across tiles */
     const int G = (nsteps - wk + WK * U - 1) / (WK * U); /* this warp's groups a tile (may be 0) */
     int tile = (int)blockIdx.x, slot, obase, nslot, nobase;
@@ -1617,15 +1529,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
     load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
-    const bool early = (var & 16) && G > 1; /* VAR: the second set before the staging */
-    if (early && (MODE == 0 || (var & 32))) load(cpw, cps, wk + WK * U, qb, sb);
-    if (MODE == 0 && (var & 2)) prefetch(tile, (size_t)WK * U * 64, 1024); /* 1 KB a row past set 0 */
     /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
      * call; a and the counters are MODE 0's) */
     if (MODE == 1) m3_pdl_wait();
-    if (MODE == 1 && early && !(var & 32)) load(cpw, cps, wk + WK * U, qb, sb);
-    if (MODE == 1 && (var & 1)) prefetch(tile, 0, rb);
-    bool pre = early; /* (VAR 16: qb holds the first tile's second set) */
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
      * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
@@ -1636,49 +1542,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     const int nx = MODE == 0 ? 1 : __popc(need);
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-    bool copied = false;
-    bool direct = false; /* VAR 32768: B read from gate/up's staged rows in global memory (L1) */
-    if (MODE == 1 && (var & 32768)) {
-        bool f = false;
-        for (int i = lane; i < nfl; i += 32) f |= __ldcg(fl + i) != 0;
-        direct = !__any_sync(0xFFFFFFFFu, f); /* (the same answer in every warp) */
-        copied = direct;
-    }
-    if (MODE == 1 && (var & 64) && !(var & 32768)) { /* VAR 64: a plain copy of gate/up's staged rows */
-        bool f = false;
-        if ((var & 128) && tid == 0) {
-            mb_expect(&mbar, (uint32_t)(nx * nsteps * 4 * UP * 16));
-            for (int jj = 0; jj < nx; jj++) {
-                const int j = nth_bit(need, jj), src = nth_bit(vm, j);
-                bulk_g2s(xs + (size_t)j * pitch, xa + (size_t)src * pitch, (uint32_t)(nsteps * 4 * UP * 16), &mbar);
-            }
-        }
-        for (int i = tid; i < nfl; i += TC_THREADS) f |= __ldcg(fl + i) != 0;
-        if (!(var & 128))
-            for (int jj = 0; jj < nx; jj++) {
-                const int j = nth_bit(need, jj), src = nth_bit(vm, j);
-                const uint4 *xg = xa + (size_t)src * pitch;
-                uint4 *xr = xs + (size_t)j * pitch;
-                for (int v = tid; v < nsteps * 4 * UP; v += TC_THREADS) xr[v] = __ldcg(xg + v);
-            }
-        else
-            mb_wait0(&mbar);
-        copied = !__syncthreads_or(f);
-    }
-    const bool rawb = (var & 1024) != 0; /* VAR 1024: the raw rows bulk-copied to shared first */
-    const uint4 *raw = xs + (size_t)(MODE == 0 ? 1 : K) * pitch;
-    if (rawb) {
-        if (tid == 0) {
-            mb_expect(&mbar, (uint32_t)(nx * kdim * 2));
-            for (int jj = 0; jj < nx; jj++) {
-                const int src = MODE == 0 ? 0 : nth_bit(vm, nth_bit(need, jj));
-                bulk_g2s((void *)(raw + (size_t)jj * (kdim / 8)), ain + (size_t)src * kdim, (uint32_t)(kdim * 2), &mbar);
-            }
-        }
-        mb_wait0(&mbar);
-    }
-    if (MODE == 1 && (var & 4096)) copied = true, __syncthreads(); /* VAR 4096: no staging (timing only) */
-    for (; !copied;) {
+    for (;;) {
         bool ovf = false;
         /* row by row, so that a unit's place is shifts and masks of its index (one index over
          * all rows cost a runtime division and nth_bit per unit: docs/gpu.md "Decode, session
@@ -1690,7 +1554,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             uint4 *xr = xs + (size_t)j * pitch;
             for (int v = tid; v < kdim / 8; v += TC_THREADS) {
                 const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
-                const uint4 x = rawb ? raw[(size_t)jj * (kdim / 8) + v] : xg[v];
+                const uint4 x = xg[v];
                 xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
             }
         }
@@ -1710,20 +1574,16 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         xsc = 0;
     }
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
+    int pty = 0; /* (VAR 2: the tile's parity) */
     auto tiles = [&](auto fast) {
         for (;;) {
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (next < ntiles) {
-                rows_of(next, &nslot, &nobase, npw, nps);
-                if (var & (MODE == 1 ? 4 : 8)) prefetch(next, 0, rb);
-            }
+            if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
                 const int st0 = wk + gi * WK * U;
-                if (gi + 1 < G) {
-                    if (!pre) load(cpw, cps, st0 + WK * U, qb, sb);
-                } else if (next < ntiles) load(npw, nps, wk, qb, sb);
-                pre = false;
+                if (gi + 1 < G) load(cpw, cps, st0 + WK * U, qb, sb);
+                else if (next < ntiles) load(npw, nps, wk, qb, sb);
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
@@ -1732,8 +1592,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
-                        const uint4 xv = direct ? __ldg(xa + (size_t)slot * pitch + st * 4 * UP + uu * 4 + t)
-                                                : xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
+                        const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
                         xb[4 * uu] = xv.x, xb[4 * uu + 1] = xv.y, xb[4 * uu + 2] = xv.z, xb[4 * uu + 3] = xv.w;
                     }
 #pragma unroll
@@ -1750,71 +1609,26 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             }
             /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
             if (WK > 1) {
-                if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+                float *rd = red + ((VAR & 2) && (pty & 1) ? TC_WARPS * 2 * 32 : 0);
+                if (t == 0) rd[(warp * 2) * 32 + g] = acc[0], rd[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
                 if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++)
-                        acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
+                        acc[0] += rd[((warp + w2) * 2) * 32 + g], acc[2] += rd[((warp + w2) * 2 + 1) * 32 + g];
             }
             if (wk == 0 && t == 0) {
                 m3_bf16 *orow = out + (size_t)slot * nout;
                 if (MODE == 0) {
                     float gv = acc[0], uv = acc[2];
                     if (act_bf16) gv = m3_round_bf16(gv), uv = m3_round_bf16(uv);
-                    const m3_bf16 av = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
-                    orow[obase + g] = av;
-                    if (var & 64) { /* VAR 64: also at its place in the down kernel's staged row */
-                        const int i = obase + g, v = i / 8, w = i % 8, SE2 = 4 * PE;
-                        const int un = (v / (SE2 / 8)) * 4 * UP + (v % (PE / 8)) * 4 + (v / (PE / 8)) % 4;
-                        const int hw = WF == M3_GPU_W_MXFP4 ? (w < 4 ? 2 * w : 2 * (w - 4) + 1) : w;
-                        uint32_t b = av;
-                        if (WF == M3_GPU_W_MXFP4 && xsh) {
-                            const uint32_t ex = b & 0x7F80u;
-                            if (ex >= (247u << 7) && ex <= (254u << 7)) fl[blockIdx.x] = 1;
-                            b = bf2_mul(b, 0x43804380u) & 0xFFFFu;
-                        }
-                        reinterpret_cast<m3_bf16 *>(xa + (size_t)slot * ((nout + SE2 - 1) / SE2 * 4 * UP + 4) + un)[hw] =
-                            (m3_bf16)b;
-                    }
+                    orow[obase + g] = m3_f32_to_bf16(swiglu_act(gv, uv, alpha, limit, smode));
                 } else {
                     orow[obase + g] = m3_f32_to_bf16(acc[0]);
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1 && (var & 16384)) { /* VAR 16384: warp 0 counts and combines, others go on */
-                const int chunk = tile % nch;
-                __syncthreads(); /* the block's y_e stores (and red's reads), before the count */
-                if (warp == 0) {
-                    int l = 0;
-                    if (lane == 0) {
-                        if (var & 65536) { /* VAR 65536: release-only count, acquire fence when last */
-                            int32_t old;
-                            asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;\n"
-                                         : "=r"(old)
-                                         : "l"(&cnt[chunk])
-                                         : "memory");
-                            l = old == nv - 1;
-                            if (l) asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-                        } else
-                            l = (var & 512) ? atomicAdd(&cnt[chunk], 1) == nv - 1 : t1_count(&cnt[chunk]) == nv - 1;
-                    }
-                    l = __shfl_sync(0xFFFFFFFFu, l, 0);
-                    __syncwarp(); /* (lane 0's acquire, before the lanes' y_e loads) */
-                    if (l)
-                        for (int d = lane; d < CH; d += 32)
-                            t1_combine_ord(y, out, cks, cws, nv, chunk * CH + d, nout, rsf, bf16_combine);
-                }
-            } else if (MODE == 1 && !(var & 8192)) { /* the chunk's last block combines it */
-                const int chunk = tile % nch;
-                __syncthreads(); /* the block's y_e stores, before thread 0's count */
-                if (tid == 0)
-                    last = (var & 256) ? 0 /* VAR 256: no count or combine (timing only) */
-                           : (var & 512) ? atomicAdd(&cnt[chunk], 1) == nv - 1 /* VAR 512: relaxed (timing only) */
-                                         : t1_count(&cnt[chunk]) == nv - 1;
-                __syncthreads(); /* (the count's acquire, before the combine's y_e loads) */
-                if (last && tid < CH) t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
-            }
-            if (!(MODE == 1 && (var & 16384))) __syncthreads(); /* red and last are free for the next tile */
+            if (!(VAR & 2)) __syncthreads(); /* red is free for the next tile */
+            pty++;
             if (next >= ntiles) break; /* block-uniform */
             tile = next, slot = nslot, obase = nobase;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
@@ -1843,13 +1657,12 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
     return *fast && hi > 128 ? 8 : 0;
 }
 
-/* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
- * scratch, cnt [D / CH] ints */
-template <int WF, int WK, int U, bool NC, int V0, int V1>
-static m3_status dq1_run_v(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
-                           const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
-                           const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                           const m3_mx_params *mid) {
+/* T = 1, MX weights: the two dq1_k launches and t1c_k (y written by the third); ab [K, F] and
+ * ye [K, D] scratch */
+template <int WF, int WK, int U, bool NC, int VAR>
+static m3_status dq1_run_v(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
+                           const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
+                           const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     bool xf;
     const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
@@ -1857,66 +1670,31 @@ static m3_status dq1_run_v(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, in
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    const size_t shr1 = sh1 + ((V0 & 1024) ? (size_t)D * 2 : 0), shr2 = sh2 + ((V1 & 1024) ? (size_t)K * F * 2 : 0);
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, V0>,
-                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)shr1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, V1>,
-                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)shr2));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, VAR>,
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, VAR>,
+                                   hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    const float rsf = mp->routed_scale;
-    uint4 *xa = NULL;
-    int32_t *fl = NULL;
-    const int grid1 = t1 < cap ? t1 : cap;
-    if ((V0 | V1) & 64) {
-        M3_TRY(m3_gpu_alloc(g, (void **)&xa, sh2));
-        M3_TRY(m3_gpu_alloc(g, (void **)&fl, sizeof(int32_t) * (size_t)grid1));
-        if ((F % SE) != 0) M3_HIP_TRY(hipMemsetAsync(xa, 0, sh2, g->stream)); /* the pad units */
-    }
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, V0>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, shr1, true,
-                     "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
-                     (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
-                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, xa, fl, grid1));
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, VAR>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1,
+                     true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate, (const void *)w->up,
+                     (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm,
+                     ab16, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, V1>, dim3(grid2), TC_THREADS, shr2, true, "dq1_k down + combine",
-                     ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
-                     (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf, xa, fl, grid1));
-    if (!(V1 & 8192)) return M3_OK;
-    return t1_launch(g, t1c_k, dim3((unsigned)((D + 255) / 256)), 256, 0, true, "t1c_k", d_y, (const m3_bf16 *)ye,
-                     d_ids, d_wts, E, K, D, rsf, (bool)p->moe_bf16_combine);
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, VAR>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS, sh2,
+                     true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K, (const void *)w->down,
+                     (const void *)NULL, (const m3_e8m0 *)w->down_s, (const m3_e8m0 *)NULL, F, D, mp->alpha,
+                     mp->limit, sm, ab16, xsh, xf));
+    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
-/* VAR (experiment): M3_MX4_VAR picks the variant */
+/* VAR (experiment): M3_MX4_VAR 2 picks the double-buffered red */
 template <int WF, int WK, int U, bool NC>
-static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
-                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
-                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                         const m3_mx_params *mid) {
+static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
+                         const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
+                         const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
     const char *ve = getenv("M3_MX4_VAR");
-    const int var = ve && !mid ? atoi(ve) : 0; /* (64: a is re-quantized in place by mid) */
-#define DQV(A, B) return dq1_run_v<WF, WK, U, NC, A, B>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-    switch (var) {
-    case 192: DQV(64, 192);     /* gate/up writes a staged copy of a; down bulk-copies it */
-    case 256: DQV(0, 256);      /* down: no count / combine (timing only) */
-    case 512: DQV(0, 512);      /* down: relaxed count (timing only) */
-    case 1024: DQV(0, 1024);    /* down: raw a rows bulk-copied, then permuted in shared */
-    case 2048: DQV(1024, 0);    /* gate/up: the same for x */
-    case 3072: DQV(1024, 1024); /* both */
-    case 3584: DQV(1024, 1536); /* both + relaxed count (timing only) */
-    case 4096: DQV(0, 4096);    /* down: no staging (timing only) */
-    case 8192: DQV(0, 8192);    /* the combine as a dependent kernel (t1c_k) */
-    case 16384: DQV(0, 16384);  /* warp 0 counts and combines, no barrier after */
-    case 81920: DQV(0, 81920);  /* 16384 with a release-only count */
-    case 32768: DQV(64, 32832); /* down reads gate/up's staged copy of a from global memory */
-    case 49152: DQV(64, 49216); /* 32768 + 16384 */
-    case 16896: DQV(0, 16896);  /* 16384 with a relaxed count (timing only) */
-    case 11264: DQV(1024, 9216); /* 8192 + 3072 */
-    default: DQV(0, 0);
-    }
-#undef DQV
+    if (ve && atoi(ve) == 2) return dq1_run_v<WF, WK, U, NC, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
+    return dq1_run_v<WF, WK, U, NC, 0>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -3026,17 +2804,21 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     if (s == M3_OK && aq[0]) s = m3_gpu_mx_qdq_bf16(g, xq, d_x, 1, D, &aq[0]->mx);
     if (xq) d_x = xq;
     const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
+    const char *ve = getenv("M3_MX4_VAR"); /* VAR 4 (experiment): sk1_k's combine by t1c_k */
+    const bool tcv = ve && atoi(ve) == 4;
     if (s == M3_OK) {
         if (w->fmt == M3_GPU_W_BF16)
-            s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = tcv ? sk1_run<M3_GPU_W_BF16, 2, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                    : sk1_run<M3_GPU_W_BF16, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else if (w->fmt == M3_GPU_W_MXFP8)
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                    : tcv ? sk1_run<M3_GPU_W_MXFP8, 3, true>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
+                          : sk1_run<M3_GPU_W_MXFP8, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
