@@ -1332,8 +1332,8 @@ static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, i
  * order is found while the down kernel runs, and that grid's completion (m3_pdl_wait)
  * publishes its y_e stores, so the down kernel needs no per-tile count, fence or combine (its
  * last block per chunk of outputs combined that chunk after an acquire-release count: ~0.9 us
- * more of the MXFP4 call, 5.5% of the bf16 one, docs/gpu.md "Decode, session 14"). With no valid slot y =
- * bf16(rsf * 0), as combine_k. */
+ * more of the MXFP4 call, 5.5% of the bf16 one, docs/gpu.md "Decode, session 14"). With no valid
+ * slot y = bf16(rsf * 0), as combine_k. */
 static __global__ void __launch_bounds__(256)
     t1c_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
           const float *M3_RESTRICT wts, int E, int K, int D, float rsf, bool bf16_combine) {
@@ -1345,8 +1345,10 @@ static __global__ void __launch_bounds__(256)
     __syncthreads();
     m3_pdl_wait(); /* y_e is the down kernel's */
     if (d >= D) return;
-    if (nv == 0) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
-    else t1_combine_ord(y, ye, cks, cws, nv, d, D, rsf, bf16_combine);
+    if (nv == 0)
+        y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
+    else
+        t1_combine_ord(y, ye, cks, cws, nv, d, D, rsf, bf16_combine);
 }
 
 /* T = 1 with the FMA GEMV (sk_rows' one-row form, U1 steps of loads ahead): sk_k's blocks
@@ -1356,18 +1358,18 @@ static __global__ void __launch_bounds__(256)
  * docs/gpu.md "Decode, session 14"). */
 template <int WF, int MODE, int RPW, int U1>
 static __global__ void __launch_bounds__(EXP_THREADS, 2)
-    sk1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, int E,
-          int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1, const m3_e8m0 *M3_RESTRICT s0,
-          const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout, float alpha, float limit, int smode,
-          bool act_bf16) {
+    sk1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
+          int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
+          const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
+          float alpha, float limit, int smode, bool act_bf16) {
     extern __shared__ uint4 sk_dyn[];
     m3_bf16 *xs = reinterpret_cast<m3_bf16 *>(sk_dyn); /* [kdim] */
     __shared__ float lut[256];
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm);
-    if (MODE == 1) m3_pdl_wait(); /* a is the gate/up kernel's */
-    m3_pdl_trigger();             /* the next kernel (down; t1c_k) may start */
+    if (MODE == 1) m3_pdl_wait();      /* a is the gate/up kernel's */
+    m3_pdl_trigger();                  /* the next kernel (down; t1c_k) may start */
     if ((int)blockIdx.x >= nv) return; /* whole block (no valid slot: t1c_k writes y) */
     build_lut<WF>(lut);
     const int k = nth_bit(vm, (int)blockIdx.x), e = ids[k];
@@ -1390,10 +1392,11 @@ static m3_status t1_launch(m3_gpu *g, void (*k)(P...), dim3 grid, unsigned threa
 }
 
 /* t1c_k after a T = 1 down kernel (a programmatic dependent of it): y from ye [K, D] */
-static m3_status t1c_launch(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *ye, const int32_t *d_ids, const float *d_wts,
-                            const m3_moe_params *mp, const m3_profile *p) {
-    return t1_launch(g, t1c_k, dim3((unsigned)((mp->dim + 255) / 256)), 256, 0, true, "t1c_k combine", d_y, ye,
-                     d_ids, d_wts, mp->n_expert, mp->top_k, mp->dim, mp->routed_scale, (bool)p->moe_bf16_combine);
+static m3_status t1c_launch(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *ye, const int32_t *d_ids,
+                            const float *d_wts, const m3_moe_params *mp, const m3_profile *p) {
+    return t1_launch(g, t1c_k, dim3((unsigned)((mp->dim + 255) / 256)), 256, 0, true,
+                     "t1c_k combine", d_y, ye, d_ids, d_wts, mp->n_expert, mp->top_k, mp->dim,
+                     mp->routed_scale, (bool)p->moe_bf16_combine);
 }
 
 /* T = 1 on sk1_k: gate/up (+ swiglu) into ab [K, F], [act_mid], down into ye [K, D], t1c_k's
@@ -1414,29 +1417,31 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int run1 = EXP_WARPS * SK_RPW_GU, run2 = EXP_WARPS * SK_RPW_DN;
     const dim3 g1((unsigned)K, (unsigned)((F + run1 - 1) / run1)), g2((unsigned)K, (unsigned)((D + run2 - 1) / run2));
-    M3_TRY(t1_launch(g, sk1_k<WF, 0, SK_RPW_GU, U1>, g1, EXP_THREADS, sh1, false, "sk1_k gate/up", ab, d_x,
-                     d_ids, E, K, (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
-                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16));
+    M3_TRY(t1_launch(g, sk1_k<WF, 0, SK_RPW_GU, U1>, g1, EXP_THREADS, sh1, false, "sk1_k gate/up",
+                     ab, d_x, d_ids, E, K, (const void *)w->gate, (const void *)w->up,
+                     (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D, F, mp->alpha,
+                     mp->limit, sm, ab16));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     M3_TRY(t1_launch(g, sk1_k<WF, 1, SK_RPW_DN, U1>, g2, EXP_THREADS, sh2, true, "sk1_k down", ye,
                      (const m3_bf16 *)ab, d_ids, E, K, (const void *)w->down, (const void *)NULL,
-                     (const m3_e8m0 *)w->down_s, (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16));
+                     (const m3_e8m0 *)w->down_s, (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit,
+                     sm, ab16));
     return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
 /* T = 1, MX weights (MXFP4; MXFP8 whose codes hold no NaN code, NC false): tc_k's tensor-core
- * GEMV for one token, without a grouping kernel or a combine launch. The grouped row of slot k is k itself; the valid slots (t1_slots) are read by
- * every block. Persistent (at most 2 blocks per multiprocessor; block b takes the tiles b,
- * b + gridDim.x, ...), a tile: one valid slot's CH outputs (8 (gate/up) or 16 (down) per row
- * group of 8 / WK warps), its k range split over WK warps (partial sums added in warp order
- * through shared memory). Each lane keeps two register sets of U steps of loads (16 bytes of
- * rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the other is decoded, and
- * the next tile's first set in flight during the current tile's reduction. MODE 0: out = a
- * rows [K][F]; launched as a programmatic dependent of the kernel before it (m3_pdl_wait
- * first: 2-3% less time at T = 1, docs/gpu.md "Decode, session 11"). MODE 1 (a dependent
- * launch: its first loads go out while gate/up finishes, m3_pdl_wait before it reads a): out =
- * y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and its
- * pass over y_e go away. */
+ * GEMV for one token, without a grouping kernel or a combine launch. The grouped row of slot k is k
+ * itself; the valid slots (t1_slots) are read by every block. Persistent (at most 2 blocks per
+ * multiprocessor; block b takes the tiles b, b + gridDim.x, ...), a tile: one valid slot's CH
+ * outputs (8 (gate/up) or 16 (down) per row group of 8 / WK warps), its k range split over WK warps
+ * (partial sums added in warp order through shared memory). Each lane keeps two register sets of U
+ * steps of loads (16 bytes of rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the
+ * other is decoded, and the next tile's first set in flight during the current tile's reduction.
+ * MODE 0: out = a rows [K][F]; launched as a programmatic dependent of the kernel before it
+ * (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu.md "Decode, session 11"). MODE 1 (a
+ * dependent launch: its first loads go out while gate/up finishes, m3_pdl_wait before it reads a):
+ * out = y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and
+ * its pass over y_e go away. */
 template <int WF, int MODE, int WK, int U, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
@@ -1459,7 +1464,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     if (MODE == 0) m3_pdl_wait();
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
-    m3_pdl_trigger(); /* the next kernel (down; t1c_k) may start */
+    m3_pdl_trigger();                      /* the next kernel (down; t1c_k) may start */
     if ((int)blockIdx.x >= ntiles) return; /* whole block (no valid slot: t1c_k writes y) */
     build_lut<WF>(lut);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
@@ -1582,8 +1587,10 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 if (t == 0) rd[(warp * 2) * 32 + g] = acc[0], rd[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
                 if (wk == 0 && t == 0)
-                    for (int w2 = 1; w2 < WK; w2++)
-                        acc[0] += rd[((warp + w2) * 2) * 32 + g], acc[2] += rd[((warp + w2) * 2 + 1) * 32 + g];
+                    for (int w2 = 1; w2 < WK; w2++) {
+                        acc[0] += rd[((warp + w2) * 2) * 32 + g];
+                        acc[2] += rd[((warp + w2) * 2 + 1) * 32 + g];
+                    }
             }
             if (wk == 0 && t == 0) {
                 m3_bf16 *orow = out + (size_t)slot * nout;
@@ -1643,15 +1650,15 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1,
-                     true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate, (const void *)w->up,
-                     (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm,
-                     ab16, xsh, xf));
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS,
+                     sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate,
+                     (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D,
+                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS, sh2,
-                     true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K, (const void *)w->down,
-                     (const void *)NULL, (const m3_e8m0 *)w->down_s, (const m3_e8m0 *)NULL, F, D, mp->alpha,
-                     mp->limit, sm, ab16, xsh, xf));
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
+                     sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
+                     (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
@@ -2767,10 +2774,12 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp,
+                                                           p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p,
+                                                     mid);
     }
     m3_gpu_release(g, mark);
     return s;
