@@ -594,9 +594,9 @@ extern "C" m3_status m3_gpu_moe_router_logits(m3_gpu *g, float *d_logits, const 
  *               bf16 A fragments in registers (see the comment at tc_k).
  * T = 1 on NVIDIA sm_80+ (t1_call) skips group_k and combine_k: two kernels that read the
  * token's slots from ids (slot k's grouped row is k) and a down kernel, launched as a
- * programmatic dependent of the gate/up kernel, whose last block per chunk of outputs
- * combines that chunk: sk1_k (sk_k's one-row GEMV; bf16, MXFP8 with NaN codes possible) and
- * dq1_k (tc_k's, persistent; MXFP4, MXFP8 with finite codes).
+ * programmatic dependent of the gate/up kernel: sk1_k (sk_k's one-row GEMV; bf16, MXFP8 with
+ * NaN codes possible) or dq1_k (tc_k's, persistent; MXFP4, MXFP8 with finite codes); then
+ * t1c_k, the combine, a programmatic dependent of the down kernel.
  *   tile_k      larger batches: 64 rows x 128 columns per block, k-steps of 32 (one MX
  *               block), register double buffering; weights dequantized exactly into bf16
  *               in shared memory (a code times a power of two has at most 4 significant
@@ -1353,19 +1353,6 @@ static __device__ __forceinline__ void t1_combine_ord(m3_bf16 *y, const m3_bf16 
     y[d] = m3_f32_to_bf16(m3_round_bf16(__fmul_rn(rsf, acc)));
 }
 
-/* a block's count of one chunk done (thread 0, after a barrier), the count before it returned:
- * one atomic add with acquire-release semantics at gpu scope. Release: the y_e stores that the
- * barrier ordered before it (the block's writer lanes') are visible to whoever reads the
- * count after it; acquire: the last block's combine, after the next barrier, sees every other
- * block's y_e stores of the chunk. dq1_k: in place of a fence by every writer lane before the
- * count and another by every combining thread after it (~0.5% of the MXFP4 T = 1 call,
- * docs/gpu.md "Decode, session 13") */
-static __device__ __forceinline__ int t1_count(int32_t *c) {
-    int32_t old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(c) : "memory");
-    return old;
-}
-
 /* the valid slots of the one token: bit k set when 0 <= ids[k] < E (group_k's rule) */
 static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, int E) {
     unsigned vm = 0;
@@ -1376,42 +1363,51 @@ static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, i
     return vm;
 }
 
+/* T = 1 combine after the down kernel (dq1_k, sk1_k): y[d] from the y_e rows (t1_combine_ord, from
+ * t1_order's list), one thread an output. A programmatic dependent of the down kernel: the
+ * order is found while the down kernel runs, and that grid's completion (m3_pdl_wait)
+ * publishes its y_e stores, so the down kernel needs no per-tile count, fence or combine (its
+ * last block per chunk of outputs combined that chunk after an acquire-release count: ~0.9 us
+ * more of the MXFP4 call, 5.5% of the bf16 one, docs/gpu.md "Decode, session 14"). With no valid
+ * slot y = bf16(rsf * 0), as combine_k. */
+static __global__ void __launch_bounds__(256)
+    t1c_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
+          const float *M3_RESTRICT wts, int E, int K, int D, float rsf, bool bf16_combine) {
+    __shared__ int cks[32]; /* (K <= 32: t1_slots) */
+    __shared__ float cws[32];
+    const unsigned vm = t1_slots(ids, K, E); /* (ids and wts are inputs of the call) */
+    const int nv = __popc(vm), d = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (threadIdx.x == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
+    __syncthreads();
+    m3_pdl_wait(); /* y_e is the down kernel's */
+    if (d >= D) return;
+    if (nv == 0)
+        y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
+    else
+        t1_combine_ord(y, ye, cks, cws, nv, d, D, rsf, bf16_combine);
+}
+
 /* T = 1 with the FMA GEMV (sk_rows' one-row form, U1 steps of loads ahead): sk_k's blocks
  * (valid slot, run of EXP_WARPS * RPW outputs), the slot's expert and rows read from ids as in
- * dq1_k (no grouping kernel); MODE 0 zeroes the counters, MODE 1 (a dependent launch) combines
- * each run of outputs in its last block. */
+ * dq1_k (no grouping kernel); MODE 1 is a dependent launch, combined by t1c_k (its dependent:
+ * 5.5% less time for bf16 than the combine by each run's last block after a fence and a count,
+ * docs/gpu.md "Decode, session 14"). */
 template <int WF, int MODE, int RPW, int U1>
 static __global__ void __launch_bounds__(EXP_THREADS, 2)
-    sk1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
-          const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
+    sk1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine) {
+          float alpha, float limit, int smode, bool act_bf16) {
     extern __shared__ uint4 sk_dyn[];
     m3_bf16 *xs = reinterpret_cast<m3_bf16 *>(sk_dyn); /* [kdim] */
     __shared__ float lut[256];
-    __shared__ int last;
-    __shared__ int cks[MODE == 1 ? EXP_MAX_K : 1]; /* MODE 1: t1_order's list */
-    __shared__ float cws[MODE == 1 ? EXP_MAX_K : 1];
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
     const unsigned vm = t1_slots(ids, K, E);
-    const int nv = __popc(vm), run = EXP_WARPS * RPW;
-    if (MODE == 0) {
-        m3_pdl_trigger(); /* the down kernel may start */
-        if (blockIdx.x == 0 && blockIdx.y == 0)
-            for (int i = tid; i < ncnt; i += EXP_THREADS) cnt[i] = 0;
-    } else {
-        m3_pdl_wait(); /* a and the counters are the gate/up kernel's */
-        if (nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
-            if (blockIdx.x == 0 && blockIdx.y == 0)
-                for (int d = tid; d < nout; d += EXP_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
-            return;
-        }
-    }
-    if ((int)blockIdx.x >= nv) return; /* whole block */
+    const int nv = __popc(vm);
+    if (MODE == 1) m3_pdl_wait();      /* a is the gate/up kernel's */
+    m3_pdl_trigger();                  /* the next kernel (down; t1c_k) may start */
+    if ((int)blockIdx.x >= nv) return; /* whole block (no valid slot: t1c_k writes y) */
     build_lut<WF>(lut);
-    /* (ids and wts are inputs of the call; the staging's barrier publishes the list) */
-    if (MODE == 1 && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     const int k = nth_bit(vm, (int)blockIdx.x), e = ids[k];
     const int obase = ((int)blockIdx.y * EXP_WARPS + warp) * RPW;
     const m3_bf16 *src = ain + (size_t)(MODE == 0 ? 0 : k) * kdim;
@@ -1421,17 +1417,6 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2)
     if (obase < nout)
         sk_rows<WF, MODE, RPW, 1, U1>(out, xs, e, k, obase, w0, w1, s0, s1, kdim, nout, lut, alpha,
                                       limit, smode, act_bf16, lane);
-    if (MODE == 1) { /* the run's last block combines it */
-        if (lane == 0) __threadfence(); /* this warp's y_e stores (lane 0's), before the count */
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(&cnt[blockIdx.y], 1) == nv - 1;
-        __syncthreads();
-        const int d = (int)blockIdx.y * run + tid;
-        if (last && tid < run && d < nout) {
-            __threadfence();
-            t1_combine_ord(y, out, cks, cws, nv, d, nout, rsf, bf16_combine);
-        }
-    }
 }
 
 /* launch of a T = 1 kernel; pdl: as a programmatic dependent of the previous kernel */
@@ -1442,13 +1427,20 @@ static m3_status t1_launch(m3_gpu *g, void (*k)(P...), dim3 grid, unsigned threa
     return m3_gpu_launched_(g, name, __FILE__, __LINE__);
 }
 
-/* T = 1 on sk1_k: gate/up (+ swiglu) into ab [K, F], [act_mid], down into ye [K, D] and the
- * combine into y; cnt [D / 32] */
+/* t1c_k after a T = 1 down kernel (a programmatic dependent of it): y from ye [K, D] */
+static m3_status t1c_launch(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *ye, const int32_t *d_ids,
+                            const float *d_wts, const m3_moe_params *mp, const m3_profile *p) {
+    return t1_launch(g, t1c_k, dim3((unsigned)((mp->dim + 255) / 256)), 256, 0, true,
+                     "t1c_k combine", d_y, ye, d_ids, d_wts, mp->n_expert, mp->top_k, mp->dim,
+                     mp->routed_scale, (bool)p->moe_bf16_combine);
+}
+
+/* T = 1 on sk1_k: gate/up (+ swiglu) into ab [K, F], [act_mid], down into ye [K, D], t1c_k's
+ * combine into y */
 template <int WF, int U1>
-static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
-                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
-                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                         const m3_mx_params *mid) {
+static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
+                         const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
+                         const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     const int sm = (int)p->swiglu;
     const bool ab16 = p->act_bf16;
@@ -1461,48 +1453,44 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
                                        hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int run1 = EXP_WARPS * SK_RPW_GU, run2 = EXP_WARPS * SK_RPW_DN;
     const dim3 g1((unsigned)K, (unsigned)((F + run1 - 1) / run1)), g2((unsigned)K, (unsigned)((D + run2 - 1) / run2));
-    const float rsf = mp->routed_scale;
-    const bool bc = p->moe_bf16_combine;
-    M3_TRY(t1_launch(g, sk1_k<WF, 0, SK_RPW_GU, U1>, g1, EXP_THREADS, sh1, false, "sk1_k gate/up", ab,
-                     (m3_bf16 *)NULL, cnt, (int)g2.y, d_x, d_ids, d_wts, E, K, (const void *)w->gate,
-                     (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D, F,
-                     mp->alpha, mp->limit, sm, ab16, rsf, bc));
+    M3_TRY(t1_launch(g, sk1_k<WF, 0, SK_RPW_GU, U1>, g1, EXP_THREADS, sh1, false, "sk1_k gate/up",
+                     ab, d_x, d_ids, E, K, (const void *)w->gate, (const void *)w->up,
+                     (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D, F, mp->alpha,
+                     mp->limit, sm, ab16));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    return t1_launch(g, sk1_k<WF, 1, SK_RPW_DN, U1>, g2, EXP_THREADS, sh2, true, "sk1_k down + combine",
-                     ye, d_y, cnt, (int)g2.y, (const m3_bf16 *)ab, d_ids, d_wts, E, K,
-                     (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf, bc);
+    M3_TRY(t1_launch(g, sk1_k<WF, 1, SK_RPW_DN, U1>, g2, EXP_THREADS, sh2, true, "sk1_k down", ye,
+                     (const m3_bf16 *)ab, d_ids, E, K, (const void *)w->down, (const void *)NULL,
+                     (const m3_e8m0 *)w->down_s, (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit,
+                     sm, ab16));
+    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
 /* T = 1, MX weights (MXFP4; MXFP8 whose codes hold no NaN code, NC false): tc_k's tensor-core
- * GEMV for one token, without a grouping kernel or a combine launch. The grouped row of slot k is k itself; the valid slots (t1_slots) are read by
- * every block. Persistent (at most 2 blocks per multiprocessor; block b takes the tiles b,
- * b + gridDim.x, ...), a tile: one valid slot's CH outputs (8 (gate/up) or 16 (down) per row
- * group of 8 / WK warps), its k range split over WK warps (partial sums added in warp order
- * through shared memory). Each lane keeps two register sets of U steps of loads (16 bytes of
- * rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the other is decoded, and
- * the next tile's first set in flight during the current tile's reduction. MODE 0: out = a
- * rows [K][F]; block 0 also zeroes the down kernel's counters; launched as a programmatic
- * dependent of the kernel before it (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu.md
- * "Decode, session 11"). MODE 1 (a dependent launch:
- * its first loads go out while gate/up finishes, m3_pdl_wait before it reads a): out = y_e rows
- * [K][D]; the last block to finish a chunk of outputs (a counter per chunk, atomicAdd after
- * the writers' fences) combines that chunk of y (t1_combine_ord, from the slot order thread 0
- * finds once a block, t1_order), so combine_k's launch and its pass over y_e go away. */
+ * GEMV for one token, without a grouping kernel or a combine launch. The grouped row of slot k is k
+ * itself; the valid slots (t1_slots) are read by every block. Persistent (at most 2 blocks per
+ * multiprocessor; block b takes the tiles b, b + gridDim.x, ...), a tile: one valid slot's CH
+ * outputs (8 (gate/up) or 16 (down) per row group of 8 / WK warps), its k range split over WK warps
+ * (partial sums added in warp order through shared memory). Each lane keeps two register sets of U
+ * steps of loads (16 bytes of rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the
+ * other is decoded, and the next tile's first set in flight during the current tile's reduction.
+ * MODE 0: out = a rows [K][F]; launched as a programmatic dependent of the kernel before it
+ * (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu.md "Decode, session 11"). MODE 1 (a
+ * dependent launch: its first loads go out while gate/up finishes, m3_pdl_wait before it reads a):
+ * out = y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and
+ * its pass over y_e go away. */
 template <int WF, int MODE, int WK, int U, bool NC>
 static __global__ void __launch_bounds__(TC_THREADS, 2)
-    dq1_k(m3_bf16 *M3_RESTRICT out, m3_bf16 *M3_RESTRICT y, int32_t *M3_RESTRICT cnt, int ncnt,
-          const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids, const float *M3_RESTRICT wts,
+    dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, float rsf, bool bf16_combine, int xsh,
-          bool xfast) {
+          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
-    __shared__ float red[WK > 1 ? TC_WARPS * 2 * 32 : 1];
+    /* the k-warps' partial sums, two buffers by tile parity: a warp writes tile i + 2's sums
+     * into tile i's buffer only after tile i + 1's barrier, which the warps reading tile i's
+     * sums reach after reading them, so a tile ends without a barrier (~1% of the T = 1 call,
+     * docs/gpu.md "Decode, session 14") */
+    __shared__ float red[WK > 1 ? 2 * TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
-    __shared__ int last;
-    __shared__ int cks[MODE == 1 ? 32 : 1]; /* MODE 1: t1_order's list (K <= 32: t1_slots) */
-    __shared__ float cws[MODE == 1 ? 32 : 1];
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
     const int WR = TC_WARPS / WK, OPW = MODE == 0 ? 8 : 16, CH = WR * OPW;
     const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1512,19 +1500,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     if (MODE == 0) m3_pdl_wait();
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
-    if (MODE == 0) m3_pdl_trigger(); /* the down kernel may start its weight loads */
-    if (MODE == 0 && blockIdx.x == 0)
-        for (int i = tid; i < ncnt; i += TC_THREADS) cnt[i] = 0;
-    if (MODE == 1 && nv == 0) { /* no expert: y = bf16(rsf * 0), as combine_k */
-        m3_pdl_wait();
-        if (blockIdx.x == 0)
-            for (int d = tid; d < nout; d += TC_THREADS) y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
-        return;
-    }
-    if ((int)blockIdx.x >= ntiles) return; /* whole block */
+    m3_pdl_trigger();                      /* the next kernel (down; t1c_k) may start */
+    if ((int)blockIdx.x >= ntiles) return; /* whole block (no valid slot: t1c_k writes y) */
     build_lut<WF>(lut);
-    /* (ids and wts are inputs of the call; the staging's barrier publishes the list) */
-    if (MODE == 1 && tid == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     const int nsteps = (kdim + SE - 1) / SE, npieces = kdim / PE, pitch = nsteps * 4 * UP + 4;
     const size_t rb = wbytes<WF>((size_t)kdim), nsb = (size_t)kdim / 32;
     uint4 *xs = tc_dyn;
@@ -1606,6 +1584,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         xsc = 0;
     }
     /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
+    int pty = 0; /* the tile's parity (red's buffer) */
     auto tiles = [&](auto fast) {
         for (;;) {
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
@@ -1640,11 +1619,14 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             }
             /* column 0 (the token): lanes t == 0, c[0] row g, c[2] row g + 8 */
             if (WK > 1) {
-                if (t == 0) red[(warp * 2) * 32 + g] = acc[0], red[(warp * 2 + 1) * 32 + g] = acc[2];
+                float *rd = red + (pty & 1) * TC_WARPS * 2 * 32;
+                if (t == 0) rd[(warp * 2) * 32 + g] = acc[0], rd[(warp * 2 + 1) * 32 + g] = acc[2];
                 __syncthreads();
                 if (wk == 0 && t == 0)
-                    for (int w2 = 1; w2 < WK; w2++)
-                        acc[0] += red[((warp + w2) * 2) * 32 + g], acc[2] += red[((warp + w2) * 2 + 1) * 32 + g];
+                    for (int w2 = 1; w2 < WK; w2++) {
+                        acc[0] += rd[((warp + w2) * 2) * 32 + g];
+                        acc[2] += rd[((warp + w2) * 2 + 1) * 32 + g];
+                    }
             }
             if (wk == 0 && t == 0) {
                 m3_bf16 *orow = out + (size_t)slot * nout;
@@ -1657,14 +1639,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            if (MODE == 1) { /* the chunk's last block combines it */
-                const int chunk = tile % nch;
-                __syncthreads(); /* the block's y_e stores, before thread 0's count */
-                if (tid == 0) last = t1_count(&cnt[chunk]) == nv - 1;
-                __syncthreads(); /* (the count's acquire, before the combine's y_e loads) */
-                if (last && tid < CH) t1_combine_ord(y, out, cks, cws, nv, chunk * CH + tid, nout, rsf, bf16_combine);
-            }
-            __syncthreads(); /* red and last are free for the next tile */
+            pty++;
             if (next >= ntiles) break; /* block-uniform */
             tile = next, slot = nslot, obase = nobase;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
@@ -1693,13 +1668,12 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
     return *fast && hi > 128 ? 8 : 0;
 }
 
-/* T = 1, MX weights: the two dq1_k launches (y written by the second); ab [K, F] and ye [K, D]
- * scratch, cnt [D / CH] ints */
+/* T = 1, MX weights: the two dq1_k launches and t1c_k (y written by the third); ab [K, F] and
+ * ye [K, D] scratch */
 template <int WF, int WK, int U, bool NC>
-static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int32_t *cnt,
-                         const m3_bf16 *d_x, const int32_t *d_ids, const float *d_wts,
-                         const m3_gpu_experts *w, const m3_moe_params *mp, const m3_profile *p,
-                         const m3_mx_params *mid) {
+static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
+                         const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
+                         const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
     const int E = mp->n_expert, K = mp->top_k, D = mp->dim, F = mp->ffn;
     bool xf;
     const int sm = (int)p->swiglu, xsh = mx4_xsh(w, &xf);
@@ -1712,19 +1686,16 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, int3
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    const float rsf = mp->routed_scale;
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS, sh1, true,
-                     "dq1_k gate/up", ab, (m3_bf16 *)NULL, cnt, D / (WR * 16), d_x, d_ids, d_wts, E, K,
-                     (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
-                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf));
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS,
+                     sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate,
+                     (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D,
+                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    const unsigned grid2 = (unsigned)(t2 < cap ? t2 : cap);
-    return t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3(grid2), TC_THREADS, sh2, true, "dq1_k down + combine",
-                     ye, d_y, cnt, D / (WR * 16), (const m3_bf16 *)ab, d_ids, d_wts, E, K,
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
+                     sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, rsf,
-                     (bool)p->moe_bf16_combine, xsh, xf);
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf));
+    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -2826,25 +2797,25 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
     const int K = mp->top_k, D = mp->dim, F = mp->ffn;
     const size_t mark = m3_gpu_mark(g);
     m3_bf16 *ab, *ye, *xq = NULL;
-    int32_t *cnt;
     m3_status s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)K * F);
     if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&ye, sizeof(m3_bf16) * (size_t)K * D);
-    if (s == M3_OK) s = m3_gpu_alloc(g, (void **)&cnt, sizeof(int32_t) * (size_t)(D / 16));
     if (s == M3_OK && aq[0]) s = m3_gpu_alloc(g, (void **)&xq, sizeof(m3_bf16) * (size_t)D);
     if (s == M3_OK && aq[0]) s = m3_gpu_mx_qdq_bf16(g, xq, d_x, 1, D, &aq[0]->mx);
     if (xq) d_x = xq;
     const m3_mx_params *mid = aq[1] ? &aq[1]->mx : NULL;
     if (s == M3_OK) {
         if (w->fmt == M3_GPU_W_BF16)
-            s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = sk1_run<M3_GPU_W_BF16, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
         else if (w->fmt == M3_GPU_W_MXFP8)
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid)
-                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp,
+                                                           p, mid)
+                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, cnt, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p,
+                                                     mid);
     }
     m3_gpu_release(g, mark);
     return s;
