@@ -11,7 +11,7 @@
  *    bf16-vs-fp32 run drifts to ~5e-2 by the last layer and is meant to be flagged.
  *  - fp32q class (fp32 profile, online quantization in either run): the GPU's fp32 sums
  *    differ from ref's in the last bit and an MX code on a rounding boundary then takes its
- *    neighbour; measured on the H200 (docs/gpu.md): shared_out NMSE 5.5e-8 in-process,
+ *    neighbour; measured on the H200 (docs/gpu-log/model.md): shared_out NMSE 5.5e-8 in-process,
  *    1.29e-5 in a free run, logits mean KL 5.9e-9. 1e-4 sits above that and stays 10x below
  *    what a wrong scale rule, rounding or block costs per expert call (1e-3..5e-2). Stages
  *    before any quantization keep the fp32 bounds in practice; the class cannot know where
