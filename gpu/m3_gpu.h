@@ -138,7 +138,9 @@ m3_status m3_gpu_swiglu_f32(m3_gpu *g, float *d_a, const float *d_g, const float
 
 /* gpu/copy.hip: a plain 16-byte copy kernel (bench reference next to m3_gpu_copy; the model
  * never calls it). bytes and both pointers in 16-byte units. flavor 0: one chunk a thread,
- * plain loads/stores; 1: read-only loads, streaming stores; 2: as 1, four chunks a thread. */
+ * plain loads/stores; 1: read-only loads, streaming stores; 2: as 1, four chunks a thread;
+ * 3 / 4: as 0, launched as a programmatic dependent of the launch before it (3: lets the next
+ * launch start, then waits; 4: waits, then lets it start; the bench's PDL floor). */
 m3_status m3_gpu_copy_kernel(m3_gpu *g, void *d_dst, const void *d_src, size_t bytes, int flavor);
 /* Test hook: v = 0 runs rmsnorm / rmsnorm_add / swiglu (bf16 storage) through the plain
  * kernels (rmsnorm_vec_k, swiglu_k), any other value the fast path (the default); both write

@@ -136,16 +136,28 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * with K compiled in and the bias fill at a constant stride, H200 T = 4096 / 8192 0.0055 /
  * 0.0070 -> 0.0044 / 0.0056 ms (docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK, int KC>
+template <int NK, int KC, int V = 0>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     __shared__ float sb[ROUTE_MAXK * M3_WARP];
+    auto fill = [&]() { /* TEMPORARY lambda (session 15 variants) */
+#pragma unroll
+    for (int i0 = 0; i0 < ROUTE_MAXK * M3_WARP; i0 += ROUTE_SEL_THREADS) {
+        const int i = i0 + (int)threadIdx.x;
+        if (i < E) {
+            const float b = bias ? bias[i] : 0.0f;
+            sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
+        }
+    }
+    };
+    if (V & 2) m3_pdl_trigger(); /* TEMPORARY variant: trigger first */
+    if (V & 1) fill();           /* TEMPORARY variant: biases before the wait */
     /* launched as a programmatic dependent of the launch before it (m3_gpu_moe_route): wait for
      * that grid before any load or store, then let the next launch start */
     m3_pdl_wait();
-    m3_pdl_trigger();
+    if (!(V & 2)) m3_pdl_trigger();
     /* the token's logits are loaded first (a warp past the pass reads the last token's row),
      * in flight while the block fills its biases (session 10: T = 4096 / 8192 0.0057 / 0.0081
      * -> 0.0055 / 0.0079-0.0080 ms against the loads after the barrier) */
@@ -157,14 +169,7 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
     /* a constant stride: a loop over blockDim.x divided its trip count at run time (a division
      * sequence and a remainder loop on every thread's path) */
-#pragma unroll
-    for (int i0 = 0; i0 < ROUTE_MAXK * M3_WARP; i0 += ROUTE_SEL_THREADS) {
-        const int i = i0 + (int)threadIdx.x;
-        if (i < E) {
-            const float b = bias ? bias[i] : 0.0f;
-            sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
-        }
-    }
+    if (!(V & 1)) fill();
     __syncthreads();
     if (t >= n_tok) return; /* whole warps leave together */
     uint32_t key[NK];
@@ -316,7 +321,22 @@ static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: rout
     const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
     return v != v ? 0xFFFFFFFFu : k;
 }
-template <int KK>
+/* TEMPORARY variant (V & 4): each eight sorted by Batcher's odd-even merge network (19
+ * comparators) instead of the bitonic passes (24) */
+static __device__ __forceinline__ void rg_cx(uint32_t &a, uint32_t &b) {
+    const uint32_t x = a, y = b;
+    a = max(x, y), b = min(x, y);
+}
+static __device__ __forceinline__ void rg_oem8(uint32_t *v) {
+    rg_cx(v[0], v[1]), rg_cx(v[2], v[3]), rg_cx(v[4], v[5]), rg_cx(v[6], v[7]);
+    rg_cx(v[0], v[2]), rg_cx(v[1], v[3]), rg_cx(v[4], v[6]), rg_cx(v[5], v[7]);
+    rg_cx(v[1], v[2]), rg_cx(v[5], v[6]), rg_cx(v[0], v[4]), rg_cx(v[3], v[7]);
+    rg_cx(v[1], v[5]), rg_cx(v[2], v[6]);
+    rg_cx(v[1], v[4]), rg_cx(v[3], v[6]);
+    rg_cx(v[2], v[4]), rg_cx(v[3], v[5]);
+    rg_cx(v[3], v[4]);
+}
+template <int KK, int V = 0>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -326,22 +346,27 @@ static __global__ void __launch_bounds__(RG_THREADS)
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
-    m3_pdl_wait(); /* a programmatic dependent launch, as route_sel_k */
-    m3_pdl_trigger();
-    const bool live = gid < n_tok;
-    const int t = live ? gid : n_tok - 1;
-    const float *l = logits + (size_t)t * E;
-    const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4);
-    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
-    float4 lv[RG_NE / 4];
-    /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
-     * step hit different bank quads (the logits loaded before this barrier measured slower:
-     * T = 16384 0.0095 -> 0.0100 ms) */
+    auto fill = [&]() { /* TEMPORARY lambda (session 15 variants) */
     for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
         const float b = bias && i < E ? bias[i] : 0.0f;
         sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
+    };
+    if (V & 2) m3_pdl_trigger();
+    if (V & 1) fill();
+    m3_pdl_wait(); /* a programmatic dependent launch, as route_sel_k */
+    if (!(V & 2)) m3_pdl_trigger();
+    const bool live = gid < n_tok;
+    const int t = live ? gid : n_tok - 1;
+    const float *l = logits + (size_t)t * E;
+    const int nv4 = (V & 8) ? RG_NE / 4 : min(max((E - q * RG_NE) / 4, 0), RG_NE / 4);
+    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
+    float4 lv[RG_NE / 4];
+    /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
+     * step hit different bank quads (the logits loaded before this barrier measured slower:
+     * T = 16384 0.0095 -> 0.0100 ms) */
+    if (!(V & 1)) fill();
     if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
 #pragma unroll
@@ -358,7 +383,14 @@ static __global__ void __launch_bounds__(RG_THREADS)
             ck[4 * c + u] = c < nv4 ? ((rg_pkey(f + bx[u]) | 0x7Fu) ^ (e0 + (uint32_t)(4 * c + u))) : 0u; /* 0: never */
         }
     }
-    rg_top16<KK>(G, ck);
+    if (V & 4) {
+        rg_oem8(ck), rg_oem8(ck + 8);
+#pragma unroll
+        for (int i = 0; i < KK; i++) G[i] = ck[i];
+        rg_merge<KK>(G, ck + 8);
+    } else {
+        rg_top16<KK>(G, ck);
+    }
     /* the RG_L lanes' lists merged by a butterfly */
 #pragma unroll
     for (int m = 1; m < RG_L; m <<= 1) {
@@ -496,6 +528,8 @@ static __global__ void __launch_bounds__(RG_THREADS)
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
+extern "C" int m3_tv_route; /* TEMPORARY (session 15): router variant, M3_ROUTE_VAR or the bench */
+int m3_tv_route = getenv("M3_ROUTE_VAR") ? atoi(getenv("M3_ROUTE_VAR")) : 0;
 typedef void (*route_fn)(int32_t *, float *, float *, const float *, const float *, int, int, int,
                          bool);
 /* route_sel_k<NK> with the common top-k counts compiled in (M3: K = 4), else K at run time */
@@ -530,6 +564,25 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
      * 0.0080, at 4096 0.0088 against 0.0057; session 14, K compiled in: T = 16384 route_sel_k
      * 0.0095 against route_fst_k's 0.0080) */
     route_fn k;
+    if (m3_tv_route && E == 128 && K == 4) { /* TEMPORARY variants */
+        if (n_tok >= 16384 && m3_aligned16(d_logits)) {
+            static const route_fn tf[16] = {route_fst_k<7, 0>, route_fst_k<7, 1>, route_fst_k<7, 2>, route_fst_k<7, 3>,
+                route_fst_k<7, 4>, route_fst_k<7, 5>, route_fst_k<7, 6>, route_fst_k<7, 7>, route_fst_k<7, 8>,
+                route_fst_k<7, 9>, route_fst_k<7, 10>, route_fst_k<7, 11>, route_fst_k<7, 12>, route_fst_k<7, 13>,
+                route_fst_k<7, 14>, route_fst_k<7, 15>};
+            M3_TRY(m3_gpu_launch_pdl(g, true, tf[m3_tv_route & 15], dim3(m3_grid_1d(n_tok, RG_THREADS / RG_L)),
+                                     dim3(RG_THREADS), 0, d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K,
+                                     p->router_dtype == M3_DT_BF16));
+        } else {
+            static const route_fn ts[4] = {route_sel_k<4, 4, 0>, route_sel_k<4, 4, 1>, route_sel_k<4, 4, 2>,
+                                           route_sel_k<4, 4, 3>};
+            M3_TRY(m3_gpu_launch_pdl(g, true, ts[m3_tv_route & 3], dim3(m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
+                                     dim3(ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E,
+                                     K, p->router_dtype == M3_DT_BF16));
+        }
+        M3_LAUNCHED(g, "route variant");
+        return M3_OK;
+    }
     /* route_fst_k's KK candidates must be experts (KK <= E: session 12's KK 6 / 10 with only
      * K + 2 <= E checked read past the row for E = 4 or 8, found in session 13) */
     const int kk = K + 3 <= 7 ? 7 : 10;

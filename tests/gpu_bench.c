@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ref/attn.h"
 #include "ref/indexer.h"
@@ -31,28 +32,77 @@ static int cmp_f(const void *a, const void *b) {
 
 /* Median over `batches` of the mean time of `reps` calls of fn, in ms. */
 typedef m3_status (*bench_fn)(m3_gpu *g, void *ctx);
+static double g_host_us; /* TEMPORARY (session 15): host time a call of the last time_ms */
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
 static double time_ms(m3_gpu *g, bench_fn fn, void *ctx, int reps, int batches) {
     for (int i = 0; i < 3; i++) GPU_OK(fn(g, ctx));
     GPU_OK(m3_gpu_sync(g));
-    float t[32];
+    float t[32], hu[32];
     if (batches > 32) batches = 32;
     for (int b = 0; b < batches; b++) {
         GPU_OK(m3_gpu_timer_start(g));
+        const double h0 = now_us();
         for (int i = 0; i < reps; i++) GPU_OK(fn(g, ctx));
+        hu[b] = (float)((now_us() - h0) / reps);
         GPU_OK(m3_gpu_timer_stop(g, &t[b]));
         t[b] /= (float)reps;
     }
     qsort(t, batches, sizeof t[0], cmp_f);
+    qsort(hu, batches, sizeof hu[0], cmp_f);
+    g_host_us = hu[batches / 2];
     return t[batches / 2];
 }
 
 static void report(const char *name, double ms, double bytes, double flops) {
     double gbs = bytes / (ms * 1e-3) / 1e9, tfs = flops / (ms * 1e-3) / 1e12;
     printf("bench: %-44s %9.4f ms %8.1f GB/s %5.1f%% of copy %8.2f TFLOP/s %5.1f%% of gemm "
-           "%.4g B %.4g FLOP\n",
+           "%.4g B %.4g FLOP host %.2f us/call\n",
            name, ms, gbs, g_copy_gbs > 0 ? 100 * gbs / g_copy_gbs : 0, tfs,
-           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0, bytes, flops);
+           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0, bytes, flops, g_host_us);
     fflush(stdout);
+}
+
+/* TEMPORARY (session 15): time fn under each value of the comma list in env `list` (*knob set to
+ * it: the library's variant global), each followed by the 4 KiB copy kernel and its PDL form;
+ * without the list, one plain row */
+extern int m3_tv_route;
+static int g_tv_none;
+static m3_status do_kcopy(m3_gpu *g, void *c);
+static void time_vars(m3_gpu *g, const char *list, int *knob, const char *name, bench_fn fn, void *ctx,
+                      double bytes, double flops) {
+    const char *vl = getenv(list);
+    const int k0 = *knob;
+    for (const char *w = vl ? vl : "";;) {
+        char vv[16] = "", nm[128];
+        size_t l = strcspn(w, ",");
+        if (vl) {
+            snprintf(vv, sizeof vv, "%.*s", (int)(l < 15 ? l : 15), w);
+            *knob = atoi(vv);
+        }
+        double ms = time_ms(g, fn, ctx, 20, 7);
+        snprintf(nm, sizeof nm, "%s%s%s", name, vl ? " var=" : "", vv);
+        report(nm, ms, bytes, flops);
+        if (vl) {
+            static void *fa, *fb;
+            if (!fa) {
+                GPU_OK(m3_gpu_alloc(g, &fa, 4096));
+                GPU_OK(m3_gpu_alloc(g, &fb, 4096));
+                GPU_OK(m3_gpu_memset(g, fa, 0, 4096));
+            }
+            for (int f = 0; f < 4; f += 3) {
+                struct { void *dst; const void *src; size_t bytes; int flavor; } kc = {fb, fa, 4096, f};
+                snprintf(nm, sizeof nm, "floor copy kernel%s 4 KiB (after var=%s)", f ? " pdl" : "", vv);
+                report(nm, time_ms(g, do_kcopy, &kc, 20, 7), 8192, 0);
+            }
+        }
+        if (!vl || !w[l]) break;
+        w += l + 1;
+    }
+    *knob = k0;
 }
 
 static bool row_wanted(const char *nm); /* M3_BENCH_ROW, below */
@@ -311,8 +361,8 @@ static void bench_moe_route(void **state) {
         char nm[96];
         snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
         if (row_wanted(nm)) /* M3_BENCH_ROW */
-            report(nm, time_ms(g, do_route, &c, 20, 7), (double)c.T * (128 * 4 + 4 * 8 + 4),
-                   (double)c.T * 128 * 20);
+            time_vars(g, "M3_BENCH_ROUTE_VARS", &m3_tv_route, nm, do_route, &c, (double)c.T * (128 * 4 + 4 * 8 + 4),
+                      (double)c.T * 128 * 20);
     }
 }
 
@@ -1049,6 +1099,48 @@ static void bench_launch_floor(void **state) {
     m3_gpu_release(g, mark);
 }
 
+/* The PDL floor (session 15): the launch floor's 4 KiB copy kernel launched as a programmatic
+ * dependent of the launch before it (gpu/copy.hip flavors 3 / 4: m3_pdl_trigger and
+ * m3_pdl_wait before its loads), back to back, and chains of 2 and 3 kernels a call (the first
+ * plain, the rest dependents: the shape of a MoE T = 1 call, gate/up, down, combine) next to the
+ * same chains launched plain. The router, the decode-step and idx_km_k / pc_k rows are dependent
+ * launches: each overlaps the end of the call before it, which the plain floor does not, so
+ * these rows are their fair floor. Named "pdl_floor ...": scripts/bench-gpu.sh takes the plain
+ * floor as the fastest "launch_floor" row, which these must not enter. */
+typedef struct { kcopy_ctx k; int n, dep; } kchain_ctx;
+static m3_status do_kchain(m3_gpu *g, void *c) {
+    kchain_ctx *x = c;
+    for (int i = 0; i < x->n; i++) {
+        kcopy_ctx k = x->k;
+        k.flavor = i == 0 && x->n > 1 ? 0 : x->dep; /* a chain's first kernel is plain */
+        M3_TRY(do_kcopy(g, &k));
+    }
+    return M3_OK;
+}
+
+static void bench_pdl_floor(void **state) {
+    m3_gpu *g = bench_or_skip(state);
+    const size_t mark = m3_gpu_mark(g);
+    void *a, *b;
+    GPU_OK(m3_gpu_alloc(g, &a, 4096));
+    GPU_OK(m3_gpu_alloc(g, &b, 4096));
+    GPU_OK(m3_gpu_memset(g, a, 0, 4096));
+    /* {kernels a call, dependents' flavor (0: none)}: 3 lets the next launch start before it
+     * waits (qw_norm_k's order), 4 waits first (route_sel_k's, the MoE T = 1 kernels') */
+    static const int rows[][2] = {{1, 3}, {1, 4}, {2, 3}, {3, 3}, {2, 0}, {3, 0}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        kchain_ctx c = {{b, a, 4096, 0}, rows[i][0], rows[i][1]};
+        char nm[96];
+        if (c.n == 1)
+            snprintf(nm, sizeof nm, "pdl_floor 1 kernel dependent%s 4096 B", c.dep == 4 ? " wait-first" : "");
+        else
+            snprintf(nm, sizeof nm, "pdl_floor chain %d kernels %s 4096 B", c.n,
+                     c.dep ? "plain+dependents" : "plain");
+        report(nm, time_ms(g, do_kchain, &c, 20, 7), 2.0 * 4096 * c.n, 0);
+    }
+    m3_gpu_release(g, mark);
+}
+
 static void bench_copy_kernel(void **state) {
     m3_gpu *g = bench_or_skip(state);
     const size_t mark = m3_gpu_mark(g), big = (size_t)2 << 30, chk = (size_t)64 << 20;
@@ -1142,7 +1234,7 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
+            time_vars(g, "M3_BENCH_QKV_VARS", &g_tv_none, nm, do_qkvc, &c, bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
@@ -1163,6 +1255,7 @@ int main(void) {
         cmocka_unit_test(bench_kv_cache_write),
         cmocka_unit_test(bench_copy_kernel),
         cmocka_unit_test(bench_launch_floor),
+        cmocka_unit_test(bench_pdl_floor),
         cmocka_unit_test(bench_qkv_cache),
     };
     /* M3_BENCH_ONLY=moe_experts,attention times the benches whose name contains one of the
