@@ -337,7 +337,7 @@ static __device__ __forceinline__ void rg_oem8(uint32_t *v) {
     rg_cx(v[3], v[4]);
 }
 template <int KK, int V = 0>
-static __global__ void __launch_bounds__(RG_THREADS)
+static __global__ void __launch_bounds__(RG_THREADS, (V & 16) ? 5 : (V & 32) ? 6 : 1)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
@@ -510,6 +510,17 @@ static __global__ void __launch_bounds__(RG_THREADS)
     for (int r = 0; r < KK; r++)
         if (r < K) sum += rsg[r]; /* selection order, as the reference */
     if (!live) return;
+    if (V & 64) { /* TEMPORARY variant: lane q < K writes rank q (K <= RG_L): one division a lane */
+        int mi = 0;
+        float ms = 0.0f;
+#pragma unroll
+        for (int r = 0; r < KK; r++)
+            if (r == q) mi = rid[r], ms = rsg[r];
+        if (q < K) {
+            ids[(size_t)t * K + q] = mi;
+            wts[(size_t)t * K + q] = ms / sum;
+        }
+    } else
 #pragma unroll
     for (int r = 0; r < KK; r++)
         if (r < K && r % RG_L == q) {
@@ -566,11 +577,11 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     route_fn k;
     if (m3_tv_route && E == 128 && K == 4) { /* TEMPORARY variants */
         if (n_tok >= 16384 && m3_aligned16(d_logits)) {
-            static const route_fn tf[16] = {route_fst_k<7, 0>, route_fst_k<7, 1>, route_fst_k<7, 2>, route_fst_k<7, 3>,
-                route_fst_k<7, 4>, route_fst_k<7, 5>, route_fst_k<7, 6>, route_fst_k<7, 7>, route_fst_k<7, 8>,
-                route_fst_k<7, 9>, route_fst_k<7, 10>, route_fst_k<7, 11>, route_fst_k<7, 12>, route_fst_k<7, 13>,
-                route_fst_k<7, 14>, route_fst_k<7, 15>};
-            M3_TRY(m3_gpu_launch_pdl(g, true, tf[m3_tv_route & 15], dim3(m3_grid_1d(n_tok, RG_THREADS / RG_L)),
+            const int v = m3_tv_route;
+            const route_fn f = v == 1 ? route_fst_k<7, 1> : v == 5 ? route_fst_k<7, 5> : v == 9 ? route_fst_k<7, 9>
+                             : v == 13 ? route_fst_k<7, 13> : v == 15 ? route_fst_k<7, 15> : v == 29 ? route_fst_k<7, 29>
+                             : v == 45 ? route_fst_k<7, 45> : v == 77 ? route_fst_k<7, 77> : v == 12 ? route_fst_k<7, 12> : route_fst_k<7, 0>;
+            M3_TRY(m3_gpu_launch_pdl(g, true, f, dim3(m3_grid_1d(n_tok, RG_THREADS / RG_L)),
                                      dim3(RG_THREADS), 0, d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K,
                                      p->router_dtype == M3_DT_BF16));
         } else {
