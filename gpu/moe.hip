@@ -136,13 +136,17 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * with K compiled in and the bias fill at a constant stride, H200 T = 4096 / 8192 0.0055 /
  * 0.0070 -> 0.0044 / 0.0056 ms (docs/gpu.md). */
 #define ROUTE_SEL_THREADS 256
-template <int NK, int KC, int V = 0>
+template <int NK, int KC>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
     route_sel_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     __shared__ float sb[ROUTE_MAXK * M3_WARP];
-    auto fill = [&]() { /* TEMPORARY lambda (session 15 variants) */
+    /* the block's biases, before the wait: a weight, which no launch that may still run writes
+     * (m3_gpu_moe_route's ordering contract), so a block placed while the previous grid ends
+     * has them in shared memory when the wait releases (session 15: T = 8192 0.0055-0.0056 ->
+     * 0.0051-0.0053 ms). A constant stride: a loop over blockDim.x divided its trip count at
+     * run time (a division sequence and a remainder loop on every thread's path). */
 #pragma unroll
     for (int i0 = 0; i0 < ROUTE_MAXK * M3_WARP; i0 += ROUTE_SEL_THREADS) {
         const int i = i0 + (int)threadIdx.x;
@@ -151,25 +155,19 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
             sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
         }
     }
-    };
-    if (V & 2) m3_pdl_trigger(); /* TEMPORARY variant: trigger first */
-    if (V & 1) fill();           /* TEMPORARY variant: biases before the wait */
     /* launched as a programmatic dependent of the launch before it (m3_gpu_moe_route): wait for
-     * that grid before any load or store, then let the next launch start */
+     * that grid before any load of the logits or any store, then let the next launch start */
     m3_pdl_wait();
-    if (!(V & 2)) m3_pdl_trigger();
-    /* the token's logits are loaded first (a warp past the pass reads the last token's row),
-     * in flight while the block fills its biases (session 10: T = 4096 / 8192 0.0057 / 0.0081
-     * -> 0.0055 / 0.0079-0.0080 ms against the loads after the barrier) */
+    m3_pdl_trigger();
+    /* the token's logits are loaded before the barrier (a warp past the pass reads the last
+     * token's row) (session 10: T = 4096 / 8192 0.0057 / 0.0081 -> 0.0055 / 0.0079-0.0080 ms
+     * against the loads after it) */
     const int lane = (int)threadIdx.x % M3_WARP;
     const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
     const float *l = logits + (size_t)(t < n_tok ? t : n_tok - 1) * E;
     float lv[NK], bv[NK];
 #pragma unroll
     for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
-    /* a constant stride: a loop over blockDim.x divided its trip count at run time (a division
-     * sequence and a remainder loop on every thread's path) */
-    if (!(V & 1)) fill();
     __syncthreads();
     if (t >= n_tok) return; /* whole warps leave together */
     uint32_t key[NK];
@@ -283,13 +281,28 @@ static __device__ __forceinline__ void rg_pass(uint32_t *v) {
         for (int i = 0; i < W; i++) v[b + i] = t[i];
     }
 }
-/* G = the top KK of the 16 keys v (v is overwritten), descending: sorted pairs, fours and
- * eights, then the two eights' top KK (KK >= 8: their full merge) */
+/* a >= b afterwards */
+static __device__ __forceinline__ void rg_cx(uint32_t &a, uint32_t &b) {
+    const uint32_t x = a, y = b;
+    a = max(x, y), b = min(x, y);
+}
+/* v[0..8) descending: Batcher's odd-even merge network, 19 comparators (the bitonic passes of
+ * pairs, fours and eights took 24) */
+static __device__ __forceinline__ void rg_sort8(uint32_t *v) {
+    rg_cx(v[0], v[1]), rg_cx(v[2], v[3]), rg_cx(v[4], v[5]), rg_cx(v[6], v[7]);
+    rg_cx(v[0], v[2]), rg_cx(v[1], v[3]), rg_cx(v[4], v[6]), rg_cx(v[5], v[7]);
+    rg_cx(v[1], v[2]), rg_cx(v[5], v[6]), rg_cx(v[0], v[4]), rg_cx(v[3], v[7]);
+    rg_cx(v[1], v[5]), rg_cx(v[2], v[6]);
+    rg_cx(v[1], v[4]), rg_cx(v[3], v[6]);
+    rg_cx(v[2], v[4]), rg_cx(v[3], v[5]);
+    rg_cx(v[3], v[4]);
+}
+/* G = the top KK of the 16 keys v (v is overwritten), descending: two sorted eights, then their
+ * top KK (KK >= 8: their full merge) */
 template <int KK>
 static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
-    rg_pass<2>(v);
-    rg_pass<4>(v);
-    rg_pass<8>(v);
+    rg_sort8(v);
+    rg_sort8(v + 8);
     if constexpr (KK >= 8) rg_pass<16>(v);
 #pragma unroll
     for (int i = 0; i < KK; i++) G[i] = v[i];
@@ -297,8 +310,8 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
 }
 /* route_fst_k (session 12): passes of >= 16384 tokens, E <= 128 (E % 4 == 0), K <= 8,
  * KK <= E. RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (4 coalesced 16-byte
- * loads); each lane sorts the top KK (>= K + 3 for K <= 4, else K + 2) keys of its 16 by a
- * bitonic network (rg_top16), the id packed into the key's low 7 bits (ck = (key | 127) ^ e:
+ * loads); each lane sorts the top KK (>= K + 3 for K <= 4, else K + 2) keys of its 16 by
+ * sorting networks (rg_top16), the id packed into the key's low 7 bits (ck = (key | 127) ^ e:
  * unique, ordered by the key's top 25 bits, then the lower id), and the 8 lanes merge their lists
  * (3 butterfly levels, rg_merge) (session 9's route_grp_k; session 13: the network instead of
  * one insertion a key, two min / max a level, and KK = K + 3: fewer fallbacks). The lists rank
@@ -312,32 +325,21 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
  * the boundary, exact ties across it, NaN) the warp runs the exact fallback: every key exact
  * from the logits in registers, K + 1 rounds, the winners' sigmoids loaded together (not one
  * dependent load a round). Weights and margin as route_sel_k: sigma / sum in selection order,
- * sel_(K) - sel_(K+1). H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096
- * ms (session 12) -> 0.0093 (session 13, network and KK = K + 3); at 4096 / 8192 tokens
- * route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
+ * sel_(K) - sel_(K+1); lane q < K writes rank q (K <= RG_L), one division a lane. FULL: E ==
+ * RG_E compiled in (every lane's 16 experts valid: no clamps or selects on the lane's count).
+ * H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096 ms (session 12) ->
+ * 0.0093 (session 13, network and KK = K + 3); session 15 (same process, PDL back to back):
+ * 0.0081-0.0082 -> 0.0065-0.0066 (biases before the wait, odd-even eights, FULL, one division
+ * a lane; the biases and FULL alone 0.0070); at 4096 / 8192 tokens route_sel_k stays (0.0057 /
+ * 0.0080 against 0.0088 / 0.0091). */
 #define RG_D0 1e-6f
 static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: route_key's order */
     const uint32_t b = m3_f32_bits(v);
     const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
     return v != v ? 0xFFFFFFFFu : k;
 }
-/* TEMPORARY variant (V & 4): each eight sorted by Batcher's odd-even merge network (19
- * comparators) instead of the bitonic passes (24) */
-static __device__ __forceinline__ void rg_cx(uint32_t &a, uint32_t &b) {
-    const uint32_t x = a, y = b;
-    a = max(x, y), b = min(x, y);
-}
-static __device__ __forceinline__ void rg_oem8(uint32_t *v) {
-    rg_cx(v[0], v[1]), rg_cx(v[2], v[3]), rg_cx(v[4], v[5]), rg_cx(v[6], v[7]);
-    rg_cx(v[0], v[2]), rg_cx(v[1], v[3]), rg_cx(v[4], v[6]), rg_cx(v[5], v[7]);
-    rg_cx(v[1], v[2]), rg_cx(v[5], v[6]), rg_cx(v[0], v[4]), rg_cx(v[3], v[7]);
-    rg_cx(v[1], v[5]), rg_cx(v[2], v[6]);
-    rg_cx(v[1], v[4]), rg_cx(v[3], v[6]);
-    rg_cx(v[2], v[4]), rg_cx(v[3], v[5]);
-    rg_cx(v[3], v[4]);
-}
-template <int KK, int V = 0>
-static __global__ void __launch_bounds__(RG_THREADS, (V & 16) ? 5 : (V & 32) ? 6 : 1)
+template <int KK, bool FULL>
+static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
@@ -346,27 +348,22 @@ static __global__ void __launch_bounds__(RG_THREADS, (V & 16) ? 5 : (V & 32) ? 6
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
-    auto fill = [&]() { /* TEMPORARY lambda (session 15 variants) */
+    /* biases rounded once a block, before the wait (as route_sel_k); rows padded by 4 floats:
+     * the lanes' 16-byte reads of one step hit different bank quads (the logits loaded before
+     * this barrier measured slower: T = 16384 0.0095 -> 0.0100 ms, session 12) */
     for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
         const float b = bias && i < E ? bias[i] : 0.0f;
         sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
-    };
-    if (V & 2) m3_pdl_trigger();
-    if (V & 1) fill();
     m3_pdl_wait(); /* a programmatic dependent launch, as route_sel_k */
-    if (!(V & 2)) m3_pdl_trigger();
+    m3_pdl_trigger();
     const bool live = gid < n_tok;
     const int t = live ? gid : n_tok - 1;
     const float *l = logits + (size_t)t * E;
-    const int nv4 = (V & 8) ? RG_NE / 4 : min(max((E - q * RG_NE) / 4, 0), RG_NE / 4);
+    const int nv4 = FULL ? RG_NE / 4 : min(max((E - q * RG_NE) / 4, 0), RG_NE / 4);
     const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
     float4 lv[RG_NE / 4];
-    /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
-     * step hit different bank quads (the logits loaded before this barrier measured slower:
-     * T = 16384 0.0095 -> 0.0100 ms) */
-    if (!(V & 1)) fill();
     if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
 #pragma unroll
@@ -383,14 +380,7 @@ static __global__ void __launch_bounds__(RG_THREADS, (V & 16) ? 5 : (V & 32) ? 6
             ck[4 * c + u] = c < nv4 ? ((rg_pkey(f + bx[u]) | 0x7Fu) ^ (e0 + (uint32_t)(4 * c + u))) : 0u; /* 0: never */
         }
     }
-    if (V & 4) {
-        rg_oem8(ck), rg_oem8(ck + 8);
-#pragma unroll
-        for (int i = 0; i < KK; i++) G[i] = ck[i];
-        rg_merge<KK>(G, ck + 8);
-    } else {
-        rg_top16<KK>(G, ck);
-    }
+    rg_top16<KK>(G, ck);
     /* the RG_L lanes' lists merged by a butterfly */
 #pragma unroll
     for (int m = 1; m < RG_L; m <<= 1) {
@@ -510,23 +500,17 @@ static __global__ void __launch_bounds__(RG_THREADS, (V & 16) ? 5 : (V & 32) ? 6
     for (int r = 0; r < KK; r++)
         if (r < K) sum += rsg[r]; /* selection order, as the reference */
     if (!live) return;
-    if (V & 64) { /* TEMPORARY variant: lane q < K writes rank q (K <= RG_L): one division a lane */
-        int mi = 0;
-        float ms = 0.0f;
-#pragma unroll
-        for (int r = 0; r < KK; r++)
-            if (r == q) mi = rid[r], ms = rsg[r];
-        if (q < K) {
-            ids[(size_t)t * K + q] = mi;
-            wts[(size_t)t * K + q] = ms / sum;
-        }
-    } else
+    /* rank q from the lane's registers by selects: a warp holds 4 tokens, so a store loop over
+     * the ranks issued K divisions a lane */
+    int mi = 0;
+    float ms = 0.0f;
 #pragma unroll
     for (int r = 0; r < KK; r++)
-        if (r < K && r % RG_L == q) {
-            ids[(size_t)t * K + r] = rid[r];
-            wts[(size_t)t * K + r] = rsg[r] / sum;
-        }
+        if (r == q) mi = rid[r], ms = rsg[r];
+    if (q < K) {
+        ids[(size_t)t * K + q] = mi;
+        wts[(size_t)t * K + q] = ms / sum;
+    }
     if (q == 0 && margin) {
         uint32_t a = 0u, b = 0u;
 #pragma unroll
@@ -539,8 +523,6 @@ static __global__ void __launch_bounds__(RG_THREADS, (V & 16) ? 5 : (V & 32) ? 6
 }
 
 /* ---- launchers ------------------------------------------------------------------------- */
-extern "C" int m3_tv_route; /* TEMPORARY (session 15): router variant, M3_ROUTE_VAR or the bench */
-int m3_tv_route = getenv("M3_ROUTE_VAR") ? atoi(getenv("M3_ROUTE_VAR")) : 0;
 typedef void (*route_fn)(int32_t *, float *, float *, const float *, const float *, int, int, int,
                          bool);
 /* route_sel_k<NK> with the common top-k counts compiled in (M3: K = 4), else K at run time */
@@ -575,31 +557,14 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
      * 0.0080, at 4096 0.0088 against 0.0057; session 14, K compiled in: T = 16384 route_sel_k
      * 0.0095 against route_fst_k's 0.0080) */
     route_fn k;
-    if (m3_tv_route && E == 128 && K == 4) { /* TEMPORARY variants */
-        if (n_tok >= 16384 && m3_aligned16(d_logits)) {
-            const int v = m3_tv_route;
-            const route_fn f = v == 1 ? route_fst_k<7, 1> : v == 5 ? route_fst_k<7, 5> : v == 9 ? route_fst_k<7, 9>
-                             : v == 13 ? route_fst_k<7, 13> : v == 15 ? route_fst_k<7, 15> : v == 29 ? route_fst_k<7, 29>
-                             : v == 45 ? route_fst_k<7, 45> : v == 77 ? route_fst_k<7, 77> : v == 12 ? route_fst_k<7, 12> : route_fst_k<7, 0>;
-            M3_TRY(m3_gpu_launch_pdl(g, true, f, dim3(m3_grid_1d(n_tok, RG_THREADS / RG_L)),
-                                     dim3(RG_THREADS), 0, d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E, K,
-                                     p->router_dtype == M3_DT_BF16));
-        } else {
-            static const route_fn ts[4] = {route_sel_k<4, 4, 0>, route_sel_k<4, 4, 1>, route_sel_k<4, 4, 2>,
-                                           route_sel_k<4, 4, 3>};
-            M3_TRY(m3_gpu_launch_pdl(g, true, ts[m3_tv_route & 3], dim3(m3_grid_1d(n_tok, ROUTE_SEL_THREADS / M3_WARP)),
-                                     dim3(ROUTE_SEL_THREADS), 0, d_ids, d_wts, d_margin, d_logits, d_bias, n_tok, E,
-                                     K, p->router_dtype == M3_DT_BF16));
-        }
-        M3_LAUNCHED(g, "route variant");
-        return M3_OK;
-    }
     /* route_fst_k's KK candidates must be experts (KK <= E: session 12's KK 6 / 10 with only
      * K + 2 <= E checked read past the row for E = 4 or 8, found in session 13) */
     const int kk = K + 3 <= 7 ? 7 : 10;
     const bool fst = n_tok >= 16384 && E <= RG_E && E % 4 == 0 && kk <= E && K <= 8 && m3_aligned16(d_logits);
     const int nk = (E + M3_WARP - 1) / M3_WARP;
-    if (fst) k = kk == 7 ? route_fst_k<7> : route_fst_k<10>;
+    /* E == RG_E compiled in only for KK = 7 (M3: K = 4): the KK = 10 instance took 74
+     * registers (3 blocks an SM, two waves at 16384 tokens; not measured) */
+    if (fst) k = kk != 7 ? route_fst_k<10, false> : E == RG_E ? route_fst_k<7, true> : route_fst_k<7, false>;
     else k = nk <= 1 ? route_sel_pick<1>(K) : nk <= 2 ? route_sel_pick<2>(K)
            : nk <= 4 ? route_sel_pick<4>(K) : route_sel_pick<8>(K);
     M3_TRY(m3_gpu_launch_pdl(g, true, k, dim3(fst ? m3_grid_1d(n_tok, RG_THREADS / RG_L)

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "ref/attn.h"
 #include "ref/indexer.h"
@@ -32,77 +31,28 @@ static int cmp_f(const void *a, const void *b) {
 
 /* Median over `batches` of the mean time of `reps` calls of fn, in ms. */
 typedef m3_status (*bench_fn)(m3_gpu *g, void *ctx);
-static double g_host_us; /* TEMPORARY (session 15): host time a call of the last time_ms */
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
 static double time_ms(m3_gpu *g, bench_fn fn, void *ctx, int reps, int batches) {
     for (int i = 0; i < 3; i++) GPU_OK(fn(g, ctx));
     GPU_OK(m3_gpu_sync(g));
-    float t[32], hu[32];
+    float t[32];
     if (batches > 32) batches = 32;
     for (int b = 0; b < batches; b++) {
         GPU_OK(m3_gpu_timer_start(g));
-        const double h0 = now_us();
         for (int i = 0; i < reps; i++) GPU_OK(fn(g, ctx));
-        hu[b] = (float)((now_us() - h0) / reps);
         GPU_OK(m3_gpu_timer_stop(g, &t[b]));
         t[b] /= (float)reps;
     }
     qsort(t, batches, sizeof t[0], cmp_f);
-    qsort(hu, batches, sizeof hu[0], cmp_f);
-    g_host_us = hu[batches / 2];
     return t[batches / 2];
 }
 
 static void report(const char *name, double ms, double bytes, double flops) {
     double gbs = bytes / (ms * 1e-3) / 1e9, tfs = flops / (ms * 1e-3) / 1e12;
     printf("bench: %-44s %9.4f ms %8.1f GB/s %5.1f%% of copy %8.2f TFLOP/s %5.1f%% of gemm "
-           "%.4g B %.4g FLOP host %.2f us/call\n",
+           "%.4g B %.4g FLOP\n",
            name, ms, gbs, g_copy_gbs > 0 ? 100 * gbs / g_copy_gbs : 0, tfs,
-           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0, bytes, flops, g_host_us);
+           g_gemm_tfs > 0 ? 100 * tfs / g_gemm_tfs : 0, bytes, flops);
     fflush(stdout);
-}
-
-/* TEMPORARY (session 15): time fn under each value of the comma list in env `list` (*knob set to
- * it: the library's variant global), each followed by the 4 KiB copy kernel and its PDL form;
- * without the list, one plain row */
-extern int m3_tv_route;
-static int g_tv_none;
-static m3_status do_kcopy(m3_gpu *g, void *c);
-static void time_vars(m3_gpu *g, const char *list, int *knob, const char *name, bench_fn fn, void *ctx,
-                      double bytes, double flops) {
-    const char *vl = getenv(list);
-    const int k0 = *knob;
-    for (const char *w = vl ? vl : "";;) {
-        char vv[16] = "", nm[128];
-        size_t l = strcspn(w, ",");
-        if (vl) {
-            snprintf(vv, sizeof vv, "%.*s", (int)(l < 15 ? l : 15), w);
-            *knob = atoi(vv);
-        }
-        double ms = time_ms(g, fn, ctx, 20, 7);
-        snprintf(nm, sizeof nm, "%s%s%s", name, vl ? " var=" : "", vv);
-        report(nm, ms, bytes, flops);
-        if (vl) {
-            static void *fa, *fb;
-            if (!fa) {
-                GPU_OK(m3_gpu_alloc(g, &fa, 4096));
-                GPU_OK(m3_gpu_alloc(g, &fb, 4096));
-                GPU_OK(m3_gpu_memset(g, fa, 0, 4096));
-            }
-            for (int f = 0; f < 4; f += 3) {
-                struct { void *dst; const void *src; size_t bytes; int flavor; } kc = {fb, fa, 4096, f};
-                snprintf(nm, sizeof nm, "floor copy kernel%s 4 KiB (after var=%s)", f ? " pdl" : "", vv);
-                report(nm, time_ms(g, do_kcopy, &kc, 20, 7), 8192, 0);
-            }
-        }
-        if (!vl || !w[l]) break;
-        w += l + 1;
-    }
-    *knob = k0;
 }
 
 static bool row_wanted(const char *nm); /* M3_BENCH_ROW, below */
@@ -361,8 +311,8 @@ static void bench_moe_route(void **state) {
         char nm[96];
         snprintf(nm, sizeof nm, "moe_route E=128 K=4 T=%d", c.T);
         if (row_wanted(nm)) /* M3_BENCH_ROW */
-            time_vars(g, "M3_BENCH_ROUTE_VARS", &m3_tv_route, nm, do_route, &c, (double)c.T * (128 * 4 + 4 * 8 + 4),
-                      (double)c.T * 128 * 20);
+            report(nm, time_ms(g, do_route, &c, 20, 7), (double)c.T * (128 * 4 + 4 * 8 + 4),
+                   (double)c.T * 128 * 20);
     }
 }
 
@@ -1100,13 +1050,15 @@ static void bench_launch_floor(void **state) {
 }
 
 /* The PDL floor (session 15): the launch floor's 4 KiB copy kernel launched as a programmatic
- * dependent of the launch before it (gpu/copy.hip flavors 3 / 4: m3_pdl_trigger and
- * m3_pdl_wait before its loads), back to back, and chains of 2 and 3 kernels a call (the first
- * plain, the rest dependents: the shape of a MoE T = 1 call, gate/up, down, combine) next to the
- * same chains launched plain. The router, the decode-step and idx_km_k / pc_k rows are dependent
+ * dependent of the launch before it (gpu/copy.hip flavor 3: m3_pdl_trigger, then m3_pdl_wait,
+ * before its loads), back to back, and chains of 2 and 3 kernels a call (the first plain, the
+ * rest dependents: the shape of a MoE T = 1 call, gate/up, down, combine) next to the same
+ * chains launched plain. The router, the decode-step and idx_km_k / pc_k rows are dependent
  * launches: each overlaps the end of the call before it, which the plain floor does not, so
- * these rows are their fair floor. Named "pdl_floor ...": scripts/bench-gpu.sh takes the plain
- * floor as the fastest "launch_floor" row, which these must not enter. */
+ * these rows are their fair floor. On the H200 every floor row ran at the host's launch rate
+ * (session 15: device time a call = host time to enqueue it, 3.5-4.5 us a launch). Named
+ * "pdl_floor ...": scripts/bench-gpu.sh takes the plain floor as the fastest "launch_floor"
+ * row, which these must not enter. */
 typedef struct { kcopy_ctx k; int n, dep; } kchain_ctx;
 static m3_status do_kchain(m3_gpu *g, void *c) {
     kchain_ctx *x = c;
@@ -1125,14 +1077,13 @@ static void bench_pdl_floor(void **state) {
     GPU_OK(m3_gpu_alloc(g, &a, 4096));
     GPU_OK(m3_gpu_alloc(g, &b, 4096));
     GPU_OK(m3_gpu_memset(g, a, 0, 4096));
-    /* {kernels a call, dependents' flavor (0: none)}: 3 lets the next launch start before it
-     * waits (qw_norm_k's order), 4 waits first (route_sel_k's, the MoE T = 1 kernels') */
-    static const int rows[][2] = {{1, 3}, {1, 4}, {2, 3}, {3, 3}, {2, 0}, {3, 0}};
+    /* {kernels a call, dependents (flavor 3) or none (0)} */
+    static const int rows[][2] = {{1, 3}, {2, 3}, {3, 3}, {2, 0}, {3, 0}};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         kchain_ctx c = {{b, a, 4096, 0}, rows[i][0], rows[i][1]};
         char nm[96];
         if (c.n == 1)
-            snprintf(nm, sizeof nm, "pdl_floor 1 kernel dependent%s 4096 B", c.dep == 4 ? " wait-first" : "");
+            snprintf(nm, sizeof nm, "pdl_floor 1 kernel dependent 4096 B");
         else
             snprintf(nm, sizeof nm, "pdl_floor chain %d kernels %s 4096 B", c.n,
                      c.dep ? "plain+dependents" : "plain");
@@ -1234,7 +1185,7 @@ static void bench_qkv_cache(void **state) {
             const double T = c.T, normed = sparse ? 8192 + 512 + 512 + 128 : 8192 + 512;
             const double bytes = T * (2 * 2 * normed + 2 * 512 + 2 * 512 * es +
                                       (sparse ? 2 * 4 * 4 + 128 : 0));
-            time_vars(g, "M3_BENCH_QKV_VARS", &g_tv_none, nm, do_qkvc, &c, bytes, T * normed * 12);
+            report(nm, time_ms(g, do_qkvc, &c, 20, 7), bytes, T * normed * 12);
             m3_gpu_release(g, mark);
         }
 }
