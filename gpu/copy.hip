@@ -4,7 +4,9 @@
  *
  * copy16_k: thread i of the grid moves chunks i*CPT .. in a span of 256*CPT chunks a block
  *   (chunk base + c*256: coalesced), all its loads issued before its stores. HINT: loads
- *   through the read-only path without an L1 line, streaming stores (gpu/mem16.h).
+ *   through the read-only path without an L1 line, streaming stores (gpu/mem16.h). PDL:
+ *   launched as a programmatic dependent of the launch before it (flavor 3): the bench's floor
+ *   for the dependent launches of the router, the decode-step and MoE T = 1 kernels.
  *
  * Also here: the test hook m3_gpu_set_elem_variant (variant 0 = the plain element-wise kernels of
  * gpu/norm.hip and gpu/mlp.hip), so a test can check the fast path writes the same bytes. */
@@ -18,8 +20,14 @@ extern "C" void m3_gpu_set_elem_variant(int v) { g_elem_variant = v == 0 ? 0 : -
 
 int m3_elem_variant(void) { return g_elem_variant; }
 
-template <int CPT, bool HINT>
+template <int CPT, bool HINT, bool PDL = false>
 static __global__ void __launch_bounds__(256) copy16_k(uint4 *dst, const uint4 *src, int64_t n) {
+    /* PDL: the next launch may start at once, then wait for the earlier grid before any load or
+     * store (qw_norm_k's order; the wait first, route_sel_k's, measured the same: session 15) */
+    if (PDL) {
+        m3_pdl_trigger();
+        m3_pdl_wait();
+    }
     const int64_t base = (int64_t)blockIdx.x * (256 * CPT) + threadIdx.x;
     uint4 v[CPT];
 #pragma unroll
@@ -46,8 +54,11 @@ extern "C" m3_status m3_gpu_copy_kernel(m3_gpu *g, void *d_dst, const void *d_sr
         copy16_k<1, false><<<m3_grid_1d(n, 256), 256, 0, g->stream>>>(d, s, n);
     else if (flavor == 1)
         copy16_k<1, true><<<m3_grid_1d(n, 256), 256, 0, g->stream>>>(d, s, n);
-    else
+    else if (flavor == 2)
         copy16_k<4, true><<<m3_grid_1d(n, 1024), 256, 0, g->stream>>>(d, s, n);
+    else
+        M3_TRY(m3_gpu_launch_pdl(g, true, copy16_k<1, false, true>, dim3(m3_grid_1d(n, 256)), dim3(256),
+                                 0, d, s, n));
     M3_LAUNCHED(g, "copy16_k");
     return M3_OK;
 }

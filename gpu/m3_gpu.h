@@ -138,7 +138,9 @@ m3_status m3_gpu_swiglu_f32(m3_gpu *g, float *d_a, const float *d_g, const float
 
 /* gpu/copy.hip: a plain 16-byte copy kernel (bench reference next to m3_gpu_copy; the model
  * never calls it). bytes and both pointers in 16-byte units. flavor 0: one chunk a thread,
- * plain loads/stores; 1: read-only loads, streaming stores; 2: as 1, four chunks a thread. */
+ * plain loads/stores; 1: read-only loads, streaming stores; 2: as 1, four chunks a thread;
+ * 3: as 0, launched as a programmatic dependent of the launch before it (the bench's PDL
+ * floor). */
 m3_status m3_gpu_copy_kernel(m3_gpu *g, void *d_dst, const void *d_src, size_t bytes, int flavor);
 /* Test hook: v = 0 runs rmsnorm / rmsnorm_add / swiglu (bf16 storage) through the plain
  * kernels (rmsnorm_vec_k, swiglu_k), any other value the fast path (the default); both write
@@ -148,7 +150,10 @@ void m3_gpu_set_elem_variant(int v);
 /* gpu/moe.hip, twins of ref/moe.h. The MoE params struct is ref's m3_moe_params. */
 struct m3_moe_params;
 /* ids/wts [T,K] in selection order (value desc, NaN highest, id asc), wts before
- * routed_scaling_factor; margin [T] may be NULL; bias [E] fp32 may be NULL. E <= 256. */
+ * routed_scaling_factor; margin [T] may be NULL; bias [E] fp32 may be NULL. E <= 256.
+ * Ordering: the kernel is a programmatic dependent launch that reads bias before the kernel
+ * launched just before it on the stream has finished (the logits after it); no kernel that may
+ * still run when the call is launched may write bias (the model's bias is a weight). */
 m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, float *d_margin,
                            const float *d_logits, const float *d_bias, int n_tok,
                            const struct m3_moe_params *mp, const m3_profile *p);

@@ -142,21 +142,11 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
                 int K, bool bias_bf16) {
     __shared__ float sb[ROUTE_MAXK * M3_WARP];
-    /* launched as a programmatic dependent of the launch before it (m3_gpu_moe_route): wait for
-     * that grid before any load or store, then let the next launch start */
-    m3_pdl_wait();
-    m3_pdl_trigger();
-    /* the token's logits are loaded first (a warp past the pass reads the last token's row),
-     * in flight while the block fills its biases (session 10: T = 4096 / 8192 0.0057 / 0.0081
-     * -> 0.0055 / 0.0079-0.0080 ms against the loads after the barrier) */
-    const int lane = (int)threadIdx.x % M3_WARP;
-    const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
-    const float *l = logits + (size_t)(t < n_tok ? t : n_tok - 1) * E;
-    float lv[NK], bv[NK];
-#pragma unroll
-    for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
-    /* a constant stride: a loop over blockDim.x divided its trip count at run time (a division
-     * sequence and a remainder loop on every thread's path) */
+    /* the block's biases, before the wait: a weight, which no launch that may still run writes
+     * (m3_gpu_moe_route's ordering contract), so a block placed while the previous grid ends
+     * has them in shared memory when the wait releases (session 15: T = 8192 0.0055-0.0056 ->
+     * 0.0051-0.0053 ms). A constant stride: a loop over blockDim.x divided its trip count at
+     * run time (a division sequence and a remainder loop on every thread's path). */
 #pragma unroll
     for (int i0 = 0; i0 < ROUTE_MAXK * M3_WARP; i0 += ROUTE_SEL_THREADS) {
         const int i = i0 + (int)threadIdx.x;
@@ -165,6 +155,19 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
             sb[i] = bias_bf16 ? m3_round_bf16(b) : b;
         }
     }
+    /* launched as a programmatic dependent of the launch before it (m3_gpu_moe_route): wait for
+     * that grid before any load of the logits or any store, then let the next launch start */
+    m3_pdl_wait();
+    m3_pdl_trigger();
+    /* the token's logits are loaded before the barrier (a warp past the pass reads the last
+     * token's row) (session 10: T = 4096 / 8192 0.0057 / 0.0081 -> 0.0055 / 0.0079-0.0080 ms
+     * against the loads after it) */
+    const int lane = (int)threadIdx.x % M3_WARP;
+    const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) / M3_WARP);
+    const float *l = logits + (size_t)(t < n_tok ? t : n_tok - 1) * E;
+    float lv[NK], bv[NK];
+#pragma unroll
+    for (int k = 0; k < NK; k++) lv[k] = l[min(lane + k * M3_WARP, E - 1)];
     __syncthreads();
     if (t >= n_tok) return; /* whole warps leave together */
     uint32_t key[NK];
@@ -278,13 +281,28 @@ static __device__ __forceinline__ void rg_pass(uint32_t *v) {
         for (int i = 0; i < W; i++) v[b + i] = t[i];
     }
 }
-/* G = the top KK of the 16 keys v (v is overwritten), descending: sorted pairs, fours and
- * eights, then the two eights' top KK (KK >= 8: their full merge) */
+/* a >= b afterwards */
+static __device__ __forceinline__ void rg_cx(uint32_t &a, uint32_t &b) {
+    const uint32_t x = a, y = b;
+    a = max(x, y), b = min(x, y);
+}
+/* v[0..8) descending: Batcher's odd-even merge network, 19 comparators (the bitonic passes of
+ * pairs, fours and eights took 24) */
+static __device__ __forceinline__ void rg_sort8(uint32_t *v) {
+    rg_cx(v[0], v[1]), rg_cx(v[2], v[3]), rg_cx(v[4], v[5]), rg_cx(v[6], v[7]);
+    rg_cx(v[0], v[2]), rg_cx(v[1], v[3]), rg_cx(v[4], v[6]), rg_cx(v[5], v[7]);
+    rg_cx(v[1], v[2]), rg_cx(v[5], v[6]), rg_cx(v[0], v[4]), rg_cx(v[3], v[7]);
+    rg_cx(v[1], v[5]), rg_cx(v[2], v[6]);
+    rg_cx(v[1], v[4]), rg_cx(v[3], v[6]);
+    rg_cx(v[2], v[4]), rg_cx(v[3], v[5]);
+    rg_cx(v[3], v[4]);
+}
+/* G = the top KK of the 16 keys v (v is overwritten), descending: two sorted eights, then their
+ * top KK (KK >= 8: their full merge) */
 template <int KK>
 static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
-    rg_pass<2>(v);
-    rg_pass<4>(v);
-    rg_pass<8>(v);
+    rg_sort8(v);
+    rg_sort8(v + 8);
     if constexpr (KK >= 8) rg_pass<16>(v);
 #pragma unroll
     for (int i = 0; i < KK; i++) G[i] = v[i];
@@ -292,8 +310,8 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
 }
 /* route_fst_k (session 12): passes of >= 16384 tokens, E <= 128 (E % 4 == 0), K <= 8,
  * KK <= E. RG_L = 8 lanes a token, lane q holding experts e = 16 q + i (4 coalesced 16-byte
- * loads); each lane sorts the top KK (>= K + 3 for K <= 4, else K + 2) keys of its 16 by a
- * bitonic network (rg_top16), the id packed into the key's low 7 bits (ck = (key | 127) ^ e:
+ * loads); each lane sorts the top KK (>= K + 3 for K <= 4, else K + 2) keys of its 16 by
+ * sorting networks (rg_top16), the id packed into the key's low 7 bits (ck = (key | 127) ^ e:
  * unique, ordered by the key's top 25 bits, then the lower id), and the 8 lanes merge their lists
  * (3 butterfly levels, rg_merge) (session 9's route_grp_k; session 13: the network instead of
  * one insertion a key, two min / max a level, and KK = K + 3: fewer fallbacks). The lists rank
@@ -307,16 +325,20 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
  * the boundary, exact ties across it, NaN) the warp runs the exact fallback: every key exact
  * from the logits in registers, K + 1 rounds, the winners' sigmoids loaded together (not one
  * dependent load a round). Weights and margin as route_sel_k: sigma / sum in selection order,
- * sel_(K) - sel_(K+1). H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096
- * ms (session 12) -> 0.0093 (session 13, network and KK = K + 3); at 4096 / 8192 tokens
- * route_sel_k stays (0.0057 / 0.0080 against 0.0088 / 0.0091). */
+ * sel_(K) - sel_(K+1); lane q < K writes rank q (K <= RG_L), one division a lane. FULL: E ==
+ * RG_E compiled in (every lane's 16 experts valid: no clamps or selects on the lane's count).
+ * H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096 ms (session 12) ->
+ * 0.0093 (session 13, network and KK = K + 3); session 15 (same process, PDL back to back):
+ * 0.0081-0.0082 -> 0.0065-0.0066 (biases before the wait, odd-even eights, FULL, one division
+ * a lane; the biases and FULL alone 0.0070); at 4096 / 8192 tokens route_sel_k stays (0.0057 /
+ * 0.0080 against 0.0088 / 0.0091). */
 #define RG_D0 1e-6f
 static __device__ __forceinline__ uint32_t rg_pkey(float v) { /* proxy key: route_key's order */
     const uint32_t b = m3_f32_bits(v);
     const uint32_t k = b ^ (uint32_t)(((int32_t)b >> 31) | (int32_t)0x80000000);
     return v != v ? 0xFFFFFFFFu : k;
 }
-template <int KK>
+template <int KK, bool FULL>
 static __global__ void __launch_bounds__(RG_THREADS)
     route_fst_k(int32_t *M3_RESTRICT ids, float *M3_RESTRICT wts, float *M3_RESTRICT margin,
                 const float *M3_RESTRICT logits, const float *M3_RESTRICT bias, int n_tok, int E,
@@ -326,22 +348,22 @@ static __global__ void __launch_bounds__(RG_THREADS)
     const int q = (int)threadIdx.x % RG_L;
     const int gid = (int)((blockIdx.x * blockDim.x + threadIdx.x) / RG_L);
     const int w0 = (int)((blockIdx.x * blockDim.x + (threadIdx.x & ~(unsigned)(M3_WARP - 1))) / RG_L);
-    m3_pdl_wait(); /* a programmatic dependent launch, as route_sel_k */
-    m3_pdl_trigger();
-    const bool live = gid < n_tok;
-    const int t = live ? gid : n_tok - 1;
-    const float *l = logits + (size_t)t * E;
-    const int nv4 = min(max((E - q * RG_NE) / 4, 0), RG_NE / 4);
-    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
-    float4 lv[RG_NE / 4];
-    /* biases rounded once a block; rows padded by 4 floats: the lanes' 16-byte reads of one
-     * step hit different bank quads (the logits loaded before this barrier measured slower:
-     * T = 16384 0.0095 -> 0.0100 ms) */
+    /* biases rounded once a block, before the wait (as route_sel_k); rows padded by 4 floats:
+     * the lanes' 16-byte reads of one step hit different bank quads (the logits loaded before
+     * this barrier measured slower: T = 16384 0.0095 -> 0.0100 ms, session 12) */
     for (int i = (int)threadIdx.x; i < RG_L * RG_NE; i += (int)blockDim.x) {
         const float b = bias && i < E ? bias[i] : 0.0f;
         sb[i / RG_NE][i % RG_NE] = bias_bf16 ? m3_round_bf16(b) : b;
     }
     __syncthreads();
+    m3_pdl_wait(); /* a programmatic dependent launch, as route_sel_k */
+    m3_pdl_trigger();
+    const bool live = gid < n_tok;
+    const int t = live ? gid : n_tok - 1;
+    const float *l = logits + (size_t)t * E;
+    const int nv4 = FULL ? RG_NE / 4 : min(max((E - q * RG_NE) / 4, 0), RG_NE / 4);
+    const float4 *l4 = reinterpret_cast<const float4 *>(l) + (nv4 > 0 ? q * (RG_NE / 4) : 0);
+    float4 lv[RG_NE / 4];
     if (w0 >= n_tok) return; /* whole warps leave together (shuffles below) */
     /* a lane past E reads the row's first chunk (E >= 4): clamped, no branch between loads */
 #pragma unroll
@@ -478,12 +500,17 @@ static __global__ void __launch_bounds__(RG_THREADS)
     for (int r = 0; r < KK; r++)
         if (r < K) sum += rsg[r]; /* selection order, as the reference */
     if (!live) return;
+    /* rank q from the lane's registers by selects: a warp holds 4 tokens, so a store loop over
+     * the ranks issued K divisions a lane */
+    int mi = 0;
+    float ms = 0.0f;
 #pragma unroll
     for (int r = 0; r < KK; r++)
-        if (r < K && r % RG_L == q) {
-            ids[(size_t)t * K + r] = rid[r];
-            wts[(size_t)t * K + r] = rsg[r] / sum;
-        }
+        if (r == q) mi = rid[r], ms = rsg[r];
+    if (q < K) {
+        ids[(size_t)t * K + q] = mi;
+        wts[(size_t)t * K + q] = ms / sum;
+    }
     if (q == 0 && margin) {
         uint32_t a = 0u, b = 0u;
 #pragma unroll
@@ -535,7 +562,9 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     const int kk = K + 3 <= 7 ? 7 : 10;
     const bool fst = n_tok >= 16384 && E <= RG_E && E % 4 == 0 && kk <= E && K <= 8 && m3_aligned16(d_logits);
     const int nk = (E + M3_WARP - 1) / M3_WARP;
-    if (fst) k = kk == 7 ? route_fst_k<7> : route_fst_k<10>;
+    /* E == RG_E compiled in only for KK = 7 (M3: K = 4): the KK = 10 instance took 74
+     * registers (3 blocks an SM, two waves at 16384 tokens; not measured) */
+    if (fst) k = kk != 7 ? route_fst_k<10, false> : E == RG_E ? route_fst_k<7, true> : route_fst_k<7, false>;
     else k = nk <= 1 ? route_sel_pick<1>(K) : nk <= 2 ? route_sel_pick<2>(K)
            : nk <= 4 ? route_sel_pick<4>(K) : route_sel_pick<8>(K);
     M3_TRY(m3_gpu_launch_pdl(g, true, k, dim3(fst ? m3_grid_1d(n_tok, RG_THREADS / RG_L)

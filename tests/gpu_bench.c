@@ -1028,9 +1028,30 @@ static void bench_kv_cache_write(void **state) {
  * one rmsnorm_add T=4096 call (100 MB each way): what a simple kernel reaches next to the
  * runtime's copy. The copy is checked byte for byte on a 64 MiB prefix first. */
 
+/* The PDL floor rows (session 15): the launch floor's 4 KiB copy kernel launched as a
+ * programmatic dependent of the launch before it (gpu/copy.hip flavor 3: m3_pdl_trigger, then
+ * m3_pdl_wait, before its loads), back to back, and chains of 2 and 3 kernels a call (the first
+ * plain, the rest dependents: the shape of a MoE T = 1 call, gate/up, down, combine) next to the
+ * same chains launched plain. The router, the decode-step and idx_km_k / pc_k rows are
+ * dependent launches: each overlaps the end of the call before it, which the plain floor does
+ * not, so these rows are their fair floor. On the H200 every floor row ran at the host's launch
+ * rate (session 15: device time a call = host time to enqueue it, 3.5-4.5 us a launch). Named
+ * "pdl_floor ...": scripts/bench-gpu.sh takes the plain floor as the fastest "launch_floor"
+ * row, which these must not enter. */
+typedef struct { kcopy_ctx k; int n, dep; } kchain_ctx;
+static m3_status do_kchain(m3_gpu *g, void *c) {
+    kchain_ctx *x = c;
+    for (int i = 0; i < x->n; i++) {
+        kcopy_ctx k = x->k;
+        k.flavor = i == 0 && x->n > 1 ? 0 : x->dep; /* a chain's first kernel is plain */
+        M3_TRY(do_kcopy(g, &k));
+    }
+    return M3_OK;
+}
+
 /* The launch floor (session 9): one small kernel (gpu/copy.hip's, 16 bytes and 4 KiB) timed as
- * every row is, back to back; the runtime's 4 KiB copy (the ceiling's floor) for comparison.
- * A decode-step row cannot beat its kernels' launch floor. */
+ * every row is, back to back; the runtime's 4 KiB copy (the ceiling's floor) for comparison;
+ * then the PDL floor rows (above). A decode-step row cannot beat its kernels' launch floor. */
 static void bench_launch_floor(void **state) {
     m3_gpu *g = bench_or_skip(state);
     const size_t mark = m3_gpu_mark(g);
@@ -1046,6 +1067,18 @@ static void bench_launch_floor(void **state) {
     }
     copy_ctx c = {b, a, 4096};
     report("launch_floor runtime copy 4096 B", time_ms(g, do_copy, &c, 20, 7), 8192, 0);
+    /* {kernels a call, dependents (flavor 3) or none (0)} */
+    static const int rows[][2] = {{1, 3}, {2, 3}, {3, 3}, {2, 0}, {3, 0}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        kchain_ctx kc = {{b, a, 4096, 0}, rows[i][0], rows[i][1]};
+        char nm[96];
+        if (kc.n == 1)
+            snprintf(nm, sizeof nm, "pdl_floor 1 kernel dependent 4096 B");
+        else
+            snprintf(nm, sizeof nm, "pdl_floor chain %d kernels %s 4096 B", kc.n,
+                     kc.dep ? "plain+dependents" : "plain");
+        report(nm, time_ms(g, do_kchain, &kc, 20, 7), 2.0 * 4096 * kc.n, 0);
+    }
     m3_gpu_release(g, mark);
 }
 

@@ -277,7 +277,7 @@ static void moe_route_ties_many_tokens(void **state) {
  * logits (E = 8, K = 2), with no synchronisation between them and the weights' buffer poisoned
  * (NaN) before the first: the second call's ids must be the reference's on the first call's
  * weights (route_sel_k at 4096 tokens, route_fst_k at 16384; the first call lets the second
- * start at once). */
+ * start at once). The second call has biases, which it reads before its wait (session 15). */
 static void moe_route_chained(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     m3_profile p;
@@ -295,16 +295,21 @@ static void moe_route_chained(void **state) {
         float *wr = malloc((size_t)T * 2 * sizeof *wr), *mr = malloc((size_t)T * sizeof *mr);
         m3_fill_normal(&r, logits, (int64_t)T * 128, 2.0f);
         float *dl = gpu_upload_f32(g, logits, (int64_t)T * 128);
+        /* the second call's biases: read before that call waits for the first (m3_gpu_moe_route's
+         * ordering contract), so while the first call still runs */
+        float b2[8];
+        m3_fill_normal(&r, b2, 8, 0.3f);
+        float *db2 = gpu_upload_f32(g, b2, 8);
         int32_t *d_ids1 = gpu_guard_alloc(g, (size_t)T * 8 * sizeof(int32_t));
         int32_t *d_ids2 = gpu_guard_alloc(g, (size_t)T * 2 * sizeof(int32_t));
         float *d_w1 = gpu_guard_alloc(g, (size_t)T * 8 * sizeof(float));
         float *d_w2 = gpu_guard_alloc(g, (size_t)T * 2 * sizeof(float));
         GPU_OK(m3_gpu_memset(g, d_w1, 0xFF, (size_t)T * 8 * sizeof(float))); /* NaN */
         GPU_OK(m3_gpu_moe_route(g, d_ids1, d_w1, NULL, dl, NULL, T, &m1, &p));
-        GPU_OK(m3_gpu_moe_route(g, d_ids2, d_w2, NULL, d_w1, NULL, T, &m2, &p));
+        GPU_OK(m3_gpu_moe_route(g, d_ids2, d_w2, NULL, d_w1, db2, T, &m2, &p));
         gpu_download_f32(g, w1, d_w1, (int64_t)T * 8);
         GPU_OK(m3_gpu_download(g, ids, d_ids2, (size_t)T * 2 * sizeof(int32_t)));
-        m3_moe_route(want, wr, mr, w1, NULL, T, &m2, &p);
+        m3_moe_route(want, wr, mr, w1, b2, T, &m2, &p);
         for (int t = 0; t < T; t++)
             if ((ids[2 * t] != want[2 * t] || ids[2 * t + 1] != want[2 * t + 1]) && !(fabsf(mr[t]) <= ROUTE_TIE_MARGIN))
                 m3_test_failf("route chained T=%d token %d: gpu %d,%d ref %d,%d (first weights %g %g ..)", T, t,
