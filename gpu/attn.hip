@@ -1769,6 +1769,8 @@ typedef struct {
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
+    bool spec;  /* pd8_part_k, one token of a dense row, launched as a programmatic dependent:
+                 * the warps' first ring items go out before m3_pdl_wait */
     int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their last `split`
                  * blocks to arrive, a head slice each (pd_split_merge); 0: pf_merge_k */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
@@ -2714,6 +2716,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    m3_pdl_trigger(); /* a programmatic dependent launch, as pd8_part_k */
+    m3_pdl_wait();
     const int p = pos[t];
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
@@ -3142,58 +3146,21 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
-    const int p = pos[t];
+    /* a programmatic dependent launch (pf_launch): the next launch may start now; it waits for
+     * this grid's end before it reads or writes what this grid writes */
+    m3_pdl_trigger();
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
-    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
-    const int nq = hq * Dh; /* the launcher ensures c.qvec */
-    for (int e = tid; e < 16 * Dh / 8; e += NT) {
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
-        *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
-    }
-    if (sparse)
-        for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
-    __syncthreads();
-    /* §4.9: fp8(q) without scale, held as fp16 (exact). Under SATURATE the hardware's
-     * saturating cast (cvt.rn.satfinite, e4m3fn) in the fragment build below; else ref's
-     * rounding here (the NaN-on-overflow mode), in place */
-    const bool hwq = s.ovf == M3_FP8_SATURATE;
-    if (!hwq)
-        for (int e = tid; e < 16 * Dh; e += NT)
-        qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, blist, vfl, &last_sh, &n_sh,
-            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid, NT);
-    /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
-     * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
-     * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
-     * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
-     * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
-    uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
-    /* a word of 2 fp16 values of fp8(q) at qs + off (hwq: cast from the 2 bf16 there) */
-    auto qword = [&](int off) -> uint32_t {
-        const uint32_t w = *reinterpret_cast<const uint32_t *>(qs + off);
-        if (!hwq) return w;
-        return pf_q2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u), s.g.fp8_kind, s.ovf, true);
-    };
-    auto qfrag = [&]() {
-        for (int e = tid; e < 8 * 32; e += NT) {
-            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
-            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
-            qh[e] = make_uint4(qword(r * Dh + D), qword((r + 8) * Dh + D), qword(r * Dh + D + 2),
-                               qword((r + 8) * Dh + D + 2));
-        }
-        __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
-    };
-    const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
-    const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
+    const int cb = ci * c.cpb;
+    /* the row's key count and the block's chunk end: c.spec (dense, one token) first assumes
+     * every chunk full and in the table (the first ring items go out before m3_pdl_wait),
+     * then the row's own after the wait */
+    int n = min(c.nchx * ch, s.n_logical * Bs), ce = min(c.nchx, cb + c.cpb);
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
     const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
-    const float rfmax = __frcp_rn(c.fmax);
     unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA + VSB;
-    float4 *sw = reinterpret_cast<float4 *>(sa), *vsw = reinterpret_cast<float4 *>(sa + SA);
     /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
     auto phys = [&](int cc) {
         const int k = cc * ch + 16 * lane;
@@ -3203,7 +3170,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     };
     /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
      * group l's element offsets (K, V, scale) of chunk ic */
-    int ic = cb + warp, ij = 0, ing = 0, phn = phys(ic);
+    int ic = cb + warp, ij = 0, ing = 0, phn = 0;
     int64_t gko = 0, gvo = 0, gso = 0;
     auto enter = [&]() {
         if (ic >= ce) return;
@@ -3215,7 +3182,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
         phn = phys(ic + PD_W);
     };
-    enter();
     unsigned isq = 0, csq = 0; /* items issued / consumed */
     /* the ring's 32-bit shared addresses. A lane's 4 K copies of an item are units (d, k), d =
      * 2 i + lane / 16, k = lane % 16, at 16 d + (k ^ 2 (d % 4)) in the slot: d % 4 is lane / 16
@@ -3257,6 +3223,84 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         cp_commit(); /* possibly empty: keeps the wait count uniform */
         isq++;
     };
+    /* the warp's stream from its first chunk: its first NS items issued */
+    auto start = [&]() {
+        ic = cb + warp, ij = 0, ing = 0, isq = 0;
+        phn = phys(ic);
+        enter();
+#pragma unroll 1
+        for (int j = 0; j < NS; j++) issue();
+    };
+    /* c.spec: the K groups of the warp's first chunk are read before the launch before this
+     * one has ended. That launch may write K / V only at this call's position (m3_gpu.h: the
+     * model's cache write of the token); the launcher sets spec for one token of a dense row
+     * with chunks of >= 16 NS keys, and the items are issued again below unless their chunk
+     * is full and ends before the position. The block table is not written by the step's
+     * kernels. */
+    const bool spec = TPAIR && c.spec; /* (dense layers' tiles: the sparse instance compiles none) */
+    if (spec) start();
+    m3_pdl_wait(); /* q, the position and the selection may be the previous launch's */
+    const int p = pos[t];
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh; /* the launcher ensures c.qvec */
+    for (int e = tid; e < 16 * Dh / 8; e += NT) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
+        *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
+    }
+    if (sparse)
+        for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+    __syncthreads();
+    /* §4.9: fp8(q) without scale, held as fp16 (exact). Under SATURATE the hardware's
+     * saturating cast (cvt.rn.satfinite, e4m3fn) in the fragment build below; else ref's
+     * rounding here (the NaN-on-overflow mode), in place */
+    const bool hwq = s.ovf == M3_FP8_SATURATE;
+    if (!hwq)
+        for (int e = tid; e < 16 * Dh; e += NT)
+        qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, blist, vfl, &last_sh, &n_sh,
+            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid, NT);
+    /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
+     * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
+     * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
+     * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
+     * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
+    uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
+    /* a word of 2 fp16 values of fp8(q) at qs + off (hwq: cast from the 2 bf16 there) */
+    auto qword = [&](int off) -> uint32_t {
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(qs + off);
+        if (!hwq) return w;
+        return pf_q2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u), s.g.fp8_kind, s.ovf, true);
+    };
+    auto qfrag = [&]() {
+        for (int e = tid; e < 8 * 32; e += NT) {
+            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
+            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
+            qh[e] = make_uint4(qword(r * Dh + D), qword((r + 8) * Dh + D), qword(r * Dh + D + 2),
+                               qword((r + 8) * Dh + D + 2));
+        }
+        __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
+    };
+    n = n_sh;
+    const int nch = (n + ch - 1) / ch;
+    ce = min(nch, cb + c.cpb);
+    const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
+    const float rfmax = __frcp_rn(c.fmax);
+    float4 *sw = reinterpret_cast<float4 *>(sa), *vsw = reinterpret_cast<float4 *>(sa + SA);
+    if (!spec) {
+        start();
+    } else {
+        /* the items issued before the wait stand when the warp's first chunk is full and its
+         * first NS groups end before the position p (the one key the launch before may have
+         * written); else (the row's last chunk, or no chunk) the stream starts again, after
+         * the warp's own copies of them landed (they write the same slots) */
+        const int k0 = (cb + warp) * ch;
+        const bool none = cb + warp >= min(c.nchx, cb + c.cpb); /* nothing was issued */
+        if (!(none || (cb + warp < ce && k0 + ch <= n && k0 + 16 * NS <= p))) {
+            cp_wait<0>();
+            start();
+        }
+    }
     /* acquire: the next item's slot, once this lane's and (after the warp barrier) every
      * lane's copies of it landed; release: the slot refilled (every lane read it: the barrier) */
     auto acquire = [&]() -> const unsigned char * {
@@ -3271,8 +3315,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         __syncwarp();
         issue();
     };
-#pragma unroll 1
-    for (int j = 0; j < NS; j++) issue();
     qfrag(); /* Q's fragments while the rings' first copies are in flight */
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
@@ -4713,6 +4755,13 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
+    /* the decode kernels as programmatic dependents of the launch before them (their loads of
+     * q, the positions and the selection wait for it: m3_pdl_wait), and they let the next
+     * launch start at their entry. pd8_part_k at one token of a dense row (c.spec) issues its
+     * warps' first K groups before the wait (m3_gpu.h's ordering) */
+    const bool pdl = dec && src->flash_kernel != 6; /* SESSION KNOB 6: plain launch */
+    c.spec = pdl && p8 && !d_topk && n_tok == 1 && c.ch >= 16 * PD8_NS &&
+             src->flash_kernel != 7; /* SESSION KNOB 7: PDL without the early items */
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
@@ -4731,9 +4780,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        kf[fi]<<<grid, nth, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
-                                                    width, po, pml, nk, c);
-        s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
+        s = m3_gpu_launch_pdl(g, pdl, kf[fi], grid, dim3(nth), sh, d_out, d_q, ld_q, *src, d_pos, t0,
+                              n_tok, d_topk, width, po, pml, nk, c);
+        if (s == M3_OK) s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused && !c.split) {
             pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
                 d_out, po, pml, nk, t0, c);
