@@ -2717,9 +2717,23 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     m3_pdl_trigger(); /* a programmatic dependent launch, as pd8_part_k */
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
+    if (c.spec) {
+        /* one token of a dense row: the warp's first chunk assumed full and in the table, its
+         * first K groups (a page's dim-unit runs) into L2 before the wait (a prefetch: the
+         * reads after the wait see any write of the launch before) */
+        const int cc = ci * c.cpb + warp, k = cc * ch;
+        if (cc < c.nchx && cc < (ci + 1) * c.cpb && k < s.n_logical * Bs) {
+            const int kb = k / Bs, Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+            int64_t ko, vo, so;
+            pf_offs<XC>(s, s.bt[kb] * Bs + (k - kb * Bs), g, ko, vo, so);
+            if (lane < Dh / XC)
+                pd_l2(reinterpret_cast<const unsigned char *>(s.k) + (ko + (int64_t)lane * Pv * XC) * EB,
+                      (uint32_t)((Pv < 32 ? 16 : 32) * XC * EB));
+        }
+    }
     m3_pdl_wait();
     const int p = pos[t];
-    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
@@ -4760,7 +4774,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * launch start at their entry. pd8_part_k at one token of a dense row (c.spec) issues its
      * warps' first K groups before the wait (m3_gpu.h's ordering) */
     const bool pdl = dec && src->flash_kernel != 6; /* SESSION KNOB 6: plain launch */
-    c.spec = pdl && p8 && !d_topk && n_tok == 1 && c.ch >= 16 * PD8_NS &&
+    c.spec = pdl && !d_topk && n_tok == 1 && (!p8 || c.ch >= 16 * PD8_NS) &&
              src->flash_kernel != 7; /* SESSION KNOB 7: PDL without the early items */
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
