@@ -1769,6 +1769,7 @@ typedef struct {
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
+    bool bph;   /* SESSION KNOB: pd_keys's list of physical ids */
     bool spec;  /* pd8_part_k, one token of a dense row, launched as a programmatic dependent:
                  * the warps' first ring items go out before m3_pdl_wait */
     int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their last `split`
@@ -2642,11 +2643,15 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
  * selsh holds the row's selection (sparse) and a barrier passed: the row's key count into
  * *n_sh and, sparse, the physical order of ref's m3_kv_sparse_table expansion into blist (as
  * pf_part_k: the selected full blocks before the own one in selection or id order, duplicates
- * kept, the own block last when selected, truncated at the context); nkw (non-NULL): the count
- * for pf_merge_k too. nt threads; ends with a barrier. */
+ * kept, the own block last when selected, truncated at the context); bt (non-NULL): blist holds
+ * the blocks' physical ids bt[b], loaded before the ranking's barrier (the kernels read them
+ * a chunk ahead: one dependent table load less in the prologue); nkw (non-NULL): the count for
+ * pf_merge_k too. PD_W x 32 threads; ends with a barrier. */
 static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, int Bs,
-                               bool sel_order, int *blist, int *vfl, int *last_sh, int *n_sh,
-                               int *nkw, int tid, int nt) {
+                               bool sel_order, const int32_t *bt, int *blist, int *vfl, int *n_sh,
+                               int *nkw, int tid) {
+    constexpr int nt = PD_W * 32;
+    static_assert(PG_MAX_SEL <= 2 * nt, "pd_keys: two selection entries a thread");
     if (!sparse) {
         if (tid == 0) {
             *n_sh = p + 1;
@@ -2654,15 +2659,23 @@ static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, 
         }
     } else {
         const int bp = p / Bs;
-        if (tid == 0) *last_sh = 0;
-        __syncthreads();
-        for (int i = tid; i < width; i += nt) {
+        int ph[2] = {0, 0}, has = 0;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int i = tid + r * nt;
+            if (i >= width) break;
             const int b = selsh[i];
-            vfl[i] = b >= 0 && b < bp;
-            if (b == bp) *last_sh = 1;
+            const bool v = b >= 0 && b < bp;
+            vfl[i] = v;
+            has |= b == bp;
+            if (bt && v) ph[r] = bt[b];
         }
-        __syncthreads();
-        for (int i = tid; i < width; i += nt)
+        const int own = bt && tid == 0 ? bt[bp] : bp; /* the position's block is in the table */
+        const int last = __syncthreads_or(has);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int i = tid + r * nt;
+            if (i >= width) break;
             if (vfl[i]) {
                 const int b = selsh[i];
                 int at = 0;
@@ -2671,14 +2684,15 @@ static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, 
                 else
                     for (int j = 0; j < width; j++)
                         at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < i));
-                blist[at] = b;
+                blist[at] = bt ? ph[r] : b;
             }
+        }
         if (tid == 0) {
             int nf = 0;
             for (int j = 0; j < width; j++) nf += vfl[j];
             int n;
-            if (*last_sh) {
-                blist[nf] = bp;
+            if (last) {
+                blist[nf] = own;
                 n = nf * Bs + (p - Bs * bp + 1);
             } else {
                 n = nf * Bs < p + 1 ? nf * Bs : p + 1;
@@ -2711,7 +2725,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q */
     const size_t WB = pd_warp_bytes(c);
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
-    __shared__ int n_sh, last_sh;
+    __shared__ int n_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
@@ -2745,8 +2759,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (sparse)
         for (int i = tid; i < width; i += (PD_W * 32)) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, blist, vfl, &last_sh, &n_sh,
-            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid, (PD_W * 32));
+    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, c.bph ? s.bt : NULL, blist, vfl, &n_sh,
+            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
     for (int e = tid; e < PD_KS * 32; e += (PD_W * 32)) {
         const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
         const int D = FP8 ? 64 * (s2 / 4) + 16 * tr + 4 * (s2 % 4) : 32 * (s2 / 2) + 8 * tr + 4 * (s2 % 2);
@@ -2770,7 +2784,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         const int k = cc * ch + 16 * lane;
         if (cc >= ce || k >= n) return 0;
         const int kb = k / Bs;
-        return sparse ? s.bt[blist[kb]] : s.bt[kb];
+        return sparse ? (c.bph ? blist[kb] : s.bt[blist[kb]]) : s.bt[kb];
     };
     int phn = phys(cb + warp);
     for (int cc = cb + warp; cc < ce; cc += PD_W) {
@@ -3155,7 +3169,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
     const size_t SA = pd8_sa_bytes(c), VSB = pd8_vs_bytes(c), WB = SA + VSB + (size_t)NS * SB;
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
-    __shared__ int n_sh, last_sh;
+    __shared__ int n_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
@@ -3180,7 +3194,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         const int k = cc * ch + 16 * lane;
         if (cc >= ce || k >= n) return 0;
         const int kb = k / Bs;
-        return sparse ? s.bt[blist[kb]] : s.bt[kb];
+        return sparse ? (c.bph ? blist[kb] : s.bt[blist[kb]]) : s.bt[kb];
     };
     /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
      * group l's element offsets (K, V, scale) of chunk ic */
@@ -3272,8 +3286,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (!hwq)
         for (int e = tid; e < 16 * Dh; e += NT)
         qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, blist, vfl, &last_sh, &n_sh,
-            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid, NT);
+    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, c.bph ? s.bt : NULL, blist, vfl, &n_sh,
+            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
     /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
      * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
      * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
@@ -4774,8 +4788,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * launch start at their entry. pd8_part_k at one token of a dense row (c.spec) issues its
      * warps' first K groups before the wait (m3_gpu.h's ordering) */
     const bool pdl = dec && src->flash_kernel != 6; /* SESSION KNOB 6: plain launch */
+    c.bph = src->flash_kernel != 6 && src->flash_kernel != 8; /* SESSION KNOB 6, 8: no bph */
     c.spec = pdl && !d_topk && n_tok == 1 && (!p8 || c.ch >= 16 * PD8_NS) &&
-             src->flash_kernel != 7; /* SESSION KNOB 7: PDL without the early items */
+             src->flash_kernel != 7 && src->flash_kernel != 8; /* SESSION KNOB 7, 8: no spec */
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
