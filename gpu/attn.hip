@@ -1770,8 +1770,9 @@ typedef struct {
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
     bool bph;   /* SESSION KNOB: pd_keys's list of physical ids */
-    bool spec;  /* pd8_part_k, one token of a dense row, launched as a programmatic dependent:
-                 * the warps' first ring items go out before m3_pdl_wait */
+    bool spec;  /* one token of a dense row, launched as a programmatic dependent: pd_part_k
+                 * prefetches its warps' first K groups into L2 before m3_pdl_wait (pd8_part_k:
+                 * its SPEC instance issues its first ring items) */
     int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their last `split`
                  * blocks to arrive, a head slice each (pd_split_merge); 0: pf_merge_k */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
@@ -3151,7 +3152,7 @@ static __device__ __forceinline__ float pd8_ex2e(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
-template <bool TPAIR, int PVC>
+template <bool TPAIR, int PVC, bool SPEC = false>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3180,37 +3181,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
     const int cb = ci * c.cpb;
-    /* the row's key count and the block's chunk end: c.spec (dense, one token) first assumes
-     * every chunk full and in the table (the first ring items go out before m3_pdl_wait),
-     * then the row's own after the wait */
-    int n = min(c.nchx * ch, s.n_logical * Bs), ce = min(c.nchx, cb + c.cpb);
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
-    const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
-    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
-    const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
     unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA + VSB;
-    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
-    auto phys = [&](int cc) {
-        const int k = cc * ch + 16 * lane;
-        if (cc >= ce || k >= n) return 0;
-        const int kb = k / Bs;
-        return sparse ? (c.bph ? blist[kb] : s.bt[blist[kb]]) : s.bt[kb];
-    };
-    /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
-     * group l's element offsets (K, V, scale) of chunk ic */
-    int ic = cb + warp, ij = 0, ing = 0, phn = 0;
-    int64_t gko = 0, gvo = 0, gso = 0;
-    auto enter = [&]() {
-        if (ic >= ce) return;
-        const int k0 = ic * ch, nk = min(ch, n - k0);
-        ing = (nk + 15) / 16;
-        if (lane < ing) {
-            const int k = k0 + 16 * lane, kb = k / Bs;
-            pf_offs<16>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
-        }
-        phn = phys(ic + PD_W);
-    };
-    unsigned isq = 0, csq = 0; /* items issued / consumed */
     /* the ring's 32-bit shared addresses. A lane's 4 K copies of an item are units (d, k), d =
      * 2 i + lane / 16, k = lane % 16, at 16 d + (k ^ 2 (d % 4)) in the slot: d % 4 is lane / 16
      * for even i and 2 + lane / 16 for odd i, so the destinations are two lane constants plus
@@ -3218,55 +3190,42 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * page is the compile-time PVC; session 9's K item issue was ~55 instructions, mostly
      * 64-bit address arithmetic per copy) */
     const uint32_t ring_s = sh_u32(ring);
+    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const int khi = lane >> 4, kk16 = lane & 15, pvk = PVC > 0 ? PVC : Pv;
     const uint32_t kde = (uint32_t)(khi * 256 + (kk16 ^ (2 * khi)) * 16),
                    kdo = (uint32_t)(khi * 256 + (kk16 ^ (4 + 2 * khi)) * 16);
     const int ksrc = (khi * pvk + kk16) * 16, kst = 32 * pvk;
-    auto issue = [&]() {
-        if (ic < ce) {
-            const uint32_t dst = ring_s + (isq % NS) * SB;
-            const bool kk = ij < ing;
-            const int gr = kk ? ij : ij - ing;
-            const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
-            if (kk) { /* 8 dim units x 16 keys, 16 bytes each */
-                const unsigned char *src = kbase + __shfl_sync(0xffffffffu, gko, gr) + ksrc;
-                pd8_cp16(dst + kde, src);
-                pd8_cp16(dst + kdo + 512, src + kst);
-                pd8_cp16(dst + kde + 1024, src + 2 * kst);
-                pd8_cp16(dst + kdo + 1536, src + 3 * kst);
-                /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
-                const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
-                if (lane < 8) pd8_cp16(dst + 2048 + 16 * lane, sp);
-            } else { /* 128 dims x 16 keys: 2 KB contiguous */
-                const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) + 16 * lane;
-#pragma unroll
-                for (int i = 0; i < 4; i++) pd8_cp16(dst + 16 * lane + 512 * i, vp + 512 * i);
-                if (!PP && lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
-            }
-            if (++ij == 2 * ing) {
-                ic += PD_W, ij = 0;
-                enter();
-            }
+    /* a K item into the slot at dst: the group at element offset ko (8 dim units x 16 keys, 16
+     * bytes each), lanes 0-3 its K scales, 4-7 its V scales at so (one branch) */
+    auto kitem = [&](uint32_t dst, int64_t ko, int64_t so) {
+        const unsigned char *src = kbase + ko + ksrc;
+        pd8_cp16(dst + kde, src);
+        pd8_cp16(dst + kdo + 512, src + kst);
+        pd8_cp16(dst + kde + 1024, src + 2 * kst);
+        pd8_cp16(dst + kdo + 1536, src + 3 * kst);
+        const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
+        if (lane < 8) pd8_cp16(dst + 2048 + 16 * lane, sp);
+    };
+    /* SPEC (one token of a dense row): the first NS K groups of the warp's first chunk go out
+     * before m3_pdl_wait, i.e. before the launch before this one has ended. That launch may
+     * write K / V only at this call's position (m3_gpu.h: the model's cache write of the token);
+     * the chunk is assumed full and in the table (the table is not written by the step's
+     * kernels), and the items stand below only where that holds and they end before the
+     * position, else they are issued again */
+    const int cc0 = cb + warp;
+    const bool pre = SPEC && cc0 < min(c.nchx, cb + c.cpb) && (cc0 + 1) * ch <= s.n_logical * Bs;
+    if (pre) {
+        int64_t ko = 0, vo, so = 0;
+        if (lane < NS) {
+            const int k = cc0 * ch + 16 * lane, kb = k / Bs;
+            pf_offs<16>(s, s.bt[kb] * Bs + (k - kb * Bs), g, ko, vo, so);
         }
-        cp_commit(); /* possibly empty: keeps the wait count uniform */
-        isq++;
-    };
-    /* the warp's stream from its first chunk: its first NS items issued */
-    auto start = [&]() {
-        ic = cb + warp, ij = 0, ing = 0, isq = 0;
-        phn = phys(ic);
-        enter();
 #pragma unroll 1
-        for (int j = 0; j < NS; j++) issue();
-    };
-    /* c.spec: the K groups of the warp's first chunk are read before the launch before this
-     * one has ended. That launch may write K / V only at this call's position (m3_gpu.h: the
-     * model's cache write of the token); the launcher sets spec for one token of a dense row
-     * with chunks of >= 16 NS keys, and the items are issued again below unless their chunk
-     * is full and ends before the position. The block table is not written by the step's
-     * kernels. */
-    const bool spec = TPAIR && c.spec; /* (dense layers' tiles: the sparse instance compiles none) */
-    if (spec) start();
+        for (int j = 0; j < NS; j++) {
+            kitem(ring_s + j * SB, __shfl_sync(0xffffffffu, ko, j), __shfl_sync(0xffffffffu, so, j));
+            cp_commit();
+        }
+    }
     m3_pdl_wait(); /* q, the position and the selection may be the previous launch's */
     const int p = pos[t];
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
@@ -3309,26 +3268,57 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
         __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
     };
-    n = n_sh;
-    const int nch = (n + ch - 1) / ch;
-    ce = min(nch, cb + c.cpb);
+    const int n = n_sh, nch = (n + ch - 1) / ch, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
+    const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
+    const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
     const float rfmax = __frcp_rn(c.fmax);
     float4 *sw = reinterpret_cast<float4 *>(sa), *vsw = reinterpret_cast<float4 *>(sa + SA);
-    if (!spec) {
-        start();
-    } else {
-        /* the items issued before the wait stand when the warp's first chunk is full and its
-         * first NS groups end before the position p (the one key the launch before may have
-         * written); else (the row's last chunk, or no chunk) the stream starts again, after
-         * the warp's own copies of them landed (they write the same slots) */
-        const int k0 = (cb + warp) * ch;
-        const bool none = cb + warp >= min(c.nchx, cb + c.cpb); /* nothing was issued */
-        if (!(none || (cb + warp < ce && k0 + ch <= n && k0 + 16 * NS <= p))) {
-            cp_wait<0>();
-            start();
+    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
+    auto phys = [&](int cc) {
+        const int k = cc * ch + 16 * lane;
+        if (cc >= ce || k >= n) return 0;
+        const int kb = k / Bs;
+        return sparse ? (c.bph ? blist[kb] : s.bt[blist[kb]]) : s.bt[kb];
+    };
+    /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
+     * group l's element offsets (K, V, scale) of chunk ic */
+    int ic = cb + warp, ij = 0, ing = 0, phn = phys(ic);
+    int64_t gko = 0, gvo = 0, gso = 0;
+    auto enter = [&]() {
+        if (ic >= ce) return;
+        const int k0 = ic * ch, nk = min(ch, n - k0);
+        ing = (nk + 15) / 16;
+        if (lane < ing) {
+            const int k = k0 + 16 * lane, kb = k / Bs;
+            pf_offs<16>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
-    }
+        phn = phys(ic + PD_W);
+    };
+    enter();
+    unsigned isq = 0, csq = 0; /* items issued / consumed */
+    auto issue = [&]() {
+        if (ic < ce) {
+            const uint32_t dst = ring_s + (isq % NS) * SB;
+            const bool kk = ij < ing;
+            const int gr = kk ? ij : ij - ing;
+            const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
+            if (kk) {
+                kitem(dst, __shfl_sync(0xffffffffu, gko, gr), so);
+            } else { /* 128 dims x 16 keys: 2 KB contiguous */
+                const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) + 16 * lane;
+#pragma unroll
+                for (int i = 0; i < 4; i++) pd8_cp16(dst + 16 * lane + 512 * i, vp + 512 * i);
+                if (!PP && lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
+            }
+            if (++ij == 2 * ing) {
+                ic += PD_W, ij = 0;
+                enter();
+            }
+        }
+        cp_commit(); /* possibly empty: keeps the wait count uniform */
+        isq++;
+    };
     /* acquire: the next item's slot, once this lane's and (after the warp barrier) every
      * lane's copies of it landed; release: the slot refilled (every lane read it: the barrier) */
     auto acquire = [&]() -> const unsigned char * {
@@ -3343,6 +3333,13 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         __syncwarp();
         issue();
     };
+    if (pre && cc0 < ce && (cc0 + 1) * ch <= n && cc0 * ch + 16 * NS <= p) {
+        ij = NS, isq = NS; /* the items issued before the wait stand */
+    } else {
+        if (pre) cp_wait<0>(); /* (the warp's own copies landed: the same slots are refilled) */
+#pragma unroll 1
+        for (int j = 0; j < NS; j++) issue();
+    }
     qfrag(); /* Q's fragments while the rings' first copies are in flight */
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
@@ -4766,16 +4763,16 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][10]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+    const pf_fn kf[9] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                         pd8_part_k<true, 128>};
+                         pd8_part_k<true, 128>, pd8_part_k<true, 128, true>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
@@ -4791,13 +4788,14 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     c.bph = src->flash_kernel != 6 && src->flash_kernel != 8; /* SESSION KNOB 6, 8: no bph */
     c.spec = pdl && !d_topk && n_tok == 1 && (!p8 || c.ch >= 16 * PD8_NS) &&
              src->flash_kernel != 7 && src->flash_kernel != 8; /* SESSION KNOB 7, 8: no spec */
+    if (fi == 7 && c.spec) fi = 8; /* pd8_part_k<true, 128, true>: the early ring items */
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && !c.split && msh > pf_set[8]) {
+    if (!c.fused && !c.split && msh > pf_set[9]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[8] = msh;
+        pf_set[9] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
