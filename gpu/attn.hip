@@ -1769,10 +1769,8 @@ typedef struct {
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
-    bool bph;   /* SESSION KNOB: pd_keys's list of physical ids */
-    bool spec;  /* one token of a dense row, launched as a programmatic dependent: pd_part_k
-                 * prefetches its warps' first K groups into L2 before m3_pdl_wait (pd8_part_k:
-                 * its SPEC instance issues its first ring items) */
+    bool spec;  /* pd_part_k, one token of a dense row (a programmatic dependent launch): its
+                 * warps' first K groups prefetched into L2 before m3_pdl_wait */
     int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their last `split`
                  * blocks to arrive, a head slice each (pd_split_merge); 0: pf_merge_k */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
@@ -2644,9 +2642,9 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
  * selsh holds the row's selection (sparse) and a barrier passed: the row's key count into
  * *n_sh and, sparse, the physical order of ref's m3_kv_sparse_table expansion into blist (as
  * pf_part_k: the selected full blocks before the own one in selection or id order, duplicates
- * kept, the own block last when selected, truncated at the context); bt (non-NULL): blist holds
- * the blocks' physical ids bt[b], loaded before the ranking's barrier (the kernels read them
- * a chunk ahead: one dependent table load less in the prologue); nkw (non-NULL): the count for
+ * kept, the own block last when selected, truncated at the context) as physical ids (the
+ * table bt's entries, loaded before the ranking's barrier: since session 15 the kernels read
+ * blist's ids, one dependent table load less in their prologue); nkw (non-NULL): the count for
  * pf_merge_k too. PD_W x 32 threads; ends with a barrier. */
 static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, int Bs,
                                bool sel_order, const int32_t *bt, int *blist, int *vfl, int *n_sh,
@@ -2669,9 +2667,9 @@ static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, 
             const bool v = b >= 0 && b < bp;
             vfl[i] = v;
             has |= b == bp;
-            if (bt && v) ph[r] = bt[b];
+            if (v) ph[r] = bt[b];
         }
-        const int own = bt && tid == 0 ? bt[bp] : bp; /* the position's block is in the table */
+        const int own = tid == 0 ? bt[bp] : 0; /* (the position's block is in the table) */
         const int last = __syncthreads_or(has);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -2685,7 +2683,7 @@ static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, 
                 else
                     for (int j = 0; j < width; j++)
                         at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < i));
-                blist[at] = bt ? ph[r] : b;
+                blist[at] = ph[r];
             }
         }
         if (tid == 0) {
@@ -2760,7 +2758,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (sparse)
         for (int i = tid; i < width; i += (PD_W * 32)) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, c.bph ? s.bt : NULL, blist, vfl, &n_sh,
+    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, s.bt, blist, vfl, &n_sh,
             ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
     for (int e = tid; e < PD_KS * 32; e += (PD_W * 32)) {
         const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
@@ -2785,7 +2783,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         const int k = cc * ch + 16 * lane;
         if (cc >= ce || k >= n) return 0;
         const int kb = k / Bs;
-        return sparse ? (c.bph ? blist[kb] : s.bt[blist[kb]]) : s.bt[kb];
+        return sparse ? blist[kb] : s.bt[kb];
     };
     int phn = phys(cb + warp);
     for (int cc = cb + warp; cc < ce; cc += PD_W) {
@@ -3152,7 +3150,7 @@ static __device__ __forceinline__ float pd8_ex2e(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
-template <bool TPAIR, int PVC, bool SPEC = false>
+template <bool TPAIR, int PVC>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3175,59 +3173,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
-    /* a programmatic dependent launch (pf_launch): the next launch may start now; it waits for
-     * this grid's end before it reads or writes what this grid writes */
+    /* a programmatic dependent launch (pf_launch): the next launch may start now (it waits for
+     * this grid's end before it reads or writes what this grid writes); q, the position and
+     * the selection may be the launch before's */
     m3_pdl_trigger();
+    m3_pdl_wait();
+    const int p = pos[t];
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
-    const int cb = ci * c.cpb;
-    const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
-    unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA + VSB;
-    /* the ring's 32-bit shared addresses. A lane's 4 K copies of an item are units (d, k), d =
-     * 2 i + lane / 16, k = lane % 16, at 16 d + (k ^ 2 (d % 4)) in the slot: d % 4 is lane / 16
-     * for even i and 2 + lane / 16 for odd i, so the destinations are two lane constants plus
-     * 512 i, and the sources one base plus i times 32 pages of 16 bytes (immediates when the
-     * page is the compile-time PVC; session 9's K item issue was ~55 instructions, mostly
-     * 64-bit address arithmetic per copy) */
-    const uint32_t ring_s = sh_u32(ring);
-    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
-    const int khi = lane >> 4, kk16 = lane & 15, pvk = PVC > 0 ? PVC : Pv;
-    const uint32_t kde = (uint32_t)(khi * 256 + (kk16 ^ (2 * khi)) * 16),
-                   kdo = (uint32_t)(khi * 256 + (kk16 ^ (4 + 2 * khi)) * 16);
-    const int ksrc = (khi * pvk + kk16) * 16, kst = 32 * pvk;
-    /* a K item into the slot at dst: the group at element offset ko (8 dim units x 16 keys, 16
-     * bytes each), lanes 0-3 its K scales, 4-7 its V scales at so (one branch) */
-    auto kitem = [&](uint32_t dst, int64_t ko, int64_t so) {
-        const unsigned char *src = kbase + ko + ksrc;
-        pd8_cp16(dst + kde, src);
-        pd8_cp16(dst + kdo + 512, src + kst);
-        pd8_cp16(dst + kde + 1024, src + 2 * kst);
-        pd8_cp16(dst + kdo + 1536, src + 3 * kst);
-        const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
-        if (lane < 8) pd8_cp16(dst + 2048 + 16 * lane, sp);
-    };
-    /* SPEC (one token of a dense row): the first NS K groups of the warp's first chunk go out
-     * before m3_pdl_wait, i.e. before the launch before this one has ended. That launch may
-     * write K / V only at this call's position (m3_gpu.h: the model's cache write of the token);
-     * the chunk is assumed full and in the table (the table is not written by the step's
-     * kernels), and the items stand below only where that holds and they end before the
-     * position, else they are issued again */
-    const int cc0 = cb + warp;
-    const bool pre = SPEC && cc0 < min(c.nchx, cb + c.cpb) && (cc0 + 1) * ch <= s.n_logical * Bs;
-    if (pre) {
-        int64_t ko = 0, vo, so = 0;
-        if (lane < NS) {
-            const int k = cc0 * ch + 16 * lane, kb = k / Bs;
-            pf_offs<16>(s, s.bt[kb] * Bs + (k - kb * Bs), g, ko, vo, so);
-        }
-#pragma unroll 1
-        for (int j = 0; j < NS; j++) {
-            kitem(ring_s + j * SB, __shfl_sync(0xffffffffu, ko, j), __shfl_sync(0xffffffffu, so, j));
-            cp_commit();
-        }
-    }
-    m3_pdl_wait(); /* q, the position and the selection may be the previous launch's */
-    const int p = pos[t];
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
     for (int e = tid; e < 16 * Dh / 8; e += NT) {
@@ -3245,7 +3198,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (!hwq)
         for (int e = tid; e < 16 * Dh; e += NT)
         qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, c.bph ? s.bt : NULL, blist, vfl, &n_sh,
+    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, s.bt, blist, vfl, &n_sh,
             ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
     /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
      * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
@@ -3268,18 +3221,22 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
         __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
     };
-    const int n = n_sh, nch = (n + ch - 1) / ch, ce = min(nch, cb + c.cpb);
+    const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
+    const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
+    const int Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
     const int kl = 4 * (gq >> 1) + (gq & 1); /* the lo n-tile's key of this lane's K fragments */
     const float rfmax = __frcp_rn(c.fmax);
+    unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA + VSB;
     float4 *sw = reinterpret_cast<float4 *>(sa), *vsw = reinterpret_cast<float4 *>(sa + SA);
-    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
+    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead; sparse: blist
+     * holds the physical ids) */
     auto phys = [&](int cc) {
         const int k = cc * ch + 16 * lane;
         if (cc >= ce || k >= n) return 0;
         const int kb = k / Bs;
-        return sparse ? (c.bph ? blist[kb] : s.bt[blist[kb]]) : s.bt[kb];
+        return sparse ? blist[kb] : s.bt[kb];
     };
     /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
      * group l's element offsets (K, V, scale) of chunk ic */
@@ -3297,14 +3254,32 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     };
     enter();
     unsigned isq = 0, csq = 0; /* items issued / consumed */
+    /* the ring's 32-bit shared addresses. A lane's 4 K copies of an item are units (d, k), d =
+     * 2 i + lane / 16, k = lane % 16, at 16 d + (k ^ 2 (d % 4)) in the slot: d % 4 is lane / 16
+     * for even i and 2 + lane / 16 for odd i, so the destinations are two lane constants plus
+     * 512 i, and the sources one base plus i times 32 pages of 16 bytes (immediates when the
+     * page is the compile-time PVC; session 9's K item issue was ~55 instructions, mostly
+     * 64-bit address arithmetic per copy) */
+    const uint32_t ring_s = sh_u32(ring);
+    const int khi = lane >> 4, kk16 = lane & 15, pvk = PVC > 0 ? PVC : Pv;
+    const uint32_t kde = (uint32_t)(khi * 256 + (kk16 ^ (2 * khi)) * 16),
+                   kdo = (uint32_t)(khi * 256 + (kk16 ^ (4 + 2 * khi)) * 16);
+    const int ksrc = (khi * pvk + kk16) * 16, kst = 32 * pvk;
     auto issue = [&]() {
         if (ic < ce) {
             const uint32_t dst = ring_s + (isq % NS) * SB;
             const bool kk = ij < ing;
             const int gr = kk ? ij : ij - ing;
             const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
-            if (kk) {
-                kitem(dst, __shfl_sync(0xffffffffu, gko, gr), so);
+            if (kk) { /* 8 dim units x 16 keys, 16 bytes each */
+                const unsigned char *src = kbase + __shfl_sync(0xffffffffu, gko, gr) + ksrc;
+                pd8_cp16(dst + kde, src);
+                pd8_cp16(dst + kdo + 512, src + kst);
+                pd8_cp16(dst + kde + 1024, src + 2 * kst);
+                pd8_cp16(dst + kdo + 1536, src + 3 * kst);
+                /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
+                const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
+                if (lane < 8) pd8_cp16(dst + 2048 + 16 * lane, sp);
             } else { /* 128 dims x 16 keys: 2 KB contiguous */
                 const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) + 16 * lane;
 #pragma unroll
@@ -3333,13 +3308,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         __syncwarp();
         issue();
     };
-    if (pre && cc0 < ce && (cc0 + 1) * ch <= n && cc0 * ch + 16 * NS <= p) {
-        ij = NS, isq = NS; /* the items issued before the wait stand */
-    } else {
-        if (pre) cp_wait<0>(); /* (the warp's own copies landed: the same slots are refilled) */
 #pragma unroll 1
-        for (int j = 0; j < NS; j++) issue();
-    }
+    for (int j = 0; j < NS; j++) issue();
     qfrag(); /* Q's fragments while the rings' first copies are in flight */
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
@@ -4763,16 +4733,16 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][10]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[9] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                         pd8_part_k<true, 128>, pd8_part_k<true, 128, true>};
+                         pd8_part_k<true, 128>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
@@ -4782,20 +4752,16 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     /* the decode kernels as programmatic dependents of the launch before them (their loads of
      * q, the positions and the selection wait for it: m3_pdl_wait), and they let the next
-     * launch start at their entry. pd8_part_k at one token of a dense row (c.spec) issues its
-     * warps' first K groups before the wait (m3_gpu.h's ordering) */
-    const bool pdl = dec && src->flash_kernel != 6; /* SESSION KNOB 6: plain launch */
-    c.bph = src->flash_kernel != 6 && src->flash_kernel != 8; /* SESSION KNOB 6, 8: no bph */
-    c.spec = pdl && !d_topk && n_tok == 1 && (!p8 || c.ch >= 16 * PD8_NS) &&
-             src->flash_kernel != 7 && src->flash_kernel != 8; /* SESSION KNOB 7, 8: no spec */
-    if (fi == 7 && c.spec) fi = 8; /* pd8_part_k<true, 128, true>: the early ring items */
+     * launch start at their entry; pd_part_k at one token of a dense row (c.spec) prefetches
+     * its warps' first K groups into L2 before the wait (m3_gpu.h's ordering) */
+    c.spec = dec && !p8 && !d_topk && n_tok == 1;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && !c.split && msh > pf_set[9]) {
+    if (!c.fused && !c.split && msh > pf_set[8]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[9] = msh;
+        pf_set[8] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;
@@ -4807,7 +4773,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        s = m3_gpu_launch_pdl(g, pdl, kf[fi], grid, dim3(nth), sh, d_out, d_q, ld_q, *src, d_pos, t0,
+        s = m3_gpu_launch_pdl(g, dec, kf[fi], grid, dim3(nth), sh, d_out, d_q, ld_q, *src, d_pos, t0,
                               n_tok, d_topk, width, po, pml, nk, c);
         if (s == M3_OK) s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused && !c.split) {

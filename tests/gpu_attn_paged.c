@@ -79,10 +79,10 @@ static m3_gpu *g_two;
 /* The cache write right before the call (paged_flash_after_write): when set, each decode-kernel
  * case (one token) also runs as the model's step does, a kernel writing the token's own K / V
  * slot (here: a copy of its physical block whose other keys hold the same bytes) launched just
- * before the call, which the decode kernels may overlap (programmatic dependent launch: their
- * first K groups are read before the launch before them has ended, m3_gpu.h); the position's
- * slot held other values before, and an earlier call read them. The output must equal the
- * plain run's bits. */
+ * before the call, which the decode kernels overlap (programmatic dependent launches: their
+ * prologue starts before the launch before them has ended, m3_gpu.h); the position's slot held
+ * other values before, and an earlier call read them. The output must equal the plain run's
+ * bits. */
 static bool g_after;
 
 static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, bool flash) {
@@ -462,10 +462,10 @@ static void paged_flash_two_contexts(void **state) {
 }
 
 /* The model's order (g_after above): a kernel writes the token's K / V slot (and fp8 scales)
- * right before each call; dense rows whose last chunk holds the position in its first 4
- * groups (16700: chunk 65, group 3; 16641: group 0), which is a warp's first chunk at cpb 8 and
- * 2 (pd8_part_k issues its first groups before the wait and again after it), a full last
- * chunk (4096), and a sparse row (its reads wait first). bf16 (pd_part_k) and §4.9 fp8. */
+ * right before each call; dense rows whose last chunk holds the position in its first groups
+ * (16700: chunk 65, group 3; 16641: group 0), which is a warp's first chunk at cpb 8 and 2
+ * (pd_part_k prefetches those groups into L2 before its wait), a full last chunk (4096), and
+ * a sparse row. bf16 (pd_part_k) and §4.9 fp8 (pd8_part_k). */
 static void paged_flash_after_write(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const pg_shape shapes[] = {

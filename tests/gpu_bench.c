@@ -431,11 +431,9 @@ static void bench_attention_flash(void **state) {
 typedef struct {
     m3_bf16 *out; const m3_bf16 *q; const int32_t *pos, *topk;
     int T, C, width; m3_gpu_attn_paged_src src; m3_attn_params ap; m3_profile p;
-    char *pre; /* SESSION KNOB: a 4 KiB copy kernel before each call */
 } pattn_ctx;
 static m3_status do_pattn(m3_gpu *g, void *c) {
     pattn_ctx *x = c;
-    if (x->pre) M3_TRY(m3_gpu_copy_kernel(g, x->pre, x->pre + 4096, 4096, 0));
     return m3_gpu_attn_paged_flash(g, x->out, x->q, 64 * 128, &x->src, x->pos, x->T, x->C, x->topk,
                                    x->width, &x->ap, &x->p);
 }
@@ -450,13 +448,6 @@ static void pattn_retime(m3_gpu *g, pattn_ctx *c, const char *nm, const char *ta
         char nk[120];
         snprintf(nk, sizeof nk, "%s %s%d", nm, tag, *hook);
         report(nk, time_ms(g, do_pattn, c, 20, 7), bytes, flops);
-        if (getenv("M3_BENCH_PF_PRE")) { /* SESSION KNOB */
-            if (!c->pre) GPU_OK(m3_gpu_alloc(g, (void **)&c->pre, 8192));
-            char np[140];
-            snprintf(np, sizeof np, "%s pre", nk);
-            report(np, time_ms(g, do_pattn, c, 20, 7), bytes, flops);
-            c->pre = NULL;
-        }
         v = strchr(v, ',');
         v = v ? v + 1 : NULL;
     }
