@@ -1769,6 +1769,8 @@ typedef struct {
     bool pvf16; /* §4.9 P'.V as exact fp16 products, scaled per 16 keys (tile % 16 == 0) */
     bool hw;    /* e4m3fn: hardware fp8 <-> fp16 conversions (sm_89+) */
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
+    bool spec;  /* pd_part_k, one token of a dense row (a programmatic dependent launch): its
+                 * warps' first K groups prefetched into L2 before m3_pdl_wait */
     int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their last `split`
                  * blocks to arrive, a head slice each (pd_split_merge); 0: pf_merge_k */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
@@ -2640,11 +2642,15 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
  * selsh holds the row's selection (sparse) and a barrier passed: the row's key count into
  * *n_sh and, sparse, the physical order of ref's m3_kv_sparse_table expansion into blist (as
  * pf_part_k: the selected full blocks before the own one in selection or id order, duplicates
- * kept, the own block last when selected, truncated at the context); nkw (non-NULL): the count
- * for pf_merge_k too. nt threads; ends with a barrier. */
+ * kept, the own block last when selected, truncated at the context) as physical ids (the
+ * table bt's entries, loaded before the ranking's barrier: since session 15 the kernels read
+ * blist's ids, one dependent table load less in their prologue); nkw (non-NULL): the count for
+ * pf_merge_k too. PD_W x 32 threads; ends with a barrier. */
 static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, int Bs,
-                               bool sel_order, int *blist, int *vfl, int *last_sh, int *n_sh,
-                               int *nkw, int tid, int nt) {
+                               bool sel_order, const int32_t *bt, int *blist, int *vfl, int *n_sh,
+                               int *nkw, int tid) {
+    constexpr int nt = PD_W * 32;
+    static_assert(PG_MAX_SEL <= 2 * nt, "pd_keys: two selection entries a thread");
     if (!sparse) {
         if (tid == 0) {
             *n_sh = p + 1;
@@ -2652,15 +2658,23 @@ static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, 
         }
     } else {
         const int bp = p / Bs;
-        if (tid == 0) *last_sh = 0;
-        __syncthreads();
-        for (int i = tid; i < width; i += nt) {
+        int ph[2] = {0, 0}, has = 0;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int i = tid + r * nt;
+            if (i >= width) break;
             const int b = selsh[i];
-            vfl[i] = b >= 0 && b < bp;
-            if (b == bp) *last_sh = 1;
+            const bool v = b >= 0 && b < bp;
+            vfl[i] = v;
+            has |= b == bp;
+            if (v) ph[r] = bt[b];
         }
-        __syncthreads();
-        for (int i = tid; i < width; i += nt)
+        const int own = tid == 0 ? bt[bp] : 0; /* (the position's block is in the table) */
+        const int last = __syncthreads_or(has);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int i = tid + r * nt;
+            if (i >= width) break;
             if (vfl[i]) {
                 const int b = selsh[i];
                 int at = 0;
@@ -2669,14 +2683,15 @@ static __device__ void pd_keys(bool sparse, const int *selsh, int width, int p, 
                 else
                     for (int j = 0; j < width; j++)
                         at += vfl[j] && (selsh[j] < b || (selsh[j] == b && j < i));
-                blist[at] = b;
+                blist[at] = ph[r];
             }
+        }
         if (tid == 0) {
             int nf = 0;
             for (int j = 0; j < width; j++) nf += vfl[j];
             int n;
-            if (*last_sh) {
-                blist[nf] = bp;
+            if (last) {
+                blist[nf] = own;
                 n = nf * Bs + (p - Bs * bp + 1);
             } else {
                 n = nf * Bs < p + 1 ? nf * Bs : p + 1;
@@ -2709,13 +2724,29 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] Q */
     const size_t WB = pd_warp_bytes(c);
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
-    __shared__ int n_sh, last_sh;
+    __shared__ int n_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
-    const int p = pos[t];
+    m3_pdl_trigger(); /* a programmatic dependent launch, as pd8_part_k */
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
+    if (c.spec) {
+        /* one token of a dense row: the warp's first chunk assumed full and in the table, its
+         * first K groups (a page's dim-unit runs) into L2 before the wait (a prefetch: the
+         * reads after the wait see any write of the launch before) */
+        const int cc = ci * c.cpb + warp, k = cc * ch;
+        if (cc < c.nchx && cc < (ci + 1) * c.cpb && k < s.n_logical * Bs) {
+            const int kb = k / Bs, Pv = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+            int64_t ko, vo, so;
+            pf_offs<XC>(s, s.bt[kb] * Bs + (k - kb * Bs), g, ko, vo, so);
+            if (lane < Dh / XC)
+                pd_l2(reinterpret_cast<const unsigned char *>(s.k) + (ko + (int64_t)lane * Pv * XC) * EB,
+                      (uint32_t)((Pv < 32 ? 16 : 32) * XC * EB));
+        }
+    }
+    m3_pdl_wait();
+    const int p = pos[t];
     const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
@@ -2727,8 +2758,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (sparse)
         for (int i = tid; i < width; i += (PD_W * 32)) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
     __syncthreads();
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, blist, vfl, &last_sh, &n_sh,
-            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid, (PD_W * 32));
+    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, s.bt, blist, vfl, &n_sh,
+            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
     for (int e = tid; e < PD_KS * 32; e += (PD_W * 32)) {
         const int s2 = e / 32, ln = e % 32, r = ln >> 2, tr = ln & 3;
         const int D = FP8 ? 64 * (s2 / 4) + 16 * tr + 4 * (s2 % 4) : 32 * (s2 / 2) + 8 * tr + 4 * (s2 % 2);
@@ -2752,7 +2783,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         const int k = cc * ch + 16 * lane;
         if (cc >= ce || k >= n) return 0;
         const int kb = k / Bs;
-        return sparse ? s.bt[blist[kb]] : s.bt[kb];
+        return sparse ? blist[kb] : s.bt[kb];
     };
     int phn = phys(cb + warp);
     for (int cc = cb + warp; cc < ce; cc += PD_W) {
@@ -3137,11 +3168,16 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
     const size_t SA = pd8_sa_bytes(c), VSB = pd8_vs_bytes(c), WB = SA + VSB + (size_t)NS * SB;
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
-    __shared__ int n_sh, last_sh;
+    __shared__ int n_sh;
     __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    /* a programmatic dependent launch (pf_launch): the next launch may start now (it waits for
+     * this grid's end before it reads or writes what this grid writes); q, the position and
+     * the selection may be the launch before's */
+    m3_pdl_trigger();
+    m3_pdl_wait();
     const int p = pos[t];
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
@@ -3162,8 +3198,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (!hwq)
         for (int e = tid; e < 16 * Dh; e += NT)
         qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, blist, vfl, &last_sh, &n_sh,
-            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid, NT);
+    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, s.bt, blist, vfl, &n_sh,
+            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
     /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
      * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
      * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
@@ -3194,12 +3230,13 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const float rfmax = __frcp_rn(c.fmax);
     unsigned char *sa = wraw + (size_t)warp * WB, *ring = sa + SA + VSB;
     float4 *sw = reinterpret_cast<float4 *>(sa), *vsw = reinterpret_cast<float4 *>(sa + SA);
-    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead) */
+    /* lane l: the physical block of group l of chunk cc (loaded a chunk ahead; sparse: blist
+     * holds the physical ids) */
     auto phys = [&](int cc) {
         const int k = cc * ch + 16 * lane;
         if (cc >= ce || k >= n) return 0;
         const int kb = k / Bs;
-        return sparse ? s.bt[blist[kb]] : s.bt[kb];
+        return sparse ? blist[kb] : s.bt[kb];
     };
     /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
      * group l's element offsets (K, V, scale) of chunk ic */
@@ -4713,6 +4750,11 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
+    /* the decode kernels as programmatic dependents of the launch before them (their loads of
+     * q, the positions and the selection wait for it: m3_pdl_wait), and they let the next
+     * launch start at their entry; pd_part_k at one token of a dense row (c.spec) prefetches
+     * its warps' first K groups into L2 before the wait (m3_gpu.h's ordering) */
+    c.spec = dec && !p8 && !d_topk && n_tok == 1;
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
@@ -4731,9 +4773,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        kf[fi]<<<grid, nth, sh, g->stream>>>(d_out, d_q, ld_q, *src, d_pos, t0, n_tok, d_topk,
-                                                    width, po, pml, nk, c);
-        s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
+        s = m3_gpu_launch_pdl(g, dec, kf[fi], grid, dim3(nth), sh, d_out, d_q, ld_q, *src, d_pos, t0,
+                              n_tok, d_topk, width, po, pml, nk, c);
+        if (s == M3_OK) s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused && !c.split) {
             pf_merge_k<<<dim3((unsigned)nt, (unsigned)c.H), PF_MT, msh, g->stream>>>(
                 d_out, po, pml, nk, t0, c);

@@ -335,7 +335,11 @@ m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int l
  * any other ref geometry runs correctly, gathering element by element. Contract
  * (m3_gpu_attn_paged_flash_ok, M3_ERR_UNSUPPORTED otherwise): attn_out_bf16, bf16 or fp8
  * elements, H/Hkv <= 16, Dh <= 128, width <= 256, attn_partition <= 256, fp8_pa tile (the
- * view's page) <= 256. */
+ * view's page) <= 256. Ordering: the decode kernels are programmatic dependent launches; for
+ * one token of a dense row (T = 1 decode) the bf16 one reads the block table (and prefetches
+ * keys into L2) before the kernel launched just before the call on the stream has finished:
+ * that kernel must not write the block table. Everything else (q, the positions, the
+ * selection, K / V) is read after it finished. */
 m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_gpu_attn_paged_src *src, const int32_t *d_pos,
                                   int n_tok, int n_ctx, const int32_t *d_topk, int width,

@@ -76,6 +76,15 @@ static int count_exact(const float *a, const float *b, int64_t n) {
  * would count each other's blocks. */
 static m3_gpu *g_two;
 
+/* The cache write right before the call (paged_flash_after_write): when set, each decode-kernel
+ * case (one token) also runs as the model's step does, a kernel writing the token's own K / V
+ * slot (here: a copy of its physical block whose other keys hold the same bytes) launched just
+ * before the call, which the decode kernels overlap (programmatic dependent launches: their
+ * prologue starts before the launch before them has ended, m3_gpu.h); the position's slot held
+ * other values before, and an earlier call read them. The output must equal the plain run's
+ * bits. */
+static bool g_after;
+
 static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, bool flash) {
     m3_profile p;
     profile_of(&p, prof);
@@ -120,6 +129,33 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
         if (p.act_bf16)
             for (int i = 0; i < KW; i++) kr[i] = m3_round_bf16(kr[i]), vr[i] = m3_round_bf16(vr[i]);
         m3_kv_write(&kl, m3_block_table_slot(&bts[sq], s->Bs, j), kr, kr, vr, &wr);
+    }
+    /* g_after: the block of position C - 1 (T = 1) as written (real) and with other values at
+     * that position (stale): K, V, and fp8 K / V scales */
+    const size_t ebh = (size_t)geo.elem_bytes, blk[4] = {(size_t)geo.k_block * ebh,
+                                                         (size_t)geo.v_stride * ebh,
+                                                         (size_t)s->Hkv * s->Bs * sizeof(float),
+                                                         (size_t)s->Hkv * s->Bs * sizeof(float)};
+    const int nparts = st->elem == M3_KV_FP8 ? 4 : 2;
+    unsigned char *blk_real[4] = {NULL, NULL, NULL, NULL}, *blk_stale[4] = {NULL, NULL, NULL, NULL};
+    const int32_t ph_after = g_after ? bts[0].phys[(C - 1) / s->Bs] : 0;
+    if (g_after) {
+        M3_ASSERT(T == 1 && S == 1);
+        const size_t so = (size_t)ph_after * s->Hkv * s->Bs;
+        unsigned char *part[4] = {kl.k + ph_after * blk[0], kl.v + ph_after * blk[1],
+                                  nparts > 2 ? (unsigned char *)(kl.k_scale + so) : NULL,
+                                  nparts > 2 ? (unsigned char *)(kl.v_scale + so) : NULL};
+        for (int i = 0; i < nparts; i++) blk_real[i] = malloc(blk[i]), memcpy(blk_real[i], part[i], blk[i]);
+        m3_fill_normal(&r, kr, KW, 3.0f);
+        m3_fill_normal(&r, vr, KW, 3.0f);
+        if (p.act_bf16)
+            for (int i = 0; i < KW; i++) kr[i] = m3_round_bf16(kr[i]), vr[i] = m3_round_bf16(vr[i]);
+        m3_kv_write(&kl, m3_block_table_slot(&bts[0], s->Bs, C - 1), kr, kr, vr, &wr);
+        for (int i = 0; i < nparts; i++) {
+            blk_stale[i] = malloc(blk[i]);
+            memcpy(blk_stale[i], part[i], blk[i]);
+            memcpy(part[i], blk_real[i], blk[i]); /* the cache as written again */
+        }
     }
     const int64_t nq = (int64_t)T * ldq, no = (int64_t)T * s->H * s->Dh;
     float *q = malloc(nq * sizeof *q), *ref = malloc(no * sizeof *ref), *got = malloc(no * sizeof *got);
@@ -223,6 +259,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
          * cluster kernel (flash_kernel 3: pc_k for any row count; it has no cpb setting) */
         for (int ik = 0; ik < 7; ik++) {
             const int ic = ik < 6 ? ik % 3 : 0;
+            if (g_after && ik / 3 != 1) continue; /* the decode kernels only */
             ds.flash_kernel = 1 + ik / 3;
             ds.flash_cpb = cpbs[ic];
             for (int run = 0; run < 2; run++) {
@@ -248,6 +285,44 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
                 if (memcmp(got, got2, no * sizeof *got))
                     m3_test_failf("%s: pf_merge_k's merge (k4) differs", name);
                 ds.flash_kernel = 2;
+            }
+            if (g_after) { /* the write of the position's slot right before the call */
+                void *dpart[4] = {(unsigned char *)dk + ph_after * blk[0], (unsigned char *)dv + ph_after * blk[1],
+                                  nparts > 2 ? (void *)(ds.k_scale + (size_t)ph_after * s->Hkv * s->Bs) : NULL,
+                                  nparts > 2 ? (void *)(ds.v_scale + (size_t)ph_after * s->Hkv * s->Bs) : NULL};
+                void *dreal[4], *dstale[4];
+                for (int i = 0; i < nparts; i++) {
+                    GPU_OK(m3_gpu_alloc(g, &dreal[i], blk[i]));
+                    GPU_OK(m3_gpu_upload(g, dreal[i], blk_real[i], blk[i]));
+                    GPU_OK(m3_gpu_alloc(g, &dstale[i], blk[i]));
+                    GPU_OK(m3_gpu_upload(g, dstale[i], blk_stale[i], blk[i]));
+                }
+                /* a 128 MB copy ahead keeps the device busy while the host queues the earlier
+                 * call, the write and the call, so that they meet on the device */
+                const size_t big = (size_t)128 << 20;
+                void *ba, *bb;
+                GPU_OK(m3_gpu_alloc(g, &ba, big));
+                GPU_OK(m3_gpu_alloc(g, &bb, big));
+                for (int it = 0; it < 2 * nparts; it++) {
+                    for (int i = 0; i < nparts; i++) GPU_OK(m3_gpu_copy(g, dpart[i], dstale[i], blk[i]));
+                    GPU_OK(m3_gpu_copy_kernel(g, bb, ba, big, 0));
+                    m3_bf16 *d0 = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+                    m3_bf16 *d1 = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+                    GPU_OK(m3_gpu_attn_paged_flash(g, d0, dq, ldq, &ds, dpos, T, C, dtopk, s->width,
+                                                   &ap, &p)); /* reads the stale slot */
+                    /* the parts written, part it % nparts last (the launch just before) */
+                    for (int j = 1; j <= nparts; j++) {
+                        const int i = (it + j) % nparts;
+                        GPU_OK(m3_gpu_copy_kernel(g, dpart[i], dreal[i], blk[i], 0));
+                    }
+                    GPU_OK(m3_gpu_attn_paged_flash(g, d1, dq, ldq, &ds, dpos, T, C, dtopk, s->width,
+                                                   &ap, &p));
+                    gpu_download_bf16(g, got2, d1, no);
+                    gpu_guard_check(g, d1, no * sizeof(m3_bf16), "paged flash out (after a write)");
+                    if (memcmp(got, got2, no * sizeof *got))
+                        m3_test_failf("%s: the call right after the slot's write (part %d last) "
+                                      "differs from the plain run", name, it % nparts);
+                }
             }
             if (g_two && ic == 0) { /* the same launch on two contexts at once */
                 m3_bf16 *da = gpu_guard_alloc(g, no * sizeof(m3_bf16));
@@ -301,6 +376,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     for (int b = 0; b < S; b++) m3_block_table_free(&bts[b]);
     free(bts);
     free(ids); free(kr); free(vr); free(q); free(ref); free(got); free(pos); free(topk);
+    for (int i = 0; i < 4; i++) free(blk_real[i]), free(blk_stale[i]);
 }
 
 static const pg_store stores[] = {
@@ -385,6 +461,27 @@ static void paged_flash_two_contexts(void **state) {
     g_two = NULL;
 }
 
+/* The model's order (g_after above): a kernel writes the token's K / V slot (and fp8 scales)
+ * right before each call; dense rows whose last chunk holds the position in its first groups
+ * (16700: chunk 65, group 3; 16641: group 0), which is a warp's first chunk at cpb 8 and 2
+ * (pd_part_k prefetches those groups into L2 before its wait), a full last chunk (4096), and
+ * a sparse row. bf16 (pd_part_k) and §4.9 fp8 (pd8_part_k). */
+static void paged_flash_after_write(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const pg_shape shapes[] = {
+        {1, 16700, 16, 2, 128, 128, 16, 0},
+        {1, 16641, 16, 2, 128, 128, 16, 0},
+        {1, 4096, 16, 2, 128, 128, 16, 0},
+        {1, 4100, 64, 4, 128, 128, 16, 16},
+    };
+    g_after = true;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        pg_case(g, &shapes[i], &stores[1], 2, true);
+        pg_case(g, &shapes[i], &stores[4], 2, true);
+    }
+    g_after = false;
+}
+
 static void paged_dense_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const pg_shape shapes[] = {
@@ -442,6 +539,7 @@ int main(void) {
         cmocka_unit_test(paged_flash_decode1_matches_ref),
         cmocka_unit_test(paged_flash_two_contexts),
         cmocka_unit_test(paged_batch_matches_ref),
+        cmocka_unit_test(paged_flash_after_write),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
