@@ -3818,6 +3818,7 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
+#define PC_BT_SH 1024   /* SESSION15 */
 
 typedef struct {
     pf_cfg c;
@@ -3827,6 +3828,7 @@ typedef struct {
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
     float rfmax; /* 1 / FP8_MAX correctly rounded (host; the §4.9 tile factors by pd8_div) */
+    int xv;      /* SESSION15 knob M3_PCX (removed before the final batch) */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
@@ -3922,6 +3924,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     constexpr bool F8X = FXP && PA;
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
+    __shared__ int btsh[EC ? PC_BT_SH : 1];
+    __shared__ __align__(16) float scx[F8X ? 2 * 128 * 4 : 1]; /* SESSION15 bit 8: [K, V][8 pages][4 heads][16] */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
@@ -3930,10 +3934,25 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     if (F8X && tid == 0) pc_bar_init(bars + 5);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
+    const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
+    const bool xtb = EC && (pc.xv & 1) && s.n_logical <= PC_BT_SH; /* SESSION15 */
+    const bool xof = EC && (pc.xv & 2), xkf = F8X && (pc.xv & 4), xsc = F8X && (pc.xv & 8) && s.g.n_kv == 4;
+    /* xsc: the scales read at [page][head][16] (the block's scales of all heads, one copy an array) */
+    const float *kscr = xsc ? scx + g * 16 : ksc, *vscr = xsc ? scx + 512 + g * 16 : vsc;
+    auto sci = [&](int ki) { return xsc ? ki + (ki >> 4) * 48 : ki; };
+    int64_t ko0 = 0, vo0 = 0, so0 = 0;
+    if (xtb) {
+        for (int i = tid; i < s.n_logical; i += PC_NT) btsh[i] = s.bt[i];
+        __syncthreads();
+    }
+    if (xof) {
+        m3_gpu_attn_paged_src sx = s;
+        sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
+        pf_offs<XC>(sx, (FP8 ? warp + NW * lane : tid) * 16, g, ko0, vo0, so0);
+    }
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
-    const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = FX || topk != NULL;
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
@@ -3964,20 +3983,35 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (tid == 0) {
             pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 && !F8X ? 128 : 0)));
             pc_bar_expect(bars + 1, (uint32_t)nge * vue * 16);
-            if (F8X) pc_bar_expect(bars + 5, (uint32_t)nge * 128);
+            if (F8X) pc_bar_expect(bars + 5, xsc ? (nge > 0 ? 4096u : 0u) : (uint32_t)nge * 128);
         }
         if (nge > 0) {
-            const int pblk = s.bt[bsel];
+            const int pblk = xtb ? btsh[bsel] : s.bt[bsel];
             m3_gpu_attn_paged_src sx = s;
             sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
             const int gi = FP8 ? warp + NW * lane : tid;
             if (gi < nge) {
                 int64_t ko, vo, so;
+                if (xof)
+                    ko = ko0 + (int64_t)pblk * s.g.k_block, vo = vo0 + (int64_t)pblk * s.g.v_stride,
+                    so = so0 + (int64_t)pblk * (128 * s.g.n_kv);
+                else
                 pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
+                if (xkf)
+                    pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
+                            (uint32_t)kue * 16, bars);
+                if (F8X && xsc) {
+                    if (gi == 0) {
+                        const int64_t sb = (int64_t)pblk * 512;
+                        pc_bulk(scx + 512, s.v_scale + sb, 2048, bars + 5);
+                        pc_bulk(scx, s.k_scale + sb, 2048, bars + 5);
+                    }
+                } else
                 if (F8X) { /* the scales first, on their own barrier (the tile maxima) */
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars + 5);
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
                 }
+                if (!xkf)
                 pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
                         (uint32_t)kue * 16, bars);
                 if (FP8 && !F8X) {
@@ -4166,7 +4200,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * M / FP8_MAX (pd8_div, as pd8_part_k: the correctly rounded quotient wherever it is normal)
      * and 1 / (M + 1e-8), the P' quotient's reciprocal */
     auto tmax = [&](int gt) {
-        float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
+        float M = lane < 16 && gt * 16 + lane < nk ? vscr[sci(gt * 16 + lane)] : 0.0f;
 #pragma unroll
         for (int o2 = 8; o2 > 0; o2 >>= 1) M = fmaxf(M, M3_SHFL_XOR(M, o2));
         if (lane == 0) mt[gt] = M, mf[gt] = pd8_div(M, c.fmax, pc.rfmax), mr[gt] = __frcp_rn(M + 1e-8f);
@@ -4226,7 +4260,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (PREG) { /* FX (hq 16): no branch per key; keys past nk score -inf (their K and
                          * scales, never written, are selected away) */
                 const float d = c8[0][i] + c8[1][i];
-                const float z = pa ? d * c.scale * ksc[ki] : d * c.scale;
+                const float z = pa ? d * c.scale * kscr[sci(ki)] : d * c.scale;
                 zr[sl][i] = ki < nk ? z : -INFINITY;
                 mx[i >> 1] = fmaxf(mx[i >> 1], zr[sl][i]);
                 continue;
@@ -4349,7 +4383,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             const int k0s = nt * 8 + 2 * tq, ti = k0s >> 4;
             float2 vs2 = make_float2(0.0f, 0.0f);
             float my = 0.0f, mry = 0.0f;
-            if (pa) vs2 = *reinterpret_cast<const float2 *>(vsc + k0s), my = mt[ti] + 1e-8f, mry = mr[ti];
+            if (pa) vs2 = *reinterpret_cast<const float2 *>(vscr + sci(k0s)), my = mt[ti] + 1e-8f, mry = mr[ti];
 #pragma unroll
             for (int r2 = 0; r2 < 2; r2++) {
                 float pv[2];
@@ -4553,6 +4587,8 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
     const pc_fn fn = fns[fi];
+    pc_cfg pcv = pc; /* SESSION15 knob */
+    { const char *e = getenv("M3_PCX"); pcv.xv = e ? atoi(e) : 0; }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4572,7 +4608,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     const int dv = g->device & 63;
     if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pcv));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
 }

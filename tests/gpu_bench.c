@@ -545,6 +545,20 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
+    /* SESSION15 (dec1, removed before the final batch): M3_BENCH_PCX=0,3,0,3: the row again
+     * with M3_PCX set to each value (pc_k's variant knob), in this process */
+    for (const char *v = getenv("M3_BENCH_PCX"); v && *v;) {
+        char nk[120], val[16];
+        snprintf(val, sizeof val, "%d", atoi(v));
+        setenv("M3_PCX", val, 1);
+        snprintf(nk, sizeof nk, "%s x%s", nm, val);
+        const double xms = time_ms(g, do_pattn, &c, 20, 7);
+        printf("pcx: %-52s %8.3f us\n", nk, xms * 1e3);
+        (void)bytes, (void)flops;
+        v = strchr(v, ',');
+        v = v ? v + 1 : NULL;
+    }
+    unsetenv("M3_PCX");
     m3_gpu_release(g, mark);
 }
 
