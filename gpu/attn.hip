@@ -3924,7 +3924,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     constexpr bool F8X = FXP && PA;
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
-    __shared__ int btsh[EC ? PC_BT_SH : 1];
+    __shared__ int btsh[EC ? PC_BT_SH : 1], physw[PRC ? NW : 1][33];
     __shared__ __align__(16) float scx[F8X ? 2 * 128 * 4 : 1]; /* SESSION15 bit 8: [K, V][8 pages][4 heads][16] */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -3961,7 +3961,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     uint4 qv = make_uint4(0, 0, 0, 0);
     if (tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
     int b = -1, ph = 0;
-    if (EC) { /* every warp its own copy of the selection (lanes: slots; width <= 32) */
+    const bool xcw = PRC && (pc.xv & 16) && width <= 32; /* SESSION15 bit 16 */
+    if (EC || xcw) { /* every warp its own copy of the selection (lanes: slots; width <= 32) */
         if (lane < width) b = topk[((int64_t)g * n_tok + t) * width + lane];
     } else
     if (sparse && tid < width) b = topk[((int64_t)g * n_tok + t) * width + tid];
@@ -4022,6 +4023,35 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                         (uint32_t)vue * 16, bars + 1);
             }
         }
+    } else
+    if (PRC && xcw) { /* SESSION15 bit 16: sdec_k's list per warp (width <= 32: one match, one
+                       * ballot), the rows' copies issued at once (no block barrier before them) */
+        const unsigned lt = (1u << lane) - 1u;
+        const bool dup = (__match_any_sync(0xffffffffu, b) & lt) != 0u;
+        const bool ok = lane < width && b >= 0 && b < bp && !dup;
+        const unsigned bal = __ballot_sync(0xffffffffu, ok);
+        const int nf = __popc(bal);
+        if (ok) physw[warp][__popc(bal & lt)] = b;
+        if (lane == 0) physw[warp][nf] = bp;
+        __syncwarp();
+        n = nf * Bs + (p - Bs * bp + 1);
+        const int kpw = ((n + 15) / 16 + cs - 1) / cs * 16, k0w = r * kpw, nkw = max(0, min(kpw, n - k0w));
+        const int ngw = (nkw + 15) / 16;
+        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
+        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
+        if (tid == 0) {
+            pc_bar_expect(bars, (uint32_t)(nkw * Dh * 2));
+            pc_bar_expect(bars + 1, (uint32_t)(nkw * Dh * 2));
+        }
+        for (int kk = tid - isv * hn; kk < nkw; kk += hn) {
+            const int li = k0w + kk, ri = li / Bs, of = li - ri * Bs;
+            const size_t so = ((size_t)(physw[warp][ri] * Bs + of) * c.Hkv + g) * Dh;
+            pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
+                    (uint32_t)(Dh * 2), bars + isv);
+        }
+        for (int e = tid; e < (ngw * 16 - nkw) * (Dh / 8); e += PC_NT)
+            *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nkw + e / (Dh / 8)) * KP +
+                                       (e % (Dh / 8)) * 8) = make_uint4(0, 0, 0, 0);
     } else
     if (CONT) { /* sdec_k's list (m3_gpu_attn_sparse_flash): the selected blocks b < bp in slot
                  * order, a repeat of an earlier slot counted once, then the own block up to p;
@@ -4120,6 +4150,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
     if (EC) {
         /* issued with the key list (above) */
+    } else if (xcw) {
+        /* SESSION15: issued with the key list */
     } else if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
                  * the same number of copies from each warp, issued at once); V rows past nk up
                  * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */

@@ -399,6 +399,16 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
     double kvb = sparse ? bkeys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
+    /* SESSION15 (dec1, removed before the final batch): M3_BENCH_PCX, as the paged rows */
+    for (const char *v = T == 1 && flash ? getenv("M3_BENCH_PCX") : NULL; v && *v;) {
+        char val[16];
+        snprintf(val, sizeof val, "%d", atoi(v));
+        setenv("M3_PCX", val, 1);
+        printf("pcx: %-52s x%-3s %8.3f us\n", nm, val, time_ms(g, do_attn, &c, 20, 7) * 1e3);
+        v = strchr(v, ',');
+        v = v ? v + 1 : NULL;
+    }
+    unsetenv("M3_PCX");
     m3_gpu_release(g, mark);
 }
 
