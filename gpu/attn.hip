@@ -4242,6 +4242,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (warp < ng) tmax(warp);
     }
     pc_bar_wait(bars, 0); /* K and the scales landed */
+    if (!(PREG && (pc.xv & 32))) /* SESSION15 bit 32: PREG's S stays in registers */
     __syncthreads();      /* the Q staging is read (S goes into the same array) */
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
@@ -4343,6 +4344,27 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (pa && !F8X)
         for (int gt = warp; gt < ng; gt += NW) tmax(gt);
     __syncthreads();
+    const bool xmx = EC && (pc.xv & 64); /* SESSION15 bit 64 */
+    float xm[2] = {-INFINITY, -INFINITY};
+    if (xmx) { /* every lane the CTA's max of its rows gq, gq + 8; warp 0 sends them to the
+                * chunk's other CTA, then each lane takes the max with the other CTA's */
+#pragma unroll
+        for (int r2 = 0; r2 < 2; r2++)
+#pragma unroll
+            for (int w = 0; w < NW; w++) xm[r2] = fmaxf(xm[r2], wmx[w][gq + 8 * r2]);
+        pc_wait(); /* (a): every CTA of the cluster runs */
+        const int c0 = chj * 2, me = r - c0, pr = c0 + 1 - me;
+        if (warp == 0 && tq == 0) {
+            const uint32_t mb = pc_mapa(bars + 2, pr);
+            pc_sta(pc_mapa(mi + me * hq + gq, pr), xm[0], mb);
+            pc_sta(pc_mapa(mi + me * hq + gq + 8, pr), xm[1], mb);
+        }
+        if (tid == 0) pc_bar_expect(bars + 2, (uint32_t)(hq * 4));
+        pc_bar_wait_cl(bars + 2, 0);
+#pragma unroll
+        for (int r2 = 0; r2 < 2; r2++) xm[r2] = fmaxf(xm[r2], mi[(1 - me) * hq + gq + 8 * r2]);
+        if (warp == 0 && tq == 0) mloc[gq] = xm[0], mloc[gq + 8] = xm[1]; /* the l, m sends */
+    } else {
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
         float m = -INFINITY;
@@ -4351,7 +4373,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     }
     __syncthreads();
     pc_wait(); /* (a): every CTA of the cluster runs */
-    if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
+    }
+    if (spc > 1 && !xmx) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
                     * on their bars[2]: no cluster-wide barrier), the max of the spc values */
         const int c0 = chj * spc, me = r - c0;
         if (tid < spc * hq) {
@@ -4403,7 +4426,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     };
     if (PREG) { /* FX: keys nt 8 + 2 tq (+ 1) of n-tiles nt = warp + sl NW, rows gq, gq + 8 */
         float lp[2] = {0.0f, 0.0f};
-        const float mrow[2] = {mloc[gq], mloc[gq + 8]};
+        const float mrow[2] = {xmx ? xm[0] : mloc[gq], xmx ? xm[1] : mloc[gq + 8]};
 #pragma unroll
         for (int sl = 0; sl < NSL; sl++) {
             const int nt = warp + sl * NW;
