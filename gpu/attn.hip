@@ -3818,7 +3818,7 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
-#define PC_BT_SH 1024   /* SESSION15 */
+#define PC_BT_SH 1024   /* block-table entries staged in shared memory before the grid wait */
 
 typedef struct {
     pf_cfg c;
@@ -3828,7 +3828,6 @@ typedef struct {
     int epo; /* output elements per owner (a multiple of 4) */
     int cont; /* the contiguous cache of m3_gpu_attn_sparse_flash (pc_k<false, true>) */
     float rfmax; /* 1 / FP8_MAX correctly rounded (host; the §4.9 tile factors by pd8_div) */
-    int xv;      /* SESSION15 knob M3_PCX (removed before the final batch) */
 } pc_cfg;
 
 /* dynamic shared memory (byte offsets, 16-byte aligned): K [Dh/x][kpc][16 B], V
@@ -3933,8 +3932,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     constexpr bool F8X = FXP && PA;
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
+    /* session 15: EC, the block table (n_logical <= PC_BT_SH); PRC, each warp's key list (block
+     * ids by rank, the own block last) */
     __shared__ int btsh[EC ? PC_BT_SH : 1], physw[PRC ? NW : 1][33];
-    __shared__ __align__(16) float scx[F8X ? 2 * 128 * 4 : 1]; /* SESSION15 bit 8: [K, V][8 pages][4 heads][16] */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
@@ -3944,20 +3944,15 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (F8X && tid == 0) pc_bar_init(bars + 5);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
     const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
-    const bool xtb = EC && (pc.xv & 1) && s.n_logical <= PC_BT_SH; /* SESSION15 */
-    const bool xof = EC && (pc.xv & 2), xkf = F8X && (pc.xv & 4), xsc = F8X && (pc.xv & 8) && s.g.n_kv == 4;
-    /* xsc: the scales read at [page][head][16] (the block's scales of all heads, one copy an array) */
-    const float *kscr = xsc ? scx + g * 16 : ksc, *vscr = xsc ? scx + 512 + g * 16 : vsc;
-    auto sci = [&](int ki) { return xsc ? ki + (ki >> 4) * 48 : ki; };
-    int64_t ko0 = 0, vo0 = 0, so0 = 0;
-    if (xtb) {
+    /* EC (session 15): the whole block table into shared memory before the grid wait, so the
+     * entry of this CTA's block is a shared load after the ranking, not a second dependent
+     * round trip (bf16 5.81-5.84 against 5.93-5.98 us, §4.9 6.27-6.32 against 6.42-6.45, batch
+     * 1). The ordering contract this needs (pc_launch): the launch just before does not write
+     * the table; longer tables load their entry after the ranking as before. */
+    const bool tbs = EC && s.n_logical <= PC_BT_SH;
+    if (tbs) {
         for (int i = tid; i < s.n_logical; i += PC_NT) btsh[i] = s.bt[i];
         __syncthreads();
-    }
-    if (xof) {
-        m3_gpu_attn_paged_src sx = s;
-        sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
-        pf_offs<XC>(sx, (FP8 ? warp + NW * lane : tid) * 16, g, ko0, vo0, so0);
     }
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
@@ -3973,12 +3968,33 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     uint4 qv = make_uint4(0, 0, 0, 0);
     if (tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
     int b = -1, ph = 0;
-    const bool xcw = PRC && (pc.xv & 16) && width <= 32; /* SESSION15 bit 16 */
-    if (EC || xcw) { /* every warp its own copy of the selection (lanes: slots; width <= 32) */
+    if (EC || PRC) { /* every warp its own copy of the selection (lanes: slots; width <= 32) */
         if (lane < width) b = topk[((int64_t)g * n_tok + t) * width + lane];
     } else
     if (sparse && tid < width) b = topk[((int64_t)g * n_tok + t) * width + tid];
     int n;
+    /* CONT: rows [key][Dh + 8] of K and V of the n keys whose blocks ph lists in rank order, a
+     * bulk copy per row (K by warps 0-3, V by 4-7: the same number of copies from each warp,
+     * issued at once), this CTA's share of the row's keys split evenly; V rows past its keys up
+     * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
+    auto crows = [&](const int *ph, int nn) {
+        const int kpr = ((nn + 15) / 16 + cs - 1) / cs * 16, k0r = r * kpr, nkr = max(0, min(kpr, nn - k0r));
+        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
+        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
+        if (tid == 0) {
+            pc_bar_expect(bars, (uint32_t)(nkr * Dh * 2));
+            pc_bar_expect(bars + 1, (uint32_t)(nkr * Dh * 2));
+        }
+        for (int kk = tid - isv * hn; kk < nkr; kk += hn) {
+            const int li = k0r + kk, ri = li / Bs, of = li - ri * Bs;
+            const size_t so = ((size_t)(ph[ri] * Bs + of) * c.Hkv + g) * Dh;
+            pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
+                    (uint32_t)(Dh * 2), bars + isv);
+        }
+        for (int e = tid; e < ((nkr + 15) / 16 * 16 - nkr) * (Dh / 8); e += PC_NT)
+            *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nkr + e / (Dh / 8)) * KP +
+                                       (e % (Dh / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    };
     if (EC) { /* ref m3_kv_sparse_table in selection order (FXP: sel_order), per warp: the usable
                * entries' ranks by one ballot, the own block last when selected; this CTA's keys
                * [128 r, 128 r + 128) are the list's block r: the entry of rank r (or the own
@@ -3997,37 +4013,24 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (tid == 0) {
             pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 && !F8X ? 128 : 0)));
             pc_bar_expect(bars + 1, (uint32_t)nge * vue * 16);
-            if (F8X) pc_bar_expect(bars + 5, xsc ? (nge > 0 ? 4096u : 0u) : (uint32_t)nge * 128);
+            if (F8X) pc_bar_expect(bars + 5, (uint32_t)nge * 128);
         }
         if (nge > 0) {
-            const int pblk = xtb ? btsh[bsel] : s.bt[bsel];
+            const int pblk = tbs ? btsh[bsel] : s.bt[bsel];
             m3_gpu_attn_paged_src sx = s;
             sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
             const int gi = FP8 ? warp + NW * lane : tid;
             if (gi < nge) {
                 int64_t ko, vo, so;
-                if (xof)
-                    ko = ko0 + (int64_t)pblk * s.g.k_block, vo = vo0 + (int64_t)pblk * s.g.v_stride,
-                    so = so0 + (int64_t)pblk * (128 * s.g.n_kv);
-                else
                 pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
-                if (xkf)
-                    pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
-                            (uint32_t)kue * 16, bars);
-                if (F8X && xsc) {
-                    if (gi == 0) {
-                        const int64_t sb = (int64_t)pblk * 512;
-                        pc_bulk(scx + 512, s.v_scale + sb, 2048, bars + 5);
-                        pc_bulk(scx, s.k_scale + sb, 2048, bars + 5);
-                    }
-                } else
-                if (F8X) { /* the scales first, on their own barrier (the tile maxima) */
+                pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
+                        (uint32_t)kue * 16, bars);
+                if (F8X) { /* the scales after K (session 15: K lands first; 6.15-6.19 against
+                            * 6.27-6.32 us with the scales first, batches 1-2), on their own
+                            * barrier (the tile maxima) */
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars + 5);
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
                 }
-                if (!xkf)
-                pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
-                        (uint32_t)kue * 16, bars);
                 if (FP8 && !F8X) {
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
@@ -4037,8 +4040,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
         }
     } else
-    if (PRC && xcw) { /* SESSION15 bit 16: sdec_k's list per warp (width <= 32: one match, one
-                       * ballot), the rows' copies issued at once (no block barrier before them) */
+    if (PRC) { /* session 15, the contiguous FX instance: sdec_k's list per warp (width <= 32:
+                * one match, one ballot; block ids by rank, the own block last), its rows' copies
+                * issued at once, no block barrier before them (6.21-6.33 against 6.33-6.47 us
+                * after the barriers, batches 1-2) */
         const unsigned lt = (1u << lane) - 1u;
         const bool dup = (__match_any_sync(0xffffffffu, b) & lt) != 0u;
         const bool ok = lane < width && b >= 0 && b < bp && !dup;
@@ -4048,23 +4053,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (lane == 0) physw[warp][nf] = bp;
         __syncwarp();
         n = nf * Bs + (p - Bs * bp + 1);
-        const int kpw = ((n + 15) / 16 + cs - 1) / cs * 16, k0w = r * kpw, nkw = max(0, min(kpw, n - k0w));
-        const int ngw = (nkw + 15) / 16;
-        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
-        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
-        if (tid == 0) {
-            pc_bar_expect(bars, (uint32_t)(nkw * Dh * 2));
-            pc_bar_expect(bars + 1, (uint32_t)(nkw * Dh * 2));
-        }
-        for (int kk = tid - isv * hn; kk < nkw; kk += hn) {
-            const int li = k0w + kk, ri = li / Bs, of = li - ri * Bs;
-            const size_t so = ((size_t)(physw[warp][ri] * Bs + of) * c.Hkv + g) * Dh;
-            pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
-                    (uint32_t)(Dh * 2), bars + isv);
-        }
-        for (int e = tid; e < (ngw * 16 - nkw) * (Dh / 8); e += PC_NT)
-            *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nkw + e / (Dh / 8)) * KP +
-                                       (e % (Dh / 8)) * 8) = make_uint4(0, 0, 0, 0);
+        crows(physw[warp], n);
     } else
     if (CONT) { /* sdec_k's list (m3_gpu_attn_sparse_flash): the selected blocks b < bp in slot
                  * order, a repeat of an earlier slot counted once, then the own block up to p;
@@ -4164,26 +4153,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
     if (EC) {
         /* issued with the key list (above) */
-    } else if (xcw) {
-        /* SESSION15: issued with the key list */
-    } else if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
-                 * the same number of copies from each warp, issued at once); V rows past nk up
-                 * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
-        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
-        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
-        if (tid == 0) {
-            pc_bar_expect(bars, (uint32_t)(nk * Dh * 2));
-            pc_bar_expect(bars + 1, (uint32_t)(nk * Dh * 2));
-        }
-        for (int kk = tid - isv * hn; kk < nk; kk += hn) {
-            const int li = k0 + kk, ri = li / Bs, of = li - ri * Bs;
-            const size_t so = ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh;
-            pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
-                    (uint32_t)(Dh * 2), bars + isv);
-        }
-        for (int e = tid; e < (ng * 16 - nk) * (Dh / 8); e += PC_NT)
-            *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nk + e / (Dh / 8)) * KP +
-                                       (e % (Dh / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    } else if (PRC) {
+        /* issued with the key list (above) */
+    } else if (CONT) {
+        crows(physl, n);
     } else {
     if (tid == 0) {
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
@@ -4248,7 +4221,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * and 1 / (M + 1e-8), the P' quotient's reciprocal */
     PCS(4);
     auto tmax = [&](int gt) {
-        float M = lane < 16 && gt * 16 + lane < nk ? vscr[sci(gt * 16 + lane)] : 0.0f;
+        float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
 #pragma unroll
         for (int o2 = 8; o2 > 0; o2 >>= 1) M = fmaxf(M, M3_SHFL_XOR(M, o2));
         if (lane == 0) mt[gt] = M, mf[gt] = pd8_div(M, c.fmax, pc.rfmax), mr[gt] = __frcp_rn(M + 1e-8f);
@@ -4258,8 +4231,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (warp < ng) tmax(warp);
     }
     pc_bar_wait(bars, 0); /* K and the scales landed */
-    if (!(PREG && (pc.xv & 32))) /* SESSION15 bit 32: PREG's S stays in registers */
-    __syncthreads();      /* the Q staging is read (S goes into the same array) */
+    /* the Q staging is read before S goes into the same array (PREG: S stays in registers, no
+     * barrier; session 15: §4.9 6.12-6.13 against 6.15-6.19 us, contiguous 6.23-6.29 against
+     * 6.29-6.33, bf16 unchanged, batch 2) */
+    if (!PREG) __syncthreads();
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     /* F8X: a key's 8 fp8 units (dims 16 u..) by two ldmatrix.x4 per n-tile (matrix j: unit 4 m + j
@@ -4310,7 +4285,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (PREG) { /* FX (hq 16): no branch per key; keys past nk score -inf (their K and
                          * scales, never written, are selected away) */
                 const float d = c8[0][i] + c8[1][i];
-                const float z = pa ? d * c.scale * kscr[sci(ki)] : d * c.scale;
+                const float z = pa ? d * c.scale * ksc[ki] : d * c.scale;
                 zr[sl][i] = ki < nk ? z : -INFINITY;
                 mx[i >> 1] = fmaxf(mx[i >> 1], zr[sl][i]);
                 continue;
@@ -4362,27 +4337,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (pa && !F8X)
         for (int gt = warp; gt < ng; gt += NW) tmax(gt);
     __syncthreads();
-    const bool xmx = EC && (pc.xv & 64); /* SESSION15 bit 64 */
-    float xm[2] = {-INFINITY, -INFINITY};
-    if (xmx) { /* every lane the CTA's max of its rows gq, gq + 8; warp 0 sends them to the
-                * chunk's other CTA, then each lane takes the max with the other CTA's */
-#pragma unroll
-        for (int r2 = 0; r2 < 2; r2++)
-#pragma unroll
-            for (int w = 0; w < NW; w++) xm[r2] = fmaxf(xm[r2], wmx[w][gq + 8 * r2]);
-        pc_wait(); /* (a): every CTA of the cluster runs */
-        const int c0 = chj * 2, me = r - c0, pr = c0 + 1 - me;
-        if (warp == 0 && tq == 0) {
-            const uint32_t mb = pc_mapa(bars + 2, pr);
-            pc_sta(pc_mapa(mi + me * hq + gq, pr), xm[0], mb);
-            pc_sta(pc_mapa(mi + me * hq + gq + 8, pr), xm[1], mb);
-        }
-        if (tid == 0) pc_bar_expect(bars + 2, (uint32_t)(hq * 4));
-        pc_bar_wait_cl(bars + 2, 0);
-#pragma unroll
-        for (int r2 = 0; r2 < 2; r2++) xm[r2] = fmaxf(xm[r2], mi[(1 - me) * hq + gq + 8 * r2]);
-        if (warp == 0 && tq == 0) mloc[gq] = xm[0], mloc[gq + 8] = xm[1]; /* the l, m sends */
-    } else {
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
         float m = -INFINITY;
@@ -4391,8 +4345,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     }
     __syncthreads();
     pc_wait(); /* (a): every CTA of the cluster runs */
-    }
-    if (spc > 1 && !xmx) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
+    if (spc > 1) { /* 1: the chunk's max: each CTA's to the chunk's other CTAs (st.async, completing
                     * on their bars[2]: no cluster-wide barrier), the max of the spc values */
         const int c0 = chj * spc, me = r - c0;
         if (tid < spc * hq) {
@@ -4445,7 +4398,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     };
     if (PREG) { /* FX: keys nt 8 + 2 tq (+ 1) of n-tiles nt = warp + sl NW, rows gq, gq + 8 */
         float lp[2] = {0.0f, 0.0f};
-        const float mrow[2] = {xmx ? xm[0] : mloc[gq], xmx ? xm[1] : mloc[gq + 8]};
+        const float mrow[2] = {mloc[gq], mloc[gq + 8]};
 #pragma unroll
         for (int sl = 0; sl < NSL; sl++) {
             const int nt = warp + sl * NW;
@@ -4457,7 +4410,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             const int k0s = nt * 8 + 2 * tq, ti = k0s >> 4;
             float2 vs2 = make_float2(0.0f, 0.0f);
             float my = 0.0f, mry = 0.0f;
-            if (pa) vs2 = *reinterpret_cast<const float2 *>(vscr + sci(k0s)), my = mt[ti] + 1e-8f, mry = mr[ti];
+            if (pa) vs2 = *reinterpret_cast<const float2 *>(vsc + k0s), my = mt[ti] + 1e-8f, mry = mr[ti];
 #pragma unroll
             for (int r2 = 0; r2 < 2; r2++) {
                 float pv[2];
@@ -4659,7 +4612,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                     !pc.c.eager && pc.c.sel_order && pc.c.part > 0 && width <= 32 /* EC: one ballot */ &&
                     (!pc.c.fp8 || (src->ovf == M3_FP8_SATURATE && src->g.fp8_kind == M3_FP8_E4M3FN));
     const bool fxc = pc.cont && pc.c.hq == 16 && pc.c.Dh == 128 && src->g.block == 128 && pc.cs == 16 &&
-                     pc.spc == 1 && pc.epo == 128 && !pc.c.eager;
+                     pc.spc == 1 && pc.epo == 128 && !pc.c.eager && width <= 32 /* PRC: one ballot */;
     const int base = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa ? 3 : 1) : 0;
     const int fi = base + (fx || fxc ? 4 : 0);
     static const pc_fn fns[8] = {pc_k<false, false, false, false>, pc_k<true, false, false, false>,
@@ -4667,8 +4620,6 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
     const pc_fn fn = fns[fi];
-    pc_cfg pcv = pc; /* SESSION15 knob */
-    { const char *e = getenv("M3_PCX"); pcv.xv = e ? atoi(e) : 0; }
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4690,21 +4641,21 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         return M3_OK;
 #ifdef PC_STAMPS
     { /* SESSION15: a group of calls (same instance and knob) ends: its mean stamps, k cycles */
-        static int lfi = -1, lxv = -1, ncall = 0;
-        if ((fi != lfi || pcv.xv != lxv) && ncall > 0) {
+        static int lfi = -1, ncall = 0;
+        if (fi != lfi && ncall > 0) {
             unsigned long long h[16];
             cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
-            printf("pcst fi=%d x%d calls %d:", lfi, lxv, ncall);
+            printf("pcst fi=%d calls %d:", lfi, ncall);
             for (int i = 0; i < 13; i++) printf(" %d:%.2f", i, (double)h[i] / ncall / (pc.cs * pc.c.Hkv * n_tok) / 1e3);
             printf("\n");
             memset(h, 0, sizeof h);
             cudaMemcpyToSymbol(pc_st_acc, h, sizeof h);
             ncall = 0;
         }
-        lfi = fi, lxv = pcv.xv, ncall++;
+        lfi = fi, ncall++;
     }
 #endif
-    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pcv));
+    M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);
 }
