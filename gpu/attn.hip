@@ -3869,7 +3869,7 @@ __device__ unsigned long long pc_st_acc[16];
 #else
 #define PCS(i) do { } while (0)
 #endif
-template <bool FP8, bool CONT, bool PA, bool FX>
+template <bool FP8, bool CONT, bool PA, bool FX, int XV = 0> /* XV: SESSION15 variant */
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3930,6 +3930,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * branch-free scores and P) 6.17-6.20 us against 6.44-6.49 (batch 3); each alone measured
      * slower (batch 1: the scale barrier 7.0, the P form 6.7, the score form 6.9 against 6.5) */
     constexpr bool F8X = FXP && PA;
+    constexpr bool KS0 = F8X && (XV & 1); /* SESSION15: K scales with K (bars[0]), V scales on bars[5], maxima after S */
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
     /* session 15: EC, the block table (n_logical <= PC_BT_SH); PRC, each warp's key list (block
@@ -4013,13 +4014,14 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (tid == 0) {
             pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 && !F8X ? 128 : 0)));
             pc_bar_expect(bars + 1, (uint32_t)nge * vue * 16);
-            if (F8X) pc_bar_expect(bars + 5, (uint32_t)nge * 128);
+            if (F8X) pc_bar_expect(bars + 5, (uint32_t)nge * (KS0 ? 64 : 128));
+            if (KS0) pc_bar_expect(bars, (uint32_t)nge * 64);
         }
         if (nge > 0) {
             const int pblk = tbs ? btsh[bsel] : s.bt[bsel];
             m3_gpu_attn_paged_src sx = s;
             sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
-            const int gi = FP8 ? warp + NW * lane : tid;
+            const int gi = (FP8 || (XV & 2)) ? warp + NW * lane : tid; /* XV 2: SESSION15 spread */
             if (gi < nge) {
                 int64_t ko, vo, so;
                 pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
@@ -4028,8 +4030,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 if (F8X) { /* the scales after K (session 15: K lands first; 6.15-6.19 against
                             * 6.27-6.32 us with the scales first, batches 1-2), on their own
                             * barrier (the tile maxima) */
+                    if (KS0) pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars + 5);
-                    pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
+                    if (!KS0) pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
                 }
                 if (FP8 && !F8X) {
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
@@ -4226,7 +4229,7 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         for (int o2 = 8; o2 > 0; o2 >>= 1) M = fmaxf(M, M3_SHFL_XOR(M, o2));
         if (lane == 0) mt[gt] = M, mf[gt] = pd8_div(M, c.fmax, pc.rfmax), mr[gt] = __frcp_rn(M + 1e-8f);
     };
-    if (F8X) { /* the scales landed: the tile maxima (a warp a tile, ng <= 8) while K is in flight */
+    if (F8X && !KS0) { /* the scales landed: the tile maxima (a warp a tile, ng <= 8) while K is in flight */
         pc_bar_wait(bars + 5, 0);
         if (warp < ng) tmax(warp);
     }
@@ -4336,6 +4339,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
     if (pa && !F8X)
         for (int gt = warp; gt < ng; gt += NW) tmax(gt);
+    if (KS0) {
+        pc_bar_wait(bars + 5, 0);
+        if (warp < ng) tmax(warp);
+    }
     __syncthreads();
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
@@ -4619,7 +4626,9 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, true, false, false>, pc_k<true, false, true, false>,
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
-    const pc_fn fn = fns[fi];
+    const char *xe = getenv("M3_PCX"); /* SESSION15: the variant instance */
+    const bool xvar = (fi == 7 || fi == 4) && xe && atoi(xe) == 1;
+    const pc_fn fn = xvar ? (fi == 7 ? pc_k<true, false, true, true, 1> : pc_k<false, false, false, true, 2>) : fns[fi];
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4627,22 +4636,30 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     cfg.dynamicSmemBytes = sh;
     cfg.stream = g->stream;
     /* a cluster per row; a programmatic dependent of the launch before it (pc_k waits for that
-     * grid before its first load, and lets the next launch start at once) */
+     * grid before it reads q, pos, the selection or K / V, and lets the next launch start at
+     * once). Ordering contract (session 15): the paged FX instances read the block table
+     * (src->bt, n_logical <= PC_BT_SH entries) BEFORE m3_pdl_wait, while the launch just before
+     * may still run; that launch may write q, pos, the selection and the cache (the model's
+     * q/k norm + RoPE + cache write writes the token's K / V, the indexer the selection:
+     * tests/gpu_attn_paged.c paged_flash_after_cache_write), but not the block table, which
+     * the model uploads once (gpu/model.hip); a kernel that rewrites the table must have
+     * completed before this call is launched. Everything else is read after the wait. */
     cudaLaunchAttribute at[2] = {};
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)pc.cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][8];
-    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
+    static int pc_attr[64][10];
+    static size_t pc_ok[64][10][PC_MAX_CS + 1], pc_no[64][10][PC_MAX_CS + 1];
+    const int fc = xvar ? (fi == 7 ? 8 : 9) : fi;
     const int dv = g->device & 63;
-    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
+    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fc], pc_ok[dv][fc][pc.cs], pc_no[dv][fc][pc.cs]))
         return M3_OK;
 #ifdef PC_STAMPS
     { /* SESSION15: a group of calls (same instance and knob) ends: its mean stamps, k cycles */
         static int lfi = -1, ncall = 0;
-        if (fi != lfi && ncall > 0) {
+        if (fc != lfi && ncall > 0) {
             unsigned long long h[16];
             cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
             printf("pcst fi=%d calls %d:", lfi, ncall);
@@ -4652,7 +4669,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
             cudaMemcpyToSymbol(pc_st_acc, h, sizeof h);
             ncall = 0;
         }
-        lfi = fi, ncall++;
+        lfi = fc, ncall++;
     }
 #endif
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));

@@ -330,7 +330,10 @@ m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int l
  * any other ref geometry runs correctly, gathering element by element. Contract
  * (m3_gpu_attn_paged_flash_ok, M3_ERR_UNSUPPORTED otherwise): attn_out_bf16, bf16 or fp8
  * elements, H/Hkv <= 16, Dh <= 128, width <= 256, attn_partition <= 256, fp8_pa tile (the
- * view's page) <= 256. */
+ * view's page) <= 256. Ordering: the T = 1 decode kernel (pc_k) is a programmatic dependent
+ * launch that reads the block table (src->bt) before the kernel launched just before it on
+ * the stream has finished; that kernel may write q, pos, the selection and the cache, not
+ * the block table (a kernel writing the table must have completed before the call). */
 m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_gpu_attn_paged_src *src, const int32_t *d_pos,
                                   int n_tok, int n_ctx, const int32_t *d_topk, int width,
