@@ -3860,16 +3860,7 @@ static __host__ __device__ inline pc_lay pc_layout(const pc_cfg &pc, int eb) {
     return L;
 }
 
-#ifdef PC_STAMPS
-#include <stdio.h>
-#endif
-#ifdef PC_STAMPS /* SESSION15: thread 0's clock64 per phase, summed over CTAs (a stamps build) */
-__device__ unsigned long long pc_st_acc[16];
-#define PCS(i) do { if (tid == 0) atomicAdd(&pc_st_acc[i], (unsigned long long)(clock64() - pcs_t0)); } while (0)
-#else
-#define PCS(i) do { } while (0)
-#endif
-template <bool FP8, bool CONT, bool PA, bool FX, int XV = 0> /* XV: SESSION15 variant */
+template <bool FP8, bool CONT, bool PA, bool FX>
 static __global__ void __launch_bounds__(PC_NT, 2)
     pc_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q, m3_gpu_attn_paged_src s,
          const int32_t *M3_RESTRICT pos, int n_tok, const int32_t *M3_RESTRICT topk, int width,
@@ -3930,7 +3921,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * branch-free scores and P) 6.17-6.20 us against 6.44-6.49 (batch 3); each alone measured
      * slower (batch 1: the scale barrier 7.0, the P form 6.7, the score form 6.9 against 6.5) */
     constexpr bool F8X = FXP && PA;
-    constexpr bool KS0 = F8X && (XV & 1); /* SESSION15: K scales with K (bars[0]), V scales on bars[5], maxima after S */
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
     /* session 15: EC, the block table (n_logical <= PC_BT_SH); PRC, each warp's key list (block
@@ -3958,9 +3948,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
-#ifdef PC_STAMPS
-    const long long pcs_t0 = clock64();
-#endif
     const bool sparse = FX || topk != NULL;
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
@@ -4008,20 +3995,18 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
         const unsigned hit = __ballot_sync(0xffffffffu, (ok && __popc(bal & lt) == r) || (own && r == nf));
         const int bsel = hit ? __shfl_sync(0xffffffffu, b, __ffs(hit) - 1) : -1;
-        PCS(0);
         const int k0e = r * 128, nke = max(0, min(128, n - k0e)), nge = (nke + 15) / 16;
         const int kue = 16 * (128 / XC), vue = (16 / XC) * 128;
         if (tid == 0) {
             pc_bar_expect(bars, (uint32_t)nge * (kue * 16 + (FP8 && !F8X ? 128 : 0)));
             pc_bar_expect(bars + 1, (uint32_t)nge * vue * 16);
-            if (F8X) pc_bar_expect(bars + 5, (uint32_t)nge * (KS0 ? 64 : 128));
-            if (KS0) pc_bar_expect(bars, (uint32_t)nge * 64);
+            if (F8X) pc_bar_expect(bars + 5, (uint32_t)nge * 128);
         }
         if (nge > 0) {
             const int pblk = tbs ? btsh[bsel] : s.bt[bsel];
             m3_gpu_attn_paged_src sx = s;
             sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
-            const int gi = (FP8 || (XV & 2)) ? warp + NW * lane : tid; /* XV 2: SESSION15 spread */
+            const int gi = FP8 ? warp + NW * lane : tid;
             if (gi < nge) {
                 int64_t ko, vo, so;
                 pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
@@ -4030,9 +4015,8 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                 if (F8X) { /* the scales after K (session 15: K lands first; 6.15-6.19 against
                             * 6.27-6.32 us with the scales first, batches 1-2), on their own
                             * barrier (the tile maxima) */
-                    if (KS0) pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars + 5);
-                    if (!KS0) pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
+                    pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
                 }
                 if (FP8 && !F8X) {
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
@@ -4105,7 +4089,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         n = tail ? nf * Bs + (p - Bs * bp + 1) : min(nf * Bs, p + 1);
     }
     }
-    PCS(2);
     { /* the group's q into the staging array now: its load is then complete before the K / V
        * copies share the SM's memory path */
         uint16_t *qs = reinterpret_cast<uint16_t *>(sc);
@@ -4184,7 +4167,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bulk(vsm + (size_t)gi * vu * 16, vbase + vo * EB, (uint32_t)vu * 16, bars + 1);
     }
     }
-    PCS(1);
     /* Q A fragments (rows = the group's heads, zero past hq; §4.9: fp8(q) as fp16), staged
      * through the score array; fp8 K units give a lane dims 4tq..4tq+3 of each 16 (Q permuted
      * alike) */
@@ -4222,14 +4204,13 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     /* §4.9: the max V scale M of 16-key tile gt (tiles from the chunk start; lanes 0-15 its keys),
      * M / FP8_MAX (pd8_div, as pd8_part_k: the correctly rounded quotient wherever it is normal)
      * and 1 / (M + 1e-8), the P' quotient's reciprocal */
-    PCS(4);
     auto tmax = [&](int gt) {
         float M = lane < 16 && gt * 16 + lane < nk ? vsc[gt * 16 + lane] : 0.0f;
 #pragma unroll
         for (int o2 = 8; o2 > 0; o2 >>= 1) M = fmaxf(M, M3_SHFL_XOR(M, o2));
         if (lane == 0) mt[gt] = M, mf[gt] = pd8_div(M, c.fmax, pc.rfmax), mr[gt] = __frcp_rn(M + 1e-8f);
     };
-    if (F8X && !KS0) { /* the scales landed: the tile maxima (a warp a tile, ng <= 8) while K is in flight */
+    if (F8X) { /* the scales landed: the tile maxima (a warp a tile, ng <= 8) while K is in flight */
         pc_bar_wait(bars + 5, 0);
         if (warp < ng) tmax(warp);
     }
@@ -4276,7 +4257,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             m3_mma_bf16_16816(acc, qa[s2], bfr);
         }
     };
-    PCS(3);
     float mx[2] = {-INFINITY, -INFINITY};
     float zr[NSL][4]; /* PREG: the scores of n-tiles warp + j NW (-inf past nk) */
 #pragma unroll
@@ -4330,7 +4310,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         spass(nt, 0);
         if (BRK) break; /* FXP: nk <= 8 NW */
     }
-    PCS(5);
 #pragma unroll
     for (int r2 = 0; r2 < 2; r2++) {
         mx[r2] = fmaxf(mx[r2], M3_SHFL_XOR(mx[r2], 1));
@@ -4339,10 +4318,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     if (tq == 0) wmx[warp][gq] = mx[0], wmx[warp][gq + 8] = mx[1];
     if (pa && !F8X)
         for (int gt = warp; gt < ng; gt += NW) tmax(gt);
-    if (KS0) {
-        pc_bar_wait(bars + 5, 0);
-        if (warp < ng) tmax(warp);
-    }
     __syncthreads();
     /* the CTA's max per head (-inf without keys): over the warps' maxes */
     if (tid < hq) {
@@ -4376,7 +4351,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
      * quotient below the normal range is an fp8 zero either way) */
     /* two heads a warp at once (h, h + NW: independent chains; each head's sums in its
      * own fixed order, as one at a time) */
-    PCS(6);
     auto prow = [&](int h, float m, int ip, float &l) {
         const int il = 2 * ip;
         float pv[2] = {0.0f, 0.0f};
@@ -4452,7 +4426,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         psend(h, m0, l0);
         if (two) psend(h + NW, m1, l1);
     }
-    PCS(7);
     pc_bar_wait(bars + 1, 0); /* V landed; the keys past the list are zeroed */
     if (!CONT && nk % 16 && tid < vu) {
         const int nv = nk - ((ng - 1) * 16 + vg * XC); /* valid keys of the last group's unit */
@@ -4469,7 +4442,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_sta(pc_mapa(rl + r * hq + h, ow), l, mb);
         pc_sta(pc_mapa(rm + r * hq + h, ow), mloc[h], mb);
     }
-    PCS(8);
     /* O = P V: a warp per 16-dim pair of n-tiles, one mma chain each (two chains, even and odd
      * k-steps, measured the same in session 9) */
     float o[2][4] = {};
@@ -4533,7 +4505,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
 #pragma unroll 4
         for (int ks = 0; ks < ng; ks++) pvstep(ks, o);
     }
-    PCS(9);
     /* 2: push O to the owners (st.async, completing on the owner's bars[3]; l and the chunk's
      * max went with P); O's elements e = head Dh + dim */
     const int epo = FX ? 128 : pc.epo;
@@ -4553,14 +4524,12 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             }
     /* 3: this owner's elements [e0, e1) once every CTA's bytes landed (no cluster barrier: a
      * CTA only exits after the stores into it completed, and none reads another's memory) */
-    PCS(10);
     const int E = hq * Dh, e0 = r * epo, e1 = min(E, e0 + epo), ne = max(0, e1 - e0);
     if (EARLY) { /* the weights once every CTA's l and m landed (bars[4], sent from the P loops:
                   * formed while the O pushes are still arriving), then the sums once O landed */
         if (tid == 0) pc_bar_expect(bars + 4, (uint32_t)(cs * 2 * hq * 4));
         pc_bar_wait_cl(bars + 4, 0);
         cl_weights<false, MSP, MNJ, MEH>(rl, rm, hq, nch, spc, e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
-        PCS(11);
         if (tid == 0) pc_bar_expect(bars + 3, (uint32_t)(cs * ne * 4));
         pc_bar_wait_cl(bars + 3, 0);
         __syncthreads(); /* the weights */
@@ -4573,7 +4542,6 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         cl_merge<false>(out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh + e0, ro, epo, rl, rm, hq, nch, spc,
                         (FXP || c.part > 0), e0, ne, Dh, reinterpret_cast<float4 *>(wa), tid, PC_NT);
     }
-    PCS(12);
 #else
     (void)out; (void)q; (void)ld_q; (void)s; (void)pos; (void)n_tok; (void)topk; (void)width; (void)pc;
 #endif
@@ -4626,9 +4594,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                                  pc_k<false, true, false, false>, pc_k<true, false, true, false>,
                                  pc_k<false, false, false, true>, pc_k<true, false, false, true>,
                                  pc_k<false, true, false, true>, pc_k<true, false, true, true>};
-    const char *xe = getenv("M3_PCX"); /* SESSION15: the variant instance */
-    const bool xvar = (fi == 7 || fi == 4) && xe && atoi(xe) == 1;
-    const pc_fn fn = xvar ? (fi == 7 ? pc_k<true, false, true, true, 1> : pc_k<false, false, false, true, 2>) : fns[fi];
+    const pc_fn fn = fns[fi];
     const size_t sh = pc_layout(pc, pc.c.fp8 ? 1 : 2).total;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)pc.cs, (unsigned)pc.c.Hkv, (unsigned)n_tok);
@@ -4650,28 +4616,11 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = 2;
-    static int pc_attr[64][10];
-    static size_t pc_ok[64][10][PC_MAX_CS + 1], pc_no[64][10][PC_MAX_CS + 1];
-    const int fc = xvar ? (fi == 7 ? 8 : 9) : fi;
+    static int pc_attr[64][8];
+    static size_t pc_ok[64][8][PC_MAX_CS + 1], pc_no[64][8][PC_MAX_CS + 1];
     const int dv = g->device & 63;
-    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fc], pc_ok[dv][fc][pc.cs], pc_no[dv][fc][pc.cs]))
+    if (!cl_ready(g, (const void *)fn, &cfg, pc_attr[dv][fi], pc_ok[dv][fi][pc.cs], pc_no[dv][fi][pc.cs]))
         return M3_OK;
-#ifdef PC_STAMPS
-    { /* SESSION15: a group of calls (same instance and knob) ends: its mean stamps, k cycles */
-        static int lfi = -1, ncall = 0;
-        if (fc != lfi && ncall > 0) {
-            unsigned long long h[16];
-            cudaMemcpyFromSymbol(h, pc_st_acc, sizeof h);
-            printf("pcst fi=%d calls %d:", lfi, ncall);
-            for (int i = 0; i < 13; i++) printf(" %d:%.2f", i, (double)h[i] / ncall / (pc.cs * pc.c.Hkv * n_tok) / 1e3);
-            printf("\n");
-            memset(h, 0, sizeof h);
-            cudaMemcpyToSymbol(pc_st_acc, h, sizeof h);
-            ncall = 0;
-        }
-        lfi = fc, ncall++;
-    }
-#endif
     M3_HIP_TRY(cudaLaunchKernelEx(&cfg, fn, d_out, d_q, ld_q, *src, d_pos, n_tok, d_topk, width, pc));
     *done = true;
     return m3_gpu_launched_(g, "pc_k", __FILE__, __LINE__);

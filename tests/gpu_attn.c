@@ -176,10 +176,8 @@ static void attn_sparse_matches_ref(void **state) {
          * more than 128 keys (a second S pass, more than 8 16-key groups) */
         {1, 40000, 64, 4, 128, 20, 128, 0},
     };
-    const bool t2 = getenv("M3_ATTN_T2") != NULL; /* SESSION15 (dec1): the T <= 2 shapes, atom only */
     for (int prof = 0; prof < 3; prof++)
-        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-            if (!t2 || (shapes[i].T <= 2 && prof == 2)) attn_case(g, &shapes[i], prof);
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) attn_case(g, &shapes[i], prof);
 }
 
 int main(void) {

@@ -399,16 +399,6 @@ static void attn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, int
     /* fewest bytes: q, out, and each KV group's keys once per token row (K and V) */
     double kvb = sparse ? bkeys * 4 * 128 * 2 * 2 : (double)C * 4 * 128 * 2 * 2;
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + kvb, keys * 64 * 128 * 4);
-    /* SESSION15 (dec1, removed before the final batch): M3_BENCH_PCX, as the paged rows */
-    for (const char *v = T == 1 && flash ? getenv("M3_BENCH_PCX") : NULL; v && *v;) {
-        char val[16];
-        snprintf(val, sizeof val, "%d", atoi(v));
-        setenv("M3_PCX", val, 1);
-        printf("pcx: %-52s x%-3s %8.3f us\n", nm, val, time_ms(g, do_attn, &c, 20, 7) * 1e3);
-        v = strchr(v, ',');
-        v = v ? v + 1 : NULL;
-    }
-    unsetenv("M3_PCX");
     m3_gpu_release(g, mark);
 }
 
@@ -555,20 +545,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
-    /* SESSION15 (dec1, removed before the final batch): M3_BENCH_PCX=0,3,0,3: the row again
-     * with M3_PCX set to each value (pc_k's variant knob), in this process */
-    for (const char *v = getenv("M3_BENCH_PCX"); v && *v;) {
-        char nk[120], val[16];
-        snprintf(val, sizeof val, "%d", atoi(v));
-        setenv("M3_PCX", val, 1);
-        snprintf(nk, sizeof nk, "%s x%s", nm, val);
-        const double xms = time_ms(g, do_pattn, &c, 20, 7);
-        printf("pcx: %-52s %8.3f us\n", nk, xms * 1e3);
-        (void)bytes, (void)flops;
-        v = strchr(v, ',');
-        v = v ? v + 1 : NULL;
-    }
-    unsetenv("M3_PCX");
     m3_gpu_release(g, mark);
 }
 
@@ -1195,7 +1171,7 @@ int main(void) {
     struct CMUnitTest pick[sizeof tests / sizeof tests[0]];
     size_t n = 0;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        bool take = !only || !*only || (!strncmp(tests[i].name, "ceiling_", 8) && !getenv("M3_BENCH_NOCEIL") /* SESSION15 */);
+        bool take = !only || !*only || !strncmp(tests[i].name, "ceiling_", 8);
         for (const char *w = only; !take && w && *w;) {
             size_t l = strcspn(w, ",");
             char word[64];
