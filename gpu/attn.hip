@@ -3855,6 +3855,7 @@ static __device__ void cl_merge(m3_bf16 *orow, const float *ro, int epo, const f
 #define PC_NT 256       /* threads per CTA: 8 warps */
 #define PC_MAX_PHYS 17  /* physical block ids of a CTA's key range (kpc <= 256, Bs >= 16) */
 #define PC_MAX_KPC 256  /* keys per CTA (a chunk's, at most) */
+#define PC_BT_SH 1024   /* block-table entries staged in shared memory before the grid wait */
 
 typedef struct {
     pf_cfg c;
@@ -3959,6 +3960,9 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     constexpr bool F8X = FXP && PA;
     constexpr int NSL = PRC ? 4 : 2; /* score-register n-tiles a warp */
     __shared__ float lw[PREG ? NW : 1][16];
+    /* session 15: EC, the block table (n_logical <= PC_BT_SH); PRC, each warp's key list (block
+     * ids by rank, the own block last) */
+    __shared__ int btsh[EC ? PC_BT_SH : 1], physw[PRC ? NW : 1][33];
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     /* before the earlier grid ends (programmatic dependent launch): the barriers (initialized
@@ -3967,10 +3971,20 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         pc_bar_init(bars), pc_bar_init(bars + 1), pc_bar_init(bars + 2), pc_bar_init(bars + 3), pc_bar_init(bars + 4);
     if (F8X && tid == 0) pc_bar_init(bars + 5);
     for (int i = tid; i < (16 - hq) * PBP; i += PC_NT) pb[hq * PBP + i] = 0;
+    const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
+    /* EC (session 15): the whole block table into shared memory before the grid wait, so the
+     * entry of this CTA's block is a shared load after the ranking, not a second dependent
+     * round trip (bf16 5.81-5.84 against 5.93-5.98 us, §4.9 6.27-6.32 against 6.42-6.45, batch
+     * 1). The ordering contract this needs (pc_launch): the launch just before does not write
+     * the table; longer tables load their entry after the ranking as before. */
+    const bool tbs = EC && s.n_logical <= PC_BT_SH;
+    if (tbs) {
+        for (int i = tid; i < s.n_logical; i += PC_NT) btsh[i] = s.bt[i];
+        __syncthreads();
+    }
     pc_arrive_relaxed(); /* (a): this CTA runs; waited for before the first remote store */
     m3_pdl_wait();       /* launched as a programmatic dependent: the earlier grid's writes */
     m3_pdl_trigger();
-    const int r = (int)blockIdx.x, g = (int)blockIdx.y, t = (int)blockIdx.z;
     const bool sparse = FX || topk != NULL;
     /* round trip 1: pos, the selection entry of this thread (width <= PC_NT), the group's q */
     const int p = pos[t], bp = p / Bs;
@@ -3979,11 +3993,33 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     uint4 qv = make_uint4(0, 0, 0, 0);
     if (tid < nq / 8) qv = *reinterpret_cast<const uint4 *>(qg + (size_t)tid * 8);
     int b = -1, ph = 0;
-    if (EC) { /* every warp its own copy of the selection (lanes: slots; width <= 32) */
+    if (EC || PRC) { /* every warp its own copy of the selection (lanes: slots; width <= 32) */
         if (lane < width) b = topk[((int64_t)g * n_tok + t) * width + lane];
     } else
     if (sparse && tid < width) b = topk[((int64_t)g * n_tok + t) * width + tid];
     int n;
+    /* CONT: rows [key][Dh + 8] of K and V of the n keys whose blocks ph lists in rank order, a
+     * bulk copy per row (K by warps 0-3, V by 4-7: the same number of copies from each warp,
+     * issued at once), this CTA's share of the row's keys split evenly; V rows past its keys up
+     * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
+    auto crows = [&](const int *ph, int nn) {
+        const int kpr = ((nn + 15) / 16 + cs - 1) / cs * 16, k0r = r * kpr, nkr = max(0, min(kpr, nn - k0r));
+        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
+        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
+        if (tid == 0) {
+            pc_bar_expect(bars, (uint32_t)(nkr * Dh * 2));
+            pc_bar_expect(bars + 1, (uint32_t)(nkr * Dh * 2));
+        }
+        for (int kk = tid - isv * hn; kk < nkr; kk += hn) {
+            const int li = k0r + kk, ri = li / Bs, of = li - ri * Bs;
+            const size_t so = ((size_t)(ph[ri] * Bs + of) * c.Hkv + g) * Dh;
+            pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
+                    (uint32_t)(Dh * 2), bars + isv);
+        }
+        for (int e = tid; e < ((nkr + 15) / 16 * 16 - nkr) * (Dh / 8); e += PC_NT)
+            *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nkr + e / (Dh / 8)) * KP +
+                                       (e % (Dh / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    };
     if (EC) { /* ref m3_kv_sparse_table in selection order (FXP: sel_order), per warp: the usable
                * entries' ranks by one ballot, the own block last when selected; this CTA's keys
                * [128 r, 128 r + 128) are the list's block r: the entry of rank r (or the own
@@ -4004,19 +4040,21 @@ static __global__ void __launch_bounds__(PC_NT, 2)
             if (F8X) pc_bar_expect(bars + 5, (uint32_t)nge * 128);
         }
         if (nge > 0) {
-            const int pblk = s.bt[bsel];
+            const int pblk = tbs ? btsh[bsel] : s.bt[bsel];
             m3_gpu_attn_paged_src sx = s;
             sx.view = M3_KV_VIEW_PAGE, sx.g.block = 128, sx.g.page = 16, sx.g.dx = 128 / XC;
             const int gi = FP8 ? warp + NW * lane : tid;
             if (gi < nge) {
                 int64_t ko, vo, so;
                 pf_offs<XC>(sx, pblk * 128 + gi * 16, g, ko, vo, so);
-                if (F8X) { /* the scales first, on their own barrier (the tile maxima) */
+                pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
+                        (uint32_t)kue * 16, bars);
+                if (F8X) { /* the scales after K (session 15: K lands first; 6.15-6.19 against
+                            * 6.27-6.32 us with the scales first, batches 1-2), on their own
+                            * barrier (the tile maxima) */
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars + 5);
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars + 5);
                 }
-                pc_bulk(ksm + (size_t)gi * kue * 16, reinterpret_cast<const unsigned char *>(s.k) + ko * EB,
-                        (uint32_t)kue * 16, bars);
                 if (FP8 && !F8X) {
                     pc_bulk(ksc + gi * 16, s.k_scale + so, 64, bars);
                     pc_bulk(vsc + gi * 16, s.v_scale + so, 64, bars);
@@ -4025,6 +4063,21 @@ static __global__ void __launch_bounds__(PC_NT, 2)
                         (uint32_t)vue * 16, bars + 1);
             }
         }
+    } else
+    if (PRC) { /* session 15, the contiguous FX instance: sdec_k's list per warp (width <= 32:
+                * one match, one ballot; block ids by rank, the own block last), its rows' copies
+                * issued at once, no block barrier before them (6.21-6.33 against 6.33-6.47 us
+                * after the barriers, batches 1-2) */
+        const unsigned lt = (1u << lane) - 1u;
+        const bool dup = (__match_any_sync(0xffffffffu, b) & lt) != 0u;
+        const bool ok = lane < width && b >= 0 && b < bp && !dup;
+        const unsigned bal = __ballot_sync(0xffffffffu, ok);
+        const int nf = __popc(bal);
+        if (ok) physw[warp][__popc(bal & lt)] = b;
+        if (lane == 0) physw[warp][nf] = bp;
+        __syncwarp();
+        n = nf * Bs + (p - Bs * bp + 1);
+        crows(physw[warp], n);
     } else
     if (CONT) { /* sdec_k's list (m3_gpu_attn_sparse_flash): the selected blocks b < bp in slot
                  * order, a repeat of an earlier slot counted once, then the own block up to p;
@@ -4123,24 +4176,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
     const int ku = 16 * (Dh / XC), vu = (16 / XC) * Dh, vg = tid / Dh, vd = tid % Dh;
     if (EC) {
         /* issued with the key list (above) */
-    } else if (CONT) { /* rows [key][Dh + 8] of K and V, a bulk copy per row (K by warps 0-3, V by 4-7:
-                 * the same number of copies from each warp, issued at once); V rows past nk up
-                 * to the 16-key tile zeroed (P is 0 there); K on bars[0], V on bars[1] */
-        const m3_bf16 *kc = reinterpret_cast<const m3_bf16 *>(s.k), *vc = reinterpret_cast<const m3_bf16 *>(s.v);
-        const int KP = Dh + 8, hn = PC_NT / 2, isv = tid >= hn;
-        if (tid == 0) {
-            pc_bar_expect(bars, (uint32_t)(nk * Dh * 2));
-            pc_bar_expect(bars + 1, (uint32_t)(nk * Dh * 2));
-        }
-        for (int kk = tid - isv * hn; kk < nk; kk += hn) {
-            const int li = k0 + kk, ri = li / Bs, of = li - ri * Bs;
-            const size_t so = ((size_t)(physl[ri] * Bs + of) * c.Hkv + g) * Dh;
-            pc_bulk(reinterpret_cast<m3_bf16 *>(isv ? vsm : ksm) + (size_t)kk * KP, (isv ? vc : kc) + so,
-                    (uint32_t)(Dh * 2), bars + isv);
-        }
-        for (int e = tid; e < (ng * 16 - nk) * (Dh / 8); e += PC_NT)
-            *reinterpret_cast<uint4 *>(reinterpret_cast<m3_bf16 *>(vsm) + (size_t)(nk + e / (Dh / 8)) * KP +
-                                       (e % (Dh / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    } else if (PRC) {
+        /* issued with the key list (above) */
+    } else if (CONT) {
+        crows(physl, n);
     } else {
     if (tid == 0) {
         pc_bar_expect(bars, (uint32_t)ng * (ku * 16 + (FP8 ? 128 : 0)));
@@ -4213,7 +4252,10 @@ static __global__ void __launch_bounds__(PC_NT, 2)
         if (warp < ng) tmax(warp);
     }
     pc_bar_wait(bars, 0); /* K and the scales landed */
-    __syncthreads();      /* the Q staging is read (S goes into the same array) */
+    /* the Q staging is read before S goes into the same array (PREG: S stays in registers, no
+     * barrier; session 15: §4.9 6.12-6.13 against 6.15-6.19 us, contiguous 6.23-6.29 against
+     * 6.29-6.33, bf16 unchanged, batch 2) */
+    if (!PREG) __syncthreads();
     /* S = Q K^T: a warp per 8-key n-tile, two n-tiles (nt, nt + NW) a step; each lane keeps
      * the max of its scores per head row (gq, gq + 8) */
     /* F8X: a key's 8 fp8 units (dims 16 u..) by two ldmatrix.x4 per n-tile (matrix j: unit 4 m + j
@@ -4582,7 +4624,7 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                     !pc.c.eager && pc.c.sel_order && pc.c.part > 0 && width <= 32 /* EC: one ballot */ &&
                     (!pc.c.fp8 || (src->ovf == M3_FP8_SATURATE && src->g.fp8_kind == M3_FP8_E4M3FN));
     const bool fxc = pc.cont && pc.c.hq == 16 && pc.c.Dh == 128 && src->g.block == 128 && pc.cs == 16 &&
-                     pc.spc == 1 && pc.epo == 128 && !pc.c.eager;
+                     pc.spc == 1 && pc.epo == 128 && !pc.c.eager && width <= 32 /* PRC: one ballot */;
     const int base = pc.cont ? 2 : pc.c.fp8 ? (pc.c.pa ? 3 : 1) : 0;
     const int fi = base + (fx || fxc ? 4 : 0);
     static const pc_fn fns[8] = {pc_k<false, false, false, false>, pc_k<true, false, false, false>,
@@ -4597,7 +4639,14 @@ static m3_status pc_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     cfg.dynamicSmemBytes = sh;
     cfg.stream = g->stream;
     /* a cluster per row; a programmatic dependent of the launch before it (pc_k waits for that
-     * grid before its first load, and lets the next launch start at once) */
+     * grid before it reads q, pos, the selection or K / V, and lets the next launch start at
+     * once). Ordering contract (session 15): the paged FX instances read the block table
+     * (src->bt, n_logical <= PC_BT_SH entries) BEFORE m3_pdl_wait, while the launch just before
+     * may still run; that launch may write q, pos, the selection and the cache (the model's
+     * q/k norm + RoPE + cache write writes the token's K / V, the indexer the selection:
+     * tests/gpu_attn_paged.c paged_flash_after_cache_write), but not the block table, which
+     * the model uploads once (gpu/model.hip); a kernel that rewrites the table must have
+     * completed before this call is launched. Everything else is read after the wait. */
     cudaLaunchAttribute at[2] = {};
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)pc.cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;

@@ -335,11 +335,13 @@ m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int l
  * any other ref geometry runs correctly, gathering element by element. Contract
  * (m3_gpu_attn_paged_flash_ok, M3_ERR_UNSUPPORTED otherwise): attn_out_bf16, bf16 or fp8
  * elements, H/Hkv <= 16, Dh <= 128, width <= 256, attn_partition <= 256, fp8_pa tile (the
- * view's page) <= 256. Ordering: the decode kernels are programmatic dependent launches; for
- * one token of a dense row (T = 1 decode) the bf16 one reads the block table (and prefetches
- * keys into L2) before the kernel launched just before the call on the stream has finished:
- * that kernel must not write the block table. Everything else (q, the positions, the
- * selection, K / V) is read after it finished. */
+ * view's page) <= 256. Ordering: the decode kernels are programmatic dependent launches
+ * that read the block table (src->bt) before the kernel launched just before the call on the
+ * stream has finished (pc_k, the T = 1-2 cluster kernel: all of it into shared memory; the
+ * bf16 dense T = 1 kernel: its first chunks' entries, and it prefetches those keys into L2).
+ * That kernel may write q, pos, the selection and the cache (K / V at the call's positions),
+ * not the block table (a kernel writing the table must have completed before the call).
+ * Everything else is read after it finished. */
 m3_status m3_gpu_attn_paged_flash(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                                   const m3_gpu_attn_paged_src *src, const int32_t *d_pos,
                                   int n_tok, int n_ctx, const int32_t *d_topk, int width,

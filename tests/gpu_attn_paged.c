@@ -85,6 +85,13 @@ static m3_gpu *g_two;
  * bits. */
 static bool g_after;
 
+/* The launch before writes at the call's positions (paged_flash_after_cache_write): when set
+ * (T = 1), the device cache holds other K/V at the token's position, and the flash call runs
+ * right after m3_gpu_qk_norm_rope_cache writes the token's own K/V there (no wait between:
+ * the cluster kernel is a programmatic dependent of that launch and reads the block table
+ * before its grid wait, K/V, q, pos and the selection after it). */
+static bool g_chain;
+
 static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, bool flash) {
     m3_profile p;
     profile_of(&p, prof);
@@ -115,6 +122,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     for (int b = 0; b < S; b++) GPU_OK(m3_block_table_set(&bts[b], ids + (size_t)b * nl, nl, pool));
     GPU_OK(m3_kv_layer_reserve(&kl, pool));
     float *kr = malloc((size_t)KW * sizeof *kr), *vr = malloc((size_t)KW * sizeof *vr);
+    float *kw = g_chain ? malloc((size_t)KW * 2 * sizeof *kw) : NULL; /* the token's own K, V */
     m3_kv_writer wr = {.fp8_max = st->fmax, .ovf = M3_FP8_SATURATE};
     for (int jj = 0; jj < S * C; jj++) {
         const int j = jj % C, sq = jj / C;
@@ -129,6 +137,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
         if (p.act_bf16)
             for (int i = 0; i < KW; i++) kr[i] = m3_round_bf16(kr[i]), vr[i] = m3_round_bf16(vr[i]);
         m3_kv_write(&kl, m3_block_table_slot(&bts[sq], s->Bs, j), kr, kr, vr, &wr);
+        if (kw && j == C - 1) memcpy(kw, kr, (size_t)KW * sizeof *kw), memcpy(kw + KW, vr, (size_t)KW * sizeof *kw);
     }
     /* g_after: the block of position C - 1 (T = 1) as written (real) and with other values at
      * that position (stale): K, V, and fp8 K / V scales */
@@ -204,6 +213,10 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
         free(tk1);
     }
     free(scratch);
+    if (kw) { /* the device cache gets other K/V at the token's position (T = 1: C - 1) */
+        for (int i = 0; i < KW; i++) kr[i] = m3_round_bf16(-2.0f * kw[i] + 0.5f), vr[i] = m3_round_bf16(3.0f * kw[KW + i] - 1.0f);
+        m3_kv_write(&kl, m3_block_table_slot(&bts[0], s->Bs, C - 1), kr, kr, vr, &wr);
+    }
 
     /* the device copy of the layer and the block table */
     const size_t eb = (size_t)geo.elem_bytes, kb = (size_t)pool * geo.k_block * eb,
@@ -246,6 +259,49 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
              qovf == M3_FP8_OVF_NAN ? " ovf-nan" : "",
              st->elem == M3_KV_FP8 ? (double)st->fmax : 0.0, p.name, T, S > 1 ? " seqs" : "", C,
              s->H, s->Hkv, s->Dh, s->Bs, geo.page, s->width);
+    if (flash && kw) { /* the token's K/V written by the launch just before each flash call */
+        m3_bf16 *dq = gpu_upload_bf16(g, q, nq, NULL);
+        m3_bf16 *dkr = gpu_upload_bf16(g, kw, KW, NULL), *dvr = gpu_upload_bf16(g, kw + KW, KW, NULL);
+        m3_gpu_qkv x;
+        memset(&x, 0, sizeof x);
+        x.k = dkr, x.v = dvr, x.ld_k = KW, x.ld_v = KW;
+        x.n_head = s->H, x.n_kv_head = s->Hkv, x.head_dim = s->Dh;
+        m3_gpu_kv_cache kc;
+        memset(&kc, 0, sizeof kc);
+        kc.fp8_max = st->fmax, kc.ovf = M3_FP8_SATURATE, kc.paged = &ds;
+        float *got2 = malloc(no * sizeof *got2);
+        for (int ik = 0; ik < 2; ik++) { /* the launcher's choice, then pc_k forced */
+            ds.flash_kernel = ik ? 3 : 0;
+            for (int run = 0; run < 2; run++) {
+                m3_bf16 *dout = gpu_guard_alloc(g, no * sizeof(m3_bf16));
+                GPU_OK(m3_gpu_qk_norm_rope_cache(g, &x, &kc, NULL, (const int32_t *)dpos, T, 1e-6f, s->Dh,
+                                                 10000.0f, &p));
+                GPU_OK(m3_gpu_attn_paged_flash(g, dout, dq, ldq, &ds, dpos, T, C, dtopk, s->width, &ap, &p));
+                gpu_download_bf16(g, run ? got2 : got, dout, no);
+                gpu_guard_check(g, dout, no * sizeof(m3_bf16), "paged flash attention out (after a cache write)");
+                /* the next run's write must land on other K/V again */
+                if (!run) {
+                    GPU_OK(m3_gpu_upload(g, dk, kl.k, kb));
+                    GPU_OK(m3_gpu_upload(g, dv, kl.v, vb));
+                    if (st->elem == M3_KV_FP8) {
+                        GPU_OK(m3_gpu_upload(g, (void *)ds.k_scale, kl.k_scale, sc * sizeof(float)));
+                        GPU_OK(m3_gpu_upload(g, (void *)ds.v_scale, kl.v_scale, sc * sizeof(float)));
+                    }
+                }
+            }
+            snprintf(name, sizeof name, "%s flash after a cache write k%d", what, ds.flash_kernel);
+            gpu_expect_nmse(ref, got, no, !st->pa ? PF_NMSE : PF_NMSE_PA, name);
+            if (memcmp(got, got2, no * sizeof *got)) m3_test_failf("%s: two runs differ (race?)", name);
+            GPU_OK(m3_gpu_upload(g, dk, kl.k, kb));
+            GPU_OK(m3_gpu_upload(g, dv, kl.v, vb));
+            if (st->elem == M3_KV_FP8) {
+                GPU_OK(m3_gpu_upload(g, (void *)ds.k_scale, kl.k_scale, sc * sizeof(float)));
+                GPU_OK(m3_gpu_upload(g, (void *)ds.v_scale, kl.v_scale, sc * sizeof(float)));
+            }
+        }
+        ds.flash_kernel = 0;
+        free(got2);
+    } else
     if (flash) { /* the fast kernel */
         m3_bf16 *dq = gpu_upload_bf16(g, q, nq, NULL);
         const double bound = !st->pa ? PF_NMSE : p.attn_partition > 0 ? PF_NMSE_PA : PF_NMSE_PA_FREE;
@@ -375,7 +431,7 @@ static void pg_case(m3_gpu *g, const pg_shape *s, const pg_store *st, int prof, 
     m3_kv_layer_free(&kl);
     for (int b = 0; b < S; b++) m3_block_table_free(&bts[b]);
     free(bts);
-    free(ids); free(kr); free(vr); free(q); free(ref); free(got); free(pos); free(topk);
+    free(ids); free(kr); free(vr); free(q); free(ref); free(got); free(pos); free(topk); free(kw);
     for (int i = 0; i < 4; i++) free(blk_real[i]), free(blk_stale[i]);
 }
 
@@ -482,6 +538,23 @@ static void paged_flash_after_write(void **state) {
     g_after = false;
 }
 
+/* Sparse decode rows (T = 1, M3 geometry, atom: pc_k's instances with M3's geometry compiled
+ * in) where the launch just before the flash call writes the token's K/V into the paged cache
+ * (g_chain above): bf16, §4.9 at FP8_MAX 448 and 240 */
+static void paged_flash_after_cache_write(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    static const pg_shape shapes[] = {
+        {1, 4096, 64, 4, 128, 128, 16, 16}, /* the own block full */
+        {1, 2100, 64, 4, 128, 128, 16, 16}, /* the own block ends inside a 16-key tile */
+        {1, 100, 64, 4, 128, 128, 16, 16},  /* the own block only */
+    };
+    g_chain = true;
+    for (size_t k = 1; k < N_STORES; k++)
+        if (k != 2) /* fp8 dequantized on read: not an M3 store */
+            for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) pg_case(g, &shapes[i], &stores[k], 2, true);
+    g_chain = false;
+}
+
 static void paged_dense_matches_ref(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     static const pg_shape shapes[] = {
@@ -538,6 +611,7 @@ int main(void) {
         cmocka_unit_test(paged_flash_sparse_matches_ref),
         cmocka_unit_test(paged_flash_decode1_matches_ref),
         cmocka_unit_test(paged_flash_two_contexts),
+        cmocka_unit_test(paged_flash_after_cache_write),
         cmocka_unit_test(paged_batch_matches_ref),
         cmocka_unit_test(paged_flash_after_write),
     };
