@@ -1372,7 +1372,7 @@ static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, i
  * slot y = bf16(rsf * 0), as combine_k. */
 static __global__ void __launch_bounds__(256)
     t1c_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
-          const float *M3_RESTRICT wts, int E, int K, int D, float rsf, bool bf16_combine) {
+          const float *M3_RESTRICT wts, int E, int K, int D, float rsf, bool bf16_combine, unsigned *cnt) {
     __shared__ int cks[32]; /* (K <= 32: t1_slots) */
     __shared__ float cws[32];
     const unsigned vm = t1_slots(ids, K, E); /* (ids and wts are inputs of the call) */
@@ -1380,6 +1380,8 @@ static __global__ void __launch_bounds__(256)
     if (threadIdx.x == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     __syncthreads();
     m3_pdl_wait(); /* y_e is the down kernel's */
+    /* dq1_k's early-start count, zero again for the next call (both dq1_k grids are done) */
+    if (cnt && d == 0) *cnt = 0u;
     if (d >= D) return;
     if (nv == 0)
         y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
@@ -1429,10 +1431,10 @@ static m3_status t1_launch(m3_gpu *g, void (*k)(P...), dim3 grid, unsigned threa
 
 /* t1c_k after a T = 1 down kernel (a programmatic dependent of it): y from ye [K, D] */
 static m3_status t1c_launch(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *ye, const int32_t *d_ids,
-                            const float *d_wts, const m3_moe_params *mp, const m3_profile *p) {
+                            const float *d_wts, const m3_moe_params *mp, const m3_profile *p, unsigned *cnt) {
     return t1_launch(g, t1c_k, dim3((unsigned)((mp->dim + 255) / 256)), 256, 0, true,
                      "t1c_k combine", d_y, ye, d_ids, d_wts, mp->n_expert, mp->top_k, mp->dim,
-                     mp->routed_scale, (bool)p->moe_bf16_combine);
+                     mp->routed_scale, (bool)p->moe_bf16_combine, cnt);
 }
 
 /* T = 1 on sk1_k: gate/up (+ swiglu) into ab [K, F], [act_mid], down into ye [K, D], t1c_k's
@@ -1462,7 +1464,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
                      (const m3_bf16 *)ab, d_ids, E, K, (const void *)w->down, (const void *)NULL,
                      (const m3_e8m0 *)w->down_s, (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit,
                      sm, ab16));
-    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
+    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p, NULL);
 }
 
 /* T = 1, MX weights (MXFP4; MXFP8 whose codes hold no NaN code, NC false): tc_k's tensor-core
@@ -1483,7 +1485,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast) {
+          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast, unsigned *cnt, int g1) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     /* the k-warps' partial sums, two buffers by tile parity: a warp writes tile i + 2's sums
      * into tile i's buffer only after tile i + 1's barrier, which the warps reading tile i's
@@ -1539,53 +1541,78 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
     load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
-    /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
-     * call; a and the counters are MODE 0's) */
-    if (MODE == 1) m3_pdl_wait();
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
      * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
      * once, and fewer rows shorten that step, 1% of the call, docs/gpu.md "Decode, session 12") */
-    unsigned need = 0; /* MODE 1: bit j, row j is read */
-    if (MODE == 1)
+    unsigned need = 1u; /* bit j: row j is read */
+    if (MODE == 1) {
+        need = 0;
         for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
-    const int nx = MODE == 0 ? 1 : __popc(need);
+    }
+    /* MODE 1 (launched as a dependent of MODE 0: the weights and ids above are inputs of the
+     * call, a is MODE 0's). With cnt (early start): MODE 0's blocks count themselves at cnt
+     * once their tiles below 2 g1 (its first two waves) are written, so the rows of the slots
+     * whose gate/up tiles all lie there (j < ej) are complete when the count reaches WR x
+     * min(g1, MODE 0's tiles); a block whose first tile reads such a row starts on them (its
+     * later rows after m3_pdl_wait) instead of waiting for MODE 0's last blocks */
+    unsigned rows = need;
+    if (MODE == 1) {
+        const int nch1 = kdim / (WR * 8), nt1 = nv * nch1, gg = g1 < nt1 ? g1 : nt1;
+        const int ej = cnt && g1 > 0 ? (2 * gg < nt1 ? 2 * gg : nt1) / nch1 : 0;
+        const unsigned em = need & (ej >= 32 ? ~0u : (1u << ej) - 1u);
+        if (em >> (tile / nch) & 1u) {
+            rows = em;
+            if (tid == 0) {
+                while (*(volatile unsigned *)cnt < (unsigned)(WR * gg)) __nanosleep(64);
+                __threadfence(); /* (acquire: the counted blocks' a stores) */
+            }
+            __syncthreads();
+        } else {
+            m3_pdl_wait();
+        }
+    }
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-    for (;;) {
-        bool ovf = false;
-        /* row by row, so that a unit's place is shifts and masks of its index (one index over
-         * all rows cost a runtime division and nth_bit per unit: docs/gpu.md "Decode, session
-         * 13"). Unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece (v / (PE / 8))
-         * % 4 of the step, unit v % (PE / 8) of the piece */
-        for (int jj = 0; jj < nx; jj++) {
-            const int j = MODE == 0 ? 0 : nth_bit(need, jj), src = MODE == 0 ? 0 : nth_bit(vm, j);
-            const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
-            uint4 *xr = xs + (size_t)j * pitch;
-            for (int v = tid; v < kdim / 8; v += TC_THREADS) {
-                const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
-                const uint4 x = xg[v];
-                xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
+    unsigned staged = 0;
+    auto stage = [&](unsigned rw) {
+        for (;;) {
+            bool ovf = false;
+            /* row by row, so that a unit's place is shifts and masks of its index (one index
+             * over all rows cost a runtime division and nth_bit per unit: docs/gpu.md "Decode,
+             * session 13"). Unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece
+             * (v / (PE / 8)) % 4 of the step, unit v % (PE / 8) of the piece. MODE 1 reads a
+             * through L2 (written by a grid that may still run) */
+            for (unsigned m = rw; m; m &= m - 1u) {
+                const int j = __ffs((int)m) - 1, src = MODE == 0 ? 0 : nth_bit(vm, j);
+                const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
+                uint4 *xr = xs + (size_t)j * pitch;
+                for (int v = tid; v < kdim / 8; v += TC_THREADS) {
+                    const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
+                    const uint4 x = MODE == 1 ? __ldcg(xg + v) : xg[v];
+                    xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
+                }
             }
-        }
-        { /* the pieces past the row (kdim % SE != 0) read as zeros */
-            const int pad = (nsteps * 4 - npieces) * UP;
-            for (int v = tid; v < nx * pad; v += TC_THREADS) {
-                const int j = MODE == 0 ? 0 : nth_bit(need, v / pad), pp = npieces + (v % pad) / UP,
-                          uu = (v % pad) % UP;
-                xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
+            { /* the pieces past the row (kdim % SE != 0) read as zeros */
+                const int pad = (nsteps * 4 - npieces) * UP;
+                for (int v = tid; v < __popc(rw) * pad; v += TC_THREADS) {
+                    const int j = nth_bit(rw, v / pad), pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
+                    xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
+                }
             }
+            if (WF != M3_GPU_W_MXFP4) {
+                __syncthreads();
+                break;
+            }
+            if (!__syncthreads_or(xsc != 0 && ovf)) break;
+            xsc = 0, rw |= staged; /* every row again, unscaled */
         }
-        if (WF != M3_GPU_W_MXFP4) {
-            __syncthreads();
-            break;
-        }
-        if (!__syncthreads_or(xsc != 0 && ovf)) break;
-        xsc = 0;
-    }
-    /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
+        staged |= rw;
+    };
+    /* the tiles while their rows are staged (true: all done); FAST: the k loop of a known
+     * scale range (tc_decode2) */
     int pty = 0; /* the tile's parity (red's buffer) */
-    auto tiles = [&](auto fast) {
+    auto tiles = [&](auto fast) -> bool {
         for (;;) {
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1639,18 +1666,35 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
+            /* MODE 0 with cnt: each writer warp counts itself after the block's last tile below
+             * 2 gridDim.x (the warp's stores, then one release by lane 0) */
+            if (MODE == 0 && cnt && wk == 0 && tile < 2 * (int)gridDim.x &&
+                (tile >= (int)gridDim.x || next >= ntiles)) {
+                __syncwarp();
+                if (lane == 0) {
+                    if (g1 != 2) __threadfence(); /* VAR 2: no fence (timing only) */
+                    atomicAdd(cnt, 1u);
+                }
+            }
             pty++;
-            if (next >= ntiles) break; /* block-uniform */
+            if (next >= ntiles) return true; /* block-uniform */
             tile = next, slot = nslot, obase = nobase;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
+            if (MODE == 1 && !(staged >> (tile / nch) & 1u)) return false;
         }
     };
-    if constexpr (WF == M3_GPU_W_MXFP4) {
-        if (xfast && xsc == xsh) tiles(m3_bool_c<true>());
-        else tiles(m3_bool_c<false>());
-    } else {
-        tiles(m3_bool_c<false>());
+    for (unsigned rw = rows;;) {
+        stage(rw);
+        bool done;
+        if constexpr (WF == M3_GPU_W_MXFP4) done = xfast && xsc == xsh ? tiles(m3_bool_c<true>()) : tiles(m3_bool_c<false>());
+        else done = tiles(m3_bool_c<false>());
+        if (done) break;
+        m3_pdl_wait(); /* (MODE 1) the other rows: MODE 0's grid done */
+        rw = need & ~staged;
     }
+    /* (an early-start block that never waited: the grid still ends after MODE 0's, for t1c_k
+     * and the launches after it) */
+    if (MODE == 1 && cnt) m3_pdl_wait();
 }
 
 /* MXFP4 decode from the caller's scale range (m3_gpu_experts.mx_scale_lo / hi, gpu/layer.hip's
@@ -1686,16 +1730,20 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS,
+    const int g1 = t1 < cap ? t1 : cap;
+    const char *vs = getenv("M3_MX4_VAR"); /* VAR (experiment) */
+    const int var = vs ? atoi(vs) : 0;
+    unsigned *cnt = var && !mid ? g->counters + M3_GPU_CNT_MOE : NULL;
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)g1), TC_THREADS,
                      sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate,
                      (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D,
-                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
+                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, var));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
                      sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf));
-    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, g1));
+    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p, cnt);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
