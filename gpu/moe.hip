@@ -1381,7 +1381,7 @@ static __global__ void __launch_bounds__(256)
     __syncthreads();
     m3_pdl_wait(); /* y_e is the down kernel's */
     /* dq1_k's early-start count, zero again for the next call (both dq1_k grids are done) */
-    if (cnt && d == 0) *cnt = 0u;
+    if (cnt && d == 0) cnt[0] = 0u, cnt[1] = 0u;
     if (d >= D) return;
     if (nv == 0)
         y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
@@ -1485,7 +1485,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast, unsigned *cnt, int g1) {
+          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast, unsigned *cnt, int g1, int xv) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     /* the k-warps' partial sums, two buffers by tile parity: a warp writes tile i + 2's sums
      * into tile i's buffer only after tile i + 1's barrier, which the warps reading tile i's
@@ -1557,9 +1557,18 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
      * min(g1, MODE 0's tiles); a block whose first tile reads such a row starts on them (its
      * later rows after m3_pdl_wait) instead of waiting for MODE 0's last blocks */
     unsigned rows = need;
+    int ej = 0; /* rows j < ej: complete at the count */
+    /* VAR 3: tickets (MODE 1 with cnt): a block's tiles after its first from cnt[1], one tile
+     * ahead (nxs by tile parity), each row staged when a tile first needs it */
+    const bool tk = MODE == 1 && cnt && xv == 3;
+    __shared__ int nxs[2];
+    if (tk) {
+        need = 1u << (tile / nch);
+        if (tid == 0) nxs[0] = (int)gridDim.x + (int)atomicAdd(cnt + 1, 1u);
+    }
     if (MODE == 1) {
         const int nch1 = kdim / (WR * 8), nt1 = nv * nch1, gg = g1 < nt1 ? g1 : nt1;
-        const int ej = cnt && g1 > 0 ? (2 * gg < nt1 ? 2 * gg : nt1) / nch1 : 0;
+        ej = cnt && g1 > 0 ? (2 * gg < nt1 ? 2 * gg : nt1) / nch1 : 0;
         const unsigned em = need & (ej >= 32 ? ~0u : (1u << ej) - 1u);
         if (em >> (tile / nch) & 1u) {
             rows = em;
@@ -1614,7 +1623,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     int pty = 0; /* the tile's parity (red's buffer) */
     auto tiles = [&](auto fast) -> bool {
         for (;;) {
-            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tk ? nxs[pty & 1] : tile + (int)gridDim.x;
+            int tkt = 0;
+            if (tk && tid == 0) tkt = (int)gridDim.x + (int)atomicAdd(cnt + 1, 1u);
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
@@ -1648,6 +1659,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             if (WK > 1) {
                 float *rd = red + (pty & 1) * TC_WARPS * 2 * 32;
                 if (t == 0) rd[(warp * 2) * 32 + g] = acc[0], rd[(warp * 2 + 1) * 32 + g] = acc[2];
+                if (tk && tid == 0) nxs[(pty + 1) & 1] = tkt;
                 __syncthreads();
                 if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++) {
@@ -1689,8 +1701,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         if constexpr (WF == M3_GPU_W_MXFP4) done = xfast && xsc == xsh ? tiles(m3_bool_c<true>()) : tiles(m3_bool_c<false>());
         else done = tiles(m3_bool_c<false>());
         if (done) break;
-        m3_pdl_wait(); /* (MODE 1) the other rows: MODE 0's grid done */
-        rw = need & ~staged;
+        if (tile / nch >= ej) m3_pdl_wait(); /* (MODE 1) the other rows: MODE 0's grid done */
+        rw = tk ? 1u << (tile / nch) : need & ~staged;
     }
     /* (an early-start block that never waited: the grid still ends after MODE 0's, for t1c_k
      * and the launches after it) */
@@ -1737,12 +1749,12 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)g1), TC_THREADS,
                      sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate,
                      (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D,
-                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, var));
+                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, var, var));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
                      sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, g1));
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, g1, var));
     return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p, cnt);
 }
 
