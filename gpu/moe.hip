@@ -1480,8 +1480,8 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
  * dependent launch: its first loads go out while gate/up finishes, m3_pdl_wait before it reads a):
  * out = y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and
  * its pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC>
-static __global__ void __launch_bounds__(TC_THREADS, 2)
+template <int WF, int MODE, int WK, int U, bool NC, int MB>
+static __global__ void __launch_bounds__(TC_THREADS, MB)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
@@ -1726,7 +1726,7 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches and t1c_k (y written by the third); ab [K, F] and
  * ye [K, D] scratch */
-template <int WF, int WK, int U, bool NC>
+template <int WF, int WK, int U, bool NC, int MB>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                          const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
                          const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
@@ -1737,21 +1737,21 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, MB>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
+    const int cap = MB * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const int g1 = t1 < cap ? t1 : cap;
     const char *vs = getenv("M3_MX4_VAR"); /* VAR (experiment) */
     const int var = vs ? atoi(vs) : 0;
-    unsigned *cnt = var && !mid ? g->counters + M3_GPU_CNT_MOE : NULL;
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)g1), TC_THREADS,
+    unsigned *cnt = var >= 1 && var <= 3 && !mid ? g->counters + M3_GPU_CNT_MOE : NULL;
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB>, dim3((unsigned)g1), TC_THREADS,
                      sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate,
                      (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D,
                      F, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, var, var));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
                      sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, g1, var));
@@ -2855,6 +2855,8 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
                          const float *d_wts, const m3_gpu_experts *w, const m3_moe_params *mp,
                          const m3_profile *p, const m3_actq *const *aq) {
     const int K = mp->top_k, D = mp->dim, F = mp->ffn;
+    const char *xvs = getenv("M3_MX4_VAR"); /* VAR (experiment) */
+    const int xvar = xvs ? atoi(xvs) : 0;
     const size_t mark = m3_gpu_mark(g);
     m3_bf16 *ab, *ye, *xq = NULL;
     m3_status s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)K * F);
@@ -2869,13 +2871,14 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         else if (w->fmt == M3_GPU_W_MXFP8)
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
-            s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp,
-                                                           p, mid)
-                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = !w->finite_codes ? sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                : xvar == 5      ? dq1_run<M3_GPU_W_MXFP8, 4, 1, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                : xvar == 6      ? dq1_run<M3_GPU_W_MXFP8, 4, 2, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                                 : dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p,
-                                                     mid);
+            s = xvar == 5   ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                : xvar == 6 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                            : dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
