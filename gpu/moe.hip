@@ -2874,10 +2874,12 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             s = !w->finite_codes ? sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
                 : xvar == 5      ? dq1_run<M3_GPU_W_MXFP8, 4, 1, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
                 : xvar == 6      ? dq1_run<M3_GPU_W_MXFP8, 4, 2, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                : xvar == 7      ? dq1_run<M3_GPU_W_MXFP8, 4, 2, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
                                  : dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
         else
             s = xvar == 5   ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
                 : xvar == 6 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                : xvar == 7 ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
                             : dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
     }
     m3_gpu_release(g, mark);
