@@ -1019,13 +1019,10 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * T = 1 and ~1-2% at T = 64, the same bits for all 2^32 words (docs/gpu.md, "Decode, session
  * 11"). In PTX: from C, nvcc folded shared masks into every pair (session 10). */
 template <int WF>
-static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const uint32_t v = qq[k];
+static __device__ __forceinline__ void tc_relay1(uint32_t v, uint32_t mul, uint32_t *r) {
         if (WF == M3_GPU_W_MXFP8) {
-            r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
-            r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
+            r[0] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
+            r[1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
         } else {
             uint32_t w0, w1, w2, w3;
             asm("{\n\t.reg .b32 t, u;\n\t"
@@ -1036,10 +1033,18 @@ static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul
                 "and.b32 t, u, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %3, t, 0x81C081C0;\n\t}"
                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
                 : "r"(v));
-            r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
-            r[4 * k + 2] = bf2_mul(w2, mul), r[4 * k + 3] = bf2_mul(w3, mul);
+            r[0] = bf2_mul(w0, mul), r[1] = bf2_mul(w1, mul);
+            r[2] = bf2_mul(w2, mul), r[3] = bf2_mul(w3, mul);
         }
-    }
+}
+template <int WF>
+static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) tc_relay1<WF>(qq[k], mul, r + k * (WF == M3_GPU_W_MXFP8 ? 2 : 4));
+}
+/* MXFP4's multiplier pair 2^(s + 126 - xsh) for tc_relay (tc_decode2's FAST path) */
+static __device__ __forceinline__ uint32_t tc_mul4(m3_e8m0 s, int xsh) {
+    return (uint32_t)s * 0x00800080u + (126u - (uint32_t)xsh) * 0x00800080u;
 }
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
@@ -1109,9 +1114,8 @@ static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1
 #if M3_HAVE_FP8_CVT
     if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
         const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
-        const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
-        tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
-        tc_relay<WF>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
+        tc_relay<WF>(qa, tc_mul4(s0, xsh), r0);
+        tc_relay<WF>(qb, tc_mul4(s1, xsh), r1);
         return;
     }
 #else
@@ -1481,7 +1485,7 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
  * out = y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and
  * its pass over y_e go away. */
 template <int WF, int MODE, int WK, int U, bool NC, int MB>
-static __global__ void __launch_bounds__(TC_THREADS, MB)
+static __global__ void __launch_bounds__(TC_THREADS, MB > 3 ? 3 : MB)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
@@ -1636,6 +1640,25 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
                     if (st >= nsteps) continue;
+                    if constexpr (WF == M3_GPU_W_MXFP4 && decltype(fast)::value && M3_HAVE_FP8_CVT) {
+                        if (MB >= 3 || xv >= 8) { /* VAR 8+: word by word (4 pairs a row, one x unit, 2 mma) */
+                            const uint32_t m0 = tc_mul4(sa[u][0], xsc), m1 = tc_mul4(sa[u][1], xsc);
+                            const uint32_t w0[4] = {qa[u][0].x, qa[u][0].y, qa[u][0].z, qa[u][0].w};
+                            const uint32_t w1[4] = {qa[u][1].x, qa[u][1].y, qa[u][1].z, qa[u][1].w};
+#pragma unroll
+                            for (int k = 0; k < 4; k++) {
+                                uint32_t r0[4], r1[4];
+                                tc_relay1<WF>(w0[k], m0, r0);
+                                tc_relay1<WF>(w1[k], m1, r1);
+                                const uint4 xv4 = xs[xr + st * 4 * UP + k * 4 + t];
+                                const uint32_t af0[4] = {r0[0], r1[0], r0[1], r1[1]}, bf0[2] = {xv4.x, xv4.y};
+                                const uint32_t af1[4] = {r0[2], r1[2], r0[3], r1[3]}, bf1[2] = {xv4.z, xv4.w};
+                                m3_mma_bf16_16816(acc, af0, bf0);
+                                m3_mma_bf16_16816(acc, af1, bf1);
+                            }
+                            continue;
+                        }
+                    }
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
                     tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
@@ -1698,7 +1721,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     for (unsigned rw = rows;;) {
         stage(rw);
         bool done;
-        if constexpr (WF == M3_GPU_W_MXFP4) done = xfast && xsc == xsh ? tiles(m3_bool_c<true>()) : tiles(m3_bool_c<false>());
+        if constexpr (WF == M3_GPU_W_MXFP4) done = MB == 4 || (xfast && xsc == xsh) ? tiles(m3_bool_c<true>()) : tiles(m3_bool_c<false>()); /* VAR MB 4: timing only */
         else done = tiles(m3_bool_c<false>());
         if (done) break;
         if (tile / nch >= ej) m3_pdl_wait(); /* (MODE 1) the other rows: MODE 0's grid done */
@@ -1741,7 +1764,7 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    const int cap = MB * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
+    const int cap = (MB > 3 ? 3 : MB) * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
     const int g1 = t1 < cap ? t1 : cap;
     const char *vs = getenv("M3_MX4_VAR"); /* VAR (experiment) */
     const int var = vs ? atoi(vs) : 0;
@@ -2877,8 +2900,10 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
                 : xvar == 7      ? dq1_run<M3_GPU_W_MXFP8, 4, 2, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
                                  : dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
         else
-            s = xvar == 5   ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                : xvar == 6 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+            s = xvar == 5 || xvar == 9   ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                : xvar == 6 || xvar == 10 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                : xvar == 11 ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 4>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
+                : xvar == 12 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
                 : xvar == 7 ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
                             : dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
     }
