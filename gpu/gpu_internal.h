@@ -33,7 +33,6 @@ struct m3_gpu {
 #define M3_GPU_CNT_PF 0      /* gpu/attn.hip paged-flash merge: 65536 (token, kv head) rows */
 #define M3_GPU_CNT_IDX 65536 /* gpu/indexer.hip fused decode selection: 2, by call parity;
                                 * its direct selection's 8 row flags at + 8 */
-#define M3_GPU_CNT_MOE (65536 + 48) /* gpu/moe.hip T = 1 dq1_k early start: 2 */
 #define M3_GPU_CNT_SD (65536 + 64) /* gpu/attn.hip sparse flash decode merge: 65536 rows */
 /* gpu/indexer.hip direct decode selection: 8 rows x 1024 key blocks of 64-bit rank keys */
 #define M3_GPU_CNT_IDXS (2 * 65536 + 64)

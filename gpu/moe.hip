@@ -1001,7 +1001,8 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
     return d;
 }
 
-/* the bf16 pairs of one piece, each times the bf16 power-of-two pair mul (see tc_decode).
+/* the bf16 pairs of one 32-bit word of codes (2 MXFP8, 4 MXFP4; tc_relay: the 4 words of a
+ * piece), each times the bf16 power-of-two pair mul (see tc_decode).
  * MXFP8: an e4m3 byte s|eeee|mmm placed as the bf16 s|0000 eeee|mmm 0000 is its value x
  * 2^-120 (e = 0: a bf16 subnormal of the same value; a NaN code would give a finite value,
  * hence the NaN-code test): one prmt puts the bytes b and sign(b) of two codes in place
@@ -1020,31 +1021,32 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * 11"). In PTX: from C, nvcc folded shared masks into every pair (session 10). */
 template <int WF>
 static __device__ __forceinline__ void tc_relay1(uint32_t v, uint32_t mul, uint32_t *r) {
-        if (WF == M3_GPU_W_MXFP8) {
-            r[0] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
-            r[1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
-        } else {
-            uint32_t w0, w1, w2, w3;
-            asm("{\n\t.reg .b32 t, u;\n\t"
-                "and.b32 t, %4, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %0, t, 0x81C081C0;\n\t"
-                "and.b32 t, %4, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %1, t, 0x81C081C0;\n\t"
-                "shr.u32 u, %4, 8;\n\t"
-                "and.b32 t, u, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %2, t, 0x81C081C0;\n\t"
-                "and.b32 t, u, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %3, t, 0x81C081C0;\n\t}"
-                : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
-                : "r"(v));
-            r[0] = bf2_mul(w0, mul), r[1] = bf2_mul(w1, mul);
-            r[2] = bf2_mul(w2, mul), r[3] = bf2_mul(w3, mul);
-        }
+    if (WF == M3_GPU_W_MXFP8) {
+        r[0] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
+        r[1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
+    } else {
+        uint32_t w0, w1, w2, w3;
+        asm("{\n\t.reg .b32 t, u;\n\t"
+            "and.b32 t, %4, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %0, t, 0x81C081C0;\n\t"
+            "and.b32 t, %4, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %1, t, 0x81C081C0;\n\t"
+            "shr.u32 u, %4, 8;\n\t"
+            "and.b32 t, u, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %2, t, 0x81C081C0;\n\t"
+            "and.b32 t, u, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %3, t, 0x81C081C0;\n\t}"
+            : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+            : "r"(v));
+        r[0] = bf2_mul(w0, mul), r[1] = bf2_mul(w1, mul);
+        r[2] = bf2_mul(w2, mul), r[3] = bf2_mul(w3, mul);
+    }
 }
+/* the 4 words of a piece (PE / 2 pairs) */
 template <int WF>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
-    for (int k = 0; k < 4; k++) tc_relay1<WF>(qq[k], mul, r + k * (WF == M3_GPU_W_MXFP8 ? 2 : 4));
+    for (int k = 0; k < 4; k++) tc_relay1<WF>(qq[k], mul, r + k * (tcf<WF>::PE / 8));
 }
-/* MXFP4's multiplier pair 2^(s + 126 - xsh) for tc_relay (tc_decode2's FAST path) */
-static __device__ __forceinline__ uint32_t tc_mul4(m3_e8m0 s, int xsh) {
-    return (uint32_t)s * 0x00800080u + (126u - (uint32_t)xsh) * 0x00800080u;
+/* MXFP4: the multiplier pair 2^(s + 126 - xsh) of a piece (tc_relay: codes x 2^-126) */
+static __device__ __forceinline__ uint32_t tc_mul4(uint32_t s, int xsh) {
+    return s * 0x00800080u + (126u - (uint32_t)xsh) * 0x00800080u;
 }
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
@@ -1376,7 +1378,7 @@ static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, i
  * slot y = bf16(rsf * 0), as combine_k. */
 static __global__ void __launch_bounds__(256)
     t1c_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
-          const float *M3_RESTRICT wts, int E, int K, int D, float rsf, bool bf16_combine, unsigned *cnt) {
+          const float *M3_RESTRICT wts, int E, int K, int D, float rsf, bool bf16_combine) {
     __shared__ int cks[32]; /* (K <= 32: t1_slots) */
     __shared__ float cws[32];
     const unsigned vm = t1_slots(ids, K, E); /* (ids and wts are inputs of the call) */
@@ -1384,8 +1386,6 @@ static __global__ void __launch_bounds__(256)
     if (threadIdx.x == 0) t1_order(cks, cws, ids, wts, vm, K, nv);
     __syncthreads();
     m3_pdl_wait(); /* y_e is the down kernel's */
-    /* dq1_k's early-start count, zero again for the next call (both dq1_k grids are done) */
-    if (cnt && d == 0) cnt[0] = 0u, cnt[1] = 0u;
     if (d >= D) return;
     if (nv == 0)
         y[d] = m3_f32_to_bf16(m3_round_bf16(rsf * 0.0f));
@@ -1435,10 +1435,10 @@ static m3_status t1_launch(m3_gpu *g, void (*k)(P...), dim3 grid, unsigned threa
 
 /* t1c_k after a T = 1 down kernel (a programmatic dependent of it): y from ye [K, D] */
 static m3_status t1c_launch(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *ye, const int32_t *d_ids,
-                            const float *d_wts, const m3_moe_params *mp, const m3_profile *p, unsigned *cnt) {
+                            const float *d_wts, const m3_moe_params *mp, const m3_profile *p) {
     return t1_launch(g, t1c_k, dim3((unsigned)((mp->dim + 255) / 256)), 256, 0, true,
                      "t1c_k combine", d_y, ye, d_ids, d_wts, mp->n_expert, mp->top_k, mp->dim,
-                     mp->routed_scale, (bool)p->moe_bf16_combine, cnt);
+                     mp->routed_scale, (bool)p->moe_bf16_combine);
 }
 
 /* T = 1 on sk1_k: gate/up (+ swiglu) into ab [K, F], [act_mid], down into ye [K, D], t1c_k's
@@ -1468,7 +1468,40 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
                      (const m3_bf16 *)ab, d_ids, E, K, (const void *)w->down, (const void *)NULL,
                      (const m3_e8m0 *)w->down_s, (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit,
                      sm, ab16));
-    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p, NULL);
+    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
+}
+
+/* One step of MXFP4 codes of a lane (its pieces of rows g and g + 8, scale bytes s0 / s1)
+ * against its x units xu[0], xu[4], xu[8], xu[12] (dq1_k's staging), into acc, word by word:
+ * the 4 pairs of code word k of each row (tc_relay1), then x unit k and its 2 mma, so that a
+ * word's 8 pairs and one x unit are live at a time, not a step's 32 pairs and 4 units
+ * (tc_decode2): the k loop of dq1_k's 3-blocks-a-multiprocessor form fits 80 registers. The
+ * same A and B values through the same mma in the same order as tc_decode2 and its loop: the
+ * same bits. DM 1 (FAST): one multiply a pair, 2^(s + 126 - xsh) (mx4_xsh's range). DM 2
+ * (WIDE: that range with x staged unscaled after an overflow, scale bytes in [3, 136]):
+ * 2^(min(s, 128) - 1) and then 2^(max(s, 128) - 128), tc_decode's two multiplies for a scale
+ * above 2^1 (each exact: the products stay bf16 values between 2^-125 and 6 x 2^9). */
+template <int DM>
+static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1,
+                                                 const uint4 *xu, int xsh) {
+    const uint32_t w0[4] = {q0.x, q0.y, q0.z, q0.w}, w1[4] = {q1.x, q1.y, q1.z, q1.w};
+    const uint32_t a = s0, b = s1;
+    const uint32_t m0 = tc_mul4(DM == 2 && a > 128u ? 128u : a, xsh), m1 = tc_mul4(DM == 2 && b > 128u ? 128u : b, xsh);
+    const uint32_t n0 = tc_mul4(a > 128u ? a : 128u, 127), n1 = tc_mul4(b > 128u ? b : 128u, 127);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t r0[4], r1[4];
+        tc_relay1<M3_GPU_W_MXFP4>(w0[k], m0, r0);
+        tc_relay1<M3_GPU_W_MXFP4>(w1[k], m1, r1);
+        if (DM == 2)
+#pragma unroll
+            for (int i = 0; i < 4; i++) r0[i] = bf2_mul(r0[i], n0), r1[i] = bf2_mul(r1[i], n1);
+        const uint4 x = xu[4 * k];
+        const uint32_t af0[4] = {r0[0], r1[0], r0[1], r1[1]}, bf0[2] = {x.x, x.y};
+        const uint32_t af1[4] = {r0[2], r1[2], r0[3], r1[3]}, bf1[2] = {x.z, x.w};
+        m3_mma_bf16_16816(acc, af0, bf0);
+        m3_mma_bf16_16816(acc, af1, bf1);
+    }
 }
 
 /* T = 1, MX weights (MXFP4; MXFP8 whose codes hold no NaN code, NC false): tc_k's tensor-core
@@ -1484,12 +1517,13 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
  * dependent launch: its first loads go out while gate/up finishes, m3_pdl_wait before it reads a):
  * out = y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and
  * its pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC, int MB>
-static __global__ void __launch_bounds__(TC_THREADS, MB > 3 ? 3 : MB)
+template <int V> struct dq1_dm { static constexpr int value = V; }; /* dq1_k's k loop: below */
+template <int WF, int MODE, int WK, int U, bool NC, int MB, bool FK>
+static __global__ void __launch_bounds__(TC_THREADS, MB)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast, unsigned *cnt, int g1, int xv) {
+          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     /* the k-warps' partial sums, two buffers by tile parity: a warp writes tile i + 2's sums
      * into tile i's buffer only after tile i + 1's barrier, which the warps reading tile i's
@@ -1545,91 +1579,57 @@ static __global__ void __launch_bounds__(TC_THREADS, MB > 3 ? 3 : MB)
     uint4 qa[U][2], qb[U][2];
     m3_e8m0 sa[U][2], sb[U][2];
     load(cpw, cps, wk, qa, sa); /* in flight while the rows are staged */
+    /* (MODE 1 launched as a dependent of MODE 0: the weights and ids above are inputs of the
+     * call; a and the counters are MODE 0's) */
+    if (MODE == 1) m3_pdl_wait();
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
      * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
      * once, and fewer rows shorten that step, 1% of the call, docs/gpu.md "Decode, session 12") */
-    unsigned need = 1u; /* bit j: row j is read */
-    if (MODE == 1) {
-        need = 0;
+    unsigned need = 0; /* MODE 1: bit j, row j is read */
+    if (MODE == 1)
         for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
-    }
-    /* MODE 1 (launched as a dependent of MODE 0: the weights and ids above are inputs of the
-     * call, a is MODE 0's). With cnt (early start): MODE 0's blocks count themselves at cnt
-     * once their tiles below 2 g1 (its first two waves) are written, so the rows of the slots
-     * whose gate/up tiles all lie there (j < ej) are complete when the count reaches WR x
-     * min(g1, MODE 0's tiles); a block whose first tile reads such a row starts on them (its
-     * later rows after m3_pdl_wait) instead of waiting for MODE 0's last blocks */
-    unsigned rows = need;
-    int ej = 0; /* rows j < ej: complete at the count */
-    /* VAR 3: tickets (MODE 1 with cnt): a block's tiles after its first from cnt[1], one tile
-     * ahead (nxs by tile parity), each row staged when a tile first needs it */
-    const bool tk = MODE == 1 && cnt && xv == 3;
-    __shared__ int nxs[2];
-    if (tk) {
-        need = 1u << (tile / nch);
-        if (tid == 0) nxs[0] = (int)gridDim.x + (int)atomicAdd(cnt + 1, 1u);
-    }
-    if (MODE == 1) {
-        const int nch1 = kdim / (WR * 8), nt1 = nv * nch1, gg = g1 < nt1 ? g1 : nt1;
-        ej = cnt && g1 > 0 ? (2 * gg < nt1 ? 2 * gg : nt1) / nch1 : 0;
-        const unsigned em = need & (ej >= 32 ? ~0u : (1u << ej) - 1u);
-        if (em >> (tile / nch) & 1u) {
-            rows = em;
-            if (tid == 0) {
-                while (*(volatile unsigned *)cnt < (unsigned)(WR * gg)) __nanosleep(64);
-                __threadfence(); /* (acquire: the counted blocks' a stores) */
-            }
-            __syncthreads();
-        } else {
-            m3_pdl_wait();
-        }
-    }
+    const int nx = MODE == 0 ? 1 : __popc(need);
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
-    unsigned staged = 0;
-    auto stage = [&](unsigned rw) {
-        for (;;) {
-            bool ovf = false;
-            /* row by row, so that a unit's place is shifts and masks of its index (one index
-             * over all rows cost a runtime division and nth_bit per unit: docs/gpu.md "Decode,
-             * session 13"). Unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece
-             * (v / (PE / 8)) % 4 of the step, unit v % (PE / 8) of the piece. MODE 1 reads a
-             * through L2 (written by a grid that may still run) */
-            for (unsigned m = rw; m; m &= m - 1u) {
-                const int j = __ffs((int)m) - 1, src = MODE == 0 ? 0 : nth_bit(vm, j);
-                const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
-                uint4 *xr = xs + (size_t)j * pitch;
-                for (int v = tid; v < kdim / 8; v += TC_THREADS) {
-                    const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
-                    const uint4 x = MODE == 1 ? __ldcg(xg + v) : xg[v];
-                    xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
-                }
+    for (;;) {
+        bool ovf = false;
+        /* row by row, so that a unit's place is shifts and masks of its index (one index over
+         * all rows cost a runtime division and nth_bit per unit: docs/gpu.md "Decode, session
+         * 13"). Unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece (v / (PE / 8))
+         * % 4 of the step, unit v % (PE / 8) of the piece */
+        for (int jj = 0; jj < nx; jj++) {
+            const int j = MODE == 0 ? 0 : nth_bit(need, jj), src = MODE == 0 ? 0 : nth_bit(vm, j);
+            const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
+            uint4 *xr = xs + (size_t)j * pitch;
+            for (int v = tid; v < kdim / 8; v += TC_THREADS) {
+                const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
+                const uint4 x = xg[v];
+                xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
             }
-            { /* the pieces past the row (kdim % SE != 0) read as zeros */
-                const int pad = (nsteps * 4 - npieces) * UP;
-                for (int v = tid; v < __popc(rw) * pad; v += TC_THREADS) {
-                    const int j = nth_bit(rw, v / pad), pp = npieces + (v % pad) / UP, uu = (v % pad) % UP;
-                    xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
-                }
-            }
-            if (WF != M3_GPU_W_MXFP4) {
-                __syncthreads();
-                break;
-            }
-            if (!__syncthreads_or(xsc != 0 && ovf)) break;
-            xsc = 0, rw |= staged; /* every row again, unscaled */
         }
-        staged |= rw;
-    };
-    /* the tiles while their rows are staged (true: all done); FAST: the k loop of a known
-     * scale range (tc_decode2) */
+        { /* the pieces past the row (kdim % SE != 0) read as zeros */
+            const int pad = (nsteps * 4 - npieces) * UP;
+            for (int v = tid; v < nx * pad; v += TC_THREADS) {
+                const int j = MODE == 0 ? 0 : nth_bit(need, v / pad), pp = npieces + (v % pad) / UP,
+                          uu = (v % pad) % UP;
+                xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        if (WF != M3_GPU_W_MXFP4) {
+            __syncthreads();
+            break;
+        }
+        if (!__syncthreads_or(xsc != 0 && ovf)) break;
+        xsc = 0;
+    }
+    /* the tiles; DM: the k loop: 0 tc_decode2's vote / per-piece path, 1 a known scale range
+     * (tc_decode2's FAST; FK: dq1_step4), 2 (FK) that range with x unscaled after an overflow */
     int pty = 0; /* the tile's parity (red's buffer) */
-    auto tiles = [&](auto fast) -> bool {
+    auto tiles = [&](auto dm) {
+        constexpr int DM = decltype(dm)::value;
         for (;;) {
-            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tk ? nxs[pty & 1] : tile + (int)gridDim.x;
-            int tkt = 0;
-            if (tk && tid == 0) tkt = (int)gridDim.x + (int)atomicAdd(cnt + 1, 1u);
+            const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (next < ntiles) rows_of(next, &nslot, &nobase, npw, nps);
             for (int gi = 0; gi < G; gi++) {
@@ -1640,27 +1640,12 @@ static __global__ void __launch_bounds__(TC_THREADS, MB > 3 ? 3 : MB)
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
                     if (st >= nsteps) continue;
-                    if constexpr (WF == M3_GPU_W_MXFP4 && decltype(fast)::value && M3_HAVE_FP8_CVT) {
-                        if (MB >= 3 || xv >= 8) { /* VAR 8+: word by word (4 pairs a row, one x unit, 2 mma) */
-                            const uint32_t m0 = tc_mul4(sa[u][0], xsc), m1 = tc_mul4(sa[u][1], xsc);
-                            const uint32_t w0[4] = {qa[u][0].x, qa[u][0].y, qa[u][0].z, qa[u][0].w};
-                            const uint32_t w1[4] = {qa[u][1].x, qa[u][1].y, qa[u][1].z, qa[u][1].w};
-#pragma unroll
-                            for (int k = 0; k < 4; k++) {
-                                uint32_t r0[4], r1[4];
-                                tc_relay1<WF>(w0[k], m0, r0);
-                                tc_relay1<WF>(w1[k], m1, r1);
-                                const uint4 xv4 = xs[xr + st * 4 * UP + k * 4 + t];
-                                const uint32_t af0[4] = {r0[0], r1[0], r0[1], r1[1]}, bf0[2] = {xv4.x, xv4.y};
-                                const uint32_t af1[4] = {r0[2], r1[2], r0[3], r1[3]}, bf1[2] = {xv4.z, xv4.w};
-                                m3_mma_bf16_16816(acc, af0, bf0);
-                                m3_mma_bf16_16816(acc, af1, bf1);
-                            }
-                            continue;
-                        }
+                    if constexpr (WF == M3_GPU_W_MXFP4 && FK && DM != 0) {
+                        dq1_step4<DM>(acc, qa[u][0], sa[u][0], qa[u][1], sa[u][1], xs + xr + st * 4 * UP + t, xsc);
+                        continue;
                     }
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    tc_decode2<WF, NC, DM == 1>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
                         const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
@@ -1682,7 +1667,6 @@ static __global__ void __launch_bounds__(TC_THREADS, MB > 3 ? 3 : MB)
             if (WK > 1) {
                 float *rd = red + (pty & 1) * TC_WARPS * 2 * 32;
                 if (t == 0) rd[(warp * 2) * 32 + g] = acc[0], rd[(warp * 2 + 1) * 32 + g] = acc[2];
-                if (tk && tid == 0) nxs[(pty + 1) & 1] = tkt;
                 __syncthreads();
                 if (wk == 0 && t == 0)
                     for (int w2 = 1; w2 < WK; w2++) {
@@ -1701,35 +1685,21 @@ static __global__ void __launch_bounds__(TC_THREADS, MB > 3 ? 3 : MB)
                     orow[obase + g + 8] = m3_f32_to_bf16(acc[2]);
                 }
             }
-            /* MODE 0 with cnt: each writer warp counts itself after the block's last tile below
-             * 2 gridDim.x (the warp's stores, then one release by lane 0) */
-            if (MODE == 0 && cnt && wk == 0 && tile < 2 * (int)gridDim.x &&
-                (tile >= (int)gridDim.x || next >= ntiles)) {
-                __syncwarp();
-                if (lane == 0) {
-                    if (g1 != 2) __threadfence(); /* VAR 2: no fence (timing only) */
-                    atomicAdd(cnt, 1u);
-                }
-            }
             pty++;
-            if (next >= ntiles) return true; /* block-uniform */
+            if (next >= ntiles) break; /* block-uniform */
             tile = next, slot = nslot, obase = nobase;
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
-            if (MODE == 1 && !(staged >> (tile / nch) & 1u)) return false;
         }
     };
-    for (unsigned rw = rows;;) {
-        stage(rw);
-        bool done;
-        if constexpr (WF == M3_GPU_W_MXFP4) done = MB == 4 || (xfast && xsc == xsh) ? tiles(m3_bool_c<true>()) : tiles(m3_bool_c<false>()); /* VAR MB 4: timing only */
-        else done = tiles(m3_bool_c<false>());
-        if (done) break;
-        if (tile / nch >= ej) m3_pdl_wait(); /* (MODE 1) the other rows: MODE 0's grid done */
-        rw = tk ? 1u << (tile / nch) : need & ~staged;
+    if constexpr (WF == M3_GPU_W_MXFP4 && FK) { /* (the caller's range allows FAST) */
+        if (xsc == xsh) tiles(dq1_dm<1>());
+        else tiles(dq1_dm<2>());
+    } else if constexpr (WF == M3_GPU_W_MXFP4) {
+        if (xfast && xsc == xsh) tiles(dq1_dm<1>());
+        else tiles(dq1_dm<0>());
+    } else {
+        tiles(dq1_dm<0>());
     }
-    /* (an early-start block that never waited: the grid still ends after MODE 0's, for t1c_k
-     * and the launches after it) */
-    if (MODE == 1 && cnt) m3_pdl_wait();
 }
 
 /* MXFP4 decode from the caller's scale range (m3_gpu_experts.mx_scale_lo / hi, gpu/layer.hip's
@@ -1749,7 +1719,7 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches and t1c_k (y written by the third); ab [K, F] and
  * ye [K, D] scratch */
-template <int WF, int WK, int U, bool NC, int MB>
+template <int WF, int WK, int U, bool NC, int MB, bool FK>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                          const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
                          const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
@@ -1760,25 +1730,21 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, MB>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, MB, FK>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB, FK>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    const int cap = (MB > 3 ? 3 : MB) * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    const int g1 = t1 < cap ? t1 : cap;
-    const char *vs = getenv("M3_MX4_VAR"); /* VAR (experiment) */
-    const int var = vs ? atoi(vs) : 0;
-    unsigned *cnt = var >= 1 && var <= 3 && !mid ? g->counters + M3_GPU_CNT_MOE : NULL;
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB>, dim3((unsigned)g1), TC_THREADS,
+    const int cap = MB * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB, FK>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS,
                      sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate,
                      (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D,
-                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, var, var));
+                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB, FK>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
                      sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf, cnt, g1, var));
-    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p, cnt);
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf));
+    return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
 /* tc_k launches: gate/up (+ swiglu), [act_mid], down */
@@ -2878,8 +2844,6 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
                          const float *d_wts, const m3_gpu_experts *w, const m3_moe_params *mp,
                          const m3_profile *p, const m3_actq *const *aq) {
     const int K = mp->top_k, D = mp->dim, F = mp->ffn;
-    const char *xvs = getenv("M3_MX4_VAR"); /* VAR (experiment) */
-    const int xvar = xvs ? atoi(xvs) : 0;
     const size_t mark = m3_gpu_mark(g);
     m3_bf16 *ab, *ye, *xq = NULL;
     m3_status s = m3_gpu_alloc(g, (void **)&ab, sizeof(m3_bf16) * (size_t)K * F);
@@ -2894,18 +2858,17 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         else if (w->fmt == M3_GPU_W_MXFP8)
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
-            s = !w->finite_codes ? sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                : xvar == 5      ? dq1_run<M3_GPU_W_MXFP8, 4, 1, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                : xvar == 6      ? dq1_run<M3_GPU_W_MXFP8, 4, 2, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                : xvar == 7      ? dq1_run<M3_GPU_W_MXFP8, 4, 2, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                                 : dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = w->finite_codes
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts,
+                                                                     w, mp, p, mid)
+                    : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
+        else if (m3_gpu_moe_mx4_fast(w) && !(getenv("M3_MX4_VAR") && atoi(getenv("M3_MX4_VAR")) == 1)) /* VAR */
+            /* the range's k loops only (dq1_step4), 3 blocks a multiprocessor */
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
+                                                              mp, p, mid);
         else
-            s = xvar == 5 || xvar == 9   ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                : xvar == 6 || xvar == 10 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                : xvar == 11 ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 4>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                : xvar == 12 ? dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 4>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                : xvar == 7 ? dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid)
-                            : dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
+                                                               mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
