@@ -1506,7 +1506,7 @@ static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s
 
 /* T = 1, MX weights (MXFP4; MXFP8 whose codes hold no NaN code, NC false): tc_k's tensor-core
  * GEMV for one token, without a grouping kernel or a combine launch. The grouped row of slot k is k
- * itself; the valid slots (t1_slots) are read by every block. Persistent (at most 2 blocks per
+ * itself; the valid slots (t1_slots) are read by every block. Persistent (at most MB blocks per
  * multiprocessor; block b takes the tiles b, b + gridDim.x, ...), a tile: one valid slot's CH
  * outputs (8 (gate/up) or 16 (down) per row group of 8 / WK warps), its k range split over WK warps
  * (partial sums added in warp order through shared memory). Each lane keeps two register sets of U
@@ -1516,7 +1516,12 @@ static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s
  * (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu.md "Decode, session 11"). MODE 1 (a
  * dependent launch: its first loads go out while gate/up finishes, m3_pdl_wait before it reads a):
  * out = y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and
- * its pass over y_e go away. */
+ * its pass over y_e go away. FK (MXFP4 with a scale range that allows tc_decode2's FAST, mx4_xsh):
+ * only that range's k loops (dq1_step4: FAST, and WIDE for a block whose x overflowed when staged
+ * times 2^8), no vote and no per-piece float path, so the kernel fits 80 registers and runs 3
+ * blocks (24 warps) a multiprocessor with one step a register set (U 1): at 2 blocks U 1 ran
+ * 0.0518 ms against U 2's 0.0454, at 3 blocks 0.0450 against 0.0462 (docs/gpu-log/s15-mx4.md):
+ * the k loop is issue-bound, and the third block's warps hide its dependency stalls. */
 template <int V> struct dq1_dm { static constexpr int value = V; }; /* dq1_k's k loop: below */
 template <int WF, int MODE, int WK, int U, bool NC, int MB, bool FK>
 static __global__ void __launch_bounds__(TC_THREADS, MB)
@@ -2862,8 +2867,11 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
                     ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts,
                                                                      w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (m3_gpu_moe_mx4_fast(w) && !(getenv("M3_MX4_VAR") && atoi(getenv("M3_MX4_VAR")) == 1)) /* VAR */
-            /* the range's k loops only (dq1_step4), 3 blocks a multiprocessor */
+        else if (m3_gpu_moe_mx4_fast(w))
+            /* the scale range's k loops only (FK: dq1_step4), 3 blocks a multiprocessor, one
+             * step a register set: -1.2 us (-2.6%) against the 2-block form in one process
+             * (docs/gpu-log/s15-mx4.md); the form with the vote / per-piece loop needs 2
+             * blocks (at 3 it spills 60-80 bytes) */
             s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
                                                               mp, p, mid);
         else

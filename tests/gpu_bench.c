@@ -901,21 +901,6 @@ static void bench_moe_experts(void **state) {
             printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
                    nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-            /* VAR (experiment): M3_BENCH_MOE_VARS=0,1,.. re-times the T = 1 row with each
-             * M3_MX4_VAR value, 3 alternating rounds */
-            const char *vars = getenv("M3_BENCH_MOE_VARS");
-            for (int rd = 0; vars && c.T == 1 && rd < 3; rd++)
-                for (const char *v = vars; v && *v;) {
-                    char vb[16], nm3[128];
-                    snprintf(vb, sizeof vb, "%d", atoi(v));
-                    setenv("M3_MX4_VAR", vb, 1);
-                    ms = time_ms(g, do_experts, &c, 20, 7);
-                    snprintf(nm3, sizeof nm3, "%s var=%s r%d", nm, vb, rd);
-                    report(nm3, ms, wbytes + io, tk * 6.0 * D * F);
-                    v = strchr(v, ',');
-                    v = v ? v + 1 : NULL;
-                }
-            unsetenv("M3_MX4_VAR");
             if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip gives it
                                           from its upload scan): the per-step vote path */
                 c.w.mx_scale_lo = c.w.mx_scale_hi = 0;
