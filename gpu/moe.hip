@@ -1519,9 +1519,11 @@ static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s
  * its pass over y_e go away. FK (MXFP4 with a scale range that allows tc_decode2's FAST, mx4_xsh):
  * only that range's k loops (dq1_step4: FAST, and WIDE for a block whose x overflowed when staged
  * times 2^8), no vote and no per-piece float path, so the kernel fits 80 registers and runs 3
- * blocks (24 warps) a multiprocessor with one step a register set (U 1): at 2 blocks U 1 ran
- * 0.0518 ms against U 2's 0.0454, at 3 blocks 0.0450 against 0.0462 (docs/gpu-log/s15-mx4.md):
- * the k loop is issue-bound, and the third block's warps hide its dependency stalls. */
+ * blocks (24 warps) a multiprocessor with one step a register set (U 1). MXFP4 T = 1, one
+ * process: U 1 at 2 blocks 0.0518 ms against U 2's 0.0454, at 3 blocks 0.0455 (with the vote /
+ * per-piece loop, 60-80 bytes spilled), without that loop 0.0450 against 0.0462 (timing only:
+ * no WIDE), this form 0.0460 against 0.0464-0.0465 (its down kernel spills 40 bytes with WIDE):
+ * docs/gpu-log/s15-mx4.md. The third block's warps hide the k loop's dependency stalls. */
 template <int V> struct dq1_dm { static constexpr int value = V; }; /* dq1_k's k loop: below */
 template <int WF, int MODE, int WK, int U, bool NC, int MB, bool FK>
 static __global__ void __launch_bounds__(TC_THREADS, MB)
@@ -2869,9 +2871,8 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
         else if (m3_gpu_moe_mx4_fast(w))
             /* the scale range's k loops only (FK: dq1_step4), 3 blocks a multiprocessor, one
-             * step a register set: -1.2 us (-2.6%) against the 2-block form in one process
-             * (docs/gpu-log/s15-mx4.md); the form with the vote / per-piece loop needs 2
-             * blocks (at 3 it spills 60-80 bytes) */
+             * step a register set: -1% against the 2-block form in one process (dq1_k); the
+             * form with the vote / per-piece loop keeps 2 blocks */
             s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
                                                               mp, p, mid);
         else
