@@ -1482,11 +1482,12 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
  * 2^(min(s, 128) - 1) and then 2^(max(s, 128) - 128), tc_decode's two multiplies for a scale
  * above 2^1 (each exact: the products stay bf16 values between 2^-125 and 6 x 2^9). */
 template <int DM>
-static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s0, uint4 q1, m3_e8m0 s1,
-                                                 const uint4 *xu, int xsh) {
+static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s0, uint4 q1,
+                                                 m3_e8m0 s1, const uint4 *xu, int xsh) {
     const uint32_t w0[4] = {q0.x, q0.y, q0.z, q0.w}, w1[4] = {q1.x, q1.y, q1.z, q1.w};
     const uint32_t a = s0, b = s1;
-    const uint32_t m0 = tc_mul4(DM == 2 && a > 128u ? 128u : a, xsh), m1 = tc_mul4(DM == 2 && b > 128u ? 128u : b, xsh);
+    const uint32_t m0 = tc_mul4(DM == 2 && a > 128u ? 128u : a, xsh),
+                   m1 = tc_mul4(DM == 2 && b > 128u ? 128u : b, xsh);
     const uint32_t n0 = tc_mul4(a > 128u ? a : 128u, 127), n1 = tc_mul4(b > 128u ? b : 128u, 127);
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -1648,7 +1649,8 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
                     const int st = st0 + u * WK;
                     if (st >= nsteps) continue;
                     if constexpr (WF == M3_GPU_W_MXFP4 && FK && DM != 0) {
-                        dq1_step4<DM>(acc, qa[u][0], sa[u][0], qa[u][1], sa[u][1], xs + xr + st * 4 * UP + t, xsc);
+                        dq1_step4<DM>(acc, qa[u][0], sa[u][0], qa[u][1], sa[u][1],
+                                      xs + xr + st * 4 * UP + t, xsc);
                         continue;
                     }
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
@@ -1742,13 +1744,13 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB, FK>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = MB * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB, FK>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS,
-                     sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate,
-                     (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D,
-                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB, FK>, dim3((unsigned)(t1 < cap ? t1 : cap)),
+                     TC_THREADS, sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K,
+                     (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
+                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB, FK>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
-                     sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB, FK>, dim3((unsigned)(t2 < cap ? t2 : cap)),
+                     TC_THREADS, sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
@@ -2866,8 +2868,8 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts,
-                                                                     w, mp, p, mid)
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2, false>(g, d_y, ab, ye, d_x, d_ids,
+                                                                     d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
         else if (m3_gpu_moe_mx4_fast(w))
             /* the scale range's k loops only (FK: dq1_step4), 3 blocks a multiprocessor, one
