@@ -1030,7 +1030,8 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
     return d;
 }
 
-/* the bf16 pairs of one piece, each times the bf16 power-of-two pair mul (see tc_decode).
+/* the bf16 pairs of one 32-bit word of codes (2 MXFP8, 4 MXFP4; tc_relay: the 4 words of a
+ * piece), each times the bf16 power-of-two pair mul (see tc_decode).
  * MXFP8: an e4m3 byte s|eeee|mmm placed as the bf16 s|0000 eeee|mmm 0000 is its value x
  * 2^-120 (e = 0: a bf16 subnormal of the same value; a NaN code would give a finite value,
  * hence the NaN-code test): one prmt puts the bytes b and sign(b) of two codes in place
@@ -1048,27 +1049,33 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * T = 1 and ~1-2% at T = 64, the same bits for all 2^32 words (docs/gpu.md, "Decode, session
  * 11"). In PTX: from C, nvcc folded shared masks into every pair (session 10). */
 template <int WF>
+static __device__ __forceinline__ void tc_relay1(uint32_t v, uint32_t mul, uint32_t *r) {
+    if (WF == M3_GPU_W_MXFP8) {
+        r[0] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
+        r[1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
+    } else {
+        uint32_t w0, w1, w2, w3;
+        asm("{\n\t.reg .b32 t, u;\n\t"
+            "and.b32 t, %4, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %0, t, 0x81C081C0;\n\t"
+            "and.b32 t, %4, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %1, t, 0x81C081C0;\n\t"
+            "shr.u32 u, %4, 8;\n\t"
+            "and.b32 t, u, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %2, t, 0x81C081C0;\n\t"
+            "and.b32 t, u, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %3, t, 0x81C081C0;\n\t}"
+            : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+            : "r"(v));
+        r[0] = bf2_mul(w0, mul), r[1] = bf2_mul(w1, mul);
+        r[2] = bf2_mul(w2, mul), r[3] = bf2_mul(w3, mul);
+    }
+}
+/* the 4 words of a piece (PE / 2 pairs) */
+template <int WF>
 static __device__ __forceinline__ void tc_relay(const uint32_t *qq, uint32_t mul, uint32_t *r) {
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const uint32_t v = qq[k];
-        if (WF == M3_GPU_W_MXFP8) {
-            r[2 * k] = bf2_mul((prmt(v, v, 0x9180u) << 4) & 0x87F087F0u, mul);
-            r[2 * k + 1] = bf2_mul((prmt(v, v, 0xB3A2u) << 4) & 0x87F087F0u, mul);
-        } else {
-            uint32_t w0, w1, w2, w3;
-            asm("{\n\t.reg .b32 t, u;\n\t"
-                "and.b32 t, %4, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %0, t, 0x81C081C0;\n\t"
-                "and.b32 t, %4, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %1, t, 0x81C081C0;\n\t"
-                "shr.u32 u, %4, 8;\n\t"
-                "and.b32 t, u, 0x000F000F;\n\tmul.lo.u32 t, t, 0x1040;\n\tand.b32 %2, t, 0x81C081C0;\n\t"
-                "and.b32 t, u, 0x00F000F0;\n\tmul.lo.u32 t, t, 0x104;\n\tand.b32 %3, t, 0x81C081C0;\n\t}"
-                : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
-                : "r"(v));
-            r[4 * k] = bf2_mul(w0, mul), r[4 * k + 1] = bf2_mul(w1, mul);
-            r[4 * k + 2] = bf2_mul(w2, mul), r[4 * k + 3] = bf2_mul(w3, mul);
-        }
-    }
+    for (int k = 0; k < 4; k++) tc_relay1<WF>(qq[k], mul, r + k * (tcf<WF>::PE / 8));
+}
+/* MXFP4: the multiplier pair 2^(s + 126 - xsh) of a piece (tc_relay: codes x 2^-126) */
+static __device__ __forceinline__ uint32_t tc_mul4(uint32_t s, int xsh) {
+    return s * 0x00800080u + (126u - (uint32_t)xsh) * 0x00800080u;
 }
 
 /* one 16-byte piece of a row -> PE/2 bf16 pairs (w * 2^s, the tc_perm order), scale byte sb.
@@ -1138,9 +1145,8 @@ static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1
 #if M3_HAVE_FP8_CVT
     if (WF == M3_GPU_W_MXFP4 && (FAST || __all_sync(0xFFFFFFFFu, (uint32_t)s0 <= 128u && (uint32_t)s1 <= 128u))) {
         const uint32_t qa[4] = {q0.x, q0.y, q0.z, q0.w}, qb[4] = {q1.x, q1.y, q1.z, q1.w};
-        const uint32_t f = (126u - (uint32_t)xsh) * 0x00800080u;
-        tc_relay<WF>(qa, (uint32_t)s0 * 0x00800080u + f, r0);
-        tc_relay<WF>(qb, (uint32_t)s1 * 0x00800080u + f, r1);
+        tc_relay<WF>(qa, tc_mul4(s0, xsh), r0);
+        tc_relay<WF>(qb, tc_mul4(s1, xsh), r1);
         return;
     }
 #else
@@ -1494,9 +1500,43 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
+/* One step of MXFP4 codes of a lane (its pieces of rows g and g + 8, scale bytes s0 / s1)
+ * against its x units xu[0], xu[4], xu[8], xu[12] (dq1_k's staging), into acc, word by word:
+ * the 4 pairs of code word k of each row (tc_relay1), then x unit k and its 2 mma, so that a
+ * word's 8 pairs and one x unit are live at a time, not a step's 32 pairs and 4 units
+ * (tc_decode2): the k loop of dq1_k's 3-blocks-a-multiprocessor form fits 80 registers. The
+ * same A and B values through the same mma in the same order as tc_decode2 and its loop: the
+ * same bits. DM 1 (FAST): one multiply a pair, 2^(s + 126 - xsh) (mx4_xsh's range). DM 2
+ * (WIDE: that range with x staged unscaled after an overflow, scale bytes in [3, 136]):
+ * 2^(min(s, 128) - 1) and then 2^(max(s, 128) - 128), tc_decode's two multiplies for a scale
+ * above 2^1 (each exact: the products stay bf16 values between 2^-125 and 6 x 2^9). */
+template <int DM>
+static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s0, uint4 q1,
+                                                 m3_e8m0 s1, const uint4 *xu, int xsh) {
+    const uint32_t w0[4] = {q0.x, q0.y, q0.z, q0.w}, w1[4] = {q1.x, q1.y, q1.z, q1.w};
+    const uint32_t a = s0, b = s1;
+    const uint32_t m0 = tc_mul4(DM == 2 && a > 128u ? 128u : a, xsh),
+                   m1 = tc_mul4(DM == 2 && b > 128u ? 128u : b, xsh);
+    const uint32_t n0 = tc_mul4(a > 128u ? a : 128u, 127), n1 = tc_mul4(b > 128u ? b : 128u, 127);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t r0[4], r1[4];
+        tc_relay1<M3_GPU_W_MXFP4>(w0[k], m0, r0);
+        tc_relay1<M3_GPU_W_MXFP4>(w1[k], m1, r1);
+        if (DM == 2)
+#pragma unroll
+            for (int i = 0; i < 4; i++) r0[i] = bf2_mul(r0[i], n0), r1[i] = bf2_mul(r1[i], n1);
+        const uint4 x = xu[4 * k];
+        const uint32_t af0[4] = {r0[0], r1[0], r0[1], r1[1]}, bf0[2] = {x.x, x.y};
+        const uint32_t af1[4] = {r0[2], r1[2], r0[3], r1[3]}, bf1[2] = {x.z, x.w};
+        m3_mma_bf16_16816(acc, af0, bf0);
+        m3_mma_bf16_16816(acc, af1, bf1);
+    }
+}
+
 /* T = 1, MX weights (MXFP4; MXFP8 whose codes hold no NaN code, NC false): tc_k's tensor-core
  * GEMV for one token, without a grouping kernel or a combine launch. The grouped row of slot k is k
- * itself; the valid slots (t1_slots) are read by every block. Persistent (at most 2 blocks per
+ * itself; the valid slots (t1_slots) are read by every block. Persistent (at most MB blocks per
  * multiprocessor; block b takes the tiles b, b + gridDim.x, ...), a tile: one valid slot's CH
  * outputs (8 (gate/up) or 16 (down) per row group of 8 / WK warps), its k range split over WK warps
  * (partial sums added in warp order through shared memory). Each lane keeps two register sets of U
@@ -1506,9 +1546,17 @@ static m3_status sk1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
  * (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu.md "Decode, session 11"). MODE 1 (a
  * dependent launch: its first loads go out while gate/up finishes, m3_pdl_wait before it reads a):
  * out = y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and
- * its pass over y_e go away. */
-template <int WF, int MODE, int WK, int U, bool NC>
-static __global__ void __launch_bounds__(TC_THREADS, 2)
+ * its pass over y_e go away. FK (MXFP4 with a scale range that allows tc_decode2's FAST, mx4_xsh):
+ * only that range's k loops (dq1_step4: FAST, and WIDE for a block whose x overflowed when staged
+ * times 2^8), no vote and no per-piece float path, so the kernel fits 80 registers and runs 3
+ * blocks (24 warps) a multiprocessor with one step a register set (U 1). MXFP4 T = 1, one
+ * process: U 1 at 2 blocks 0.0518 ms against U 2's 0.0454, at 3 blocks 0.0455 (with the vote /
+ * per-piece loop, 60-80 bytes spilled), without that loop 0.0450 against 0.0462 (timing only:
+ * no WIDE), this form 0.0460 against 0.0464-0.0465 (its down kernel spills 40 bytes with WIDE):
+ * docs/gpu-log/s15-mx4.md. The third block's warps hide the k loop's dependency stalls. */
+template <int V> struct dq1_dm { static constexpr int value = V; }; /* dq1_k's k loop: below */
+template <int WF, int MODE, int WK, int U, bool NC, int MB, bool FK>
+static __global__ void __launch_bounds__(TC_THREADS, MB)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
@@ -1612,9 +1660,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
         if (!__syncthreads_or(xsc != 0 && ovf)) break;
         xsc = 0;
     }
-    /* the tiles; FAST: the k loop of a known scale range (tc_decode2) */
+    /* the tiles; DM: the k loop: 0 tc_decode2's vote / per-piece path, 1 a known scale range
+     * (tc_decode2's FAST; FK: dq1_step4), 2 (FK) that range with x unscaled after an overflow */
     int pty = 0; /* the tile's parity (red's buffer) */
-    auto tiles = [&](auto fast) {
+    auto tiles = [&](auto dm) {
+        constexpr int DM = decltype(dm)::value;
         for (;;) {
             const int xr = (MODE == 0 ? 0 : tile / nch) * pitch, next = tile + (int)gridDim.x;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1627,8 +1677,13 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
                 for (int u = 0; u < U; u++) {
                     const int st = st0 + u * WK;
                     if (st >= nsteps) continue;
+                    if constexpr (WF == M3_GPU_W_MXFP4 && FK && DM != 0) {
+                        dq1_step4<DM>(acc, qa[u][0], sa[u][0], qa[u][1], sa[u][1],
+                                      xs + xr + st * 4 * UP + t, xsc);
+                        continue;
+                    }
                     uint32_t a0[PE / 2], a1[PE / 2], xb[PE / 2];
-                    tc_decode2<WF, NC, decltype(fast)::value>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
+                    tc_decode2<WF, NC, DM == 1>(qa[u][0], sa[u][0], qa[u][1], sa[u][1], lut, a0, a1, xsc);
 #pragma unroll
                     for (int uu = 0; uu < UP; uu++) {
                         const uint4 xv = xs[xr + st * 4 * UP + uu * 4 + t]; /* (zeros past the row) */
@@ -1674,11 +1729,14 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
     };
-    if constexpr (WF == M3_GPU_W_MXFP4) {
-        if (xfast && xsc == xsh) tiles(m3_bool_c<true>());
-        else tiles(m3_bool_c<false>());
+    if constexpr (WF == M3_GPU_W_MXFP4 && FK) { /* (the caller's range allows FAST) */
+        if (xsc == xsh) tiles(dq1_dm<1>());
+        else tiles(dq1_dm<2>());
+    } else if constexpr (WF == M3_GPU_W_MXFP4) {
+        if (xfast && xsc == xsh) tiles(dq1_dm<1>());
+        else tiles(dq1_dm<0>());
     } else {
-        tiles(m3_bool_c<false>());
+        tiles(dq1_dm<0>());
     }
 }
 
@@ -1699,7 +1757,7 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
 
 /* T = 1, MX weights: the two dq1_k launches and t1c_k (y written by the third); ab [K, F] and
  * ye [K, D] scratch */
-template <int WF, int WK, int U, bool NC>
+template <int WF, int WK, int U, bool NC, int MB, bool FK>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                          const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
                          const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
@@ -1710,18 +1768,18 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, MB, FK>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB, FK>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
-    const int cap = 2 * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC>, dim3((unsigned)(t1 < cap ? t1 : cap)), TC_THREADS,
-                     sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K, (const void *)w->gate,
-                     (const void *)w->up, (const m3_e8m0 *)w->gate_s, (const m3_e8m0 *)w->up_s, D,
-                     F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
+    const int cap = MB * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB, FK>, dim3((unsigned)(t1 < cap ? t1 : cap)),
+                     TC_THREADS, sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K,
+                     (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
+                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC>, dim3((unsigned)(t2 < cap ? t2 : cap)), TC_THREADS,
-                     sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB, FK>, dim3((unsigned)(t2 < cap ? t2 : cap)),
+                     TC_THREADS, sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
@@ -2839,12 +2897,18 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp,
-                                                           p, mid)
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2, false>(g, d_y, ab, ye, d_x, d_ids,
+                                                                     d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
+        else if (m3_gpu_moe_mx4_fast(w))
+            /* the scale range's k loops only (FK: dq1_step4), 3 blocks a multiprocessor, one
+             * step a register set: -1% against the 2-block form in one process (dq1_k); the
+             * form with the vote / per-piece loop keeps 2 blocks */
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
+                                                              mp, p, mid);
         else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p,
-                                                     mid);
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
+                                                               mp, p, mid);
     }
     m3_gpu_release(g, mark);
     return s;
