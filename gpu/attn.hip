@@ -3093,7 +3093,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * pd8_ex2e (expf's 8 instructions were ~7% of a group's; B=64 sparse 3%, dense T = 1 1%
  * faster); the same chunks as warpgroup MMA (wgmma, e4m3 operands from shared memory, a
  * 64-key tile a step) measured 31-48% slower, and fp8 wgmma's accumulation moved scores enough
- * to put §4.9 cases above the NMSE bound (docs/gpu.md). Session 14 (ncu source counters of the
+ * to put §4.9 cases above the NMSE bound (docs/gpu-log/attn.md). Session 14 (ncu source counters of the
  * B=64 sparse decode: ~620 instructions a group; 13% of the warps' time in the prologue, 12% in
  * the chunk ends' straight-line fold, mostly instruction-cache misses, ~10% waiting for ring
  * data): without tile pairs (16-key tiles: the sparse layers), pass 1.5 forms every group's P'

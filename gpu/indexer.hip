@@ -1344,7 +1344,7 @@ static __device__ void km_zero(const idx_sel &sel, unsigned int *arrive, unsigne
  * scale: always, but for rows of extreme range): the codes go through the hardware cvt to
  * fp16 (one instruction per pair of codes, NaN codes become NaN products) and fp16 mma,
  * instead of the bf16 decode (4 instructions per pair) and its NaN flags (ballots); the
- * row maxima are scaled back by 2^-s (exact); docs/gpu.md "Session 10" has the times.
+ * row maxima are scaled back by 2^-s (exact); docs/gpu-log/indexer.md "Session 10" has the times.
  * Selection (fused): with slots (nbk <= IDX_SLOT_W, the launcher's choice) "direct": the
  * combining thread of row q stores the rank key of each key block b (never 0) into slot
  * [q][b] of the context's zeroed range (m3_gpu.counters + M3_GPU_CNT_IDXS) with a relaxed
@@ -1359,7 +1359,7 @@ static __device__ void km_zero(const idx_sel &sel, unsigned int *arrive, unsigne
  * M3_GPU_CNT_IDX + IDX_ZF: km_zero); a picker adds to n_ties only after it has read its row's
  * flag (polled with the slots; a fence before the add). With block (0, 0) doing it at 8K keys
  * its fence waited for its key loads and its slot was the last of every call (0.4 us;
- * docs/gpu.md "Session 13"). Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
+ * docs/gpu-log/indexer.md "Session 13"). Past IDX_SLOT_W key blocks: idx_dec_k's arrival counter
  * and its two rounds (the block maxima in slots after a fence measured no faster, session 8;
  * the whole row's scores copied to shared memory in one round, 41 KB of shared memory per
  * block, measured slower: 1M keys 87.6 against 74.1 us, session 9).
@@ -1367,11 +1367,11 @@ static __device__ void km_zero(const idx_sel &sel, unsigned int *arrive, unsigne
  * before m3_pdl_wait, and the next launch may start once every block has scored
  * (m3_pdl_trigger): the 1.9-2.1 us from one call's end to the next call's first block left
  * the path (8K keys 7.0 -> 6.1 us, fp8 128K paged 10.7 -> 9.2 us in one process,
- * docs/gpu.md "Session 14").
+ * docs/gpu-log/indexer.md "Session 14").
  * FIX (session 12): M3's geometry compiled in (G 4, Di 128, B 128, key blocks = physical
  * blocks), and at FIX 2 also T = 1 with a one-slot-a-thread direct pick: the launches that run
  * once per call were bound by their instruction count (8K keys 7.5 -> 7.0 us, fp8 128K paged
- * 12.7 -> 10.9 us, docs/gpu.md "Session 12"); at K16 the fp16 route's Q rows are converted
+ * 12.7 -> 10.9 us, docs/gpu-log/indexer.md "Session 12"); at K16 the fp16 route's Q rows are converted
  * one piece a thread in the prologue, while the keys are in flight. */
 template <bool K16, int FIX> /* K16: e4m3fn keys, 16 codes a load (Di % 64 == 0), else bf16;
                               * FIX 1: M3's geometry compiled in (G 4, Di 128, B 128, no
@@ -1634,7 +1634,7 @@ static __global__ void __launch_bounds__(IST_THREADS, 4)
     }
     /* the next launch may start (its first key loads) once every block has scored: at the
      * block's entry its loads met this call's first key round (8K keys 6.5 against 6.1 us,
-     * docs/gpu.md "Session 14") */
+     * docs/gpu-log/indexer.md "Session 14") */
     m3_pdl_trigger();
     if (!cmax && !slots) return;
     /* the fused selection: as idx_dec_k, or direct: the slots of the row's key blocks */

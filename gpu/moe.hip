@@ -129,12 +129,12 @@ static __device__ __forceinline__ float route_val(uint32_t k) {
  * shuffles (ref's order), then write id r and sigma_r / sum (one store each); lane 0 the
  * margin from the keys of rounds K-1 and K. H200: T = 16384 0.0314 -> 0.0136 ms (route_k:
  * 5 shuffle levels of (value, id) pairs with ref's comparison per level and round, bias
- * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu.md).
+ * loads serialised behind the sigmoids, lane 0 writing serially; docs/gpu-log/moe.md).
  * KC > 0: K = KC compiled in (route_sel_pick), the K + 1 rounds and the K-term sum a straight
  * run of code. The kernel is close to issue-bound at 4096-8192 tokens (ncu, session 14: 550
  * warp instructions a token, 0.68 issued a cycle a scheduler), so its cost is instructions:
  * with K compiled in and the bias fill at a constant stride, H200 T = 4096 / 8192 0.0055 /
- * 0.0070 -> 0.0044 / 0.0056 ms (docs/gpu.md). */
+ * 0.0070 -> 0.0044 / 0.0056 ms (docs/gpu-log/moe.md). */
 #define ROUTE_SEL_THREADS 256
 template <int NK, int KC>
 static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
@@ -327,7 +327,7 @@ static __device__ __forceinline__ void rg_top16(uint32_t *G, uint32_t *v) {
  * dependent load a round). Weights and margin as route_sel_k: sigma / sum in selection order,
  * sel_(K) - sel_(K+1); lane q < K writes rank q (K <= RG_L), one division a lane. FULL: E ==
  * RG_E compiled in (every lane's 16 experts valid: no clamps or selects on the lane's count).
- * H200 (docs/gpu.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096 ms (session 12) ->
+ * H200 (docs/gpu-log/moe.md): T = 16384 0.0104-0.0118 (route_grp_k) -> 0.0095-0.0096 ms (session 12) ->
  * 0.0093 (session 13, network and KK = K + 3); session 15 (same process, PDL back to back):
  * 0.0081-0.0082 -> 0.0065-0.0066 (biases before the wait, odd-even eights, FULL, one division
  * a lane; the biases and FULL alone 0.0070); at 4096 / 8192 tokens route_sel_k stays (0.0057 /
@@ -551,7 +551,7 @@ extern "C" m3_status m3_gpu_moe_route(m3_gpu *g, int32_t *d_ids, float *d_wts, f
     /* route_sel_k and route_fst_k are programmatic dependents of the launch before them (their
      * first statement waits for it; then they let the next launch start): the launch latency
      * overlaps the earlier grid's end where that grid lets dependents start early (H200,
-     * back-to-back router calls, session 13: T = 1 / 4096 / 8192 / 16384 0.5-1 us less, docs/gpu.md).
+     * back-to-back router calls, session 13: T = 1 / 4096 / 8192 / 16384 0.5-1 us less, docs/gpu-log/moe.md).
      * Passes of >= 16384 tokens: route_fst_k (H200: T = 16384 0.0095-0.0096 against route_sel_k's
      * 0.0136 and route_grp_k's 0.0104-0.0118 ms; at 8192 tokens 0.0091 against route_sel_k's
      * 0.0080, at 4096 0.0088 against 0.0057; session 14, K compiled in: T = 16384 route_sel_k
@@ -960,7 +960,7 @@ static __global__ void __launch_bounds__(EXP_THREADS, 2) /* <= 128 registers: 2 
  *          multiplier one IMAD.
  *   MXFP4: an e2m1 code s|e1 e0|m re-laid as the bf16 bits s|0000000 e1 e0|m000000 is w *
  *          2^-126 (the 0.5 code a bf16 subnormal), times 2^(s+126) (the e4m3 re-lay and
- *          f16 conversion of MXFP8 measured slower here: docs/gpu.md).
+ *          f16 conversion of MXFP8 measured slower here: docs/gpu-log/moe.md).
  *   A block scale whose multiplier would not be a bf16 normal (s > 7 fp8 / 1 fp4)
  *   multiplies by 2^127 and then by the rest (two exact steps; a branch, so only
  *   warps holding such a block pay for it); the NaN scale (0xFF) takes decode8's float path.
@@ -1046,7 +1046,7 @@ static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t
  * 15 / 31; a mask keeps those bits. 13 ops a word instead of session 10's 14 (the even / odd
  * nibbles and the signs masked once a word, then a shift, a shift and a bit-select per pair):
  * dq1_k's gate/up group loop (16 words) 422 -> 406 instructions in the SASS, 0.5% faster at
- * T = 1 and ~1-2% at T = 64, the same bits for all 2^32 words (docs/gpu.md, "Decode, session
+ * T = 1 and ~1-2% at T = 64, the same bits for all 2^32 words (docs/gpu-log/moe.md, "Decode, session
  * 11"). In PTX: from C, nvcc folded shared masks into every pair (session 10). */
 template <int WF>
 static __device__ __forceinline__ void tc_relay1(uint32_t v, uint32_t mul, uint32_t *r) {
@@ -1090,7 +1090,7 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
      * larger s multiplies by 2^127 first (w * 2^(127-F), exact) and then by the rest */
     const uint32_t F = WF == M3_GPU_W_MXFP8 ? 120u : 126u, lim = 254u - F;
     if (WF == M3_GPU_W_MXFP8) { /* the common case first: (s + F) << 7 in both halves, one IMAD
-                                   (MXFP4 measured slower with this split: docs/gpu.md) */
+                                   (MXFP4 measured slower with this split: docs/gpu-log/moe.md) */
         if ((uint32_t)sb <= lim && !(chk && e4m3_nan16(q))) {
             tc_relay<WF>(qq, (uint32_t)sb * 0x00800080u + F * 0x00800080u, r);
             return;
@@ -1134,9 +1134,9 @@ static __device__ __forceinline__ void tc_decode(uint4 q, m3_e8m0 sb, const floa
  * with xsh 0, or [3, 136] with xsh 8); otherwise (xsh 0) when every lane's two scales are
  * <= 2^1 (one warp vote a step), else tc_decode per piece (its second multiply / float path;
  * the per-piece tests it needs cost ~20% at T = 64 when a tenth of the blocks take them:
- * docs/gpu.md, session 7). FAST (the range allows it): the multiply alone; the kernels compile
+ * docs/gpu-log/moe.md, session 7). FAST (the range allows it): the multiply alone; the kernels compile
  * their k loops for both (m3_bool_c), so that the loop of the known range holds no vote and no
- * per-piece path (keeping them there cost 9-10%: docs/gpu.md, sessions 7 and 8). */
+ * per-piece path (keeping them there cost 9-10%: docs/gpu-log/moe.md, sessions 7 and 8). */
 template <bool B> struct m3_bool_c { static constexpr bool value = B; };
 
 template <int WF, bool NC, bool FAST>
@@ -1162,7 +1162,7 @@ static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1
  * fields, (a | 0x8000) - 0x7B80 has bit 15 set when a >= 0x7B80 (247 << 7) and 0xFF00 - a
  * when a <= 0x7F00 (254 << 7), neither borrowing into the other half; the same answer as a
  * test of each product for infinity (checked on the CPU for every pair of halves), 6 integer
- * operations a word instead of ~16 (docs/gpu.md "Decode, session 13") */
+ * operations a word instead of ~16 (docs/gpu-log/moe.md "Decode, session 13") */
 static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf) {
     if (xsh == 0) return x;
     const uint32_t m = 0x43804380u; /* the bf16 pair (256, 256) */
@@ -1224,7 +1224,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2)
     /* step st of this lane's rows; a piece past the row (kdim % SE != 0, or past nsteps) loads
      * the row's last piece: finite codes (or the row's own NaN) times the zero x staged there.
      * Without a zero fill for those pieces the loop has no CS2R / predicated loads in every
-     * step (measured 2-3% faster at T = 1: docs/gpu.md, "Decode, session 10"). */
+     * step (measured 2-3% faster at T = 1: docs/gpu-log/moe.md, "Decode, session 10"). */
     auto load1 = [&](int st, uint4(&q)[2], m3_e8m0(&sc)[2]) {
         const int p = st * 4 + t, pc = p < npieces ? p : npieces - 1;
 #pragma unroll
@@ -1365,7 +1365,7 @@ static __device__ __forceinline__ void t1_order(int *ck, float *cw, const int32_
  * arithmetic. ye was written by other blocks of this grid: read through L2. The y_e loads of
  * 4 slots go out together (finding each slot from ids and then waiting for its load was a
  * chain of L2 round trips in the down kernel's last tiles, ~1.6 us of the MXFP4 T = 1 call,
- * docs/gpu.md "Decode, session 12") */
+ * docs/gpu-log/moe.md "Decode, session 12") */
 static __device__ __forceinline__ void t1_combine_ord(m3_bf16 *y, const m3_bf16 *ye, const int *ck,
                                                       const float *cw, int nv, int d, int D, float rsf,
                                                       bool bf16_combine) {
@@ -1403,7 +1403,7 @@ static __device__ __forceinline__ unsigned t1_slots(const int32_t *ids, int K, i
  * order is found while the down kernel runs, and that grid's completion (m3_pdl_wait)
  * publishes its y_e stores, so the down kernel needs no per-tile count, fence or combine (its
  * last block per chunk of outputs combined that chunk after an acquire-release count: ~0.9 us
- * more of the MXFP4 call, 5.5% of the bf16 one, docs/gpu.md "Decode, session 14"). With no valid
+ * more of the MXFP4 call, 5.5% of the bf16 one, docs/gpu-log/moe.md "Decode, session 14"). With no valid
  * slot y = bf16(rsf * 0), as combine_k. */
 static __global__ void __launch_bounds__(256)
     t1c_k(m3_bf16 *M3_RESTRICT y, const m3_bf16 *M3_RESTRICT ye, const int32_t *M3_RESTRICT ids,
@@ -1426,7 +1426,7 @@ static __global__ void __launch_bounds__(256)
  * (valid slot, run of EXP_WARPS * RPW outputs), the slot's expert and rows read from ids as in
  * dq1_k (no grouping kernel); MODE 1 is a dependent launch, combined by t1c_k (its dependent:
  * 5.5% less time for bf16 than the combine by each run's last block after a fence and a count,
- * docs/gpu.md "Decode, session 14"). */
+ * docs/gpu-log/moe.md "Decode, session 14"). */
 template <int WF, int MODE, int RPW, int U1>
 static __global__ void __launch_bounds__(EXP_THREADS, 2)
     sk1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
@@ -1543,7 +1543,7 @@ static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s
  * steps of loads (16 bytes of rows g and g + 8, 256-byte L2 prefetch hint): one in flight while the
  * other is decoded, and the next tile's first set in flight during the current tile's reduction.
  * MODE 0: out = a rows [K][F]; launched as a programmatic dependent of the kernel before it
- * (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu.md "Decode, session 11"). MODE 1 (a
+ * (m3_pdl_wait first: 2-3% less time at T = 1, docs/gpu-log/moe.md "Decode, session 11"). MODE 1 (a
  * dependent launch: its first loads go out while gate/up finishes, m3_pdl_wait before it reads a):
  * out = y_e rows [K][D], combined by t1c_k (launched as its dependent), so combine_k's launch and
  * its pass over y_e go away. FK (MXFP4 with a scale range that allows tc_decode2's FAST, mx4_xsh):
@@ -1553,7 +1553,7 @@ static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s
  * process: U 1 at 2 blocks 0.0518 ms against U 2's 0.0454, at 3 blocks 0.0455 (with the vote /
  * per-piece loop, 60-80 bytes spilled), without that loop 0.0450 against 0.0462 (timing only:
  * no WIDE), this form 0.0460 against 0.0464-0.0465 (its down kernel spills 40 bytes with WIDE):
- * docs/gpu-log/s15-mx4.md. The third block's warps hide the k loop's dependency stalls. */
+ * docs/gpu-log/moe.md "Session 15". The third block's warps hide the k loop's dependency stalls. */
 template <int V> struct dq1_dm { static constexpr int value = V; }; /* dq1_k's k loop: below */
 template <int WF, int MODE, int WK, int U, bool NC, int MB, bool FK>
 static __global__ void __launch_bounds__(TC_THREADS, MB)
@@ -1565,7 +1565,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     /* the k-warps' partial sums, two buffers by tile parity: a warp writes tile i + 2's sums
      * into tile i's buffer only after tile i + 1's barrier, which the warps reading tile i's
      * sums reach after reading them, so a tile ends without a barrier (~1% of the T = 1 call,
-     * docs/gpu.md "Decode, session 14") */
+     * docs/gpu-log/moe.md "Decode, session 14") */
     __shared__ float red[WK > 1 ? 2 * TC_WARPS * 2 * 32 : 1];
     __shared__ float lut[256];
     const int PE = tcf<WF>::PE, UP = tcf<WF>::UP, PPB = tcf<WF>::PPB, SE = 4 * PE;
@@ -1622,7 +1622,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     /* x rows in the A pair order: MODE 0 the token's row (every slot's), MODE 1 a's row k of
      * the valid slots of this block's tiles (row j of xs: the j-th valid slot; a block's ~3
      * tiles need 2-3 of the 4 rows at M3's sizes: every block reads the same rows from L2 at
-     * once, and fewer rows shorten that step, 1% of the call, docs/gpu.md "Decode, session 12") */
+     * once, and fewer rows shorten that step, 1% of the call, docs/gpu-log/moe.md "Decode, session 12") */
     unsigned need = 0; /* MODE 1: bit j, row j is read */
     if (MODE == 1)
         for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
@@ -1632,7 +1632,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     for (;;) {
         bool ovf = false;
         /* row by row, so that a unit's place is shifts and masks of its index (one index over
-         * all rows cost a runtime division and nth_bit per unit: docs/gpu.md "Decode, session
+         * all rows cost a runtime division and nth_bit per unit: docs/gpu-log/moe.md "Decode, session
          * 13"). Unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece (v / (PE / 8))
          * % 4 of the step, unit v % (PE / 8) of the piece */
         for (int jj = 0; jj < nx; jj++) {
@@ -2100,7 +2100,7 @@ static __global__ void __launch_bounds__(EXP_THREADS)
  * is loaded into a register one k-step before its use.
  * The row tile of a block comes from a warp scan of ceil(n_e / BM) over the active experts
  * (group_k's tile_off counts 64-row tiles). blockIdx.x is the column tile (see below). One
- * configuration is built: BM 160, BN 128, WN 32, S 4 (the others measured slower: docs/gpu.md
+ * configuration is built: BM 160, BN 128, WN 32, S 4 (the others measured slower: docs/gpu-log/moe.md
  * "Prefill tiles"). AMD and pre-sm_80 NVIDIA use tile_k. */
 #define T2_BK 32
 #define T2_LDS (T2_BK + 8) /* padded rows (80 bytes): conflict-free ldmatrix and cp.async */
@@ -2446,7 +2446,7 @@ static __global__ void __launch_bounds__(BN / WN * 64, BN / WN * 64 > 256 || WN 
  * T = 4096 every expert's rows fit one tile, so each weight is streamed from memory once), BN
  * 192 (each activation tile read 2 F / 192 + D / 192 times from the L2; BN 128 where 192 does
  * not divide D or F / 2), S 4, W 1 (WG_CFG).
- * Measured slower (docs/gpu.md "Prefill tiles, session 7"): 128 columns, 5 stages, 2 warpgroups
+ * Measured slower (docs/gpu-log/moe.md "Prefill tiles, session 7"): 128 columns, 5 stages, 2 warpgroups
  * x 256 columns, 2 blocks an SM, the wgmma issued before the copies, L2 prefetch of weights. */
 #define WG_BK 64
 
@@ -2792,7 +2792,7 @@ static m3_status wg_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
     return M3_OK;
 }
 
-/* the production configuration (docs/gpu.md "Prefill tiles, session 7"): 3 warpgroups (192
+/* the production configuration (docs/gpu-log/moe.md "Prefill tiles, session 7"): 3 warpgroups (192
  * rows: one tile holds an expert's rows at T = 4096), 4 stages, one wgmma group in flight,
  * 192 columns when D % 192 == 0 and F % 96 == 0 (M3: 6144, 3072), else 128 (any D % 128,
  * F % 64 that the API accepts; measured 1.35-1.45x tile2_k at M3 dims, 192 1.4-1.85x) */
@@ -2839,12 +2839,12 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
     const int slots = TK < E ? TK : E;
     if (TK <= 4 * E) {
 #if defined(M3_HIP_NVIDIA)
-        /* MX on tensor cores (docs/gpu.md): tc_k, 8 warps of 16 rows, 4 chunks a block, 4 steps of
+        /* MX on tensor cores (docs/gpu-log/moe.md): tc_k, 8 warps of 16 rows, 4 chunks a block, 4 steps of
          * loads with a 256-byte L2 prefetch (T = 1 never comes here on NVIDIA: t1_call) */
         if (WF != M3_GPU_W_BF16 && !w->portable) {
             const int WFX = WF == M3_GPU_W_BF16 ? M3_GPU_W_MXFP8 : WF; /* (bf16: never here) */
             /* MXFP8: the per-piece NaN-code test compiled in unless the caller knows the codes
-             * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu.md) */
+             * are all finite (finite_codes; the test cost 6-10% at T = 64: docs/gpu-log/moe.md) */
             if (WF == M3_GPU_W_MXFP8 && !w->finite_codes)
                 return tc_run<WFX, 1, 1, 4, 4, true>(g, ab, ye, d_x, m, T, w, mp, p, mid);
             return tc_run<WFX, 1, 1, 4, 4, false>(g, ab, ye, d_x, m, T, w, mp, p, mid);
@@ -2855,8 +2855,8 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
         return sk_run<WF, sk_nt<WF>::N, 0>(g, ab, ye, d_x, m, T, w, mp, p, mid);
     } else {
 #ifdef M3_HIP_NVIDIA
-        /* 160 x 128 tiles, 4 stages: measured fastest (docs/gpu.md "Prefill tiles") */
-        /* Hopper (sm_90a build): wgmma tiles, 1.4-1.85x tile2_k (docs/gpu.md) */
+        /* 160 x 128 tiles, 4 stages: measured fastest (docs/gpu-log/moe.md "Prefill tiles") */
+        /* Hopper (sm_90a build): wgmma tiles, 1.4-1.85x tile2_k (docs/gpu-log/moe.md) */
         if (!w->portable && !w->tile_sm80 && wg_ok(g))
             return wg_wide(D, F) ? wg_run<WF, WG_CFG, 192>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid)
                                  : wg_run<WF, WG_CFG, 128>(g, ab, ye, d_x, m, TK, slots, w, mp, p, mid);
@@ -2877,7 +2877,7 @@ static m3_status experts_run(m3_gpu *g, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 
 #if defined(M3_HIP_NVIDIA)
 /* T = 1 on NVIDIA sm_80+ (no grouping or combine launch): scratch, act_in, and the two kernels
  * (MXFP4 dq1_k; bf16 sk1_k; MXFP8 dq1_k when its codes are known finite, else sk1_k: measured
- * faster each, docs/gpu.md "Decode, session 4" and "session 6") */
+ * faster each, docs/gpu-log/moe.md "Decode, session 4" and "session 6") */
 static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int32_t *d_ids,
                          const float *d_wts, const m3_gpu_experts *w, const m3_moe_params *mp,
                          const m3_profile *p, const m3_actq *const *aq) {

@@ -15,7 +15,7 @@
  *   launches (session 7: each starts while the one before runs; see "launchers").
  *   H200, session 5:
  *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
- *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu.md);
+ *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu-log/rope.md);
  * - passes under 256 tokens (decode) of the same shapes (session 8): ONE launch, no table:
  *   qw_norm_k's small form (cos / sin evaluated in the step: one double sincos a lane per
  *   distinct token, shared by shuffles; no block prologue; fp8 V rows as one more part written
@@ -24,7 +24,7 @@
  *   T=1 18.3 -> 8.6 us, T=64 19.3 -> 10.6 us; the fp8 writer T=64 10.1 -> 7.7 us; session 9
  *   (sincos shared, no prologue): sparse T=1 9.8 -> 6.6 us, T=64 11.0 -> 7.9, dense T=1 8.0 ->
  *   5.2; session 10: the fp8 writer T=64 (kvw8s_k) 9.6 -> 4.6 us; session 11 (a step is one
- *   token's rows): sparse T=64 7.9 -> 6.5 us, dense T=64 6.3 -> 5.9 us (docs/gpu.md);
+ *   token's rows): sparse T=64 7.9 -> 6.5 us, dense T=64 6.3 -> 5.9 us (docs/gpu-log/rope.md);
  * - everything else (fp32 storage, odd head dims or pitches, ref's paged geometries other
  *   than M3's, index keys of Di != 128): the TILE kernel qkv_k described next, which also
  *   takes any part the warp kernels do not.
@@ -62,7 +62,7 @@
  *   after each sum (hf); ONCE one rounding of every dim at the end (atom; a bf16 store).
  *   Columns outside a part's heads are never touched (row pitches let the parts be slices
  *   of one packed qkv row).
- * Launch shape (the best of the variants measured on the H200, docs/gpu.md): 256 threads
+ * Launch shape (the best of the variants measured on the H200, docs/gpu-log/rope.md): 256 threads
  *   (rows) per block, 128 for the bf16 K/V writer (no normed part, no fp8); the next tile
  *   prefetched except in passes with staged fp8 K; tiles sized for 110 KiB of shared memory
  *   per block with the prefetch (two buffers), 80 KiB without; passes too small for 4 blocks
@@ -94,7 +94,7 @@ typedef struct {
 /* Host: inv[i] = 1/theta^(2i/R) held in fp32, per m3_rope_inv (ref/profile.h); the same
  * evaluation as ref/rope.c m3_rope_inv_freq (gpu/ does not link ref/rope.c). The values of the
  * thread's last (rot_dim, theta, mode) are kept: a decode step's launch is bound by the host
- * (H200, session 14: its R / 2 pow() calls were ~1 us of a ~4.4 us call; docs/gpu.md). */
+ * (H200, session 14: its R / 2 pow() calls were ~1 us of a ~4.4 us call; docs/gpu-log/rope.md). */
 static void rope_inv_freq(float *inv, int rot_dim, float theta, m3_rope_inv mode) {
     static thread_local struct {
         int rot, mode;
@@ -913,7 +913,7 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  *   integer max of the bf16 bits; details at the kernel). Session 6 replaced kvw_k's fp8
  *   path (V rows staged in shared memory, 4 tokens a K step: 47.5% of copy at T = 32768)
  *   by it: 66%; session 7: packed row maxima, one scale division a lane, K codes without
- *   copysign: 70% (docs/gpu.md). Passes under 256 tokens run kvw8s_k (session 10: 4-token
+ *   copysign: 70% (docs/gpu-log/rope.md). Passes under 256 tokens run kvw8s_k (session 10: 4-token
  *   steps, K and V alike; details at the kernel).
  * fp8 quotients v / s: div_y (Markstein's correction from 1 / s, the same bits as the
  *   division) where every scale of the warp's rows allows it, else __fdiv_rn. The fused
@@ -1240,7 +1240,7 @@ static __device__ __forceinline__ uint32_t kw_amax16(uint4 u0, uint4 u1) {
  * twice the warps carry half a step's chain each (K: KR = 2 rows a lane; V: half windows, 8
  * codes of a dim per 8-byte store). H200, m3_gpu_kv_cache_write fp8 T = 4096: 0.0099 -> 0.0082
  * ms; at 8192 / 16384 / 32768 tokens (two waves and more) 8-token steps measured slower
- * (0.0127 / 0.0210 / 0.0378 against 0.0125 / 0.0199 / 0.0341 ms; docs/gpu.md) */
+ * (0.0127 / 0.0210 / 0.0378 against 0.0125 / 0.0199 / 0.0341 ms; docs/gpu-log/rope.md) */
 template <int T8>
 static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, float *sy) {
     constexpr int KR = T8 / (M3_WARP / 8); /* K rows a lane holds */
@@ -1544,7 +1544,7 @@ static __device__ __forceinline__ void qw_kstore(const qw_args &a, float (&v)[4]
      * div_y: the codes of v yd and v yu; where a lane's two differ (a rounding midpoint near
      * v / s) the warp takes the exact quotients below. H200, the fused fp8 sparse step:
      * T = 4096 / 16384 69.6 -> 71.0% / 80.3 -> 81.5% of copy; T = 1 0.0069 -> 0.0061 ms in
-     * one batch, unchanged (0.0067) in another (docs/gpu.md) */
+     * one batch, unchanged (0.0067) in another (docs/gpu-log/rope.md) */
     const bool brk = md && a.kv.hwcvt && m3_ballot(am >= 0x7F800000u) == 0;
     bool exact = !brk;
     if (brk) {
@@ -1666,7 +1666,7 @@ static __device__ __forceinline__ void qw_istore(const qw_args &a, float (&v)[4]
  * through chains of selects on every field (~90 instructions on every warp's path before its
  * first loads); HIP keeps the selects (an indexed argument goes through a local copy there).
  * H200, with the position loaded beside the rows (below): qkv_cache decode rows 0.2-0.5 us
- * faster (docs/gpu.md, session 12). */
+ * faster (docs/gpu-log/rope.md, session 12). */
 #if defined(M3_HIP_NVIDIA)
 #define QW_GC __grid_constant__
 #define QW_IDX 1
@@ -1679,12 +1679,12 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
     constexpr bool per_op = QR == M3_QK_ROUND_PER_OP;
     m3_pdl_trigger();
     /* small passes are a dependent launch of whatever ran before them (H200, session 13: the
-     * decode steps 0.7-0.9 us less, docs/gpu.md): they wait for it before any global load or
+     * decode steps 0.7-0.9 us less, docs/gpu-log/rope.md): they wait for it before any global load or
      * store, but read their parameters first. The parameters are new to the constant cache at
      * every launch, so each 64-byte line is touched here (and the step located, inv[L] read,
      * below) while the launch waits (session 14: stamps showed ~1300 clocks from the wait to
      * the first loads, and a step's parameter reads spread over its phases; the standalone
-     * q T = 1 0.0046 -> 0.0036-0.0038 ms, docs/gpu.md) */
+     * q T = 1 0.0046 -> 0.0036-0.0038 ms, docs/gpu-log/rope.md) */
 #if QW_IDX /* __grid_constant__: reading the parameter block by address makes no copy of it */
     if (VS >= 0) {
         const int *pa = reinterpret_cast<const int *>(&a);
@@ -1776,7 +1776,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
          * since session 11 a step is one token's rows (qw_rps), so the loop runs once; it
          * stays for any step of several tokens). Session 9, H200: the 8 sincos a
          * lane before were ~2/3 of a decode step (their code walked once per warp); the
-         * per-warp clocks in docs/gpu.md */
+         * per-warp clocks in docs/gpu-log/rope.md */
         float c8[8], s8[8];
         const bool raw = VS >= 0 && QW_F(vc); /* V rows: no norm, no rope */
         if (VS >= 0 && a.rope && !raw) {
@@ -1891,7 +1891,7 @@ static __global__ void __launch_bounds__(QW_WPB * M3_WARP, VS >= 0 ? 1 : KC == 2
  * is one token's rows (session 11: 8-row steps held 2 tokens of a K / index_q step at M3's 4
  * heads and 8 of an index_k step, each token a double sincos in a row on the step's one warp;
  * one token a step puts them on more warps, the same total rows. H200, fused fp8 sparse +
- * index T = 64: 7.9 -> 6.5 us; docs/gpu.md) */
+ * index T = 64: 7.9 -> 6.5 us; docs/gpu-log/rope.md) */
 static int qw_rps(int nh) {
     int r = nh < QW_RPS ? nh : QW_RPS;
     while (nh % r) r--;
@@ -1990,7 +1990,7 @@ static m3_status launch_tiles(m3_gpu *g, const part *parts, int n_parts, const m
     {   /* auto: prefetch, except passes with staged fp8 K (their tiles cost several times the
          * others: the hardware's dynamic block order balances them better than the fixed tile
          * order of persistent blocks; H200: fused fp8 sparse T=16384 48% of copy without,
-         * 38% with the prefetch; docs/gpu.md) */
+         * 38% with the prefetch; docs/gpu-log/rope.md) */
         bool staged = false;
         for (int s = 0; s < a.nseg; s++) staged = staged || a.seg[s].stage;
         a.pipe = !staged;
@@ -2091,7 +2091,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     /* passes under 256 tokens (decode; session 8): ONE launch without a table, qw_norm_k's
      * small form (cos / sin per row; fp8 V rows as a part, bf16 V rows as kvw_k's window steps
      * in the same grid), or the K / V writer alone (kvw8_k / kvw_k). H200: fused fp8 sparse +
-     * index T=1 18.3 -> 8.6 us, the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu.md) */
+     * index T=1 18.3 -> 8.6 us, the fp8 writer T=64 10.1 -> 7.7 us (docs/gpu-log/rope.md) */
     const bool small = n_tok < 256;
     if (sizeof(TS) != 2 || (rot_dim != 0 && rot_dim != 64))
         return launch_tiles<TS>(g, parts, n_parts, c, d_slots, d_pos, n_tok, eps, rot_dim, theta, p, NULL);
@@ -2162,7 +2162,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
             /* one row a step up to 64 tokens (M3's 4 heads: a grid of 120 blocks, still one
              * wave), one token's rows above: the V rows' byte stores (a row's 128 dims are 128
              * bytes 16 apart) of 8 warps an SM were their longest phase (H200, T = 64: 4539 ->
-             * 3178 clocks, the step 8.1-8.2 -> 7.6-7.8 us in one batch; docs/gpu.md) */
+             * 3178 clocks, the step 8.1-8.2 -> 7.6-7.8 us in one batch; docs/gpu-log/rope.md) */
             w.rps = n_tok <= 64 ? 1 : qw_rps(q.nh);
             qa.nstep += (w.rows + w.rps - 1) / w.rps;
         } else if (fit16 && !q.w && kv_ok && (q.cache == SEG_K || q.cache == SEG_V)) {

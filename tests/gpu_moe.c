@@ -446,7 +446,7 @@ static int g_nan_D, g_nan_partial; /* g_nan_partial: cases with NaN and finite o
  * its tokens' y rows NaN); down on row 7 + 13e, block e % nb of every expert e (one NaN
  * output of each expert's tokens). experts_case then also spreads x: token t's row by
  * 2^(+-60), elements by 2^(-30 .. 30). (Block scales whose weights or products pass the fp32
- * range are not planted: where sums overflow depends on the summation order, docs/gpu.md.) */
+ * range are not planted: where sums overflow depends on the summation order, docs/gpu-log/moe.md.) */
 static int g_mx_D;
 static int64_t g_mx_nonfinite, g_mx_finite; /* reference outputs over the cases */
 
