@@ -239,6 +239,11 @@ static __global__ void __launch_bounds__(ROUTE_SEL_THREADS)
 #define RG_E 128 /* experts at most (the packed key holds a 7-bit id) */
 #define RG_L 8   /* lanes a token */
 #define RG_THREADS 256
+/* a >= b afterwards */
+static __device__ __forceinline__ void rg_cx(uint32_t &a, uint32_t &b) {
+    const uint32_t x = a, y = b;
+    a = max(x, y), b = min(x, y);
+}
 /* v[0..P) bitonic -> descending (P a power of two): the half-cleaner stages, max / min only (no
  * data-dependent branches or indexing) */
 template <int P>
@@ -247,10 +252,7 @@ static __device__ __forceinline__ void rg_bitonic(uint32_t *v) {
     for (int s = P / 2; s > 0; s >>= 1)
 #pragma unroll
         for (int i = 0; i < P; i++)
-            if ((i & s) == 0) {
-                const uint32_t a = v[i], b = v[i + s];
-                v[i] = max(a, b), v[i + s] = min(a, b);
-            }
+            if ((i & s) == 0) rg_cx(v[i], v[i + s]);
 }
 /* A = the top KK of the descending lists A and B (KK each): c_i = max(A_i, B_{KK-1-i}) is that
  * set as a V-shaped (bitonic) sequence, sorted by a bitonic merge with 0xFFFFFFFF at both ends
@@ -280,11 +282,6 @@ static __device__ __forceinline__ void rg_pass(uint32_t *v) {
 #pragma unroll
         for (int i = 0; i < W; i++) v[b + i] = t[i];
     }
-}
-/* a >= b afterwards */
-static __device__ __forceinline__ void rg_cx(uint32_t &a, uint32_t &b) {
-    const uint32_t x = a, y = b;
-    a = max(x, y), b = min(x, y);
 }
 /* v[0..8) descending: Batcher's odd-even merge network, 19 comparators (the bitonic passes of
  * pairs, fours and eights took 24) */
