@@ -921,6 +921,7 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  *   (e4m3x2_br) where it decides them (session 10). */
 
 #define KW_WPB 8 /* warps per block (kvw_k, kvw8_k, kvw8s_k) */
+extern "C" { int m3_kvw_var_ = 0; } /* KNOB (session 16, removed before the final batch) */
 typedef struct {
     const m3_bf16 *x[2]; /* K rows, V rows (NULL: not written) */
     int ld[2];
@@ -935,7 +936,22 @@ typedef struct {
     const int64_t *slots; /* or slot(pos[t]) through the block table */
     const int32_t *bt, *pos;
     int bt_block;
+    bool pre;            /* a launch of its own (m3_gpu_kv_cache_write): kw_enter / kw_leave */
 } kvw_args;
+/* The K / V writer's programmatic dependent launch (NVIDIA). After qw_norm_k in the fused pass
+ * (pre false) its rows are older than the launch before it: it may load them at once and waits
+ * for that launch at its end, so the pass completes as a whole. Launched alone (pre true) the
+ * launch before it may have written the rows or the slots (the K / V projection): the blocks let
+ * the next launch start at entry and wait before their first load. */
+static __device__ __forceinline__ void kw_enter(const kvw_args &a) {
+    if (a.pre) {
+        m3_pdl_trigger();
+        m3_pdl_wait();
+    }
+}
+static __device__ __forceinline__ void kw_leave(const kvw_args &a) {
+    if (!a.pre) m3_pdl_wait();
+}
 /* a.ks / a.vs0 / a.nstep for a.n_tok tokens: K steps of tk tokens a head; V steps of tk tokens
  * a head for plain rows (page 0) or where vwin is 0, else windows of vwin slot-consecutive
  * tokens (the pass's first window may start inside one: (n_tok + 2 vwin - 2) / vwin of them) */
@@ -1071,8 +1087,9 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, int64_t st, u
  * pass must not finish before the qw_norm_k it overlaps */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     __shared__ __align__(16) unsigned char srow[KW_WPB][KW_ROWB];
-    kvw_step(a, (int64_t)blockIdx.x * KW_WPB + threadIdx.x / M3_WARP, srow[threadIdx.x / M3_WARP]);
-    m3_pdl_wait();
+    kw_enter(a);
+    kvw_step(a, (int64_t)blockIdx.x * (blockDim.x / M3_WARP) + threadIdx.x / M3_WARP, srow[threadIdx.x / M3_WARP]);
+    kw_leave(a);
 }
 
 /* kvw8_k (session 6): the fp8 K / V writer without shared-memory staging. One warp a step,
@@ -1388,8 +1405,9 @@ static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a)
     __shared__ __align__(16) float ssy[KW_WPB][2 * T8];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
+    kw_enter(a);
     if (st < a.nstep) k8_step<T8>(a, st, ssy[wid]);
-    m3_pdl_wait();
+    kw_leave(a);
 }
 
 /* kvw8s_k (session 10): the fp8 writer for passes under 256 tokens (decode). kvw8_k's steps are
@@ -1435,9 +1453,10 @@ static __device__ __forceinline__ void k8s_step(const kvw_args &a, int64_t st) {
     if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
 }
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw8s_k(kvw_args a) {
-    const int64_t st = (int64_t)blockIdx.x * KW_WPB + (int)threadIdx.x / M3_WARP;
+    const int64_t st = (int64_t)blockIdx.x * (blockDim.x / M3_WARP) + (int)threadIdx.x / M3_WARP;
+    kw_enter(a);
     if (st < a.nstep) k8s_step(a, st);
-    m3_pdl_wait(); /* as kvw8_k's end */
+    kw_leave(a);
 }
 
 #define QW_LPR 4                     /* lanes per row (qw_norm_k) */
@@ -2218,22 +2237,30 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
         return m3_errorf(M3_ERR_UNSUPPORTED, "gpu kv cache write: %d tokens x %d heads of fp8 "
                          "rows (more than 2^31 steps)", n_tok, kl.nh);
     }
+    /* the writer is a programmatic dependent launch: after qw_norm_k, or (session 16) launched
+     * alone, of whatever launch is before it (kw_enter: pre) */
     auto kv_launch = [&]() -> m3_status {
-        const bool dep = prev;
+        kvw_args ka = kl;
+        ka.pre = !prev;
+        bool dep = true;
+        static const bool knob_env = (m3_kvw_var_ = getenv("M3_KVW_VAR") ? atoi(getenv("M3_KVW_VAR")) : 0, true); /* KNOB */
+        (void)knob_env;
+        if (m3_kvw_var_ == 1 && ka.pre) dep = false, ka.pre = false; /* KNOB: session 15's plain launch */
+        if (m3_kvw_var_ == 2 && ka.pre) ka.pre = false; /* KNOB: negative control: loads before the wait */
         prev = true;
-        if (kl.fp8 && n_tok < 256 && kl.page != 0) {
+        const int wpb = m3_kvw_var_ == 3 ? 2 : KW_WPB; /* KNOB */
+        if (ka.fp8 && n_tok < 256 && ka.page != 0) {
             /* decode passes: kvw8s_k, M3_WARP / 8 tokens a step, K and V */
-            kvw_args ks = kl;
-            kv_steps(ks, M3_WARP / 8, 0);
-            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8s_k, (unsigned)((ks.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, ks));
+            kv_steps(ka, M3_WARP / 8, 0);
+            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8s_k, (unsigned)((ka.nstep + wpb - 1) / wpb), wpb * M3_WARP, 0, ka));
             M3_LAUNCHED(g, "kvw8s_k");
-        } else if (kl.fp8) {
-            const int64_t nb8 = (kl.nstep + KW_WPB - 1) / KW_WPB;
-            if (t8 == 8) M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k<8>, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
-            else M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k<K8_T>, (unsigned)nb8, KW_WPB * M3_WARP, 0, kl));
+        } else if (ka.fp8) {
+            const int64_t nb8 = (ka.nstep + KW_WPB - 1) / KW_WPB;
+            if (t8 == 8) M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k<8>, (unsigned)nb8, KW_WPB * M3_WARP, 0, ka));
+            else M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k<K8_T>, (unsigned)nb8, KW_WPB * M3_WARP, 0, ka));
             M3_LAUNCHED(g, "kvw8_k");
         } else {
-            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw_k, (unsigned)((kl.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, kl));
+            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw_k, (unsigned)((ka.nstep + wpb - 1) / wpb), wpb * M3_WARP, 0, ka));
             M3_LAUNCHED(g, "kvw_k");
         }
         return M3_OK;

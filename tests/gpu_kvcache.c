@@ -19,6 +19,10 @@
 
 #define KV_FILL 0xEE
 
+/* kv_cache_write_after_write: each case also runs right after a kernel writing its rows or
+ * slots (below) */
+static bool g_after;
+
 /* run0 >= 0: slots run0 + t (one sequence filling its blocks: whole x-token groups of the V
  * layout, cut at both ends when run0 is not x-aligned); else distinct random slots */
 /* The fp8 code sweep (sweep != 0, Hkv 4, Dh 128): the rows enumerate every bf16 magnitude up to
@@ -102,7 +106,7 @@ static void kv_case_x(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, flo
     m3_bf16 *dk = gpu_upload_bf16(g, k, (int64_t)T * ld, k); /* k, v now hold the bf16 values */
     m3_bf16 *dv = gpu_upload_bf16(g, v, (int64_t)T * ld, v);
     void *dslots;
-    GPU_OK(m3_gpu_alloc(g, &dslots, T * sizeof *slots));
+    GPU_OK(m3_gpu_alloc(g, &dslots, ((size_t)T * sizeof *slots + 15) & ~(size_t)15)); /* 16-byte units: g_after's copy */
     GPU_OK(m3_gpu_upload(g, dslots, slots, T * sizeof *slots));
     m3_gpu_kv_cache c;
     memset(&c, 0, sizeof c);
@@ -117,7 +121,6 @@ static void kv_case_x(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, flo
         GPU_OK(m3_gpu_memset(g, c.k_scale, KV_FILL, scale_n * sizeof(float)));
         GPU_OK(m3_gpu_memset(g, c.v_scale, KV_FILL, scale_n * sizeof(float)));
     }
-    GPU_OK(m3_gpu_kv_cache_write(g, &c, dk, ld, dv, ld, dslots, T, Hkv, Dh));
     /* expected bytes */
     unsigned char *ek = malloc(cache_bytes), *ev = malloc(cache_bytes);
     unsigned char *gk = malloc(cache_bytes), *gv = malloc(cache_bytes);
@@ -155,25 +158,78 @@ static void kv_case_x(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, flo
             }
         }
     }
-    GPU_OK(m3_gpu_download(g, gk, c.k, cache_bytes));
-    GPU_OK(m3_gpu_download(g, gv, c.v, cache_bytes));
-    gpu_guard_check(g, c.k, cache_bytes, "k cache");
-    gpu_guard_check(g, c.v, cache_bytes, "v cache");
-    char what[128];
-    snprintf(what, sizeof what, "kv_cache_write(%s,page=%d,max=%g,T=%d,Hkv=%d,Dh=%d,run=%d%s)",
-             fp8 ? "fp8" : "bf16", page, (double)fp8_max, T, Hkv, Dh, run0, sweep ? ",sweep" : "");
-    size_t bad = 0;
-    for (size_t i = 0; i < cache_bytes; i++) bad += (gk[i] != ek[i]) + (gv[i] != ev[i]);
-    if (fp8) {
-        GPU_OK(m3_gpu_download(g, gks, c.k_scale, scale_n * sizeof(float)));
-        GPU_OK(m3_gpu_download(g, gvs, c.v_scale, scale_n * sizeof(float)));
-        gpu_guard_check(g, c.k_scale, scale_n * sizeof(float), "k scales");
-        gpu_guard_check(g, c.v_scale, scale_n * sizeof(float), "v scales");
-        bad += memcmp(gks, eks, scale_n * sizeof(float)) != 0;
-        bad += memcmp(gvs, evs, scale_n * sizeof(float)) != 0;
+    /* run 0: the plain call. g_after: runs 1-6 as the model's step has it, the launch right
+     * before the call writes the rows or the slots (the writer is a programmatic dependent of
+     * it: m3_gpu.h). The device rows and slots hold other values first (rows of another scale,
+     * every slot padding); then a 128 MB copy keeps the device busy while the host queues the
+     * copies of the real rows and slots and the call, so that they meet on the device; part
+     * (run - 1) % 3 (K rows, V rows, slots) is copied last, by the plain copy kernel (runs 1-3:
+     * its blocks end before the call may start) or by its dependent form (runs 4-6: it lets
+     * the call start at its entry). Every byte must be the plain run's. */
+    const size_t rb = (size_t)T * ld * sizeof(m3_bf16), sb = ((size_t)T * sizeof *slots + 15) & ~(size_t)15;
+    void *src[3] = {NULL, NULL, NULL}, *stale[3] = {NULL, NULL, NULL}, *ba = NULL, *bb = NULL;
+    void *const dst[3] = {dk, dv, dslots};
+    const size_t pb[3] = {rb, rb, sb};
+    const size_t big = (size_t)128 << 20;
+    if (g_after) {
+        float *o = malloc((size_t)T * ld * sizeof *o);
+        int64_t *os = malloc(sb);
+        for (size_t i = 0; i < sb / sizeof *os; i++) os[i] = -1;
+        for (int i = 0; i < 3; i++) {
+            GPU_OK(m3_gpu_alloc(g, &src[i], pb[i]));
+            GPU_OK(m3_gpu_copy(g, src[i], dst[i], i < 2 ? pb[i] : (size_t)T * sizeof *slots));
+            if (i < 2) {
+                m3_fill_normal(&r, o, (int64_t)T * ld, 5.0f);
+                stale[i] = gpu_upload_bf16(g, o, (int64_t)T * ld, NULL);
+            } else {
+                GPU_OK(m3_gpu_alloc(g, &stale[i], sb));
+                GPU_OK(m3_gpu_upload(g, stale[i], os, sb));
+            }
+        }
+        free(o);
+        free(os);
+        GPU_OK(m3_gpu_alloc(g, &ba, big));
+        GPU_OK(m3_gpu_alloc(g, &bb, big));
     }
-    printf("  %-58s %zu differing bytes / scale arrays\n", what, bad);
-    if (bad) m3_test_failf("%s: %zu bytes (or scale arrays) differ from the spec layout", what, bad);
+    for (int run = 0; run < (g_after ? 7 : 1); run++) {
+        if (run > 0) {
+            GPU_OK(m3_gpu_memset(g, c.k, KV_FILL, cache_bytes));
+            GPU_OK(m3_gpu_memset(g, c.v, KV_FILL, cache_bytes));
+            if (fp8) {
+                GPU_OK(m3_gpu_memset(g, c.k_scale, KV_FILL, scale_n * sizeof(float)));
+                GPU_OK(m3_gpu_memset(g, c.v_scale, KV_FILL, scale_n * sizeof(float)));
+            }
+            for (int i = 0; i < 3; i++) GPU_OK(m3_gpu_copy(g, dst[i], stale[i], pb[i]));
+            GPU_OK(m3_gpu_copy_kernel(g, bb, ba, big, 0));
+            for (int j = 1; j <= 3; j++) {
+                const int i = (run - 1 + j) % 3; /* (run - 1) % 3 last */
+                GPU_OK(m3_gpu_copy_kernel(g, dst[i], src[i], pb[i], j == 3 && run > 3 ? 3 : 0));
+            }
+        }
+        GPU_OK(m3_gpu_kv_cache_write(g, &c, dk, ld, dv, ld, dslots, T, Hkv, Dh));
+        GPU_OK(m3_gpu_download(g, gk, c.k, cache_bytes));
+        GPU_OK(m3_gpu_download(g, gv, c.v, cache_bytes));
+        gpu_guard_check(g, c.k, cache_bytes, "k cache");
+        gpu_guard_check(g, c.v, cache_bytes, "v cache");
+        char what[128];
+        snprintf(what, sizeof what, "kv_cache_write(%s,page=%d,max=%g,T=%d,Hkv=%d,Dh=%d,run=%d%s)%s",
+                 fp8 ? "fp8" : "bf16", page, (double)fp8_max, T, Hkv, Dh, run0, sweep ? ",sweep" : "",
+                 run == 0 ? "" : run == 1 ? " after K" : run == 2 ? " after V" : run == 3 ? " after slots"
+                 : run == 4 ? " after K (dep)" : run == 5 ? " after V (dep)" : " after slots (dep)");
+        size_t bad = 0;
+        for (size_t i = 0; i < cache_bytes; i++) bad += (gk[i] != ek[i]) + (gv[i] != ev[i]);
+        if (fp8) {
+            GPU_OK(m3_gpu_download(g, gks, c.k_scale, scale_n * sizeof(float)));
+            GPU_OK(m3_gpu_download(g, gvs, c.v_scale, scale_n * sizeof(float)));
+            gpu_guard_check(g, c.k_scale, scale_n * sizeof(float), "k scales");
+            gpu_guard_check(g, c.v_scale, scale_n * sizeof(float), "v scales");
+            bad += memcmp(gks, eks, scale_n * sizeof(float)) != 0;
+            bad += memcmp(gvs, evs, scale_n * sizeof(float)) != 0;
+        }
+        if (run == 0 || bad) printf("  %-72s %zu differing bytes / scale arrays\n", what, bad);
+        if (bad) m3_test_failf("%s: %zu bytes (or scale arrays) differ from the spec layout", what, bad);
+    }
+    if (g_after) printf("  %-72s 6 runs after a write, 0 differing\n", "");
     free(k); free(v); free(slots); free(ek); free(ev); free(gk); free(gv);
     free(eks); free(evs); free(gks); free(gvs);
 }
@@ -230,9 +286,30 @@ static void kv_cache_write_matches_layout(void **state) {
                      M3_ERR_ARG);
 }
 
+/* The launch right before the call writes the K / V rows or the slots (the model's K / V
+ * projection): the writer, a programmatic dependent launch, must wait for it before its first
+ * load. Decode passes (kvw8s_k, kvw_k), the 8- and 16-token kvw8_k passes, plain rows. */
+static void kv_cache_write_after_write(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    g_after = true;
+    for (int page = 128; page >= 16; page /= 8) {
+        kv_case(g, 1, 4, 128, page, true, 448.0f, 77);
+        kv_case(g, 1, 4, 128, page, false, 0.0f, 77);
+        kv_case(g, 64, 4, 128, page, true, 240.0f, 256);
+        kv_case(g, 64, 4, 128, page, false, 0.0f, 203);
+        kv_case(g, 37, 4, 128, page, true, 448.0f, -1);
+        kv_case(g, 300, 4, 128, page, true, 448.0f, 203);
+        kv_case(g, 300, 4, 128, page, false, 0.0f, 200);
+        kv_case(g, 4500, 4, 128, page, true, 448.0f, 203);
+    }
+    kv_case(g, 300, 4, 128, 0, false, 0.0f, 203);
+    g_after = false;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kv_cache_write_matches_layout),
+        cmocka_unit_test(kv_cache_write_after_write),
     };
     return M3_RUN_GPU_TESTS(tests);
 }
