@@ -937,6 +937,7 @@ typedef struct {
     const int32_t *bt, *pos;
     int bt_block;
     bool pre;            /* a launch of its own (m3_gpu_kv_cache_write): kw_enter / kw_leave */
+    bool late;           /* KNOB: pre's wait in the step, after its index arithmetic (kw_wait) */
 } kvw_args;
 /* The K / V writer's programmatic dependent launch (NVIDIA). After qw_norm_k in the fused pass
  * (pre false) its rows are older than the launch before it: it may load them at once and waits
@@ -946,8 +947,11 @@ typedef struct {
 static __device__ __forceinline__ void kw_enter(const kvw_args &a) {
     if (a.pre) {
         m3_pdl_trigger();
-        m3_pdl_wait();
+        if (!a.late) m3_pdl_wait();
     }
+}
+static __device__ __forceinline__ void kw_wait(const kvw_args &a) {
+    if (a.pre && a.late) m3_pdl_wait();
 }
 static __device__ __forceinline__ void kw_leave(const kvw_args &a) {
     if (!a.pre) m3_pdl_wait();
@@ -1027,8 +1031,9 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, int64_t st, u
         const int tg = (int)(s / a.nh), h = (int)(s - (int64_t)tg * a.nh);
         const int t = tg * KT + lane / 8, jj = lane & 7;
         const bool ok = t < a.n_tok;
-        const int64_t slot = ok ? kw_slot(a, t) : -1;
         const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128;
+        kw_wait(a);
+        const int64_t slot = ok ? kw_slot(a, t) : -1;
         const uint4 u0 = ok ? m3_ld16_ro(row + 8 * jj) : make_uint4(0, 0, 0, 0);
         const uint4 u1 = ok ? m3_ld16_ro(row + 64 + 8 * jj) : make_uint4(0, 0, 0, 0);
         if (slot >= 0) {
@@ -1040,6 +1045,7 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, int64_t st, u
     /* V window: tokens [tb, te) of head h */
     const int64_t s = st - a.vs0;
     const int win = (int)(s / a.nh), h = (int)(s - (int64_t)win * a.nh);
+    kw_wait(a);
     const int64_t slot0 = kw_slot(a, 0); /* windows follow token 0's slot alignment */
     const int off = slot0 >= 0 ? (int)(slot0 & (x - 1)) : 0;
     const int tb = win == 0 ? 0 : win * x - off;
@@ -1424,6 +1430,7 @@ static __device__ __forceinline__ void k8s_step(const kvw_args &a, int64_t st) {
     const int t = tg * (M3_WARP / 8) + lane / 8;
     const bool ok = t < a.n_tok;
     const m3_bf16 *row = a.x[w] + (int64_t)(ok ? t : 0) * a.ld[w] + h * 128 + 16 * jj;
+    kw_wait(a);
     const uint4 u0 = ok ? m3_ld16_ro(row) : make_uint4(0, 0, 0, 0);
     const uint4 u1 = ok ? m3_ld16_ro(row + 8) : make_uint4(0, 0, 0, 0);
     const int64_t slot = ok ? kw_slot(a, t) : -1;
@@ -2242,6 +2249,7 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     auto kv_launch = [&]() -> m3_status {
         kvw_args ka = kl;
         ka.pre = !prev;
+        ka.late = m3_kvw_var_ == 4; /* KNOB */
         bool dep = true;
         static const bool knob_env = (m3_kvw_var_ = getenv("M3_KVW_VAR") ? atoi(getenv("M3_KVW_VAR")) : 0, true); /* KNOB */
         (void)knob_env;

@@ -163,9 +163,12 @@ static void kv_case_x(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, flo
      * it: m3_gpu.h). The device rows and slots hold other values first (rows of another scale,
      * every slot padding); then a 128 MB copy keeps the device busy while the host queues the
      * copies of the real rows and slots and the call, so that they meet on the device; part
-     * (run - 1) % 3 (K rows, V rows, slots) is copied last, by the plain copy kernel (runs 1-3:
-     * its blocks end before the call may start) or by its dependent form (runs 4-6: it lets
-     * the call start at its entry). Every byte must be the plain run's. */
+     * (run - 1) % 3 (K rows, V rows, slots) is copied last. Runs 1-3: by the plain copy kernel
+     * (its blocks end before the call may start). Runs 4-6: the 128 MB copy and the three
+     * copies are the kernel's dependent form, each letting the next launch start at its entry, so the call's blocks
+     * are resident while the 128 MB copy still runs (session 16: with only the last copy
+     * dependent, loads before the wait were caught at 4500 tokens only). Every byte must be
+     * the plain run's. */
     const size_t rb = (size_t)T * ld * sizeof(m3_bf16), sb = ((size_t)T * sizeof *slots + 15) & ~(size_t)15;
     void *src[3] = {NULL, NULL, NULL}, *stale[3] = {NULL, NULL, NULL}, *ba = NULL, *bb = NULL;
     void *const dst[3] = {dk, dv, dslots};
@@ -200,10 +203,10 @@ static void kv_case_x(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, flo
                 GPU_OK(m3_gpu_memset(g, c.v_scale, KV_FILL, scale_n * sizeof(float)));
             }
             for (int i = 0; i < 3; i++) GPU_OK(m3_gpu_copy(g, dst[i], stale[i], pb[i]));
-            GPU_OK(m3_gpu_copy_kernel(g, bb, ba, big, 0));
+            GPU_OK(m3_gpu_copy_kernel(g, bb, ba, big, run > 3 ? 3 : 0));
             for (int j = 1; j <= 3; j++) {
                 const int i = (run - 1 + j) % 3; /* (run - 1) % 3 last */
-                GPU_OK(m3_gpu_copy_kernel(g, dst[i], src[i], pb[i], j == 3 && run > 3 ? 3 : 0));
+                GPU_OK(m3_gpu_copy_kernel(g, dst[i], src[i], pb[i], run > 3 ? 3 : 0));
             }
         }
         GPU_OK(m3_gpu_kv_cache_write(g, &c, dk, ld, dv, ld, dslots, T, Hkv, Dh));
