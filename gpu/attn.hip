@@ -4695,7 +4695,6 @@ static m3_status pc_sparse_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q,
 
 #if defined(M3_HIP_NVIDIA)
 /* pf_part_k (+ pf_merge_k) for n_tok tokens, c filled but for cpb / nsp / fused */
-extern "C" { int m3_pf_var_ = 0; } /* KNOB (session 16, removed before the final batch) */
 static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld_q,
                            const m3_gpu_attn_paged_src *src, const int32_t *d_pos, int n_tok,
                            const int32_t *d_topk, int width, pf_cfg c) {
@@ -4823,10 +4822,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     for (int t0 = 0; s == M3_OK && t0 < n_tok; t0 += tb) {
         const int nt = n_tok - t0 < tb ? n_tok - t0 : tb;
         const dim3 grid((unsigned)c.nsp, (unsigned)c.Hkv, (unsigned)nt);
-        /* a programmatic dependent only where the grid is one wave of block slots (session 16):
-         * a grid of several waves gains nothing from starting early */
-        const bool pdl = m3_pf_var_ == 1 ? dec : dec && (int64_t)c.nsp * c.Hkv * nt <= (int64_t)(PD_WPS / PD_W) * n_sm; /* KNOB */
-        s = m3_gpu_launch_pdl(g, pdl, kf[fi], grid, dim3(nth), sh, d_out, d_q, ld_q, *src, d_pos, t0,
+        s = m3_gpu_launch_pdl(g, dec, kf[fi], grid, dim3(nth), sh, d_out, d_q, ld_q, *src, d_pos, t0,
                               n_tok, d_topk, width, po, pml, nk, c);
         if (s == M3_OK) s = m3_gpu_launched_(g, "pf_part_k", __FILE__, __LINE__);
         if (s == M3_OK && !c.fused && !c.split) {

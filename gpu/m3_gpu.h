@@ -363,9 +363,9 @@ m3_status m3_gpu_attn_paged_flash_ok(const m3_gpu_attn_paged_src *src,
  * Zero-initialise the struct: the fields after k_scale/v_scale default to e4m3fn,
  * saturating, K quantized from the values written, no index cache.
  * Ordering (m3_gpu_kv_cache_write): the kernel is a programmatic dependent launch that lets
- * the next launch start at its entry and waits for the launch before it before it reads
- * anything (that launch may write the rows and the slots); a later launch reads the cache after
- * its own wait (the decode kernels, m3_gpu_attn_paged_flash). */
+ * the next launch start at its entry and waits for the launch before it before its first load
+ * (that launch may write the rows and the slots); a dependent launch after it must read the
+ * cache after its own wait (the decode kernels of m3_gpu_attn_paged_flash do). */
 typedef enum m3_gpu_kq_src {
     M3_GPU_KQ_STORED = 0,   /* K value and amax: the stored bf16 k (every non-atom writer) */
     M3_GPU_KQ_F32 = 1,      /* value and amax: the fp32 k of norm+rope before its bf16

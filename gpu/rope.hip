@@ -12,7 +12,8 @@
  *   K rows with their K cache write, index_k rows with the index cache write) and kvw_k /
  *   kvw8_k (raw bf16 / fp8 K / V rows: m3_gpu_kv_cache_write's K and V, the fused call's V).
  *   On NVIDIA the table -> qw_norm_k -> K / V writer launches are programmatic dependent
- *   launches (session 7: each starts while the one before runs; see "launchers").
+ *   launches (session 7: each starts while the one before runs; see "launchers"), and so is
+ *   the writer launched alone (m3_gpu_kv_cache_write, any pass size; session 16: kvw_args.pre).
  *   H200, session 5:
  *   qk_norm_rope 64% -> 77% of copy, the fused step 66% -> 73% (bf16 dense) and 48% -> 69%
  *   (fp8 sparse + index), the bf16 K/V writer 68% -> 80% (docs/gpu-log/rope.md);
@@ -868,7 +869,7 @@ static __global__ void __launch_bounds__(256) qkv_k(qkv_args a) {
  * start while the one before it runs (m3_pdl_trigger / m3_pdl_wait, gpu/gpu_internal.h). The
  * host sets the launch attribute between a pass's own kernels, and (session 13) on the small
  * passes' one qw_norm_k launch, whose first statements let the next launch start and wait for
- * the launch before it. */
+ * the launch before it, and (session 16) on the K / V writer launched alone (kw_enter). */
 
 /* cos/sin rows of every token, [T, cos(half) | sin(half)]: the same evaluation as the
  * kernel's own (angle in fp32 or f64, cos/sin in double rounded to fp32, bf16 when asked),
@@ -921,7 +922,6 @@ static __global__ void cs_table_k(float *tab, const int32_t *pos, int n_tok, int
  *   (e4m3x2_br) where it decides them (session 10). */
 
 #define KW_WPB 8 /* warps per block (kvw_k, kvw8_k, kvw8s_k) */
-extern "C" { int m3_kvw_var_ = 0; } /* KNOB (session 16, removed before the final batch) */
 typedef struct {
     const m3_bf16 *x[2]; /* K rows, V rows (NULL: not written) */
     int ld[2];
@@ -936,22 +936,21 @@ typedef struct {
     const int64_t *slots; /* or slot(pos[t]) through the block table */
     const int32_t *bt, *pos;
     int bt_block;
-    bool pre;            /* a launch of its own (m3_gpu_kv_cache_write): kw_enter / kw_leave */
-    bool late;           /* KNOB: pre's wait in the step, after its index arithmetic (kw_wait) */
+    bool pre;            /* a launch of its own (m3_gpu_kv_cache_write): kw_enter / kw_wait */
 } kvw_args;
-/* The K / V writer's programmatic dependent launch (NVIDIA). After qw_norm_k in the fused pass
- * (pre false) its rows are older than the launch before it: it may load them at once and waits
- * for that launch at its end, so the pass completes as a whole. Launched alone (pre true) the
- * launch before it may have written the rows or the slots (the K / V projection): the blocks let
- * the next launch start at entry and wait before their first load. */
+/* The K / V writer is a programmatic dependent launch (NVIDIA). After qw_norm_k in the fused
+ * pass (pre false) its rows are older than the launch before it: it loads them at once and waits
+ * for that launch at its end (kw_leave), so the pass completes as a whole. Launched alone (pre
+ * true; session 16) the launch before it may have written the rows or the slots (the K / V
+ * projection): its blocks let the next launch start at entry (kw_enter) and wait before their
+ * first load (kw_wait). kvw_k's and kvw8s_k's steps wait after their index arithmetic (H200,
+ * kv_cache_write bf16 T=4096: 5.7 -> 5.4 us against the wait at entry; kvw8_k waits at entry:
+ * the other placement was not measured for it; docs/gpu-log/rope.md). */
 static __device__ __forceinline__ void kw_enter(const kvw_args &a) {
-    if (a.pre) {
-        m3_pdl_trigger();
-        if (!a.late) m3_pdl_wait();
-    }
+    if (a.pre) m3_pdl_trigger();
 }
 static __device__ __forceinline__ void kw_wait(const kvw_args &a) {
-    if (a.pre && a.late) m3_pdl_wait();
+    if (a.pre) m3_pdl_wait();
 }
 static __device__ __forceinline__ void kw_leave(const kvw_args &a) {
     if (!a.pre) m3_pdl_wait();
@@ -1089,12 +1088,12 @@ static __device__ __forceinline__ void kvw_step(const kvw_args &a, int64_t st, u
         ((m3_bf16 *)a.dst[1])[kw_voff(a, slot, h, d, lx)] = reinterpret_cast<const m3_bf16 *>(rows + r * 272)[d];
     }
 }
-/* the grid's end waits for the launch before it (m3_pdl_wait): a dependent launch of the fused
- * pass must not finish before the qw_norm_k it overlaps */
+/* the fused pass: the grid's end waits for the launch before it (kw_leave): a dependent launch
+ * must not finish before the qw_norm_k it overlaps; alone: kw_enter / kw_wait */
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw_k(kvw_args a) {
     __shared__ __align__(16) unsigned char srow[KW_WPB][KW_ROWB];
     kw_enter(a);
-    kvw_step(a, (int64_t)blockIdx.x * (blockDim.x / M3_WARP) + threadIdx.x / M3_WARP, srow[threadIdx.x / M3_WARP]);
+    kvw_step(a, (int64_t)blockIdx.x * KW_WPB + threadIdx.x / M3_WARP, srow[threadIdx.x / M3_WARP]);
     kw_leave(a);
 }
 
@@ -1404,14 +1403,16 @@ static __device__ __forceinline__ void k8_step(const kvw_args &a, int64_t st, fl
 /* 8 warps a block, 4 blocks per SM (<= 64 registers: 32 warps per SM; H200, session 6: 78
  * registers at 3 blocks per SM measured 62%, 4-warp blocks at 8 per SM the same 66%, the K
  * and V steps interleaved in the grid 63%, a persistent grid with an L2 prefetch of each
- * warp's next step 59%; session 7: a persistent grid without the prefetch 59%). The end
- * waits for the launch before it (m3_pdl_wait: the fused pass's qw_norm_k). */
+ * warp's next step 59%; session 7: a persistent grid without the prefetch 59%). The fused
+ * pass's end waits for the launch before it (kw_leave: its qw_norm_k); alone, the wait is at
+ * entry (kw_wait). */
 template <int T8>
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP, 4) kvw8_k(kvw_args a) {
     __shared__ __align__(16) float ssy[KW_WPB][2 * T8];
     const int wid = (int)threadIdx.x / M3_WARP;
     const int64_t st = (int64_t)blockIdx.x * KW_WPB + wid;
     kw_enter(a);
+    kw_wait(a);
     if (st < a.nstep) k8_step<T8>(a, st, ssy[wid]);
     kw_leave(a);
 }
@@ -1460,7 +1461,7 @@ static __device__ __forceinline__ void k8s_step(const kvw_args &a, int64_t st) {
     if (jj == 0) a.scl[w][kw_soff(a, slot, h)] = sc;
 }
 static __global__ void __launch_bounds__(KW_WPB * M3_WARP) kvw8s_k(kvw_args a) {
-    const int64_t st = (int64_t)blockIdx.x * (blockDim.x / M3_WARP) + (int)threadIdx.x / M3_WARP;
+    const int64_t st = (int64_t)blockIdx.x * KW_WPB + (int)threadIdx.x / M3_WARP;
     kw_enter(a);
     if (st < a.nstep) k8s_step(a, st);
     kw_leave(a);
@@ -2249,26 +2250,19 @@ static m3_status launch(m3_gpu *g, const part *parts, int n_parts, const m3_gpu_
     auto kv_launch = [&]() -> m3_status {
         kvw_args ka = kl;
         ka.pre = !prev;
-        ka.late = m3_kvw_var_ == 4; /* KNOB */
-        bool dep = true;
-        static const bool knob_env = (m3_kvw_var_ = getenv("M3_KVW_VAR") ? atoi(getenv("M3_KVW_VAR")) : 0, true); /* KNOB */
-        (void)knob_env;
-        if (m3_kvw_var_ == 1 && ka.pre) dep = false, ka.pre = false; /* KNOB: session 15's plain launch */
-        if (m3_kvw_var_ == 2 && ka.pre) ka.pre = false; /* KNOB: negative control: loads before the wait */
         prev = true;
-        const int wpb = m3_kvw_var_ == 3 ? 2 : KW_WPB; /* KNOB */
         if (ka.fp8 && n_tok < 256 && ka.page != 0) {
             /* decode passes: kvw8s_k, M3_WARP / 8 tokens a step, K and V */
             kv_steps(ka, M3_WARP / 8, 0);
-            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8s_k, (unsigned)((ka.nstep + wpb - 1) / wpb), wpb * M3_WARP, 0, ka));
+            M3_TRY(m3_gpu_launch_pdl(g, true, kvw8s_k, (unsigned)((ka.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, ka));
             M3_LAUNCHED(g, "kvw8s_k");
         } else if (ka.fp8) {
             const int64_t nb8 = (ka.nstep + KW_WPB - 1) / KW_WPB;
-            if (t8 == 8) M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k<8>, (unsigned)nb8, KW_WPB * M3_WARP, 0, ka));
-            else M3_TRY(m3_gpu_launch_pdl(g, dep, kvw8_k<K8_T>, (unsigned)nb8, KW_WPB * M3_WARP, 0, ka));
+            if (t8 == 8) M3_TRY(m3_gpu_launch_pdl(g, true, kvw8_k<8>, (unsigned)nb8, KW_WPB * M3_WARP, 0, ka));
+            else M3_TRY(m3_gpu_launch_pdl(g, true, kvw8_k<K8_T>, (unsigned)nb8, KW_WPB * M3_WARP, 0, ka));
             M3_LAUNCHED(g, "kvw8_k");
         } else {
-            M3_TRY(m3_gpu_launch_pdl(g, dep, kvw_k, (unsigned)((ka.nstep + wpb - 1) / wpb), wpb * M3_WARP, 0, ka));
+            M3_TRY(m3_gpu_launch_pdl(g, true, kvw_k, (unsigned)((ka.nstep + KW_WPB - 1) / KW_WPB), KW_WPB * M3_WARP, 0, ka));
             M3_LAUNCHED(g, "kvw_k");
         }
         return M3_OK;

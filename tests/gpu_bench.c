@@ -454,22 +454,6 @@ static void pattn_retime(m3_gpu *g, pattn_ctx *c, const char *nm, const char *ta
     *hook = 0;
 }
 
-/* KNOBS (session 16, removed before the final batch): the library's variant switches, timed in
- * one process by M3_BENCH_PF_VAR / M3_BENCH_KVW_VAR lists */
-extern int m3_pf_var_ __attribute__((weak));
-extern int m3_kvw_var_ __attribute__((weak));
-static void pv_retime(m3_gpu *g, pattn_ctx *c, const char *nm, int reps, int batches, double bytes, double flops) {
-    for (const char *v = getenv("M3_BENCH_PF_VAR"); v && *v && &m3_pf_var_;) {
-        m3_pf_var_ = atoi(v);
-        char nk[120];
-        snprintf(nk, sizeof nk, "%s pv%d", nm, m3_pf_var_);
-        report(nk, time_ms(g, do_pattn, c, reps, batches), bytes, flops);
-        v = strchr(v, ',');
-        v = v ? v + 1 : NULL;
-    }
-    if (&m3_pf_var_) m3_pf_var_ = 0;
-}
-
 /* the fields both paged cases share: atom, 64:4 heads of 128, pages of 128 (the page-16 view
  * when sparse), fp8 as §4.9 with e4m3fn codes saturating */
 static void pattn_ctx_init(pattn_ctx *c, int T, int C, bool sparse, bool fp8) {
@@ -561,7 +545,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
-    pv_retime(g, &c, nm, T >= 4096 ? 5 : 20, T >= 4096 ? 5 : 7, bytes, flops); /* KNOB */
     m3_gpu_release(g, mark);
 }
 
@@ -649,7 +632,6 @@ static void pattn_batch_case(m3_gpu *g, m3_rng *r, int B, int C, bool sparse, bo
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
     /* M3_BENCH_PF_KERNELS=5,2 (the batch rows too): with the flash_kernel test hook */
     pattn_retime(g, &c, nm, "k", getenv("M3_BENCH_PF_KERNELS"), &c.src.flash_kernel, bytes, flops);
-    pv_retime(g, &c, nm, sparse ? 20 : 3, sparse ? 7 : 3, bytes, flops); /* KNOB */
     m3_gpu_release(g, mark);
 }
 
@@ -1038,15 +1020,6 @@ static void bench_kv_cache_write(void **state) {
             free(sl);
             const double n = (double)c.T * 512 * 2; /* K and V elements */
             report(nm, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
-            for (const char *v = getenv("M3_BENCH_KVW_VAR"); v && *v && &m3_kvw_var_;) { /* KNOB */
-                m3_kvw_var_ = atoi(v);
-                char nk[120];
-                snprintf(nk, sizeof nk, "%s kv%d", nm, m3_kvw_var_);
-                report(nk, time_ms(g, do_kv, &c, 20, 7), n * 2 + n * (fp8 ? 1 : 2) + (fp8 ? (double)c.T * 4 * 2 * 4 : 0), fp8 ? 3 * n : 0);
-                v = strchr(v, ',');
-                v = v ? v + 1 : NULL;
-                m3_kvw_var_ = 0;
-            }
             m3_gpu_release(g, mark);
         }
 }
