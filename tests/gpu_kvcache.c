@@ -8,7 +8,9 @@
  * consecutive slots (T 1, 64, 300, 4500) from aligned and misaligned starts (the fp8 writer's
  * 8- and 16-token steps); passes of >= 10 tokens
  * also hold rows of tiny values, and one has scattered slots; signed zeros
- * and tiny values of either sign inside rows of normal scale (codes +0 and -0). */
+ * and tiny values of either sign inside rows of normal scale (codes +0 and -0). The same
+ * cases right after launches that write the rows or the slots (kv_cache_write_after_write:
+ * the writer is a programmatic dependent launch). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,10 +167,10 @@ static void kv_case_x(m3_gpu *g, int T, int Hkv, int Dh, int page, bool fp8, flo
      * copies of the real rows and slots and the call, so that they meet on the device; part
      * (run - 1) % 3 (K rows, V rows, slots) is copied last. Runs 1-3: by the plain copy kernel
      * (its blocks end before the call may start). Runs 4-6: the 128 MB copy and the three
-     * copies are the kernel's dependent form, each letting the next launch start at its entry, so the call's blocks
-     * are resident while the 128 MB copy still runs (session 16: with only the last copy
-     * dependent, loads before the wait were caught at 4500 tokens only). Every byte must be
-     * the plain run's. */
+     * copies are the kernel's dependent form, each letting the next launch start at its
+     * entry, so the call's blocks are resident while the 128 MB copy still runs (session 16:
+     * with only the last copy dependent, loads before the wait were caught at 4500 tokens
+     * only). Every byte must be the plain run's. */
     const size_t rb = (size_t)T * ld * sizeof(m3_bf16), sb = ((size_t)T * sizeof *slots + 15) & ~(size_t)15;
     void *src[3] = {NULL, NULL, NULL}, *stale[3] = {NULL, NULL, NULL}, *ba = NULL, *bb = NULL;
     void *const dst[3] = {dk, dv, dslots};
