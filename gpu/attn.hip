@@ -2493,12 +2493,11 @@ static __device__ __forceinline__ float pd8_div(float x, float y, float ry) {
     return fmaf(fmaf(-q0, y, x), ry, q0);
 }
 
-/* The block's fold of its NW (PD_W) warps' (M, L, A) (A of warp w at wraw + w WB + aoff in the
+/* The block's fold of its PD_W warps' (M, L, A) (A of warp w at wraw + w WB + aoff in the
  * accumulator layout), in warp order, into the row's output (nsp == 1) or this block's
  * partial: the weights e^(M_w - M) and L once per (warp, head) by the first hq threads, then
  * four output elements (one float4 of each warp's A) per step. wx: PD_W x 16 + 32 floats of
- * shared memory (NW <= PD_W). Warps without a chunk (M_w = -inf) are skipped. */
-template <int NW = PD_W>
+ * shared memory. Warps without a chunk (M_w = -inf) are skipped. */
 static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff,
                                const float (*wml)[2][16], float *wx, m3_bf16 *orow, float *po,
                                float *pml, size_t sl0, int hq, int nsp, int tid, int nt) {
@@ -2508,10 +2507,10 @@ static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff
         const int h = tid;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < NW; w++) M = fmaxf(M, wml[w][0][h]);
+        for (int w = 0; w < PD_W; w++) M = fmaxf(M, wml[w][0][h]);
         float L = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NW; w++) {
+        for (int w = 0; w < PD_W; w++) {
             const float mw = wml[w][0][h];
             const float x = mw == -INFINITY ? 0.0f : expf(mw - M);
             wx[w * 16 + h] = x;
@@ -2528,7 +2527,7 @@ static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff
         const size_t ai = aoff + ((size_t)(d / 8) * 32 + 4 * h + (d % 8) / 2) * 16;
         float A[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int w = 0; w < NW; w++) {
+        for (int w = 0; w < PD_W; w++) {
             const float4 a = *reinterpret_cast<const float4 *>(wraw + (size_t)w * WB + ai);
             if (wml[w][0][h] != -INFINITY) { /* else a warp without a chunk */
                 const float x = wx[w * 16 + h];
@@ -3105,24 +3104,20 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
  * a rolled loop through the warp's area (spills), pass 1 unrolled by 2 (spills). */
 #define PD8_NS 4             /* ring slots per warp (4 groups of K or V in flight; 5: no faster) */
 #define PD8_SB (2048 + 128) /* slot bytes: 16 keys x 128 codes, then 2 x 16 fp32 scales */
-#define PD8_PT 3 /* warp pairs of a block of the pair instance (PAIR; 2 blocks, 12 warps an SM) */
-#define PD8_PW (2 * PD8_PT) /* its warps */
 
-/* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4
- * (pair: S of its ch/2 keys) */
-static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c, bool pair = false) {
-    const size_t s = (size_t)(c.ch / (pair ? 32 : 16)) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
+/* the warp's S / A area: S [ch/16 groups][lo, hi][32 lanes] float4, or A [Dh/8][32] float4 */
+static __host__ __device__ inline size_t pd8_sa_bytes(const pf_cfg &c) {
+    const size_t s = (size_t)(c.ch / 16) * 2 * 32 * 16, a = (size_t)(FA_MAX_DH / 8) * 32 * 16;
     return s > a ? s : a;
 }
 /* the warp's V scales of a chunk, parked by pass 1 for pass 1.5's P' codes: [ch/16 groups][4]
- * float4 (tiles of 16 keys only: the instances without tile pairs; pair: its ch/32 groups) */
-static __host__ __device__ inline size_t pd8_vs_bytes(const pf_cfg &c, bool pair = false) {
-    return pair ? (size_t)(c.ch / 32) * 64 : c.tile >= 32 ? 0 : (size_t)(c.ch / 16) * 64;
+ * float4 (tiles of 16 keys only: the instances without tile pairs) */
+static __host__ __device__ inline size_t pd8_vs_bytes(const pf_cfg &c) {
+    return c.tile >= 32 ? 0 : (size_t)(c.ch / 16) * 64;
 }
 /* Q's fp16 fragments (4 KB), then the warps' S / A areas, V scales and rings */
-static size_t pd8_smem_bytes(const pf_cfg &c, bool pair = false) {
-    size_t a = (size_t)(pair ? PD8_PW : PD_W) *
-               (pd8_sa_bytes(c, pair) + pd8_vs_bytes(c, pair) + (size_t)PD8_NS * PD8_SB);
+static size_t pd8_smem_bytes(const pf_cfg &c) {
+    size_t a = (size_t)PD_W * (pd8_sa_bytes(c) + pd8_vs_bytes(c) + (size_t)PD8_NS * PD8_SB);
     const size_t fm = ((size_t)3 * 16 * PF_FUSE_MAX + 16) * 4;
     if (a < fm) a = fm;
     return (size_t)16 * FA_MAX_DH * 2 + a;
@@ -3155,27 +3150,8 @@ static __device__ __forceinline__ float pd8_ex2e(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
-/* a barrier of the 64 threads of warp pair id - 1 (named barrier id; 0 is __syncthreads') */
-static __device__ __forceinline__ void pd8_pair_sync(int id) {
-    asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
-}
-/* PAIR (session 16; dense rows, tile pairs, tiles <= ch / 2 keys): blocks of PD8_PT warp
- * pairs, 12 warps an SM instead of 8. A warp's own 256-key chunk needs 16 KB of S, which
- * leaves no room for a third 4-warp block, so a pair shares each chunk: pair t takes chunks
- * cb + t, cb + t + PD8_PT, ...; its warp h scores keys [h ch / 2, (h + 1) ch / 2) (pass 1:
- * K of its ch / 32 groups, S into its area), the two exchange their row maxima (the chunk's
- * max, the same in both), form their groups' P' codes and row-sum terms in pass 1.5 (in
- * place of S: codes and terms in the lo half, M / FP8_MAX in the hi half), and after a
- * second pair barrier pass 2 multiplies every group of the chunk with the V of the warp's
- * own 64 dims (V items: two groups x 64 dims), the partner's codes read from its area; the
- * row sums add the terms in group order. So S, the maxima, P' codes, O, l and each chunk's
- * fold are the 4-warp kernel's, operation for operation (the same bits where each team holds
- * one chunk; the block fold groups the chunks by 3 teams instead of 4). A third pair barrier
- * ends a chunk (the partner's pass 2 has read this warp's codes before its next pass 1 writes
- * S). Each warp keeps the running A of its 64 dims and writes it to the pair's first warp's
- * area for pd_fold. 168 registers (48 bytes of spills), ~111 KB of shared memory a block. */
-template <bool TPAIR, int PVC, bool PAIR = false>
-static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS / PD_W)
+template <bool TPAIR, int PVC>
+static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
                const int32_t *M3_RESTRICT topk, int width, float *M3_RESTRICT po,
@@ -3183,27 +3159,20 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
 #if M3_HAVE_MMA && M3_HAVE_FP8_CVT
     extern __shared__ __align__(16) unsigned char pf_raw[];
     constexpr int Dh = FA_MAX_DH; /* the launcher ensures c.Dh == 128 */
-    static_assert(!PAIR || TPAIR, "pd8_part_k: pairs of warps with tile pairs only");
-    constexpr int NT = (PAIR ? PD8_PW : PD_W) * 32, NS = PD8_NS, SB = PD8_SB, SCO = 2048;
-    constexpr int NTM = PAIR ? PD8_PT : PD_W; /* chunk teams of the block */
+    constexpr int NT = PD_W * 32, NS = PD8_NS, SB = PD8_SB, SCO = 2048;
     /* pass 1.5 (session 14): the P' codes of a chunk formed between pass 1 and pass 2, for
-     * 16-key tiles (the sparse layers' pages) and PAIR; tile pairs keep them in pass 2 */
-    constexpr bool PP = !TPAIR || PAIR;
-    constexpr int OT = PAIR ? PD_NT / 2 : PD_NT; /* O n-tiles of a warp */
+     * 16-key tiles (the sparse layers' pages); tile pairs keep them in pass 2 */
+    constexpr bool PP = !TPAIR;
     const int hq = c.hq, ch = c.ch, Bs = s.g.block;
     unsigned char *wraw = pf_raw + (size_t)16 * Dh * 2;
     uint16_t *qs = reinterpret_cast<uint16_t *>(wraw); /* [16][Dh] fp8(q) as fp16 */
-    const size_t SA = pd8_sa_bytes(c, PAIR), VSB = pd8_vs_bytes(c, PAIR), WB = SA + VSB + (size_t)NS * SB;
+    const size_t SA = pd8_sa_bytes(c), VSB = pd8_vs_bytes(c), WB = SA + VSB + (size_t)NS * SB;
     __shared__ int blist[PG_MAX_SEL], selsh[PG_MAX_SEL], vfl[PG_MAX_SEL];
     __shared__ int n_sh;
-    __shared__ float wml[PD_W][2][16]; /* the warps' (PAIR: pairs') running M and L per head */
-    __shared__ float pxm[PAIR ? PD8_PW : 1][16]; /* PAIR: the warps' row maxima of a chunk */
+    __shared__ float wml[PD_W][2][16]; /* the warps' running M and L per head */
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
-    /* the chunk team (a warp, or PAIR a pair of warps), the half of its chunk (PAIR), groups
-     * per half */
-    const int team = PAIR ? warp >> 1 : warp, hf = PAIR ? warp & 1 : 0, hg = c.ch / 32;
     /* a programmatic dependent launch (pf_launch): the next launch may start now (it waits for
      * this grid's end before it reads or writes what this grid writes); q, the position and
      * the selection may be the launch before's */
@@ -3269,21 +3238,19 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
         const int kb = k / Bs;
         return sparse ? blist[kb] : s.bt[kb];
     };
-    /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups; PAIR: K of its
-     * half's ink groups, then V items of two groups), lane l holding group l's element offsets
-     * (K, V, scale) of chunk ic */
-    int ic = cb + team, ij = 0, ing = 0, ink = 0, phn = phys(ic);
+    /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
+     * group l's element offsets (K, V, scale) of chunk ic */
+    int ic = cb + warp, ij = 0, ing = 0, phn = phys(ic);
     int64_t gko = 0, gvo = 0, gso = 0;
     auto enter = [&]() {
         if (ic >= ce) return;
         const int k0 = ic * ch, nk = min(ch, n - k0);
         ing = (nk + 15) / 16;
-        if (PAIR) ink = min(max(ing - hg * hf, 0), hg);
         if (lane < ing) {
             const int k = k0 + 16 * lane, kb = k / Bs;
             pf_offs<16>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
-        phn = phys(ic + NTM);
+        phn = phys(ic + PD_W);
     };
     enter();
     unsigned isq = 0, csq = 0; /* items issued / consumed */
@@ -3301,8 +3268,8 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
     auto issue = [&]() {
         if (ic < ce) {
             const uint32_t dst = ring_s + (isq % NS) * SB;
-            const bool kk = ij < (PAIR ? ink : ing);
-            const int gr = kk ? (PAIR ? hg * hf + ij : ij) : PAIR ? 2 * (ij - ink) : ij - ing;
+            const bool kk = ij < ing;
+            const int gr = kk ? ij : ij - ing;
             const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
             if (kk) { /* 8 dim units x 16 keys, 16 bytes each */
                 const unsigned char *src = kbase + __shfl_sync(0xffffffffu, gko, gr) + ksrc;
@@ -3313,24 +3280,14 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
                 /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
                 const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
                 if (lane < 8) pd8_cp16(dst + 2048 + 16 * lane, sp);
-            } else if (PAIR) { /* groups gr, gr + 1: the half's 64 dims x 16 keys, 1 KB each */
-                const int64_t v0 = __shfl_sync(0xffffffffu, gvo, gr),
-                              v1 = __shfl_sync(0xffffffffu, gvo, min(gr + 1, ing - 1));
-                const unsigned char *vp = vbase + 1024 * hf + 16 * lane;
-                pd8_cp16(dst + 16 * lane, vp + v0);
-                pd8_cp16(dst + 16 * lane + 512, vp + v0 + 512);
-                if (gr + 1 < ing) {
-                    pd8_cp16(dst + 16 * lane + 1024, vp + v1);
-                    pd8_cp16(dst + 16 * lane + 1536, vp + v1 + 512);
-                }
             } else { /* 128 dims x 16 keys: 2 KB contiguous */
                 const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) + 16 * lane;
 #pragma unroll
                 for (int i = 0; i < 4; i++) pd8_cp16(dst + 16 * lane + 512 * i, vp + 512 * i);
                 if (!PP && lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
             }
-            if (++ij == (PAIR ? ink + (ing + 1) / 2 : 2 * ing)) {
-                ic += NTM, ij = 0;
+            if (++ij == 2 * ing) {
+                ic += PD_W, ij = 0;
                 enter();
             }
         }
@@ -3355,14 +3312,11 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
     for (int j = 0; j < NS; j++) issue();
     qfrag(); /* Q's fragments while the rings' first copies are in flight */
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
-    float ar[OT][4];
+    float ar[PD_NT][4];
 #pragma unroll
-    for (int u = 0; u < OT; u++) ar[u][0] = ar[u][1] = ar[u][2] = ar[u][3] = 0.0f;
-    for (int cc = cb + team; cc < ce; cc += NTM) {
+    for (int u = 0; u < PD_NT; u++) ar[u][0] = ar[u][1] = ar[u][2] = ar[u][3] = 0.0f;
+    for (int cc = cb + warp; cc < ce; cc += PD_W) {
         const int k0 = cc * ch, nk = min(ch, n - k0), ng = (nk + 15) / 16;
-        /* PAIR: this warp's first group and its group count (0 for the second half of a chunk
-         * of <= ch / 2 keys) */
-        const int g0 = PAIR ? hg * hf : 0, ngo = PAIR ? min(max(ng - g0, 0), hg) : ng;
         /* pass 1: S of each 16-key group into the warp's area; the row maxima; lane gr: the
          * max V scale of group gr */
         float mx0 = -INFINITY, mx1 = -INFINITY, vm = 0.0f;
@@ -3384,16 +3338,16 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
          * group gr's products */
         uint4 kwn[2][2];
         float4 ksn, kvn;
-        if (!PAIR || ngo > 0) kload(kwn, ksn, kvn);
+        kload(kwn, ksn, kvn);
 #pragma unroll 1
-        for (int gr = 0; gr < ngo; gr++) {
+        for (int gr = 0; gr < ng; gr++) {
             uint4 kw[2][2];
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int u = 0; u < 2; u++) kw[h][u] = kwn[h][u];
             const float4 ks = ksn, kv = kvn;
-            if (gr + 1 < ngo) kload(kwn, ksn, kvn);
+            if (gr + 1 < ng) kload(kwn, ksn, kvn);
             float c8[2][2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -3416,8 +3370,8 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
                         m3_mma_f16_16816(c8[h][m & 1], qa, b);
                     }
                 }
-            const int kq = 16 * (g0 + gr) + 4 * tq; /* this lane's first key of the group */
-            const bool tail = 16 * (g0 + gr) + 16 > nk; /* the list's last group: keys past it masked */
+            const int kq = 16 * gr + 4 * tq; /* this lane's first key of the group */
+            const bool tail = 16 * gr + 16 > nk; /* the list's last group: keys past it masked */
             const float ks4[4] = {ks.x, ks.y, ks.z, ks.w};
             float m;
             if (!tail) {
@@ -3454,12 +3408,6 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        if (PAIR) { /* the chunk's maxima: both halves' (the same order in both warps) */
-            if (tq == 0) pxm[warp][gq] = mx0, pxm[warp][gq + 8] = mx1;
-            pd8_pair_sync(1 + team);
-            mx0 = fmaxf(pxm[warp & ~1][gq], pxm[warp | 1][gq]);
-            mx1 = fmaxf(pxm[warp & ~1][gq + 8], pxm[warp | 1][gq + 8]);
-        }
         /* the max V scale of each tile (tiles of tile / 16 groups from the chunk start) */
         for (int off = 1; off < c.tile / 16; off <<= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, off));
         /* lane gr's tile constants of group gr, once per chunk (all lanes at once): M + 1e-8,
@@ -3491,60 +3439,37 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
                               pd8_e4m3x2(pv[0][2], pv[0][3]) | (pd8_e4m3x2(pv[1][2], pv[1][3]) << 16));
         };
         /* pass 2: O = P' V, two groups a step */
-        float o[OT][4];
+        float o[PD_NT][4];
 #pragma unroll
-        for (int u = 0; u < OT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
+        for (int u = 0; u < PD_NT; u++) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
         float l0 = 0.0f, l1 = 0.0f;
         constexpr bool tpair = TPAIR; /* pairs (2i, 2i + 1) of groups lie in one tile */
         if (PP) {
             /* pass 1.5: every group's P' codes (in place of its S) and the row sums, before
-             * pass 2 and away from its ring waits. PAIR: the codes, the group's row-sum terms
-             * (the sums' order is kept: pass 2 adds them group by group) and M / FP8_MAX in
-             * its S slot, for both warps of the pair */
+             * pass 2 and away from its ring waits */
 #pragma unroll 2
-            for (int gr = 0; gr < ngo; gr++) {
-                const int gg = g0 + gr; /* the chunk's group */
+            for (int gr = 0; gr < ng; gr++) {
                 float4 *zp = sw + (gr * 2) * 32 + lane;
                 const float4 zl = zp[0], zh = zp[32], v = vsw[gr * 4 + tq];
                 float vs4[4] = {v.x, v.y, v.z, v.w};
-                if (16 * gg + 16 > nk) /* keys past the list: no weight */
+                if (16 * gr + 16 > nk) /* keys past the list: no weight */
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        if (16 * gg + 4 * tq + e >= nk) vs4[e] = 0.0f;
+                        if (16 * gr + 4 * tq + e >= nk) vs4[e] = 0.0f;
                 float y, ry;
-                if (PAIR) {
-                    float f, t0 = 0.0f, t1 = 0.0f;
-                    const uint2 w = pcodes(zl, zh, vs4, true, gr, y, ry, &f, t0, t1);
-                    *reinterpret_cast<uint4 *>(zp) = make_uint4(w.x, w.y, __float_as_uint(t0), __float_as_uint(t1));
-                    *reinterpret_cast<float *>(zp + 32) = f;
-                } else {
-                    *reinterpret_cast<uint2 *>(zp) = pcodes(zl, zh, vs4, true, gr, y, ry, NULL, l0, l1);
-                }
+                *reinterpret_cast<uint2 *>(zp) = pcodes(zl, zh, vs4, true, gr, y, ry, NULL, l0, l1);
             }
-            if (PAIR) pd8_pair_sync(1 + team); /* the pair's codes written */
         }
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr += 2) {
             const bool two = gr + 1 < ng;
-            uint32_t vc[2][OT];
+            uint32_t vc[2][PD_NT];
             float4 vsg[2];
-            if (PAIR) { /* one item: both groups' V of this warp's 64 dims, 1 KB each */
-                const unsigned char *sl = acquire();
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int j4 = 0; j4 < OT / 4; j4++) {
-                        if (j == 1 && !two) vc[1][4 * j4] = vc[1][4 * j4 + 1] = vc[1][4 * j4 + 2] = vc[1][4 * j4 + 3] = 0u;
-                        else ldsm4(&vc[j][4 * j4], sl + 1024 * j + (32 * j4 + lane) * 16);
-                    }
-                vsg[0] = vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                release();
-            } else
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 if (j == 1 && !two) { /* a zero group: it enters the products below (adds 0) */
 #pragma unroll
-                    for (int u = 0; u < OT; u++) vc[1][u] = 0u;
+                    for (int u = 0; u < PD_NT; u++) vc[1][u] = 0u;
                     vsg[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                     continue;
                 }
@@ -3552,7 +3477,7 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
                 /* a lane's V words (dim 8u + gq, keys 4tq..4tq+3) by ldmatrix: matrix m of
                  * load j4 is n-tile 4 j4 + m, its row r dim 8 (4 j4 + m) + r */
 #pragma unroll
-                for (int j4 = 0; j4 < OT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
+                for (int j4 = 0; j4 < PD_NT / 4; j4++) ldsm4(&vc[j][4 * j4], sl + (32 * j4 + lane) * 16);
                 vsg[j] = PP ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
                             : *reinterpret_cast<const float4 *>(sl + SCO + 16 * tq);
                 release();
@@ -3574,21 +3499,10 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
                         else vs4[e] = 0.0f;
                     }
 #pragma unroll
-                    for (int u = 0; u < OT; u++) vc[j][u] &= keep;
+                    for (int u = 0; u < PD_NT; u++) vc[j][u] &= keep;
                     vsg[j] = make_float4(vs4[0], vs4[1], vs4[2], vs4[3]);
                 }
-            if (PAIR) { /* group G's slot: in the area of the pair's warp G / hg */
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int G = gr + j, ow = G >= hg;
-                    const uint4 *op = reinterpret_cast<const uint4 *>(wraw + (size_t)((warp & ~1) + ow) * WB) +
-                                      ((G - hg * ow) * 2) * 32 + lane;
-                    const uint4 w = j == 0 || two ? op[0] : make_uint4(0u, 0u, 0u, 0u);
-                    pc[j][0] = w.x, pc[j][1] = w.y;
-                    l0 += __uint_as_float(w.z), l1 += __uint_as_float(w.w); /* (a lone group: + 0) */
-                    if (j == 0) fj[0] = fj[1] = *reinterpret_cast<const float *>(op + 32);
-                }
-            } else if (PP) {
+            if (PP) {
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     const uint2 w = j == 0 || two ? *reinterpret_cast<const uint2 *>(sw + ((gr + j) * 2) * 32 + lane)
@@ -3625,7 +3539,7 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
             }
             if (tpair) { /* one tile: both groups' products in one sum before the scaling */
 #pragma unroll
-                for (int u = 0; u < OT; u++) {
+                for (int u = 0; u < PD_NT; u++) {
                     float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                     for (int j = 0; j < 2; j++) { /* (a lone last group: j = 1 adds 0) */
@@ -3640,7 +3554,7 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
 #pragma unroll
                 for (int j = 0; j < 2; j++) { /* (a lone last group: j = 1 adds 0 x 0) */
 #pragma unroll
-                    for (int u = 0; u < OT; u++) {
+                    for (int u = 0; u < PD_NT; u++) {
                         uint32_t b[2];
                         m3_e4m3x4_to_f16x2(vc[j][u], b[0], b[1]);
                         float t4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -3665,7 +3579,7 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
             Lr[r2] = Lr[r2] * wa[r2] + ll[r2] * wb[r2], Mr[r2] = Mn;
         }
 #pragma unroll
-        for (int u = 0; u < OT; u++)
+        for (int u = 0; u < PD_NT; u++)
 #pragma unroll
             for (int i = 0; i < 4; i += 2) {
                 const int r2 = i >> 1;
@@ -3678,26 +3592,22 @@ static __global__ void __launch_bounds__(PAIR ? PD8_PW * 32 : PD_W * 32, PD_WPS 
                 ar[u][i] = first ? A0 * wb[r2] : ar[u][i] * wa[r2] + A0 * wb[r2];
                 ar[u][i + 1] = first ? A1 * wb[r2] : ar[u][i + 1] * wa[r2] + A1 * wb[r2];
             }
-        /* PAIR: the partner's pass 2 has read this warp's codes before its next pass 1 */
-        if (PAIR) pd8_pair_sync(1 + team);
     }
     cp_wait<0>();
-    /* the warp's A into its area (S is no longer read; PAIR: its n-tiles in the area of the
-     * pair's first warp), the block's teams folded in order */
+    /* the warp's A into its area (S is no longer read), the block's warps folded in order */
     __syncwarp();
-    float4 *aw = reinterpret_cast<float4 *>(wraw + (size_t)(PAIR ? warp & ~1 : warp) * WB) + hf * OT * 32;
+    float4 *aw = reinterpret_cast<float4 *>(sa);
 #pragma unroll
-    for (int u = 0; u < OT; u++) aw[u * 32 + lane] = make_float4(ar[u][0], ar[u][1], ar[u][2], ar[u][3]);
-    if (tq == 0 && hf == 0) {
-        wml[team][0][gq] = Mr[0], wml[team][0][gq + 8] = Mr[1];
-        wml[team][1][gq] = Lr[0], wml[team][1][gq + 8] = Lr[1];
+    for (int u = 0; u < PD_NT; u++) aw[u * 32 + lane] = make_float4(ar[u][0], ar[u][1], ar[u][2], ar[u][3]);
+    if (tq == 0) {
+        wml[warp][0][gq] = Mr[0], wml[warp][0][gq + 8] = Mr[1];
+        wml[warp][1][gq] = Lr[0], wml[warp][1][gq + 8] = Lr[1];
     }
     __syncthreads();
     m3_bf16 *orow = out + (size_t)t * c.H * Dh + (size_t)g * hq * Dh;
     const size_t sl0 = (slot0 + ci) * hq;
     __shared__ float wx[PD_W * 16 + 32];
-    if (cb < ce || c.nsp == 1)
-        pd_fold<NTM>(wraw, PAIR ? 2 * WB : WB, 0, wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, NT);
+    if (cb < ce || c.nsp == 1) pd_fold(wraw, WB, 0, wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, NT);
     if (c.nsp == 1) return;
     if (c.split > 0) { /* pd_part_k's */
         pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
@@ -4807,13 +4717,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel == 5) dec = c.dec;
+    if (src->flash_kernel == 2 || src->flash_kernel == 4) dec = c.dec;
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
-    /* §4.9 dense rows with tile pairs and 128-key pages: pd8_part_k's pair instance (PD8_PT
-     * chunk teams a block; test hook flash_kernel 5: the 4-warp instance) */
-    const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
-    const bool pair = p8 && !d_topk && c.tile >= 32 && pv == 128 && c.ch % 32 == 0 &&
-                      (c.ch / 2) % c.tile == 0 && src->flash_kernel != 5;
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
          * times the chunks of the busiest warp) within 3% of the smallest, with the most
@@ -4824,11 +4729,11 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
          * batch (256 rows of 512 chunks) then takes cpb 512, a row a block (128 chunk
          * rounds), not cpb 12 (126 rounds, 43 partials a row through pf_merge_k): bf16 cpb
          * 256 4.74 ms, 16 4.86, 8 4.91 (batch 1); T = 1 and prefill rows keep their cpb */
-        const int slots = PD_WPS / PD_W * n_sm, teams = pair ? PD8_PT : PD_W;
+        const int slots = PD_WPS / PD_W * n_sm;
         const int64_t rows = (int64_t)c.Hkv * n_tok;
         auto mks = [&](int cpb) {
             const int64_t blocks = rows * ((c.nchx + cpb - 1) / cpb);
-            return (double)((blocks + slots - 1) / slots * ((cpb + teams - 1) / teams));
+            return (double)((blocks + slots - 1) / slots * ((cpb + PD_W - 1) / PD_W));
         };
         double best = mks(1);
         for (int cpb = 2; cpb <= c.nchx; cpb++) best = fmin(best, mks(cpb));
@@ -4873,26 +4778,27 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
          * e.g. a second context's, keeps slots for the blocks both wait for) */
         if (c.nsp * rows <= slots && 4 * k * rows <= slots) c.split = k;
     }
-    const size_t sh = p8 ? pd8_smem_bytes(c, pair) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
+    const size_t sh = p8 ? pd8_smem_bytes(c) : dec ? pd_smem_bytes(c) : pf_smem_bytes(c),
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][10]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
      * the ring's K copies one base plus immediates */
-    const pf_fn kf[9] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                         pd8_part_k<true, 128>, pd8_part_k<true, 128, true>};
+                         pd8_part_k<true, 128>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
-        fi = pair ? 8 : !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
+        const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
+        fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
     }
-    const int nth = pair ? PD8_PW * 32 : dec ? PD_W * 32 : PF_THREADS;
+    const int nth = dec ? PD_W * 32 : PF_THREADS;
     /* the decode kernels as programmatic dependents of the launch before them (their loads of
      * q, the positions and the selection wait for it: m3_pdl_wait), and they let the next
      * launch start at their entry; pd_part_k at one token of a dense row (c.spec) prefetches
@@ -4902,9 +4808,9 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && !c.split && msh > pf_set[9]) {
+    if (!c.fused && !c.split && msh > pf_set[8]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[9] = msh;
+        pf_set[8] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;

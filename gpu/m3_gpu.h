@@ -302,9 +302,7 @@ typedef struct m3_gpu_attn_paged_src {
     int flash_kernel;         /* m3_gpu_attn_paged_flash test hook: 0 the launcher's choice,
                                  1 the general kernel, 2 the decode kernel where it fits,
                                  3 the cluster kernel pc_k where it fits, 4 the decode
-                                 kernel with pf_merge_k's launch for rows of many partials,
-                                 5 the decode kernel, §4.9 dense rows on its 4-warp
-                                 instance */
+                                 kernel with pf_merge_k's launch for rows of many partials */
 } m3_gpu_attn_paged_src;
 /* q [T, H*Dh] (pitch ld_q), pos [T] device (< n_ctx), topk [Hkv, T, width] device or NULL
  * (dense: keys 0..pos[t]; sparse: m3_kv_sparse_table's expansion, keys k < ctx through the
