@@ -2936,11 +2936,11 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
              * form with the vote / per-piece loop keeps 2 blocks. FK 2 (no WIDE) where the
              * staged x cannot overflow (t1_fk) */
             const int f0 = t1_fk(w, mp, mid, 0), f1 = t1_fk(w, mp, mid, 1);
-            const char *var = getenv("M3_MX4_VAR"); /* TEMP: 1 the old FK 1 pair */
+            const char *var = getenv("M3_MX4_VAR"); /* TEMP: 1 the old FK 1 pair, 3 FK 2 pair (timing only) */
             if (var && atoi(var) == 1)
                 s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 1, 1>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
                                                                   mp, p, mid);
-            else if (f0 == 2) /* (then f1 is 2 too) */
+            else if (f0 == 2 || (var && atoi(var) == 3)) /* (then f1 is 2 too) */
                 s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 2, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
                                                                   mp, p, mid);
             else if (f1 == 2)
