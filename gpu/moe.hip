@@ -1563,7 +1563,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast) {
+          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast, int var) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     /* the k-warps' partial sums, two buffers by tile parity: a warp writes tile i + 2's sums
      * into tile i's buffer only after tile i + 1's barrier, which the warps reading tile i's
@@ -1578,6 +1578,15 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
+    /* TEMP var 4: x into L1 before the ids; var 5: x's first 3 units of a thread into registers */
+    if (MODE == 0 && var == 4)
+        for (int v = tid; v < kdim / 8; v += TC_THREADS)
+            asm volatile("prefetch.global.L1 [%0];\n" ::"l"(reinterpret_cast<const uint4 *>(ain) + v));
+    uint4 xp[3];
+    if (MODE == 0 && var == 5)
+#pragma unroll
+        for (int i = 0; i < 3; i++)
+            if (tid + i * TC_THREADS < kdim / 8) xp[i] = reinterpret_cast<const uint4 *>(ain)[tid + i * TC_THREADS];
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     m3_pdl_trigger();                      /* the next kernel (down; t1c_k) may start */
@@ -1642,9 +1651,13 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
             const int j = MODE == 0 ? 0 : nth_bit(need, jj), src = MODE == 0 ? 0 : nth_bit(vm, j);
             const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
             uint4 *xr = xs + (size_t)j * pitch;
-            for (int v = tid; v < kdim / 8; v += TC_THREADS) {
+            for (int v = tid, i = 0; v < kdim / 8; v += TC_THREADS, i++) {
                 const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
-                const uint4 x = xg[v];
+                uint4 x;
+                if (MODE == 0 && var == 5 && i < 3)
+                    x = i == 0 ? xp[0] : (i == 1 ? xp[1] : xp[2]);
+                else
+                    x = xg[v];
                 xr[st * 4 * UP + u * 4 + pc] =
                     WF == M3_GPU_W_MXFP4 ? x_scaled<FK != 2>(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
             }
@@ -1785,6 +1798,11 @@ static int t1_fk(const m3_gpu_experts *w, const m3_moe_params *mp, const m3_mx_p
     return (L + 1.0) * (L > 1.0 / al ? L : 1.0 / al) <= 0x1p64 ? 2 : 1;
 }
 
+static int mx4_var() { /* TEMP */
+    const char *v = getenv("M3_MX4_VAR");
+    return v ? atoi(v) : 0;
+}
+
 /* T = 1, MX weights: the two dq1_k launches and t1c_k (y written by the third); ab [K, F] and
  * ye [K, D] scratch; FK0 / FK1: dq1_k's FK of the gate/up / down kernel */
 template <int WF, int WK, int U, bool NC, int MB, int FK0, int FK1>
@@ -1806,12 +1824,12 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB, FK0>, dim3((unsigned)(t1 < cap ? t1 : cap)),
                      TC_THREADS, sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
-                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
+                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, xsh, xf, mx4_var()));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
     M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB, FK1>, dim3((unsigned)(t2 < cap ? t2 : cap)),
                      TC_THREADS, sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf));
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf, mx4_var()));
     return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
