@@ -1579,7 +1579,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
     /* TEMP var 4: x into L1 before the ids; var 5: x's first 3 units of a thread into registers */
-    if (MODE == 0 && var == 4)
+    if (MODE == 0 && (var == 4 || var == 7))
         for (int v = tid; v < kdim / 8; v += TC_THREADS)
             asm volatile("prefetch.global.L1 [%0];\n" ::"l"(reinterpret_cast<const uint4 *>(ain) + v));
     uint4 xp[3];
@@ -1639,6 +1639,11 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     if (MODE == 1)
         for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
     const int nx = MODE == 0 ? 1 : __popc(need);
+    if (MODE == 1 && var >= 6) /* TEMP var 6 / 7: a's rows into L1, all at once */
+        for (int jj = 0; jj < nx; jj++) {
+            const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)nth_bit(vm, nth_bit(need, jj)) * kdim);
+            for (int v = tid; v < kdim / 8; v += TC_THREADS) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(xg + v));
+        }
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
