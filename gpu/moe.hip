@@ -1558,12 +1558,12 @@ static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s
  * down kernel's a bounded by swiglu's clamps: t1_fk), so neither the overflow test nor the
  * WIDE loop is compiled in. */
 template <int V> struct dq1_dm { static constexpr int value = V; }; /* dq1_k's k loop: below */
-template <int WF, int MODE, int WK, int U, bool NC, int MB, int FK>
+template <int WF, int MODE, int WK, int U, bool NC, int MB, int FK, bool PRE = true>
 static __global__ void __launch_bounds__(TC_THREADS, MB)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
           const m3_e8m0 *M3_RESTRICT s0, const m3_e8m0 *M3_RESTRICT s1, int kdim, int nout,
-          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast, int var) {
+          float alpha, float limit, int smode, bool act_bf16, int xsh, bool xfast) {
     extern __shared__ uint4 tc_dyn[]; /* x: [rows][pitch] 16-byte units, times 2^xs */
     /* the k-warps' partial sums, two buffers by tile parity: a warp writes tile i + 2's sums
      * into tile i's buffer only after tile i + 1's barrier, which the warps reading tile i's
@@ -1578,14 +1578,13 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
-    /* TEMP var 4: x into L1 before the ids; var 5: x's first 3 units of a thread into registers */
-    if (MODE == 0 && (var == 4 || var == 7))
-        for (int v = tid; v < kdim / 8; v += TC_THREADS)
-            asm volatile("prefetch.global.L1 [%0];\n" ::"l"(reinterpret_cast<const uint4 *>(ain) + v));
-    uint4 xp[3];
-    if (MODE == 0 && var == 5)
+    /* MODE 0: the thread's first XP units of x (the staging's, below) loaded before the ids are
+     * read: x does not depend on them, so its L2 round trip overlaps theirs */
+    constexpr int XP = 3;
+    uint4 xp[XP];
+    if (MODE == 0 && PRE)
 #pragma unroll
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < XP; i++)
             if (tid + i * TC_THREADS < kdim / 8) xp[i] = reinterpret_cast<const uint4 *>(ain)[tid + i * TC_THREADS];
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
@@ -1639,33 +1638,29 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     if (MODE == 1)
         for (int tl = (int)blockIdx.x; tl < ntiles; tl += (int)gridDim.x) need |= 1u << (tl / nch);
     const int nx = MODE == 0 ? 1 : __popc(need);
-    if (MODE == 1 && var >= 6) /* TEMP var 6 / 7: a's rows into L1, all at once */
-        for (int jj = 0; jj < nx; jj++) {
-            const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)nth_bit(vm, nth_bit(need, jj)) * kdim);
-            for (int v = tid; v < kdim / 8; v += TC_THREADS) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(xg + v));
-        }
     /* x staged times 2^xsc (MXFP4; 0 after an overflow: a second pass unscaled; MXFP8: 0) */
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
+        /* unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece (v / (PE / 8)) % 4 of
+         * the step, unit v % (PE / 8) of the piece */
+        auto put = [&](uint4 *xr, int v, uint4 x) {
+            const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
+            xr[st * 4 * UP + u * 4 + pc] =
+                WF == M3_GPU_W_MXFP4 ? x_scaled<FK != 2>(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
+        };
         /* row by row, so that a unit's place is shifts and masks of its index (one index over
          * all rows cost a runtime division and nth_bit per unit: docs/gpu-log/moe.md "Decode, session
-         * 13"). Unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece (v / (PE / 8))
-         * % 4 of the step, unit v % (PE / 8) of the piece */
+         * 13"); MODE 0 starts with the units in xp */
         for (int jj = 0; jj < nx; jj++) {
             const int j = MODE == 0 ? 0 : nth_bit(need, jj), src = MODE == 0 ? 0 : nth_bit(vm, j);
             const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
             uint4 *xr = xs + (size_t)j * pitch;
-            for (int v = tid, i = 0; v < kdim / 8; v += TC_THREADS, i++) {
-                const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
-                uint4 x;
-                if (MODE == 0 && var == 5 && i < 3)
-                    x = i == 0 ? xp[0] : (i == 1 ? xp[1] : xp[2]);
-                else
-                    x = xg[v];
-                xr[st * 4 * UP + u * 4 + pc] =
-                    WF == M3_GPU_W_MXFP4 ? x_scaled<FK != 2>(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
-            }
+            if (MODE == 0 && PRE)
+#pragma unroll
+                for (int i = 0; i < XP; i++)
+                    if (tid + i * TC_THREADS < kdim / 8) put(xr, tid + i * TC_THREADS, xp[i]);
+            for (int v = MODE == 0 && PRE ? tid + XP * TC_THREADS : tid; v < kdim / 8; v += TC_THREADS) put(xr, v, xg[v]);
         }
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
@@ -1803,14 +1798,9 @@ static int t1_fk(const m3_gpu_experts *w, const m3_moe_params *mp, const m3_mx_p
     return (L + 1.0) * (L > 1.0 / al ? L : 1.0 / al) <= 0x1p64 ? 2 : 1;
 }
 
-static int mx4_var() { /* TEMP */
-    const char *v = getenv("M3_MX4_VAR");
-    return v ? atoi(v) : 0;
-}
-
 /* T = 1, MX weights: the two dq1_k launches and t1c_k (y written by the third); ab [K, F] and
  * ye [K, D] scratch; FK0 / FK1: dq1_k's FK of the gate/up / down kernel */
-template <int WF, int WK, int U, bool NC, int MB, int FK0, int FK1>
+template <int WF, int WK, int U, bool NC, int MB, int FK0, int FK1, bool PRE = true>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                          const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
                          const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
@@ -1821,20 +1811,20 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, MB, FK0>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, MB, FK0, PRE>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB, FK1>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB, FK1, PRE>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = MB * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB, FK0>, dim3((unsigned)(t1 < cap ? t1 : cap)),
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB, FK0, PRE>, dim3((unsigned)(t1 < cap ? t1 : cap)),
                      TC_THREADS, sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
-                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, xsh, xf, mx4_var()));
+                     (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB, FK1>, dim3((unsigned)(t2 < cap ? t2 : cap)),
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB, FK1, PRE>, dim3((unsigned)(t2 < cap ? t2 : cap)),
                      TC_THREADS, sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
-                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf, mx4_var()));
+                     (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     return t1c_launch(g, d_y, ye, d_ids, d_wts, mp, p);
 }
 
@@ -2949,7 +2939,10 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
         else if (w->fmt == M3_GPU_W_MXFP8)
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
-            s = w->finite_codes
+            s = w->finite_codes && getenv("M3_MX4_VAR") && atoi(getenv("M3_MX4_VAR")) == 1 /* TEMP */
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2, 0, 0, false>(g, d_y, ab, ye, d_x, d_ids,
+                                                                     d_wts, w, mp, p, mid)
+                    : w->finite_codes
                     ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2, 0, 0>(g, d_y, ab, ye, d_x, d_ids,
                                                                      d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
@@ -2959,11 +2952,17 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
              * form with the vote / per-piece loop keeps 2 blocks. FK 2 (no WIDE) where the
              * staged x cannot overflow (t1_fk) */
             const int f0 = t1_fk(w, mp, mid, 0), f1 = t1_fk(w, mp, mid, 1);
-            const char *var = getenv("M3_MX4_VAR"); /* TEMP: 1 the old FK 1 pair, 3 FK 2 pair (timing only) */
+            const char *var = getenv("M3_MX4_VAR"); /* TEMP: 1 the old kernels, 9 no x preload */
             if (var && atoi(var) == 1)
-                s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 1, 1>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
+                s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 1, 1, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
                                                                   mp, p, mid);
-            else if (f0 == 2 || (var && atoi(var) == 3)) /* (then f1 is 2 too) */
+            else if (var && atoi(var) == 9 && f0 == 2)
+                s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 2, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
+                                                                  mp, p, mid);
+            else if (var && atoi(var) == 9 && f1 == 2)
+                s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 1, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
+                                                                  mp, p, mid);
+            else if (f0 == 2) /* (then f1 is 2 too) */
                 s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 2, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
                                                                   mp, p, mid);
             else if (f1 == 2)
