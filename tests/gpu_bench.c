@@ -806,24 +806,6 @@ static bool list_has(const char *l, int v) {
     return false;
 }
 
-/* TEMP (experiment): M3_BENCH_MOE_VARS=0,1,.. re-times a T = 1 row with each M3_MX4_VAR
- * value, 3 alternating rounds */
-static void bench_moe_vars(m3_gpu *g, exp_ctx *c, const char *nm, double bytes, double flops) {
-    const char *vars = getenv("M3_BENCH_MOE_VARS");
-    for (int rd = 0; vars && c->T == 1 && rd < 3; rd++)
-        for (const char *v = vars; v && *v;) {
-            char vb[16], nm3[160];
-            snprintf(vb, sizeof vb, "%d", atoi(v));
-            setenv("M3_MX4_VAR", vb, 1);
-            const double ms = time_ms(g, do_experts, c, 20, 7);
-            snprintf(nm3, sizeof nm3, "%s var=%s r%d", nm, vb, rd);
-            report(nm3, ms, bytes, flops);
-            v = strchr(v, ',');
-            v = v ? v + 1 : NULL;
-        }
-    unsetenv("M3_MX4_VAR");
-}
-
 static void bench_moe_experts(void **state) {
     m3_gpu *g = bench_or_skip(state);
     m3_rng r;
@@ -919,7 +901,6 @@ static void bench_moe_experts(void **state) {
             printf("bench: (%s: %d experts touched, at most %d tokens an expert, %.1f MB of weights)\n",
                    nm, n_used, most, wbytes / 1e6);
             report(nm, ms, wbytes + io, tk * 6.0 * D * F);
-            bench_moe_vars(g, &c, nm, wbytes + io, tk * 6.0 * D * F); /* TEMP */
             if (f == 2 && c.T <= 64) { /* without the scale-range hint (gpu/layer.hip gives it
                                           from its upload scan): the per-step vote path */
                 c.w.mx_scale_lo = c.w.mx_scale_hi = 0;
@@ -943,7 +924,6 @@ static void bench_moe_experts(void **state) {
                     ms = time_ms(g, do_experts, &c, 20, 7);
                     snprintf(nm2, sizeof nm2, "%s scales<=2^1%s", nm, hint ? "" : " no-range");
                     report(nm2, ms, wbytes + io, tk * 6.0 * D * F);
-                    if (hint) bench_moe_vars(g, &c, nm2, wbytes + io, tk * 6.0 * D * F); /* TEMP */
                 }
                 c.w = w0;
             }

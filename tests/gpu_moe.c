@@ -762,7 +762,8 @@ static void staged_x_cases(m3_gpu *g, const exp_master *wm) {
             if (m3_gpu_moe_mx4_fast(&(m3_gpu_experts){.fmt = M3_GPU_W_MXFP4, .mx_scale_hi = 128}))
                 assert_int_equal(g_mx4_twins, tw + 1);
             /* not vacuous: the range takes the staged-x path */
-            printf("  x at 2^%d, limit %g: scale bytes %d .. %d\n", g_x_huge, (double)g_limit, g_sc_lo, g_sc_hi);
+            printf("  x at 2^%d, limit %g: scale bytes %d .. %d\n", g_x_huge, (double)g_limit,
+                   g_sc_lo, g_sc_hi);
             assert_true(g_sc_hi > 128 && g_sc_hi <= 136 && g_sc_lo >= 3);
         }
 }
@@ -806,8 +807,10 @@ static void moe_experts_mx4_a_bound(void **state) {
     for (int64_t i = 0; i < n; i++) wm.down[i] *= 0x1p-24f;
     for (int e = 0; e < wm.E; e++)
         for (int f = 0; f < 4; f++)
-            for (int c = 7; c < 12; c++)
-                wm.gate[((int64_t)e * wm.F + f) * wm.D + c] = wm.up[((int64_t)e * wm.F + f) * wm.D + c] = 24.0f;
+            for (int c = 7; c < 12; c++) {
+                const int64_t i = ((int64_t)e * wm.F + f) * wm.D + c;
+                wm.gate[i] = wm.up[i] = 24.0f;
+            }
     g_limit = INFINITY;
     g_x_huge = 58;
     staged_x_cases(g, &wm);
