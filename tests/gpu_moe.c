@@ -739,11 +739,6 @@ static void moe_experts_wide_scales(void **state) {
     master_free(&wm);
 }
 
-/* MXFP4 block scales in (2^1, 2^9] (the weights times 2^5: scale bytes above 128 and at most
- * 136), given as m3_gpu_experts.mx_scale_lo / hi: the decode stages x times 2^8 and multiplies
- * each code pair once (mx4_xsh in gpu/moe.hip); then the same with one x element of every
- * row at 2^120, where x * 2^8 overflows and the kernels stage x unscaled (the per-piece path
- * for the scales above 2^1). Decode T = 1, 5, 13, both profiles; bound of moe_experts_small. */
 /* E 8, D 256, F 192 masters with gate and up times gu, down times dn */
 static void master_make_scaled(exp_master *wm, uint64_t stream, float gu, float dn) {
     master_make(wm, 8, 256, 192, stream);
@@ -768,6 +763,11 @@ static void staged_x_cases(m3_gpu *g, const exp_master *wm) {
         }
 }
 
+/* MXFP4 block scales in (2^1, 2^9] (the weights times 2^5: scale bytes above 128 and at most
+ * 136), given as m3_gpu_experts.mx_scale_lo / hi: the decode stages x times 2^8 and multiplies
+ * each code pair once (mx4_xsh in gpu/moe.hip); then the same with one x element of every
+ * row at 2^120, where x * 2^8 overflows and the kernels stage x unscaled (the per-piece path
+ * for the scales above 2^1). Decode T = 1, 5, 13, both profiles; bound of moe_experts_small. */
 static void moe_experts_mx4_staged_x(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     exp_master wm;
