@@ -1155,22 +1155,26 @@ static __device__ __forceinline__ void tc_decode2(uint4 q0, m3_e8m0 s0, uint4 q1
 
 /* 8 staged x values (bf16) times 2^xsh (xsh 0 or 8); *ovf set when a finite value became
  * infinite: |x| >= 2^120, i.e. an exponent field in [247, 254] (the block then stages x
- * unscaled, xsh 0). The test on both halves of a word at once: with a = the word's exponent
- * fields, (a | 0x8000) - 0x7B80 has bit 15 set when a >= 0x7B80 (247 << 7) and 0xFF00 - a
- * when a <= 0x7F00 (254 << 7), neither borrowing into the other half; the same answer as a
- * test of each product for infinity (checked on the CPU for every pair of halves), 6 integer
- * operations a word instead of ~16 (docs/gpu-log/moe.md "Decode, session 13") */
+ * unscaled, xsh 0). CHK false: no test (the caller knows |x| < 2^120: dq1_k's FK 2). The
+ * test on both halves of a word at once: with a = the word's exponent fields, (a | 0x8000) -
+ * 0x7B80 has bit 15 set when a >= 0x7B80 (247 << 7) and 0xFF00 - a when a <= 0x7F00 (254 <<
+ * 7), neither borrowing into the other half; the same answer as a test of each product for
+ * infinity (checked on the CPU for every pair of halves), 6 integer operations a word instead
+ * of ~16 (docs/gpu-log/moe.md "Decode, session 13") */
+template <bool CHK = true>
 static __device__ __forceinline__ uint4 x_scaled(uint4 x, int xsh, bool *ovf) {
     if (xsh == 0) return x;
     const uint32_t m = 0x43804380u; /* the bf16 pair (256, 256) */
-    const uint32_t xv[4] = {x.x, x.y, x.z, x.w};
-    uint32_t f = 0;
+    if (CHK) {
+        const uint32_t xv[4] = {x.x, x.y, x.z, x.w};
+        uint32_t f = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t a = xv[i] & 0x7F807F80u;
-        f |= ((a | 0x80008000u) - 0x7B807B80u) & (0xFF00FF00u - a);
+        for (int i = 0; i < 4; i++) {
+            const uint32_t a = xv[i] & 0x7F807F80u;
+            f |= ((a | 0x80008000u) - 0x7B807B80u) & (0xFF00FF00u - a);
+        }
+        if (f & 0x80008000u) *ovf = true;
     }
-    if (f & 0x80008000u) *ovf = true;
     return make_uint4(bf2_mul(x.x, m), bf2_mul(x.y, m), bf2_mul(x.z, m), bf2_mul(x.w, m));
 }
 
@@ -1550,9 +1554,13 @@ static __device__ __forceinline__ void dq1_step4(float *acc, uint4 q0, m3_e8m0 s
  * process: U 1 at 2 blocks 0.0518 ms against U 2's 0.0454, at 3 blocks 0.0455 (with the vote /
  * per-piece loop, 60-80 bytes spilled), without that loop 0.0450 against 0.0462 (timing only:
  * no WIDE), this form 0.0460 against 0.0464-0.0465 (its down kernel spills 40 bytes with WIDE):
- * docs/gpu-log/moe.md "Session 15". The third block's warps hide the k loop's dependency stalls. */
+ * docs/gpu-log/moe.md "Session 15". The third block's warps hide the k loop's dependency stalls.
+ * FK 1: FAST and WIDE; FK 2: FAST only, for a call whose staged x cannot overflow (xsh 0, or the
+ * down kernel's a bounded by swiglu's clamps: t1_fk), so neither the overflow test nor the
+ * WIDE loop is compiled in (the down kernel's 40 spilled bytes go; -0.1 to -0.2 us in one
+ * process, within the spread: docs/gpu-log/moe.md "Session 16"). */
 template <int V> struct dq1_dm { static constexpr int value = V; }; /* dq1_k's k loop: below */
-template <int WF, int MODE, int WK, int U, bool NC, int MB, bool FK>
+template <int WF, int MODE, int WK, int U, bool NC, int MB, int FK>
 static __global__ void __launch_bounds__(TC_THREADS, MB)
     dq1_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT ain, const int32_t *M3_RESTRICT ids,
           int E, int K, const void *M3_RESTRICT w0, const void *M3_RESTRICT w1,
@@ -1572,6 +1580,17 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     /* MODE 0 is launched as a programmatic dependent of the kernel before it (its launch
      * overlaps that kernel's end): ids, x and the counters it zeroes wait for that kernel */
     if (MODE == 0) m3_pdl_wait();
+    /* MODE 0: the thread's first XP units of x (the staging's, below) loaded before the ids are
+     * read: x does not depend on them, so its L2 round trip overlaps theirs (MXFP4 T = 1 -0.1
+     * to -0.6 us, MXFP8 -0.4 to -0.8 us in one process; a prefetch into L1 instead was 0.7 us
+     * slower: docs/gpu-log/moe.md "Session 16") */
+    constexpr int XP = 3;
+    uint4 xp[XP];
+    if (MODE == 0)
+#pragma unroll
+        for (int i = 0; i < XP; i++)
+            if (tid + i * TC_THREADS < kdim / 8)
+                xp[i] = reinterpret_cast<const uint4 *>(ain)[tid + i * TC_THREADS];
     const unsigned vm = t1_slots(ids, K, E);
     const int nv = __popc(vm), nch = nout / CH, ntiles = nv * nch;
     m3_pdl_trigger();                      /* the next kernel (down; t1c_k) may start */
@@ -1628,19 +1647,27 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
     int xsc = WF == M3_GPU_W_MXFP4 ? xsh : 0;
     for (;;) {
         bool ovf = false;
+        /* unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece (v / (PE / 8)) % 4 of
+         * the step, unit v % (PE / 8) of the piece */
+        auto put = [&](uint4 *xr, int v, uint4 x) {
+            const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
+            xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4
+                                               ? x_scaled<FK != 2>(tc_perm<WF>(x), xsc, &ovf)
+                                               : tc_perm<WF>(x);
+        };
         /* row by row, so that a unit's place is shifts and masks of its index (one index over
          * all rows cost a runtime division and nth_bit per unit: docs/gpu-log/moe.md "Decode, session
-         * 13"). Unit v of a row (elements 8v .. 8v + 7): step v / (SE / 8), piece (v / (PE / 8))
-         * % 4 of the step, unit v % (PE / 8) of the piece */
+         * 13"); MODE 0 starts with the units in xp */
         for (int jj = 0; jj < nx; jj++) {
             const int j = MODE == 0 ? 0 : nth_bit(need, jj), src = MODE == 0 ? 0 : nth_bit(vm, j);
             const uint4 *xg = reinterpret_cast<const uint4 *>(ain + (size_t)src * kdim);
             uint4 *xr = xs + (size_t)j * pitch;
-            for (int v = tid; v < kdim / 8; v += TC_THREADS) {
-                const int st = v / (SE / 8), pc = (v / (PE / 8)) % 4, u = v % (PE / 8);
-                const uint4 x = xg[v];
-                xr[st * 4 * UP + u * 4 + pc] = WF == M3_GPU_W_MXFP4 ? x_scaled(tc_perm<WF>(x), xsc, &ovf) : tc_perm<WF>(x);
-            }
+            if (MODE == 0)
+#pragma unroll
+                for (int i = 0; i < XP; i++)
+                    if (tid + i * TC_THREADS < kdim / 8) put(xr, tid + i * TC_THREADS, xp[i]);
+            for (int v = MODE == 0 ? tid + XP * TC_THREADS : tid; v < kdim / 8; v += TC_THREADS)
+                put(xr, v, xg[v]);
         }
         { /* the pieces past the row (kdim % SE != 0) read as zeros */
             const int pad = (nsteps * 4 - npieces) * UP;
@@ -1650,7 +1677,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
                 xs[(size_t)j * pitch + (pp / 4) * 4 * UP + uu * 4 + pp % 4] = make_uint4(0, 0, 0, 0);
             }
         }
-        if (WF != M3_GPU_W_MXFP4) {
+        if (WF != M3_GPU_W_MXFP4 || FK == 2) {
             __syncthreads();
             break;
         }
@@ -1726,7 +1753,9 @@ static __global__ void __launch_bounds__(TC_THREADS, MB)
             cpw[0] = npw[0], cpw[1] = npw[1], cps[0] = nps[0], cps[1] = nps[1];
         }
     };
-    if constexpr (WF == M3_GPU_W_MXFP4 && FK) { /* (the caller's range allows FAST) */
+    if constexpr (WF == M3_GPU_W_MXFP4 && FK == 2) { /* (no overflow: x staged times 2^xsh) */
+        tiles(dq1_dm<1>());
+    } else if constexpr (WF == M3_GPU_W_MXFP4 && FK) { /* (the caller's range allows FAST) */
         if (xsc == xsh) tiles(dq1_dm<1>());
         else tiles(dq1_dm<2>());
     } else if constexpr (WF == M3_GPU_W_MXFP4) {
@@ -1752,9 +1781,34 @@ static int mx4_xsh(const m3_gpu_experts *w, bool *fast) {
     return *fast && hi > 128 ? 8 : 0;
 }
 
+/* dq1_k's FK for MXFP4 T = 1 whose scale range allows FAST (mx4_xsh): 2 (no overflow test, no
+ * WIDE loop: the down kernel's 40 spilled bytes go, docs/gpu-log/moe.md "Session 15") where
+ * its staged x cannot overflow, else 1. mode 0 (gate/up): x is the layer input, unbounded: 2
+ * only with xsh 0 (x staged unscaled). mode 1 (down): also where a = swiglu_oai(g, u) is
+ * known below 2^120 (a staged times 2^8 stays finite). With L = limit, u' = clamp(u, -L, L)
+ * lies in [-|L|, |L|] (L < 0 clamps every u to -L), so |u' + 1| <= |L| + 1; g' = min(g, L)
+ * <= L: for g' >= 0, g' sigmoid(alpha g') <= g' <= |L|; for g' < 0 and alpha > 0, |g'| / (1 +
+ * e^(alpha |g'|)) < |g'| e^(-alpha |g'|) <= 1 / (e alpha) < 1 / alpha. So |a| <= B = (|L| + 1)
+ * max(|L|, 1 / alpha) for finite L and finite alpha > 0 (NaN g / u give NaN: staged as NaN,
+ * no overflow; g = -inf gives NaN). The roundings on the way (hf's five bf16 roundings, expf,
+ * act_bf16's bf16 g and u before the clamps, a's bf16 store) move that by a factor far below
+ * 2^50, so B <= 2^64 leaves |a| < 2^120 with room (M3: L 7, alpha 1.702, B 56). A mid
+ * activation quantization (act_mid) rewrites a between the kernels: not covered, FK 1. */
+static int t1_fk(const m3_gpu_experts *w, const m3_moe_params *mp, const m3_mx_params *mid,
+                 int mode) {
+    bool fast;
+    const int xsh = mx4_xsh(w, &fast);
+    if (!fast) return 0;
+    if (xsh == 0) return 2;
+    if (mode == 0 || mid) return 1;
+    const double L = fabs((double)mp->limit), al = (double)mp->alpha;
+    if (!isfinite(L) || !isfinite(al) || !(al > 0.0)) return 1;
+    return (L + 1.0) * (L > 1.0 / al ? L : 1.0 / al) <= 0x1p64 ? 2 : 1;
+}
+
 /* T = 1, MX weights: the two dq1_k launches and t1c_k (y written by the third); ab [K, F] and
- * ye [K, D] scratch */
-template <int WF, int WK, int U, bool NC, int MB, bool FK>
+ * ye [K, D] scratch; FK0 / FK1: dq1_k's FK of the gate/up / down kernel */
+template <int WF, int WK, int U, bool NC, int MB, int FK0, int FK1>
 static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, const m3_bf16 *d_x,
                          const int32_t *d_ids, const float *d_wts, const m3_gpu_experts *w,
                          const m3_moe_params *mp, const m3_profile *p, const m3_mx_params *mid) {
@@ -1765,17 +1819,17 @@ static m3_status dq1_run(m3_gpu *g, m3_bf16 *d_y, m3_bf16 *ab, m3_bf16 *ye, cons
     const int SE = 4 * tcf<WF>::PE, UP = tcf<WF>::UP, WR = TC_WARPS / WK;
     const size_t sh1 = (size_t)(((D + SE - 1) / SE) * 4 * UP + 4) * 16;
     const size_t sh2 = (size_t)K * (((F + SE - 1) / SE) * 4 * UP + 4) * 16;
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, MB, FK>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 0, WK, U, NC, MB, FK0>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh1));
-    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB, FK>,
+    M3_HIP_TRY(hipFuncSetAttribute((const void *)dq1_k<WF, 1, WK, U, NC, MB, FK1>,
                                    hipFuncAttributeMaxDynamicSharedMemorySize, (int)sh2));
     const int cap = MB * g->n_sm, t1 = K * (F / (WR * 8)), t2 = K * (D / (WR * 16));
-    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB, FK>, dim3((unsigned)(t1 < cap ? t1 : cap)),
+    M3_TRY(t1_launch(g, dq1_k<WF, 0, WK, U, NC, MB, FK0>, dim3((unsigned)(t1 < cap ? t1 : cap)),
                      TC_THREADS, sh1, true, "dq1_k gate/up", ab, d_x, d_ids, E, K,
                      (const void *)w->gate, (const void *)w->up, (const m3_e8m0 *)w->gate_s,
                      (const m3_e8m0 *)w->up_s, D, F, mp->alpha, mp->limit, sm, ab16, xsh, xf));
     if (mid) M3_TRY(m3_gpu_mx_qdq_bf16(g, ab, ab, K, F, mid));
-    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB, FK>, dim3((unsigned)(t2 < cap ? t2 : cap)),
+    M3_TRY(t1_launch(g, dq1_k<WF, 1, WK, U, NC, MB, FK1>, dim3((unsigned)(t2 < cap ? t2 : cap)),
                      TC_THREADS, sh2, true, "dq1_k down", ye, (const m3_bf16 *)ab, d_ids, E, K,
                      (const void *)w->down, (const void *)NULL, (const m3_e8m0 *)w->down_s,
                      (const m3_e8m0 *)NULL, F, D, mp->alpha, mp->limit, sm, ab16, xsh, xf));
@@ -2894,17 +2948,26 @@ static m3_status t1_call(m3_gpu *g, m3_bf16 *d_y, const m3_bf16 *d_x, const int3
             /* codes known finite: dq1_k with 3 steps a set (session 6, 5% faster than sk1_k);
              * else sk1_k, whose e4m3 conversion gives NaN codes NaN by construction */
             s = w->finite_codes
-                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2, false>(g, d_y, ab, ye, d_x, d_ids,
+                    ? dq1_run<M3_GPU_W_MXFP8, 4, 3, false, 2, 0, 0>(g, d_y, ab, ye, d_x, d_ids,
                                                                      d_wts, w, mp, p, mid)
                     : sk1_run<M3_GPU_W_MXFP8, 3>(g, d_y, ab, ye, d_x, d_ids, d_wts, w, mp, p, mid);
-        else if (m3_gpu_moe_mx4_fast(w))
+        else if (m3_gpu_moe_mx4_fast(w)) {
             /* the scale range's k loops only (FK: dq1_step4), 3 blocks a multiprocessor, one
              * step a register set: -1% against the 2-block form in one process (dq1_k); the
-             * form with the vote / per-piece loop keeps 2 blocks */
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, true>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
-                                                              mp, p, mid);
-        else
-            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2, false>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
+             * form with the vote / per-piece loop keeps 2 blocks. FK 2 (no overflow test, no
+             * WIDE) where the staged x cannot overflow (t1_fk) */
+            const int f0 = t1_fk(w, mp, mid, 0), f1 = t1_fk(w, mp, mid, 1);
+            if (f0 == 2) /* (then f1 is 2 too) */
+                s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 2, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts,
+                                                                  w, mp, p, mid);
+            else if (f1 == 2)
+                s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 1, 2>(g, d_y, ab, ye, d_x, d_ids, d_wts,
+                                                                  w, mp, p, mid);
+            else
+                s = dq1_run<M3_GPU_W_MXFP4, 4, 1, false, 3, 1, 1>(g, d_y, ab, ye, d_x, d_ids, d_wts,
+                                                                  w, mp, p, mid);
+        } else
+            s = dq1_run<M3_GPU_W_MXFP4, 4, 2, false, 2, 0, 0>(g, d_y, ab, ye, d_x, d_ids, d_wts, w,
                                                                mp, p, mid);
     }
     m3_gpu_release(g, mark);

@@ -472,9 +472,12 @@ static void plant_nan(uint8_t *codes, int64_t rows, int cols, int64_t rb) {
  * (experts_case passes them as m3_gpu_experts.mx_scale_lo / hi, as an upload scan would) */
 static int g_sc_lo = 255, g_sc_hi = 0;
 
-/* experts_case sets one element of every x row to 2^120 while this is set (x * 2^8 overflows
- * bf16: the MXFP4 decode's fallback to unscaled x) */
-static bool g_x_huge;
+/* experts_case sets one element of every x row (column 7 + t % 5) to 2^g_x_huge while it is
+ * nonzero (120: x * 2^8 overflows bf16, the MXFP4 decode's fallback to unscaled x) */
+static int g_x_huge;
+
+/* swiglu's limit of the cases (case_params; moe_experts_mx4_a_bound sets +inf) */
+static float g_limit = 7.0f;
 
 /* MXFP4 decode cases that ran with the scale-range hint's one-multiply decode
  * (m3_gpu_moe_mx4_fast) and again without the hint, bit-identical (experts_case) */
@@ -562,7 +565,7 @@ static m3_moe_params case_params(const exp_master *wm, int K) {
     m3_moe_params mp;
     memset(&mp, 0, sizeof mp);
     mp.n_expert = wm->E, mp.top_k = K, mp.dim = wm->D, mp.ffn = wm->F, mp.routed_scale = 2.0f;
-    mp.alpha = 1.702f, mp.limit = 7.0f;
+    mp.alpha = 1.702f, mp.limit = g_limit;
     return mp;
 }
 
@@ -630,7 +633,7 @@ static void experts_case(m3_gpu *g, const exp_master *wm, int T, int K, m3_gpu_w
         for (int k = 0; k < D; k++)
             x[(size_t)t * D + k] = ldexpf(x[(size_t)t * D + k], row_e + (int)(m3_rng_u32(&r) % 61u) - 30);
     }
-    for (int t = 0; g_x_huge && t < T; t++) x[(size_t)t * D + 7 + t % 5] = ldexpf(1.0f, 120);
+    for (int t = 0; g_x_huge && t < T; t++) x[(size_t)t * D + 7 + t % 5] = ldexpf(1.0f, g_x_huge);
     random_routing(&r, ids, wts, T, E, K);
     shape_routing(ids, T, E, K);
     m3_bf16 *dx = gpu_upload_bf16(g, x, (int64_t)T * D, x);
@@ -736,6 +739,30 @@ static void moe_experts_wide_scales(void **state) {
     master_free(&wm);
 }
 
+/* E 8, D 256, F 192 masters with gate and up times gu, down times dn */
+static void master_make_scaled(exp_master *wm, uint64_t stream, float gu, float dn) {
+    master_make(wm, 8, 256, 192, stream);
+    const int64_t n = (int64_t)wm->E * wm->F * wm->D;
+    for (int64_t i = 0; i < n; i++) wm->gate[i] *= gu, wm->up[i] *= gu, wm->down[i] *= dn;
+}
+
+/* the MXFP4 cases of the staged-x range: T = 1, 5, 13, both profiles, x as g_x_huge says */
+static void staged_x_cases(m3_gpu *g, const exp_master *wm) {
+    static const int Ts[] = {1, 5, 13};
+    for (int prof = 1; prof < 3; prof++)
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+            const int tw = g_mx4_twins;
+            experts_case(g, wm, Ts[i], 2, M3_GPU_W_MXFP4, prof);
+            /* the staged-x decode ran and matched the unhinted one (NVIDIA) */
+            if (m3_gpu_moe_mx4_fast(&(m3_gpu_experts){.fmt = M3_GPU_W_MXFP4, .mx_scale_hi = 128}))
+                assert_int_equal(g_mx4_twins, tw + 1);
+            /* not vacuous: the range takes the staged-x path */
+            printf("  x at 2^%d, limit %g: scale bytes %d .. %d\n", g_x_huge, (double)g_limit,
+                   g_sc_lo, g_sc_hi);
+            assert_true(g_sc_hi > 128 && g_sc_hi <= 136 && g_sc_lo >= 3);
+        }
+}
+
 /* MXFP4 block scales in (2^1, 2^9] (the weights times 2^5: scale bytes above 128 and at most
  * 136), given as m3_gpu_experts.mx_scale_lo / hi: the decode stages x times 2^8 and multiplies
  * each code pair once (mx4_xsh in gpu/moe.hip); then the same with one x element of every
@@ -744,24 +771,51 @@ static void moe_experts_wide_scales(void **state) {
 static void moe_experts_mx4_staged_x(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     exp_master wm;
-    master_make(&wm, 8, 256, 192, 821);
+    master_make_scaled(&wm, 821, 32.0f, 32.0f);
+    for (int huge = 0; huge < 2; huge++) {
+        g_x_huge = huge ? 120 : 0;
+        staged_x_cases(g, &wm);
+    }
+    g_x_huge = 0;
+    master_free(&wm);
+}
+
+/* The MXFP4 decode (T = 1, 5, 13) with the staged-x range (xsh 8) where the down kernel's x,
+ * swiglu's a, is bounded by the clamps (limit 7: dq1_k's down kernel without its overflow test
+ * and WIDE loop, t1_fk in gpu/moe.hip) and where it is not (limit +inf: the down kernel keeps
+ * them), each against the unhinted decode bit for bit and against ref. Limit 7: one x element
+ * of every row at 2^20 (g and u far past the limit: a at the clamps, (L + 1) L sigmoid(alpha L)
+ * and the like) and at 2^120 (gate/up's x * 2^8 overflows: its WIDE loop), the down weights
+ * below 2^11 (block scales up to 2^9, byte 136 under the EVEN rule: the largest the range
+ * allows). Limit +inf: one x element at 2^58 and gate / up weights of 24 on its column, so
+ * a = g sigmoid(alpha g) (u + 1) reaches 2^125 (a * 2^8 overflows: the down kernel stages a
+ * unscaled), down weights below 2^-13 (y finite). */
+static void moe_experts_mx4_a_bound(void **state) {
+    m3_gpu *g = gpu_or_skip(state);
+    exp_master wm;
+    master_make_scaled(&wm, 822, 32.0f, 2048.0f);
+    for (int big = 0; big < 2; big++) {
+        g_x_huge = big ? 120 : 20;
+        staged_x_cases(g, &wm);
+        assert_int_equal(g_sc_hi, 136); /* the staged-x range at its top (the down weights') */
+    }
+    /* limit +inf: not vacuous: gate and up weight 24 (6 x 2^2, exact in MXFP4: its block's
+     * amax) in x columns 7 .. 11 (the huge element's) of outputs 0 .. 3 of every expert, so with
+     * x at 2^58, g = u ~ 2^58 x 24 and a ~ 2^125 in every case's rows; at most 2^126 (weights
+     * up to 2^5), y below 2^122 (down weights below 2^-13) */
     const int64_t n = (int64_t)wm.E * wm.F * wm.D;
-    for (int64_t i = 0; i < n; i++) wm.gate[i] *= 32.0f, wm.up[i] *= 32.0f, wm.down[i] *= 32.0f;
-    static const int Ts[] = {1, 5, 13};
-    for (int huge = 0; huge < 2; huge++)
-        for (int prof = 1; prof < 3; prof++)
-            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
-                g_x_huge = huge != 0;
-                const int tw = g_mx4_twins;
-                experts_case(g, &wm, Ts[i], 2, M3_GPU_W_MXFP4, prof);
-                /* the staged-x decode ran and matched the unhinted one (NVIDIA) */
-                if (m3_gpu_moe_mx4_fast(&(m3_gpu_experts){.fmt = M3_GPU_W_MXFP4, .mx_scale_hi = 128}))
-                    assert_int_equal(g_mx4_twins, tw + 1);
-                /* not vacuous: the range takes the staged-x path */
-                printf("  scale bytes %d .. %d\n", g_sc_lo, g_sc_hi);
-                assert_true(g_sc_hi > 128 && g_sc_hi <= 136 && g_sc_lo >= 3);
+    for (int64_t i = 0; i < n; i++) wm.down[i] *= 0x1p-24f;
+    for (int e = 0; e < wm.E; e++)
+        for (int f = 0; f < 4; f++)
+            for (int c = 7; c < 12; c++) {
+                const int64_t i = ((int64_t)e * wm.F + f) * wm.D + c;
+                wm.gate[i] = wm.up[i] = 24.0f;
             }
-    g_x_huge = false;
+    g_limit = INFINITY;
+    g_x_huge = 58;
+    staged_x_cases(g, &wm);
+    g_limit = 7.0f;
+    g_x_huge = 0;
     master_free(&wm);
 }
 
@@ -786,7 +840,8 @@ static int reset_case_globals(void **state) {
     g_skew_expert0 = false;
     g_fixed_rows = false;
     g_sm80 = 0;
-    g_x_huge = false;
+    g_x_huge = 0;
+    g_limit = 7.0f;
     return 0;
 }
 
@@ -1106,6 +1161,7 @@ int main(void) {
         cmocka_unit_test(moe_experts_small),
         cmocka_unit_test(moe_experts_wide_scales),
         cmocka_unit_test(moe_experts_mx4_staged_x),
+        cmocka_unit_test_teardown(moe_experts_mx4_a_bound, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_one_busy_expert, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_mxfp8_nan, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_mx_extremes, reset_case_globals),
