@@ -1778,6 +1778,7 @@ typedef struct {
 #ifdef M3_PD8_STAMPS
     int st_seq; /* STAMPS (session 16, temporary): launch number, -1: no stamps */
 #endif
+    int var; /* KNOB (session 16, temporary): flash_kernel 6.. -> 1.. (pd8_part_k variants) */
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
@@ -3221,12 +3222,26 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * this grid's end before it reads or writes what this grid writes); q, the position and
      * the selection may be the launch before's */
     m3_pdl_trigger();
+    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
+    if (TPAIR && PVC == 128 && c.var > 0 && topk == NULL && n_tok == 1) {
+        /* KNOB (session 16, temporary): the warp's first chunk (assumed full, in the table)
+         * into L2 before the wait: var 1 its first page's K, var 2 every page's K and V */
+        const int cc = ci * c.cpb + warp, k = cc * ch, np = ch / Bs > 0 ? ch / Bs : 1;
+        if (cc < c.nchx && cc < (ci + 1) * c.cpb && lane < 2 * np && (c.var >= 2 || lane == 0)) {
+            const int kb = k / Bs + (lane >> 1);
+            if (kb < s.n_logical) {
+                int64_t ko, vo, so;
+                pf_offs<16>(s, s.bt[kb] * Bs, g, ko, vo, so);
+                const unsigned char *b0 = reinterpret_cast<const unsigned char *>((lane & 1) ? s.v : s.k);
+                pd_l2(b0 + ((lane & 1) ? vo : ko), (uint32_t)(Bs * Dh));
+            }
+        }
+    }
     m3_pdl_wait();
 #ifdef M3_PD8_STAMPS
     PD8_ST(2);
 #endif
     const int p = pos[t];
-    s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
@@ -4786,7 +4801,8 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2 || src->flash_kernel == 4) dec = c.dec;
+    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel >= 6) dec = c.dec;
+    c.var = src->flash_kernel >= 6 ? src->flash_kernel - 5 : 0; /* KNOB (session 16, temporary) */
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
