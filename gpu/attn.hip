@@ -2560,7 +2560,7 @@ static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff
 
 #ifdef M3_PD8_STAMPS
 /* STAMPS (session 16, temporary): %globaltimer per block at points of pd8_part_k */
-#define PD8_ST_F 24
+#define PD8_ST_F 28
 #define PD8_ST_NB 256
 #define PD8_ST_NL 8
 __device__ unsigned long long pd8_st[PD8_ST_NL][PD8_ST_NB][PD8_ST_F];
@@ -2591,7 +2591,7 @@ static __device__ __forceinline__ unsigned int pd_ld_acq(const unsigned int *p) 
  * 3 nj + 4 + (PF_MT / 32) Dh floats of free shared memory (16-byte aligned). */
 static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const float *pml, size_t s0,
                                       int nj, int hq, unsigned int nsp, unsigned int *cnt, int K,
-                                      float *sh, int tid, int nt
+                                      float *sh, int tid, int nt, bool v4
 #ifdef M3_PD8_STAMPS
                                       , unsigned long long *stp = nullptr
 #endif
@@ -2607,8 +2607,20 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
     if (tid == 0 && stp) stp[18] = tk, stp[19] = pd8_gt();
 #endif
     if (tk + (unsigned int)K < nsp) return;
-    if (tid == 0)
-        while (pd_ld_acq(cnt) < nsp) __nanosleep(32);
+    if (tid == 0) {
+        if (!v4) {
+            while (pd_ld_acq(cnt) < nsp) __nanosleep(32);
+        } else if (tk == nsp - 1) { /* KNOB var 4: the last to arrive resets, the others see 0 */
+            __threadfence();
+            *reinterpret_cast<volatile unsigned int *>(cnt) = 0u;
+        } else {
+            for (;;) {
+                const unsigned int v = pd_ld_acq(cnt);
+                if (v == 0u || v >= nsp) break;
+                __nanosleep(32);
+            }
+        }
+    }
     __syncthreads();
 #ifdef M3_PD8_STAMPS
     if (tid == 0 && stp) stp[20] = pd8_gt();
@@ -2634,6 +2646,9 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
             }
         }
         pf_merge_w(pml, s0, nj, hq, h, 1, w, den, tid, nt);
+#ifdef M3_PD8_STAMPS
+        if (tid == 0 && stp && h == h0) stp[24] = pd8_gt();
+#endif
 #pragma unroll
         for (int it = 0; it < NI; it++) { /* pf_merge_k's warp i, lane d / 4 */
             const int e = tid + it * nt, i = e / (Dh / 4), d = 4 * (e % (Dh / 4));
@@ -2655,14 +2670,20 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
             *reinterpret_cast<float4 *>(ps + i * Dh + d) = make_float4(acc[0], acc[1], acc[2], acc[3]);
         }
         __syncthreads();
+#ifdef M3_PD8_STAMPS
+        if (tid == 0 && stp && h == h0) stp[25] = pd8_gt();
+#endif
         for (int d = tid; d < Dh; d += nt) {
             float a = 0.0f;
             for (int i = 0; i < NW; i++) a += ps[i * Dh + d];
             orow[(size_t)h * Dh + d] = m3_f32_to_bf16(a / den[0]);
         }
         __syncthreads();
+#ifdef M3_PD8_STAMPS
+        if (tid == 0 && stp && h == h0) stp[26] = pd8_gt();
+#endif
     }
-    if (tid == 0 && atomicAdd(cnt, 1u) == nsp + (unsigned int)K - 1) *cnt = 0;
+    if (!v4 && tid == 0 && atomicAdd(cnt, 1u) == nsp + (unsigned int)K - 1) *cnt = 0;
 }
 
 /* The decode kernels' key list (pd_part_k, pd8_part_k; one copy since session 13), once
@@ -3059,7 +3080,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (c.nsp == 1) return;
     if (c.split > 0) {
         pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
-                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, PD_W * 32);
+                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, PD_W * 32, (c.var & 4) != 0);
         return;
     }
     if (!c.fused) return;
@@ -3223,70 +3244,11 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * the selection may be the launch before's */
     m3_pdl_trigger();
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
-    if (TPAIR && PVC == 128 && c.var > 0 && topk == NULL && n_tok == 1) {
-        /* KNOB (session 16, temporary): the warp's first chunk (assumed full, in the table)
-         * into L2 before the wait: var 1 its first page's K, var 2 every page's K and V */
-        const int cc = ci * c.cpb + warp, k = cc * ch, np = ch / Bs > 0 ? ch / Bs : 1;
-        if (cc < c.nchx && cc < (ci + 1) * c.cpb && lane < 2 * np && (c.var >= 2 || lane == 0)) {
-            const int kb = k / Bs + (lane >> 1);
-            if (kb < s.n_logical) {
-                int64_t ko, vo, so;
-                pf_offs<16>(s, s.bt[kb] * Bs, g, ko, vo, so);
-                const unsigned char *b0 = reinterpret_cast<const unsigned char *>((lane & 1) ? s.v : s.k);
-                pd_l2(b0 + ((lane & 1) ? vo : ko), (uint32_t)(Bs * Dh));
-            }
-        }
-    }
-    m3_pdl_wait();
-#ifdef M3_PD8_STAMPS
-    PD8_ST(2);
-#endif
-    const int p = pos[t];
     const bool sparse = topk != NULL;
-    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
-    const int nq = hq * Dh; /* the launcher ensures c.qvec */
-    for (int e = tid; e < 16 * Dh / 8; e += NT) {
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
-        *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
-    }
-    if (sparse)
-        for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
-    __syncthreads();
-    /* §4.9: fp8(q) without scale, held as fp16 (exact). Under SATURATE the hardware's
-     * saturating cast (cvt.rn.satfinite, e4m3fn) in the fragment build below; else ref's
-     * rounding here (the NaN-on-overflow mode), in place */
-    const bool hwq = s.ovf == M3_FP8_SATURATE;
-    if (!hwq)
-        for (int e = tid; e < 16 * Dh; e += NT)
-        qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, s.bt, blist, vfl, &n_sh,
-            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
-#ifdef M3_PD8_STAMPS
-    PD8_ST(3);
-#endif
-    /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
-     * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
-     * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
-     * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
-     * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
-    uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
-    /* a word of 2 fp16 values of fp8(q) at qs + off (hwq: cast from the 2 bf16 there) */
-    auto qword = [&](int off) -> uint32_t {
-        const uint32_t w = *reinterpret_cast<const uint32_t *>(qs + off);
-        if (!hwq) return w;
-        return pf_q2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u), s.g.fp8_kind, s.ovf, true);
-    };
-    auto qfrag = [&]() {
-        for (int e = tid; e < 8 * 32; e += NT) {
-            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
-            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
-            qh[e] = make_uint4(qword(r * Dh + D), qword((r + 8) * Dh + D), qword(r * Dh + D + 2),
-                               qword((r + 8) * Dh + D + 2));
-        }
-        __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
-    };
-    const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
+    const int cb = ci * c.cpb;
+    /* the row's key count and the block's chunk end: a dense row's speculative first items
+     * (below) take the table's keys, then the position's */
+    int n = s.n_logical * Bs, ce = min(c.nchx, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
@@ -3305,7 +3267,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     };
     /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
      * group l's element offsets (K, V, scale) of chunk ic */
-    int ic = cb + warp, ij = 0, ing = 0, phn = phys(ic);
+    int ic = cb + warp, ij = 0, ing = 0, phn = 0;
     int64_t gko = 0, gvo = 0, gso = 0;
     auto enter = [&]() {
         if (ic >= ce) return;
@@ -3317,7 +3279,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
         phn = phys(ic + PD_W);
     };
-    enter();
     unsigned isq = 0, csq = 0; /* items issued / consumed */
     /* the ring's 32-bit shared addresses. A lane's 4 K copies of an item are units (d, k), d =
      * 2 i + lane / 16, k = lane % 16, at 16 d + (k ^ 2 (d % 4)) in the slot: d % 4 is lane / 16
@@ -3373,8 +3334,94 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         __syncwarp();
         issue();
     };
+    /* a dense row (KNOB var & 2): the warp's first chunk's table entries and offsets before the
+     * wait (the table is not the launch before's), its first NS items issued right after it,
+     * the chunk assumed to hold NS full groups (kept when the position says so, else drained
+     * and issued again) */
+    const bool spec = !sparse && n_tok == 1 && (c.var & 2);
+    if (spec) phn = phys(ic), enter();
+    if (TPAIR && PVC == 128 && (c.var & 1) && topk == NULL && n_tok == 1) {
+        /* KNOB (session 16, temporary): the warp's first chunk (assumed full, in the table)
+         * into L2 before the wait: var 1 its first page's K */
+        const int cc = ci * c.cpb + warp, k = cc * ch, np = ch / Bs > 0 ? ch / Bs : 1;
+        if (cc < c.nchx && cc < (ci + 1) * c.cpb && lane < 2 * np && lane == 0) {
+            const int kb = k / Bs + (lane >> 1);
+            if (kb < s.n_logical) {
+                int64_t ko, vo, so;
+                pf_offs<16>(s, s.bt[kb] * Bs, g, ko, vo, so);
+                const unsigned char *b0 = reinterpret_cast<const unsigned char *>((lane & 1) ? s.v : s.k);
+                pd_l2(b0 + ((lane & 1) ? vo : ko), (uint32_t)(Bs * Dh));
+            }
+        }
+    }
+    m3_pdl_wait();
+#ifdef M3_PD8_STAMPS
+    PD8_ST(2);
+#endif
+    if (spec)
 #pragma unroll 1
-    for (int j = 0; j < NS; j++) issue();
+        for (int j = 0; j < NS; j++) issue();
+    const int p = pos[t];
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh; /* the launcher ensures c.qvec */
+    for (int e = tid; e < 16 * Dh / 8; e += NT) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
+        *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
+    }
+    if (sparse)
+        for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+    __syncthreads();
+    /* §4.9: fp8(q) without scale, held as fp16 (exact). Under SATURATE the hardware's
+     * saturating cast (cvt.rn.satfinite, e4m3fn) in the fragment build below; else ref's
+     * rounding here (the NaN-on-overflow mode), in place */
+    const bool hwq = s.ovf == M3_FP8_SATURATE;
+    if (!hwq)
+        for (int e = tid; e < 16 * Dh; e += NT)
+        qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, s.bt, blist, vfl, &n_sh,
+            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
+#ifdef M3_PD8_STAMPS
+    PD8_ST(3);
+#endif
+    /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
+     * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
+     * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
+     * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
+     * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
+    uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
+    /* a word of 2 fp16 values of fp8(q) at qs + off (hwq: cast from the 2 bf16 there) */
+    auto qword = [&](int off) -> uint32_t {
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(qs + off);
+        if (!hwq) return w;
+        return pf_q2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u), s.g.fp8_kind, s.ovf, true);
+    };
+    auto qfrag = [&]() {
+        for (int e = tid; e < 8 * 32; e += NT) {
+            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
+            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
+            qh[e] = make_uint4(qword(r * Dh + D), qword((r + 8) * Dh + D), qword(r * Dh + D + 2),
+                               qword((r + 8) * Dh + D + 2));
+        }
+        __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
+    };
+    n = n_sh;
+    const int nch = (n + ch - 1) / ch;
+    ce = min(nch, cb + c.cpb);
+    if (spec && ic < ce && ic * ch + 16 * NS <= n) { /* the speculative items are the chunk's */
+        ing = (min(ch, n - ic * ch) + 15) / 16;
+        phn = phys(ic + PD_W);
+    } else {
+        if (spec) { /* drained, then the chunk's own items */
+            cp_wait<0>();
+            __syncwarp();
+            isq = 0, ij = 0, ic = cb + warp;
+        }
+        phn = phys(ic);
+        enter();
+#pragma unroll 1
+        for (int j = 0; j < NS; j++) issue();
+    }
     qfrag(); /* Q's fragments while the rings' first copies are in flight */
 #ifdef M3_PD8_STAMPS
     PD8_ST(4);
@@ -3688,7 +3735,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (c.nsp == 1) return;
     if (c.split > 0) { /* pd_part_k's */
         pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
-                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, NT
+                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, NT, (c.var & 4) != 0
 #ifdef M3_PD8_STAMPS
                        , stp
 #endif
@@ -4803,6 +4850,10 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (src->flash_kernel == 1) dec = false;
     if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel >= 6) dec = c.dec;
     c.var = src->flash_kernel >= 6 ? src->flash_kernel - 5 : 0; /* KNOB (session 16, temporary) */
+    {
+        static const char *ev = getenv("M3_PD8_VAR"); /* KNOB: the tests' variant */
+        if (c.var == 0 && ev) c.var = atoi(ev);
+    }
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots

@@ -537,13 +537,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     const double per_key = 4.0 * 128 * eb * 2 + (fp8 ? 4.0 * 2 * 4 : 0);
     double ms = time_ms(g, do_pattn, &c, T >= 4096 ? 3 : 20, T >= 4096 ? 3 : 7);
     report(nm, ms, (double)T * 64 * 128 * 2 * 2 + bkeys * per_key, keys * 64 * 128 * 4);
-#ifdef M3_PD8_STAMPS /* STAMPS (session 16, temporary): pd8_part_k's per-block stamps */
-    {
-        extern int m3_gpu_pd8_stamps_dump(const char *path);
-        const char *sp = getenv("M3_PD8_STAMPS_OUT");
-        if (sp && fp8 && !sparse && T == 1) printf("stamps dump %d\n", m3_gpu_pd8_stamps_dump(sp));
-    }
-#endif
     /* M3_BENCH_PF_KERNELS=1,3 (T = 1 rows): the row again with the flash_kernel test hook set
      * to each listed kernel (1 pf_part_k, 2 the decode kernels, 3 pc_k); M3_BENCH_PF_CPB=4,16
      * (any row): with the flash_cpb test hook (chunks per block) at each value; in this process */
@@ -552,6 +545,13 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
+#ifdef M3_PD8_STAMPS /* STAMPS (session 16, temporary): pd8_part_k's per-block stamps, last launches */
+    {
+        extern int m3_gpu_pd8_stamps_dump(const char *path);
+        const char *sp = getenv("M3_PD8_STAMPS_OUT");
+        if (sp && fp8 && !sparse && T == 1) printf("stamps dump %d\n", m3_gpu_pd8_stamps_dump(sp));
+    }
+#endif
     m3_gpu_release(g, mark);
 }
 
