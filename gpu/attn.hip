@@ -2591,16 +2591,20 @@ static __device__ __forceinline__ unsigned int pd_ld_acq(const unsigned int *p) 
  * 3 nj + 4 + (PF_MT / 32) Dh floats of free shared memory (16-byte aligned). */
 static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const float *pml, size_t s0,
                                       int nj, int hq, unsigned int nsp, unsigned int *cnt, int K,
-                                      float *sh, int tid, int nt, bool v4
+                                      float *sh, int tid, int nt, int var
 #ifdef M3_PD8_STAMPS
                                       , unsigned long long *stp = nullptr
 #endif
                                       ) {
     constexpr int Dh = FA_MAX_DH, NW = PF_MT / 32;
     __shared__ unsigned int tk_sh;
-    __threadfence();
+    const bool v4 = var & 4, v8 = var & 8; /* KNOB (session 16, temporary) */
+    if (!v8) __threadfence();
     __syncthreads();
-    if (tid == 0) tk_sh = atomicAdd(cnt, 1u);
+    if (tid == 0) {
+        if (v8) __threadfence(); /* KNOB var 8: one fence, the block's writes before the barrier */
+        tk_sh = atomicAdd(cnt, 1u);
+    }
     __syncthreads();
     const unsigned int tk = tk_sh;
 #ifdef M3_PD8_STAMPS
@@ -2620,12 +2624,13 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
                 __nanosleep(32);
             }
         }
+        if (v8) __threadfence();
     }
     __syncthreads();
 #ifdef M3_PD8_STAMPS
     if (tid == 0 && stp) stp[20] = pd8_gt();
 #endif
-    __threadfence();
+    if (!v8) __threadfence();
     const int r = (int)(tk + (unsigned int)K - nsp), h0 = r * hq / K, h1 = (r + 1) * hq / K;
     float *w = sh, *den = w + 3 * nj, *ps = sh + (3 * nj + 4) / 4 * 4;
     constexpr int NI = 2, NP = 8; /* items (warp i, dims d..d+3) a thread, partials read early */
@@ -3080,7 +3085,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (c.nsp == 1) return;
     if (c.split > 0) {
         pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
-                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, PD_W * 32, (c.var & 4) != 0);
+                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, PD_W * 32, c.var);
         return;
     }
     if (!c.fused) return;
@@ -3735,7 +3740,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (c.nsp == 1) return;
     if (c.split > 0) { /* pd_part_k's */
         pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
-                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, NT, (c.var & 4) != 0
+                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, NT, c.var
 #ifdef M3_PD8_STAMPS
                        , stp
 #endif
