@@ -1775,10 +1775,6 @@ typedef struct {
                  * blocks to arrive, a head slice each (pd_split_merge); 0: pf_merge_k */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
-#ifdef M3_PD8_STAMPS
-    int st_seq; /* STAMPS (session 16, temporary): launch number, -1: no stamps */
-#endif
-    int var; /* KNOB (session 16, temporary): flash_kernel 6.. -> 1.. (pd8_part_k variants) */
 } pf_cfg;
 
 #if defined(M3_HIP_NVIDIA)
@@ -2558,19 +2554,6 @@ static __device__ void pd_fold(const unsigned char *wraw, size_t WB, size_t aoff
     }
 }
 
-#ifdef M3_PD8_STAMPS
-/* STAMPS (session 16, temporary): %globaltimer per block at points of pd8_part_k */
-#define PD8_ST_F 28
-#define PD8_ST_NB 256
-#define PD8_ST_NL 8
-__device__ unsigned long long pd8_st[PD8_ST_NL][PD8_ST_NB][PD8_ST_F];
-static __device__ __forceinline__ unsigned long long pd8_gt() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-    return t;
-}
-#define PD8_ST(f) do { if (stp) stp[f] = pd8_gt(); } while (0)
-#endif
 /* an acquiring load of a counter other blocks count at */
 static __device__ __forceinline__ unsigned int pd_ld_acq(const unsigned int *p) {
     unsigned int v;
@@ -2586,35 +2569,25 @@ static __device__ __forceinline__ unsigned int pd_ld_acq(const unsigned int *p) 
  * pf_merge_w, per head its PF_MT / 32 strided partial sums by pf_acc, added in warp order,
  * then the one division): the same output bits as pf_merge_k. The waiting is safe because the
  * launcher takes it only when the grid fits the SMs' block slots in one wave (every block is
- * resident or will be: at most K per row wait). Each of the K counts itself again when done;
- * the last resets the counter for the next launch. nj: the row's blocks holding chunks; sh:
+ * resident or will be: at most K per row wait). The last to arrive resets the counter (for
+ * the next launch) and merges at once; the other K - 1 wait until they read the full count
+ * or the reset (session 16: no second count on the way out, whose atomic round trip ended
+ * every merging block, ~0.5% of the dense fp8 T = 1 decode, docs/gpu-log/attn.md; a later
+ * launch cannot count before this grid ended). nj: the row's blocks holding chunks; sh:
  * 3 nj + 4 + (PF_MT / 32) Dh floats of free shared memory (16-byte aligned). */
 static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const float *pml, size_t s0,
                                       int nj, int hq, unsigned int nsp, unsigned int *cnt, int K,
-                                      float *sh, int tid, int nt, int var
-#ifdef M3_PD8_STAMPS
-                                      , unsigned long long *stp = nullptr
-#endif
-                                      ) {
+                                      float *sh, int tid, int nt) {
     constexpr int Dh = FA_MAX_DH, NW = PF_MT / 32;
     __shared__ unsigned int tk_sh;
-    const bool v4 = var & 4, v8 = var & 8; /* KNOB (session 16, temporary) */
-    if (!v8) __threadfence();
+    __threadfence();
     __syncthreads();
-    if (tid == 0) {
-        if (v8) __threadfence(); /* KNOB var 8: one fence, the block's writes before the barrier */
-        tk_sh = atomicAdd(cnt, 1u);
-    }
+    if (tid == 0) tk_sh = atomicAdd(cnt, 1u);
     __syncthreads();
     const unsigned int tk = tk_sh;
-#ifdef M3_PD8_STAMPS
-    if (tid == 0 && stp) stp[18] = tk, stp[19] = pd8_gt();
-#endif
     if (tk + (unsigned int)K < nsp) return;
     if (tid == 0) {
-        if (!v4) {
-            while (pd_ld_acq(cnt) < nsp) __nanosleep(32);
-        } else if (tk == nsp - 1) { /* KNOB var 4: the last to arrive resets, the others see 0 */
+        if (tk == nsp - 1) { /* the last to arrive */
             __threadfence();
             *reinterpret_cast<volatile unsigned int *>(cnt) = 0u;
         } else {
@@ -2624,13 +2597,9 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
                 __nanosleep(32);
             }
         }
-        if (v8) __threadfence();
     }
     __syncthreads();
-#ifdef M3_PD8_STAMPS
-    if (tid == 0 && stp) stp[20] = pd8_gt();
-#endif
-    if (!v8) __threadfence();
+    __threadfence();
     const int r = (int)(tk + (unsigned int)K - nsp), h0 = r * hq / K, h1 = (r + 1) * hq / K;
     float *w = sh, *den = w + 3 * nj, *ps = sh + (3 * nj + 4) / 4 * 4;
     constexpr int NI = 2, NP = 8; /* items (warp i, dims d..d+3) a thread, partials read early */
@@ -2651,9 +2620,6 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
             }
         }
         pf_merge_w(pml, s0, nj, hq, h, 1, w, den, tid, nt);
-#ifdef M3_PD8_STAMPS
-        if (tid == 0 && stp && h == h0) stp[24] = pd8_gt();
-#endif
 #pragma unroll
         for (int it = 0; it < NI; it++) { /* pf_merge_k's warp i, lane d / 4 */
             const int e = tid + it * nt, i = e / (Dh / 4), d = 4 * (e % (Dh / 4));
@@ -2675,20 +2641,13 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
             *reinterpret_cast<float4 *>(ps + i * Dh + d) = make_float4(acc[0], acc[1], acc[2], acc[3]);
         }
         __syncthreads();
-#ifdef M3_PD8_STAMPS
-        if (tid == 0 && stp && h == h0) stp[25] = pd8_gt();
-#endif
         for (int d = tid; d < Dh; d += nt) {
             float a = 0.0f;
             for (int i = 0; i < NW; i++) a += ps[i * Dh + d];
             orow[(size_t)h * Dh + d] = m3_f32_to_bf16(a / den[0]);
         }
         __syncthreads();
-#ifdef M3_PD8_STAMPS
-        if (tid == 0 && stp && h == h0) stp[26] = pd8_gt();
-#endif
     }
-    if (!v4 && tid == 0 && atomicAdd(cnt, 1u) == nsp + (unsigned int)K - 1) *cnt = 0;
 }
 
 /* The decode kernels' key list (pd_part_k, pd8_part_k; one copy since session 13), once
@@ -3085,7 +3044,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     if (c.nsp == 1) return;
     if (c.split > 0) {
         pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
-                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, PD_W * 32, c.var);
+                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, PD_W * 32);
         return;
     }
     if (!c.fused) return;
@@ -3226,24 +3185,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
 
     const int ci = (int)blockIdx.x, g = (int)blockIdx.y, tl = (int)blockIdx.z, t = t0 + tl;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
-#ifdef M3_PD8_STAMPS
-    unsigned long long *stp = nullptr, *stw = nullptr;
-    {
-        const int bid = (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
-        if (TPAIR && PVC == 128 && c.st_seq >= 0 && bid < PD8_ST_NB) {
-            unsigned long long *b = pd8_st[c.st_seq % PD8_ST_NL][bid];
-            if (tid == 0) stp = b;
-            if (lane == 0) stw = b;
-        }
-        if (stp) {
-            unsigned int sm;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            stp[0] = sm | ((unsigned long long)c.st_seq << 32);
-            stp[1] = pd8_gt();
-            stp[22] = clock64();
-        }
-    }
-#endif
     /* a programmatic dependent launch (pf_launch): the next launch may start now (it waits for
      * this grid's end before it reads or writes what this grid writes); q, the position and
      * the selection may be the launch before's */
@@ -3339,30 +3280,14 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         __syncwarp();
         issue();
     };
-    /* a dense row (KNOB var & 2): the warp's first chunk's table entries and offsets before the
-     * wait (the table is not the launch before's), its first NS items issued right after it,
-     * the chunk assumed to hold NS full groups (kept when the position says so, else drained
-     * and issued again) */
-    const bool spec = !sparse && n_tok == 1 && (c.var & 2);
+    /* one token of a dense row (session 16): the warp's first chunk's table entries and
+     * offsets before the wait (m3_gpu.h: the launch before does not write the table), its
+     * first NS items issued right after the wait, before the position's load, the chunk
+     * assumed to hold NS full groups; kept when the position says so, else drained and issued
+     * again (dense fp8 T = 1 ~1.5% faster, docs/gpu-log/attn.md) */
+    const bool spec = !sparse && n_tok == 1;
     if (spec) phn = phys(ic), enter();
-    if (TPAIR && PVC == 128 && (c.var & 1) && topk == NULL && n_tok == 1) {
-        /* KNOB (session 16, temporary): the warp's first chunk (assumed full, in the table)
-         * into L2 before the wait: var 1 its first page's K */
-        const int cc = ci * c.cpb + warp, k = cc * ch, np = ch / Bs > 0 ? ch / Bs : 1;
-        if (cc < c.nchx && cc < (ci + 1) * c.cpb && lane < 2 * np && lane == 0) {
-            const int kb = k / Bs + (lane >> 1);
-            if (kb < s.n_logical) {
-                int64_t ko, vo, so;
-                pf_offs<16>(s, s.bt[kb] * Bs, g, ko, vo, so);
-                const unsigned char *b0 = reinterpret_cast<const unsigned char *>((lane & 1) ? s.v : s.k);
-                pd_l2(b0 + ((lane & 1) ? vo : ko), (uint32_t)(Bs * Dh));
-            }
-        }
-    }
     m3_pdl_wait();
-#ifdef M3_PD8_STAMPS
-    PD8_ST(2);
-#endif
     if (spec)
 #pragma unroll 1
         for (int j = 0; j < NS; j++) issue();
@@ -3386,9 +3311,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
     pd_keys(sparse, selsh, width, p, Bs, c.sel_order, s.bt, blist, vfl, &n_sh,
             ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
-#ifdef M3_PD8_STAMPS
-    PD8_ST(3);
-#endif
     /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
      * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
      * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
@@ -3428,9 +3350,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         for (int j = 0; j < NS; j++) issue();
     }
     qfrag(); /* Q's fragments while the rings' first copies are in flight */
-#ifdef M3_PD8_STAMPS
-    PD8_ST(4);
-#endif
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
 #pragma unroll
@@ -3459,9 +3378,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         uint4 kwn[2][2];
         float4 ksn, kvn;
         kload(kwn, ksn, kvn);
-#ifdef M3_PD8_STAMPS
-        if (stw && cc == cb + warp) stw[5 + warp] = pd8_gt();
-#endif
 #pragma unroll 1
         for (int gr = 0; gr < ng; gr++) {
             uint4 kw[2][2];
@@ -3715,9 +3631,6 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
                 ar[u][i] = first ? A0 * wb[r2] : ar[u][i] * wa[r2] + A0 * wb[r2];
                 ar[u][i + 1] = first ? A1 * wb[r2] : ar[u][i + 1] * wa[r2] + A1 * wb[r2];
             }
-#ifdef M3_PD8_STAMPS
-        if (stw) stw[(cc == cb + warp ? 9 : 13) + warp] = pd8_gt();
-#endif
     }
     cp_wait<0>();
     /* the warp's A into its area (S is no longer read), the block's warps folded in order */
@@ -3734,20 +3647,10 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     const size_t sl0 = (slot0 + ci) * hq;
     __shared__ float wx[PD_W * 16 + 32];
     if (cb < ce || c.nsp == 1) pd_fold(wraw, WB, 0, wml, wx, orow, po, pml, sl0, hq, c.nsp, tid, NT);
-#ifdef M3_PD8_STAMPS
-    PD8_ST(17);
-#endif
     if (c.nsp == 1) return;
     if (c.split > 0) { /* pd_part_k's */
         pd_split_merge(orow, po, pml, slot0, (nch + c.cpb - 1) / c.cpb, hq, (unsigned int)c.nsp,
-                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, NT, c.var
-#ifdef M3_PD8_STAMPS
-                       , stp
-#endif
-                       );
-#ifdef M3_PD8_STAMPS
-        if (stp) stp[21] = pd8_gt(), stp[23] = clock64();
-#endif
+                       &c.cnt[tg], c.split, reinterpret_cast<float *>(wraw), tid, NT);
         return;
     }
     if (!c.fused) return;
@@ -4853,12 +4756,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * pf_part_k, 2: the decode kernel where it fits). */
     bool dec = c.dec && (int64_t)c.Hkv * n_tok * c.nchx >= (int64_t)PD_WPS * n_sm;
     if (src->flash_kernel == 1) dec = false;
-    if (src->flash_kernel == 2 || src->flash_kernel == 4 || src->flash_kernel >= 6) dec = c.dec;
-    c.var = src->flash_kernel >= 6 ? src->flash_kernel - 5 : 0; /* KNOB (session 16, temporary) */
-    {
-        static const char *ev = getenv("M3_PD8_VAR"); /* KNOB: the tests' variant */
-        if (c.var == 0 && ev) c.var = atoi(ev);
-    }
+    if (src->flash_kernel == 2 || src->flash_kernel == 4) dec = c.dec;
     const bool p8 = dec && c.pa; /* §4.9 (e4m3fn: c.dec): pd8_part_k */
     if (dec) {
         /* chunks per block: the estimated makespan (rounds of blocks over the SMs' slots
@@ -4945,10 +4843,6 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * launch start at their entry; pd_part_k at one token of a dense row (c.spec) prefetches
      * its warps' first K groups into L2 before the wait (m3_gpu.h's ordering) */
     c.spec = dec && !p8 && !d_topk && n_tok == 1;
-#ifdef M3_PD8_STAMPS
-    static int st_seq = 0;
-    c.st_seq = p8 && fi == 7 && n_tok == 1 ? st_seq++ : -1;
-#endif
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
@@ -4980,27 +4874,6 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     return s;
 }
 
-#endif
-
-#if defined(M3_PD8_STAMPS) && defined(M3_HIP_NVIDIA)
-#include <stdio.h>
-/* STAMPS (session 16, temporary): the last PD8_ST_NL launches' stamps as text, a line per
- * (launch, block): seq sm f1..f23 */
-extern "C" int m3_gpu_pd8_stamps_dump(const char *path) {
-    static unsigned long long h[PD8_ST_NL][PD8_ST_NB][PD8_ST_F];
-    if (hipDeviceSynchronize() != hipSuccess) return -1;
-    if (hipMemcpyFromSymbol(h, pd8_st, sizeof h) != hipSuccess) return -1;
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    for (int l = 0; l < PD8_ST_NL; l++)
-        for (int b = 0; b < PD8_ST_NB; b++) {
-            fprintf(f, "%llu %llu %d", h[l][b][0] >> 32, h[l][b][0] & 0xFFFFFFFFull, b);
-            for (int i = 1; i < PD8_ST_F; i++) fprintf(f, " %llu", h[l][b][i]);
-            fputc('\n', f);
-        }
-    fclose(f);
-    return 0;
-}
 #endif
 
 extern "C" m3_status m3_gpu_attn_paged_flash_ok(const m3_gpu_attn_paged_src *src,

@@ -545,13 +545,6 @@ static void pattn_bench_case(m3_gpu *g, m3_rng *r, int T, int C, bool sparse, bo
     pattn_retime(g, &c, nm, "k", T == 1 ? getenv("M3_BENCH_PF_KERNELS") : NULL, &c.src.flash_kernel,
                  bytes, flops);
     pattn_retime(g, &c, nm, "cpb", getenv("M3_BENCH_PF_CPB"), &c.src.flash_cpb, bytes, flops);
-#ifdef M3_PD8_STAMPS /* STAMPS (session 16, temporary): pd8_part_k's per-block stamps, last launches */
-    {
-        extern int m3_gpu_pd8_stamps_dump(const char *path);
-        const char *sp = getenv("M3_PD8_STAMPS_OUT");
-        if (sp && fp8 && !sparse && T == 1) printf("stamps dump %d\n", m3_gpu_pd8_stamps_dump(sp));
-    }
-#endif
     m3_gpu_release(g, mark);
 }
 
