@@ -3189,12 +3189,51 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * this grid's end before it reads or writes what this grid writes); q, the position and
      * the selection may be the launch before's */
     m3_pdl_trigger();
+    m3_pdl_wait();
+    const int p = pos[t];
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
-    const int cb = ci * c.cpb;
-    /* the row's key count and the block's chunk end: a dense row's speculative first items
-     * (below) take the table's keys, then the position's */
-    int n = s.n_logical * Bs, ce = min(c.nchx, cb + c.cpb);
+    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
+    const int nq = hq * Dh; /* the launcher ensures c.qvec */
+    for (int e = tid; e < 16 * Dh / 8; e += NT) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
+        *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
+    }
+    if (sparse)
+        for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
+    __syncthreads();
+    /* §4.9: fp8(q) without scale, held as fp16 (exact). Under SATURATE the hardware's
+     * saturating cast (cvt.rn.satfinite, e4m3fn) in the fragment build below; else ref's
+     * rounding here (the NaN-on-overflow mode), in place */
+    const bool hwq = s.ovf == M3_FP8_SATURATE;
+    if (!hwq)
+        for (int e = tid; e < 16 * Dh; e += NT)
+        qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
+    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, s.bt, blist, vfl, &n_sh,
+            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
+    /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
+     * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
+     * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
+     * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
+     * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
+    uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
+    /* a word of 2 fp16 values of fp8(q) at qs + off (hwq: cast from the 2 bf16 there) */
+    auto qword = [&](int off) -> uint32_t {
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(qs + off);
+        if (!hwq) return w;
+        return pf_q2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u), s.g.fp8_kind, s.ovf, true);
+    };
+    auto qfrag = [&]() {
+        for (int e = tid; e < 8 * 32; e += NT) {
+            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
+            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
+            qh[e] = make_uint4(qword(r * Dh + D), qword((r + 8) * Dh + D), qword(r * Dh + D + 2),
+                               qword((r + 8) * Dh + D + 2));
+        }
+        __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
+    };
+    const int n = n_sh, nch = (n + ch - 1) / ch, cb = ci * c.cpb, ce = min(nch, cb + c.cpb);
     const size_t tg = (size_t)tl * c.Hkv + g, slot0 = tg * c.nsp;
     const unsigned char *kbase = reinterpret_cast<const unsigned char *>(s.k);
     const unsigned char *vbase = reinterpret_cast<const unsigned char *>(s.v);
@@ -3213,7 +3252,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     };
     /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
      * group l's element offsets (K, V, scale) of chunk ic */
-    int ic = cb + warp, ij = 0, ing = 0, phn = 0;
+    int ic = cb + warp, ij = 0, ing = 0, phn = phys(ic);
     int64_t gko = 0, gvo = 0, gso = 0;
     auto enter = [&]() {
         if (ic >= ce) return;
@@ -3225,6 +3264,7 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         }
         phn = phys(ic + PD_W);
     };
+    enter();
     unsigned isq = 0, csq = 0; /* items issued / consumed */
     /* the ring's 32-bit shared addresses. A lane's 4 K copies of an item are units (d, k), d =
      * 2 i + lane / 16, k = lane % 16, at 16 d + (k ^ 2 (d % 4)) in the slot: d % 4 is lane / 16
@@ -3280,75 +3320,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         __syncwarp();
         issue();
     };
-    /* one token of a dense row (session 16): the warp's first chunk's table entries and
-     * offsets before the wait (m3_gpu.h: the launch before does not write the table), its
-     * first NS items issued right after the wait, before the position's load, the chunk
-     * assumed to hold NS full groups; kept when the position says so, else drained and issued
-     * again (dense fp8 T = 1 ~1.5% faster, docs/gpu-log/attn.md) */
-    const bool spec = !sparse && n_tok == 1;
-    if (spec) phn = phys(ic), enter();
-    m3_pdl_wait();
-    if (spec)
 #pragma unroll 1
-        for (int j = 0; j < NS; j++) issue();
-    const int p = pos[t];
-    const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
-    const int nq = hq * Dh; /* the launcher ensures c.qvec */
-    for (int e = tid; e < 16 * Dh / 8; e += NT) {
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (e < nq / 8) v = *reinterpret_cast<const uint4 *>(qg + (size_t)e * 8);
-        *reinterpret_cast<uint4 *>(qs + (size_t)e * 8) = v;
-    }
-    if (sparse)
-        for (int i = tid; i < width; i += NT) selsh[i] = topk[((int64_t)g * n_tok + t) * width + i];
-    __syncthreads();
-    /* §4.9: fp8(q) without scale, held as fp16 (exact). Under SATURATE the hardware's
-     * saturating cast (cvt.rn.satfinite, e4m3fn) in the fragment build below; else ref's
-     * rounding here (the NaN-on-overflow mode), in place */
-    const bool hwq = s.ovf == M3_FP8_SATURATE;
-    if (!hwq)
-        for (int e = tid; e < 16 * Dh; e += NT)
-        qs[e] = __half_as_ushort(__float2half_rn(m3_round_fp8(m3_bf16_to_f32(qs[e]), s.g.fp8_kind, s.ovf)));
-    pd_keys(sparse, selsh, width, p, Bs, c.sel_order, s.bt, blist, vfl, &n_sh,
-            ci == 0 && !c.fused ? nkeys + (size_t)tl * c.Hkv + g : NULL, tid);
-    /* Q A fragments of m16n8k16 (fp16 values of the e4m3 codes) in the block's front area,
-     * [k-step 2m + hf][lane], k permuted as the K units' dims: k-step (m, hf) takes dims
-     * D..D+3, D = 16 (4 (m / 2) + tq) + 8 (m % 2) + 4 hf, as virtual k 2tq, 2tq + 1 (a0 rows
-     * gq, a1 rows gq + 8) and 2tq + 8, 2tq + 9 (a2, a3), which is word 2 (m % 2) + hf of the
-     * lane's K unit 4 (m / 2) + tq unpacked. Read per k-step (in registers they spill). */
-    uint4 *qh = reinterpret_cast<uint4 *>(pf_raw);
-    /* a word of 2 fp16 values of fp8(q) at qs + off (hwq: cast from the 2 bf16 there) */
-    auto qword = [&](int off) -> uint32_t {
-        const uint32_t w = *reinterpret_cast<const uint32_t *>(qs + off);
-        if (!hwq) return w;
-        return pf_q2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u), s.g.fp8_kind, s.ovf, true);
-    };
-    auto qfrag = [&]() {
-        for (int e = tid; e < 8 * 32; e += NT) {
-            const int m = e / 64, hf = (e / 32) % 2, ln = e % 32, r = ln >> 2, tr = ln & 3;
-            const int D = 16 * (4 * (m >> 1) + tr) + 8 * (m & 1) + 4 * hf;
-            qh[e] = make_uint4(qword(r * Dh + D), qword((r + 8) * Dh + D), qword(r * Dh + D + 2),
-                               qword((r + 8) * Dh + D + 2));
-        }
-        __syncthreads(); /* qh written; qs (warp 0's S area) read before pass 1 parks S there */
-    };
-    n = n_sh;
-    const int nch = (n + ch - 1) / ch;
-    ce = min(nch, cb + c.cpb);
-    if (spec && ic < ce && ic * ch + 16 * NS <= n) { /* the speculative items are the chunk's */
-        ing = (min(ch, n - ic * ch) + 15) / 16;
-        phn = phys(ic + PD_W);
-    } else {
-        if (spec) { /* drained, then the chunk's own items */
-            cp_wait<0>();
-            __syncwarp();
-            isq = 0, ij = 0, ic = cb + warp;
-        }
-        phn = phys(ic);
-        enter();
-#pragma unroll 1
-        for (int j = 0; j < NS; j++) issue();
-    }
+    for (int j = 0; j < NS; j++) issue();
     qfrag(); /* Q's fragments while the rings' first copies are in flight */
     float Mr[2] = {-INFINITY, -INFINITY}, Lr[2] = {0.0f, 0.0f};
     float ar[PD_NT][4];
