@@ -2569,8 +2569,11 @@ static __device__ __forceinline__ unsigned int pd_ld_acq(const unsigned int *p) 
  * pf_merge_w, per head its PF_MT / 32 strided partial sums by pf_acc, added in warp order,
  * then the one division): the same output bits as pf_merge_k. The waiting is safe because the
  * launcher takes it only when the grid fits the SMs' block slots in one wave (every block is
- * resident or will be: at most K per row wait). Each of the K counts itself again when done;
- * the last resets the counter for the next launch. nj: the row's blocks holding chunks; sh:
+ * resident or will be: at most K per row wait). The last to arrive resets the counter (for
+ * the next launch) and merges at once; the other K - 1 wait until they read the full count
+ * or the reset (session 16: no second count on the way out, whose atomic round trip ended
+ * every merging block, ~0.5% of the dense fp8 T = 1 decode, docs/gpu-log/attn.md; a later
+ * launch cannot count before this grid ended). nj: the row's blocks holding chunks; sh:
  * 3 nj + 4 + (PF_MT / 32) Dh floats of free shared memory (16-byte aligned). */
 static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const float *pml, size_t s0,
                                       int nj, int hq, unsigned int nsp, unsigned int *cnt, int K,
@@ -2583,8 +2586,18 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
     __syncthreads();
     const unsigned int tk = tk_sh;
     if (tk + (unsigned int)K < nsp) return;
-    if (tid == 0)
-        while (pd_ld_acq(cnt) < nsp) __nanosleep(32);
+    if (tid == 0) {
+        if (tk == nsp - 1) { /* the last to arrive */
+            __threadfence();
+            *reinterpret_cast<volatile unsigned int *>(cnt) = 0u;
+        } else {
+            for (;;) {
+                const unsigned int v = pd_ld_acq(cnt);
+                if (v == 0u || v >= nsp) break;
+                __nanosleep(32);
+            }
+        }
+    }
     __syncthreads();
     __threadfence();
     const int r = (int)(tk + (unsigned int)K - nsp), h0 = r * hq / K, h1 = (r + 1) * hq / K;
@@ -2635,7 +2648,6 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
         }
         __syncthreads();
     }
-    if (tid == 0 && atomicAdd(cnt, 1u) == nsp + (unsigned int)K - 1) *cnt = 0;
 }
 
 /* The decode kernels' key list (pd_part_k, pd8_part_k; one copy since session 13), once
