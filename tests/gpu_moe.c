@@ -763,6 +763,16 @@ static void staged_x_cases(m3_gpu *g, const exp_master *wm) {
         }
 }
 
+/* staged_x_cases with one x element of every row at 2^e, then at 2^120 (gate/up's x * 2^8
+ * overflows: the unscaled fallback / WIDE loop); e 0: no planted element */
+static void staged_x_cases_at(m3_gpu *g, const exp_master *wm, int e) {
+    for (int i = 0; i < 2; i++) {
+        g_x_huge = i ? 120 : e;
+        staged_x_cases(g, wm);
+    }
+    g_x_huge = 0;
+}
+
 /* MXFP4 block scales in (2^1, 2^9] (the weights times 2^5: scale bytes above 128 and at most
  * 136), given as m3_gpu_experts.mx_scale_lo / hi: the decode stages x times 2^8 and multiplies
  * each code pair once (mx4_xsh in gpu/moe.hip); then the same with one x element of every
@@ -772,11 +782,7 @@ static void moe_experts_mx4_staged_x(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     exp_master wm;
     master_make_scaled(&wm, 821, 32.0f, 32.0f);
-    for (int huge = 0; huge < 2; huge++) {
-        g_x_huge = huge ? 120 : 0;
-        staged_x_cases(g, &wm);
-    }
-    g_x_huge = 0;
+    staged_x_cases_at(g, &wm, 0);
     master_free(&wm);
 }
 
@@ -794,11 +800,9 @@ static void moe_experts_mx4_a_bound(void **state) {
     m3_gpu *g = gpu_or_skip(state);
     exp_master wm;
     master_make_scaled(&wm, 822, 32.0f, 2048.0f);
-    for (int big = 0; big < 2; big++) {
-        g_x_huge = big ? 120 : 20;
-        staged_x_cases(g, &wm);
-        assert_int_equal(g_sc_hi, 136); /* the staged-x range at its top (the down weights') */
-    }
+    staged_x_cases_at(g, &wm, 20);
+    assert_int_equal(g_sc_hi, 136); /* the staged-x range at its top (the down weights': the
+                                     * same masters in every case) */
     /* limit +inf: not vacuous: gate and up weight 24 (6 x 2^2, exact in MXFP4: its block's
      * amax) in x columns 7 .. 11 (the huge element's) of outputs 0 .. 3 of every expert, so with
      * x at 2^58, g = u ~ 2^58 x 24 and a ~ 2^125 in every case's rows; at most 2^126 (weights
@@ -1160,7 +1164,7 @@ int main(void) {
         cmocka_unit_test(router_logits_match_ref),
         cmocka_unit_test(moe_experts_small),
         cmocka_unit_test(moe_experts_wide_scales),
-        cmocka_unit_test(moe_experts_mx4_staged_x),
+        cmocka_unit_test_teardown(moe_experts_mx4_staged_x, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_mx4_a_bound, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_one_busy_expert, reset_case_globals),
         cmocka_unit_test_teardown(moe_experts_mxfp8_nan, reset_case_globals),
