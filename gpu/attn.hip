@@ -1744,8 +1744,9 @@ extern "C" m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float 
  *   else sum_j w_j bf16(O_j / l_j) / sum_j w_j, w_j = l_j e^(m_j - M), chunks in order). Run
  *   by the last block of each (token, kv head) to finish (a counter per (token, kv head); no
  *   second launch) when a row has <= PF_FUSE_MAX blocks, else (long dense rows) by the decode
- *   kernels' last hq blocks of the row to arrive, a head each in pf_merge_k's order
- *   (pd_split_merge, session 12: one launch when the grid fits one wave), or by pf_merge_k.
+ *   kernels' first hq blocks of the row to arrive, a head each in pf_merge_k's order, once
+ *   all arrived (pd_split_merge, session 12: one launch when the grid fits one wave; the
+ *   first arrivals since session 17, the last before), or by pf_merge_k.
  * Elsewhere (no mma.sync) m3_gpu_attn_paged_flash runs the faithful kernel. */
 #define PF_THREADS 256 /* 8 warps: a warp per 8-key n-tile of S, per 16-dim pair of O */
 #define PF_NW (PF_THREADS / 32)
@@ -1771,7 +1772,9 @@ typedef struct {
     bool dec;   /* the geometry suits pd_part_k (the launcher picks it for decode shapes) */
     bool spec;  /* pd_part_k, one token of a dense row (a programmatic dependent launch): its
                  * warps' first K groups prefetched into L2 before m3_pdl_wait */
-    int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their last `split`
+    bool l2ef;  /* pd8_part_k: the ring's copies with an L2 evict-first policy (each row reads its
+                 * own keys once: one token, or a table per token) */
+    int split;  /* > 0: rows of more than PF_FUSE_MAX partials merged by their first `split`
                  * blocks to arrive, a head slice each (pd_split_merge); 0: pf_merge_k */
     unsigned int *cnt; /* the fused merge's arrival counters, [PF_MAX_CNT]: the context's
                           (m3_gpu.counters + M3_GPU_CNT_PF) */
@@ -2561,52 +2564,22 @@ static __device__ __forceinline__ unsigned int pd_ld_acq(const unsigned int *p) 
     return v;
 }
 
-/* The merge of a row of nsp > PF_FUSE_MAX partials inside the decode kernels (session 12; it
- * was the pf_merge_k launch, and a two-level merge by last arrivals measured slower in session
- * 11: two serial merges on the critical path). Every block of the row, its partial written,
- * takes a ticket at *cnt; the last K to arrive (tickets nsp - K .. nsp - 1) wait until all nsp
- * arrived, then merge a slice of the row's heads each, in pf_merge_k's order (its weights by
- * pf_merge_w, per head its PF_MT / 32 strided partial sums by pf_acc, added in warp order,
- * then the one division): the same output bits as pf_merge_k. The waiting is safe because the
- * launcher takes it only when the grid fits the SMs' block slots in one wave (every block is
- * resident or will be: at most K per row wait). The last to arrive resets the counter (for
- * the next launch) and merges at once; the other K - 1 wait until they read the full count
- * or the reset (session 16: no second count on the way out, whose atomic round trip ended
- * every merging block, ~0.5% of the dense fp8 T = 1 decode, docs/gpu-log/attn.md; a later
- * launch cannot count before this grid ended). nj: the row's blocks holding chunks; sh:
- * 3 nj + 4 + (PF_MT / 32) Dh floats of free shared memory (16-byte aligned). */
-static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const float *pml, size_t s0,
-                                      int nj, int hq, unsigned int nsp, unsigned int *cnt, int K,
-                                      float *sh, int tid, int nt) {
+/* pd_split_merge's merge of heads h0..h1-1 of a row: pf_merge_k's order (its weights by
+ * pf_merge_w's arithmetic, per head its PF_MT / 32 strided partial sums as pf_acc's, added in
+ * warp order, then the one division), so the same output bits as pf_merge_k. One out-of-line
+ * copy with rolled loops (session 17: the inlined merge was ~33 KB of SASS, executed once a
+ * launch with a cold instruction cache); write false: the same instructions without the
+ * output stores (a merging block's warm-up pass while it waits). sh: 3 nj + 4 + (PF_MT / 32)
+ * Dh floats of free shared memory (16-byte aligned). */
+static __device__ __noinline__ void pd_merge_slice(m3_bf16 *orow, const float *po, const float *pml,
+                                                   size_t s0, int nj, int hq, int h0, int h1, float *sh,
+                                                   int tid, int nt, bool write) {
     constexpr int Dh = FA_MAX_DH, NW = PF_MT / 32;
-    __shared__ unsigned int tk_sh;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) tk_sh = atomicAdd(cnt, 1u);
-    __syncthreads();
-    const unsigned int tk = tk_sh;
-    if (tk + (unsigned int)K < nsp) return;
-    if (tid == 0) {
-        if (tk == nsp - 1) { /* the last to arrive */
-            __threadfence();
-            *reinterpret_cast<volatile unsigned int *>(cnt) = 0u;
-        } else {
-            for (;;) {
-                const unsigned int v = pd_ld_acq(cnt);
-                if (v == 0u || v >= nsp) break;
-                __nanosleep(32);
-            }
-        }
-    }
-    __syncthreads();
-    __threadfence();
-    const int r = (int)(tk + (unsigned int)K - nsp), h0 = r * hq / K, h1 = (r + 1) * hq / K;
     float *w = sh, *den = w + 3 * nj, *ps = sh + (3 * nj + 4) / 4 * 4;
-    constexpr int NI = 2, NP = 8; /* items (warp i, dims d..d+3) a thread, partials read early */
-    static_assert(NW * (Dh / 4) <= NI * PD_W * 32, "pd_split_merge's items per thread");
+    constexpr int NI = 2, NP = 8;
+    const int lane = tid % 32, warp = tid / 32;
+#pragma unroll 1
     for (int h = h0; h < h1; h++) {
-        /* the first NP partials of each item in flight while the weights are formed (the
-         * same sums as pf_acc's, in its order: 0, then w_j A_j for j = i, i + NW, ...) */
         float4 pa[NI][NP];
 #pragma unroll
         for (int it = 0; it < NI; it++) {
@@ -2619,9 +2592,32 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        pf_merge_w(pml, s0, nj, hq, h, 1, w, den, tid, nt);
+        { /* pf_merge_w of one head, rolled */
+            float *ms = w + nj, *ls = ms + nj;
+#pragma unroll 1
+            for (int j = tid; j < nj; j += nt) {
+                const size_t sl = (s0 + j) * hq + h;
+                ms[j] = __ldcg(pml + sl * 2), ls[j] = __ldcg(pml + sl * 2 + 1);
+            }
+            __syncthreads();
+            if (warp == 0) {
+                float M = -INFINITY, dd = 0.0f;
+#pragma unroll 1
+                for (int j = lane; j < nj; j += 32) M = fmaxf(M, ms[j]);
+                M = m3_warp_max(M);
+#pragma unroll 1
+                for (int j = lane; j < nj; j += 32) {
+                    const float x = expf(ms[j] - M);
+                    w[j] = x;
+                    dd += x * ls[j];
+                }
+                dd = m3_warp_sum(dd);
+                if (lane == 0) den[0] = nj > 0 ? dd : NAN;
+            }
+            __syncthreads();
+        }
 #pragma unroll
-        for (int it = 0; it < NI; it++) { /* pf_merge_k's warp i, lane d / 4 */
+        for (int it = 0; it < NI; it++) {
             const int e = tid + it * nt, i = e / (Dh / 4), d = 4 * (e % (Dh / 4));
             if (e >= NW * (Dh / 4)) break;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -2633,6 +2629,7 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
                 const float x = w[j];
                 acc[0] += x * a.x, acc[1] += x * a.y, acc[2] += x * a.z, acc[3] += x * a.w;
             }
+#pragma unroll 1
             for (int j = i + NP * NW; j < nj; j += NW) {
                 const float4 a = __ldcg(reinterpret_cast<const float4 *>(po + ((s0 + j) * hq + h) * Dh + d));
                 const float x = w[j];
@@ -2641,13 +2638,60 @@ static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const floa
             *reinterpret_cast<float4 *>(ps + i * Dh + d) = make_float4(acc[0], acc[1], acc[2], acc[3]);
         }
         __syncthreads();
+#pragma unroll 1
         for (int d = tid; d < Dh; d += nt) {
             float a = 0.0f;
+#pragma unroll
             for (int i = 0; i < NW; i++) a += ps[i * Dh + d];
-            orow[(size_t)h * Dh + d] = m3_f32_to_bf16(a / den[0]);
+            const m3_bf16 o = m3_f32_to_bf16(a / den[0]);
+            if (write) orow[(size_t)h * Dh + d] = o;
         }
         __syncthreads();
     }
+}
+
+/* The merge of a row of nsp > PF_FUSE_MAX partials inside the decode kernels (session 12; it
+ * was the pf_merge_k launch, and a two-level merge by last arrivals measured slower in session
+ * 11: two serial merges on the critical path). Every block of the row, its partial written,
+ * takes a ticket at *cnt; the first K to arrive (tickets 0 .. K - 1) merge a slice of the
+ * row's heads each (pd_merge_slice): each runs the merge once without storing (its code then
+ * in the SM's instruction cache, which the decode kernels' large loops leave cold), waits until
+ * all nsp arrived, then merges. Session 17: before, the last K to arrive merged at once, cold
+ * (the dense fp8 T = 1 decode ~1.5% slower; docs/gpu-log/attn.md). The waiting is safe because
+ * the launcher takes this path only when the grid fits the SMs' block slots in one wave (every
+ * block is resident or will be: at most K per row wait). The last to arrive resets the counter
+ * for the next launch (session 16: no second count on the way out); a waiting block leaves
+ * its poll when it reads the full count or the reset (its own count made it >= 1, and a later
+ * launch cannot count before this grid ended). nj: the row's blocks holding chunks; sh: as
+ * pd_merge_slice's. */
+static __device__ void pd_split_merge(m3_bf16 *orow, const float *po, const float *pml, size_t s0,
+                                      int nj, int hq, unsigned int nsp, unsigned int *cnt, int K,
+                                      float *sh, int tid, int nt) {
+    __shared__ unsigned int tk_sh;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) tk_sh = atomicAdd(cnt, 1u);
+    __syncthreads();
+    const unsigned int tk = tk_sh;
+    const bool last = tk == nsp - 1;
+    if (last && tid == 0) {
+        __threadfence();
+        *reinterpret_cast<volatile unsigned int *>(cnt) = 0u;
+    }
+    if (tk >= (unsigned int)K) return;
+    const int r = (int)tk, h0 = r * hq / K, h1 = (r + 1) * hq / K;
+    if (!last) { /* (nsp > K on the launcher's path: the last to arrive never merges) */
+        pd_merge_slice(orow, po, pml, s0, nj, hq, h0, h1, sh, tid, nt, false);
+        if (tid == 0)
+            for (;;) {
+                const unsigned int v = pd_ld_acq(cnt);
+                if (v == 0u || v >= nsp) break;
+                __nanosleep(32);
+            }
+    }
+    __syncthreads();
+    __threadfence();
+    pd_merge_slice(orow, po, pml, s0, nj, hq, h0, h1, sh, tid, nt, true);
 }
 
 /* The decode kernels' key list (pd_part_k, pd8_part_k; one copy since session 13), once
@@ -3146,13 +3190,32 @@ static __device__ __forceinline__ uint32_t pd8_e4m3x2(float lo, float hi) {
 }
 #endif
 
-/* 16 bytes global -> shared (a 32-bit shared address), asynchronously, L2 only */
-static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+/* 16 bytes global -> shared (a 32-bit shared address), asynchronously, L2 only; hint: with
+ * the L2 cache policy pol */
+static __device__ __forceinline__ void pd8_cp16(uint32_t dst, const void *src, uint64_t pol, bool hint) {
+    if (hint)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(pol));
+    else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+/* an L2 evict-first policy for the ring's copies where every key is read once a launch
+ * (c.l2ef; session 17: the 138 MB a dense fp8 T = 1 decode streams through the 50 MB L2 no
+ * longer evict the lines read again every launch: q, the positions, the table, the partials,
+ * the code; ~1-1.5% faster. An evict_normal policy measured ~8% slower than no hint) */
+static __device__ __forceinline__ uint64_t pd8_policy() {
+    uint64_t a;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(a));
+    return a;
 }
 
 /* TPAIR: c.tile >= 32 (pairs of 16-key groups lie in one §4.9 tile); PVC: the view's page when
- * it is 16 or 128 (the M3 layers' views; the launcher checks it), else 0 (a run-time page) */
+ * it is 16 or 128 (the M3 layers' views; the launcher checks it), else 0 (a run-time page);
+ * SP: one token of a dense row (session 17): before the grid wait each lane loads its group's
+ * table entries of the warp's first two chunks (m3_gpu.h's ordering allows the table) and
+ * lanes 0-7 prefetch the first chunk's first 4 K groups (a dim unit's 64 keys each) into L2 (a
+ * prefetch: reads after the wait see any write of the launch before; the previous launch's
+ * merge leaves DRAM idle); the dense fp8 T = 1 decode 2-3% faster. A separate instance: in
+ * the one shared with the B = 64 batch, the added registers made that batch 3-5% slower */
 /* P = e^x as §4.9 step 3 forms it (aiter's exp2((s - m) log2e)): the product rounded to fp32,
  * then the hardware's ex2.approx (flushing results below 2^-126, whose P' codes are 0 anyway).
  * 2 instructions where expf takes 8 (session 13: pd8_part_k's B=64 sparse decode 3% faster);
@@ -3162,7 +3225,7 @@ static __device__ __forceinline__ float pd8_ex2e(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
 }
-template <bool TPAIR, int PVC>
+template <bool TPAIR, int PVC, bool SP = false>
 static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
     pd8_part_k(m3_bf16 *M3_RESTRICT out, const m3_bf16 *M3_RESTRICT q, int ld_q,
                m3_gpu_attn_paged_src s, const int32_t *M3_RESTRICT pos, int t0, int n_tok,
@@ -3189,10 +3252,26 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * this grid's end before it reads or writes what this grid writes); q, the position and
      * the selection may be the launch before's */
     m3_pdl_trigger();
-    m3_pdl_wait();
-    const int p = pos[t];
     s.bt += (int64_t)t * s.bt_ld; /* a decode batch: the token's own sequence's table */
     const bool sparse = topk != NULL;
+    /* SP: lane l's table entries of group l of the warp's first two chunks (pok: inside the
+     * table; entries past it are loaded after the wait as before) */
+    const int pc0 = ci * c.cpb + warp, pk0 = (pc0 * c.ch + 16 * lane) / Bs,
+              pk1 = ((pc0 + PD_W) * c.ch + 16 * lane) / Bs;
+    const bool pre = SP && !sparse, pok0 = pre && pk0 < s.n_logical, pok1 = pre && pk1 < s.n_logical;
+    const int pb0 = pok0 ? s.bt[pk0] : 0, pb1 = pok1 ? s.bt[pk1] : 0;
+    if (pre) { /* the first chunk's first 4 K groups into L2 (the chunk assumed in the row) */
+        const int b0 = __shfl_sync(0xffffffffu, pb0, 0);
+        const bool ok0 = __shfl_sync(0xffffffffu, (int)pok0, 0) != 0;
+        if (ok0 && b0 >= 0 && pc0 < c.nchx && pc0 < (ci + 1) * c.cpb && lane < Dh / 16) {
+            const int k = pc0 * c.ch, kb = k / Bs, Pq = s.view == M3_KV_VIEW_BLOCK ? Bs : s.g.page;
+            int64_t ko, vo, so;
+            pf_offs<16>(s, b0 * Bs + (k - kb * Bs), g, ko, vo, so);
+            pd_l2(reinterpret_cast<const unsigned char *>(s.k) + ko + (int64_t)lane * Pq * 16, 1024u);
+        }
+    }
+    m3_pdl_wait();
+    const int p = pos[t];
     const m3_bf16 *qg = q + (size_t)t * ld_q + (size_t)g * hq * Dh;
     const int nq = hq * Dh; /* the launcher ensures c.qvec */
     for (int e = tid; e < 16 * Dh / 8; e += NT) {
@@ -3250,11 +3329,16 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
         const int kb = k / Bs;
         return sparse ? blist[kb] : s.bt[kb];
     };
+    /* phys of the warp's first two chunks from the entries loaded before the wait */
+    auto physp = [&](int cc, bool ok, int pb) {
+        if (!ok) return phys(cc);
+        return cc >= ce || cc * ch + 16 * lane >= n ? 0 : pb;
+    };
     /* the issue cursor: chunk ic, item ij (K groups 0..ing-1, then V groups), lane l holding
      * group l's element offsets (K, V, scale) of chunk ic */
-    int ic = cb + warp, ij = 0, ing = 0, phn = phys(ic);
+    int ic = cb + warp, ij = 0, ing = 0, phn = physp(ic, pok0, pb0);
     int64_t gko = 0, gvo = 0, gso = 0;
-    auto enter = [&]() {
+    auto enter = [&](bool first) {
         if (ic >= ce) return;
         const int k0 = ic * ch, nk = min(ch, n - k0);
         ing = (nk + 15) / 16;
@@ -3262,9 +3346,9 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const int k = k0 + 16 * lane, kb = k / Bs;
             pf_offs<16>(s, phn * Bs + (k - kb * Bs), g, gko, gvo, gso);
         }
-        phn = phys(ic + PD_W);
+        phn = first ? physp(ic + PD_W, pok1, pb1) : phys(ic + PD_W);
     };
-    enter();
+    enter(true);
     unsigned isq = 0, csq = 0; /* items issued / consumed */
     /* the ring's 32-bit shared addresses. A lane's 4 K copies of an item are units (d, k), d =
      * 2 i + lane / 16, k = lane % 16, at 16 d + (k ^ 2 (d % 4)) in the slot: d % 4 is lane / 16
@@ -3273,6 +3357,8 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
      * page is the compile-time PVC; session 9's K item issue was ~55 instructions, mostly
      * 64-bit address arithmetic per copy) */
     const uint32_t ring_s = sh_u32(ring);
+    const bool hint = c.l2ef;
+    const uint64_t pol = pd8_policy();
     const int khi = lane >> 4, kk16 = lane & 15, pvk = PVC > 0 ? PVC : Pv;
     const uint32_t kde = (uint32_t)(khi * 256 + (kk16 ^ (2 * khi)) * 16),
                    kdo = (uint32_t)(khi * 256 + (kk16 ^ (4 + 2 * khi)) * 16);
@@ -3285,22 +3371,22 @@ static __global__ void __launch_bounds__(PD_W * 32, PD_WPS / PD_W)
             const int64_t so = __shfl_sync(0xffffffffu, gso, gr);
             if (kk) { /* 8 dim units x 16 keys, 16 bytes each */
                 const unsigned char *src = kbase + __shfl_sync(0xffffffffu, gko, gr) + ksrc;
-                pd8_cp16(dst + kde, src);
-                pd8_cp16(dst + kdo + 512, src + kst);
-                pd8_cp16(dst + kde + 1024, src + 2 * kst);
-                pd8_cp16(dst + kdo + 1536, src + 3 * kst);
+                pd8_cp16(dst + kde, src, pol, hint);
+                pd8_cp16(dst + kdo + 512, src + kst, pol, hint);
+                pd8_cp16(dst + kde + 1024, src + 2 * kst, pol, hint);
+                pd8_cp16(dst + kdo + 1536, src + 3 * kst, pol, hint);
                 /* lanes 0-3 the K scales, 4-7 the V scales (one branch) */
                 const float *sp = (lane < 4 ? s.k_scale : s.v_scale) + so + 4 * (lane & 3);
-                if (lane < 8) pd8_cp16(dst + 2048 + 16 * lane, sp);
+                if (lane < 8) pd8_cp16(dst + 2048 + 16 * lane, sp, pol, hint);
             } else { /* 128 dims x 16 keys: 2 KB contiguous */
                 const unsigned char *vp = vbase + __shfl_sync(0xffffffffu, gvo, gr) + 16 * lane;
 #pragma unroll
-                for (int i = 0; i < 4; i++) pd8_cp16(dst + 16 * lane + 512 * i, vp + 512 * i);
-                if (!PP && lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane);
+                for (int i = 0; i < 4; i++) pd8_cp16(dst + 16 * lane + 512 * i, vp + 512 * i, pol, hint);
+                if (!PP && lane < 4) pd8_cp16(dst + 2048 + 16 * lane, s.v_scale + so + 4 * lane, pol, hint);
             }
             if (++ij == 2 * ing) {
                 ic += PD_W, ij = 0;
-                enter();
+                enter(false);
             }
         }
         cp_commit(); /* possibly empty: keeps the wait count uniform */
@@ -4779,7 +4865,7 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
     if (tb > PF_MAX_CNT / c.Hkv) tb = PF_MAX_CNT / c.Hkv;
     if (tb > 65535) tb = 65535;
     /* rows of more than PF_FUSE_MAX partials (dense decode at 128K: 64 a row): merged inside
-     * the decode kernels by their last hq blocks to arrive (pd_split_merge) when the grid fits
+     * the decode kernels by their first hq blocks to arrive (pd_split_merge) when the grid fits
      * one wave of block slots (its waiting blocks need the others resident); else pf_merge_k.
      * Test hook flash_kernel 4: the decode kernel with pf_merge_k */
     c.split = 0;
@@ -4794,21 +4880,22 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
                  msh = ((size_t)3 * c.nsp + 1 + (size_t)(PF_MT / 32) * c.Dh) * sizeof(float);
     /* raise the shared-memory limits once per size (a host call per launch costs more than a
      * T = 1 decode kernel); a device runtime keeps the attribute for the process */
-    static size_t pf_set_dev[64][9]; /* per device: the attribute is the device's */
+    static size_t pf_set_dev[64][10]; /* per device: the attribute is the device's */
     size_t *pf_set = pf_set_dev[g->device & 63];
     typedef void (*pf_fn)(m3_bf16 *, const m3_bf16 *, int, m3_gpu_attn_paged_src, const int32_t *,
                           int, int, const int32_t *, int, float *, float *, int *, pf_cfg);
     /* pd8_part_k with the §4.9 tile test and the M3 views' pages (16, 128) compiled in: each
      * instance allocates its registers for its own pass-2 path, and a compile-time page makes
-     * the ring's K copies one base plus immediates */
-    const pf_fn kf[8] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
+     * the ring's K copies one base plus immediates; the dense layers' one-token instance
+     * (SP) reads its first table entries and prefetches its first K groups before the wait */
+    const pf_fn kf[9] = {pf_part_k<false>, pf_part_k<true>, pd_part_k<false>, pd_part_k<true>,
                          pd8_part_k<false, 0>, pd8_part_k<true, 0>, pd8_part_k<false, 16>,
-                         pd8_part_k<true, 128>};
+                         pd8_part_k<true, 128>, pd8_part_k<true, 128, true>};
     int fi = (fp8 ? 1 : 0) + (dec ? 2 : 0);
     if (p8) {
         const bool tp = c.tile >= 32;
         const int pv = src->view == M3_KV_VIEW_BLOCK ? src->g.block : src->g.page;
-        fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? 7 : 4 + tp;
+        fi = !tp && pv == 16 ? 6 : tp && pv == 128 ? (!d_topk && n_tok == 1 ? 8 : 7) : 4 + tp;
     }
     const int nth = dec ? PD_W * 32 : PF_THREADS;
     /* the decode kernels as programmatic dependents of the launch before them (their loads of
@@ -4816,13 +4903,16 @@ static m3_status pf_launch(m3_gpu *g, m3_bf16 *d_out, const m3_bf16 *d_q, int ld
      * launch start at their entry; pd_part_k at one token of a dense row (c.spec) prefetches
      * its warps' first K groups into L2 before the wait (m3_gpu.h's ordering) */
     c.spec = dec && !p8 && !d_topk && n_tok == 1;
+    /* pd8_part_k's ring with an L2 evict-first policy where each row's keys are its own (one
+     * token, or a table per token): read once a launch */
+    c.l2ef = p8 && (n_tok == 1 || src->bt_ld != 0);
     if (sh > pf_set[fi]) {
         M3_TRY(smem_limit((const void *)kf[fi], sh, "hipFuncSetAttribute(pf_part_k)"));
         pf_set[fi] = sh;
     }
-    if (!c.fused && !c.split && msh > pf_set[8]) {
+    if (!c.fused && !c.split && msh > pf_set[9]) {
         M3_TRY(smem_limit((const void *)pf_merge_k, msh, "hipFuncSetAttribute(pf_merge_k)"));
-        pf_set[8] = msh;
+        pf_set[9] = msh;
     }
     const size_t mark = m3_gpu_mark(g);
     const size_t ns = (size_t)tb * c.Hkv * c.nsp * c.hq;

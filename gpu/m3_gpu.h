@@ -338,7 +338,9 @@ m3_status m3_gpu_attn_paged_f32(m3_gpu *g, float *d_out, const float *d_q, int l
  * view's page) <= 256. Ordering: the decode kernels are programmatic dependent launches
  * that read the block table (src->bt) before the kernel launched just before the call on the
  * stream has finished (pc_k, the T = 1-2 cluster kernel: all of it into shared memory; the
- * bf16 dense T = 1 kernel: its first chunks' entries, and it prefetches those keys into L2).
+ * bf16 dense T = 1 kernel: its first chunks' entries, and it prefetches those keys into L2;
+ * the fp8 dense T = 1 kernel: its warps' first two chunks' entries, and it prefetches the
+ * first chunk's first keys into L2).
  * That kernel may write q, pos, the selection and the cache (K / V at the call's positions),
  * not the block table (a kernel writing the table must have completed before the call).
  * Everything else is read after it finished. */
