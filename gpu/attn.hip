@@ -2576,10 +2576,13 @@ static __device__ __noinline__ void pd_merge_slice(m3_bf16 *orow, const float *p
                                                    int tid, int nt, bool write) {
     constexpr int Dh = FA_MAX_DH, NW = PF_MT / 32;
     float *w = sh, *den = w + 3 * nj, *ps = sh + (3 * nj + 4) / 4 * 4;
-    constexpr int NI = 2, NP = 8;
+    constexpr int NI = 2, NP = 8; /* items (warp i, dims d..d+3) a thread, partials read early */
+    static_assert(NW * (Dh / 4) <= NI * PD_W * 32, "pd_merge_slice's items per thread");
     const int lane = tid % 32, warp = tid / 32;
 #pragma unroll 1
     for (int h = h0; h < h1; h++) {
+        /* the first NP partials of each item in flight while the weights are formed (the
+         * same sums as pf_acc's, in its order: 0, then w_j A_j for j = i, i + NW, ...) */
         float4 pa[NI][NP];
 #pragma unroll
         for (int it = 0; it < NI; it++) {
@@ -2592,7 +2595,8 @@ static __device__ __noinline__ void pd_merge_slice(m3_bf16 *orow, const float *p
                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        { /* pf_merge_w of one head, rolled */
+        { /* pf_merge_w's weights and denominator of head h (its operations in its order;
+           * rolled loops: its inlined lane loops were unrolled with an expf copy each) */
             float *ms = w + nj, *ls = ms + nj;
 #pragma unroll 1
             for (int j = tid; j < nj; j += nt) {
@@ -2617,7 +2621,7 @@ static __device__ __noinline__ void pd_merge_slice(m3_bf16 *orow, const float *p
             __syncthreads();
         }
 #pragma unroll
-        for (int it = 0; it < NI; it++) {
+        for (int it = 0; it < NI; it++) { /* pf_merge_k's warp i, lane d / 4 */
             const int e = tid + it * nt, i = e / (Dh / 4), d = 4 * (e % (Dh / 4));
             if (e >= NW * (Dh / 4)) break;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
