@@ -3218,8 +3218,10 @@ static __device__ __forceinline__ uint64_t pd8_policy() {
  * table entries of the warp's first two chunks (m3_gpu.h's ordering allows the table) and
  * lanes 0-7 prefetch the first chunk's first 4 K groups (a dim unit's 64 keys each) into L2 (a
  * prefetch: reads after the wait see any write of the launch before; the previous launch's
- * merge leaves DRAM idle); the dense fp8 T = 1 decode 2-3% faster. A separate instance: in
- * the one shared with the B = 64 batch, the added registers made that batch 3-5% slower */
+ * merge leaves DRAM idle); the dense fp8 T = 1 decode ~2.5% faster with the prefetch (the
+ * table entries alone measured no clear gain; the prefetch needs the first). A separate
+ * instance: with this code in the instance the B = 64 batch shares, that batch ran 3-5%
+ * slower (session 17, batches 4-5) */
 /* P = e^x as §4.9 step 3 forms it (aiter's exp2((s - m) log2e)): the product rounded to fp32,
  * then the hardware's ex2.approx (flushing results below 2^-126, whose P' codes are 0 anyway).
  * 2 instructions where expf takes 8 (session 13: pd8_part_k's B=64 sparse decode 3% faster);
